@@ -1,0 +1,169 @@
+//! A fault-injecting layer: errors, dead devices and torn writes, switched at run time.
+
+use crate::{BlockError, BlockResult, Bytes, Extent, Geometry, Volume, VolumeRef};
+use async_trait::async_trait;
+use parking_lot::Mutex;
+use std::ops::Range;
+use std::sync::Arc;
+
+/// What the fault layer does now. Change it through [`FaultVolume::plan`] while I/O runs.
+#[derive(Debug, Clone, Default)]
+pub struct FaultPlan {
+    /// Every operation fails with an I/O error (the device is gone).
+    pub dead: bool,
+    /// Reads touching these blocks fail with a medium error.
+    pub bad_read_blocks: Vec<Range<u64>>,
+    /// Writes touching these blocks fail with a write fault.
+    pub bad_write_blocks: Vec<Range<u64>>,
+    /// The next write is torn: only its first `n` blocks reach the volume below, then
+    /// it fails. Cleared after it fires.
+    pub tear_next_write_after_blocks: Option<u64>,
+    /// Flush fails.
+    pub fail_flush: bool,
+}
+
+/// Forwards to the volume below unless the current [`FaultPlan`] says otherwise.
+pub struct FaultVolume {
+    inner: VolumeRef,
+    plan: Arc<Mutex<FaultPlan>>,
+}
+
+fn overlaps(ranges: &[Range<u64>], lba: u64, blocks: u64) -> Option<u64> {
+    let end = lba + blocks;
+    ranges
+        .iter()
+        .filter(|r| r.start < end && lba < r.end)
+        .map(|r| r.start.max(lba))
+        .min()
+}
+
+fn dead_error() -> BlockError {
+    BlockError::Io(std::io::Error::other("injected fault: device is dead"))
+}
+
+impl FaultVolume {
+    /// Wraps `inner` with an empty plan (no faults).
+    pub fn new(inner: VolumeRef) -> Self {
+        FaultVolume {
+            inner,
+            plan: Arc::new(Mutex::new(FaultPlan::default())),
+        }
+    }
+
+    /// The shared plan; lock it to inject or clear faults.
+    pub fn plan(&self) -> Arc<Mutex<FaultPlan>> {
+        self.plan.clone()
+    }
+}
+
+#[async_trait]
+impl Volume for FaultVolume {
+    fn geometry(&self) -> Geometry {
+        self.inner.geometry()
+    }
+
+    async fn read(&self, lba: u64, blocks: u32) -> BlockResult<Bytes> {
+        {
+            let p = self.plan.lock();
+            if p.dead {
+                return Err(dead_error());
+            }
+            if let Some(bad) = overlaps(&p.bad_read_blocks, lba, blocks as u64) {
+                return Err(BlockError::Medium { lba: bad });
+            }
+        }
+        self.inner.read(lba, blocks).await
+    }
+
+    async fn write(&self, lba: u64, data: Bytes, fua: bool) -> BlockResult<()> {
+        let blocks = self.geometry().blocks_in(data.len())?;
+        let tear = {
+            let mut p = self.plan.lock();
+            if p.dead {
+                return Err(dead_error());
+            }
+            if let Some(bad) = overlaps(&p.bad_write_blocks, lba, blocks) {
+                return Err(BlockError::WriteFault { lba: bad });
+            }
+            p.tear_next_write_after_blocks.take()
+        };
+        if let Some(keep) = tear {
+            let keep = keep.min(blocks);
+            if keep > 0 {
+                let bs = self.geometry().block_size_bytes as usize;
+                self.inner
+                    .write(lba, data.slice(0..keep as usize * bs), fua)
+                    .await?;
+            }
+            return Err(BlockError::WriteFault { lba: lba + keep });
+        }
+        self.inner.write(lba, data, fua).await
+    }
+
+    async fn flush(&self) -> BlockResult<()> {
+        {
+            let p = self.plan.lock();
+            if p.dead || p.fail_flush {
+                return Err(dead_error());
+            }
+        }
+        self.inner.flush().await
+    }
+
+    async fn discard(&self, lba: u64, blocks: u64) -> BlockResult<()> {
+        if self.plan.lock().dead {
+            return Err(dead_error());
+        }
+        self.inner.discard(lba, blocks).await
+    }
+
+    async fn write_zeroes(&self, lba: u64, blocks: u64, may_unmap: bool) -> BlockResult<()> {
+        {
+            let p = self.plan.lock();
+            if p.dead {
+                return Err(dead_error());
+            }
+            if let Some(bad) = overlaps(&p.bad_write_blocks, lba, blocks) {
+                return Err(BlockError::WriteFault { lba: bad });
+            }
+        }
+        self.inner.write_zeroes(lba, blocks, may_unmap).await
+    }
+
+    async fn block_status(&self, lba: u64, blocks: u64) -> BlockResult<Vec<Extent>> {
+        self.inner.block_status(lba, blocks).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::MemVolume;
+
+    #[tokio::test]
+    async fn torn_write_keeps_only_prefix() {
+        let mem = Arc::new(MemVolume::new(512, 64));
+        let f = FaultVolume::new(mem.clone());
+        f.plan().lock().tear_next_write_after_blocks = Some(2);
+        let err = f.write(0, Bytes::from(vec![7u8; 512 * 4]), false).await;
+        assert!(matches!(err, Err(BlockError::WriteFault { lba: 2 })));
+        let back = mem.read(0, 4).await.unwrap();
+        assert!(back[..1024].iter().all(|&b| b == 7));
+        assert!(back[1024..].iter().all(|&b| b == 0));
+        // the tear fires once
+        f.write(0, Bytes::from(vec![9u8; 512 * 4]), false).await.unwrap();
+        assert!(mem.read(0, 4).await.unwrap().iter().all(|&b| b == 9));
+    }
+
+    #[tokio::test]
+    async fn bad_ranges_and_dead_device() {
+        let mem = Arc::new(MemVolume::new(512, 64));
+        let f = FaultVolume::new(mem);
+        f.plan().lock().bad_read_blocks.push(10..12);
+        assert!(matches!(f.read(8, 4).await, Err(BlockError::Medium { lba: 10 })));
+        assert!(f.read(0, 10).await.is_ok());
+        f.plan().lock().dead = true;
+        assert!(f.read(0, 1).await.is_err());
+        assert!(f.flush().await.is_err());
+    }
+}

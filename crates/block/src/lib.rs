@@ -1,0 +1,161 @@
+//! The block contract of freesan.
+//!
+//! Every layer of the data path (disk, raid, cache, replica, lun) is a [`Volume`]
+//! stacked on volumes, the way SPDK stacks bdevs: one async trait with read, write
+//! (optionally FUA), flush, discard, write-zeroes, block status and geometry.
+//!
+//! This crate also holds the small volumes every other crate tests with:
+//! [`MemVolume`] (a sparse in-memory volume that doubles as the oracle in property
+//! tests), [`Passthru`] (the template for a layer), [`DelayVolume`] (adds latency) and
+//! [`FaultVolume`] (injects errors and torn writes on demand).
+//!
+//! What it does not do: any real I/O to files or devices (that is `disk`), any
+//! protocol work (that is the frontends).
+//!
+//! Key invariant: a `write` (or `discard`/`write_zeroes`) that returned `Ok` is
+//! visible to every later `read`; it is durable across a crash only after a
+//! successful `flush`, or at once if it was issued with `fua = true` or the volume's
+//! geometry says `volatile_cache == false`.
+
+mod delay;
+mod error;
+mod fault;
+mod mem;
+mod passthru;
+
+pub use bytes::{Bytes, BytesMut};
+pub use delay::DelayVolume;
+pub use error::BlockError;
+pub use fault::{FaultPlan, FaultVolume};
+pub use mem::MemVolume;
+pub use passthru::Passthru;
+
+use async_trait::async_trait;
+use std::sync::Arc;
+
+/// Result type of every volume operation.
+pub type BlockResult<T> = Result<T, BlockError>;
+
+/// Shape and capabilities of a volume.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Geometry {
+    /// Logical block size in bytes (512 or 4096).
+    pub block_size_bytes: u32,
+    /// Number of logical blocks.
+    pub block_count: u64,
+    /// The volume is thin provisioned: `discard` frees space and the range reads
+    /// back as zeroes afterwards.
+    pub thin: bool,
+    /// The volume holds written data in a volatile cache until `flush`; when
+    /// false, every acknowledged write is already durable.
+    pub volatile_cache: bool,
+    /// Preferred I/O granularity in blocks (stripe chunk, cache block, ...).
+    pub optimal_io_blocks: u32,
+    /// Largest single read or write the volume accepts, in blocks.
+    pub max_io_blocks: u32,
+}
+
+impl Geometry {
+    /// Total capacity in bytes.
+    pub fn size_bytes(&self) -> u64 {
+        self.block_count * self.block_size_bytes as u64
+    }
+
+    /// Checks that `[lba, lba + blocks)` lies inside the volume.
+    pub fn check_range(&self, lba: u64, blocks: u64) -> BlockResult<()> {
+        match lba.checked_add(blocks) {
+            Some(end) if end <= self.block_count => Ok(()),
+            _ => Err(BlockError::OutOfRange {
+                lba,
+                blocks,
+                block_count: self.block_count,
+            }),
+        }
+    }
+
+    /// Checks that a buffer length is a whole number of blocks and returns that number.
+    pub fn blocks_in(&self, len_bytes: usize) -> BlockResult<u64> {
+        let bs = self.block_size_bytes as usize;
+        if len_bytes % bs != 0 {
+            return Err(BlockError::Misaligned { len_bytes });
+        }
+        Ok((len_bytes / bs) as u64)
+    }
+}
+
+/// Allocation state of a run of blocks, as GET LBA STATUS and NBD block status report it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ExtentState {
+    /// Blocks hold written data.
+    Mapped,
+    /// Blocks were never written or were discarded; they read as zeroes.
+    Deallocated,
+}
+
+/// A run of blocks with one allocation state.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Extent {
+    /// First block of the run.
+    pub lba: u64,
+    /// Number of blocks in the run.
+    pub blocks: u64,
+    /// Allocation state of every block in the run.
+    pub state: ExtentState,
+}
+
+/// A block volume: the one contract of the data path.
+///
+/// Buffers are owned (`Bytes`) so that implementations may hand them to io_uring or
+/// another task without borrowing across an await.
+#[async_trait]
+pub trait Volume: Send + Sync + 'static {
+    /// Shape and capabilities; constant for the life of the volume unless it is resized.
+    fn geometry(&self) -> Geometry;
+
+    /// Reads `blocks` blocks starting at `lba`.
+    async fn read(&self, lba: u64, blocks: u32) -> BlockResult<Bytes>;
+
+    /// Writes `data` (a whole number of blocks) at `lba`. With `fua` the data is
+    /// durable when this returns.
+    async fn write(&self, lba: u64, data: Bytes, fua: bool) -> BlockResult<()>;
+
+    /// Makes every previously acknowledged write durable.
+    async fn flush(&self) -> BlockResult<()>;
+
+    /// Discards (unmaps) a range. On a thin volume the range reads as zeroes
+    /// afterwards; on a thick one this is a hint and data may remain.
+    async fn discard(&self, lba: u64, blocks: u64) -> BlockResult<()>;
+
+    /// Writes zeroes over a range; with `may_unmap` a thin volume may deallocate it.
+    async fn write_zeroes(&self, lba: u64, blocks: u64, may_unmap: bool) -> BlockResult<()> {
+        let g = self.geometry();
+        g.check_range(lba, blocks)?;
+        if may_unmap && g.thin {
+            return self.discard(lba, blocks).await;
+        }
+        let chunk_blocks = (1u64 << 20) / g.block_size_bytes as u64;
+        let zeroes = Bytes::from(vec![0u8; (chunk_blocks * g.block_size_bytes as u64) as usize]);
+        let mut done = 0u64;
+        while done < blocks {
+            let n = (blocks - done).min(chunk_blocks);
+            let data = zeroes.slice(0..(n * g.block_size_bytes as u64) as usize);
+            self.write(lba + done, data, false).await?;
+            done += n;
+        }
+        Ok(())
+    }
+
+    /// Allocation state of the blocks from `lba` on, covering at least one block and
+    /// at most `blocks`. The default says everything is mapped.
+    async fn block_status(&self, lba: u64, blocks: u64) -> BlockResult<Vec<Extent>> {
+        self.geometry().check_range(lba, blocks)?;
+        Ok(vec![Extent {
+            lba,
+            blocks,
+            state: ExtentState::Mapped,
+        }])
+    }
+}
+
+/// A shared, dynamically typed volume: how layers hold the volumes below them.
+pub type VolumeRef = Arc<dyn Volume>;

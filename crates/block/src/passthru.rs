@@ -1,0 +1,41 @@
+//! The template for a stacking layer: forwards everything to the volume below.
+
+use crate::{BlockResult, Bytes, Extent, Geometry, Volume, VolumeRef};
+use async_trait::async_trait;
+
+/// A layer that forwards every operation unchanged; copy it to start a new layer.
+pub struct Passthru {
+    inner: VolumeRef,
+}
+
+impl Passthru {
+    /// Wraps `inner`.
+    pub fn new(inner: VolumeRef) -> Self {
+        Passthru { inner }
+    }
+}
+
+#[async_trait]
+impl Volume for Passthru {
+    fn geometry(&self) -> Geometry {
+        self.inner.geometry()
+    }
+    async fn read(&self, lba: u64, blocks: u32) -> BlockResult<Bytes> {
+        self.inner.read(lba, blocks).await
+    }
+    async fn write(&self, lba: u64, data: Bytes, fua: bool) -> BlockResult<()> {
+        self.inner.write(lba, data, fua).await
+    }
+    async fn flush(&self) -> BlockResult<()> {
+        self.inner.flush().await
+    }
+    async fn discard(&self, lba: u64, blocks: u64) -> BlockResult<()> {
+        self.inner.discard(lba, blocks).await
+    }
+    async fn write_zeroes(&self, lba: u64, blocks: u64, may_unmap: bool) -> BlockResult<()> {
+        self.inner.write_zeroes(lba, blocks, may_unmap).await
+    }
+    async fn block_status(&self, lba: u64, blocks: u64) -> BlockResult<Vec<Extent>> {
+        self.inner.block_status(lba, blocks).await
+    }
+}

@@ -1,0 +1,1 @@
+//! iscsi-proto (being written)

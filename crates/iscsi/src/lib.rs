@@ -1,0 +1,1 @@
+//! iscsi (being written)
