@@ -151,7 +151,9 @@ mod tests {
         assert!(back[..1024].iter().all(|&b| b == 7));
         assert!(back[1024..].iter().all(|&b| b == 0));
         // the tear fires once
-        f.write(0, Bytes::from(vec![9u8; 512 * 4]), false).await.unwrap();
+        f.write(0, Bytes::from(vec![9u8; 512 * 4]), false)
+            .await
+            .unwrap();
         assert!(mem.read(0, 4).await.unwrap().iter().all(|&b| b == 9));
     }
 
@@ -160,7 +162,10 @@ mod tests {
         let mem = Arc::new(MemVolume::new(512, 64));
         let f = FaultVolume::new(mem);
         f.plan().lock().bad_read_blocks.push(10..12);
-        assert!(matches!(f.read(8, 4).await, Err(BlockError::Medium { lba: 10 })));
+        assert!(matches!(
+            f.read(8, 4).await,
+            Err(BlockError::Medium { lba: 10 })
+        ));
         assert!(f.read(0, 10).await.is_ok());
         f.plan().lock().dead = true;
         assert!(f.read(0, 1).await.is_err());

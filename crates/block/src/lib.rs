@@ -134,7 +134,10 @@ pub trait Volume: Send + Sync + 'static {
             return self.discard(lba, blocks).await;
         }
         let chunk_blocks = (1u64 << 20) / g.block_size_bytes as u64;
-        let zeroes = Bytes::from(vec![0u8; (chunk_blocks * g.block_size_bytes as u64) as usize]);
+        let zeroes = Bytes::from(vec![
+            0u8;
+            (chunk_blocks * g.block_size_bytes as u64) as usize
+        ]);
         let mut done = 0u64;
         while done < blocks {
             let n = (blocks - done).min(chunk_blocks);

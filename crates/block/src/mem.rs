@@ -167,13 +167,18 @@ mod tests {
         assert!(back.iter().all(|&b| b == 0));
         assert_eq!(v.read(160, 1).await.unwrap()[0], 0xab);
         assert!(v.read(1000, 25).await.is_err());
-        assert!(v.write(0, Bytes::from(vec![0u8; 100]), false).await.is_err());
+        assert!(v
+            .write(0, Bytes::from(vec![0u8; 100]), false)
+            .await
+            .is_err());
     }
 
     #[tokio::test]
     async fn block_status_reports_holes() {
         let v = MemVolume::new(512, 1024);
-        v.write(256, Bytes::from(vec![1u8; 512]), false).await.unwrap();
+        v.write(256, Bytes::from(vec![1u8; 512]), false)
+            .await
+            .unwrap();
         let ext = v.block_status(0, 1024).await.unwrap();
         assert_eq!(ext[0].state, ExtentState::Deallocated);
         assert_eq!(ext[0].blocks, 256);

@@ -1,0 +1,207 @@
+//! Sense data: the error half of every SCSI answer, in fixed or descriptor format.
+
+use block::Bytes;
+
+/// Sense keys (SPC-4 table 50).
+pub mod key {
+    /// No sense.
+    pub const NO_SENSE: u8 = 0x0;
+    /// Recovered error.
+    pub const RECOVERED_ERROR: u8 = 0x1;
+    /// Not ready.
+    pub const NOT_READY: u8 = 0x2;
+    /// Medium error.
+    pub const MEDIUM_ERROR: u8 = 0x3;
+    /// Hardware error.
+    pub const HARDWARE_ERROR: u8 = 0x4;
+    /// Illegal request.
+    pub const ILLEGAL_REQUEST: u8 = 0x5;
+    /// Unit attention.
+    pub const UNIT_ATTENTION: u8 = 0x6;
+    /// Data protect.
+    pub const DATA_PROTECT: u8 = 0x7;
+    /// Aborted command.
+    pub const ABORTED_COMMAND: u8 = 0xb;
+    /// Miscompare.
+    pub const MISCOMPARE: u8 = 0xe;
+}
+
+/// One sense condition: key, additional sense code and qualifier, plus the optional
+/// INFORMATION field and sense-key-specific field pointer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Sense {
+    /// Sense key.
+    pub key: u8,
+    /// Additional sense code.
+    pub asc: u8,
+    /// Additional sense code qualifier.
+    pub ascq: u8,
+    /// INFORMATION field (e.g. first bad LBA, miscompare offset), with VALID set.
+    pub information: Option<u64>,
+    /// Sense-key-specific field pointer: (in CDB rather than parameter data, byte, bit).
+    pub field_pointer: Option<FieldPointer>,
+}
+
+/// Points at the offending field of an ILLEGAL REQUEST.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FieldPointer {
+    /// True when the field is in the CDB, false when in the parameter list.
+    pub in_cdb: bool,
+    /// Byte offset of the field.
+    pub byte: u16,
+    /// Bit of the field's most significant bit, when it is not a whole byte.
+    pub bit: Option<u8>,
+}
+
+impl Sense {
+    /// A sense condition with no INFORMATION or field pointer.
+    pub const fn new(key: u8, asc: u8, ascq: u8) -> Sense {
+        Sense {
+            key,
+            asc,
+            ascq,
+            information: None,
+            field_pointer: None,
+        }
+    }
+
+    /// Adds the INFORMATION field.
+    pub const fn with_information(mut self, info: u64) -> Sense {
+        self.information = Some(info);
+        self
+    }
+
+    /// Adds a field pointer into the CDB (`in_cdb`) or the parameter list.
+    pub const fn with_field(mut self, in_cdb: bool, byte: u16, bit: Option<u8>) -> Sense {
+        self.field_pointer = Some(FieldPointer { in_cdb, byte, bit });
+        self
+    }
+
+    /// Encodes as fixed (0x70) or descriptor (0x72) format sense data.
+    pub fn encode(&self, descriptor: bool) -> Bytes {
+        let sks = self.field_pointer.map(|fp| {
+            let mut b = [0u8; 3];
+            b[0] = 0x80 | if fp.in_cdb { 0x40 } else { 0 };
+            if let Some(bit) = fp.bit {
+                b[0] |= 0x08 | (bit & 7);
+            }
+            b[1..3].copy_from_slice(&fp.byte.to_be_bytes());
+            b
+        });
+        if descriptor {
+            let mut out = vec![0x72, self.key & 0xf, self.asc, self.ascq, 0, 0, 0, 0];
+            if let Some(info) = self.information {
+                out.extend_from_slice(&[0x00, 0x0a, 0x80, 0]);
+                out.extend_from_slice(&info.to_be_bytes());
+            }
+            if let Some(sks) = sks {
+                out.extend_from_slice(&[0x02, 0x06, 0, 0]);
+                out.extend_from_slice(&sks);
+                out.push(0);
+            }
+            out[7] = (out.len() - 8) as u8;
+            Bytes::from(out)
+        } else {
+            let mut out = vec![0u8; 18];
+            out[0] = 0x70;
+            out[2] = self.key & 0xf;
+            if let Some(info) = self.information {
+                out[0] |= 0x80;
+                out[3..7].copy_from_slice(&(info as u32).to_be_bytes());
+            }
+            out[7] = 10;
+            out[12] = self.asc;
+            out[13] = self.ascq;
+            if let Some(sks) = sks {
+                out[15..18].copy_from_slice(&sks);
+            }
+            Bytes::from(out)
+        }
+    }
+}
+
+/// Common conditions, named after their SPC-4 descriptions.
+pub mod codes {
+    use super::{key, Sense};
+    /// INVALID COMMAND OPERATION CODE.
+    pub const INVALID_OPCODE: Sense = Sense::new(key::ILLEGAL_REQUEST, 0x20, 0x00);
+    /// INVALID FIELD IN CDB (add a field pointer with `with_field`).
+    pub const INVALID_FIELD_IN_CDB: Sense = Sense::new(key::ILLEGAL_REQUEST, 0x24, 0x00);
+    /// INVALID FIELD IN PARAMETER LIST.
+    pub const INVALID_FIELD_IN_PARAM: Sense = Sense::new(key::ILLEGAL_REQUEST, 0x26, 0x00);
+    /// PARAMETER LIST LENGTH ERROR.
+    pub const PARAM_LIST_LENGTH_ERROR: Sense = Sense::new(key::ILLEGAL_REQUEST, 0x1a, 0x00);
+    /// LOGICAL BLOCK ADDRESS OUT OF RANGE.
+    pub const LBA_OUT_OF_RANGE: Sense = Sense::new(key::ILLEGAL_REQUEST, 0x21, 0x00);
+    /// LOGICAL UNIT NOT SUPPORTED.
+    pub const LUN_NOT_SUPPORTED: Sense = Sense::new(key::ILLEGAL_REQUEST, 0x25, 0x00);
+    /// INSUFFICIENT REGISTRATION RESOURCES.
+    pub const INSUFFICIENT_REGISTRATION_RESOURCES: Sense = Sense::new(key::ILLEGAL_REQUEST, 0x55, 0x04);
+    /// WRITE PROTECTED.
+    pub const WRITE_PROTECTED: Sense = Sense::new(key::DATA_PROTECT, 0x27, 0x00);
+    /// UNRECOVERED READ ERROR.
+    pub const UNRECOVERED_READ_ERROR: Sense = Sense::new(key::MEDIUM_ERROR, 0x11, 0x00);
+    /// WRITE ERROR.
+    pub const WRITE_ERROR: Sense = Sense::new(key::MEDIUM_ERROR, 0x0c, 0x00);
+    /// INTERNAL TARGET FAILURE.
+    pub const INTERNAL_TARGET_FAILURE: Sense = Sense::new(key::HARDWARE_ERROR, 0x44, 0x00);
+    /// MISCOMPARE DURING VERIFY OPERATION.
+    pub const MISCOMPARE_DURING_VERIFY: Sense = Sense::new(key::MISCOMPARE, 0x1d, 0x00);
+    /// POWER ON, RESET, OR BUS DEVICE RESET OCCURRED.
+    pub const POWER_ON_RESET: Sense = Sense::new(key::UNIT_ATTENTION, 0x29, 0x00);
+    /// BUS DEVICE RESET FUNCTION OCCURRED (LUN reset).
+    pub const BUS_DEVICE_RESET: Sense = Sense::new(key::UNIT_ATTENTION, 0x29, 0x03);
+    /// MODE PARAMETERS CHANGED.
+    pub const MODE_PARAMETERS_CHANGED: Sense = Sense::new(key::UNIT_ATTENTION, 0x2a, 0x01);
+    /// RESERVATIONS PREEMPTED.
+    pub const RESERVATIONS_PREEMPTED: Sense = Sense::new(key::UNIT_ATTENTION, 0x2a, 0x03);
+    /// RESERVATIONS RELEASED.
+    pub const RESERVATIONS_RELEASED: Sense = Sense::new(key::UNIT_ATTENTION, 0x2a, 0x04);
+    /// REGISTRATIONS PREEMPTED.
+    pub const REGISTRATIONS_PREEMPTED: Sense = Sense::new(key::UNIT_ATTENTION, 0x2a, 0x05);
+    /// CAPACITY DATA HAS CHANGED.
+    pub const CAPACITY_DATA_CHANGED: Sense = Sense::new(key::UNIT_ATTENTION, 0x2a, 0x09);
+    /// COMMANDS CLEARED BY ANOTHER INITIATOR.
+    pub const COMMANDS_CLEARED_BY_ANOTHER_INITIATOR: Sense = Sense::new(key::UNIT_ATTENTION, 0x2f, 0x00);
+    /// REPORTED LUNS DATA HAS CHANGED.
+    pub const REPORTED_LUNS_DATA_CHANGED: Sense = Sense::new(key::UNIT_ATTENTION, 0x3f, 0x0e);
+    /// ASYMMETRIC ACCESS STATE CHANGED.
+    pub const ALUA_STATE_CHANGED: Sense = Sense::new(key::UNIT_ATTENTION, 0x2a, 0x06);
+    /// LOGICAL UNIT NOT ACCESSIBLE, TARGET PORT IN STANDBY STATE.
+    pub const PORT_STANDBY: Sense = Sense::new(key::NOT_READY, 0x04, 0x0b);
+    /// LOGICAL UNIT NOT ACCESSIBLE, TARGET PORT IN UNAVAILABLE STATE.
+    pub const PORT_UNAVAILABLE: Sense = Sense::new(key::NOT_READY, 0x04, 0x0c);
+    /// MEDIUM NOT PRESENT (after START STOP UNIT with LOEJ).
+    pub const MEDIUM_NOT_PRESENT: Sense = Sense::new(key::NOT_READY, 0x3a, 0x00);
+    /// LOGICAL UNIT NOT READY, INITIALIZING COMMAND REQUIRED (stopped unit).
+    pub const NOT_READY_INIT_REQUIRED: Sense = Sense::new(key::NOT_READY, 0x04, 0x02);
+    /// MEDIUM REMOVAL PREVENTED.
+    pub const MEDIUM_REMOVAL_PREVENTED: Sense = Sense::new(key::ILLEGAL_REQUEST, 0x53, 0x02);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fixed_and_descriptor_layouts() {
+        let s = codes::LBA_OUT_OF_RANGE.with_information(0x1234);
+        let f = s.encode(false);
+        assert_eq!(f[0], 0xf0);
+        assert_eq!(f[2], key::ILLEGAL_REQUEST);
+        assert_eq!(&f[3..7], &[0, 0, 0x12, 0x34]);
+        assert_eq!((f[12], f[13]), (0x21, 0));
+        let d = s.encode(true);
+        assert_eq!(d[0], 0x72);
+        assert_eq!((d[1], d[2], d[3]), (key::ILLEGAL_REQUEST, 0x21, 0));
+        assert_eq!(d[7] as usize, d.len() - 8);
+        assert_eq!(&d[12..20], &0x1234u64.to_be_bytes());
+    }
+
+    #[test]
+    fn field_pointer_in_cdb() {
+        let f = codes::INVALID_FIELD_IN_CDB.with_field(true, 1, Some(4)).encode(false);
+        assert_eq!(f[15], 0x80 | 0x40 | 0x08 | 4);
+        assert_eq!(&f[16..18], &[0, 1]);
+    }
+}
