@@ -15,6 +15,8 @@
 //! its data as durable as the LUN's write-cache setting promises (FUA, WCE=0 and
 //! SYNCHRONIZE CACHE all reach stable storage before the answer).
 
+pub mod sense;
+
 use block::{Bytes, VolumeRef};
 use std::path::PathBuf;
 use std::sync::Arc;

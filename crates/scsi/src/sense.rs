@@ -136,7 +136,8 @@ pub mod codes {
     /// LOGICAL UNIT NOT SUPPORTED.
     pub const LUN_NOT_SUPPORTED: Sense = Sense::new(key::ILLEGAL_REQUEST, 0x25, 0x00);
     /// INSUFFICIENT REGISTRATION RESOURCES.
-    pub const INSUFFICIENT_REGISTRATION_RESOURCES: Sense = Sense::new(key::ILLEGAL_REQUEST, 0x55, 0x04);
+    pub const INSUFFICIENT_REGISTRATION_RESOURCES: Sense =
+        Sense::new(key::ILLEGAL_REQUEST, 0x55, 0x04);
     /// WRITE PROTECTED.
     pub const WRITE_PROTECTED: Sense = Sense::new(key::DATA_PROTECT, 0x27, 0x00);
     /// UNRECOVERED READ ERROR.
@@ -162,7 +163,8 @@ pub mod codes {
     /// CAPACITY DATA HAS CHANGED.
     pub const CAPACITY_DATA_CHANGED: Sense = Sense::new(key::UNIT_ATTENTION, 0x2a, 0x09);
     /// COMMANDS CLEARED BY ANOTHER INITIATOR.
-    pub const COMMANDS_CLEARED_BY_ANOTHER_INITIATOR: Sense = Sense::new(key::UNIT_ATTENTION, 0x2f, 0x00);
+    pub const COMMANDS_CLEARED_BY_ANOTHER_INITIATOR: Sense =
+        Sense::new(key::UNIT_ATTENTION, 0x2f, 0x00);
     /// REPORTED LUNS DATA HAS CHANGED.
     pub const REPORTED_LUNS_DATA_CHANGED: Sense = Sense::new(key::UNIT_ATTENTION, 0x3f, 0x0e);
     /// ASYMMETRIC ACCESS STATE CHANGED.
@@ -200,7 +202,9 @@ mod tests {
 
     #[test]
     fn field_pointer_in_cdb() {
-        let f = codes::INVALID_FIELD_IN_CDB.with_field(true, 1, Some(4)).encode(false);
+        let f = codes::INVALID_FIELD_IN_CDB
+            .with_field(true, 1, Some(4))
+            .encode(false);
         assert_eq!(f[15], 0x80 | 0x40 | 0x08 | 4);
         assert_eq!(&f[16..18], &[0, 1]);
     }
