@@ -15,6 +15,7 @@
 //! its data as durable as the LUN's write-cache setting promises (FUA, WCE=0 and
 //! SYNCHRONIZE CACHE all reach stable storage before the answer).
 
+pub mod pr;
 pub mod sense;
 
 use block::{Bytes, VolumeRef};
