@@ -17,6 +17,7 @@
 //! successful `flush`, or at once if it was issued with `fua = true` or the volume's
 //! geometry says `volatile_cache == false`.
 
+mod crashsim;
 mod delay;
 mod error;
 mod fault;
@@ -24,6 +25,7 @@ mod mem;
 mod passthru;
 
 pub use bytes::{Bytes, BytesMut};
+pub use crashsim::CrashSimVolume;
 pub use delay::DelayVolume;
 pub use error::BlockError;
 pub use fault::{FaultPlan, FaultVolume};
@@ -76,7 +78,7 @@ impl Geometry {
     /// Checks that a buffer length is a whole number of blocks and returns that number.
     pub fn blocks_in(&self, len_bytes: usize) -> BlockResult<u64> {
         let bs = self.block_size_bytes as usize;
-        if len_bytes % bs != 0 {
+        if !len_bytes.is_multiple_of(bs) {
             return Err(BlockError::Misaligned { len_bytes });
         }
         Ok((len_bytes / bs) as u64)
