@@ -14,9 +14,37 @@
 //! Key invariant: a command that completes with GOOD status after writing has made
 //! its data as durable as the LUN's write-cache setting promises (FUA, WCE=0 and
 //! SYNCHRONIZE CACHE all reach stable storage before the answer).
+//!
+//! Layout: `target` (dispatch, order of checks, task management), `lu` (per-LU state,
+//! result types, block error mapping), `cdb` (decode helpers), `rw` (read/write,
+//! verify, COMPARE AND WRITE, ORWRITE, PRE-FETCH, SYNCHRONIZE CACHE), `provisioning`
+//! (WRITE SAME, UNMAP), `capacity` (READ CAPACITY, GET LBA STATUS), `inquiry` (standard
+//! data, VPD pages, block limits), `mode` (MODE SENSE/SELECT), `opcodes` (REPORT
+//! SUPPORTED OPERATION CODES / TMFs), `alua` (port group states, RTPG), `ua` (unit
+//! attention queues), `admin` (REQUEST SENSE, REPORT LUNS, START STOP, PREVENT ALLOW,
+//! reservation routing), `pr` (reservations), `sense` (sense data).
 
+mod admin;
+mod alua;
+mod capacity;
+pub mod cdb;
+mod inquiry;
+mod lu;
+mod mode;
+mod opcodes;
 pub mod pr;
+mod provisioning;
+mod rw;
 pub mod sense;
+mod target;
+#[cfg(test)]
+mod tests;
+mod ua;
+
+pub use admin::encode_lun;
+pub use inquiry::{Limits, CAW_BLOCKS_MAX, UNMAP_BLOCKS_MAX, UNMAP_DESCRIPTORS_MAX};
+pub use target::ScsiTarget;
+pub use ua::UA_QUEUE_DEPTH_MAX;
 
 use block::{Bytes, VolumeRef};
 use std::path::PathBuf;
@@ -36,6 +64,8 @@ pub mod status {
     pub const TASK_SET_FULL: u8 = 0x28;
     /// The command was aborted by another I_T nexus.
     pub const TASK_ABORTED: u8 = 0x40;
+    /// PRE-FETCH found the blocks fit in cache (not used: PRE-FETCH answers GOOD).
+    pub const CONDITION_MET: u8 = 0x04;
 }
 
 /// One target port: an iSCSI target portal group (TPGT) seen from SCSI.
@@ -164,11 +194,6 @@ pub struct TargetConfig {
     pub luns: Vec<(u64, LunConfig, VolumeRef)>,
 }
 
-/// A SCSI target device: the logical units behind one iSCSI target.
-pub struct ScsiTarget {
-    config: TargetConfig,
-}
-
 /// Errors building a target (bad configuration, unreadable state file).
 #[derive(Debug, thiserror::Error)]
 pub enum ScsiError {
@@ -183,62 +208,4 @@ pub enum ScsiError {
         /// What failed.
         source: std::io::Error,
     },
-}
-
-impl ScsiTarget {
-    /// Builds the target; loads persisted state (APTPL reservations) from each LUN's state file.
-    pub fn new(config: TargetConfig) -> Result<Self, ScsiError> {
-        Ok(ScsiTarget { config })
-    }
-
-    /// The configuration the target was built with.
-    pub fn config(&self) -> &TargetConfig {
-        &self.config
-    }
-
-    /// Executes one command from `nexus`. Never panics on any CDB or data.
-    pub async fn execute(&self, nexus: &ItNexus, cmd: Command) -> Response {
-        let _ = (nexus, cmd);
-        unimplemented_response()
-    }
-
-    /// LOGICAL UNIT RESET task management function from `nexus`.
-    pub async fn lun_reset(&self, nexus: &ItNexus, lun: u64) -> bool {
-        let _ = (nexus, lun);
-        false
-    }
-
-    /// TARGET WARM/COLD RESET from `nexus` (every LUN).
-    pub async fn target_reset(&self, nexus: &ItNexus) {
-        let _ = nexus;
-    }
-
-    /// CLEAR TASK SET on `lun` from `nexus`: establishes the unit attention the
-    /// standard asks for on other nexuses (commands are aborted by the transport).
-    pub async fn clear_task_set(&self, nexus: &ItNexus, lun: u64) {
-        let _ = (nexus, lun);
-    }
-
-    /// The I_T nexus is gone (session closed): drops SPC-2 reservations it held.
-    pub fn nexus_lost(&self, nexus: &ItNexus) {
-        let _ = nexus;
-    }
-
-    /// Flushes every LUN's volume (clean shutdown).
-    pub async fn flush_all(&self) {}
-}
-
-fn unimplemented_response() -> Response {
-    // ILLEGAL REQUEST / INVALID COMMAND OPERATION CODE in fixed format
-    let mut sense = vec![0u8; 18];
-    sense[0] = 0x70;
-    sense[2] = 0x05;
-    sense[7] = 10;
-    sense[12] = 0x20;
-    Response {
-        status: status::CHECK_CONDITION,
-        sense: Some(Bytes::from(sense)),
-        data_in: Bytes::new(),
-        transfer_len_bytes: 0,
-    }
 }

@@ -179,6 +179,16 @@ pub mod codes {
     pub const NOT_READY_INIT_REQUIRED: Sense = Sense::new(key::NOT_READY, 0x04, 0x02);
     /// MEDIUM REMOVAL PREVENTED.
     pub const MEDIUM_REMOVAL_PREVENTED: Sense = Sense::new(key::ILLEGAL_REQUEST, 0x53, 0x02);
+    /// INVALID FIELD IN COMMAND INFORMATION UNIT (Data-Out does not match the CDB).
+    pub const INVALID_FIELD_IN_CIU: Sense = Sense::new(key::ILLEGAL_REQUEST, 0x0e, 0x03);
+    /// SAVING PARAMETERS NOT SUPPORTED.
+    pub const SAVING_PARAMETERS_NOT_SUPPORTED: Sense = Sense::new(key::ILLEGAL_REQUEST, 0x39, 0x00);
+    /// NO ADDITIONAL SENSE INFORMATION (REQUEST SENSE with nothing to report).
+    pub const NO_SENSE: Sense = Sense::new(key::NO_SENSE, 0x00, 0x00);
+    /// I_T NEXUS LOSS OCCURRED.
+    pub const IT_NEXUS_LOSS: Sense = Sense::new(key::UNIT_ATTENTION, 0x29, 0x07);
+    /// LOGICAL UNIT NOT READY, CAUSE NOT REPORTABLE.
+    pub const NOT_READY_CAUSE_NOT_REPORTABLE: Sense = Sense::new(key::NOT_READY, 0x04, 0x00);
 }
 
 #[cfg(test)]

@@ -1,0 +1,278 @@
+//! One logical unit: its volume, identity, mode pages, unit attentions, reservations,
+//! media state and the write-ordering lock; plus the internal result types every
+//! command handler returns and the mapping of block errors to sense data.
+
+use crate::mode::ModePages;
+use crate::pr::Reservations;
+use crate::sense::{codes, Sense};
+use crate::ua::{key_of, NexusKey, UaTable};
+use crate::{status, ItNexus, LunConfig, Response, ScsiError};
+use block::{BlockError, Bytes, Geometry, VolumeRef};
+use parking_lot::Mutex;
+use std::collections::HashSet;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+
+/// A successful command: Data-In bytes and the transfer length the CDB called for.
+#[derive(Debug, Default)]
+pub(crate) struct Done {
+    pub data_in: Bytes,
+    pub transfer_len_bytes: u32,
+}
+
+impl Done {
+    /// GOOD with no data.
+    pub fn empty() -> Done {
+        Done::default()
+    }
+
+    /// GOOD with parameter data truncated to the allocation length.
+    pub fn alloc(mut data: Vec<u8>, alloc_len_bytes: u32) -> Done {
+        data.truncate(alloc_len_bytes as usize);
+        let n = data.len() as u32;
+        Done {
+            data_in: Bytes::from(data),
+            transfer_len_bytes: n,
+        }
+    }
+
+    /// GOOD with block data of a READ-like command.
+    pub fn blocks(data: Bytes) -> Done {
+        let n = data.len() as u32;
+        Done {
+            data_in: data,
+            transfer_len_bytes: n,
+        }
+    }
+}
+
+/// A failed command.
+#[derive(Debug)]
+pub(crate) enum Fail {
+    /// CHECK CONDITION with this sense; the transfer length the CDB called for (for
+    /// residuals), 0 when unknown.
+    Check(Sense, u32),
+    /// RESERVATION CONFLICT.
+    Conflict,
+}
+
+impl From<Sense> for Fail {
+    fn from(s: Sense) -> Fail {
+        Fail::Check(s, 0)
+    }
+}
+
+impl Fail {
+    /// Attaches the CDB's transfer length to a CHECK CONDITION.
+    pub fn with_len(self, len_bytes: u32) -> Fail {
+        match self {
+            Fail::Check(s, _) => Fail::Check(s, len_bytes),
+            other => other,
+        }
+    }
+}
+
+/// What every handler returns.
+pub(crate) type CmdResult = Result<Done, Fail>;
+
+/// Builds the wire response; `descriptor` selects descriptor-format sense.
+pub(crate) fn into_response(r: CmdResult, descriptor: bool) -> Response {
+    match r {
+        Ok(d) => Response {
+            status: status::GOOD,
+            sense: None,
+            data_in: d.data_in,
+            transfer_len_bytes: d.transfer_len_bytes,
+        },
+        Err(Fail::Check(s, len)) => Response {
+            status: status::CHECK_CONDITION,
+            sense: Some(s.encode(descriptor)),
+            data_in: Bytes::new(),
+            transfer_len_bytes: len,
+        },
+        Err(Fail::Conflict) => Response {
+            status: status::RESERVATION_CONFLICT,
+            sense: None,
+            data_in: Bytes::new(),
+            transfer_len_bytes: 0,
+        },
+    }
+}
+
+/// Maps a volume error to the sense data the initiator sees; I/O errors are logged.
+pub(crate) fn block_error_sense(lun: u64, e: &BlockError) -> Sense {
+    match e {
+        BlockError::Medium { lba } => codes::UNRECOVERED_READ_ERROR.with_information(*lba),
+        BlockError::WriteFault { lba } => codes::WRITE_ERROR.with_information(*lba),
+        BlockError::OutOfRange { .. } => codes::LBA_OUT_OF_RANGE,
+        BlockError::ReadOnly => codes::WRITE_PROTECTED,
+        BlockError::NotSupported(what) => {
+            tracing::warn!(lun, what, "volume does not support the operation");
+            codes::INVALID_OPCODE
+        }
+        BlockError::Unavailable(why) => {
+            tracing::warn!(lun, why, "volume unavailable");
+            // Multipath initiators retry NOT READY / port unavailable on another path.
+            codes::PORT_UNAVAILABLE
+        }
+        BlockError::Misaligned { len_bytes } => {
+            tracing::error!(lun, len_bytes, "misaligned buffer reached the volume");
+            codes::INTERNAL_TARGET_FAILURE
+        }
+        BlockError::Io(err) => {
+            tracing::error!(lun, %err, "volume i/o error");
+            codes::INTERNAL_TARGET_FAILURE
+        }
+    }
+}
+
+/// START STOP UNIT / PREVENT ALLOW MEDIUM REMOVAL state.
+#[derive(Default)]
+pub(crate) struct MediaState {
+    /// Nexuses that sent PREVENT ALLOW MEDIUM REMOVAL with PREVENT=1.
+    pub prevent: HashSet<NexusKey>,
+}
+
+/// One logical unit of a [`crate::ScsiTarget`].
+pub(crate) struct LogicalUnit {
+    /// The LUN number.
+    pub lun: u64,
+    /// Identity and settings.
+    pub config: LunConfig,
+    /// The data.
+    pub volume: VolumeRef,
+    /// Mode pages (current values); hot flags are mirrored in the atomics below.
+    pub mode: Mutex<ModePages>,
+    /// Write cache enabled (caching page WCE).
+    pub wce: AtomicBool,
+    /// Software write protect (control page SWP).
+    pub swp: AtomicBool,
+    /// Descriptor-format sense (control page D_SENSE).
+    pub d_sense: AtomicBool,
+    /// Unit attentions per nexus.
+    pub uas: UaTable,
+    /// SPC-2 and persistent reservations.
+    pub pr: Reservations,
+    /// Stopped by START STOP UNIT (media access answers NOT READY).
+    pub stopped: AtomicBool,
+    /// Medium removal prevention.
+    pub media: Mutex<MediaState>,
+    /// Block count last reported, to raise CAPACITY DATA HAS CHANGED.
+    pub block_count_seen: AtomicU64,
+    /// Orders COMPARE AND WRITE / ORWRITE (exclusive) against other writes (shared).
+    pub write_order: tokio::sync::RwLock<()>,
+}
+
+impl LogicalUnit {
+    /// Builds the LU and loads its persisted reservation state.
+    pub fn new(lun: u64, config: LunConfig, volume: VolumeRef) -> Result<Self, ScsiError> {
+        let pr = Reservations::load(config.state_file.as_deref())?;
+        let geo = volume.geometry();
+        if geo.block_size_bytes == 0 || !geo.block_size_bytes.is_power_of_two() {
+            return Err(ScsiError::Config(format!(
+                "lun {lun}: block size {} is not a power of two",
+                geo.block_size_bytes
+            )));
+        }
+        let mode = ModePages::defaults(&geo);
+        Ok(LogicalUnit {
+            lun,
+            wce: AtomicBool::new(mode.wce()),
+            swp: AtomicBool::new(mode.swp()),
+            d_sense: AtomicBool::new(mode.d_sense()),
+            mode: Mutex::new(mode),
+            config,
+            volume,
+            uas: UaTable::default(),
+            pr,
+            stopped: AtomicBool::new(false),
+            media: Mutex::new(MediaState::default()),
+            block_count_seen: AtomicU64::new(geo.block_count),
+            write_order: tokio::sync::RwLock::new(()),
+        })
+    }
+
+    /// Current geometry of the volume.
+    #[inline]
+    pub fn geometry(&self) -> Geometry {
+        self.volume.geometry()
+    }
+
+    /// Descriptor-format sense in effect.
+    #[inline]
+    pub fn descriptor_sense(&self) -> bool {
+        self.d_sense.load(Ordering::Relaxed)
+    }
+
+    /// Writes must be refused (configured read-only or SWP set).
+    #[inline]
+    pub fn write_protected(&self) -> bool {
+        self.config.read_only || self.swp.load(Ordering::Relaxed)
+    }
+
+    /// Checks write protection.
+    #[inline]
+    pub fn check_writable(&self) -> Result<(), Sense> {
+        if self.write_protected() {
+            Err(codes::WRITE_PROTECTED)
+        } else {
+            Ok(())
+        }
+    }
+
+    /// Whether writes must go FUA because the write cache is disabled.
+    #[inline]
+    pub fn force_fua(&self) -> bool {
+        !self.wce.load(Ordering::Relaxed)
+    }
+
+    /// Mirrors the mode pages' hot flags into the atomics.
+    pub fn sync_mode_flags(&self, m: &ModePages) {
+        self.wce.store(m.wce(), Ordering::Relaxed);
+        self.swp.store(m.swp(), Ordering::Relaxed);
+        self.d_sense.store(m.d_sense(), Ordering::Relaxed);
+    }
+
+    /// Maps a volume error for this LU.
+    pub fn io_error(&self, e: &BlockError) -> Sense {
+        block_error_sense(self.lun, e)
+    }
+
+    /// A LOGICAL UNIT RESET or target reset: SPC-2 reservations, medium removal
+    /// prevention and mode parameters return to their defaults; every nexus gets `ua`.
+    pub fn reset(&self, ua: Sense) {
+        self.pr.reset();
+        self.media.lock().prevent.clear();
+        self.stopped.store(false, Ordering::Relaxed);
+        let defaults = ModePages::defaults(&self.geometry());
+        self.sync_mode_flags(&defaults);
+        *self.mode.lock() = defaults;
+        self.uas.reset_all(ua);
+    }
+
+    /// The nexus is gone: its reservations (SPC-2), prevention and UAs are dropped.
+    pub fn nexus_lost(&self, nexus: &ItNexus) {
+        self.pr.nexus_lost(nexus);
+        self.media.lock().prevent.remove(&key_of(nexus));
+        self.uas.forget(nexus);
+    }
+
+    /// Raises CAPACITY DATA HAS CHANGED if the volume was resized since last seen.
+    #[inline]
+    pub fn check_capacity(&self, geo: &Geometry) {
+        let seen = self.block_count_seen.load(Ordering::Relaxed);
+        if seen != geo.block_count
+            && self
+                .block_count_seen
+                .compare_exchange(seen, geo.block_count, Ordering::AcqRel, Ordering::Relaxed)
+                .is_ok()
+        {
+            tracing::info!(
+                lun = self.lun,
+                from = seen,
+                to = geo.block_count,
+                "capacity changed"
+            );
+            self.uas.raise_all(codes::CAPACITY_DATA_CHANGED, None);
+        }
+    }
+}

@@ -1,0 +1,168 @@
+//! The APTPL state file: registrations, the reservation, PRgeneration and the APTPL
+//! flag as JSON, written atomically (temporary file, fsync, rename, fsync of the
+//! directory) so that a crash leaves either the old or the new state.
+
+use super::{NexusId, PrState, PrType, Registration, Reservation, REGISTRATIONS_MAX};
+use crate::ScsiError;
+use serde::{Deserialize, Serialize};
+use std::fs;
+use std::io::{self, Write};
+use std::path::Path;
+use std::sync::Arc;
+
+/// Format version written to (and required in) the file.
+const FORMAT_VERSION: u32 = 1;
+
+#[derive(Debug, Serialize, Deserialize)]
+struct FileState {
+    version: u32,
+    generation: u32,
+    aptpl: bool,
+    registrations: Vec<FileRegistration>,
+    reservation: Option<FileReservation>,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+struct FileRegistration {
+    initiator_port: String,
+    relative_port_id: u16,
+    key: u64,
+    all_tg_pt: bool,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+struct FileReservation {
+    type_code: u8,
+    /// None for all-registrants types.
+    holder_initiator_port: Option<String>,
+    holder_relative_port_id: u16,
+}
+
+fn to_file(st: &PrState) -> FileState {
+    FileState {
+        version: FORMAT_VERSION,
+        generation: st.generation,
+        aptpl: st.aptpl,
+        registrations: st
+            .registrations
+            .iter()
+            .map(|r| FileRegistration {
+                initiator_port: r.nexus.initiator_port.to_string(),
+                relative_port_id: r.nexus.relative_port_id,
+                key: r.key,
+                all_tg_pt: r.all_tg_pt,
+            })
+            .collect(),
+        reservation: st.reservation.as_ref().map(|res| FileReservation {
+            type_code: res.kind.code(),
+            holder_initiator_port: res.holder.as_ref().map(|h| h.initiator_port.to_string()),
+            holder_relative_port_id: res.holder.as_ref().map_or(0, |h| h.relative_port_id),
+        }),
+    }
+}
+
+fn from_file(f: FileState) -> Result<PrState, String> {
+    if f.version != FORMAT_VERSION {
+        return Err(format!("unsupported format version {}", f.version));
+    }
+    if f.registrations.len() > REGISTRATIONS_MAX {
+        return Err(format!(
+            "{} registrations (most {REGISTRATIONS_MAX})",
+            f.registrations.len()
+        ));
+    }
+    let mut st = PrState {
+        generation: f.generation,
+        aptpl: f.aptpl,
+        registrations: Vec::with_capacity(f.registrations.len()),
+        reservation: None,
+    };
+    for r in f.registrations {
+        if r.key == 0 || r.initiator_port.is_empty() {
+            return Err("registration with an empty key or initiator port".into());
+        }
+        let nexus = NexusId {
+            initiator_port: Arc::from(r.initiator_port),
+            relative_port_id: r.relative_port_id,
+        };
+        if st.find_id(&nexus).is_some() {
+            return Err(format!("I_T nexus {nexus:?} registered twice"));
+        }
+        st.registrations.push(Registration {
+            nexus,
+            key: r.key,
+            all_tg_pt: r.all_tg_pt,
+        });
+    }
+    if let Some(res) = f.reservation {
+        let kind = PrType::from_code(res.type_code)
+            .ok_or_else(|| format!("unknown reservation type {}", res.type_code))?;
+        let holder = match (kind.all_registrants(), res.holder_initiator_port) {
+            (true, _) => None,
+            (false, Some(port)) => Some(NexusId {
+                initiator_port: Arc::from(port),
+                relative_port_id: res.holder_relative_port_id,
+            }),
+            (false, None) => return Err("reservation without a holder".into()),
+        };
+        st.reservation = Some(Reservation { kind, holder });
+        if st.drop_orphaned_reservation().is_some() {
+            return Err("reservation held by an unregistered I_T nexus".into());
+        }
+    }
+    Ok(st)
+}
+
+/// Reads the state file; Ok(None) when there is none.
+pub(super) fn load(path: &Path) -> Result<Option<PrState>, ScsiError> {
+    let state_err = |source: io::Error| ScsiError::State {
+        path: path.to_path_buf(),
+        source,
+    };
+    let text = match fs::read(path) {
+        Ok(text) => text,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(state_err(e)),
+    };
+    let file: FileState = serde_json::from_slice(&text)
+        .map_err(|e| state_err(io::Error::new(io::ErrorKind::InvalidData, e)))?;
+    from_file(file)
+        .map(Some)
+        .map_err(|msg| state_err(io::Error::new(io::ErrorKind::InvalidData, msg)))
+}
+
+fn sync_parent(path: &Path) -> io::Result<()> {
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    };
+    fs::File::open(dir)?.sync_all()
+}
+
+/// Writes `st` atomically: temporary file, fsync, rename over `path`, fsync the
+/// directory.
+pub(super) fn save(path: &Path, st: &PrState) -> io::Result<()> {
+    let json = serde_json::to_vec_pretty(&to_file(st)).map_err(io::Error::other)?;
+    let mut tmp = path.as_os_str().to_owned();
+    tmp.push(".tmp");
+    let tmp = Path::new(&tmp);
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        fs::create_dir_all(dir)?;
+    }
+    {
+        let mut f = fs::File::create(tmp)?;
+        f.write_all(&json)?;
+        f.sync_all()?;
+    }
+    fs::rename(tmp, path)?;
+    sync_parent(path)
+}
+
+/// Removes the state file (APTPL turned off); a missing file is fine.
+pub(super) fn remove(path: &Path) -> io::Result<()> {
+    match fs::remove_file(path) {
+        Ok(()) => sync_parent(path),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(e),
+    }
+}

@@ -1,0 +1,281 @@
+//! [`ScsiTarget`]: the logical units of one target device, command dispatch and the
+//! task management entry points.
+//!
+//! Order of checks for a command to an existing LU (SAM-5 / SPC-4): CDB shape,
+//! capacity change, unit attention (except INQUIRY, REPORT LUNS, REQUEST SENSE),
+//! NACA, ALUA port state, reservations, stopped unit, then the command itself.
+
+use crate::alua::Alua;
+use crate::cdb::{op, sa, Cdb};
+use crate::lu::{into_response, CmdResult, Fail, LogicalUnit};
+use crate::pr::Access;
+use crate::sense::{codes, Sense};
+use crate::{
+    admin, capacity, inquiry, mode, opcodes, provisioning, rw, AluaState, Command, ItNexus,
+    PortGroup, Response, ScsiError, TargetConfig,
+};
+use std::sync::atomic::Ordering;
+
+/// A SCSI target device: the logical units behind one iSCSI target.
+pub struct ScsiTarget {
+    config: TargetConfig,
+    luns: Vec<LogicalUnit>,
+    lun_ids: Vec<u64>,
+    alua: Alua,
+}
+
+/// Commands that neither report nor consume a unit attention (SAM-5 5.14).
+fn ua_exempt(opcode: u8) -> bool {
+    matches!(opcode, op::INQUIRY | op::REPORT_LUNS | op::REQUEST_SENSE)
+}
+
+/// Commands that touch the medium and so fail on a stopped unit.
+fn media_access(opcode: u8, service_action: u8) -> bool {
+    matches!(
+        opcode,
+        op::TEST_UNIT_READY
+            | op::READ_6
+            | op::READ_10
+            | op::READ_12
+            | op::READ_16
+            | op::WRITE_6
+            | op::WRITE_10
+            | op::WRITE_12
+            | op::WRITE_16
+            | op::WRITE_VERIFY_10
+            | op::WRITE_VERIFY_12
+            | op::WRITE_VERIFY_16
+            | op::VERIFY_10
+            | op::VERIFY_12
+            | op::VERIFY_16
+            | op::COMPARE_AND_WRITE
+            | op::ORWRITE_16
+            | op::WRITE_SAME_10
+            | op::WRITE_SAME_16
+            | op::UNMAP
+            | op::PRE_FETCH_10
+            | op::PRE_FETCH_16
+            | op::SYNC_CACHE_10
+            | op::SYNC_CACHE_16
+    ) || (opcode == op::SERVICE_ACTION_IN_16 && service_action == sa::GET_LBA_STATUS)
+}
+
+impl ScsiTarget {
+    /// Builds the target; loads persisted state (APTPL reservations) from each LUN's state file.
+    pub fn new(config: TargetConfig) -> Result<Self, ScsiError> {
+        let mut luns = Vec::with_capacity(config.luns.len());
+        let mut lun_ids: Vec<u64> = Vec::with_capacity(config.luns.len());
+        for (lun, cfg, vol) in &config.luns {
+            if lun_ids.contains(lun) {
+                return Err(ScsiError::Config(format!("lun {lun} is configured twice")));
+            }
+            if *lun >= 0x4000 {
+                return Err(ScsiError::Config(format!(
+                    "lun {lun} is beyond flat addressing (16383)"
+                )));
+            }
+            lun_ids.push(*lun);
+            luns.push(LogicalUnit::new(*lun, cfg.clone(), vol.clone())?);
+        }
+        let mut rel_ids: Vec<u16> = config.ports.iter().map(|p| p.relative_id).collect();
+        rel_ids.sort_unstable();
+        if rel_ids.windows(2).any(|w| w[0] == w[1]) {
+            return Err(ScsiError::Config(
+                "duplicate relative target port id".into(),
+            ));
+        }
+        let alua = Alua::new(&config.ports, &config.port_groups);
+        Ok(ScsiTarget {
+            config,
+            luns,
+            lun_ids,
+            alua,
+        })
+    }
+
+    /// The configuration the target was built with.
+    pub fn config(&self) -> &TargetConfig {
+        &self.config
+    }
+
+    #[inline]
+    fn lu(&self, lun: u64) -> Option<&LogicalUnit> {
+        self.luns.iter().find(|l| l.lun == lun)
+    }
+
+    /// Current ALUA target port groups (states as changed at run time).
+    pub fn port_groups(&self) -> Vec<PortGroup> {
+        self.alua.groups()
+    }
+
+    /// Changes the ALUA state of a target port group and establishes ASYMMETRIC
+    /// ACCESS STATE CHANGED on every I_T nexus of every LU. False if no such group.
+    pub fn set_port_group_state(&self, group_id: u16, state: AluaState) -> bool {
+        if !self.alua.set_state(group_id, state) {
+            return false;
+        }
+        tracing::info!(group_id, ?state, "ALUA state changed");
+        for lu in &self.luns {
+            lu.uas.raise_all(codes::ALUA_STATE_CHANGED, None);
+        }
+        true
+    }
+
+    /// Whether `lun` currently runs with its volatile write cache enabled (WCE);
+    /// None when there is no such LUN.
+    pub fn write_cache_enabled(&self, lun: u64) -> Option<bool> {
+        self.lu(lun).map(|l| !l.force_fua())
+    }
+
+    /// Executes one command from `nexus`. Never panics on any CDB or data.
+    pub async fn execute(&self, nexus: &ItNexus, cmd: Command) -> Response {
+        let Some(lu) = self.lu(cmd.lun) else {
+            return into_response(self.execute_no_lun(nexus, &cmd), false);
+        };
+        let r = self.execute_lu(lu, nexus, &cmd).await;
+        into_response(r, lu.descriptor_sense())
+    }
+
+    /// A command to a LUN that does not exist.
+    fn execute_no_lun(&self, nexus: &ItNexus, cmd: &Command) -> CmdResult {
+        let cdb = Cdb::parse(&cmd.cdb)?;
+        match cdb.opcode() {
+            op::INQUIRY => inquiry::inquiry(&self.config, None, nexus, &cdb),
+            op::REPORT_LUNS => admin::report_luns(&self.lun_ids, &cdb),
+            op::REQUEST_SENSE => admin::request_sense(None, nexus, &cdb),
+            _ => Err(codes::LUN_NOT_SUPPORTED.into()),
+        }
+    }
+
+    async fn execute_lu(&self, lu: &LogicalUnit, nexus: &ItNexus, cmd: &Command) -> CmdResult {
+        let geo = lu.geometry();
+        lu.check_capacity(&geo);
+        let cdb = match Cdb::parse(&cmd.cdb) {
+            Ok(c) => c,
+            Err(s) => {
+                // A malformed CDB still reports a pending unit attention first.
+                return Err(lu.uas.pop(nexus).unwrap_or(s).into());
+            }
+        };
+        let opcode = cdb.opcode();
+        if !ua_exempt(opcode) && lu.uas.pending(nexus) {
+            if let Some(ua) = lu.uas.pop(nexus) {
+                return Err(ua.into());
+            }
+        }
+        if cdb.control() & 0x04 != 0 {
+            return Err(cdb.invalid((cdb.len_bytes() - 1) as u16, Some(2)).into());
+        }
+        self.alua.check(nexus.relative_port_id, &cdb)?;
+        if lu.pr.check(nexus, cdb.as_slice()) == Access::Conflict {
+            return Err(Fail::Conflict);
+        }
+        if media_access(opcode, cdb.service_action()) && lu.stopped.load(Ordering::Relaxed) {
+            return Err(codes::NOT_READY_INIT_REQUIRED.into());
+        }
+        self.dispatch(lu, nexus, &cdb, cmd).await
+    }
+
+    async fn dispatch(
+        &self,
+        lu: &LogicalUnit,
+        nexus: &ItNexus,
+        cdb: &Cdb,
+        cmd: &Command,
+    ) -> CmdResult {
+        let data = &cmd.data_out;
+        match cdb.opcode() {
+            op::READ_6 | op::READ_10 | op::READ_12 | op::READ_16 => rw::read(lu, cdb).await,
+            op::WRITE_6 | op::WRITE_10 | op::WRITE_12 | op::WRITE_16 => {
+                rw::write(lu, cdb, data).await
+            }
+            op::TEST_UNIT_READY => Ok(Default::default()),
+            op::INQUIRY => inquiry::inquiry(&self.config, Some(lu), nexus, cdb),
+            op::REQUEST_SENSE => admin::request_sense(Some(lu), nexus, cdb),
+            op::REPORT_LUNS => admin::report_luns(&self.lun_ids, cdb),
+            op::READ_CAPACITY_10 => capacity::read_capacity_10(lu, cdb),
+            op::SERVICE_ACTION_IN_16 => match cdb.service_action() {
+                sa::READ_CAPACITY_16 => capacity::read_capacity_16(lu, cdb),
+                sa::GET_LBA_STATUS => capacity::get_lba_status(lu, cdb).await,
+                _ => Err(cdb.invalid(1, Some(4)).into()),
+            },
+            op::MAINTENANCE_IN => match cdb.service_action() {
+                sa::REPORT_TARGET_PORT_GROUPS => self.alua.report(cdb),
+                sa::REPORT_SUPPORTED_OPCODES => {
+                    opcodes::report_supported_opcodes(cdb, lu.geometry().thin)
+                }
+                sa::REPORT_SUPPORTED_TMFS => opcodes::report_supported_tmfs(cdb),
+                _ => Err(cdb.invalid(1, Some(4)).into()),
+            },
+            op::MODE_SENSE_6 | op::MODE_SENSE_10 => mode::mode_sense(lu, cdb),
+            op::MODE_SELECT_6 | op::MODE_SELECT_10 => mode::mode_select(lu, nexus, cdb, data),
+            op::WRITE_VERIFY_10 | op::WRITE_VERIFY_12 | op::WRITE_VERIFY_16 => {
+                rw::write_verify(lu, cdb, data).await
+            }
+            op::VERIFY_10 | op::VERIFY_12 | op::VERIFY_16 => rw::verify(lu, cdb, data).await,
+            op::COMPARE_AND_WRITE => rw::compare_and_write(lu, cdb, data).await,
+            op::ORWRITE_16 => rw::orwrite(lu, cdb, data).await,
+            op::PRE_FETCH_10 | op::PRE_FETCH_16 => rw::prefetch(lu, cdb).await,
+            op::SYNC_CACHE_10 | op::SYNC_CACHE_16 => rw::sync_cache(lu, cdb).await,
+            op::WRITE_SAME_10 | op::WRITE_SAME_16 => provisioning::write_same(lu, cdb, data).await,
+            op::UNMAP => provisioning::unmap(lu, cdb, data).await,
+            op::START_STOP_UNIT => admin::start_stop_unit(lu, cdb).await,
+            op::PREVENT_ALLOW => admin::prevent_allow(lu, nexus, cdb),
+            op::RESERVE_6 | op::RESERVE_10 | op::RELEASE_6 | op::RELEASE_10 => {
+                admin::reserve_release(lu, nexus, cdb)
+            }
+            op::PR_IN => admin::pr_in(lu, nexus, cdb),
+            op::PR_OUT => admin::pr_out(lu, nexus, cdb, data, &self.config.ports),
+            _ => Err(codes::INVALID_OPCODE.into()),
+        }
+    }
+
+    /// LOGICAL UNIT RESET task management function from `nexus`.
+    pub async fn lun_reset(&self, nexus: &ItNexus, lun: u64) -> bool {
+        let Some(lu) = self.lu(lun) else {
+            return false;
+        };
+        tracing::info!(lun, initiator = %nexus.initiator_port, "logical unit reset");
+        lu.reset(codes::BUS_DEVICE_RESET);
+        true
+    }
+
+    /// TARGET WARM/COLD RESET from `nexus` (every LUN).
+    pub async fn target_reset(&self, nexus: &ItNexus) {
+        tracing::info!(initiator = %nexus.initiator_port, "target reset");
+        for lu in &self.luns {
+            lu.reset(codes::POWER_ON_RESET);
+        }
+    }
+
+    /// CLEAR TASK SET on `lun` from `nexus`: establishes the unit attention the
+    /// standard asks for on other nexuses (commands are aborted by the transport).
+    pub async fn clear_task_set(&self, nexus: &ItNexus, lun: u64) {
+        if let Some(lu) = self.lu(lun) {
+            lu.uas
+                .raise_all(codes::COMMANDS_CLEARED_BY_ANOTHER_INITIATOR, Some(nexus));
+        }
+    }
+
+    /// The I_T nexus is gone (session closed): drops SPC-2 reservations it held.
+    pub fn nexus_lost(&self, nexus: &ItNexus) {
+        for lu in &self.luns {
+            lu.nexus_lost(nexus);
+        }
+    }
+
+    /// Flushes every LUN's volume (clean shutdown).
+    pub async fn flush_all(&self) {
+        for lu in &self.luns {
+            if let Err(e) = lu.volume.flush().await {
+                tracing::error!(lun = lu.lun, error = %e, "flush at shutdown failed");
+            }
+        }
+    }
+
+    /// The sense a command from `nexus` to `lun` would get for `s`, encoded in the
+    /// LU's current sense format (for transports that build their own errors).
+    pub fn encode_sense(&self, lun: u64, s: &Sense) -> block::Bytes {
+        s.encode(self.lu(lun).is_some_and(|l| l.descriptor_sense()))
+    }
+}

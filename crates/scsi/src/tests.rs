@@ -1,0 +1,929 @@
+//! End-to-end tests of the command set through [`ScsiTarget::execute`] over memory,
+//! fault-injecting and counting volumes.
+
+use crate::sense::key;
+use crate::*;
+use async_trait::async_trait;
+use block::{BlockResult, Extent, FaultVolume, Geometry, MemVolume, Volume};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+const BS: usize = 512;
+const BLOCKS: u64 = 1024;
+
+fn lun_config() -> LunConfig {
+    LunConfig {
+        naa: [0x60, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15],
+        serial: "FS0001".into(),
+        vendor: "FREESAN".into(),
+        product: "VIRTUAL DISK".into(),
+        revision: "0001".into(),
+        read_only: false,
+        state_file: None,
+    }
+}
+
+fn target_with(vol: VolumeRef) -> ScsiTarget {
+    ScsiTarget::new(TargetConfig {
+        name: "iqn.2026-11.org.freesan:t1".into(),
+        ports: vec![
+            TargetPort {
+                relative_id: 1,
+                group_id: 1,
+                name: "iqn.2026-11.org.freesan:t1,t,0x0001".into(),
+            },
+            TargetPort {
+                relative_id: 2,
+                group_id: 2,
+                name: "iqn.2026-11.org.freesan:t1,t,0x0002".into(),
+            },
+        ],
+        port_groups: vec![
+            PortGroup {
+                id: 1,
+                state: AluaState::ActiveOptimized,
+                relative_port_ids: vec![1],
+            },
+            PortGroup {
+                id: 2,
+                state: AluaState::ActiveNonOptimized,
+                relative_port_ids: vec![2],
+            },
+        ],
+        luns: vec![(0, lun_config(), vol)],
+    })
+    .unwrap()
+}
+
+fn target() -> ScsiTarget {
+    target_with(Arc::new(MemVolume::new(BS as u32, BLOCKS)))
+}
+
+fn nexus(isid: &str, port: u16) -> ItNexus {
+    ItNexus {
+        initiator_name: Arc::from("iqn.test"),
+        initiator_port: Arc::from(format!("iqn.test,i,0x{isid}").as_str()),
+        relative_port_id: port,
+    }
+}
+
+fn cmd(lun: u64, cdb: &[u8], data: &[u8]) -> Command {
+    Command {
+        cdb: Bytes::copy_from_slice(cdb),
+        lun,
+        data_out: Bytes::copy_from_slice(data),
+        data_in_len_max: 65536,
+        attr: TaskAttr::Simple,
+    }
+}
+
+async fn run(t: &ScsiTarget, n: &ItNexus, cdb: &[u8], data: &[u8]) -> Response {
+    t.execute(n, cmd(0, cdb, data)).await
+}
+
+/// A nexus with its POWER ON unit attention already consumed.
+async fn ready(t: &ScsiTarget, isid: &str, port: u16) -> ItNexus {
+    let n = nexus(isid, port);
+    let r = run(t, &n, &[0, 0, 0, 0, 0, 0], &[]).await;
+    assert_eq!(sense_of(&r), (key::UNIT_ATTENTION, 0x29, 0x00));
+    let r = run(t, &n, &[0, 0, 0, 0, 0, 0], &[]).await;
+    assert_eq!(r.status, status::GOOD);
+    n
+}
+
+/// (key, asc, ascq) of a CHECK CONDITION, fixed or descriptor format.
+fn sense_of(r: &Response) -> (u8, u8, u8) {
+    assert_eq!(
+        r.status,
+        status::CHECK_CONDITION,
+        "expected CHECK CONDITION"
+    );
+    let s = r.sense.as_ref().unwrap();
+    match s[0] & 0x7f {
+        0x72 => (s[1] & 0xf, s[2], s[3]),
+        _ => (s[2] & 0xf, s[12], s[13]),
+    }
+}
+
+fn info_of(r: &Response) -> u32 {
+    let s = r.sense.as_ref().unwrap();
+    assert_eq!(s[0], 0xf0, "fixed sense with VALID");
+    u32::from_be_bytes([s[3], s[4], s[5], s[6]])
+}
+
+fn rw10(opcode: u8, lba: u32, blocks: u16) -> [u8; 10] {
+    let mut c = [0u8; 10];
+    c[0] = opcode;
+    c[2..6].copy_from_slice(&lba.to_be_bytes());
+    c[7..9].copy_from_slice(&blocks.to_be_bytes());
+    c
+}
+
+fn rw16(opcode: u8, lba: u64, blocks: u32) -> [u8; 16] {
+    let mut c = [0u8; 16];
+    c[0] = opcode;
+    c[2..10].copy_from_slice(&lba.to_be_bytes());
+    c[10..14].copy_from_slice(&blocks.to_be_bytes());
+    c
+}
+
+const ILLEGAL: u8 = key::ILLEGAL_REQUEST;
+
+#[tokio::test]
+async fn unit_attention_lifecycle_across_two_nexuses() {
+    let t = target();
+    let a = nexus("1", 1);
+    let b = nexus("2", 1);
+    // INQUIRY neither reports nor consumes the POWER ON UA.
+    let r = run(&t, &a, &[0x12, 0, 0, 0, 96, 0], &[]).await;
+    assert_eq!(r.status, status::GOOD);
+    // REQUEST SENSE returns and consumes it.
+    let r = run(&t, &a, &[0x03, 0, 0, 0, 18, 0], &[]).await;
+    assert_eq!(r.status, status::GOOD);
+    assert_eq!((r.data_in[2], r.data_in[12]), (key::UNIT_ATTENTION, 0x29));
+    let r = run(&t, &a, &[0x03, 0, 0, 0, 18, 0], &[]).await;
+    assert_eq!((r.data_in[2], r.data_in[12]), (key::NO_SENSE, 0));
+    // b still has its own POWER ON.
+    let r = run(&t, &b, &[0, 0, 0, 0, 0, 0], &[]).await;
+    assert_eq!(sense_of(&r), (key::UNIT_ATTENTION, 0x29, 0));
+    assert_eq!(run(&t, &b, &[0; 6], &[]).await.status, status::GOOD);
+    // MODE SELECT from a raises MODE PARAMETERS CHANGED on b only.
+    let mut ms = vec![0u8; 4];
+    ms.extend_from_slice(&[0x0a, 10, 0x04, 0x10, 0, 0, 0, 0, 0xff, 0xff, 0, 0]);
+    let r = run(&t, &a, &[0x15, 0x10, 0, 0, ms.len() as u8, 0], &ms).await;
+    assert_eq!(r.status, status::GOOD);
+    assert_eq!(run(&t, &a, &[0; 6], &[]).await.status, status::GOOD);
+    let r = run(&t, &b, &[0; 6], &[]).await;
+    // D_SENSE is now set: the UA comes in descriptor format.
+    assert_eq!(r.sense.as_ref().unwrap()[0], 0x72);
+    assert_eq!(sense_of(&r), (key::UNIT_ATTENTION, 0x2a, 0x01));
+    // LUN reset: every nexus gets BUS DEVICE RESET; mode pages revert to fixed sense.
+    assert!(t.lun_reset(&a, 0).await);
+    assert!(!t.lun_reset(&a, 7).await);
+    let r = run(&t, &a, &[0; 6], &[]).await;
+    assert_eq!(sense_of(&r), (key::UNIT_ATTENTION, 0x29, 0x03));
+    assert_eq!(r.sense.as_ref().unwrap()[0], 0x70);
+    // Nexus loss: the nexus starts over with POWER ON.
+    t.nexus_lost(&a);
+    let r = run(&t, &a, &[0; 6], &[]).await;
+    assert_eq!(sense_of(&r), (key::UNIT_ATTENTION, 0x29, 0x00));
+}
+
+#[tokio::test]
+async fn missing_lun() {
+    let t = target();
+    let n = nexus("1", 1);
+    let r = t.execute(&n, cmd(5, &[0x12, 0, 0, 0, 96, 0], &[])).await;
+    assert_eq!(r.status, status::GOOD);
+    assert_eq!(r.data_in[0], 0x7f);
+    let r = t.execute(&n, cmd(5, &[0, 0, 0, 0, 0, 0], &[])).await;
+    assert_eq!(sense_of(&r), (ILLEGAL, 0x25, 0));
+    let r = t.execute(&n, cmd(5, &[0x03, 0, 0, 0, 18, 0], &[])).await;
+    assert_eq!(r.status, status::GOOD);
+    assert_eq!((r.data_in[2], r.data_in[12]), (ILLEGAL, 0x25));
+    let r = t
+        .execute(&n, cmd(5, &[0xa0, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0], &[]))
+        .await;
+    assert_eq!(r.status, status::GOOD);
+    assert_eq!(&r.data_in[..4], &[0, 0, 0, 8]);
+}
+
+#[tokio::test]
+async fn inquiry_standard_and_vpd() {
+    let t = target();
+    let n = ready(&t, "1", 2).await;
+    let r = run(&t, &n, &[0x12, 0, 0, 1, 4, 0], &[]).await;
+    assert_eq!(r.status, status::GOOD);
+    let d = &r.data_in;
+    assert_eq!(
+        (d[0], d[2], d[3] & 0x1f, d[4] as usize),
+        (0, 6, 0x12, d.len() - 5)
+    );
+    assert_eq!(d[5] & 0x30, 0x10, "TPGS implicit");
+    assert_eq!(&d[8..15], b"FREESAN");
+    assert_eq!(r.transfer_len_bytes as usize, d.len());
+    // Allocation length truncates.
+    let r = run(&t, &n, &[0x12, 0, 0, 0, 36, 0], &[]).await;
+    assert_eq!(r.data_in.len(), 36);
+    // EVPD=0 with a page code, and CmdDt.
+    let r = run(&t, &n, &[0x12, 0, 0x80, 0, 255, 0], &[]).await;
+    assert_eq!(sense_of(&r), (ILLEGAL, 0x24, 0));
+    let r = run(&t, &n, &[0x12, 2, 0, 0, 255, 0], &[]).await;
+    assert_eq!(sense_of(&r), (ILLEGAL, 0x24, 0));
+    // Supported pages, each one answers.
+    let r = run(&t, &n, &[0x12, 1, 0, 0, 255, 0], &[]).await;
+    let pages: Vec<u8> = r.data_in[4..].to_vec();
+    assert_eq!(pages, vec![0, 0x80, 0x83, 0xb0, 0xb1, 0xb2]);
+    for p in pages {
+        let r = run(&t, &n, &[0x12, 1, p, 0, 255, 0], &[]).await;
+        assert_eq!(r.status, status::GOOD, "page {p:#x}");
+        assert_eq!(r.data_in[1], p);
+        let len = u16::from_be_bytes([r.data_in[2], r.data_in[3]]) as usize;
+        assert_eq!(len + 4, r.data_in.len(), "page {p:#x}");
+    }
+    let r = run(&t, &n, &[0x12, 1, 0x55, 0, 255, 0], &[]).await;
+    assert_eq!(sense_of(&r), (ILLEGAL, 0x24, 0));
+    // Device identification: NAA first, relative port 2, group 2.
+    let r = run(&t, &n, &[0x12, 1, 0x83, 0, 255, 0], &[]).await;
+    let d = &r.data_in[4..];
+    assert_eq!((d[1] & 0xf, d[3]), (3, 16));
+    assert_eq!(&d[4..20], &lun_config().naa);
+    let mut off = 0;
+    let mut rel = None;
+    let mut tpg = None;
+    while off + 4 <= d.len() {
+        let (ty, len) = (d[off + 1] & 0x3f, d[off + 3] as usize);
+        let v = &d[off + 4..off + 4 + len];
+        match ty {
+            0x14 => rel = Some(u16::from_be_bytes([v[2], v[3]])),
+            0x15 => tpg = Some(u16::from_be_bytes([v[2], v[3]])),
+            _ => {}
+        }
+        off += 4 + len;
+    }
+    assert_eq!((rel, tpg), (Some(2), Some(2)));
+    // Block limits: max transfer = volume's max_io_blocks.
+    let r = run(&t, &n, &[0x12, 1, 0xb0, 0, 255, 0], &[]).await;
+    assert_eq!(r.data_in.len(), 64);
+    let max = u32::from_be_bytes(r.data_in[8..12].try_into().unwrap());
+    assert_eq!(max, (8 << 20) / BS as u32);
+    // Provisioning: thin memory volume.
+    let r = run(&t, &n, &[0x12, 1, 0xb2, 0, 255, 0], &[]).await;
+    assert_eq!(r.data_in[5] & 0xe4, 0xe4);
+    assert_eq!(r.data_in[6] & 7, 2);
+}
+
+#[tokio::test]
+async fn read_write_roundtrip_and_errors() {
+    let t = target();
+    let n = ready(&t, "1", 1).await;
+    let data: Vec<u8> = (0..4 * BS).map(|i| (i % 251) as u8).collect();
+    for (w, r) in [
+        (rw10(0x2a, 10, 4).to_vec(), rw10(0x28, 10, 4).to_vec()),
+        (rw16(0x8a, 20, 4).to_vec(), rw16(0x88, 20, 4).to_vec()),
+    ] {
+        let resp = run(&t, &n, &w, &data).await;
+        assert_eq!(resp.status, status::GOOD);
+        assert_eq!(resp.transfer_len_bytes as usize, data.len());
+        let resp = run(&t, &n, &r, &[]).await;
+        assert_eq!(resp.status, status::GOOD);
+        assert_eq!(&resp.data_in[..], &data[..]);
+    }
+    // READ(6)/WRITE(6), length 0 means 256 blocks.
+    let r = run(&t, &n, &[0x08, 0, 0, 10, 0, 0], &[]).await;
+    assert_eq!(r.data_in.len(), 256 * BS);
+    let r = run(&t, &n, &[0x0a, 0, 0, 30, 1, 0], &data[..BS]).await;
+    assert_eq!(r.status, status::GOOD);
+    // READ(12)/WRITE(12).
+    let mut w12 = [0u8; 12];
+    w12[0] = 0xaa;
+    w12[5] = 40;
+    w12[9] = 1;
+    assert_eq!(run(&t, &n, &w12, &data[..BS]).await.status, status::GOOD);
+    w12[0] = 0xa8;
+    assert_eq!(&run(&t, &n, &w12, &[]).await.data_in[..], &data[..BS]);
+    // Zero blocks: GOOD at the end, LBA OUT OF RANGE past it.
+    assert_eq!(
+        run(&t, &n, &rw10(0x28, BLOCKS as u32, 0), &[]).await.status,
+        0
+    );
+    let r = run(&t, &n, &rw10(0x28, BLOCKS as u32 + 1, 0), &[]).await;
+    assert_eq!(sense_of(&r), (ILLEGAL, 0x21, 0));
+    let r = run(&t, &n, &rw16(0x88, u64::MAX, 2), &[]).await;
+    assert_eq!(sense_of(&r), (ILLEGAL, 0x21, 0));
+    let r = run(&t, &n, &rw10(0x2a, BLOCKS as u32 - 1, 2), &data[..2 * BS]).await;
+    assert_eq!(sense_of(&r), (ILLEGAL, 0x21, 0));
+    // RDPROTECT / WRPROTECT.
+    let mut c = rw10(0x28, 0, 1);
+    c[1] = 0x20;
+    assert_eq!(sense_of(&run(&t, &n, &c, &[]).await), (ILLEGAL, 0x24, 0));
+    // Over the maximum transfer length.
+    let r = run(&t, &n, &rw16(0x88, 0, 1_000_000), &[]).await;
+    assert!(matches!(sense_of(&r), (ILLEGAL, 0x21 | 0x24, 0)));
+    // Short Data-Out: nothing written, transfer length still reported.
+    let r = run(&t, &n, &rw10(0x2a, 100, 2), &[0xee; BS]).await;
+    assert_eq!(sense_of(&r), (ILLEGAL, 0x0e, 0x03));
+    assert_eq!(r.transfer_len_bytes as usize, 2 * BS);
+    let r = run(&t, &n, &rw10(0x28, 100, 1), &[]).await;
+    assert!(r.data_in.iter().all(|&b| b == 0));
+    // Long Data-Out: only what the CDB asks is written.
+    let r = run(&t, &n, &rw10(0x2a, 100, 1), &[0xee; 3 * BS]).await;
+    assert_eq!((r.status, r.transfer_len_bytes as usize), (0, BS));
+    let r = run(&t, &n, &rw10(0x28, 100, 2), &[]).await;
+    assert!(r.data_in[..BS].iter().all(|&b| b == 0xee));
+    assert!(r.data_in[BS..].iter().all(|&b| b == 0));
+    // NACA in CONTROL.
+    let mut c = rw10(0x28, 0, 1);
+    c[9] = 0x04;
+    assert_eq!(sense_of(&run(&t, &n, &c, &[]).await), (ILLEGAL, 0x24, 0));
+    // Unknown opcode and a short CDB.
+    assert_eq!(
+        sense_of(&run(&t, &n, &[0x04, 0, 0, 0, 0, 0], &[]).await),
+        (ILLEGAL, 0x20, 0)
+    );
+    assert_eq!(sense_of(&run(&t, &n, &[0x28, 0, 0], &[]).await).0, ILLEGAL);
+    assert_eq!(sense_of(&run(&t, &n, &[], &[]).await), (ILLEGAL, 0x20, 0));
+}
+
+#[tokio::test]
+async fn capacity_and_report_luns() {
+    let t = target();
+    let n = ready(&t, "1", 1).await;
+    let r = run(&t, &n, &[0x25, 0, 0, 0, 0, 0, 0, 0, 0, 0], &[]).await;
+    assert_eq!(&r.data_in[..], &[0, 0, 3, 0xff, 0, 0, 2, 0]);
+    let mut c = [0u8; 16];
+    c[0] = 0x9e;
+    c[1] = 0x10;
+    c[13] = 32;
+    let r = run(&t, &n, &c, &[]).await;
+    assert_eq!(
+        u64::from_be_bytes(r.data_in[0..8].try_into().unwrap()),
+        BLOCKS - 1
+    );
+    assert_eq!(r.data_in[14] & 0xc0, 0xc0, "LBPME and LBPRZ on a thin LU");
+    let r = run(&t, &n, &[0xa0, 0, 0, 0, 0, 0, 0, 0, 0, 8, 0, 0], &[]).await;
+    assert_eq!(sense_of(&r), (ILLEGAL, 0x24, 0));
+    let r = run(&t, &n, &[0xa0, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0], &[]).await;
+    assert_eq!(r.data_in.len(), 16);
+    let r = run(&t, &n, &[0xa0, 0, 1, 0, 0, 0, 0, 0, 1, 0, 0, 0], &[]).await;
+    assert_eq!(r.data_in.len(), 8);
+    let r = run(&t, &n, &[0xa0, 0, 7, 0, 0, 0, 0, 0, 1, 0, 0, 0], &[]).await;
+    assert_eq!(sense_of(&r), (ILLEGAL, 0x24, 0));
+}
+
+#[tokio::test]
+async fn mode_sense_and_select() {
+    let t = target();
+    let a = ready(&t, "1", 1).await;
+    // All pages, current; 4-byte allocation gives 4 bytes.
+    let r = run(&t, &a, &[0x1a, 0, 0x3f, 0, 255, 0], &[]).await;
+    assert_eq!(r.status, status::GOOD);
+    assert_eq!(r.data_in[0] as usize, r.data_in.len() - 1);
+    assert_eq!(r.data_in[3], 8, "block descriptor");
+    let r = run(&t, &a, &[0x1a, 0, 0x3f, 0, 4, 0], &[]).await;
+    assert_eq!(r.data_in.len(), 4);
+    // Saved values are not supported.
+    let r = run(&t, &a, &[0x1a, 0, 0xc8, 0, 255, 0], &[]).await;
+    assert_eq!(sense_of(&r), (ILLEGAL, 0x39, 0));
+    // Changeable caching page shows WCE.
+    let r = run(&t, &a, &[0x1a, 0x08, 0x48, 0, 255, 0], &[]).await;
+    assert_eq!(&r.data_in[4..6], &[0x08, 18]);
+    assert_eq!(r.data_in[6], 0x04);
+    // MODE SENSE(10) with LLBAA gives a 16-byte descriptor.
+    let r = run(&t, &a, &[0x5a, 0x10, 0x0a, 0, 0, 0, 0, 1, 0, 0], &[]).await;
+    assert_eq!((r.data_in[4] & 1, r.data_in[7]), (1, 16));
+    // Unknown page.
+    let r = run(&t, &a, &[0x1a, 0, 0x33, 0, 255, 0], &[]).await;
+    assert_eq!(sense_of(&r), (ILLEGAL, 0x24, 0));
+    // SWP makes the LU write protected.
+    let mut ms = vec![0u8; 4];
+    ms.extend_from_slice(&[0x0a, 10, 0, 0x10, 0x08, 0, 0, 0, 0xff, 0xff, 0, 0]);
+    assert_eq!(run(&t, &a, &[0x15, 0x10, 0, 0, 16, 0], &ms).await.status, 0);
+    let r = run(&t, &a, &rw10(0x2a, 0, 1), &[0u8; BS]).await;
+    assert_eq!(sense_of(&r), (key::DATA_PROTECT, 0x27, 0));
+    let r = run(&t, &a, &[0x1a, 0, 0x0a, 0, 255, 0], &[]).await;
+    assert_eq!(r.data_in[2] & 0x80, 0x80, "WP in the header");
+    // Changing a non-changeable field (QErr) is refused.
+    ms[4 + 3] = 0x12;
+    let r = run(&t, &a, &[0x15, 0x10, 0, 0, 16, 0], &ms).await;
+    assert_eq!(sense_of(&r), (ILLEGAL, 0x26, 0));
+    // SP=1 is refused; short parameter data too.
+    let r = run(&t, &a, &[0x15, 0x11, 0, 0, 16, 0], &ms).await;
+    assert_eq!(sense_of(&r), (ILLEGAL, 0x24, 0));
+    let r = run(&t, &a, &[0x15, 0x10, 0, 0, 16, 0], &ms[..8]).await;
+    assert_eq!(sense_of(&r).0, ILLEGAL);
+}
+
+/// Counts writes issued with and without FUA, and flushes.
+struct Counting {
+    inner: MemVolume,
+    fua_writes: AtomicU64,
+    plain_writes: AtomicU64,
+    flushes: AtomicU64,
+}
+
+#[async_trait]
+impl Volume for Counting {
+    fn geometry(&self) -> Geometry {
+        Geometry {
+            volatile_cache: true,
+            ..self.inner.geometry()
+        }
+    }
+    async fn read(&self, lba: u64, blocks: u32) -> BlockResult<Bytes> {
+        self.inner.read(lba, blocks).await
+    }
+    async fn write(&self, lba: u64, data: Bytes, fua: bool) -> BlockResult<()> {
+        if fua {
+            self.fua_writes.fetch_add(1, Ordering::Relaxed);
+        } else {
+            self.plain_writes.fetch_add(1, Ordering::Relaxed);
+        }
+        self.inner.write(lba, data, fua).await
+    }
+    async fn flush(&self) -> BlockResult<()> {
+        self.flushes.fetch_add(1, Ordering::Relaxed);
+        Ok(())
+    }
+    async fn discard(&self, lba: u64, blocks: u64) -> BlockResult<()> {
+        self.inner.discard(lba, blocks).await
+    }
+    async fn block_status(&self, lba: u64, blocks: u64) -> BlockResult<Vec<Extent>> {
+        self.inner.block_status(lba, blocks).await
+    }
+}
+
+#[tokio::test]
+async fn wce_off_makes_writes_fua_and_sync_cache_flushes() {
+    let vol = Arc::new(Counting {
+        inner: MemVolume::new(BS as u32, BLOCKS),
+        fua_writes: AtomicU64::new(0),
+        plain_writes: AtomicU64::new(0),
+        flushes: AtomicU64::new(0),
+    });
+    let t = target_with(vol.clone());
+    let n = ready(&t, "1", 1).await;
+    assert_eq!(t.write_cache_enabled(0), Some(true));
+    run(&t, &n, &rw10(0x2a, 0, 1), &[1u8; BS]).await;
+    let mut fua = rw10(0x2a, 0, 1);
+    fua[1] = 0x08;
+    run(&t, &n, &fua, &[1u8; BS]).await;
+    assert_eq!(vol.plain_writes.load(Ordering::Relaxed), 1);
+    assert_eq!(vol.fua_writes.load(Ordering::Relaxed), 1);
+    // SYNCHRONIZE CACHE flushes; out of range is refused.
+    assert_eq!(run(&t, &n, &rw10(0x35, 0, 0), &[]).await.status, 0);
+    assert_eq!(vol.flushes.load(Ordering::Relaxed), 1);
+    let r = run(&t, &n, &rw16(0x91, BLOCKS, 1), &[]).await;
+    assert_eq!(sense_of(&r), (ILLEGAL, 0x21, 0));
+    // WCE=0 through MODE SELECT(10).
+    let mut ms = vec![0u8; 8];
+    let mut page = [0u8; 20];
+    page[0] = 0x08;
+    page[1] = 18;
+    ms.extend_from_slice(&page);
+    let r = run(&t, &n, &[0x55, 0x10, 0, 0, 0, 0, 0, 0, 28, 0], &ms).await;
+    assert_eq!(r.status, status::GOOD);
+    assert_eq!(t.write_cache_enabled(0), Some(false));
+    run(&t, &n, &rw10(0x2a, 0, 1), &[2u8; BS]).await;
+    run(&t, &n, &rw16(0x8a, 1, 1), &[2u8; BS]).await;
+    assert_eq!(vol.plain_writes.load(Ordering::Relaxed), 1);
+    assert_eq!(vol.fua_writes.load(Ordering::Relaxed), 3);
+}
+
+#[tokio::test]
+async fn compare_and_write_and_miscompare_offset() {
+    let t = target();
+    let n = ready(&t, "1", 1).await;
+    run(&t, &n, &rw10(0x2a, 5, 2), &[b'A'; 2 * BS]).await;
+    let mut caw = [0u8; 16];
+    caw[0] = 0x89;
+    caw[9] = 5;
+    caw[13] = 2;
+    let mut data = vec![b'A'; 2 * BS];
+    data.extend_from_slice(&[b'B'; 2 * BS]);
+    let r = run(&t, &n, &caw, &data).await;
+    assert_eq!(r.status, status::GOOD);
+    assert!(run(&t, &n, &rw10(0x28, 5, 2), &[])
+        .await
+        .data_in
+        .iter()
+        .all(|&b| b == b'B'));
+    // Miscompare at byte 700: nothing written, INFORMATION = 700.
+    let mut data = vec![b'B'; 2 * BS];
+    data[700] = b'x';
+    data.extend_from_slice(&[b'C'; 2 * BS]);
+    let r = run(&t, &n, &caw, &data).await;
+    assert_eq!(sense_of(&r), (key::MISCOMPARE, 0x1d, 0));
+    assert_eq!(info_of(&r), 700);
+    assert!(run(&t, &n, &rw10(0x28, 5, 2), &[])
+        .await
+        .data_in
+        .iter()
+        .all(|&b| b == b'B'));
+    // Data-Out of the wrong size either way.
+    let r = run(&t, &n, &caw, &data[..3 * BS]).await;
+    assert_eq!(sense_of(&r).0, ILLEGAL);
+    let mut big = data.clone();
+    big.extend_from_slice(&[0; BS]);
+    assert_eq!(sense_of(&run(&t, &n, &caw, &big).await).0, ILLEGAL);
+    // Beyond the end.
+    caw[2..10].copy_from_slice(&(BLOCKS - 1).to_be_bytes());
+    assert_eq!(
+        sense_of(&run(&t, &n, &caw, &data).await),
+        (ILLEGAL, 0x21, 0)
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn compare_and_write_is_atomic_against_writers() {
+    let t = Arc::new(target());
+    let n = ready(&t, "1", 1).await;
+    // Block 0 holds a counter; CAW increments it; plain writers hammer block 0 with
+    // the value they read, which CAW's exclusion must never interleave with.
+    run(&t, &n, &rw10(0x2a, 0, 1), &[0u8; BS]).await;
+    let mut tasks = Vec::new();
+    for w in 0..4u8 {
+        let t = t.clone();
+        let n = n.clone();
+        tasks.push(tokio::spawn(async move {
+            let mut ok = 0u32;
+            for _ in 0..50 {
+                let cur = run(&t, &n, &rw10(0x28, 0, 1), &[]).await.data_in;
+                let v = u32::from_be_bytes(cur[..4].try_into().unwrap());
+                let mut data = cur.to_vec();
+                let mut next = cur.to_vec();
+                next[..4].copy_from_slice(&(v + 1).to_be_bytes());
+                next[4 + w as usize] = next[4 + w as usize].wrapping_add(1);
+                data.extend_from_slice(&next);
+                let mut caw = [0u8; 16];
+                caw[0] = 0x89;
+                caw[13] = 1;
+                let r = run(&t, &n, &caw, &data).await;
+                if r.status == status::GOOD {
+                    ok += 1;
+                } else {
+                    assert_eq!(sense_of(&r).0, key::MISCOMPARE);
+                }
+                // a plain write elsewhere in the same LU
+                run(&t, &n, &rw10(0x2a, 1 + w as u32, 1), &[w; BS]).await;
+            }
+            ok
+        }));
+    }
+    let mut total = 0;
+    for task in tasks {
+        total += task.await.unwrap();
+    }
+    let cur = run(&t, &n, &rw10(0x28, 0, 1), &[]).await.data_in;
+    assert_eq!(u32::from_be_bytes(cur[..4].try_into().unwrap()), total);
+    let per_writer: u32 = (0..4).map(|w| cur[4 + w] as u32).sum();
+    assert_eq!(per_writer, total);
+}
+
+#[tokio::test]
+async fn verify_write_verify_orwrite_prefetch() {
+    let t = target();
+    let n = ready(&t, "1", 1).await;
+    let data = vec![7u8; 2 * BS];
+    let mut wv = rw10(0x2e, 50, 2);
+    wv[1] = 0x02;
+    assert_eq!(run(&t, &n, &wv, &data).await.status, 0);
+    let mut v = rw10(0x2f, 50, 2);
+    v[1] = 0x02; // BYTCHK=1
+    assert_eq!(run(&t, &n, &v, &data).await.status, 0);
+    let mut bad = data.clone();
+    bad[BS + 3] = 0;
+    let r = run(&t, &n, &v, &bad).await;
+    assert_eq!(sense_of(&r), (key::MISCOMPARE, 0x1d, 0));
+    assert_eq!(info_of(&r) as usize, BS + 3);
+    // BYTCHK=0 only reads; BYTCHK=3 compares one block against each.
+    assert_eq!(run(&t, &n, &rw10(0x2f, 50, 2), &[]).await.status, 0);
+    v[1] = 0x06;
+    assert_eq!(run(&t, &n, &v, &data[..BS]).await.status, 0);
+    v[1] = 0x04;
+    assert_eq!(sense_of(&run(&t, &n, &v, &[]).await), (ILLEGAL, 0x24, 0));
+    let mut v16 = rw16(0x8f, BLOCKS, 1);
+    v16[1] = 0x02;
+    assert_eq!(
+        sense_of(&run(&t, &n, &v16, &[0; BS]).await),
+        (ILLEGAL, 0x21, 0)
+    );
+    // ORWRITE.
+    run(&t, &n, &rw10(0x2a, 60, 1), &[0x0f; BS]).await;
+    assert_eq!(run(&t, &n, &rw16(0x8b, 60, 1), &[0xf0; BS]).await.status, 0);
+    let r = run(&t, &n, &rw10(0x28, 60, 1), &[]).await;
+    assert!(r.data_in.iter().all(|&b| b == 0xff));
+    assert_eq!(run(&t, &n, &rw16(0x8b, 0, 0), &[]).await.status, 0);
+    // PRE-FETCH.
+    assert_eq!(run(&t, &n, &rw10(0x34, 0, 10), &[]).await.status, 0);
+    let r = run(&t, &n, &rw16(0x90, BLOCKS, 1), &[]).await;
+    assert_eq!(sense_of(&r), (ILLEGAL, 0x21, 0));
+}
+
+#[tokio::test]
+async fn write_same_unmap_and_lba_status() {
+    let t = target();
+    let n = ready(&t, "1", 1).await;
+    // WRITE SAME(10) of a pattern.
+    let r = run(&t, &n, &rw10(0x41, 0, 200), &[0x5a; BS]).await;
+    assert_eq!(r.status, status::GOOD);
+    let r = run(&t, &n, &rw10(0x28, 0, 200), &[]).await;
+    assert!(r.data_in.iter().all(|&b| b == 0x5a));
+    // Wrong Data-Out sizes, ANCHOR, beyond the end.
+    assert_eq!(
+        sense_of(&run(&t, &n, &rw10(0x41, 0, 1), &[0; BS / 2]).await).0,
+        ILLEGAL
+    );
+    assert_eq!(
+        sense_of(&run(&t, &n, &rw10(0x41, 0, 1), &[0; 2 * BS]).await).0,
+        ILLEGAL
+    );
+    let mut ws = rw10(0x41, 0, 1);
+    ws[1] = 0x10;
+    assert_eq!(
+        sense_of(&run(&t, &n, &ws, &[0; BS]).await),
+        (ILLEGAL, 0x24, 0)
+    );
+    let r = run(&t, &n, &rw16(0x93, BLOCKS + 1, 0), &[0; BS]).await;
+    assert_eq!(sense_of(&r), (ILLEGAL, 0x21, 0));
+    // WRITE SAME(16) UNMAP of zeroes deallocates; GET LBA STATUS shows it.
+    let mut ws16 = rw16(0x93, 0, 128);
+    ws16[1] = 0x08;
+    assert_eq!(run(&t, &n, &ws16, &[0; BS]).await.status, 0);
+    let mut gls = [0u8; 16];
+    gls[0] = 0x9e;
+    gls[1] = 0x12;
+    gls[13] = 64;
+    let r = run(&t, &n, &gls, &[]).await;
+    assert_eq!(r.status, status::GOOD);
+    assert_eq!(u64::from_be_bytes(r.data_in[8..16].try_into().unwrap()), 0);
+    assert_eq!(r.data_in[20], 1, "deallocated");
+    gls[2..10].copy_from_slice(&128u64.to_be_bytes());
+    let r = run(&t, &n, &gls, &[]).await;
+    assert_eq!(r.data_in[20], 0, "mapped");
+    gls[2..10].copy_from_slice(&BLOCKS.to_be_bytes());
+    assert_eq!(sense_of(&run(&t, &n, &gls, &[]).await), (ILLEGAL, 0x21, 0));
+    // NDOB writes zeroes without Data-Out.
+    let mut ndob = rw16(0x93, 128, 8);
+    ndob[1] = 0x01;
+    assert_eq!(run(&t, &n, &ndob, &[]).await.status, 0);
+    // UNMAP: two descriptors, then the checks.
+    let mut p = vec![0u8; 8];
+    p[3] = 32;
+    for (lba, nb) in [(128u64, 64u32), (300, 4)] {
+        p.extend_from_slice(&lba.to_be_bytes());
+        p.extend_from_slice(&nb.to_be_bytes());
+        p.extend_from_slice(&[0; 4]);
+    }
+    p[1] = (p.len() - 2) as u8;
+    let unmap = [0x42, 0, 0, 0, 0, 0, 0, 0, p.len() as u8, 0];
+    assert_eq!(run(&t, &n, &unmap, &p).await.status, 0);
+    let r = run(&t, &n, &rw10(0x28, 128, 64), &[]).await;
+    assert!(r.data_in.iter().all(|&b| b == 0));
+    let mut anchor = unmap;
+    anchor[1] = 1;
+    assert_eq!(
+        sense_of(&run(&t, &n, &anchor, &p).await),
+        (ILLEGAL, 0x24, 0)
+    );
+    let mut oob = p.clone();
+    oob[8..16].copy_from_slice(&BLOCKS.to_be_bytes());
+    assert_eq!(
+        sense_of(&run(&t, &n, &unmap, &oob).await),
+        (ILLEGAL, 0x21, 0)
+    );
+    assert_eq!(
+        sense_of(&run(&t, &n, &[0x42, 0, 0, 0, 0, 0, 0, 0, 4, 0], &p).await),
+        (ILLEGAL, 0x1a, 0)
+    );
+    assert_eq!(
+        run(&t, &n, &[0x42, 0, 0, 0, 0, 0, 0, 0, 0, 0], &[])
+            .await
+            .status,
+        0
+    );
+}
+
+#[tokio::test]
+async fn report_opcodes_tmfs_and_port_groups() {
+    let t = target();
+    let n = ready(&t, "1", 1).await;
+    let r = run(&t, &n, &[0xa3, 0x0c, 0, 0, 0, 0, 0, 0, 0x10, 0, 0, 0], &[]).await;
+    assert_eq!(r.status, status::GOOD);
+    let len = u32::from_be_bytes(r.data_in[..4].try_into().unwrap()) as usize;
+    assert_eq!(len + 4, r.data_in.len());
+    let descs: Vec<&[u8]> = r.data_in[4..].chunks(8).collect();
+    assert!(descs.iter().any(|d| d[0] == 0x89));
+    // Every listed command answers the one-command form.
+    for d in descs {
+        let servactv = d[5] & 1 != 0;
+        let mut c = [
+            0xa3,
+            0x0c,
+            if servactv { 2 } else { 1 },
+            d[0],
+            d[2],
+            d[3],
+            0,
+            0,
+            1,
+            0,
+            0,
+            0,
+        ];
+        let r = run(&t, &n, &c, &[]).await;
+        assert_eq!(r.status, status::GOOD, "opcode {:#x}", d[0]);
+        assert_eq!((r.data_in[1] & 7, r.data_in[4]), (3, d[0]));
+        c[2] = if servactv { 1 } else { 2 };
+        assert_eq!(sense_of(&run(&t, &n, &c, &[]).await), (ILLEGAL, 0x24, 0));
+    }
+    // RCTD adds 12-byte timeouts descriptors.
+    let r = run(
+        &t,
+        &n,
+        &[0xa3, 0x0c, 0x80, 0, 0, 0, 0, 0, 0x10, 0, 0, 0],
+        &[],
+    )
+    .await;
+    assert_eq!(r.data_in[4 + 5] & 2, 2);
+    assert_eq!((r.data_in.len() - 4) % 20, 0);
+    // TMFs.
+    let r = run(&t, &n, &[0xa3, 0x0d, 0, 0, 0, 0, 0, 0, 0, 4, 0, 0], &[]).await;
+    assert_eq!(r.data_in[0] & 0x08, 0x08);
+    // RTPG: two groups, length-only header then extended.
+    let r = run(&t, &n, &[0xa3, 0x0a, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0], &[]).await;
+    assert_eq!(r.data_in.len(), 4 + 2 * 12);
+    assert_eq!(r.data_in[4] & 0x0f, 0);
+    assert_eq!(r.data_in[16] & 0x0f, 1);
+    let r = run(&t, &n, &[0xa3, 0x2a, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0], &[]).await;
+    assert_eq!((r.data_in.len(), r.data_in[4]), (8 + 2 * 12, 0x10));
+    let r = run(&t, &n, &[0xa3, 0x0a, 0, 0, 0, 0, 0, 0, 0, 4, 0, 0], &[]).await;
+    assert_eq!(u32::from_be_bytes(r.data_in[..4].try_into().unwrap()), 24);
+}
+
+#[tokio::test]
+async fn alua_standby_and_state_change_ua() {
+    let t = target();
+    let n1 = ready(&t, "1", 1).await;
+    let n2 = ready(&t, "1", 2).await;
+    assert!(t.set_port_group_state(2, AluaState::Standby));
+    assert!(!t.set_port_group_state(42, AluaState::Standby));
+    // Both nexuses see ASYMMETRIC ACCESS STATE CHANGED once.
+    for n in [&n1, &n2] {
+        let r = run(&t, n, &rw10(0x28, 0, 1), &[]).await;
+        assert_eq!(sense_of(&r), (key::UNIT_ATTENTION, 0x2a, 0x06));
+    }
+    assert_eq!(run(&t, &n1, &rw10(0x28, 0, 1), &[]).await.status, 0);
+    let r = run(&t, &n2, &rw10(0x28, 0, 1), &[]).await;
+    assert_eq!(sense_of(&r), (key::NOT_READY, 0x04, 0x0b));
+    assert_eq!(run(&t, &n2, &[0x12, 0, 0, 0, 36, 0], &[]).await.status, 0);
+    let r = run(&t, &n2, &[0xa3, 0x0a, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0], &[]).await;
+    assert_eq!(r.data_in[16] & 0x0f, 2);
+    assert_eq!(t.port_groups()[1].state, AluaState::Standby);
+    t.set_port_group_state(2, AluaState::Unavailable);
+    run(&t, &n2, &[0x03, 0, 0, 0, 18, 0], &[]).await; // consume the UA
+    let r = run(&t, &n2, &[0x1a, 0, 0x3f, 0, 255, 0], &[]).await;
+    assert_eq!(sense_of(&r), (key::NOT_READY, 0x04, 0x0c));
+}
+
+#[tokio::test]
+async fn volume_errors_map_to_sense() {
+    let mem: VolumeRef = Arc::new(MemVolume::new(BS as u32, BLOCKS));
+    let fault = Arc::new(FaultVolume::new(mem));
+    let plan = fault.plan();
+    let t = target_with(fault);
+    let n = ready(&t, "1", 1).await;
+    plan.lock().bad_read_blocks.push(10..12);
+    let r = run(&t, &n, &rw10(0x28, 8, 4), &[]).await;
+    assert_eq!(sense_of(&r), (key::MEDIUM_ERROR, 0x11, 0));
+    assert_eq!(info_of(&r), 10);
+    plan.lock().bad_write_blocks.push(20..21);
+    let r = run(&t, &n, &rw10(0x2a, 20, 1), &[1; BS]).await;
+    assert_eq!(sense_of(&r), (key::MEDIUM_ERROR, 0x0c, 0));
+    plan.lock().dead = true;
+    let r = run(&t, &n, &rw10(0x28, 0, 1), &[]).await;
+    assert_eq!(sense_of(&r), (key::HARDWARE_ERROR, 0x44, 0));
+    let r = run(&t, &n, &rw10(0x35, 0, 0), &[]).await;
+    assert_eq!(sense_of(&r), (key::HARDWARE_ERROR, 0x44, 0));
+}
+
+#[tokio::test]
+async fn start_stop_and_prevent_allow() {
+    let t = target();
+    let a = ready(&t, "1", 1).await;
+    let b = ready(&t, "2", 1).await;
+    // Stop: media access answers NOT READY, INQUIRY still works; start again.
+    assert_eq!(run(&t, &a, &[0x1b, 0, 0, 0, 0, 0], &[]).await.status, 0);
+    let r = run(&t, &b, &rw10(0x28, 0, 1), &[]).await;
+    assert_eq!(sense_of(&r), (key::NOT_READY, 0x04, 0x02));
+    assert_eq!(sense_of(&run(&t, &b, &[0; 6], &[]).await).0, key::NOT_READY);
+    assert_eq!(run(&t, &b, &[0x12, 0, 0, 0, 36, 0], &[]).await.status, 0);
+    assert_eq!(run(&t, &a, &[0x1b, 0, 0, 0, 1, 0], &[]).await.status, 0);
+    assert_eq!(run(&t, &b, &[0; 6], &[]).await.status, 0);
+    // PREVENT from a blocks LOEJ from b until a allows or goes away.
+    assert_eq!(run(&t, &a, &[0x1e, 0, 0, 0, 1, 0], &[]).await.status, 0);
+    let r = run(&t, &b, &[0x1b, 0, 0, 0, 0x02, 0], &[]).await;
+    assert_eq!(sense_of(&r), (ILLEGAL, 0x53, 0x02));
+    t.nexus_lost(&a);
+    assert_eq!(run(&t, &b, &[0x1b, 0, 0, 0, 0x03, 0], &[]).await.status, 0);
+}
+
+#[tokio::test]
+async fn capacity_change_raises_ua() {
+    struct Growing {
+        inner: MemVolume,
+        blocks: AtomicU64,
+    }
+    #[async_trait]
+    impl Volume for Growing {
+        fn geometry(&self) -> Geometry {
+            Geometry {
+                block_count: self.blocks.load(Ordering::Relaxed),
+                ..self.inner.geometry()
+            }
+        }
+        async fn read(&self, lba: u64, blocks: u32) -> BlockResult<Bytes> {
+            self.inner.read(lba, blocks).await
+        }
+        async fn write(&self, lba: u64, data: Bytes, fua: bool) -> BlockResult<()> {
+            self.inner.write(lba, data, fua).await
+        }
+        async fn flush(&self) -> BlockResult<()> {
+            Ok(())
+        }
+        async fn discard(&self, lba: u64, blocks: u64) -> BlockResult<()> {
+            self.inner.discard(lba, blocks).await
+        }
+    }
+    let vol = Arc::new(Growing {
+        inner: MemVolume::new(BS as u32, 2 * BLOCKS),
+        blocks: AtomicU64::new(BLOCKS),
+    });
+    let t = target_with(vol.clone());
+    let n = ready(&t, "1", 1).await;
+    vol.blocks.store(2 * BLOCKS, Ordering::Relaxed);
+    let r = run(&t, &n, &[0; 6], &[]).await;
+    assert_eq!(sense_of(&r), (key::UNIT_ATTENTION, 0x2a, 0x09));
+    assert_eq!(run(&t, &n, &[0; 6], &[]).await.status, 0);
+}
+
+#[tokio::test]
+async fn read_only_lun_refuses_writes() {
+    let mut cfg = lun_config();
+    cfg.read_only = true;
+    let t = ScsiTarget::new(TargetConfig {
+        name: "iqn.t".into(),
+        ports: vec![],
+        port_groups: vec![],
+        luns: vec![(0, cfg, Arc::new(MemVolume::new(BS as u32, BLOCKS)))],
+    })
+    .unwrap();
+    let n = ready(&t, "1", 1).await;
+    for c in [
+        rw10(0x2a, 0, 1).to_vec(),
+        rw16(0x8a, 0, 1).to_vec(),
+        rw10(0x41, 0, 1).to_vec(),
+    ] {
+        let r = run(&t, &n, &c, &[0; BS]).await;
+        assert_eq!(sense_of(&r), (key::DATA_PROTECT, 0x27, 0));
+    }
+    assert_eq!(run(&t, &n, &rw10(0x28, 0, 1), &[]).await.status, 0);
+}
+
+#[test]
+fn bad_configurations_are_refused() {
+    let vol: VolumeRef = Arc::new(MemVolume::new(BS as u32, BLOCKS));
+    let r = ScsiTarget::new(TargetConfig {
+        name: "iqn.t".into(),
+        ports: vec![],
+        port_groups: vec![],
+        luns: vec![(0, lun_config(), vol.clone()), (0, lun_config(), vol)],
+    });
+    assert!(matches!(r, Err(ScsiError::Config(_))));
+}
+
+mod fuzz {
+    use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 2000, ..ProptestConfig::default() })]
+        /// Arbitrary CDBs and Data-Out never panic and always give a sane answer.
+        #[test]
+        fn random_cdbs_never_panic(
+            opcode in prop::sample::select(vec![
+                0x00u8, 0x03, 0x08, 0x0a, 0x12, 0x15, 0x16, 0x17, 0x1a, 0x1b, 0x1e, 0x25, 0x28,
+                0x2a, 0x2e, 0x2f, 0x34, 0x35, 0x41, 0x42, 0x55, 0x56, 0x57, 0x5a, 0x5e, 0x5f,
+                0x88, 0x89, 0x8a, 0x8b, 0x8e, 0x8f, 0x90, 0x91, 0x93, 0x9e, 0xa0, 0xa3, 0xa8,
+                0xaa, 0xae, 0xaf, 0x7f, 0xff, 0x04,
+            ]),
+            rest in prop::collection::vec(any::<u8>(), 0..20),
+            data in prop::collection::vec(any::<u8>(), 0..2048),
+            lun in 0u64..2,
+        ) {
+            let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
+            let t = ScsiTarget::new(TargetConfig {
+                name: "iqn.t".into(),
+                ports: vec![],
+                port_groups: vec![],
+                luns: vec![(0, lun_config(), Arc::new(MemVolume::new(512, 64)))],
+            }).unwrap();
+            let n = nexus("1", 1);
+            let mut cdb = vec![opcode];
+            cdb.extend_from_slice(&rest);
+            rt.block_on(async {
+                for _ in 0..2 {
+                    let r = t.execute(&n, Command {
+                        cdb: Bytes::from(cdb.clone()),
+                        lun,
+                        data_out: Bytes::from(data.clone()),
+                        data_in_len_max: 4096,
+                        attr: TaskAttr::Simple,
+                    }).await;
+                    prop_assert!(matches!(r.status, 0x00 | 0x02 | 0x18));
+                    prop_assert_eq!(r.status == 0x02, r.sense.is_some());
+                }
+                Ok(())
+            })?;
+        }
+    }
+}
