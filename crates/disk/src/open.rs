@@ -1,0 +1,209 @@
+//! Opening the backing file or device: creation, the O_DIRECT decision, size and
+//! geometry. Everything here runs once per volume, off the data path.
+
+use crate::buf::DIRECT_ALIGN_BYTES;
+use crate::options::{DirectIo, FileOptions};
+use crate::sys;
+use block::{BlockError, Geometry};
+use std::fs::{File, OpenOptions};
+use std::io;
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::{FileTypeExt, MetadataExt, OpenOptionsExt};
+use std::path::Path;
+
+/// Largest transfer in one read or write.
+pub(crate) const MAX_IO_BYTES: u64 = 8 << 20;
+
+/// What backs the volume.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Backing {
+    File,
+    BlockDevice,
+}
+
+/// The outcome of opening: the descriptor and everything decided about it.
+pub(crate) struct Opened {
+    pub(crate) file: File,
+    pub(crate) backing: Backing,
+    pub(crate) geometry: Geometry,
+    pub(crate) direct: bool,
+    /// Memory alignment write buffers need (1 = any).
+    pub(crate) mem_align_bytes: usize,
+}
+
+fn invalid(msg: String) -> BlockError {
+    BlockError::Io(io::Error::new(io::ErrorKind::InvalidInput, msg))
+}
+
+/// Creates `path` as a sparse file of `size_bytes`, preallocated when `thick`.
+fn create(path: &Path, size_bytes: u64, thick: bool) -> Result<(), BlockError> {
+    let file = match OpenOptions::new().write(true).create_new(true).open(path) {
+        Ok(f) => f,
+        // Someone created it meanwhile: open what is there.
+        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => return Ok(()),
+        Err(e) => return Err(e.into()),
+    };
+    file.set_len(size_bytes)?;
+    if thick && size_bytes > 0 {
+        match sys::fallocate(file.as_raw_fd(), 0, 0, size_bytes) {
+            Ok(()) => {}
+            Err(e) if e.raw_os_error() == Some(libc::EOPNOTSUPP) => {
+                tracing::warn!(path = %path.display(), "file system cannot preallocate; the file stays sparse");
+            }
+            Err(e) => {
+                drop(file);
+                let _ = std::fs::remove_file(path);
+                return Err(e.into());
+            }
+        }
+    }
+    file.sync_all()?;
+    tracing::info!(path = %path.display(), size_bytes, thick, "created backing file");
+    Ok(())
+}
+
+fn open_with(path: &Path, opts: &FileOptions, direct: bool) -> io::Result<File> {
+    let mut flags = 0;
+    if direct {
+        flags |= libc::O_DIRECT;
+    }
+    if opts.sync_writes {
+        flags |= libc::O_DSYNC;
+    }
+    OpenOptions::new()
+        .read(true)
+        .write(!opts.read_only)
+        .custom_flags(flags)
+        .open(path)
+}
+
+/// The direct-I/O alignment (memory, offset) of `file`: statx when the kernel
+/// tells, else the sector size of a device, else one page.
+fn dio_alignment(file: &File, backing: Backing) -> (u32, u32) {
+    if let Some((mem, off)) = sys::dio_align(file.as_raw_fd()) {
+        return (mem, off);
+    }
+    let page = DIRECT_ALIGN_BYTES as u32;
+    match backing {
+        Backing::BlockDevice => {
+            let sector = sys::blk_logical_block_bytes(file.as_raw_fd()).unwrap_or(page);
+            (page, sector)
+        }
+        Backing::File => (page, page),
+    }
+}
+
+/// Opens the backing store as `opts` say.
+pub(crate) fn open(path: &Path, opts: &FileOptions) -> Result<Opened, BlockError> {
+    let bs = opts.block_size_bytes;
+    if !bs.is_power_of_two() || !(512..=65536).contains(&bs) {
+        return Err(invalid(format!(
+            "block size {bs} is not a power of two in 512..=65536"
+        )));
+    }
+    match std::fs::metadata(path) {
+        Ok(meta) => {
+            if let Some(want) = opts.create_size_bytes {
+                if meta.is_file() && want > meta.len() {
+                    tracing::warn!(
+                        path = %path.display(),
+                        size_bytes = meta.len(),
+                        create_size_bytes = want,
+                        "existing file is smaller than the size asked for; not growing it"
+                    );
+                }
+            }
+        }
+        Err(e) if e.kind() == io::ErrorKind::NotFound => match opts.create_size_bytes {
+            Some(size) if !opts.read_only => create(path, size, opts.thick)?,
+            _ => return Err(e.into()),
+        },
+        Err(e) => return Err(e.into()),
+    }
+
+    let mut file = open_with(path, opts, opts.direct == DirectIo::On)?;
+    let meta = file.metadata()?;
+    let backing = if meta.file_type().is_block_device() {
+        Backing::BlockDevice
+    } else if meta.is_file() {
+        Backing::File
+    } else {
+        return Err(BlockError::NotSupported(
+            "backing store is neither a regular file nor a block device",
+        ));
+    };
+
+    // The O_DIRECT decision.
+    let (dio_mem, dio_off) = dio_alignment(&file, backing);
+    let dio_fits = dio_off.is_power_of_two() && bs & (dio_off - 1) == 0;
+    let direct = match opts.direct {
+        DirectIo::Off => false,
+        DirectIo::On => {
+            if !dio_fits {
+                return Err(invalid(format!(
+                    "O_DIRECT needs {dio_off}-byte aligned offsets, larger than the {bs}-byte blocks"
+                )));
+            }
+            true
+        }
+        DirectIo::Auto => {
+            if backing == Backing::File && sys::is_tmpfs(file.as_raw_fd()) {
+                false
+            } else if !dio_fits {
+                tracing::info!(path = %path.display(), dio_offset_align = dio_off, block_size_bytes = bs,
+                    "direct I/O alignment does not fit the block size; using the page cache");
+                false
+            } else {
+                match open_with(path, opts, true) {
+                    Ok(f) => {
+                        file = f;
+                        true
+                    }
+                    Err(e) if e.raw_os_error() == Some(libc::EINVAL) => false,
+                    Err(e) => return Err(e.into()),
+                }
+            }
+        }
+    };
+
+    let size_bytes = match backing {
+        Backing::BlockDevice => sys::blk_size_bytes(file.as_raw_fd())?,
+        Backing::File => meta.len(),
+    };
+    let block_count = size_bytes / bs as u64;
+    if block_count == 0 {
+        return Err(invalid(format!(
+            "{} holds {size_bytes} bytes, less than one {bs}-byte block",
+            path.display()
+        )));
+    }
+    if size_bytes % bs as u64 != 0 {
+        tracing::warn!(path = %path.display(), size_bytes, block_size_bytes = bs,
+            "size is not a whole number of blocks; the tail is not exposed");
+    }
+    let preferred = (meta.blksize() as u32).clamp(bs, 1 << 20);
+    let geometry = Geometry {
+        block_size_bytes: bs,
+        block_count,
+        // Holes in a file read as zero (and discard falls back to writing zeroes
+        // where holes cannot be punched); BLKDISCARD guarantees nothing.
+        thin: backing == Backing::File,
+        volatile_cache: !opts.sync_writes,
+        optimal_io_blocks: (preferred / bs).max(1),
+        max_io_blocks: (MAX_IO_BYTES / bs as u64) as u32,
+    };
+    let mem_align_bytes = if direct {
+        (dio_mem as usize)
+            .clamp(1, DIRECT_ALIGN_BYTES)
+            .next_power_of_two()
+    } else {
+        1
+    };
+    Ok(Opened {
+        file,
+        backing,
+        geometry,
+        direct,
+        mem_align_bytes,
+    })
+}

@@ -1,0 +1,496 @@
+//! [`FileVolume`]: the `block::Volume` over a regular file or a block device.
+
+use crate::buf::{AlignedBuf, ReadBuf, WriteBuf};
+use crate::engine::{IoEngine, Op};
+use crate::open::{self, Backing};
+use crate::options::{Engine, FileOptions};
+use crate::stats::{bump, Counters, FileStats};
+use crate::sys::{self, IoFail};
+use async_trait::async_trait;
+use block::{BlockError, BlockResult, Bytes, Extent, ExtentState, Geometry, Volume};
+use std::fmt;
+use std::fs::File;
+use std::io;
+use std::os::fd::AsRawFd;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, OnceLock};
+
+/// Most extents one `block_status` call returns (it may cover less than asked).
+const BLOCK_STATUS_EXTENTS_MAX: usize = 1024;
+/// Size of the zero buffer used where the kernel cannot zero a range itself.
+const ZERO_CHUNK_BYTES: usize = 1 << 20;
+
+/// The detail this crate puts inside `BlockError::Io`: which operation failed, at
+/// which block, with which errno (recover it with `get_ref()` + `downcast_ref`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DiskIoError {
+    /// The operation: "read", "write", "flush", "discard", "write_zeroes", "block_status".
+    pub op: &'static str,
+    /// First block of the failed range (0 for flush).
+    pub lba: u64,
+    /// The Linux errno.
+    pub errno: i32,
+}
+
+impl fmt::Display for DiskIoError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{} at lba {}: {}",
+            self.op,
+            self.lba,
+            io::Error::from_raw_os_error(self.errno)
+        )
+    }
+}
+
+impl std::error::Error for DiskIoError {}
+
+fn os_error(op: &'static str, lba: u64, errno: i32) -> BlockError {
+    let kind = io::Error::from_raw_os_error(errno).kind();
+    BlockError::Io(io::Error::new(kind, DiskIoError { op, lba, errno }))
+}
+
+fn io_error(op: &'static str, lba: u64, e: io::Error) -> BlockError {
+    match e.raw_os_error() {
+        Some(errno) => os_error(op, lba, errno),
+        None => BlockError::Io(e),
+    }
+}
+
+/// Errnos that mean the medium failed (as opposed to a resource or usage error).
+fn is_media_errno(errno: i32) -> bool {
+    matches!(
+        errno,
+        libc::EIO | libc::ENODATA | libc::EILSEQ | libc::EBADMSG | libc::EREMOTEIO
+    )
+}
+
+/// A block volume backed by a regular file or a block device.
+///
+/// Reads, writes and flushes go through the I/O engine (io_uring or threads);
+/// discard, write-zeroes and block status are rarer and run as blocking calls on
+/// tokio's blocking pool.
+pub struct FileVolume {
+    file: Arc<File>,
+    path: PathBuf,
+    backing: Backing,
+    geometry: Geometry,
+    engine: IoEngine,
+    direct: bool,
+    mem_align_bytes: usize,
+    read_only: bool,
+    sync_writes: bool,
+    punch_unsupported: AtomicBool,
+    zero_range_unsupported: AtomicBool,
+    zeroes: OnceLock<Bytes>,
+    counters: Counters,
+}
+
+impl fmt::Debug for FileVolume {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("FileVolume")
+            .field("path", &self.path)
+            .field("geometry", &self.geometry)
+            .field("engine", &self.engine.kind())
+            .field("direct", &self.direct)
+            .field("read_only", &self.read_only)
+            .finish()
+    }
+}
+
+impl FileVolume {
+    /// Opens (or, with `create_size_bytes`, creates) the file or block device at
+    /// `path` and starts its I/O engine.
+    pub fn open(path: &Path, opts: &FileOptions) -> Result<FileVolume, BlockError> {
+        let opened = open::open(path, opts)?;
+        let file = Arc::new(opened.file);
+        let name = path
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        let engine = IoEngine::start(opts.engine, file.clone(), opts.queue_depth_max, &name)?;
+        tracing::info!(
+            path = %path.display(),
+            engine = ?engine.kind(),
+            direct = opened.direct,
+            block_size_bytes = opened.geometry.block_size_bytes,
+            block_count = opened.geometry.block_count,
+            read_only = opts.read_only,
+            sync_writes = opts.sync_writes,
+            "opened disk volume"
+        );
+        Ok(FileVolume {
+            file,
+            path: path.to_path_buf(),
+            backing: opened.backing,
+            geometry: opened.geometry,
+            engine,
+            direct: opened.direct,
+            mem_align_bytes: opened.mem_align_bytes,
+            read_only: opts.read_only,
+            sync_writes: opts.sync_writes,
+            punch_unsupported: AtomicBool::new(false),
+            zero_range_unsupported: AtomicBool::new(false),
+            zeroes: OnceLock::new(),
+            counters: Counters::default(),
+        })
+    }
+
+    /// Counters of what was issued to the kernel since open.
+    pub fn stats(&self) -> FileStats {
+        self.counters.snapshot()
+    }
+
+    /// The engine in use: `Engine::IoUring` or `Engine::Threads` (never `Auto`).
+    pub fn engine(&self) -> Engine {
+        self.engine.kind()
+    }
+
+    /// True when I/O bypasses the page cache (O_DIRECT).
+    pub fn is_direct(&self) -> bool {
+        self.direct
+    }
+
+    /// True when the backing store is a block device rather than a file.
+    pub fn is_block_device(&self) -> bool {
+        self.backing == Backing::BlockDevice
+    }
+
+    /// The path the volume was opened from.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    fn bs(&self) -> u64 {
+        self.geometry.block_size_bytes as u64
+    }
+
+    fn check_writable(&self) -> BlockResult<()> {
+        if self.read_only {
+            Err(BlockError::ReadOnly)
+        } else {
+            Ok(())
+        }
+    }
+
+    fn check_transfer(&self, blocks: u64) -> BlockResult<()> {
+        if blocks > self.geometry.max_io_blocks as u64 {
+            return Err(BlockError::NotSupported(
+                "transfer larger than max_io_blocks",
+            ));
+        }
+        Ok(())
+    }
+
+    fn fail(&self, op: &'static str, f: IoFail) -> BlockError {
+        bump(&self.counters.errors, 1);
+        let lba = f.offset / self.bs();
+        let err = match (f.errno, op) {
+            // The file ended before the volume did: someone truncated it.
+            (0, _) => BlockError::Medium { lba },
+            (e, "read") if is_media_errno(e) => BlockError::Medium { lba },
+            (e, "write") if is_media_errno(e) => BlockError::WriteFault { lba },
+            (e, op) => os_error(op, lba, e),
+        };
+        tracing::warn!(path = %self.path.display(), op, lba, errno = f.errno, "disk I/O failed");
+        err
+    }
+
+    /// Writes `data` at byte `offset` through the engine.
+    async fn write_at(&self, data: Bytes, offset: u64, dsync: bool) -> BlockResult<()> {
+        let buf = WriteBuf::new(data, self.mem_align_bytes);
+        let done = self
+            .engine
+            .run(Op::Write {
+                buf,
+                offset,
+                done: 0,
+                dsync,
+            })
+            .await?;
+        done.res.map_err(|f| self.fail("write", f))
+    }
+
+    /// Writes zeroes over blocks with ordinary writes.
+    async fn zero_fill(&self, lba: u64, blocks: u64) -> BlockResult<()> {
+        let zeroes = self
+            .zeroes
+            .get_or_init(|| Bytes::from_owner(AlignedBuf::zeroed(ZERO_CHUNK_BYTES)))
+            .clone();
+        let chunk_blocks = ZERO_CHUNK_BYTES as u64 / self.bs();
+        let mut done = 0;
+        while done < blocks {
+            let n = (blocks - done).min(chunk_blocks);
+            let data = zeroes.slice(..(n * self.bs()) as usize);
+            self.write_at(data, (lba + done) * self.bs(), false).await?;
+            done += n;
+        }
+        Ok(())
+    }
+
+    /// Runs a blocking call on the file off the async threads.
+    async fn blocking<T, F>(&self, f: F) -> BlockResult<T>
+    where
+        T: Send + 'static,
+        F: FnOnce(&File) -> T + Send + 'static,
+    {
+        let file = self.file.clone();
+        tokio::task::spawn_blocking(move || f(&file))
+            .await
+            .map_err(|_| BlockError::Unavailable("disk blocking task failed".into()))
+    }
+
+    /// Punches a hole (file) and reports whether the file system could.
+    async fn punch(&self, op: &'static str, lba: u64, blocks: u64) -> BlockResult<bool> {
+        if self.punch_unsupported.load(Ordering::Relaxed) {
+            return Ok(false);
+        }
+        let (off, len) = (lba * self.bs(), blocks * self.bs());
+        let mode = libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE;
+        match self
+            .blocking(move |f| sys::fallocate(f.as_raw_fd(), mode, off, len))
+            .await?
+        {
+            Ok(()) => Ok(true),
+            Err(e) if e.raw_os_error() == Some(libc::EOPNOTSUPP) => {
+                self.punch_unsupported.store(true, Ordering::Relaxed);
+                tracing::info!(path = %self.path.display(), "file system cannot punch holes; discard writes zeroes");
+                Ok(false)
+            }
+            Err(e) => {
+                bump(&self.counters.errors, 1);
+                Err(io_error(op, lba, e))
+            }
+        }
+    }
+
+    /// Zeroes a file range keeping it allocated (ZERO_RANGE, or punch + allocate);
+    /// reports whether the file system could.
+    async fn zero_range_allocated(&self, lba: u64, blocks: u64) -> BlockResult<bool> {
+        if self.zero_range_unsupported.load(Ordering::Relaxed) {
+            return Ok(false);
+        }
+        let (off, len) = (lba * self.bs(), blocks * self.bs());
+        let res = self
+            .blocking(move |f| {
+                let fd = f.as_raw_fd();
+                let keep = libc::FALLOC_FL_KEEP_SIZE;
+                match sys::fallocate(fd, libc::FALLOC_FL_ZERO_RANGE | keep, off, len) {
+                    Err(e) if e.raw_os_error() == Some(libc::EOPNOTSUPP) => {
+                        // tmpfs and others: deallocate, then allocate again (zeroed).
+                        sys::fallocate(fd, libc::FALLOC_FL_PUNCH_HOLE | keep, off, len)?;
+                        sys::fallocate(fd, keep, off, len)
+                    }
+                    other => other,
+                }
+            })
+            .await?;
+        match res {
+            Ok(()) => Ok(true),
+            Err(e) if e.raw_os_error() == Some(libc::EOPNOTSUPP) => {
+                self.zero_range_unsupported.store(true, Ordering::Relaxed);
+                Ok(false)
+            }
+            Err(e) => {
+                bump(&self.counters.errors, 1);
+                Err(io_error("write_zeroes", lba, e))
+            }
+        }
+    }
+
+    fn file_block_status(file: &File, bs: u64, lba: u64, blocks: u64) -> io::Result<Vec<Extent>> {
+        let fd = file.as_raw_fd();
+        let end = (lba + blocks) * bs;
+        let mut pos = lba * bs;
+        let mut out: Vec<Extent> = Vec::new();
+        let mut push = |from: u64, to: u64, state: ExtentState| {
+            let (l, n) = (from / bs, (to - from) / bs);
+            match out.last_mut() {
+                Some(e) if e.state == state && e.lba + e.blocks == l => e.blocks += n,
+                _ => out.push(Extent {
+                    lba: l,
+                    blocks: n,
+                    state,
+                }),
+            }
+        };
+        let mut pieces = 0;
+        while pos < end && pieces < BLOCK_STATUS_EXTENTS_MAX {
+            pieces += 1;
+            let data_at = match sys::seek(fd, pos, libc::SEEK_DATA) {
+                Ok(d) => d.unwrap_or(end).min(end),
+                // No SEEK_DATA support: report the rest as mapped.
+                Err(e) if e.raw_os_error() == Some(libc::EINVAL) => pos,
+                Err(e) => return Err(e),
+            };
+            let hole_end = data_at / bs * bs;
+            if hole_end > pos {
+                push(pos, hole_end, ExtentState::Deallocated);
+                pos = hole_end;
+            }
+            if pos >= end {
+                break;
+            }
+            let hole_at = match sys::seek(fd, data_at, libc::SEEK_HOLE) {
+                Ok(h) => h.unwrap_or(end),
+                Err(e) if e.raw_os_error() == Some(libc::EINVAL) => end,
+                Err(e) => return Err(e),
+            };
+            let mapped_end = hole_at
+                .div_ceil(bs)
+                .saturating_mul(bs)
+                .min(end)
+                .max(pos + bs);
+            push(pos, mapped_end, ExtentState::Mapped);
+            pos = mapped_end;
+        }
+        Ok(out)
+    }
+}
+
+#[async_trait]
+impl Volume for FileVolume {
+    fn geometry(&self) -> Geometry {
+        self.geometry
+    }
+
+    async fn read(&self, lba: u64, blocks: u32) -> BlockResult<Bytes> {
+        self.geometry.check_range(lba, blocks as u64)?;
+        self.check_transfer(blocks as u64)?;
+        if blocks == 0 {
+            return Ok(Bytes::new());
+        }
+        let len = (blocks as u64 * self.bs()) as usize;
+        bump(&self.counters.reads, 1);
+        bump(&self.counters.bytes_read, len as u64);
+        let op = Op::Read {
+            buf: ReadBuf::new(len, self.direct),
+            offset: lba * self.bs(),
+            done: 0,
+        };
+        let done = self.engine.run(op).await?;
+        match (done.res, done.op) {
+            (Ok(()), Op::Read { buf, done, .. }) if done == len => {
+                // SAFETY: the engine reports the whole buffer filled.
+                Ok(unsafe { buf.into_bytes(len) })
+            }
+            (Err(f), _) => Err(self.fail("read", f)),
+            _ => Err(BlockError::Unavailable(
+                "disk engine returned a foreign op".into(),
+            )),
+        }
+    }
+
+    async fn write(&self, lba: u64, data: Bytes, fua: bool) -> BlockResult<()> {
+        self.check_writable()?;
+        let blocks = self.geometry.blocks_in(data.len())?;
+        self.geometry.check_range(lba, blocks)?;
+        self.check_transfer(blocks)?;
+        if blocks == 0 {
+            return Ok(());
+        }
+        bump(&self.counters.writes, 1);
+        bump(&self.counters.bytes_written, data.len() as u64);
+        // With O_DSYNC every write is already durable.
+        let dsync = fua && !self.sync_writes;
+        if dsync {
+            bump(&self.counters.fua_writes, 1);
+        }
+        self.write_at(data, lba * self.bs(), dsync).await
+    }
+
+    async fn flush(&self) -> BlockResult<()> {
+        if self.read_only {
+            return Ok(());
+        }
+        bump(&self.counters.flushes, 1);
+        let done = self.engine.run(Op::Sync).await?;
+        done.res.map_err(|f| self.fail("flush", f))
+    }
+
+    async fn discard(&self, lba: u64, blocks: u64) -> BlockResult<()> {
+        self.check_writable()?;
+        self.geometry.check_range(lba, blocks)?;
+        if blocks == 0 {
+            return Ok(());
+        }
+        bump(&self.counters.discards, 1);
+        match self.backing {
+            Backing::File => {
+                if !self.punch("discard", lba, blocks).await? {
+                    // Keep the thin promise: discarded blocks read as zeroes.
+                    self.zero_fill(lba, blocks).await?;
+                }
+                Ok(())
+            }
+            Backing::BlockDevice => {
+                let (off, len) = (lba * self.bs(), blocks * self.bs());
+                match self
+                    .blocking(move |f| sys::blk_discard(f.as_raw_fd(), off, len))
+                    .await?
+                {
+                    Ok(()) => Ok(()),
+                    // Discard is a hint on a thick volume.
+                    Err(e) if e.raw_os_error() == Some(libc::EOPNOTSUPP) => Ok(()),
+                    Err(e) => {
+                        bump(&self.counters.errors, 1);
+                        Err(io_error("discard", lba, e))
+                    }
+                }
+            }
+        }
+    }
+
+    async fn write_zeroes(&self, lba: u64, blocks: u64, may_unmap: bool) -> BlockResult<()> {
+        self.check_writable()?;
+        self.geometry.check_range(lba, blocks)?;
+        if blocks == 0 {
+            return Ok(());
+        }
+        bump(&self.counters.write_zeroes, 1);
+        let done = match self.backing {
+            Backing::File if may_unmap => self.punch("write_zeroes", lba, blocks).await?,
+            Backing::File => self.zero_range_allocated(lba, blocks).await?,
+            Backing::BlockDevice => {
+                let (off, len) = (lba * self.bs(), blocks * self.bs());
+                match self
+                    .blocking(move |f| sys::blk_zeroout(f.as_raw_fd(), off, len))
+                    .await?
+                {
+                    Ok(()) => true,
+                    Err(e) if e.raw_os_error() == Some(libc::EOPNOTSUPP) => false,
+                    Err(e) => {
+                        bump(&self.counters.errors, 1);
+                        return Err(io_error("write_zeroes", lba, e));
+                    }
+                }
+            }
+        };
+        if !done {
+            self.zero_fill(lba, blocks).await?;
+        }
+        Ok(())
+    }
+
+    async fn block_status(&self, lba: u64, blocks: u64) -> BlockResult<Vec<Extent>> {
+        self.geometry.check_range(lba, blocks)?;
+        if blocks == 0 {
+            return Ok(Vec::new());
+        }
+        match self.backing {
+            Backing::BlockDevice => Ok(vec![Extent {
+                lba,
+                blocks,
+                state: ExtentState::Mapped,
+            }]),
+            Backing::File => {
+                let bs = self.bs();
+                self.blocking(move |f| Self::file_block_status(f, bs, lba, blocks))
+                    .await?
+                    .map_err(|e| io_error("block_status", lba, e))
+            }
+        }
+    }
+}

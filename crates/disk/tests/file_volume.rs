@@ -1,0 +1,513 @@
+//! Behaviour of FileVolume on real files, for both engines.
+
+mod common;
+
+use block::{BlockError, Bytes, ExtentState, Volume};
+use common::{allocated_bytes, create_opts, dirs, pattern, ENGINES};
+use disk::{DirectIo, DiskIoError, Engine, FileOptions, FileVolume};
+use std::sync::Arc;
+
+const MIB: u64 = 1 << 20;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn roundtrip_small_and_max_size() {
+    for dir in dirs() {
+        for engine in ENGINES {
+            let path = dir.path().join(format!("rt-{engine:?}"));
+            let v = FileVolume::open(&path, &create_opts(engine, 32 * MIB)).unwrap();
+            assert_eq!(v.engine(), engine);
+            let g = v.geometry();
+            assert_eq!(g.block_size_bytes, 512);
+            assert_eq!(g.block_count, 32 * MIB / 512);
+            assert_eq!(g.max_io_blocks as u64 * 512, 8 * MIB);
+            assert!(g.volatile_cache && g.thin);
+
+            let one = Bytes::from(pattern(7, 1, 512, 1));
+            v.write(7, one.clone(), false).await.unwrap();
+            assert_eq!(v.read(7, 1).await.unwrap(), one);
+
+            let max = g.max_io_blocks as u64;
+            let big = Bytes::from(pattern(100, max, 512, 2));
+            v.write(100, big.clone(), false).await.unwrap();
+            assert_eq!(v.read(100, max as u32).await.unwrap(), big);
+            // Untouched neighbours still read zero.
+            assert!(v.read(99, 1).await.unwrap().iter().all(|&b| b == 0));
+            assert!(v
+                .read(100 + max as u64, 1)
+                .await
+                .unwrap()
+                .iter()
+                .all(|&b| b == 0));
+            // One block more than the maximum is refused.
+            assert!(matches!(
+                v.read(0, max as u32 + 1).await,
+                Err(BlockError::NotSupported(_))
+            ));
+            let s = v.stats();
+            assert_eq!(s.writes, 2);
+            assert_eq!(s.bytes_written, 512 + 8 * MIB);
+            assert!(s.reads >= 4);
+            // Persisted in the file itself, at the right offset.
+            let raw = std::fs::read(&path).unwrap();
+            assert_eq!(&raw[7 * 512..8 * 512], &one[..]);
+            assert_eq!(&raw[100 * 512..100 * 512 + 4096], &big[..4096]);
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fua_and_flush_issue_syncs() {
+    let dir = tempfile::tempdir().unwrap();
+    for engine in ENGINES {
+        let path = dir.path().join(format!("fua-{engine:?}"));
+        let v = FileVolume::open(&path, &create_opts(engine, MIB)).unwrap();
+        let data = Bytes::from(pattern(3, 8, 512, 3));
+        v.write(3, data.clone(), true).await.unwrap();
+        v.write(30, data.clone(), false).await.unwrap();
+        let s = v.stats();
+        assert_eq!((s.writes, s.fua_writes, s.flushes), (2, 1, 0));
+        v.flush().await.unwrap();
+        v.flush().await.unwrap();
+        assert_eq!(v.stats().flushes, 2);
+        assert_eq!(v.read(3, 8).await.unwrap(), data);
+
+        // sync_writes: no volatile cache; FUA is implied by O_DSYNC.
+        let sync = FileVolume::open(
+            &path,
+            &FileOptions {
+                sync_writes: true,
+                engine,
+                ..FileOptions::default()
+            },
+        )
+        .unwrap();
+        assert!(!sync.geometry().volatile_cache);
+        sync.write(50, data.clone(), true).await.unwrap();
+        assert_eq!(sync.read(50, 8).await.unwrap(), data);
+        assert_eq!(sync.stats().fua_writes, 0);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn discard_reads_zero_and_frees_space() {
+    for dir in dirs() {
+        for engine in ENGINES {
+            let path = dir.path().join(format!("discard-{engine:?}"));
+            let v = FileVolume::open(&path, &create_opts(engine, 8 * MIB)).unwrap();
+            let data = Bytes::from(pattern(0, 4096, 512, 4)); // 2 MiB
+            v.write(0, data.clone(), false).await.unwrap();
+            v.flush().await.unwrap();
+            let before = allocated_bytes(&path);
+            assert!(before >= 2 * MIB, "allocated {before}");
+            // Discard 1 MiB in the middle (fs-block aligned) and one odd block.
+            v.discard(1024, 2048).await.unwrap();
+            v.discard(5, 1).await.unwrap();
+            let after = allocated_bytes(&path);
+            assert!(after + MIB <= before, "before {before} after {after}");
+            assert!(v.read(1024, 2048).await.unwrap().iter().all(|&b| b == 0));
+            assert!(v.read(5, 1).await.unwrap().iter().all(|&b| b == 0));
+            assert_eq!(v.read(4, 1).await.unwrap(), data.slice(4 * 512..5 * 512));
+            assert_eq!(
+                v.read(6, 1018).await.unwrap(),
+                data.slice(6 * 512..1024 * 512)
+            );
+            assert_eq!(v.read(3072, 1024).await.unwrap(), data.slice(3072 * 512..));
+            assert_eq!(v.stats().discards, 2);
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn write_zeroes_with_and_without_unmap() {
+    for dir in dirs() {
+        for engine in ENGINES {
+            let path = dir.path().join(format!("wz-{engine:?}"));
+            let v = FileVolume::open(&path, &create_opts(engine, 8 * MIB)).unwrap();
+            let data = Bytes::from(pattern(0, 4096, 512, 5));
+            v.write(0, data.clone(), false).await.unwrap();
+            v.flush().await.unwrap();
+            let before = allocated_bytes(&path);
+            // Without unmap the space stays allocated.
+            v.write_zeroes(0, 2048, false).await.unwrap();
+            assert!(v.read(0, 2048).await.unwrap().iter().all(|&b| b == 0));
+            assert_eq!(
+                v.read(2048, 1).await.unwrap(),
+                data.slice(2048 * 512..2049 * 512)
+            );
+            let kept = allocated_bytes(&path);
+            assert!(kept >= before, "before {before} after zeroing {kept}");
+            // With unmap it is freed.
+            v.write_zeroes(2048, 2048, true).await.unwrap();
+            assert!(v.read(2048, 2048).await.unwrap().iter().all(|&b| b == 0));
+            assert!(allocated_bytes(&path) + MIB <= kept);
+            // Odd, unaligned ranges.
+            v.write(10_000, Bytes::from(vec![9u8; 512 * 3]), false)
+                .await
+                .unwrap();
+            v.write_zeroes(10_001, 1, false).await.unwrap();
+            let back = v.read(10_000, 3).await.unwrap();
+            assert!(back[..512].iter().all(|&b| b == 9));
+            assert!(back[512..1024].iter().all(|&b| b == 0));
+            assert!(back[1024..].iter().all(|&b| b == 9));
+            assert_eq!(v.stats().write_zeroes, 3);
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn block_status_reports_data_and_holes() {
+    for dir in dirs() {
+        for engine in ENGINES {
+            let path = dir.path().join(format!("bs-{engine:?}"));
+            let v = FileVolume::open(&path, &create_opts(engine, 4 * MIB)).unwrap();
+            let n = v.geometry().block_count;
+            let all = v.block_status(0, n).await.unwrap();
+            assert_eq!(all.len(), 1);
+            assert_eq!(
+                (all[0].lba, all[0].blocks, all[0].state),
+                (0, n, ExtentState::Deallocated)
+            );
+            // 64 KiB of data at 1 MiB.
+            v.write(2048, Bytes::from(vec![1u8; 65536]), false)
+                .await
+                .unwrap();
+            v.flush().await.unwrap();
+            let ext = v.block_status(0, n).await.unwrap();
+            assert_eq!(ext.len(), 3, "{ext:?}");
+            assert_eq!(
+                (ext[0].lba, ext[0].blocks, ext[0].state),
+                (0, 2048, ExtentState::Deallocated)
+            );
+            assert_eq!(ext[1].lba, 2048);
+            assert_eq!(ext[1].state, ExtentState::Mapped);
+            assert!(ext[1].blocks >= 128);
+            assert_eq!(ext[2].state, ExtentState::Deallocated);
+            assert_eq!(ext[2].lba + ext[2].blocks, n);
+            // A window starting inside the data.
+            let mid = v.block_status(2050, 10).await.unwrap();
+            assert_eq!(mid.len(), 1);
+            assert_eq!(
+                (mid[0].lba, mid[0].blocks, mid[0].state),
+                (2050, 10, ExtentState::Mapped)
+            );
+            // Extents tile the range exactly.
+            let mut at = 0;
+            for e in &ext {
+                assert_eq!(e.lba, at);
+                at += e.blocks;
+            }
+            assert_eq!(at, n);
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn out_of_range_and_misaligned_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    for engine in ENGINES {
+        let path = dir.path().join(format!("oor-{engine:?}"));
+        let v = FileVolume::open(&path, &create_opts(engine, MIB)).unwrap();
+        let n = v.geometry().block_count;
+        let blk = Bytes::from(vec![1u8; 512]);
+        assert!(matches!(
+            v.read(n, 1).await,
+            Err(BlockError::OutOfRange { .. })
+        ));
+        assert!(matches!(
+            v.read(n - 1, 2).await,
+            Err(BlockError::OutOfRange { .. })
+        ));
+        assert!(matches!(
+            v.read(u64::MAX, 1).await,
+            Err(BlockError::OutOfRange { .. })
+        ));
+        assert!(matches!(
+            v.write(n, blk.clone(), false).await,
+            Err(BlockError::OutOfRange { .. })
+        ));
+        assert!(matches!(
+            v.discard(n - 1, 2).await,
+            Err(BlockError::OutOfRange { .. })
+        ));
+        assert!(matches!(
+            v.write_zeroes(n, 1, true).await,
+            Err(BlockError::OutOfRange { .. })
+        ));
+        assert!(matches!(
+            v.block_status(n, 1).await,
+            Err(BlockError::OutOfRange { .. })
+        ));
+        assert!(matches!(
+            v.write(0, Bytes::from(vec![1u8; 700]), false).await,
+            Err(BlockError::Misaligned { len_bytes: 700 })
+        ));
+        // The last block works; nothing was written by the refusals.
+        v.write(n - 1, blk.clone(), false).await.unwrap();
+        assert_eq!(v.read(n - 1, 1).await.unwrap(), blk);
+        assert_eq!(v.stats().writes, 1);
+        assert_eq!(std::fs::metadata(&path).unwrap().len(), MIB);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unaligned_buffers_work_with_direct_io() {
+    let dir = tempfile::tempdir().unwrap();
+    for engine in ENGINES {
+        let path = dir.path().join(format!("dio-{engine:?}"));
+        let opts = FileOptions {
+            direct: DirectIo::On,
+            ..create_opts(engine, 4 * MIB)
+        };
+        let v = match FileVolume::open(&path, &opts) {
+            Ok(v) => v,
+            Err(e) => {
+                eprintln!(
+                    "O_DIRECT not available in {}: {e}; skipped",
+                    dir.path().display()
+                );
+                return;
+            }
+        };
+        assert!(v.is_direct());
+        let backing = Bytes::from(pattern(0, 20, 512, 6));
+        for skew in [1usize, 3, 512, 4096] {
+            let data = backing.slice(skew..skew + 8 * 512);
+            v.write(17, data.clone(), skew == 3).await.unwrap();
+            assert_eq!(v.read(17, 8).await.unwrap(), data);
+        }
+        v.flush().await.unwrap();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn read_only_refuses_writes() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("ro");
+    std::fs::write(&path, pattern(0, 16, 512, 7)).unwrap();
+    for engine in ENGINES {
+        let v = FileVolume::open(
+            &path,
+            &FileOptions {
+                read_only: true,
+                engine,
+                ..FileOptions::default()
+            },
+        )
+        .unwrap();
+        let blk = Bytes::from(vec![0u8; 512]);
+        assert!(matches!(
+            v.write(0, blk, false).await,
+            Err(BlockError::ReadOnly)
+        ));
+        assert!(matches!(v.discard(0, 1).await, Err(BlockError::ReadOnly)));
+        assert!(matches!(
+            v.write_zeroes(0, 1, false).await,
+            Err(BlockError::ReadOnly)
+        ));
+        assert_eq!(
+            &v.read(0, 16).await.unwrap()[..],
+            &pattern(0, 16, 512, 7)[..]
+        );
+        v.flush().await.unwrap();
+    }
+    // A read-only open never creates.
+    let missing = dir.path().join("missing");
+    let opts = FileOptions {
+        read_only: true,
+        create_size_bytes: Some(MIB),
+        ..FileOptions::default()
+    };
+    assert!(FileVolume::open(&missing, &opts).is_err());
+    assert!(!missing.exists());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn partial_tail_block_is_not_exposed() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("tail");
+    std::fs::write(&path, vec![5u8; 4096 * 3 + 1000]).unwrap();
+    for (bs, blocks) in [(512u32, 25u64), (4096, 3)] {
+        let v = FileVolume::open(
+            &path,
+            &FileOptions {
+                block_size_bytes: bs,
+                ..FileOptions::default()
+            },
+        )
+        .unwrap();
+        assert_eq!(v.geometry().block_count, blocks);
+        assert!(v.read(blocks, 1).await.is_err());
+        assert!(v.read(blocks - 1, 1).await.unwrap().iter().all(|&b| b == 5));
+    }
+    // Too small for a single block.
+    let tiny = dir.path().join("tiny");
+    std::fs::write(&tiny, [0u8; 100]).unwrap();
+    assert!(FileVolume::open(&tiny, &FileOptions::default()).is_err());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn create_sparse_thick_and_never_grow() {
+    let dir = tempfile::tempdir().unwrap();
+    let sparse = dir.path().join("sparse");
+    let v = FileVolume::open(&sparse, &create_opts(Engine::Auto, 64 * MIB)).unwrap();
+    assert_eq!(v.geometry().size_bytes(), 64 * MIB);
+    assert!(allocated_bytes(&sparse) < MIB);
+    drop(v);
+    // Reopening with a larger size does not grow the file.
+    let v = FileVolume::open(&sparse, &create_opts(Engine::Auto, 128 * MIB)).unwrap();
+    assert_eq!(v.geometry().size_bytes(), 64 * MIB);
+    assert_eq!(std::fs::metadata(&sparse).unwrap().len(), 64 * MIB);
+
+    let thick = dir.path().join("thick");
+    let opts = FileOptions {
+        thick: true,
+        ..create_opts(Engine::Auto, 8 * MIB)
+    };
+    let _t = FileVolume::open(&thick, &opts).unwrap();
+    assert!(allocated_bytes(&thick) >= 8 * MIB);
+
+    // Missing without a create size: an error, nothing created.
+    let missing = dir.path().join("nope");
+    assert!(FileVolume::open(&missing, &FileOptions::default()).is_err());
+    assert!(!missing.exists());
+    // Bad block sizes.
+    for bs in [0u32, 256, 1000, 131072] {
+        let o = FileOptions {
+            block_size_bytes: bs,
+            ..FileOptions::default()
+        };
+        assert!(FileVolume::open(&sparse, &o).is_err(), "bs {bs}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn block_size_4k() {
+    for dir in dirs() {
+        for engine in ENGINES {
+            let path = dir.path().join(format!("4k-{engine:?}"));
+            let opts = FileOptions {
+                block_size_bytes: 4096,
+                ..create_opts(engine, 4 * MIB)
+            };
+            let v = FileVolume::open(&path, &opts).unwrap();
+            assert_eq!(v.geometry().block_count, 1024);
+            let data = Bytes::from(pattern(9, 3, 4096, 8));
+            v.write(9, data.clone(), true).await.unwrap();
+            assert_eq!(v.read(9, 3).await.unwrap(), data);
+            assert!(matches!(
+                v.write(0, Bytes::from(vec![0u8; 512]), false).await,
+                Err(BlockError::Misaligned { .. })
+            ));
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn many_in_flight_with_a_small_queue() {
+    for dir in dirs() {
+        for engine in ENGINES {
+            let path = dir.path().join(format!("qd-{engine:?}"));
+            let opts = FileOptions {
+                queue_depth_max: 4,
+                ..create_opts(engine, 4 * MIB)
+            };
+            let v = Arc::new(FileVolume::open(&path, &opts).unwrap());
+            let mut tasks = Vec::new();
+            for i in 0..200u64 {
+                let v = v.clone();
+                tasks.push(tokio::spawn(async move {
+                    let lba = i * 8;
+                    let data = Bytes::from(pattern(lba, 8, 512, 9));
+                    v.write(lba, data.clone(), i % 7 == 0).await.unwrap();
+                    assert_eq!(v.read(lba, 8).await.unwrap(), data);
+                }));
+            }
+            for t in tasks {
+                t.await.unwrap();
+            }
+            let s = v.stats();
+            assert_eq!((s.writes, s.reads), (200, 200));
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancelled_requests_leave_the_volume_usable() {
+    let dir = tempfile::tempdir().unwrap();
+    for engine in ENGINES {
+        let path = dir.path().join(format!("cancel-{engine:?}"));
+        let v = Arc::new(FileVolume::open(&path, &create_opts(engine, 16 * MIB)).unwrap());
+        for round in 0..20u64 {
+            let mut futs = Vec::new();
+            for i in 0..16u64 {
+                let v = v.clone();
+                futs.push(async move { v.read(i * 2048, 2048).await });
+            }
+            // Drop them all mid-flight.
+            let _ = tokio::time::timeout(
+                std::time::Duration::from_micros(round * 10),
+                futures_join(futs),
+            )
+            .await;
+        }
+        let data = Bytes::from(pattern(0, 8, 512, 10));
+        v.write(0, data.clone(), false).await.unwrap();
+        assert_eq!(v.read(0, 8).await.unwrap(), data);
+        drop(v); // joins the ring thread after in-flight work drains
+    }
+}
+
+async fn futures_join<F: std::future::Future>(futs: Vec<F>) {
+    for f in futs {
+        f.await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn truncated_file_reads_as_medium_error() {
+    let dir = tempfile::tempdir().unwrap();
+    for engine in ENGINES {
+        let path = dir.path().join(format!("trunc-{engine:?}"));
+        let opts = FileOptions {
+            direct: DirectIo::Off,
+            ..create_opts(engine, MIB)
+        };
+        let v = FileVolume::open(&path, &opts).unwrap();
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open(&path)
+            .unwrap()
+            .set_len(4096)
+            .unwrap();
+        assert!(matches!(
+            v.read(100, 1).await,
+            Err(BlockError::Medium { lba: 100 })
+        ));
+        assert_eq!(v.stats().errors, 1);
+        // A write past the new end grows the file back; that is the kernel's business.
+        v.write(100, Bytes::from(vec![1u8; 512]), false)
+            .await
+            .unwrap();
+    }
+}
+
+#[test]
+fn disk_io_error_carries_errno_and_lba() {
+    let e = DiskIoError {
+        op: "write",
+        lba: 42,
+        errno: libc_enospc(),
+    };
+    let s = e.to_string();
+    assert!(s.contains("lba 42"), "{s}");
+    let io = std::io::Error::new(std::io::ErrorKind::StorageFull, e);
+    let back = io
+        .get_ref()
+        .and_then(|x| x.downcast_ref::<DiskIoError>())
+        .copied();
+    assert_eq!(back, Some(e));
+}
+
+fn libc_enospc() -> i32 {
+    28
+}
