@@ -1,1 +1,105 @@
-fn main() {}
+//! The freesan binary: command line, daemon wiring and signals.
+//!
+//! `freesan serve` with no arguments serves the embedded default (a thin 16 GiB LUN
+//! in `./freesan-data`, on 127.0.0.1:3260); `--config FILE` serves a TOML
+//! configuration; the quick flags `--portal`, `--target`, `--lun`, `--data-dir`
+//! describe a node on the command line.
+//!
+//! What it does not do: any data-path work itself; it only wires the crates.
+
+mod config;
+mod identity;
+mod serve;
+
+use anyhow::{bail, Result};
+use clap::{Parser, Subcommand};
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+#[derive(Parser)]
+#[command(name = "freesan", version, about = "A software SAN in user space")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Serve LUNs over iSCSI until SIGTERM or SIGINT.
+    Serve(ServeArgs),
+    /// Print the configuration `serve` would run with (as TOML) and exit.
+    ShowConfig(ServeArgs),
+}
+
+#[derive(clap::Args)]
+struct ServeArgs {
+    /// A TOML configuration file (see docs/config.md); cannot be combined with
+    /// --portal, --target or --lun.
+    #[arg(long, short)]
+    config: Option<PathBuf>,
+    /// Listen on ADDR:PORT (repeatable; every portal serves every target).
+    #[arg(long = "portal", value_name = "ADDR:PORT")]
+    portals: Vec<SocketAddr>,
+    /// The target name the quick flags define.
+    #[arg(long, value_name = "IQN")]
+    target: Option<String>,
+    /// A LUN backed by a file or block device, created sparse with SIZE (like 4G) when
+    /// missing (repeatable; LUN numbers 0, 1, ... in order).
+    #[arg(long = "lun", value_name = "PATH[:SIZE]")]
+    luns: Vec<String>,
+    /// Where LUN identities, reservations and state live.
+    #[arg(long, value_name = "DIR")]
+    data_dir: Option<PathBuf>,
+}
+
+impl ServeArgs {
+    fn config(&self) -> Result<config::Config> {
+        let flags = config::QuickFlags {
+            portals: self.portals.clone(),
+            target: self.target.clone(),
+            luns: self.luns.clone(),
+            data_dir: self.data_dir.clone(),
+        };
+        match &self.config {
+            Some(path) => {
+                if !flags.defines_nothing() {
+                    bail!("--config cannot be combined with --portal, --target or --lun");
+                }
+                let mut cfg = config::Config::load(path)?;
+                if let Some(d) = &self.data_dir {
+                    cfg.data_dir = d.clone();
+                }
+                Ok(cfg)
+            }
+            None => Ok(config::Config::from_quick_flags(&flags)),
+        }
+    }
+}
+
+fn main() {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Serve(args) => args.config().and_then(|cfg| {
+            tokio::runtime::Builder::new_multi_thread()
+                .enable_all()
+                .build()?
+                .block_on(serve::run(cfg))
+        }),
+        Command::ShowConfig(args) => args.config().and_then(|cfg| {
+            cfg.validate()?;
+            print!("{}", toml::to_string_pretty(&cfg)?);
+            Ok(())
+        }),
+    };
+    if let Err(e) = result {
+        eprintln!("freesan: {e:#}");
+        std::process::exit(1);
+    }
+}

@@ -1,0 +1,457 @@
+//! The declarative configuration: one TOML file (or the quick command-line flags, or
+//! the embedded default) describing portals, targets, LUNs, CHAP and ACLs.
+//!
+//! Every field is documented in `docs/config.md`; `examples/` holds complete files.
+
+use anyhow::{bail, Context, Result};
+use serde::{Deserialize, Serialize};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+
+/// The default iSCSI port.
+pub const DEFAULT_PORT: u16 = 3260;
+/// The target name the quick flags and the embedded default use.
+pub const DEFAULT_IQN: &str = "iqn.2026-11.org.freesan:storage";
+/// The size of the embedded default LUN.
+pub const DEFAULT_LUN_SIZE: &str = "16G";
+
+/// The whole configuration of one node.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    /// Where LUN identities, reservations and other state live; relative paths in
+    /// this file are relative to the directory of the config file.
+    pub data_dir: PathBuf,
+    /// Listening addresses; every portal serves every target.
+    #[serde(rename = "portal")]
+    pub portals: Vec<PortalConfig>,
+    /// Targets and their LUNs.
+    #[serde(rename = "target")]
+    pub targets: Vec<TargetConfig>,
+    /// CHAP for discovery sessions (SendTargets); none by default.
+    #[serde(default)]
+    pub discovery_chap: Option<Chap>,
+    /// Session and transfer limits.
+    #[serde(default)]
+    pub limits: LimitsConfig,
+}
+
+/// One listening address.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct PortalConfig {
+    /// `IP:PORT` (IPv6 as `[addr]:port`).
+    pub address: SocketAddr,
+    /// Serve targets without CHAP on this portal although it is not a loopback
+    /// address. Off by default: an open portal on a network is an explicit choice.
+    #[serde(default)]
+    pub allow_without_chap: bool,
+}
+
+/// CHAP credentials (user name and secret, 12 to 16 characters recommended by RFC 7143).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct Chap {
+    /// CHAP name.
+    pub user: String,
+    /// CHAP secret.
+    pub secret: String,
+}
+
+/// One iSCSI target.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct TargetConfig {
+    /// The target's iSCSI qualified name.
+    pub iqn: String,
+    /// Optional TargetAlias.
+    #[serde(default)]
+    pub alias: Option<String>,
+    /// Initiators must log in with these credentials (one-way CHAP).
+    #[serde(default)]
+    pub chap: Option<Chap>,
+    /// The target proves itself to initiators with these (mutual CHAP; needs `chap`).
+    #[serde(default)]
+    pub mutual_chap: Option<Chap>,
+    /// Initiator names allowed to log in; empty allows every initiator.
+    #[serde(default)]
+    pub allowed_initiators: Vec<String>,
+    /// Logical units, numbered from 0 in order unless `id` is given.
+    #[serde(rename = "lun", default)]
+    pub luns: Vec<LunConfig>,
+}
+
+/// One logical unit backed by a file or a block device.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct LunConfig {
+    /// LUN number; defaults to the position in the list.
+    #[serde(default)]
+    pub id: Option<u64>,
+    /// Backing file or block device.
+    pub path: PathBuf,
+    /// Size with which a missing file is created (`4G`, `512M`, `16GiB`); required
+    /// when the file does not exist.
+    #[serde(default)]
+    pub size: Option<String>,
+    /// Preallocate a newly created file (thick) instead of leaving it sparse (thin).
+    #[serde(default)]
+    pub thick: bool,
+    /// Serve the LUN write protected.
+    #[serde(default)]
+    pub read_only: bool,
+    /// Open with O_DSYNC: every write is durable before it is acknowledged and the
+    /// LUN reports no volatile write cache (WCE=0).
+    #[serde(default)]
+    pub sync_writes: bool,
+    /// Logical block size in bytes (512 or 4096).
+    #[serde(default = "default_block_size")]
+    pub block_size: u32,
+    /// NAA designator override (32 hex digits), e.g. to give two HA nodes one identity.
+    /// Without it an identity is generated once and kept in the data directory.
+    #[serde(default)]
+    pub naa: Option<String>,
+    /// Serial number override.
+    #[serde(default)]
+    pub serial: Option<String>,
+}
+
+fn default_block_size() -> u32 {
+    512
+}
+
+/// Limits that bound memory and work per session.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct LimitsConfig {
+    /// Sessions the node accepts at once.
+    pub sessions_max: usize,
+    /// Commands in flight per session (the CmdSN window).
+    pub commands_in_flight_per_session_max: u32,
+    /// Largest data segment the target accepts in one PDU.
+    pub max_recv_data_segment_bytes: u32,
+    /// Idle time after which the target pings a connection with NOP-In.
+    pub nop_in_interval_ms: u64,
+    /// Time without an answer to a ping after which the connection is dropped.
+    pub nop_in_timeout_ms: u64,
+}
+
+impl Default for LimitsConfig {
+    fn default() -> Self {
+        let d = iscsi::Limits::default();
+        LimitsConfig {
+            sessions_max: d.sessions_max,
+            commands_in_flight_per_session_max: d.commands_in_flight_per_session_max,
+            max_recv_data_segment_bytes: d.max_recv_data_segment_bytes,
+            nop_in_interval_ms: d.nop_in_interval_ms,
+            nop_in_timeout_ms: d.nop_in_timeout_ms,
+        }
+    }
+}
+
+impl LimitsConfig {
+    /// The transport's limits with these values applied.
+    pub fn to_iscsi(&self) -> iscsi::Limits {
+        iscsi::Limits {
+            sessions_max: self.sessions_max,
+            commands_in_flight_per_session_max: self.commands_in_flight_per_session_max,
+            max_recv_data_segment_bytes: self.max_recv_data_segment_bytes,
+            nop_in_interval_ms: self.nop_in_interval_ms,
+            nop_in_timeout_ms: self.nop_in_timeout_ms,
+            ..iscsi::Limits::default()
+        }
+    }
+}
+
+/// The quick command-line flags of `freesan serve`.
+#[derive(Debug, Clone, Default)]
+pub struct QuickFlags {
+    /// `--portal ADDR:PORT`, repeatable.
+    pub portals: Vec<SocketAddr>,
+    /// `--target IQN`.
+    pub target: Option<String>,
+    /// `--lun PATH[:SIZE]`, repeatable.
+    pub luns: Vec<String>,
+    /// `--data-dir DIR`.
+    pub data_dir: Option<PathBuf>,
+}
+
+impl QuickFlags {
+    /// True when no quick flag that defines targets or portals was given.
+    pub fn defines_nothing(&self) -> bool {
+        self.portals.is_empty() && self.target.is_none() && self.luns.is_empty()
+    }
+}
+
+/// Splits `PATH[:SIZE]`: the part after the last colon is a size only when it parses as one.
+pub fn parse_lun_flag(s: &str) -> (PathBuf, Option<String>) {
+    if let Some((path, size)) = s.rsplit_once(':') {
+        if !path.is_empty() && disk::parse_size(size).is_some() {
+            return (PathBuf::from(path), Some(size.to_string()));
+        }
+    }
+    (PathBuf::from(s), None)
+}
+
+impl Config {
+    /// The configuration the quick flags describe, on top of the embedded default:
+    /// data folder `./freesan-data`, a portal on 127.0.0.1:3260, one target, and one
+    /// thin 16 GiB LUN in the data folder when no `--lun` is given.
+    pub fn from_quick_flags(flags: &QuickFlags) -> Config {
+        let data_dir = flags
+            .data_dir
+            .clone()
+            .unwrap_or_else(|| PathBuf::from("freesan-data"));
+        let portals = if flags.portals.is_empty() {
+            vec![SocketAddr::from(([127, 0, 0, 1], DEFAULT_PORT))]
+        } else {
+            flags.portals.clone()
+        };
+        let luns = if flags.luns.is_empty() {
+            vec![LunConfig::file(
+                data_dir.join("lun0.img"),
+                Some(DEFAULT_LUN_SIZE.into()),
+            )]
+        } else {
+            flags
+                .luns
+                .iter()
+                .map(|s| {
+                    let (path, size) = parse_lun_flag(s);
+                    LunConfig::file(path, size)
+                })
+                .collect()
+        };
+        Config {
+            data_dir,
+            portals: portals
+                .into_iter()
+                .map(|address| PortalConfig {
+                    address,
+                    allow_without_chap: false,
+                })
+                .collect(),
+            targets: vec![TargetConfig {
+                iqn: flags.target.clone().unwrap_or_else(|| DEFAULT_IQN.into()),
+                alias: None,
+                chap: None,
+                mutual_chap: None,
+                allowed_initiators: vec![],
+                luns,
+            }],
+            discovery_chap: None,
+            limits: LimitsConfig::default(),
+        }
+    }
+
+    /// Reads and validates a TOML file; relative paths become relative to its folder.
+    pub fn load(path: &Path) -> Result<Config> {
+        let text = std::fs::read_to_string(path)
+            .with_context(|| format!("reading config {}", path.display()))?;
+        let mut cfg: Config =
+            toml::from_str(&text).with_context(|| format!("parsing config {}", path.display()))?;
+        let base = path.parent().unwrap_or(Path::new("."));
+        cfg.rebase(base);
+        Ok(cfg)
+    }
+
+    fn rebase(&mut self, base: &Path) {
+        let fix = |p: &mut PathBuf| {
+            if p.is_relative() {
+                *p = base.join(&*p);
+            }
+        };
+        fix(&mut self.data_dir);
+        for t in &mut self.targets {
+            for l in &mut t.luns {
+                fix(&mut l.path);
+            }
+        }
+    }
+
+    /// Checks everything that can be checked before opening files or sockets.
+    pub fn validate(&self) -> Result<()> {
+        if self.portals.is_empty() {
+            bail!("no portal configured");
+        }
+        if self.targets.is_empty() {
+            bail!("no target configured");
+        }
+        let mut iqns = std::collections::HashSet::new();
+        for t in &self.targets {
+            if !(t.iqn.starts_with("iqn.")
+                || t.iqn.starts_with("eui.")
+                || t.iqn.starts_with("naa."))
+                || t.iqn.len() > 223
+                || t.iqn.chars().any(|c| c.is_whitespace() || c.is_uppercase())
+            {
+                bail!("target name {:?} is not a valid iSCSI name (iqn.YYYY-MM.domain:name, lower case)", t.iqn);
+            }
+            if !iqns.insert(&t.iqn) {
+                bail!("target {} is configured twice", t.iqn);
+            }
+            if t.mutual_chap.is_some() && t.chap.is_none() {
+                bail!("target {}: mutual_chap needs chap as well", t.iqn);
+            }
+            for c in t.chap.iter().chain(t.mutual_chap.iter()) {
+                if c.user.is_empty() || c.secret.len() < 12 || c.secret.len() > 255 {
+                    bail!(
+                        "target {}: CHAP user must be set and secrets be 12 to 255 characters",
+                        t.iqn
+                    );
+                }
+            }
+            if let (Some(a), Some(b)) = (&t.chap, &t.mutual_chap) {
+                if a.secret == b.secret {
+                    bail!(
+                        "target {}: mutual CHAP secret must differ from the CHAP secret",
+                        t.iqn
+                    );
+                }
+            }
+            if t.luns.is_empty() {
+                bail!("target {} has no LUN", t.iqn);
+            }
+            let mut ids = std::collections::HashSet::new();
+            for (i, l) in t.luns.iter().enumerate() {
+                let id = l.id.unwrap_or(i as u64);
+                if id >= 16384 {
+                    bail!(
+                        "target {}: LUN {} is above the flat addressing limit 16383",
+                        t.iqn,
+                        id
+                    );
+                }
+                if !ids.insert(id) {
+                    bail!("target {}: LUN {} is configured twice", t.iqn, id);
+                }
+                if l.block_size != 512 && l.block_size != 4096 {
+                    bail!(
+                        "target {} LUN {}: block_size must be 512 or 4096",
+                        t.iqn,
+                        id
+                    );
+                }
+                if let Some(s) = &l.size {
+                    if disk::parse_size(s).is_none() {
+                        bail!(
+                            "target {} LUN {}: size {:?} is not a size (like 4G)",
+                            t.iqn,
+                            id,
+                            s
+                        );
+                    }
+                }
+                if let Some(naa) = &l.naa {
+                    crate::identity::parse_naa(naa)
+                        .with_context(|| format!("target {} LUN {}", t.iqn, id))?;
+                }
+            }
+        }
+        for p in &self.portals {
+            let open = !p.address.ip().is_loopback() && !p.allow_without_chap;
+            if open {
+                if let Some(t) = self.targets.iter().find(|t| t.chap.is_none()) {
+                    bail!(
+                        "portal {} is not on loopback and target {} has no CHAP: set chap for the target, \
+                         or allow_without_chap = true on the portal to serve it openly on purpose",
+                        p.address,
+                        t.iqn
+                    );
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+impl LunConfig {
+    /// A file-backed LUN with defaults.
+    pub fn file(path: PathBuf, size: Option<String>) -> LunConfig {
+        LunConfig {
+            id: None,
+            path,
+            size,
+            thick: false,
+            read_only: false,
+            sync_writes: false,
+            block_size: default_block_size(),
+            naa: None,
+            serial: None,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lun_flag_splits_size_only_when_it_is_one() {
+        assert_eq!(
+            parse_lun_flag("/x/a.img:4G"),
+            ("/x/a.img".into(), Some("4G".into()))
+        );
+        assert_eq!(parse_lun_flag("/x/a.img"), ("/x/a.img".into(), None));
+        assert_eq!(parse_lun_flag("/x/a:b.img"), ("/x/a:b.img".into(), None));
+    }
+
+    #[test]
+    fn embedded_default_is_valid() {
+        let c = Config::from_quick_flags(&QuickFlags::default());
+        c.validate().unwrap();
+        assert_eq!(c.portals[0].address.port(), DEFAULT_PORT);
+        assert_eq!(c.targets[0].luns[0].size.as_deref(), Some("16G"));
+    }
+
+    #[test]
+    fn open_portal_without_chap_is_refused() {
+        let flags = QuickFlags {
+            portals: vec!["0.0.0.0:3260".parse().unwrap()],
+            ..Default::default()
+        };
+        let mut c = Config::from_quick_flags(&flags);
+        assert!(c.validate().is_err());
+        c.portals[0].allow_without_chap = true;
+        c.validate().unwrap();
+    }
+
+    #[test]
+    fn every_example_config_is_valid() {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples");
+        let mut n = 0;
+        for e in std::fs::read_dir(&dir).unwrap() {
+            let p = e.unwrap().path();
+            if p.extension().is_some_and(|x| x == "toml") {
+                let c = Config::load(&p).unwrap_or_else(|e| panic!("{}: {e:#}", p.display()));
+                c.validate()
+                    .unwrap_or_else(|e| panic!("{}: {e:#}", p.display()));
+                n += 1;
+            }
+        }
+        assert!(n > 0, "no example configs found in {}", dir.display());
+    }
+
+    #[test]
+    fn toml_roundtrip_and_unknown_keys() {
+        let text = r#"
+data_dir = "state"
+[[portal]]
+address = "127.0.0.1:3260"
+[[portal]]
+address = "127.0.0.2:3260"
+[[target]]
+iqn = "iqn.2026-11.org.freesan:t1"
+chap = { user = "alice", secret = "secret-of-alice" }
+allowed_initiators = ["iqn.1993-08.org.debian:01:abc"]
+[[target.lun]]
+path = "lun0.img"
+size = "1G"
+"#;
+        let c: Config = toml::from_str(text).unwrap();
+        c.validate().unwrap();
+        assert_eq!(c.portals.len(), 2);
+        assert_eq!(c.targets[0].luns[0].block_size, 512);
+        assert!(toml::from_str::<Config>(&text.replace("size =", "sise =")).is_err());
+    }
+}

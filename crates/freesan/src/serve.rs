@@ -1,0 +1,200 @@
+//! `freesan serve`: opens the LUNs, builds the SCSI targets, starts the portals and
+//! runs until SIGTERM or SIGINT, then shuts down cleanly (sessions closed, data flushed).
+
+use crate::config::Config;
+use crate::identity;
+use anyhow::{Context, Result};
+use block::VolumeRef;
+use std::sync::Arc;
+
+/// One opened LUN, for the banner.
+struct OpenedLun {
+    target: String,
+    id: u64,
+    path: String,
+    size_bytes: u64,
+}
+
+fn chap(c: &Option<crate::config::Chap>) -> Option<iscsi::ChapSecret> {
+    c.as_ref().map(|c| iscsi::ChapSecret {
+        user: c.user.clone(),
+        secret: c.secret.clone(),
+    })
+}
+
+/// Builds the iSCSI server configuration: opens (or creates) every backing file and
+/// loads every LUN identity.
+fn build(cfg: &Config) -> Result<(iscsi::ServerConfig, Vec<OpenedLun>)> {
+    std::fs::create_dir_all(&cfg.data_dir)
+        .with_context(|| format!("creating data directory {}", cfg.data_dir.display()))?;
+    let portals: Vec<iscsi::Portal> = cfg
+        .portals
+        .iter()
+        .enumerate()
+        .map(|(i, p)| iscsi::Portal {
+            addr: p.address,
+            tpgt: (i + 1) as u16,
+        })
+        .collect();
+    let mut targets = Vec::new();
+    let mut opened = Vec::new();
+    for t in &cfg.targets {
+        let ports: Vec<scsi::TargetPort> = portals
+            .iter()
+            .map(|p| scsi::TargetPort {
+                relative_id: p.tpgt,
+                group_id: 1,
+                name: format!("{},t,0x{:04x}", t.iqn, p.tpgt),
+            })
+            .collect();
+        let port_groups = vec![scsi::PortGroup {
+            id: 1,
+            state: scsi::AluaState::ActiveOptimized,
+            relative_port_ids: ports.iter().map(|p| p.relative_id).collect(),
+        }];
+        let tdir = identity::target_dir(&cfg.data_dir, &t.iqn);
+        let mut luns = Vec::new();
+        for (i, l) in t.luns.iter().enumerate() {
+            let lun_id = l.id.unwrap_or(i as u64);
+            let opts = disk::FileOptions {
+                create_size_bytes: l.size.as_deref().and_then(disk::parse_size),
+                thick: l.thick,
+                block_size_bytes: l.block_size,
+                sync_writes: l.sync_writes,
+                read_only: l.read_only,
+                ..disk::FileOptions::default()
+            };
+            if let Some(parent) = l.path.parent() {
+                if !parent.as_os_str().is_empty() && !l.path.exists() {
+                    std::fs::create_dir_all(parent)
+                        .with_context(|| format!("creating {}", parent.display()))?;
+                }
+            }
+            let vol = disk::FileVolume::open(&l.path, &opts).with_context(|| {
+                format!(
+                    "target {} LUN {}: opening {}",
+                    t.iqn,
+                    lun_id,
+                    l.path.display()
+                )
+            })?;
+            let volume: VolumeRef = Arc::new(vol);
+            let id = identity::load_or_create(&cfg.data_dir, &t.iqn, lun_id, &l.path)?;
+            let naa = match &l.naa {
+                Some(n) => identity::parse_naa(n)?,
+                None => identity::parse_naa(&id.naa)?,
+            };
+            let g = volume.geometry();
+            opened.push(OpenedLun {
+                target: t.iqn.clone(),
+                id: lun_id,
+                path: l.path.display().to_string(),
+                size_bytes: g.size_bytes(),
+            });
+            luns.push((
+                lun_id,
+                scsi::LunConfig {
+                    naa,
+                    serial: l.serial.clone().unwrap_or(id.serial),
+                    vendor: "FREESAN".into(),
+                    product: "freesan LUN".into(),
+                    revision: env!("CARGO_PKG_VERSION")
+                        .chars()
+                        .filter(|c| *c != '.')
+                        .take(4)
+                        .collect(),
+                    read_only: l.read_only,
+                    state_file: Some(tdir.join(format!("lun{lun_id}.pr.json"))),
+                },
+                volume,
+            ));
+        }
+        let scsi_target = scsi::ScsiTarget::new(scsi::TargetConfig {
+            name: t.iqn.clone(),
+            ports,
+            port_groups,
+            luns,
+        })
+        .with_context(|| format!("target {}", t.iqn))?;
+        targets.push(iscsi::TargetSpec {
+            iqn: t.iqn.clone(),
+            alias: t.alias.clone(),
+            scsi: Arc::new(scsi_target),
+            auth: iscsi::Auth {
+                chap: chap(&t.chap),
+                mutual: chap(&t.mutual_chap),
+            },
+            allowed_initiators: t.allowed_initiators.clone(),
+        });
+    }
+    let server = iscsi::ServerConfig {
+        portals,
+        targets,
+        discovery_auth: iscsi::Auth {
+            chap: chap(&cfg.discovery_chap),
+            mutual: None,
+        },
+        limits: cfg.limits.to_iscsi(),
+    };
+    Ok((server, opened))
+}
+
+fn human(bytes: u64) -> String {
+    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut v = bytes as f64;
+    let mut u = 0;
+    while v >= 1024.0 && u < UNITS.len() - 1 {
+        v /= 1024.0;
+        u += 1;
+    }
+    format!("{v:.1} {}", UNITS[u])
+}
+
+async fn shutdown_signal() {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut term = match signal(SignalKind::terminate()) {
+        Ok(s) => s,
+        Err(e) => {
+            tracing::error!("cannot watch SIGTERM: {e}");
+            std::future::pending::<()>().await;
+            return;
+        }
+    };
+    tokio::select! {
+        _ = term.recv() => tracing::info!("SIGTERM: shutting down"),
+        _ = tokio::signal::ctrl_c() => tracing::info!("SIGINT: shutting down"),
+    }
+}
+
+/// Runs the node until a signal asks it to stop.
+pub async fn run(cfg: Config) -> Result<()> {
+    cfg.validate()?;
+    let (server_cfg, opened) = build(&cfg)?;
+    let server = iscsi::Server::bind(server_cfg)
+        .await
+        .context("binding the portals")?;
+    let addrs = server.local_addrs();
+    eprintln!("freesan {} serving", env!("CARGO_PKG_VERSION"));
+    eprintln!("  data directory: {}", cfg.data_dir.display());
+    for a in &addrs {
+        eprintln!("  portal:         {a}");
+    }
+    for l in &opened {
+        eprintln!(
+            "  LUN {:<3} {}  {} ({})",
+            l.id,
+            l.target,
+            l.path,
+            human(l.size_bytes)
+        );
+    }
+    if let (Some(a), Some(l)) = (addrs.first(), opened.first()) {
+        eprintln!("connect with:");
+        eprintln!("  iscsi-ls -s iscsi://{a}");
+        eprintln!("  iscsiadm -m discovery -t sendtargets -p {a} && iscsiadm -m node --login");
+        eprintln!("  qemu-img info iscsi://{a}/{}/{}", l.target, l.id);
+    }
+    server.run(shutdown_signal()).await?;
+    eprintln!("freesan stopped cleanly");
+    Ok(())
+}

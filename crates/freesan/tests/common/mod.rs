@@ -1,0 +1,149 @@
+//! Test harness: starts real `freesan serve` processes on loopback ports chosen by
+//! the kernel, learns the ports from the banner, and runs outside clients.
+#![allow(dead_code)]
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::Duration;
+
+/// The target name every harness node serves.
+pub const IQN: &str = "iqn.2026-11.org.freesan:itest";
+
+/// A running freesan process.
+pub struct Node {
+    pub child: Option<Child>,
+    pub portals: Vec<String>,
+    pub log: PathBuf,
+    log_thread: Option<std::thread::JoinHandle<()>>,
+}
+
+/// True when the named program is on PATH; under FREESAN_REQUIRE_TOOLS=1 (the test
+/// command sets it) a missing program fails the test instead of skipping it.
+pub fn have(tool: &str) -> bool {
+    let found = Command::new("sh")
+        .arg("-c")
+        .arg(format!("command -v {tool}"))
+        .output()
+        .map(|o| o.status.success())
+        .unwrap_or(false);
+    if !found {
+        assert!(
+            std::env::var("FREESAN_REQUIRE_TOOLS").is_err(),
+            "{tool} is required (scripts/test-all installs it)"
+        );
+        eprintln!("skipping: {tool} is not installed");
+    }
+    found
+}
+
+impl Node {
+    /// Starts `freesan serve` with the given extra arguments, portals on port 0 of
+    /// each address, and waits until its banner lists the portals.
+    pub fn start(addrs: &[&str], args: &[String], log: &Path) -> Node {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_freesan"));
+        cmd.arg("serve");
+        for a in addrs {
+            cmd.arg("--portal").arg(format!("{a}:0"));
+        }
+        cmd.args(args);
+        cmd.env("RUST_LOG", "info");
+        cmd.stdout(Stdio::null()).stderr(Stdio::piped());
+        let mut child = cmd.spawn().expect("spawn freesan");
+        let stderr = child.stderr.take().expect("stderr");
+        let (tx, rx) = mpsc::channel();
+        let log_path = log.to_path_buf();
+        let log_thread = std::thread::spawn(move || {
+            let mut out = std::fs::File::create(&log_path).expect("log file");
+            let mut sent = false;
+            let mut portals = Vec::new();
+            for line in BufReader::new(stderr).lines() {
+                let Ok(line) = line else { break };
+                use std::io::Write;
+                let _ = writeln!(out, "{line}");
+                if let Some(p) = line.trim().strip_prefix("portal:") {
+                    portals.push(p.trim().to_string());
+                }
+                if !sent && line.starts_with("connect with:") {
+                    let _ = tx.send(portals.clone());
+                    sent = true;
+                }
+            }
+            if !sent {
+                let _ = tx.send(Vec::new());
+            }
+        });
+        let portals = rx
+            .recv_timeout(Duration::from_secs(60))
+            .expect("freesan printed no banner within 60 s");
+        assert!(
+            !portals.is_empty(),
+            "freesan exited before serving; log: {}",
+            std::fs::read_to_string(log).unwrap_or_default()
+        );
+        Node {
+            child: Some(child),
+            portals,
+            log: log.to_path_buf(),
+            log_thread: Some(log_thread),
+        }
+    }
+
+    /// `iscsi://PORTAL/IQN/LUN` for portal `i`.
+    pub fn url(&self, i: usize, lun: u32) -> String {
+        format!("iscsi://{}/{}/{}", self.portals[i], IQN, lun)
+    }
+
+    /// SIGKILL: no chance to flush anything.
+    pub fn kill9(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// SIGTERM and wait (up to 10 s) for the exit; returns whether it exited cleanly.
+    pub fn terminate(&mut self) -> bool {
+        let Some(mut c) = self.child.take() else {
+            return false;
+        };
+        let pid = c.id() as i32;
+        unsafe {
+            libc::kill(pid, libc::SIGTERM);
+        }
+        let (tx, rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            let _ = tx.send(c.wait().map(|s| s.success()).unwrap_or(false));
+        });
+        match rx.recv_timeout(Duration::from_secs(10)) {
+            Ok(ok) => {
+                // the process is gone: its log is complete once the reader sees EOF
+                if let Some(t) = self.log_thread.take() {
+                    let _ = t.join();
+                }
+                ok
+            }
+            Err(_) => {
+                unsafe {
+                    libc::kill(pid, libc::SIGKILL);
+                }
+                false
+            }
+        }
+    }
+}
+
+impl Drop for Node {
+    fn drop(&mut self) {
+        self.kill9();
+    }
+}
+
+/// Runs a program and returns (success, stdout + stderr).
+pub fn run(prog: &str, args: &[&str]) -> (bool, String) {
+    let out = Command::new(prog).args(args).output().expect("run client");
+    let mut s = String::from_utf8_lossy(&out.stdout).into_owned();
+    s.push_str(&String::from_utf8_lossy(&out.stderr));
+    (out.status.success(), s)
+}

@@ -1,0 +1,720 @@
+//! Target-side login negotiation as a pure state machine.
+//!
+//! Feed every Login Request (header + data) to [`LoginNegotiator::step`]; send the
+//! Login Response it returns; stop when the outcome is [`LoginOutcome::Failed`]
+//! (close the connection after sending) or [`LoginOutcome::Complete`] (set the TSIH
+//! in the response, send it, enter full feature phase with [`Negotiated`]).
+//!
+//! Stages: SecurityNegotiation (0) -> LoginOperationalNegotiation (1) ->
+//! FullFeaturePhase (3); the initiator may skip stage 0 only when no
+//! authentication is required, and may skip stage 1.
+
+use crate::chap;
+use crate::params::{negotiate, KeyAnswer, OpState};
+use crate::pdu::{stage, LoginRequest};
+use crate::target::{LoginResponse, SeqNumbers};
+use crate::text::{parse_text, push_pair, TextAccumulator};
+use rand::RngCore;
+use std::sync::Arc;
+
+/// Login status (class << 8 | detail).
+pub mod status {
+    /// Success.
+    pub const SUCCESS: u16 = 0x0000;
+    /// Initiator error (bad request, wrong stage, bad bits).
+    pub const INITIATOR_ERROR: u16 = 0x0200;
+    /// Authentication failure.
+    pub const AUTH_FAILURE: u16 = 0x0201;
+    /// Authorization failure (ACL).
+    pub const FORBIDDEN: u16 = 0x0202;
+    /// Target not found.
+    pub const NOT_FOUND: u16 = 0x0203;
+    /// Target removed.
+    pub const TARGET_REMOVED: u16 = 0x0204;
+    /// Unsupported version.
+    pub const UNSUPPORTED_VERSION: u16 = 0x0205;
+    /// Too many connections.
+    pub const TOO_MANY_CONNECTIONS: u16 = 0x0206;
+    /// Missing parameter.
+    pub const MISSING_PARAMETER: u16 = 0x0207;
+    /// Cannot include the connection in the session.
+    pub const CANT_INCLUDE_IN_SESSION: u16 = 0x0208;
+    /// Session type not supported.
+    pub const SESSION_TYPE_NOT_SUPPORTED: u16 = 0x0209;
+    /// Session does not exist.
+    pub const SESSION_DOES_NOT_EXIST: u16 = 0x020a;
+    /// Invalid request during login.
+    pub const INVALID_DURING_LOGIN: u16 = 0x020b;
+    /// Target error.
+    pub const TARGET_ERROR: u16 = 0x0300;
+    /// Service unavailable.
+    pub const SERVICE_UNAVAILABLE: u16 = 0x0301;
+    /// Out of resources.
+    pub const OUT_OF_RESOURCES: u16 = 0x0302;
+}
+
+/// CHAP user name and secret.
+#[derive(Clone, PartialEq, Eq)]
+pub struct ChapCredentials {
+    /// CHAP name (CHAP_N).
+    pub user: String,
+    /// Shared secret.
+    pub secret: String,
+}
+
+impl std::fmt::Debug for ChapCredentials {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ChapCredentials")
+            .field("user", &self.user)
+            .finish_non_exhaustive()
+    }
+}
+
+/// One target as login sees it: its name and who may log in how.
+#[derive(Debug, Clone, Default)]
+pub struct TargetAuth {
+    /// Target IQN.
+    pub name: String,
+    /// TargetAlias, declared to initiators.
+    pub alias: Option<String>,
+    /// When set the initiator must authenticate with CHAP using these credentials.
+    pub chap: Option<ChapCredentials>,
+    /// Credentials the target proves itself with when the initiator asks (mutual CHAP).
+    pub mutual: Option<ChapCredentials>,
+    /// Initiator names allowed to log in; empty allows every initiator.
+    pub allowed_initiators: Vec<String>,
+}
+
+impl TargetAuth {
+    /// Whether `initiator` passes the ACL.
+    pub fn allows(&self, initiator: &str) -> bool {
+        self.allowed_initiators.is_empty() || self.allowed_initiators.iter().any(|a| a == initiator)
+    }
+}
+
+/// The target's side of operational negotiation.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OperationalLimits {
+    /// MaxRecvDataSegmentLength the target declares.
+    pub max_recv_data_segment_bytes: u32,
+    /// Largest MaxBurstLength accepted.
+    pub max_burst_bytes: u32,
+    /// Largest FirstBurstLength accepted.
+    pub first_burst_bytes: u32,
+    /// Largest MaxOutstandingR2T accepted.
+    pub max_outstanding_r2t: u32,
+    /// The target's InitialR2T value (OR-ed with the initiator's).
+    pub initial_r2t: bool,
+    /// The target's ImmediateData value (AND-ed with the initiator's).
+    pub immediate_data: bool,
+    /// The target's DefaultTime2Wait.
+    pub default_time2wait_s: u32,
+    /// The target's DefaultTime2Retain.
+    pub default_time2retain_s: u32,
+    /// CmdSN window announced in login responses (MaxCmdSN = ExpCmdSN + window - 1).
+    pub cmd_window: u32,
+}
+
+impl Default for OperationalLimits {
+    fn default() -> Self {
+        OperationalLimits {
+            max_recv_data_segment_bytes: 256 * 1024,
+            max_burst_bytes: 1024 * 1024,
+            first_burst_bytes: 256 * 1024,
+            max_outstanding_r2t: 4,
+            initial_r2t: false,
+            immediate_data: true,
+            default_time2wait_s: 2,
+            default_time2retain_s: 0,
+            cmd_window: 128,
+        }
+    }
+}
+
+/// Everything login needs to know about the target side.
+#[derive(Debug, Clone, Default)]
+pub struct LoginConfig {
+    /// Every target served.
+    pub targets: Vec<TargetAuth>,
+    /// CHAP credentials required for discovery sessions, if any.
+    pub discovery_chap: Option<ChapCredentials>,
+    /// Mutual CHAP credentials for discovery sessions.
+    pub discovery_mutual: Option<ChapCredentials>,
+    /// Operational limits.
+    pub limits: OperationalLimits,
+}
+
+/// SessionType.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SessionType {
+    /// Discovery: SendTargets only.
+    Discovery,
+    /// Normal: SCSI commands.
+    Normal,
+}
+
+/// What the session and connection run with after login.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Negotiated {
+    /// Discovery or Normal.
+    pub session_type: SessionType,
+    /// InitiatorName.
+    pub initiator_name: String,
+    /// InitiatorAlias, if declared.
+    pub initiator_alias: Option<String>,
+    /// Index into [`LoginConfig::targets`] (Normal sessions).
+    pub target_index: Option<usize>,
+    /// ISID.
+    pub isid: [u8; 6],
+    /// TSIH the initiator sent (0 for a new session).
+    pub tsih_requested: u16,
+    /// CID.
+    pub cid: u16,
+    /// Target portal group tag of the connection.
+    pub tpgt: u16,
+    /// HeaderDigest=CRC32C.
+    pub header_digest: bool,
+    /// DataDigest=CRC32C.
+    pub data_digest: bool,
+    /// The initiator's MaxRecvDataSegmentLength: largest segment the target may send.
+    pub send_data_segment_bytes_max: u32,
+    /// The target's MaxRecvDataSegmentLength as the initiator knows it.
+    pub recv_data_segment_bytes_max: u32,
+    /// MaxBurstLength.
+    pub max_burst_bytes: u32,
+    /// FirstBurstLength (never above MaxBurstLength).
+    pub first_burst_bytes: u32,
+    /// InitialR2T.
+    pub initial_r2t: bool,
+    /// ImmediateData.
+    pub immediate_data: bool,
+    /// MaxOutstandingR2T.
+    pub max_outstanding_r2t: u32,
+    /// DefaultTime2Wait.
+    pub default_time2wait_s: u32,
+    /// DefaultTime2Retain.
+    pub default_time2retain_s: u32,
+    /// ErrorRecoveryLevel (always 0).
+    pub error_recovery_level: u32,
+    /// ExpCmdSN at the start of full feature phase.
+    pub exp_cmd_sn: u32,
+    /// Next StatSN to send.
+    pub next_stat_sn: u32,
+}
+
+/// How a login step ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LoginOutcome {
+    /// More Login Requests are expected.
+    Continue,
+    /// Login failed with this status; close after sending the response.
+    Failed(u16),
+    /// Login succeeded: set the TSIH in the response, send it, go full feature.
+    Complete(Box<Negotiated>),
+}
+
+/// One Login Response to send and what it means.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LoginStep {
+    /// The response header.
+    pub header: LoginResponse,
+    /// Sequence numbers for the response.
+    pub seq: SeqNumbers,
+    /// Text data segment.
+    pub data: Vec<u8>,
+    /// Outcome.
+    pub outcome: LoginOutcome,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Auth {
+    /// AuthMethod not negotiated yet.
+    Start,
+    /// CHAP chosen; waiting for CHAP_A.
+    WaitAlgorithm,
+    /// Challenge sent; waiting for CHAP_N/CHAP_R.
+    WaitResponse { id: u8, challenge: Vec<u8> },
+    /// Authenticated (or None chosen).
+    Done,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct First {
+    isid: [u8; 6],
+    tsih: u16,
+    cid: u16,
+    itt: u32,
+}
+
+/// Target-side login state machine for one connection.
+pub struct LoginNegotiator {
+    cfg: Arc<LoginConfig>,
+    tpgt: u16,
+    rng: Box<dyn RngCore + Send>,
+    stage: u8,
+    first: Option<First>,
+    text: TextAccumulator,
+    initiator_name: Option<String>,
+    initiator_alias: Option<String>,
+    session_type: Option<SessionType>,
+    target_index: Option<usize>,
+    /// Identity (initiator, target, ACL) checked after the first PDU.
+    identified: bool,
+    auth: Auth,
+    ops: OpState,
+    declared_mrdsl: bool,
+    sent_tpgt: bool,
+    sent_alias: bool,
+    stat_sn: u32,
+    exp_cmd_sn: u32,
+    finished: bool,
+}
+
+impl LoginNegotiator {
+    /// A negotiator for a connection on portal group `tpgt`; CHAP challenges come
+    /// from the operating system's CSPRNG.
+    pub fn new(cfg: Arc<LoginConfig>, tpgt: u16) -> Self {
+        Self::with_rng(cfg, tpgt, Box::new(rand::rngs::OsRng))
+    }
+
+    /// Like [`LoginNegotiator::new`] with a deterministic generator seeded with
+    /// `seed`: for tests and fuzzing only, never for a real target.
+    pub fn with_seed(cfg: Arc<LoginConfig>, tpgt: u16, seed: u64) -> Self {
+        use rand::SeedableRng;
+        Self::with_rng(cfg, tpgt, Box::new(rand::rngs::StdRng::seed_from_u64(seed)))
+    }
+
+    /// Like [`LoginNegotiator::new`] with an explicit random source (tests, fuzzing).
+    pub fn with_rng(cfg: Arc<LoginConfig>, tpgt: u16, rng: Box<dyn RngCore + Send>) -> Self {
+        LoginNegotiator {
+            cfg,
+            tpgt,
+            rng,
+            stage: stage::SECURITY,
+            first: None,
+            text: TextAccumulator::new(),
+            initiator_name: None,
+            initiator_alias: None,
+            session_type: None,
+            target_index: None,
+            identified: false,
+            auth: Auth::Start,
+            ops: OpState::default(),
+            declared_mrdsl: false,
+            sent_tpgt: false,
+            sent_alias: false,
+            stat_sn: 0,
+            exp_cmd_sn: 0,
+            finished: false,
+        }
+    }
+
+    /// The initiator name, once known (for logs).
+    pub fn initiator_name(&self) -> Option<&str> {
+        self.initiator_name.as_deref()
+    }
+
+    /// Answers a login attempt with `status` without looking at it (resource limits,
+    /// unknown TSIH); the connection is closed afterwards.
+    pub fn refuse(&mut self, req: &LoginRequest, status: u16) -> LoginStep {
+        if self.first.is_none() {
+            self.stat_sn = req.exp_stat_sn;
+            self.exp_cmd_sn = req.cmd_sn;
+        }
+        self.fail(req, status)
+    }
+
+    fn seq(&mut self) -> SeqNumbers {
+        let s = SeqNumbers {
+            stat_sn: self.stat_sn,
+            exp_cmd_sn: self.exp_cmd_sn,
+            max_cmd_sn: self
+                .exp_cmd_sn
+                .wrapping_add(self.cfg.limits.cmd_window.max(1))
+                .wrapping_sub(1),
+        };
+        self.stat_sn = self.stat_sn.wrapping_add(1);
+        s
+    }
+
+    fn header(&self, req: &LoginRequest, transit: bool, nsg: u8, status: u16) -> LoginResponse {
+        LoginResponse {
+            transit,
+            cont: false,
+            csg: req.csg & 3,
+            nsg: if transit { nsg } else { 0 },
+            version_max: 0,
+            version_active: 0,
+            isid: req.isid,
+            tsih: req.tsih,
+            itt: req.itt,
+            status_class: (status >> 8) as u8,
+            status_detail: status as u8,
+        }
+    }
+
+    fn fail(&mut self, req: &LoginRequest, status: u16) -> LoginStep {
+        self.finished = true;
+        let header = self.header(req, false, 0, status);
+        LoginStep {
+            header,
+            seq: self.seq(),
+            data: Vec::new(),
+            outcome: LoginOutcome::Failed(status),
+        }
+    }
+
+    /// Processes one Login Request and returns the response to send.
+    pub fn step(&mut self, req: &LoginRequest, data: &[u8]) -> LoginStep {
+        if self.finished {
+            return self.fail(req, status::INITIATOR_ERROR);
+        }
+        match self.first {
+            None => {
+                self.stat_sn = req.exp_stat_sn;
+                self.exp_cmd_sn = req.cmd_sn;
+                self.first = Some(First {
+                    isid: req.isid,
+                    tsih: req.tsih,
+                    cid: req.cid,
+                    itt: req.itt,
+                });
+                if req.csg != stage::SECURITY && req.csg != stage::OPERATIONAL {
+                    return self.fail(req, status::INITIATOR_ERROR);
+                }
+                self.stage = req.csg;
+            }
+            Some(f) => {
+                if f.isid != req.isid || f.tsih != req.tsih || f.cid != req.cid || f.itt != req.itt
+                {
+                    return self.fail(req, status::INITIATOR_ERROR);
+                }
+            }
+        }
+        if req.version_min > 0 {
+            return self.fail(req, status::UNSUPPORTED_VERSION);
+        }
+        if req.csg != self.stage || (req.transit && req.cont) {
+            return self.fail(req, status::INITIATOR_ERROR);
+        }
+        if req.transit
+            && (req.nsg <= req.csg
+                || !(req.nsg == stage::OPERATIONAL || req.nsg == stage::FULL_FEATURE))
+        {
+            return self.fail(req, status::INITIATOR_ERROR);
+        }
+        let text = match self.text.push(data, req.cont) {
+            Err(_) => return self.fail(req, status::INITIATOR_ERROR),
+            Ok(None) => {
+                // Acknowledge a continued text with an empty response.
+                let header = self.header(req, false, 0, status::SUCCESS);
+                return LoginStep {
+                    header,
+                    seq: self.seq(),
+                    data: Vec::new(),
+                    outcome: LoginOutcome::Continue,
+                };
+            }
+            Ok(Some(t)) => t,
+        };
+        let pairs = match parse_text(&text) {
+            Ok(p) => p,
+            Err(_) => return self.fail(req, status::INITIATOR_ERROR),
+        };
+        let mut out = Vec::new();
+        if let Err(st) = self.process_keys(req, &pairs, &mut out) {
+            return self.fail(req, st);
+        }
+        let auth_needed = self.auth_required();
+        if self.stage == stage::OPERATIONAL && self.auth != Auth::Done {
+            if auth_needed {
+                return self.fail(req, status::AUTH_FAILURE);
+            }
+            self.auth = Auth::Done;
+        }
+        let mut transit = req.transit;
+        if self.stage == stage::SECURITY && transit {
+            match self.auth {
+                Auth::Done => {}
+                Auth::Start if !auth_needed => self.auth = Auth::Done,
+                Auth::Start => return self.fail(req, status::AUTH_FAILURE),
+                // CHAP exchange still going on: stay in the security stage.
+                _ => transit = false,
+            }
+        }
+        let discovery = self.session_type == Some(SessionType::Discovery);
+        if !self.sent_tpgt {
+            self.sent_tpgt = true;
+            push_pair(&mut out, "TargetPortalGroupTag", &self.tpgt.to_string());
+        }
+        let going_full = transit && req.nsg == stage::FULL_FEATURE;
+        if (self.stage == stage::OPERATIONAL || going_full) && !self.declared_mrdsl {
+            self.declared_mrdsl = true;
+            push_pair(
+                &mut out,
+                "MaxRecvDataSegmentLength",
+                &self.cfg.limits.max_recv_data_segment_bytes.to_string(),
+            );
+        }
+        if !discovery && !self.sent_alias && (self.stage == stage::OPERATIONAL || going_full) {
+            self.sent_alias = true;
+            if let Some(alias) = self
+                .target_index
+                .and_then(|i| self.cfg.targets.get(i))
+                .and_then(|t| t.alias.clone())
+            {
+                push_pair(&mut out, "TargetAlias", &alias);
+            }
+        }
+        let header = self.header(req, transit, req.nsg, status::SUCCESS);
+        let seq = self.seq();
+        let outcome = if going_full {
+            self.finished = true;
+            LoginOutcome::Complete(Box::new(self.negotiated()))
+        } else {
+            if transit {
+                self.stage = req.nsg;
+            }
+            LoginOutcome::Continue
+        };
+        LoginStep {
+            header,
+            seq,
+            data: out,
+            outcome,
+        }
+    }
+
+    fn auth_required(&self) -> bool {
+        self.auth_creds().0.is_some()
+    }
+
+    fn auth_creds(&self) -> (Option<&ChapCredentials>, Option<&ChapCredentials>) {
+        match self.session_type {
+            Some(SessionType::Discovery) => (
+                self.cfg.discovery_chap.as_ref(),
+                self.cfg.discovery_mutual.as_ref(),
+            ),
+            Some(SessionType::Normal) => {
+                match self.target_index.and_then(|i| self.cfg.targets.get(i)) {
+                    Some(t) => (t.chap.as_ref(), t.mutual.as_ref()),
+                    None => (None, None),
+                }
+            }
+            None => (None, None),
+        }
+    }
+
+    fn identify(&mut self) -> Result<(), u16> {
+        let Some(name) = self.initiator_name.clone() else {
+            return Err(status::MISSING_PARAMETER);
+        };
+        let st = self.session_type.unwrap_or(SessionType::Normal);
+        self.session_type = Some(st);
+        if st == SessionType::Normal {
+            let Some(i) = self.target_index else {
+                return Err(status::MISSING_PARAMETER);
+            };
+            if !self.cfg.targets[i].allows(&name) {
+                return Err(status::FORBIDDEN);
+            }
+        }
+        Ok(())
+    }
+
+    fn process_keys(
+        &mut self,
+        req: &LoginRequest,
+        pairs: &[(String, String)],
+        out: &mut Vec<u8>,
+    ) -> Result<(), u16> {
+        let mut chap_n = None;
+        let mut chap_r = None;
+        let mut chap_i = None;
+        let mut chap_c = None;
+        let mut chap_a = None;
+        let mut auth_method = None;
+        for (k, v) in pairs {
+            match k.as_str() {
+                "InitiatorName" => {
+                    if v.is_empty() || v.len() > 223 {
+                        return Err(status::INITIATOR_ERROR);
+                    }
+                    if self.initiator_name.as_deref().is_some_and(|n| n != v) {
+                        return Err(status::INITIATOR_ERROR);
+                    }
+                    self.initiator_name = Some(v.clone());
+                }
+                "InitiatorAlias" => self.initiator_alias = Some(v.clone()),
+                "SessionType" => {
+                    let st = match v.as_str() {
+                        "Discovery" => SessionType::Discovery,
+                        "Normal" => SessionType::Normal,
+                        _ => return Err(status::SESSION_TYPE_NOT_SUPPORTED),
+                    };
+                    if self.session_type.is_some_and(|s| s != st) {
+                        return Err(status::INITIATOR_ERROR);
+                    }
+                    self.session_type = Some(st);
+                }
+                "TargetName" => {
+                    match self.cfg.targets.iter().position(|t| t.name == *v) {
+                        Some(i) => {
+                            if self.target_index.is_some_and(|j| j != i) {
+                                return Err(status::INITIATOR_ERROR);
+                            }
+                            self.target_index = Some(i)
+                        }
+                        // A discovery session may name no target or any; ignore it.
+                        None if self.session_type == Some(SessionType::Discovery) => {}
+                        None => return Err(status::NOT_FOUND),
+                    }
+                }
+                "AuthMethod" => auth_method = Some(v.as_str()),
+                "CHAP_A" => chap_a = Some(v.as_str()),
+                "CHAP_N" => chap_n = Some(v.as_str()),
+                "CHAP_R" => chap_r = Some(v.as_str()),
+                "CHAP_I" => chap_i = Some(v.as_str()),
+                "CHAP_C" => chap_c = Some(v.as_str()),
+                key => {
+                    let discovery = self.session_type == Some(SessionType::Discovery);
+                    if let KeyAnswer::Answer(a) =
+                        negotiate(key, v, &mut self.ops, &self.cfg.limits, discovery)
+                    {
+                        push_pair(out, key, &a);
+                    }
+                }
+            }
+        }
+        let any_chap = chap_a.is_some()
+            || chap_n.is_some()
+            || chap_r.is_some()
+            || chap_i.is_some()
+            || chap_c.is_some();
+        if (auth_method.is_some() || any_chap) && req.csg != stage::SECURITY {
+            return Err(status::INITIATOR_ERROR);
+        }
+        if !self.identified {
+            self.identify()?;
+            self.identified = true;
+        }
+        let (chap_cfg, mutual_cfg) = {
+            let (a, b) = self.auth_creds();
+            (a.cloned(), b.cloned())
+        };
+        if let Some(list) = auth_method {
+            if self.auth != Auth::Start {
+                return Err(status::INITIATOR_ERROR);
+            }
+            let offers = |m: &str| list.split(',').any(|x| x == m);
+            if chap_cfg.is_some() {
+                if !offers("CHAP") {
+                    push_pair(out, "AuthMethod", "Reject");
+                    return Err(status::AUTH_FAILURE);
+                }
+                push_pair(out, "AuthMethod", "CHAP");
+                self.auth = Auth::WaitAlgorithm;
+            } else if offers("None") {
+                push_pair(out, "AuthMethod", "None");
+                self.auth = Auth::Done;
+            } else {
+                push_pair(out, "AuthMethod", "Reject");
+                return Err(status::AUTH_FAILURE);
+            }
+        }
+        if let Some(algs) = chap_a {
+            if self.auth != Auth::WaitAlgorithm {
+                return Err(status::INITIATOR_ERROR);
+            }
+            let md5 = algs
+                .split(',')
+                .any(|a| chap::parse_number(a).ok() == Some(chap::CHAP_ALGORITHM_MD5 as u64));
+            if !md5 {
+                push_pair(out, "CHAP_A", "Reject");
+                return Err(status::AUTH_FAILURE);
+            }
+            let mut challenge = vec![0u8; chap::CHALLENGE_LEN_BYTES];
+            self.rng.fill_bytes(&mut challenge);
+            let id = (self.rng.next_u32() & 0xff) as u8;
+            push_pair(out, "CHAP_A", "5");
+            push_pair(out, "CHAP_I", &id.to_string());
+            push_pair(out, "CHAP_C", &chap::encode_hex(&challenge));
+            self.auth = Auth::WaitResponse { id, challenge };
+        }
+        if chap_n.is_some() || chap_r.is_some() {
+            let Auth::WaitResponse { id, challenge } = &self.auth else {
+                return Err(status::INITIATOR_ERROR);
+            };
+            let (Some(n), Some(r)) = (chap_n, chap_r) else {
+                return Err(status::AUTH_FAILURE);
+            };
+            let Some(creds) = chap_cfg else {
+                return Err(status::AUTH_FAILURE);
+            };
+            let r = chap::decode_binary(r).map_err(|_| status::AUTH_FAILURE)?;
+            let want = chap::response(*id, creds.secret.as_bytes(), challenge);
+            if n != creds.user || !chap::constant_time_eq(&r, &want) {
+                return Err(status::AUTH_FAILURE);
+            }
+            match (chap_i, chap_c) {
+                (Some(i), Some(c)) => {
+                    let Some(m) = mutual_cfg else {
+                        return Err(status::AUTH_FAILURE);
+                    };
+                    let i = chap::parse_number(i).map_err(|_| status::AUTH_FAILURE)?;
+                    let i = u8::try_from(i).map_err(|_| status::AUTH_FAILURE)?;
+                    let c = chap::decode_binary(c).map_err(|_| status::AUTH_FAILURE)?;
+                    // A reflected challenge would let an attacker use us as an oracle.
+                    if c.is_empty() || c.len() > chap::CHALLENGE_LEN_MAX_BYTES || c == *challenge {
+                        return Err(status::AUTH_FAILURE);
+                    }
+                    let resp = chap::response(i, m.secret.as_bytes(), &c);
+                    push_pair(out, "CHAP_N", &m.user);
+                    push_pair(out, "CHAP_R", &chap::encode_hex(&resp));
+                }
+                (None, None) => {}
+                _ => return Err(status::AUTH_FAILURE),
+            }
+            self.auth = Auth::Done;
+        } else if chap_i.is_some() || chap_c.is_some() {
+            return Err(status::INITIATOR_ERROR);
+        }
+        Ok(())
+    }
+
+    fn negotiated(&self) -> Negotiated {
+        let o = &self.ops;
+        Negotiated {
+            session_type: self.session_type.unwrap_or(SessionType::Normal),
+            initiator_name: self.initiator_name.clone().unwrap_or_default(),
+            initiator_alias: self.initiator_alias.clone(),
+            target_index: self.target_index,
+            isid: self.first.map(|f| f.isid).unwrap_or_default(),
+            tsih_requested: self.first.map(|f| f.tsih).unwrap_or_default(),
+            cid: self.first.map(|f| f.cid).unwrap_or_default(),
+            tpgt: self.tpgt,
+            header_digest: o.header_digest,
+            data_digest: o.data_digest,
+            send_data_segment_bytes_max: o.initiator_mrdsl_bytes,
+            recv_data_segment_bytes_max: if self.declared_mrdsl {
+                self.cfg.limits.max_recv_data_segment_bytes
+            } else {
+                8192
+            },
+            max_burst_bytes: o.max_burst_bytes,
+            first_burst_bytes: o.first_burst_bytes.min(o.max_burst_bytes),
+            initial_r2t: o.initial_r2t,
+            immediate_data: o.immediate_data,
+            max_outstanding_r2t: o.max_outstanding_r2t.max(1),
+            default_time2wait_s: o.default_time2wait_s,
+            default_time2retain_s: o.default_time2retain_s,
+            error_recovery_level: 0,
+            exp_cmd_sn: self.exp_cmd_sn,
+            next_stat_sn: self.stat_sn,
+        }
+    }
+}
+
+#[cfg(test)]
+#[path = "login_tests.rs"]
+mod tests;

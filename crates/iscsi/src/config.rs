@@ -1,0 +1,127 @@
+//! What the binary hands the target: portals, targets, authentication, limits.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+/// A CHAP user name and secret.
+#[derive(Clone, PartialEq, Eq)]
+pub struct ChapSecret {
+    /// CHAP name.
+    pub user: String,
+    /// Shared secret (RFC 7143 asks for at least 12 bytes).
+    pub secret: String,
+}
+
+impl std::fmt::Debug for ChapSecret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ChapSecret")
+            .field("user", &self.user)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Authentication of a target or of discovery sessions.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Auth {
+    /// When set the initiator must log in with CHAP using these credentials.
+    pub chap: Option<ChapSecret>,
+    /// When set the target proves itself with these if the initiator asks (mutual CHAP).
+    pub mutual: Option<ChapSecret>,
+}
+
+/// One iSCSI target: a name and the SCSI device behind it.
+#[derive(Clone)]
+pub struct TargetSpec {
+    /// Target IQN.
+    pub iqn: String,
+    /// TargetAlias.
+    pub alias: Option<String>,
+    /// The SCSI target device executing its commands.
+    pub scsi: Arc<scsi::ScsiTarget>,
+    /// Who must authenticate how.
+    pub auth: Auth,
+    /// Initiator names allowed to see and log in to the target; empty allows all.
+    pub allowed_initiators: Vec<String>,
+}
+
+/// A listening address. Every portal serves every target.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Portal {
+    /// Address to listen on (port 0 picks one).
+    pub addr: SocketAddr,
+    /// Target portal group tag; also the SCSI relative target port id of this portal.
+    pub tpgt: u16,
+}
+
+/// Bounds on everything the target holds for initiators.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Limits {
+    /// Most sessions (discovery and normal) at once.
+    pub sessions_max: usize,
+    /// Most connections still in login at once.
+    pub logins_in_progress_max: usize,
+    /// CmdSN window: most non-immediate commands in flight per session.
+    pub commands_in_flight_per_session_max: u32,
+    /// MaxRecvDataSegmentLength the target declares.
+    pub max_recv_data_segment_bytes: u32,
+    /// Largest MaxBurstLength accepted.
+    pub max_burst_bytes: u32,
+    /// Largest FirstBurstLength accepted.
+    pub first_burst_bytes: u32,
+    /// Largest MaxOutstandingR2T accepted.
+    pub max_outstanding_r2t: u32,
+    /// Largest Expected Data Transfer Length of one command.
+    pub max_transfer_bytes: u32,
+    /// Most Data-Out bytes buffered per session for commands still receiving data.
+    pub data_out_buffered_bytes_max_per_session: usize,
+    /// Offer InitialR2T=Yes (no unsolicited Data-Out).
+    pub initial_r2t: bool,
+    /// Accept ImmediateData.
+    pub immediate_data: bool,
+    /// Idle time after which the target pings with a NOP-In.
+    pub nop_in_interval_ms: u64,
+    /// Time without an answer to a ping after which the connection is dropped.
+    pub nop_in_timeout_ms: u64,
+    /// Longest login phase.
+    pub login_timeout_ms: u64,
+    /// How long logout and shutdown wait for running commands before aborting them.
+    pub drain_timeout_ms: u64,
+    /// PDUs queued to one connection's writer.
+    pub writer_queue_pdus: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            sessions_max: 256,
+            logins_in_progress_max: 64,
+            commands_in_flight_per_session_max: 128,
+            max_recv_data_segment_bytes: 256 * 1024,
+            max_burst_bytes: 1024 * 1024,
+            first_burst_bytes: 256 * 1024,
+            max_outstanding_r2t: 4,
+            max_transfer_bytes: 16 * 1024 * 1024,
+            data_out_buffered_bytes_max_per_session: 64 * 1024 * 1024,
+            initial_r2t: false,
+            immediate_data: true,
+            nop_in_interval_ms: 5_000,
+            nop_in_timeout_ms: 15_000,
+            login_timeout_ms: 15_000,
+            drain_timeout_ms: 5_000,
+            writer_queue_pdus: 1024,
+        }
+    }
+}
+
+/// The whole target configuration.
+#[derive(Clone)]
+pub struct ServerConfig {
+    /// Listening portals.
+    pub portals: Vec<Portal>,
+    /// Targets served on every portal.
+    pub targets: Vec<TargetSpec>,
+    /// Authentication required for discovery sessions.
+    pub discovery_auth: Auth,
+    /// Limits.
+    pub limits: Limits,
+}

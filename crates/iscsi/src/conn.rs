@@ -1,0 +1,703 @@
+//! One connection in full feature phase: the reader loop and PDU dispatch.
+
+use crate::dataout::{BurstLimits, WriteTask};
+use crate::exec::{check_condition, send_response, spawn_command, CmdInfo, ConnOut};
+use crate::login_phase::{login, reserve_for_next, ConnError};
+use crate::server::Ctx;
+use crate::session::Session;
+use crate::writer::{run_writer, OutPdu};
+use bytes::{Bytes, BytesMut};
+use iscsi_proto::frame::{decode_frame, Frame, FrameError, FrameLimits};
+use iscsi_proto::login::{Negotiated, SessionType};
+use iscsi_proto::pdu::{opcode, DataOut, LogoutRequest, NopOut, ScsiCommand, TextRequest, BHS_LEN};
+use iscsi_proto::target::{reject_reason, LogoutResponse, NopIn, Reject, TargetPdu, TextResponse};
+use iscsi_proto::text::{parse_text, push_pair, TextAccumulator};
+use iscsi_proto::{InitiatorPdu, ProtoError, RESERVED_TAG};
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio::io::AsyncReadExt;
+use tokio::net::TcpStream;
+use tokio::sync::mpsc;
+
+/// Initial size of a connection's read buffer.
+const READ_BUF_BYTES: usize = 512 * 1024;
+/// Commands beyond the CmdSN window (immediate ones) tolerated per session.
+const IMMEDIATE_EXTRA_TASKS: usize = 16;
+
+/// What to do after a PDU.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Flow {
+    Continue,
+    /// Stop reading; let queued PDUs go out, then close.
+    Close,
+}
+
+/// Serves one accepted TCP connection from login to close.
+pub(crate) async fn serve(
+    ctx: Arc<Ctx>,
+    mut sock: TcpStream,
+    peer: SocketAddr,
+    portal: crate::Portal,
+) {
+    if let Err(e) = sock.set_nodelay(true) {
+        tracing::warn!(%peer, error = %e, "TCP_NODELAY failed");
+    }
+    let local = sock.local_addr().unwrap_or(portal.addr);
+    let Ok(permit) = ctx.logins.try_acquire() else {
+        tracing::warn!(%peer, "too many logins in progress; dropping connection");
+        return;
+    };
+    let mut buf = BytesMut::with_capacity(READ_BUF_BYTES);
+    let login_timeout = Duration::from_millis(ctx.limits.login_timeout_ms);
+    let mut shutdown = ctx.shutdown.clone();
+    let res = tokio::select! {
+        r = tokio::time::timeout(login_timeout, login(&ctx, &mut sock, &mut buf, portal.tpgt)) => r,
+        _ = shutdown.wait_for(|s| *s) => return,
+    };
+    drop(permit);
+    let (neg, session) = match res {
+        Ok(Ok(x)) => x,
+        Ok(Err(ConnError::LoginFailed(st))) => {
+            tracing::warn!(%peer, status = format_args!("{st:#06x}"), "login refused");
+            return;
+        }
+        Ok(Err(ConnError::Eof)) => return,
+        Ok(Err(e)) => {
+            tracing::warn!(%peer, error = %e, "login aborted");
+            return;
+        }
+        Err(_) => {
+            tracing::warn!(%peer, "login timed out");
+            return;
+        }
+    };
+    tracing::info!(
+        %peer,
+        initiator = %neg.initiator_name,
+        tsih = session.tsih,
+        discovery = (neg.session_type == SessionType::Discovery),
+        "login complete"
+    );
+    full_feature(ctx, sock, buf, neg, session, local, peer).await;
+}
+
+async fn full_feature(
+    ctx: Arc<Ctx>,
+    sock: TcpStream,
+    buf: BytesMut,
+    neg: Negotiated,
+    session: Arc<Session>,
+    local: SocketAddr,
+    peer: SocketAddr,
+) {
+    let (rd, wr) = sock.into_split();
+    let (tx, rx) = mpsc::channel(ctx.limits.writer_queue_pdus.max(8));
+    let writer = tokio::spawn(run_writer(
+        wr,
+        rx,
+        session.window.clone(),
+        neg.next_stat_sn,
+        neg.header_digest,
+        neg.data_digest,
+    ));
+    let out = Arc::new(ConnOut {
+        tx,
+        send_segment_bytes_max: neg.send_data_segment_bytes_max,
+        max_burst_bytes: neg.max_burst_bytes,
+    });
+    let mut conn = Conn {
+        burst: BurstLimits {
+            first_burst_bytes: neg.first_burst_bytes,
+            max_burst_bytes: neg.max_burst_bytes,
+            max_outstanding_r2t: neg.max_outstanding_r2t,
+            initial_r2t: neg.initial_r2t,
+        },
+        frame_limits: FrameLimits {
+            header_digest: neg.header_digest,
+            data_digest: neg.data_digest,
+            max_data_segment_bytes: neg.recv_data_segment_bytes_max,
+            max_ahs_bytes: 256,
+        },
+        discovery: neg.session_type == SessionType::Discovery,
+        ctx: ctx.clone(),
+        session: session.clone(),
+        out,
+        neg,
+        local,
+        peer,
+        writes: HashMap::new(),
+        buffered_bytes: 0,
+        text: TextAccumulator::new(),
+        text_pending: None,
+        next_tag: 0,
+        ping: None,
+    };
+    let why = conn.read_loop(rd, buf).await;
+    let graceful = matches!(why, End::Shutdown);
+    tracing::info!(peer = %conn.peer, tsih = session.tsih, reason = ?why, "connection closing");
+    // Commands still receiving data can never complete now.
+    for (_, w) in conn.writes.drain() {
+        if w.info.holds_slot {
+            session.window.release();
+        }
+    }
+    let drain = Duration::from_millis(ctx.limits.drain_timeout_ms);
+    if graceful {
+        session.drain(drain).await;
+    }
+    let itts = session.abort_where(|_| true);
+    session.wait_gone(&itts, drain).await;
+    drop(conn);
+    let mut writer = writer;
+    if tokio::time::timeout(Duration::from_secs(2), &mut writer)
+        .await
+        .is_err()
+    {
+        writer.abort();
+    }
+    if let (Some(scsi), Some(nexus)) = (&session.scsi, &session.nexus) {
+        scsi.nexus_lost(nexus);
+    }
+    ctx.registry.remove(session.tsih);
+    let _ = session.ended.send(true);
+}
+
+#[derive(Debug)]
+enum End {
+    Eof,
+    Io,
+    /// Logout, protocol violation or reset: closed by us after the last answer.
+    Closed,
+    Killed,
+    Shutdown,
+    NopTimeout,
+}
+
+struct PendingText {
+    itt: u32,
+    ttt: u32,
+    rest: Bytes,
+}
+
+pub(crate) struct Conn {
+    pub(crate) ctx: Arc<Ctx>,
+    pub(crate) session: Arc<Session>,
+    pub(crate) out: Arc<ConnOut>,
+    pub(crate) neg: Negotiated,
+    local: SocketAddr,
+    pub(crate) peer: SocketAddr,
+    pub(crate) discovery: bool,
+    burst: BurstLimits,
+    frame_limits: FrameLimits,
+    pub(crate) writes: HashMap<u32, WriteTask>,
+    pub(crate) buffered_bytes: usize,
+    text: TextAccumulator,
+    text_pending: Option<PendingText>,
+    next_tag: u32,
+    ping: Option<(u32, Instant)>,
+}
+
+impl Conn {
+    async fn read_loop(
+        &mut self,
+        mut rd: tokio::net::tcp::OwnedReadHalf,
+        mut buf: BytesMut,
+    ) -> End {
+        let mut kill = self.session.kill.subscribe();
+        let mut shutdown = self.ctx.shutdown.clone();
+        let interval_ms = self.ctx.limits.nop_in_interval_ms;
+        let period = Duration::from_millis((interval_ms / 2).max(50));
+        let mut tick = tokio::time::interval(period);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut last_rx = Instant::now();
+        loop {
+            loop {
+                match decode_frame(&mut buf, &self.frame_limits) {
+                    Ok(Some(frame)) => {
+                        if self.handle(frame).await == Flow::Close {
+                            return End::Closed;
+                        }
+                    }
+                    Ok(None) => break,
+                    Err(e) => {
+                        if self.frame_error(e).await == Flow::Close {
+                            return End::Closed;
+                        }
+                    }
+                }
+            }
+            reserve_for_next(&mut buf, &self.frame_limits);
+            enum Ev {
+                Read(std::io::Result<usize>),
+                Tick,
+                Killed,
+                Shutdown,
+            }
+            let ev = tokio::select! {
+                r = rd.read_buf(&mut buf) => Ev::Read(r),
+                _ = tick.tick(), if interval_ms > 0 => Ev::Tick,
+                _ = kill.wait_for(|k| *k) => Ev::Killed,
+                _ = shutdown.wait_for(|s| *s) => Ev::Shutdown,
+            };
+            match ev {
+                Ev::Read(Ok(0)) => return End::Eof,
+                Ev::Read(Ok(_)) => last_rx = Instant::now(),
+                Ev::Read(Err(e)) => {
+                    tracing::warn!(peer = %self.peer, error = %e, "read failed");
+                    return End::Io;
+                }
+                Ev::Tick => {
+                    if let Some(end) = self.nop_tick(last_rx).await {
+                        return end;
+                    }
+                }
+                Ev::Killed => return End::Killed,
+                Ev::Shutdown => return End::Shutdown,
+            }
+        }
+    }
+
+    async fn nop_tick(&mut self, last_rx: Instant) -> Option<End> {
+        let now = Instant::now();
+        match self.ping {
+            Some((_, sent)) => {
+                if now.duration_since(sent)
+                    >= Duration::from_millis(self.ctx.limits.nop_in_timeout_ms)
+                    && now.duration_since(last_rx) >= now.duration_since(sent)
+                {
+                    tracing::warn!(peer = %self.peer, "no answer to NOP-In ping; dropping connection");
+                    return Some(End::NopTimeout);
+                }
+            }
+            None => {
+                if now.duration_since(last_rx)
+                    >= Duration::from_millis(self.ctx.limits.nop_in_interval_ms)
+                {
+                    let ttt = self.tag();
+                    self.ping = Some((ttt, now));
+                    let pdu = TargetPdu::NopIn(NopIn {
+                        lun: 0,
+                        itt: RESERVED_TAG,
+                        ttt,
+                    });
+                    self.send(pdu, Bytes::new()).await;
+                }
+            }
+        }
+        None
+    }
+
+    /// A fresh target transfer tag (never the reserved value).
+    pub(crate) fn tag(&mut self) -> u32 {
+        self.next_tag = self.next_tag.wrapping_add(1);
+        if self.next_tag == RESERVED_TAG {
+            self.next_tag = 1;
+        }
+        self.next_tag
+    }
+
+    pub(crate) async fn send(&self, pdu: TargetPdu, data: Bytes) {
+        let _ = self.out.tx.send(OutPdu::new(pdu, data)).await;
+    }
+
+    pub(crate) async fn reject(&self, reason: u8, header: &[u8]) {
+        let pdu = TargetPdu::Reject(Reject { reason, data_sn: 0 });
+        self.send(
+            pdu,
+            Bytes::copy_from_slice(&header[..header.len().min(BHS_LEN)]),
+        )
+        .await;
+    }
+
+    /// Window check for a non-immediate PDU; false means drop it silently.
+    fn in_window(&self, immediate: bool, cmd_sn: u32, holds_slot: bool) -> bool {
+        if immediate || self.session.window.accept(cmd_sn, holds_slot) {
+            return true;
+        }
+        let (exp, max) = self.session.window.get();
+        tracing::warn!(peer = %self.peer, cmd_sn, exp, max, "CmdSN outside the window; PDU dropped");
+        false
+    }
+
+    async fn frame_error(&mut self, e: FrameError) -> Flow {
+        tracing::warn!(peer = %self.peer, error = %e.error, consumed = e.consumed, "bad PDU");
+        let hdr = e.raw_header.unwrap_or([0; BHS_LEN]);
+        match e.error {
+            ProtoError::HeaderDigest => Flow::Close,
+            ProtoError::DataDigest => {
+                self.reject(reject_reason::DATA_DIGEST, &hdr).await;
+                // ERL 0 cannot recover the lost data of a command.
+                let op = hdr[0] & 0x3f;
+                if op == opcode::DATA_OUT || op == opcode::SCSI_COMMAND {
+                    Flow::Close
+                } else {
+                    Flow::Continue
+                }
+            }
+            ProtoError::UnknownOpcode(_) => {
+                self.reject(reject_reason::PROTOCOL_ERROR, &hdr).await;
+                Flow::Continue
+            }
+            ProtoError::DataSegmentTooLong { .. } => {
+                self.reject(reject_reason::PROTOCOL_ERROR, &hdr).await;
+                Flow::Close
+            }
+            _ if e.consumed => {
+                self.reject(reject_reason::INVALID_FIELD, &hdr).await;
+                Flow::Continue
+            }
+            _ => Flow::Close,
+        }
+    }
+
+    async fn handle(&mut self, f: Frame) -> Flow {
+        let imm = f.bhs.immediate;
+        match f.bhs.pdu {
+            InitiatorPdu::ScsiCommand(c) => self.on_command(&f, c, imm).await,
+            InitiatorPdu::DataOut(d) => self.on_data_out(&f, d).await,
+            InitiatorPdu::NopOut(n) => self.on_nop(&f, n, imm).await,
+            InitiatorPdu::TaskMgmt(t) => crate::tmf::on_tmf(self, &f, t, imm).await,
+            InitiatorPdu::Text(t) => self.on_text(&f, t, imm).await,
+            InitiatorPdu::Logout(l) => self.on_logout(l, imm).await,
+            InitiatorPdu::Snack(_) => {
+                tracing::warn!(peer = %self.peer, "SNACK at ErrorRecoveryLevel 0");
+                self.reject(reject_reason::PROTOCOL_ERROR, &f.raw_header)
+                    .await;
+                Flow::Continue
+            }
+            InitiatorPdu::Login(_) => {
+                tracing::warn!(peer = %self.peer, "Login PDU in full feature phase");
+                self.reject(reject_reason::PROTOCOL_ERROR, &f.raw_header)
+                    .await;
+                Flow::Close
+            }
+        }
+    }
+
+    async fn respond_now(&self, info: &CmdInfo, resp: scsi::Response) {
+        let window = self.session.window.clone();
+        let holds = info.holds_slot;
+        send_response(&self.out, info, resp, move || {
+            if holds {
+                window.release()
+            }
+        })
+        .await;
+    }
+
+    async fn on_command(&mut self, f: &Frame, c: ScsiCommand, imm: bool) -> Flow {
+        if self.discovery {
+            tracing::warn!(peer = %self.peer, "SCSI command in a discovery session");
+            self.reject(reject_reason::PROTOCOL_ERROR, &f.raw_header)
+                .await;
+            return Flow::Continue;
+        }
+        if !self.in_window(imm, c.cmd_sn, true) {
+            return Flow::Continue;
+        }
+        let cdb = match &f.ahs.extended_cdb {
+            None => f.header_bytes.slice(32..48),
+            Some(ext) => {
+                let mut v = BytesMut::with_capacity(16 + ext.len());
+                v.extend_from_slice(&f.header_bytes[32..48]);
+                v.extend_from_slice(ext);
+                v.freeze()
+            }
+        };
+        let info = CmdInfo {
+            itt: c.itt,
+            lun_raw: c.lun,
+            edtl_bytes: c.edtl_bytes,
+            read: c.read,
+            write: c.write,
+            attr: c.attr,
+            cdb,
+            bidi_read_len_bytes: f.ahs.bidi_read_len_bytes,
+            holds_slot: !imm,
+        };
+        let window = self.ctx.limits.commands_in_flight_per_session_max as usize;
+        let tasks = self.session.running.lock().len() + self.writes.len();
+        if tasks >= window + IMMEDIATE_EXTRA_TASKS {
+            tracing::warn!(peer = %self.peer, tasks, "task set full");
+            let resp = scsi::Response {
+                status: scsi::status::TASK_SET_FULL,
+                sense: None,
+                data_in: Bytes::new(),
+                transfer_len_bytes: 0,
+            };
+            self.respond_now(&info, resp).await;
+            return Flow::Continue;
+        }
+        if self.writes.contains_key(&c.itt) || self.session.running.lock().contains_key(&c.itt) {
+            tracing::warn!(peer = %self.peer, itt = c.itt, "initiator task tag already in use");
+            if info.holds_slot {
+                self.session.window.release();
+            }
+            self.reject(reject_reason::TASK_IN_PROGRESS, &f.raw_header)
+                .await;
+            return Flow::Continue;
+        }
+        let bad_data = (!c.write && !f.data.is_empty())
+            || (!self.neg.immediate_data && !f.data.is_empty())
+            || f.data.len() as u64 > c.edtl_bytes as u64;
+        if bad_data {
+            tracing::warn!(peer = %self.peer, itt = c.itt, "unexpected immediate data");
+            if info.holds_slot {
+                self.session.window.release();
+            }
+            self.reject(reject_reason::PROTOCOL_ERROR, &f.raw_header)
+                .await;
+            return Flow::Continue;
+        }
+        if !c.write || c.edtl_bytes == 0 {
+            spawn_command(&self.session, &self.out, info, Bytes::new());
+            return Flow::Continue;
+        }
+        if c.edtl_bytes > self.ctx.limits.max_transfer_bytes {
+            tracing::warn!(peer = %self.peer, edtl = c.edtl_bytes, "transfer above max_transfer_bytes");
+            // ILLEGAL REQUEST / INVALID FIELD IN CDB; stray Data-Out for it is dropped.
+            self.respond_now(&info, check_condition(0x05, 0x24, 0x00))
+                .await;
+            return Flow::Continue;
+        }
+        if f.data.len() == c.edtl_bytes as usize {
+            spawn_command(&self.session, &self.out, info, f.data.clone());
+            return Flow::Continue;
+        }
+        let edtl = c.edtl_bytes as usize;
+        if self.buffered_bytes + edtl > self.ctx.limits.data_out_buffered_bytes_max_per_session {
+            tracing::warn!(peer = %self.peer, "Data-Out buffer budget exhausted; TASK SET FULL");
+            let resp = scsi::Response {
+                status: scsi::status::TASK_SET_FULL,
+                sense: None,
+                data_in: Bytes::new(),
+                transfer_len_bytes: 0,
+            };
+            self.respond_now(&info, resp).await;
+            return Flow::Continue;
+        }
+        let mut task = match WriteTask::new(info.clone(), &f.data, !c.final_bit, &self.burst) {
+            Ok(t) => t,
+            Err(e) => {
+                tracing::warn!(peer = %self.peer, itt = c.itt, error = %e, "bad write command");
+                if info.holds_slot {
+                    self.session.window.release();
+                }
+                self.reject(reject_reason::PROTOCOL_ERROR, &f.raw_header)
+                    .await;
+                return Flow::Close;
+            }
+        };
+        self.buffered_bytes += task.buffered_bytes();
+        let mut tag = self.next_tag;
+        let r2ts = task.issue_r2ts(&self.burst, || {
+            tag = tag.wrapping_add(1);
+            if tag == RESERVED_TAG {
+                tag = 1;
+            }
+            tag
+        });
+        self.next_tag = tag;
+        self.writes.insert(c.itt, task);
+        for r in r2ts {
+            self.send(TargetPdu::R2t(r), Bytes::new()).await;
+        }
+        Flow::Continue
+    }
+
+    async fn on_data_out(&mut self, f: &Frame, d: DataOut) -> Flow {
+        let Some(task) = self.writes.get_mut(&d.itt) else {
+            tracing::warn!(peer = %self.peer, itt = d.itt, "Data-Out for no pending write; dropped");
+            return Flow::Continue;
+        };
+        match task.accept(&d, &f.data) {
+            Err(e) => {
+                tracing::warn!(peer = %self.peer, itt = d.itt, error = %e, "bad Data-Out");
+                if let Some(t) = self.writes.remove(&d.itt) {
+                    self.buffered_bytes -= t.buffered_bytes();
+                    if t.info.holds_slot {
+                        self.session.window.release();
+                    }
+                }
+                self.reject(reject_reason::PROTOCOL_ERROR, &f.raw_header)
+                    .await;
+                Flow::Close
+            }
+            Ok(seq_done) => {
+                if task.complete() {
+                    if let Some(t) = self.writes.remove(&d.itt) {
+                        self.buffered_bytes -= t.buffered_bytes();
+                        let info = t.info.clone();
+                        spawn_command(&self.session, &self.out, info, t.into_data());
+                    }
+                } else if seq_done {
+                    let mut tag = self.next_tag;
+                    let r2ts = task.issue_r2ts(&self.burst, || {
+                        tag = tag.wrapping_add(1);
+                        if tag == RESERVED_TAG {
+                            tag = 1;
+                        }
+                        tag
+                    });
+                    self.next_tag = tag;
+                    for r in r2ts {
+                        self.send(TargetPdu::R2t(r), Bytes::new()).await;
+                    }
+                }
+                Flow::Continue
+            }
+        }
+    }
+
+    async fn on_nop(&mut self, f: &Frame, n: NopOut, imm: bool) -> Flow {
+        if n.itt == RESERVED_TAG {
+            // The answer to our ping (or a pointless NOP); never answered.
+            if self.ping.is_some_and(|(ttt, _)| ttt == n.ttt) {
+                self.ping = None;
+            }
+            return Flow::Continue;
+        }
+        if !self.in_window(imm, n.cmd_sn, false) {
+            return Flow::Continue;
+        }
+        let max = self.out.send_segment_bytes_max as usize;
+        let data = f.data.slice(..f.data.len().min(max));
+        let pdu = TargetPdu::NopIn(NopIn {
+            lun: n.lun,
+            itt: n.itt,
+            ttt: RESERVED_TAG,
+        });
+        self.send(pdu, data).await;
+        Flow::Continue
+    }
+
+    async fn on_text(&mut self, f: &Frame, t: TextRequest, imm: bool) -> Flow {
+        if !self.in_window(imm, t.cmd_sn, false) {
+            return Flow::Continue;
+        }
+        if t.ttt != RESERVED_TAG {
+            match self.text_pending.take() {
+                Some(p) if p.ttt == t.ttt && p.itt == t.itt => {
+                    self.send_text_chunk(t.itt, t.lun, p.rest).await;
+                }
+                _ => {
+                    tracing::warn!(peer = %self.peer, ttt = t.ttt, "Text continuation with an unknown TTT");
+                    self.reject(reject_reason::INVALID_FIELD, &f.raw_header)
+                        .await;
+                }
+            }
+            return Flow::Continue;
+        }
+        self.text_pending = None;
+        let text = match self.text.push(&f.data, t.cont) {
+            Err(e) => {
+                tracing::warn!(peer = %self.peer, error = %e, "text request too large");
+                self.reject(reject_reason::PROTOCOL_ERROR, &f.raw_header)
+                    .await;
+                return Flow::Continue;
+            }
+            Ok(None) => {
+                let pdu = TargetPdu::TextResponse(TextResponse {
+                    final_bit: false,
+                    cont: false,
+                    lun: t.lun,
+                    itt: t.itt,
+                    ttt: RESERVED_TAG,
+                });
+                self.send(pdu, Bytes::new()).await;
+                return Flow::Continue;
+            }
+            Ok(Some(text)) => text,
+        };
+        let pairs = match parse_text(&text) {
+            Ok(p) => p,
+            Err(e) => {
+                tracing::warn!(peer = %self.peer, error = %e, "bad text request");
+                self.reject(reject_reason::PROTOCOL_ERROR, &f.raw_header)
+                    .await;
+                return Flow::Continue;
+            }
+        };
+        let mut answer = Vec::new();
+        for (k, v) in &pairs {
+            if k == "SendTargets" {
+                answer.extend_from_slice(&crate::discovery::send_targets(
+                    &self.ctx,
+                    v,
+                    &self.neg.initiator_name,
+                    self.session.target,
+                    self.local,
+                ));
+            } else {
+                push_pair(&mut answer, k, "NotUnderstood");
+            }
+        }
+        self.send_text_chunk(t.itt, t.lun, Bytes::from(answer))
+            .await;
+        Flow::Continue
+    }
+
+    async fn send_text_chunk(&mut self, itt: u32, lun: u64, all: Bytes) {
+        let max = self.out.send_segment_bytes_max.max(512) as usize;
+        let (now, rest) = if all.len() > max {
+            (all.slice(..max), Some(all.slice(max..)))
+        } else {
+            (all, None)
+        };
+        let ttt = match rest {
+            Some(rest) => {
+                let ttt = self.tag();
+                self.text_pending = Some(PendingText { itt, ttt, rest });
+                ttt
+            }
+            None => RESERVED_TAG,
+        };
+        let pdu = TargetPdu::TextResponse(TextResponse {
+            final_bit: ttt == RESERVED_TAG,
+            cont: ttt != RESERVED_TAG,
+            lun,
+            itt,
+            ttt,
+        });
+        self.send(pdu, now).await;
+    }
+
+    async fn on_logout(&mut self, l: LogoutRequest, imm: bool) -> Flow {
+        if !self.in_window(imm, l.cmd_sn, false) {
+            return Flow::Continue;
+        }
+        let response = match l.reason {
+            0 => 0,
+            1 if l.cid == self.neg.cid => 0,
+            1 => 1,
+            _ => 2,
+        };
+        if response == 0 {
+            for (_, w) in self.writes.drain() {
+                if w.info.holds_slot {
+                    self.session.window.release();
+                }
+            }
+            self.buffered_bytes = 0;
+            let drain = Duration::from_millis(self.ctx.limits.drain_timeout_ms);
+            self.session.drain(drain).await;
+            let itts = self.session.abort_where(|_| true);
+            self.session.wait_gone(&itts, drain).await;
+        }
+        let pdu = TargetPdu::LogoutResponse(LogoutResponse {
+            response,
+            itt: l.itt,
+            time2wait_s: self.neg.default_time2wait_s.min(u16::MAX as u32) as u16,
+            time2retain_s: self.neg.default_time2retain_s.min(u16::MAX as u32) as u16,
+        });
+        self.send(pdu, Bytes::new()).await;
+        if response == 0 {
+            tracing::info!(peer = %self.peer, tsih = self.session.tsih, "logout");
+            Flow::Close
+        } else {
+            Flow::Continue
+        }
+    }
+}

@@ -1,0 +1,301 @@
+//! Running one SCSI command and sending its Data-In and status.
+
+use crate::session::{Running, Session};
+use crate::writer::OutPdu;
+use bytes::Bytes;
+use iscsi_proto::target::{sense_segment, DataIn, Residual, ScsiResponse, TargetPdu};
+use iscsi_proto::RESERVED_TAG;
+use scsi::{Command, TaskAttr};
+use std::sync::Arc;
+use tokio::sync::mpsc;
+
+/// How a connection sends: its writer queue and the initiator's limits.
+pub(crate) struct ConnOut {
+    pub tx: mpsc::Sender<OutPdu>,
+    /// The initiator's MaxRecvDataSegmentLength.
+    pub send_segment_bytes_max: u32,
+    /// MaxBurstLength (Data-In sequences end on its boundaries).
+    pub max_burst_bytes: u32,
+}
+
+/// A SCSI command ready to execute.
+#[derive(Debug, Clone)]
+pub(crate) struct CmdInfo {
+    pub itt: u32,
+    pub lun_raw: u64,
+    pub edtl_bytes: u32,
+    pub read: bool,
+    pub write: bool,
+    pub attr: u8,
+    pub cdb: Bytes,
+    pub bidi_read_len_bytes: Option<u32>,
+    /// The command holds a CmdSN window slot (it was not immediate).
+    pub holds_slot: bool,
+}
+
+fn task_attr(a: u8) -> TaskAttr {
+    match a {
+        2 => TaskAttr::Ordered,
+        3 => TaskAttr::HeadOfQueue,
+        4 => TaskAttr::Aca,
+        _ => TaskAttr::Simple,
+    }
+}
+
+/// Releases the window slot and the running entry however the task ends
+/// (completion, abort, connection loss).
+struct Guard {
+    session: Arc<Session>,
+    itt: u32,
+    serial: u64,
+    slot_held: bool,
+}
+
+impl Guard {
+    fn release_slot(&mut self) {
+        if self.slot_held {
+            self.slot_held = false;
+            self.session.window.release();
+        }
+    }
+}
+
+impl Drop for Guard {
+    fn drop(&mut self) {
+        self.release_slot();
+        self.session.finish(self.itt, self.serial);
+    }
+}
+
+/// Starts `info` on its own task; it is registered as running before it can finish.
+pub(crate) fn spawn_command(
+    session: &Arc<Session>,
+    out: &Arc<ConnOut>,
+    info: CmdInfo,
+    data_out: Bytes,
+) {
+    let Some(scsi) = session.scsi.clone() else {
+        return;
+    };
+    let serial = session.next_serial();
+    let guard = Guard {
+        session: session.clone(),
+        itt: info.itt,
+        serial,
+        slot_held: info.holds_slot,
+    };
+    let out = out.clone();
+    let itt = info.itt;
+    let mut running = session.running.lock();
+    let lun = iscsi_proto::lun_from_wire(info.lun_raw);
+    let handle = tokio::spawn(async move {
+        let mut guard = guard;
+        let Some(nexus) = guard.session.nexus.as_ref() else {
+            return;
+        };
+        let cmd = Command {
+            cdb: info.cdb.clone(),
+            lun,
+            data_out,
+            data_in_len_max: match (info.read, info.write) {
+                (true, true) => info.bidi_read_len_bytes.unwrap_or(0),
+                (true, false) => info.edtl_bytes,
+                _ => 0,
+            },
+            attr: task_attr(info.attr),
+        };
+        let resp = scsi.execute(nexus, cmd).await;
+        send_response(&out, &info, resp, || guard.release_slot()).await;
+    });
+    running.insert(
+        itt,
+        Running {
+            lun,
+            serial,
+            abort: handle.abort_handle(),
+        },
+    );
+}
+
+/// Sends the Data-In PDUs and status of a completed command. `release` opens the
+/// CmdSN window just before the PDU carrying status is queued.
+pub(crate) async fn send_response(
+    out: &ConnOut,
+    info: &CmdInfo,
+    resp: scsi::Response,
+    release: impl FnOnce(),
+) {
+    let read_only_dir = info.read && !info.write;
+    let read_limit = if read_only_dir {
+        info.edtl_bytes
+    } else if info.read {
+        info.bidi_read_len_bytes.unwrap_or(0)
+    } else {
+        0
+    };
+    let send_len = (resp.data_in.len() as u64).min(read_limit as u64) as u32;
+    let residual = Residual::of(info.edtl_bytes, resp.transfer_len_bytes);
+    let collapse = resp.sense.is_none() && send_len > 0 && read_only_dir;
+    let seg_max = out.send_segment_bytes_max.max(512);
+    let burst = out.max_burst_bytes.max(512);
+    let mut off = 0u32;
+    let mut data_sn = 0u32;
+    let mut release = Some(release);
+    while off < send_len {
+        let burst_left = burst - (off % burst);
+        let len = (send_len - off).min(seg_max).min(burst_left);
+        let last = off + len == send_len;
+        let status = (last && collapse).then_some(resp.status);
+        if status.is_some() {
+            if let Some(r) = release.take() {
+                r();
+            }
+        }
+        let pdu = TargetPdu::DataIn(DataIn {
+            final_bit: last || (off + len).is_multiple_of(burst),
+            ack: false,
+            status,
+            residual: if status.is_some() {
+                residual
+            } else {
+                Residual::None
+            },
+            lun: info.lun_raw,
+            itt: info.itt,
+            ttt: RESERVED_TAG,
+            data_sn,
+            buffer_offset_bytes: off,
+        });
+        let data = resp.data_in.slice(off as usize..(off + len) as usize);
+        if out.tx.send(OutPdu::new(pdu, data)).await.is_err() {
+            return;
+        }
+        off += len;
+        data_sn += 1;
+    }
+    if collapse {
+        return;
+    }
+    let data = match &resp.sense {
+        Some(s) if !s.is_empty() => Bytes::from(sense_segment(s)),
+        _ => Bytes::new(),
+    };
+    let pdu = TargetPdu::ScsiResponse(ScsiResponse {
+        itt: info.itt,
+        response: 0,
+        status: resp.status,
+        residual,
+        bidi_residual: Residual::None,
+        exp_data_sn: data_sn,
+    });
+    if let Some(r) = release.take() {
+        r();
+    }
+    let _ = out.tx.send(OutPdu::new(pdu, data)).await;
+}
+
+/// CHECK CONDITION sense (fixed format) for errors the transport answers itself.
+pub(crate) fn check_condition(sense_key: u8, asc: u8, ascq: u8) -> scsi::Response {
+    let mut sense = vec![0u8; 18];
+    sense[0] = 0x70;
+    sense[2] = sense_key;
+    sense[7] = 10;
+    sense[12] = asc;
+    sense[13] = ascq;
+    scsi::Response {
+        status: scsi::status::CHECK_CONDITION,
+        sense: Some(Bytes::from(sense)),
+        data_in: Bytes::new(),
+        transfer_len_bytes: 0,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn info(edtl: u32) -> CmdInfo {
+        CmdInfo {
+            itt: 3,
+            lun_raw: 0,
+            edtl_bytes: edtl,
+            read: true,
+            write: false,
+            attr: 1,
+            cdb: Bytes::from_static(&[0x28; 10]),
+            bidi_read_len_bytes: None,
+            holds_slot: true,
+        }
+    }
+
+    async fn collect(edtl: u32, resp: scsi::Response, seg: u32, burst: u32) -> Vec<OutPdu> {
+        let (tx, mut rx) = mpsc::channel(64);
+        let out = ConnOut {
+            tx,
+            send_segment_bytes_max: seg,
+            max_burst_bytes: burst,
+        };
+        let mut released = false;
+        send_response(&out, &info(edtl), resp, || released = true).await;
+        assert!(released);
+        drop(out);
+        let mut v = Vec::new();
+        while let Some(p) = rx.recv().await {
+            v.push(p);
+        }
+        v
+    }
+
+    #[tokio::test]
+    async fn data_in_split_and_collapsed() {
+        let resp = scsi::Response {
+            status: 0,
+            sense: None,
+            data_in: Bytes::from(vec![7u8; 10_000]),
+            transfer_len_bytes: 10_000,
+        };
+        let pdus = collect(12_000, resp, 4096, 8192).await;
+        assert_eq!(pdus.len(), 3);
+        let d: Vec<DataIn> = pdus
+            .iter()
+            .map(|p| match p.pdu {
+                TargetPdu::DataIn(d) => d,
+                other => panic!("{other:?}"),
+            })
+            .collect();
+        assert_eq!(d[0].buffer_offset_bytes, 0);
+        assert!(!d[0].final_bit);
+        assert!(d[1].final_bit, "burst boundary at 8192");
+        assert_eq!((d[2].data_sn, d[2].buffer_offset_bytes), (2, 8192));
+        assert_eq!(d[2].status, Some(0));
+        assert_eq!(d[2].residual, Residual::Underflow(2000));
+        assert_eq!(pdus[2].data.len(), 10_000 - 8192);
+    }
+
+    #[tokio::test]
+    async fn sense_goes_in_a_response_and_overflow_truncates() {
+        let pdus = collect(512, check_condition(5, 0x20, 0), 8192, 65536).await;
+        assert_eq!(pdus.len(), 1);
+        match pdus[0].pdu {
+            TargetPdu::ScsiResponse(r) => {
+                assert_eq!(r.status, 2);
+                assert_eq!(r.residual, Residual::Underflow(512));
+            }
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(&pdus[0].data[..2], &[0, 18]);
+        let resp = scsi::Response {
+            status: 0,
+            sense: None,
+            data_in: Bytes::from(vec![1u8; 1024]),
+            transfer_len_bytes: 1024,
+        };
+        let pdus = collect(512, resp, 8192, 65536).await;
+        assert_eq!(pdus.len(), 1);
+        assert_eq!(pdus[0].data.len(), 512);
+        match pdus[0].pdu {
+            TargetPdu::DataIn(d) => assert_eq!(d.residual, Residual::Overflow(512)),
+            other => panic!("{other:?}"),
+        }
+    }
+}

@@ -1,0 +1,184 @@
+//! The login phase of a connection: frames in, Login Responses out, until full
+//! feature phase or failure. Session registration (TSIH, reinstatement) happens here.
+
+use crate::server::Ctx;
+use crate::session::{initiator_port, RegisterError, Session, SessionKey};
+use crate::writer::Window;
+use bytes::BytesMut;
+use iscsi_proto::digest::pad_len;
+use iscsi_proto::frame::{decode_frame, wire_len, Frame, FrameError, FrameLimits};
+use iscsi_proto::login::{
+    status, LoginNegotiator, LoginOutcome, LoginStep, Negotiated, SessionType,
+};
+use iscsi_proto::target::TargetPdu;
+use iscsi_proto::InitiatorPdu;
+use scsi::ItNexus;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+
+/// Smallest read attempted into the read buffer.
+pub(crate) const READ_CHUNK_BYTES: usize = 64 * 1024;
+
+/// Why a connection stops.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum ConnError {
+    #[error("i/o: {0}")]
+    Io(#[from] std::io::Error),
+    #[error("peer closed the connection")]
+    Eof,
+    #[error("framing: {0:?}")]
+    Frame(FrameError),
+    #[error("login failed with status {0:#06x}")]
+    LoginFailed(u16),
+    #[error("unexpected PDU during login")]
+    NotLogin,
+}
+
+/// Reads one whole PDU (used during login, where nothing else can happen).
+pub(crate) async fn read_frame<R: AsyncRead + Unpin>(
+    sock: &mut R,
+    buf: &mut BytesMut,
+    limits: &FrameLimits,
+) -> Result<Frame, ConnError> {
+    loop {
+        match decode_frame(buf, limits) {
+            Ok(Some(f)) => return Ok(f),
+            Ok(None) => {}
+            Err(e) => return Err(ConnError::Frame(e)),
+        }
+        reserve_for_next(buf, limits);
+        if sock.read_buf(buf).await? == 0 {
+            return Err(ConnError::Eof);
+        }
+    }
+}
+
+/// Makes room for at least the rest of the PDU being received.
+pub(crate) fn reserve_for_next(buf: &mut BytesMut, limits: &FrameLimits) {
+    let need = match wire_len(buf, limits) {
+        Ok(Some(total)) => total.saturating_sub(buf.len()),
+        _ => 0,
+    };
+    buf.reserve(need.max(READ_CHUNK_BYTES));
+}
+
+async fn send_step<W: AsyncWrite + Unpin>(sock: &mut W, step: &LoginStep) -> std::io::Result<()> {
+    let hdr = TargetPdu::LoginResponse(step.header).encode(&step.seq, step.data.len() as u32);
+    let mut wire = Vec::with_capacity(48 + step.data.len() + 3);
+    wire.extend_from_slice(&hdr);
+    wire.extend_from_slice(&step.data);
+    wire.resize(wire.len() + pad_len(step.data.len()), 0);
+    sock.write_all(&wire).await
+}
+
+fn to_failure(step: &mut LoginStep, st: u16) {
+    step.header.transit = false;
+    step.header.nsg = 0;
+    step.header.status_class = (st >> 8) as u8;
+    step.header.status_detail = st as u8;
+    step.data.clear();
+    step.outcome = LoginOutcome::Failed(st);
+}
+
+/// Runs login to completion. On success the session is registered (an older
+/// session with the same identity has been closed) and full feature phase may begin.
+pub(crate) async fn login<S: AsyncRead + AsyncWrite + Unpin>(
+    ctx: &Arc<Ctx>,
+    sock: &mut S,
+    buf: &mut BytesMut,
+    tpgt: u16,
+) -> Result<(Negotiated, Arc<Session>), ConnError> {
+    let mut neg = LoginNegotiator::new(ctx.login_cfg.clone(), tpgt);
+    let limits = FrameLimits {
+        max_data_segment_bytes: ctx.login_cfg.limits.max_recv_data_segment_bytes,
+        max_ahs_bytes: 0,
+        ..FrameLimits::default()
+    };
+    let mut first = true;
+    loop {
+        let frame = read_frame(sock, buf, &limits).await?;
+        let InitiatorPdu::Login(req) = frame.bhs.pdu else {
+            return Err(ConnError::NotLogin);
+        };
+        let mut step = if first && req.tsih != 0 {
+            // MaxConnections=1: no connection can join an existing session.
+            let st = if ctx.registry.contains(req.tsih) {
+                status::TOO_MANY_CONNECTIONS
+            } else {
+                status::SESSION_DOES_NOT_EXIST
+            };
+            neg.refuse(&req, st)
+        } else {
+            neg.step(&req, &frame.data)
+        };
+        first = false;
+        match step.outcome.clone() {
+            LoginOutcome::Continue => send_step(sock, &step).await?,
+            LoginOutcome::Failed(st) => {
+                send_step(sock, &step).await?;
+                let _ = sock.flush().await;
+                return Err(ConnError::LoginFailed(st));
+            }
+            LoginOutcome::Complete(n) => {
+                let session = match register(ctx, &n).await {
+                    Ok(s) => s,
+                    Err(st) => {
+                        to_failure(&mut step, st);
+                        send_step(sock, &step).await?;
+                        return Err(ConnError::LoginFailed(st));
+                    }
+                };
+                step.header.tsih = session.tsih;
+                send_step(sock, &step).await?;
+                return Ok((*n, session));
+            }
+        }
+    }
+}
+
+async fn register(ctx: &Arc<Ctx>, n: &Negotiated) -> Result<Arc<Session>, u16> {
+    let window = Arc::new(Window::new(
+        n.exp_cmd_sn,
+        ctx.limits.commands_in_flight_per_session_max,
+    ));
+    let (key, scsi, nexus) = match (n.session_type, n.target_index) {
+        (SessionType::Normal, Some(t)) => {
+            let spec = ctx.targets.get(t).ok_or(status::NOT_FOUND)?;
+            let key = SessionKey {
+                initiator: n.initiator_name.clone(),
+                isid: n.isid,
+                target: t,
+                tpgt: n.tpgt,
+            };
+            let nexus = ItNexus {
+                initiator_name: Arc::from(n.initiator_name.as_str()),
+                initiator_port: Arc::from(initiator_port(&n.initiator_name, &n.isid).as_str()),
+                relative_port_id: n.tpgt,
+            };
+            (Some(key), Some(spec.scsi.clone()), Some(nexus))
+        }
+        (SessionType::Normal, None) => return Err(status::MISSING_PARAMETER),
+        (SessionType::Discovery, _) => (None, None, None),
+    };
+    let target = key.as_ref().map(|k| k.target);
+    let (session, old) = ctx
+        .registry
+        .register(ctx.limits.sessions_max, key.as_ref(), |tsih| {
+            Session::new(tsih, key.clone(), target, scsi, nexus, window)
+        })
+        .map_err(|RegisterError::Full| status::OUT_OF_RESOURCES)?;
+    if let Some(old) = old {
+        tracing::info!(
+            initiator = %n.initiator_name,
+            old_tsih = old.tsih,
+            new_tsih = session.tsih,
+            "session reinstatement: closing the old session"
+        );
+        let mut ended = old.ended.subscribe();
+        let _ = old.kill.send(true);
+        let wait = Duration::from_millis(ctx.limits.drain_timeout_ms) + Duration::from_secs(2);
+        let _ = tokio::time::timeout(wait, ended.wait_for(|e| *e)).await;
+    }
+    Ok(session)
+}

@@ -1,0 +1,172 @@
+//! Portals and the accept loop; clean shutdown.
+
+use crate::config::{Limits, Portal, ServerConfig, TargetSpec};
+use crate::session::Registry;
+use iscsi_proto::login::{ChapCredentials, LoginConfig, OperationalLimits, TargetAuth};
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{mpsc, watch, Semaphore};
+use tokio::task::JoinSet;
+
+/// Accepted connections waiting to be served.
+const ACCEPT_QUEUE: usize = 64;
+
+/// What every connection task shares.
+pub(crate) struct Ctx {
+    pub targets: Vec<TargetSpec>,
+    /// Portals with the addresses actually bound (port 0 resolved).
+    pub portals: Vec<Portal>,
+    pub login_cfg: Arc<LoginConfig>,
+    pub limits: Limits,
+    pub registry: Registry,
+    pub shutdown: watch::Receiver<bool>,
+    pub logins: Semaphore,
+}
+
+/// An iSCSI target server: every portal serves every target.
+pub struct Server {
+    listeners: Vec<(TcpListener, Portal)>,
+    ctx: Arc<Ctx>,
+    shutdown_tx: watch::Sender<bool>,
+}
+
+fn creds(c: &Option<crate::ChapSecret>) -> Option<ChapCredentials> {
+    c.as_ref().map(|c| ChapCredentials {
+        user: c.user.clone(),
+        secret: c.secret.clone(),
+    })
+}
+
+fn login_config(cfg: &ServerConfig) -> LoginConfig {
+    let l = &cfg.limits;
+    LoginConfig {
+        targets: cfg
+            .targets
+            .iter()
+            .map(|t| TargetAuth {
+                name: t.iqn.clone(),
+                alias: t.alias.clone(),
+                chap: creds(&t.auth.chap),
+                mutual: creds(&t.auth.mutual),
+                allowed_initiators: t.allowed_initiators.clone(),
+            })
+            .collect(),
+        discovery_chap: creds(&cfg.discovery_auth.chap),
+        discovery_mutual: creds(&cfg.discovery_auth.mutual),
+        limits: OperationalLimits {
+            max_recv_data_segment_bytes: l.max_recv_data_segment_bytes.clamp(512, (1 << 24) - 1),
+            max_burst_bytes: l.max_burst_bytes.clamp(512, (1 << 24) - 1),
+            first_burst_bytes: l.first_burst_bytes.clamp(512, (1 << 24) - 1),
+            max_outstanding_r2t: l.max_outstanding_r2t.max(1),
+            initial_r2t: l.initial_r2t,
+            immediate_data: l.immediate_data,
+            default_time2wait_s: 2,
+            default_time2retain_s: 0,
+            cmd_window: l.commands_in_flight_per_session_max.max(1),
+        },
+    }
+}
+
+impl Server {
+    /// Binds every portal. Fails if any address cannot be bound.
+    pub async fn bind(cfg: ServerConfig) -> std::io::Result<Server> {
+        let mut listeners = Vec::with_capacity(cfg.portals.len());
+        let mut portals = Vec::with_capacity(cfg.portals.len());
+        for p in &cfg.portals {
+            let l = TcpListener::bind(p.addr).await?;
+            let bound = Portal {
+                addr: l.local_addr()?,
+                tpgt: p.tpgt,
+            };
+            portals.push(bound);
+            listeners.push((l, bound));
+        }
+        let (shutdown_tx, shutdown) = watch::channel(false);
+        let ctx = Arc::new(Ctx {
+            login_cfg: Arc::new(login_config(&cfg)),
+            targets: cfg.targets,
+            portals,
+            logins: Semaphore::new(cfg.limits.logins_in_progress_max.max(1)),
+            limits: cfg.limits,
+            registry: Registry::default(),
+            shutdown,
+        });
+        Ok(Server {
+            listeners,
+            ctx,
+            shutdown_tx,
+        })
+    }
+
+    /// The bound address of every portal, in configuration order.
+    pub fn local_addrs(&self) -> Vec<SocketAddr> {
+        self.ctx.portals.iter().map(|p| p.addr).collect()
+    }
+
+    /// Serves until `shutdown` completes; then stops accepting, closes every
+    /// session (letting running commands finish within the drain timeout) and
+    /// flushes every target's LUNs.
+    pub async fn run(self, shutdown: impl Future<Output = ()> + Send) -> std::io::Result<()> {
+        let (acc_tx, mut acc_rx) = mpsc::channel::<(TcpStream, SocketAddr, Portal)>(ACCEPT_QUEUE);
+        let mut acceptors = JoinSet::new();
+        for (l, portal) in self.listeners {
+            let tx = acc_tx.clone();
+            acceptors.spawn(async move {
+                loop {
+                    match l.accept().await {
+                        Ok((s, peer)) => {
+                            if tx.send((s, peer, portal)).await.is_err() {
+                                return;
+                            }
+                        }
+                        Err(e) => {
+                            tracing::warn!(portal = %portal.addr, error = %e, "accept failed");
+                            tokio::time::sleep(Duration::from_millis(100)).await;
+                        }
+                    }
+                }
+            });
+        }
+        drop(acc_tx);
+        let mut conns = JoinSet::new();
+        tokio::pin!(shutdown);
+        loop {
+            tokio::select! {
+                _ = &mut shutdown => break,
+                acc = acc_rx.recv() => {
+                    let Some((sock, peer, portal)) = acc else { break };
+                    let ctx = self.ctx.clone();
+                    conns.spawn(crate::conn::serve(ctx, sock, peer, portal));
+                }
+                Some(res) = conns.join_next(), if !conns.is_empty() => {
+                    if let Err(e) = res {
+                        if e.is_panic() {
+                            tracing::error!("connection task panicked: {e}");
+                        }
+                    }
+                }
+            }
+        }
+        tracing::info!("iSCSI target shutting down");
+        acceptors.abort_all();
+        drop(acc_rx);
+        let _ = self.shutdown_tx.send(true);
+        let grace =
+            Duration::from_millis(self.ctx.limits.drain_timeout_ms) + Duration::from_secs(5);
+        if tokio::time::timeout(grace, async { while conns.join_next().await.is_some() {} })
+            .await
+            .is_err()
+        {
+            tracing::warn!("sessions did not close in time; aborting them");
+            conns.abort_all();
+            while conns.join_next().await.is_some() {}
+        }
+        for t in &self.ctx.targets {
+            t.scsi.flush_all().await;
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,192 @@
+//! Task management functions: aborts and resets, answered once the affected
+//! commands are gone.
+
+use crate::conn::{Conn, Flow};
+use bytes::Bytes;
+use iscsi_proto::frame::Frame;
+use iscsi_proto::pdu::TaskMgmtRequest;
+use iscsi_proto::target::{reject_reason, tmf_response, TargetPdu, TaskMgmtResponse};
+use iscsi_proto::{lun_from_wire, sn_lt};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Function codes.
+mod function {
+    pub const ABORT_TASK: u8 = 1;
+    pub const ABORT_TASK_SET: u8 = 2;
+    pub const CLEAR_ACA: u8 = 3;
+    pub const CLEAR_TASK_SET: u8 = 4;
+    pub const LOGICAL_UNIT_RESET: u8 = 5;
+    pub const TARGET_WARM_RESET: u8 = 6;
+    pub const TARGET_COLD_RESET: u8 = 7;
+    pub const TASK_REASSIGN: u8 = 8;
+}
+
+/// Handles one Task Management Function Request.
+pub(crate) async fn on_tmf(conn: &mut Conn, f: &Frame, t: TaskMgmtRequest, imm: bool) -> Flow {
+    if conn.discovery {
+        tracing::warn!(peer = %conn.peer, "task management in a discovery session");
+        conn.reject(reject_reason::PROTOCOL_ERROR, &f.raw_header)
+            .await;
+        return Flow::Continue;
+    }
+    if !imm && !conn.session.window.accept(t.cmd_sn, false) {
+        tracing::warn!(peer = %conn.peer, cmd_sn = t.cmd_sn, "TMF outside the CmdSN window; dropped");
+        return Flow::Continue;
+    }
+    let lun = lun_from_wire(t.lun);
+    let itt = t.itt;
+    let respond =
+        move |response: u8| TargetPdu::TaskMgmtResponse(TaskMgmtResponse { response, itt });
+    let drain = Duration::from_millis(conn.ctx.limits.drain_timeout_ms);
+    tracing::info!(peer = %conn.peer, function = t.function, lun, rtt = t.rtt, "task management");
+    match t.function {
+        function::ABORT_TASK => {
+            if let Some(w) = conn.writes.remove(&t.rtt) {
+                conn.buffered_bytes -= w.buffered_bytes();
+                if w.info.holds_slot {
+                    conn.session.window.release();
+                }
+                conn.send(respond(tmf_response::COMPLETE), Bytes::new())
+                    .await;
+                return Flow::Continue;
+            }
+            let running = conn.session.abort_where_itt(t.rtt);
+            if running {
+                let session = conn.session.clone();
+                let out = conn.out.clone();
+                tokio::spawn(async move {
+                    session.wait_gone(&[t.rtt], drain).await;
+                    let _ = out
+                        .tx
+                        .send(crate::writer::OutPdu::new(
+                            respond(tmf_response::COMPLETE),
+                            Bytes::new(),
+                        ))
+                        .await;
+                });
+            } else {
+                // Already answered (its CmdSN is behind us) or never received.
+                let (exp, _) = conn.session.window.get();
+                let r = if sn_lt(t.ref_cmd_sn, exp) {
+                    tmf_response::COMPLETE
+                } else {
+                    tmf_response::NO_TASK
+                };
+                conn.send(respond(r), Bytes::new()).await;
+            }
+        }
+        function::ABORT_TASK_SET | function::CLEAR_TASK_SET | function::LOGICAL_UNIT_RESET => {
+            drop_writes(conn, |l| l == lun);
+            let sessions = if t.function == function::ABORT_TASK_SET {
+                vec![conn.session.clone()]
+            } else {
+                conn.session
+                    .target
+                    .map(|i| conn.ctx.registry.of_target(i))
+                    .unwrap_or_default()
+            };
+            let aborted: Vec<_> = sessions
+                .into_iter()
+                .map(|s| {
+                    let itts = s.abort_where(|l| l == lun);
+                    (s, itts)
+                })
+                .collect();
+            let session = conn.session.clone();
+            let out = conn.out.clone();
+            let function = t.function;
+            tokio::spawn(async move {
+                for (s, itts) in &aborted {
+                    s.wait_gone(itts, drain).await;
+                }
+                let mut r = tmf_response::COMPLETE;
+                if let (Some(scsi), Some(nexus)) = (&session.scsi, &session.nexus) {
+                    match function {
+                        function::CLEAR_TASK_SET => scsi.clear_task_set(nexus, lun).await,
+                        function::LOGICAL_UNIT_RESET if !scsi.lun_reset(nexus, lun).await => {
+                            r = tmf_response::NO_LUN;
+                        }
+                        _ => {}
+                    }
+                }
+                let _ = out
+                    .tx
+                    .send(crate::writer::OutPdu::new(respond(r), Bytes::new()))
+                    .await;
+            });
+        }
+        function::TARGET_WARM_RESET | function::TARGET_COLD_RESET => {
+            drop_writes(conn, |_| true);
+            let sessions = conn
+                .session
+                .target
+                .map(|i| conn.ctx.registry.of_target(i))
+                .unwrap_or_default();
+            let aborted: Vec<_> = sessions
+                .into_iter()
+                .map(|s| {
+                    let itts = s.abort_where(|_| true);
+                    (s, itts)
+                })
+                .collect();
+            let cold = t.function == function::TARGET_COLD_RESET;
+            let session = conn.session.clone();
+            let out = conn.out.clone();
+            tokio::spawn(async move {
+                for (s, itts) in &aborted {
+                    s.wait_gone(itts, drain).await;
+                }
+                if let (Some(scsi), Some(nexus)) = (&session.scsi, &session.nexus) {
+                    scsi.target_reset(nexus).await;
+                }
+                let _ = out
+                    .tx
+                    .send(crate::writer::OutPdu::new(
+                        respond(tmf_response::COMPLETE),
+                        Bytes::new(),
+                    ))
+                    .await;
+                if cold {
+                    // A cold reset drops every connection of the target, ours last.
+                    for (s, _) in &aborted {
+                        if !Arc::ptr_eq(s, &session) {
+                            let _ = s.kill.send(true);
+                        }
+                    }
+                    let _ = session.kill.send(true);
+                }
+            });
+        }
+        function::CLEAR_ACA => {
+            conn.send(respond(tmf_response::NOT_SUPPORTED), Bytes::new())
+                .await
+        }
+        function::TASK_REASSIGN => {
+            conn.send(respond(tmf_response::REASSIGN_NOT_SUPPORTED), Bytes::new())
+                .await
+        }
+        _ => {
+            conn.send(respond(tmf_response::REJECTED), Bytes::new())
+                .await
+        }
+    }
+    Flow::Continue
+}
+
+fn drop_writes(conn: &mut Conn, pred: impl Fn(u64) -> bool) {
+    let itts: Vec<u32> = conn
+        .writes
+        .iter()
+        .filter(|(_, w)| pred(lun_from_wire(w.info.lun_raw)))
+        .map(|(i, _)| *i)
+        .collect();
+    for itt in itts {
+        if let Some(w) = conn.writes.remove(&itt) {
+            conn.buffered_bytes -= w.buffered_bytes();
+            if w.info.holds_slot {
+                conn.session.window.release();
+            }
+        }
+    }
+}

@@ -1,0 +1,439 @@
+//! End-to-end tests: a real Server on loopback driven by a raw initiator.
+
+mod common;
+
+use common::*;
+use iscsi::Limits;
+use iscsi_proto::pdu::*;
+use iscsi_proto::target::{reject_reason, TargetPdu};
+use iscsi_proto::text::{encode_text, parse_text};
+use iscsi_proto::RESERVED_TAG;
+use std::time::Duration;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn login_none_commands_nop_and_logout() {
+    let fx = start(Limits::default()).await;
+    let mut c = Client::connect(fx.addrs[0]).await;
+    let (r, kv) = c
+        .login_step(
+            0,
+            1,
+            true,
+            &[
+                ("InitiatorName", INI),
+                ("TargetName", OPEN),
+                ("AuthMethod", "None"),
+            ],
+        )
+        .await;
+    assert_eq!((r.status_class, r.status_detail), (0, 0));
+    assert_eq!(get(&kv, "TargetPortalGroupTag"), Some("1"));
+    let (r, kv) = c
+        .login_step(
+            1,
+            3,
+            true,
+            &[
+                ("HeaderDigest", "CRC32C,None"),
+                ("DataDigest", "CRC32C,None"),
+                ("MaxRecvDataSegmentLength", "8192"),
+            ],
+        )
+        .await;
+    assert!(r.transit && r.nsg == 3 && r.tsih != 0);
+    assert_eq!(get(&kv, "TargetAlias"), Some("open"));
+    c.after_login(&kv);
+    assert!(c.hd && c.dd);
+
+    // TEST UNIT READY: whatever the status, it is a SCSI Response for our ITT.
+    let cmd = c.command(&[0x00; 6], false, false, 0, true);
+    let itt = match cmd {
+        InitiatorPdu::ScsiCommand(s) => s.itt,
+        _ => unreachable!(),
+    };
+    c.send(&cmd, false, &[]).await;
+    let p = c.recv_skip_pings().await.expect("response");
+    match p.pdu {
+        TargetPdu::ScsiResponse(s) => assert_eq!(s.itt, itt),
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(p.seq.exp_cmd_sn, c.cmd_sn);
+    assert!(iscsi_proto::sn_le(c.cmd_sn, p.seq.max_cmd_sn));
+
+    // INQUIRY: Data-In (phase collapsed) or a SCSI Response.
+    let cmd = c.command(&[0x12, 0, 0, 0, 96, 0], true, false, 96, true);
+    c.send(&cmd, false, &[]).await;
+    loop {
+        let p = c.recv_skip_pings().await.expect("inquiry answer");
+        match p.pdu {
+            TargetPdu::DataIn(d) if d.status.is_none() => continue,
+            TargetPdu::DataIn(_) | TargetPdu::ScsiResponse(_) => break,
+            other => panic!("{other:?}"),
+        }
+    }
+
+    // NOP-Out ping with data is echoed.
+    let p = c.nop(b"hello, target").await.expect("nop-in");
+    assert!(matches!(p.pdu, TargetPdu::NopIn(n) if n.ttt == RESERVED_TAG));
+    assert_eq!(&p.data[..], b"hello, target");
+
+    // Logout closes the session.
+    let itt = c.next_itt();
+    let lo = InitiatorPdu::Logout(LogoutRequest {
+        reason: 0,
+        itt,
+        cid: 0,
+        cmd_sn: c.cmd_sn,
+        exp_stat_sn: c.exp_stat_sn,
+    });
+    c.send(&lo, true, &[]).await;
+    let p = c.recv_skip_pings().await.expect("logout response");
+    assert!(matches!(p.pdu, TargetPdu::LogoutResponse(l) if l.response == 0 && l.itt == itt));
+    assert!(c.recv().await.is_none(), "closed after logout");
+    fx.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn discovery_lists_targets_on_both_portals() {
+    let fx = start(Limits::default()).await;
+    let mut c = Client::connect(fx.addrs[1]).await;
+    let (r, kv) = c
+        .login_step(
+            1,
+            3,
+            true,
+            &[("InitiatorName", INI), ("SessionType", "Discovery")],
+        )
+        .await;
+    assert_eq!((r.status_class, r.status_detail), (0, 0));
+    c.after_login(&kv);
+    let itt = c.next_itt();
+    let t = InitiatorPdu::Text(TextRequest {
+        final_bit: true,
+        cont: false,
+        lun: 0,
+        itt,
+        ttt: RESERVED_TAG,
+        cmd_sn: c.cmd_sn,
+        exp_stat_sn: c.exp_stat_sn,
+    });
+    c.send(&t, false, &encode_text(&[("SendTargets", "All")]))
+        .await;
+    c.cmd_sn += 1;
+    let p = c.recv_skip_pings().await.expect("text response");
+    assert!(matches!(p.pdu, TargetPdu::TextResponse(r) if r.final_bit && r.itt == itt));
+    let kv = parse_text(&p.data).unwrap();
+    let names: Vec<&str> = kv
+        .iter()
+        .filter(|(k, _)| k == "TargetName")
+        .map(|(_, v)| v.as_str())
+        .collect();
+    assert_eq!(names, vec![OPEN, SECURE], "the ACL hides the third target");
+    let addrs: Vec<&str> = kv
+        .iter()
+        .filter(|(k, _)| k == "TargetAddress")
+        .map(|(_, v)| v.as_str())
+        .collect();
+    let a1 = format!("127.0.0.1:{},1", fx.addrs[0].port());
+    let a2 = format!("127.0.0.2:{},2", fx.addrs[1].port());
+    assert_eq!(
+        addrs,
+        vec![a1.as_str(), a2.as_str(), a1.as_str(), a2.as_str()]
+    );
+
+    // SendTargets=<iqn> lists only that target; SCSI commands are refused here.
+    let itt = c.next_itt();
+    let t = InitiatorPdu::Text(TextRequest {
+        final_bit: true,
+        cont: false,
+        lun: 0,
+        itt,
+        ttt: RESERVED_TAG,
+        cmd_sn: c.cmd_sn,
+        exp_stat_sn: c.exp_stat_sn,
+    });
+    c.send(&t, false, &encode_text(&[("SendTargets", SECURE)]))
+        .await;
+    c.cmd_sn += 1;
+    let p = c.recv_skip_pings().await.unwrap();
+    let kv = parse_text(&p.data).unwrap();
+    assert_eq!(kv.iter().filter(|(k, _)| k == "TargetName").count(), 1);
+    assert_eq!(get(&kv, "TargetName"), Some(SECURE));
+    let cmd = c.command(&[0; 6], false, false, 0, true);
+    c.send(&cmd, false, &[]).await;
+    let p = c.recv_skip_pings().await.unwrap();
+    assert!(matches!(p.pdu, TargetPdu::Reject(_)));
+    fx.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn chap_mutual_chap_and_refusals() {
+    let fx = start(Limits::default()).await;
+    // CHAP + mutual CHAP.
+    let mut c = Client::connect(fx.addrs[0]).await;
+    let challenge = [0x5au8; 16];
+    let (st, kv) = c
+        .login_chap(SECURE, "alice", "alice-secret-12", Some(&challenge))
+        .await;
+    assert_eq!(st, (0, 0));
+    assert_eq!(get(&kv, "CHAP_N"), Some("target"));
+    let r = iscsi_proto::chap::decode_binary(get(&kv, "CHAP_R").unwrap()).unwrap();
+    assert_eq!(
+        r,
+        iscsi_proto::chap::response(77, b"target-secret-12", &challenge)
+    );
+    assert!(c.nop(b"x").await.is_some());
+
+    // One-way CHAP on a second connection (different ISID).
+    let mut c2 = Client::connect_isid(fx.addrs[1], [0x80, 0, 0, 0, 0, 2]).await;
+    let (st, _) = c2
+        .login_chap(SECURE, "alice", "alice-secret-12", None)
+        .await;
+    assert_eq!(st, (0, 0));
+
+    // Wrong password.
+    let mut bad = Client::connect_isid(fx.addrs[0], [0x80, 0, 0, 0, 0, 3]).await;
+    let (st, _) = bad
+        .login_chap(SECURE, "alice", "not-the-password", None)
+        .await;
+    assert_eq!(st, (2, 1));
+    assert!(bad.recv().await.is_none(), "closed after failure");
+
+    // Skipping authentication.
+    let mut skip = Client::connect_isid(fx.addrs[0], [0x80, 0, 0, 0, 0, 4]).await;
+    assert_eq!(skip.login_simple(SECURE, &[]).await, (2, 1));
+
+    // ACL and unknown target.
+    let mut acl = Client::connect_isid(fx.addrs[0], [0x80, 0, 0, 0, 0, 5]).await;
+    assert_eq!(acl.login_simple(HIDDEN, &[]).await, (2, 2));
+    let mut nf = Client::connect_isid(fx.addrs[0], [0x80, 0, 0, 0, 0, 6]).await;
+    assert_eq!(
+        nf.login_simple("iqn.2026-01.org.freesan:nope", &[]).await,
+        (2, 3)
+    );
+
+    // The authenticated sessions still work.
+    assert!(c.nop(b"still here").await.is_some());
+    assert!(c2.nop(b"me too").await.is_some());
+    fx.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn malformed_pdus() {
+    let fx = start(Limits::default()).await;
+    let mut good = Client::connect_isid(fx.addrs[0], [0x80, 0, 0, 0, 0, 10]).await;
+    assert_eq!(good.login_simple(OPEN, &[]).await, (0, 0));
+
+    // Unknown opcode: Reject with the header, the session goes on.
+    let mut c = Client::connect_isid(fx.addrs[0], [0x80, 0, 0, 0, 0, 11]).await;
+    assert_eq!(c.login_simple(OPEN, &[]).await, (0, 0));
+    let mut h = [0u8; 48];
+    h[0] = 0x1d;
+    h[16..20].copy_from_slice(&0x1234u32.to_be_bytes());
+    c.send_raw(&h).await;
+    let p = c.recv_skip_pings().await.expect("reject");
+    match p.pdu {
+        TargetPdu::Reject(r) => assert_eq!(r.reason, reject_reason::PROTOCOL_ERROR),
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(&p.data[..], &h[..]);
+    assert!(c.nop(b"after reject").await.is_some());
+
+    // SNACK at ERL 0: Reject.
+    let sn = InitiatorPdu::Snack(SnackRequest {
+        snack_type: 1,
+        lun: 0,
+        itt: RESERVED_TAG,
+        ttt: RESERVED_TAG,
+        exp_stat_sn: c.exp_stat_sn,
+        beg_run: 0,
+        run_length: 0,
+    });
+    c.send(&sn, false, &[]).await;
+    assert!(matches!(
+        c.recv_skip_pings().await.unwrap().pdu,
+        TargetPdu::Reject(_)
+    ));
+
+    // Data segment above MaxRecvDataSegmentLength: closed.
+    let nop = InitiatorPdu::NopOut(NopOut {
+        lun: 0,
+        itt: 9,
+        ttt: RESERVED_TAG,
+        cmd_sn: c.cmd_sn,
+        exp_stat_sn: c.exp_stat_sn,
+    });
+    let hdr = encode_initiator_bhs(&nop, true, 0, 1 << 22);
+    c.send_raw(&hdr).await;
+    let mut closed = false;
+    while let Some(p) = c.recv().await {
+        assert!(matches!(p.pdu, TargetPdu::Reject(_) | TargetPdu::NopIn(_)));
+    }
+    closed |= true;
+    assert!(closed);
+
+    // Bad header digest: closed.
+    let mut d = Client::connect_isid(fx.addrs[0], [0x80, 0, 0, 0, 0, 12]).await;
+    assert_eq!(
+        d.login_simple(OPEN, &[("HeaderDigest", "CRC32C")]).await,
+        (0, 0)
+    );
+    assert!(d.hd);
+    assert!(d.nop(b"digest ok").await.is_some());
+    let nop = InitiatorPdu::NopOut(NopOut {
+        lun: 0,
+        itt: 77,
+        ttt: RESERVED_TAG,
+        cmd_sn: d.cmd_sn,
+        exp_stat_sn: d.exp_stat_sn,
+    });
+    let mut wire = iscsi_proto::frame::encode_frame(
+        &encode_initiator_bhs(&nop, true, 0, 0),
+        &[],
+        &[],
+        true,
+        false,
+    );
+    wire[49] ^= 0xff;
+    d.send_raw(&wire).await;
+    assert!(d.recv().await.is_none(), "closed on header digest error");
+
+    // Login PDU in full feature phase: Reject and close.
+    let mut e = Client::connect_isid(fx.addrs[0], [0x80, 0, 0, 0, 0, 13]).await;
+    assert_eq!(e.login_simple(OPEN, &[]).await, (0, 0));
+    let login = InitiatorPdu::Login(LoginRequest {
+        transit: true,
+        cont: false,
+        csg: 1,
+        nsg: 3,
+        version_max: 0,
+        version_min: 0,
+        isid: e.isid,
+        tsih: 0,
+        itt: 1,
+        cid: 0,
+        cmd_sn: e.cmd_sn,
+        exp_stat_sn: e.exp_stat_sn,
+    });
+    e.send(&login, true, &[]).await;
+    assert!(matches!(
+        e.recv().await.map(|p| p.pdu),
+        Some(TargetPdu::Reject(_))
+    ));
+    assert!(e.recv().await.is_none());
+
+    // The untouched session keeps working.
+    assert_eq!(
+        &good.nop(b"unaffected").await.unwrap().data[..],
+        b"unaffected"
+    );
+    fx.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn write_with_immediate_data_and_r2t() {
+    let limits = Limits {
+        max_burst_bytes: 16 * 1024,
+        ..Limits::default()
+    };
+    let fx = start(limits).await;
+    let mut c = Client::connect(fx.addrs[0]).await;
+    let st = c
+        .login_simple(
+            OPEN,
+            &[
+                ("InitialR2T", "Yes"),
+                ("ImmediateData", "Yes"),
+                ("MaxBurstLength", "262144"),
+                ("FirstBurstLength", "65536"),
+                ("MaxOutstandingR2T", "1"),
+            ],
+        )
+        .await;
+    assert_eq!(st, (0, 0));
+    let edtl = 40 * 1024u32;
+    // WRITE(10) of 80 blocks at LBA 0, 4 KiB immediate, the rest solicited.
+    let cmd = c.command(&[0x2a, 0, 0, 0, 0, 0, 0, 0, 80, 0], false, true, edtl, true);
+    let itt = match cmd {
+        InitiatorPdu::ScsiCommand(s) => s.itt,
+        _ => unreachable!(),
+    };
+    c.send(&cmd, false, &[7u8; 4096]).await;
+    let mut got = 4096u32;
+    let mut r2ts = 0;
+    loop {
+        let p = c.recv_skip_pings().await.expect("r2t or response");
+        match p.pdu {
+            TargetPdu::R2t(r) => {
+                r2ts += 1;
+                assert_eq!(r.itt, itt);
+                assert_eq!(r.buffer_offset_bytes, got);
+                assert!(r.desired_len_bytes <= 16 * 1024);
+                // Send it in two Data-Out PDUs.
+                let half = r.desired_len_bytes / 2;
+                for (i, (off, len)) in [
+                    (r.buffer_offset_bytes, half),
+                    (r.buffer_offset_bytes + half, r.desired_len_bytes - half),
+                ]
+                .into_iter()
+                .enumerate()
+                {
+                    let d = InitiatorPdu::DataOut(DataOut {
+                        final_bit: i == 1,
+                        lun: 0,
+                        itt,
+                        ttt: r.ttt,
+                        exp_stat_sn: c.exp_stat_sn,
+                        data_sn: i as u32,
+                        buffer_offset_bytes: off,
+                    });
+                    c.send(&d, false, &vec![9u8; len as usize]).await;
+                }
+                got += r.desired_len_bytes;
+            }
+            TargetPdu::ScsiResponse(s) => {
+                assert_eq!(s.itt, itt);
+                break;
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+    assert_eq!(got, edtl);
+    assert_eq!(r2ts, 3);
+    fx.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reinstatement_closes_the_old_session() {
+    let fx = start(Limits::default()).await;
+    let mut a = Client::connect(fx.addrs[0]).await;
+    assert_eq!(a.login_simple(OPEN, &[]).await, (0, 0));
+    let mut b = Client::connect(fx.addrs[0]).await;
+    assert_eq!(b.login_simple(OPEN, &[]).await, (0, 0));
+    assert!(a.recv().await.is_none(), "old session closed");
+    assert!(b.nop(b"new").await.is_some());
+    // Same ISID through the other portal is a different I_T nexus: both live.
+    let mut m = Client::connect(fx.addrs[1]).await;
+    assert_eq!(m.login_simple(OPEN, &[]).await, (0, 0));
+    assert!(b.nop(b"1").await.is_some() && m.nop(b"2").await.is_some());
+    fx.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn target_pings_idle_connections_and_drops_silent_ones() {
+    let limits = Limits {
+        nop_in_interval_ms: 100,
+        nop_in_timeout_ms: 300,
+        ..Limits::default()
+    };
+    let fx = start(limits).await;
+    let mut c = Client::connect(fx.addrs[0]).await;
+    assert_eq!(c.login_simple(OPEN, &[]).await, (0, 0));
+    let p = c.recv().await.expect("ping");
+    assert!(matches!(p.pdu, TargetPdu::NopIn(n) if n.ttt != RESERVED_TAG && n.itt == RESERVED_TAG));
+    // Never answer: the target hangs up.
+    let t0 = std::time::Instant::now();
+    while c.recv().await.is_some() {}
+    assert!(t0.elapsed() < Duration::from_secs(5));
+    fx.shutdown().await;
+}
