@@ -514,16 +514,20 @@ impl Conn {
         };
         match task.accept(&d, &f.data) {
             Err(e) => {
-                tracing::warn!(peer = %self.peer, itt = d.itt, error = %e, "bad Data-Out");
-                if let Some(t) = self.writes.remove(&d.itt) {
-                    self.buffered_bytes -= t.buffered_bytes();
-                    if t.info.holds_slot {
-                        self.session.window.release();
-                    }
-                }
+                // ERL 0 allows dropping the session, but failing only this command keeps
+                // the initiator's other I/O (and its negotiated parameters) alive: the
+                // PDU is rejected, the command ends with ABORTED COMMAND / DATA PHASE
+                // ERROR and nothing of it is written; later Data-Out for it is dropped.
+                tracing::warn!(peer = %self.peer, itt = d.itt, error = %e, "bad Data-Out; command failed");
                 self.reject(reject_reason::PROTOCOL_ERROR, &f.raw_header)
                     .await;
-                Flow::Close
+                if let Some(t) = self.writes.remove(&d.itt) {
+                    self.buffered_bytes -= t.buffered_bytes();
+                    let info = t.info.clone();
+                    self.respond_now(&info, check_condition(0x0b, 0x4b, 0x00))
+                        .await;
+                }
+                Flow::Continue
             }
             Ok(seq_done) => {
                 if task.complete() {

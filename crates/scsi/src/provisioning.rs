@@ -1,8 +1,9 @@
 //! Logical block provisioning writes: WRITE SAME(10/16) and UNMAP.
 //!
-//! WRITE SAME of a zero block becomes `write_zeroes` (deallocating on a thin volume
-//! when UNMAP is set); any other block is repeated into one bounded buffer and
-//! written chunk by chunk. UNMAP validates every descriptor before touching anything.
+//! WRITE SAME with the UNMAP bit on a thin volume deallocates the range whatever the
+//! data block holds (the range then reads as zeroes, LBPRZ=1), as initiators and
+//! libiscsi expect; WRITE SAME of a zero block becomes `write_zeroes`; any other
+//! block is repeated into one bounded buffer and written chunk by chunk. UNMAP validates every descriptor before touching anything.
 
 use crate::cdb::{op, param_u16, param_u32, param_u64, Cdb};
 use crate::inquiry::{Limits, UNMAP_BLOCKS_MAX, UNMAP_DESCRIPTORS_MAX};
@@ -63,7 +64,7 @@ pub(crate) async fn write_same(lu: &LogicalUnit, cdb: &Cdb, data_out: &Bytes) ->
     if blocks == 0 {
         return Ok(done);
     }
-    let zero = ndob || data_out.iter().all(|&b| b == 0);
+    let zero = ndob || (unmap && geo.thin) || data_out.iter().all(|&b| b == 0);
     let _order = lu.write_order.read().await;
     if zero {
         lu.volume

@@ -105,6 +105,16 @@ fn take_data(data_out: &Bytes, len: u32) -> Result<Bytes, Fail> {
     Ok(data_out.slice(..len as usize))
 }
 
+/// The whole blocks of Data-Out a write may use: at most what the CDB asks for. When
+/// the initiator sent less (Expected Data Transfer Length below the CDB's length,
+/// a residual overflow), the blocks that did arrive are written and the transport
+/// reports the overflow, as initiators and libiscsi's residual tests expect.
+fn take_blocks(data_out: &Bytes, len: u32, block_size: u32) -> Bytes {
+    let avail = data_out.len().min(len as usize);
+    let whole = avail - avail % block_size as usize;
+    data_out.slice(..whole)
+}
+
 /// READ(6/10/12/16).
 pub(crate) async fn read(lu: &LogicalUnit, cdb: &Cdb) -> CmdResult {
     let geo = lu.geometry();
@@ -129,9 +139,12 @@ pub(crate) async fn write(lu: &LogicalUnit, cdb: &Cdb, data_out: &Bytes) -> CmdR
     check_transfer(cdb, &geo, &rw)?;
     let len = bytes_of(&geo, rw.blocks as u64);
     lu.check_writable().map_err(|s| Fail::Check(s, len))?;
-    let data = take_data(data_out, len)?;
-    if rw.blocks == 0 {
-        return Ok(Done::empty());
+    let data = take_blocks(data_out, len, geo.block_size_bytes);
+    if data.is_empty() {
+        return Ok(Done {
+            data_in: Bytes::new(),
+            transfer_len_bytes: len,
+        });
     }
     let fua = rw.fua || lu.force_fua();
     let _order = lu.write_order.read().await;
@@ -245,9 +258,12 @@ pub(crate) async fn write_verify(lu: &LogicalUnit, cdb: &Cdb, data_out: &Bytes) 
     check_transfer(cdb, &geo, &rw)?;
     let len = bytes_of(&geo, rw.blocks as u64);
     lu.check_writable().map_err(|s| Fail::Check(s, len))?;
-    let data = take_data(data_out, len)?;
-    if rw.blocks == 0 {
-        return Ok(Done::empty());
+    let data = take_blocks(data_out, len, geo.block_size_bytes);
+    if data.is_empty() {
+        return Ok(Done {
+            data_in: Bytes::new(),
+            transfer_len_bytes: len,
+        });
     }
     let _order = lu.write_order.read().await;
     lu.volume
@@ -278,6 +294,11 @@ pub(crate) async fn compare_and_write(lu: &LogicalUnit, cdb: &Cdb, data_out: &By
         return Err(Fail::Check(cdb.invalid(13, None), len));
     }
     if blocks == 0 {
+        // NLB 0 is a no-op, but Data-Out with it means the initiator's length and the
+        // CDB disagree (e.g. 256 blocks wrapped into the one-byte field).
+        if !data_out.is_empty() {
+            return Err(Fail::Check(cdb.invalid(13, None), len));
+        }
         return Ok(Done::empty());
     }
     lu.check_writable().map_err(|s| Fail::Check(s, len))?;

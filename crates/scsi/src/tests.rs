@@ -299,12 +299,23 @@ async fn read_write_roundtrip_and_errors() {
     // Over the maximum transfer length.
     let r = run(&t, &n, &rw16(0x88, 0, 1_000_000), &[]).await;
     assert!(matches!(sense_of(&r), (ILLEGAL, 0x21 | 0x24, 0)));
-    // Short Data-Out: nothing written, transfer length still reported.
+    // Short Data-Out (residual overflow): the blocks that arrived are written, the
+    // CDB's transfer length is reported so the transport sets the overflow.
     let r = run(&t, &n, &rw10(0x2a, 100, 2), &[0xee; BS]).await;
-    assert_eq!(sense_of(&r), (ILLEGAL, 0x0e, 0x03));
+    assert_eq!(r.status, status::GOOD);
     assert_eq!(r.transfer_len_bytes as usize, 2 * BS);
-    let r = run(&t, &n, &rw10(0x28, 100, 1), &[]).await;
+    let r = run(&t, &n, &rw10(0x28, 100, 2), &[]).await;
+    assert!(r.data_in[..BS].iter().all(|&b| b == 0xee));
+    assert!(r.data_in[BS..].iter().all(|&b| b == 0));
+    // No Data-Out at all: nothing written, still GOOD.
+    let r = run(&t, &n, &rw10(0x2a, 101, 1), &[]).await;
+    assert_eq!(
+        (r.status, r.transfer_len_bytes as usize),
+        (status::GOOD, BS)
+    );
+    let r = run(&t, &n, &rw10(0x28, 101, 1), &[]).await;
     assert!(r.data_in.iter().all(|&b| b == 0));
+    let _ = run(&t, &n, &rw10(0x2a, 100, 2), &[0u8; 2 * BS]).await;
     // Long Data-Out: only what the CDB asks is written.
     let r = run(&t, &n, &rw10(0x2a, 100, 1), &[0xee; 3 * BS]).await;
     assert_eq!((r.status, r.transfer_len_bytes as usize), (0, BS));
