@@ -4,6 +4,15 @@
 mod common;
 use common::*;
 
+/// The designator blocks of VPD 0x83 (as iscsi-inq prints them) that name the
+/// logical unit, as opposed to the port or target.
+fn lun_designators(out: &str) -> Vec<String> {
+    out.split("DEVICE DESIGNATOR")
+        .filter(|d| d.contains("LOGICAL_UNIT"))
+        .map(str::to_string)
+        .collect()
+}
+
 #[test]
 fn libiscsi_tools_see_the_lun_on_every_portal() {
     if !have("iscsi-ls") || !have("iscsi-inq") || !have("iscsi-readcapacity16") {
@@ -35,18 +44,17 @@ fn libiscsi_tools_see_the_lun_on_every_portal() {
     }
     assert!(out.contains("Lun:0"), "LUN 0 missing: {out}");
 
-    // the same NAA designator on both portals
+    // the same logical-unit designators (T10 vendor id + NAA) on both portals
     let mut ids = Vec::new();
     for i in 0..2 {
-        let (ok, out) = run("iscsi-inq", &["-e", "1", "-c", "0x83", &node.url(i, 0)]);
+        let (ok, out) = run("iscsi-inq", &["-e", "1", "-c", "131", &node.url(i, 0)]);
         assert!(ok, "iscsi-inq VPD 0x83 failed: {out}");
-        let naa: Vec<&str> = out.lines().filter(|l| l.contains("NAA")).collect();
-        assert!(!naa.is_empty(), "no NAA designator: {out}");
-        ids.push(
-            out.lines()
-                .find(|l| l.to_lowercase().contains("designator:"))
-                .map(str::to_string),
+        let lu = lun_designators(&out);
+        assert!(
+            lu.iter().any(|d| d.contains("(3) NAA")),
+            "no NAA designator: {out}"
         );
+        ids.push(lu);
     }
     assert_eq!(ids[0], ids[1], "LUN identity differs between portals");
 

@@ -21,9 +21,17 @@ fn start(dir: &std::path::Path) -> Node {
 }
 
 fn naa(url: &str) -> String {
-    let (ok, out) = run("iscsi-inq", &["-e", "1", "-c", "0x83", url]);
+    let (ok, out) = run("iscsi-inq", &["-e", "1", "-c", "131", url]);
     assert!(ok, "iscsi-inq failed: {out}");
-    out
+    let lu: Vec<&str> = out
+        .split("DEVICE DESIGNATOR")
+        .filter(|d| d.contains("LOGICAL_UNIT"))
+        .collect();
+    assert!(
+        lu.iter().any(|d| d.contains("(3) NAA")),
+        "no NAA designator: {out}"
+    );
+    lu.concat()
 }
 
 #[test]
