@@ -50,6 +50,10 @@ pub struct FileOptions {
     pub engine: Engine,
     /// Most operations queued or in flight at once; further callers wait.
     pub queue_depth_max: u32,
+    /// On buffered files, try each read and write of up to 1 MiB inline with
+    /// RWF_NOWAIT first: page-cache hits complete on the calling thread with no
+    /// hand-off to the engine; anything that would block goes to the engine.
+    pub nowait_inline: bool,
 }
 
 impl Default for FileOptions {
@@ -63,6 +67,7 @@ impl Default for FileOptions {
             read_only: false,
             engine: Engine::Auto,
             queue_depth_max: 256,
+            nowait_inline: true,
         }
     }
 }

@@ -223,3 +223,59 @@ pub(crate) fn fdatasync(fd: RawFd) -> Result<(), IoFail> {
         }
     }
 }
+
+/// Outcome of a non-blocking attempt at a buffered transfer.
+pub(crate) enum NoWait {
+    /// This many bytes moved (possibly fewer than asked: continue elsewhere).
+    Moved(usize),
+    /// It would block (data not cached, or the write needs allocation or I/O).
+    WouldBlock,
+    /// The file system does not support RWF_NOWAIT; never try again on this file.
+    Unsupported,
+    /// A real error: let the engine redo the transfer and report it with context.
+    Failed,
+}
+
+fn nowait_result(res: isize) -> NoWait {
+    if res >= 0 {
+        return NoWait::Moved(res as usize);
+    }
+    match io::Error::last_os_error().raw_os_error().unwrap_or(0) {
+        libc::EAGAIN | libc::EINTR => NoWait::WouldBlock,
+        libc::EOPNOTSUPP | libc::EINVAL => NoWait::Unsupported,
+        _ => NoWait::Failed,
+    }
+}
+
+/// One inline read: preadv2 with RWF_NOWAIT (reads only what the page cache already
+/// holds), or a plain pread when `nowait` is false (memory file systems, which never
+/// wait for a device).
+///
+/// # Safety
+/// `ptr` must be valid for `len` writable bytes.
+pub(crate) unsafe fn pread_inline(
+    fd: RawFd,
+    ptr: *mut u8,
+    len: usize,
+    offset: u64,
+    nowait: bool,
+) -> NoWait {
+    let iov = libc::iovec {
+        iov_base: ptr.cast(),
+        iov_len: len,
+    };
+    let flags = if nowait { libc::RWF_NOWAIT } else { 0 };
+    nowait_result(libc::preadv2(fd, &iov, 1, offset as i64, flags))
+}
+
+/// One inline buffered write: pwritev2 with RWF_NOWAIT (completes only if it needs
+/// no blocking), or plain when `nowait` is false (memory file systems).
+pub(crate) fn pwrite_inline(fd: RawFd, data: &[u8], offset: u64, nowait: bool) -> NoWait {
+    let iov = libc::iovec {
+        iov_base: data.as_ptr() as *mut libc::c_void,
+        iov_len: data.len(),
+    };
+    let flags = if nowait { libc::RWF_NOWAIT } else { 0 };
+    // SAFETY: the iovec describes `data`, which outlives the call.
+    nowait_result(unsafe { libc::pwritev2(fd, &iov, 1, offset as i64, flags) })
+}

@@ -5,7 +5,7 @@ use crate::engine::{IoEngine, Op};
 use crate::open::{self, Backing};
 use crate::options::{Engine, FileOptions};
 use crate::stats::{bump, Counters, FileStats};
-use crate::sys::{self, IoFail};
+use crate::sys::{self, IoFail, NoWait};
 use async_trait::async_trait;
 use block::{BlockError, BlockResult, Bytes, Extent, ExtentState, Geometry, Volume};
 use std::fmt;
@@ -20,6 +20,9 @@ use std::sync::{Arc, OnceLock};
 const BLOCK_STATUS_EXTENTS_MAX: usize = 1024;
 /// Size of the zero buffer used where the kernel cannot zero a range itself.
 const ZERO_CHUNK_BYTES: usize = 1 << 20;
+/// Largest transfer tried inline with RWF_NOWAIT (a page-cache copy of 1 MiB holds
+/// an async worker for well under a millisecond).
+const NOWAIT_BYTES_MAX: usize = 1 << 20;
 
 /// The detail this crate puts inside `BlockError::Io`: which operation failed, at
 /// which block, with which errno (recover it with `get_ref()` + `downcast_ref`).
@@ -83,6 +86,15 @@ pub struct FileVolume {
     read_only: bool,
     sync_writes: bool,
     punch_unsupported: AtomicBool,
+    /// The file system refused RWF_NOWAIT reads / writes: skip the inline attempt.
+    nowait_read_unsupported: AtomicBool,
+    nowait_write_unsupported: AtomicBool,
+    /// Inline RWF_NOWAIT attempts are allowed (FileOptions::nowait_inline).
+    nowait_enabled: bool,
+    /// The file lives on tmpfs: its pages are memory, so inline transfers are plain
+    /// synchronous calls (tmpfs refuses RWF_NOWAIT reads, and io_uring would hand
+    /// each of them to a kernel worker thread).
+    memory_backed: bool,
     zero_range_unsupported: AtomicBool,
     zeroes: OnceLock<Bytes>,
     counters: Counters,
@@ -121,6 +133,7 @@ impl FileVolume {
             sync_writes = opts.sync_writes,
             "opened disk volume"
         );
+        let memory_backed = opened.backing == Backing::File && sys::is_tmpfs(file.as_raw_fd());
         Ok(FileVolume {
             file,
             path: path.to_path_buf(),
@@ -132,6 +145,10 @@ impl FileVolume {
             read_only: opts.read_only,
             sync_writes: opts.sync_writes,
             punch_unsupported: AtomicBool::new(false),
+            nowait_read_unsupported: AtomicBool::new(false),
+            nowait_write_unsupported: AtomicBool::new(false),
+            nowait_enabled: opts.nowait_inline,
+            memory_backed,
             zero_range_unsupported: AtomicBool::new(false),
             zeroes: OnceLock::new(),
             counters: Counters::default(),
@@ -200,17 +217,37 @@ impl FileVolume {
 
     /// Writes `data` at byte `offset` through the engine.
     async fn write_at(&self, data: Bytes, offset: u64, dsync: bool) -> BlockResult<()> {
+        let mut moved = 0;
+        if !dsync && self.nowait_fits(data.len(), &self.nowait_write_unsupported) {
+            match sys::pwrite_inline(self.file.as_raw_fd(), &data, offset, !self.memory_backed) {
+                NoWait::Moved(n) if n == data.len() => return Ok(()),
+                NoWait::Moved(n) => moved = n,
+                NoWait::Unsupported => self.nowait_write_unsupported.store(true, Ordering::Relaxed),
+                NoWait::WouldBlock | NoWait::Failed => {}
+            }
+        }
         let buf = WriteBuf::new(data, self.mem_align_bytes);
         let done = self
             .engine
             .run(Op::Write {
                 buf,
                 offset,
-                done: 0,
+                done: moved,
                 dsync,
             })
             .await?;
         done.res.map_err(|f| self.fail("write", f))
+    }
+
+    /// Whether to try a transfer inline with RWF_NOWAIT first: only on buffered files
+    /// (page-cache hits then cost no thread hop at all), only for transfers small
+    /// enough not to hold an async worker long, and only while the file system
+    /// supports it.
+    fn nowait_fits(&self, len: usize, unsupported: &AtomicBool) -> bool {
+        !self.direct
+            && len <= NOWAIT_BYTES_MAX
+            && self.nowait_enabled
+            && !unsupported.load(Ordering::Relaxed)
     }
 
     /// Writes zeroes over blocks with ordinary writes.
@@ -365,10 +402,25 @@ impl Volume for FileVolume {
         let len = (blocks as u64 * self.bs()) as usize;
         bump(&self.counters.reads, 1);
         bump(&self.counters.bytes_read, len as u64);
+        let offset = lba * self.bs();
+        let mut buf = ReadBuf::new(len, self.direct);
+        let mut moved = 0;
+        if self.nowait_fits(len, &self.nowait_read_unsupported) {
+            // SAFETY: the buffer owns `len` writable bytes.
+            let fd = self.file.as_raw_fd();
+            let nowait = !self.memory_backed;
+            match unsafe { sys::pread_inline(fd, buf.as_mut_ptr(), len, offset, nowait) } {
+                // SAFETY: the kernel filled all `len` bytes.
+                NoWait::Moved(n) if n == len => return Ok(unsafe { buf.into_bytes(len) }),
+                NoWait::Moved(n) => moved = n,
+                NoWait::Unsupported => self.nowait_read_unsupported.store(true, Ordering::Relaxed),
+                NoWait::WouldBlock | NoWait::Failed => {}
+            }
+        }
         let op = Op::Read {
-            buf: ReadBuf::new(len, self.direct),
-            offset: lba * self.bs(),
-            done: 0,
+            buf,
+            offset,
+            done: moved,
         };
         let done = self.engine.run(op).await?;
         match (done.res, done.op) {

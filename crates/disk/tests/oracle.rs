@@ -5,7 +5,7 @@ mod common;
 
 use block::{Bytes, ExtentState, MemVolume, Volume};
 use common::{create_opts, ENGINES};
-use disk::{Engine, FileVolume};
+use disk::{Engine, FileOptions, FileVolume};
 use proptest::prelude::*;
 
 const BLOCKS: u64 = 96;
@@ -56,10 +56,19 @@ fn data(lba: u64, blocks: u64, seed: u8) -> Bytes {
     Bytes::from(common::pattern(lba, blocks, BS, seed | 0x80))
 }
 
-async fn run(engine: Engine, dir: &std::path::Path, steps: &[Step]) -> Result<(), TestCaseError> {
-    let path = dir.join(format!("oracle-{engine:?}"));
+async fn run(
+    engine: Engine,
+    nowait_inline: bool,
+    dir: &std::path::Path,
+    steps: &[Step],
+) -> Result<(), TestCaseError> {
+    let path = dir.join(format!("oracle-{engine:?}-{nowait_inline}"));
     let _ = std::fs::remove_file(&path);
-    let vol = FileVolume::open(&path, &create_opts(engine, BLOCKS * BS)).expect("open");
+    let opts = FileOptions {
+        nowait_inline,
+        ..create_opts(engine, BLOCKS * BS)
+    };
+    let vol = FileVolume::open(&path, &opts).expect("open");
     let oracle = MemVolume::new(BS as u32, BLOCKS);
     for (i, s) in steps.iter().enumerate() {
         match *s {
@@ -128,7 +137,9 @@ proptest! {
         let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
         for dir in dirs() {
             for engine in ENGINES {
-                rt.block_on(run(engine, dir.path(), &steps))?;
+                for nowait_inline in [true, false] {
+                    rt.block_on(run(engine, nowait_inline, dir.path(), &steps))?;
+                }
             }
         }
     }
