@@ -265,12 +265,16 @@ async fn malformed_pdus() {
     });
     let hdr = encode_initiator_bhs(&nop, true, 0, 1 << 22);
     c.send_raw(&hdr).await;
-    let mut closed = false;
-    while let Some(p) = c.recv().await {
-        assert!(matches!(p.pdu, TargetPdu::Reject(_) | TargetPdu::NopIn(_)));
-    }
-    closed |= true;
-    assert!(closed);
+    let drained = tokio::time::timeout(std::time::Duration::from_secs(10), async {
+        while let Some(p) = c.recv().await {
+            assert!(matches!(p.pdu, TargetPdu::Reject(_) | TargetPdu::NopIn(_)));
+        }
+    })
+    .await;
+    assert!(
+        drained.is_ok(),
+        "connection not closed after an oversized data segment"
+    );
 
     // Bad header digest: closed.
     let mut d = Client::connect_isid(fx.addrs[0], [0x80, 0, 0, 0, 0, 12]).await;
@@ -435,5 +439,69 @@ async fn target_pings_idle_connections_and_drops_silent_ones() {
     let t0 = std::time::Instant::now();
     while c.recv().await.is_some() {}
     assert!(t0.elapsed() < Duration::from_secs(5));
+    fx.shutdown().await;
+}
+
+/// A command whose CmdSN lies outside the window is dropped unanswered (RFC 7143
+/// 3.2.2.1) while the session goes on; a header announcing a huge AHS closes only
+/// that connection.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cmdsn_outside_window_and_huge_ahs() {
+    let fx = start(Limits::default()).await;
+    let mut good = Client::connect_isid(fx.addrs[0], [0x80, 0, 0, 0, 0, 20]).await;
+    assert_eq!(good.login_simple(OPEN, &[]).await, (0, 0));
+
+    let mut c = Client::connect_isid(fx.addrs[0], [0x80, 0, 0, 0, 0, 21]).await;
+    assert_eq!(c.login_simple(OPEN, &[]).await, (0, 0));
+    // TEST UNIT READY with a CmdSN far beyond MaxCmdSN
+    let saved = c.cmd_sn;
+    c.cmd_sn = saved.wrapping_add(100_000);
+    let bad = c.command(&[0x00; 6], false, false, 0, true);
+    let bad_itt = match &bad {
+        InitiatorPdu::ScsiCommand(s) => s.itt,
+        _ => unreachable!(),
+    };
+    c.send(&bad, false, &[]).await;
+    // then one with the expected CmdSN: it is answered, the bad one never is
+    c.cmd_sn = saved;
+    let ok = c.command(&[0x00; 6], false, false, 0, true);
+    let ok_itt = match &ok {
+        InitiatorPdu::ScsiCommand(s) => s.itt,
+        _ => unreachable!(),
+    };
+    c.send(&ok, false, &[]).await;
+    let p = c
+        .recv_skip_pings()
+        .await
+        .expect("answer to the in-window command");
+    match p.pdu {
+        TargetPdu::ScsiResponse(r) => assert_eq!(r.itt, ok_itt, "out-of-window command answered"),
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(p.seq.exp_cmd_sn, saved.wrapping_add(1));
+    let p = c.nop(b"still here").await.expect("nop after out-of-window");
+    assert!(
+        matches!(p.pdu, TargetPdu::NopIn(_)),
+        "unexpected PDU (bad itt {bad_itt}): {:?}",
+        p.pdu
+    );
+
+    // TotalAHSLength 255 words on a SCSI command: the connection is closed.
+    let mut h = [0u8; 48];
+    h[0] = 0x01;
+    h[1] = 0x80;
+    h[4] = 255;
+    c.send_raw(&h).await;
+    c.send_raw(&vec![0u8; 255 * 4]).await;
+    let closed = tokio::time::timeout(std::time::Duration::from_secs(10), async {
+        while c.recv().await.is_some() {}
+    })
+    .await;
+    assert!(closed.is_ok(), "connection not closed after a huge AHS");
+
+    assert_eq!(
+        &good.nop(b"unaffected").await.unwrap().data[..],
+        b"unaffected"
+    );
     fx.shutdown().await;
 }
