@@ -1,0 +1,1 @@
+//! nbd (being written)
