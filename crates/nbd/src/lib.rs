@@ -1,1 +1,36 @@
-//! nbd (being written)
+//! freesan's NBD frontend: a fixed-newstyle NBD server over [`block::Volume`]s and
+//! an NBD client that is itself a `Volume`.
+//!
+//! What it does:
+//! - [`proto`]: the wire protocol as a pure, fuzzable codec (handshake, options,
+//!   `NBD_INFO_*`, requests, simple replies) and the server's option haggling as a
+//!   byte-fed state machine;
+//! - [`server`]: [`NbdServer`] serves named exports (freesan names them `lun0`,
+//!   `lun1`, ...; an empty name picks the default export). Per connection one
+//!   reader task decodes requests and spawns each on its own task (bounded in
+//!   count and bytes), and one writer task batches replies (header + data `Bytes`)
+//!   into vectored writes; replies may go out of order. Unaligned requests are
+//!   served by reading covering blocks and by read-modify-write under a per-export
+//!   range lock;
+//! - [`client`]: [`NbdClient`], one TCP connection with many requests in flight,
+//!   used by `freesan bench --target nbd://HOST:PORT/EXPORT`.
+//!
+//! What it does not do: TLS, structured replies, block status / metadata
+//! contexts, extended headers, oldstyle negotiation, resize. Those options are
+//! refused with `NBD_REP_ERR_UNSUP`, which every client handles.
+//!
+//! Key invariant: nothing a peer sends can panic the process or make it allocate
+//! beyond the configured bounds (option data, request payload, requests and bytes in
+//! flight per connection); every violation ends in an NBD error reply or a closed
+//! connection plus a `tracing::warn` line, and never disturbs another connection.
+//! A reply is sent only after the volume finished the request, so a flush
+//! acknowledges every write completed before it on any connection
+//! (`NBD_FLAG_CAN_MULTI_CONN` is therefore advertised).
+
+pub mod client;
+mod io;
+pub mod proto;
+pub mod server;
+
+pub use client::{parse_nbd_url, NbdClient, NBD_DEFAULT_PORT};
+pub use server::{NbdConfig, NbdExport, NbdLimits, NbdServer};

@@ -1,0 +1,527 @@
+//! The server side of the fixed newstyle handshake as a pure state machine.
+//!
+//! The connection code writes [`ServerNegotiator::greeting`], then feeds every
+//! byte it reads to [`ServerNegotiator::advance`] and writes whatever the machine
+//! put in `out`, until the machine says [`Progress::Transmission`] or
+//! [`Progress::Abort`], or fails. Because it does no I/O it is unit tested and
+//! fuzzed with plain byte strings.
+//!
+//! Policy: options longer than the configured bound are answered with
+//! `NBD_REP_ERR_TOO_BIG` and the connection is closed (their data is never
+//! buffered); structured replies, TLS, metadata contexts, extended headers and every
+//! unknown option get `NBD_REP_ERR_UNSUP`; a bounded number of options is allowed.
+
+use super::handshake::{
+    decode_client_flags, decode_option_header, encode_export_name_reply, encode_info,
+    encode_option_reply, encode_server_greeting, parse_option, BlockSizes, ClientOption, Info,
+    InfoRequest,
+};
+use super::{cflag, hflag, info, rep, ProtoError, GREETING_BYTES, OPTION_HEADER_BYTES};
+use bytes::{Buf, BufMut, BytesMut};
+
+/// Most options one connection may send before it is closed.
+pub const OPTIONS_PER_CONNECTION_MAX: u32 = 256;
+
+/// What the negotiator tells a client about one export.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ExportInfo {
+    /// Export name as clients ask for it.
+    pub name: String,
+    /// Free text shown by `nbdinfo` and `NBD_OPT_LIST`.
+    pub description: String,
+    /// Size in bytes.
+    pub size_bytes: u64,
+    /// Transmission flags (`tflag::*`).
+    pub transmission_flags: u16,
+    /// Block size constraints sent as `NBD_INFO_BLOCK_SIZE`.
+    pub block_sizes: BlockSizes,
+}
+
+/// What the caller does after [`ServerNegotiator::advance`] (always after writing `out`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Progress {
+    /// Read more bytes and call again.
+    NeedInput,
+    /// The client aborted (`NBD_OPT_ABORT`): close the connection.
+    Abort,
+    /// Option haggling is over: serve `exports[export_index]`. Bytes left in the
+    /// input buffer already belong to the transmission phase.
+    Transmission {
+        /// Index into the export slice given to the negotiator.
+        export_index: usize,
+    },
+}
+
+/// Why negotiation failed; the caller writes `out` (it may hold an error reply)
+/// and closes the connection.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum NegotiateError {
+    /// The client set flags the server did not offer.
+    #[error("unknown client flags {0:#x}")]
+    BadClientFlags(u32),
+    /// A header was malformed (bad `IHAVEOPT` magic).
+    #[error("malformed option: {0}")]
+    Proto(#[from] ProtoError),
+    /// An option carried more data than the server accepts.
+    #[error("option {option} carries {data_len_bytes} bytes (limit {limit_bytes})")]
+    OptionTooLong {
+        /// The option type.
+        option: u32,
+        /// Its announced data length.
+        data_len_bytes: u32,
+        /// The configured bound.
+        limit_bytes: usize,
+    },
+    /// `NBD_OPT_EXPORT_NAME` named an export that does not exist (no error reply
+    /// is possible for that option).
+    #[error("unknown export {0:?} requested with NBD_OPT_EXPORT_NAME")]
+    UnknownExport(String),
+    /// `NBD_OPT_EXPORT_NAME` carried a name that is not a valid string.
+    #[error("invalid export name: {0}")]
+    InvalidExportName(ProtoError),
+    /// More than [`OPTIONS_PER_CONNECTION_MAX`] options.
+    #[error("too many options")]
+    TooManyOptions,
+    /// `advance` was called after negotiation ended.
+    #[error("negotiation already finished")]
+    Finished,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum State {
+    ClientFlags,
+    Options,
+    Done,
+}
+
+/// The server side of option haggling over a fixed set of exports.
+#[derive(Debug)]
+pub struct ServerNegotiator<'a> {
+    exports: &'a [ExportInfo],
+    default_export: Option<usize>,
+    option_bytes_max: usize,
+    state: State,
+    no_zeroes: bool,
+    options_seen: u32,
+}
+
+impl<'a> ServerNegotiator<'a> {
+    /// A negotiator over `exports`; an empty export name selects `default_export`;
+    /// option data longer than `option_bytes_max` ends the connection.
+    pub fn new(
+        exports: &'a [ExportInfo],
+        default_export: Option<usize>,
+        option_bytes_max: usize,
+    ) -> Self {
+        ServerNegotiator {
+            exports,
+            default_export: default_export.filter(|i| *i < exports.len()),
+            option_bytes_max,
+            state: State::ClientFlags,
+            no_zeroes: false,
+            options_seen: 0,
+        }
+    }
+
+    /// The 18-byte greeting to send first (fixed newstyle, no zeroes).
+    pub fn greeting(&self) -> [u8; GREETING_BYTES] {
+        encode_server_greeting(hflag::FIXED_NEWSTYLE | hflag::NO_ZEROES)
+    }
+
+    fn lookup(&self, name: &str) -> Option<usize> {
+        if name.is_empty() {
+            return self.default_export;
+        }
+        self.exports.iter().position(|e| e.name == name)
+    }
+
+    /// Consumes every complete message in `input`, appending replies to `out`.
+    pub fn advance(
+        &mut self,
+        input: &mut BytesMut,
+        out: &mut BytesMut,
+    ) -> Result<Progress, NegotiateError> {
+        loop {
+            match self.state {
+                State::Done => return Err(NegotiateError::Finished),
+                State::ClientFlags => {
+                    if input.len() < 4 {
+                        return Ok(Progress::NeedInput);
+                    }
+                    let f = decode_client_flags(input)?;
+                    input.advance(4);
+                    let known = cflag::FIXED_NEWSTYLE | cflag::NO_ZEROES;
+                    if f & !known != 0 {
+                        self.state = State::Done;
+                        return Err(NegotiateError::BadClientFlags(f));
+                    }
+                    self.no_zeroes = f & cflag::NO_ZEROES != 0;
+                    self.state = State::Options;
+                }
+                State::Options => {
+                    if input.len() < OPTION_HEADER_BYTES {
+                        return Ok(Progress::NeedInput);
+                    }
+                    let h = match decode_option_header(input) {
+                        Ok(h) => h,
+                        Err(e) => {
+                            self.state = State::Done;
+                            return Err(e.into());
+                        }
+                    };
+                    if h.data_len_bytes as usize > self.option_bytes_max {
+                        self.state = State::Done;
+                        encode_option_reply(
+                            h.option,
+                            rep::ERR_TOO_BIG,
+                            b"option data too long",
+                            out,
+                        );
+                        return Err(NegotiateError::OptionTooLong {
+                            option: h.option,
+                            data_len_bytes: h.data_len_bytes,
+                            limit_bytes: self.option_bytes_max,
+                        });
+                    }
+                    let total = OPTION_HEADER_BYTES + h.data_len_bytes as usize;
+                    if input.len() < total {
+                        input.reserve(total - input.len());
+                        return Ok(Progress::NeedInput);
+                    }
+                    self.options_seen += 1;
+                    if self.options_seen > OPTIONS_PER_CONNECTION_MAX {
+                        self.state = State::Done;
+                        return Err(NegotiateError::TooManyOptions);
+                    }
+                    input.advance(OPTION_HEADER_BYTES);
+                    let data = input.split_to(h.data_len_bytes as usize);
+                    if let Some(p) = self.option(h.option, &data, out)? {
+                        self.state = State::Done;
+                        return Ok(p);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Handles one option; `Some` ends haggling.
+    fn option(
+        &mut self,
+        code: u32,
+        data: &[u8],
+        out: &mut BytesMut,
+    ) -> Result<Option<Progress>, NegotiateError> {
+        let o = match parse_option(code, data) {
+            Ok(o) => o,
+            Err(e) if code == super::opt::EXPORT_NAME => {
+                self.state = State::Done;
+                return Err(NegotiateError::InvalidExportName(e));
+            }
+            Err(e) => {
+                tracing::debug!(option = code, error = %e, "invalid option");
+                encode_option_reply(code, rep::ERR_INVALID, e.to_string().as_bytes(), out);
+                return Ok(None);
+            }
+        };
+        match o {
+            ClientOption::ExportName(name) => {
+                let Some(i) = self.lookup(&name) else {
+                    self.state = State::Done;
+                    return Err(NegotiateError::UnknownExport(name));
+                };
+                let e = &self.exports[i];
+                encode_export_name_reply(e.size_bytes, e.transmission_flags, self.no_zeroes, out);
+                Ok(Some(Progress::Transmission { export_index: i }))
+            }
+            ClientOption::Abort => {
+                encode_option_reply(code, rep::ACK, &[], out);
+                Ok(Some(Progress::Abort))
+            }
+            ClientOption::List => {
+                for e in self.exports {
+                    let mut d = BytesMut::with_capacity(4 + e.name.len() + e.description.len());
+                    d.put_u32(e.name.len() as u32);
+                    d.put_slice(e.name.as_bytes());
+                    d.put_slice(e.description.as_bytes());
+                    encode_option_reply(code, rep::SERVER, &d, out);
+                }
+                encode_option_reply(code, rep::ACK, &[], out);
+                Ok(None)
+            }
+            ClientOption::Info(r) => {
+                self.info(code, &r, out);
+                Ok(None)
+            }
+            ClientOption::Go(r) => Ok(self
+                .info(code, &r, out)
+                .map(|export_index| Progress::Transmission { export_index })),
+            ClientOption::StructuredReply => {
+                encode_option_reply(code, rep::ERR_UNSUP, b"simple replies only", out);
+                Ok(None)
+            }
+            ClientOption::Unsupported(_) => {
+                encode_option_reply(code, rep::ERR_UNSUP, b"option not supported", out);
+                Ok(None)
+            }
+        }
+    }
+
+    /// Answers INFO/GO; returns the export index on success.
+    fn info(&self, code: u32, r: &InfoRequest, out: &mut BytesMut) -> Option<usize> {
+        let Some(i) = self.lookup(&r.name) else {
+            let msg = if r.name.is_empty() {
+                "no default export".to_string()
+            } else {
+                format!("no export named {:?}", r.name)
+            };
+            encode_option_reply(code, rep::ERR_UNKNOWN, msg.as_bytes(), out);
+            return None;
+        };
+        let e = &self.exports[i];
+        let mut d = BytesMut::with_capacity(64);
+        let mut item = |it: Info, out: &mut BytesMut| {
+            d.clear();
+            encode_info(&it, &mut d);
+            encode_option_reply(code, rep::INFO, &d, out);
+        };
+        item(
+            Info::Export {
+                size_bytes: e.size_bytes,
+                transmission_flags: e.transmission_flags,
+            },
+            out,
+        );
+        if r.infos.contains(&info::NAME) {
+            item(Info::Name(e.name.clone()), out);
+        }
+        if r.infos.contains(&info::DESCRIPTION) && !e.description.is_empty() {
+            item(Info::Description(e.description.clone()), out);
+        }
+        // Sent even when not asked for: the minimum is 1, so no client is bound by it.
+        item(Info::BlockSize(e.block_sizes), out);
+        encode_option_reply(code, rep::ACK, &[], out);
+        Some(i)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::proto::handshake::{decode_info, decode_option_reply_header, encode_option};
+    use crate::proto::{opt, tflag, OPTION_REPLY_HEADER_BYTES};
+    use proptest::prelude::*;
+
+    fn exports() -> Vec<ExportInfo> {
+        ["lun0", "lun1"]
+            .iter()
+            .enumerate()
+            .map(|(i, n)| ExportInfo {
+                name: n.to_string(),
+                description: format!("disk {i}"),
+                size_bytes: (i as u64 + 1) << 20,
+                transmission_flags: tflag::HAS_FLAGS | tflag::SEND_FLUSH,
+                block_sizes: BlockSizes {
+                    min_bytes: 1,
+                    preferred_bytes: 4096,
+                    max_bytes: 32 << 20,
+                },
+            })
+            .collect()
+    }
+
+    /// Splits `out` into (option, reply type, data) triples.
+    fn replies(mut out: &[u8]) -> Vec<(u32, u32, Vec<u8>)> {
+        let mut v = Vec::new();
+        while !out.is_empty() {
+            let h = decode_option_reply_header(out).unwrap();
+            let end = OPTION_REPLY_HEADER_BYTES + h.data_len_bytes as usize;
+            v.push((
+                h.option,
+                h.reply_type,
+                out[OPTION_REPLY_HEADER_BYTES..end].to_vec(),
+            ));
+            out = &out[end..];
+        }
+        v
+    }
+
+    fn opt_bytes(o: ClientOption) -> BytesMut {
+        let mut b = BytesMut::new();
+        encode_option(&o, &mut b);
+        b
+    }
+
+    #[test]
+    fn go_with_default_export_enters_transmission() {
+        let ex = exports();
+        let mut n = ServerNegotiator::new(&ex, Some(0), 4096);
+        let mut input = BytesMut::from(&3u32.to_be_bytes()[..]);
+        let mut out = BytesMut::new();
+        assert_eq!(n.advance(&mut input, &mut out), Ok(Progress::NeedInput));
+        input.extend_from_slice(&opt_bytes(ClientOption::StructuredReply));
+        input.extend_from_slice(&opt_bytes(ClientOption::Go(InfoRequest {
+            name: String::new(),
+            infos: vec![info::NAME, info::DESCRIPTION],
+        })));
+        input.extend_from_slice(b"tail");
+        let p = n.advance(&mut input, &mut out).unwrap();
+        assert_eq!(p, Progress::Transmission { export_index: 0 });
+        assert_eq!(&input[..], b"tail", "transmission bytes are left alone");
+        let r = replies(&out);
+        assert_eq!(r[0].1, rep::ERR_UNSUP);
+        assert_eq!(r[1].1, rep::INFO);
+        assert_eq!(
+            decode_info(&r[1].2).unwrap(),
+            Info::Export {
+                size_bytes: 1 << 20,
+                transmission_flags: tflag::HAS_FLAGS | tflag::SEND_FLUSH
+            }
+        );
+        assert_eq!(decode_info(&r[2].2).unwrap(), Info::Name("lun0".into()));
+        assert_eq!(
+            decode_info(&r[3].2).unwrap(),
+            Info::Description("disk 0".into())
+        );
+        assert!(matches!(decode_info(&r[4].2).unwrap(), Info::BlockSize(_)));
+        assert_eq!((r[5].0, r[5].1), (opt::GO, rep::ACK));
+        assert_eq!(
+            n.advance(&mut input, &mut out),
+            Err(NegotiateError::Finished)
+        );
+    }
+
+    #[test]
+    fn list_info_unknown_then_export_name() {
+        let ex = exports();
+        let mut n = ServerNegotiator::new(&ex, None, 4096);
+        let mut input = BytesMut::from(&1u32.to_be_bytes()[..]);
+        input.extend_from_slice(&opt_bytes(ClientOption::List));
+        input.extend_from_slice(&opt_bytes(ClientOption::Info(InfoRequest {
+            name: "nope".into(),
+            infos: vec![],
+        })));
+        input.extend_from_slice(&opt_bytes(ClientOption::Unsupported(opt::STARTTLS)));
+        input.extend_from_slice(&opt_bytes(ClientOption::Info(InfoRequest {
+            name: String::new(),
+            infos: vec![],
+        })));
+        input.extend_from_slice(&opt_bytes(ClientOption::ExportName("lun1".into())));
+        let mut out = BytesMut::new();
+        let p = n.advance(&mut input, &mut out).unwrap();
+        assert_eq!(p, Progress::Transmission { export_index: 1 });
+        // Not NO_ZEROES: 10 bytes + 124 zeroes at the end.
+        let tail = out.split_off(out.len() - 134);
+        assert_eq!(&tail[..8], &(2u64 << 20).to_be_bytes());
+        let r = replies(&out);
+        let types: Vec<u32> = r.iter().map(|x| x.1).collect();
+        assert_eq!(
+            types,
+            vec![
+                rep::SERVER,
+                rep::SERVER,
+                rep::ACK,
+                rep::ERR_UNKNOWN,
+                rep::ERR_UNSUP,
+                rep::ERR_UNKNOWN
+            ]
+        );
+        assert_eq!(&r[1].2[..8], b"\0\0\0\x04lun1");
+    }
+
+    #[test]
+    fn violations_close() {
+        let ex = exports();
+        let mut out = BytesMut::new();
+        let mut n = ServerNegotiator::new(&ex, None, 4096);
+        let mut input = BytesMut::from(&4u32.to_be_bytes()[..]);
+        assert_eq!(
+            n.advance(&mut input, &mut out),
+            Err(NegotiateError::BadClientFlags(4))
+        );
+
+        let mut n = ServerNegotiator::new(&ex, None, 4096);
+        let mut input = BytesMut::from(&1u32.to_be_bytes()[..]);
+        input.extend_from_slice(&[0u8; 16]);
+        assert!(matches!(
+            n.advance(&mut input, &mut out),
+            Err(NegotiateError::Proto(ProtoError::BadMagic { .. }))
+        ));
+
+        let mut n = ServerNegotiator::new(&ex, None, 4096);
+        let mut input = BytesMut::from(&1u32.to_be_bytes()[..]);
+        let mut big = opt_bytes(ClientOption::List);
+        big[12..16].copy_from_slice(&u32::MAX.to_be_bytes());
+        input.extend_from_slice(&big);
+        out.clear();
+        assert!(matches!(
+            n.advance(&mut input, &mut out),
+            Err(NegotiateError::OptionTooLong { .. })
+        ));
+        assert_eq!(replies(&out)[0].1, rep::ERR_TOO_BIG);
+
+        let mut n = ServerNegotiator::new(&ex, None, 4096);
+        let mut input = BytesMut::from(&1u32.to_be_bytes()[..]);
+        input.extend_from_slice(&opt_bytes(ClientOption::ExportName("zz".into())));
+        assert!(matches!(
+            n.advance(&mut input, &mut out),
+            Err(NegotiateError::UnknownExport(_))
+        ));
+
+        let mut n = ServerNegotiator::new(&ex, None, 4096);
+        let mut input = BytesMut::from(&1u32.to_be_bytes()[..]);
+        for _ in 0..=OPTIONS_PER_CONNECTION_MAX {
+            input.extend_from_slice(&opt_bytes(ClientOption::List));
+        }
+        assert_eq!(
+            n.advance(&mut input, &mut out),
+            Err(NegotiateError::TooManyOptions)
+        );
+    }
+
+    #[test]
+    fn abort_is_acked() {
+        let ex = exports();
+        let mut n = ServerNegotiator::new(&ex, None, 4096);
+        let mut input = BytesMut::from(&1u32.to_be_bytes()[..]);
+        input.extend_from_slice(&opt_bytes(ClientOption::Abort));
+        let mut out = BytesMut::new();
+        assert_eq!(n.advance(&mut input, &mut out), Ok(Progress::Abort));
+        assert_eq!(replies(&out), vec![(opt::ABORT, rep::ACK, vec![])]);
+    }
+
+    proptest! {
+        #[test]
+        fn never_panics_on_arbitrary_bytes(
+            chunks in proptest::collection::vec(proptest::collection::vec(any::<u8>(), 0..64), 0..8),
+            prefix_ok: bool,
+        ) {
+            let ex = exports();
+            let mut n = ServerNegotiator::new(&ex, Some(0), 64);
+            let mut input = BytesMut::new();
+            if prefix_ok {
+                input.extend_from_slice(&1u32.to_be_bytes());
+                input.extend_from_slice(&crate::proto::IHAVEOPT.to_be_bytes());
+            }
+            let mut out = BytesMut::new();
+            for c in chunks {
+                input.extend_from_slice(&c);
+                match n.advance(&mut input, &mut out) {
+                    Ok(Progress::NeedInput) => {}
+                    _ => break,
+                }
+                prop_assert!(input.len() < 64 + 16 + 64 * 8 + 16);
+            }
+        }
+
+        #[test]
+        fn option_roundtrip(name in "[a-z0-9]{0,40}", infos in proptest::collection::vec(any::<u16>(), 0..8)) {
+            let r = InfoRequest { name: name.clone(), infos };
+            for o in [ClientOption::Go(r.clone()), ClientOption::Info(r.clone()), ClientOption::ExportName(name.clone())] {
+                let b = opt_bytes(o.clone());
+                let h = decode_option_header(&b).unwrap();
+                prop_assert_eq!(h.data_len_bytes as usize, b.len() - 16);
+                prop_assert_eq!(parse_option(h.option, &b[16..]).unwrap(), o);
+            }
+        }
+    }
+}

@@ -1,0 +1,305 @@
+//! The NBD server: configuration, the accept loop and clean shutdown.
+//!
+//! Every export is a [`VolumeRef`]. The advertised transmission flags are
+//! `HAS_FLAGS | SEND_FLUSH | SEND_FUA | SEND_TRIM | SEND_WRITE_ZEROES |
+//! CAN_MULTI_CONN` (plus `READ_ONLY`, without FUA/TRIM/WRITE_ZEROES, for read-only
+//! exports). `CAN_MULTI_CONN` is safe because every connection to an export uses
+//! the same volume object and the server keeps no cache of its own: a reply is
+//! sent only after the volume completed the write, and `Volume::flush` makes every
+//! completed write durable whichever connection issued it, which is exactly the
+//! guarantee the flag promises.
+//!
+//! Block sizes are advertised as minimum 1 (any byte range is served, unaligned
+//! ones by covering reads and read-modify-write), preferred the volume block size,
+//! maximum [`NbdLimits::request_bytes_max`].
+
+mod conn;
+mod exec;
+mod rangelock;
+mod writer;
+
+use crate::proto::{tflag, BlockSizes, ExportInfo, STRING_BYTES_MAX};
+use block::VolumeRef;
+use exec::ExportState;
+use std::future::Future;
+use std::io;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::net::TcpListener;
+use tokio::sync::{watch, Semaphore};
+use tokio::task::JoinSet;
+
+/// One named export.
+#[derive(Clone)]
+pub struct NbdExport {
+    /// Name clients ask for (`lun0`, `lun1`, ...); unique, at most 4096 bytes.
+    pub name: String,
+    /// Free text shown by `nbdinfo` and in `NBD_OPT_LIST`.
+    pub description: String,
+    /// The volume served.
+    pub volume: VolumeRef,
+    /// Refuse writes, trims and zeroing with EPERM and advertise `READ_ONLY`.
+    pub read_only: bool,
+}
+
+impl std::fmt::Debug for NbdExport {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("NbdExport")
+            .field("name", &self.name)
+            .field("description", &self.description)
+            .field("geometry", &self.volume.geometry())
+            .field("read_only", &self.read_only)
+            .finish()
+    }
+}
+
+/// Bounds that keep one client from exhausting the server.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct NbdLimits {
+    /// Requests executing or waiting for their reply, per connection; the reader
+    /// stops reading when they are all taken.
+    pub requests_in_flight_max: usize,
+    /// Largest READ or WRITE payload (advertised as the maximum block size).
+    /// Longer reads get EOVERFLOW; longer writes get EOVERFLOW and a close.
+    pub request_bytes_max: u32,
+    /// READ/WRITE payload bytes held per connection at once (at least
+    /// `request_bytes_max`).
+    pub in_flight_bytes_max: usize,
+    /// Longest option data accepted during the handshake.
+    pub option_bytes_max: usize,
+    /// Time allowed from accept to the end of option haggling.
+    pub handshake_timeout_ms: u64,
+    /// Connections served at once; more are accepted and closed at once.
+    pub connections_max: usize,
+    /// Time in-flight requests get to finish when a connection ends.
+    pub drain_timeout_ms: u64,
+}
+
+impl Default for NbdLimits {
+    fn default() -> Self {
+        NbdLimits {
+            requests_in_flight_max: 64,
+            request_bytes_max: 32 << 20,
+            in_flight_bytes_max: 128 << 20,
+            option_bytes_max: 8 << 10,
+            handshake_timeout_ms: 30_000,
+            connections_max: 1024,
+            drain_timeout_ms: 30_000,
+        }
+    }
+}
+
+/// What an [`NbdServer`] serves and where.
+#[derive(Debug, Clone)]
+pub struct NbdConfig {
+    /// Address to listen on (port 0 picks a free port; see [`NbdServer::local_addr`]).
+    pub listen: SocketAddr,
+    /// The exports, by name.
+    pub exports: Vec<NbdExport>,
+    /// Export served to clients that send an empty name (freesan: `lun0`).
+    pub default_export: Option<String>,
+    /// Resource bounds.
+    pub limits: NbdLimits,
+}
+
+/// What every connection shares.
+pub(crate) struct Ctx {
+    pub exports: Vec<Arc<ExportState>>,
+    pub names: Vec<String>,
+    pub descriptions: Vec<String>,
+    pub default_export: Option<usize>,
+    pub limits: NbdLimits,
+    pub shutdown: watch::Receiver<bool>,
+}
+
+impl Ctx {
+    /// The handshake's view of every export, with the current geometry.
+    pub(crate) fn export_infos(&self) -> Vec<ExportInfo> {
+        self.exports
+            .iter()
+            .zip(self.names.iter().zip(&self.descriptions))
+            .map(|(e, (name, description))| {
+                let g = e.volume.geometry();
+                let preferred = g.block_size_bytes.max(512).next_power_of_two();
+                ExportInfo {
+                    name: name.clone(),
+                    description: description.clone(),
+                    size_bytes: g.size_bytes(),
+                    transmission_flags: transmission_flags(e.read_only),
+                    block_sizes: BlockSizes {
+                        min_bytes: 1,
+                        preferred_bytes: preferred,
+                        max_bytes: self.limits.request_bytes_max.max(preferred),
+                    },
+                }
+            })
+            .collect()
+    }
+}
+
+/// The transmission flags of an export.
+pub fn transmission_flags(read_only: bool) -> u16 {
+    let base = tflag::HAS_FLAGS | tflag::SEND_FLUSH | tflag::CAN_MULTI_CONN;
+    if read_only {
+        base | tflag::READ_ONLY
+    } else {
+        base | tflag::SEND_FUA | tflag::SEND_TRIM | tflag::SEND_WRITE_ZEROES
+    }
+}
+
+/// An NBD server bound to its listening socket.
+pub struct NbdServer {
+    listener: TcpListener,
+    local_addr: SocketAddr,
+    ctx: Arc<Ctx>,
+    shutdown_tx: watch::Sender<bool>,
+}
+
+fn invalid(msg: String) -> io::Error {
+    io::Error::new(io::ErrorKind::InvalidInput, msg)
+}
+
+fn check_config(cfg: &NbdConfig) -> io::Result<Option<usize>> {
+    for (i, e) in cfg.exports.iter().enumerate() {
+        if e.name.len() > STRING_BYTES_MAX || e.name.contains('\0') {
+            return Err(invalid(format!(
+                "export name {:?} is not a valid NBD string",
+                e.name
+            )));
+        }
+        if e.description.len() > STRING_BYTES_MAX || e.description.contains('\0') {
+            return Err(invalid(format!(
+                "description of {:?} is not a valid NBD string",
+                e.name
+            )));
+        }
+        if cfg.exports[..i].iter().any(|o| o.name == e.name) {
+            return Err(invalid(format!("export name {:?} used twice", e.name)));
+        }
+    }
+    let l = &cfg.limits;
+    if l.requests_in_flight_max == 0 || l.request_bytes_max < 4096 {
+        return Err(invalid("NBD limits too small".into()));
+    }
+    if l.in_flight_bytes_max < l.request_bytes_max as usize {
+        return Err(invalid(
+            "in_flight_bytes_max must be at least request_bytes_max".into(),
+        ));
+    }
+    match &cfg.default_export {
+        None => Ok(None),
+        Some(d) => match cfg.exports.iter().position(|e| &e.name == d) {
+            Some(i) => Ok(Some(i)),
+            None => Err(invalid(format!("default export {d:?} does not exist"))),
+        },
+    }
+}
+
+/// True when two volume handles point at the same object (data pointers only:
+/// vtable pointers of one type may differ between codegen units).
+fn same_object(a: &VolumeRef, b: &VolumeRef) -> bool {
+    std::ptr::eq(Arc::as_ptr(a) as *const (), Arc::as_ptr(b) as *const ())
+}
+
+impl NbdServer {
+    /// Checks the configuration and binds the listening socket.
+    pub async fn bind(cfg: NbdConfig) -> io::Result<NbdServer> {
+        let default_export = check_config(&cfg)?;
+        let listener = TcpListener::bind(cfg.listen).await?;
+        let local_addr = listener.local_addr()?;
+        let (shutdown_tx, shutdown) = watch::channel(false);
+        // One lock table per volume object: a volume exported under two names
+        // (`lun0` and `iqn.../lun0`) must serialize read-modify-write across both.
+        let mut states: Vec<Arc<ExportState>> = Vec::with_capacity(cfg.exports.len());
+        for e in &cfg.exports {
+            let locks = states
+                .iter()
+                .find(|s| same_object(&s.volume, &e.volume))
+                .map(|s| s.locks.clone())
+                .unwrap_or_default();
+            states.push(Arc::new(ExportState {
+                volume: e.volume.clone(),
+                read_only: e.read_only,
+                locks,
+            }));
+        }
+        let ctx = Arc::new(Ctx {
+            names: cfg.exports.iter().map(|e| e.name.clone()).collect(),
+            descriptions: cfg.exports.iter().map(|e| e.description.clone()).collect(),
+            exports: states,
+            default_export,
+            limits: cfg.limits,
+            shutdown,
+        });
+        Ok(NbdServer {
+            listener,
+            local_addr,
+            ctx,
+            shutdown_tx,
+        })
+    }
+
+    /// The bound address (port 0 resolved).
+    pub fn local_addr(&self) -> SocketAddr {
+        self.local_addr
+    }
+
+    /// Serves until `shutdown` completes; then stops accepting, lets every
+    /// connection finish its in-flight requests (within the drain timeout), closes
+    /// them and flushes every export's volume.
+    pub async fn run(self, shutdown: impl Future<Output = ()> + Send) -> io::Result<()> {
+        let conns_allowed = Arc::new(Semaphore::new(self.ctx.limits.connections_max.max(1)));
+        let mut conns = JoinSet::new();
+        tracing::info!(addr = %self.local_addr, exports = ?self.ctx.names, "NBD server listening");
+        tokio::pin!(shutdown);
+        loop {
+            tokio::select! {
+                _ = &mut shutdown => break,
+                acc = self.listener.accept() => match acc {
+                    Ok((sock, peer)) => {
+                        let Ok(permit) = conns_allowed.clone().try_acquire_owned() else {
+                            tracing::warn!(%peer, "too many NBD connections; closing");
+                            continue;
+                        };
+                        let ctx = self.ctx.clone();
+                        conns.spawn(async move {
+                            conn::serve(ctx, sock, peer).await;
+                            drop(permit);
+                        });
+                    }
+                    Err(e) => {
+                        tracing::warn!(error = %e, "NBD accept failed");
+                        tokio::time::sleep(Duration::from_millis(100)).await;
+                    }
+                },
+                Some(res) = conns.join_next(), if !conns.is_empty() => {
+                    if let Err(e) = res {
+                        if e.is_panic() {
+                            tracing::error!("NBD connection task panicked: {e}");
+                        }
+                    }
+                }
+            }
+        }
+        tracing::info!("NBD server shutting down");
+        drop(self.listener);
+        let _ = self.shutdown_tx.send(true);
+        let grace =
+            Duration::from_millis(self.ctx.limits.drain_timeout_ms) + Duration::from_secs(5);
+        if tokio::time::timeout(grace, async { while conns.join_next().await.is_some() {} })
+            .await
+            .is_err()
+        {
+            tracing::warn!("NBD connections did not close in time; aborting them");
+            conns.abort_all();
+            while conns.join_next().await.is_some() {}
+        }
+        for (e, name) in self.ctx.exports.iter().zip(&self.ctx.names) {
+            if let Err(err) = e.volume.flush().await {
+                tracing::warn!(export = %name, error = %err, "flush at NBD shutdown failed");
+            }
+        }
+        Ok(())
+    }
+}

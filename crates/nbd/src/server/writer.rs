@@ -1,0 +1,60 @@
+//! The one writer task of a connection: batches queued replies and writes headers
+//! and read data with vectored writes, without copying the data.
+
+use super::exec::ReplyData;
+use crate::io::write_all_vectored;
+use crate::proto::SIMPLE_REPLY_BYTES;
+use tokio::io::{AsyncWrite, AsyncWriteExt};
+use tokio::sync::{mpsc, OwnedSemaphorePermit};
+
+/// Most replies written in one batch.
+const BATCH_REPLIES_MAX: usize = 64;
+/// Most payload bytes written in one batch.
+const BATCH_BYTES_MAX: usize = 4 * 1024 * 1024;
+
+/// One reply to send.
+#[derive(Debug)]
+pub(crate) struct Reply {
+    /// Encoded simple reply header.
+    pub hdr: [u8; SIMPLE_REPLY_BYTES],
+    /// READ data (empty for everything else and for errors).
+    pub data: ReplyData,
+    /// The request's slot and byte budget: released once the reply is on the wire.
+    pub _permits: (OwnedSemaphorePermit, Option<OwnedSemaphorePermit>),
+}
+
+/// Runs until every sender is gone (then shuts the socket down) or a write fails.
+pub(crate) async fn run_writer<W: AsyncWrite + Unpin>(
+    mut sock: W,
+    mut rx: mpsc::Receiver<Reply>,
+) -> std::io::Result<()> {
+    let mut batch: Vec<Reply> = Vec::with_capacity(BATCH_REPLIES_MAX);
+    while let Some(first) = rx.recv().await {
+        let mut bytes = first.data.len_bytes();
+        batch.push(first);
+        while batch.len() < BATCH_REPLIES_MAX && bytes < BATCH_BYTES_MAX {
+            match rx.try_recv() {
+                Ok(r) => {
+                    bytes += r.data.len_bytes();
+                    batch.push(r);
+                }
+                Err(_) => break,
+            }
+        }
+        {
+            let mut parts: Vec<&[u8]> = Vec::with_capacity(batch.len() * 2);
+            for r in &batch {
+                parts.push(&r.hdr);
+                match &r.data {
+                    ReplyData::None => {}
+                    ReplyData::One(b) => parts.push(b),
+                    ReplyData::Many(v) => parts.extend(v.iter().map(|b| &b[..])),
+                }
+            }
+            write_all_vectored(&mut sock, &parts).await?;
+        }
+        batch.clear();
+    }
+    sock.flush().await?;
+    sock.shutdown().await
+}

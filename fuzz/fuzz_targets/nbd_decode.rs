@@ -1,0 +1,87 @@
+//! Arbitrary bytes fed to every NBD parser of network input: the server's option
+//! haggling state machine (in chunks, so partial messages are exercised), the
+//! transmission request decoder, and the client's decoders for the greeting,
+//! option replies, `NBD_INFO_*` items, the EXPORT_NAME answer and simple replies.
+//! Nothing may panic, and the negotiator must never buffer more than one bounded
+//! option plus one chunk.
+#![no_main]
+
+use block::BytesMut;
+use libfuzzer_sys::fuzz_target;
+use nbd::proto::{
+    decode_export_name_reply, decode_info, decode_option_header, decode_option_reply_header,
+    decode_request, decode_server_greeting, decode_simple_reply, parse_option, tflag,
+    BlockSizes, ExportInfo, Progress, ServerNegotiator, IHAVEOPT, OPTION_HEADER_BYTES,
+    REQUEST_BYTES,
+};
+
+/// Option data bound used here (small, so the bound is actually hit).
+const OPTION_BYTES_MAX: usize = 512;
+
+fn exports() -> Vec<ExportInfo> {
+    ["lun0", "lun1", ""]
+        .iter()
+        .map(|n| ExportInfo {
+            name: n.to_string(),
+            description: "fuzz".into(),
+            size_bytes: 1 << 20,
+            transmission_flags: tflag::HAS_FLAGS | tflag::SEND_FLUSH,
+            block_sizes: BlockSizes {
+                min_bytes: 1,
+                preferred_bytes: 4096,
+                max_bytes: 32 << 20,
+            },
+        })
+        .collect()
+}
+
+fuzz_target!(|data: &[u8]| {
+    let Some((&ctl, rest)) = data.split_first() else {
+        return;
+    };
+    let exports = exports();
+    let mut neg = ServerNegotiator::new(&exports, Some(0), OPTION_BYTES_MAX);
+    let _ = neg.greeting();
+    let mut input = BytesMut::new();
+    if ctl & 1 != 0 {
+        // A valid prefix (client flags + option magic) lets the fuzzer reach options.
+        input.extend_from_slice(&1u32.to_be_bytes());
+        input.extend_from_slice(&IHAVEOPT.to_be_bytes());
+    }
+    let chunk = (ctl as usize >> 1) + 1;
+    let mut out = BytesMut::new();
+    for piece in rest.chunks(chunk) {
+        input.extend_from_slice(piece);
+        match neg.advance(&mut input, &mut out) {
+            Ok(Progress::NeedInput) => {
+                assert!(input.len() <= OPTION_HEADER_BYTES + OPTION_BYTES_MAX + chunk + 12);
+            }
+            Ok(Progress::Transmission { export_index }) => {
+                assert!(export_index < exports.len());
+                // What follows is the transmission phase.
+                for r in input.chunks(REQUEST_BYTES) {
+                    let _ = decode_request(r);
+                }
+                break;
+            }
+            Ok(Progress::Abort) | Err(_) => break,
+        }
+        out.clear();
+    }
+
+    for r in rest.chunks(REQUEST_BYTES) {
+        if let Ok(req) = decode_request(r) {
+            let _ = req.payload_bytes();
+        }
+    }
+    let _ = decode_simple_reply(rest);
+    let _ = decode_server_greeting(rest);
+    let _ = decode_option_reply_header(rest);
+    let _ = decode_export_name_reply(rest);
+    let _ = decode_info(rest);
+    let _ = decode_option_header(rest);
+    if rest.len() >= 4 {
+        let code = u32::from_be_bytes([rest[0], rest[1], rest[2], rest[3]]) & 0xf;
+        let _ = parse_option(code, &rest[4..]);
+    }
+});
