@@ -26,9 +26,9 @@
 //! summary: <name> iops=<int> mbps=<float .1> lat_avg_us=<int> errors=<int>[ verify=ok| verify=failed lba=<int>]
 //! ```
 //!
-//! With more than one result a final item `total iops=<int> mbps=<float .1>` (sums over
-//! all results) is appended, e.g.
-//! `summary: 4k-randread iops=123456 mbps=505.7 lat_avg_us=258 errors=0 | 64k-seqread iops=7000 mbps=458.8 lat_avg_us=9100 errors=0 | total iops=130456 mbps=964.5`.
+//! With more than one result the items are joined by ` | ` (no total: IOPS of
+//! different patterns do not add up to anything meaningful), e.g.
+//! `summary: 4k-randread iops=123456 mbps=505.7 lat_avg_us=258 errors=0 | 64k-seqread iops=7000 mbps=458.8 lat_avg_us=9100 errors=0`.
 //! `mbps` is decimal megabytes (1e6 bytes) per second. With no result the line is
 //! `summary: none`.
 

@@ -159,7 +159,7 @@ pub fn summary_line(results: &[RunResult]) -> String {
     if results.is_empty() {
         return "summary: none".to_string();
     }
-    let mut items: Vec<String> = results
+    let items: Vec<String> = results
         .iter()
         .map(|r| {
             let mut s = format!(
@@ -181,11 +181,6 @@ pub fn summary_line(results: &[RunResult]) -> String {
             s
         })
         .collect();
-    if results.len() > 1 {
-        let iops: f64 = results.iter().map(|r| r.iops).sum();
-        let mbps: f64 = results.iter().map(|r| r.mb_per_sec).sum();
-        items.push(format!("total iops={iops:.0} mbps={mbps:.1}"));
-    }
     format!("summary: {}", items.join(" | "))
 }
 

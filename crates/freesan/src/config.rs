@@ -34,6 +34,22 @@ pub struct Config {
     /// Session and transfer limits.
     #[serde(default)]
     pub limits: LimitsConfig,
+    /// Serve every LUN over NBD too.
+    #[serde(default)]
+    pub nbd: Option<NbdConfig>,
+}
+
+/// The NBD frontend: every LUN as an export named `lunN` (LUNs of the first target)
+/// and `IQN/lunN` (every target); an empty export name means `lun0`.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct NbdConfig {
+    /// `IP:PORT` to listen on (NBD's port is 10809).
+    pub address: SocketAddr,
+    /// Listen on a non-loopback address. NBD has no authentication, so anyone who
+    /// reaches the address can read and write every LUN: off by default.
+    #[serde(default)]
+    pub allow_remote: bool,
 }
 
 /// One listening address.
@@ -174,6 +190,8 @@ pub struct QuickFlags {
     pub luns: Vec<String>,
     /// `--data-dir DIR`.
     pub data_dir: Option<PathBuf>,
+    /// `--nbd ADDR:PORT`.
+    pub nbd: Option<SocketAddr>,
 }
 
 impl QuickFlags {
@@ -241,6 +259,10 @@ impl Config {
             }],
             discovery_chap: None,
             limits: LimitsConfig::default(),
+            nbd: flags.nbd.map(|address| NbdConfig {
+                address,
+                allow_remote: false,
+            }),
         }
     }
 
@@ -346,6 +368,15 @@ impl Config {
                     crate::identity::parse_naa(naa)
                         .with_context(|| format!("target {} LUN {}", t.iqn, id))?;
                 }
+            }
+        }
+        if let Some(n) = &self.nbd {
+            if !n.address.ip().is_loopback() && !n.allow_remote {
+                bail!(
+                    "NBD address {} is not on loopback and NBD has no authentication: \
+                     set allow_remote = true in [nbd] to serve every LUN there on purpose",
+                    n.address
+                );
             }
         }
         for p in &self.portals {

@@ -7,6 +7,7 @@
 //!
 //! What it does not do: any data-path work itself; it only wires the crates.
 
+mod benchcmd;
 mod config;
 mod identity;
 mod serve;
@@ -29,6 +30,27 @@ enum Command {
     Serve(ServeArgs),
     /// Print the configuration `serve` would run with (as TOML) and exit.
     ShowConfig(ServeArgs),
+    /// Benchmark a LUN (iSCSI with multipath, NBD, or a file) with the standard SAN
+    /// patterns or one pattern; `bench chart` draws reports side by side; `bench
+    /// check` verifies a LUN against a saved --verify-state after a crash.
+    Bench(Box<BenchCmd>),
+}
+
+#[derive(clap::Args)]
+#[command(args_conflicts_with_subcommands = true)]
+struct BenchCmd {
+    #[command(subcommand)]
+    sub: Option<BenchSub>,
+    #[command(flatten)]
+    run: benchcmd::RunArgs,
+}
+
+#[derive(Subcommand)]
+enum BenchSub {
+    /// Draw charts (SVG and PNG) from JSON reports, one bar per report.
+    Chart(benchcmd::ChartArgs),
+    /// Read a LUN back against the state of an earlier `bench --verify --verify-state`.
+    Check(benchcmd::CheckArgs),
 }
 
 #[derive(clap::Args)]
@@ -50,6 +72,9 @@ struct ServeArgs {
     /// Where LUN identities, reservations and state live.
     #[arg(long, value_name = "DIR")]
     data_dir: Option<PathBuf>,
+    /// Also serve every LUN over NBD on ADDR:PORT (exports lun0, lun1, ...).
+    #[arg(long, value_name = "ADDR:PORT")]
+    nbd: Option<SocketAddr>,
 }
 
 impl ServeArgs {
@@ -59,6 +84,7 @@ impl ServeArgs {
             target: self.target.clone(),
             luns: self.luns.clone(),
             data_dir: self.data_dir.clone(),
+            nbd: self.nbd,
         };
         match &self.config {
             Some(path) => {
@@ -69,11 +95,23 @@ impl ServeArgs {
                 if let Some(d) = &self.data_dir {
                     cfg.data_dir = d.clone();
                 }
+                if let Some(a) = self.nbd {
+                    cfg.nbd = Some(config::NbdConfig {
+                        address: a,
+                        allow_remote: false,
+                    });
+                }
                 Ok(cfg)
             }
             None => Ok(config::Config::from_quick_flags(&flags)),
         }
     }
+}
+
+fn runtime() -> Result<tokio::runtime::Runtime> {
+    Ok(tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?)
 }
 
 fn main() {
@@ -87,12 +125,14 @@ fn main() {
         .init();
     let cli = Cli::parse();
     let result = match cli.command {
-        Command::Serve(args) => args.config().and_then(|cfg| {
-            tokio::runtime::Builder::new_multi_thread()
-                .enable_all()
-                .build()?
-                .block_on(serve::run(cfg))
-        }),
+        Command::Serve(args) => args
+            .config()
+            .and_then(|cfg| runtime().and_then(|rt| rt.block_on(serve::run(cfg)))),
+        Command::Bench(b) => match b.sub {
+            Some(BenchSub::Chart(c)) => benchcmd::chart(c),
+            Some(BenchSub::Check(c)) => runtime().and_then(|rt| rt.block_on(benchcmd::check(c))),
+            None => runtime().and_then(|rt| rt.block_on(benchcmd::run(b.run))),
+        },
         Command::ShowConfig(args) => args.config().and_then(|cfg| {
             cfg.validate()?;
             print!("{}", toml::to_string_pretty(&cfg)?);

@@ -22,9 +22,9 @@ fn chap(c: &Option<crate::config::Chap>) -> Option<iscsi::ChapSecret> {
     })
 }
 
-/// Builds the iSCSI server configuration: opens (or creates) every backing file and
-/// loads every LUN identity.
-fn build(cfg: &Config) -> Result<(iscsi::ServerConfig, Vec<OpenedLun>)> {
+/// Builds the iSCSI server configuration and the NBD exports: opens (or creates)
+/// every backing file and loads every LUN identity.
+fn build(cfg: &Config) -> Result<(iscsi::ServerConfig, Vec<OpenedLun>, Vec<nbd::NbdExport>)> {
     std::fs::create_dir_all(&cfg.data_dir)
         .with_context(|| format!("creating data directory {}", cfg.data_dir.display()))?;
     let portals: Vec<iscsi::Portal> = cfg
@@ -38,7 +38,8 @@ fn build(cfg: &Config) -> Result<(iscsi::ServerConfig, Vec<OpenedLun>)> {
         .collect();
     let mut targets = Vec::new();
     let mut opened = Vec::new();
-    for t in &cfg.targets {
+    let mut exports = Vec::new();
+    for (ti, t) in cfg.targets.iter().enumerate() {
         let ports: Vec<scsi::TargetPort> = portals
             .iter()
             .map(|p| scsi::TargetPort {
@@ -85,6 +86,18 @@ fn build(cfg: &Config) -> Result<(iscsi::ServerConfig, Vec<OpenedLun>)> {
                 None => identity::parse_naa(&id.naa)?,
             };
             let g = volume.geometry();
+            let mut names = vec![format!("{}/lun{lun_id}", t.iqn)];
+            if ti == 0 {
+                names.insert(0, format!("lun{lun_id}"));
+            }
+            for name in names {
+                exports.push(nbd::NbdExport {
+                    name,
+                    description: format!("{} LUN {lun_id} ({})", t.iqn, l.path.display()),
+                    volume: volume.clone(),
+                    read_only: l.read_only,
+                });
+            }
             opened.push(OpenedLun {
                 target: t.iqn.clone(),
                 id: lun_id,
@@ -136,7 +149,7 @@ fn build(cfg: &Config) -> Result<(iscsi::ServerConfig, Vec<OpenedLun>)> {
         },
         limits: cfg.limits.to_iscsi(),
     };
-    Ok((server, opened))
+    Ok((server, opened, exports))
 }
 
 fn human(bytes: u64) -> String {
@@ -169,15 +182,31 @@ async fn shutdown_signal() {
 /// Runs the node until a signal asks it to stop.
 pub async fn run(cfg: Config) -> Result<()> {
     cfg.validate()?;
-    let (server_cfg, opened) = build(&cfg)?;
+    let (server_cfg, opened, exports) = build(&cfg)?;
     let server = iscsi::Server::bind(server_cfg)
         .await
         .context("binding the portals")?;
+    let nbd_server = match &cfg.nbd {
+        Some(n) => Some(
+            nbd::NbdServer::bind(nbd::NbdConfig {
+                listen: n.address,
+                default_export: exports.first().map(|e| e.name.clone()),
+                exports,
+                limits: nbd::NbdLimits::default(),
+            })
+            .await
+            .with_context(|| format!("binding NBD on {}", n.address))?,
+        ),
+        None => None,
+    };
     let addrs = server.local_addrs();
     eprintln!("freesan {} serving", env!("CARGO_PKG_VERSION"));
     eprintln!("  data directory: {}", cfg.data_dir.display());
     for a in &addrs {
         eprintln!("  portal:         {a}");
+    }
+    if let Some(n) = &nbd_server {
+        eprintln!("  nbd:            {}", n.local_addr());
     }
     for l in &opened {
         eprintln!(
@@ -193,8 +222,22 @@ pub async fn run(cfg: Config) -> Result<()> {
         eprintln!("  iscsi-ls -s iscsi://{a}");
         eprintln!("  iscsiadm -m discovery -t sendtargets -p {a} && iscsiadm -m node --login");
         eprintln!("  qemu-img info iscsi://{a}/{}/{}", l.target, l.id);
+        if let Some(n) = &nbd_server {
+            eprintln!("  nbdinfo nbd://{}/lun{}", n.local_addr(), l.id);
+        }
     }
-    server.run(shutdown_signal()).await?;
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let stopped = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
+        let _ = rx.wait_for(|s| *s).await;
+    };
+    let nbd_task = nbd_server.map(|n| tokio::spawn(n.run(stopped(stop_rx.clone()))));
+    let iscsi_task = tokio::spawn(server.run(stopped(stop_rx)));
+    shutdown_signal().await;
+    let _ = stop_tx.send(true);
+    if let Some(t) = nbd_task {
+        t.await.context("NBD server task")??;
+    }
+    iscsi_task.await.context("iSCSI server task")??;
     eprintln!("freesan stopped cleanly");
     Ok(())
 }
