@@ -54,9 +54,11 @@ impl ProgressLine {
     /// A sink that prints to stderr.
     pub fn sink(&self) -> ProgressSink {
         let me = self.clone();
+        let tty = std::io::IsTerminal::is_terminal(&std::io::stderr());
         Arc::new(move |s: &ProgressSample| {
             let mut err = std::io::stderr().lock();
-            let _ = if s.done {
+            // On a terminal the line updates in place; in a log, one line per sample.
+            let _ = if s.done || !tty {
                 writeln!(err, "\r{}", me.format(s))
             } else {
                 write!(err, "\r{}", me.format(s))

@@ -100,7 +100,10 @@ fn summary_line_format() {
     let items: Vec<&str> = line.trim_start_matches("summary: ").split(" | ").collect();
     assert_eq!(items.len(), all.len(), "one item per pattern, no total");
     for (item, r) in items.iter().zip(&all) {
-        assert!(item.starts_with(&format!("{} iops={:.0} ", r.name, r.iops)), "{item}");
+        assert!(
+            item.starts_with(&format!("{} iops={:.0} ", r.name, r.iops)),
+            "{item}"
+        );
     }
     assert!(!line.contains('\n'));
     assert_eq!(summary_line(&[]), "summary: none");

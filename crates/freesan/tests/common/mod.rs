@@ -15,6 +15,8 @@ pub const IQN: &str = "iqn.2026-11.org.freesan:itest";
 pub struct Node {
     pub child: Option<Child>,
     pub portals: Vec<String>,
+    /// The NBD address from the banner, when serving NBD.
+    pub nbd: Option<String>,
     pub log: PathBuf,
     log_thread: Option<std::thread::JoinHandle<()>>,
 }
@@ -65,6 +67,9 @@ impl Node {
                 if let Some(p) = line.trim().strip_prefix("portal:") {
                     portals.push(p.trim().to_string());
                 }
+                if let Some(p) = line.trim().strip_prefix("nbd:") {
+                    portals.push(format!("nbd={}", p.trim()));
+                }
                 if !sent && line.starts_with("connect with:") {
                     let _ = tx.send(portals.clone());
                     sent = true;
@@ -77,6 +82,13 @@ impl Node {
         let portals = rx
             .recv_timeout(Duration::from_secs(60))
             .expect("freesan printed no banner within 60 s");
+        let nbd = portals
+            .iter()
+            .find_map(|p| p.strip_prefix("nbd=").map(str::to_string));
+        let portals: Vec<String> = portals
+            .into_iter()
+            .filter(|p| !p.starts_with("nbd="))
+            .collect();
         assert!(
             !portals.is_empty(),
             "freesan exited before serving; log: {}",
@@ -85,6 +97,7 @@ impl Node {
         Node {
             child: Some(child),
             portals,
+            nbd,
             log: log.to_path_buf(),
             log_thread: Some(log_thread),
         }
