@@ -147,10 +147,36 @@ pub async fn open_target(
             chap,
             ..initiator::OpenOptions::default()
         };
-        let v = initiator::open_url(url, &opts)
+        let mp = initiator::open_multipath(url, &opts)
             .await
             .with_context(|| format!("opening {url}"))?;
-        return Ok(v);
+        let paths = mp.path_stats().len();
+        eprintln!(
+            "iSCSI: {paths} path(s), {}",
+            if paths < 2 {
+                "single path"
+            } else if failover_only {
+                "failover only"
+            } else {
+                "round-robin"
+            }
+        );
+        // Path failures and restorations as they happen: the I/O itself is retried
+        // on another path and never fails while one path works.
+        let mut events = mp.path_events();
+        tokio::spawn(async move {
+            while let Ok(e) = events.recv().await {
+                match e.kind {
+                    initiator::PathEventKind::Failed { reason } => {
+                        eprintln!("\npath {} ({}) failed: {reason}", e.path_index, e.addr)
+                    }
+                    initiator::PathEventKind::Restored => {
+                        eprintln!("\npath {} ({}) restored", e.path_index, e.addr)
+                    }
+                }
+            }
+        });
+        return Ok(Arc::new(mp));
     }
     bail!("unknown target {url:?}: use iscsi://HOST:PORT/IQN/LUN, nbd://HOST:PORT/EXPORT or file:PATH")
 }
