@@ -1,0 +1,1 @@
+//! raid (being written)
