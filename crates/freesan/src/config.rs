@@ -104,8 +104,12 @@ pub struct LunConfig {
     /// LUN number; defaults to the position in the list.
     #[serde(default)]
     pub id: Option<u64>,
-    /// Backing file or block device.
-    pub path: PathBuf,
+    /// Backing file or block device (or give `pool`).
+    #[serde(default)]
+    pub path: Option<PathBuf>,
+    /// Serve the whole usable space of this `[[pool]]` (instead of `path`).
+    #[serde(default)]
+    pub pool: Option<String>,
     /// Size with which a missing file is created (`4G`, `512M`, `16GiB`); required
     /// when the file does not exist.
     #[serde(default)]
@@ -286,7 +290,9 @@ impl Config {
         fix(&mut self.data_dir);
         for t in &mut self.targets {
             for l in &mut t.luns {
-                fix(&mut l.path);
+                if let Some(p) = &mut l.path {
+                    fix(p);
+                }
             }
         }
     }
@@ -347,6 +353,13 @@ impl Config {
                 if !ids.insert(id) {
                     bail!("target {}: LUN {} is configured twice", t.iqn, id);
                 }
+                if l.path.is_some() == l.pool.is_some() {
+                    bail!(
+                        "target {} LUN {}: give exactly one of path and pool",
+                        t.iqn,
+                        id
+                    );
+                }
                 if l.block_size != 512 && l.block_size != 4096 {
                     bail!(
                         "target {} LUN {}: block_size must be 512 or 4096",
@@ -401,7 +414,8 @@ impl LunConfig {
     pub fn file(path: PathBuf, size: Option<String>) -> LunConfig {
         LunConfig {
             id: None,
-            path,
+            path: Some(path),
+            pool: None,
             size,
             thick: false,
             read_only: false,

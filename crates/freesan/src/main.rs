@@ -10,6 +10,7 @@
 mod benchcmd;
 mod config;
 mod identity;
+mod pools;
 mod serve;
 
 use anyhow::{bail, Result};

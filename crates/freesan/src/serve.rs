@@ -1,10 +1,12 @@
 //! `freesan serve`: opens the LUNs, builds the SCSI targets, starts the portals and
 //! runs until SIGTERM or SIGINT, then shuts down cleanly (sessions closed, data flushed).
 
-use crate::config::Config;
+use crate::config::{Config, LunConfig};
 use crate::identity;
-use anyhow::{Context, Result};
+use crate::pools::Pools;
+use anyhow::{bail, Context, Result};
 use block::VolumeRef;
+use std::path::Path;
 use std::sync::Arc;
 
 /// One opened LUN, for the banner.
@@ -22,9 +24,41 @@ fn chap(c: &Option<crate::config::Chap>) -> Option<iscsi::ChapSecret> {
     })
 }
 
+/// Opens the volume a LUN serves: its file or block device, or its pool. Returns the
+/// volume and a description of what backs it.
+fn lun_volume(l: &LunConfig, pools: &Pools) -> Result<(VolumeRef, String)> {
+    if let Some(name) = &l.pool {
+        let vol = pools.volume(name)?;
+        return Ok((vol, format!("pool {name}")));
+    }
+    let Some(path) = &l.path else {
+        bail!("neither path nor pool given");
+    };
+    let opts = disk::FileOptions {
+        create_size_bytes: l.size.as_deref().and_then(disk::parse_size),
+        thick: l.thick,
+        block_size_bytes: l.block_size,
+        sync_writes: l.sync_writes,
+        read_only: l.read_only,
+        ..disk::FileOptions::default()
+    };
+    if let Some(parent) = path.parent() {
+        if !parent.as_os_str().is_empty() && !path.exists() {
+            std::fs::create_dir_all(parent)
+                .with_context(|| format!("creating {}", parent.display()))?;
+        }
+    }
+    let vol = disk::FileVolume::open(path, &opts)
+        .with_context(|| format!("opening {}", path.display()))?;
+    Ok((Arc::new(vol), path.display().to_string()))
+}
+
 /// Builds the iSCSI server configuration and the NBD exports: opens (or creates)
 /// every backing file and loads every LUN identity.
-fn build(cfg: &Config) -> Result<(iscsi::ServerConfig, Vec<OpenedLun>, Vec<nbd::NbdExport>)> {
+fn build(
+    cfg: &Config,
+    pools: &Pools,
+) -> Result<(iscsi::ServerConfig, Vec<OpenedLun>, Vec<nbd::NbdExport>)> {
     std::fs::create_dir_all(&cfg.data_dir)
         .with_context(|| format!("creating data directory {}", cfg.data_dir.display()))?;
     let portals: Vec<iscsi::Portal> = cfg
@@ -57,30 +91,9 @@ fn build(cfg: &Config) -> Result<(iscsi::ServerConfig, Vec<OpenedLun>, Vec<nbd::
         let mut luns = Vec::new();
         for (i, l) in t.luns.iter().enumerate() {
             let lun_id = l.id.unwrap_or(i as u64);
-            let opts = disk::FileOptions {
-                create_size_bytes: l.size.as_deref().and_then(disk::parse_size),
-                thick: l.thick,
-                block_size_bytes: l.block_size,
-                sync_writes: l.sync_writes,
-                read_only: l.read_only,
-                ..disk::FileOptions::default()
-            };
-            if let Some(parent) = l.path.parent() {
-                if !parent.as_os_str().is_empty() && !l.path.exists() {
-                    std::fs::create_dir_all(parent)
-                        .with_context(|| format!("creating {}", parent.display()))?;
-                }
-            }
-            let vol = disk::FileVolume::open(&l.path, &opts).with_context(|| {
-                format!(
-                    "target {} LUN {}: opening {}",
-                    t.iqn,
-                    lun_id,
-                    l.path.display()
-                )
-            })?;
-            let volume: VolumeRef = Arc::new(vol);
-            let id = identity::load_or_create(&cfg.data_dir, &t.iqn, lun_id, &l.path)?;
+            let (volume, backing) =
+                lun_volume(l, pools).with_context(|| format!("target {} LUN {}", t.iqn, lun_id))?;
+            let id = identity::load_or_create(&cfg.data_dir, &t.iqn, lun_id, Path::new(&backing))?;
             let naa = match &l.naa {
                 Some(n) => identity::parse_naa(n)?,
                 None => identity::parse_naa(&id.naa)?,
@@ -93,7 +106,7 @@ fn build(cfg: &Config) -> Result<(iscsi::ServerConfig, Vec<OpenedLun>, Vec<nbd::
             for name in names {
                 exports.push(nbd::NbdExport {
                     name,
-                    description: format!("{} LUN {lun_id} ({})", t.iqn, l.path.display()),
+                    description: format!("{} LUN {lun_id} ({backing})", t.iqn),
                     volume: volume.clone(),
                     read_only: l.read_only,
                 });
@@ -101,7 +114,7 @@ fn build(cfg: &Config) -> Result<(iscsi::ServerConfig, Vec<OpenedLun>, Vec<nbd::
             opened.push(OpenedLun {
                 target: t.iqn.clone(),
                 id: lun_id,
-                path: l.path.display().to_string(),
+                path: backing.clone(),
                 size_bytes: g.size_bytes(),
             });
             luns.push((
@@ -182,7 +195,8 @@ async fn shutdown_signal() {
 /// Runs the node until a signal asks it to stop.
 pub async fn run(cfg: Config) -> Result<()> {
     cfg.validate()?;
-    let (server_cfg, opened, exports) = build(&cfg)?;
+    let pools = Pools::open(&cfg).await?;
+    let (server_cfg, opened, exports) = build(&cfg, &pools)?;
     let server = iscsi::Server::bind(server_cfg)
         .await
         .context("binding the portals")?;
