@@ -1,0 +1,296 @@
+//! The management API of a freesan node: REST with JSON bodies over the control
+//! plane. The CLI (and later the web console) go through it.
+//!
+//! What it does not do: any data-path work, or decide anything itself; every
+//! request is answered by the node's [`Control`] implementation. It listens on
+//! loopback unless the configuration says otherwise.
+//!
+//! Routes (all under `/api/v1`):
+//! - `GET  /status` — the node: version, portals, targets, LUNs, pools.
+//! - `GET  /pools` — every pool's status; `GET /pools/{name}` — one.
+//! - `POST /pools/{name}/scrub` — start a scrub.
+//! - `POST /pools/{name}/spares` `{"disk": NAME}` — add a configured disk as a spare.
+//! - `POST /pools/{name}/replace` `{"position": N, "disk": NAME}` — replace a member.
+//! - `POST /pools/{name}/fail` `{"position": N}` — mark a member failed (administrative).
+//!
+//! Errors come back as `{"error": "..."}` with 400 (bad request), 404 (no such pool)
+//! or 409 (refused in the current state).
+
+use async_trait::async_trait;
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use serde::Deserialize;
+use serde_json::{json, Value};
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+/// An administrative action on a pool.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(tag = "action", rename_all = "snake_case")]
+pub enum PoolAction {
+    /// Start a scrub.
+    Scrub,
+    /// Add the configured disk `disk` as a spare.
+    AddSpare {
+        /// Name of a `[[disk]]` not in use.
+        disk: String,
+    },
+    /// Replace the member at `position` with the configured disk `disk`.
+    Replace {
+        /// Member position.
+        position: usize,
+        /// Name of a `[[disk]]` not in use.
+        disk: String,
+    },
+    /// Mark the member at `position` failed.
+    Fail {
+        /// Member position.
+        position: usize,
+    },
+}
+
+/// Why the control plane refused a request.
+#[derive(Debug, thiserror::Error)]
+pub enum ApiError {
+    /// No such object.
+    #[error("{0}")]
+    NotFound(String),
+    /// The request is malformed or names something unusable.
+    #[error("{0}")]
+    BadRequest(String),
+    /// Refused in the current state.
+    #[error("{0}")]
+    Conflict(String),
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let code = match self {
+            ApiError::NotFound(_) => StatusCode::NOT_FOUND,
+            ApiError::BadRequest(_) => StatusCode::BAD_REQUEST,
+            ApiError::Conflict(_) => StatusCode::CONFLICT,
+        };
+        (code, Json(json!({ "error": self.to_string() }))).into_response()
+    }
+}
+
+/// What the node exposes to the API.
+#[async_trait]
+pub trait Control: Send + Sync + 'static {
+    /// The node's status.
+    fn status(&self) -> Value;
+    /// Every pool's status.
+    fn pools(&self) -> Vec<Value>;
+    /// One pool's status.
+    fn pool(&self, name: &str) -> Option<Value>;
+    /// Carries out an action on a pool; answers with the pool's new status.
+    async fn pool_action(&self, name: &str, action: PoolAction) -> Result<Value, ApiError>;
+}
+
+type Ctl = Arc<dyn Control>;
+
+async fn status(State(c): State<Ctl>) -> Json<Value> {
+    Json(c.status())
+}
+
+async fn pools(State(c): State<Ctl>) -> Json<Value> {
+    Json(Value::Array(c.pools()))
+}
+
+async fn pool(State(c): State<Ctl>, Path(name): Path<String>) -> Result<Json<Value>, ApiError> {
+    c.pool(&name)
+        .map(Json)
+        .ok_or_else(|| ApiError::NotFound(format!("no pool named {name:?}")))
+}
+
+#[derive(Deserialize)]
+struct DiskBody {
+    disk: String,
+}
+
+#[derive(Deserialize)]
+struct ReplaceBody {
+    position: usize,
+    disk: String,
+}
+
+#[derive(Deserialize)]
+struct PositionBody {
+    position: usize,
+}
+
+async fn act(c: &Ctl, name: &str, a: PoolAction) -> Result<Json<Value>, ApiError> {
+    c.pool_action(name, a).await.map(Json)
+}
+
+async fn scrub(State(c): State<Ctl>, Path(name): Path<String>) -> Result<Json<Value>, ApiError> {
+    act(&c, &name, PoolAction::Scrub).await
+}
+
+async fn spares(
+    State(c): State<Ctl>,
+    Path(name): Path<String>,
+    Json(b): Json<DiskBody>,
+) -> Result<Json<Value>, ApiError> {
+    act(&c, &name, PoolAction::AddSpare { disk: b.disk }).await
+}
+
+async fn replace(
+    State(c): State<Ctl>,
+    Path(name): Path<String>,
+    Json(b): Json<ReplaceBody>,
+) -> Result<Json<Value>, ApiError> {
+    let a = PoolAction::Replace {
+        position: b.position,
+        disk: b.disk,
+    };
+    act(&c, &name, a).await
+}
+
+async fn fail(
+    State(c): State<Ctl>,
+    Path(name): Path<String>,
+    Json(b): Json<PositionBody>,
+) -> Result<Json<Value>, ApiError> {
+    act(
+        &c,
+        &name,
+        PoolAction::Fail {
+            position: b.position,
+        },
+    )
+    .await
+}
+
+/// The API's routes over `control`.
+pub fn router(control: Ctl) -> Router {
+    Router::new()
+        .route("/api/v1/status", get(status))
+        .route("/api/v1/pools", get(pools))
+        .route("/api/v1/pools/{name}", get(pool))
+        .route("/api/v1/pools/{name}/scrub", post(scrub))
+        .route("/api/v1/pools/{name}/spares", post(spares))
+        .route("/api/v1/pools/{name}/replace", post(replace))
+        .route("/api/v1/pools/{name}/fail", post(fail))
+        .with_state(control)
+}
+
+/// A bound API listener.
+pub struct ApiServer {
+    listener: tokio::net::TcpListener,
+    control: Ctl,
+}
+
+impl ApiServer {
+    /// Binds `addr`.
+    pub async fn bind(addr: SocketAddr, control: Ctl) -> std::io::Result<ApiServer> {
+        let listener = tokio::net::TcpListener::bind(addr).await?;
+        Ok(ApiServer { listener, control })
+    }
+
+    /// The address actually bound.
+    pub fn local_addr(&self) -> std::io::Result<SocketAddr> {
+        self.listener.local_addr()
+    }
+
+    /// Serves until `shutdown` completes.
+    pub async fn run(
+        self,
+        shutdown: impl Future<Output = ()> + Send + 'static,
+    ) -> std::io::Result<()> {
+        axum::serve(self.listener, router(self.control))
+            .with_graceful_shutdown(shutdown)
+            .await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    struct Fake;
+
+    #[async_trait]
+    impl Control for Fake {
+        fn status(&self) -> Value {
+            json!({"version": "test"})
+        }
+        fn pools(&self) -> Vec<Value> {
+            vec![json!({"name": "tank"})]
+        }
+        fn pool(&self, name: &str) -> Option<Value> {
+            (name == "tank").then(|| json!({"name": "tank"}))
+        }
+        async fn pool_action(&self, name: &str, action: PoolAction) -> Result<Value, ApiError> {
+            if name != "tank" {
+                return Err(ApiError::NotFound(name.into()));
+            }
+            match action {
+                PoolAction::Fail { position } if position > 3 => {
+                    Err(ApiError::BadRequest("no such position".into()))
+                }
+                a => Ok(json!({"done": format!("{a:?}")})),
+            }
+        }
+    }
+
+    async fn http(addr: SocketAddr, req: &str) -> (u16, String) {
+        let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+        s.write_all(req.as_bytes()).await.unwrap();
+        let mut out = String::new();
+        s.read_to_string(&mut out).await.unwrap();
+        let code = out[9..12].parse().unwrap();
+        let body = out.split("\r\n\r\n").nth(1).unwrap_or_default().to_string();
+        (code, body)
+    }
+
+    #[tokio::test]
+    async fn routes_answer_with_json_and_codes() {
+        let srv = ApiServer::bind("127.0.0.1:0".parse().unwrap(), Arc::new(Fake))
+            .await
+            .unwrap();
+        let addr = srv.local_addr().unwrap();
+        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+        let task = tokio::spawn(srv.run(async move {
+            let _ = rx.await;
+        }));
+        let get = |p: &str| format!("GET {p} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+        let post = |p: &str, b: &str| {
+            format!(
+                "POST {p} HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{b}",
+                b.len()
+            )
+        };
+        assert_eq!(http(addr, &get("/api/v1/pools/tank")).await.0, 200);
+        assert_eq!(http(addr, &get("/api/v1/pools/none")).await.0, 404);
+        let (code, body) = http(
+            addr,
+            &post(
+                "/api/v1/pools/tank/replace",
+                r#"{"position":1,"disk":"d9"}"#,
+            ),
+        )
+        .await;
+        assert_eq!(code, 200, "{body}");
+        assert!(body.contains("Replace"));
+        assert_eq!(
+            http(addr, &post("/api/v1/pools/tank/fail", r#"{"position":7}"#))
+                .await
+                .0,
+            400
+        );
+        assert_eq!(
+            http(addr, &post("/api/v1/pools/tank/fail", r#"{"pos":1}"#))
+                .await
+                .0,
+            422
+        );
+        let _ = tx.send(());
+        task.await.unwrap().unwrap();
+    }
+}
