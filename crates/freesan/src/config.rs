@@ -37,6 +37,20 @@ pub struct Config {
     /// Serve every LUN over NBD too.
     #[serde(default)]
     pub nbd: Option<NbdConfig>,
+    /// The management API (REST + JSON) that `freesan pool ...` talks to.
+    #[serde(default)]
+    pub api: Option<ApiConfig>,
+}
+
+/// Where the management API listens.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct ApiConfig {
+    /// `IP:PORT`; `freesan pool` uses 127.0.0.1:8260 unless told otherwise.
+    pub address: SocketAddr,
+    /// Listen on a non-loopback address. The API has no authentication yet: off by default.
+    #[serde(default)]
+    pub allow_remote: bool,
 }
 
 /// The NBD frontend: every LUN as an export named `lunN` (LUNs of the first target)
@@ -196,6 +210,8 @@ pub struct QuickFlags {
     pub data_dir: Option<PathBuf>,
     /// `--nbd ADDR:PORT`.
     pub nbd: Option<SocketAddr>,
+    /// `--api ADDR:PORT`.
+    pub api: Option<SocketAddr>,
 }
 
 impl QuickFlags {
@@ -264,6 +280,10 @@ impl Config {
             discovery_chap: None,
             limits: LimitsConfig::default(),
             nbd: flags.nbd.map(|address| NbdConfig {
+                address,
+                allow_remote: false,
+            }),
+            api: flags.api.map(|address| ApiConfig {
                 address,
                 allow_remote: false,
             }),
@@ -381,6 +401,15 @@ impl Config {
                     crate::identity::parse_naa(naa)
                         .with_context(|| format!("target {} LUN {}", t.iqn, id))?;
                 }
+            }
+        }
+        if let Some(a) = &self.api {
+            if !a.address.ip().is_loopback() && !a.allow_remote {
+                bail!(
+                    "API address {} is not on loopback and the API has no authentication yet: \
+                     set allow_remote = true in [api] to expose it on purpose",
+                    a.address
+                );
             }
         }
         if let Some(n) = &self.nbd {

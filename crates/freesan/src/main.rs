@@ -10,6 +10,7 @@
 mod benchcmd;
 mod config;
 mod identity;
+mod poolcmd;
 mod pools;
 mod serve;
 
@@ -35,6 +36,13 @@ enum Command {
     /// patterns or one pattern; `bench chart` draws reports side by side; `bench
     /// check` verifies a LUN against a saved --verify-state after a crash.
     Bench(Box<BenchCmd>),
+    /// Manage the RAID pools of a running node (through its management API).
+    Pool {
+        #[command(flatten)]
+        api: poolcmd::ApiArg,
+        #[command(subcommand)]
+        cmd: poolcmd::PoolCmd,
+    },
 }
 
 #[derive(clap::Args)]
@@ -76,6 +84,9 @@ struct ServeArgs {
     /// Also serve every LUN over NBD on ADDR:PORT (exports lun0, lun1, ...).
     #[arg(long, value_name = "ADDR:PORT")]
     nbd: Option<SocketAddr>,
+    /// Serve the management API (used by `freesan pool`) on ADDR:PORT.
+    #[arg(long, value_name = "ADDR:PORT")]
+    api: Option<SocketAddr>,
 }
 
 impl ServeArgs {
@@ -86,6 +97,7 @@ impl ServeArgs {
             luns: self.luns.clone(),
             data_dir: self.data_dir.clone(),
             nbd: self.nbd,
+            api: self.api,
         };
         match &self.config {
             Some(path) => {
@@ -95,6 +107,12 @@ impl ServeArgs {
                 let mut cfg = config::Config::load(path)?;
                 if let Some(d) = &self.data_dir {
                     cfg.data_dir = d.clone();
+                }
+                if let Some(a) = self.api {
+                    cfg.api = Some(config::ApiConfig {
+                        address: a,
+                        allow_remote: false,
+                    });
                 }
                 if let Some(a) = self.nbd {
                     cfg.nbd = Some(config::NbdConfig {
@@ -148,6 +166,7 @@ fn main() {
             Some(BenchSub::Check(c)) => runtime().and_then(|rt| rt.block_on(benchcmd::check(c))),
             None => runtime().and_then(|rt| rt.block_on(benchcmd::run(b.run))),
         },
+        Command::Pool { api, cmd } => poolcmd::run(api.api, cmd),
         Command::ShowConfig(args) => args.config().and_then(|cfg| {
             cfg.validate()?;
             print!("{}", toml::to_string_pretty(&cfg)?);

@@ -195,7 +195,7 @@ async fn shutdown_signal() {
 /// Runs the node until a signal asks it to stop.
 pub async fn run(cfg: Config) -> Result<()> {
     cfg.validate()?;
-    let pools = Pools::open(&cfg).await?;
+    let pools = std::sync::Arc::new(Pools::open(&cfg).await?);
     let (server_cfg, opened, exports) = build(&cfg, &pools)?;
     let server = iscsi::Server::bind(server_cfg)
         .await
@@ -214,6 +214,26 @@ pub async fn run(cfg: Config) -> Result<()> {
         None => None,
     };
     let addrs = server.local_addrs();
+    let api_server = match &cfg.api {
+        Some(a) => {
+            let summary = serde_json::json!({
+                "version": env!("CARGO_PKG_VERSION"),
+                "portals": addrs.iter().map(|a| a.to_string()).collect::<Vec<_>>(),
+                "luns": opened.iter().map(|l| serde_json::json!({
+                    "target": l.target, "lun": l.id, "backing": l.path, "size_bytes": l.size_bytes,
+                })).collect::<Vec<_>>(),
+            });
+            let control = std::sync::Arc::new(crate::pools::NodeControl {
+                pools: pools.clone(),
+                summary,
+            });
+            let srv = api::ApiServer::bind(a.address, control)
+                .await
+                .with_context(|| format!("binding the management API on {}", a.address))?;
+            Some(srv)
+        }
+        None => None,
+    };
     eprintln!("freesan {} serving", env!("CARGO_PKG_VERSION"));
     eprintln!("  data directory: {}", cfg.data_dir.display());
     for a in &addrs {
@@ -221,6 +241,9 @@ pub async fn run(cfg: Config) -> Result<()> {
     }
     if let Some(n) = &nbd_server {
         eprintln!("  nbd:            {}", n.local_addr());
+    }
+    if let Some(a) = &api_server {
+        eprintln!("  api:            {}", a.local_addr()?);
     }
     for l in &opened {
         eprintln!(
@@ -244,10 +267,14 @@ pub async fn run(cfg: Config) -> Result<()> {
     let stopped = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
         let _ = rx.wait_for(|s| *s).await;
     };
+    let api_task = api_server.map(|a| tokio::spawn(a.run(stopped(stop_rx.clone()))));
     let nbd_task = nbd_server.map(|n| tokio::spawn(n.run(stopped(stop_rx.clone()))));
     let iscsi_task = tokio::spawn(server.run(stopped(stop_rx)));
     shutdown_signal().await;
     let _ = stop_tx.send(true);
+    if let Some(t) = api_task {
+        t.await.context("API task")??;
+    }
     if let Some(t) = nbd_task {
         t.await.context("NBD server task")??;
     }

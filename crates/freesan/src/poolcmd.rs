@@ -1,0 +1,235 @@
+//! `freesan pool ...`: pool management through a running node's management API
+//! (status, scrub, add spare, replace member, fail member).
+
+use anyhow::{bail, Context, Result};
+use serde_json::Value;
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::time::Duration;
+
+/// Where the node's API listens (`[api] address` or `serve --api`).
+#[derive(clap::Args, Debug, Clone)]
+pub struct ApiArg {
+    /// The node's management API address.
+    #[arg(
+        long,
+        value_name = "ADDR:PORT",
+        default_value = "127.0.0.1:8260",
+        global = true
+    )]
+    pub api: SocketAddr,
+}
+
+/// `freesan pool` subcommands.
+#[derive(clap::Subcommand, Debug, Clone)]
+pub enum PoolCmd {
+    /// Status of every pool, or of one: state, members, rebuild and scrub progress.
+    Status {
+        /// Pool name.
+        name: Option<String>,
+        /// Print the raw JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Start a scrub (check and repair parity and mirrors).
+    Scrub {
+        /// Pool name.
+        name: String,
+    },
+    /// Add a configured `[[disk]]` as a hot spare.
+    AddSpare {
+        /// Pool name.
+        name: String,
+        /// Disk name.
+        disk: String,
+    },
+    /// Replace the member at POSITION with a configured `[[disk]]`; the rebuild starts.
+    Replace {
+        /// Pool name.
+        name: String,
+        /// Member position (see `pool status`).
+        position: usize,
+        /// Disk name.
+        disk: String,
+    },
+    /// Mark the member at POSITION failed (e.g. before pulling it).
+    Fail {
+        /// Pool name.
+        name: String,
+        /// Member position.
+        position: usize,
+    },
+}
+
+/// One HTTP/1.1 request with `Connection: close`; returns (status, JSON body).
+fn http(api: SocketAddr, method: &str, path: &str, body: Option<&Value>) -> Result<(u16, Value)> {
+    let mut s = TcpStream::connect_timeout(&api, Duration::from_secs(5)).with_context(|| {
+        format!("connecting to the management API at {api} (is the node running with [api]?)")
+    })?;
+    s.set_read_timeout(Some(Duration::from_secs(60)))?;
+    let body = body.map(|b| b.to_string()).unwrap_or_default();
+    write!(
+        s,
+        "{method} {path} HTTP/1.1\r\nHost: {api}\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    )?;
+    let mut raw = Vec::new();
+    s.take(16 << 20).read_to_end(&mut raw)?;
+    let text = String::from_utf8_lossy(&raw);
+    let (head, payload) = text
+        .split_once("\r\n\r\n")
+        .context("malformed HTTP answer")?;
+    let code: u16 = head
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .context("malformed HTTP status line")?;
+    let value = if payload.trim().is_empty() {
+        Value::Null
+    } else {
+        serde_json::from_str(payload).unwrap_or(Value::String(payload.to_string()))
+    };
+    Ok((code, value))
+}
+
+fn ok_or_error(code: u16, v: Value) -> Result<Value> {
+    if (200..300).contains(&code) {
+        return Ok(v);
+    }
+    let msg = v
+        .get("error")
+        .and_then(Value::as_str)
+        .map(str::to_string)
+        .unwrap_or_else(|| v.to_string());
+    bail!("the node refused: {msg} (HTTP {code})")
+}
+
+fn bytes(v: &Value) -> String {
+    let b = v.as_u64().unwrap_or(0) as f64;
+    if b >= (1u64 << 40) as f64 {
+        format!("{:.1} TiB", b / (1u64 << 40) as f64)
+    } else {
+        format!("{:.1} GiB", b / (1u64 << 30) as f64)
+    }
+}
+
+/// Prints one pool's status for people.
+fn print_pool(p: &Value) {
+    let s = |k: &str| {
+        p.get(k)
+            .map(|v| {
+                v.as_str()
+                    .map(str::to_string)
+                    .unwrap_or_else(|| v.to_string())
+            })
+            .unwrap_or_default()
+    };
+    println!(
+        "pool {}  {}  {}  chunk {}  state {}",
+        s("name"),
+        s("level"),
+        s("uuid"),
+        p.get("chunk_bytes")
+            .and_then(Value::as_u64)
+            .map(|c| format!("{}K", c / 1024))
+            .unwrap_or_default(),
+        s("state")
+    );
+    println!(
+        "  capacity {}  usable {}  survives {} failed member(s)",
+        bytes(&p["capacity_bytes"]),
+        bytes(&p["usable_bytes"]),
+        s("redundancy")
+    );
+    if let Some(members) = p.get("members").and_then(Value::as_array) {
+        for m in members {
+            println!(
+                "  [{}] {:<12} {:<40} errors {} reads {} writes {}",
+                m["position"],
+                m["state"].as_str().unwrap_or("?"),
+                m["name"].as_str().unwrap_or("?"),
+                m["errors"],
+                m["reads"],
+                m["writes"]
+            );
+        }
+    }
+    if let Some(spares) = p.get("spares").and_then(Value::as_array) {
+        for sp in spares {
+            println!(
+                "  spare {}",
+                sp.as_str()
+                    .map(str::to_string)
+                    .unwrap_or_else(|| sp.to_string())
+            );
+        }
+    }
+    for key in ["rebuild", "resync", "scrub"] {
+        if let Some(v) = p.get(key).filter(|v| !v.is_null()) {
+            println!("  {key}: {v}");
+        }
+    }
+}
+
+/// Runs a `freesan pool` subcommand against the API at `api`.
+pub fn run(api: SocketAddr, cmd: PoolCmd) -> Result<()> {
+    match cmd {
+        PoolCmd::Status { name, json } => {
+            let path = match &name {
+                Some(n) => format!("/api/v1/pools/{n}"),
+                None => "/api/v1/pools".into(),
+            };
+            let (code, v) = http(api, "GET", &path, None)?;
+            let v = ok_or_error(code, v)?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&v)?);
+            } else if let Some(list) = v.as_array() {
+                if list.is_empty() {
+                    println!("no pools");
+                }
+                list.iter().for_each(print_pool);
+            } else {
+                print_pool(&v);
+            }
+        }
+        PoolCmd::Scrub { name } => {
+            let (code, v) = http(api, "POST", &format!("/api/v1/pools/{name}/scrub"), None)?;
+            print_pool(&ok_or_error(code, v)?);
+        }
+        PoolCmd::AddSpare { name, disk } => {
+            let body = serde_json::json!({ "disk": disk });
+            let (code, v) = http(
+                api,
+                "POST",
+                &format!("/api/v1/pools/{name}/spares"),
+                Some(&body),
+            )?;
+            print_pool(&ok_or_error(code, v)?);
+        }
+        PoolCmd::Replace {
+            name,
+            position,
+            disk,
+        } => {
+            let body = serde_json::json!({ "position": position, "disk": disk });
+            let (code, v) = http(
+                api,
+                "POST",
+                &format!("/api/v1/pools/{name}/replace"),
+                Some(&body),
+            )?;
+            print_pool(&ok_or_error(code, v)?);
+        }
+        PoolCmd::Fail { name, position } => {
+            let body = serde_json::json!({ "position": position });
+            let (code, v) = http(
+                api,
+                "POST",
+                &format!("/api/v1/pools/{name}/fail"),
+                Some(&body),
+            )?;
+            print_pool(&ok_or_error(code, v)?);
+        }
+    }
+    Ok(())
+}
