@@ -40,6 +40,57 @@ pub struct Config {
     /// The management API (REST + JSON) that `freesan pool ...` talks to.
     #[serde(default)]
     pub api: Option<ApiConfig>,
+    /// Disks that pools are built from.
+    #[serde(rename = "disk", default)]
+    pub disks: Vec<DiskConfig>,
+    /// RAID pools over the disks; a LUN serves a pool with `pool = NAME`.
+    #[serde(rename = "pool", default)]
+    pub pools: Vec<PoolConfig>,
+}
+
+/// A disk: a file or block device, or a simulated HDD/SSD whose data lives in a
+/// sparse file (so it survives restarts) and whose timing is modelled.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct DiskConfig {
+    /// Name pools refer to.
+    pub name: String,
+    /// The file or block device; for a simulated disk, where its data is kept
+    /// (default `DATA_DIR/disks/NAME.img`).
+    #[serde(default)]
+    pub path: Option<PathBuf>,
+    /// Size with which a missing file is created (`4G`).
+    #[serde(default)]
+    pub size: Option<String>,
+    /// Simulate a device: `{ model = "hdd" }` or `{ model = "ssd" }` plus any model
+    /// parameter (`rpm`, `full_stroke_seek_ms`, `dies`, `read_latency_us`, ...).
+    #[serde(default)]
+    pub sim: Option<disk::SimDiskConfig>,
+}
+
+/// A RAID pool over configured disks.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct PoolConfig {
+    /// Pool name (LUNs refer to it).
+    pub name: String,
+    /// `raid0`, `raid1`, `raid5`, `raid6`, `raid10` or `raidf1`.
+    pub level: String,
+    /// Chunk (strip) size, e.g. `256K`; default chosen by the raid layer.
+    #[serde(default)]
+    pub chunk: Option<String>,
+    /// Member disks, by name, in order.
+    pub members: Vec<String>,
+    /// Hot spares, by name.
+    #[serde(default)]
+    pub spares: Vec<String>,
+    /// Cap on rebuild and resync throughput in MB/s (foreground I/O keeps priority
+    /// below it as well).
+    #[serde(default)]
+    pub rebuild_rate_mb_s: Option<u32>,
+    /// Assemble even if the members' generations disagree (takes the newest set).
+    #[serde(default)]
+    pub force_assemble: bool,
 }
 
 /// Where the management API listens.
@@ -124,6 +175,9 @@ pub struct LunConfig {
     /// Serve the whole usable space of this `[[pool]]` (instead of `path`).
     #[serde(default)]
     pub pool: Option<String>,
+    /// Serve one configured `[[disk]]` directly, no RAID (instead of `path`).
+    #[serde(default)]
+    pub disk: Option<String>,
     /// Size with which a missing file is created (`4G`, `512M`, `16GiB`); required
     /// when the file does not exist.
     #[serde(default)]
@@ -287,6 +341,8 @@ impl Config {
                 address,
                 allow_remote: false,
             }),
+            disks: vec![],
+            pools: vec![],
         }
     }
 
@@ -308,6 +364,11 @@ impl Config {
             }
         };
         fix(&mut self.data_dir);
+        for d in &mut self.disks {
+            if let Some(p) = &mut d.path {
+                fix(p);
+            }
+        }
         for t in &mut self.targets {
             for l in &mut t.luns {
                 if let Some(p) = &mut l.path {
@@ -403,6 +464,63 @@ impl Config {
                 }
             }
         }
+        let mut disk_names = std::collections::HashSet::new();
+        for d in &self.disks {
+            if !disk_names.insert(d.name.as_str()) {
+                bail!("disk {} is configured twice", d.name);
+            }
+            if d.sim.is_none() && d.path.is_none() {
+                bail!("disk {}: a disk that is not simulated needs a path", d.name);
+            }
+            if let Some(s) = &d.size {
+                if disk::parse_size(s).is_none() {
+                    bail!("disk {}: size {s:?} is not a size", d.name);
+                }
+            }
+        }
+        let mut used = std::collections::HashSet::new();
+        let mut pool_names = std::collections::HashSet::new();
+        for p in &self.pools {
+            if !pool_names.insert(p.name.as_str()) {
+                bail!("pool {} is configured twice", p.name);
+            }
+            for m in p.members.iter().chain(p.spares.iter()) {
+                if !disk_names.contains(m.as_str()) {
+                    bail!("pool {}: no [[disk]] named {m}", p.name);
+                }
+                if !used.insert(m.as_str()) {
+                    bail!("pool {}: disk {m} is used twice", p.name);
+                }
+            }
+            if let Some(c) = &p.chunk {
+                if disk::parse_size(c).is_none() {
+                    bail!("pool {}: chunk {c:?} is not a size", p.name);
+                }
+            }
+        }
+        for t in &self.targets {
+            for l in &t.luns {
+                if let Some(p) = &l.pool {
+                    if !pool_names.contains(p.as_str()) {
+                        bail!(
+                            "target {}: LUN names pool {p}, which is not configured",
+                            t.iqn
+                        );
+                    }
+                }
+                if let Some(d) = &l.disk {
+                    if !disk_names.contains(d.as_str()) {
+                        bail!(
+                            "target {}: LUN names disk {d}, which is not configured",
+                            t.iqn
+                        );
+                    }
+                    if !used.insert(d.as_str()) {
+                        bail!("target {}: disk {d} is already used", t.iqn);
+                    }
+                }
+            }
+        }
         if let Some(a) = &self.api {
             if !a.address.ip().is_loopback() && !a.allow_remote {
                 bail!(
@@ -445,6 +563,7 @@ impl LunConfig {
             id: None,
             path: Some(path),
             pool: None,
+            disk: None,
             size,
             thick: false,
             read_only: false,

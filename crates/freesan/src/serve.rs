@@ -31,6 +31,10 @@ fn lun_volume(l: &LunConfig, pools: &Pools) -> Result<(VolumeRef, String)> {
         let vol = pools.volume(name)?;
         return Ok((vol, format!("pool {name}")));
     }
+    if let Some(name) = &l.disk {
+        let vol = pools.take_disk_volume(name)?;
+        return Ok((vol, format!("disk {name}")));
+    }
     let Some(path) = &l.path else {
         bail!("neither path nor pool given");
     };
@@ -279,6 +283,7 @@ pub async fn run(cfg: Config) -> Result<()> {
         t.await.context("NBD server task")??;
     }
     iscsi_task.await.context("iSCSI server task")??;
+    pools.shutdown().await;
     eprintln!("freesan stopped cleanly");
     Ok(())
 }

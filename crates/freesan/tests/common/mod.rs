@@ -17,6 +17,8 @@ pub struct Node {
     pub portals: Vec<String>,
     /// The NBD address from the banner, when serving NBD.
     pub nbd: Option<String>,
+    /// The management API address from the banner, when serving it.
+    pub api: Option<String>,
     pub log: PathBuf,
     log_thread: Option<std::thread::JoinHandle<()>>,
 }
@@ -70,6 +72,9 @@ impl Node {
                 if let Some(p) = line.trim().strip_prefix("nbd:") {
                     portals.push(format!("nbd={}", p.trim()));
                 }
+                if let Some(p) = line.trim().strip_prefix("api:") {
+                    portals.push(format!("api={}", p.trim()));
+                }
                 if !sent && line.starts_with("connect with:") {
                     let _ = tx.send(portals.clone());
                     sent = true;
@@ -85,9 +90,12 @@ impl Node {
         let nbd = portals
             .iter()
             .find_map(|p| p.strip_prefix("nbd=").map(str::to_string));
+        let api = portals
+            .iter()
+            .find_map(|p| p.strip_prefix("api=").map(str::to_string));
         let portals: Vec<String> = portals
             .into_iter()
-            .filter(|p| !p.starts_with("nbd="))
+            .filter(|p| !p.starts_with("nbd=") && !p.starts_with("api="))
             .collect();
         assert!(
             !portals.is_empty(),
@@ -98,6 +106,7 @@ impl Node {
             child: Some(child),
             portals,
             nbd,
+            api,
             log: log.to_path_buf(),
             log_thread: Some(log_thread),
         }

@@ -1,0 +1,392 @@
+//! Background work of a pool: rebuild of replaced members and the initial (lazy)
+//! resync. One worker task per pool, woken by membership changes.
+//!
+//! Both go stripe by stripe under the stripe's exclusive lock, so foreground
+//! writes are ordered with them; writes during a rebuild go to the rebuilding
+//! member as well, and the rebuild redoes them harmlessly. Both yield to foreground
+//! I/O (wait while requests are in flight, up to 50 ms per stripe) and respect the
+//! pool's MB/s cap.
+
+use crate::gf;
+use crate::layout::Scheme;
+use crate::pool::{Inner, MemberHandle, View};
+use crate::status::{MemberState, Progress};
+use block::{BlockError, BlockResult, Bytes};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+const PERSIST_INTERVAL: Duration = Duration::from_millis(1000);
+const FOREGROUND_WAIT_MAX_MS: u32 = 50;
+
+/// Starts the pool's worker task.
+pub(crate) fn spawn_worker(inner: &Arc<Inner>) {
+    let weak = Arc::downgrade(inner);
+    let wake = inner.wake.clone();
+    tokio::spawn(async move {
+        loop {
+            let worked = {
+                let Some(inner) = weak.upgrade() else { return };
+                if inner.closed.load(Ordering::SeqCst) {
+                    return;
+                }
+                inner.maintenance_pass().await
+            };
+            if !worked {
+                wake.notified().await;
+            }
+        }
+    });
+}
+
+pub(crate) fn progress(started: Instant, done_bytes: u64, total_bytes: u64) -> Progress {
+    let secs = started.elapsed().as_secs_f64().max(1e-6);
+    let rate = done_bytes as f64 / secs;
+    Progress {
+        done_bytes,
+        total_bytes,
+        rate_mb_s: rate / 1e6,
+        eta_secs: (rate > 0.0)
+            .then(|| (total_bytes.saturating_sub(done_bytes) as f64 / rate) as u64),
+    }
+}
+
+impl Inner {
+    /// One unit of background work; false when there was nothing to do.
+    async fn maintenance_pass(self: &Arc<Self>) -> bool {
+        if self.is_failed() {
+            return false;
+        }
+        let (rebuilding, resync) = {
+            let st = self.state.lock();
+            (
+                st.slots
+                    .iter()
+                    .any(|s| s.state == MemberState::Rebuilding && s.member.is_some()),
+                st.resync_cursor.is_some(),
+            )
+        };
+        if rebuilding {
+            self.rebuild_pass().await;
+            true
+        } else if resync {
+            self.resync_pass().await;
+            true
+        } else {
+            false
+        }
+    }
+
+    /// Yields to foreground I/O, then sleeps as long as the MB/s cap requires.
+    pub(crate) async fn throttle(&self, started: Instant, done_bytes: u64) {
+        let mut waited = 0;
+        while self.fg_inflight.load(Ordering::SeqCst) > 0 && waited < FOREGROUND_WAIT_MAX_MS {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+            waited += 1;
+        }
+        let rate = self.state.lock().rebuild_rate_mb_s;
+        if rate > 0 {
+            let due = Duration::from_secs_f64(done_bytes as f64 / (rate as f64 * 1e6));
+            let elapsed = started.elapsed();
+            if due > elapsed {
+                tokio::time::sleep(due - elapsed).await;
+            }
+        } else if waited == 0 {
+            tokio::task::yield_now().await;
+        }
+    }
+
+    /// The full-chunk content every position in `want` should hold for stripe `s`,
+    /// computed from the other members.
+    pub(crate) async fn stripe_image(
+        &self,
+        s: u64,
+        want: &[usize],
+        view: &View,
+    ) -> BlockResult<Vec<Vec<u8>>> {
+        let k = self.layout.data_chunks();
+        match self.layout.scheme() {
+            Scheme::Striped => Err(BlockError::NotSupported("raid0 has no redundancy")),
+            Scheme::Mirror => {
+                let mut out = Vec::new();
+                for &pos in want {
+                    let d = (0..k)
+                        .find(|&d| self.layout.data_positions(s, d).contains(&pos))
+                        .ok_or(BlockError::NotSupported("position holds no data chunk"))?;
+                    let mut got = None;
+                    for src in self.layout.data_positions(s, d) {
+                        if want.contains(&src) {
+                            continue;
+                        }
+                        let Some(h) = view.readable(src, s) else {
+                            continue;
+                        };
+                        match self.m_read(h, s * self.cb, self.cb).await {
+                            Ok(b) => {
+                                got = Some(b.to_vec());
+                                break;
+                            }
+                            Err(e) => self.member_error(src, h, &e).await,
+                        }
+                    }
+                    out.push(got.ok_or_else(|| {
+                        BlockError::Unavailable(format!("stripe {s}: no readable copy"))
+                    })?);
+                }
+                Ok(out)
+            }
+            Scheme::Parity { parity_count } => {
+                let cols = self.read_rows(s, 0, self.cb, &vec![true; k], view).await?;
+                let cols: Vec<Vec<u8>> = cols.into_iter().flatten().collect();
+                if cols.len() != k {
+                    return Err(BlockError::Unavailable(format!("stripe {s} unreadable")));
+                }
+                let refs: Vec<&[u8]> = cols.iter().map(|c| c.as_slice()).collect();
+                let len = (self.cb * self.bs) as usize;
+                let mut p = vec![0u8; len];
+                let mut q = vec![0u8; if parity_count > 1 { len } else { 0 }];
+                gf::compute_pq(
+                    &refs,
+                    &mut p,
+                    (parity_count > 1).then_some(q.as_mut_slice()),
+                );
+                let pp = self.layout.parity_positions(s);
+                let mut out = Vec::new();
+                for &pos in want {
+                    if let Some(d) = (0..k).find(|&d| self.layout.data_positions(s, d)[0] == pos) {
+                        out.push(cols[d].clone());
+                    } else if pp.first() == Some(&pos) {
+                        out.push(p.clone());
+                    } else if pp.get(1) == Some(&pos) {
+                        out.push(q.clone());
+                    } else {
+                        return Err(BlockError::NotSupported("position not in stripe"));
+                    }
+                }
+                Ok(out)
+            }
+        }
+    }
+
+    async fn rebuild_pass(self: &Arc<Self>) {
+        let (start, count) = {
+            let st = self.state.lock();
+            let reb: Vec<u64> = st
+                .slots
+                .iter()
+                .filter(|s| s.state == MemberState::Rebuilding && s.member.is_some())
+                .map(|s| s.rebuild_cp_stripes)
+                .collect();
+            (
+                reb.iter().copied().min().unwrap_or(self.stripes),
+                reb.len() as u64,
+            )
+        };
+        let chunk_bytes = self.cb * self.bs;
+        let total = (self.stripes - start) * chunk_bytes * count;
+        let started = Instant::now();
+        let mut done = 0u64;
+        let mut last_persist = Instant::now();
+        self.state.lock().rebuild = Some(progress(started, 0, total));
+        tracing::info!(pool = %self.name, from_stripe = start, members = count, "rebuild started");
+        for s in start..self.stripes {
+            if self.closed.load(Ordering::SeqCst) {
+                return;
+            }
+            self.throttle(started, done).await;
+            let g = self.lock_for(s).write().await;
+            let Ok(view) = self.view() else { return };
+            let targets: Vec<(usize, Arc<MemberHandle>)> = {
+                let st = self.state.lock();
+                st.slots
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, sl)| {
+                        sl.state == MemberState::Rebuilding && sl.rebuild_cp_stripes == s
+                    })
+                    .filter_map(|(i, sl)| sl.member.clone().map(|h| (i, h)))
+                    .collect()
+            };
+            if targets.is_empty() {
+                continue;
+            }
+            let want: Vec<usize> = targets.iter().map(|(p, _)| *p).collect();
+            let images = match self.stripe_image(s, &want, &view).await {
+                Ok(i) => i,
+                Err(e) => {
+                    tracing::warn!(pool = %self.name, stripe = s, error = %e, "rebuild cannot read stripe; retrying later");
+                    drop(g);
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    return;
+                }
+            };
+            for ((pos, h), img) in targets.iter().zip(images) {
+                match self.m_write(h, s * self.cb, Bytes::from(img), false).await {
+                    Ok(()) => {
+                        let mut st = self.state.lock();
+                        let sl = &mut st.slots[*pos];
+                        if sl.member.as_ref().is_some_and(|m| Arc::ptr_eq(m, h))
+                            && sl.rebuild_cp_stripes == s
+                        {
+                            sl.rebuild_cp_stripes = s + 1;
+                        }
+                    }
+                    Err(_) => self.fail_handle(*pos, h).await,
+                }
+                done += chunk_bytes;
+            }
+            drop(g);
+            self.state.lock().rebuild = Some(progress(started, done, total));
+            if last_persist.elapsed() > PERSIST_INTERVAL {
+                last_persist = Instant::now();
+                // rebuilt data must be durable before the checkpoint says so
+                if self.flush_members().await.is_ok() {
+                    let _ = self.persist().await;
+                }
+            }
+        }
+        if self.flush_members().await.is_err() {
+            return;
+        }
+        {
+            let mut st = self.state.lock();
+            let mut finished = false;
+            for sl in st.slots.iter_mut() {
+                if sl.state == MemberState::Rebuilding && sl.rebuild_cp_stripes >= self.stripes {
+                    sl.state = MemberState::Active;
+                    finished = true;
+                }
+            }
+            if finished {
+                st.generation += 1;
+            }
+            if !st.slots.iter().any(|s| s.state == MemberState::Rebuilding) {
+                st.rebuild = None;
+            }
+        }
+        tracing::info!(pool = %self.name, "rebuild pass finished");
+        let _ = self.persist().await;
+    }
+
+    async fn resync_pass(self: &Arc<Self>) {
+        let Some(start) = self.state.lock().resync_cursor else {
+            return;
+        };
+        let k = self.layout.data_chunks() as u64;
+        let stripe_bytes = self.cb * self.bs * k;
+        let total = (self.stripes - start) * stripe_bytes;
+        let started = Instant::now();
+        let mut done = 0u64;
+        let mut last_persist = Instant::now();
+        self.state.lock().resync = Some(progress(started, 0, total));
+        for s in start..self.stripes {
+            if self.closed.load(Ordering::SeqCst) {
+                return;
+            }
+            if self
+                .state
+                .lock()
+                .slots
+                .iter()
+                .any(|sl| sl.state == MemberState::Rebuilding && sl.member.is_some())
+            {
+                // rebuild first; the resync continues from its cursor afterwards
+                let _ = self.persist().await;
+                return;
+            }
+            self.throttle(started, done).await;
+            let g = self.lock_for(s).write().await;
+            let Ok(view) = self.view() else { return };
+            if let Err(e) = self.resync_stripe(s, &view).await {
+                tracing::warn!(pool = %self.name, stripe = s, error = %e, "resync cannot read stripe; retrying later");
+                drop(g);
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                return;
+            }
+            {
+                let mut st = self.state.lock();
+                st.resync_cursor = Some(s + 1);
+            }
+            drop(g);
+            done += stripe_bytes;
+            self.state.lock().resync = Some(progress(started, done, total));
+            if last_persist.elapsed() > PERSIST_INTERVAL {
+                last_persist = Instant::now();
+                if self.flush_members().await.is_ok() {
+                    let _ = self.persist().await;
+                }
+            }
+        }
+        if self.flush_members().await.is_err() {
+            return;
+        }
+        {
+            let mut st = self.state.lock();
+            st.resync_cursor = None;
+            st.resync = None;
+        }
+        tracing::info!(pool = %self.name, "initial resync finished");
+        let _ = self.persist().await;
+    }
+
+    async fn resync_stripe(&self, s: u64, view: &View) -> BlockResult<()> {
+        let k = self.layout.data_chunks();
+        match self.layout.scheme() {
+            Scheme::Striped => Ok(()),
+            Scheme::Parity { .. } => {
+                let pp = self.layout.parity_positions(s);
+                let imgs = self.stripe_image(s, &pp, view).await?;
+                for (&pos, img) in pp.iter().zip(imgs) {
+                    if let Some(h) = view.writable(pos) {
+                        if self
+                            .m_write(h, s * self.cb, Bytes::from(img), false)
+                            .await
+                            .is_err()
+                        {
+                            self.fail_handle(pos, h).await;
+                        }
+                    }
+                }
+                Ok(())
+            }
+            Scheme::Mirror => {
+                for d in 0..k {
+                    let copies = self.layout.data_positions(s, d);
+                    let mut primary = None;
+                    for &p in &copies {
+                        let Some(h) = view.readable(p, s) else {
+                            continue;
+                        };
+                        match self.m_read(h, s * self.cb, self.cb).await {
+                            Ok(b) => {
+                                primary = Some((p, b));
+                                break;
+                            }
+                            Err(e) => self.member_error(p, h, &e).await,
+                        }
+                    }
+                    let Some((pp, data)) = primary else {
+                        return Err(BlockError::Unavailable(format!(
+                            "stripe {s}: no readable copy"
+                        )));
+                    };
+                    for &p in &copies {
+                        if p == pp {
+                            continue;
+                        }
+                        if let Some(h) = view.writable(p) {
+                            if self
+                                .m_write(h, s * self.cb, data.clone(), false)
+                                .await
+                                .is_err()
+                            {
+                                self.fail_handle(p, h).await;
+                            }
+                        }
+                    }
+                }
+                Ok(())
+            }
+        }
+    }
+}

@@ -1,0 +1,1011 @@
+//! The data path: `block::Volume` for `Pool`.
+//!
+//! Reads go straight to the member holding the data (mirrors: the copy with the
+//! fewest outstanding requests); on a failed member they reconstruct under the
+//! stripe's shared lock, and a medium error is repaired by rewriting the
+//! reconstructed blocks. Writes take the stripe's exclusive lock; parity levels
+//! pick read-modify-write or reconstruct-write by which reads less (a full-stripe
+//! write reads nothing, a not-yet-resynced stripe always reconstruct-writes), then
+//! journal the member writes and apply them in place.
+
+use crate::gf;
+use crate::journal::{self, Entry};
+use crate::layout::Scheme;
+use crate::pool::{Inner, MemberHandle, Pool, View};
+use crate::util::{join_all, BoxFut};
+use async_trait::async_trait;
+use block::{BlockError, BlockResult, Bytes, BytesMut, Geometry, Volume};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+/// A piece of a request inside one data chunk.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Seg {
+    pub stripe: u64,
+    /// Data chunk index within the stripe.
+    pub d: usize,
+    /// First block within the chunk.
+    pub off: u64,
+    pub blocks: u64,
+    /// Byte offset of this piece in the request buffer.
+    pub buf_off: usize,
+}
+
+/// One member operation of a stripe update.
+pub(crate) enum OpKind {
+    Write(Bytes),
+    Discard(u64),
+}
+
+/// A member operation at a data-area lba.
+pub(crate) struct MemberOp {
+    pub pos: usize,
+    pub mlba: u64,
+    pub kind: OpKind,
+}
+
+struct FgGuard<'a>(&'a AtomicU64);
+
+impl<'a> FgGuard<'a> {
+    fn new(c: &'a AtomicU64) -> Self {
+        c.fetch_add(1, Ordering::SeqCst);
+        FgGuard(c)
+    }
+}
+
+impl Drop for FgGuard<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+fn unavailable(what: String) -> BlockError {
+    BlockError::Unavailable(what)
+}
+
+impl Inner {
+    /// Reads data-area blocks of a member, counting the I/O.
+    pub async fn m_read(&self, h: &MemberHandle, mlba: u64, blocks: u64) -> BlockResult<Bytes> {
+        h.inflight.fetch_add(1, Ordering::Relaxed);
+        h.reads.fetch_add(1, Ordering::Relaxed);
+        let r = h
+            .volume
+            .read(self.data_offset_blocks + mlba, blocks as u32)
+            .await;
+        h.inflight.fetch_sub(1, Ordering::Relaxed);
+        match &r {
+            Ok(b) => {
+                h.read_bytes.fetch_add(b.len() as u64, Ordering::Relaxed);
+            }
+            Err(_) => {
+                h.errors.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        r
+    }
+
+    /// Writes member blocks at an absolute lba, counting the I/O.
+    pub async fn m_write_abs(
+        &self,
+        h: &MemberHandle,
+        lba: u64,
+        data: Bytes,
+        fua: bool,
+    ) -> BlockResult<()> {
+        h.inflight.fetch_add(1, Ordering::Relaxed);
+        h.writes.fetch_add(1, Ordering::Relaxed);
+        let len = data.len() as u64;
+        let r = h.volume.write(lba, data, fua).await;
+        h.inflight.fetch_sub(1, Ordering::Relaxed);
+        match &r {
+            Ok(()) => {
+                h.written_bytes.fetch_add(len, Ordering::Relaxed);
+            }
+            Err(_) => {
+                h.errors.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        r
+    }
+
+    /// Writes data-area blocks of a member.
+    pub async fn m_write(
+        &self,
+        h: &MemberHandle,
+        mlba: u64,
+        data: Bytes,
+        fua: bool,
+    ) -> BlockResult<()> {
+        self.m_write_abs(h, self.data_offset_blocks + mlba, data, fua)
+            .await
+    }
+
+    async fn m_op(&self, h: &MemberHandle, op: &MemberOp, fua: bool) -> BlockResult<()> {
+        match &op.kind {
+            OpKind::Write(b) => self.m_write(h, op.mlba, b.clone(), fua).await,
+            OpKind::Discard(blocks) => {
+                h.writes.fetch_add(1, Ordering::Relaxed);
+                let r = h
+                    .volume
+                    .discard(self.data_offset_blocks + op.mlba, *blocks)
+                    .await;
+                if r.is_err() {
+                    h.errors.fetch_add(1, Ordering::Relaxed);
+                }
+                r
+            }
+        }
+    }
+
+    /// Reacts to a member error: a medium error is left to the caller to repair,
+    /// anything else fails the member.
+    pub async fn member_error(&self, pos: usize, h: &Arc<MemberHandle>, e: &BlockError) {
+        if !matches!(e, BlockError::Medium { .. }) {
+            tracing::warn!(pool = %self.name, position = pos, member = %h.name, error = %e, "member i/o error");
+            self.fail_handle(pos, h).await;
+        }
+    }
+
+    /// Splits a pool range into per-chunk pieces.
+    pub fn segments(&self, lba: u64, blocks: u64) -> Vec<Seg> {
+        let k = self.layout.data_chunks() as u64;
+        let mut out = Vec::new();
+        let mut cur = lba;
+        let end = lba + blocks;
+        while cur < end {
+            let stripe = cur / (k * self.cb);
+            let within = cur % (k * self.cb);
+            let d = (within / self.cb) as usize;
+            let off = within % self.cb;
+            let n = (self.cb - off).min(end - cur);
+            out.push(Seg {
+                stripe,
+                d,
+                off,
+                blocks: n,
+                buf_off: ((cur - lba) * self.bs) as usize,
+            });
+            cur += n;
+        }
+        out
+    }
+
+    fn data_pos(&self, s: u64, d: usize) -> usize {
+        self.layout.data_positions(s, d)[0]
+    }
+
+    /// Reads rows `[r0, r1)` of the data chunks flagged in `need`, reconstructing
+    /// what cannot be read and rewriting blocks that had medium errors. Returns the
+    /// columns (every column when reconstruction ran).
+    pub async fn read_rows(
+        &self,
+        s: u64,
+        r0: u64,
+        r1: u64,
+        need: &[bool],
+        view: &View,
+    ) -> BlockResult<Vec<Option<Vec<u8>>>> {
+        let k = self.layout.data_chunks();
+        let pp = self.layout.parity_positions(s);
+        let rows = r1 - r0;
+        let mlba = s * self.cb + r0;
+        let mut cols: Vec<Option<Vec<u8>>> = vec![None; k];
+        let mut medium: Vec<usize> = Vec::new();
+        let mut failed = false;
+        let want: Vec<usize> = (0..k).filter(|&d| need[d]).collect();
+        self.read_cols(
+            s,
+            &want,
+            mlba,
+            rows,
+            view,
+            &mut cols,
+            &mut medium,
+            &mut failed,
+        )
+        .await;
+        if want.iter().all(|&d| cols[d].is_some()) {
+            return Ok(cols);
+        }
+        let rest: Vec<usize> = (0..k).filter(|&d| !need[d]).collect();
+        self.read_cols(
+            s,
+            &rest,
+            mlba,
+            rows,
+            view,
+            &mut cols,
+            &mut medium,
+            &mut failed,
+        )
+        .await;
+        let mut par: Vec<Option<Vec<u8>>> = vec![None; pp.len()];
+        {
+            let futs: Vec<BoxFut<'_, Option<BlockResult<Bytes>>>> = pp
+                .iter()
+                .map(|&p| -> BoxFut<'_, Option<BlockResult<Bytes>>> {
+                    Box::pin(async move {
+                        match view.readable(p, s) {
+                            Some(h) => Some(self.m_read(h, mlba, rows).await),
+                            None => None,
+                        }
+                    })
+                })
+                .collect();
+            for (i, r) in join_all(futs).await.into_iter().enumerate() {
+                match r {
+                    Some(Ok(b)) => par[i] = Some(b.to_vec()),
+                    Some(Err(e)) => {
+                        if let Some(h) = view.readable(pp[i], s) {
+                            self.member_error(pp[i], h, &e).await;
+                        }
+                    }
+                    None => {}
+                }
+            }
+        }
+        let len = (rows * self.bs) as usize;
+        if !gf::reconstruct(
+            &mut cols,
+            par[0].as_deref(),
+            par.get(1).and_then(|q| q.as_deref()),
+            len,
+        ) {
+            return Err(unavailable(format!(
+                "pool {}: stripe {s} has more unreadable members than redundancy",
+                self.name
+            )));
+        }
+        for d in medium {
+            let pos = self.data_pos(s, d);
+            if let (Some(h), Some(c)) = (view.writable(pos), &cols[d]) {
+                tracing::info!(pool = %self.name, position = pos, stripe = s, "repairing medium error");
+                if let Err(e) = self
+                    .m_write(h, mlba, Bytes::copy_from_slice(c), false)
+                    .await
+                {
+                    self.fail_handle(pos, h).await;
+                    tracing::warn!(error = %e, "repair write failed");
+                }
+            }
+        }
+        Ok(cols)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    async fn read_cols(
+        &self,
+        s: u64,
+        which: &[usize],
+        mlba: u64,
+        rows: u64,
+        view: &View,
+        cols: &mut [Option<Vec<u8>>],
+        medium: &mut Vec<usize>,
+        failed: &mut bool,
+    ) {
+        let futs: Vec<BoxFut<'_, Option<BlockResult<Bytes>>>> = which
+            .iter()
+            .map(|&d| -> BoxFut<'_, Option<BlockResult<Bytes>>> {
+                let pos = self.data_pos(s, d);
+                Box::pin(async move {
+                    match view.readable(pos, s) {
+                        Some(h) => Some(self.m_read(h, mlba, rows).await),
+                        None => None,
+                    }
+                })
+            })
+            .collect();
+        for (i, r) in join_all(futs).await.into_iter().enumerate() {
+            let d = which[i];
+            match r {
+                Some(Ok(b)) => cols[d] = Some(b.to_vec()),
+                Some(Err(e)) => {
+                    let pos = self.data_pos(s, d);
+                    if matches!(e, BlockError::Medium { .. }) {
+                        medium.push(d);
+                    } else {
+                        *failed = true;
+                    }
+                    if let Some(h) = view.readable(pos, s) {
+                        self.member_error(pos, h, &e).await;
+                    }
+                }
+                None => {}
+            }
+        }
+    }
+
+    async fn read_seg(&self, seg: Seg) -> BlockResult<Bytes> {
+        let s = seg.stripe;
+        let mlba = s * self.cb + seg.off;
+        match self.layout.scheme() {
+            Scheme::Striped => {
+                let view = self.view()?;
+                let pos = self.data_pos(s, seg.d);
+                let h = view.readable(pos, s).ok_or_else(|| {
+                    unavailable(format!("pool {}: member {pos} failed", self.name))
+                })?;
+                match self.m_read(h, mlba, seg.blocks).await {
+                    Ok(b) => Ok(b),
+                    Err(e) => {
+                        self.member_error(pos, h, &e).await;
+                        Err(match e {
+                            BlockError::Medium { lba } => BlockError::Medium {
+                                lba: self.pool_lba(
+                                    seg,
+                                    lba.saturating_sub(self.data_offset_blocks + mlba),
+                                ),
+                            },
+                            other => unavailable(format!("pool {}: {other}", self.name)),
+                        })
+                    }
+                }
+            }
+            Scheme::Mirror => self.read_mirror_seg(seg).await,
+            Scheme::Parity { .. } => {
+                let view = self.view()?;
+                let pos = self.data_pos(s, seg.d);
+                if let Some(h) = view.readable(pos, s) {
+                    match self.m_read(h, mlba, seg.blocks).await {
+                        Ok(b) => return Ok(b),
+                        Err(e) => self.member_error(pos, h, &e).await,
+                    }
+                }
+                let _g = self.lock_for(s).read().await;
+                let view = self.view()?;
+                let mut need = vec![false; self.layout.data_chunks()];
+                need[seg.d] = true;
+                let mut cols = self
+                    .read_rows(s, seg.off, seg.off + seg.blocks, &need, &view)
+                    .await?;
+                cols[seg.d].take().map(Bytes::from).ok_or_else(|| {
+                    unavailable(format!("pool {}: stripe {s} unreadable", self.name))
+                })
+            }
+        }
+    }
+
+    fn pool_lba(&self, seg: Seg, within: u64) -> u64 {
+        let k = self.layout.data_chunks() as u64;
+        seg.stripe * k * self.cb + seg.d as u64 * self.cb + seg.off + within.min(seg.blocks - 1)
+    }
+
+    async fn read_mirror_seg(&self, seg: Seg) -> BlockResult<Bytes> {
+        let s = seg.stripe;
+        let mlba = s * self.cb + seg.off;
+        let copies = self.layout.data_positions(s, seg.d);
+        let mut tried: Vec<usize> = Vec::new();
+        let mut medium: Vec<usize> = Vec::new();
+        loop {
+            let view = self.view()?;
+            let mut cands: Vec<usize> = copies
+                .iter()
+                .copied()
+                .filter(|p| !tried.contains(p) && view.readable(*p, s).is_some())
+                .collect();
+            if self.is_uninit(s) {
+                // before resync the copies may differ where nothing was written:
+                // read one copy only, for stable answers
+                cands.truncate(1);
+            }
+            let Some(&pos) = cands.iter().min_by_key(|p| {
+                view.readable(**p, s)
+                    .map_or(u64::MAX, |h| h.inflight.load(Ordering::Relaxed))
+            }) else {
+                return Err(if medium.is_empty() {
+                    unavailable(format!(
+                        "pool {}: no copy of stripe {s} readable",
+                        self.name
+                    ))
+                } else {
+                    BlockError::Medium {
+                        lba: self.pool_lba(seg, 0),
+                    }
+                });
+            };
+            tried.push(pos);
+            let Some(h) = view.readable(pos, s) else {
+                continue;
+            };
+            match self.m_read(h, mlba, seg.blocks).await {
+                Ok(b) => {
+                    if !medium.is_empty() {
+                        self.repair_mirror(seg, &medium).await;
+                    }
+                    return Ok(b);
+                }
+                Err(e) => {
+                    if matches!(e, BlockError::Medium { .. }) {
+                        medium.push(pos);
+                    }
+                    self.member_error(pos, h, &e).await;
+                }
+            }
+        }
+    }
+
+    /// Rewrites the copies at `bad` from a good copy, under the stripe lock.
+    async fn repair_mirror(&self, seg: Seg, bad: &[usize]) {
+        let s = seg.stripe;
+        let mlba = s * self.cb + seg.off;
+        let _g = self.lock_for(s).write().await;
+        let Ok(view) = self.view() else { return };
+        for pos in self.layout.data_positions(s, seg.d) {
+            if bad.contains(&pos) {
+                continue;
+            }
+            let Some(h) = view.readable(pos, s) else {
+                continue;
+            };
+            let Ok(good) = self.m_read(h, mlba, seg.blocks).await else {
+                continue;
+            };
+            for &b in bad {
+                if let Some(hb) = view.writable(b) {
+                    tracing::info!(pool = %self.name, position = b, stripe = s, "repairing medium error on mirror copy");
+                    if self.m_write(hb, mlba, good.clone(), false).await.is_err() {
+                        self.fail_handle(b, hb).await;
+                    }
+                }
+            }
+            return;
+        }
+    }
+
+    async fn write_striped(&self, segs: &[Seg], data: &Bytes, fua: bool) -> BlockResult<()> {
+        let view = self.view()?;
+        let futs: Vec<BoxFut<'_, BlockResult<()>>> = segs
+            .iter()
+            .map(|seg| -> BoxFut<'_, BlockResult<()>> {
+                let pos = self.data_pos(seg.stripe, seg.d);
+                let buf = data.slice(seg.buf_off..seg.buf_off + (seg.blocks * self.bs) as usize);
+                let view = &view;
+                Box::pin(async move {
+                    let h = view
+                        .writable(pos)
+                        .ok_or_else(|| unavailable(format!("member {pos} failed")))?;
+                    let r = self
+                        .m_write(h, seg.stripe * self.cb + seg.off, buf, fua)
+                        .await;
+                    if let Err(e) = &r {
+                        self.member_error(pos, h, e).await;
+                    }
+                    r
+                })
+            })
+            .collect();
+        for r in join_all(futs).await {
+            r.map_err(|e| unavailable(format!("pool {}: {e}", self.name)))?;
+        }
+        Ok(())
+    }
+
+    async fn write_mirror_stripe(
+        &self,
+        s: u64,
+        segs: &[Seg],
+        data: &Bytes,
+        fua: bool,
+    ) -> BlockResult<()> {
+        let _g = self.lock_for(s).write().await;
+        let view = self.view()?;
+        let mut jobs: Vec<(usize, usize, Arc<MemberHandle>, u64, Bytes)> = Vec::new();
+        for (i, seg) in segs.iter().enumerate() {
+            let buf = data.slice(seg.buf_off..seg.buf_off + (seg.blocks * self.bs) as usize);
+            for pos in self.layout.data_positions(s, seg.d) {
+                if let Some(h) = view.writable(pos) {
+                    jobs.push((i, pos, h.clone(), s * self.cb + seg.off, buf.clone()));
+                }
+            }
+        }
+        let futs: Vec<BoxFut<'_, BlockResult<()>>> = jobs
+            .iter()
+            .map(|(_, _, h, mlba, b)| -> BoxFut<'_, BlockResult<()>> {
+                Box::pin(self.m_write(h, *mlba, b.clone(), fua))
+            })
+            .collect();
+        let results = join_all(futs).await;
+        let mut ok = vec![false; segs.len()];
+        for ((i, pos, h, _, _), r) in jobs.iter().zip(results) {
+            match r {
+                Ok(()) => ok[*i] = true,
+                Err(_) => self.fail_handle(*pos, h).await,
+            }
+        }
+        if ok.iter().all(|&x| x) && !self.is_failed() {
+            Ok(())
+        } else {
+            Err(unavailable(format!(
+                "pool {}: no copy of stripe {s} written",
+                self.name
+            )))
+        }
+    }
+
+    async fn write_parity_stripe(
+        &self,
+        s: u64,
+        segs: &[Seg],
+        data: &Bytes,
+        fua: bool,
+    ) -> BlockResult<()> {
+        let _g = self.lock_for(s).write().await;
+        let k = self.layout.data_chunks();
+        let pp = self.layout.parity_positions(s);
+        let r0 = segs.iter().map(|g| g.off).min().unwrap_or(0);
+        let r1 = segs.iter().map(|g| g.off + g.blocks).max().unwrap_or(0);
+        let rows = r1 - r0;
+        let mut view = self.view()?;
+        let uninit = self.is_uninit(s);
+        let rmw_ok = !uninit
+            && segs
+                .iter()
+                .all(|g| view.readable(self.data_pos(s, g.d), s).is_some())
+            && pp
+                .iter()
+                .all(|&p| view.readable(p, s).is_some() || view.writable(p).is_none());
+        let rmw_reads: u64 = segs.iter().map(|g| g.blocks).sum::<u64>()
+            + pp.iter()
+                .filter(|&&p| view.readable(p, s).is_some())
+                .count() as u64
+                * rows;
+        let covered =
+            |d: usize| -> u64 { segs.iter().filter(|g| g.d == d).map(|g| g.blocks).sum() };
+        let rcw_reads: u64 = (0..k).map(|d| rows - covered(d).min(rows)).sum();
+        let mut ops = None;
+        if rmw_ok && rmw_reads < rcw_reads {
+            ops = self.rmw(s, segs, data, r0, rows, &view).await;
+            if ops.is_none() {
+                view = self.view()?;
+            }
+        }
+        let ops = match ops {
+            Some(o) => o,
+            None => self.rcw(s, segs, data, r0, r1, &view).await?,
+        };
+        self.commit(s, ops, &view, fua).await
+    }
+
+    /// Read-modify-write: new parity = old parity + delta of the changed data.
+    /// `None` when a read failed (the caller falls back to reconstruct-write).
+    async fn rmw(
+        &self,
+        s: u64,
+        segs: &[Seg],
+        data: &Bytes,
+        r0: u64,
+        rows: u64,
+        view: &View,
+    ) -> Option<Vec<MemberOp>> {
+        let pp = self.layout.parity_positions(s);
+        let bs = self.bs as usize;
+        let mut reads: Vec<(usize, u64, u64)> = segs
+            .iter()
+            .map(|g| (self.data_pos(s, g.d), s * self.cb + g.off, g.blocks))
+            .collect();
+        for &p in &pp {
+            if view.readable(p, s).is_some() {
+                reads.push((p, s * self.cb + r0, rows));
+            }
+        }
+        let futs: Vec<BoxFut<'_, BlockResult<Bytes>>> = reads
+            .iter()
+            .map(|&(p, mlba, n)| -> BoxFut<'_, BlockResult<Bytes>> {
+                Box::pin(async move {
+                    match view.readable(p, s) {
+                        Some(h) => self.m_read(h, mlba, n).await,
+                        None => Err(unavailable("member gone".into())),
+                    }
+                })
+            })
+            .collect();
+        let results = join_all(futs).await;
+        let mut bufs = Vec::with_capacity(results.len());
+        let mut bad = false;
+        for ((p, _, _), r) in reads.iter().zip(results) {
+            match r {
+                Ok(b) => bufs.push(b),
+                Err(e) => {
+                    bad = true;
+                    if let Some(h) = view.readable(*p, s) {
+                        self.member_error(*p, h, &e).await;
+                    }
+                }
+            }
+        }
+        if bad {
+            return None;
+        }
+        let mut par: Vec<Vec<u8>> = bufs[segs.len()..].iter().map(|b| b.to_vec()).collect();
+        let mut ops = Vec::new();
+        for (i, g) in segs.iter().enumerate() {
+            let new = data.slice(g.buf_off..g.buf_off + g.blocks as usize * bs);
+            let mut delta = bufs[i].to_vec();
+            gf::xor_into(&mut delta, &new);
+            let at = (g.off - r0) as usize * bs;
+            let mut pi = 0;
+            for (j, &p) in pp.iter().enumerate() {
+                if view.readable(p, s).is_none() {
+                    continue;
+                }
+                let dst = &mut par[pi][at..at + delta.len()];
+                if j == 0 {
+                    gf::xor_into(dst, &delta);
+                } else {
+                    gf::mul_xor_into(gf::pow2(g.d), dst, &delta);
+                }
+                pi += 1;
+            }
+            ops.push(MemberOp {
+                pos: self.data_pos(s, g.d),
+                mlba: s * self.cb + g.off,
+                kind: OpKind::Write(new),
+            });
+        }
+        let mut pi = 0;
+        for &p in &pp {
+            if view.readable(p, s).is_none() {
+                continue;
+            }
+            ops.push(MemberOp {
+                pos: p,
+                mlba: s * self.cb + r0,
+                kind: OpKind::Write(Bytes::from(std::mem::take(&mut par[pi]))),
+            });
+            pi += 1;
+        }
+        Some(ops)
+    }
+
+    /// Reconstruct-write: parity recomputed from the full rows of new and old data.
+    async fn rcw(
+        &self,
+        s: u64,
+        segs: &[Seg],
+        data: &Bytes,
+        r0: u64,
+        r1: u64,
+        view: &View,
+    ) -> BlockResult<Vec<MemberOp>> {
+        let k = self.layout.data_chunks();
+        let pp = self.layout.parity_positions(s);
+        let bs = self.bs as usize;
+        let rows = r1 - r0;
+        let rb = rows as usize * bs;
+        let need: Vec<bool> = (0..k)
+            .map(|d| {
+                !segs
+                    .iter()
+                    .any(|g| g.d == d && g.off <= r0 && g.off + g.blocks >= r1)
+            })
+            .collect();
+        let mut cols = if need.iter().any(|&n| n) {
+            self.read_rows(s, r0, r1, &need, view).await?
+        } else {
+            vec![None; k]
+        };
+        let mut full: Vec<Vec<u8>> = Vec::with_capacity(k);
+        for (d, col) in cols.iter_mut().enumerate() {
+            let mut c = col.take().unwrap_or_else(|| vec![0u8; rb]);
+            for g in segs.iter().filter(|g| g.d == d) {
+                let at = (g.off - r0) as usize * bs;
+                let n = g.blocks as usize * bs;
+                c[at..at + n].copy_from_slice(&data[g.buf_off..g.buf_off + n]);
+            }
+            full.push(c);
+        }
+        let refs: Vec<&[u8]> = full.iter().map(|c| c.as_slice()).collect();
+        let mut p = vec![0u8; rb];
+        let mut q = vec![0u8; if pp.len() > 1 { rb } else { 0 }];
+        gf::compute_pq(&refs, &mut p, (pp.len() > 1).then_some(q.as_mut_slice()));
+        let mut ops = Vec::new();
+        for g in segs {
+            let pos = self.data_pos(s, g.d);
+            if view.writable(pos).is_some() {
+                ops.push(MemberOp {
+                    pos,
+                    mlba: s * self.cb + g.off,
+                    kind: OpKind::Write(data.slice(g.buf_off..g.buf_off + g.blocks as usize * bs)),
+                });
+            }
+        }
+        for (j, &pos) in pp.iter().enumerate() {
+            if view.writable(pos).is_some() {
+                let buf = if j == 0 {
+                    std::mem::take(&mut p)
+                } else {
+                    std::mem::take(&mut q)
+                };
+                ops.push(MemberOp {
+                    pos,
+                    mlba: s * self.cb + r0,
+                    kind: OpKind::Write(Bytes::from(buf)),
+                });
+            }
+        }
+        Ok(ops)
+    }
+
+    /// Reserves ring space for a record, checkpointing first when the space is
+    /// still held by records not yet covered by a checkpoint.
+    async fn journal_reserve(&self, len: u64) -> BlockResult<(u64, u64)> {
+        let j = self
+            .journal
+            .as_ref()
+            .ok_or(BlockError::NotSupported("no journal"))?;
+        if len > j.ring_blocks {
+            return Err(BlockError::NotSupported(
+                "journal record larger than the ring",
+            ));
+        }
+        let mut a = j.alloc.lock().await;
+        loop {
+            let (start, blocking) = a.place(len, j.ring_blocks);
+            match blocking {
+                None => {
+                    let seq = a.next_seq;
+                    a.next_seq += 1;
+                    a.live.push_back((seq, start, len));
+                    a.head_blocks = start + len;
+                    j.inflight.lock().seqs.insert(seq);
+                    return Ok((seq, start));
+                }
+                Some(upto) => {
+                    self.checkpoint(upto).await?;
+                    while a.live.front().is_some_and(|r| r.0 <= upto) {
+                        a.live.pop_front();
+                    }
+                }
+            }
+        }
+    }
+
+    /// Applies a stripe update: journal record first (parity levels), then the
+    /// member operations in place. Members that fail are failed; the update
+    /// succeeds while the pool survives.
+    pub(crate) async fn commit(
+        &self,
+        s: u64,
+        ops: Vec<MemberOp>,
+        view: &View,
+        fua: bool,
+    ) -> BlockResult<()> {
+        let mut seq = None;
+        if let Some(j) = &self.journal {
+            let bs = self.bs as usize;
+            let entries: Vec<Entry> = ops
+                .iter()
+                .map(|o| Entry {
+                    position: o.pos as u16,
+                    discard: matches!(o.kind, OpKind::Discard(_)),
+                    member_lba: o.mlba,
+                    blocks: match &o.kind {
+                        OpKind::Write(b) => (b.len() / bs) as u32,
+                        OpKind::Discard(n) => *n as u32,
+                    },
+                })
+                .collect();
+            let len = journal::record_blocks(&entries, bs);
+            let (sq, start) = self.journal_reserve(len).await?;
+            let payloads: Vec<&[u8]> = ops
+                .iter()
+                .map(|o| match &o.kind {
+                    OpKind::Write(b) => b.as_ref(),
+                    OpKind::Discard(_) => &[][..],
+                })
+                .collect();
+            let rec = Bytes::from(journal::encode(sq, self.pool_tag, &entries, &payloads, bs));
+            // copies on redundancy + 1 members: parity first, then the written data
+            let mut order: Vec<usize> = self.layout.parity_positions(s);
+            if self.layout.level() == crate::RaidLevel::F1 {
+                // F1 also steers the second journal copy to the hot member, so the
+                // journal keeps (and adds to) the wear skew instead of evening it out
+                order.push(self.layout.member_count() - 1);
+            }
+            order.extend(ops.iter().map(|o| o.pos));
+            order.extend(0..self.layout.member_count());
+            let mut copies: Vec<usize> = Vec::new();
+            for p in order {
+                if !copies.contains(&p) && view.writable(p).is_some() {
+                    copies.push(p);
+                }
+            }
+            copies.truncate(self.layout.redundancy() + 1);
+            let futs: Vec<BoxFut<'_, BlockResult<()>>> = copies
+                .iter()
+                .filter_map(|&p| view.writable(p))
+                .map(|h| -> BoxFut<'_, BlockResult<()>> {
+                    Box::pin(self.m_write_abs(h, j.offset_blocks + start, rec.clone(), true))
+                })
+                .collect();
+            let results = join_all(futs).await;
+            let mut written = 0;
+            for (&p, r) in copies.iter().zip(results) {
+                match r {
+                    Ok(()) => written += 1,
+                    Err(_) => {
+                        if let Some(h) = view.writable(p) {
+                            self.fail_handle(p, h).await;
+                        }
+                    }
+                }
+            }
+            if written == 0 {
+                j.complete(sq);
+                return Err(unavailable(format!(
+                    "pool {}: journal write failed",
+                    self.name
+                )));
+            }
+            seq = Some(sq);
+        }
+        let futs: Vec<BoxFut<'_, BlockResult<()>>> = ops
+            .iter()
+            .map(|o| -> BoxFut<'_, BlockResult<()>> {
+                Box::pin(async move {
+                    match view.writable(o.pos) {
+                        Some(h) => self.m_op(h, o, fua).await,
+                        None => Ok(()),
+                    }
+                })
+            })
+            .collect();
+        let results = join_all(futs).await;
+        for (o, r) in ops.iter().zip(results) {
+            if let Err(e) = r {
+                if let Some(h) = view.writable(o.pos) {
+                    tracing::warn!(pool = %self.name, position = o.pos, error = %e, "member write failed");
+                    self.fail_handle(o.pos, h).await;
+                }
+            }
+        }
+        if let (Some(j), Some(sq)) = (&self.journal, seq) {
+            j.complete(sq);
+        }
+        if self.is_failed() {
+            return Err(unavailable(format!(
+                "pool {}: failed during write of stripe {s}",
+                self.name
+            )));
+        }
+        Ok(())
+    }
+
+    async fn discard_stripe(&self, s: u64, segs: &[Seg]) -> BlockResult<()> {
+        let k = self.layout.data_chunks() as u64;
+        let full = segs.iter().map(|g| g.blocks).sum::<u64>() == k * self.cb;
+        match self.layout.scheme() {
+            Scheme::Parity { .. } if !full => {
+                let len = segs.iter().map(|g| g.blocks).sum::<u64>() * self.bs;
+                let zeroes = Bytes::from(vec![0u8; len as usize]);
+                let base = segs.first().map_or(0, |g| g.buf_off);
+                let segs: Vec<Seg> = segs
+                    .iter()
+                    .map(|g| Seg {
+                        buf_off: g.buf_off - base,
+                        ..*g
+                    })
+                    .collect();
+                self.write_parity_stripe(s, &segs, &zeroes, false).await
+            }
+            _ => {
+                let _g = self.lock_for(s).write().await;
+                let view = self.view()?;
+                let mut ops = Vec::new();
+                if full && matches!(self.layout.scheme(), Scheme::Parity { .. }) {
+                    for pos in 0..self.layout.member_count() {
+                        if view.writable(pos).is_some() {
+                            ops.push(MemberOp {
+                                pos,
+                                mlba: s * self.cb,
+                                kind: OpKind::Discard(self.cb),
+                            });
+                        }
+                    }
+                } else {
+                    for g in segs {
+                        for pos in self.layout.data_positions(s, g.d) {
+                            if view.writable(pos).is_some() {
+                                ops.push(MemberOp {
+                                    pos,
+                                    mlba: s * self.cb + g.off,
+                                    kind: OpKind::Discard(g.blocks),
+                                });
+                            }
+                        }
+                    }
+                }
+                self.commit(s, ops, &view, false).await
+            }
+        }
+    }
+}
+
+fn by_stripe(segs: Vec<Seg>) -> Vec<(u64, Vec<Seg>)> {
+    let mut out: Vec<(u64, Vec<Seg>)> = Vec::new();
+    for g in segs {
+        match out.last_mut() {
+            Some((s, v)) if *s == g.stripe => v.push(g),
+            _ => out.push((g.stripe, vec![g])),
+        }
+    }
+    out
+}
+
+#[async_trait]
+impl Volume for Pool {
+    fn geometry(&self) -> Geometry {
+        self.inner.geometry
+    }
+
+    async fn read(&self, lba: u64, blocks: u32) -> BlockResult<Bytes> {
+        let inner = &self.inner;
+        inner.geometry.check_range(lba, blocks as u64)?;
+        let _fg = FgGuard::new(&inner.fg_inflight);
+        let segs = inner.segments(lba, blocks as u64);
+        let futs: Vec<BoxFut<'_, BlockResult<Bytes>>> = segs
+            .iter()
+            .map(|&g| -> BoxFut<'_, BlockResult<Bytes>> { Box::pin(inner.read_seg(g)) })
+            .collect();
+        let mut out = BytesMut::with_capacity(blocks as usize * inner.bs as usize);
+        for r in join_all(futs).await {
+            out.extend_from_slice(&r?);
+        }
+        Ok(out.freeze())
+    }
+
+    async fn write(&self, lba: u64, data: Bytes, fua: bool) -> BlockResult<()> {
+        let inner = &self.inner;
+        let blocks = inner.geometry.blocks_in(data.len())?;
+        inner.geometry.check_range(lba, blocks)?;
+        if blocks == 0 {
+            return Ok(());
+        }
+        let _fg = FgGuard::new(&inner.fg_inflight);
+        let segs = inner.segments(lba, blocks);
+        match inner.layout.scheme() {
+            Scheme::Striped => inner.write_striped(&segs, &data, fua).await,
+            scheme => {
+                let groups = by_stripe(segs);
+                let data = &data;
+                let futs: Vec<BoxFut<'_, BlockResult<()>>> = groups
+                    .iter()
+                    .map(|(s, g)| -> BoxFut<'_, BlockResult<()>> {
+                        if scheme == Scheme::Mirror {
+                            Box::pin(inner.write_mirror_stripe(*s, g, data, fua))
+                        } else {
+                            Box::pin(inner.write_parity_stripe(*s, g, data, fua))
+                        }
+                    })
+                    .collect();
+                for r in join_all(futs).await {
+                    r?;
+                }
+                Ok(())
+            }
+        }
+    }
+
+    async fn flush(&self) -> BlockResult<()> {
+        let _fg = FgGuard::new(&self.inner.fg_inflight);
+        self.inner.flush_members().await
+    }
+
+    /// Discard passes through to the members when they are all thin (the range
+    /// then reads as zeroes): whole stripes are discarded on every member (parity
+    /// of zeroes is zeroes, journaled like a write), partial stripes of parity levels
+    /// are written with zeroes. On a pool with thick members discard is ignored.
+    async fn discard(&self, lba: u64, blocks: u64) -> BlockResult<()> {
+        let inner = &self.inner;
+        inner.geometry.check_range(lba, blocks)?;
+        if !inner.geometry.thin || blocks == 0 {
+            return Ok(());
+        }
+        let _fg = FgGuard::new(&inner.fg_inflight);
+        for (s, segs) in by_stripe(inner.segments(lba, blocks)) {
+            inner.discard_stripe(s, &segs).await?;
+        }
+        Ok(())
+    }
+}

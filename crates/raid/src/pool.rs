@@ -1,0 +1,1085 @@
+//! The pool: membership, superblocks, create/assemble, failure handling, status.
+//! The data path lives in `io.rs`, rebuild and resync in `background.rs`, scrub in
+//! `scrub.rs`.
+
+use crate::journal::{self, Journal};
+use crate::layout::{layout_for, survives, Layout, Scheme};
+use crate::status::{
+    MemberState, MemberStatus, PoolState, PoolStatus, Progress, ScrubReport, SpareStatus,
+};
+use crate::superblock::{self, MemberRecord, Superblock, SUPERBLOCK_REGION_BYTES};
+use crate::util::{align_up, join_all, new_uuid, uuid_tag, BoxFut};
+use crate::{PoolConfig, RaidError, RaidResult, DEFAULT_JOURNAL_BYTES};
+use block::{BlockError, BlockResult, Bytes, Geometry, VolumeRef};
+use parking_lot::Mutex;
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+
+/// A member volume handed to `create`, `assemble`, `replace_member` or `add_spare`.
+#[derive(Clone)]
+pub struct Member {
+    /// Path or label, shown in status.
+    pub name: String,
+    /// The volume.
+    pub volume: VolumeRef,
+}
+
+impl Member {
+    /// A member from a name and a volume.
+    pub fn new(name: impl Into<String>, volume: VolumeRef) -> Self {
+        Member {
+            name: name.into(),
+            volume,
+        }
+    }
+}
+
+/// A member attached to the pool, with its counters.
+pub(crate) struct MemberHandle {
+    pub name: String,
+    pub uuid: String,
+    pub volume: VolumeRef,
+    pub reads: AtomicU64,
+    pub writes: AtomicU64,
+    pub errors: AtomicU64,
+    pub read_bytes: AtomicU64,
+    pub written_bytes: AtomicU64,
+    pub inflight: AtomicU64,
+}
+
+impl MemberHandle {
+    fn new(m: Member, uuid: String) -> Arc<Self> {
+        Arc::new(MemberHandle {
+            name: m.name,
+            uuid,
+            volume: m.volume,
+            reads: AtomicU64::new(0),
+            writes: AtomicU64::new(0),
+            errors: AtomicU64::new(0),
+            read_bytes: AtomicU64::new(0),
+            written_bytes: AtomicU64::new(0),
+            inflight: AtomicU64::new(0),
+        })
+    }
+}
+
+/// One position.
+pub(crate) struct Slot {
+    pub uuid: String,
+    pub member: Option<Arc<MemberHandle>>,
+    pub state: MemberState,
+    pub rebuild_cp_stripes: u64,
+}
+
+/// Mutable pool state (under a short parking_lot lock; never held across await).
+pub(crate) struct State {
+    pub slots: Vec<Slot>,
+    pub spares: Vec<Arc<MemberHandle>>,
+    pub generation: u64,
+    pub events: u64,
+    pub resync_cursor: Option<u64>,
+    pub journal_checkpoint_seq: u64,
+    pub clean: bool,
+    pub rebuild: Option<Progress>,
+    pub resync: Option<Progress>,
+    pub scrub: Option<Progress>,
+    pub last_scrub: Option<ScrubReport>,
+    pub rebuild_rate_mb_s: u32,
+}
+
+/// Which members an operation on one stripe may use (a snapshot).
+pub(crate) struct View {
+    /// Per position: the handle when writable, and the stripe below which it is readable.
+    pub slots: Vec<Option<(Arc<MemberHandle>, u64)>>,
+}
+
+impl View {
+    /// The member at `pos` if it holds valid data for `stripe`.
+    pub fn readable(&self, pos: usize, stripe: u64) -> Option<&Arc<MemberHandle>> {
+        match &self.slots[pos] {
+            Some((h, below)) if stripe < *below => Some(h),
+            _ => None,
+        }
+    }
+    /// The member at `pos` if it should receive writes.
+    pub fn writable(&self, pos: usize) -> Option<&Arc<MemberHandle>> {
+        self.slots[pos].as_ref().map(|(h, _)| h)
+    }
+}
+
+/// Everything shared by the pool handle, its data path and its background tasks.
+pub(crate) struct Inner {
+    pub name: String,
+    pub uuid: String,
+    pub pool_tag: u64,
+    pub layout: Box<dyn Layout>,
+    pub chunk_bytes: u32,
+    pub bs: u64,
+    pub cb: u64,
+    pub stripes: u64,
+    pub data_offset_blocks: u64,
+    pub journal_offset_blocks: u64,
+    pub journal_blocks: u64,
+    pub journal: Option<Journal>,
+    pub geometry: Geometry,
+    pub state: Mutex<State>,
+    pub sb_lock: tokio::sync::Mutex<()>,
+    pub locks: Vec<tokio::sync::RwLock<()>>,
+    pub fg_inflight: AtomicU64,
+    pub wake: Arc<tokio::sync::Notify>,
+    pub closed: AtomicBool,
+    pub scrub_running: AtomicBool,
+}
+
+const STRIPE_LOCKS: usize = 1024;
+
+/// A RAID pool: a `block::Volume` over its members. Dropping it stops its
+/// background tasks; call [`Pool::shutdown`] first for a clean superblock.
+pub struct Pool {
+    pub(crate) inner: Arc<Inner>,
+}
+
+impl Drop for Pool {
+    fn drop(&mut self) {
+        self.inner.closed.store(true, Ordering::SeqCst);
+        self.inner.wake.notify_one();
+    }
+}
+
+struct Shape {
+    bs: u64,
+    cb: u64,
+    stripes: u64,
+    data_offset_blocks: u64,
+    journal_offset_blocks: u64,
+    journal_blocks: u64,
+}
+
+impl Pool {
+    /// Creates a pool: writes a superblock on every member and spare and returns at
+    /// once. Parity (and mirror copies) are made consistent by a background resync
+    /// while the pool serves I/O; until a stripe is resynced, writes to it use
+    /// reconstruct-write so every written block is protected from the start.
+    pub async fn create(
+        config: PoolConfig,
+        members: Vec<Member>,
+        spares: Vec<Member>,
+    ) -> RaidResult<Pool> {
+        let layout = layout_for(config.level, members.len())?;
+        let bs = members[0].volume.geometry().block_size_bytes as u64;
+        for m in members.iter().chain(&spares) {
+            if m.volume.geometry().block_size_bytes as u64 != bs {
+                return Err(RaidError::Config(format!(
+                    "member {} has a different block size",
+                    m.name
+                )));
+            }
+        }
+        if config.chunk_bytes == 0 || !(config.chunk_bytes as u64).is_multiple_of(bs) {
+            return Err(RaidError::Config(format!(
+                "chunk {} is not a multiple of the block size {bs}",
+                config.chunk_bytes
+            )));
+        }
+        let cb = config.chunk_bytes as u64 / bs;
+        let parity = matches!(layout.scheme(), Scheme::Parity { .. });
+        let journal_bytes = if parity && !config.unsafe_disable_journal {
+            config.journal_bytes.unwrap_or(DEFAULT_JOURNAL_BYTES)
+        } else {
+            0
+        };
+        let journal_blocks = journal_bytes / bs;
+        if parity && !config.unsafe_disable_journal {
+            let max_rec = journal::record_blocks(
+                &vec![
+                    journal::Entry {
+                        position: 0,
+                        discard: false,
+                        member_lba: 0,
+                        blocks: cb as u32,
+                    };
+                    layout.member_count()
+                ],
+                bs as usize,
+            );
+            if journal_blocks < 2 * max_rec {
+                return Err(RaidError::Config(format!(
+                    "journal of {journal_bytes} bytes holds fewer than two full-stripe records"
+                )));
+            }
+        }
+        let journal_offset_blocks = SUPERBLOCK_REGION_BYTES / bs;
+        let data_offset_blocks = align_up(
+            SUPERBLOCK_REGION_BYTES + journal_bytes,
+            SUPERBLOCK_REGION_BYTES,
+        ) / bs;
+        let min_blocks = members
+            .iter()
+            .map(|m| m.volume.geometry().block_count)
+            .min()
+            .unwrap_or(0);
+        let stripes = min_blocks.saturating_sub(data_offset_blocks) / cb;
+        if stripes == 0 {
+            return Err(RaidError::Config(
+                "members too small for the reserved region and one chunk".into(),
+            ));
+        }
+        let shape = Shape {
+            bs,
+            cb,
+            stripes,
+            data_offset_blocks,
+            journal_offset_blocks,
+            journal_blocks,
+        };
+        for s in &spares {
+            check_size(&shape, s)?;
+        }
+        let redundant = layout.scheme() != Scheme::Striped;
+        let slots = members
+            .into_iter()
+            .map(|m| {
+                let uuid = new_uuid();
+                Slot {
+                    uuid: uuid.clone(),
+                    member: Some(MemberHandle::new(m, uuid)),
+                    state: MemberState::Active,
+                    rebuild_cp_stripes: 0,
+                }
+            })
+            .collect();
+        let state = State {
+            slots,
+            spares: spares
+                .into_iter()
+                .map(|m| MemberHandle::new(m, new_uuid()))
+                .collect(),
+            generation: 1,
+            events: 0,
+            resync_cursor: redundant.then_some(0),
+            journal_checkpoint_seq: 0,
+            clean: false,
+            rebuild: None,
+            resync: None,
+            scrub: None,
+            last_scrub: None,
+            rebuild_rate_mb_s: config.rebuild_rate_mb_s,
+        };
+        let inner = Inner::new(
+            &config.name,
+            new_uuid(),
+            layout,
+            config.chunk_bytes,
+            &shape,
+            state,
+            1,
+        );
+        let pool = Pool {
+            inner: Arc::new(inner),
+        };
+        pool.inner
+            .persist()
+            .await
+            .map_err(|e| RaidError::PoolFailed(format!("writing superblocks: {e}")))?;
+        crate::background::spawn_worker(&pool.inner);
+        Ok(pool)
+    }
+
+    /// Assembles a pool from its members in any order: reads the superblocks,
+    /// checks they belong to one pool and one generation (with `force`, takes the
+    /// newest generation and rebuilds stale members), comes up degraded when
+    /// members are missing within tolerance (or failed, answering I/O with errors,
+    /// beyond it), and replays the stripe journal so every interrupted stripe is
+    /// consistent before I/O starts.
+    pub async fn assemble(members: Vec<Member>, force: bool) -> RaidResult<Pool> {
+        if members.is_empty() {
+            return Err(RaidError::Config("no members".into()));
+        }
+        let mut found: Vec<(Member, Superblock)> = Vec::new();
+        for m in members {
+            let sb = superblock::read_best(&m.volume).await.map_err(|reason| {
+                RaidError::BadSuperblock {
+                    member: m.name.clone(),
+                    reason,
+                }
+            })?;
+            found.push((m, sb));
+        }
+        let pool_uuid = found[0].1.pool_uuid.clone();
+        if let Some((m, _)) = found.iter().find(|(_, sb)| sb.pool_uuid != pool_uuid) {
+            return Err(RaidError::ForeignMember {
+                member: m.name.clone(),
+                pool_uuid,
+            });
+        }
+        let newest = found
+            .iter()
+            .map(|(_, sb)| sb)
+            .max_by_key(|sb| (sb.generation, sb.events))
+            .cloned()
+            .ok_or_else(|| RaidError::Config("no members".into()))?;
+        for (m, sb) in &found {
+            if sb.generation != newest.generation && !force {
+                return Err(RaidError::StaleGeneration {
+                    member: m.name.clone(),
+                    generation: sb.generation,
+                    newest: newest.generation,
+                });
+            }
+            if sb.level != newest.level
+                || sb.chunk_bytes != newest.chunk_bytes
+                || sb.member_count != newest.member_count
+                || sb.stripes != newest.stripes
+                || sb.data_offset_blocks != newest.data_offset_blocks
+            {
+                return Err(RaidError::BadSuperblock {
+                    member: m.name.clone(),
+                    reason: "geometry disagrees with the newest superblock".into(),
+                });
+            }
+        }
+        let layout = layout_for(newest.level, newest.member_count as usize)?;
+        let bs = newest.block_size_bytes as u64;
+        let shape = Shape {
+            bs,
+            cb: newest.chunk_bytes as u64 / bs,
+            stripes: newest.stripes,
+            data_offset_blocks: newest.data_offset_blocks,
+            journal_offset_blocks: newest.journal_offset_blocks,
+            journal_blocks: newest.journal_blocks,
+        };
+        let n = newest.member_count as usize;
+        let mut slots: Vec<Slot> = newest
+            .members
+            .iter()
+            .map(|r| Slot {
+                uuid: r.uuid.clone(),
+                member: None,
+                state: r.state,
+                rebuild_cp_stripes: r.rebuild_checkpoint_stripes,
+            })
+            .collect();
+        let mut spares = Vec::new();
+        let mut changed = false;
+        let mut taken = vec![false; n];
+        for (m, sb) in found.iter() {
+            check_size(&shape, m)?;
+            let stale = sb.generation != newest.generation;
+            let pos = newest
+                .members
+                .iter()
+                .position(|r| r.uuid == sb.member_uuid)
+                .or_else(|| {
+                    // a stale member that was replaced since: re-add it where it was
+                    // if that position is empty now
+                    let p = sb.position? as usize;
+                    (stale && force && slots[p].state == MemberState::Failed && !taken[p])
+                        .then_some(p)
+                });
+            match pos {
+                Some(p) => {
+                    if taken[p] {
+                        return Err(RaidError::DuplicateMember {
+                            member: m.name.clone(),
+                            position: p,
+                        });
+                    }
+                    taken[p] = true;
+                    let h = MemberHandle::new(m.clone(), sb.member_uuid.clone());
+                    let slot = &mut slots[p];
+                    slot.uuid = sb.member_uuid.clone();
+                    slot.member = Some(h);
+                    if stale {
+                        slot.state = MemberState::Rebuilding;
+                        slot.rebuild_cp_stripes = 0;
+                        changed = true;
+                    }
+                }
+                None if newest.spares.contains(&sb.member_uuid) => {
+                    spares.push(MemberHandle::new(m.clone(), sb.member_uuid.clone()));
+                }
+                None if stale && force => {
+                    tracing::warn!(member = %m.name, "stale member has no place in the pool; ignored");
+                }
+                None => {
+                    return Err(RaidError::ForeignMember {
+                        member: m.name.clone(),
+                        pool_uuid,
+                    })
+                }
+            }
+        }
+        for slot in slots.iter_mut() {
+            if slot.member.is_none() && slot.state != MemberState::Failed {
+                slot.state = MemberState::Failed;
+                changed = true;
+            }
+        }
+        if spares.len() != newest.spares.len() {
+            changed = true;
+        }
+        let checkpoint = found
+            .iter()
+            .filter(|(_, sb)| sb.generation == newest.generation)
+            .map(|(_, sb)| sb.journal_checkpoint_seq)
+            .max()
+            .unwrap_or(0);
+        let mut resync_cursor = newest.resync_cursor_stripes;
+        if !newest.clean && layout.scheme() == Scheme::Mirror {
+            // no write-intent bitmap: an unclean mirror resyncs from the primary copy
+            resync_cursor = Some(0);
+        }
+        let state = State {
+            slots,
+            spares,
+            generation: newest.generation + changed as u64,
+            events: found.iter().map(|(_, sb)| sb.events).max().unwrap_or(0),
+            resync_cursor,
+            journal_checkpoint_seq: checkpoint,
+            clean: false,
+            rebuild: None,
+            resync: None,
+            scrub: None,
+            last_scrub: None,
+            rebuild_rate_mb_s: newest.rebuild_rate_mb_s,
+        };
+        let inner = Inner::new(
+            &newest.pool_name,
+            pool_uuid,
+            layout,
+            newest.chunk_bytes,
+            &shape,
+            state,
+            checkpoint + 1,
+        );
+        let pool = Pool {
+            inner: Arc::new(inner),
+        };
+        if !pool.inner.is_failed() {
+            pool.inner.replay_journal().await?;
+            pool.inner.pull_spares();
+        }
+        pool.inner
+            .persist()
+            .await
+            .map_err(|e| RaidError::PoolFailed(format!("writing superblocks: {e}")))?;
+        crate::background::spawn_worker(&pool.inner);
+        Ok(pool)
+    }
+
+    /// Marks a member failed (administratively); a spare, if any, takes its place.
+    pub async fn fail_member(&self, position: usize) -> RaidResult<()> {
+        let h = {
+            let st = self.inner.state.lock();
+            let slot = st.slots.get(position).ok_or(RaidError::Position {
+                position,
+                reason: "no such position".into(),
+            })?;
+            slot.member.clone()
+        };
+        if let Some(h) = h {
+            self.inner.fail_handle(position, &h).await;
+        }
+        Ok(())
+    }
+
+    /// Puts a new member at a failed position and starts rebuilding it.
+    pub async fn replace_member(&self, position: usize, member: Member) -> RaidResult<()> {
+        check_size(&self.inner.shape(), &member)?;
+        if self.inner.layout.scheme() == Scheme::Striped {
+            return Err(RaidError::Position {
+                position,
+                reason: "raid0 has no redundancy to rebuild from".into(),
+            });
+        }
+        {
+            let mut st = self.inner.state.lock();
+            let slot = st.slots.get_mut(position).ok_or(RaidError::Position {
+                position,
+                reason: "no such position".into(),
+            })?;
+            if slot.state != MemberState::Failed {
+                return Err(RaidError::Position {
+                    position,
+                    reason: "position is not failed; fail_member it first".into(),
+                });
+            }
+            let uuid = new_uuid();
+            slot.uuid = uuid.clone();
+            slot.member = Some(MemberHandle::new(member, uuid));
+            slot.state = MemberState::Rebuilding;
+            slot.rebuild_cp_stripes = 0;
+            st.generation += 1;
+        }
+        self.inner
+            .persist()
+            .await
+            .map_err(|e| RaidError::PoolFailed(e.to_string()))?;
+        self.inner.wake.notify_one();
+        Ok(())
+    }
+
+    /// Adds a hot spare; it is pulled in at once if a position is failed.
+    pub async fn add_spare(&self, member: Member) -> RaidResult<()> {
+        check_size(&self.inner.shape(), &member)?;
+        {
+            let mut st = self.inner.state.lock();
+            st.spares.push(MemberHandle::new(member, new_uuid()));
+            st.generation += 1;
+        }
+        self.inner.pull_spares();
+        self.inner
+            .persist()
+            .await
+            .map_err(|e| RaidError::PoolFailed(e.to_string()))?;
+        self.inner.wake.notify_one();
+        Ok(())
+    }
+
+    /// Changes the rebuild/resync/scrub cap (MB/s, 0 = none) and persists it.
+    pub async fn set_rebuild_rate_mb_s(&self, rate_mb_s: u32) -> RaidResult<()> {
+        self.inner.state.lock().rebuild_rate_mb_s = rate_mb_s;
+        self.inner
+            .persist()
+            .await
+            .map_err(|e| RaidError::PoolFailed(e.to_string()))
+    }
+
+    /// Orderly stop: flushes members, checkpoints the journal, marks the
+    /// superblocks clean and stops background tasks. I/O after this still works but
+    /// marks the pool unclean again only at the next assemble.
+    pub async fn shutdown(&self) -> RaidResult<()> {
+        self.inner.closed.store(true, Ordering::SeqCst);
+        self.inner.wake.notify_one();
+        self.inner
+            .checkpoint_all()
+            .await
+            .map_err(|e| RaidError::PoolFailed(e.to_string()))?;
+        self.inner.state.lock().clean = true;
+        self.inner
+            .persist()
+            .await
+            .map_err(|e| RaidError::PoolFailed(e.to_string()))
+    }
+
+    /// Waits (polling) until no rebuild or resync is pending; for tests and tools.
+    pub async fn wait_idle(&self) {
+        loop {
+            let busy = {
+                let st = self.inner.state.lock();
+                st.slots.iter().any(|s| s.state == MemberState::Rebuilding)
+                    || st.resync_cursor.is_some()
+            };
+            if !busy || self.inner.is_failed() {
+                return;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(2)).await;
+        }
+    }
+
+    /// The pool's status.
+    pub fn status(&self) -> PoolStatus {
+        self.inner.status()
+    }
+
+    /// The chunk layout of this pool.
+    pub fn layout(&self) -> &dyn Layout {
+        self.inner.layout.as_ref()
+    }
+
+    /// Bytes before the data area on every member (superblocks + journal); member
+    /// block `data_offset + x` holds data-area block `x`.
+    pub fn data_offset_bytes(&self) -> u64 {
+        self.inner.data_offset_blocks * self.inner.bs
+    }
+}
+
+fn check_size(shape: &Shape, m: &Member) -> RaidResult<()> {
+    let g = m.volume.geometry();
+    if g.block_size_bytes as u64 != shape.bs {
+        return Err(RaidError::Config(format!(
+            "member {} has block size {}, pool uses {}",
+            m.name, g.block_size_bytes, shape.bs
+        )));
+    }
+    if g.block_count < shape.data_offset_blocks + shape.stripes * shape.cb {
+        return Err(RaidError::Config(format!(
+            "member {} is too small ({} blocks)",
+            m.name, g.block_count
+        )));
+    }
+    Ok(())
+}
+
+impl Inner {
+    fn new(
+        name: &str,
+        uuid: String,
+        layout: Box<dyn Layout>,
+        chunk_bytes: u32,
+        shape: &Shape,
+        state: State,
+        next_seq: u64,
+    ) -> Inner {
+        let parity = matches!(layout.scheme(), Scheme::Parity { .. });
+        let k = layout.data_chunks() as u64;
+        let volatile = state
+            .slots
+            .iter()
+            .filter_map(|s| s.member.as_ref())
+            .any(|h| h.volume.geometry().volatile_cache);
+        let thin = state
+            .slots
+            .iter()
+            .filter_map(|s| s.member.as_ref())
+            .all(|h| h.volume.geometry().thin);
+        let geometry = Geometry {
+            block_size_bytes: shape.bs as u32,
+            block_count: shape.stripes * shape.cb * k,
+            thin,
+            volatile_cache: volatile,
+            optimal_io_blocks: (shape.cb * k).min(u32::MAX as u64) as u32,
+            max_io_blocks: ((8u64 << 20) / shape.bs) as u32,
+        };
+        Inner {
+            name: name.to_string(),
+            pool_tag: uuid_tag(&uuid),
+            uuid,
+            layout,
+            chunk_bytes,
+            bs: shape.bs,
+            cb: shape.cb,
+            stripes: shape.stripes,
+            data_offset_blocks: shape.data_offset_blocks,
+            journal_offset_blocks: shape.journal_offset_blocks,
+            journal_blocks: shape.journal_blocks,
+            journal: (parity && shape.journal_blocks > 0)
+                .then(|| Journal::new(shape.journal_offset_blocks, shape.journal_blocks, next_seq)),
+            geometry,
+            state: Mutex::new(state),
+            sb_lock: tokio::sync::Mutex::new(()),
+            locks: (0..STRIPE_LOCKS)
+                .map(|_| tokio::sync::RwLock::new(()))
+                .collect(),
+            fg_inflight: AtomicU64::new(0),
+            wake: Arc::new(tokio::sync::Notify::new()),
+            closed: AtomicBool::new(false),
+            scrub_running: AtomicBool::new(false),
+        }
+    }
+
+    fn shape(&self) -> Shape {
+        Shape {
+            bs: self.bs,
+            cb: self.cb,
+            stripes: self.stripes,
+            data_offset_blocks: self.data_offset_blocks,
+            journal_offset_blocks: self.journal_offset_blocks,
+            journal_blocks: self.journal_blocks,
+        }
+    }
+
+    /// The lock ordering writes (and reconstructing reads) of a stripe.
+    pub fn lock_for(&self, stripe: u64) -> &tokio::sync::RwLock<()> {
+        &self.locks[(stripe % STRIPE_LOCKS as u64) as usize]
+    }
+
+    /// Failed positions (rebuilding ones are not counted: they are partly valid).
+    pub fn failed_mask(&self) -> Vec<bool> {
+        self.state
+            .lock()
+            .slots
+            .iter()
+            .map(|s| s.state == MemberState::Failed)
+            .collect()
+    }
+
+    /// True when more members are gone than the level tolerates.
+    pub fn is_failed(&self) -> bool {
+        !survives(self.layout.as_ref(), &self.failed_mask())
+    }
+
+    /// A snapshot of which members may be read and written; an error when the pool
+    /// has failed.
+    pub fn view(&self) -> BlockResult<View> {
+        if self.is_failed() {
+            return Err(BlockError::Unavailable(format!(
+                "pool {} has failed: too many members lost",
+                self.name
+            )));
+        }
+        let st = self.state.lock();
+        Ok(View {
+            slots: st
+                .slots
+                .iter()
+                .map(|s| match (&s.member, s.state) {
+                    (Some(h), MemberState::Active) => Some((h.clone(), u64::MAX)),
+                    (Some(h), MemberState::Rebuilding) => Some((h.clone(), s.rebuild_cp_stripes)),
+                    _ => None,
+                })
+                .collect(),
+        })
+    }
+
+    /// True while stripe `s` has not been made consistent by the initial resync.
+    pub fn is_uninit(&self, s: u64) -> bool {
+        self.state.lock().resync_cursor.is_some_and(|c| s >= c)
+    }
+
+    /// Replaces failed positions with hot spares (state rebuilding); the caller persists.
+    pub fn pull_spares(&self) -> bool {
+        if self.layout.scheme() == Scheme::Striped {
+            return false;
+        }
+        let mut st = self.state.lock();
+        let mut pulled = false;
+        for i in 0..st.slots.len() {
+            if st.slots[i].state == MemberState::Failed {
+                let Some(sp) = st.spares.pop() else { break };
+                tracing::info!(pool = %self.name, position = i, spare = %sp.name, "hot spare pulled in");
+                let slot = &mut st.slots[i];
+                slot.uuid = sp.uuid.clone();
+                slot.member = Some(sp);
+                slot.state = MemberState::Rebuilding;
+                slot.rebuild_cp_stripes = 0;
+                pulled = true;
+            }
+        }
+        if pulled {
+            st.generation += 1;
+            drop(st);
+            self.wake.notify_one();
+        }
+        pulled
+    }
+
+    /// Marks the member `h` at `pos` failed (if it is still there), pulls a spare,
+    /// and persists the new generation on the survivors.
+    pub async fn fail_handle(&self, pos: usize, h: &Arc<MemberHandle>) {
+        {
+            let mut st = self.state.lock();
+            let Some(slot) = st.slots.get_mut(pos) else {
+                return;
+            };
+            let same = slot.member.as_ref().is_some_and(|m| Arc::ptr_eq(m, h));
+            if !same || slot.state == MemberState::Failed {
+                return;
+            }
+            tracing::warn!(pool = %self.name, position = pos, member = %h.name, "member failed");
+            slot.state = MemberState::Failed;
+            st.generation += 1;
+        }
+        self.pull_spares();
+        if let Err(e) = self.persist().await {
+            tracing::error!(pool = %self.name, error = %e, "could not persist member failure");
+        }
+    }
+
+    fn superblock_for(&self, st: &State, position: Option<u32>, uuid: &str) -> Superblock {
+        Superblock {
+            pool_uuid: self.uuid.clone(),
+            pool_name: self.name.clone(),
+            level: self.layout.level(),
+            chunk_bytes: self.chunk_bytes,
+            block_size_bytes: self.bs as u32,
+            member_count: st.slots.len() as u32,
+            position,
+            member_uuid: uuid.to_string(),
+            members: st
+                .slots
+                .iter()
+                .map(|s| MemberRecord {
+                    uuid: s.uuid.clone(),
+                    state: s.state,
+                    rebuild_checkpoint_stripes: s.rebuild_cp_stripes,
+                })
+                .collect(),
+            spares: st.spares.iter().map(|s| s.uuid.clone()).collect(),
+            generation: st.generation,
+            events: st.events,
+            data_offset_blocks: self.data_offset_blocks,
+            stripes: self.stripes,
+            journal_offset_blocks: self.journal_offset_blocks,
+            journal_blocks: self.journal_blocks,
+            journal_checkpoint_seq: st.journal_checkpoint_seq,
+            resync_cursor_stripes: st.resync_cursor,
+            clean: st.clean,
+            rebuild_rate_mb_s: st.rebuild_rate_mb_s,
+        }
+    }
+
+    /// Writes the current state to the superblock of every attached member and
+    /// spare (FUA). A member whose superblock write fails is failed in turn; an
+    /// error means no member could be written or the pool has failed.
+    pub async fn persist(&self) -> BlockResult<()> {
+        let _g = self.sb_lock.lock().await;
+        loop {
+            let targets: Vec<(Option<usize>, Arc<MemberHandle>, Superblock)> = {
+                let mut st = self.state.lock();
+                st.events += 1;
+                let mut t = Vec::new();
+                for (i, s) in st.slots.iter().enumerate() {
+                    if let (Some(h), MemberState::Active | MemberState::Rebuilding) =
+                        (&s.member, s.state)
+                    {
+                        t.push((
+                            Some(i),
+                            h.clone(),
+                            self.superblock_for(&st, Some(i as u32), &h.uuid),
+                        ));
+                    }
+                }
+                for sp in &st.spares {
+                    t.push((None, sp.clone(), self.superblock_for(&st, None, &sp.uuid)));
+                }
+                t
+            };
+            if targets.is_empty() {
+                return Err(BlockError::Unavailable(
+                    "no member left to hold a superblock".into(),
+                ));
+            }
+            let futs: Vec<BoxFut<'_, BlockResult<u64>>> = targets
+                .iter()
+                .map(|(_, h, sb)| -> BoxFut<'_, BlockResult<u64>> {
+                    Box::pin(async move {
+                        let r = superblock::write(&h.volume, sb).await;
+                        h.writes.fetch_add(1, Ordering::Relaxed);
+                        if let Ok(n) = &r {
+                            h.written_bytes.fetch_add(*n, Ordering::Relaxed);
+                        }
+                        r
+                    })
+                })
+                .collect();
+            let results = join_all(futs).await;
+            let mut any_failed = false;
+            {
+                let mut st = self.state.lock();
+                for ((pos, h, _), r) in targets.iter().zip(&results) {
+                    if r.is_err() {
+                        h.errors.fetch_add(1, Ordering::Relaxed);
+                        any_failed = true;
+                        match pos {
+                            Some(p) => {
+                                let slot = &mut st.slots[*p];
+                                if slot.member.as_ref().is_some_and(|m| Arc::ptr_eq(m, h)) {
+                                    slot.state = MemberState::Failed;
+                                }
+                            }
+                            None => st.spares.retain(|s| !Arc::ptr_eq(s, h)),
+                        }
+                        st.generation += 1;
+                    }
+                }
+            }
+            if !any_failed {
+                return Ok(());
+            }
+            if self.is_failed() {
+                return Err(BlockError::Unavailable(format!(
+                    "pool {} failed while writing superblocks",
+                    self.name
+                )));
+            }
+        }
+    }
+
+    /// Flushes every writable member; a member that fails the flush is failed.
+    pub async fn flush_members(&self) -> BlockResult<()> {
+        let view = self.view()?;
+        let handles: Vec<(usize, Arc<MemberHandle>)> = view
+            .slots
+            .iter()
+            .enumerate()
+            .filter_map(|(i, s)| s.as_ref().map(|(h, _)| (i, h.clone())))
+            .collect();
+        let futs: Vec<BoxFut<'_, BlockResult<()>>> = handles
+            .iter()
+            .map(|(_, h)| -> BoxFut<'_, BlockResult<()>> { Box::pin(h.volume.flush()) })
+            .collect();
+        let results = join_all(futs).await;
+        for ((i, h), r) in handles.iter().zip(results) {
+            if r.is_err() {
+                h.errors.fetch_add(1, Ordering::Relaxed);
+                self.fail_handle(*i, h).await;
+            }
+        }
+        self.view().map(|_| ())
+    }
+
+    /// Checkpoints every completed journal record (flush + persist).
+    pub async fn checkpoint_all(&self) -> BlockResult<()> {
+        let Some(j) = &self.journal else {
+            return self.flush_members().await;
+        };
+        let mut a = j.alloc.lock().await;
+        let upto = a.next_seq.saturating_sub(1);
+        self.checkpoint(upto).await?;
+        a.live.clear();
+        a.head_blocks = 0;
+        Ok(())
+    }
+
+    /// Makes every record `<= upto` durable in place and persists `upto` as the
+    /// journal checkpoint. The caller holds the ring's alloc lock.
+    pub async fn checkpoint(&self, upto: u64) -> BlockResult<()> {
+        if let Some(j) = &self.journal {
+            j.wait_done(upto).await;
+        }
+        self.flush_members().await?;
+        {
+            let mut st = self.state.lock();
+            st.journal_checkpoint_seq = st.journal_checkpoint_seq.max(upto);
+        }
+        self.persist().await
+    }
+
+    /// Replays journal records newer than the checkpoint (assemble, parity levels).
+    async fn replay_journal(&self) -> RaidResult<()> {
+        let Some(j) = &self.journal else {
+            return Ok(());
+        };
+        let checkpoint = self.state.lock().journal_checkpoint_seq;
+        let view = self
+            .view()
+            .map_err(|e| RaidError::PoolFailed(e.to_string()))?;
+        let mut records = BTreeMap::new();
+        let step_blocks = ((1u64 << 20) / self.bs).max(1);
+        for h in view.slots.iter().flatten().map(|(h, _)| h) {
+            let mut image = Vec::with_capacity((j.ring_blocks * self.bs) as usize);
+            let mut at = 0u64;
+            let mut ok = true;
+            while at < j.ring_blocks {
+                let n = step_blocks.min(j.ring_blocks - at);
+                match h.volume.read(j.offset_blocks + at, n as u32).await {
+                    Ok(b) => image.extend_from_slice(&b),
+                    Err(e) => {
+                        tracing::warn!(member = %h.name, error = %e, "journal unreadable on member");
+                        ok = false;
+                        break;
+                    }
+                }
+                at += n;
+            }
+            if !ok {
+                continue;
+            }
+            for rec in journal::scan(&image, self.bs as usize, self.pool_tag) {
+                if rec.seq > checkpoint {
+                    records.insert(rec.seq, rec);
+                }
+            }
+        }
+        let max_seq = records.keys().next_back().copied().unwrap_or(checkpoint);
+        if !records.is_empty() {
+            tracing::info!(pool = %self.name, records = records.len(), "replaying stripe journal");
+        }
+        for rec in records.values() {
+            for (e, p) in rec.entries.iter().zip(&rec.payloads) {
+                let pos = e.position as usize;
+                if pos >= view.slots.len()
+                    || e.member_lba.saturating_add(e.blocks as u64) > self.stripes * self.cb
+                {
+                    continue;
+                }
+                let Some(h) = view.writable(pos) else {
+                    continue;
+                };
+                let lba = self.data_offset_blocks + e.member_lba;
+                let r = if e.discard {
+                    h.volume.discard(lba, e.blocks as u64).await
+                } else {
+                    h.volume.write(lba, Bytes::copy_from_slice(p), false).await
+                };
+                if r.is_err() {
+                    self.fail_handle(pos, h).await;
+                }
+            }
+        }
+        {
+            let mut a = j.alloc.lock().await;
+            a.next_seq = max_seq + 1;
+            a.head_blocks = 0;
+            a.live.clear();
+        }
+        self.checkpoint(max_seq)
+            .await
+            .map_err(|e| RaidError::PoolFailed(e.to_string()))
+    }
+
+    fn status(&self) -> PoolStatus {
+        let failed = self.is_failed();
+        let st = self.state.lock();
+        let data_bytes = self.stripes * self.cb * self.bs;
+        let members = st
+            .slots
+            .iter()
+            .enumerate()
+            .map(|(i, s)| {
+                let load = |f: fn(&MemberHandle) -> &AtomicU64| {
+                    s.member
+                        .as_ref()
+                        .map_or(0, |h| f(h).load(Ordering::Relaxed))
+                };
+                MemberStatus {
+                    position: i,
+                    name: s
+                        .member
+                        .as_ref()
+                        .map_or_else(|| "missing".to_string(), |h| h.name.clone()),
+                    uuid: s.uuid.clone(),
+                    state: s.state,
+                    rebuilt_bytes: match s.state {
+                        MemberState::Rebuilding => s.rebuild_cp_stripes * self.cb * self.bs,
+                        MemberState::Active => data_bytes,
+                        _ => 0,
+                    },
+                    errors: load(|h| &h.errors),
+                    reads: load(|h| &h.reads),
+                    writes: load(|h| &h.writes),
+                    read_bytes: load(|h| &h.read_bytes),
+                    written_bytes: load(|h| &h.written_bytes),
+                }
+            })
+            .collect::<Vec<_>>();
+        let state = if failed {
+            PoolState::Failed
+        } else if members.iter().any(|m| m.state == MemberState::Rebuilding) {
+            PoolState::Rebuilding
+        } else if members.iter().any(|m| m.state == MemberState::Failed) {
+            PoolState::Degraded
+        } else if st.resync_cursor.is_some() {
+            PoolState::Resyncing
+        } else {
+            PoolState::Optimal
+        };
+        PoolStatus {
+            name: self.name.clone(),
+            uuid: self.uuid.clone(),
+            level: self.layout.level(),
+            chunk_bytes: self.chunk_bytes,
+            state,
+            capacity_bytes: data_bytes * self.layout.member_count() as u64,
+            usable_bytes: self.geometry.size_bytes(),
+            redundancy: self.layout.redundancy(),
+            generation: st.generation,
+            members,
+            spares: st
+                .spares
+                .iter()
+                .map(|s| SpareStatus {
+                    name: s.name.clone(),
+                    uuid: s.uuid.clone(),
+                })
+                .collect(),
+            rebuild: st.rebuild.clone(),
+            resync: st.resync.clone(),
+            scrub: st.scrub.clone(),
+            last_scrub: st.last_scrub.clone(),
+            rebuild_rate_mb_s: st.rebuild_rate_mb_s,
+        }
+    }
+}

@@ -1,0 +1,138 @@
+//! Serde status types: what `Pool::status()` reports and the CLI/API print.
+
+use crate::RaidLevel;
+use serde::{Deserialize, Serialize};
+
+/// Overall state of a pool.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum PoolState {
+    /// Every member active, redundancy complete.
+    Optimal,
+    /// Some member failed or missing; data served from redundancy.
+    Degraded,
+    /// A member is being rebuilt.
+    Rebuilding,
+    /// The initial (or post-crash mirror) resync is still running.
+    Resyncing,
+    /// More members lost than the level tolerates: I/O is answered with errors.
+    Failed,
+}
+
+/// State of a member position (stored in the superblocks).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum MemberState {
+    /// In sync; serves reads and writes.
+    Active,
+    /// Receives every write; reads only below its rebuild checkpoint.
+    Rebuilding,
+    /// Failed, missing or administratively removed; no I/O.
+    Failed,
+    /// A hot spare waiting for a failure.
+    Spare,
+}
+
+/// One member position in a status report.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct MemberStatus {
+    /// Position in the pool.
+    pub position: usize,
+    /// Member name (path or label); "missing" when no volume is attached.
+    pub name: String,
+    /// Member uuid (32 hex digits).
+    pub uuid: String,
+    /// Position state.
+    pub state: MemberState,
+    /// For a rebuilding member: bytes of its data area already rebuilt.
+    pub rebuilt_bytes: u64,
+    /// I/O errors seen on this member.
+    pub errors: u64,
+    /// Read requests issued to this member.
+    pub reads: u64,
+    /// Write requests issued to this member (journal, data, parity, superblock).
+    pub writes: u64,
+    /// Bytes read from this member.
+    pub read_bytes: u64,
+    /// Bytes written to this member.
+    pub written_bytes: u64,
+}
+
+/// A hot spare in a status report.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SpareStatus {
+    /// Spare name.
+    pub name: String,
+    /// Spare uuid.
+    pub uuid: String,
+}
+
+/// Progress of a background job (rebuild, resync, scrub).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]
+pub struct Progress {
+    /// Bytes processed so far.
+    pub done_bytes: u64,
+    /// Bytes the job will process in total.
+    pub total_bytes: u64,
+    /// Average rate since the job started.
+    pub rate_mb_s: f64,
+    /// Estimated seconds to completion at the current rate.
+    pub eta_secs: Option<u64>,
+}
+
+/// What a scrub found.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub struct ScrubReport {
+    /// Stripes compared.
+    pub stripes_checked: u64,
+    /// Stripes skipped because a member was missing or rebuilding.
+    pub stripes_skipped: u64,
+    /// Blocks whose redundancy disagreed with the data.
+    pub mismatches: u64,
+    /// Mismatched or unreadable blocks rewritten.
+    pub repaired: u64,
+    /// Mismatches redundancy could not decide (left as they were).
+    pub unrepairable: u64,
+    /// Unreadable blocks (medium errors) rebuilt from redundancy.
+    pub read_errors: u64,
+    /// Per position: blocks found bad on that member (RAID 6 location, mirror copy
+    /// or parity rewritten).
+    pub bad_blocks_by_position: Vec<u64>,
+}
+
+/// Everything `Pool::status()` reports.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PoolStatus {
+    /// Pool name.
+    pub name: String,
+    /// Pool uuid.
+    pub uuid: String,
+    /// RAID level.
+    pub level: RaidLevel,
+    /// Chunk size.
+    pub chunk_bytes: u32,
+    /// Overall state.
+    pub state: PoolState,
+    /// Raw bytes of the members' data areas.
+    pub capacity_bytes: u64,
+    /// Bytes the pool offers.
+    pub usable_bytes: u64,
+    /// Members that may fail without data loss.
+    pub redundancy: usize,
+    /// Superblock generation (bumped on every membership or state change).
+    pub generation: u64,
+    /// Member positions.
+    pub members: Vec<MemberStatus>,
+    /// Hot spares.
+    pub spares: Vec<SpareStatus>,
+    /// Rebuild progress while a rebuild runs.
+    pub rebuild: Option<Progress>,
+    /// Initial resync progress while it runs.
+    pub resync: Option<Progress>,
+    /// Scrub progress while a scrub runs.
+    pub scrub: Option<Progress>,
+    /// Report of the last finished scrub.
+    pub last_scrub: Option<ScrubReport>,
+    /// Rebuild/resync/scrub cap in MB/s (0 = none).
+    pub rebuild_rate_mb_s: u32,
+}

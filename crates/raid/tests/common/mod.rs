@@ -1,0 +1,90 @@
+//! Shared helpers for the raid integration tests.
+#![allow(dead_code)]
+
+use block::{Bytes, FaultPlan, FaultVolume, MemVolume, Volume, VolumeRef};
+use parking_lot::Mutex;
+use raid::{Member, Pool, PoolConfig, RaidLevel};
+use std::sync::Arc;
+
+pub const BS: u32 = 512;
+pub const CHUNK: u32 = 8 * 1024;
+/// reserved (1 MiB superblocks + 256 KiB journal -> 2 MiB) + 32 chunks data
+pub const MEMBER_BLOCKS: u64 = (2 << 20) / 512 + 32 * 16;
+
+pub struct TestMember {
+    pub mem: Arc<MemVolume>,
+    pub fault: Arc<FaultVolume>,
+    pub plan: Arc<Mutex<FaultPlan>>,
+}
+
+pub fn member(blocks: u64) -> TestMember {
+    let mem = Arc::new(MemVolume::new(BS, blocks));
+    let fault = Arc::new(FaultVolume::new(mem.clone()));
+    let plan = fault.plan();
+    TestMember { mem, fault, plan }
+}
+
+impl TestMember {
+    pub fn as_member(&self, name: &str) -> Member {
+        Member::new(name, self.fault.clone() as VolumeRef)
+    }
+}
+
+pub fn members_for(level: RaidLevel) -> usize {
+    match level {
+        RaidLevel::Raid0 => 3,
+        RaidLevel::Raid1 => 3,
+        RaidLevel::Raid5 => 4,
+        RaidLevel::Raid6 => 5,
+        RaidLevel::Raid10 => 4,
+        RaidLevel::F1 => 4,
+    }
+}
+
+pub fn config(level: RaidLevel) -> PoolConfig {
+    let mut c = PoolConfig::new("t", level);
+    c.chunk_bytes = CHUNK;
+    c.journal_bytes = Some(256 * 1024);
+    c.rebuild_rate_mb_s = 0;
+    c
+}
+
+pub async fn make_pool(level: RaidLevel, n: usize) -> (Pool, Vec<TestMember>) {
+    let ms: Vec<TestMember> = (0..n).map(|_| member(MEMBER_BLOCKS)).collect();
+    let pool = Pool::create(
+        config(level),
+        ms.iter()
+            .enumerate()
+            .map(|(i, m)| m.as_member(&format!("m{i}")))
+            .collect(),
+        vec![],
+    )
+    .await
+    .expect("create");
+    (pool, ms)
+}
+
+pub fn pattern(seed: u64, blocks: u64) -> Bytes {
+    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    let mut v = vec![0u8; (blocks * BS as u64) as usize];
+    for b in v.iter_mut() {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        *b = x as u8;
+    }
+    Bytes::from(v)
+}
+
+pub async fn check_all(pool: &dyn Volume, oracle: &MemVolume) {
+    let n = pool.geometry().block_count;
+    let step = 64u64;
+    let mut at = 0;
+    while at < n {
+        let c = step.min(n - at);
+        let got = pool.read(at, c as u32).await.expect("read");
+        let want = oracle.read(at, c as u32).await.unwrap();
+        assert!(got == want, "mismatch in blocks {at}..{}", at + c);
+        at += c;
+    }
+}

@@ -1,0 +1,327 @@
+//! Assembly, failure, repair, spare, scrub, F1 skew and rebuild-rate scenarios.
+
+mod common;
+
+use block::{BlockError, MemVolume, Volume};
+use common::*;
+use raid::{Member, MemberState, Pool, PoolState, RaidError, RaidLevel};
+use std::time::Duration;
+
+async fn fill(pool: &Pool, oracle: &MemVolume, seed: u64) {
+    let total = pool.geometry().block_count;
+    let mut at = 0;
+    let mut i = 0;
+    while at < total {
+        let n = (37 + (i * 13) % 90).min(total - at);
+        let d = pattern(seed + i, n);
+        pool.write(at, d.clone(), false).await.unwrap();
+        oracle.write(at, d, false).await.unwrap();
+        at += n;
+        i += 1;
+    }
+}
+
+fn members_of(ms: &[TestMember]) -> Vec<Member> {
+    ms.iter()
+        .enumerate()
+        .map(|(i, m)| m.as_member(&format!("m{i}")))
+        .collect()
+}
+
+#[tokio::test]
+async fn assemble_shuffled_and_degraded() {
+    let (pool, ms) = make_pool(RaidLevel::Raid5, 4).await;
+    let oracle = MemVolume::new(BS, pool.geometry().block_count);
+    fill(&pool, &oracle, 1).await;
+    pool.shutdown().await.unwrap();
+    drop(pool);
+    let mut order = members_of(&ms);
+    order.reverse();
+    order.swap(0, 2);
+    let pool = Pool::assemble(order, false).await.unwrap();
+    check_all(&pool, &oracle).await;
+    assert_ne!(pool.status().state, PoolState::Failed);
+    pool.shutdown().await.unwrap();
+    drop(pool);
+    // one member missing: degraded, data intact
+    let mut some = members_of(&ms);
+    some.remove(1);
+    let pool = Pool::assemble(some, false).await.unwrap();
+    let st = pool.status();
+    assert_eq!(st.state, PoolState::Degraded);
+    assert_eq!(st.members[1].state, MemberState::Failed);
+    assert_eq!(st.members[1].name, "missing");
+    check_all(&pool, &oracle).await;
+    drop(pool);
+    // two missing: beyond tolerance -> failed, I/O errors
+    let mut few = members_of(&ms);
+    few.drain(0..2); // m1 is stale now (it missed the degraded generation)
+    let pool = Pool::assemble(few, false).await.unwrap();
+    assert_eq!(pool.status().state, PoolState::Failed);
+    assert!(matches!(
+        pool.read(0, 1).await,
+        Err(BlockError::Unavailable(_))
+    ));
+}
+
+#[tokio::test]
+async fn foreign_and_stale_members_refused() {
+    let (a, ams) = make_pool(RaidLevel::Raid1, 3).await;
+    let (b, bms) = make_pool(RaidLevel::Raid1, 3).await;
+    drop(b);
+    let mut mixed = members_of(&ams);
+    mixed.push(bms[0].as_member("b0"));
+    drop(a);
+    assert!(matches!(
+        Pool::assemble(mixed, false).await,
+        Err(RaidError::ForeignMember { .. })
+    ));
+    // stale generation: member 2 failed while the others went on
+    let pool = Pool::assemble(members_of(&ams), false).await.unwrap();
+    let oracle = MemVolume::new(BS, pool.geometry().block_count);
+    pool.fail_member(2).await.unwrap();
+    fill(&pool, &oracle, 7).await;
+    pool.shutdown().await.unwrap();
+    drop(pool);
+    assert!(matches!(
+        Pool::assemble(members_of(&ams), false).await,
+        Err(RaidError::StaleGeneration { .. })
+    ));
+    // force: newest set wins, the stale member is rebuilt
+    let pool = Pool::assemble(members_of(&ams), true).await.unwrap();
+    assert_eq!(pool.status().members[2].state, MemberState::Rebuilding);
+    pool.wait_idle().await;
+    assert_eq!(pool.status().state, PoolState::Optimal);
+    // the rebuilt member alone must hold the data
+    ams[0].plan.lock().dead = true;
+    ams[1].plan.lock().dead = true;
+    check_all(&pool, &oracle).await;
+}
+
+#[tokio::test]
+async fn corrupt_superblock_is_an_error() {
+    let (pool, ms) = make_pool(RaidLevel::Raid5, 3).await;
+    drop(pool);
+    let garbage = pattern(5, 256);
+    ms[0].mem.write(0, garbage.clone(), false).await.unwrap();
+    ms[0].mem.write(128, garbage, false).await.unwrap();
+    assert!(matches!(
+        Pool::assemble(members_of(&ms), false).await,
+        Err(RaidError::BadSuperblock { .. })
+    ));
+}
+
+async fn medium_error_case(level: RaidLevel, n: usize) {
+    let (pool, ms) = make_pool(level, n).await;
+    pool.wait_idle().await;
+    let oracle = MemVolume::new(BS, pool.geometry().block_count);
+    fill(&pool, &oracle, 3).await;
+    // pool lba 5 lives on data chunk 0 of stripe 0, member-area block 5
+    let pos = pool.layout().data_positions(0, 0)[0];
+    let abs = pool.data_offset_bytes() / BS as u64 + 5;
+    ms[pos].mem.write(abs, pattern(99, 1), false).await.unwrap(); // garbage under the bad sector
+    ms[pos].plan.lock().bad_read_blocks.push(abs..abs + 1);
+    let got = pool
+        .read(0, 16)
+        .await
+        .expect("read must be served from redundancy");
+    assert_eq!(got, oracle.read(0, 16).await.unwrap());
+    ms[pos].plan.lock().bad_read_blocks.clear();
+    assert_eq!(
+        ms[pos].mem.read(abs, 1).await.unwrap(),
+        oracle.read(5, 1).await.unwrap(),
+        "{level:?}: bad sector not rewritten"
+    );
+    let st = pool.status();
+    assert_eq!(
+        st.members[pos].state,
+        MemberState::Active,
+        "medium error must not fail the member"
+    );
+    assert!(st.members[pos].errors >= 1);
+}
+
+#[tokio::test]
+async fn medium_error_repaired_and_rewritten() {
+    medium_error_case(RaidLevel::Raid5, 4).await;
+    medium_error_case(RaidLevel::Raid6, 5).await;
+    medium_error_case(RaidLevel::Raid1, 2).await;
+    medium_error_case(RaidLevel::Raid10, 4).await;
+}
+
+#[tokio::test]
+async fn dead_members_degrade_then_fail_never_wrong_data() {
+    let (pool, ms) = make_pool(RaidLevel::Raid6, 5).await;
+    let oracle = MemVolume::new(BS, pool.geometry().block_count);
+    fill(&pool, &oracle, 11).await;
+    ms[1].plan.lock().dead = true;
+    // writes and reads go on without an error to the caller
+    let d = pattern(12, 40);
+    pool.write(100, d.clone(), false).await.unwrap();
+    oracle.write(100, d, false).await.unwrap();
+    check_all(&pool, &oracle).await;
+    assert_eq!(pool.status().state, PoolState::Degraded);
+    ms[3].plan.lock().dead = true;
+    let d = pattern(13, 70);
+    pool.write(300, d.clone(), true).await.unwrap();
+    oracle.write(300, d, false).await.unwrap();
+    check_all(&pool, &oracle).await;
+    ms[4].plan.lock().dead = true;
+    let total = pool.geometry().block_count;
+    let mut errors = 0;
+    for lba in (0..total).step_by(7) {
+        match pool.read(lba, 1).await {
+            Ok(b) => assert_eq!(b, oracle.read(lba, 1).await.unwrap(), "wrong data at {lba}"),
+            Err(_) => errors += 1,
+        }
+    }
+    assert!(errors > 0);
+    assert!(pool.write(0, pattern(1, 1), false).await.is_err());
+    assert_eq!(pool.status().state, PoolState::Failed);
+}
+
+#[tokio::test]
+async fn hot_spare_pulled_in_and_rebuilt() {
+    let ms: Vec<TestMember> = (0..4).map(|_| member(MEMBER_BLOCKS)).collect();
+    let spare = member(MEMBER_BLOCKS);
+    let pool = Pool::create(
+        config(RaidLevel::Raid5),
+        members_of(&ms),
+        vec![spare.as_member("spare")],
+    )
+    .await
+    .unwrap();
+    let oracle = MemVolume::new(BS, pool.geometry().block_count);
+    fill(&pool, &oracle, 21).await;
+    ms[2].plan.lock().dead = true;
+    check_all(&pool, &oracle).await; // detects the dead member
+    pool.wait_idle().await;
+    let st = pool.status();
+    assert_eq!(st.state, PoolState::Optimal, "{st:?}");
+    assert_eq!(st.members[2].name, "spare");
+    assert!(st.spares.is_empty());
+    // the spare now carries its share: lose another member
+    ms[0].plan.lock().dead = true;
+    check_all(&pool, &oracle).await;
+}
+
+#[tokio::test]
+async fn scrub_raid6_locates_and_repairs() {
+    let (pool, ms) = make_pool(RaidLevel::Raid6, 6).await;
+    pool.wait_idle().await;
+    let oracle = MemVolume::new(BS, pool.geometry().block_count);
+    fill(&pool, &oracle, 31).await;
+    pool.flush().await.unwrap();
+    // silently corrupt one block of data chunk 2 of stripe 3
+    let pos = pool.layout().data_positions(3, 2)[0];
+    let abs = pool.data_offset_bytes() / BS as u64 + 3 * (CHUNK / BS) as u64 + 4;
+    ms[pos].mem.write(abs, pattern(77, 1), false).await.unwrap();
+    let rep = pool.scrub().await.unwrap().unwrap();
+    assert_eq!(rep.mismatches, 1, "{rep:?}");
+    assert_eq!(rep.repaired, 1);
+    assert_eq!(rep.unrepairable, 0);
+    assert_eq!(
+        rep.bad_blocks_by_position[pos], 1,
+        "scrub blamed the wrong member: {rep:?}"
+    );
+    assert_eq!(pool.status().last_scrub, Some(rep));
+    // the repair holds even when the parity members are gone
+    for p in pool.layout().parity_positions(3) {
+        ms[p].plan.lock().dead = true;
+    }
+    check_all(&pool, &oracle).await;
+    let rep2 = pool.scrub().await.unwrap().unwrap();
+    assert_eq!(rep2.mismatches, 0);
+}
+
+#[tokio::test]
+async fn scrub_raid5_and_mirror_fix_mismatch() {
+    for (level, n) in [(RaidLevel::Raid5, 4), (RaidLevel::Raid1, 2)] {
+        let (pool, ms) = make_pool(level, n).await;
+        pool.wait_idle().await;
+        let oracle = MemVolume::new(BS, pool.geometry().block_count);
+        fill(&pool, &oracle, 41).await;
+        // corrupt a redundancy block: parity (raid5) or the second copy (raid1)
+        let pos = match level {
+            RaidLevel::Raid5 => pool.layout().parity_positions(1)[0],
+            _ => 1,
+        };
+        let abs = pool.data_offset_bytes() / BS as u64 + (CHUNK / BS) as u64 + 2;
+        ms[pos].mem.write(abs, pattern(55, 1), false).await.unwrap();
+        let rep = pool.scrub().await.unwrap().unwrap();
+        assert_eq!((rep.mismatches, rep.repaired), (1, 1), "{level:?} {rep:?}");
+        assert_eq!(rep.bad_blocks_by_position[pos], 1);
+        // lose a data member: the repaired redundancy must give the right data
+        let victim = pool.layout().data_positions(1, 0)[0];
+        ms[victim].plan.lock().dead = true;
+        check_all(&pool, &oracle).await;
+    }
+}
+
+#[tokio::test]
+async fn f1_write_counts_show_the_skew() {
+    for (level, expect_skew) in [(RaidLevel::F1, true), (RaidLevel::Raid5, false)] {
+        let (pool, _ms) = make_pool(level, 4).await;
+        pool.wait_idle().await;
+        let before: Vec<u64> = pool.status().members.iter().map(|m| m.writes).collect();
+        let total = pool.geometry().block_count;
+        for i in 0..2000u64 {
+            let lba = (i.wrapping_mul(2_654_435_761) % (total / 8)) * 8;
+            pool.write(lba, pattern(i, 8), false).await.unwrap();
+        }
+        let w: Vec<u64> = pool
+            .status()
+            .members
+            .iter()
+            .zip(&before)
+            .map(|(m, b)| m.writes - b)
+            .collect();
+        let others = (w[0] + w[1] + w[2]) as f64 / 3.0;
+        let ratio = w[3] as f64 / others;
+        println!("{level:?} per-member writes {w:?}, hot/others {ratio:.2}");
+        if expect_skew {
+            assert!(ratio > 1.5, "F1 hot member not skewed: {w:?}");
+        } else {
+            assert!(ratio < 1.3, "RAID5 should be even: {w:?}");
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rebuild_progress_moves_and_rate_limit_holds() {
+    // 16 MiB data area per member
+    let blocks = (2 << 20) / 512 + (16 << 20) / 512;
+    let ms: Vec<TestMember> = (0..2).map(|_| member(blocks)).collect();
+    let mut cfg = config(RaidLevel::Raid1);
+    cfg.chunk_bytes = 64 * 1024;
+    cfg.rebuild_rate_mb_s = 8;
+    let pool = Pool::create(cfg, members_of(&ms), vec![]).await.unwrap();
+    pool.set_rebuild_rate_mb_s(0).await.unwrap();
+    pool.wait_idle().await; // initial resync at full speed
+    pool.set_rebuild_rate_mb_s(8).await.unwrap();
+    let d = pattern(3, 2048);
+    pool.write(0, d.clone(), false).await.unwrap();
+    ms[1].plan.lock().dead = true;
+    pool.fail_member(1).await.unwrap();
+    let fresh = member(blocks);
+    pool.replace_member(1, fresh.as_member("new"))
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let p1 = pool.status().rebuild.expect("rebuild progress");
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    let p2 = pool.status().rebuild.expect("rebuild progress");
+    assert!(
+        p2.done_bytes > p1.done_bytes,
+        "progress did not move: {p1:?} {p2:?}"
+    );
+    assert_eq!(p2.total_bytes, pool.geometry().size_bytes());
+    // 8 MB/s for ~1 s: loosely bounded (well under the 16 MiB an unthrottled copy does at once)
+    assert!(p2.done_bytes <= 12_000_000, "rate limit exceeded: {p2:?}");
+    assert!(p2.eta_secs.is_some());
+    pool.set_rebuild_rate_mb_s(0).await.unwrap();
+    pool.wait_idle().await;
+    assert_eq!(pool.status().state, PoolState::Optimal);
+    ms[0].plan.lock().dead = true;
+    assert_eq!(pool.read(0, 2048).await.unwrap(), d);
+}
