@@ -434,9 +434,10 @@ impl Config {
                 if !ids.insert(id) {
                     bail!("target {}: LUN {} is configured twice", t.iqn, id);
                 }
-                if l.path.is_some() == l.pool.is_some() {
+                let backings = [l.path.is_some(), l.pool.is_some(), l.disk.is_some()];
+                if backings.iter().filter(|b| **b).count() != 1 {
                     bail!(
-                        "target {} LUN {}: give exactly one of path and pool",
+                        "target {} LUN {}: give exactly one of path, pool and disk",
                         t.iqn,
                         id
                     );
@@ -607,6 +608,41 @@ mod tests {
         assert!(c.validate().is_err());
         c.portals[0].allow_without_chap = true;
         c.validate().unwrap();
+    }
+
+    #[test]
+    fn lun_backing_is_exactly_one_of_path_pool_disk() {
+        let base = r#"
+data_dir = "state"
+[[portal]]
+address = "127.0.0.1:3260"
+[[disk]]
+name = "d0"
+path = "d0.img"
+[[disk]]
+name = "d1"
+path = "d1.img"
+[[pool]]
+name = "p"
+level = "raid1"
+members = ["d0", "d1"]
+[[target]]
+iqn = "iqn.2026-11.org.freesan:t1"
+[[target.lun]]
+"#;
+        let ok = |lun: &str| {
+            toml::from_str::<Config>(&format!("{base}{lun}"))
+                .unwrap()
+                .validate()
+        };
+        ok("pool = \"p\"").unwrap();
+        assert!(ok("pool = \"p\"\npath = \"x.img\"").is_err());
+        assert!(ok("pool = \"nope\"").is_err());
+        assert!(
+            ok("disk = \"d0\"").is_err(),
+            "a pool member served directly"
+        );
+        assert!(ok("").is_err());
     }
 
     #[test]
