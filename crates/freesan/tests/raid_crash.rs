@@ -5,8 +5,7 @@
 
 mod common;
 use common::*;
-use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::process::Command;
 
 fn config(dir: &std::path::Path, level: &str, members: usize) -> std::path::PathBuf {
     let mut s = format!(
@@ -54,45 +53,7 @@ fn crash_then_degrade(level: &str, members: usize, fail: &[usize]) {
     let state = dir.path().join("verify.state");
     let mut node = start(dir.path(), &cfg);
     let url = node.url(0, 0);
-    let mut bench = Command::new(env!("CARGO_BIN_EXE_freesan"))
-        .args([
-            "bench",
-            "--target",
-            &url,
-            "--single-path",
-            "--bs",
-            "8k",
-            "--rw",
-            "randwrite",
-            "--threads",
-            "4",
-            "--qd",
-            "8",
-            "--secs",
-            "5",
-            "--ramp",
-            "0",
-            "--verify",
-            "--quiet",
-            "--verify-state",
-        ])
-        .arg(&state)
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("spawn bench");
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while !state.exists() {
-        assert!(
-            Instant::now() < deadline,
-            "bench wrote no verification state"
-        );
-        assert!(
-            bench.try_wait().unwrap().is_none(),
-            "bench ended before its first checkpoint"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    let mut bench = start_verified_writes(&url, &state, "8k", 4, 5);
     node.kill9();
     let _ = bench.wait();
 

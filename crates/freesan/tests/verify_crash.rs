@@ -5,8 +5,7 @@
 
 mod common;
 use common::*;
-use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::process::Command;
 
 fn start(dir: &std::path::Path) -> Node {
     let lun = format!("{}:64M", dir.join("lun0.img").display());
@@ -48,46 +47,7 @@ fn acknowledged_writes_survive_a_server_sigkill() {
     let state = dir.path().join("verify.state");
     let mut node = start(dir.path());
     let url = node.url(0, 0);
-    let mut bench = Command::new(env!("CARGO_BIN_EXE_freesan"))
-        .args([
-            "bench",
-            "--target",
-            &url,
-            "--single-path",
-            "--bs",
-            "4k",
-            "--rw",
-            "randwrite",
-            "--threads",
-            "2",
-            "--qd",
-            "8",
-            "--secs",
-            "6",
-            "--ramp",
-            "0",
-            "--verify",
-            "--quiet",
-            "--verify-state",
-        ])
-        .arg(&state)
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("spawn bench");
-    // the first checkpoint of acknowledged writes marks a run in full swing
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while !state.exists() {
-        assert!(
-            Instant::now() < deadline,
-            "bench wrote no verification state"
-        );
-        assert!(
-            bench.try_wait().unwrap().is_none(),
-            "bench exited before its first checkpoint"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    let mut bench = start_verified_writes(&url, &state, "4k", 2, 6);
     node.kill9();
     // the bench loses its only path, fails its I/O and saves the final state
     let status = bench.wait().unwrap();

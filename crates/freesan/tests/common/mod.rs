@@ -169,3 +169,48 @@ pub fn run(prog: &str, args: &[&str]) -> (bool, String) {
     s.push_str(&String::from_utf8_lossy(&out.stderr));
     (out.status.success(), s)
 }
+
+/// Starts `freesan bench --verify` random writes of `bs` against `url` (one path,
+/// `threads` x 8 in flight, `secs` seconds) that keep their verification state in
+/// `state`, and returns once the first checkpoint of acknowledged writes exists,
+/// i.e. with the run in full swing.
+pub fn start_verified_writes(url: &str, state: &Path, bs: &str, threads: u32, secs: u32) -> Child {
+    let mut bench = Command::new(env!("CARGO_BIN_EXE_freesan"))
+        .args([
+            "bench",
+            "--target",
+            url,
+            "--single-path",
+            "--bs",
+            bs,
+            "--rw",
+            "randwrite",
+        ])
+        .args([
+            "--threads",
+            &threads.to_string(),
+            "--qd",
+            "8",
+            "--secs",
+            &secs.to_string(),
+        ])
+        .args(["--ramp", "0", "--verify", "--quiet", "--verify-state"])
+        .arg(state)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("spawn bench");
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while !state.exists() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "bench wrote no verification state"
+        );
+        assert!(
+            bench.try_wait().unwrap().is_none(),
+            "bench exited before its first checkpoint"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    bench
+}
