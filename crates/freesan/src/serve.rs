@@ -78,19 +78,6 @@ fn build(
     let mut opened = Vec::new();
     let mut exports = Vec::new();
     for (ti, t) in cfg.targets.iter().enumerate() {
-        let ports: Vec<scsi::TargetPort> = portals
-            .iter()
-            .map(|p| scsi::TargetPort {
-                relative_id: p.tpgt,
-                group_id: 1,
-                name: format!("{},t,0x{:04x}", t.iqn, p.tpgt),
-            })
-            .collect();
-        let port_groups = vec![scsi::PortGroup {
-            id: 1,
-            state: scsi::AluaState::ActiveOptimized,
-            relative_port_ids: ports.iter().map(|p| p.relative_id).collect(),
-        }];
         let tdir = identity::target_dir(&cfg.data_dir, &t.iqn);
         let mut luns = Vec::new();
         for (i, l) in t.luns.iter().enumerate() {
@@ -139,12 +126,12 @@ fn build(
                 volume,
             ));
         }
-        let scsi_target = scsi::ScsiTarget::new(scsi::TargetConfig {
-            name: t.iqn.clone(),
-            ports,
-            port_groups,
+        // portals carry TPGTs 1..=n in order (see above): one port group of them all
+        let scsi_target = scsi::ScsiTarget::new(scsi::TargetConfig::one_port_group(
+            &t.iqn,
+            portals.len() as u16,
             luns,
-        })
+        ))
         .with_context(|| format!("target {}", t.iqn))?;
         targets.push(iscsi::TargetSpec {
             iqn: t.iqn.clone(),

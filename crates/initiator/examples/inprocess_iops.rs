@@ -16,26 +16,10 @@ const QUEUE_DEPTH: usize = 32;
 const SECONDS: u64 = 5;
 
 fn target(vol: VolumeRef) -> Arc<scsi::ScsiTarget> {
-    let cfg = scsi::TargetConfig {
-        name: IQN.to_string(),
-        ports: vec![
-            scsi::TargetPort {
-                relative_id: 1,
-                group_id: 1,
-                name: format!("{IQN},t,0x0001"),
-            },
-            scsi::TargetPort {
-                relative_id: 2,
-                group_id: 1,
-                name: format!("{IQN},t,0x0002"),
-            },
-        ],
-        port_groups: vec![scsi::PortGroup {
-            id: 1,
-            state: scsi::AluaState::ActiveOptimized,
-            relative_port_ids: vec![1, 2],
-        }],
-        luns: vec![(
+    let cfg = scsi::TargetConfig::one_port_group(
+        IQN,
+        2,
+        vec![(
             0,
             scsi::LunConfig {
                 naa: [0x60, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15],
@@ -48,7 +32,7 @@ fn target(vol: VolumeRef) -> Arc<scsi::ScsiTarget> {
             },
             vol,
         )],
-    };
+    );
     Arc::new(scsi::ScsiTarget::new(cfg).expect("scsi target"))
 }
 

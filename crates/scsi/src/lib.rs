@@ -194,6 +194,35 @@ pub struct TargetConfig {
     pub luns: Vec<(u64, LunConfig, VolumeRef)>,
 }
 
+impl TargetConfig {
+    /// A target whose ports 1..=`port_count` (the iSCSI portal group tags) are all in
+    /// one active/optimized ALUA group (id 1) and are named `<name>,t,0x<id as 4 hex
+    /// digits>`, the iSCSI target port name: how a single node presents every portal.
+    pub fn one_port_group(
+        name: &str,
+        port_count: u16,
+        luns: Vec<(u64, LunConfig, VolumeRef)>,
+    ) -> TargetConfig {
+        let ports: Vec<TargetPort> = (1..=port_count)
+            .map(|id| TargetPort {
+                relative_id: id,
+                group_id: 1,
+                name: format!("{name},t,0x{id:04x}"),
+            })
+            .collect();
+        TargetConfig {
+            name: name.to_string(),
+            port_groups: vec![PortGroup {
+                id: 1,
+                state: AluaState::ActiveOptimized,
+                relative_port_ids: ports.iter().map(|p| p.relative_id).collect(),
+            }],
+            ports,
+            luns,
+        }
+    }
+}
+
 /// Errors building a target (bad configuration, unreadable state file).
 #[derive(Debug, thiserror::Error)]
 pub enum ScsiError {

@@ -42,26 +42,10 @@ impl Fixture {
 
 fn scsi_target(name: &str) -> Arc<scsi::ScsiTarget> {
     let vol: block::VolumeRef = Arc::new(MemVolume::new(512, 8192));
-    let cfg = scsi::TargetConfig {
-        name: name.to_string(),
-        ports: vec![
-            scsi::TargetPort {
-                relative_id: 1,
-                group_id: 1,
-                name: format!("{name},t,0x0001"),
-            },
-            scsi::TargetPort {
-                relative_id: 2,
-                group_id: 1,
-                name: format!("{name},t,0x0002"),
-            },
-        ],
-        port_groups: vec![scsi::PortGroup {
-            id: 1,
-            state: scsi::AluaState::ActiveOptimized,
-            relative_port_ids: vec![1, 2],
-        }],
-        luns: vec![(
+    let cfg = scsi::TargetConfig::one_port_group(
+        name,
+        2,
+        vec![(
             0,
             scsi::LunConfig {
                 naa: [0x60, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15],
@@ -74,7 +58,7 @@ fn scsi_target(name: &str) -> Arc<scsi::ScsiTarget> {
             },
             vol,
         )],
-    };
+    );
     Arc::new(scsi::ScsiTarget::new(cfg).expect("scsi target"))
 }
 
