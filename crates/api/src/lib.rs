@@ -12,11 +12,14 @@
 //! - `POST /pools/{name}/spares` `{"disk": NAME}` — add a configured disk as a spare.
 //! - `POST /pools/{name}/replace` `{"position": N, "disk": NAME}` — replace a member.
 //! - `POST /pools/{name}/fail` `{"position": N}` — mark a member failed (administrative).
+//! - `POST /pools/{name}/rebuild-rate` `{"mb_s": N}` — cap rebuild, resync and scrub
+//!   at N MB/s (0 = uncapped); takes effect at once and persists in the pool.
 //!
 //! Errors come back as `{"error": "..."}` with 400 (bad request), 404 (no such pool)
 //! or 409 (refused in the current state).
 
 use async_trait::async_trait;
+use axum::extract::rejection::JsonRejection;
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
@@ -50,6 +53,11 @@ pub enum PoolAction {
     Fail {
         /// Member position.
         position: usize,
+    },
+    /// Cap rebuild, resync and scrub at `mb_s` MB/s (0 = uncapped).
+    SetRebuildRate {
+        /// The cap in MB/s; 0 removes it.
+        mb_s: u32,
     },
 }
 
@@ -123,6 +131,11 @@ struct PositionBody {
     position: usize,
 }
 
+#[derive(Deserialize)]
+struct RateBody {
+    mb_s: u32,
+}
+
 async fn act(c: &Ctl, name: &str, a: PoolAction) -> Result<Json<Value>, ApiError> {
     c.pool_action(name, a).await.map(Json)
 }
@@ -166,6 +179,20 @@ async fn fail(
     .await
 }
 
+async fn rebuild_rate(
+    State(c): State<Ctl>,
+    Path(name): Path<String>,
+    body: Result<Json<RateBody>, JsonRejection>,
+) -> Result<Json<Value>, ApiError> {
+    let b = body.map_err(|e| {
+        ApiError::BadRequest(format!(
+            "expected a JSON body {{\"mb_s\": N}}, N a whole number of MB/s (0 = uncapped): {}",
+            e.body_text()
+        ))
+    })?;
+    act(&c, &name, PoolAction::SetRebuildRate { mb_s: b.mb_s }).await
+}
+
 /// The API's routes over `control`.
 pub fn router(control: Ctl) -> Router {
     Router::new()
@@ -176,6 +203,7 @@ pub fn router(control: Ctl) -> Router {
         .route("/api/v1/pools/{name}/spares", post(spares))
         .route("/api/v1/pools/{name}/replace", post(replace))
         .route("/api/v1/pools/{name}/fail", post(fail))
+        .route("/api/v1/pools/{name}/rebuild-rate", post(rebuild_rate))
         .with_state(control)
 }
 
@@ -289,6 +317,31 @@ mod tests {
                 .await
                 .0,
             422
+        );
+        let (code, body) = http(
+            addr,
+            &post("/api/v1/pools/tank/rebuild-rate", r#"{"mb_s":25}"#),
+        )
+        .await;
+        assert_eq!(code, 200, "{body}");
+        assert!(body.contains("SetRebuildRate { mb_s: 25 }"), "{body}");
+        for bad in ["", "{}", r#"{"mb_s":-1}"#, r#"{"mb_s":"fast"}"#, "not json"] {
+            let (code, body) = http(addr, &post("/api/v1/pools/tank/rebuild-rate", bad)).await;
+            assert_eq!(code, 400, "body {bad:?} answered {body}");
+            let v: Value = serde_json::from_str(&body).unwrap();
+            assert!(
+                v["error"].as_str().unwrap().contains("mb_s"),
+                "body {bad:?} answered {body}"
+            );
+        }
+        assert_eq!(
+            http(
+                addr,
+                &post("/api/v1/pools/none/rebuild-rate", r#"{"mb_s":0}"#)
+            )
+            .await
+            .0,
+            404
         );
         let _ = tx.send(());
         task.await.unwrap().unwrap();

@@ -1,5 +1,5 @@
 //! `freesan pool ...`: pool management through a running node's management API
-//! (status, scrub, add spare, replace member, fail member).
+//! (status, scrub, add spare, replace member, fail member, rebuild rate).
 
 use anyhow::{bail, Context, Result};
 use serde_json::Value;
@@ -58,6 +58,13 @@ pub enum PoolCmd {
         name: String,
         /// Member position.
         position: usize,
+    },
+    /// Cap rebuild, resync and scrub at MB_S MB/s (0 = uncapped); applies at once.
+    RebuildRate {
+        /// Pool name.
+        name: String,
+        /// The cap in MB/s; 0 removes it.
+        mb_s: u32,
     },
 }
 
@@ -136,10 +143,15 @@ fn print_pool(p: &Value) {
         s("state")
     );
     println!(
-        "  capacity {}  usable {}  survives {} failed member(s)",
+        "  capacity {}  usable {}  survives {} failed member(s)  rebuild rate {}",
         bytes(&p["capacity_bytes"]),
         bytes(&p["usable_bytes"]),
-        s("redundancy")
+        s("redundancy"),
+        match p.get("rebuild_rate_mb_s").and_then(Value::as_u64) {
+            Some(0) => "uncapped".to_string(),
+            Some(r) => format!("{r} MB/s"),
+            None => "?".to_string(),
+        }
     );
     if let Some(members) = p.get("members").and_then(Value::as_array) {
         for m in members {
@@ -226,6 +238,16 @@ pub fn run(api: SocketAddr, cmd: PoolCmd) -> Result<()> {
                 api,
                 "POST",
                 &format!("/api/v1/pools/{name}/fail"),
+                Some(&body),
+            )?;
+            print_pool(&ok_or_error(code, v)?);
+        }
+        PoolCmd::RebuildRate { name, mb_s } => {
+            let body = serde_json::json!({ "mb_s": mb_s });
+            let (code, v) = http(
+                api,
+                "POST",
+                &format!("/api/v1/pools/{name}/rebuild-rate"),
                 Some(&body),
             )?;
             print_pool(&ok_or_error(code, v)?);

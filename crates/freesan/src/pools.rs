@@ -190,6 +190,10 @@ impl Pools {
             api::PoolAction::Fail { position } => {
                 pool.fail_member(position).await.map_err(refused)?;
             }
+            api::PoolAction::SetRebuildRate { mb_s } => {
+                pool.set_rebuild_rate_mb_s(mb_s).await.map_err(refused)?;
+                tracing::info!(pool = %name, rebuild_rate_mb_s = mb_s, "rebuild rate set");
+            }
         }
         self.status(name)
             .ok_or_else(|| api::ApiError::NotFound(format!("no pool named {name:?}")))

@@ -1,0 +1,84 @@
+//! The rebuild-rate cap of a running pool is changed through the management API
+//! (`freesan pool rebuild-rate`), shows in `freesan pool status --json`, is
+//! refused for unknown pools, and persists in the pool across a restart.
+
+mod common;
+use common::*;
+use std::process::Command;
+
+fn config(dir: &std::path::Path) -> std::path::PathBuf {
+    let mut s = format!(
+        "data_dir = \"{d}/data\"\n[api]\naddress = \"127.0.0.1:0\"\n[[portal]]\naddress = \"127.0.0.1:0\"\n",
+        d = dir.display()
+    );
+    for i in 0..3 {
+        s += &format!(
+            "[[disk]]\nname = \"d{i}\"\nsize = \"64M\"\npath = \"{}/d{i}.img\"\n",
+            dir.display()
+        );
+    }
+    // no rebuild_rate_mb_s: the pool's own (persisted) cap applies at every start
+    s += "[[pool]]\nname = \"p\"\nlevel = \"raid5\"\nchunk = \"16K\"\nmembers = [\"d0\", \"d1\", \"d2\"]\n";
+    s += &format!("[[target]]\niqn = \"{IQN}\"\n[[target.lun]]\npool = \"p\"\n");
+    let path = dir.join("node.toml");
+    std::fs::write(&path, s).unwrap();
+    path
+}
+
+fn freesan(args: &[&str]) -> (bool, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_freesan"))
+        .args(args)
+        .output()
+        .expect("run freesan");
+    let mut s = String::from_utf8_lossy(&out.stdout).into_owned();
+    s.push_str(&String::from_utf8_lossy(&out.stderr));
+    (out.status.success(), s)
+}
+
+fn rate(api: &str) -> u64 {
+    let (ok, out) = freesan(&["pool", "--api", api, "status", "p", "--json"]);
+    assert!(ok, "{out}");
+    let v: serde_json::Value = serde_json::from_str(&out).expect("status JSON");
+    v["rebuild_rate_mb_s"]
+        .as_u64()
+        .unwrap_or_else(|| panic!("no rebuild_rate_mb_s in {out}"))
+}
+
+#[test]
+fn rebuild_rate_set_through_the_cli_shows_in_status_and_persists() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = config(dir.path());
+    let start = || {
+        Node::start(
+            &[],
+            &["--config".into(), cfg.display().to_string()],
+            &dir.path().join("serve.log"),
+        )
+    };
+    let mut node = start();
+    let api = node.api.clone().expect("no API address in the banner");
+    assert_eq!(rate(&api), 100, "a new pool starts with the default cap");
+
+    let (ok, out) = freesan(&["pool", "--api", &api, "rebuild-rate", "p", "37"]);
+    assert!(ok, "{out}");
+    assert!(out.contains("rebuild rate 37 MB/s"), "{out}");
+    assert_eq!(rate(&api), 37);
+
+    let (ok, out) = freesan(&["pool", "--api", &api, "rebuild-rate", "p", "0"]);
+    assert!(ok, "{out}");
+    assert!(out.contains("rebuild rate uncapped"), "{out}");
+    assert_eq!(rate(&api), 0);
+
+    let (ok, out) = freesan(&["pool", "--api", &api, "rebuild-rate", "nosuch", "5"]);
+    assert!(!ok, "an unknown pool was accepted: {out}");
+    assert!(out.contains("no pool named"), "{out}");
+    let (ok, out) = freesan(&["pool", "--api", &api, "rebuild-rate", "p", "-3"]);
+    assert!(!ok, "a negative rate was accepted: {out}");
+
+    let (ok, out) = freesan(&["pool", "--api", &api, "rebuild-rate", "p", "42"]);
+    assert!(ok, "{out}");
+    assert!(node.terminate(), "unclean exit");
+    let node = start();
+    let api = node.api.clone().expect("no API address in the banner");
+    assert_eq!(rate(&api), 42, "the cap did not persist in the pool");
+}
