@@ -23,6 +23,22 @@ const FOREGROUND_WAIT_MAX_MS: u32 = 50;
 pub(crate) fn spawn_worker(inner: &Arc<Inner>) {
     let weak = Arc::downgrade(inner);
     let wake = inner.wake.clone();
+    let weak_timer = Arc::downgrade(inner);
+    tokio::spawn(async move {
+        // clears idle write-intent regions of parity pools
+        loop {
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            let Some(inner) = weak_timer.upgrade() else {
+                return;
+            };
+            if inner.closed.load(Ordering::SeqCst) {
+                return;
+            }
+            if inner.is_parity() {
+                inner.clean_intents().await;
+            }
+        }
+    });
     tokio::spawn(async move {
         loop {
             let worked = {
@@ -57,17 +73,21 @@ impl Inner {
         if self.is_failed() {
             return false;
         }
-        let (rebuilding, resync) = {
+        let (rebuilding, resync, region) = {
             let st = self.state.lock();
             (
                 st.slots
                     .iter()
                     .any(|s| s.state == MemberState::Rebuilding && s.member.is_some()),
                 st.resync_cursor.is_some(),
+                st.resync_regions.first().copied(),
             )
         };
         if rebuilding {
             self.rebuild_pass().await;
+            true
+        } else if let Some(r) = region {
+            self.region_resync(r).await;
             true
         } else if resync {
             self.resync_pass().await;
@@ -326,6 +346,59 @@ impl Inner {
             st.resync = None;
         }
         tracing::info!(pool = %self.name, "initial resync finished");
+        let _ = self.persist().await;
+    }
+
+    /// Recomputes the parity of one write-intent region left dirty by an unclean
+    /// shutdown, then drops it from the superblocks.
+    async fn region_resync(self: &Arc<Self>, r: u64) {
+        let first = r * self.region_stripes;
+        let end = (first + self.region_stripes).min(self.stripes);
+        let k = self.layout.data_chunks() as u64;
+        let stripe_bytes = self.cb * self.bs * k;
+        let total = end.saturating_sub(first) * stripe_bytes;
+        let started = Instant::now();
+        let mut done = 0u64;
+        tracing::info!(pool = %self.name, region = r, "resyncing parity of a dirty region");
+        for s in first..end {
+            if self.closed.load(Ordering::SeqCst) {
+                return;
+            }
+            if self
+                .state
+                .lock()
+                .slots
+                .iter()
+                .any(|sl| sl.state == MemberState::Rebuilding && sl.member.is_some())
+            {
+                // a rebuild recomputes these stripes onto the new member; the
+                // region is resynced again afterwards
+                return;
+            }
+            self.throttle(started, done).await;
+            let g = self.lock_for(s).write().await;
+            let Ok(view) = self.view() else { return };
+            if let Err(e) = self.resync_stripe(s, &view).await {
+                tracing::warn!(pool = %self.name, stripe = s, error = %e, "region resync cannot read stripe; retrying later");
+                drop(g);
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                return;
+            }
+            drop(g);
+            done += stripe_bytes;
+            self.state.lock().resync = Some(progress(started, done, total));
+        }
+        if self.flush_members().await.is_err() {
+            return;
+        }
+        {
+            let mut st = self.state.lock();
+            st.resync_regions.remove(&r);
+            st.intent_seq += 1;
+            if st.resync_regions.is_empty() && st.resync_cursor.is_none() {
+                st.resync = None;
+            }
+        }
         let _ = self.persist().await;
     }
 

@@ -59,7 +59,7 @@ impl Drop for FgGuard<'_> {
     }
 }
 
-fn unavailable(what: String) -> BlockError {
+pub(crate) fn unavailable(what: String) -> BlockError {
     BlockError::Unavailable(what)
 }
 
@@ -68,6 +68,7 @@ impl Inner {
     pub async fn m_read(&self, h: &MemberHandle, mlba: u64, blocks: u64) -> BlockResult<Bytes> {
         h.inflight.fetch_add(1, Ordering::Relaxed);
         h.reads.fetch_add(1, Ordering::Relaxed);
+        h.head.store(mlba + blocks, Ordering::Relaxed);
         let r = h
             .volume
             .read(self.data_offset_blocks + mlba, blocks as u32)
@@ -95,7 +96,9 @@ impl Inner {
         h.inflight.fetch_add(1, Ordering::Relaxed);
         h.writes.fetch_add(1, Ordering::Relaxed);
         let len = data.len() as u64;
+        let t0 = std::time::Instant::now();
         let r = h.volume.write(lba, data, fua).await;
+        self.note_member_write(t0.elapsed());
         h.inflight.fetch_sub(1, Ordering::Relaxed);
         match &r {
             Ok(()) => {
@@ -389,9 +392,21 @@ impl Inner {
                 // read one copy only, for stable answers
                 cands.truncate(1);
             }
-            let Some(&pos) = cands.iter().min_by_key(|p| {
-                view.readable(**p, s)
-                    .map_or(u64::MAX, |h| h.inflight.load(Ordering::Relaxed))
+            // a read that continues a copy's last read stays on that copy (one
+            // sequential stream per copy, no skipping); others go to the copy with
+            // the fewest requests outstanding, then the nearest head
+            let head_at = |p: usize| {
+                view.readable(p, s)
+                    .map_or(u64::MAX, |h| h.head.load(Ordering::Relaxed))
+            };
+            let continuing = cands.iter().copied().find(|&p| head_at(p) == mlba);
+            let Some(pos) = continuing.or_else(|| {
+                cands.iter().copied().min_by_key(|&p| {
+                    let load = view
+                        .readable(p, s)
+                        .map_or(u64::MAX, |h| h.inflight.load(Ordering::Relaxed));
+                    (load, head_at(p).abs_diff(mlba))
+                })
             }) else {
                 return Err(if medium.is_empty() {
                     unavailable(format!(
@@ -523,7 +538,7 @@ impl Inner {
         }
     }
 
-    async fn write_parity_stripe(
+    pub(crate) async fn write_parity_stripe(
         &self,
         s: u64,
         segs: &[Seg],
@@ -531,12 +546,25 @@ impl Inner {
         fua: bool,
     ) -> BlockResult<()> {
         let _g = self.lock_for(s).write().await;
+        let view = self.view()?;
+        self.write_parity_locked(s, segs, data, fua, view).await
+    }
+
+    /// A journaled stripe update; the caller holds the stripe's exclusive lock.
+    pub(crate) async fn write_parity_locked(
+        &self,
+        s: u64,
+        segs: &[Seg],
+        data: &Bytes,
+        fua: bool,
+        mut view: View,
+    ) -> BlockResult<()> {
+        self.partial_writes.fetch_add(1, Ordering::Relaxed);
         let k = self.layout.data_chunks();
         let pp = self.layout.parity_positions(s);
         let r0 = segs.iter().map(|g| g.off).min().unwrap_or(0);
         let r1 = segs.iter().map(|g| g.off + g.blocks).max().unwrap_or(0);
         let rows = r1 - r0;
-        let mut view = self.view()?;
         let uninit = self.is_uninit(s);
         let rmw_ok = !uninit
             && segs
@@ -788,6 +816,7 @@ impl Inner {
                 .collect();
             let len = journal::record_blocks(&entries, bs);
             let (sq, start) = self.journal_reserve(len).await?;
+            j.note_stripe(s, sq);
             let payloads: Vec<&[u8]> = ops
                 .iter()
                 .map(|o| match &o.kind {
@@ -963,6 +992,7 @@ impl Volume for Pool {
             return Ok(());
         }
         let _fg = FgGuard::new(&inner.fg_inflight);
+        inner.note_write_arrival();
         let segs = inner.segments(lba, blocks);
         match inner.layout.scheme() {
             Scheme::Striped => inner.write_striped(&segs, &data, fua).await,
@@ -975,7 +1005,7 @@ impl Volume for Pool {
                         if scheme == Scheme::Mirror {
                             Box::pin(inner.write_mirror_stripe(*s, g, data, fua))
                         } else {
-                            Box::pin(inner.write_parity_stripe(*s, g, data, fua))
+                            Box::pin(inner.write_parity_group(*s, g, data, fua, lba, blocks))
                         }
                     })
                     .collect();

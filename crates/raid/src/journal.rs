@@ -224,6 +224,8 @@ impl Alloc {
 #[derive(Debug, Default)]
 pub(crate) struct InFlight {
     pub seqs: BTreeSet<u64>,
+    /// Stripe -> newest record for it not yet covered by a checkpoint.
+    pub stripes: std::collections::HashMap<u64, u64>,
 }
 
 /// The journal ring of a parity pool.
@@ -251,6 +253,23 @@ impl Journal {
             inflight: parking_lot::Mutex::new(InFlight::default()),
             done: tokio::sync::Notify::new(),
         }
+    }
+
+    /// Remembers that record `seq` updates stripe `s` (until a checkpoint covers it).
+    pub fn note_stripe(&self, s: u64, seq: u64) {
+        let mut f = self.inflight.lock();
+        let e = f.stripes.entry(s).or_insert(seq);
+        *e = (*e).max(seq);
+    }
+
+    /// True while a record for stripe `s` may still be replayed after a crash.
+    pub fn has_live(&self, s: u64) -> bool {
+        self.inflight.lock().stripes.contains_key(&s)
+    }
+
+    /// Forgets stripes whose records are all covered by checkpoint `upto`.
+    pub fn forget_upto(&self, upto: u64) {
+        self.inflight.lock().stripes.retain(|_, seq| *seq > upto);
     }
 
     /// Marks a record's in-place writes finished.

@@ -20,6 +20,7 @@
 //! (`BlockError::Unavailable` or `Medium`), never with wrong data.
 
 mod background;
+mod fullstripe;
 mod gf;
 mod io;
 mod journal;
@@ -34,6 +35,7 @@ pub use layout::{layout_for, Layout, Scheme};
 pub use pool::{Member, Pool};
 pub use status::{
     MemberState, MemberStatus, PoolState, PoolStatus, Progress, ScrubReport, SpareStatus,
+    StripeWrites,
 };
 
 use serde::{Deserialize, Serialize};
@@ -100,6 +102,11 @@ pub struct PoolConfig {
     #[serde(skip)]
     #[doc(hidden)]
     pub unsafe_disable_journal: bool,
+    /// Test-only: write whole stripes without recording the write intent, to show
+    /// the torn stripes it finds after a crash.
+    #[serde(skip)]
+    #[doc(hidden)]
+    pub unsafe_disable_write_intent: bool,
 }
 
 impl PoolConfig {
@@ -112,6 +119,7 @@ impl PoolConfig {
             rebuild_rate_mb_s: DEFAULT_REBUILD_RATE_MB_S,
             journal_bytes: None,
             unsafe_disable_journal: false,
+            unsafe_disable_write_intent: false,
         }
     }
 }

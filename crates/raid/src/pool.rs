@@ -12,7 +12,7 @@ use crate::util::{align_up, join_all, new_uuid, uuid_tag, BoxFut};
 use crate::{PoolConfig, RaidError, RaidResult, DEFAULT_JOURNAL_BYTES};
 use block::{BlockError, BlockResult, Bytes, Geometry, VolumeRef};
 use parking_lot::Mutex;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
@@ -46,6 +46,9 @@ pub(crate) struct MemberHandle {
     pub read_bytes: AtomicU64,
     pub written_bytes: AtomicU64,
     pub inflight: AtomicU64,
+    /// Data-area lba just past the last read dispatched to it (where its head
+    /// will be): mirrors send a read that continues there to the same copy.
+    pub head: AtomicU64,
 }
 
 impl MemberHandle {
@@ -60,6 +63,7 @@ impl MemberHandle {
             read_bytes: AtomicU64::new(0),
             written_bytes: AtomicU64::new(0),
             inflight: AtomicU64::new(0),
+            head: AtomicU64::new(u64::MAX),
         })
     }
 }
@@ -86,6 +90,12 @@ pub(crate) struct State {
     pub scrub: Option<Progress>,
     pub last_scrub: Option<ScrubReport>,
     pub rebuild_rate_mb_s: u32,
+    /// Write-intent regions with whole-stripe writes (see `fullstripe.rs`).
+    pub intent: BTreeMap<u64, crate::fullstripe::Region>,
+    /// Bumped whenever the set of dirty regions changes.
+    pub intent_seq: u64,
+    /// Regions dirty at an unclean assemble, waiting for their parity resync.
+    pub resync_regions: BTreeSet<u64>,
 }
 
 /// Which members an operation on one stripe may use (a snapshot).
@@ -130,6 +140,21 @@ pub(crate) struct Inner {
     pub wake: Arc<tokio::sync::Notify>,
     pub closed: AtomicBool,
     pub scrub_running: AtomicBool,
+    /// Stripes per write-intent region.
+    pub region_stripes: u64,
+    /// Highest `intent_seq` the superblocks on disk reflect.
+    pub durable_intent_seq: AtomicU64,
+    pub gather: Mutex<crate::fullstripe::Gather>,
+    /// Test-only: whole-stripe writes skip the write intent.
+    pub intent_off: bool,
+    pub full_writes: AtomicU64,
+    pub partial_writes: AtomicU64,
+    pub gather_timeouts: AtomicU64,
+    /// Time base of `last_write_ns`.
+    pub epoch: std::time::Instant,
+    pub last_write_ns: AtomicU64,
+    /// EWMA of member write latency, ns.
+    pub write_ewma_ns: AtomicU64,
 }
 
 const STRIPE_LOCKS: usize = 1024;
@@ -154,7 +179,13 @@ struct Shape {
     data_offset_blocks: u64,
     journal_offset_blocks: u64,
     journal_blocks: u64,
+    /// Stripes per write-intent region.
+    region_stripes: u64,
 }
+
+/// One superblock write of [`Inner::persist_locked`]: position (none for a spare),
+/// member, content.
+type SbTarget = (Option<usize>, Arc<MemberHandle>, Superblock);
 
 impl Pool {
     /// Creates a pool: writes a superblock on every member and spare and returns at
@@ -232,6 +263,7 @@ impl Pool {
             data_offset_blocks,
             journal_offset_blocks,
             journal_blocks,
+            region_stripes: default_region_stripes(config.chunk_bytes),
         };
         for s in &spares {
             check_size(&shape, s)?;
@@ -265,8 +297,11 @@ impl Pool {
             scrub: None,
             last_scrub: None,
             rebuild_rate_mb_s: config.rebuild_rate_mb_s,
+            intent: BTreeMap::new(),
+            intent_seq: 0,
+            resync_regions: BTreeSet::new(),
         };
-        let inner = Inner::new(
+        let mut inner = Inner::new(
             &config.name,
             new_uuid(),
             layout,
@@ -275,6 +310,7 @@ impl Pool {
             state,
             1,
         );
+        inner.intent_off = config.unsafe_disable_write_intent;
         let pool = Pool {
             inner: Arc::new(inner),
         };
@@ -348,7 +384,13 @@ impl Pool {
             data_offset_blocks: newest.data_offset_blocks,
             journal_offset_blocks: newest.journal_offset_blocks,
             journal_blocks: newest.journal_blocks,
+            region_stripes: if newest.intent_region_stripes > 0 {
+                newest.intent_region_stripes
+            } else {
+                default_region_stripes(newest.chunk_bytes)
+            },
         };
+        let region_stripes = shape.region_stripes;
         let n = newest.member_count as usize;
         let mut slots: Vec<Slot> = newest
             .members
@@ -430,6 +472,19 @@ impl Pool {
             // no write-intent bitmap: an unclean mirror resyncs from the primary copy
             resync_cursor = Some(0);
         }
+        let resync_regions: BTreeSet<u64> = if newest.clean || !layout_is_parity(&*layout) {
+            BTreeSet::new()
+        } else {
+            newest
+                .dirty_regions
+                .iter()
+                .copied()
+                .filter(|&r| r.saturating_mul(region_stripes) < newest.stripes)
+                .collect()
+        };
+        if !resync_regions.is_empty() {
+            tracing::info!(pool = %newest.pool_name, regions = resync_regions.len(), "unclean shutdown: resyncing parity of regions with whole-stripe writes");
+        }
         let state = State {
             slots,
             spares,
@@ -443,6 +498,9 @@ impl Pool {
             scrub: None,
             last_scrub: None,
             rebuild_rate_mb_s: newest.rebuild_rate_mb_s,
+            intent: BTreeMap::new(),
+            intent_seq: 0,
+            resync_regions,
         };
         let inner = Inner::new(
             &newest.pool_name,
@@ -556,7 +614,13 @@ impl Pool {
             .checkpoint_all()
             .await
             .map_err(|e| RaidError::PoolFailed(e.to_string()))?;
-        self.inner.state.lock().clean = true;
+        {
+            // every member is flushed: whole-stripe writes are consistent on disk
+            let mut st = self.inner.state.lock();
+            st.clean = true;
+            st.intent.retain(|_, r| r.inflight > 0);
+            st.intent_seq += 1;
+        }
         self.inner
             .persist()
             .await
@@ -570,6 +634,7 @@ impl Pool {
                 let st = self.inner.state.lock();
                 st.slots.iter().any(|s| s.state == MemberState::Rebuilding)
                     || st.resync_cursor.is_some()
+                    || !st.resync_regions.is_empty()
             };
             if !busy || self.inner.is_failed() {
                 return;
@@ -593,6 +658,15 @@ impl Pool {
     pub fn data_offset_bytes(&self) -> u64 {
         self.inner.data_offset_blocks * self.inner.bs
     }
+}
+
+/// Stripes per write-intent region: 256 MiB of every member.
+fn default_region_stripes(chunk_bytes: u32) -> u64 {
+    (crate::fullstripe::REGION_MEMBER_BYTES / chunk_bytes.max(1) as u64).max(1)
+}
+
+fn layout_is_parity(l: &dyn Layout) -> bool {
+    matches!(l.scheme(), Scheme::Parity { .. })
 }
 
 fn check_size(shape: &Shape, m: &Member) -> RaidResult<()> {
@@ -666,6 +740,16 @@ impl Inner {
             wake: Arc::new(tokio::sync::Notify::new()),
             closed: AtomicBool::new(false),
             scrub_running: AtomicBool::new(false),
+            region_stripes: shape.region_stripes.max(1),
+            durable_intent_seq: AtomicU64::new(0),
+            gather: Mutex::new(Default::default()),
+            intent_off: false,
+            full_writes: AtomicU64::new(0),
+            partial_writes: AtomicU64::new(0),
+            gather_timeouts: AtomicU64::new(0),
+            epoch: std::time::Instant::now(),
+            last_write_ns: AtomicU64::new(0),
+            write_ewma_ns: AtomicU64::new(0),
         }
     }
 
@@ -677,6 +761,7 @@ impl Inner {
             data_offset_blocks: self.data_offset_blocks,
             journal_offset_blocks: self.journal_offset_blocks,
             journal_blocks: self.journal_blocks,
+            region_stripes: self.region_stripes,
         }
     }
 
@@ -725,7 +810,10 @@ impl Inner {
 
     /// True while stripe `s` has not been made consistent by the initial resync.
     pub fn is_uninit(&self, s: u64) -> bool {
-        self.state.lock().resync_cursor.is_some_and(|c| s >= c)
+        let st = self.state.lock();
+        st.resync_cursor.is_some_and(|c| s >= c)
+            || (!st.resync_regions.is_empty()
+                && st.resync_regions.contains(&(s / self.region_stripes)))
     }
 
     /// Replaces failed positions with hot spares (state rebuilding); the caller persists.
@@ -807,6 +895,8 @@ impl Inner {
             resync_cursor_stripes: st.resync_cursor,
             clean: st.clean,
             rebuild_rate_mb_s: st.rebuild_rate_mb_s,
+            intent_region_stripes: self.region_stripes,
+            dirty_regions: Inner::dirty_regions(st),
         }
     }
 
@@ -815,8 +905,13 @@ impl Inner {
     /// error means no member could be written or the pool has failed.
     pub async fn persist(&self) -> BlockResult<()> {
         let _g = self.sb_lock.lock().await;
+        self.persist_locked().await
+    }
+
+    /// [`Inner::persist`] for a caller holding `sb_lock`.
+    pub async fn persist_locked(&self) -> BlockResult<()> {
         loop {
-            let targets: Vec<(Option<usize>, Arc<MemberHandle>, Superblock)> = {
+            let (targets, intent_seq): (Vec<SbTarget>, u64) = {
                 let mut st = self.state.lock();
                 st.events += 1;
                 let mut t = Vec::new();
@@ -834,7 +929,7 @@ impl Inner {
                 for sp in &st.spares {
                     t.push((None, sp.clone(), self.superblock_for(&st, None, &sp.uuid)));
                 }
-                t
+                (t, st.intent_seq)
             };
             if targets.is_empty() {
                 return Err(BlockError::Unavailable(
@@ -876,6 +971,8 @@ impl Inner {
                 }
             }
             if !any_failed {
+                self.durable_intent_seq
+                    .fetch_max(intent_seq, Ordering::SeqCst);
                 return Ok(());
             }
             if self.is_failed() {
@@ -934,7 +1031,11 @@ impl Inner {
             let mut st = self.state.lock();
             st.journal_checkpoint_seq = st.journal_checkpoint_seq.max(upto);
         }
-        self.persist().await
+        self.persist().await?;
+        if let Some(j) = &self.journal {
+            j.forget_upto(upto);
+        }
+        Ok(())
     }
 
     /// Replays journal records newer than the checkpoint (assemble, parity levels).
@@ -1051,7 +1152,7 @@ impl Inner {
             PoolState::Rebuilding
         } else if members.iter().any(|m| m.state == MemberState::Failed) {
             PoolState::Degraded
-        } else if st.resync_cursor.is_some() {
+        } else if st.resync_cursor.is_some() || !st.resync_regions.is_empty() {
             PoolState::Resyncing
         } else {
             PoolState::Optimal
@@ -1080,6 +1181,11 @@ impl Inner {
             scrub: st.scrub.clone(),
             last_scrub: st.last_scrub.clone(),
             rebuild_rate_mb_s: st.rebuild_rate_mb_s,
+            stripe_writes: crate::status::StripeWrites {
+                full: self.full_writes.load(Ordering::Relaxed),
+                partial: self.partial_writes.load(Ordering::Relaxed),
+                gather_timeouts: self.gather_timeouts.load(Ordering::Relaxed),
+            },
         }
     }
 }

@@ -135,4 +135,17 @@ pub struct PoolStatus {
     pub last_scrub: Option<ScrubReport>,
     /// Rebuild/resync/scrub cap in MB/s (0 = none).
     pub rebuild_rate_mb_s: u32,
+    /// Stripe updates of a parity pool since it started: whole stripes written
+    /// without reads or journal, journaled partial-stripe updates, and gathered
+    /// partial writes whose stripe did not fill within the gather window.
+    #[serde(default)]
+    pub stripe_writes: StripeWrites,
+}
+
+/// Counters of the parity write path.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct StripeWrites {
+    pub full: u64,
+    pub partial: u64,
+    pub gather_timeouts: u64,
 }

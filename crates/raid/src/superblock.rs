@@ -67,6 +67,13 @@ pub(crate) struct Superblock {
     /// True only after an orderly shutdown.
     pub clean: bool,
     pub rebuild_rate_mb_s: u32,
+    /// Stripes per write-intent region (0 in superblocks from before regions).
+    #[serde(default)]
+    pub intent_region_stripes: u64,
+    /// Regions that may hold a whole-stripe write not yet known consistent; an
+    /// unclean assemble resyncs their parity.
+    #[serde(default)]
+    pub dirty_regions: Vec<u64>,
 }
 
 impl Superblock {
@@ -235,6 +242,8 @@ mod tests {
             resync_cursor_stripes: Some(0),
             clean: false,
             rebuild_rate_mb_s: 100,
+            intent_region_stripes: 2048,
+            dirty_regions: vec![0, 3],
         }
     }
 

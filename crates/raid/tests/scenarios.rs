@@ -2,9 +2,10 @@
 
 mod common;
 
-use block::{BlockError, MemVolume, Volume};
+use block::{BlockError, DelayVolume, MemVolume, Volume, VolumeRef};
 use common::*;
 use raid::{Member, MemberState, Pool, PoolState, RaidError, RaidLevel};
+use std::sync::Arc;
 use std::time::Duration;
 
 async fn fill(pool: &Pool, oracle: &MemVolume, seed: u64) {
@@ -324,4 +325,67 @@ async fn rebuild_progress_moves_and_rate_limit_holds() {
     assert_eq!(pool.status().state, PoolState::Optimal);
     ms[0].plan.lock().dead = true;
     assert_eq!(pool.read(0, 2048).await.unwrap(), d);
+}
+
+fn member_reads(pool: &Pool) -> u64 {
+    pool.status().members.iter().map(|m| m.reads).sum()
+}
+
+/// A sequential stream of partial-stripe writes, many in flight, is gathered into
+/// whole stripes (written without reading anything); the same writes one at a time
+/// each read-modify-write. Both read back exactly.
+#[tokio::test]
+async fn sequential_partial_writes_in_flight_become_full_stripes() {
+    for level in [RaidLevel::Raid5, RaidLevel::Raid6] {
+        // members that take a moment per I/O, so requests overlap as on real disks
+        let ms: Vec<Member> = (0..members_for(level))
+            .map(|i| {
+                let mem = Arc::new(MemVolume::new(BS, MEMBER_BLOCKS)) as VolumeRef;
+                let slow =
+                    DelayVolume::new(mem, Duration::from_micros(300), Duration::from_micros(300));
+                Member::new(format!("m{i}"), Arc::new(slow) as VolumeRef)
+            })
+            .collect();
+        let pool = Pool::create(config(level), ms, vec![]).await.unwrap();
+        pool.wait_idle().await;
+        let stripe = pool.geometry().optimal_io_blocks as u64;
+        let piece = stripe / 3;
+        let stripes = 8u64;
+        let oracle = MemVolume::new(BS, pool.geometry().block_count);
+        // one at a time: every piece is a partial-stripe update that reads
+        let before = member_reads(&pool);
+        for i in 0..stripes * 3 {
+            let d = pattern(i, piece);
+            pool.write(i * piece, d.clone(), false).await.unwrap();
+            oracle.write(i * piece, d, false).await.unwrap();
+        }
+        let serial_reads = member_reads(&pool) - before;
+        assert!(
+            serial_reads >= stripes * 3,
+            "{level:?}: serial reads {serial_reads}"
+        );
+        // all in flight at once, in order: after the first stripe, whole stripes
+        let base = stripes * stripe;
+        let writes: Vec<_> = (0..stripes * 3)
+            .map(|i| (base + i * piece, pattern(1000 + i, piece)))
+            .collect();
+        let before = member_reads(&pool);
+        let futs = writes
+            .iter()
+            .map(|(lba, d)| pool.write(*lba, d.clone(), false));
+        for r in futures_join(futs).await {
+            r.unwrap();
+        }
+        let gathered_reads = member_reads(&pool) - before;
+        for (lba, d) in &writes {
+            oracle.write(*lba, d.clone(), false).await.unwrap();
+        }
+        // only the stream's first stripe (its first piece was not yet known to be
+        // sequential) may read
+        assert!(
+            gathered_reads <= 2 * members_for(level) as u64,
+            "{level:?}: {gathered_reads} member reads for gathered writes (serial: {serial_reads})"
+        );
+        check_all(&pool, &oracle).await;
+    }
 }

@@ -1,0 +1,533 @@
+//! Full-stripe writes of parity pools: gathering sequential partial-stripe writes
+//! into whole stripes, writing whole stripes without the journal, and the
+//! write-intent regions that make that safe across a crash.
+//!
+//! A whole-stripe write replaces every data chunk of the stripe, so no older
+//! acknowledged data of that stripe depends on its parity: it needs no reads and
+//! no journal record. What it needs is that a crash in the middle (some chunks
+//! new, some old, parity of neither) is found and the stripe's parity recomputed
+//! before a later member loss reconstructs from it. That is the write intent: the
+//! pool's data area is cut into regions (`region_stripes` stripes, 256 MiB of
+//! every member by default); before the first whole-stripe write into a region,
+//! the region is recorded as dirty in the superblocks (FUA, group-committed), and
+//! a region idle for a while is flushed and cleared again. An unclean assemble
+//! resyncs the dirty regions' parity from their data in the background
+//! (`background.rs`), and until then partial writes there reconstruct-write.
+//!
+//! Gathering: a partial-stripe write that looks like part of a sequential stream
+//! (it lies within a few stripes of a recent write, or joins a stripe already
+//! gathering)
+//! while other writes are in flight waits for the rest of its stripe, as long as
+//! writes keep arriving at the pool: it gives up when no write has arrived for
+//! about two member-write latencies (an EWMA, clamped to [`GATHER_IDLE_MIN`],
+//! [`GATHER_IDLE_MAX`]), or after [`GATHER_MAX`]. With many writes in flight the
+//! next ones come only as earlier ones complete, so the wait must outlast a member
+//! write, not a network round trip. When the writes waiting on a stripe cover all
+//! of it, they are written as one whole stripe; when the wait ends first, they are
+//! written together as one journaled partial-stripe update.
+
+use crate::io::Seg;
+use crate::layout::Scheme;
+use crate::pool::Inner;
+use crate::util::{join_all, BoxFut};
+use crate::{gf, io::unavailable};
+use block::{BlockError, BlockResult, Bytes};
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio::sync::oneshot;
+
+/// Bounds of the idle time after which a gathering stripe stops waiting.
+pub(crate) const GATHER_IDLE_MIN: Duration = Duration::from_millis(1);
+pub(crate) const GATHER_IDLE_MAX: Duration = Duration::from_millis(50);
+/// Longest a partial-stripe write waits for the rest of its stripe.
+pub(crate) const GATHER_MAX: Duration = Duration::from_millis(200);
+/// Bytes of every member one write-intent region covers.
+pub(crate) const REGION_MEMBER_BYTES: u64 = 256 << 20;
+/// Most dirty regions at once (bounds the superblock); beyond it whole-stripe
+/// writes fall back to the journal.
+pub(crate) const MAX_DIRTY_REGIONS: usize = 512;
+/// A region without whole-stripe writes for this long is flushed and cleared.
+pub(crate) const REGION_IDLE: Duration = Duration::from_secs(2);
+/// Recent write ranges remembered for stream detection.
+const RECENT_WRITES: usize = 64;
+/// How close (in stripes) to a recent write a write must be to count as a stream.
+const NEAR_STRIPES: u64 = 4;
+
+/// One dirty write-intent region.
+#[derive(Debug)]
+pub(crate) struct Region {
+    /// The superblocks on disk list it.
+    pub durable: bool,
+    /// `intent_seq` when it was added (a persist covering it makes it durable).
+    pub seq: u64,
+    /// Whole-stripe writes into it in flight.
+    pub inflight: u32,
+    pub last_use: Instant,
+    /// The cleaner is flushing to clear it; a new write cancels that.
+    pub clearing: bool,
+}
+
+/// Partial-stripe writes waiting for the rest of their stripe.
+pub(crate) struct Batch {
+    id: u64,
+    /// (first block within the stripe's data, bytes), in arrival order.
+    parts: Vec<(u64, Bytes)>,
+    fua: bool,
+    waiters: Vec<oneshot::Sender<Result<(), String>>>,
+}
+
+#[derive(Default)]
+pub(crate) struct Gather {
+    batches: HashMap<u64, Batch>,
+    next_id: u64,
+    recent: VecDeque<(u64, u64)>,
+}
+
+/// Blocks of `0..total` covered by the union of the parts.
+fn covered_blocks(parts: &[(u64, Bytes)], bs: u64, total: u64) -> u64 {
+    let mut iv: Vec<(u64, u64)> = parts
+        .iter()
+        .map(|(at, b)| (*at, (*at + b.len() as u64 / bs).min(total)))
+        .collect();
+    iv.sort_unstable();
+    let mut sum = 0;
+    let mut cur_end = 0;
+    for (a, b) in iv {
+        let a = a.max(cur_end);
+        if b > a {
+            sum += b - a;
+            cur_end = b;
+        }
+    }
+    sum
+}
+
+impl Inner {
+    /// Blocks of pool data in one stripe.
+    pub(crate) fn stripe_blocks(&self) -> u64 {
+        self.layout.data_chunks() as u64 * self.cb
+    }
+
+    /// Writes one stripe's group of a request: whole stripes directly, sequential
+    /// partial stripes through the gatherer, others as partial-stripe updates.
+    pub(crate) async fn write_parity_group(
+        self: &Arc<Self>,
+        s: u64,
+        segs: &[Seg],
+        data: &Bytes,
+        fua: bool,
+        lba: u64,
+        blocks: u64,
+    ) -> BlockResult<()> {
+        let sb = self.stripe_blocks();
+        let first = segs[0];
+        let rel = first.d as u64 * self.cb + first.off;
+        let len: u64 = segs.iter().map(|g| g.blocks).sum();
+        let bytes = data.slice(first.buf_off..first.buf_off + (len * self.bs) as usize);
+        if len == sb {
+            return self.write_full_stripe(s, bytes, fua).await;
+        }
+        if self.should_gather(s, lba, blocks) {
+            return self.gather_write(s, rel, bytes, fua).await;
+        }
+        self.write_parity_stripe(s, segs, data, fua).await
+    }
+
+    /// True when a partial-stripe write should wait for the rest of its stripe.
+    fn should_gather(&self, s: u64, lba: u64, blocks: u64) -> bool {
+        let mut g = self.gather.lock();
+        // requests of one stream arrive slightly out of order: a write within a
+        // few stripes of a recent one counts as part of a stream
+        let near = NEAR_STRIPES * self.stripe_blocks();
+        let sequential = g
+            .recent
+            .iter()
+            .any(|&(a, b)| lba <= b + near && a <= lba + blocks + near);
+        if g.recent.len() == RECENT_WRITES {
+            g.recent.pop_front();
+        }
+        g.recent.push_back((lba, lba + blocks));
+        g.batches.contains_key(&s) || (sequential && self.fg_inflight.load(Ordering::SeqCst) > 1)
+    }
+
+    async fn gather_write(
+        self: &Arc<Self>,
+        s: u64,
+        rel: u64,
+        bytes: Bytes,
+        fua: bool,
+    ) -> BlockResult<()> {
+        let total = self.stripe_blocks();
+        let (tx, mut rx) = oneshot::channel();
+        let (leader, complete) = {
+            let mut g = self.gather.lock();
+            if !g.batches.contains_key(&s) {
+                let id = g.next_id;
+                g.next_id += 1;
+                g.batches.insert(
+                    s,
+                    Batch {
+                        id,
+                        parts: Vec::new(),
+                        fua: false,
+                        waiters: Vec::new(),
+                    },
+                );
+            }
+            let b = g.batches.get_mut(&s).expect("just inserted");
+            let leader = b.parts.is_empty().then_some(b.id);
+            b.parts.push((rel, bytes));
+            b.fua |= fua;
+            b.waiters.push(tx);
+            let complete = if covered_blocks(&b.parts, self.bs, total) == total {
+                g.batches.remove(&s)
+            } else {
+                None
+            };
+            (leader, complete)
+        };
+        if let Some(b) = complete {
+            self.spawn_batch(s, b);
+        } else if let Some(id) = leader {
+            let cap = Instant::now() + GATHER_MAX;
+            loop {
+                let idle = self.gather_idle();
+                let last = self.last_write_at();
+                let now = Instant::now();
+                if now >= cap || now.saturating_duration_since(last) >= idle {
+                    break;
+                }
+                let until = (last + idle).min(cap);
+                if let Ok(r) = tokio::time::timeout_at(until.into(), &mut rx).await {
+                    return finish(r);
+                }
+            }
+            let b = {
+                let mut g = self.gather.lock();
+                match g.batches.get(&s) {
+                    Some(b) if b.id == id => g.batches.remove(&s),
+                    _ => None,
+                }
+            };
+            if let Some(b) = b {
+                self.gather_timeouts.fetch_add(1, Ordering::Relaxed);
+                self.spawn_batch(s, b);
+            }
+        }
+        finish(rx.await)
+    }
+
+    /// How long without a new write ends a gathering wait: about two member
+    /// writes.
+    fn gather_idle(&self) -> Duration {
+        let ewma = Duration::from_nanos(self.write_ewma_ns.load(Ordering::Relaxed));
+        (2 * ewma).clamp(GATHER_IDLE_MIN, GATHER_IDLE_MAX)
+    }
+
+    /// When the last write arrived at the pool.
+    fn last_write_at(&self) -> Instant {
+        self.epoch + Duration::from_nanos(self.last_write_ns.load(Ordering::Relaxed))
+    }
+
+    /// Notes a write's arrival (for gathering).
+    pub(crate) fn note_write_arrival(&self) {
+        let ns = self.epoch.elapsed().as_nanos() as u64;
+        self.last_write_ns.fetch_max(ns, Ordering::Relaxed);
+    }
+
+    /// Feeds a member write's latency into the EWMA.
+    pub(crate) fn note_member_write(&self, took: Duration) {
+        let sample = took.as_nanos().min(u64::MAX as u128) as u64;
+        let old = self.write_ewma_ns.load(Ordering::Relaxed);
+        let new = if old == 0 {
+            sample
+        } else {
+            old - old / 8 + sample / 8
+        };
+        self.write_ewma_ns.store(new, Ordering::Relaxed);
+    }
+
+    /// Writes a batch in its own task, so a waiter that goes away cannot cut the
+    /// others' write short.
+    fn spawn_batch(self: &Arc<Self>, s: u64, b: Batch) {
+        let inner = self.clone();
+        tokio::spawn(async move {
+            let r = inner.write_batch(s, &b.parts, b.fua).await;
+            let r = r.map_err(|e| e.to_string());
+            for w in b.waiters {
+                let _ = w.send(r.clone());
+            }
+        });
+    }
+
+    /// Merges the parts (later ones win where they overlap) and writes them as a
+    /// whole stripe if they cover it, else as one partial-stripe update.
+    async fn write_batch(
+        self: &Arc<Self>,
+        s: u64,
+        parts: &[(u64, Bytes)],
+        fua: bool,
+    ) -> BlockResult<()> {
+        let total = self.stripe_blocks();
+        let bs = self.bs as usize;
+        let mut buf = vec![0u8; total as usize * bs];
+        let mut have = vec![false; total as usize];
+        for (at, b) in parts {
+            let at = *at as usize;
+            let n = (b.len() / bs).min(total as usize - at);
+            buf[at * bs..(at + n) * bs].copy_from_slice(&b[..n * bs]);
+            have[at..at + n].iter_mut().for_each(|h| *h = true);
+        }
+        let buf = Bytes::from(buf);
+        if have.iter().all(|&h| h) {
+            return self.write_full_stripe(s, buf, fua).await;
+        }
+        let base = s * total;
+        let mut segs = Vec::new();
+        let mut i = 0usize;
+        while i < have.len() {
+            if !have[i] {
+                i += 1;
+                continue;
+            }
+            let start = i;
+            while i < have.len() && have[i] {
+                i += 1;
+            }
+            for mut g in self.segments(base + start as u64, (i - start) as u64) {
+                g.buf_off += start * bs;
+                segs.push(g);
+            }
+        }
+        self.write_parity_stripe(s, &segs, &buf, fua).await
+    }
+
+    /// Writes a whole stripe (`data`: every data chunk in order): parity computed
+    /// from the new data, no reads, no journal record, under a durable write intent
+    /// for its region. Falls back to a journaled update when the pool is degraded,
+    /// the journal still holds a record for this stripe (replaying it later would
+    /// revert this write), or too many regions are dirty.
+    pub(crate) async fn write_full_stripe(
+        self: &Arc<Self>,
+        s: u64,
+        data: Bytes,
+        fua: bool,
+    ) -> BlockResult<()> {
+        let _g = self.lock_for(s).write().await;
+        let view = self.view()?;
+        let n = self.layout.member_count();
+        let degraded = (0..n).any(|p| view.writable(p).is_none());
+        let journaled = self.journal.as_ref().is_some_and(|j| j.has_live(s));
+        let region = s / self.region_stripes;
+        let ticket = if degraded || journaled {
+            None
+        } else if self.intent_off {
+            Some(None)
+        } else {
+            self.intent_enter(region)
+        };
+        let Some(need) = ticket else {
+            let segs = self.segments(s * self.stripe_blocks(), self.stripe_blocks());
+            return self.write_parity_locked(s, &segs, &data, fua, view).await;
+        };
+        self.full_writes.fetch_add(1, Ordering::Relaxed);
+        let r = self.full_stripe_in_place(s, &data, fua, need, &view).await;
+        if !self.intent_off {
+            self.intent_leave(region);
+        }
+        r
+    }
+
+    async fn full_stripe_in_place(
+        &self,
+        s: u64,
+        data: &Bytes,
+        fua: bool,
+        need: Option<u64>,
+        view: &crate::pool::View,
+    ) -> BlockResult<()> {
+        if let Some(seq) = need {
+            self.intent_durable(seq).await?;
+        }
+        let k = self.layout.data_chunks();
+        let chunk = (self.cb * self.bs) as usize;
+        let pp = self.layout.parity_positions(s);
+        let refs: Vec<&[u8]> = (0..k).map(|d| &data[d * chunk..(d + 1) * chunk]).collect();
+        let mut p = vec![0u8; chunk];
+        let mut q = vec![0u8; if pp.len() > 1 { chunk } else { 0 }];
+        gf::compute_pq(&refs, &mut p, (pp.len() > 1).then_some(q.as_mut_slice()));
+        let mut writes: Vec<(usize, Bytes)> = (0..k)
+            .map(|d| {
+                (
+                    self.layout.data_positions(s, d)[0],
+                    data.slice(d * chunk..(d + 1) * chunk),
+                )
+            })
+            .collect();
+        writes.push((pp[0], Bytes::from(p)));
+        if pp.len() > 1 {
+            writes.push((pp[1], Bytes::from(q)));
+        }
+        let futs: Vec<BoxFut<'_, BlockResult<()>>> = writes
+            .iter()
+            .map(|(pos, b)| -> BoxFut<'_, BlockResult<()>> {
+                Box::pin(async move {
+                    match view.writable(*pos) {
+                        Some(h) => self.m_write(h, s * self.cb, b.clone(), fua).await,
+                        None => Ok(()),
+                    }
+                })
+            })
+            .collect();
+        let results = join_all(futs).await;
+        for ((pos, _), r) in writes.iter().zip(results) {
+            if let Err(e) = r {
+                if let Some(h) = view.writable(*pos) {
+                    tracing::warn!(pool = %self.name, position = pos, error = %e, "member write failed");
+                    self.fail_handle(*pos, h).await;
+                }
+            }
+        }
+        if self.is_failed() {
+            return Err(unavailable(format!(
+                "pool {}: failed during write of stripe {s}",
+                self.name
+            )));
+        }
+        Ok(())
+    }
+
+    /// Registers a whole-stripe write into `region`: `Some(None)` when the region
+    /// is already durable as dirty, `Some(Some(seq))` when a superblock write
+    /// covering `seq` must come first, `None` when too many regions are dirty.
+    fn intent_enter(&self, region: u64) -> Option<Option<u64>> {
+        let mut st = self.state.lock();
+        if let Some(r) = st.intent.get_mut(&region) {
+            r.inflight += 1;
+            r.clearing = false;
+            r.last_use = Instant::now();
+            return Some((!r.durable).then_some(r.seq));
+        }
+        if st.intent.len() >= MAX_DIRTY_REGIONS {
+            return None;
+        }
+        st.intent_seq += 1;
+        let seq = st.intent_seq;
+        st.intent.insert(
+            region,
+            Region {
+                durable: false,
+                seq,
+                inflight: 1,
+                last_use: Instant::now(),
+                clearing: false,
+            },
+        );
+        Some(Some(seq))
+    }
+
+    fn intent_leave(&self, region: u64) {
+        let mut st = self.state.lock();
+        let durable = self.durable_intent_seq.load(Ordering::SeqCst);
+        if let Some(r) = st.intent.get_mut(&region) {
+            r.inflight = r.inflight.saturating_sub(1);
+            r.last_use = Instant::now();
+            if r.seq <= durable {
+                r.durable = true;
+            }
+        }
+    }
+
+    /// Waits until the superblocks list every intent up to `seq` (one superblock
+    /// write serves every writer waiting at that time).
+    async fn intent_durable(&self, seq: u64) -> BlockResult<()> {
+        if self.durable_intent_seq.load(Ordering::SeqCst) >= seq {
+            return Ok(());
+        }
+        let _g = self.sb_lock.lock().await;
+        if self.durable_intent_seq.load(Ordering::SeqCst) >= seq {
+            return Ok(());
+        }
+        self.persist_locked().await
+    }
+
+    /// Clears regions idle for [`REGION_IDLE`]: flush every member (their
+    /// whole-stripe writes are then durable and consistent), drop them from the
+    /// intent and persist. Called about once a second by the pool's timer task.
+    pub(crate) async fn clean_intents(&self) {
+        let any = {
+            let mut st = self.state.lock();
+            let durable = self.durable_intent_seq.load(Ordering::SeqCst);
+            let mut any = false;
+            for r in st.intent.values_mut() {
+                if r.seq <= durable {
+                    r.durable = true;
+                }
+                if r.inflight == 0 && r.durable && r.last_use.elapsed() >= REGION_IDLE {
+                    r.clearing = true;
+                    any = true;
+                }
+            }
+            any
+        };
+        if !any || self.flush_members().await.is_err() {
+            return;
+        }
+        let removed = {
+            let mut st = self.state.lock();
+            let before = st.intent.len();
+            st.intent.retain(|_, r| !(r.clearing && r.inflight == 0));
+            let removed = st.intent.len() != before;
+            if removed {
+                st.intent_seq += 1;
+            }
+            removed
+        };
+        if removed {
+            if let Err(e) = self.persist().await {
+                tracing::warn!(pool = %self.name, error = %e, "could not persist cleared write intents");
+            }
+        }
+    }
+
+    /// Regions the superblock lists as dirty: those with whole-stripe writes and
+    /// those still waiting for their post-crash resync.
+    pub(crate) fn dirty_regions(st: &crate::pool::State) -> Vec<u64> {
+        let mut v: Vec<u64> = st.intent.keys().copied().collect();
+        v.extend(st.resync_regions.iter().copied());
+        v.sort_unstable();
+        v.dedup();
+        v
+    }
+
+    /// True when the pool is a parity pool (full-stripe writes apply).
+    pub(crate) fn is_parity(&self) -> bool {
+        matches!(self.layout.scheme(), Scheme::Parity { .. })
+    }
+}
+
+fn finish(r: Result<Result<(), String>, oneshot::error::RecvError>) -> BlockResult<()> {
+    match r {
+        Ok(Ok(())) => Ok(()),
+        Ok(Err(e)) => Err(BlockError::Unavailable(e)),
+        Err(_) => Err(BlockError::Unavailable(
+            "stripe write abandoned".to_string(),
+        )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn coverage_counts_the_union() {
+        let b = |n: usize| Bytes::from(vec![0u8; n * 512]);
+        assert_eq!(covered_blocks(&[(0, b(4)), (2, b(4))], 512, 10), 6);
+        assert_eq!(covered_blocks(&[(6, b(4)), (0, b(6))], 512, 10), 10);
+        assert_eq!(covered_blocks(&[(0, b(2)), (5, b(2))], 512, 10), 4);
+        assert_eq!(covered_blocks(&[(8, b(4))], 512, 10), 2);
+    }
+}
