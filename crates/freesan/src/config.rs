@@ -66,6 +66,12 @@ pub struct DiskConfig {
     /// parameter (`rpm`, `full_stroke_seek_ms`, `dies`, `read_latency_us`, ...).
     #[serde(default)]
     pub sim: Option<disk::SimDiskConfig>,
+    /// Keep the data in memory instead of `path` (needs `size`; allocated and
+    /// touched at start; the data is gone when the node stops). For benchmarks of
+    /// simulated disks on small machines, where writing every member's data to
+    /// files, or faulting in fresh pages, costs more CPU than the experiment.
+    #[serde(default)]
+    pub memory: bool,
 }
 
 /// A RAID pool over configured disks.

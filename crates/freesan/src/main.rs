@@ -146,6 +146,17 @@ fn tune_allocator() {
     }
 }
 
+/// Commands that only print (`pool`, `show-config`) end quietly when their output
+/// pipe closes (`freesan pool status | head`), as Unix tools do, instead of
+/// panicking in `println!`. Not for `serve` or `bench`, whose sockets must see
+/// EPIPE as an error.
+fn quiet_broken_pipe() {
+    // SAFETY: restoring the default disposition of one signal; no handler runs.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    }
+}
+
 fn main() {
     tune_allocator();
     tracing_subscriber::fmt()
@@ -166,8 +177,12 @@ fn main() {
             Some(BenchSub::Check(c)) => runtime().and_then(|rt| rt.block_on(benchcmd::check(c))),
             None => runtime().and_then(|rt| rt.block_on(benchcmd::run(b.run))),
         },
-        Command::Pool { api, cmd } => poolcmd::run(api.api, cmd),
+        Command::Pool { api, cmd } => {
+            quiet_broken_pipe();
+            poolcmd::run(api.api, cmd)
+        }
         Command::ShowConfig(args) => args.config().and_then(|cfg| {
+            quiet_broken_pipe();
             cfg.validate()?;
             print!("{}", toml::to_string_pretty(&cfg)?);
             Ok(())

@@ -32,6 +32,28 @@ fn raid_level(s: &str) -> Result<raid::RaidLevel> {
 
 /// Opens a configured disk: the file or device, or a simulated disk over its data file.
 fn open_disk(cfg: &Config, d: &DiskConfig) -> Result<VolumeRef> {
+    let store = if d.memory {
+        let size = d
+            .size
+            .as_deref()
+            .and_then(disk::parse_size)
+            .with_context(|| format!("disk {}: memory = true needs a size", d.name))?;
+        let bs = disk::FileOptions::default().block_size_bytes;
+        Arc::new(block::MemVolume::new_thick(bs, size / bs as u64)) as VolumeRef
+    } else {
+        open_disk_file(cfg, d)?
+    };
+    match &d.sim {
+        None => Ok(store),
+        Some(sim) => {
+            let s = disk::SimDisk::from_config(store, sim)
+                .map_err(|e| anyhow::anyhow!("disk {}: {e}", d.name))?;
+            Ok(Arc::new(s))
+        }
+    }
+}
+
+fn open_disk_file(cfg: &Config, d: &DiskConfig) -> Result<VolumeRef> {
     let path: PathBuf = match &d.path {
         Some(p) => p.clone(),
         None => cfg.data_dir.join("disks").join(format!("{}.img", d.name)),
@@ -48,15 +70,7 @@ fn open_disk(cfg: &Config, d: &DiskConfig) -> Result<VolumeRef> {
     };
     let file = disk::FileVolume::open(&path, &opts)
         .with_context(|| format!("disk {}: opening {}", d.name, path.display()))?;
-    let store: VolumeRef = Arc::new(file);
-    match &d.sim {
-        None => Ok(store),
-        Some(sim) => {
-            let s = disk::SimDisk::from_config(store, sim)
-                .map_err(|e| anyhow::anyhow!("disk {}: {e}", d.name))?;
-            Ok(Arc::new(s))
-        }
-    }
+    Ok(Arc::new(file))
 }
 
 impl Pools {

@@ -3,11 +3,13 @@
 //!
 //! Both go stripe by stripe under the stripe's exclusive lock, so foreground
 //! writes are ordered with them; writes during a rebuild go to the rebuilding
-//! member as well, and the rebuild redoes them harmlessly. Both yield to foreground
-//! I/O (wait while requests are in flight, up to 50 ms per stripe) and respect the
-//! pool's MB/s cap.
+//! member as well, and the rebuild redoes them harmlessly. Both share the members
+//! with foreground I/O (while it is in flight they rest after each unit of work as
+//! long as the unit took) and respect the pool's MB/s cap. A RAID 5 / F1 rebuild
+//! of one member reads [`REBUILD_BATCH_BYTES`] of every survivor per step.
 
 use crate::gf;
+use crate::util::{join_all, BoxFut};
 use crate::layout::Scheme;
 use crate::pool::{Inner, MemberHandle, View};
 use crate::status::{MemberState, Progress};
@@ -17,7 +19,30 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 const PERSIST_INTERVAL: Duration = Duration::from_millis(1000);
-const FOREGROUND_WAIT_MAX_MS: u32 = 50;
+/// Share of the members' time rebuild, resync and scrub take while foreground I/O
+/// is in flight (each unit of work is followed by a rest as long as the unit).
+const BUSY_SHARE: f64 = 0.5;
+/// Bytes of every member one batched rebuild step reads (RAID 5 and F1): large
+/// enough that a step's seek away from the foreground I/O is amortized.
+const REBUILD_BATCH_BYTES: u64 = 8 << 20;
+
+/// Pacing state of one background pass: under foreground load a pass takes at
+/// most [`BUSY_SHARE`] of the time; in any case it stays under the pool's MB/s cap
+/// (`rebuild_rate_mb_s`, 0 = none).
+pub(crate) struct Pacer {
+    started: Instant,
+    last: Instant,
+}
+
+impl Pacer {
+    pub(crate) fn new() -> Self {
+        let now = Instant::now();
+        Pacer {
+            started: now,
+            last: now,
+        }
+    }
+}
 
 /// Starts the pool's worker task.
 pub(crate) fn spawn_worker(inner: &Arc<Inner>) {
@@ -97,23 +122,25 @@ impl Inner {
         }
     }
 
-    /// Yields to foreground I/O, then sleeps as long as the MB/s cap requires.
-    pub(crate) async fn throttle(&self, started: Instant, done_bytes: u64) {
-        let mut waited = 0;
-        while self.fg_inflight.load(Ordering::SeqCst) > 0 && waited < FOREGROUND_WAIT_MAX_MS {
-            tokio::time::sleep(Duration::from_millis(1)).await;
-            waited += 1;
+    /// Paces one unit of background work (see [`Pacer`]).
+    pub(crate) async fn throttle(&self, pacer: &mut Pacer, done_bytes: u64) {
+        let step = pacer.last.elapsed();
+        if self.fg_inflight.load(Ordering::SeqCst) > 0 {
+            // foreground I/O is waiting: rest as long as the last unit took, so
+            // background work holds the members at most BUSY_SHARE of the time
+            tokio::time::sleep(step.mul_f64((1.0 - BUSY_SHARE) / BUSY_SHARE)).await;
         }
         let rate = self.state.lock().rebuild_rate_mb_s;
         if rate > 0 {
             let due = Duration::from_secs_f64(done_bytes as f64 / (rate as f64 * 1e6));
-            let elapsed = started.elapsed();
+            let elapsed = pacer.started.elapsed();
             if due > elapsed {
                 tokio::time::sleep(due - elapsed).await;
             }
-        } else if waited == 0 {
+        } else {
             tokio::task::yield_now().await;
         }
+        pacer.last = Instant::now();
     }
 
     /// The full-chunk content every position in `want` should hold for stripe `s`,
@@ -205,15 +232,31 @@ impl Inner {
         let chunk_bytes = self.cb * self.bs;
         let total = (self.stripes - start) * chunk_bytes * count;
         let started = Instant::now();
+        let mut pacer = Pacer::new();
         let mut done = 0u64;
         let mut last_persist = Instant::now();
         self.state.lock().rebuild = Some(progress(started, 0, total));
         tracing::info!(pool = %self.name, from_stripe = start, members = count, "rebuild started");
-        for s in start..self.stripes {
+        let mut next = start;
+        while next < self.stripes {
+            let s = next;
+            next += 1;
             if self.closed.load(Ordering::SeqCst) {
                 return;
             }
-            self.throttle(started, done).await;
+            self.throttle(&mut pacer, done).await;
+            if let Some(n) = self.rebuild_xor_batch(s).await {
+                next = s + n;
+                done += n * chunk_bytes;
+                self.state.lock().rebuild = Some(progress(started, done, total));
+                if last_persist.elapsed() > PERSIST_INTERVAL {
+                    last_persist = Instant::now();
+                    if self.flush_members().await.is_ok() {
+                        let _ = self.persist().await;
+                    }
+                }
+                continue;
+            }
             let g = self.lock_for(s).write().await;
             let Ok(view) = self.view() else { return };
             let targets: Vec<(usize, Arc<MemberHandle>)> = {
@@ -288,6 +331,84 @@ impl Inner {
         let _ = self.persist().await;
     }
 
+    /// One batched rebuild step for a single-parity pool (RAID 5, F1) with exactly
+    /// one member rebuilding from stripe `s` and every other member readable: the
+    /// lost chunk of each stripe, data or parity, is the XOR of all the others, so
+    /// each survivor is read in one large sequential request. `None` when the
+    /// batch does not apply or a read failed (the caller goes stripe by stripe).
+    async fn rebuild_xor_batch(&self, s: u64) -> Option<u64> {
+        if !matches!(self.layout.scheme(), Scheme::Parity { parity_count: 1 }) {
+            return None;
+        }
+        let n = (REBUILD_BATCH_BYTES / (self.cb * self.bs))
+            .max(1)
+            .min(self.stripes - s);
+        if n < 2 {
+            return None;
+        }
+        let mut guards = Vec::with_capacity(n as usize);
+        for x in s..s + n {
+            guards.push(self.lock_for(x).write().await);
+        }
+        let view = self.view().ok()?;
+        let (target, h) = {
+            let st = self.state.lock();
+            let reb: Vec<usize> = (0..st.slots.len())
+                .filter(|&i| st.slots[i].state == MemberState::Rebuilding)
+                .collect();
+            if reb.len() != 1 || st.slots[reb[0]].rebuild_cp_stripes != s {
+                return None;
+            }
+            (reb[0], st.slots[reb[0]].member.clone()?)
+        };
+        let others: Vec<usize> = (0..self.layout.member_count())
+            .filter(|&p| p != target)
+            .collect();
+        if others.iter().any(|&p| view.readable(p, s + n - 1).is_none()) {
+            return None;
+        }
+        let futs: Vec<BoxFut<'_, BlockResult<Bytes>>> = others
+            .iter()
+            .map(|&p| -> BoxFut<'_, BlockResult<Bytes>> {
+                let hp = view.readable(p, s).expect("checked");
+                Box::pin(self.m_read(hp, s * self.cb, n * self.cb))
+            })
+            .collect();
+        let mut acc: Option<Vec<u8>> = None;
+        for (&p, r) in others.iter().zip(join_all(futs).await) {
+            match r {
+                Ok(b) => match &mut acc {
+                    None => acc = Some(b.to_vec()),
+                    Some(a) => gf::xor_into(a, &b),
+                },
+                Err(e) => {
+                    if let Some(hp) = view.readable(p, s) {
+                        self.member_error(p, hp, &e).await;
+                    }
+                    return None;
+                }
+            }
+        }
+        let acc = acc?;
+        match self.m_write(&h, s * self.cb, Bytes::from(acc), false).await {
+            Ok(()) => {
+                let mut st = self.state.lock();
+                let sl = &mut st.slots[target];
+                if sl.member.as_ref().is_some_and(|m| Arc::ptr_eq(m, &h))
+                    && sl.rebuild_cp_stripes == s
+                {
+                    sl.rebuild_cp_stripes = s + n;
+                }
+            }
+            Err(_) => {
+                self.fail_handle(target, &h).await;
+                return None;
+            }
+        }
+        drop(guards);
+        Some(n)
+    }
+
     async fn resync_pass(self: &Arc<Self>) {
         let Some(start) = self.state.lock().resync_cursor else {
             return;
@@ -296,6 +417,7 @@ impl Inner {
         let stripe_bytes = self.cb * self.bs * k;
         let total = (self.stripes - start) * stripe_bytes;
         let started = Instant::now();
+        let mut pacer = Pacer::new();
         let mut done = 0u64;
         let mut last_persist = Instant::now();
         self.state.lock().resync = Some(progress(started, 0, total));
@@ -314,7 +436,7 @@ impl Inner {
                 let _ = self.persist().await;
                 return;
             }
-            self.throttle(started, done).await;
+            self.throttle(&mut pacer, done).await;
             let g = self.lock_for(s).write().await;
             let Ok(view) = self.view() else { return };
             if let Err(e) = self.resync_stripe(s, &view).await {
@@ -358,6 +480,7 @@ impl Inner {
         let stripe_bytes = self.cb * self.bs * k;
         let total = end.saturating_sub(first) * stripe_bytes;
         let started = Instant::now();
+        let mut pacer = Pacer::new();
         let mut done = 0u64;
         tracing::info!(pool = %self.name, region = r, "resyncing parity of a dirty region");
         for s in first..end {
@@ -375,7 +498,7 @@ impl Inner {
                 // region is resynced again afterwards
                 return;
             }
-            self.throttle(started, done).await;
+            self.throttle(&mut pacer, done).await;
             let g = self.lock_for(s).write().await;
             let Ok(view) = self.view() else { return };
             if let Err(e) = self.resync_stripe(s, &view).await {

@@ -19,7 +19,7 @@
 //! gathering)
 //! while other writes are in flight waits for the rest of its stripe, as long as
 //! writes keep arriving at the pool: it gives up when no write has arrived for
-//! about two member-write latencies (an EWMA, clamped to [`GATHER_IDLE_MIN`],
+//! about four member-write latencies (an EWMA, clamped to [`GATHER_IDLE_MIN`],
 //! [`GATHER_IDLE_MAX`]), or after [`GATHER_MAX`]. With many writes in flight the
 //! next ones come only as earlier ones complete, so the wait must outlast a member
 //! write, not a network round trip. When the writes waiting on a stripe cover all
@@ -219,11 +219,11 @@ impl Inner {
         finish(rx.await)
     }
 
-    /// How long without a new write ends a gathering wait: about two member
+    /// How long without a new write ends a gathering wait: about four member
     /// writes.
     fn gather_idle(&self) -> Duration {
         let ewma = Duration::from_nanos(self.write_ewma_ns.load(Ordering::Relaxed));
-        (2 * ewma).clamp(GATHER_IDLE_MIN, GATHER_IDLE_MAX)
+        (4 * ewma).clamp(GATHER_IDLE_MIN, GATHER_IDLE_MAX)
     }
 
     /// When the last write arrived at the pool.

@@ -1,12 +1,14 @@
 //! The data path: `block::Volume` for `Pool`.
 //!
-//! Reads go straight to the member holding the data (mirrors: the copy with the
-//! fewest outstanding requests); on a failed member they reconstruct under the
+//! Reads go straight to the member holding the data (mirrors: the copy whose last
+//! read ends where this one starts, else the one with the fewest outstanding
+//! requests); on a failed member they reconstruct under the
 //! stripe's shared lock, and a medium error is repaired by rewriting the
 //! reconstructed blocks. Writes take the stripe's exclusive lock; parity levels
 //! pick read-modify-write or reconstruct-write by which reads less (a full-stripe
 //! write reads nothing, a not-yet-resynced stripe always reconstruct-writes), then
-//! journal the member writes and apply them in place.
+//! journal the member writes and apply them in place. Whole stripes and gathered
+//! sequential writes take the path in `fullstripe.rs`.
 
 use crate::gf;
 use crate::journal::{self, Entry};

@@ -15,7 +15,7 @@
 //! Stripes with a missing or rebuilding member, and stripes the initial resync has
 //! not reached, are skipped (counted).
 
-use crate::background::progress;
+use crate::background::{progress, Pacer};
 use crate::gf::{self, Syndrome};
 use crate::layout::Scheme;
 use crate::pool::{Inner, Pool, View};
@@ -60,12 +60,13 @@ impl Inner {
         let stripe_bytes = self.cb * self.bs * n as u64;
         let total = self.stripes * stripe_bytes;
         let started = Instant::now();
+        let mut pacer = Pacer::new();
         let mut done = 0u64;
         for s in 0..self.stripes {
             if self.closed.load(Ordering::SeqCst) {
                 break;
             }
-            self.throttle(started, done).await;
+            self.throttle(&mut pacer, done).await;
             {
                 let _g = self.lock_for(s).write().await;
                 let view = self
