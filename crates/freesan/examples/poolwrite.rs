@@ -1,7 +1,7 @@
 //! poolwrite: in-process sequential-write figures of a RAID pool of simulated HDDs,
 //! without any network protocol in between (to tell the pool's cost from the
 //! target's). Usage: cargo run --release -p freesan --example poolwrite -- [LEVEL] [N] [BS_KIB] [QD] [SECS]
-use block::{MemVolume, Volume, VolumeRef};
+use block::{MemVolume, VolumeRef};
 use disk::sim::SimDiskConfig;
 use disk::SimDisk;
 use raid::{Member, Pool, PoolConfig, RaidLevel};
@@ -72,7 +72,10 @@ async fn main() {
         ops += t.await.unwrap();
     }
     let mb = (ops * blocks * bs) as f64 / 1e6 / t0.elapsed().as_secs_f64();
-    println!("{} x{n} {bs_kib}K QD{qd}: {mb:.1} MB/s", a.get(1).map(String::as_str).unwrap_or("raid5"));
+    println!(
+        "{} x{n} {bs_kib}K QD{qd}: {mb:.1} MB/s",
+        a.get(1).map(String::as_str).unwrap_or("raid5")
+    );
     if let Some(p) = pool_ref {
         println!("  {:?}", p.status().stripe_writes);
     }

@@ -9,10 +9,10 @@
 //! of one member reads [`REBUILD_BATCH_BYTES`] of every survivor per step.
 
 use crate::gf;
-use crate::util::{join_all, BoxFut};
 use crate::layout::Scheme;
 use crate::pool::{Inner, MemberHandle, View};
 use crate::status::{MemberState, Progress};
+use crate::util::{join_all, BoxFut};
 use block::{BlockError, BlockResult, Bytes};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -364,7 +364,10 @@ impl Inner {
         let others: Vec<usize> = (0..self.layout.member_count())
             .filter(|&p| p != target)
             .collect();
-        if others.iter().any(|&p| view.readable(p, s + n - 1).is_none()) {
+        if others
+            .iter()
+            .any(|&p| view.readable(p, s + n - 1).is_none())
+        {
             return None;
         }
         let futs: Vec<BoxFut<'_, BlockResult<Bytes>>> = others
