@@ -1,6 +1,6 @@
 //! poolwrite: in-process sequential-write figures of a RAID pool of simulated HDDs,
 //! without any network protocol in between (to tell the pool's cost from the
-//! target's). Usage: cargo run --release -p freesan --example poolwrite -- [LEVEL] [N] [BS_KIB] [QD] [SECS]
+//! target's). Usage: [NCQ=off] cargo run --release -p freesan --example poolwrite -- [LEVEL] [N] [BS_KIB] [QD] [SECS]
 use block::{MemVolume, VolumeRef};
 use disk::sim::SimDiskConfig;
 use disk::SimDisk;
@@ -21,7 +21,8 @@ async fn main() {
     let bs_kib: u64 = a.get(3).and_then(|s| s.parse().ok()).unwrap_or(256);
     let qd: usize = a.get(4).and_then(|s| s.parse().ok()).unwrap_or(32);
     let secs: u64 = a.get(5).and_then(|s| s.parse().ok()).unwrap_or(5);
-    let cfg: SimDiskConfig = toml::from_str("model = \"hdd\"").unwrap();
+    let ncq = std::env::var("NCQ").map_or(true, |v| v != "off");
+    let cfg: SimDiskConfig = toml::from_str(&format!("model = \"hdd\"\nncq = {ncq}")).unwrap();
     let sims: Vec<Arc<SimDisk>> = (0..n)
         .map(|_| {
             let store = Arc::new(MemVolume::new(4096, (256u64 << 20) / 4096)) as VolumeRef;
