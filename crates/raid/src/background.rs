@@ -59,7 +59,7 @@ pub(crate) fn spawn_worker(inner: &Arc<Inner>) {
             if inner.closed.load(Ordering::SeqCst) {
                 return;
             }
-            if inner.is_parity() {
+            if inner.layout.scheme() != Scheme::Striped {
                 inner.clean_intents().await;
             }
         }
@@ -474,8 +474,9 @@ impl Inner {
         let _ = self.persist().await;
     }
 
-    /// Recomputes the parity of one write-intent region left dirty by an unclean
-    /// shutdown, then drops it from the superblocks.
+    /// Makes one write-intent region left dirty by an unclean shutdown consistent
+    /// (parity recomputed from data, mirror copies from the primary), then drops
+    /// it from the superblocks.
     async fn region_resync(self: &Arc<Self>, r: u64) {
         let first = r * self.region_stripes;
         let end = (first + self.region_stripes).min(self.stripes);

@@ -27,7 +27,6 @@
 //! written together as one journaled partial-stripe update.
 
 use crate::io::Seg;
-use crate::layout::Scheme;
 use crate::pool::Inner;
 use crate::util::{join_all, BoxFut};
 use crate::{gf, io::unavailable};
@@ -45,9 +44,10 @@ pub(crate) const GATHER_IDLE_MAX: Duration = Duration::from_millis(50);
 pub(crate) const GATHER_MAX: Duration = Duration::from_millis(200);
 /// Bytes of every member one write-intent region covers.
 pub(crate) const REGION_MEMBER_BYTES: u64 = 256 << 20;
-/// Most dirty regions at once (bounds the superblock); beyond it whole-stripe
-/// writes fall back to the journal.
-pub(crate) const MAX_DIRTY_REGIONS: usize = 512;
+/// Most dirty regions at once (bounds the superblock, ~16 KiB of it); beyond it
+/// whole-stripe writes fall back to the journal and mirror writes wait for the
+/// cleaner.
+pub(crate) const MAX_DIRTY_REGIONS: usize = 2048;
 /// A region without whole-stripe writes for this long is flushed and cleared.
 pub(crate) const REGION_IDLE: Duration = Duration::from_secs(2);
 /// Recent write ranges remembered for stream detection.
@@ -428,6 +428,37 @@ impl Inner {
         Some(Some(seq))
     }
 
+    /// Enters the write intent of stripe `s`'s region for a mirror write (or
+    /// discard): waits for the superblocks to list the region, and for room when
+    /// [`MAX_DIRTY_REGIONS`] are dirty (the cleaner frees idle regions every
+    /// second). Returns the region to pass to [`Inner::intent_end`].
+    pub(crate) async fn intent_begin(&self, s: u64) -> BlockResult<Option<u64>> {
+        if self.intent_off {
+            return Ok(None);
+        }
+        let region = s / self.region_stripes;
+        loop {
+            match self.intent_enter(region) {
+                Some(None) => return Ok(Some(region)),
+                Some(Some(seq)) => {
+                    if let Err(e) = self.intent_durable(seq).await {
+                        self.intent_leave(region);
+                        return Err(e);
+                    }
+                    return Ok(Some(region));
+                }
+                None => tokio::time::sleep(Duration::from_millis(50)).await,
+            }
+        }
+    }
+
+    /// Leaves the region entered by [`Inner::intent_begin`].
+    pub(crate) fn intent_end(&self, region: Option<u64>) {
+        if let Some(r) = region {
+            self.intent_leave(r);
+        }
+    }
+
     fn intent_leave(&self, region: u64) {
         let mut st = self.state.lock();
         let durable = self.durable_intent_seq.load(Ordering::SeqCst);
@@ -500,11 +531,6 @@ impl Inner {
         v.sort_unstable();
         v.dedup();
         v
-    }
-
-    /// True when the pool is a parity pool (full-stripe writes apply).
-    pub(crate) fn is_parity(&self) -> bool {
-        matches!(self.layout.scheme(), Scheme::Parity { .. })
     }
 }
 

@@ -507,6 +507,9 @@ impl Inner {
     ) -> BlockResult<()> {
         let _g = self.lock_for(s).write().await;
         let view = self.view()?;
+        // copies written half-way by a crash are found by the write intent and
+        // resynced at the next assemble
+        let intent = self.intent_begin(s).await?;
         let mut jobs: Vec<(usize, usize, Arc<MemberHandle>, u64, Bytes)> = Vec::new();
         for (i, seg) in segs.iter().enumerate() {
             let buf = data.slice(seg.buf_off..seg.buf_off + (seg.blocks * self.bs) as usize);
@@ -523,6 +526,7 @@ impl Inner {
             })
             .collect();
         let results = join_all(futs).await;
+        self.intent_end(intent);
         let mut ok = vec![false; segs.len()];
         for ((i, pos, h, _, _), r) in jobs.iter().zip(results) {
             match r {
@@ -947,7 +951,15 @@ impl Inner {
                         }
                     }
                 }
-                self.commit(s, ops, &view, false).await
+                let mirror = self.layout.scheme() == Scheme::Mirror;
+                let intent = if mirror {
+                    self.intent_begin(s).await?
+                } else {
+                    None
+                };
+                let r = self.commit(s, ops, &view, false).await;
+                self.intent_end(intent);
+                r
             }
         }
     }

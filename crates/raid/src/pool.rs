@@ -468,11 +468,12 @@ impl Pool {
             .max()
             .unwrap_or(0);
         let mut resync_cursor = newest.resync_cursor_stripes;
-        if !newest.clean && layout.scheme() == Scheme::Mirror {
-            // no write-intent bitmap: an unclean mirror resyncs from the primary copy
+        if !newest.clean && layout.scheme() == Scheme::Mirror && newest.intent_region_stripes == 0 {
+            // written before write-intent regions: an unclean mirror resyncs fully
+            // from the primary copy
             resync_cursor = Some(0);
         }
-        let resync_regions: BTreeSet<u64> = if newest.clean || !layout_is_parity(&*layout) {
+        let resync_regions: BTreeSet<u64> = if newest.clean || layout.scheme() == Scheme::Striped {
             BTreeSet::new()
         } else {
             newest
@@ -483,7 +484,7 @@ impl Pool {
                 .collect()
         };
         if !resync_regions.is_empty() {
-            tracing::info!(pool = %newest.pool_name, regions = resync_regions.len(), "unclean shutdown: resyncing parity of regions with whole-stripe writes");
+            tracing::info!(pool = %newest.pool_name, regions = resync_regions.len(), "unclean shutdown: resyncing the regions written last");
         }
         let state = State {
             slots,
@@ -663,10 +664,6 @@ impl Pool {
 /// Stripes per write-intent region: 256 MiB of every member.
 fn default_region_stripes(chunk_bytes: u32) -> u64 {
     (crate::fullstripe::REGION_MEMBER_BYTES / chunk_bytes.max(1) as u64).max(1)
-}
-
-fn layout_is_parity(l: &dyn Layout) -> bool {
-    matches!(l.scheme(), Scheme::Parity { .. })
 }
 
 fn check_size(shape: &Shape, m: &Member) -> RaidResult<()> {
