@@ -143,6 +143,18 @@ impl Inner {
         pacer.last = Instant::now();
     }
 
+    /// About once a [`PERSIST_INTERVAL`], records a pass's progress (rebuild
+    /// checkpoints, resync cursor) in the superblocks, after flushing the members:
+    /// rebuilt or resynced data must be durable before the checkpoint says so.
+    async fn persist_progress(&self, last: &mut Instant) {
+        if last.elapsed() > PERSIST_INTERVAL {
+            *last = Instant::now();
+            if self.flush_members().await.is_ok() {
+                let _ = self.persist().await;
+            }
+        }
+    }
+
     /// The full-chunk content every position in `want` should hold for stripe `s`,
     /// computed from the other members.
     pub(crate) async fn stripe_image(
@@ -249,12 +261,7 @@ impl Inner {
                 next = s + n;
                 done += n * chunk_bytes;
                 self.state.lock().rebuild = Some(progress(started, done, total));
-                if last_persist.elapsed() > PERSIST_INTERVAL {
-                    last_persist = Instant::now();
-                    if self.flush_members().await.is_ok() {
-                        let _ = self.persist().await;
-                    }
-                }
+                self.persist_progress(&mut last_persist).await;
                 continue;
             }
             let g = self.lock_for(s).write().await;
@@ -300,13 +307,7 @@ impl Inner {
             }
             drop(g);
             self.state.lock().rebuild = Some(progress(started, done, total));
-            if last_persist.elapsed() > PERSIST_INTERVAL {
-                last_persist = Instant::now();
-                // rebuilt data must be durable before the checkpoint says so
-                if self.flush_members().await.is_ok() {
-                    let _ = self.persist().await;
-                }
-            }
+            self.persist_progress(&mut last_persist).await;
         }
         if self.flush_members().await.is_err() {
             return;
@@ -455,12 +456,7 @@ impl Inner {
             drop(g);
             done += stripe_bytes;
             self.state.lock().resync = Some(progress(started, done, total));
-            if last_persist.elapsed() > PERSIST_INTERVAL {
-                last_persist = Instant::now();
-                if self.flush_members().await.is_ok() {
-                    let _ = self.persist().await;
-                }
-            }
+            self.persist_progress(&mut last_persist).await;
         }
         if self.flush_members().await.is_err() {
             return;

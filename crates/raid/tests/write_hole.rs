@@ -65,20 +65,16 @@ impl Volume for Cut {
     }
 }
 
-/// Runs one cut point; returns the number of blocks that read back wrong.
-async fn one_cut(
-    level: RaidLevel,
-    n: usize,
-    budget_writes: i64,
-    fua: bool,
-    journal: bool,
-) -> usize {
-    let sims: Vec<Arc<CrashSimVolume>> = (0..n)
+/// `n` members that lose their volatile caches on `crash()`.
+fn crash_sims(n: usize) -> Vec<Arc<CrashSimVolume>> {
+    (0..n)
         .map(|_| Arc::new(CrashSimVolume::new(BS, MEMBER_BLOCKS)))
-        .collect();
-    let budget = Arc::new(AtomicI64::new(-1));
-    let members: Vec<Member> = sims
-        .iter()
+        .collect()
+}
+
+/// Pool members over `sims` whose writes stop when the shared `budget` runs out.
+fn cut_members(sims: &[Arc<CrashSimVolume>], budget: &Arc<AtomicI64>) -> Vec<Member> {
+    sims.iter()
         .enumerate()
         .map(|(i, s)| {
             Member::new(
@@ -89,7 +85,20 @@ async fn one_cut(
                 }) as VolumeRef,
             )
         })
-        .collect();
+        .collect()
+}
+
+/// Runs one cut point; returns the number of blocks that read back wrong.
+async fn one_cut(
+    level: RaidLevel,
+    n: usize,
+    budget_writes: i64,
+    fua: bool,
+    journal: bool,
+) -> usize {
+    let sims = crash_sims(n);
+    let budget = Arc::new(AtomicI64::new(-1));
+    let members = cut_members(&sims, &budget);
     let mut cfg = config(level);
     cfg.unsafe_disable_journal = !journal;
     let pool = Pool::create(cfg, members, vec![]).await.unwrap();
@@ -204,23 +213,9 @@ async fn one_full_stripe_cut(
     budget_writes: i64,
     intent: bool,
 ) -> usize {
-    let sims: Vec<Arc<CrashSimVolume>> = (0..n)
-        .map(|_| Arc::new(CrashSimVolume::new(BS, MEMBER_BLOCKS)))
-        .collect();
+    let sims = crash_sims(n);
     let budget = Arc::new(AtomicI64::new(-1));
-    let members: Vec<Member> = sims
-        .iter()
-        .enumerate()
-        .map(|(i, s)| {
-            Member::new(
-                format!("m{i}"),
-                Arc::new(Cut {
-                    inner: s.clone(),
-                    budget: budget.clone(),
-                }) as VolumeRef,
-            )
-        })
-        .collect();
+    let members = cut_members(&sims, &budget);
     let mut cfg = config(level);
     cfg.unsafe_disable_write_intent = !intent;
     let pool = Pool::create(cfg, members, vec![]).await.unwrap();
@@ -316,42 +311,16 @@ async fn without_the_write_intent_a_torn_full_stripe_is_wrong() {
 /// crash, an assemble with every member and the resync of the regions the
 /// write intent listed (none are expected; without the intent some are).
 async fn one_mirror_cut(level: RaidLevel, n: usize, budget_writes: i64, intent: bool) -> u64 {
-    let sims: Vec<Arc<CrashSimVolume>> = (0..n)
-        .map(|_| Arc::new(CrashSimVolume::new(BS, MEMBER_BLOCKS)))
-        .collect();
+    let sims = crash_sims(n);
     let budget = Arc::new(AtomicI64::new(-1));
-    let members: Vec<Member> = sims
-        .iter()
-        .enumerate()
-        .map(|(i, s)| {
-            Member::new(
-                format!("m{i}"),
-                Arc::new(Cut {
-                    inner: s.clone(),
-                    budget: budget.clone(),
-                }) as VolumeRef,
-            )
-        })
-        .collect();
+    let members = cut_members(&sims, &budget);
     let mut cfg = config(level);
     cfg.unsafe_disable_write_intent = !intent;
     let pool = Pool::create(cfg, members, vec![]).await.unwrap();
     pool.wait_idle().await;
     pool.shutdown().await.unwrap();
     drop(pool);
-    let members: Vec<Member> = sims
-        .iter()
-        .enumerate()
-        .map(|(i, s)| {
-            Member::new(
-                format!("m{i}"),
-                Arc::new(Cut {
-                    inner: s.clone(),
-                    budget: budget.clone(),
-                }) as VolumeRef,
-            )
-        })
-        .collect();
+    let members = cut_members(&sims, &budget);
     // a clean restart: nothing to resync; the intent is armed from here on
     let pool = Pool::assemble(members, false).await.unwrap();
     if !intent {
@@ -399,22 +368,8 @@ async fn one_mirror_cut_unprotected(
 ) -> u64 {
     // a fresh pool with the intent off, on the same kind of members
     let n = sims.len();
-    let fresh: Vec<Arc<CrashSimVolume>> = (0..n)
-        .map(|_| Arc::new(CrashSimVolume::new(BS, MEMBER_BLOCKS)))
-        .collect();
-    let members: Vec<Member> = fresh
-        .iter()
-        .enumerate()
-        .map(|(i, s)| {
-            Member::new(
-                format!("m{i}"),
-                Arc::new(Cut {
-                    inner: s.clone(),
-                    budget: budget.clone(),
-                }) as VolumeRef,
-            )
-        })
-        .collect();
+    let fresh = crash_sims(n);
+    let members = cut_members(&fresh, &budget);
     let mut cfg = config(RaidLevel::Raid1);
     cfg.unsafe_disable_write_intent = true;
     let pool = Pool::create(cfg, members, vec![]).await.unwrap();
