@@ -417,48 +417,10 @@ impl Inner {
         let Some(start) = self.state.lock().resync_cursor else {
             return;
         };
-        let k = self.layout.data_chunks() as u64;
-        let stripe_bytes = self.cb * self.bs * k;
-        let total = (self.stripes - start) * stripe_bytes;
-        let started = Instant::now();
-        let mut pacer = Pacer::new();
-        let mut done = 0u64;
-        let mut last_persist = Instant::now();
-        self.state.lock().resync = Some(progress(started, 0, total));
-        for s in start..self.stripes {
-            if self.closed.load(Ordering::SeqCst) {
-                return;
-            }
-            if self
-                .state
-                .lock()
-                .slots
-                .iter()
-                .any(|sl| sl.state == MemberState::Rebuilding && sl.member.is_some())
-            {
-                // rebuild first; the resync continues from its cursor afterwards
-                let _ = self.persist().await;
-                return;
-            }
-            self.throttle(&mut pacer, done).await;
-            let g = self.lock_for(s).write().await;
-            let Ok(view) = self.view() else { return };
-            if let Err(e) = self.resync_stripe(s, &view).await {
-                tracing::warn!(pool = %self.name, stripe = s, error = %e, "resync cannot read stripe; retrying later");
-                drop(g);
-                tokio::time::sleep(Duration::from_millis(50)).await;
-                return;
-            }
-            {
-                let mut st = self.state.lock();
-                st.resync_cursor = Some(s + 1);
-            }
-            drop(g);
-            done += stripe_bytes;
-            self.state.lock().resync = Some(progress(started, done, total));
-            self.persist_progress(&mut last_persist).await;
-        }
-        if self.flush_members().await.is_err() {
+        let finished = self
+            .resync_stripes(start..self.stripes, |st, s| st.resync_cursor = Some(s + 1))
+            .await;
+        if !finished {
             return;
         }
         {
@@ -476,42 +438,8 @@ impl Inner {
     async fn region_resync(self: &Arc<Self>, r: u64) {
         let first = r * self.region_stripes;
         let end = (first + self.region_stripes).min(self.stripes);
-        let k = self.layout.data_chunks() as u64;
-        let stripe_bytes = self.cb * self.bs * k;
-        let total = end.saturating_sub(first) * stripe_bytes;
-        let started = Instant::now();
-        let mut pacer = Pacer::new();
-        let mut done = 0u64;
-        tracing::info!(pool = %self.name, region = r, "resyncing parity of a dirty region");
-        for s in first..end {
-            if self.closed.load(Ordering::SeqCst) {
-                return;
-            }
-            if self
-                .state
-                .lock()
-                .slots
-                .iter()
-                .any(|sl| sl.state == MemberState::Rebuilding && sl.member.is_some())
-            {
-                // a rebuild recomputes these stripes onto the new member; the
-                // region is resynced again afterwards
-                return;
-            }
-            self.throttle(&mut pacer, done).await;
-            let g = self.lock_for(s).write().await;
-            let Ok(view) = self.view() else { return };
-            if let Err(e) = self.resync_stripe(s, &view).await {
-                tracing::warn!(pool = %self.name, stripe = s, error = %e, "region resync cannot read stripe; retrying later");
-                drop(g);
-                tokio::time::sleep(Duration::from_millis(50)).await;
-                return;
-            }
-            drop(g);
-            done += stripe_bytes;
-            self.state.lock().resync = Some(progress(started, done, total));
-        }
-        if self.flush_members().await.is_err() {
+        tracing::info!(pool = %self.name, region = r, "resyncing a dirty region");
+        if !self.resync_stripes(first..end, |_, _| {}).await {
             return;
         }
         {
@@ -523,6 +451,55 @@ impl Inner {
             }
         }
         let _ = self.persist().await;
+    }
+
+    /// Resyncs `stripes` in order, paced, each under its exclusive lock, calling
+    /// `advance` on the state after each, and flushes the members at the end.
+    /// False when it stopped early: the pool is closing, a rebuild must run first
+    /// (it recomputes these stripes; the caller's state says where to resume), or
+    /// a stripe could not be read (retried on the next pass).
+    async fn resync_stripes(
+        &self,
+        stripes: std::ops::Range<u64>,
+        mut advance: impl FnMut(&mut crate::pool::State, u64),
+    ) -> bool {
+        let stripe_bytes = self.cb * self.bs * self.layout.data_chunks() as u64;
+        let total = (stripes.end - stripes.start) * stripe_bytes;
+        let started = Instant::now();
+        let mut pacer = Pacer::new();
+        let mut done = 0u64;
+        let mut last_persist = Instant::now();
+        self.state.lock().resync = Some(progress(started, 0, total));
+        for s in stripes {
+            if self.closed.load(Ordering::SeqCst) {
+                return false;
+            }
+            if self
+                .state
+                .lock()
+                .slots
+                .iter()
+                .any(|sl| sl.state == MemberState::Rebuilding && sl.member.is_some())
+            {
+                let _ = self.persist().await;
+                return false;
+            }
+            self.throttle(&mut pacer, done).await;
+            let g = self.lock_for(s).write().await;
+            let Ok(view) = self.view() else { return false };
+            if let Err(e) = self.resync_stripe(s, &view).await {
+                tracing::warn!(pool = %self.name, stripe = s, error = %e, "resync cannot read stripe; retrying later");
+                drop(g);
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                return false;
+            }
+            advance(&mut self.state.lock(), s);
+            drop(g);
+            done += stripe_bytes;
+            self.state.lock().resync = Some(progress(started, done, total));
+            self.persist_progress(&mut last_persist).await;
+        }
+        self.flush_members().await.is_ok()
     }
 
     async fn resync_stripe(&self, s: u64, view: &View) -> BlockResult<()> {

@@ -88,6 +88,29 @@ fn cut_members(sims: &[Arc<CrashSimVolume>], budget: &Arc<AtomicI64>) -> Vec<Mem
         .collect()
 }
 
+/// Blocks of `pool` that differ from `oracle`, except blocks of the interrupted
+/// write `torn` that hold its new data (it may land, block by block).
+async fn count_wrong(pool: &Pool, oracle: &MemVolume, torn: Option<&(u64, Bytes)>) -> usize {
+    let mut wrong = 0;
+    for lba in 0..pool.geometry().block_count {
+        let got = pool.read(lba, 1).await.expect("read after crash");
+        let want = oracle.read(lba, 1).await.unwrap();
+        if got == want {
+            continue;
+        }
+        if let Some((tl, td)) = torn {
+            if lba >= *tl && lba < tl + (td.len() / BS as usize) as u64 {
+                let off = ((lba - tl) * BS as u64) as usize;
+                if got[..] == td[off..off + BS as usize] {
+                    continue;
+                }
+            }
+        }
+        wrong += 1;
+    }
+    wrong
+}
+
 /// Runs one cut point; returns the number of blocks that read back wrong.
 async fn one_cut(
     level: RaidLevel,
@@ -145,24 +168,7 @@ async fn one_cut(
         .map(|(i, s)| Member::new(format!("m{i}"), s.clone() as VolumeRef))
         .collect();
     let pool = Pool::assemble(members, false).await.expect("assemble");
-    let mut wrong = 0;
-    for lba in 0..total {
-        let got = pool.read(lba, 1).await.expect("read after crash");
-        let want = oracle.read(lba, 1).await.unwrap();
-        if got == want {
-            continue;
-        }
-        if let Some((tl, td)) = &torn {
-            if lba >= *tl && lba < tl + (td.len() / BS as usize) as u64 {
-                let off = ((lba - tl) * BS as u64) as usize;
-                if got[..] == td[off..off + BS as usize] {
-                    continue; // the interrupted write may land
-                }
-            }
-        }
-        wrong += 1;
-    }
-    wrong
+    count_wrong(&pool, &oracle, torn.as_ref()).await
 }
 
 #[tokio::test]
@@ -256,24 +262,7 @@ async fn one_full_stripe_cut(
     let pool = Pool::assemble(members, false).await.expect("assemble");
     pool.wait_idle().await;
     pool.fail_member(budget_writes as usize % n).await.unwrap();
-    let mut wrong = 0;
-    for lba in 0..total {
-        let got = pool.read(lba, 1).await.expect("read after crash");
-        let want = oracle.read(lba, 1).await.unwrap();
-        if got == want {
-            continue;
-        }
-        if let Some((tl, td)) = &torn {
-            if lba >= *tl && lba < tl + (td.len() / BS as usize) as u64 {
-                let off = ((lba - tl) * BS as u64) as usize;
-                if got[..] == td[off..off + BS as usize] {
-                    continue;
-                }
-            }
-        }
-        wrong += 1;
-    }
-    wrong
+    count_wrong(&pool, &oracle, torn.as_ref()).await
 }
 
 #[tokio::test]
