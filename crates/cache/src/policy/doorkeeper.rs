@@ -78,6 +78,18 @@ impl<P: Policy> Policy for Doorkeeper<P> {
         self.inner.remove(key)
     }
 
+    fn set_pinned(&mut self, slot: u32, pinned: bool) {
+        self.inner.set_pinned(slot, pinned)
+    }
+
+    fn pinned(&self) -> usize {
+        self.inner.pinned()
+    }
+
+    fn restore(&mut self, entries: &[(u32, u64)]) {
+        self.inner.restore(entries)
+    }
+
     fn len(&self) -> usize {
         self.inner.len()
     }

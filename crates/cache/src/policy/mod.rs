@@ -104,6 +104,20 @@ pub trait Policy: Send {
     /// (at once or, for queue-based policies, when it comes up for eviction).
     fn remove(&mut self, key: u64) -> Option<u32>;
 
+    /// Pins (or unpins) the block in `slot`: a pinned block is never evicted (a
+    /// dirty block of a write-back cache, a frame under I/O). When every cached block
+    /// is pinned and the cache is full, misses are [`Access::Bypassed`]. Removing a
+    /// block unpins its slot.
+    fn set_pinned(&mut self, slot: u32, pinned: bool);
+
+    /// Blocks pinned now.
+    fn pinned(&self) -> usize;
+
+    /// Fills an empty policy with saved `(slot, key)` pairs (a cache map read back
+    /// after a restart), each block in the slot it had. Panics if the policy is not
+    /// empty or a slot repeats.
+    fn restore(&mut self, entries: &[(u32, u64)]);
+
     /// Blocks cached now.
     fn len(&self) -> usize;
 
@@ -283,6 +297,15 @@ impl<P: Policy + ?Sized> Policy for Box<P> {
     }
     fn remove(&mut self, key: u64) -> Option<u32> {
         (**self).remove(key)
+    }
+    fn set_pinned(&mut self, slot: u32, pinned: bool) {
+        (**self).set_pinned(slot, pinned)
+    }
+    fn pinned(&self) -> usize {
+        (**self).pinned()
+    }
+    fn restore(&mut self, entries: &[(u32, u64)]) {
+        (**self).restore(entries)
     }
     fn len(&self) -> usize {
         (**self).len()

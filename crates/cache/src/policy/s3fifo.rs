@@ -86,7 +86,7 @@ impl S3Fifo {
                 self.bury(slot);
                 return None;
             }
-            if meta & FREQ_MASK > 0 {
+            if meta & FREQ_MASK > 0 || self.table.is_pinned(slot) {
                 self.meta[slot as usize] = IN_MAIN;
                 self.main.push(&mut self.next, slot);
                 if self.main.len > main_target {
@@ -114,7 +114,9 @@ impl S3Fifo {
                 return None;
             }
             let freq = meta & FREQ_MASK;
-            if freq > 0 {
+            if self.table.is_pinned(slot) {
+                self.main.push(&mut self.next, slot);
+            } else if freq > 0 {
                 self.meta[slot as usize] = IN_MAIN | (freq - 1);
                 self.main.push(&mut self.next, slot);
             } else {
@@ -152,6 +154,11 @@ impl TablePolicy for S3Fifo {
         }
     }
 
+    fn place_restored(&mut self, _key: u64, slot: u32) {
+        self.meta[slot as usize] = IN_MAIN;
+        self.main.push(&mut self.next, slot);
+    }
+
     fn place(&mut self, key: u64, slot: u32) {
         if self.ghost.contains(key) {
             self.meta[slot as usize] = IN_MAIN;
@@ -174,6 +181,7 @@ impl Policy for S3Fifo {
     /// (so the slot returned is the one the key held, not yet reusable).
     fn remove(&mut self, key: u64) -> Option<u32> {
         let slot = self.table.find(key)?;
+        self.table.set_pinned(slot, false);
         self.table.unindex(slot);
         self.meta[slot as usize] |= DEAD;
         self.dead += 1;

@@ -48,7 +48,7 @@ impl TablePolicy for Sieve {
         } else {
             slots.list.tail()?
         };
-        while self.visited.get(slot) {
+        while self.visited.get(slot) || slots.table.is_pinned(slot) {
             self.visited.set(slot, false);
             slot = slots.links.newer(slot);
             if slot == NIL {

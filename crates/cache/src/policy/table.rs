@@ -22,6 +22,9 @@ pub(crate) struct Table {
     /// Slots that hold a key, indexed or not (see [`Table::unindex`]).
     occupied: usize,
     capacity: usize,
+    /// Slots the cache layer has pinned (dirty or under I/O): never evicted.
+    pinned: SlotBits,
+    pinned_count: usize,
 }
 
 impl Table {
@@ -36,6 +39,56 @@ impl Table {
             free_head: NIL,
             occupied: 0,
             capacity,
+            pinned: SlotBits::new(capacity),
+            pinned_count: 0,
+        }
+    }
+
+    /// Whether `slot` is pinned (must not be evicted).
+    #[inline]
+    pub(crate) fn is_pinned(&self, slot: u32) -> bool {
+        self.pinned.get(slot)
+    }
+
+    /// Pins or unpins an occupied `slot`.
+    pub(crate) fn set_pinned(&mut self, slot: u32, pinned: bool) {
+        if (slot as usize) >= self.keys.len() || self.pinned.get(slot) == pinned {
+            return;
+        }
+        self.pinned.set(slot, pinned);
+        if pinned {
+            self.pinned_count += 1;
+        } else {
+            self.pinned_count -= 1;
+        }
+    }
+
+    /// Slots pinned now.
+    #[inline]
+    pub(crate) fn pinned_count(&self) -> usize {
+        self.pinned_count
+    }
+
+    /// Fills an empty table with `entries` (slot, key), every other slot free; the
+    /// lowest free slot is handed out first afterwards.
+    pub(crate) fn restore(&mut self, entries: &[(u32, u64)]) {
+        assert_eq!(self.occupied, 0, "restore needs an empty table");
+        self.keys.clear();
+        self.keys.resize(self.capacity, NIL as u64);
+        let mut used = SlotBits::new(self.capacity);
+        for &(slot, key) in entries {
+            assert!((slot as usize) < self.capacity && !used.get(slot));
+            used.set(slot, true);
+            self.keys[slot as usize] = key;
+            self.index.insert(key, slot);
+        }
+        self.occupied = entries.len();
+        self.free_head = NIL;
+        for slot in (0..self.capacity as u32).rev() {
+            if !used.get(slot) {
+                self.keys[slot as usize] = u64::from(self.free_head);
+                self.free_head = slot;
+            }
         }
     }
 
@@ -95,6 +148,7 @@ impl Table {
 
     /// Returns an unindexed `slot` to the free list.
     pub(crate) fn release_unindexed(&mut self, slot: u32) {
+        self.set_pinned(slot, false);
         self.keys[slot as usize] = u64::from(self.free_head);
         self.free_head = slot;
         self.occupied -= 1;
@@ -108,7 +162,9 @@ impl Table {
 
     /// Heap bytes held (allocated capacity, not just the used part).
     pub(crate) fn memory_bytes(&self) -> usize {
-        self.keys.capacity() * std::mem::size_of::<u64>() + self.index.memory_bytes()
+        self.keys.capacity() * std::mem::size_of::<u64>()
+            + self.index.memory_bytes()
+            + self.pinned.memory_bytes()
     }
 }
 
@@ -129,6 +185,20 @@ pub(crate) trait TablePolicy {
 
     /// Files `slot`, just taken for `key`, in the policy's queues.
     fn place(&mut self, key: u64, slot: u32);
+
+    /// Files `slot`, restored for `key` from a saved map, in the policy's queues
+    /// (by default as a new block).
+    fn place_restored(&mut self, key: u64, slot: u32) {
+        self.place(key, slot);
+    }
+}
+
+/// [`Policy::restore`](super::Policy::restore) of a [`TablePolicy`].
+pub(crate) fn restore<P: TablePolicy>(policy: &mut P, entries: &[(u32, u64)]) {
+    policy.table_mut().restore(entries);
+    for &(slot, key) in entries {
+        policy.place_restored(key, slot);
+    }
 }
 
 /// [`Policy::touch`](super::Policy::touch) of a [`TablePolicy`].
@@ -152,6 +222,10 @@ pub(crate) fn access<P: TablePolicy>(policy: &mut P, key: u64) -> Access {
         return Access::Bypassed;
     }
     let evicted = if table.is_full() {
+        if table.pinned_count() >= table.occupied() {
+            // every block is pinned: nothing can leave, so nothing can enter
+            return Access::Bypassed;
+        }
         policy.make_room()
     } else {
         None
@@ -320,10 +394,16 @@ impl ListTable {
         key
     }
 
-    /// Evicts the oldest slot (the list's tail); returns its key.
+    /// Evicts the oldest unpinned slot (pinned ones met at the tail move to the
+    /// head); returns its key. The caller checked that an unpinned slot exists.
     pub(crate) fn evict_tail(&mut self) -> Option<u64> {
-        let victim = self.list.tail()?;
-        Some(self.free(victim))
+        loop {
+            let victim = self.list.tail()?;
+            if !self.table.is_pinned(victim) {
+                return Some(self.free(victim));
+            }
+            self.list.move_to_head(&mut self.links, victim);
+        }
     }
 
     /// Drops `key` if it is cached; returns the slot it held.
@@ -356,6 +436,18 @@ macro_rules! table_policy_methods {
 
         fn capacity(&self) -> usize {
             $crate::policy::table::TablePolicy::table(self).capacity()
+        }
+
+        fn set_pinned(&mut self, slot: u32, pinned: bool) {
+            $crate::policy::table::TablePolicy::table_mut(self).set_pinned(slot, pinned)
+        }
+
+        fn pinned(&self) -> usize {
+            $crate::policy::table::TablePolicy::table(self).pinned_count()
+        }
+
+        fn restore(&mut self, entries: &[(u32, u64)]) {
+            $crate::policy::table::restore(self, entries)
         }
     };
 }

@@ -277,3 +277,84 @@ fn memory_is_allocated_up_front() {
         assert!(per_block < 25.0, "{kind}: {per_block:.1} bytes per block");
     }
 }
+
+#[test]
+fn pinned_blocks_are_never_evicted() {
+    for mut p in every_policy(32) {
+        let name = p.name();
+        let mut rng = Rng::new(5);
+        let mut pinned: HashMap<u64, u32> = HashMap::new();
+        for i in 0..20_000u64 {
+            let key = rng.below(200);
+            let slot = match p.admit(key) {
+                Access::Hit { slot } | Access::Inserted { slot, .. } => slot,
+                Access::Bypassed => {
+                    assert_eq!(pinned.len(), 32, "{name}: bypassed with room");
+                    continue;
+                }
+            };
+            if let Access::Inserted {
+                evicted: Some(old), ..
+            } = p.access(key)
+            {
+                panic!("{name}: a hit evicted {old}");
+            }
+            // pin up to 24 blocks, unpin some now and then
+            if pinned.len() < 24 && i % 3 == 0 {
+                p.set_pinned(slot, true);
+                pinned.insert(key, slot);
+            } else if i % 7 == 0 {
+                if let Some(&k) = pinned.keys().next() {
+                    let s = pinned.remove(&k).unwrap();
+                    p.set_pinned(s, false);
+                }
+            }
+            for (&k, &s) in &pinned {
+                assert_eq!(p.get(k), Some(s), "{name}: pinned block {k} left");
+            }
+            assert_eq!(p.pinned(), pinned.len(), "{name}");
+        }
+        // pin everything: nothing can enter
+        let mut p2 = p;
+        for k in 1000..1032u64 {
+            if let Access::Inserted { slot, .. } = p2.admit(k) {
+                p2.set_pinned(slot, true);
+            }
+        }
+        let before = p2.len();
+        if p2.pinned() == p2.capacity() {
+            assert_eq!(p2.admit(5000), Access::Bypassed, "{name}");
+            assert_eq!(p2.len(), before);
+        }
+    }
+}
+
+#[test]
+fn restore_puts_every_block_back_in_its_slot() {
+    for kind in PolicyKind::ALL {
+        for admission in [Admission::All, Admission::SecondMiss] {
+            let mut p = kind.build_with(admission, 16);
+            let saved: Vec<(u32, u64)> = vec![(3, 30), (0, 7), (15, 99), (8, 1)];
+            p.restore(&saved);
+            let name = p.name();
+            assert_eq!(p.len(), 4, "{name}");
+            for &(slot, key) in &saved {
+                assert_eq!(p.get(key), Some(slot), "{name}");
+            }
+            // the free slots are handed out, and the restored blocks stay findable
+            let mut slots: Vec<u32> = saved.iter().map(|e| e.0).collect();
+            for k in 100..112u64 {
+                match p.admit(k) {
+                    Access::Inserted {
+                        slot,
+                        evicted: None,
+                    } => slots.push(slot),
+                    other => panic!("{name}: {other:?}"),
+                }
+            }
+            slots.sort_unstable();
+            slots.dedup();
+            assert_eq!(slots.len(), 16, "{name}: every slot used once");
+        }
+    }
+}

@@ -57,18 +57,29 @@ impl TablePolicy for TwoQ {
 
     fn make_room(&mut self) -> Option<u64> {
         let links = &mut self.links;
-        let from_a1in = self.a1in.len > self.kin || self.am.len == 0;
-        let slot = if from_a1in {
-            let slot = self
-                .a1in
-                .tail()
-                .expect("a full cache has blocks in A1in or Am");
-            self.a1in.unlink(links, slot);
-            slot
-        } else {
-            let slot = self.am.tail().expect("checked non-empty");
-            self.am.unlink(links, slot);
-            slot
+        let mut from_a1in = self.a1in.len > self.kin || self.am.len == 0;
+        // pinned blocks met at a tail go back to their list's head; after a whole
+        // list of them, try the other list (the caller checked one is unpinned)
+        let mut tried = 0usize;
+        let slot = loop {
+            let list = if from_a1in {
+                &mut self.a1in
+            } else {
+                &mut self.am
+            };
+            if tried >= list.len {
+                from_a1in = !from_a1in;
+                tried = 0;
+                continue;
+            }
+            let slot = list.tail().expect("a full cache has blocks in A1in or Am");
+            if self.table.is_pinned(slot) {
+                list.move_to_head(links, slot);
+                tried += 1;
+                continue;
+            }
+            list.unlink(links, slot);
+            break slot;
         };
         let key = self.table.key(slot);
         if from_a1in {
@@ -76,6 +87,11 @@ impl TablePolicy for TwoQ {
         }
         self.table.release(slot);
         Some(key)
+    }
+
+    fn place_restored(&mut self, _key: u64, slot: u32) {
+        self.in_am.set(slot, true);
+        self.am.push_head(&mut self.links, slot);
     }
 
     fn place(&mut self, key: u64, slot: u32) {
