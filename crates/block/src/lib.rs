@@ -21,6 +21,7 @@ mod crashsim;
 mod delay;
 mod error;
 mod fault;
+mod join;
 mod mem;
 mod passthru;
 
@@ -29,6 +30,7 @@ pub use crashsim::CrashSimVolume;
 pub use delay::DelayVolume;
 pub use error::BlockError;
 pub use fault::{FaultPlan, FaultVolume};
+pub use join::{join_all, BoxFut};
 pub use mem::MemVolume;
 pub use passthru::Passthru;
 

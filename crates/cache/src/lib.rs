@@ -68,10 +68,22 @@
 //! second map beside the policy.
 
 pub mod advisor;
+mod bits;
+mod config;
+mod destage;
 mod hash;
 pub mod policy;
+mod seq;
 pub mod sim;
+mod ssd;
+mod stats;
 pub mod trace;
+mod volume;
+
+pub use config::{CacheConfig, CacheMode};
+pub use ssd::SECTOR_BYTES;
+pub use stats::{AdvicePoint, CacheStatus, DeviceStatus};
+pub use volume::{CacheDevice, CacheVolume};
 
 pub use advisor::{Advisor, AdvisorConfig, MrcPoint};
 pub use policy::{

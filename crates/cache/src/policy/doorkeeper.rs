@@ -78,6 +78,10 @@ impl<P: Policy> Policy for Doorkeeper<P> {
         self.inner.remove(key)
     }
 
+    fn key_of(&self, slot: u32) -> Option<u64> {
+        self.inner.key_of(slot)
+    }
+
     fn set_pinned(&mut self, slot: u32, pinned: bool) {
         self.inner.set_pinned(slot, pinned)
     }

@@ -104,6 +104,9 @@ pub trait Policy: Send {
     /// (at once or, for queue-based policies, when it comes up for eviction).
     fn remove(&mut self, key: u64) -> Option<u32>;
 
+    /// The key cached in `slot`, if any (the reverse of [`Policy::get`]).
+    fn key_of(&self, slot: u32) -> Option<u64>;
+
     /// Pins (or unpins) the block in `slot`: a pinned block is never evicted (a
     /// dirty block of a write-back cache, a frame under I/O). When every cached block
     /// is pinned and the cache is full, misses are [`Access::Bypassed`]. Removing a
@@ -297,6 +300,9 @@ impl<P: Policy + ?Sized> Policy for Box<P> {
     }
     fn remove(&mut self, key: u64) -> Option<u32> {
         (**self).remove(key)
+    }
+    fn key_of(&self, slot: u32) -> Option<u64> {
+        (**self).key_of(slot)
     }
     fn set_pinned(&mut self, slot: u32, pinned: bool) {
         (**self).set_pinned(slot, pinned)

@@ -103,6 +103,9 @@ impl S3Fifo {
     }
 
     fn evict_main(&mut self) -> Option<u64> {
+        // pinned blocks go round; once a whole lap met only pinned ones, the
+        // unpinned block the caller guarantees is in small
+        let mut pinned_streak = 0usize;
         loop {
             let slot = self
                 .main
@@ -116,11 +119,45 @@ impl S3Fifo {
             let freq = meta & FREQ_MASK;
             if self.table.is_pinned(slot) {
                 self.main.push(&mut self.next, slot);
+                pinned_streak += 1;
+                if pinned_streak > self.main.len && self.small.len > 0 {
+                    return self.evict_small_past_pinned();
+                }
             } else if freq > 0 {
+                pinned_streak = 0;
                 self.meta[slot as usize] = IN_MAIN | (freq - 1);
                 self.main.push(&mut self.next, slot);
             } else {
                 let key = self.table.key(slot);
+                self.table.release(slot);
+                return Some(key);
+            }
+        }
+    }
+
+    /// Eviction when main holds only pinned blocks: pinned blocks in small go round
+    /// small; the first unpinned one is evicted (or, if it was hit, moved to main
+    /// with its counter cleared, where it is the next unpinned block main meets).
+    fn evict_small_past_pinned(&mut self) -> Option<u64> {
+        loop {
+            let slot = self
+                .small
+                .pop(&self.next)
+                .expect("an unpinned block is in small when main is all pinned");
+            let meta = self.meta[slot as usize];
+            if meta & DEAD != 0 {
+                self.bury(slot);
+                return None;
+            }
+            if self.table.is_pinned(slot) {
+                self.small.push(&mut self.next, slot);
+            } else if meta & FREQ_MASK > 0 {
+                self.meta[slot as usize] = IN_MAIN;
+                self.main.push(&mut self.next, slot);
+                return self.evict_main();
+            } else {
+                let key = self.table.key(slot);
+                self.ghost.insert(key);
                 self.table.release(slot);
                 return Some(key);
             }

@@ -119,6 +119,12 @@ impl Table {
         self.keys[slot as usize]
     }
 
+    /// The key cached in `slot`, if the slot holds an indexed key.
+    pub(crate) fn key_of(&self, slot: u32) -> Option<u64> {
+        let key = *self.keys.get(slot as usize)?;
+        (self.find(key) == Some(slot)).then_some(key)
+    }
+
     /// Takes a free slot for `key` (not cached yet, table not full). The most recently
     /// released slot is reused first, so a miss that evicts reuses the victim's slot.
     pub(crate) fn insert(&mut self, key: u64) -> u32 {
@@ -436,6 +442,10 @@ macro_rules! table_policy_methods {
 
         fn capacity(&self) -> usize {
             $crate::policy::table::TablePolicy::table(self).capacity()
+        }
+
+        fn key_of(&self, slot: u32) -> Option<u64> {
+            $crate::policy::table::TablePolicy::table(self).key_of(slot)
         }
 
         fn set_pinned(&mut self, slot: u32, pinned: bool) {

@@ -1,0 +1,125 @@
+//! Sequential stream detection: a request that continues a stream already longer
+//! than the cutoff bypasses the cache (large sequential transfers gain nothing from
+//! an SSD in front of striped disks and would flush the hot set).
+
+/// Streams tracked at once (least recently extended replaced first).
+const STREAMS: usize = 32;
+/// How far from a stream's end (before or after) a request may start and still
+/// continue it, in request lengths: requests of one stream issued together arrive
+/// slightly reordered. Proportional to the request so that small random requests
+/// in a small hot region are not taken for a stream.
+const SLACK_REQUESTS: u64 = 4;
+/// The slack never exceeds this.
+const SLACK_MAX_BYTES: u64 = 1 << 20;
+
+#[derive(Clone, Copy, Default)]
+struct Stream {
+    end: u64,
+    run: u64,
+    last_use: u64,
+}
+
+/// Tracks recent sequential streams by byte offset.
+pub(crate) struct SeqDetector {
+    streams: [Stream; STREAMS],
+    cutoff_bytes: u64,
+    clock: u64,
+}
+
+impl SeqDetector {
+    /// Streams longer than `cutoff_bytes` bypass; 0 turns detection off.
+    pub(crate) fn new(cutoff_bytes: u64) -> Self {
+        Self {
+            streams: [Stream::default(); STREAMS],
+            cutoff_bytes,
+            clock: 0,
+        }
+    }
+
+    /// Records a request of `len` bytes at byte `offset`; true if it should bypass.
+    pub(crate) fn observe(&mut self, offset: u64, len: u64) -> bool {
+        if self.cutoff_bytes == 0 {
+            return false;
+        }
+        self.clock += 1;
+        let end = offset + len;
+        let slack = (len * SLACK_REQUESTS).min(SLACK_MAX_BYTES);
+        let hit = self
+            .streams
+            .iter()
+            .position(|s| s.run > 0 && offset + slack >= s.end && offset <= s.end + slack);
+        let i = match hit {
+            Some(i) => i,
+            None => {
+                let i = (0..STREAMS)
+                    .min_by_key(|&i| self.streams[i].last_use)
+                    .unwrap_or(0);
+                self.streams[i] = Stream {
+                    end,
+                    run: 0,
+                    last_use: self.clock,
+                };
+                i
+            }
+        };
+        let s = &mut self.streams[i];
+        s.run += len;
+        s.end = s.end.max(end);
+        s.last_use = self.clock;
+        len >= self.cutoff_bytes || s.run > self.cutoff_bytes
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_long_stream_bypasses_and_random_requests_do_not() {
+        let mut d = SeqDetector::new(4 << 20);
+        let mut bypassed = 0;
+        for i in 0..64u64 {
+            if d.observe(i * 262144, 262144) {
+                bypassed += 1;
+            }
+        }
+        assert_eq!(bypassed, 64 - 16, "the first 4 MiB go through the cache");
+        let mut rng = crate::trace::Rng::new(3);
+        let mut random_bypassed = 0;
+        for _ in 0..100_000 {
+            if d.observe(rng.below(1 << 19) * 4096, 4096) {
+                random_bypassed += 1;
+            }
+        }
+        assert!(
+            random_bypassed < 50,
+            "{random_bypassed} random requests bypassed"
+        );
+        // random requests in a small hot region are not a stream either
+        let mut d = SeqDetector::new(256 << 10);
+        let hot = (0..20_000)
+            .filter(|_| d.observe(rng.below(512) * 4096, 4096))
+            .count();
+        assert_eq!(hot, 0, "random requests in 2 MiB taken for a stream");
+        assert!(
+            d.observe(0, 8 << 20),
+            "a request past the cutoff bypasses alone"
+        );
+        assert!(
+            !SeqDetector::new(0).observe(0, 1 << 30),
+            "0 turns detection off"
+        );
+    }
+
+    #[test]
+    fn interleaved_streams_are_each_detected() {
+        let mut d = SeqDetector::new(1 << 20);
+        let mut last = [false; 4];
+        for i in 0..40u64 {
+            for (s, l) in last.iter_mut().enumerate() {
+                *l = d.observe((s as u64) << 32 | i * 65536, 65536);
+            }
+        }
+        assert_eq!(last, [true; 4]);
+    }
+}

@@ -1,0 +1,355 @@
+//! Where the cache lives on its SSDs: the on-disk format (superblock, frame table,
+//! frames) and the set of cache devices (mirrored for write-back, striped for the
+//! other modes).
+//!
+//! Every cache device has the same layout:
+//!
+//! ```text
+//! [0, 4K)        superblock copy A      (the two copies alternate by generation,
+//! [4K, 8K)       superblock copy B       so a torn superblock write leaves the other)
+//! [8K, ...)      frame table: 4 KiB pages of 170 records, each page checksummed
+//! [data, ...)    frames: one cache block each, 1 MiB aligned
+//! ```
+//!
+//! A record is 24 bytes: the cache-block number held by the frame (`u64::MAX` when
+//! empty), then a `u64` bitmap of valid 4 KiB sectors and one of dirty sectors.
+//! Mirrored devices hold every frame and its record; striped devices hold frames
+//! `i, i + n, i + 2n, ...` of an `n`-device set and their records.
+//!
+//! Key invariant (write-back): a record on the SSD that marks sectors dirty always
+//! describes data that is on the SSD in that frame: data is written (FUA) before the
+//! record that points at it, and a frame is reused for another block only after a
+//! record saying it is no longer dirty is durable.
+
+use crate::CacheMode;
+use block::{BlockError, BlockResult, Bytes, VolumeRef};
+use std::sync::atomic::{AtomicBool, Ordering};
+
+/// The unit of validity and dirtiness inside a cache block.
+pub const SECTOR_BYTES: u64 = 4096;
+/// Bytes of one table page.
+pub(crate) const PAGE_BYTES: u64 = 4096;
+const TABLE_OFFSET: u64 = 2 * 4096;
+const RECORD_BYTES: usize = 24;
+const PAGE_HEADER: usize = 8;
+/// Records in one table page.
+pub(crate) const RECORDS_PER_PAGE: usize = (PAGE_BYTES as usize - PAGE_HEADER) / RECORD_BYTES;
+const MAGIC: &[u8; 8] = b"FSNCACH1";
+const DATA_ALIGN: u64 = 1 << 20;
+/// The key of an empty frame in the table.
+pub(crate) const NO_KEY: u64 = u64::MAX;
+
+/// The identity and state of a cache, on every one of its devices.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Superblock {
+    /// Random id shared by the devices of one cache.
+    pub cache_id: u64,
+    /// Bumped at every state change; the newest copy wins.
+    pub generation: u64,
+    /// The mode the cache ran in when this was written.
+    pub mode: CacheMode,
+    /// Cache block size in bytes.
+    pub block_bytes: u32,
+    /// Frames of the whole cache.
+    pub frames: u32,
+    /// Devices of the cache.
+    pub device_count: u8,
+    /// This device's position.
+    pub device_index: u8,
+    /// Mirrored (every device holds every frame) or striped.
+    pub mirrored: bool,
+    /// Size of the backing volume in bytes (a cache refuses a different volume size).
+    pub backing_bytes: u64,
+    /// The table is complete (written at a clean shutdown): clean frames may be
+    /// trusted too. When false only dirty records are (write-back).
+    pub clean: bool,
+    /// The mirror partner failed after this generation; this copy alone is current.
+    pub partner_failed: bool,
+}
+
+impl Superblock {
+    fn encode(&self) -> Vec<u8> {
+        let mut b = vec![0u8; 4096];
+        b[0..8].copy_from_slice(MAGIC);
+        b[8..16].copy_from_slice(&self.cache_id.to_le_bytes());
+        b[16..24].copy_from_slice(&self.generation.to_le_bytes());
+        b[24] = self.mode as u8;
+        b[25] = self.device_count;
+        b[26] = self.device_index;
+        b[27] = u8::from(self.mirrored)
+            | u8::from(self.clean) << 1
+            | u8::from(self.partner_failed) << 2;
+        b[28..32].copy_from_slice(&self.block_bytes.to_le_bytes());
+        b[32..36].copy_from_slice(&self.frames.to_le_bytes());
+        b[40..48].copy_from_slice(&self.backing_bytes.to_le_bytes());
+        let crc = crc32c::crc32c(&b[..4092]);
+        b[4092..].copy_from_slice(&crc.to_le_bytes());
+        b
+    }
+
+    fn decode(b: &[u8]) -> Option<Superblock> {
+        if b.len() < 4096 || &b[0..8] != MAGIC {
+            return None;
+        }
+        let crc = u32::from_le_bytes(b[4092..4096].try_into().ok()?);
+        if crc != crc32c::crc32c(&b[..4092]) {
+            return None;
+        }
+        let u64_at = |o: usize| u64::from_le_bytes(b[o..o + 8].try_into().unwrap_or([0; 8]));
+        let u32_at = |o: usize| u32::from_le_bytes(b[o..o + 4].try_into().unwrap_or([0; 4]));
+        Some(Superblock {
+            cache_id: u64_at(8),
+            generation: u64_at(16),
+            mode: CacheMode::from_u8(b[24])?,
+            device_count: b[25],
+            device_index: b[26],
+            mirrored: b[27] & 1 != 0,
+            clean: b[27] & 2 != 0,
+            partner_failed: b[27] & 4 != 0,
+            block_bytes: u32_at(28),
+            frames: u32_at(32),
+            backing_bytes: u64_at(40),
+        })
+    }
+}
+
+/// One table record.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Record {
+    pub key: u64,
+    pub valid: u64,
+    pub dirty: u64,
+}
+
+impl Record {
+    pub(crate) const EMPTY: Record = Record {
+        key: NO_KEY,
+        valid: 0,
+        dirty: 0,
+    };
+}
+
+/// Encodes one table page from its records (at most [`RECORDS_PER_PAGE`]).
+pub(crate) fn encode_page(page_no: u32, records: &[Record]) -> Vec<u8> {
+    let mut b = vec![0u8; PAGE_BYTES as usize];
+    b[0..4].copy_from_slice(&page_no.to_le_bytes());
+    for (i, r) in records.iter().enumerate().take(RECORDS_PER_PAGE) {
+        let o = PAGE_HEADER + i * RECORD_BYTES;
+        b[o..o + 8].copy_from_slice(&r.key.to_le_bytes());
+        b[o + 8..o + 16].copy_from_slice(&r.valid.to_le_bytes());
+        b[o + 16..o + 24].copy_from_slice(&r.dirty.to_le_bytes());
+    }
+    let crc = crc32c::crc32c(&b[8..]) ^ crc32c::crc32c(&b[0..4]);
+    b[4..8].copy_from_slice(&crc.to_le_bytes());
+    b
+}
+
+/// Decodes a table page; `None` if its checksum or number is wrong.
+pub(crate) fn decode_page(page_no: u32, b: &[u8]) -> Option<Vec<Record>> {
+    if b.len() < PAGE_BYTES as usize {
+        return None;
+    }
+    let no = u32::from_le_bytes(b[0..4].try_into().ok()?);
+    let crc = u32::from_le_bytes(b[4..8].try_into().ok()?);
+    if no != page_no || crc != crc32c::crc32c(&b[8..]) ^ crc32c::crc32c(&b[0..4]) {
+        return None;
+    }
+    let mut out = Vec::with_capacity(RECORDS_PER_PAGE);
+    for i in 0..RECORDS_PER_PAGE {
+        let o = PAGE_HEADER + i * RECORD_BYTES;
+        let at = |x: usize| u64::from_le_bytes(b[x..x + 8].try_into().unwrap_or([0; 8]));
+        out.push(Record {
+            key: at(o),
+            valid: at(o + 8),
+            dirty: at(o + 16),
+        });
+    }
+    Some(out)
+}
+
+/// Geometry of one device: how many frames it holds and where they start.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct DeviceLayout {
+    pub local_frames: u32,
+    pub table_pages: u32,
+    pub data_offset: u64,
+    pub block_bytes: u64,
+}
+
+impl DeviceLayout {
+    /// The layout holding `local_frames` frames of `block_bytes`.
+    pub(crate) fn for_frames(local_frames: u32, block_bytes: u64) -> DeviceLayout {
+        let table_pages = (local_frames as usize).div_ceil(RECORDS_PER_PAGE) as u32;
+        let table_end = TABLE_OFFSET + table_pages as u64 * PAGE_BYTES;
+        DeviceLayout {
+            local_frames,
+            table_pages,
+            data_offset: table_end.div_ceil(DATA_ALIGN) * DATA_ALIGN,
+            block_bytes,
+        }
+    }
+
+    /// The most frames of `block_bytes` a device of `device_bytes` holds.
+    pub(crate) fn fitting(device_bytes: u64, block_bytes: u64) -> u32 {
+        let mut n = (device_bytes.saturating_sub(TABLE_OFFSET + DATA_ALIGN) / block_bytes)
+            .min(u32::MAX as u64 - 1) as u32;
+        while n > 0 && DeviceLayout::for_frames(n, block_bytes).end() > device_bytes {
+            n -= 1;
+        }
+        n
+    }
+
+    /// Bytes of the device used.
+    pub(crate) fn end(&self) -> u64 {
+        self.data_offset + self.local_frames as u64 * self.block_bytes
+    }
+
+    pub(crate) fn frame_offset(&self, local: u32) -> u64 {
+        self.data_offset + local as u64 * self.block_bytes
+    }
+
+    pub(crate) fn page_offset(page: u32) -> u64 {
+        TABLE_OFFSET + page as u64 * PAGE_BYTES
+    }
+}
+
+/// One cache device.
+pub(crate) struct Device {
+    pub name: String,
+    pub vol: VolumeRef,
+    pub failed: AtomicBool,
+    /// The device's logical block size.
+    bs: u64,
+}
+
+impl Device {
+    pub(crate) fn new(name: String, vol: VolumeRef) -> Device {
+        let bs = vol.geometry().block_size_bytes as u64;
+        Device {
+            name,
+            vol,
+            failed: AtomicBool::new(false),
+            bs,
+        }
+    }
+
+    pub(crate) fn is_failed(&self) -> bool {
+        self.failed.load(Ordering::Acquire)
+    }
+
+    /// Marks the device failed; returns true if it was not already.
+    pub(crate) fn fail(&self, why: &BlockError) -> bool {
+        let first = !self.failed.swap(true, Ordering::AcqRel);
+        if first {
+            tracing::error!(device = %self.name, "cache device failed: {why}");
+        }
+        first
+    }
+
+    pub(crate) fn size_bytes(&self) -> u64 {
+        self.vol.geometry().size_bytes()
+    }
+
+    /// Reads `len` bytes at byte `offset` (both multiples of the device block).
+    pub(crate) async fn read_at(&self, offset: u64, len: u64) -> BlockResult<Bytes> {
+        if self.is_failed() {
+            return Err(BlockError::Unavailable(format!("{} failed", self.name)));
+        }
+        let r = self
+            .vol
+            .read(offset / self.bs, (len / self.bs) as u32)
+            .await;
+        if let Err(e) = &r {
+            self.fail(e);
+        }
+        r
+    }
+
+    /// Writes `data` at byte `offset`.
+    pub(crate) async fn write_at(&self, offset: u64, data: Bytes, fua: bool) -> BlockResult<()> {
+        if self.is_failed() {
+            return Err(BlockError::Unavailable(format!("{} failed", self.name)));
+        }
+        let r = self.vol.write(offset / self.bs, data, fua).await;
+        if let Err(e) = &r {
+            self.fail(e);
+        }
+        r
+    }
+
+    /// Reads both superblock copies and returns the newest valid one.
+    pub(crate) async fn read_superblock(&self) -> BlockResult<Option<Superblock>> {
+        let b = self.vol.read(0, (2 * 4096 / self.bs) as u32).await?;
+        let a = Superblock::decode(&b[..4096]);
+        let c = Superblock::decode(&b[4096..]);
+        Ok(match (a, c) {
+            (Some(a), Some(c)) => Some(if a.generation >= c.generation { a } else { c }),
+            (a, c) => a.or(c),
+        })
+    }
+
+    /// Writes `sb` into the copy its generation selects (FUA).
+    pub(crate) async fn write_superblock(&self, sb: &Superblock) -> BlockResult<()> {
+        let off = (sb.generation % 2) * 4096;
+        self.write_at(off, Bytes::from(sb.encode()), true).await
+    }
+
+    pub(crate) async fn read_page(&self, page: u32) -> BlockResult<Bytes> {
+        self.read_at(DeviceLayout::page_offset(page), PAGE_BYTES)
+            .await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn superblock_round_trips_and_rejects_damage() {
+        let sb = Superblock {
+            cache_id: 77,
+            generation: 5,
+            mode: CacheMode::WriteBack,
+            block_bytes: 131072,
+            frames: 1000,
+            device_count: 2,
+            device_index: 1,
+            mirrored: true,
+            backing_bytes: 1 << 30,
+            clean: true,
+            partner_failed: false,
+        };
+        let mut b = sb.encode();
+        assert_eq!(Superblock::decode(&b), Some(sb));
+        b[30] ^= 1;
+        assert_eq!(Superblock::decode(&b), None);
+    }
+
+    #[test]
+    fn pages_round_trip_and_reject_damage() {
+        let recs: Vec<Record> = (0..RECORDS_PER_PAGE as u64)
+            .map(|i| Record {
+                key: i * 3,
+                valid: i,
+                dirty: i / 2,
+            })
+            .collect();
+        let mut b = encode_page(9, &recs);
+        assert_eq!(decode_page(9, &b), Some(recs));
+        assert_eq!(decode_page(8, &b), None);
+        b[100] ^= 4;
+        assert_eq!(decode_page(9, &b), None);
+    }
+
+    #[test]
+    fn layout_fits_the_device() {
+        for bb in [65536u64, 131072, 262144] {
+            let dev = 3 * (1 << 30) + 12345;
+            let n = DeviceLayout::fitting(dev, bb);
+            let l = DeviceLayout::for_frames(n, bb);
+            assert!(l.end() <= dev);
+            assert!(DeviceLayout::for_frames(n + 1, bb).end() > dev);
+            assert_eq!(l.data_offset % DATA_ALIGN, 0);
+        }
+    }
+}

@@ -1,0 +1,1575 @@
+//! The cache layer: a [`Volume`] over a backing volume and one or more cache devices.
+//!
+//! Data path, per cache block a request touches (blocks are locked in address order:
+//! shared for reads and fills, exclusive for writes, so a fill never races a write):
+//! - read: a block cached with every needed sector valid is read from the SSD; a
+//!   block the policy admits is filled (the whole block read from the backing
+//!   volume, merged under any valid sectors, written to the SSD); otherwise the
+//!   backing volume serves it. Sequential streams past the cutoff bypass (reading
+//!   dirty sectors from the SSD where there are any).
+//! - write-back: the data goes to both mirrored devices (FUA), then the frame's
+//!   record (FUA, group-committed per table page); only then is it acknowledged.
+//! - the other modes, degraded write-back and bypassed writes: the backing volume
+//!   first (FUA if it overwrites dirty sectors), then the cache copy is updated
+//!   (read-only, write-through) or dropped (write-around, bypass).
+//!
+//! Frames in use by an I/O or holding dirty data are pinned in the policy, so the
+//! policy never hands them to another block.
+
+use crate::bits::{range_mask, FrameBits};
+use crate::config::{CacheConfig, CacheMode};
+use crate::policy::{Access, Policy};
+use crate::seq::SeqDetector;
+use crate::ssd::{
+    decode_page, encode_page, Device, DeviceLayout, Record, Superblock, NO_KEY, RECORDS_PER_PAGE,
+    SECTOR_BYTES,
+};
+use crate::stats::{self, AdvicePoint, CacheStatus, Counters, DeviceStatus, Window};
+use crate::{Advisor, AdvisorConfig};
+use async_trait::async_trait;
+use block::{
+    join_all, BlockError, BlockResult, BoxFut, Bytes, BytesMut, Geometry, Volume, VolumeRef,
+};
+use parking_lot::Mutex;
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Instant;
+use tokio::sync::{Notify, RwLock};
+
+const LOCK_STRIPES: usize = 4096;
+
+/// A cache device handed to [`CacheVolume::open`].
+pub struct CacheDevice {
+    /// Name shown in status and logs.
+    pub name: String,
+    /// The device.
+    pub volume: VolumeRef,
+}
+
+/// What to do with one cache block of a request.
+#[derive(Clone, Copy, Debug)]
+enum Plan {
+    /// Serve from the SSD frame.
+    Ssd(u32),
+    /// Read the whole block from the backing volume into the frame.
+    Fill(u32),
+    /// Backing volume only (merging the frame's dirty sectors if `Some`).
+    Backing(Option<(u32, u64)>),
+}
+
+/// The part of a request inside one cache block.
+#[derive(Clone, Copy, Debug)]
+struct Piece {
+    key: u64,
+    /// Byte offset of the piece inside the request buffer.
+    buf_off: usize,
+    /// Byte offset inside the cache block.
+    blk_off: u64,
+    len: u64,
+    /// Sectors the piece touches (partially or wholly).
+    mask: u64,
+}
+
+pub(crate) struct State {
+    pub policy: Box<dyn Policy>,
+    pub valid: FrameBits,
+    pub dirty: FrameBits,
+    io_pins: HashMap<u32, u32>,
+    pub dirty_frames: usize,
+    pub dirty_sectors: u64,
+    pub advisor: Option<Advisor>,
+}
+
+impl State {
+    fn is_dirty(&self, slot: u32) -> bool {
+        self.dirty.get(slot) != 0
+    }
+
+    fn repin(&mut self, slot: u32) {
+        let pin = self.is_dirty(slot) || self.io_pins.contains_key(&slot);
+        self.policy.set_pinned(slot, pin);
+    }
+
+    pub(crate) fn pin_io_pub(&mut self, slot: u32) {
+        self.pin_io(slot)
+    }
+
+    pub(crate) fn unpin_io_pub(&mut self, slot: u32) {
+        self.unpin_io(slot)
+    }
+
+    fn pin_io(&mut self, slot: u32) {
+        *self.io_pins.entry(slot).or_insert(0) += 1;
+        self.policy.set_pinned(slot, true);
+    }
+
+    fn unpin_io(&mut self, slot: u32) {
+        if let Some(n) = self.io_pins.get_mut(&slot) {
+            *n -= 1;
+            if *n == 0 {
+                self.io_pins.remove(&slot);
+            }
+        }
+        self.repin(slot);
+    }
+
+    /// A slot just handed to a new block: nothing in it is valid.
+    fn reset(&mut self, slot: u32) {
+        debug_assert_eq!(self.dirty.get(slot), 0);
+        self.valid.set(slot, 0);
+    }
+
+    /// Sets the frame's dirty bitmap, keeping the counts right.
+    pub(crate) fn set_dirty(&mut self, slot: u32, dirty: u64) {
+        let old = self.dirty.get(slot);
+        if old == dirty {
+            return;
+        }
+        self.dirty_sectors =
+            self.dirty_sectors + dirty.count_ones() as u64 - old.count_ones() as u64;
+        match (old != 0, dirty != 0) {
+            (false, true) => self.dirty_frames += 1,
+            (true, false) => self.dirty_frames -= 1,
+            _ => {}
+        }
+        self.dirty.set(slot, dirty);
+        self.repin(slot);
+    }
+
+    pub(crate) fn record(&self, slot: u32) -> Record {
+        match self.policy.key_of(slot) {
+            Some(key) => Record {
+                key,
+                valid: self.valid.get(slot),
+                dirty: self.dirty.get(slot),
+            },
+            None => Record::EMPTY,
+        }
+    }
+}
+
+#[derive(Default)]
+struct PageCommit {
+    want: u64,
+    durable: u64,
+    writing: bool,
+}
+
+pub(crate) struct Inner {
+    pub name: String,
+    pub backing: VolumeRef,
+    pub devs: Vec<Device>,
+    pub mirrored: bool,
+    pub layout: DeviceLayout,
+    pub cfg: CacheConfig,
+    pub geo: Geometry,
+    /// Backing block bytes.
+    pub bs: u64,
+    pub block_bytes: u64,
+    pub frames: u32,
+    pub state: Mutex<State>,
+    locks: Box<[RwLock<()>]>,
+    pub counters: Counters,
+    pub window: Mutex<Window>,
+    seq: Mutex<SeqDetector>,
+    pages: Mutex<HashMap<u32, PageCommit>>,
+    pages_done: Notify,
+    /// Wakes the destager (dirty data appeared, a device failed, a detach waits).
+    pub destage_wake: Notify,
+    /// Signalled by the destager after each batch.
+    pub destage_progress: Notify,
+    /// Foreground requests in flight.
+    pub fg_inflight: AtomicUsize,
+    /// Last time a foreground request started.
+    pub fg_last: Mutex<Instant>,
+    pub sb: Mutex<Superblock>,
+    /// A mirror device failed: write-back runs as write-through until repaired.
+    pub degraded: AtomicBool,
+    /// The cache must empty itself of dirty data (detach, mode change).
+    pub drain: AtomicBool,
+    pub stopping: AtomicBool,
+    gate: RwLock<()>,
+}
+
+/// An SSD cache in front of a backing volume.
+pub struct CacheVolume {
+    pub(crate) inner: Arc<Inner>,
+    tasks: Mutex<Vec<tokio::task::JoinHandle<()>>>,
+}
+
+struct FgGuard<'a>(&'a Inner);
+
+impl Drop for FgGuard<'_> {
+    fn drop(&mut self) {
+        self.0.fg_inflight.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+impl Inner {
+    fn fg(&self) -> FgGuard<'_> {
+        self.fg_inflight.fetch_add(1, Ordering::AcqRel);
+        *self.fg_last.lock() = Instant::now();
+        FgGuard(self)
+    }
+
+    pub(crate) fn mode(&self) -> CacheMode {
+        self.cfg.mode
+    }
+
+    /// Whether writes go to the cache first right now.
+    fn writes_back(&self) -> bool {
+        self.cfg.mode == CacheMode::WriteBack
+            && !self.degraded.load(Ordering::Acquire)
+            && !self.drain.load(Ordering::Acquire)
+    }
+
+    fn live_devices(&self) -> usize {
+        self.devs.iter().filter(|d| !d.is_failed()).count()
+    }
+
+    /// Locks the cache blocks `keys` (sorted) shared or exclusive.
+    async fn lock_shared(&self, keys: &[u64]) -> Vec<tokio::sync::RwLockReadGuard<'_, ()>> {
+        let mut stripes: Vec<usize> = keys.iter().map(|k| (*k as usize) % LOCK_STRIPES).collect();
+        stripes.sort_unstable();
+        stripes.dedup();
+        let mut g = Vec::with_capacity(stripes.len());
+        for s in stripes {
+            g.push(self.locks[s].read().await);
+        }
+        g
+    }
+
+    async fn lock_exclusive(&self, keys: &[u64]) -> Vec<tokio::sync::RwLockWriteGuard<'_, ()>> {
+        let mut stripes: Vec<usize> = keys.iter().map(|k| (*k as usize) % LOCK_STRIPES).collect();
+        stripes.sort_unstable();
+        stripes.dedup();
+        let mut g = Vec::with_capacity(stripes.len());
+        for s in stripes {
+            g.push(self.locks[s].write().await);
+        }
+        g
+    }
+
+    /// The pieces of a byte range `[off, off + len)` of the volume, one per block.
+    fn pieces(&self, off: u64, len: u64) -> Vec<Piece> {
+        let mut out = Vec::new();
+        let mut pos = off;
+        while pos < off + len {
+            let key = pos / self.block_bytes;
+            let blk_off = pos % self.block_bytes;
+            let n = (self.block_bytes - blk_off).min(off + len - pos);
+            let first = (blk_off / SECTOR_BYTES) as u32;
+            let last = ((blk_off + n).div_ceil(SECTOR_BYTES)) as u32;
+            out.push(Piece {
+                key,
+                buf_off: (pos - off) as usize,
+                blk_off,
+                len: n,
+                mask: range_mask(first, last - first),
+            });
+            pos += n;
+        }
+        out
+    }
+
+    /// Sectors of block `key` that exist (the last block may be short).
+    fn block_len(&self, key: u64) -> u64 {
+        let size = self.geo.size_bytes();
+        (size - key * self.block_bytes).min(self.block_bytes)
+    }
+
+    fn full_mask(&self, key: u64) -> u64 {
+        range_mask(0, self.block_len(key).div_ceil(SECTOR_BYTES) as u32)
+    }
+
+    /// Device(s) and byte offset of a frame's data.
+    fn frame_devices(&self, slot: u32) -> (Vec<usize>, u64) {
+        if self.mirrored {
+            (
+                (0..self.devs.len()).collect(),
+                self.layout.frame_offset(slot),
+            )
+        } else {
+            let n = self.devs.len() as u32;
+            (
+                vec![(slot % n) as usize],
+                self.layout.frame_offset(slot / n),
+            )
+        }
+    }
+
+    /// Reads `len` bytes at `off` inside frame `slot` from a live copy.
+    async fn ssd_read(&self, slot: u32, off: u64, len: u64) -> BlockResult<Bytes> {
+        let (devs, base) = self.frame_devices(slot);
+        let mut last = BlockError::Unavailable("no cache device left".into());
+        // spread mirrored reads over both copies
+        let start = slot as usize % devs.len().max(1);
+        for i in 0..devs.len() {
+            let d = &self.devs[devs[(start + i) % devs.len()]];
+            if d.is_failed() {
+                continue;
+            }
+            match d.read_at(base + off, len).await {
+                Ok(b) => return Ok(b),
+                Err(e) => {
+                    Counters::add(&self.counters.ssd_errors, 1);
+                    self.on_device_failure();
+                    last = e;
+                }
+            }
+        }
+        Err(last)
+    }
+
+    /// Writes into frame `slot` on every live copy; Ok if at least one took it.
+    async fn ssd_write(&self, slot: u32, off: u64, data: Bytes, fua: bool) -> BlockResult<()> {
+        let (devs, base) = self.frame_devices(slot);
+        let futs: Vec<BoxFut<'_, BlockResult<()>>> = devs
+            .iter()
+            .filter(|&&d| !self.devs[d].is_failed())
+            .map(|&d| {
+                let data = data.clone();
+                Box::pin(async move { self.devs[d].write_at(base + off, data, fua).await })
+                    as BoxFut<'_, _>
+            })
+            .collect();
+        if futs.is_empty() {
+            return Err(BlockError::Unavailable("no cache device left".into()));
+        }
+        let results = join_all(futs).await;
+        let ok = results.iter().filter(|r| r.is_ok()).count();
+        if ok < results.len() {
+            Counters::add(&self.counters.ssd_errors, (results.len() - ok) as u64);
+            self.on_device_failure();
+        }
+        if ok == 0 {
+            return Err(results
+                .into_iter()
+                .find_map(|r| r.err())
+                .unwrap_or(BlockError::Unavailable("cache write failed".into())));
+        }
+        Ok(())
+    }
+
+    /// A device failed: a mirror goes write-through and destages from the survivor;
+    /// a striped cache forgets the failed device's frames (they are re-read from the
+    /// backing volume).
+    fn on_device_failure(&self) {
+        if self.mirrored {
+            if self.live_devices() < self.devs.len() && !self.degraded.swap(true, Ordering::AcqRel)
+            {
+                tracing::error!(
+                    cache = %self.name,
+                    "a mirrored cache device failed: write-through until repaired; destaging from the survivor"
+                );
+                self.destage_wake.notify_one();
+            }
+        } else {
+            let n = self.devs.len() as u32;
+            let mut st = self.state.lock();
+            for slot in 0..self.frames {
+                if self.devs[(slot % n) as usize].is_failed() && !st.io_pins.contains_key(&slot) {
+                    if let Some(key) = st.policy.key_of(slot) {
+                        st.valid.set(slot, 0);
+                        st.policy.remove(key);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Whether frame `slot` lives only on failed devices.
+    fn frame_lost(&self, slot: u32) -> bool {
+        let (devs, _) = self.frame_devices(slot);
+        devs.iter().all(|&d| self.devs[d].is_failed())
+    }
+
+    fn advise(&self, st: &mut State, key: u64) {
+        if let Some(a) = st.advisor.as_mut() {
+            a.record(key);
+        }
+    }
+
+    // ---------------------------------------------------------------- reads
+
+    async fn read_bytes(&self, off: u64, len: u64, bypass: bool) -> BlockResult<BytesMut> {
+        let pieces = self.pieces(off, len);
+        let keys: Vec<u64> = pieces.iter().map(|p| p.key).collect();
+        let _locks = self.lock_shared(&keys).await;
+        let plans = {
+            let mut st = self.state.lock();
+            let mut plans = Vec::with_capacity(pieces.len());
+            for p in &pieces {
+                self.advise(&mut st, p.key);
+                let plan = if bypass {
+                    match st.policy.touch(p.key) {
+                        Some(slot)
+                            if st.dirty.get(slot) & p.mask != 0 && !self.frame_lost(slot) =>
+                        {
+                            st.pin_io(slot);
+                            Plan::Backing(Some((slot, st.dirty.get(slot) & p.mask)))
+                        }
+                        _ => Plan::Backing(None),
+                    }
+                } else {
+                    match st.policy.access(p.key) {
+                        Access::Hit { slot } if self.frame_lost(slot) => Plan::Backing(None),
+                        Access::Hit { slot } => {
+                            st.pin_io(slot);
+                            if st.valid.get(slot) & p.mask == p.mask {
+                                Plan::Ssd(slot)
+                            } else {
+                                Plan::Fill(slot)
+                            }
+                        }
+                        Access::Inserted { slot, .. } => {
+                            st.reset(slot);
+                            st.pin_io(slot);
+                            if self.frame_lost(slot) {
+                                // striped set lost this frame's device: keep it out
+                                st.unpin_io(slot);
+                                st.policy.remove(p.key);
+                                Plan::Backing(None)
+                            } else {
+                                Plan::Fill(slot)
+                            }
+                        }
+                        Access::Bypassed => Plan::Backing(None),
+                    }
+                };
+                match plan {
+                    Plan::Ssd(_) => Counters::add(&self.counters.read_hits, 1),
+                    _ => Counters::add(&self.counters.read_misses, 1),
+                }
+                plans.push(plan);
+            }
+            if bypass {
+                Counters::add(&self.counters.bypassed_reads, 1);
+            }
+            plans
+        };
+        let mut out = BytesMut::zeroed(len as usize);
+        let futs: Vec<BoxFut<'_, BlockResult<Bytes>>> = pieces
+            .iter()
+            .zip(plans.iter())
+            .map(|(p, plan)| Box::pin(self.read_piece(*p, *plan)) as BoxFut<'_, _>)
+            .collect();
+        let results = join_all(futs).await;
+        {
+            let mut st = self.state.lock();
+            for plan in &plans {
+                match *plan {
+                    Plan::Ssd(s) | Plan::Fill(s) | Plan::Backing(Some((s, _))) => st.unpin_io(s),
+                    Plan::Backing(None) => {}
+                }
+            }
+        }
+        for (p, r) in pieces.iter().zip(results) {
+            let data = r?;
+            out[p.buf_off..p.buf_off + p.len as usize].copy_from_slice(&data);
+        }
+        Ok(out)
+    }
+
+    /// Reads one piece as planned; returns exactly `p.len` bytes.
+    async fn read_piece(&self, p: Piece, plan: Plan) -> BlockResult<Bytes> {
+        match plan {
+            Plan::Ssd(slot) => {
+                let s0 = p.blk_off / SECTOR_BYTES * SECTOR_BYTES;
+                let s1 = (p.blk_off + p.len).div_ceil(SECTOR_BYTES) * SECTOR_BYTES;
+                let s1 = s1.min(self.block_len(p.key));
+                match self.ssd_read(slot, s0, s1 - s0).await {
+                    Ok(b) => {
+                        Ok(b.slice((p.blk_off - s0) as usize..(p.blk_off - s0 + p.len) as usize))
+                    }
+                    Err(_) => self.read_piece_backing(p, None).await,
+                }
+            }
+            Plan::Backing(d) => self.read_piece_backing(p, d).await,
+            Plan::Fill(slot) => self.fill(p, slot).await,
+        }
+    }
+
+    async fn backing_read(&self, off: u64, len: u64) -> BlockResult<Bytes> {
+        let r = self
+            .backing
+            .read(off / self.bs, (len / self.bs) as u32)
+            .await;
+        if r.is_err() {
+            Counters::add(&self.counters.backing_errors, 1);
+        }
+        r
+    }
+
+    /// The piece from the backing volume, with the frame's dirty sectors laid over it.
+    async fn read_piece_backing(&self, p: Piece, dirty: Option<(u32, u64)>) -> BlockResult<Bytes> {
+        let base = p.key * self.block_bytes;
+        let data = self.backing_read(base + p.blk_off, p.len).await?;
+        let Some((slot, mask)) = dirty else {
+            return Ok(data);
+        };
+        // sector-aligned span of the piece
+        let s0 = p.blk_off / SECTOR_BYTES * SECTOR_BYTES;
+        let s1 =
+            ((p.blk_off + p.len).div_ceil(SECTOR_BYTES) * SECTOR_BYTES).min(self.block_len(p.key));
+        let cached = self.ssd_read(slot, s0, s1 - s0).await?;
+        let mut out = BytesMut::from(&data[..]);
+        overlay(&mut out, p.blk_off, &cached, s0, mask);
+        Ok(out.freeze())
+    }
+
+    /// Fills frame `slot` with block `p.key` and returns the piece.
+    async fn fill(&self, p: Piece, slot: u32) -> BlockResult<Bytes> {
+        let blen = self.block_len(p.key);
+        let base = p.key * self.block_bytes;
+        let backing = self.backing_read(base, blen).await?;
+        let valid = self.state.lock().valid.get(slot);
+        let mut block = BytesMut::from(&backing[..]);
+        if valid != 0 {
+            // sectors the cache holds are as new as or newer than the backing volume's
+            let cached = self.ssd_read(slot, 0, blen).await?;
+            overlay(&mut block, 0, &cached, 0, valid);
+        }
+        let block = block.freeze();
+        Counters::add(&self.counters.fills, 1);
+        if self.ssd_write(slot, 0, block.clone(), false).await.is_ok() {
+            let mut st = self.state.lock();
+            let full = self.full_mask(p.key);
+            st.valid.set(slot, full);
+        }
+        Ok(block.slice(p.blk_off as usize..(p.blk_off + p.len) as usize))
+    }
+
+    // ---------------------------------------------------------------- writes
+
+    async fn write_bytes(&self, off: u64, data: Bytes, fua: bool) -> BlockResult<()> {
+        // sub-sector writes are widened to whole sectors by reading around them
+        let s0 = off / SECTOR_BYTES * SECTOR_BYTES;
+        let s1 = (off + data.len() as u64).div_ceil(SECTOR_BYTES) * SECTOR_BYTES;
+        let s1 = s1.min(self.geo.size_bytes());
+        let pieces = self.pieces(s0, s1 - s0);
+        let keys: Vec<u64> = pieces.iter().map(|p| p.key).collect();
+        let _locks = self.lock_exclusive(&keys).await;
+        let (off, data) = if s0 != off || s1 != off + data.len() as u64 {
+            let mut wide = self.read_unlocked_plain(s0, s1 - s0).await?;
+            let at = (off - s0) as usize;
+            wide[at..at + data.len()].copy_from_slice(&data);
+            (s0, wide.freeze())
+        } else {
+            (off, data)
+        };
+        let bypass = self.seq.lock().observe(off, data.len() as u64);
+        if bypass {
+            Counters::add(&self.counters.bypassed_writes, 1);
+        }
+        if self.writes_back() && !bypass {
+            self.write_back(&pieces, data).await
+        } else {
+            self.write_through(&pieces, off, data, fua, bypass).await
+        }
+    }
+
+    /// Reads the current contents (cache or backing) without locking or admitting:
+    /// used under a write's exclusive locks to widen a sub-sector write.
+    async fn read_unlocked_plain(&self, off: u64, len: u64) -> BlockResult<BytesMut> {
+        let pieces = self.pieces(off, len);
+        let mut out = BytesMut::zeroed(len as usize);
+        for p in pieces {
+            let hit = {
+                let mut st = self.state.lock();
+                match st.policy.get(p.key) {
+                    Some(slot) if st.valid.get(slot) & p.mask != 0 && !self.frame_lost(slot) => {
+                        st.pin_io(slot);
+                        Some((slot, st.valid.get(slot) & p.mask))
+                    }
+                    _ => None,
+                }
+            };
+            let r = self.read_piece_backing(p, hit).await;
+            if let Some((slot, _)) = hit {
+                self.state.lock().unpin_io(slot);
+            }
+            let b = r?;
+            out[p.buf_off..p.buf_off + p.len as usize].copy_from_slice(&b);
+        }
+        Ok(out)
+    }
+
+    async fn write_back(&self, pieces: &[Piece], data: Bytes) -> BlockResult<()> {
+        // plan: a frame for every block (a full cache of dirty blocks sends the block
+        // straight to the backing volume)
+        let slots: Vec<Option<u32>> = {
+            let mut st = self.state.lock();
+            pieces
+                .iter()
+                .map(|p| {
+                    self.advise(&mut st, p.key);
+                    match st.policy.admit(p.key) {
+                        Access::Hit { slot } if !self.frame_lost(slot) => {
+                            Counters::add(&self.counters.write_hits, 1);
+                            st.pin_io(slot);
+                            Some(slot)
+                        }
+                        Access::Inserted { slot, .. } if !self.frame_lost(slot) => {
+                            Counters::add(&self.counters.write_misses, 1);
+                            st.reset(slot);
+                            st.pin_io(slot);
+                            Some(slot)
+                        }
+                        _ => {
+                            Counters::add(&self.counters.write_misses, 1);
+                            None
+                        }
+                    }
+                })
+                .collect()
+        };
+        if slots.iter().any(|s| s.is_none()) {
+            self.destage_wake.notify_one();
+        }
+        let futs: Vec<BoxFut<'_, BlockResult<()>>> = pieces
+            .iter()
+            .zip(slots.iter())
+            .map(|(p, slot)| {
+                let d = data.slice(p.buf_off..p.buf_off + p.len as usize);
+                let p = *p;
+                let slot = *slot;
+                Box::pin(async move {
+                    match slot {
+                        Some(slot) => self.ssd_write(slot, p.blk_off, d, true).await,
+                        None => {
+                            let r = self
+                                .backing
+                                .write((p.key * self.block_bytes + p.blk_off) / self.bs, d, true)
+                                .await;
+                            if r.is_err() {
+                                Counters::add(&self.counters.backing_errors, 1);
+                            }
+                            r
+                        }
+                    }
+                }) as BoxFut<'_, _>
+            })
+            .collect();
+        let results = join_all(futs).await;
+        let mut pages = Vec::new();
+        {
+            let mut st = self.state.lock();
+            for ((p, slot), r) in pieces.iter().zip(slots.iter()).zip(results.iter()) {
+                let Some(slot) = *slot else { continue };
+                if r.is_ok() {
+                    let v = st.valid.get(slot) | p.mask;
+                    st.valid.set(slot, v);
+                    let d = st.dirty.get(slot) | p.mask;
+                    st.set_dirty(slot, d);
+                    pages.push(slot / RECORDS_PER_PAGE as u32);
+                }
+                st.unpin_io(slot);
+            }
+        }
+        for r in &results {
+            if let Err(e) = r {
+                return Err(clone_err(e));
+            }
+        }
+        pages.sort_unstable();
+        pages.dedup();
+        self.persist_pages(&pages).await?;
+        if self.dirty_share() > self.cfg.dirty_low_percent as f64 / 100.0 {
+            self.destage_wake.notify_one();
+        }
+        Ok(())
+    }
+
+    async fn write_through(
+        &self,
+        pieces: &[Piece],
+        off: u64,
+        data: Bytes,
+        fua: bool,
+        bypass: bool,
+    ) -> BlockResult<()> {
+        let overlaps_dirty = {
+            let st = self.state.lock();
+            pieces.iter().any(|p| {
+                st.policy
+                    .get(p.key)
+                    .is_some_and(|s| st.dirty.get(s) & p.mask != 0)
+            })
+        };
+        let r = self
+            .backing
+            .write(off / self.bs, data.clone(), fua || overlaps_dirty)
+            .await;
+        if let Err(e) = r {
+            Counters::add(&self.counters.backing_errors, 1);
+            return Err(e);
+        }
+        // update or drop the cache's copy
+        let update = !bypass
+            && matches!(
+                self.mode(),
+                CacheMode::ReadOnly | CacheMode::WriteThrough | CacheMode::WriteBack
+            );
+        // frames whose dirty sectors this write drops stay pinned until the record
+        // saying so is durable (else the frame could be reused under a dirty record)
+        let mut dropped: Vec<u32> = Vec::new();
+        let slots: Vec<Option<u32>> = {
+            let mut st = self.state.lock();
+            pieces
+                .iter()
+                .map(|p| {
+                    let found = if update && self.mode() == CacheMode::WriteThrough {
+                        match st.policy.admit(p.key) {
+                            Access::Hit { slot } => {
+                                Counters::add(&self.counters.write_hits, 1);
+                                Some(slot)
+                            }
+                            Access::Inserted { slot, .. } => {
+                                Counters::add(&self.counters.write_misses, 1);
+                                st.reset(slot);
+                                Some(slot)
+                            }
+                            Access::Bypassed => None,
+                        }
+                    } else {
+                        let s = if update {
+                            st.policy.touch(p.key)
+                        } else {
+                            st.policy.get(p.key)
+                        };
+                        Counters::add(
+                            if s.is_some() {
+                                &self.counters.write_hits
+                            } else {
+                                &self.counters.write_misses
+                            },
+                            1,
+                        );
+                        s
+                    };
+                    let slot = found?;
+                    if update && !self.frame_lost(slot) {
+                        st.pin_io(slot);
+                        Some(slot)
+                    } else {
+                        // drop the written sectors from the cache
+                        let v = st.valid.get(slot) & !p.mask;
+                        st.valid.set(slot, v);
+                        let d = st.dirty.get(slot);
+                        if d & p.mask != 0 {
+                            st.pin_io(slot);
+                            dropped.push(slot);
+                            st.set_dirty(slot, d & !p.mask);
+                        }
+                        None
+                    }
+                })
+                .collect()
+        };
+        let futs: Vec<BoxFut<'_, BlockResult<()>>> = pieces
+            .iter()
+            .zip(slots.iter())
+            .filter_map(|(p, s)| {
+                let slot = (*s)?;
+                let d = data.slice(p.buf_off..p.buf_off + p.len as usize);
+                let p = *p;
+                Some(
+                    Box::pin(async move { self.ssd_write(slot, p.blk_off, d, false).await })
+                        as BoxFut<'_, _>,
+                )
+            })
+            .collect();
+        let results = join_all(futs).await;
+        let mut pages = Vec::new();
+        {
+            let mut st = self.state.lock();
+            let mut results = results.into_iter();
+            for (p, s) in pieces.iter().zip(slots.iter()) {
+                let Some(slot) = *s else {
+                    continue;
+                };
+                let ok = matches!(results.next(), Some(Ok(())));
+                let v = if ok {
+                    st.valid.get(slot) | p.mask
+                } else {
+                    st.valid.get(slot) & !p.mask
+                };
+                st.valid.set(slot, v);
+                let d = st.dirty.get(slot);
+                if d & p.mask != 0 {
+                    st.set_dirty(slot, d & !p.mask);
+                    pages.push(slot / RECORDS_PER_PAGE as u32);
+                }
+                st.unpin_io(slot);
+            }
+        }
+        pages.extend(dropped.iter().map(|s| s / RECORDS_PER_PAGE as u32));
+        pages.sort_unstable();
+        pages.dedup();
+        let r = self.persist_pages(&pages).await;
+        if !dropped.is_empty() {
+            let mut st = self.state.lock();
+            for slot in dropped {
+                st.unpin_io(slot);
+            }
+        }
+        r
+    }
+
+    pub(crate) fn dirty_share(&self) -> f64 {
+        self.state.lock().dirty_frames as f64 / self.frames.max(1) as f64
+    }
+
+    // ---------------------------------------------------------------- the map
+
+    /// Makes the records of `pages` durable on every live mirrored device as they
+    /// stand in memory now (group commit: one write covers every change made
+    /// before it started). A no-op for striped caches (their map is written at a
+    /// clean shutdown only).
+    pub(crate) async fn persist_pages(&self, pages: &[u32]) -> BlockResult<()> {
+        if !self.mirrored {
+            return Ok(());
+        }
+        for &page in pages {
+            let my = {
+                let mut pc = self.pages.lock();
+                let e = pc.entry(page).or_default();
+                e.want += 1;
+                e.want
+            };
+            loop {
+                let notified = self.pages_done.notified();
+                tokio::pin!(notified);
+                notified.as_mut().enable();
+                let lead = {
+                    let mut pc = self.pages.lock();
+                    let e = pc.entry(page).or_default();
+                    if e.durable >= my {
+                        break;
+                    }
+                    if e.writing {
+                        None
+                    } else {
+                        e.writing = true;
+                        Some(e.want)
+                    }
+                };
+                let Some(version) = lead else {
+                    notified.await;
+                    continue;
+                };
+                let bytes = Bytes::from(self.page_bytes(page));
+                let r = self.write_page_all(page, bytes).await;
+                {
+                    let mut pc = self.pages.lock();
+                    let e = pc.entry(page).or_default();
+                    e.writing = false;
+                    if r.is_ok() {
+                        e.durable = e.durable.max(version);
+                    }
+                }
+                self.pages_done.notify_waiters();
+                r?;
+            }
+        }
+        Ok(())
+    }
+
+    /// The encoded table page `page` of a mirrored cache, from memory.
+    fn page_bytes(&self, page: u32) -> Vec<u8> {
+        let st = self.state.lock();
+        let first = page * RECORDS_PER_PAGE as u32;
+        let last = (first + RECORDS_PER_PAGE as u32).min(self.layout.local_frames);
+        let recs: Vec<Record> = (first..last).map(|slot| st.record(slot)).collect();
+        encode_page(page, &recs)
+    }
+
+    async fn write_page_all(&self, page: u32, bytes: Bytes) -> BlockResult<()> {
+        let off = DeviceLayout::page_offset(page);
+        let futs: Vec<BoxFut<'_, BlockResult<()>>> = self
+            .devs
+            .iter()
+            .filter(|d| !d.is_failed())
+            .map(|d| {
+                let b = bytes.clone();
+                Box::pin(async move { d.write_at(off, b, true).await }) as BoxFut<'_, _>
+            })
+            .collect();
+        let results = join_all(futs).await;
+        if results.iter().any(|r| r.is_err()) {
+            self.on_device_failure();
+        }
+        if results.iter().any(|r| r.is_ok()) {
+            Ok(())
+        } else {
+            Err(BlockError::Unavailable(
+                "no cache device took the map update".into(),
+            ))
+        }
+    }
+
+    /// Writes every table page of every live device and the superblocks with `clean`.
+    pub(crate) async fn write_full_table(&self, clean: bool) -> BlockResult<()> {
+        for (d, dev) in self.devs.iter().enumerate() {
+            if dev.is_failed() {
+                continue;
+            }
+            for page in 0..self.layout.table_pages {
+                let bytes = {
+                    let st = self.state.lock();
+                    let first = page * RECORDS_PER_PAGE as u32;
+                    let last = (first + RECORDS_PER_PAGE as u32).min(self.layout.local_frames);
+                    let recs: Vec<Record> = (first..last)
+                        .map(|local| {
+                            let slot = self.slot_of_local(d, local);
+                            if slot < self.frames {
+                                st.record(slot)
+                            } else {
+                                Record::EMPTY
+                            }
+                        })
+                        .collect();
+                    encode_page(page, &recs)
+                };
+                dev.write_at(DeviceLayout::page_offset(page), Bytes::from(bytes), false)
+                    .await?;
+            }
+            dev.vol.flush().await?;
+        }
+        self.write_superblocks(|sb| sb.clean = clean).await
+    }
+
+    fn slot_of_local(&self, dev: usize, local: u32) -> u32 {
+        if self.mirrored {
+            local
+        } else {
+            local * self.devs.len() as u32 + dev as u32
+        }
+    }
+
+    /// Bumps the generation, applies `f` and writes every live device's superblock.
+    pub(crate) async fn write_superblocks(
+        &self,
+        f: impl FnOnce(&mut Superblock),
+    ) -> BlockResult<()> {
+        let sb = {
+            let mut sb = self.sb.lock();
+            sb.generation += 1;
+            sb.partner_failed = self.mirrored && self.live_devices() < self.devs.len();
+            f(&mut sb);
+            sb.clone()
+        };
+        let mut ok = 0;
+        for (i, dev) in self.devs.iter().enumerate() {
+            if dev.is_failed() {
+                continue;
+            }
+            let mut mine = sb.clone();
+            mine.device_index = i as u8;
+            if dev.write_superblock(&mine).await.is_ok() {
+                ok += 1;
+            }
+        }
+        if ok == 0 {
+            return Err(BlockError::Unavailable("no cache device left".into()));
+        }
+        Ok(())
+    }
+
+    pub(crate) fn status(&self) -> CacheStatus {
+        let now = self.counters.snapshot();
+        let rates = stats::rates(now, self.window.lock().oldest());
+        let st = self.state.lock();
+        let map = st.policy.memory_bytes() + st.valid.memory_bytes() + st.dirty.memory_bytes();
+        let capacity_bytes = self.frames as u64 * self.block_bytes;
+        let (curve, advice, advisor_mem) = match &st.advisor {
+            Some(a) => (
+                a.curve()
+                    .iter()
+                    .map(|p| AdvicePoint {
+                        cache_bytes: p.cache_blocks * self.block_bytes,
+                        hit_ratio: p.hit_ratio,
+                    })
+                    .collect(),
+                a.recommend(0.9).map(|b| b * self.block_bytes),
+                a.memory_bytes() as u64,
+            ),
+            None => (Vec::new(), None, 0),
+        };
+        let state = if self.live_devices() == 0 {
+            "failed: no cache device left (serving from the backing volume)".to_string()
+        } else if self.degraded.load(Ordering::Acquire) {
+            "degraded: a mirror device failed, write-through until repaired".to_string()
+        } else if self.drain.load(Ordering::Acquire) {
+            "draining: destaging every dirty block".to_string()
+        } else {
+            "ok".to_string()
+        };
+        CacheStatus {
+            name: self.name.clone(),
+            mode: self.cfg.mode.name().to_string(),
+            state,
+            block_bytes: self.block_bytes as u32,
+            frames: self.frames,
+            capacity_bytes,
+            cached_blocks: st.policy.len() as u64,
+            valid_bytes: (0..self.frames)
+                .filter(|&f| st.policy.key_of(f).is_some())
+                .map(|f| st.valid.get(f).count_ones() as u64 * SECTOR_BYTES)
+                .sum(),
+            occupancy_percent: 100.0 * st.policy.len() as f64 / self.frames.max(1) as f64,
+            dirty_blocks: st.dirty_frames as u64,
+            dirty_bytes: st.dirty_sectors * SECTOR_BYTES,
+            read_hits: now.read_hits,
+            read_misses: now.read_misses,
+            write_hits: now.write_hits,
+            write_misses: now.write_misses,
+            read_hit_ratio: rates.read,
+            write_hit_ratio: rates.write,
+            recent_read_hit_ratio: rates.recent_read,
+            recent_write_hit_ratio: rates.recent_write,
+            bypassed_reads: self.counters.bypassed_reads.load(Ordering::Relaxed),
+            bypassed_writes: self.counters.bypassed_writes.load(Ordering::Relaxed),
+            fills: self.counters.fills.load(Ordering::Relaxed),
+            destaged_bytes: now.destaged_bytes,
+            destage_mb_s: rates.destage_mb_s,
+            destage_errors: self.counters.destage_errors.load(Ordering::Relaxed),
+            backing_errors: self.counters.backing_errors.load(Ordering::Relaxed),
+            devices: self
+                .devs
+                .iter()
+                .map(|d| DeviceStatus {
+                    name: d.name.clone(),
+                    state: if d.is_failed() { "failed" } else { "ok" }.to_string(),
+                })
+                .collect(),
+            map_memory_bytes: map as u64,
+            map_bytes_per_gib: if capacity_bytes == 0 {
+                0
+            } else {
+                (map as u128 * (1u128 << 30) / capacity_bytes as u128) as u64
+            },
+            advisor_memory_bytes: advisor_mem,
+            advisor_curve: curve,
+            advisor_bytes_for_90_percent: advice,
+        }
+    }
+
+    pub(crate) async fn lock_for_destage(
+        &self,
+        keys: &[u64],
+    ) -> Vec<tokio::sync::RwLockReadGuard<'_, ()>> {
+        self.lock_shared(keys).await
+    }
+
+    pub(crate) fn frame_read<'a>(
+        &'a self,
+        slot: u32,
+        off: u64,
+        len: u64,
+    ) -> BoxFut<'a, BlockResult<Bytes>> {
+        Box::pin(self.ssd_read(slot, off, len))
+    }
+}
+
+/// Copies the sectors in `mask` from `src` (which starts at block offset `src_off`)
+/// into `dst` (which starts at block offset `dst_off`), clipped to both buffers.
+fn overlay(dst: &mut [u8], dst_off: u64, src: &[u8], src_off: u64, mask: u64) {
+    let mut m = mask;
+    while m != 0 {
+        let s = m.trailing_zeros() as u64;
+        m &= m - 1;
+        let a = (s * SECTOR_BYTES).max(dst_off).max(src_off);
+        let b = ((s + 1) * SECTOR_BYTES)
+            .min(dst_off + dst.len() as u64)
+            .min(src_off + src.len() as u64);
+        if a < b {
+            dst[(a - dst_off) as usize..(b - dst_off) as usize]
+                .copy_from_slice(&src[(a - src_off) as usize..(b - src_off) as usize]);
+        }
+    }
+}
+
+fn clone_err(e: &BlockError) -> BlockError {
+    match e {
+        BlockError::OutOfRange {
+            lba,
+            blocks,
+            block_count,
+        } => BlockError::OutOfRange {
+            lba: *lba,
+            blocks: *blocks,
+            block_count: *block_count,
+        },
+        BlockError::Misaligned { len_bytes } => BlockError::Misaligned {
+            len_bytes: *len_bytes,
+        },
+        BlockError::Medium { lba } => BlockError::Medium { lba: *lba },
+        BlockError::WriteFault { lba } => BlockError::WriteFault { lba: *lba },
+        BlockError::ReadOnly => BlockError::ReadOnly,
+        BlockError::NotSupported(s) => BlockError::NotSupported(s),
+        BlockError::Unavailable(s) => BlockError::Unavailable(s.clone()),
+        BlockError::Io(e) => BlockError::Io(std::io::Error::new(e.kind(), e.to_string())),
+    }
+}
+
+impl CacheVolume {
+    /// Opens (or, on blank devices, creates) the cache `name` over `backing`.
+    ///
+    /// Write-back needs exactly two devices (mirrored); the other modes stripe over
+    /// one or more. Existing devices are recognised by their superblocks: after a
+    /// clean shutdown every cached block comes back; after a crash a write-back
+    /// cache reloads its dirty blocks (and destages them) and the other modes start
+    /// empty. A cache that holds dirty data refuses to open with a different block
+    /// size, device count or backing size.
+    pub async fn open(
+        name: &str,
+        backing: VolumeRef,
+        devices: Vec<CacheDevice>,
+        cfg: CacheConfig,
+    ) -> BlockResult<CacheVolume> {
+        cfg.validate().map_err(BlockError::Unavailable)?;
+        let geo = backing.geometry();
+        let bs = geo.block_size_bytes as u64;
+        if !SECTOR_BYTES.is_multiple_of(bs) || !geo.size_bytes().is_multiple_of(SECTOR_BYTES) {
+            return Err(BlockError::Unavailable(format!(
+                "cache {name}: the backing volume's block size ({bs}) must divide 4096 and its size be a multiple of 4 KiB"
+            )));
+        }
+        let mirrored = cfg.mode == CacheMode::WriteBack;
+        if mirrored && devices.len() != 2 {
+            return Err(BlockError::Unavailable(format!(
+                "cache {name}: write-back needs two devices (a mirror), got {}",
+                devices.len()
+            )));
+        }
+        if devices.is_empty() || devices.len() > 16 {
+            return Err(BlockError::Unavailable(format!(
+                "cache {name}: needs 1..=16 devices"
+            )));
+        }
+        let devs: Vec<Device> = devices
+            .into_iter()
+            .map(|d| Device::new(d.name, d.volume))
+            .collect();
+        let block_bytes = cfg.block_bytes as u64;
+        let min_dev = devs.iter().map(|d| d.size_bytes()).min().unwrap_or(0);
+        let mut local = DeviceLayout::fitting(min_dev, block_bytes);
+        if let Some(limit) = cfg.size_bytes {
+            let want = (limit / block_bytes) as u32;
+            let per_dev = if mirrored {
+                want
+            } else {
+                want.div_ceil(devs.len() as u32)
+            };
+            local = local.min(per_dev);
+        }
+        if local == 0 {
+            return Err(BlockError::Unavailable(format!(
+                "cache {name}: devices too small for one {block_bytes}-byte frame"
+            )));
+        }
+        let layout = DeviceLayout::for_frames(local, block_bytes);
+        let frames = if mirrored {
+            local
+        } else {
+            local * devs.len() as u32
+        };
+        let spb = (block_bytes / SECTOR_BYTES) as u32;
+
+        // what the devices say
+        let mut sbs = Vec::new();
+        for d in &devs {
+            sbs.push(d.read_superblock().await.unwrap_or(None));
+        }
+        let newest = sbs.iter().flatten().max_by_key(|s| s.generation).cloned();
+        let advisor = cfg.advisor.then(|| {
+            let backing_blocks = geo.size_bytes().div_ceil(block_bytes).max(1);
+            let lo = (frames as u64 / 16).max(64);
+            let hi = backing_blocks.max(lo * 2);
+            let mut ac = AdvisorConfig::geometric(lo, hi, 12);
+            ac.policy = cfg.policy;
+            ac.admission = cfg.admission;
+            Advisor::new(&ac)
+        });
+        let state = State {
+            policy: cfg.policy.build_with(cfg.admission, frames as usize),
+            valid: FrameBits::new(frames as usize, spb),
+            dirty: FrameBits::new(frames as usize, spb),
+            io_pins: HashMap::new(),
+            dirty_frames: 0,
+            dirty_sectors: 0,
+            advisor,
+        };
+        let sb = Superblock {
+            cache_id: newest
+                .as_ref()
+                .map(|s| s.cache_id)
+                .unwrap_or_else(rand::random),
+            generation: newest.as_ref().map(|s| s.generation).unwrap_or(0),
+            mode: cfg.mode,
+            block_bytes: cfg.block_bytes,
+            frames,
+            device_count: devs.len() as u8,
+            device_index: 0,
+            mirrored,
+            backing_bytes: geo.size_bytes(),
+            clean: false,
+            partner_failed: false,
+        };
+        let mut out_geo = geo;
+        out_geo.thin = false;
+        let inner = Arc::new(Inner {
+            name: name.to_string(),
+            backing,
+            devs,
+            mirrored,
+            layout,
+            geo: out_geo,
+            bs,
+            block_bytes,
+            frames,
+            state: Mutex::new(state),
+            locks: (0..LOCK_STRIPES).map(|_| RwLock::new(())).collect(),
+            counters: Counters::default(),
+            window: Mutex::new(Window::default()),
+            seq: Mutex::new(SeqDetector::new(cfg.seq_cutoff_bytes)),
+            pages: Mutex::new(HashMap::new()),
+            pages_done: Notify::new(),
+            destage_wake: Notify::new(),
+            destage_progress: Notify::new(),
+            fg_inflight: AtomicUsize::new(0),
+            fg_last: Mutex::new(Instant::now()),
+            sb: Mutex::new(sb),
+            degraded: AtomicBool::new(false),
+            drain: AtomicBool::new(false),
+            stopping: AtomicBool::new(false),
+            gate: RwLock::new(()),
+            cfg,
+        });
+        if let Some(old) = newest {
+            inner.load(&old, &sbs).await?;
+        } else {
+            tracing::info!(cache = %name, frames, block_bytes, "formatting new cache devices");
+        }
+        // fresh table on the devices for what is loaded, then "not clean" until a
+        // clean shutdown writes the whole table again
+        inner.write_full_table(false).await?;
+        let vol = CacheVolume {
+            inner: inner.clone(),
+            tasks: Mutex::new(Vec::new()),
+        };
+        vol.tasks
+            .lock()
+            .push(tokio::spawn(crate::destage::run(inner.clone())));
+        vol.tasks
+            .lock()
+            .push(tokio::spawn(crate::destage::tick(inner)));
+        Ok(vol)
+    }
+
+    /// The cache's status and statistics.
+    pub fn status(&self) -> CacheStatus {
+        self.inner.status()
+    }
+
+    /// The backing volume.
+    pub fn backing(&self) -> VolumeRef {
+        self.inner.backing.clone()
+    }
+
+    /// Destages every dirty block and returns when none is left (new writes go to
+    /// the backing volume meanwhile). Used before detaching.
+    pub async fn drain(&self) -> BlockResult<()> {
+        self.inner.drain.store(true, Ordering::Release);
+        loop {
+            let progress = self.inner.destage_progress.notified();
+            tokio::pin!(progress);
+            progress.as_mut().enable();
+            if self.inner.state.lock().dirty_frames == 0 {
+                return Ok(());
+            }
+            if self.inner.live_devices() == 0 {
+                return Err(BlockError::Unavailable(
+                    "no cache device left: dirty data cannot be destaged".into(),
+                ));
+            }
+            self.inner.destage_wake.notify_one();
+            progress.await;
+        }
+    }
+
+    /// Stops the cache cleanly: waits for requests in flight, stops destaging and
+    /// writes the whole map (so the next start finds every cached block).
+    pub async fn shutdown(&self) -> BlockResult<()> {
+        let _gate = self.inner.gate.write().await;
+        self.inner.stopping.store(true, Ordering::Release);
+        self.inner.destage_wake.notify_one();
+        let tasks: Vec<_> = std::mem::take(&mut *self.inner_tasks());
+        for t in tasks {
+            t.abort();
+            let _ = t.await;
+        }
+        self.inner.write_full_table(true).await
+    }
+
+    fn inner_tasks(&self) -> parking_lot::MutexGuard<'_, Vec<tokio::task::JoinHandle<()>>> {
+        self.tasks.lock()
+    }
+
+    /// Marks cache device `index` failed (an operator pulling it, or a test).
+    pub fn fail_device(&self, index: usize) {
+        if let Some(d) = self.inner.devs.get(index) {
+            d.fail(&BlockError::Unavailable("failed by request".into()));
+            self.inner.on_device_failure();
+        }
+    }
+}
+
+impl Drop for CacheVolume {
+    fn drop(&mut self) {
+        for t in self.tasks.lock().drain(..) {
+            t.abort();
+        }
+    }
+}
+
+impl Inner {
+    /// Loads the map an earlier run left on the devices.
+    async fn load(&self, old: &Superblock, sbs: &[Option<Superblock>]) -> BlockResult<()> {
+        let same_shape = old.block_bytes as u64 == self.block_bytes
+            && old.device_count as usize == self.devs.len()
+            && old.mirrored == self.mirrored
+            && old.frames == self.frames
+            && old.backing_bytes == self.geo.size_bytes();
+        // devices whose superblock is older than the newest (a mirror half that
+        // failed earlier) or missing are not trusted
+        for (d, sb) in self.devs.iter().zip(sbs) {
+            match sb {
+                Some(s) if s.cache_id == old.cache_id && s.generation == old.generation => {}
+                Some(s) if s.cache_id == old.cache_id && old.partner_failed => {
+                    d.fail(&BlockError::Unavailable(format!(
+                        "stale mirror half (generation {} < {})",
+                        s.generation, old.generation
+                    )));
+                }
+                _ if old.partner_failed || old.mode == CacheMode::WriteBack => {
+                    d.fail(&BlockError::Unavailable("not part of this cache".into()));
+                }
+                _ => {}
+            }
+        }
+        let dirty_possible = old.mode == CacheMode::WriteBack;
+        if !same_shape {
+            if dirty_possible && !old.clean {
+                // it may hold dirty data: refuse rather than lose it
+                if self.scan_dirty(old).await? {
+                    return Err(BlockError::Unavailable(format!(
+                        "cache {}: the devices hold dirty data of a cache with another shape \
+                         (block {} bytes, {} devices, {} frames); restore that configuration \
+                         and detach it first",
+                        self.name, old.block_bytes, old.device_count, old.frames
+                    )));
+                }
+            }
+            tracing::info!(cache = %self.name, "cache shape changed: starting empty");
+            return Ok(());
+        }
+        if !old.clean && !dirty_possible {
+            tracing::info!(cache = %self.name, "cache was not shut down cleanly: starting empty");
+            return Ok(());
+        }
+        let mut entries = Vec::new();
+        let mut bits = Vec::new();
+        for (d, dev) in self.devs.iter().enumerate() {
+            if dev.is_failed() {
+                continue;
+            }
+            for page in 0..self.layout.table_pages {
+                let raw = dev.read_page(page).await?;
+                let dec = decode_page(page, &raw);
+                let Some(recs) = dec else {
+                    if old.clean || self.mirrored {
+                        tracing::warn!(cache = %self.name, page, "table page unreadable");
+                    }
+                    if dirty_possible && !old.clean && self.live_devices() == 1 {
+                        return Err(BlockError::Unavailable(format!(
+                            "cache {}: table page {page} is damaged on the only copy",
+                            self.name
+                        )));
+                    }
+                    continue;
+                };
+                for (i, r) in recs.iter().enumerate() {
+                    let local = page * RECORDS_PER_PAGE as u32 + i as u32;
+                    if local >= self.layout.local_frames || r.key == NO_KEY {
+                        continue;
+                    }
+                    let slot = self.slot_of_local(d, local);
+                    let (valid, dirty) = if old.clean {
+                        (r.valid, r.dirty)
+                    } else {
+                        (r.dirty, r.dirty)
+                    };
+                    if valid == 0 || r.key * self.block_bytes >= self.geo.size_bytes() {
+                        continue;
+                    }
+                    entries.push((slot, r.key));
+                    bits.push((slot, valid, dirty));
+                }
+            }
+            if self.mirrored {
+                break; // one copy's table is the map
+            }
+        }
+        entries.sort_unstable();
+        entries.dedup_by_key(|e| e.0);
+        let mut seen = std::collections::HashSet::new();
+        entries.retain(|e| seen.insert(e.1));
+        let mut st = self.state.lock();
+        st.policy.restore(&entries);
+        for (slot, valid, dirty) in bits {
+            if st.policy.key_of(slot).is_some() {
+                st.valid.set(slot, valid);
+                st.set_dirty(slot, dirty);
+            }
+        }
+        tracing::info!(
+            cache = %self.name,
+            blocks = entries.len(),
+            dirty = st.dirty_frames,
+            clean_shutdown = old.clean,
+            "cache map loaded"
+        );
+        if st.dirty_frames > 0 {
+            self.destage_wake.notify_one();
+        }
+        if self.mirrored && self.live_devices() < self.devs.len() {
+            self.degraded.store(true, Ordering::Release);
+        }
+        Ok(())
+    }
+
+    /// Whether any table record of the old shape marks dirty sectors.
+    async fn scan_dirty(&self, old: &Superblock) -> BlockResult<bool> {
+        let local = if old.mirrored {
+            old.frames
+        } else {
+            old.frames.div_ceil(old.device_count.max(1) as u32)
+        };
+        let pages = DeviceLayout::for_frames(local, old.block_bytes as u64).table_pages;
+        for dev in &self.devs {
+            if dev.is_failed() {
+                continue;
+            }
+            for page in 0..pages {
+                let raw = dev.read_page(page).await?;
+                match decode_page(page, &raw) {
+                    Some(recs) => {
+                        if recs.iter().any(|r| r.key != NO_KEY && r.dirty != 0) {
+                            return Ok(true);
+                        }
+                    }
+                    None => return Ok(true),
+                }
+            }
+        }
+        Ok(false)
+    }
+}
+
+#[async_trait]
+impl Volume for CacheVolume {
+    fn geometry(&self) -> Geometry {
+        self.inner.geo
+    }
+
+    async fn read(&self, lba: u64, blocks: u32) -> BlockResult<Bytes> {
+        let i = &*self.inner;
+        i.geo.check_range(lba, blocks as u64)?;
+        let _gate = i.gate.read().await;
+        let _fg = i.fg();
+        let off = lba * i.bs;
+        let len = blocks as u64 * i.bs;
+        let bypass = i.seq.lock().observe(off, len);
+        Ok(i.read_bytes(off, len, bypass).await?.freeze())
+    }
+
+    async fn write(&self, lba: u64, data: Bytes, fua: bool) -> BlockResult<()> {
+        let i = &*self.inner;
+        let blocks = i.geo.blocks_in(data.len())?;
+        i.geo.check_range(lba, blocks)?;
+        if blocks == 0 {
+            return Ok(());
+        }
+        let _gate = i.gate.read().await;
+        let _fg = i.fg();
+        i.write_bytes(lba * i.bs, data, fua).await
+    }
+
+    async fn flush(&self) -> BlockResult<()> {
+        // write-back data is durable when acknowledged; what went to the backing
+        // volume is made durable there
+        self.inner.backing.flush().await
+    }
+
+    async fn discard(&self, lba: u64, blocks: u64) -> BlockResult<()> {
+        let i = &*self.inner;
+        i.geo.check_range(lba, blocks)?;
+        let _gate = i.gate.read().await;
+        let _fg = i.fg();
+        let off = lba * i.bs;
+        let len = blocks * i.bs;
+        let pieces = i.pieces(off, len);
+        let keys: Vec<u64> = pieces.iter().map(|p| p.key).collect();
+        let _locks = i.lock_exclusive(&keys).await;
+        i.backing.discard(lba, blocks).await?;
+        // drop only sectors the discard covers whole; the rest stays as it was
+        let mut pages = Vec::new();
+        let mut dropped = Vec::new();
+        {
+            let mut st = i.state.lock();
+            for p in &pieces {
+                let first = p.blk_off.div_ceil(SECTOR_BYTES) as u32;
+                let end = ((p.blk_off + p.len) / SECTOR_BYTES) as u32;
+                let end = if p.blk_off + p.len == i.block_len(p.key) {
+                    (p.blk_off + p.len).div_ceil(SECTOR_BYTES) as u32
+                } else {
+                    end
+                };
+                if end <= first {
+                    continue;
+                }
+                let m = range_mask(first, end - first);
+                if let Some(slot) = st.policy.get(p.key) {
+                    let v = st.valid.get(slot) & !m;
+                    st.valid.set(slot, v);
+                    let d = st.dirty.get(slot);
+                    if d & m != 0 {
+                        st.pin_io(slot);
+                        dropped.push(slot);
+                        st.set_dirty(slot, d & !m);
+                        pages.push(slot / RECORDS_PER_PAGE as u32);
+                    }
+                }
+            }
+        }
+        pages.sort_unstable();
+        pages.dedup();
+        let mut r = Ok(());
+        if !pages.is_empty() {
+            // the backing volume must hold the discard before the cache forgets
+            r = i.backing.flush().await;
+            if r.is_ok() {
+                r = i.persist_pages(&pages).await;
+            }
+        }
+        let mut st = i.state.lock();
+        for slot in dropped {
+            st.unpin_io(slot);
+        }
+        r
+    }
+}

@@ -1,0 +1,343 @@
+//! The cache volume against an oracle, across modes, crashes and device failures.
+
+use block::{Bytes, CrashSimVolume, FaultVolume, MemVolume, Volume, VolumeRef};
+use cache::{CacheConfig, CacheDevice, CacheMode, CacheVolume};
+use std::sync::Arc;
+use std::time::Duration;
+
+const BACKING_BYTES: u64 = 8 << 20;
+const BLOCK: u32 = 16 * 1024;
+
+struct Rng(u64);
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+}
+
+fn cfg(mode: CacheMode) -> CacheConfig {
+    CacheConfig {
+        mode,
+        block_bytes: BLOCK,
+        // small enough that the workload evicts
+        size_bytes: Some(1 << 20),
+        // the random workloads below issue up to 384K requests in a 2 MiB hot region:
+        // only a long run counts as a stream
+        seq_cutoff_bytes: 4 << 20,
+        ..CacheConfig::default()
+    }
+}
+
+fn devices(vols: &[VolumeRef]) -> Vec<CacheDevice> {
+    vols.iter()
+        .enumerate()
+        .map(|(i, v)| CacheDevice {
+            name: format!("ssd{i}"),
+            volume: v.clone(),
+        })
+        .collect()
+}
+
+fn pattern(seed: u64, len: usize) -> Bytes {
+    let mut r = Rng(seed | 1);
+    Bytes::from((0..len).map(|_| r.next() as u8).collect::<Vec<u8>>())
+}
+
+/// Random reads, writes (aligned and not), discards and flushes; every read must
+/// match the oracle. Returns the number of reads checked.
+async fn exercise(vol: &dyn Volume, oracle: &MemVolume, seed: u64, ops: usize) -> usize {
+    let g = vol.geometry();
+    let bs = g.block_size_bytes as u64;
+    let blocks = g.block_count;
+    let mut rng = Rng(seed);
+    let mut reads = 0;
+    for i in 0..ops {
+        // most I/O within a hot quarter, some anywhere, some long sequential runs
+        let lba = match rng.below(10) {
+            0..=5 => rng.below(blocks / 4),
+            6..=8 => rng.below(blocks),
+            _ => (i as u64 * 64) % blocks,
+        };
+        let max = (blocks - lba).min(96);
+        let n = 1 + rng.below(max);
+        match rng.below(10) {
+            0..=4 => {
+                let got = vol.read(lba, n as u32).await.unwrap();
+                let want = oracle.read(lba, n as u32).await.unwrap();
+                assert!(got == want, "read {lba}+{n} differs (op {i})");
+                reads += 1;
+            }
+            5..=8 => {
+                let data = pattern(rng.next(), (n * bs) as usize);
+                let fua = rng.below(4) == 0;
+                vol.write(lba, data.clone(), fua).await.unwrap();
+                oracle.write(lba, data, false).await.unwrap();
+            }
+            _ => {
+                vol.flush().await.unwrap();
+            }
+        }
+    }
+    reads
+}
+
+async fn verify_all(vol: &dyn Volume, oracle: &MemVolume) {
+    let g = vol.geometry();
+    let step = 128u64;
+    let mut lba = 0;
+    while lba < g.block_count {
+        let n = step.min(g.block_count - lba) as u32;
+        let got = vol.read(lba, n).await.unwrap();
+        let want = oracle.read(lba, n).await.unwrap();
+        assert!(got == want, "block range {lba}+{n} differs");
+        lba += n as u64;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_mode_reads_back_what_was_written() {
+    for bs in [512u32, 4096] {
+        for mode in [
+            CacheMode::ReadOnly,
+            CacheMode::WriteThrough,
+            CacheMode::WriteAround,
+            CacheMode::WriteBack,
+        ] {
+            let blocks = BACKING_BYTES / bs as u64;
+            let backing: VolumeRef = Arc::new(MemVolume::new(bs, blocks));
+            let n = if mode == CacheMode::WriteBack { 2 } else { 3 };
+            let ssds: Vec<VolumeRef> = (0..n)
+                .map(|_| Arc::new(MemVolume::new(4096, 1 << 10)) as VolumeRef)
+                .collect();
+            let oracle = MemVolume::new(bs, blocks);
+            let vol = CacheVolume::open("t", backing.clone(), devices(&ssds), cfg(mode))
+                .await
+                .unwrap();
+            let reads = exercise(&vol, &oracle, 42 + bs as u64, 3000).await;
+            assert!(reads > 1000);
+            let st = vol.status();
+            assert!(st.read_hits > 0, "{mode}: no read hit at all");
+            assert!(st.cached_blocks > 0);
+            verify_all(&vol, &oracle).await;
+            // everything reaches the backing volume after a drain
+            vol.drain().await.unwrap();
+            assert_eq!(vol.status().dirty_blocks, 0);
+            verify_all(backing.as_ref(), &oracle).await;
+            if mode == CacheMode::WriteBack {
+                assert!(vol.status().destaged_bytes > 0);
+            }
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn write_back_survives_power_loss_of_both_ssds() {
+    let backing = Arc::new(CrashSimVolume::new(4096, BACKING_BYTES / 4096));
+    let ssds: Vec<Arc<CrashSimVolume>> = (0..2)
+        .map(|_| Arc::new(CrashSimVolume::new(4096, 1 << 10)))
+        .collect();
+    let ssd_refs: Vec<VolumeRef> = ssds.iter().map(|s| s.clone() as VolumeRef).collect();
+    let oracle = MemVolume::new(4096, BACKING_BYTES / 4096);
+    let mut c = cfg(CacheMode::WriteBack);
+    // keep most data dirty in the cache
+    c.dirty_low_percent = 90;
+    c.dirty_high_percent = 95;
+    for round in 0..4u64 {
+        let vol = CacheVolume::open("t", backing.clone(), devices(&ssd_refs), c.clone())
+            .await
+            .unwrap();
+        if round > 0 {
+            // what was acknowledged before the crash is all there
+            verify_all(&vol, &oracle).await;
+        }
+        let mut rng = Rng(round + 7);
+        for _ in 0..400 {
+            let lba = rng.below(BACKING_BYTES / 4096 / 4);
+            let n = 1 + rng.below(8);
+            let data = pattern(rng.next(), (n * 4096) as usize);
+            vol.write(lba, data.clone(), false).await.unwrap();
+            oracle.write(lba, data, false).await.unwrap();
+        }
+        assert!(
+            vol.status().dirty_blocks > 0,
+            "round {round}: nothing dirty"
+        );
+        // the backing volume has a volatile cache, which the cache volume reports:
+        // writes that went straight to it are durable after a flush. The flush does
+        // not touch the SSDs: what is dirty there must already be durable.
+        vol.flush().await.unwrap();
+        // power loss: nothing volatile survives anywhere, no clean shutdown
+        drop(vol);
+        for s in &ssds {
+            s.crash();
+        }
+        backing.crash();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn losing_one_mirror_ssd_loses_nothing_and_goes_write_through() {
+    let backing: VolumeRef = Arc::new(MemVolume::new(4096, BACKING_BYTES / 4096));
+    let faulty: Vec<Arc<FaultVolume>> = (0..2)
+        .map(|_| Arc::new(FaultVolume::new(Arc::new(MemVolume::new(4096, 1 << 10)))))
+        .collect();
+    let refs: Vec<VolumeRef> = faulty.iter().map(|f| f.clone() as VolumeRef).collect();
+    let oracle = MemVolume::new(4096, BACKING_BYTES / 4096);
+    let mut c = cfg(CacheMode::WriteBack);
+    c.dirty_low_percent = 90;
+    c.dirty_high_percent = 95;
+    let vol = CacheVolume::open("t", backing.clone(), devices(&refs), c)
+        .await
+        .unwrap();
+    exercise(&vol, &oracle, 9, 800).await;
+    assert!(vol.status().dirty_blocks > 0);
+    // the first SSD dies under I/O
+    faulty[0].plan().lock().dead = true;
+    exercise(&vol, &oracle, 10, 1500).await;
+    let st = vol.status();
+    assert!(st.state.starts_with("degraded"), "{}", st.state);
+    assert_eq!(st.devices[0].state, "failed");
+    verify_all(&vol, &oracle).await;
+    // the survivor destages everything on its own
+    tokio::time::timeout(Duration::from_secs(30), async {
+        while vol.status().dirty_blocks > 0 {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await
+    .expect("destage from the survivor");
+    verify_all(backing.as_ref(), &oracle).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failing_backing_volume_keeps_dirty_data_and_reports_it() {
+    let fault = Arc::new(FaultVolume::new(Arc::new(MemVolume::new(
+        4096,
+        BACKING_BYTES / 4096,
+    ))));
+    let ssds: Vec<VolumeRef> = (0..2)
+        .map(|_| Arc::new(MemVolume::new(4096, 1 << 10)) as VolumeRef)
+        .collect();
+    let oracle = MemVolume::new(4096, BACKING_BYTES / 4096);
+    let mut c = cfg(CacheMode::WriteBack);
+    c.dirty_low_percent = 0;
+    let vol = CacheVolume::open("t", fault.clone(), devices(&ssds), c)
+        .await
+        .unwrap();
+    #[allow(clippy::single_range_in_vec_init)]
+    let everything = vec![0..u64::MAX];
+    fault.plan().lock().bad_write_blocks = everything;
+    for i in 0..20u64 {
+        let data = pattern(i, 8192);
+        vol.write(i * 2, data.clone(), false).await.unwrap();
+        oracle.write(i * 2, data, false).await.unwrap();
+    }
+    tokio::time::timeout(Duration::from_secs(20), async {
+        while vol.status().destage_errors == 0 {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await
+    .expect("destage errors are reported");
+    let st = vol.status();
+    assert!(st.dirty_blocks > 0, "dirty data must stay");
+    for i in 0..20u64 {
+        assert!(vol.read(i * 2, 2).await.unwrap() == oracle.read(i * 2, 2).await.unwrap());
+    }
+    // the disk comes back: everything lands
+    fault.plan().lock().bad_write_blocks.clear();
+    tokio::time::timeout(Duration::from_secs(30), vol.drain())
+        .await
+        .unwrap()
+        .unwrap();
+    for i in 0..20u64 {
+        assert!(fault.read(i * 2, 2).await.unwrap() == oracle.read(i * 2, 2).await.unwrap());
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_clean_restart_keeps_a_read_cache_warm_and_a_crash_starts_it_empty() {
+    let backing: VolumeRef = Arc::new(MemVolume::new(4096, BACKING_BYTES / 4096));
+    let ssds: Vec<VolumeRef> = (0..2)
+        .map(|_| Arc::new(MemVolume::new(4096, 1 << 10)) as VolumeRef)
+        .collect();
+    let oracle = MemVolume::new(4096, BACKING_BYTES / 4096);
+    let c = cfg(CacheMode::ReadOnly);
+    let vol = CacheVolume::open("t", backing.clone(), devices(&ssds), c.clone())
+        .await
+        .unwrap();
+    exercise(&vol, &oracle, 3, 1000).await;
+    let before = vol.status();
+    assert!(before.cached_blocks > 10 && before.valid_bytes > 0);
+    vol.shutdown().await.unwrap();
+    drop(vol);
+    let vol = CacheVolume::open("t", backing.clone(), devices(&ssds), c.clone())
+        .await
+        .unwrap();
+    let after = vol.status();
+    assert_eq!(
+        after.valid_bytes, before.valid_bytes,
+        "warm after a clean restart"
+    );
+    assert!(after.cached_blocks > 10);
+    verify_all(&vol, &oracle).await;
+    assert!(vol.status().read_hits > 0);
+    // a crash (no shutdown): a read cache cannot trust its map and starts empty
+    drop(vol);
+    let vol = CacheVolume::open("t", backing.clone(), devices(&ssds), c)
+        .await
+        .unwrap();
+    assert_eq!(vol.status().cached_blocks, 0);
+    verify_all(&vol, &oracle).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sequential_streams_bypass_the_cache() {
+    let backing: VolumeRef = Arc::new(MemVolume::new(4096, BACKING_BYTES / 4096));
+    let ssds: Vec<VolumeRef> = vec![Arc::new(MemVolume::new(4096, 1 << 10))];
+    let mut c = cfg(CacheMode::ReadOnly);
+    c.seq_cutoff_bytes = 256 * 1024;
+    let vol = CacheVolume::open("t", backing, devices(&ssds), c)
+        .await
+        .unwrap();
+    for i in 0..64u64 {
+        vol.read(i * 16, 16).await.unwrap();
+    }
+    let st = vol.status();
+    // the first 256K of the stream go through the cache, the rest bypass
+    assert_eq!(st.bypassed_reads, 64 - 4, "{st:?}");
+    assert!(st.fills <= 4 * 4);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dirty_cache_refuses_another_shape() {
+    let backing: VolumeRef = Arc::new(MemVolume::new(4096, BACKING_BYTES / 4096));
+    let ssds: Vec<VolumeRef> = (0..2)
+        .map(|_| Arc::new(MemVolume::new(4096, 1 << 10)) as VolumeRef)
+        .collect();
+    let mut c = cfg(CacheMode::WriteBack);
+    c.dirty_low_percent = 90;
+    c.dirty_high_percent = 95;
+    let vol = CacheVolume::open("t", backing.clone(), devices(&ssds), c.clone())
+        .await
+        .unwrap();
+    vol.write(0, pattern(1, 4096), false).await.unwrap();
+    drop(vol);
+    let mut other = c.clone();
+    other.block_bytes = 64 * 1024;
+    assert!(
+        CacheVolume::open("t", backing.clone(), devices(&ssds), other)
+            .await
+            .is_err()
+    );
+    let vol = CacheVolume::open("t", backing, devices(&ssds), c)
+        .await
+        .unwrap();
+    assert_eq!(vol.read(0, 1).await.unwrap(), pattern(1, 4096));
+}
