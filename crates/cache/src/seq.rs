@@ -117,7 +117,7 @@ mod tests {
         let mut last = [false; 4];
         for i in 0..40u64 {
             for (s, l) in last.iter_mut().enumerate() {
-                *l = d.observe((s as u64) << 32 | i * 65536, 65536);
+                *l = d.observe(((s as u64) << 32) | (i * 65536), 65536);
             }
         }
         assert_eq!(last, [true; 4]);
