@@ -97,6 +97,41 @@ pub trait Control: Send + Sync + 'static {
     fn pool(&self, name: &str) -> Option<Value>;
     /// Carries out an action on a pool; answers with the pool's new status.
     async fn pool_action(&self, name: &str, action: PoolAction) -> Result<Value, ApiError>;
+    /// Every SSD cache's status (hit rates, dirty bytes, destage rate, advisor).
+    fn caches(&self) -> Vec<Value> {
+        Vec::new()
+    }
+    /// One cache's status.
+    fn cache(&self, _name: &str) -> Option<Value> {
+        None
+    }
+    /// Marks cache device `device` (its position) failed, as pulling it would.
+    async fn cache_fail_device(&self, name: &str, _device: usize) -> Result<Value, ApiError> {
+        Err(ApiError::NotFound(format!("no cache named {name:?}")))
+    }
+}
+
+#[derive(Deserialize)]
+struct DeviceBody {
+    device: usize,
+}
+
+async fn cache_fail(
+    State(c): State<Ctl>,
+    Path(name): Path<String>,
+    Json(b): Json<DeviceBody>,
+) -> Result<Json<Value>, ApiError> {
+    c.cache_fail_device(&name, b.device).await.map(Json)
+}
+
+async fn caches(State(c): State<Ctl>) -> Json<Value> {
+    Json(Value::Array(c.caches()))
+}
+
+async fn cache(State(c): State<Ctl>, Path(name): Path<String>) -> Result<Json<Value>, ApiError> {
+    c.cache(&name)
+        .map(Json)
+        .ok_or_else(|| ApiError::NotFound(format!("no cache named {name:?}")))
 }
 
 type Ctl = Arc<dyn Control>;
@@ -204,6 +239,9 @@ pub fn router(control: Ctl) -> Router {
         .route("/api/v1/pools/{name}/replace", post(replace))
         .route("/api/v1/pools/{name}/fail", post(fail))
         .route("/api/v1/pools/{name}/rebuild-rate", post(rebuild_rate))
+        .route("/api/v1/caches", get(caches))
+        .route("/api/v1/caches/{name}", get(cache))
+        .route("/api/v1/caches/{name}/fail", post(cache_fail))
         .with_state(control)
 }
 

@@ -190,6 +190,10 @@ pub(crate) struct Inner {
     pub drain: AtomicBool,
     pub stopping: AtomicBool,
     gate: RwLock<()>,
+    /// The survivor's superblock says its partner failed (written before any write
+    /// that skipped the failed device is acknowledged).
+    failure_recorded: AtomicBool,
+    sb_write: tokio::sync::Mutex<()>,
 }
 
 /// An SSD cache in front of a backing volume.
@@ -349,6 +353,27 @@ impl Inner {
                 .find_map(|r| r.err())
                 .unwrap_or(BlockError::Unavailable("cache write failed".into())));
         }
+        self.record_failure().await
+    }
+
+    /// When a mirror half has failed, makes sure the survivor's superblock says so
+    /// (a newer generation than the failed half's) before a write that only the
+    /// survivor holds is acknowledged; after a restart the stale half is then
+    /// never trusted.
+    pub(crate) async fn record_failure(&self) -> BlockResult<()> {
+        if !self.mirrored
+            || self.failure_recorded.load(Ordering::Acquire)
+            || self.live_devices() == self.devs.len()
+        {
+            return Ok(());
+        }
+        let _g = self.sb_write.lock().await;
+        if self.failure_recorded.load(Ordering::Acquire) {
+            return Ok(());
+        }
+        self.write_superblocks(|_| {}).await?;
+        self.failure_recorded.store(true, Ordering::Release);
+        tracing::warn!(cache = %self.name, "the surviving cache device records its partner's failure");
         Ok(())
     }
 
@@ -902,7 +927,7 @@ impl Inner {
             self.on_device_failure();
         }
         if results.iter().any(|r| r.is_ok()) {
-            Ok(())
+            self.record_failure().await
         } else {
             Err(BlockError::Unavailable(
                 "no cache device took the map update".into(),
@@ -1247,6 +1272,8 @@ impl CacheVolume {
             drain: AtomicBool::new(false),
             stopping: AtomicBool::new(false),
             gate: RwLock::new(()),
+            failure_recorded: AtomicBool::new(false),
+            sb_write: tokio::sync::Mutex::new(()),
             cfg,
         });
         if let Some(old) = newest {
@@ -1320,11 +1347,12 @@ impl CacheVolume {
     }
 
     /// Marks cache device `index` failed (an operator pulling it, or a test).
-    pub fn fail_device(&self, index: usize) {
+    pub async fn fail_device(&self, index: usize) -> BlockResult<()> {
         if let Some(d) = self.inner.devs.get(index) {
             d.fail(&BlockError::Unavailable("failed by request".into()));
             self.inner.on_device_failure();
         }
+        self.inner.record_failure().await
     }
 }
 
@@ -1448,6 +1476,8 @@ impl Inner {
         }
         if self.mirrored && self.live_devices() < self.devs.len() {
             self.degraded.store(true, Ordering::Release);
+            // open() rewrites the survivor's superblock (partner_failed) next
+            self.failure_recorded.store(true, Ordering::Release);
         }
         Ok(())
     }

@@ -46,6 +46,50 @@ pub struct Config {
     /// RAID pools over the disks; a LUN serves a pool with `pool = NAME`.
     #[serde(rename = "pool", default)]
     pub pools: Vec<PoolConfig>,
+    /// SSD caches in front of pools; a LUN serves a cache with `cache = NAME`.
+    #[serde(rename = "cache", default)]
+    pub caches: Vec<CacheConfig>,
+}
+
+/// An SSD cache over a pool (or a disk), on configured disks.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct CacheConfig {
+    /// Cache name (LUNs refer to it).
+    pub name: String,
+    /// The pool it caches.
+    #[serde(default)]
+    pub pool: Option<String>,
+    /// Or a disk it caches.
+    #[serde(default)]
+    pub disk: Option<String>,
+    /// `read-only` (default), `write-through`, `write-around` or `write-back`.
+    #[serde(default)]
+    pub mode: Option<String>,
+    /// Cache devices, by disk name: two for write-back (mirrored), one or more
+    /// (striped) for the other modes.
+    pub devices: Vec<String>,
+    /// Use at most this much of the devices for cached data (`1G`); default all.
+    #[serde(default)]
+    pub size: Option<String>,
+    /// Cache block size (`128K` default; 4K..256K).
+    #[serde(default)]
+    pub block_size: Option<String>,
+    /// Eviction policy: `s3fifo` (default), `lru`, `fifo`, `sieve`, `2q`.
+    #[serde(default)]
+    pub policy: Option<String>,
+    /// Admission: `second-miss` (default) or `all`.
+    #[serde(default)]
+    pub admission: Option<String>,
+    /// Sequential streams longer than this bypass (`4M` default; `0` never).
+    #[serde(default)]
+    pub sequential_cutoff: Option<String>,
+    /// Destage only when idle below this share of dirty blocks (default 10).
+    #[serde(default)]
+    pub dirty_low_percent: Option<u8>,
+    /// Destage at full speed above this share (default 60).
+    #[serde(default)]
+    pub dirty_high_percent: Option<u8>,
 }
 
 /// A disk: a file or block device, or a simulated HDD/SSD whose data lives in a
@@ -184,6 +228,9 @@ pub struct LunConfig {
     /// Serve one configured `[[disk]]` directly, no RAID (instead of `path`).
     #[serde(default)]
     pub disk: Option<String>,
+    /// Serve a configured `[[cache]]` (the pool or disk behind its SSD cache).
+    #[serde(default)]
+    pub cache: Option<String>,
     /// Size with which a missing file is created (`4G`, `512M`, `16GiB`); required
     /// when the file does not exist.
     #[serde(default)]
@@ -349,6 +396,7 @@ impl Config {
             }),
             disks: vec![],
             pools: vec![],
+            caches: vec![],
         }
     }
 
@@ -440,10 +488,15 @@ impl Config {
                 if !ids.insert(id) {
                     bail!("target {}: LUN {} is configured twice", t.iqn, id);
                 }
-                let backings = [l.path.is_some(), l.pool.is_some(), l.disk.is_some()];
+                let backings = [
+                    l.path.is_some(),
+                    l.pool.is_some(),
+                    l.disk.is_some(),
+                    l.cache.is_some(),
+                ];
                 if backings.iter().filter(|b| **b).count() != 1 {
                     bail!(
-                        "target {} LUN {}: give exactly one of path, pool and disk",
+                        "target {} LUN {}: give exactly one of path, pool, disk and cache",
                         t.iqn,
                         id
                     );
@@ -571,6 +624,7 @@ impl LunConfig {
             path: Some(path),
             pool: None,
             disk: None,
+            cache: None,
             size,
             thick: false,
             read_only: false,

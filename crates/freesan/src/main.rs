@@ -8,6 +8,7 @@
 //! What it does not do: any data-path work itself; it only wires the crates.
 
 mod benchcmd;
+mod cachecmd;
 mod config;
 mod identity;
 mod poolcmd;
@@ -42,6 +43,13 @@ enum Command {
         api: poolcmd::ApiArg,
         #[command(subcommand)]
         cmd: poolcmd::PoolCmd,
+    },
+    /// SSD cache status of a running node: hit rates, dirty data, advisor.
+    Cache {
+        #[command(flatten)]
+        api: poolcmd::ApiArg,
+        #[command(subcommand)]
+        cmd: cachecmd::CacheCmd,
     },
 }
 
@@ -180,6 +188,10 @@ fn main() {
         Command::Pool { api, cmd } => {
             quiet_broken_pipe();
             poolcmd::run(api.api, cmd)
+        }
+        Command::Cache { api, cmd } => {
+            quiet_broken_pipe();
+            cachecmd::run(api.api, cmd)
         }
         Command::ShowConfig(args) => args.config().and_then(|cfg| {
             quiet_broken_pipe();

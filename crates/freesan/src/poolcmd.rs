@@ -69,7 +69,12 @@ pub enum PoolCmd {
 }
 
 /// One HTTP/1.1 request with `Connection: close`; returns (status, JSON body).
-fn http(api: SocketAddr, method: &str, path: &str, body: Option<&Value>) -> Result<(u16, Value)> {
+pub(crate) fn http(
+    api: SocketAddr,
+    method: &str,
+    path: &str,
+    body: Option<&Value>,
+) -> Result<(u16, Value)> {
     let mut s = TcpStream::connect_timeout(&api, Duration::from_secs(5)).with_context(|| {
         format!("connecting to the management API at {api} (is the node running with [api]?)")
     })?;

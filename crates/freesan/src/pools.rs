@@ -14,6 +14,7 @@ use std::sync::Arc;
 #[derive(Default)]
 pub struct Pools {
     pools: BTreeMap<String, Arc<raid::Pool>>,
+    caches: BTreeMap<String, Arc<cache::CacheVolume>>,
     /// Configured disks that no pool uses, available as spares and replacements.
     free_disks: parking_lot::Mutex<BTreeMap<String, VolumeRef>>,
 }
@@ -28,6 +29,51 @@ fn raid_level(s: &str) -> Result<raid::RaidLevel> {
         "raidf1" | "f1" => raid::RaidLevel::F1,
         other => bail!("unknown RAID level {other:?} (raid0, raid1, raid5, raid6, raid10, raidf1)"),
     })
+}
+
+/// The cache layer's settings from a `[[cache]]` section.
+fn cache_config(c: &crate::config::CacheConfig) -> Result<cache::CacheConfig> {
+    let mut cc = cache::CacheConfig::default();
+    if let Some(m) = &c.mode {
+        cc.mode = m
+            .parse()
+            .map_err(|e: String| anyhow::anyhow!("cache {}: {e}", c.name))?;
+    }
+    let size = |v: &str, what: &str| {
+        disk::parse_size(v).with_context(|| format!("cache {}: {what} {v:?}", c.name))
+    };
+    if let Some(b) = &c.block_size {
+        cc.block_bytes = u32::try_from(size(b, "block_size")?)?;
+    }
+    if let Some(v) = &c.size {
+        cc.size_bytes = Some(size(v, "size")?);
+    }
+    if let Some(v) = &c.sequential_cutoff {
+        cc.seq_cutoff_bytes = if v == "0" {
+            0
+        } else {
+            size(v, "sequential_cutoff")?
+        };
+    }
+    if let Some(p) = &c.policy {
+        cc.policy = p
+            .parse()
+            .map_err(|e| anyhow::anyhow!("cache {}: {e}", c.name))?;
+    }
+    if let Some(a) = &c.admission {
+        cc.admission = a
+            .parse()
+            .map_err(|e| anyhow::anyhow!("cache {}: {e}", c.name))?;
+    }
+    if let Some(v) = c.dirty_low_percent {
+        cc.dirty_low_percent = v;
+    }
+    if let Some(v) = c.dirty_high_percent {
+        cc.dirty_high_percent = v;
+    }
+    cc.validate()
+        .map_err(|e| anyhow::anyhow!("cache {}: {e}", c.name))?;
+    Ok(cc)
 }
 
 /// Opens a configured disk: the file or device, or a simulated disk over its data file.
@@ -126,10 +172,66 @@ impl Pools {
             tracing::info!(pool = %p.name, state = ?st.state, "pool ready");
             pools.insert(p.name.clone(), Arc::new(pool));
         }
+        let mut caches = BTreeMap::new();
+        for c in &cfg.caches {
+            let backing: VolumeRef = match (&c.pool, &c.disk) {
+                (Some(p), None) => match pools.get(p) {
+                    Some(pool) => pool.clone() as VolumeRef,
+                    None => bail!("cache {}: no pool named {p:?}", c.name),
+                },
+                (None, Some(d)) => match disks.remove(d) {
+                    Some(v) => v,
+                    None => bail!(
+                        "cache {}: disk {d:?} is not configured or already used",
+                        c.name
+                    ),
+                },
+                _ => bail!("cache {}: give exactly one of pool and disk", c.name),
+            };
+            let mut devices = Vec::new();
+            for d in &c.devices {
+                match disks.remove(d) {
+                    Some(v) => devices.push(cache::CacheDevice {
+                        name: d.clone(),
+                        volume: v,
+                    }),
+                    None => bail!("cache {}: device {d:?} is not a free [[disk]]", c.name),
+                }
+            }
+            let cc = cache_config(c)?;
+            let vol = cache::CacheVolume::open(&c.name, backing, devices, cc)
+                .await
+                .with_context(|| format!("cache {}: opening", c.name))?;
+            let st = vol.status();
+            tracing::info!(cache = %c.name, mode = %st.mode, frames = st.frames, cached = st.cached_blocks, dirty = st.dirty_blocks, "cache ready");
+            caches.insert(c.name.clone(), Arc::new(vol));
+        }
         Ok(Pools {
             pools,
+            caches,
             free_disks: parking_lot::Mutex::new(disks),
         })
+    }
+
+    /// The volume of cache `name`.
+    pub fn cache_volume(&self, name: &str) -> Result<VolumeRef> {
+        match self.caches.get(name) {
+            Some(c) => Ok(c.clone() as VolumeRef),
+            None => bail!("no cache named {name:?} is configured"),
+        }
+    }
+
+    /// Status of every cache.
+    pub fn cache_statuses(&self) -> Vec<serde_json::Value> {
+        self.caches
+            .values()
+            .filter_map(|c| serde_json::to_value(c.status()).ok())
+            .collect()
+    }
+
+    /// Status of cache `name`.
+    pub fn cache_status(&self, name: &str) -> Option<serde_json::Value> {
+        serde_json::to_value(self.caches.get(name)?.status()).ok()
     }
 
     /// The volume of pool `name`.
@@ -213,8 +315,14 @@ impl Pools {
             .ok_or_else(|| api::ApiError::NotFound(format!("no pool named {name:?}")))
     }
 
-    /// Stops background work and persists every pool's state (clean shutdown).
+    /// Stops background work and persists every cache's map and every pool's state
+    /// (clean shutdown; caches first, they sit above the pools).
     pub async fn shutdown(&self) {
+        for (name, c) in &self.caches {
+            if let Err(e) = c.shutdown().await {
+                tracing::warn!(cache = %name, error = %e, "cache shutdown");
+            }
+        }
         for (name, p) in &self.pools {
             if let Err(e) = p.shutdown().await {
                 tracing::warn!(pool = %name, error = %e, "pool shutdown");
@@ -236,11 +344,44 @@ impl api::Control for NodeControl {
     fn status(&self) -> serde_json::Value {
         let mut s = self.summary.clone();
         s["pools"] = serde_json::Value::Array(self.pools.statuses());
+        s["caches"] = serde_json::Value::Array(self.pools.cache_statuses());
         s
     }
 
     fn pools(&self) -> Vec<serde_json::Value> {
         self.pools.statuses()
+    }
+
+    fn caches(&self) -> Vec<serde_json::Value> {
+        self.pools.cache_statuses()
+    }
+
+    fn cache(&self, name: &str) -> Option<serde_json::Value> {
+        self.pools.cache_status(name)
+    }
+
+    async fn cache_fail_device(
+        &self,
+        name: &str,
+        device: usize,
+    ) -> Result<serde_json::Value, api::ApiError> {
+        let c = self
+            .pools
+            .caches
+            .get(name)
+            .ok_or_else(|| api::ApiError::NotFound(format!("no cache named {name:?}")))?;
+        if device >= c.status().devices.len() {
+            return Err(api::ApiError::BadRequest(format!(
+                "cache {name} has no device {device}"
+            )));
+        }
+        c.fail_device(device)
+            .await
+            .map_err(|e| api::ApiError::Conflict(e.to_string()))?;
+        tracing::warn!(cache = %name, device, "cache device failed by request");
+        self.pools
+            .cache_status(name)
+            .ok_or_else(|| api::ApiError::NotFound(format!("no cache named {name:?}")))
     }
 
     fn pool(&self, name: &str) -> Option<serde_json::Value> {

@@ -31,6 +31,10 @@ fn lun_volume(l: &LunConfig, pools: &Pools) -> Result<(VolumeRef, String)> {
         let vol = pools.volume(name)?;
         return Ok((vol, format!("pool {name}")));
     }
+    if let Some(name) = &l.cache {
+        let vol = pools.cache_volume(name)?;
+        return Ok((vol, format!("cache {name}")));
+    }
     if let Some(name) = &l.disk {
         let vol = pools.take_disk_volume(name)?;
         return Ok((vol, format!("disk {name}")));
