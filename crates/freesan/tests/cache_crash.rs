@@ -5,19 +5,9 @@
 
 mod common;
 use common::*;
-use std::process::Command;
 
 fn config(dir: &std::path::Path) -> std::path::PathBuf {
-    let mut s = format!(
-        "data_dir = \"{d}/data\"\n[api]\naddress = \"127.0.0.1:0\"\n[[portal]]\naddress = \"127.0.0.1:0\"\n",
-        d = dir.display()
-    );
-    for i in 0..4 {
-        s += &format!(
-            "[[disk]]\nname = \"d{i}\"\nsize = \"64M\"\npath = \"{}/d{i}.img\"\n",
-            dir.display()
-        );
-    }
+    let mut s = config_head(dir, 4);
     for i in 0..2 {
         s += &format!(
             "[[disk]]\nname = \"ssd{i}\"\nsize = \"40M\"\npath = \"{}/ssd{i}.img\"\n",
@@ -32,24 +22,6 @@ fn config(dir: &std::path::Path) -> std::path::PathBuf {
     let path = dir.join("node.toml");
     std::fs::write(&path, s).unwrap();
     path
-}
-
-fn start(dir: &std::path::Path, cfg: &std::path::Path) -> Node {
-    Node::start(
-        &[],
-        &["--config".into(), cfg.display().to_string()],
-        &dir.join("serve.log"),
-    )
-}
-
-fn freesan(args: &[&str]) -> (bool, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_freesan"))
-        .args(args)
-        .output()
-        .expect("run freesan");
-    let mut s = String::from_utf8_lossy(&out.stdout).into_owned();
-    s.push_str(&String::from_utf8_lossy(&out.stderr));
-    (out.status.success(), s)
 }
 
 fn cache_status(api: &str) -> serde_json::Value {
@@ -80,7 +52,7 @@ fn write_back_cache_sigkill_during_writes_loses_nothing() {
     let dir = tempfile::tempdir().unwrap();
     let cfg = config(dir.path());
     let state = dir.path().join("verify.state");
-    let mut node = start(dir.path(), &cfg);
+    let mut node = start_config(dir.path(), &cfg);
     let api = node.api.clone().expect("no API address in the banner");
     let mut bench = start_verified_writes(&node.url(0, 0), &state, "8k", 4, 4);
     let st = cache_status(&api);
@@ -91,7 +63,7 @@ fn write_back_cache_sigkill_during_writes_loses_nothing() {
     node.kill9();
     let _ = bench.wait();
     // restart: the map is reloaded from the SSDs, dirty blocks served and destaged
-    let node = start(dir.path(), &cfg);
+    let node = start_config(dir.path(), &cfg);
     let api = node.api.clone().expect("no API address in the banner");
     let st = cache_status(&api);
     assert!(
@@ -106,7 +78,7 @@ fn losing_one_ssd_of_the_mirror_mid_run_loses_nothing() {
     let dir = tempfile::tempdir().unwrap();
     let cfg = config(dir.path());
     let state = dir.path().join("verify.state");
-    let mut node = start(dir.path(), &cfg);
+    let mut node = start_config(dir.path(), &cfg);
     let api = node.api.clone().expect("no API address in the banner");
     let mut bench = start_verified_writes(&node.url(0, 0), &state, "8k", 4, 4);
     let (ok, out) = freesan(&["cache", "--api", &api, "fail", "c", "0"]);
@@ -121,6 +93,6 @@ fn losing_one_ssd_of_the_mirror_mid_run_loses_nothing() {
     check(&node, &state, "with one SSD left");
     // and after a crash of the node on top, from the survivor alone
     node.kill9();
-    let node = start(dir.path(), &cfg);
+    let node = start_config(dir.path(), &cfg);
     check(&node, &state, "survivor after SIGKILL");
 }

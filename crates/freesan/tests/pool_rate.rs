@@ -4,35 +4,15 @@
 
 mod common;
 use common::*;
-use std::process::Command;
 
 fn config(dir: &std::path::Path) -> std::path::PathBuf {
-    let mut s = format!(
-        "data_dir = \"{d}/data\"\n[api]\naddress = \"127.0.0.1:0\"\n[[portal]]\naddress = \"127.0.0.1:0\"\n",
-        d = dir.display()
-    );
-    for i in 0..3 {
-        s += &format!(
-            "[[disk]]\nname = \"d{i}\"\nsize = \"64M\"\npath = \"{}/d{i}.img\"\n",
-            dir.display()
-        );
-    }
+    let mut s = config_head(dir, 3);
     // no rebuild_rate_mb_s: the pool's own (persisted) cap applies at every start
     s += "[[pool]]\nname = \"p\"\nlevel = \"raid5\"\nchunk = \"16K\"\nmembers = [\"d0\", \"d1\", \"d2\"]\n";
     s += &format!("[[target]]\niqn = \"{IQN}\"\n[[target.lun]]\npool = \"p\"\n");
     let path = dir.join("node.toml");
     std::fs::write(&path, s).unwrap();
     path
-}
-
-fn freesan(args: &[&str]) -> (bool, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_freesan"))
-        .args(args)
-        .output()
-        .expect("run freesan");
-    let mut s = String::from_utf8_lossy(&out.stdout).into_owned();
-    s.push_str(&String::from_utf8_lossy(&out.stderr));
-    (out.status.success(), s)
 }
 
 fn rate(api: &str) -> u64 {

@@ -7,19 +7,9 @@
 
 mod common;
 use common::*;
-use std::process::Command;
 
 fn config(dir: &std::path::Path, level: &str, members: usize) -> std::path::PathBuf {
-    let mut s = format!(
-        "data_dir = \"{d}/data\"\n[api]\naddress = \"127.0.0.1:0\"\n[[portal]]\naddress = \"127.0.0.1:0\"\n",
-        d = dir.display()
-    );
-    for i in 0..members {
-        s += &format!(
-            "[[disk]]\nname = \"d{i}\"\nsize = \"64M\"\npath = \"{}/d{i}.img\"\n",
-            dir.display()
-        );
-    }
+    let mut s = config_head(dir, members);
     let names: Vec<String> = (0..members).map(|i| format!("\"d{i}\"")).collect();
     s += &format!(
         "[[pool]]\nname = \"p\"\nlevel = \"{level}\"\nchunk = \"16K\"\nmembers = [{}]\n",
@@ -31,29 +21,11 @@ fn config(dir: &std::path::Path, level: &str, members: usize) -> std::path::Path
     path
 }
 
-fn start(dir: &std::path::Path, cfg: &std::path::Path) -> Node {
-    Node::start(
-        &[],
-        &["--config".into(), cfg.display().to_string()],
-        &dir.join("serve.log"),
-    )
-}
-
-fn freesan(args: &[&str]) -> (bool, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_freesan"))
-        .args(args)
-        .output()
-        .expect("run freesan");
-    let mut s = String::from_utf8_lossy(&out.stdout).into_owned();
-    s.push_str(&String::from_utf8_lossy(&out.stderr));
-    (out.status.success(), s)
-}
-
 fn crash_then_degrade(level: &str, members: usize, bs: &str, fail: &[usize]) {
     let dir = tempfile::tempdir().unwrap();
     let cfg = config(dir.path(), level, members);
     let state = dir.path().join("verify.state");
-    let mut node = start(dir.path(), &cfg);
+    let mut node = start_config(dir.path(), &cfg);
     let url = node.url(0, 0);
     let mut bench = start_verified_writes(&url, &state, bs, 4, 5);
     if bs == WHOLE_STRIPE {
@@ -72,7 +44,7 @@ fn crash_then_degrade(level: &str, members: usize, bs: &str, fail: &[usize]) {
     let _ = bench.wait();
 
     // restart: assemble + journal replay; then lose members within tolerance
-    let node = start(dir.path(), &cfg);
+    let node = start_config(dir.path(), &cfg);
     let api = node.api.clone().expect("no API address in the banner");
     for pos in fail {
         let (ok, out) = freesan(&["pool", "--api", &api, "fail", "p", &pos.to_string()]);

@@ -214,3 +214,33 @@ pub fn start_verified_writes(url: &str, state: &Path, bs: &str, threads: u32, se
     }
     bench
 }
+
+/// Runs this build's `freesan` with `args`; returns (success, stdout + stderr).
+pub fn freesan(args: &[&str]) -> (bool, String) {
+    run(env!("CARGO_BIN_EXE_freesan"), args)
+}
+
+/// The head of a node config: data under `dir`, API and one portal on ports the
+/// kernel picks, and `disks` file disks `d0..` of 64M in `dir`.
+pub fn config_head(dir: &Path, disks: usize) -> String {
+    let mut s = format!(
+        "data_dir = \"{d}/data\"\n[api]\naddress = \"127.0.0.1:0\"\n[[portal]]\naddress = \"127.0.0.1:0\"\n",
+        d = dir.display()
+    );
+    for i in 0..disks {
+        s += &format!(
+            "[[disk]]\nname = \"d{i}\"\nsize = \"64M\"\npath = \"{}/d{i}.img\"\n",
+            dir.display()
+        );
+    }
+    s
+}
+
+/// Starts `freesan serve --config CFG`, logging to `dir/serve.log`.
+pub fn start_config(dir: &Path, cfg: &Path) -> Node {
+    Node::start(
+        &[],
+        &["--config".into(), cfg.display().to_string()],
+        &dir.join("serve.log"),
+    )
+}
