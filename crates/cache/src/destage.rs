@@ -130,7 +130,7 @@ async fn destage_batch(inner: &Inner, batch: &[(u64, u32)]) -> BlockResult<()> {
         return Ok(());
     }
     let keys: Vec<u64> = batch.iter().map(|e| e.0).collect();
-    let _locks = inner.lock_for_destage(&keys).await;
+    let _locks = inner.lock_shared(&keys).await;
     // snapshot what is dirty now (writers are locked out until we are done)
     let snap: Vec<(u64, u32, u64, u64)> = {
         let mut st = inner.state.lock();
@@ -140,7 +140,7 @@ async fn destage_batch(inner: &Inner, batch: &[(u64, u32)]) -> BlockResult<()> {
                 if st.policy.key_of(slot) != Some(key) || st.dirty.get(slot) == 0 {
                     return None;
                 }
-                st.pin_io_pub(slot);
+                st.pin_io(slot);
                 Some((key, slot, st.valid.get(slot), st.dirty.get(slot)))
             })
             .collect()
@@ -182,7 +182,7 @@ async fn destage_batch(inner: &Inner, batch: &[(u64, u32)]) -> BlockResult<()> {
     {
         let mut st = inner.state.lock();
         for &(_, slot, _, _) in &snap {
-            st.unpin_io_pub(slot);
+            st.unpin_io(slot);
         }
     }
     Counters::add(&inner.counters.destaged_bytes, bytes);
@@ -257,7 +257,7 @@ async fn write_op(inner: &Inner, op: &Op) -> (Vec<u32>, BlockResult<u64>) {
     let reads: Vec<BoxFut<'_, BlockResult<Bytes>>> = op
         .parts
         .iter()
-        .map(|&(slot, off, len)| inner.frame_read(slot, off, len))
+        .map(|&(slot, off, len)| Box::pin(inner.ssd_read(slot, off, len)) as BoxFut<'_, _>)
         .collect();
     let parts = join_all(reads).await;
     let total: u64 = op.parts.iter().map(|p| p.2).sum();

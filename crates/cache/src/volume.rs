@@ -91,20 +91,12 @@ impl State {
         self.policy.set_pinned(slot, pin);
     }
 
-    pub(crate) fn pin_io_pub(&mut self, slot: u32) {
-        self.pin_io(slot)
-    }
-
-    pub(crate) fn unpin_io_pub(&mut self, slot: u32) {
-        self.unpin_io(slot)
-    }
-
-    fn pin_io(&mut self, slot: u32) {
+    pub(crate) fn pin_io(&mut self, slot: u32) {
         *self.io_pins.entry(slot).or_insert(0) += 1;
         self.policy.set_pinned(slot, true);
     }
 
-    fn unpin_io(&mut self, slot: u32) {
+    pub(crate) fn unpin_io(&mut self, slot: u32) {
         if let Some(n) = self.io_pins.get_mut(&slot) {
             *n -= 1;
             if *n == 0 {
@@ -233,23 +225,31 @@ impl Inner {
     }
 
     /// Locks the cache blocks `keys` (sorted) shared or exclusive.
-    async fn lock_shared(&self, keys: &[u64]) -> Vec<tokio::sync::RwLockReadGuard<'_, ()>> {
+    /// The lock stripes of cache blocks `keys`, sorted and deduplicated (every
+    /// caller takes them in this order, so lockers never deadlock).
+    fn stripes(keys: &[u64]) -> Vec<usize> {
         let mut stripes: Vec<usize> = keys.iter().map(|k| (*k as usize) % LOCK_STRIPES).collect();
         stripes.sort_unstable();
         stripes.dedup();
-        let mut g = Vec::with_capacity(stripes.len());
-        for s in stripes {
+        stripes
+    }
+
+    /// Locks the cache blocks `keys` shared (reads, fills, destage).
+    pub(crate) async fn lock_shared(
+        &self,
+        keys: &[u64],
+    ) -> Vec<tokio::sync::RwLockReadGuard<'_, ()>> {
+        let mut g = Vec::new();
+        for s in Self::stripes(keys) {
             g.push(self.locks[s].read().await);
         }
         g
     }
 
+    /// Locks the cache blocks `keys` exclusive (writes, discards).
     async fn lock_exclusive(&self, keys: &[u64]) -> Vec<tokio::sync::RwLockWriteGuard<'_, ()>> {
-        let mut stripes: Vec<usize> = keys.iter().map(|k| (*k as usize) % LOCK_STRIPES).collect();
-        stripes.sort_unstable();
-        stripes.dedup();
-        let mut g = Vec::with_capacity(stripes.len());
-        for s in stripes {
+        let mut g = Vec::new();
+        for s in Self::stripes(keys) {
             g.push(self.locks[s].write().await);
         }
         g
@@ -304,7 +304,7 @@ impl Inner {
     }
 
     /// Reads `len` bytes at `off` inside frame `slot` from a live copy.
-    async fn ssd_read(&self, slot: u32, off: u64, len: u64) -> BlockResult<Bytes> {
+    pub(crate) async fn ssd_read(&self, slot: u32, off: u64, len: u64) -> BlockResult<Bytes> {
         let (devs, base) = self.frame_devices(slot);
         let mut last = BlockError::Unavailable("no cache device left".into());
         // spread mirrored reads over both copies
@@ -693,14 +693,12 @@ impl Inner {
                 st.unpin_io(slot);
             }
         }
-        for r in &results {
-            if let Err(e) = r {
-                return Err(clone_err(e));
-            }
-        }
         pages.sort_unstable();
         pages.dedup();
         self.persist_pages(&pages).await?;
+        if let Some(e) = results.into_iter().find_map(|r| r.err()) {
+            return Err(e);
+        }
         if self.dirty_share() > self.cfg.dirty_low_percent as f64 / 100.0 {
             self.destage_wake.notify_one();
         }
@@ -1081,22 +1079,6 @@ impl Inner {
             advisor_bytes_for_90_percent: advice,
         }
     }
-
-    pub(crate) async fn lock_for_destage(
-        &self,
-        keys: &[u64],
-    ) -> Vec<tokio::sync::RwLockReadGuard<'_, ()>> {
-        self.lock_shared(keys).await
-    }
-
-    pub(crate) fn frame_read<'a>(
-        &'a self,
-        slot: u32,
-        off: u64,
-        len: u64,
-    ) -> BoxFut<'a, BlockResult<Bytes>> {
-        Box::pin(self.ssd_read(slot, off, len))
-    }
 }
 
 /// Copies the sectors in `mask` from `src` (which starts at block offset `src_off`)
@@ -1114,29 +1096,6 @@ fn overlay(dst: &mut [u8], dst_off: u64, src: &[u8], src_off: u64, mask: u64) {
             dst[(a - dst_off) as usize..(b - dst_off) as usize]
                 .copy_from_slice(&src[(a - src_off) as usize..(b - src_off) as usize]);
         }
-    }
-}
-
-fn clone_err(e: &BlockError) -> BlockError {
-    match e {
-        BlockError::OutOfRange {
-            lba,
-            blocks,
-            block_count,
-        } => BlockError::OutOfRange {
-            lba: *lba,
-            blocks: *blocks,
-            block_count: *block_count,
-        },
-        BlockError::Misaligned { len_bytes } => BlockError::Misaligned {
-            len_bytes: *len_bytes,
-        },
-        BlockError::Medium { lba } => BlockError::Medium { lba: *lba },
-        BlockError::WriteFault { lba } => BlockError::WriteFault { lba: *lba },
-        BlockError::ReadOnly => BlockError::ReadOnly,
-        BlockError::NotSupported(s) => BlockError::NotSupported(s),
-        BlockError::Unavailable(s) => BlockError::Unavailable(s.clone()),
-        BlockError::Io(e) => BlockError::Io(std::io::Error::new(e.kind(), e.to_string())),
     }
 }
 
@@ -1334,16 +1293,12 @@ impl CacheVolume {
         let _gate = self.inner.gate.write().await;
         self.inner.stopping.store(true, Ordering::Release);
         self.inner.destage_wake.notify_one();
-        let tasks: Vec<_> = std::mem::take(&mut *self.inner_tasks());
+        let tasks: Vec<_> = std::mem::take(&mut *self.tasks.lock());
         for t in tasks {
             t.abort();
             let _ = t.await;
         }
         self.inner.write_full_table(true).await
-    }
-
-    fn inner_tasks(&self) -> parking_lot::MutexGuard<'_, Vec<tokio::task::JoinHandle<()>>> {
-        self.tasks.lock()
     }
 
     /// Marks cache device `index` failed (an operator pulling it, or a test).

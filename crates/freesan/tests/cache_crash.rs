@@ -30,23 +30,6 @@ fn cache_status(api: &str) -> serde_json::Value {
     serde_json::from_str(&out).expect("cache status json")
 }
 
-fn check(node: &Node, state: &std::path::Path, what: &str) {
-    let (ok, out) = freesan(&[
-        "bench",
-        "check",
-        "--single-path",
-        "--target",
-        &node.url(0, 0),
-        "--verify-state",
-        state.to_str().unwrap(),
-    ]);
-    assert!(ok, "{what}: acknowledged writes lost: {out}");
-    assert!(
-        out.contains("every acknowledged block reads back correctly"),
-        "{out}"
-    );
-}
-
 #[test]
 fn write_back_cache_sigkill_during_writes_loses_nothing() {
     let dir = tempfile::tempdir().unwrap();
@@ -70,7 +53,7 @@ fn write_back_cache_sigkill_during_writes_loses_nothing() {
         st["cached_blocks"].as_u64().unwrap_or(0) > 0,
         "nothing reloaded: {st}"
     );
-    check(&node, &state, "after SIGKILL");
+    assert_acknowledged_writes_intact(&node.url(0, 0), &state, "after SIGKILL");
 }
 
 #[test]
@@ -90,9 +73,9 @@ fn losing_one_ssd_of_the_mirror_mid_run_loses_nothing() {
         st["state"].as_str().unwrap_or("").starts_with("degraded"),
         "{st}"
     );
-    check(&node, &state, "with one SSD left");
+    assert_acknowledged_writes_intact(&node.url(0, 0), &state, "with one SSD left");
     // and after a crash of the node on top, from the survivor alone
     node.kill9();
     let node = start_config(dir.path(), &cfg);
-    check(&node, &state, "survivor after SIGKILL");
+    assert_acknowledged_writes_intact(&node.url(0, 0), &state, "survivor after SIGKILL");
 }

@@ -5,7 +5,6 @@
 
 mod common;
 use common::*;
-use std::process::Command;
 
 fn start(dir: &std::path::Path) -> Node {
     let lun = format!("{}:64M", dir.join("lun0.img").display());
@@ -21,24 +20,6 @@ fn start(dir: &std::path::Path) -> Node {
         ],
         &dir.join("serve.log"),
     )
-}
-
-fn check(url: &str, state: &std::path::Path) -> (bool, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_freesan"))
-        .args([
-            "bench",
-            "check",
-            "--single-path",
-            "--target",
-            url,
-            "--verify-state",
-        ])
-        .arg(state)
-        .output()
-        .expect("run bench check");
-    let mut s = String::from_utf8_lossy(&out.stdout).into_owned();
-    s.push_str(&String::from_utf8_lossy(&out.stderr));
-    (out.status.success(), s)
 }
 
 #[test]
@@ -57,7 +38,7 @@ fn acknowledged_writes_survive_a_server_sigkill() {
     );
 
     let mut node = start(dir.path());
-    let (ok, out) = check(&node.url(0, 0), &state);
+    let (ok, out) = bench_check(&node.url(0, 0), &state);
     assert!(ok, "acknowledged writes lost across SIGKILL: {out}");
     let checked: u64 = out
         .split_whitespace()
@@ -78,6 +59,6 @@ fn acknowledged_writes_survive_a_server_sigkill() {
     f.set_len(64 << 20).unwrap();
     drop(f);
     let node = start(dir.path());
-    let (ok, out) = check(&node.url(0, 0), &state);
+    let (ok, out) = bench_check(&node.url(0, 0), &state);
     assert!(!ok, "check passed on a wiped LUN: {out}");
 }

@@ -72,6 +72,14 @@ impl S3Fifo {
         }
     }
 
+    /// Evicts a block leaving small unused, remembering its key in the ghost.
+    fn evict_to_ghost(&mut self, slot: u32) -> u64 {
+        let key = self.table.key(slot);
+        self.ghost.insert(key);
+        self.table.release(slot);
+        key
+    }
+
     /// Recycles a dead slot that left its queue.
     fn bury(&mut self, slot: u32) {
         self.table.release_unindexed(slot);
@@ -93,10 +101,7 @@ impl S3Fifo {
                     return self.evict_main();
                 }
             } else {
-                let key = self.table.key(slot);
-                self.ghost.insert(key);
-                self.table.release(slot);
-                return Some(key);
+                return Some(self.evict_to_ghost(slot));
             }
         }
         self.evict_main()
@@ -156,10 +161,7 @@ impl S3Fifo {
                 self.main.push(&mut self.next, slot);
                 return self.evict_main();
             } else {
-                let key = self.table.key(slot);
-                self.ghost.insert(key);
-                self.table.release(slot);
-                return Some(key);
+                return Some(self.evict_to_ghost(slot));
             }
         }
     }

@@ -244,3 +244,29 @@ pub fn start_config(dir: &Path, cfg: &Path) -> Node {
         &dir.join("serve.log"),
     )
 }
+
+/// `freesan bench check` of the LUN at `url` against the verification state a
+/// `bench --verify --verify-state` run left; returns (success, output).
+pub fn bench_check(url: &str, state: &Path) -> (bool, String) {
+    let state = state.to_str().expect("utf-8 state path");
+    freesan(&[
+        "bench",
+        "check",
+        "--single-path",
+        "--target",
+        url,
+        "--verify-state",
+        state,
+    ])
+}
+
+/// Asserts that every block acknowledged by the run behind `state` reads back
+/// correctly from `url`; `what` names the situation in the failure message.
+pub fn assert_acknowledged_writes_intact(url: &str, state: &Path, what: &str) {
+    let (ok, out) = bench_check(url, state);
+    assert!(ok, "{what}: acknowledged writes lost: {out}");
+    assert!(
+        out.contains("every acknowledged block reads back correctly"),
+        "{what}: {out}"
+    );
+}
