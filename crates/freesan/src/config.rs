@@ -141,6 +141,12 @@ pub struct PoolConfig {
     /// Assemble even if the members' generations disagree (takes the newest set).
     #[serde(default)]
     pub force_assemble: bool,
+    /// RAID 5/6: journal whole-stripe writes as well as partial ones. Blocks
+    /// under a write in flight at a crash then read as old or new even when a
+    /// member is lost before the post-crash resync ends; costs twice the write
+    /// traffic for sequential writes. Default off (like md's write-intent bitmap).
+    #[serde(default)]
+    pub journal_whole_stripes: bool,
 }
 
 /// Where the management API listens.

@@ -168,6 +168,7 @@ impl Pools {
                     .await
                     .with_context(|| format!("pool {}: rebuild rate", p.name))?;
             }
+            pool.set_journal_whole_stripes(p.journal_whole_stripes);
             let st = pool.status();
             tracing::info!(pool = %p.name, state = ?st.state, "pool ready");
             pools.insert(p.name.clone(), Arc::new(pool));

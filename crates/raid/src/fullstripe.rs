@@ -7,7 +7,7 @@
 //! no journal record. What it needs is that a crash in the middle (some chunks
 //! new, some old, parity of neither) is found and the stripe's parity recomputed
 //! before a later member loss reconstructs from it. That is the write intent: the
-//! pool's data area is cut into regions (`region_stripes` stripes, 256 MiB of
+//! pool's data area is cut into regions (`region_stripes` stripes, 64 MiB of
 //! every member by default); before the first whole-stripe write into a region,
 //! the region is recorded as dirty in the superblocks (FUA, group-committed), and
 //! a region idle for a while is flushed and cleared again. An unclean assemble
@@ -43,7 +43,7 @@ pub(crate) const GATHER_IDLE_MAX: Duration = Duration::from_millis(50);
 /// Longest a partial-stripe write waits for the rest of its stripe.
 pub(crate) const GATHER_MAX: Duration = Duration::from_millis(200);
 /// Bytes of every member one write-intent region covers.
-pub(crate) const REGION_MEMBER_BYTES: u64 = 256 << 20;
+pub(crate) const REGION_MEMBER_BYTES: u64 = 64 << 20;
 /// Most dirty regions at once (bounds the superblock, ~16 KiB of it); beyond it
 /// whole-stripe writes fall back to the journal and mirror writes wait for the
 /// cleaner.
@@ -308,7 +308,8 @@ impl Inner {
     /// from the new data, no reads, no journal record, under a durable write intent
     /// for its region. Falls back to a journaled update when the pool is degraded,
     /// the journal still holds a record for this stripe (replaying it later would
-    /// revert this write), or too many regions are dirty.
+    /// revert this write), too many regions are dirty, or whole stripes are
+    /// configured to be journaled.
     pub(crate) async fn write_full_stripe(
         self: &Arc<Self>,
         s: u64,
@@ -319,7 +320,8 @@ impl Inner {
         let view = self.view()?;
         let n = self.layout.member_count();
         let degraded = (0..n).any(|p| view.writable(p).is_none());
-        let journaled = self.journal.as_ref().is_some_and(|j| j.has_live(s));
+        let journaled = self.journal_whole.load(Ordering::Relaxed)
+            || self.journal.as_ref().is_some_and(|j| j.has_live(s));
         let region = s / self.region_stripes;
         let ticket = if degraded || journaled {
             None

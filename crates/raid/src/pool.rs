@@ -147,6 +147,9 @@ pub(crate) struct Inner {
     pub gather: Mutex<crate::fullstripe::Gather>,
     /// Test-only: whole-stripe writes skip the write intent.
     pub intent_off: bool,
+    /// Whole-stripe writes go through the stripe journal too (see
+    /// [`Pool::set_journal_whole_stripes`]).
+    pub journal_whole: AtomicBool,
     pub full_writes: AtomicU64,
     pub partial_writes: AtomicU64,
     pub gather_timeouts: AtomicU64,
@@ -596,6 +599,16 @@ impl Pool {
         Ok(())
     }
 
+    /// Sends whole-stripe writes of a parity pool through the stripe journal as
+    /// well (off by default). Without it, a whole-stripe write in flight at a crash
+    /// may leave its blocks neither old nor new if a member is lost before the
+    /// region's resync completes; with it, they read as old or new in every case,
+    /// at the cost of writing every whole stripe twice (journal, then in place).
+    /// Not persisted: the configuration sets it at every start.
+    pub fn set_journal_whole_stripes(&self, on: bool) {
+        self.inner.journal_whole.store(on, Ordering::SeqCst);
+    }
+
     /// Changes the rebuild/resync/scrub cap (MB/s, 0 = none) and persists it.
     pub async fn set_rebuild_rate_mb_s(&self, rate_mb_s: u32) -> RaidResult<()> {
         self.inner.state.lock().rebuild_rate_mb_s = rate_mb_s;
@@ -661,7 +674,7 @@ impl Pool {
     }
 }
 
-/// Stripes per write-intent region: 256 MiB of every member.
+/// Stripes per write-intent region: 64 MiB of every member.
 fn default_region_stripes(chunk_bytes: u32) -> u64 {
     (crate::fullstripe::REGION_MEMBER_BYTES / chunk_bytes.max(1) as u64).max(1)
 }
@@ -741,6 +754,7 @@ impl Inner {
             durable_intent_seq: AtomicU64::new(0),
             gather: Mutex::new(Default::default()),
             intent_off: false,
+            journal_whole: AtomicBool::new(false),
             full_writes: AtomicU64::new(0),
             partial_writes: AtomicU64::new(0),
             gather_timeouts: AtomicU64::new(0),
@@ -855,6 +869,15 @@ impl Inner {
             tracing::warn!(pool = %self.name, position = pos, member = %h.name, "member failed");
             slot.state = MemberState::Failed;
             st.generation += 1;
+            if !st.resync_regions.is_empty() && self.layout.scheme() != Scheme::Striped {
+                tracing::warn!(
+                    pool = %self.name,
+                    regions = st.resync_regions.len(),
+                    "member lost before the post-crash resync finished: blocks under \
+                     whole-stripe writes in flight at the crash may read as neither old \
+                     nor new in these regions (acknowledged data is intact)"
+                );
+            }
         }
         self.pull_spares();
         if let Err(e) = self.persist().await {
@@ -1183,6 +1206,8 @@ impl Inner {
                 partial: self.partial_writes.load(Ordering::Relaxed),
                 gather_timeouts: self.gather_timeouts.load(Ordering::Relaxed),
             },
+            unsynced_regions: st.resync_regions.len() as u64,
+            journal_whole_stripes: self.journal_whole.load(Ordering::Relaxed),
         }
     }
 }

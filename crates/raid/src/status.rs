@@ -140,6 +140,14 @@ pub struct PoolStatus {
     /// partial writes whose stripe did not fill within the gather window.
     #[serde(default)]
     pub stripe_writes: StripeWrites,
+    /// Write-intent regions an unclean shutdown left dirty whose resync has not
+    /// finished (their torn whole stripes are not yet protected).
+    #[serde(default)]
+    pub unsynced_regions: u64,
+    /// Whole-stripe writes are journaled too (closes the write hole for writes in
+    /// flight at a crash followed by a member loss, at twice the write traffic).
+    #[serde(default)]
+    pub journal_whole_stripes: bool,
 }
 
 /// Counters of the parity write path.

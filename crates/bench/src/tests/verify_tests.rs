@@ -425,3 +425,47 @@ async fn prefill_makes_every_read_checkable() {
 fn region_lba(map: &VerifyMap, block: u64) -> u64 {
     map.region().lba_of(block)
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn torn_blocks_under_writes_in_flight_are_told_apart() {
+    let vol = mem(4096, 256);
+    let mut w = verifying(4096, 0, 100, 256);
+    w.duration_secs = 0.3;
+    let map = Arc::new(VerifyMap::new(w.region(&vol.geometry()).unwrap()));
+    let opts = RunOptions {
+        verify_map: Some(map.clone()),
+        ..RunOptions::default()
+    };
+    assert!(run_with(vol.clone(), &w, opts)
+        .await
+        .unwrap()
+        .verify_passed());
+    let mut state = map.snapshot(true);
+    let written: Vec<u64> = (0..state.acked.len() as u64)
+        .filter(|&b| state.acked[b as usize] > 0)
+        .take(2)
+        .collect();
+    let (in_flight, settled) = (written[0], written[1]);
+    // a write to `in_flight` was issued (generation + 1) and never acknowledged
+    state.uncertain = vec![(in_flight, state.acked[in_flight as usize] + 1)];
+    let garbage = Bytes::from(vec![0xa5u8; 4096]);
+    let lba = |b: u64| state.region.lba_of(b);
+    vol.write(lba(in_flight), garbage.clone(), false)
+        .await
+        .unwrap();
+    let rep = verify_pass(vol.clone(), &state).await.unwrap();
+    assert!(!rep.passed());
+    assert_eq!(rep.in_flight_failures, 1, "{rep:?}");
+    assert!(rep.passed_allowing_torn_in_flight());
+    // damage to a block no write was in flight to is never excused
+    vol.write(lba(settled), garbage, false).await.unwrap();
+    let rep = verify_pass(vol.clone(), &state).await.unwrap();
+    assert_eq!(rep.failure_count(), 2);
+    assert_eq!(rep.in_flight_failures, 1);
+    assert!(!rep.passed_allowing_torn_in_flight());
+    // a checkpoint (incomplete state) knows no upper bound: nothing is excused
+    state.complete = false;
+    let rep = verify_pass(vol, &state).await.unwrap();
+    assert_eq!(rep.in_flight_failures, 0);
+    assert!(!rep.passed_allowing_torn_in_flight());
+}
