@@ -5,12 +5,13 @@
 /// Streams tracked at once (least recently extended replaced first).
 const STREAMS: usize = 32;
 /// How far from a stream's end (before or after) a request may start and still
-/// continue it, in request lengths: requests of one stream issued together arrive
-/// slightly reordered. Proportional to the request so that small random requests
-/// in a small hot region are not taken for a stream.
+/// continue it, in request lengths, at least: requests of one stream issued
+/// together arrive reordered by up to the number in flight, so the slack grows to
+/// that many requests when more are in flight. Proportional to the request so that
+/// small random requests in a small hot region are not taken for a stream.
 const SLACK_REQUESTS: u64 = 4;
-/// The slack never exceeds this.
-const SLACK_MAX_BYTES: u64 = 1 << 20;
+/// The slack never exceeds this (a 64-deep queue of 256 KiB requests).
+const SLACK_MAX_BYTES: u64 = 16 << 20;
 
 #[derive(Clone, Copy, Default)]
 struct Stream {
@@ -36,18 +37,23 @@ impl SeqDetector {
         }
     }
 
-    /// Records a request of `len` bytes at byte `offset`; true if it should bypass.
-    pub(crate) fn observe(&mut self, offset: u64, len: u64) -> bool {
+    /// Records a request of `len` bytes at byte `offset`, with `inflight` requests
+    /// in flight (this one included); true if it should bypass.
+    pub(crate) fn observe(&mut self, offset: u64, len: u64, inflight: usize) -> bool {
         if self.cutoff_bytes == 0 {
             return false;
         }
         self.clock += 1;
         let end = offset + len;
-        let slack = (len * SLACK_REQUESTS).min(SLACK_MAX_BYTES);
-        let hit = self
-            .streams
-            .iter()
-            .position(|s| s.run > 0 && offset + slack >= s.end && offset <= s.end + slack);
+        let slack = (len * SLACK_REQUESTS.max(inflight as u64)).min(SLACK_MAX_BYTES);
+        // of several candidates (a reordered request may have opened a second one
+        // just ahead of the first), continue the longest
+        let hit = (0..STREAMS)
+            .filter(|&i| {
+                let s = &self.streams[i];
+                s.run > 0 && offset + slack >= s.end && offset <= s.end + slack
+            })
+            .max_by_key(|&i| self.streams[i].run);
         let i = match hit {
             Some(i) => i,
             None => {
@@ -79,7 +85,7 @@ mod tests {
         let mut d = SeqDetector::new(4 << 20);
         let mut bypassed = 0;
         for i in 0..64u64 {
-            if d.observe(i * 262144, 262144) {
+            if d.observe(i * 262144, 262144, 1) {
                 bypassed += 1;
             }
         }
@@ -87,7 +93,7 @@ mod tests {
         let mut rng = crate::trace::Rng::new(3);
         let mut random_bypassed = 0;
         for _ in 0..100_000 {
-            if d.observe(rng.below(1 << 19) * 4096, 4096) {
+            if d.observe(rng.below(1 << 19) * 4096, 4096, 1) {
                 random_bypassed += 1;
             }
         }
@@ -98,15 +104,15 @@ mod tests {
         // random requests in a small hot region are not a stream either
         let mut d = SeqDetector::new(256 << 10);
         let hot = (0..20_000)
-            .filter(|_| d.observe(rng.below(512) * 4096, 4096))
+            .filter(|_| d.observe(rng.below(512) * 4096, 4096, 1))
             .count();
         assert_eq!(hot, 0, "random requests in 2 MiB taken for a stream");
         assert!(
-            d.observe(0, 8 << 20),
+            d.observe(0, 8 << 20, 1),
             "a request past the cutoff bypasses alone"
         );
         assert!(
-            !SeqDetector::new(0).observe(0, 1 << 30),
+            !SeqDetector::new(0).observe(0, 1 << 30, 1),
             "0 turns detection off"
         );
     }
@@ -117,9 +123,39 @@ mod tests {
         let mut last = [false; 4];
         for i in 0..40u64 {
             for (s, l) in last.iter_mut().enumerate() {
-                *l = d.observe(((s as u64) << 32) | (i * 65536), 65536);
+                *l = d.observe(((s as u64) << 32) | (i * 65536), 65536, 1);
             }
         }
         assert_eq!(last, [true; 4]);
+    }
+
+    #[test]
+    fn a_stream_reordered_by_a_deep_queue_is_still_one_stream() {
+        // 256 KiB requests, 32 in flight, each window of 32 arriving in a
+        // scrambled order (the worst a 32-deep queue can do)
+        let mut d = SeqDetector::new(4 << 20);
+        let mut rng = crate::trace::Rng::new(7);
+        let mut through = 0;
+        for w in 0..32u64 {
+            let mut idx: Vec<u64> = (0..32).collect();
+            for i in (1..idx.len()).rev() {
+                idx.swap(i, rng.below(i as u64 + 1) as usize);
+            }
+            for i in idx {
+                if !d.observe((w * 32 + i) * 262144, 262144, 32) {
+                    through += 1;
+                }
+            }
+        }
+        assert!(
+            through <= 32,
+            "{through} requests of one 256 MiB stream went through the cache"
+        );
+        // random 4K requests over 2 GiB at 32 in flight are still not a stream
+        let mut d = SeqDetector::new(4 << 20);
+        let random = (0..100_000)
+            .filter(|_| d.observe(rng.below(1 << 19) * 4096, 4096, 32))
+            .count();
+        assert!(random < 50, "{random} random requests bypassed");
     }
 }
