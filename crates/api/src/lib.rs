@@ -31,6 +31,27 @@ use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::Arc;
 
+/// An administrative action on an SSD cache.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+pub enum CacheAction {
+    /// Put the cache (created afresh on its devices) in front of its LUNs.
+    Attach,
+    /// Destage its dirty data and move its LUNs to the backing.
+    Detach,
+    /// Mark device `device` (its position) failed, as pulling it would.
+    Fail {
+        /// Device position.
+        device: usize,
+    },
+    /// Put the configured disk `disk` in place of failed device `device`.
+    Replace {
+        /// Device position.
+        device: usize,
+        /// Name of a `[[disk]]` not in use.
+        disk: String,
+    },
+}
+
 /// An administrative action on a pool.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(tag = "action", rename_all = "snake_case")]
@@ -105,8 +126,8 @@ pub trait Control: Send + Sync + 'static {
     fn cache(&self, _name: &str) -> Option<Value> {
         None
     }
-    /// Marks cache device `device` (its position) failed, as pulling it would.
-    async fn cache_fail_device(&self, name: &str, _device: usize) -> Result<Value, ApiError> {
+    /// Carries out an action on a cache; answers with the cache's new status.
+    async fn cache_action(&self, name: &str, _action: CacheAction) -> Result<Value, ApiError> {
         Err(ApiError::NotFound(format!("no cache named {name:?}")))
     }
 }
@@ -116,12 +137,45 @@ struct DeviceBody {
     device: usize,
 }
 
+#[derive(Deserialize)]
+struct CacheReplaceBody {
+    device: usize,
+    disk: String,
+}
+
 async fn cache_fail(
     State(c): State<Ctl>,
     Path(name): Path<String>,
     Json(b): Json<DeviceBody>,
 ) -> Result<Json<Value>, ApiError> {
-    c.cache_fail_device(&name, b.device).await.map(Json)
+    let a = CacheAction::Fail { device: b.device };
+    c.cache_action(&name, a).await.map(Json)
+}
+
+async fn cache_replace(
+    State(c): State<Ctl>,
+    Path(name): Path<String>,
+    Json(b): Json<CacheReplaceBody>,
+) -> Result<Json<Value>, ApiError> {
+    let a = CacheAction::Replace {
+        device: b.device,
+        disk: b.disk,
+    };
+    c.cache_action(&name, a).await.map(Json)
+}
+
+async fn cache_attach(
+    State(c): State<Ctl>,
+    Path(name): Path<String>,
+) -> Result<Json<Value>, ApiError> {
+    c.cache_action(&name, CacheAction::Attach).await.map(Json)
+}
+
+async fn cache_detach(
+    State(c): State<Ctl>,
+    Path(name): Path<String>,
+) -> Result<Json<Value>, ApiError> {
+    c.cache_action(&name, CacheAction::Detach).await.map(Json)
 }
 
 async fn caches(State(c): State<Ctl>) -> Json<Value> {
@@ -242,6 +296,9 @@ pub fn router(control: Ctl) -> Router {
         .route("/api/v1/caches", get(caches))
         .route("/api/v1/caches/{name}", get(cache))
         .route("/api/v1/caches/{name}/fail", post(cache_fail))
+        .route("/api/v1/caches/{name}/replace", post(cache_replace))
+        .route("/api/v1/caches/{name}/attach", post(cache_attach))
+        .route("/api/v1/caches/{name}/detach", post(cache_detach))
         .with_state(control)
 }
 

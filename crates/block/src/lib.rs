@@ -24,6 +24,7 @@ mod fault;
 mod join;
 mod mem;
 mod passthru;
+mod switch;
 
 pub use bytes::{Bytes, BytesMut};
 pub use crashsim::CrashSimVolume;
@@ -33,6 +34,7 @@ pub use fault::{FaultPlan, FaultVolume};
 pub use join::{join_all, BoxFut};
 pub use mem::MemVolume;
 pub use passthru::Passthru;
+pub use switch::SwitchVolume;
 
 use async_trait::async_trait;
 use std::sync::Arc;

@@ -40,6 +40,7 @@ use tokio::sync::{Notify, RwLock};
 const LOCK_STRIPES: usize = 4096;
 
 /// A cache device handed to [`CacheVolume::open`].
+#[derive(Clone)]
 pub struct CacheDevice {
     /// Name shown in status and logs.
     pub name: String,
@@ -569,6 +570,12 @@ impl Inner {
     // ---------------------------------------------------------------- writes
 
     async fn write_bytes(&self, off: u64, data: Bytes, fua: bool) -> BlockResult<()> {
+        // observed on arrival, before any wait, to see a stream in its issue order
+        let bypass = self.seq.lock().observe(
+            off,
+            data.len() as u64,
+            self.fg_inflight.load(Ordering::Relaxed),
+        );
         // sub-sector writes are widened to whole sectors by reading around them
         let s0 = off / SECTOR_BYTES * SECTOR_BYTES;
         let s1 = (off + data.len() as u64).div_ceil(SECTOR_BYTES) * SECTOR_BYTES;
@@ -584,7 +591,6 @@ impl Inner {
         } else {
             (off, data)
         };
-        let bypass = self.seq.lock().observe(off, data.len() as u64);
         if bypass {
             Counters::add(&self.counters.bypassed_writes, 1);
         }
@@ -1114,6 +1120,29 @@ impl CacheVolume {
         devices: Vec<CacheDevice>,
         cfg: CacheConfig,
     ) -> BlockResult<CacheVolume> {
+        Self::open_as(name, backing, devices, cfg, false).await
+    }
+
+    /// Creates the cache `name` on `devices` afresh, ignoring whatever they hold:
+    /// for attaching a cache that this process detached (and so emptied) before,
+    /// possibly with a replaced device. Never use it on devices that may hold
+    /// dirty data.
+    pub async fn create_fresh(
+        name: &str,
+        backing: VolumeRef,
+        devices: Vec<CacheDevice>,
+        cfg: CacheConfig,
+    ) -> BlockResult<CacheVolume> {
+        Self::open_as(name, backing, devices, cfg, true).await
+    }
+
+    async fn open_as(
+        name: &str,
+        backing: VolumeRef,
+        devices: Vec<CacheDevice>,
+        cfg: CacheConfig,
+        fresh: bool,
+    ) -> BlockResult<CacheVolume> {
         cfg.validate().map_err(BlockError::Unavailable)?;
         let geo = backing.geometry();
         let bs = geo.block_size_bytes as u64;
@@ -1166,7 +1195,11 @@ impl CacheVolume {
         // what the devices say
         let mut sbs = Vec::new();
         for d in &devs {
-            sbs.push(d.read_superblock().await.unwrap_or(None));
+            sbs.push(if fresh {
+                None
+            } else {
+                d.read_superblock().await.unwrap_or(None)
+            });
         }
         let newest = sbs.iter().flatten().max_by_key(|s| s.generation).cloned();
         let advisor = cfg.advisor.then(|| {
@@ -1297,6 +1330,42 @@ impl CacheVolume {
         for t in tasks {
             t.abort();
             let _ = t.await;
+        }
+        self.inner.write_full_table(true).await
+    }
+
+    /// Takes the cache out of service after [`CacheVolume::drain`] and after the
+    /// caller has sent the I/O elsewhere (the backing): stops destaging, forgets
+    /// every cached block and writes the empty map, so a later start cannot serve
+    /// blocks that were written around the cache meanwhile. Refuses (and leaves
+    /// the cache as it is) while dirty data remains.
+    pub async fn detach(&self) -> BlockResult<()> {
+        let _gate = self.inner.gate.write().await;
+        if self.inner.state.lock().dirty_frames != 0 {
+            return Err(BlockError::Unavailable(format!(
+                "cache {}: dirty data left; drain it first",
+                self.inner.name
+            )));
+        }
+        self.inner.stopping.store(true, Ordering::Release);
+        self.inner.destage_wake.notify_one();
+        let tasks: Vec<_> = std::mem::take(&mut *self.tasks.lock());
+        for t in tasks {
+            t.abort();
+            let _ = t.await;
+        }
+        {
+            let mut st = self.inner.state.lock();
+            let frames = self.inner.frames as usize;
+            let spb = (self.inner.block_bytes / SECTOR_BYTES) as u32;
+            st.policy = self
+                .inner
+                .cfg
+                .policy
+                .build_with(self.inner.cfg.admission, frames);
+            st.valid = FrameBits::new(frames, spb);
+            st.dirty = FrameBits::new(frames, spb);
+            st.dirty_sectors = 0;
         }
         self.inner.write_full_table(true).await
     }
@@ -1478,7 +1547,10 @@ impl Volume for CacheVolume {
         let _fg = i.fg();
         let off = lba * i.bs;
         let len = blocks as u64 * i.bs;
-        let bypass = i.seq.lock().observe(off, len);
+        let bypass = i
+            .seq
+            .lock()
+            .observe(off, len, i.fg_inflight.load(Ordering::Relaxed));
         Ok(i.read_bytes(off, len, bypass).await?.freeze())
     }
 

@@ -26,6 +26,28 @@ pub enum CacheCmd {
         /// Device position.
         device: usize,
     },
+    /// Put the cache in front of its LUNs while they serve I/O (created afresh on
+    /// its devices: it starts empty).
+    Attach {
+        /// Cache name.
+        name: String,
+    },
+    /// Take the cache out from under its LUNs while they serve I/O: dirty data is
+    /// destaged first (writes go through meanwhile), then the LUNs use the backing.
+    Detach {
+        /// Cache name.
+        name: String,
+    },
+    /// Replace failed device DEVICE with DISK (a free `[[disk]]`): the cache is
+    /// detached (destaged), rebuilt on the new pair and attached again, empty.
+    Replace {
+        /// Cache name.
+        name: String,
+        /// Device position.
+        device: usize,
+        /// A `[[disk]]` of the config that nothing uses.
+        disk: String,
+    },
 }
 
 fn pct(v: &Value) -> String {
@@ -44,6 +66,14 @@ fn bytes(v: &Value) -> String {
 }
 
 fn print(c: &Value) {
+    if c["attached"] == false {
+        println!(
+            "cache {}  mode {}  detached (its LUNs use the backing)",
+            c["name"].as_str().unwrap_or("?"),
+            c["mode"].as_str().unwrap_or("?"),
+        );
+        return;
+    }
     println!(
         "cache {}  mode {}  state: {}",
         c["name"].as_str().unwrap_or("?"),
@@ -144,17 +174,28 @@ pub fn run(api: SocketAddr, cmd: CacheCmd) -> Result<()> {
         }
         CacheCmd::Fail { name, device } => {
             let body = serde_json::json!({ "device": device });
-            let (code, v) = http(
-                api,
-                "POST",
-                &format!("/api/v1/caches/{name}/fail"),
-                Some(&body),
-            )?;
-            if code != 200 {
-                bail!("{}", v["error"].as_str().unwrap_or("request failed"));
-            }
-            print(&v);
-            Ok(())
+            post(api, &name, "fail", Some(&body))
+        }
+        CacheCmd::Attach { name } => post(api, &name, "attach", None),
+        CacheCmd::Detach { name } => post(api, &name, "detach", None),
+        CacheCmd::Replace { name, device, disk } => {
+            let body = serde_json::json!({ "device": device, "disk": disk });
+            post(api, &name, "replace", Some(&body))
         }
     }
+}
+
+/// POSTs a cache action and prints the cache's new status.
+fn post(api: SocketAddr, name: &str, action: &str, body: Option<&Value>) -> Result<()> {
+    let (code, v) = http(
+        api,
+        "POST",
+        &format!("/api/v1/caches/{name}/{action}"),
+        body,
+    )?;
+    if code != 200 {
+        bail!("{}", v["error"].as_str().unwrap_or("request failed"));
+    }
+    print(&v);
+    Ok(())
 }

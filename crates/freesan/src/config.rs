@@ -90,6 +90,11 @@ pub struct CacheConfig {
     /// Destage at full speed above this share (default 60).
     #[serde(default)]
     pub dirty_high_percent: Option<u8>,
+    /// Serve the LUNs that name this cache through it from the start (default);
+    /// `false` starts them on the backing (a write-back cache left dirty by a crash
+    /// is destaged first) until `freesan cache attach NAME`.
+    #[serde(default = "yes")]
+    pub attached: bool,
 }
 
 /// A disk: a file or block device, or a simulated HDD/SSD whose data lives in a
@@ -640,6 +645,10 @@ impl LunConfig {
             serial: None,
         }
     }
+}
+
+fn yes() -> bool {
+    true
 }
 
 #[cfg(test)]

@@ -10,11 +10,98 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::Arc;
 
+/// A configured SSD cache: what it is made of (to attach it again) and, while it
+/// is attached, its volume. LUNs serve `front`, which forwards to the cache while
+/// attached and to the backing while detached.
+pub struct CacheSlot {
+    cfg: cache::CacheConfig,
+    backing: VolumeRef,
+    devices: parking_lot::Mutex<Vec<cache::CacheDevice>>,
+    vol: parking_lot::Mutex<Option<Arc<cache::CacheVolume>>>,
+    front: Arc<block::SwitchVolume>,
+    /// Serialises attach, detach and device replacement.
+    op: tokio::sync::Mutex<()>,
+}
+
+impl CacheSlot {
+    fn volume(&self) -> Option<Arc<cache::CacheVolume>> {
+        self.vol.lock().clone()
+    }
+
+    fn status(&self, name: &str) -> serde_json::Value {
+        match self.volume() {
+            Some(v) => {
+                let mut s = serde_json::to_value(v.status()).unwrap_or_default();
+                s["attached"] = serde_json::Value::Bool(true);
+                s
+            }
+            None => serde_json::json!({
+                "name": name,
+                "mode": self.cfg.mode.to_string(),
+                "state": "detached",
+                "attached": false,
+                "devices": self.devices.lock().iter().map(|d| serde_json::json!({"name": d.name, "state": "detached"})).collect::<Vec<_>>(),
+            }),
+        }
+    }
+
+    /// Drains the cache's dirty data (writes go through it meanwhile), moves the
+    /// LUNs to the backing once their requests in flight are done, and empties it.
+    async fn detach(&self, name: &str) -> Result<(), api::ApiError> {
+        let conflict = |e: block::BlockError| api::ApiError::Conflict(format!("cache {name}: {e}"));
+        let Some(v) = self.volume() else {
+            return Err(api::ApiError::Conflict(format!(
+                "cache {name} is not attached"
+            )));
+        };
+        v.drain().await.map_err(conflict)?;
+        self.front
+            .switch(self.backing.clone())
+            .await
+            .map_err(conflict)?;
+        // writes that were in flight through the cache during the first drain
+        let done = async {
+            v.drain().await?;
+            v.detach().await
+        };
+        if let Err(e) = done.await {
+            // keep serving through the cache rather than around dirty data
+            let _ = self.front.switch(v.clone() as VolumeRef).await;
+            return Err(conflict(e));
+        }
+        *self.vol.lock() = None;
+        tracing::info!(cache = %name, "cache detached: dirty data destaged, LUNs on the backing");
+        Ok(())
+    }
+
+    /// Creates the cache afresh on its devices and moves the LUNs onto it.
+    async fn attach(&self, name: &str) -> Result<(), api::ApiError> {
+        if self.volume().is_some() {
+            return Err(api::ApiError::Conflict(format!(
+                "cache {name} is already attached"
+            )));
+        }
+        let devices = self.devices.lock().clone();
+        let v =
+            cache::CacheVolume::create_fresh(name, self.backing.clone(), devices, self.cfg.clone())
+                .await
+                .map(Arc::new)
+                .map_err(|e| api::ApiError::Conflict(format!("cache {name}: {e}")))?;
+        if let Err(e) = self.front.switch(v.clone() as VolumeRef).await {
+            let _ = v.shutdown().await;
+            return Err(api::ApiError::Conflict(format!("cache {name}: {e}")));
+        }
+        *self.vol.lock() = Some(v);
+        tracing::info!(cache = %name, "cache attached");
+        Ok(())
+    }
+}
+
 /// The pools of a running node, by name, and the disks not (yet) in any pool.
 #[derive(Default)]
 pub struct Pools {
     pools: BTreeMap<String, Arc<raid::Pool>>,
-    caches: BTreeMap<String, Arc<cache::CacheVolume>>,
+    caches: BTreeMap<String, CacheSlot>,
     /// Configured disks that no pool uses, available as spares and replacements.
     free_disks: parking_lot::Mutex<BTreeMap<String, VolumeRef>>,
 }
@@ -200,12 +287,28 @@ impl Pools {
                 }
             }
             let cc = cache_config(c)?;
-            let vol = cache::CacheVolume::open(&c.name, backing, devices, cc)
-                .await
-                .with_context(|| format!("cache {}: opening", c.name))?;
+            let vol =
+                cache::CacheVolume::open(&c.name, backing.clone(), devices.clone(), cc.clone())
+                    .await
+                    .with_context(|| format!("cache {}: opening", c.name))?;
             let st = vol.status();
             tracing::info!(cache = %c.name, mode = %st.mode, frames = st.frames, cached = st.cached_blocks, dirty = st.dirty_blocks, "cache ready");
-            caches.insert(c.name.clone(), Arc::new(vol));
+            let vol = Arc::new(vol);
+            let slot = CacheSlot {
+                cfg: cc,
+                backing,
+                devices: parking_lot::Mutex::new(devices),
+                front: Arc::new(block::SwitchVolume::new(vol.clone() as VolumeRef)),
+                vol: parking_lot::Mutex::new(Some(vol)),
+                op: tokio::sync::Mutex::new(()),
+            };
+            if !c.attached {
+                // dirty data a crash left is destaged before the LUNs go around it
+                slot.detach(&c.name)
+                    .await
+                    .map_err(|e| anyhow::anyhow!("cache {}: detaching at start: {e:?}", c.name))?;
+            }
+            caches.insert(c.name.clone(), slot);
         }
         Ok(Pools {
             pools,
@@ -214,25 +317,93 @@ impl Pools {
         })
     }
 
-    /// The volume of cache `name`.
+    /// The volume LUNs naming cache `name` serve (the cache while it is
+    /// attached, its backing while not).
     pub fn cache_volume(&self, name: &str) -> Result<VolumeRef> {
         match self.caches.get(name) {
-            Some(c) => Ok(c.clone() as VolumeRef),
+            Some(c) => Ok(c.front.clone() as VolumeRef),
             None => bail!("no cache named {name:?} is configured"),
         }
     }
 
     /// Status of every cache.
     pub fn cache_statuses(&self) -> Vec<serde_json::Value> {
-        self.caches
-            .values()
-            .filter_map(|c| serde_json::to_value(c.status()).ok())
-            .collect()
+        self.caches.iter().map(|(n, c)| c.status(n)).collect()
     }
 
     /// Status of cache `name`.
     pub fn cache_status(&self, name: &str) -> Option<serde_json::Value> {
-        serde_json::to_value(self.caches.get(name)?.status()).ok()
+        Some(self.caches.get(name)?.status(name))
+    }
+
+    fn cache_slot(&self, name: &str) -> Result<&CacheSlot, api::ApiError> {
+        self.caches
+            .get(name)
+            .ok_or_else(|| api::ApiError::NotFound(format!("no cache named {name:?}")))
+    }
+
+    /// Carries out an administrative action on cache `name`: attach, detach, or
+    /// replace a device (detach, swap in a free disk, attach afresh).
+    pub async fn cache_act(
+        &self,
+        name: &str,
+        action: api::CacheAction,
+    ) -> Result<serde_json::Value, api::ApiError> {
+        let slot = self.cache_slot(name)?;
+        let _op = slot.op.lock().await;
+        match action {
+            api::CacheAction::Attach => slot.attach(name).await?,
+            api::CacheAction::Detach => slot.detach(name).await?,
+            api::CacheAction::Fail { device } => {
+                let v = slot.volume().ok_or_else(|| {
+                    api::ApiError::Conflict(format!("cache {name} is not attached"))
+                })?;
+                if device >= slot.devices.lock().len() {
+                    return Err(api::ApiError::BadRequest(format!(
+                        "cache {name} has no device {device}"
+                    )));
+                }
+                v.fail_device(device)
+                    .await
+                    .map_err(|e| api::ApiError::Conflict(e.to_string()))?;
+                tracing::warn!(cache = %name, device, "cache device failed by request");
+            }
+            api::CacheAction::Replace { device, disk } => {
+                if device >= slot.devices.lock().len() {
+                    return Err(api::ApiError::BadRequest(format!(
+                        "cache {name} has no device {device}"
+                    )));
+                }
+                if let Some(v) = slot.volume() {
+                    if v.status().devices[device].state != "failed" {
+                        return Err(api::ApiError::Conflict(format!(
+                            "cache {name}: device {device} has not failed (fail it or detach the cache first)"
+                        )));
+                    }
+                }
+                let Some(new) = self.free_disks.lock().remove(&disk) else {
+                    return Err(api::ApiError::BadRequest(format!(
+                        "no free disk named {disk:?} (it must be a [[disk]] of the config that nothing uses)"
+                    )));
+                };
+                if slot.volume().is_some() {
+                    if let Err(e) = slot.detach(name).await {
+                        self.free_disks.lock().insert(disk, new);
+                        return Err(e);
+                    }
+                }
+                let old = std::mem::replace(
+                    &mut slot.devices.lock()[device],
+                    cache::CacheDevice {
+                        name: disk.clone(),
+                        volume: new,
+                    },
+                );
+                tracing::info!(cache = %name, device, old = %old.name, new = %disk, "cache device replaced");
+                slot.attach(name).await?;
+            }
+        }
+        Ok(slot.status(name))
     }
 
     /// The volume of pool `name`.
@@ -320,7 +491,8 @@ impl Pools {
     /// (clean shutdown; caches first, they sit above the pools).
     pub async fn shutdown(&self) {
         for (name, c) in &self.caches {
-            if let Err(e) = c.shutdown().await {
+            let Some(v) = c.volume() else { continue };
+            if let Err(e) = v.shutdown().await {
                 tracing::warn!(cache = %name, error = %e, "cache shutdown");
             }
         }
@@ -361,28 +533,12 @@ impl api::Control for NodeControl {
         self.pools.cache_status(name)
     }
 
-    async fn cache_fail_device(
+    async fn cache_action(
         &self,
         name: &str,
-        device: usize,
+        action: api::CacheAction,
     ) -> Result<serde_json::Value, api::ApiError> {
-        let c = self
-            .pools
-            .caches
-            .get(name)
-            .ok_or_else(|| api::ApiError::NotFound(format!("no cache named {name:?}")))?;
-        if device >= c.status().devices.len() {
-            return Err(api::ApiError::BadRequest(format!(
-                "cache {name} has no device {device}"
-            )));
-        }
-        c.fail_device(device)
-            .await
-            .map_err(|e| api::ApiError::Conflict(e.to_string()))?;
-        tracing::warn!(cache = %name, device, "cache device failed by request");
-        self.pools
-            .cache_status(name)
-            .ok_or_else(|| api::ApiError::NotFound(format!("no cache named {name:?}")))
+        self.pools.cache_act(name, action).await
     }
 
     fn pool(&self, name: &str) -> Option<serde_json::Value> {

@@ -1,14 +1,18 @@
 //! A write-back SSD cache over a RAID 5 pool: acknowledged writes survive a SIGKILL
 //! of the node (dirty data on the mirrored SSDs, reloaded and destaged at restart),
 //! and losing one SSD of the mirror in the middle of a run loses nothing (checked
-//! with `freesan bench --verify` state and `bench check`).
+//! with `freesan bench --verify` state and `bench check`). The cache is detached,
+//! attached and has a failed SSD replaced while the LUN serves verified writes,
+//! without an I/O error, and what was written around a detached cache is never
+//! shadowed by what it held.
 
 mod common;
 use common::*;
 
 fn config(dir: &std::path::Path) -> std::path::PathBuf {
     let mut s = config_head(dir, 4);
-    for i in 0..2 {
+    // ssd2: a free disk to replace a failed cache device with
+    for i in 0..3 {
         s += &format!(
             "[[disk]]\nname = \"ssd{i}\"\nsize = \"40M\"\npath = \"{}/ssd{i}.img\"\n",
             dir.display()
@@ -78,4 +82,71 @@ fn losing_one_ssd_of_the_mirror_mid_run_loses_nothing() {
     node.kill9();
     let node = start_config(dir.path(), &cfg);
     assert_acknowledged_writes_intact(&node.url(0, 0), &state, "survivor after SIGKILL");
+}
+
+fn cache_cmd(api: &str, args: &[&str]) -> serde_json::Value {
+    let mut all = vec!["cache", "--api", api];
+    all.extend_from_slice(args);
+    let (ok, out) = freesan(&all);
+    assert!(ok, "freesan cache {args:?}: {out}");
+    cache_status(api)
+}
+
+#[test]
+fn attach_detach_and_ssd_replacement_while_serving_lose_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = config(dir.path());
+    let state = dir.path().join("verify.state");
+    let mut node = start_config(dir.path(), &cfg);
+    let api = node.api.clone().expect("no API address in the banner");
+    let mut bench = start_verified_writes(&node.url(0, 0), &state, "8k", 4, 12);
+
+    let st = cache_cmd(&api, &["detach", "c"]);
+    assert_eq!(st["attached"], false, "{st}");
+    let st = cache_cmd(&api, &["attach", "c"]);
+    assert_eq!(st["attached"], true, "{st}");
+    assert_eq!(st["mode"], "write-back", "{st}");
+
+    // lose SSD 0, put ssd2 in its place: a healthy mirror again
+    let st = cache_cmd(&api, &["fail", "c", "0"]);
+    assert_eq!(st["devices"][0]["state"], "failed", "{st}");
+    let (ok, out) = freesan(&["cache", "--api", &api, "replace", "c", "1", "ssd2"]);
+    assert!(!ok, "replacing a healthy device was accepted: {out}");
+    let st = cache_cmd(&api, &["replace", "c", "0", "ssd2"]);
+    assert_eq!(st["devices"][0]["name"], "ssd2", "{st}");
+    assert_eq!(st["devices"][0]["state"], "ok", "{st}");
+    assert_eq!(st["devices"][1]["state"], "ok", "{st}");
+    assert_eq!(st["state"], "ok", "{st}");
+
+    // let the new cache take dirty writes, then go around it for the rest of the run
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while cache_status(&api)["dirty_blocks"].as_u64().unwrap_or(0) == 0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no write reached the new cache"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    let st = cache_cmd(&api, &["detach", "c"]);
+    assert_eq!(st["attached"], false, "{st}");
+    assert!(
+        bench.try_wait().unwrap().is_none(),
+        "the run ended before the cache was detached; nothing was written around it"
+    );
+    let status = bench.wait().unwrap();
+    assert!(
+        status.success(),
+        "the workload saw an I/O error or a verification failure"
+    );
+    assert_acknowledged_writes_intact(&node.url(0, 0), &state, "after attach/detach/replace");
+
+    // the config attaches the cache at start: it must come back empty, not with
+    // the blocks it held before the writes that went around it
+    node.kill9();
+    let node = start_config(dir.path(), &cfg);
+    let api = node.api.clone().expect("no API address in the banner");
+    let st = cache_status(&api);
+    assert_eq!(st["attached"], true, "{st}");
+    assert_eq!(st["cached_blocks"], 0, "{st}");
+    assert_acknowledged_writes_intact(&node.url(0, 0), &state, "restart after detach");
 }

@@ -1,0 +1,124 @@
+//! A volume whose lower volume can be exchanged while it serves I/O: how a LUN
+//! gets an SSD cache attached or detached without the initiator noticing.
+//!
+//! Every request holds a shared lock on the current volume for its whole duration;
+//! [`SwitchVolume::switch`] takes it exclusively, so it waits for the requests in
+//! flight on the old volume, and requests that arrive meanwhile wait and then go to
+//! the new one. No request ever sees both, which is what keeps a cache coherent: a
+//! read that fills the cache from the backing can never race a write that went
+//! around it.
+
+use crate::{BlockError, BlockResult, Bytes, Extent, Geometry, Volume, VolumeRef};
+use async_trait::async_trait;
+use tokio::sync::RwLock;
+
+/// A volume that forwards to an exchangeable lower volume.
+pub struct SwitchVolume {
+    geometry: Geometry,
+    current: RwLock<VolumeRef>,
+}
+
+impl SwitchVolume {
+    /// Forwards to `inner` until switched; its geometry is the one reported.
+    pub fn new(inner: VolumeRef) -> Self {
+        SwitchVolume {
+            geometry: inner.geometry(),
+            current: RwLock::new(inner),
+        }
+    }
+
+    /// The volume requests go to now.
+    pub async fn current(&self) -> VolumeRef {
+        self.current.read().await.clone()
+    }
+
+    /// Sends every later request to `next` once the requests in flight have
+    /// finished; returns the previous volume. `next` must have the same block size
+    /// and block count.
+    pub async fn switch(&self, next: VolumeRef) -> BlockResult<VolumeRef> {
+        let g = next.geometry();
+        if g.block_size_bytes != self.geometry.block_size_bytes
+            || g.block_count != self.geometry.block_count
+        {
+            return Err(BlockError::Unavailable(format!(
+                "cannot switch to a volume of {} blocks of {} bytes (this one has {} of {})",
+                g.block_count,
+                g.block_size_bytes,
+                self.geometry.block_count,
+                self.geometry.block_size_bytes
+            )));
+        }
+        let mut cur = self.current.write().await;
+        Ok(std::mem::replace(&mut *cur, next))
+    }
+}
+
+#[async_trait]
+impl Volume for SwitchVolume {
+    fn geometry(&self) -> Geometry {
+        self.geometry
+    }
+    async fn read(&self, lba: u64, blocks: u32) -> BlockResult<Bytes> {
+        self.current.read().await.read(lba, blocks).await
+    }
+    async fn write(&self, lba: u64, data: Bytes, fua: bool) -> BlockResult<()> {
+        self.current.read().await.write(lba, data, fua).await
+    }
+    async fn flush(&self) -> BlockResult<()> {
+        self.current.read().await.flush().await
+    }
+    async fn discard(&self, lba: u64, blocks: u64) -> BlockResult<()> {
+        self.current.read().await.discard(lba, blocks).await
+    }
+    async fn write_zeroes(&self, lba: u64, blocks: u64, may_unmap: bool) -> BlockResult<()> {
+        self.current
+            .read()
+            .await
+            .write_zeroes(lba, blocks, may_unmap)
+            .await
+    }
+    async fn block_status(&self, lba: u64, blocks: u64) -> BlockResult<Vec<Extent>> {
+        self.current.read().await.block_status(lba, blocks).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{DelayVolume, MemVolume};
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    #[tokio::test]
+    async fn a_switch_waits_for_requests_in_flight_and_later_ones_go_to_the_new_volume() {
+        let slow: VolumeRef = Arc::new(DelayVolume::new(
+            Arc::new(MemVolume::new(512, 64)),
+            Duration::from_millis(50),
+            Duration::from_millis(50),
+        ));
+        let other: VolumeRef = Arc::new(MemVolume::new(512, 64));
+        let sw = Arc::new(SwitchVolume::new(slow.clone()));
+        let w = {
+            let sw = sw.clone();
+            tokio::spawn(async move { sw.write(0, Bytes::from(vec![1u8; 512]), false).await })
+        };
+        // the write holds the old volume: the switch completes only after it
+        tokio::task::yield_now().await;
+        let old = sw.switch(other.clone()).await.unwrap();
+        assert!(
+            w.is_finished(),
+            "switch returned before the write in flight ended"
+        );
+        w.await.unwrap().unwrap();
+        assert!(Arc::ptr_eq(&old, &slow));
+        assert_eq!(&slow.read(0, 1).await.unwrap()[..], &[1u8; 512][..]);
+        sw.write(1, Bytes::from(vec![2u8; 512]), false)
+            .await
+            .unwrap();
+        assert_eq!(&other.read(1, 1).await.unwrap()[..], &[2u8; 512][..]);
+        assert_eq!(&slow.read(1, 1).await.unwrap()[..], &[0u8; 512][..]);
+        // a volume of another shape is refused
+        let small: VolumeRef = Arc::new(MemVolume::new(512, 32));
+        assert!(sw.switch(small).await.is_err());
+    }
+}
