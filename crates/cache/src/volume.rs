@@ -83,6 +83,19 @@ pub(crate) struct State {
 }
 
 impl State {
+    /// An empty map of `frames` frames of `spb` sectors.
+    fn empty(cfg: &CacheConfig, frames: usize, spb: u32, advisor: Option<Advisor>) -> State {
+        State {
+            policy: cfg.policy.build_with(cfg.admission, frames),
+            valid: FrameBits::new(frames, spb),
+            dirty: FrameBits::new(frames, spb),
+            io_pins: HashMap::new(),
+            dirty_frames: 0,
+            dirty_sectors: 0,
+            advisor,
+        }
+    }
+
     fn is_dirty(&self, slot: u32) -> bool {
         self.dirty.get(slot) != 0
     }
@@ -1211,15 +1224,7 @@ impl CacheVolume {
             ac.admission = cfg.admission;
             Advisor::new(&ac)
         });
-        let state = State {
-            policy: cfg.policy.build_with(cfg.admission, frames as usize),
-            valid: FrameBits::new(frames as usize, spb),
-            dirty: FrameBits::new(frames as usize, spb),
-            io_pins: HashMap::new(),
-            dirty_frames: 0,
-            dirty_sectors: 0,
-            advisor,
-        };
+        let state = State::empty(&cfg, frames as usize, spb, advisor);
         let sb = Superblock {
             cache_id: newest
                 .as_ref()
@@ -1324,6 +1329,12 @@ impl CacheVolume {
     /// writes the whole map (so the next start finds every cached block).
     pub async fn shutdown(&self) -> BlockResult<()> {
         let _gate = self.inner.gate.write().await;
+        self.stop_tasks().await;
+        self.inner.write_full_table(true).await
+    }
+
+    /// Stops destaging and the timer (the caller holds the gate exclusively).
+    async fn stop_tasks(&self) {
         self.inner.stopping.store(true, Ordering::Release);
         self.inner.destage_wake.notify_one();
         let tasks: Vec<_> = std::mem::take(&mut *self.tasks.lock());
@@ -1331,7 +1342,6 @@ impl CacheVolume {
             t.abort();
             let _ = t.await;
         }
-        self.inner.write_full_table(true).await
     }
 
     /// Takes the cache out of service after [`CacheVolume::drain`] and after the
@@ -1347,25 +1357,13 @@ impl CacheVolume {
                 self.inner.name
             )));
         }
-        self.inner.stopping.store(true, Ordering::Release);
-        self.inner.destage_wake.notify_one();
-        let tasks: Vec<_> = std::mem::take(&mut *self.tasks.lock());
-        for t in tasks {
-            t.abort();
-            let _ = t.await;
-        }
+        self.stop_tasks().await;
         {
-            let mut st = self.inner.state.lock();
-            let frames = self.inner.frames as usize;
-            let spb = (self.inner.block_bytes / SECTOR_BYTES) as u32;
-            st.policy = self
-                .inner
-                .cfg
-                .policy
-                .build_with(self.inner.cfg.admission, frames);
-            st.valid = FrameBits::new(frames, spb);
-            st.dirty = FrameBits::new(frames, spb);
-            st.dirty_sectors = 0;
+            let i = &self.inner;
+            let mut st = i.state.lock();
+            let advisor = st.advisor.take();
+            let spb = (i.block_bytes / SECTOR_BYTES) as u32;
+            *st = State::empty(&i.cfg, i.frames as usize, spb, advisor);
         }
         self.inner.write_full_table(true).await
     }

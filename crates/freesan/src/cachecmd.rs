@@ -2,8 +2,8 @@
 //! hit rates (total and last 10 s), dirty bytes, destage rate, occupancy, devices,
 //! memory of the block map, and the advisor's size recommendation.
 
-use crate::poolcmd::http;
-use anyhow::{bail, Result};
+use crate::poolcmd::{http, ok_or_error};
+use anyhow::Result;
 use serde_json::Value;
 use std::net::SocketAddr;
 
@@ -158,9 +158,7 @@ pub fn run(api: SocketAddr, cmd: CacheCmd) -> Result<()> {
                 None => "/api/v1/caches".to_string(),
             };
             let (code, v) = http(api, "GET", &path, None)?;
-            if code != 200 {
-                bail!("{}", v["error"].as_str().unwrap_or("request failed"));
-            }
+            let v = ok_or_error(code, v)?;
             if json {
                 println!("{}", serde_json::to_string_pretty(&v)?);
                 return Ok(());
@@ -193,9 +191,6 @@ fn post(api: SocketAddr, name: &str, action: &str, body: Option<&Value>) -> Resu
         &format!("/api/v1/caches/{name}/{action}"),
         body,
     )?;
-    if code != 200 {
-        bail!("{}", v["error"].as_str().unwrap_or("request failed"));
-    }
-    print(&v);
+    print(&ok_or_error(code, v)?);
     Ok(())
 }

@@ -104,7 +104,7 @@ pub(crate) fn http(
     Ok((code, value))
 }
 
-fn ok_or_error(code: u16, v: Value) -> Result<Value> {
+pub(crate) fn ok_or_error(code: u16, v: Value) -> Result<Value> {
     if (200..300).contains(&code) {
         return Ok(v);
     }

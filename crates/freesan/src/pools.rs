@@ -28,6 +28,15 @@ impl CacheSlot {
         self.vol.lock().clone()
     }
 
+    fn check_device(&self, name: &str, device: usize) -> Result<(), api::ApiError> {
+        if device >= self.devices.lock().len() {
+            return Err(api::ApiError::BadRequest(format!(
+                "cache {name} has no device {device}"
+            )));
+        }
+        Ok(())
+    }
+
     fn status(&self, name: &str) -> serde_json::Value {
         match self.volume() {
             Some(v) => {
@@ -358,22 +367,14 @@ impl Pools {
                 let v = slot.volume().ok_or_else(|| {
                     api::ApiError::Conflict(format!("cache {name} is not attached"))
                 })?;
-                if device >= slot.devices.lock().len() {
-                    return Err(api::ApiError::BadRequest(format!(
-                        "cache {name} has no device {device}"
-                    )));
-                }
+                slot.check_device(name, device)?;
                 v.fail_device(device)
                     .await
                     .map_err(|e| api::ApiError::Conflict(e.to_string()))?;
                 tracing::warn!(cache = %name, device, "cache device failed by request");
             }
             api::CacheAction::Replace { device, disk } => {
-                if device >= slot.devices.lock().len() {
-                    return Err(api::ApiError::BadRequest(format!(
-                        "cache {name} has no device {device}"
-                    )));
-                }
+                slot.check_device(name, device)?;
                 if let Some(v) = slot.volume() {
                     if v.status().devices[device].state != "failed" {
                         return Err(api::ApiError::Conflict(format!(

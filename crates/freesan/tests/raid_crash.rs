@@ -121,17 +121,7 @@ fn crash_then_degrade(
     );
     let what = format!("{level} after SIGKILL + member failure");
     if when == Degrade::AtOnceInFlightMayBeTorn {
-        let state = state.to_str().expect("utf-8 state path");
-        let (ok, out) = freesan(&[
-            "bench",
-            "check",
-            "--single-path",
-            "--target",
-            &node.url(0, 0),
-            "--verify-state",
-            state,
-            "--in-flight-may-be-torn",
-        ]);
+        let (ok, out) = bench_check_with(&node.url(0, 0), &state, &["--in-flight-may-be-torn"]);
         assert!(
             ok,
             "{what}: blocks not under a write in flight were lost: {out}"

@@ -248,8 +248,13 @@ pub fn start_config(dir: &Path, cfg: &Path) -> Node {
 /// `freesan bench check` of the LUN at `url` against the verification state a
 /// `bench --verify --verify-state` run left; returns (success, output).
 pub fn bench_check(url: &str, state: &Path) -> (bool, String) {
+    bench_check_with(url, state, &[])
+}
+
+/// [`bench_check`] with extra options (e.g. `--in-flight-may-be-torn`).
+pub fn bench_check_with(url: &str, state: &Path, extra: &[&str]) -> (bool, String) {
     let state = state.to_str().expect("utf-8 state path");
-    freesan(&[
+    let mut args = vec![
         "bench",
         "check",
         "--single-path",
@@ -257,7 +262,9 @@ pub fn bench_check(url: &str, state: &Path) -> (bool, String) {
         url,
         "--verify-state",
         state,
-    ])
+    ];
+    args.extend_from_slice(extra);
+    freesan(&args)
 }
 
 /// Asserts that every block acknowledged by the run behind `state` reads back
