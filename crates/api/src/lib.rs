@@ -118,6 +118,10 @@ pub trait Control: Send + Sync + 'static {
     fn pool(&self, name: &str) -> Option<Value>;
     /// Carries out an action on a pool; answers with the pool's new status.
     async fn pool_action(&self, name: &str, action: PoolAction) -> Result<Value, ApiError>;
+    /// Status of every replicated volume (HA pair); none by default.
+    fn replicas(&self) -> Vec<Value> {
+        Vec::new()
+    }
     /// Every SSD cache's status (hit rates, dirty bytes, destage rate, advisor).
     fn caches(&self) -> Vec<Value> {
         Vec::new()
@@ -176,6 +180,10 @@ async fn cache_detach(
     Path(name): Path<String>,
 ) -> Result<Json<Value>, ApiError> {
     c.cache_action(&name, CacheAction::Detach).await.map(Json)
+}
+
+async fn replicas(State(c): State<Ctl>) -> Json<Value> {
+    Json(Value::Array(c.replicas()))
 }
 
 async fn caches(State(c): State<Ctl>) -> Json<Value> {
@@ -293,6 +301,7 @@ pub fn router(control: Ctl) -> Router {
         .route("/api/v1/pools/{name}/replace", post(replace))
         .route("/api/v1/pools/{name}/fail", post(fail))
         .route("/api/v1/pools/{name}/rebuild-rate", post(rebuild_rate))
+        .route("/api/v1/replicas", get(replicas))
         .route("/api/v1/caches", get(caches))
         .route("/api/v1/caches/{name}", get(cache))
         .route("/api/v1/caches/{name}/fail", post(cache_fail))

@@ -24,6 +24,7 @@ mod fault;
 mod join;
 mod mem;
 mod passthru;
+mod rangelock;
 mod switch;
 
 pub use bytes::{Bytes, BytesMut};
@@ -34,6 +35,7 @@ pub use fault::{FaultPlan, FaultVolume};
 pub use join::{join_all, BoxFut};
 pub use mem::MemVolume;
 pub use passthru::Passthru;
+pub use rangelock::{LockMode, RangeGuard, RangeLocks};
 pub use switch::SwitchVolume;
 
 use async_trait::async_trait;
@@ -154,6 +156,36 @@ pub trait Volume: Send + Sync + 'static {
         Ok(())
     }
 
+    /// COMPARE AND WRITE: if the blocks at `lba` equal `compare`, writes `data`
+    /// there (both the same whole-block length) and returns `None`; otherwise
+    /// writes nothing and returns the byte offset of the first difference.
+    ///
+    /// The default reads, compares and writes: it is atomic only against writers
+    /// the caller excludes itself (the SCSI layer holds its write-order lock).
+    /// Volumes whose writes are ordered elsewhere (a replicated volume orders them
+    /// on one node of the pair) override it to make it atomic there.
+    async fn compare_and_write(
+        &self,
+        lba: u64,
+        compare: Bytes,
+        data: Bytes,
+        fua: bool,
+    ) -> BlockResult<Option<usize>> {
+        let g = self.geometry();
+        let blocks = g.blocks_in(compare.len())?;
+        if data.len() != compare.len() {
+            return Err(BlockError::Misaligned {
+                len_bytes: data.len(),
+            });
+        }
+        let current = self.read(lba, blocks as u32).await?;
+        if let Some(i) = first_difference(&compare, &current) {
+            return Ok(Some(i));
+        }
+        self.write(lba, data, fua).await?;
+        Ok(None)
+    }
+
     /// Allocation state of the blocks from `lba` on, covering at least one block and
     /// at most `blocks`. The default says everything is mapped.
     async fn block_status(&self, lba: u64, blocks: u64) -> BlockResult<Vec<Extent>> {
@@ -164,6 +196,12 @@ pub trait Volume: Send + Sync + 'static {
             state: ExtentState::Mapped,
         }])
     }
+}
+
+/// Byte offset of the first difference between two buffers over their common
+/// length; `None` when that much is equal.
+pub fn first_difference(a: &[u8], b: &[u8]) -> Option<usize> {
+    a.iter().zip(b).position(|(x, y)| x != y)
 }
 
 /// A shared, dynamically typed volume: how layers hold the volumes below them.

@@ -49,6 +49,57 @@ pub struct Config {
     /// SSD caches in front of pools; a LUN serves a cache with `cache = NAME`.
     #[serde(rename = "cache", default)]
     pub caches: Vec<CacheConfig>,
+    /// This node's place in a two-node HA pair; LUNs with `replicated = true`
+    /// are kept identical on both nodes.
+    #[serde(default)]
+    pub cluster: Option<ClusterConfig>,
+}
+
+/// The HA pair this node belongs to.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct ClusterConfig {
+    /// Name of the pair (the same on both nodes; the witness keeps one grant per name).
+    pub name: String,
+    /// This node: 1 or 2.
+    pub node_id: u8,
+    /// The node that survives a split when no witness is configured, and leads
+    /// when both copies are equal.
+    #[serde(default = "default_preferred")]
+    pub preferred_node: u8,
+    /// This node's sync addresses (the partner connects to them).
+    pub sync: Vec<SocketAddr>,
+    /// The partner's sync addresses, in order of preference (one per sync link).
+    pub peer_sync: Vec<SocketAddr>,
+    /// The partner's iSCSI portals, in its `[[portal]]` order: they form the
+    /// partner's ALUA port group in REPORT TARGET PORT GROUPS.
+    #[serde(default)]
+    pub peer_portals: Vec<SocketAddr>,
+    /// The witness (`freesan witness`) that breaks ties; without one the
+    /// preferred node survives a split.
+    #[serde(default)]
+    pub witness: Option<SocketAddr>,
+    /// Interval between heartbeats on the sync link.
+    #[serde(default = "default_heartbeat_ms")]
+    pub heartbeat_interval_ms: u64,
+    /// Silence after which the partner counts as lost (failover time).
+    #[serde(default = "default_peer_timeout_ms")]
+    pub peer_timeout_ms: u64,
+    /// Bytes tracked by one bit of the dirty bitmap (`64K`).
+    #[serde(default)]
+    pub region: Option<String>,
+}
+
+fn default_preferred() -> u8 {
+    1
+}
+
+fn default_heartbeat_ms() -> u64 {
+    250
+}
+
+fn default_peer_timeout_ms() -> u64 {
+    1500
 }
 
 /// An SSD cache over a pool (or a disk), on configured disks.
@@ -266,6 +317,14 @@ pub struct LunConfig {
     /// Serial number override.
     #[serde(default)]
     pub serial: Option<String>,
+    /// Replicate this LUN synchronously to the partner of `[cluster]` (which must
+    /// configure the same LUN); its identity then derives from the cluster name,
+    /// target and LUN number, the same on both nodes.
+    #[serde(default)]
+    pub replicated: bool,
+    /// `active-active` (both nodes serve, the default) or `active-passive`.
+    #[serde(default)]
+    pub replica_mode: Option<String>,
 }
 
 fn default_block_size() -> u32 {
@@ -408,6 +467,7 @@ impl Config {
             disks: vec![],
             pools: vec![],
             caches: vec![],
+            cluster: None,
         }
     }
 
@@ -533,6 +593,35 @@ impl Config {
                     crate::identity::parse_naa(naa)
                         .with_context(|| format!("target {} LUN {}", t.iqn, id))?;
                 }
+                if l.replicated && self.cluster.is_none() {
+                    bail!(
+                        "target {} LUN {}: replicated needs a [cluster] section",
+                        t.iqn,
+                        id
+                    );
+                }
+                if let Some(m) = &l.replica_mode {
+                    if !l.replicated || !matches!(m.as_str(), "active-active" | "active-passive") {
+                        bail!("target {} LUN {}: replica_mode is active-active or active-passive (with replicated = true)", t.iqn, id);
+                    }
+                }
+            }
+        }
+        if let Some(c) = &self.cluster {
+            if !matches!(c.node_id, 1 | 2) || !matches!(c.preferred_node, 1 | 2) {
+                bail!("cluster: node_id and preferred_node are 1 or 2");
+            }
+            if c.sync.is_empty() || c.peer_sync.is_empty() {
+                bail!("cluster: give this node's sync addresses and the partner's peer_sync");
+            }
+            if c.heartbeat_interval_ms == 0 || c.peer_timeout_ms < 2 * c.heartbeat_interval_ms {
+                bail!("cluster: peer_timeout_ms must be at least twice heartbeat_interval_ms");
+            }
+            if let Some(r) = &c.region {
+                match disk::parse_size(r) {
+                    Some(b) if (4096..=1 << 30).contains(&b) && b.is_power_of_two() => {}
+                    _ => bail!("cluster: region {r:?} must be a power of two from 4K to 1G"),
+                }
             }
         }
         let mut disk_names = std::collections::HashSet::new();
@@ -643,6 +732,8 @@ impl LunConfig {
             block_size: default_block_size(),
             naa: None,
             serial: None,
+            replicated: false,
+            replica_mode: None,
         }
     }
 }

@@ -45,6 +45,21 @@ fn hex(bytes: &[u8]) -> String {
 fn generate(path: &Path) -> LunIdentity {
     let mut naa = [0u8; 16];
     rand::thread_rng().fill_bytes(&mut naa);
+    from_bits(naa, path)
+}
+
+/// The identity of a replicated LUN: derived from `key` (cluster, target and LUN
+/// number), so both nodes of a pair present the same NAA designator and serial
+/// without sharing any file.
+pub fn derived(key: &str) -> LunIdentity {
+    use md5::Digest;
+    let digest = md5::Md5::digest(format!("freesan replicated LUN {key}").as_bytes());
+    let mut naa = [0u8; 16];
+    naa.copy_from_slice(&digest);
+    from_bits(naa, Path::new(key))
+}
+
+fn from_bits(mut naa: [u8; 16], path: &Path) -> LunIdentity {
     // NAA 6 | 24-bit company id | 100 bits vendor specific
     naa[0] = 0x60 | ((COMPANY_ID >> 20) & 0x0f) as u8;
     naa[1] = (COMPANY_ID >> 12) as u8;

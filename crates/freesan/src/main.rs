@@ -9,10 +9,12 @@
 
 mod benchcmd;
 mod cachecmd;
+mod cluster;
 mod config;
 mod identity;
 mod poolcmd;
 mod pools;
+mod replicacmd;
 mod serve;
 
 use anyhow::{bail, Result};
@@ -44,6 +46,16 @@ enum Command {
         #[command(subcommand)]
         cmd: poolcmd::PoolCmd,
     },
+    /// HA pair state of a running node's replicated LUNs.
+    Replica {
+        #[command(flatten)]
+        api: poolcmd::ApiArg,
+        #[command(subcommand)]
+        cmd: replicacmd::ReplicaCmd,
+    },
+    /// Run the witness of HA pairs (on a third host): breaks ties when the two
+    /// nodes lose each other.
+    Witness(replicacmd::WitnessArgs),
     /// SSD cache status of a running node: hit rates, dirty data, advisor.
     Cache {
         #[command(flatten)]
@@ -189,6 +201,11 @@ fn main() {
             quiet_broken_pipe();
             poolcmd::run(api.api, cmd)
         }
+        Command::Replica { api, cmd } => {
+            quiet_broken_pipe();
+            replicacmd::run(api.api, cmd)
+        }
+        Command::Witness(args) => runtime().and_then(|rt| rt.block_on(replicacmd::witness(args))),
         Command::Cache { api, cmd } => {
             quiet_broken_pipe();
             cachecmd::run(api.api, cmd)

@@ -509,6 +509,8 @@ impl Pools {
 pub struct NodeControl {
     /// Pools of the node.
     pub pools: Arc<Pools>,
+    /// The node's side of its HA pair, if any.
+    pub cluster: Option<Arc<crate::cluster::Cluster>>,
     /// Static description of the node (version, portals, targets, LUNs).
     pub summary: serde_json::Value,
 }
@@ -519,7 +521,14 @@ impl api::Control for NodeControl {
         let mut s = self.summary.clone();
         s["pools"] = serde_json::Value::Array(self.pools.statuses());
         s["caches"] = serde_json::Value::Array(self.pools.cache_statuses());
+        s["replicas"] = serde_json::Value::Array(self.replicas());
         s
+    }
+
+    fn replicas(&self) -> Vec<serde_json::Value> {
+        self.cluster
+            .as_ref()
+            .map_or_else(Vec::new, |c| c.statuses())
     }
 
     fn pools(&self) -> Vec<serde_json::Value> {

@@ -1,6 +1,7 @@
 //! `freesan serve`: opens the LUNs, builds the SCSI targets, starts the portals and
 //! runs until SIGTERM or SIGINT, then shuts down cleanly (sessions closed, data flushed).
 
+use crate::cluster::{port_id, Cluster};
 use crate::config::{Config, LunConfig};
 use crate::identity;
 use crate::pools::Pools;
@@ -66,7 +67,9 @@ fn lun_volume(l: &LunConfig, pools: &Pools) -> Result<(VolumeRef, String)> {
 fn build(
     cfg: &Config,
     pools: &Pools,
+    mut cluster: Option<&mut Cluster>,
 ) -> Result<(iscsi::ServerConfig, Vec<OpenedLun>, Vec<nbd::NbdExport>)> {
+    let node_id = cfg.cluster.as_ref().map_or(1, |c| c.node_id);
     std::fs::create_dir_all(&cfg.data_dir)
         .with_context(|| format!("creating data directory {}", cfg.data_dir.display()))?;
     let portals: Vec<iscsi::Portal> = cfg
@@ -75,7 +78,7 @@ fn build(
         .enumerate()
         .map(|(i, p)| iscsi::Portal {
             addr: p.address,
-            tpgt: (i + 1) as u16,
+            tpgt: port_id(node_id, i),
         })
         .collect();
     let mut targets = Vec::new();
@@ -84,11 +87,22 @@ fn build(
     for (ti, t) in cfg.targets.iter().enumerate() {
         let tdir = identity::target_dir(&cfg.data_dir, &t.iqn);
         let mut luns = Vec::new();
+        let mut replicated = Vec::new();
         for (i, l) in t.luns.iter().enumerate() {
             let lun_id = l.id.unwrap_or(i as u64);
-            let (volume, backing) =
+            let (mut volume, mut backing) =
                 lun_volume(l, pools).with_context(|| format!("target {} LUN {}", t.iqn, lun_id))?;
-            let id = identity::load_or_create(&cfg.data_dir, &t.iqn, lun_id, Path::new(&backing))?;
+            let id = match (l.replicated, cluster.as_deref_mut()) {
+                (true, Some(c)) => {
+                    let key = format!("{}/{}/lun{lun_id}", c.config().name, t.iqn);
+                    let r = c.replicate(&key, l.replica_mode.as_deref(), &cfg.data_dir, volume)?;
+                    replicated.push(r.clone());
+                    volume = r;
+                    backing = format!("{backing}, replicated");
+                    identity::derived(&key)
+                }
+                _ => identity::load_or_create(&cfg.data_dir, &t.iqn, lun_id, Path::new(&backing))?,
+            };
             let naa = match &l.naa {
                 Some(n) => identity::parse_naa(n)?,
                 None => identity::parse_naa(&id.naa)?,
@@ -130,17 +144,55 @@ fn build(
                 volume,
             ));
         }
-        // portals carry TPGTs 1..=n in order (see above): one port group of them all
-        let scsi_target = scsi::ScsiTarget::new(scsi::TargetConfig::one_port_group(
-            &t.iqn,
-            portals.len() as u16,
-            luns,
-        ))
-        .with_context(|| format!("target {}", t.iqn))?;
+        let scsi_cfg = match &cfg.cluster {
+            // one ALUA port group per node: this node's portals and the partner's
+            Some(c) => {
+                let peer = 3 - c.node_id;
+                let ports: Vec<scsi::TargetPort> = portals
+                    .iter()
+                    .map(|p| scsi::TargetPort {
+                        relative_id: p.tpgt,
+                        group_id: c.node_id as u16,
+                        name: format!("{},t,0x{:04x}", t.iqn, p.tpgt),
+                    })
+                    .collect();
+                let mut groups = vec![
+                    scsi::PortGroup {
+                        id: c.node_id as u16,
+                        state: scsi::AluaState::Unavailable,
+                        relative_port_ids: ports.iter().map(|p| p.relative_id).collect(),
+                    },
+                    scsi::PortGroup {
+                        id: peer as u16,
+                        state: scsi::AluaState::Unavailable,
+                        relative_port_ids: (0..c.peer_portals.len())
+                            .map(|j| port_id(peer, j))
+                            .collect(),
+                    },
+                ];
+                if replicated.is_empty() {
+                    groups[0].state = scsi::AluaState::ActiveOptimized;
+                }
+                groups.sort_by_key(|g| g.id);
+                scsi::TargetConfig {
+                    name: t.iqn.clone(),
+                    ports,
+                    port_groups: groups,
+                    luns,
+                }
+            }
+            // portals carry TPGTs 1..=n in order (see above): one port group of them all
+            None => scsi::TargetConfig::one_port_group(&t.iqn, portals.len() as u16, luns),
+        };
+        let scsi_target =
+            Arc::new(scsi::ScsiTarget::new(scsi_cfg).with_context(|| format!("target {}", t.iqn))?);
+        if let Some(c) = cluster.as_deref() {
+            c.drive_alua(scsi_target.clone(), replicated);
+        }
         targets.push(iscsi::TargetSpec {
             iqn: t.iqn.clone(),
             alias: t.alias.clone(),
-            scsi: Arc::new(scsi_target),
+            scsi: scsi_target,
             auth: iscsi::Auth {
                 chap: chap(&t.chap),
                 mutual: chap(&t.mutual_chap),
@@ -171,7 +223,7 @@ fn human(bytes: u64) -> String {
     format!("{v:.1} {}", UNITS[u])
 }
 
-async fn shutdown_signal() {
+pub(crate) async fn shutdown_signal() {
     use tokio::signal::unix::{signal, SignalKind};
     let mut term = match signal(SignalKind::terminate()) {
         Ok(s) => s,
@@ -191,7 +243,12 @@ async fn shutdown_signal() {
 pub async fn run(cfg: Config) -> Result<()> {
     cfg.validate()?;
     let pools = std::sync::Arc::new(Pools::open(&cfg).await?);
-    let (server_cfg, opened, exports) = build(&cfg, &pools)?;
+    let mut cluster = cfg.cluster.clone().map(Cluster::new);
+    let (server_cfg, opened, exports) = build(&cfg, &pools, cluster.as_mut())?;
+    if let Some(c) = cluster.as_mut() {
+        c.listen().await?;
+    }
+    let cluster = cluster.map(Arc::new);
     let server = iscsi::Server::bind(server_cfg)
         .await
         .context("binding the portals")?;
@@ -220,6 +277,7 @@ pub async fn run(cfg: Config) -> Result<()> {
             });
             let control = std::sync::Arc::new(crate::pools::NodeControl {
                 pools: pools.clone(),
+                cluster: cluster.clone(),
                 summary,
             });
             let srv = api::ApiServer::bind(a.address, control)

@@ -10,6 +10,7 @@ use crate::cdb::{op, Cdb};
 use crate::inquiry::{Limits, CAW_BLOCKS_MAX};
 use crate::lu::{CmdResult, Done, Fail, LogicalUnit};
 use crate::sense::{codes, Sense};
+use block::first_difference;
 use block::{Bytes, BytesMut, Geometry};
 
 /// LBA, length and flags of a read/write-like CDB.
@@ -182,10 +183,6 @@ async fn compare_medium(lu: &LogicalUnit, lba: u64, expected: &[u8]) -> Result<(
     Ok(())
 }
 
-fn first_difference(a: &[u8], b: &[u8]) -> Option<usize> {
-    a.iter().zip(b.iter()).position(|(x, y)| x != y)
-}
-
 /// VERIFY(10/12/16): BYTCHK 0 checks the medium is readable, 1 compares the
 /// Data-Out blocks, 3 compares one Data-Out block against every block.
 pub(crate) async fn verify(lu: &LogicalUnit, cdb: &Cdb, data_out: &Bytes) -> CmdResult {
@@ -308,19 +305,15 @@ pub(crate) async fn compare_and_write(lu: &LogicalUnit, cdb: &Cdb, data_out: &By
     let half = len as usize / 2;
     let fua = cdb.b(1) & 0x08 != 0 || lu.force_fua();
     let _order = lu.write_order.write().await;
-    let current = lu
+    let outcome = lu
         .volume
-        .read(lba, blocks)
+        .compare_and_write(lba, data_out.slice(..half), data_out.slice(half..), fua)
         .await
         .map_err(|e| Fail::Check(lu.io_error(&e), len))?;
-    if let Some(i) = first_difference(&data_out[..half], &current) {
+    if let Some(i) = outcome {
         let s = codes::MISCOMPARE_DURING_VERIFY.with_information(i as u64);
         return Err(Fail::Check(s, len));
     }
-    lu.volume
-        .write(lba, data_out.slice(half..), fua)
-        .await
-        .map_err(|e| Fail::Check(lu.io_error(&e), len))?;
     Ok(Done {
         data_in: Bytes::new(),
         transfer_len_bytes: len,

@@ -2,9 +2,9 @@
 //! translation (covering reads, read-modify-write for unaligned writes), chunking
 //! to the volume's largest I/O, and mapping `BlockError` to NBD errors.
 
-use super::rangelock::{LockMode, RangeLocks};
 use crate::proto::{cmdflag, errno, Command, Request};
 use block::{BlockError, Bytes, BytesMut, Geometry, VolumeRef};
+use block::{LockMode, RangeLocks};
 use std::sync::Arc;
 
 /// Data that follows a reply header: nothing, one view of a volume buffer, or

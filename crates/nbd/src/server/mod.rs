@@ -15,7 +15,6 @@
 
 mod conn;
 mod exec;
-mod rangelock;
 mod writer;
 
 use crate::proto::{tflag, BlockSizes, ExportInfo, STRING_BYTES_MAX};

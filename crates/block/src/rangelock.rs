@@ -1,4 +1,5 @@
-//! Block-range locks of one export, shared by all its connections.
+//! Block-range locks shared by every user of a volume (an NBD export's connections,
+//! the writes a replicated volume orders).
 //!
 //! NBD lets clients write at any byte offset; a write that does not cover whole
 //! blocks is done as read-modify-write of its edge blocks. Two such writes to
@@ -18,7 +19,7 @@ use tokio::sync::Notify;
 
 /// How a range is held.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum LockMode {
+pub enum LockMode {
     /// Compatible with other shared holders.
     Shared,
     /// Excludes every overlapping holder.
@@ -41,26 +42,21 @@ struct Table {
 
 /// The lock table of one export.
 #[derive(Debug, Default)]
-pub(crate) struct RangeLocks {
+pub struct RangeLocks {
     table: Mutex<Table>,
     released: Notify,
 }
 
 /// Holds `[start_lba, end_lba)` until dropped.
 #[derive(Debug)]
-pub(crate) struct RangeGuard<'a> {
+pub struct RangeGuard<'a> {
     locks: &'a RangeLocks,
     id: u64,
 }
 
 impl RangeLocks {
     /// Waits until `[start_lba, end_lba)` can be held in `mode`, then holds it.
-    pub(crate) async fn lock(
-        &self,
-        start_lba: u64,
-        end_lba: u64,
-        mode: LockMode,
-    ) -> RangeGuard<'_> {
+    pub async fn lock(&self, start_lba: u64, end_lba: u64, mode: LockMode) -> RangeGuard<'_> {
         loop {
             let notified = self.released.notified();
             tokio::pin!(notified);
@@ -90,7 +86,7 @@ impl RangeLocks {
 
     /// Ranges currently held (for tests).
     #[cfg(test)]
-    pub(crate) fn held_count(&self) -> usize {
+    pub fn held_count(&self) -> usize {
         self.table.lock().held.len()
     }
 }

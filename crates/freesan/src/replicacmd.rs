@@ -1,0 +1,113 @@
+//! `freesan replica status` (HA pair state through a running node's API) and
+//! `freesan witness` (the tie-breaker service of a pair, run on a third host).
+
+use crate::poolcmd::{http, ok_or_error};
+use anyhow::{Context, Result};
+use serde_json::Value;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+/// `freesan replica` subcommands.
+#[derive(clap::Subcommand, Debug, Clone)]
+pub enum ReplicaCmd {
+    /// State of every replicated LUN: in sync, resyncing (with progress) or
+    /// degraded, role, preferred node, witness.
+    Status {
+        /// Print the raw JSON.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+/// Runs a `freesan replica` subcommand.
+pub fn run(api: SocketAddr, cmd: ReplicaCmd) -> Result<()> {
+    match cmd {
+        ReplicaCmd::Status { json } => {
+            let (code, v) = http(api, "GET", "/api/v1/replicas", None)?;
+            let v = ok_or_error(code, v)?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&v)?);
+                return Ok(());
+            }
+            let list = v.as_array().cloned().unwrap_or_default();
+            if list.is_empty() {
+                println!("no replicated LUN on this node");
+            }
+            for r in &list {
+                print_one(r);
+            }
+            Ok(())
+        }
+    }
+}
+
+fn print_one(r: &Value) {
+    let s = |k: &str| r[k].as_str().unwrap_or("-").to_string();
+    let n = |k: &str| r[k].as_u64().unwrap_or(0);
+    println!("{}", s("name"));
+    println!(
+        "  state {}  role {}  node {} (preferred {})  mode {}",
+        s("state"),
+        s("role"),
+        n("node_id"),
+        n("preferred_node"),
+        s("mode")
+    );
+    println!("  why   {}", s("reason"));
+    println!(
+        "  paths here {}  partner {}  partner link {}",
+        s("local_paths"),
+        s("peer_paths"),
+        s("peer")
+    );
+    let total = n("resync_regions_total");
+    let done = n("resync_regions_done");
+    if s("state") == "resyncing" && total > 0 {
+        println!(
+            "  resync {done}/{total} regions ({:.1}%)",
+            100.0 * done as f64 / total as f64
+        );
+    }
+    println!(
+        "  dirty regions {} of {} KiB  resynced {} MiB  generation {}  consistent {}",
+        n("dirty_regions"),
+        n("region_bytes") / 1024,
+        n("resynced_bytes") >> 20,
+        s("generation"),
+        r["consistent"].as_bool().unwrap_or(false)
+    );
+    let reach = match r["witness_reachable"].as_bool() {
+        Some(true) => "reachable",
+        Some(false) => "unreachable",
+        None => "not asked yet",
+    };
+    match r["witness"].as_str() {
+        Some(w) => println!("  witness {w} ({reach})"),
+        None => println!("  witness none (the preferred node survives a split)"),
+    }
+}
+
+/// `freesan witness` arguments.
+#[derive(clap::Args, Debug, Clone)]
+pub struct WitnessArgs {
+    /// Listen on ADDR:PORT.
+    #[arg(long, value_name = "ADDR:PORT")]
+    pub listen: SocketAddr,
+    /// File that keeps the survivor grants across restarts.
+    #[arg(long, value_name = "FILE", default_value = "witness-state.json")]
+    pub state: PathBuf,
+}
+
+/// Runs the witness until SIGTERM or SIGINT.
+pub async fn witness(args: WitnessArgs) -> Result<()> {
+    let w = replica::witness::WitnessServer::bind(args.listen, args.state.clone())
+        .await
+        .with_context(|| format!("binding the witness on {}", args.listen))?;
+    eprintln!(
+        "freesan witness on {} (grants in {})",
+        w.local_addr()?,
+        args.state.display()
+    );
+    w.run(crate::serve::shutdown_signal()).await;
+    Ok(())
+}

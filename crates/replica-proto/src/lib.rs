@@ -1,0 +1,285 @@
+//! Wire messages between the two nodes of a replicated LUN (over the sync links)
+//! and between a node and the witness: a pure codec, no I/O.
+//!
+//! What it does not do: sockets, timing, ordering decisions (that is `replica` and
+//! `cluster`); it only turns [`Message`]s into bytes and back.
+//!
+//! Key invariant: [`decode`] never panics and never allocates more than the frame
+//! header announces, and the header's length is bounded by
+//! [`PAYLOAD_BYTES_MAX`]; any malformed frame is a [`ProtoError`], after which the
+//! connection must be closed (there is no resynchronisation inside a stream).
+//!
+//! Frame layout (all integers big-endian):
+//!
+//! ```text
+//! 0  magic    u32  "FSRP" (0x46535250)
+//! 4  version  u16  PROTO_VERSION
+//! 6  kind     u16  message kind
+//! 8  length   u32  body length in bytes (<= PAYLOAD_BYTES_MAX)
+//! 12 crc      u32  CRC-32C of the body
+//! 16 body
+//! ```
+
+mod codec;
+
+pub use codec::{decode, encode};
+
+use bytes::Bytes;
+
+/// Version of the protocol spoken by this build; a peer with another version is
+/// refused at the handshake (the header of every frame carries it).
+pub const PROTO_VERSION: u16 = 1;
+/// First four bytes of every frame: "FSRP".
+pub const MAGIC: u32 = 0x4653_5250;
+/// Bytes of the frame header.
+pub const FRAME_HEADER_BYTES: usize = 16;
+/// Largest body a frame may carry: 16 MiB of data plus room for the fields.
+pub const PAYLOAD_BYTES_MAX: u32 = (16 << 20) + 4096;
+/// Longest name (volume or cluster) carried in a message.
+pub const NAME_BYTES_MAX: usize = 255;
+
+/// Errors of the codec: every one means the stream is unusable.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum ProtoError {
+    /// The frame does not start with [`MAGIC`].
+    #[error("bad magic {0:#010x}")]
+    BadMagic(u32),
+    /// The peer speaks another protocol version.
+    #[error("protocol version {0} (this node speaks {PROTO_VERSION})")]
+    Version(u16),
+    /// The body length exceeds [`PAYLOAD_BYTES_MAX`].
+    #[error("frame body of {0} bytes is too long")]
+    TooLong(u32),
+    /// The body does not match its CRC.
+    #[error("frame CRC mismatch")]
+    Crc,
+    /// Unknown message kind.
+    #[error("unknown message kind {0}")]
+    Kind(u16),
+    /// The body is shorter or longer than its kind requires, or a field is invalid.
+    #[error("malformed {0} message")]
+    Malformed(&'static str),
+}
+
+/// Generation ids of one node's copy of a replicated volume (see docs/0004-replication.md).
+///
+/// `current` names the data the copy holds; `synced` the last generation both
+/// nodes held together. A node that writes alone first sets `current` to a fresh
+/// id, so `current != synced` means "has writes the partner lacks". 0 means none
+/// (a brand-new copy).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Generations {
+    /// Id of the data this copy holds.
+    pub current: u64,
+    /// Id of the last generation held in sync with the partner.
+    pub synced: u64,
+}
+
+/// Flags of a [`Message::Hello`].
+pub mod hello_flags {
+    /// The copy is consistent (not a partly resynchronised target).
+    pub const CONSISTENT: u32 = 1;
+    /// The sender is the preferred node of the pair.
+    pub const PREFERRED: u32 = 2;
+    /// The sender holds the witness's survivor grant.
+    pub const SURVIVOR: u32 = 4;
+}
+
+/// One block operation carried between the nodes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Op {
+    /// Write `data` (whole blocks) at `lba`.
+    Write {
+        /// First block.
+        lba: u64,
+        /// Durable when acknowledged.
+        fua: bool,
+        /// The blocks.
+        data: Bytes,
+    },
+    /// Write zeroes over a range.
+    WriteZeroes {
+        /// First block.
+        lba: u64,
+        /// Number of blocks.
+        blocks: u64,
+        /// A thin volume may deallocate the range.
+        may_unmap: bool,
+    },
+    /// Discard a range.
+    Discard {
+        /// First block.
+        lba: u64,
+        /// Number of blocks.
+        blocks: u64,
+    },
+    /// Make every acknowledged write durable.
+    Flush,
+    /// Compare `compare` with the blocks at `lba`; if equal, write `data` there.
+    /// Both buffers have the same whole-block length.
+    CompareAndWrite {
+        /// First block.
+        lba: u64,
+        /// Durable when acknowledged.
+        fua: bool,
+        /// Expected contents.
+        compare: Bytes,
+        /// New contents.
+        data: Bytes,
+    },
+}
+
+/// Outcome of an operation or a request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum OpResult {
+    /// Done.
+    Ok,
+    /// COMPARE AND WRITE found a difference at this byte offset and wrote nothing.
+    Miscompare {
+        /// Byte offset of the first difference.
+        offset: u32,
+    },
+    /// Failed; `code` is one of [`error_codes`], `lba` the block concerned (0 if none).
+    Error {
+        /// What failed.
+        code: u8,
+        /// The block concerned.
+        lba: u64,
+    },
+}
+
+/// Error codes of [`OpResult::Error`].
+pub mod error_codes {
+    /// Unrecoverable read error on the medium.
+    pub const MEDIUM: u8 = 1;
+    /// Write fault.
+    pub const WRITE_FAULT: u8 = 2;
+    /// Outside the volume.
+    pub const OUT_OF_RANGE: u8 = 3;
+    /// The volume is read-only.
+    pub const READ_ONLY: u8 = 4;
+    /// The receiver cannot serve the operation now (not in sync, not the leader...).
+    pub const UNAVAILABLE: u8 = 5;
+    /// Any other I/O error.
+    pub const IO: u8 = 6;
+    /// The operation is not supported.
+    pub const NOT_SUPPORTED: u8 = 7;
+}
+
+/// Replication messages (over a sync link) and witness messages.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Message {
+    /// First message on a sync connection, sent by both sides.
+    Hello {
+        /// 1 or 2.
+        node_id: u8,
+        /// The replicated volume's name (the same on both nodes).
+        volume: String,
+        /// Logical block size.
+        block_size_bytes: u32,
+        /// Volume size in blocks.
+        block_count: u64,
+        /// Bytes covered by one bit of the dirty bitmap.
+        region_bytes: u32,
+        /// The sender's generations.
+        gens: Generations,
+        /// [`hello_flags`].
+        flags: u32,
+    },
+    /// Part of the sender's dirty bitmap: bit `i` of `bits` (LSB first in each
+    /// byte) is region `first_region + i`.
+    Bitmap {
+        /// Region of the first bit.
+        first_region: u64,
+        /// The bits.
+        bits: Bytes,
+    },
+    /// The sender's bitmap is complete.
+    BitmapDone,
+    /// Leader to follower: perform `op` and answer [`Message::Done`] with `id`.
+    Apply {
+        /// Request id chosen by the sender.
+        id: u64,
+        /// The operation.
+        op: Op,
+    },
+    /// Follower to leader: order `op` against every other write, perform it on
+    /// both nodes and answer [`Message::Done`] with `id`.
+    Forward {
+        /// Request id chosen by the sender.
+        id: u64,
+        /// The operation.
+        op: Op,
+    },
+    /// Leader to follower: perform the write part of the op the follower
+    /// forwarded as `forward_id` (its data is not sent again); answer
+    /// [`Message::Done`] with `id`.
+    ApplyForwarded {
+        /// Request id chosen by the leader.
+        id: u64,
+        /// The follower's id of the forwarded op.
+        forward_id: u64,
+    },
+    /// Source to target during a resync: these blocks are the source's current data.
+    ResyncData {
+        /// Request id chosen by the sender.
+        id: u64,
+        /// First block.
+        lba: u64,
+        /// The blocks.
+        data: Bytes,
+    },
+    /// Source to target: the resync is complete, the target now holds `gens`.
+    ResyncDone {
+        /// Request id chosen by the sender.
+        id: u64,
+        /// Generations both copies hold from now on.
+        gens: Generations,
+    },
+    /// Answer to a request with the same `id`.
+    Done {
+        /// The request's id.
+        id: u64,
+        /// Its outcome.
+        result: OpResult,
+    },
+    /// Replicated SCSI state (persistent reservations): the leader's serialized
+    /// state, applied as a whole by the follower; answered with [`Message::Done`].
+    ScsiState {
+        /// Request id chosen by the sender.
+        id: u64,
+        /// Opaque serialized state.
+        state: Bytes,
+    },
+    /// Heartbeat request; answered with [`Message::Pong`] carrying the same `seq`.
+    Ping {
+        /// Sequence number.
+        seq: u64,
+    },
+    /// Heartbeat answer.
+    Pong {
+        /// The ping's sequence number.
+        seq: u64,
+    },
+    /// Node to witness: may `node_id` keep accepting writes alone for `cluster`?
+    WitnessClaim {
+        /// The pair's cluster name.
+        cluster: String,
+        /// 1 or 2.
+        node_id: u8,
+    },
+    /// Node to witness: the pair is in sync again; the grant held by `node_id` is released.
+    WitnessRelease {
+        /// The pair's cluster name.
+        cluster: String,
+        /// 1 or 2.
+        node_id: u8,
+    },
+    /// Witness to node: the answer to a claim or release. `holder` is the node
+    /// holding the grant afterwards (0 when none); a claim succeeded when it
+    /// names the claimant.
+    WitnessAnswer {
+        /// The holder of the survivor grant, 0 when none.
+        holder: u8,
+    },
+}

@@ -1,0 +1,399 @@
+//! The persistent dirty bitmap of one copy: one bit per region of the volume.
+//!
+//! A set bit means "this region may differ from the partner's copy". It serves
+//! two purposes, as DRBD's activity log and bitmap do together:
+//! - write intent: the node that orders writes (the leader, or a node writing
+//!   alone) sets and persists a region's bit *before* the first write to it, so
+//!   after a crash of either or both nodes the regions with writes in flight are
+//!   known and resynchronised, and the copies never stay different;
+//! - change tracking: while the partner is away or being resynchronised bits are
+//!   not cleared, so on its return only those regions are copied.
+//!
+//! In sync, a region's bit is cleared once no write to it has been in flight for
+//! a whole cleaning period; clearing is written lazily (a late clear costs at most
+//! a needless region copy after a crash), setting is durable before the write.
+//!
+//! Setting is group-committed: concurrent writers entering new regions share one
+//! page write and one `fdatasync`.
+
+use parking_lot::Mutex;
+use std::collections::{BTreeSet, HashMap, HashSet};
+use std::os::unix::fs::FileExt;
+use std::path::Path;
+use std::sync::Arc;
+
+/// Bytes of one persisted page of the bitmap.
+const PAGE_BYTES: u64 = 4096;
+/// Regions one page covers.
+const REGIONS_PER_PAGE: u64 = PAGE_BYTES * 8;
+
+struct State {
+    bits: Vec<u8>,
+    /// Pages changed in memory since their last write.
+    pages_changed: BTreeSet<u64>,
+    /// Incremented whenever a bit is set (a change that must be durable).
+    set_epoch: u64,
+    /// Writes in flight per region.
+    in_flight: HashMap<u64, u32>,
+    /// Regions written since the last cleaning pass.
+    touched: HashSet<u64>,
+    /// Keep every bit (partner away or being resynchronised).
+    keep: bool,
+    /// Regions where the copies are known to differ (a write failed on one
+    /// side only): never cleaned, only a resync clears them.
+    pinned: HashSet<u64>,
+}
+
+/// The bitmap of one copy, backed by a file.
+pub(crate) struct DirtyBitmap {
+    file: Arc<std::fs::File>,
+    regions: u64,
+    region_blocks: u64,
+    state: Mutex<State>,
+    /// One persister at a time; holds the epoch durable on disk.
+    persisted: tokio::sync::Mutex<u64>,
+}
+
+/// Holds the regions of one write in flight; dropping it ends the write.
+pub(crate) struct WriteHold<'a> {
+    bitmap: &'a DirtyBitmap,
+    first: u64,
+    last: u64,
+}
+
+impl Drop for WriteHold<'_> {
+    fn drop(&mut self) {
+        let mut s = self.bitmap.state.lock();
+        for r in self.first..=self.last {
+            if let Some(n) = s.in_flight.get_mut(&r) {
+                *n -= 1;
+                if *n == 0 {
+                    s.in_flight.remove(&r);
+                }
+            }
+        }
+    }
+}
+
+impl DirtyBitmap {
+    /// Opens (or creates) the bitmap file for a volume of `block_count` blocks.
+    pub fn open(
+        path: &Path,
+        block_count: u64,
+        block_size_bytes: u32,
+        region_bytes: u32,
+    ) -> std::io::Result<DirtyBitmap> {
+        let region_blocks = (region_bytes as u64 / block_size_bytes as u64).max(1);
+        let regions = block_count.div_ceil(region_blocks);
+        let len = regions.div_ceil(8).div_ceil(PAGE_BYTES) * PAGE_BYTES;
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(path)?;
+        let mut bits = vec![0u8; len as usize];
+        let have = file.metadata()?.len().min(len);
+        file.read_exact_at(&mut bits[..have as usize], 0)?;
+        if file.metadata()?.len() != len {
+            file.set_len(len)?;
+        }
+        // bits past the last region stay clear
+        for r in regions..len * 8 {
+            bits[(r / 8) as usize] &= !(1 << (r % 8));
+        }
+        Ok(DirtyBitmap {
+            file: Arc::new(file),
+            regions,
+            region_blocks,
+            state: Mutex::new(State {
+                bits,
+                pages_changed: BTreeSet::new(),
+                set_epoch: 0,
+                in_flight: HashMap::new(),
+                touched: HashSet::new(),
+                keep: false,
+                pinned: HashSet::new(),
+            }),
+            persisted: tokio::sync::Mutex::new(0),
+        })
+    }
+
+    /// Number of regions.
+    #[cfg(test)]
+    pub fn regions(&self) -> u64 {
+        self.regions
+    }
+
+    /// Blocks per region.
+    pub fn region_blocks(&self) -> u64 {
+        self.region_blocks
+    }
+
+    fn span(&self, lba: u64, blocks: u64) -> (u64, u64) {
+        let first = lba / self.region_blocks;
+        let last = (lba + blocks.max(1) - 1) / self.region_blocks;
+        (first, last.min(self.regions.saturating_sub(1)))
+    }
+
+    fn set_bit(s: &mut State, r: u64) -> bool {
+        let (i, m) = ((r / 8) as usize, 1u8 << (r % 8));
+        if s.bits[i] & m != 0 {
+            return false;
+        }
+        s.bits[i] |= m;
+        s.pages_changed.insert(r / REGIONS_PER_PAGE);
+        true
+    }
+
+    fn clear_bit(s: &mut State, r: u64) {
+        let (i, m) = ((r / 8) as usize, 1u8 << (r % 8));
+        if s.bits[i] & m != 0 {
+            s.bits[i] &= !m;
+            s.pages_changed.insert(r / REGIONS_PER_PAGE);
+        }
+    }
+
+    /// Marks the regions of a write dirty and durable before it starts; the hold
+    /// keeps them from being cleaned until dropped.
+    pub async fn begin_write(&self, lba: u64, blocks: u64) -> std::io::Result<WriteHold<'_>> {
+        let (first, last) = self.span(lba, blocks);
+        let need = {
+            let mut s = self.state.lock();
+            let mut changed = false;
+            for r in first..=last {
+                *s.in_flight.entry(r).or_insert(0) += 1;
+                s.touched.insert(r);
+                changed |= Self::set_bit(&mut s, r);
+            }
+            if changed {
+                s.set_epoch += 1;
+            }
+            changed.then_some(s.set_epoch)
+        };
+        let hold = WriteHold {
+            bitmap: self,
+            first,
+            last,
+        };
+        if let Some(epoch) = need {
+            self.persist_through(epoch).await?;
+        }
+        Ok(hold)
+    }
+
+    /// Writes the changed pages and syncs them, unless an earlier persist already
+    /// covered `epoch` (group commit).
+    async fn persist_through(&self, epoch: u64) -> std::io::Result<()> {
+        let mut done = self.persisted.lock().await;
+        if *done >= epoch {
+            return Ok(());
+        }
+        let (pages, upto) = {
+            let mut s = self.state.lock();
+            let pages: Vec<(u64, Vec<u8>)> = std::mem::take(&mut s.pages_changed)
+                .into_iter()
+                .map(|p| {
+                    let at = (p * PAGE_BYTES) as usize;
+                    (p, s.bits[at..at + PAGE_BYTES as usize].to_vec())
+                })
+                .collect();
+            (pages, s.set_epoch)
+        };
+        let file = self.file.clone();
+        tokio::task::spawn_blocking(move || -> std::io::Result<()> {
+            for (p, data) in &pages {
+                file.write_all_at(data, p * PAGE_BYTES)?;
+            }
+            file.sync_data()
+        })
+        .await
+        .map_err(std::io::Error::other)??;
+        *done = upto;
+        Ok(())
+    }
+
+    /// Persists every change now (clears included).
+    pub async fn persist(&self) -> std::io::Result<()> {
+        let epoch = {
+            let mut s = self.state.lock();
+            s.set_epoch += 1;
+            s.set_epoch
+        };
+        self.persist_through(epoch).await
+    }
+
+    /// Keep every bit from now on (true) or let idle regions be cleaned (false).
+    pub fn set_keep(&self, keep: bool) {
+        self.state.lock().keep = keep;
+    }
+
+    /// One cleaning pass (in sync only): clears regions with no write in flight
+    /// and none since the previous pass. Returns how many were cleared.
+    pub fn clean_idle(&self) -> u64 {
+        let mut s = self.state.lock();
+        if s.keep {
+            s.touched.clear();
+            return 0;
+        }
+        let mut cleared = 0;
+        let set: Vec<u64> = self.set_regions_locked(&s);
+        for r in set {
+            if !s.in_flight.contains_key(&r) && !s.touched.contains(&r) && !s.pinned.contains(&r) {
+                Self::clear_bit(&mut s, r);
+                cleared += 1;
+            }
+        }
+        s.touched.clear();
+        cleared
+    }
+
+    fn set_regions_locked(&self, s: &State) -> Vec<u64> {
+        let mut out = Vec::new();
+        for (i, &b) in s.bits.iter().enumerate() {
+            if b == 0 {
+                continue;
+            }
+            for k in 0..8 {
+                if b & (1 << k) != 0 {
+                    out.push(i as u64 * 8 + k);
+                }
+            }
+        }
+        out
+    }
+
+    /// Every dirty region, in order.
+    pub fn set_regions(&self) -> Vec<u64> {
+        let s = self.state.lock();
+        self.set_regions_locked(&s)
+    }
+
+    /// Number of dirty regions.
+    pub fn count(&self) -> u64 {
+        self.state
+            .lock()
+            .bits
+            .iter()
+            .map(|b| b.count_ones() as u64)
+            .sum()
+    }
+
+    /// The bits, LSB first in each byte, covering every region.
+    pub fn snapshot(&self) -> Vec<u8> {
+        let s = self.state.lock();
+        s.bits[..self.regions.div_ceil(8) as usize].to_vec()
+    }
+
+    /// Sets the bits of `bits` (regions from `first_region` on) and persists them.
+    pub async fn merge(&self, first_region: u64, bits: &[u8]) -> std::io::Result<()> {
+        {
+            let mut s = self.state.lock();
+            for (i, &b) in bits.iter().enumerate() {
+                for k in 0..8u64 {
+                    let r = first_region + i as u64 * 8 + k;
+                    if b & (1 << k) != 0 && r < self.regions {
+                        Self::set_bit(&mut s, r);
+                    }
+                }
+            }
+        }
+        self.persist().await
+    }
+
+    /// Marks every region dirty (a full sync) and persists.
+    pub async fn set_all(&self) -> std::io::Result<()> {
+        {
+            let mut s = self.state.lock();
+            for r in 0..self.regions {
+                Self::set_bit(&mut s, r);
+            }
+        }
+        self.persist().await
+    }
+
+    /// Clears region `r` (it was just copied to the partner) unless a write to
+    /// it is in flight (lazily persisted).
+    pub fn clear_region(&self, r: u64) {
+        let mut s = self.state.lock();
+        if !s.in_flight.contains_key(&r) {
+            s.pinned.remove(&r);
+            Self::clear_bit(&mut s, r);
+        }
+    }
+
+    /// Keeps the regions of a range dirty until a resync copies them.
+    pub fn pin(&self, lba: u64, blocks: u64) {
+        let (first, last) = self.span(lba, blocks);
+        let mut s = self.state.lock();
+        for r in first..=last {
+            Self::set_bit(&mut s, r);
+            s.pinned.insert(r);
+        }
+    }
+
+    /// Clears every region with no write in flight and persists.
+    pub async fn clear_all(&self) -> std::io::Result<()> {
+        {
+            let mut s = self.state.lock();
+            for r in self.set_regions_locked(&s) {
+                if !s.in_flight.contains_key(&r) {
+                    s.pinned.remove(&r);
+                    Self::clear_bit(&mut s, r);
+                }
+            }
+        }
+        self.persist().await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn set_bits_survive_reopen_and_clean_respects_writes_in_flight() {
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path().join("bm");
+        let b = DirtyBitmap::open(&p, 100_000, 512, 65536).unwrap();
+        assert_eq!(b.region_blocks(), 128);
+        assert_eq!(b.regions(), 782);
+        let h1 = b.begin_write(0, 8).await.unwrap();
+        let h2 = b.begin_write(128 * 700 + 120, 16).await.unwrap(); // spans 700 and 701
+        assert_eq!(b.set_regions(), vec![0, 700, 701]);
+        // reopened without any further persist: set bits are durable
+        let b2 = DirtyBitmap::open(&p, 100_000, 512, 65536).unwrap();
+        assert_eq!(b2.set_regions(), vec![0, 700, 701]);
+        drop(h1);
+        // touched in this period: not cleaned yet
+        assert_eq!(b.clean_idle(), 0);
+        // region 0 idle for a whole period, 700/701 still in flight
+        assert_eq!(b.clean_idle(), 1);
+        assert_eq!(b.set_regions(), vec![700, 701]);
+        b.set_keep(true);
+        drop(h2);
+        b.clean_idle();
+        assert_eq!(b.clean_idle(), 0, "kept while the partner is away");
+        b.set_keep(false);
+        assert_eq!(b.clean_idle(), 2);
+        b.persist().await.unwrap();
+        let b3 = DirtyBitmap::open(&p, 100_000, 512, 65536).unwrap();
+        assert_eq!(b3.count(), 0);
+    }
+
+    #[tokio::test]
+    async fn merge_snapshot_and_set_all() {
+        let d = tempfile::tempdir().unwrap();
+        let b = DirtyBitmap::open(&d.path().join("bm"), 1000, 4096, 65536).unwrap();
+        assert_eq!(b.regions(), 63);
+        b.merge(0, &[0b1000_0001, 0, 0, 0, 0, 0, 0, 0xff])
+            .await
+            .unwrap();
+        assert_eq!(b.set_regions(), vec![0, 7, 56, 57, 58, 59, 60, 61, 62]);
+        assert_eq!(b.snapshot().len(), 8);
+        b.set_all().await.unwrap();
+        assert_eq!(b.count(), 63);
+        b.clear_all().await.unwrap();
+        assert_eq!(b.count(), 0);
+    }
+}

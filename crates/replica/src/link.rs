@@ -1,0 +1,314 @@
+//! One sync connection to the partner: framed messages, requests matched to their
+//! answers by id, and heartbeats that keep a lease.
+//!
+//! Lease: every `heartbeat_interval` a node sends a Ping and, when the Pong
+//! comes back, may go on serving until *the Ping's send time* plus the peer
+//! timeout. The partner may assume this node has stopped serving once the peer
+//! timeout has passed since it *received* that Ping (which is later than its
+//! sending), so the two views never overlap: a node that goes on alone starts
+//! only after the other's lease has run out.
+
+use bytes::BytesMut;
+use parking_lot::Mutex;
+use replica_proto::{decode, encode, Message, OpResult};
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
+use tokio::net::TcpStream;
+use tokio::sync::{mpsc, oneshot, watch};
+
+/// Messages queued for the writer at most.
+const OUT_QUEUE_MESSAGES_MAX: usize = 256;
+/// Largest chunk of bytes read at once.
+const READ_CHUNK_BYTES: usize = 256 << 10;
+
+/// The link went down before the answer came.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct LinkLost;
+
+/// A framed stream used during the handshake, before the link's tasks start.
+pub(crate) struct Framed {
+    pub stream: TcpStream,
+    pub buf: BytesMut,
+}
+
+impl Framed {
+    pub fn new(stream: TcpStream) -> Framed {
+        let _ = stream.set_nodelay(true);
+        Framed {
+            stream,
+            buf: BytesMut::with_capacity(64 << 10),
+        }
+    }
+
+    /// Reads the next message; an error or EOF ends the connection.
+    pub async fn recv(&mut self) -> std::io::Result<Message> {
+        loop {
+            match decode(&mut self.buf) {
+                Ok(Some(m)) => return Ok(m),
+                Ok(None) => {}
+                Err(e) => {
+                    return Err(std::io::Error::new(std::io::ErrorKind::InvalidData, e));
+                }
+            }
+            self.buf.reserve(READ_CHUNK_BYTES);
+            if self.stream.read_buf(&mut self.buf).await? == 0 {
+                return Err(std::io::ErrorKind::UnexpectedEof.into());
+            }
+        }
+    }
+
+    /// Sends one message.
+    pub async fn send(&mut self, m: &Message) -> std::io::Result<()> {
+        let mut out = BytesMut::new();
+        encode(m, &mut out);
+        self.stream.write_all(&out).await
+    }
+}
+
+struct Pending {
+    waiting: HashMap<u64, oneshot::Sender<OpResult>>,
+    closed: bool,
+}
+
+struct Heartbeat {
+    /// Pings sent and not yet answered: (seq, send time).
+    sent: VecDeque<(u64, Instant)>,
+    next_seq: u64,
+    /// This node may serve until then (as far as this link is concerned).
+    lease_until: Instant,
+    /// Last time any message came from the partner.
+    last_recv: Instant,
+    /// Last time a Ping came from the partner.
+    last_ping_recv: Instant,
+}
+
+/// A live connection to the partner.
+pub(crate) struct Link {
+    out: mpsc::Sender<Message>,
+    pending: Mutex<Pending>,
+    next_id: AtomicU64,
+    hb: Mutex<Heartbeat>,
+    closed_tx: watch::Sender<bool>,
+    /// The partner's address (for status and logs).
+    pub peer: String,
+    peer_timeout: Duration,
+}
+
+impl Link {
+    /// Starts the link's reader, writer and heartbeat tasks over a stream that
+    /// finished its handshake. Requests from the partner go to `incoming`.
+    pub fn start(
+        framed: Framed,
+        incoming: mpsc::Sender<Message>,
+        heartbeat_interval: Duration,
+        peer_timeout: Duration,
+    ) -> Arc<Link> {
+        let peer = framed
+            .stream
+            .peer_addr()
+            .map(|a| a.to_string())
+            .unwrap_or_default();
+        let (rd, wr) = framed.stream.into_split();
+        let (out_tx, out_rx) = mpsc::channel(OUT_QUEUE_MESSAGES_MAX);
+        let now = Instant::now();
+        let (closed_tx, _) = watch::channel(false);
+        let link = Arc::new(Link {
+            out: out_tx,
+            pending: Mutex::new(Pending {
+                waiting: HashMap::new(),
+                closed: false,
+            }),
+            next_id: AtomicU64::new(1),
+            hb: Mutex::new(Heartbeat {
+                sent: VecDeque::new(),
+                next_seq: 1,
+                // the handshake just proved the partner alive
+                lease_until: now + peer_timeout,
+                last_recv: now,
+                last_ping_recv: now,
+            }),
+            closed_tx,
+            peer,
+            peer_timeout,
+        });
+        tokio::spawn(reader(link.clone(), rd, framed.buf, incoming));
+        tokio::spawn(writer(link.clone(), wr, out_rx));
+        tokio::spawn(heartbeat(link.clone(), heartbeat_interval));
+        link
+    }
+
+    /// Sends a request built from a fresh id and waits for its answer.
+    pub async fn request(&self, make: impl FnOnce(u64) -> Message) -> Result<OpResult, LinkLost> {
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let (tx, rx) = oneshot::channel();
+        {
+            let mut p = self.pending.lock();
+            if p.closed {
+                return Err(LinkLost);
+            }
+            p.waiting.insert(id, tx);
+        }
+        if self.out.send(make(id)).await.is_err() {
+            self.pending.lock().waiting.remove(&id);
+            return Err(LinkLost);
+        }
+        rx.await.map_err(|_| LinkLost)
+    }
+
+    /// Sends a message that expects no answer (or answers a request).
+    pub async fn send(&self, m: Message) -> Result<(), LinkLost> {
+        self.out.send(m).await.map_err(|_| LinkLost)
+    }
+
+    /// Whether this node's lease from the partner is still valid.
+    pub fn lease_valid(&self) -> bool {
+        Instant::now() < self.hb.lock().lease_until
+    }
+
+    /// When the partner last sent a Ping (its lease on this node ends at most
+    /// `peer_timeout` later).
+    pub fn last_ping_recv(&self) -> Instant {
+        self.hb.lock().last_ping_recv
+    }
+
+    /// Closes the link: every request waiting fails with [`LinkLost`].
+    pub fn close(&self, why: &str) {
+        let waiting = {
+            let mut p = self.pending.lock();
+            if p.closed {
+                return;
+            }
+            p.closed = true;
+            std::mem::take(&mut p.waiting)
+        };
+        drop(waiting);
+        tracing::warn!(peer = %self.peer, why, "sync link closed");
+        let _ = self.closed_tx.send(true);
+    }
+
+    /// Waits until the link is closed.
+    pub async fn closed(&self) {
+        let mut rx = self.closed_tx.subscribe();
+        let _ = rx.wait_for(|c| *c).await;
+    }
+}
+
+async fn reader(
+    link: Arc<Link>,
+    mut rd: OwnedReadHalf,
+    mut buf: BytesMut,
+    incoming: mpsc::Sender<Message>,
+) {
+    let why = loop {
+        let msg = match decode(&mut buf) {
+            Ok(Some(m)) => m,
+            Ok(None) => {
+                buf.reserve(READ_CHUNK_BYTES);
+                tokio::select! {
+                    r = rd.read_buf(&mut buf) => match r {
+                        Ok(0) => break "partner closed the connection".to_string(),
+                        Ok(_) => continue,
+                        Err(e) => break format!("read: {e}"),
+                    },
+                    _ = link.closed() => return,
+                }
+            }
+            Err(e) => break format!("bad frame from the partner: {e}"),
+        };
+        let now = Instant::now();
+        link.hb.lock().last_recv = now;
+        match msg {
+            Message::Done { id, result } => {
+                if let Some(tx) = link.pending.lock().waiting.remove(&id) {
+                    let _ = tx.send(result);
+                }
+            }
+            Message::Ping { seq } => {
+                link.hb.lock().last_ping_recv = now;
+                if link.send(Message::Pong { seq }).await.is_err() {
+                    break "writer gone".into();
+                }
+            }
+            Message::Pong { seq } => {
+                let mut hb = link.hb.lock();
+                while let Some(&(s, at)) = hb.sent.front() {
+                    if s > seq {
+                        break;
+                    }
+                    hb.sent.pop_front();
+                    if s == seq {
+                        let until = at + link.peer_timeout;
+                        if until > hb.lease_until {
+                            hb.lease_until = until;
+                        }
+                    }
+                }
+            }
+            other => {
+                if incoming.send(other).await.is_err() {
+                    break "volume gone".into();
+                }
+            }
+        }
+    };
+    link.close(&why);
+}
+
+async fn writer(link: Arc<Link>, mut wr: OwnedWriteHalf, mut rx: mpsc::Receiver<Message>) {
+    let mut out = BytesMut::with_capacity(256 << 10);
+    loop {
+        let first = tokio::select! {
+            m = rx.recv() => m,
+            _ = link.closed() => None,
+        };
+        let Some(first) = first else { break };
+        encode(&first, &mut out);
+        while out.len() < (1 << 20) {
+            match rx.try_recv() {
+                Ok(m) => encode(&m, &mut out),
+                Err(_) => break,
+            }
+        }
+        if let Err(e) = wr.write_all(&out).await {
+            link.close(&format!("write: {e}"));
+            break;
+        }
+        out.clear();
+    }
+    let _ = wr.shutdown().await;
+}
+
+async fn heartbeat(link: Arc<Link>, interval: Duration) {
+    let mut tick = tokio::time::interval(interval);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {}
+            _ = link.closed() => return,
+        }
+        let now = Instant::now();
+        let seq = {
+            let mut hb = link.hb.lock();
+            if now.duration_since(hb.last_recv) > link.peer_timeout {
+                drop(hb);
+                link.close("partner silent for longer than the peer timeout");
+                return;
+            }
+            let seq = hb.next_seq;
+            hb.next_seq += 1;
+            hb.sent.push_back((seq, now));
+            if hb.sent.len() > 64 {
+                hb.sent.pop_front();
+            }
+            seq
+        };
+        // never wait behind a full queue: a missed ping only shortens the lease
+        if link.out.try_send(Message::Ping { seq }).is_err() && link.out.is_closed() {
+            return;
+        }
+    }
+}

@@ -1,0 +1,88 @@
+//! The sync listener of a node: accepts the partner's connections on the sync
+//! addresses and hands each to the replicated volume its hello names.
+
+use crate::link::Framed;
+use crate::volume::ConnectionSink;
+use replica_proto::Message;
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::net::TcpListener;
+
+/// Accepts sync connections for every replicated volume of this node.
+pub struct SyncListener {
+    listeners: Vec<TcpListener>,
+    sinks: Arc<HashMap<String, ConnectionSink>>,
+}
+
+impl SyncListener {
+    /// Binds every sync address; `sinks` maps volume names to their volumes.
+    pub async fn bind(
+        addrs: &[SocketAddr],
+        sinks: HashMap<String, ConnectionSink>,
+    ) -> std::io::Result<SyncListener> {
+        let mut listeners = Vec::new();
+        for a in addrs {
+            listeners.push(TcpListener::bind(a).await?);
+        }
+        Ok(SyncListener {
+            listeners,
+            sinks: Arc::new(sinks),
+        })
+    }
+
+    /// The bound addresses.
+    pub fn local_addrs(&self) -> Vec<SocketAddr> {
+        self.listeners
+            .iter()
+            .filter_map(|l| l.local_addr().ok())
+            .collect()
+    }
+
+    /// Accepts connections until the tasks are dropped (runs in the background).
+    pub fn spawn(self) {
+        for l in self.listeners {
+            let sinks = self.sinks.clone();
+            tokio::spawn(async move {
+                loop {
+                    let (stream, from) = match l.accept().await {
+                        Ok(x) => x,
+                        Err(e) => {
+                            tracing::warn!("sync accept: {e}");
+                            tokio::time::sleep(Duration::from_millis(100)).await;
+                            continue;
+                        }
+                    };
+                    let sinks = sinks.clone();
+                    tokio::spawn(async move {
+                        let mut f = Framed::new(stream);
+                        let hello = match tokio::time::timeout(Duration::from_secs(5), f.recv())
+                            .await
+                        {
+                            Ok(Ok(m @ Message::Hello { .. })) => m,
+                            Ok(Ok(_)) => {
+                                tracing::warn!(%from, "sync connection without a hello: closed");
+                                return;
+                            }
+                            Ok(Err(e)) => {
+                                tracing::warn!(%from, "sync connection: {e}");
+                                return;
+                            }
+                            Err(_) => return,
+                        };
+                        let Message::Hello { volume, .. } = &hello else {
+                            return;
+                        };
+                        match sinks.get(volume) {
+                            Some(s) => s.deliver(f, hello).await,
+                            None => {
+                                tracing::warn!(%from, volume, "sync connection for an unknown volume: closed")
+                            }
+                        }
+                    });
+                }
+            });
+        }
+    }
+}

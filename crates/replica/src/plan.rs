@@ -1,0 +1,139 @@
+//! What two copies do when they meet: which is the source of the resync, or why
+//! they must not be joined automatically. A pure function both nodes evaluate on
+//! the same inputs, so they always agree.
+
+use crate::meta::Meta;
+
+/// The outcome of a handshake.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Plan {
+    /// This node's copy is the newer one: it resynchronises the partner.
+    Source {
+        /// Every region must be copied (the partner is brand new).
+        full: bool,
+    },
+    /// The partner's copy is the newer one.
+    Target,
+}
+
+/// Decides from both copies' metadata. `preferred` breaks the tie between two
+/// copies of the same generation (they differ at most in regions both bitmaps
+/// name, which the resync copies).
+pub fn plan(
+    me_node: u8,
+    me: Meta,
+    peer_node: u8,
+    peer: Meta,
+    preferred: u8,
+) -> Result<Plan, String> {
+    let source = |full| Ok(Plan::Source { full });
+    match (me.consistent, peer.consistent) {
+        (false, false) => {
+            return Err("neither copy is consistent (both were interrupted resync targets)".into())
+        }
+        (true, false) => return source(false),
+        (false, true) => return Ok(Plan::Target),
+        (true, true) => {}
+    }
+    let newer = |a: Meta, b: Meta| -> Result<bool, String> {
+        // a wrote alone since the last sync; b must still hold that sync's data
+        if b.current == a.synced {
+            Ok(false)
+        } else if b.current == 0 {
+            Ok(true)
+        } else {
+            Err(format!(
+                "the copies diverged: generation {:#x} (from {:#x}) against {:#x}",
+                a.current, a.synced, b.current
+            ))
+        }
+    };
+    match (me.solo(), peer.solo()) {
+        (true, true) => Err(format!(
+            "split brain: both copies took writes alone (generations {:#x} and {:#x}); \
+             discard one node's copy to rejoin",
+            me.current, peer.current
+        )),
+        (true, false) => newer(me, peer).map(|full| Plan::Source { full }),
+        (false, true) => newer(peer, me).map(|_| Plan::Target),
+        (false, false) if me.current == peer.current => {
+            // brand-new pair: copy everything once, never assume two disks equal
+            let full = me.current == 0;
+            if me_node == preferred || (preferred != peer_node && me_node < peer_node) {
+                source(full)
+            } else {
+                Ok(Plan::Target)
+            }
+        }
+        (false, false) if peer.current == 0 => source(true),
+        (false, false) if me.current == 0 => Ok(Plan::Target),
+        (false, false) => Err(format!(
+            "the copies hold unrelated generations {:#x} and {:#x}",
+            me.current, peer.current
+        )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn m(current: u64, synced: u64) -> Meta {
+        Meta {
+            current,
+            synced,
+            consistent: true,
+        }
+    }
+
+    /// Both nodes reach opposite conclusions (one source, one target) or the same error.
+    fn both(a: Meta, b: Meta, preferred: u8) -> Result<Plan, String> {
+        let pa = plan(1, a, 2, b, preferred);
+        let pb = plan(2, b, 1, a, preferred);
+        match (&pa, &pb) {
+            (Ok(Plan::Source { full }), Ok(Plan::Target)) => {
+                assert!(*full == matches!(pa, Ok(Plan::Source { full: true })))
+            }
+            (Ok(Plan::Target), Ok(Plan::Source { .. })) => {}
+            (Err(x), Err(y)) => assert_eq!(x.contains("split"), y.contains("split")),
+            other => panic!("nodes disagree: {other:?}"),
+        }
+        pa
+    }
+
+    #[test]
+    fn the_node_that_wrote_alone_is_the_source() {
+        assert_eq!(both(m(9, 5), m(5, 5), 2), Ok(Plan::Source { full: false }));
+        assert_eq!(both(m(5, 5), m(9, 5), 1), Ok(Plan::Target));
+    }
+
+    #[test]
+    fn same_generation_goes_to_the_preferred_node() {
+        assert_eq!(both(m(5, 5), m(5, 5), 1), Ok(Plan::Source { full: false }));
+        assert_eq!(both(m(5, 5), m(5, 5), 2), Ok(Plan::Target));
+    }
+
+    #[test]
+    fn brand_new_copies_get_a_full_sync() {
+        assert_eq!(both(m(0, 0), m(0, 0), 1), Ok(Plan::Source { full: true }));
+        assert_eq!(both(m(5, 5), m(0, 0), 2), Ok(Plan::Source { full: true }));
+        assert_eq!(both(m(9, 5), m(0, 0), 2), Ok(Plan::Source { full: true }));
+    }
+
+    #[test]
+    fn an_interrupted_target_is_never_a_source() {
+        let mut t = m(5, 5);
+        t.consistent = false;
+        assert_eq!(both(m(5, 5), t, 2), Ok(Plan::Source { full: false }));
+        assert!(both(t, t, 1).is_err());
+    }
+
+    #[test]
+    fn split_brain_and_divergence_are_refused() {
+        assert!(both(m(9, 5), m(8, 5), 1)
+            .unwrap_err()
+            .contains("split brain"));
+        assert!(both(m(9, 5), m(7, 7), 1).is_err());
+        assert!(both(m(4, 4), m(7, 7), 1).is_err());
+    }
+}
