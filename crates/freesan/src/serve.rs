@@ -200,8 +200,20 @@ fn build(
             allowed_initiators: t.allowed_initiators.clone(),
         });
     }
+    let partner_portals = cfg.cluster.as_ref().map_or_else(Vec::new, |c| {
+        let peer = 3 - c.node_id;
+        c.peer_portals
+            .iter()
+            .enumerate()
+            .map(|(j, a)| iscsi::Portal {
+                addr: *a,
+                tpgt: port_id(peer, j),
+            })
+            .collect()
+    });
     let server = iscsi::ServerConfig {
         portals,
+        partner_portals,
         targets,
         discovery_auth: iscsi::Auth {
             chap: chap(&cfg.discovery_chap),

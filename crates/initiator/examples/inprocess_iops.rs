@@ -73,6 +73,7 @@ fn main() {
             vol.write(lba, chunk.clone(), false).await.expect("fill");
         }
         let cfg = ServerConfig {
+            partner_portals: Vec::new(),
             portals: vec![
                 Portal {
                     addr: "127.0.0.1:0".parse().expect("addr"),

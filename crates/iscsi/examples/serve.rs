@@ -40,6 +40,7 @@ async fn main() -> std::io::Result<()> {
     })
     .map_err(std::io::Error::other)?;
     let server = Server::bind(ServerConfig {
+        partner_portals: Vec::new(),
         portals: vec![Portal {
             addr: addr.parse().map_err(std::io::Error::other)?,
             tpgt: 1,

@@ -118,6 +118,9 @@ impl Default for Limits {
 pub struct ServerConfig {
     /// Listening portals.
     pub portals: Vec<Portal>,
+    /// Portals of the HA partner that serve the same targets: SendTargets lists
+    /// them after this node's own, so initiators find every path of the pair.
+    pub partner_portals: Vec<Portal>,
     /// Targets served on every portal.
     pub targets: Vec<TargetSpec>,
     /// Authentication required for discovery sessions.

@@ -19,6 +19,8 @@ pub(crate) struct Ctx {
     pub targets: Vec<TargetSpec>,
     /// Portals with the addresses actually bound (port 0 resolved).
     pub portals: Vec<Portal>,
+    /// The HA partner's portals (advertised, not bound).
+    pub partner_portals: Vec<Portal>,
     pub login_cfg: Arc<LoginConfig>,
     pub limits: Limits,
     pub registry: Registry,
@@ -89,6 +91,7 @@ impl Server {
             login_cfg: Arc::new(login_config(&cfg)),
             targets: cfg.targets,
             portals,
+            partner_portals: cfg.partner_portals,
             logins: Semaphore::new(cfg.limits.logins_in_progress_max.max(1)),
             limits: cfg.limits,
             registry: Registry::default(),

@@ -1,6 +1,7 @@
 //! Test harness: starts real `freesan serve` processes on loopback ports chosen by
 //! the kernel, learns the ports from the banner, and runs outside clients.
 #![allow(dead_code)]
+pub mod netns;
 
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};

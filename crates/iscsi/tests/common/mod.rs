@@ -98,6 +98,7 @@ pub async fn start(limits: Limits) -> Fixture {
         },
     ];
     let cfg = ServerConfig {
+        partner_portals: Vec::new(),
         portals: vec![
             Portal {
                 addr: "127.0.0.1:0".parse().unwrap(),
