@@ -17,7 +17,8 @@
 //! 0x07  ResyncData       id u64, lba u64, data blob
 //! 0x08  ResyncDone       id u64, gens.current u64, gens.synced u64
 //! 0x09  Done             id u64, result
-//! 0x0a  ScsiState        id u64, state blob
+//! 0x0a  ScsiRequest      id u64, data blob
+//! 0x0b  ScsiReply        id u64, data blob
 //! 0x10  Ping             seq u64
 //! 0x11  Pong             seq u64
 //! 0x20  WitnessClaim     cluster str, node_id u8
@@ -64,7 +65,8 @@ mod kind {
     pub const RESYNC_DATA: u16 = 0x07;
     pub const RESYNC_DONE: u16 = 0x08;
     pub const DONE: u16 = 0x09;
-    pub const SCSI_STATE: u16 = 0x0a;
+    pub const SCSI_REQUEST: u16 = 0x0a;
+    pub const SCSI_REPLY: u16 = 0x0b;
     pub const PING: u16 = 0x10;
     pub const PONG: u16 = 0x11;
     pub const WITNESS_CLAIM: u16 = 0x20;
@@ -177,7 +179,8 @@ fn is_known_kind(k: u16) -> bool {
             | kind::RESYNC_DATA
             | kind::RESYNC_DONE
             | kind::DONE
-            | kind::SCSI_STATE
+            | kind::SCSI_REQUEST
+            | kind::SCSI_REPLY
             | kind::PING
             | kind::PONG
             | kind::WITNESS_CLAIM
@@ -200,7 +203,7 @@ fn body_size_hint(msg: &Message) -> usize {
         Message::Bitmap { bits, .. } => 12 + bits.len(),
         Message::Apply { op: o, .. } | Message::Forward { op: o, .. } => 8 + op(o),
         Message::ResyncData { data, .. } => 20 + data.len(),
-        Message::ScsiState { state, .. } => 12 + state.len(),
+        Message::ScsiRequest { data, .. } | Message::ScsiReply { data, .. } => 12 + data.len(),
         Message::WitnessClaim { cluster, .. } | Message::WitnessRelease { cluster, .. } => {
             5 + cluster.len()
         }
@@ -266,10 +269,15 @@ fn put_body(msg: &Message, out: &mut BytesMut) -> u16 {
             put_result(out, result);
             kind::DONE
         }
-        Message::ScsiState { id, state } => {
+        Message::ScsiRequest { id, data } => {
             out.put_u64(*id);
-            put_blob(out, state);
-            kind::SCSI_STATE
+            put_blob(out, data);
+            kind::SCSI_REQUEST
+        }
+        Message::ScsiReply { id, data } => {
+            out.put_u64(*id);
+            put_blob(out, data);
+            kind::SCSI_REPLY
         }
         Message::Ping { seq } => {
             out.put_u64(*seq);
@@ -520,7 +528,8 @@ fn kind_name(k: u16) -> &'static str {
         kind::RESYNC_DATA => "ResyncData",
         kind::RESYNC_DONE => "ResyncDone",
         kind::DONE => "Done",
-        kind::SCSI_STATE => "ScsiState",
+        kind::SCSI_REQUEST => "ScsiRequest",
+        kind::SCSI_REPLY => "ScsiReply",
         kind::PING => "Ping",
         kind::PONG => "Pong",
         kind::WITNESS_CLAIM => "WitnessClaim",
@@ -577,9 +586,13 @@ fn parse_body(k: u16, body: Bytes) -> Result<Message, ProtoError> {
             id: r.u64()?,
             result: r.result()?,
         },
-        kind::SCSI_STATE => Message::ScsiState {
+        kind::SCSI_REQUEST => Message::ScsiRequest {
             id: r.u64()?,
-            state: r.blob()?,
+            data: r.blob()?,
+        },
+        kind::SCSI_REPLY => Message::ScsiReply {
+            id: r.u64()?,
+            data: r.blob()?,
         },
         kind::PING => Message::Ping { seq: r.u64()? },
         kind::PONG => Message::Pong { seq: r.u64()? },

@@ -243,13 +243,21 @@ pub enum Message {
         /// Its outcome.
         result: OpResult,
     },
-    /// Replicated SCSI state (persistent reservations): the leader's serialized
-    /// state, applied as a whole by the follower; answered with [`Message::Done`].
-    ScsiState {
+    /// A request of the SCSI layer to the partner (a persistent reservation
+    /// command to run on the leader, or the leader's new reservation state to
+    /// install); opaque to replication. Answered with [`Message::ScsiReply`].
+    ScsiRequest {
         /// Request id chosen by the sender.
         id: u64,
-        /// Opaque serialized state.
-        state: Bytes,
+        /// Opaque request.
+        data: Bytes,
+    },
+    /// The answer to the [`Message::ScsiRequest`] with the same `id`.
+    ScsiReply {
+        /// The request's id.
+        id: u64,
+        /// Opaque answer.
+        data: Bytes,
     },
     /// Heartbeat request; answered with [`Message::Pong`] carrying the same `seq`.
     Ping {

@@ -26,5 +26,5 @@ pub use meta::Meta;
 pub use plan::{plan, Plan};
 pub use volume::{
     ConnectionSink, Mode, PathState, PortStates, ReplicaConfig, ReplicaStatus, ReplicatedVolume,
-    Role,
+    Role, ScsiPeer,
 };

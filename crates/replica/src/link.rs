@@ -8,7 +8,7 @@
 //! sending), so the two views never overlap: a node that goes on alone starts
 //! only after the other's lease has run out.
 
-use bytes::BytesMut;
+use bytes::{Bytes, BytesMut};
 use parking_lot::Mutex;
 use replica_proto::{decode, encode, Message, OpResult};
 use std::collections::{HashMap, VecDeque};
@@ -71,6 +71,7 @@ impl Framed {
 
 struct Pending {
     waiting: HashMap<u64, oneshot::Sender<OpResult>>,
+    scsi_waiting: HashMap<u64, oneshot::Sender<Bytes>>,
     closed: bool,
 }
 
@@ -120,6 +121,7 @@ impl Link {
             out: out_tx,
             pending: Mutex::new(Pending {
                 waiting: HashMap::new(),
+                scsi_waiting: HashMap::new(),
                 closed: false,
             }),
             next_id: AtomicU64::new(1),
@@ -159,6 +161,29 @@ impl Link {
         rx.await.map_err(|_| LinkLost)
     }
 
+    /// Sends an opaque SCSI request and waits for the partner's reply.
+    pub async fn request_scsi(&self, data: Bytes) -> Result<Bytes, LinkLost> {
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let (tx, rx) = oneshot::channel();
+        {
+            let mut p = self.pending.lock();
+            if p.closed {
+                return Err(LinkLost);
+            }
+            p.scsi_waiting.insert(id, tx);
+        }
+        if self
+            .out
+            .send(Message::ScsiRequest { id, data })
+            .await
+            .is_err()
+        {
+            self.pending.lock().scsi_waiting.remove(&id);
+            return Err(LinkLost);
+        }
+        rx.await.map_err(|_| LinkLost)
+    }
+
     /// Sends a message that expects no answer (or answers a request).
     pub async fn send(&self, m: Message) -> Result<(), LinkLost> {
         self.out.send(m).await.map_err(|_| LinkLost)
@@ -183,7 +208,10 @@ impl Link {
                 return;
             }
             p.closed = true;
-            std::mem::take(&mut p.waiting)
+            (
+                std::mem::take(&mut p.waiting),
+                std::mem::take(&mut p.scsi_waiting),
+            )
         };
         drop(waiting);
         tracing::warn!(peer = %self.peer, why, "sync link closed");
@@ -225,6 +253,11 @@ async fn reader(
             Message::Done { id, result } => {
                 if let Some(tx) = link.pending.lock().waiting.remove(&id) {
                     let _ = tx.send(result);
+                }
+            }
+            Message::ScsiReply { id, data } => {
+                if let Some(tx) = link.pending.lock().scsi_waiting.remove(&id) {
+                    let _ = tx.send(data);
                 }
             }
             Message::Ping { seq } => {

@@ -168,6 +168,17 @@ pub struct ReplicaStatus {
     pub peer_paths: PathState,
 }
 
+/// The SCSI layer's side of the pair's link (persistent reservations): opaque
+/// requests from the partner, and the state to hand a partner that becomes in sync.
+#[async_trait]
+pub trait ScsiPeer: Send + Sync + 'static {
+    /// Answers a request the partner sent with [`ReplicatedVolume::scsi_request`].
+    async fn handle(&self, request: Bytes) -> Bytes;
+    /// Runs on the resync source once the data is copied, before the partner
+    /// becomes in sync (and starts serving): gives it the SCSI state it must hold.
+    async fn before_in_sync(&self) -> Result<(), String>;
+}
+
 struct InFlightForward {
     op: Op,
     applied: bool,
@@ -194,6 +205,8 @@ struct Inner {
     stop_tx: watch::Sender<bool>,
     /// Serialises metadata updates made from request handlers.
     meta_write: tokio::sync::Mutex<()>,
+    /// The SCSI layer's handler of the partner's requests.
+    scsi_peer: parking_lot::RwLock<Option<Arc<dyn ScsiPeer>>>,
     ports_tx: watch::Sender<PortStates>,
 }
 
@@ -679,6 +692,15 @@ impl Inner {
                 (id, r.map_or_else(|e| err_of(&e), |()| OpResult::Ok))
             }
             Message::ResyncDone { id, gens } => (id, self.finish_as_target(&link, gens).await),
+            Message::ScsiRequest { id, data } => {
+                let peer = self.scsi_peer.read().clone();
+                let reply = match peer {
+                    Some(p) => p.handle(data).await,
+                    None => Bytes::new(),
+                };
+                let _ = link.send(Message::ScsiReply { id, data: reply }).await;
+                return;
+            }
             other => {
                 tracing::warn!(volume = %self.cfg.name, ?other, "unexpected message from the partner");
                 link.close("protocol violation");
@@ -769,6 +791,7 @@ impl ReplicatedVolume {
             witness_state: AtomicU8::new(0),
             stop_tx: watch::channel(false).0,
             meta_write: tokio::sync::Mutex::new(()),
+            scsi_peer: parking_lot::RwLock::new(None),
             ports_tx,
         });
         let (tx, rx) = mpsc::channel(4);
@@ -813,6 +836,33 @@ impl ReplicatedVolume {
                 return f(&self.status());
             }
         }
+    }
+
+    /// Installs the SCSI layer's handler of the partner's requests.
+    pub fn set_scsi_peer(&self, peer: Arc<dyn ScsiPeer>) {
+        *self.inner.scsi_peer.write() = Some(peer);
+    }
+
+    /// This node's role now.
+    pub fn role(&self) -> Role {
+        self.inner.role().role
+    }
+
+    /// Whether the partner is connected and in sync (or being resynchronised from
+    /// this node): SCSI state changes made here must reach it.
+    pub fn partner_attached(&self) -> bool {
+        let st = self.inner.role();
+        st.role == Role::Leader && st.link.is_some()
+    }
+
+    /// Sends an opaque request to the partner's [`ScsiPeer`] and returns its reply.
+    pub async fn scsi_request(&self, data: Bytes) -> BlockResult<Bytes> {
+        let Some(link) = self.inner.role().link else {
+            return Err(BlockError::Unavailable("no partner connected".into()));
+        };
+        link.request_scsi(data)
+            .await
+            .map_err(|LinkLost| BlockError::Unavailable("the partner link failed".into()))
     }
 
     /// The volume's name.
@@ -1363,6 +1413,10 @@ async fn resync(
         r.map_err(|e| e.to_string())??;
     }
     inner.local.flush().await.map_err(|e| e.to_string())?;
+    let peer = inner.scsi_peer.read().clone();
+    if let Some(p) = peer {
+        p.before_in_sync().await?;
+    }
     let mut m = *inner.meta.lock();
     if m.current == 0 {
         while m.current == 0 {

@@ -97,7 +97,8 @@ fn message() -> impl Strategy<Value = Message> {
             .prop_map(|(id, lba, data)| Message::ResyncData { id, lba, data }),
         (any::<u64>(), gens()).prop_map(|(id, gens)| Message::ResyncDone { id, gens }),
         (any::<u64>(), op_result()).prop_map(|(id, result)| Message::Done { id, result }),
-        (any::<u64>(), payload(4096)).prop_map(|(id, state)| Message::ScsiState { id, state }),
+        (any::<u64>(), payload(4096)).prop_map(|(id, data)| Message::ScsiRequest { id, data }),
+        (any::<u64>(), payload(4096)).prop_map(|(id, data)| Message::ScsiReply { id, data }),
         any::<u64>().prop_map(|seq| Message::Ping { seq }),
         any::<u64>().prop_map(|seq| Message::Pong { seq }),
         (name(), any::<u8>())
@@ -147,9 +148,13 @@ fn samples() -> Vec<Message> {
                 synced: 8,
             },
         },
-        Message::ScsiState {
+        Message::ScsiRequest {
             id: 12,
-            state: Bytes::from_static(b"reservations"),
+            data: Bytes::from_static(b"reservations"),
+        },
+        Message::ScsiReply {
+            id: 13,
+            data: Bytes::from_static(b"answer"),
         },
         Message::Ping { seq: 1 },
         Message::Pong { seq: u64::MAX },
