@@ -11,6 +11,7 @@ mod benchcmd;
 mod cachecmd;
 mod cluster;
 mod config;
+mod ha_scsi;
 mod identity;
 mod poolcmd;
 mod pools;

@@ -96,7 +96,7 @@ fn build(
                 (true, Some(c)) => {
                     let key = format!("{}/{}/lun{lun_id}", c.config().name, t.iqn);
                     let r = c.replicate(&key, l.replica_mode.as_deref(), &cfg.data_dir, volume)?;
-                    replicated.push(r.clone());
+                    replicated.push((lun_id, r.clone()));
                     volume = r;
                     backing = format!("{backing}, replicated");
                     identity::derived(&key)
@@ -186,8 +186,14 @@ fn build(
         };
         let scsi_target =
             Arc::new(scsi::ScsiTarget::new(scsi_cfg).with_context(|| format!("target {}", t.iqn))?);
+        for (lun_id, vol) in &replicated {
+            crate::ha_scsi::PrLink::install(*lun_id, vol.clone(), &scsi_target);
+        }
         if let Some(c) = cluster.as_deref() {
-            c.drive_alua(scsi_target.clone(), replicated);
+            c.drive_alua(
+                scsi_target.clone(),
+                replicated.into_iter().map(|(_, v)| v).collect(),
+            );
         }
         targets.push(iscsi::TargetSpec {
             iqn: t.iqn.clone(),

@@ -30,6 +30,7 @@ const LUN_SIZE: &str = "256M";
 struct Ha {
     topo: Topology,
     dir: tempfile::TempDir,
+    mode: String,
     nodes: [Option<Child>; 2],
     _witness: Child,
 }
@@ -40,6 +41,10 @@ fn bin() -> &'static str {
 
 impl Ha {
     fn start(prefix: &str) -> Option<Ha> {
+        Ha::start_with(prefix, "active-active")
+    }
+
+    fn start_with(prefix: &str, mode: &str) -> Option<Ha> {
         if !available() {
             return None;
         }
@@ -60,6 +65,7 @@ impl Ha {
         let mut ha = Ha {
             topo,
             dir,
+            mode: mode.to_string(),
             nodes: [None, None],
             _witness: witness,
         };
@@ -103,7 +109,9 @@ iqn = "{IQN}"
 path = "{d}/lun0.img"
 size = "{LUN_SIZE}"
 replicated = true
+replica_mode = "{mode}"
 "#,
+            mode = self.mode,
             d = d.display(),
             p1 = t.client_portal_addr(k, 1),
             p2 = t.client_portal_addr(k, 2),
@@ -226,11 +234,23 @@ fn max_latency_us(report: &Path) -> f64 {
 }
 
 #[test]
-fn node_killed_under_verified_writes_loses_nothing_and_resyncs_incrementally() {
-    let Some(mut ha) = Ha::start("hak") else {
+fn leader_killed_under_verified_writes_loses_nothing_and_resyncs_incrementally() {
+    // node 1 (preferred) copied the brand-new LUN to node 2: it is the leader
+    kill_under_verified_writes("hak", 1);
+}
+
+#[test]
+fn follower_killed_under_verified_writes_loses_nothing_and_resyncs_incrementally() {
+    kill_under_verified_writes("haf", 2);
+}
+
+fn kill_under_verified_writes(prefix: &str, victim: u32) {
+    let survivor = 3 - victim;
+    let Some(mut ha) = Ha::start(prefix) else {
         return;
     };
     ha.wait_in_sync();
+    assert_eq!(ha.status(1).unwrap()["role"], "leader");
     let state = ha.dir.path().join("verify.state");
     let report = ha.dir.path().join("bench.json");
     let mut bench = ha
@@ -274,11 +294,11 @@ fn node_killed_under_verified_writes_loses_nothing_and_resyncs_incrementally() {
         assert!(bench.try_wait().unwrap().is_none(), "bench exited early");
         std::thread::sleep(Duration::from_millis(20));
     }
-    // writes flow through all four paths; then node 1 dies
+    // writes flow through all four paths; then the victim dies
     std::thread::sleep(Duration::from_secs(4));
-    ha.kill9(1);
-    let s2 = ha.wait(2, 10, "serving alone", |s| s["state"] == "degraded");
-    assert_eq!(s2["role"], "solo");
+    ha.kill9(victim);
+    let s = ha.wait(survivor, 10, "serving alone", |s| s["state"] == "degraded");
+    assert_eq!(s["role"], "solo");
     let st = bench.wait().unwrap();
     let log = std::fs::read_to_string(ha.dir.path().join("bench.log")).unwrap_or_default();
     assert!(st.success(), "the workload saw an error:\n{log}");
@@ -288,17 +308,17 @@ fn node_killed_under_verified_writes_loses_nothing_and_resyncs_incrementally() {
         max_us / 1000.0
     );
     assert!(max_us < 3e6, "an I/O took {max_us} us (over 3 s)");
-    // node 1 returns: incremental resync of what was written alone
-    let written_alone = ha.wait(2, 5, "status", |_| true)["dirty_regions"]
-        .as_u64()
-        .unwrap();
+    // the victim returns: incremental resync of what was written alone
+    let alone = ha.wait(survivor, 5, "status", |_| true);
+    let written_alone = alone["dirty_regions"].as_u64().unwrap();
     assert!(written_alone > 0);
-    let before = ha.status(2).unwrap()["resynced_bytes"].as_u64().unwrap();
-    ha.start_node(1);
+    let before = alone["resynced_bytes"].as_u64().unwrap();
+    ha.start_node(victim);
     ha.wait_in_sync();
-    let moved = ha.status(2).unwrap()["resynced_bytes"].as_u64().unwrap() - before;
-    let region = ha.status(2).unwrap()["region_bytes"].as_u64().unwrap();
-    let size = ha.status(2).unwrap()["size_bytes"].as_u64().unwrap();
+    let after = ha.status(survivor).unwrap();
+    let moved = after["resynced_bytes"].as_u64().unwrap() - before;
+    let region = after["region_bytes"].as_u64().unwrap();
+    let size = after["size_bytes"].as_u64().unwrap();
     eprintln!(
         "resynced {moved} bytes of a {size}-byte LUN ({written_alone} regions of {region} written alone)"
     );
@@ -405,4 +425,91 @@ fn overlapping_writes_from_two_initiators_through_both_nodes_converge() {
         let [x, y] = ha.checksums();
         assert_eq!(x, y, "run {run}: the copies differ");
     }
+}
+
+#[test]
+fn active_passive_serves_through_the_leader_only_and_fails_over() {
+    let Some(mut ha) = Ha::start_with("hap", "active-passive") else {
+        return;
+    };
+    ha.wait_in_sync();
+    let s2 = ha.status(2).unwrap();
+    assert_eq!(s2["local_paths"], "standby");
+    fn read(ha: &Ha, k: u32) -> (bool, String) {
+        ha.bench(&[
+            "--target",
+            &ha.url(k, 1),
+            "--single-path",
+            "--bs",
+            "64k",
+            "--rw",
+            "read",
+            "--threads",
+            "1",
+            "--qd",
+            "2",
+            "--secs",
+            "1",
+            "--ramp",
+            "0",
+            "--size",
+            "8M",
+        ])
+    }
+    assert!(read(&ha, 1).0, "the active node refused I/O");
+    assert!(!read(&ha, 2).0, "the standby node served I/O");
+    // multipath over all four paths keeps going, on the active node's two
+    let (ok, out) = ha.bench(&[
+        "--target",
+        &ha.url(1, 1),
+        "--bs",
+        "64k",
+        "--rw",
+        "randrw",
+        "--threads",
+        "2",
+        "--qd",
+        "4",
+        "--secs",
+        "2",
+        "--ramp",
+        "0",
+        "--size",
+        "8M",
+    ]);
+    assert!(ok, "{out}");
+    // the active node dies: the standby takes over
+    ha.kill9(1);
+    ha.wait(2, 10, "serving alone", |s| s["state"] == "degraded");
+    assert!(read(&ha, 2).0, "the survivor does not serve");
+}
+
+#[test]
+fn persistent_reservations_hold_across_both_nodes() {
+    if !common::have("iscsi-test-cu") {
+        return;
+    }
+    let Some(ha) = Ha::start("hpr") else {
+        return;
+    };
+    ha.wait_in_sync();
+    // libiscsi's PR tests with the first initiator on node 1 and the second on
+    // node 2: a reservation taken through one node is enforced through the other
+    let (ok, out) = ha.topo.run(
+        ha.topo.ns_client(),
+        "iscsi-test-cu",
+        [
+            "--dataloss",
+            "--test=SCSI.Pr[io]*",
+            &ha.url(1, 1),
+            &ha.url(2, 1),
+        ],
+    );
+    eprintln!("{out}");
+    let ran = out.lines().filter(|l| l.contains("Test:")).count();
+    assert!(ran >= 10, "too few PR tests ran ({ran}):\n{out}");
+    assert!(
+        ok && !out.contains("FAILED"),
+        "PR tests failed across the nodes:\n{out}"
+    );
 }

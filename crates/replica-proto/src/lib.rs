@@ -21,6 +21,7 @@
 //! ```
 
 mod codec;
+pub mod scsi;
 
 pub use codec::{decode, encode};
 

@@ -133,31 +133,40 @@ pub(crate) fn pr_in(lu: &LogicalUnit, nexus: &ItNexus, cdb: &Cdb) -> CmdResult {
     })
 }
 
-/// PERSISTENT RESERVE OUT; the unit attentions it establishes are queued here.
+/// PERSISTENT RESERVE OUT; the unit attentions it establishes are queued here. With
+/// `want_state`, also returns the new state for the HA partner when the command changed
+/// it (see [`crate::replication`], which orders these calls).
 pub(crate) fn pr_out(
     lu: &LogicalUnit,
     nexus: &ItNexus,
     cdb: &Cdb,
     data_out: &Bytes,
     ports: &[TargetPort],
-) -> CmdResult {
+    want_state: bool,
+) -> Result<(Done, Option<Bytes>), Fail> {
     let plist_len = cdb.u32_at(5);
     if data_out.len() < plist_len as usize {
         return Err(Fail::Check(codes::INVALID_FIELD_IN_CIU, plist_len));
     }
     let params = &data_out[..plist_len as usize];
-    let uas = lu
-        .pr
-        .persistent_reserve_out(nexus, cdb.as_slice(), params, ports)
-        .map_err(|e| pr_fail(e).with_len(plist_len))?;
-    for ua in uas {
+    let (out, state) = if want_state {
+        lu.pr
+            .persistent_reserve_out_replicated(nexus, cdb.as_slice(), params, ports)
+    } else {
+        lu.pr
+            .persistent_reserve_out_detailed(nexus, cdb.as_slice(), params, ports)
+            .map(|out| (out, None))
+    }
+    .map_err(|e| pr_fail(e).with_len(plist_len))?;
+    for ua in out.unit_attentions {
         lu.uas
             .raise_for(&ua.initiator_port, ua.relative_port_id, ua.sense);
     }
-    Ok(Done {
+    let done = Done {
         data_in: Bytes::new(),
         transfer_len_bytes: plist_len,
-    })
+    };
+    Ok((done, state))
 }
 
 #[cfg(test)]

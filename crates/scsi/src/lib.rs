@@ -22,7 +22,8 @@
 //! data, VPD pages, block limits), `mode` (MODE SENSE/SELECT), `opcodes` (REPORT
 //! SUPPORTED OPERATION CODES / TMFs), `alua` (port group states, RTPG), `ua` (unit
 //! attention queues), `admin` (REQUEST SENSE, REPORT LUNS, START STOP, PREVENT ALLOW,
-//! reservation routing), `pr` (reservations), `sense` (sense data).
+//! reservation routing), `pr` (reservations), `replication` (persistent reservations
+//! kept identical on the two nodes of an HA pair), `sense` (sense data).
 
 mod admin;
 mod alua;
@@ -34,6 +35,7 @@ mod mode;
 mod opcodes;
 pub mod pr;
 mod provisioning;
+mod replication;
 mod rw;
 pub mod sense;
 mod target;
@@ -43,6 +45,7 @@ mod ua;
 
 pub use admin::encode_lun;
 pub use inquiry::{Limits, CAW_BLOCKS_MAX, UNMAP_BLOCKS_MAX, UNMAP_DESCRIPTORS_MAX};
+pub use replication::PrReplication;
 pub use target::ScsiTarget;
 pub use ua::UA_QUEUE_DEPTH_MAX;
 
@@ -237,4 +240,8 @@ pub enum ScsiError {
         /// What failed.
         source: std::io::Error,
     },
+    /// Persistent-reservation state received from the HA partner could not be decoded
+    /// or is inconsistent.
+    #[error("persistent reservation state: {0}")]
+    PrState(String),
 }

@@ -6,11 +6,12 @@ use crate::mode::ModePages;
 use crate::pr::Reservations;
 use crate::sense::{codes, Sense};
 use crate::ua::{key_of, NexusKey, UaTable};
-use crate::{status, ItNexus, LunConfig, Response, ScsiError};
+use crate::{status, ItNexus, LunConfig, PrReplication, Response, ScsiError};
 use block::{BlockError, Bytes, Geometry, VolumeRef};
-use parking_lot::Mutex;
+use parking_lot::{Mutex, RwLock};
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
 
 /// A successful command: Data-In bytes and the transfer length the CDB called for.
 #[derive(Debug, Default)]
@@ -53,6 +54,9 @@ pub(crate) enum Fail {
     Check(Sense, u32),
     /// RESERVATION CONFLICT.
     Conflict,
+    /// Not a failure: the HA partner ran the command and this is its answer, passed
+    /// through as it is.
+    Forwarded(Response),
 }
 
 impl From<Sense> for Fail {
@@ -95,6 +99,7 @@ pub(crate) fn into_response(r: CmdResult, descriptor: bool) -> Response {
             data_in: Bytes::new(),
             transfer_len_bytes: 0,
         },
+        Err(Fail::Forwarded(r)) => r,
     }
 }
 
@@ -160,6 +165,11 @@ pub(crate) struct LogicalUnit {
     pub block_count_seen: AtomicU64,
     /// Orders COMPARE AND WRITE / ORWRITE (exclusive) against other writes (shared).
     pub write_order: tokio::sync::RwLock<()>,
+    /// HA partner link for persistent reservations; only PERSISTENT RESERVE OUT reads it.
+    pub pr_replication: RwLock<Option<Arc<dyn PrReplication>>>,
+    /// Runs this node's PERSISTENT RESERVE OUTs one at a time, each together with the
+    /// push of its state to the partner.
+    pub pr_order: tokio::sync::Mutex<()>,
 }
 
 impl LogicalUnit {
@@ -188,6 +198,8 @@ impl LogicalUnit {
             media: Mutex::new(MediaState::default()),
             block_count_seen: AtomicU64::new(geo.block_count),
             write_order: tokio::sync::RwLock::new(()),
+            pr_replication: RwLock::new(None),
+            pr_order: tokio::sync::Mutex::new(()),
         })
     }
 

@@ -11,10 +11,12 @@ use crate::lu::{into_response, CmdResult, Fail, LogicalUnit};
 use crate::pr::Access;
 use crate::sense::{codes, Sense};
 use crate::{
-    admin, capacity, inquiry, mode, opcodes, provisioning, rw, AluaState, Command, ItNexus,
-    PortGroup, Response, ScsiError, TargetConfig,
+    admin, capacity, inquiry, mode, opcodes, provisioning, replication, rw, AluaState, Command,
+    ItNexus, PortGroup, PrReplication, Response, ScsiError, TargetConfig, TargetPort,
 };
+use block::Bytes;
 use std::sync::atomic::Ordering;
+use std::sync::Arc;
 
 /// A SCSI target device: the logical units behind one iSCSI target.
 pub struct ScsiTarget {
@@ -22,6 +24,27 @@ pub struct ScsiTarget {
     luns: Vec<LogicalUnit>,
     lun_ids: Vec<u64>,
     alua: Alua,
+    /// Every target port of the device, for ALL_TG_PT, SPEC_I_PT and REGISTER AND MOVE:
+    /// this node's ports plus every other port of every port group (the HA partner's).
+    pr_ports: Vec<TargetPort>,
+}
+
+/// This node's ports, then a port for every relative port id that only a port group
+/// names (the partner node's ports in an HA pair), named like iSCSI target ports.
+fn all_target_ports(config: &TargetConfig) -> Vec<TargetPort> {
+    let mut ports = config.ports.clone();
+    for g in &config.port_groups {
+        for &rel in &g.relative_port_ids {
+            if !ports.iter().any(|p| p.relative_id == rel) {
+                ports.push(TargetPort {
+                    relative_id: rel,
+                    group_id: g.id,
+                    name: format!("{},t,0x{rel:04x}", config.name),
+                });
+            }
+        }
+    }
+    ports
 }
 
 /// Commands that neither report nor consume a unit attention (SAM-5 5.14).
@@ -85,11 +108,13 @@ impl ScsiTarget {
             ));
         }
         let alua = Alua::new(&config.ports, &config.port_groups);
+        let pr_ports = all_target_ports(&config);
         Ok(ScsiTarget {
             config,
             luns,
             lun_ids,
             alua,
+            pr_ports,
         })
     }
 
@@ -225,9 +250,87 @@ impl ScsiTarget {
                 admin::reserve_release(lu, nexus, cdb)
             }
             op::PR_IN => admin::pr_in(lu, nexus, cdb),
-            op::PR_OUT => admin::pr_out(lu, nexus, cdb, data, &self.config.ports),
+            op::PR_OUT => {
+                replication::pr_out(lu, nexus, cdb, &cmd.cdb, data, &self.pr_ports, true).await
+            }
             _ => Err(codes::INVALID_OPCODE.into()),
         }
+    }
+
+    /// Connects `lun`'s persistent reservations to the HA partner node (replacing an
+    /// earlier link). Only PERSISTENT RESERVE OUT consults it. False if no such LUN.
+    pub fn set_pr_replication(&self, lun: u64, r: Arc<dyn PrReplication>) -> bool {
+        let Some(lu) = self.lu(lun) else {
+            return false;
+        };
+        *lu.pr_replication.write() = Some(r);
+        true
+    }
+
+    /// `lun`'s persistent-reservation state (registrations, reservation, PRgeneration,
+    /// APTPL) as JSON in the state file's format, for
+    /// [`ScsiTarget::install_pr_state`] on the partner; None if no such LUN.
+    pub fn pr_state(&self, lun: u64) -> Option<Bytes> {
+        self.lu(lun).map(|l| l.pr.state())
+    }
+
+    /// Sends `lun`'s whole persistent-reservation state (a [`ScsiTarget::pr_state`]
+    /// snapshot) to the partner through the LU's [`PrReplication::push_state`], ordered
+    /// with this node's PR OUTs: no PR OUT runs between the snapshot and its push, so
+    /// the partner cannot install it over a newer state (for a node handing its state
+    /// to a rejoining partner). Err if no such LUN, no replication is set, or the push
+    /// failed.
+    pub async fn push_pr_state(&self, lun: u64) -> Result<(), String> {
+        let lu = self
+            .lu(lun)
+            .ok_or_else(|| format!("lun {lun} does not exist"))?;
+        let repl = lu.pr_replication.read().clone();
+        let repl = repl.ok_or_else(|| format!("lun {lun} has no reservation replication"))?;
+        let _order = lu.pr_order.lock().await;
+        repl.push_state(lun, lu.pr.state()).await
+    }
+
+    /// Replaces `lun`'s persistent-reservation state with `state` (from
+    /// [`ScsiTarget::pr_state`] or [`PrReplication::push_state`] of the partner) and
+    /// persists it like a local change. A pushed state carries the unit attentions its
+    /// PR OUT established and they are queued for the I_T nexuses this node knows; a
+    /// snapshot's are derived from the difference with the current state (see
+    /// [`crate::pr`]'s `state_change_uas`). An unchanged state raises none. Does not wait
+    /// for PR OUTs running here: only the node that orders PR changes should push.
+    pub fn install_pr_state(&self, lun: u64, state: &[u8]) -> Result<(), ScsiError> {
+        let lu = self
+            .lu(lun)
+            .ok_or_else(|| ScsiError::Config(format!("lun {lun} does not exist")))?;
+        for ua in lu.pr.install_state(state)? {
+            lu.uas
+                .raise_for(&ua.initiator_port, ua.relative_port_id, ua.sense);
+        }
+        Ok(())
+    }
+
+    /// Runs a PERSISTENT RESERVE OUT on this node without offering it to
+    /// [`PrReplication::forward_out`]: on the leader, for a command the partner forwarded
+    /// (`nexus` then goes through one of the partner's ports). Ordered with local PR OUTs
+    /// and pushed like them. The unit attention, ALUA and control byte checks are the
+    /// forwarding node's: they are not repeated here.
+    pub async fn execute_pr_out_here(
+        &self,
+        lun: u64,
+        nexus: &ItNexus,
+        cdb: Bytes,
+        data: Bytes,
+    ) -> Response {
+        let Some(lu) = self.lu(lun) else {
+            return into_response(Err(codes::LUN_NOT_SUPPORTED.into()), false);
+        };
+        let r = match Cdb::parse(&cdb) {
+            Ok(c) if c.opcode() == op::PR_OUT => {
+                replication::pr_out(lu, nexus, &c, &cdb, &data, &self.pr_ports, false).await
+            }
+            Ok(_) => Err(codes::INVALID_OPCODE.into()),
+            Err(s) => Err(s.into()),
+        };
+        into_response(r, lu.descriptor_sense())
     }
 
     /// LOGICAL UNIT RESET task management function from `nexus`.

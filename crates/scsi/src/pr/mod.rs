@@ -15,10 +15,12 @@
 //!
 //! Layout: this file holds the state machine; `wire` the parameter-list parsing,
 //! TransportIDs and PR IN encoders; `access` the SPC-4/SBC-3 conflict tables;
-//! `persist` the APTPL state file.
+//! `persist` the APTPL state file; `replica` the state exchange with an HA partner
+//! (snapshot, install, unit attentions derived from a state difference).
 
 mod access;
 mod persist;
+mod replica;
 mod wire;
 
 #[cfg(test)]
@@ -433,6 +435,20 @@ impl Reservations {
         params: &[u8],
         ports: &[TargetPort],
     ) -> Result<PrOutOutcome, PrError> {
+        self.run_out(nexus, cdb, params, ports, false)
+            .map(|(out, _)| out)
+    }
+
+    /// Runs a PR OUT; with `want_state`, also returns the new state encoded for the HA
+    /// partner (with the unit attentions the command established) when it changed.
+    fn run_out(
+        &self,
+        nexus: &ItNexus,
+        cdb: &[u8],
+        params: &[u8],
+        ports: &[TargetPort],
+        want_state: bool,
+    ) -> Result<(PrOutOutcome, Option<Bytes>), PrError> {
         let cdb = wire::ProutCdb::parse(cdb)?;
         let mut g = self.inner.lock();
         if let Some(holder) = &g.spc2 {
@@ -478,7 +494,10 @@ impl Reservations {
                     .into())
             }
         }
+        let changed = next != g.pr;
         self.commit(&mut g, next)?;
+        let state = (want_state && changed)
+            .then(|| Bytes::from(persist::encode(&g.pr, Some(&out.unit_attentions))));
         tracing::debug!(
             initiator_port = %nexus.initiator_port,
             relative_port_id = nexus.relative_port_id,
@@ -488,7 +507,7 @@ impl Reservations {
             reservation = ?g.pr.reservation.as_ref().map(|r| r.kind),
             "PERSISTENT RESERVE OUT done"
         );
-        Ok(out)
+        Ok((out, state))
     }
 
     /// RESERVE(6)/RESERVE(10) (SPC-2, with the SPC-4 5.13.3 exceptions: CRH=1).
@@ -560,21 +579,27 @@ impl Reservations {
     /// Persists `next` when APTPL is in force (or removes the file when APTPL was just
     /// turned off), then makes it the current state.
     fn commit(&self, g: &mut Inner, next: PrState) -> Result<(), PrError> {
-        if let Some(path) = &self.state_file {
-            let result = if next.aptpl {
-                persist::save(path, &next)
-            } else if g.pr.aptpl {
-                persist::remove(path)
-            } else {
-                Ok(())
-            };
-            if let Err(e) = result {
-                tracing::error!(path = %path.display(), error = %e, "persisting reservations failed");
-                return Err(codes::INTERNAL_TARGET_FAILURE.into());
-            }
+        if let Err(e) = self.persist_transition(&g.pr, &next) {
+            tracing::error!(path = ?self.state_file, error = %e, "persisting reservations failed");
+            return Err(codes::INTERNAL_TARGET_FAILURE.into());
         }
         g.pr = next;
         Ok(())
+    }
+
+    /// Brings the state file from `current` to `next`: written when APTPL is in force
+    /// in `next`, removed when APTPL was just turned off, untouched otherwise.
+    fn persist_transition(&self, current: &PrState, next: &PrState) -> std::io::Result<()> {
+        let Some(path) = &self.state_file else {
+            return Ok(());
+        };
+        if next.aptpl {
+            persist::save(path, next)
+        } else if current.aptpl {
+            persist::remove(path)
+        } else {
+            Ok(())
+        }
     }
 }
 

@@ -1,8 +1,13 @@
 //! The APTPL state file: registrations, the reservation, PRgeneration and the APTPL
 //! flag as JSON, written atomically (temporary file, fsync, rename, fsync of the
 //! directory) so that a crash leaves either the old or the new state.
+//!
+//! The same JSON is what the HA partner receives ([`encode`] / [`decode`]); a state
+//! pushed after a PERSISTENT RESERVE OUT also carries the unit attentions that command
+//! established (the state file never does).
 
-use super::{NexusId, PrState, PrType, Registration, Reservation, REGISTRATIONS_MAX};
+use super::{NexusId, PendingUa, PrState, PrType, Registration, Reservation, REGISTRATIONS_MAX};
+use crate::sense::{key, Sense};
 use crate::ScsiError;
 use serde::{Deserialize, Serialize};
 use std::fs;
@@ -20,6 +25,21 @@ struct FileState {
     aptpl: bool,
     registrations: Vec<FileRegistration>,
     reservation: Option<FileReservation>,
+    /// Only in a state pushed to the HA partner after a PR OUT: the unit attentions
+    /// that command established (possibly none). Absent in the state file and in
+    /// snapshots, whose receiver derives unit attentions from the difference.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    unit_attentions: Option<Vec<FileUa>>,
+}
+
+/// A unit attention for the nexuses of one initiator port.
+#[derive(Debug, Serialize, Deserialize)]
+struct FileUa {
+    initiator_port: String,
+    /// None: through every target port.
+    relative_port_id: Option<u16>,
+    asc: u8,
+    ascq: u8,
 }
 
 #[derive(Debug, Serialize, Deserialize)]
@@ -58,6 +78,7 @@ fn to_file(st: &PrState) -> FileState {
             holder_initiator_port: res.holder.as_ref().map(|h| h.initiator_port.to_string()),
             holder_relative_port_id: res.holder.as_ref().map_or(0, |h| h.relative_port_id),
         }),
+        unit_attentions: None,
     }
 }
 
@@ -111,6 +132,40 @@ fn from_file(f: FileState) -> Result<PrState, String> {
         }
     }
     Ok(st)
+}
+
+/// The state as JSON for the HA partner; `uas` are the unit attentions the PR OUT that
+/// produced it established (None for a snapshot).
+pub(super) fn encode(st: &PrState, uas: Option<&[PendingUa]>) -> Vec<u8> {
+    let mut f = to_file(st);
+    f.unit_attentions = uas.map(|uas| {
+        uas.iter()
+            .map(|u| FileUa {
+                initiator_port: u.initiator_port.to_string(),
+                relative_port_id: u.relative_port_id,
+                asc: u.sense.asc,
+                ascq: u.sense.ascq,
+            })
+            .collect()
+    });
+    // Plain structs of strings and integers: serializing them cannot fail.
+    serde_json::to_vec(&f).unwrap_or_default()
+}
+
+/// Parses what [`encode`] (or the state file) holds, with the same validation as
+/// loading the state file.
+pub(super) fn decode(bytes: &[u8]) -> Result<(PrState, Option<Vec<PendingUa>>), String> {
+    let mut f: FileState = serde_json::from_slice(bytes).map_err(|e| e.to_string())?;
+    let uas = f.unit_attentions.take().map(|uas| {
+        uas.into_iter()
+            .map(|u| PendingUa {
+                initiator_port: Arc::from(u.initiator_port),
+                relative_port_id: u.relative_port_id,
+                sense: Sense::new(key::UNIT_ATTENTION, u.asc, u.ascq),
+            })
+            .collect()
+    });
+    Ok((from_file(f)?, uas))
 }
 
 /// Reads the state file; Ok(None) when there is none.

@@ -1,0 +1,165 @@
+//! Persistent reservations across an HA pair: the glue between the SCSI layer's
+//! [`scsi::PrReplication`] hook and the replicated volume's [`replica::ScsiPeer`]
+//! channel to the partner.
+//!
+//! The node that orders writes (the leader, or a node alone) also orders PR
+//! changes: a PERSISTENT RESERVE OUT arriving at the follower is run on the
+//! leader (with the follower's nexus), and the leader installs its new state on
+//! the follower before answering, so every node enforces the same reservations.
+//! A resync source hands its state to the partner before the partner serves.
+
+use block::Bytes;
+use replica::{ReplicatedVolume, Role};
+use replica_proto::scsi::{ScsiAnswer, ScsiMsg};
+use std::sync::{Arc, OnceLock, Weak};
+
+/// One replicated LUN's PR link to the partner.
+pub struct PrLink {
+    lun: u64,
+    vol: Arc<ReplicatedVolume>,
+    target: OnceLock<Weak<scsi::ScsiTarget>>,
+}
+
+impl PrLink {
+    /// Connects LUN `lun` of `target` (served from `vol`) to the partner.
+    pub fn install(lun: u64, vol: Arc<ReplicatedVolume>, target: &Arc<scsi::ScsiTarget>) {
+        let link = Arc::new(PrLink {
+            lun,
+            vol: vol.clone(),
+            target: OnceLock::new(),
+        });
+        let _ = link.target.set(Arc::downgrade(target));
+        target.set_pr_replication(lun, link.clone());
+        vol.set_scsi_peer(link);
+    }
+
+    fn target(&self) -> Option<Arc<scsi::ScsiTarget>> {
+        self.target.get().and_then(|w| w.upgrade())
+    }
+
+    /// NOT READY (the partner cannot be asked): multipath retries elsewhere.
+    fn not_ready(&self, why: &str) -> scsi::Response {
+        tracing::warn!(
+            lun = self.lun,
+            why,
+            "persistent reservation change not possible now"
+        );
+        let sense = self
+            .target()
+            .map(|t| t.encode_sense(self.lun, &scsi::sense::codes::PORT_UNAVAILABLE));
+        scsi::Response {
+            status: scsi::status::CHECK_CONDITION,
+            sense,
+            data_in: Bytes::new(),
+            transfer_len_bytes: 0,
+        }
+    }
+}
+
+#[async_trait::async_trait]
+impl scsi::PrReplication for PrLink {
+    async fn forward_out(
+        &self,
+        lun: u64,
+        nexus: &scsi::ItNexus,
+        cdb: &Bytes,
+        data: &Bytes,
+    ) -> Option<scsi::Response> {
+        if self.vol.role() != Role::Follower {
+            return None;
+        }
+        let req = ScsiMsg::ForwardPrOut {
+            lun,
+            initiator_name: nexus.initiator_name.to_string(),
+            initiator_port: nexus.initiator_port.to_string(),
+            relative_port_id: nexus.relative_port_id,
+            cdb: cdb.clone(),
+            data: data.clone(),
+        };
+        Some(match self.vol.scsi_request(req.encode()).await {
+            Ok(b) => match ScsiAnswer::decode(b) {
+                Some(ScsiAnswer::Response {
+                    status,
+                    sense,
+                    data_in,
+                    transfer_len_bytes,
+                }) => scsi::Response {
+                    status,
+                    sense,
+                    data_in,
+                    transfer_len_bytes,
+                },
+                Some(ScsiAnswer::Failed(why)) => self.not_ready(&why),
+                _ => self.not_ready("malformed answer from the leader"),
+            },
+            Err(e) => self.not_ready(&e.to_string()),
+        })
+    }
+
+    async fn push_state(&self, lun: u64, state: Bytes) -> Result<(), String> {
+        if !self.vol.partner_attached() {
+            return Ok(());
+        }
+        let req = ScsiMsg::InstallPrState { lun, state };
+        match self.vol.scsi_request(req.encode()).await {
+            Ok(b) => match ScsiAnswer::decode(b) {
+                Some(ScsiAnswer::Installed) => Ok(()),
+                Some(ScsiAnswer::Failed(why)) => Err(why),
+                _ => Err("malformed answer from the partner".into()),
+            },
+            Err(e) => Err(e.to_string()),
+        }
+    }
+}
+
+#[async_trait::async_trait]
+impl replica::ScsiPeer for PrLink {
+    async fn handle(&self, request: Bytes) -> Bytes {
+        let Some(t) = self.target() else {
+            return ScsiAnswer::Failed("the target is not running".into()).encode();
+        };
+        let answer = match ScsiMsg::decode(request) {
+            Some(ScsiMsg::ForwardPrOut {
+                lun,
+                initiator_name,
+                initiator_port,
+                relative_port_id,
+                cdb,
+                data,
+            }) => {
+                if !matches!(self.vol.role(), Role::Leader | Role::Solo) {
+                    ScsiAnswer::Failed("this node does not order changes".into())
+                } else {
+                    let nexus = scsi::ItNexus {
+                        initiator_name: initiator_name.into(),
+                        initiator_port: initiator_port.into(),
+                        relative_port_id,
+                    };
+                    let r = t.execute_pr_out_here(lun, &nexus, cdb, data).await;
+                    ScsiAnswer::Response {
+                        status: r.status,
+                        sense: r.sense,
+                        data_in: r.data_in,
+                        transfer_len_bytes: r.transfer_len_bytes,
+                    }
+                }
+            }
+            Some(ScsiMsg::InstallPrState { lun, state }) => match t.install_pr_state(lun, &state) {
+                Ok(()) => ScsiAnswer::Installed,
+                Err(e) => ScsiAnswer::Failed(e.to_string()),
+            },
+            None => {
+                tracing::warn!(lun = self.lun, "malformed SCSI request from the partner");
+                ScsiAnswer::Failed("malformed request".into())
+            }
+        };
+        answer.encode()
+    }
+
+    async fn before_in_sync(&self) -> Result<(), String> {
+        let t = self.target().ok_or("the target is not running")?;
+        // under the LU's PR ordering lock: a PR OUT running now cannot be
+        // overwritten on the partner by this older snapshot
+        t.push_pr_state(self.lun).await
+    }
+}

@@ -1,0 +1,104 @@
+//! Persistent-reservation state exchanged with the HA partner node: snapshots, the
+//! state a PR OUT produced, and installing either one.
+//!
+//! Both are the state file's JSON ([`super::persist`]). The state a PR OUT produced
+//! also lists the unit attentions that command established; the receiving node queues
+//! exactly those (for the I_T nexuses it knows), so a command gets the same unit
+//! attentions whichever node ran it, and the nexus that sent it gets none. A snapshot
+//! carries no list: the receiver derives the unit attentions from the difference
+//! between its state and the snapshot ([`state_change_uas`]).
+
+use super::{persist, PendingUa, PrState, Reservations};
+use crate::sense::codes;
+use crate::{ItNexus, ScsiError, TargetPort};
+use block::Bytes;
+use std::io;
+
+impl Reservations {
+    /// The persistent-reservation state (registrations, reservation, PRgeneration,
+    /// APTPL) in the state file's JSON format. SPC-2 reservations are not part of it.
+    pub(crate) fn state(&self) -> Bytes {
+        Bytes::from(persist::encode(&self.inner.lock().pr, None))
+    }
+
+    /// [`Reservations::persistent_reserve_out_detailed`], also returning the new state
+    /// for the HA partner when the command changed it (PRgeneration, a registration, the
+    /// reservation or APTPL); the state lists the unit attentions the command established.
+    pub(crate) fn persistent_reserve_out_replicated(
+        &self,
+        nexus: &ItNexus,
+        cdb: &[u8],
+        params: &[u8],
+        ports: &[TargetPort],
+    ) -> Result<(super::PrOutOutcome, Option<Bytes>), super::PrError> {
+        self.run_out(nexus, cdb, params, ports, true)
+    }
+
+    /// Replaces the persistent-reservation state with `state` (from [`Reservations::state`]
+    /// or a PR OUT of the partner) and persists it like a local change. Returns the unit
+    /// attentions to establish: the ones listed in `state`, or for a snapshot those
+    /// [`state_change_uas`] derives. An identical state changes nothing and raises none.
+    pub(crate) fn install_state(&self, state: &[u8]) -> Result<Vec<PendingUa>, ScsiError> {
+        let (next, listed) = persist::decode(state).map_err(ScsiError::PrState)?;
+        let mut g = self.inner.lock();
+        if g.pr == next {
+            return Ok(Vec::new());
+        }
+        if next.aptpl && self.state_file.is_none() {
+            tracing::warn!("installing APTPL reservations on a LUN without a state file");
+        }
+        self.persist_transition(&g.pr, &next)
+            .map_err(|source: io::Error| ScsiError::State {
+                path: self.state_file.clone().unwrap_or_default(),
+                source,
+            })?;
+        let uas = listed.unwrap_or_else(|| state_change_uas(&g.pr, &next));
+        tracing::debug!(
+            generation = next.generation,
+            registrations = next.registrations.len(),
+            reservation = ?next.reservation.as_ref().map(|r| r.kind),
+            unit_attentions = uas.len(),
+            "persistent reservation state installed"
+        );
+        g.pr = next;
+        Ok(uas)
+    }
+}
+
+/// Unit attentions for a state change known only as a before/after pair. For every
+/// I_T nexus registered in `old`:
+///
+/// 0. nobody is registered in `new` (what a CLEAR leaves): RESERVATIONS PREEMPTED
+///    (SPC-4 5.13.11.2.6);
+/// 1. otherwise, not registered in `new`: REGISTRATIONS PREEMPTED;
+/// 2. still registered, and a Registrants Only or All Registrants reservation of `old`
+///    is gone in `new`: RESERVATIONS RELEASED, except for the old holder (SPC-4
+///    5.13.11.2.2 / 5.13.11.2.3: a released Write Exclusive or Exclusive Access
+///    reservation establishes none);
+/// 3. still registered, and the reservation changed type: RESERVATIONS RELEASED,
+///    except for the new holder (SPC-4 5.13.11.2.4.3, a PREEMPT that changes the type).
+///
+/// Nothing else raises a unit attention: a new reservation, a holder that changed with
+/// the type kept (PREEMPT of the same type, REGISTER AND MOVE), new registrations, key,
+/// PRgeneration or APTPL changes.
+pub(super) fn state_change_uas(old: &PrState, new: &PrState) -> Vec<PendingUa> {
+    // Some(exempt holder) when surviving registrants get RESERVATIONS RELEASED.
+    let released = match (&old.reservation, &new.reservation) {
+        (Some(o), None) if o.kind.registrants_get_access() => Some(o.holder.as_ref()),
+        (Some(o), Some(n)) if o.kind != n.kind => Some(n.holder.as_ref()),
+        _ => None,
+    };
+    let mut uas = Vec::new();
+    for r in &old.registrations {
+        if new.registrations.is_empty() {
+            uas.push(r.nexus.ua(codes::RESERVATIONS_PREEMPTED));
+        } else if new.find_id(&r.nexus).is_none() {
+            uas.push(r.nexus.ua(codes::REGISTRATIONS_PREEMPTED));
+        } else if let Some(exempt) = released {
+            if !exempt.is_some_and(|h| h.same(&r.nexus)) {
+                uas.push(r.nexus.ua(codes::RESERVATIONS_RELEASED));
+            }
+        }
+    }
+    uas
+}

@@ -1,0 +1,89 @@
+//! Persistent reservations kept identical on the two nodes of an HA pair.
+//!
+//! One node orders every PERSISTENT RESERVE OUT of a LUN (the leader). A PR OUT that
+//! arrives at the other node is forwarded ([`PrReplication::forward_out`]) and run on the
+//! leader ([`crate::ScsiTarget::execute_pr_out_here`]); after a PR OUT changed the state,
+//! the leader pushes the whole new state to the partner ([`PrReplication::push_state`]),
+//! which installs it ([`crate::ScsiTarget::install_pr_state`]) before the command answers.
+//! PR OUTs of one LU run one at a time on a node, each together with its push, so the
+//! partner never installs an older state after a newer one. PERSISTENT RESERVE IN and
+//! the reservation checks of every other command read the local copy.
+//!
+//! The state pushed after a PR OUT lists the unit attentions that command established;
+//! the partner queues them for the I_T nexuses it knows (those that reached it), so unit
+//! attentions are the same whichever node ran the command. A state installed without
+//! that list (a snapshot from [`crate::ScsiTarget::pr_state`], e.g. when a node rejoins)
+//! raises the unit attentions [`crate::pr`]'s state difference derives.
+//!
+//! Not replicated: SPC-2 RESERVE/RELEASE (each node keeps its own) and the D_SENSE mode
+//! bit (a forwarded command's sense data is in the leader's format).
+
+use crate::cdb::Cdb;
+use crate::lu::{CmdResult, Fail, LogicalUnit};
+use crate::sense::codes;
+use crate::{admin, ItNexus, Response, TargetPort};
+use block::Bytes;
+
+/// Keeps a LUN's persistent-reservation state identical on the two nodes of an HA pair.
+#[async_trait::async_trait]
+pub trait PrReplication: Send + Sync + 'static {
+    /// Called for every PERSISTENT RESERVE OUT before it runs. `None`: run it on this
+    /// node (this node orders PR changes: it is the leader, or alone). `Some(resp)`:
+    /// the partner ran it and `resp` is its answer; the partner has already installed
+    /// the new state on this node (through [`crate::ScsiTarget::install_pr_state`])
+    /// before answering.
+    async fn forward_out(
+        &self,
+        lun: u64,
+        nexus: &ItNexus,
+        cdb: &Bytes,
+        data: &Bytes,
+    ) -> Option<Response>;
+
+    /// After a PR OUT ran on this node and changed the state (PRgeneration, a
+    /// registration, the reservation or APTPL): sends `state` to the partner, which
+    /// installs it with [`crate::ScsiTarget::install_pr_state`]. The command answers
+    /// only after this returns; on Err it answers CHECK CONDITION, HARDWARE ERROR /
+    /// INTERNAL TARGET FAILURE, and the local change stays (the partner gets the whole
+    /// state with the next change or when it rejoins). A node that is alone should
+    /// return Ok.
+    async fn push_state(&self, lun: u64, state: Bytes) -> Result<(), String>;
+}
+
+/// PERSISTENT RESERVE OUT on `lu`: forwarded to the partner when `forward` and the
+/// partner orders PR changes; otherwise run here, one at a time per LU, with the new
+/// state pushed to the partner before answering.
+pub(crate) async fn pr_out(
+    lu: &LogicalUnit,
+    nexus: &ItNexus,
+    cdb: &Cdb,
+    raw_cdb: &Bytes,
+    data: &Bytes,
+    ports: &[TargetPort],
+    forward: bool,
+) -> CmdResult {
+    let repl = lu.pr_replication.read().clone();
+    if let (true, Some(r)) = (forward, &repl) {
+        if let Some(resp) = r.forward_out(lu.lun, nexus, raw_cdb, data).await {
+            return Err(Fail::Forwarded(resp));
+        }
+    }
+    let _order = lu.pr_order.lock().await;
+    let (done, state) = admin::pr_out(lu, nexus, cdb, data, ports, repl.is_some())?;
+    if let (Some(r), Some(state)) = (&repl, state) {
+        if let Err(e) = r.push_state(lu.lun, state).await {
+            // The change stays here. HARDWARE ERROR rather than NOT READY: multipath
+            // initiators retry NOT READY on another path, and a retried PR OUT would
+            // run against the changed state (e.g. a second REGISTER conflicts).
+            tracing::error!(lun = lu.lun, error = %e, "pushing reservation state to the partner failed");
+            return Err(Fail::Check(
+                codes::INTERNAL_TARGET_FAILURE,
+                done.transfer_len_bytes,
+            ));
+        }
+    }
+    Ok(done)
+}
+
+#[cfg(test)]
+mod tests;
