@@ -45,10 +45,20 @@ impl Ha {
     }
 
     fn start_with(prefix: &str, mode: &str) -> Option<Ha> {
+        Ha::start_opts(prefix, mode, 1)
+    }
+
+    fn start_opts(prefix: &str, mode: &str, sync_links: u32) -> Option<Ha> {
         if !available() {
             return None;
         }
-        let topo = Topology::create(prefix, TopologyOptions::default());
+        let topo = Topology::create(
+            prefix,
+            TopologyOptions {
+                sync_links,
+                ..TopologyOptions::default()
+            },
+        );
         let dir = tempfile::tempdir().unwrap();
         let witness = topo.spawn(
             topo.ns_witness(),
@@ -99,8 +109,8 @@ allow_without_chap = true
 name = "ha-test"
 node_id = {k}
 preferred_node = 1
-sync = ["{s}:{SYNC_PORT}"]
-peer_sync = ["{ps}:{SYNC_PORT}"]
+sync = [{s}]
+peer_sync = [{ps}]
 peer_portals = ["{q1}:{PORT}", "{q2}:{PORT}"]
 witness = "{w}:{WITNESS_PORT}"
 [[target]]
@@ -115,13 +125,21 @@ replica_mode = "{mode}"
             d = d.display(),
             p1 = t.client_portal_addr(k, 1),
             p2 = t.client_portal_addr(k, 2),
-            s = t.sync_addr(k, 1),
-            ps = t.sync_addr(peer, 1),
+            s = self.sync_list(k),
+            ps = self.sync_list(peer),
             q1 = t.client_portal_addr(peer, 1),
             q2 = t.client_portal_addr(peer, 2),
             w = t.witness_addr_for(k),
         );
         std::fs::write(d.join("node.toml"), cfg).unwrap();
+    }
+
+    /// Node `k`'s sync addresses, as a TOML list body.
+    fn sync_list(&self, k: u32) -> String {
+        (1..=self.topo.options().sync_links)
+            .map(|l| format!("\"{}:{SYNC_PORT}\"", self.topo.sync_addr(k, l)))
+            .collect::<Vec<_>>()
+            .join(", ")
     }
 
     fn start_node(&mut self, k: u32) {
@@ -512,4 +530,51 @@ fn persistent_reservations_hold_across_both_nodes() {
         ok && !out.contains("FAILED"),
         "PR tests failed across the nodes:\n{out}"
     );
+}
+
+#[test]
+fn a_second_sync_link_carries_on_when_the_first_is_cut() {
+    let Some(ha) = Ha::start_opts("ha2", "active-active", 2) else {
+        return;
+    };
+    ha.wait_in_sync();
+    let on_link = |k: u32, l: u32| {
+        let s = ha.status(k).unwrap();
+        s["peer"]
+            .as_str()
+            .is_some_and(|p| p.starts_with(&ha.topo.sync_addr(3 - k, l).to_string()))
+    };
+    assert!(on_link(1, 1), "{:?}", ha.status(1));
+    ha.topo.set_sync_link(1, false);
+    // the pair reconnects over link 2 and is in sync again, nobody stays down
+    for k in 1..=2 {
+        ha.wait(k, 30, "in sync over link 2", |s| {
+            s["state"] == "in-sync"
+                && s["peer"]
+                    .as_str()
+                    .is_some_and(|p| p.starts_with(&ha.topo.sync_addr(3 - k, 2).to_string()))
+        });
+    }
+    assert!(on_link(1, 2));
+    let (ok, out) = ha.bench(&[
+        "--target",
+        &ha.url(1, 1),
+        "--bs",
+        "64k",
+        "--rw",
+        "randwrite",
+        "--threads",
+        "2",
+        "--qd",
+        "4",
+        "--secs",
+        "2",
+        "--ramp",
+        "0",
+        "--size",
+        "8M",
+    ]);
+    assert!(ok, "{out}");
+    let [a, b] = ha.checksums();
+    assert_eq!(a, b);
 }

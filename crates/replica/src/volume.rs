@@ -1055,6 +1055,8 @@ async fn manage(inner: &Arc<Inner>, mut conns: mpsc::Receiver<(Framed, Message)>
                 Ok((f, p, peer_meta, peer_bits)) => {
                     let link = session(inner, f, p, peer_meta, peer_bits).await;
                     peer_seen = link.last_ping_recv();
+                    // the link in use failed: dial the next sync link first
+                    next_peer += 1;
                     if !matches!(inner.role().role, Role::Solo | Role::Down) {
                         inner.set_role(
                             Role::Deciding,
