@@ -211,6 +211,19 @@ replica_mode = "{mode}"
         )
     }
 
+    /// A short `freesan bench` run through node `k` (one path, or multipath over
+    /// every path SendTargets lists): 2 threads x 4 in flight over 8 MiB.
+    fn io(&self, k: u32, single_path: bool, bs: &str, rw: &str, secs: u32) -> (bool, String) {
+        let url = self.url(k, 1);
+        let secs = secs.to_string();
+        let mut args = vec!["--target", &url, "--bs", bs, "--rw", rw, "--threads", "2"];
+        args.extend(["--qd", "4", "--secs", &secs, "--ramp", "0", "--size", "8M"]);
+        if single_path {
+            args.push("--single-path");
+        }
+        self.bench(&args)
+    }
+
     /// Runs `freesan bench ARGS` in the client namespace; (success, output).
     fn bench(&self, args: &[&str]) -> (bool, String) {
         let mut all = vec!["bench"];
@@ -378,27 +391,7 @@ fn cutting_the_sync_link_leaves_exactly_one_writer() {
         assert!(Instant::now() < deadline, "no single survivor: {a} / {b}");
         std::thread::sleep(Duration::from_millis(100));
     };
-    let write = |k: u32| {
-        ha.bench(&[
-            "--target",
-            &ha.url(k, 1),
-            "--single-path",
-            "--bs",
-            "64k",
-            "--rw",
-            "write",
-            "--threads",
-            "1",
-            "--qd",
-            "4",
-            "--secs",
-            "1",
-            "--ramp",
-            "0",
-            "--size",
-            "8M",
-        ])
-    };
+    let write = |k: u32| ha.io(k, true, "64k", "write", 1);
     let (ok, out) = write(solo);
     assert!(ok, "the survivor refused writes: {out}");
     let (ok, _) = write(down);
@@ -453,48 +446,11 @@ fn active_passive_serves_through_the_leader_only_and_fails_over() {
     ha.wait_in_sync();
     let s2 = ha.status(2).unwrap();
     assert_eq!(s2["local_paths"], "standby");
-    fn read(ha: &Ha, k: u32) -> (bool, String) {
-        ha.bench(&[
-            "--target",
-            &ha.url(k, 1),
-            "--single-path",
-            "--bs",
-            "64k",
-            "--rw",
-            "read",
-            "--threads",
-            "1",
-            "--qd",
-            "2",
-            "--secs",
-            "1",
-            "--ramp",
-            "0",
-            "--size",
-            "8M",
-        ])
-    }
+    let read = |ha: &Ha, k: u32| ha.io(k, true, "64k", "read", 1);
     assert!(read(&ha, 1).0, "the active node refused I/O");
     assert!(!read(&ha, 2).0, "the standby node served I/O");
     // multipath over all four paths keeps going, on the active node's two
-    let (ok, out) = ha.bench(&[
-        "--target",
-        &ha.url(1, 1),
-        "--bs",
-        "64k",
-        "--rw",
-        "randrw",
-        "--threads",
-        "2",
-        "--qd",
-        "4",
-        "--secs",
-        "2",
-        "--ramp",
-        "0",
-        "--size",
-        "8M",
-    ]);
+    let (ok, out) = ha.io(1, false, "64k", "randrw", 2);
     assert!(ok, "{out}");
     // the active node dies: the standby takes over
     ha.kill9(1);
@@ -556,24 +512,7 @@ fn a_second_sync_link_carries_on_when_the_first_is_cut() {
         });
     }
     assert!(on_link(1, 2));
-    let (ok, out) = ha.bench(&[
-        "--target",
-        &ha.url(1, 1),
-        "--bs",
-        "64k",
-        "--rw",
-        "randwrite",
-        "--threads",
-        "2",
-        "--qd",
-        "4",
-        "--secs",
-        "2",
-        "--ramp",
-        "0",
-        "--size",
-        "8M",
-    ]);
+    let (ok, out) = ha.io(1, false, "64k", "randwrite", 2);
     assert!(ok, "{out}");
     let [a, b] = ha.checksums();
     assert_eq!(a, b);

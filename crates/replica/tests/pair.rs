@@ -63,8 +63,25 @@ async fn pair(dir: &Path, preferred: u8, witness: Option<SocketAddr>) -> Pair {
         .try_init();
     let m1: VolumeRef = Arc::new(MemVolume::new(512, BLOCKS));
     let m2: VolumeRef = Arc::new(MemVolume::new(512, BLOCKS));
-    let (n2, sink2) =
-        ReplicatedVolume::open(cfg(2, preferred, dir, vec![], witness), m2.clone()).unwrap();
+    let (n2, addr2) = node2(dir, preferred, m2.clone(), witness).await;
+    let n1 = node1(dir, preferred, m1.clone(), addr2, witness).await;
+    Pair {
+        n1,
+        n2,
+        m1,
+        m2,
+        addr2,
+    }
+}
+
+/// Node 2 over `m2`, waiting for node 1 on a listener of its own.
+async fn node2(
+    dir: &Path,
+    preferred: u8,
+    m2: VolumeRef,
+    witness: Option<SocketAddr>,
+) -> (Arc<ReplicatedVolume>, SocketAddr) {
+    let (n2, sink2) = ReplicatedVolume::open(cfg(2, preferred, dir, vec![], witness), m2).unwrap();
     let l = SyncListener::bind(
         &["127.0.0.1:0".parse().unwrap()],
         HashMap::from([("vol".to_string(), sink2)]),
@@ -73,18 +90,16 @@ async fn pair(dir: &Path, preferred: u8, witness: Option<SocketAddr>) -> Pair {
     .unwrap();
     let addr2 = l.local_addrs()[0];
     l.spawn();
-    let n1 = node1(dir, preferred, m1.clone(), addr2, witness).await;
-    Pair {
-        n1,
-        n2: Arc::new(n2),
-        m1,
-        m2,
-        addr2,
-    }
+    (Arc::new(n2), addr2)
 }
 
 fn in_sync(s: &replica::ReplicaStatus) -> bool {
     s.state == "in-sync"
+}
+
+async fn both_in_sync(a: &ReplicatedVolume, b: &ReplicatedVolume) {
+    assert!(a.wait_until(in_sync, WAIT).await, "{:?}", a.status());
+    assert!(b.wait_until(in_sync, WAIT).await, "{:?}", b.status());
 }
 
 async fn same_contents(a: &VolumeRef, b: &VolumeRef) {
@@ -104,8 +119,7 @@ async fn same_contents(a: &VolumeRef, b: &VolumeRef) {
 async fn overlapping_writes_through_both_nodes_leave_identical_copies() {
     let d = tempfile::tempdir().unwrap();
     let p = pair(d.path(), 1, None).await;
-    assert!(p.n1.wait_until(in_sync, WAIT).await, "{:?}", p.n1.status());
-    assert!(p.n2.wait_until(in_sync, WAIT).await, "{:?}", p.n2.status());
+    both_in_sync(&p.n1, &p.n2).await;
     // four writers, two per node, all over the same 64 blocks
     let mut tasks = Vec::new();
     for (k, node) in [p.n1.clone(), p.n2.clone(), p.n1.clone(), p.n2.clone()]
@@ -138,7 +152,7 @@ async fn overlapping_writes_through_both_nodes_leave_identical_copies() {
 async fn compare_and_write_is_atomic_across_the_nodes() {
     let d = tempfile::tempdir().unwrap();
     let p = pair(d.path(), 1, None).await;
-    assert!(p.n2.wait_until(in_sync, WAIT).await && p.n1.wait_until(in_sync, WAIT).await);
+    both_in_sync(&p.n1, &p.n2).await;
     const EACH: u64 = 100;
     let mut tasks = Vec::new();
     for node in [p.n1.clone(), p.n2.clone(), p.n1.clone(), p.n2.clone()] {
@@ -176,7 +190,7 @@ async fn compare_and_write_is_atomic_across_the_nodes() {
 async fn the_preferred_survivor_tracks_changes_and_resyncs_only_them() {
     let d = tempfile::tempdir().unwrap();
     let p = pair(d.path(), 2, None).await;
-    assert!(p.n1.wait_until(in_sync, WAIT).await && p.n2.wait_until(in_sync, WAIT).await);
+    both_in_sync(&p.n1, &p.n2).await;
     let full =
         p.n1.status()
             .resynced_bytes
@@ -208,8 +222,7 @@ async fn the_preferred_survivor_tracks_changes_and_resyncs_only_them() {
     // node 1 comes back over the same copy: an incremental resync makes it equal
     let before = p.n2.status().resynced_bytes;
     let n1 = node1(d.path(), 2, p.m1.clone(), p.addr2, None).await;
-    assert!(n1.wait_until(in_sync, WAIT).await, "{:?}", n1.status());
-    assert!(p.n2.wait_until(in_sync, WAIT).await);
+    both_in_sync(&n1, &p.n2).await;
     let moved = p.n2.status().resynced_bytes - before;
     assert_eq!(moved, 256 << 10, "only the regions written alone move");
     same_contents(&p.m1, &p.m2).await;
@@ -225,7 +238,7 @@ async fn without_a_witness_the_other_node_stops_and_with_one_it_goes_on() {
     // no witness, node 1 preferred: node 2 must stop when node 1 fails
     let d = tempfile::tempdir().unwrap();
     let p = pair(d.path(), 1, None).await;
-    assert!(p.n1.wait_until(in_sync, WAIT).await && p.n2.wait_until(in_sync, WAIT).await);
+    both_in_sync(&p.n1, &p.n2).await;
     p.n1.shutdown().await;
     let e = p.n2.write(0, Bytes::from(vec![9u8; 512]), false).await;
     assert!(e.is_err(), "non-preferred node accepted a write alone");
@@ -242,7 +255,7 @@ async fn without_a_witness_the_other_node_stops_and_with_one_it_goes_on() {
     let waddr = w.local_addr().unwrap();
     tokio::spawn(w.run(std::future::pending()));
     let p = pair(d.path(), 1, Some(waddr)).await;
-    assert!(p.n1.wait_until(in_sync, WAIT).await && p.n2.wait_until(in_sync, WAIT).await);
+    both_in_sync(&p.n1, &p.n2).await;
     p.n1.shutdown().await;
     p.n2.write(0, Bytes::from(vec![9u8; 512]), false)
         .await
@@ -260,7 +273,7 @@ async fn without_a_witness_the_other_node_stops_and_with_one_it_goes_on() {
 async fn both_nodes_stopping_mid_writes_rejoin_with_identical_copies() {
     let d = tempfile::tempdir().unwrap();
     let p = pair(d.path(), 1, None).await;
-    assert!(p.n1.wait_until(in_sync, WAIT).await && p.n2.wait_until(in_sync, WAIT).await);
+    both_in_sync(&p.n1, &p.n2).await;
     // overlapping writes through both nodes, cut short by both nodes stopping at
     // once: writes in flight may have reached one copy only
     let mut tasks = Vec::new();
@@ -291,18 +304,8 @@ async fn both_nodes_stopping_mid_writes_rejoin_with_identical_copies() {
     }
     // both come back (node 2 on a new listener): the same generation, so the
     // preferred node is the source and the union of the bitmaps is copied
-    let (n2, sink2) =
-        ReplicatedVolume::open(cfg(2, 1, d.path(), vec![], None), p.m2.clone()).unwrap();
-    let l = SyncListener::bind(
-        &["127.0.0.1:0".parse().unwrap()],
-        HashMap::from([("vol".to_string(), sink2)]),
-    )
-    .await
-    .unwrap();
-    let addr2 = l.local_addrs()[0];
-    l.spawn();
+    let (n2, addr2) = node2(d.path(), 1, p.m2.clone(), None).await;
     let n1 = node1(d.path(), 1, p.m1.clone(), addr2, None).await;
-    assert!(n1.wait_until(in_sync, WAIT).await, "{:?}", n1.status());
-    assert!(n2.wait_until(in_sync, WAIT).await, "{:?}", n2.status());
+    both_in_sync(&n1, &n2).await;
     same_contents(&p.m1, &p.m2).await;
 }
