@@ -100,6 +100,14 @@ impl Cluster {
         Ok(())
     }
 
+    /// Stops replicating (at shutdown): links closed, copies flushed, bitmaps
+    /// persisted; the partner goes on alone as after a failure.
+    pub async fn shutdown(&self) {
+        for v in &self.volumes {
+            v.shutdown().await;
+        }
+    }
+
     /// Status of every replicated volume.
     pub fn statuses(&self) -> Vec<serde_json::Value> {
         self.volumes

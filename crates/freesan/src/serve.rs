@@ -350,6 +350,9 @@ pub async fn run(cfg: Config) -> Result<()> {
         t.await.context("NBD server task")??;
     }
     iscsi_task.await.context("iSCSI server task")??;
+    if let Some(c) = &cluster {
+        c.shutdown().await;
+    }
     pools.shutdown().await;
     eprintln!("freesan stopped cleanly");
     Ok(())

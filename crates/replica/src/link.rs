@@ -143,8 +143,27 @@ impl Link {
         link
     }
 
-    /// Sends a request built from a fresh id and waits for its answer.
+    /// Sends a request built from a fresh id and waits for its answer. A partner
+    /// that keeps answering heartbeats but leaves a request unanswered for four
+    /// peer timeouts (a hung disk) is dropped like a dead one: the link closes.
     pub async fn request(&self, make: impl FnOnce(u64) -> Message) -> Result<OpResult, LinkLost> {
+        self.patiently(self.request_inner(make)).await
+    }
+
+    async fn patiently<T>(
+        &self,
+        f: impl std::future::Future<Output = Result<T, LinkLost>>,
+    ) -> Result<T, LinkLost> {
+        match tokio::time::timeout(self.peer_timeout * 4, f).await {
+            Ok(r) => r,
+            Err(_) => {
+                self.close("the partner left a request unanswered too long");
+                Err(LinkLost)
+            }
+        }
+    }
+
+    async fn request_inner(&self, make: impl FnOnce(u64) -> Message) -> Result<OpResult, LinkLost> {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let (tx, rx) = oneshot::channel();
         {
@@ -161,8 +180,13 @@ impl Link {
         rx.await.map_err(|_| LinkLost)
     }
 
-    /// Sends an opaque SCSI request and waits for the partner's reply.
+    /// Sends an opaque SCSI request and waits for the partner's reply (with the
+    /// same patience as [`Link::request`]).
     pub async fn request_scsi(&self, data: Bytes) -> Result<Bytes, LinkLost> {
+        self.patiently(self.request_scsi_inner(data)).await
+    }
+
+    async fn request_scsi_inner(&self, data: Bytes) -> Result<Bytes, LinkLost> {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let (tx, rx) = oneshot::channel();
         {

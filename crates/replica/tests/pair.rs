@@ -309,3 +309,33 @@ async fn both_nodes_stopping_mid_writes_rejoin_with_identical_copies() {
     both_in_sync(&n1, &n2).await;
     same_contents(&p.m1, &p.m2).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_partner_that_answers_heartbeats_but_not_writes_is_dropped() {
+    let d = tempfile::tempdir().unwrap();
+    let m1: VolumeRef = Arc::new(MemVolume::new(512, BLOCKS));
+    let m2: VolumeRef = Arc::new(MemVolume::new(512, BLOCKS));
+    // node 2's disk takes a minute per write after the initial copy
+    let slow = Arc::new(block::SwitchVolume::new(m2.clone()));
+    let (n2, addr2) = node2(d.path(), 1, slow.clone(), None).await;
+    let n1 = node1(d.path(), 1, m1, addr2, None).await;
+    both_in_sync(&n1, &n2).await;
+    slow.switch(Arc::new(block::DelayVolume::new(
+        m2,
+        Duration::ZERO,
+        Duration::from_secs(60),
+    )))
+    .await
+    .unwrap();
+    let start = std::time::Instant::now();
+    n1.write(0, Bytes::from(vec![5u8; 4096]), false)
+        .await
+        .unwrap();
+    let took = start.elapsed();
+    assert!(took < Duration::from_secs(5), "the write waited {took:?}");
+    // node 1 went on alone; node 2 reconnects but cannot be brought in sync
+    let s = n1.status();
+    assert!(matches!(s.state, "degraded" | "resyncing"), "{s:?}");
+    assert_ne!(s.peer_paths, replica::PathState::Active);
+    assert_eq!(n1.read(0, 8).await.unwrap(), Bytes::from(vec![5u8; 4096]));
+}
