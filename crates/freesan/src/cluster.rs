@@ -96,7 +96,21 @@ impl Cluster {
         let l = replica::SyncListener::bind(&self.cfg.sync, sinks)
             .await
             .with_context(|| format!("binding the sync addresses {:?}", self.cfg.sync))?;
+        // heartbeats on every sync link (UDP on the same addresses), link i of
+        // `sync` paired with link i of `peer_sync`
+        let sync: Vec<_> = l.local_addrs();
         l.spawn();
+        let monitor = replica::SyncLinkMonitor::start(
+            &sync,
+            &self.cfg.peer_sync,
+            std::time::Duration::from_millis(self.cfg.heartbeat_interval_ms),
+            std::time::Duration::from_millis(self.cfg.peer_timeout_ms),
+        )
+        .await
+        .context("starting the sync link heartbeats")?;
+        for v in &self.volumes {
+            v.set_link_monitor(monitor.clone());
+        }
         Ok(())
     }
 

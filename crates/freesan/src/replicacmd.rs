@@ -76,6 +76,21 @@ fn print_one(r: &Value) {
         s("generation"),
         r["consistent"].as_bool().unwrap_or(false)
     );
+    for l in r["sync_links"].as_array().into_iter().flatten() {
+        let rtt = l["rtt_us"]
+            .as_u64()
+            .map_or("-".to_string(), |u| format!("{u} us"));
+        println!(
+            "  sync link {} -> {}: {} (rtt {rtt})",
+            l["local"].as_str().unwrap_or("-"),
+            l["peer"].as_str().unwrap_or("-"),
+            if l["up"].as_bool() == Some(true) {
+                "up"
+            } else {
+                "DOWN"
+            },
+        );
+    }
     let reach = match r["witness_reachable"].as_bool() {
         Some(true) => "reachable",
         Some(false) => "unreachable",

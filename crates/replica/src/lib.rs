@@ -17,12 +17,14 @@ mod bitmap;
 mod link;
 mod listener;
 mod meta;
+mod monitor;
 mod plan;
 mod volume;
 pub mod witness;
 
 pub use listener::SyncListener;
 pub use meta::Meta;
+pub use monitor::{SyncLinkMonitor, SyncLinkState};
 pub use plan::{plan, Plan};
 pub use volume::{
     ConnectionSink, Mode, PathState, PortStates, ReplicaConfig, ReplicaStatus, ReplicatedVolume,

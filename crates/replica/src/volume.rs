@@ -166,6 +166,8 @@ pub struct ReplicaStatus {
     pub local_paths: PathState,
     /// Paths of the partner as this node sees them.
     pub peer_paths: PathState,
+    /// Every sync link's heartbeat state (empty when not monitored).
+    pub sync_links: Vec<crate::monitor::SyncLinkState>,
 }
 
 /// The SCSI layer's side of the pair's link (persistent reservations): opaque
@@ -207,6 +209,8 @@ struct Inner {
     meta_write: tokio::sync::Mutex<()>,
     /// The SCSI layer's handler of the partner's requests.
     scsi_peer: parking_lot::RwLock<Option<Arc<dyn ScsiPeer>>>,
+    /// Heartbeats on every sync link (node-wide), when running.
+    monitor: parking_lot::RwLock<Option<Arc<crate::monitor::SyncLinkMonitor>>>,
     ports_tx: watch::Sender<PortStates>,
 }
 
@@ -792,6 +796,7 @@ impl ReplicatedVolume {
             stop_tx: watch::channel(false).0,
             meta_write: tokio::sync::Mutex::new(()),
             scsi_peer: parking_lot::RwLock::new(None),
+            monitor: parking_lot::RwLock::new(None),
             ports_tx,
         });
         let (tx, rx) = mpsc::channel(4);
@@ -836,6 +841,12 @@ impl ReplicatedVolume {
                 return f(&self.status());
             }
         }
+    }
+
+    /// Lets the volume see every sync link's heartbeats: it dials a link that
+    /// answers, and shows them all in its status.
+    pub fn set_link_monitor(&self, m: Arc<crate::monitor::SyncLinkMonitor>) {
+        *self.inner.monitor.write() = Some(m);
     }
 
     /// Installs the SCSI layer's handler of the partner's requests.
@@ -913,6 +924,11 @@ impl ReplicatedVolume {
             },
             local_paths: ports.local,
             peer_paths: ports.peer,
+            sync_links: i
+                .monitor
+                .read()
+                .as_ref()
+                .map_or_else(Vec::new, |m| m.links()),
         }
     }
 }
@@ -1036,7 +1052,13 @@ async fn manage(inner: &Arc<Inner>, mut conns: mpsc::Receiver<(Framed, Message)>
                 }
             },
             c = async {
-                let addr = inner.cfg.peer_sync[next_peer % inner.cfg.peer_sync.len()];
+                // the next link in turn, or the first after it that answers heartbeats
+                let n = inner.cfg.peer_sync.len();
+                let monitor = inner.monitor.read().clone();
+                let pick = monitor
+                    .and_then(|m| (0..n).map(|k| (next_peer + k) % n).find(|&i| m.is_up(i)))
+                    .unwrap_or(next_peer % n);
+                let addr = inner.cfg.peer_sync[pick];
                 match tokio::time::timeout(Duration::from_millis(500), TcpStream::connect(addr)).await {
                     Ok(Ok(s)) => Some(Framed::new(s)),
                     _ => {
