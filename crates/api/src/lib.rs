@@ -31,6 +31,13 @@ use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::Arc;
 
+/// An administrative action on a replicated volume.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+pub enum ReplicaAction {
+    /// Throw this node's copy away (split brain): the partner copies its data here.
+    Discard,
+}
+
 /// An administrative action on an SSD cache.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 pub enum CacheAction {
@@ -122,6 +129,12 @@ pub trait Control: Send + Sync + 'static {
     fn replicas(&self) -> Vec<Value> {
         Vec::new()
     }
+    /// Carries out an action on a replicated volume; answers with its new status.
+    async fn replica_action(&self, name: &str, _action: ReplicaAction) -> Result<Value, ApiError> {
+        Err(ApiError::NotFound(format!(
+            "no replicated volume named {name}"
+        )))
+    }
     /// Every SSD cache's status (hit rates, dirty bytes, destage rate, advisor).
     fn caches(&self) -> Vec<Value> {
         Vec::new()
@@ -184,6 +197,22 @@ async fn cache_detach(
 
 async fn replicas(State(c): State<Ctl>) -> Json<Value> {
     Json(Value::Array(c.replicas()))
+}
+
+/// Body naming a replicated volume (names hold slashes: cluster/target/lunN).
+#[derive(Deserialize)]
+struct ReplicaName {
+    name: String,
+}
+
+async fn replica_discard(
+    State(c): State<Ctl>,
+    body: Result<Json<ReplicaName>, JsonRejection>,
+) -> Result<Json<Value>, ApiError> {
+    let Json(b) = body.map_err(|e| ApiError::BadRequest(e.body_text()))?;
+    c.replica_action(&b.name, ReplicaAction::Discard)
+        .await
+        .map(Json)
 }
 
 async fn caches(State(c): State<Ctl>) -> Json<Value> {
@@ -302,6 +331,7 @@ pub fn router(control: Ctl) -> Router {
         .route("/api/v1/pools/{name}/fail", post(fail))
         .route("/api/v1/pools/{name}/rebuild-rate", post(rebuild_rate))
         .route("/api/v1/replicas", get(replicas))
+        .route("/api/v1/replicas/discard", post(replica_discard))
         .route("/api/v1/caches", get(caches))
         .route("/api/v1/caches/{name}", get(cache))
         .route("/api/v1/caches/{name}/fail", post(cache_fail))

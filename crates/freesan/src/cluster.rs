@@ -122,6 +122,11 @@ impl Cluster {
         }
     }
 
+    /// The replicated volume named `name`.
+    pub fn volume(&self, name: &str) -> Option<&Arc<ReplicatedVolume>> {
+        self.volumes.iter().find(|v| v.name() == name)
+    }
+
     /// Status of every replicated volume.
     pub fn statuses(&self) -> Vec<serde_json::Value> {
         self.volumes

@@ -531,6 +531,24 @@ impl api::Control for NodeControl {
             .map_or_else(Vec::new, |c| c.statuses())
     }
 
+    async fn replica_action(
+        &self,
+        name: &str,
+        action: api::ReplicaAction,
+    ) -> Result<serde_json::Value, api::ApiError> {
+        let v = self
+            .cluster
+            .as_ref()
+            .and_then(|c| c.volume(name))
+            .ok_or_else(|| api::ApiError::NotFound(format!("no replicated volume named {name}")))?;
+        match action {
+            api::ReplicaAction::Discard => {
+                v.discard_copy().await.map_err(api::ApiError::Conflict)?
+            }
+        }
+        Ok(serde_json::to_value(v.status()).unwrap_or_default())
+    }
+
     fn pools(&self) -> Vec<serde_json::Value> {
         self.pools.statuses()
     }

@@ -17,6 +17,16 @@ pub enum ReplicaCmd {
         #[arg(long)]
         json: bool,
     },
+    /// After a split brain (both copies took writes alone): throw THIS node's
+    /// copy of NAME away; the partner copies its data here and the writes this
+    /// node took alone are lost. Only a copy that is down can be discarded.
+    Discard {
+        /// The replicated volume (as `replica status` names it).
+        name: String,
+        /// Confirms that this node's lone writes are to be given up.
+        #[arg(long, required = true)]
+        lose_this_nodes_writes: bool,
+    },
 }
 
 /// Runs a `freesan replica` subcommand.
@@ -36,6 +46,14 @@ pub fn run(api: SocketAddr, cmd: ReplicaCmd) -> Result<()> {
             for r in &list {
                 print_one(r);
             }
+            Ok(())
+        }
+        ReplicaCmd::Discard { name, .. } => {
+            let body = serde_json::json!({ "name": name });
+            let (code, v) = http(api, "POST", "/api/v1/replicas/discard", Some(&body))?;
+            let v = ok_or_error(code, v)?;
+            println!("discarded this node's copy; it will be copied from the partner");
+            print_one(&v);
             Ok(())
         }
     }

@@ -398,12 +398,41 @@ fn cutting_the_sync_link_leaves_exactly_one_writer() {
     assert!(ok, "the survivor refused writes: {out}");
     let (ok, _) = write(down);
     assert!(!ok, "the stopped node accepted writes");
+    // the CLI refuses to discard the serving copy; the stopped one may be
+    // discarded (then it is copied in full when the link returns)
+    let name = ha.status(solo).unwrap()["name"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let discard = |k: u32| {
+        ha.topo.run(
+            ha.topo.ns_node(k),
+            bin(),
+            [
+                "replica",
+                "discard",
+                &name,
+                "--lose-this-nodes-writes",
+                "--api",
+                API,
+            ],
+        )
+    };
+    let (ok, out) = discard(solo);
+    assert!(!ok && out.contains("down"), "{out}");
+    let (ok, out) = discard(down);
+    assert!(ok, "{out}");
+    let before = ha.status(solo).unwrap()["resynced_bytes"].as_u64().unwrap();
     ha.topo.set_sync_link(1, true);
     ha.wait_in_sync();
     let [a, b] = ha.checksums();
     assert_eq!(a, b, "the copies differ after the link came back");
     let s = ha.status(solo).unwrap();
-    assert!(s["resynced_bytes"].as_u64().unwrap() > 0);
+    assert_eq!(
+        s["resynced_bytes"].as_u64().unwrap() - before,
+        s["size_bytes"].as_u64().unwrap(),
+        "the discarded copy is copied in full"
+    );
 }
 
 #[test]

@@ -822,6 +822,30 @@ impl ReplicatedVolume {
         let _ = i.bitmap.persist().await;
     }
 
+    /// Throws this node's copy away: it becomes a brand-new copy that the partner
+    /// copies in full at their next meeting. Only while this node does not serve
+    /// (role down): the way out of a split brain, where both copies took writes
+    /// alone and the writes of one side must be given up.
+    pub async fn discard_copy(&self) -> Result<(), String> {
+        let i = &self.inner;
+        let st = i.role();
+        if st.role != Role::Down {
+            return Err(format!(
+                "this node's copy is {:?}; only a copy that is down (not serving) can be discarded",
+                st.role
+            ));
+        }
+        i.store_meta(Meta::fresh()).map_err(|e| e.to_string())?;
+        tracing::warn!(volume = %i.cfg.name, "this node's copy was discarded: the partner will copy it in full");
+        i.set_role(
+            Role::Down,
+            None,
+            false,
+            "copy discarded: waiting for the partner to copy its data here".into(),
+        );
+        Ok(())
+    }
+
     /// Waits until the status satisfies `f`, at most `timeout`; false on timeout.
     pub async fn wait_until(&self, f: impl Fn(&ReplicaStatus) -> bool, timeout: Duration) -> bool {
         let mut rx = self.inner.role_tx.subscribe();
@@ -1037,6 +1061,9 @@ async fn manage(inner: &Arc<Inner>, mut conns: mpsc::Receiver<(Framed, Message)>
     let mut next_peer = 0usize;
     let mut last_decide: Option<Instant> = None;
     let mut conns_open = true;
+    // the partner answered but the copies cannot be joined (split brain...):
+    // never go on alone automatically then, an operator must choose
+    let mut unjoinable = false;
     loop {
         if *inner.stop_tx.borrow() {
             return;
@@ -1075,6 +1102,7 @@ async fn manage(inner: &Arc<Inner>, mut conns: mpsc::Receiver<(Framed, Message)>
         if let Some((f, hello)) = conn {
             match handshake(inner, f, hello).await {
                 Ok((f, p, peer_meta, peer_bits)) => {
+                    unjoinable = false;
                     let link = session(inner, f, p, peer_meta, peer_bits).await;
                     peer_seen = link.last_ping_recv();
                     // the link in use failed: dial the next sync link first
@@ -1088,19 +1116,24 @@ async fn manage(inner: &Arc<Inner>, mut conns: mpsc::Receiver<(Framed, Message)>
                         );
                     }
                     last_decide = None;
+                    continue;
                 }
                 Err(e) => {
                     tracing::warn!(volume = %inner.cfg.name, "handshake with the partner failed: {e}");
-                    let unjoinable = ["split brain", "diverged", "unrelated", "consistent"]
+                    if ["split brain", "diverged", "unrelated", "consistent"]
                         .iter()
-                        .any(|k| e.contains(k));
-                    if unjoinable && inner.role().role != Role::Solo {
-                        inner.set_role(Role::Down, None, false, e);
+                        .any(|k| e.contains(k))
+                    {
+                        unjoinable = true;
+                        if inner.role().role != Role::Solo {
+                            inner.set_role(Role::Down, None, false, e);
+                        }
                     }
                     tokio::time::sleep(RECONNECT_PAUSE).await;
+                    // a partner that accepts connections but cannot complete a
+                    // handshake is no partner: the decision below still applies
                 }
             }
-            continue;
         }
         let role = inner.role().role;
         let due = match last_decide {
@@ -1110,7 +1143,7 @@ async fn manage(inner: &Arc<Inner>, mut conns: mpsc::Receiver<(Framed, Message)>
             }
             Some(t) => t.elapsed() >= Duration::from_secs(2),
         };
-        if matches!(role, Role::Deciding | Role::Down) && due {
+        if matches!(role, Role::Deciding | Role::Down) && due && !unjoinable {
             decide(inner, peer_seen).await;
             last_decide = Some(Instant::now());
         }

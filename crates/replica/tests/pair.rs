@@ -339,3 +339,42 @@ async fn a_partner_that_answers_heartbeats_but_not_writes_is_dropped() {
     assert_ne!(s.peer_paths, replica::PathState::Active);
     assert_eq!(n1.read(0, 8).await.unwrap(), Bytes::from(vec![5u8; 4096]));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn split_brain_is_refused_until_one_copy_is_discarded() {
+    let d = tempfile::tempdir().unwrap();
+    let p = pair(d.path(), 1, None).await;
+    both_in_sync(&p.n1, &p.n2).await;
+    // node 2 fails, node 1 (preferred) writes alone
+    p.n2.shutdown().await;
+    p.n1.write(0, Bytes::from(vec![1u8; 512]), false)
+        .await
+        .unwrap();
+    p.n1.shutdown().await;
+    // node 2 comes back alone, misconfigured as preferred: it writes alone too
+    let (n2, addr2) = node2(d.path(), 2, p.m2.clone(), None).await;
+    n2.write(8, Bytes::from(vec![2u8; 512]), false)
+        .await
+        .unwrap();
+    assert_eq!(n2.status().role, Role::Solo);
+    // node 1 returns: both took writes alone, so they are not joined
+    let n1 = node1(d.path(), 1, p.m1.clone(), addr2, None).await;
+    assert!(
+        n1.wait_until(|s| s.reason.contains("split brain"), WAIT)
+            .await,
+        "{:?}",
+        n1.status()
+    );
+    assert_eq!(n1.status().role, Role::Down);
+    assert_eq!(n2.status().role, Role::Solo, "the serving side stays up");
+    assert!(
+        n2.discard_copy().await.is_err(),
+        "a serving copy was discarded"
+    );
+    // node 1's lone write is given up: node 2's data is copied to it in full
+    n1.discard_copy().await.unwrap();
+    both_in_sync(&n1, &n2).await;
+    same_contents(&p.m1, &p.m2).await;
+    assert_eq!(n1.read(8, 1).await.unwrap(), Bytes::from(vec![2u8; 512]));
+    assert_eq!(n1.read(0, 1).await.unwrap(), Bytes::from(vec![0u8; 512]));
+}
