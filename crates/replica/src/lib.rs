@@ -19,6 +19,7 @@ mod listener;
 mod meta;
 mod monitor;
 mod plan;
+mod session;
 mod volume;
 pub mod witness;
 

@@ -93,6 +93,37 @@ async fn node2(
     (Arc::new(n2), addr2)
 }
 
+/// Four writers, two through each node, each doing `writes` writes of 1 to
+/// `blocks_max` blocks of one random byte below `lba_max`; each task ends at its
+/// first failed write and says whether all succeeded.
+fn writers(
+    p: &Pair,
+    seed: u64,
+    writes: usize,
+    lba_max: u64,
+    blocks_max: usize,
+) -> Vec<tokio::task::JoinHandle<bool>> {
+    [p.n1.clone(), p.n2.clone(), p.n1.clone(), p.n2.clone()]
+        .into_iter()
+        .enumerate()
+        .map(|(k, node)| {
+            tokio::spawn(async move {
+                let mut rng = rand::rngs::StdRng::seed_from_u64(seed + k as u64);
+                for _ in 0..writes {
+                    let lba = rng.gen_range(0..lba_max);
+                    let n = rng.gen_range(1..=blocks_max);
+                    let byte: u8 = rng.gen();
+                    let data = Bytes::from(vec![byte; n * 512]);
+                    if node.write(lba, data, false).await.is_err() {
+                        return false;
+                    }
+                }
+                true
+            })
+        })
+        .collect()
+}
+
 fn in_sync(s: &replica::ReplicaStatus) -> bool {
     s.state == "in-sync"
 }
@@ -121,25 +152,8 @@ async fn overlapping_writes_through_both_nodes_leave_identical_copies() {
     let p = pair(d.path(), 1, None).await;
     both_in_sync(&p.n1, &p.n2).await;
     // four writers, two per node, all over the same 64 blocks
-    let mut tasks = Vec::new();
-    for (k, node) in [p.n1.clone(), p.n2.clone(), p.n1.clone(), p.n2.clone()]
-        .into_iter()
-        .enumerate()
-    {
-        tasks.push(tokio::spawn(async move {
-            let mut rng = rand::rngs::StdRng::seed_from_u64(k as u64);
-            for _ in 0..300 {
-                let lba = rng.gen_range(0..60u64);
-                let n = rng.gen_range(1..=4usize);
-                let byte: u8 = rng.gen();
-                node.write(lba, Bytes::from(vec![byte; n * 512]), false)
-                    .await
-                    .unwrap();
-            }
-        }));
-    }
-    for t in tasks {
-        t.await.unwrap();
+    for t in writers(&p, 0, 300, 60, 4) {
+        assert!(t.await.unwrap(), "a write failed");
     }
     same_contents(&p.m1, &p.m2).await;
     // reads through either node see the same data
@@ -276,31 +290,11 @@ async fn both_nodes_stopping_mid_writes_rejoin_with_identical_copies() {
     both_in_sync(&p.n1, &p.n2).await;
     // overlapping writes through both nodes, cut short by both nodes stopping at
     // once: writes in flight may have reached one copy only
-    let mut tasks = Vec::new();
-    for (k, node) in [p.n1.clone(), p.n2.clone(), p.n1.clone(), p.n2.clone()]
-        .into_iter()
-        .enumerate()
-    {
-        tasks.push(tokio::spawn(async move {
-            let mut rng = rand::rngs::StdRng::seed_from_u64(100 + k as u64);
-            for _ in 0..2000 {
-                let lba = rng.gen_range(0..(BLOCKS - 64));
-                let n = rng.gen_range(1..=64usize);
-                let byte: u8 = rng.gen();
-                if node
-                    .write(lba, Bytes::from(vec![byte; n * 512]), false)
-                    .await
-                    .is_err()
-                {
-                    return;
-                }
-            }
-        }));
-    }
+    let tasks = writers(&p, 100, 2000, BLOCKS - 64, 64);
     tokio::time::sleep(Duration::from_millis(30)).await;
     tokio::join!(p.n1.shutdown(), p.n2.shutdown());
     for t in tasks {
-        t.await.unwrap();
+        t.await.unwrap(); // writes cut short by the stop may fail
     }
     // both come back (node 2 on a new listener): the same generation, so the
     // preferred node is the source and the union of the bitmaps is copied

@@ -1,0 +1,501 @@
+//! The life of a replicated volume's connection to its partner: connecting
+//! (node 1 dials, node 2 waits), the handshake and its plan, the session with its
+//! resync, and the decision taken when the partner is lost; plus the cleaner of
+//! the write-intent bitmap. The I/O paths are in `volume.rs`.
+
+use crate::link::{Framed, Link, LinkLost};
+use crate::meta::Meta;
+use crate::plan::{plan, Plan};
+use crate::volume::{Inner, Role};
+use crate::witness;
+use block::{Bytes, LockMode};
+use replica_proto::{hello_flags, Message, OpResult};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio::net::TcpStream;
+use tokio::sync::mpsc;
+
+/// Bitmap chunk sent per message in the handshake.
+const BITMAP_CHUNK_BYTES: usize = 256 << 10;
+/// Largest resync copy in one message.
+const RESYNC_COPY_BYTES_MAX: u64 = 1 << 20;
+/// Resync copies in flight at once.
+const RESYNC_IN_FLIGHT_MAX: usize = 4;
+/// Pause between connection attempts.
+const RECONNECT_PAUSE: Duration = Duration::from_millis(300);
+/// Cleaning period of the write-intent bitmap.
+const CLEAN_PERIOD: Duration = Duration::from_secs(1);
+
+/// Clears idle regions of the write-intent bitmap while in sync.
+pub(crate) async fn cleaner(inner: std::sync::Weak<Inner>) {
+    loop {
+        tokio::time::sleep(CLEAN_PERIOD).await;
+        let Some(i) = inner.upgrade() else { return };
+        if i.bitmap.clean_idle() > 0 {
+            if let Err(e) = i.bitmap.persist().await {
+                tracing::warn!(volume = %i.cfg.name, "persisting the bitmap: {e}");
+            }
+        }
+    }
+}
+
+/// Connects, handshakes, resyncs and decides, for the life of the volume.
+pub(crate) async fn manager(inner: Arc<Inner>, conns: mpsc::Receiver<(Framed, Message)>) {
+    let mut stop = inner.stop_tx.subscribe();
+    tokio::select! {
+        biased;
+        _ = stop.wait_for(|s| *s) => {}
+        _ = manage(&inner, conns) => {}
+    }
+}
+
+async fn manage(inner: &Arc<Inner>, mut conns: mpsc::Receiver<(Framed, Message)>) {
+    let timeout = Duration::from_millis(inner.cfg.peer_timeout_ms);
+    let mut peer_seen = Instant::now();
+    let mut next_peer = 0usize;
+    let mut last_decide: Option<Instant> = None;
+    let mut conns_open = true;
+    // the partner answered but the copies cannot be joined (split brain...):
+    // never go on alone automatically then, an operator must choose
+    let mut unjoinable = false;
+    loop {
+        if *inner.stop_tx.borrow() {
+            return;
+        }
+        let dial = inner.cfg.node_id == 1 && !inner.cfg.peer_sync.is_empty();
+        let conn: Option<(Framed, Option<Message>)> = tokio::select! {
+            c = conns.recv(), if conns_open => match c {
+                Some((f, hello)) => Some((f, Some(hello))),
+                None => {
+                    // nobody hands this volume connections (it only dials)
+                    conns_open = false;
+                    None
+                }
+            },
+            c = async {
+                // the next link in turn, or the first after it that answers heartbeats
+                let n = inner.cfg.peer_sync.len();
+                let monitor = inner.monitor.read().clone();
+                let pick = monitor
+                    .and_then(|m| (0..n).map(|k| (next_peer + k) % n).find(|&i| m.is_up(i)))
+                    .unwrap_or(next_peer % n);
+                let addr = inner.cfg.peer_sync[pick];
+                match tokio::time::timeout(Duration::from_millis(500), TcpStream::connect(addr)).await {
+                    Ok(Ok(s)) => Some(Framed::new(s)),
+                    _ => {
+                        tokio::time::sleep(RECONNECT_PAUSE).await;
+                        None
+                    }
+                }
+            }, if dial => {
+                if c.is_none() { next_peer += 1; }
+                c.map(|f| (f, None))
+            },
+            _ = tokio::time::sleep(RECONNECT_PAUSE), if !dial => None,
+        };
+        if let Some((f, hello)) = conn {
+            match handshake(inner, f, hello).await {
+                Ok((f, p, peer_meta, peer_bits)) => {
+                    unjoinable = false;
+                    let link = session(inner, f, p, peer_meta, peer_bits).await;
+                    peer_seen = link.last_ping_recv();
+                    // the link in use failed: dial the next sync link first
+                    next_peer += 1;
+                    if !matches!(inner.role().role, Role::Solo | Role::Down) {
+                        inner.set_role(
+                            Role::Deciding,
+                            None,
+                            false,
+                            format!("lost the partner ({})", link.peer),
+                        );
+                    }
+                    last_decide = None;
+                    continue;
+                }
+                Err(e) => {
+                    tracing::warn!(volume = %inner.cfg.name, "handshake with the partner failed: {e}");
+                    if ["split brain", "diverged", "unrelated", "consistent"]
+                        .iter()
+                        .any(|k| e.contains(k))
+                    {
+                        unjoinable = true;
+                        if inner.role().role != Role::Solo {
+                            inner.set_role(Role::Down, None, false, e);
+                        }
+                    }
+                    tokio::time::sleep(RECONNECT_PAUSE).await;
+                    // a partner that accepts connections but cannot complete a
+                    // handshake is no partner: the decision below still applies
+                }
+            }
+        }
+        let role = inner.role().role;
+        let due = match last_decide {
+            None => {
+                peer_seen.elapsed() >= timeout
+                    || role == Role::Deciding && peer_seen.elapsed() >= timeout
+            }
+            Some(t) => t.elapsed() >= Duration::from_secs(2),
+        };
+        if matches!(role, Role::Deciding | Role::Down) && due && !unjoinable {
+            decide(inner, peer_seen).await;
+            last_decide = Some(Instant::now());
+        }
+    }
+}
+
+/// After losing the partner: goes on alone if the witness (or, without one, the
+/// preference) says so, once the partner's lease has run out; otherwise stops.
+async fn decide(inner: &Arc<Inner>, peer_last_ping: Instant) {
+    let meta = *inner.meta.lock();
+    if !meta.consistent {
+        inner.set_role(
+            Role::Down,
+            None,
+            false,
+            "this copy is an unfinished resync target; waiting for the partner".into(),
+        );
+        return;
+    }
+    let me = inner.cfg.node_id;
+    let granted = match inner.cfg.witness {
+        Some(addr) => {
+            let claim = Message::WitnessClaim {
+                cluster: inner.cfg.cluster.clone(),
+                node_id: me,
+            };
+            match witness::ask(addr, claim).await {
+                Ok(holder) => {
+                    inner.witness_state.store(1, Ordering::Relaxed);
+                    if holder == me {
+                        Ok(())
+                    } else {
+                        Err(format!(
+                            "the witness gave the survivor grant to node {holder}"
+                        ))
+                    }
+                }
+                Err(e) => {
+                    inner.witness_state.store(2, Ordering::Relaxed);
+                    Err(format!("partner and witness ({addr}) unreachable: {e}"))
+                }
+            }
+        }
+        None if inner.cfg.preferred_node == me => Ok(()),
+        None => Err("partner unreachable and this is not the preferred node (no witness)".into()),
+    };
+    if let Err(why) = granted {
+        inner.set_role(Role::Down, None, false, why);
+        return;
+    }
+    // the partner's lease on serving ends at most one timeout after its last ping
+    let lease_end = peer_last_ping + Duration::from_millis(inner.cfg.peer_timeout_ms);
+    tokio::time::sleep_until(lease_end.into()).await;
+    if !meta.solo() {
+        let mut fresh = 0u64;
+        while fresh == 0 || fresh == meta.current {
+            fresh = rand::random();
+        }
+        let m = Meta {
+            current: fresh,
+            ..meta
+        };
+        if let Err(e) = inner.store_meta(m) {
+            inner.set_role(
+                Role::Down,
+                None,
+                false,
+                format!("cannot persist the new generation: {e}"),
+            );
+            return;
+        }
+    }
+    inner.set_role(
+        Role::Solo,
+        None,
+        false,
+        "partner lost: serving alone, tracking changes".into(),
+    );
+}
+
+type Handshake = (Framed, Plan, Meta, Vec<u8>);
+
+async fn handshake(
+    inner: &Arc<Inner>,
+    mut f: Framed,
+    hello: Option<Message>,
+) -> Result<Handshake, String> {
+    let io = |e: std::io::Error| e.to_string();
+    let meta = *inner.meta.lock();
+    let cfg = &inner.cfg;
+    let mut flags = 0;
+    if meta.consistent {
+        flags |= hello_flags::CONSISTENT;
+    }
+    if cfg.preferred_node == cfg.node_id {
+        flags |= hello_flags::PREFERRED;
+    }
+    f.send(&Message::Hello {
+        node_id: cfg.node_id,
+        volume: cfg.name.clone(),
+        block_size_bytes: inner.geo.block_size_bytes,
+        block_count: inner.geo.block_count,
+        region_bytes: cfg.region_bytes,
+        gens: meta.gens(),
+        flags,
+    })
+    .await
+    .map_err(io)?;
+    let bits = inner.bitmap.snapshot();
+    for (i, chunk) in bits.chunks(BITMAP_CHUNK_BYTES).enumerate() {
+        f.send(&Message::Bitmap {
+            first_region: (i * BITMAP_CHUNK_BYTES * 8) as u64,
+            bits: Bytes::copy_from_slice(chunk),
+        })
+        .await
+        .map_err(io)?;
+    }
+    f.send(&Message::BitmapDone).await.map_err(io)?;
+    let hello = match hello {
+        Some(h) => h,
+        None => tokio::time::timeout(Duration::from_secs(5), f.recv())
+            .await
+            .map_err(|_| "no hello from the partner".to_string())?
+            .map_err(io)?,
+    };
+    let Message::Hello {
+        node_id,
+        volume,
+        block_size_bytes,
+        block_count,
+        region_bytes,
+        gens,
+        flags,
+    } = hello
+    else {
+        return Err("the partner did not start with a hello".into());
+    };
+    if volume != cfg.name || node_id == cfg.node_id || !(1..=2).contains(&node_id) {
+        return Err(format!(
+            "unexpected partner: node {node_id}, volume {volume}"
+        ));
+    }
+    if block_size_bytes != inner.geo.block_size_bytes
+        || block_count != inner.geo.block_count
+        || region_bytes != cfg.region_bytes
+    {
+        return Err(format!(
+            "the copies differ in shape: {block_count} blocks of {block_size_bytes} bytes, region {region_bytes} (here {} of {}, region {})",
+            inner.geo.block_count, inner.geo.block_size_bytes, cfg.region_bytes
+        ));
+    }
+    let mut peer_bits = vec![0u8; bits.len()];
+    loop {
+        match tokio::time::timeout(Duration::from_secs(10), f.recv()).await {
+            Ok(Ok(Message::Bitmap { first_region, bits })) => {
+                let at = (first_region / 8) as usize;
+                if first_region % 8 != 0 || at + bits.len() > peer_bits.len() {
+                    return Err("partner's bitmap does not fit the volume".into());
+                }
+                peer_bits[at..at + bits.len()].copy_from_slice(&bits);
+            }
+            Ok(Ok(Message::BitmapDone)) => break,
+            Ok(Ok(_)) => return Err("unexpected message during the handshake".into()),
+            Ok(Err(e)) => return Err(e.to_string()),
+            Err(_) => return Err("the partner's bitmap did not arrive".into()),
+        }
+    }
+    let peer_meta = Meta {
+        current: gens.current,
+        synced: gens.synced,
+        consistent: flags & hello_flags::CONSISTENT != 0,
+    };
+    let p = plan(cfg.node_id, meta, node_id, peer_meta, cfg.preferred_node)?;
+    Ok((f, p, peer_meta, peer_bits))
+}
+
+/// Runs a connected session until the link is lost; returns the dead link.
+async fn session(
+    inner: &Arc<Inner>,
+    f: Framed,
+    p: Plan,
+    peer_meta: Meta,
+    peer_bits: Vec<u8>,
+) -> Arc<Link> {
+    // a target records that it is being resynchronised (and what remains to
+    // copy) before it handles a single message of the partner
+    let target_ready = match p {
+        Plan::Target => inner.bitmap.merge(0, &peer_bits).await,
+        Plan::Source { .. } => Ok(()),
+    };
+    let (tx, mut rx) = mpsc::channel::<Message>(256);
+    let link = Link::start(
+        f,
+        tx,
+        Duration::from_millis(inner.cfg.heartbeat_interval_ms),
+        Duration::from_millis(inner.cfg.peer_timeout_ms),
+    );
+    tracing::info!(volume = %inner.cfg.name, peer = %link.peer, ?p, "partner connected");
+    // the link dies with the session, even when the session is cancelled
+    struct CloseOnDrop(Arc<Link>);
+    impl Drop for CloseOnDrop {
+        fn drop(&mut self) {
+            self.0.close("session ended");
+        }
+    }
+    let _close = CloseOnDrop(link.clone());
+    match (&p, target_ready) {
+        (Plan::Target, Ok(())) => inner.set_role(
+            Role::Target,
+            Some(link.clone()),
+            false,
+            "being resynchronised by the partner".into(),
+        ),
+        (Plan::Target, Err(e)) => link.close(&format!("cannot persist resync state: {e}")),
+        (Plan::Source { .. }, _) => inner.set_role(
+            Role::Leader,
+            Some(link.clone()),
+            true,
+            "resynchronising the partner".into(),
+        ),
+    }
+    // the partner's messages are handled only once the role is set
+    let dispatch = {
+        let inner = inner.clone();
+        let link = link.clone();
+        tokio::spawn(async move {
+            while let Some(m) = rx.recv().await {
+                tokio::spawn(inner.clone().handle(link.clone(), m));
+            }
+        })
+    };
+    if let Plan::Source { full } = p {
+        if let Err(e) = resync(inner, &link, full, peer_meta, &peer_bits).await {
+            link.close(&format!("resync failed: {e}"));
+        }
+    }
+    link.closed().await;
+    dispatch.abort();
+    link
+}
+
+async fn resync(
+    inner: &Arc<Inner>,
+    link: &Arc<Link>,
+    full: bool,
+    peer_meta: Meta,
+    peer_bits: &[u8],
+) -> Result<(), String> {
+    let io = |e: std::io::Error| e.to_string();
+    // writes started alone must finish before the set of regions to copy is taken
+    loop {
+        let drained = inner.solo_drained.notified();
+        tokio::pin!(drained);
+        drained.as_mut().enable();
+        if inner.solo_writes.load(Ordering::Acquire) == 0 {
+            break;
+        }
+        drained.await;
+    }
+    if full {
+        inner.bitmap.set_all().await.map_err(io)?;
+    } else {
+        inner.bitmap.merge(0, peer_bits).await.map_err(io)?;
+    }
+    let regions = inner.bitmap.set_regions();
+    let rb = inner.bitmap.region_blocks();
+    let bs = inner.geo.block_size_bytes as u64;
+    inner
+        .resync_total
+        .store(regions.len() as u64, Ordering::Relaxed);
+    inner.resync_done.store(0, Ordering::Relaxed);
+    tracing::info!(volume = %inner.cfg.name, regions = regions.len(), full, peer = ?peer_meta, "resync starts");
+    // runs of adjacent regions, at most RESYNC_COPY_BYTES_MAX each
+    let per_copy = (RESYNC_COPY_BYTES_MAX / bs / rb).max(1);
+    let mut runs: Vec<(u64, u64)> = Vec::new();
+    for r in regions {
+        match runs.last_mut() {
+            Some((s, n)) if *s + *n == r && *n < per_copy => *n += 1,
+            _ => runs.push((r, 1)),
+        }
+    }
+    let copy = |start: u64, n: u64| {
+        let inner = inner.clone();
+        let link = link.clone();
+        async move {
+            let lba = start * rb;
+            let blocks = (n * rb).min(inner.geo.block_count - lba);
+            let _g = inner
+                .locks
+                .lock(lba, lba + blocks, LockMode::Exclusive)
+                .await;
+            let data = inner
+                .local
+                .read(lba, blocks as u32)
+                .await
+                .map_err(|e| e.to_string())?;
+            let len = data.len() as u64;
+            match link
+                .request(|id| Message::ResyncData { id, lba, data })
+                .await
+            {
+                Ok(OpResult::Ok) => {}
+                Ok(other) => return Err(format!("partner refused resync data: {other:?}")),
+                Err(LinkLost) => return Err("link lost".into()),
+            }
+            for r in start..start + n {
+                inner.bitmap.clear_region(r);
+            }
+            inner.resync_done.fetch_add(n, Ordering::Relaxed);
+            inner.resynced_bytes.fetch_add(len, Ordering::Relaxed);
+            Ok::<(), String>(())
+        }
+    };
+    let mut set = tokio::task::JoinSet::new();
+    for (s, n) in runs {
+        if set.len() >= RESYNC_IN_FLIGHT_MAX {
+            if let Some(r) = set.join_next().await {
+                r.map_err(|e| e.to_string())??;
+            }
+        }
+        set.spawn(copy(s, n));
+    }
+    while let Some(r) = set.join_next().await {
+        r.map_err(|e| e.to_string())??;
+    }
+    inner.local.flush().await.map_err(|e| e.to_string())?;
+    let peer = inner.scsi_peer.read().clone();
+    if let Some(p) = peer {
+        p.before_in_sync().await?;
+    }
+    let mut m = *inner.meta.lock();
+    if m.current == 0 {
+        while m.current == 0 {
+            m.current = rand::random();
+        }
+    }
+    m.synced = m.current;
+    m.consistent = true;
+    let gens = m.gens();
+    match link.request(|id| Message::ResyncDone { id, gens }).await {
+        Ok(OpResult::Ok) => {}
+        Ok(other) => return Err(format!("partner refused the end of the resync: {other:?}")),
+        Err(LinkLost) => return Err("link lost".into()),
+    }
+    inner.store_meta(m).map_err(io)?;
+    inner.bitmap.persist().await.map_err(io)?;
+    inner.set_role(Role::Leader, Some(link.clone()), false, "in sync".into());
+    tracing::info!(volume = %inner.cfg.name, bytes = inner.resynced_bytes.load(Ordering::Relaxed), "resync done: in sync");
+    if let Some(addr) = inner.cfg.witness {
+        let release = Message::WitnessRelease {
+            cluster: inner.cfg.cluster.clone(),
+            node_id: inner.cfg.node_id,
+        };
+        match witness::ask(addr, release).await {
+            Ok(_) => inner.witness_state.store(1, Ordering::Relaxed),
+            Err(_) => inner.witness_state.store(2, Ordering::Relaxed),
+        }
+    }
+    Ok(())
+}
