@@ -69,9 +69,14 @@ impl Framed {
     }
 }
 
+/// The answer to a request: `Done` for block operations, `ScsiReply` for SCSI requests.
+enum Answer {
+    Op(OpResult),
+    Scsi(Bytes),
+}
+
 struct Pending {
-    waiting: HashMap<u64, oneshot::Sender<OpResult>>,
-    scsi_waiting: HashMap<u64, oneshot::Sender<Bytes>>,
+    waiting: HashMap<u64, oneshot::Sender<Answer>>,
     closed: bool,
 }
 
@@ -121,7 +126,6 @@ impl Link {
             out: out_tx,
             pending: Mutex::new(Pending {
                 waiting: HashMap::new(),
-                scsi_waiting: HashMap::new(),
                 closed: false,
             }),
             next_id: AtomicU64::new(1),
@@ -147,23 +151,30 @@ impl Link {
     /// that keeps answering heartbeats but leaves a request unanswered for four
     /// peer timeouts (a hung disk) is dropped like a dead one: the link closes.
     pub async fn request(&self, make: impl FnOnce(u64) -> Message) -> Result<OpResult, LinkLost> {
-        self.patiently(self.request_inner(make)).await
-    }
-
-    async fn patiently<T>(
-        &self,
-        f: impl std::future::Future<Output = Result<T, LinkLost>>,
-    ) -> Result<T, LinkLost> {
-        match tokio::time::timeout(self.peer_timeout * 4, f).await {
-            Ok(r) => r,
-            Err(_) => {
-                self.close("the partner left a request unanswered too long");
-                Err(LinkLost)
-            }
+        match self.exchange(make).await? {
+            Answer::Op(r) => Ok(r),
+            Answer::Scsi(_) => Err(self.violation()),
         }
     }
 
-    async fn request_inner(&self, make: impl FnOnce(u64) -> Message) -> Result<OpResult, LinkLost> {
+    /// Sends an opaque SCSI request and waits for the partner's reply (with the
+    /// same patience as [`Link::request`]).
+    pub async fn request_scsi(&self, data: Bytes) -> Result<Bytes, LinkLost> {
+        match self
+            .exchange(|id| Message::ScsiRequest { id, data })
+            .await?
+        {
+            Answer::Scsi(b) => Ok(b),
+            Answer::Op(_) => Err(self.violation()),
+        }
+    }
+
+    fn violation(&self) -> LinkLost {
+        self.close("the partner answered a request with the wrong kind of reply");
+        LinkLost
+    }
+
+    async fn exchange(&self, make: impl FnOnce(u64) -> Message) -> Result<Answer, LinkLost> {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let (tx, rx) = oneshot::channel();
         {
@@ -173,39 +184,20 @@ impl Link {
             }
             p.waiting.insert(id, tx);
         }
-        if self.out.send(make(id)).await.is_err() {
-            self.pending.lock().waiting.remove(&id);
-            return Err(LinkLost);
-        }
-        rx.await.map_err(|_| LinkLost)
-    }
-
-    /// Sends an opaque SCSI request and waits for the partner's reply (with the
-    /// same patience as [`Link::request`]).
-    pub async fn request_scsi(&self, data: Bytes) -> Result<Bytes, LinkLost> {
-        self.patiently(self.request_scsi_inner(data)).await
-    }
-
-    async fn request_scsi_inner(&self, data: Bytes) -> Result<Bytes, LinkLost> {
-        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
-        let (tx, rx) = oneshot::channel();
-        {
-            let mut p = self.pending.lock();
-            if p.closed {
+        let sent_and_answered = async {
+            if self.out.send(make(id)).await.is_err() {
+                self.pending.lock().waiting.remove(&id);
                 return Err(LinkLost);
             }
-            p.scsi_waiting.insert(id, tx);
+            rx.await.map_err(|_| LinkLost)
+        };
+        match tokio::time::timeout(self.peer_timeout * 4, sent_and_answered).await {
+            Ok(r) => r,
+            Err(_) => {
+                self.close("the partner left a request unanswered too long");
+                Err(LinkLost)
+            }
         }
-        if self
-            .out
-            .send(Message::ScsiRequest { id, data })
-            .await
-            .is_err()
-        {
-            self.pending.lock().scsi_waiting.remove(&id);
-            return Err(LinkLost);
-        }
-        rx.await.map_err(|_| LinkLost)
     }
 
     /// Sends a message that expects no answer (or answers a request).
@@ -232,10 +224,7 @@ impl Link {
                 return;
             }
             p.closed = true;
-            (
-                std::mem::take(&mut p.waiting),
-                std::mem::take(&mut p.scsi_waiting),
-            )
+            std::mem::take(&mut p.waiting)
         };
         drop(waiting);
         tracing::warn!(peer = %self.peer, why, "sync link closed");
@@ -276,12 +265,12 @@ async fn reader(
         match msg {
             Message::Done { id, result } => {
                 if let Some(tx) = link.pending.lock().waiting.remove(&id) {
-                    let _ = tx.send(result);
+                    let _ = tx.send(Answer::Op(result));
                 }
             }
             Message::ScsiReply { id, data } => {
-                if let Some(tx) = link.pending.lock().scsi_waiting.remove(&id) {
-                    let _ = tx.send(data);
+                if let Some(tx) = link.pending.lock().waiting.remove(&id) {
+                    let _ = tx.send(Answer::Scsi(data));
                 }
             }
             Message::Ping { seq } => {

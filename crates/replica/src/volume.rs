@@ -87,7 +87,8 @@ pub(crate) struct RoleState {
     pub(crate) link: Option<Arc<Link>>,
     /// The partner is a resync target (not in sync yet).
     pub(crate) peer_resyncing: bool,
-    pub(crate) reason: String,
+    /// Shared, so the per-I/O snapshot of the role costs no allocation.
+    pub(crate) reason: Arc<str>,
 }
 
 /// What the ALUA port groups should say: this node's ports and the partner's.
@@ -281,7 +282,7 @@ impl Inner {
             role,
             link,
             peer_resyncing,
-            reason,
+            reason: reason.into(),
         };
         self.bitmap
             .set_keep(!matches!(role, Role::Leader | Role::Follower) || peer_resyncing);
@@ -764,7 +765,7 @@ impl ReplicatedVolume {
             role: Role::Deciding,
             link: None,
             peer_resyncing: false,
-            reason: "starting: waiting for the partner".into(),
+            reason: Arc::from("starting: waiting for the partner"),
         });
         let (ports_tx, _) = watch::channel(PortStates {
             local: PathState::Unavailable,
@@ -923,7 +924,7 @@ impl ReplicatedVolume {
             preferred_node: i.cfg.preferred_node,
             mode: i.cfg.mode,
             role: st.role,
-            reason: st.reason.clone(),
+            reason: st.reason.to_string(),
             peer: st.link.as_ref().map(|l| l.peer.clone()),
             state,
             resync_regions_total: i.resync_total.load(Ordering::Relaxed),

@@ -24,7 +24,7 @@ mod replica;
 mod wire;
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;
 
 use crate::sense::{codes, key, Sense};
 use crate::{ItNexus, ScsiError, TargetPort};

@@ -141,6 +141,11 @@ fn uas_for(uas: &[PendingUa], n: &ItNexus) -> Vec<Sense> {
 }
 
 fn temp_state_file(tag: &str) -> PathBuf {
+    temp_dir(tag).join("lun0.json")
+}
+
+/// A fresh folder for one test's state files.
+pub(crate) fn temp_dir(tag: &str) -> PathBuf {
     let dir = std::env::temp_dir().join(format!(
         "freesan-pr-{tag}-{}-{}",
         std::process::id(),
@@ -149,7 +154,7 @@ fn temp_state_file(tag: &str) -> PathBuf {
             .map_or(0, |d| d.as_nanos())
     ));
     std::fs::create_dir_all(&dir).unwrap();
-    dir.join("lun0.json")
+    dir
 }
 
 // ---------------------------------------------------------------- REGISTER

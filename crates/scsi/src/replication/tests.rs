@@ -3,6 +3,7 @@
 //! (through `execute_pr_out_here`) and A pushes every new state to B (through
 //! `install_pr_state`).
 
+use crate::pr::tests::temp_dir;
 use crate::sense::key;
 use crate::*;
 use async_trait::async_trait;
@@ -276,18 +277,6 @@ async fn full_status_ports(t: &ScsiTarget, n: &ItNexus) -> Vec<u16> {
         at += 24 + u32::from_be_bytes(d[at + 20..at + 24].try_into().unwrap()) as usize;
     }
     ports
-}
-
-fn temp_dir(tag: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!(
-        "freesan-prrepl-{tag}-{}-{}",
-        std::process::id(),
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_nanos())
-    ));
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
 }
 
 #[tokio::test]
