@@ -2,6 +2,7 @@
 //! media state and the write-ordering lock; plus the internal result types every
 //! command handler returns and the mapping of block errors to sense data.
 
+use crate::alua::Alua;
 use crate::mode::ModePages;
 use crate::pr::Reservations;
 use crate::sense::{codes, Sense};
@@ -141,6 +142,9 @@ pub(crate) struct MediaState {
 pub(crate) struct LogicalUnit {
     /// The LUN number.
     pub lun: u64,
+    /// The ALUA states of the target's port groups for this LU (they differ per
+    /// LU when each replicated LUN's paths follow its own replication state).
+    pub alua: Alua,
     /// Identity and settings.
     pub config: LunConfig,
     /// The data.
@@ -174,7 +178,12 @@ pub(crate) struct LogicalUnit {
 
 impl LogicalUnit {
     /// Builds the LU and loads its persisted reservation state.
-    pub fn new(lun: u64, config: LunConfig, volume: VolumeRef) -> Result<Self, ScsiError> {
+    pub fn new(
+        lun: u64,
+        config: LunConfig,
+        volume: VolumeRef,
+        alua: Alua,
+    ) -> Result<Self, ScsiError> {
         let pr = Reservations::load(config.state_file.as_deref())?;
         let geo = volume.geometry();
         if geo.block_size_bytes == 0 || !geo.block_size_bytes.is_power_of_two() {
@@ -200,6 +209,7 @@ impl LogicalUnit {
             write_order: tokio::sync::RwLock::new(()),
             pr_replication: RwLock::new(None),
             pr_order: tokio::sync::Mutex::new(()),
+            alua,
         })
     }
 

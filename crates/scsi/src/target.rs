@@ -12,17 +12,20 @@ use crate::pr::Access;
 use crate::sense::{codes, Sense};
 use crate::{
     admin, capacity, inquiry, mode, opcodes, provisioning, replication, rw, AluaState, Command,
-    ItNexus, PortGroup, PrReplication, Response, ScsiError, TargetConfig, TargetPort,
+    ItNexus, LunConfig, PortGroup, PrReplication, Response, ScsiError, TargetConfig, TargetPort,
 };
-use block::Bytes;
+use block::{Bytes, VolumeRef};
+use parking_lot::RwLock;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 /// A SCSI target device: the logical units behind one iSCSI target.
 pub struct ScsiTarget {
     config: TargetConfig,
-    luns: Vec<LogicalUnit>,
-    lun_ids: Vec<u64>,
+    /// The logical units, in LUN order; LUNs are added and removed at run time
+    /// ([`ScsiTarget::add_lun`], [`ScsiTarget::remove_lun`]), so a command holds its
+    /// LU by reference count, not by this lock.
+    luns: RwLock<Vec<Arc<LogicalUnit>>>,
     alua: Alua,
     /// Every target port of the device, for ALL_TG_PT, SPEC_I_PT and REGISTER AND MOVE:
     /// this node's ports plus every other port of every port group (the HA partner's).
@@ -45,6 +48,19 @@ fn all_target_ports(config: &TargetConfig) -> Vec<TargetPort> {
         }
     }
     ports
+}
+
+/// Refuses a LUN that `luns` already has or that flat addressing cannot reach.
+fn check_new_lun(luns: &[Arc<LogicalUnit>], lun: u64) -> Result<(), ScsiError> {
+    if luns.iter().any(|l| l.lun == lun) {
+        return Err(ScsiError::Config(format!("lun {lun} is configured twice")));
+    }
+    if lun >= 0x4000 {
+        return Err(ScsiError::Config(format!(
+            "lun {lun} is beyond flat addressing (16383)"
+        )));
+    }
+    Ok(())
 }
 
 /// Commands that neither report nor consume a unit attention (SAM-5 5.14).
@@ -86,20 +102,18 @@ fn media_access(opcode: u8, service_action: u8) -> bool {
 impl ScsiTarget {
     /// Builds the target; loads persisted state (APTPL reservations) from each LUN's state file.
     pub fn new(config: TargetConfig) -> Result<Self, ScsiError> {
-        let mut luns = Vec::with_capacity(config.luns.len());
-        let mut lun_ids: Vec<u64> = Vec::with_capacity(config.luns.len());
+        let mut luns: Vec<Arc<LogicalUnit>> = Vec::with_capacity(config.luns.len());
         for (lun, cfg, vol) in &config.luns {
-            if lun_ids.contains(lun) {
-                return Err(ScsiError::Config(format!("lun {lun} is configured twice")));
-            }
-            if *lun >= 0x4000 {
-                return Err(ScsiError::Config(format!(
-                    "lun {lun} is beyond flat addressing (16383)"
-                )));
-            }
-            lun_ids.push(*lun);
-            luns.push(LogicalUnit::new(*lun, cfg.clone(), vol.clone())?);
+            check_new_lun(&luns, *lun)?;
+            let alua = Alua::new(&config.ports, &config.port_groups);
+            luns.push(Arc::new(LogicalUnit::new(
+                *lun,
+                cfg.clone(),
+                vol.clone(),
+                alua,
+            )?));
         }
+        luns.sort_by_key(|l| l.lun);
         let mut rel_ids: Vec<u16> = config.ports.iter().map(|p| p.relative_id).collect();
         rel_ids.sort_unstable();
         if rel_ids.windows(2).any(|w| w[0] == w[1]) {
@@ -111,36 +125,134 @@ impl ScsiTarget {
         let pr_ports = all_target_ports(&config);
         Ok(ScsiTarget {
             config,
-            luns,
-            lun_ids,
+            luns: RwLock::new(luns),
             alua,
             pr_ports,
         })
     }
 
-    /// The configuration the target was built with.
+    /// The configuration the target was built with (its `luns` are those it
+    /// started with; see [`ScsiTarget::lun_ids`] for the current ones).
     pub fn config(&self) -> &TargetConfig {
         &self.config
     }
 
     #[inline]
-    fn lu(&self, lun: u64) -> Option<&LogicalUnit> {
-        self.luns.iter().find(|l| l.lun == lun)
+    fn lu(&self, lun: u64) -> Option<Arc<LogicalUnit>> {
+        self.luns.read().iter().find(|l| l.lun == lun).cloned()
     }
 
-    /// Current ALUA target port groups (states as changed at run time).
+    /// A snapshot of the logical units (for walks that must not hold the lock).
+    fn all_lus(&self) -> Vec<Arc<LogicalUnit>> {
+        self.luns.read().clone()
+    }
+
+    /// Size in bytes of `lun` now; None if there is no such LUN.
+    pub fn lun_size_bytes(&self, lun: u64) -> Option<u64> {
+        self.lu(lun).map(|l| l.geometry().size_bytes())
+    }
+
+    /// The LUNs the target has now, in order.
+    pub fn lun_ids(&self) -> Vec<u64> {
+        self.luns.read().iter().map(|l| l.lun).collect()
+    }
+
+    /// Adds logical unit `lun` while the target serves, its persistent reservations
+    /// linked to the HA partner from the first command when `pr` is given (see
+    /// [`ScsiTarget::set_pr_replication`]): every I_T nexus of the other LUs gets
+    /// REPORTED LUNS DATA HAS CHANGED, so initiators rescan. Err if the LUN exists
+    /// or is out of range, or its volume or state cannot be used.
+    pub fn add_lun(
+        &self,
+        lun: u64,
+        cfg: LunConfig,
+        volume: VolumeRef,
+        pr: Option<Arc<dyn PrReplication>>,
+    ) -> Result<(), ScsiError> {
+        let alua = Alua::new(&self.config.ports, &self.alua.groups());
+        let lu = Arc::new(LogicalUnit::new(lun, cfg, volume, alua)?);
+        *lu.pr_replication.write() = pr;
+        let others = {
+            let mut luns = self.luns.write();
+            check_new_lun(&luns, lun)?;
+            let others = luns.clone();
+            luns.push(lu);
+            luns.sort_by_key(|l| l.lun);
+            others
+        };
+        tracing::info!(target = %self.config.name, lun, "logical unit added");
+        for lu in others {
+            lu.uas.raise_all(codes::REPORTED_LUNS_DATA_CHANGED, None);
+        }
+        Ok(())
+    }
+
+    /// Removes logical unit `lun` while the target serves: commands already running
+    /// on it finish, new ones get LOGICAL UNIT NOT SUPPORTED, and the other LUs'
+    /// nexuses get REPORTED LUNS DATA HAS CHANGED. Its volume is flushed. Returns
+    /// the volume, or None if there is no such LUN.
+    pub async fn remove_lun(&self, lun: u64) -> Option<VolumeRef> {
+        let (gone, others) = {
+            let mut luns = self.luns.write();
+            let i = luns.iter().position(|l| l.lun == lun)?;
+            let gone = luns.remove(i);
+            (gone, luns.clone())
+        };
+        tracing::info!(target = %self.config.name, lun, "logical unit removed");
+        for lu in others {
+            lu.uas.raise_all(codes::REPORTED_LUNS_DATA_CHANGED, None);
+        }
+        if let Err(e) = gone.volume.flush().await {
+            tracing::error!(lun, error = %e, "flush of a removed LUN failed");
+        }
+        Some(gone.volume.clone())
+    }
+
+    /// Current ALUA target port groups (states as changed at run time for the whole
+    /// target; see [`ScsiTarget::lun_port_groups`] for one LU's).
     pub fn port_groups(&self) -> Vec<PortGroup> {
         self.alua.groups()
     }
 
-    /// Changes the ALUA state of a target port group and establishes ASYMMETRIC
-    /// ACCESS STATE CHANGED on every I_T nexus of every LU. False if no such group.
+    /// The port groups as LU `lun` reports them; None if no such LUN.
+    pub fn lun_port_groups(&self, lun: u64) -> Option<Vec<PortGroup>> {
+        self.lu(lun).map(|l| l.alua.groups())
+    }
+
+    /// Changes the ALUA state of a target port group for LU `lun` only (the paths
+    /// of one replicated LUN follow its own replication state) and, if it changed,
+    /// establishes ASYMMETRIC ACCESS STATE CHANGED on that LU's I_T nexuses. False if
+    /// no such LUN or group.
+    pub fn set_lun_port_group_state(&self, lun: u64, group_id: u16, state: AluaState) -> bool {
+        let Some(lu) = self.lu(lun) else {
+            return false;
+        };
+        let before = lu
+            .alua
+            .groups()
+            .iter()
+            .find(|g| g.id == group_id)
+            .map(|g| g.state);
+        if !lu.alua.set_state(group_id, state) {
+            return false;
+        }
+        if before != Some(state) {
+            tracing::info!(lun, group_id, ?state, "ALUA state changed");
+            lu.uas.raise_all(codes::ALUA_STATE_CHANGED, None);
+        }
+        true
+    }
+
+    /// Changes the ALUA state of a target port group for every LU (and LUs added
+    /// later) and establishes ASYMMETRIC ACCESS STATE CHANGED on every I_T nexus of
+    /// every LU. False if no such group.
     pub fn set_port_group_state(&self, group_id: u16, state: AluaState) -> bool {
         if !self.alua.set_state(group_id, state) {
             return false;
         }
         tracing::info!(group_id, ?state, "ALUA state changed");
-        for lu in &self.luns {
+        for lu in self.all_lus() {
+            lu.alua.set_state(group_id, state);
             lu.uas.raise_all(codes::ALUA_STATE_CHANGED, None);
         }
         true
@@ -157,7 +269,7 @@ impl ScsiTarget {
         let Some(lu) = self.lu(cmd.lun) else {
             return into_response(self.execute_no_lun(nexus, &cmd), false);
         };
-        let r = self.execute_lu(lu, nexus, &cmd).await;
+        let r = self.execute_lu(&lu, nexus, &cmd).await;
         into_response(r, lu.descriptor_sense())
     }
 
@@ -166,7 +278,7 @@ impl ScsiTarget {
         let cdb = Cdb::parse(&cmd.cdb)?;
         match cdb.opcode() {
             op::INQUIRY => inquiry::inquiry(&self.config, None, nexus, &cdb),
-            op::REPORT_LUNS => admin::report_luns(&self.lun_ids, &cdb),
+            op::REPORT_LUNS => admin::report_luns(&self.lun_ids(), &cdb),
             op::REQUEST_SENSE => admin::request_sense(None, nexus, &cdb),
             _ => Err(codes::LUN_NOT_SUPPORTED.into()),
         }
@@ -191,7 +303,7 @@ impl ScsiTarget {
         if cdb.control() & 0x04 != 0 {
             return Err(cdb.invalid((cdb.len_bytes() - 1) as u16, Some(2)).into());
         }
-        self.alua.check(nexus.relative_port_id, &cdb)?;
+        lu.alua.check(nexus.relative_port_id, &cdb)?;
         if lu.pr.check(nexus, cdb.as_slice()) == Access::Conflict {
             return Err(Fail::Conflict);
         }
@@ -217,7 +329,7 @@ impl ScsiTarget {
             op::TEST_UNIT_READY => Ok(Default::default()),
             op::INQUIRY => inquiry::inquiry(&self.config, Some(lu), nexus, cdb),
             op::REQUEST_SENSE => admin::request_sense(Some(lu), nexus, cdb),
-            op::REPORT_LUNS => admin::report_luns(&self.lun_ids, cdb),
+            op::REPORT_LUNS => admin::report_luns(&self.lun_ids(), cdb),
             op::READ_CAPACITY_10 => capacity::read_capacity_10(lu, cdb),
             op::SERVICE_ACTION_IN_16 => match cdb.service_action() {
                 sa::READ_CAPACITY_16 => capacity::read_capacity_16(lu, cdb),
@@ -225,7 +337,7 @@ impl ScsiTarget {
                 _ => Err(cdb.invalid(1, Some(4)).into()),
             },
             op::MAINTENANCE_IN => match cdb.service_action() {
-                sa::REPORT_TARGET_PORT_GROUPS => self.alua.report(cdb),
+                sa::REPORT_TARGET_PORT_GROUPS => lu.alua.report(cdb),
                 sa::REPORT_SUPPORTED_OPCODES => {
                     opcodes::report_supported_opcodes(cdb, lu.geometry().thin)
                 }
@@ -325,7 +437,7 @@ impl ScsiTarget {
         };
         let r = match Cdb::parse(&cdb) {
             Ok(c) if c.opcode() == op::PR_OUT => {
-                replication::pr_out(lu, nexus, &c, &cdb, &data, &self.pr_ports, false).await
+                replication::pr_out(&lu, nexus, &c, &cdb, &data, &self.pr_ports, false).await
             }
             Ok(_) => Err(codes::INVALID_OPCODE.into()),
             Err(s) => Err(s.into()),
@@ -346,7 +458,7 @@ impl ScsiTarget {
     /// TARGET WARM/COLD RESET from `nexus` (every LUN).
     pub async fn target_reset(&self, nexus: &ItNexus) {
         tracing::info!(initiator = %nexus.initiator_port, "target reset");
-        for lu in &self.luns {
+        for lu in self.all_lus() {
             lu.reset(codes::POWER_ON_RESET);
         }
     }
@@ -362,14 +474,14 @@ impl ScsiTarget {
 
     /// The I_T nexus is gone (session closed): drops SPC-2 reservations it held.
     pub fn nexus_lost(&self, nexus: &ItNexus) {
-        for lu in &self.luns {
+        for lu in self.all_lus() {
             lu.nexus_lost(nexus);
         }
     }
 
     /// Flushes every LUN's volume (clean shutdown).
     pub async fn flush_all(&self) {
-        for lu in &self.luns {
+        for lu in self.all_lus() {
             if let Err(e) = lu.volume.flush().await {
                 tracing::error!(lun = lu.lun, error = %e, "flush at shutdown failed");
             }

@@ -938,3 +938,87 @@ mod fuzz {
         }
     }
 }
+
+#[tokio::test]
+async fn luns_added_and_removed_while_serving() {
+    let t = target();
+    let n = ready(&t, "1", 1).await;
+    let report = [0xa0, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0];
+    // LUN 3 does not exist yet
+    let r = t.execute(&n, cmd(3, &[0, 0, 0, 0, 0, 0], &[])).await;
+    assert_eq!(sense_of(&r), (ILLEGAL, 0x25, 0));
+    let vol3: VolumeRef = Arc::new(MemVolume::new(BS as u32, 64));
+    t.add_lun(3, lun_config(), vol3.clone(), None).unwrap();
+    assert!(
+        t.add_lun(3, lun_config(), vol3, None).is_err(),
+        "a LUN twice"
+    );
+    assert_eq!(t.lun_ids(), vec![0, 3]);
+    // the nexus of LUN 0 is told the inventory changed, then sees both LUNs
+    let r = run(&t, &n, &[0, 0, 0, 0, 0, 0], &[]).await;
+    assert_eq!(sense_of(&r), (key::UNIT_ATTENTION, 0x3f, 0x0e));
+    let r = run(&t, &n, &report, &[]).await;
+    assert_eq!(&r.data_in[..4], &[0, 0, 0, 16]);
+    assert_eq!(r.data_in[8 + 8 + 1], 3);
+    // the new LUN serves I/O (after its own POWER ON attention)
+    let r = t.execute(&n, cmd(3, &[0, 0, 0, 0, 0, 0], &[])).await;
+    assert_eq!(sense_of(&r), (key::UNIT_ATTENTION, 0x29, 0));
+    let data = vec![0x5a; BS];
+    let r = t.execute(&n, cmd(3, &rw10(0x2a, 63, 1), &data)).await;
+    assert_eq!(r.status, status::GOOD);
+    let r = t.execute(&n, cmd(3, &rw10(0x28, 63, 1), &[])).await;
+    assert_eq!(&r.data_in[..], &data[..]);
+    // removed: gone from the inventory, commands to it are refused
+    assert!(t.remove_lun(3).await.is_some());
+    assert!(t.remove_lun(3).await.is_none());
+    let r = t.execute(&n, cmd(3, &rw10(0x28, 63, 1), &[])).await;
+    assert_eq!(sense_of(&r), (ILLEGAL, 0x25, 0));
+    let r = run(&t, &n, &[0, 0, 0, 0, 0, 0], &[]).await;
+    assert_eq!(sense_of(&r), (key::UNIT_ATTENTION, 0x3f, 0x0e));
+    let r = run(&t, &n, &report, &[]).await;
+    assert_eq!(&r.data_in[..4], &[0, 0, 0, 8]);
+}
+
+#[tokio::test]
+async fn alua_state_per_logical_unit() {
+    let t = target();
+    let n2 = ready(&t, "1", 2).await;
+    t.add_lun(
+        1,
+        lun_config(),
+        Arc::new(MemVolume::new(BS as u32, 64)),
+        None,
+    )
+    .unwrap();
+    let at = |lun: u64, cdb: &[u8]| t.execute(&n2, cmd(lun, cdb, &[]));
+    // LUN 0's nexus learns about LUN 1; LUN 1 starts with POWER ON
+    assert_eq!(sense_of(&at(0, &rw10(0x28, 0, 1)).await).1, 0x3f);
+    assert_eq!(sense_of(&at(1, &rw10(0x28, 0, 1)).await).1, 0x29);
+    // group 2 goes standby for LUN 1 only
+    assert!(t.set_lun_port_group_state(1, 2, AluaState::Standby));
+    assert!(!t.set_lun_port_group_state(1, 42, AluaState::Standby));
+    assert!(!t.set_lun_port_group_state(9, 2, AluaState::Standby));
+    assert_eq!(
+        at(0, &rw10(0x28, 0, 1)).await.status,
+        0,
+        "LUN 0 keeps serving"
+    );
+    let r = at(1, &rw10(0x28, 0, 1)).await;
+    assert_eq!(sense_of(&r), (key::UNIT_ATTENTION, 0x2a, 0x06));
+    let r = at(1, &rw10(0x28, 0, 1)).await;
+    assert_eq!(sense_of(&r), (key::NOT_READY, 0x04, 0x0b));
+    // each LU reports its own states
+    let rtpg = [0xa3, 0x0a, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0];
+    assert_eq!(at(1, &rtpg).await.data_in[16] & 0x0f, 2);
+    assert_eq!(at(0, &rtpg).await.data_in[16] & 0x0f, 1);
+    assert_eq!(t.lun_port_groups(1).unwrap()[1].state, AluaState::Standby);
+    assert_eq!(t.port_groups()[1].state, AluaState::ActiveNonOptimized);
+    // the same state again raises no new attention
+    assert!(t.set_lun_port_group_state(1, 2, AluaState::Standby));
+    let r = at(1, &rw10(0x28, 0, 1)).await;
+    assert_eq!(sense_of(&r), (key::NOT_READY, 0x04, 0x0b));
+    // a target-wide change reaches every LU
+    assert!(t.set_port_group_state(2, AluaState::ActiveOptimized));
+    assert_eq!(sense_of(&at(1, &rw10(0x28, 0, 1)).await).1, 0x2a);
+    assert_eq!(at(1, &rw10(0x28, 0, 1)).await.status, 0);
+}
