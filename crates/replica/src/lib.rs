@@ -23,7 +23,7 @@ mod session;
 mod volume;
 pub mod witness;
 
-pub use listener::SyncListener;
+pub use listener::{SyncListener, SyncSinks};
 pub use meta::Meta;
 pub use monitor::{SyncLinkMonitor, SyncLinkState};
 pub use plan::{plan, Plan};

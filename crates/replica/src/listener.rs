@@ -3,6 +3,7 @@
 
 use crate::link::Framed;
 use crate::volume::ConnectionSink;
+use parking_lot::RwLock;
 use replica_proto::Message;
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -10,26 +11,43 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio::net::TcpListener;
 
+/// The replicated volumes a [`SyncListener`] hands connections to, by name;
+/// volumes are added and removed while it runs (LUNs created at run time).
+#[derive(Clone, Default)]
+pub struct SyncSinks {
+    map: Arc<RwLock<HashMap<String, ConnectionSink>>>,
+}
+
+impl SyncSinks {
+    /// Routes connections naming `volume` to `sink` (replacing an earlier one).
+    pub fn insert(&self, volume: &str, sink: ConnectionSink) {
+        self.map.write().insert(volume.to_string(), sink);
+    }
+
+    /// Stops routing connections to `volume`.
+    pub fn remove(&self, volume: &str) {
+        self.map.write().remove(volume);
+    }
+
+    fn get(&self, volume: &str) -> Option<ConnectionSink> {
+        self.map.read().get(volume).cloned()
+    }
+}
+
 /// Accepts sync connections for every replicated volume of this node.
 pub struct SyncListener {
     listeners: Vec<TcpListener>,
-    sinks: Arc<HashMap<String, ConnectionSink>>,
+    sinks: SyncSinks,
 }
 
 impl SyncListener {
     /// Binds every sync address; `sinks` maps volume names to their volumes.
-    pub async fn bind(
-        addrs: &[SocketAddr],
-        sinks: HashMap<String, ConnectionSink>,
-    ) -> std::io::Result<SyncListener> {
+    pub async fn bind(addrs: &[SocketAddr], sinks: SyncSinks) -> std::io::Result<SyncListener> {
         let mut listeners = Vec::new();
         for a in addrs {
             listeners.push(TcpListener::bind(a).await?);
         }
-        Ok(SyncListener {
-            listeners,
-            sinks: Arc::new(sinks),
-        })
+        Ok(SyncListener { listeners, sinks })
     }
 
     /// The bound addresses.

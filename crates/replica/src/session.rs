@@ -162,7 +162,7 @@ async fn decide(inner: &Arc<Inner>, peer_last_ping: Instant) {
     let granted = match inner.cfg.witness {
         Some(addr) => {
             let claim = Message::WitnessClaim {
-                cluster: inner.cfg.cluster.clone(),
+                cluster: inner.cfg.witness_key(),
                 node_id: me,
             };
             match witness::ask(addr, claim).await {
@@ -489,7 +489,7 @@ async fn resync(
     tracing::info!(volume = %inner.cfg.name, bytes = inner.resynced_bytes.load(Ordering::Relaxed), "resync done: in sync");
     if let Some(addr) = inner.cfg.witness {
         let release = Message::WitnessRelease {
-            cluster: inner.cfg.cluster.clone(),
+            cluster: inner.cfg.witness_key(),
             node_id: inner.cfg.node_id,
         };
         match witness::ask(addr, release).await {

@@ -29,12 +29,23 @@ pub enum Mode {
     ActivePassive,
 }
 
+impl ReplicaConfig {
+    /// The name of this volume's survivor grant at the witness: one grant per
+    /// replicated volume, since each volume's copies fall behind and resync on
+    /// their own (a grant per pair would be released by the first volume back in
+    /// sync while another still depends on it).
+    pub fn witness_key(&self) -> String {
+        format!("{}:{}", self.cluster, self.name)
+    }
+}
+
 /// Configuration of one node's side of a replicated volume.
 #[derive(Debug, Clone)]
 pub struct ReplicaConfig {
     /// Name of the volume, the same on both nodes.
     pub name: String,
-    /// The pair's name (the witness keeps one grant per cluster).
+    /// The pair's name (with the volume's, it names this volume's survivor grant
+    /// at the witness).
     pub cluster: String,
     /// This node: 1 or 2.
     pub node_id: u8,

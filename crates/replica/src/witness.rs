@@ -1,7 +1,8 @@
 //! The witness: a tiny service on a third host that breaks ties when the two
 //! nodes lose each other.
 //!
-//! Per cluster it keeps one *survivor grant*: a node that lost its partner
+//! Per replicated volume (named `cluster:volume`) it keeps one *survivor
+//! grant*: a node that lost its partner
 //! claims it and may go on alone only if the witness names it as holder. The
 //! grant stays with its holder until the holder releases it, which it does only
 //! once the pair is back in sync; so a node whose copy fell behind can never

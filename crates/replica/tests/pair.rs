@@ -4,8 +4,7 @@
 
 use block::{Bytes, MemVolume, Volume, VolumeRef};
 use rand::{Rng, SeedableRng};
-use replica::{Mode, ReplicaConfig, ReplicatedVolume, Role, SyncListener};
-use std::collections::HashMap;
+use replica::{Mode, ReplicaConfig, ReplicatedVolume, Role, SyncListener, SyncSinks};
 use std::net::SocketAddr;
 use std::path::Path;
 use std::sync::Arc;
@@ -82,12 +81,11 @@ async fn node2(
     witness: Option<SocketAddr>,
 ) -> (Arc<ReplicatedVolume>, SocketAddr) {
     let (n2, sink2) = ReplicatedVolume::open(cfg(2, preferred, dir, vec![], witness), m2).unwrap();
-    let l = SyncListener::bind(
-        &["127.0.0.1:0".parse().unwrap()],
-        HashMap::from([("vol".to_string(), sink2)]),
-    )
-    .await
-    .unwrap();
+    let sinks = SyncSinks::default();
+    sinks.insert("vol", sink2);
+    let l = SyncListener::bind(&["127.0.0.1:0".parse().unwrap()], sinks)
+        .await
+        .unwrap();
     let addr2 = l.local_addrs()[0];
     l.spawn();
     (Arc::new(n2), addr2)
