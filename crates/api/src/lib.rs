@@ -101,6 +101,20 @@ pub enum ApiError {
     /// Refused in the current state.
     #[error("{0}")]
     Conflict(String),
+    /// The node failed to carry out an accepted request.
+    #[error("{0}")]
+    Internal(String),
+}
+
+/// Objects the node creates (and lists) at run time.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ObjectKind {
+    /// A disk (file or simulated device) pools are built from.
+    Disk,
+    /// A RAID pool.
+    Pool,
+    /// A LUN of a target.
+    Lun,
 }
 
 impl IntoResponse for ApiError {
@@ -109,6 +123,7 @@ impl IntoResponse for ApiError {
             ApiError::NotFound(_) => StatusCode::NOT_FOUND,
             ApiError::BadRequest(_) => StatusCode::BAD_REQUEST,
             ApiError::Conflict(_) => StatusCode::CONFLICT,
+            ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
         };
         (code, Json(json!({ "error": self.to_string() }))).into_response()
     }
@@ -146,6 +161,23 @@ pub trait Control: Send + Sync + 'static {
     /// Carries out an action on a cache; answers with the cache's new status.
     async fn cache_action(&self, name: &str, _action: CacheAction) -> Result<Value, ApiError> {
         Err(ApiError::NotFound(format!("no cache named {name:?}")))
+    }
+    /// Creates an object described by `body` (the config file's fields as JSON)
+    /// while the node runs; answers with its description.
+    async fn create(&self, kind: ObjectKind, _body: Value) -> Result<Value, ApiError> {
+        Err(ApiError::NotFound(format!(
+            "this node cannot create {kind:?} objects"
+        )))
+    }
+    /// Deletes the object `body` names.
+    async fn delete(&self, kind: ObjectKind, _body: Value) -> Result<Value, ApiError> {
+        Err(ApiError::NotFound(format!(
+            "this node cannot delete {kind:?} objects"
+        )))
+    }
+    /// Lists the objects of `kind`.
+    async fn list(&self, _kind: ObjectKind) -> Vec<Value> {
+        Vec::new()
     }
 }
 
@@ -319,11 +351,55 @@ async fn rebuild_rate(
     act(&c, &name, PoolAction::SetRebuildRate { mb_s: b.mb_s }).await
 }
 
+fn body_of(body: Result<Json<Value>, JsonRejection>) -> Result<Value, ApiError> {
+    body.map(|Json(v)| v)
+        .map_err(|e| ApiError::BadRequest(e.body_text()))
+}
+
+async fn create_disk(
+    State(c): State<Ctl>,
+    body: Result<Json<Value>, JsonRejection>,
+) -> Result<Json<Value>, ApiError> {
+    c.create(ObjectKind::Disk, body_of(body)?).await.map(Json)
+}
+
+async fn create_pool(
+    State(c): State<Ctl>,
+    body: Result<Json<Value>, JsonRejection>,
+) -> Result<Json<Value>, ApiError> {
+    c.create(ObjectKind::Pool, body_of(body)?).await.map(Json)
+}
+
+async fn create_lun(
+    State(c): State<Ctl>,
+    body: Result<Json<Value>, JsonRejection>,
+) -> Result<Json<Value>, ApiError> {
+    c.create(ObjectKind::Lun, body_of(body)?).await.map(Json)
+}
+
+async fn delete_lun(
+    State(c): State<Ctl>,
+    body: Result<Json<Value>, JsonRejection>,
+) -> Result<Json<Value>, ApiError> {
+    c.delete(ObjectKind::Lun, body_of(body)?).await.map(Json)
+}
+
+async fn disks(State(c): State<Ctl>) -> Json<Value> {
+    Json(Value::Array(c.list(ObjectKind::Disk).await))
+}
+
+async fn luns(State(c): State<Ctl>) -> Json<Value> {
+    Json(Value::Array(c.list(ObjectKind::Lun).await))
+}
+
 /// The API's routes over `control`.
 pub fn router(control: Ctl) -> Router {
     Router::new()
         .route("/api/v1/status", get(status))
-        .route("/api/v1/pools", get(pools))
+        .route("/api/v1/pools", get(pools).post(create_pool))
+        .route("/api/v1/disks", get(disks).post(create_disk))
+        .route("/api/v1/luns", get(luns).post(create_lun))
+        .route("/api/v1/luns/delete", post(delete_lun))
         .route("/api/v1/pools/{name}", get(pool))
         .route("/api/v1/pools/{name}/scrub", post(scrub))
         .route("/api/v1/pools/{name}/spares", post(spares))

@@ -1,13 +1,13 @@
 //! The node's side of an HA pair: opens the replicated LUNs over their local
 //! copies, runs the sync listener, and keeps each target's ALUA port groups in
-//! step with the replication state (this node's group and the partner's).
+//! step with the replication state (this node's group and the partner's), per LUN.
 
 use crate::config::ClusterConfig;
 use anyhow::{Context, Result};
 use block::VolumeRef;
-use replica::{ConnectionSink, Mode, PathState, ReplicaConfig, ReplicatedVolume};
-use std::collections::HashMap;
-use std::path::Path;
+use parking_lot::{Mutex, RwLock};
+use replica::{Mode, PathState, ReplicaConfig, ReplicatedVolume, SyncLinkMonitor, SyncSinks};
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 /// Relative port ids (and iSCSI TPGTs) of node 2's portals start here, so the
@@ -20,47 +20,48 @@ pub fn port_id(node_id: u8, index: usize) -> u16 {
     base + index as u16 + 1
 }
 
-/// The replicated volumes of this node.
+/// The replicated volumes of this node (some opened at start, some created at
+/// run time through the management API).
 pub struct Cluster {
     cfg: ClusterConfig,
-    volumes: Vec<Arc<ReplicatedVolume>>,
-    sinks: HashMap<String, ConnectionSink>,
+    data_dir: PathBuf,
+    volumes: RwLock<Vec<Arc<ReplicatedVolume>>>,
+    sinks: SyncSinks,
+    monitor: Mutex<Option<Arc<SyncLinkMonitor>>>,
 }
 
 impl Cluster {
-    /// An empty cluster side for this configuration.
-    pub fn new(cfg: ClusterConfig) -> Cluster {
+    /// An empty cluster side for this configuration; replica state lives under
+    /// `data_dir`.
+    pub fn new(cfg: ClusterConfig, data_dir: &Path) -> Cluster {
         Cluster {
             cfg,
-            volumes: Vec::new(),
-            sinks: HashMap::new(),
+            data_dir: data_dir.to_path_buf(),
+            volumes: RwLock::new(Vec::new()),
+            sinks: SyncSinks::default(),
+            monitor: Mutex::new(None),
         }
     }
 
-    /// The cluster configuration.
-    pub fn config(&self) -> &ClusterConfig {
-        &self.cfg
+    /// The replicated volume name of LUN `lun` of target `iqn`: the same on both
+    /// nodes (it names the volume in the sync handshake and derives the identity).
+    pub fn volume_name(&self, iqn: &str, lun: u64) -> String {
+        format!("{}/{iqn}/lun{lun}", self.cfg.name)
     }
 
-    /// Replicates `local` as volume `name`; its state lives under `data_dir`.
+    /// Replicates `local` as volume `name`. Before [`Cluster::listen`] the partner's
+    /// connections for it are accepted once the listener starts; after it (a LUN
+    /// created at run time), at once.
     pub fn replicate(
-        &mut self,
+        &self,
         name: &str,
         mode: Option<&str>,
-        data_dir: &Path,
         local: VolumeRef,
     ) -> Result<Arc<ReplicatedVolume>> {
+        if self.volume(name).is_some() {
+            anyhow::bail!("replicated volume {name} exists already");
+        }
         let c = &self.cfg;
-        let safe: String = name
-            .chars()
-            .map(|ch| {
-                if ch.is_ascii_alphanumeric() || ch == '.' || ch == '-' {
-                    ch
-                } else {
-                    '_'
-                }
-            })
-            .collect();
         let rcfg = ReplicaConfig {
             name: name.to_string(),
             cluster: c.name.clone(),
@@ -80,20 +81,46 @@ impl Cluster {
             heartbeat_interval_ms: c.heartbeat_interval_ms,
             peer_timeout_ms: c.peer_timeout_ms,
             io_wait_ms: (c.peer_timeout_ms * 2).max(3000),
-            state_dir: data_dir.join("replicas").join(safe),
+            state_dir: self.state_dir(name),
         };
         let (vol, sink) = ReplicatedVolume::open(rcfg, local)
             .with_context(|| format!("opening replicated volume {name}"))?;
         let vol = Arc::new(vol);
-        self.sinks.insert(name.to_string(), sink);
-        self.volumes.push(vol.clone());
+        if let Some(m) = self.monitor.lock().clone() {
+            vol.set_link_monitor(m);
+        }
+        self.sinks.insert(name, sink);
+        self.volumes.write().push(vol.clone());
         Ok(vol)
     }
 
+    /// Where this node keeps replicated volume `name`'s state (generations, bitmap).
+    pub fn state_dir(&self, name: &str) -> PathBuf {
+        let safe: String = name
+            .chars()
+            .map(|ch| {
+                if ch.is_ascii_alphanumeric() || ch == '.' || ch == '-' {
+                    ch
+                } else {
+                    '_'
+                }
+            })
+            .collect();
+        self.data_dir.join("replicas").join(safe)
+    }
+
+    /// Stops replicating volume `name` (its LUN was deleted): the link closes, the
+    /// copy is flushed and its state persisted, as at shutdown.
+    pub async fn forget(&self, name: &str) {
+        let Some(v) = self.volume(name) else { return };
+        self.sinks.remove(name);
+        self.volumes.write().retain(|x| x.name() != name);
+        v.shutdown().await;
+    }
+
     /// Starts accepting the partner's sync connections.
-    pub async fn listen(&mut self) -> Result<()> {
-        let sinks = std::mem::take(&mut self.sinks);
-        let l = replica::SyncListener::bind(&self.cfg.sync, sinks)
+    pub async fn listen(&self) -> Result<()> {
+        let l = replica::SyncListener::bind(&self.cfg.sync, self.sinks.clone())
             .await
             .with_context(|| format!("binding the sync addresses {:?}", self.cfg.sync))?;
         // heartbeats on every sync link (UDP on the same addresses), link i of
@@ -108,65 +135,69 @@ impl Cluster {
         )
         .await
         .context("starting the sync link heartbeats")?;
-        for v in &self.volumes {
+        for v in self.volumes.read().iter() {
             v.set_link_monitor(monitor.clone());
         }
+        *self.monitor.lock() = Some(monitor);
         Ok(())
     }
 
     /// Stops replicating (at shutdown): links closed, copies flushed, bitmaps
     /// persisted; the partner goes on alone as after a failure.
     pub async fn shutdown(&self) {
-        for v in &self.volumes {
+        let volumes = self.volumes.read().clone();
+        for v in volumes {
             v.shutdown().await;
         }
     }
 
     /// The replicated volume named `name`.
-    pub fn volume(&self, name: &str) -> Option<&Arc<ReplicatedVolume>> {
-        self.volumes.iter().find(|v| v.name() == name)
+    pub fn volume(&self, name: &str) -> Option<Arc<ReplicatedVolume>> {
+        self.volumes
+            .read()
+            .iter()
+            .find(|v| v.name() == name)
+            .cloned()
     }
 
     /// Status of every replicated volume.
     pub fn statuses(&self) -> Vec<serde_json::Value> {
         self.volumes
+            .read()
             .iter()
             .map(|v| serde_json::to_value(v.status()).unwrap_or_default())
             .collect()
     }
 
-    /// Keeps `target`'s two port groups (ids 1 and 2, one per node) in step with
-    /// `volumes`: a group is as available as its worst replicated LUN.
-    pub fn drive_alua(&self, target: Arc<scsi::ScsiTarget>, volumes: Vec<Arc<ReplicatedVolume>>) {
-        if volumes.is_empty() {
-            return;
-        }
+    /// Keeps the ALUA states of LUN `lun` of `target` for this node's port group
+    /// and the partner's in step with its replicated volume: each replicated LUN's
+    /// paths follow its own state (a LUN resyncing does not take the others'
+    /// paths away). Stops when the volume or the LUN goes.
+    pub fn drive_alua(
+        &self,
+        target: &Arc<scsi::ScsiTarget>,
+        lun: u64,
+        volume: Arc<ReplicatedVolume>,
+    ) {
         let me = self.cfg.node_id as u16;
         let peer = 3 - me;
-        for v in &volumes {
-            let mut rx = v.port_states();
-            let target = target.clone();
-            let all = volumes.clone();
-            tokio::spawn(async move {
-                loop {
-                    let worst = |f: fn(&replica::PortStates) -> PathState| {
-                        all.iter()
-                            .map(|v| f(&v.port_states().borrow()))
-                            .max_by_key(|s| match s {
-                                PathState::Active => 0,
-                                PathState::Standby => 1,
-                                PathState::Unavailable => 2,
-                            })
-                            .unwrap_or(PathState::Unavailable)
-                    };
-                    target.set_port_group_state(me, alua(worst(|p| p.local)));
-                    target.set_port_group_state(peer, alua(worst(|p| p.peer)));
-                    if rx.changed().await.is_err() {
-                        return;
-                    }
+        let update = move |t: &scsi::ScsiTarget, p: &replica::PortStates| {
+            t.set_lun_port_group_state(lun, me, alua(p.local))
+                && t.set_lun_port_group_state(lun, peer, alua(p.peer))
+        };
+        let mut rx = volume.port_states();
+        let first = *rx.borrow_and_update();
+        update(target, &first);
+        let target = Arc::downgrade(target);
+        tokio::spawn(async move {
+            while rx.changed().await.is_ok() {
+                let states = *rx.borrow_and_update();
+                let Some(t) = target.upgrade() else { return };
+                if !update(&t, &states) {
+                    return;
                 }
-            });
-        }
+            }
+        });
     }
 }
 

@@ -23,14 +23,25 @@ pub struct PrLink {
 impl PrLink {
     /// Connects LUN `lun` of `target` (served from `vol`) to the partner.
     pub fn install(lun: u64, vol: Arc<ReplicatedVolume>, target: &Arc<scsi::ScsiTarget>) {
+        let link = PrLink::new(lun, vol, target);
+        target.set_pr_replication(lun, link);
+    }
+
+    /// The link of `lun` (not yet installed on the target: [`scsi::ScsiTarget::add_lun`]
+    /// takes it for a LUN added at run time); `vol` answers the partner through it.
+    pub fn new(
+        lun: u64,
+        vol: Arc<ReplicatedVolume>,
+        target: &Arc<scsi::ScsiTarget>,
+    ) -> Arc<PrLink> {
         let link = Arc::new(PrLink {
             lun,
             vol: vol.clone(),
             target: OnceLock::new(),
         });
         let _ = link.target.set(Arc::downgrade(target));
-        target.set_pr_replication(lun, link.clone());
-        vol.set_scsi_peer(link);
+        vol.set_scsi_peer(link.clone());
+        link
     }
 
     fn target(&self) -> Option<Arc<scsi::ScsiTarget>> {

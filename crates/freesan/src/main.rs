@@ -13,6 +13,9 @@ mod cluster;
 mod config;
 mod ha_scsi;
 mod identity;
+mod managed;
+mod objcmd;
+mod objects;
 mod poolcmd;
 mod pools;
 mod replicacmd;
@@ -40,12 +43,26 @@ enum Command {
     /// patterns or one pattern; `bench chart` draws reports side by side; `bench
     /// check` verifies a LUN against a saved --verify-state after a crash.
     Bench(Box<BenchCmd>),
-    /// Manage the RAID pools of a running node (through its management API).
+    /// Create and manage the RAID pools of a running node (through its management API).
     Pool {
         #[command(flatten)]
         api: poolcmd::ApiArg,
         #[command(subcommand)]
         cmd: poolcmd::PoolCmd,
+    },
+    /// Create and list the disks of a running node (pools are built from them).
+    Disk {
+        #[command(flatten)]
+        api: poolcmd::ApiArg,
+        #[command(subcommand)]
+        cmd: objcmd::DiskCmd,
+    },
+    /// Create, list and delete the LUNs of a running node's targets.
+    Lun {
+        #[command(flatten)]
+        api: poolcmd::ApiArg,
+        #[command(subcommand)]
+        cmd: objcmd::LunCmd,
     },
     /// HA pair state of a running node's replicated LUNs.
     Replica {
@@ -111,7 +128,15 @@ struct ServeArgs {
 }
 
 impl ServeArgs {
+    /// The configuration to run: the config file (or the quick flags) plus the
+    /// objects created at run time (`DATA_DIR/managed.toml`).
     fn config(&self) -> Result<config::Config> {
+        let mut cfg = self.config_file()?;
+        managed::Managed::load(&cfg.data_dir)?.merge_into(&mut cfg)?;
+        Ok(cfg)
+    }
+
+    fn config_file(&self) -> Result<config::Config> {
         let flags = config::QuickFlags {
             portals: self.portals.clone(),
             target: self.target.clone(),
@@ -201,6 +226,14 @@ fn main() {
         Command::Pool { api, cmd } => {
             quiet_broken_pipe();
             poolcmd::run(api.api, cmd)
+        }
+        Command::Disk { api, cmd } => {
+            quiet_broken_pipe();
+            objcmd::disk(api.api, cmd)
+        }
+        Command::Lun { api, cmd } => {
+            quiet_broken_pipe();
+            objcmd::lun(api.api, cmd)
         }
         Command::Replica { api, cmd } => {
             quiet_broken_pipe();

@@ -1,5 +1,5 @@
 //! `freesan pool ...`: pool management through a running node's management API
-//! (status, scrub, add spare, replace member, fail member, rebuild rate).
+//! (create, status, scrub, add spare, replace member, fail member, rebuild rate).
 
 use anyhow::{bail, Context, Result};
 use serde_json::Value;
@@ -23,6 +23,27 @@ pub struct ApiArg {
 /// `freesan pool` subcommands.
 #[derive(clap::Subcommand, Debug, Clone)]
 pub enum PoolCmd {
+    /// Create a pool on free disks (`freesan disk list`); usable at once, made
+    /// consistent in the background; kept across restarts.
+    Create {
+        /// Pool name.
+        name: String,
+        /// raid0, raid1, raid5, raid6, raid10 or raidf1.
+        #[arg(long)]
+        level: String,
+        /// Member disks, in order (comma-separated or repeated).
+        #[arg(long = "member", value_delimiter = ',', required = true)]
+        members: Vec<String>,
+        /// Hot spares (comma-separated or repeated).
+        #[arg(long = "spare", value_delimiter = ',')]
+        spares: Vec<String>,
+        /// Chunk size (default 128K).
+        #[arg(long)]
+        chunk: Option<String>,
+        /// Cap on rebuild, resync and scrub in MB/s (0 = uncapped).
+        #[arg(long)]
+        rebuild_rate: Option<u32>,
+    },
     /// Status of every pool, or of one: state, members, rebuild and scrub progress.
     Status {
         /// Pool name.
@@ -191,6 +212,21 @@ fn print_pool(p: &Value) {
 /// Runs a `freesan pool` subcommand against the API at `api`.
 pub fn run(api: SocketAddr, cmd: PoolCmd) -> Result<()> {
     match cmd {
+        PoolCmd::Create {
+            name,
+            level,
+            members,
+            spares,
+            chunk,
+            rebuild_rate,
+        } => {
+            let body = serde_json::json!({
+                "name": name, "level": level, "members": members, "spares": spares,
+                "chunk": chunk, "rebuild_rate_mb_s": rebuild_rate,
+            });
+            let (code, v) = http(api, "POST", "/api/v1/pools", Some(&body))?;
+            print_pool(&ok_or_error(code, v)?);
+        }
         PoolCmd::Status { name, json } => {
             let path = match &name {
                 Some(n) => format!("/api/v1/pools/{n}"),

@@ -109,10 +109,13 @@ impl CacheSlot {
 /// The pools of a running node, by name, and the disks not (yet) in any pool.
 #[derive(Default)]
 pub struct Pools {
-    pools: BTreeMap<String, Arc<raid::Pool>>,
+    /// Pools by name (more are created at run time).
+    pools: parking_lot::RwLock<BTreeMap<String, Arc<raid::Pool>>>,
     caches: BTreeMap<String, CacheSlot>,
     /// Configured disks that no pool uses, available as spares and replacements.
     free_disks: parking_lot::Mutex<BTreeMap<String, VolumeRef>>,
+    /// Disks a LUN serves directly, back to `free_disks` when the LUN is deleted.
+    lun_disks: parking_lot::Mutex<BTreeMap<String, VolumeRef>>,
 }
 
 fn raid_level(s: &str) -> Result<raid::RaidLevel> {
@@ -215,6 +218,61 @@ fn open_disk_file(cfg: &Config, d: &DiskConfig) -> Result<VolumeRef> {
     Ok(Arc::new(file))
 }
 
+/// Assembles pool `p` from `members` and `spares` when any of them carries a
+/// superblock, or creates it on them when all are blank. `new` (a pool created
+/// at run time) refuses disks that carry a superblock: they belong to some pool.
+async fn open_pool(
+    p: &crate::config::PoolConfig,
+    members: Vec<raid::Member>,
+    spares: Vec<raid::Member>,
+    new: bool,
+) -> Result<raid::Pool> {
+    let mut formatted = Vec::new();
+    for m in members.iter().chain(spares.iter()) {
+        if raid::has_superblock(&m.volume).await {
+            formatted.push(m.name.clone());
+        }
+    }
+    if new && !formatted.is_empty() {
+        bail!(
+            "pool {}: disk(s) {} carry a RAID superblock (they belong to a pool); \
+             refusing to overwrite them",
+            p.name,
+            formatted.join(", ")
+        );
+    }
+    let pool = if !formatted.is_empty() {
+        let mut all = members;
+        all.extend(spares);
+        raid::Pool::assemble(all, p.force_assemble)
+            .await
+            .with_context(|| format!("pool {}: assembling", p.name))?
+    } else {
+        let mut pc = raid::PoolConfig::new(p.name.clone(), raid_level(&p.level)?);
+        if let Some(c) = &p.chunk {
+            pc.chunk_bytes = disk::parse_size(c)
+                .and_then(|c| u32::try_from(c).ok())
+                .with_context(|| format!("pool {}: chunk {c}", p.name))?;
+        }
+        if let Some(r) = p.rebuild_rate_mb_s {
+            pc.rebuild_rate_mb_s = r;
+        }
+        tracing::info!(pool = %p.name, level = %p.level, "creating pool on blank disks");
+        raid::Pool::create(pc, members, spares)
+            .await
+            .with_context(|| format!("pool {}: creating", p.name))?
+    };
+    if let Some(r) = p.rebuild_rate_mb_s {
+        pool.set_rebuild_rate_mb_s(r)
+            .await
+            .with_context(|| format!("pool {}: rebuild rate", p.name))?;
+    }
+    pool.set_journal_whole_stripes(p.journal_whole_stripes);
+    let st = pool.status();
+    tracing::info!(pool = %p.name, state = ?st.state, "pool ready");
+    Ok(pool)
+}
+
 impl Pools {
     /// Opens every disk and pool of `cfg`: a pool whose disks carry no superblock
     /// is created (fast: parity is made consistent in the background); otherwise it
@@ -234,39 +292,7 @@ impl Pools {
             };
             let members = take(&p.members);
             let spares = take(&p.spares);
-            let mut formatted = false;
-            for m in members.iter().chain(spares.iter()) {
-                formatted |= raid::has_superblock(&m.volume).await;
-            }
-            let pool = if formatted {
-                let mut all = members;
-                all.extend(spares);
-                raid::Pool::assemble(all, p.force_assemble)
-                    .await
-                    .with_context(|| format!("pool {}: assembling", p.name))?
-            } else {
-                let mut pc = raid::PoolConfig::new(p.name.clone(), raid_level(&p.level)?);
-                if let Some(c) = &p.chunk {
-                    pc.chunk_bytes = disk::parse_size(c)
-                        .and_then(|c| u32::try_from(c).ok())
-                        .with_context(|| format!("pool {}: chunk {c}", p.name))?;
-                }
-                if let Some(r) = p.rebuild_rate_mb_s {
-                    pc.rebuild_rate_mb_s = r;
-                }
-                tracing::info!(pool = %p.name, level = %p.level, "creating pool on blank disks");
-                raid::Pool::create(pc, members, spares)
-                    .await
-                    .with_context(|| format!("pool {}: creating", p.name))?
-            };
-            if let Some(r) = p.rebuild_rate_mb_s {
-                pool.set_rebuild_rate_mb_s(r)
-                    .await
-                    .with_context(|| format!("pool {}: rebuild rate", p.name))?;
-            }
-            pool.set_journal_whole_stripes(p.journal_whole_stripes);
-            let st = pool.status();
-            tracing::info!(pool = %p.name, state = ?st.state, "pool ready");
+            let pool = open_pool(p, members, spares, false).await?;
             pools.insert(p.name.clone(), Arc::new(pool));
         }
         let mut caches = BTreeMap::new();
@@ -320,10 +346,79 @@ impl Pools {
             caches.insert(c.name.clone(), slot);
         }
         Ok(Pools {
-            pools,
+            pools: parking_lot::RwLock::new(pools),
             caches,
             free_disks: parking_lot::Mutex::new(disks),
+            lun_disks: parking_lot::Mutex::new(BTreeMap::new()),
         })
+    }
+
+    /// Opens disk `d` while the node runs (created if it is a new file or a
+    /// simulated disk) and adds it to the free disks.
+    pub fn add_disk(&self, cfg: &Config, d: &DiskConfig) -> Result<()> {
+        if self.free_disks.lock().contains_key(&d.name) {
+            bail!("disk {} exists already", d.name);
+        }
+        let v = open_disk(cfg, d)?;
+        self.free_disks.lock().insert(d.name.clone(), v);
+        Ok(())
+    }
+
+    /// Creates pool `p` while the node runs, on free disks that carry no
+    /// superblock; the pool is usable at once (made consistent in the background).
+    pub async fn create_pool(&self, p: &crate::config::PoolConfig) -> Result<()> {
+        if self.pools.read().contains_key(&p.name) {
+            bail!("pool {} exists already", p.name);
+        }
+        let (members, spares) = {
+            let mut free = self.free_disks.lock();
+            if let Some(d) = p
+                .members
+                .iter()
+                .chain(p.spares.iter())
+                .find(|d| !free.contains_key(*d))
+            {
+                bail!("pool {}: disk {d:?} is not a free disk", p.name);
+            }
+            let mut take = |names: &[String]| -> Vec<raid::Member> {
+                names
+                    .iter()
+                    .filter_map(|n| free.remove(n).map(|v| raid::Member::new(n.clone(), v)))
+                    .collect()
+            };
+            (take(&p.members), take(&p.spares))
+        };
+        let back = |ms: &[raid::Member]| {
+            let mut free = self.free_disks.lock();
+            for m in ms {
+                free.insert(m.name.clone(), m.volume.clone());
+            }
+        };
+        let (m2, s2) = (members.clone(), spares.clone());
+        match open_pool(p, members, spares, true).await {
+            Ok(pool) => {
+                self.pools.write().insert(p.name.clone(), Arc::new(pool));
+                Ok(())
+            }
+            Err(e) => {
+                back(&m2);
+                back(&s2);
+                Err(e)
+            }
+        }
+    }
+
+    /// Gives disk `name`, which a LUN served, back to the free disks (the LUN was
+    /// deleted or never started).
+    pub fn release_lun_disk(&self, name: &str) {
+        if let Some(v) = self.lun_disks.lock().remove(name) {
+            self.free_disks.lock().insert(name.to_string(), v);
+        }
+    }
+
+    /// Names of the disks nothing uses.
+    pub fn free_disk_names(&self) -> Vec<String> {
+        self.free_disks.lock().keys().cloned().collect()
     }
 
     /// The volume LUNs naming cache `name` serve (the cache while it is
@@ -409,7 +504,7 @@ impl Pools {
 
     /// The volume of pool `name`.
     pub fn volume(&self, name: &str) -> Result<VolumeRef> {
-        match self.pools.get(name) {
+        match self.pools.read().get(name) {
             Some(p) => Ok(p.clone() as VolumeRef),
             None => bail!("no pool named {name:?} is configured"),
         }
@@ -418,19 +513,23 @@ impl Pools {
     /// Takes configured disk `name` for a LUN of its own (it is no longer free).
     pub fn take_disk_volume(&self, name: &str) -> Result<VolumeRef> {
         match self.free_disks.lock().remove(name) {
-            Some(v) => Ok(v),
+            Some(v) => {
+                self.lun_disks.lock().insert(name.to_string(), v.clone());
+                Ok(v)
+            }
             None => bail!("disk {name:?} is not configured or already in use"),
         }
     }
 
     /// Status of every pool.
     pub fn statuses(&self) -> Vec<serde_json::Value> {
-        self.pools.keys().filter_map(|n| self.status(n)).collect()
+        let names: Vec<String> = self.pools.read().keys().cloned().collect();
+        names.iter().filter_map(|n| self.status(n)).collect()
     }
 
     /// Status of pool `name`, with the disks still free for spares and replacements.
     pub fn status(&self, name: &str) -> Option<serde_json::Value> {
-        let p = self.pools.get(name)?;
+        let p = self.pools.read().get(name)?.clone();
         let mut v = serde_json::to_value(p.status()).ok()?;
         v["free_disks"] = serde_json::json!(self.free_disks.lock().keys().collect::<Vec<_>>());
         Some(v)
@@ -453,7 +552,9 @@ impl Pools {
     ) -> Result<serde_json::Value, api::ApiError> {
         let pool = self
             .pools
+            .read()
             .get(name)
+            .cloned()
             .ok_or_else(|| api::ApiError::NotFound(format!("no pool named {name:?}")))?;
         let refused = |e: raid::RaidError| api::ApiError::Conflict(e.to_string());
         match action {
@@ -497,7 +598,13 @@ impl Pools {
                 tracing::warn!(cache = %name, error = %e, "cache shutdown");
             }
         }
-        for (name, p) in &self.pools {
+        let pools: Vec<_> = self
+            .pools
+            .read()
+            .iter()
+            .map(|(n, p)| (n.clone(), p.clone()))
+            .collect();
+        for (name, p) in pools {
             if let Err(e) = p.shutdown().await {
                 tracing::warn!(pool = %name, error = %e, "pool shutdown");
             }
@@ -511,14 +618,18 @@ pub struct NodeControl {
     pub pools: Arc<Pools>,
     /// The node's side of its HA pair, if any.
     pub cluster: Option<Arc<crate::cluster::Cluster>>,
-    /// Static description of the node (version, portals, targets, LUNs).
+    /// Static description of the node (version, portals); its LUNs are listed
+    /// as they are now.
     pub summary: serde_json::Value,
+    /// Disks, pools and LUNs created at run time.
+    pub objects: crate::objects::Objects,
 }
 
 #[async_trait::async_trait]
 impl api::Control for NodeControl {
     fn status(&self) -> serde_json::Value {
         let mut s = self.summary.clone();
+        s["luns"] = serde_json::Value::Array(self.objects.luns_now());
         s["pools"] = serde_json::Value::Array(self.pools.statuses());
         s["caches"] = serde_json::Value::Array(self.pools.cache_statuses());
         s["replicas"] = serde_json::Value::Array(self.replicas());
@@ -579,5 +690,46 @@ impl api::Control for NodeControl {
         action: api::PoolAction,
     ) -> Result<serde_json::Value, api::ApiError> {
         self.pools.act(name, action).await
+    }
+
+    async fn create(
+        &self,
+        kind: api::ObjectKind,
+        body: serde_json::Value,
+    ) -> Result<serde_json::Value, api::ApiError> {
+        let o = &self.objects;
+        match kind {
+            api::ObjectKind::Disk => o.create_disk(&self.pools, body).await,
+            api::ObjectKind::Pool => o.create_pool(&self.pools, body).await,
+            api::ObjectKind::Lun => {
+                o.create_lun(&self.pools, self.cluster.as_deref(), body)
+                    .await
+            }
+        }
+    }
+
+    async fn delete(
+        &self,
+        kind: api::ObjectKind,
+        body: serde_json::Value,
+    ) -> Result<serde_json::Value, api::ApiError> {
+        match kind {
+            api::ObjectKind::Lun => {
+                self.objects
+                    .delete_lun(&self.pools, self.cluster.as_deref(), body)
+                    .await
+            }
+            _ => Err(api::ApiError::BadRequest(format!(
+                "{kind:?} objects cannot be deleted at run time"
+            ))),
+        }
+    }
+
+    async fn list(&self, kind: api::ObjectKind) -> Vec<serde_json::Value> {
+        match kind {
+            api::ObjectKind::Disk => self.objects.disks(&self.pools).await,
+            api::ObjectKind::Pool => self.pools.statuses(),
+            api::ObjectKind::Lun => self.objects.luns_now(),
+        }
     }
 }

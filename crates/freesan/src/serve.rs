@@ -62,12 +62,75 @@ fn lun_volume(l: &LunConfig, pools: &Pools) -> Result<(VolumeRef, String)> {
     Ok((Arc::new(vol), path.display().to_string()))
 }
 
+/// A LUN opened and ready to be added to its target.
+pub(crate) struct BuiltLun {
+    /// Its SCSI configuration (identity, state file).
+    pub scsi: scsi::LunConfig,
+    /// The volume it serves (replicated if it is).
+    pub volume: VolumeRef,
+    /// What backs it, for people.
+    pub backing: String,
+    /// Its replicated volume, if it is replicated.
+    pub replicated: Option<Arc<replica::ReplicatedVolume>>,
+}
+
+/// Opens LUN `lun_id` of target `iqn` as `l` describes it: its volume (file,
+/// disk, pool or cache; replicated through `cluster` if asked) and its identity
+/// (derived from the cluster for a replicated LUN, so both nodes agree;
+/// otherwise created once and kept under `data_dir`).
+pub(crate) fn open_lun(
+    data_dir: &Path,
+    pools: &Pools,
+    cluster: Option<&Cluster>,
+    iqn: &str,
+    l: &LunConfig,
+    lun_id: u64,
+) -> Result<BuiltLun> {
+    let (mut volume, mut backing) = lun_volume(l, pools)?;
+    let mut replicated = None;
+    let id = match (l.replicated, cluster) {
+        (true, Some(c)) => {
+            let key = c.volume_name(iqn, lun_id);
+            let r = c.replicate(&key, l.replica_mode.as_deref(), volume)?;
+            replicated = Some(r.clone());
+            volume = r;
+            backing = format!("{backing}, replicated");
+            identity::derived(&key)
+        }
+        (true, None) => bail!("replicated needs a [cluster] section"),
+        _ => identity::load_or_create(data_dir, iqn, lun_id, Path::new(&backing))?,
+    };
+    let naa = match &l.naa {
+        Some(n) => identity::parse_naa(n)?,
+        None => identity::parse_naa(&id.naa)?,
+    };
+    let tdir = identity::target_dir(data_dir, iqn);
+    Ok(BuiltLun {
+        scsi: scsi::LunConfig {
+            naa,
+            serial: l.serial.clone().unwrap_or(id.serial),
+            vendor: "FREESAN".into(),
+            product: "freesan LUN".into(),
+            revision: env!("CARGO_PKG_VERSION")
+                .chars()
+                .filter(|c| *c != '.')
+                .take(4)
+                .collect(),
+            read_only: l.read_only,
+            state_file: Some(tdir.join(format!("lun{lun_id}.pr.json"))),
+        },
+        volume,
+        backing,
+        replicated,
+    })
+}
+
 /// Builds the iSCSI server configuration and the NBD exports: opens (or creates)
 /// every backing file and loads every LUN identity.
 fn build(
     cfg: &Config,
     pools: &Pools,
-    mut cluster: Option<&mut Cluster>,
+    cluster: Option<&Cluster>,
 ) -> Result<(iscsi::ServerConfig, Vec<OpenedLun>, Vec<nbd::NbdExport>)> {
     let node_id = cfg.cluster.as_ref().map_or(1, |c| c.node_id);
     std::fs::create_dir_all(&cfg.data_dir)
@@ -85,29 +148,13 @@ fn build(
     let mut opened = Vec::new();
     let mut exports = Vec::new();
     for (ti, t) in cfg.targets.iter().enumerate() {
-        let tdir = identity::target_dir(&cfg.data_dir, &t.iqn);
         let mut luns = Vec::new();
         let mut replicated = Vec::new();
         for (i, l) in t.luns.iter().enumerate() {
             let lun_id = l.id.unwrap_or(i as u64);
-            let (mut volume, mut backing) =
-                lun_volume(l, pools).with_context(|| format!("target {} LUN {}", t.iqn, lun_id))?;
-            let id = match (l.replicated, cluster.as_deref_mut()) {
-                (true, Some(c)) => {
-                    let key = format!("{}/{}/lun{lun_id}", c.config().name, t.iqn);
-                    let r = c.replicate(&key, l.replica_mode.as_deref(), &cfg.data_dir, volume)?;
-                    replicated.push((lun_id, r.clone()));
-                    volume = r;
-                    backing = format!("{backing}, replicated");
-                    identity::derived(&key)
-                }
-                _ => identity::load_or_create(&cfg.data_dir, &t.iqn, lun_id, Path::new(&backing))?,
-            };
-            let naa = match &l.naa {
-                Some(n) => identity::parse_naa(n)?,
-                None => identity::parse_naa(&id.naa)?,
-            };
-            let g = volume.geometry();
+            let b = open_lun(&cfg.data_dir, pools, cluster, &t.iqn, l, lun_id)
+                .with_context(|| format!("target {} LUN {}", t.iqn, lun_id))?;
+            let g = b.volume.geometry();
             let mut names = vec![format!("{}/lun{lun_id}", t.iqn)];
             if ti == 0 {
                 names.insert(0, format!("lun{lun_id}"));
@@ -115,34 +162,21 @@ fn build(
             for name in names {
                 exports.push(nbd::NbdExport {
                     name,
-                    description: format!("{} LUN {lun_id} ({backing})", t.iqn),
-                    volume: volume.clone(),
+                    description: format!("{} LUN {lun_id} ({})", t.iqn, b.backing),
+                    volume: b.volume.clone(),
                     read_only: l.read_only,
                 });
             }
             opened.push(OpenedLun {
                 target: t.iqn.clone(),
                 id: lun_id,
-                path: backing.clone(),
+                path: b.backing.clone(),
                 size_bytes: g.size_bytes(),
             });
-            luns.push((
-                lun_id,
-                scsi::LunConfig {
-                    naa,
-                    serial: l.serial.clone().unwrap_or(id.serial),
-                    vendor: "FREESAN".into(),
-                    product: "freesan LUN".into(),
-                    revision: env!("CARGO_PKG_VERSION")
-                        .chars()
-                        .filter(|c| *c != '.')
-                        .take(4)
-                        .collect(),
-                    read_only: l.read_only,
-                    state_file: Some(tdir.join(format!("lun{lun_id}.pr.json"))),
-                },
-                volume,
-            ));
+            if let Some(r) = b.replicated {
+                replicated.push((lun_id, r));
+            }
+            luns.push((lun_id, b.scsi, b.volume));
         }
         let scsi_cfg = match &cfg.cluster {
             // one ALUA port group per node: this node's portals and the partner's
@@ -170,9 +204,9 @@ fn build(
                             .collect(),
                     },
                 ];
-                if replicated.is_empty() {
-                    groups[0].state = scsi::AluaState::ActiveOptimized;
-                }
+                // LUNs that are not replicated are served here only; every
+                // replicated LUN's states follow its replica (Cluster::drive_alua)
+                groups[0].state = scsi::AluaState::ActiveOptimized;
                 groups.sort_by_key(|g| g.id);
                 scsi::TargetConfig {
                     name: t.iqn.clone(),
@@ -186,14 +220,11 @@ fn build(
         };
         let scsi_target =
             Arc::new(scsi::ScsiTarget::new(scsi_cfg).with_context(|| format!("target {}", t.iqn))?);
-        for (lun_id, vol) in &replicated {
-            crate::ha_scsi::PrLink::install(*lun_id, vol.clone(), &scsi_target);
-        }
-        if let Some(c) = cluster.as_deref() {
-            c.drive_alua(
-                scsi_target.clone(),
-                replicated.into_iter().map(|(_, v)| v).collect(),
-            );
+        for (lun_id, vol) in replicated {
+            crate::ha_scsi::PrLink::install(lun_id, vol.clone(), &scsi_target);
+            if let Some(c) = cluster {
+                c.drive_alua(&scsi_target, lun_id, vol);
+            }
         }
         targets.push(iscsi::TargetSpec {
             iqn: t.iqn.clone(),
@@ -261,12 +292,19 @@ pub(crate) async fn shutdown_signal() {
 pub async fn run(cfg: Config) -> Result<()> {
     cfg.validate()?;
     let pools = std::sync::Arc::new(Pools::open(&cfg).await?);
-    let mut cluster = cfg.cluster.clone().map(Cluster::new);
-    let (server_cfg, opened, exports) = build(&cfg, &pools, cluster.as_mut())?;
-    if let Some(c) = cluster.as_mut() {
+    let cluster = cfg
+        .cluster
+        .clone()
+        .map(|c| Arc::new(Cluster::new(c, &cfg.data_dir)));
+    let (server_cfg, opened, exports) = build(&cfg, &pools, cluster.as_deref())?;
+    if let Some(c) = &cluster {
         c.listen().await?;
     }
-    let cluster = cluster.map(Arc::new);
+    let targets = server_cfg
+        .targets
+        .iter()
+        .map(|t| (t.iqn.clone(), t.scsi.clone()))
+        .collect();
     let server = iscsi::Server::bind(server_cfg)
         .await
         .context("binding the portals")?;
@@ -297,6 +335,7 @@ pub async fn run(cfg: Config) -> Result<()> {
                 pools: pools.clone(),
                 cluster: cluster.clone(),
                 summary,
+                objects: crate::objects::Objects::new(&cfg, targets)?,
             });
             let srv = api::ApiServer::bind(a.address, control)
                 .await

@@ -164,8 +164,13 @@ replica_mode = "{mode}"
         }
     }
 
-    /// The replica status of node `k` (None while its API is not up).
+    /// The replica status of LUN 0 on node `k` (None while its API is not up).
     fn status(&self, k: u32) -> Option<Value> {
+        self.status_lun(k, 0)
+    }
+
+    /// The replica status of LUN `lun` on node `k`.
+    fn status_lun(&self, k: u32, lun: u32) -> Option<Value> {
         let (ok, out) = self.topo.run(
             self.topo.ns_node(k),
             bin(),
@@ -175,15 +180,31 @@ replica_mode = "{mode}"
             return None;
         }
         let v: Value = serde_json::from_str(&out).ok()?;
-        v.as_array()?.first().cloned()
+        let suffix = format!("/lun{lun}");
+        v.as_array()?
+            .iter()
+            .find(|r| r["name"].as_str().is_some_and(|n| n.ends_with(&suffix)))
+            .cloned()
     }
 
     /// Waits until node `k`'s status satisfies `f`; panics with the last status
     /// and the node's log after `secs`.
     fn wait(&self, k: u32, secs: u64, what: &str, f: impl Fn(&Value) -> bool) -> Value {
+        self.wait_lun(k, 0, secs, what, f)
+    }
+
+    /// [`Ha::wait`] for LUN `lun`.
+    fn wait_lun(
+        &self,
+        k: u32,
+        lun: u32,
+        secs: u64,
+        what: &str,
+        f: impl Fn(&Value) -> bool,
+    ) -> Value {
         let deadline = Instant::now() + Duration::from_secs(secs);
         loop {
-            let s = self.status(k);
+            let s = self.status_lun(k, lun);
             if let Some(s) = &s {
                 if f(s) {
                     return s.clone();
@@ -232,10 +253,15 @@ replica_mode = "{mode}"
     }
 
     fn checksums(&self) -> [String; 2] {
+        self.checksums_of("lun0.img")
+    }
+
+    /// SHA-256 of file `name` in each node's directory.
+    fn checksums_of(&self, name: &str) -> [String; 2] {
         [1, 2].map(|k| {
             let (ok, out) = common::run(
                 "sha256sum",
-                &[self.node_dir(k).join("lun0.img").to_str().unwrap()],
+                &[self.node_dir(k).join(name).to_str().unwrap()],
             );
             assert!(ok, "{out}");
             out.split_whitespace().next().unwrap().to_string()
@@ -558,4 +584,125 @@ fn a_second_sync_link_carries_on_when_the_first_is_cut() {
     assert!(ok, "{out}");
     let [a, b] = ha.checksums();
     assert_eq!(a, b);
+}
+
+#[test]
+fn a_replicated_lun_created_at_run_time_syncs_and_serves_through_both_nodes() {
+    let Some(ha) = Ha::start("hal") else { return };
+    ha.wait_in_sync();
+    let cli = |k: u32, args: &[&str]| {
+        let mut all = vec![args[0], "--api", API];
+        all.extend_from_slice(&args[1..]);
+        let (ok, out) = ha.topo.run(ha.topo.ns_node(k), bin(), all);
+        assert!(ok, "node {k}: freesan {args:?}: {out}");
+        out
+    };
+    let create = |k: u32| {
+        let file = ha.node_dir(k).join("lun1.img");
+        cli(
+            k,
+            &[
+                "lun",
+                "create",
+                "--target",
+                IQN,
+                "--lun",
+                "1",
+                "--file",
+                file.to_str().unwrap(),
+                "--size",
+                "32M",
+                "--replicated",
+            ],
+        )
+    };
+    let url1 = |k: u32| {
+        format!(
+            "iscsi://{}:{PORT}/{IQN}/1",
+            ha.topo.client_portal_addr(k, 1)
+        )
+    };
+    // one second of writes to LUN 1 through node `k`, one path
+    let write1 = |k: u32, bs: &str, rw: &str| {
+        let url = url1(k);
+        ha.bench(&[
+            "--target",
+            &url,
+            "--single-path",
+            "--bs",
+            bs,
+            "--rw",
+            rw,
+            "--threads",
+            "1",
+            "--qd",
+            "4",
+            "--secs",
+            "1",
+            "--ramp",
+            "0",
+            "--size",
+            "4M",
+        ])
+    };
+    // node 1 first: the partner does not know the LUN yet, so node 1 serves it
+    // alone (the witness grants LUN 1 its own survivor grant) and tracks changes
+    let out = create(1);
+    assert!(out.contains("replicated"), "{out}");
+    ha.wait_lun(1, 1, 30, "LUN 1 serving alone", |s| {
+        s["state"] == "degraded"
+    });
+    let (ok, out) = write1(1, "256k", "write");
+    assert!(ok, "writes to LUN 1 through node 1: {out}");
+    // LUN 0's paths never depended on LUN 1 (ALUA states are per LUN)
+    assert_eq!(ha.status(2).unwrap()["state"], "in-sync");
+    let (ok, out) = ha.io(2, true, "4k", "randwrite", 1);
+    assert!(
+        ok,
+        "LUN 0 through node 2 while LUN 1 is alone on node 1: {out}"
+    );
+
+    // node 2 creates it too: a brand-new copy, filled in full, then both serve
+    create(2);
+    for k in 1..=2 {
+        ha.wait_lun(k, 1, 60, "LUN 1 in sync", |s| s["state"] == "in-sync");
+    }
+    let list = cli(2, &["lun", "list"]);
+    assert!(
+        list.contains("LUN 1") && list.contains("replicated"),
+        "{list}"
+    );
+    // overlapping writes over all four paths of both nodes
+    let (ok, out) = ha.bench(&[
+        "--target",
+        &url1(2),
+        "--bs",
+        "8k",
+        "--rw",
+        "randwrite",
+        "--threads",
+        "2",
+        "--qd",
+        "8",
+        "--secs",
+        "2",
+        "--ramp",
+        "0",
+        "--size",
+        "8M",
+    ]);
+    assert!(ok, "multipath writes to LUN 1: {out}");
+    let [a, b] = ha.checksums_of("lun1.img");
+    assert_eq!(a, b, "the two copies of the LUN created at run time differ");
+
+    // deleting it on node 2 leaves node 1 serving it alone
+    cli(2, &["lun", "delete", "--target", IQN, "--lun", "1"]);
+    ha.wait_lun(1, 1, 30, "LUN 1 alone again", |s| s["state"] == "degraded");
+    assert!(
+        ha.status_lun(2, 1).is_none(),
+        "node 2 still replicates LUN 1"
+    );
+    let (ok, out) = write1(1, "4k", "randwrite");
+    assert!(ok, "LUN 1 through node 1 after node 2 deleted it: {out}");
+    assert_eq!(ha.status(1).unwrap()["state"], "in-sync", "LUN 0 untouched");
 }

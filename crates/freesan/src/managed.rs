@@ -1,0 +1,168 @@
+//! Objects created while the node runs (through the management API: `freesan disk
+//! create`, `freesan pool create`, `freesan lun create`) are kept in
+//! `DATA_DIR/managed.toml`, a config fragment in the config file's own syntax
+//! (`[[disk]]`, `[[pool]]`, `[[target]]` with `[[target.lun]]`), and merged into
+//! the configuration at every start, so they come back after a restart. The
+//! operator's config file is never rewritten.
+
+use crate::config::{Config, DiskConfig, LunConfig, PoolConfig};
+use anyhow::{bail, Context, Result};
+use serde::{Deserialize, Serialize};
+use std::path::{Path, PathBuf};
+
+/// The objects created at run time.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Managed {
+    /// Disks.
+    #[serde(rename = "disk", default, skip_serializing_if = "Vec::is_empty")]
+    pub disks: Vec<DiskConfig>,
+    /// Pools.
+    #[serde(rename = "pool", default, skip_serializing_if = "Vec::is_empty")]
+    pub pools: Vec<PoolConfig>,
+    /// LUNs, under the (configured) targets they belong to.
+    #[serde(rename = "target", default, skip_serializing_if = "Vec::is_empty")]
+    pub targets: Vec<ManagedTarget>,
+}
+
+/// LUNs added to one configured target.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ManagedTarget {
+    /// The target's name (it must be in the config file).
+    pub iqn: String,
+    /// The LUNs (every one with its `id`).
+    #[serde(rename = "lun", default)]
+    pub luns: Vec<LunConfig>,
+}
+
+impl Managed {
+    /// Where the objects of the node with data directory `data_dir` are kept.
+    pub fn path(data_dir: &Path) -> PathBuf {
+        data_dir.join("managed.toml")
+    }
+
+    /// Reads the objects of `data_dir` (none if the file does not exist).
+    pub fn load(data_dir: &Path) -> Result<Managed> {
+        let path = Managed::path(data_dir);
+        let text = match std::fs::read_to_string(&path) {
+            Ok(t) => t,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Managed::default()),
+            Err(e) => return Err(e).with_context(|| format!("reading {}", path.display())),
+        };
+        toml::from_str(&text).with_context(|| format!("parsing {}", path.display()))
+    }
+
+    /// Replaces the file atomically and durably (written aside, synced, renamed,
+    /// directory synced): after a crash it holds either the old or the new list.
+    pub fn save(&self, data_dir: &Path) -> Result<()> {
+        let text = format!(
+            "# Objects created through freesan's management API (freesan disk/pool/lun create).\n\
+             # Merged into the configuration at every start; edit only while the node is stopped.\n\n{}",
+            toml::to_string_pretty(self)?
+        );
+        std::fs::create_dir_all(data_dir)
+            .with_context(|| format!("creating {}", data_dir.display()))?;
+        crate::identity::write_atomic(&Managed::path(data_dir), text.as_bytes())
+    }
+
+    /// Adds these objects to `cfg` (after the config file's own).
+    pub fn merge_into(&self, cfg: &mut Config) -> Result<()> {
+        cfg.disks.extend(self.disks.iter().cloned());
+        cfg.pools.extend(self.pools.iter().cloned());
+        for mt in &self.targets {
+            let Some(t) = cfg.targets.iter_mut().find(|t| t.iqn == mt.iqn) else {
+                bail!(
+                    "{}: LUNs were created on target {}, which the configuration no longer has",
+                    Managed::path(&cfg.data_dir).display(),
+                    mt.iqn
+                );
+            };
+            t.luns.extend(mt.luns.iter().cloned());
+        }
+        Ok(())
+    }
+
+    /// Whether LUN `id` of target `iqn` was created at run time.
+    pub fn has_lun(&self, iqn: &str, id: u64) -> bool {
+        self.targets
+            .iter()
+            .any(|t| t.iqn == iqn && t.luns.iter().any(|l| l.id == Some(id)))
+    }
+
+    /// Records LUN `lun` (with its id set) of target `iqn`.
+    pub fn add_lun(&mut self, iqn: &str, lun: LunConfig) {
+        match self.targets.iter_mut().find(|t| t.iqn == iqn) {
+            Some(t) => t.luns.push(lun),
+            None => self.targets.push(ManagedTarget {
+                iqn: iqn.to_string(),
+                luns: vec![lun],
+            }),
+        }
+    }
+
+    /// Forgets LUN `id` of target `iqn`.
+    pub fn remove_lun(&mut self, iqn: &str, id: u64) {
+        for t in &mut self.targets {
+            if t.iqn == iqn {
+                t.luns.retain(|l| l.id != Some(id));
+            }
+        }
+        self.targets.retain(|t| !t.luns.is_empty());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn temp_dir(tag: &str) -> PathBuf {
+        let d = std::env::temp_dir().join(format!("freesan-managed-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(&d).unwrap();
+        d
+    }
+
+    #[test]
+    fn objects_round_trip_and_merge_after_the_config_files_own() {
+        let dir = temp_dir("rt");
+        assert_eq!(Managed::load(&dir).unwrap(), Managed::default());
+        let mut m = Managed::default();
+        m.disks.push(DiskConfig {
+            name: "d9".into(),
+            path: None,
+            size: Some("64M".into()),
+            sim: None,
+            memory: true,
+        });
+        let mut lun = LunConfig::file(dir.join("x.img"), Some("1M".into()));
+        lun.id = Some(7);
+        m.add_lun("iqn.2026-11.org.freesan:t", lun);
+        m.save(&dir).unwrap();
+        let back = Managed::load(&dir).unwrap();
+        assert_eq!(back, m);
+        assert!(back.has_lun("iqn.2026-11.org.freesan:t", 7));
+        assert!(!back.has_lun("iqn.2026-11.org.freesan:t", 0));
+
+        let mut cfg = Config::from_quick_flags(&crate::config::QuickFlags {
+            target: Some("iqn.2026-11.org.freesan:t".into()),
+            data_dir: Some(dir.clone()),
+            ..Default::default()
+        });
+        back.merge_into(&mut cfg).unwrap();
+        assert_eq!(cfg.disks.len(), 1);
+        assert_eq!(cfg.targets[0].luns.len(), 2);
+        assert_eq!(cfg.targets[0].luns[1].id, Some(7));
+
+        let mut gone = back.clone();
+        gone.remove_lun("iqn.2026-11.org.freesan:t", 7);
+        assert!(gone.targets.is_empty());
+        // LUNs of a target the config no longer has are an error, not dropped
+        let mut other = Config::from_quick_flags(&crate::config::QuickFlags {
+            data_dir: Some(dir.clone()),
+            ..Default::default()
+        });
+        assert!(back.merge_into(&mut other).is_err());
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}

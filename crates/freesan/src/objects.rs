@@ -1,0 +1,335 @@
+//! Creating disks, pools and LUNs while the node serves (the management API's
+//! `POST /api/v1/disks`, `/pools`, `/luns`; `freesan disk|pool|lun create`).
+//!
+//! Every new object is checked against the whole configuration as it would be
+//! at the next start (the running configuration plus the object, through
+//! [`Config::validate`]), brought up, and only then recorded in
+//! `DATA_DIR/managed.toml` (see [`crate::managed`]), so what the node runs and what
+//! it will start with again stay the same. Creations are serialised.
+
+use crate::cluster::Cluster;
+use crate::config::{Config, DiskConfig, LunConfig, PoolConfig};
+use crate::managed::Managed;
+use crate::pools::Pools;
+use api::ApiError;
+use serde::Deserialize;
+use serde_json::{json, Value};
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+/// The running configuration and the objects created at run time.
+struct State {
+    cfg: Config,
+    managed: Managed,
+}
+
+/// Run-time creation of disks, pools and LUNs.
+pub struct Objects {
+    data_dir: PathBuf,
+    state: parking_lot::Mutex<State>,
+    /// Serialises creations and deletions.
+    op: tokio::sync::Mutex<()>,
+    targets: HashMap<String, Arc<scsi::ScsiTarget>>,
+}
+
+/// `POST /api/v1/luns`: a LUN of `target`, described as in the config file.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct LunRequest {
+    target: String,
+    lun: LunConfig,
+}
+
+/// `POST /api/v1/luns/delete`.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct LunRef {
+    target: String,
+    lun: u64,
+}
+
+fn bad(e: impl std::fmt::Display) -> ApiError {
+    ApiError::BadRequest(e.to_string())
+}
+
+fn conflict(e: anyhow::Error) -> ApiError {
+    ApiError::Conflict(format!("{e:#}"))
+}
+
+fn parse<T: serde::de::DeserializeOwned>(body: Value) -> Result<T, ApiError> {
+    serde_json::from_value(body).map_err(bad)
+}
+
+impl Objects {
+    /// Run-time objects of a node started with `cfg` (the config file merged with
+    /// `managed.toml`) serving `targets`.
+    pub fn new(
+        cfg: &Config,
+        targets: HashMap<String, Arc<scsi::ScsiTarget>>,
+    ) -> anyhow::Result<Objects> {
+        Ok(Objects {
+            data_dir: cfg.data_dir.clone(),
+            state: parking_lot::Mutex::new(State {
+                cfg: cfg.clone(),
+                managed: Managed::load(&cfg.data_dir)?,
+            }),
+            op: tokio::sync::Mutex::new(()),
+            targets,
+        })
+    }
+
+    fn target(&self, iqn: &str) -> Result<Arc<scsi::ScsiTarget>, ApiError> {
+        self.targets
+            .get(iqn)
+            .cloned()
+            .ok_or_else(|| ApiError::NotFound(format!("no target named {iqn}")))
+    }
+
+    /// Checks `next` as a whole configuration, as the next start will.
+    fn check(next: &Config) -> Result<(), ApiError> {
+        next.validate().map_err(|e| bad(format!("{e:#}")))
+    }
+
+    /// The running configuration and the run-time objects (copies).
+    fn snapshot(&self) -> (Config, Managed) {
+        let st = self.state.lock();
+        (st.cfg.clone(), st.managed.clone())
+    }
+
+    /// Records the new state in `managed.toml` and makes it the running one.
+    fn commit(&self, cfg: Config, managed: Managed) -> Result<(), ApiError> {
+        managed
+            .save(&self.data_dir)
+            .map_err(|e| ApiError::Internal(format!("{e:#}")))?;
+        *self.state.lock() = State { cfg, managed };
+        Ok(())
+    }
+
+    /// Creates a disk (a file, by default in `DATA_DIR/disks`, or a simulated
+    /// disk); it joins the free disks.
+    pub async fn create_disk(&self, pools: &Pools, body: Value) -> Result<Value, ApiError> {
+        let mut d: DiskConfig = parse(body)?;
+        if d.path.is_none() && d.sim.is_none() {
+            if d.size.is_none() {
+                return Err(bad(format!(
+                    "disk {}: give a size for a new file, or a path",
+                    d.name
+                )));
+            }
+            d.path = Some(self.data_dir.join("disks").join(format!("{}.img", d.name)));
+        }
+        let _op = self.op.lock().await;
+        let (mut cfg, mut managed) = self.snapshot();
+        cfg.disks.push(d.clone());
+        Self::check(&cfg)?;
+        pools.add_disk(&cfg, &d).map_err(conflict)?;
+        managed.disks.push(d.clone());
+        self.commit(cfg, managed)?;
+        tracing::info!(disk = %d.name, "disk created");
+        Ok(json!({ "name": d.name, "free_disks": pools.free_disk_names() }))
+    }
+
+    /// Creates a pool on free blank disks; usable at once.
+    pub async fn create_pool(&self, pools: &Pools, body: Value) -> Result<Value, ApiError> {
+        let p: PoolConfig = parse(body)?;
+        if p.force_assemble {
+            return Err(bad("force_assemble is for assembling, not creating"));
+        }
+        let _op = self.op.lock().await;
+        let (mut cfg, mut managed) = self.snapshot();
+        cfg.pools.push(p.clone());
+        Self::check(&cfg)?;
+        pools.create_pool(&p).await.map_err(conflict)?;
+        managed.pools.push(p.clone());
+        self.commit(cfg, managed)?;
+        tracing::info!(pool = %p.name, level = %p.level, "pool created");
+        pools
+            .status(&p.name)
+            .ok_or_else(|| ApiError::Internal("pool vanished".into()))
+    }
+
+    /// Adds a LUN to a configured target while it serves; a replicated one starts
+    /// replicating with the partner node (create it on both nodes).
+    pub async fn create_lun(
+        &self,
+        pools: &Pools,
+        cluster: Option<&Cluster>,
+        body: Value,
+    ) -> Result<Value, ApiError> {
+        let LunRequest { target, mut lun } = parse(body)?;
+        let scsi_target = self.target(&target)?;
+        let _op = self.op.lock().await;
+        let (mut cfg, mut managed) = self.snapshot();
+        let id = lun.id.unwrap_or_else(|| {
+            (0..)
+                .find(|i| !scsi_target.lun_ids().contains(i))
+                .unwrap_or(0)
+        });
+        lun.id = Some(id);
+        if scsi_target.lun_ids().contains(&id) {
+            return Err(ApiError::Conflict(format!(
+                "target {target} has a LUN {id} already"
+            )));
+        }
+        match cfg.targets.iter_mut().find(|t| t.iqn == target) {
+            Some(t) => t.luns.push(lun.clone()),
+            None => return Err(ApiError::NotFound(format!("no target named {target}"))),
+        }
+        Self::check(&cfg)?;
+        let built = crate::serve::open_lun(&self.data_dir, pools, cluster, &target, &lun, id)
+            .map_err(|e| {
+                if let Some(d) = &lun.disk {
+                    pools.release_lun_disk(d);
+                }
+                conflict(e)
+            })?;
+        let pr = built.replicated.as_ref().map(|r| {
+            crate::ha_scsi::PrLink::new(id, r.clone(), &scsi_target) as Arc<dyn scsi::PrReplication>
+        });
+        let size_bytes = built.volume.geometry().size_bytes();
+        if let Err(e) = scsi_target.add_lun(id, built.scsi, built.volume, pr) {
+            if let (Some(r), Some(c)) = (&built.replicated, cluster) {
+                c.forget(r.name()).await;
+            }
+            if let Some(d) = &lun.disk {
+                pools.release_lun_disk(d);
+            }
+            return Err(ApiError::Conflict(e.to_string()));
+        }
+        if let (Some(r), Some(c)) = (&built.replicated, cluster) {
+            c.drive_alua(&scsi_target, id, r.clone());
+        }
+        managed.add_lun(&target, lun);
+        self.commit(cfg, managed)?;
+        tracing::info!(%target, lun = id, backing = %built.backing, "LUN created");
+        Ok(json!({
+            "target": target,
+            "lun": id,
+            "backing": built.backing,
+            "size_bytes": size_bytes,
+            "replicated": built.replicated.is_some(),
+        }))
+    }
+
+    /// Deletes a LUN created at run time (those of the config file are removed
+    /// there): initiators see it go (REPORTED LUNS DATA HAS CHANGED), its data is
+    /// flushed and left on its backing, a disk it served becomes free, and its
+    /// identity and reservations are forgotten (a new LUN with its number is a new
+    /// device). A replicated LUN stops replicating on this node.
+    pub async fn delete_lun(
+        &self,
+        pools: &Pools,
+        cluster: Option<&Cluster>,
+        body: Value,
+    ) -> Result<Value, ApiError> {
+        let LunRef { target, lun: id } = parse(body)?;
+        let scsi_target = self.target(&target)?;
+        let _op = self.op.lock().await;
+        let (mut cfg, mut managed) = self.snapshot();
+        if !managed.has_lun(&target, id) {
+            return Err(if scsi_target.lun_ids().contains(&id) {
+                ApiError::Conflict(format!(
+                    "LUN {id} of {target} is in the config file: remove it there"
+                ))
+            } else {
+                ApiError::NotFound(format!("target {target} has no LUN {id}"))
+            });
+        }
+        let lun = cfg
+            .targets
+            .iter()
+            .find(|t| t.iqn == target)
+            .and_then(|t| t.luns.iter().find(|l| l.id == Some(id)))
+            .cloned();
+        scsi_target.remove_lun(id).await;
+        if let (Some(l), Some(c)) = (&lun, cluster) {
+            if l.replicated {
+                let name = c.volume_name(&target, id);
+                c.forget(&name).await;
+                let _ = std::fs::remove_dir_all(c.state_dir(&name));
+            }
+        }
+        if let Some(d) = lun.as_ref().and_then(|l| l.disk.as_ref()) {
+            pools.release_lun_disk(d);
+        }
+        let tdir = crate::identity::target_dir(&self.data_dir, &target);
+        for f in [format!("lun{id}.identity.json"), format!("lun{id}.pr.json")] {
+            let _ = std::fs::remove_file(tdir.join(f));
+        }
+        for t in &mut cfg.targets {
+            if t.iqn == target {
+                t.luns.retain(|l| l.id != Some(id));
+            }
+        }
+        managed.remove_lun(&target, id);
+        self.commit(cfg, managed)?;
+        tracing::info!(%target, lun = id, "LUN deleted");
+        Ok(json!({ "target": target, "lun": id, "deleted": true }))
+    }
+
+    /// Every LUN the node serves now: target, number, size, whether it was
+    /// created at run time.
+    pub fn luns_now(&self) -> Vec<Value> {
+        let st = self.state.lock();
+        let mut out = Vec::new();
+        for t in &st.cfg.targets {
+            let Some(scsi_target) = self.targets.get(&t.iqn) else {
+                continue;
+            };
+            for id in scsi_target.lun_ids() {
+                let l = t
+                    .luns
+                    .iter()
+                    .enumerate()
+                    .find(|(i, l)| l.id.unwrap_or(*i as u64) == id)
+                    .map(|(_, l)| l);
+                out.push(json!({
+                    "target": t.iqn,
+                    "lun": id,
+                    "size_bytes": scsi_target.lun_size_bytes(id),
+                    "backing": l.map(describe),
+                    "replicated": l.is_some_and(|l| l.replicated),
+                    "created_at_run_time": st.managed.has_lun(&t.iqn, id),
+                }));
+            }
+        }
+        out
+    }
+
+    /// Every disk of the running configuration and whether it is free.
+    pub async fn disks(&self, pools: &Pools) -> Vec<Value> {
+        let st = self.snapshot();
+        let free = pools.free_disk_names();
+        st.0.disks
+            .iter()
+            .map(|d| {
+                json!({
+                    "name": d.name,
+                    "size": d.size,
+                    "simulated": d.sim.as_ref().map(|s| match s.model {
+                        disk::sim::SimModelConfig::Hdd(_) => "hdd",
+                        disk::sim::SimModelConfig::Ssd(_) => "ssd",
+                    }),
+                    "free": free.contains(&d.name),
+                    "created_at_run_time": st.1.disks.iter().any(|m| m.name == d.name),
+                })
+            })
+            .collect()
+    }
+}
+
+/// What backs a LUN, as the config names it.
+fn describe(l: &LunConfig) -> String {
+    if let Some(p) = &l.pool {
+        format!("pool {p}")
+    } else if let Some(c) = &l.cache {
+        format!("cache {c}")
+    } else if let Some(d) = &l.disk {
+        format!("disk {d}")
+    } else if let Some(p) = &l.path {
+        p.display().to_string()
+    } else {
+        String::new()
+    }
+}

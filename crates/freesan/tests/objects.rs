@@ -1,0 +1,178 @@
+//! Disks, pools and LUNs created through the CLI while the node serves: they serve
+//! at once, survive a restart (DATA_DIR/managed.toml), refuse what the config
+//! would refuse, and a LUN created at run time can be deleted again.
+
+mod common;
+use common::*;
+use std::path::Path;
+
+fn config(dir: &Path) -> std::path::PathBuf {
+    let s = format!(
+        "data_dir = \"{d}/data\"\n[api]\naddress = \"127.0.0.1:0\"\n[[portal]]\naddress = \"127.0.0.1:0\"\n\
+         [[target]]\niqn = \"{IQN}\"\n[[target.lun]]\npath = \"{d}/lun0.img\"\nsize = \"16M\"\n",
+        d = dir.display()
+    );
+    let path = dir.join("node.toml");
+    std::fs::write(&path, s).unwrap();
+    path
+}
+
+fn cli(api: &str, args: &[&str]) -> (bool, String) {
+    let mut all = vec![args[0], "--api", api];
+    all.extend_from_slice(&args[1..]);
+    freesan(&all)
+}
+
+fn ok(api: &str, args: &[&str]) -> String {
+    let (ok, out) = cli(api, args);
+    assert!(ok, "freesan {args:?} failed: {out}");
+    out
+}
+
+fn refused(api: &str, args: &[&str], why: &str) {
+    let (ok, out) = cli(api, args);
+    assert!(!ok, "freesan {args:?} was accepted: {out}");
+    assert!(
+        out.contains(why),
+        "freesan {args:?}: expected {why:?} in {out}"
+    );
+}
+
+fn luns(api: &str) -> Vec<serde_json::Value> {
+    let out = ok(api, &["lun", "list", "--json"]);
+    serde_json::from_str::<Vec<serde_json::Value>>(&out).expect("lun list JSON")
+}
+
+#[test]
+fn disks_pools_and_luns_created_at_run_time_serve_and_survive_a_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = config(dir.path());
+    let mut node = start_config(dir.path(), &cfg);
+    let api = node.api.clone().expect("no API address in the banner");
+
+    for d in ["d0", "d1", "d2", "d3"] {
+        ok(&api, &["disk", "create", d, "--size", "64M"]);
+    }
+    refused(
+        &api,
+        &["disk", "create", "d0", "--size", "64M"],
+        "configured twice",
+    );
+    let out = ok(&api, &["disk", "list"]);
+    assert_eq!(out.matches(" free").count(), 4, "{out}");
+    ok(
+        &api,
+        &[
+            "pool", "create", "p", "--level", "raid5", "--member", "d0,d1,d2", "--chunk", "16K",
+        ],
+    );
+    // a disk in a pool is not free for another
+    refused(
+        &api,
+        &[
+            "pool", "create", "q", "--level", "raid1", "--member", "d2,d3",
+        ],
+        "used twice",
+    );
+    refused(
+        &api,
+        &["lun", "create", "--target", IQN, "--pool", "nosuch"],
+        "not configured",
+    );
+    refused(
+        &api,
+        &[
+            "lun",
+            "create",
+            "--target",
+            "iqn.2026-11.org.freesan:nosuch",
+            "--pool",
+            "p",
+        ],
+        "no target named",
+    );
+    let out = ok(&api, &["lun", "create", "--target", IQN, "--pool", "p"]);
+    assert!(
+        out.contains("LUN 1 of"),
+        "the lowest free LUN number: {out}"
+    );
+    let l = luns(&api);
+    assert_eq!(l.len(), 2, "{l:?}");
+    assert_eq!(l[1]["lun"], 1);
+    assert_eq!(l[1]["created_at_run_time"], true);
+    assert_eq!(l[0]["created_at_run_time"], false);
+
+    // the new LUN serves I/O at once: verified writes, then a check of every one
+    let state = dir.path().join("verify.state");
+    let url = node.url(0, 1);
+    let (done, out) = run(
+        env!("CARGO_BIN_EXE_freesan"),
+        &[
+            "bench",
+            "--target",
+            &url,
+            "--single-path",
+            "--bs",
+            "16k",
+            "--rw",
+            "randwrite",
+            "--threads",
+            "2",
+            "--qd",
+            "4",
+            "--secs",
+            "2",
+            "--ramp",
+            "0",
+            "--verify",
+            "--quiet",
+            "--verify-state",
+            state.to_str().unwrap(),
+        ],
+    );
+    assert!(done, "verified writes to the new LUN failed: {out}");
+    assert_acknowledged_writes_intact(&url, &state, "the LUN created at run time");
+
+    // after a restart the disks, the pool and the LUN are back, with the data
+    assert!(node.terminate(), "unclean exit");
+    let mut node = start_config(dir.path(), &cfg);
+    let api = node.api.clone().expect("no API address in the banner");
+    let l = luns(&api);
+    assert_eq!(l.len(), 2, "the LUN did not come back: {l:?}");
+    let out = ok(&api, &["pool", "status", "p"]);
+    assert!(out.contains("raid5"), "{out}");
+    assert_acknowledged_writes_intact(&node.url(0, 1), &state, "the LUN after a restart");
+
+    let listed = |portal: &str| {
+        let (done, out) = run("iscsi-ls", &["-s", &format!("iscsi://{portal}")]);
+        assert!(done, "{out}");
+        out
+    };
+    let tools = have("iscsi-ls");
+    if tools {
+        let out = listed(&node.portals[0]);
+        assert!(out.contains("Lun:1"), "LUN 1 not listed: {out}");
+    }
+    // LUNs of the config file are deleted there; run-time ones here
+    refused(
+        &api,
+        &["lun", "delete", "--target", IQN, "--lun", "0"],
+        "config file",
+    );
+    refused(
+        &api,
+        &["lun", "delete", "--target", IQN, "--lun", "7"],
+        "no LUN 7",
+    );
+    ok(&api, &["lun", "delete", "--target", IQN, "--lun", "1"]);
+    assert_eq!(luns(&api).len(), 1);
+    if tools {
+        let out = listed(&node.portals[0]);
+        assert!(!out.contains("Lun:1"), "LUN 1 still listed: {out}");
+    }
+    assert!(node.terminate(), "unclean exit");
+    let node = start_config(dir.path(), &cfg);
+    let api = node.api.clone().expect("no API address in the banner");
+    assert_eq!(luns(&api).len(), 1, "a deleted LUN came back");
+    ok(&api, &["pool", "status", "p"]);
+}
