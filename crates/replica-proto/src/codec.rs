@@ -19,6 +19,7 @@
 //! 0x09  Done             id u64, result
 //! 0x0a  ScsiRequest      id u64, data blob
 //! 0x0b  ScsiReply        id u64, data blob
+//! 0x0c  Detach           reason str
 //! 0x10  Ping             seq u64
 //! 0x11  Pong             seq u64
 //! 0x20  WitnessClaim     cluster str, node_id u8
@@ -67,6 +68,7 @@ mod kind {
     pub const DONE: u16 = 0x09;
     pub const SCSI_REQUEST: u16 = 0x0a;
     pub const SCSI_REPLY: u16 = 0x0b;
+    pub const DETACH: u16 = 0x0c;
     pub const PING: u16 = 0x10;
     pub const PONG: u16 = 0x11;
     pub const WITNESS_CLAIM: u16 = 0x20;
@@ -181,6 +183,7 @@ fn is_known_kind(k: u16) -> bool {
             | kind::DONE
             | kind::SCSI_REQUEST
             | kind::SCSI_REPLY
+            | kind::DETACH
             | kind::PING
             | kind::PONG
             | kind::WITNESS_CLAIM
@@ -278,6 +281,10 @@ fn put_body(msg: &Message, out: &mut BytesMut) -> u16 {
             out.put_u64(*id);
             put_blob(out, data);
             kind::SCSI_REPLY
+        }
+        Message::Detach { reason } => {
+            put_str(out, reason);
+            kind::DETACH
         }
         Message::Ping { seq } => {
             out.put_u64(*seq);
@@ -530,6 +537,7 @@ fn kind_name(k: u16) -> &'static str {
         kind::DONE => "Done",
         kind::SCSI_REQUEST => "ScsiRequest",
         kind::SCSI_REPLY => "ScsiReply",
+        kind::DETACH => "Detach",
         kind::PING => "Ping",
         kind::PONG => "Pong",
         kind::WITNESS_CLAIM => "WitnessClaim",
@@ -593,6 +601,9 @@ fn parse_body(k: u16, body: Bytes) -> Result<Message, ProtoError> {
         kind::SCSI_REPLY => Message::ScsiReply {
             id: r.u64()?,
             data: r.blob()?,
+        },
+        kind::DETACH => Message::Detach {
+            reason: r.string()?,
         },
         kind::PING => Message::Ping { seq: r.u64()? },
         kind::PONG => Message::Pong { seq: r.u64()? },

@@ -260,6 +260,14 @@ pub enum Message {
         /// Opaque answer.
         data: Bytes,
     },
+    /// The sender's copy failed (an I/O error on its disk): it has marked the
+    /// copy inconsistent (it will never serve it or resync from it until the
+    /// partner has repaired it), stopped serving, and is closing the link; the
+    /// receiver may go on alone at once, with no tie to break.
+    Detach {
+        /// What failed, for the log.
+        reason: String,
+    },
     /// Heartbeat request; answered with [`Message::Pong`] carrying the same `seq`.
     Ping {
         /// Sequence number.

@@ -99,6 +99,8 @@ pub(crate) struct Link {
     next_id: AtomicU64,
     hb: Mutex<Heartbeat>,
     closed_tx: watch::Sender<bool>,
+    /// Why the partner detached its copy, if it said so before the link closed.
+    detached: Mutex<Option<String>>,
     /// The partner's address (for status and logs).
     pub peer: String,
     peer_timeout: Duration,
@@ -138,6 +140,7 @@ impl Link {
                 last_ping_recv: now,
             }),
             closed_tx,
+            detached: Mutex::new(None),
             peer,
             peer_timeout,
         });
@@ -145,6 +148,12 @@ impl Link {
         tokio::spawn(writer(link.clone(), wr, out_rx));
         tokio::spawn(heartbeat(link.clone(), heartbeat_interval));
         link
+    }
+
+    /// Why the partner detached its copy (a [`Message::Detach`] came before the
+    /// link closed); then this node may go on alone without a tie-break.
+    pub fn partner_detached(&self) -> Option<String> {
+        self.detached.lock().clone()
     }
 
     /// Sends a request built from a fresh id and waits for its answer. A partner
@@ -272,6 +281,11 @@ async fn reader(
                 if let Some(tx) = link.pending.lock().waiting.remove(&id) {
                     let _ = tx.send(Answer::Scsi(data));
                 }
+            }
+            Message::Detach { reason } => {
+                // recorded before the link closes, so whoever sees it closed knows
+                *link.detached.lock() = Some(reason.clone());
+                break format!("the partner detached its failed copy: {reason}");
             }
             Message::Ping { seq } => {
                 link.hb.lock().last_ping_recv = now;

@@ -24,6 +24,8 @@ const RESYNC_COPY_BYTES_MAX: u64 = 1 << 20;
 const RESYNC_IN_FLIGHT_MAX: usize = 4;
 /// Pause between connection attempts.
 const RECONNECT_PAUSE: Duration = Duration::from_millis(300);
+/// Longest pause between attempts to resync a copy whose disk keeps failing.
+const FAILING_RETRY_MAX: Duration = Duration::from_secs(10);
 /// Cleaning period of the write-intent bitmap.
 const CLEAN_PERIOD: Duration = Duration::from_secs(1);
 
@@ -59,6 +61,8 @@ async fn manage(inner: &Arc<Inner>, mut conns: mpsc::Receiver<(Framed, Message)>
     // the partner answered but the copies cannot be joined (split brain...):
     // never go on alone automatically then, an operator must choose
     let mut unjoinable = false;
+    // sessions in a row in which this node's copy failed again (back off)
+    let mut failing = 0u32;
     loop {
         if *inner.stop_tx.borrow() {
             return;
@@ -98,7 +102,18 @@ async fn manage(inner: &Arc<Inner>, mut conns: mpsc::Receiver<(Framed, Message)>
             match handshake(inner, f, hello).await {
                 Ok((f, p, peer_meta, peer_bits)) => {
                     unjoinable = false;
+                    let detaches = inner.detaches.load(Ordering::Acquire);
                     let link = session(inner, f, p, peer_meta, peer_bits).await;
+                    if inner.detaches.load(Ordering::Acquire) != detaches {
+                        // the disk failed again: retry less and less often, up to
+                        // every FAILING_RETRY_MAX, until it works (or is replaced)
+                        failing = (failing + 1).min(8);
+                        let pause = (RECONNECT_PAUSE * (1 << failing)).min(FAILING_RETRY_MAX);
+                        tracing::warn!(volume = %inner.cfg.name, ?pause, "this copy failed again; retrying later");
+                        tokio::time::sleep(pause).await;
+                    } else {
+                        failing = 0;
+                    }
                     peer_seen = link.last_ping_recv();
                     // the link in use failed: dial the next sync link first
                     next_peer += 1;
@@ -111,6 +126,13 @@ async fn manage(inner: &Arc<Inner>, mut conns: mpsc::Receiver<(Framed, Message)>
                         );
                     }
                     last_decide = None;
+                    if let Some(why) = link.partner_detached() {
+                        // the partner's copy failed and it stopped serving: no
+                        // tie to break, no lease to wait out
+                        tracing::warn!(volume = %inner.cfg.name, %why, "the partner detached its copy");
+                        decide(inner, peer_seen, true).await;
+                        last_decide = Some(Instant::now());
+                    }
                     continue;
                 }
                 Err(e) => {
@@ -139,7 +161,7 @@ async fn manage(inner: &Arc<Inner>, mut conns: mpsc::Receiver<(Framed, Message)>
             Some(t) => t.elapsed() >= Duration::from_secs(2),
         };
         if matches!(role, Role::Deciding | Role::Down) && due && !unjoinable {
-            decide(inner, peer_seen).await;
+            decide(inner, peer_seen, false).await;
             last_decide = Some(Instant::now());
         }
     }
@@ -147,7 +169,10 @@ async fn manage(inner: &Arc<Inner>, mut conns: mpsc::Receiver<(Framed, Message)>
 
 /// After losing the partner: goes on alone if the witness (or, without one, the
 /// preference) says so, once the partner's lease has run out; otherwise stops.
-async fn decide(inner: &Arc<Inner>, peer_last_ping: Instant) {
+/// A partner that `detached` its failed copy has stopped serving and can never
+/// be a resync source: this node goes on alone at once (it still claims the
+/// witness's grant, so the witness knows who holds the data).
+async fn decide(inner: &Arc<Inner>, peer_last_ping: Instant, detached: bool) {
     let meta = *inner.meta.lock();
     if !meta.consistent {
         inner.set_role(
@@ -185,13 +210,21 @@ async fn decide(inner: &Arc<Inner>, peer_last_ping: Instant) {
         None if inner.cfg.preferred_node == me => Ok(()),
         None => Err("partner unreachable and this is not the preferred node (no witness)".into()),
     };
-    if let Err(why) = granted {
-        inner.set_role(Role::Down, None, false, why);
-        return;
+    match granted {
+        Err(why) if !detached => {
+            inner.set_role(Role::Down, None, false, why);
+            return;
+        }
+        Err(why) => {
+            tracing::warn!(volume = %inner.cfg.name, %why, "going on alone anyway: the partner's copy failed");
+        }
+        Ok(()) => {}
     }
-    // the partner's lease on serving ends at most one timeout after its last ping
-    let lease_end = peer_last_ping + Duration::from_millis(inner.cfg.peer_timeout_ms);
-    tokio::time::sleep_until(lease_end.into()).await;
+    if !detached {
+        // the partner's lease on serving ends at most one timeout after its last ping
+        let lease_end = peer_last_ping + Duration::from_millis(inner.cfg.peer_timeout_ms);
+        tokio::time::sleep_until(lease_end.into()).await;
+    }
     if !meta.solo() {
         let mut fresh = 0u64;
         while fresh == 0 || fresh == meta.current {
@@ -215,7 +248,11 @@ async fn decide(inner: &Arc<Inner>, peer_last_ping: Instant) {
         Role::Solo,
         None,
         false,
-        "partner lost: serving alone, tracking changes".into(),
+        if detached {
+            "the partner's copy failed: serving alone, tracking changes".into()
+        } else {
+            "partner lost: serving alone, tracking changes".into()
+        },
     );
 }
 

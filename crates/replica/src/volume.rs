@@ -197,6 +197,9 @@ pub(crate) struct Inner {
     pub(crate) role_tx: watch::Sender<RoleState>,
     pub(crate) forwards: Mutex<HashMap<u64, InFlightForward>>,
     pub(crate) solo_writes: AtomicUsize,
+    /// Times this node's copy was detached after a failure (the connection
+    /// manager backs off while the disk keeps failing).
+    pub(crate) detaches: AtomicU64,
     pub(crate) solo_drained: Notify,
     pub(crate) resync_total: AtomicU64,
     pub(crate) resync_done: AtomicU64,
@@ -229,6 +232,17 @@ impl ConnectionSink {
     pub(crate) async fn deliver(&self, f: Framed, hello: Message) {
         let _ = self.tx.send((f, hello)).await;
     }
+}
+
+/// Whether `e` says the copy itself failed (the disk below), not the request.
+fn copy_failed(e: &BlockError) -> bool {
+    matches!(
+        e,
+        BlockError::Medium { .. }
+            | BlockError::WriteFault { .. }
+            | BlockError::Io(_)
+            | BlockError::Unavailable(_)
+    )
 }
 
 fn err_of(e: &BlockError) -> OpResult {
@@ -340,6 +354,50 @@ impl Inner {
         self.meta_file.store(&m)?;
         *self.meta.lock() = m;
         Ok(())
+    }
+
+    /// This node's copy failed under a write (`why`) that the partner holds: the
+    /// copy is marked inconsistent (persistently, so it never serves or feeds a
+    /// resync until the partner has repaired it), the node stops serving the
+    /// volume, and the partner is told ([`Message::Detach`]) so it goes on alone
+    /// at once, without a tie-break. The region stays marked in this node's
+    /// bitmap (pinned by the caller). False when the copy could not be marked:
+    /// then the write must fail instead.
+    pub(crate) async fn detach(&self, why: String) -> bool {
+        {
+            let _one = self.meta_write.lock().await;
+            let mut m = *self.meta.lock();
+            if m.consistent {
+                m.consistent = false;
+                if let Err(e) = self.store_meta(m) {
+                    tracing::error!(volume = %self.cfg.name, "cannot mark the failed copy inconsistent: {e}");
+                    return false;
+                }
+            }
+        }
+        let _ = self.bitmap.persist().await;
+        self.detaches.fetch_add(1, Ordering::AcqRel);
+        let st = self.role();
+        if st.role != Role::Down {
+            tracing::error!(volume = %self.cfg.name, %why, "local copy failed: detached, the partner serves alone");
+        }
+        self.set_role(
+            Role::Down,
+            None,
+            false,
+            format!("local copy failed ({why}): detached; the partner serves alone and resyncs this copy once it works again"),
+        );
+        if let Some(l) = st.link {
+            // the partner closes the link when it reads this; if it does not
+            // within a timeout, this side does
+            let _ = l.send(Message::Detach { reason: why }).await;
+            let timeout = Duration::from_millis(self.cfg.peer_timeout_ms);
+            tokio::spawn(async move {
+                let _ = tokio::time::timeout(timeout, l.closed()).await;
+                l.close("detached");
+            });
+        }
+        true
     }
 
     /// Waits until this node may serve I/O, or fails with NOT READY.
@@ -571,6 +629,10 @@ impl Inner {
         match (lr, rr) {
             (Err(e), Ok(Some(OpResult::Ok))) => {
                 self.bitmap.pin(lba, blocks);
+                if copy_failed(&e) && self.detach(format!("{e} at lba {lba}")).await {
+                    // the partner holds the write and goes on alone
+                    return Ok(Ok(None));
+                }
                 tracing::error!(volume = %self.cfg.name, lba, "local write failed, partner's succeeded: region kept dirty");
                 Ok(Err(e))
             }
@@ -649,7 +711,10 @@ impl Inner {
             }
         }
         let (id, result) = match msg {
-            Message::Apply { id, op } => (id, self.handle_apply(&op).await),
+            Message::Apply { id, op } => match self.handle_apply(&op).await {
+                Some(r) => (id, r),
+                None => return,
+            },
             Message::ApplyForwarded { id, forward_id } => {
                 let op = self.forwards.lock().get(&forward_id).map(|f| f.op.clone());
                 let r = match op {
@@ -660,7 +725,13 @@ impl Inner {
                                 f.applied = true;
                             }
                         }
-                        r.map_or_else(|e| err_of(&e), |()| OpResult::Ok)
+                        match r {
+                            Ok(()) => OpResult::Ok,
+                            Err(e) => match self.detach_on(&op, &e).await {
+                                true => return,
+                                false => err_of(&e),
+                            },
+                        }
                     }
                     None => OpResult::Error {
                         code: error_codes::UNAVAILABLE,
@@ -691,15 +762,28 @@ impl Inner {
             }
             Message::ResyncData { id, lba, data } => {
                 let r = self.local.write(lba, data.clone(), false).await;
-                if r.is_ok() {
-                    let bs = self.geo.block_size_bytes as u64;
-                    let rb = self.bitmap.region_blocks();
-                    let end = lba + data.len() as u64 / bs;
-                    for reg in lba / rb..end.div_ceil(rb) {
-                        self.bitmap.clear_region(reg);
+                match r {
+                    Ok(()) => {
+                        let bs = self.geo.block_size_bytes as u64;
+                        let rb = self.bitmap.region_blocks();
+                        let end = lba + data.len() as u64 / bs;
+                        for reg in lba / rb..end.div_ceil(rb) {
+                            self.bitmap.clear_region(reg);
+                        }
+                        (id, OpResult::Ok)
+                    }
+                    Err(e) => {
+                        let op = Op::Write {
+                            lba,
+                            fua: false,
+                            data,
+                        };
+                        if self.detach_on(&op, &e).await {
+                            return;
+                        }
+                        (id, err_of(&e))
                     }
                 }
-                (id, r.map_or_else(|e| err_of(&e), |()| OpResult::Ok))
             }
             Message::ResyncDone { id, gens } => (id, self.finish_as_target(&link, gens).await),
             Message::ScsiRequest { id, data } => {
@@ -720,18 +804,36 @@ impl Inner {
         let _ = link.send(Message::Done { id, result }).await;
     }
 
-    async fn handle_apply(&self, op: &Op) -> OpResult {
+    /// Applies the leader's op; None when this node's copy failed under it and
+    /// was detached (the partner learns it from [`Message::Detach`]; no answer).
+    async fn handle_apply(&self, op: &Op) -> Option<OpResult> {
         let st = self.role();
         if !matches!(st.role, Role::Follower | Role::Target) {
-            return OpResult::Error {
+            return Some(OpResult::Error {
                 code: error_codes::UNAVAILABLE,
                 lba: 0,
-            };
+            });
         }
         match self.local_apply(op).await {
-            Ok(()) => OpResult::Ok,
-            Err(e) => err_of(&e),
+            Ok(()) => Some(OpResult::Ok),
+            Err(e) if self.detach_on(op, &e).await => None,
+            Err(e) => Some(err_of(&e)),
         }
+    }
+
+    /// The partner's write `op` failed here with `e`: if the copy failed (not a
+    /// request error), the region is pinned and the copy detached. True if so.
+    async fn detach_on(&self, op: &Op, e: &BlockError) -> bool {
+        if !copy_failed(e) {
+            return false;
+        }
+        let bs = self.geo.block_size_bytes as u64;
+        let at = span(op, bs);
+        if let Some((lba, blocks)) = at {
+            self.bitmap.pin(lba, blocks);
+        }
+        let lba = at.map_or(0, |(l, _)| l);
+        self.detach(format!("{e} at lba {lba}")).await
     }
 
     async fn finish_as_target(
@@ -794,6 +896,7 @@ impl ReplicatedVolume {
             role_tx,
             forwards: Mutex::new(HashMap::new()),
             solo_writes: AtomicUsize::new(0),
+            detaches: AtomicU64::new(0),
             solo_drained: Notify::new(),
             resync_total: AtomicU64::new(0),
             resync_done: AtomicU64::new(0),

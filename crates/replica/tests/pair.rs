@@ -370,3 +370,91 @@ async fn split_brain_is_refused_until_one_copy_is_discarded() {
     assert_eq!(n1.read(8, 1).await.unwrap(), Bytes::from(vec![2u8; 512]));
     assert_eq!(n1.read(0, 1).await.unwrap(), Bytes::from(vec![0u8; 512]));
 }
+
+/// The leader's (and preferred node's) disk dies under load,
+/// with no witness: its copy is detached, the follower goes on alone at once
+/// (no tie to break: the failed copy is marked inconsistent and never serves),
+/// no write fails after a retry on the other node (what multipath does), every
+/// block reads back its last acknowledged value, and once the disk works again
+/// the failed copy is resynchronised from the survivor.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_failing_copy_is_detached_and_the_partner_goes_on_without_a_failed_write() {
+    let d = tempfile::tempdir().unwrap();
+    let m1: VolumeRef = Arc::new(MemVolume::new(512, BLOCKS));
+    let m2: VolumeRef = Arc::new(MemVolume::new(512, BLOCKS));
+    let f1 = Arc::new(block::FaultVolume::new(m1.clone()));
+    let (n2, addr2) = node2(d.path(), 1, m2.clone(), None).await;
+    let n1 = node1(d.path(), 1, f1.clone() as VolumeRef, addr2, None).await;
+    both_in_sync(&n1, &n2).await;
+    assert_eq!(n1.role(), Role::Leader);
+
+    // four writers on disjoint ranges, two starting on each node; a write that
+    // fails on one node is retried on the other
+    const SPAN: u64 = 1024;
+    let quarter = Arc::new(tokio::sync::Notify::new());
+    let writer = |k: u64, first: Arc<ReplicatedVolume>, other: Arc<ReplicatedVolume>| {
+        let quarter = quarter.clone();
+        tokio::spawn(async move {
+            let mut last = vec![0u8; SPAN as usize];
+            let mut rng = rand::rngs::StdRng::seed_from_u64(77 + k);
+            for i in 0..400u32 {
+                let off = rng.gen_range(0..SPAN - 8);
+                let n = rng.gen_range(1..=8u64);
+                let byte = (i % 251) as u8 + 1;
+                let data = Bytes::from(vec![byte; n as usize * 512]);
+                let lba = k * SPAN + off;
+                if first.write(lba, data.clone(), false).await.is_err() {
+                    other.write(lba, data, false).await.unwrap_or_else(|e| {
+                        panic!("writer {k}: a write failed on both nodes: {e}")
+                    });
+                }
+                for b in off..off + n {
+                    last[b as usize] = byte;
+                }
+                if k == 0 && i == 100 {
+                    quarter.notify_one();
+                }
+            }
+            last
+        })
+    };
+    let tasks = vec![
+        writer(0, n1.clone(), n2.clone()),
+        writer(1, n2.clone(), n1.clone()),
+        writer(2, n1.clone(), n2.clone()),
+        writer(3, n2.clone(), n1.clone()),
+    ];
+    // node 1's disk dies while the writers run (a quarter of the way through)
+    quarter.notified().await;
+    f1.plan().lock().dead = true;
+    let mut expected = Vec::new();
+    for t in tasks {
+        expected.push(t.await.unwrap());
+    }
+    // the failed copy serves no more (it may already be retrying as a resync
+    // target, which fails while the disk does)
+    let s1 = n1.status();
+    assert!(
+        matches!(s1.role, Role::Down | Role::Target | Role::Deciding),
+        "the failed copy still serves: {s1:?}"
+    );
+    assert!(!s1.consistent, "the failed copy is not marked inconsistent");
+    let s2 = n2.status();
+    assert!(
+        matches!(s2.role, Role::Solo | Role::Leader) && s2.state != "in-sync",
+        "the partner does not serve alone: {s2:?}"
+    );
+    for (k, last) in expected.iter().enumerate() {
+        let got = n2.read(k as u64 * SPAN, SPAN as u32).await.unwrap();
+        for (b, want) in last.iter().enumerate() {
+            assert!(
+                got[b * 512..(b + 1) * 512].iter().all(|x| x == want),
+                "writer {k}: block {b} lost its last acknowledged write"
+            );
+        }
+    }
+    // the disk works again: the failed copy is filled in from the survivor
+    f1.plan().lock().dead = false;
+    both_in_sync(&n1, &n2).await;
+    same_contents(&m1, &m2).await;
+}

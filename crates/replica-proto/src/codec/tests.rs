@@ -99,6 +99,7 @@ fn message() -> impl Strategy<Value = Message> {
         (any::<u64>(), op_result()).prop_map(|(id, result)| Message::Done { id, result }),
         (any::<u64>(), payload(4096)).prop_map(|(id, data)| Message::ScsiRequest { id, data }),
         (any::<u64>(), payload(4096)).prop_map(|(id, data)| Message::ScsiReply { id, data }),
+        name().prop_map(|reason| Message::Detach { reason }),
         any::<u64>().prop_map(|seq| Message::Ping { seq }),
         any::<u64>().prop_map(|seq| Message::Pong { seq }),
         (name(), any::<u8>())
@@ -155,6 +156,9 @@ fn samples() -> Vec<Message> {
         Message::ScsiReply {
             id: 13,
             data: Bytes::from_static(b"answer"),
+        },
+        Message::Detach {
+            reason: "write fault at lba 7".into(),
         },
         Message::Ping { seq: 1 },
         Message::Pong { seq: u64::MAX },
