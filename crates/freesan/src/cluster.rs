@@ -28,6 +28,7 @@ pub struct Cluster {
     volumes: RwLock<Vec<Arc<ReplicatedVolume>>>,
     sinks: SyncSinks,
     monitor: Mutex<Option<Arc<SyncLinkMonitor>>>,
+    client_monitor: Mutex<Option<Arc<SyncLinkMonitor>>>,
 }
 
 impl Cluster {
@@ -40,6 +41,7 @@ impl Cluster {
             volumes: RwLock::new(Vec::new()),
             sinks: SyncSinks::default(),
             monitor: Mutex::new(None),
+            client_monitor: Mutex::new(None),
         }
     }
 
@@ -89,6 +91,9 @@ impl Cluster {
         if let Some(m) = self.monitor.lock().clone() {
             vol.set_link_monitor(m);
         }
+        if let Some(m) = self.client_monitor.lock().clone() {
+            vol.set_client_link_monitor(m);
+        }
         self.sinks.insert(name, sink);
         self.volumes.write().push(vol.clone());
         Ok(vol)
@@ -118,8 +123,10 @@ impl Cluster {
         v.shutdown().await;
     }
 
-    /// Starts accepting the partner's sync connections.
-    pub async fn listen(&self) -> Result<()> {
+    /// Starts accepting the partner's sync connections, and the heartbeats on
+    /// every sync link and (unless turned off) on the client-facing networks,
+    /// this node's `portals` paired in order with the partner's.
+    pub async fn listen(&self, portals: &[std::net::SocketAddr]) -> Result<()> {
         let l = replica::SyncListener::bind(&self.cfg.sync, self.sinks.clone())
             .await
             .with_context(|| format!("binding the sync addresses {:?}", self.cfg.sync))?;
@@ -139,6 +146,28 @@ impl Cluster {
             v.set_link_monitor(monitor.clone());
         }
         *self.monitor.lock() = Some(monitor);
+        let pairs = portals.len().min(self.cfg.peer_portals.len());
+        if self.cfg.client_heartbeats && pairs > 0 {
+            let interval = std::time::Duration::from_millis(self.cfg.heartbeat_interval_ms);
+            let timeout = std::time::Duration::from_millis(self.cfg.peer_timeout_ms);
+            match SyncLinkMonitor::start(
+                &portals[..pairs],
+                &self.cfg.peer_portals[..pairs],
+                interval,
+                timeout,
+            )
+            .await
+            {
+                Ok(m) => {
+                    for v in self.volumes.read().iter() {
+                        v.set_client_link_monitor(m.clone());
+                    }
+                    *self.client_monitor.lock() = Some(m);
+                }
+                // the sync links still decide; only the status loses detail
+                Err(e) => tracing::warn!("heartbeats on the client networks not started: {e}"),
+            }
+        }
         Ok(())
     }
 

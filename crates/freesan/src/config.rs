@@ -59,7 +59,8 @@ pub struct Config {
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct ClusterConfig {
-    /// Name of the pair (the same on both nodes; the witness keeps one grant per name).
+    /// Name of the pair (the same on both nodes; the witness keeps one grant per
+    /// replicated LUN of it).
     pub name: String,
     /// This node: 1 or 2.
     pub node_id: u8,
@@ -88,6 +89,16 @@ pub struct ClusterConfig {
     /// Bytes tracked by one bit of the dirty bitmap (`64K`).
     #[serde(default)]
     pub region: Option<String>,
+    /// Heartbeats with the partner over the client-facing networks too: UDP on
+    /// this node's portal addresses to `peer_portals` (portal i with portal i),
+    /// shown in `freesan replica status`; a node that stops after losing the sync
+    /// links says whether the partner still answers there.
+    #[serde(default = "default_true")]
+    pub client_heartbeats: bool,
+}
+
+fn default_true() -> bool {
+    true
 }
 
 fn default_preferred() -> u8 {

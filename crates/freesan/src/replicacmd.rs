@@ -94,12 +94,24 @@ fn print_one(r: &Value) {
         s("generation"),
         r["consistent"].as_bool().unwrap_or(false)
     );
-    for l in r["sync_links"].as_array().into_iter().flatten() {
+    let links = r["sync_links"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|l| ("sync link", l))
+        .chain(
+            r["client_links"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .map(|l| ("client net", l)),
+        );
+    for (kind, l) in links {
         let rtt = l["rtt_us"]
             .as_u64()
             .map_or("-".to_string(), |u| format!("{u} us"));
         println!(
-            "  sync link {} -> {}: {} (rtt {rtt})",
+            "  {kind} {} -> {}: {} (rtt {rtt})",
             l["local"].as_str().unwrap_or("-"),
             l["peer"].as_str().unwrap_or("-"),
             if l["up"].as_bool() == Some(true) {

@@ -298,7 +298,8 @@ pub async fn run(cfg: Config) -> Result<()> {
         .map(|c| Arc::new(Cluster::new(c, &cfg.data_dir)));
     let (server_cfg, opened, exports) = build(&cfg, &pools, cluster.as_deref())?;
     if let Some(c) = &cluster {
-        c.listen().await?;
+        let portals: Vec<_> = cfg.portals.iter().map(|p| p.address).collect();
+        c.listen(&portals).await?;
     }
     let targets = server_cfg
         .targets

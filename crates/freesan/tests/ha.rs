@@ -405,6 +405,13 @@ fn kill_under_verified_writes(prefix: &str, victim: u32) {
 fn cutting_the_sync_link_leaves_exactly_one_writer() {
     let Some(ha) = Ha::start("has") else { return };
     ha.wait_in_sync();
+    let client_links_up = |s: &Value| {
+        let l = s["client_links"].as_array().map_or(0, |a| a.len());
+        l == 2 && (0..2).all(|i| s["client_links"][i]["up"] == true)
+    };
+    for k in 1..=2 {
+        ha.wait(k, 10, "heartbeats on both client networks", client_links_up);
+    }
     ha.topo.set_sync_link(1, false);
     // one node goes on alone (it holds the witness grant), the other stops
     let deadline = Instant::now() + Duration::from_secs(20);
@@ -419,6 +426,15 @@ fn cutting_the_sync_link_leaves_exactly_one_writer() {
         assert!(Instant::now() < deadline, "no single survivor: {a} / {b}");
         std::thread::sleep(Duration::from_millis(100));
     };
+    // the stopped node knows the partner is alive: the sync link failed
+    let s = ha.status(down).unwrap();
+    assert!(
+        s["reason"]
+            .as_str()
+            .unwrap()
+            .contains("still answers on the client network"),
+        "{s}"
+    );
     let write = |k: u32| ha.io(k, true, "64k", "write", 1);
     let (ok, out) = write(solo);
     assert!(ok, "the survivor refused writes: {out}");
@@ -584,6 +600,13 @@ fn a_second_sync_link_carries_on_when_the_first_is_cut() {
     assert!(ok, "{out}");
     let [a, b] = ha.checksums();
     assert_eq!(a, b);
+    // a client-facing link cut is seen by both nodes' heartbeats there
+    ha.topo.set_client_link(2, 2, false);
+    for k in 1..=2 {
+        ha.wait(k, 10, "client network 2 down, 1 up", |s| {
+            s["client_links"][0]["up"] == true && s["client_links"][1]["up"] == false
+        });
+    }
 }
 
 #[test]

@@ -212,7 +212,12 @@ async fn decide(inner: &Arc<Inner>, peer_last_ping: Instant, detached: bool) {
     };
     match granted {
         Err(why) if !detached => {
-            inner.set_role(Role::Down, None, false, why);
+            inner.set_role(
+                Role::Down,
+                None,
+                false,
+                why + &partner_seen_elsewhere(inner),
+            );
             return;
         }
         Err(why) => {
@@ -254,6 +259,26 @@ async fn decide(inner: &Arc<Inner>, peer_last_ping: Instant, detached: bool) {
             "partner lost: serving alone, tracking changes".into()
         },
     );
+}
+
+/// What the heartbeats over the client-facing networks say about the partner,
+/// for the reason a node gives when it stops: alive there means the sync links
+/// failed, not the partner.
+fn partner_seen_elsewhere(inner: &Inner) -> String {
+    let Some(m) = inner.client_monitor.read().clone() else {
+        return String::new();
+    };
+    let links = m.links();
+    if links.is_empty() {
+        return String::new();
+    }
+    match links.iter().find(|l| l.up) {
+        Some(l) => format!(
+            "; the partner still answers on the client network ({}): the sync links failed, not the partner",
+            l.peer
+        ),
+        None => "; the partner is silent on the client networks too".into(),
+    }
 }
 
 type Handshake = (Framed, Plan, Meta, Vec<u8>);

@@ -168,6 +168,9 @@ pub struct ReplicaStatus {
     pub peer_paths: PathState,
     /// Every sync link's heartbeat state (empty when not monitored).
     pub sync_links: Vec<crate::monitor::SyncLinkState>,
+    /// Heartbeats with the partner over the client-facing networks (its portals),
+    /// apart from the sync links: tells a failed sync link from a failed partner.
+    pub client_links: Vec<crate::monitor::SyncLinkState>,
 }
 
 /// The SCSI layer's side of the pair's link (persistent reservations): opaque
@@ -214,6 +217,8 @@ pub(crate) struct Inner {
     pub(crate) scsi_peer: parking_lot::RwLock<Option<Arc<dyn ScsiPeer>>>,
     /// Heartbeats on every sync link (node-wide), when running.
     pub(crate) monitor: parking_lot::RwLock<Option<Arc<crate::monitor::SyncLinkMonitor>>>,
+    /// Heartbeats over the client-facing networks, if monitored.
+    pub(crate) client_monitor: parking_lot::RwLock<Option<Arc<crate::monitor::SyncLinkMonitor>>>,
     pub(crate) ports_tx: watch::Sender<PortStates>,
 }
 
@@ -906,6 +911,7 @@ impl ReplicatedVolume {
             meta_write: tokio::sync::Mutex::new(()),
             scsi_peer: parking_lot::RwLock::new(None),
             monitor: parking_lot::RwLock::new(None),
+            client_monitor: parking_lot::RwLock::new(None),
             ports_tx,
         });
         let (tx, rx) = mpsc::channel(4);
@@ -976,8 +982,14 @@ impl ReplicatedVolume {
         }
     }
 
-    /// Lets the volume see every sync link's heartbeats: it dials a link that
-    /// answers, and shows them all in its status.
+    /// Lets the volume see the heartbeats with the partner over the client-facing
+    /// networks: in its status, and in the reason it gives when it stops after
+    /// losing the partner (a sync link failure when the partner still answers there).
+    pub fn set_client_link_monitor(&self, m: Arc<crate::monitor::SyncLinkMonitor>) {
+        *self.inner.client_monitor.write() = Some(m);
+    }
+
+    /// Uses `m`'s heartbeats on the sync links (status, and which link to dial).
     pub fn set_link_monitor(&self, m: Arc<crate::monitor::SyncLinkMonitor>) {
         *self.inner.monitor.write() = Some(m);
     }
@@ -1059,6 +1071,11 @@ impl ReplicatedVolume {
             peer_paths: ports.peer,
             sync_links: i
                 .monitor
+                .read()
+                .as_ref()
+                .map_or_else(Vec::new, |m| m.links()),
+            client_links: i
+                .client_monitor
                 .read()
                 .as_ref()
                 .map_or_else(Vec::new, |m| m.links()),

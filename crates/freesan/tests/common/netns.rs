@@ -24,9 +24,12 @@
 //! | witness link to node `k`             | `10.200.k.0/24`| witness `.1`, node `.2`| witness `n{k}`, node `wi` |
 //!
 //! Nodes are numbered 1 and 2, client paths and sync links from 1. No namespace
-//! has a default route and forwarding is off (the default in a new namespace), so
-//! an address is reachable only over the link whose subnet it is on: cutting a
-//! link really cuts that path.
+//! has a default route, so an address is reachable only over the link whose
+//! subnet it is on: cutting a link really cuts that path. The one exception is
+//! the client network: the client namespace forwards, and node `k` routes
+//! `10.{3-k}.j.0/24` via the client on its path `j`, so the two nodes reach each
+//! other's portal `j` over their client links `j` (as on one switched client
+//! network; heartbeats run there) and never over a sync or witness link.
 //!
 //! Shaping ([`TopologyOptions::client_link_rate_mbit`]): a token bucket
 //! (`tc qdisc add dev IF root tbf rate {r}mbit burst 256kb latency 50ms`) on both
@@ -272,6 +275,35 @@ impl Topology {
                         ]);
                     }
                 }
+            }
+        }
+        // the client networks are routed through the client namespace, so each
+        // node reaches the partner's portal j over its own client link j (as two
+        // nodes on one switched client network would): heartbeats run there too
+        let (ok, out) = output(Command::new("ip").args([
+            "netns",
+            "exec",
+            topo.ns_client(),
+            "sysctl",
+            "-qw",
+            "net.ipv4.ip_forward=1",
+        ]));
+        assert!(ok, "enabling forwarding in {}: {out}", topo.ns_client());
+        for k in 1..=2 {
+            for j in 1..=topo.opts.client_links_per_node {
+                let IpAddr::V4(peer) = topo.client_portal_addr(3 - k, j) else {
+                    unreachable!("IPv4 topology")
+                };
+                let o = peer.octets();
+                ip_ok(&[
+                    "-n",
+                    topo.ns_node(k),
+                    "route",
+                    "add",
+                    &format!("{}.{}.{}.0/24", o[0], o[1], o[2]),
+                    "via",
+                    &topo.client_addr(k, j).to_string(),
+                ]);
             }
         }
         for l in 1..=topo.opts.sync_links {
