@@ -10,7 +10,7 @@
 
 use crate::gf;
 use crate::layout::Scheme;
-use crate::pool::{Inner, MemberHandle, View};
+use crate::pool::{At, Inner, MemberHandle, View};
 use crate::status::{MemberState, Progress};
 use crate::util::{join_all, BoxFut};
 use block::{BlockError, BlockResult, Bytes};
@@ -241,8 +241,9 @@ impl Inner {
                 reb.len() as u64,
             )
         };
+        // a member holds one chunk of each stripe per area
         let chunk_bytes = self.cb * self.bs;
-        let total = (self.stripes - start) * chunk_bytes * count;
+        let total = (self.stripes - start) * chunk_bytes * self.layout.areas() * count;
         let started = Instant::now();
         let mut pacer = Pacer::new();
         let mut done = 0u64;
@@ -257,9 +258,13 @@ impl Inner {
                 return;
             }
             self.throttle(&mut pacer, done).await;
-            if let Some(n) = self.rebuild_xor_batch(s).await {
+            let batch = match self.layout.scheme() {
+                Scheme::Mirror => self.rebuild_mirror_batch(s).await,
+                _ => self.rebuild_xor_batch(s).await,
+            };
+            if let Some(n) = batch {
                 next = s + n;
-                done += n * chunk_bytes;
+                done += n * chunk_bytes * self.layout.areas();
                 self.state.lock().rebuild = Some(progress(started, done, total));
                 self.persist_progress(&mut last_persist).await;
                 continue;
@@ -280,7 +285,11 @@ impl Inner {
             if targets.is_empty() {
                 continue;
             }
-            let want: Vec<usize> = targets.iter().map(|(p, _)| *p).collect();
+            // every grid position of the rebuilding members (one per area)
+            let want: Vec<usize> = targets
+                .iter()
+                .flat_map(|(p, _)| self.layout.positions_of(*p))
+                .collect();
             let images = match self.stripe_image(s, &want, &view).await {
                 Ok(i) => i,
                 Err(e) => {
@@ -290,20 +299,38 @@ impl Inner {
                     return;
                 }
             };
-            for ((pos, h), img) in targets.iter().zip(images) {
-                match self.m_write(h, s * self.cb, Bytes::from(img), false).await {
-                    Ok(()) => {
-                        let mut st = self.state.lock();
-                        let sl = &mut st.slots[*pos];
-                        if sl.member.as_ref().is_some_and(|m| Arc::ptr_eq(m, h))
-                            && sl.rebuild_cp_stripes == s
-                        {
-                            sl.rebuild_cp_stripes = s + 1;
-                        }
+            let mut images = want.iter().copied().zip(images);
+            for (pos, h) in targets.iter() {
+                // the checkpoint moves only when every area of the member is
+                // written: mirror reads do not take the stripe lock
+                let mut ok = true;
+                for (vpos, img) in images.by_ref().take(self.layout.areas() as usize) {
+                    debug_assert_eq!(self.layout.member_of(vpos), *pos);
+                    let at = At {
+                        h,
+                        base: view.bases[vpos],
+                    };
+                    if ok
+                        && self
+                            .m_write(at, s * self.cb, Bytes::from(img), false)
+                            .await
+                            .is_err()
+                    {
+                        ok = false;
                     }
-                    Err(_) => self.fail_handle(*pos, h).await,
+                    done += chunk_bytes;
                 }
-                done += chunk_bytes;
+                if ok {
+                    let mut st = self.state.lock();
+                    let sl = &mut st.slots[*pos];
+                    if sl.member.as_ref().is_some_and(|m| Arc::ptr_eq(m, h))
+                        && sl.rebuild_cp_stripes == s
+                    {
+                        sl.rebuild_cp_stripes = s + 1;
+                    }
+                } else {
+                    self.fail_handle(*pos, h).await;
+                }
             }
             drop(g);
             self.state.lock().rebuild = Some(progress(started, done, total));
@@ -394,7 +421,9 @@ impl Inner {
             }
         }
         let acc = acc?;
-        match self.m_write(&h, s * self.cb, Bytes::from(acc), false).await {
+        // parity levels: positions are members, one area
+        let at = At { h: &h, base: 0 };
+        match self.m_write(at, s * self.cb, Bytes::from(acc), false).await {
             Ok(()) => {
                 let mut st = self.state.lock();
                 let sl = &mut st.slots[target];
@@ -470,7 +499,11 @@ impl Inner {
         let mut done = 0u64;
         let mut last_persist = Instant::now();
         self.state.lock().resync = Some(progress(started, 0, total));
-        for s in stripes {
+        let end = stripes.end;
+        let mut next = stripes.start;
+        while next < end {
+            let s = next;
+            next += 1;
             if self.closed.load(Ordering::SeqCst) {
                 return false;
             }
@@ -485,6 +518,14 @@ impl Inner {
                 return false;
             }
             self.throttle(&mut pacer, done).await;
+            if let Some(n) = self.resync_mirror_batch(s, end).await {
+                next = s + n;
+                advance(&mut self.state.lock(), s + n - 1);
+                done += n * stripe_bytes;
+                self.state.lock().resync = Some(progress(started, done, total));
+                self.persist_progress(&mut last_persist).await;
+                continue;
+            }
             let g = self.lock_for(s).write().await;
             let Ok(view) = self.view() else { return false };
             if let Err(e) = self.resync_stripe(s, &view).await {
@@ -502,6 +543,137 @@ impl Inner {
         self.flush_members().await.is_ok()
     }
 
+    /// Stripes one batched mirror step covers from `s` (at most `end`): the same
+    /// [`REBUILD_BATCH_BYTES`] per member as the RAID 5 rebuild; `None` when
+    /// batching does not apply (placement that changes per stripe, fewer than two
+    /// stripes left).
+    fn mirror_batch_len(&self, s: u64, end: u64) -> Option<u64> {
+        if self.layout.scheme() != Scheme::Mirror || self.layout.cycle_stripes() != 1 {
+            return None;
+        }
+        let n = (REBUILD_BATCH_BYTES / (self.cb * self.bs))
+            .max(1)
+            .min(end.saturating_sub(s));
+        (n >= 2).then_some(n)
+    }
+
+    /// Copies rows `[s, s + n)` from position `src` to every position in `dsts`,
+    /// one large read and one large write each (a mirror chunk's rows are
+    /// contiguous on its position). False when the read or a write failed (the
+    /// member is failed or the error left to the per-stripe path).
+    async fn copy_rows(&self, view: &View, s: u64, n: u64, src: usize, dsts: &[usize]) -> bool {
+        let Some(hs) = view.readable(src, s + n - 1) else {
+            return false;
+        };
+        let data = match self.m_read(hs, s * self.cb, n * self.cb).await {
+            Ok(b) => b,
+            Err(e) => {
+                self.member_error(src, hs, &e).await;
+                return false;
+            }
+        };
+        let mut ok = true;
+        for &d in dsts {
+            if let Some(hd) = view.writable(d) {
+                if self
+                    .m_write(hd, s * self.cb, data.clone(), false)
+                    .await
+                    .is_err()
+                {
+                    self.fail_handle(d, &hd).await;
+                    ok = false;
+                }
+            }
+        }
+        ok
+    }
+
+    /// One batched resync step of a mirror pool: for every data chunk, the rows
+    /// of the whole batch are read from the first readable copy and written to the
+    /// others (RAID 10 far: first half to the next member's second half), with
+    /// every stripe of the batch locked. `None` when it does not apply or failed
+    /// (the caller goes stripe by stripe).
+    async fn resync_mirror_batch(&self, s: u64, end: u64) -> Option<u64> {
+        let n = self.mirror_batch_len(s, end)?;
+        let mut guards = Vec::with_capacity(n as usize);
+        for x in s..s + n {
+            guards.push(self.lock_for(x).write().await);
+        }
+        let view = self.view().ok()?;
+        let last = s + n - 1;
+        let mut jobs: Vec<(usize, Vec<usize>)> = Vec::new();
+        for d in 0..self.layout.data_chunks() {
+            let copies = self.layout.data_positions(s, d);
+            let src = copies
+                .iter()
+                .copied()
+                .find(|&p| view.readable(p, last).is_some())?;
+            jobs.push((src, copies.into_iter().filter(|&p| p != src).collect()));
+        }
+        let futs: Vec<BoxFut<'_, bool>> = jobs
+            .iter()
+            .map(|(src, dsts)| -> BoxFut<'_, bool> {
+                Box::pin(self.copy_rows(&view, s, n, *src, dsts))
+            })
+            .collect();
+        let ok = join_all(futs).await.into_iter().all(|x| x);
+        drop(guards);
+        ok.then_some(n)
+    }
+
+    /// One batched rebuild step of a mirror pool with exactly one member
+    /// rebuilding from stripe `s`: each of its positions (two for RAID 10 far) is
+    /// copied from another copy in large requests, then the checkpoint moves past
+    /// the batch. `None` when it does not apply or failed.
+    async fn rebuild_mirror_batch(&self, s: u64) -> Option<u64> {
+        let n = self.mirror_batch_len(s, self.stripes)?;
+        let mut guards = Vec::with_capacity(n as usize);
+        for x in s..s + n {
+            guards.push(self.lock_for(x).write().await);
+        }
+        let view = self.view().ok()?;
+        let (member, h) = {
+            let st = self.state.lock();
+            let reb: Vec<usize> = (0..st.slots.len())
+                .filter(|&i| st.slots[i].state == MemberState::Rebuilding)
+                .collect();
+            if reb.len() != 1 || st.slots[reb[0]].rebuild_cp_stripes != s {
+                return None;
+            }
+            (reb[0], st.slots[reb[0]].member.clone()?)
+        };
+        let mut jobs: Vec<(usize, Vec<usize>)> = Vec::new();
+        for t in self.layout.positions_of(member) {
+            let d = (0..self.layout.data_chunks())
+                .find(|&d| self.layout.data_positions(s, d).contains(&t))?;
+            let src = self.layout.data_positions(s, d).into_iter().find(|&p| {
+                self.layout.member_of(p) != member && view.readable(p, s + n - 1).is_some()
+            })?;
+            jobs.push((src, vec![t]));
+        }
+        let futs: Vec<BoxFut<'_, bool>> = jobs
+            .iter()
+            .map(|(src, dsts)| -> BoxFut<'_, bool> {
+                Box::pin(self.copy_rows(&view, s, n, *src, dsts))
+            })
+            .collect();
+        if !join_all(futs).await.into_iter().all(|x| x) {
+            return None;
+        }
+        {
+            let mut st = self.state.lock();
+            let sl = &mut st.slots[member];
+            if sl.member.as_ref().is_some_and(|m| Arc::ptr_eq(m, &h))
+                && sl.state == MemberState::Rebuilding
+                && sl.rebuild_cp_stripes == s
+            {
+                sl.rebuild_cp_stripes = s + n;
+            }
+        }
+        drop(guards);
+        Some(n)
+    }
+
     async fn resync_stripe(&self, s: u64, view: &View) -> BlockResult<()> {
         let k = self.layout.data_chunks();
         match self.layout.scheme() {
@@ -516,7 +688,7 @@ impl Inner {
                             .await
                             .is_err()
                         {
-                            self.fail_handle(pos, h).await;
+                            self.fail_handle(pos, &h).await;
                         }
                     }
                 }
@@ -553,7 +725,7 @@ impl Inner {
                                 .await
                                 .is_err()
                             {
-                                self.fail_handle(p, h).await;
+                                self.fail_handle(p, &h).await;
                             }
                         }
                     }

@@ -388,7 +388,7 @@ impl Inner {
             if let Err(e) = r {
                 if let Some(h) = view.writable(*pos) {
                     tracing::warn!(pool = %self.name, position = pos, error = %e, "member write failed");
-                    self.fail_handle(*pos, h).await;
+                    self.fail_handle(*pos, &h).await;
                 }
             }
         }

@@ -2,8 +2,8 @@
 //!
 //! Reads go straight to the member holding the data (mirrors: the copy whose last
 //! read ends where this one starts, else the one with the fewest outstanding
-//! requests); on a failed member they reconstruct under the
-//! stripe's shared lock, and a medium error is repaired by rewriting the
+//! requests; RAID 10 far: the first-half copy); on a failed member they
+//! reconstruct under the stripe's shared lock, and a medium error is repaired by rewriting the
 //! reconstructed blocks. Writes take the stripe's exclusive lock; parity levels
 //! pick read-modify-write or reconstruct-write by which reads less (a full-stripe
 //! write reads nothing, a not-yet-resynced stripe always reconstruct-writes), then
@@ -13,7 +13,7 @@
 use crate::gf;
 use crate::journal::{self, Entry};
 use crate::layout::Scheme;
-use crate::pool::{Inner, MemberHandle, Pool, View};
+use crate::pool::{At, Inner, MemberHandle, Pool, View};
 use crate::util::{join_all, BoxFut};
 use async_trait::async_trait;
 use block::{BlockError, BlockResult, Bytes, BytesMut, Geometry, Volume};
@@ -66,8 +66,11 @@ pub(crate) fn unavailable(what: String) -> BlockError {
 }
 
 impl Inner {
-    /// Reads data-area blocks of a member, counting the I/O.
-    pub async fn m_read(&self, h: &MemberHandle, mlba: u64, blocks: u64) -> BlockResult<Bytes> {
+    /// Reads blocks of a position (grid lba `mlba` in the position's area),
+    /// counting the I/O.
+    pub async fn m_read(&self, at: At<'_>, mlba: u64, blocks: u64) -> BlockResult<Bytes> {
+        let h = at.h;
+        let mlba = at.base + mlba;
         h.inflight.fetch_add(1, Ordering::Relaxed);
         h.reads.fetch_add(1, Ordering::Relaxed);
         h.head.store(mlba + blocks, Ordering::Relaxed);
@@ -113,26 +116,21 @@ impl Inner {
         r
     }
 
-    /// Writes data-area blocks of a member.
-    pub async fn m_write(
-        &self,
-        h: &MemberHandle,
-        mlba: u64,
-        data: Bytes,
-        fua: bool,
-    ) -> BlockResult<()> {
-        self.m_write_abs(h, self.data_offset_blocks + mlba, data, fua)
+    /// Writes blocks of a position (grid lba `mlba` in the position's area).
+    pub async fn m_write(&self, at: At<'_>, mlba: u64, data: Bytes, fua: bool) -> BlockResult<()> {
+        self.m_write_abs(at.h, self.data_offset_blocks + at.base + mlba, data, fua)
             .await
     }
 
-    async fn m_op(&self, h: &MemberHandle, op: &MemberOp, fua: bool) -> BlockResult<()> {
+    async fn m_op(&self, at: At<'_>, op: &MemberOp, fua: bool) -> BlockResult<()> {
         match &op.kind {
-            OpKind::Write(b) => self.m_write(h, op.mlba, b.clone(), fua).await,
+            OpKind::Write(b) => self.m_write(at, op.mlba, b.clone(), fua).await,
             OpKind::Discard(blocks) => {
+                let h = at.h;
                 h.writes.fetch_add(1, Ordering::Relaxed);
                 let r = h
                     .volume
-                    .discard(self.data_offset_blocks + op.mlba, *blocks)
+                    .discard(self.data_offset_blocks + at.base + op.mlba, *blocks)
                     .await;
                 if r.is_err() {
                     h.errors.fetch_add(1, Ordering::Relaxed);
@@ -144,7 +142,8 @@ impl Inner {
 
     /// Reacts to a member error: a medium error is left to the caller to repair,
     /// anything else fails the member.
-    pub async fn member_error(&self, pos: usize, h: &Arc<MemberHandle>, e: &BlockError) {
+    pub async fn member_error(&self, pos: usize, h: At<'_>, e: &BlockError) {
+        let h = h.h;
         if !matches!(e, BlockError::Medium { .. }) {
             tracing::warn!(pool = %self.name, position = pos, member = %h.name, error = %e, "member i/o error");
             self.fail_handle(pos, h).await;
@@ -269,7 +268,7 @@ impl Inner {
                     .m_write(h, mlba, Bytes::copy_from_slice(c), false)
                     .await
                 {
-                    self.fail_handle(pos, h).await;
+                    self.fail_handle(pos, &h).await;
                     tracing::warn!(error = %e, "repair write failed");
                 }
             }
@@ -380,6 +379,7 @@ impl Inner {
         let s = seg.stripe;
         let mlba = s * self.cb + seg.off;
         let copies = self.layout.data_positions(s, seg.d);
+        let far = self.layout.areas() > 1;
         let mut tried: Vec<usize> = Vec::new();
         let mut medium: Vec<usize> = Vec::new();
         loop {
@@ -394,22 +394,34 @@ impl Inner {
                 // read one copy only, for stable answers
                 cands.truncate(1);
             }
-            // a read that continues a copy's last read stays on that copy (one
-            // sequential stream per copy, no skipping); others go to the copy with
-            // the fewest requests outstanding, then the nearest head
+            // RAID 10 far: the primary copy (first half, a plain stripe over every
+            // member) whenever it is readable; the second half only as a fallback.
+            // Near: a read that continues a copy's last read stays on that copy
+            // (one sequential stream per copy, no skipping); others go to the copy
+            // with the fewest requests outstanding, then the nearest head. Heads
+            // are member data-area lbas: `bases[p] + mlba` is where `p` reads.
             let head_at = |p: usize| {
                 view.readable(p, s)
                     .map_or(u64::MAX, |h| h.head.load(Ordering::Relaxed))
             };
-            let continuing = cands.iter().copied().find(|&p| head_at(p) == mlba);
-            let Some(pos) = continuing.or_else(|| {
-                cands.iter().copied().min_by_key(|&p| {
-                    let load = view
-                        .readable(p, s)
-                        .map_or(u64::MAX, |h| h.inflight.load(Ordering::Relaxed));
-                    (load, head_at(p).abs_diff(mlba))
-                })
-            }) else {
+            let target = |p: usize| view.bases[p] + mlba;
+            let chosen = if far {
+                cands.first().copied()
+            } else {
+                cands
+                    .iter()
+                    .copied()
+                    .find(|&p| head_at(p) == target(p))
+                    .or_else(|| {
+                        cands.iter().copied().min_by_key(|&p| {
+                            let load = view
+                                .readable(p, s)
+                                .map_or(u64::MAX, |h| h.inflight.load(Ordering::Relaxed));
+                            (load, head_at(p).abs_diff(target(p)))
+                        })
+                    })
+            };
+            let Some(pos) = chosen else {
                 return Err(if medium.is_empty() {
                     unavailable(format!(
                         "pool {}: no copy of stripe {s} readable",
@@ -462,7 +474,7 @@ impl Inner {
                 if let Some(hb) = view.writable(b) {
                     tracing::info!(pool = %self.name, position = b, stripe = s, "repairing medium error on mirror copy");
                     if self.m_write(hb, mlba, good.clone(), false).await.is_err() {
-                        self.fail_handle(b, hb).await;
+                        self.fail_handle(b, &hb).await;
                     }
                 }
             }
@@ -515,14 +527,18 @@ impl Inner {
             let buf = data.slice(seg.buf_off..seg.buf_off + (seg.blocks * self.bs) as usize);
             for pos in self.layout.data_positions(s, seg.d) {
                 if let Some(h) = view.writable(pos) {
-                    jobs.push((i, pos, h.clone(), s * self.cb + seg.off, buf.clone()));
+                    jobs.push((i, pos, h.h.clone(), s * self.cb + seg.off, buf.clone()));
                 }
             }
         }
         let futs: Vec<BoxFut<'_, BlockResult<()>>> = jobs
             .iter()
-            .map(|(_, _, h, mlba, b)| -> BoxFut<'_, BlockResult<()>> {
-                Box::pin(self.m_write(h, *mlba, b.clone(), fua))
+            .map(|(_, pos, h, mlba, b)| -> BoxFut<'_, BlockResult<()>> {
+                let at = At {
+                    h,
+                    base: view.bases[*pos],
+                };
+                Box::pin(self.m_write(at, *mlba, b.clone(), fua))
             })
             .collect();
         let results = join_all(futs).await;
@@ -851,7 +867,7 @@ impl Inner {
                 .iter()
                 .filter_map(|&p| view.writable(p))
                 .map(|h| -> BoxFut<'_, BlockResult<()>> {
-                    Box::pin(self.m_write_abs(h, j.offset_blocks + start, rec.clone(), true))
+                    Box::pin(self.m_write_abs(h.h, j.offset_blocks + start, rec.clone(), true))
                 })
                 .collect();
             let results = join_all(futs).await;
@@ -861,7 +877,7 @@ impl Inner {
                     Ok(()) => written += 1,
                     Err(_) => {
                         if let Some(h) = view.writable(p) {
-                            self.fail_handle(p, h).await;
+                            self.fail_handle(p, &h).await;
                         }
                     }
                 }
@@ -891,7 +907,7 @@ impl Inner {
             if let Err(e) = r {
                 if let Some(h) = view.writable(o.pos) {
                     tracing::warn!(pool = %self.name, position = o.pos, error = %e, "member write failed");
-                    self.fail_handle(o.pos, h).await;
+                    self.fail_handle(o.pos, &h).await;
                 }
             }
         }

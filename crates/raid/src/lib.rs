@@ -1,6 +1,6 @@
 //! Software RAID pools for freesan: a [`Pool`] is a `block::Volume` over member
 //! volumes, at RAID 0, 1 (n-way mirror), 5, 6 (P+Q over GF(2^8)), 10 (stripe of
-//! mirrors) or F1 (RAID 5 with parity skewed onto one member so SSDs wear out at
+//! mirrors, near or far layout) or F1 (RAID 5 with parity skewed onto one member so SSDs wear out at
 //! different times).
 //!
 //! What it does: chunk placement per level ([`layout`]), full-stripe writes without
@@ -52,8 +52,12 @@ pub enum RaidLevel {
     Raid5,
     /// Double parity (P + Q).
     Raid6,
-    /// Stripe of two-way mirrors.
+    /// Stripe of two-way mirror pairs (md's "near 2" layout).
     Raid10,
+    /// RAID 10 "far 2": a stripe over the first halves of all members, the second
+    /// copies shifted by one member in the second halves (see [`layout::Raid10Far`]).
+    #[serde(rename = "raid10-far")]
+    Raid10Far,
     /// Single parity skewed onto the last member (see [`layout::F1`]).
     F1,
 }

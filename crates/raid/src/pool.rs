@@ -98,23 +98,60 @@ pub(crate) struct State {
     pub resync_regions: BTreeSet<u64>,
 }
 
-/// Which members an operation on one stripe may use (a snapshot).
+/// A member as one grid position sees it: the handle, and the data-area lba where
+/// the position's area starts (non-zero only for the second half of a RAID 10
+/// far member). The member I/O helpers add `base` to the grid lba.
+#[derive(Clone, Copy)]
+pub(crate) struct At<'a> {
+    pub h: &'a Arc<MemberHandle>,
+    pub base: u64,
+}
+
+impl std::ops::Deref for At<'_> {
+    type Target = Arc<MemberHandle>;
+    fn deref(&self) -> &Arc<MemberHandle> {
+        self.h
+    }
+}
+
+/// Which members an operation on one stripe may use (a snapshot), per grid
+/// position (see [`crate::layout`]: positions `0..members` are the members
+/// themselves; RAID 10 far has a second position per member).
+#[derive(Clone)]
 pub(crate) struct View {
     /// Per position: the handle when writable, and the stripe below which it is readable.
     pub slots: Vec<Option<(Arc<MemberHandle>, u64)>>,
+    /// Per position: data-area lba of its area.
+    pub bases: Vec<u64>,
+    /// Number of members (the first `members` positions).
+    pub members: usize,
 }
 
 impl View {
     /// The member at `pos` if it holds valid data for `stripe`.
-    pub fn readable(&self, pos: usize, stripe: u64) -> Option<&Arc<MemberHandle>> {
+    pub fn readable(&self, pos: usize, stripe: u64) -> Option<At<'_>> {
         match &self.slots[pos] {
-            Some((h, below)) if stripe < *below => Some(h),
+            Some((h, below)) if stripe < *below => Some(At {
+                h,
+                base: self.bases[pos],
+            }),
             _ => None,
         }
     }
     /// The member at `pos` if it should receive writes.
-    pub fn writable(&self, pos: usize) -> Option<&Arc<MemberHandle>> {
-        self.slots[pos].as_ref().map(|(h, _)| h)
+    pub fn writable(&self, pos: usize) -> Option<At<'_>> {
+        self.slots[pos].as_ref().map(|(h, _)| At {
+            h,
+            base: self.bases[pos],
+        })
+    }
+    /// Every attached member once: (member position, handle).
+    pub fn member_handles(&self) -> Vec<(usize, Arc<MemberHandle>)> {
+        self.slots[..self.members]
+            .iter()
+            .enumerate()
+            .filter_map(|(i, s)| s.as_ref().map(|(h, _)| (i, h.clone())))
+            .collect()
     }
 }
 
@@ -178,7 +215,10 @@ impl Drop for Pool {
 struct Shape {
     bs: u64,
     cb: u64,
+    /// Rows of the grid: stripes per member area.
     stripes: u64,
+    /// Areas per member data area (2 for RAID 10 far, else 1).
+    areas: u64,
     data_offset_blocks: u64,
     journal_offset_blocks: u64,
     journal_blocks: u64,
@@ -253,7 +293,8 @@ impl Pool {
             .map(|m| m.volume.geometry().block_count)
             .min()
             .unwrap_or(0);
-        let stripes = min_blocks.saturating_sub(data_offset_blocks) / cb;
+        let areas = layout.areas();
+        let stripes = min_blocks.saturating_sub(data_offset_blocks) / cb / areas;
         if stripes == 0 {
             return Err(RaidError::Config(
                 "members too small for the reserved region and one chunk".into(),
@@ -263,6 +304,7 @@ impl Pool {
             bs,
             cb,
             stripes,
+            areas,
             data_offset_blocks,
             journal_offset_blocks,
             journal_blocks,
@@ -384,6 +426,7 @@ impl Pool {
             bs,
             cb: newest.chunk_bytes as u64 / bs,
             stripes: newest.stripes,
+            areas: layout.areas(),
             data_offset_blocks: newest.data_offset_blocks,
             journal_offset_blocks: newest.journal_offset_blocks,
             journal_blocks: newest.journal_blocks,
@@ -687,7 +730,7 @@ fn check_size(shape: &Shape, m: &Member) -> RaidResult<()> {
             m.name, g.block_size_bytes, shape.bs
         )));
     }
-    if g.block_count < shape.data_offset_blocks + shape.stripes * shape.cb {
+    if g.block_count < shape.data_offset_blocks + shape.areas * shape.stripes * shape.cb {
         return Err(RaidError::Config(format!(
             "member {} is too small ({} blocks)",
             m.name, g.block_count
@@ -769,6 +812,7 @@ impl Inner {
             bs: self.bs,
             cb: self.cb,
             stripes: self.stripes,
+            areas: self.layout.areas(),
             data_offset_blocks: self.data_offset_blocks,
             journal_offset_blocks: self.journal_offset_blocks,
             journal_blocks: self.journal_blocks,
@@ -806,16 +850,24 @@ impl Inner {
             )));
         }
         let st = self.state.lock();
+        let l = self.layout.as_ref();
         Ok(View {
-            slots: st
-                .slots
-                .iter()
-                .map(|s| match (&s.member, s.state) {
-                    (Some(h), MemberState::Active) => Some((h.clone(), u64::MAX)),
-                    (Some(h), MemberState::Rebuilding) => Some((h.clone(), s.rebuild_cp_stripes)),
-                    _ => None,
+            slots: (0..l.positions())
+                .map(|p| {
+                    let s = &st.slots[l.member_of(p)];
+                    match (&s.member, s.state) {
+                        (Some(h), MemberState::Active) => Some((h.clone(), u64::MAX)),
+                        (Some(h), MemberState::Rebuilding) => {
+                            Some((h.clone(), s.rebuild_cp_stripes))
+                        }
+                        _ => None,
+                    }
                 })
                 .collect(),
+            bases: (0..l.positions())
+                .map(|p| l.area_of(p) * self.stripes * self.cb)
+                .collect(),
+            members: l.member_count(),
         })
     }
 
@@ -854,9 +906,11 @@ impl Inner {
         pulled
     }
 
-    /// Marks the member `h` at `pos` failed (if it is still there), pulls a spare,
-    /// and persists the new generation on the survivors.
+    /// Marks the member `h` at `pos` (a member position, or a grid position that
+    /// maps to it) failed (if it is still there), pulls a spare, and persists the
+    /// new generation on the survivors.
     pub async fn fail_handle(&self, pos: usize, h: &Arc<MemberHandle>) {
+        let pos = self.layout.member_of(pos);
         {
             let mut st = self.state.lock();
             let Some(slot) = st.slots.get_mut(pos) else {
@@ -1007,12 +1061,7 @@ impl Inner {
     /// Flushes every writable member; a member that fails the flush is failed.
     pub async fn flush_members(&self) -> BlockResult<()> {
         let view = self.view()?;
-        let handles: Vec<(usize, Arc<MemberHandle>)> = view
-            .slots
-            .iter()
-            .enumerate()
-            .filter_map(|(i, s)| s.as_ref().map(|(h, _)| (i, h.clone())))
-            .collect();
+        let handles = view.member_handles();
         let futs: Vec<BoxFut<'_, BlockResult<()>>> = handles
             .iter()
             .map(|(_, h)| -> BoxFut<'_, BlockResult<()>> { Box::pin(h.volume.flush()) })
@@ -1069,7 +1118,7 @@ impl Inner {
             .map_err(|e| RaidError::PoolFailed(e.to_string()))?;
         let mut records = BTreeMap::new();
         let step_blocks = ((1u64 << 20) / self.bs).max(1);
-        for h in view.slots.iter().flatten().map(|(h, _)| h) {
+        for (_, h) in view.member_handles() {
             let mut image = Vec::with_capacity((j.ring_blocks * self.bs) as usize);
             let mut at = 0u64;
             let mut ok = true;
@@ -1116,7 +1165,7 @@ impl Inner {
                     h.volume.write(lba, Bytes::copy_from_slice(p), false).await
                 };
                 if r.is_err() {
-                    self.fail_handle(pos, h).await;
+                    self.fail_handle(pos, &h).await;
                 }
             }
         }
@@ -1134,7 +1183,7 @@ impl Inner {
     fn status(&self) -> PoolStatus {
         let failed = self.is_failed();
         let st = self.state.lock();
-        let data_bytes = self.stripes * self.cb * self.bs;
+        let data_bytes = self.layout.areas() * self.stripes * self.cb * self.bs;
         let members = st
             .slots
             .iter()
@@ -1154,7 +1203,9 @@ impl Inner {
                     uuid: s.uuid.clone(),
                     state: s.state,
                     rebuilt_bytes: match s.state {
-                        MemberState::Rebuilding => s.rebuild_cp_stripes * self.cb * self.bs,
+                        MemberState::Rebuilding => {
+                            self.layout.areas() * s.rebuild_cp_stripes * self.cb * self.bs
+                        }
                         MemberState::Active => data_bytes,
                         _ => 0,
                     },

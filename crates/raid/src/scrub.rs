@@ -52,9 +52,9 @@ impl Inner {
     }
 
     async fn scrub_all(&self) -> RaidResult<ScrubReport> {
-        let n = self.layout.member_count();
+        let n = self.layout.positions();
         let mut rep = ScrubReport {
-            bad_blocks_by_position: vec![0; n],
+            bad_blocks_by_position: vec![0; self.layout.member_count()],
             ..Default::default()
         };
         let stripe_bytes = self.cb * self.bs * n as u64;
@@ -94,7 +94,9 @@ impl Inner {
         if self.layout.scheme() == Scheme::Striped {
             return Ok(());
         }
-        let n = self.layout.member_count();
+        // grid positions (RAID 10 far: both halves of every member)
+        let n = self.layout.positions();
+        let member = |p: usize| self.layout.member_of(p);
         let futs: Vec<BoxFut<'_, BlockResult<Bytes>>> = (0..n)
             .map(|p| -> BoxFut<'_, BlockResult<Bytes>> {
                 Box::pin(async move {
@@ -125,9 +127,7 @@ impl Inner {
         }
         if !unreadable.is_empty() {
             // rebuild the unreadable chunks from the others and rewrite them
-            let mut v2 = View {
-                slots: view.slots.clone(),
-            };
+            let mut v2 = view.clone();
             for &p in &unreadable {
                 v2.slots[p] = None;
             }
@@ -139,7 +139,7 @@ impl Inner {
                 }
                 rep.read_errors += 1;
                 rep.repaired += 1;
-                rep.bad_blocks_by_position[p] += 1;
+                rep.bad_blocks_by_position[member(p)] += 1;
             }
             return Ok(());
         }
@@ -158,7 +158,7 @@ impl Inner {
                             if cols[c][r.clone()] != cols[primary][r.clone()] {
                                 rep.mismatches += 1;
                                 rep.repaired += 1;
-                                rep.bad_blocks_by_position[c] += 1;
+                                rep.bad_blocks_by_position[member(c)] += 1;
                                 let good = cols[primary][r.clone()].to_vec();
                                 cols[c][r].copy_from_slice(&good);
                                 dirty[c] = true;
@@ -200,18 +200,18 @@ impl Inner {
                         Syndrome::BadP => {
                             fix(&mut cols[pp[0]], &sp);
                             dirty[pp[0]] = true;
-                            rep.bad_blocks_by_position[pp[0]] += 1;
+                            rep.bad_blocks_by_position[member(pp[0])] += 1;
                         }
                         Syndrome::BadQ => {
                             fix(&mut cols[pp[1]], &sq);
                             dirty[pp[1]] = true;
-                            rep.bad_blocks_by_position[pp[1]] += 1;
+                            rep.bad_blocks_by_position[member(pp[1])] += 1;
                         }
                         Syndrome::BadData(z) => {
                             let p = dpos[z];
                             fix(&mut cols[p], &sp);
                             dirty[p] = true;
-                            rep.bad_blocks_by_position[p] += 1;
+                            rep.bad_blocks_by_position[member(p)] += 1;
                         }
                         Syndrome::Unlocatable => {
                             rep.mismatches += 1;
@@ -230,7 +230,7 @@ impl Inner {
                     tracing::info!(pool = %self.name, position = p, stripe = s, "scrub rewrote chunk");
                     let data = Bytes::from(std::mem::take(&mut cols[p]));
                     if let Err(e) = self.m_write(h, s * self.cb, data, false).await {
-                        self.fail_handle(p, h).await;
+                        self.fail_handle(p, &h).await;
                         return Err(e);
                     }
                 }

@@ -273,4 +273,24 @@ mod tests {
         insane.member_count = 1000;
         assert!(decode(&encode(&insane, 512).unwrap()).is_err());
     }
+
+    #[test]
+    fn raid10_layout_is_recorded_and_old_superblocks_read_as_near() {
+        // the far layout is its own level name on disk, so it reassembles as far
+        let mut far = sample();
+        far.level = RaidLevel::Raid10Far;
+        let img = encode(&far, 512).unwrap();
+        assert_eq!(decode(&img).unwrap().level, RaidLevel::Raid10Far);
+        let json = serde_json::to_string(&far).unwrap();
+        assert!(json.contains("\"level\":\"raid10-far\""), "{json}");
+        // a superblock written before the far layout existed says "raid10": near
+        let mut near = sample();
+        near.level = RaidLevel::Raid10;
+        near.member_count = 4;
+        near.members.push(near.members[0].clone());
+        let old = serde_json::to_string(&near).unwrap();
+        assert!(old.contains("\"level\":\"raid10\""));
+        let back: Superblock = serde_json::from_str(&old).unwrap();
+        assert_eq!(back.level, RaidLevel::Raid10);
+    }
 }

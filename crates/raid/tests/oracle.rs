@@ -52,8 +52,7 @@ fn place(frac: u32, blocks: u64, total: u64) -> (u64, u64) {
     (lba, blocks)
 }
 
-async fn run(level: RaidLevel, ops: Vec<Op>) {
-    let n = members_for(level);
+async fn run(level: RaidLevel, n: usize, ops: Vec<Op>) {
     let (pool, mut ms) = make_pool(level, n).await;
     let total = pool.geometry().block_count;
     let oracle = MemVolume::new(BS, total);
@@ -99,7 +98,8 @@ async fn run(level: RaidLevel, ops: Vec<Op>) {
                         .collect();
                     gone.extend(down.iter().copied());
                     gone.insert(pos);
-                    // raid10 tolerates one per pair only: keep to its guaranteed one
+                    // raid10 tolerates one per pair only (far: no two adjacent):
+                    // keep to its guaranteed one
                     if redundancy > 0 && gone.len() <= redundancy {
                         ms[pos].plan.lock().dead = true;
                         down.insert(pos);
@@ -153,12 +153,15 @@ fn cases() -> u32 {
 
 macro_rules! level_test {
     ($name:ident, $level:expr) => {
+        level_test!($name, $level, members_for($level));
+    };
+    ($name:ident, $level:expr, $n:expr) => {
         proptest! {
             #![proptest_config(ProptestConfig { cases: cases(), ..ProptestConfig::default() })]
             #[test]
             fn $name(ops in proptest::collection::vec(op(), 1..60)) {
                 let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
-                rt.block_on(run($level, ops));
+                rt.block_on(run($level, $n, ops));
             }
         }
     };
@@ -170,3 +173,7 @@ level_test!(oracle_raid5, RaidLevel::Raid5);
 level_test!(oracle_raid6, RaidLevel::Raid6);
 level_test!(oracle_raid10, RaidLevel::Raid10);
 level_test!(oracle_f1, RaidLevel::F1);
+level_test!(oracle_raid10_far_2, RaidLevel::Raid10Far, 2);
+level_test!(oracle_raid10_far_3, RaidLevel::Raid10Far, 3);
+level_test!(oracle_raid10_far_4, RaidLevel::Raid10Far, 4);
+level_test!(oracle_raid10_far_5, RaidLevel::Raid10Far, 5);

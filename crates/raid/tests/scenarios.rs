@@ -148,6 +148,7 @@ async fn medium_error_repaired_and_rewritten() {
     medium_error_case(RaidLevel::Raid6, 5).await;
     medium_error_case(RaidLevel::Raid1, 2).await;
     medium_error_case(RaidLevel::Raid10, 4).await;
+    medium_error_case(RaidLevel::Raid10Far, 3).await;
 }
 
 #[tokio::test]

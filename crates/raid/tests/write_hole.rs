@@ -179,6 +179,7 @@ async fn crash_mid_stripe_then_member_loss_keeps_acknowledged_writes() {
         (RaidLevel::F1, 3),
         (RaidLevel::Raid1, 2),
         (RaidLevel::Raid10, 4),
+        (RaidLevel::Raid10Far, 3),
     ] {
         let parity = matches!(level, RaidLevel::Raid5 | RaidLevel::Raid6 | RaidLevel::F1);
         for budget in 1..40 {
@@ -371,7 +372,12 @@ async fn one_mirror_cut_unprotected(
 
 #[tokio::test]
 async fn crash_between_mirror_copies_is_resynced_from_the_intent() {
-    for (level, n) in [(RaidLevel::Raid1, 2), (RaidLevel::Raid10, 4)] {
+    for (level, n) in [
+        (RaidLevel::Raid1, 2),
+        (RaidLevel::Raid10, 4),
+        (RaidLevel::Raid10Far, 2),
+        (RaidLevel::Raid10Far, 3),
+    ] {
         for budget in 1..16 {
             let mismatches = one_mirror_cut(level, n, budget, true).await;
             assert_eq!(

@@ -37,6 +37,7 @@ pub fn members_for(level: RaidLevel) -> usize {
         RaidLevel::Raid5 => 4,
         RaidLevel::Raid6 => 5,
         RaidLevel::Raid10 => 4,
+        RaidLevel::Raid10Far => 4,
         RaidLevel::F1 => 4,
     }
 }
