@@ -23,7 +23,8 @@
 
 use crate::CacheMode;
 use block::{BlockError, BlockResult, Bytes, VolumeRef};
-use std::sync::atomic::{AtomicBool, Ordering};
+use parking_lot::RwLock;
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 
 /// The unit of validity and dirtiness inside a cache block.
 pub const SECTOR_BYTES: u64 = 4096;
@@ -213,11 +214,17 @@ impl DeviceLayout {
     }
 }
 
-/// One cache device.
+/// No resilver running on a device.
+const NOT_RESILVERING: u32 = u32::MAX;
+
+/// One cache device (its volume can be replaced after a failure).
 pub(crate) struct Device {
-    pub name: String,
-    pub vol: VolumeRef,
+    /// Name and volume, replaced together by [`Device::replace`].
+    pub(crate) slot: RwLock<(String, VolumeRef)>,
     pub failed: AtomicBool,
+    /// While a replaced mirror half is being filled: frames below this are
+    /// copied and take writes like a live device; `NOT_RESILVERING` otherwise.
+    resilver: AtomicU32,
     /// The device's logical block size.
     bs: u64,
 }
@@ -226,37 +233,96 @@ impl Device {
     pub(crate) fn new(name: String, vol: VolumeRef) -> Device {
         let bs = vol.geometry().block_size_bytes as u64;
         Device {
-            name,
-            vol,
+            slot: RwLock::new((name, vol)),
             failed: AtomicBool::new(false),
+            resilver: AtomicU32::new(NOT_RESILVERING),
             bs,
         }
+    }
+
+    /// The device's name.
+    pub(crate) fn name(&self) -> String {
+        self.slot.read().0.clone()
+    }
+
+    /// The device's volume.
+    pub(crate) fn vol(&self) -> VolumeRef {
+        self.slot.read().1.clone()
     }
 
     pub(crate) fn is_failed(&self) -> bool {
         self.failed.load(Ordering::Acquire)
     }
 
+    /// Puts a new volume in place of this failed device and starts a resilver at
+    /// frame 0: the device stays failed for reads until [`Device::finish_resilver`].
+    /// False if the device has not failed or the volume's block size differs.
+    pub(crate) fn replace(&self, name: String, vol: VolumeRef) -> bool {
+        if !self.is_failed() || vol.geometry().block_size_bytes as u64 != self.bs {
+            return false;
+        }
+        *self.slot.write() = (name, vol);
+        self.resilver.store(0, Ordering::Release);
+        true
+    }
+
+    /// Frames copied by the running resilver, if one runs.
+    pub(crate) fn resilver_cursor(&self) -> Option<u32> {
+        match self.resilver.load(Ordering::Acquire) {
+            NOT_RESILVERING => None,
+            c => Some(c),
+        }
+    }
+
+    /// Frames below `cursor` are copied.
+    pub(crate) fn set_resilver_cursor(&self, cursor: u32) {
+        self.resilver.store(cursor, Ordering::Release);
+    }
+
+    /// Whether a write into frame `slot` must reach this device: it is live, or
+    /// the resilver has copied that frame already.
+    pub(crate) fn takes_frame(&self, slot: u32) -> bool {
+        !self.is_failed() || self.resilver_cursor().is_some_and(|c| slot < c)
+    }
+
+    /// The resilver copied everything: the device is live again.
+    pub(crate) fn finish_resilver(&self) {
+        self.resilver.store(NOT_RESILVERING, Ordering::Release);
+        self.failed.store(false, Ordering::Release);
+    }
+
+    /// The resilver stopped before the end: the device stays failed.
+    pub(crate) fn abandon_resilver(&self) {
+        self.resilver.store(NOT_RESILVERING, Ordering::Release);
+        self.failed.store(true, Ordering::Release);
+    }
+
     /// Marks the device failed; returns true if it was not already.
     pub(crate) fn fail(&self, why: &BlockError) -> bool {
+        if self.resilver_cursor().is_some() {
+            // a failure of the device being filled ends its resilver
+            self.abandon_resilver();
+            tracing::error!(device = %self.name(), "replacement cache device failed while being filled: {why}");
+            return false;
+        }
         let first = !self.failed.swap(true, Ordering::AcqRel);
         if first {
-            tracing::error!(device = %self.name, "cache device failed: {why}");
+            tracing::error!(device = %self.name(), "cache device failed: {why}");
         }
         first
     }
 
     pub(crate) fn size_bytes(&self) -> u64 {
-        self.vol.geometry().size_bytes()
+        self.vol().geometry().size_bytes()
     }
 
     /// Reads `len` bytes at byte `offset` (both multiples of the device block).
     pub(crate) async fn read_at(&self, offset: u64, len: u64) -> BlockResult<Bytes> {
         if self.is_failed() {
-            return Err(BlockError::Unavailable(format!("{} failed", self.name)));
+            return Err(BlockError::Unavailable(format!("{} failed", self.name())));
         }
         let r = self
-            .vol
+            .vol()
             .read(offset / self.bs, (len / self.bs) as u32)
             .await;
         if let Err(e) = &r {
@@ -265,12 +331,12 @@ impl Device {
         r
     }
 
-    /// Writes `data` at byte `offset`.
+    /// Writes `data` at byte `offset` (on a device being resilvered too).
     pub(crate) async fn write_at(&self, offset: u64, data: Bytes, fua: bool) -> BlockResult<()> {
-        if self.is_failed() {
-            return Err(BlockError::Unavailable(format!("{} failed", self.name)));
+        if self.is_failed() && self.resilver_cursor().is_none() {
+            return Err(BlockError::Unavailable(format!("{} failed", self.name())));
         }
-        let r = self.vol.write(offset / self.bs, data, fua).await;
+        let r = self.vol().write(offset / self.bs, data, fua).await;
         if let Err(e) = &r {
             self.fail(e);
         }
@@ -279,7 +345,7 @@ impl Device {
 
     /// Reads both superblock copies and returns the newest valid one.
     pub(crate) async fn read_superblock(&self) -> BlockResult<Option<Superblock>> {
-        let b = self.vol.read(0, (2 * 4096 / self.bs) as u32).await?;
+        let b = self.vol().read(0, (2 * 4096 / self.bs) as u32).await?;
         let a = Superblock::decode(&b[..4096]);
         let c = Superblock::decode(&b[4096..]);
         Ok(match (a, c) {

@@ -345,7 +345,7 @@ impl Inner {
         let (devs, base) = self.frame_devices(slot);
         let futs: Vec<BoxFut<'_, BlockResult<()>>> = devs
             .iter()
-            .filter(|&&d| !self.devs[d].is_failed())
+            .filter(|&&d| self.devs[d].takes_frame(slot))
             .map(|&d| {
                 let data = data.clone();
                 Box::pin(async move { self.devs[d].write_at(base + off, data, fua).await })
@@ -416,6 +416,68 @@ impl Inner {
                 }
             }
         }
+    }
+
+    /// Copies every frame of the survivor onto replaced mirror half `d` (see
+    /// [`CacheVolume::replace_device`]), then makes it live and writes its map.
+    async fn resilver(&self, d: usize) -> BlockResult<()> {
+        let survivor = 1 - d;
+        for slot in 0..self.frames {
+            loop {
+                if self.devs[d].resilver_cursor().is_none() {
+                    return Err(BlockError::Unavailable(
+                        "the replacement device failed".into(),
+                    ));
+                }
+                let key = self.state.lock().policy.key_of(slot);
+                let Some(key) = key else {
+                    // an empty frame: nothing to copy, but a block given the frame
+                    // from now on must reach the new device too (ordered by the
+                    // state lock, under which frames are given out)
+                    let st = self.state.lock();
+                    if st.policy.key_of(slot).is_none() {
+                        self.devs[d].set_resilver_cursor(slot + 1);
+                        break;
+                    }
+                    continue;
+                };
+                let _g = self.lock_exclusive(&[key]).await;
+                {
+                    let mut st = self.state.lock();
+                    if st.policy.key_of(slot) != Some(key) {
+                        continue;
+                    }
+                    // not handed to another block while it is copied
+                    st.pin_io(slot);
+                }
+                let base = self.layout.frame_offset(slot);
+                let copied = async {
+                    let data = self.devs[survivor].read_at(base, self.block_bytes).await?;
+                    self.devs[d].write_at(base, data, false).await
+                }
+                .await;
+                self.state.lock().unpin_io(slot);
+                copied?;
+                self.devs[d].set_resilver_cursor(slot + 1);
+                break;
+            }
+            if slot % 64 == 63 {
+                // foreground I/O first
+                tokio::task::yield_now().await;
+            }
+        }
+        // every block locked: no write or map update in flight while the device
+        // becomes live and gets the whole map
+        let mut all = Vec::with_capacity(LOCK_STRIPES);
+        for l in self.locks.iter() {
+            all.push(l.write().await);
+        }
+        self.devs[d].vol().flush().await?;
+        self.devs[d].finish_resilver();
+        self.write_full_table(false).await?;
+        self.failure_recorded.store(false, Ordering::Release);
+        self.degraded.store(false, Ordering::Release);
+        Ok(())
     }
 
     /// Whether frame `slot` lives only on failed devices.
@@ -978,7 +1040,7 @@ impl Inner {
                 dev.write_at(DeviceLayout::page_offset(page), Bytes::from(bytes), false)
                     .await?;
             }
-            dev.vol.flush().await?;
+            dev.vol().flush().await?;
         }
         self.write_superblocks(|sb| sb.clean = clean).await
     }
@@ -1083,8 +1145,15 @@ impl Inner {
                 .devs
                 .iter()
                 .map(|d| DeviceStatus {
-                    name: d.name.clone(),
-                    state: if d.is_failed() { "failed" } else { "ok" }.to_string(),
+                    name: d.name(),
+                    state: match d.resilver_cursor() {
+                        Some(c) => format!(
+                            "resilvering {:.0}%",
+                            100.0 * c as f64 / self.frames.max(1) as f64
+                        ),
+                        None if d.is_failed() => "failed".into(),
+                        None => "ok".into(),
+                    },
                 })
                 .collect(),
             map_memory_bytes: map as u64,
@@ -1366,6 +1435,71 @@ impl CacheVolume {
             *st = State::empty(&i.cfg, i.frames as usize, spb, advisor);
         }
         self.inner.write_full_table(true).await
+    }
+
+    /// Puts `device` in place of the failed half `index` of a write-back mirror
+    /// while the cache serves: the new device is filled from the survivor in the
+    /// background, frame by frame (each frame locked and pinned while copied;
+    /// writes reach the new device for frames already copied), and once complete
+    /// the map is written to it and the cache leaves write-through for write-back
+    /// again, warm. Progress shows in the device's status ("resilvering N%"). A
+    /// striped cache has nothing to copy: replace its device by detaching it.
+    pub async fn replace_device(&self, index: usize, device: CacheDevice) -> BlockResult<()> {
+        let i = &self.inner;
+        if !i.mirrored {
+            return Err(BlockError::NotSupported(
+                "only a write-back mirror is filled while serving; detach a striped cache to replace its device",
+            ));
+        }
+        let Some(d) = i.devs.get(index) else {
+            return Err(BlockError::Unavailable(format!("no cache device {index}")));
+        };
+        let survivor = &i.devs[1 - index];
+        if !d.is_failed() || d.resilver_cursor().is_some() || survivor.is_failed() {
+            return Err(BlockError::Unavailable(format!(
+                "cache {}: device {index} must have failed and its partner must be live",
+                i.name
+            )));
+        }
+        if device.volume.geometry().size_bytes() < i.layout.end() {
+            return Err(BlockError::Unavailable(format!(
+                "cache {}: {} is smaller than the {} bytes the cache uses on each device",
+                i.name,
+                device.name,
+                i.layout.end()
+            )));
+        }
+        if !d.replace(device.name.clone(), device.volume) {
+            return Err(BlockError::Unavailable(format!(
+                "cache {}: {} has another block size",
+                i.name, device.name
+            )));
+        }
+        tracing::info!(cache = %i.name, index, device = %device.name, "cache device replaced: filling it from its mirror");
+        let inner = i.clone();
+        let t = tokio::spawn(async move {
+            // an abort (detach, shutdown) leaves the new device failed
+            struct Abandon<'a>(&'a Device, bool);
+            impl Drop for Abandon<'_> {
+                fn drop(&mut self) {
+                    if !self.1 {
+                        self.0.abandon_resilver();
+                    }
+                }
+            }
+            let mut guard = Abandon(&inner.devs[index], false);
+            match inner.resilver(index).await {
+                Ok(()) => {
+                    guard.1 = true;
+                    tracing::info!(cache = %inner.name, index, "cache mirror complete again: write-back");
+                }
+                Err(e) => {
+                    tracing::error!(cache = %inner.name, index, "filling the replaced cache device failed: {e}")
+                }
+            }
+        });
+        self.tasks.lock().push(t);
+        Ok(())
     }
 
     /// Marks cache device `index` failed (an operator pulling it, or a test).

@@ -341,3 +341,84 @@ async fn a_dirty_cache_refuses_another_shape() {
         .unwrap();
     assert_eq!(vol.read(0, 1).await.unwrap(), pattern(1, 4096));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replaced_mirror_device_is_filled_while_serving_and_the_cache_stays_warm() {
+    let backing: VolumeRef = Arc::new(MemVolume::new(4096, BACKING_BYTES / 4096));
+    let ssd = || Arc::new(FaultVolume::new(Arc::new(MemVolume::new(4096, 1 << 10))));
+    let faulty = [ssd(), ssd()];
+    let refs: Vec<VolumeRef> = faulty.iter().map(|f| f.clone() as VolumeRef).collect();
+    let oracle = MemVolume::new(4096, BACKING_BYTES / 4096);
+    let mut c = cfg(CacheMode::WriteBack);
+    c.dirty_low_percent = 90;
+    c.dirty_high_percent = 95;
+    // more frames than the others use, so the fill runs alongside the I/O
+    c.size_bytes = Some(3 << 20);
+    let vol = CacheVolume::open("t", backing.clone(), devices(&refs), c.clone())
+        .await
+        .unwrap();
+    exercise(&vol, &oracle, 21, 800).await;
+    // the first SSD dies; a new one takes its place while I/O goes on
+    faulty[0].plan().lock().dead = true;
+    exercise(&vol, &oracle, 22, 300).await;
+    assert!(vol.status().state.starts_with("degraded"));
+    let new = ssd();
+    let small = CacheDevice {
+        name: "tiny".into(),
+        volume: Arc::new(MemVolume::new(4096, 8)),
+    };
+    assert!(
+        vol.replace_device(0, small).await.is_err(),
+        "a too small device"
+    );
+    assert!(
+        vol.replace_device(
+            1,
+            CacheDevice {
+                name: "x".into(),
+                volume: new.clone()
+            }
+        )
+        .await
+        .is_err(),
+        "the live half was replaced"
+    );
+    vol.replace_device(
+        0,
+        CacheDevice {
+            name: "ssd9".into(),
+            volume: new.clone(),
+        },
+    )
+    .await
+    .unwrap();
+    exercise(&vol, &oracle, 23, 1500).await;
+    tokio::time::timeout(Duration::from_secs(30), async {
+        while vol.status().state != "ok" {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await
+    .expect("the mirror never became complete again");
+    let st = vol.status();
+    assert_eq!(st.devices[0].name, "ssd9");
+    assert_eq!(st.devices[0].state, "ok");
+    assert!(st.cached_blocks > 0, "the cache went cold");
+    exercise(&vol, &oracle, 24, 500).await;
+    // a restart finds both halves and stays warm
+    vol.shutdown().await.unwrap();
+    drop(vol);
+    let both: Vec<VolumeRef> = vec![new.clone(), faulty[1].clone()];
+    let vol = CacheVolume::open("t", backing.clone(), devices(&both), c)
+        .await
+        .unwrap();
+    assert_eq!(vol.status().state, "ok");
+    assert!(vol.status().cached_blocks > 0, "cold after the restart");
+    verify_all(&vol, &oracle).await;
+    // the new device alone holds every cached block, dirty ones included
+    assert!(vol.status().dirty_blocks > 0, "nothing dirty to prove it");
+    faulty[1].plan().lock().dead = true;
+    exercise(&vol, &oracle, 25, 500).await;
+    verify_all(&vol, &oracle).await;
+    assert!(vol.status().read_hits > 0);
+}

@@ -23,6 +23,36 @@ pub struct Managed {
     /// LUNs, under the (configured) targets they belong to.
     #[serde(rename = "target", default, skip_serializing_if = "Vec::is_empty")]
     pub targets: Vec<ManagedTarget>,
+    /// Pools whose disks changed at run time (spare added, member replaced): the
+    /// disks they are assembled from now, in place of the config's lists.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub pool_disks: Vec<PoolDisks>,
+    /// Caches whose devices changed at run time (a device replaced).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub cache_devices: Vec<CacheDevices>,
+}
+
+/// The disks of a pool after run-time changes.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PoolDisks {
+    /// The pool.
+    pub name: String,
+    /// Its members now.
+    pub members: Vec<String>,
+    /// Its spares now.
+    #[serde(default)]
+    pub spares: Vec<String>,
+}
+
+/// The devices of a cache after run-time changes.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CacheDevices {
+    /// The cache.
+    pub name: String,
+    /// Its devices now, in order.
+    pub devices: Vec<String>,
 }
 
 /// LUNs added to one configured target.
@@ -80,7 +110,47 @@ impl Managed {
             };
             t.luns.extend(mt.luns.iter().cloned());
         }
+        for pd in &self.pool_disks {
+            let Some(p) = cfg.pools.iter_mut().find(|p| p.name == pd.name) else {
+                bail!(
+                    "{}: pool {} changed its disks at run time, but the configuration no longer has it",
+                    Managed::path(&cfg.data_dir).display(),
+                    pd.name
+                );
+            };
+            p.members = pd.members.clone();
+            p.spares = pd.spares.clone();
+        }
+        for cd in &self.cache_devices {
+            let Some(c) = cfg.caches.iter_mut().find(|c| c.name == cd.name) else {
+                bail!(
+                    "{}: cache {} changed its devices at run time, but the configuration no longer has it",
+                    Managed::path(&cfg.data_dir).display(),
+                    cd.name
+                );
+            };
+            c.devices = cd.devices.clone();
+        }
         Ok(())
+    }
+
+    /// Records pool `name`'s disks now.
+    pub fn set_pool_disks(&mut self, name: &str, members: Vec<String>, spares: Vec<String>) {
+        self.pool_disks.retain(|p| p.name != name);
+        self.pool_disks.push(PoolDisks {
+            name: name.to_string(),
+            members,
+            spares,
+        });
+    }
+
+    /// Records cache `name`'s devices now.
+    pub fn set_cache_devices(&mut self, name: &str, devices: Vec<String>) {
+        self.cache_devices.retain(|c| c.name != name);
+        self.cache_devices.push(CacheDevices {
+            name: name.to_string(),
+            devices,
+        });
     }
 
     /// Whether LUN `id` of target `iqn` was created at run time.

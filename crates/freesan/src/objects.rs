@@ -268,6 +268,39 @@ impl Objects {
         Ok(json!({ "target": target, "lun": id, "deleted": true }))
     }
 
+    /// Records pool `name`'s disks after a run-time change (spare added, member
+    /// replaced): the next start assembles it from these.
+    pub async fn record_pool_disks(
+        &self,
+        name: &str,
+        members: Vec<String>,
+        spares: Vec<String>,
+    ) -> Result<(), ApiError> {
+        let _op = self.op.lock().await;
+        let (mut cfg, mut managed) = self.snapshot();
+        if let Some(p) = cfg.pools.iter_mut().find(|p| p.name == name) {
+            p.members = members.clone();
+            p.spares = spares.clone();
+        }
+        managed.set_pool_disks(name, members, spares);
+        self.commit(cfg, managed)
+    }
+
+    /// Records cache `name`'s devices after one was replaced.
+    pub async fn record_cache_devices(
+        &self,
+        name: &str,
+        devices: Vec<String>,
+    ) -> Result<(), ApiError> {
+        let _op = self.op.lock().await;
+        let (mut cfg, mut managed) = self.snapshot();
+        if let Some(c) = cfg.caches.iter_mut().find(|c| c.name == name) {
+            c.devices = devices.clone();
+        }
+        managed.set_cache_devices(name, devices);
+        self.commit(cfg, managed)
+    }
+
     /// Every LUN the node serves now: target, number, size, whether it was
     /// created at run time.
     pub fn luns_now(&self) -> Vec<Value> {

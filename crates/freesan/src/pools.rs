@@ -125,11 +125,8 @@ fn raid_level(s: &str) -> Result<raid::RaidLevel> {
         "raid5" => raid::RaidLevel::Raid5,
         "raid6" => raid::RaidLevel::Raid6,
         "raid10" => raid::RaidLevel::Raid10,
-        "raid10-far" => raid::RaidLevel::Raid10Far,
         "raidf1" | "f1" => raid::RaidLevel::F1,
-        other => bail!(
-            "unknown RAID level {other:?} (raid0, raid1, raid5, raid6, raid10, raid10-far, raidf1)"
-        ),
+        other => bail!("unknown RAID level {other:?} (raid0, raid1, raid5, raid6, raid10, raidf1)"),
     })
 }
 
@@ -485,6 +482,30 @@ impl Pools {
                         "no free disk named {disk:?} (it must be a [[disk]] of the config that nothing uses)"
                     )));
                 };
+                if let Some(v) = slot
+                    .volume()
+                    .filter(|_| slot.cfg.mode == cache::CacheMode::WriteBack)
+                {
+                    // a write-back mirror is filled from its survivor while it
+                    // serves, and stays warm
+                    let replacement = cache::CacheDevice {
+                        name: disk.clone(),
+                        volume: new.clone(),
+                    };
+                    if let Err(e) = v.replace_device(device, replacement).await {
+                        self.free_disks.lock().insert(disk, new);
+                        return Err(api::ApiError::Conflict(format!("cache {name}: {e}")));
+                    }
+                    let old = std::mem::replace(
+                        &mut slot.devices.lock()[device],
+                        cache::CacheDevice {
+                            name: disk.clone(),
+                            volume: new,
+                        },
+                    );
+                    tracing::info!(cache = %name, device, old = %old.name, new = %disk, "cache device replaced: resilvering");
+                    return Ok(slot.status(name));
+                }
                 if slot.volume().is_some() {
                     if let Err(e) = slot.detach(name).await {
                         self.free_disks.lock().insert(disk, new);
@@ -680,7 +701,18 @@ impl api::Control for NodeControl {
         name: &str,
         action: api::CacheAction,
     ) -> Result<serde_json::Value, api::ApiError> {
-        self.pools.cache_act(name, action).await
+        let replaced = matches!(action, api::CacheAction::Replace { .. });
+        let st = self.pools.cache_act(name, action).await?;
+        if replaced {
+            let devices = st["devices"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(|d| d["name"].as_str().map(str::to_string))
+                .collect();
+            self.objects.record_cache_devices(name, devices).await?;
+        }
+        Ok(st)
     }
 
     fn pool(&self, name: &str) -> Option<serde_json::Value> {
@@ -692,7 +724,28 @@ impl api::Control for NodeControl {
         name: &str,
         action: api::PoolAction,
     ) -> Result<serde_json::Value, api::ApiError> {
-        self.pools.act(name, action).await
+        let changes_disks = matches!(
+            action,
+            api::PoolAction::AddSpare { .. } | api::PoolAction::Replace { .. }
+        );
+        let st = self.pools.act(name, action).await?;
+        if changes_disks {
+            // the pool is assembled from these disks at the next start
+            let names = |k: &str| -> Vec<String> {
+                st[k]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .filter_map(|m| m["name"].as_str())
+                    .filter(|n| *n != "missing")
+                    .map(str::to_string)
+                    .collect()
+            };
+            self.objects
+                .record_pool_disks(name, names("members"), names("spares"))
+                .await?;
+        }
+        Ok(st)
     }
 
     async fn create(

@@ -176,3 +176,83 @@ fn disks_pools_and_luns_created_at_run_time_serve_and_survive_a_restart() {
     assert_eq!(luns(&api).len(), 1, "a deleted LUN came back");
     ok(&api, &["pool", "status", "p"]);
 }
+
+/// Spares added at run time, one of them pulled in for a failed member, are kept:
+/// after a restart the pool is assembled from its disks as they are now, not as
+/// the config listed them.
+#[test]
+fn pool_disks_changed_at_run_time_are_assembled_after_a_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut s = config_head(dir.path(), 5);
+    s += "[[pool]]\nname = \"p\"\nlevel = \"raid5\"\nchunk = \"16K\"\nmembers = [\"d0\", \"d1\", \"d2\"]\n";
+    s += &format!("[[target]]\niqn = \"{IQN}\"\n[[target.lun]]\npool = \"p\"\n");
+    let cfg = dir.path().join("node.toml");
+    std::fs::write(&cfg, s).unwrap();
+    let mut node = start_config(dir.path(), &cfg);
+    let api = node.api.clone().expect("no API address in the banner");
+    let state = dir.path().join("verify.state");
+    let (done, out) = run(
+        env!("CARGO_BIN_EXE_freesan"),
+        &[
+            "bench",
+            "--target",
+            &node.url(0, 0),
+            "--single-path",
+            "--bs",
+            "16k",
+            "--rw",
+            "randwrite",
+            "--threads",
+            "2",
+            "--qd",
+            "4",
+            "--secs",
+            "2",
+            "--ramp",
+            "0",
+            "--verify",
+            "--quiet",
+            "--verify-state",
+            state.to_str().unwrap(),
+        ],
+    );
+    assert!(done, "{out}");
+    ok(&api, &["pool", "add-spare", "p", "d3"]);
+    // d0 fails: the spare d3 takes its place; d4 becomes the new spare
+    ok(&api, &["pool", "fail", "p", "0"]);
+    ok(&api, &["pool", "add-spare", "p", "d4"]);
+    let disks = |api: &str| {
+        let out = ok(api, &["pool", "status", "p", "--json"]);
+        let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+        let names = |k: &str| {
+            let mut n: Vec<String> = v[k]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|m| m["name"].as_str().unwrap().to_string())
+                .collect();
+            n.sort();
+            n
+        };
+        (names("members"), names("spares"), v["state"].clone())
+    };
+    let before = disks(&api);
+    assert_eq!(before.0, ["d1", "d2", "d3"], "{before:?}");
+    assert_eq!(before.1, ["d4"], "{before:?}");
+    assert!(node.terminate(), "unclean exit");
+    let node = start_config(dir.path(), &cfg);
+    let api = node.api.clone().expect("no API address in the banner");
+    let after = disks(&api);
+    assert_eq!((&after.0, &after.1), (&before.0, &before.1), "{after:?}");
+    // d0, failed and replaced, is no longer the pool's
+    let out = ok(&api, &["disk", "list", "--json"]);
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let d0 = v
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|d| d["name"] == "d0")
+        .unwrap();
+    assert_eq!(d0["free"], true, "{v}");
+    assert_acknowledged_writes_intact(&node.url(0, 0), &state, "the pool after a restart");
+}
