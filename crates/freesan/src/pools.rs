@@ -125,8 +125,11 @@ fn raid_level(s: &str) -> Result<raid::RaidLevel> {
         "raid5" => raid::RaidLevel::Raid5,
         "raid6" => raid::RaidLevel::Raid6,
         "raid10" => raid::RaidLevel::Raid10,
+        "raid10-far" => raid::RaidLevel::Raid10Far,
         "raidf1" | "f1" => raid::RaidLevel::F1,
-        other => bail!("unknown RAID level {other:?} (raid0, raid1, raid5, raid6, raid10, raidf1)"),
+        other => bail!(
+            "unknown RAID level {other:?} (raid0, raid1, raid5, raid6, raid10, raid10-far, raidf1)"
+        ),
     })
 }
 
