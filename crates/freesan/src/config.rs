@@ -191,7 +191,7 @@ pub struct DiskConfig {
 pub struct PoolConfig {
     /// Pool name (LUNs refer to it).
     pub name: String,
-    /// `raid0`, `raid1`, `raid5`, `raid6`, `raid10` or `raidf1`.
+    /// `raid0`, `raid1`, `raid5`, `raid6`, `raid10`, `raid10-far` or `raidf1`.
     pub level: String,
     /// Chunk (strip) size, e.g. `256K`; default chosen by the raid layer.
     #[serde(default)]

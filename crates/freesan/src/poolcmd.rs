@@ -28,7 +28,7 @@ pub enum PoolCmd {
     Create {
         /// Pool name.
         name: String,
-        /// raid0, raid1, raid5, raid6, raid10 or raidf1.
+        /// raid0, raid1, raid5, raid6, raid10, raid10-far or raidf1.
         #[arg(long)]
         level: String,
         /// Member disks, in order (comma-separated or repeated).

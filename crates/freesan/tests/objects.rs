@@ -38,6 +38,36 @@ fn refused(api: &str, args: &[&str], why: &str) {
     );
 }
 
+/// Two seconds of `bench --verify` 16K random writes to `url` (run to the end),
+/// keeping the verification state in `state`.
+fn verified_random_writes(url: &str, state: &Path) -> (bool, String) {
+    run(
+        env!("CARGO_BIN_EXE_freesan"),
+        &[
+            "bench",
+            "--target",
+            url,
+            "--single-path",
+            "--bs",
+            "16k",
+            "--rw",
+            "randwrite",
+            "--threads",
+            "2",
+            "--qd",
+            "4",
+            "--secs",
+            "2",
+            "--ramp",
+            "0",
+            "--verify",
+            "--quiet",
+            "--verify-state",
+            state.to_str().unwrap(),
+        ],
+    )
+}
+
 fn luns(api: &str) -> Vec<serde_json::Value> {
     let out = ok(api, &["lun", "list", "--json"]);
     serde_json::from_str::<Vec<serde_json::Value>>(&out).expect("lun list JSON")
@@ -105,31 +135,7 @@ fn disks_pools_and_luns_created_at_run_time_serve_and_survive_a_restart() {
     // the new LUN serves I/O at once: verified writes, then a check of every one
     let state = dir.path().join("verify.state");
     let url = node.url(0, 1);
-    let (done, out) = run(
-        env!("CARGO_BIN_EXE_freesan"),
-        &[
-            "bench",
-            "--target",
-            &url,
-            "--single-path",
-            "--bs",
-            "16k",
-            "--rw",
-            "randwrite",
-            "--threads",
-            "2",
-            "--qd",
-            "4",
-            "--secs",
-            "2",
-            "--ramp",
-            "0",
-            "--verify",
-            "--quiet",
-            "--verify-state",
-            state.to_str().unwrap(),
-        ],
-    );
+    let (done, out) = verified_random_writes(&url, &state);
     assert!(done, "verified writes to the new LUN failed: {out}");
     assert_acknowledged_writes_intact(&url, &state, "the LUN created at run time");
 
@@ -191,31 +197,7 @@ fn pool_disks_changed_at_run_time_are_assembled_after_a_restart() {
     let mut node = start_config(dir.path(), &cfg);
     let api = node.api.clone().expect("no API address in the banner");
     let state = dir.path().join("verify.state");
-    let (done, out) = run(
-        env!("CARGO_BIN_EXE_freesan"),
-        &[
-            "bench",
-            "--target",
-            &node.url(0, 0),
-            "--single-path",
-            "--bs",
-            "16k",
-            "--rw",
-            "randwrite",
-            "--threads",
-            "2",
-            "--qd",
-            "4",
-            "--secs",
-            "2",
-            "--ramp",
-            "0",
-            "--verify",
-            "--quiet",
-            "--verify-state",
-            state.to_str().unwrap(),
-        ],
-    );
+    let (done, out) = verified_random_writes(&node.url(0, 0), &state);
     assert!(done, "{out}");
     ok(&api, &["pool", "add-spare", "p", "d3"]);
     // d0 fails: the spare d3 takes its place; d4 becomes the new spare

@@ -374,21 +374,7 @@ impl Inner {
         if n < 2 {
             return None;
         }
-        let mut guards = Vec::with_capacity(n as usize);
-        for x in s..s + n {
-            guards.push(self.lock_for(x).write().await);
-        }
-        let view = self.view().ok()?;
-        let (target, h) = {
-            let st = self.state.lock();
-            let reb: Vec<usize> = (0..st.slots.len())
-                .filter(|&i| st.slots[i].state == MemberState::Rebuilding)
-                .collect();
-            if reb.len() != 1 || st.slots[reb[0]].rebuild_cp_stripes != s {
-                return None;
-            }
-            (reb[0], st.slots[reb[0]].member.clone()?)
-        };
+        let (guards, view, target, h) = self.lock_rebuild_batch(s, n).await?;
         let others: Vec<usize> = (0..self.layout.member_count())
             .filter(|&p| p != target)
             .collect();
@@ -547,6 +533,36 @@ impl Inner {
     /// [`REBUILD_BATCH_BYTES`] per member as the RAID 5 rebuild; `None` when
     /// batching does not apply (placement that changes per stripe, fewer than two
     /// stripes left).
+    /// Locks stripes `[s, s + n)` for a batched rebuild step and returns the
+    /// guards, the member view, and the one member rebuilding from `s` with its
+    /// handle; `None` unless exactly one member rebuilds and its checkpoint is `s`.
+    async fn lock_rebuild_batch(
+        &self,
+        s: u64,
+        n: u64,
+    ) -> Option<(
+        Vec<tokio::sync::RwLockWriteGuard<'_, ()>>,
+        View,
+        usize,
+        Arc<MemberHandle>,
+    )> {
+        let mut guards = Vec::with_capacity(n as usize);
+        for x in s..s + n {
+            guards.push(self.lock_for(x).write().await);
+        }
+        let view = self.view().ok()?;
+        let st = self.state.lock();
+        let reb: Vec<usize> = (0..st.slots.len())
+            .filter(|&i| st.slots[i].state == MemberState::Rebuilding)
+            .collect();
+        if reb.len() != 1 || st.slots[reb[0]].rebuild_cp_stripes != s {
+            return None;
+        }
+        let h = st.slots[reb[0]].member.clone()?;
+        drop(st);
+        Some((guards, view, reb[0], h))
+    }
+
     fn mirror_batch_len(&self, s: u64, end: u64) -> Option<u64> {
         if self.layout.scheme() != Scheme::Mirror || self.layout.cycle_stripes() != 1 {
             return None;
@@ -627,21 +643,7 @@ impl Inner {
     /// the batch. `None` when it does not apply or failed.
     async fn rebuild_mirror_batch(&self, s: u64) -> Option<u64> {
         let n = self.mirror_batch_len(s, self.stripes)?;
-        let mut guards = Vec::with_capacity(n as usize);
-        for x in s..s + n {
-            guards.push(self.lock_for(x).write().await);
-        }
-        let view = self.view().ok()?;
-        let (member, h) = {
-            let st = self.state.lock();
-            let reb: Vec<usize> = (0..st.slots.len())
-                .filter(|&i| st.slots[i].state == MemberState::Rebuilding)
-                .collect();
-            if reb.len() != 1 || st.slots[reb[0]].rebuild_cp_stripes != s {
-                return None;
-            }
-            (reb[0], st.slots[reb[0]].member.clone()?)
-        };
+        let (guards, view, member, h) = self.lock_rebuild_batch(s, n).await?;
         let mut jobs: Vec<(usize, Vec<usize>)> = Vec::new();
         for t in self.layout.positions_of(member) {
             let d = (0..self.layout.data_chunks())

@@ -5,30 +5,9 @@ mod common;
 
 use block::{BlockError, MemVolume, Volume};
 use common::*;
-use raid::{Member, MemberState, Pool, PoolState, RaidLevel};
+use raid::{MemberState, Pool, PoolState, RaidLevel};
 
 const FAR: RaidLevel = RaidLevel::Raid10Far;
-
-async fn fill(pool: &Pool, oracle: &MemVolume, seed: u64) {
-    let total = pool.geometry().block_count;
-    let mut at = 0;
-    let mut i = 0;
-    while at < total {
-        let n = (37 + (i * 13) % 90).min(total - at);
-        let d = pattern(seed + i, n);
-        pool.write(at, d.clone(), false).await.unwrap();
-        oracle.write(at, d, false).await.unwrap();
-        at += n;
-        i += 1;
-    }
-}
-
-fn members_of(ms: &[TestMember]) -> Vec<Member> {
-    ms.iter()
-        .enumerate()
-        .map(|(i, m)| m.as_member(&format!("m{i}")))
-        .collect()
-}
 
 /// Rows per half (stripes) of a far pool over `n` test members.
 fn half_blocks(pool: &Pool, n: usize) -> u64 {

@@ -8,27 +8,6 @@ use raid::{Member, MemberState, Pool, PoolState, RaidError, RaidLevel};
 use std::sync::Arc;
 use std::time::Duration;
 
-async fn fill(pool: &Pool, oracle: &MemVolume, seed: u64) {
-    let total = pool.geometry().block_count;
-    let mut at = 0;
-    let mut i = 0;
-    while at < total {
-        let n = (37 + (i * 13) % 90).min(total - at);
-        let d = pattern(seed + i, n);
-        pool.write(at, d.clone(), false).await.unwrap();
-        oracle.write(at, d, false).await.unwrap();
-        at += n;
-        i += 1;
-    }
-}
-
-fn members_of(ms: &[TestMember]) -> Vec<Member> {
-    ms.iter()
-        .enumerate()
-        .map(|(i, m)| m.as_member(&format!("m{i}")))
-        .collect()
-}
-
 #[tokio::test]
 async fn assemble_shuffled_and_degraded() {
     let (pool, ms) = make_pool(RaidLevel::Raid5, 4).await;

@@ -115,3 +115,26 @@ pub async fn futures_join<F: std::future::Future>(
     .await;
     out.into_iter().map(|o| o.expect("ready")).collect()
 }
+
+/// Writes the whole pool (and the oracle) with requests of varying sizes.
+pub async fn fill(pool: &Pool, oracle: &MemVolume, seed: u64) {
+    let total = pool.geometry().block_count;
+    let mut at = 0;
+    let mut i = 0;
+    while at < total {
+        let n = (37 + (i * 13) % 90).min(total - at);
+        let d = pattern(seed + i, n);
+        pool.write(at, d.clone(), false).await.unwrap();
+        oracle.write(at, d, false).await.unwrap();
+        at += n;
+        i += 1;
+    }
+}
+
+/// The test members as pool members named m0, m1, ...
+pub fn members_of(ms: &[TestMember]) -> Vec<Member> {
+    ms.iter()
+        .enumerate()
+        .map(|(i, m)| m.as_member(&format!("m{i}")))
+        .collect()
+}
