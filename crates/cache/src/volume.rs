@@ -429,18 +429,18 @@ impl Inner {
                         "the replacement device failed".into(),
                     ));
                 }
-                let key = self.state.lock().policy.key_of(slot);
-                let Some(key) = key else {
-                    // an empty frame: nothing to copy, but a block given the frame
-                    // from now on must reach the new device too (ordered by the
-                    // state lock, under which frames are given out)
+                let key = {
                     let st = self.state.lock();
-                    if st.policy.key_of(slot).is_none() {
+                    let key = st.policy.key_of(slot);
+                    if key.is_none() {
+                        // an empty frame: nothing to copy, but a block given the
+                        // frame from now on must reach the new device too (ordered
+                        // by the state lock, under which frames are given out)
                         self.devs[d].set_resilver_cursor(slot + 1);
-                        break;
                     }
-                    continue;
+                    key
                 };
+                let Some(key) = key else { break };
                 let _g = self.lock_exclusive(&[key]).await;
                 {
                     let mut st = self.state.lock();

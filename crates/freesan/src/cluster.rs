@@ -101,17 +101,9 @@ impl Cluster {
 
     /// Where this node keeps replicated volume `name`'s state (generations, bitmap).
     pub fn state_dir(&self, name: &str) -> PathBuf {
-        let safe: String = name
-            .chars()
-            .map(|ch| {
-                if ch.is_ascii_alphanumeric() || ch == '.' || ch == '-' {
-                    ch
-                } else {
-                    '_'
-                }
-            })
-            .collect();
-        self.data_dir.join("replicas").join(safe)
+        self.data_dir
+            .join("replicas")
+            .join(crate::identity::safe_name(name))
     }
 
     /// Stops replicating volume `name` (its LUN was deleted): the link closes, the

@@ -73,10 +73,9 @@ fn from_bits(mut naa: [u8; 16], path: &Path) -> LunIdentity {
     }
 }
 
-/// The folder of a target's state inside the data directory.
-pub fn target_dir(data_dir: &Path, iqn: &str) -> PathBuf {
-    let safe: String = iqn
-        .chars()
+/// `name` as a file name: letters, digits, `.` and `-` kept, anything else `_`.
+pub fn safe_name(name: &str) -> String {
+    name.chars()
         .map(|c| {
             if c.is_ascii_alphanumeric() || c == '.' || c == '-' {
                 c
@@ -84,8 +83,12 @@ pub fn target_dir(data_dir: &Path, iqn: &str) -> PathBuf {
                 '_'
             }
         })
-        .collect();
-    data_dir.join("targets").join(safe)
+        .collect()
+}
+
+/// The folder of a target's state inside the data directory.
+pub fn target_dir(data_dir: &Path, iqn: &str) -> PathBuf {
+    data_dir.join("targets").join(safe_name(iqn))
 }
 
 /// Loads the identity of LUN `lun` of target `iqn`, creating and persisting it on first use.

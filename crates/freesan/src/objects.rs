@@ -117,7 +117,7 @@ impl Objects {
                     d.name
                 )));
             }
-            d.path = Some(self.data_dir.join("disks").join(format!("{}.img", d.name)));
+            d.path = Some(crate::pools::default_disk_path(&self.data_dir, &d.name));
         }
         let _op = self.op.lock().await;
         let (mut cfg, mut managed) = self.snapshot();

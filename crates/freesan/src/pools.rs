@@ -201,10 +201,15 @@ fn open_disk(cfg: &Config, d: &DiskConfig) -> Result<VolumeRef> {
     }
 }
 
+/// Where disk `name` keeps its data when its config gives no path.
+pub fn default_disk_path(data_dir: &std::path::Path, name: &str) -> PathBuf {
+    data_dir.join("disks").join(format!("{name}.img"))
+}
+
 fn open_disk_file(cfg: &Config, d: &DiskConfig) -> Result<VolumeRef> {
     let path: PathBuf = match &d.path {
         Some(p) => p.clone(),
-        None => cfg.data_dir.join("disks").join(format!("{}.img", d.name)),
+        None => default_disk_path(&cfg.data_dir, &d.name),
     };
     if let Some(parent) = path.parent() {
         if !path.exists() && !parent.as_os_str().is_empty() {
@@ -219,6 +224,15 @@ fn open_disk_file(cfg: &Config, d: &DiskConfig) -> Result<VolumeRef> {
     let file = disk::FileVolume::open(&path, &opts)
         .with_context(|| format!("disk {}: opening {}", d.name, path.display()))?;
     Ok(Arc::new(file))
+}
+
+/// Takes the disks `names` out of `disks` as pool members (names not there are
+/// skipped: the pool assembles without them or refuses).
+fn take_members(disks: &mut BTreeMap<String, VolumeRef>, names: &[String]) -> Vec<raid::Member> {
+    names
+        .iter()
+        .filter_map(|n| disks.remove(n).map(|v| raid::Member::new(n.clone(), v)))
+        .collect()
 }
 
 /// Assembles pool `p` from `members` and `spares` when any of them carries a
@@ -287,14 +301,8 @@ impl Pools {
         }
         let mut pools = BTreeMap::new();
         for p in &cfg.pools {
-            let mut take = |names: &[String]| -> Vec<raid::Member> {
-                names
-                    .iter()
-                    .filter_map(|n| disks.remove(n).map(|v| raid::Member::new(n.clone(), v)))
-                    .collect()
-            };
-            let members = take(&p.members);
-            let spares = take(&p.spares);
+            let members = take_members(&mut disks, &p.members);
+            let spares = take_members(&mut disks, &p.spares);
             let pool = open_pool(p, members, spares, false).await?;
             pools.insert(p.name.clone(), Arc::new(pool));
         }
@@ -383,29 +391,23 @@ impl Pools {
             {
                 bail!("pool {}: disk {d:?} is not a free disk", p.name);
             }
-            let mut take = |names: &[String]| -> Vec<raid::Member> {
-                names
-                    .iter()
-                    .filter_map(|n| free.remove(n).map(|v| raid::Member::new(n.clone(), v)))
-                    .collect()
-            };
-            (take(&p.members), take(&p.spares))
+            (
+                take_members(&mut free, &p.members),
+                take_members(&mut free, &p.spares),
+            )
         };
-        let back = |ms: &[raid::Member]| {
-            let mut free = self.free_disks.lock();
-            for m in ms {
-                free.insert(m.name.clone(), m.volume.clone());
-            }
-        };
-        let (m2, s2) = (members.clone(), spares.clone());
+        let taken: Vec<raid::Member> = members.iter().chain(&spares).cloned().collect();
         match open_pool(p, members, spares, true).await {
             Ok(pool) => {
                 self.pools.write().insert(p.name.clone(), Arc::new(pool));
                 Ok(())
             }
             Err(e) => {
-                back(&m2);
-                back(&s2);
+                // the disks are free again
+                let mut free = self.free_disks.lock();
+                for m in taken {
+                    free.insert(m.name, m.volume);
+                }
                 Err(e)
             }
         }
@@ -485,45 +487,32 @@ impl Pools {
                         "no free disk named {disk:?} (it must be a [[disk]] of the config that nothing uses)"
                     )));
                 };
-                if let Some(v) = slot
+                let replacement = cache::CacheDevice {
+                    name: disk.clone(),
+                    volume: new.clone(),
+                };
+                // a write-back mirror is filled from its survivor while it serves
+                // and stays warm; any other cache is detached, swapped, attached
+                let warm = slot
                     .volume()
-                    .filter(|_| slot.cfg.mode == cache::CacheMode::WriteBack)
-                {
-                    // a write-back mirror is filled from its survivor while it
-                    // serves, and stays warm
-                    let replacement = cache::CacheDevice {
-                        name: disk.clone(),
-                        volume: new.clone(),
-                    };
-                    if let Err(e) = v.replace_device(device, replacement).await {
-                        self.free_disks.lock().insert(disk, new);
-                        return Err(api::ApiError::Conflict(format!("cache {name}: {e}")));
-                    }
-                    let old = std::mem::replace(
-                        &mut slot.devices.lock()[device],
-                        cache::CacheDevice {
-                            name: disk.clone(),
-                            volume: new,
-                        },
-                    );
-                    tracing::info!(cache = %name, device, old = %old.name, new = %disk, "cache device replaced: resilvering");
-                    return Ok(slot.status(name));
+                    .filter(|_| slot.cfg.mode == cache::CacheMode::WriteBack);
+                let put_in = match &warm {
+                    Some(v) => v
+                        .replace_device(device, replacement.clone())
+                        .await
+                        .map_err(|e| api::ApiError::Conflict(format!("cache {name}: {e}"))),
+                    None if slot.volume().is_some() => slot.detach(name).await,
+                    None => Ok(()),
+                };
+                if let Err(e) = put_in {
+                    self.free_disks.lock().insert(disk, new);
+                    return Err(e);
                 }
-                if slot.volume().is_some() {
-                    if let Err(e) = slot.detach(name).await {
-                        self.free_disks.lock().insert(disk, new);
-                        return Err(e);
-                    }
+                let old = std::mem::replace(&mut slot.devices.lock()[device], replacement);
+                tracing::info!(cache = %name, device, old = %old.name, new = %disk, warm = warm.is_some(), "cache device replaced");
+                if warm.is_none() {
+                    slot.attach(name).await?;
                 }
-                let old = std::mem::replace(
-                    &mut slot.devices.lock()[device],
-                    cache::CacheDevice {
-                        name: disk.clone(),
-                        volume: new,
-                    },
-                );
-                tracing::info!(cache = %name, device, old = %old.name, new = %disk, "cache device replaced");
-                slot.attach(name).await?;
             }
         }
         Ok(slot.status(name))

@@ -328,9 +328,6 @@ pub async fn run(cfg: Config) -> Result<()> {
             let summary = serde_json::json!({
                 "version": env!("CARGO_PKG_VERSION"),
                 "portals": addrs.iter().map(|a| a.to_string()).collect::<Vec<_>>(),
-                "luns": opened.iter().map(|l| serde_json::json!({
-                    "target": l.target, "lun": l.id, "backing": l.path, "size_bytes": l.size_bytes,
-                })).collect::<Vec<_>>(),
             });
             let control = std::sync::Arc::new(crate::pools::NodeControl {
                 pools: pools.clone(),

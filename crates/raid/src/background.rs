@@ -308,7 +308,7 @@ impl Inner {
                     debug_assert_eq!(self.layout.member_of(vpos), *pos);
                     let at = At {
                         h,
-                        base: view.bases[vpos],
+                        base: view.base(vpos),
                     };
                     if ok
                         && self

@@ -399,12 +399,12 @@ impl Inner {
             // Near: a read that continues a copy's last read stays on that copy
             // (one sequential stream per copy, no skipping); others go to the copy
             // with the fewest requests outstanding, then the nearest head. Heads
-            // are member data-area lbas: `bases[p] + mlba` is where `p` reads.
+            // are member data-area lbas: `base(p) + mlba` is where `p` reads.
             let head_at = |p: usize| {
                 view.readable(p, s)
                     .map_or(u64::MAX, |h| h.head.load(Ordering::Relaxed))
             };
-            let target = |p: usize| view.bases[p] + mlba;
+            let target = |p: usize| view.base(p) + mlba;
             let chosen = if far {
                 cands.first().copied()
             } else {
@@ -536,7 +536,7 @@ impl Inner {
             .map(|(_, pos, h, mlba, b)| -> BoxFut<'_, BlockResult<()>> {
                 let at = At {
                     h,
-                    base: view.bases[*pos],
+                    base: view.base(*pos),
                 };
                 Box::pin(self.m_write(at, *mlba, b.clone(), fua))
             })

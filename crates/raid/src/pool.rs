@@ -121,19 +121,24 @@ impl std::ops::Deref for At<'_> {
 pub(crate) struct View {
     /// Per position: the handle when writable, and the stripe below which it is readable.
     pub slots: Vec<Option<(Arc<MemberHandle>, u64)>>,
-    /// Per position: data-area lba of its area.
-    pub bases: Vec<u64>,
+    /// Blocks of one area of a member's data area (`stripes * chunk`).
+    pub area_blocks: u64,
     /// Number of members (the first `members` positions).
     pub members: usize,
 }
 
 impl View {
+    /// Data-area lba where position `pos`'s area starts (positions are
+    /// area-major, see [`crate::layout::Layout::areas`]).
+    pub fn base(&self, pos: usize) -> u64 {
+        (pos / self.members) as u64 * self.area_blocks
+    }
     /// The member at `pos` if it holds valid data for `stripe`.
     pub fn readable(&self, pos: usize, stripe: u64) -> Option<At<'_>> {
         match &self.slots[pos] {
             Some((h, below)) if stripe < *below => Some(At {
                 h,
-                base: self.bases[pos],
+                base: self.base(pos),
             }),
             _ => None,
         }
@@ -142,7 +147,7 @@ impl View {
     pub fn writable(&self, pos: usize) -> Option<At<'_>> {
         self.slots[pos].as_ref().map(|(h, _)| At {
             h,
-            base: self.bases[pos],
+            base: self.base(pos),
         })
     }
     /// Every attached member once: (member position, handle).
@@ -864,9 +869,7 @@ impl Inner {
                     }
                 })
                 .collect(),
-            bases: (0..l.positions())
-                .map(|p| l.area_of(p) * self.stripes * self.cb)
-                .collect(),
+            area_blocks: self.stripes * self.cb,
             members: l.member_count(),
         })
     }

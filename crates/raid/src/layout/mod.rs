@@ -50,21 +50,23 @@ pub trait Layout: Send + Sync + std::fmt::Debug {
     fn level(&self) -> RaidLevel;
     /// Number of members.
     fn member_count(&self) -> usize;
-    /// Number of grid positions (`member_count()` except for RAID 10 far).
+    /// Areas each member's data area is split into; each area holds `stripes` rows
+    /// (2 for RAID 10 far, else 1). Grid positions are numbered area-major:
+    /// position `a * member_count() + m` is area `a` of member `m`.
+    fn areas(&self) -> u64 {
+        1
+    }
+    /// Number of grid positions (`member_count()` times `areas()`).
     fn positions(&self) -> usize {
-        self.member_count()
+        self.member_count() * self.areas() as usize
     }
     /// The member holding position `pos` (identity for `pos < member_count()`).
     fn member_of(&self, pos: usize) -> usize {
-        pos
+        pos % self.member_count()
     }
-    /// Which area (half) of its member's data area position `pos` is.
-    fn area_of(&self, _pos: usize) -> u64 {
-        0
-    }
-    /// Areas each member's data area is split into; each area holds `stripes` rows.
-    fn areas(&self) -> u64 {
-        1
+    /// Which area of its member's data area position `pos` is.
+    fn area_of(&self, pos: usize) -> u64 {
+        (pos / self.member_count()) as u64
     }
     /// The positions a member holds (one per area).
     fn positions_of(&self, member: usize) -> Vec<usize> {

@@ -31,15 +31,6 @@ impl Layout for Raid10Far {
     fn member_count(&self) -> usize {
         self.members
     }
-    fn positions(&self) -> usize {
-        2 * self.members
-    }
-    fn member_of(&self, pos: usize) -> usize {
-        pos % self.members
-    }
-    fn area_of(&self, pos: usize) -> u64 {
-        (pos / self.members) as u64
-    }
     fn areas(&self) -> u64 {
         2
     }
