@@ -422,3 +422,61 @@ async fn a_replaced_mirror_device_is_filled_while_serving_and_the_cache_stays_wa
     verify_all(&vol, &oracle).await;
     assert!(vol.status().read_hits > 0);
 }
+
+/// A crash while a replaced mirror half is being filled: the half-filled device is
+/// not trusted at restart (it never got this cache's superblock), so the cache
+/// comes back on the survivor alone and every acknowledged block reads back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crash_during_the_fill_leaves_the_new_device_untrusted() {
+    let backing: VolumeRef = Arc::new(MemVolume::new(4096, BACKING_BYTES / 4096));
+    let ssd = || Arc::new(FaultVolume::new(Arc::new(MemVolume::new(4096, 1 << 10))));
+    let faulty = [ssd(), ssd()];
+    let refs: Vec<VolumeRef> = faulty.iter().map(|f| f.clone() as VolumeRef).collect();
+    let oracle = MemVolume::new(4096, BACKING_BYTES / 4096);
+    let mut c = cfg(CacheMode::WriteBack);
+    c.dirty_low_percent = 90;
+    c.dirty_high_percent = 95;
+    c.size_bytes = Some(3 << 20);
+    let vol = CacheVolume::open("t", backing.clone(), devices(&refs), c.clone())
+        .await
+        .unwrap();
+    exercise(&vol, &oracle, 31, 800).await;
+    faulty[0].plan().lock().dead = true;
+    exercise(&vol, &oracle, 32, 300).await;
+    // the new device is slow: the fill is certainly under way when the node dies
+    let new_store: VolumeRef = Arc::new(MemVolume::new(4096, 1 << 10));
+    let slow: VolumeRef = Arc::new(block::DelayVolume::new(
+        new_store.clone(),
+        Duration::from_millis(1),
+        Duration::from_millis(20),
+    ));
+    vol.replace_device(
+        0,
+        CacheDevice {
+            name: "ssd9".into(),
+            volume: slow,
+        },
+    )
+    .await
+    .unwrap();
+    exercise(&vol, &oracle, 33, 200).await;
+    let st = vol.status();
+    assert!(
+        st.devices[0].state.starts_with("resilvering"),
+        "{:?}",
+        st.devices[0]
+    );
+    // the node dies: no shutdown, the fill stops where it is
+    drop(vol);
+    let both: Vec<VolumeRef> = vec![new_store, faulty[1].clone()];
+    let vol = CacheVolume::open("t", backing.clone(), devices(&both), c)
+        .await
+        .unwrap();
+    let st = vol.status();
+    assert_eq!(
+        st.devices[0].state, "failed",
+        "a half-filled device was trusted"
+    );
+    assert!(st.state.starts_with("degraded"), "{}", st.state);
+    verify_all(&vol, &oracle).await;
+}
