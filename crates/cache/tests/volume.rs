@@ -342,27 +342,55 @@ async fn a_dirty_cache_refuses_another_shape() {
     assert_eq!(vol.read(0, 1).await.unwrap(), pattern(1, 4096));
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_replaced_mirror_device_is_filled_while_serving_and_the_cache_stays_warm() {
+/// A write-back mirror over two fault-injecting SSDs, a cache big enough that a
+/// fill runs alongside I/O, data written (much of it dirty), then SSD 0 dead.
+struct Degraded {
+    backing: VolumeRef,
+    faulty: [Arc<FaultVolume>; 2],
+    oracle: MemVolume,
+    cfg: CacheConfig,
+    vol: CacheVolume,
+}
+
+async fn degraded_write_back_mirror(seed: u64) -> Degraded {
     let backing: VolumeRef = Arc::new(MemVolume::new(4096, BACKING_BYTES / 4096));
-    let ssd = || Arc::new(FaultVolume::new(Arc::new(MemVolume::new(4096, 1 << 10))));
-    let faulty = [ssd(), ssd()];
+    let faulty = [fault_ssd(), fault_ssd()];
     let refs: Vec<VolumeRef> = faulty.iter().map(|f| f.clone() as VolumeRef).collect();
     let oracle = MemVolume::new(4096, BACKING_BYTES / 4096);
     let mut c = cfg(CacheMode::WriteBack);
     c.dirty_low_percent = 90;
     c.dirty_high_percent = 95;
-    // more frames than the others use, so the fill runs alongside the I/O
     c.size_bytes = Some(3 << 20);
     let vol = CacheVolume::open("t", backing.clone(), devices(&refs), c.clone())
         .await
         .unwrap();
-    exercise(&vol, &oracle, 21, 800).await;
-    // the first SSD dies; a new one takes its place while I/O goes on
+    exercise(&vol, &oracle, seed, 800).await;
     faulty[0].plan().lock().dead = true;
-    exercise(&vol, &oracle, 22, 300).await;
+    exercise(&vol, &oracle, seed + 1, 300).await;
     assert!(vol.status().state.starts_with("degraded"));
-    let new = ssd();
+    Degraded {
+        backing,
+        faulty,
+        oracle,
+        cfg: c,
+        vol,
+    }
+}
+
+fn fault_ssd() -> Arc<FaultVolume> {
+    Arc::new(FaultVolume::new(Arc::new(MemVolume::new(4096, 1 << 10))))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replaced_mirror_device_is_filled_while_serving_and_the_cache_stays_warm() {
+    let Degraded {
+        backing,
+        faulty,
+        oracle,
+        cfg: c,
+        vol,
+    } = degraded_write_back_mirror(21).await;
+    let new = fault_ssd();
     let small = CacheDevice {
         name: "tiny".into(),
         volume: Arc::new(MemVolume::new(4096, 8)),
@@ -428,21 +456,13 @@ async fn a_replaced_mirror_device_is_filled_while_serving_and_the_cache_stays_wa
 /// comes back on the survivor alone and every acknowledged block reads back.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_crash_during_the_fill_leaves_the_new_device_untrusted() {
-    let backing: VolumeRef = Arc::new(MemVolume::new(4096, BACKING_BYTES / 4096));
-    let ssd = || Arc::new(FaultVolume::new(Arc::new(MemVolume::new(4096, 1 << 10))));
-    let faulty = [ssd(), ssd()];
-    let refs: Vec<VolumeRef> = faulty.iter().map(|f| f.clone() as VolumeRef).collect();
-    let oracle = MemVolume::new(4096, BACKING_BYTES / 4096);
-    let mut c = cfg(CacheMode::WriteBack);
-    c.dirty_low_percent = 90;
-    c.dirty_high_percent = 95;
-    c.size_bytes = Some(3 << 20);
-    let vol = CacheVolume::open("t", backing.clone(), devices(&refs), c.clone())
-        .await
-        .unwrap();
-    exercise(&vol, &oracle, 31, 800).await;
-    faulty[0].plan().lock().dead = true;
-    exercise(&vol, &oracle, 32, 300).await;
+    let Degraded {
+        backing,
+        faulty,
+        oracle,
+        cfg: c,
+        vol,
+    } = degraded_write_back_mirror(31).await;
     // the new device is slow: the fill is certainly under way when the node dies
     let new_store: VolumeRef = Arc::new(MemVolume::new(4096, 1 << 10));
     let slow: VolumeRef = Arc::new(block::DelayVolume::new(
