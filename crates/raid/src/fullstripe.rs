@@ -54,6 +54,9 @@ pub(crate) const REGION_IDLE: Duration = Duration::from_secs(2);
 const RECENT_WRITES: usize = 64;
 /// How close (in stripes) to a recent write a write must be to count as a stream.
 const NEAR_STRIPES: u64 = 4;
+/// A gathering stripe whose stream has written this many stripes further on
+/// stops waiting (requests of a stream arrive nearly in order).
+const PASSED_STRIPES: u64 = 3;
 
 /// One dirty write-intent region.
 #[derive(Debug)]
@@ -138,9 +141,11 @@ impl Inner {
     /// True when a partial-stripe write should wait for the rest of its stripe.
     fn should_gather(&self, s: u64, lba: u64, blocks: u64) -> bool {
         let mut g = self.gather.lock();
-        // requests of one stream arrive slightly out of order: a write within a
-        // few stripes of a recent one counts as part of a stream
-        let near = NEAR_STRIPES * self.stripe_blocks();
+        // requests of one stream reach the pool slightly out of order (one can
+        // overtake all the others in flight): a write within a few stripes, or
+        // within what is in flight, of a recent one counts as part of a stream
+        let near =
+            (NEAR_STRIPES * self.stripe_blocks()).max(self.fg_write_blocks.load(Ordering::Relaxed));
         let sequential = g
             .recent
             .iter()
@@ -194,9 +199,18 @@ impl Inner {
             let cap = Instant::now() + GATHER_MAX;
             loop {
                 let idle = self.gather_idle();
-                let last = self.last_write_at();
                 let now = Instant::now();
-                if now >= cap || now.saturating_duration_since(last) >= idle {
+                // earlier stripes still being written: their completions free
+                // the initiator's window, and the rest of this stripe follows
+                let last = if self.stripe_writes.load(Ordering::Relaxed) > 0 {
+                    now
+                } else {
+                    self.last_write_at()
+                };
+                if now >= cap
+                    || now.saturating_duration_since(last) >= idle
+                    || self.stream_passed(s)
+                {
                     break;
                 }
                 let until = (last + idle).min(cap);
@@ -217,6 +231,19 @@ impl Inner {
             }
         }
         finish(rx.await)
+    }
+
+    /// True when writes have arrived a few stripes past `s` (its stream has
+    /// moved on, so the rest of `s` is not coming).
+    fn stream_passed(&self, s: u64) -> bool {
+        let sb = self.stripe_blocks();
+        let lo = (s + PASSED_STRIPES) * sb;
+        let hi = lo + NEAR_STRIPES * sb;
+        self.gather
+            .lock()
+            .recent
+            .iter()
+            .any(|&(a, _)| a >= lo && a < hi)
     }
 
     /// How long without a new write ends a gathering wait: about four member
@@ -335,6 +362,7 @@ impl Inner {
             return self.write_parity_locked(s, &segs, &data, fua, view).await;
         };
         self.full_writes.fetch_add(1, Ordering::Relaxed);
+        let _busy = crate::io::FgGuard::new(&self.stripe_writes);
         let r = self.full_stripe_in_place(s, &data, fua, need, &view).await;
         if !self.intent_off {
             self.intent_leave(region);
@@ -377,7 +405,7 @@ impl Inner {
             .map(|(pos, b)| -> BoxFut<'_, BlockResult<()>> {
                 Box::pin(async move {
                     match view.writable(*pos) {
-                        Some(h) => self.m_write(h, s * self.cb, b.clone(), fua).await,
+                        Some(h) => self.m_write_in_order(h, s * self.cb, b.clone(), fua).await,
                         None => Ok(()),
                     }
                 })

@@ -49,6 +49,8 @@ pub(crate) struct MemberHandle {
     /// Data-area lba just past the last read dispatched to it (where its head
     /// will be): mirrors send a read that continues there to the same copy.
     pub head: AtomicU64,
+    /// Where its writes are, for keeping whole-stripe streams in order.
+    pub order: crate::order::WriteOrder,
 }
 
 impl MemberHandle {
@@ -64,6 +66,7 @@ impl MemberHandle {
             written_bytes: AtomicU64::new(0),
             inflight: AtomicU64::new(0),
             head: AtomicU64::new(u64::MAX),
+            order: Default::default(),
         })
     }
 }
@@ -179,6 +182,8 @@ pub(crate) struct Inner {
     pub sb_lock: tokio::sync::Mutex<()>,
     pub locks: Vec<tokio::sync::RwLock<()>>,
     pub fg_inflight: AtomicU64,
+    /// Blocks of foreground writes in flight.
+    pub fg_write_blocks: AtomicU64,
     pub wake: Arc<tokio::sync::Notify>,
     pub closed: AtomicBool,
     pub scrub_running: AtomicBool,
@@ -200,6 +205,8 @@ pub(crate) struct Inner {
     pub last_write_ns: AtomicU64,
     /// EWMA of member write latency, ns.
     pub write_ewma_ns: AtomicU64,
+    /// Foreground stripe writes (whole or partial) in progress.
+    pub stripe_writes: AtomicU64,
 }
 
 const STRIPE_LOCKS: usize = 1024;
@@ -795,6 +802,7 @@ impl Inner {
                 .map(|_| tokio::sync::RwLock::new(()))
                 .collect(),
             fg_inflight: AtomicU64::new(0),
+            fg_write_blocks: AtomicU64::new(0),
             wake: Arc::new(tokio::sync::Notify::new()),
             closed: AtomicBool::new(false),
             scrub_running: AtomicBool::new(false),
@@ -806,6 +814,7 @@ impl Inner {
             full_writes: AtomicU64::new(0),
             partial_writes: AtomicU64::new(0),
             gather_timeouts: AtomicU64::new(0),
+            stripe_writes: AtomicU64::new(0),
             epoch: std::time::Instant::now(),
             last_write_ns: AtomicU64::new(0),
             write_ewma_ns: AtomicU64::new(0),
