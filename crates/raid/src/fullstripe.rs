@@ -141,11 +141,9 @@ impl Inner {
     /// True when a partial-stripe write should wait for the rest of its stripe.
     fn should_gather(&self, s: u64, lba: u64, blocks: u64) -> bool {
         let mut g = self.gather.lock();
-        // requests of one stream reach the pool slightly out of order (one can
-        // overtake all the others in flight): a write within a few stripes, or
-        // within what is in flight, of a recent one counts as part of a stream
-        let near =
-            (NEAR_STRIPES * self.stripe_blocks()).max(self.fg_write_blocks.load(Ordering::Relaxed));
+        // requests of one stream arrive slightly out of order: a write within a
+        // few stripes of a recent one counts as part of a stream
+        let near = NEAR_STRIPES * self.stripe_blocks();
         let sequential = g
             .recent
             .iter()

@@ -47,23 +47,18 @@ pub(crate) struct MemberOp {
     pub kind: OpKind,
 }
 
-pub(crate) struct FgGuard<'a>(&'a AtomicU64, u64);
+pub(crate) struct FgGuard<'a>(&'a AtomicU64);
 
 impl<'a> FgGuard<'a> {
     pub(crate) fn new(c: &'a AtomicU64) -> Self {
-        Self::add(c, 1)
-    }
-
-    /// Adds `n` to `c` until dropped.
-    fn add(c: &'a AtomicU64, n: u64) -> Self {
-        c.fetch_add(n, Ordering::SeqCst);
-        FgGuard(c, n)
+        c.fetch_add(1, Ordering::SeqCst);
+        FgGuard(c)
     }
 }
 
 impl Drop for FgGuard<'_> {
     fn drop(&mut self) {
-        self.0.fetch_sub(self.1, Ordering::SeqCst);
+        self.0.fetch_sub(1, Ordering::SeqCst);
     }
 }
 
@@ -1047,7 +1042,6 @@ impl Volume for Pool {
             return Ok(());
         }
         let _fg = FgGuard::new(&inner.fg_inflight);
-        let _fgw = FgGuard::add(&inner.fg_write_blocks, blocks);
         inner.note_write_arrival();
         let segs = inner.segments(lba, blocks);
         match inner.layout.scheme() {

@@ -182,8 +182,6 @@ pub(crate) struct Inner {
     pub sb_lock: tokio::sync::Mutex<()>,
     pub locks: Vec<tokio::sync::RwLock<()>>,
     pub fg_inflight: AtomicU64,
-    /// Blocks of foreground writes in flight.
-    pub fg_write_blocks: AtomicU64,
     pub wake: Arc<tokio::sync::Notify>,
     pub closed: AtomicBool,
     pub scrub_running: AtomicBool,
@@ -802,7 +800,6 @@ impl Inner {
                 .map(|_| tokio::sync::RwLock::new(()))
                 .collect(),
             fg_inflight: AtomicU64::new(0),
-            fg_write_blocks: AtomicU64::new(0),
             wake: Arc::new(tokio::sync::Notify::new()),
             closed: AtomicBool::new(false),
             scrub_running: AtomicBool::new(false),
