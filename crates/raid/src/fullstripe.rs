@@ -195,7 +195,7 @@ impl Inner {
             self.spawn_batch(s, b);
         } else if let Some(id) = leader {
             let cap = Instant::now() + GATHER_MAX;
-            loop {
+            let passed = loop {
                 let idle = self.gather_idle();
                 let now = Instant::now();
                 // earlier stripes still being written: their completions free
@@ -205,17 +205,17 @@ impl Inner {
                 } else {
                     self.last_write_at()
                 };
-                if now >= cap
-                    || now.saturating_duration_since(last) >= idle
-                    || self.stream_passed(s)
-                {
-                    break;
+                if self.stream_passed(s) {
+                    break true;
+                }
+                if now >= cap || now.saturating_duration_since(last) >= idle {
+                    break false;
                 }
                 let until = (last + idle).min(cap);
                 if let Ok(r) = tokio::time::timeout_at(until.into(), &mut rx).await {
                     return finish(r);
                 }
-            }
+            };
             let b = {
                 let mut g = self.gather.lock();
                 match g.batches.get(&s) {
@@ -225,6 +225,9 @@ impl Inner {
             };
             if let Some(b) = b {
                 self.gather_timeouts.fetch_add(1, Ordering::Relaxed);
+                if passed {
+                    self.gather_passed.fetch_add(1, Ordering::Relaxed);
+                }
                 self.spawn_batch(s, b);
             }
         }

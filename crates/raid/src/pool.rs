@@ -198,6 +198,8 @@ pub(crate) struct Inner {
     pub full_writes: AtomicU64,
     pub partial_writes: AtomicU64,
     pub gather_timeouts: AtomicU64,
+    /// Of those, the gathers that ended because their stream had moved on.
+    pub gather_passed: AtomicU64,
     /// Time base of `last_write_ns`.
     pub epoch: std::time::Instant,
     pub last_write_ns: AtomicU64,
@@ -811,6 +813,7 @@ impl Inner {
             full_writes: AtomicU64::new(0),
             partial_writes: AtomicU64::new(0),
             gather_timeouts: AtomicU64::new(0),
+            gather_passed: AtomicU64::new(0),
             stripe_writes: AtomicU64::new(0),
             epoch: std::time::Instant::now(),
             last_write_ns: AtomicU64::new(0),
@@ -1265,6 +1268,7 @@ impl Inner {
                 full: self.full_writes.load(Ordering::Relaxed),
                 partial: self.partial_writes.load(Ordering::Relaxed),
                 gather_timeouts: self.gather_timeouts.load(Ordering::Relaxed),
+                gather_passed: self.gather_passed.load(Ordering::Relaxed),
             },
             unsynced_regions: st.resync_regions.len() as u64,
             journal_whole_stripes: self.journal_whole.load(Ordering::Relaxed),
