@@ -25,7 +25,6 @@ mod gf;
 mod io;
 mod journal;
 pub mod layout;
-mod order;
 mod pool;
 mod scrub;
 mod status;
