@@ -6,7 +6,7 @@ use bytes::Bytes;
 use iscsi_proto::frame::Frame;
 use iscsi_proto::pdu::TaskMgmtRequest;
 use iscsi_proto::target::{reject_reason, tmf_response, TargetPdu, TaskMgmtResponse};
-use iscsi_proto::{lun_from_wire, sn_lt};
+use iscsi_proto::{lun_from_wire, sn_le, sn_lt};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -66,9 +66,16 @@ pub(crate) async fn on_tmf(conn: &mut Conn, f: &Frame, t: TaskMgmtRequest, imm: 
                         .await;
                 });
             } else {
-                // Already answered (its CmdSN is behind us) or never received.
-                let (exp, _) = conn.session.window.get();
-                let r = if sn_lt(t.ref_cmd_sn, exp) {
+                // RFC 7143 11.5.1: a task that is not here but whose RefCmdSN
+                // is inside the CmdSN window and ahead of this request was sent
+                // and not received: it counts as received, and aborted. Anything
+                // else (above all a command already answered: its CmdSN is
+                // behind the window) does not exist.
+                let (exp, max) = conn.session.window.get();
+                let r = if sn_le(exp, t.ref_cmd_sn)
+                    && sn_le(t.ref_cmd_sn, max)
+                    && sn_lt(t.ref_cmd_sn, t.cmd_sn)
+                {
                     tmf_response::COMPLETE
                 } else {
                     tmf_response::NO_TASK

@@ -5,7 +5,7 @@ mod common;
 use common::*;
 use iscsi::Limits;
 use iscsi_proto::pdu::*;
-use iscsi_proto::target::{reject_reason, TargetPdu};
+use iscsi_proto::target::{reject_reason, tmf_response, TargetPdu};
 use iscsi_proto::text::{encode_text, parse_text};
 use iscsi_proto::RESERVED_TAG;
 use std::time::Duration;
@@ -404,6 +404,58 @@ async fn write_with_immediate_data_and_r2t() {
     }
     assert_eq!(got, edtl);
     assert_eq!(r2ts, 3);
+    fx.shutdown().await;
+}
+
+/// ABORT TASK for a command already answered: "Task does not exist" (RFC 7143
+/// 11.5.1: its CmdSN is behind the window), never "Function complete", which
+/// would tell the initiator the write it saw succeed was aborted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn abort_task_of_an_answered_command_finds_no_task() {
+    let fx = start(Limits::default()).await;
+    let mut c = Client::connect(fx.addrs[0]).await;
+    let st = c
+        .login_simple(OPEN, &[("InitialR2T", "No"), ("ImmediateData", "Yes")])
+        .await;
+    assert_eq!(st, (0, 0));
+    // The first command after login gets the power-on unit attention.
+    let tur = c.command(&[0, 0, 0, 0, 0, 0], false, false, 0, true);
+    c.send(&tur, false, &[]).await;
+    c.recv_skip_pings().await.expect("unit attention");
+    let cmd = c.command(&[0x2a, 0, 0, 0, 0, 0, 0, 0, 8, 0], false, true, 4096, true);
+    let (itt, cmd_sn) = match cmd {
+        InitiatorPdu::ScsiCommand(ref s) => (s.itt, s.cmd_sn),
+        _ => unreachable!(),
+    };
+    c.send(&cmd, false, &[5u8; 4096]).await;
+    match c.recv_skip_pings().await.expect("response").pdu {
+        TargetPdu::ScsiResponse(s) => assert_eq!((s.itt, s.status), (itt, 0)),
+        other => panic!("{other:?}"),
+    }
+    for immediate in [false, true] {
+        let tmf_itt = c.next_itt();
+        let tmf = InitiatorPdu::TaskMgmt(TaskMgmtRequest {
+            function: 1,
+            lun: 0,
+            itt: tmf_itt,
+            rtt: itt,
+            cmd_sn: c.cmd_sn,
+            exp_stat_sn: c.exp_stat_sn,
+            ref_cmd_sn: cmd_sn,
+            exp_data_sn: 0,
+        });
+        if !immediate {
+            c.cmd_sn += 1;
+        }
+        c.send(&tmf, immediate, &[]).await;
+        match c.recv_skip_pings().await.expect("tmf response").pdu {
+            TargetPdu::TaskMgmtResponse(r) => {
+                assert_eq!(r.itt, tmf_itt);
+                assert_eq!(r.response, tmf_response::NO_TASK, "immediate: {immediate}");
+            }
+            other => panic!("{other:?}"),
+        }
+    }
     fx.shutdown().await;
 }
 
