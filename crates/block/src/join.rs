@@ -31,3 +31,14 @@ pub async fn join_all<'a, T: Send + 'a>(futs: Vec<BoxFut<'a, T>>) -> Vec<T> {
     .await;
     out.into_iter().flatten().collect()
 }
+
+/// Polls `fut` once, here, with a waker that does nothing; true when it finished.
+///
+/// For work that must start in the caller's order before it goes on in its own
+/// task: a tokio worker runs the task it spawned last first, so tasks spawned in
+/// a row start out of order. Spawn the future afterwards if this returns false;
+/// the task polls it again (registering its real waker) before anything is lost.
+pub fn poll_once<F: Future + ?Sized>(fut: &mut Pin<Box<F>>) -> bool {
+    let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+    fut.as_mut().poll(&mut cx).is_ready()
+}

@@ -67,7 +67,14 @@ impl Drop for Guard {
     }
 }
 
-/// Starts `info` on its own task; it is registered as running before it can finish.
+/// Starts `info`: runs it here up to its first wait, then on its own task,
+/// registered as running before it can finish.
+///
+/// The first poll happens on the connection's task, so commands reach the LU in
+/// the order they arrived. Spawned directly, the last command of every batch the
+/// connection reads would overtake the others (a worker runs the task it spawned
+/// last first), and a RAID pool would see one request of a sequential stream
+/// arrive ahead of its predecessors, and not recognize it as part of the stream.
 pub(crate) fn spawn_command(
     session: &Arc<Session>,
     out: &Arc<ConnOut>,
@@ -86,9 +93,8 @@ pub(crate) fn spawn_command(
     };
     let out = out.clone();
     let itt = info.itt;
-    let mut running = session.running.lock();
     let lun = iscsi_proto::lun_from_wire(info.lun_raw);
-    let handle = tokio::spawn(async move {
+    let mut task = Box::pin(async move {
         let mut guard = guard;
         let Some(nexus) = guard.session.nexus.as_ref() else {
             return;
@@ -107,6 +113,11 @@ pub(crate) fn spawn_command(
         let resp = scsi.execute(nexus, cmd).await;
         send_response(&out, &info, resp, || guard.release_slot()).await;
     });
+    if block::poll_once(&mut task) {
+        return;
+    }
+    let mut running = session.running.lock();
+    let handle = tokio::spawn(task);
     running.insert(
         itt,
         Running {

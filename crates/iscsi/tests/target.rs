@@ -557,3 +557,89 @@ async fn cmdsn_outside_window_and_huge_ahs() {
     );
     fx.shutdown().await;
 }
+
+/// LUN 0 of the open target: memory that notes the lba of every write as it
+/// arrives.
+struct Recording {
+    inner: block::VolumeRef,
+    writes: parking_lot::Mutex<Vec<u64>>,
+}
+
+#[async_trait::async_trait]
+impl block::Volume for Recording {
+    fn geometry(&self) -> block::Geometry {
+        self.inner.geometry()
+    }
+    async fn read(&self, lba: u64, blocks: u32) -> block::BlockResult<bytes::Bytes> {
+        self.inner.read(lba, blocks).await
+    }
+    async fn write(&self, lba: u64, data: bytes::Bytes, fua: bool) -> block::BlockResult<()> {
+        self.writes.lock().push(lba);
+        self.inner.write(lba, data, fua).await
+    }
+    async fn flush(&self) -> block::BlockResult<()> {
+        self.inner.flush().await
+    }
+    async fn discard(&self, lba: u64, blocks: u64) -> block::BlockResult<()> {
+        self.inner.discard(lba, blocks).await
+    }
+}
+
+/// Commands reach the LU in the order they arrived on the connection, even when
+/// the target reads many at once (spawned one by one, the last of every batch
+/// would overtake the others: a runtime worker runs the task it spawned last
+/// first). A RAID pool recognizes sequential streams by that order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn commands_reach_the_lu_in_arrival_order() {
+    let rec = std::sync::Arc::new(Recording {
+        inner: std::sync::Arc::new(block::MemVolume::new(512, 8192)),
+        writes: parking_lot::Mutex::new(Vec::new()),
+    });
+    let fx = start_with(Limits::default(), Some(rec.clone())).await;
+    let mut c = Client::connect(fx.addrs[0]).await;
+    let st = c.login_simple(OPEN, &[("ImmediateData", "Yes")]).await;
+    assert_eq!(st, (0, 0));
+    // the unit attention every new nexus gets first
+    let mut ready = false;
+    for _ in 0..3 {
+        let tur = c.command(&[0, 0, 0, 0, 0, 0], false, false, 0, true);
+        c.send(&tur, false, &[]).await;
+        if let TargetPdu::ScsiResponse(s) = c.recv_skip_pings().await.expect("response").pdu {
+            ready = s.status == 0;
+        }
+        if ready {
+            break;
+        }
+    }
+    assert!(ready, "TEST UNIT READY never succeeded");
+    let n = 32u32;
+    for round in 0..4u32 {
+        rec.writes.lock().clear();
+        // n one-block WRITE(10)s with their data, sent in one go
+        let mut wire = Vec::new();
+        for i in 0..n {
+            let lba = (round * n + i) * 8;
+            let b = lba.to_be_bytes();
+            let cdb = [0x2a, 0, b[0], b[1], b[2], b[3], 0, 0, 1, 0];
+            let cmd = c.command(&cdb, false, true, 512, true);
+            let h = encode_initiator_bhs(&cmd, false, 0, 512);
+            wire.extend_from_slice(&iscsi_proto::frame::encode_frame(
+                &h,
+                &[],
+                &[i as u8; 512],
+                false,
+                false,
+            ));
+        }
+        c.send_raw(&wire).await;
+        for _ in 0..n {
+            match c.recv_skip_pings().await.expect("response").pdu {
+                TargetPdu::ScsiResponse(s) => assert_eq!(s.status, 0),
+                other => panic!("{other:?}"),
+            }
+        }
+        let want: Vec<u64> = (0..n).map(|i| ((round * n + i) * 8) as u64).collect();
+        assert_eq!(*rec.writes.lock(), want, "round {round}");
+    }
+    fx.shutdown().await;
+}
