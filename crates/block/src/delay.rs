@@ -2,23 +2,42 @@
 
 use crate::{BlockResult, Bytes, Extent, Geometry, Volume, VolumeRef};
 use async_trait::async_trait;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-/// Adds `read_delay` / `write_delay` before forwarding each operation.
+/// Adds a read delay / write delay before forwarding each operation.
 pub struct DelayVolume {
     inner: VolumeRef,
-    read_delay: Duration,
-    write_delay: Duration,
+    read_delay_ns: AtomicU64,
+    write_delay_ns: AtomicU64,
 }
 
 impl DelayVolume {
     /// Wraps `inner`, delaying reads and writes (flush and discard count as writes).
     pub fn new(inner: VolumeRef, read_delay: Duration, write_delay: Duration) -> Self {
-        DelayVolume {
+        let v = DelayVolume {
             inner,
-            read_delay,
-            write_delay,
-        }
+            read_delay_ns: AtomicU64::new(0),
+            write_delay_ns: AtomicU64::new(0),
+        };
+        v.set_delays(read_delay, write_delay);
+        v
+    }
+
+    /// Changes the delays of operations from now on.
+    pub fn set_delays(&self, read_delay: Duration, write_delay: Duration) {
+        let ns = |d: Duration| d.as_nanos().min(u64::MAX as u128) as u64;
+        self.read_delay_ns.store(ns(read_delay), Ordering::Relaxed);
+        self.write_delay_ns
+            .store(ns(write_delay), Ordering::Relaxed);
+    }
+
+    fn read_delay(&self) -> Duration {
+        Duration::from_nanos(self.read_delay_ns.load(Ordering::Relaxed))
+    }
+
+    fn write_delay(&self) -> Duration {
+        Duration::from_nanos(self.write_delay_ns.load(Ordering::Relaxed))
     }
 }
 
@@ -28,19 +47,19 @@ impl Volume for DelayVolume {
         self.inner.geometry()
     }
     async fn read(&self, lba: u64, blocks: u32) -> BlockResult<Bytes> {
-        tokio::time::sleep(self.read_delay).await;
+        tokio::time::sleep(self.read_delay()).await;
         self.inner.read(lba, blocks).await
     }
     async fn write(&self, lba: u64, data: Bytes, fua: bool) -> BlockResult<()> {
-        tokio::time::sleep(self.write_delay).await;
+        tokio::time::sleep(self.write_delay()).await;
         self.inner.write(lba, data, fua).await
     }
     async fn flush(&self) -> BlockResult<()> {
-        tokio::time::sleep(self.write_delay).await;
+        tokio::time::sleep(self.write_delay()).await;
         self.inner.flush().await
     }
     async fn discard(&self, lba: u64, blocks: u64) -> BlockResult<()> {
-        tokio::time::sleep(self.write_delay).await;
+        tokio::time::sleep(self.write_delay()).await;
         self.inner.discard(lba, blocks).await
     }
     async fn block_status(&self, lba: u64, blocks: u64) -> BlockResult<Vec<Extent>> {

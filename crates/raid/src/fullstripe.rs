@@ -54,6 +54,9 @@ pub(crate) const REGION_IDLE: Duration = Duration::from_secs(2);
 const RECENT_WRITES: usize = 64;
 /// How close (in stripes) to a recent write a write must be to count as a stream.
 const NEAR_STRIPES: u64 = 4;
+/// A gathering stripe whose stream has written this many stripes further on
+/// stops waiting (requests of a stream arrive nearly in order).
+const PASSED_STRIPES: u64 = 3;
 
 /// One dirty write-intent region.
 #[derive(Debug)]
@@ -192,18 +195,27 @@ impl Inner {
             self.spawn_batch(s, b);
         } else if let Some(id) = leader {
             let cap = Instant::now() + GATHER_MAX;
-            loop {
+            let passed = loop {
                 let idle = self.gather_idle();
-                let last = self.last_write_at();
                 let now = Instant::now();
+                // earlier stripes still being written: their completions free
+                // the initiator's window, and the rest of this stripe follows
+                let last = if self.stripe_writes.load(Ordering::Relaxed) > 0 {
+                    now
+                } else {
+                    self.last_write_at()
+                };
+                if self.stream_passed(s) {
+                    break true;
+                }
                 if now >= cap || now.saturating_duration_since(last) >= idle {
-                    break;
+                    break false;
                 }
                 let until = (last + idle).min(cap);
                 if let Ok(r) = tokio::time::timeout_at(until.into(), &mut rx).await {
                     return finish(r);
                 }
-            }
+            };
             let b = {
                 let mut g = self.gather.lock();
                 match g.batches.get(&s) {
@@ -213,10 +225,26 @@ impl Inner {
             };
             if let Some(b) = b {
                 self.gather_timeouts.fetch_add(1, Ordering::Relaxed);
+                if passed {
+                    self.gather_passed.fetch_add(1, Ordering::Relaxed);
+                }
                 self.spawn_batch(s, b);
             }
         }
         finish(rx.await)
+    }
+
+    /// True when writes have arrived a few stripes past `s` (its stream has
+    /// moved on, so the rest of `s` is not coming).
+    fn stream_passed(&self, s: u64) -> bool {
+        let sb = self.stripe_blocks();
+        let lo = (s + PASSED_STRIPES) * sb;
+        let hi = lo + NEAR_STRIPES * sb;
+        self.gather
+            .lock()
+            .recent
+            .iter()
+            .any(|&(a, _)| a >= lo && a < hi)
     }
 
     /// How long without a new write ends a gathering wait: about four member
@@ -335,6 +363,7 @@ impl Inner {
             return self.write_parity_locked(s, &segs, &data, fua, view).await;
         };
         self.full_writes.fetch_add(1, Ordering::Relaxed);
+        let _busy = crate::io::FgGuard::new(&self.stripe_writes);
         let r = self.full_stripe_in_place(s, &data, fua, need, &view).await;
         if !self.intent_off {
             self.intent_leave(region);
@@ -377,7 +406,7 @@ impl Inner {
             .map(|(pos, b)| -> BoxFut<'_, BlockResult<()>> {
                 Box::pin(async move {
                     match view.writable(*pos) {
-                        Some(h) => self.m_write(h, s * self.cb, b.clone(), fua).await,
+                        Some(h) => self.m_write_in_order(h, s * self.cb, b.clone(), fua).await,
                         None => Ok(()),
                     }
                 })

@@ -13,6 +13,7 @@
 use crate::gf;
 use crate::journal::{self, Entry};
 use crate::layout::Scheme;
+use crate::order::AfterFirstPoll;
 use crate::pool::{At, Inner, MemberHandle, Pool, View};
 use crate::util::{join_all, BoxFut};
 use async_trait::async_trait;
@@ -46,10 +47,10 @@ pub(crate) struct MemberOp {
     pub kind: OpKind,
 }
 
-struct FgGuard<'a>(&'a AtomicU64);
+pub(crate) struct FgGuard<'a>(&'a AtomicU64);
 
 impl<'a> FgGuard<'a> {
-    fn new(c: &'a AtomicU64) -> Self {
+    pub(crate) fn new(c: &'a AtomicU64) -> Self {
         c.fetch_add(1, Ordering::SeqCst);
         FgGuard(c)
     }
@@ -101,8 +102,10 @@ impl Inner {
         h.inflight.fetch_add(1, Ordering::Relaxed);
         h.writes.fetch_add(1, Ordering::Relaxed);
         let len = data.len() as u64;
+        let end = lba + len / self.bs;
         let t0 = std::time::Instant::now();
-        let r = h.volume.write(lba, data, fua).await;
+        let write = h.volume.write(lba, data, fua);
+        let r = AfterFirstPoll::new(write, || h.order.submitted(end)).await;
         self.note_member_write(t0.elapsed());
         h.inflight.fetch_sub(1, Ordering::Relaxed);
         match &r {
@@ -114,6 +117,22 @@ impl Inner {
             }
         }
         r
+    }
+
+    /// Writes a chunk of a whole stripe to a position, after the member's
+    /// writes just below it when they are about to come (see `order.rs`).
+    pub async fn m_write_in_order(
+        &self,
+        at: At<'_>,
+        mlba: u64,
+        data: Bytes,
+        fua: bool,
+    ) -> BlockResult<()> {
+        let lba = self.data_offset_blocks + at.base + mlba;
+        at.h.order
+            .wait_turn(lba, crate::order::WINDOW_CHUNKS * self.cb)
+            .await;
+        self.m_write_abs(at.h, lba, data, fua).await
     }
 
     /// Writes blocks of a position (grid lba `mlba` in the position's area).
@@ -567,6 +586,7 @@ impl Inner {
         data: &Bytes,
         fua: bool,
     ) -> BlockResult<()> {
+        let _busy = FgGuard::new(&self.stripe_writes);
         let _g = self.lock_for(s).write().await;
         let view = self.view()?;
         self.write_parity_locked(s, segs, data, fua, view).await

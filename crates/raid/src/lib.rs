@@ -25,6 +25,7 @@ mod gf;
 mod io;
 mod journal;
 pub mod layout;
+mod order;
 mod pool;
 mod scrub;
 mod status;

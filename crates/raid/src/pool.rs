@@ -49,6 +49,8 @@ pub(crate) struct MemberHandle {
     /// Data-area lba just past the last read dispatched to it (where its head
     /// will be): mirrors send a read that continues there to the same copy.
     pub head: AtomicU64,
+    /// Where its writes are, for keeping whole-stripe streams in order.
+    pub order: crate::order::WriteOrder,
 }
 
 impl MemberHandle {
@@ -64,6 +66,7 @@ impl MemberHandle {
             written_bytes: AtomicU64::new(0),
             inflight: AtomicU64::new(0),
             head: AtomicU64::new(u64::MAX),
+            order: Default::default(),
         })
     }
 }
@@ -195,11 +198,15 @@ pub(crate) struct Inner {
     pub full_writes: AtomicU64,
     pub partial_writes: AtomicU64,
     pub gather_timeouts: AtomicU64,
+    /// Of those, the gathers that ended because their stream had moved on.
+    pub gather_passed: AtomicU64,
     /// Time base of `last_write_ns`.
     pub epoch: std::time::Instant,
     pub last_write_ns: AtomicU64,
     /// EWMA of member write latency, ns.
     pub write_ewma_ns: AtomicU64,
+    /// Foreground stripe writes (whole or partial) in progress.
+    pub stripe_writes: AtomicU64,
 }
 
 const STRIPE_LOCKS: usize = 1024;
@@ -806,6 +813,8 @@ impl Inner {
             full_writes: AtomicU64::new(0),
             partial_writes: AtomicU64::new(0),
             gather_timeouts: AtomicU64::new(0),
+            gather_passed: AtomicU64::new(0),
+            stripe_writes: AtomicU64::new(0),
             epoch: std::time::Instant::now(),
             last_write_ns: AtomicU64::new(0),
             write_ewma_ns: AtomicU64::new(0),
@@ -1259,6 +1268,7 @@ impl Inner {
                 full: self.full_writes.load(Ordering::Relaxed),
                 partial: self.partial_writes.load(Ordering::Relaxed),
                 gather_timeouts: self.gather_timeouts.load(Ordering::Relaxed),
+                gather_passed: self.gather_passed.load(Ordering::Relaxed),
             },
             unsynced_regions: st.resync_regions.len() as u64,
             journal_whole_stripes: self.journal_whole.load(Ordering::Relaxed),

@@ -156,4 +156,8 @@ pub struct StripeWrites {
     pub full: u64,
     pub partial: u64,
     pub gather_timeouts: u64,
+    /// Of the gather timeouts, those that ended early because writes of the
+    /// stream had already arrived a few stripes further on.
+    #[serde(default)]
+    pub gather_passed: u64,
 }

@@ -369,3 +369,75 @@ async fn sequential_partial_writes_in_flight_become_full_stripes() {
         check_all(&pool, &oracle).await;
     }
 }
+
+/// A gathering stripe whose stream has moved on stops waiting at once, even while
+/// other stripe writes are in progress (which otherwise keep a gather waiting for
+/// the rest of its stripe): its missing piece is not coming. Members take 150 ms
+/// per write, so the stripe write elsewhere is still in progress when it does.
+#[tokio::test]
+async fn a_gather_stops_waiting_once_its_stream_has_passed() {
+    let level = RaidLevel::Raid5;
+    let delays: Vec<Arc<DelayVolume>> = (0..members_for(level))
+        .map(|_| {
+            let mem = Arc::new(MemVolume::new(BS, MEMBER_BLOCKS)) as VolumeRef;
+            Arc::new(DelayVolume::new(mem, Duration::ZERO, Duration::ZERO))
+        })
+        .collect();
+    let ms: Vec<Member> = delays
+        .iter()
+        .enumerate()
+        .map(|(i, d)| Member::new(format!("m{i}"), d.clone() as VolumeRef))
+        .collect();
+    let pool = Arc::new(Pool::create(config(level), ms, vec![]).await.unwrap());
+    pool.wait_idle().await;
+    let stripe = pool.geometry().optimal_io_blocks as u64;
+    let piece = stripe / 3;
+    let oracle = Arc::new(MemVolume::new(BS, pool.geometry().block_count));
+    let write = |lba: u64, blocks: u64, seed: u64| {
+        let (pool, oracle) = (pool.clone(), oracle.clone());
+        tokio::spawn(async move {
+            let d = pattern(seed, blocks);
+            pool.write(lba, d.clone(), false).await.unwrap();
+            oracle.write(lba, d, false).await.unwrap();
+        })
+    };
+    // a stream: stripes 0 and 1 in pieces, all in flight
+    let first: Vec<_> = (0..6).map(|i| write(i * piece, piece, i)).collect();
+    for t in first {
+        t.await.unwrap();
+    }
+    for d in &delays {
+        d.set_delays(Duration::from_millis(150), Duration::from_millis(150));
+    }
+    let timeouts = |p: &Pool| p.status().stripe_writes.gather_timeouts;
+    let passed = |p: &Pool| p.status().stripe_writes.gather_passed;
+    let before = timeouts(&pool);
+    // a whole-stripe write elsewhere keeps a stripe write in progress
+    let far = write(20 * stripe, stripe, 99);
+    tokio::task::yield_now().await;
+    // the stream goes on with the first piece of stripe 2, then skips to stripe 5
+    let a = write(2 * stripe, piece, 20);
+    tokio::time::sleep(Duration::from_millis(5)).await;
+    let d = write(5 * stripe, piece, 50);
+    let gave_up = async {
+        while timeouts(&pool) == before {
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(30), gave_up)
+        .await
+        .expect("the gather of stripe 2 gives up");
+    assert_eq!(
+        passed(&pool),
+        1,
+        "the gather of stripe 2 ended for another reason than its stream passing"
+    );
+    assert!(
+        !far.is_finished(),
+        "the gather of stripe 2 waited until the other stripe write ended"
+    );
+    for t in [a, d, far] {
+        t.await.unwrap();
+    }
+    check_all(&*pool, &oracle).await;
+}

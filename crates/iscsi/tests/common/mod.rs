@@ -40,8 +40,8 @@ impl Fixture {
     }
 }
 
-fn scsi_target(name: &str) -> Arc<scsi::ScsiTarget> {
-    let vol: block::VolumeRef = Arc::new(MemVolume::new(512, 8192));
+fn scsi_target(name: &str, vol: Option<block::VolumeRef>) -> Arc<scsi::ScsiTarget> {
+    let vol = vol.unwrap_or_else(|| Arc::new(MemVolume::new(512, 8192)));
     let cfg = scsi::TargetConfig::one_port_group(
         name,
         2,
@@ -70,19 +70,24 @@ pub fn secret(user: &str, secret: &str) -> ChapSecret {
 }
 
 pub async fn start(limits: Limits) -> Fixture {
+    start_with(limits, None).await
+}
+
+/// Like [`start`], with `lun0` as LUN 0 of the open target.
+pub async fn start_with(limits: Limits, lun0: Option<block::VolumeRef>) -> Fixture {
     let _ = tracing_subscriber::fmt().with_test_writer().try_init();
     let targets = vec![
         TargetSpec {
             iqn: OPEN.into(),
             alias: Some("open".into()),
-            scsi: scsi_target(OPEN),
+            scsi: scsi_target(OPEN, lun0),
             auth: Auth::default(),
             allowed_initiators: vec![],
         },
         TargetSpec {
             iqn: SECURE.into(),
             alias: None,
-            scsi: scsi_target(SECURE),
+            scsi: scsi_target(SECURE, None),
             auth: Auth {
                 chap: Some(secret("alice", "alice-secret-12")),
                 mutual: Some(secret("target", "target-secret-12")),
@@ -92,7 +97,7 @@ pub async fn start(limits: Limits) -> Fixture {
         TargetSpec {
             iqn: HIDDEN.into(),
             alias: None,
-            scsi: scsi_target(HIDDEN),
+            scsi: scsi_target(HIDDEN, None),
             auth: Auth::default(),
             allowed_initiators: vec!["iqn.2026-01.org.test:someone-else".into()],
         },
