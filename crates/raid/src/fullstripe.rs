@@ -10,7 +10,11 @@
 //! pool's data area is cut into regions (`region_stripes` stripes, 64 MiB of
 //! every member by default); before the first whole-stripe write into a region,
 //! the region is recorded as dirty in the superblocks (FUA, group-committed), and
-//! a region idle for a while is flushed and cleared again. An unclean assemble
+//! a region idle for a while is flushed and cleared again. Each of those updates
+//! costs every member a seek to its superblock and back, which in the middle of a
+//! stream stalls the whole pool: a stream entering a new region marks the next
+//! [`INTENT_AHEAD`] as well, and idle regions are cleared [`CLEAR_BATCH`] at a
+//! time (or when the pool is quiet, or after [`REGION_IDLE_MAX`]). An unclean assemble
 //! resyncs the dirty regions' parity from their data in the background
 //! (`background.rs`), and until then partial writes there reconstruct-write.
 //!
@@ -48,8 +52,19 @@ pub(crate) const REGION_MEMBER_BYTES: u64 = 64 << 20;
 /// whole-stripe writes fall back to the journal and mirror writes wait for the
 /// cleaner.
 pub(crate) const MAX_DIRTY_REGIONS: usize = 2048;
-/// A region without whole-stripe writes for this long is flushed and cleared.
+/// A region without whole-stripe writes for this long may be flushed and cleared.
 pub(crate) const REGION_IDLE: Duration = Duration::from_secs(2);
+/// Idle regions are cleared together once this many are clearable (or the pool
+/// is quiet, or one has been idle for [`REGION_IDLE_MAX`]): clearing is a
+/// superblock write on every member, a seek to the start of each disk and back
+/// in the middle of a stream.
+pub(crate) const CLEAR_BATCH: usize = 8;
+/// Longest a clearable region stays dirty while the pool is busy elsewhere.
+pub(crate) const REGION_IDLE_MAX: Duration = Duration::from_secs(30);
+/// A stream that enters a new region (the one below it is dirty) marks this
+/// many regions beyond it in the same superblock write, so a sequential writer
+/// pays one superblock update per `1 + INTENT_AHEAD` regions instead of one each.
+pub(crate) const INTENT_AHEAD: u64 = 4;
 /// Recent write ranges remembered for stream detection.
 const RECENT_WRITES: usize = 64;
 /// How close (in stripes) to a recent write a write must be to count as a stream.
@@ -70,6 +85,21 @@ pub(crate) struct Region {
     pub last_use: Instant,
     /// The cleaner is flushing to clear it; a new write cancels that.
     pub clearing: bool,
+    /// A write has entered it (false for a region marked ahead of a stream).
+    pub written: bool,
+}
+
+impl Region {
+    /// Idle long enough to clear: a region marked ahead of a stream that has not
+    /// reached it yet waits [`REGION_IDLE_MAX`], others [`REGION_IDLE`].
+    fn clearable(&self) -> bool {
+        let idle = if self.written {
+            REGION_IDLE
+        } else {
+            REGION_IDLE_MAX
+        };
+        self.inflight == 0 && self.durable && self.last_use.elapsed() >= idle
+    }
 }
 
 /// Partial-stripe writes waiting for the rest of their stripe.
@@ -438,6 +468,7 @@ impl Inner {
         if let Some(r) = st.intent.get_mut(&region) {
             r.inflight += 1;
             r.clearing = false;
+            r.written = true;
             r.last_use = Instant::now();
             return Some((!r.durable).then_some(r.seq));
         }
@@ -446,16 +477,35 @@ impl Inner {
         }
         st.intent_seq += 1;
         let seq = st.intent_seq;
+        let now = Instant::now();
+        let stream = region > 0 && st.intent.contains_key(&(region - 1));
         st.intent.insert(
             region,
             Region {
                 durable: false,
                 seq,
                 inflight: 1,
-                last_use: Instant::now(),
+                last_use: now,
                 clearing: false,
+                written: true,
             },
         );
+        if stream {
+            let regions = self.stripes.div_ceil(self.region_stripes);
+            for a in (region + 1..regions).take(INTENT_AHEAD as usize) {
+                if st.intent.len() >= MAX_DIRTY_REGIONS {
+                    break;
+                }
+                st.intent.entry(a).or_insert(Region {
+                    durable: false,
+                    seq,
+                    inflight: 0,
+                    last_use: now,
+                    clearing: false,
+                    written: false,
+                });
+            }
+        }
         Some(Some(seq))
     }
 
@@ -522,17 +572,38 @@ impl Inner {
         let any = {
             let mut st = self.state.lock();
             let durable = self.durable_intent_seq.load(Ordering::SeqCst);
-            let mut any = false;
             for r in st.intent.values_mut() {
                 if r.seq <= durable {
                     r.durable = true;
                 }
-                if r.inflight == 0 && r.durable && r.last_use.elapsed() >= REGION_IDLE {
-                    r.clearing = true;
-                    any = true;
+            }
+            // quiet: no write in flight and none for REGION_IDLE; then regions
+            // marked ahead of a stream that stopped are cleared as well
+            let quiet = st
+                .intent
+                .values()
+                .all(|r| r.inflight == 0 && (!r.written || r.last_use.elapsed() >= REGION_IDLE));
+            let clearable = |r: &Region| {
+                if quiet {
+                    r.durable && r.last_use.elapsed() >= REGION_IDLE
+                } else {
+                    r.clearable()
+                }
+            };
+            let count = st.intent.values().filter(|r| clearable(r)).count();
+            let stale = st
+                .intent
+                .values()
+                .any(|r| clearable(r) && r.last_use.elapsed() >= REGION_IDLE_MAX);
+            let go = count > 0 && (count >= CLEAR_BATCH || quiet || stale);
+            if go {
+                for r in st.intent.values_mut() {
+                    if clearable(r) {
+                        r.clearing = true;
+                    }
                 }
             }
-            any
+            go
         };
         if !any || self.flush_members().await.is_err() {
             return;

@@ -112,6 +112,11 @@ pub struct PoolConfig {
     #[serde(skip)]
     #[doc(hidden)]
     pub unsafe_disable_write_intent: bool,
+    /// Test-only: stripes per write-intent region (`None`: 64 MiB of every
+    /// member), so tests on small members can cross regions.
+    #[serde(skip)]
+    #[doc(hidden)]
+    pub intent_region_stripes: Option<u64>,
 }
 
 impl PoolConfig {
@@ -125,6 +130,7 @@ impl PoolConfig {
             journal_bytes: None,
             unsafe_disable_journal: false,
             unsafe_disable_write_intent: false,
+            intent_region_stripes: None,
         }
     }
 }

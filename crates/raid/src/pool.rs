@@ -320,7 +320,10 @@ impl Pool {
             data_offset_blocks,
             journal_offset_blocks,
             journal_blocks,
-            region_stripes: default_region_stripes(config.chunk_bytes),
+            region_stripes: config
+                .intent_region_stripes
+                .unwrap_or_else(|| default_region_stripes(config.chunk_bytes))
+                .max(1),
         };
         for s in &spares {
             check_size(&shape, s)?;
@@ -1271,6 +1274,7 @@ impl Inner {
                 gather_passed: self.gather_passed.load(Ordering::Relaxed),
             },
             unsynced_regions: st.resync_regions.len() as u64,
+            intent_regions: st.intent.len() as u64,
             journal_whole_stripes: self.journal_whole.load(Ordering::Relaxed),
         }
     }

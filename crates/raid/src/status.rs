@@ -144,6 +144,10 @@ pub struct PoolStatus {
     /// finished (their torn whole stripes are not yet protected).
     #[serde(default)]
     pub unsynced_regions: u64,
+    /// Write-intent regions the superblocks list as dirty now (whole-stripe
+    /// writes went there recently, or a stream is about to).
+    #[serde(default)]
+    pub intent_regions: u64,
     /// Whole-stripe writes are journaled too (closes the write hole for writes in
     /// flight at a crash followed by a member loss, at twice the write traffic).
     #[serde(default)]

@@ -441,3 +441,69 @@ async fn a_gather_stops_waiting_once_its_stream_has_passed() {
     }
     check_all(&*pool, &oracle).await;
 }
+
+fn member_writes(pool: &Pool) -> u64 {
+    pool.status().members.iter().map(|m| m.writes).sum()
+}
+
+/// A stream of whole-stripe writes entering a new region marks the regions
+/// ahead of it in the same superblock update, so the next regions cost no
+/// superblock write (a seek to the start of every member and back on disks); a
+/// lone write elsewhere marks only its own region; and once the pool is quiet
+/// the cleaner clears every region, those marked ahead included.
+#[tokio::test]
+async fn a_stream_marks_the_write_intent_ahead_and_a_quiet_pool_clears_it() {
+    let level = RaidLevel::Raid5;
+    let n = members_for(level) as u64;
+    let ms: Vec<TestMember> = (0..n).map(|_| member(MEMBER_BLOCKS)).collect();
+    let mut cfg = config(level);
+    cfg.intent_region_stripes = Some(1);
+    let members = ms
+        .iter()
+        .enumerate()
+        .map(|(i, m)| m.as_member(&format!("m{i}")))
+        .collect();
+    let pool = Pool::create(cfg, members, vec![]).await.unwrap();
+    pool.wait_idle().await;
+    let stripe = pool.geometry().optimal_io_blocks as u64;
+    let stripes = pool.geometry().block_count / stripe;
+    assert!(stripes >= 16, "{stripes} stripes");
+    let oracle = MemVolume::new(BS, pool.geometry().block_count);
+    let write = |s: u64| {
+        let d = pattern(s, stripe);
+        let (pool, oracle) = (&pool, &oracle);
+        async move {
+            pool.write(s * stripe, d.clone(), false).await.unwrap();
+            oracle.write(s * stripe, d, false).await.unwrap();
+        }
+    };
+    assert_eq!(pool.status().intent_regions, 0);
+    // region 0: nothing below it is dirty, so only itself (one superblock update)
+    let before = member_writes(&pool);
+    write(0).await;
+    assert_eq!(pool.status().intent_regions, 1);
+    let first = member_writes(&pool) - before;
+    assert_eq!(first, 2 * n, "a data chunk and a superblock per member");
+    // region 1 continues a stream: 1 and the four regions ahead, in one update
+    let before = member_writes(&pool);
+    write(1).await;
+    assert_eq!(pool.status().intent_regions, 6);
+    assert_eq!(member_writes(&pool) - before, 2 * n);
+    // regions 2-5 were marked ahead: one write per member each, no superblock
+    let before = member_writes(&pool);
+    for s in 2..6 {
+        write(s).await;
+    }
+    assert_eq!(member_writes(&pool) - before, 4 * n);
+    assert_eq!(pool.status().intent_regions, 6);
+    // a lone write far away marks its own region only
+    write(12).await;
+    assert_eq!(pool.status().intent_regions, 7);
+    // quiet now: the cleaner clears all of them, those marked ahead included
+    let end = std::time::Instant::now() + Duration::from_secs(20);
+    while pool.status().intent_regions > 0 {
+        assert!(std::time::Instant::now() < end, "{:?}", pool.status());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    check_all(&pool, &oracle).await;
+}
