@@ -90,10 +90,11 @@ pub(crate) struct Region {
 }
 
 impl Region {
-    /// Idle long enough to clear: a region marked ahead of a stream that has not
-    /// reached it yet waits [`REGION_IDLE_MAX`], others [`REGION_IDLE`].
-    fn clearable(&self) -> bool {
-        let idle = if self.written {
+    /// Idle long enough to clear: [`REGION_IDLE`], except that a region marked
+    /// ahead of a stream that has not reached it waits [`REGION_IDLE_MAX`] unless
+    /// the pool is `quiet` (the stream has stopped).
+    fn clearable(&self, quiet: bool) -> bool {
+        let idle = if self.written || quiet {
             REGION_IDLE
         } else {
             REGION_IDLE_MAX
@@ -583,13 +584,7 @@ impl Inner {
                 .intent
                 .values()
                 .all(|r| r.inflight == 0 && (!r.written || r.last_use.elapsed() >= REGION_IDLE));
-            let clearable = |r: &Region| {
-                if quiet {
-                    r.durable && r.last_use.elapsed() >= REGION_IDLE
-                } else {
-                    r.clearable()
-                }
-            };
+            let clearable = |r: &Region| r.clearable(quiet);
             let count = st.intent.values().filter(|r| clearable(r)).count();
             let stale = st
                 .intent

@@ -144,8 +144,9 @@ pub struct PoolStatus {
     /// finished (their torn whole stripes are not yet protected).
     #[serde(default)]
     pub unsynced_regions: u64,
-    /// Write-intent regions the superblocks list as dirty now (whole-stripe
-    /// writes went there recently, or a stream is about to).
+    /// Dirty write-intent regions, listed in the superblocks or about to be
+    /// (whole-stripe or mirror writes went there recently, or a stream is about
+    /// to); regions still waiting for their resync are `unsynced_regions`.
     #[serde(default)]
     pub intent_regions: u64,
     /// Whole-stripe writes are journaled too (closes the write hole for writes in
