@@ -2,7 +2,9 @@
 //! it must answer each one (or fail with a status), never panic.
 #![no_main]
 
-use iscsi_proto::login::{ChapCredentials, LoginConfig, LoginNegotiator, LoginOutcome, TargetAuth};
+use iscsi_proto::login::{
+    ChapCredentials, InitiatorChap, LoginConfig, LoginNegotiator, LoginOutcome, TargetAuth,
+};
 use iscsi_proto::pdu::{parse_bhs, InitiatorPdu, BHS_LEN};
 use libfuzzer_sys::fuzz_target;
 use std::sync::Arc;
@@ -18,6 +20,10 @@ fn config() -> Arc<LoginConfig> {
                 chap: Some(creds("user", "secretsecret")),
                 mutual: Some(creds("target", "targetsecret")),
                 allowed_initiators: vec!["iqn.2026-01.org.test:ini".into()],
+                chap_initiators: vec![InitiatorChap {
+                    initiator: "iqn.2026-01.org.test:ini2".into(),
+                    creds: creds("user2", "secretsecret2"),
+                }],
             },
         ],
         discovery_chap: None,

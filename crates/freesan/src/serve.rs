@@ -233,6 +233,7 @@ fn build(
             auth: iscsi::Auth {
                 chap: chap(&t.chap),
                 mutual: chap(&t.mutual_chap),
+                ..iscsi::Auth::default()
             },
             allowed_initiators: t.allowed_initiators.clone(),
         });
@@ -255,6 +256,7 @@ fn build(
         discovery_auth: iscsi::Auth {
             chap: chap(&cfg.discovery_chap),
             mutual: None,
+            ..iscsi::Auth::default()
         },
         limits: cfg.limits.to_iscsi(),
     };

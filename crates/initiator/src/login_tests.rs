@@ -24,6 +24,7 @@ fn target(chap: bool, mutual: bool, limits: OperationalLimits) -> LoginNegotiato
             chap: chap.then(|| creds("alice", "alice-secret-12")),
             mutual: mutual.then(|| creds("tgt", "target-secret-12")),
             allowed_initiators: vec![],
+            ..TargetAuth::default()
         }],
         discovery_chap: None,
         discovery_mutual: None,

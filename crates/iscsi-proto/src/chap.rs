@@ -1,17 +1,91 @@
-//! CHAP (RFC 1994) as iSCSI uses it: MD5 only (CHAP_A=5), binary values in hex
-//! (`0x...`) or base64 (`0b...`).
+//! CHAP (RFC 1994) as iSCSI uses it (RFC 7143 section 12.1.3): MD5 (CHAP_A=5) and
+//! SHA-256 (CHAP_A=7, from the IANA CHAP algorithm registry), binary values in hex
+//! (`0x...`) or base64 (`0b...`). The digests are RustCrypto's `md-5` and `sha2`.
 
 use crate::ProtoError;
 use md5::{Digest, Md5};
+use sha2::Sha256;
 
-/// The only CHAP algorithm supported: MD5.
+/// CHAP_A value of MD5.
 pub const CHAP_ALGORITHM_MD5: u32 = 5;
-/// Length of the challenges this target sends.
+/// CHAP_A value of SHA-256.
+pub const CHAP_ALGORITHM_SHA256: u32 = 7;
+/// Length of the challenges this target sends with MD5.
 pub const CHALLENGE_LEN_BYTES: usize = 16;
 /// Longest challenge accepted from an initiator (RFC 7143 allows 1024 bytes).
 pub const CHALLENGE_LEN_MAX_BYTES: usize = 1024;
 
-/// The CHAP response: MD5(identifier || secret || challenge).
+/// A CHAP digest algorithm this target speaks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ChapAlgorithm {
+    /// MD5, CHAP_A=5: the RFC 7143 baseline every initiator has.
+    Md5,
+    /// SHA-256, CHAP_A=7.
+    Sha256,
+}
+
+impl ChapAlgorithm {
+    /// The CHAP_A number.
+    pub fn code(self) -> u32 {
+        match self {
+            ChapAlgorithm::Md5 => CHAP_ALGORITHM_MD5,
+            ChapAlgorithm::Sha256 => CHAP_ALGORITHM_SHA256,
+        }
+    }
+
+    /// The algorithm with CHAP_A number `code`, if supported.
+    pub fn from_code(code: u64) -> Option<ChapAlgorithm> {
+        match code {
+            5 => Some(ChapAlgorithm::Md5),
+            7 => Some(ChapAlgorithm::Sha256),
+            _ => None,
+        }
+    }
+
+    /// Picks from an initiator's CHAP_A list (`7,5`): SHA-256 whenever it is
+    /// offered, else MD5; None when neither is. Unknown or malformed entries are
+    /// skipped; at most the first 64 entries are looked at.
+    pub fn choose(offer: &str) -> Option<ChapAlgorithm> {
+        let mut best = None;
+        for a in offer.split(',').take(64) {
+            match parse_number(a).ok().and_then(ChapAlgorithm::from_code) {
+                Some(ChapAlgorithm::Sha256) => return Some(ChapAlgorithm::Sha256),
+                Some(ChapAlgorithm::Md5) => best = Some(ChapAlgorithm::Md5),
+                None => {}
+            }
+        }
+        best
+    }
+
+    /// Length of a response (the digest) in bytes.
+    pub fn digest_len_bytes(self) -> usize {
+        match self {
+            ChapAlgorithm::Md5 => 16,
+            ChapAlgorithm::Sha256 => 32,
+        }
+    }
+
+    /// Length of the challenges this target sends: as long as the digest.
+    pub fn challenge_len_bytes(self) -> usize {
+        self.digest_len_bytes()
+    }
+
+    /// The CHAP response: H(identifier || secret || challenge).
+    pub fn response(self, id: u8, secret: &[u8], challenge: &[u8]) -> Vec<u8> {
+        match self {
+            ChapAlgorithm::Md5 => response(id, secret, challenge).to_vec(),
+            ChapAlgorithm::Sha256 => {
+                let mut h = Sha256::new();
+                h.update([id]);
+                h.update(secret);
+                h.update(challenge);
+                h.finalize().to_vec()
+            }
+        }
+    }
+}
+
+/// The MD5 CHAP response: MD5(identifier || secret || challenge).
 pub fn response(id: u8, secret: &[u8], challenge: &[u8]) -> [u8; 16] {
     let mut h = Md5::new();
     h.update([id]);
@@ -165,5 +239,22 @@ mod tests {
         assert_eq!(r, want);
         assert!(constant_time_eq(&r, &want));
         assert!(!constant_time_eq(&r, &want[..15]));
+        assert_eq!(ChapAlgorithm::Md5.response(1, b"secret", &[1, 2, 3]), r);
+    }
+
+    #[test]
+    fn sha256_response_and_choice() {
+        // SHA-256 of the single byte 0x00 (id 0, empty secret and challenge).
+        let r = ChapAlgorithm::Sha256.response(0, b"", b"");
+        assert_eq!(
+            encode_hex(&r),
+            "0x6e340b9cffb37a989ca544e6bb780a2c78901d3fb33738768511a30617afa01d"
+        );
+        assert_eq!(ChapAlgorithm::choose("7,5"), Some(ChapAlgorithm::Sha256));
+        assert_eq!(ChapAlgorithm::choose("5,7"), Some(ChapAlgorithm::Sha256));
+        assert_eq!(ChapAlgorithm::choose("8,6,5"), Some(ChapAlgorithm::Md5));
+        assert_eq!(ChapAlgorithm::choose("0x7"), Some(ChapAlgorithm::Sha256));
+        assert_eq!(ChapAlgorithm::choose("6,x,"), None);
+        assert_eq!(ChapAlgorithm::Sha256.challenge_len_bytes(), 32);
     }
 }

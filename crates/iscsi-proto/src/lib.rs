@@ -34,8 +34,8 @@ pub use bytes;
 pub use error::ProtoError;
 pub use frame::{decode_frame, Frame, FrameLimits};
 pub use login::{
-    LoginConfig, LoginNegotiator, LoginOutcome, LoginStep, Negotiated, OperationalLimits,
-    SessionType, TargetAuth,
+    InitiatorChap, LoginConfig, LoginNegotiator, LoginOutcome, LoginStep, Negotiated,
+    OperationalLimits, SessionType, TargetAuth,
 };
 pub use pdu::{parse_bhs, Bhs, InitiatorPdu, BHS_LEN};
 

@@ -70,6 +70,15 @@ impl std::fmt::Debug for ChapCredentials {
     }
 }
 
+/// CHAP credentials that one initiator name must log in with.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct InitiatorChap {
+    /// The InitiatorName these credentials belong to.
+    pub initiator: String,
+    /// Its CHAP user and secret.
+    pub creds: ChapCredentials,
+}
+
 /// One target as login sees it: its name and who may log in how.
 #[derive(Debug, Clone, Default)]
 pub struct TargetAuth {
@@ -77,12 +86,17 @@ pub struct TargetAuth {
     pub name: String,
     /// TargetAlias, declared to initiators.
     pub alias: Option<String>,
-    /// When set the initiator must authenticate with CHAP using these credentials.
+    /// When set the initiator must authenticate with CHAP using these credentials
+    /// (unless its name has its own entry in `chap_initiators`).
     pub chap: Option<ChapCredentials>,
     /// Credentials the target proves itself with when the initiator asks (mutual CHAP).
     pub mutual: Option<ChapCredentials>,
     /// Initiator names allowed to log in; empty allows every initiator.
     pub allowed_initiators: Vec<String>,
+    /// Per-initiator CHAP credentials: a listed initiator must use its own entry
+    /// (the target-wide `chap` is not accepted for it). When this is not empty the
+    /// target requires CHAP, and an unlisted initiator needs `chap` to log in.
+    pub chap_initiators: Vec<InitiatorChap>,
 }
 
 impl TargetAuth {
@@ -196,6 +210,13 @@ pub struct Negotiated {
     pub default_time2retain_s: u32,
     /// ErrorRecoveryLevel (always 0).
     pub error_recovery_level: u32,
+    /// The CHAP name the initiator proved it holds the secret of (None without CHAP).
+    pub chap_user: Option<String>,
+    /// True when those credentials were the initiator's own (a per-initiator
+    /// entry), false for the target-wide or discovery credentials shared by many.
+    pub chap_per_initiator: bool,
+    /// CHAP_A used (5 MD5, 7 SHA-256), if CHAP was.
+    pub chap_algorithm: Option<u32>,
     /// ExpCmdSN at the start of full feature phase.
     pub exp_cmd_sn: u32,
     /// Next StatSN to send.
@@ -233,9 +254,25 @@ enum Auth {
     /// CHAP chosen; waiting for CHAP_A.
     WaitAlgorithm,
     /// Challenge sent; waiting for CHAP_N/CHAP_R.
-    WaitResponse { id: u8, challenge: Vec<u8> },
+    WaitResponse {
+        id: u8,
+        challenge: Vec<u8>,
+        alg: chap::ChapAlgorithm,
+    },
     /// Authenticated (or None chosen).
     Done,
+}
+
+/// Which credentials apply to the login in progress.
+struct AuthCreds<'a> {
+    /// CHAP is required (the target or discovery has credentials configured).
+    required: bool,
+    /// The credentials this initiator must prove (None: required but none fits).
+    chap: Option<&'a ChapCredentials>,
+    /// `chap` is the initiator's own entry.
+    per_initiator: bool,
+    /// Mutual CHAP credentials of the target.
+    mutual: Option<&'a ChapCredentials>,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -261,6 +298,10 @@ pub struct LoginNegotiator {
     /// Identity (initiator, target, ACL) checked after the first PDU.
     identified: bool,
     auth: Auth,
+    /// Set once CHAP succeeded: (CHAP name, per-initiator credentials, CHAP_A).
+    chap_done: Option<(String, bool, u32)>,
+    /// The CHAP_N the initiator sent, if any (for logs; at most 255 bytes kept).
+    chap_name_seen: Option<String>,
     ops: OpState,
     declared_mrdsl: bool,
     sent_tpgt: bool,
@@ -299,6 +340,8 @@ impl LoginNegotiator {
             target_index: None,
             identified: false,
             auth: Auth::Start,
+            chap_done: None,
+            chap_name_seen: None,
             ops: OpState::default(),
             declared_mrdsl: false,
             sent_tpgt: false,
@@ -312,6 +355,11 @@ impl LoginNegotiator {
     /// The initiator name, once known (for logs).
     pub fn initiator_name(&self) -> Option<&str> {
         self.initiator_name.as_deref()
+    }
+
+    /// The CHAP name the initiator sent, if any (for logs).
+    pub fn chap_name(&self) -> Option<&str> {
+        self.chap_name_seen.as_deref()
     }
 
     /// Answers a login attempt with `status` without looking at it (resource limits,
@@ -486,22 +534,41 @@ impl LoginNegotiator {
     }
 
     fn auth_required(&self) -> bool {
-        self.auth_creds().0.is_some()
+        self.auth_creds().required
     }
 
-    fn auth_creds(&self) -> (Option<&ChapCredentials>, Option<&ChapCredentials>) {
+    fn auth_creds(&self) -> AuthCreds<'_> {
+        let none = AuthCreds {
+            required: false,
+            chap: None,
+            per_initiator: false,
+            mutual: None,
+        };
         match self.session_type {
-            Some(SessionType::Discovery) => (
-                self.cfg.discovery_chap.as_ref(),
-                self.cfg.discovery_mutual.as_ref(),
-            ),
+            Some(SessionType::Discovery) => AuthCreds {
+                required: self.cfg.discovery_chap.is_some(),
+                chap: self.cfg.discovery_chap.as_ref(),
+                per_initiator: false,
+                mutual: self.cfg.discovery_mutual.as_ref(),
+            },
             Some(SessionType::Normal) => {
-                match self.target_index.and_then(|i| self.cfg.targets.get(i)) {
-                    Some(t) => (t.chap.as_ref(), t.mutual.as_ref()),
-                    None => (None, None),
+                let Some(t) = self.target_index.and_then(|i| self.cfg.targets.get(i)) else {
+                    return none;
+                };
+                let own = self.initiator_name.as_deref().and_then(|n| {
+                    t.chap_initiators
+                        .iter()
+                        .find(|e| e.initiator == n)
+                        .map(|e| &e.creds)
+                });
+                AuthCreds {
+                    required: t.chap.is_some() || !t.chap_initiators.is_empty(),
+                    chap: own.or(t.chap.as_ref()),
+                    per_initiator: own.is_some(),
+                    mutual: t.mutual.as_ref(),
                 }
             }
-            None => (None, None),
+            None => none,
         }
     }
 
@@ -598,16 +665,21 @@ impl LoginNegotiator {
             self.identify()?;
             self.identified = true;
         }
-        let (chap_cfg, mutual_cfg) = {
-            let (a, b) = self.auth_creds();
-            (a.cloned(), b.cloned())
+        let (required, chap_cfg, per_initiator, mutual_cfg) = {
+            let c = self.auth_creds();
+            (
+                c.required,
+                c.chap.cloned(),
+                c.per_initiator,
+                c.mutual.cloned(),
+            )
         };
         if let Some(list) = auth_method {
             if self.auth != Auth::Start {
                 return Err(status::INITIATOR_ERROR);
             }
             let offers = |m: &str| list.split(',').any(|x| x == m);
-            if chap_cfg.is_some() {
+            if required {
                 if !offers("CHAP") {
                     push_pair(out, "AuthMethod", "Reject");
                     return Err(status::AUTH_FAILURE);
@@ -626,25 +698,27 @@ impl LoginNegotiator {
             if self.auth != Auth::WaitAlgorithm {
                 return Err(status::INITIATOR_ERROR);
             }
-            let md5 = algs
-                .split(',')
-                .any(|a| chap::parse_number(a).ok() == Some(chap::CHAP_ALGORITHM_MD5 as u64));
-            if !md5 {
+            // SHA-256 whenever offered, else MD5 (RFC 7143 12.1.3).
+            let Some(alg) = chap::ChapAlgorithm::choose(algs) else {
                 push_pair(out, "CHAP_A", "Reject");
                 return Err(status::AUTH_FAILURE);
-            }
-            let mut challenge = vec![0u8; chap::CHALLENGE_LEN_BYTES];
+            };
+            let mut challenge = vec![0u8; alg.challenge_len_bytes()];
             self.rng.fill_bytes(&mut challenge);
             let id = (self.rng.next_u32() & 0xff) as u8;
-            push_pair(out, "CHAP_A", "5");
+            push_pair(out, "CHAP_A", &alg.code().to_string());
             push_pair(out, "CHAP_I", &id.to_string());
             push_pair(out, "CHAP_C", &chap::encode_hex(&challenge));
-            self.auth = Auth::WaitResponse { id, challenge };
+            self.auth = Auth::WaitResponse { id, challenge, alg };
+        }
+        if let Some(n) = chap_n {
+            self.chap_name_seen = Some(n.chars().take(255).collect());
         }
         if chap_n.is_some() || chap_r.is_some() {
-            let Auth::WaitResponse { id, challenge } = &self.auth else {
+            let Auth::WaitResponse { id, challenge, alg } = &self.auth else {
                 return Err(status::INITIATOR_ERROR);
             };
+            let alg = *alg;
             let (Some(n), Some(r)) = (chap_n, chap_r) else {
                 return Err(status::AUTH_FAILURE);
             };
@@ -652,8 +726,11 @@ impl LoginNegotiator {
                 return Err(status::AUTH_FAILURE);
             };
             let r = chap::decode_binary(r).map_err(|_| status::AUTH_FAILURE)?;
-            let want = chap::response(*id, creds.secret.as_bytes(), challenge);
-            if n != creds.user || !chap::constant_time_eq(&r, &want) {
+            let want = alg.response(*id, creds.secret.as_bytes(), challenge);
+            // Both compared before deciding, so timing does not tell which was wrong.
+            let user_ok = chap::constant_time_eq(n.as_bytes(), creds.user.as_bytes());
+            let resp_ok = chap::constant_time_eq(&r, &want);
+            if !(user_ok & resp_ok) {
                 return Err(status::AUTH_FAILURE);
             }
             match (chap_i, chap_c) {
@@ -668,13 +745,14 @@ impl LoginNegotiator {
                     if c.is_empty() || c.len() > chap::CHALLENGE_LEN_MAX_BYTES || c == *challenge {
                         return Err(status::AUTH_FAILURE);
                     }
-                    let resp = chap::response(i, m.secret.as_bytes(), &c);
+                    let resp = alg.response(i, m.secret.as_bytes(), &c);
                     push_pair(out, "CHAP_N", &m.user);
                     push_pair(out, "CHAP_R", &chap::encode_hex(&resp));
                 }
                 (None, None) => {}
                 _ => return Err(status::AUTH_FAILURE),
             }
+            self.chap_done = Some((creds.user.clone(), per_initiator, alg.code()));
             self.auth = Auth::Done;
         } else if chap_i.is_some() || chap_c.is_some() {
             return Err(status::INITIATOR_ERROR);
@@ -709,6 +787,9 @@ impl LoginNegotiator {
             default_time2wait_s: o.default_time2wait_s,
             default_time2retain_s: o.default_time2retain_s,
             error_recovery_level: 0,
+            chap_user: self.chap_done.as_ref().map(|c| c.0.clone()),
+            chap_per_initiator: self.chap_done.as_ref().is_some_and(|c| c.1),
+            chap_algorithm: self.chap_done.as_ref().map(|c| c.2),
             exp_cmd_sn: self.exp_cmd_sn,
             next_stat_sn: self.stat_sn,
         }

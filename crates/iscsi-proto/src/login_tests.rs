@@ -5,6 +5,9 @@ use rand::SeedableRng;
 const INI: &str = "iqn.2026-01.org.test:ini";
 const TGT: &str = "iqn.2026-01.org.freesan:t1";
 const SECURE: &str = "iqn.2026-01.org.freesan:secure";
+const PER_INI: &str = "iqn.2026-01.org.freesan:per-initiator";
+const INI2: &str = "iqn.2026-01.org.test:ini2";
+const INI3: &str = "iqn.2026-01.org.test:ini3";
 
 fn creds(u: &str, s: &str) -> ChapCredentials {
     ChapCredentials {
@@ -26,7 +29,19 @@ fn config() -> Arc<LoginConfig> {
                 alias: None,
                 chap: Some(creds("alice", "alicesecret1")),
                 mutual: Some(creds("target", "targetsecret")),
-                allowed_initiators: vec![INI.into()],
+                allowed_initiators: vec![INI.into(), INI2.into(), INI3.into()],
+                chap_initiators: vec![InitiatorChap {
+                    initiator: INI2.into(),
+                    creds: creds("bob", "bobsecret-12"),
+                }],
+            },
+            TargetAuth {
+                name: PER_INI.into(),
+                chap_initiators: vec![InitiatorChap {
+                    initiator: INI2.into(),
+                    creds: creds("bob", "bobsecret-12"),
+                }],
+                ..TargetAuth::default()
             },
         ],
         discovery_chap: None,
@@ -259,24 +274,39 @@ fn chap_login(
     password: &str,
     mutual: Option<(u8, &[u8])>,
 ) -> (LoginStep, Vec<(String, String)>) {
+    chap_login_as(n, INI, SECURE, "6,5", "alice", password, mutual)
+}
+
+/// A CHAP exchange offering the CHAP_A list `offer`; the response is computed
+/// with whichever algorithm the target picked.
+fn chap_login_as(
+    n: &mut LoginNegotiator,
+    initiator: &str,
+    target: &str,
+    offer: &str,
+    user: &str,
+    password: &str,
+    mutual: Option<(u8, &[u8])>,
+) -> (LoginStep, Vec<(String, String)>) {
     let s = n.step(
         &req(0, 1, false),
         &encode_text(&[
-            ("InitiatorName", INI),
-            ("TargetName", SECURE),
+            ("InitiatorName", initiator),
+            ("TargetName", target),
             ("AuthMethod", "CHAP,None"),
         ]),
     );
     assert_eq!(get(&keys(&s), "AuthMethod"), Some("CHAP"));
-    let s = n.step(&req(0, 1, false), &encode_text(&[("CHAP_A", "7,5")]));
+    let s = n.step(&req(0, 1, false), &encode_text(&[("CHAP_A", offer)]));
     let kv = keys(&s);
-    assert_eq!(get(&kv, "CHAP_A"), Some("5"));
+    let a = chap::parse_number(get(&kv, "CHAP_A").unwrap()).unwrap();
+    let alg = chap::ChapAlgorithm::from_code(a).unwrap();
     let id = chap::parse_number(get(&kv, "CHAP_I").unwrap()).unwrap() as u8;
     let c = chap::decode_binary(get(&kv, "CHAP_C").unwrap()).unwrap();
-    assert_eq!(c.len(), chap::CHALLENGE_LEN_BYTES);
-    let r = chap::encode_hex(&chap::response(id, password.as_bytes(), &c));
+    assert_eq!(c.len(), alg.challenge_len_bytes());
+    let r = chap::encode_hex(&alg.response(id, password.as_bytes(), &c));
     let mut pairs = vec![
-        ("CHAP_N".to_string(), "alice".to_string()),
+        ("CHAP_N".to_string(), user.to_string()),
         ("CHAP_R".into(), r),
     ];
     if let Some((mi, mc)) = mutual {
@@ -401,8 +431,100 @@ fn base64_response_and_unsupported_algorithm() {
             ("AuthMethod", "CHAP"),
         ]),
     );
-    let s = n.step(&req(0, 1, false), &encode_text(&[("CHAP_A", "7")]));
+    let s = n.step(&req(0, 1, false), &encode_text(&[("CHAP_A", "6,8")]));
     assert_eq!(failed(&s), Some(status::AUTH_FAILURE));
+}
+
+fn complete(n: &mut LoginNegotiator) -> Negotiated {
+    let s = n.step(&req(1, 3, true), &[]);
+    match s.outcome {
+        LoginOutcome::Complete(neg) => *neg,
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn sha256_preferred_with_mutual_chap() {
+    let mut n = negotiator();
+    let mine = [0x33u8; 32];
+    let (s, kv) = chap_login_as(
+        &mut n,
+        INI,
+        SECURE,
+        "5,7",
+        "alice",
+        "alicesecret1",
+        Some((4, &mine)),
+    );
+    assert_eq!(s.outcome, LoginOutcome::Continue);
+    let r = chap::decode_binary(get(&kv, "CHAP_R").unwrap()).unwrap();
+    assert_eq!(
+        r,
+        chap::ChapAlgorithm::Sha256.response(4, b"targetsecret", &mine)
+    );
+    let neg = complete(&mut n);
+    assert_eq!(neg.chap_algorithm, Some(chap::CHAP_ALGORITHM_SHA256));
+    assert_eq!(neg.chap_user.as_deref(), Some("alice"));
+    assert!(!neg.chap_per_initiator);
+    // An MD5 response to a SHA-256 challenge fails.
+    let mut n = negotiator();
+    n.step(
+        &req(0, 1, false),
+        &encode_text(&[
+            ("InitiatorName", INI),
+            ("TargetName", SECURE),
+            ("AuthMethod", "CHAP"),
+        ]),
+    );
+    let s = n.step(&req(0, 1, false), &encode_text(&[("CHAP_A", "7")]));
+    let kv = keys(&s);
+    assert_eq!(get(&kv, "CHAP_A"), Some("7"));
+    let id = chap::parse_number(get(&kv, "CHAP_I").unwrap()).unwrap() as u8;
+    let c = chap::decode_binary(get(&kv, "CHAP_C").unwrap()).unwrap();
+    let r = chap::encode_hex(&chap::response(id, b"alicesecret1", &c));
+    let s = n.step(
+        &req(0, 1, true),
+        &encode_text(&[("CHAP_N", "alice"), ("CHAP_R", &r)]),
+    );
+    assert_eq!(failed(&s), Some(status::AUTH_FAILURE));
+    assert_eq!(n.chap_name(), Some("alice"));
+}
+
+#[test]
+fn per_initiator_secrets() {
+    // A listed initiator logs in with its own credentials...
+    let mut n = negotiator();
+    let (s, _) = chap_login_as(&mut n, INI2, SECURE, "5", "bob", "bobsecret-12", None);
+    assert_eq!(s.outcome, LoginOutcome::Continue);
+    let neg = complete(&mut n);
+    assert_eq!(neg.chap_user.as_deref(), Some("bob"));
+    assert!(neg.chap_per_initiator);
+    assert_eq!(neg.chap_algorithm, Some(chap::CHAP_ALGORITHM_MD5));
+    // ...and not with the target-wide ones.
+    let mut n = negotiator();
+    let (s, _) = chap_login_as(&mut n, INI2, SECURE, "5", "alice", "alicesecret1", None);
+    assert_eq!(failed(&s), Some(status::AUTH_FAILURE));
+    // An unlisted initiator uses the target-wide credentials, not another's.
+    let mut n = negotiator();
+    let (s, _) = chap_login_as(&mut n, INI3, SECURE, "7", "bob", "bobsecret-12", None);
+    assert_eq!(failed(&s), Some(status::AUTH_FAILURE));
+    let mut n = negotiator();
+    let (s, _) = chap_login_as(&mut n, INI3, SECURE, "7", "alice", "alicesecret1", None);
+    assert_eq!(s.outcome, LoginOutcome::Continue);
+    // A target with only per-initiator entries requires CHAP and refuses others.
+    let mut n = negotiator();
+    let (s, _) = chap_login_as(&mut n, INI, PER_INI, "7", "bob", "bobsecret-12", None);
+    assert_eq!(failed(&s), Some(status::AUTH_FAILURE));
+    let mut n = negotiator();
+    let s = n.step(
+        &req(1, 3, true),
+        &encode_text(&[("InitiatorName", INI), ("TargetName", PER_INI)]),
+    );
+    assert_eq!(failed(&s), Some(status::AUTH_FAILURE));
+    let mut n = negotiator();
+    let (s, _) = chap_login_as(&mut n, INI2, PER_INI, "7", "bob", "bobsecret-12", None);
+    assert_eq!(s.outcome, LoginOutcome::Continue);
+    assert!(complete(&mut n).chap_per_initiator);
 }
 
 fn base64(b: &[u8]) -> String {

@@ -23,10 +23,14 @@ impl std::fmt::Debug for ChapSecret {
 /// Authentication of a target or of discovery sessions.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Auth {
-    /// When set the initiator must log in with CHAP using these credentials.
+    /// When set the initiator must log in with CHAP using these credentials
+    /// (unless its name is listed in `per_initiator`).
     pub chap: Option<ChapSecret>,
     /// When set the target proves itself with these if the initiator asks (mutual CHAP).
     pub mutual: Option<ChapSecret>,
+    /// CHAP credentials per initiator name (targets only; ignored for discovery):
+    /// a listed initiator must use its own, and a non-empty list makes CHAP required.
+    pub per_initiator: Vec<(String, ChapSecret)>,
 }
 
 /// One iSCSI target: a name and the SCSI device behind it.

@@ -2,7 +2,9 @@
 
 use crate::config::{Limits, Portal, ServerConfig, TargetSpec};
 use crate::session::Registry;
-use iscsi_proto::login::{ChapCredentials, LoginConfig, OperationalLimits, TargetAuth};
+use iscsi_proto::login::{
+    ChapCredentials, InitiatorChap, LoginConfig, OperationalLimits, TargetAuth,
+};
 use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -54,6 +56,18 @@ fn login_config(cfg: &ServerConfig) -> LoginConfig {
                 chap: creds(&t.auth.chap),
                 mutual: creds(&t.auth.mutual),
                 allowed_initiators: t.allowed_initiators.clone(),
+                chap_initiators: t
+                    .auth
+                    .per_initiator
+                    .iter()
+                    .map(|(name, c)| InitiatorChap {
+                        initiator: name.clone(),
+                        creds: ChapCredentials {
+                            user: c.user.clone(),
+                            secret: c.secret.clone(),
+                        },
+                    })
+                    .collect(),
             })
             .collect(),
         discovery_chap: creds(&cfg.discovery_auth.chap),

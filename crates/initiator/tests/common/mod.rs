@@ -131,6 +131,7 @@ pub async fn start(limits: Limits) -> Fixture {
                     user: "target".into(),
                     secret: "target-secret-12".into(),
                 }),
+                ..Auth::default()
             },
             allowed_initiators: vec![],
         },

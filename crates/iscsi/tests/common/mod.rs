@@ -91,6 +91,7 @@ pub async fn start_with(limits: Limits, lun0: Option<block::VolumeRef>) -> Fixtu
             auth: Auth {
                 chap: Some(secret("alice", "alice-secret-12")),
                 mutual: Some(secret("target", "target-secret-12")),
+                ..Auth::default()
             },
             allowed_initiators: vec![],
         },
