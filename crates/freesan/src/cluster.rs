@@ -24,6 +24,7 @@ pub fn port_id(node_id: u8, index: usize) -> u16 {
 /// run time through the management API).
 pub struct Cluster {
     cfg: ClusterConfig,
+    keys: Arc<replica::secure::ClusterKeys>,
     data_dir: PathBuf,
     volumes: RwLock<Vec<Arc<ReplicatedVolume>>>,
     sinks: SyncSinks,
@@ -33,16 +34,36 @@ pub struct Cluster {
 
 impl Cluster {
     /// An empty cluster side for this configuration; replica state lives under
-    /// `data_dir`.
-    pub fn new(cfg: ClusterConfig, data_dir: &Path) -> Cluster {
-        Cluster {
+    /// `data_dir`. Fails when the key file cannot be read, is readable by
+    /// others, or belongs to another cluster or node.
+    pub fn new(cfg: ClusterConfig, data_dir: &Path) -> Result<Cluster> {
+        let keys = replica::secure::ClusterKeys::load(&cfg.key_file)
+            .with_context(|| format!("cluster key file {}", cfg.key_file.display()))?;
+        if keys.cluster() != cfg.name {
+            anyhow::bail!(
+                "cluster key file {} is for cluster {:?}, not {:?}",
+                cfg.key_file.display(),
+                keys.cluster(),
+                cfg.name
+            );
+        }
+        if keys.me().node_id() != cfg.node_id {
+            anyhow::bail!(
+                "cluster key file {} is {}'s, but this is node {}",
+                cfg.key_file.display(),
+                keys.me().name(),
+                cfg.node_id
+            );
+        }
+        Ok(Cluster {
             cfg,
+            keys: Arc::new(keys),
             data_dir: data_dir.to_path_buf(),
             volumes: RwLock::new(Vec::new()),
             sinks: SyncSinks::default(),
             monitor: Mutex::new(None),
             client_monitor: Mutex::new(None),
-        }
+        })
     }
 
     /// The replicated volume name of LUN `lun` of target `iqn`: the same on both
@@ -84,6 +105,7 @@ impl Cluster {
             peer_timeout_ms: c.peer_timeout_ms,
             io_wait_ms: (c.peer_timeout_ms * 2).max(3000),
             state_dir: self.state_dir(name),
+            keys: self.keys.clone(),
         };
         let (vol, sink) = ReplicatedVolume::open(rcfg, local)
             .with_context(|| format!("opening replicated volume {name}"))?;
@@ -119,7 +141,7 @@ impl Cluster {
     /// every sync link and (unless turned off) on the client-facing networks,
     /// this node's `portals` paired in order with the partner's.
     pub async fn listen(&self, portals: &[std::net::SocketAddr]) -> Result<()> {
-        let l = replica::SyncListener::bind(&self.cfg.sync, self.sinks.clone())
+        let l = replica::SyncListener::bind(&self.cfg.sync, self.sinks.clone(), self.keys.clone())
             .await
             .with_context(|| format!("binding the sync addresses {:?}", self.cfg.sync))?;
         // heartbeats on every sync link (UDP on the same addresses), link i of
@@ -131,6 +153,7 @@ impl Cluster {
             &self.cfg.peer_sync,
             std::time::Duration::from_millis(self.cfg.heartbeat_interval_ms),
             std::time::Duration::from_millis(self.cfg.peer_timeout_ms),
+            replica::HeartbeatAuth::new(&self.keys),
         )
         .await
         .context("starting the sync link heartbeats")?;
@@ -147,6 +170,7 @@ impl Cluster {
                 &self.cfg.peer_portals[..pairs],
                 interval,
                 timeout,
+                replica::HeartbeatAuth::new(&self.keys),
             )
             .await
             {

@@ -95,6 +95,9 @@ pub struct ClusterConfig {
     /// links says whether the partner still answers there.
     #[serde(default = "default_true")]
     pub client_heartbeats: bool,
+    /// This node's cluster key file (made by `freesan cluster init`): every sync
+    /// link, heartbeat and witness exchange is authenticated and encrypted with it.
+    pub key_file: PathBuf,
 }
 
 fn default_true() -> bool {
@@ -624,6 +627,9 @@ impl Config {
             }
             if c.sync.is_empty() || c.peer_sync.is_empty() {
                 bail!("cluster: give this node's sync addresses and the partner's peer_sync");
+            }
+            if c.key_file.as_os_str().is_empty() {
+                bail!("cluster: key_file is required (make the keys with `freesan cluster init`)");
             }
             if c.heartbeat_interval_ms == 0 || c.peer_timeout_ms < 2 * c.heartbeat_interval_ms {
                 bail!("cluster: peer_timeout_ms must be at least twice heartbeat_interval_ms");

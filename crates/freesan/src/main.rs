@@ -74,6 +74,9 @@ enum Command {
     /// Run the witness of HA pairs (on a third host): breaks ties when the two
     /// nodes lose each other.
     Witness(replicacmd::WitnessArgs),
+    /// The keys of an HA pair and its witness (`cluster init`).
+    #[command(subcommand)]
+    Cluster(replicacmd::ClusterCmd),
     /// SSD cache status of a running node: hit rates, dirty data, advisor.
     Cache {
         #[command(flatten)]
@@ -239,6 +242,7 @@ fn main() {
             quiet_broken_pipe();
             replicacmd::run(api.api, cmd)
         }
+        Command::Cluster(cmd) => replicacmd::cluster(cmd),
         Command::Witness(args) => runtime().and_then(|rt| rt.block_on(replicacmd::witness(args))),
         Command::Cache { api, cmd } => {
             quiet_broken_pipe();

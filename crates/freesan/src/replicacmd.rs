@@ -6,6 +6,7 @@ use anyhow::{Context, Result};
 use serde_json::Value;
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::sync::Arc;
 
 /// `freesan replica` subcommands.
 #[derive(clap::Subcommand, Debug, Clone)]
@@ -141,11 +142,17 @@ pub struct WitnessArgs {
     /// File that keeps the survivor grants across restarts.
     #[arg(long, value_name = "FILE", default_value = "witness-state.json")]
     pub state: PathBuf,
+    /// The witness's cluster key file (`witness.key` of `freesan cluster init`):
+    /// only the two nodes of that cluster are answered.
+    #[arg(long, value_name = "FILE")]
+    pub key_file: PathBuf,
 }
 
 /// Runs the witness until SIGTERM or SIGINT.
 pub async fn witness(args: WitnessArgs) -> Result<()> {
-    let w = replica::witness::WitnessServer::bind(args.listen, args.state.clone())
+    let keys = replica::secure::ClusterKeys::load(&args.key_file)
+        .with_context(|| format!("cluster key file {}", args.key_file.display()))?;
+    let w = replica::witness::WitnessServer::bind(args.listen, args.state.clone(), Arc::new(keys))
         .await
         .with_context(|| format!("binding the witness on {}", args.listen))?;
     eprintln!(
@@ -155,4 +162,45 @@ pub async fn witness(args: WitnessArgs) -> Result<()> {
     );
     w.run(crate::serve::shutdown_signal()).await;
     Ok(())
+}
+
+/// `freesan cluster ...`: the keys of an HA pair.
+#[derive(clap::Subcommand, Debug)]
+pub enum ClusterCmd {
+    /// Make a new cluster's keys: `node1.key`, `node2.key` and `witness.key` in
+    /// DIR (mode 0600; DIR is created 0700). Install each on its host and name it
+    /// in `[cluster] key_file` (nodes) or `freesan witness --key-file` (witness).
+    Init {
+        /// The cluster's name (`[cluster] name` on both nodes).
+        #[arg(long)]
+        name: String,
+        /// Folder to write the three key files to (they must not exist yet).
+        #[arg(long, value_name = "DIR")]
+        out: PathBuf,
+    },
+}
+
+/// Runs a `freesan cluster` command.
+pub fn cluster(cmd: ClusterCmd) -> Result<()> {
+    match cmd {
+        ClusterCmd::Init { name, out } => {
+            use std::os::unix::fs::DirBuilderExt;
+            std::fs::DirBuilder::new()
+                .recursive(true)
+                .mode(0o700)
+                .create(&out)
+                .with_context(|| format!("creating {}", out.display()))?;
+            let keys = replica::secure::ClusterKeys::generate(&name)?;
+            for k in &keys {
+                let path = out.join(format!("{}.key", k.me().name()));
+                k.store(&path)?;
+                println!("{}", path.display());
+            }
+            std::fs::File::open(&out)?.sync_all()?;
+            eprintln!(
+                "cluster {name:?}: copy node1.key to node 1, node2.key to node 2 and witness.key to the witness (each mode 0600), then remove the others from each host"
+            );
+            Ok(())
+        }
+    }
 }

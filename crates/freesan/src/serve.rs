@@ -297,7 +297,8 @@ pub async fn run(cfg: Config) -> Result<()> {
     let cluster = cfg
         .cluster
         .clone()
-        .map(|c| Arc::new(Cluster::new(c, &cfg.data_dir)));
+        .map(|c| Cluster::new(c, &cfg.data_dir).map(Arc::new))
+        .transpose()?;
     let (server_cfg, opened, exports) = build(&cfg, &pools, cluster.as_deref())?;
     if let Some(c) = &cluster {
         let portals: Vec<_> = cfg.portals.iter().map(|p| p.address).collect();

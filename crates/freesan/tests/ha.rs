@@ -60,6 +60,14 @@ impl Ha {
             },
         );
         let dir = tempfile::tempdir().unwrap();
+        // the pair's keys, as an operator makes them
+        let keys = dir.path().join("keys");
+        let st = std::process::Command::new(bin())
+            .args(["cluster", "init", "--name", "ha-test", "--out"])
+            .arg(&keys)
+            .status()
+            .unwrap();
+        assert!(st.success(), "freesan cluster init failed");
         let witness = topo.spawn(
             topo.ns_witness(),
             bin(),
@@ -69,6 +77,8 @@ impl Ha {
                 format!("0.0.0.0:{WITNESS_PORT}"),
                 "--state".into(),
                 dir.path().join("witness.json").display().to_string(),
+                "--key-file".into(),
+                keys.join("witness.key").display().to_string(),
             ],
             &dir.path().join("witness.log"),
         );
@@ -113,6 +123,7 @@ sync = [{s}]
 peer_sync = [{ps}]
 peer_portals = ["{q1}:{PORT}", "{q2}:{PORT}"]
 witness = "{w}:{WITNESS_PORT}"
+key_file = "{keys}/node{k}.key"
 [[target]]
 iqn = "{IQN}"
 [[target.lun]]
@@ -130,6 +141,7 @@ replica_mode = "{mode}"
             q1 = t.client_portal_addr(peer, 1),
             q2 = t.client_portal_addr(peer, 2),
             w = t.witness_addr_for(k),
+            keys = self.dir.path().join("keys").display(),
         );
         std::fs::write(d.join("node.toml"), cfg).unwrap();
     }

@@ -19,13 +19,14 @@ mod listener;
 mod meta;
 mod monitor;
 mod plan;
+pub mod secure;
 mod session;
 mod volume;
 pub mod witness;
 
 pub use listener::{SyncListener, SyncSinks};
 pub use meta::Meta;
-pub use monitor::{SyncLinkMonitor, SyncLinkState};
+pub use monitor::{HeartbeatAuth, SyncLinkMonitor, SyncLinkState};
 pub use plan::{plan, Plan};
 pub use volume::{
     ConnectionSink, Mode, PathState, PortStates, ReplicaConfig, ReplicaStatus, ReplicatedVolume,

@@ -8,6 +8,7 @@
 //! sending), so the two views never overlap: a node that goes on alone starts
 //! only after the other's lease has run out.
 
+use crate::secure::{SecureReader, SecureStream, SecureWriter};
 use bytes::{Bytes, BytesMut};
 use parking_lot::Mutex;
 use replica_proto::{decode, encode, Message, OpResult};
@@ -15,29 +16,23 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
-use tokio::net::TcpStream;
 use tokio::sync::{mpsc, oneshot, watch};
 
 /// Messages queued for the writer at most.
 const OUT_QUEUE_MESSAGES_MAX: usize = 256;
-/// Largest chunk of bytes read at once.
-const READ_CHUNK_BYTES: usize = 256 << 10;
-
 /// The link went down before the answer came.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct LinkLost;
 
-/// A framed stream used during the handshake, before the link's tasks start.
+/// A framed stream used during the handshake, before the link's tasks start:
+/// replication messages over an authenticated channel (`secure.rs`).
 pub(crate) struct Framed {
-    pub stream: TcpStream,
+    pub stream: SecureStream,
     pub buf: BytesMut,
 }
 
 impl Framed {
-    pub fn new(stream: TcpStream) -> Framed {
-        let _ = stream.set_nodelay(true);
+    pub fn new(stream: SecureStream) -> Framed {
         Framed {
             stream,
             buf: BytesMut::with_capacity(64 << 10),
@@ -54,8 +49,7 @@ impl Framed {
                     return Err(std::io::Error::new(std::io::ErrorKind::InvalidData, e));
                 }
             }
-            self.buf.reserve(READ_CHUNK_BYTES);
-            if self.stream.read_buf(&mut self.buf).await? == 0 {
+            if self.stream.reader.read_buf(&mut self.buf).await? == 0 {
                 return Err(std::io::ErrorKind::UnexpectedEof.into());
             }
         }
@@ -65,7 +59,7 @@ impl Framed {
     pub async fn send(&mut self, m: &Message) -> std::io::Result<()> {
         let mut out = BytesMut::new();
         encode(m, &mut out);
-        self.stream.write_all(&out).await
+        self.stream.writer.write_all(&out).await
     }
 }
 
@@ -115,12 +109,8 @@ impl Link {
         heartbeat_interval: Duration,
         peer_timeout: Duration,
     ) -> Arc<Link> {
-        let peer = framed
-            .stream
-            .peer_addr()
-            .map(|a| a.to_string())
-            .unwrap_or_default();
-        let (rd, wr) = framed.stream.into_split();
+        let peer = framed.stream.peer_addr.to_string();
+        let (rd, wr) = (framed.stream.reader, framed.stream.writer);
         let (out_tx, out_rx) = mpsc::channel(OUT_QUEUE_MESSAGES_MAX);
         let now = Instant::now();
         let (closed_tx, _) = watch::channel(false);
@@ -249,7 +239,7 @@ impl Link {
 
 async fn reader(
     link: Arc<Link>,
-    mut rd: OwnedReadHalf,
+    mut rd: SecureReader,
     mut buf: BytesMut,
     incoming: mpsc::Sender<Message>,
 ) {
@@ -257,7 +247,6 @@ async fn reader(
         let msg = match decode(&mut buf) {
             Ok(Some(m)) => m,
             Ok(None) => {
-                buf.reserve(READ_CHUNK_BYTES);
                 tokio::select! {
                     r = rd.read_buf(&mut buf) => match r {
                         Ok(0) => break "partner closed the connection".to_string(),
@@ -318,7 +307,7 @@ async fn reader(
     link.close(&why);
 }
 
-async fn writer(link: Arc<Link>, mut wr: OwnedWriteHalf, mut rx: mpsc::Receiver<Message>) {
+async fn writer(link: Arc<Link>, mut wr: SecureWriter, mut rx: mpsc::Receiver<Message>) {
     let mut out = BytesMut::with_capacity(256 << 10);
     loop {
         let first = tokio::select! {

@@ -2,14 +2,21 @@
 //! addresses and hands each to the replicated volume its hello names.
 
 use crate::link::Framed;
+use crate::secure::{ClusterKeys, Member, Purpose};
 use crate::volume::ConnectionSink;
 use parking_lot::RwLock;
 use replica_proto::Message;
 use std::collections::HashMap;
+use std::net::IpAddr;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::net::TcpListener;
+
+/// Sync connections in their handshake at once, from everywhere.
+const HANDSHAKES_MAX: usize = 32;
+/// Sync connections in their handshake at once from one address.
+const HANDSHAKES_PER_SOURCE_MAX: usize = 4;
 
 /// The replicated volumes a [`SyncListener`] hands connections to, by name;
 /// volumes are added and removed while it runs (LUNs created at run time).
@@ -38,16 +45,66 @@ impl SyncSinks {
 pub struct SyncListener {
     listeners: Vec<TcpListener>,
     sinks: SyncSinks,
+    keys: Arc<ClusterKeys>,
+}
+
+/// Connections in their handshake, in total and per source address.
+#[derive(Default)]
+struct Pending {
+    total: usize,
+    by_source: HashMap<IpAddr, usize>,
+}
+
+/// A handshake slot, given back when dropped.
+struct Slot {
+    pending: Arc<parking_lot::Mutex<Pending>>,
+    ip: IpAddr,
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        let mut p = self.pending.lock();
+        p.total -= 1;
+        if let Some(n) = p.by_source.get_mut(&self.ip) {
+            *n -= 1;
+            if *n == 0 {
+                p.by_source.remove(&self.ip);
+            }
+        }
+    }
+}
+
+fn take_slot(pending: &Arc<parking_lot::Mutex<Pending>>, ip: IpAddr) -> Option<Slot> {
+    let mut p = pending.lock();
+    let n = p.by_source.get(&ip).copied().unwrap_or(0);
+    if p.total >= HANDSHAKES_MAX || n >= HANDSHAKES_PER_SOURCE_MAX {
+        return None;
+    }
+    p.total += 1;
+    *p.by_source.entry(ip).or_insert(0) += 1;
+    Some(Slot {
+        pending: pending.clone(),
+        ip,
+    })
 }
 
 impl SyncListener {
-    /// Binds every sync address; `sinks` maps volume names to their volumes.
-    pub async fn bind(addrs: &[SocketAddr], sinks: SyncSinks) -> std::io::Result<SyncListener> {
+    /// Binds every sync address; `sinks` maps volume names to their volumes;
+    /// only the partner holding its key of `keys`' cluster gets through.
+    pub async fn bind(
+        addrs: &[SocketAddr],
+        sinks: SyncSinks,
+        keys: Arc<ClusterKeys>,
+    ) -> std::io::Result<SyncListener> {
         let mut listeners = Vec::new();
         for a in addrs {
             listeners.push(TcpListener::bind(a).await?);
         }
-        Ok(SyncListener { listeners, sinks })
+        Ok(SyncListener {
+            listeners,
+            sinks,
+            keys,
+        })
     }
 
     /// The bound addresses.
@@ -60,8 +117,15 @@ impl SyncListener {
 
     /// Accepts connections until the tasks are dropped (runs in the background).
     pub fn spawn(self) {
+        let partner = match self.keys.me() {
+            Member::Node1 => Member::Node2,
+            _ => Member::Node1,
+        };
+        let pending = Arc::new(parking_lot::Mutex::new(Pending::default()));
         for l in self.listeners {
             let sinks = self.sinks.clone();
+            let keys = self.keys.clone();
+            let pending = pending.clone();
             tokio::spawn(async move {
                 loop {
                     let (stream, from) = match l.accept().await {
@@ -72,9 +136,23 @@ impl SyncListener {
                             continue;
                         }
                     };
+                    let Some(slot) = take_slot(&pending, from.ip()) else {
+                        tracing::warn!(%from, "too many sync handshakes at once: connection closed");
+                        continue;
+                    };
                     let sinks = sinks.clone();
+                    let keys = keys.clone();
                     tokio::spawn(async move {
-                        let mut f = Framed::new(stream);
+                        let secure =
+                            crate::secure::accept(stream, &keys, Purpose::Sync, &[partner]).await;
+                        let secure = match secure {
+                            Ok(s) => s,
+                            Err(e) => {
+                                tracing::warn!(%from, "sync connection refused: {e}");
+                                return;
+                            }
+                        };
+                        let mut f = Framed::new(secure);
                         let hello = match tokio::time::timeout(Duration::from_secs(5), f.recv())
                             .await
                         {
@@ -89,6 +167,7 @@ impl SyncListener {
                             }
                             Err(_) => return,
                         };
+                        drop(slot);
                         let Message::Hello { volume, .. } = &hello else {
                             return;
                         };

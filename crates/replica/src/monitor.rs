@@ -6,10 +6,14 @@
 //! replication codec, answered by a `Pong`), so that a dead standby link is
 //! seen before it is needed, the dialer picks a link that answers, and the
 //! status shows every link's state and round-trip time.
+//!
+//! Datagrams are authenticated (HMAC-SHA256 under a key derived from the
+//! cluster secret) and name their sender; a Ping carries a fresh random nonce
+//! that its Pong must echo, so a spoofed, replayed or reflected datagram never
+//! marks a link up. Answers are rate-limited per socket.
 
-use bytes::BytesMut;
+use hmac::{Hmac, Mac};
 use parking_lot::Mutex;
-use replica_proto::{decode, encode, Message};
 use serde::Serialize;
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -18,6 +22,70 @@ use tokio::net::UdpSocket;
 
 /// Largest heartbeat datagram.
 const DATAGRAM_BYTES_MAX: usize = 64;
+/// Heartbeat datagram: magic, kind, sender node, seq, nonce, HMAC tag.
+const MAGIC: &[u8; 4] = b"FSH1";
+const KIND_PING: u8 = 1;
+const KIND_PONG: u8 = 2;
+const NONCE_BYTES: usize = 16;
+const TAG_BYTES: usize = 32;
+const BODY_BYTES: usize = 4 + 1 + 1 + 8 + NONCE_BYTES;
+/// Length of every heartbeat datagram.
+pub const DATAGRAM_BYTES: usize = BODY_BYTES + TAG_BYTES;
+/// Pings answered per socket per second at most.
+const ANSWERS_PER_SECOND_MAX: u32 = 200;
+
+/// What a node needs to sign and check heartbeats.
+#[derive(Clone)]
+pub struct HeartbeatAuth {
+    key: [u8; 32],
+    me: u8,
+}
+
+impl HeartbeatAuth {
+    /// Heartbeats of node `keys.me()`, keyed from the cluster secret.
+    pub fn new(keys: &crate::secure::ClusterKeys) -> HeartbeatAuth {
+        HeartbeatAuth {
+            key: keys.heartbeat_key(),
+            me: keys.me().node_id(),
+        }
+    }
+
+    fn partner(&self) -> u8 {
+        3u8.saturating_sub(self.me)
+    }
+
+    fn mac(&self) -> Hmac<sha2::Sha256> {
+        <Hmac<sha2::Sha256> as Mac>::new_from_slice(&self.key).expect("HMAC takes any key length")
+    }
+
+    /// A signed datagram.
+    pub fn seal(&self, kind: u8, seq: u64, nonce: &[u8; NONCE_BYTES]) -> [u8; DATAGRAM_BYTES] {
+        let mut d = [0u8; DATAGRAM_BYTES];
+        d[..4].copy_from_slice(MAGIC);
+        d[4] = kind;
+        d[5] = self.me;
+        d[6..14].copy_from_slice(&seq.to_be_bytes());
+        d[14..BODY_BYTES].copy_from_slice(nonce);
+        let mut m = self.mac();
+        m.update(&d[..BODY_BYTES]);
+        d[BODY_BYTES..].copy_from_slice(&m.finalize().into_bytes());
+        d
+    }
+
+    /// Checks a datagram: the partner's, untampered. Returns (kind, seq, nonce).
+    /// Pure: fuzzed.
+    pub fn open(&self, d: &[u8]) -> Option<(u8, u64, [u8; NONCE_BYTES])> {
+        if d.len() != DATAGRAM_BYTES || &d[..4] != MAGIC || d[5] != self.partner() {
+            return None;
+        }
+        let mut m = self.mac();
+        m.update(&d[..BODY_BYTES]);
+        m.verify_slice(&d[BODY_BYTES..]).ok()?;
+        let seq = u64::from_be_bytes(d[6..14].try_into().ok()?);
+        let nonce: [u8; NONCE_BYTES] = d[14..BODY_BYTES].try_into().ok()?;
+        Some((d[4], seq, nonce))
+    }
+}
 
 /// State of one sync link as the monitor sees it.
 #[derive(Debug, Clone, Serialize)]
@@ -37,13 +105,14 @@ struct Slot {
     peer: SocketAddr,
     last_answer: Option<Instant>,
     rtt: Option<Duration>,
-    sent: Vec<(u64, Instant)>,
+    sent: Vec<(u64, [u8; NONCE_BYTES], Instant)>,
 }
 
 /// Pings the partner on every sync link.
 pub struct SyncLinkMonitor {
     slots: Mutex<Vec<Slot>>,
     peer_timeout: Duration,
+    auth: HeartbeatAuth,
 }
 
 impl SyncLinkMonitor {
@@ -55,6 +124,7 @@ impl SyncLinkMonitor {
         peer: &[SocketAddr],
         interval: Duration,
         peer_timeout: Duration,
+        auth: HeartbeatAuth,
     ) -> std::io::Result<Arc<SyncLinkMonitor>> {
         let mut sockets = Vec::new();
         let mut slots = Vec::new();
@@ -72,6 +142,7 @@ impl SyncLinkMonitor {
         let m = Arc::new(SyncLinkMonitor {
             slots: Mutex::new(slots),
             peer_timeout,
+            auth,
         });
         for (i, s) in sockets.into_iter().enumerate() {
             tokio::spawn(answer_and_listen(Arc::downgrade(&m), i, s.clone()));
@@ -116,17 +187,18 @@ async fn ping(
         tick.tick().await;
         let Some(m) = m.upgrade() else { return };
         seq += 1;
+        let mut nonce = [0u8; NONCE_BYTES];
+        rand::RngCore::fill_bytes(&mut rand::thread_rng(), &mut nonce);
         let peer = {
             let mut slots = m.slots.lock();
             let slot = &mut slots[i];
-            slot.sent.push((seq, Instant::now()));
+            slot.sent.push((seq, nonce, Instant::now()));
             if slot.sent.len() > 16 {
                 slot.sent.remove(0);
             }
             slot.peer
         };
-        let mut out = BytesMut::new();
-        encode(&Message::Ping { seq }, &mut out);
+        let out = m.auth.seal(KIND_PING, seq, &nonce);
         // an unreachable link is exactly what this measures: errors are expected
         let _ = s.send_to(&out, peer).await;
     }
@@ -134,6 +206,7 @@ async fn ping(
 
 async fn answer_and_listen(m: std::sync::Weak<SyncLinkMonitor>, i: usize, s: Arc<UdpSocket>) {
     let mut buf = [0u8; DATAGRAM_BYTES_MAX];
+    let (mut second, mut answered) = (Instant::now(), 0u32);
     loop {
         let Ok((n, from)) = s.recv_from(&mut buf).await else {
             // ICMP errors of unreachable peers surface here; go on listening
@@ -141,26 +214,39 @@ async fn answer_and_listen(m: std::sync::Weak<SyncLinkMonitor>, i: usize, s: Arc
             continue;
         };
         let Some(m) = m.upgrade() else { return };
-        let mut b = BytesMut::from(&buf[..n]);
-        match decode(&mut b) {
-            Ok(Some(Message::Ping { seq })) => {
-                let mut out = BytesMut::new();
-                encode(&Message::Pong { seq }, &mut out);
+        match m.auth.open(&buf[..n]) {
+            Some((KIND_PING, seq, nonce)) => {
+                if second.elapsed() >= Duration::from_secs(1) {
+                    (second, answered) = (Instant::now(), 0);
+                }
+                answered += 1;
+                if answered > ANSWERS_PER_SECOND_MAX {
+                    continue;
+                }
+                let out = m.auth.seal(KIND_PONG, seq, &nonce);
                 let _ = s.send_to(&out, from).await;
             }
-            Ok(Some(Message::Pong { seq })) => {
+            Some((KIND_PONG, seq, nonce)) => {
                 let mut slots = m.slots.lock();
                 let slot = &mut slots[i];
                 if from != slot.peer {
                     continue;
                 }
-                if let Some(&(_, at)) = slot.sent.iter().find(|(q, _)| *q == seq) {
+                // only the answer to a ping of ours, by its nonce, counts
+                if let Some(k) = slot
+                    .sent
+                    .iter()
+                    .position(|(q, nn, _)| *q == seq && *nn == nonce)
+                {
+                    let (_, _, at) = slot.sent.remove(k);
                     let now = Instant::now();
                     slot.rtt = Some(now.duration_since(at));
                     slot.last_answer = Some(now);
                 }
             }
-            _ => tracing::debug!(%from, "stray datagram on a sync heartbeat port"),
+            _ => {
+                tracing::debug!(%from, "unauthenticated datagram on a sync heartbeat port: ignored")
+            }
         }
     }
 }
@@ -168,9 +254,11 @@ async fn answer_and_listen(m: std::sync::Weak<SyncLinkMonitor>, i: usize, s: Arc
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::secure::ClusterKeys;
 
     #[tokio::test]
     async fn links_answering_are_up_and_silent_ones_down() {
+        let keys = ClusterKeys::generate("c").unwrap();
         // node A has two links; node B answers on its first only
         let b1 = std::net::UdpSocket::bind("127.0.0.1:0")
             .unwrap()
@@ -186,6 +274,7 @@ mod tests {
             &[b1, dead_addr],
             Duration::from_millis(20),
             Duration::from_millis(200),
+            HeartbeatAuth::new(&keys[0]),
         )
         .await
         .unwrap();
@@ -195,6 +284,7 @@ mod tests {
             &[a_addr],
             Duration::from_millis(20),
             Duration::from_millis(200),
+            HeartbeatAuth::new(&keys[1]),
         )
         .await
         .unwrap();
@@ -210,5 +300,72 @@ mod tests {
         assert!(!a.is_up(1), "a silent link counts as up: {:?}", a.links());
         assert!(a.links()[0].rtt_us.is_some());
         drop(dead);
+    }
+
+    /// An attacker at the partner's address answers every ping: with other
+    /// keys, with the old unauthenticated Pong, by replaying a real pong of an
+    /// earlier ping, or by reflecting the node's own ping. The link never
+    /// counts as up.
+    #[tokio::test]
+    async fn spoofed_replayed_and_reflected_heartbeats_never_count() {
+        let keys = ClusterKeys::generate("c").unwrap();
+        let strangers = ClusterKeys::generate("c").unwrap();
+        let fake = tokio::net::UdpSocket::bind("127.0.0.1:0").await.unwrap();
+        let a = SyncLinkMonitor::start(
+            &["127.0.0.1:0".parse().unwrap()],
+            &[fake.local_addr().unwrap()],
+            Duration::from_millis(10),
+            Duration::from_millis(500),
+            HeartbeatAuth::new(&keys[0]),
+        )
+        .await
+        .unwrap();
+        let wrong = HeartbeatAuth::new(&strangers[1]);
+        let right = HeartbeatAuth::new(&keys[1]);
+        // a real pong of an old ping, captured earlier
+        let old = right.seal(KIND_PONG, 1, &[9u8; NONCE_BYTES]);
+        let mut buf = [0u8; 128];
+        let mut pings = 0;
+        let deadline = Instant::now() + Duration::from_secs(1);
+        while Instant::now() < deadline {
+            let Ok(Ok((n, from))) =
+                tokio::time::timeout(Duration::from_millis(100), fake.recv_from(&mut buf)).await
+            else {
+                continue;
+            };
+            pings += 1;
+            let seq = u64::from_be_bytes(buf[6..14].try_into().unwrap());
+            let mut nonce = [0u8; NONCE_BYTES];
+            nonce.copy_from_slice(&buf[14..BODY_BYTES]);
+            // the same nonce and seq, under the wrong key
+            fake.send_to(&wrong.seal(KIND_PONG, seq, &nonce), from)
+                .await
+                .unwrap();
+            // the codec's plain Pong, as before authentication
+            let mut plain = bytes::BytesMut::new();
+            replica_proto::encode(&replica_proto::Message::Pong { seq }, &mut plain);
+            fake.send_to(&plain, from).await.unwrap();
+            // a replayed genuine pong with an old nonce, and the ping reflected
+            fake.send_to(&old, from).await.unwrap();
+            fake.send_to(&buf[..n], from).await.unwrap();
+            assert!(!a.is_up(0), "forged heartbeat accepted: {:?}", a.links());
+        }
+        assert!(pings > 10, "the monitor sent only {pings} pings");
+        assert!(!a.is_up(0), "forged heartbeat accepted: {:?}", a.links());
+        // the genuine answer does count (the test would pass vacuously otherwise)
+        let Ok((_, from)) = fake.recv_from(&mut buf).await else {
+            panic!("no ping")
+        };
+        let seq = u64::from_be_bytes(buf[6..14].try_into().unwrap());
+        let mut nonce = [0u8; NONCE_BYTES];
+        nonce.copy_from_slice(&buf[14..BODY_BYTES]);
+        fake.send_to(&right.seal(KIND_PONG, seq, &nonce), from)
+            .await
+            .unwrap();
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while !a.is_up(0) {
+            assert!(Instant::now() < deadline, "genuine pong not counted");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
     }
 }

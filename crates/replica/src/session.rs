@@ -42,6 +42,16 @@ pub(crate) async fn cleaner(inner: std::sync::Weak<Inner>) {
     }
 }
 
+/// Authenticates the partner on a dialed sync connection (and it this node).
+async fn dial_secure(
+    inner: &Arc<Inner>,
+    s: TcpStream,
+) -> Result<crate::secure::SecureStream, crate::secure::SecureError> {
+    let partner = crate::secure::Member::node(3u8.saturating_sub(inner.cfg.node_id))
+        .ok_or(crate::secure::SecureError::Frame("node id"))?;
+    crate::secure::connect(s, &inner.cfg.keys, partner, crate::secure::Purpose::Sync).await
+}
+
 /// Connects, handshakes, resyncs and decides, for the life of the volume.
 pub(crate) async fn manager(inner: Arc<Inner>, conns: mpsc::Receiver<(Framed, Message)>) {
     let mut stop = inner.stop_tx.subscribe();
@@ -86,7 +96,14 @@ async fn manage(inner: &Arc<Inner>, mut conns: mpsc::Receiver<(Framed, Message)>
                     .unwrap_or(next_peer % n);
                 let addr = inner.cfg.peer_sync[pick];
                 match tokio::time::timeout(Duration::from_millis(500), TcpStream::connect(addr)).await {
-                    Ok(Ok(s)) => Some(Framed::new(s)),
+                    Ok(Ok(s)) => match dial_secure(inner, s).await {
+                        Ok(s) => Some(Framed::new(s)),
+                        Err(e) => {
+                            tracing::warn!(volume = %inner.cfg.name, %addr, "sync link handshake failed: {e}");
+                            tokio::time::sleep(RECONNECT_PAUSE).await;
+                            None
+                        }
+                    },
                     _ => {
                         tokio::time::sleep(RECONNECT_PAUSE).await;
                         None
@@ -190,7 +207,7 @@ async fn decide(inner: &Arc<Inner>, peer_last_ping: Instant, detached: bool) {
                 cluster: inner.cfg.witness_key(),
                 node_id: me,
             };
-            match witness::ask(addr, claim).await {
+            match witness::ask(addr, &inner.cfg.keys, claim).await {
                 Ok(holder) => {
                     inner.witness_state.store(1, Ordering::Relaxed);
                     if holder == me {
@@ -338,7 +355,11 @@ async fn handshake(
     else {
         return Err("the partner did not start with a hello".into());
     };
-    if volume != cfg.name || node_id == cfg.node_id || !(1..=2).contains(&node_id) {
+    if volume != cfg.name
+        || node_id == cfg.node_id
+        || !(1..=2).contains(&node_id)
+        || node_id != f.stream.peer.node_id()
+    {
         return Err(format!(
             "unexpected partner: node {node_id}, volume {volume}"
         ));
@@ -554,7 +575,7 @@ async fn resync(
             cluster: inner.cfg.witness_key(),
             node_id: inner.cfg.node_id,
         };
-        match witness::ask(addr, release).await {
+        match witness::ask(addr, &inner.cfg.keys, release).await {
             Ok(_) => inner.witness_state.store(1, Ordering::Relaxed),
             Err(_) => inner.witness_state.store(2, Ordering::Relaxed),
         }

@@ -6,6 +6,7 @@
 use crate::bitmap::DirtyBitmap;
 use crate::link::{Framed, Link, LinkLost};
 use crate::meta::{Meta, MetaFile};
+use crate::secure::ClusterKeys;
 use async_trait::async_trait;
 use block::{BlockError, BlockResult, Bytes, Geometry, LockMode, RangeLocks, Volume, VolumeRef};
 use parking_lot::Mutex;
@@ -70,6 +71,9 @@ pub struct ReplicaConfig {
     pub io_wait_ms: u64,
     /// Folder of this copy's metadata and bitmap.
     pub state_dir: PathBuf,
+    /// This node's cluster keys: every sync and witness connection is
+    /// authenticated and encrypted with them (`secure.rs`).
+    pub keys: Arc<ClusterKeys>,
 }
 
 /// A node's part in the pair.

@@ -8,8 +8,15 @@
 //! once the pair is back in sync; so a node whose copy fell behind can never
 //! obtain it, even if the holder dies later. Grants are persisted (a witness
 //! restart must not forget who holds the newer data).
+//!
+//! Trust: every connection is authenticated (`secure.rs`, purpose `witness`):
+//! only node 1 or node 2 of the witness's cluster gets through, and a node may
+//! claim or release a grant only for itself. Grant names are bounded in length
+//! and number, idle connections time out, connections are bounded in total and
+//! per source, and the state file is durable (file and folder fsynced).
 
 use crate::link::Framed;
+use crate::secure::{ClusterKeys, Member, Purpose};
 use parking_lot::Mutex;
 use replica_proto::Message;
 use std::collections::BTreeMap;
@@ -20,19 +27,40 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio::net::{TcpListener, TcpStream};
 
-/// Time allowed for one witness exchange.
-const WITNESS_TIMEOUT: Duration = Duration::from_millis(800);
+/// Time allowed for one witness exchange (handshake included).
+const WITNESS_TIMEOUT: Duration = Duration::from_millis(2000);
+/// A witness connection with no request for this long is closed.
+const IDLE_TIMEOUT: Duration = Duration::from_secs(10);
+/// Grants the witness keeps at most (one per replicated volume of its pair).
+const GRANTS_MAX: usize = 4096;
+/// Longest grant name (`cluster:volume`).
+const GRANT_NAME_BYTES_MAX: usize = 512;
+/// Witness connections open at once, in total and from one address.
+const CONNECTIONS_MAX: usize = 64;
+const CONNECTIONS_PER_SOURCE_MAX: usize = 8;
 
 /// The witness service.
 pub struct WitnessServer {
     listener: TcpListener,
     state_file: PathBuf,
     holders: Arc<Mutex<BTreeMap<String, u8>>>,
+    keys: Arc<ClusterKeys>,
 }
 
 impl WitnessServer {
-    /// Binds the service; grants are kept in `state_file`.
-    pub async fn bind(addr: SocketAddr, state_file: PathBuf) -> std::io::Result<WitnessServer> {
+    /// Binds the service; grants are kept in `state_file`; `keys` are the
+    /// witness's own of its cluster.
+    pub async fn bind(
+        addr: SocketAddr,
+        state_file: PathBuf,
+        keys: Arc<ClusterKeys>,
+    ) -> std::io::Result<WitnessServer> {
+        if keys.me() != Member::Witness {
+            return Err(std::io::Error::other(format!(
+                "the key file is {}'s, not the witness's",
+                keys.me().name()
+            )));
+        }
         let holders = match std::fs::read(&state_file) {
             Ok(b) => serde_json::from_slice(&b).map_err(std::io::Error::other)?,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => BTreeMap::new(),
@@ -42,6 +70,7 @@ impl WitnessServer {
             listener: TcpListener::bind(addr).await?,
             state_file,
             holders: Arc::new(Mutex::new(holders)),
+            keys,
         })
     }
 
@@ -53,22 +82,51 @@ impl WitnessServer {
     /// Serves until `stop` completes.
     pub async fn run(self, stop: impl std::future::Future<Output = ()>) {
         tokio::pin!(stop);
+        let open: Arc<Mutex<BTreeMap<std::net::IpAddr, usize>>> = Arc::default();
+        let mut accept_errors = 0u32;
         loop {
             let (stream, from) = tokio::select! {
                 r = self.listener.accept() => match r {
                     Ok(x) => x,
                     Err(e) => {
+                        // out of descriptors and the like: back off, do not spin
+                        accept_errors = (accept_errors + 1).min(8);
                         tracing::warn!("witness accept: {e}");
+                        tokio::time::sleep(Duration::from_millis(10 << accept_errors)).await;
                         continue;
                     }
                 },
                 _ = &mut stop => return,
             };
+            accept_errors = 0;
+            let ip = from.ip();
+            {
+                let mut o = open.lock();
+                let total: usize = o.values().sum();
+                let n = o.entry(ip).or_insert(0);
+                if total >= CONNECTIONS_MAX || *n >= CONNECTIONS_PER_SOURCE_MAX {
+                    if *n == 0 {
+                        o.remove(&ip);
+                    }
+                    tracing::warn!(%from, "too many witness connections: closed");
+                    continue;
+                }
+                *n += 1;
+            }
             let holders = self.holders.clone();
             let file = self.state_file.clone();
+            let keys = self.keys.clone();
+            let open = open.clone();
             tokio::spawn(async move {
-                if let Err(e) = serve(stream, holders, file).await {
-                    tracing::debug!(%from, "witness connection: {e}");
+                if let Err(e) = serve(stream, &keys, holders, file).await {
+                    tracing::info!(%from, "witness connection: {e}");
+                }
+                let mut o = open.lock();
+                if let Some(n) = o.get_mut(&ip) {
+                    *n -= 1;
+                    if *n == 0 {
+                        o.remove(&ip);
+                    }
                 }
             });
         }
@@ -76,21 +134,47 @@ impl WitnessServer {
 }
 
 fn persist(file: &std::path::Path, holders: &BTreeMap<String, u8>) -> std::io::Result<()> {
+    use std::os::unix::fs::OpenOptionsExt;
     let tmp = file.with_extension("new");
-    let mut f = std::fs::File::create(&tmp)?;
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(&tmp)?;
     f.write_all(&serde_json::to_vec(holders).map_err(std::io::Error::other)?)?;
     f.sync_all()?;
-    std::fs::rename(&tmp, file)
+    std::fs::rename(&tmp, file)?;
+    // the rename itself must survive a crash
+    let dir = match file.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => std::path::Path::new("."),
+    };
+    std::fs::File::open(dir)?.sync_all()
 }
 
 async fn serve(
     stream: TcpStream,
+    keys: &ClusterKeys,
     holders: Arc<Mutex<BTreeMap<String, u8>>>,
     file: PathBuf,
 ) -> std::io::Result<()> {
-    let mut f = Framed::new(stream);
+    let secure = crate::secure::accept(
+        stream,
+        keys,
+        Purpose::Witness,
+        &[Member::Node1, Member::Node2],
+    )
+    .await?;
+    let who = secure.peer.node_id();
+    let mut f = Framed::new(secure);
     loop {
-        let msg = f.recv().await?;
+        let msg = match tokio::time::timeout(IDLE_TIMEOUT, f.recv()).await {
+            Ok(Ok(m)) => m,
+            Ok(Err(e)) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(()),
+            Ok(Err(e)) => return Err(e),
+            Err(_) => return Ok(()),
+        };
         let holder = {
             let mut h = holders.lock();
             let (cluster, node, claim) = match &msg {
@@ -103,6 +187,22 @@ async fn serve(
                     ))
                 }
             };
+            if node != who {
+                return Err(std::io::Error::new(
+                    std::io::ErrorKind::PermissionDenied,
+                    format!("node {who} spoke for node {node}"),
+                ));
+            }
+            let prefix = format!("{}:", keys.cluster());
+            if !cluster.starts_with(&prefix) || cluster.len() > GRANT_NAME_BYTES_MAX {
+                return Err(std::io::Error::new(
+                    std::io::ErrorKind::PermissionDenied,
+                    format!("grant {cluster:?} is not of cluster {}", keys.cluster()),
+                ));
+            }
+            if claim && !h.contains_key(cluster) && h.len() >= GRANTS_MAX {
+                return Err(std::io::Error::other("the witness holds too many grants"));
+            }
             let cur = h.get(cluster).copied().unwrap_or(0);
             let next = match (claim, cur) {
                 (true, 0) => node,
@@ -125,9 +225,11 @@ async fn serve(
 }
 
 /// Asks the witness; returns the holder after the request (0: none).
-pub async fn ask(addr: SocketAddr, msg: Message) -> std::io::Result<u8> {
+pub async fn ask(addr: SocketAddr, keys: &ClusterKeys, msg: Message) -> std::io::Result<u8> {
     let exchange = async {
-        let mut f = Framed::new(TcpStream::connect(addr).await?);
+        let s = TcpStream::connect(addr).await?;
+        let mut f =
+            Framed::new(crate::secure::connect(s, keys, Member::Witness, Purpose::Witness).await?);
         f.send(&msg).await?;
         match f.recv().await? {
             Message::WitnessAnswer { holder } => Ok(holder),
@@ -146,52 +248,109 @@ pub async fn ask(addr: SocketAddr, msg: Message) -> std::io::Result<u8> {
 mod tests {
     use super::*;
 
-    #[tokio::test]
-    async fn one_holder_until_it_releases_and_restarts_remember() {
-        let d = tempfile::tempdir().unwrap();
-        let file = d.path().join("w.json");
-        let w = WitnessServer::bind("127.0.0.1:0".parse().unwrap(), file.clone())
-            .await
-            .unwrap();
-        let addr = w.local_addr().unwrap();
-        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
-        let t = tokio::spawn(w.run(async {
-            let _ = rx.await;
-        }));
-        let claim = |n| Message::WitnessClaim {
-            cluster: "c".into(),
-            node_id: n,
-        };
-        assert_eq!(ask(addr, claim(2)).await.unwrap(), 2);
-        assert_eq!(
-            ask(addr, claim(1)).await.unwrap(),
-            2,
-            "second claimant refused"
-        );
-        assert_eq!(
-            ask(addr, claim(2)).await.unwrap(),
-            2,
-            "holder may claim again"
-        );
-        let release = |n| Message::WitnessRelease {
-            cluster: "c".into(),
-            node_id: n,
-        };
-        assert_eq!(
-            ask(addr, release(1)).await.unwrap(),
-            2,
-            "only the holder releases"
-        );
-        tx.send(()).unwrap();
-        t.await.unwrap();
-        // a restarted witness remembers the holder
-        let w = WitnessServer::bind("127.0.0.1:0".parse().unwrap(), file)
+    async fn start(file: PathBuf, keys: &Arc<ClusterKeys>) -> SocketAddr {
+        let w = WitnessServer::bind("127.0.0.1:0".parse().unwrap(), file, keys.clone())
             .await
             .unwrap();
         let addr = w.local_addr().unwrap();
         tokio::spawn(w.run(std::future::pending()));
-        assert_eq!(ask(addr, claim(1)).await.unwrap(), 2);
-        assert_eq!(ask(addr, release(2)).await.unwrap(), 0);
-        assert_eq!(ask(addr, claim(1)).await.unwrap(), 1);
+        addr
+    }
+
+    fn claim(n: u8) -> Message {
+        Message::WitnessClaim {
+            cluster: "c:v".into(),
+            node_id: n,
+        }
+    }
+
+    fn release(n: u8) -> Message {
+        Message::WitnessRelease {
+            cluster: "c:v".into(),
+            node_id: n,
+        }
+    }
+
+    #[tokio::test]
+    async fn one_holder_until_it_releases_and_restarts_remember() {
+        let d = tempfile::tempdir().unwrap();
+        let file = d.path().join("w.json");
+        let keys: Vec<Arc<ClusterKeys>> = ClusterKeys::generate("c")
+            .unwrap()
+            .into_iter()
+            .map(Arc::new)
+            .collect();
+        let (n1, n2) = (&keys[0], &keys[1]);
+        let addr = start(file.clone(), &keys[2]).await;
+        assert_eq!(ask(addr, n2, claim(2)).await.unwrap(), 2);
+        assert_eq!(
+            ask(addr, n1, claim(1)).await.unwrap(),
+            2,
+            "second claimant refused"
+        );
+        assert_eq!(
+            ask(addr, n2, claim(2)).await.unwrap(),
+            2,
+            "holder may claim again"
+        );
+        assert_eq!(
+            ask(addr, n1, release(1)).await.unwrap(),
+            2,
+            "only the holder releases"
+        );
+        // a restarted witness remembers the holder
+        let addr = start(file, &keys[2]).await;
+        assert_eq!(ask(addr, n1, claim(1)).await.unwrap(), 2);
+        assert_eq!(ask(addr, n2, release(2)).await.unwrap(), 0);
+        assert_eq!(ask(addr, n1, claim(1)).await.unwrap(), 1);
+    }
+
+    #[tokio::test]
+    async fn a_node_speaks_only_for_itself_and_strangers_not_at_all() {
+        let d = tempfile::tempdir().unwrap();
+        let file = d.path().join("w.json");
+        let keys: Vec<Arc<ClusterKeys>> = ClusterKeys::generate("c")
+            .unwrap()
+            .into_iter()
+            .map(Arc::new)
+            .collect();
+        let addr = start(file.clone(), &keys[2]).await;
+        assert_eq!(ask(addr, &keys[1], claim(2)).await.unwrap(), 2);
+        // node 1 releasing node 2's grant in node 2's name: refused, unchanged
+        assert!(ask(addr, &keys[0], release(2)).await.is_err());
+        // node 1 claiming a grant of another cluster: refused
+        let other = Message::WitnessClaim {
+            cluster: "other:v".into(),
+            node_id: 1,
+        };
+        assert!(ask(addr, &keys[0], other).await.is_err());
+        // another cluster's node 2 (same cluster name, other keys): refused
+        let strangers: Vec<Arc<ClusterKeys>> = ClusterKeys::generate("c")
+            .unwrap()
+            .into_iter()
+            .map(Arc::new)
+            .collect();
+        assert!(ask(addr, &strangers[1], release(2)).await.is_err());
+        // a plain client with no keys at all gets nothing back
+        {
+            use tokio::io::{AsyncReadExt, AsyncWriteExt};
+            let mut s = TcpStream::connect(addr).await.unwrap();
+            let mut b = bytes::BytesMut::new();
+            replica_proto::encode(&release(2), &mut b);
+            s.write_all(&b).await.unwrap();
+            let mut got = Vec::new();
+            let _ = tokio::time::timeout(Duration::from_secs(6), s.read_to_end(&mut got)).await;
+            assert!(got.is_empty(), "answered a plain client: {got:?}");
+        }
+        // the grant is still node 2's, in memory and on disk
+        assert_eq!(ask(addr, &keys[1], claim(2)).await.unwrap(), 2);
+        let on_disk: BTreeMap<String, u8> =
+            serde_json::from_slice(&std::fs::read(&file).unwrap()).unwrap();
+        assert_eq!(on_disk.get("c:v"), Some(&2));
+        use std::os::unix::fs::PermissionsExt;
+        assert_eq!(
+            std::fs::metadata(&file).unwrap().permissions().mode() & 0o777,
+            0o600
+        );
     }
 }

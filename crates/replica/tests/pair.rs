@@ -4,11 +4,25 @@
 
 use block::{Bytes, MemVolume, Volume, VolumeRef};
 use rand::{Rng, SeedableRng};
+use replica::secure::ClusterKeys;
 use replica::{Mode, ReplicaConfig, ReplicatedVolume, Role, SyncListener, SyncSinks};
 use std::net::SocketAddr;
 use std::path::Path;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
+
+/// The keys of the test cluster (node 1, node 2, witness), made once.
+fn keys(member: usize) -> Arc<ClusterKeys> {
+    static KEYS: OnceLock<Vec<Arc<ClusterKeys>>> = OnceLock::new();
+    KEYS.get_or_init(|| {
+        ClusterKeys::generate("pairtest")
+            .unwrap()
+            .into_iter()
+            .map(Arc::new)
+            .collect()
+    })[member]
+        .clone()
+}
 
 const BLOCKS: u64 = 8192; // 4 MiB of 512-byte blocks
 const WAIT: Duration = Duration::from_secs(20);
@@ -33,6 +47,7 @@ fn cfg(
         peer_timeout_ms: 400,
         io_wait_ms: 3000,
         state_dir: dir.join(format!("node{node}")),
+        keys: keys(node as usize - 1),
     }
 }
 
@@ -83,7 +98,7 @@ async fn node2(
     let (n2, sink2) = ReplicatedVolume::open(cfg(2, preferred, dir, vec![], witness), m2).unwrap();
     let sinks = SyncSinks::default();
     sinks.insert("vol", sink2);
-    let l = SyncListener::bind(&["127.0.0.1:0".parse().unwrap()], sinks)
+    let l = SyncListener::bind(&["127.0.0.1:0".parse().unwrap()], sinks, keys(1))
         .await
         .unwrap();
     let addr2 = l.local_addrs()[0];
@@ -261,6 +276,7 @@ async fn without_a_witness_the_other_node_stops_and_with_one_it_goes_on() {
     let w = replica::witness::WitnessServer::bind(
         "127.0.0.1:0".parse().unwrap(),
         d.path().join("w.json"),
+        keys(2),
     )
     .await
     .unwrap();

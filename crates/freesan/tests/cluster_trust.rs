@@ -1,0 +1,451 @@
+//! Attacks on the cluster links of real `freesan serve` processes (issue 16):
+//! a client without the pair's keys on the sync port of a node waiting for its
+//! partner, of a pair in sync and of a node serving alone; frames of a genuine
+//! session replayed; a record tampered with in flight; forged witness claims
+//! and releases against a real `freesan witness`. Each is refused with nothing
+//! read, written or changed.
+//!
+//! Before cluster trust the first attack received node 2's LUN byte for byte
+//! (a Hello claiming an inconsistent copy makes the node the resync source).
+
+mod common;
+
+use common::{freesan, IQN};
+use replica::secure::{ClusterKeys, Member, Purpose};
+use serde_json::Value;
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+const LUN_BYTES: usize = 16 << 20;
+const CLUSTER: &str = "trust";
+
+/// A loopback port nobody listens on now (TCP and UDP are both bound later).
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+fn pattern(seed: u8) -> Vec<u8> {
+    (0..LUN_BYTES)
+        .map(|i| (i as u8).wrapping_mul(31) ^ seed ^ (i >> 12) as u8)
+        .collect()
+}
+
+struct Setup {
+    dir: tempfile::TempDir,
+    sync: [u16; 2],
+}
+
+impl Setup {
+    fn new() -> Setup {
+        let dir = tempfile::tempdir().unwrap();
+        let (ok, out) = freesan(&[
+            "cluster",
+            "init",
+            "--name",
+            CLUSTER,
+            "--out",
+            dir.path().join("keys").to_str().unwrap(),
+        ]);
+        assert!(ok, "cluster init: {out}");
+        // an attacker's own keys, of a cluster with the same name
+        let (ok, out) = freesan(&[
+            "cluster",
+            "init",
+            "--name",
+            CLUSTER,
+            "--out",
+            dir.path().join("evil").to_str().unwrap(),
+        ]);
+        assert!(ok, "cluster init: {out}");
+        Setup {
+            dir,
+            sync: [free_port(), free_port()],
+        }
+    }
+
+    fn keys(&self, who: &str, member: &str) -> ClusterKeys {
+        ClusterKeys::load(&self.dir.path().join(who).join(format!("{member}.key"))).unwrap()
+    }
+
+    fn node_dir(&self, k: usize) -> PathBuf {
+        self.dir.path().join(format!("n{k}"))
+    }
+
+    /// Writes node `k`'s config; its partner is reached at `peer_port`.
+    fn config(&self, k: usize, peer_port: u16) -> PathBuf {
+        let d = self.node_dir(k);
+        std::fs::create_dir_all(&d).unwrap();
+        let img = d.join("lun0.img");
+        if !img.exists() {
+            std::fs::write(&img, pattern(k as u8)).unwrap();
+        }
+        let cfg = format!(
+            r#"data_dir = "{d}/data"
+[api]
+address = "127.0.0.1:0"
+[[portal]]
+address = "127.0.0.1:0"
+[cluster]
+name = "{CLUSTER}"
+node_id = {k}
+preferred_node = 1
+sync = ["127.0.0.1:{s}"]
+peer_sync = ["127.0.0.1:{peer_port}"]
+heartbeat_interval_ms = 100
+peer_timeout_ms = 800
+client_heartbeats = false
+key_file = "{keys}/node{k}.key"
+[[target]]
+iqn = "{IQN}"
+[[target.lun]]
+path = "{img}"
+replicated = true
+"#,
+            d = d.display(),
+            s = self.sync[k - 1],
+            keys = self.dir.path().join("keys").display(),
+            img = img.display(),
+        );
+        let p = d.join("node.toml");
+        std::fs::write(&p, cfg).unwrap();
+        p
+    }
+
+    fn start(&self, k: usize, peer_port: u16) -> common::Node {
+        let cfg = self.config(k, peer_port);
+        common::Node::start(
+            &[],
+            &["--config".into(), cfg.display().to_string()],
+            &self.node_dir(k).join("serve.log"),
+        )
+    }
+
+    fn sync_addr(&self, k: usize) -> SocketAddr {
+        format!("127.0.0.1:{}", self.sync[k - 1]).parse().unwrap()
+    }
+}
+
+/// LUN 0's replica status on `node`.
+fn status(node: &common::Node) -> Value {
+    let api = node.api.as_deref().expect("the node serves its API");
+    let (ok, out) = freesan(&["replica", "status", "--api", api, "--json"]);
+    assert!(ok, "replica status: {out}");
+    let v: Value = serde_json::from_str(&out).unwrap();
+    v[0].clone()
+}
+
+fn wait_for(node: &common::Node, what: &str, f: impl Fn(&Value) -> bool) -> Value {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let s = status(node);
+        if f(&s) {
+            return s;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{what} never happened: {s}\n{}",
+            std::fs::read_to_string(&node.log).unwrap_or_default()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// The old protocol's opening: a Hello naming node 1 of the pair with an
+/// inconsistent copy and zero generations (it used to make the node send its
+/// whole LUN).
+fn plain_hello() -> Vec<u8> {
+    let mut b = bytes::BytesMut::new();
+    replica_proto::encode(
+        &replica_proto::Message::Hello {
+            node_id: 1,
+            volume: format!("{CLUSTER}/{IQN}/lun0"),
+            block_size_bytes: 512,
+            block_count: (LUN_BYTES / 512) as u64,
+            region_bytes: 64 << 10,
+            gens: Default::default(),
+            flags: 0,
+        },
+        &mut b,
+    );
+    replica_proto::encode(&replica_proto::Message::BitmapDone, &mut b);
+    b.to_vec()
+}
+
+/// Sends `bytes` to `addr` and returns everything that comes back before the
+/// node closes the connection (or 7 s pass: longer than its handshake timeout).
+fn send_and_collect(addr: SocketAddr, bytes: &[u8]) -> Vec<u8> {
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(7))).unwrap();
+    let _ = s.write_all(bytes);
+    let mut got = Vec::new();
+    let _ = s.read_to_end(&mut got);
+    got
+}
+
+/// The attacks of a client without the pair's keys; `expect_role` is the role
+/// the node must keep.
+fn attack_without_keys(t: &Setup, k: usize, node: &common::Node) {
+    let before = status(node);
+    let addr = t.sync_addr(k);
+    // the old protocol: nothing comes back, not even a hello
+    let got = send_and_collect(addr, &plain_hello());
+    assert!(got.is_empty(), "node {k} answered a plain hello: {got:?}");
+    // a Noise handshake with another cluster's keys claiming to be the partner
+    // (pinning the real node's public key: public keys are not secret)
+    let partner = if k == 1 { "node2" } else { "node1" };
+    let target = if k == 1 { Member::Node1 } else { Member::Node2 };
+    let mut evil_text = t.keys("evil", partner).to_file_text();
+    let real = t.keys("keys", if k == 1 { "node1" } else { "node2" });
+    let real_pub = real
+        .to_file_text()
+        .lines()
+        .find(|l| l.starts_with(&format!("node{k}_public")))
+        .unwrap()
+        .to_string();
+    evil_text = evil_text
+        .lines()
+        .map(|l| {
+            if l.starts_with(&format!("node{k}_public")) {
+                real_pub.clone()
+            } else {
+                l.to_string()
+            }
+        })
+        .collect::<Vec<_>>()
+        .join("\n");
+    let evil = ClusterKeys::from_file_text(&evil_text).unwrap();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let r = rt.block_on(async {
+        let s = tokio::net::TcpStream::connect(addr).await.unwrap();
+        replica::secure::connect(s, &evil, target, Purpose::Sync).await
+    });
+    assert!(r.is_err(), "node {k} completed a handshake with a stranger");
+    // the witness's own key may not act as a node either
+    let w = t.keys("keys", "witness");
+    let r = rt.block_on(async {
+        let s = tokio::net::TcpStream::connect(addr).await.unwrap();
+        let mut c = replica::secure::connect(s, &w, target, Purpose::Sync).await?;
+        // (if it got through, it would now speak)
+        c.writer.write_all(&plain_hello()).await?;
+        let mut b = bytes::BytesMut::new();
+        c.reader.read_buf(&mut b).await?;
+        Ok::<_, std::io::Error>(b)
+    });
+    assert!(r.is_err(), "node {k} let the witness key on its sync port");
+    let after = status(node);
+    for key in ["role", "state", "generation", "consistent", "peer"] {
+        assert_eq!(before[key], after[key], "node {k}'s {key} changed: {after}");
+    }
+    let log = std::fs::read_to_string(&node.log).unwrap_or_default();
+    assert!(
+        log.contains("sync connection refused"),
+        "node {k} did not log the refusal:\n{log}"
+    );
+}
+
+/// A TCP relay from node 1 to node 2's sync port that records what node 1
+/// sends, and flips one bit of the next chunk when asked.
+struct Relay {
+    port: u16,
+    recorded: Arc<Mutex<Vec<u8>>>,
+    tamper: Arc<AtomicBool>,
+}
+
+impl Relay {
+    fn start(to: SocketAddr) -> Relay {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = l.local_addr().unwrap().port();
+        let recorded = Arc::new(Mutex::new(Vec::new()));
+        let tamper = Arc::new(AtomicBool::new(false));
+        let (rec, tam) = (recorded.clone(), tamper.clone());
+        std::thread::spawn(move || {
+            for c in l.incoming() {
+                let Ok(a) = c else { return };
+                let Ok(b) = TcpStream::connect(to) else {
+                    continue;
+                };
+                let (mut a2, mut b2) = (a.try_clone().unwrap(), b.try_clone().unwrap());
+                let (rec, tam) = (rec.clone(), tam.clone());
+                // node 1 -> node 2, recorded (the first connection only), tampered on request
+                std::thread::spawn(move || {
+                    let mut buf = vec![0u8; 64 << 10];
+                    let mut a = a;
+                    let mut b = b;
+                    let first = rec.lock().unwrap().is_empty();
+                    loop {
+                        let n = match a.read(&mut buf) {
+                            Ok(0) | Err(_) => break,
+                            Ok(n) => n,
+                        };
+                        if first {
+                            rec.lock().unwrap().extend_from_slice(&buf[..n]);
+                        }
+                        if tam.swap(false, Ordering::SeqCst) {
+                            buf[n - 1] ^= 0x40;
+                        }
+                        if b.write_all(&buf[..n]).is_err() {
+                            break;
+                        }
+                    }
+                    let _ = b.shutdown(std::net::Shutdown::Both);
+                    let _ = a.shutdown(std::net::Shutdown::Both);
+                });
+                std::thread::spawn(move || {
+                    let _ = std::io::copy(&mut b2, &mut a2);
+                    let _ = a2.shutdown(std::net::Shutdown::Both);
+                });
+            }
+        });
+        Relay {
+            port,
+            recorded,
+            tamper,
+        }
+    }
+}
+
+fn count(log: &Path, what: &str) -> usize {
+    std::fs::read_to_string(log)
+        .unwrap_or_default()
+        .matches(what)
+        .count()
+}
+
+#[test]
+fn sync_ports_refuse_strangers_replays_and_tampering() {
+    let t = Setup::new();
+    let relay = Relay::start(t.sync_addr(2));
+
+    // node 2 alone, waiting for its partner (not preferred: it does not serve)
+    let mut n2 = t.start(2, t.sync[0]);
+    let s = wait_for(&n2, "node 2 deciding", |s| s["role"] != "deciding");
+    assert_ne!(s["state"], "in-sync");
+    attack_without_keys(&t, 2, &n2);
+    assert_ne!(
+        status(&n2)["local_paths"],
+        "active",
+        "a stranger made node 2 serve"
+    );
+
+    // node 1 joins through the relay; the pair comes in sync
+    let mut n1 = t.start(1, relay.port);
+    wait_for(&n1, "the pair in sync", |s| s["state"] == "in-sync");
+    wait_for(&n2, "the pair in sync", |s| s["state"] == "in-sync");
+    attack_without_keys(&t, 2, &n2);
+    attack_without_keys(&t, 1, &n1);
+
+    // a genuine session's bytes, replayed on a new connection: node 2 answers
+    // the handshake (a Noise first message can be replayed) but no record of
+    // the old session opens, so nothing reaches the volume
+    let joined = count(&n2.log, "partner connected");
+    let replay = relay.recorded.lock().unwrap().clone();
+    assert!(replay.len() > 200, "recorded only {} bytes", replay.len());
+    let got = send_and_collect(t.sync_addr(2), &replay);
+    assert!(
+        got.len() < 200,
+        "node 2 sent {} bytes to a replay (more than a handshake answer)",
+        got.len()
+    );
+    assert_eq!(status(&n2)["state"], "in-sync");
+    assert_eq!(count(&n2.log, "partner connected"), joined);
+    assert!(
+        count(&n2.log, "authentication failed") > 0,
+        "the replay was not refused as such"
+    );
+
+    // one bit flipped in flight: the link closes at once (the record does not
+    // open), node 1 dials again, and the pair is back in sync
+    relay.tamper.store(true, Ordering::SeqCst);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while count(&n2.log, "partner connected") == joined {
+        assert!(
+            Instant::now() < deadline,
+            "the tampered record went unnoticed"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(count(&n2.log, "record").max(count(&n1.log, "record")) > 0);
+    wait_for(&n2, "the pair back in sync", |s| s["state"] == "in-sync");
+
+    // node 1 serving alone once node 2 has stopped
+    assert!(n2.terminate());
+    wait_for(&n1, "node 1 alone", |s| s["state"] == "degraded");
+    attack_without_keys(&t, 1, &n1);
+    assert!(n1.terminate());
+
+    // nothing a stranger sent reached node 2's copy: it holds node 1's data,
+    // which node 1 never stopped serving (and nobody wrote)
+    let img1 = std::fs::read(t.node_dir(1).join("lun0.img")).unwrap();
+    let img2 = std::fs::read(t.node_dir(2).join("lun0.img")).unwrap();
+    assert!(img1 == pattern(1), "node 1's copy changed");
+    assert!(img2 == img1, "node 2's copy differs from node 1's");
+}
+
+#[test]
+fn the_witness_answers_only_its_nodes_and_each_only_for_itself() {
+    let t = Setup::new();
+    let port = free_port();
+    let addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+    let state = t.dir.path().join("witness.json");
+    let mut w = std::process::Command::new(env!("CARGO_BIN_EXE_freesan"))
+        .args(["witness", "--listen", &addr.to_string(), "--state"])
+        .arg(&state)
+        .arg("--key-file")
+        .arg(t.dir.path().join("keys/witness.key"))
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let grant = format!("{CLUSTER}:{CLUSTER}/{IQN}/lun0");
+    let claim = |n| replica_proto::Message::WitnessClaim {
+        cluster: grant.clone(),
+        node_id: n,
+    };
+    let release = |n| replica_proto::Message::WitnessRelease {
+        cluster: grant.clone(),
+        node_id: n,
+    };
+    let n1 = t.keys("keys", "node1");
+    let n2 = t.keys("keys", "node2");
+    let evil = t.keys("evil", "node1");
+    let ask = |k: &ClusterKeys, m| rt.block_on(replica::witness::ask(addr, k, m));
+    // wait for the witness to listen (a refused connection is retried)
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let granted = loop {
+        match ask(&n2, claim(2)) {
+            Ok(h) => break h,
+            Err(e) => {
+                assert!(Instant::now() < deadline, "the witness never answered: {e}");
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        }
+    };
+    assert_eq!(granted, 2);
+    // node 1 releasing node 2's grant, or claiming in node 2's name: refused
+    assert!(ask(&n1, release(2)).is_err());
+    assert!(ask(&n1, claim(2)).is_err());
+    // another cluster's node (same cluster name) and the old plain protocol
+    assert!(ask(&evil, release(2)).is_err());
+    assert!(ask(&evil, claim(1)).is_err());
+    let mut plain = bytes::BytesMut::new();
+    replica_proto::encode(&release(2), &mut plain);
+    let got = send_and_collect(addr, &plain);
+    assert!(
+        got.is_empty(),
+        "the witness answered a plain client: {got:?}"
+    );
+    // the grant is node 2's still, and node 1 cannot get it
+    assert_eq!(ask(&n1, claim(1)).unwrap(), 2);
+    assert_eq!(ask(&n2, release(2)).unwrap(), 0);
+    assert_eq!(ask(&n1, claim(1)).unwrap(), 1);
+    let _ = w.kill();
+    let _ = w.wait();
+}
