@@ -138,7 +138,14 @@ impl replica::ScsiPeer for PrLink {
                 cdb,
                 data,
             }) => {
-                if !matches!(self.vol.role(), Role::Leader | Role::Solo) {
+                if lun != self.lun {
+                    tracing::warn!(
+                        lun = self.lun,
+                        asked = lun,
+                        "the partner named another LUN: refused"
+                    );
+                    ScsiAnswer::Failed("request for another LUN".into())
+                } else if !matches!(self.vol.role(), Role::Leader | Role::Solo) {
                     ScsiAnswer::Failed("this node does not order changes".into())
                 } else {
                     let nexus = scsi::ItNexus {
@@ -155,10 +162,29 @@ impl replica::ScsiPeer for PrLink {
                     }
                 }
             }
-            Some(ScsiMsg::InstallPrState { lun, state }) => match t.install_pr_state(lun, &state) {
-                Ok(()) => ScsiAnswer::Installed,
-                Err(e) => ScsiAnswer::Failed(e.to_string()),
-            },
+            Some(ScsiMsg::InstallPrState { lun, state }) => {
+                // reservation state comes only from the node that orders changes:
+                // this one must be its follower or resync target, for this LUN
+                if lun != self.lun {
+                    tracing::warn!(
+                        lun = self.lun,
+                        asked = lun,
+                        "the partner named another LUN: refused"
+                    );
+                    ScsiAnswer::Failed("state for another LUN".into())
+                } else if !matches!(self.vol.role(), Role::Follower | Role::Target) {
+                    tracing::warn!(
+                        lun = self.lun,
+                        "reservation state from a partner that does not lead: refused"
+                    );
+                    ScsiAnswer::Failed("this node orders its own changes".into())
+                } else {
+                    match t.install_pr_state(lun, &state) {
+                        Ok(()) => ScsiAnswer::Installed,
+                        Err(e) => ScsiAnswer::Failed(e.to_string()),
+                    }
+                }
+            }
             None => {
                 tracing::warn!(lun = self.lun, "malformed SCSI request from the partner");
                 ScsiAnswer::Failed("malformed request".into())

@@ -677,6 +677,15 @@ impl Inner {
             })
             .await;
         let entry = self.forwards.lock().remove(&fid);
+        if matches!(r, Ok(OpResult::Ok))
+            && !matches!(op, Op::Flush)
+            && !entry.as_ref().is_some_and(|e| e.applied)
+        {
+            // the leader has every write applied here before it answers: an
+            // answer without that would acknowledge data this copy lacks
+            link.close("the partner acknowledged a forwarded write never applied here");
+            return Err(false);
+        }
         match r {
             Ok(OpResult::Ok) => {
                 if matches!(op, Op::Flush) {
@@ -711,6 +720,13 @@ impl Inner {
 
     /// Handles one request from the partner.
     pub(crate) async fn handle(self: Arc<Self>, link: Arc<Link>, msg: Message) {
+        // defence in depth (the link is authenticated): every message must fit
+        // this node's role on this very link, or the link closes
+        if let Some(why) = self.misplaced(&link, &msg) {
+            tracing::warn!(volume = %self.cfg.name, why, "message from the partner refused");
+            link.close(why);
+            return;
+        }
         if matches!(msg, Message::Apply { .. } | Message::ResyncData { .. })
             && self.role().role == Role::Target
         {
@@ -811,6 +827,25 @@ impl Inner {
             }
         };
         let _ = link.send(Message::Done { id, result }).await;
+    }
+
+    /// Why `msg` may not be handled now (None: it may): resync data and its end
+    /// only while this node is that link's resync target, the leader's ops only
+    /// on the link this node follows, forwarded writes only while following
+    /// (forwards themselves are checked at the leader where it orders them).
+    fn misplaced(&self, link: &Arc<Link>, msg: &Message) -> Option<&'static str> {
+        let st = self.role();
+        let same = st.link.as_ref().is_some_and(|l| Arc::ptr_eq(l, link));
+        match msg {
+            Message::ResyncData { .. } | Message::ResyncDone { .. } => {
+                (!(same && st.role == Role::Target)).then_some("resync data while not its target")
+            }
+            // (a follower that stopped following answers the op with an error)
+            Message::Apply { .. } => (!same).then_some("the leader's op on a stale link"),
+            Message::ApplyForwarded { .. } => (!(same && st.role == Role::Follower))
+                .then_some("a forwarded write while not following"),
+            _ => None,
+        }
     }
 
     /// Applies the leader's op; None when this node's copy failed under it and

@@ -1,0 +1,282 @@
+//! A partner that holds the cluster keys but breaks the protocol (a buggy or
+//! compromised node), speaking the real wire format over the real
+//! authenticated channel: every message must fit the receiving node's role on
+//! that link, or the link closes and nothing is written or acknowledged.
+//! - resync data sent to the node that leads (it used to be written: corruption);
+//! - a "leader" that ends a resync at once and acknowledges a forwarded write
+//!   without having it applied on the follower (it used to be acknowledged to
+//!   the client with the data on neither copy: silent loss).
+
+use block::{Bytes, MemVolume, Volume, VolumeRef};
+use replica::secure::{ClusterKeys, Member, Purpose, SecureReader, SecureWriter};
+use replica::{Mode, ReplicaConfig, ReplicatedVolume, Role, SyncListener, SyncSinks};
+use replica_proto::{decode, encode, hello_flags, Generations, Message, OpResult};
+use std::net::SocketAddr;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::mpsc;
+
+const BLOCKS: u64 = 2048;
+
+fn keys() -> Vec<Arc<ClusterKeys>> {
+    ClusterKeys::generate("fake")
+        .unwrap()
+        .into_iter()
+        .map(Arc::new)
+        .collect()
+}
+
+fn cfg(node: u8, dir: &Path, peer: Vec<SocketAddr>, keys: Arc<ClusterKeys>) -> ReplicaConfig {
+    ReplicaConfig {
+        name: "vol".into(),
+        cluster: "fake".into(),
+        node_id: node,
+        preferred_node: 1,
+        peer_sync: peer,
+        witness: None,
+        mode: Mode::ActiveActive,
+        region_bytes: 64 << 10,
+        heartbeat_interval_ms: 50,
+        peer_timeout_ms: 400,
+        io_wait_ms: 2000,
+        state_dir: dir.join(format!("node{node}")),
+        keys,
+    }
+}
+
+/// The misbehaving partner's end of the link: answers pings by itself, hands
+/// every other message over.
+struct Fake {
+    out: mpsc::Sender<Message>,
+    incoming: mpsc::Receiver<Message>,
+}
+
+async fn recv(r: &mut SecureReader, buf: &mut bytes::BytesMut) -> Option<Message> {
+    loop {
+        match decode(buf) {
+            Ok(Some(m)) => return Some(m),
+            Ok(None) => {}
+            Err(_) => return None,
+        }
+        if r.read_buf(buf).await.ok()? == 0 {
+            return None;
+        }
+    }
+}
+
+impl Fake {
+    /// Runs the handshake as node `me` with a consistent copy of generation
+    /// `gens`, then the link's pumps.
+    async fn start(
+        mut r: SecureReader,
+        mut w: SecureWriter,
+        me: u8,
+        gens: Generations,
+    ) -> (Fake, Message) {
+        let mut out = bytes::BytesMut::new();
+        let mut flags = hello_flags::CONSISTENT;
+        if me == 1 {
+            flags |= hello_flags::PREFERRED;
+        }
+        encode(
+            &Message::Hello {
+                node_id: me,
+                volume: "vol".into(),
+                block_size_bytes: 512,
+                block_count: BLOCKS,
+                region_bytes: 64 << 10,
+                gens,
+                flags,
+            },
+            &mut out,
+        );
+        encode(&Message::BitmapDone, &mut out);
+        w.write_all(&out).await.unwrap();
+        let mut buf = bytes::BytesMut::new();
+        let hello = recv(&mut r, &mut buf).await.expect("the node's hello");
+        while !matches!(
+            recv(&mut r, &mut buf).await.expect("the node's bitmap"),
+            Message::BitmapDone
+        ) {}
+        let (out_tx, mut out_rx) = mpsc::channel::<Message>(64);
+        let (in_tx, in_rx) = mpsc::channel(1024);
+        tokio::spawn(async move {
+            while let Some(m) = out_rx.recv().await {
+                let mut b = bytes::BytesMut::new();
+                encode(&m, &mut b);
+                if w.write_all(&b).await.is_err() {
+                    return;
+                }
+            }
+        });
+        let pong = out_tx.clone();
+        tokio::spawn(async move {
+            while let Some(m) = recv(&mut r, &mut buf).await {
+                match m {
+                    Message::Ping { seq } => {
+                        let _ = pong.send(Message::Pong { seq }).await;
+                    }
+                    Message::Pong { .. } => {}
+                    other => {
+                        if in_tx.send(other).await.is_err() {
+                            return;
+                        }
+                    }
+                }
+            }
+            // the node closed the link: the channel ends
+        });
+        // keep the node's lease on us alive
+        let ping = out_tx.clone();
+        tokio::spawn(async move {
+            for seq in 1.. {
+                if ping.send(Message::Ping { seq }).await.is_err() {
+                    return;
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        });
+        (
+            Fake {
+                out: out_tx,
+                incoming: in_rx,
+            },
+            hello,
+        )
+    }
+
+    async fn send(&self, m: Message) {
+        let _ = self.out.send(m).await;
+    }
+
+    /// The next message from the node, or None once it closed the link.
+    async fn next(&mut self) -> Option<Message> {
+        tokio::time::timeout(Duration::from_secs(20), self.incoming.recv())
+            .await
+            .expect("the node neither spoke nor closed the link")
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn resync_data_sent_to_the_leader_is_refused_and_not_written() {
+    let d = tempfile::tempdir().unwrap();
+    let k = keys();
+    // the fake node 2 listens; the real node 1 (preferred) dials it
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap();
+    let m1: VolumeRef = Arc::new(MemVolume::new(512, BLOCKS));
+    m1.write(0, Bytes::from(vec![0x11u8; 512]), false)
+        .await
+        .unwrap();
+    let (n1, _sink) =
+        ReplicatedVolume::open(cfg(1, d.path(), vec![addr], k[0].clone()), m1.clone()).unwrap();
+    let (s, _) = l.accept().await.unwrap();
+    let st = replica::secure::accept(s, &k[1], Purpose::Sync, &[Member::Node1])
+        .await
+        .unwrap();
+    let (mut fake, _) = Fake::start(st.reader, st.writer, 2, Generations::default()).await;
+    // node 1 leads the resync of the brand-new pair; the fake pushes data at it
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    while n1.role() != Role::Leader {
+        assert!(tokio::time::Instant::now() < deadline, "{:?}", n1.status());
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    fake.send(Message::ResyncData {
+        id: 1 << 40,
+        lba: 0,
+        data: Bytes::from(vec![0xEEu8; 512]),
+    })
+    .await;
+    // the node closes the link rather than answer it
+    loop {
+        match fake.next().await {
+            None => break,
+            Some(Message::Done { id, .. }) if id == 1 << 40 => {
+                panic!("the leader answered resync data")
+            }
+            Some(_) => {}
+        }
+    }
+    let b = m1.read(0, 1).await.unwrap();
+    assert!(
+        b.iter().all(|&x| x == 0x11),
+        "the leader's copy was written"
+    );
+    n1.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leader_acknowledging_a_write_never_applied_here_is_dropped() {
+    let d = tempfile::tempdir().unwrap();
+    let k = keys();
+    let m2: VolumeRef = Arc::new(MemVolume::new(512, BLOCKS));
+    let (n2, sink) =
+        ReplicatedVolume::open(cfg(2, d.path(), vec![], k[1].clone()), m2.clone()).unwrap();
+    let n2 = Arc::new(n2);
+    let sinks = SyncSinks::default();
+    sinks.insert("vol", sink);
+    let l = SyncListener::bind(&["127.0.0.1:0".parse().unwrap()], sinks, k[1].clone())
+        .await
+        .unwrap();
+    let addr = l.local_addrs()[0];
+    l.spawn();
+    // the fake node 1 dials node 2 and claims the lead of a brand-new pair
+    let s = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let st = replica::secure::connect(s, &k[0], Member::Node2, Purpose::Sync)
+        .await
+        .unwrap();
+    let (mut fake, _) = Fake::start(st.reader, st.writer, 1, Generations::default()).await;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    while n2.role() != Role::Target {
+        assert!(tokio::time::Instant::now() < deadline, "{:?}", n2.status());
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    // ends the resync at once (a legitimate message while node 2 is its target)
+    let gens = Generations {
+        current: 7,
+        synced: 7,
+    };
+    fake.send(Message::ResyncDone { id: 1, gens }).await;
+    loop {
+        let m = fake
+            .next()
+            .await
+            .expect("node 2 closed the link on ResyncDone");
+        if let Message::Done { id: 1, result } = m {
+            assert_eq!(result, OpResult::Ok);
+            break;
+        }
+    }
+    assert_eq!(n2.role(), Role::Follower);
+    // a client writes through node 2, which forwards it to its leader
+    let w = {
+        let n2 = n2.clone();
+        tokio::spawn(async move { n2.write(0, Bytes::from(vec![0x5Au8; 512]), false).await })
+    };
+    let fid = loop {
+        let m = fake.next().await.expect("node 2 never forwarded the write");
+        if let Message::Forward { id, .. } = m {
+            break id;
+        }
+    };
+    // the fake acknowledges it without asking node 2 to apply it
+    fake.send(Message::Done {
+        id: fid,
+        result: OpResult::Ok,
+    })
+    .await;
+    let r = w.await.unwrap();
+    let b = m2.read(0, 1).await.unwrap();
+    assert!(
+        r.is_err() || b.iter().all(|&x| x == 0x5A),
+        "node 2 acknowledged a write its copy does not hold"
+    );
+    assert!(
+        r.is_err(),
+        "node 2 acknowledged a write only its partner claims to hold"
+    );
+    // and the link is gone
+    while fake.next().await.is_some() {}
+    n2.shutdown().await;
+}

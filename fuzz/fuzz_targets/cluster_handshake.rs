@@ -1,0 +1,51 @@
+//! Arbitrary bytes where the cluster links read a peer's bytes before trusting
+//! it: a Noise first message on a sync or witness listener, the records of an
+//! authenticated channel, and a heartbeat datagram. Nothing may panic; nothing
+//! forged may authenticate (the fuzzer holds no keys, so a handshake that
+//! names an allowed member, a record that opens or a datagram that verifies is
+//! a failure).
+#![no_main]
+
+use bytes::BytesMut;
+use libfuzzer_sys::fuzz_target;
+use replica::secure::{respond, test_pair, ClusterKeys, Member, Purpose};
+use replica::HeartbeatAuth;
+use std::sync::OnceLock;
+
+fn keys() -> &'static [ClusterKeys] {
+    static K: OnceLock<Vec<ClusterKeys>> = OnceLock::new();
+    K.get_or_init(|| ClusterKeys::generate("fuzz").expect("keys"))
+}
+
+fuzz_target!(|data: &[u8]| {
+    let k = keys();
+    // a first handshake message, on node 2's sync listener and on the witness
+    if let Ok((who, _, _)) = respond(&k[1], Purpose::Sync, &[Member::Node1], data) {
+        panic!("a forged first message passed as {who:?}");
+    }
+    if let Ok((who, _, _)) = respond(
+        &k[2],
+        Purpose::Witness,
+        &[Member::Node1, Member::Node2],
+        data,
+    ) {
+        panic!("a forged first message passed the witness as {who:?}");
+    }
+    // records of an established channel, fed in two pieces as a socket would
+    let (_, mut opener) = test_pair(k).expect("handshake");
+    let cut = data.first().map_or(0, |&b| b as usize).min(data.len());
+    let mut out = BytesMut::new();
+    opener.push_raw(&data[..cut]);
+    let a = opener.open_records(&mut out);
+    opener.push_raw(&data[cut..]);
+    let b = opener.open_records(&mut out);
+    assert!(
+        !matches!(a, Ok(n) if n > 0) && !matches!(b, Ok(n) if n > 0),
+        "a forged record opened"
+    );
+    // a heartbeat datagram
+    assert!(
+        HeartbeatAuth::new(&k[0]).open(data).is_none(),
+        "a forged heartbeat verified"
+    );
+});
