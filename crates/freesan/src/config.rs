@@ -349,8 +349,22 @@ fn default_block_size() -> u32 {
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
 pub struct LimitsConfig {
-    /// Sessions the node accepts at once.
+    /// Normal sessions the node accepts at once (discovery sessions have their own caps).
     pub sessions_max: usize,
+    /// Discovery sessions at once; a new one closes the oldest of the source holding most.
+    pub discovery_sessions_max: usize,
+    /// Discovery sessions from one source address; a new one closes that source's oldest.
+    pub discovery_sessions_per_source_max: usize,
+    /// Connections in login at once, apart from sessions; when all are used the
+    /// source holding the most gives up its oldest idle one.
+    pub logins_in_progress_max: usize,
+    /// Connections in login from one source address; a new one replaces that
+    /// source's oldest idle one.
+    pub logins_in_progress_per_source_max: usize,
+    /// A new connection must send its first Login Request within this time.
+    pub login_first_pdu_timeout_ms: u64,
+    /// Longest whole login phase.
+    pub login_timeout_ms: u64,
     /// Commands in flight per session (the CmdSN window).
     pub commands_in_flight_per_session_max: u32,
     /// Largest data segment the target accepts in one PDU.
@@ -366,6 +380,12 @@ impl Default for LimitsConfig {
         let d = iscsi::Limits::default();
         LimitsConfig {
             sessions_max: d.sessions_max,
+            discovery_sessions_max: d.discovery_sessions_max,
+            discovery_sessions_per_source_max: d.discovery_sessions_per_source_max,
+            logins_in_progress_max: d.logins_in_progress_max,
+            logins_in_progress_per_source_max: d.logins_in_progress_per_source_max,
+            login_first_pdu_timeout_ms: d.login_first_pdu_timeout_ms,
+            login_timeout_ms: d.login_timeout_ms,
             commands_in_flight_per_session_max: d.commands_in_flight_per_session_max,
             max_recv_data_segment_bytes: d.max_recv_data_segment_bytes,
             nop_in_interval_ms: d.nop_in_interval_ms,
@@ -379,6 +399,12 @@ impl LimitsConfig {
     pub fn to_iscsi(&self) -> iscsi::Limits {
         iscsi::Limits {
             sessions_max: self.sessions_max,
+            discovery_sessions_max: self.discovery_sessions_max,
+            discovery_sessions_per_source_max: self.discovery_sessions_per_source_max,
+            logins_in_progress_max: self.logins_in_progress_max,
+            logins_in_progress_per_source_max: self.logins_in_progress_per_source_max,
+            login_first_pdu_timeout_ms: self.login_first_pdu_timeout_ms,
+            login_timeout_ms: self.login_timeout_ms,
             commands_in_flight_per_session_max: self.commands_in_flight_per_session_max,
             max_recv_data_segment_bytes: self.max_recv_data_segment_bytes,
             nop_in_interval_ms: self.nop_in_interval_ms,

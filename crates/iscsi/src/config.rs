@@ -60,10 +60,22 @@ pub struct Portal {
 /// Bounds on everything the target holds for initiators.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Limits {
-    /// Most sessions (discovery and normal) at once.
+    /// Most normal sessions at once (discovery sessions have their own caps).
     pub sessions_max: usize,
-    /// Most connections still in login at once.
+    /// Most discovery sessions at once; when all are used, the oldest of the
+    /// source holding the most is closed for a new one.
+    pub discovery_sessions_max: usize,
+    /// Most discovery sessions from one source address; a new one closes that
+    /// source's oldest.
+    pub discovery_sessions_per_source_max: usize,
+    /// Most connections still in login at once (not counted as sessions); when
+    /// all are used the source holding the most gives up its oldest idle one.
     pub logins_in_progress_max: usize,
+    /// Most connections in login from one source address; a new one replaces
+    /// that source's oldest idle (else oldest) connection in login.
+    pub logins_in_progress_per_source_max: usize,
+    /// A new connection must send its first whole Login Request within this time.
+    pub login_first_pdu_timeout_ms: u64,
     /// CmdSN window: most non-immediate commands in flight per session.
     pub commands_in_flight_per_session_max: u32,
     /// MaxRecvDataSegmentLength the target declares.
@@ -98,7 +110,11 @@ impl Default for Limits {
     fn default() -> Self {
         Limits {
             sessions_max: 256,
-            logins_in_progress_max: 64,
+            discovery_sessions_max: 32,
+            discovery_sessions_per_source_max: 4,
+            logins_in_progress_max: 128,
+            logins_in_progress_per_source_max: 8,
+            login_first_pdu_timeout_ms: 2_000,
             commands_in_flight_per_session_max: 128,
             max_recv_data_segment_bytes: 256 * 1024,
             max_burst_bytes: 1024 * 1024,

@@ -45,18 +45,17 @@ pub(crate) async fn serve(
         tracing::warn!(%peer, error = %e, "TCP_NODELAY failed");
     }
     let local = sock.local_addr().unwrap_or(portal.addr);
-    let Ok(permit) = ctx.logins.try_acquire() else {
-        tracing::warn!(%peer, "too many logins in progress; dropping connection");
-        return;
-    };
+    let slot = ctx.logins.admit(peer.ip());
     let mut buf = BytesMut::with_capacity(READ_BUF_BYTES);
     let login_timeout = Duration::from_millis(ctx.limits.login_timeout_ms);
     let mut shutdown = ctx.shutdown.clone();
     let res = tokio::select! {
-        r = tokio::time::timeout(login_timeout, login(&ctx, &mut sock, &mut buf, portal.tpgt)) => r,
+        r = tokio::time::timeout(login_timeout, login(&ctx, &mut sock, &mut buf, portal.tpgt, peer, &slot)) => r,
         _ = shutdown.wait_for(|s| *s) => return,
+        // Logged (rate-limited) by the budget.
+        _ = slot.evicted() => return,
     };
-    drop(permit);
+    drop(slot);
     let (neg, session) = match res {
         Ok(Ok(x)) => x,
         Ok(Err(ConnError::LoginFailed(st))) => {
@@ -64,6 +63,10 @@ pub(crate) async fn serve(
             return;
         }
         Ok(Err(ConnError::Eof)) => return,
+        Ok(Err(ConnError::FirstPduTimeout)) => {
+            tracing::debug!(%peer, "no Login Request in time; closed");
+            return;
+        }
         Ok(Err(e)) => {
             tracing::warn!(%peer, error = %e, "login aborted");
             return;

@@ -19,6 +19,7 @@
 //! (and per task management function that waits for aborts), and one writer task
 //! that stamps StatSN/ExpCmdSN/MaxCmdSN and writes batches with vectored writes.
 
+mod admission;
 mod config;
 mod conn;
 mod dataout;

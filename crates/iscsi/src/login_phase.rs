@@ -1,8 +1,9 @@
 //! The login phase of a connection: frames in, Login Responses out, until full
 //! feature phase or failure. Session registration (TSIH, reinstatement) happens here.
 
+use crate::admission::LoginSlot;
 use crate::server::Ctx;
-use crate::session::{initiator_port, RegisterError, Session, SessionKey};
+use crate::session::{initiator_port, Origin, RegisterError, Session, SessionKey};
 use crate::writer::Window;
 use bytes::BytesMut;
 use iscsi_proto::digest::pad_len;
@@ -13,6 +14,7 @@ use iscsi_proto::login::{
 use iscsi_proto::target::TargetPdu;
 use iscsi_proto::InitiatorPdu;
 use scsi::ItNexus;
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
@@ -33,6 +35,8 @@ pub(crate) enum ConnError {
     LoginFailed(u16),
     #[error("unexpected PDU during login")]
     NotLogin,
+    #[error("no Login Request within the first-PDU timeout")]
+    FirstPduTimeout,
 }
 
 /// Reads one whole PDU (used during login, where nothing else can happen).
@@ -88,6 +92,8 @@ pub(crate) async fn login<S: AsyncRead + AsyncWrite + Unpin>(
     sock: &mut S,
     buf: &mut BytesMut,
     tpgt: u16,
+    peer: SocketAddr,
+    slot: &LoginSlot,
 ) -> Result<(Negotiated, Arc<Session>), ConnError> {
     let mut neg = LoginNegotiator::new(ctx.login_cfg.clone(), tpgt);
     let limits = FrameLimits {
@@ -97,7 +103,16 @@ pub(crate) async fn login<S: AsyncRead + AsyncWrite + Unpin>(
     };
     let mut first = true;
     loop {
-        let frame = read_frame(sock, buf, &limits).await?;
+        let frame = if first {
+            let first_pdu = Duration::from_millis(ctx.limits.login_first_pdu_timeout_ms);
+            let f = tokio::time::timeout(first_pdu, read_frame(sock, buf, &limits))
+                .await
+                .map_err(|_| ConnError::FirstPduTimeout)??;
+            slot.mark_active();
+            f
+        } else {
+            read_frame(sock, buf, &limits).await?
+        };
         let InitiatorPdu::Login(req) = frame.bhs.pdu else {
             return Err(ConnError::NotLogin);
         };
@@ -121,7 +136,7 @@ pub(crate) async fn login<S: AsyncRead + AsyncWrite + Unpin>(
                 return Err(ConnError::LoginFailed(st));
             }
             LoginOutcome::Complete(n) => {
-                let session = match register(ctx, &n).await {
+                let session = match register(ctx, &n, peer).await {
                     Ok(s) => s,
                     Err(st) => {
                         to_failure(&mut step, st);
@@ -137,7 +152,7 @@ pub(crate) async fn login<S: AsyncRead + AsyncWrite + Unpin>(
     }
 }
 
-async fn register(ctx: &Arc<Ctx>, n: &Negotiated) -> Result<Arc<Session>, u16> {
+async fn register(ctx: &Arc<Ctx>, n: &Negotiated, peer: SocketAddr) -> Result<Arc<Session>, u16> {
     let window = Arc::new(Window::new(
         n.exp_cmd_sn,
         ctx.limits.commands_in_flight_per_session_max,
@@ -162,10 +177,15 @@ async fn register(ctx: &Arc<Ctx>, n: &Negotiated) -> Result<Arc<Session>, u16> {
         (SessionType::Discovery, _) => (None, None, None),
     };
     let target = key.as_ref().map(|k| k.target);
+    let origin = Origin {
+        source: peer.ip(),
+        chap_user: n.chap_user.clone(),
+        chap_per_initiator: n.chap_per_initiator,
+    };
     let (session, old) = ctx
         .registry
-        .register(ctx.limits.sessions_max, key.as_ref(), |tsih| {
-            Session::new(tsih, key.clone(), target, scsi, nexus, window)
+        .register(key.as_ref(), peer.ip(), |tsih| {
+            Session::new(tsih, key.clone(), target, scsi, nexus, window, origin)
         })
         .map_err(|RegisterError::Full| status::OUT_OF_RESOURCES)?;
     if let Some(old) = old {

@@ -1,7 +1,8 @@
 //! Portals and the accept loop; clean shutdown.
 
+use crate::admission::LoginBudget;
 use crate::config::{Limits, Portal, ServerConfig, TargetSpec};
-use crate::session::Registry;
+use crate::session::{Caps, Registry};
 use iscsi_proto::login::{
     ChapCredentials, InitiatorChap, LoginConfig, OperationalLimits, TargetAuth,
 };
@@ -10,7 +11,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{mpsc, watch, Semaphore};
+use tokio::sync::{mpsc, watch};
 use tokio::task::JoinSet;
 
 /// Accepted connections waiting to be served.
@@ -27,7 +28,7 @@ pub(crate) struct Ctx {
     pub limits: Limits,
     pub registry: Registry,
     pub shutdown: watch::Receiver<bool>,
-    pub logins: Semaphore,
+    pub logins: Arc<LoginBudget>,
 }
 
 /// An iSCSI target server: every portal serves every target.
@@ -106,9 +107,16 @@ impl Server {
             targets: cfg.targets,
             portals,
             partner_portals: cfg.partner_portals,
-            logins: Semaphore::new(cfg.limits.logins_in_progress_max.max(1)),
+            logins: LoginBudget::new(
+                cfg.limits.logins_in_progress_per_source_max,
+                cfg.limits.logins_in_progress_max,
+            ),
+            registry: Registry::new(Caps {
+                sessions_max: cfg.limits.sessions_max,
+                discovery_sessions_max: cfg.limits.discovery_sessions_max,
+                discovery_sessions_per_source_max: cfg.limits.discovery_sessions_per_source_max,
+            }),
             limits: cfg.limits,
-            registry: Registry::default(),
             shutdown,
         });
         Ok(Server {

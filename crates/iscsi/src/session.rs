@@ -1,11 +1,13 @@
 //! Sessions: the state a connection's tasks share, and the server-wide registry
 //! (TSIH allocation, reinstatement, cross-session aborts for resets).
 
+use crate::admission::LogGate;
 use crate::writer::Window;
 use parking_lot::Mutex;
 use scsi::{ItNexus, ScsiTarget};
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::net::IpAddr;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::{watch, Notify};
@@ -43,6 +45,29 @@ pub(crate) struct Session {
     pub kill: watch::Sender<bool>,
     /// Becomes true once the session has fully ended.
     pub ended: watch::Sender<bool>,
+    /// Who logged in, from where: decides who may reinstate the session.
+    pub origin: Origin,
+    /// A discovery session (counted against the discovery caps, not `sessions_max`).
+    pub discovery: bool,
+    /// Set when the registry told the session to close to make room; it no longer
+    /// counts against the caps.
+    evicted: AtomicBool,
+    /// Order of creation (smaller is older).
+    created: u64,
+}
+
+/// Hands out creation order numbers.
+static CREATED: AtomicU64 = AtomicU64::new(0);
+
+/// Where a session comes from and who it proved to be.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Origin {
+    /// Source address of the connection.
+    pub source: IpAddr,
+    /// CHAP name authenticated at login, if CHAP was used.
+    pub chap_user: Option<String>,
+    /// The CHAP credentials were the initiator's own (per-initiator entry).
+    pub chap_per_initiator: bool,
 }
 
 impl Session {
@@ -53,14 +78,19 @@ impl Session {
         scsi: Option<Arc<ScsiTarget>>,
         nexus: Option<ItNexus>,
         window: Arc<Window>,
+        origin: Origin,
     ) -> Self {
         Session {
             tsih,
+            discovery: key.is_none(),
             key,
             target,
             scsi,
             nexus,
             window,
+            origin,
+            evicted: AtomicBool::new(false),
+            created: CREATED.fetch_add(1, Ordering::Relaxed),
             running: Mutex::new(HashMap::new()),
             task_done: Notify::new(),
             serial: AtomicU64::new(1),
@@ -134,9 +164,21 @@ impl Session {
 }
 
 /// Every session of the server.
-#[derive(Default)]
 pub(crate) struct Registry {
     inner: Mutex<RegInner>,
+    caps: Caps,
+    log: LogGate,
+}
+
+/// How many sessions the registry holds.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Caps {
+    /// Normal sessions in all.
+    pub sessions_max: usize,
+    /// Discovery sessions in all.
+    pub discovery_sessions_max: usize,
+    /// Discovery sessions from one source address.
+    pub discovery_sessions_per_source_max: usize,
 }
 
 #[derive(Default)]
@@ -152,6 +194,19 @@ pub(crate) enum RegisterError {
 }
 
 impl Registry {
+    /// An empty registry with these caps.
+    pub(crate) fn new(caps: Caps) -> Registry {
+        Registry {
+            inner: Mutex::new(RegInner::default()),
+            caps: Caps {
+                sessions_max: caps.sessions_max,
+                discovery_sessions_max: caps.discovery_sessions_max.max(1),
+                discovery_sessions_per_source_max: caps.discovery_sessions_per_source_max.max(1),
+            },
+            log: LogGate::new(Duration::from_secs(1)),
+        }
+    }
+
     #[cfg(test)]
     pub(crate) fn len(&self) -> usize {
         self.inner.lock().sessions.len()
@@ -163,10 +218,15 @@ impl Registry {
 
     /// Allocates a TSIH, builds the session with it and registers it. Returns the
     /// new session and the session it reinstates (same key), if any.
+    ///
+    /// A normal session (with a key) is refused when `sessions_max` normal sessions
+    /// exist. A discovery session (no key) always gets in: when its source is at
+    /// its cap, that source's oldest discovery session is told to close; when all
+    /// discovery sessions are used, the oldest of the source holding the most is.
     pub(crate) fn register(
         &self,
-        sessions_max: usize,
         key: Option<&SessionKey>,
+        source: IpAddr,
         build: impl FnOnce(u16) -> Session,
     ) -> Result<(Arc<Session>, Option<Arc<Session>>), RegisterError> {
         let mut g = self.inner.lock();
@@ -176,8 +236,13 @@ impl Registry {
                 .find(|s| s.key.as_ref() == Some(k))
                 .cloned()
         });
-        if old.is_none() && g.sessions.len() >= sessions_max {
-            return Err(RegisterError::Full);
+        if key.is_some() {
+            let normal = g.sessions.values().filter(|s| !s.discovery).count();
+            if old.is_none() && normal >= self.caps.sessions_max {
+                return Err(RegisterError::Full);
+            }
+        } else {
+            self.make_room_for_discovery(&g, source);
         }
         let mut tsih = g.next_tsih;
         loop {
@@ -190,6 +255,47 @@ impl Registry {
         let s = Arc::new(build(tsih));
         g.sessions.insert(tsih, s.clone());
         Ok((s, old))
+    }
+
+    fn make_room_for_discovery(&self, g: &RegInner, source: IpAddr) {
+        let live: Vec<&Arc<Session>> = g
+            .sessions
+            .values()
+            .filter(|s| s.discovery && !s.evicted.load(Ordering::Relaxed))
+            .collect();
+        let mut per_source: HashMap<IpAddr, usize> = HashMap::new();
+        for s in &live {
+            *per_source.entry(s.origin.source).or_default() += 1;
+        }
+        let own = per_source.get(&source).copied().unwrap_or(0);
+        let from = if own >= self.caps.discovery_sessions_per_source_max {
+            source
+        } else if live.len() >= self.caps.discovery_sessions_max {
+            match per_source.iter().max_by_key(|(_, n)| **n) {
+                Some((ip, _)) => *ip,
+                None => return,
+            }
+        } else {
+            return;
+        };
+        let Some(victim) = live
+            .iter()
+            .filter(|s| s.origin.source == from)
+            .min_by_key(|s| s.created)
+        else {
+            return;
+        };
+        victim.evicted.store(true, Ordering::Relaxed);
+        victim.kill.send_replace(true);
+        if let Some(suppressed) = self.log.allow() {
+            tracing::warn!(
+                source = %from,
+                new_from = %source,
+                tsih = victim.tsih,
+                suppressed,
+                "discovery session cap reached: closing the oldest discovery session of {from}"
+            );
+        }
     }
 
     pub(crate) fn remove(&self, tsih: u16) {
@@ -220,7 +326,72 @@ mod tests {
     use super::*;
 
     fn build(tsih: u16, key: Option<SessionKey>) -> Session {
-        Session::new(tsih, key, Some(0), None, None, Arc::new(Window::new(1, 8)))
+        build_from(tsih, key, "10.0.0.1")
+    }
+
+    fn build_from(tsih: u16, key: Option<SessionKey>, source: &str) -> Session {
+        let origin = Origin {
+            source: source.parse().unwrap(),
+            chap_user: None,
+            chap_per_initiator: false,
+        };
+        Session::new(
+            tsih,
+            key,
+            Some(0),
+            None,
+            None,
+            Arc::new(Window::new(1, 8)),
+            origin,
+        )
+    }
+
+    fn caps(sessions_max: usize) -> Caps {
+        Caps {
+            sessions_max,
+            discovery_sessions_max: 3,
+            discovery_sessions_per_source_max: 2,
+        }
+    }
+
+    #[test]
+    fn discovery_sessions_have_their_own_caps() {
+        let reg = Registry::new(caps(1));
+        let ip = |s: &str| -> IpAddr { s.parse().unwrap() };
+        let d = |src: &'static str| {
+            reg.register(None, ip(src), |t| build_from(t, None, src))
+                .unwrap()
+                .0
+        };
+        let a1 = d("10.0.0.66");
+        let a2 = d("10.0.0.66");
+        let a3 = d("10.0.0.66");
+        // The source's own oldest went, nobody else's.
+        assert!(*a1.kill.borrow() && !*a2.kill.borrow() && !*a3.kill.borrow());
+        let g = d("10.0.0.7");
+        let g2 = d("10.0.0.8");
+        // All three used: the source with the most gives its oldest.
+        assert!(*a2.kill.borrow() && !*g.kill.borrow() && !*g2.kill.borrow());
+        // Discovery sessions do not count against sessions_max.
+        let key = SessionKey {
+            initiator: "iqn.a".into(),
+            isid: [1; 6],
+            target: 0,
+            tpgt: 1,
+        };
+        assert!(reg
+            .register(Some(&key), ip("10.0.0.7"), |t| build(t, Some(key.clone())))
+            .is_ok());
+        let other = SessionKey {
+            isid: [2; 6],
+            ..key.clone()
+        };
+        assert!(reg
+            .register(Some(&other), ip("10.0.0.7"), |t| build(
+                t,
+                Some(other.clone())
+            ))
+            .is_err());
     }
 
     #[test]
@@ -233,7 +404,8 @@ mod tests {
 
     #[test]
     fn tsih_allocation_and_reinstatement() {
-        let reg = Registry::default();
+        let ip: IpAddr = "10.0.0.1".parse().unwrap();
+        let reg = Registry::new(caps(2));
         let key = SessionKey {
             initiator: "iqn.a".into(),
             isid: [1; 6],
@@ -241,12 +413,12 @@ mod tests {
             tpgt: 1,
         };
         let (a, old) = reg
-            .register(2, Some(&key), |t| build(t, Some(key.clone())))
+            .register(Some(&key), ip, |t| build(t, Some(key.clone())))
             .unwrap();
         assert!(old.is_none());
         assert_ne!(a.tsih, 0);
         let (b, old) = reg
-            .register(2, Some(&key), |t| build(t, Some(key.clone())))
+            .register(Some(&key), ip, |t| build(t, Some(key.clone())))
             .unwrap();
         assert_eq!(old.map(|o| o.tsih), Some(a.tsih));
         assert_ne!(a.tsih, b.tsih);
@@ -255,9 +427,13 @@ mod tests {
             isid: [2; 6],
             ..key.clone()
         };
-        assert!(reg.register(2, Some(&other), |t| build(t, None)).is_err());
+        assert!(reg
+            .register(Some(&other), ip, |t| build(t, Some(other.clone())))
+            .is_err());
         reg.remove(a.tsih);
-        assert!(reg.register(2, Some(&other), |t| build(t, None)).is_ok());
+        assert!(reg
+            .register(Some(&other), ip, |t| build(t, Some(other.clone())))
+            .is_ok());
         assert_eq!(reg.of_target(0).len(), 2);
         assert_eq!(reg.len(), 2);
     }

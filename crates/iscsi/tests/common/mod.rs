@@ -154,6 +154,29 @@ impl Client {
         Client::connect_isid(addr, [0x80, 0, 0x12, 0x34, 0x56, 0x01]).await
     }
 
+    /// A client on an already connected socket (e.g. bound to another source).
+    pub fn from_stream(sock: TcpStream, isid: [u8; 6]) -> Client {
+        let _ = sock.set_nodelay(true);
+        Client {
+            sock,
+            buf: BytesMut::new(),
+            cmd_sn: 1,
+            exp_stat_sn: 0,
+            itt: 0x100,
+            isid,
+            hd: false,
+            dd: false,
+        }
+    }
+
+    /// Like [`Client::send`] without digests, returning write errors instead of
+    /// panicking (the target may have closed the connection).
+    pub async fn send_checked(&mut self, pdu: &InitiatorPdu, data: &[u8]) -> std::io::Result<()> {
+        let h = encode_initiator_bhs(pdu, true, 0, data.len() as u32);
+        let wire = encode_frame(&h, &[], data, false, false);
+        self.sock.write_all(&wire).await
+    }
+
     pub async fn connect_isid(addr: SocketAddr, isid: [u8; 6]) -> Client {
         let sock = TcpStream::connect(addr).await.expect("connect");
         sock.set_nodelay(true).unwrap();

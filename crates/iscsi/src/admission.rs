@@ -1,0 +1,282 @@
+//! Admission of connections in login: a budget per source address and in total,
+//! kept apart from sessions, so that idle or slow sockets from one address cannot
+//! keep anyone else from logging in.
+//!
+//! A connection holds a login slot from accept until its login completes or fails.
+//! When a source is at its own budget, its oldest login connection is dropped for
+//! the new one (its idle ones, those that have not sent a whole PDU yet, first); when
+//! the whole budget is used, the victim is taken from the source holding the most
+//! slots. A source with few slots (a real initiator logging in) is therefore never
+//! the one to lose one while another holds more. Dropped connections are logged,
+//! at most one line a second with the count of the others.
+
+use parking_lot::Mutex;
+use std::collections::{HashMap, VecDeque};
+use std::net::IpAddr;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio::sync::Notify;
+
+/// One connection in login, as the budget tracks it.
+struct Entry {
+    id: u64,
+    started: Instant,
+    /// True until the connection has sent its first whole PDU.
+    idle: Arc<AtomicBool>,
+    /// Signalled when the connection must give up its slot.
+    evict: Arc<Notify>,
+}
+
+#[derive(Default)]
+struct Inner {
+    next_id: u64,
+    total: usize,
+    by_source: HashMap<IpAddr, VecDeque<Entry>>,
+}
+
+/// The login budget of a server.
+pub(crate) struct LoginBudget {
+    inner: Mutex<Inner>,
+    per_source_max: usize,
+    total_max: usize,
+    log: LogGate,
+}
+
+/// A login slot; dropping it gives the slot back.
+pub(crate) struct LoginSlot {
+    budget: Arc<LoginBudget>,
+    source: IpAddr,
+    id: u64,
+    idle: Arc<AtomicBool>,
+    evict: Arc<Notify>,
+}
+
+impl LoginSlot {
+    /// The connection sent its first whole PDU: it is no longer idle.
+    pub(crate) fn mark_active(&self) {
+        self.idle.store(false, Ordering::Relaxed);
+    }
+
+    /// Completes when the budget takes the slot back for a newer connection.
+    pub(crate) async fn evicted(&self) {
+        self.evict.notified().await
+    }
+}
+
+impl Drop for LoginSlot {
+    fn drop(&mut self) {
+        self.budget.release(self.source, self.id);
+    }
+}
+
+impl LoginBudget {
+    /// A budget of `per_source_max` logins per address and `total_max` in all
+    /// (each at least 1).
+    pub(crate) fn new(per_source_max: usize, total_max: usize) -> Arc<LoginBudget> {
+        Arc::new(LoginBudget {
+            inner: Mutex::new(Inner::default()),
+            per_source_max: per_source_max.max(1),
+            total_max: total_max.max(1),
+            log: LogGate::new(Duration::from_secs(1)),
+        })
+    }
+
+    /// Gives a login slot to a new connection from `source`, taking one back from
+    /// another connection if the budget is used up (see the module header).
+    pub(crate) fn admit(self: &Arc<Self>, source: IpAddr) -> LoginSlot {
+        let mut g = self.inner.lock();
+        let own = g.by_source.get(&source).map_or(0, |q| q.len());
+        let victim_source = if own >= self.per_source_max {
+            Some(source)
+        } else if g.total >= self.total_max {
+            // The source holding the most slots; among equals, the one whose
+            // oldest idle connection is oldest.
+            g.by_source
+                .iter()
+                .max_by_key(|(_, q)| {
+                    let oldest_idle = q
+                        .iter()
+                        .filter(|e| e.idle.load(Ordering::Relaxed))
+                        .map(|e| std::cmp::Reverse(e.started))
+                        .max();
+                    (q.len(), oldest_idle.is_some(), oldest_idle)
+                })
+                .map(|(ip, _)| *ip)
+        } else {
+            None
+        };
+        if let Some(vs) = victim_source {
+            let g = &mut *g;
+            if let Some(q) = g.by_source.get_mut(&vs) {
+                let pos = q
+                    .iter()
+                    .position(|e| e.idle.load(Ordering::Relaxed))
+                    .unwrap_or(0);
+                if let Some(e) = q.remove(pos) {
+                    e.evict.notify_one();
+                    g.total -= 1;
+                    let reason = if vs == source {
+                        "per-source login budget used up"
+                    } else {
+                        "login budget used up; the source holding the most slots gives one"
+                    };
+                    if let Some(suppressed) = self.log.allow() {
+                        tracing::warn!(
+                            source = %vs,
+                            new_from = %source,
+                            idle = e.idle.load(Ordering::Relaxed),
+                            age_ms = e.started.elapsed().as_millis() as u64,
+                            suppressed,
+                            "dropping a connection in login: {reason}"
+                        );
+                    }
+                }
+                if q.is_empty() {
+                    g.by_source.remove(&vs);
+                }
+            }
+        }
+        g.next_id += 1;
+        let id = g.next_id;
+        let idle = Arc::new(AtomicBool::new(true));
+        let evict = Arc::new(Notify::new());
+        g.by_source.entry(source).or_default().push_back(Entry {
+            id,
+            started: Instant::now(),
+            idle: idle.clone(),
+            evict: evict.clone(),
+        });
+        g.total += 1;
+        LoginSlot {
+            budget: self.clone(),
+            source,
+            id,
+            idle,
+            evict,
+        }
+    }
+
+    fn release(&self, source: IpAddr, id: u64) {
+        let mut g = self.inner.lock();
+        let Some(q) = g.by_source.get_mut(&source) else {
+            return;
+        };
+        let Some(pos) = q.iter().position(|e| e.id == id) else {
+            return; // Already taken back by an eviction.
+        };
+        q.remove(pos);
+        if q.is_empty() {
+            g.by_source.remove(&source);
+        }
+        g.total -= 1;
+    }
+
+    /// Slots in use: (from `source`, in total).
+    #[cfg(test)]
+    pub(crate) fn in_use(&self, source: IpAddr) -> (usize, usize) {
+        let g = self.inner.lock();
+        (g.by_source.get(&source).map_or(0, |q| q.len()), g.total)
+    }
+}
+
+/// Lets a log line through at most once per interval and counts the rest.
+pub(crate) struct LogGate {
+    interval: Duration,
+    start: Instant,
+    /// Milliseconds after `start` of the last line let through, plus one (0: never).
+    last_ms: AtomicU64,
+    suppressed: AtomicU64,
+}
+
+impl LogGate {
+    /// A gate letting one line through per `interval`.
+    pub(crate) fn new(interval: Duration) -> LogGate {
+        LogGate {
+            interval,
+            start: Instant::now(),
+            last_ms: AtomicU64::new(0),
+            suppressed: AtomicU64::new(0),
+        }
+    }
+
+    /// Some(number of lines suppressed since the last one) when a line may be
+    /// written now, None when it must be dropped (and is counted).
+    pub(crate) fn allow(&self) -> Option<u64> {
+        let now_ms = self.start.elapsed().as_millis() as u64 + 1;
+        let last = self.last_ms.load(Ordering::Relaxed);
+        let due = last == 0 || now_ms.saturating_sub(last) >= self.interval.as_millis() as u64;
+        if due
+            && self
+                .last_ms
+                .compare_exchange(last, now_ms, Ordering::Relaxed, Ordering::Relaxed)
+                .is_ok()
+        {
+            Some(self.suppressed.swap(0, Ordering::Relaxed))
+        } else {
+            self.suppressed.fetch_add(1, Ordering::Relaxed);
+            None
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ip(s: &str) -> IpAddr {
+        s.parse().unwrap()
+    }
+
+    #[tokio::test]
+    async fn per_source_budget_drops_the_oldest_idle_of_that_source() {
+        let b = LoginBudget::new(2, 10);
+        let a1 = b.admit(ip("10.0.0.1"));
+        let a2 = b.admit(ip("10.0.0.1"));
+        a1.mark_active();
+        let other = b.admit(ip("10.0.0.2"));
+        let a3 = b.admit(ip("10.0.0.1"));
+        // a2 (idle) went, not a1 (active) nor the other source.
+        tokio::time::timeout(Duration::from_millis(100), a2.evicted())
+            .await
+            .expect("a2 evicted");
+        assert!(
+            tokio::time::timeout(Duration::from_millis(20), a1.evicted())
+                .await
+                .is_err()
+        );
+        assert_eq!(b.in_use(ip("10.0.0.1")), (2, 3));
+        drop(a2);
+        assert_eq!(b.in_use(ip("10.0.0.1")), (2, 3));
+        drop((a1, a3, other));
+        assert_eq!(b.in_use(ip("10.0.0.1")), (0, 0));
+    }
+
+    #[tokio::test]
+    async fn full_budget_takes_from_the_biggest_source() {
+        let b = LoginBudget::new(8, 4);
+        let flood: Vec<_> = (0..3).map(|_| b.admit(ip("10.0.0.66"))).collect();
+        let good = b.admit(ip("10.0.0.1"));
+        let good2 = b.admit(ip("10.0.0.2"));
+        assert!(
+            tokio::time::timeout(Duration::from_millis(100), flood[0].evicted())
+                .await
+                .is_ok()
+        );
+        assert_eq!(b.in_use(ip("10.0.0.66")), (2, 4));
+        for _ in 0..20 {
+            drop(b.admit(ip("10.0.0.66")));
+        }
+        assert_eq!(b.in_use(ip("10.0.0.1")).0, 1);
+        drop((good, good2, flood));
+        assert_eq!(b.in_use(ip("10.0.0.1")), (0, 0));
+    }
+
+    #[test]
+    fn log_gate_counts_what_it_drops() {
+        let g = LogGate::new(Duration::from_secs(3600));
+        assert_eq!(g.allow(), Some(0));
+        assert_eq!(g.allow(), None);
+        assert_eq!(g.allow(), None);
+    }
+}

@@ -1,0 +1,167 @@
+//! Attacks on the login surface, each against the real target over TCP: floods of
+//! idle sockets and discovery sessions from another address while a multipath
+//! initiator logs in and does verified I/O; repeated wrong CHAP secrets; another
+//! initiator trying to reinstate a session it does not own.
+
+mod common;
+
+use block::{Bytes, MemVolume, Volume};
+use common::*;
+use iscsi::Limits;
+use iscsi_proto::pdu::{InitiatorPdu, LoginRequest};
+use iscsi_proto::target::TargetPdu;
+use iscsi_proto::text::encode_text;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio::net::{TcpSocket, TcpStream};
+
+/// The attacker's address: another loopback address than the initiator's.
+const ATTACKER: &str = "127.0.0.5";
+
+/// Raises the soft open-file limit towards `want` (as far as the hard limit allows).
+fn raise_nofile(want: u64) {
+    let mut r = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: plain syscalls on a valid, owned struct.
+    unsafe {
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut r) == 0 && r.rlim_cur < want {
+            r.rlim_cur = want.min(r.rlim_max);
+            libc::setrlimit(libc::RLIMIT_NOFILE, &r);
+        }
+    }
+}
+
+/// A TCP connection to `to` from the attacker's address; None if it failed.
+async fn connect_from(from: &str, to: SocketAddr) -> Option<TcpStream> {
+    let s = TcpSocket::new_v4().ok()?;
+    s.bind(format!("{from}:0").parse().ok()?).ok()?;
+    tokio::time::timeout(Duration::from_secs(2), s.connect(to))
+        .await
+        .ok()?
+        .ok()
+}
+
+/// Logs in a discovery session from `from`; the open client when it succeeded.
+async fn discovery_from(from: &str, to: SocketAddr, n: u32) -> Option<Client> {
+    let sock = connect_from(from, to).await?;
+    let mut c = Client::from_stream(sock, [0x80, 0, 0, 0, (n >> 8) as u8, n as u8]);
+    let req = InitiatorPdu::Login(LoginRequest {
+        transit: true,
+        cont: false,
+        csg: 1,
+        nsg: 3,
+        version_max: 0,
+        version_min: 0,
+        isid: c.isid,
+        tsih: 0,
+        itt: 1,
+        cid: 0,
+        cmd_sn: 1,
+        exp_stat_sn: 0,
+    });
+    let text = encode_text(&[
+        ("InitiatorName", "iqn.2026-01.org.evil:flood"),
+        ("SessionType", "Discovery"),
+    ]);
+    c.send_checked(&req, &text).await.ok()?;
+    let p = tokio::time::timeout(Duration::from_secs(2), c.recv())
+        .await
+        .ok()??;
+    match p.pdu {
+        TargetPdu::LoginResponse(r) if r.status_class == 0 => Some(c),
+        _ => None,
+    }
+}
+
+/// 500 idle TCP connections and 300 discovery sessions from another address do
+/// not keep a multipath initiator from logging in through both portals, nor
+/// disturb its I/O, which is checked block by block. On the code before login
+/// budgets, the idle sockets held every login slot for the whole login timeout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_socket_and_discovery_flood_does_not_block_a_multipath_initiator() {
+    raise_nofile(8192);
+    const BLOCKS: u64 = 8192;
+    let vol: block::VolumeRef = Arc::new(MemVolume::new(512, BLOCKS));
+    let fx = start_with(Limits::default(), Some(vol)).await;
+    let addrs = fx.addrs.clone();
+    let t0 = Instant::now();
+
+    // 500 idle sockets, alternating portals, held open by the attacker.
+    let mut idle = Vec::new();
+    for i in 0..500 {
+        if let Some(s) = connect_from(ATTACKER, addrs[i % 2]).await {
+            idle.push(s);
+        }
+    }
+    // 300 discovery sessions, kept open.
+    let mut disc = Vec::new();
+    let mut disc_ok = 0;
+    for i in 0..300u32 {
+        if let Some(c) = discovery_from(ATTACKER, addrs[i as usize % 2], i).await {
+            disc_ok += 1;
+            disc.push(c);
+        }
+    }
+    eprintln!(
+        "flood: {} idle sockets, {disc_ok} discovery logins accepted, in {:?}",
+        idle.len(),
+        t0.elapsed()
+    );
+    assert!(idle.len() >= 450, "the attacker could open its sockets");
+
+    // The attacker goes on opening idle sockets while the initiator works
+    // (bounded: 400 more, at most 20 s).
+    let flood_addrs = addrs.clone();
+    let flood = tokio::spawn(async move {
+        let end = Instant::now() + Duration::from_secs(20);
+        let mut held = Vec::new();
+        for i in 0..400 {
+            if Instant::now() > end {
+                break;
+            }
+            if let Some(s) = connect_from(ATTACKER, flood_addrs[i % 2]).await {
+                held.push(s);
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        held.len()
+    });
+
+    let url = format!("iscsi://{}/{OPEN}/0", addrs[0]);
+    let opts = initiator::OpenOptions {
+        initiator_name: INI.into(),
+        login_timeout_ms: 10_000,
+        ..initiator::OpenOptions::default()
+    };
+    let mp = initiator::open_multipath(&url, &opts)
+        .await
+        .expect("the initiator logs in despite the flood");
+    assert_eq!(mp.path_count(), 2, "a path through each portal");
+
+    // Verified I/O on both paths for a while: write, read back, compare.
+    let mut pattern = 0u8;
+    let mut ios = 0u64;
+    let end = Instant::now() + Duration::from_secs(3);
+    while Instant::now() < end && ios < 20_000 {
+        pattern = pattern.wrapping_add(1);
+        let lba = (ios * 37) % (BLOCKS - 16);
+        let data = Bytes::from(vec![pattern; 8 * 512]);
+        mp.write(lba, data.clone(), false)
+            .await
+            .expect("write during the flood");
+        let got = mp.read(lba, 8).await.expect("read during the flood");
+        assert_eq!(got, data, "block {lba} reads back what was written");
+        ios += 2;
+    }
+    let stats = mp.path_stats();
+    eprintln!("verified I/O: {ios} commands; paths {stats:?}");
+    assert_eq!(mp.path_count(), 2, "no path lost during the flood");
+    let held = flood.await.unwrap();
+    eprintln!("flood during I/O: {held} more sockets");
+    mp.logout().await;
+    drop((idle, disc));
+    fx.shutdown().await;
+}
