@@ -5,8 +5,14 @@
 //! request is answered by the node's [`Control`] implementation. It listens on
 //! loopback unless the configuration says otherwise.
 //!
+//! Key invariant: no handler runs before the [`guard`] has checked the Host and
+//! Origin headers and verified a bearer token ([`tokens`]) whose role allows the
+//! method; every changing request an authenticated caller makes is written to the
+//! [`audit`] log. Connections are bounded in total and per source ([`server`]).
+//!
 //! Routes (all under `/api/v1`):
 //! - `GET  /status` — the node: version, portals, targets, LUNs, pools.
+//! - `GET  /audit?limit=N` — the last N (default 100, at most 1000) audit entries.
 //! - `GET  /pools` — every pool's status; `GET /pools/{name}` — one.
 //! - `POST /pools/{name}/scrub` — start a scrub.
 //! - `POST /pools/{name}/spares` `{"disk": NAME}` — add a configured disk as a spare.
@@ -18,9 +24,16 @@
 //! Errors come back as `{"error": "..."}` with 400 (bad request), 404 (no such pool)
 //! or 409 (refused in the current state).
 
+pub mod audit;
+pub mod guard;
+pub mod server;
+pub mod tokens;
+
+pub use guard::ApiLimits;
+
 use async_trait::async_trait;
 use axum::extract::rejection::JsonRejection;
-use axum::extract::{Path, State};
+use axum::extract::{DefaultBodyLimit, Path, Query, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -392,10 +405,38 @@ async fn luns(State(c): State<Ctl>) -> Json<Value> {
     Json(Value::Array(c.list(ObjectKind::Lun).await))
 }
 
-/// The API's routes over `control`.
-pub fn router(control: Ctl) -> Router {
+#[derive(Deserialize)]
+struct AuditQuery {
+    limit: Option<usize>,
+}
+
+/// Answers `GET /api/v1/audit`: the router's state is the control plane, so the
+/// log travels in a closure.
+fn audit_route(gate: Arc<guard::Gate>) -> axum::routing::MethodRouter<Ctl> {
+    get(
+        move |q: Result<Query<AuditQuery>, axum::extract::rejection::QueryRejection>| {
+            let gate = gate.clone();
+            async move {
+                let Query(q) = q.map_err(|e| ApiError::BadRequest(e.body_text()))?;
+                let limit = q.limit.unwrap_or(100).min(1000);
+                let entries = gate
+                    .audit
+                    .tail(limit)
+                    .map_err(|e| ApiError::Internal(format!("audit log: {e}")))?;
+                serde_json::to_value(entries)
+                    .map(Json)
+                    .map_err(|e| ApiError::Internal(e.to_string()))
+            }
+        },
+    )
+}
+
+/// The API's routes over `control`, behind `gate` (tokens, roles, Host and
+/// Origin checks, body limit, audit log).
+pub fn router(control: Ctl, gate: Arc<guard::Gate>) -> Router {
     Router::new()
         .route("/api/v1/status", get(status))
+        .route("/api/v1/audit", audit_route(gate.clone()))
         .route("/api/v1/pools", get(pools).post(create_pool))
         .route("/api/v1/disks", get(disks).post(create_disk))
         .route("/api/v1/luns", get(luns).post(create_lun))
@@ -415,19 +456,59 @@ pub fn router(control: Ctl) -> Router {
         .route("/api/v1/caches/{name}/attach", post(cache_attach))
         .route("/api/v1/caches/{name}/detach", post(cache_detach))
         .with_state(control)
+        .layer(DefaultBodyLimit::max(guard::BODY_BYTES_MAX))
+        .layer(axum::middleware::from_fn_with_state(gate, guard::gate))
+}
+
+/// How the API decides who may call it.
+#[derive(Debug, Clone)]
+pub struct ApiOptions {
+    /// The node's data directory: tokens in `api/tokens.json`, the audit log in
+    /// `audit.log`.
+    pub data_dir: std::path::PathBuf,
+    /// Host names clients may use besides IP literals and `localhost`.
+    pub hosts: Vec<String>,
+    /// Bounds on connections and requests.
+    pub limits: ApiLimits,
+}
+
+impl ApiOptions {
+    /// The gate these options describe.
+    pub fn gate(&self) -> Arc<guard::Gate> {
+        Arc::new(guard::Gate {
+            tokens: tokens::TokenStore::open(&self.data_dir),
+            audit: audit::AuditLog::open(&self.data_dir),
+            hosts: self
+                .hosts
+                .iter()
+                .map(|h| h.trim().to_ascii_lowercase())
+                .collect(),
+            scheme: "http",
+            limits: self.limits,
+        })
+    }
 }
 
 /// A bound API listener.
 pub struct ApiServer {
     listener: tokio::net::TcpListener,
     control: Ctl,
+    options: ApiOptions,
 }
 
 impl ApiServer {
     /// Binds `addr`.
-    pub async fn bind(addr: SocketAddr, control: Ctl) -> std::io::Result<ApiServer> {
+    pub async fn bind(
+        addr: SocketAddr,
+        control: Ctl,
+        options: ApiOptions,
+    ) -> std::io::Result<ApiServer> {
         let listener = tokio::net::TcpListener::bind(addr).await?;
-        Ok(ApiServer { listener, control })
+        Ok(ApiServer {
+            listener,
+            control,
+            options,
+        })
     }
 
     /// The address actually bound.
@@ -440,120 +521,11 @@ impl ApiServer {
         self,
         shutdown: impl Future<Output = ()> + Send + 'static,
     ) -> std::io::Result<()> {
-        axum::serve(self.listener, router(self.control))
-            .with_graceful_shutdown(shutdown)
-            .await
+        let gate = self.options.gate();
+        let router = router(self.control, gate);
+        server::serve(self.listener, router, self.options.limits, shutdown).await
     }
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-
-    struct Fake;
-
-    #[async_trait]
-    impl Control for Fake {
-        fn status(&self) -> Value {
-            json!({"version": "test"})
-        }
-        fn pools(&self) -> Vec<Value> {
-            vec![json!({"name": "tank"})]
-        }
-        fn pool(&self, name: &str) -> Option<Value> {
-            (name == "tank").then(|| json!({"name": "tank"}))
-        }
-        async fn pool_action(&self, name: &str, action: PoolAction) -> Result<Value, ApiError> {
-            if name != "tank" {
-                return Err(ApiError::NotFound(name.into()));
-            }
-            match action {
-                PoolAction::Fail { position } if position > 3 => {
-                    Err(ApiError::BadRequest("no such position".into()))
-                }
-                a => Ok(json!({"done": format!("{a:?}")})),
-            }
-        }
-    }
-
-    async fn http(addr: SocketAddr, req: &str) -> (u16, String) {
-        let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
-        s.write_all(req.as_bytes()).await.unwrap();
-        let mut out = String::new();
-        s.read_to_string(&mut out).await.unwrap();
-        let code = out[9..12].parse().unwrap();
-        let body = out.split("\r\n\r\n").nth(1).unwrap_or_default().to_string();
-        (code, body)
-    }
-
-    #[tokio::test]
-    async fn routes_answer_with_json_and_codes() {
-        let srv = ApiServer::bind("127.0.0.1:0".parse().unwrap(), Arc::new(Fake))
-            .await
-            .unwrap();
-        let addr = srv.local_addr().unwrap();
-        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
-        let task = tokio::spawn(srv.run(async move {
-            let _ = rx.await;
-        }));
-        let get = |p: &str| format!("GET {p} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
-        let post = |p: &str, b: &str| {
-            format!(
-                "POST {p} HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{b}",
-                b.len()
-            )
-        };
-        assert_eq!(http(addr, &get("/api/v1/pools/tank")).await.0, 200);
-        assert_eq!(http(addr, &get("/api/v1/pools/none")).await.0, 404);
-        let (code, body) = http(
-            addr,
-            &post(
-                "/api/v1/pools/tank/replace",
-                r#"{"position":1,"disk":"d9"}"#,
-            ),
-        )
-        .await;
-        assert_eq!(code, 200, "{body}");
-        assert!(body.contains("Replace"));
-        assert_eq!(
-            http(addr, &post("/api/v1/pools/tank/fail", r#"{"position":7}"#))
-                .await
-                .0,
-            400
-        );
-        assert_eq!(
-            http(addr, &post("/api/v1/pools/tank/fail", r#"{"pos":1}"#))
-                .await
-                .0,
-            422
-        );
-        let (code, body) = http(
-            addr,
-            &post("/api/v1/pools/tank/rebuild-rate", r#"{"mb_s":25}"#),
-        )
-        .await;
-        assert_eq!(code, 200, "{body}");
-        assert!(body.contains("SetRebuildRate { mb_s: 25 }"), "{body}");
-        for bad in ["", "{}", r#"{"mb_s":-1}"#, r#"{"mb_s":"fast"}"#, "not json"] {
-            let (code, body) = http(addr, &post("/api/v1/pools/tank/rebuild-rate", bad)).await;
-            assert_eq!(code, 400, "body {bad:?} answered {body}");
-            let v: Value = serde_json::from_str(&body).unwrap();
-            assert!(
-                v["error"].as_str().unwrap().contains("mb_s"),
-                "body {bad:?} answered {body}"
-            );
-        }
-        assert_eq!(
-            http(
-                addr,
-                &post("/api/v1/pools/none/rebuild-rate", r#"{"mb_s":0}"#)
-            )
-            .await
-            .0,
-            404
-        );
-        let _ = tx.send(());
-        task.await.unwrap().unwrap();
-    }
-}
+mod tests;

@@ -219,15 +219,66 @@ pub struct PoolConfig {
     pub journal_whole_stripes: bool,
 }
 
-/// Where the management API listens.
+/// Where the management API listens and whom it answers. Every request needs a
+/// bearer token (`freesan api token create`); see docs/security.md.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct ApiConfig {
     /// `IP:PORT`; `freesan pool` uses 127.0.0.1:8260 unless told otherwise.
     pub address: SocketAddr,
-    /// Listen on a non-loopback address. The API has no authentication yet: off by default.
+    /// Listen on a non-loopback address: off by default.
     #[serde(default)]
     pub allow_remote: bool,
+    /// Host names clients may reach the API by (the `Host` header), besides IP
+    /// literals and `localhost`; any other name is refused (DNS rebinding).
+    #[serde(default)]
+    pub hosts: Vec<String>,
+    /// Open API connections in total.
+    #[serde(default = "default_api_connections_max")]
+    pub connections_max: usize,
+    /// Open API connections from one source address.
+    #[serde(default = "default_api_connections_per_source_max")]
+    pub connections_per_source_max: usize,
+    /// Time a client has to send a request's headers (and a kept-alive
+    /// connection may stay idle).
+    #[serde(default = "default_api_header_read_timeout_ms")]
+    pub header_read_timeout_ms: u64,
+}
+
+fn default_api_connections_max() -> usize {
+    api::ApiLimits::default().connections_max
+}
+
+fn default_api_connections_per_source_max() -> usize {
+    api::ApiLimits::default().connections_per_source_max
+}
+
+fn default_api_header_read_timeout_ms() -> u64 {
+    api::ApiLimits::default().header_read_timeout_ms
+}
+
+impl ApiConfig {
+    /// The API on `address` (loopback only unless told otherwise) with default bounds.
+    pub fn on(address: SocketAddr) -> ApiConfig {
+        ApiConfig {
+            address,
+            allow_remote: false,
+            hosts: Vec::new(),
+            connections_max: default_api_connections_max(),
+            connections_per_source_max: default_api_connections_per_source_max(),
+            header_read_timeout_ms: default_api_header_read_timeout_ms(),
+        }
+    }
+
+    /// The bounds the API server applies.
+    pub fn limits(&self) -> api::ApiLimits {
+        api::ApiLimits {
+            connections_max: self.connections_max,
+            connections_per_source_max: self.connections_per_source_max,
+            header_read_timeout_ms: self.header_read_timeout_ms,
+            ..api::ApiLimits::default()
+        }
+    }
 }
 
 /// The NBD frontend: every LUN as an export named `lunN` (LUNs of the first target)
@@ -500,10 +551,7 @@ impl Config {
                 address,
                 allow_remote: false,
             }),
-            api: flags.api.map(|address| ApiConfig {
-                address,
-                allow_remote: false,
-            }),
+            api: flags.api.map(ApiConfig::on),
             disks: vec![],
             pools: vec![],
             caches: vec![],
@@ -727,10 +775,16 @@ impl Config {
         if let Some(a) = &self.api {
             if !a.address.ip().is_loopback() && !a.allow_remote {
                 bail!(
-                    "API address {} is not on loopback and the API has no authentication yet: \
-                     set allow_remote = true in [api] to expose it on purpose",
+                    "API address {} is not on loopback: set allow_remote = true in [api] \
+                     to expose it on purpose (every request needs a token; see docs/security.md)",
                     a.address
                 );
+            }
+            if a.connections_max == 0
+                || a.connections_per_source_max == 0
+                || a.header_read_timeout_ms == 0
+            {
+                bail!("[api]: connections_max, connections_per_source_max and header_read_timeout_ms must be above 0");
             }
         }
         if let Some(n) = &self.nbd {

@@ -7,6 +7,7 @@
 //!
 //! What it does not do: any data-path work itself; it only wires the crates.
 
+mod apicmd;
 mod benchcmd;
 mod cachecmd;
 mod cluster;
@@ -77,6 +78,12 @@ enum Command {
     /// The keys of an HA pair and its witness (`cluster init`).
     #[command(subcommand)]
     Cluster(replicacmd::ClusterCmd),
+    /// The management API's tokens (`api token create --role admin|read-only`,
+    /// `list`, `revoke`) and audit log (`api audit`).
+    Api {
+        #[command(subcommand)]
+        cmd: apicmd::ApiCmd,
+    },
     /// SSD cache status of a running node: hit rates, dirty data, advisor.
     Cache {
         #[command(flatten)]
@@ -158,10 +165,10 @@ impl ServeArgs {
                     cfg.data_dir = d.clone();
                 }
                 if let Some(a) = self.api {
-                    cfg.api = Some(config::ApiConfig {
-                        address: a,
-                        allow_remote: false,
-                    });
+                    match &mut cfg.api {
+                        Some(api) => api.address = a,
+                        None => cfg.api = Some(config::ApiConfig::on(a)),
+                    }
                 }
                 if let Some(a) = self.nbd {
                     cfg.nbd = Some(config::NbdConfig {
@@ -228,24 +235,33 @@ fn main() {
         },
         Command::Pool { api, cmd } => {
             quiet_broken_pipe();
+            apicmd::use_credentials(&api);
             poolcmd::run(api.api, cmd)
         }
         Command::Disk { api, cmd } => {
             quiet_broken_pipe();
+            apicmd::use_credentials(&api);
             objcmd::disk(api.api, cmd)
         }
         Command::Lun { api, cmd } => {
             quiet_broken_pipe();
+            apicmd::use_credentials(&api);
             objcmd::lun(api.api, cmd)
         }
         Command::Replica { api, cmd } => {
             quiet_broken_pipe();
+            apicmd::use_credentials(&api);
             replicacmd::run(api.api, cmd)
         }
         Command::Cluster(cmd) => replicacmd::cluster(cmd),
+        Command::Api { cmd } => {
+            quiet_broken_pipe();
+            apicmd::run(cmd)
+        }
         Command::Witness(args) => runtime().and_then(|rt| rt.block_on(replicacmd::witness(args))),
         Command::Cache { api, cmd } => {
             quiet_broken_pipe();
+            apicmd::use_credentials(&api);
             cachecmd::run(api.api, cmd)
         }
         Command::ShowConfig(args) => args.config().and_then(|cfg| {

@@ -7,7 +7,8 @@ use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::time::Duration;
 
-/// Where the node's API listens (`[api] address` or `serve --api`).
+/// Where the node's API listens (`[api] address` or `serve --api`) and the token
+/// to show it (see `apicmd` for where it is found when not given).
 #[derive(clap::Args, Debug, Clone)]
 pub struct ApiArg {
     /// The node's management API address.
@@ -18,6 +19,14 @@ pub struct ApiArg {
         global = true
     )]
     pub api: SocketAddr,
+    /// The API token (else $FREESAN_API_TOKEN, else the node's
+    /// DATA_DIR/api/cli-token).
+    #[arg(long, value_name = "TOKEN", global = true)]
+    pub token: Option<String>,
+    /// The node's data directory, whose api/cli-token is sent (default: that of
+    /// the node serving --api on this host, else ./freesan-data).
+    #[arg(long = "data-dir", value_name = "DIR", global = true)]
+    pub data_dir: Option<std::path::PathBuf>,
 }
 
 /// `freesan pool` subcommands.
@@ -101,9 +110,12 @@ pub(crate) fn http(
     })?;
     s.set_read_timeout(Some(Duration::from_secs(60)))?;
     let body = body.map(|b| b.to_string()).unwrap_or_default();
+    let auth = crate::apicmd::token_to_send()
+        .map(|t| format!("Authorization: Bearer {t}\r\n"))
+        .unwrap_or_default();
     write!(
         s,
-        "{method} {path} HTTP/1.1\r\nHost: {api}\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        "{method} {path} HTTP/1.1\r\nHost: {api}\r\nConnection: close\r\n{auth}Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
         body.len()
     )?;
     let mut raw = Vec::new();
@@ -128,6 +140,9 @@ pub(crate) fn http(
 pub(crate) fn ok_or_error(code: u16, v: Value) -> Result<Value> {
     if (200..300).contains(&code) {
         return Ok(v);
+    }
+    if code == 401 {
+        crate::apicmd::unauthorized_hint()?;
     }
     let msg = v
         .get("error")

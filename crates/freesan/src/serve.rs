@@ -338,9 +338,16 @@ pub async fn run(cfg: Config) -> Result<()> {
                 summary,
                 objects: crate::objects::Objects::new(&cfg, targets)?,
             });
-            let srv = api::ApiServer::bind(a.address, control)
+            crate::apicmd::prepare_node(&cfg.data_dir)?;
+            let options = api::ApiOptions {
+                data_dir: cfg.data_dir.clone(),
+                hosts: a.hosts.clone(),
+                limits: a.limits(),
+            };
+            let srv = api::ApiServer::bind(a.address, control, options)
                 .await
                 .with_context(|| format!("binding the management API on {}", a.address))?;
+            crate::apicmd::note_local_node(srv.local_addr()?, &cfg.data_dir);
             Some(srv)
         }
         None => None,
@@ -378,6 +385,10 @@ pub async fn run(cfg: Config) -> Result<()> {
     let stopped = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
         let _ = rx.wait_for(|s| *s).await;
     };
+    let api_addr = match &api_server {
+        Some(a) => Some(a.local_addr()?),
+        None => None,
+    };
     let api_task = api_server.map(|a| tokio::spawn(a.run(stopped(stop_rx.clone()))));
     let nbd_task = nbd_server.map(|n| tokio::spawn(n.run(stopped(stop_rx.clone()))));
     let iscsi_task = tokio::spawn(server.run(stopped(stop_rx)));
@@ -385,6 +396,9 @@ pub async fn run(cfg: Config) -> Result<()> {
     let _ = stop_tx.send(true);
     if let Some(t) = api_task {
         t.await.context("API task")??;
+    }
+    if let Some(a) = api_addr {
+        crate::apicmd::forget_local_node(a, &cfg.data_dir);
     }
     if let Some(t) = nbd_task {
         t.await.context("NBD server task")??;

@@ -1,0 +1,179 @@
+//! The audit log: one JSON line per changing request an authenticated caller made
+//! (who, what, when, result), appended to `DATA_DIR/audit.log` (mode 0600) and
+//! synced before the answer leaves. Secrets in request bodies are masked.
+//!
+//! Requests refused before a token was verified (wrong Host or Origin, no or a
+//! wrong token) are not written here, so that nobody without a token can grow the
+//! file; they are logged by the node (tracing) instead.
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use std::io::{Read, Seek, SeekFrom, Write};
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+
+/// At most this many bytes of a request body's summary are kept.
+pub const BODY_SUMMARY_BYTES_MAX: usize = 1024;
+/// `GET /api/v1/audit` reads at most this much of the file's end.
+pub const TAIL_BYTES_MAX: u64 = 4 << 20;
+
+/// One audited request.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct AuditEntry {
+    /// When the answer was given, milliseconds since the Unix epoch.
+    pub time_unix_ms: u64,
+    /// The token's name.
+    pub who: String,
+    /// The token's id.
+    pub token_id: String,
+    /// The token's role.
+    pub role: String,
+    /// The caller's address.
+    pub source: String,
+    /// HTTP method.
+    pub method: String,
+    /// Request path (with query).
+    pub path: String,
+    /// The body, JSON with secrets masked, cut to [`BODY_SUMMARY_BYTES_MAX`].
+    pub body: Value,
+    /// The HTTP status of the answer.
+    pub status: u16,
+}
+
+/// The audit log file.
+pub struct AuditLog {
+    path: PathBuf,
+    file: Mutex<Option<std::fs::File>>,
+}
+
+fn key_is_secret(k: &str) -> bool {
+    let k = k.to_ascii_lowercase();
+    ["secret", "password", "passwd", "token", "key", "chap"]
+        .iter()
+        .any(|s| k.contains(s))
+}
+
+/// `v` with the value of every key that names a secret replaced by `"***"`.
+pub fn mask(v: &Value) -> Value {
+    match v {
+        Value::Object(m) => Value::Object(
+            m.iter()
+                .map(|(k, v)| {
+                    let v = if key_is_secret(k) {
+                        Value::String("***".into())
+                    } else {
+                        mask(v)
+                    };
+                    (k.clone(), v)
+                })
+                .collect(),
+        ),
+        Value::Array(a) => Value::Array(a.iter().map(mask).collect()),
+        other => other.clone(),
+    }
+}
+
+/// What the audit log keeps of a request body.
+pub fn summarize(body: &[u8]) -> Value {
+    if body.is_empty() {
+        return Value::Null;
+    }
+    match serde_json::from_slice::<Value>(body) {
+        Ok(v) => {
+            let m = mask(&v);
+            let text = m.to_string();
+            if text.len() <= BODY_SUMMARY_BYTES_MAX {
+                m
+            } else {
+                let mut cut = BODY_SUMMARY_BYTES_MAX;
+                while !text.is_char_boundary(cut) {
+                    cut -= 1;
+                }
+                Value::String(format!("{}... ({} bytes)", &text[..cut], text.len()))
+            }
+        }
+        Err(_) => serde_json::json!({ "not_json_bytes": body.len() }),
+    }
+}
+
+impl AuditLog {
+    /// The audit log of the node whose data directory is `data_dir`.
+    pub fn open(data_dir: &Path) -> AuditLog {
+        AuditLog {
+            path: data_dir.join("audit.log"),
+            file: Mutex::new(None),
+        }
+    }
+
+    /// Where the log is.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Appends `e` and syncs it.
+    pub fn append(&self, e: &AuditEntry) -> std::io::Result<()> {
+        let mut line = serde_json::to_vec(e).map_err(std::io::Error::other)?;
+        line.push(b'\n');
+        let mut g = match self.file.lock() {
+            Ok(g) => g,
+            Err(p) => p.into_inner(),
+        };
+        if g.is_none() {
+            *g = Some(
+                std::fs::OpenOptions::new()
+                    .append(true)
+                    .create(true)
+                    .mode(0o600)
+                    .open(&self.path)?,
+            );
+        }
+        let f = g.as_mut().ok_or_else(|| std::io::Error::other("no file"))?;
+        f.write_all(&line)?;
+        f.sync_data()
+    }
+
+    /// The last `limit` entries, oldest first (lines that do not parse are skipped).
+    pub fn tail(&self, limit: usize) -> std::io::Result<Vec<AuditEntry>> {
+        let mut f = match std::fs::File::open(&self.path) {
+            Ok(f) => f,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+            Err(e) => return Err(e),
+        };
+        let len = f.metadata()?.len();
+        let start = len.saturating_sub(TAIL_BYTES_MAX);
+        f.seek(SeekFrom::Start(start))?;
+        let mut text = String::new();
+        f.take(TAIL_BYTES_MAX).read_to_string(&mut text)?;
+        let mut lines: Vec<&str> = text.lines().collect();
+        if start > 0 && !lines.is_empty() {
+            lines.remove(0); // cut in the middle
+        }
+        let all: Vec<AuditEntry> = lines
+            .iter()
+            .filter_map(|l| serde_json::from_str(l).ok())
+            .collect();
+        let skip = all.len().saturating_sub(limit);
+        Ok(all.into_iter().skip(skip).collect())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn secrets_are_masked_and_long_bodies_cut() {
+        let v =
+            summarize(br#"{"name":"d","chap":{"user":"u","secret":"s3"},"x":[{"api_token":"t"}]}"#);
+        let s = v.to_string();
+        assert!(!s.contains("s3") && !s.contains("\"t\""), "{s}");
+        assert_eq!(v["name"], "d");
+        let big = format!("{{\"a\":\"{}\"}}", "x".repeat(5000));
+        assert!(summarize(big.as_bytes())
+            .as_str()
+            .unwrap()
+            .ends_with("(5008 bytes)"));
+        assert_eq!(summarize(b"a=b")["not_json_bytes"], 3);
+    }
+}

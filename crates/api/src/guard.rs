@@ -1,0 +1,293 @@
+//! The gate every API request passes before a handler sees it, in this order:
+//! 1. `Host` must name this API: an IP literal, `localhost`, or a name listed in
+//!    `[api] hosts` (else 421): a page whose name was re-pointed at this address
+//!    (DNS rebinding) carries its own name.
+//! 2. An `Origin`, when sent, must be the API's own (`http://` + the Host) (else
+//!    403): browsers send it on cross-site requests.
+//! 3. `Authorization: Bearer TOKEN` must name a stored token (else 401, the same
+//!    answer for a missing, malformed, unknown or revoked token).
+//! 4. A read-only token may only `GET` (else 403).
+//! 5. Any other method needs `Content-Type: application/json` (else 415), body or
+//!    not: an HTML form cannot send that type across sites without a CORS
+//!    preflight, which this API never grants.
+//! 6. The body is read (at most [`BODY_BYTES_MAX`], within [`ApiLimits::body_read_timeout_ms`]);
+//!    the request runs; every changing request is written to the audit log.
+
+use crate::audit::{summarize, AuditEntry, AuditLog};
+use crate::tokens::{Caller, Role, TokenStore};
+use axum::body::Body;
+use axum::extract::{Request, State};
+use axum::http::{header, Method, StatusCode};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use serde_json::json;
+use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+/// The largest request body accepted (bigger: 413).
+pub const BODY_BYTES_MAX: usize = 64 * 1024;
+
+/// Bounds on connections and requests.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ApiLimits {
+    /// Open connections in total; more wait in the kernel's backlog.
+    pub connections_max: usize,
+    /// Open connections from one source address; more are closed at once.
+    pub connections_per_source_max: usize,
+    /// Time a client has to send a request's headers (also the idle time of a
+    /// kept-alive connection).
+    pub header_read_timeout_ms: u64,
+    /// Time a client has to send a request's body.
+    pub body_read_timeout_ms: u64,
+    /// Longest life of one connection.
+    pub connection_lifetime_ms: u64,
+}
+
+impl Default for ApiLimits {
+    fn default() -> Self {
+        ApiLimits {
+            connections_max: 64,
+            connections_per_source_max: 16,
+            header_read_timeout_ms: 10_000,
+            body_read_timeout_ms: 10_000,
+            connection_lifetime_ms: 600_000,
+        }
+    }
+}
+
+/// The caller's address, put in each request by the accept loop.
+#[derive(Debug, Clone, Copy)]
+pub struct Peer(pub SocketAddr);
+
+/// What the gate checks against.
+pub struct Gate {
+    /// The tokens accepted.
+    pub tokens: TokenStore,
+    /// Where changing requests are recorded.
+    pub audit: AuditLog,
+    /// Host names (lower case, no port) accepted besides IP literals and `localhost`.
+    pub hosts: Vec<String>,
+    /// The URL scheme clients use (`http` or `https`), for the Origin check.
+    pub scheme: &'static str,
+    /// Bounds.
+    pub limits: ApiLimits,
+}
+
+fn refuse(code: StatusCode, msg: &str) -> Response {
+    (code, Json(json!({ "error": msg }))).into_response()
+}
+
+fn unauthorized() -> Response {
+    let mut r = refuse(
+        StatusCode::UNAUTHORIZED,
+        "authentication required: Authorization: Bearer TOKEN (see `freesan api token create`)",
+    );
+    r.headers_mut().insert(
+        header::WWW_AUTHENTICATE,
+        header::HeaderValue::from_static("Bearer"),
+    );
+    r
+}
+
+/// Splits `host[:port]` (IPv6 in brackets) into the host part, lower case.
+fn host_part(authority: &str) -> Option<String> {
+    let a = authority.trim();
+    if a.is_empty() || a.contains(['/', '@', ' ']) {
+        return None;
+    }
+    let host = if let Some(rest) = a.strip_prefix('[') {
+        let (h, after) = rest.split_once(']')?;
+        if !(after.is_empty() || after.starts_with(':')) {
+            return None;
+        }
+        h.parse::<std::net::Ipv6Addr>().ok()?;
+        return Some(format!("[{}]", h.to_ascii_lowercase()));
+    } else {
+        match a.rsplit_once(':') {
+            Some((h, p)) if p.chars().all(|c| c.is_ascii_digit()) => h,
+            Some(_) => return None,
+            None => a,
+        }
+    };
+    Some(host.to_ascii_lowercase())
+}
+
+impl Gate {
+    fn host_allowed(&self, host: &str) -> bool {
+        host == "localhost"
+            || host.parse::<IpAddr>().is_ok()
+            || (host.starts_with('[') && host.ends_with(']'))
+            || self.hosts.iter().any(|h| h == host)
+    }
+
+    fn check_host_origin(&self, req: &Request) -> Result<(), Box<Response>> {
+        let host = req
+            .headers()
+            .get(header::HOST)
+            .and_then(|h| h.to_str().ok())
+            .map(str::to_string)
+            .or_else(|| req.uri().authority().map(|a| a.to_string()));
+        let Some(host) = host else {
+            return Err(Box::new(refuse(
+                StatusCode::MISDIRECTED_REQUEST,
+                "no Host header",
+            )));
+        };
+        match host_part(&host) {
+            Some(h) if self.host_allowed(&h) => {}
+            _ => {
+                return Err(Box::new(refuse(
+                    StatusCode::MISDIRECTED_REQUEST,
+                    "this API does not answer to that Host (see [api] hosts)",
+                )))
+            }
+        }
+        if let Some(origin) = req.headers().get(header::ORIGIN) {
+            let own = format!("{}://{}", self.scheme, host.trim());
+            let same = origin
+                .to_str()
+                .map(|o| o.trim_end_matches('/').eq_ignore_ascii_case(&own))
+                .unwrap_or(false);
+            if !same {
+                return Err(Box::new(refuse(
+                    StatusCode::FORBIDDEN,
+                    "cross-origin requests are refused",
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    fn caller(&self, req: &Request) -> Option<Caller> {
+        let v = req.headers().get(header::AUTHORIZATION)?.to_str().ok()?;
+        let (scheme, token) = v.trim().split_once(' ')?;
+        if !scheme.eq_ignore_ascii_case("bearer") {
+            return None;
+        }
+        self.tokens.verify(token.trim())
+    }
+}
+
+fn is_json(req: &Request) -> bool {
+    req.headers()
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.split(';').next())
+        .is_some_and(|t| t.trim().eq_ignore_ascii_case("application/json"))
+}
+
+fn now_unix_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+/// The gate as axum middleware (see the module header for the order of checks).
+pub async fn gate(State(g): State<Arc<Gate>>, req: Request, next: Next) -> Response {
+    let source = req
+        .extensions()
+        .get::<Peer>()
+        .map(|p| p.0.to_string())
+        .unwrap_or_else(|| "?".into());
+    if let Err(r) = g.check_host_origin(&req) {
+        tracing::warn!(
+            "API: refused {} {} from {source}: {}",
+            req.method(),
+            req.uri().path(),
+            r.status()
+        );
+        return *r;
+    }
+    let Some(caller) = g.caller(&req) else {
+        tracing::warn!(
+            "API: no valid token on {} {} from {source}",
+            req.method(),
+            req.uri().path()
+        );
+        return unauthorized();
+    };
+    let reads = req.method() == Method::GET || req.method() == Method::HEAD;
+    if reads {
+        return next.run(req).await;
+    }
+    let method = req.method().to_string();
+    let path = req
+        .uri()
+        .path_and_query()
+        .map(|p| p.as_str().to_string())
+        .unwrap_or_default();
+    let (parts, body) = req.into_parts();
+    let (status, body_summary, response) = if caller.role != Role::Admin {
+        let r = refuse(StatusCode::FORBIDDEN, "this token is read-only");
+        (r.status(), serde_json::Value::Null, r)
+    } else if !is_json(&Request::from_parts(parts.clone(), Body::empty())) {
+        let r = refuse(
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            "requests that change something need Content-Type: application/json",
+        );
+        (r.status(), serde_json::Value::Null, r)
+    } else {
+        let read = tokio::time::timeout(
+            Duration::from_millis(g.limits.body_read_timeout_ms),
+            axum::body::to_bytes(body, BODY_BYTES_MAX),
+        )
+        .await;
+        match read {
+            Err(_) => {
+                let r = refuse(StatusCode::REQUEST_TIMEOUT, "request body too slow");
+                (r.status(), serde_json::Value::Null, r)
+            }
+            Ok(Err(_)) => {
+                let r = refuse(
+                    StatusCode::PAYLOAD_TOO_LARGE,
+                    &format!("request body larger than {BODY_BYTES_MAX} bytes"),
+                );
+                (r.status(), serde_json::Value::Null, r)
+            }
+            Ok(Ok(bytes)) => {
+                let summary = summarize(&bytes);
+                let r = next
+                    .run(Request::from_parts(parts, Body::from(bytes)))
+                    .await;
+                (r.status(), summary, r)
+            }
+        }
+    };
+    let entry = AuditEntry {
+        time_unix_ms: now_unix_ms(),
+        who: caller.name.clone(),
+        token_id: caller.id.clone(),
+        role: caller.role.as_str().to_string(),
+        source,
+        method,
+        path,
+        body: body_summary,
+        status: status.as_u16(),
+    };
+    if let Err(e) = g.audit.append(&entry) {
+        tracing::error!("audit log {}: {e}", g.audit.path().display());
+    }
+    response
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn host_parts() {
+        assert_eq!(host_part("127.0.0.1:8260").as_deref(), Some("127.0.0.1"));
+        assert_eq!(host_part("LocalHost").as_deref(), Some("localhost"));
+        assert_eq!(host_part("[::1]:80").as_deref(), Some("[::1]"));
+        assert_eq!(
+            host_part("evil.example:8260").as_deref(),
+            Some("evil.example")
+        );
+        assert_eq!(host_part("a@b"), None);
+        assert_eq!(host_part("x:y"), None);
+        assert_eq!(host_part("[zz]:1"), None);
+    }
+}

@@ -1,0 +1,135 @@
+//! The API's accept loop: HTTP/1.1 over TCP with bounded connections (in total
+//! and per source address), a header read timeout that also ends idle kept-alive
+//! connections, and a longest connection lifetime.
+
+use crate::guard::{ApiLimits, Peer};
+use axum::Router;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use std::collections::HashMap;
+use std::future::Future;
+use std::net::IpAddr;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::sync::Semaphore;
+
+/// Open connections per source address.
+#[derive(Default)]
+struct PerSource(Mutex<HashMap<IpAddr, usize>>);
+
+/// Holds one connection's place in the per-source count.
+struct SourceSlot {
+    table: Arc<PerSource>,
+    ip: IpAddr,
+}
+
+impl PerSource {
+    fn take(self: &Arc<Self>, ip: IpAddr, max: usize) -> Option<SourceSlot> {
+        let mut m = match self.0.lock() {
+            Ok(m) => m,
+            Err(p) => p.into_inner(),
+        };
+        let n = m.entry(ip).or_insert(0);
+        if *n >= max {
+            return None;
+        }
+        *n += 1;
+        Some(SourceSlot {
+            table: self.clone(),
+            ip,
+        })
+    }
+}
+
+impl Drop for SourceSlot {
+    fn drop(&mut self) {
+        let mut m = match self.table.0.lock() {
+            Ok(m) => m,
+            Err(p) => p.into_inner(),
+        };
+        if let Some(n) = m.get_mut(&self.ip) {
+            *n -= 1;
+            if *n == 0 {
+                m.remove(&self.ip);
+            }
+        }
+    }
+}
+
+/// Serves `router` on `listener` until `shutdown` completes; connections still
+/// open then are given up to 5 s to finish their request.
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    router: Router,
+    limits: ApiLimits,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    let total = Arc::new(Semaphore::new(limits.connections_max.max(1)));
+    let per_source = Arc::new(PerSource::default());
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    tokio::pin!(shutdown);
+    loop {
+        let permit = tokio::select! {
+            _ = &mut shutdown => break,
+            p = total.clone().acquire_owned() => match p {
+                Ok(p) => p,
+                Err(_) => break,
+            },
+        };
+        let (stream, peer) = tokio::select! {
+            _ = &mut shutdown => break,
+            a = listener.accept() => match a {
+                Ok(a) => a,
+                Err(e) => {
+                    // EMFILE and the like: back off instead of spinning
+                    tracing::warn!("API accept: {e}");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    continue;
+                }
+            },
+        };
+        let Some(slot) = per_source.take(peer.ip(), limits.connections_per_source_max) else {
+            tracing::warn!("API: too many connections from {}", peer.ip());
+            drop(stream);
+            continue;
+        };
+        let _ = stream.set_nodelay(true);
+        let router = router.clone();
+        let mut stop = stop_rx.clone();
+        tokio::spawn(async move {
+            let _permit = permit;
+            let _slot = slot;
+            let svc = hyper::service::service_fn(move |mut req: hyper::Request<_>| {
+                req.extensions_mut().insert(Peer(peer));
+                let r = router.clone();
+                async move {
+                    use tower_service::Service;
+                    let mut r = r;
+                    r.call(req.map(axum::body::Body::new)).await
+                }
+            });
+            let mut builder = hyper::server::conn::http1::Builder::new();
+            builder
+                .timer(TokioTimer::new())
+                .header_read_timeout(Duration::from_millis(limits.header_read_timeout_ms))
+                .max_buf_size(64 * 1024);
+            let conn = builder.serve_connection(TokioIo::new(stream), svc);
+            tokio::pin!(conn);
+            let lifetime = tokio::time::sleep(Duration::from_millis(limits.connection_lifetime_ms));
+            tokio::pin!(lifetime);
+            tokio::select! {
+                _ = &mut conn => return,
+                _ = &mut lifetime => return,
+                _ = stop.wait_for(|s| *s) => conn.as_mut().graceful_shutdown(),
+            }
+            let _ = tokio::time::timeout(Duration::from_secs(5), conn).await;
+        });
+    }
+    let _ = stop_tx.send(true);
+    // wait (bounded) for the connections to finish
+    let _ = tokio::time::timeout(
+        Duration::from_secs(6),
+        total.acquire_many(limits.connections_max.max(1) as u32),
+    )
+    .await;
+    Ok(())
+}

@@ -1,0 +1,463 @@
+//! The API's tests: the real router and accept loop, driven over TCP by a client
+//! that speaks raw HTTP/1.1 the way an attacker (or a browser) would.
+
+use super::*;
+use std::time::Duration;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+/// Every action the fake control plane carried out, to prove nothing changed.
+#[derive(Default)]
+struct Actions(std::sync::Mutex<Vec<String>>);
+
+impl Actions {
+    fn taken(&self) -> Vec<String> {
+        self.0.lock().unwrap().clone()
+    }
+}
+
+#[derive(Default)]
+struct Fake {
+    actions: Actions,
+}
+
+#[async_trait]
+impl Control for Fake {
+    fn status(&self) -> Value {
+        json!({"version": "test"})
+    }
+    fn pools(&self) -> Vec<Value> {
+        vec![json!({"name": "tank"})]
+    }
+    fn pool(&self, name: &str) -> Option<Value> {
+        (name == "tank").then(|| json!({"name": "tank"}))
+    }
+    async fn pool_action(&self, name: &str, action: PoolAction) -> Result<Value, ApiError> {
+        if name != "tank" {
+            return Err(ApiError::NotFound(name.into()));
+        }
+        match action {
+            PoolAction::Fail { position } if position > 3 => {
+                Err(ApiError::BadRequest("no such position".into()))
+            }
+            a => {
+                self.actions.0.lock().unwrap().push(format!("{a:?}"));
+                Ok(json!({"done": format!("{a:?}")}))
+            }
+        }
+    }
+    async fn create(&self, kind: ObjectKind, body: Value) -> Result<Value, ApiError> {
+        self.actions
+            .0
+            .lock()
+            .unwrap()
+            .push(format!("create {kind:?} {body}"));
+        Ok(body)
+    }
+}
+
+/// A node's API on a loopback port with an admin and a read-only token.
+struct Node {
+    addr: SocketAddr,
+    fake: Arc<Fake>,
+    admin: String,
+    reader: String,
+    dir: tempfile::TempDir,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    task: Option<tokio::task::JoinHandle<std::io::Result<()>>>,
+}
+
+impl Node {
+    async fn start(limits: ApiLimits) -> Node {
+        let dir = tempfile::tempdir().unwrap();
+        let (_, admin) = tokens::create(dir.path(), "alice", tokens::Role::Admin).unwrap();
+        let (_, reader) = tokens::create(dir.path(), "bob", tokens::Role::ReadOnly).unwrap();
+        let fake = Arc::new(Fake::default());
+        let opts = ApiOptions {
+            data_dir: dir.path().to_path_buf(),
+            hosts: vec!["san.example".into()],
+            limits,
+        };
+        let srv = ApiServer::bind("127.0.0.1:0".parse().unwrap(), fake.clone(), opts)
+            .await
+            .unwrap();
+        let addr = srv.local_addr().unwrap();
+        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+        let task = tokio::spawn(srv.run(async move {
+            let _ = rx.await;
+        }));
+        Node {
+            addr,
+            fake,
+            admin,
+            reader,
+            dir,
+            stop: Some(tx),
+            task: Some(task),
+        }
+    }
+
+    async fn stop(mut self) {
+        let _ = self.stop.take().unwrap().send(());
+        self.task.take().unwrap().await.unwrap().unwrap();
+    }
+
+    /// One request; `headers` are extra header lines.
+    async fn send(
+        &self,
+        method: &str,
+        path: &str,
+        headers: &[String],
+        body: &str,
+    ) -> (u16, String) {
+        let mut req = format!(
+            "{method} {path} HTTP/1.1\r\nConnection: close\r\nContent-Length: {}\r\n",
+            body.len()
+        );
+        if !headers
+            .iter()
+            .any(|h| h.to_ascii_lowercase().starts_with("host:"))
+        {
+            req.push_str(&format!("Host: {}\r\n", self.addr));
+        }
+        for h in headers {
+            req.push_str(h);
+            req.push_str("\r\n");
+        }
+        req.push_str("\r\n");
+        req.push_str(body);
+        raw(self.addr, &req).await
+    }
+
+    async fn get(&self, path: &str, token: &str) -> (u16, String) {
+        self.send("GET", path, &[bearer(token)], "").await
+    }
+
+    async fn post(&self, path: &str, token: &str, body: &str) -> (u16, String) {
+        let h = [bearer(token), "Content-Type: application/json".to_string()];
+        self.send("POST", path, &h, body).await
+    }
+
+    fn audit(&self) -> Vec<audit::AuditEntry> {
+        audit::AuditLog::open(self.dir.path()).tail(1000).unwrap()
+    }
+}
+
+fn bearer(t: &str) -> String {
+    format!("Authorization: Bearer {t}")
+}
+
+async fn raw(addr: SocketAddr, req: &str) -> (u16, String) {
+    let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+    s.write_all(req.as_bytes()).await.unwrap();
+    let mut out = Vec::new();
+    let _ = s.read_to_end(&mut out).await;
+    let out = String::from_utf8_lossy(&out).to_string();
+    let code = out.get(9..12).and_then(|c| c.parse().ok()).unwrap_or(0);
+    let body = out.split("\r\n\r\n").nth(1).unwrap_or_default().to_string();
+    (code, body)
+}
+
+#[tokio::test]
+async fn routes_answer_with_json_and_codes() {
+    let n = Node::start(ApiLimits::default()).await;
+    let t = n.admin.clone();
+    assert_eq!(n.get("/api/v1/pools/tank", &t).await.0, 200);
+    assert_eq!(n.get("/api/v1/pools/none", &t).await.0, 404);
+    let (code, body) = n
+        .post(
+            "/api/v1/pools/tank/replace",
+            &t,
+            r#"{"position":1,"disk":"d9"}"#,
+        )
+        .await;
+    assert_eq!(code, 200, "{body}");
+    assert!(body.contains("Replace"));
+    let fail = "/api/v1/pools/tank/fail";
+    assert_eq!(n.post(fail, &t, r#"{"position":7}"#).await.0, 400);
+    assert_eq!(n.post(fail, &t, r#"{"pos":1}"#).await.0, 422);
+    let rate = "/api/v1/pools/tank/rebuild-rate";
+    let (code, body) = n.post(rate, &t, r#"{"mb_s":25}"#).await;
+    assert_eq!(code, 200, "{body}");
+    assert!(body.contains("SetRebuildRate { mb_s: 25 }"), "{body}");
+    for bad in ["", "{}", r#"{"mb_s":-1}"#, r#"{"mb_s":"fast"}"#, "not json"] {
+        let (code, body) = n.post(rate, &t, bad).await;
+        assert_eq!(code, 400, "body {bad:?} answered {body}");
+        let v: Value = serde_json::from_str(&body).unwrap();
+        assert!(
+            v["error"].as_str().unwrap().contains("mb_s"),
+            "body {bad:?} answered {body}"
+        );
+    }
+    let none = "/api/v1/pools/none/rebuild-rate";
+    assert_eq!(n.post(none, &t, r#"{"mb_s":0}"#).await.0, 404);
+    // a body-less POST works with the JSON content type
+    assert_eq!(n.post("/api/v1/pools/tank/scrub", &t, "").await.0, 200);
+    n.stop().await;
+}
+
+#[tokio::test]
+async fn no_token_or_a_wrong_one_gets_401_and_changes_nothing() {
+    let n = Node::start(ApiLimits::default()).await;
+    let json = "Content-Type: application/json".to_string();
+    let (no_code, no_body) = n.send("GET", "/api/v1/pools", &[], "").await;
+    assert_eq!(no_code, 401);
+    let wrong = format!("fsn_{}", "0".repeat(64));
+    let (code, body) = n.get("/api/v1/pools", &wrong).await;
+    assert_eq!(
+        (code, &body),
+        (401, &no_body),
+        "a wrong token is told apart from none"
+    );
+    // a token with one digit changed, a revoked-looking prefix, other schemes
+    let mut near = n.admin.clone();
+    near.pop();
+    near.push('x');
+    assert_eq!(n.get("/api/v1/status", &near).await.0, 401);
+    let basic = format!("Authorization: Basic {}", n.admin);
+    assert_eq!(n.send("GET", "/api/v1/status", &[basic], "").await.0, 401);
+    for (path, body) in [
+        ("/api/v1/pools/tank/fail", r#"{"position":0}"#),
+        ("/api/v1/pools/tank/scrub", ""),
+        (
+            "/api/v1/disks",
+            r#"{"name":"big","memory":true,"size":"1T"}"#,
+        ),
+    ] {
+        let (code, _) = n.send("POST", path, std::slice::from_ref(&json), body).await;
+        assert_eq!(code, 401, "{path} without a token");
+        let (code, _) = n.post(path, &wrong, body).await;
+        assert_eq!(code, 401, "{path} with a wrong token");
+    }
+    // unknown routes do not tell they are unknown before a token is shown
+    assert_eq!(n.send("GET", "/api/v1/nothing", &[], "").await.0, 401);
+    assert!(
+        n.fake.actions.taken().is_empty(),
+        "{:?}",
+        n.fake.actions.taken()
+    );
+    assert!(
+        n.audit().is_empty(),
+        "unauthenticated requests grew the audit log"
+    );
+    n.stop().await;
+}
+
+#[tokio::test]
+async fn a_read_only_token_reads_and_is_refused_every_change() {
+    let n = Node::start(ApiLimits::default()).await;
+    let r = n.reader.clone();
+    assert_eq!(n.get("/api/v1/pools", &r).await.0, 200);
+    assert_eq!(n.get("/api/v1/status", &r).await.0, 200);
+    for (path, body) in [
+        ("/api/v1/pools/tank/fail", r#"{"position":0}"#),
+        ("/api/v1/pools/tank/scrub", ""),
+        ("/api/v1/pools/tank/rebuild-rate", r#"{"mb_s":1}"#),
+        (
+            "/api/v1/disks",
+            r#"{"name":"big","memory":true,"size":"1T"}"#,
+        ),
+        (
+            "/api/v1/luns",
+            r#"{"target":"t","lun":{"path":"/dev/sda"}}"#,
+        ),
+    ] {
+        let (code, answer) = n.post(path, &r, body).await;
+        assert_eq!(code, 403, "{path}: {answer}");
+    }
+    assert!(
+        n.fake.actions.taken().is_empty(),
+        "{:?}",
+        n.fake.actions.taken()
+    );
+    assert_eq!(
+        n.get("/api/v1/pools/tank", &r).await.1,
+        r#"{"name":"tank"}"#
+    );
+    // the refusals are in the audit log under the token's name
+    let a = n.audit();
+    assert_eq!(a.len(), 5);
+    assert!(a.iter().all(|e| e.who == "bob" && e.status == 403));
+    n.stop().await;
+}
+
+#[tokio::test]
+async fn cross_site_form_posts_and_foreign_hosts_are_refused() {
+    let n = Node::start(ApiLimits::default()).await;
+    let form = "Content-Type: application/x-www-form-urlencoded".to_string();
+    let evil = "Origin: http://evil.example".to_string();
+    // what a page on evil.example can make a browser send: a form post, no token
+    let (code, _) = n
+        .send(
+            "POST",
+            "/api/v1/pools/tank/scrub",
+            &[form.clone(), evil.clone()],
+            "",
+        )
+        .await;
+    assert!(code == 403 || code == 401, "{code}");
+    // even with a valid token (say, pasted somewhere) a form post is not accepted
+    let t = bearer(&n.admin);
+    for headers in [
+        vec![t.clone(), form.clone(), evil.clone()],
+        vec![t.clone(), form.clone()],
+        vec![t.clone()],
+        vec![
+            t.clone(),
+            "Content-Type: text/plain".into(),
+            "Origin: null".into(),
+        ],
+        vec![
+            t.clone(),
+            "Content-Type: application/json".into(),
+            evil.clone(),
+        ],
+    ] {
+        let (code, body) = n
+            .send("POST", "/api/v1/pools/tank/fail", &headers, "position=0")
+            .await;
+        assert!(code == 403 || code == 415, "{headers:?}: {code} {body}");
+        let (code, _) = n
+            .send("POST", "/api/v1/pools/tank/scrub", &headers, "")
+            .await;
+        assert!(code == 403 || code == 415, "{headers:?}: {code}");
+    }
+    // DNS rebinding: the page's own name in Host
+    for host in [
+        "evil.example",
+        "evil.example:8260",
+        "127.0.0.1.evil.example",
+        "",
+    ] {
+        let h = vec![format!("Host: {host}"), t.clone()];
+        let (code, _) = n.send("GET", "/api/v1/pools", &h, "").await;
+        assert_eq!(code, 421, "Host {host:?}");
+        let h = vec![
+            format!("Host: {host}"),
+            t.clone(),
+            "Content-Type: application/json".into(),
+        ];
+        let (code, _) = n.send("POST", "/api/v1/pools/tank/scrub", &h, "").await;
+        assert_eq!(code, 421, "Host {host:?}");
+    }
+    assert!(
+        n.fake.actions.taken().is_empty(),
+        "{:?}",
+        n.fake.actions.taken()
+    );
+    // names that are this API's own pass: localhost, an IP, a configured name,
+    // and an Origin equal to the API's own
+    for host in ["localhost:1", "127.0.0.1", "SAN.example:8260", "[::1]:8260"] {
+        let h = vec![format!("Host: {host}"), t.clone()];
+        assert_eq!(
+            n.send("GET", "/api/v1/pools", &h, "").await.0,
+            200,
+            "{host}"
+        );
+    }
+    let own = vec![
+        t.clone(),
+        "Content-Type: application/json".into(),
+        format!("Origin: http://{}", n.addr),
+    ];
+    assert_eq!(
+        n.send("POST", "/api/v1/pools/tank/scrub", &own, "").await.0,
+        200
+    );
+    n.stop().await;
+}
+
+#[tokio::test]
+async fn oversized_bodies_are_refused() {
+    let n = Node::start(ApiLimits::default()).await;
+    let big = format!(r#"{{"name":"d","pad":"{}"}}"#, "x".repeat(100 * 1024));
+    let (code, _) = n.post("/api/v1/disks", &n.admin, &big).await;
+    assert_eq!(code, 413);
+    let (code, _) = n.post("/api/v1/pools/tank/fail", &n.admin, &big).await;
+    assert_eq!(code, 413);
+    assert!(
+        n.fake.actions.taken().is_empty(),
+        "{:?}",
+        n.fake.actions.taken()
+    );
+    n.stop().await;
+}
+
+#[tokio::test]
+async fn changes_are_audited_with_secrets_masked() {
+    let n = Node::start(ApiLimits::default()).await;
+    let body = r#"{"name":"d1","chap":{"user":"u","secret":"hunter2hunter2"}}"#;
+    assert_eq!(n.post("/api/v1/disks", &n.admin, body).await.0, 200);
+    assert_eq!(
+        n.post("/api/v1/pools/tank/fail", &n.admin, r#"{"position":9}"#)
+            .await
+            .0,
+        400
+    );
+    assert_eq!(n.get("/api/v1/pools", &n.admin).await.0, 200);
+    let (code, text) = n.get("/api/v1/audit", &n.reader).await;
+    assert_eq!(code, 200, "{text}");
+    assert!(
+        !text.contains("hunter2"),
+        "a secret reached the audit log: {text}"
+    );
+    let v: Vec<audit::AuditEntry> = serde_json::from_str(&text).unwrap();
+    assert_eq!(v.len(), 2, "GETs are not audited, changes are: {text}");
+    assert_eq!((v[0].who.as_str(), v[0].method.as_str()), ("alice", "POST"));
+    assert_eq!((v[0].path.as_str(), v[0].status), ("/api/v1/disks", 200));
+    assert_eq!(v[0].body["chap"], "***");
+    assert_eq!(v[0].body["name"], "d1");
+    assert_eq!(v[1].status, 400);
+    assert!(v[1].time_unix_ms >= v[0].time_unix_ms);
+    let (_, one) = n.get("/api/v1/audit?limit=1", &n.reader).await;
+    assert_eq!(serde_json::from_str::<Vec<Value>>(&one).unwrap().len(), 1);
+    let file = std::fs::read_to_string(n.dir.path().join("audit.log")).unwrap();
+    assert!(!file.contains("hunter2"));
+    use std::os::unix::fs::PermissionsExt;
+    let mode = std::fs::metadata(n.dir.path().join("audit.log"))
+        .unwrap()
+        .permissions()
+        .mode();
+    assert_eq!(mode & 0o777, 0o600);
+    n.stop().await;
+}
+
+#[tokio::test]
+async fn tokens_made_or_revoked_while_serving_apply_at_once() {
+    let n = Node::start(ApiLimits::default()).await;
+    let (rec, t) = tokens::create(n.dir.path(), "carol", tokens::Role::Admin).unwrap();
+    assert_eq!(n.get("/api/v1/status", &t).await.0, 200);
+    tokens::revoke(n.dir.path(), &rec.id).unwrap();
+    tokio::time::sleep(Duration::from_millis(tokens::RELOAD_CHECK_MS + 50)).await;
+    assert_eq!(n.get("/api/v1/status", &t).await.0, 401);
+    n.stop().await;
+}
+
+#[tokio::test]
+async fn idle_connections_are_bounded_per_source_and_timed_out() {
+    let limits = ApiLimits {
+        connections_per_source_max: 4,
+        header_read_timeout_ms: 700,
+        ..ApiLimits::default()
+    };
+    let n = Node::start(limits).await;
+    let mut idle = Vec::new();
+    for _ in 0..4 {
+        idle.push(tokio::net::TcpStream::connect(n.addr).await.unwrap());
+    }
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    // the fifth from the same address is closed without an answer
+    let (code, _) = n.get("/api/v1/status", &n.admin).await;
+    assert_eq!(code, 0, "a fifth connection from one source was served");
+    // the idle ones are closed after the header timeout, and the API serves again
+    let mut buf = [0u8; 16];
+    for s in &mut idle {
+        let r = tokio::time::timeout(Duration::from_secs(5), s.read(&mut buf)).await;
+        assert!(
+            matches!(r, Ok(Ok(_)) | Ok(Err(_))),
+            "an idle connection stayed open"
+        );
+    }
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_eq!(n.get("/api/v1/status", &n.admin).await.0, 200);
+    n.stop().await;
+}

@@ -1,0 +1,297 @@
+//! The management API of a real node, attacked the way a local user, a web page
+//! or a stolen read-only token would: no token, a wrong token, a read-only token
+//! on changing endpoints, a cross-site form post, a foreign Host header (DNS
+//! rebinding) and an oversized body are refused and change nothing; the local
+//! CLI finds its admin token by itself; tokens made and revoked with
+//! `freesan api token ...` apply to the running node at once; changes are
+//! in the audit log (`freesan api audit`).
+
+mod common;
+use common::*;
+use serde_json::Value;
+use std::io::{Read, Write};
+use std::os::unix::fs::PermissionsExt;
+use std::path::Path;
+use std::time::Duration;
+
+/// One raw HTTP/1.1 request; returns (status, body). Status 0: closed unanswered.
+fn http(api: &str, method: &str, path: &str, headers: &[&str], body: &str) -> (u16, String) {
+    let mut s = std::net::TcpStream::connect(api).expect("connect to the API");
+    s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    let mut req = format!(
+        "{method} {path} HTTP/1.1\r\nConnection: close\r\nContent-Length: {}\r\n",
+        body.len()
+    );
+    if !headers
+        .iter()
+        .any(|h| h.to_ascii_lowercase().starts_with("host:"))
+    {
+        req += &format!("Host: {api}\r\n");
+    }
+    for h in headers {
+        req += h;
+        req += "\r\n";
+    }
+    req += "\r\n";
+    req += body;
+    let _ = s.write_all(req.as_bytes());
+    let mut out = Vec::new();
+    let _ = s.read_to_end(&mut out);
+    let out = String::from_utf8_lossy(&out).into_owned();
+    let code = out.get(9..12).and_then(|c| c.parse().ok()).unwrap_or(0);
+    let body = out.split("\r\n\r\n").nth(1).unwrap_or_default().to_string();
+    (code, body)
+}
+
+fn config(dir: &Path) -> std::path::PathBuf {
+    let s = format!(
+        "{}[[target]]\niqn = \"{IQN}\"\n[[target.lun]]\npath = \"{d}/lun0.img\"\nsize = \"16M\"\n",
+        config_head(dir, 3),
+        d = dir.display()
+    );
+    let path = dir.join("node.toml");
+    std::fs::write(&path, s).unwrap();
+    path
+}
+
+/// What the node holds, as the local admin CLI sees it: its disks and LUNs, and
+/// of each pool what an action would change (members and their states, spares,
+/// scrub, rebuild rate), not the counters a background resync moves.
+fn state(api: &str) -> (Value, Value, Value) {
+    let get = |what: &str, sub: &str| {
+        let (ok, out) = freesan(&[what, "--api", api, sub, "--json"]);
+        assert!(ok, "freesan {what}: {out}");
+        serde_json::from_str::<Value>(&out).unwrap_or_else(|e| panic!("{what}: {e}: {out}"))
+    };
+    let pools: Vec<Value> = get("pool", "status")
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| {
+            let members: Vec<Value> = p["members"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|m| serde_json::json!([m["name"], m["state"]]))
+                .collect();
+            serde_json::json!({
+                "name": p["name"], "members": members, "spares": p["spares"],
+                "scrub": p["scrub"], "rebuild_rate_mb_s": p["rebuild_rate_mb_s"],
+            })
+        })
+        .collect();
+    (get("disk", "list"), Value::Array(pools), get("lun", "list"))
+}
+
+fn make_token(data: &Path, role: &str, name: &str) -> String {
+    let d = data.to_str().unwrap();
+    let (ok, out) = freesan(&[
+        "api",
+        "token",
+        "create",
+        "--role",
+        role,
+        "--name",
+        name,
+        "--data-dir",
+        d,
+    ]);
+    assert!(ok, "token create: {out}");
+    out.lines()
+        .find(|l| l.starts_with("fsn_"))
+        .unwrap_or_else(|| panic!("no token printed: {out}"))
+        .to_string()
+}
+
+#[test]
+fn the_api_refuses_callers_without_the_right_token_origin_or_host() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = config(dir.path());
+    let data = dir.path().join("data");
+    let node = start_config(dir.path(), &cfg);
+    let api = node.api.clone().expect("no API address in the banner");
+
+    // the local CLI finds the node's admin token without being told
+    let (ok, out) = freesan(&[
+        "pool", "--api", &api, "create", "p", "--level", "raid1", "--member", "d0,d1",
+    ]);
+    assert!(ok, "the local CLI could not create a pool: {out}");
+    let before = state(&api);
+
+    // tokens are kept hashed, 0600, in a 0700 folder; the CLI's copy is 0600
+    let cli_token = std::fs::read_to_string(data.join("api/cli-token")).unwrap();
+    let file = std::fs::read_to_string(data.join("api/tokens.json")).unwrap();
+    assert!(!file.contains(cli_token.trim().trim_start_matches("fsn_")));
+    let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode(&data.join("api")), 0o700);
+    assert_eq!(mode(&data.join("api/tokens.json")), 0o600);
+    assert_eq!(mode(&data.join("api/cli-token")), 0o600);
+
+    // a read-only token made while the node runs applies at once
+    let ro = make_token(&data, "read-only", "auditor");
+    let ro_auth = format!("Authorization: Bearer {ro}");
+    let admin_auth = format!("Authorization: Bearer {}", cli_token.trim());
+    let wrong = format!("Authorization: Bearer fsn_{}", "a".repeat(64));
+    let json = "Content-Type: application/json";
+    assert_eq!(http(&api, "GET", "/api/v1/pools", &[&ro_auth], "").0, 200);
+
+    let attacks: [(&str, &str); 6] = [
+        (
+            "/api/v1/disks",
+            r#"{"name":"huge","memory":true,"size":"1T"}"#,
+        ),
+        (
+            "/api/v1/luns",
+            r#"{"target":"iqn.2026-11.org.freesan:itest","lun":{"path":"/dev/sda"}}"#,
+        ),
+        ("/api/v1/pools/p/fail", r#"{"position":0}"#),
+        ("/api/v1/pools/p/scrub", ""),
+        ("/api/v1/pools/p/rebuild-rate", r#"{"mb_s":1}"#),
+        (
+            "/api/v1/luns/delete",
+            r#"{"target":"iqn.2026-11.org.freesan:itest","lun":0}"#,
+        ),
+    ];
+    for (path, body) in attacks {
+        let (code, _) = http(&api, "POST", path, &[json], body);
+        assert_eq!(code, 401, "{path} with no token");
+        let (code, _) = http(&api, "POST", path, &[json, &wrong], body);
+        assert_eq!(code, 401, "{path} with a wrong token");
+        let (code, answer) = http(&api, "POST", path, &[json, &ro_auth], body);
+        assert_eq!(code, 403, "{path} with a read-only token: {answer}");
+        // a cross-site form post, with and without a token
+        let form = "Content-Type: application/x-www-form-urlencoded";
+        let evil = "Origin: http://evil.example";
+        let (code, _) = http(&api, "POST", path, &[form, evil], "position=0");
+        assert!(code == 401 || code == 403, "{path} form post: {code}");
+        let (code, _) = http(&api, "POST", path, &[form, evil, &admin_auth], "position=0");
+        assert_eq!(code, 403, "{path} form post with a token");
+        let (code, _) = http(&api, "POST", path, &[form, &admin_auth], body);
+        assert_eq!(code, 415, "{path} non-JSON post with a token");
+        // DNS rebinding: a page's own name in Host, even with a token
+        let (code, _) = http(
+            &api,
+            "POST",
+            path,
+            &["Host: evil.example", json, &admin_auth],
+            body,
+        );
+        assert_eq!(code, 421, "{path} with a foreign Host");
+    }
+    let (code, _) = http(
+        &api,
+        "GET",
+        "/api/v1/luns",
+        &["Host: rebound.evil.example:8260", &admin_auth],
+        "",
+    );
+    assert_eq!(code, 421, "a GET with a foreign Host");
+    let big = format!(r#"{{"name":"d9","pad":"{}"}}"#, "x".repeat(100 << 10));
+    let (code, _) = http(&api, "POST", "/api/v1/disks", &[json, &admin_auth], &big);
+    assert_eq!(code, 413, "an oversized body");
+    assert_eq!(state(&api), before, "an attack changed the node");
+
+    // the CLI with a read-only token is refused; with none found it says how to give one
+    let (ok, out) = freesan(&[
+        "disk", "--api", &api, "--token", &ro, "create", "x", "--size", "1M",
+    ]);
+    assert!(!ok && out.contains("403"), "{out}");
+    let empty = dir.path().join("empty");
+    let (ok, out) = freesan(&[
+        "disk",
+        "--api",
+        &api,
+        "--data-dir",
+        empty.to_str().unwrap(),
+        "list",
+    ]);
+    assert!(!ok && out.contains("--token"), "{out}");
+    // FREESAN_API_TOKEN and --data-dir are honoured
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_freesan"))
+        .args(["disk", "--api", &api, "list", "--json"])
+        .env("FREESAN_API_TOKEN", &ro)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let (ok, out) = freesan(&[
+        "disk",
+        "--api",
+        &api,
+        "--data-dir",
+        data.to_str().unwrap(),
+        "list",
+    ]);
+    assert!(ok, "{out}");
+
+    // the audit log names who did what, and is readable with a read-only token
+    let (ok, out) = freesan(&[
+        "api", "audit", "--api", &api, "--token", &ro, "--json", "--limit", "1000",
+    ]);
+    assert!(ok, "{out}");
+    let log: Vec<Value> = serde_json::from_str(&out).unwrap();
+    assert!(
+        log.iter()
+            .any(|e| e["who"] == "local-cli" && e["path"] == "/api/v1/pools" && e["status"] == 200),
+        "{out}"
+    );
+    assert_eq!(
+        log.iter()
+            .filter(|e| e["who"] == "auditor" && e["status"] == 403)
+            .count(),
+        7,
+        "{out}"
+    );
+    let mode = std::fs::metadata(data.join("audit.log"))
+        .unwrap()
+        .permissions()
+        .mode()
+        & 0o777;
+    assert_eq!(mode, 0o600);
+
+    // list and revoke: the revoked token is refused at once
+    let d = data.to_str().unwrap();
+    let (ok, out) = freesan(&["api", "token", "list", "--data-dir", d]);
+    assert!(
+        ok && out.contains("auditor") && out.contains("local-cli") && !out.contains(&ro),
+        "{out}"
+    );
+    let (ok, out) = freesan(&["api", "token", "revoke", "auditor", "--data-dir", d]);
+    assert!(ok, "{out}");
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(http(&api, "GET", "/api/v1/pools", &[&ro_auth], "").0, 401);
+    drop(node);
+}
+
+#[test]
+fn tokens_can_be_made_before_the_node_first_starts() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = config(dir.path());
+    let data = dir.path().join("data");
+    let admin = make_token(&data, "admin", "ops");
+    let node = start_config(dir.path(), &cfg);
+    let api = node.api.clone().expect("no API address in the banner");
+    let auth = format!("Authorization: Bearer {admin}");
+    let (code, body) = http(
+        &api,
+        "POST",
+        "/api/v1/disks",
+        &["Content-Type: application/json", &auth],
+        r#"{"name":"m","size":"1M"}"#,
+    );
+    assert_eq!(code, 200, "{body}");
+    let (ok, out) = freesan(&[
+        "api",
+        "token",
+        "list",
+        "--data-dir",
+        data.to_str().unwrap(),
+        "--json",
+    ]);
+    assert!(ok, "{out}");
+    let v: Vec<Value> = serde_json::from_str(&out).unwrap();
+    assert_eq!(v.len(), 2, "{out}");
+}
