@@ -416,6 +416,15 @@ pub struct LimitsConfig {
     pub login_first_pdu_timeout_ms: u64,
     /// Longest whole login phase.
     pub login_timeout_ms: u64,
+    /// Failed authentications from one address within `auth_failure_window_ms`
+    /// after which that address is locked out.
+    pub auth_failures_per_source_max: u32,
+    /// Period over which failed authentications are counted.
+    pub auth_failure_window_ms: u64,
+    /// How long a locked-out address's connections are closed at once.
+    pub auth_lockout_ms: u64,
+    /// Most addresses whose failures are remembered.
+    pub auth_failure_sources_max: usize,
     /// Commands in flight per session (the CmdSN window).
     pub commands_in_flight_per_session_max: u32,
     /// Largest data segment the target accepts in one PDU.
@@ -437,6 +446,10 @@ impl Default for LimitsConfig {
             logins_in_progress_per_source_max: d.logins_in_progress_per_source_max,
             login_first_pdu_timeout_ms: d.login_first_pdu_timeout_ms,
             login_timeout_ms: d.login_timeout_ms,
+            auth_failures_per_source_max: d.auth_failures_per_source_max,
+            auth_failure_window_ms: d.auth_failure_window_ms,
+            auth_lockout_ms: d.auth_lockout_ms,
+            auth_failure_sources_max: d.auth_failure_sources_max,
             commands_in_flight_per_session_max: d.commands_in_flight_per_session_max,
             max_recv_data_segment_bytes: d.max_recv_data_segment_bytes,
             nop_in_interval_ms: d.nop_in_interval_ms,
@@ -456,6 +469,10 @@ impl LimitsConfig {
             logins_in_progress_per_source_max: self.logins_in_progress_per_source_max,
             login_first_pdu_timeout_ms: self.login_first_pdu_timeout_ms,
             login_timeout_ms: self.login_timeout_ms,
+            auth_failures_per_source_max: self.auth_failures_per_source_max,
+            auth_failure_window_ms: self.auth_failure_window_ms,
+            auth_lockout_ms: self.auth_lockout_ms,
+            auth_failure_sources_max: self.auth_failure_sources_max,
             commands_in_flight_per_session_max: self.commands_in_flight_per_session_max,
             max_recv_data_segment_bytes: self.max_recv_data_segment_bytes,
             nop_in_interval_ms: self.nop_in_interval_ms,

@@ -76,6 +76,15 @@ pub struct Limits {
     pub logins_in_progress_per_source_max: usize,
     /// A new connection must send its first whole Login Request within this time.
     pub login_first_pdu_timeout_ms: u64,
+    /// Failed authentications from one source address, within
+    /// `auth_failure_window_ms`, after which that address is locked out.
+    pub auth_failures_per_source_max: u32,
+    /// Period over which failed authentications are counted.
+    pub auth_failure_window_ms: u64,
+    /// How long a locked-out source's connections are closed at once.
+    pub auth_lockout_ms: u64,
+    /// Most source addresses whose failures are remembered.
+    pub auth_failure_sources_max: usize,
     /// CmdSN window: most non-immediate commands in flight per session.
     pub commands_in_flight_per_session_max: u32,
     /// MaxRecvDataSegmentLength the target declares.
@@ -115,6 +124,10 @@ impl Default for Limits {
             logins_in_progress_max: 128,
             logins_in_progress_per_source_max: 8,
             login_first_pdu_timeout_ms: 2_000,
+            auth_failures_per_source_max: 5,
+            auth_failure_window_ms: 60_000,
+            auth_lockout_ms: 60_000,
+            auth_failure_sources_max: 4096,
             commands_in_flight_per_session_max: 128,
             max_recv_data_segment_bytes: 256 * 1024,
             max_burst_bytes: 1024 * 1024,

@@ -8,7 +8,7 @@ use crate::session::Session;
 use crate::writer::{run_writer, OutPdu};
 use bytes::{Bytes, BytesMut};
 use iscsi_proto::frame::{decode_frame, Frame, FrameError, FrameLimits};
-use iscsi_proto::login::{Negotiated, SessionType};
+use iscsi_proto::login::{status, Negotiated, SessionType};
 use iscsi_proto::pdu::{opcode, DataOut, LogoutRequest, NopOut, ScsiCommand, TextRequest, BHS_LEN};
 use iscsi_proto::target::{reject_reason, LogoutResponse, NopIn, Reject, TargetPdu, TextResponse};
 use iscsi_proto::text::{parse_text, push_pair, TextAccumulator};
@@ -45,6 +45,10 @@ pub(crate) async fn serve(
         tracing::warn!(%peer, error = %e, "TCP_NODELAY failed");
     }
     let local = sock.local_addr().unwrap_or(portal.addr);
+    if let Some(left) = ctx.auth_limit.locked(peer.ip()) {
+        ctx.auth_limit.log_refused(peer.ip(), left);
+        return;
+    }
     let slot = ctx.logins.admit(peer.ip());
     let mut buf = BytesMut::with_capacity(READ_BUF_BYTES);
     let login_timeout = Duration::from_millis(ctx.limits.login_timeout_ms);
@@ -58,8 +62,33 @@ pub(crate) async fn serve(
     drop(slot);
     let (neg, session) = match res {
         Ok(Ok(x)) => x,
-        Ok(Err(ConnError::LoginFailed(st))) => {
-            tracing::warn!(%peer, status = format_args!("{st:#06x}"), "login refused");
+        Ok(Err(ConnError::LoginFailed {
+            status: st,
+            initiator,
+            chap_name,
+        })) => {
+            let initiator = initiator.as_deref().unwrap_or("-");
+            let chap_user = chap_name.as_deref().unwrap_or("-");
+            if st == status::AUTH_FAILURE {
+                let f = ctx.auth_limit.failed(peer.ip());
+                tracing::warn!(
+                    %peer,
+                    initiator,
+                    chap_user,
+                    failures = f.failures,
+                    "login refused: authentication failed"
+                );
+                if f.locked_now {
+                    tracing::warn!(
+                        source = %peer.ip(),
+                        initiator,
+                        lockout_ms = ctx.limits.auth_lockout_ms,
+                        "too many failed authentications: source locked out"
+                    );
+                }
+            } else {
+                tracing::warn!(%peer, initiator, status = format_args!("{st:#06x}"), "login refused");
+            }
             return;
         }
         Ok(Err(ConnError::Eof)) => return,

@@ -20,6 +20,7 @@
 //! that stamps StatSN/ExpCmdSN/MaxCmdSN and writes batches with vectored writes.
 
 mod admission;
+mod auth_limit;
 mod config;
 mod conn;
 mod dataout;

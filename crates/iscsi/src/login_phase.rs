@@ -31,8 +31,15 @@ pub(crate) enum ConnError {
     Eof,
     #[error("framing: {0:?}")]
     Frame(FrameError),
-    #[error("login failed with status {0:#06x}")]
-    LoginFailed(u16),
+    #[error("login failed with status {status:#06x}")]
+    LoginFailed {
+        /// The login status sent.
+        status: u16,
+        /// InitiatorName, if the initiator got as far as sending it.
+        initiator: Option<String>,
+        /// CHAP_N, if sent.
+        chap_name: Option<String>,
+    },
     #[error("unexpected PDU during login")]
     NotLogin,
     #[error("no Login Request within the first-PDU timeout")]
@@ -74,6 +81,14 @@ async fn send_step<W: AsyncWrite + Unpin>(sock: &mut W, step: &LoginStep) -> std
     wire.extend_from_slice(&step.data);
     wire.resize(wire.len() + pad_len(step.data.len()), 0);
     sock.write_all(&wire).await
+}
+
+fn failed(neg: &LoginNegotiator, status: u16) -> ConnError {
+    ConnError::LoginFailed {
+        status,
+        initiator: neg.initiator_name().map(str::to_owned),
+        chap_name: neg.chap_name().map(str::to_owned),
+    }
 }
 
 fn to_failure(step: &mut LoginStep, st: u16) {
@@ -133,7 +148,7 @@ pub(crate) async fn login<S: AsyncRead + AsyncWrite + Unpin>(
             LoginOutcome::Failed(st) => {
                 send_step(sock, &step).await?;
                 let _ = sock.flush().await;
-                return Err(ConnError::LoginFailed(st));
+                return Err(failed(&neg, st));
             }
             LoginOutcome::Complete(n) => {
                 let session = match register(ctx, &n, peer).await {
@@ -141,7 +156,7 @@ pub(crate) async fn login<S: AsyncRead + AsyncWrite + Unpin>(
                     Err(st) => {
                         to_failure(&mut step, st);
                         send_step(sock, &step).await?;
-                        return Err(ConnError::LoginFailed(st));
+                        return Err(failed(&neg, st));
                     }
                 };
                 step.header.tsih = session.tsih;

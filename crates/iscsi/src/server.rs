@@ -1,6 +1,7 @@
 //! Portals and the accept loop; clean shutdown.
 
 use crate::admission::LoginBudget;
+use crate::auth_limit::{AuthLimiter, AuthLimits};
 use crate::config::{Limits, Portal, ServerConfig, TargetSpec};
 use crate::session::{Caps, Registry};
 use iscsi_proto::login::{
@@ -29,6 +30,7 @@ pub(crate) struct Ctx {
     pub registry: Registry,
     pub shutdown: watch::Receiver<bool>,
     pub logins: Arc<LoginBudget>,
+    pub auth_limit: AuthLimiter,
 }
 
 /// An iSCSI target server: every portal serves every target.
@@ -111,6 +113,12 @@ impl Server {
                 cfg.limits.logins_in_progress_per_source_max,
                 cfg.limits.logins_in_progress_max,
             ),
+            auth_limit: AuthLimiter::new(AuthLimits {
+                failures_max: cfg.limits.auth_failures_per_source_max,
+                window: Duration::from_millis(cfg.limits.auth_failure_window_ms),
+                lockout: Duration::from_millis(cfg.limits.auth_lockout_ms),
+                sources_max: cfg.limits.auth_failure_sources_max,
+            }),
             registry: Registry::new(Caps {
                 sessions_max: cfg.limits.sessions_max,
                 discovery_sessions_max: cfg.limits.discovery_sessions_max,

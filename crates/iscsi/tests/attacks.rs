@@ -19,6 +19,64 @@ use tokio::net::{TcpSocket, TcpStream};
 /// The attacker's address: another loopback address than the initiator's.
 const ATTACKER: &str = "127.0.0.5";
 
+/// Log lines of every test in this binary (without colours), for checking what
+/// the target logged.
+#[derive(Clone)]
+struct Capture(Arc<std::sync::Mutex<Vec<u8>>>);
+
+impl std::io::Write for Capture {
+    fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(b);
+        Ok(b.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// Installs the capturing subscriber (first call in the binary) and returns it.
+fn logs() -> Capture {
+    static LOGS: std::sync::OnceLock<Capture> = std::sync::OnceLock::new();
+    LOGS.get_or_init(|| {
+        let c = Capture(Arc::default());
+        let w = c.clone();
+        let _ = tracing_subscriber::fmt()
+            .with_ansi(false)
+            .with_writer(move || w.clone())
+            .try_init();
+        c
+    })
+    .clone()
+}
+
+impl Capture {
+    /// Log lines containing every one of `words`.
+    fn lines_with(&self, words: &[&str]) -> Vec<String> {
+        let all = String::from_utf8_lossy(&self.0.lock().unwrap()).into_owned();
+        all.lines()
+            .filter(|l| words.iter().all(|w| l.contains(w)))
+            .map(str::to_owned)
+            .collect()
+    }
+}
+
+fn login_request(isid: [u8; 6]) -> InitiatorPdu {
+    InitiatorPdu::Login(LoginRequest {
+        transit: true,
+        cont: false,
+        csg: 1,
+        nsg: 3,
+        version_max: 0,
+        version_min: 0,
+        isid,
+        tsih: 0,
+        itt: 1,
+        cid: 0,
+        cmd_sn: 1,
+        exp_stat_sn: 0,
+    })
+}
+
 /// Raises the soft open-file limit towards `want` (as far as the hard limit allows).
 fn raise_nofile(want: u64) {
     let mut r = libc::rlimit {
@@ -48,20 +106,7 @@ async fn connect_from(from: &str, to: SocketAddr) -> Option<TcpStream> {
 async fn discovery_from(from: &str, to: SocketAddr, n: u32) -> Option<Client> {
     let sock = connect_from(from, to).await?;
     let mut c = Client::from_stream(sock, [0x80, 0, 0, 0, (n >> 8) as u8, n as u8]);
-    let req = InitiatorPdu::Login(LoginRequest {
-        transit: true,
-        cont: false,
-        csg: 1,
-        nsg: 3,
-        version_max: 0,
-        version_min: 0,
-        isid: c.isid,
-        tsih: 0,
-        itt: 1,
-        cid: 0,
-        cmd_sn: 1,
-        exp_stat_sn: 0,
-    });
+    let req = login_request(c.isid);
     let text = encode_text(&[
         ("InitiatorName", "iqn.2026-01.org.evil:flood"),
         ("SessionType", "Discovery"),
@@ -82,6 +127,7 @@ async fn discovery_from(from: &str, to: SocketAddr, n: u32) -> Option<Client> {
 /// budgets, the idle sockets held every login slot for the whole login timeout.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn idle_socket_and_discovery_flood_does_not_block_a_multipath_initiator() {
+    logs();
     raise_nofile(8192);
     const BLOCKS: u64 = 8192;
     let vol: block::VolumeRef = Arc::new(MemVolume::new(512, BLOCKS));
@@ -163,5 +209,64 @@ async fn idle_socket_and_discovery_flood_does_not_block_a_multipath_initiator() 
     eprintln!("flood during I/O: {held} more sockets");
     mp.logout().await;
     drop((idle, disc));
+    fx.shutdown().await;
+}
+
+/// Wrong CHAP secrets from one address: each is refused and logged with the
+/// address and initiator name; after three the address is locked out (its next
+/// connection is closed before login, even with the right secret) while another
+/// address logs in; when the lockout ends the right secret works again. On the
+/// code before the limiter every attempt got its Login Response and could guess on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wrong_chap_secrets_are_rate_limited_per_source_and_logged() {
+    let logs = logs();
+    let limits = Limits {
+        auth_failures_per_source_max: 3,
+        auth_lockout_ms: 1_500,
+        ..Limits::default()
+    };
+    let fx = start(limits).await;
+    let addr = fx.addrs[0];
+    for i in 0..3u8 {
+        let sock = connect_from(ATTACKER, addr).await.expect("connect");
+        let mut c = Client::from_stream(sock, [0x80, 0, 0, 0, 9, i]);
+        let (st, _) = c.login_chap(SECURE, "alice", "guess-number-0", None).await;
+        assert_eq!(st, (2, 1), "attempt {i}: authentication failure");
+    }
+    // Locked out: closed before any Login Response, even with the right secret.
+    let sock = connect_from(ATTACKER, addr).await.expect("connect");
+    let mut c = Client::from_stream(sock, [0x80, 0, 0, 0, 9, 9]);
+    let _ = c
+        .send_checked(
+            &login_request(c.isid),
+            &encode_text(&[("InitiatorName", INI)]),
+        )
+        .await;
+    assert!(
+        tokio::time::timeout(Duration::from_secs(3), c.recv())
+            .await
+            .expect("closed at once")
+            .is_none(),
+        "a locked-out source gets no Login Response"
+    );
+    // Another address is not affected.
+    let mut good = Client::connect_isid(addr, [0x80, 0, 0, 0, 8, 1]).await;
+    let (st, _) = good
+        .login_chap(SECURE, "alice", "alice-secret-12", None)
+        .await;
+    assert_eq!(st, (0, 0));
+    assert!(good.nop(b"fine").await.is_some());
+    // Logged with the address, the initiator name and the CHAP name.
+    let failed = logs.lines_with(&["authentication failed", "127.0.0.5", INI, "alice"]);
+    assert!(failed.len() >= 3, "each failure logged: {failed:?}");
+    assert!(!logs
+        .lines_with(&["locked out", "127.0.0.5", INI])
+        .is_empty());
+    // The lockout ends.
+    tokio::time::sleep(Duration::from_millis(1_700)).await;
+    let sock = connect_from(ATTACKER, addr).await.expect("connect");
+    let mut c = Client::from_stream(sock, [0x80, 0, 0, 0, 9, 10]);
+    let (st, _) = c.login_chap(SECURE, "alice", "alice-secret-12", None).await;
+    assert_eq!(st, (0, 0), "the right secret works after the lockout");
     fx.shutdown().await;
 }
