@@ -316,6 +316,18 @@ pub struct Chap {
     pub secret: String,
 }
 
+/// The CHAP credentials of one initiator on one target.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct ChapInitiator {
+    /// The InitiatorName these credentials belong to.
+    pub initiator: String,
+    /// CHAP name.
+    pub user: String,
+    /// CHAP secret (12 to 255 characters).
+    pub secret: String,
+}
+
 /// One iSCSI target.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
@@ -328,9 +340,19 @@ pub struct TargetConfig {
     /// Initiators must log in with these credentials (one-way CHAP).
     #[serde(default)]
     pub chap: Option<Chap>,
-    /// The target proves itself to initiators with these (mutual CHAP; needs `chap`).
+    /// The target proves itself to initiators with these (mutual CHAP; needs `chap`
+    /// or `chap_initiator`).
     #[serde(default)]
     pub mutual_chap: Option<Chap>,
+    /// CHAP credentials per initiator name (`[[target.chap_initiator]]`): a listed
+    /// initiator must log in with its own, not with `chap`; any entry makes CHAP
+    /// required on the target.
+    #[serde(
+        rename = "chap_initiator",
+        default,
+        skip_serializing_if = "Vec::is_empty"
+    )]
+    pub chap_initiators: Vec<ChapInitiator>,
     /// Initiator names allowed to log in; empty allows every initiator.
     #[serde(default)]
     pub allowed_initiators: Vec<String>,
@@ -559,6 +581,7 @@ impl Config {
                 alias: None,
                 chap: None,
                 mutual_chap: None,
+                chap_initiators: vec![],
                 allowed_initiators: vec![],
                 luns,
             }],
@@ -629,8 +652,36 @@ impl Config {
             if !iqns.insert(&t.iqn) {
                 bail!("target {} is configured twice", t.iqn);
             }
-            if t.mutual_chap.is_some() && t.chap.is_none() {
-                bail!("target {}: mutual_chap needs chap as well", t.iqn);
+            if t.mutual_chap.is_some() && t.chap.is_none() && t.chap_initiators.is_empty() {
+                bail!(
+                    "target {}: mutual_chap needs chap or chap_initiator as well",
+                    t.iqn
+                );
+            }
+            let mut names = std::collections::HashSet::new();
+            for c in &t.chap_initiators {
+                if c.initiator.is_empty() || c.initiator.len() > 223 || !names.insert(&c.initiator)
+                {
+                    bail!(
+                        "target {}: chap_initiator names must be set, valid and listed once ({:?})",
+                        t.iqn,
+                        c.initiator
+                    );
+                }
+                if c.user.is_empty() || c.secret.len() < 12 || c.secret.len() > 255 {
+                    bail!(
+                        "target {}: chap_initiator {}: CHAP user must be set and secrets be 12 to 255 characters",
+                        t.iqn,
+                        c.initiator
+                    );
+                }
+                if t.mutual_chap.as_ref().is_some_and(|m| m.secret == c.secret) {
+                    bail!(
+                        "target {}: mutual CHAP secret must differ from chap_initiator {}'s",
+                        t.iqn,
+                        c.initiator
+                    );
+                }
             }
             for c in t.chap.iter().chain(t.mutual_chap.iter()) {
                 if c.user.is_empty() || c.secret.len() < 12 || c.secret.len() > 255 {
@@ -816,7 +867,11 @@ impl Config {
         for p in &self.portals {
             let open = !p.address.ip().is_loopback() && !p.allow_without_chap;
             if open {
-                if let Some(t) = self.targets.iter().find(|t| t.chap.is_none()) {
+                if let Some(t) = self
+                    .targets
+                    .iter()
+                    .find(|t| t.chap.is_none() && t.chap_initiators.is_empty())
+                {
                     bail!(
                         "portal {} is not on loopback and target {} has no CHAP: set chap for the target, \
                          or allow_without_chap = true on the portal to serve it openly on purpose",
@@ -962,5 +1017,15 @@ size = "1G"
         assert_eq!(c.portals.len(), 2);
         assert_eq!(c.targets[0].luns[0].block_size, 512);
         assert!(toml::from_str::<Config>(&text.replace("size =", "sise =")).is_err());
+        // Per-initiator CHAP secrets.
+        let per = text.replace(
+            "[[target.lun]]",
+            "[[target.chap_initiator]]\ninitiator = \"iqn.1993-08.org.debian:01:abc\"\nuser = \"abc\"\nsecret = \"secret-of-abc-1\"\n[[target.lun]]",
+        );
+        let c: Config = toml::from_str(&per).unwrap();
+        c.validate().unwrap();
+        assert_eq!(c.targets[0].chap_initiators[0].user, "abc");
+        let short = per.replace("secret-of-abc-1", "short");
+        assert!(toml::from_str::<Config>(&short).unwrap().validate().is_err());
     }
 }

@@ -233,7 +233,17 @@ fn build(
             auth: iscsi::Auth {
                 chap: chap(&t.chap),
                 mutual: chap(&t.mutual_chap),
-                ..iscsi::Auth::default()
+                per_initiator: t
+                    .chap_initiators
+                    .iter()
+                    .map(|c| {
+                        let secret = iscsi::ChapSecret {
+                            user: c.user.clone(),
+                            secret: c.secret.clone(),
+                        };
+                        (c.initiator.clone(), secret)
+                    })
+                    .collect(),
             },
             allowed_initiators: t.allowed_initiators.clone(),
         });

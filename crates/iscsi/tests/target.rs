@@ -218,6 +218,53 @@ async fn chap_mutual_chap_and_refusals() {
     fx.shutdown().await;
 }
 
+/// CHAP_A=7 (SHA-256) is chosen whenever offered, mutual CHAP answers with it;
+/// MD5 still works alone; an initiator with its own secret must use it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn chap_sha256_preferred_and_per_initiator_secrets() {
+    use iscsi_proto::chap::ChapAlgorithm;
+    let fx = start(Limits::default()).await;
+    let mine = [0x77u8; 32];
+    let mut c = Client::connect_isid(fx.addrs[0], [0x80, 0, 0, 0, 7, 1]).await;
+    let (st, kv) = c
+        .login_chap_as(INI, SECURE, "5,7", "alice", "alice-secret-12", Some(&mine))
+        .await;
+    assert_eq!(st, (0, 0));
+    assert_eq!(c.chap_algorithm, Some(ChapAlgorithm::Sha256));
+    let r = iscsi_proto::chap::decode_binary(get(&kv, "CHAP_R").unwrap()).unwrap();
+    assert_eq!(
+        r,
+        ChapAlgorithm::Sha256.response(77, b"target-secret-12", &mine)
+    );
+    assert!(c.nop(b"sha").await.is_some());
+    // MD5 when it is all the initiator offers.
+    let mut m = Client::connect_isid(fx.addrs[1], [0x80, 0, 0, 0, 7, 2]).await;
+    let (st, _) = m
+        .login_chap_as(INI, SECURE, "5", "alice", "alice-secret-12", Some(&mine))
+        .await;
+    assert_eq!(st, (0, 0));
+    assert_eq!(m.chap_algorithm, Some(ChapAlgorithm::Md5));
+    // Bob has his own secret: the target-wide one is refused for him.
+    let mut b = Client::connect_isid(fx.addrs[0], [0x80, 0, 0, 0, 7, 3]).await;
+    let (st, _) = b
+        .login_chap_as(BOB, SECURE, "7", "alice", "alice-secret-12", None)
+        .await;
+    assert_eq!(st, (2, 1));
+    let mut b = Client::connect_isid(fx.addrs[0], [0x80, 0, 0, 0, 7, 4]).await;
+    let (st, _) = b
+        .login_chap_as(BOB, SECURE, "7,5", "bob", "bob-secret-1234", None)
+        .await;
+    assert_eq!(st, (0, 0));
+    assert!(b.nop(b"bob").await.is_some());
+    // Nobody else can use Bob's.
+    let mut e = Client::connect_isid(fx.addrs[0], [0x80, 0, 0, 0, 7, 5]).await;
+    let (st, _) = e
+        .login_chap_as(INI, SECURE, "7", "bob", "bob-secret-1234", None)
+        .await;
+    assert_eq!(st, (2, 1));
+    fx.shutdown().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn malformed_pdus() {
     let fx = start(Limits::default()).await;

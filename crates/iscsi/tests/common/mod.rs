@@ -20,6 +20,8 @@ pub const INI: &str = "iqn.2026-01.org.test:initiator";
 pub const OPEN: &str = "iqn.2026-01.org.freesan:open";
 pub const SECURE: &str = "iqn.2026-01.org.freesan:secure";
 pub const HIDDEN: &str = "iqn.2026-01.org.freesan:hidden";
+/// An initiator with its own CHAP secret on SECURE (user "bob").
+pub const BOB: &str = "iqn.2026-01.org.test:bob";
 
 pub struct Fixture {
     pub addrs: Vec<SocketAddr>,
@@ -91,7 +93,7 @@ pub async fn start_with(limits: Limits, lun0: Option<block::VolumeRef>) -> Fixtu
             auth: Auth {
                 chap: Some(secret("alice", "alice-secret-12")),
                 mutual: Some(secret("target", "target-secret-12")),
-                ..Auth::default()
+                per_initiator: vec![(BOB.into(), secret("bob", "bob-secret-1234"))],
             },
             allowed_initiators: vec![],
         },
@@ -147,6 +149,8 @@ pub struct Client {
     pub isid: [u8; 6],
     pub hd: bool,
     pub dd: bool,
+    /// The CHAP algorithm of the last CHAP login.
+    pub chap_algorithm: Option<chap::ChapAlgorithm>,
 }
 
 impl Client {
@@ -166,6 +170,7 @@ impl Client {
             isid,
             hd: false,
             dd: false,
+            chap_algorithm: None,
         }
     }
 
@@ -189,6 +194,7 @@ impl Client {
             isid,
             hd: false,
             dd: false,
+            chap_algorithm: None,
         }
     }
 
@@ -339,13 +345,29 @@ impl Client {
         password: &str,
         mutual: Option<&[u8]>,
     ) -> ((u8, u8), Vec<(String, String)>) {
+        self.login_chap_as(INI, target, "5", user, password, mutual)
+            .await
+    }
+
+    /// CHAP login as `initiator` offering the CHAP_A list `offer`; the response
+    /// uses the algorithm the target chose (its CHAP_A is in the returned text
+    /// of the first step only, so it is checked here: it must be one we offered).
+    pub async fn login_chap_as(
+        &mut self,
+        initiator: &str,
+        target: &str,
+        offer: &str,
+        user: &str,
+        password: &str,
+        mutual: Option<&[u8]>,
+    ) -> ((u8, u8), Vec<(String, String)>) {
         let (r, kv) = self
             .login_step(
                 0,
                 1,
                 false,
                 &[
-                    ("InitiatorName", INI),
+                    ("InitiatorName", initiator),
                     ("TargetName", target),
                     ("AuthMethod", "CHAP,None"),
                 ],
@@ -353,10 +375,14 @@ impl Client {
             .await;
         assert_eq!((r.status_class, r.status_detail), (0, 0));
         assert_eq!(get(&kv, "AuthMethod"), Some("CHAP"));
-        let (_, kv) = self.login_step(0, 1, false, &[("CHAP_A", "5")]).await;
+        let (_, kv) = self.login_step(0, 1, false, &[("CHAP_A", offer)]).await;
+        let a = get(&kv, "CHAP_A").expect("CHAP_A answered");
+        assert!(offer.split(',').any(|o| o == a), "chose {a} from {offer}");
+        let alg = chap::ChapAlgorithm::from_code(chap::parse_number(a).unwrap()).unwrap();
+        self.chap_algorithm = Some(alg);
         let id = chap::parse_number(get(&kv, "CHAP_I").unwrap()).unwrap() as u8;
         let c = chap::decode_binary(get(&kv, "CHAP_C").unwrap()).unwrap();
-        let resp = chap::encode_hex(&chap::response(id, password.as_bytes(), &c));
+        let resp = chap::encode_hex(&alg.response(id, password.as_bytes(), &c));
         let mut pairs = vec![
             ("CHAP_N".to_string(), user.to_string()),
             ("CHAP_R".to_string(), resp),
