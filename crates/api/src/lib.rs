@@ -27,6 +27,7 @@
 pub mod audit;
 pub mod guard;
 pub mod server;
+pub mod tls;
 pub mod tokens;
 
 pub use guard::ApiLimits;
@@ -470,6 +471,9 @@ pub struct ApiOptions {
     pub hosts: Vec<String>,
     /// Bounds on connections and requests.
     pub limits: ApiLimits,
+    /// Speak TLS with this configuration (see [`tls::server_config`]); None:
+    /// plain HTTP.
+    pub tls: Option<Arc<tls::rustls::ServerConfig>>,
 }
 
 impl ApiOptions {
@@ -483,7 +487,7 @@ impl ApiOptions {
                 .iter()
                 .map(|h| h.trim().to_ascii_lowercase())
                 .collect(),
-            scheme: "http",
+            scheme: if self.tls.is_some() { "https" } else { "http" },
             limits: self.limits,
         })
     }
@@ -523,7 +527,8 @@ impl ApiServer {
     ) -> std::io::Result<()> {
         let gate = self.options.gate();
         let router = router(self.control, gate);
-        server::serve(self.listener, router, self.options.limits, shutdown).await
+        let tls = self.options.tls.clone();
+        server::serve(self.listener, router, self.options.limits, tls, shutdown).await
     }
 }
 

@@ -1,6 +1,7 @@
 //! The API's accept loop: HTTP/1.1 over TCP with bounded connections (in total
 //! and per source address), a header read timeout that also ends idle kept-alive
-//! connections, and a longest connection lifetime.
+//! connections, and a longest connection lifetime; TLS (rustls) when configured,
+//! its handshake bounded by the header read timeout.
 
 use crate::guard::{ApiLimits, Peer};
 use axum::Router;
@@ -55,14 +56,53 @@ impl Drop for SourceSlot {
     }
 }
 
-/// Serves `router` on `listener` until `shutdown` completes; connections still
-/// open then are given up to 5 s to finish their request.
+/// Serves HTTP/1.1 on one connection until it ends, its lifetime is over, or
+/// `stop` asks (then it is given 5 s to finish its request).
+async fn serve_conn<I>(
+    io: I,
+    peer: std::net::SocketAddr,
+    router: Router,
+    limits: ApiLimits,
+    mut stop: tokio::sync::watch::Receiver<bool>,
+) where
+    I: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
+    let svc = hyper::service::service_fn(move |mut req: hyper::Request<_>| {
+        req.extensions_mut().insert(Peer(peer));
+        let mut r = router.clone();
+        async move {
+            use tower_service::Service;
+            r.call(req.map(axum::body::Body::new)).await
+        }
+    });
+    let mut builder = hyper::server::conn::http1::Builder::new();
+    builder
+        .timer(TokioTimer::new())
+        .header_read_timeout(Duration::from_millis(limits.header_read_timeout_ms))
+        .max_buf_size(64 * 1024);
+    let conn = builder.serve_connection(TokioIo::new(io), svc);
+    tokio::pin!(conn);
+    let lifetime = tokio::time::sleep(Duration::from_millis(limits.connection_lifetime_ms));
+    tokio::pin!(lifetime);
+    tokio::select! {
+        _ = &mut conn => return,
+        _ = &mut lifetime => return,
+        _ = stop.wait_for(|s| *s) => conn.as_mut().graceful_shutdown(),
+    }
+    let _ = tokio::time::timeout(Duration::from_secs(5), conn).await;
+}
+
+/// Serves `router` on `listener` (over TLS when `tls` is given) until `shutdown`
+/// completes; connections still open then are given up to 5 s to finish their
+/// request.
 pub async fn serve(
     listener: tokio::net::TcpListener,
     router: Router,
     limits: ApiLimits,
+    tls: Option<Arc<rustls::ServerConfig>>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
+    let tls = tls.map(tokio_rustls::TlsAcceptor::from);
     let total = Arc::new(Semaphore::new(limits.connections_max.max(1)));
     let per_source = Arc::new(PerSource::default());
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
@@ -94,34 +134,26 @@ pub async fn serve(
         };
         let _ = stream.set_nodelay(true);
         let router = router.clone();
-        let mut stop = stop_rx.clone();
+        let stop = stop_rx.clone();
+        let tls = tls.clone();
         tokio::spawn(async move {
             let _permit = permit;
             let _slot = slot;
-            let svc = hyper::service::service_fn(move |mut req: hyper::Request<_>| {
-                req.extensions_mut().insert(Peer(peer));
-                let r = router.clone();
-                async move {
-                    use tower_service::Service;
-                    let mut r = r;
-                    r.call(req.map(axum::body::Body::new)).await
+            match tls {
+                None => serve_conn(stream, peer, router, limits, stop).await,
+                Some(acceptor) => {
+                    let handshake = tokio::time::timeout(
+                        Duration::from_millis(limits.header_read_timeout_ms),
+                        acceptor.accept(stream),
+                    )
+                    .await;
+                    match handshake {
+                        Ok(Ok(s)) => serve_conn(s, peer, router, limits, stop).await,
+                        Ok(Err(e)) => tracing::debug!("API TLS handshake with {peer}: {e}"),
+                        Err(_) => tracing::debug!("API TLS handshake with {peer}: timed out"),
+                    }
                 }
-            });
-            let mut builder = hyper::server::conn::http1::Builder::new();
-            builder
-                .timer(TokioTimer::new())
-                .header_read_timeout(Duration::from_millis(limits.header_read_timeout_ms))
-                .max_buf_size(64 * 1024);
-            let conn = builder.serve_connection(TokioIo::new(stream), svc);
-            tokio::pin!(conn);
-            let lifetime = tokio::time::sleep(Duration::from_millis(limits.connection_lifetime_ms));
-            tokio::pin!(lifetime);
-            tokio::select! {
-                _ = &mut conn => return,
-                _ = &mut lifetime => return,
-                _ = stop.wait_for(|s| *s) => conn.as_mut().graceful_shutdown(),
             }
-            let _ = tokio::time::timeout(Duration::from_secs(5), conn).await;
         });
     }
     let _ = stop_tx.send(true);

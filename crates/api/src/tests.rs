@@ -68,7 +68,16 @@ struct Node {
 
 impl Node {
     async fn start(limits: ApiLimits) -> Node {
+        Node::start_with(limits, false).await
+    }
+
+    /// With `tls`, the node serves a certificate it made in its data directory.
+    async fn start_with(limits: ApiLimits, tls: bool) -> Node {
         let dir = tempfile::tempdir().unwrap();
+        let tls = tls.then(|| {
+            let (c, k) = tls::ensure_generated(dir.path(), &[]).unwrap();
+            tls::server_config(&c, &k).unwrap()
+        });
         let (_, admin) = tokens::create(dir.path(), "alice", tokens::Role::Admin).unwrap();
         let (_, reader) = tokens::create(dir.path(), "bob", tokens::Role::ReadOnly).unwrap();
         let fake = Arc::new(Fake::default());
@@ -76,6 +85,7 @@ impl Node {
             data_dir: dir.path().to_path_buf(),
             hosts: vec!["san.example".into()],
             limits,
+            tls,
         };
         let srv = ApiServer::bind("127.0.0.1:0".parse().unwrap(), fake.clone(), opts)
             .await
@@ -223,7 +233,9 @@ async fn no_token_or_a_wrong_one_gets_401_and_changes_nothing() {
             r#"{"name":"big","memory":true,"size":"1T"}"#,
         ),
     ] {
-        let (code, _) = n.send("POST", path, std::slice::from_ref(&json), body).await;
+        let (code, _) = n
+            .send("POST", path, std::slice::from_ref(&json), body)
+            .await;
         assert_eq!(code, 401, "{path} without a token");
         let (code, _) = n.post(path, &wrong, body).await;
         assert_eq!(code, 401, "{path} with a wrong token");
@@ -459,5 +471,56 @@ async fn idle_connections_are_bounded_per_source_and_timed_out() {
     }
     tokio::time::sleep(Duration::from_millis(100)).await;
     assert_eq!(n.get("/api/v1/status", &n.admin).await.0, 200);
+    n.stop().await;
+}
+
+/// One HTTPS request over a connection that trusts only the certificate in
+/// `pinned`; Err when the handshake fails.
+async fn https(
+    addr: SocketAddr,
+    pinned: &std::path::Path,
+    req: &str,
+) -> std::io::Result<(u16, String)> {
+    let cfg = tls::pinned_client_config(pinned).unwrap();
+    let tcp = tokio::net::TcpStream::connect(addr).await?;
+    let name = tls::rustls::pki_types::ServerName::IpAddress(addr.ip().into());
+    let mut s = tokio_rustls::TlsConnector::from(cfg)
+        .connect(name, tcp)
+        .await?;
+    s.write_all(req.as_bytes()).await?;
+    let mut out = Vec::new();
+    let _ = s.read_to_end(&mut out).await;
+    let out = String::from_utf8_lossy(&out).to_string();
+    let code = out.get(9..12).and_then(|c| c.parse().ok()).unwrap_or(0);
+    let body = out.split("\r\n\r\n").nth(1).unwrap_or_default().to_string();
+    Ok((code, body))
+}
+
+#[tokio::test]
+async fn tls_serves_clients_that_pin_its_certificate_only() {
+    let n = Node::start_with(ApiLimits::default(), true).await;
+    let cert = tls::generated_cert_file(n.dir.path());
+    let mode = std::fs::metadata(tls::generated_key_file(n.dir.path())).unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    assert_eq!(mode.permissions().mode() & 0o777, 0o600);
+    let get = |t: &str| {
+        format!("GET /api/v1/pools HTTP/1.1\r\nHost: {}\r\nConnection: close\r\nAuthorization: Bearer {t}\r\n\r\n", n.addr)
+    };
+    let (code, body) = https(n.addr, &cert, &get(&n.admin)).await.unwrap();
+    assert_eq!((code, body.as_str()), (200, r#"[{"name":"tank"}]"#));
+    assert_eq!(https(n.addr, &cert, &get("fsn_x")).await.unwrap().0, 401);
+    // the API's own origin is https now
+    let post = format!(
+        "POST /api/v1/pools/tank/scrub HTTP/1.1\r\nHost: {a}\r\nConnection: close\r\nAuthorization: Bearer {t}\r\nContent-Type: application/json\r\nOrigin: https://{a}\r\nContent-Length: 0\r\n\r\n",
+        a = n.addr,
+        t = n.admin
+    );
+    assert_eq!(https(n.addr, &cert, &post).await.unwrap().0, 200);
+    // a client pinning another certificate (a man in the middle's view) gives up
+    let other = tempfile::tempdir().unwrap();
+    let (other_cert, _) = tls::ensure_generated(other.path(), &[]).unwrap();
+    assert!(https(n.addr, &other_cert, &get(&n.admin)).await.is_err());
+    // plain HTTP gets no answer
+    assert_eq!(n.get("/api/v1/pools", &n.admin).await.0, 0);
     n.stop().await;
 }

@@ -5,7 +5,9 @@
 //! The token a command sends is, first found: `--token`, `$FREESAN_API_TOKEN`,
 //! `--data-dir DIR` (then `DIR/api/cli-token`), the data directory of the node
 //! serving the API address on this host (each node notes it in a private runtime
-//! folder, see [`note_local_node`]), `./freesan-data/api/cli-token`.
+//! folder, see [`note_local_node`]), `./freesan-data/api/cli-token`. When the
+//! node serves TLS, the CLI trusts only its certificate: `--tls-cert`, else
+//! `api/serving-cert.pem` of the data directory the token came from.
 //!
 //! What it does not do: check tokens (the node does) or send a token anywhere but
 //! the API address given.
@@ -174,18 +176,61 @@ fn token(cmd: TokenCmd) -> Result<()> {
     Ok(())
 }
 
-/// The token the API commands of this process send (set once in `main`).
-static TOKEN: OnceLock<Option<String>> = OnceLock::new();
+/// What the API commands of this process send and trust (set once in `main`).
+struct Credentials {
+    token: Option<String>,
+    /// The node's certificate to pin; None: plain HTTP.
+    pin: Option<PathBuf>,
+}
+
+static CREDENTIALS: OnceLock<Credentials> = OnceLock::new();
 
 /// The token to send, if one was found.
 pub(crate) fn token_to_send() -> Option<&'static str> {
-    TOKEN.get().and_then(|t| t.as_deref())
+    CREDENTIALS.get().and_then(|c| c.token.as_deref())
 }
 
-/// Finds the token for the API at `a.api` (see the module header for the order)
-/// and keeps it for [`crate::poolcmd::http`].
+/// The TLS client configuration when the node's certificate is pinned.
+pub(crate) fn tls_to_use() -> Result<Option<std::sync::Arc<api::tls::rustls::ClientConfig>>> {
+    match CREDENTIALS.get().and_then(|c| c.pin.as_deref()) {
+        None => Ok(None),
+        Some(p) => Ok(Some(
+            api::tls::pinned_client_config(p)
+                .with_context(|| format!("the node's certificate {}", p.display()))?,
+        )),
+    }
+}
+
+/// Finds the token and the certificate to pin for the API at `a.api` (see the
+/// module header for the order) and keeps them for [`crate::poolcmd::http`].
 pub(crate) fn use_credentials(a: &crate::poolcmd::ApiArg) {
-    let _ = TOKEN.set(find_token(a));
+    let _ = CREDENTIALS.set(Credentials {
+        token: find_token(a),
+        pin: find_pin(a),
+    });
+}
+
+/// The data directories to look in, in order: `--data-dir`, else the node noted
+/// for the API address, then `./freesan-data`.
+fn data_dirs(a: &crate::poolcmd::ApiArg) -> Vec<PathBuf> {
+    if let Some(d) = &a.data_dir {
+        return vec![d.clone()];
+    }
+    let mut v: Vec<PathBuf> = local_node_data_dir(a.api).into_iter().collect();
+    v.push(PathBuf::from(DEFAULT_DATA_DIR));
+    v
+}
+
+fn find_pin(a: &crate::poolcmd::ApiArg) -> Option<PathBuf> {
+    if let Some(p) = &a.tls_cert {
+        return Some(p.clone());
+    }
+    // the first data directory that has a token decides
+    data_dirs(a)
+        .into_iter()
+        .find(|d| api::tokens::cli_token_file(d).exists() || a.data_dir.is_some())
+        .map(|d| api::tls::serving_cert_file(&d))
+        .filter(|p| p.exists())
 }
 
 fn read_token_file(p: &Path) -> Option<String> {
@@ -203,15 +248,9 @@ fn find_token(a: &crate::poolcmd::ApiArg) -> Option<String> {
             return Some(t.trim().to_string());
         }
     }
-    if let Some(d) = &a.data_dir {
-        return read_token_file(&api::tokens::cli_token_file(d));
-    }
-    if let Some(d) = local_node_data_dir(a.api) {
-        if let Some(t) = read_token_file(&api::tokens::cli_token_file(&d)) {
-            return Some(t);
-        }
-    }
-    read_token_file(&api::tokens::cli_token_file(Path::new(DEFAULT_DATA_DIR)))
+    data_dirs(a)
+        .iter()
+        .find_map(|d| read_token_file(&api::tokens::cli_token_file(d)))
 }
 
 /// A private folder of this user for notes between local processes:
@@ -330,4 +369,40 @@ pub(crate) fn unauthorized_hint() -> Result<()> {
         );
     }
     bail!("the node refused the token (HTTP 401): revoked, or from another node?")
+}
+
+/// The API's TLS configuration, or None when it speaks plain HTTP. Uses the
+/// configured certificate, else one made at first start in the data directory
+/// (for `localhost`, loopback, the listening address and `[api] hosts`), and
+/// copies the certificate served to `DATA_DIR/api/serving-cert.pem` for local
+/// clients to pin (removed when TLS is off).
+pub(crate) fn prepare_tls(
+    a: &crate::config::ApiConfig,
+    data_dir: &Path,
+) -> Result<Option<std::sync::Arc<api::tls::rustls::ServerConfig>>> {
+    let serving = api::tls::serving_cert_file(data_dir);
+    if !a.tls_enabled() {
+        match std::fs::remove_file(&serving) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(e).with_context(|| format!("removing {}", serving.display())),
+        }
+        return Ok(None);
+    }
+    let (cert, key) = match (&a.cert, &a.key) {
+        (Some(c), Some(k)) => (c.clone(), k.clone()),
+        _ => {
+            let mut names = a.hosts.clone();
+            if !a.address.ip().is_unspecified() {
+                names.push(a.address.ip().to_string());
+            }
+            api::tls::ensure_generated(data_dir, &names)?
+        }
+    };
+    let cfg = api::tls::server_config(&cert, &key)
+        .with_context(|| format!("API TLS with {} and {}", cert.display(), key.display()))?;
+    let pem = std::fs::read(&cert).with_context(|| format!("reading {}", cert.display()))?;
+    api::tokens::write_private_atomic(&serving, &pem)?;
+    eprintln!("  api tls:        certificate {}", cert.display());
+    Ok(Some(cfg))
 }

@@ -243,6 +243,17 @@ pub struct ApiConfig {
     /// connection may stay idle).
     #[serde(default = "default_api_header_read_timeout_ms")]
     pub header_read_timeout_ms: u64,
+    /// Speak TLS (rustls). Default: on for a non-loopback address, off on
+    /// loopback (where only local users can reach it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tls: Option<bool>,
+    /// The certificate chain (PEM) to serve; default: one made at first start
+    /// in `DATA_DIR/api/tls-cert.pem`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cert: Option<PathBuf>,
+    /// The certificate's private key (PEM); given together with `cert`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key: Option<PathBuf>,
 }
 
 fn default_api_connections_max() -> usize {
@@ -267,7 +278,15 @@ impl ApiConfig {
             connections_max: default_api_connections_max(),
             connections_per_source_max: default_api_connections_per_source_max(),
             header_read_timeout_ms: default_api_header_read_timeout_ms(),
+            tls: None,
+            cert: None,
+            key: None,
         }
+    }
+
+    /// Whether the API speaks TLS: `tls` if set, else on off loopback.
+    pub fn tls_enabled(&self) -> bool {
+        self.tls.unwrap_or(!self.address.ip().is_loopback())
     }
 
     /// The bounds the API server applies.
@@ -617,6 +636,11 @@ impl Config {
             }
         };
         fix(&mut self.data_dir);
+        if let Some(a) = &mut self.api {
+            for p in [&mut a.cert, &mut a.key].into_iter().flatten() {
+                fix(p);
+            }
+        }
         for d in &mut self.disks {
             if let Some(p) = &mut d.path {
                 fix(p);
@@ -862,6 +886,9 @@ impl Config {
                      set allow_remote = true in [nbd] to serve every LUN there on purpose",
                     n.address
                 );
+            }
+            if a.cert.is_some() != a.key.is_some() {
+                bail!("[api]: give cert and key together (or neither, for a generated certificate)");
             }
         }
         for p in &self.portals {

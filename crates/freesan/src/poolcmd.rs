@@ -27,6 +27,11 @@ pub struct ApiArg {
     /// the node serving --api on this host, else ./freesan-data).
     #[arg(long = "data-dir", value_name = "DIR", global = true)]
     pub data_dir: Option<std::path::PathBuf>,
+    /// Speak TLS and trust only this certificate (PEM; the node's
+    /// DATA_DIR/api/serving-cert.pem). Default: the data directory's, when the
+    /// node serves TLS.
+    #[arg(long = "tls-cert", value_name = "PEM", global = true)]
+    pub tls_cert: Option<std::path::PathBuf>,
 }
 
 /// `freesan pool` subcommands.
@@ -98,7 +103,21 @@ pub enum PoolCmd {
     },
 }
 
-/// One HTTP/1.1 request with `Connection: close`; returns (status, JSON body).
+/// Writes `request` and reads the answer until the node closes (at most 16 MiB).
+fn exchange<S: Read + Write>(s: &mut S, request: &[u8]) -> std::io::Result<Vec<u8>> {
+    s.write_all(request)?;
+    s.flush()?;
+    let mut raw = Vec::new();
+    match s.take(16 << 20).read_to_end(&mut raw) {
+        Ok(_) => Ok(raw),
+        // a peer that closes without TLS close_notify after a whole answer
+        Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof && !raw.is_empty() => Ok(raw),
+        Err(e) => Err(e),
+    }
+}
+
+/// One HTTP/1.1 request with `Connection: close` (over TLS when the node's
+/// certificate is pinned, see `apicmd`); returns (status, JSON body).
 pub(crate) fn http(
     api: SocketAddr,
     method: &str,
@@ -113,17 +132,25 @@ pub(crate) fn http(
     let auth = crate::apicmd::token_to_send()
         .map(|t| format!("Authorization: Bearer {t}\r\n"))
         .unwrap_or_default();
-    write!(
-        s,
+    let request = format!(
         "{method} {path} HTTP/1.1\r\nHost: {api}\r\nConnection: close\r\n{auth}Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
         body.len()
-    )?;
-    let mut raw = Vec::new();
-    s.take(16 << 20).read_to_end(&mut raw)?;
+    );
+    let raw = match crate::apicmd::tls_to_use()? {
+        None => exchange(&mut s, request.as_bytes())?,
+        Some(cfg) => {
+            let name = api::tls::rustls::pki_types::ServerName::IpAddress(api.ip().into());
+            let conn = api::tls::rustls::ClientConnection::new(cfg, name)?;
+            let mut tls = api::tls::rustls::StreamOwned::new(conn, s);
+            exchange(&mut tls, request.as_bytes()).with_context(|| {
+                format!("TLS with the management API at {api} (the certificate pinned is not the node's?)")
+            })?
+        }
+    };
     let text = String::from_utf8_lossy(&raw);
-    let (head, payload) = text
-        .split_once("\r\n\r\n")
-        .context("malformed HTTP answer")?;
+    let (head, payload) = text.split_once("\r\n\r\n").context(
+        "malformed HTTP answer (if the node's API speaks TLS, give --tls-cert or --data-dir)",
+    )?;
     let code: u16 = head
         .split_whitespace()
         .nth(1)

@@ -353,6 +353,7 @@ pub async fn run(cfg: Config) -> Result<()> {
                 data_dir: cfg.data_dir.clone(),
                 hosts: a.hosts.clone(),
                 limits: a.limits(),
+                tls: crate::apicmd::prepare_tls(a, &cfg.data_dir)?,
             };
             let srv = api::ApiServer::bind(a.address, control, options)
                 .await

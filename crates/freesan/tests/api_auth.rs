@@ -295,3 +295,61 @@ fn tokens_can_be_made_before_the_node_first_starts() {
     let v: Vec<Value> = serde_json::from_str(&out).unwrap();
     assert_eq!(v.len(), 2, "{out}");
 }
+
+#[test]
+fn with_tls_the_local_cli_pins_the_nodes_certificate_and_plain_http_gets_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = config(dir.path());
+    let text = std::fs::read_to_string(&cfg).unwrap().replacen(
+        "[api]\naddress = \"127.0.0.1:0\"\n",
+        "[api]\naddress = \"127.0.0.1:0\"\ntls = true\n",
+        1,
+    );
+    std::fs::write(&cfg, text).unwrap();
+    let data = dir.path().join("data");
+    let node = start_config(dir.path(), &cfg);
+    let api = node.api.clone().expect("no API address in the banner");
+    let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode(&data.join("api/tls-key.pem")), 0o600);
+    assert!(data.join("api/serving-cert.pem").exists());
+    // the local CLI finds token and certificate by itself
+    let (ok, out) = freesan(&[
+        "pool", "--api", &api, "create", "p", "--level", "raid1", "--member", "d0,d1",
+    ]);
+    assert!(ok, "{out}");
+    let (ok, out) = freesan(&["pool", "--api", &api, "status", "p", "--json"]);
+    assert!(ok, "{out}");
+    // plain HTTP, even with the admin token, gets no HTTP answer
+    let token = std::fs::read_to_string(data.join("api/cli-token")).unwrap();
+    let auth = format!("Authorization: Bearer {}", token.trim());
+    let (code, _) = http(&api, "GET", "/api/v1/pools", &[&auth], "");
+    assert_eq!(code, 0, "plain HTTP was answered");
+    // pinning a copy of the node's certificate works; pinning another one (what a
+    // client sees when someone in the middle answers) fails
+    let copy = dir.path().join("copy.pem");
+    std::fs::copy(data.join("api/serving-cert.pem"), &copy).unwrap();
+    let (ok, out) = freesan(&[
+        "pool",
+        "--api",
+        &api,
+        "--tls-cert",
+        copy.to_str().unwrap(),
+        "status",
+    ]);
+    assert!(ok, "pinning the node's own certificate: {out}");
+    let other = tempfile::tempdir().unwrap();
+    let (other_cert, _) = api::tls::ensure_generated(other.path(), &[]).unwrap();
+    let (ok, out) = freesan(&[
+        "pool",
+        "--api",
+        &api,
+        "--tls-cert",
+        other_cert.to_str().unwrap(),
+        "status",
+    ]);
+    assert!(
+        !ok && out.contains("TLS"),
+        "another certificate was accepted: {out}"
+    );
+    drop(node);
+}
