@@ -8,7 +8,7 @@
 
 use bytes::BytesMut;
 use libfuzzer_sys::fuzz_target;
-use replica::secure::{respond, test_pair, ClusterKeys, Member, Purpose};
+use replica::secure::{respond, test_pair, test_pair_authenticated, ClusterKeys, Member, Purpose};
 use replica::HeartbeatAuth;
 use std::sync::OnceLock;
 
@@ -42,6 +42,16 @@ fuzz_target!(|data: &[u8]| {
     assert!(
         !matches!(a, Ok(n) if n > 0) && !matches!(b, Ok(n) if n > 0),
         "a forged record opened"
+    );
+    // and the same in the authenticated-only mode of the sync links
+    let (_, mut opener) = test_pair_authenticated(k).expect("handshake");
+    opener.push_raw(&data[..cut]);
+    let a = opener.open_records(&mut out);
+    opener.push_raw(&data[cut..]);
+    let b = opener.open_records(&mut out);
+    assert!(
+        !matches!(a, Ok(n) if n > 0) && !matches!(b, Ok(n) if n > 0),
+        "a forged authenticated record opened"
     );
     // a heartbeat datagram
     assert!(

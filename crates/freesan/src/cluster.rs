@@ -37,8 +37,9 @@ impl Cluster {
     /// `data_dir`. Fails when the key file cannot be read, is readable by
     /// others, or belongs to another cluster or node.
     pub fn new(cfg: ClusterConfig, data_dir: &Path) -> Result<Cluster> {
-        let keys = replica::secure::ClusterKeys::load(&cfg.key_file)
+        let mut keys = replica::secure::ClusterKeys::load(&cfg.key_file)
             .with_context(|| format!("cluster key file {}", cfg.key_file.display()))?;
+        keys.set_sync_encryption(cfg.encrypt);
         if keys.cluster() != cfg.name {
             anyhow::bail!(
                 "cluster key file {} is for cluster {:?}, not {:?}",

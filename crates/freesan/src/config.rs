@@ -98,6 +98,11 @@ pub struct ClusterConfig {
     /// This node's cluster key file (made by `freesan cluster init`): every sync
     /// link, heartbeat and witness exchange is authenticated and encrypted with it.
     pub key_file: PathBuf,
+    /// Encrypt the sync links (default). `false` on a dedicated sync network:
+    /// records stay authenticated (tampering, replay and forgery are refused)
+    /// but travel in the clear. Both nodes must agree.
+    #[serde(default = "default_true")]
+    pub encrypt: bool,
 }
 
 fn default_true() -> bool {

@@ -20,6 +20,7 @@ mod objects;
 mod poolcmd;
 mod pools;
 mod replicacmd;
+mod secrets;
 mod serve;
 
 use anyhow::{bail, Result};
@@ -267,7 +268,7 @@ fn main() {
         Command::ShowConfig(args) => args.config().and_then(|cfg| {
             quiet_broken_pipe();
             cfg.validate()?;
-            print!("{}", toml::to_string_pretty(&cfg)?);
+            print!("{}", secrets::masked_toml(&cfg)?);
             Ok(())
         }),
     };

@@ -150,6 +150,11 @@ pub struct WitnessArgs {
 
 /// Runs the witness until SIGTERM or SIGINT.
 pub async fn witness(args: WitnessArgs) -> Result<()> {
+    // the grant file and its temporary copies are the witness's alone
+    // SAFETY: umask only changes the process's file-creation mask.
+    unsafe {
+        libc::umask(0o077);
+    }
     let keys = replica::secure::ClusterKeys::load(&args.key_file)
         .with_context(|| format!("cluster key file {}", args.key_file.display()))?;
     let w = replica::witness::WitnessServer::bind(args.listen, args.state.clone(), Arc::new(keys))

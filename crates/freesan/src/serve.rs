@@ -303,6 +303,7 @@ pub(crate) async fn shutdown_signal() {
 /// Runs the node until a signal asks it to stop.
 pub async fn run(cfg: Config) -> Result<()> {
     cfg.validate()?;
+    crate::secrets::private_files(&cfg.data_dir)?;
     let pools = std::sync::Arc::new(Pools::open(&cfg).await?);
     let cluster = cfg
         .cluster

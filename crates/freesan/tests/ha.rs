@@ -65,9 +65,9 @@ impl Ha {
         let st = std::process::Command::new(bin())
             .args(["cluster", "init", "--name", "ha-test", "--out"])
             .arg(&keys)
-            .status()
+            .output()
             .unwrap();
-        assert!(st.success(), "freesan cluster init failed");
+        assert!(st.status.success(), "freesan cluster init failed: {st:?}");
         let witness = topo.spawn(
             topo.ns_witness(),
             bin(),

@@ -20,6 +20,15 @@
 //! listener acts on nothing before the dialer's first record opens (which proves
 //! it holds the cluster secret, since the secret enters at the second message).
 //!
+//! Right after the handshake each side sends one encrypted setup record: the
+//! channel mode it is configured for and a fresh random 32-byte key for the
+//! records it will send. Modes must match. In the default mode every record is
+//! encrypted as above. With `[cluster] encrypt = false` (a dedicated sync
+//! network) sync records are authenticated but not encrypted: a 4-byte length,
+//! the plaintext and a 32-byte keyed BLAKE3 tag over the record counter, the
+//! length and the plaintext, under the sender's setup key: still refused when
+//! tampered, replayed, reordered or forged; only the privacy is gone.
+//!
 //! What it does not do: invent cryptography. The Noise state machine and every
 //! primitive are `snow`'s (RustCrypto underneath); this file frames bytes.
 
@@ -45,6 +54,15 @@ pub const RECORD_PLAINTEXT_BYTES_MAX: usize = RECORD_BYTES_MAX - TAG_BYTES;
 pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(5);
 /// Bytes read from the socket at once.
 const READ_CHUNK_BYTES: usize = 256 << 10;
+/// Largest plaintext of one authenticated-only record.
+const MAC_RECORD_PLAINTEXT_BYTES_MAX: usize = 256 << 10;
+/// The tag of an authenticated-only record.
+const MAC_TAG_BYTES: usize = 32;
+/// The setup record: version, mode, the sender's record key.
+const SETUP_BYTES: usize = 2 + 32;
+const SETUP_VERSION: u8 = 1;
+const MODE_ENCRYPTED: u8 = 1;
+const MODE_AUTHENTICATED: u8 = 2;
 
 /// Why a cluster connection was refused or closed.
 #[derive(Debug, thiserror::Error)]
@@ -172,6 +190,9 @@ pub struct ClusterKeys {
     psk: [u8; 32],
     private: [u8; 32],
     public: [[u8; 32]; 3],
+    /// Sync links encrypt their records (`[cluster] encrypt`); authentication
+    /// is never off. Witness connections always encrypt.
+    encrypt_sync: bool,
 }
 
 impl std::fmt::Debug for ClusterKeys {
@@ -221,8 +242,22 @@ impl ClusterKeys {
                 psk,
                 private,
                 public,
+                encrypt_sync: true,
             })
             .collect())
+    }
+
+    /// Whether sync links encrypt (default) or only authenticate their
+    /// records; both nodes must agree.
+    pub fn set_sync_encryption(&mut self, on: bool) {
+        self.encrypt_sync = on;
+    }
+
+    fn mode(&self, purpose: Purpose) -> u8 {
+        match purpose {
+            Purpose::Sync if !self.encrypt_sync => MODE_AUTHENTICATED,
+            _ => MODE_ENCRYPTED,
+        }
     }
 
     /// The cluster's name.
@@ -267,6 +302,7 @@ impl ClusterKeys {
                 key32("node2_public", &f.node2_public)?,
                 key32("witness_public", &f.witness_public)?,
             ],
+            encrypt_sync: true,
         };
         if keys.public[0] == keys.public[1]
             || keys.public[0] == keys.public[2]
@@ -425,7 +461,10 @@ pub async fn connect(
     let ts = tokio::time::timeout(HANDSHAKE_TIMEOUT, run)
         .await
         .map_err(|_| SecureError::Io(std::io::ErrorKind::TimedOut.into()))??;
-    Ok(SecureStream::new(rd, wr, ts, peer, to))
+    let s = SecureStream::new(rd, wr, ts, peer, to);
+    tokio::time::timeout(HANDSHAKE_TIMEOUT, s.setup(keys.mode(purpose)))
+        .await
+        .map_err(|_| SecureError::Io(std::io::ErrorKind::TimedOut.into()))?
 }
 
 /// Listening side: runs the handshake over an accepted `stream`; the dialer
@@ -449,7 +488,10 @@ pub async fn accept(
     let (who, ts) = tokio::time::timeout(HANDSHAKE_TIMEOUT, run)
         .await
         .map_err(|_| SecureError::Io(std::io::ErrorKind::TimedOut.into()))??;
-    Ok(SecureStream::new(rd, wr, ts, peer, who))
+    let s = SecureStream::new(rd, wr, ts, peer, who);
+    tokio::time::timeout(HANDSHAKE_TIMEOUT, s.setup(keys.mode(purpose)))
+        .await
+        .map_err(|_| SecureError::Io(std::io::ErrorKind::TimedOut.into()))?
 }
 
 /// The opening half of a channel: records in, plaintext out.
@@ -457,23 +499,46 @@ pub struct Opener {
     ts: Arc<StatelessTransportState>,
     nonce: u64,
     raw: BytesMut,
+    /// Authenticated-only records under this key (after the setup record).
+    mac: Option<[u8; 32]>,
+}
+
+fn record_tag(key: &[u8; 32], counter: u64, data: &[u8]) -> blake3::Hash {
+    let mut h = blake3::Hasher::new_keyed(key);
+    h.update(&counter.to_be_bytes());
+    h.update(&(data.len() as u32).to_be_bytes());
+    h.update(data);
+    h.finalize()
 }
 
 impl Opener {
     /// Opens every whole record at the front of `raw` (consuming it) into
     /// `out`; returns the plaintext bytes added. Pure: fuzzed.
     pub fn open_records(&mut self, out: &mut BytesMut) -> Result<usize, SecureError> {
-        let mut added = 0;
+        if let Some(key) = self.mac {
+            return self.open_mac_records(&key, out);
+        }
+        self.open_noise_records(out, usize::MAX).map(|(n, _)| n)
+    }
+
+    /// Opens at most `limit` encrypted records; returns the plaintext bytes
+    /// added and the records opened.
+    fn open_noise_records(
+        &mut self,
+        out: &mut BytesMut,
+        limit: usize,
+    ) -> Result<(usize, usize), SecureError> {
+        let (mut added, mut records) = (0, 0);
         loop {
-            if self.raw.len() < 2 {
-                return Ok(added);
+            if self.raw.len() < 2 || records == limit {
+                return Ok((added, records));
             }
             let len = u16::from_be_bytes([self.raw[0], self.raw[1]]) as usize;
             if len < TAG_BYTES {
                 return Err(SecureError::Frame("record shorter than its tag"));
             }
             if self.raw.len() < 2 + len {
-                return Ok(added);
+                return Ok((added, records));
             }
             let at = out.len();
             out.resize(at + len - TAG_BYTES, 0);
@@ -491,6 +556,41 @@ impl Opener {
             let _ = self.raw.split_to(2 + len);
             self.nonce += 1;
             added += n;
+            records += 1;
+        }
+    }
+
+    fn open_mac_records(
+        &mut self,
+        key: &[u8; 32],
+        out: &mut BytesMut,
+    ) -> Result<usize, SecureError> {
+        let mut added = 0;
+        loop {
+            if self.raw.len() < 4 {
+                return Ok(added);
+            }
+            let len =
+                u32::from_be_bytes([self.raw[0], self.raw[1], self.raw[2], self.raw[3]]) as usize;
+            if len == 0 || len > MAC_RECORD_PLAINTEXT_BYTES_MAX {
+                return Err(SecureError::Frame("authenticated record of a bad length"));
+            }
+            let end = 4 + len + MAC_TAG_BYTES;
+            if self.raw.len() < end {
+                return Ok(added);
+            }
+            let data = &self.raw[4..4 + len];
+            let tag: [u8; MAC_TAG_BYTES] = self.raw[4 + len..end]
+                .try_into()
+                .map_err(|_| SecureError::Frame("tag"))?;
+            // blake3::Hash compares in constant time
+            if record_tag(key, self.nonce, data) != blake3::Hash::from(tag) {
+                return Err(SecureError::Auth(format!("record {}: bad tag", self.nonce)));
+            }
+            out.extend_from_slice(data);
+            let _ = self.raw.split_to(end);
+            self.nonce += 1;
+            added += len;
         }
     }
 
@@ -504,11 +604,22 @@ impl Opener {
 pub struct Sealer {
     ts: Arc<StatelessTransportState>,
     nonce: u64,
+    /// Authenticated-only records under this key (after the setup record).
+    mac: Option<[u8; 32]>,
 }
 
 impl Sealer {
     /// Seals `data` into records appended to `out`.
     pub fn seal(&mut self, data: &[u8], out: &mut Vec<u8>) -> Result<(), SecureError> {
+        if let Some(key) = self.mac {
+            for chunk in data.chunks(MAC_RECORD_PLAINTEXT_BYTES_MAX) {
+                out.extend_from_slice(&(chunk.len() as u32).to_be_bytes());
+                out.extend_from_slice(chunk);
+                out.extend_from_slice(record_tag(&key, self.nonce, chunk).as_bytes());
+                self.nonce += 1;
+            }
+            return Ok(());
+        }
         for chunk in data.chunks(RECORD_PLAINTEXT_BYTES_MAX) {
             let at = out.len();
             let len = chunk.len() + TAG_BYTES;
@@ -589,6 +700,48 @@ pub struct SecureStream {
 }
 
 impl SecureStream {
+    /// Sends this side's setup record and reads the peer's: the modes must
+    /// match; in authenticated-only mode each direction switches to its key.
+    async fn setup(mut self, mode: u8) -> Result<SecureStream, SecureError> {
+        let mut mine = [0u8; SETUP_BYTES];
+        mine[0] = SETUP_VERSION;
+        mine[1] = mode;
+        rand::RngCore::fill_bytes(&mut rand::rngs::OsRng, &mut mine[2..]);
+        self.writer.write_all(&mine).await?;
+        // exactly one record: what follows it may already be in the other mode
+        let mut theirs = BytesMut::new();
+        loop {
+            let (_, records) = self.reader.opener.open_noise_records(&mut theirs, 1)?;
+            if records == 1 {
+                break;
+            }
+            self.reader.opener.raw.reserve(READ_CHUNK_BYTES);
+            if self.reader.rd.read_buf(&mut self.reader.opener.raw).await? == 0 {
+                return Err(SecureError::Io(std::io::ErrorKind::UnexpectedEof.into()));
+            }
+        }
+        if theirs.len() != SETUP_BYTES {
+            return Err(SecureError::Frame("channel setup of a bad length"));
+        }
+        if theirs[0] != SETUP_VERSION {
+            return Err(SecureError::Frame("unknown channel setup version"));
+        }
+        if theirs[1] != mode {
+            return Err(SecureError::NotAllowed(
+                "the peer's channel mode differs ([cluster] encrypt must be the same on both nodes)"
+                    .into(),
+            ));
+        }
+        if mode == MODE_AUTHENTICATED {
+            let mut k = [0u8; 32];
+            k.copy_from_slice(&mine[2..]);
+            self.writer.sealer.mac = Some(k);
+            k.copy_from_slice(&theirs[2..SETUP_BYTES]);
+            self.reader.opener.mac = Some(k);
+        }
+        Ok(self)
+    }
+
     fn new(
         rd: OwnedReadHalf,
         wr: OwnedWriteHalf,
@@ -604,17 +757,33 @@ impl SecureStream {
                     ts: ts.clone(),
                     nonce: 0,
                     raw: BytesMut::with_capacity(64 << 10),
+                    mac: None,
                 },
             },
             writer: SecureWriter {
                 wr,
-                sealer: Sealer { ts, nonce: 0 },
+                sealer: Sealer {
+                    ts,
+                    nonce: 0,
+                    mac: None,
+                },
                 scratch: Vec::new(),
             },
             peer_addr,
             peer,
         }
     }
+}
+
+/// [`test_pair`] in the authenticated-only mode (`[cluster] encrypt = false`),
+/// with a fresh record key.
+pub fn test_pair_authenticated(keys: &[ClusterKeys]) -> Result<(Sealer, Opener), SecureError> {
+    let (mut s, mut o) = test_pair(keys)?;
+    let mut k = [0u8; 32];
+    rand::RngCore::fill_bytes(&mut rand::rngs::OsRng, &mut k);
+    s.mac = Some(k);
+    o.mac = Some(k);
+    Ok((s, o))
 }
 
 /// A pair of in-memory channel ends (sealer of one side, opener of the
@@ -630,11 +799,13 @@ pub fn test_pair(keys: &[ClusterKeys]) -> Result<(Sealer, Opener), SecureError> 
         Sealer {
             ts: Arc::new(initiator),
             nonce: 0,
+            mac: None,
         },
         Opener {
             ts: Arc::new(responder),
             nonce: 0,
             raw: BytesMut::new(),
+            mac: None,
         },
     ))
 }
@@ -752,10 +923,102 @@ mod tests {
             ts: Arc::new(responder),
             nonce: 0,
             raw: BytesMut::new(),
+            mac: None,
         };
         let mut fake = vec![0, 40];
         fake.extend_from_slice(&[0x55; 40]);
         o.push_raw(&fake);
         assert!(o.open_records(&mut BytesMut::new()).is_err());
+    }
+
+    #[test]
+    fn authenticated_records_refuse_tampering_replay_and_reordering() {
+        let keys = ClusterKeys::generate("pair").unwrap();
+        let (mut s, mut o) = test_pair_authenticated(&keys).unwrap();
+        let data: Vec<u8> = (0..600_000u32).map(|i| (i * 13) as u8).collect();
+        let mut raw = Vec::new();
+        s.seal(&data, &mut raw).unwrap();
+        // the plaintext travels as is (that is the mode's point)...
+        assert!(raw.windows(64).any(|w| w == &data[..64]));
+        let mut out = BytesMut::new();
+        for c in raw.chunks(7_000) {
+            o.push_raw(c);
+            o.open_records(&mut out).unwrap();
+        }
+        assert_eq!(&out[..], &data[..]);
+        // ...but one flipped bit, a replay or a reordering is refused
+        let mut r1 = Vec::new();
+        s.seal(b"one", &mut r1).unwrap();
+        let mut r2 = Vec::new();
+        s.seal(b"two", &mut r2).unwrap();
+        let mut bad = r1.clone();
+        bad[5] ^= 1;
+        o.push_raw(&bad);
+        assert!(o.open_records(&mut BytesMut::new()).is_err(), "tampered");
+        let (mut s, mut o) = test_pair_authenticated(&keys).unwrap();
+        let mut r1 = Vec::new();
+        s.seal(b"one", &mut r1).unwrap();
+        let mut r2 = Vec::new();
+        s.seal(b"two", &mut r2).unwrap();
+        o.push_raw(&r2);
+        assert!(o.open_records(&mut BytesMut::new()).is_err(), "reordered");
+        let (mut s, mut o) = test_pair_authenticated(&keys).unwrap();
+        let mut r1 = Vec::new();
+        s.seal(b"one", &mut r1).unwrap();
+        o.push_raw(&r1);
+        o.push_raw(&r1);
+        let mut out = BytesMut::new();
+        assert!(o.open_records(&mut out).is_err(), "replayed");
+        assert_eq!(&out[..], b"one");
+    }
+
+    async fn dial_and_accept(
+        dialer: &ClusterKeys,
+        listener: &ClusterKeys,
+    ) -> (
+        Result<SecureStream, SecureError>,
+        Result<SecureStream, SecureError>,
+    ) {
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = l.local_addr().unwrap();
+        let a = async {
+            let (s, _) = l.accept().await.unwrap();
+            accept(s, listener, Purpose::Sync, &[Member::Node1]).await
+        };
+        let c = async {
+            let s = TcpStream::connect(addr).await.unwrap();
+            connect(s, dialer, Member::Node2, Purpose::Sync).await
+        };
+        let (c, a) = tokio::join!(c, a);
+        (c, a)
+    }
+
+    #[tokio::test]
+    async fn both_modes_carry_data_and_mismatched_modes_are_refused() {
+        for encrypt in [true, false] {
+            let mut keys = ClusterKeys::generate("pair").unwrap();
+            for k in keys.iter_mut() {
+                k.set_sync_encryption(encrypt);
+            }
+            let (c, a) = dial_and_accept(&keys[0], &keys[1]).await;
+            let (mut c, mut a) = (c.unwrap(), a.unwrap());
+            // data sent at once after the setup, both ways
+            c.writer.write_all(b"hello from node 1").await.unwrap();
+            a.writer.write_all(b"and from node 2").await.unwrap();
+            let mut b = BytesMut::new();
+            while b.len() < 17 {
+                a.reader.read_buf(&mut b).await.unwrap();
+            }
+            assert_eq!(&b[..], b"hello from node 1");
+            let mut b = BytesMut::new();
+            while b.len() < 15 {
+                c.reader.read_buf(&mut b).await.unwrap();
+            }
+            assert_eq!(&b[..], b"and from node 2");
+        }
+        let mut keys = ClusterKeys::generate("pair").unwrap();
+        keys[1].set_sync_encryption(false);
+        let (c, a) = dial_and_accept(&keys[0], &keys[1]).await;
+        assert!(c.is_err() && a.is_err(), "mismatched modes joined");
     }
 }

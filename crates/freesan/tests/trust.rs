@@ -1,4 +1,6 @@
-//! Attacks on the cluster links of real `freesan serve` processes (issue 16):
+//! Trust boundaries of real `freesan` processes (issue 16). The node's own
+//! files are private and `show-config` shows no secret. Attacks on the cluster
+//! links:
 //! a client without the pair's keys on the sync port of a node waiting for its
 //! partner, of a pair in sync and of a node serving alone; frames of a genuine
 //! session replayed; a record tampered with in flight; forged witness claims
@@ -448,4 +450,74 @@ fn the_witness_answers_only_its_nodes_and_each_only_for_itself() {
     assert_eq!(ask(&n1, claim(1)).unwrap(), 1);
     let _ = w.kill();
     let _ = w.wait();
+}
+
+fn mode(p: &Path) -> u32 {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::metadata(p).unwrap().permissions().mode() & 0o777
+}
+
+#[test]
+fn the_nodes_files_are_private_and_show_config_hides_secrets() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let img = dir.path().join("lun0.img");
+    let mut node = common::Node::start(
+        &["127.0.0.1"],
+        &[
+            "--data-dir".into(),
+            data.display().to_string(),
+            "--lun".into(),
+            format!("{}:64M", img.display()),
+        ],
+        &dir.path().join("serve.log"),
+    );
+    assert_eq!(mode(&data), 0o700, "data directory");
+    assert_eq!(mode(&img), 0o600, "LUN image created by the node");
+    let mut files = 0;
+    let mut stack = vec![data.clone()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).unwrap() {
+            let p = e.unwrap().path();
+            if p.is_dir() {
+                assert_eq!(mode(&p), 0o700, "{}", p.display());
+                stack.push(p);
+            } else {
+                assert_eq!(mode(&p), 0o600, "{}", p.display());
+                files += 1;
+            }
+        }
+    }
+    assert!(
+        files > 0,
+        "the node wrote no state under its data directory"
+    );
+    assert!(node.terminate());
+
+    let cfg = dir.path().join("chap.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            r#"data_dir = "{d}"
+[[portal]]
+address = "127.0.0.1:3260"
+[[target]]
+iqn = "{IQN}"
+chap = {{ user = "alice", secret = "secret-of-alice" }}
+mutual_chap = {{ user = "target", secret = "secret-of-target" }}
+[[target.lun]]
+path = "{img}"
+"#,
+            d = data.display(),
+            img = img.display()
+        ),
+    )
+    .unwrap();
+    let (ok, out) = freesan(&["show-config", "--config", cfg.to_str().unwrap()]);
+    assert!(ok, "{out}");
+    assert!(out.contains("alice") && out.contains("********"), "{out}");
+    assert!(
+        !out.contains("secret-of-alice") && !out.contains("secret-of-target"),
+        "show-config printed a CHAP secret: {out}"
+    );
 }
