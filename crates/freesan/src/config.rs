@@ -1058,6 +1058,7 @@ size = "1G"
         c.validate().unwrap();
         assert_eq!(c.targets[0].chap_initiators[0].user, "abc");
         let short = per.replace("secret-of-abc-1", "short");
-        assert!(toml::from_str::<Config>(&short).unwrap().validate().is_err());
+        let bad = toml::from_str::<Config>(&short).unwrap();
+        assert!(bad.validate().is_err());
     }
 }

@@ -199,10 +199,22 @@ async fn register(ctx: &Arc<Ctx>, n: &Negotiated, peer: SocketAddr) -> Result<Ar
     };
     let (session, old) = ctx
         .registry
-        .register(key.as_ref(), peer.ip(), |tsih| {
+        .register(key.as_ref(), &origin.clone(), |tsih| {
             Session::new(tsih, key.clone(), target, scsi, nexus, window, origin)
         })
-        .map_err(|RegisterError::Full| status::OUT_OF_RESOURCES)?;
+        .map_err(|e| match e {
+            RegisterError::Full => status::OUT_OF_RESOURCES,
+            RegisterError::NotSameIdentity(holder) => {
+                tracing::warn!(
+                    %peer,
+                    initiator = %n.initiator_name,
+                    chap_user = n.chap_user.as_deref().unwrap_or("-"),
+                    session_from = %holder,
+                    "login refused: it would reinstate a session of another identity (kept)"
+                );
+                status::FORBIDDEN
+            }
+        })?;
     if let Some(old) = old {
         tracing::info!(
             initiator = %n.initiator_name,

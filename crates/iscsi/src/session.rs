@@ -70,6 +70,21 @@ pub(crate) struct Origin {
     pub chap_per_initiator: bool,
 }
 
+impl Origin {
+    /// Whether a login from `new` may reinstate (close and replace) a session
+    /// from `self` with the same initiator name and ISID. With the initiator's own
+    /// CHAP secret, the same CHAP name is enough (it proves the identity, from any
+    /// address). With a shared secret (the target-wide one) or without CHAP, the
+    /// same CHAP name (or none) and also the same source address are needed:
+    /// anyone may claim an initiator name, and a shared secret does not tell
+    /// initiators apart.
+    pub(crate) fn may_reinstate(&self, new: &Origin) -> bool {
+        self.chap_user == new.chap_user
+            && self.chap_per_initiator == new.chap_per_initiator
+            && (new.chap_per_initiator || self.source == new.source)
+    }
+}
+
 impl Session {
     pub(crate) fn new(
         tsih: u16,
@@ -190,7 +205,11 @@ struct RegInner {
 /// Why a session could not be registered.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum RegisterError {
+    /// `sessions_max` normal sessions exist.
     Full,
+    /// A session with this key exists and the login is not from its identity;
+    /// carries the existing session's source address.
+    NotSameIdentity(IpAddr),
 }
 
 impl Registry {
@@ -217,7 +236,9 @@ impl Registry {
     }
 
     /// Allocates a TSIH, builds the session with it and registers it. Returns the
-    /// new session and the session it reinstates (same key), if any.
+    /// new session and the session it reinstates (same key), if any; a session
+    /// with the same key but another identity ([`Origin::may_reinstate`]) is kept
+    /// and the new one refused.
     ///
     /// A normal session (with a key) is refused when `sessions_max` normal sessions
     /// exist. A discovery session (no key) always gets in: when its source is at
@@ -226,9 +247,10 @@ impl Registry {
     pub(crate) fn register(
         &self,
         key: Option<&SessionKey>,
-        source: IpAddr,
+        origin: &Origin,
         build: impl FnOnce(u16) -> Session,
     ) -> Result<(Arc<Session>, Option<Arc<Session>>), RegisterError> {
+        let source = origin.source;
         let mut g = self.inner.lock();
         let old = key.and_then(|k| {
             g.sessions
@@ -236,6 +258,11 @@ impl Registry {
                 .find(|s| s.key.as_ref() == Some(k))
                 .cloned()
         });
+        if let Some(old) = &old {
+            if !old.origin.may_reinstate(origin) {
+                return Err(RegisterError::NotSameIdentity(old.origin.source));
+            }
+        }
         if key.is_some() {
             let normal = g.sessions.values().filter(|s| !s.discovery).count();
             if old.is_none() && normal >= self.caps.sessions_max {
@@ -329,12 +356,16 @@ mod tests {
         build_from(tsih, key, "10.0.0.1")
     }
 
-    fn build_from(tsih: u16, key: Option<SessionKey>, source: &str) -> Session {
-        let origin = Origin {
+    fn origin(source: &str) -> Origin {
+        Origin {
             source: source.parse().unwrap(),
             chap_user: None,
             chap_per_initiator: false,
-        };
+        }
+    }
+
+    fn build_from(tsih: u16, key: Option<SessionKey>, source: &str) -> Session {
+        let origin = origin(source);
         Session::new(
             tsih,
             key,
@@ -357,9 +388,8 @@ mod tests {
     #[test]
     fn discovery_sessions_have_their_own_caps() {
         let reg = Registry::new(caps(1));
-        let ip = |s: &str| -> IpAddr { s.parse().unwrap() };
         let d = |src: &'static str| {
-            reg.register(None, ip(src), |t| build_from(t, None, src))
+            reg.register(None, &origin(src), |t| build_from(t, None, src))
                 .unwrap()
                 .0
         };
@@ -380,14 +410,17 @@ mod tests {
             tpgt: 1,
         };
         assert!(reg
-            .register(Some(&key), ip("10.0.0.7"), |t| build(t, Some(key.clone())))
+            .register(Some(&key), &origin("10.0.0.7"), |t| build(
+                t,
+                Some(key.clone())
+            ))
             .is_ok());
         let other = SessionKey {
             isid: [2; 6],
             ..key.clone()
         };
         assert!(reg
-            .register(Some(&other), ip("10.0.0.7"), |t| build(
+            .register(Some(&other), &origin("10.0.0.7"), |t| build(
                 t,
                 Some(other.clone())
             ))
@@ -404,7 +437,6 @@ mod tests {
 
     #[test]
     fn tsih_allocation_and_reinstatement() {
-        let ip: IpAddr = "10.0.0.1".parse().unwrap();
         let reg = Registry::new(caps(2));
         let key = SessionKey {
             initiator: "iqn.a".into(),
@@ -413,12 +445,16 @@ mod tests {
             tpgt: 1,
         };
         let (a, old) = reg
-            .register(Some(&key), ip, |t| build(t, Some(key.clone())))
+            .register(Some(&key), &origin("10.0.0.1"), |t| {
+                build(t, Some(key.clone()))
+            })
             .unwrap();
         assert!(old.is_none());
         assert_ne!(a.tsih, 0);
         let (b, old) = reg
-            .register(Some(&key), ip, |t| build(t, Some(key.clone())))
+            .register(Some(&key), &origin("10.0.0.1"), |t| {
+                build(t, Some(key.clone()))
+            })
             .unwrap();
         assert_eq!(old.map(|o| o.tsih), Some(a.tsih));
         assert_ne!(a.tsih, b.tsih);
@@ -428,14 +464,60 @@ mod tests {
             ..key.clone()
         };
         assert!(reg
-            .register(Some(&other), ip, |t| build(t, Some(other.clone())))
+            .register(Some(&other), &origin("10.0.0.1"), |t| build(
+                t,
+                Some(other.clone())
+            ))
             .is_err());
         reg.remove(a.tsih);
         assert!(reg
-            .register(Some(&other), ip, |t| build(t, Some(other.clone())))
+            .register(Some(&other), &origin("10.0.0.1"), |t| build(
+                t,
+                Some(other.clone())
+            ))
             .is_ok());
         assert_eq!(reg.of_target(0).len(), 2);
         assert_eq!(reg.len(), 2);
+    }
+
+    #[test]
+    fn only_the_same_identity_reinstates() {
+        let a = origin("10.0.0.1");
+        let b = origin("10.0.0.2");
+        assert!(a.may_reinstate(&a));
+        assert!(!a.may_reinstate(&b), "no CHAP: another address may not");
+        let shared = |src: &str| Origin {
+            chap_user: Some("alice".into()),
+            ..origin(src)
+        };
+        assert!(shared("10.0.0.1").may_reinstate(&shared("10.0.0.1")));
+        assert!(!shared("10.0.0.1").may_reinstate(&shared("10.0.0.2")));
+        assert!(!shared("10.0.0.1").may_reinstate(&a));
+        let own = |src: &str, user: &str| Origin {
+            chap_user: Some(user.into()),
+            chap_per_initiator: true,
+            ..origin(src)
+        };
+        assert!(own("10.0.0.1", "bob").may_reinstate(&own("10.0.0.9", "bob")));
+        assert!(!own("10.0.0.1", "bob").may_reinstate(&own("10.0.0.1", "eve")));
+        assert!(!own("10.0.0.1", "alice").may_reinstate(&shared("10.0.0.1")));
+        // In the registry: refused, and the old session is untouched.
+        let reg = Registry::new(caps(8));
+        let key = SessionKey {
+            initiator: "iqn.a".into(),
+            isid: [1; 6],
+            target: 0,
+            tpgt: 1,
+        };
+        let (s, _) = reg
+            .register(Some(&key), &a, |t| build(t, Some(key.clone())))
+            .unwrap();
+        assert_eq!(
+            reg.register(Some(&key), &b, |t| build(t, Some(key.clone())))
+                .err(),
+            Some(RegisterError::NotSameIdentity(a.source))
+        );
+        assert!(!*s.kill.borrow() && reg.contains(s.tsih) && reg.len() == 1);
     }
 
     #[tokio::test]

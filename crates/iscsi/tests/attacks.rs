@@ -270,3 +270,108 @@ async fn wrong_chap_secrets_are_rate_limited_per_source_and_logged() {
     assert_eq!(st, (0, 0), "the right secret works after the lockout");
     fx.shutdown().await;
 }
+
+/// WRITE(10) of one block of `byte` at `lba` (immediate data), then READ(10) of
+/// it: the session does real I/O and gets its data back.
+async fn write_read(c: &mut Client, lba: u8, byte: u8) {
+    // The first command of a new I_T nexus may meet a unit attention: retry once.
+    for attempt in 0..2 {
+        let cmd = c.command(&[0x2a, 0, 0, 0, 0, lba, 0, 0, 1, 0], false, true, 512, true);
+        c.send(&cmd, false, &[byte; 512]).await;
+        match c.recv_skip_pings().await.expect("write response").pdu {
+            TargetPdu::ScsiResponse(s) if s.status == 2 && attempt == 0 => continue,
+            TargetPdu::ScsiResponse(s) => {
+                assert_eq!(s.status, 0, "write status");
+                break;
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+    let cmd = c.command(&[0x28, 0, 0, 0, 0, lba, 0, 0, 1, 0], true, false, 512, true);
+    c.send(&cmd, false, &[]).await;
+    let mut data = Vec::new();
+    loop {
+        let p = c.recv_skip_pings().await.expect("read data");
+        match p.pdu {
+            TargetPdu::DataIn(d) => {
+                data.extend_from_slice(&p.data);
+                if let Some(st) = d.status {
+                    assert_eq!(st, 0);
+                    break;
+                }
+            }
+            TargetPdu::ScsiResponse(s) => {
+                assert_eq!(s.status, 0);
+                break;
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+    assert_eq!(data, vec![byte; 512], "block {lba} reads back");
+}
+
+/// Another initiator naming the same InitiatorName and ISID, from another
+/// address, cannot reinstate (and so drop) a session: without CHAP nor with the
+/// target-wide CHAP secret. Its login is refused and the first session goes on
+/// with its I/O. With the initiator's own CHAP secret the same initiator may
+/// reinstate from another address. On the code before, every such login closed
+/// the existing session.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn another_initiator_cannot_reinstate_a_session() {
+    logs();
+    let fx = start(Limits::default()).await;
+    let addr = fx.addrs[0];
+    let isid = [0x80, 0, 0, 0, 0x42, 1];
+
+    // No CHAP: same name and ISID from 127.0.0.5.
+    let mut victim = Client::connect_isid(addr, isid).await;
+    assert_eq!(victim.login_simple(OPEN, &[]).await, (0, 0));
+    write_read(&mut victim, 1, 0xa1).await;
+    let sock = connect_from(ATTACKER, addr).await.expect("connect");
+    let mut evil = Client::from_stream(sock, isid);
+    assert_eq!(evil.login_simple(OPEN, &[]).await, (2, 2), "refused");
+    assert!(evil.recv().await.is_none(), "closed after the refusal");
+    write_read(&mut victim, 2, 0xa2).await;
+    assert!(victim.nop(b"still mine").await.is_some());
+
+    // The target-wide CHAP secret, shared by initiators, is not an identity.
+    let isid2 = [0x80, 0, 0, 0, 0x42, 2];
+    let mut victim2 = Client::connect_isid(addr, isid2).await;
+    let (st, _) = victim2
+        .login_chap(SECURE, "alice", "alice-secret-12", None)
+        .await;
+    assert_eq!(st, (0, 0));
+    let sock = connect_from(ATTACKER, addr).await.expect("connect");
+    let mut evil2 = Client::from_stream(sock, isid2);
+    let (st, _) = evil2
+        .login_chap(SECURE, "alice", "alice-secret-12", None)
+        .await;
+    assert_eq!(st, (2, 2), "refused");
+    assert!(victim2.nop(b"still mine too").await.is_some());
+
+    // The session's own address may reinstate it (a real initiator's re-login).
+    let mut again = Client::connect_isid(addr, isid).await;
+    assert_eq!(again.login_simple(OPEN, &[]).await, (0, 0));
+    assert!(victim.recv().await.is_none(), "old session replaced");
+    write_read(&mut again, 2, 0xa3).await;
+
+    // Bob's own secret proves Bob from any address.
+    let isid3 = [0x80, 0, 0, 0, 0x42, 3];
+    let mut bob = Client::connect_isid(addr, isid3).await;
+    let (st, _) = bob
+        .login_chap_as(BOB, SECURE, "7", "bob", "bob-secret-1234", None)
+        .await;
+    assert_eq!(st, (0, 0));
+    let sock = connect_from(ATTACKER, addr).await.expect("connect");
+    let mut bob2 = Client::from_stream(sock, isid3);
+    let (st, _) = bob2
+        .login_chap_as(BOB, SECURE, "7", "bob", "bob-secret-1234", None)
+        .await;
+    assert_eq!(st, (0, 0), "same proven identity reinstates");
+    assert!(bob.recv().await.is_none());
+    assert!(bob2.nop(b"moved").await.is_some());
+
+    let refused = logs().lines_with(&["another identity", "127.0.0.5", INI]);
+    assert!(refused.len() >= 2, "refusals logged: {refused:?}");
+    fx.shutdown().await;
+}
