@@ -31,6 +31,8 @@ pub struct Objects {
     /// Serialises creations and deletions.
     op: tokio::sync::Mutex<()>,
     targets: HashMap<String, Arc<scsi::ScsiTarget>>,
+    /// The NBD server's exports, when the node serves NBD: they follow LUNs.
+    nbd: Option<nbd::NbdExports>,
 }
 
 /// `POST /api/v1/luns`: a LUN of `target`, described as in the config file.
@@ -76,7 +78,19 @@ impl Objects {
             }),
             op: tokio::sync::Mutex::new(()),
             targets,
+            nbd: None,
         })
+    }
+
+    /// LUNs created and deleted from now on are added to and removed from `nbd`.
+    pub fn with_nbd(mut self, nbd: Option<nbd::NbdExports>) -> Objects {
+        self.nbd = nbd;
+        self
+    }
+
+    /// True when `iqn` is the first target (its LUNs are also NBD's `lunN`).
+    fn first_target(cfg: &Config, iqn: &str) -> bool {
+        cfg.targets.first().is_some_and(|t| t.iqn == iqn)
     }
 
     fn target(&self, iqn: &str) -> Result<Arc<scsi::ScsiTarget>, ApiError> {
@@ -188,6 +202,13 @@ impl Objects {
             crate::ha_scsi::PrLink::new(id, r.clone(), &scsi_target) as Arc<dyn scsi::PrReplication>
         });
         let size_bytes = built.volume.geometry().size_bytes();
+        let nbd_exports = crate::serve::nbd_exports(
+            Self::first_target(&cfg, &target),
+            &target,
+            id,
+            &built,
+            lun.read_only,
+        );
         if let Err(e) = scsi_target.add_lun(id, built.scsi, built.volume, pr) {
             if let (Some(r), Some(c)) = (&built.replicated, cluster) {
                 c.forget(r.name()).await;
@@ -199,6 +220,13 @@ impl Objects {
         }
         if let (Some(r), Some(c)) = (&built.replicated, cluster) {
             c.drive_alua(&scsi_target, id, r.clone());
+        }
+        if let Some(n) = &self.nbd {
+            for e in nbd_exports {
+                if let Err(err) = n.add(e) {
+                    tracing::warn!(%target, lun = id, error = %err, "LUN not served over NBD");
+                }
+            }
         }
         managed.add_lun(&target, lun);
         self.commit(cfg, managed)?;
@@ -242,6 +270,14 @@ impl Objects {
             .find(|t| t.iqn == target)
             .and_then(|t| t.luns.iter().find(|l| l.id == Some(id)))
             .cloned();
+        // NBD first: once its exports are gone no NBD write is in flight, and
+        // the SCSI removal's flush covers every write NBD acknowledged.
+        if let Some(n) = &self.nbd {
+            n.remove(&format!("{target}/lun{id}")).await;
+            if Self::first_target(&cfg, &target) {
+                n.remove(&format!("lun{id}")).await;
+            }
+        }
         scsi_target.remove_lun(id).await;
         if let (Some(l), Some(c)) = (&lun, cluster) {
             if l.replicated {

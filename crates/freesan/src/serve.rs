@@ -125,6 +125,30 @@ pub(crate) fn open_lun(
     })
 }
 
+/// The NBD exports of one LUN: `IQN/lunN`, and `lunN` too for LUNs of the first
+/// target (`first_target`).
+pub(crate) fn nbd_exports(
+    first_target: bool,
+    iqn: &str,
+    lun_id: u64,
+    b: &BuiltLun,
+    read_only: bool,
+) -> Vec<nbd::NbdExport> {
+    let mut names = vec![format!("{iqn}/lun{lun_id}")];
+    if first_target {
+        names.insert(0, format!("lun{lun_id}"));
+    }
+    names
+        .into_iter()
+        .map(|name| nbd::NbdExport {
+            name,
+            description: format!("{iqn} LUN {lun_id} ({})", b.backing),
+            volume: b.volume.clone(),
+            read_only,
+        })
+        .collect()
+}
+
 /// Builds the iSCSI server configuration and the NBD exports: opens (or creates)
 /// every backing file and loads every LUN identity.
 fn build(
@@ -155,18 +179,7 @@ fn build(
             let b = open_lun(&cfg.data_dir, pools, cluster, &t.iqn, l, lun_id)
                 .with_context(|| format!("target {} LUN {}", t.iqn, lun_id))?;
             let g = b.volume.geometry();
-            let mut names = vec![format!("{}/lun{lun_id}", t.iqn)];
-            if ti == 0 {
-                names.insert(0, format!("lun{lun_id}"));
-            }
-            for name in names {
-                exports.push(nbd::NbdExport {
-                    name,
-                    description: format!("{} LUN {lun_id} ({})", t.iqn, b.backing),
-                    volume: b.volume.clone(),
-                    read_only: l.read_only,
-                });
-            }
+            exports.extend(nbd_exports(ti == 0, &t.iqn, lun_id, &b, l.read_only));
             opened.push(OpenedLun {
                 target: t.iqn.clone(),
                 id: lun_id,
@@ -347,7 +360,8 @@ pub async fn run(cfg: Config) -> Result<()> {
                 pools: pools.clone(),
                 cluster: cluster.clone(),
                 summary,
-                objects: crate::objects::Objects::new(&cfg, targets)?,
+                objects: crate::objects::Objects::new(&cfg, targets)?
+                    .with_nbd(nbd_server.as_ref().map(|n| n.exports())),
             });
             crate::apicmd::prepare_node(&cfg.data_dir)?;
             let options = api::ApiOptions {

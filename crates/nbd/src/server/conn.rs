@@ -13,7 +13,7 @@ use bytes::{Buf, BytesMut};
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::io::AsyncWriteExt;
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::sync::{mpsc, OwnedSemaphorePermit, Semaphore};
 
@@ -30,6 +30,8 @@ enum End {
     Violation(&'static str),
     /// The server is shutting down.
     Shutdown,
+    /// The export was removed.
+    ExportGone,
 }
 
 /// Serves one accepted TCP connection from greeting to close.
@@ -44,8 +46,8 @@ pub(crate) async fn serve(ctx: Arc<Ctx>, mut sock: TcpStream, peer: SocketAddr) 
         r = tokio::time::timeout(timeout, handshake(&ctx, &mut sock, &mut buf, peer)) => r,
         _ = shutdown.wait_for(|s| *s) => return,
     };
-    let index = match picked {
-        Ok(Ok(Some(i))) => i,
+    let export = match picked {
+        Ok(Ok(Some(e))) => e,
         Ok(Ok(None)) => return,
         Ok(Err(e)) => {
             tracing::debug!(%peer, error = %e, "handshake I/O failed");
@@ -56,22 +58,26 @@ pub(crate) async fn serve(ctx: Arc<Ctx>, mut sock: TcpStream, peer: SocketAddr) 
             return;
         }
     };
-    let Some(export) = ctx.exports.get(index).cloned() else {
-        return;
-    };
-    tracing::info!(%peer, export = %ctx.names[index], "NBD client connected");
-    transmission(ctx, export, sock, buf, peer).await;
+    let (name, export) = export;
+    tracing::info!(%peer, export = %name, "NBD client connected");
+    let (rd, wr) = sock.into_split();
+    transmission(ctx, export, rd, wr, buf, peer).await;
 }
 
-/// Option haggling. `Ok(Some(i))`: serve export `i`; `Ok(None)`: close quietly.
+/// Option haggling over the exports served when it starts. `Ok(Some(_))`: serve
+/// that export (name, state); `Ok(None)`: close quietly.
 async fn handshake(
     ctx: &Ctx,
     sock: &mut TcpStream,
     buf: &mut BytesMut,
     peer: SocketAddr,
-) -> std::io::Result<Option<usize>> {
-    let infos = ctx.export_infos();
-    let mut neg = ServerNegotiator::new(&infos, ctx.default_export, ctx.limits.option_bytes_max);
+) -> std::io::Result<Option<(String, Arc<ExportState>)>> {
+    let snap = ctx.snapshot();
+    let mut neg = ServerNegotiator::new(
+        &snap.infos,
+        snap.default_export,
+        ctx.limits.option_bytes_max,
+    );
     sock.write_all(&neg.greeting()).await?;
     let mut out = BytesMut::new();
     loop {
@@ -88,7 +94,14 @@ async fn handshake(
                 }
             }
             Ok(Progress::Abort) => return Ok(None),
-            Ok(Progress::Transmission { export_index }) => return Ok(Some(export_index)),
+            Ok(Progress::Transmission { export_index }) => {
+                let (Some(info), Some(state)) =
+                    (snap.infos.get(export_index), snap.states.get(export_index))
+                else {
+                    return Ok(None);
+                };
+                return Ok(Some((info.name.clone(), state.clone())));
+            }
             Err(NegotiateError::UnknownExport(name)) => {
                 tracing::warn!(%peer, export = %name, "NBD client asked for an unknown export");
                 return Ok(None);
@@ -111,15 +124,19 @@ struct Conn {
     peer: SocketAddr,
 }
 
-async fn transmission(
+async fn transmission<R, W>(
     ctx: Arc<Ctx>,
     export: Arc<ExportState>,
-    sock: TcpStream,
+    mut rd: R,
+    wr: W,
     mut buf: BytesMut,
     peer: SocketAddr,
-) {
+) where
+    R: AsyncRead + Unpin,
+    W: AsyncWrite + Unpin + Send + 'static,
+{
     let limits = &ctx.limits;
-    let (mut rd, wr) = sock.into_split();
+    let mut gone = export.gone.subscribe();
     let slots_max = limits.requests_in_flight_max.max(1);
     // Every queued reply holds a slot, so the channel never holds more than that.
     let (tx, rx) = mpsc::channel(slots_max);
@@ -136,9 +153,10 @@ async fn transmission(
     let end = tokio::select! {
         e = conn.read_loop(&mut rd, &mut buf) => e,
         _ = shutdown.wait_for(|s| *s) => End::Shutdown,
+        _ = gone.wait_for(|g| *g) => End::ExportGone,
     };
     match &end {
-        End::Disconnect | End::Eof | End::Shutdown => {
+        End::Disconnect | End::Eof | End::Shutdown | End::ExportGone => {
             tracing::info!(%peer, reason = ?end, "NBD connection closing")
         }
         End::Io(e) => tracing::info!(%peer, error = %e, "NBD connection lost"),
@@ -165,7 +183,7 @@ async fn transmission(
 }
 
 impl Conn {
-    async fn read_loop(&self, rd: &mut tokio::net::tcp::OwnedReadHalf, buf: &mut BytesMut) -> End {
+    async fn read_loop<R: AsyncRead + Unpin>(&self, rd: &mut R, buf: &mut BytesMut) -> End {
         loop {
             match fill(rd, buf, REQUEST_BYTES).await {
                 Ok(true) => {}
@@ -231,7 +249,11 @@ impl Conn {
                         self.reply(&req, err, (slot, budget)).await;
                         continue;
                     }
-                    self.spawn(req, payload, (slot, budget));
+                    let Some(entered) = self.export.enter() else {
+                        self.reply(&req, errno::ESHUTDOWN, (slot, budget)).await;
+                        return End::ExportGone;
+                    };
+                    self.spawn(req, payload, (slot, budget), entered);
                 }
                 Command::Cache | Command::BlockStatus | Command::Unknown(_) => {
                     tracing::warn!(peer = %self.peer, command = req.command.code(),
@@ -268,12 +290,16 @@ impl Conn {
         req: Request,
         payload: block::Bytes,
         permits: (OwnedSemaphorePermit, Option<OwnedSemaphorePermit>),
+        entered: OwnedSemaphorePermit,
     ) {
         let export = self.export.clone();
         let tx = self.tx.clone();
         let peer = self.peer;
         tokio::spawn(async move {
-            let (error, data) = match exec::execute(&export, &req, payload).await {
+            let done = exec::execute(&export, &req, payload).await;
+            // The volume is done with this request: the export may be removed.
+            drop(entered);
+            let (error, data) = match done {
                 Ok(d) => (0, d),
                 Err(e) => {
                     let err = exec::errno_of(&e, req.command);

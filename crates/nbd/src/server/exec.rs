@@ -6,6 +6,7 @@ use crate::proto::{cmdflag, errno, Command, Request};
 use block::{BlockError, Bytes, BytesMut, Geometry, VolumeRef};
 use block::{LockMode, RangeLocks};
 use std::sync::Arc;
+use tokio::sync::{watch, OwnedSemaphorePermit, Semaphore};
 
 /// Data that follows a reply header: nothing, one view of a volume buffer, or
 /// several when a read spanned more than one volume I/O.
@@ -39,6 +40,45 @@ pub(crate) struct ExportState {
     /// Locks serializing read-modify-write against other writes; shared by every
     /// export of the same volume object.
     pub locks: Arc<RangeLocks>,
+    /// Every request holds one permit of this gate while it runs; removing the
+    /// export takes them all and closes it, so no request starts afterwards.
+    pub gate: Arc<Semaphore>,
+    /// Set once the export is removed; connections to it end.
+    pub gone: watch::Sender<bool>,
+}
+
+/// Permits of an export's gate: far more than requests can be in flight
+/// (connections times requests per connection).
+const GATE_PERMITS: u32 = 1 << 30;
+
+impl ExportState {
+    /// The state of a served export.
+    pub(crate) fn new(volume: VolumeRef, read_only: bool, locks: Arc<RangeLocks>) -> Self {
+        ExportState {
+            volume,
+            read_only,
+            locks,
+            gate: Arc::new(Semaphore::new(GATE_PERMITS as usize)),
+            gone: watch::channel(false).0,
+        }
+    }
+
+    /// A permit to run one request, or `None` once the export is being removed.
+    pub(crate) fn enter(&self) -> Option<OwnedSemaphorePermit> {
+        self.gate.clone().try_acquire_owned().ok()
+    }
+
+    /// Ends the export: connections to it close, new requests are refused, and
+    /// this returns once every request that had started has finished. The
+    /// semaphore is fair: once the large acquire waits, every permit released goes
+    /// to it and `enter` finds none.
+    pub(crate) async fn retire(&self) {
+        self.gone.send_replace(true);
+        if let Ok(all) = self.gate.acquire_many(GATE_PERMITS).await {
+            all.forget();
+        }
+        self.gate.close();
+    }
 }
 
 /// Checks flags, read-only and range before any I/O. Returns the NBD error to send.
@@ -353,11 +393,7 @@ mod tests {
     fn export(bs: u32, blocks: u64) -> (ExportState, Arc<MemVolume>) {
         let m = Arc::new(MemVolume::new(bs, blocks));
         (
-            ExportState {
-                volume: m.clone(),
-                read_only: false,
-                locks: Arc::new(RangeLocks::default()),
-            },
+            ExportState::new(m.clone(), false, Arc::new(RangeLocks::default())),
             m,
         )
     }

@@ -102,30 +102,53 @@ pub struct NbdConfig {
     pub limits: NbdLimits,
 }
 
+/// One export being served.
+pub(crate) struct Entry {
+    pub name: String,
+    pub description: String,
+    pub state: Arc<ExportState>,
+}
+
+/// The exports served now; changed by [`NbdExports`].
+#[derive(Default)]
+pub(crate) struct Table {
+    pub entries: Vec<Entry>,
+    /// Name of the export an empty name selects.
+    pub default_export: Option<String>,
+}
+
+/// Most exports one server holds.
+pub const EXPORTS_MAX: usize = 16_384;
+
 /// What every connection shares.
 pub(crate) struct Ctx {
-    pub exports: Vec<Arc<ExportState>>,
-    pub names: Vec<String>,
-    pub descriptions: Vec<String>,
-    pub default_export: Option<usize>,
+    pub table: parking_lot::RwLock<Table>,
     pub limits: NbdLimits,
     pub shutdown: watch::Receiver<bool>,
 }
 
+/// What one handshake sees: the exports at its start.
+pub(crate) struct Snapshot {
+    pub states: Vec<Arc<ExportState>>,
+    pub infos: Vec<ExportInfo>,
+    pub default_export: Option<usize>,
+}
+
 impl Ctx {
     /// The handshake's view of every export, with the current geometry.
-    pub(crate) fn export_infos(&self) -> Vec<ExportInfo> {
-        self.exports
+    pub(crate) fn snapshot(&self) -> Snapshot {
+        let t = self.table.read();
+        let infos = t
+            .entries
             .iter()
-            .zip(self.names.iter().zip(&self.descriptions))
-            .map(|(e, (name, description))| {
-                let g = e.volume.geometry();
+            .map(|e| {
+                let g = e.state.volume.geometry();
                 let preferred = g.block_size_bytes.max(512).next_power_of_two();
                 ExportInfo {
-                    name: name.clone(),
-                    description: description.clone(),
+                    name: e.name.clone(),
+                    description: e.description.clone(),
                     size_bytes: g.size_bytes(),
-                    transmission_flags: transmission_flags(e.read_only),
+                    transmission_flags: transmission_flags(e.state.read_only),
                     block_sizes: BlockSizes {
                         min_bytes: 1,
                         preferred_bytes: preferred,
@@ -133,6 +156,109 @@ impl Ctx {
                     },
                 }
             })
+            .collect();
+        Snapshot {
+            states: t.entries.iter().map(|e| e.state.clone()).collect(),
+            infos,
+            default_export: t
+                .default_export
+                .as_ref()
+                .and_then(|d| t.entries.iter().position(|e| &e.name == d)),
+        }
+    }
+}
+
+/// Checks an export's name and description.
+fn check_export(e: &NbdExport) -> io::Result<()> {
+    if e.name.len() > STRING_BYTES_MAX || e.name.contains('\0') {
+        return Err(invalid(format!(
+            "export name {:?} is not a valid NBD string",
+            e.name
+        )));
+    }
+    if e.description.len() > STRING_BYTES_MAX || e.description.contains('\0') {
+        return Err(invalid(format!(
+            "description of {:?} is not a valid NBD string",
+            e.name
+        )));
+    }
+    Ok(())
+}
+
+impl Table {
+    /// Adds `e`, sharing the range locks of any export of the same volume object.
+    fn add(&mut self, e: NbdExport) -> io::Result<()> {
+        check_export(&e)?;
+        if self.entries.iter().any(|o| o.name == e.name) {
+            return Err(invalid(format!("export name {:?} used twice", e.name)));
+        }
+        if self.entries.len() >= EXPORTS_MAX {
+            return Err(invalid(format!("more than {EXPORTS_MAX} exports")));
+        }
+        // One lock table per volume object: a volume exported under two names
+        // (`lun0` and `iqn.../lun0`) must serialize read-modify-write across both.
+        let locks = self
+            .entries
+            .iter()
+            .find(|o| same_object(&o.state.volume, &e.volume))
+            .map(|o| o.state.locks.clone())
+            .unwrap_or_default();
+        self.entries.push(Entry {
+            name: e.name,
+            description: e.description,
+            state: Arc::new(ExportState::new(e.volume, e.read_only, locks)),
+        });
+        Ok(())
+    }
+}
+
+/// A handle that adds and removes exports while the server runs (cheap to clone).
+#[derive(Clone)]
+pub struct NbdExports {
+    ctx: Arc<Ctx>,
+}
+
+impl std::fmt::Debug for NbdExports {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_list().entries(self.names()).finish()
+    }
+}
+
+impl NbdExports {
+    /// Serves `e` to every client that connects from now on.
+    pub fn add(&self, e: NbdExport) -> io::Result<()> {
+        let name = e.name.clone();
+        self.ctx.table.write().add(e)?;
+        tracing::info!(export = %name, "NBD export added");
+        Ok(())
+    }
+
+    /// Removes export `name`: new clients no longer see it, connected clients
+    /// are disconnected (a request that races the removal is answered
+    /// `ESHUTDOWN`), and this returns only once every request that had started
+    /// on it has finished, so nothing reaches the volume through NBD afterwards.
+    /// Returns false when there was no such export.
+    pub async fn remove(&self, name: &str) -> bool {
+        let entry = {
+            let mut t = self.ctx.table.write();
+            match t.entries.iter().position(|e| e.name == name) {
+                Some(i) => t.entries.remove(i),
+                None => return false,
+            }
+        };
+        entry.state.retire().await;
+        tracing::info!(export = %name, "NBD export removed");
+        true
+    }
+
+    /// The names served now, in order.
+    pub fn names(&self) -> Vec<String> {
+        self.ctx
+            .table
+            .read()
+            .entries
+            .iter()
+            .map(|e| e.name.clone())
             .collect()
     }
 }
@@ -159,24 +285,7 @@ fn invalid(msg: String) -> io::Error {
     io::Error::new(io::ErrorKind::InvalidInput, msg)
 }
 
-fn check_config(cfg: &NbdConfig) -> io::Result<Option<usize>> {
-    for (i, e) in cfg.exports.iter().enumerate() {
-        if e.name.len() > STRING_BYTES_MAX || e.name.contains('\0') {
-            return Err(invalid(format!(
-                "export name {:?} is not a valid NBD string",
-                e.name
-            )));
-        }
-        if e.description.len() > STRING_BYTES_MAX || e.description.contains('\0') {
-            return Err(invalid(format!(
-                "description of {:?} is not a valid NBD string",
-                e.name
-            )));
-        }
-        if cfg.exports[..i].iter().any(|o| o.name == e.name) {
-            return Err(invalid(format!("export name {:?} used twice", e.name)));
-        }
-    }
+fn check_config(cfg: &NbdConfig) -> io::Result<Table> {
     let l = &cfg.limits;
     if l.requests_in_flight_max == 0 || l.request_bytes_max < 4096 {
         return Err(invalid("NBD limits too small".into()));
@@ -186,13 +295,17 @@ fn check_config(cfg: &NbdConfig) -> io::Result<Option<usize>> {
             "in_flight_bytes_max must be at least request_bytes_max".into(),
         ));
     }
-    match &cfg.default_export {
-        None => Ok(None),
-        Some(d) => match cfg.exports.iter().position(|e| &e.name == d) {
-            Some(i) => Ok(Some(i)),
-            None => Err(invalid(format!("default export {d:?} does not exist"))),
-        },
+    let mut table = Table::default();
+    for e in &cfg.exports {
+        table.add(e.clone())?;
     }
+    if let Some(d) = &cfg.default_export {
+        if !table.entries.iter().any(|e| &e.name == d) {
+            return Err(invalid(format!("default export {d:?} does not exist")));
+        }
+    }
+    table.default_export = cfg.default_export.clone();
+    Ok(table)
 }
 
 /// True when two volume handles point at the same object (data pointers only:
@@ -204,30 +317,12 @@ fn same_object(a: &VolumeRef, b: &VolumeRef) -> bool {
 impl NbdServer {
     /// Checks the configuration and binds the listening socket.
     pub async fn bind(cfg: NbdConfig) -> io::Result<NbdServer> {
-        let default_export = check_config(&cfg)?;
+        let table = check_config(&cfg)?;
         let listener = TcpListener::bind(cfg.listen).await?;
         let local_addr = listener.local_addr()?;
         let (shutdown_tx, shutdown) = watch::channel(false);
-        // One lock table per volume object: a volume exported under two names
-        // (`lun0` and `iqn.../lun0`) must serialize read-modify-write across both.
-        let mut states: Vec<Arc<ExportState>> = Vec::with_capacity(cfg.exports.len());
-        for e in &cfg.exports {
-            let locks = states
-                .iter()
-                .find(|s| same_object(&s.volume, &e.volume))
-                .map(|s| s.locks.clone())
-                .unwrap_or_default();
-            states.push(Arc::new(ExportState {
-                volume: e.volume.clone(),
-                read_only: e.read_only,
-                locks,
-            }));
-        }
         let ctx = Arc::new(Ctx {
-            names: cfg.exports.iter().map(|e| e.name.clone()).collect(),
-            descriptions: cfg.exports.iter().map(|e| e.description.clone()).collect(),
-            exports: states,
-            default_export,
+            table: parking_lot::RwLock::new(table),
             limits: cfg.limits,
             shutdown,
         });
@@ -237,6 +332,13 @@ impl NbdServer {
             ctx,
             shutdown_tx,
         })
+    }
+
+    /// The handle that adds and removes exports while the server runs.
+    pub fn exports(&self) -> NbdExports {
+        NbdExports {
+            ctx: self.ctx.clone(),
+        }
     }
 
     /// The bound address (port 0 resolved).
@@ -250,7 +352,7 @@ impl NbdServer {
     pub async fn run(self, shutdown: impl Future<Output = ()> + Send) -> io::Result<()> {
         let conns_allowed = Arc::new(Semaphore::new(self.ctx.limits.connections_max.max(1)));
         let mut conns = JoinSet::new();
-        tracing::info!(addr = %self.local_addr, exports = ?self.ctx.names, "NBD server listening");
+        tracing::info!(addr = %self.local_addr, exports = ?self.exports().names(), "NBD server listening");
         tokio::pin!(shutdown);
         loop {
             tokio::select! {
@@ -294,8 +396,15 @@ impl NbdServer {
             conns.abort_all();
             while conns.join_next().await.is_some() {}
         }
-        for (e, name) in self.ctx.exports.iter().zip(&self.ctx.names) {
-            if let Err(err) = e.volume.flush().await {
+        let served: Vec<(String, VolumeRef)> = {
+            let t = self.ctx.table.read();
+            t.entries
+                .iter()
+                .map(|e| (e.name.clone(), e.state.volume.clone()))
+                .collect()
+        };
+        for (name, volume) in served {
+            if let Err(err) = volume.flush().await {
                 tracing::warn!(export = %name, error = %err, "flush at NBD shutdown failed");
             }
         }

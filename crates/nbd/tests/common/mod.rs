@@ -20,6 +20,8 @@ use tokio::task::JoinHandle;
 pub struct Running {
     pub addr: SocketAddr,
     pub volumes: Vec<Arc<MemVolume>>,
+    /// Adds and removes exports while the server runs.
+    pub exports: nbd::NbdExports,
     stop: Option<oneshot::Sender<()>>,
     task: Option<JoinHandle<std::io::Result<()>>>,
 }
@@ -78,6 +80,7 @@ pub async fn start_volumes(vols: Vec<(VolumeRef, bool)>, limits: NbdLimits) -> R
     .await
     .expect("bind");
     let addr = server.local_addr();
+    let exports = server.exports();
     let (tx, rx) = oneshot::channel::<()>();
     let task = tokio::spawn(server.run(async move {
         let _ = rx.await;
@@ -85,6 +88,7 @@ pub async fn start_volumes(vols: Vec<(VolumeRef, bool)>, limits: NbdLimits) -> R
     Running {
         addr,
         volumes: Vec::new(),
+        exports,
         stop: Some(tx),
         task: Some(task),
     }
