@@ -20,6 +20,13 @@ use tokio::sync::{mpsc, oneshot, watch};
 
 /// Messages queued for the writer at most.
 const OUT_QUEUE_MESSAGES_MAX: usize = 256;
+/// Requests this node has in flight to the partner at most; the partner
+/// refuses a peer with more than [`HANDLED_IN_FLIGHT_MAX`], which is larger, so
+/// an honest node never reaches it.
+pub(crate) const REQUESTS_IN_FLIGHT_MAX: usize = 2048;
+/// The partner's requests this node handles at once at most; a partner that
+/// sends more is dropped (it does not keep the bound above).
+pub(crate) const HANDLED_IN_FLIGHT_MAX: usize = 4096;
 /// The link went down before the answer came.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct LinkLost;
@@ -89,6 +96,8 @@ struct Heartbeat {
 /// A live connection to the partner.
 pub(crate) struct Link {
     out: mpsc::Sender<Message>,
+    /// Permits for requests in flight to the partner.
+    requests: tokio::sync::Semaphore,
     pending: Mutex<Pending>,
     next_id: AtomicU64,
     hb: Mutex<Heartbeat>,
@@ -116,6 +125,7 @@ impl Link {
         let (closed_tx, _) = watch::channel(false);
         let link = Arc::new(Link {
             out: out_tx,
+            requests: tokio::sync::Semaphore::new(REQUESTS_IN_FLIGHT_MAX),
             pending: Mutex::new(Pending {
                 waiting: HashMap::new(),
                 closed: false,
@@ -176,14 +186,16 @@ impl Link {
     async fn exchange(&self, make: impl FnOnce(u64) -> Message) -> Result<Answer, LinkLost> {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let (tx, rx) = oneshot::channel();
-        {
-            let mut p = self.pending.lock();
-            if p.closed {
-                return Err(LinkLost);
-            }
-            p.waiting.insert(id, tx);
-        }
         let sent_and_answered = async {
+            // answers never need a permit, so waiting here cannot deadlock
+            let _permit = self.requests.acquire().await.map_err(|_| LinkLost)?;
+            {
+                let mut p = self.pending.lock();
+                if p.closed {
+                    return Err(LinkLost);
+                }
+                p.waiting.insert(id, tx);
+            }
             if self.out.send(make(id)).await.is_err() {
                 self.pending.lock().waiting.remove(&id);
                 return Err(LinkLost);

@@ -448,8 +448,21 @@ async fn session(
         let inner = inner.clone();
         let link = link.clone();
         tokio::spawn(async move {
+            // the partner's requests handled at once are bounded: an honest
+            // partner keeps below the bound (crate::link::REQUESTS_IN_FLIGHT_MAX)
+            let handled = Arc::new(tokio::sync::Semaphore::new(
+                crate::link::HANDLED_IN_FLIGHT_MAX,
+            ));
             while let Some(m) = rx.recv().await {
-                tokio::spawn(inner.clone().handle(link.clone(), m));
+                let Ok(permit) = handled.clone().try_acquire_owned() else {
+                    link.close("the partner exceeded the bound on requests in flight");
+                    return;
+                };
+                let (inner, link) = (inner.clone(), link.clone());
+                tokio::spawn(async move {
+                    inner.handle(link, m).await;
+                    drop(permit);
+                });
             }
         })
     };
