@@ -306,16 +306,89 @@ impl ApiConfig {
 }
 
 /// The NBD frontend: every LUN as an export named `lunN` (LUNs of the first target)
-/// and `IQN/lunN` (every target); an empty export name means `lun0`.
+/// and `IQN/lunN` (every target); an empty export name means `lun0`. Exports follow
+/// LUNs created and deleted at run time.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
-#[serde(deny_unknown_fields)]
+#[serde(deny_unknown_fields, default)]
 pub struct NbdConfig {
     /// `IP:PORT` to listen on (NBD's port is 10809).
     pub address: SocketAddr,
-    /// Listen on a non-loopback address. NBD has no authentication, so anyone who
-    /// reaches the address can read and write every LUN: off by default.
-    #[serde(default)]
+    /// Listen on a non-loopback address (then `allowed_clients` must name the
+    /// clients): off by default.
     pub allow_remote: bool,
+    /// Client addresses or CIDR ranges served (`"10.0.0.0/24"`, `"::1"`); every
+    /// other connection is closed at accept. Default: loopback only.
+    pub allowed_clients: Vec<String>,
+    /// NBD connections served at once.
+    pub connections_max: usize,
+    /// NBD connections served at once from one client address.
+    pub connections_per_source_max: usize,
+    /// Time from accept to the end of option haggling (TLS included).
+    pub handshake_timeout_ms: u64,
+}
+
+impl Default for NbdConfig {
+    fn default() -> Self {
+        let d = nbd::NbdLimits::default();
+        NbdConfig {
+            address: SocketAddr::from(([127, 0, 0, 1], nbd::NBD_DEFAULT_PORT)),
+            allow_remote: false,
+            allowed_clients: vec!["127.0.0.0/8".into(), "::1".into()],
+            connections_max: d.connections_max,
+            connections_per_source_max: d.connections_per_source_max,
+            handshake_timeout_ms: d.handshake_timeout_ms,
+        }
+    }
+}
+
+impl NbdConfig {
+    /// NBD on `address` with the defaults (loopback clients only).
+    pub fn on(address: SocketAddr) -> NbdConfig {
+        NbdConfig {
+            address,
+            ..NbdConfig::default()
+        }
+    }
+
+    /// The allowed client ranges, parsed.
+    pub fn allowed_ranges(&self) -> Result<Vec<nbd::IpRange>> {
+        self.allowed_clients
+            .iter()
+            .map(|s| s.parse().map_err(|e: String| anyhow::anyhow!("[nbd] allowed_clients: {e}")))
+            .collect()
+    }
+
+    /// The bounds the NBD server applies.
+    pub fn limits(&self) -> nbd::NbdLimits {
+        nbd::NbdLimits {
+            connections_max: self.connections_max,
+            connections_per_source_max: self.connections_per_source_max,
+            handshake_timeout_ms: self.handshake_timeout_ms,
+            ..nbd::NbdLimits::default()
+        }
+    }
+
+    /// Checks the section as a start would.
+    fn check(&self) -> Result<()> {
+        let ranges = self.allowed_ranges()?;
+        if !self.address.ip().is_loopback() && !self.allow_remote {
+            bail!(
+                "NBD address {} is not on loopback: set allow_remote = true and \
+                 allowed_clients in [nbd] to serve LUNs there on purpose (see docs/security.md)",
+                self.address
+            );
+        }
+        if self.allow_remote && ranges.iter().all(nbd::IpRange::is_loopback) {
+            bail!("[nbd] allow_remote = true needs allowed_clients naming the remote clients");
+        }
+        if self.connections_max == 0
+            || self.connections_per_source_max == 0
+            || self.handshake_timeout_ms == 0
+        {
+            bail!("[nbd]: connections_max, connections_per_source_max and handshake_timeout_ms must be above 0");
+        }
+        Ok(())
+    }
 }
 
 /// One listening address.
@@ -611,10 +684,7 @@ impl Config {
             }],
             discovery_chap: None,
             limits: LimitsConfig::default(),
-            nbd: flags.nbd.map(|address| NbdConfig {
-                address,
-                allow_remote: false,
-            }),
+            nbd: flags.nbd.map(NbdConfig::on),
             api: flags.api.map(ApiConfig::on),
             disks: vec![],
             pools: vec![],
@@ -883,18 +953,12 @@ impl Config {
             {
                 bail!("[api]: connections_max, connections_per_source_max and header_read_timeout_ms must be above 0");
             }
-        }
-        if let Some(n) = &self.nbd {
-            if !n.address.ip().is_loopback() && !n.allow_remote {
-                bail!(
-                    "NBD address {} is not on loopback and NBD has no authentication: \
-                     set allow_remote = true in [nbd] to serve every LUN there on purpose",
-                    n.address
-                );
-            }
             if a.cert.is_some() != a.key.is_some() {
                 bail!("[api]: give cert and key together (or neither, for a generated certificate)");
             }
+        }
+        if let Some(n) = &self.nbd {
+            n.check()?;
         }
         for p in &self.portals {
             let open = !p.address.ip().is_loopback() && !p.allow_without_chap;

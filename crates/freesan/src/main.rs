@@ -172,10 +172,7 @@ impl ServeArgs {
                     }
                 }
                 if let Some(a) = self.nbd {
-                    cfg.nbd = Some(config::NbdConfig {
-                        address: a,
-                        allow_remote: false,
-                    });
+                    cfg.nbd = Some(config::NbdConfig::on(a));
                 }
                 Ok(cfg)
             }

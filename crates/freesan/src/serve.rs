@@ -342,7 +342,8 @@ pub async fn run(cfg: Config) -> Result<()> {
                 listen: n.address,
                 default_export: exports.first().map(|e| e.name.clone()),
                 exports,
-                limits: nbd::NbdLimits::default(),
+                limits: n.limits(),
+                allowed_clients: n.allowed_ranges()?,
             })
             .await
             .with_context(|| format!("binding NBD on {}", n.address))?,

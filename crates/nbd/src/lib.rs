@@ -33,4 +33,4 @@ pub mod proto;
 pub mod server;
 
 pub use client::{parse_nbd_url, NbdClient, NBD_DEFAULT_PORT};
-pub use server::{NbdConfig, NbdExport, NbdExports, NbdLimits, NbdServer};
+pub use server::{IpRange, NbdConfig, NbdExport, NbdExports, NbdLimits, NbdServer};

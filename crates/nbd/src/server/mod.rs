@@ -13,11 +13,14 @@
 //! ones by covering reads and read-modify-write), preferred the volume block size,
 //! maximum [`NbdLimits::request_bytes_max`].
 
+mod access;
 mod conn;
 mod exec;
 mod writer;
 
 use crate::proto::{tflag, BlockSizes, ExportInfo, STRING_BYTES_MAX};
+pub use access::IpRange;
+use access::{LogThrottle, PerSource};
 use block::VolumeRef;
 use exec::ExportState;
 use std::future::Future;
@@ -71,6 +74,8 @@ pub struct NbdLimits {
     pub handshake_timeout_ms: u64,
     /// Connections served at once; more are accepted and closed at once.
     pub connections_max: usize,
+    /// Connections served at once from one client address.
+    pub connections_per_source_max: usize,
     /// Time in-flight requests get to finish when a connection ends.
     pub drain_timeout_ms: u64,
 }
@@ -82,8 +87,9 @@ impl Default for NbdLimits {
             request_bytes_max: 32 << 20,
             in_flight_bytes_max: 128 << 20,
             option_bytes_max: 8 << 10,
-            handshake_timeout_ms: 30_000,
+            handshake_timeout_ms: 10_000,
             connections_max: 1024,
+            connections_per_source_max: 64,
             drain_timeout_ms: 30_000,
         }
     }
@@ -100,6 +106,9 @@ pub struct NbdConfig {
     pub default_export: Option<String>,
     /// Resource bounds.
     pub limits: NbdLimits,
+    /// Client addresses served; every other connection is closed at accept
+    /// (see [`IpRange::loopback`] for the usual default).
+    pub allowed_clients: Vec<IpRange>,
 }
 
 /// One export being served.
@@ -124,6 +133,7 @@ pub const EXPORTS_MAX: usize = 16_384;
 pub(crate) struct Ctx {
     pub table: parking_lot::RwLock<Table>,
     pub limits: NbdLimits,
+    pub allowed_clients: Vec<IpRange>,
     pub shutdown: watch::Receiver<bool>,
 }
 
@@ -324,6 +334,7 @@ impl NbdServer {
         let ctx = Arc::new(Ctx {
             table: parking_lot::RwLock::new(table),
             limits: cfg.limits,
+            allowed_clients: cfg.allowed_clients.clone(),
             shutdown,
         });
         Ok(NbdServer {
@@ -351,6 +362,8 @@ impl NbdServer {
     /// them and flushes every export's volume.
     pub async fn run(self, shutdown: impl Future<Output = ()> + Send) -> io::Result<()> {
         let conns_allowed = Arc::new(Semaphore::new(self.ctx.limits.connections_max.max(1)));
+        let per_source = PerSource::new(self.ctx.limits.connections_per_source_max);
+        let refusals = LogThrottle::new(Duration::from_secs(1));
         let mut conns = JoinSet::new();
         tracing::info!(addr = %self.local_addr, exports = ?self.exports().names(), "NBD server listening");
         tokio::pin!(shutdown);
@@ -359,14 +372,29 @@ impl NbdServer {
                 _ = &mut shutdown => break,
                 acc = self.listener.accept() => match acc {
                     Ok((sock, peer)) => {
-                        let Ok(permit) = conns_allowed.clone().try_acquire_owned() else {
-                            tracing::warn!(%peer, "too many NBD connections; closing");
-                            continue;
+                        let why = if !self.ctx.allowed_clients.iter().any(|r| r.contains(peer.ip())) {
+                            Some("address not in [nbd] allowed_clients")
+                        } else {
+                            None
                         };
+                        let permit = conns_allowed.clone().try_acquire_owned().ok();
+                        let slot = per_source.take(peer.ip());
+                        let why = why.or(match (&permit, &slot) {
+                            (None, _) => Some("too many NBD connections"),
+                            (_, None) => Some("too many NBD connections from this address"),
+                            _ => None,
+                        });
+                        if let Some(why) = why {
+                            if let Some(held_back) = refusals.allow() {
+                                tracing::warn!(%peer, why, held_back, "NBD connection refused");
+                            }
+                            drop(sock);
+                            continue;
+                        }
                         let ctx = self.ctx.clone();
                         conns.spawn(async move {
                             conn::serve(ctx, sock, peer).await;
-                            drop(permit);
+                            drop((permit, slot));
                         });
                     }
                     Err(e) => {

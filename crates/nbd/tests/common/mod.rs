@@ -76,6 +76,7 @@ pub async fn start_volumes(vols: Vec<(VolumeRef, bool)>, limits: NbdLimits) -> R
         exports,
         default_export: Some("lun0".into()),
         limits,
+        allowed_clients: nbd::server::IpRange::loopback(),
     })
     .await
     .expect("bind");

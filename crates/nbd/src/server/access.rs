@@ -1,0 +1,236 @@
+//! Who may connect: client address ranges (CIDR) and per-source connection counts.
+//!
+//! The accept loop checks the peer's address against the allowed ranges before it
+//! sends a single byte, then takes a per-source slot; both refusals close the
+//! socket at once with a log line (at most one a second, with a count of the
+//! ones left out). The per-source table holds one entry per address with a live
+//! connection, so it is bounded by the total connection bound.
+
+use parking_lot::Mutex;
+use std::collections::HashMap;
+use std::net::IpAddr;
+use std::str::FromStr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// An address range: `10.0.0.0/24`, `::1/128`, or a plain address (a host).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct IpRange {
+    addr: IpAddr,
+    prefix_bits: u8,
+}
+
+impl IpRange {
+    /// The loopback ranges, `127.0.0.0/8` and `::1/128`: the default.
+    pub fn loopback() -> Vec<IpRange> {
+        vec![
+            IpRange {
+                addr: IpAddr::from([127, 0, 0, 0]),
+                prefix_bits: 8,
+            },
+            IpRange {
+                addr: IpAddr::from([0u16, 0, 0, 0, 0, 0, 0, 1]),
+                prefix_bits: 128,
+            },
+        ]
+    }
+
+    /// True when every address of the range is a loopback address.
+    pub fn is_loopback(&self) -> bool {
+        let inside = match self.addr {
+            IpAddr::V4(_) => self.prefix_bits >= 8,
+            IpAddr::V6(_) => self.prefix_bits == 128,
+        };
+        inside && self.addr.is_loopback()
+    }
+
+    /// True when `ip` (IPv4-mapped IPv6 counts as IPv4) lies in the range.
+    pub fn contains(&self, ip: IpAddr) -> bool {
+        let ip = canonical(ip);
+        match (self.addr, ip) {
+            (IpAddr::V4(a), IpAddr::V4(b)) => {
+                let mask = u32::MAX
+                    .checked_shl(32 - u32::from(self.prefix_bits))
+                    .unwrap_or(0);
+                u32::from(a) & mask == u32::from(b) & mask
+            }
+            (IpAddr::V6(a), IpAddr::V6(b)) => {
+                let mask = u128::MAX
+                    .checked_shl(128 - u32::from(self.prefix_bits))
+                    .unwrap_or(0);
+                u128::from(a) & mask == u128::from(b) & mask
+            }
+            _ => false,
+        }
+    }
+}
+
+/// IPv4-mapped IPv6 addresses (`::ffff:a.b.c.d`) as IPv4.
+fn canonical(ip: IpAddr) -> IpAddr {
+    match ip {
+        IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(ip, IpAddr::V4),
+        v4 => v4,
+    }
+}
+
+impl FromStr for IpRange {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        let (a, bits) = match s.split_once('/') {
+            Some((a, b)) => (a, Some(b)),
+            None => (s, None),
+        };
+        let addr: IpAddr = a
+            .trim()
+            .parse()
+            .map_err(|_| format!("{s:?} is not an address or CIDR range"))?;
+        let max = if addr.is_ipv4() { 32 } else { 128 };
+        let prefix_bits = match bits {
+            None => max,
+            Some(b) => match b.trim().parse::<u8>() {
+                Ok(n) if n <= max => n,
+                _ => return Err(format!("{s:?}: prefix length must be 0..={max}")),
+            },
+        };
+        Ok(IpRange {
+            addr: canonical(addr),
+            prefix_bits,
+        })
+    }
+}
+
+impl std::fmt::Display for IpRange {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}/{}", self.addr, self.prefix_bits)
+    }
+}
+
+/// Live connections per source address.
+#[derive(Debug)]
+pub(crate) struct PerSource {
+    counts: Mutex<HashMap<IpAddr, usize>>,
+    max: usize,
+}
+
+/// A connection's hold on its source's count; released on drop.
+#[derive(Debug)]
+pub(crate) struct SourceSlot {
+    table: Arc<PerSource>,
+    ip: IpAddr,
+}
+
+impl PerSource {
+    /// A table allowing `max` connections per address.
+    pub(crate) fn new(max: usize) -> Arc<Self> {
+        Arc::new(PerSource {
+            counts: Mutex::new(HashMap::new()),
+            max: max.max(1),
+        })
+    }
+
+    /// A slot for `ip`, or `None` when that address has `max` connections.
+    pub(crate) fn take(self: &Arc<Self>, ip: IpAddr) -> Option<SourceSlot> {
+        let ip = canonical(ip);
+        let mut c = self.counts.lock();
+        let n = c.entry(ip).or_insert(0);
+        if *n >= self.max {
+            return None;
+        }
+        *n += 1;
+        Some(SourceSlot {
+            table: self.clone(),
+            ip,
+        })
+    }
+}
+
+impl Drop for SourceSlot {
+    fn drop(&mut self) {
+        let mut c = self.table.counts.lock();
+        if let Some(n) = c.get_mut(&self.ip) {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                c.remove(&self.ip);
+            }
+        }
+    }
+}
+
+/// Lets a log line through at most once per interval; counts the ones held back.
+#[derive(Debug)]
+pub(crate) struct LogThrottle {
+    state: Mutex<(Option<Instant>, u64)>,
+    interval: Duration,
+}
+
+impl LogThrottle {
+    /// A throttle of one line per `interval`.
+    pub(crate) fn new(interval: Duration) -> Self {
+        LogThrottle {
+            state: Mutex::new((None, 0)),
+            interval,
+        }
+    }
+
+    /// `Some(lines held back since the last one)` when a line may be logged now.
+    pub(crate) fn allow(&self) -> Option<u64> {
+        let mut s = self.state.lock();
+        let now = Instant::now();
+        match s.0 {
+            Some(t) if now.duration_since(t) < self.interval => {
+                s.1 += 1;
+                None
+            }
+            _ => {
+                let held = s.1;
+                *s = (Some(now), 0);
+                Some(held)
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ranges_parse_and_match() {
+        let r: IpRange = "10.0.0.0/24".parse().unwrap();
+        assert!(r.contains("10.0.0.77".parse().unwrap()));
+        assert!(r.contains("::ffff:10.0.0.9".parse().unwrap()));
+        assert!(!r.contains("10.0.1.1".parse().unwrap()));
+        assert!(!r.contains("::1".parse().unwrap()));
+        let h: IpRange = "127.0.0.1".parse().unwrap();
+        assert!(h.contains("127.0.0.1".parse().unwrap()));
+        assert!(!h.contains("127.0.0.2".parse().unwrap()));
+        let all: IpRange = "0.0.0.0/0".parse().unwrap();
+        assert!(all.contains("192.168.1.1".parse().unwrap()));
+        let v6: IpRange = "fd00::/8".parse().unwrap();
+        assert!(v6.contains("fd12::1".parse().unwrap()));
+        assert!(!v6.contains("fe80::1".parse().unwrap()));
+        for bad in ["10.0.0.0/33", "10.0.0/8", "x", "::/129", "1.2.3.4/"] {
+            assert!(bad.parse::<IpRange>().is_err(), "{bad}");
+        }
+        let lo = IpRange::loopback();
+        assert!(lo.iter().any(|r| r.contains("127.0.0.5".parse().unwrap())));
+        assert!(lo.iter().any(|r| r.contains("::1".parse().unwrap())));
+        assert!(!lo.iter().any(|r| r.contains("10.1.1.1".parse().unwrap())));
+        assert!(lo.iter().all(IpRange::is_loopback));
+        assert!(!"0.0.0.0/0".parse::<IpRange>().unwrap().is_loopback());
+    }
+
+    #[test]
+    fn per_source_slots_are_bounded_and_released() {
+        let t = PerSource::new(2);
+        let ip: IpAddr = "127.0.0.3".parse().unwrap();
+        let a = t.take(ip).unwrap();
+        let _b = t.take(ip).unwrap();
+        assert!(t.take(ip).is_none());
+        assert!(t.take("127.0.0.4".parse().unwrap()).is_some());
+        drop(a);
+        assert!(t.take(ip).is_some());
+        assert!(t.counts.lock().len() <= 2);
+    }
+}
