@@ -1,6 +1,6 @@
 //! Arbitrary bytes fed to every NBD parser of network input: the server's option
 //! haggling state machine (in chunks, so partial messages are exercised), the
-//! transmission request decoder, and the client's decoders for the greeting,
+//! transmission request decoder (with and without TLS required), and the client's decoders for the greeting,
 //! option replies, `NBD_INFO_*` items, the EXPORT_NAME answer and simple replies.
 //! Nothing may panic, and the negotiator must never buffer more than one bounded
 //! option plus one chunk.
@@ -11,7 +11,7 @@ use libfuzzer_sys::fuzz_target;
 use nbd::proto::{
     decode_export_name_reply, decode_info, decode_option_header, decode_option_reply_header,
     decode_request, decode_server_greeting, decode_simple_reply, parse_option, tflag,
-    BlockSizes, ExportInfo, Progress, ServerNegotiator, IHAVEOPT, OPTION_HEADER_BYTES,
+    BlockSizes, ExportInfo, Progress, ServerNegotiator, TlsPolicy, IHAVEOPT, OPTION_HEADER_BYTES,
     REQUEST_BYTES,
 };
 
@@ -40,7 +40,14 @@ fuzz_target!(|data: &[u8]| {
         return;
     };
     let exports = exports();
-    let mut neg = ServerNegotiator::new(&exports, Some(0), OPTION_BYTES_MAX);
+    // Bit 7 of the control byte: TLS required (STARTTLS is acknowledged and the
+    // "TLS handshake" is taken as done, so both sides of the rule are reached).
+    let tls = if ctl & 0x80 != 0 {
+        TlsPolicy::Require
+    } else {
+        TlsPolicy::Off
+    };
+    let mut neg = ServerNegotiator::new(&exports, Some(0), OPTION_BYTES_MAX).with_tls(tls);
     let _ = neg.greeting();
     let mut input = BytesMut::new();
     if ctl & 1 != 0 {
@@ -48,7 +55,7 @@ fuzz_target!(|data: &[u8]| {
         input.extend_from_slice(&1u32.to_be_bytes());
         input.extend_from_slice(&IHAVEOPT.to_be_bytes());
     }
-    let chunk = (ctl as usize >> 1) + 1;
+    let chunk = ((ctl as usize >> 1) & 0x3f) + 1;
     let mut out = BytesMut::new();
     for piece in rest.chunks(chunk) {
         input.extend_from_slice(piece);
@@ -63,6 +70,10 @@ fuzz_target!(|data: &[u8]| {
                     let _ = decode_request(r);
                 }
                 break;
+            }
+            Ok(Progress::StartTls) => {
+                assert!(input.is_empty(), "no plaintext carried into TLS");
+                neg.tls_started();
             }
             Ok(Progress::Abort) | Err(_) => break,
         }

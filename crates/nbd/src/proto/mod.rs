@@ -23,7 +23,7 @@ pub use handshake::{
     encode_server_greeting, parse_option, BlockSizes, ClientOption, Info, InfoRequest,
     OptionHeader, OptionReplyHeader,
 };
-pub use negotiate::{ExportInfo, NegotiateError, Progress, ServerNegotiator};
+pub use negotiate::{ExportInfo, NegotiateError, Progress, ServerNegotiator, TlsPolicy};
 pub use transmission::{
     decode_request, decode_simple_reply, encode_request, encode_simple_reply, Command, Request,
     SimpleReply,

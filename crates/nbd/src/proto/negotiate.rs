@@ -44,6 +44,11 @@ pub enum Progress {
     NeedInput,
     /// The client aborted (`NBD_OPT_ABORT`): close the connection.
     Abort,
+    /// `NBD_OPT_STARTTLS` was acknowledged: run the TLS handshake as server on
+    /// the same socket, call [`ServerNegotiator::tls_started`], and go on feeding
+    /// bytes read through TLS (the input buffer is empty: plaintext sent after
+    /// STARTTLS is refused).
+    StartTls,
     /// Option haggling is over: serve `exports[export_index]`. Bytes left in the
     /// input buffer already belong to the transmission phase.
     Transmission {
@@ -82,6 +87,14 @@ pub enum NegotiateError {
     /// More than [`OPTIONS_PER_CONNECTION_MAX`] options.
     #[error("too many options")]
     TooManyOptions,
+    /// TLS is required and the client chose an export with
+    /// `NBD_OPT_EXPORT_NAME` before it (no error reply is possible).
+    #[error("NBD_OPT_EXPORT_NAME before TLS while TLS is required")]
+    TlsRequired,
+    /// Bytes followed `NBD_OPT_STARTTLS` before the server acknowledged it
+    /// (plaintext that could be injected into the TLS session).
+    #[error("data sent after NBD_OPT_STARTTLS before its reply")]
+    DataAfterStartTls,
     /// `advance` was called after negotiation ended.
     #[error("negotiation already finished")]
     Finished,
@@ -103,6 +116,28 @@ pub struct ServerNegotiator<'a> {
     state: State,
     no_zeroes: bool,
     options_seen: u32,
+    tls: TlsPolicy,
+    tls_active: bool,
+}
+
+/// What the TLS rule made of an option.
+enum Gate {
+    /// Not a TLS matter: handle the option as usual.
+    Pass,
+    /// Answered already (error reply); read the next option.
+    Answered,
+    /// Haggling pauses or ends here.
+    End(Progress),
+}
+
+/// Whether the server offers TLS (`NBD_OPT_STARTTLS`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TlsPolicy {
+    /// No TLS: STARTTLS is answered `NBD_REP_ERR_UNSUP`.
+    Off,
+    /// TLS required: before it, every option but STARTTLS and ABORT is answered
+    /// `NBD_REP_ERR_TLS_REQD`, and `NBD_OPT_EXPORT_NAME` closes the connection.
+    Require,
 }
 
 impl<'a> ServerNegotiator<'a> {
@@ -120,6 +155,23 @@ impl<'a> ServerNegotiator<'a> {
             state: State::ClientFlags,
             no_zeroes: false,
             options_seen: 0,
+            tls: TlsPolicy::Off,
+            tls_active: false,
+        }
+    }
+
+    /// The same negotiator with TLS policy `tls`.
+    pub fn with_tls(mut self, tls: TlsPolicy) -> Self {
+        self.tls = tls;
+        self
+    }
+
+    /// The TLS handshake that followed [`Progress::StartTls`] succeeded: options
+    /// are now accepted (through TLS).
+    pub fn tls_started(&mut self) {
+        self.tls_active = true;
+        if self.state == State::Done {
+            self.state = State::Options;
         }
     }
 
@@ -195,12 +247,54 @@ impl<'a> ServerNegotiator<'a> {
                     }
                     input.advance(OPTION_HEADER_BYTES);
                     let data = input.split_to(h.data_len_bytes as usize);
+                    match self.tls_gate(h.option, input, out)? {
+                        Gate::End(p) => return Ok(p),
+                        Gate::Answered => continue,
+                        Gate::Pass => {}
+                    }
                     if let Some(p) = self.option(h.option, &data, out)? {
                         self.state = State::Done;
                         return Ok(p);
                     }
                 }
             }
+        }
+    }
+
+    /// STARTTLS and the TLS-required rule, before any option is looked at.
+    fn tls_gate(
+        &mut self,
+        code: u32,
+        input: &BytesMut,
+        out: &mut BytesMut,
+    ) -> Result<Gate, NegotiateError> {
+        use super::opt;
+        let before_tls = self.tls == TlsPolicy::Require && !self.tls_active;
+        match code {
+            opt::STARTTLS if self.tls == TlsPolicy::Off => Ok(Gate::Pass),
+            opt::STARTTLS if self.tls_active => {
+                encode_option_reply(code, rep::ERR_INVALID, b"TLS already active", out);
+                Ok(Gate::Answered)
+            }
+            opt::STARTTLS => {
+                if !input.is_empty() {
+                    self.state = State::Done;
+                    return Err(NegotiateError::DataAfterStartTls);
+                }
+                encode_option_reply(code, rep::ACK, &[], out);
+                self.state = State::Done;
+                Ok(Gate::End(Progress::StartTls))
+            }
+            opt::ABORT => Ok(Gate::Pass),
+            opt::EXPORT_NAME if before_tls => {
+                self.state = State::Done;
+                Err(NegotiateError::TlsRequired)
+            }
+            _ if before_tls => {
+                encode_option_reply(code, rep::ERR_TLS_REQD, b"TLS required", out);
+                Ok(Gate::Answered)
+            }
+            _ => Ok(Gate::Pass),
         }
     }
 
@@ -387,6 +481,49 @@ mod tests {
         assert_eq!(
             n.advance(&mut input, &mut out),
             Err(NegotiateError::Finished)
+        );
+    }
+
+    #[test]
+    fn tls_required_refuses_options_until_starttls() {
+        let ex = exports();
+        let mut n = ServerNegotiator::new(&ex, Some(0), 4096).with_tls(TlsPolicy::Require);
+        let mut input = BytesMut::from(&1u32.to_be_bytes()[..]);
+        input.extend_from_slice(&opt_bytes(ClientOption::List));
+        input.extend_from_slice(&opt_bytes(ClientOption::Go(InfoRequest {
+            name: "lun0".into(),
+            infos: vec![],
+        })));
+        input.extend_from_slice(&opt_bytes(ClientOption::Unsupported(opt::STARTTLS)));
+        let mut out = BytesMut::new();
+        assert_eq!(n.advance(&mut input, &mut out), Ok(Progress::StartTls));
+        let r = replies(&out);
+        let types: Vec<u32> = r.iter().map(|x| x.1).collect();
+        assert_eq!(types, vec![rep::ERR_TLS_REQD, rep::ERR_TLS_REQD, rep::ACK]);
+        // Through TLS now: options work, a second STARTTLS is invalid.
+        n.tls_started();
+        out.clear();
+        input.extend_from_slice(&opt_bytes(ClientOption::Unsupported(opt::STARTTLS)));
+        input.extend_from_slice(&opt_bytes(ClientOption::ExportName("lun1".into())));
+        let p = n.advance(&mut input, &mut out).unwrap();
+        assert_eq!(p, Progress::Transmission { export_index: 1 });
+        assert_eq!(replies(&out[..out.len() - 134])[0].1, rep::ERR_INVALID);
+
+        // EXPORT_NAME before TLS closes; plaintext after STARTTLS closes.
+        let mut n = ServerNegotiator::new(&ex, Some(0), 4096).with_tls(TlsPolicy::Require);
+        let mut input = BytesMut::from(&1u32.to_be_bytes()[..]);
+        input.extend_from_slice(&opt_bytes(ClientOption::ExportName("lun0".into())));
+        assert_eq!(
+            n.advance(&mut input, &mut BytesMut::new()),
+            Err(NegotiateError::TlsRequired)
+        );
+        let mut n = ServerNegotiator::new(&ex, Some(0), 4096).with_tls(TlsPolicy::Require);
+        let mut input = BytesMut::from(&1u32.to_be_bytes()[..]);
+        input.extend_from_slice(&opt_bytes(ClientOption::Unsupported(opt::STARTTLS)));
+        input.extend_from_slice(b"injected");
+        assert_eq!(
+            n.advance(&mut input, &mut BytesMut::new()),
+            Err(NegotiateError::DataAfterStartTls)
         );
     }
 

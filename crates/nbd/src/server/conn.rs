@@ -94,6 +94,8 @@ async fn handshake(
                 }
             }
             Ok(Progress::Abort) => return Ok(None),
+            // This server does not offer TLS yet (TlsPolicy::Off): never reached.
+            Ok(Progress::StartTls) => return Ok(None),
             Ok(Progress::Transmission { export_index }) => {
                 let (Some(info), Some(state)) =
                     (snap.infos.get(export_index), snap.states.get(export_index))
