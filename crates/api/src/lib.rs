@@ -17,7 +17,9 @@
 //! - `POST /pools/{name}/scrub` — start a scrub.
 //! - `POST /pools/{name}/spares` `{"disk": NAME}` — add a configured disk as a spare.
 //! - `POST /pools/{name}/replace` `{"position": N, "disk": NAME}` — replace a member.
-//! - `POST /pools/{name}/fail` `{"position": N}` — mark a member failed (administrative).
+//! - `POST /pools/{name}/fail` `{"position": N, "force": false}` — mark a member failed
+//!   (administrative); refused (409) beyond the redundancy the pool has left
+//!   unless `force` is true.
 //! - `POST /pools/{name}/rebuild-rate` `{"mb_s": N}` — cap rebuild, resync and scrub
 //!   at N MB/s (0 = uncapped); takes effect at once and persists in the pool.
 //!
@@ -91,10 +93,14 @@ pub enum PoolAction {
         /// Name of a `[[disk]]` not in use.
         disk: String,
     },
-    /// Mark the member at `position` failed.
+    /// Mark the member at `position` failed; refused when the pool would be left
+    /// with less redundancy than it needs to serve its data, unless `force`.
     Fail {
         /// Member position.
         position: usize,
+        /// Fail it even beyond the redundancy the pool has left.
+        #[serde(default)]
+        force: bool,
     },
     /// Cap rebuild, resync and scrub at `mb_s` MB/s (0 = uncapped).
     SetRebuildRate {
@@ -301,6 +307,8 @@ struct ReplaceBody {
 #[derive(Deserialize)]
 struct PositionBody {
     position: usize,
+    #[serde(default)]
+    force: bool,
 }
 
 #[derive(Deserialize)]
@@ -346,6 +354,7 @@ async fn fail(
         &name,
         PoolAction::Fail {
             position: b.position,
+            force: b.force,
         },
     )
     .await

@@ -36,7 +36,7 @@ impl Control for Fake {
             return Err(ApiError::NotFound(name.into()));
         }
         match action {
-            PoolAction::Fail { position } if position > 3 => {
+            PoolAction::Fail { position, .. } if position > 3 => {
                 Err(ApiError::BadRequest("no such position".into()))
             }
             a => {

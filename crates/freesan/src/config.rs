@@ -259,6 +259,10 @@ pub struct ApiConfig {
     /// The certificate's private key (PEM); given together with `cert`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub key: Option<PathBuf>,
+    /// Folders (or exact devices) that disks and LUNs created through the API
+    /// may use; default: the data directory.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub allowed_paths: Vec<PathBuf>,
 }
 
 fn default_api_connections_max() -> usize {
@@ -286,6 +290,7 @@ impl ApiConfig {
             tls: None,
             cert: None,
             key: None,
+            allowed_paths: Vec::new(),
         }
     }
 
@@ -715,6 +720,7 @@ impl Config {
             for p in [&mut a.cert, &mut a.key].into_iter().flatten() {
                 fix(p);
             }
+            a.allowed_paths.iter_mut().for_each(fix);
         }
         for d in &mut self.disks {
             if let Some(p) = &mut d.path {

@@ -7,6 +7,7 @@
 //!
 //! What it does not do: any data-path work itself; it only wires the crates.
 
+mod allowed;
 mod apicmd;
 mod benchcmd;
 mod cachecmd;

@@ -87,12 +87,16 @@ pub enum PoolCmd {
         /// Disk name.
         disk: String,
     },
-    /// Mark the member at POSITION failed (e.g. before pulling it).
+    /// Mark the member at POSITION failed (e.g. before pulling it); refused when
+    /// the pool has no redundancy left for it, unless --force.
     Fail {
         /// Pool name.
         name: String,
         /// Member position.
         position: usize,
+        /// Fail it even if the pool then loses data.
+        #[arg(long)]
+        force: bool,
     },
     /// Cap rebuild, resync and scrub at MB_S MB/s (0 = uncapped); applies at once.
     RebuildRate {
@@ -315,8 +319,12 @@ pub fn run(api: SocketAddr, cmd: PoolCmd) -> Result<()> {
             )?;
             print_pool(&ok_or_error(code, v)?);
         }
-        PoolCmd::Fail { name, position } => {
-            let body = serde_json::json!({ "position": position });
+        PoolCmd::Fail {
+            name,
+            position,
+            force,
+        } => {
+            let body = serde_json::json!({ "position": position, "force": force });
             let (code, v) = http(
                 api,
                 "POST",

@@ -593,7 +593,27 @@ impl Pools {
                 let m = self.take_disk(&disk)?;
                 pool.replace_member(position, m).await.map_err(refused)?;
             }
-            api::PoolAction::Fail { position } => {
+            api::PoolAction::Fail { position, force } => {
+                if !force {
+                    let st = pool.status();
+                    let down = st
+                        .members
+                        .iter()
+                        .filter(|m| m.state != raid::MemberState::Active)
+                        .count();
+                    let active = st
+                        .members
+                        .get(position)
+                        .is_some_and(|m| m.state == raid::MemberState::Active);
+                    if active && down >= st.redundancy {
+                        return Err(api::ApiError::Conflict(format!(
+                            "pool {name} survives {} failed member(s) and has {down} already: \
+                             failing member {position} would lose its data \
+                             (add \"force\": true, or --force, to do it anyway)",
+                            st.redundancy
+                        )));
+                    }
+                }
                 pool.fail_member(position).await.map_err(refused)?;
             }
             api::PoolAction::SetRebuildRate { mb_s } => {

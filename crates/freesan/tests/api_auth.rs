@@ -353,3 +353,100 @@ fn with_tls_the_local_cli_pins_the_nodes_certificate_and_plain_http_gets_nothing
     );
     drop(node);
 }
+
+#[test]
+fn the_api_refuses_paths_sizes_names_and_failures_beyond_what_the_node_allows() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path().display().to_string();
+    let naa = "600140500000000000000000000000aa";
+    // the API may use this test's folder (where the disks are), nothing else
+    let head = config_head(dir.path(), 3).replacen(
+        "[api]\naddress = \"127.0.0.1:0\"\n",
+        &format!("[api]\naddress = \"127.0.0.1:0\"\nallowed_paths = [\"{d}\"]\n"),
+        1,
+    );
+    let s = format!(
+        "{head}[[target]]\niqn = \"{IQN}\"\n[[target.lun]]\npath = \"{d}/lun0.img\"\nsize = \"16M\"\nnaa = \"{naa}\"\n"
+    );
+    let cfg = dir.path().join("node.toml");
+    std::fs::write(&cfg, s).unwrap();
+    let node = start_config(dir.path(), &cfg);
+    let api = node.api.clone().expect("no API address in the banner");
+    let cli = |args: &[&str]| {
+        let mut all = vec![args[0], "--api", api.as_str()];
+        all.extend_from_slice(&args[1..]);
+        freesan(&all)
+    };
+    let before = state(&api);
+    let outside = tempfile::tempdir().unwrap();
+    let out_file = outside.path().join("x.img");
+    for (file, why) in [
+        (out_file.to_str().unwrap().to_string(), "outside"),
+        ("/dev/sda".to_string(), "outside"),
+        (format!("{d}/sub/../../x.img"), ".."),
+        (format!("{d}/lun0.img"), "in use"),
+        (format!("{d}/d1.img"), "in use"),
+    ] {
+        let (ok, out) = cli(&[
+            "lun", "create", "--target", IQN, "--file", &file, "--size", "1M",
+        ]);
+        assert!(!ok && out.contains(why), "LUN on {file}: {out}");
+    }
+    assert!(!out_file.exists(), "a refused LUN left its file");
+    let token = std::fs::read_to_string(dir.path().join("data/api/cli-token")).unwrap();
+    let auth = format!("Authorization: Bearer {}", token.trim());
+    let json = "Content-Type: application/json";
+    let (code, body) = http(
+        &api,
+        "POST",
+        "/api/v1/disks",
+        &[json, &auth],
+        r#"{"name":"huge","memory":true,"size":"1T"}"#,
+    );
+    assert_eq!(code, 409, "a 1 TiB memory disk: {body}");
+    let lun = |l: &str| format!(r#"{{"target":"{IQN}","lun":{l}}}"#);
+    let big = lun(&format!(
+        r#"{{"path":"{d}/thick.img","size":"1000T","thick":true}}"#
+    ));
+    let (code, body) = http(&api, "POST", "/api/v1/luns", &[json, &auth], &big);
+    assert_eq!(code, 409, "a thick 1000 TiB file: {body}");
+    let same = lun(&format!(
+        r#"{{"path":"{d}/other.img","size":"1M","naa":"{}"}}"#,
+        naa.to_uppercase()
+    ));
+    let (code, body) = http(&api, "POST", "/api/v1/luns", &[json, &auth], &same);
+    assert_eq!(code, 409, "a second LUN with NAA {naa}: {body}");
+    assert_eq!(state(&api), before, "a refused request changed the node");
+    // a LUN inside the allowed folder is fine
+    let (ok, out) = cli(&[
+        "lun",
+        "create",
+        "--target",
+        IQN,
+        "--file",
+        &format!("{d}/new.img"),
+        "--size",
+        "1M",
+    ]);
+    assert!(ok, "{out}");
+
+    // failing members: the first of a mirror is fine, the second needs --force
+    let (ok, out) = cli(&[
+        "pool", "create", "p", "--level", "raid1", "--member", "d0,d1",
+    ]);
+    assert!(ok, "{out}");
+    let (ok, out) = cli(&["pool", "fail", "p", "0"]);
+    assert!(ok, "{out}");
+    let (ok, out) = cli(&["pool", "fail", "p", "1"]);
+    assert!(
+        !ok && out.contains("--force"),
+        "failing the last copy was accepted: {out}"
+    );
+    let (ok, out) = cli(&["pool", "status", "p", "--json"]);
+    assert!(ok);
+    let v: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["members"][1]["state"], "active", "{out}");
+    let (ok, out) = cli(&["pool", "fail", "p", "1", "--force"]);
+    assert!(ok, "--force was refused: {out}");
+    drop(node);
+}

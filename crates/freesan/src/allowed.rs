@@ -1,0 +1,205 @@
+//! What disks and LUNs created through the management API may use: paths only
+//! under the folders (or exactly the devices) `[api] allowed_paths` lists
+//! (default: the data directory), never a backing path or NAA designator that
+//! something else already uses, and no memory disk larger than the memory the
+//! node has available.
+//!
+//! What it does not do: limit the configuration file, whose author is trusted.
+
+use crate::config::{Config, DiskConfig, LunConfig};
+use api::ApiError;
+use std::path::{Component, Path, PathBuf};
+
+/// The folders and devices API-created objects may use (resolved, no symlinks).
+#[derive(Debug, Clone)]
+pub(crate) struct Allowed {
+    roots: Vec<PathBuf>,
+}
+
+/// `p` with symlinks resolved as far as it exists, the rest appended; None when
+/// a `..` remains or nothing of it exists.
+fn resolve(p: &Path) -> Option<PathBuf> {
+    let abs = std::path::absolute(p).ok()?;
+    let mut existing = abs.as_path();
+    let mut rest: Vec<&std::ffi::OsStr> = Vec::new();
+    loop {
+        if let Ok(c) = existing.canonicalize() {
+            let mut out = c;
+            for part in rest.iter().rev() {
+                out.push(part);
+            }
+            return Some(out);
+        }
+        let name = existing.file_name()?;
+        if name == ".." {
+            return None;
+        }
+        rest.push(name);
+        existing = existing.parent()?;
+    }
+}
+
+fn refused(msg: String) -> ApiError {
+    ApiError::Conflict(msg)
+}
+
+impl Allowed {
+    /// The rules of `cfg`: `[api] allowed_paths`, or the data directory.
+    pub fn new(cfg: &Config) -> Allowed {
+        let listed = cfg
+            .api
+            .as_ref()
+            .map(|a| a.allowed_paths.clone())
+            .unwrap_or_default();
+        let listed = if listed.is_empty() {
+            vec![cfg.data_dir.clone()]
+        } else {
+            listed
+        };
+        Allowed {
+            roots: listed.iter().filter_map(|p| resolve(p)).collect(),
+        }
+    }
+
+    /// Refuses `p` unless it is an allowed device or lies under an allowed folder.
+    pub fn check_path(&self, p: &Path) -> Result<PathBuf, ApiError> {
+        if p.components().any(|c| c == Component::ParentDir) {
+            return Err(refused(format!(
+                "{}: paths with .. are not accepted",
+                p.display()
+            )));
+        }
+        let r = resolve(p).ok_or_else(|| refused(format!("{}: cannot resolve", p.display())))?;
+        if self.roots.iter().any(|root| r.starts_with(root)) {
+            return Ok(r);
+        }
+        Err(refused(format!(
+            "{} is outside the paths the API may use ([api] allowed_paths: {})",
+            p.display(),
+            self.roots
+                .iter()
+                .map(|r| r.display().to_string())
+                .collect::<Vec<_>>()
+                .join(", ")
+        )))
+    }
+}
+
+/// Every backing path `cfg` uses (disks and LUNs), resolved.
+fn paths_in_use(cfg: &Config) -> Vec<PathBuf> {
+    let disks = cfg.disks.iter().filter_map(|d| d.path.as_deref());
+    let luns = cfg
+        .targets
+        .iter()
+        .flat_map(|t| t.luns.iter())
+        .filter_map(|l| l.path.as_deref());
+    disks.chain(luns).filter_map(resolve).collect()
+}
+
+/// Checks a disk about to be created through the API against `cfg` (the
+/// running configuration, without the disk).
+pub(crate) fn check_disk(allowed: &Allowed, cfg: &Config, d: &DiskConfig) -> Result<(), ApiError> {
+    if cfg.disks.iter().any(|o| o.name == d.name) {
+        return Ok(()); // the configuration check refuses it by name
+    }
+    if let Some(p) = &d.path {
+        let r = allowed.check_path(p)?;
+        if paths_in_use(cfg).contains(&r) {
+            return Err(refused(format!("{} is already in use", p.display())));
+        }
+    }
+    if d.memory {
+        let size_bytes = d.size.as_deref().and_then(disk::parse_size).unwrap_or(0);
+        if let Some(avail) = mem_available_bytes() {
+            if size_bytes > avail / 2 {
+                return Err(refused(format!(
+                    "memory disk {} of {size_bytes} bytes: the node has {avail} bytes available (at most half may go to one disk)",
+                    d.name
+                )));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Checks a LUN about to be created through the API against `cfg` (the
+/// running configuration, without the LUN).
+pub(crate) fn check_lun(allowed: &Allowed, cfg: &Config, l: &LunConfig) -> Result<(), ApiError> {
+    if let Some(p) = &l.path {
+        let r = allowed.check_path(p)?;
+        if paths_in_use(cfg).contains(&r) {
+            return Err(refused(format!("{} is already in use", p.display())));
+        }
+    }
+    if let (Some(p), true) = (&l.path, l.thick) {
+        let size_bytes = l.size.as_deref().and_then(disk::parse_size).unwrap_or(0);
+        if !p.exists() {
+            if let Some(free) = free_bytes(p) {
+                if size_bytes > free {
+                    return Err(refused(format!(
+                        "{}: a thick file of {size_bytes} bytes does not fit in the {free} bytes free there",
+                        p.display()
+                    )));
+                }
+            }
+        }
+    }
+    if let Some(naa) = &l.naa {
+        let taken = cfg
+            .targets
+            .iter()
+            .flat_map(|t| t.luns.iter())
+            .filter_map(|o| o.naa.as_deref())
+            .any(|o| o.eq_ignore_ascii_case(naa));
+        if taken {
+            return Err(refused(format!("NAA {naa} is already in use")));
+        }
+    }
+    Ok(())
+}
+
+/// Bytes free (for unprivileged users) on the filesystem that would hold `p`.
+fn free_bytes(p: &Path) -> Option<u64> {
+    use std::os::unix::ffi::OsStrExt;
+    let mut dir = std::path::absolute(p).ok()?;
+    while !dir.exists() {
+        dir = dir.parent()?.to_path_buf();
+    }
+    let c = std::ffi::CString::new(dir.as_os_str().as_bytes()).ok()?;
+    // SAFETY: statvfs writes into the zeroed struct we own; c is a valid C string.
+    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    if unsafe { libc::statvfs(c.as_ptr(), &mut st) } != 0 {
+        return None;
+    }
+    Some(st.f_bavail as u64 * st.f_frsize as u64)
+}
+
+/// `MemAvailable` of /proc/meminfo.
+fn mem_available_bytes() -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = text.lines().find(|l| l.starts_with("MemAvailable:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib * 1024)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn paths_outside_the_allowed_folders_and_dotdot_are_refused() {
+        let d = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(d.path().join("data/sub")).unwrap();
+        let a = Allowed {
+            roots: vec![resolve(&d.path().join("data")).unwrap()],
+        };
+        assert!(a.check_path(&d.path().join("data/x.img")).is_ok());
+        assert!(a.check_path(&d.path().join("data/sub/new/y.img")).is_ok());
+        assert!(a.check_path(&d.path().join("data/../x.img")).is_err());
+        assert!(a.check_path(Path::new("/dev/sda")).is_err());
+        assert!(a.check_path(Path::new("/etc/shadow")).is_err());
+        // a symlink inside pointing outside is followed and refused
+        std::os::unix::fs::symlink("/etc", d.path().join("data/link")).unwrap();
+        assert!(a.check_path(&d.path().join("data/link/shadow")).is_err());
+    }
+}
