@@ -359,7 +359,10 @@ impl NbdConfig {
     pub fn allowed_ranges(&self) -> Result<Vec<nbd::IpRange>> {
         self.allowed_clients
             .iter()
-            .map(|s| s.parse().map_err(|e: String| anyhow::anyhow!("[nbd] allowed_clients: {e}")))
+            .map(|s| {
+                s.parse()
+                    .map_err(|e: String| anyhow::anyhow!("[nbd] allowed_clients: {e}"))
+            })
             .collect()
     }
 
@@ -960,7 +963,9 @@ impl Config {
                 bail!("[api]: connections_max, connections_per_source_max and header_read_timeout_ms must be above 0");
             }
             if a.cert.is_some() != a.key.is_some() {
-                bail!("[api]: give cert and key together (or neither, for a generated certificate)");
+                bail!(
+                    "[api]: give cert and key together (or neither, for a generated certificate)"
+                );
             }
         }
         if let Some(n) = &self.nbd {
