@@ -280,3 +280,87 @@ async fn a_leader_acknowledging_a_write_never_applied_here_is_dropped() {
     while fake.next().await.is_some() {}
     n2.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leader_flooding_the_follower_with_requests_is_dropped() {
+    let d = tempfile::tempdir().unwrap();
+    let k = keys();
+    let mem: VolumeRef = Arc::new(MemVolume::new(512, BLOCKS));
+    let slow = Arc::new(block::DelayVolume::new(mem, Duration::ZERO, Duration::ZERO));
+    let m2: VolumeRef = slow.clone();
+    let (n2, sink) =
+        ReplicatedVolume::open(cfg(2, d.path(), vec![], k[1].clone()), m2.clone()).unwrap();
+    let sinks = SyncSinks::default();
+    sinks.insert("vol", sink);
+    let l = SyncListener::bind(&["127.0.0.1:0".parse().unwrap()], sinks, k[1].clone())
+        .await
+        .unwrap();
+    let addr = l.local_addrs()[0];
+    l.spawn();
+    let s = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let st = replica::secure::connect(s, &k[0], Member::Node2, Purpose::Sync)
+        .await
+        .unwrap();
+    let (mut fake, _) = Fake::start(st.reader, st.writer, 1, Generations::default()).await;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    while n2.role() != Role::Target {
+        assert!(tokio::time::Instant::now() < deadline, "{:?}", n2.status());
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let gens = Generations {
+        current: 3,
+        synced: 3,
+    };
+    fake.send(Message::ResyncDone { id: 1, gens }).await;
+    loop {
+        if let Message::Done { id: 1, .. } = fake.next().await.expect("link closed") {
+            break;
+        }
+    }
+    assert_eq!(n2.role(), Role::Follower);
+    // every write now takes a while on node 2, and the leader sends far more of
+    // them at once than an honest leader ever has in flight
+    slow.set_delays(Duration::ZERO, Duration::from_secs(5));
+    let flood = 3 * 4096u64;
+    let sender = {
+        let out = fake.out.clone();
+        tokio::spawn(async move {
+            for i in 0..flood {
+                let op = replica_proto::Op::Write {
+                    lba: i % BLOCKS,
+                    fua: false,
+                    data: Bytes::from(vec![0xA5u8; 512]),
+                };
+                if out.send(Message::Apply { id: 100 + i, op }).await.is_err() {
+                    return i;
+                }
+            }
+            flood
+        })
+    };
+    // node 2 drops the link instead of taking every request on
+    let mut answered = 0u64;
+    while let Some(m) = fake.next().await {
+        if let Message::Done { id, .. } = m {
+            if id >= 100 {
+                answered += 1;
+            }
+        }
+    }
+    sender.abort();
+    assert!(
+        answered < flood,
+        "node 2 answered all {flood} requests of the flood"
+    );
+    // and stops following it
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    while n2.role() == Role::Follower {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "node 2 still follows the flooder: {:?}",
+            n2.status()
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    n2.shutdown().await;
+}
