@@ -344,6 +344,7 @@ pub async fn run(cfg: Config) -> Result<()> {
                 exports,
                 limits: n.limits(),
                 allowed_clients: n.allowed_ranges()?,
+                tls: None,
             })
             .await
             .with_context(|| format!("binding NBD on {}", n.address))?,

@@ -12,12 +12,18 @@
 //!   into vectored writes; replies may go out of order. Unaligned requests are
 //!   served by reading covering blocks and by read-modify-write under a per-export
 //!   range lock;
+//! - [`tls`]: TLS as the NBD protocol defines it: with [`NbdConfig::tls`] set the
+//!   server requires `NBD_OPT_STARTTLS` before anything else, runs the rustls
+//!   handshake on the same socket (optionally demanding a client certificate from
+//!   a given CA), and continues option haggling and the transmission phase inside
+//!   TLS; a certificate can be made at first start;
 //! - [`client`]: [`NbdClient`], one TCP connection with many requests in flight,
-//!   used by `freesan bench --target nbd://HOST:PORT/EXPORT`.
+//!   used by `freesan bench --target nbd://HOST:PORT/EXPORT` (plaintext only).
 //!
-//! What it does not do: TLS, structured replies, block status / metadata
-//! contexts, extended headers, oldstyle negotiation, resize. Those options are
-//! refused with `NBD_REP_ERR_UNSUP`, which every client handles.
+//! What it does not do: TLS-PSK (rustls has none), TLS offered but optional,
+//! structured replies, block status / metadata contexts, extended headers,
+//! oldstyle negotiation, resize. Those options are refused with
+//! `NBD_REP_ERR_UNSUP`, which every client handles.
 //!
 //! Key invariant: nothing a peer sends can panic the process or make it allocate
 //! beyond the configured bounds (option data, request payload, requests and bytes in
@@ -31,6 +37,7 @@ pub mod client;
 mod io;
 pub mod proto;
 pub mod server;
+pub mod tls;
 
 pub use client::{parse_nbd_url, NbdClient, NBD_DEFAULT_PORT};
 pub use server::{IpRange, NbdConfig, NbdExport, NbdExports, NbdLimits, NbdServer};

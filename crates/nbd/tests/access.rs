@@ -25,6 +25,7 @@ async fn serve(allowed: &[&str], limits: NbdLimits) -> SocketAddr {
         default_export: Some("lun0".into()),
         limits,
         allowed_clients: allowed.iter().map(|a| a.parse().unwrap()).collect(),
+        tls: None,
     })
     .await
     .unwrap();

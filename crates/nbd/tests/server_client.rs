@@ -377,6 +377,7 @@ async fn bad_configs_are_refused() {
         default_export: default_export.map(String::from),
         limits: NbdLimits::default(),
         allowed_clients: nbd::server::IpRange::loopback(),
+        tls: None,
     };
     assert!(
         nbd::NbdServer::bind(cfg(vec![export("a"), export("a")], None))

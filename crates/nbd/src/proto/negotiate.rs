@@ -8,8 +8,10 @@
 //!
 //! Policy: options longer than the configured bound are answered with
 //! `NBD_REP_ERR_TOO_BIG` and the connection is closed (their data is never
-//! buffered); structured replies, TLS, metadata contexts, extended headers and every
-//! unknown option get `NBD_REP_ERR_UNSUP`; a bounded number of options is allowed.
+//! buffered); structured replies, metadata contexts, extended headers and every
+//! unknown option get `NBD_REP_ERR_UNSUP`, as does STARTTLS under
+//! [`TlsPolicy::Off`] (under [`TlsPolicy::Require`] see its rule); a bounded
+//! number of options is allowed.
 
 use super::handshake::{
     decode_client_flags, decode_option_header, encode_export_name_reply, encode_info,

@@ -1,5 +1,8 @@
-//! One accepted connection: the handshake, then the transmission reader that
-//! decodes requests and spawns each on its own task.
+//! One accepted connection: the handshake (with TLS after `NBD_OPT_STARTTLS`
+//! when required), then the transmission reader that decodes requests and spawns
+//! each on its own task. The transmission phase is generic over the stream: a
+//! plain socket is split into its own halves (no lock), a TLS stream through
+//! `tokio::io::split`.
 
 use super::exec::{self, ExportState, ReplyData};
 use super::writer::{run_writer, Reply};
@@ -7,7 +10,7 @@ use super::Ctx;
 use crate::io::fill;
 use crate::proto::{
     decode_request, encode_simple_reply, errno, Command, NegotiateError, Progress, Request,
-    ServerNegotiator, SimpleReply, REQUEST_BYTES,
+    ServerNegotiator, SimpleReply, TlsPolicy, REQUEST_BYTES,
 };
 use bytes::{Buf, BytesMut};
 use std::net::SocketAddr;
@@ -34,8 +37,19 @@ enum End {
     ExportGone,
 }
 
+/// The stream the handshake ended on: the transmission phase runs over it.
+enum Stream {
+    /// TLS not in use: the socket itself, split without a lock.
+    Plain(TcpStream),
+    /// After `NBD_OPT_STARTTLS`.
+    Tls(Box<tokio_rustls::server::TlsStream<TcpStream>>),
+}
+
+/// A finished handshake: the stream, the export's name and its state.
+type Picked = (Stream, String, Arc<ExportState>);
+
 /// Serves one accepted TCP connection from greeting to close.
-pub(crate) async fn serve(ctx: Arc<Ctx>, mut sock: TcpStream, peer: SocketAddr) {
+pub(crate) async fn serve(ctx: Arc<Ctx>, sock: TcpStream, peer: SocketAddr) {
     if let Err(e) = sock.set_nodelay(true) {
         tracing::warn!(%peer, error = %e, "TCP_NODELAY failed");
     }
@@ -43,11 +57,11 @@ pub(crate) async fn serve(ctx: Arc<Ctx>, mut sock: TcpStream, peer: SocketAddr) 
     let mut shutdown = ctx.shutdown.clone();
     let timeout = Duration::from_millis(ctx.limits.handshake_timeout_ms);
     let picked = tokio::select! {
-        r = tokio::time::timeout(timeout, handshake(&ctx, &mut sock, &mut buf, peer)) => r,
+        r = tokio::time::timeout(timeout, handshake(&ctx, sock, &mut buf, peer)) => r,
         _ = shutdown.wait_for(|s| *s) => return,
     };
-    let export = match picked {
-        Ok(Ok(Some(e))) => e,
+    let (stream, name, export) = match picked {
+        Ok(Ok(Some(p))) => p,
         Ok(Ok(None)) => return,
         Ok(Err(e)) => {
             tracing::debug!(%peer, error = %e, "handshake I/O failed");
@@ -58,59 +72,115 @@ pub(crate) async fn serve(ctx: Arc<Ctx>, mut sock: TcpStream, peer: SocketAddr) 
             return;
         }
     };
-    let (name, export) = export;
-    tracing::info!(%peer, export = %name, "NBD client connected");
-    let (rd, wr) = sock.into_split();
-    transmission(ctx, export, rd, wr, buf, peer).await;
+    match stream {
+        Stream::Plain(sock) => {
+            tracing::info!(%peer, export = %name, "NBD client connected");
+            let (rd, wr) = sock.into_split();
+            transmission(ctx, export, rd, wr, buf, peer).await;
+        }
+        Stream::Tls(tls) => {
+            let client_cert = tls.get_ref().1.peer_certificates().is_some();
+            tracing::info!(%peer, export = %name, client_cert, "NBD client connected over TLS");
+            let (rd, wr) = tokio::io::split(*tls);
+            transmission(ctx, export, rd, wr, buf, peer).await;
+        }
+    }
 }
 
-/// Option haggling over the exports served when it starts. `Ok(Some(_))`: serve
-/// that export (name, state); `Ok(None)`: close quietly.
+/// What one round of option haggling ended with.
+enum Step {
+    /// Serve `exports[i]` of the snapshot.
+    Export(usize),
+    /// STARTTLS was acknowledged: run the TLS handshake.
+    StartTls,
+    /// Close quietly.
+    Close,
+}
+
+/// The greeting, option haggling and, when TLS is required, the TLS handshake
+/// after `NBD_OPT_STARTTLS` and the haggling that continues inside it.
+/// `Ok(Some(_))`: serve that export over that stream; `Ok(None)`: close quietly.
 async fn handshake(
     ctx: &Ctx,
-    sock: &mut TcpStream,
+    mut sock: TcpStream,
     buf: &mut BytesMut,
     peer: SocketAddr,
-) -> std::io::Result<Option<(String, Arc<ExportState>)>> {
+) -> std::io::Result<Option<Picked>> {
     let snap = ctx.snapshot();
+    let policy = match ctx.tls {
+        Some(_) => TlsPolicy::Require,
+        None => TlsPolicy::Off,
+    };
     let mut neg = ServerNegotiator::new(
         &snap.infos,
         snap.default_export,
         ctx.limits.option_bytes_max,
-    );
+    )
+    .with_tls(policy);
     sock.write_all(&neg.greeting()).await?;
+    let pick = |i: usize| {
+        let (Some(info), Some(state)) = (snap.infos.get(i), snap.states.get(i)) else {
+            return None;
+        };
+        Some((info.name.clone(), state.clone()))
+    };
+    match haggle(&mut neg, &mut sock, buf, peer).await? {
+        Step::Export(i) => return Ok(pick(i).map(|(n, s)| (Stream::Plain(sock), n, s))),
+        Step::Close => return Ok(None),
+        Step::StartTls => {}
+    }
+    let Some(acceptor) = &ctx.tls else {
+        return Ok(None);
+    };
+    let mut tls = match acceptor.accept(sock).await {
+        Ok(t) => t,
+        Err(e) => {
+            tracing::warn!(%peer, error = %e, "NBD TLS handshake failed");
+            return Ok(None);
+        }
+    };
+    neg.tls_started();
+    match haggle(&mut neg, &mut tls, buf, peer).await? {
+        Step::Export(i) => Ok(pick(i).map(|(n, s)| (Stream::Tls(Box::new(tls)), n, s))),
+        // A second STARTTLS is answered NBD_REP_ERR_INVALID by the negotiator.
+        Step::StartTls | Step::Close => Ok(None),
+    }
+}
+
+/// Feeds the negotiator what `sock` delivers and writes its answers until it
+/// picks an export, asks for TLS or ends.
+async fn haggle<S: AsyncRead + AsyncWrite + Unpin>(
+    neg: &mut ServerNegotiator<'_>,
+    sock: &mut S,
+    buf: &mut BytesMut,
+    peer: SocketAddr,
+) -> std::io::Result<Step> {
     let mut out = BytesMut::new();
     loop {
         let r = neg.advance(buf, &mut out);
         if !out.is_empty() {
             sock.write_all(&out).await?;
+            // TLS holds records back until flushed; plain TCP flushes at once.
+            sock.flush().await?;
             out.clear();
         }
         match r {
             Ok(Progress::NeedInput) => {
                 let want = buf.len() + 1;
                 if !fill(sock, buf, want).await? {
-                    return Ok(None);
+                    return Ok(Step::Close);
                 }
             }
-            Ok(Progress::Abort) => return Ok(None),
-            // This server does not offer TLS yet (TlsPolicy::Off): never reached.
-            Ok(Progress::StartTls) => return Ok(None),
-            Ok(Progress::Transmission { export_index }) => {
-                let (Some(info), Some(state)) =
-                    (snap.infos.get(export_index), snap.states.get(export_index))
-                else {
-                    return Ok(None);
-                };
-                return Ok(Some((info.name.clone(), state.clone())));
-            }
+            Ok(Progress::Abort) => return Ok(Step::Close),
+            Ok(Progress::StartTls) => return Ok(Step::StartTls),
+            Ok(Progress::Transmission { export_index }) => return Ok(Step::Export(export_index)),
             Err(NegotiateError::UnknownExport(name)) => {
                 tracing::warn!(%peer, export = %name, "NBD client asked for an unknown export");
-                return Ok(None);
+                return Ok(Step::Close);
             }
             Err(e) => {
                 tracing::warn!(%peer, error = %e, "NBD handshake refused");
-                return Ok(None);
+                return Ok(Step::Close);
             }
         }
     }

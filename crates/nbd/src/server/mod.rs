@@ -109,6 +109,10 @@ pub struct NbdConfig {
     /// Client addresses served; every other connection is closed at accept
     /// (see [`IpRange::loopback`] for the usual default).
     pub allowed_clients: Vec<IpRange>,
+    /// TLS required (`NBD_OPT_STARTTLS` before any other option) with this
+    /// rustls configuration (see [`crate::tls::server_config`]); `None`: no TLS,
+    /// STARTTLS is answered `NBD_REP_ERR_UNSUP`.
+    pub tls: Option<Arc<rustls::ServerConfig>>,
 }
 
 /// One export being served.
@@ -134,6 +138,8 @@ pub(crate) struct Ctx {
     pub table: parking_lot::RwLock<Table>,
     pub limits: NbdLimits,
     pub allowed_clients: Vec<IpRange>,
+    /// TLS required with this configuration.
+    pub tls: Option<tokio_rustls::TlsAcceptor>,
     pub shutdown: watch::Receiver<bool>,
 }
 
@@ -335,6 +341,7 @@ impl NbdServer {
             table: parking_lot::RwLock::new(table),
             limits: cfg.limits,
             allowed_clients: cfg.allowed_clients.clone(),
+            tls: cfg.tls.clone().map(tokio_rustls::TlsAcceptor::from),
             shutdown,
         });
         Ok(NbdServer {
@@ -365,7 +372,8 @@ impl NbdServer {
         let per_source = PerSource::new(self.ctx.limits.connections_per_source_max);
         let refusals = LogThrottle::new(Duration::from_secs(1));
         let mut conns = JoinSet::new();
-        tracing::info!(addr = %self.local_addr, exports = ?self.exports().names(), "NBD server listening");
+        tracing::info!(addr = %self.local_addr, exports = ?self.exports().names(),
+            tls_required = self.ctx.tls.is_some(), "NBD server listening");
         tokio::pin!(shutdown);
         loop {
             tokio::select! {

@@ -53,6 +53,8 @@ pub(crate) async fn run_writer<W: AsyncWrite + Unpin>(
             }
             write_all_vectored(&mut sock, &parts).await?;
         }
+        // TLS holds records back until flushed (a no-op on a plain socket).
+        sock.flush().await?;
         batch.clear();
     }
     sock.flush().await?;

@@ -77,6 +77,7 @@ pub async fn start_volumes(vols: Vec<(VolumeRef, bool)>, limits: NbdLimits) -> R
         default_export: Some("lun0".into()),
         limits,
         allowed_clients: nbd::server::IpRange::loopback(),
+        tls: None,
     })
     .await
     .expect("bind");
