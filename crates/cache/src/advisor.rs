@@ -22,6 +22,7 @@
 //! the crate's tests bound the error on Zipf traces.
 
 use crate::hash::{mix64, SALT_SAMPLE};
+use crate::path::Step;
 use crate::policy::{Admission, Policy, PolicyKind};
 
 /// Rates are fixed-point fractions of `2^RATE_BITS`.
@@ -129,8 +130,17 @@ impl Advisor {
         Self { minis, accesses: 0 }
     }
 
-    /// Records an access to `key`.
+    /// Records a read of `key` the cache may admit (a [`Step::Access`]).
     pub fn record(&mut self, key: u64) {
+        self.record_step(key, Step::Access);
+    }
+
+    /// Records an access to `key` as the cache makes it: the miniature caches take
+    /// the same [`Step`] the real cache takes (a bypassed read refreshes a cached
+    /// block but is never admitted nor counted as a hit; a write-back write is
+    /// admitted), so the curve describes what the cache will do, not what a cache
+    /// that admitted everything would.
+    pub fn record_step(&mut self, key: u64, step: Step) {
         self.accesses += 1;
         let h = mix64(key ^ SALT_SAMPLE) >> (64 - RATE_BITS);
         // Smallest sizes first: they have the highest thresholds.
@@ -139,7 +149,8 @@ impl Advisor {
                 break;
             }
             mini.accesses += 1;
-            if mini.policy.access(key).is_hit() {
+            let access = step.apply(&mut *mini.policy, key);
+            if step.is_hit(&access) {
                 mini.hits += 1;
             }
         }

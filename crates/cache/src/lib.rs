@@ -72,12 +72,15 @@ mod bits;
 mod config;
 mod destage;
 mod hash;
+pub mod path;
 pub mod policy;
+pub mod replay;
 mod seq;
 pub mod sim;
 mod ssd;
 mod stats;
 pub mod trace;
+pub mod tracefile;
 mod volume;
 
 pub use config::{CacheConfig, CacheMode};

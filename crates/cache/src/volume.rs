@@ -18,6 +18,7 @@
 
 use crate::bits::{range_mask, FrameBits};
 use crate::config::{CacheConfig, CacheMode};
+use crate::path::Step;
 use crate::policy::{Access, Policy};
 use crate::seq::SeqDetector;
 use crate::ssd::{
@@ -486,9 +487,9 @@ impl Inner {
         devs.iter().all(|&d| self.devs[d].is_failed())
     }
 
-    fn advise(&self, st: &mut State, key: u64) {
+    fn advise(&self, st: &mut State, key: u64, step: Step) {
         if let Some(a) = st.advisor.as_mut() {
-            a.record(key);
+            a.record_step(key, step);
         }
     }
 
@@ -502,10 +503,12 @@ impl Inner {
             let mut st = self.state.lock();
             let mut plans = Vec::with_capacity(pieces.len());
             for p in &pieces {
-                self.advise(&mut st, p.key);
+                let step = Step::read(bypass);
+                self.advise(&mut st, p.key, step);
+                let access = step.apply(&mut *st.policy, p.key);
                 let plan = if bypass {
-                    match st.policy.touch(p.key) {
-                        Some(slot)
+                    match access {
+                        Access::Hit { slot }
                             if st.dirty.get(slot) & p.mask != 0 && !self.frame_lost(slot) =>
                         {
                             st.pin_io(slot);
@@ -514,7 +517,7 @@ impl Inner {
                         _ => Plan::Backing(None),
                     }
                 } else {
-                    match st.policy.access(p.key) {
+                    match access {
                         Access::Hit { slot } if self.frame_lost(slot) => Plan::Backing(None),
                         Access::Hit { slot } => {
                             st.pin_io(slot);
@@ -710,8 +713,8 @@ impl Inner {
             pieces
                 .iter()
                 .map(|p| {
-                    self.advise(&mut st, p.key);
-                    match st.policy.admit(p.key) {
+                    self.advise(&mut st, p.key, Step::Admit);
+                    match Step::Admit.apply(&mut *st.policy, p.key) {
                         Access::Hit { slot } if !self.frame_lost(slot) => {
                             Counters::add(&self.counters.write_hits, 1);
                             st.pin_io(slot);
@@ -811,11 +814,8 @@ impl Inner {
             return Err(e);
         }
         // update or drop the cache's copy
-        let update = !bypass
-            && matches!(
-                self.mode(),
-                CacheMode::ReadOnly | CacheMode::WriteThrough | CacheMode::WriteBack
-            );
+        let step = Step::write(self.mode(), self.writes_back(), bypass);
+        let update = step != Step::Drop;
         // frames whose dirty sectors this write drops stay pinned until the record
         // saying so is durable (else the frame could be reused under a dirty record)
         let mut dropped: Vec<u32> = Vec::new();
@@ -824,34 +824,23 @@ impl Inner {
             pieces
                 .iter()
                 .map(|p| {
-                    let found = if update && self.mode() == CacheMode::WriteThrough {
-                        match st.policy.admit(p.key) {
-                            Access::Hit { slot } => {
-                                Counters::add(&self.counters.write_hits, 1);
-                                Some(slot)
-                            }
-                            Access::Inserted { slot, .. } => {
-                                Counters::add(&self.counters.write_misses, 1);
-                                st.reset(slot);
-                                Some(slot)
-                            }
-                            Access::Bypassed => None,
-                        }
-                    } else {
-                        let s = if update {
-                            st.policy.touch(p.key)
+                    self.advise(&mut st, p.key, step);
+                    let access = step.apply(&mut *st.policy, p.key);
+                    Counters::add(
+                        if step.is_hit(&access) {
+                            &self.counters.write_hits
                         } else {
-                            st.policy.get(p.key)
-                        };
-                        Counters::add(
-                            if s.is_some() {
-                                &self.counters.write_hits
-                            } else {
-                                &self.counters.write_misses
-                            },
-                            1,
-                        );
-                        s
+                            &self.counters.write_misses
+                        },
+                        1,
+                    );
+                    let found = match access {
+                        Access::Hit { slot } => Some(slot),
+                        Access::Inserted { slot, .. } => {
+                            st.reset(slot);
+                            Some(slot)
+                        }
+                        Access::Bypassed => None,
                     };
                     let slot = found?;
                     if update && !self.frame_lost(slot) {

@@ -1,0 +1,241 @@
+//! Replays recorded block-I/O traces through the cache's decision path and prints,
+//! per trace and cache size, the hit ratio of LRU, 2Q, S3-FIFO, the previous
+//! default and the current default next to Belady's optimum, SSD insertions per
+//! 100 accesses, the share of reads the sequential bypass turned away, and the
+//! advisor's estimate against the exact replay.
+//!
+//! Run: `cargo run --release -p cache --example traces -- [OPTIONS] FILE...`
+//!
+//! Options: `--block 128K[,64K,...]` cache block sizes; `--sizes 1,5,10,20` cache
+//! sizes in percent of the trace's distinct blocks; `--mode write-back` (any cache
+//! mode); `--format F` (vscsi, oracle, msr, csv, disksim, arc; default: from the
+//! file name); `--sample RATE` and `--min-sample-blocks N` for the advisor (default:
+//! as deployed, 1% and 256); `--limit N` first N requests only.
+//!
+//! Each request counts as one access to every cache block it covers. `lru`, `2q`
+//! and `s3fifo` are the plain policies (every miss inserted, no bypass: what an
+//! outside simulator runs); `old` is the previous default as the cache ran it
+//! (S3-FIFO behind second-miss admission, 4 MiB sequential cutoff); `default` is
+//! `CacheConfig::default()` through the same path. All start cold.
+
+use cache::replay::{belady, block_keys, distinct, ReplayConfig, ReplayStats, Replayer};
+use cache::tracefile::{self, Format, Request};
+use cache::{simulate, Admission, Advisor, AdvisorConfig, CacheConfig, CacheMode, PolicyKind};
+use std::path::PathBuf;
+
+struct Options {
+    files: Vec<PathBuf>,
+    blocks: Vec<u64>,
+    sizes_percent: Vec<f64>,
+    mode: CacheMode,
+    format: Option<Format>,
+    sample_rate: f64,
+    min_sample_blocks: u64,
+    limit: Option<usize>,
+}
+
+fn parse_size(s: &str) -> Result<u64, String> {
+    let s = s.trim().to_ascii_uppercase();
+    let (num, mul) = match s.strip_suffix('K') {
+        Some(n) => (n, 1024),
+        None => match s.strip_suffix('M') {
+            Some(n) => (n, 1 << 20),
+            None => (s.as_str(), 1),
+        },
+    };
+    num.parse::<u64>()
+        .map(|n| n * mul)
+        .map_err(|e| format!("{s}: {e}"))
+}
+
+fn options() -> Result<Options, String> {
+    let mut o = Options {
+        files: Vec::new(),
+        blocks: vec![128 << 10],
+        sizes_percent: vec![1.0, 5.0, 10.0, 20.0],
+        mode: CacheMode::WriteBack,
+        format: None,
+        sample_rate: 0.01,
+        min_sample_blocks: 256,
+        limit: None,
+    };
+    let mut args = std::env::args().skip(1);
+    while let Some(a) = args.next() {
+        let mut value = || args.next().ok_or_else(|| format!("{a} needs a value"));
+        match a.as_str() {
+            "--block" => {
+                o.blocks = value()?
+                    .split(',')
+                    .map(parse_size)
+                    .collect::<Result<_, _>>()?
+            }
+            "--sizes" => {
+                o.sizes_percent = value()?
+                    .split(',')
+                    .map(|s| s.parse::<f64>().map_err(|e| e.to_string()))
+                    .collect::<Result<_, _>>()?
+            }
+            "--mode" => o.mode = value()?.parse()?,
+            "--format" => o.format = Some(value()?.parse()?),
+            "--sample" => o.sample_rate = value()?.parse().map_err(|e| format!("{e}"))?,
+            "--min-sample-blocks" => {
+                o.min_sample_blocks = value()?.parse().map_err(|e| format!("{e}"))?
+            }
+            "--limit" => o.limit = Some(value()?.parse().map_err(|e| format!("{e}"))?),
+            _ if a.starts_with("--") => return Err(format!("unknown option {a}")),
+            _ => o.files.push(PathBuf::from(a)),
+        }
+    }
+    if o.files.is_empty() {
+        return Err(
+            "usage: traces [--block 128K] [--sizes 1,5,10,20] [--mode M] \
+                    [--format F] [--sample R] [--min-sample-blocks N] FILE..."
+                .into(),
+        );
+    }
+    Ok(o)
+}
+
+fn main() {
+    let o = match options() {
+        Ok(o) => o,
+        Err(e) => {
+            eprintln!("{e}");
+            std::process::exit(2);
+        }
+    };
+    for file in &o.files {
+        let mut trace = match tracefile::read(file, o.format) {
+            Ok(t) => t,
+            Err(e) => {
+                eprintln!("{e}");
+                std::process::exit(1);
+            }
+        };
+        if let Some(n) = o.limit {
+            trace.requests.truncate(n);
+        }
+        let name = file.file_name().and_then(|n| n.to_str()).unwrap_or("?");
+        let writes = trace.requests.iter().filter(|r| r.write).count();
+        println!(
+            "\n## {name}: {} requests ({:.0}% writes, {} skipped), mode {}",
+            trace.requests.len(),
+            100.0 * writes as f64 / trace.requests.len().max(1) as f64,
+            trace.skipped,
+            o.mode
+        );
+        for &block in &o.blocks {
+            table(&o, &trace.requests, block);
+        }
+    }
+}
+
+fn plain(kind: PolicyKind, keys: &[u64], cap: usize) -> (f64, f64) {
+    let mut p = kind.build(cap);
+    let s = simulate(&mut p, keys.iter().copied(), 0);
+    (s.hit_ratio(), s.insertion_ratio())
+}
+
+fn replay(o: &Options, cfg: &CacheConfig, trace: &[Request], cap: usize) -> ReplayStats {
+    let mut rc = ReplayConfig::from_cache(cfg, cap);
+    rc.mode = o.mode;
+    Replayer::new(&rc).run(trace)
+}
+
+fn table(o: &Options, trace: &[Request], block: u64) {
+    let keys = block_keys(trace, block);
+    let n = distinct(&keys);
+    println!(
+        "\ncache block {} KiB: {} block accesses, {} distinct blocks ({:.1} GiB)\n",
+        block >> 10,
+        keys.len(),
+        n,
+        (n as u64 * block) as f64 / (1u64 << 30) as f64
+    );
+    println!(
+        "| size | blocks | lru | 2q | s3fifo | s3fifo+dk | old | default | opt | default - lru | ins/100 lru | ins/100 old | ins/100 default | bypassed reads | advisor | advisor error | old advisor error |"
+    );
+    println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
+    let cfg = CacheConfig {
+        block_bytes: block as u32,
+        mode: o.mode,
+        ..CacheConfig::default()
+    };
+    let old = CacheConfig {
+        policy: PolicyKind::S3Fifo,
+        admission: Admission::SecondMiss,
+        seq_cutoff_bytes: 4 << 20,
+        ..cfg.clone()
+    };
+    let caps: Vec<usize> = o
+        .sizes_percent
+        .iter()
+        .map(|p| ((n as f64 * p / 100.0).round() as usize).max(1))
+        .collect();
+    // the advisor, configured as the cache deploys it, fed by the default's path
+    let mut rc = ReplayConfig::from_cache(&cfg, caps[0]);
+    rc.mode = o.mode;
+    let mut ac = AdvisorConfig::geometric(1, 1, 1);
+    ac.policy = cfg.policy;
+    ac.admission = cfg.admission;
+    ac.sizes_blocks = caps.iter().map(|&c| c as u64).collect();
+    ac.sample_rate = o.sample_rate;
+    ac.min_sample_blocks = o.min_sample_blocks;
+    rc.advisor = Some(ac);
+    let mut with_advisor = Replayer::new(&rc);
+    with_advisor.run(trace);
+    let curve = with_advisor
+        .advisor()
+        .map(|a| a.curve())
+        .unwrap_or_default();
+    // the advisor as it was fed before: every block access as a cacheable read,
+    // simulating the previous default
+    let mut old_ac = rc.advisor.clone().expect("set above");
+    old_ac.policy = old.policy;
+    old_ac.admission = old.admission;
+    let mut old_advisor = Advisor::new(&old_ac);
+    for &k in &keys {
+        old_advisor.record(k);
+    }
+    let old_curve = old_advisor.curve();
+    for (pct, &cap) in o.sizes_percent.iter().zip(&caps) {
+        let (lru, lru_ins) = plain(PolicyKind::Lru, &keys, cap);
+        let (two_q, _) = plain(PolicyKind::TwoQ, &keys, cap);
+        let (s3, _) = plain(PolicyKind::S3Fifo, &keys, cap);
+        let s3dk = {
+            let mut p = PolicyKind::S3Fifo.build_with(Admission::SecondMiss, cap);
+            simulate(&mut p, keys.iter().copied(), 0).hit_ratio()
+        };
+        let old_s = replay(o, &old, trace, cap);
+        let def = replay(o, &cfg, trace, cap);
+        let opt = belady(&keys, cap).hit_ratio();
+        let est = curve.iter().find(|p| p.cache_blocks == cap as u64);
+        let (est_s, err_s) = match est {
+            Some(p) => (
+                format!("{:.2} @{:.0}%", 100.0 * p.hit_ratio, 100.0 * p.sample_rate),
+                format!("{:+.2}", 100.0 * (p.hit_ratio - def.hit_ratio())),
+            ),
+            None => ("-".into(), "-".into()),
+        };
+        let old_err = old_curve
+            .iter()
+            .find(|p| p.cache_blocks == cap as u64)
+            .map(|p| format!("{:+.2}", 100.0 * (p.hit_ratio - old_s.hit_ratio())))
+            .unwrap_or_else(|| "-".into());
+        println!(
+            "| {pct}% | {cap} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:+.2} | {:.1} | {:.1} | {:.1} | {:.1}% | {est_s} | {err_s} | {old_err} |",
+            100.0 * lru,
+            100.0 * two_q,
+            100.0 * s3,
+            100.0 * s3dk,
+            100.0 * old_s.hit_ratio(),
+            100.0 * def.hit_ratio(),
+            100.0 * opt,
+            100.0 * (def.hit_ratio() - lru),
+            100.0 * lru_ins,
+            100.0 * old_s.insertion_ratio(),
+            100.0 * def.insertion_ratio(),
+            100.0 * def.bypassed_read_ratio(),
+        );
+    }
+}
