@@ -61,10 +61,14 @@ pub enum CacheAction {
     Attach,
     /// Destage its dirty data and move its LUNs to the backing.
     Detach,
-    /// Mark device `device` (its position) failed, as pulling it would.
+    /// Mark device `device` (its position) failed, as pulling it would; refused
+    /// (409) when it is the last healthy device of a write-back cache (its dirty
+    /// data would be lost) unless `force`.
     Fail {
         /// Device position.
         device: usize,
+        /// Fail it even when that loses data not yet on the backing volume.
+        force: bool,
     },
     /// Put the configured disk `disk` in place of failed device `device`.
     Replace {
@@ -204,6 +208,8 @@ pub trait Control: Send + Sync + 'static {
 #[derive(Deserialize)]
 struct DeviceBody {
     device: usize,
+    #[serde(default)]
+    force: bool,
 }
 
 #[derive(Deserialize)]
@@ -217,7 +223,10 @@ async fn cache_fail(
     Path(name): Path<String>,
     Json(b): Json<DeviceBody>,
 ) -> Result<Json<Value>, ApiError> {
-    let a = CacheAction::Fail { device: b.device };
+    let a = CacheAction::Fail {
+        device: b.device,
+        force: b.force,
+    };
     c.cache_action(&name, a).await.map(Json)
 }
 

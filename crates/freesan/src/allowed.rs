@@ -131,13 +131,21 @@ pub(crate) fn check_lun(allowed: &Allowed, cfg: &Config, l: &LunConfig) -> Resul
             return Err(refused(format!("{} is already in use", p.display())));
         }
     }
-    if let (Some(p), true) = (&l.path, l.thick) {
+    if let Some(p) = &l.path {
         let size_bytes = l.size.as_deref().and_then(disk::parse_size).unwrap_or(0);
         if !p.exists() {
-            if let Some(free) = free_bytes(p) {
-                if size_bytes > free {
+            if let Some((free, total)) = fs_bytes(p) {
+                // a thick file is written out now; a sparse one may grow to its
+                // size later, which a filesystem smaller than that can never hold
+                if l.thick && size_bytes > free {
                     return Err(refused(format!(
                         "{}: a thick file of {size_bytes} bytes does not fit in the {free} bytes free there",
+                        p.display()
+                    )));
+                }
+                if !l.thick && size_bytes > total {
+                    return Err(refused(format!(
+                        "{}: a sparse file of {size_bytes} bytes could never be filled on a filesystem of {total} bytes",
                         p.display()
                     )));
                 }
@@ -145,12 +153,15 @@ pub(crate) fn check_lun(allowed: &Allowed, cfg: &Config, l: &LunConfig) -> Resul
         }
     }
     if let Some(naa) = &l.naa {
-        let taken = cfg
+        let configured = cfg
             .targets
             .iter()
             .flat_map(|t| t.luns.iter())
-            .filter_map(|o| o.naa.as_deref())
-            .any(|o| o.eq_ignore_ascii_case(naa));
+            .filter_map(|o| o.naa.clone());
+        let taken = configured.chain(generated_naas(cfg)).any(|o| {
+            o.trim_start_matches("0x")
+                .eq_ignore_ascii_case(naa.trim_start_matches("0x"))
+        });
         if taken {
             return Err(refused(format!("NAA {naa} is already in use")));
         }
@@ -158,8 +169,27 @@ pub(crate) fn check_lun(allowed: &Allowed, cfg: &Config, l: &LunConfig) -> Resul
     Ok(())
 }
 
-/// Bytes free (for unprivileged users) on the filesystem that would hold `p`.
-fn free_bytes(p: &Path) -> Option<u64> {
+/// The NAAs the node generated for its LUNs that name none in the config (kept
+/// in the data directory, see [`crate::identity`]).
+fn generated_naas(cfg: &Config) -> Vec<String> {
+    let mut out = Vec::new();
+    for t in &cfg.targets {
+        let dir = crate::identity::target_dir(&cfg.data_dir, &t.iqn);
+        for (i, l) in t.luns.iter().enumerate() {
+            let file = dir.join(format!("lun{}.identity.json", l.id.unwrap_or(i as u64)));
+            let Ok(bytes) = std::fs::read(&file) else {
+                continue;
+            };
+            if let Ok(id) = serde_json::from_slice::<crate::identity::LunIdentity>(&bytes) {
+                out.push(id.naa);
+            }
+        }
+    }
+    out
+}
+
+/// Bytes free (for unprivileged users) and in all on the filesystem that would hold `p`.
+fn fs_bytes(p: &Path) -> Option<(u64, u64)> {
     use std::os::unix::ffi::OsStrExt;
     let mut dir = std::path::absolute(p).ok()?;
     while !dir.exists() {
@@ -171,7 +201,8 @@ fn free_bytes(p: &Path) -> Option<u64> {
     if unsafe { libc::statvfs(c.as_ptr(), &mut st) } != 0 {
         return None;
     }
-    Some(st.f_bavail as u64 * st.f_frsize as u64)
+    let unit = st.f_frsize as u64;
+    Some((st.f_bavail as u64 * unit, st.f_blocks as u64 * unit))
 }
 
 /// `MemAvailable` of /proc/meminfo.

@@ -20,11 +20,15 @@ pub enum CacheCmd {
     },
     /// Mark cache device DEVICE (position in `devices`) failed, as pulling it would:
     /// a write-back mirror goes on from the other SSD in write-through and destages.
+    /// Refused when it is the last healthy device of a write-back cache, unless --force.
     Fail {
         /// Cache name.
         name: String,
         /// Device position.
         device: usize,
+        /// Fail it even when that loses data not yet written to the backing volume.
+        #[arg(long)]
+        force: bool,
     },
     /// Put the cache in front of its LUNs while they serve I/O (created afresh on
     /// its devices: it starts empty).
@@ -170,8 +174,12 @@ pub fn run(api: SocketAddr, cmd: CacheCmd) -> Result<()> {
             }
             Ok(())
         }
-        CacheCmd::Fail { name, device } => {
-            let body = serde_json::json!({ "device": device });
+        CacheCmd::Fail {
+            name,
+            device,
+            force,
+        } => {
+            let body = serde_json::json!({ "device": device, "force": force });
             post(api, &name, "fail", Some(&body))
         }
         CacheCmd::Attach { name } => post(api, &name, "attach", None),

@@ -463,11 +463,27 @@ impl Pools {
         match action {
             api::CacheAction::Attach => slot.attach(name).await?,
             api::CacheAction::Detach => slot.detach(name).await?,
-            api::CacheAction::Fail { device } => {
+            api::CacheAction::Fail { device, force } => {
                 let v = slot.volume().ok_or_else(|| {
                     api::ApiError::Conflict(format!("cache {name} is not attached"))
                 })?;
                 slot.check_device(name, device)?;
+                if !force && slot.cfg.mode == cache::CacheMode::WriteBack {
+                    // the last healthy device of a write-back cache holds the only
+                    // copy of what is not destaged yet (a resilvering one is not whole)
+                    let st = v.status();
+                    let healthy = |i: usize| st.devices[i].state == "ok";
+                    let others = (0..st.devices.len()).filter(|&i| i != device && healthy(i));
+                    if healthy(device) && others.count() == 0 {
+                        return Err(api::ApiError::Conflict(format!(
+                            "cache {name} is write-back and device {device} is its last healthy \
+                             device: failing it would lose the data not yet on the backing volume \
+                             ({} dirty blocks now); detach the cache first to destage it, or add \
+                             \"force\": true (--force) to do it anyway",
+                            st.dirty_blocks
+                        )));
+                    }
+                }
                 v.fail_device(device)
                     .await
                     .map_err(|e| api::ApiError::Conflict(e.to_string()))?;

@@ -410,6 +410,10 @@ fn the_api_refuses_paths_sizes_names_and_failures_beyond_what_the_node_allows() 
     ));
     let (code, body) = http(&api, "POST", "/api/v1/luns", &[json, &auth], &big);
     assert_eq!(code, 409, "a thick 1000 TiB file: {body}");
+    let sparse = lun(&format!(r#"{{"path":"{d}/sparse.img","size":"1000T"}}"#));
+    let (code, body) = http(&api, "POST", "/api/v1/luns", &[json, &auth], &sparse);
+    assert_eq!(code, 409, "a sparse 1000 TiB file: {body}");
+    assert!(!dir.path().join("sparse.img").exists());
     let same = lun(&format!(
         r#"{{"path":"{d}/other.img","size":"1M","naa":"{}"}}"#,
         naa.to_uppercase()
@@ -429,6 +433,25 @@ fn the_api_refuses_paths_sizes_names_and_failures_beyond_what_the_node_allows() 
         "1M",
     ]);
     assert!(ok, "{out}");
+    // its NAA was generated (kept in the data directory): another LUN cannot take it
+    let targets = dir.path().join("data/targets");
+    let generated = std::fs::read_dir(&targets)
+        .unwrap()
+        .map(|e| e.unwrap().path().join("lun1.identity.json"))
+        .find(|p| p.exists())
+        .expect("no identity file for the new LUN");
+    let id: Value = serde_json::from_slice(&std::fs::read(generated).unwrap()).unwrap();
+    let generated_naa = id["naa"].as_str().unwrap();
+    let before = state(&api);
+    let same = lun(&format!(
+        r#"{{"path":"{d}/third.img","size":"1M","naa":"{generated_naa}"}}"#
+    ));
+    let (code, body) = http(&api, "POST", "/api/v1/luns", &[json, &auth], &same);
+    assert_eq!(
+        code, 409,
+        "a LUN with the generated NAA {generated_naa}: {body}"
+    );
+    assert_eq!(state(&api), before, "a refused request changed the node");
 
     // failing members: the first of a mirror is fine, the second needs --force
     let (ok, out) = cli(&[

@@ -77,11 +77,25 @@ fn losing_one_ssd_of_the_mirror_mid_run_loses_nothing() {
         st["state"].as_str().unwrap_or("").starts_with("degraded"),
         "{st}"
     );
+    // the survivor holds the only copy of what is not destaged: failing it is
+    // refused without --force, and nothing changes
+    let (ok, out) = freesan(&["cache", "--api", &api, "fail", "c", "1"]);
+    assert!(
+        !ok,
+        "failing the last SSD of a write-back cache was accepted: {out}"
+    );
+    assert!(out.contains("last healthy"), "{out}");
+    let st = cache_status(&api);
+    assert_eq!(st["devices"][1]["state"], "ok", "{st}");
     assert_acknowledged_writes_intact(&node.url(0, 0), &state, "with one SSD left");
     // and after a crash of the node on top, from the survivor alone
     node.kill9();
     let node = start_config(dir.path(), &cfg);
     assert_acknowledged_writes_intact(&node.url(0, 0), &state, "survivor after SIGKILL");
+    // an operator who means it can still pull it
+    let api = node.api.clone().expect("no API address in the banner");
+    let st = cache_cmd(&api, &["fail", "c", "1", "--force"]);
+    assert_eq!(st["devices"][1]["state"], "failed", "{st}");
 }
 
 fn cache_cmd(api: &str, args: &[&str]) -> serde_json::Value {
