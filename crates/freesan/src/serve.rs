@@ -297,19 +297,27 @@ fn human(bytes: u64) -> String {
     format!("{v:.1} {}", UNITS[u])
 }
 
-pub(crate) async fn shutdown_signal() {
+/// Watches SIGTERM and SIGINT from the moment it is called (so a signal that
+/// arrives before the returned future is awaited still stops the process
+/// cleanly, rather than killing it with the default action); the future ends
+/// at the first of them.
+pub(crate) fn shutdown_signal() -> impl std::future::Future<Output = ()> {
     use tokio::signal::unix::{signal, SignalKind};
-    let mut term = match signal(SignalKind::terminate()) {
-        Ok(s) => s,
-        Err(e) => {
-            tracing::error!("cannot watch SIGTERM: {e}");
-            std::future::pending::<()>().await;
-            return;
+    let term = signal(SignalKind::terminate());
+    let int = signal(SignalKind::interrupt());
+    async move {
+        let (mut term, mut int) = match (term, int) {
+            (Ok(t), Ok(i)) => (t, i),
+            (Err(e), _) | (_, Err(e)) => {
+                tracing::error!("cannot watch SIGTERM and SIGINT: {e}");
+                std::future::pending::<()>().await;
+                return;
+            }
+        };
+        tokio::select! {
+            _ = term.recv() => tracing::info!("SIGTERM: shutting down"),
+            _ = int.recv() => tracing::info!("SIGINT: shutting down"),
         }
-    };
-    tokio::select! {
-        _ = term.recv() => tracing::info!("SIGTERM: shutting down"),
-        _ = tokio::signal::ctrl_c() => tracing::info!("SIGINT: shutting down"),
     }
 }
 
@@ -380,6 +388,8 @@ pub async fn run(cfg: Config) -> Result<()> {
         }
         None => None,
     };
+    // watched before the banner: whoever starts the node may stop it at once
+    let stop_signal = shutdown_signal();
     eprintln!("freesan {} serving", env!("CARGO_PKG_VERSION"));
     eprintln!("  data directory: {}", cfg.data_dir.display());
     for a in &addrs {
@@ -420,7 +430,7 @@ pub async fn run(cfg: Config) -> Result<()> {
     let api_task = api_server.map(|a| tokio::spawn(a.run(stopped(stop_rx.clone()))));
     let nbd_task = nbd_server.map(|n| tokio::spawn(n.run(stopped(stop_rx.clone()))));
     let iscsi_task = tokio::spawn(server.run(stopped(stop_rx)));
-    shutdown_signal().await;
+    stop_signal.await;
     let _ = stop_tx.send(true);
     if let Some(t) = api_task {
         t.await.context("API task")??;

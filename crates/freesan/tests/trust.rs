@@ -521,3 +521,91 @@ path = "{img}"
         "show-config printed a CHAP secret: {out}"
     );
 }
+
+/// Answers every heartbeat Ping arriving on `sock` with a Pong made by `forge`
+/// (which sees the Ping's sequence number and nonce, as a sniffer on the link
+/// would), for `pings` Pings; returns how many it answered.
+fn answer_pings(
+    sock: &std::net::UdpSocket,
+    pings: usize,
+    forge: impl Fn(&[u8], u64, [u8; 16]) -> Vec<u8>,
+) -> usize {
+    sock.set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    let mut buf = [0u8; 128];
+    let mut answered = 0;
+    while answered < pings {
+        let (n, from) = sock
+            .recv_from(&mut buf)
+            .expect("the node sent no heartbeat");
+        let d = &buf[..n];
+        if n != replica::HEARTBEAT_DATAGRAM_BYTES || d[4] != 1 {
+            continue;
+        }
+        let seq = u64::from_be_bytes(d[6..14].try_into().unwrap());
+        let nonce: [u8; 16] = d[14..30].try_into().unwrap();
+        sock.send_to(&forge(d, seq, nonce), from).unwrap();
+        answered += 1;
+    }
+    answered
+}
+
+#[test]
+fn spoofed_heartbeats_never_mark_a_dead_sync_link_up() {
+    let t = Setup::new();
+    // node 1 alone; its partner's heartbeat address is held by the attacker,
+    // who sees every Ping (sequence number and nonce) and answers it
+    let peer_port = free_port();
+    let sock = std::net::UdpSocket::bind(("127.0.0.1", peer_port)).unwrap();
+    let n1 = t.start(1, peer_port);
+    let links_up = |n: &common::Node| {
+        status(n)["sync_links"]
+            .as_array()
+            .map(|a| a.iter().filter(|l| l["up"] == true).count())
+            .unwrap_or(0)
+    };
+    // forged answers: another cluster's node 2 keys, the node's own Ping
+    // reflected, the Ping relabelled as a Pong, a Pong with a random tag
+    let evil = replica::HeartbeatAuth::new(&t.keys("evil", "node2"));
+    let forgeries: Vec<Box<dyn Fn(&[u8], u64, [u8; 16]) -> Vec<u8>>> = vec![
+        Box::new(move |_, seq, nonce| evil.seal(2, seq, &nonce).to_vec()),
+        Box::new(|d, _, _| d.to_vec()),
+        Box::new(|d, _, _| {
+            let mut v = d.to_vec();
+            v[4] = 2;
+            v[5] = 2;
+            v
+        }),
+        Box::new(|d, _, _| {
+            let mut v = d.to_vec();
+            v[4] = 2;
+            v[5] = 2;
+            for b in &mut v[30..] {
+                *b = rand::random();
+            }
+            v
+        }),
+    ];
+    for forge in &forgeries {
+        // longer than the peer timeout (800 ms at 100 ms a ping)
+        assert_eq!(answer_pings(&sock, 12, forge), 12);
+        assert_eq!(links_up(&n1), 0, "a forged heartbeat marked the link up");
+    }
+    // the same attacker holding node 2's real key does mark it up: what the
+    // node checks is the key, and the status shows it
+    let genuine = replica::HeartbeatAuth::new(&t.keys("keys", "node2"));
+    answer_pings(&sock, 3, |_, seq, nonce| {
+        genuine.seal(2, seq, &nonce).to_vec()
+    });
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while links_up(&n1) == 0 {
+        assert!(
+            Instant::now() < deadline,
+            "node 2's genuine answers were not seen"
+        );
+        answer_pings(&sock, 1, |_, seq, nonce| {
+            genuine.seal(2, seq, &nonce).to_vec()
+        });
+    }
+    drop(n1);
+}

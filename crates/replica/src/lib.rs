@@ -26,7 +26,9 @@ pub mod witness;
 
 pub use listener::{SyncListener, SyncSinks};
 pub use meta::Meta;
-pub use monitor::{HeartbeatAuth, SyncLinkMonitor, SyncLinkState};
+pub use monitor::{
+    HeartbeatAuth, SyncLinkMonitor, SyncLinkState, DATAGRAM_BYTES as HEARTBEAT_DATAGRAM_BYTES,
+};
 pub use plan::{plan, Plan};
 pub use volume::{
     ConnectionSink, Mode, PathState, PortStates, ReplicaConfig, ReplicaStatus, ReplicatedVolume,
