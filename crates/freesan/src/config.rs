@@ -330,6 +330,32 @@ pub struct NbdConfig {
     pub connections_per_source_max: usize,
     /// Time from accept to the end of option haggling (TLS included).
     pub handshake_timeout_ms: u64,
+    /// `"require"`: clients must start TLS (`NBD_OPT_STARTTLS`) before anything
+    /// else is answered; `"off"`: plaintext only. Default: require on a
+    /// non-loopback address, off on loopback.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tls: Option<NbdTls>,
+    /// The certificate chain (PEM) served with TLS; default: one made at first
+    /// start, `DATA_DIR/nbd/server-cert.pem`, signed by `DATA_DIR/nbd/ca-cert.pem`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tls_cert: Option<PathBuf>,
+    /// The certificate's private key (PEM); given together with `tls_cert`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tls_key: Option<PathBuf>,
+    /// CA certificates (PEM): when set, every client must present a certificate
+    /// signed by one of them (X.509 client authentication).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tls_client_ca: Option<PathBuf>,
+}
+
+/// `[nbd] tls`.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum NbdTls {
+    /// Plaintext only: `NBD_OPT_STARTTLS` is answered `NBD_REP_ERR_UNSUP`.
+    Off,
+    /// TLS before anything else (`NBD_REP_ERR_TLS_REQD` until then).
+    Require,
 }
 
 impl Default for NbdConfig {
@@ -342,6 +368,10 @@ impl Default for NbdConfig {
             connections_max: d.connections_max,
             connections_per_source_max: d.connections_per_source_max,
             handshake_timeout_ms: d.handshake_timeout_ms,
+            tls: None,
+            tls_cert: None,
+            tls_key: None,
+            tls_client_ca: None,
         }
     }
 }
@@ -352,6 +382,14 @@ impl NbdConfig {
         NbdConfig {
             address,
             ..NbdConfig::default()
+        }
+    }
+
+    /// Whether clients must use TLS: `tls` if set, else on off loopback.
+    pub fn tls_required(&self) -> bool {
+        match self.tls {
+            Some(t) => t == NbdTls::Require,
+            None => !self.address.ip().is_loopback(),
         }
     }
 
@@ -394,6 +432,12 @@ impl NbdConfig {
             || self.handshake_timeout_ms == 0
         {
             bail!("[nbd]: connections_max, connections_per_source_max and handshake_timeout_ms must be above 0");
+        }
+        if self.tls_cert.is_some() != self.tls_key.is_some() {
+            bail!("[nbd]: give tls_cert and tls_key together (or neither, for a generated certificate)");
+        }
+        if !self.tls_required() && (self.tls_cert.is_some() || self.tls_client_ca.is_some()) {
+            bail!("[nbd]: tls_cert, tls_key and tls_client_ca need tls = \"require\"");
         }
         Ok(())
     }
@@ -725,6 +769,14 @@ impl Config {
             }
             a.allowed_paths.iter_mut().for_each(fix);
         }
+        if let Some(n) = &mut self.nbd {
+            for p in [&mut n.tls_cert, &mut n.tls_key, &mut n.tls_client_ca]
+                .into_iter()
+                .flatten()
+            {
+                fix(p);
+            }
+        }
         for d in &mut self.disks {
             if let Some(p) = &mut d.path {
                 fix(p);
@@ -1050,6 +1102,44 @@ mod tests {
         assert!(c.validate().is_err());
         c.portals[0].allow_without_chap = true;
         c.validate().unwrap();
+    }
+
+    #[test]
+    fn nbd_tls_keys_and_defaults() {
+        let base = "data_dir = \"state\"\n[[portal]]\naddress = \"127.0.0.1:3260\"\n\
+                    [[target]]\niqn = \"iqn.2026-11.org.freesan:t1\"\n[[target.lun]]\npath = \"l.img\"\n\
+                    size = \"1G\"\n[nbd]\n";
+        let parse = |extra: &str| -> Result<Config> {
+            let mut c: Config = toml::from_str(&format!("{base}{extra}"))?;
+            c.rebase(Path::new("/etc/freesan"));
+            c.validate()?;
+            Ok(c)
+        };
+        let c = parse("address = \"127.0.0.1:10809\"\n").unwrap();
+        assert!(!c.nbd.unwrap().tls_required(), "loopback: off by default");
+        let remote = "address = \"10.0.0.5:10809\"\nallow_remote = true\nallowed_clients = [\"10.0.0.0/24\"]\n";
+        let c = parse(remote).unwrap();
+        assert!(
+            c.nbd.unwrap().tls_required(),
+            "off loopback: required by default"
+        );
+        let c = parse(&format!("{remote}tls = \"off\"\n")).unwrap();
+        assert!(!c.nbd.unwrap().tls_required());
+        let c = parse(
+            "tls = \"require\"\ntls_cert = \"pki/c.pem\"\ntls_key = \"pki/k.pem\"\ntls_client_ca = \"/ca.pem\"\n",
+        )
+        .unwrap();
+        let n = c.nbd.unwrap();
+        assert!(n.tls_required());
+        assert_eq!(n.tls_cert.unwrap(), Path::new("/etc/freesan/pki/c.pem"));
+        assert_eq!(n.tls_client_ca.unwrap(), Path::new("/ca.pem"));
+        assert!(parse("tls = \"optional\"\n").is_err(), "no optional mode");
+        assert!(
+            parse("tls = \"require\"\ntls_cert = \"c.pem\"\n").is_err(),
+            "key missing"
+        );
+        assert!(parse("tls = \"off\"\ntls_client_ca = \"ca.pem\"\n").is_err());
+        assert!(parse("tls_psk = \"k\"\n").is_err(), "unknown key");
     }
 
     #[test]

@@ -16,6 +16,7 @@ mod config;
 mod ha_scsi;
 mod identity;
 mod managed;
+mod nbdtls;
 mod objcmd;
 mod objects;
 mod poolcmd;

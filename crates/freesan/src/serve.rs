@@ -352,7 +352,7 @@ pub async fn run(cfg: Config) -> Result<()> {
                 exports,
                 limits: n.limits(),
                 allowed_clients: n.allowed_ranges()?,
-                tls: None,
+                tls: crate::nbdtls::prepare(n, &cfg.data_dir)?,
             })
             .await
             .with_context(|| format!("binding NBD on {}", n.address))?,
@@ -415,8 +415,9 @@ pub async fn run(cfg: Config) -> Result<()> {
         eprintln!("  iscsi-ls -s iscsi://{a}");
         eprintln!("  iscsiadm -m discovery -t sendtargets -p {a} && iscsiadm -m node --login");
         eprintln!("  qemu-img info iscsi://{a}/{}/{}", l.target, l.id);
-        if let Some(n) = &nbd_server {
-            eprintln!("  nbdinfo nbd://{}/lun{}", n.local_addr(), l.id);
+        if let (Some(n), Some(c)) = (&nbd_server, &cfg.nbd) {
+            let url = crate::nbdtls::client_url(c, &cfg.data_dir, n.local_addr(), l.id);
+            eprintln!("  nbdinfo '{url}'");
         }
     }
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
