@@ -153,9 +153,9 @@ fn table(o: &Options, trace: &[Request], block: u64) {
         (n as u64 * block) as f64 / (1u64 << 30) as f64
     );
     println!(
-        "| size | blocks | lru | 2q | s3fifo | s3fifo+dk | old | default | opt | default - lru | ins/100 lru | ins/100 old | ins/100 default | bypassed reads | advisor | advisor error | old advisor error |"
+        "| size | blocks | lru | 2q | s3fifo | wtinylfu | s3fifo+dk | old | default | opt | default - lru | ins/100 lru | ins/100 old | ins/100 default | bypassed reads | advisor | advisor error | old advisor error |"
     );
-    println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
     let cfg = CacheConfig {
         block_bytes: block as u32,
         mode: o.mode,
@@ -202,6 +202,7 @@ fn table(o: &Options, trace: &[Request], block: u64) {
         let (lru, lru_ins) = plain(PolicyKind::Lru, &keys, cap);
         let (two_q, _) = plain(PolicyKind::TwoQ, &keys, cap);
         let (s3, _) = plain(PolicyKind::S3Fifo, &keys, cap);
+        let (wt, _) = plain(PolicyKind::WTinyLfu, &keys, cap);
         let s3dk = {
             let mut p = PolicyKind::S3Fifo.build_with(Admission::SecondMiss, cap);
             simulate(&mut p, keys.iter().copied(), 0).hit_ratio()
@@ -223,10 +224,11 @@ fn table(o: &Options, trace: &[Request], block: u64) {
             .map(|p| format!("{:+.2}", 100.0 * (p.hit_ratio - old_s.hit_ratio())))
             .unwrap_or_else(|| "-".into());
         println!(
-            "| {pct}% | {cap} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:+.2} | {:.1} | {:.1} | {:.1} | {:.1}% | {est_s} | {err_s} | {old_err} |",
+            "| {pct}% | {cap} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:+.2} | {:.1} | {:.1} | {:.1} | {:.1}% | {est_s} | {err_s} | {old_err} |",
             100.0 * lru,
             100.0 * two_q,
             100.0 * s3,
+            100.0 * wt,
             100.0 * s3dk,
             100.0 * old_s.hit_ratio(),
             100.0 * def.hit_ratio(),

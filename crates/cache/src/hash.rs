@@ -22,3 +22,4 @@ pub(crate) fn reduce(hash: u64, n: usize) -> usize {
 /// Salts that make the hash families of different users independent of each other.
 pub(crate) const SALT_GHOST: u64 = 0x9e37_79b9_7f4a_7c15;
 pub(crate) const SALT_SAMPLE: u64 = 0xd1b5_4a32_d192_ed03;
+pub(crate) const SALT_SKETCH: u64 = 0x8cb9_2ba7_2f3d_8dd7;

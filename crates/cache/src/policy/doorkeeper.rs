@@ -46,6 +46,7 @@ impl<P: Policy> Policy for Doorkeeper<P> {
             "sieve" => "sieve+dk",
             "2q" => "2q+dk",
             "s3fifo" => "s3fifo+dk",
+            "wtinylfu" => "wtinylfu+dk",
             _ => "doorkeeper",
         }
     }

@@ -22,8 +22,10 @@ mod index;
 mod lru;
 mod s3fifo;
 mod sieve;
+mod sketch;
 mod table;
 mod two_q;
+mod wtinylfu;
 
 pub use doorkeeper::Doorkeeper;
 pub use fifo::Fifo;
@@ -31,6 +33,7 @@ pub use lru::Lru;
 pub use s3fifo::S3Fifo;
 pub use sieve::Sieve;
 pub use two_q::TwoQ;
+pub use wtinylfu::WTinyLfu;
 
 use std::fmt;
 use std::str::FromStr;
@@ -152,20 +155,24 @@ pub enum PolicyKind {
     S3Fifo,
     /// 2Q (VLDB '94, full version): A1in FIFO, Am LRU, A1out ghost.
     TwoQ,
+    /// W-TinyLFU with a ghost-guided adaptive window: LRU window, frequency-gated
+    /// segmented-LRU main.
+    WTinyLfu,
 }
 
 impl PolicyKind {
     /// Every policy, in the order tables print them.
-    pub const ALL: [PolicyKind; 5] = [
+    pub const ALL: [PolicyKind; 6] = [
         PolicyKind::Lru,
         PolicyKind::Fifo,
         PolicyKind::Sieve,
         PolicyKind::TwoQ,
         PolicyKind::S3Fifo,
+        PolicyKind::WTinyLfu,
     ];
 
     /// The default eviction policy; see the crate documentation for why.
-    pub const DEFAULT: PolicyKind = PolicyKind::S3Fifo;
+    pub const DEFAULT: PolicyKind = PolicyKind::WTinyLfu;
 
     /// The policy's name, as accepted by `FromStr`.
     pub fn name(self) -> &'static str {
@@ -175,6 +182,7 @@ impl PolicyKind {
             PolicyKind::Sieve => "sieve",
             PolicyKind::S3Fifo => "s3fifo",
             PolicyKind::TwoQ => "2q",
+            PolicyKind::WTinyLfu => "wtinylfu",
         }
     }
 
@@ -186,6 +194,7 @@ impl PolicyKind {
             PolicyKind::Sieve => Box::new(Sieve::new(capacity)),
             PolicyKind::S3Fifo => Box::new(S3Fifo::new(capacity)),
             PolicyKind::TwoQ => Box::new(TwoQ::new(capacity)),
+            PolicyKind::WTinyLfu => Box::new(WTinyLfu::new(capacity)),
         }
     }
 
@@ -210,7 +219,7 @@ pub enum Admission {
 
 impl Admission {
     /// The default admission; see the crate documentation for why.
-    pub const DEFAULT: Admission = Admission::SecondMiss;
+    pub const DEFAULT: Admission = Admission::All;
 
     /// The admission's name, as accepted by `FromStr`.
     pub fn name(self) -> &'static str {
@@ -253,7 +262,7 @@ impl fmt::Display for UnknownPolicy {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "unknown cache policy or admission {:?} (policies: lru, fifo, sieve, 2q, s3fifo; \
+            "unknown cache policy or admission {:?} (policies: lru, fifo, sieve, 2q, s3fifo, wtinylfu; \
              admissions: all, second-miss)",
             self.0
         )
@@ -275,7 +284,8 @@ impl FromStr for PolicyKind {
 }
 
 /// The default policy holding at most `capacity` blocks: [`PolicyKind::DEFAULT`]
-/// eviction (S3-FIFO) behind [`Admission::DEFAULT`] (second-miss admission).
+/// eviction (W-TinyLFU with a dueling window) with [`Admission::DEFAULT`] (every
+/// miss; the frequency sketch between window and main does the filtering).
 pub fn default_policy(capacity: usize) -> Box<dyn Policy> {
     PolicyKind::DEFAULT.build_with(Admission::DEFAULT, capacity)
 }
