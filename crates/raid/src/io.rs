@@ -11,7 +11,6 @@
 //! sequential writes take the path in `fullstripe.rs`.
 
 use crate::gf;
-use crate::journal::{self, Entry};
 use crate::layout::Scheme;
 use crate::order::AfterFirstPoll;
 use crate::pool::{At, Inner, MemberHandle, Pool, View};
@@ -141,7 +140,7 @@ impl Inner {
             .await
     }
 
-    async fn m_op(&self, at: At<'_>, op: &MemberOp, fua: bool) -> BlockResult<()> {
+    pub(crate) async fn m_op(&self, at: At<'_>, op: &MemberOp, fua: bool) -> BlockResult<()> {
         match &op.kind {
             OpKind::Write(b) => self.m_write(at, op.mlba, b.clone(), fua).await,
             OpKind::Discard(blocks) => {
@@ -587,7 +586,9 @@ impl Inner {
         fua: bool,
     ) -> BlockResult<()> {
         let _busy = FgGuard::new(&self.stripe_writes);
+        let t0 = std::time::Instant::now();
         let _g = self.lock_for(s).write().await;
+        crate::commit::add_us(&self.wp.lock_wait_us, t0);
         let view = self.view()?;
         self.write_parity_locked(s, segs, data, fua, view).await
     }
@@ -602,6 +603,8 @@ impl Inner {
         mut view: View,
     ) -> BlockResult<()> {
         self.partial_writes.fetch_add(1, Ordering::Relaxed);
+        self.wp.partial_updates.fetch_add(1, Ordering::Relaxed);
+        let t0 = std::time::Instant::now();
         let k = self.layout.data_chunks();
         let pp = self.layout.parity_positions(s);
         let r0 = segs.iter().map(|g| g.off).min().unwrap_or(0);
@@ -634,6 +637,7 @@ impl Inner {
             Some(o) => o,
             None => self.rcw(s, segs, data, r0, r1, &view).await?,
         };
+        crate::commit::add_us(&self.wp.read_us, t0);
         self.commit(s, ops, &view, fua).await
     }
 
@@ -795,152 +799,6 @@ impl Inner {
             }
         }
         Ok(ops)
-    }
-
-    /// Reserves ring space for a record, checkpointing first when the space is
-    /// still held by records not yet covered by a checkpoint.
-    async fn journal_reserve(&self, len: u64) -> BlockResult<(u64, u64)> {
-        let j = self
-            .journal
-            .as_ref()
-            .ok_or(BlockError::NotSupported("no journal"))?;
-        if len > j.ring_blocks {
-            return Err(BlockError::NotSupported(
-                "journal record larger than the ring",
-            ));
-        }
-        let mut a = j.alloc.lock().await;
-        loop {
-            let (start, blocking) = a.place(len, j.ring_blocks);
-            match blocking {
-                None => {
-                    let seq = a.next_seq;
-                    a.next_seq += 1;
-                    a.live.push_back((seq, start, len));
-                    a.head_blocks = start + len;
-                    j.inflight.lock().seqs.insert(seq);
-                    return Ok((seq, start));
-                }
-                Some(upto) => {
-                    self.checkpoint(upto).await?;
-                    while a.live.front().is_some_and(|r| r.0 <= upto) {
-                        a.live.pop_front();
-                    }
-                }
-            }
-        }
-    }
-
-    /// Applies a stripe update: journal record first (parity levels), then the
-    /// member operations in place. Members that fail are failed; the update
-    /// succeeds while the pool survives.
-    pub(crate) async fn commit(
-        &self,
-        s: u64,
-        ops: Vec<MemberOp>,
-        view: &View,
-        fua: bool,
-    ) -> BlockResult<()> {
-        let mut seq = None;
-        if let Some(j) = &self.journal {
-            let bs = self.bs as usize;
-            let entries: Vec<Entry> = ops
-                .iter()
-                .map(|o| Entry {
-                    position: o.pos as u16,
-                    discard: matches!(o.kind, OpKind::Discard(_)),
-                    member_lba: o.mlba,
-                    blocks: match &o.kind {
-                        OpKind::Write(b) => (b.len() / bs) as u32,
-                        OpKind::Discard(n) => *n as u32,
-                    },
-                })
-                .collect();
-            let len = journal::record_blocks(&entries, bs);
-            let (sq, start) = self.journal_reserve(len).await?;
-            j.note_stripe(s, sq);
-            let payloads: Vec<&[u8]> = ops
-                .iter()
-                .map(|o| match &o.kind {
-                    OpKind::Write(b) => b.as_ref(),
-                    OpKind::Discard(_) => &[][..],
-                })
-                .collect();
-            let rec = Bytes::from(journal::encode(sq, self.pool_tag, &entries, &payloads, bs));
-            // copies on redundancy + 1 members: parity first, then the written data
-            let mut order: Vec<usize> = self.layout.parity_positions(s);
-            if self.layout.level() == crate::RaidLevel::F1 {
-                // F1 also steers the second journal copy to the hot member, so the
-                // journal keeps (and adds to) the wear skew instead of evening it out
-                order.push(self.layout.member_count() - 1);
-            }
-            order.extend(ops.iter().map(|o| o.pos));
-            order.extend(0..self.layout.member_count());
-            let mut copies: Vec<usize> = Vec::new();
-            for p in order {
-                if !copies.contains(&p) && view.writable(p).is_some() {
-                    copies.push(p);
-                }
-            }
-            copies.truncate(self.layout.redundancy() + 1);
-            let futs: Vec<BoxFut<'_, BlockResult<()>>> = copies
-                .iter()
-                .filter_map(|&p| view.writable(p))
-                .map(|h| -> BoxFut<'_, BlockResult<()>> {
-                    Box::pin(self.m_write_abs(h.h, j.offset_blocks + start, rec.clone(), true))
-                })
-                .collect();
-            let results = join_all(futs).await;
-            let mut written = 0;
-            for (&p, r) in copies.iter().zip(results) {
-                match r {
-                    Ok(()) => written += 1,
-                    Err(_) => {
-                        if let Some(h) = view.writable(p) {
-                            self.fail_handle(p, &h).await;
-                        }
-                    }
-                }
-            }
-            if written == 0 {
-                j.complete(sq);
-                return Err(unavailable(format!(
-                    "pool {}: journal write failed",
-                    self.name
-                )));
-            }
-            seq = Some(sq);
-        }
-        let futs: Vec<BoxFut<'_, BlockResult<()>>> = ops
-            .iter()
-            .map(|o| -> BoxFut<'_, BlockResult<()>> {
-                Box::pin(async move {
-                    match view.writable(o.pos) {
-                        Some(h) => self.m_op(h, o, fua).await,
-                        None => Ok(()),
-                    }
-                })
-            })
-            .collect();
-        let results = join_all(futs).await;
-        for (o, r) in ops.iter().zip(results) {
-            if let Err(e) = r {
-                if let Some(h) = view.writable(o.pos) {
-                    tracing::warn!(pool = %self.name, position = o.pos, error = %e, "member write failed");
-                    self.fail_handle(o.pos, &h).await;
-                }
-            }
-        }
-        if let (Some(j), Some(sq)) = (&self.journal, seq) {
-            j.complete(sq);
-        }
-        if self.is_failed() {
-            return Err(unavailable(format!(
-                "pool {}: failed during write of stripe {s}",
-                self.name
-            )));
-        }
-        Ok(())
     }
 
     async fn discard_stripe(&self, s: u64, segs: &[Seg]) -> BlockResult<()> {

@@ -35,6 +35,8 @@ use std::collections::{BTreeSet, VecDeque};
 const MAGIC: &[u8; 8] = b"FSRJRNL1";
 const HEADER_FIXED: usize = 48;
 const ENTRY_BYTES: usize = 16;
+/// A checkpoint taken to make room frees at least this fraction of the ring.
+const RECLAIM_PARTS: u64 = 4;
 /// Most entries one record may hold.
 pub(crate) const MAX_ENTRIES: usize = 1024;
 
@@ -201,8 +203,12 @@ pub(crate) struct Alloc {
 }
 
 impl Alloc {
-    /// Where a record of `len` blocks would go, and the newest live record it would
-    /// overwrite (which a checkpoint must cover first).
+    /// Where a record of `len` blocks would go, and, when it would overwrite a live
+    /// record, the sequence a checkpoint must cover first: the newest live record
+    /// in the next `len.max(ring_blocks / RECLAIM_PARTS)` blocks, so that one
+    /// checkpoint frees a good part of the ring rather than one record's room
+    /// (one checkpoint per record once the ring had wrapped: every member flushed
+    /// and every superblock written for each small write).
     pub fn place(&self, len: u64, ring_blocks: u64) -> (u64, Option<u64>) {
         let start = if self.head_blocks + len > ring_blocks {
             0
@@ -210,13 +216,17 @@ impl Alloc {
             self.head_blocks
         };
         let end = start + len;
-        let blocking = self
-            .live
-            .iter()
-            .filter(|(_, s, l)| *s < end && start < s + l)
-            .map(|(seq, _, _)| *seq)
-            .max();
-        (start, blocking)
+        let overlaps = |s0: u64, e0: u64| {
+            self.live
+                .iter()
+                .filter(move |(_, s, l)| *s < e0 && s0 < s + l)
+                .map(|(seq, _, _)| *seq)
+        };
+        if overlaps(start, end).next().is_none() {
+            return (start, None);
+        }
+        let reclaim_end = (start + len.max(ring_blocks / RECLAIM_PARTS)).min(ring_blocks);
+        (start, overlaps(start, reclaim_end.max(end)).max())
     }
 }
 
@@ -237,6 +247,10 @@ pub(crate) struct Journal {
     pub alloc: tokio::sync::Mutex<Alloc>,
     pub inflight: parking_lot::Mutex<InFlight>,
     pub done: tokio::sync::Notify,
+    /// Records waiting for (or in) a group commit (see `commit.rs`).
+    pub group: parking_lot::Mutex<crate::commit::Group>,
+    /// Signalled when a group commit ends.
+    pub group_done: tokio::sync::Notify,
 }
 
 impl Journal {
@@ -252,6 +266,8 @@ impl Journal {
             }),
             inflight: parking_lot::Mutex::new(InFlight::default()),
             done: tokio::sync::Notify::new(),
+            group: parking_lot::Mutex::new(Default::default()),
+            group_done: tokio::sync::Notify::new(),
         }
     }
 
@@ -295,6 +311,31 @@ impl Journal {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_checkpoint_to_make_room_frees_a_quarter_of_the_ring() {
+        // a full ring of 1-block records; the next one wraps to block 0
+        let ring = 64;
+        let mut a = Alloc::default();
+        for seq in 0..ring {
+            a.live.push_back((seq, seq, 1));
+        }
+        a.head_blocks = ring;
+        let (start, blocking) = a.place(1, ring);
+        assert_eq!(start, 0);
+        // not only record 0: the checkpoint covers the first quarter
+        assert_eq!(blocking, Some(ring / 4 - 1));
+        while a.live.front().is_some_and(|r| r.0 < ring / 4) {
+            a.live.pop_front();
+        }
+        a.head_blocks = 0;
+        for i in 0..ring / 4 {
+            let (s, b) = a.place(1, ring);
+            assert_eq!((s, b), (i, None), "record {i} fits without a checkpoint");
+            a.head_blocks = s + 1;
+        }
+        assert!(a.place(1, ring).1.is_some());
+    }
 
     #[test]
     fn encode_decode_scan() {

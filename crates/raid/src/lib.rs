@@ -20,6 +20,7 @@
 //! (`BlockError::Unavailable` or `Medium`), never with wrong data.
 
 mod background;
+mod commit;
 mod fullstripe;
 mod gf;
 mod io;
@@ -36,7 +37,7 @@ pub use layout::{layout_for, Layout, Scheme};
 pub use pool::{Member, Pool};
 pub use status::{
     MemberState, MemberStatus, PoolState, PoolStatus, Progress, ScrubReport, SpareStatus,
-    StripeWrites,
+    StripeWrites, WritePath,
 };
 
 use serde::{Deserialize, Serialize};

@@ -207,6 +207,11 @@ pub(crate) struct Inner {
     pub write_ewma_ns: AtomicU64,
     /// Foreground stripe writes (whole or partial) in progress.
     pub stripe_writes: AtomicU64,
+    /// Counters of partial-stripe updates and the journal (`status().write_path`).
+    pub wp: crate::commit::WriteCounters,
+    /// Test-only: stripe updates skip the journal (see
+    /// [`Pool::unsafe_set_journal_bypass`]).
+    pub journal_bypass: AtomicBool,
 }
 
 const STRIPE_LOCKS: usize = 1024;
@@ -667,6 +672,14 @@ impl Pool {
         self.inner.journal_whole.store(on, Ordering::SeqCst);
     }
 
+    /// Test-only: stripe updates of a parity pool skip the stripe journal while
+    /// `on` (the unprotected read-modify-write, for measuring what the journal
+    /// costs; a crash in the meantime reopens the write hole). Not persisted.
+    #[doc(hidden)]
+    pub fn unsafe_set_journal_bypass(&self, on: bool) {
+        self.inner.journal_bypass.store(on, Ordering::SeqCst);
+    }
+
     /// Changes the rebuild/resync/scrub cap (MB/s, 0 = none) and persists it.
     pub async fn set_rebuild_rate_mb_s(&self, rate_mb_s: u32) -> RaidResult<()> {
         self.inner.state.lock().rebuild_rate_mb_s = rate_mb_s;
@@ -821,6 +834,8 @@ impl Inner {
             epoch: std::time::Instant::now(),
             last_write_ns: AtomicU64::new(0),
             write_ewma_ns: AtomicU64::new(0),
+            wp: Default::default(),
+            journal_bypass: AtomicBool::new(false),
         }
     }
 
@@ -1276,6 +1291,7 @@ impl Inner {
             unsynced_regions: st.resync_regions.len() as u64,
             intent_regions: st.intent.len() as u64,
             journal_whole_stripes: self.journal_whole.load(Ordering::Relaxed),
+            write_path: self.wp.snapshot(),
         }
     }
 }

@@ -153,6 +153,41 @@ pub struct PoolStatus {
     /// flight at a crash followed by a member loss, at twice the write traffic).
     #[serde(default)]
     pub journal_whole_stripes: bool,
+    /// Where the time of partial-stripe updates goes, and what the stripe journal
+    /// writes (counters since the pool started).
+    #[serde(default)]
+    pub write_path: WritePath,
+}
+
+/// Counters of partial-stripe updates and the stripe journal (parity levels).
+/// Totals since start: divide the `_us` fields by `partial_updates` for a mean.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WritePath {
+    /// Partial-stripe updates (read-modify-write or reconstruct-write) applied.
+    pub partial_updates: u64,
+    /// Journal records made durable (one per journaled stripe update).
+    pub journal_records: u64,
+    /// Group commits: ring writes that carried one or more records to every
+    /// journal copy at once.
+    pub journal_batches: u64,
+    /// Member writes to the journal ring (all FUA): batches x copies.
+    pub journal_ring_writes: u64,
+    /// Bytes written to the ring, all copies.
+    pub journal_ring_bytes: u64,
+    /// Most records one group commit carried.
+    pub journal_batch_records_max: u64,
+    /// Checkpoints (flush every member, persist the checkpoint sequence) taken to
+    /// reuse ring space.
+    pub journal_checkpoints: u64,
+    /// Time partial updates waited for their stripe's lock, µs (total).
+    pub lock_wait_us: u64,
+    /// Time reading old data and parity (or the rest of the rows), µs (total).
+    pub read_us: u64,
+    /// Time from a record's hand-over to the journal until it was durable,
+    /// including waiting for the group commit in front of it, µs (total).
+    pub journal_us: u64,
+    /// Time of the in-place member writes, µs (total).
+    pub apply_us: u64,
 }
 
 /// Counters of the parity write path.

@@ -1,0 +1,305 @@
+//! Small random writes on parity pools of simulated HDDs (issue 18): what the
+//! stripe journal costs against the unprotected read-modify-write and against the
+//! arithmetic limit of the disks. In-process, no network: a `Pool` over
+//! `disk::sim::SimDisk` HDD members (data in memory), driven by `qd` tasks.
+//!
+//! Run through `bench/raid-smallwrite` (which builds it with `--profile ci`), or:
+//!
+//! ```text
+//! cargo run --profile ci -p raid --example smallwrite -- [--secs 5] [--ncq on|off|both]
+//!     [--only raid5|raid6] [--qd 32] [--member-mib 512] [--pattern 4kw|8kw|8kmix]
+//! ```
+//!
+//! For each pool (RAID 5 of 10, RAID 6 of 6) and NCQ setting it prints, for 4K
+//! random writes, 8K random writes and 8K random 67% read / 33% write at `qd` in
+//! flight: IOPS with the journal as shipped, with the journal bypassed (the
+//! unprotected read-modify-write; a test-only switch), the arithmetic limit from one
+//! member disk's measured random IOPS at the same depth (n disks x IOPS / member
+//! I/Os per operation: 4 per RAID 5 small write, 6 per RAID 6, 1 per read), and the
+//! ratios; then where the time of a partial-stripe write went (pool status).
+
+use block::{Bytes, MemVolume, Volume, VolumeRef};
+use disk::sim::{HddParams, SimDisk, SplitMix64};
+use raid::{Member, Pool, PoolConfig, RaidLevel, WritePath};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+const BS: u32 = 4096;
+
+#[derive(Clone, Copy, PartialEq)]
+struct Pattern {
+    name: &'static str,
+    bs_bytes: u64,
+    /// Percent of operations that are reads.
+    read_pct: u64,
+}
+
+const PATTERNS: [Pattern; 3] = [
+    Pattern {
+        name: "4K random write",
+        bs_bytes: 4096,
+        read_pct: 0,
+    },
+    Pattern {
+        name: "8K random write",
+        bs_bytes: 8192,
+        read_pct: 0,
+    },
+    Pattern {
+        name: "8K random 67/33",
+        bs_bytes: 8192,
+        read_pct: 67,
+    },
+];
+
+struct Args {
+    secs: u64,
+    ramp_secs: u64,
+    ncq: Vec<bool>,
+    only: Option<String>,
+    qd: usize,
+    member_mib: u64,
+    patterns: Vec<Pattern>,
+}
+
+fn parse_args() -> Args {
+    let mut a = Args {
+        secs: 5,
+        ramp_secs: 1,
+        ncq: vec![true, false],
+        only: None,
+        qd: 32,
+        member_mib: 512,
+        patterns: PATTERNS.to_vec(),
+    };
+    let argv: Vec<String> = std::env::args().skip(1).collect();
+    let mut i = 0;
+    let val = |i: usize| -> String {
+        argv.get(i + 1).cloned().unwrap_or_else(|| {
+            eprintln!("smallwrite: {} needs a value", argv[i]);
+            std::process::exit(2)
+        })
+    };
+    while i < argv.len() {
+        let num = |s: String| -> u64 {
+            s.parse().unwrap_or_else(|_| {
+                eprintln!("smallwrite: bad number {s}");
+                std::process::exit(2)
+            })
+        };
+        match argv[i].as_str() {
+            "--secs" => a.secs = num(val(i)),
+            "--ramp" => a.ramp_secs = num(val(i)),
+            "--qd" => a.qd = num(val(i)) as usize,
+            "--member-mib" => a.member_mib = num(val(i)),
+            "--ncq" => {
+                a.ncq = match val(i).as_str() {
+                    "on" => vec![true],
+                    "off" => vec![false],
+                    _ => vec![true, false],
+                }
+            }
+            "--only" => a.only = Some(val(i)),
+            "--pattern" => {
+                let p = val(i);
+                a.patterns = PATTERNS
+                    .iter()
+                    .copied()
+                    .filter(|x| match p.as_str() {
+                        "4kw" => x.bs_bytes == 4096,
+                        "8kw" => x.bs_bytes == 8192 && x.read_pct == 0,
+                        "8kmix" => x.read_pct > 0,
+                        _ => true,
+                    })
+                    .collect();
+            }
+            other => {
+                eprintln!("smallwrite: unknown argument {other}");
+                std::process::exit(2)
+            }
+        }
+        i += 2;
+    }
+    a
+}
+
+fn hdd(member_bytes: u64, ncq: bool) -> Arc<SimDisk> {
+    let store = Arc::new(MemVolume::new(BS, member_bytes / BS as u64)) as VolumeRef;
+    let params = HddParams {
+        ncq,
+        ..HddParams::default()
+    };
+    Arc::new(SimDisk::hdd(store, params).expect("hdd model"))
+}
+
+/// Runs `pattern` over the whole of `vol` at `qd` in flight; IOPS after the ramp.
+async fn run(vol: Arc<dyn Volume>, p: Pattern, qd: usize, ramp: Duration, secs: Duration) -> f64 {
+    let g = vol.geometry();
+    let op_blocks = p.bs_bytes / g.block_size_bytes as u64;
+    let slots = g.block_count / op_blocks;
+    let stop = Arc::new(AtomicBool::new(false));
+    let counting = Arc::new(AtomicBool::new(false));
+    let done = Arc::new(AtomicU64::new(0));
+    let mut tasks = Vec::new();
+    for t in 0..qd {
+        let (vol, stop, counting, done) =
+            (vol.clone(), stop.clone(), counting.clone(), done.clone());
+        tasks.push(tokio::spawn(async move {
+            let mut rng = SplitMix64::new(0x5eed + t as u64 * 7919);
+            let data = Bytes::from(vec![t as u8 ^ 0xa5; p.bs_bytes as usize]);
+            while !stop.load(Ordering::Relaxed) {
+                let lba = rng.below(slots) * op_blocks;
+                let r = if rng.below(100) < p.read_pct {
+                    vol.read(lba, op_blocks as u32).await.map(|_| ())
+                } else {
+                    vol.write(lba, data.clone(), false).await
+                };
+                r.expect("i/o");
+                if counting.load(Ordering::Relaxed) {
+                    done.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+        }));
+    }
+    tokio::time::sleep(ramp).await;
+    counting.store(true, Ordering::SeqCst);
+    let t0 = Instant::now();
+    tokio::time::sleep(secs).await;
+    let n = done.load(Ordering::SeqCst);
+    let took = t0.elapsed();
+    stop.store(true, Ordering::SeqCst);
+    for t in tasks {
+        t.await.expect("worker");
+    }
+    n as f64 / took.as_secs_f64()
+}
+
+fn delta(a: &WritePath, b: &WritePath) -> WritePath {
+    WritePath {
+        partial_updates: b.partial_updates - a.partial_updates,
+        journal_records: b.journal_records - a.journal_records,
+        journal_batches: b.journal_batches - a.journal_batches,
+        journal_ring_writes: b.journal_ring_writes - a.journal_ring_writes,
+        journal_ring_bytes: b.journal_ring_bytes - a.journal_ring_bytes,
+        journal_batch_records_max: b.journal_batch_records_max,
+        journal_checkpoints: b.journal_checkpoints - a.journal_checkpoints,
+        lock_wait_us: b.lock_wait_us - a.lock_wait_us,
+        read_us: b.read_us - a.read_us,
+        journal_us: b.journal_us - a.journal_us,
+        apply_us: b.apply_us - a.apply_us,
+    }
+}
+
+fn describe(w: &WritePath) -> String {
+    let per = |us: u64| us as f64 / 1000.0 / w.partial_updates.max(1) as f64;
+    format!(
+        "{} updates, {} records in {} batches ({:.1}/batch, max {}), {} FUA ring writes, {} checkpoints; per update ms: lock {:.1} read {:.1} journal {:.1} apply {:.1}",
+        w.partial_updates,
+        w.journal_records,
+        w.journal_batches,
+        w.journal_records as f64 / w.journal_batches.max(1) as f64,
+        w.journal_batch_records_max,
+        w.journal_ring_writes,
+        w.journal_checkpoints,
+        per(w.lock_wait_us),
+        per(w.read_us),
+        per(w.journal_us),
+        per(w.apply_us),
+    )
+}
+
+#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
+async fn main() {
+    let a = parse_args();
+    let ramp = Duration::from_secs(a.ramp_secs);
+    let secs = Duration::from_secs(a.secs);
+    let member_bytes = a.member_mib << 20;
+    let pools: Vec<(&str, RaidLevel, usize, f64)> = vec![
+        ("RAID 5 of 10", RaidLevel::Raid5, 10, 4.0),
+        ("RAID 6 of 6", RaidLevel::Raid6, 6, 6.0),
+    ]
+    .into_iter()
+    .filter(|p| match a.only.as_deref() {
+        Some("raid5") => p.1 == RaidLevel::Raid5,
+        Some("raid6") => p.1 == RaidLevel::Raid6,
+        _ => true,
+    })
+    .collect();
+    println!(
+        "raid-smallwrite: simulated 7200 rpm HDDs of {} MiB (data in memory), {} in flight, {} s per figure after {} s ramp, 4 KiB blocks, 128 KiB chunks",
+        a.member_mib, a.qd, a.secs, a.ramp_secs
+    );
+    let mut detail = Vec::new();
+    for &ncq in &a.ncq {
+        // one member alone: the disk figure the arithmetic limit is built from
+        let mut one = Vec::new();
+        for p in &a.patterns {
+            let d = hdd(member_bytes, ncq);
+            let iops = run(d as Arc<dyn Volume>, *p, a.qd, ramp, secs).await;
+            one.push(iops);
+        }
+        println!();
+        println!("NCQ {}", if ncq { "on" } else { "off" });
+        print!("  one disk, {} in flight:", a.qd);
+        for (p, iops) in a.patterns.iter().zip(&one) {
+            print!("  {} {:.0} IOPS;", p.name, iops);
+        }
+        println!();
+        println!(
+            "  {:14} {:17} {:>9} {:>11} {:>9} {:>9} {:>10} {:>9}",
+            "pool", "pattern", "journal", "journal-off", "jdevice", "limit", "j/j-off", "j/limit"
+        );
+        for &(label, level, n, write_ios) in &pools {
+            let members: Vec<Member> = (0..n)
+                .map(|i| Member::new(format!("hdd{i}"), hdd(member_bytes, ncq) as VolumeRef))
+                .collect();
+            let mut cfg = PoolConfig::new("bench", level);
+            cfg.rebuild_rate_mb_s = 0;
+            let pool = Arc::new(Pool::create(cfg, members, vec![]).await.expect("create"));
+            pool.wait_idle().await;
+            for (p, disk_iops) in a.patterns.iter().zip(&one) {
+                let r = p.read_pct as f64 / 100.0;
+                let limit = n as f64 * disk_iops / (r + (1.0 - r) * write_ios);
+                pool.unsafe_set_journal_bypass(false);
+                let before = pool.status().write_path;
+                let on = run(pool.clone() as Arc<dyn Volume>, *p, a.qd, ramp, secs).await;
+                let after = pool.status().write_path;
+                detail.push(format!(
+                    "  NCQ {:3} {label:14} {:17} journal:     {}",
+                    if ncq { "on" } else { "off" },
+                    p.name,
+                    describe(&delta(&before, &after))
+                ));
+                pool.unsafe_set_journal_bypass(true);
+                let before = pool.status().write_path;
+                let off = run(pool.clone() as Arc<dyn Volume>, *p, a.qd, ramp, secs).await;
+                let after = pool.status().write_path;
+                pool.unsafe_set_journal_bypass(false);
+                detail.push(format!(
+                    "  NCQ {:3} {label:14} {:17} journal off: {}",
+                    if ncq { "on" } else { "off" },
+                    p.name,
+                    describe(&delta(&before, &after))
+                ));
+                println!(
+                    "  {:14} {:17} {:>9.0} {:>11.0} {:>9} {:>9.0} {:>9.0}% {:>8.0}%",
+                    label,
+                    p.name,
+                    on,
+                    off,
+                    "-",
+                    limit,
+                    100.0 * on / off,
+                    100.0 * on / limit
+                );
+            }
+            pool.shutdown().await.expect("shutdown");
+        }
+    }
+    println!();
+    println!("where a partial-stripe update's time went (pool status write_path, deltas per run):");
+    for d in detail {
+        println!("{d}");
+    }
+}

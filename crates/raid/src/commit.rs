@@ -1,0 +1,450 @@
+//! Applying a stripe update: the journal record first (parity levels), then the
+//! member writes in place; and the group commit of journal records.
+//!
+//! Group commit: a stripe update hands its record to the journal's queue. The
+//! members are cut into disjoint copy sets of `redundancy + 1` (five on RAID 5 of
+//! 10). If a set has no ring write running, the update becomes its leader: it
+//! takes every queued record (up to `BATCH_BYTES_MAX`), gives them consecutive
+//! sequence numbers and adjacent ring space, and writes them as one FUA write to
+//! each member of the set; otherwise it waits, and the records that queued behind
+//! the running writes go out together as soon as a set is free. Every record
+//! stays a separately checksummed record (replay and the on-disk format are
+//! unchanged), and no update starts its in-place writes, or is acknowledged,
+//! before the ring write carrying its record is durable. Successive batches start
+//! at successive sets (F1: one copy always on the hot member), so the journal's
+//! seeks are spread over every member.
+//!
+//! Key invariant: a record's in-place writes start only after a copy of the
+//! record is durable on `redundancy + 1` members (fewer only when fewer are
+//! writable), exactly as without batching.
+
+use crate::io::{unavailable, MemberOp, OpKind};
+use crate::journal::{self, Entry, Journal};
+use crate::pool::{Inner, View};
+use crate::status::WritePath;
+use crate::util::{join_all, BoxFut};
+use block::{BlockError, BlockResult, Bytes};
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Instant;
+
+/// Most bytes one group commit writes to each copy (records beyond it wait for
+/// the next one; a single bigger record goes alone).
+const BATCH_BYTES_MAX: u64 = 2 << 20;
+
+/// Most group commits writing at once (each on its own members).
+const JOURNAL_SETS_MAX: usize = 8;
+
+/// A record waiting for its group commit.
+pub(crate) struct Pending {
+    ticket: u64,
+    stripe: u64,
+    entries: Vec<Entry>,
+    payloads: Vec<Bytes>,
+    blocks: u64,
+}
+
+/// The group-commit queue of a journal (under a short synchronous lock).
+#[derive(Default)]
+pub(crate) struct Group {
+    queue: Vec<Pending>,
+    /// Per copy set (see `journal_copies`): a leader's ring write is running there.
+    busy: Vec<bool>,
+    next_ticket: u64,
+    /// Batches written so far (rotates the copies over the members).
+    batches: u64,
+    /// Outcome per ticket: the record's sequence number, or why it failed.
+    results: HashMap<u64, Result<u64, String>>,
+}
+
+/// Counters behind `status().write_path`.
+#[derive(Default)]
+pub(crate) struct WriteCounters {
+    pub partial_updates: AtomicU64,
+    pub journal_records: AtomicU64,
+    pub journal_batches: AtomicU64,
+    pub journal_ring_writes: AtomicU64,
+    pub journal_ring_bytes: AtomicU64,
+    pub journal_batch_records_max: AtomicU64,
+    pub journal_checkpoints: AtomicU64,
+    pub lock_wait_us: AtomicU64,
+    pub read_us: AtomicU64,
+    pub journal_us: AtomicU64,
+    pub apply_us: AtomicU64,
+}
+
+impl WriteCounters {
+    pub fn snapshot(&self) -> WritePath {
+        let l = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        WritePath {
+            partial_updates: l(&self.partial_updates),
+            journal_records: l(&self.journal_records),
+            journal_batches: l(&self.journal_batches),
+            journal_ring_writes: l(&self.journal_ring_writes),
+            journal_ring_bytes: l(&self.journal_ring_bytes),
+            journal_batch_records_max: l(&self.journal_batch_records_max),
+            journal_checkpoints: l(&self.journal_checkpoints),
+            lock_wait_us: l(&self.lock_wait_us),
+            read_us: l(&self.read_us),
+            journal_us: l(&self.journal_us),
+            apply_us: l(&self.apply_us),
+        }
+    }
+}
+
+/// Adds the time since `t0` to a µs counter.
+pub(crate) fn add_us(c: &AtomicU64, t0: Instant) {
+    c.fetch_add(t0.elapsed().as_micros() as u64, Ordering::Relaxed);
+}
+
+/// Clears the leader flag and fails the batch's tickets if the leader's future
+/// is dropped in the middle of its ring write (nobody else would).
+struct LeaderGuard<'a> {
+    j: &'a Journal,
+    slot: usize,
+    tickets: Vec<u64>,
+    seqs: Vec<u64>,
+    armed: bool,
+}
+
+impl Drop for LeaderGuard<'_> {
+    fn drop(&mut self) {
+        if !self.armed {
+            return;
+        }
+        for &s in &self.seqs {
+            self.j.complete(s);
+        }
+        let mut g = self.j.group.lock();
+        g.busy[self.slot] = false;
+        for &t in &self.tickets {
+            g.results
+                .insert(t, Err("journal write abandoned".to_string()));
+        }
+        drop(g);
+        self.j.group_done.notify_waiters();
+    }
+}
+
+impl Inner {
+    /// The journal, unless the pool has none or it is bypassed (test-only).
+    fn active_journal(&self) -> Option<&Journal> {
+        self.journal
+            .as_ref()
+            .filter(|_| !self.journal_bypass.load(Ordering::Relaxed))
+    }
+
+    /// Applies a stripe update: journal record first (parity levels), then the
+    /// member operations in place. Members that fail are failed; the update
+    /// succeeds while the pool survives.
+    pub(crate) async fn commit(
+        &self,
+        s: u64,
+        ops: Vec<MemberOp>,
+        view: &View,
+        fua: bool,
+    ) -> BlockResult<()> {
+        let mut seq = None;
+        if let Some(j) = self.active_journal() {
+            let bs = self.bs as usize;
+            let entries: Vec<Entry> = ops
+                .iter()
+                .map(|o| Entry {
+                    position: o.pos as u16,
+                    discard: matches!(o.kind, OpKind::Discard(_)),
+                    member_lba: o.mlba,
+                    blocks: match &o.kind {
+                        OpKind::Write(b) => (b.len() / bs) as u32,
+                        OpKind::Discard(n) => *n as u32,
+                    },
+                })
+                .collect();
+            let payloads: Vec<Bytes> = ops
+                .iter()
+                .map(|o| match &o.kind {
+                    OpKind::Write(b) => b.clone(),
+                    OpKind::Discard(_) => Bytes::new(),
+                })
+                .collect();
+            let t0 = Instant::now();
+            let sq = self.journal_append(j, s, entries, payloads).await?;
+            add_us(&self.wp.journal_us, t0);
+            seq = Some(sq);
+        }
+        let t0 = Instant::now();
+        let futs: Vec<BoxFut<'_, BlockResult<()>>> = ops
+            .iter()
+            .map(|o| -> BoxFut<'_, BlockResult<()>> {
+                Box::pin(async move {
+                    match view.writable(o.pos) {
+                        Some(h) => self.m_op(h, o, fua).await,
+                        None => Ok(()),
+                    }
+                })
+            })
+            .collect();
+        let results = join_all(futs).await;
+        add_us(&self.wp.apply_us, t0);
+        for (o, r) in ops.iter().zip(results) {
+            if let Err(e) = r {
+                if let Some(h) = view.writable(o.pos) {
+                    tracing::warn!(pool = %self.name, position = o.pos, error = %e, "member write failed");
+                    self.fail_handle(o.pos, &h).await;
+                }
+            }
+        }
+        if let (Some(j), Some(sq)) = (&self.journal, seq) {
+            j.complete(sq);
+        }
+        if self.is_failed() {
+            return Err(unavailable(format!(
+                "pool {}: failed during write of stripe {s}",
+                self.name
+            )));
+        }
+        Ok(())
+    }
+
+    /// Makes a record for stripe `s` durable through the group commit; returns its
+    /// sequence number (registered in flight: the caller calls `complete` once its
+    /// in-place writes are done).
+    async fn journal_append(
+        &self,
+        j: &Journal,
+        s: u64,
+        entries: Vec<Entry>,
+        payloads: Vec<Bytes>,
+    ) -> BlockResult<u64> {
+        let blocks = journal::record_blocks(&entries, self.bs as usize);
+        if blocks > j.ring_blocks {
+            return Err(BlockError::NotSupported(
+                "journal record larger than the ring",
+            ));
+        }
+        let ticket = {
+            let mut g = j.group.lock();
+            let t = g.next_ticket;
+            g.next_ticket += 1;
+            g.queue.push(Pending {
+                ticket: t,
+                stripe: s,
+                entries,
+                payloads,
+                blocks,
+            });
+            t
+        };
+        loop {
+            let notified = j.group_done.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            let batch = {
+                let mut g = j.group.lock();
+                if let Some(r) = g.results.remove(&ticket) {
+                    return r.map_err(|e| unavailable(format!("pool {}: {e}", self.name)));
+                }
+                let sets = self.journal_sets();
+                if g.busy.len() != sets {
+                    g.busy = vec![false; sets];
+                }
+                let from = g.batches as usize % sets;
+                let free = (0..sets).map(|i| (from + i) % sets).find(|&i| !g.busy[i]);
+                if let Some(slot) = free {
+                    g.busy[slot] = true;
+                    let cap = (BATCH_BYTES_MAX / self.bs).min(j.ring_blocks / 2).max(1);
+                    let mut total = 0;
+                    let mut n = 0;
+                    while n < g.queue.len()
+                        && (n == 0 || total + g.queue[n].blocks <= cap)
+                        && n < journal::MAX_ENTRIES
+                    {
+                        total += g.queue[n].blocks;
+                        n += 1;
+                    }
+                    let b: Vec<Pending> = g.queue.drain(..n).collect();
+                    g.batches += 1;
+                    Some((b, slot))
+                } else {
+                    None
+                }
+            };
+            match batch {
+                Some((b, slot)) => {
+                    let mut guard = LeaderGuard {
+                        j,
+                        slot,
+                        tickets: b.iter().map(|p| p.ticket).collect(),
+                        seqs: Vec::new(),
+                        armed: true,
+                    };
+                    let out = self.journal_group_write(j, b, slot, &mut guard.seqs).await;
+                    guard.armed = false;
+                    {
+                        let mut g = j.group.lock();
+                        g.busy[slot] = false;
+                        for (t, r) in out {
+                            g.results.insert(t, r);
+                        }
+                    }
+                    j.group_done.notify_waiters();
+                }
+                None => notified.await,
+            }
+        }
+    }
+
+    /// The leader's ring write: reserves adjacent space for every record of the
+    /// batch, writes them as one FUA write per copy, and says per ticket whether
+    /// its record is durable (with its sequence number).
+    async fn journal_group_write(
+        &self,
+        j: &Journal,
+        batch: Vec<Pending>,
+        slot: usize,
+        seqs: &mut Vec<u64>,
+    ) -> Vec<(u64, Result<u64, String>)> {
+        let fail = |batch: &[Pending], e: String| -> Vec<(u64, Result<u64, String>)> {
+            batch.iter().map(|p| (p.ticket, Err(e.clone()))).collect()
+        };
+        let total: u64 = batch.iter().map(|p| p.blocks).sum();
+        let start = match self.journal_reserve(j, &batch, total, seqs).await {
+            Ok(s) => s,
+            Err(e) => return fail(&batch, e.to_string()),
+        };
+        let bs = self.bs as usize;
+        let mut buf = Vec::with_capacity(total as usize * bs);
+        for (p, &sq) in batch.iter().zip(seqs.iter()) {
+            j.note_stripe(p.stripe, sq);
+            let pay: Vec<&[u8]> = p.payloads.iter().map(|b| b.as_ref()).collect();
+            buf.extend_from_slice(&journal::encode(sq, self.pool_tag, &p.entries, &pay, bs));
+        }
+        let buf = Bytes::from(buf);
+        let view = match self.view() {
+            Ok(v) => v,
+            Err(e) => {
+                for &sq in seqs.iter() {
+                    j.complete(sq);
+                }
+                return fail(&batch, e.to_string());
+            }
+        };
+        let copies = self.journal_copies(&view, slot);
+        let futs: Vec<BoxFut<'_, BlockResult<()>>> = copies
+            .iter()
+            .filter_map(|&p| view.writable(p))
+            .map(|h| -> BoxFut<'_, BlockResult<()>> {
+                Box::pin(self.m_write_abs(h.h, j.offset_blocks + start, buf.clone(), true))
+            })
+            .collect();
+        let results = join_all(futs).await;
+        let mut written = 0u64;
+        for (&p, r) in copies.iter().zip(results) {
+            match r {
+                Ok(()) => written += 1,
+                Err(_) => {
+                    if let Some(h) = view.writable(p) {
+                        self.fail_handle(p, &h).await;
+                    }
+                }
+            }
+        }
+        let w = &self.wp;
+        w.journal_batches.fetch_add(1, Ordering::Relaxed);
+        w.journal_ring_writes
+            .fetch_add(copies.len() as u64, Ordering::Relaxed);
+        w.journal_ring_bytes
+            .fetch_add(written * buf.len() as u64, Ordering::Relaxed);
+        w.journal_batch_records_max
+            .fetch_max(batch.len() as u64, Ordering::Relaxed);
+        if written == 0 {
+            for &sq in seqs.iter() {
+                j.complete(sq);
+            }
+            return fail(&batch, "journal write failed".to_string());
+        }
+        w.journal_records
+            .fetch_add(batch.len() as u64, Ordering::Relaxed);
+        batch
+            .iter()
+            .zip(seqs.iter())
+            .map(|(p, &sq)| (p.ticket, Ok(sq)))
+            .collect()
+    }
+
+    /// How many group commits may write at once: one per disjoint set of
+    /// `redundancy + 1` members (`JOURNAL_SETS_MAX` at most).
+    fn journal_sets(&self) -> usize {
+        let n = self.layout.member_count();
+        let want = self.layout.redundancy() + 1;
+        (n / want).clamp(1, JOURNAL_SETS_MAX)
+    }
+
+    /// The members that get the copies of a batch written from copy set `slot`:
+    /// `redundancy + 1` writable ones starting at `slot * (redundancy + 1)`, so
+    /// concurrent group commits use different members and successive ones rotate
+    /// over them (F1: the hot member always holds one, so the journal keeps, and
+    /// adds to, the wear skew instead of evening it out).
+    fn journal_copies(&self, view: &View, slot: usize) -> Vec<usize> {
+        let n = self.layout.member_count();
+        let want = self.layout.redundancy() + 1;
+        let mut order: Vec<usize> = Vec::with_capacity(n + 1);
+        if self.layout.level() == crate::RaidLevel::F1 {
+            order.push(n - 1);
+        }
+        let first = (slot * want) % n;
+        order.extend((0..n).map(|i| (first + i) % n));
+        let mut copies: Vec<usize> = Vec::with_capacity(want);
+        for p in order {
+            if !copies.contains(&p) && view.writable(p).is_some() {
+                copies.push(p);
+            }
+        }
+        copies.truncate(want);
+        copies
+    }
+
+    /// Reserves `total` adjacent ring blocks for the records of `batch`, giving
+    /// them consecutive sequence numbers (pushed to `seqs`, registered in flight),
+    /// checkpointing first when the space is still held by records not yet covered
+    /// by a checkpoint. Returns the first ring block.
+    async fn journal_reserve(
+        &self,
+        j: &Journal,
+        batch: &[Pending],
+        total: u64,
+        seqs: &mut Vec<u64>,
+    ) -> BlockResult<u64> {
+        if total > j.ring_blocks {
+            return Err(BlockError::NotSupported(
+                "journal batch larger than the ring",
+            ));
+        }
+        let mut a = j.alloc.lock().await;
+        loop {
+            let (start, blocking) = a.place(total, j.ring_blocks);
+            match blocking {
+                None => {
+                    let mut at = start;
+                    let mut f = j.inflight.lock();
+                    for p in batch {
+                        let seq = a.next_seq;
+                        a.next_seq += 1;
+                        a.live.push_back((seq, at, p.blocks));
+                        at += p.blocks;
+                        f.seqs.insert(seq);
+                        seqs.push(seq);
+                    }
+                    a.head_blocks = start + total;
+                    return Ok(start);
+                }
+                Some(upto) => {
+                    self.wp.journal_checkpoints.fetch_add(1, Ordering::Relaxed);
+                    self.checkpoint(upto).await?;
+                    while a.live.front().is_some_and(|r| r.0 <= upto) {
+                        a.live.pop_front();
+                    }
+                }
+            }
+        }
+    }
+}
