@@ -136,9 +136,16 @@ fn plain(kind: PolicyKind, keys: &[u64], cap: usize) -> (f64, f64) {
     (s.hit_ratio(), s.insertion_ratio())
 }
 
-fn replay(o: &Options, cfg: &CacheConfig, trace: &[Request], cap: usize) -> ReplayStats {
+fn replay(
+    o: &Options,
+    cfg: &CacheConfig,
+    trace: &[Request],
+    cap: usize,
+    keep_rereads: bool,
+) -> ReplayStats {
     let mut rc = ReplayConfig::from_cache(cfg, cap);
     rc.mode = o.mode;
+    rc.keep_rereads = keep_rereads;
     Replayer::new(&rc).run(trace)
 }
 
@@ -153,9 +160,9 @@ fn table(o: &Options, trace: &[Request], block: u64) {
         (n as u64 * block) as f64 / (1u64 << 30) as f64
     );
     println!(
-        "| size | blocks | lru | 2q | s3fifo | wtinylfu | s3fifo+dk | old | default | opt | default - lru | ins/100 lru | ins/100 old | ins/100 default | bypassed reads | advisor | advisor error | old advisor error |"
+        "| size | blocks | lru | 2q | s3fifo | wtinylfu | s3fifo+dk | old | default | opt | default - lru | ins/100 lru | ins/100 old | ins/100 default | bypassed reads | default, no bypass | default, old bypass (bypassed reads) | advisor | advisor error | old advisor error |"
     );
-    println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
     let cfg = CacheConfig {
         block_bytes: block as u32,
         mode: o.mode,
@@ -207,8 +214,14 @@ fn table(o: &Options, trace: &[Request], block: u64) {
             let mut p = PolicyKind::S3Fifo.build_with(Admission::SecondMiss, cap);
             simulate(&mut p, keys.iter().copied(), 0).hit_ratio()
         };
-        let old_s = replay(o, &old, trace, cap);
-        let def = replay(o, &cfg, trace, cap);
+        let old_s = replay(o, &old, trace, cap, false);
+        let def = replay(o, &cfg, trace, cap, true);
+        let no_bypass = CacheConfig {
+            seq_cutoff_bytes: 0,
+            ..cfg.clone()
+        };
+        let def_nb = replay(o, &no_bypass, trace, cap, true);
+        let def_old_bypass = replay(o, &cfg, trace, cap, false);
         let opt = belady(&keys, cap).hit_ratio();
         let est = curve.iter().find(|p| p.cache_blocks == cap as u64);
         let (est_s, err_s) = match est {
@@ -224,7 +237,7 @@ fn table(o: &Options, trace: &[Request], block: u64) {
             .map(|p| format!("{:+.2}", 100.0 * (p.hit_ratio - old_s.hit_ratio())))
             .unwrap_or_else(|| "-".into());
         println!(
-            "| {pct}% | {cap} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:+.2} | {:.1} | {:.1} | {:.1} | {:.1}% | {est_s} | {err_s} | {old_err} |",
+            "| {pct}% | {cap} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:+.2} | {:.1} | {:.1} | {:.1} | {:.1}% | {:.2} | {:.2} ({:.1}%) | {est_s} | {err_s} | {old_err} |",
             100.0 * lru,
             100.0 * two_q,
             100.0 * s3,
@@ -238,6 +251,9 @@ fn table(o: &Options, trace: &[Request], block: u64) {
             100.0 * old_s.insertion_ratio(),
             100.0 * def.insertion_ratio(),
             100.0 * def.bypassed_read_ratio(),
+            100.0 * def_nb.hit_ratio(),
+            100.0 * def_old_bypass.hit_ratio(),
+            100.0 * def_old_bypass.bypassed_read_ratio(),
         );
     }
 }

@@ -37,6 +37,9 @@ pub struct ReplayConfig {
     pub admission: Admission,
     /// Sequential cutoff (0: no bypass).
     pub seq_cutoff_bytes: u64,
+    /// Streams that re-read data they bypassed are cached (the cache's detector);
+    /// false replays the earlier detector that bypassed every long stream.
+    pub keep_rereads: bool,
     /// Run the advisor beside the cache, with these settings.
     pub advisor: Option<AdvisorConfig>,
 }
@@ -52,6 +55,7 @@ impl ReplayConfig {
             policy: cfg.policy,
             admission: cfg.admission,
             seq_cutoff_bytes: cfg.seq_cutoff_bytes,
+            keep_rereads: true,
             advisor: None,
         }
     }
@@ -120,7 +124,15 @@ impl Replayer {
             policy: config
                 .policy
                 .build_with(config.admission, config.cache_blocks.max(1)),
-            seq: SeqDetector::new(config.seq_cutoff_bytes),
+            seq: if config.keep_rereads {
+                SeqDetector::keeping_rereads(
+                    config.seq_cutoff_bytes,
+                    config.block_bytes.max(1),
+                    config.cache_blocks,
+                )
+            } else {
+                SeqDetector::new(config.seq_cutoff_bytes)
+            },
             advisor: config.advisor.as_ref().map(Advisor::new),
             stats: ReplayStats::default(),
         }
@@ -285,6 +297,7 @@ mod tests {
             policy: PolicyKind::Lru,
             admission: Admission::All,
             seq_cutoff_bytes: 0,
+            keep_rereads: true,
             advisor: None,
         };
         let replay = Replayer::new(&config).run(&trace);

@@ -1,6 +1,13 @@
 //! Sequential stream detection: a request that continues a stream already longer
 //! than the cutoff bypasses the cache (large sequential transfers gain nothing from
-//! an SSD in front of striped disks and would flush the hot set).
+//! an SSD in front of striped disks and would flush the hot set) -- unless the
+//! stream is re-reading data: the cache blocks a bypass sent past the cache are
+//! remembered (a ghost filter of about a cache's worth of blocks), and a stream
+//! that meets one of them is data coming back, so it goes through the cache for
+//! the rest of its run. Block I/O re-reads what it streamed (a VM booting again,
+//! a file copied then opened); turning that away costs every hit that follows.
+
+use crate::policy::ghost::Ghost;
 
 /// Streams tracked at once (least recently extended replaced first).
 const STREAMS: usize = 32;
@@ -18,6 +25,8 @@ struct Stream {
     end: u64,
     run: u64,
     last_use: u64,
+    /// The stream met data it bypassed before: it is cached, not bypassed.
+    reread: bool,
 }
 
 /// Tracks recent sequential streams by byte offset.
@@ -25,15 +34,36 @@ pub(crate) struct SeqDetector {
     streams: [Stream; STREAMS],
     cutoff_bytes: u64,
     clock: u64,
+    /// Cache blocks recently bypassed (`None`: every long stream bypasses).
+    bypassed: Option<Ghost>,
+    block_bytes: u64,
 }
 
 impl SeqDetector {
-    /// Streams longer than `cutoff_bytes` bypass; 0 turns detection off.
+    /// Streams longer than `cutoff_bytes` bypass; 0 turns detection off. Every
+    /// long stream bypasses, re-read or not (the detector before re-read
+    /// detection; kept for comparison).
     pub(crate) fn new(cutoff_bytes: u64) -> Self {
         Self {
             streams: [Stream::default(); STREAMS],
             cutoff_bytes,
             clock: 0,
+            bypassed: None,
+            block_bytes: 1,
+        }
+    }
+
+    /// Like [`SeqDetector::new`], but a stream that re-reads any of the last
+    /// `remember_blocks` cache blocks (of `block_bytes`) it bypassed is cached.
+    pub(crate) fn keeping_rereads(
+        cutoff_bytes: u64,
+        block_bytes: u64,
+        remember_blocks: usize,
+    ) -> Self {
+        Self {
+            bypassed: Some(Ghost::new(remember_blocks.max(1024))),
+            block_bytes: block_bytes.max(1),
+            ..Self::new(cutoff_bytes)
         }
     }
 
@@ -64,15 +94,34 @@ impl SeqDetector {
                     end,
                     run: 0,
                     last_use: self.clock,
+                    reread: false,
                 };
                 i
             }
         };
         let s = &mut self.streams[i];
+        // the stream's own blocks so far (it may have bypassed them): not a re-read
+        let own_last = (s.run > 0).then(|| (s.end.max(1) - 1) / self.block_bytes);
         s.run += len;
         s.end = s.end.max(end);
         s.last_use = self.clock;
-        len >= self.cutoff_bytes || s.run > self.cutoff_bytes
+        let long = len >= self.cutoff_bytes || s.run > self.cutoff_bytes;
+        let Some(ghost) = self.bypassed.as_mut() else {
+            return long;
+        };
+        let first = offset / self.block_bytes;
+        let last = (end.max(offset + 1) - 1) / self.block_bytes;
+        let first_new = own_last.map_or(first, |o| first.max(o + 1));
+        if !s.reread && (first_new..=last).any(|b| ghost.contains(b)) {
+            s.reread = true;
+        }
+        if !long || s.reread {
+            return false;
+        }
+        for b in first..=last {
+            ghost.insert(b);
+        }
+        true
     }
 }
 
@@ -115,6 +164,27 @@ mod tests {
             !SeqDetector::new(0).observe(0, 1 << 30, 1),
             "0 turns detection off"
         );
+    }
+
+    #[test]
+    fn a_stream_that_rereads_bypassed_data_is_cached() {
+        let mut d = SeqDetector::keeping_rereads(1 << 20, 65536, 4096);
+        let pass = |d: &mut SeqDetector| {
+            (0..256u64)
+                .filter(|i| d.observe(i * 65536, 65536, 1))
+                .count()
+        };
+        assert_eq!(pass(&mut d), 256 - 16, "the first pass bypasses past 1 MiB");
+        let second = pass(&mut d);
+        assert!(
+            second <= 4,
+            "the second pass re-reads: {second} of 256 bypassed"
+        );
+        // a new region is not a re-read: it bypasses again
+        let fresh = (0..256u64)
+            .filter(|i| d.observe((1 << 32) + i * 65536, 65536, 1))
+            .count();
+        assert_eq!(fresh, 256 - 16);
     }
 
     #[test]

@@ -508,6 +508,13 @@ impl Inner {
                 let access = step.apply(&mut *st.policy, p.key);
                 let plan = if bypass {
                     match access {
+                        // data the cache holds is served from it, stream or not
+                        Access::Hit { slot }
+                            if st.valid.get(slot) & p.mask == p.mask && !self.frame_lost(slot) =>
+                        {
+                            st.pin_io(slot);
+                            Plan::Ssd(slot)
+                        }
                         Access::Hit { slot }
                             if st.dirty.get(slot) & p.mask != 0 && !self.frame_lost(slot) =>
                         {
@@ -1315,7 +1322,11 @@ impl CacheVolume {
             locks: (0..LOCK_STRIPES).map(|_| RwLock::new(())).collect(),
             counters: Counters::default(),
             window: Mutex::new(Window::default()),
-            seq: Mutex::new(SeqDetector::new(cfg.seq_cutoff_bytes)),
+            seq: Mutex::new(SeqDetector::keeping_rereads(
+                cfg.seq_cutoff_bytes,
+                block_bytes,
+                frames as usize,
+            )),
             pages: Mutex::new(HashMap::new()),
             pages_done: Notify::new(),
             destage_wake: Notify::new(),

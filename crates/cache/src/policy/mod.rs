@@ -17,7 +17,7 @@
 
 mod doorkeeper;
 mod fifo;
-mod ghost;
+pub(crate) mod ghost;
 mod index;
 mod lru;
 mod s3fifo;
