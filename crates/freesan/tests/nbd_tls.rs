@@ -334,7 +334,7 @@ fn generated_certificate_serves_qemu_img_and_survives_a_restart() {
         log.contains(&gen.join("ca-cert.pem").display().to_string()),
         "the banner names the CA clients need: {log}"
     );
-    let creds = creds_dir(root, "client", &[ca.clone()], None);
+    let creds = creds_dir(root, "client", std::slice::from_ref(&ca), None);
     let src = root.join("src.img");
     let data = image(3);
     std::fs::write(&src, &data).unwrap();
