@@ -248,7 +248,12 @@ impl Inner {
                     g.busy = vec![false; sets];
                 }
                 let from = g.batches as usize % sets;
-                let free = (0..sets).map(|i| (from + i) % sets).find(|&i| !g.busy[i]);
+                // lead only while the own record is still queued (not being
+                // written by another set's leader)
+                let queued = g.queue.iter().any(|p| p.ticket == ticket);
+                let free = (0..sets)
+                    .map(|i| (from + i) % sets)
+                    .find(|&i| queued && !g.busy[i]);
                 if let Some(slot) = free {
                     g.busy[slot] = true;
                     let cap = (BATCH_BYTES_MAX / self.bs).min(j.ring_blocks / 2).max(1);
