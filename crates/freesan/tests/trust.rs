@@ -522,6 +522,9 @@ path = "{img}"
     );
 }
 
+/// Makes an answer to a heartbeat Ping from the Ping, its sequence number and nonce.
+type Forge = dyn Fn(&[u8], u64, [u8; 16]) -> Vec<u8>;
+
 /// Answers every heartbeat Ping arriving on `sock` with a Pong made by `forge`
 /// (which sees the Ping's sequence number and nonce, as a sniffer on the link
 /// would), for `pings` Pings; returns how many it answered.
@@ -567,7 +570,7 @@ fn spoofed_heartbeats_never_mark_a_dead_sync_link_up() {
     // forged answers: another cluster's node 2 keys, the node's own Ping
     // reflected, the Ping relabelled as a Pong, a Pong with a random tag
     let evil = replica::HeartbeatAuth::new(&t.keys("evil", "node2"));
-    let forgeries: Vec<Box<dyn Fn(&[u8], u64, [u8; 16]) -> Vec<u8>>> = vec![
+    let forgeries: Vec<Box<Forge>> = vec![
         Box::new(move |_, seq, nonce| evil.seal(2, seq, &nonce).to_vec()),
         Box::new(|d, _, _| d.to_vec()),
         Box::new(|d, _, _| {
