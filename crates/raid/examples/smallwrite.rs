@@ -12,14 +12,16 @@
 //!
 //! For each pool (RAID 5 of 10, RAID 6 of 6) and NCQ setting it prints, for 4K
 //! random writes, 8K random writes and 8K random 67% read / 33% write at `qd` in
-//! flight: IOPS with the journal as shipped, with the journal bypassed (the
-//! unprotected read-modify-write; a test-only switch), the arithmetic limit from one
+//! flight: IOPS with the journal as shipped (on the members), with the journal
+//! bypassed (the unprotected read-modify-write; a test-only switch), with the
+//! journal on a simulated SATA SSD (`Pool::create_with_journal_device`; a second
+//! pool), the arithmetic limit from one
 //! member disk's measured random IOPS at the same depth (n disks x IOPS / member
 //! I/Os per operation: 4 per RAID 5 small write, 6 per RAID 6, 1 per read), and the
 //! ratios; then where the time of a partial-stripe write went (pool status).
 
 use block::{Bytes, MemVolume, Volume, VolumeRef};
-use disk::sim::{HddParams, SimDisk, SplitMix64};
+use disk::sim::{HddParams, SimDisk, SplitMix64, SsdParams};
 use raid::{Member, Pool, PoolConfig, RaidLevel, WritePath};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -247,54 +249,81 @@ async fn main() {
         }
         println!();
         println!(
-            "  {:14} {:17} {:>9} {:>11} {:>9} {:>9} {:>10} {:>9}",
-            "pool", "pattern", "journal", "journal-off", "jdevice", "limit", "j/j-off", "j/limit"
+            "  {:14} {:17} {:>9} {:>11} {:>11} {:>9} {:>8} {:>8} {:>8}",
+            "pool",
+            "pattern",
+            "journal",
+            "journal off",
+            "journal SSD",
+            "limit",
+            "j/off",
+            "j/limit",
+            "SSD/off"
         );
         for &(label, level, n, write_ios) in &pools {
-            let members: Vec<Member> = (0..n)
-                .map(|i| Member::new(format!("hdd{i}"), hdd(member_bytes, ncq) as VolumeRef))
-                .collect();
-            let mut cfg = PoolConfig::new("bench", level);
-            cfg.rebuild_rate_mb_s = 0;
-            let pool = Arc::new(Pool::create(cfg, members, vec![]).await.expect("create"));
-            pool.wait_idle().await;
-            for (p, disk_iops) in a.patterns.iter().zip(&one) {
+            let ncq_s = if ncq { "on" } else { "off" };
+            let mut figures = Vec::new();
+            // the pool as shipped (journal on the members), then the same pool with
+            // the journal bypassed; then a pool with its journal on a simulated SSD
+            for with_device in [false, true] {
+                let members: Vec<Member> = (0..n)
+                    .map(|i| Member::new(format!("hdd{i}"), hdd(member_bytes, ncq) as VolumeRef))
+                    .collect();
+                let dev = with_device.then(|| {
+                    let store = Arc::new(MemVolume::new(BS, (32 << 20) / BS as u64)) as VolumeRef;
+                    let ssd = SimDisk::ssd(store, SsdParams::default()).expect("ssd model");
+                    Member::new("ssd", Arc::new(ssd) as VolumeRef)
+                });
+                let mut cfg = PoolConfig::new("bench", level);
+                cfg.rebuild_rate_mb_s = 0;
+                let pool = Arc::new(
+                    Pool::create_with_journal_device(cfg, members, vec![], dev)
+                        .await
+                        .expect("create"),
+                );
+                pool.wait_idle().await;
+                for (i, p) in a.patterns.iter().enumerate() {
+                    let modes: &[(&str, bool)] = if with_device {
+                        &[("journal SSD", false)]
+                    } else {
+                        &[("journal", false), ("journal off", true)]
+                    };
+                    for &(mode, bypass) in modes {
+                        pool.unsafe_set_journal_bypass(bypass);
+                        let before = pool.status().write_path;
+                        let iops = run(pool.clone() as Arc<dyn Volume>, *p, a.qd, ramp, secs).await;
+                        let after = pool.status().write_path;
+                        pool.unsafe_set_journal_bypass(false);
+                        detail.push(format!(
+                            "  NCQ {ncq_s:3} {label:14} {:17} {mode:12} {}",
+                            p.name,
+                            describe(&delta(&before, &after))
+                        ));
+                        if figures.len() <= i {
+                            figures.push(Vec::new());
+                        }
+                        figures[i].push(iops);
+                    }
+                }
+                pool.shutdown().await.expect("shutdown");
+            }
+            for ((p, disk_iops), f) in a.patterns.iter().zip(&one).zip(&figures) {
                 let r = p.read_pct as f64 / 100.0;
                 let limit = n as f64 * disk_iops / (r + (1.0 - r) * write_ios);
-                pool.unsafe_set_journal_bypass(false);
-                let before = pool.status().write_path;
-                let on = run(pool.clone() as Arc<dyn Volume>, *p, a.qd, ramp, secs).await;
-                let after = pool.status().write_path;
-                detail.push(format!(
-                    "  NCQ {:3} {label:14} {:17} journal:     {}",
-                    if ncq { "on" } else { "off" },
-                    p.name,
-                    describe(&delta(&before, &after))
-                ));
-                pool.unsafe_set_journal_bypass(true);
-                let before = pool.status().write_path;
-                let off = run(pool.clone() as Arc<dyn Volume>, *p, a.qd, ramp, secs).await;
-                let after = pool.status().write_path;
-                pool.unsafe_set_journal_bypass(false);
-                detail.push(format!(
-                    "  NCQ {:3} {label:14} {:17} journal off: {}",
-                    if ncq { "on" } else { "off" },
-                    p.name,
-                    describe(&delta(&before, &after))
-                ));
+                let (on, off, dev) = (f[0], f[1], f[2]);
                 println!(
-                    "  {:14} {:17} {:>9.0} {:>11.0} {:>9} {:>9.0} {:>9.0}% {:>8.0}%",
+                    "  {:14} {:17} {:>9.0} {:>11.0} {:>11.0} {:>9.0} {:>7.0}% {:>7.0}% {:>7.0}%",
                     label,
                     p.name,
                     on,
                     off,
-                    "-",
+                    dev,
                     limit,
                     100.0 * on / off,
-                    100.0 * on / limit
+                    100.0 * on / limit,
+                    100.0 * dev / off,
                 );
             }
-            pool.shutdown().await.expect("shutdown");
         }
     }
     println!();

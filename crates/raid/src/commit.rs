@@ -127,6 +127,13 @@ impl Drop for LeaderGuard<'_> {
 }
 
 impl Inner {
+    /// The journal device, unless there is none or it failed.
+    pub(crate) fn journal_device(&self) -> Option<&crate::jdev::JournalDev> {
+        self.journal_dev
+            .as_ref()
+            .filter(|d| !d.failed.load(Ordering::Relaxed))
+    }
+
     /// The journal, unless the pool has none or it is bypassed (test-only).
     fn active_journal(&self) -> Option<&Journal> {
         self.journal
@@ -333,6 +340,47 @@ impl Inner {
                 return fail(&batch, e.to_string());
             }
         };
+        if let Some(d) = self.journal_device() {
+            let r = self
+                .m_write_abs(&d.h, d.ring_offset_blocks + start, buf.clone(), true)
+                .await;
+            let w = &self.wp;
+            w.journal_batches.fetch_add(1, Ordering::Relaxed);
+            w.journal_ring_writes.fetch_add(1, Ordering::Relaxed);
+            w.journal_batch_records_max
+                .fetch_max(batch.len() as u64, Ordering::Relaxed);
+            match r {
+                Ok(()) => {
+                    w.journal_ring_bytes
+                        .fetch_add(buf.len() as u64, Ordering::Relaxed);
+                    w.journal_records
+                        .fetch_add(batch.len() as u64, Ordering::Relaxed);
+                    return batch
+                        .iter()
+                        .zip(seqs.iter())
+                        .map(|(p, &sq)| (p.ticket, Ok(sq)))
+                        .collect();
+                }
+                Err(e) => {
+                    // the device is gone: make every record it holds redundant on
+                    // the members (flush them and checkpoint everything before
+                    // this batch), then journal on the members from now on
+                    tracing::error!(pool = %self.name, device = %d.h.name, error = %e, "journal device failed; journaling on the members");
+                    d.failed.store(true, Ordering::SeqCst);
+                    let first = seqs.first().copied().unwrap_or(1);
+                    let cp = {
+                        let _a = j.alloc.lock().await;
+                        self.checkpoint(first.saturating_sub(1)).await
+                    };
+                    if let Err(e) = cp {
+                        for &sq in seqs.iter() {
+                            j.complete(sq);
+                        }
+                        return fail(&batch, format!("checkpoint after journal device loss: {e}"));
+                    }
+                }
+            }
+        }
         let copies = self.journal_copies(&view, slot);
         let futs: Vec<BoxFut<'_, BlockResult<()>>> = copies
             .iter()
@@ -379,6 +427,11 @@ impl Inner {
     /// How many group commits may write at once: one per disjoint set of
     /// `redundancy + 1` members (`JOURNAL_SETS_MAX` at most).
     fn journal_sets(&self) -> usize {
+        if self.journal_device().is_some() {
+            // one ring write at a time on the device (a failing device then
+            // checkpoints without waiting for another batch that fails too)
+            return 1;
+        }
         let n = self.layout.member_count();
         let want = self.layout.redundancy() + 1;
         (n / want).clamp(1, JOURNAL_SETS_MAX)

@@ -24,6 +24,7 @@ mod commit;
 mod fullstripe;
 mod gf;
 mod io;
+mod jdev;
 mod journal;
 pub mod layout;
 mod order;
@@ -36,8 +37,8 @@ mod util;
 pub use layout::{layout_for, Layout, Scheme};
 pub use pool::{Member, Pool};
 pub use status::{
-    MemberState, MemberStatus, PoolState, PoolStatus, Progress, ScrubReport, SpareStatus,
-    StripeWrites, WritePath,
+    JournalDeviceStatus, MemberState, MemberStatus, PoolState, PoolStatus, Progress, ScrubReport,
+    SpareStatus, StripeWrites, WritePath,
 };
 
 use serde::{Deserialize, Serialize};

@@ -212,6 +212,8 @@ pub(crate) struct Inner {
     /// Test-only: stripe updates skip the journal (see
     /// [`Pool::unsafe_set_journal_bypass`]).
     pub journal_bypass: AtomicBool,
+    /// The journal device, when the ring is there instead of on the members.
+    pub journal_dev: Option<crate::jdev::JournalDev>,
 }
 
 const STRIPE_LOCKS: usize = 1024;
@@ -256,6 +258,19 @@ impl Pool {
         config: PoolConfig,
         members: Vec<Member>,
         spares: Vec<Member>,
+    ) -> RaidResult<Pool> {
+        Self::create_with_journal_device(config, members, spares, None).await
+    }
+
+    /// Like [`Pool::create`], with the stripe journal of a parity pool on
+    /// `journal_device` (an SSD) instead of the members: each record is written
+    /// once there and the members never seek to a ring. The device needs 64 KiB
+    /// plus the journal size; its first 64 KiB get a header naming the pool.
+    pub async fn create_with_journal_device(
+        config: PoolConfig,
+        members: Vec<Member>,
+        spares: Vec<Member>,
+        journal_device: Option<Member>,
     ) -> RaidResult<Pool> {
         let layout = layout_for(config.level, members.len())?;
         let bs = members[0].volume.geometry().block_size_bytes as u64;
@@ -376,6 +391,38 @@ impl Pool {
             1,
         );
         inner.intent_off = config.unsafe_disable_write_intent;
+        if let Some(dev) = journal_device {
+            if inner.journal.is_none() {
+                return Err(RaidError::Config(
+                    "a journal device needs a parity level with the journal on".into(),
+                ));
+            }
+            let uuid = new_uuid();
+            let h = MemberHandle::new(dev, uuid.clone());
+            let g = h.volume.geometry();
+            if g.block_size_bytes as u64 != bs
+                || g.block_count < crate::jdev::HEADER_BYTES / bs + journal_blocks
+            {
+                return Err(RaidError::Config(format!(
+                    "journal device {} must have {bs}-byte blocks and hold {} bytes",
+                    h.name,
+                    crate::jdev::HEADER_BYTES + journal_bytes
+                )));
+            }
+            let hdr = crate::jdev::header(&inner.uuid, &uuid, bs as usize);
+            h.volume
+                .write(0, Bytes::from(hdr), true)
+                .await
+                .map_err(|e| RaidError::Member {
+                    member: h.name.clone(),
+                    source: e,
+                })?;
+            inner.journal_dev = Some(crate::jdev::JournalDev {
+                h,
+                ring_offset_blocks: crate::jdev::HEADER_BYTES / bs,
+                failed: AtomicBool::new(false),
+            });
+        }
         let pool = Pool {
             inner: Arc::new(inner),
         };
@@ -394,6 +441,19 @@ impl Pool {
     /// beyond it), and replays the stripe journal so every interrupted stripe is
     /// consistent before I/O starts.
     pub async fn assemble(members: Vec<Member>, force: bool) -> RaidResult<Pool> {
+        Self::assemble_with_journal_device(members, force, None).await
+    }
+
+    /// Like [`Pool::assemble`] for a pool created with a journal device: its
+    /// records are replayed too. Without the device a pool that has one is
+    /// refused unless `force` (then the records it held are not replayed: the
+    /// write hole of the last crash is open and writes acknowledged before it
+    /// that a member's volatile cache lost are lost).
+    pub async fn assemble_with_journal_device(
+        members: Vec<Member>,
+        force: bool,
+        journal_device: Option<Member>,
+    ) -> RaidResult<Pool> {
         if members.is_empty() {
             return Err(RaidError::Config("no members".into()));
         }
@@ -569,7 +629,7 @@ impl Pool {
             intent_seq: 0,
             resync_regions,
         };
-        let inner = Inner::new(
+        let mut inner = Inner::new(
             &newest.pool_name,
             pool_uuid,
             layout,
@@ -578,6 +638,44 @@ impl Pool {
             state,
             checkpoint + 1,
         );
+        match (&newest.journal_device_uuid, journal_device) {
+            (None, None) => {}
+            (None, Some(dev)) => {
+                return Err(RaidError::Config(format!(
+                    "pool {} has no journal device, {} given",
+                    newest.pool_name, dev.name
+                )))
+            }
+            (Some(u), None) if force => {
+                tracing::warn!(pool = %newest.pool_name, device = %u, "journal device missing: its records are not replayed");
+            }
+            (Some(u), None) => {
+                return Err(RaidError::Config(format!(
+                    "pool {}: journal device {u} missing (assemble with force to go without its records)",
+                    newest.pool_name
+                )))
+            }
+            (Some(u), Some(dev)) => {
+                let hdr = dev.volume.read(0, 1).await.map_err(|e| RaidError::Member {
+                    member: dev.name.clone(),
+                    source: e,
+                })?;
+                match crate::jdev::parse_header(&hdr) {
+                    Some((p, d)) if p == inner.uuid && &d == u => {}
+                    _ => {
+                        return Err(RaidError::ForeignMember {
+                            member: dev.name.clone(),
+                            pool_uuid: inner.uuid.clone(),
+                        })
+                    }
+                }
+                inner.journal_dev = Some(crate::jdev::JournalDev {
+                    h: MemberHandle::new(dev, u.clone()),
+                    ring_offset_blocks: crate::jdev::HEADER_BYTES / bs,
+                    failed: AtomicBool::new(false),
+                });
+            }
+        }
         let pool = Pool {
             inner: Arc::new(inner),
         };
@@ -836,6 +934,7 @@ impl Inner {
             write_ewma_ns: AtomicU64::new(0),
             wp: Default::default(),
             journal_bypass: AtomicBool::new(false),
+            journal_dev: None,
         }
     }
 
@@ -1001,6 +1100,11 @@ impl Inner {
             rebuild_rate_mb_s: st.rebuild_rate_mb_s,
             intent_region_stripes: self.region_stripes,
             dirty_regions: Inner::dirty_regions(st),
+            journal_device_uuid: self
+                .journal_dev
+                .as_ref()
+                .filter(|d| !d.failed.load(Ordering::Relaxed))
+                .map(|d| d.h.uuid.clone()),
         }
     }
 
@@ -1148,13 +1252,21 @@ impl Inner {
             .map_err(|e| RaidError::PoolFailed(e.to_string()))?;
         let mut records = BTreeMap::new();
         let step_blocks = ((1u64 << 20) / self.bs).max(1);
-        for (_, h) in view.member_handles() {
+        let mut rings: Vec<(Arc<MemberHandle>, u64)> = view
+            .member_handles()
+            .into_iter()
+            .map(|(_, h)| (h, j.offset_blocks))
+            .collect();
+        if let Some(d) = &self.journal_dev {
+            rings.push((d.h.clone(), d.ring_offset_blocks));
+        }
+        for (h, ring_at) in rings {
             let mut image = Vec::with_capacity((j.ring_blocks * self.bs) as usize);
             let mut at = 0u64;
             let mut ok = true;
             while at < j.ring_blocks {
                 let n = step_blocks.min(j.ring_blocks - at);
-                match h.volume.read(j.offset_blocks + at, n as u32).await {
+                match h.volume.read(ring_at + at, n as u32).await {
                     Ok(b) => image.extend_from_slice(&b),
                     Err(e) => {
                         tracing::warn!(member = %h.name, error = %e, "journal unreadable on member");
@@ -1292,6 +1404,14 @@ impl Inner {
             intent_regions: st.intent.len() as u64,
             journal_whole_stripes: self.journal_whole.load(Ordering::Relaxed),
             write_path: self.wp.snapshot(),
+            journal_device: self
+                .journal_dev
+                .as_ref()
+                .map(|d| crate::status::JournalDeviceStatus {
+                    name: d.h.name.clone(),
+                    uuid: d.h.uuid.clone(),
+                    failed: d.failed.load(Ordering::Relaxed),
+                }),
         }
     }
 }

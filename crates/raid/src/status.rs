@@ -157,6 +157,21 @@ pub struct PoolStatus {
     /// writes (counters since the pool started).
     #[serde(default)]
     pub write_path: WritePath,
+    /// The journal device holding the stripe journal instead of the members, if
+    /// the pool has one.
+    #[serde(default)]
+    pub journal_device: Option<JournalDeviceStatus>,
+}
+
+/// The journal device of a pool in a status report.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct JournalDeviceStatus {
+    /// Device name.
+    pub name: String,
+    /// Device uuid (in its header and the members' superblocks).
+    pub uuid: String,
+    /// It failed: the journal is on the members again.
+    pub failed: bool,
 }
 
 /// Counters of partial-stripe updates and the stripe journal (parity levels).

@@ -74,6 +74,10 @@ pub(crate) struct Superblock {
     /// unclean assemble resyncs their parity.
     #[serde(default)]
     pub dirty_regions: Vec<u64>,
+    /// The uuid of the pool's journal device (see `jdev.rs`), when the journal is
+    /// there rather than on the members.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub journal_device_uuid: Option<String>,
 }
 
 impl Superblock {
@@ -244,6 +248,7 @@ mod tests {
             rebuild_rate_mb_s: 100,
             intent_region_stripes: 2048,
             dirty_regions: vec![0, 3],
+            journal_device_uuid: None,
         }
     }
 
