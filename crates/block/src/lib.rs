@@ -7,7 +7,10 @@
 //! This crate also holds the small volumes every other crate tests with:
 //! [`MemVolume`] (a sparse in-memory volume that doubles as the oracle in property
 //! tests), [`Passthru`] (the template for a layer), [`DelayVolume`] (adds latency) and
-//! [`FaultVolume`] (injects errors and torn writes on demand).
+//! [`FaultVolume`] (injects errors and torn writes on demand). And what every
+//! frontend shares about buffers: [`BufferBudget`], the node's one bound on
+//! buffered data bytes, and [`StallTimeout`], which gives up on a peer that
+//! stopped taking the data queued for it.
 //!
 //! What it does not do: any real I/O to files or devices (that is `disk`), any
 //! protocol work (that is the frontends).
@@ -17,6 +20,7 @@
 //! successful `flush`, or at once if it was issued with `fua = true` or the volume's
 //! geometry says `volatile_cache == false`.
 
+mod budget;
 mod crashsim;
 mod delay;
 mod error;
@@ -25,8 +29,10 @@ mod join;
 mod mem;
 mod passthru;
 mod rangelock;
+mod stall;
 mod switch;
 
+pub use budget::{BufferBudget, BufferPermit, BufferStatus};
 pub use bytes::{Bytes, BytesMut};
 pub use crashsim::CrashSimVolume;
 pub use delay::DelayVolume;
@@ -36,6 +42,7 @@ pub use join::{join_all, poll_once, BoxFut};
 pub use mem::MemVolume;
 pub use passthru::Passthru;
 pub use rangelock::{LockMode, RangeGuard, RangeLocks};
+pub use stall::StallTimeout;
 pub use switch::SwitchVolume;
 
 use async_trait::async_trait;

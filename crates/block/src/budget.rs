@@ -1,0 +1,393 @@
+//! The node's one budget of buffered data bytes.
+//!
+//! Every frontend holds data in memory for a while: read data waiting to be
+//! written to a slow reader, Data-Out and NBD write payloads waiting to be
+//! applied, the partner's replicated writes waiting to be applied. Per-session
+//! bounds keep one client small, but hundreds of sessions times their bounds is
+//! more memory than a node has. A [`BufferBudget`] is the node's total: a command
+//! takes a [`BufferPermit`] for its bytes *before* its buffer is allocated (or
+//! its payload read from the socket) and the permit goes with the buffer until
+//! the bytes are on the wire or applied; a connection that cannot get one stops
+//! reading its socket, so TCP flow control pushes back on the client instead of
+//! the node's memory growing.
+//!
+//! Rules that keep it free of deadlock (each frontend states how it follows them):
+//! - one acquire per command, for all of its bytes, clamped to the whole budget
+//!   (a command larger than the budget waits until the budget is free, then runs
+//!   alone), never a second acquire while the first permit is held;
+//! - whoever waits holds no permit whose release depends on the waiter itself
+//!   (an iSCSI reader that is collecting Data-Out for earlier writes of its
+//!   connection does not wait: it answers TASK SET FULL instead);
+//! - work that other permits' release depends on never waits: the partner's
+//!   replicated writes are [`charged`](BufferBudget::charge) (counted, may
+//!   overdraw the budget, never wait), because a node's frontend writes hold
+//!   permits while the partner applies them, and two nodes each waiting for the
+//!   other's applies would stop the pair.
+//!
+//! The semaphore is fair (first come, first served), so a large command is not
+//! starved by small ones. Units are KiB: one acquire covers up to 4 TiB.
+//!
+//! Key invariant: bytes held by permits taken with `acquire`/`try_acquire` never
+//! exceed the budget's maximum; `charge`d bytes may go beyond it and then hold
+//! back every waiter until they are returned.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
+use tokio::sync::Semaphore;
+
+/// Bytes per unit of the budget.
+const UNIT_BYTES: u64 = 1024;
+
+/// Largest budget in units (4 TiB), also what [`BufferBudget::unlimited`] holds.
+fn units_max() -> u64 {
+    (u32::MAX as u64).min(Semaphore::MAX_PERMITS as u64)
+}
+
+/// The node's budget of buffered bytes; cloning shares it.
+#[derive(Clone)]
+pub struct BufferBudget {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    sem: Semaphore,
+    max_units: u64,
+    held_units: AtomicU64,
+    high_water_units: AtomicU64,
+    /// Units charged beyond what the semaphore had: paid back from releases
+    /// before any permit returns to the semaphore.
+    debt_units: AtomicU64,
+    waits: AtomicU64,
+    refusals: AtomicU64,
+}
+
+/// What the budget holds now and has held (for status and metrics).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct BufferStatus {
+    /// The bound (`[limits] buffer_memory_max`).
+    pub max_bytes: u64,
+    /// Bytes held by permits now (KiB granularity); above `max_bytes` only while
+    /// the partner's replicated writes overdraw it.
+    pub held_bytes: u64,
+    /// Most bytes held at once since start.
+    pub high_water_bytes: u64,
+    /// Acquires that had to wait for other permits to come back.
+    pub waits: u64,
+    /// Acquires refused at once (the caller answered "busy" instead of waiting).
+    pub refusals: u64,
+}
+
+/// Bytes of a budget held until dropped.
+#[must_use = "the bytes go back to the budget when the permit is dropped"]
+pub struct BufferPermit {
+    inner: Option<Arc<Inner>>,
+    units: u64,
+}
+
+impl std::fmt::Debug for BufferPermit {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "BufferPermit({} KiB)", self.units)
+    }
+}
+
+impl std::fmt::Debug for BufferBudget {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_tuple("BufferBudget").field(&self.status()).finish()
+    }
+}
+
+impl Default for BufferBudget {
+    /// An unlimited budget (that still counts).
+    fn default() -> Self {
+        BufferBudget::unlimited()
+    }
+}
+
+static NODE: OnceLock<BufferBudget> = OnceLock::new();
+
+impl BufferBudget {
+    /// A budget of `max_bytes` (at least 1 KiB, at most 4 TiB).
+    pub fn new(max_bytes: u64) -> BufferBudget {
+        let max_units = max_bytes.div_ceil(UNIT_BYTES).clamp(1, units_max());
+        BufferBudget {
+            inner: Arc::new(Inner {
+                sem: Semaphore::new(max_units as usize),
+                max_units,
+                held_units: AtomicU64::new(0),
+                high_water_units: AtomicU64::new(0),
+                debt_units: AtomicU64::new(0),
+                waits: AtomicU64::new(0),
+                refusals: AtomicU64::new(0),
+            }),
+        }
+    }
+
+    /// A budget so large it never holds anything back; it still counts.
+    pub fn unlimited() -> BufferBudget {
+        BufferBudget::new(units_max() * UNIT_BYTES)
+    }
+
+    /// The budget of this process's node: the one [`BufferBudget::install_node`]
+    /// set, or an unlimited one if nothing was installed before the first call.
+    /// For frontends that are not handed a budget explicitly.
+    pub fn node() -> BufferBudget {
+        NODE.get_or_init(BufferBudget::unlimited).clone()
+    }
+
+    /// Makes `b` this process's node budget; fails (giving `b` back) once a
+    /// budget is in place, so the node installs it before starting anything.
+    pub fn install_node(b: BufferBudget) -> Result<(), BufferBudget> {
+        NODE.set(b)
+    }
+
+    /// The bound in bytes.
+    pub fn max_bytes(&self) -> u64 {
+        self.inner.max_units * UNIT_BYTES
+    }
+
+    /// Units for `bytes`, clamped to the whole budget so that one command larger
+    /// than the budget can still run (alone).
+    fn units_clamped(&self, bytes: u64) -> u64 {
+        bytes.div_ceil(UNIT_BYTES).min(self.inner.max_units)
+    }
+
+    /// Takes `bytes` (clamped to the budget), waiting for other permits to come
+    /// back when they are not free. Cancel-safe: dropping the future gives back
+    /// whatever it had gathered.
+    pub async fn acquire(&self, bytes: u64) -> BufferPermit {
+        let units = self.units_clamped(bytes);
+        if units == 0 {
+            return BufferPermit::empty();
+        }
+        // units <= units_max() <= u32::MAX
+        let n = units as u32;
+        match self.inner.sem.try_acquire_many(n) {
+            Ok(p) => p.forget(),
+            Err(_) => {
+                self.inner.waits.fetch_add(1, Ordering::Relaxed);
+                match self.inner.sem.acquire_many(n).await {
+                    Ok(p) => p.forget(),
+                    // never closed; nothing was taken
+                    Err(_) => return BufferPermit::empty(),
+                }
+            }
+        }
+        self.held(units)
+    }
+
+    /// Takes `bytes` (clamped to the budget) if they are free now, counting
+    /// nothing: the fast path before a wait, or before answering "busy" (then
+    /// call [`BufferBudget::count_refusal`]).
+    pub fn try_acquire(&self, bytes: u64) -> Option<BufferPermit> {
+        let units = self.units_clamped(bytes);
+        if units == 0 {
+            return Some(BufferPermit::empty());
+        }
+        let p = self.inner.sem.try_acquire_many(units as u32).ok()?;
+        p.forget();
+        Some(self.held(units))
+    }
+
+    /// Records that a caller answered "busy" instead of waiting for bytes.
+    pub fn count_refusal(&self) {
+        self.inner.refusals.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Counts `bytes` at once, without waiting, even beyond the budget (the
+    /// excess is paid back from the next permits released, so waiters stay held
+    /// back until the total is under the bound again). Only for work whose
+    /// waiting could deadlock (see the module notes).
+    pub fn charge(&self, bytes: u64) -> BufferPermit {
+        let units = bytes.div_ceil(UNIT_BYTES);
+        if units == 0 {
+            return BufferPermit::empty();
+        }
+        let want = usize::try_from(units).unwrap_or(usize::MAX);
+        let taken = self.inner.sem.forget_permits(want) as u64;
+        if taken < units {
+            self.inner
+                .debt_units
+                .fetch_add(units - taken, Ordering::AcqRel);
+        }
+        self.held(units)
+    }
+
+    fn held(&self, units: u64) -> BufferPermit {
+        let now = self.inner.held_units.fetch_add(units, Ordering::AcqRel) + units;
+        self.inner
+            .high_water_units
+            .fetch_max(now, Ordering::Relaxed);
+        BufferPermit {
+            inner: Some(self.inner.clone()),
+            units,
+        }
+    }
+
+    /// What the budget holds now and has held.
+    pub fn status(&self) -> BufferStatus {
+        let i = &self.inner;
+        BufferStatus {
+            max_bytes: i.max_units * UNIT_BYTES,
+            held_bytes: i.held_units.load(Ordering::Acquire) * UNIT_BYTES,
+            high_water_bytes: i.high_water_units.load(Ordering::Relaxed) * UNIT_BYTES,
+            waits: i.waits.load(Ordering::Relaxed),
+            refusals: i.refusals.load(Ordering::Relaxed),
+        }
+    }
+}
+
+impl BufferPermit {
+    /// A permit for nothing (commands without data).
+    pub fn empty() -> BufferPermit {
+        BufferPermit {
+            inner: None,
+            units: 0,
+        }
+    }
+
+    /// Bytes held (KiB granularity).
+    pub fn bytes(&self) -> u64 {
+        self.units * UNIT_BYTES
+    }
+
+    /// Gives back what is held beyond `bytes` (once a command knows how much
+    /// of its data it really keeps, e.g. a read that ended in an error).
+    pub fn shrink_to(&mut self, bytes: u64) {
+        let keep = bytes.div_ceil(UNIT_BYTES);
+        if keep >= self.units {
+            return;
+        }
+        let Some(i) = &self.inner else { return };
+        let excess = BufferPermit {
+            inner: Some(i.clone()),
+            units: self.units - keep,
+        };
+        self.units = keep;
+        drop(excess);
+    }
+
+    /// Moves this permit's bytes into `self` from `other` (both must come from
+    /// the same budget, or `other` must be empty).
+    pub fn merge(&mut self, mut other: BufferPermit) {
+        if other.units == 0 {
+            return;
+        }
+        if self.inner.is_none() {
+            std::mem::swap(self, &mut other);
+            return;
+        }
+        debug_assert!(
+            matches!((&self.inner, &other.inner), (Some(a), Some(b)) if Arc::ptr_eq(a, b))
+        );
+        self.units += other.units;
+        other.units = 0;
+        other.inner = None;
+    }
+}
+
+impl Drop for BufferPermit {
+    fn drop(&mut self) {
+        let Some(i) = self.inner.take() else { return };
+        let mut give = self.units;
+        // a charge that overdrew the budget is paid back before waiters get anything
+        let mut debt = i.debt_units.load(Ordering::Acquire);
+        while debt > 0 && give > 0 {
+            let pay = debt.min(give);
+            match i.debt_units.compare_exchange_weak(
+                debt,
+                debt - pay,
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            ) {
+                Ok(_) => {
+                    give -= pay;
+                    break;
+                }
+                Err(now) => debt = now,
+            }
+        }
+        i.held_units.fetch_sub(self.units, Ordering::AcqRel);
+        if give > 0 {
+            i.sem.add_permits(give as usize);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    const MIB: u64 = 1 << 20;
+
+    #[tokio::test]
+    async fn waits_until_bytes_come_back() {
+        let b = BufferBudget::new(4 * MIB);
+        let p1 = b.acquire(3 * MIB).await;
+        assert_eq!(b.status().held_bytes, 3 * MIB);
+        assert!(b.try_acquire(2 * MIB).is_none());
+        b.count_refusal();
+        let b2 = b.clone();
+        let waiter = tokio::spawn(async move { b2.acquire(2 * MIB).await });
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        assert!(!waiter.is_finished(), "no room for 2 MiB while 3 are held");
+        drop(p1);
+        let p2 = waiter.await.unwrap();
+        assert_eq!(p2.bytes(), 2 * MIB);
+        let s = b.status();
+        assert_eq!((s.held_bytes, s.high_water_bytes), (2 * MIB, 3 * MIB));
+        assert_eq!((s.waits, s.refusals), (1, 1));
+        drop(p2);
+        assert_eq!(b.status().held_bytes, 0);
+    }
+
+    #[tokio::test]
+    async fn a_command_larger_than_the_budget_runs_alone() {
+        let b = BufferBudget::new(MIB);
+        let small = b.acquire(4096).await;
+        let b2 = b.clone();
+        let big = tokio::spawn(async move { b2.acquire(16 * MIB).await });
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        assert!(!big.is_finished());
+        drop(small);
+        let big = big.await.unwrap();
+        assert_eq!(big.bytes(), MIB, "clamped to the whole budget");
+        assert!(b.try_acquire(1).is_none());
+    }
+
+    #[tokio::test]
+    async fn charges_overdraw_and_hold_waiters_back_until_repaid() {
+        let b = BufferBudget::new(2 * MIB);
+        let p = b.acquire(MIB).await;
+        let c = b.charge(3 * MIB);
+        assert_eq!(b.status().held_bytes, 4 * MIB);
+        let b2 = b.clone();
+        let waiter = tokio::spawn(async move { b2.acquire(MIB).await });
+        drop(p);
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        assert!(!waiter.is_finished(), "3 MiB charged: still over the bound");
+        drop(c);
+        let w = waiter.await.unwrap();
+        assert_eq!(b.status().held_bytes, MIB);
+        drop(w);
+        // everything back: the whole budget is free again, and no more
+        let all = b.try_acquire(2 * MIB).expect("whole budget free");
+        assert!(b.try_acquire(1).is_none());
+        drop(all);
+        assert_eq!(b.status().held_bytes, 0);
+    }
+
+    #[tokio::test]
+    async fn merged_permits_release_together() {
+        let b = BufferBudget::new(MIB);
+        let mut p = BufferPermit::empty();
+        p.merge(b.acquire(1000).await);
+        p.merge(b.acquire(3000).await);
+        assert_eq!(p.bytes(), 1024 + 3072);
+        p.shrink_to(2000);
+        assert_eq!((p.bytes(), b.status().held_bytes), (2048, 2048));
+        drop(p);
+        assert_eq!(b.status().held_bytes, 0);
+        assert!(b.try_acquire(MIB).is_some());
+    }
+}
