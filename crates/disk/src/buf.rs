@@ -11,9 +11,20 @@ pub(crate) const DIRECT_ALIGN_BYTES: usize = 4096;
 
 /// A heap block aligned to [`DIRECT_ALIGN_BYTES`]; its bytes are uninitialised
 /// until the kernel (or a copy) fills them.
+///
+/// It is a plain allocation one alignment larger than asked, aligned inside,
+/// not an aligned allocation: glibc's memalign splits the slack off on both
+/// sides, the slivers go to other allocations, and a freed block is then too
+/// small for the next aligned request of the same size (which needs the slack
+/// again), so every burst of large reads took fresh memory and the heap grew
+/// far beyond what was ever in use at once. Plain blocks of one size are
+/// reused as they are.
 pub(crate) struct AlignedBuf {
+    /// The aligned start.
     ptr: NonNull<u8>,
     len: usize,
+    /// The allocation, for `dealloc`.
+    base: NonNull<u8>,
 }
 
 // SAFETY: AlignedBuf owns its allocation exclusively, like a Box<[u8]>.
@@ -24,7 +35,7 @@ unsafe impl Sync for AlignedBuf {}
 impl AlignedBuf {
     fn layout(len: usize) -> Layout {
         // A size that overflows isize cannot be asked for: max_io_blocks bounds len.
-        Layout::from_size_align(len.max(1), DIRECT_ALIGN_BYTES).unwrap_or(Layout::new::<u8>())
+        Layout::from_size_align(len.max(1) + DIRECT_ALIGN_BYTES, 16).unwrap_or(Layout::new::<u8>())
     }
 
     /// Allocates `len` uninitialised bytes.
@@ -32,10 +43,20 @@ impl AlignedBuf {
         let layout = Self::layout(len);
         // SAFETY: the layout has a non-zero size.
         let raw = unsafe { alloc::alloc(layout) };
-        let Some(ptr) = NonNull::new(raw) else {
+        let Some(base) = NonNull::new(raw) else {
             alloc::handle_alloc_error(layout)
         };
-        AlignedBuf { ptr, len }
+        let skip = raw.align_offset(DIRECT_ALIGN_BYTES);
+        if skip >= DIRECT_ALIGN_BYTES {
+            // align_offset may give up (never for u8 pointers on real targets)
+            // SAFETY: allocated just above with this layout.
+            unsafe { alloc::dealloc(raw, layout) };
+            alloc::handle_alloc_error(layout)
+        }
+        // SAFETY: skip < DIRECT_ALIGN_BYTES, so [skip, skip + len) lies inside
+        // the allocation of len + DIRECT_ALIGN_BYTES bytes; not null as base is not.
+        let ptr = unsafe { NonNull::new_unchecked(raw.add(skip)) };
+        AlignedBuf { ptr, len, base }
     }
 
     /// An aligned copy of `data`.
@@ -65,8 +86,8 @@ impl AsRef<[u8]> for AlignedBuf {
 
 impl Drop for AlignedBuf {
     fn drop(&mut self) {
-        // SAFETY: allocated in new_uninit with the same layout.
-        unsafe { alloc::dealloc(self.ptr.as_ptr(), Self::layout(self.len)) }
+        // SAFETY: allocated in new_uninit at `base` with the same layout.
+        unsafe { alloc::dealloc(self.base.as_ptr(), Self::layout(self.len)) }
     }
 }
 
