@@ -93,6 +93,7 @@ fn main() {
             }],
             discovery_auth: Auth::default(),
             limits: Limits::default(),
+            buffers: block::BufferBudget::unlimited(),
         };
         let server = Server::bind(cfg).await.expect("bind");
         let addr = server.local_addrs()[0];

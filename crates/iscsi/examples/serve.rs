@@ -54,6 +54,7 @@ async fn main() -> std::io::Result<()> {
         }],
         discovery_auth: Auth::default(),
         limits: Limits::default(),
+        buffers: block::BufferBudget::unlimited(),
     })
     .await?;
     eprintln!("serving on {:?}", server.local_addrs());

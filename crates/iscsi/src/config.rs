@@ -105,7 +105,10 @@ pub struct Limits {
     pub immediate_data: bool,
     /// Idle time after which the target pings with a NOP-In.
     pub nop_in_interval_ms: u64,
-    /// Time without an answer to a ping after which the connection is dropped.
+    /// Time without an answer to a ping after which the connection is dropped;
+    /// also the longest time a connection may take none of the data queued for
+    /// it (a client that stopped reading is dropped and the buffers it held go
+    /// back to the node's budget). 0 turns both off.
     pub nop_in_timeout_ms: u64,
     /// Longest login phase.
     pub login_timeout_ms: u64,
@@ -160,4 +163,8 @@ pub struct ServerConfig {
     pub discovery_auth: Auth,
     /// Limits.
     pub limits: Limits,
+    /// The node's budget of buffered data bytes, shared with its other frontends:
+    /// read data waiting for the initiator and Data-Out waiting to be applied
+    /// hold it (see `conn.rs` for how waiting for it cannot deadlock).
+    pub buffers: block::BufferBudget,
 }

@@ -1,4 +1,29 @@
 //! One connection in full feature phase: the reader loop and PDU dispatch.
+//!
+//! The node budget of buffered bytes (`block::BufferBudget`). Every SCSI command
+//! with data takes, once, before its buffer exists, a permit for all of its
+//! bytes: Expected Data Transfer Length for a read (the Data-In it may queue for
+//! the initiator) or for a write (its Data-Out buffer), both for a bidirectional
+//! one. The reader takes it itself, so while it waits nothing more is read from
+//! the socket and TCP pushes back on the initiator; nothing queues up meanwhile.
+//! A write gives its bytes back once executed, a read once its last Data-In is
+//! written (the writer drops the permit after the batch is on the wire).
+//!
+//! Why waiting cannot deadlock: a permit is given back by the LU finishing a
+//! command (which never waits for the budget) and by the writer draining the
+//! socket (which only needs the initiator to read), except for one kind: a write
+//! still collecting Data-Out, whose data can only come through this connection's
+//! reader. So a reader with such writes pending never waits: if the bytes are not
+//! free at once the command is answered TASK SET FULL (the initiator retries;
+//! counted as a refusal). A reader that waits thus holds nothing that its own
+//! progress would release, and every permit it waits for is released without any
+//! waiting reader's help. Each command acquires once (clamped to the whole
+//! budget, so a command larger than the budget runs alone), never a second time
+//! while holding the first. A client that neither reads its answers nor lets us
+//! read its requests (a single thread writing requests into a full socket) gets
+//! stuck against any bounded server; real initiators read and write at once.
+//! One that stops reading altogether is dropped after `nop_in_timeout_ms` without
+//! progress (`block::StallTimeout` on the writer), which gives its permits back.
 
 use crate::dataout::{BurstLimits, WriteTask};
 use crate::exec::{check_condition, send_response, spawn_command, CmdInfo, ConnOut};
@@ -6,6 +31,7 @@ use crate::login_phase::{login, reserve_for_next, ConnError};
 use crate::server::Ctx;
 use crate::session::Session;
 use crate::writer::{run_writer, OutPdu};
+use block::{BufferPermit, StallTimeout};
 use bytes::{Bytes, BytesMut};
 use iscsi_proto::frame::{decode_frame, Frame, FrameError, FrameLimits};
 use iscsi_proto::login::{status, Negotiated, SessionType};
@@ -126,14 +152,27 @@ async fn full_feature(
 ) {
     let (rd, wr) = sock.into_split();
     let (tx, rx) = mpsc::channel(ctx.limits.writer_queue_pdus.max(8));
-    let writer = tokio::spawn(run_writer(
-        wr,
-        rx,
-        session.window.clone(),
-        neg.next_stat_sn,
-        neg.header_digest,
-        neg.data_digest,
-    ));
+    // a client that takes none of its data for this long is dropped, and the
+    // buffers queued for it go back to the node budget
+    let stall = match ctx.limits.nop_in_timeout_ms {
+        0 => Duration::MAX,
+        ms => Duration::from_millis(ms),
+    };
+    let writer = tokio::spawn({
+        let (window, stat_sn) = (session.window.clone(), neg.next_stat_sn);
+        let (hd, dd) = (neg.header_digest, neg.data_digest);
+        async move {
+            let r = run_writer(StallTimeout::new(wr, stall), rx, window, stat_sn, hd, dd).await;
+            match &r {
+                Err(e) if e.kind() == std::io::ErrorKind::TimedOut => {
+                    tracing::warn!(%peer, error = %e, "initiator stopped reading; dropping the connection")
+                }
+                Err(e) => tracing::debug!(%peer, error = %e, "write failed"),
+                Ok(()) => {}
+            }
+            r
+        }
+    });
     let out = Arc::new(ConnOut {
         tx,
         send_segment_bytes_max: neg.send_data_segment_bytes_max,
@@ -165,9 +204,9 @@ async fn full_feature(
         text_pending: None,
         next_tag: 0,
         ping: None,
+        stopping: false,
     };
     let why = conn.read_loop(rd, buf).await;
-    let graceful = matches!(why, End::Shutdown);
     tracing::info!(peer = %conn.peer, tsih = session.tsih, reason = ?why, "connection closing");
     // Commands still receiving data can never complete now.
     for (_, w) in conn.writes.drain() {
@@ -176,9 +215,12 @@ async fn full_feature(
         }
     }
     let drain = Duration::from_millis(ctx.limits.drain_timeout_ms);
-    if graceful {
-        session.drain(drain).await;
-    }
+    // Commands the LU is executing finish first (their answers go nowhere once
+    // the writer is gone, so they end at once after the LU): aborting one drops
+    // its node budget while the disk may still own its buffer, and a burst of
+    // connections closing would then let new reads take bytes that are still
+    // in use.
+    session.drain(drain).await;
     let itts = session.abort_where(|_| true);
     session.wait_gone(&itts, drain).await;
     drop(conn);
@@ -205,6 +247,17 @@ enum End {
     Killed,
     Shutdown,
     NopTimeout,
+    /// The writer failed (the initiator stopped taking data, or the socket broke).
+    WriterGone,
+}
+
+/// What came of asking the node budget for a command's bytes.
+enum Budget {
+    Held(BufferPermit),
+    /// Not free, and waiting could deadlock: answer TASK SET FULL.
+    Busy,
+    /// The connection ends while waiting.
+    Stop,
 }
 
 struct PendingText {
@@ -229,6 +282,8 @@ pub(crate) struct Conn {
     text_pending: Option<PendingText>,
     next_tag: u32,
     ping: Option<(u32, Instant)>,
+    /// The connection ends: stop reading.
+    stopping: bool,
 }
 
 impl Conn {
@@ -266,12 +321,14 @@ impl Conn {
                 Tick,
                 Killed,
                 Shutdown,
+                WriterGone,
             }
             let ev = tokio::select! {
                 r = rd.read_buf(&mut buf) => Ev::Read(r),
                 _ = tick.tick(), if interval_ms > 0 => Ev::Tick,
                 _ = kill.wait_for(|k| *k) => Ev::Killed,
                 _ = shutdown.wait_for(|s| *s) => Ev::Shutdown,
+                _ = self.out.tx.closed() => Ev::WriterGone,
             };
             match ev {
                 Ev::Read(Ok(0)) => return End::Eof,
@@ -287,6 +344,7 @@ impl Conn {
                 }
                 Ev::Killed => return End::Killed,
                 Ev::Shutdown => return End::Shutdown,
+                Ev::WriterGone => return End::WriterGone,
             }
         }
     }
@@ -411,7 +469,7 @@ impl Conn {
     async fn respond_now(&self, info: &CmdInfo, resp: scsi::Response) {
         let window = self.session.window.clone();
         let holds = info.holds_slot;
-        send_response(&self.out, info, resp, move || {
+        send_response(&self.out, info, resp, BufferPermit::empty(), move || {
             if holds {
                 window.release()
             }
@@ -484,7 +542,11 @@ impl Conn {
             return Flow::Continue;
         }
         if !c.write || c.edtl_bytes == 0 {
-            spawn_command(&self.session, &self.out, info, Bytes::new());
+            let read_bytes = if c.read { c.edtl_bytes as u64 } else { 0 };
+            let Some(permit) = self.budget_or_answer(&info, read_bytes).await else {
+                return self.after_budget_refused(&info);
+            };
+            spawn_command(&self.session, &self.out, info, Bytes::new(), permit);
             return Flow::Continue;
         }
         if c.edtl_bytes > self.ctx.limits.max_transfer_bytes {
@@ -494,8 +556,13 @@ impl Conn {
                 .await;
             return Flow::Continue;
         }
+        // the Data-Out buffer, plus the Data-In of a bidirectional command
+        let data_bytes = c.edtl_bytes as u64 + info.bidi_read_len_bytes.unwrap_or(0) as u64;
         if f.data.len() == c.edtl_bytes as usize {
-            spawn_command(&self.session, &self.out, info, f.data.clone());
+            let Some(permit) = self.budget_or_answer(&info, data_bytes).await else {
+                return self.after_budget_refused(&info);
+            };
+            spawn_command(&self.session, &self.out, info, f.data.clone(), permit);
             return Flow::Continue;
         }
         let edtl = c.edtl_bytes as usize;
@@ -510,8 +577,11 @@ impl Conn {
             self.respond_now(&info, resp).await;
             return Flow::Continue;
         }
+        let Some(permit) = self.budget_or_answer(&info, data_bytes).await else {
+            return self.after_budget_refused(&info);
+        };
         let mut task = match WriteTask::new(info.clone(), &f.data, !c.final_bit, &self.burst) {
-            Ok(t) => t,
+            Ok(t) => t.with_permit(permit),
             Err(e) => {
                 tracing::warn!(peer = %self.peer, itt = c.itt, error = %e, "bad write command");
                 if info.holds_slot {
@@ -537,6 +607,64 @@ impl Conn {
             self.send(TargetPdu::R2t(r), Bytes::new()).await;
         }
         Flow::Continue
+    }
+
+    /// The node budget for `bytes` of a command (see the module notes): waits
+    /// for it, reading nothing meanwhile, unless this connection is collecting
+    /// Data-Out for earlier writes (then busy at once). `None` when the command
+    /// was answered TASK SET FULL or the connection is ending
+    /// ([`Conn::after_budget_refused`] tells which).
+    async fn budget_or_answer(&mut self, info: &CmdInfo, bytes: u64) -> Option<BufferPermit> {
+        match self.budget_for(bytes).await {
+            Budget::Held(p) => Some(p),
+            Budget::Busy => {
+                tracing::debug!(peer = %self.peer, itt = info.itt, "node buffer budget exhausted; TASK SET FULL");
+                let resp = scsi::Response {
+                    status: scsi::status::TASK_SET_FULL,
+                    sense: None,
+                    data_in: Bytes::new(),
+                    transfer_len_bytes: 0,
+                };
+                self.respond_now(info, resp).await;
+                None
+            }
+            Budget::Stop => {
+                self.stopping = true;
+                None
+            }
+        }
+    }
+
+    /// What the reader does after [`Conn::budget_or_answer`] gave no permit.
+    fn after_budget_refused(&mut self, info: &CmdInfo) -> Flow {
+        if !self.stopping {
+            return Flow::Continue;
+        }
+        if info.holds_slot {
+            self.session.window.release();
+        }
+        Flow::Close
+    }
+
+    async fn budget_for(&self, bytes: u64) -> Budget {
+        let budget = &self.ctx.buffers;
+        if let Some(p) = budget.try_acquire(bytes) {
+            return Budget::Held(p);
+        }
+        if !self.writes.is_empty() {
+            budget.count_refusal();
+            return Budget::Busy;
+        }
+        let mut kill = self.session.kill.subscribe();
+        let mut shutdown = self.ctx.shutdown.clone();
+        // an ending connection stops rather than taking bytes it cannot use
+        tokio::select! {
+            biased;
+            _ = kill.wait_for(|k| *k) => Budget::Stop,
+            _ = shutdown.wait_for(|s| *s) => Budget::Stop,
+            _ = self.out.tx.closed() => Budget::Stop,
+            p = budget.acquire(bytes) => Budget::Held(p),
+        }
     }
 
     async fn on_data_out(&mut self, f: &Frame, d: DataOut) -> Flow {
@@ -566,7 +694,8 @@ impl Conn {
                     if let Some(t) = self.writes.remove(&d.itt) {
                         self.buffered_bytes -= t.buffered_bytes();
                         let info = t.info.clone();
-                        spawn_command(&self.session, &self.out, info, t.into_data());
+                        let (data, permit) = t.into_data();
+                        spawn_command(&self.session, &self.out, info, data, permit);
                     }
                 } else if seq_done {
                     let mut tag = self.next_tag;

@@ -3,6 +3,7 @@
 //! MaxBurstLength), with DataSN, offset and length checks. Pure state, no I/O.
 
 use crate::exec::CmdInfo;
+use block::BufferPermit;
 use bytes::{Bytes, BytesMut};
 use iscsi_proto::pdu::DataOut;
 use iscsi_proto::target::R2t;
@@ -46,6 +47,8 @@ pub(crate) struct WriteTask {
     r2ts: Vec<Seq>,
     next_r2t_off: u32,
     r2t_sn: u32,
+    /// The node budget held for `buf` (and the command's Data-In, if any).
+    permit: BufferPermit,
 }
 
 /// Negotiated values that shape the transfer.
@@ -98,7 +101,14 @@ impl WriteTask {
             r2ts: Vec::new(),
             next_r2t_off: unsolicited_end,
             r2t_sn: 0,
+            permit: BufferPermit::empty(),
         })
+    }
+
+    /// Keeps `permit` (the node budget taken for this command) with the buffer.
+    pub(crate) fn with_permit(mut self, permit: BufferPermit) -> Self {
+        self.permit = permit;
+        self
     }
 
     /// Buffer bytes this task holds.
@@ -111,9 +121,9 @@ impl WriteTask {
         self.received_bytes == self.info.edtl_bytes
     }
 
-    /// The collected data (call once complete).
-    pub(crate) fn into_data(self) -> Bytes {
-        self.buf.freeze()
+    /// The collected data (call once complete) and the budget it holds.
+    pub(crate) fn into_data(self) -> (Bytes, BufferPermit) {
+        (self.buf.freeze(), self.permit)
     }
 
     /// R2Ts to send now (up to MaxOutstandingR2T outstanding); `next_ttt` hands out tags.
@@ -282,7 +292,7 @@ mod tests {
         assert_eq!(last[0].r2t_sn, 3);
         assert!(t.accept(&dout(300, 0, 57344, true), &[5u8; 8192]).unwrap());
         assert!(t.complete());
-        let data = t.into_data();
+        let (data, _) = t.into_data();
         assert_eq!(data[0], 1);
         assert_eq!(data[4096], 2);
         assert_eq!(data[65535], 5);

@@ -2,6 +2,7 @@
 
 use crate::session::{Running, Session};
 use crate::writer::OutPdu;
+use block::BufferPermit;
 use bytes::Bytes;
 use iscsi_proto::target::{sense_segment, DataIn, Residual, ScsiResponse, TargetPdu};
 use iscsi_proto::RESERVED_TAG;
@@ -68,7 +69,10 @@ impl Drop for Guard {
 }
 
 /// Starts `info`: runs it here up to its first wait, then on its own task,
-/// registered as running before it can finish.
+/// registered as running before it can finish. `permit` is the node budget the
+/// connection took for the command's data (its Data-Out, and the Data-In it may
+/// read): the Data-Out part is given back when the command has executed, the
+/// Data-In part when its last Data-In PDU is on the wire.
 ///
 /// The first poll happens on the connection's task, so commands reach the LU in
 /// the order they arrived. Spawned directly, the last command of every batch the
@@ -80,6 +84,7 @@ pub(crate) fn spawn_command(
     out: &Arc<ConnOut>,
     info: CmdInfo,
     data_out: Bytes,
+    permit: BufferPermit,
 ) {
     let Some(scsi) = session.scsi.clone() else {
         return;
@@ -111,7 +116,7 @@ pub(crate) fn spawn_command(
             attr: task_attr(info.attr),
         };
         let resp = scsi.execute(nexus, cmd).await;
-        send_response(&out, &info, resp, || guard.release_slot()).await;
+        send_response(&out, &info, resp, permit, || guard.release_slot()).await;
     });
     if block::poll_once(&mut task) {
         return;
@@ -129,11 +134,14 @@ pub(crate) fn spawn_command(
 }
 
 /// Sends the Data-In PDUs and status of a completed command. `release` opens the
-/// CmdSN window just before the PDU carrying status is queued.
+/// CmdSN window just before the PDU carrying status is queued. `permit` (the
+/// command's share of the node budget) shrinks to the Data-In bytes sent and
+/// rides on the last Data-In PDU, so it is held until they are written.
 pub(crate) async fn send_response(
     out: &ConnOut,
     info: &CmdInfo,
-    resp: scsi::Response,
+    mut resp: scsi::Response,
+    mut permit: BufferPermit,
     release: impl FnOnce(),
 ) {
     let read_only_dir = info.read && !info.write;
@@ -145,6 +153,13 @@ pub(crate) async fn send_response(
         0
     };
     let send_len = (resp.data_in.len() as u64).min(read_limit as u64) as u32;
+    if (send_len as usize) < resp.data_in.len() {
+        // residual overflow: keep only what goes out, not the whole buffer the
+        // LU read, so what stays queued is what the permit accounts for
+        resp.data_in = Bytes::copy_from_slice(&resp.data_in[..send_len as usize]);
+    }
+    permit.shrink_to(send_len as u64);
+    let mut permit = Some(permit);
     let residual = Residual::of(info.edtl_bytes, resp.transfer_len_bytes);
     let collapse = resp.sense.is_none() && send_len > 0 && read_only_dir;
     let seg_max = out.send_segment_bytes_max.max(512);
@@ -178,7 +193,11 @@ pub(crate) async fn send_response(
             buffer_offset_bytes: off,
         });
         let data = resp.data_in.slice(off as usize..(off + len) as usize);
-        if out.tx.send(OutPdu::new(pdu, data)).await.is_err() {
+        let p = match last {
+            true => OutPdu::holding(pdu, data, permit.take().unwrap_or_else(BufferPermit::empty)),
+            false => OutPdu::new(pdu, data),
+        };
+        if out.tx.send(p).await.is_err() {
             return;
         }
         off += len;
@@ -247,13 +266,23 @@ mod tests {
             max_burst_bytes: burst,
         };
         let mut released = false;
-        send_response(&out, &info(edtl), resp, || released = true).await;
+        let budget = block::BufferBudget::new(1 << 20);
+        let permit = budget.acquire(edtl as u64).await;
+        send_response(&out, &info(edtl), resp, permit, || released = true).await;
         assert!(released);
         drop(out);
         let mut v = Vec::new();
         while let Some(p) = rx.recv().await {
             v.push(p);
         }
+        // the data that goes out stays accounted for until the PDUs are written
+        let data_in: usize = v
+            .iter()
+            .filter(|p| matches!(p.pdu, TargetPdu::DataIn(_)))
+            .map(|p| p.data.len())
+            .sum();
+        let held = budget.status().held_bytes;
+        assert_eq!(held, (data_in as u64).div_ceil(1024) * 1024);
         v
     }
 

@@ -31,6 +31,8 @@ pub(crate) struct Ctx {
     pub shutdown: watch::Receiver<bool>,
     pub logins: Arc<LoginBudget>,
     pub auth_limit: AuthLimiter,
+    /// The node's budget of buffered data bytes.
+    pub buffers: block::BufferBudget,
 }
 
 /// An iSCSI target server: every portal serves every target.
@@ -126,6 +128,7 @@ impl Server {
             }),
             limits: cfg.limits,
             shutdown,
+            buffers: cfg.buffers,
         });
         Ok(Server {
             listeners,

@@ -1,7 +1,10 @@
 //! The one writer task of a connection: stamps sequence numbers, batches queued
 //! PDUs and writes them with vectored writes (header, data `Bytes`, padding,
-//! digests) without copying data.
+//! digests) without copying data. A PDU may carry the [`BufferPermit`] of the
+//! data it ends (the last Data-In of a read): it goes back to the node's budget
+//! only once the batch holding it is on the wire.
 
+use block::BufferPermit;
 use bytes::Bytes;
 use iscsi_proto::digest::{data_digest, header_digest, pad_len, PAD_ZEROES};
 use iscsi_proto::target::{SeqNumbers, TargetPdu};
@@ -24,11 +27,22 @@ pub(crate) struct OutPdu {
     pub pdu: TargetPdu,
     /// Data segment (a view into the response buffer).
     pub data: Bytes,
+    /// Budget held by the response buffer, released once this PDU is written.
+    pub permit: BufferPermit,
 }
 
 impl OutPdu {
     pub(crate) fn new(pdu: TargetPdu, data: Bytes) -> Self {
-        OutPdu { pdu, data }
+        OutPdu {
+            pdu,
+            data,
+            permit: BufferPermit::empty(),
+        }
+    }
+
+    /// A PDU whose writing ends the life of a buffer that `permit` accounts for.
+    pub(crate) fn holding(pdu: TargetPdu, data: Bytes, permit: BufferPermit) -> Self {
+        OutPdu { pdu, data, permit }
     }
 }
 
@@ -90,6 +104,8 @@ struct Encoded {
     pad: usize,
     ddig: [u8; 4],
     ddig_len: usize,
+    /// Dropped after the batch is written.
+    _permit: BufferPermit,
 }
 
 /// Runs until every sender is gone (then shuts the socket down) or a write fails.
@@ -147,6 +163,7 @@ pub(crate) async fn run_writer<W: tokio::io::AsyncWrite + Unpin>(
                 data: p.data,
                 ddig,
                 ddig_len,
+                _permit: p.permit,
             });
         }
         write_all_vectored(&mut sock, &enc).await?;

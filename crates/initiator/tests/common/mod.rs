@@ -151,6 +151,7 @@ pub async fn start(limits: Limits) -> Fixture {
         targets,
         discovery_auth: Auth::default(),
         limits,
+        buffers: block::BufferBudget::unlimited(),
     };
     let server = Server::bind(cfg).await.expect("bind");
     let addrs = server.local_addrs();

@@ -120,6 +120,7 @@ pub async fn start_with(limits: Limits, lun0: Option<block::VolumeRef>) -> Fixtu
         targets,
         discovery_auth: Auth::default(),
         limits,
+        buffers: block::BufferBudget::unlimited(),
     };
     let server = Server::bind(cfg).await.expect("bind");
     let addrs = server.local_addrs();
