@@ -1,23 +1,35 @@
 //! Executing one transmission request against a volume: validation, byte-to-block
 //! translation (covering reads, read-modify-write for unaligned writes), chunking
 //! to the volume's largest I/O, and mapping `BlockError` to NBD errors.
+//!
+//! The node budget of buffered bytes (`block::BufferBudget::node()`): a READ
+//! takes a permit for the blocks it reads before reading them, and the permit
+//! rides with the reply data until the writer has put it on the wire; waiting
+//! for it holds no other permit (the reader, having given this request its
+//! connection's slot and bytes, goes on until those run out, then stops reading
+//! the socket). A WRITE's payload was read from the socket before the request
+//! got here, so it is charged (counted, without waiting) while it is applied.
 
 use crate::proto::{cmdflag, errno, Command, Request};
-use block::{BlockError, Bytes, BytesMut, Geometry, VolumeRef};
+use block::{BlockError, BufferBudget, BufferPermit, Bytes, BytesMut, Geometry, VolumeRef};
 use block::{LockMode, RangeLocks};
 use std::sync::Arc;
 use tokio::sync::{watch, OwnedSemaphorePermit, Semaphore};
 
 /// Data that follows a reply header: nothing, one view of a volume buffer, or
-/// several when a read spanned more than one volume I/O.
+/// several when a read spanned more than one volume I/O; with the node budget
+/// its buffers hold (given back when the reply is dropped, after writing).
 #[derive(Debug)]
 pub(crate) enum ReplyData {
     /// No payload.
     None,
     /// One contiguous payload.
-    One(Bytes),
+    One { data: Bytes, _permit: BufferPermit },
     /// Payload in pieces, sent back to back.
-    Many(Vec<Bytes>),
+    Many {
+        parts: Vec<Bytes>,
+        _permit: BufferPermit,
+    },
 }
 
 impl ReplyData {
@@ -25,8 +37,8 @@ impl ReplyData {
     pub(crate) fn len_bytes(&self) -> usize {
         match self {
             ReplyData::None => 0,
-            ReplyData::One(b) => b.len(),
-            ReplyData::Many(v) => v.iter().map(|b| b.len()).sum(),
+            ReplyData::One { data, .. } => data.len(),
+            ReplyData::Many { parts, .. } => parts.iter().map(|b| b.len()).sum(),
         }
     }
 }
@@ -45,6 +57,9 @@ pub(crate) struct ExportState {
     pub gate: Arc<Semaphore>,
     /// Set once the export is removed; connections to it end.
     pub gone: watch::Sender<bool>,
+    /// The node's budget of buffered bytes (the one installed when the export
+    /// was made).
+    pub buffers: BufferBudget,
 }
 
 /// Permits of an export's gate: far more than requests can be in flight
@@ -60,6 +75,7 @@ impl ExportState {
             locks,
             gate: Arc::new(Semaphore::new(GATE_PERMITS as usize)),
             gone: watch::channel(false).0,
+            buffers: BufferBudget::node(),
         }
     }
 
@@ -181,6 +197,7 @@ pub(crate) async fn execute(
         _ if len == 0 => Ok(ReplyData::None),
         Command::Read => read(ex, &g, req.offset_bytes, len).await,
         Command::Write => {
+            let _held = ex.buffers.charge(payload.len() as u64);
             write(ex, &g, req.offset_bytes, payload, fua).await?;
             Ok(ReplyData::None)
         }
@@ -211,6 +228,8 @@ async fn read(
     len: u64,
 ) -> Result<ReplyData, BlockError> {
     let s = Span::new(g, offset, len);
+    // every block read stays referenced by the reply until it is written
+    let permit = ex.buffers.acquire(s.blocks() * s.bs).await;
     let step = max_io_blocks(g);
     let mut parts: Vec<Bytes> = Vec::new();
     let mut lba = s.first_lba;
@@ -230,8 +249,14 @@ async fn read(
     }
     Ok(match parts.len() {
         0 => ReplyData::None,
-        1 => ReplyData::One(parts.pop().unwrap_or_default()),
-        _ => ReplyData::Many(parts),
+        1 => ReplyData::One {
+            data: parts.pop().unwrap_or_default(),
+            _permit: permit,
+        },
+        _ => ReplyData::Many {
+            parts,
+            _permit: permit,
+        },
     })
 }
 
@@ -411,8 +436,8 @@ mod tests {
     fn bytes_of(d: ReplyData) -> Vec<u8> {
         match d {
             ReplyData::None => vec![],
-            ReplyData::One(b) => b.to_vec(),
-            ReplyData::Many(v) => v.concat(),
+            ReplyData::One { data, .. } => data.to_vec(),
+            ReplyData::Many { parts, .. } => parts.concat(),
         }
     }
 
@@ -487,11 +512,52 @@ mod tests {
         let r = execute(&ex, &req(Command::Read, 0, off, len), Bytes::new())
             .await
             .unwrap();
-        assert!(matches!(r, ReplyData::Many(_)));
+        assert!(matches!(r, ReplyData::Many { .. }));
         assert_eq!(
             bytes_of(r),
             &data[off as usize..off as usize + len as usize]
         );
+    }
+
+    #[tokio::test]
+    async fn a_read_holds_the_node_budget_until_its_reply_is_dropped() {
+        let (mut ex, _m) = export(4096, 1024);
+        ex.buffers = BufferBudget::new(1 << 20);
+        // unaligned: the covering blocks are what the reply keeps alive
+        let r = execute(&ex, &req(Command::Read, 0, 100, 600 << 10), Bytes::new())
+            .await
+            .unwrap();
+        assert_eq!(ex.buffers.status().held_bytes, 604 << 10);
+        let write = req(Command::Write, 0, 0, 4096);
+        execute(&ex, &write, Bytes::from(vec![1u8; 4096]))
+            .await
+            .unwrap();
+        assert_eq!(
+            ex.buffers.status().held_bytes,
+            604 << 10,
+            "a write gives its charge back"
+        );
+        let read = req(Command::Read, 0, 0, 600 << 10);
+        let second = execute(&ex, &read, Bytes::new());
+        tokio::pin!(second);
+        assert!(
+            futures_poll_once(second.as_mut()).is_none(),
+            "no room for a second 600 KiB read"
+        );
+        drop(r);
+        let r2 = second.await.unwrap();
+        assert_eq!(r2.len_bytes(), 600 << 10);
+        assert_eq!(ex.buffers.status().waits, 1);
+    }
+
+    fn futures_poll_once<F: std::future::Future + Unpin>(f: F) -> Option<F::Output> {
+        let waker = std::task::Waker::noop();
+        let mut cx = std::task::Context::from_waker(waker);
+        let mut f = f;
+        match std::pin::Pin::new(&mut f).poll(&mut cx) {
+            std::task::Poll::Ready(v) => Some(v),
+            std::task::Poll::Pending => None,
+        }
     }
 
     #[derive(Debug, Clone)]
