@@ -107,6 +107,7 @@ impl Cluster {
             io_wait_ms: (c.peer_timeout_ms * 2).max(3000),
             state_dir: self.state_dir(name),
             keys: self.keys.clone(),
+            buffers: block::BufferBudget::node(),
         };
         let (vol, sink) = ReplicatedVolume::open(rcfg, local)
             .with_context(|| format!("opening replicated volume {name}"))?;

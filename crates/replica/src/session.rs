@@ -458,10 +458,13 @@ async fn session(
                     link.close("the partner exceeded the bound on requests in flight");
                     return;
                 };
+                // counted against the node's buffer budget while applied, never
+                // waiting for it (see ReplicaConfig::buffers)
+                let held = inner.cfg.buffers.charge(payload_bytes(&m));
                 let (inner, link) = (inner.clone(), link.clone());
                 tokio::spawn(async move {
                     inner.handle(link, m).await;
-                    drop(permit);
+                    drop((permit, held));
                 });
             }
         })
@@ -474,6 +477,21 @@ async fn session(
     link.closed().await;
     dispatch.abort();
     link
+}
+
+/// Data bytes a message from the partner carries.
+fn payload_bytes(m: &Message) -> u64 {
+    use replica_proto::Op;
+    let op_bytes = |op: &Op| match op {
+        Op::Write { data, .. } => data.len() as u64,
+        Op::CompareAndWrite { compare, data, .. } => (compare.len() + data.len()) as u64,
+        _ => 0,
+    };
+    match m {
+        Message::Apply { op, .. } | Message::Forward { op, .. } => op_bytes(op),
+        Message::ResyncData { data, .. } | Message::ScsiRequest { data, .. } => data.len() as u64,
+        _ => 0,
+    }
 }
 
 async fn resync(
@@ -522,6 +540,9 @@ async fn resync(
         async move {
             let lba = start * rb;
             let blocks = (n * rb).min(inner.geo.block_count - lba);
+            // the budget before the range lock: waiting for it holds nothing
+            let bytes = blocks * inner.geo.block_size_bytes as u64;
+            let _held = inner.cfg.buffers.acquire(bytes).await;
             let _g = inner
                 .locks
                 .lock(lba, lba + blocks, LockMode::Exclusive)

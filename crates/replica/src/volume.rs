@@ -74,6 +74,12 @@ pub struct ReplicaConfig {
     /// This node's cluster keys: every sync and witness connection is
     /// authenticated and encrypted with them (`secure.rs`).
     pub keys: Arc<ClusterKeys>,
+    /// The node's budget of buffered data bytes. The partner's writes are
+    /// charged to it while they are applied (counted, never waiting: this
+    /// node's own frontend writes hold permits while the partner applies them,
+    /// so two nodes waiting for each other's applies could stop the pair);
+    /// resync copies this node sends take permits (waiting, holding nothing).
+    pub buffers: block::BufferBudget,
 }
 
 /// A node's part in the pair.

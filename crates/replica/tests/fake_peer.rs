@@ -42,6 +42,7 @@ fn cfg(node: u8, dir: &Path, peer: Vec<SocketAddr>, keys: Arc<ClusterKeys>) -> R
         io_wait_ms: 2000,
         state_dir: dir.join(format!("node{node}")),
         keys,
+        buffers: block::BufferBudget::unlimited(),
     }
 }
 

@@ -48,6 +48,7 @@ fn cfg(
         io_wait_ms: 3000,
         state_dir: dir.join(format!("node{node}")),
         keys: keys(node as usize - 1),
+        buffers: block::BufferBudget::unlimited(),
     }
 }
 
