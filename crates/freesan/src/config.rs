@@ -602,8 +602,16 @@ pub struct LimitsConfig {
     pub max_recv_data_segment_bytes: u32,
     /// Idle time after which the target pings a connection with NOP-In.
     pub nop_in_interval_ms: u64,
-    /// Time without an answer to a ping after which the connection is dropped.
+    /// Time without an answer to a ping after which the connection is dropped;
+    /// also the longest an iSCSI connection may take none of the data queued
+    /// for it before it is dropped (0: never).
     pub nop_in_timeout_ms: u64,
+    /// The node's bound on buffered data bytes (`"512M"`, `"2G"`): read data
+    /// waiting for slow clients (iSCSI and NBD), iSCSI Data-Out, resync copies
+    /// (see docs/security.md "Memory"). A client that would go beyond it is not
+    /// read from until bytes come back. Default (unset): 1/8 of the RAM, at
+    /// least 64 MiB, at most 2 GiB.
+    pub buffer_memory_max: Option<String>,
 }
 
 impl Default for LimitsConfig {
@@ -625,11 +633,45 @@ impl Default for LimitsConfig {
             max_recv_data_segment_bytes: d.max_recv_data_segment_bytes,
             nop_in_interval_ms: d.nop_in_interval_ms,
             nop_in_timeout_ms: d.nop_in_timeout_ms,
+            buffer_memory_max: None,
         }
     }
 }
 
+/// The default of `[limits] buffer_memory_max`: 1/8 of `ram_bytes`, clamped to
+/// 64 MiB..=2 GiB.
+pub fn default_buffer_memory_bytes(ram_bytes: u64) -> u64 {
+    (ram_bytes / 8).clamp(64 << 20, 2 << 30)
+}
+
+/// The machine's RAM in bytes (0 when it cannot be told).
+fn ram_bytes() -> u64 {
+    // SAFETY: sysconf only reads system parameters.
+    let (pages, page) = unsafe {
+        (
+            libc::sysconf(libc::_SC_PHYS_PAGES),
+            libc::sysconf(libc::_SC_PAGESIZE),
+        )
+    };
+    if pages <= 0 || page <= 0 {
+        return 0;
+    }
+    (pages as u64).saturating_mul(page as u64)
+}
+
 impl LimitsConfig {
+    /// `buffer_memory_max` in bytes (its default when unset).
+    pub fn buffer_memory_bytes(&self) -> Result<u64> {
+        match &self.buffer_memory_max {
+            None => Ok(default_buffer_memory_bytes(ram_bytes())),
+            Some(s) => match disk::parse_size(s) {
+                Some(b) if b >= 1 << 20 => Ok(b),
+                Some(_) => bail!("[limits] buffer_memory_max = {s:?}: at least 1M"),
+                None => bail!("[limits] buffer_memory_max = {s:?} is not a size (like 512M or 2G)"),
+            },
+        }
+    }
+
     /// The transport's limits with these values applied.
     pub fn to_iscsi(&self) -> iscsi::Limits {
         iscsi::Limits {
@@ -1023,6 +1065,7 @@ impl Config {
         if let Some(n) = &self.nbd {
             n.check()?;
         }
+        self.limits.buffer_memory_bytes()?;
         for p in &self.portals {
             let open = !p.address.ip().is_loopback() && !p.allow_without_chap;
             if open {
@@ -1225,5 +1268,21 @@ size = "1G"
         let short = per.replace("secret-of-abc-1", "short");
         let bad = toml::from_str::<Config>(&short).unwrap();
         assert!(bad.validate().is_err());
+    }
+
+    #[test]
+    fn buffer_memory_max_is_a_size_with_a_ram_based_default() {
+        let mut l = LimitsConfig::default();
+        let auto = l.buffer_memory_bytes().unwrap();
+        assert!((64 << 20..=2 << 30).contains(&auto), "{auto}");
+        assert_eq!(default_buffer_memory_bytes(4 << 30), 512 << 20);
+        assert_eq!(default_buffer_memory_bytes(64 << 30), 2 << 30);
+        assert_eq!(default_buffer_memory_bytes(256 << 20), 64 << 20);
+        let c: LimitsConfig = toml::from_str("buffer_memory_max = \"512M\"").unwrap();
+        assert_eq!(c.buffer_memory_bytes().unwrap(), 512 << 20);
+        l.buffer_memory_max = Some("lots".into());
+        assert!(l.buffer_memory_bytes().is_err());
+        l.buffer_memory_max = Some("100K".into());
+        assert!(l.buffer_memory_bytes().is_err(), "below 1M");
     }
 }

@@ -24,6 +24,7 @@ mod pools;
 mod replicacmd;
 mod secrets;
 mod serve;
+mod statuscmd;
 
 use anyhow::{bail, Result};
 use clap::{Parser, Subcommand};
@@ -86,6 +87,15 @@ enum Command {
     Api {
         #[command(subcommand)]
         cmd: apicmd::ApiCmd,
+    },
+    /// A running node at a glance: portals, LUNs, pools, and its buffer memory
+    /// (held, bound, high water, waits).
+    Status {
+        #[command(flatten)]
+        api: poolcmd::ApiArg,
+        /// Print the raw JSON.
+        #[arg(long)]
+        json: bool,
     },
     /// SSD cache status of a running node: hit rates, dirty data, advisor.
     Cache {
@@ -259,6 +269,11 @@ fn main() {
             apicmd::run(cmd)
         }
         Command::Witness(args) => runtime().and_then(|rt| rt.block_on(replicacmd::witness(args))),
+        Command::Status { api, json } => {
+            quiet_broken_pipe();
+            apicmd::use_credentials(&api);
+            statuscmd::run(api.api, json)
+        }
         Command::Cache { api, cmd } => {
             quiet_broken_pipe();
             apicmd::use_credentials(&api);

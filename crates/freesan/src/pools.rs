@@ -685,6 +685,14 @@ impl api::Control for NodeControl {
         s["pools"] = serde_json::Value::Array(self.pools.statuses());
         s["caches"] = serde_json::Value::Array(self.pools.cache_statuses());
         s["replicas"] = serde_json::Value::Array(self.replicas());
+        let b = block::BufferBudget::node().status();
+        s["buffer_memory"] = serde_json::json!({
+            "max_bytes": b.max_bytes,
+            "held_bytes": b.held_bytes,
+            "high_water_bytes": b.high_water_bytes,
+            "waits": b.waits,
+            "refusals": b.refusals,
+        });
         s
     }
 

@@ -282,6 +282,7 @@ fn build(
             ..iscsi::Auth::default()
         },
         limits: cfg.limits.to_iscsi(),
+        buffers: block::BufferBudget::node(),
     };
     Ok((server, opened, exports))
 }
@@ -324,6 +325,12 @@ pub(crate) fn shutdown_signal() -> impl std::future::Future<Output = ()> {
 /// Runs the node until a signal asks it to stop.
 pub async fn run(cfg: Config) -> Result<()> {
     cfg.validate()?;
+    // one bound on buffered data for the whole node, in place before any
+    // frontend, replica or export takes it (they use BufferBudget::node())
+    let buffer_bytes = cfg.limits.buffer_memory_bytes()?;
+    if block::BufferBudget::install_node(block::BufferBudget::new(buffer_bytes)).is_err() {
+        bail!("the node's buffer budget was set before the node started");
+    }
     crate::secrets::private_files(&cfg.data_dir)?;
     let pools = std::sync::Arc::new(Pools::open(&cfg).await?);
     let cluster = cfg
@@ -401,6 +408,7 @@ pub async fn run(cfg: Config) -> Result<()> {
     if let Some(a) = &api_server {
         eprintln!("  api:            {}", a.local_addr()?);
     }
+    eprintln!("  buffer memory:  {} at most", human(buffer_bytes));
     for l in &opened {
         eprintln!(
             "  LUN {:<3} {}  {} ({})",
