@@ -6,8 +6,8 @@
 //! What it does: chunk placement per level ([`layout`]), full-stripe writes without
 //! reads, read-modify-write or reconstruct-write for partial stripes, degraded
 //! reads, repair of medium errors, a superblock on every member (create/assemble,
-//! generations, member states), a stripe journal on the members that closes the
-//! RAID 5/6 write hole, hot spares, background rebuild with a rate limit, lazy
+//! generations, member states), a stripe journal that closes the RAID 5/6 write
+//! hole (group-committed, on the members or on a journal device), hot spares, background rebuild with a rate limit, lazy
 //! initial resync, scrub (RAID 6 locates the bad member), and a serde status.
 //! See docs/0002-raid.md for the design and the on-disk format.
 //!
