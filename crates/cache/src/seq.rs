@@ -1,13 +1,29 @@
 //! Sequential stream detection: a request that continues a stream already longer
 //! than the cutoff bypasses the cache (large sequential transfers gain nothing from
-//! an SSD in front of striped disks and would flush the hot set) -- unless the
-//! stream is re-reading data: the cache blocks a bypass sent past the cache are
-//! remembered (a ghost filter of about a cache's worth of blocks), and a stream
-//! that meets one of them is data coming back, so it goes through the cache for
-//! the rest of its run. Block I/O re-reads what it streamed (a VM booting again,
-//! a file copied then opened); turning that away costs every hit that follows.
+//! an SSD in front of striped disks and would flush the hot set) -- unless it would
+//! cost hits:
+//!
+//! - only a request covering whole cache blocks bypasses: a block a stream covers
+//!   in part is read again by its next request, which the fill serves from the
+//!   SSD (64K requests over 128K blocks would lose half their hits);
+//! - streamed data that comes back is cached. Block I/O re-reads what it streamed
+//!   (a VM booting again, a file copied then opened, a database reading pages a
+//!   bulk load wrote); turning that away costs every hit that follows. The
+//!   detector remembers the cache blocks long streams covered (bypassed or not;
+//!   about a cache's worth, exactly, over a spatial sample of the blocks), and
+//!   - a stream that meets one of them is a second pass over the same data: it
+//!     is cached for the rest of its run;
+//!   - every access (read or write, streamed or random) to one of them counts as
+//!     a re-use. While re-uses per streamed block (decayed over a few trackers'
+//!     worth of streamed blocks) stay below [`REUSE_MAX`], long streams bypass;
+//!     above it they are cached, and the tracker keeps measuring, so the bypass
+//!     comes back when the re-use stops.
+//!
+//! A scan that is never re-read (a backup, a full-table scan bigger than the
+//! cache) shows no re-use and keeps bypassing.
 
-use crate::policy::ghost::Ghost;
+use crate::hash::{mix64, SALT_SAMPLE};
+use std::collections::{HashMap, VecDeque};
 
 /// Streams tracked at once (least recently extended replaced first).
 const STREAMS: usize = 32;
@@ -19,6 +35,9 @@ const STREAMS: usize = 32;
 const SLACK_REQUESTS: u64 = 4;
 /// The slack never exceeds this (a 64-deep queue of 256 KiB requests).
 const SLACK_MAX_BYTES: u64 = 16 << 20;
+/// Long streams bypass while later accesses to streamed blocks number fewer than
+/// this per streamed block (see the module doc).
+pub(crate) const REUSE_MAX: f64 = 0.05;
 
 #[derive(Clone, Copy, Default)]
 struct Stream {
@@ -34,9 +53,94 @@ pub(crate) struct SeqDetector {
     streams: [Stream; STREAMS],
     cutoff_bytes: u64,
     clock: u64,
-    /// Cache blocks recently bypassed (`None`: every long stream bypasses).
-    bypassed: Option<Ghost>,
+    /// Re-use of streamed data (`None`: every long stream bypasses).
+    reuse: Option<Reuse>,
     block_bytes: u64,
+}
+
+/// The cache blocks long streams covered, and how often they came back.
+///
+/// Exact, over a spatial sample of the blocks (a block is in the sample when a
+/// hash of its number is below the rate, so a sampled block has every access
+/// sampled): a Bloom filter's false positives (about 1%) would count as re-use
+/// once per access of the rest of the workload, and a busy random workload
+/// beside a scan would then switch the scan's bypass off.
+struct Reuse {
+    /// Sampled iff `mix64(block ^ SALT_SAMPLE) >> 40 < threshold`.
+    threshold: u64,
+    /// Sampled streamed blocks, oldest first, with the sequence number of their
+    /// insertion; `latest` maps a block to its newest sequence number.
+    fifo: VecDeque<(u64, u64)>,
+    latest: HashMap<u64, u64>,
+    capacity: usize,
+    seq: u64,
+    /// Sampled blocks of long streams remembered, decayed (halved with `reused`
+    /// each time it passes `window`).
+    streamed: f64,
+    /// Accesses to remembered blocks (other than by the stream that covered
+    /// them), decayed with `streamed`.
+    reused: f64,
+    window: f64,
+}
+
+/// Share of blocks the re-use tracker samples, and the fewest it remembers.
+const REUSE_SAMPLE_RATE: f64 = 1.0 / 32.0;
+const REUSE_MIN_SAMPLED: usize = 1024;
+
+impl Reuse {
+    /// Tracks about the last `remember_blocks` streamed blocks.
+    fn new(remember_blocks: usize) -> Self {
+        let remember = remember_blocks.max(REUSE_MIN_SAMPLED);
+        let capacity = ((remember as f64 * REUSE_SAMPLE_RATE) as usize)
+            .max(REUSE_MIN_SAMPLED)
+            .min(remember);
+        let rate = capacity as f64 / remember as f64;
+        Self {
+            threshold: (rate * (1u64 << 24) as f64).ceil() as u64,
+            fifo: VecDeque::with_capacity(capacity),
+            latest: HashMap::with_capacity(capacity),
+            capacity,
+            seq: 0,
+            streamed: 0.0,
+            reused: 0.0,
+            window: 2.0 * capacity as f64,
+        }
+    }
+
+    fn sampled(&self, block: u64) -> bool {
+        mix64(block ^ SALT_SAMPLE) >> 40 < self.threshold
+    }
+
+    fn contains(&self, block: u64) -> bool {
+        self.sampled(block) && self.latest.contains_key(&block)
+    }
+
+    /// Remembers a block of a long stream (if sampled).
+    fn insert(&mut self, block: u64) {
+        if !self.sampled(block) {
+            return;
+        }
+        if self.fifo.len() >= self.capacity {
+            if let Some((old, seq)) = self.fifo.pop_front() {
+                if self.latest.get(&old) == Some(&seq) {
+                    self.latest.remove(&old);
+                }
+            }
+        }
+        self.seq += 1;
+        self.fifo.push_back((block, self.seq));
+        self.latest.insert(block, self.seq);
+        self.streamed += 1.0;
+        if self.streamed > self.window {
+            self.streamed /= 2.0;
+            self.reused /= 2.0;
+        }
+    }
+
+    /// Whether streamed data is re-used too often to bypass it.
+    fn high(&self) -> bool {
+        self.reused > REUSE_MAX * self.streamed
+    }
 }
 
 impl SeqDetector {
@@ -48,20 +152,21 @@ impl SeqDetector {
             streams: [Stream::default(); STREAMS],
             cutoff_bytes,
             clock: 0,
-            bypassed: None,
+            reuse: None,
             block_bytes: 1,
         }
     }
 
-    /// Like [`SeqDetector::new`], but a stream that re-reads any of the last
-    /// `remember_blocks` cache blocks (of `block_bytes`) it bypassed is cached.
+    /// Like [`SeqDetector::new`], but long streams bypass only while the data
+    /// they covered (about the last `remember_blocks` cache blocks of
+    /// `block_bytes`) is not re-used, and a stream that re-reads it is cached.
     pub(crate) fn keeping_rereads(
         cutoff_bytes: u64,
         block_bytes: u64,
         remember_blocks: usize,
     ) -> Self {
         Self {
-            bypassed: Some(Ghost::new(remember_blocks.max(1024))),
+            reuse: Some(Reuse::new(remember_blocks)),
             block_bytes: block_bytes.max(1),
             ..Self::new(cutoff_bytes)
         }
@@ -105,23 +210,37 @@ impl SeqDetector {
         s.run += len;
         s.end = s.end.max(end);
         s.last_use = self.clock;
-        let long = len >= self.cutoff_bytes || s.run > self.cutoff_bytes;
-        let Some(ghost) = self.bypassed.as_mut() else {
+        // only a request that covers whole cache blocks is bypassed: a block it
+        // covers in part is read again by the stream's next request, and filling
+        // it serves that one from the SSD (a read-ahead; W-TinyLFU keeps such
+        // one-off blocks in its window, away from the hot set)
+        let whole_blocks =
+            offset.is_multiple_of(self.block_bytes) && end.is_multiple_of(self.block_bytes);
+        let long = (len >= self.cutoff_bytes || s.run > self.cutoff_bytes) && whole_blocks;
+        let Some(reuse) = self.reuse.as_mut() else {
             return long;
         };
         let first = offset / self.block_bytes;
         let last = (end.max(offset + 1) - 1) / self.block_bytes;
         let first_new = own_last.map_or(first, |o| first.max(o + 1));
-        if !s.reread && (first_new..=last).any(|b| ghost.contains(b)) {
+        let mut met = false;
+        for b in first_new..=last {
+            if reuse.contains(b) {
+                met = true;
+                reuse.reused += 1.0;
+            }
+        }
+        if met && s.run > len {
+            // a stream (not a lone request) meeting streamed data: a second pass
             s.reread = true;
         }
-        if !long || s.reread {
+        if !long {
             return false;
         }
-        for b in first..=last {
-            ghost.insert(b);
+        for b in first_new..=last {
+            reuse.insert(b);
         }
-        true
+        !s.reread && !reuse.high()
     }
 }
 
@@ -175,16 +294,85 @@ mod tests {
                 .count()
         };
         assert_eq!(pass(&mut d), 256 - 16, "the first pass bypasses past 1 MiB");
+        // the tracker remembers a sample of the blocks (here 1 in 4): the second
+        // pass is known as a re-read at its first sampled block past 1 MiB
         let second = pass(&mut d);
         assert!(
-            second <= 4,
+            second <= 8,
             "the second pass re-reads: {second} of 256 bypassed"
         );
-        // a new region is not a re-read: it bypasses again
-        let fresh = (0..256u64)
-            .filter(|i| d.observe((1 << 32) + i * 65536, 65536, 1))
+        // streamed data came back, so for now the next stream is cached too
+        let mut region = 1u64;
+        let mut fresh = |d: &mut SeqDetector| {
+            region += 1;
+            (0..256u64)
+                .filter(|i| d.observe((region << 32) + i * 65536, 65536, 1))
+                .count()
+        };
+        assert_eq!(fresh(&mut d), 0);
+        // and once streams stop coming back, they bypass again
+        let back = (0..64).position(|_| fresh(&mut d) == 256 - 16);
+        assert!(back.is_some(), "the bypass never came back");
+    }
+
+    #[test]
+    fn streamed_data_read_back_at_random_stops_the_bypass_and_scans_keep_it() {
+        let block = 65536;
+        let mut rng = crate::trace::Rng::new(11);
+        // streams of 4 MiB in fresh regions, each followed by random 4K reads of
+        // what it streamed: the bypass turns itself off
+        let mut d = SeqDetector::keeping_rereads(1 << 20, block, 4096);
+        let mut late = 0;
+        for s in 0..64u64 {
+            let base = s << 32;
+            let bypassed = (0..64u64)
+                .filter(|i| d.observe(base + i * block, block, 1))
+                .count();
+            if s >= 8 {
+                late += bypassed;
+            }
+            for _ in 0..64 {
+                d.observe(base + rng.below(64 * 16) * 4096, 4096, 1);
+            }
+        }
+        assert_eq!(late, 0, "re-used streams still bypassed");
+        // the same streams followed by random reads elsewhere: a scan, bypassed
+        let mut d = SeqDetector::keeping_rereads(1 << 20, block, 4096);
+        let mut late = 0;
+        for s in 0..64u64 {
+            let bypassed = (0..64u64)
+                .filter(|i| d.observe((s << 32) + i * block, block, 1))
+                .count();
+            if s >= 8 {
+                late += bypassed;
+            }
+            for _ in 0..64 {
+                d.observe((1 << 40) + rng.below(1 << 20) * 4096, 4096, 1);
+            }
+        }
+        assert_eq!(late, 56 * (64 - 16), "a scan never read back must bypass");
+    }
+
+    #[test]
+    fn only_requests_of_whole_cache_blocks_are_bypassed() {
+        // 64K requests over 128K blocks: each fill serves the next request
+        let mut d = SeqDetector::keeping_rereads(1 << 20, 131072, 4096);
+        let bypassed = (0..256u64)
+            .filter(|i| d.observe(i * 65536, 65536, 1))
             .count();
-        assert_eq!(fresh, 256 - 16);
+        assert_eq!(bypassed, 0);
+        // whole-block requests of the same stream length are
+        let mut d = SeqDetector::keeping_rereads(1 << 20, 131072, 4096);
+        let bypassed = (0..128u64)
+            .filter(|i| d.observe(i * 131072, 131072, 1))
+            .count();
+        assert_eq!(bypassed, 128 - 8);
+        // 128K requests 64K off the block boundaries: every block is read twice
+        let mut d = SeqDetector::keeping_rereads(1 << 20, 131072, 4096);
+        let bypassed = (0..128u64)
+            .filter(|i| d.observe(65536 + i * 131072, 131072, 1))
+            .count();
+        assert_eq!(bypassed, 0);
     }
 
     #[test]
