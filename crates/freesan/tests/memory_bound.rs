@@ -207,6 +207,46 @@ impl RawIscsi {
 /// An NBD connection to `lun0` that queues `count` reads of `READ_BYTES` and
 /// reads nothing back (fixed newstyle, NBD_OPT_EXPORT_NAME).
 fn nbd_stuck(addr: &str, count: u32) -> TcpStream {
+    let mut s = nbd_connect(addr);
+    let mut wire = Vec::new();
+    for i in 0..count as u64 {
+        wire.extend_from_slice(&0x2560_9513u32.to_be_bytes());
+        wire.extend_from_slice(&0u16.to_be_bytes()); // flags
+        wire.extend_from_slice(&0u16.to_be_bytes()); // NBD_CMD_READ
+        wire.extend_from_slice(&i.to_be_bytes()); // cookie
+        wire.extend_from_slice(&(i * READ_BYTES as u64).to_be_bytes());
+        wire.extend_from_slice(&READ_BYTES.to_be_bytes());
+    }
+    s.write_all(&wire).unwrap();
+    s
+}
+
+/// An NBD connection to `lun0` sending `count` writes of `READ_BYTES` from a
+/// thread of its own (the node may stop reading them), reading nothing back.
+fn nbd_writer(addr: &str, count: u32) -> TcpStream {
+    let s = nbd_connect(addr);
+    let mut w = s.try_clone().unwrap();
+    std::thread::spawn(move || {
+        for i in 0..count as u64 {
+            let mut h = Vec::new();
+            h.extend_from_slice(&0x2560_9513u32.to_be_bytes());
+            h.extend_from_slice(&0u16.to_be_bytes()); // flags
+            h.extend_from_slice(&1u16.to_be_bytes()); // NBD_CMD_WRITE
+            h.extend_from_slice(&(1000 + i).to_be_bytes()); // cookie
+            h.extend_from_slice(&(i * READ_BYTES as u64).to_be_bytes());
+            h.extend_from_slice(&READ_BYTES.to_be_bytes());
+            h.extend(std::iter::repeat_n(0xC3u8, READ_BYTES as usize));
+            // the connection is closed by the test: the thread ends
+            if w.write_all(&h).is_err() {
+                return;
+            }
+        }
+    });
+    s
+}
+
+/// The NBD handshake to `lun0` (fixed newstyle, NBD_OPT_EXPORT_NAME).
+fn nbd_connect(addr: &str) -> TcpStream {
     let mut s = TcpStream::connect(addr).expect("connect to NBD");
     s.set_nodelay(true).unwrap();
     s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
@@ -223,16 +263,6 @@ fn nbd_stuck(addr: &str, count: u32) -> TcpStream {
     s.write_all(&w).unwrap();
     let mut info = vec![0u8; 10 + if no_zeroes { 0 } else { 124 }];
     s.read_exact(&mut info).expect("export info");
-    let mut wire = Vec::new();
-    for i in 0..count as u64 {
-        wire.extend_from_slice(&0x2560_9513u32.to_be_bytes());
-        wire.extend_from_slice(&0u16.to_be_bytes()); // flags
-        wire.extend_from_slice(&0u16.to_be_bytes()); // NBD_CMD_READ
-        wire.extend_from_slice(&i.to_be_bytes()); // cookie
-        wire.extend_from_slice(&(i * READ_BYTES as u64).to_be_bytes());
-        wire.extend_from_slice(&READ_BYTES.to_be_bytes());
-    }
-    s.write_all(&wire).unwrap();
     s
 }
 
@@ -378,10 +408,37 @@ fn clients_that_stop_reading_cannot_grow_the_node_past_its_bound() {
         n(&full, "max_bytes"),
         "never above the bound"
     );
+    // writers arriving now: their payloads wait for the budget before they are
+    // read from the socket (they used to be read and counted beyond the bound)
+    let waits = n(&full, "waits");
+    let mut writers = Vec::new();
+    for _ in 0..4 {
+        writers.push(nbd_writer(&nbd_addr, 16));
+    }
+    let full = wait_for(
+        &api,
+        pid,
+        "the writers waiting for the budget",
+        |b| n(b, "waits") >= waits + 4,
+        |now| now > limit,
+    );
+    assert_eq!(
+        n(&full, "high_water_bytes"),
+        n(&full, "max_bytes"),
+        "write payloads taken beyond the bound: {full}"
+    );
+    assert!(
+        peak_rss(pid) <= limit,
+        "peak resident above the bound with writers"
+    );
 
     // the stuck clients go away: every byte comes back, and verified I/O works
     drop(sessions);
     drop(nbds);
+    for w in &writers {
+        let _ = w.shutdown(std::net::Shutdown::Both);
+    }
+    drop(writers);
     wait_for(
         &api,
         pid,

@@ -304,6 +304,15 @@ impl Conn {
                         None
                     };
                     let payload_len = req.payload_bytes() as usize;
+                    // a WRITE's payload takes the node's budget before it is read
+                    // from the socket: when the node's buffers are full the reader
+                    // waits here and TCP pushes back on the client
+                    let held =
+                        (payload_len > 0).then(|| self.export.buffers.acquire(payload_len as u64));
+                    let held = match held {
+                        Some(h) => Some(h.await),
+                        None => None,
+                    };
                     let payload = if payload_len > 0 {
                         match fill(rd, buf, payload_len).await {
                             Ok(true) => buf.split_to(payload_len).freeze(),
@@ -325,7 +334,7 @@ impl Conn {
                         self.reply(&req, errno::ESHUTDOWN, (slot, budget)).await;
                         return End::ExportGone;
                     };
-                    self.spawn(req, payload, (slot, budget), entered);
+                    self.spawn(req, (payload, held), (slot, budget), entered);
                 }
                 Command::Cache | Command::BlockStatus | Command::Unknown(_) => {
                     tracing::warn!(peer = %self.peer, command = req.command.code(),
@@ -360,7 +369,7 @@ impl Conn {
     fn spawn(
         &self,
         req: Request,
-        payload: block::Bytes,
+        (payload, held): (block::Bytes, Option<block::BufferPermit>),
         permits: (OwnedSemaphorePermit, Option<OwnedSemaphorePermit>),
         entered: OwnedSemaphorePermit,
     ) {
@@ -368,7 +377,7 @@ impl Conn {
         let tx = self.tx.clone();
         let peer = self.peer;
         tokio::spawn(async move {
-            let done = exec::execute(&export, &req, payload).await;
+            let done = exec::execute_held(&export, &req, payload, held).await;
             // The volume is done with this request: the export may be removed.
             drop(entered);
             let (error, data) = match done {

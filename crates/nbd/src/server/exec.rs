@@ -7,8 +7,9 @@
 //! rides with the reply data until the writer has put it on the wire; waiting
 //! for it holds no other permit (the reader, having given this request its
 //! connection's slot and bytes, goes on until those run out, then stops reading
-//! the socket). A WRITE's payload was read from the socket before the request
-//! got here, so it is charged (counted, without waiting) while it is applied.
+//! the socket). A WRITE's payload takes its permit in the connection's reader,
+//! before it is read from the socket (the reader waits there when the node's
+//! buffers are full), and holds it while it is applied.
 
 use crate::proto::{cmdflag, errno, Command, Request};
 use block::{BlockError, BufferBudget, BufferPermit, Bytes, BytesMut, Geometry, VolumeRef};
@@ -184,10 +185,22 @@ fn max_io_blocks(g: &Geometry) -> u64 {
 }
 
 /// Runs a validated request. `payload` is the WRITE data (empty otherwise).
+#[cfg(test)]
 pub(crate) async fn execute(
     ex: &ExportState,
     req: &Request,
     payload: Bytes,
+) -> Result<ReplyData, BlockError> {
+    execute_held(ex, req, payload, None).await
+}
+
+/// Runs a validated request; `held` is the node budget the WRITE payload took
+/// before it was read (it is charged here when the caller took none).
+pub(crate) async fn execute_held(
+    ex: &ExportState,
+    req: &Request,
+    payload: Bytes,
+    held: Option<BufferPermit>,
 ) -> Result<ReplyData, BlockError> {
     let g = ex.volume.geometry();
     let fua = req.flags & cmdflag::FUA != 0;
@@ -197,7 +210,7 @@ pub(crate) async fn execute(
         _ if len == 0 => Ok(ReplyData::None),
         Command::Read => read(ex, &g, req.offset_bytes, len).await,
         Command::Write => {
-            let _held = ex.buffers.charge(payload.len() as u64);
+            let _held = held.unwrap_or_else(|| ex.buffers.charge(payload.len() as u64));
             write(ex, &g, req.offset_bytes, payload, fua).await?;
             Ok(ReplyData::None)
         }
