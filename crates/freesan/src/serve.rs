@@ -440,12 +440,14 @@ pub async fn run(cfg: Config) -> Result<()> {
     let nbd_task = nbd_server.map(|n| tokio::spawn(n.run(stopped(stop_rx.clone()))));
     let iscsi_task = tokio::spawn(server.run(stopped(stop_rx)));
     stop_signal.await;
+    // forgotten while the API still holds its port: once the port is free,
+    // another node may take it and note its own data directory there
+    if let Some(a) = api_addr {
+        crate::apicmd::forget_local_node(a, &cfg.data_dir);
+    }
     let _ = stop_tx.send(true);
     if let Some(t) = api_task {
         t.await.context("API task")??;
-    }
-    if let Some(a) = api_addr {
-        crate::apicmd::forget_local_node(a, &cfg.data_dir);
     }
     if let Some(t) = nbd_task {
         t.await.context("NBD server task")??;
