@@ -48,25 +48,18 @@ struct Setup {
 impl Setup {
     fn new() -> Setup {
         let dir = tempfile::tempdir().unwrap();
-        let (ok, out) = freesan(&[
-            "cluster",
-            "init",
-            "--name",
-            CLUSTER,
-            "--out",
-            dir.path().join("keys").to_str().unwrap(),
-        ]);
-        assert!(ok, "cluster init: {out}");
-        // an attacker's own keys, of a cluster with the same name
-        let (ok, out) = freesan(&[
-            "cluster",
-            "init",
-            "--name",
-            CLUSTER,
-            "--out",
-            dir.path().join("evil").to_str().unwrap(),
-        ]);
-        assert!(ok, "cluster init: {out}");
+        // the pair's keys, and an attacker's own keys of a cluster with the same name
+        for keys in ["keys", "evil"] {
+            let (ok, out) = freesan(&[
+                "cluster",
+                "init",
+                "--name",
+                CLUSTER,
+                "--out",
+                dir.path().join(keys).to_str().unwrap(),
+            ]);
+            assert!(ok, "cluster init: {out}");
+        }
         Setup {
             dir,
             sync: [free_port(), free_port()],

@@ -207,13 +207,16 @@ async fn resync_data_sent_to_the_leader_is_refused_and_not_written() {
     n1.shutdown().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_leader_acknowledging_a_write_never_applied_here_is_dropped() {
-    let d = tempfile::tempdir().unwrap();
+/// Node 2 on `volume`, listening, and a fake node 1 that dials it, claims the
+/// lead of a brand-new pair and ends the resync at once with `gens` (a
+/// legitimate message while node 2 is its target): node 2 now follows it.
+async fn follower_of_a_fake_leader(
+    dir: &Path,
+    volume: VolumeRef,
+    gens: Generations,
+) -> (Arc<ReplicatedVolume>, Fake) {
     let k = keys();
-    let m2: VolumeRef = Arc::new(MemVolume::new(512, BLOCKS));
-    let (n2, sink) =
-        ReplicatedVolume::open(cfg(2, d.path(), vec![], k[1].clone()), m2.clone()).unwrap();
+    let (n2, sink) = ReplicatedVolume::open(cfg(2, dir, vec![], k[1].clone()), volume).unwrap();
     let n2 = Arc::new(n2);
     let sinks = SyncSinks::default();
     sinks.insert("vol", sink);
@@ -222,7 +225,6 @@ async fn a_leader_acknowledging_a_write_never_applied_here_is_dropped() {
         .unwrap();
     let addr = l.local_addrs()[0];
     l.spawn();
-    // the fake node 1 dials node 2 and claims the lead of a brand-new pair
     let s = tokio::net::TcpStream::connect(addr).await.unwrap();
     let st = replica::secure::connect(s, &k[0], Member::Node2, Purpose::Sync)
         .await
@@ -233,11 +235,6 @@ async fn a_leader_acknowledging_a_write_never_applied_here_is_dropped() {
         assert!(tokio::time::Instant::now() < deadline, "{:?}", n2.status());
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    // ends the resync at once (a legitimate message while node 2 is its target)
-    let gens = Generations {
-        current: 7,
-        synced: 7,
-    };
     fake.send(Message::ResyncDone { id: 1, gens }).await;
     loop {
         let m = fake
@@ -250,6 +247,18 @@ async fn a_leader_acknowledging_a_write_never_applied_here_is_dropped() {
         }
     }
     assert_eq!(n2.role(), Role::Follower);
+    (n2, fake)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leader_acknowledging_a_write_never_applied_here_is_dropped() {
+    let d = tempfile::tempdir().unwrap();
+    let m2: VolumeRef = Arc::new(MemVolume::new(512, BLOCKS));
+    let gens = Generations {
+        current: 7,
+        synced: 7,
+    };
+    let (n2, mut fake) = follower_of_a_fake_leader(d.path(), m2.clone(), gens).await;
     // a client writes through node 2, which forwards it to its leader
     let w = {
         let n2 = n2.clone();
@@ -285,40 +294,13 @@ async fn a_leader_acknowledging_a_write_never_applied_here_is_dropped() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_leader_flooding_the_follower_with_requests_is_dropped() {
     let d = tempfile::tempdir().unwrap();
-    let k = keys();
     let mem: VolumeRef = Arc::new(MemVolume::new(512, BLOCKS));
     let slow = Arc::new(block::DelayVolume::new(mem, Duration::ZERO, Duration::ZERO));
-    let m2: VolumeRef = slow.clone();
-    let (n2, sink) =
-        ReplicatedVolume::open(cfg(2, d.path(), vec![], k[1].clone()), m2.clone()).unwrap();
-    let sinks = SyncSinks::default();
-    sinks.insert("vol", sink);
-    let l = SyncListener::bind(&["127.0.0.1:0".parse().unwrap()], sinks, k[1].clone())
-        .await
-        .unwrap();
-    let addr = l.local_addrs()[0];
-    l.spawn();
-    let s = tokio::net::TcpStream::connect(addr).await.unwrap();
-    let st = replica::secure::connect(s, &k[0], Member::Node2, Purpose::Sync)
-        .await
-        .unwrap();
-    let (mut fake, _) = Fake::start(st.reader, st.writer, 1, Generations::default()).await;
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
-    while n2.role() != Role::Target {
-        assert!(tokio::time::Instant::now() < deadline, "{:?}", n2.status());
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
     let gens = Generations {
         current: 3,
         synced: 3,
     };
-    fake.send(Message::ResyncDone { id: 1, gens }).await;
-    loop {
-        if let Message::Done { id: 1, .. } = fake.next().await.expect("link closed") {
-            break;
-        }
-    }
-    assert_eq!(n2.role(), Role::Follower);
+    let (n2, mut fake) = follower_of_a_fake_leader(d.path(), slow.clone(), gens).await;
     // every write now takes a while on node 2, and the leader sends far more of
     // them at once than an honest leader ever has in flight
     slow.set_delays(Duration::ZERO, Duration::from_secs(5));
