@@ -301,7 +301,11 @@ pub(crate) fn note_local_node(api: SocketAddr, data_dir: &Path) {
         return;
     };
     let path = note_path(&dir, api);
-    let tmp = path.with_extension("new");
+    // a temporary name of this process's own: `with_extension` would cut the
+    // address at its last dot, giving every node the same temporary file
+    let mut tmp = path.clone().into_os_string();
+    tmp.push(format!(".new.{}", std::process::id()));
+    let tmp = PathBuf::from(tmp);
     let write = || -> std::io::Result<()> {
         let mut f = std::fs::OpenOptions::new()
             .write(true)
@@ -405,4 +409,35 @@ pub(crate) fn prepare_tls(
     api::tokens::write_private_atomic(&serving, &pem)?;
     eprintln!("  api tls:        certificate {}", cert.display());
     Ok(Some(cfg))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn nodes_noting_their_apis_at_once_keep_their_own_notes() {
+        // ports no test node listens on; each thread notes its own address over
+        // and over, as nodes starting together do
+        let addrs: Vec<SocketAddr> = (1..=4)
+            .map(|p| SocketAddr::from(([127, 0, 0, 1], p)))
+            .collect();
+        let dirs: Vec<PathBuf> = (1..=4)
+            .map(|i| PathBuf::from(format!("/nonexistent/node{i}")))
+            .collect();
+        std::thread::scope(|s| {
+            for (a, d) in addrs.iter().zip(&dirs) {
+                s.spawn(move || {
+                    for _ in 0..200 {
+                        note_local_node(*a, d);
+                        assert_eq!(local_node_data_dir(*a).as_deref(), Some(d.as_path()));
+                    }
+                });
+            }
+        });
+        for (a, d) in addrs.iter().zip(&dirs) {
+            forget_local_node(*a, d);
+            assert_eq!(local_node_data_dir(*a), None);
+        }
+    }
 }
