@@ -346,6 +346,11 @@ pub struct NbdConfig {
     /// signed by one of them (X.509 client authentication).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub tls_client_ca: Option<PathBuf>,
+    /// TLS with pre-shared keys instead of a certificate: a file of
+    /// `identity:hexkey` lines (qemu's `keys.psk`, made by GnuTLS `psktool`),
+    /// mode 0600. Needs a build with the `nbd-psk` feature (OpenSSL).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tls_psk_file: Option<PathBuf>,
 }
 
 /// `[nbd] tls`.
@@ -372,6 +377,7 @@ impl Default for NbdConfig {
             tls_cert: None,
             tls_key: None,
             tls_client_ca: None,
+            tls_psk_file: None,
         }
     }
 }
@@ -438,6 +444,14 @@ impl NbdConfig {
         }
         if !self.tls_required() && (self.tls_cert.is_some() || self.tls_client_ca.is_some()) {
             bail!("[nbd]: tls_cert, tls_key and tls_client_ca need tls = \"require\"");
+        }
+        if self.tls_psk_file.is_some() {
+            if !self.tls_required() {
+                bail!("[nbd]: tls_psk_file needs tls = \"require\"");
+            }
+            if self.tls_cert.is_some() || self.tls_client_ca.is_some() {
+                bail!("[nbd]: tls_psk_file replaces certificates: give it without tls_cert, tls_key and tls_client_ca");
+            }
         }
         Ok(())
     }
@@ -812,9 +826,14 @@ impl Config {
             a.allowed_paths.iter_mut().for_each(fix);
         }
         if let Some(n) = &mut self.nbd {
-            for p in [&mut n.tls_cert, &mut n.tls_key, &mut n.tls_client_ca]
-                .into_iter()
-                .flatten()
+            for p in [
+                &mut n.tls_cert,
+                &mut n.tls_key,
+                &mut n.tls_client_ca,
+                &mut n.tls_psk_file,
+            ]
+            .into_iter()
+            .flatten()
             {
                 fix(p);
             }
@@ -1183,6 +1202,20 @@ mod tests {
         );
         assert!(parse("tls = \"off\"\ntls_client_ca = \"ca.pem\"\n").is_err());
         assert!(parse("tls_psk = \"k\"\n").is_err(), "unknown key");
+        let n = parse("tls = \"require\"\ntls_psk_file = \"keys.psk\"\n")
+            .unwrap()
+            .nbd
+            .unwrap();
+        assert_eq!(n.tls_psk_file.unwrap(), Path::new("/etc/freesan/keys.psk"));
+        assert!(
+            parse("tls_psk_file = \"keys.psk\"\n").is_err(),
+            "PSK needs TLS required"
+        );
+        assert!(
+            parse("tls = \"require\"\ntls_psk_file = \"k.psk\"\ntls_client_ca = \"ca.pem\"\n")
+                .is_err(),
+            "PSK or certificates, not both"
+        );
     }
 
     #[test]

@@ -8,7 +8,6 @@ use crate::config::NbdConfig;
 use anyhow::{Context, Result};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 
 /// Where a generated NBD certificate lives.
 pub(crate) fn generated_dir(data_dir: &Path) -> PathBuf {
@@ -29,12 +28,9 @@ fn hostname() -> Option<String> {
     (!name.is_empty() && name != "localhost").then_some(name)
 }
 
-/// The rustls configuration NBD requires clients to use, or None for plaintext
+/// The TLS credentials NBD requires clients to use, or None for plaintext
 /// (with a warning when that plaintext is on a network address).
-pub(crate) fn prepare(
-    n: &NbdConfig,
-    data_dir: &Path,
-) -> Result<Option<Arc<nbd::tls::rustls::ServerConfig>>> {
+pub(crate) fn prepare(n: &NbdConfig, data_dir: &Path) -> Result<Option<nbd::ServerTls>> {
     if !n.tls_required() {
         if !n.address.ip().is_loopback() {
             tracing::warn!(address = %n.address,
@@ -45,6 +41,9 @@ pub(crate) fn prepare(
             );
         }
         return Ok(None);
+    }
+    if let Some(file) = &n.tls_psk_file {
+        return prepare_psk(file).map(Some);
     }
     let (cert, key, generated_ca) = match (&n.tls_cert, &n.tls_key) {
         (Some(c), Some(k)) => (c.clone(), k.clone(), None),
@@ -76,14 +75,47 @@ pub(crate) fn prepare(
         ),
         None => eprintln!("  nbd client ca:  none (any client that trusts the server may connect)"),
     }
-    Ok(Some(cfg))
+    Ok(Some(nbd::ServerTls::X509(cfg)))
+}
+
+/// TLS-PSK from `[nbd] tls_psk_file`, in a build that has it.
+#[cfg(feature = "nbd-psk")]
+fn prepare_psk(file: &Path) -> Result<nbd::ServerTls> {
+    let keys = nbd::psk::PskKeys::read(file)?;
+    let n = keys.len();
+    let ctx = nbd::psk::server_context(keys).context("NBD TLS-PSK")?;
+    eprintln!(
+        "  nbd tls:        required, pre-shared keys from {} ({n} identities)",
+        file.display()
+    );
+    Ok(nbd::ServerTls::Psk(ctx))
+}
+
+/// A build without OpenSSL cannot serve TLS-PSK: say how to get one.
+#[cfg(not(feature = "nbd-psk"))]
+fn prepare_psk(file: &Path) -> Result<nbd::ServerTls> {
+    // Check the file anyway, so its mistakes show up first.
+    nbd::psk::PskKeys::read(file)?;
+    anyhow::bail!(
+        "[nbd] tls_psk_file = {}: this freesan was built without TLS-PSK; build it with \
+         `cargo build --release --features nbd-psk` (needs Debian's libssl-dev and pkg-config), \
+         or use a certificate (tls_cert, tls_key) instead",
+        file.display()
+    )
 }
 
 /// The URL `nbdinfo` and `nbdcopy` (libnbd) take for LUN `lun`: `nbds://` with
-/// the folder holding the authority's `ca-cert.pem` when TLS is required.
+/// the folder holding the authority's `ca-cert.pem` when TLS is required, or
+/// with the key file when it is TLS-PSK.
 pub(crate) fn client_url(n: &NbdConfig, data_dir: &Path, addr: SocketAddr, lun: u64) -> String {
     if !n.tls_required() {
         return format!("nbd://{addr}/lun{lun}");
+    }
+    if let Some(f) = &n.tls_psk_file {
+        return format!(
+            "nbds://IDENTITY@{addr}/lun{lun}?tls-psk-file={}",
+            f.display()
+        );
     }
     let dir = match &n.tls_cert {
         Some(_) => "DIR_WITH_CA_CERT_PEM".to_string(),

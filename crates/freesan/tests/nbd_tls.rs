@@ -115,18 +115,21 @@ fn qemu_img(args: &[String]) -> (bool, String) {
     (ok, out)
 }
 
-fn tls_object(creds: Option<&Path>) -> Vec<String> {
+/// qemu's `--object` for X.509 client credentials in folder `d`.
+fn x509(d: &Path) -> String {
+    format!("tls-creds-x509,id=tls0,endpoint=client,dir={}", d.display())
+}
+
+fn tls_object(creds: Option<&str>) -> Vec<String> {
     match creds {
-        Some(d) => vec![
-            "--object".into(),
-            format!("tls-creds-x509,id=tls0,endpoint=client,dir={}", d.display()),
-        ],
+        Some(o) => vec!["--object".into(), o.into()],
         None => Vec::new(),
     }
 }
 
-/// qemu-img writes the raw image `src` over LUN 0.
-fn qemu_write(addr: &str, creds: Option<&Path>, src: &Path) -> (bool, String) {
+/// qemu-img writes the raw image `src` over LUN 0 (with TLS when `creds`
+/// names a `tls0` object).
+fn qemu_write(addr: &str, creds: Option<&str>, src: &Path) -> (bool, String) {
     let mut a: Vec<String> = vec!["convert".into(), "-n".into(), "-f".into(), "raw".into()];
     a.extend(tls_object(creds));
     a.push(src.display().to_string());
@@ -136,7 +139,7 @@ fn qemu_write(addr: &str, creds: Option<&Path>, src: &Path) -> (bool, String) {
 }
 
 /// qemu-img reads LUN 0 into the raw file `out`.
-fn qemu_read(addr: &str, creds: Option<&Path>, out: &Path) -> (bool, String) {
+fn qemu_read(addr: &str, creds: Option<&str>, out: &Path) -> (bool, String) {
     let mut a: Vec<String> = vec!["convert".into()];
     a.extend(tls_object(creds));
     a.extend([
@@ -171,6 +174,28 @@ fn lun_bytes(dir: &Path) -> Vec<u8> {
     let mut v = std::fs::read(dir.join("lun0.img")).unwrap();
     v.resize(LUN_BYTES, 0);
     v
+}
+
+/// Each of `clients` (a name and qemu's credentials object, None: plaintext)
+/// tries to overwrite LUN 0 with `evil` and to read it; every try fails and
+/// reads nothing. Then a raw plaintext client is refused too.
+fn refused_clients_get_nothing(
+    root: &Path,
+    addr: &str,
+    evil: &Path,
+    clients: &[(&str, Option<String>)],
+) {
+    for (what, creds) in clients {
+        let (ok, out) = qemu_write(addr, creds.as_deref(), evil);
+        assert!(!ok, "qemu-img {what} wrote: {out}");
+        let stolen = root.join("stolen.img");
+        let _ = std::fs::remove_file(&stolen);
+        let (ok, out) = qemu_read(addr, creds.as_deref(), &stolen);
+        assert!(!ok, "qemu-img {what} read: {out}");
+        let got = std::fs::read(&stolen).unwrap_or_default();
+        assert!(got.iter().all(|b| *b == 0), "qemu-img {what} got LUN bytes");
+    }
+    raw_plaintext_client_is_refused(addr);
 }
 
 /// A plaintext client speaking raw NBD: LIST, INFO and GO are answered
@@ -251,10 +276,10 @@ fn qemu_img_over_tls_with_client_certificates_and_refusals() {
     let src = root.join("src.img");
     let data = image(1);
     std::fs::write(&src, &data).unwrap();
-    let (ok, out) = qemu_write(&addr, Some(&good), &src);
+    let (ok, out) = qemu_write(&addr, Some(&x509(&good)), &src);
     assert!(ok, "qemu-img could not write over TLS: {out}");
     let back = root.join("back.img");
-    let (ok, out) = qemu_read(&addr, Some(&good), &back);
+    let (ok, out) = qemu_read(&addr, Some(&x509(&good)), &back);
     assert!(ok, "qemu-img could not read over TLS: {out}");
     assert!(std::fs::read(&back).unwrap() == data, "read back differs");
     assert!(
@@ -280,25 +305,20 @@ fn qemu_img_over_tls_with_client_certificates_and_refusals() {
     );
     let evil = root.join("evil.img");
     std::fs::write(&evil, image(2)).unwrap();
-    for (what, creds) in [
-        ("plaintext", None),
-        ("trusting another CA", Some(wrong_trust.as_path())),
-        ("without a client certificate", Some(no_cert.as_path())),
-        ("with another CA's certificate", Some(stranger.as_path())),
-    ] {
-        let (ok, out) = qemu_write(&addr, creds, &evil);
-        assert!(!ok, "qemu-img {what} wrote: {out}");
-        let stolen = root.join("stolen.img");
-        let _ = std::fs::remove_file(&stolen);
-        let (ok, out) = qemu_read(&addr, creds, &stolen);
-        assert!(!ok, "qemu-img {what} read: {out}");
-        let got = std::fs::read(&stolen).unwrap_or_default();
-        assert!(got.iter().all(|b| *b == 0), "qemu-img {what} got LUN bytes");
-    }
-    raw_plaintext_client_is_refused(&addr);
+    refused_clients_get_nothing(
+        root,
+        &addr,
+        &evil,
+        &[
+            ("plaintext", None),
+            ("trusting another CA", Some(x509(&wrong_trust))),
+            ("without a client certificate", Some(x509(&no_cert))),
+            ("with another CA's certificate", Some(x509(&stranger))),
+        ],
+    );
     assert!(lun_bytes(root) == data, "a refused client changed the LUN");
     // The authorised client still reads what it wrote.
-    let (ok, out) = qemu_read(&addr, Some(&good), &back);
+    let (ok, out) = qemu_read(&addr, Some(&x509(&good)), &back);
     assert!(ok, "{out}");
     assert!(std::fs::read(&back).unwrap() == data);
     assert!(node.terminate(), "clean stop");
@@ -338,14 +358,14 @@ fn generated_certificate_serves_qemu_img_and_survives_a_restart() {
     let src = root.join("src.img");
     let data = image(3);
     std::fs::write(&src, &data).unwrap();
-    let (ok, out) = qemu_write(&addr, Some(&creds), &src);
+    let (ok, out) = qemu_write(&addr, Some(&x509(&creds)), &src);
     assert!(ok, "qemu-img could not write with the generated CA: {out}");
     // Plaintext and another authority get nothing.
     let other = creds_dir(root, "other", &[Ca::new("another CA").pem()], None);
     let evil = root.join("evil.img");
     std::fs::write(&evil, image(4)).unwrap();
     assert!(!qemu_write(&addr, None, &evil).0);
-    assert!(!qemu_write(&addr, Some(&other), &evil).0);
+    assert!(!qemu_write(&addr, Some(&x509(&other)), &evil).0);
     assert!(node.terminate(), "clean stop");
     assert!(lun_bytes(root) == data);
 
@@ -357,8 +377,119 @@ fn generated_certificate_serves_qemu_img_and_survives_a_restart() {
         ca
     );
     let back = root.join("back.img");
-    let (ok, out) = qemu_read(&addr, Some(&creds), &back);
+    let (ok, out) = qemu_read(&addr, Some(&x509(&creds)), &back);
     assert!(ok, "qemu-img could not read after a restart: {out}");
     assert!(std::fs::read(&back).unwrap() == data);
     assert!(node.terminate(), "clean stop");
+}
+
+/// A qemu `tls-creds-psk` client folder holding `keys.psk` with one line.
+#[cfg(feature = "nbd-psk")]
+fn psk_client(root: &Path, name: &str, identity: &str, key_hex: &str) -> String {
+    let d = root.join(name);
+    std::fs::create_dir_all(&d).unwrap();
+    std::fs::write(d.join("keys.psk"), format!("{identity}:{key_hex}\n")).unwrap();
+    format!(
+        "tls-creds-psk,id=tls0,endpoint=client,dir={},username={identity}",
+        d.display()
+    )
+}
+
+/// `[nbd] tls_psk_file`: qemu-img with `tls-creds-psk` writes and reads a LUN
+/// as one of the file's identities; plaintext, a wrong key, an unknown identity
+/// and another identity's name with this key are refused, with nothing read and
+/// the LUN unchanged. A key file that others may read stops the node.
+#[cfg(feature = "nbd-psk")]
+#[test]
+fn qemu_img_over_tls_psk_and_refusals() {
+    use std::os::unix::fs::PermissionsExt;
+    if !have("qemu-img") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    let key = |seed: u8| -> String {
+        (0..32u8)
+            .map(|i| format!("{:02x}", i.wrapping_mul(37) ^ seed))
+            .collect()
+    };
+    let (alice, bob) = (key(1), key(2));
+    let keys = root.join("keys.psk");
+    std::fs::write(&keys, format!("alice:{alice}\nbob:{bob}\n")).unwrap();
+    std::fs::set_permissions(&keys, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let cfg = node_config(root, "tls = \"require\"\ntls_psk_file = \"keys.psk\"\n");
+    let mut node = start_config(root, &cfg);
+    let addr = node.nbd.clone().expect("nbd address");
+
+    let good = psk_client(root, "alice", "alice", &alice);
+    let src = root.join("src.img");
+    let data = image(5);
+    std::fs::write(&src, &data).unwrap();
+    let (ok, out) = qemu_write(&addr, Some(&good), &src);
+    assert!(ok, "qemu-img could not write over TLS-PSK: {out}");
+    let back = root.join("back.img");
+    let (ok, out) = qemu_read(&addr, Some(&good), &back);
+    assert!(ok, "qemu-img could not read over TLS-PSK: {out}");
+    assert!(std::fs::read(&back).unwrap() == data, "read back differs");
+    assert!(lun_bytes(root) == data, "the LUN file differs");
+
+    let evil = root.join("evil.img");
+    std::fs::write(&evil, image(6)).unwrap();
+    refused_clients_get_nothing(
+        root,
+        &addr,
+        &evil,
+        &[
+            ("plaintext", None),
+            (
+                "with a wrong key",
+                Some(psk_client(root, "wrong", "alice", &key(3))),
+            ),
+            (
+                "with an unknown identity",
+                Some(psk_client(root, "mallory", "mallory", &alice)),
+            ),
+            (
+                "naming bob with alice's key",
+                Some(psk_client(root, "notbob", "bob", &alice)),
+            ),
+            (
+                "with an X.509 client",
+                Some(x509(&creds_dir(
+                    root,
+                    "x509",
+                    &[Ca::new("a CA").pem()],
+                    None,
+                ))),
+            ),
+        ],
+    );
+    assert!(lun_bytes(root) == data, "a refused client changed the LUN");
+    let (ok, out) = qemu_read(&addr, Some(&good), &back);
+    assert!(ok, "{out}");
+    assert!(std::fs::read(&back).unwrap() == data);
+    assert!(node.terminate(), "clean stop");
+    let log = std::fs::read_to_string(&node.log).unwrap();
+    assert!(
+        log.contains("NBD TLS-PSK handshake failed"),
+        "refusals are logged"
+    );
+    assert!(
+        log.contains("identity=alice"),
+        "the identity is logged: {log}"
+    );
+
+    // A key file that others may read: the node does not start.
+    std::fs::set_permissions(&keys, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let (ok, out) = run(
+        "timeout",
+        &[
+            "30",
+            env!("CARGO_BIN_EXE_freesan"),
+            "serve",
+            "--config",
+            cfg.to_str().unwrap(),
+        ],
+    );
+    assert!(!ok && out.contains("chmod 600"), "{out}");
 }

@@ -36,8 +36,9 @@
 pub mod client;
 mod io;
 pub mod proto;
+pub mod psk;
 pub mod server;
 pub mod tls;
 
 pub use client::{parse_nbd_url, NbdClient, NBD_DEFAULT_PORT};
-pub use server::{IpRange, NbdConfig, NbdExport, NbdExports, NbdLimits, NbdServer};
+pub use server::{IpRange, NbdConfig, NbdExport, NbdExports, NbdLimits, NbdServer, ServerTls};

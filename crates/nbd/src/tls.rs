@@ -5,7 +5,8 @@
 //! certificate made at first start when the operator gives none.
 //!
 //! What it does not do: implement any cryptography (rustls does the protocol,
-//! ring the primitives), TLS-PSK (rustls has none), certificate revocation lists.
+//! ring the primitives), TLS-PSK (rustls has none: see `crate::psk`, OpenSSL),
+//! certificate revocation lists.
 //!
 //! Key invariant: a generated server key is written only to a file created with
 //! mode 0600 and never leaves it; the generated authority's key is not kept at

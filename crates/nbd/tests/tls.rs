@@ -120,7 +120,7 @@ async fn serve(cert: &Path, key: &Path, client_ca: Option<&Path>) -> (SocketAddr
             ..NbdLimits::default()
         },
         allowed_clients: nbd::IpRange::loopback(),
-        tls: Some(tls),
+        tls: Some(tls.into()),
     })
     .await
     .unwrap();

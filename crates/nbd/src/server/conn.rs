@@ -6,7 +6,7 @@
 
 use super::exec::{self, ExportState, ReplyData};
 use super::writer::{run_writer, Reply};
-use super::Ctx;
+use super::{Acceptor, Ctx};
 use crate::io::fill;
 use crate::proto::{
     decode_request, encode_simple_reply, errno, Command, NegotiateError, Progress, Request,
@@ -41,8 +41,11 @@ enum End {
 enum Stream {
     /// TLS not in use: the socket itself, split without a lock.
     Plain(TcpStream),
-    /// After `NBD_OPT_STARTTLS`.
+    /// After `NBD_OPT_STARTTLS`, with a certificate (rustls).
     Tls(Box<tokio_rustls::server::TlsStream<TcpStream>>),
+    /// After `NBD_OPT_STARTTLS`, with a pre-shared key (OpenSSL).
+    #[cfg(feature = "psk")]
+    Psk(Box<tokio_openssl::SslStream<TcpStream>>),
 }
 
 /// A finished handshake: the stream, the export's name and its state.
@@ -81,6 +84,15 @@ pub(crate) async fn serve(ctx: Arc<Ctx>, sock: TcpStream, peer: SocketAddr) {
         Stream::Tls(tls) => {
             let client_cert = tls.get_ref().1.peer_certificates().is_some();
             tracing::info!(%peer, export = %name, client_cert, "NBD client connected over TLS");
+            let (rd, wr) = tokio::io::split(*tls);
+            transmission(ctx, export, rd, wr, buf, peer).await;
+        }
+        #[cfg(feature = "psk")]
+        Stream::Psk(tls) => {
+            let identity = crate::psk::identity(tls.ssl()).unwrap_or_default();
+            let version = tls.ssl().version_str();
+            tracing::info!(%peer, export = %name, %identity, version,
+                "NBD client connected over TLS-PSK");
             let (rd, wr) = tokio::io::split(*tls);
             transmission(ctx, export, rd, wr, buf, peer).await;
         }
@@ -132,19 +144,56 @@ async fn handshake(
     let Some(acceptor) = &ctx.tls else {
         return Ok(None);
     };
-    let mut tls = match acceptor.accept(sock).await {
-        Ok(t) => t,
-        Err(e) => {
-            tracing::warn!(%peer, error = %e, "NBD TLS handshake failed");
-            return Ok(None);
-        }
-    };
+    match acceptor {
+        Acceptor::X509(a) => match a.accept(sock).await {
+            Ok(tls) => after_tls(neg, tls, buf, peer, pick, |t| Stream::Tls(Box::new(t))).await,
+            Err(e) => {
+                tracing::warn!(%peer, error = %e, "NBD TLS handshake failed");
+                Ok(None)
+            }
+        },
+        #[cfg(feature = "psk")]
+        Acceptor::Psk(c) => match accept_psk(c, sock).await {
+            Ok(tls) => after_tls(neg, tls, buf, peer, pick, |t| Stream::Psk(Box::new(t))).await,
+            Err(e) => {
+                tracing::warn!(%peer, error = %e,
+                    "NBD TLS-PSK handshake failed (unknown identity, wrong key or no PSK offered)");
+                Ok(None)
+            }
+        },
+    }
+}
+
+/// The haggling that continues inside TLS, until an export is picked.
+async fn after_tls<S: AsyncRead + AsyncWrite + Unpin>(
+    mut neg: ServerNegotiator<'_>,
+    mut tls: S,
+    buf: &mut BytesMut,
+    peer: SocketAddr,
+    pick: impl Fn(usize) -> Option<(String, Arc<ExportState>)>,
+    wrap: impl FnOnce(S) -> Stream,
+) -> std::io::Result<Option<Picked>> {
     neg.tls_started();
     match haggle(&mut neg, &mut tls, buf, peer).await? {
-        Step::Export(i) => Ok(pick(i).map(|(n, s)| (Stream::Tls(Box::new(tls)), n, s))),
+        Step::Export(i) => Ok(pick(i).map(|(n, s)| (wrap(tls), n, s))),
         // A second STARTTLS is answered NBD_REP_ERR_INVALID by the negotiator.
         Step::StartTls | Step::Close => Ok(None),
     }
+}
+
+/// The server side of a TLS-PSK handshake on `sock`.
+#[cfg(feature = "psk")]
+async fn accept_psk(
+    ctx: &openssl::ssl::SslContext,
+    sock: TcpStream,
+) -> Result<tokio_openssl::SslStream<TcpStream>, String> {
+    let ssl = openssl::ssl::Ssl::new(ctx).map_err(|e| e.to_string())?;
+    let mut s = tokio_openssl::SslStream::new(ssl, sock).map_err(|e| e.to_string())?;
+    std::pin::Pin::new(&mut s)
+        .accept()
+        .await
+        .map_err(|e| e.to_string())?;
+    Ok(s)
 }
 
 /// Feeds the negotiator what `sock` delivers and writes its answers until it

@@ -109,10 +109,53 @@ pub struct NbdConfig {
     /// Client addresses served; every other connection is closed at accept
     /// (see [`IpRange::loopback`] for the usual default).
     pub allowed_clients: Vec<IpRange>,
-    /// TLS required (`NBD_OPT_STARTTLS` before any other option) with this
-    /// rustls configuration (see [`crate::tls::server_config`]); `None`: no TLS,
-    /// STARTTLS is answered `NBD_REP_ERR_UNSUP`.
-    pub tls: Option<Arc<rustls::ServerConfig>>,
+    /// TLS required (`NBD_OPT_STARTTLS` before any other option) with these
+    /// credentials; `None`: no TLS, STARTTLS is answered `NBD_REP_ERR_UNSUP`.
+    pub tls: Option<ServerTls>,
+}
+
+/// The credentials a TLS-requiring server uses.
+#[derive(Clone)]
+pub enum ServerTls {
+    /// A certificate, and optionally a client CA (rustls; see
+    /// [`crate::tls::server_config`]).
+    X509(Arc<rustls::ServerConfig>),
+    /// Pre-shared keys (OpenSSL; see [`crate::psk::server_context`]).
+    #[cfg(feature = "psk")]
+    Psk(openssl::ssl::SslContext),
+}
+
+impl std::fmt::Debug for ServerTls {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            ServerTls::X509(_) => "ServerTls::X509",
+            #[cfg(feature = "psk")]
+            ServerTls::Psk(_) => "ServerTls::Psk",
+        })
+    }
+}
+
+impl From<Arc<rustls::ServerConfig>> for ServerTls {
+    fn from(c: Arc<rustls::ServerConfig>) -> ServerTls {
+        ServerTls::X509(c)
+    }
+}
+
+/// What accepts a TLS handshake after STARTTLS.
+pub(crate) enum Acceptor {
+    X509(tokio_rustls::TlsAcceptor),
+    #[cfg(feature = "psk")]
+    Psk(openssl::ssl::SslContext),
+}
+
+impl From<ServerTls> for Acceptor {
+    fn from(t: ServerTls) -> Acceptor {
+        match t {
+            ServerTls::X509(c) => Acceptor::X509(tokio_rustls::TlsAcceptor::from(c)),
+            #[cfg(feature = "psk")]
+            ServerTls::Psk(c) => Acceptor::Psk(c),
+        }
+    }
 }
 
 /// One export being served.
@@ -138,8 +181,8 @@ pub(crate) struct Ctx {
     pub table: parking_lot::RwLock<Table>,
     pub limits: NbdLimits,
     pub allowed_clients: Vec<IpRange>,
-    /// TLS required with this configuration.
-    pub tls: Option<tokio_rustls::TlsAcceptor>,
+    /// TLS required with these credentials.
+    pub tls: Option<Acceptor>,
     pub shutdown: watch::Receiver<bool>,
 }
 
@@ -341,7 +384,7 @@ impl NbdServer {
             table: parking_lot::RwLock::new(table),
             limits: cfg.limits,
             allowed_clients: cfg.allowed_clients.clone(),
-            tls: cfg.tls.clone().map(tokio_rustls::TlsAcceptor::from),
+            tls: cfg.tls.clone().map(Acceptor::from),
             shutdown,
         });
         Ok(NbdServer {
