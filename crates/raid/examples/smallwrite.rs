@@ -12,7 +12,9 @@
 //!
 //! For each pool (RAID 5 of 10, RAID 6 of 6) and NCQ setting it prints, for 4K
 //! random writes, 8K random writes and 8K random 67% read / 33% write at `qd` in
-//! flight: IOPS with the journal as shipped (on the members), with the journal
+//! flight: IOPS with the journal as shipped (on the members, acknowledged once
+//! the record is durable), the same acknowledged only after the in-place writes
+//! too ("late ack", the behaviour before; `Pool::set_early_ack`), with the journal
 //! bypassed (the unprotected read-modify-write; a test-only switch), with the
 //! journal on a simulated SATA SSD (`Pool::create_with_journal_device`; a second
 //! pool), the arithmetic limit from one
@@ -190,6 +192,7 @@ fn delta(a: &WritePath, b: &WritePath) -> WritePath {
         read_us: b.read_us - a.read_us,
         journal_us: b.journal_us - a.journal_us,
         apply_us: b.apply_us - a.apply_us,
+        early_acks: b.early_acks - a.early_acks,
     }
 }
 
@@ -249,10 +252,11 @@ async fn main() {
         }
         println!();
         println!(
-            "  {:14} {:17} {:>9} {:>11} {:>11} {:>9} {:>8} {:>8} {:>8}",
+            "  {:14} {:17} {:>9} {:>9} {:>11} {:>11} {:>9} {:>8} {:>8} {:>8}",
             "pool",
             "pattern",
             "journal",
+            "late ack",
             "journal off",
             "journal SSD",
             "limit",
@@ -283,17 +287,24 @@ async fn main() {
                 );
                 pool.wait_idle().await;
                 for (i, p) in a.patterns.iter().enumerate() {
-                    let modes: &[(&str, bool)] = if with_device {
-                        &[("journal SSD", false)]
+                    // (name, journal bypassed, early acknowledgement)
+                    let modes: &[(&str, bool, bool)] = if with_device {
+                        &[("journal SSD", false, true)]
                     } else {
-                        &[("journal", false), ("journal off", true)]
+                        &[
+                            ("journal", false, true),
+                            ("late ack", false, false),
+                            ("journal off", true, true),
+                        ]
                     };
-                    for &(mode, bypass) in modes {
+                    for &(mode, bypass, early) in modes {
                         pool.unsafe_set_journal_bypass(bypass);
+                        pool.set_early_ack(early);
                         let before = pool.status().write_path;
                         let iops = run(pool.clone() as Arc<dyn Volume>, *p, a.qd, ramp, secs).await;
                         let after = pool.status().write_path;
                         pool.unsafe_set_journal_bypass(false);
+                        pool.set_early_ack(true);
                         detail.push(format!(
                             "  NCQ {ncq_s:3} {label:14} {:17} {mode:12} {}",
                             p.name,
@@ -310,12 +321,13 @@ async fn main() {
             for ((p, disk_iops), f) in a.patterns.iter().zip(&one).zip(&figures) {
                 let r = p.read_pct as f64 / 100.0;
                 let limit = n as f64 * disk_iops / (r + (1.0 - r) * write_ios);
-                let (on, off, dev) = (f[0], f[1], f[2]);
+                let (on, late, off, dev) = (f[0], f[1], f[2], f[3]);
                 println!(
-                    "  {:14} {:17} {:>9.0} {:>11.0} {:>11.0} {:>9.0} {:>7.0}% {:>7.0}% {:>7.0}%",
+                    "  {:14} {:17} {:>9.0} {:>9.0} {:>11.0} {:>11.0} {:>9.0} {:>7.0}% {:>7.0}% {:>7.0}%",
                     label,
                     p.name,
                     on,
+                    late,
                     off,
                     dev,
                     limit,

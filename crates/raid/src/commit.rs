@@ -14,9 +14,23 @@
 //! at successive sets (F1: one copy always on the hot member), so the journal's
 //! seeks are spread over every member.
 //!
+//! Early acknowledgement: once its record is durable, a journaled update is
+//! complete as far as a crash is concerned (replay redoes it), so it is
+//! acknowledged then, and its in-place writes run on a task that keeps the
+//! stripe's lock until they are done. Every other user of the stripe (writes,
+//! reconstructing reads, rebuild, scrub) takes that lock, so it waits; a plain
+//! read of a healthy stripe takes no lock, so the stripe is marked in
+//! `Inner::applying` before the acknowledgement and unmarked after its in-place
+//! writes, and a read of a marked stripe waits for the lock first. The bytes of
+//! in-place writes running after their acknowledgement are bounded
+//! (`APPLY_BUDGET_KIB`); a flush waits for all of them. This takes the in-place
+//! writes out of the acknowledged path: a small write waits for its reads and
+//! the ring write, not for a third round of seeks.
+//!
 //! Key invariant: a record's in-place writes start only after a copy of the
 //! record is durable on `redundancy + 1` members (fewer only when fewer are
-//! writable), exactly as without batching.
+//! writable), exactly as without batching; and nothing reads a stripe in place
+//! between the acknowledgement of an update and the end of its in-place writes.
 
 use crate::io::{unavailable, MemberOp, OpKind};
 use crate::journal::{self, Entry, Journal};
@@ -26,7 +40,9 @@ use crate::util::{join_all, BoxFut};
 use block::{BlockError, BlockResult, Bytes};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::Instant;
+use tokio::sync::OwnedRwLockWriteGuard;
 
 /// Most bytes one group commit writes to each copy (records beyond it wait for
 /// the next one; a single bigger record goes alone).
@@ -34,6 +50,19 @@ const BATCH_BYTES_MAX: u64 = 2 << 20;
 
 /// Most group commits writing at once (each on its own members).
 const JOURNAL_SETS_MAX: usize = 8;
+
+/// Most KiB of in-place writes running after their acknowledgement (per pool);
+/// more updates wait for room before they are acknowledged.
+pub(crate) const APPLY_BUDGET_KIB: u32 = 64 << 10;
+
+/// A durable record: its sequence number, and whether it has every copy it
+/// should (`redundancy + 1` on the members, or the journal device): then it
+/// survives a crash together with the loss of `redundancy` members.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Durable {
+    seq: u64,
+    full: bool,
+}
 
 /// A record waiting for its group commit.
 pub(crate) struct Pending {
@@ -54,7 +83,7 @@ pub(crate) struct Group {
     /// Batches written so far (rotates the copies over the members).
     batches: u64,
     /// Outcome per ticket: the record's sequence number, or why it failed.
-    results: HashMap<u64, Result<u64, String>>,
+    results: HashMap<u64, Result<Durable, String>>,
 }
 
 /// Counters behind `status().write_path`.
@@ -71,6 +100,7 @@ pub(crate) struct WriteCounters {
     pub read_us: AtomicU64,
     pub journal_us: AtomicU64,
     pub apply_us: AtomicU64,
+    pub early_acks: AtomicU64,
 }
 
 impl WriteCounters {
@@ -88,6 +118,7 @@ impl WriteCounters {
             read_us: l(&self.read_us),
             journal_us: l(&self.journal_us),
             apply_us: l(&self.apply_us),
+            early_acks: l(&self.early_acks),
         }
     }
 }
@@ -143,13 +174,17 @@ impl Inner {
 
     /// Applies a stripe update: journal record first (parity levels), then the
     /// member operations in place. Members that fail are failed; the update
-    /// succeeds while the pool survives.
+    /// succeeds while the pool survives. With `lock` (the stripe's exclusive
+    /// lock, owned) a journaled update returns once its record is durable and
+    /// its in-place writes finish on their own task, which then releases the
+    /// lock (see "Early acknowledgement" above).
     pub(crate) async fn commit(
-        &self,
+        self: &Arc<Self>,
         s: u64,
         ops: Vec<MemberOp>,
         view: &View,
         fua: bool,
+        lock: Option<OwnedRwLockWriteGuard<()>>,
     ) -> BlockResult<()> {
         let mut seq = None;
         if let Some(j) = self.active_journal() {
@@ -173,11 +208,62 @@ impl Inner {
                     OpKind::Discard(_) => Bytes::new(),
                 })
                 .collect();
+            let kib = (payloads.iter().map(|b| b.len()).sum::<usize>() >> 10)
+                .clamp(1, APPLY_BUDGET_KIB as usize) as u32;
             let t0 = Instant::now();
-            let sq = self.journal_append(j, s, entries, payloads).await?;
+            let d = self.journal_append(j, s, entries, payloads).await?;
             add_us(&self.wp.journal_us, t0);
+            let sq = d.seq;
             seq = Some(sq);
+            // Only a record with all its copies may stand in for the in-place
+            // writes: with a copy missing, the update is acknowledged only once
+            // it is in place too, as before.
+            if d.full && lock.is_some() && self.early_ack.load(Ordering::Relaxed) {
+                let guard = lock;
+                // The record is durable: the update survives a crash from here on.
+                let Ok(permit) = self.apply_budget.clone().acquire_many_owned(kib).await else {
+                    // the budget is never closed; apply in place as below
+                    return self.apply(s, &ops, view, fua, Some(sq)).await;
+                };
+                *self.applying.lock().entry(s).or_insert(0) += 1;
+                self.wp.early_acks.fetch_add(1, Ordering::Relaxed);
+                let me = Arc::clone(self);
+                let view = view.clone();
+                tokio::spawn(async move {
+                    if let Err(e) = me.apply(s, &ops, &view, fua, Some(sq)).await {
+                        tracing::error!(pool = %me.name, stripe = s, error = %e,
+                            "in-place writes of an acknowledged update failed; its journal record is replayed at the next assemble");
+                    }
+                    {
+                        let mut a = me.applying.lock();
+                        if let Some(n) = a.get_mut(&s) {
+                            *n -= 1;
+                            if *n == 0 {
+                                a.remove(&s);
+                            }
+                        }
+                    }
+                    drop(guard);
+                    drop(permit);
+                });
+                return Ok(());
+            }
         }
+        let r = self.apply(s, &ops, view, fua, seq).await;
+        // the stripe's lock (when handed over) is held until the writes are done
+        drop(lock);
+        r
+    }
+
+    /// The in-place writes of an update whose record (if any, `seq`) is durable.
+    async fn apply(
+        &self,
+        s: u64,
+        ops: &[MemberOp],
+        view: &View,
+        fua: bool,
+        seq: Option<u64>,
+    ) -> BlockResult<()> {
         let t0 = Instant::now();
         let futs: Vec<BoxFut<'_, BlockResult<()>>> = ops
             .iter()
@@ -212,16 +298,34 @@ impl Inner {
         Ok(())
     }
 
+    /// Whether an acknowledged update of stripe `s` is still being written in
+    /// place (then a read must take the stripe's lock).
+    pub(crate) fn is_applying(&self, s: u64) -> bool {
+        // A whole budget: nothing acknowledged is being applied (a stripe is
+        // marked only while its update holds part of the budget).
+        if self.apply_budget.available_permits() == APPLY_BUDGET_KIB as usize {
+            return false;
+        }
+        self.applying.lock().contains_key(&s)
+    }
+
+    /// Waits until every acknowledged update is written in place.
+    pub(crate) async fn wait_applied(&self) {
+        if let Ok(all) = self.apply_budget.acquire_many(APPLY_BUDGET_KIB).await {
+            drop(all);
+        }
+    }
+
     /// Makes a record for stripe `s` durable through the group commit; returns its
     /// sequence number (registered in flight: the caller calls `complete` once its
-    /// in-place writes are done).
+    /// in-place writes are done) and whether it has all its copies.
     async fn journal_append(
         &self,
         j: &Journal,
         s: u64,
         entries: Vec<Entry>,
         payloads: Vec<Bytes>,
-    ) -> BlockResult<u64> {
+    ) -> BlockResult<Durable> {
         let blocks = journal::record_blocks(&entries, self.bs as usize);
         if blocks > j.ring_blocks {
             return Err(BlockError::NotSupported(
@@ -314,8 +418,8 @@ impl Inner {
         batch: Vec<Pending>,
         slot: usize,
         seqs: &mut Vec<u64>,
-    ) -> Vec<(u64, Result<u64, String>)> {
-        let fail = |batch: &[Pending], e: String| -> Vec<(u64, Result<u64, String>)> {
+    ) -> Vec<(u64, Result<Durable, String>)> {
+        let fail = |batch: &[Pending], e: String| -> Vec<(u64, Result<Durable, String>)> {
             batch.iter().map(|p| (p.ticket, Err(e.clone()))).collect()
         };
         let total: u64 = batch.iter().map(|p| p.blocks).sum();
@@ -355,10 +459,11 @@ impl Inner {
                         .fetch_add(buf.len() as u64, Ordering::Relaxed);
                     w.journal_records
                         .fetch_add(batch.len() as u64, Ordering::Relaxed);
+                    // one copy, off the members: a member loss cannot take it
                     return batch
                         .iter()
                         .zip(seqs.iter())
-                        .map(|(p, &sq)| (p.ticket, Ok(sq)))
+                        .map(|(p, &seq)| (p.ticket, Ok(Durable { seq, full: true })))
                         .collect();
                 }
                 Err(e) => {
@@ -417,10 +522,11 @@ impl Inner {
         }
         w.journal_records
             .fetch_add(batch.len() as u64, Ordering::Relaxed);
+        let full = written as usize > self.layout.redundancy();
         batch
             .iter()
             .zip(seqs.iter())
-            .map(|(p, &sq)| (p.ticket, Ok(sq)))
+            .map(|(p, &seq)| (p.ticket, Ok(Durable { seq, full })))
             .collect()
     }
 

@@ -391,7 +391,9 @@ impl Inner {
         };
         let Some(need) = ticket else {
             let segs = self.segments(s * self.stripe_blocks(), self.stripe_blocks());
-            return self.write_parity_locked(s, &segs, &data, fua, view).await;
+            return self
+                .write_parity_locked(s, &segs, &data, fua, view, None)
+                .await;
         };
         self.full_writes.fetch_add(1, Ordering::Relaxed);
         let _busy = crate::io::FgGuard::new(&self.stripe_writes);

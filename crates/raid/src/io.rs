@@ -369,7 +369,17 @@ impl Inner {
                 let view = self.view()?;
                 let pos = self.data_pos(s, seg.d);
                 if let Some(h) = view.readable(pos, s) {
-                    match self.m_read(h, mlba, seg.blocks).await {
+                    // An acknowledged update still being written in place holds
+                    // the stripe's lock: wait for it (released before any
+                    // reconstruction below takes the lock again).
+                    let g = if self.is_applying(s) {
+                        Some(self.lock_for(s).read().await)
+                    } else {
+                        None
+                    };
+                    let r = self.m_read(h, mlba, seg.blocks).await;
+                    drop(g);
+                    match r {
                         Ok(b) => return Ok(b),
                         Err(e) => self.member_error(pos, h, &e).await,
                     }
@@ -579,7 +589,7 @@ impl Inner {
     }
 
     pub(crate) async fn write_parity_stripe(
-        &self,
+        self: &Arc<Self>,
         s: u64,
         segs: &[Seg],
         data: &Bytes,
@@ -587,20 +597,24 @@ impl Inner {
     ) -> BlockResult<()> {
         let _busy = FgGuard::new(&self.stripe_writes);
         let t0 = std::time::Instant::now();
-        let _g = self.lock_for(s).write().await;
+        let g = self.lock_for(s).clone().write_owned().await;
         crate::commit::add_us(&self.wp.lock_wait_us, t0);
         let view = self.view()?;
-        self.write_parity_locked(s, segs, data, fua, view).await
+        self.write_parity_locked(s, segs, data, fua, view, Some(g))
+            .await
     }
 
-    /// A journaled stripe update; the caller holds the stripe's exclusive lock.
+    /// A journaled stripe update; the caller holds the stripe's exclusive lock,
+    /// and hands it over as `lock` when the update may be acknowledged before
+    /// its in-place writes end (see `commit.rs`).
     pub(crate) async fn write_parity_locked(
-        &self,
+        self: &Arc<Self>,
         s: u64,
         segs: &[Seg],
         data: &Bytes,
         fua: bool,
         mut view: View,
+        lock: Option<tokio::sync::OwnedRwLockWriteGuard<()>>,
     ) -> BlockResult<()> {
         self.partial_writes.fetch_add(1, Ordering::Relaxed);
         self.wp.partial_updates.fetch_add(1, Ordering::Relaxed);
@@ -638,7 +652,7 @@ impl Inner {
             None => self.rcw(s, segs, data, r0, r1, &view).await?,
         };
         crate::commit::add_us(&self.wp.read_us, t0);
-        self.commit(s, ops, &view, fua).await
+        self.commit(s, ops, &view, fua, lock).await
     }
 
     /// Read-modify-write: new parity = old parity + delta of the changed data.
@@ -801,7 +815,7 @@ impl Inner {
         Ok(ops)
     }
 
-    async fn discard_stripe(&self, s: u64, segs: &[Seg]) -> BlockResult<()> {
+    async fn discard_stripe(self: &Arc<Self>, s: u64, segs: &[Seg]) -> BlockResult<()> {
         let k = self.layout.data_chunks() as u64;
         let full = segs.iter().map(|g| g.blocks).sum::<u64>() == k * self.cb;
         match self.layout.scheme() {
@@ -851,7 +865,7 @@ impl Inner {
                 } else {
                     None
                 };
-                let r = self.commit(s, ops, &view, false).await;
+                let r = self.commit(s, ops, &view, false, None).await;
                 self.intent_end(intent);
                 r
             }
@@ -927,6 +941,7 @@ impl Volume for Pool {
 
     async fn flush(&self) -> BlockResult<()> {
         let _fg = FgGuard::new(&self.inner.fg_inflight);
+        self.inner.wait_applied().await;
         self.inner.flush_members().await
     }
 

@@ -180,7 +180,16 @@ pub(crate) struct Inner {
     pub geometry: Geometry,
     pub state: Mutex<State>,
     pub sb_lock: tokio::sync::Mutex<()>,
-    pub locks: Vec<tokio::sync::RwLock<()>>,
+    pub locks: Vec<Arc<tokio::sync::RwLock<()>>>,
+    /// Stripes whose journaled update was acknowledged while its in-place writes
+    /// still run (count per stripe); a read of such a stripe waits for its lock.
+    pub applying: Mutex<std::collections::HashMap<u64, u32>>,
+    /// Bytes (in KiB) of in-place writes that may run after their
+    /// acknowledgement (see `commit.rs`, "Early acknowledgement").
+    pub apply_budget: Arc<tokio::sync::Semaphore>,
+    /// Acknowledge journaled updates once their record is durable (default);
+    /// off: only after the in-place writes too (for measurements).
+    pub early_ack: AtomicBool,
     pub fg_inflight: AtomicU64,
     pub wake: Arc<tokio::sync::Notify>,
     pub closed: AtomicBool,
@@ -778,6 +787,14 @@ impl Pool {
         self.inner.journal_bypass.store(on, Ordering::SeqCst);
     }
 
+    /// Test and measurement only: `false` acknowledges a journaled update only
+    /// after its in-place writes (the behaviour before early acknowledgement, see
+    /// `commit.rs`), to measure what early acknowledgement gains. Not persisted.
+    #[doc(hidden)]
+    pub fn set_early_ack(&self, on: bool) {
+        self.inner.early_ack.store(on, Ordering::SeqCst);
+    }
+
     /// Changes the rebuild/resync/scrub cap (MB/s, 0 = none) and persists it.
     pub async fn set_rebuild_rate_mb_s(&self, rate_mb_s: u32) -> RaidResult<()> {
         self.inner.state.lock().rebuild_rate_mb_s = rate_mb_s;
@@ -913,8 +930,13 @@ impl Inner {
             state: Mutex::new(state),
             sb_lock: tokio::sync::Mutex::new(()),
             locks: (0..STRIPE_LOCKS)
-                .map(|_| tokio::sync::RwLock::new(()))
+                .map(|_| Arc::new(tokio::sync::RwLock::new(())))
                 .collect(),
+            applying: Mutex::new(Default::default()),
+            apply_budget: Arc::new(tokio::sync::Semaphore::new(
+                crate::commit::APPLY_BUDGET_KIB as usize,
+            )),
+            early_ack: AtomicBool::new(true),
             fg_inflight: AtomicU64::new(0),
             wake: Arc::new(tokio::sync::Notify::new()),
             closed: AtomicBool::new(false),
@@ -952,7 +974,7 @@ impl Inner {
     }
 
     /// The lock ordering writes (and reconstructing reads) of a stripe.
-    pub fn lock_for(&self, stripe: u64) -> &tokio::sync::RwLock<()> {
+    pub fn lock_for(&self, stripe: u64) -> &Arc<tokio::sync::RwLock<()>> {
         &self.locks[(stripe % STRIPE_LOCKS as u64) as usize]
     }
 

@@ -203,6 +203,10 @@ pub struct WritePath {
     pub journal_us: u64,
     /// Time of the in-place member writes, µs (total).
     pub apply_us: u64,
+    /// Updates acknowledged once their journal record was durable, before their
+    /// in-place writes finished.
+    #[serde(default)]
+    pub early_acks: u64,
 }
 
 /// Counters of the parity write path.

@@ -133,6 +133,8 @@ async fn records_go_to_the_device_not_the_members() {
     pool.wait_idle().await;
     let before: Vec<u64> = pool.status().members.iter().map(|m| m.writes).collect();
     pool.write(3, pattern(1, 2), false).await.unwrap();
+    // the in-place writes may end after the acknowledgement; a flush waits
+    pool.flush().await.unwrap();
     let after: Vec<u64> = pool.status().members.iter().map(|m| m.writes).collect();
     // one read-modify-write: the data and the parity member, one write each
     let added: u64 = after.iter().zip(&before).map(|(a, b)| a - b).sum();
