@@ -193,13 +193,14 @@ fn delta(a: &WritePath, b: &WritePath) -> WritePath {
         journal_us: b.journal_us - a.journal_us,
         apply_us: b.apply_us - a.apply_us,
         early_acks: b.early_acks - a.early_acks,
+        journal_checkpoints_ahead: b.journal_checkpoints_ahead - a.journal_checkpoints_ahead,
     }
 }
 
 fn describe(w: &WritePath) -> String {
     let per = |us: u64| us as f64 / 1000.0 / w.partial_updates.max(1) as f64;
     format!(
-        "{} updates, {} records in {} batches ({:.1}/batch, max {}), {} FUA ring writes, {} checkpoints; per update ms: lock {:.1} read {:.1} journal {:.1} apply {:.1}",
+        "{} updates, {} records in {} batches ({:.1}/batch, max {}), {} FUA ring writes, {} checkpoints waited for, {} ahead; per update ms: lock {:.1} read {:.1} journal {:.1} apply {:.1}",
         w.partial_updates,
         w.journal_records,
         w.journal_batches,
@@ -207,6 +208,7 @@ fn describe(w: &WritePath) -> String {
         w.journal_batch_records_max,
         w.journal_ring_writes,
         w.journal_checkpoints,
+        w.journal_checkpoints_ahead,
         per(w.lock_wait_us),
         per(w.read_us),
         per(w.journal_us),

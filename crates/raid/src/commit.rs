@@ -101,6 +101,7 @@ pub(crate) struct WriteCounters {
     pub journal_us: AtomicU64,
     pub apply_us: AtomicU64,
     pub early_acks: AtomicU64,
+    pub journal_checkpoints_ahead: AtomicU64,
 }
 
 impl WriteCounters {
@@ -119,6 +120,7 @@ impl WriteCounters {
             journal_us: l(&self.journal_us),
             apply_us: l(&self.apply_us),
             early_acks: l(&self.early_acks),
+            journal_checkpoints_ahead: l(&self.journal_checkpoints_ahead),
         }
     }
 }
@@ -320,7 +322,7 @@ impl Inner {
     /// sequence number (registered in flight: the caller calls `complete` once its
     /// in-place writes are done) and whether it has all its copies.
     async fn journal_append(
-        &self,
+        self: &Arc<Self>,
         j: &Journal,
         s: u64,
         entries: Vec<Entry>,
@@ -413,7 +415,7 @@ impl Inner {
     /// batch, writes them as one FUA write per copy, and says per ticket whether
     /// its record is durable (with its sequence number).
     async fn journal_group_write(
-        &self,
+        self: &Arc<Self>,
         j: &Journal,
         batch: Vec<Pending>,
         slot: usize,
@@ -567,12 +569,41 @@ impl Inner {
         copies
     }
 
+    /// Starts a checkpoint up to record `upto` on its own task, unless one runs
+    /// already; the ring's space up to there is freed when it ends. It holds no
+    /// lock that group commits need while members flush (see `Inner::checkpoint`).
+    fn checkpoint_ahead(self: &Arc<Self>, upto: u64) {
+        if self.checkpoint_running.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let me = Arc::clone(self);
+        tokio::spawn(async move {
+            me.wp
+                .journal_checkpoints_ahead
+                .fetch_add(1, Ordering::Relaxed);
+            match me.checkpoint(upto).await {
+                Ok(()) => {
+                    if let Some(j) = &me.journal {
+                        let mut a = j.alloc.lock().await;
+                        while a.live.front().is_some_and(|r| r.0 <= upto) {
+                            a.live.pop_front();
+                        }
+                    }
+                }
+                Err(e) => {
+                    tracing::warn!(pool = %me.name, error = %e, "background journal checkpoint failed; the next group commit that needs the space checkpoints itself")
+                }
+            }
+            me.checkpoint_running.store(false, Ordering::Release);
+        });
+    }
+
     /// Reserves `total` adjacent ring blocks for the records of `batch`, giving
     /// them consecutive sequence numbers (pushed to `seqs`, registered in flight),
     /// checkpointing first when the space is still held by records not yet covered
     /// by a checkpoint. Returns the first ring block.
     async fn journal_reserve(
-        &self,
+        self: &Arc<Self>,
         j: &Journal,
         batch: &[Pending],
         total: u64,
@@ -599,6 +630,14 @@ impl Inner {
                         seqs.push(seq);
                     }
                     a.head_blocks = start + total;
+                    // The next quarter of the ring still holds records: make it
+                    // free now, in the background, so that no group commit has
+                    // to wait for a checkpoint (members flushed, superblocks
+                    // written) when it gets there.
+                    let ahead = (j.ring_blocks / journal::RECLAIM_PARTS).max(1);
+                    if let (_, Some(upto)) = a.place(ahead, j.ring_blocks) {
+                        self.checkpoint_ahead(upto);
+                    }
                     return Ok(start);
                 }
                 Some(upto) => {

@@ -36,7 +36,7 @@ const MAGIC: &[u8; 8] = b"FSRJRNL1";
 const HEADER_FIXED: usize = 48;
 const ENTRY_BYTES: usize = 16;
 /// A checkpoint taken to make room frees at least this fraction of the ring.
-const RECLAIM_PARTS: u64 = 4;
+pub(crate) const RECLAIM_PARTS: u64 = 4;
 /// Most entries one record may hold.
 pub(crate) const MAX_ENTRIES: usize = 1024;
 

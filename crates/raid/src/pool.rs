@@ -190,6 +190,8 @@ pub(crate) struct Inner {
     /// Acknowledge journaled updates once their record is durable (default);
     /// off: only after the in-place writes too (for measurements).
     pub early_ack: AtomicBool,
+    /// A background checkpoint is running (see `commit.rs`, `checkpoint_ahead`).
+    pub checkpoint_running: AtomicBool,
     pub fg_inflight: AtomicU64,
     pub wake: Arc<tokio::sync::Notify>,
     pub closed: AtomicBool,
@@ -937,6 +939,7 @@ impl Inner {
                 crate::commit::APPLY_BUDGET_KIB as usize,
             )),
             early_ack: AtomicBool::new(true),
+            checkpoint_running: AtomicBool::new(false),
             fg_inflight: AtomicU64::new(0),
             wake: Arc::new(tokio::sync::Notify::new()),
             closed: AtomicBool::new(false),
@@ -1246,7 +1249,10 @@ impl Inner {
     }
 
     /// Makes every record `<= upto` durable in place and persists `upto` as the
-    /// journal checkpoint. The caller holds the ring's alloc lock.
+    /// journal checkpoint. The caller frees the ring space of those records
+    /// afterwards (under the alloc lock); checkpoints may run concurrently (the
+    /// persisted sequence only grows, and only records already in place are
+    /// covered).
     pub async fn checkpoint(&self, upto: u64) -> BlockResult<()> {
         if let Some(j) = &self.journal {
             j.wait_done(upto).await;

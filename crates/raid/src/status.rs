@@ -207,6 +207,11 @@ pub struct WritePath {
     /// in-place writes finished.
     #[serde(default)]
     pub early_acks: u64,
+    /// Checkpoints started ahead of need, in the background, so that group
+    /// commits do not wait for one (of `journal_checkpoints`, which counts the
+    /// ones a group commit had to wait for).
+    #[serde(default)]
+    pub journal_checkpoints_ahead: u64,
 }
 
 /// Counters of the parity write path.
