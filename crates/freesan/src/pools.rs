@@ -242,8 +242,12 @@ async fn open_pool(
     p: &crate::config::PoolConfig,
     members: Vec<raid::Member>,
     spares: Vec<raid::Member>,
+    journal: Option<raid::Member>,
     new: bool,
 ) -> Result<raid::Pool> {
+    if let (Some(name), None) = (&p.journal_device, &journal) {
+        bail!("pool {}: journal device {name} is not available", p.name);
+    }
     let mut formatted = Vec::new();
     for m in members.iter().chain(spares.iter()) {
         if raid::has_superblock(&m.volume).await {
@@ -261,7 +265,7 @@ async fn open_pool(
     let pool = if !formatted.is_empty() {
         let mut all = members;
         all.extend(spares);
-        raid::Pool::assemble(all, p.force_assemble)
+        raid::Pool::assemble_with_journal_device(all, p.force_assemble, journal)
             .await
             .with_context(|| format!("pool {}: assembling", p.name))?
     } else {
@@ -275,7 +279,7 @@ async fn open_pool(
             pc.rebuild_rate_mb_s = r;
         }
         tracing::info!(pool = %p.name, level = %p.level, "creating pool on blank disks");
-        raid::Pool::create(pc, members, spares)
+        raid::Pool::create_with_journal_device(pc, members, spares, journal)
             .await
             .with_context(|| format!("pool {}: creating", p.name))?
     };
@@ -303,7 +307,8 @@ impl Pools {
         for p in &cfg.pools {
             let members = take_members(&mut disks, &p.members);
             let spares = take_members(&mut disks, &p.spares);
-            let pool = open_pool(p, members, spares, false).await?;
+            let journal = take_members(&mut disks, p.journal_device.as_slice()).pop();
+            let pool = open_pool(p, members, spares, journal, false).await?;
             pools.insert(p.name.clone(), Arc::new(pool));
         }
         let mut caches = BTreeMap::new();
@@ -381,12 +386,13 @@ impl Pools {
         if self.pools.read().contains_key(&p.name) {
             bail!("pool {} exists already", p.name);
         }
-        let (members, spares) = {
+        let (members, spares, journal) = {
             let mut free = self.free_disks.lock();
             if let Some(d) = p
                 .members
                 .iter()
                 .chain(p.spares.iter())
+                .chain(p.journal_device.iter())
                 .find(|d| !free.contains_key(*d))
             {
                 bail!("pool {}: disk {d:?} is not a free disk", p.name);
@@ -394,10 +400,16 @@ impl Pools {
             (
                 take_members(&mut free, &p.members),
                 take_members(&mut free, &p.spares),
+                take_members(&mut free, p.journal_device.as_slice()).pop(),
             )
         };
-        let taken: Vec<raid::Member> = members.iter().chain(&spares).cloned().collect();
-        match open_pool(p, members, spares, true).await {
+        let taken: Vec<raid::Member> = members
+            .iter()
+            .chain(&spares)
+            .chain(journal.iter())
+            .cloned()
+            .collect();
+        match open_pool(p, members, spares, journal, true).await {
             Ok(pool) => {
                 self.pools.write().insert(p.name.clone(), Arc::new(pool));
                 Ok(())
