@@ -1,7 +1,10 @@
 //! Arbitrary bytes fed to every NBD parser of network input: the server's option
-//! haggling state machine (in chunks, so partial messages are exercised), the
+//! haggling state machine (in chunks, so partial messages are exercised; it
+//! parses structured reply and LIST/SET_META_CONTEXT options too, and what it
+//! negotiated must be consistent), the
 //! transmission request decoder (with and without TLS required), and the client's decoders for the greeting,
-//! option replies, `NBD_INFO_*` items, the EXPORT_NAME answer and simple replies.
+//! option replies, `NBD_INFO_*` items, meta context replies, the EXPORT_NAME
+//! answer, simple replies and structured reply chunk headers.
 //! Nothing may panic, and the negotiator must never buffer more than one bounded
 //! option plus one chunk.
 #![no_main]
@@ -9,10 +12,10 @@
 use block::BytesMut;
 use libfuzzer_sys::fuzz_target;
 use nbd::proto::{
-    decode_export_name_reply, decode_info, decode_option_header, decode_option_reply_header,
-    decode_request, decode_server_greeting, decode_simple_reply, parse_option, tflag,
-    BlockSizes, ExportInfo, Progress, ServerNegotiator, TlsPolicy, IHAVEOPT, OPTION_HEADER_BYTES,
-    REQUEST_BYTES,
+    decode_export_name_reply, decode_info, decode_meta_context_reply, decode_option_header,
+    decode_option_reply_header, decode_request, decode_server_greeting, decode_simple_reply,
+    decode_structured_reply_header, parse_option, tflag, BlockSizes, ExportInfo, Progress,
+    ServerNegotiator, TlsPolicy, BASE_ALLOCATION_ID, IHAVEOPT, OPTION_HEADER_BYTES, REQUEST_BYTES,
 };
 
 /// Option data bound used here (small, so the bound is actually hit).
@@ -65,6 +68,11 @@ fuzz_target!(|data: &[u8]| {
             }
             Ok(Progress::Transmission { export_index }) => {
                 assert!(export_index < exports.len());
+                let s = neg.session();
+                if let Some(id) = s.base_allocation {
+                    assert!(s.structured_replies, "a context needs structured replies");
+                    assert_eq!(id, BASE_ALLOCATION_ID);
+                }
                 // What follows is the transmission phase.
                 for r in input.chunks(REQUEST_BYTES) {
                     let _ = decode_request(r);
@@ -86,6 +94,8 @@ fuzz_target!(|data: &[u8]| {
         }
     }
     let _ = decode_simple_reply(rest);
+    let _ = decode_structured_reply_header(rest);
+    let _ = decode_meta_context_reply(rest);
     let _ = decode_server_greeting(rest);
     let _ = decode_option_reply_header(rest);
     let _ = decode_export_name_reply(rest);

@@ -3,7 +3,8 @@
 //!
 //! Handshake: fixed newstyle with `NBD_OPT_GO` asking for `NBD_INFO_BLOCK_SIZE`,
 //! falling back to `NBD_OPT_EXPORT_NAME` when the server does not know GO.
-//! Structured replies are never requested, so every reply is a simple reply.
+//! Structured replies are never requested (the server offers them; this client
+//! does not need them), so every reply it gets is a simple reply.
 //!
 //! Transmission: callers register a slot (cookie = slot index + generation) in a
 //! small slab and hand the encoded header and the write data `Bytes` to one writer

@@ -20,10 +20,14 @@
 //! - [`client`]: [`NbdClient`], one TCP connection with many requests in flight,
 //!   used by `freesan bench --target nbd://HOST:PORT/EXPORT` (plaintext only).
 //!
-//! What it does not do: TLS-PSK (rustls has none), TLS offered but optional,
-//! structured replies, block status / metadata contexts, extended headers,
-//! oldstyle negotiation, resize. Those options are refused with
-//! `NBD_REP_ERR_UNSUP`, which every client handles.
+//! - [`psk`]: TLS with pre-shared keys (OpenSSL, the `psk` feature);
+//! - structured replies (`NBD_OPT_STRUCTURED_REPLY`) and block status with the
+//!   `base:allocation` metadata context, so clients such as `qemu-img map` and
+//!   `convert` see the holes of a thin LUN.
+//!
+//! What it does not do: TLS offered but optional, `NBD_REPLY_TYPE_OFFSET_HOLE`
+//! chunks and the DF flag, extended headers, oldstyle negotiation, resize. Those
+//! options are refused with `NBD_REP_ERR_UNSUP`, which every client handles.
 //!
 //! Key invariant: nothing a peer sends can panic the process or make it allocate
 //! beyond the configured bounds (option data, request payload, requests and bytes in

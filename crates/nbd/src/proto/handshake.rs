@@ -84,6 +84,20 @@ pub struct InfoRequest {
     pub infos: Vec<u16>,
 }
 
+/// Most queries one LIST/SET_META_CONTEXT may carry (more: `NBD_REP_ERR_TOO_BIG`).
+pub const META_QUERIES_MAX: usize = 16;
+/// Longest query string accepted (longer: `NBD_REP_ERR_TOO_BIG`).
+pub const META_QUERY_BYTES_MAX: usize = 1024;
+
+/// What `NBD_OPT_LIST_META_CONTEXT` and `NBD_OPT_SET_META_CONTEXT` carry.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MetaContextRequest {
+    /// Export name; empty means the default export.
+    pub name: String,
+    /// Context queries such as `base:allocation` or `base:`.
+    pub queries: Vec<String>,
+}
+
 /// A decoded option request.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ClientOption {
@@ -97,8 +111,12 @@ pub enum ClientOption {
     Info(InfoRequest),
     /// `NBD_OPT_GO`: describe an export and enter transmission.
     Go(InfoRequest),
-    /// `NBD_OPT_STRUCTURED_REPLY` (refused by this server).
+    /// `NBD_OPT_STRUCTURED_REPLY`.
     StructuredReply,
+    /// `NBD_OPT_LIST_META_CONTEXT`.
+    ListMetaContext(MetaContextRequest),
+    /// `NBD_OPT_SET_META_CONTEXT`.
+    SetMetaContext(MetaContextRequest),
     /// Any other option; its data has been skipped.
     Unsupported(u32),
 }
@@ -113,6 +131,8 @@ impl ClientOption {
             ClientOption::Info(_) => opt::INFO,
             ClientOption::Go(_) => opt::GO,
             ClientOption::StructuredReply => opt::STRUCTURED_REPLY,
+            ClientOption::ListMetaContext(_) => opt::LIST_META_CONTEXT,
+            ClientOption::SetMetaContext(_) => opt::SET_META_CONTEXT,
             ClientOption::Unsupported(c) => *c,
         }
     }
@@ -150,8 +170,66 @@ fn info_request(data: &[u8]) -> Result<InfoRequest, ProtoError> {
     Ok(InfoRequest { name, infos })
 }
 
+/// Parses LIST/SET_META_CONTEXT data: u32 name length, name, u32 query count,
+/// then per query u32 length and string. Every length is checked against what
+/// is left of the option before it is used.
+fn meta_request(data: &[u8]) -> Result<MetaContextRequest, ProtoError> {
+    if data.len() < 8 {
+        return Err(ProtoError::InvalidOption(
+            "META_CONTEXT shorter than 8 bytes",
+        ));
+    }
+    let name_len = be32(data, 0) as usize;
+    if name_len > data.len() - 8 {
+        return Err(ProtoError::InvalidOption(
+            "META_CONTEXT name longer than the option",
+        ));
+    }
+    let name = string(&data[4..4 + name_len])?;
+    let rest = &data[4 + name_len..];
+    let count = be32(rest, 0) as usize;
+    if count > META_QUERIES_MAX {
+        return Err(ProtoError::TooBig("too many META_CONTEXT queries"));
+    }
+    let mut queries = Vec::with_capacity(count);
+    let mut at = 4;
+    for _ in 0..count {
+        if rest.len() - at < 4 {
+            return Err(ProtoError::InvalidOption(
+                "META_CONTEXT query count does not match length",
+            ));
+        }
+        let len = be32(rest, at) as usize;
+        at += 4;
+        if len > META_QUERY_BYTES_MAX {
+            return Err(ProtoError::TooBig("META_CONTEXT query too long"));
+        }
+        if len > rest.len() - at {
+            return Err(ProtoError::InvalidOption(
+                "META_CONTEXT query longer than the option",
+            ));
+        }
+        queries.push(string(&rest[at..at + len])?);
+        at += len;
+    }
+    if at != rest.len() {
+        return Err(ProtoError::InvalidOption(
+            "META_CONTEXT has bytes after its queries",
+        ));
+    }
+    Ok(MetaContextRequest { name, queries })
+}
+
+/// Parses the data of an `NBD_REP_META_CONTEXT` reply (client side): context
+/// id and name.
+pub fn decode_meta_context_reply(b: &[u8]) -> Result<(u32, String), ProtoError> {
+    need(b, 4)?;
+    Ok((be32(b, 0), string(&b[4..])?))
+}
+
 /// Decodes an option's data. Errors mean "syntactically invalid" (the server answers
-/// `NBD_REP_ERR_INVALID`, or closes for `NBD_OPT_EXPORT_NAME`).
+/// `NBD_REP_ERR_INVALID`, or `NBD_REP_ERR_TOO_BIG` for [`ProtoError::TooBig`], or
+/// closes for `NBD_OPT_EXPORT_NAME`).
 pub fn parse_option(option: u32, data: &[u8]) -> Result<ClientOption, ProtoError> {
     match option {
         opt::EXPORT_NAME => Ok(ClientOption::ExportName(string(data)?)),
@@ -162,6 +240,8 @@ pub fn parse_option(option: u32, data: &[u8]) -> Result<ClientOption, ProtoError
         opt::GO => Ok(ClientOption::Go(info_request(data)?)),
         opt::STRUCTURED_REPLY if data.is_empty() => Ok(ClientOption::StructuredReply),
         opt::STRUCTURED_REPLY => Err(ProtoError::InvalidOption("STRUCTURED_REPLY with data")),
+        opt::LIST_META_CONTEXT => Ok(ClientOption::ListMetaContext(meta_request(data)?)),
+        opt::SET_META_CONTEXT => Ok(ClientOption::SetMetaContext(meta_request(data)?)),
         other => Ok(ClientOption::Unsupported(other)),
     }
 }
@@ -180,6 +260,15 @@ pub fn encode_option(o: &ClientOption, out: &mut BytesMut) {
             out.put_u16(r.infos.len() as u16);
             for i in &r.infos {
                 out.put_u16(*i);
+            }
+        }
+        ClientOption::ListMetaContext(r) | ClientOption::SetMetaContext(r) => {
+            out.put_u32(r.name.len() as u32);
+            out.put_slice(r.name.as_bytes());
+            out.put_u32(r.queries.len() as u32);
+            for q in &r.queries {
+                out.put_u32(q.len() as u32);
+                out.put_slice(q.as_bytes());
             }
         }
         _ => {}

@@ -10,7 +10,8 @@
 //!   option replies, `NBD_INFO_*` payloads;
 //! - [`negotiate`]: the server side of option haggling as a state machine fed
 //!   with bytes ([`ServerNegotiator`]);
-//! - [`transmission`]: requests (`0x25609513`) and simple replies (`0x67446698`).
+//! - [`transmission`]: requests (`0x25609513`), simple replies (`0x67446698`)
+//!   and structured reply chunks (`0x668e33ef`).
 
 pub mod handshake;
 pub mod negotiate;
@@ -23,10 +24,16 @@ pub use handshake::{
     encode_server_greeting, parse_option, BlockSizes, ClientOption, Info, InfoRequest,
     OptionHeader, OptionReplyHeader,
 };
-pub use negotiate::{ExportInfo, NegotiateError, Progress, ServerNegotiator, TlsPolicy};
+pub use handshake::{
+    decode_meta_context_reply, MetaContextRequest, META_QUERIES_MAX, META_QUERY_BYTES_MAX,
+};
+pub use negotiate::{
+    ExportInfo, NegotiateError, Progress, ServerNegotiator, Session, TlsPolicy, BASE_ALLOCATION_ID,
+};
 pub use transmission::{
-    decode_request, decode_simple_reply, encode_request, encode_simple_reply, Command, Request,
-    SimpleReply,
+    decode_request, decode_simple_reply, decode_structured_reply_header, encode_request,
+    encode_simple_reply, encode_structured_reply_header, Command, Request, SimpleReply,
+    StructuredReplyHeader,
 };
 
 /// `NBDMAGIC`: first 8 bytes the server sends.
@@ -39,7 +46,7 @@ pub const OPTION_REPLY_MAGIC: u64 = 0x0003_e889_0455_65a9;
 pub const REQUEST_MAGIC: u32 = 0x2560_9513;
 /// Magic of a simple reply.
 pub const SIMPLE_REPLY_MAGIC: u32 = 0x6744_6698;
-/// Magic of a structured reply chunk (never sent by this server; recognised by the client).
+/// Magic of a structured reply chunk (sent once `NBD_OPT_STRUCTURED_REPLY` was acknowledged).
 pub const STRUCTURED_REPLY_MAGIC: u32 = 0x668e_33ef;
 
 /// Bytes of the server greeting (magic, IHAVEOPT, handshake flags).
@@ -52,6 +59,10 @@ pub const OPTION_REPLY_HEADER_BYTES: usize = 20;
 pub const REQUEST_BYTES: usize = 28;
 /// Bytes of a simple reply header.
 pub const SIMPLE_REPLY_BYTES: usize = 16;
+/// Bytes of a structured reply chunk header (magic, flags, type, cookie, length).
+pub const STRUCTURED_REPLY_HEADER_BYTES: usize = 20;
+/// The one metadata context this server knows.
+pub const BASE_ALLOCATION: &str = "base:allocation";
 /// Reserved zero bytes after the `NBD_OPT_EXPORT_NAME` reply unless NO_ZEROES.
 pub const EXPORT_NAME_ZEROES_BYTES: usize = 124;
 /// Longest string (export name, description) the protocol allows.
@@ -87,11 +98,11 @@ pub mod opt {
     pub const INFO: u32 = 6;
     /// Like INFO, then enter transmission.
     pub const GO: u32 = 7;
-    /// Ask for structured replies (refused with `ERR_UNSUP`).
+    /// Ask for structured replies.
     pub const STRUCTURED_REPLY: u32 = 8;
-    /// List metadata contexts (needs structured replies; refused).
+    /// List metadata contexts (`base:allocation` only).
     pub const LIST_META_CONTEXT: u32 = 9;
-    /// Select metadata contexts (needs structured replies; refused).
+    /// Select metadata contexts (needs structured replies first).
     pub const SET_META_CONTEXT: u32 = 10;
     /// Ask for 64-bit extended headers (refused).
     pub const EXTENDED_HEADERS: u32 = 11;
@@ -105,6 +116,8 @@ pub mod rep {
     pub const SERVER: u32 = 2;
     /// One `NBD_INFO_*` item of INFO/GO.
     pub const INFO: u32 = 3;
+    /// One metadata context of LIST/SET_META_CONTEXT (context id, name).
+    pub const META_CONTEXT: u32 = 4;
     /// Bit 31 marks an error reply.
     pub const ERR_BIT: u32 = 1 << 31;
     /// Unknown option.
@@ -178,8 +191,40 @@ pub mod cmd {
     pub const CACHE: u16 = 5;
     /// Write zeroes.
     pub const WRITE_ZEROES: u16 = 6;
-    /// Block status (structured replies only; not advertised).
+    /// Block status (structured replies and a metadata context only).
     pub const BLOCK_STATUS: u16 = 7;
+}
+
+/// Structured reply chunk flags.
+pub mod rflag {
+    /// The last chunk of the reply.
+    pub const DONE: u16 = 1 << 0;
+}
+
+/// Structured reply chunk types.
+pub mod rtype {
+    /// No payload (a successful command without data).
+    pub const NONE: u16 = 0;
+    /// Offset (u64) then data.
+    pub const OFFSET_DATA: u16 = 1;
+    /// Offset (u64) and length (u32) of a run of zeroes.
+    pub const OFFSET_HOLE: u16 = 2;
+    /// Context id (u32) then (length u32, flags u32) descriptors.
+    pub const BLOCK_STATUS: u16 = 5;
+    /// Bit 15 marks an error chunk.
+    pub const ERR_BIT: u16 = 1 << 15;
+    /// Error (u32), message length (u16), message.
+    pub const ERROR: u16 = ERR_BIT | 1;
+    /// Like ERROR, with the offset (u64) of the failure after the message.
+    pub const ERROR_OFFSET: u16 = ERR_BIT | 2;
+}
+
+/// Flags of a `base:allocation` block status descriptor.
+pub mod state {
+    /// Not allocated.
+    pub const HOLE: u32 = 1 << 0;
+    /// Reads as zeroes.
+    pub const ZERO: u32 = 1 << 1;
 }
 
 /// Command flags (16 bits, per request).
@@ -238,6 +283,9 @@ pub enum ProtoError {
     /// An option payload is syntactically invalid.
     #[error("invalid option payload: {0}")]
     InvalidOption(&'static str),
+    /// A count or length is beyond what this side accepts (`NBD_REP_ERR_TOO_BIG`).
+    #[error("too big: {0}")]
+    TooBig(&'static str),
     /// A string was not UTF-8 or too long.
     #[error("invalid string: {0}")]
     InvalidString(&'static str),

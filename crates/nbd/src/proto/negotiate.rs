@@ -8,21 +8,38 @@
 //!
 //! Policy: options longer than the configured bound are answered with
 //! `NBD_REP_ERR_TOO_BIG` and the connection is closed (their data is never
-//! buffered); structured replies, metadata contexts, extended headers and every
-//! unknown option get `NBD_REP_ERR_UNSUP`, as does STARTTLS under
-//! [`TlsPolicy::Off`] (under [`TlsPolicy::Require`] see its rule); a bounded
-//! number of options is allowed.
+//! buffered); structured replies are acknowledged, and the one metadata
+//! context `base:allocation` can be listed and (after structured replies) set;
+//! what was negotiated is read with [`ServerNegotiator::session`]. Extended
+//! headers and every unknown option get `NBD_REP_ERR_UNSUP`, as does STARTTLS
+//! under [`TlsPolicy::Off`] (under [`TlsPolicy::Require`] see its rule; the TLS
+//! handshake discards what was negotiated before it); a bounded number of
+//! options is allowed.
 
 use super::handshake::{
     decode_client_flags, decode_option_header, encode_export_name_reply, encode_info,
     encode_option_reply, encode_server_greeting, parse_option, BlockSizes, ClientOption, Info,
-    InfoRequest,
+    InfoRequest, MetaContextRequest,
 };
-use super::{cflag, hflag, info, rep, ProtoError, GREETING_BYTES, OPTION_HEADER_BYTES};
+use super::OPTION_HEADER_BYTES;
+use super::{cflag, hflag, info, rep, ProtoError, BASE_ALLOCATION, GREETING_BYTES};
 use bytes::{Buf, BufMut, BytesMut};
 
 /// Most options one connection may send before it is closed.
 pub const OPTIONS_PER_CONNECTION_MAX: u32 = 256;
+
+/// The context id this server gives `base:allocation`.
+pub const BASE_ALLOCATION_ID: u32 = 1;
+
+/// What the transmission phase of a connection may use, as negotiated.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Session {
+    /// Replies are structured reply chunks.
+    pub structured_replies: bool,
+    /// The context id of `base:allocation` when it was selected for the
+    /// export being served (`NBD_CMD_BLOCK_STATUS` is refused otherwise).
+    pub base_allocation: Option<u32>,
+}
 
 /// What the negotiator tells a client about one export.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -120,6 +137,11 @@ pub struct ServerNegotiator<'a> {
     options_seen: u32,
     tls: TlsPolicy,
     tls_active: bool,
+    structured: bool,
+    /// The export `base:allocation` was set for by the last SET_META_CONTEXT.
+    meta_export: Option<usize>,
+    /// The export haggling ended with.
+    picked: Option<usize>,
 }
 
 /// What the TLS rule made of an option.
@@ -159,6 +181,9 @@ impl<'a> ServerNegotiator<'a> {
             options_seen: 0,
             tls: TlsPolicy::Off,
             tls_active: false,
+            structured: false,
+            meta_export: None,
+            picked: None,
         }
     }
 
@@ -172,8 +197,22 @@ impl<'a> ServerNegotiator<'a> {
     /// are now accepted (through TLS).
     pub fn tls_started(&mut self) {
         self.tls_active = true;
+        // Nothing negotiated in plaintext carries over into TLS.
+        self.structured = false;
+        self.meta_export = None;
         if self.state == State::Done {
             self.state = State::Options;
+        }
+    }
+
+    /// What was negotiated for the transmission phase (after
+    /// [`Progress::Transmission`]). A context set for another export than the
+    /// one picked is dropped.
+    pub fn session(&self) -> Session {
+        let meta = self.meta_export.is_some() && self.meta_export == self.picked;
+        Session {
+            structured_replies: self.structured,
+            base_allocation: (meta && self.structured).then_some(BASE_ALLOCATION_ID),
         }
     }
 
@@ -315,7 +354,14 @@ impl<'a> ServerNegotiator<'a> {
             }
             Err(e) => {
                 tracing::debug!(option = code, error = %e, "invalid option");
-                encode_option_reply(code, rep::ERR_INVALID, e.to_string().as_bytes(), out);
+                let t = match e {
+                    ProtoError::TooBig(_) => rep::ERR_TOO_BIG,
+                    _ => rep::ERR_INVALID,
+                };
+                if code == super::opt::SET_META_CONTEXT {
+                    self.meta_export = None;
+                }
+                encode_option_reply(code, t, e.to_string().as_bytes(), out);
                 return Ok(None);
             }
         };
@@ -327,6 +373,7 @@ impl<'a> ServerNegotiator<'a> {
                 };
                 let e = &self.exports[i];
                 encode_export_name_reply(e.size_bytes, e.transmission_flags, self.no_zeroes, out);
+                self.picked = Some(i);
                 Ok(Some(Progress::Transmission { export_index: i }))
             }
             ClientOption::Abort => {
@@ -348,11 +395,34 @@ impl<'a> ServerNegotiator<'a> {
                 self.info(code, &r, out);
                 Ok(None)
             }
-            ClientOption::Go(r) => Ok(self
-                .info(code, &r, out)
-                .map(|export_index| Progress::Transmission { export_index })),
+            ClientOption::Go(r) => {
+                self.picked = self.info(code, &r, out);
+                Ok(self
+                    .picked
+                    .map(|export_index| Progress::Transmission { export_index }))
+            }
             ClientOption::StructuredReply => {
-                encode_option_reply(code, rep::ERR_UNSUP, b"simple replies only", out);
+                self.structured = true;
+                encode_option_reply(code, rep::ACK, &[], out);
+                Ok(None)
+            }
+            ClientOption::ListMetaContext(r) => {
+                self.meta_context(code, &r, false, out);
+                Ok(None)
+            }
+            ClientOption::SetMetaContext(r) => {
+                // A SET replaces what an earlier one selected, even when it fails.
+                self.meta_export = None;
+                if !self.structured {
+                    encode_option_reply(
+                        code,
+                        rep::ERR_INVALID,
+                        b"structured replies not negotiated",
+                        out,
+                    );
+                } else {
+                    self.meta_context(code, &r, true, out);
+                }
                 Ok(None)
             }
             ClientOption::Unsupported(_) => {
@@ -360,6 +430,31 @@ impl<'a> ServerNegotiator<'a> {
                 Ok(None)
             }
         }
+    }
+
+    /// Answers LIST/SET_META_CONTEXT: `base:allocation` when asked for (for LIST
+    /// also by an empty query list or the namespace `base:`), unknown contexts
+    /// left out, then ACK; SET remembers the selection.
+    fn meta_context(&mut self, code: u32, r: &MetaContextRequest, set: bool, out: &mut BytesMut) {
+        let Some(i) = self.lookup(&r.name) else {
+            let msg = format!("no export named {:?}", r.name);
+            encode_option_reply(code, rep::ERR_UNKNOWN, msg.as_bytes(), out);
+            return;
+        };
+        let wanted = (!set && r.queries.is_empty())
+            || r.queries
+                .iter()
+                .any(|q| q == BASE_ALLOCATION || (!set && q == "base:"));
+        if wanted {
+            let mut d = BytesMut::with_capacity(4 + BASE_ALLOCATION.len());
+            d.put_u32(BASE_ALLOCATION_ID);
+            d.put_slice(BASE_ALLOCATION.as_bytes());
+            encode_option_reply(code, rep::META_CONTEXT, &d, out);
+            if set {
+                self.meta_export = Some(i);
+            }
+        }
+        encode_option_reply(code, rep::ACK, &[], out);
     }
 
     /// Answers INFO/GO; returns the export index on success.
@@ -404,7 +499,9 @@ impl<'a> ServerNegotiator<'a> {
 mod tests {
     use super::*;
     use crate::proto::handshake::{decode_info, decode_option_reply_header, encode_option};
-    use crate::proto::{opt, tflag, OPTION_REPLY_HEADER_BYTES};
+    use crate::proto::{
+        opt, tflag, META_QUERIES_MAX, META_QUERY_BYTES_MAX, OPTION_REPLY_HEADER_BYTES,
+    };
     use proptest::prelude::*;
 
     fn exports() -> Vec<ExportInfo> {
@@ -424,6 +521,9 @@ mod tests {
             })
             .collect()
     }
+
+    /// One option reply: (option, reply type, data).
+    type Replied = (u32, u32, Vec<u8>);
 
     /// Splits `out` into (option, reply type, data) triples.
     fn replies(mut out: &[u8]) -> Vec<(u32, u32, Vec<u8>)> {
@@ -464,7 +564,7 @@ mod tests {
         assert_eq!(p, Progress::Transmission { export_index: 0 });
         assert_eq!(&input[..], b"tail", "transmission bytes are left alone");
         let r = replies(&out);
-        assert_eq!(r[0].1, rep::ERR_UNSUP);
+        assert_eq!(r[0].1, rep::ACK, "structured replies are accepted");
         assert_eq!(r[1].1, rep::INFO);
         assert_eq!(
             decode_info(&r[1].2).unwrap(),
@@ -615,6 +715,310 @@ mod tests {
             n.advance(&mut input, &mut out),
             Err(NegotiateError::TooManyOptions)
         );
+    }
+
+    /// An option with arbitrary data.
+    fn raw_opt(code: u32, data: &[u8]) -> BytesMut {
+        let mut b = BytesMut::new();
+        b.put_u64(crate::proto::IHAVEOPT);
+        b.put_u32(code);
+        b.put_u32(data.len() as u32);
+        b.put_slice(data);
+        b
+    }
+
+    fn meta(name: &str, queries: &[&str]) -> MetaContextRequest {
+        MetaContextRequest {
+            name: name.into(),
+            queries: queries.iter().map(|q| q.to_string()).collect(),
+        }
+    }
+
+    /// A negotiator past the client flags, fed `opts`; returns the progress
+    /// and the (option, type, data) replies.
+    fn haggle(
+        n: &mut ServerNegotiator<'_>,
+        opts: &[BytesMut],
+    ) -> (Result<Progress, NegotiateError>, Vec<Replied>) {
+        let mut input = BytesMut::new();
+        for o in opts {
+            input.extend_from_slice(o);
+        }
+        let mut out = BytesMut::new();
+        let p = n.advance(&mut input, &mut out);
+        // Option replies, up to an EXPORT_NAME answer (which has no magic).
+        let mut at = 0;
+        while let Ok(h) = decode_option_reply_header(&out[at..]) {
+            at += OPTION_REPLY_HEADER_BYTES + h.data_len_bytes as usize;
+        }
+        (p, replies(&out[..at]))
+    }
+
+    fn base_allocation_reply() -> Vec<u8> {
+        let mut d = BASE_ALLOCATION_ID.to_be_bytes().to_vec();
+        d.extend_from_slice(BASE_ALLOCATION.as_bytes());
+        d
+    }
+
+    #[test]
+    fn structured_replies_and_base_allocation_are_negotiated() {
+        let ex = exports();
+        let mut n = ServerNegotiator::new(&ex, Some(0), 4096);
+        let go = opt_bytes(ClientOption::Go(InfoRequest {
+            name: "lun0".into(),
+            infos: vec![],
+        }));
+        let (p, r) = haggle(
+            &mut n,
+            &[
+                BytesMut::from(&1u32.to_be_bytes()[..]),
+                raw_opt(opt::STRUCTURED_REPLY, b"x"),
+                opt_bytes(ClientOption::SetMetaContext(meta(
+                    "lun0",
+                    &[BASE_ALLOCATION],
+                ))),
+                opt_bytes(ClientOption::StructuredReply),
+                opt_bytes(ClientOption::ListMetaContext(meta("", &[]))),
+                opt_bytes(ClientOption::ListMetaContext(meta("lun0", &["base:"]))),
+                opt_bytes(ClientOption::ListMetaContext(meta(
+                    "lun0",
+                    &["qemu:dirty-bitmap:b0", "other:thing"],
+                ))),
+                opt_bytes(ClientOption::SetMetaContext(meta(
+                    "lun0",
+                    &["nope:x", BASE_ALLOCATION],
+                ))),
+                go.clone(),
+            ],
+        );
+        assert_eq!(p, Ok(Progress::Transmission { export_index: 0 }));
+        let ba = base_allocation_reply();
+        let got: Vec<(u32, u32)> = r.iter().map(|x| (x.0, x.1)).collect();
+        use opt::{LIST_META_CONTEXT as L, SET_META_CONTEXT as S, STRUCTURED_REPLY as SR};
+        assert_eq!(
+            &got[..11],
+            &[
+                (SR, rep::ERR_INVALID),
+                (S, rep::ERR_INVALID),
+                (SR, rep::ACK),
+                (L, rep::META_CONTEXT),
+                (L, rep::ACK),
+                (L, rep::META_CONTEXT),
+                (L, rep::ACK),
+                (L, rep::ACK),
+                (S, rep::META_CONTEXT),
+                (S, rep::ACK),
+                (opt::GO, rep::INFO),
+            ]
+        );
+        assert_eq!(r[3].2, ba);
+        assert_eq!(r[8].2, ba);
+        assert_eq!(
+            crate::proto::decode_meta_context_reply(&r[8].2),
+            Ok((BASE_ALLOCATION_ID, BASE_ALLOCATION.to_string()))
+        );
+        assert_eq!(
+            n.session(),
+            Session {
+                structured_replies: true,
+                base_allocation: Some(BASE_ALLOCATION_ID)
+            }
+        );
+
+        // Without any of it: simple replies, no context.
+        let mut n = ServerNegotiator::new(&ex, Some(0), 4096);
+        let (p, _) = haggle(&mut n, &[BytesMut::from(&1u32.to_be_bytes()[..]), go]);
+        assert!(matches!(p, Ok(Progress::Transmission { .. })));
+        assert_eq!(n.session(), Session::default());
+    }
+
+    #[test]
+    fn meta_context_for_another_export_or_replaced_is_dropped() {
+        let ex = exports();
+        let flags = BytesMut::from(&1u32.to_be_bytes()[..]);
+        let sr = opt_bytes(ClientOption::StructuredReply);
+        // Set for lun1, then GO lun0: no context.
+        let mut n = ServerNegotiator::new(&ex, Some(0), 4096);
+        let (p, _) = haggle(
+            &mut n,
+            &[
+                flags.clone(),
+                sr.clone(),
+                opt_bytes(ClientOption::SetMetaContext(meta(
+                    "lun1",
+                    &[BASE_ALLOCATION],
+                ))),
+                opt_bytes(ClientOption::ExportName("lun0".into())),
+            ],
+        );
+        assert_eq!(p, Ok(Progress::Transmission { export_index: 0 }));
+        assert_eq!(n.session().base_allocation, None);
+        assert!(n.session().structured_replies);
+        // Set, then a SET with no queries (selects nothing), or an invalid SET.
+        for second in [
+            opt_bytes(ClientOption::SetMetaContext(meta("lun0", &[]))),
+            raw_opt(opt::SET_META_CONTEXT, &[0, 0, 0, 9]),
+            opt_bytes(ClientOption::SetMetaContext(meta(
+                "nope",
+                &[BASE_ALLOCATION],
+            ))),
+        ] {
+            let mut n = ServerNegotiator::new(&ex, Some(0), 4096);
+            let (p, r) = haggle(
+                &mut n,
+                &[
+                    flags.clone(),
+                    sr.clone(),
+                    opt_bytes(ClientOption::SetMetaContext(meta("", &[BASE_ALLOCATION]))),
+                    second,
+                    opt_bytes(ClientOption::ExportName("lun0".into())),
+                ],
+            );
+            assert_eq!(p, Ok(Progress::Transmission { export_index: 0 }));
+            assert_eq!(r[1].1, rep::META_CONTEXT);
+            assert_eq!(n.session().base_allocation, None, "replies {r:?}");
+        }
+    }
+
+    #[test]
+    fn meta_context_lengths_are_checked() {
+        let ex = exports();
+        let with_queries = |name: &[u8], count: u32, queries: &[&[u8]]| {
+            let mut d = Vec::new();
+            d.extend_from_slice(&(name.len() as u32).to_be_bytes());
+            d.extend_from_slice(name);
+            d.extend_from_slice(&count.to_be_bytes());
+            for q in queries {
+                d.extend_from_slice(&(q.len() as u32).to_be_bytes());
+                d.extend_from_slice(q);
+            }
+            d
+        };
+        let long = vec![b'a'; META_QUERY_BYTES_MAX + 1];
+        let many: Vec<&[u8]> = vec![b"base:allocation"; META_QUERIES_MAX + 1];
+        let mut name_past_end = with_queries(b"lun0", 0, &[]);
+        name_past_end[3] = 200;
+        let mut query_past_end = with_queries(b"lun0", 1, &[b"base:allocation"]);
+        let at = query_past_end.len() - 15 - 1;
+        query_past_end[at] = 16;
+        let mut trailing = with_queries(b"lun0", 1, &[b"base:allocation"]);
+        trailing.push(0);
+        let cases: Vec<(Vec<u8>, u32)> = vec![
+            (vec![], rep::ERR_INVALID),
+            (vec![0, 0, 0, 0, 0, 0, 0], rep::ERR_INVALID),
+            (name_past_end, rep::ERR_INVALID),
+            (
+                with_queries(b"lun0", 2, &[b"base:allocation"]),
+                rep::ERR_INVALID,
+            ),
+            (with_queries(b"lun0", u32::MAX, &[]), rep::ERR_TOO_BIG),
+            (
+                with_queries(b"lun0", many.len() as u32, &many),
+                rep::ERR_TOO_BIG,
+            ),
+            (with_queries(b"lun0", 1, &[&long]), rep::ERR_TOO_BIG),
+            (query_past_end, rep::ERR_INVALID),
+            (trailing, rep::ERR_INVALID),
+            (with_queries(b"lun0", 1, &[b"base:\xff"]), rep::ERR_INVALID),
+            (with_queries(b"lun0", 1, &[b"bad\0nul"]), rep::ERR_INVALID),
+            (
+                with_queries(b"lun9", 1, &[b"base:allocation"]),
+                rep::ERR_UNKNOWN,
+            ),
+            (
+                with_queries(b"lun0", 1, &[b"base:allocation"]),
+                rep::META_CONTEXT,
+            ),
+        ];
+        for (data, want) in cases {
+            for code in [opt::LIST_META_CONTEXT, opt::SET_META_CONTEXT] {
+                let mut n = ServerNegotiator::new(&ex, Some(0), 4096);
+                let (p, r) = haggle(
+                    &mut n,
+                    &[
+                        BytesMut::from(&1u32.to_be_bytes()[..]),
+                        opt_bytes(ClientOption::StructuredReply),
+                        raw_opt(code, &data),
+                    ],
+                );
+                assert_eq!(p, Ok(Progress::NeedInput));
+                assert_eq!((r[1].0, r[1].1), (code, want), "data {data:?}");
+            }
+        }
+    }
+
+    #[test]
+    fn meta_context_options_need_tls_first_and_reset_by_it() {
+        let ex = exports();
+        let mut n = ServerNegotiator::new(&ex, Some(0), 4096).with_tls(TlsPolicy::Require);
+        let (p, r) = haggle(
+            &mut n,
+            &[
+                BytesMut::from(&1u32.to_be_bytes()[..]),
+                opt_bytes(ClientOption::StructuredReply),
+                opt_bytes(ClientOption::ListMetaContext(meta("lun0", &[]))),
+                opt_bytes(ClientOption::SetMetaContext(meta(
+                    "lun0",
+                    &[BASE_ALLOCATION],
+                ))),
+                opt_bytes(ClientOption::Unsupported(opt::STARTTLS)),
+            ],
+        );
+        assert_eq!(p, Ok(Progress::StartTls));
+        let types: Vec<u32> = r.iter().map(|x| x.1).collect();
+        assert_eq!(
+            types,
+            vec![
+                rep::ERR_TLS_REQD,
+                rep::ERR_TLS_REQD,
+                rep::ERR_TLS_REQD,
+                rep::ACK
+            ]
+        );
+        n.tls_started();
+        assert_eq!(n.session(), Session::default());
+        // Inside TLS: SET still needs structured replies negotiated inside TLS.
+        let (p, r) = haggle(
+            &mut n,
+            &[
+                opt_bytes(ClientOption::SetMetaContext(meta(
+                    "lun0",
+                    &[BASE_ALLOCATION],
+                ))),
+                opt_bytes(ClientOption::StructuredReply),
+                opt_bytes(ClientOption::SetMetaContext(meta(
+                    "lun0",
+                    &[BASE_ALLOCATION],
+                ))),
+                opt_bytes(ClientOption::ExportName("lun0".into())),
+            ],
+        );
+        assert_eq!(p, Ok(Progress::Transmission { export_index: 0 }));
+        assert_eq!(r[0].1, rep::ERR_INVALID);
+        assert_eq!(r[1].1, rep::ACK);
+        assert_eq!(r[2].1, rep::META_CONTEXT);
+        assert_eq!(n.session().base_allocation, Some(BASE_ALLOCATION_ID));
+
+        // Plain negotiator state set before a STARTTLS does not survive it.
+        let mut n = ServerNegotiator::new(&ex, Some(0), 4096);
+        let _ = haggle(
+            &mut n,
+            &[
+                BytesMut::from(&1u32.to_be_bytes()[..]),
+                opt_bytes(ClientOption::StructuredReply),
+                opt_bytes(ClientOption::SetMetaContext(meta(
+                    "lun0",
+                    &[BASE_ALLOCATION],
+                ))),
+            ],
+        );
+        n.tls_started();
+        let (p, _) = haggle(
+            &mut n,
+            &[opt_bytes(ClientOption::ExportName("lun0".into()))],
+        );
+        assert!(matches!(p, Ok(Progress::Transmission { .. })));
+        assert_eq!(n.session(), Session::default());
     }
 
     #[test]

@@ -1,7 +1,9 @@
-//! Transmission-phase messages: the 28-byte request header and the 16-byte simple reply.
+//! Transmission-phase messages: the 28-byte request header, the 16-byte simple
+//! reply and the 20-byte structured reply chunk header.
 
 use super::{be16, be32, be64, cmd, need, ProtoError};
 use super::{REQUEST_BYTES, REQUEST_MAGIC, SIMPLE_REPLY_BYTES, SIMPLE_REPLY_MAGIC};
+use super::{STRUCTURED_REPLY_HEADER_BYTES, STRUCTURED_REPLY_MAGIC};
 
 /// A request type.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -20,7 +22,7 @@ pub enum Command {
     Cache,
     /// `NBD_CMD_WRITE_ZEROES`.
     WriteZeroes,
-    /// `NBD_CMD_BLOCK_STATUS` (not advertised: needs structured replies).
+    /// `NBD_CMD_BLOCK_STATUS` (needs structured replies and a metadata context).
     BlockStatus,
     /// Any other type; assumed to carry no payload.
     Unknown(u16),
@@ -135,7 +137,7 @@ pub fn encode_simple_reply(r: &SimpleReply) -> [u8; SIMPLE_REPLY_BYTES] {
 }
 
 /// Parses a simple reply header (client side). A structured reply magic is a
-/// [`ProtoError::BadMagic`] here: this client never negotiates structured replies.
+/// [`ProtoError::BadMagic`] here (see [`decode_structured_reply_header`]).
 pub fn decode_simple_reply(b: &[u8]) -> Result<SimpleReply, ProtoError> {
     need(b, SIMPLE_REPLY_BYTES)?;
     let m = be32(b, 0);
@@ -148,6 +150,50 @@ pub fn decode_simple_reply(b: &[u8]) -> Result<SimpleReply, ProtoError> {
     Ok(SimpleReply {
         error: be32(b, 4),
         cookie: be64(b, 8),
+    })
+}
+
+/// The header of one structured reply chunk (its payload follows it).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StructuredReplyHeader {
+    /// Chunk flags (`rflag::*`).
+    pub flags: u16,
+    /// Chunk type (`rtype::*`).
+    pub reply_type: u16,
+    /// The request's cookie.
+    pub cookie: u64,
+    /// Bytes of payload that follow.
+    pub length_bytes: u32,
+}
+
+/// Encodes a structured reply chunk header.
+pub fn encode_structured_reply_header(
+    h: &StructuredReplyHeader,
+) -> [u8; STRUCTURED_REPLY_HEADER_BYTES] {
+    let mut b = [0u8; STRUCTURED_REPLY_HEADER_BYTES];
+    b[0..4].copy_from_slice(&STRUCTURED_REPLY_MAGIC.to_be_bytes());
+    b[4..6].copy_from_slice(&h.flags.to_be_bytes());
+    b[6..8].copy_from_slice(&h.reply_type.to_be_bytes());
+    b[8..16].copy_from_slice(&h.cookie.to_be_bytes());
+    b[16..20].copy_from_slice(&h.length_bytes.to_be_bytes());
+    b
+}
+
+/// Parses a structured reply chunk header (client side; checks the magic).
+pub fn decode_structured_reply_header(b: &[u8]) -> Result<StructuredReplyHeader, ProtoError> {
+    need(b, STRUCTURED_REPLY_HEADER_BYTES)?;
+    let m = be32(b, 0);
+    if m != STRUCTURED_REPLY_MAGIC {
+        return Err(ProtoError::BadMagic {
+            got: m as u64,
+            expected: STRUCTURED_REPLY_MAGIC as u64,
+        });
+    }
+    Ok(StructuredReplyHeader {
+        flags: be16(b, 4),
+        reply_type: be16(b, 6),
+        cookie: be64(b, 8),
+        length_bytes: be32(b, 16),
     })
 }
 
@@ -227,9 +273,19 @@ mod tests {
         }
 
         #[test]
+        fn structured_header_roundtrip(flags: u16, reply_type: u16, cookie: u64, len: u32) {
+            let h = StructuredReplyHeader { flags, reply_type, cookie, length_bytes: len };
+            let b = encode_structured_reply_header(&h);
+            prop_assert_eq!(&b[0..4], &[0x66, 0x8e, 0x33, 0xef]);
+            prop_assert_eq!(decode_structured_reply_header(&b), Ok(h));
+            prop_assert!(decode_simple_reply(&b).is_err());
+        }
+
+        #[test]
         fn decoders_never_panic(b in proptest::collection::vec(any::<u8>(), 0..64)) {
             let _ = decode_request(&b);
             let _ = decode_simple_reply(&b);
+            let _ = decode_structured_reply_header(&b);
         }
     }
 }

@@ -5,12 +5,12 @@
 //! `tokio::io::split`.
 
 use super::exec::{self, ExportState, ReplyData};
-use super::writer::{run_writer, Reply};
+use super::writer::{run_writer, Reply, ReplyHeader};
 use super::{Acceptor, Ctx};
 use crate::io::fill;
 use crate::proto::{
-    decode_request, encode_simple_reply, errno, Command, NegotiateError, Progress, Request,
-    ServerNegotiator, SimpleReply, TlsPolicy, REQUEST_BYTES,
+    decode_request, errno, Command, NegotiateError, Progress, Request, ServerNegotiator, Session,
+    TlsPolicy, REQUEST_BYTES,
 };
 use bytes::{Buf, BytesMut};
 use std::net::SocketAddr;
@@ -48,8 +48,9 @@ enum Stream {
     Psk(Box<tokio_openssl::SslStream<TcpStream>>),
 }
 
-/// A finished handshake: the stream, the export's name and its state.
-type Picked = (Stream, String, Arc<ExportState>);
+/// A finished handshake: the stream, the export's name and its state, and
+/// what the client negotiated (structured replies, metadata context).
+type Picked = (Stream, String, Arc<ExportState>, Session);
 
 /// Serves one accepted TCP connection from greeting to close.
 pub(crate) async fn serve(ctx: Arc<Ctx>, sock: TcpStream, peer: SocketAddr) {
@@ -63,7 +64,7 @@ pub(crate) async fn serve(ctx: Arc<Ctx>, sock: TcpStream, peer: SocketAddr) {
         r = tokio::time::timeout(timeout, handshake(&ctx, sock, &mut buf, peer)) => r,
         _ = shutdown.wait_for(|s| *s) => return,
     };
-    let (stream, name, export) = match picked {
+    let (stream, name, export, session) = match picked {
         Ok(Ok(Some(p))) => p,
         Ok(Ok(None)) => return,
         Ok(Err(e)) => {
@@ -79,13 +80,13 @@ pub(crate) async fn serve(ctx: Arc<Ctx>, sock: TcpStream, peer: SocketAddr) {
         Stream::Plain(sock) => {
             tracing::info!(%peer, export = %name, "NBD client connected");
             let (rd, wr) = sock.into_split();
-            transmission(ctx, export, rd, wr, buf, peer).await;
+            transmission(ctx, (export, session), rd, wr, buf, peer).await;
         }
         Stream::Tls(tls) => {
             let client_cert = tls.get_ref().1.peer_certificates().is_some();
             tracing::info!(%peer, export = %name, client_cert, "NBD client connected over TLS");
             let (rd, wr) = tokio::io::split(*tls);
-            transmission(ctx, export, rd, wr, buf, peer).await;
+            transmission(ctx, (export, session), rd, wr, buf, peer).await;
         }
         #[cfg(feature = "psk")]
         Stream::Psk(tls) => {
@@ -94,7 +95,7 @@ pub(crate) async fn serve(ctx: Arc<Ctx>, sock: TcpStream, peer: SocketAddr) {
             tracing::info!(%peer, export = %name, %identity, version,
                 "NBD client connected over TLS-PSK");
             let (rd, wr) = tokio::io::split(*tls);
-            transmission(ctx, export, rd, wr, buf, peer).await;
+            transmission(ctx, (export, session), rd, wr, buf, peer).await;
         }
     }
 }
@@ -137,7 +138,10 @@ async fn handshake(
         Some((info.name.clone(), state.clone()))
     };
     match haggle(&mut neg, &mut sock, buf, peer).await? {
-        Step::Export(i) => return Ok(pick(i).map(|(n, s)| (Stream::Plain(sock), n, s))),
+        Step::Export(i) => {
+            let session = neg.session();
+            return Ok(pick(i).map(|(n, s)| (Stream::Plain(sock), n, s, session)));
+        }
         Step::Close => return Ok(None),
         Step::StartTls => {}
     }
@@ -175,7 +179,10 @@ async fn after_tls<S: AsyncRead + AsyncWrite + Unpin>(
 ) -> std::io::Result<Option<Picked>> {
     neg.tls_started();
     match haggle(&mut neg, &mut tls, buf, peer).await? {
-        Step::Export(i) => Ok(pick(i).map(|(n, s)| (wrap(tls), n, s))),
+        Step::Export(i) => {
+            let session = neg.session();
+            Ok(pick(i).map(|(n, s)| (wrap(tls), n, s, session)))
+        }
         // A second STARTTLS is answered NBD_REP_ERR_INVALID by the negotiator.
         Step::StartTls | Step::Close => Ok(None),
     }
@@ -243,11 +250,12 @@ struct Conn {
     budget: Arc<Semaphore>,
     request_bytes_max: u32,
     peer: SocketAddr,
+    session: Session,
 }
 
 async fn transmission<R, W>(
     ctx: Arc<Ctx>,
-    export: Arc<ExportState>,
+    (export, session): (Arc<ExportState>, Session),
     mut rd: R,
     wr: W,
     mut buf: BytesMut,
@@ -269,6 +277,7 @@ async fn transmission<R, W>(
         budget: Arc::new(Semaphore::new(limits.in_flight_bytes_max)),
         request_bytes_max: limits.request_bytes_max,
         peer,
+        session,
     };
     let mut shutdown = ctx.shutdown.clone();
     let end = tokio::select! {
@@ -335,11 +344,17 @@ impl Conn {
                         "NBD read longer than the maximum payload");
                     self.reply(&req, errno::EOVERFLOW, (slot, None)).await;
                 }
+                Command::BlockStatus if self.session.base_allocation.is_none() => {
+                    tracing::warn!(peer = %self.peer,
+                        "NBD block status without a negotiated metadata context");
+                    self.reply(&req, errno::EINVAL, (slot, None)).await;
+                }
                 Command::Read
                 | Command::Write
                 | Command::Flush
                 | Command::Trim
-                | Command::WriteZeroes => {
+                | Command::WriteZeroes
+                | Command::BlockStatus => {
                     let bytes = match req.command {
                         Command::Read | Command::Write => req.length_bytes,
                         _ => 0,
@@ -385,7 +400,7 @@ impl Conn {
                     };
                     self.spawn(req, (payload, held), (slot, budget), entered);
                 }
-                Command::Cache | Command::BlockStatus | Command::Unknown(_) => {
+                Command::Cache | Command::Unknown(_) => {
                     tracing::warn!(peer = %self.peer, command = req.command.code(),
                         "unsupported NBD command");
                     self.reply(&req, errno::EINVAL, (slot, None)).await;
@@ -401,10 +416,12 @@ impl Conn {
         error: u32,
         permits: (OwnedSemaphorePermit, Option<OwnedSemaphorePermit>),
     ) {
-        let hdr = encode_simple_reply(&SimpleReply {
+        let hdr = ReplyHeader::new(
+            self.session.structured_replies,
+            req,
             error,
-            cookie: req.cookie,
-        });
+            &ReplyData::None,
+        );
         let _ = self
             .tx
             .send(Reply {
@@ -425,8 +442,10 @@ impl Conn {
         let export = self.export.clone();
         let tx = self.tx.clone();
         let peer = self.peer;
+        let session = self.session;
         tokio::spawn(async move {
-            let done = exec::execute_held(&export, &req, payload, held).await;
+            let done =
+                exec::execute_held(&export, &req, payload, held, session.base_allocation).await;
             // The volume is done with this request: the export may be removed.
             drop(entered);
             let (error, data) = match done {
@@ -438,10 +457,7 @@ impl Conn {
                     (err, ReplyData::None)
                 }
             };
-            let hdr = encode_simple_reply(&SimpleReply {
-                error,
-                cookie: req.cookie,
-            });
+            let hdr = ReplyHeader::new(session.structured_replies, &req, error, &data);
             let _ = tx
                 .send(Reply {
                     hdr,

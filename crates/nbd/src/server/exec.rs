@@ -1,6 +1,7 @@
 //! Executing one transmission request against a volume: validation, byte-to-block
 //! translation (covering reads, read-modify-write for unaligned writes), chunking
-//! to the volume's largest I/O, and mapping `BlockError` to NBD errors.
+//! to the volume's largest I/O, block status as `base:allocation` descriptors,
+//! and mapping `BlockError` to NBD errors.
 //!
 //! The node budget of buffered bytes (`block::BufferBudget::node()`): a READ
 //! takes a permit for the blocks it reads before reading them, and the permit
@@ -11,9 +12,11 @@
 //! before it is read from the socket (the reader waits there when the node's
 //! buffers are full), and holds it while it is applied.
 
-use crate::proto::{cmdflag, errno, Command, Request};
-use block::{BlockError, BufferBudget, BufferPermit, Bytes, BytesMut, Geometry, VolumeRef};
+use crate::proto::{cmdflag, errno, state, Command, Request};
+use block::VolumeRef;
+use block::{BlockError, BufferBudget, BufferPermit, Bytes, BytesMut, ExtentState, Geometry};
 use block::{LockMode, RangeLocks};
+use bytes::BufMut;
 use std::sync::Arc;
 use tokio::sync::{watch, OwnedSemaphorePermit, Semaphore};
 
@@ -31,7 +34,13 @@ pub(crate) enum ReplyData {
         parts: Vec<Bytes>,
         _permit: BufferPermit,
     },
+    /// A `BLOCK_STATUS` chunk payload: context id and descriptors (small and
+    /// bounded by [`STATUS_DESCRIPTORS_MAX`], so not charged to the budget).
+    Status(Bytes),
 }
+
+/// Most descriptors in one `BLOCK_STATUS` reply (the client asks again for the rest).
+pub(crate) const STATUS_DESCRIPTORS_MAX: usize = 1024;
 
 impl ReplyData {
     /// Payload length in bytes.
@@ -40,6 +49,7 @@ impl ReplyData {
             ReplyData::None => 0,
             ReplyData::One { data, .. } => data.len(),
             ReplyData::Many { parts, .. } => parts.iter().map(|b| b.len()).sum(),
+            ReplyData::Status(b) => b.len(),
         }
     }
 }
@@ -102,9 +112,13 @@ impl ExportState {
 pub(crate) fn validate(req: &Request, g: &Geometry, read_only: bool) -> Result<(), u32> {
     let allowed = match req.command {
         Command::WriteZeroes => cmdflag::FUA | cmdflag::NO_HOLE,
+        Command::BlockStatus => cmdflag::REQ_ONE,
         _ => cmdflag::FUA,
     };
     if req.flags & !allowed != 0 {
+        return Err(errno::EINVAL);
+    }
+    if req.command == Command::BlockStatus && req.length_bytes == 0 {
         return Err(errno::EINVAL);
     }
     let writes = matches!(
@@ -191,22 +205,32 @@ pub(crate) async fn execute(
     req: &Request,
     payload: Bytes,
 ) -> Result<ReplyData, BlockError> {
-    execute_held(ex, req, payload, None).await
+    execute_held(ex, req, payload, None, None).await
 }
 
 /// Runs a validated request; `held` is the node budget the WRITE payload took
-/// before it was read (it is charged here when the caller took none).
+/// before it was read (it is charged here when the caller took none);
+/// `context` is the id of `base:allocation` when the client selected it
+/// (BLOCK_STATUS is refused without it).
 pub(crate) async fn execute_held(
     ex: &ExportState,
     req: &Request,
     payload: Bytes,
     held: Option<BufferPermit>,
+    context: Option<u32>,
 ) -> Result<ReplyData, BlockError> {
     let g = ex.volume.geometry();
     let fua = req.flags & cmdflag::FUA != 0;
     let len = req.length_bytes as u64;
     match req.command {
         Command::Flush => ex.volume.flush().await.map(|_| ReplyData::None),
+        Command::BlockStatus => match context {
+            Some(id) if len > 0 => {
+                let one = req.flags & cmdflag::REQ_ONE != 0;
+                block_status(ex, &g, (req.offset_bytes, len), one, id).await
+            }
+            _ => Err(BlockError::NotSupported("block status without a context")),
+        },
         _ if len == 0 => Ok(ReplyData::None),
         Command::Read => read(ex, &g, req.offset_bytes, len).await,
         Command::Write => {
@@ -271,6 +295,74 @@ async fn read(
             _permit: permit,
         },
     })
+}
+
+/// The `base:allocation` descriptors (length, flags) of `len` bytes at
+/// `offset`: contiguous from `offset`, never past the request, at most
+/// [`STATUS_DESCRIPTORS_MAX`] (one with `one`); adjacent extents of one state
+/// are merged. Unallocated blocks are `HOLE | ZERO`, everything else data. A
+/// volume that reports nothing usable for the start gets one data descriptor.
+pub(crate) fn descriptors(
+    extents: &[block::Extent],
+    bs: u64,
+    (offset, len): (u64, u64),
+    one: bool,
+) -> Vec<(u32, u32)> {
+    let end = offset.saturating_add(len);
+    let max = if one { 1 } else { STATUS_DESCRIPTORS_MAX };
+    let mut d: Vec<(u32, u32)> = Vec::new();
+    let mut pos = offset;
+    for e in extents {
+        let from = e.lba.saturating_mul(bs);
+        let to = e.lba.saturating_add(e.blocks).saturating_mul(bs).min(end);
+        if from > pos {
+            break; // a gap: report only what is contiguous
+        }
+        if to <= pos {
+            continue;
+        }
+        let flags = if e.state == ExtentState::Deallocated {
+            state::HOLE | state::ZERO
+        } else {
+            0
+        };
+        // to - pos <= len <= u32::MAX (the request's length field)
+        let n = u32::try_from(to - pos).unwrap_or(u32::MAX);
+        let full = d.len() == max;
+        match d.last_mut() {
+            Some(last) if last.1 == flags => last.0 = last.0.saturating_add(n),
+            _ if full => break,
+            _ => d.push((n, flags)),
+        }
+        pos = to;
+        if pos >= end {
+            break;
+        }
+    }
+    if d.is_empty() {
+        d.push((u32::try_from(len).unwrap_or(u32::MAX), 0));
+    }
+    d
+}
+
+/// Answers BLOCK_STATUS from the volume's allocation map.
+async fn block_status(
+    ex: &ExportState,
+    g: &Geometry,
+    range: (u64, u64),
+    one: bool,
+    context: u32,
+) -> Result<ReplyData, BlockError> {
+    let s = Span::new(g, range.0, range.1);
+    let extents = ex.volume.block_status(s.first_lba, s.blocks()).await?;
+    let d = descriptors(&extents, s.bs, range, one);
+    let mut b = BytesMut::with_capacity(4 + 8 * d.len());
+    b.put_u32(context);
+    for (n, flags) in d {
+        b.put_u32(n);
+        b.put_u32(flags);
+    }
+    Ok(ReplyData::Status(b.freeze()))
 }
 
 /// Writes whole blocks from `data` starting at `lba`, in volume-sized pieces.
@@ -451,7 +543,103 @@ mod tests {
             ReplyData::None => vec![],
             ReplyData::One { data, .. } => data.to_vec(),
             ReplyData::Many { parts, .. } => parts.concat(),
+            ReplyData::Status(b) => b.to_vec(),
         }
+    }
+
+    /// (length, flags) pairs of a BLOCK_STATUS payload after its context id.
+    fn status_of(d: ReplyData, context: u32) -> Vec<(u32, u32)> {
+        let b = bytes_of(d);
+        assert_eq!(&b[..4], &context.to_be_bytes());
+        b[4..]
+            .chunks(8)
+            .map(|c| {
+                (
+                    u32::from_be_bytes([c[0], c[1], c[2], c[3]]),
+                    u32::from_be_bytes([c[4], c[5], c[6], c[7]]),
+                )
+            })
+            .collect()
+    }
+
+    #[tokio::test]
+    async fn block_status_maps_holes_and_clips_to_the_request() {
+        const HZ: u32 = state::HOLE | state::ZERO;
+        // 512 B blocks, 64 KiB allocation chunks; 1 MiB volume.
+        let (ex, m) = export(512, 2048);
+        m.write(128, Bytes::from(vec![7u8; 512]), false)
+            .await
+            .unwrap();
+        let bs = |flags, off, len| {
+            let r = req(Command::BlockStatus, flags, off, len);
+            let ex = &ex;
+            async move {
+                validate(&r, &ex.volume.geometry(), false)?;
+                execute_held(ex, &r, Bytes::new(), None, Some(9))
+                    .await
+                    .map(|d| status_of(d, 9))
+                    .map_err(|e| errno_of(&e, r.command))
+            }
+        };
+        let k64 = 64 << 10;
+        assert_eq!(
+            bs(0, 0, 1 << 20).await,
+            Ok(vec![(k64, HZ), (k64, 0), ((1 << 20) - 2 * k64, HZ)])
+        );
+        // Unaligned start and end: clipped to the request.
+        assert_eq!(bs(0, 100, k64).await, Ok(vec![(k64 - 100, HZ), (100, 0)]));
+        assert_eq!(
+            bs(cmdflag::REQ_ONE, 100, k64).await,
+            Ok(vec![(k64 - 100, HZ)])
+        );
+        assert_eq!(bs(0, k64 as u64 + 1, 10).await, Ok(vec![(10, 0)]));
+        // Zero length, past the end, bad flags, no context.
+        assert_eq!(bs(0, 0, 0).await, Err(errno::EINVAL));
+        assert_eq!(bs(0, 1 << 20, 1).await, Err(errno::EINVAL));
+        assert_eq!(bs(cmdflag::FUA, 0, 1).await, Err(errno::EINVAL));
+        let r = req(Command::BlockStatus, 0, 0, 512);
+        let e = execute_held(&ex, &r, Bytes::new(), None, None)
+            .await
+            .unwrap_err();
+        assert_eq!(errno_of(&e, r.command), errno::EINVAL);
+    }
+
+    #[test]
+    fn descriptors_are_bounded_contiguous_and_never_past_the_request() {
+        use block::Extent;
+        let ext = |lba, blocks, mapped: bool| Extent {
+            lba,
+            blocks,
+            state: if mapped {
+                ExtentState::Mapped
+            } else {
+                ExtentState::Deallocated
+            },
+        };
+        // Many alternating extents: capped.
+        let many: Vec<Extent> = (0..5000).map(|i| ext(i, 1, i % 2 == 0)).collect();
+        let d = descriptors(&many, 512, (0, 5000 * 512), false);
+        assert_eq!(d.len(), STATUS_DESCRIPTORS_MAX);
+        assert!(d.iter().all(|x| x.0 == 512));
+        // Adjacent extents of one state merge; a gap stops the list.
+        let d = descriptors(
+            &[ext(0, 2, true), ext(2, 2, true), ext(8, 2, false)],
+            512,
+            (0, 10 * 512),
+            false,
+        );
+        assert_eq!(d, vec![(2048, 0)]);
+        // Nothing usable: one data descriptor over the request.
+        assert_eq!(descriptors(&[], 512, (7, 99), false), vec![(99, 0)]);
+        assert_eq!(
+            descriptors(&[ext(5, 1, false)], 512, (0, 512), false),
+            vec![(512, 0)]
+        );
+        // An extent longer than the request is clipped.
+        assert_eq!(
+            descriptors(&[ext(0, 1 << 40, false)], 512, (1, u32::MAX as u64), true),
+            vec![(u32::MAX, state::HOLE | state::ZERO)]
+        );
     }
 
     #[test]

@@ -6,7 +6,9 @@
 
 use super::exec::ReplyData;
 use crate::io::write_all_vectored;
-use crate::proto::SIMPLE_REPLY_BYTES;
+use crate::proto::STRUCTURED_REPLY_HEADER_BYTES;
+use crate::proto::{encode_simple_reply, encode_structured_reply_header, rflag, rtype};
+use crate::proto::{Command, Request, SimpleReply, StructuredReplyHeader};
 use block::StallTimeout;
 use tokio::io::{AsyncWrite, AsyncWriteExt};
 use tokio::sync::{mpsc, OwnedSemaphorePermit};
@@ -19,11 +21,74 @@ const BATCH_BYTES_MAX: usize = 4 * 1024 * 1024;
 /// gives up (every byte it takes starts the time again).
 const CLIENT_STALL_MS: u64 = 30_000;
 
+/// Longest reply header: an `OFFSET_DATA` chunk header with its offset.
+const REPLY_HEADER_BYTES_MAX: usize = STRUCTURED_REPLY_HEADER_BYTES + 8;
+
+/// The encoded header of one reply: a simple reply, or the one structured
+/// chunk (flagged DONE) that answers a request when structured replies were
+/// negotiated, with the fixed part of its payload.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct ReplyHeader {
+    buf: [u8; REPLY_HEADER_BYTES_MAX],
+    len: usize,
+}
+
+impl ReplyHeader {
+    /// The header of the reply to `req` with `error` (0: success) and `data`.
+    pub(crate) fn new(structured: bool, req: &Request, error: u32, data: &ReplyData) -> Self {
+        let mut h = ReplyHeader {
+            buf: [0; REPLY_HEADER_BYTES_MAX],
+            len: 0,
+        };
+        if !structured {
+            let b = encode_simple_reply(&SimpleReply {
+                error,
+                cookie: req.cookie,
+            });
+            h.put(&b);
+            return h;
+        }
+        let data_len = u32::try_from(data.len_bytes()).unwrap_or(u32::MAX);
+        let chunk = |reply_type, length_bytes| {
+            encode_structured_reply_header(&StructuredReplyHeader {
+                flags: rflag::DONE,
+                reply_type,
+                cookie: req.cookie,
+                length_bytes,
+            })
+        };
+        if error != 0 {
+            // errno, then an empty message
+            h.put(&chunk(rtype::ERROR, 6));
+            h.put(&error.to_be_bytes());
+            h.put(&0u16.to_be_bytes());
+        } else if let ReplyData::Status(_) = data {
+            h.put(&chunk(rtype::BLOCK_STATUS, data_len));
+        } else if req.command == Command::Read && data_len > 0 {
+            h.put(&chunk(rtype::OFFSET_DATA, data_len.saturating_add(8)));
+            h.put(&req.offset_bytes.to_be_bytes());
+        } else {
+            h.put(&chunk(rtype::NONE, 0));
+        }
+        h
+    }
+
+    fn put(&mut self, b: &[u8]) {
+        self.buf[self.len..self.len + b.len()].copy_from_slice(b);
+        self.len += b.len();
+    }
+
+    /// The bytes to send.
+    pub(crate) fn bytes(&self) -> &[u8] {
+        &self.buf[..self.len]
+    }
+}
+
 /// One reply to send.
 #[derive(Debug)]
 pub(crate) struct Reply {
-    /// Encoded simple reply header.
-    pub hdr: [u8; SIMPLE_REPLY_BYTES],
+    /// Encoded reply header.
+    pub hdr: ReplyHeader,
     /// READ data (empty for everything else and for errors).
     pub data: ReplyData,
     /// The request's slot and byte budget: released once the reply is on the wire.
@@ -52,11 +117,12 @@ pub(crate) async fn run_writer<W: AsyncWrite + Unpin>(
         {
             let mut parts: Vec<&[u8]> = Vec::with_capacity(batch.len() * 2);
             for r in &batch {
-                parts.push(&r.hdr);
+                parts.push(r.hdr.bytes());
                 match &r.data {
                     ReplyData::None => {}
                     ReplyData::One { data, .. } => parts.push(data),
                     ReplyData::Many { parts: v, .. } => parts.extend(v.iter().map(|b| &b[..])),
+                    ReplyData::Status(b) => parts.push(b),
                 }
             }
             write_all_vectored(&mut sock, &parts).await?;
