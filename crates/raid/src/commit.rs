@@ -634,9 +634,14 @@ impl Inner {
                     // free now, in the background, so that no group commit has
                     // to wait for a checkpoint (members flushed, superblocks
                     // written) when it gets there.
+                    // It covers the next half, so that the next one is due
+                    // only a quarter of the ring later (a window sliding one
+                    // record at a time would checkpoint every few records).
                     let ahead = (j.ring_blocks / journal::RECLAIM_PARTS).max(1);
-                    if let (_, Some(upto)) = a.place(ahead, j.ring_blocks) {
-                        self.checkpoint_ahead(upto);
+                    if a.place(ahead, j.ring_blocks).1.is_some() {
+                        if let (_, Some(upto)) = a.place(2 * ahead, j.ring_blocks) {
+                            self.checkpoint_ahead(upto);
+                        }
                     }
                     return Ok(start);
                 }
