@@ -481,15 +481,6 @@ fn qemu_img_over_tls_psk_and_refusals() {
 
     // A key file that others may read: the node does not start.
     std::fs::set_permissions(&keys, std::fs::Permissions::from_mode(0o644)).unwrap();
-    let (ok, out) = run(
-        "timeout",
-        &[
-            "30",
-            env!("CARGO_BIN_EXE_freesan"),
-            "serve",
-            "--config",
-            cfg.to_str().unwrap(),
-        ],
-    );
+    let (ok, out) = serve_expecting_refusal(&cfg);
     assert!(!ok && out.contains("chmod 600"), "{out}");
 }

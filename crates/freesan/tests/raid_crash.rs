@@ -231,16 +231,7 @@ fn raid5_with_a_journal_device_sigkill_then_member_failure() {
         .unwrap()
         .replace("journal_device = \"d4\"\n", "");
     std::fs::write(&cfg, without).unwrap();
-    let (ok, out) = run(
-        "timeout",
-        &[
-            "30",
-            env!("CARGO_BIN_EXE_freesan"),
-            "serve",
-            "--config",
-            cfg.to_str().unwrap(),
-        ],
-    );
+    let (ok, out) = serve_expecting_refusal(&cfg);
     assert!(!ok, "started without its journal device: {out}");
     assert!(out.contains("journal device"), "{out}");
 }

@@ -8,9 +8,9 @@ use bytes::BytesMut;
 use common::*;
 use nbd::proto::{
     cmdflag, decode_meta_context_reply, decode_option_reply_header, decode_server_greeting,
-    decode_structured_reply_header, encode_option, encode_request, errno, opt, rep, rflag, rtype,
-    state, ClientOption, Command, InfoRequest, MetaContextRequest, Request, StructuredReplyHeader,
-    BASE_ALLOCATION, OPTION_REPLY_HEADER_BYTES,
+    decode_structured_reply_header, encode_option, errno, opt, rep, rflag, rtype, state,
+    ClientOption, Command, InfoRequest, MetaContextRequest, StructuredReplyHeader, BASE_ALLOCATION,
+    OPTION_REPLY_HEADER_BYTES,
 };
 use nbd::NbdLimits;
 use std::net::SocketAddr;
@@ -68,15 +68,7 @@ impl Client {
         len: u32,
         payload: &[u8],
     ) {
-        let h = encode_request(&Request {
-            flags,
-            command,
-            cookie,
-            offset_bytes: off,
-            length_bytes: len,
-        });
-        self.sock.write_all(&h).await.unwrap();
-        self.sock.write_all(payload).await.unwrap();
+        send_request(&mut self.sock, command, flags, cookie, (off, len), payload).await;
     }
 
     /// One structured chunk: header and payload.

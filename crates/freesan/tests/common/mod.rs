@@ -237,6 +237,23 @@ pub fn config_head(dir: &Path, disks: usize) -> String {
     s
 }
 
+/// Runs `freesan serve --config CFG` expecting it to refuse to start (at most
+/// 30 s, so a node that starts after all ends the test instead of hanging it);
+/// returns (exited with success, output).
+pub fn serve_expecting_refusal(cfg: &Path) -> (bool, String) {
+    let cfg = cfg.display().to_string();
+    run(
+        "timeout",
+        &[
+            "30",
+            env!("CARGO_BIN_EXE_freesan"),
+            "serve",
+            "--config",
+            &cfg,
+        ],
+    )
+}
+
 /// Starts `freesan serve --config CFG`, logging to `dir/serve.log`.
 pub fn start_config(dir: &Path, cfg: &Path) -> Node {
     Node::start(

@@ -96,6 +96,26 @@ pub async fn start_volumes(vols: Vec<(VolumeRef, bool)>, limits: NbdLimits) -> R
     }
 }
 
+/// Writes one request header (`range`: offset and length in bytes) and payload.
+pub async fn send_request(
+    sock: &mut TcpStream,
+    command: Command,
+    flags: u16,
+    cookie: u64,
+    (off, len): (u64, u32),
+    payload: &[u8],
+) {
+    let h = encode_request(&Request {
+        flags,
+        command,
+        cookie,
+        offset_bytes: off,
+        length_bytes: len,
+    });
+    sock.write_all(&h).await.unwrap();
+    sock.write_all(payload).await.unwrap();
+}
+
 /// A connection speaking raw NBD, for malformed and unaligned requests.
 pub struct Raw {
     pub sock: TcpStream,
@@ -136,15 +156,7 @@ impl Raw {
         len: u32,
         payload: &[u8],
     ) {
-        let h = encode_request(&Request {
-            flags,
-            command,
-            cookie,
-            offset_bytes: off,
-            length_bytes: len,
-        });
-        self.sock.write_all(&h).await.unwrap();
-        self.sock.write_all(payload).await.unwrap();
+        send_request(&mut self.sock, command, flags, cookie, (off, len), payload).await;
     }
 
     /// Reads one simple reply header (with a timeout); `None` at end of stream.
