@@ -59,18 +59,6 @@ impl Client {
         (h.option, h.reply_type, d)
     }
 
-    async fn send(
-        &mut self,
-        command: Command,
-        flags: u16,
-        cookie: u64,
-        off: u64,
-        len: u32,
-        payload: &[u8],
-    ) {
-        send_request(&mut self.sock, command, flags, cookie, (off, len), payload).await;
-    }
-
     /// One structured chunk: header and payload.
     async fn chunk(&mut self) -> (StructuredReplyHeader, Vec<u8>) {
         let mut h = [0u8; 20];
@@ -93,7 +81,7 @@ impl Client {
         len: u32,
         payload: &[u8],
     ) -> (u16, Vec<u8>) {
-        self.send(command, flags, 42, off, len, payload).await;
+        send_request(&mut self.sock, command, flags, 42, (off, len), payload).await;
         let (h, d) = self.chunk().await;
         assert_eq!(h.cookie, 42);
         assert_eq!(h.flags, rflag::DONE, "one chunk per reply");
@@ -217,7 +205,7 @@ async fn structured_replies_and_block_status_of_a_sparse_volume() {
         let (t, _) = c.call(cmd, 0, 0, 512, &[]).await;
         assert_eq!(t, rtype::NONE, "{cmd:?}");
     }
-    c.send(Command::Disc, 0, 1, 0, 0, &[]).await;
+    send_request(&mut c.sock, Command::Disc, 0, 1, (0, 0), &[]).await;
 
     // Structured replies without a context: BLOCK_STATUS is EINVAL, in a chunk.
     let (mut c, r) = Client::haggle(srv.addr, &[ClientOption::StructuredReply, go()]).await;

@@ -86,17 +86,23 @@ impl Request {
     }
 }
 
+/// Checks that `b` holds at least `len` bytes and starts with the 32-bit `magic`.
+fn magic32(b: &[u8], len: usize, magic: u32) -> Result<(), ProtoError> {
+    need(b, len)?;
+    let m = be32(b, 0);
+    if m != magic {
+        return Err(ProtoError::BadMagic {
+            got: m as u64,
+            expected: magic as u64,
+        });
+    }
+    Ok(())
+}
+
 /// Parses a request header (checks the magic; any type and flags are accepted here,
 /// the server judges them).
 pub fn decode_request(b: &[u8]) -> Result<Request, ProtoError> {
-    need(b, REQUEST_BYTES)?;
-    let m = be32(b, 0);
-    if m != REQUEST_MAGIC {
-        return Err(ProtoError::BadMagic {
-            got: m as u64,
-            expected: REQUEST_MAGIC as u64,
-        });
-    }
+    magic32(b, REQUEST_BYTES, REQUEST_MAGIC)?;
     Ok(Request {
         flags: be16(b, 4),
         command: Command::from_code(be16(b, 6)),
@@ -139,14 +145,7 @@ pub fn encode_simple_reply(r: &SimpleReply) -> [u8; SIMPLE_REPLY_BYTES] {
 /// Parses a simple reply header (client side). A structured reply magic is a
 /// [`ProtoError::BadMagic`] here (see [`decode_structured_reply_header`]).
 pub fn decode_simple_reply(b: &[u8]) -> Result<SimpleReply, ProtoError> {
-    need(b, SIMPLE_REPLY_BYTES)?;
-    let m = be32(b, 0);
-    if m != SIMPLE_REPLY_MAGIC {
-        return Err(ProtoError::BadMagic {
-            got: m as u64,
-            expected: SIMPLE_REPLY_MAGIC as u64,
-        });
-    }
+    magic32(b, SIMPLE_REPLY_BYTES, SIMPLE_REPLY_MAGIC)?;
     Ok(SimpleReply {
         error: be32(b, 4),
         cookie: be64(b, 8),
@@ -181,14 +180,7 @@ pub fn encode_structured_reply_header(
 
 /// Parses a structured reply chunk header (client side; checks the magic).
 pub fn decode_structured_reply_header(b: &[u8]) -> Result<StructuredReplyHeader, ProtoError> {
-    need(b, STRUCTURED_REPLY_HEADER_BYTES)?;
-    let m = be32(b, 0);
-    if m != STRUCTURED_REPLY_MAGIC {
-        return Err(ProtoError::BadMagic {
-            got: m as u64,
-            expected: STRUCTURED_REPLY_MAGIC as u64,
-        });
-    }
+    magic32(b, STRUCTURED_REPLY_HEADER_BYTES, STRUCTURED_REPLY_MAGIC)?;
     Ok(StructuredReplyHeader {
         flags: be16(b, 4),
         reply_type: be16(b, 6),
