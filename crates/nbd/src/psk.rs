@@ -273,4 +273,64 @@ mod tests {
         std::fs::set_permissions(&f, std::fs::Permissions::from_mode(0o600)).unwrap();
         assert_eq!(PskKeys::read(&f).unwrap().len(), 1);
     }
+
+    /// Client handshakes against `server_context` over a socket pair: TLS 1.3
+    /// and TLS 1.2 with an (EC)DHE-PSK suite succeed with the right key; plain
+    /// PSK suites (no forward secrecy), a wrong key and an unknown identity
+    /// fail; the identity that got in is the one noted.
+    #[cfg(feature = "psk")]
+    #[test]
+    fn handshakes_need_the_key_and_forward_secrecy() {
+        use openssl::ssl::{Ssl, SslContextBuilder, SslMethod, SslVersion};
+        use std::os::unix::net::UnixStream;
+        let key = decode_hex(&K32[..32]).unwrap();
+        let keys = PskKeys::parse(&format!("alice:{}\n", &K32[..32]), Path::new("k")).unwrap();
+        let server = server_context(keys).unwrap();
+        let attempt = |id: &'static str, key: Vec<u8>, tls12: Option<&str>| -> Option<String> {
+            let (a, b) = UnixStream::pair().unwrap();
+            let srv = server.clone();
+            let t = std::thread::spawn(move || {
+                let ssl = Ssl::new(&srv).unwrap();
+                ssl.accept(a)
+                    .ok()
+                    .and_then(|s| identity(s.ssl()).map(str::to_string))
+            });
+            let mut c = SslContextBuilder::new(SslMethod::tls_client()).unwrap();
+            if let Some(suites) = tls12 {
+                c.set_max_proto_version(Some(SslVersion::TLS1_2)).unwrap();
+                c.set_cipher_list(suites).unwrap();
+            }
+            c.set_psk_client_callback(move |_, _, idb, keyb| {
+                idb[..id.len()].copy_from_slice(id.as_bytes());
+                idb[id.len()] = 0;
+                keyb[..key.len()].copy_from_slice(&key);
+                Ok(key.len())
+            });
+            let client_ok = Ssl::new(&c.build()).unwrap().connect(b).is_ok();
+            let server_saw = t.join().unwrap();
+            assert_eq!(client_ok, server_saw.is_some(), "{id} {tls12:?}");
+            server_saw
+        };
+        assert_eq!(
+            attempt("alice", key.clone(), None).as_deref(),
+            Some("alice")
+        );
+        assert_eq!(
+            attempt("alice", key.clone(), Some("ECDHE-PSK-CHACHA20-POLY1305")).as_deref(),
+            Some("alice")
+        );
+        assert_eq!(
+            attempt(
+                "alice",
+                key.clone(),
+                Some("PSK-AES128-GCM-SHA256:PSK-AES256-GCM-SHA384")
+            ),
+            None,
+            "plain PSK"
+        );
+        let mut wrong = key.clone();
+        wrong[0] ^= 1;
+        assert_eq!(attempt("alice", wrong, None), None, "wrong key");
+        assert_eq!(attempt("mallory", key, None), None, "unknown identity");
+    }
 }
