@@ -227,7 +227,9 @@ impl Inner {
                     // the budget is never closed; apply in place as below
                     return self.apply(s, &ops, view, fua, Some(sq)).await;
                 };
-                *self.applying.lock().entry(s).or_insert(0) += 1;
+                // the stripe's lock is held until the task ends, so no other
+                // update of `s` can be acknowledged in between
+                self.applying.lock().insert(s);
                 self.wp.early_acks.fetch_add(1, Ordering::Relaxed);
                 let me = Arc::clone(self);
                 let view = view.clone();
@@ -236,15 +238,7 @@ impl Inner {
                         tracing::error!(pool = %me.name, stripe = s, error = %e,
                             "in-place writes of an acknowledged update failed; its journal record is replayed at the next assemble");
                     }
-                    {
-                        let mut a = me.applying.lock();
-                        if let Some(n) = a.get_mut(&s) {
-                            *n -= 1;
-                            if *n == 0 {
-                                a.remove(&s);
-                            }
-                        }
-                    }
+                    me.applying.lock().remove(&s);
                     drop(guard);
                     drop(permit);
                 });
@@ -308,7 +302,7 @@ impl Inner {
         if self.apply_budget.available_permits() == APPLY_BUDGET_KIB as usize {
             return false;
         }
-        self.applying.lock().contains_key(&s)
+        self.applying.lock().contains(&s)
     }
 
     /// Waits until every acknowledged update is written in place.

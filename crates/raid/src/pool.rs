@@ -182,8 +182,9 @@ pub(crate) struct Inner {
     pub sb_lock: tokio::sync::Mutex<()>,
     pub locks: Vec<Arc<tokio::sync::RwLock<()>>>,
     /// Stripes whose journaled update was acknowledged while its in-place writes
-    /// still run (count per stripe); a read of such a stripe waits for its lock.
-    pub applying: Mutex<std::collections::HashMap<u64, u32>>,
+    /// still run (at most one per stripe: it holds the stripe's lock); a read of
+    /// such a stripe waits for its lock.
+    pub applying: Mutex<std::collections::HashSet<u64>>,
     /// Bytes (in KiB) of in-place writes that may run after their
     /// acknowledgement (see `commit.rs`, "Early acknowledgement").
     pub apply_budget: Arc<tokio::sync::Semaphore>,
