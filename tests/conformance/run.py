@@ -6,9 +6,10 @@ known failures (tests/conformance/known-failures.txt, one `Suite.Test  reason` a
 
     tests/conformance/run.py [--bin target/release/freesan] [--port 3270] [--update]
 
-Exits non-zero when fewer tests pass than the floor (tests/conformance/floor) or
-when a test fails that is not listed as a known failure. `--update` rewrites the
-floor to the current count. CUnit counts a test that skips itself ("[SKIPPED] X is
+Exits non-zero when fewer tests pass, or fewer run to completion (pass without
+skipping themselves), than the floor (tests/conformance/floor: `passed completed`),
+or when a test fails that is not listed as a known failure. `--update` rewrites the
+floor to the current counts. CUnit counts a test that skips itself ("[SKIPPED] X is
 not implemented") as passed; skips are counted and printed separately so the
 figure stays honest.
 """
@@ -128,7 +129,10 @@ def main():
                 name, _, reason = line.partition(" ")
                 known[name] = reason.strip()
     floor_path = os.path.join(HERE, "floor")
-    floor = int(open(floor_path).read().split()[0]) if os.path.exists(floor_path) else 0
+    floor_words = open(floor_path).read().split() if os.path.exists(floor_path) else []
+    floor = int(floor_words[0]) if floor_words else 0
+    floor_completed = int(floor_words[1]) if len(floor_words) > 1 else 0
+    completed = passed - skipped
 
     print(f"iscsi-test-cu: {total} tests, {passed} passed ({passed - skipped} ran to completion, "
           f"{skipped} skipped by the test itself), {failed} failed, in {secs:.0f} s")
@@ -143,12 +147,15 @@ def main():
     print(f"conformance: {passed} passed, {failed} failed")
     if a.update:
         with open(floor_path, "w") as f:
-            f.write(f"{passed}\n")
-        print(f"floor recorded: {passed}")
+            f.write(f"{passed} {completed}\n")
+        print(f"floor recorded: {passed} passed, {completed} ran to completion")
         return
     bad = False
     if passed < floor:
         print(f"conformance: {passed} passed is below the recorded floor {floor}")
+        bad = True
+    if completed < floor_completed:
+        print(f"conformance: {completed} ran to completion is below the recorded floor {floor_completed}")
         bad = True
     if unexpected:
         print(f"conformance: {len(unexpected)} failing tests are not listed in known-failures.txt")

@@ -526,9 +526,60 @@ pub struct TargetConfig {
     /// Initiator names allowed to log in; empty allows every initiator.
     #[serde(default)]
     pub allowed_initiators: Vec<String>,
+    /// LUN masking (`[[target.host_group]]`): with any group, an initiator sees only
+    /// its group's LUNs, numbered as the group maps them, and one in no group sees
+    /// none. Without groups every admitted initiator sees every LUN.
+    #[serde(rename = "host_group", default, skip_serializing_if = "Vec::is_empty")]
+    pub host_groups: Vec<HostGroupConfig>,
     /// Logical units, numbered from 0 in order unless `id` is given.
     #[serde(rename = "lun", default)]
     pub luns: Vec<LunConfig>,
+}
+
+/// One host group of a target: who (initiator names, CHAP names) sees which LUNs.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct HostGroupConfig {
+    /// Name of the group.
+    pub name: String,
+    /// Initiator names (IQNs) in the group.
+    #[serde(default)]
+    pub initiators: Vec<String>,
+    /// CHAP names in the group: a session whose login proved one of these names
+    /// belongs here whatever initiator name it gives.
+    #[serde(default)]
+    pub chap_users: Vec<String>,
+    /// The LUNs the group sees: `{ lun = 3 }` shows LUN 3 as LUN 3, `{ lun = 3, as =
+    /// 0 }` shows it as LUN 0.
+    #[serde(default)]
+    pub luns: Vec<HostGroupLun>,
+}
+
+/// One LUN of a host group.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct HostGroupLun {
+    /// The target's LUN.
+    pub lun: u64,
+    /// The number the group's initiators see it under (default: `lun`).
+    #[serde(rename = "as", default, skip_serializing_if = "Option::is_none")]
+    pub seen_as: Option<u64>,
+}
+
+impl HostGroupConfig {
+    /// The group as the SCSI target applies it.
+    pub fn to_scsi(&self) -> scsi::HostGroup {
+        scsi::HostGroup {
+            name: self.name.clone(),
+            initiators: self.initiators.clone(),
+            chap_users: self.chap_users.clone(),
+            luns: self
+                .luns
+                .iter()
+                .map(|l| (l.seen_as.unwrap_or(l.lun), l.lun))
+                .collect(),
+        }
+    }
 }
 
 /// One logical unit backed by a file or a block device.
@@ -795,6 +846,7 @@ impl Config {
                 mutual_chap: None,
                 chap_initiators: vec![],
                 allowed_initiators: vec![],
+                host_groups: vec![],
                 luns,
             }],
             discovery_chap: None,

@@ -152,6 +152,7 @@ impl replica::ScsiPeer for PrLink {
                         initiator_name: initiator_name.into(),
                         initiator_port: initiator_port.into(),
                         relative_port_id,
+                        chap_user: None,
                     };
                     let r = t.execute_pr_out_here(lun, &nexus, cdb, data).await;
                     ScsiAnswer::Response {

@@ -233,6 +233,9 @@ fn build(
         };
         let scsi_target =
             Arc::new(scsi::ScsiTarget::new(scsi_cfg).with_context(|| format!("target {}", t.iqn))?);
+        scsi_target
+            .set_host_groups(t.host_groups.iter().map(|g| g.to_scsi()).collect())
+            .with_context(|| format!("target {}", t.iqn))?;
         for (lun_id, vol) in replicated {
             crate::ha_scsi::PrLink::install(lun_id, vol.clone(), &scsi_target);
             if let Some(c) = cluster {

@@ -185,6 +185,7 @@ async fn register(ctx: &Arc<Ctx>, n: &Negotiated, peer: SocketAddr) -> Result<Ar
                 initiator_name: Arc::from(n.initiator_name.as_str()),
                 initiator_port: Arc::from(initiator_port(&n.initiator_name, &n.isid).as_str()),
                 relative_port_id: n.tpgt,
+                chap_user: n.chap_user.as_deref().map(Arc::from),
             };
             (Some(key), Some(spec.scsi.clone()), Some(nexus))
         }

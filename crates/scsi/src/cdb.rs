@@ -62,6 +62,10 @@ pub mod op {
     pub const PR_OUT: u8 = 0x5f;
     /// READ(16).
     pub const READ_16: u8 = 0x88;
+    /// EXTENDED COPY (LID1 is service action 0).
+    pub const EXTENDED_COPY: u8 = 0x83;
+    /// RECEIVE COPY RESULTS (LID1 service actions).
+    pub const RECEIVE_COPY_RESULTS: u8 = 0x84;
     /// COMPARE AND WRITE.
     pub const COMPARE_AND_WRITE: u8 = 0x89;
     /// WRITE(16).

@@ -18,6 +18,13 @@ pub const UNMAP_DESCRIPTORS_MAX: u32 = 256;
 pub const UNMAP_BLOCKS_MAX: u32 = 1 << 20;
 /// Largest WRITE SAME, in bytes of the volume (converted to blocks per LU).
 pub const WRITE_SAME_BYTES_MAX: u64 = 1 << 30;
+/// Largest WRITE SAME in blocks, whatever the block size: 65535, what a 16-bit
+/// length can say and what Linux's LIO target advertises. Initiators split larger
+/// zeroing or unmapping by MAXIMUM WRITE SAME LENGTH (Linux, ESXi, Windows do);
+/// one that sends more gets INVALID FIELD IN CDB (libiscsi's WriteSame16.Unmap
+/// checks exactly that instead of writing 65536 blocks in one WRITE(16), which
+/// would exceed the MAXIMUM TRANSFER LENGTH).
+pub const WRITE_SAME_BLOCKS_MAX: u64 = 0xffff;
 
 /// Block limits of one logical unit, derived from its geometry.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -37,7 +44,7 @@ impl Limits {
             transfer_blocks_max: geo.max_io_blocks.max(1),
             transfer_blocks_optimal: geo.optimal_io_blocks.max(1),
             write_same_blocks_max: (WRITE_SAME_BYTES_MAX / geo.block_size_bytes.max(1) as u64)
-                .max(1),
+                .clamp(1, WRITE_SAME_BLOCKS_MAX),
         }
     }
 }
@@ -48,10 +55,12 @@ const VPD_DEVICE_ID: u8 = 0x83;
 const VPD_BLOCK_LIMITS: u8 = 0xb0;
 const VPD_BLOCK_CHARACTERISTICS: u8 = 0xb1;
 const VPD_LB_PROVISIONING: u8 = 0xb2;
-const VPD_PAGES: [u8; 6] = [
+const VPD_THIRD_PARTY_COPY: u8 = 0x8f;
+const VPD_PAGES: [u8; 7] = [
     VPD_SUPPORTED,
     VPD_SERIAL,
     VPD_DEVICE_ID,
+    VPD_THIRD_PARTY_COPY,
     VPD_BLOCK_LIMITS,
     VPD_BLOCK_CHARACTERISTICS,
     VPD_LB_PROVISIONING,
@@ -94,6 +103,7 @@ pub(crate) fn inquiry(
             vpd(page, &s)
         }
         VPD_DEVICE_ID => vpd(page, &device_id(target, lu, nexus)),
+        VPD_THIRD_PARTY_COPY => vpd(page, &crate::copy::vpd_page(lu)),
         VPD_BLOCK_LIMITS => vpd(page, &block_limits(&geo)),
         VPD_BLOCK_CHARACTERISTICS => {
             let mut b = vec![0u8; 0x3c];
@@ -131,7 +141,7 @@ fn standard(target: &TargetConfig, lu: Option<&LogicalUnit>) -> Vec<u8> {
     d[2] = 0x06; // SPC-4
     d[3] = 0x10 | 0x02; // HiSup, response data format 2
     d[4] = (d.len() - 5) as u8;
-    d[5] = 0x10; // TPGS = 01b: implicit ALUA
+    d[5] = 0x10 | 0x08; // TPGS = 01b: implicit ALUA; 3PC: EXTENDED COPY
     d[6] = if target.ports.len() > 1 { 0x10 } else { 0 }; // MultiP
     d[7] = 0x02; // CmdQue
     let (vendor, product, revision) = match lu {
@@ -238,7 +248,12 @@ mod tests {
         let l = Limits::of(&g);
         assert_eq!(l.transfer_blocks_max, 256);
         assert_eq!(l.transfer_blocks_optimal, 1);
-        assert_eq!(l.write_same_blocks_max, (1 << 30) / 4096);
+        assert_eq!(l.write_same_blocks_max, 0xffff);
+        let small = Geometry {
+            block_size_bytes: 1 << 20,
+            ..g
+        };
+        assert_eq!(Limits::of(&small).write_same_blocks_max, 1024);
         let bl = block_limits(&g);
         assert_eq!(&bl[16..24], &[0u8; 8]); // no UNMAP on a thick volume
     }

@@ -18,19 +18,22 @@
 //! Layout: `target` (dispatch, order of checks, task management), `lu` (per-LU state,
 //! result types, block error mapping), `cdb` (decode helpers), `rw` (read/write,
 //! verify, COMPARE AND WRITE, ORWRITE, PRE-FETCH, SYNCHRONIZE CACHE), `provisioning`
-//! (WRITE SAME, UNMAP), `capacity` (READ CAPACITY, GET LBA STATUS), `inquiry` (standard
-//! data, VPD pages, block limits), `mode` (MODE SENSE/SELECT), `opcodes` (REPORT
-//! SUPPORTED OPERATION CODES / TMFs), `alua` (port group states, RTPG), `ua` (unit
-//! attention queues), `admin` (REQUEST SENSE, REPORT LUNS, START STOP, PREVENT ALLOW,
-//! reservation routing), `pr` (reservations), `replication` (persistent reservations
-//! kept identical on the two nodes of an HA pair), `sense` (sense data).
+//! (WRITE SAME, UNMAP), `copy` (EXTENDED COPY, RECEIVE COPY RESULTS), `capacity` (READ
+//! CAPACITY, GET LBA STATUS), `inquiry` (standard data, VPD pages, block limits),
+//! `mode` (MODE SENSE/SELECT), `opcodes` (REPORT SUPPORTED OPERATION CODES / TMFs),
+//! `alua` (port group states, RTPG), `masking` (host groups: who sees which LUs), `ua`
+//! (unit attention queues), `admin` (REQUEST SENSE, REPORT LUNS, START STOP, PREVENT
+//! ALLOW, reservation routing), `pr` (reservations), `replication` (persistent
+//! reservations kept identical on the two nodes of an HA pair), `sense` (sense data).
 
 mod admin;
 mod alua;
 mod capacity;
 pub mod cdb;
+mod copy;
 mod inquiry;
 mod lu;
+mod masking;
 mod mode;
 mod opcodes;
 pub mod pr;
@@ -45,6 +48,7 @@ mod ua;
 
 pub use admin::encode_lun;
 pub use inquiry::{Limits, CAW_BLOCKS_MAX, UNMAP_BLOCKS_MAX, UNMAP_DESCRIPTORS_MAX};
+pub use masking::HostGroup;
 pub use replication::PrReplication;
 pub use target::ScsiTarget;
 pub use ua::UA_QUEUE_DEPTH_MAX;
@@ -115,6 +119,9 @@ pub struct ItNexus {
     pub initiator_port: Arc<str>,
     /// Relative id of the target port the nexus goes through.
     pub relative_port_id: u16,
+    /// The CHAP name the initiator proved at login, if CHAP was used (host groups
+    /// may name it).
+    pub chap_user: Option<Arc<str>>,
 }
 
 /// Task attribute of a command (SAM).

@@ -128,6 +128,27 @@ const TABLE: &[Entry] = &[
             0x89, 0x1a, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0, 0, 0, 0xff, 0x1f, 0,
         ],
     ),
+    e(
+        op::EXTENDED_COPY,
+        Some(0x00),
+        &[
+            0x83, 0x1f, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 0xff, 0xff, 0, 0,
+        ],
+    ),
+    e(
+        op::RECEIVE_COPY_RESULTS,
+        Some(0x00),
+        &[
+            0x84, 0x1f, 0xff, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 0xff, 0xff, 0, 0,
+        ],
+    ),
+    e(
+        op::RECEIVE_COPY_RESULTS,
+        Some(0x03),
+        &[
+            0x84, 0x1f, 0xff, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 0xff, 0xff, 0, 0,
+        ],
+    ),
     e(op::WRITE_16, None, cat!(0x8a, 0x1a, RW16)),
     e(op::ORWRITE_16, None, cat!(0x8b, 0x1a, RW16)),
     e(op::WRITE_VERIFY_16, None, cat!(0x8e, 0x12, RW16)),

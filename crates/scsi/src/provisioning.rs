@@ -50,6 +50,8 @@ pub(crate) async fn write_same(lu: &LogicalUnit, cdb: &Cdb, data_out: &Bytes) ->
         blocks_field
     };
     check_range(&geo, lba, blocks).map_err(|s| Fail::Check(s, len))?;
+    // MAXIMUM WRITE SAME LENGTH bounds the blocks written, also when a zero field
+    // means "to the end of the medium" (as libiscsi's ZeroBlocks tests read SBC).
     if blocks > Limits::of(&geo).write_same_blocks_max {
         return Err(Fail::Check(cdb.invalid(len_byte, None), len));
     }

@@ -22,6 +22,8 @@ pub mod key {
     pub const DATA_PROTECT: u8 = 0x7;
     /// Aborted command.
     pub const ABORTED_COMMAND: u8 = 0xb;
+    /// COPY ABORTED: an EXTENDED COPY stopped while processing its segments.
+    pub const COPY_ABORTED: u8 = 0xa;
     /// Miscompare.
     pub const MISCOMPARE: u8 = 0xe;
 }
@@ -189,6 +191,22 @@ pub mod codes {
     pub const IT_NEXUS_LOSS: Sense = Sense::new(key::UNIT_ATTENTION, 0x29, 0x07);
     /// LOGICAL UNIT NOT READY, CAUSE NOT REPORTABLE.
     pub const NOT_READY_CAUSE_NOT_REPORTABLE: Sense = Sense::new(key::NOT_READY, 0x04, 0x00);
+    /// TOO MANY TARGET DESCRIPTORS (EXTENDED COPY CSCD descriptors).
+    pub const TOO_MANY_TARGET_DESCRIPTORS: Sense = Sense::new(key::ILLEGAL_REQUEST, 0x26, 0x06);
+    /// UNSUPPORTED TARGET DESCRIPTOR TYPE CODE.
+    pub const UNSUPPORTED_TARGET_DESCRIPTOR: Sense = Sense::new(key::ILLEGAL_REQUEST, 0x26, 0x07);
+    /// TOO MANY SEGMENT DESCRIPTORS.
+    pub const TOO_MANY_SEGMENT_DESCRIPTORS: Sense = Sense::new(key::ILLEGAL_REQUEST, 0x26, 0x08);
+    /// UNSUPPORTED SEGMENT DESCRIPTOR TYPE CODE.
+    pub const UNSUPPORTED_SEGMENT_DESCRIPTOR: Sense = Sense::new(key::ILLEGAL_REQUEST, 0x26, 0x09);
+    /// OPERATION IN PROGRESS (a copy with this list identifier is running).
+    pub const OPERATION_IN_PROGRESS: Sense = Sense::new(key::ILLEGAL_REQUEST, 0x00, 0x16);
+    /// COPY ABORTED with no further detail (a segment outside a copy target's capacity).
+    pub const COPY_ABORTED: Sense = Sense::new(key::COPY_ABORTED, 0x00, 0x00);
+    /// COPY ABORTED, COPY TARGET DEVICE NOT REACHABLE (no such CSCD, or not here).
+    pub const COPY_TARGET_NOT_REACHABLE: Sense = Sense::new(key::COPY_ABORTED, 0x0d, 0x02);
+    /// COPY ABORTED, THIRD PARTY DEVICE FAILURE (a copy target's read or write failed).
+    pub const COPY_TARGET_FAILURE: Sense = Sense::new(key::COPY_ABORTED, 0x0d, 0x01);
 }
 
 #[cfg(test)]

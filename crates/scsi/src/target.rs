@@ -8,15 +8,17 @@
 use crate::alua::Alua;
 use crate::cdb::{op, sa, Cdb};
 use crate::lu::{into_response, CmdResult, Fail, LogicalUnit};
+use crate::masking::{self, HostGroup, Masking};
 use crate::pr::Access;
 use crate::sense::{codes, Sense};
 use crate::{
-    admin, capacity, inquiry, mode, opcodes, provisioning, replication, rw, AluaState, Command,
-    ItNexus, LunConfig, PortGroup, PrReplication, Response, ScsiError, TargetConfig, TargetPort,
+    admin, capacity, copy, inquiry, mode, opcodes, provisioning, replication, rw, AluaState,
+    Command, ItNexus, LunConfig, PortGroup, PrReplication, Response, ScsiError, TargetConfig,
+    TargetPort,
 };
 use block::{Bytes, VolumeRef};
 use parking_lot::RwLock;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 /// A SCSI target device: the logical units behind one iSCSI target.
@@ -30,6 +32,11 @@ pub struct ScsiTarget {
     /// Every target port of the device, for ALL_TG_PT, SPEC_I_PT and REGISTER AND MOVE:
     /// this node's ports plus every other port of every port group (the HA partner's).
     pr_ports: Vec<TargetPort>,
+    /// EXTENDED COPY bounds and held copy statuses.
+    copies: copy::Copies,
+    /// Host groups (LUN masking); consulted only while `masked` is set.
+    masking: RwLock<Arc<Masking>>,
+    masked: AtomicBool,
 }
 
 /// This node's ports, then a port for every relative port id that only a port group
@@ -96,6 +103,7 @@ fn media_access(opcode: u8, service_action: u8) -> bool {
             | op::PRE_FETCH_16
             | op::SYNC_CACHE_10
             | op::SYNC_CACHE_16
+            | op::EXTENDED_COPY
     ) || (opcode == op::SERVICE_ACTION_IN_16 && service_action == sa::GET_LBA_STATUS)
 }
 
@@ -128,6 +136,9 @@ impl ScsiTarget {
             luns: RwLock::new(luns),
             alua,
             pr_ports,
+            copies: copy::Copies::default(),
+            masking: RwLock::new(Arc::new(Masking::default())),
+            masked: AtomicBool::new(false),
         })
     }
 
@@ -264,9 +275,74 @@ impl ScsiTarget {
         self.lu(lun).map(|l| !l.force_fua())
     }
 
+    /// Replaces the target's host groups (LUN masking; none: every initiator sees
+    /// every LU under its own number). Every I_T nexus of every LU gets REPORTED
+    /// LUNS DATA HAS CHANGED. Err, and nothing changes, if the groups contradict
+    /// each other (see [`HostGroup`]).
+    pub fn set_host_groups(&self, groups: Vec<HostGroup>) -> Result<(), ScsiError> {
+        let m = Masking::new(groups)?;
+        let active = m.active();
+        {
+            let mut cur = self.masking.write();
+            if cur.groups() == m.groups() {
+                return Ok(());
+            }
+            *cur = Arc::new(m);
+            self.masked.store(active, Ordering::Release);
+        }
+        tracing::info!(target = %self.config.name, "host groups changed");
+        for lu in self.all_lus() {
+            lu.uas.raise_all(codes::REPORTED_LUNS_DATA_CHANGED, None);
+        }
+        Ok(())
+    }
+
+    /// The host groups in force.
+    pub fn host_groups(&self) -> Vec<HostGroup> {
+        self.masking.read().groups().to_vec()
+    }
+
+    /// The target's LUN that `nexus` calls `lun`; None if it sees no such LUN.
+    #[inline]
+    fn target_lun(&self, nexus: &ItNexus, lun: u64) -> Option<u64> {
+        if !self.masked.load(Ordering::Acquire) {
+            return Some(lun);
+        }
+        let view = self.masking.read().view(nexus);
+        masking::to_target(&view, lun)
+    }
+
+    /// The LUNs `nexus` sees (its numbers) that exist now, in order.
+    fn visible_luns(&self, nexus: &ItNexus) -> Vec<u64> {
+        if !self.masked.load(Ordering::Acquire) {
+            return self.lun_ids();
+        }
+        let view = self.masking.read().view(nexus);
+        let have = self.lun_ids();
+        let mut seen: Vec<u64> = view
+            .iter()
+            .filter(|(_, t)| have.contains(t))
+            .map(|&(s, _)| s)
+            .collect();
+        seen.sort_unstable();
+        seen
+    }
+
+    /// The LUs `nexus` sees (for the copy targets of EXTENDED COPY).
+    fn visible_lus(&self, nexus: &ItNexus) -> Vec<Arc<LogicalUnit>> {
+        if !self.masked.load(Ordering::Acquire) {
+            return self.all_lus();
+        }
+        let view = self.masking.read().view(nexus);
+        self.all_lus()
+            .into_iter()
+            .filter(|l| view.iter().any(|&(_, t)| t == l.lun))
+            .collect()
+    }
+
     /// Executes one command from `nexus`. Never panics on any CDB or data.
     pub async fn execute(&self, nexus: &ItNexus, cmd: Command) -> Response {
-        let Some(lu) = self.lu(cmd.lun) else {
+        let Some(lu) = self.target_lun(nexus, cmd.lun).and_then(|lun| self.lu(lun)) else {
             return into_response(self.execute_no_lun(nexus, &cmd), false);
         };
         let r = self.execute_lu(&lu, nexus, &cmd).await;
@@ -278,7 +354,7 @@ impl ScsiTarget {
         let cdb = Cdb::parse(&cmd.cdb)?;
         match cdb.opcode() {
             op::INQUIRY => inquiry::inquiry(&self.config, None, nexus, &cdb),
-            op::REPORT_LUNS => admin::report_luns(&self.lun_ids(), &cdb),
+            op::REPORT_LUNS => admin::report_luns(&self.visible_luns(nexus), &cdb),
             op::REQUEST_SENSE => admin::request_sense(None, nexus, &cdb),
             _ => Err(codes::LUN_NOT_SUPPORTED.into()),
         }
@@ -329,7 +405,7 @@ impl ScsiTarget {
             op::TEST_UNIT_READY => Ok(Default::default()),
             op::INQUIRY => inquiry::inquiry(&self.config, Some(lu), nexus, cdb),
             op::REQUEST_SENSE => admin::request_sense(Some(lu), nexus, cdb),
-            op::REPORT_LUNS => admin::report_luns(&self.lun_ids(), cdb),
+            op::REPORT_LUNS => admin::report_luns(&self.visible_luns(nexus), cdb),
             op::READ_CAPACITY_10 => capacity::read_capacity_10(lu, cdb),
             op::SERVICE_ACTION_IN_16 => match cdb.service_action() {
                 sa::READ_CAPACITY_16 => capacity::read_capacity_16(lu, cdb),
@@ -362,6 +438,10 @@ impl ScsiTarget {
                 admin::reserve_release(lu, nexus, cdb)
             }
             op::PR_IN => admin::pr_in(lu, nexus, cdb),
+            op::EXTENDED_COPY => {
+                copy::extended_copy(&self.copies, &self.visible_lus(nexus), nexus, cdb, data).await
+            }
+            op::RECEIVE_COPY_RESULTS => copy::receive_copy_results(&self.copies, lu, nexus, cdb),
             op::PR_OUT => {
                 replication::pr_out(lu, nexus, cdb, &cmd.cdb, data, &self.pr_ports, true).await
             }
@@ -447,7 +527,7 @@ impl ScsiTarget {
 
     /// LOGICAL UNIT RESET task management function from `nexus`.
     pub async fn lun_reset(&self, nexus: &ItNexus, lun: u64) -> bool {
-        let Some(lu) = self.lu(lun) else {
+        let Some(lu) = self.target_lun(nexus, lun).and_then(|l| self.lu(l)) else {
             return false;
         };
         tracing::info!(lun, initiator = %nexus.initiator_port, "logical unit reset");
@@ -466,7 +546,7 @@ impl ScsiTarget {
     /// CLEAR TASK SET on `lun` from `nexus`: establishes the unit attention the
     /// standard asks for on other nexuses (commands are aborted by the transport).
     pub async fn clear_task_set(&self, nexus: &ItNexus, lun: u64) {
-        if let Some(lu) = self.lu(lun) {
+        if let Some(lu) = self.target_lun(nexus, lun).and_then(|l| self.lu(l)) {
             lu.uas
                 .raise_all(codes::COMMANDS_CLEARED_BY_ANOTHER_INITIATOR, Some(nexus));
         }
@@ -477,6 +557,7 @@ impl ScsiTarget {
         for lu in self.all_lus() {
             lu.nexus_lost(nexus);
         }
+        self.copies.nexus_lost(nexus);
     }
 
     /// Flushes every LUN's volume (clean shutdown).

@@ -63,6 +63,7 @@ fn nexus(isid: &str, port: u16) -> ItNexus {
         initiator_name: Arc::from("iqn.test"),
         initiator_port: Arc::from(format!("iqn.test,i,0x{isid}").as_str()),
         relative_port_id: port,
+        chap_user: None,
     }
 }
 
@@ -212,7 +213,7 @@ async fn inquiry_standard_and_vpd() {
     // Supported pages, each one answers.
     let r = run(&t, &n, &[0x12, 1, 0, 0, 255, 0], &[]).await;
     let pages: Vec<u8> = r.data_in[4..].to_vec();
-    assert_eq!(pages, vec![0, 0x80, 0x83, 0xb0, 0xb1, 0xb2]);
+    assert_eq!(pages, vec![0, 0x80, 0x83, 0x8f, 0xb0, 0xb1, 0xb2]);
     for p in pages {
         let r = run(&t, &n, &[0x12, 1, p, 0, 255, 0], &[]).await;
         assert_eq!(r.status, status::GOOD, "page {p:#x}");
@@ -608,6 +609,41 @@ async fn verify_write_verify_orwrite_prefetch() {
     assert_eq!(run(&t, &n, &rw10(0x34, 0, 10), &[]).await.status, 0);
     let r = run(&t, &n, &rw16(0x90, BLOCKS, 1), &[]).await;
     assert_eq!(sense_of(&r), (ILLEGAL, 0x21, 0));
+}
+
+#[tokio::test]
+async fn write_same_length_is_bounded_by_the_advertised_maximum() {
+    // A volume larger than MAXIMUM WRITE SAME LENGTH (65535 blocks).
+    let blocks = 70_000u64;
+    let t = target_with(Arc::new(MemVolume::new(BS as u32, blocks)));
+    let n = ready(&t, "1", 1).await;
+    let vpd = [0x12, 0x01, 0xb0, 0, 64, 0];
+    let r = run(&t, &n, &vpd, &[]).await;
+    let advertised = u64::from_be_bytes(r.data_in[36..44].try_into().unwrap());
+    assert_eq!(advertised, 0xffff);
+    // Exactly the maximum runs; one block more is an invalid field, nothing written.
+    let mut ws16 = rw16(0x93, 0, 0xffff);
+    assert_eq!(run(&t, &n, &ws16, &[0x77; BS]).await.status, status::GOOD);
+    let r = run(&t, &n, &rw10(0x28, 0xfffe, 2), &[]).await;
+    assert!(r.data_in[..BS].iter().all(|&b| b == 0x77));
+    assert!(r.data_in[BS..].iter().all(|&b| b == 0));
+    ws16 = rw16(0x93, 0, 0x1_0000);
+    assert_eq!(
+        sense_of(&run(&t, &n, &ws16, &[0x55; BS]).await),
+        (ILLEGAL, 0x24, 0)
+    );
+    let r = run(&t, &n, &rw10(0x28, 0, 1), &[]).await;
+    assert!(r.data_in.iter().all(|&b| b == 0x77));
+    // A zero length means "to the end of the medium", within the same maximum.
+    ws16 = rw16(0x93, blocks - 0x1_0000, 0);
+    assert_eq!(
+        sense_of(&run(&t, &n, &ws16, &[0x66; BS]).await),
+        (ILLEGAL, 0x24, 0)
+    );
+    ws16 = rw16(0x93, blocks - 0xffff, 0);
+    assert_eq!(run(&t, &n, &ws16, &[0x66; BS]).await.status, status::GOOD);
+    let r = run(&t, &n, &rw10(0x28, (blocks - 1) as u32, 1), &[]).await;
+    assert!(r.data_in.iter().all(|&b| b == 0x66));
 }
 
 #[tokio::test]
@@ -1021,4 +1057,251 @@ async fn alua_state_per_logical_unit() {
     assert!(t.set_port_group_state(2, AluaState::ActiveOptimized));
     assert_eq!(sense_of(&at(1, &rw10(0x28, 0, 1)).await).1, 0x2a);
     assert_eq!(at(1, &rw10(0x28, 0, 1)).await.status, 0);
+}
+
+/// An EXTENDED COPY (LID1) parameter list: one identification CSCD per NAA, then
+/// block-to-block segments (src index, dst index, blocks, src lba, dst lba).
+fn xcopy_params(
+    list_id: u8,
+    usage: u8,
+    naas: &[[u8; 16]],
+    segs: &[(u16, u16, u16, u64, u64)],
+) -> Vec<u8> {
+    let mut c = Vec::new();
+    for naa in naas {
+        let mut d = [0u8; 32];
+        d[0] = 0xe4;
+        d[4] = 0x01;
+        d[5] = 0x03;
+        d[7] = 16;
+        d[8..24].copy_from_slice(naa);
+        d[30] = (BS >> 8) as u8;
+        c.extend_from_slice(&d);
+    }
+    let mut s = Vec::new();
+    for &(src, dst, blocks, src_lba, dst_lba) in segs {
+        let mut d = [0u8; 28];
+        d[0] = 0x02;
+        d[3] = 24;
+        d[4..6].copy_from_slice(&src.to_be_bytes());
+        d[6..8].copy_from_slice(&dst.to_be_bytes());
+        d[10..12].copy_from_slice(&blocks.to_be_bytes());
+        d[12..20].copy_from_slice(&src_lba.to_be_bytes());
+        d[20..28].copy_from_slice(&dst_lba.to_be_bytes());
+        s.extend_from_slice(&d);
+    }
+    let mut p = vec![0u8; 16];
+    p[0] = list_id;
+    p[1] = usage << 3;
+    p[2..4].copy_from_slice(&(c.len() as u16).to_be_bytes());
+    p[8..12].copy_from_slice(&(s.len() as u32).to_be_bytes());
+    p.extend_from_slice(&c);
+    p.extend_from_slice(&s);
+    p
+}
+
+fn xcopy_cdb(len: usize) -> [u8; 16] {
+    let mut c = [0u8; 16];
+    c[0] = 0x83;
+    c[10..14].copy_from_slice(&(len as u32).to_be_bytes());
+    c
+}
+
+fn copy_status_cdb(list_id: u8) -> [u8; 16] {
+    let mut c = [0u8; 16];
+    c[0] = 0x84;
+    c[2] = list_id;
+    c[13] = 255;
+    c
+}
+
+#[tokio::test]
+async fn extended_copy_between_luns_and_within_one() {
+    let t = target();
+    let mut cfg1 = lun_config();
+    cfg1.naa[15] = 0xee;
+    t.add_lun(
+        1,
+        cfg1.clone(),
+        Arc::new(MemVolume::new(BS as u32, BLOCKS)),
+        None,
+    )
+    .unwrap();
+    let n = ready(&t, "1", 1).await;
+    // LUN 1 reports REPORTED LUNS DATA HAS CHANGED to this nexus only if it knew it;
+    // clear whatever it has.
+    let _ = t.execute(&n, cmd(1, &[0, 0, 0, 0, 0, 0], &[])).await;
+    let naa0 = lun_config().naa;
+    // No copy yet: COPY STATUS of list 5 is an invalid field.
+    let r = run(&t, &n, &copy_status_cdb(5), &[]).await;
+    assert_eq!(sense_of(&r), (ILLEGAL, 0x24, 0));
+    // A pattern on LUN 0, copied to LUN 1 (held status, list 5).
+    let pattern: Vec<u8> = (0..100 * BS).map(|i| (i / BS) as u8 ^ 0x5a).collect();
+    assert_eq!(run(&t, &n, &rw10(0x2a, 10, 100), &pattern).await.status, 0);
+    let p = xcopy_params(5, 0, &[naa0, cfg1.naa], &[(0, 1, 100, 10, 500)]);
+    let r = run(&t, &n, &xcopy_cdb(p.len()), &p).await;
+    assert_eq!(r.status, status::GOOD, "{r:?}");
+    let r = t.execute(&n, cmd(1, &rw10(0x28, 500, 100), &[])).await;
+    assert_eq!(&r.data_in[..], &pattern[..]);
+    let r = run(&t, &n, &copy_status_cdb(5), &[]).await;
+    assert_eq!(r.status, status::GOOD);
+    assert_eq!(r.data_in[4], 0x01, "completed without errors");
+    assert_eq!(u16::from_be_bytes([r.data_in[5], r.data_in[6]]), 1);
+    assert_eq!(r.data_in[7], 0, "bytes");
+    assert_eq!(
+        u32::from_be_bytes(r.data_in[8..12].try_into().unwrap()),
+        (100 * BS) as u32
+    );
+    // Overlapping forward copy on one LU behaves as memmove.
+    let p = xcopy_params(6, 2, &[naa0], &[(0, 0, 100, 10, 60)]);
+    assert_eq!(run(&t, &n, &xcopy_cdb(p.len()), &p).await.status, 0);
+    let r = run(&t, &n, &rw10(0x28, 60, 100), &[]).await;
+    assert_eq!(&r.data_in[..], &pattern[..]);
+    // LIST ID USAGE 10b: nothing held.
+    assert_eq!(
+        sense_of(&run(&t, &n, &copy_status_cdb(6), &[]).await).1,
+        0x24
+    );
+    // An index with no CSCD, an unknown NAA, beyond the end: COPY ABORTED.
+    let mut unknown = naa0;
+    unknown[15] = 0x77;
+    for p in [
+        xcopy_params(7, 0, &[naa0], &[(0, 1, 1, 0, 0)]),
+        xcopy_params(7, 0, &[unknown], &[(0, 0, 1, 0, 1)]),
+        xcopy_params(7, 0, &[naa0], &[(0, 0, 2, 0, BLOCKS - 1)]),
+    ] {
+        let r = run(&t, &n, &xcopy_cdb(p.len()), &p).await;
+        assert_eq!(sense_of(&r).0, key::COPY_ABORTED, "{r:?}");
+        let r = run(&t, &n, &copy_status_cdb(7), &[]).await;
+        assert_eq!(r.data_in[4], 0x02, "completed with errors");
+    }
+    // The destination's write protection and reservations apply to the copy.
+    let r = run(&t, &n, &rw10(0x28, 200, 1), &[]).await;
+    let before = r.data_in.clone();
+    let mut other = ready(&t, "2", 1).await;
+    other.initiator_name = Arc::from("iqn.other");
+    let reserve = [0x16, 0, 0, 0, 0, 0];
+    assert_eq!(t.execute(&other, cmd(0, &reserve, &[])).await.status, 0);
+    let p = xcopy_params(8, 0, &[naa0], &[(0, 0, 1, 10, 200)]);
+    let r = run(&t, &n, &xcopy_cdb(p.len()), &p).await;
+    assert_eq!(r.status, status::RESERVATION_CONFLICT);
+    assert_eq!(
+        run(&t, &other, &rw10(0x28, 200, 1), &[]).await.data_in,
+        before
+    );
+    // Operating parameters: the limits the parser enforces.
+    let mut op = copy_status_cdb(0);
+    op[1] = 0x03;
+    let r = run(&t, &other, &op, &[]).await;
+    assert_eq!(r.status, status::GOOD);
+    assert_eq!(u16::from_be_bytes([r.data_in[8], r.data_in[9]]), 8);
+    assert_eq!(u16::from_be_bytes([r.data_in[10], r.data_in[11]]), 16);
+    assert_eq!(&r.data_in[43..46], &[2, 0x02, 0xe4]);
+}
+
+#[tokio::test]
+async fn host_groups_decide_which_luns_an_initiator_sees() {
+    let t = target();
+    let mut cfg1 = lun_config();
+    cfg1.naa[15] = 0xee;
+    t.add_lun(
+        1,
+        cfg1.clone(),
+        Arc::new(MemVolume::new(BS as u32, BLOCKS)),
+        None,
+    )
+    .unwrap();
+    let named = |name: &str, chap: Option<&str>| ItNexus {
+        initiator_name: Arc::from(name),
+        initiator_port: Arc::from(format!("{name},i,0x1").as_str()),
+        relative_port_id: 1,
+        chap_user: chap.map(Arc::from),
+    };
+    let (a, b, stranger) = (
+        named("iqn.a", None),
+        named("iqn.b", Some("bob")),
+        named("iqn.c", None),
+    );
+    let report = |r: Response| -> Vec<u64> {
+        r.data_in[8..]
+            .chunks(8)
+            .map(|c| u16::from_be_bytes([c[0], c[1]]) as u64 & 0x3fff)
+            .collect()
+    };
+    let report_luns = [0xa0, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0];
+    // No groups: everyone sees both LUNs.
+    assert_eq!(
+        report(t.execute(&stranger, cmd(0, &report_luns, &[])).await),
+        vec![0, 1]
+    );
+    t.set_host_groups(vec![
+        HostGroup {
+            name: "a".into(),
+            initiators: vec!["iqn.a".into()],
+            chap_users: vec![],
+            luns: vec![(0, 0)],
+        },
+        HostGroup {
+            name: "b".into(),
+            initiators: vec![],
+            chap_users: vec!["bob".into()],
+            luns: vec![(0, 1)],
+        },
+    ])
+    .unwrap();
+    assert_eq!(
+        report(t.execute(&a, cmd(0, &report_luns, &[])).await),
+        vec![0]
+    );
+    assert_eq!(
+        report(t.execute(&b, cmd(0, &report_luns, &[])).await),
+        vec![0]
+    );
+    assert!(report(t.execute(&stranger, cmd(0, &report_luns, &[])).await).is_empty());
+    // LUN 0 of each group is a different LU: writes through one do not show in the other.
+    for n in [&a, &b] {
+        // Unit attentions (REPORTED LUNS DATA HAS CHANGED ...) first.
+        let mut tur = 0;
+        while t.execute(n, cmd(0, &[0; 6], &[])).await.status != 0 {
+            tur += 1;
+            assert!(tur < 8, "TEST UNIT READY keeps failing");
+        }
+    }
+    assert_eq!(
+        t.execute(&a, cmd(0, &rw10(0x2a, 5, 1), &[0xaa; BS]))
+            .await
+            .status,
+        0
+    );
+    assert_eq!(
+        t.execute(&b, cmd(0, &rw10(0x2a, 5, 1), &[0xbb; BS]))
+            .await
+            .status,
+        0
+    );
+    let r = t.execute(&a, cmd(0, &rw10(0x28, 5, 1), &[])).await;
+    assert!(r.data_in.iter().all(|&x| x == 0xaa));
+    let r = t.execute(&stranger, cmd(1, &rw10(0x28, 5, 1), &[])).await;
+    assert_eq!(sense_of(&r), (ILLEGAL, 0x25, 0));
+    // A LUN outside the group is not there, for reads, resets and copies alike.
+    let r = t.execute(&a, cmd(1, &rw10(0x28, 5, 1), &[])).await;
+    assert_eq!(sense_of(&r), (ILLEGAL, 0x25, 0));
+    assert!(!t.lun_reset(&a, 1).await);
+    let p = xcopy_params(1, 2, &[cfg1.naa, lun_config().naa], &[(0, 1, 1, 5, 6)]);
+    let r = t.execute(&a, cmd(0, &xcopy_cdb(p.len()), &p)).await;
+    assert_eq!(sense_of(&r).0, key::COPY_ABORTED);
+    let r = t.execute(&a, cmd(0, &rw10(0x28, 6, 1), &[])).await;
+    assert!(
+        r.data_in.iter().all(|&x| x == 0),
+        "nothing was copied from LUN 1"
+    );
+    // Contradicting groups are refused and the old ones stay.
+    let dup = HostGroup {
+        name: "x".into(),
+        initiators: vec!["iqn.a".into()],
+        chap_users: vec![],
+        luns: vec![],
+    };
+    assert!(t.set_host_groups(vec![dup.clone(), dup]).is_err());
+    assert_eq!(t.host_groups().len(), 2);
 }

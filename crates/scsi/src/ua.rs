@@ -148,6 +148,7 @@ mod tests {
             initiator_name: Arc::from("iqn.i"),
             initiator_port: Arc::from(port),
             relative_port_id: rel,
+            chap_user: None,
         }
     }
 

@@ -46,6 +46,7 @@ fn nexus() -> ItNexus {
         initiator_name: "iqn.x:i".into(),
         initiator_port: "iqn.x:i,i,0x000000000001".into(),
         relative_port_id: 1,
+        chap_user: None,
     }
 }
 

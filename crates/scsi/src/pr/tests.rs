@@ -40,6 +40,7 @@ fn nx(name: &str, isid: u64, port: u16) -> ItNexus {
         initiator_name: Arc::from(format!("iqn.2007-10.com.example:{name}")),
         initiator_port: Arc::from(port_name(name, isid)),
         relative_port_id: port,
+        chap_user: None,
     }
 }
 

@@ -182,6 +182,7 @@ fn nexus(initiator: &str, port: u16) -> ItNexus {
         initiator_port: Arc::from(format!("{name},i,0x000000000001")),
         initiator_name: Arc::from(name),
         relative_port_id: port,
+        chap_user: None,
     }
 }
 

@@ -1,0 +1,630 @@
+//! Copy offload inside the target (SPC-4 third-party copy, LID1): EXTENDED COPY with
+//! identification CSCD descriptors (0xE4, naming an LU by its NAA) and block-to-block
+//! segment descriptors (0x02), as VMware's VAAI "full copy" sends them; RECEIVE COPY
+//! RESULTS (COPY STATUS, OPERATING PARAMETERS); the Third-party Copy VPD page (0x8F).
+//!
+//! Where the data goes: from one LU of the target the command arrived at to another
+//! (or the same), through each LU's own volume, so a copy onto a RAID pool, a cache
+//! or a replicated LUN is as durable as a WRITE there: each chunk is written like a
+//! WRITE, FUA when the destination runs with its write cache disabled, under the
+//! destination's write-ordering lock shared. A copy target outside this target is
+//! not reachable (COPY ABORTED): an initiator can only copy between LUs it could
+//! read and write itself, and the reservation and ALUA checks of a READ on the
+//! source and a WRITE on the destination apply to the copy.
+//!
+//! Bounds: at most [`CSCD_MAX`] CSCD and [`SEGMENTS_MAX`] segment descriptors in
+//! [`DESC_LIST_MAX`] bytes, 65535 blocks a segment, [`CONCURRENT_MAX`] copies running
+//! per target (more wait), one [`CHUNK_BYTES`] chunk in memory per copy, and
+//! [`HELD_MAX`] held copy statuses per target (the oldest finished one goes first).
+//! A copy stops between chunks when its command is aborted; what it wrote stays
+//! written (each chunk is whole), and its status says "completed with errors".
+//! Overlapping ranges on one LU are copied as by memmove.
+
+use crate::cdb::{op, param_u16, param_u32, param_u64, Cdb};
+use crate::lu::{CmdResult, Done, Fail, LogicalUnit};
+use crate::pr::Access;
+use crate::rw::check_range;
+use crate::sense::{codes, Sense};
+use crate::ItNexus;
+use parking_lot::Mutex;
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicU16, AtomicU64, AtomicU8, Ordering};
+use std::sync::Arc;
+
+/// Most CSCD (target) descriptors in one EXTENDED COPY.
+pub(crate) const CSCD_MAX: u16 = 8;
+/// Most segment descriptors in one EXTENDED COPY.
+pub(crate) const SEGMENTS_MAX: u16 = 16;
+/// Most bytes of CSCD plus segment descriptors.
+pub(crate) const DESC_LIST_MAX: u32 = 1024;
+/// Copies running at once per target.
+pub(crate) const CONCURRENT_MAX: u16 = 8;
+/// Copy statuses held per target for RECEIVE COPY RESULTS.
+pub(crate) const HELD_MAX: usize = 64;
+/// Bytes read and written at a time.
+pub(crate) const CHUNK_BYTES: u64 = 1 << 20;
+
+const HEADER_LEN: usize = 16;
+const CSCD_LEN: usize = 32;
+const CSCD_IDENT: u8 = 0xe4;
+const SEG_B2B: u8 = 0x02;
+const SEG_B2B_LEN: usize = 28;
+/// Descriptor type codes this copy manager implements.
+const IMPLEMENTED: [u8; 2] = [SEG_B2B, CSCD_IDENT];
+
+/// RECEIVE COPY RESULTS service actions.
+const SA_COPY_STATUS: u8 = 0x00;
+const SA_OPERATING_PARAMETERS: u8 = 0x03;
+
+/// COPY MANAGER STATUS values.
+const IN_PROGRESS: u8 = 0x00;
+const DONE_OK: u8 = 0x01;
+const DONE_ERR: u8 = 0x02;
+
+/// Progress of one copy, as COPY STATUS reports it.
+#[derive(Default)]
+struct Status {
+    state: AtomicU8,
+    segments: AtomicU16,
+    bytes: AtomicU64,
+}
+
+struct Held {
+    initiator_port: Arc<str>,
+    list_id: u8,
+    status: Arc<Status>,
+}
+
+/// The copies of one target: the concurrency bound and the held statuses.
+pub(crate) struct Copies {
+    slots: tokio::sync::Semaphore,
+    held: Mutex<VecDeque<Held>>,
+}
+
+impl Default for Copies {
+    fn default() -> Self {
+        Copies {
+            slots: tokio::sync::Semaphore::new(CONCURRENT_MAX as usize),
+            held: Mutex::new(VecDeque::new()),
+        }
+    }
+}
+
+impl Copies {
+    /// The nexus is gone: its held statuses go with it.
+    pub fn nexus_lost(&self, nexus: &ItNexus) {
+        self.held
+            .lock()
+            .retain(|h| *h.initiator_port != *nexus.initiator_port);
+    }
+
+    fn find(&self, nexus: &ItNexus, list_id: u8) -> Option<Arc<Status>> {
+        self.held
+            .lock()
+            .iter()
+            .find(|h| *h.initiator_port == *nexus.initiator_port && h.list_id == list_id)
+            .map(|h| h.status.clone())
+    }
+
+    /// Registers a copy under `list_id`; Err if one with that id is still running.
+    fn start(&self, nexus: &ItNexus, list_id: u8) -> Result<Arc<Status>, Sense> {
+        let mut held = self.held.lock();
+        if let Some(i) = held
+            .iter()
+            .position(|h| *h.initiator_port == *nexus.initiator_port && h.list_id == list_id)
+        {
+            if held[i].status.state.load(Ordering::Acquire) == IN_PROGRESS {
+                return Err(codes::OPERATION_IN_PROGRESS);
+            }
+            held.remove(i);
+        }
+        if held.len() >= HELD_MAX {
+            // The oldest finished one; running ones are at most CONCURRENT_MAX.
+            if let Some(i) = held
+                .iter()
+                .position(|h| h.status.state.load(Ordering::Acquire) != IN_PROGRESS)
+            {
+                held.remove(i);
+            }
+        }
+        let status = Arc::new(Status::default());
+        held.push_back(Held {
+            initiator_port: nexus.initiator_port.clone(),
+            list_id,
+            status: status.clone(),
+        });
+        Ok(status)
+    }
+
+    fn forget(&self, status: &Arc<Status>) {
+        self.held.lock().retain(|h| !Arc::ptr_eq(&h.status, status));
+    }
+}
+
+/// Marks the status finished with errors unless the copy got to its end (covers an
+/// aborted command, whose future is dropped between chunks).
+struct Finish<'a> {
+    status: Option<&'a Status>,
+    ok: bool,
+}
+
+impl Drop for Finish<'_> {
+    fn drop(&mut self) {
+        if let Some(s) = self.status {
+            s.state
+                .store(if self.ok { DONE_OK } else { DONE_ERR }, Ordering::Release);
+        }
+    }
+}
+
+/// One block-to-block segment.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Segment {
+    src: u16,
+    dst: u16,
+    blocks: u16,
+    src_lba: u64,
+    dst_lba: u64,
+}
+
+/// An identification CSCD descriptor: the designator and the disk block length.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Cscd {
+    /// (association and designator type byte, designator).
+    designator: (u8, Vec<u8>),
+    block_len: u32,
+}
+
+/// A parsed parameter list.
+#[derive(Debug, PartialEq, Eq)]
+struct CopyList {
+    list_id: u8,
+    /// LIST ID USAGE: 00b hold the status, 10b do not hold it, 11b no list id.
+    usage: u8,
+    cscds: Vec<Cscd>,
+    segments: Vec<Segment>,
+}
+
+fn param_error(byte: usize) -> Sense {
+    codes::INVALID_FIELD_IN_PARAM.with_field(false, byte as u16, None)
+}
+
+/// Parses and checks an EXTENDED COPY (LID1) parameter list (SPC-4 6.4.3).
+fn parse(p: &[u8]) -> Result<CopyList, Sense> {
+    if p.len() < HEADER_LEN {
+        return Err(codes::PARAM_LIST_LENGTH_ERROR);
+    }
+    let list_id = p[0];
+    let usage = (p[1] >> 3) & 0x03;
+    if usage == 0x01 {
+        return Err(param_error(1));
+    }
+    let cscd_len = param_u16(p, 2) as usize;
+    let seg_len = param_u32(p, 8) as usize;
+    let inline_len = param_u32(p, 12) as usize;
+    if cscd_len + seg_len > DESC_LIST_MAX as usize {
+        return Err(codes::PARAM_LIST_LENGTH_ERROR);
+    }
+    if HEADER_LEN + cscd_len + seg_len + inline_len > p.len() {
+        return Err(codes::PARAM_LIST_LENGTH_ERROR);
+    }
+    if inline_len != 0 {
+        // MAXIMUM INLINE DATA LENGTH is 0.
+        return Err(param_error(12));
+    }
+    let cscd_area = &p[HEADER_LEN..HEADER_LEN + cscd_len];
+    if !cscd_len.is_multiple_of(CSCD_LEN) {
+        return Err(codes::PARAM_LIST_LENGTH_ERROR);
+    }
+    if cscd_len / CSCD_LEN > CSCD_MAX as usize {
+        return Err(codes::TOO_MANY_TARGET_DESCRIPTORS);
+    }
+    let mut cscds = Vec::with_capacity(cscd_len / CSCD_LEN);
+    for (i, d) in cscd_area.chunks_exact(CSCD_LEN).enumerate() {
+        let at = HEADER_LEN + i * CSCD_LEN;
+        if d[0] != CSCD_IDENT {
+            return Err(codes::UNSUPPORTED_TARGET_DESCRIPTOR.with_field(false, at as u16, None));
+        }
+        // Byte 1: LU ID TYPE (ignored in SPC-4), NUL (obsolete), device type.
+        if d[1] & 0x1f != 0 {
+            return Err(param_error(at + 1));
+        }
+        let len = (d[7] as usize).min(20);
+        cscds.push(Cscd {
+            designator: (d[5] & 0x3f, d[8..8 + len].to_vec()),
+            block_len: u32::from_be_bytes([0, d[29], d[30], d[31]]),
+        });
+    }
+    let seg_start = HEADER_LEN + cscd_len;
+    let seg_area = &p[seg_start..seg_start + seg_len];
+    let mut segments = Vec::new();
+    let mut off = 0;
+    while off < seg_area.len() {
+        let d = &seg_area[off..];
+        if d.len() < 4 {
+            return Err(codes::PARAM_LIST_LENGTH_ERROR);
+        }
+        let len = 4 + param_u16(d, 2) as usize;
+        if segments.len() == SEGMENTS_MAX as usize {
+            return Err(codes::TOO_MANY_SEGMENT_DESCRIPTORS);
+        }
+        let at = seg_start + off;
+        if d[0] != SEG_B2B {
+            return Err(codes::UNSUPPORTED_SEGMENT_DESCRIPTOR.with_field(false, at as u16, None));
+        }
+        if len != SEG_B2B_LEN {
+            return Err(param_error(at + 2));
+        }
+        if d.len() < len {
+            return Err(codes::PARAM_LIST_LENGTH_ERROR);
+        }
+        // Byte 1: DC (the count is in destination blocks) and CAT; both LUs must
+        // have one block size, so DC changes nothing and CAT has nothing to keep.
+        segments.push(Segment {
+            src: param_u16(d, 4),
+            dst: param_u16(d, 6),
+            blocks: param_u16(d, 10),
+            src_lba: param_u64(d, 12),
+            dst_lba: param_u64(d, 20),
+        });
+        off += len;
+    }
+    Ok(CopyList {
+        list_id,
+        usage,
+        cscds,
+        segments,
+    })
+}
+
+/// The LU a CSCD names: an LU designator (association 00b) of type NAA equal to an
+/// LU's, among `lus` (the target's).
+fn resolve(cscd: &Cscd, lus: &[Arc<LogicalUnit>]) -> Option<Arc<LogicalUnit>> {
+    let (assoc_type, value) = &cscd.designator;
+    if *assoc_type != 0x03 {
+        return None;
+    }
+    let lu = lus.iter().find(|l| l.config.naa[..] == value[..])?;
+    let bs = lu.geometry().block_size_bytes;
+    (cscd.block_len == 0 || cscd.block_len == bs).then(|| lu.clone())
+}
+
+/// The checks a READ(16) (`write` false) or WRITE(16) through `nexus` would pass.
+fn check_access(lu: &LogicalUnit, nexus: &ItNexus, write: bool) -> Result<(), Fail> {
+    let mut cdb = [0u8; 16];
+    cdb[0] = if write { op::WRITE_16 } else { op::READ_16 };
+    let parsed = Cdb::parse(&cdb).map_err(Fail::from)?;
+    if lu.alua.check(nexus.relative_port_id, &parsed).is_err() || lu.stopped.load(Ordering::Relaxed)
+    {
+        return Err(codes::COPY_TARGET_NOT_REACHABLE.into());
+    }
+    if lu.pr.check(nexus, &cdb) == Access::Conflict {
+        return Err(Fail::Conflict);
+    }
+    if write {
+        lu.check_writable()?;
+    }
+    Ok(())
+}
+
+/// Copies one segment, chunk by chunk, counting bytes into `status`.
+async fn copy_segment(
+    src: &LogicalUnit,
+    dst: &LogicalUnit,
+    seg: &Segment,
+    status: &Status,
+) -> Result<(), Fail> {
+    let (sg, dg) = (src.geometry(), dst.geometry());
+    if sg.block_size_bytes != dg.block_size_bytes {
+        return Err(codes::COPY_TARGET_NOT_REACHABLE.into());
+    }
+    let blocks = seg.blocks as u64;
+    if check_range(&sg, seg.src_lba, blocks).is_err()
+        || check_range(&dg, seg.dst_lba, blocks).is_err()
+    {
+        return Err(codes::COPY_ABORTED.into());
+    }
+    let bs = sg.block_size_bytes as u64;
+    let chunk = (CHUNK_BYTES / bs)
+        .min(sg.max_io_blocks.max(1) as u64)
+        .min(dg.max_io_blocks.max(1) as u64)
+        .max(1);
+    // memmove: a destination that overlaps the source from above is copied backwards.
+    let backwards =
+        std::ptr::eq(src, dst) && seg.dst_lba > seg.src_lba && seg.dst_lba < seg.src_lba + blocks;
+    let mut done = 0u64;
+    while done < blocks {
+        let n = chunk.min(blocks - done);
+        let off = if backwards { blocks - done - n } else { done };
+        let data = src
+            .volume
+            .read(seg.src_lba + off, n as u32)
+            .await
+            .map_err(|e| {
+                tracing::error!(lun = src.lun, error = %e, "copy: reading the source failed");
+                Fail::from(codes::COPY_TARGET_FAILURE)
+            })?;
+        let fua = dst.force_fua();
+        let _order = dst.write_order.read().await;
+        dst.volume
+            .write(seg.dst_lba + off, data, fua)
+            .await
+            .map_err(|e| {
+                tracing::error!(lun = dst.lun, error = %e, "copy: writing the destination failed");
+                Fail::from(codes::COPY_TARGET_FAILURE)
+            })?;
+        done += n;
+        status.bytes.fetch_add(n * bs, Ordering::Relaxed);
+    }
+    Ok(())
+}
+
+/// EXTENDED COPY (LID1) received through `lu` of a target whose LUs are `lus`.
+pub(crate) async fn extended_copy(
+    copies: &Copies,
+    lus: &[Arc<LogicalUnit>],
+    nexus: &ItNexus,
+    cdb: &Cdb,
+    data_out: &[u8],
+) -> CmdResult {
+    if cdb.service_action() != 0 {
+        return Err(cdb.invalid(1, Some(4)).into());
+    }
+    let param_len = cdb.u32_at(10) as usize;
+    if param_len == 0 {
+        return Ok(Done::empty());
+    }
+    let p = &data_out[..data_out.len().min(param_len)];
+    let list = parse(p)?;
+    let _slot = copies
+        .slots
+        .acquire()
+        .await
+        .map_err(|_| Fail::from(codes::INTERNAL_TARGET_FAILURE))?;
+    let status = match list.usage {
+        0x03 => None,
+        _ => Some(copies.start(nexus, list.list_id)?),
+    };
+    let mut finish = Finish {
+        status: status.as_deref(),
+        ok: false,
+    };
+    let lu_of = |index: u16| -> Result<Arc<LogicalUnit>, Fail> {
+        list.cscds
+            .get(index as usize)
+            .and_then(|c| resolve(c, lus))
+            .ok_or_else(|| Fail::from(codes::COPY_TARGET_NOT_REACHABLE))
+    };
+    for seg in &list.segments {
+        let src = lu_of(seg.src)?;
+        let dst = lu_of(seg.dst)?;
+        check_access(&src, nexus, false)?;
+        check_access(&dst, nexus, true)?;
+        let none = Status::default();
+        copy_segment(&src, &dst, seg, status.as_deref().unwrap_or(&none)).await?;
+        if let Some(s) = &status {
+            s.segments.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+    finish.ok = true;
+    drop(finish);
+    if let (Some(s), 0x02) = (&status, list.usage) {
+        copies.forget(s);
+    }
+    Ok(Done::empty())
+}
+
+/// RECEIVE COPY RESULTS (LID1): COPY STATUS and OPERATING PARAMETERS.
+pub(crate) fn receive_copy_results(
+    copies: &Copies,
+    lu: &LogicalUnit,
+    nexus: &ItNexus,
+    cdb: &Cdb,
+) -> CmdResult {
+    let alloc_len = cdb.u32_at(10);
+    let data = match cdb.service_action() {
+        SA_COPY_STATUS => {
+            let Some(s) = copies.find(nexus, cdb.b(2)) else {
+                return Err(cdb.invalid(2, None).into());
+            };
+            let mut d = vec![0u8; 12];
+            d[0..4].copy_from_slice(&8u32.to_be_bytes());
+            d[4] = s.state.load(Ordering::Acquire);
+            d[5..7].copy_from_slice(&s.segments.load(Ordering::Relaxed).to_be_bytes());
+            let bytes = s.bytes.load(Ordering::Relaxed);
+            // TRANSFER COUNT UNITS: 00h bytes, 01h KiB when bytes do not fit.
+            let (units, count) = match u32::try_from(bytes) {
+                Ok(b) => (0u8, b),
+                Err(_) => (1, u32::try_from(bytes >> 10).unwrap_or(u32::MAX)),
+            };
+            d[7] = units;
+            d[8..12].copy_from_slice(&count.to_be_bytes());
+            d
+        }
+        SA_OPERATING_PARAMETERS => operating_parameters(lu),
+        _ => return Err(cdb.invalid(1, Some(4)).into()),
+    };
+    Ok(Done::alloc(data, alloc_len))
+}
+
+/// Largest segment in bytes: 65535 blocks (the descriptor's 16-bit count).
+fn segment_bytes_max(lu: &LogicalUnit) -> u32 {
+    u32::try_from(u64::from(u16::MAX) * u64::from(lu.geometry().block_size_bytes))
+        .unwrap_or(u32::MAX)
+}
+
+fn operating_parameters(lu: &LogicalUnit) -> Vec<u8> {
+    let mut d = vec![0u8; 44 + IMPLEMENTED.len()];
+    let avail = (d.len() - 4) as u32;
+    d[0..4].copy_from_slice(&avail.to_be_bytes());
+    d[4] = 0x01; // SNLID: LIST ID USAGE 11b (no list identifier) is supported
+    d[8..10].copy_from_slice(&CSCD_MAX.to_be_bytes());
+    d[10..12].copy_from_slice(&SEGMENTS_MAX.to_be_bytes());
+    d[12..16].copy_from_slice(&DESC_LIST_MAX.to_be_bytes());
+    d[16..20].copy_from_slice(&segment_bytes_max(lu).to_be_bytes());
+    // MAXIMUM INLINE DATA LENGTH, HELD DATA LIMIT, MAXIMUM STREAM DEVICE TRANSFER
+    // SIZE: 0 (no inline or held data, no stream devices).
+    d[34..36].copy_from_slice(&CONCURRENT_MAX.to_be_bytes());
+    d[36] = CONCURRENT_MAX as u8;
+    d[37] = lu.geometry().block_size_bytes.trailing_zeros() as u8; // DATA SEGMENT GRANULARITY
+    d[43] = IMPLEMENTED.len() as u8;
+    d[44..].copy_from_slice(&IMPLEMENTED);
+    d
+}
+
+/// Appends one third-party copy descriptor, padded to a multiple of 4 bytes.
+fn tpc_descriptor(out: &mut Vec<u8>, kind: u16, mut body: Vec<u8>) {
+    while !body.len().is_multiple_of(4) {
+        body.push(0);
+    }
+    out.extend_from_slice(&kind.to_be_bytes());
+    out.extend_from_slice(&(body.len() as u16).to_be_bytes());
+    out.extend_from_slice(&body);
+}
+
+/// The body of the Third-party Copy VPD page (0x8F) for `lu`.
+pub(crate) fn vpd_page(lu: &LogicalUnit) -> Vec<u8> {
+    let mut out = Vec::with_capacity(128);
+    // Supported Commands (0001h): EXTENDED COPY LID1, RECEIVE COPY RESULTS LID1.
+    let cmds: [(u8, &[u8]); 2] = [
+        (op::EXTENDED_COPY, &[0x00]),
+        (
+            op::RECEIVE_COPY_RESULTS,
+            &[SA_COPY_STATUS, SA_OPERATING_PARAMETERS],
+        ),
+    ];
+    let mut list = Vec::new();
+    for (opcode, sas) in cmds {
+        list.push(opcode);
+        list.push(sas.len() as u8);
+        list.extend_from_slice(sas);
+    }
+    let mut body = vec![list.len() as u8];
+    body.extend_from_slice(&list);
+    tpc_descriptor(&mut out, 0x0001, body);
+    // Parameter Data (0004h).
+    let mut body = vec![0u8; 28];
+    body[4..6].copy_from_slice(&CSCD_MAX.to_be_bytes());
+    body[6..8].copy_from_slice(&SEGMENTS_MAX.to_be_bytes());
+    body[8..12].copy_from_slice(&DESC_LIST_MAX.to_be_bytes());
+    tpc_descriptor(&mut out, 0x0004, body);
+    // Supported Descriptors (0008h).
+    let mut body = vec![IMPLEMENTED.len() as u8];
+    body.extend_from_slice(&IMPLEMENTED);
+    tpc_descriptor(&mut out, 0x0008, body);
+    // General Copy Operations (8001h).
+    let mut body = vec![0u8; 28];
+    body[0..4].copy_from_slice(&u32::from(CONCURRENT_MAX).to_be_bytes());
+    body[4..8].copy_from_slice(&u32::from(CONCURRENT_MAX).to_be_bytes());
+    body[8..12].copy_from_slice(&segment_bytes_max(lu).to_be_bytes());
+    body[12] = lu.geometry().block_size_bytes.trailing_zeros() as u8;
+    tpc_descriptor(&mut out, 0x8001, body);
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn header(list_id: u8, usage: u8, cscd_len: u16, seg_len: u32) -> Vec<u8> {
+        let mut h = vec![0u8; HEADER_LEN];
+        h[0] = list_id;
+        h[1] = usage << 3;
+        h[2..4].copy_from_slice(&cscd_len.to_be_bytes());
+        h[8..12].copy_from_slice(&seg_len.to_be_bytes());
+        h
+    }
+
+    fn cscd(naa: &[u8; 16], block_len: u32) -> Vec<u8> {
+        let mut d = vec![0u8; CSCD_LEN];
+        d[0] = CSCD_IDENT;
+        d[4] = 0x01;
+        d[5] = 0x03;
+        d[7] = 16;
+        d[8..24].copy_from_slice(naa);
+        d[29..32].copy_from_slice(&block_len.to_be_bytes()[1..]);
+        d
+    }
+
+    fn segment(src: u16, dst: u16, blocks: u16, src_lba: u64, dst_lba: u64) -> Vec<u8> {
+        let mut d = vec![0u8; SEG_B2B_LEN];
+        d[0] = SEG_B2B;
+        d[2..4].copy_from_slice(&((SEG_B2B_LEN - 4) as u16).to_be_bytes());
+        d[4..6].copy_from_slice(&src.to_be_bytes());
+        d[6..8].copy_from_slice(&dst.to_be_bytes());
+        d[10..12].copy_from_slice(&blocks.to_be_bytes());
+        d[12..20].copy_from_slice(&src_lba.to_be_bytes());
+        d[20..28].copy_from_slice(&dst_lba.to_be_bytes());
+        d
+    }
+
+    fn list(cscds: &[Vec<u8>], segs: &[Vec<u8>]) -> Vec<u8> {
+        let c: Vec<u8> = cscds.concat();
+        let s: Vec<u8> = segs.concat();
+        let mut p = header(7, 0, c.len() as u16, s.len() as u32);
+        p.extend_from_slice(&c);
+        p.extend_from_slice(&s);
+        p
+    }
+
+    #[test]
+    fn parses_what_esxi_sends() {
+        let naa = [0x60; 16];
+        let p = list(&[cscd(&naa, 512)], &[segment(0, 0, 2048, 0, 4096)]);
+        let l = parse(&p).unwrap();
+        assert_eq!(l.list_id, 7);
+        assert_eq!(l.cscds[0].designator, (0x03, naa.to_vec()));
+        assert_eq!(l.cscds[0].block_len, 512);
+        assert_eq!(
+            l.segments,
+            vec![Segment {
+                src: 0,
+                dst: 0,
+                blocks: 2048,
+                src_lba: 0,
+                dst_lba: 4096
+            }]
+        );
+    }
+
+    #[test]
+    fn refuses_what_it_cannot_do_with_the_right_sense() {
+        let naa = [0x60; 16];
+        let good = list(&[cscd(&naa, 512)], &[segment(0, 0, 8, 0, 8)]);
+        // Truncated anywhere: PARAMETER LIST LENGTH ERROR.
+        for cut in [HEADER_LEN - 1, HEADER_LEN + CSCD_LEN - 1, good.len() - 1] {
+            assert_eq!(parse(&good[..cut]), Err(codes::PARAM_LIST_LENGTH_ERROR));
+        }
+        // One CSCD too many, one segment too many.
+        let many = vec![cscd(&naa, 512); CSCD_MAX as usize + 1];
+        assert_eq!(
+            parse(&list(&many, &[segment(0, 0, 1, 0, 1)])),
+            Err(codes::TOO_MANY_TARGET_DESCRIPTORS)
+        );
+        let segs = vec![segment(0, 0, 1, 0, 1); SEGMENTS_MAX as usize + 1];
+        assert_eq!(
+            parse(&list(&[cscd(&naa, 512)], &segs)),
+            Err(codes::TOO_MANY_SEGMENT_DESCRIPTORS)
+        );
+        // Descriptor lists longer than the maximum.
+        let segs = vec![segment(0, 0, 1, 0, 1); 40];
+        assert_eq!(
+            parse(&list(&[cscd(&naa, 512)], &segs)),
+            Err(codes::PARAM_LIST_LENGTH_ERROR)
+        );
+        // Unsupported descriptor types.
+        let mut fc = cscd(&naa, 512);
+        fc[0] = 0xe0;
+        let e = parse(&list(&[fc], &[segment(0, 0, 1, 0, 1)])).unwrap_err();
+        assert_eq!((e.asc, e.ascq), (0x26, 0x07));
+        let mut stream = segment(0, 0, 1, 0, 1);
+        stream[0] = 0x03;
+        let e = parse(&list(&[cscd(&naa, 512)], &[stream])).unwrap_err();
+        assert_eq!((e.asc, e.ascq), (0x26, 0x09));
+        // Inline data is not supported.
+        let mut p = good.clone();
+        p[12..16].copy_from_slice(&4u32.to_be_bytes());
+        p.extend_from_slice(&[0; 4]);
+        assert_eq!(parse(&p).unwrap_err().asc, 0x26);
+    }
+}
