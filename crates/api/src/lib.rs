@@ -139,6 +139,8 @@ pub enum ObjectKind {
     Pool,
     /// A LUN of a target.
     Lun,
+    /// A host group of a target (LUN masking).
+    HostGroup,
 }
 
 impl IntoResponse for ApiError {
@@ -416,6 +418,28 @@ async fn delete_lun(
     c.delete(ObjectKind::Lun, body_of(body)?).await.map(Json)
 }
 
+async fn set_host_group(
+    State(c): State<Ctl>,
+    body: Result<Json<Value>, JsonRejection>,
+) -> Result<Json<Value>, ApiError> {
+    c.create(ObjectKind::HostGroup, body_of(body)?)
+        .await
+        .map(Json)
+}
+
+async fn delete_host_group(
+    State(c): State<Ctl>,
+    body: Result<Json<Value>, JsonRejection>,
+) -> Result<Json<Value>, ApiError> {
+    c.delete(ObjectKind::HostGroup, body_of(body)?)
+        .await
+        .map(Json)
+}
+
+async fn host_groups(State(c): State<Ctl>) -> Json<Value> {
+    Json(Value::Array(c.list(ObjectKind::HostGroup).await))
+}
+
 async fn disks(State(c): State<Ctl>) -> Json<Value> {
     Json(Value::Array(c.list(ObjectKind::Disk).await))
 }
@@ -460,6 +484,8 @@ pub fn router(control: Ctl, gate: Arc<guard::Gate>) -> Router {
         .route("/api/v1/disks", get(disks).post(create_disk))
         .route("/api/v1/luns", get(luns).post(create_lun))
         .route("/api/v1/luns/delete", post(delete_lun))
+        .route("/api/v1/host-groups", get(host_groups).post(set_host_group))
+        .route("/api/v1/host-groups/delete", post(delete_host_group))
         .route("/api/v1/pools/{name}", get(pool))
         .route("/api/v1/pools/{name}/scrub", post(scrub))
         .route("/api/v1/pools/{name}/spares", post(spares))

@@ -932,6 +932,23 @@ impl Config {
             if !iqns.insert(&t.iqn) {
                 bail!("target {} is configured twice", t.iqn);
             }
+            for g in &t.host_groups {
+                if g.name.is_empty()
+                    || g.name.len() > 64
+                    || !g
+                        .name
+                        .chars()
+                        .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
+                {
+                    bail!(
+                        "target {}: host group names are 1-64 letters, digits, '-', '_', '.' ({:?})",
+                        t.iqn,
+                        g.name
+                    );
+                }
+            }
+            let groups: Vec<scsi::HostGroup> = t.host_groups.iter().map(|g| g.to_scsi()).collect();
+            scsi::check_host_groups(&groups).with_context(|| format!("target {}", t.iqn))?;
             if t.mutual_chap.is_some() && t.chap.is_none() && t.chap_initiators.is_empty() {
                 bail!(
                     "target {}: mutual_chap needs chap or chap_initiator as well",

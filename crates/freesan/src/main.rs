@@ -69,6 +69,13 @@ enum Command {
         #[command(subcommand)]
         cmd: objcmd::LunCmd,
     },
+    /// LUN masking: which initiators see which LUNs of a running node's targets.
+    HostGroup {
+        #[command(flatten)]
+        api: poolcmd::ApiArg,
+        #[command(subcommand)]
+        cmd: objcmd::HostGroupCmd,
+    },
     /// HA pair state of a running node's replicated LUNs.
     Replica {
         #[command(flatten)]
@@ -268,6 +275,11 @@ fn main() {
             quiet_broken_pipe();
             apicmd::use_credentials(&api);
             objcmd::lun(api.api, cmd)
+        }
+        Command::HostGroup { api, cmd } => {
+            quiet_broken_pipe();
+            apicmd::use_credentials(&api);
+            objcmd::host_group(api.api, cmd)
         }
         Command::Replica { api, cmd } => {
             quiet_broken_pipe();

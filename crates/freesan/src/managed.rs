@@ -5,7 +5,7 @@
 //! the configuration at every start, so they come back after a restart. The
 //! operator's config file is never rewritten.
 
-use crate::config::{Config, DiskConfig, LunConfig, PoolConfig};
+use crate::config::{Config, DiskConfig, HostGroupConfig, LunConfig, PoolConfig};
 use anyhow::{bail, Context, Result};
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
@@ -64,6 +64,9 @@ pub struct ManagedTarget {
     /// The LUNs (every one with its `id`).
     #[serde(rename = "lun", default)]
     pub luns: Vec<LunConfig>,
+    /// Host groups created at run time (`freesan host-group create`).
+    #[serde(rename = "host_group", default, skip_serializing_if = "Vec::is_empty")]
+    pub host_groups: Vec<HostGroupConfig>,
 }
 
 impl Managed {
@@ -109,6 +112,7 @@ impl Managed {
                 );
             };
             t.luns.extend(mt.luns.iter().cloned());
+            t.host_groups.extend(mt.host_groups.iter().cloned());
         }
         for pd in &self.pool_disks {
             let Some(p) = cfg.pools.iter_mut().find(|p| p.name == pd.name) else {
@@ -167,8 +171,40 @@ impl Managed {
             None => self.targets.push(ManagedTarget {
                 iqn: iqn.to_string(),
                 luns: vec![lun],
+                host_groups: vec![],
             }),
         }
+    }
+
+    /// Whether host group `name` of target `iqn` was created at run time.
+    pub fn has_host_group(&self, iqn: &str, name: &str) -> bool {
+        self.targets
+            .iter()
+            .any(|t| t.iqn == iqn && t.host_groups.iter().any(|g| g.name == name))
+    }
+
+    /// Records host group `group` of target `iqn`, replacing one of its name.
+    pub fn set_host_group(&mut self, iqn: &str, group: HostGroupConfig) {
+        self.remove_host_group(iqn, &group.name);
+        match self.targets.iter_mut().find(|t| t.iqn == iqn) {
+            Some(t) => t.host_groups.push(group),
+            None => self.targets.push(ManagedTarget {
+                iqn: iqn.to_string(),
+                luns: vec![],
+                host_groups: vec![group],
+            }),
+        }
+    }
+
+    /// Forgets host group `name` of target `iqn`.
+    pub fn remove_host_group(&mut self, iqn: &str, name: &str) {
+        for t in &mut self.targets {
+            if t.iqn == iqn {
+                t.host_groups.retain(|g| g.name != name);
+            }
+        }
+        self.targets
+            .retain(|t| !t.luns.is_empty() || !t.host_groups.is_empty());
     }
 
     /// Forgets LUN `id` of target `iqn`.
@@ -178,7 +214,8 @@ impl Managed {
                 t.luns.retain(|l| l.id != Some(id));
             }
         }
-        self.targets.retain(|t| !t.luns.is_empty());
+        self.targets
+            .retain(|t| !t.luns.is_empty() || !t.host_groups.is_empty());
     }
 }
 

@@ -1,4 +1,5 @@
-//! `freesan disk ...` and `freesan lun ...`: create, list and delete disks and LUNs
+//! `freesan disk ...`, `freesan lun ...` and `freesan host-group ...`: create, list and
+//! delete disks, LUNs and host groups
 //! on a running node through its management API (kept across restarts in
 //! `DATA_DIR/managed.toml`).
 
@@ -220,6 +221,129 @@ pub fn lun(api: SocketAddr, cmd: LunCmd) -> Result<()> {
                     } else {
                         ""
                     }
+                );
+            }
+        }
+    }
+    Ok(())
+}
+
+/// `freesan host-group` subcommands (LUN masking).
+#[derive(clap::Subcommand, Debug, Clone)]
+pub enum HostGroupCmd {
+    /// Create or replace a host group of a target: its initiators see only its
+    /// LUNs (once a target has a group, an initiator in none sees no LUN).
+    Create {
+        /// Target name (IQN).
+        #[arg(long)]
+        target: String,
+        /// Group name.
+        #[arg(long)]
+        name: String,
+        /// An initiator name in the group (repeat for more).
+        #[arg(long = "initiator")]
+        initiators: Vec<String>,
+        /// A CHAP name in the group (repeat for more).
+        #[arg(long = "chap-user")]
+        chap_users: Vec<String>,
+        /// A LUN the group sees: `3` (as LUN 3) or `3:0` (LUN 3 shown as LUN 0);
+        /// repeat for more.
+        #[arg(long = "lun")]
+        luns: Vec<String>,
+    },
+    /// Remove a host group created with `host-group create`.
+    Delete {
+        /// Target name (IQN).
+        #[arg(long)]
+        target: String,
+        /// Group name.
+        #[arg(long)]
+        name: String,
+    },
+    /// Every host group of the node's targets.
+    List {
+        /// Print the raw JSON.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+/// `3` or `3:0` as a host group's LUN entry.
+fn host_group_lun(s: &str) -> Result<Value> {
+    let (lun, seen) = match s.split_once(':') {
+        Some((l, a)) => (l, Some(a)),
+        None => (s, None),
+    };
+    let lun: u64 = lun
+        .trim()
+        .parse()
+        .map_err(|_| anyhow::anyhow!("--lun {s:?}: expected LUN or LUN:AS"))?;
+    Ok(match seen {
+        Some(a) => {
+            let a: u64 = a
+                .trim()
+                .parse()
+                .map_err(|_| anyhow::anyhow!("--lun {s:?}: expected LUN or LUN:AS"))?;
+            json!({ "lun": lun, "as": a })
+        }
+        None => json!({ "lun": lun }),
+    })
+}
+
+/// Runs a `freesan host-group` subcommand against the API at `api`.
+pub fn host_group(api: SocketAddr, cmd: HostGroupCmd) -> Result<()> {
+    match cmd {
+        HostGroupCmd::Create {
+            target,
+            name,
+            initiators,
+            chap_users,
+            luns,
+        } => {
+            let luns = luns
+                .iter()
+                .map(|l| host_group_lun(l))
+                .collect::<Result<Vec<_>>>()?;
+            let group = json!({
+                "name": name, "initiators": initiators, "chap_users": chap_users, "luns": luns,
+            });
+            let body = json!({ "target": target, "group": group });
+            let (code, v) = http(api, "POST", "/api/v1/host-groups", Some(&body))?;
+            ok_or_error(code, v)?;
+            println!("host group {name} of {target} set");
+        }
+        HostGroupCmd::Delete { target, name } => {
+            let body = json!({ "target": target, "name": name });
+            let (code, v) = http(api, "POST", "/api/v1/host-groups/delete", Some(&body))?;
+            ok_or_error(code, v)?;
+            println!("host group {name} of {target} deleted");
+        }
+        HostGroupCmd::List { json } => {
+            let (code, v) = http(api, "GET", "/api/v1/host-groups", None)?;
+            let v = ok_or_error(code, v)?;
+            if json {
+                return print_json(&v);
+            }
+            for g in v.as_array().into_iter().flatten() {
+                let luns: Vec<String> = g["luns"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .map(|l| format!("{}->{}", l["lun"], l["as"]))
+                    .collect();
+                let members: Vec<&str> = g["initiators"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .chain(g["chap_users"].as_array().into_iter().flatten())
+                    .filter_map(|m| m.as_str())
+                    .collect();
+                println!(
+                    "{} {:<16} luns [{}]  members [{}]",
+                    g["target"].as_str().unwrap_or("?"),
+                    g["name"].as_str().unwrap_or("?"),
+                    luns.join(", "),
+                    members.join(", ")
                 );
             }
         }

@@ -8,7 +8,7 @@
 //! it will start with again stay the same. Creations are serialised.
 
 use crate::cluster::Cluster;
-use crate::config::{Config, DiskConfig, LunConfig, PoolConfig};
+use crate::config::{Config, DiskConfig, HostGroupConfig, LunConfig, PoolConfig};
 use crate::managed::Managed;
 use crate::pools::Pools;
 use api::ApiError;
@@ -49,6 +49,22 @@ struct LunRequest {
 struct LunRef {
     target: String,
     lun: u64,
+}
+
+/// `POST /api/v1/host-groups`: a host group of `target` (replaces one of its name).
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct HostGroupRequest {
+    target: String,
+    group: HostGroupConfig,
+}
+
+/// `POST /api/v1/host-groups/delete`.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct HostGroupRef {
+    target: String,
+    name: String,
 }
 
 fn bad(e: impl std::fmt::Display) -> ApiError {
@@ -304,6 +320,102 @@ impl Objects {
         self.commit(cfg, managed)?;
         tracing::info!(%target, lun = id, "LUN deleted");
         Ok(json!({ "target": target, "lun": id, "deleted": true }))
+    }
+
+    /// Applies `cfg`'s host groups of `iqn` to the running target.
+    fn apply_host_groups(&self, cfg: &Config, iqn: &str) -> Result<(), ApiError> {
+        let groups = cfg
+            .targets
+            .iter()
+            .find(|t| t.iqn == iqn)
+            .map(|t| t.host_groups.iter().map(|g| g.to_scsi()).collect())
+            .unwrap_or_default();
+        self.target(iqn)?
+            .set_host_groups(groups)
+            .map_err(|e| bad(format!("{e:#}")))
+    }
+
+    /// Creates or replaces a host group of a target (LUN masking); its initiators
+    /// are told to rescan.
+    pub async fn set_host_group(&self, body: Value) -> Result<Value, ApiError> {
+        let HostGroupRequest { target, group } = parse(body)?;
+        self.target(&target)?;
+        let _op = self.op.lock().await;
+        let (mut cfg, mut managed) = self.snapshot();
+        let name = group.name.clone();
+        let t = cfg
+            .targets
+            .iter_mut()
+            .find(|t| t.iqn == target)
+            .ok_or_else(|| ApiError::NotFound(format!("no target named {target}")))?;
+        if t.host_groups.iter().any(|g| g.name == name) && !managed.has_host_group(&target, &name) {
+            return Err(ApiError::Conflict(format!(
+                "host group {name} of {target} is in the config file: change it there"
+            )));
+        }
+        t.host_groups.retain(|g| g.name != name);
+        t.host_groups.push(group.clone());
+        Self::check(&cfg)?;
+        managed.set_host_group(&target, group);
+        self.apply_host_groups(&cfg, &target)?;
+        self.commit(cfg, managed)?;
+        tracing::info!(%target, group = %name, "host group set");
+        Ok(json!({ "target": target, "name": name, "set": true }))
+    }
+
+    /// Removes a host group created at run time.
+    pub async fn delete_host_group(&self, body: Value) -> Result<Value, ApiError> {
+        let HostGroupRef { target, name } = parse(body)?;
+        self.target(&target)?;
+        let _op = self.op.lock().await;
+        let (mut cfg, mut managed) = self.snapshot();
+        if !managed.has_host_group(&target, &name) {
+            let in_file = cfg
+                .targets
+                .iter()
+                .any(|t| t.iqn == target && t.host_groups.iter().any(|g| g.name == name));
+            return Err(if in_file {
+                ApiError::Conflict(format!(
+                    "host group {name} of {target} is in the config file: remove it there"
+                ))
+            } else {
+                ApiError::NotFound(format!("target {target} has no host group {name}"))
+            });
+        }
+        for t in &mut cfg.targets {
+            if t.iqn == target {
+                t.host_groups.retain(|g| g.name != name);
+            }
+        }
+        managed.remove_host_group(&target, &name);
+        self.apply_host_groups(&cfg, &target)?;
+        self.commit(cfg, managed)?;
+        tracing::info!(%target, group = %name, "host group deleted");
+        Ok(json!({ "target": target, "name": name, "deleted": true }))
+    }
+
+    /// Every host group of every target, as the targets apply them.
+    pub fn host_groups_now(&self) -> Vec<Value> {
+        let st = self.state.lock();
+        let mut out = Vec::new();
+        for t in &st.cfg.targets {
+            for g in &t.host_groups {
+                let luns: Vec<Value> = g
+                    .luns
+                    .iter()
+                    .map(|l| json!({ "lun": l.lun, "as": l.seen_as.unwrap_or(l.lun) }))
+                    .collect();
+                out.push(json!({
+                    "target": t.iqn,
+                    "name": g.name,
+                    "initiators": g.initiators,
+                    "chap_users": g.chap_users,
+                    "luns": luns,
+                    "runtime": st.managed.has_host_group(&t.iqn, &g.name),
+                }));
+            }
+        }
+        out
     }
 
     /// Records pool `name`'s disks after a run-time change (spare added, member

@@ -809,6 +809,7 @@ impl api::Control for NodeControl {
                 o.create_lun(&self.pools, self.cluster.as_deref(), body)
                     .await
             }
+            api::ObjectKind::HostGroup => o.set_host_group(body).await,
         }
     }
 
@@ -823,6 +824,7 @@ impl api::Control for NodeControl {
                     .delete_lun(&self.pools, self.cluster.as_deref(), body)
                     .await
             }
+            api::ObjectKind::HostGroup => self.objects.delete_host_group(body).await,
             _ => Err(api::ApiError::BadRequest(format!(
                 "{kind:?} objects cannot be deleted at run time"
             ))),
@@ -834,6 +836,7 @@ impl api::Control for NodeControl {
             api::ObjectKind::Disk => self.objects.disks(&self.pools).await,
             api::ObjectKind::Pool => self.pools.statuses(),
             api::ObjectKind::Lun => self.objects.luns_now(),
+            api::ObjectKind::HostGroup => self.objects.host_groups_now(),
         }
     }
 }

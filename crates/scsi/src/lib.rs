@@ -48,7 +48,7 @@ mod ua;
 
 pub use admin::encode_lun;
 pub use inquiry::{Limits, CAW_BLOCKS_MAX, UNMAP_BLOCKS_MAX, UNMAP_DESCRIPTORS_MAX};
-pub use masking::HostGroup;
+pub use masking::{check_host_groups, HostGroup};
 pub use replication::PrReplication;
 pub use target::ScsiTarget;
 pub use ua::UA_QUEUE_DEPTH_MAX;

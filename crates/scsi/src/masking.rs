@@ -28,6 +28,12 @@ pub struct HostGroup {
     pub luns: Vec<(u64, u64)>,
 }
 
+/// Checks host groups as [`crate::ScsiTarget::set_host_groups`] will (for a
+/// configuration checked before anything starts).
+pub fn check_host_groups(groups: &[HostGroup]) -> Result<(), ScsiError> {
+    Masking::new(groups.to_vec()).map(|_| ())
+}
+
 /// What one initiator sees: (its LUN number, the target's LUN), sorted by the first.
 pub(crate) type View = Arc<[(u64, u64)]>;
 
