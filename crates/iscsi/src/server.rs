@@ -130,6 +130,12 @@ impl Server {
             shutdown,
             buffers: cfg.buffers,
         });
+        for (i, t) in ctx.targets.iter().enumerate() {
+            t.scsi.set_task_abort(Arc::new(crate::tmf::PreemptAbort {
+                ctx: Arc::downgrade(&ctx),
+                target: i,
+            }));
+        }
         Ok(Server {
             listeners,
             ctx,

@@ -197,3 +197,45 @@ fn drop_writes(conn: &mut Conn, pred: impl Fn(u64) -> bool) {
         }
     }
 }
+
+/// PREEMPT AND ABORT's task abort for one target: the sessions of the preempted
+/// I_T nexuses abort their commands on the LU (as each numbers it), and the call
+/// returns once they are gone (bounded by the drain time, like a TMF).
+pub(crate) struct PreemptAbort {
+    pub ctx: std::sync::Weak<crate::server::Ctx>,
+    pub target: usize,
+}
+
+#[async_trait::async_trait]
+impl scsi::TaskAbort for PreemptAbort {
+    async fn abort_tasks(&self, target_lun: u64, victims: &[scsi::pr::NexusId]) {
+        let Some(ctx) = self.ctx.upgrade() else {
+            return;
+        };
+        let drain = Duration::from_millis(ctx.limits.drain_timeout_ms);
+        let mut aborted = Vec::new();
+        for s in ctx.registry.of_target(self.target) {
+            let (Some(nexus), Some(scsi)) = (&s.nexus, &s.scsi) else {
+                continue;
+            };
+            let hit = victims.iter().any(|v| {
+                *v.initiator_port == *nexus.initiator_port
+                    && v.relative_port_id == nexus.relative_port_id
+            });
+            let Some(lun) = hit.then(|| scsi.seen_lun(nexus, target_lun)).flatten() else {
+                continue;
+            };
+            let itts = s.abort_where(|l| l == lun);
+            tracing::info!(
+                initiator = %nexus.initiator_port,
+                lun,
+                tasks = itts.len(),
+                "tasks aborted by PREEMPT AND ABORT"
+            );
+            aborted.push((s, itts));
+        }
+        for (s, itts) in &aborted {
+            s.wait_gone(itts, drain).await;
+        }
+    }
+}

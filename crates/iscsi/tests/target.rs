@@ -690,3 +690,180 @@ async fn commands_reach_the_lu_in_arrival_order() {
     }
     fx.shutdown().await;
 }
+
+/// LUN 0 of the open target: writes below LBA 64 wait at a gate until the test
+/// opens it, and count themselves as they arrive.
+struct Gated {
+    inner: block::VolumeRef,
+    open: tokio::sync::Semaphore,
+    arrived: std::sync::atomic::AtomicUsize,
+    arrival: tokio::sync::Notify,
+}
+
+#[async_trait::async_trait]
+impl block::Volume for Gated {
+    fn geometry(&self) -> block::Geometry {
+        self.inner.geometry()
+    }
+    async fn read(&self, lba: u64, blocks: u32) -> block::BlockResult<bytes::Bytes> {
+        self.inner.read(lba, blocks).await
+    }
+    async fn write(&self, lba: u64, data: bytes::Bytes, fua: bool) -> block::BlockResult<()> {
+        if lba < 64 {
+            self.arrived
+                .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            self.arrival.notify_waiters();
+            self.open.acquire().await.expect("gate").forget();
+        }
+        self.inner.write(lba, data, fua).await
+    }
+    async fn flush(&self) -> block::BlockResult<()> {
+        self.inner.flush().await
+    }
+    async fn discard(&self, lba: u64, blocks: u64) -> block::BlockResult<()> {
+        self.inner.discard(lba, blocks).await
+    }
+}
+
+impl Gated {
+    /// Waits until `n` gated writes have arrived.
+    async fn arrivals(&self, n: usize) {
+        let wait = async {
+            loop {
+                let notified = self.arrival.notified();
+                tokio::pin!(notified);
+                notified.as_mut().enable();
+                if self.arrived.load(std::sync::atomic::Ordering::SeqCst) >= n {
+                    return;
+                }
+                notified.await;
+            }
+        };
+        tokio::time::timeout(Duration::from_secs(20), wait)
+            .await
+            .expect("the write never reached the volume");
+    }
+}
+
+/// Sends `cdb` (with `data` as immediate data) and returns the SCSI status and
+/// any Data-In.
+async fn scsi(c: &mut Client, cdb: &[u8], data: &[u8], read_len: u32) -> (u8, Vec<u8>) {
+    let edtl = if data.is_empty() {
+        read_len
+    } else {
+        data.len() as u32
+    };
+    let cmd = c.command(cdb, read_len > 0, !data.is_empty(), edtl, true);
+    c.send(&cmd, false, data).await;
+    let mut din = Vec::new();
+    loop {
+        let p = c.recv_skip_pings().await.expect("response");
+        match p.pdu {
+            TargetPdu::ScsiResponse(s) => return (s.status, din),
+            TargetPdu::DataIn(d) => {
+                din.extend_from_slice(&p.data);
+                if let Some(st) = d.status {
+                    return (st, din);
+                }
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+}
+
+/// PERSISTENT RESERVE OUT with service action `sa`, keys `key` and `sa_key`.
+async fn pr_out(c: &mut Client, sa: u8, key: u64, sa_key: u64) -> u8 {
+    let mut p = [0u8; 24];
+    p[..8].copy_from_slice(&key.to_be_bytes());
+    p[8..16].copy_from_slice(&sa_key.to_be_bytes());
+    scsi(c, &[0x5f, sa, 0, 0, 0, 0, 0, 0, 24, 0], &p, 0).await.0
+}
+
+async fn logged_in_ready(addr: std::net::SocketAddr, isid: u8) -> Client {
+    let mut c = Client::connect_isid(addr, [0x80, 0, 0, 0, 0, isid]).await;
+    let st = c
+        .login_simple(OPEN, &[("InitialR2T", "No"), ("ImmediateData", "Yes")])
+        .await;
+    assert_eq!(st, (0, 0));
+    for _ in 0..4 {
+        if scsi(&mut c, &[0, 0, 0, 0, 0, 0], &[], 0).await.0 == 0 {
+            return c;
+        }
+    }
+    panic!("TEST UNIT READY never succeeded");
+}
+
+/// PREEMPT AND ABORT aborts the preempted nexus' commands on the LU before it
+/// answers: a write of the preempted initiator held at the volume never lands and
+/// gets no answer. PREEMPT alone (the control) lets the same write finish.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn preempt_and_abort_aborts_the_preempted_nexus_tasks() {
+    let gated = std::sync::Arc::new(Gated {
+        inner: std::sync::Arc::new(block::MemVolume::new(512, 8192)),
+        open: tokio::sync::Semaphore::new(0),
+        arrived: std::sync::atomic::AtomicUsize::new(0),
+        arrival: tokio::sync::Notify::new(),
+    });
+    let fx = start_with(Limits::default(), Some(gated.clone())).await;
+    let (ka, kb) = (0xaaaa_u64, 0xbbbb_u64);
+    let mut a = logged_in_ready(fx.addrs[0], 1).await;
+    let mut b = logged_in_ready(fx.addrs[1], 2).await;
+    assert_eq!(pr_out(&mut b, 0x00, 0, kb).await, 0, "register B");
+    for (round, (sa, lba, fill)) in [(0x04u8, 8u8, 0x11u8), (0x05, 16, 0x22)]
+        .into_iter()
+        .enumerate()
+    {
+        assert_eq!(pr_out(&mut a, 0x00, 0, ka).await, 0, "register A");
+        // A's write waits at the volume's gate.
+        let cmd = a.command(
+            &[0x2a, 0, 0, 0, 0, lba, 0, 0, 8, 0],
+            false,
+            true,
+            4096,
+            true,
+        );
+        let itt = match cmd {
+            InitiatorPdu::ScsiCommand(ref s) => s.itt,
+            _ => unreachable!(),
+        };
+        a.send(&cmd, false, &[fill; 4096]).await;
+        gated.arrivals(round + 1).await;
+        assert_eq!(pr_out(&mut b, sa, kb, ka).await, 0, "preempt (sa {sa:#x})");
+        gated.open.add_permits(1);
+        if sa == 0x04 {
+            // PREEMPT alone: the held write goes on and is answered.
+            match a.recv_skip_pings().await.expect("write answer").pdu {
+                TargetPdu::ScsiResponse(s) => assert_eq!((s.itt, s.status), (itt, 0)),
+                other => panic!("{other:?}"),
+            }
+        }
+        let (st, data) = scsi(&mut b, &[0x28, 0, 0, 0, 0, lba, 0, 0, 8, 0], &[], 4096).await;
+        assert_eq!(st, 0);
+        if sa == 0x04 {
+            assert!(data.iter().all(|&x| x == fill), "the write landed");
+        } else {
+            assert!(
+                data.iter().all(|&x| x == 0),
+                "the aborted write never landed"
+            );
+        }
+        // A's next answer is its TEST UNIT READY's (none for an aborted write): the
+        // unit attention of the preemption.
+        let tur = a.command(&[0, 0, 0, 0, 0, 0], false, false, 0, true);
+        let tur_itt = match tur {
+            InitiatorPdu::ScsiCommand(ref s) => s.itt,
+            _ => unreachable!(),
+        };
+        a.send(&tur, false, &[]).await;
+        match a.recv_skip_pings().await.expect("TUR answer").pdu {
+            TargetPdu::ScsiResponse(s) => assert_eq!((s.itt, s.status), (tur_itt, 2)),
+            other => panic!("{other:?}"),
+        }
+        for _ in 0..4 {
+            if scsi(&mut a, &[0, 0, 0, 0, 0, 0], &[], 0).await.0 == 0 {
+                break;
+            }
+        }
+    }
+    fx.shutdown().await;
+}

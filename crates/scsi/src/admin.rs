@@ -82,6 +82,25 @@ pub(crate) async fn start_stop_unit(lu: &LogicalUnit, cdb: &Cdb) -> CmdResult {
 }
 
 /// PREVENT ALLOW MEDIUM REMOVAL, tracked per I_T nexus.
+/// READ DEFECT DATA(10)/(12): a virtual disk has no defects; both lists are valid
+/// and empty, in the format asked for (smartctl reads the grown list this way).
+pub(crate) fn read_defect_data(cdb: &Cdb) -> CmdResult {
+    let twelve = cdb.opcode() == op::READ_DEFECT_DATA_12;
+    let (flags, alloc_len) = if twelve {
+        (cdb.b(1), cdb.u32_at(6))
+    } else {
+        (cdb.b(2), cdb.u16_at(7) as u32)
+    };
+    // REQ_PLIST, REQ_GLIST -> PLISTV, GLISTV; DEFECT LIST FORMAT echoed.
+    let valid = flags & 0x1f;
+    let data = if twelve {
+        vec![0, valid, 0, 0, 0, 0, 0, 0]
+    } else {
+        vec![0, valid, 0, 0]
+    };
+    Ok(Done::alloc(data, alloc_len))
+}
+
 pub(crate) fn prevent_allow(lu: &LogicalUnit, nexus: &ItNexus, cdb: &Cdb) -> CmdResult {
     let prevent = cdb.b(4) & 0x03;
     let mut media = lu.media.lock();
@@ -143,7 +162,7 @@ pub(crate) fn pr_out(
     data_out: &Bytes,
     ports: &[TargetPort],
     want_state: bool,
-) -> Result<(Done, Option<Bytes>), Fail> {
+) -> Result<(Done, Option<Bytes>, Vec<crate::pr::NexusId>), Fail> {
     let plist_len = cdb.u32_at(5);
     if data_out.len() < plist_len as usize {
         return Err(Fail::Check(codes::INVALID_FIELD_IN_CIU, plist_len));
@@ -158,7 +177,7 @@ pub(crate) fn pr_out(
             .map(|out| (out, None))
     }
     .map_err(|e| pr_fail(e).with_len(plist_len))?;
-    for ua in out.unit_attentions {
+    for ua in &out.unit_attentions {
         lu.uas
             .raise_for(&ua.initiator_port, ua.relative_port_id, ua.sense);
     }
@@ -166,7 +185,7 @@ pub(crate) fn pr_out(
         data_in: Bytes::new(),
         transfer_len_bytes: plist_len,
     };
-    Ok((done, state))
+    Ok((done, state, out.abort_tasks_of))
 }
 
 #[cfg(test)]

@@ -90,6 +90,10 @@ pub mod op {
     pub const MAINTENANCE_IN: u8 = 0xa3;
     /// READ(12).
     pub const READ_12: u8 = 0xa8;
+    /// READ DEFECT DATA(10).
+    pub const READ_DEFECT_DATA_10: u8 = 0x37;
+    /// READ DEFECT DATA(12).
+    pub const READ_DEFECT_DATA_12: u8 = 0xb7;
     /// WRITE(12).
     pub const WRITE_12: u8 = 0xaa;
     /// WRITE AND VERIFY(12).

@@ -49,7 +49,7 @@ mod ua;
 pub use admin::encode_lun;
 pub use inquiry::{Limits, CAW_BLOCKS_MAX, UNMAP_BLOCKS_MAX, UNMAP_DESCRIPTORS_MAX};
 pub use masking::{check_host_groups, HostGroup};
-pub use replication::PrReplication;
+pub use replication::{PrReplication, TaskAbort};
 pub use target::ScsiTarget;
 pub use ua::UA_QUEUE_DEPTH_MAX;
 

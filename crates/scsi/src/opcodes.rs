@@ -73,6 +73,11 @@ const TABLE: &[Entry] = &[
     e(op::VERIFY_10, None, cat!(0x2f, 0x16, RW10)),
     e(op::PRE_FETCH_10, None, cat!(0x34, 0x02, RW10)),
     e(op::SYNC_CACHE_10, None, cat!(0x35, 0x02, RW10)),
+    e(
+        op::READ_DEFECT_DATA_10,
+        None,
+        &[0x37, 0, 0x1f, 0, 0, 0, 0, 0xff, 0xff, 0],
+    ),
     e(op::WRITE_SAME_10, None, cat!(0x41, 0x08, RW10)),
     Entry {
         opcode: op::UNMAP,
@@ -197,6 +202,11 @@ const TABLE: &[Entry] = &[
     e(op::WRITE_12, None, cat!(0xaa, 0x1a, RW12)),
     e(op::WRITE_VERIFY_12, None, cat!(0xae, 0x12, RW12)),
     e(op::VERIFY_12, None, cat!(0xaf, 0x16, RW12)),
+    e(
+        op::READ_DEFECT_DATA_12,
+        None,
+        &[0xb7, 0x1f, 0, 0, 0, 0, 0xff, 0xff, 0xff, 0xff, 0, 0],
+    ),
 ];
 
 const RW12: [u8; 10] = [0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x1f, 0x00];

@@ -20,9 +20,11 @@
 
 use crate::cdb::Cdb;
 use crate::lu::{CmdResult, Fail, LogicalUnit};
+use crate::pr::NexusId;
 use crate::sense::codes;
 use crate::{admin, ItNexus, Response, TargetPort};
 use block::Bytes;
+use std::sync::Arc;
 
 /// Keeps a LUN's persistent-reservation state identical on the two nodes of an HA pair.
 #[async_trait::async_trait]
@@ -50,9 +52,21 @@ pub trait PrReplication: Send + Sync + 'static {
     async fn push_state(&self, lun: u64, state: Bytes) -> Result<(), String>;
 }
 
+/// Aborts running tasks for PREEMPT AND ABORT: the transport knows them.
+#[async_trait::async_trait]
+pub trait TaskAbort: Send + Sync + 'static {
+    /// Aborts every task the I_T nexuses `victims` have on the target's LUN
+    /// `target_lun` (each nexus may number it differently: see
+    /// [`crate::ScsiTarget::seen_lun`]) and returns once they are gone.
+    async fn abort_tasks(&self, target_lun: u64, victims: &[NexusId]);
+}
+
 /// PERSISTENT RESERVE OUT on `lu`: forwarded to the partner when `forward` and the
 /// partner orders PR changes; otherwise run here, one at a time per LU, with the new
-/// state pushed to the partner before answering.
+/// state pushed to the partner before answering. A PREEMPT AND ABORT aborts the
+/// preempted nexuses' tasks on this LU through `aborter` (except the issuing
+/// nexus: the command itself is one of its tasks) before it answers.
+#[allow(clippy::too_many_arguments)]
 pub(crate) async fn pr_out(
     lu: &LogicalUnit,
     nexus: &ItNexus,
@@ -61,6 +75,7 @@ pub(crate) async fn pr_out(
     data: &Bytes,
     ports: &[TargetPort],
     forward: bool,
+    aborter: Option<Arc<dyn TaskAbort>>,
 ) -> CmdResult {
     let repl = lu.pr_replication.read().clone();
     if let (true, Some(r)) = (forward, &repl) {
@@ -69,7 +84,22 @@ pub(crate) async fn pr_out(
         }
     }
     let _order = lu.pr_order.lock().await;
-    let (done, state) = admin::pr_out(lu, nexus, cdb, data, ports, repl.is_some())?;
+    let (done, state, victims) = admin::pr_out(lu, nexus, cdb, data, ports, repl.is_some())?;
+    let victims: Vec<NexusId> = victims
+        .into_iter()
+        .filter(|v| {
+            !(*v.initiator_port == *nexus.initiator_port
+                && v.relative_port_id == nexus.relative_port_id)
+        })
+        .collect();
+    if let (false, Some(a)) = (victims.is_empty(), &aborter) {
+        tracing::info!(
+            lun = lu.lun,
+            nexuses = victims.len(),
+            "PREEMPT AND ABORT: aborting their tasks"
+        );
+        a.abort_tasks(lu.lun, &victims).await;
+    }
     if let (Some(r), Some(state)) = (&repl, state) {
         if let Err(e) = r.push_state(lu.lun, state).await {
             // The change stays here. HARDWARE ERROR rather than NOT READY: multipath

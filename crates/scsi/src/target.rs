@@ -11,6 +11,7 @@ use crate::lu::{into_response, CmdResult, Fail, LogicalUnit};
 use crate::masking::{self, HostGroup, Masking};
 use crate::pr::Access;
 use crate::sense::{codes, Sense};
+use crate::TaskAbort;
 use crate::{
     admin, capacity, copy, inquiry, mode, opcodes, provisioning, replication, rw, AluaState,
     Command, ItNexus, LunConfig, PortGroup, PrReplication, Response, ScsiError, TargetConfig,
@@ -37,6 +38,8 @@ pub struct ScsiTarget {
     /// Host groups (LUN masking); consulted only while `masked` is set.
     masking: RwLock<Arc<Masking>>,
     masked: AtomicBool,
+    /// The transport's hook for PREEMPT AND ABORT.
+    task_abort: RwLock<Option<Arc<dyn TaskAbort>>>,
 }
 
 /// This node's ports, then a port for every relative port id that only a port group
@@ -139,6 +142,7 @@ impl ScsiTarget {
             copies: copy::Copies::default(),
             masking: RwLock::new(Arc::new(Masking::default())),
             masked: AtomicBool::new(false),
+            task_abort: RwLock::new(None),
         })
     }
 
@@ -312,6 +316,23 @@ impl ScsiTarget {
         masking::to_target(&view, lun)
     }
 
+    /// The transport's hook that aborts tasks for PREEMPT AND ABORT.
+    pub fn set_task_abort(&self, a: Arc<dyn TaskAbort>) {
+        *self.task_abort.write() = Some(a);
+    }
+
+    /// The number `nexus` knows the target's LUN `target_lun` by; None if it does
+    /// not see it.
+    pub fn seen_lun(&self, nexus: &ItNexus, target_lun: u64) -> Option<u64> {
+        if !self.masked.load(Ordering::Acquire) {
+            return Some(target_lun);
+        }
+        let view = self.masking.read().view(nexus);
+        view.iter()
+            .find(|&&(_, t)| t == target_lun)
+            .map(|&(s, _)| s)
+    }
+
     /// The LUNs `nexus` sees (its numbers) that exist now, in order.
     fn visible_luns(&self, nexus: &ItNexus) -> Vec<u64> {
         if !self.masked.load(Ordering::Acquire) {
@@ -434,6 +455,7 @@ impl ScsiTarget {
             op::UNMAP => provisioning::unmap(lu, cdb, data).await,
             op::START_STOP_UNIT => admin::start_stop_unit(lu, cdb).await,
             op::PREVENT_ALLOW => admin::prevent_allow(lu, nexus, cdb),
+            op::READ_DEFECT_DATA_10 | op::READ_DEFECT_DATA_12 => admin::read_defect_data(cdb),
             op::RESERVE_6 | op::RESERVE_10 | op::RELEASE_6 | op::RELEASE_10 => {
                 admin::reserve_release(lu, nexus, cdb)
             }
@@ -443,7 +465,9 @@ impl ScsiTarget {
             }
             op::RECEIVE_COPY_RESULTS => copy::receive_copy_results(&self.copies, lu, nexus, cdb),
             op::PR_OUT => {
-                replication::pr_out(lu, nexus, cdb, &cmd.cdb, data, &self.pr_ports, true).await
+                let abort = self.task_abort.read().clone();
+                replication::pr_out(lu, nexus, cdb, &cmd.cdb, data, &self.pr_ports, true, abort)
+                    .await
             }
             _ => Err(codes::INVALID_OPCODE.into()),
         }
@@ -517,7 +541,8 @@ impl ScsiTarget {
         };
         let r = match Cdb::parse(&cdb) {
             Ok(c) if c.opcode() == op::PR_OUT => {
-                replication::pr_out(&lu, nexus, &c, &cdb, &data, &self.pr_ports, false).await
+                let abort = self.task_abort.read().clone();
+                replication::pr_out(&lu, nexus, &c, &cdb, &data, &self.pr_ports, false, abort).await
             }
             Ok(_) => Err(codes::INVALID_OPCODE.into()),
             Err(s) => Err(s.into()),

@@ -1305,3 +1305,16 @@ async fn host_groups_decide_which_luns_an_initiator_sees() {
     assert!(t.set_host_groups(vec![dup.clone(), dup]).is_err());
     assert_eq!(t.host_groups().len(), 2);
 }
+
+#[tokio::test]
+async fn read_defect_data_reports_empty_lists() {
+    let t = target();
+    let n = ready(&t, "1", 1).await;
+    // (10): grown list, format 101b (physical sector), 4-byte header.
+    let r = run(&t, &n, &[0x37, 0, 0x0d, 0, 0, 0, 0, 0, 32, 0], &[]).await;
+    assert_eq!(r.status, status::GOOD);
+    assert_eq!(&r.data_in[..], &[0, 0x0d, 0, 0]);
+    // (12): both lists, 8-byte header, truncated to the allocation length.
+    let r = run(&t, &n, &[0xb7, 0x18, 0, 0, 0, 0, 0, 0, 0, 4, 0, 0], &[]).await;
+    assert_eq!(&r.data_in[..], &[0, 0x18, 0, 0]);
+}
