@@ -188,6 +188,10 @@ pub trait Control: Send + Sync + 'static {
     async fn cache_action(&self, name: &str, _action: CacheAction) -> Result<Value, ApiError> {
         Err(ApiError::NotFound(format!("no cache named {name:?}")))
     }
+    /// Grows a LUN (`{"target", "lun", "size"}`) while it serves.
+    async fn resize_lun(&self, _body: Value) -> Result<Value, ApiError> {
+        Err(ApiError::NotFound("this node cannot resize LUNs".into()))
+    }
     /// Creates an object described by `body` (the config file's fields as JSON)
     /// while the node runs; answers with its description.
     async fn create(&self, kind: ObjectKind, _body: Value) -> Result<Value, ApiError> {
@@ -418,6 +422,13 @@ async fn delete_lun(
     c.delete(ObjectKind::Lun, body_of(body)?).await.map(Json)
 }
 
+async fn resize_lun(
+    State(c): State<Ctl>,
+    body: Result<Json<Value>, JsonRejection>,
+) -> Result<Json<Value>, ApiError> {
+    c.resize_lun(body_of(body)?).await.map(Json)
+}
+
 async fn set_host_group(
     State(c): State<Ctl>,
     body: Result<Json<Value>, JsonRejection>,
@@ -484,6 +495,7 @@ pub fn router(control: Ctl, gate: Arc<guard::Gate>) -> Router {
         .route("/api/v1/disks", get(disks).post(create_disk))
         .route("/api/v1/luns", get(luns).post(create_lun))
         .route("/api/v1/luns/delete", post(delete_lun))
+        .route("/api/v1/luns/resize", post(resize_lun))
         .route("/api/v1/host-groups", get(host_groups).post(set_host_group))
         .route("/api/v1/host-groups/delete", post(delete_host_group))
         .route("/api/v1/pools/{name}", get(pool))

@@ -203,6 +203,14 @@ pub trait Volume: Send + Sync + 'static {
             state: ExtentState::Mapped,
         }])
     }
+
+    /// Grows the volume to `block_count` blocks while it serves (a file is extended;
+    /// a block device must have grown already). Refused by volumes that cannot grow
+    /// (the default) and for a smaller count: shrinking would cut data off.
+    async fn grow(&self, block_count: u64) -> BlockResult<()> {
+        let _ = block_count;
+        Err(BlockError::NotSupported("growing this kind of volume"))
+    }
 }
 
 /// Byte offset of the first difference between two buffers over their common

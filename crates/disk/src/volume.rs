@@ -13,7 +13,7 @@ use std::fs::File;
 use std::io;
 use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 
 /// Most extents one `block_status` call returns (it may cover less than asked).
@@ -79,7 +79,11 @@ pub struct FileVolume {
     file: Arc<File>,
     path: PathBuf,
     backing: Backing,
+    /// The geometry at open; the block count is `block_count` (it grows).
     geometry: Geometry,
+    block_count: AtomicU64,
+    /// Serialises [`Volume::grow`].
+    growing: tokio::sync::Mutex<()>,
     engine: IoEngine,
     direct: bool,
     mem_align_bytes: usize,
@@ -104,7 +108,7 @@ impl fmt::Debug for FileVolume {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("FileVolume")
             .field("path", &self.path)
-            .field("geometry", &self.geometry)
+            .field("geometry", &self.geometry())
             .field("engine", &self.engine.kind())
             .field("direct", &self.direct)
             .field("read_only", &self.read_only)
@@ -139,6 +143,8 @@ impl FileVolume {
             path: path.to_path_buf(),
             backing: opened.backing,
             geometry: opened.geometry,
+            block_count: AtomicU64::new(opened.geometry.block_count),
+            growing: tokio::sync::Mutex::new(()),
             engine,
             direct: opened.direct,
             mem_align_bytes: opened.mem_align_bytes,
@@ -390,11 +396,57 @@ impl FileVolume {
 #[async_trait]
 impl Volume for FileVolume {
     fn geometry(&self) -> Geometry {
-        self.geometry
+        Geometry {
+            block_count: self.block_count.load(Ordering::Acquire),
+            ..self.geometry
+        }
+    }
+
+    async fn grow(&self, block_count: u64) -> BlockResult<()> {
+        let _one = self.growing.lock().await;
+        let now = self.block_count.load(Ordering::Acquire);
+        if block_count < now {
+            return Err(BlockError::NotSupported("shrinking a volume"));
+        }
+        if block_count == now {
+            return Ok(());
+        }
+        if self.read_only {
+            return Err(BlockError::ReadOnly);
+        }
+        let bytes = block_count
+            .checked_mul(self.bs())
+            .ok_or(BlockError::OutOfRange {
+                lba: block_count,
+                blocks: 0,
+                block_count: now,
+            })?;
+        let file = self.file.clone();
+        let backing = self.backing;
+        tokio::task::spawn_blocking(move || -> std::io::Result<()> {
+            match backing {
+                Backing::File => file.set_len(bytes),
+                Backing::BlockDevice => {
+                    let have = sys::blk_size_bytes(file.as_raw_fd())?;
+                    if have < bytes {
+                        return Err(std::io::Error::other(format!(
+                            "the block device has {have} bytes, fewer than {bytes}"
+                        )));
+                    }
+                    Ok(())
+                }
+            }
+        })
+        .await
+        .map_err(|e| BlockError::Io(std::io::Error::other(e)))?
+        .map_err(BlockError::Io)?;
+        self.block_count.store(block_count, Ordering::Release);
+        tracing::info!(path = %self.path.display(), from = now, to = block_count, "volume grown");
+        Ok(())
     }
 
     async fn read(&self, lba: u64, blocks: u32) -> BlockResult<Bytes> {
-        self.geometry.check_range(lba, blocks as u64)?;
+        self.geometry().check_range(lba, blocks as u64)?;
         self.check_transfer(blocks as u64)?;
         if blocks == 0 {
             return Ok(Bytes::new());
@@ -437,8 +489,8 @@ impl Volume for FileVolume {
 
     async fn write(&self, lba: u64, data: Bytes, fua: bool) -> BlockResult<()> {
         self.check_writable()?;
-        let blocks = self.geometry.blocks_in(data.len())?;
-        self.geometry.check_range(lba, blocks)?;
+        let blocks = self.geometry().blocks_in(data.len())?;
+        self.geometry().check_range(lba, blocks)?;
         self.check_transfer(blocks)?;
         if blocks == 0 {
             return Ok(());
@@ -464,7 +516,7 @@ impl Volume for FileVolume {
 
     async fn discard(&self, lba: u64, blocks: u64) -> BlockResult<()> {
         self.check_writable()?;
-        self.geometry.check_range(lba, blocks)?;
+        self.geometry().check_range(lba, blocks)?;
         if blocks == 0 {
             return Ok(());
         }
@@ -497,7 +549,7 @@ impl Volume for FileVolume {
 
     async fn write_zeroes(&self, lba: u64, blocks: u64, may_unmap: bool) -> BlockResult<()> {
         self.check_writable()?;
-        self.geometry.check_range(lba, blocks)?;
+        self.geometry().check_range(lba, blocks)?;
         if blocks == 0 {
             return Ok(());
         }
@@ -527,7 +579,7 @@ impl Volume for FileVolume {
     }
 
     async fn block_status(&self, lba: u64, blocks: u64) -> BlockResult<Vec<Extent>> {
-        self.geometry.check_range(lba, blocks)?;
+        self.geometry().check_range(lba, blocks)?;
         if blocks == 0 {
             return Ok(Vec::new());
         }

@@ -511,3 +511,33 @@ fn disk_io_error_carries_errno_and_lba() {
 fn libc_enospc() -> i32 {
     28
 }
+
+/// A file volume grows while it serves: the new blocks read zero and take writes,
+/// the old data stays, the file is longer; shrinking is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn grows_but_does_not_shrink() {
+    for dir in dirs() {
+        let path = dir.path().join("grow");
+        let v = FileVolume::open(&path, &create_opts(ENGINES[0], 4 * MIB)).unwrap();
+        let blocks = 4 * MIB / 512;
+        let last = Bytes::from(pattern(blocks - 1, 1, 512, 3));
+        v.write(blocks - 1, last.clone(), false).await.unwrap();
+        assert!(matches!(
+            v.read(blocks, 1).await,
+            Err(BlockError::OutOfRange { .. })
+        ));
+        v.grow(2 * blocks).await.unwrap();
+        assert_eq!(v.geometry().block_count, 2 * blocks);
+        assert_eq!(std::fs::metadata(&path).unwrap().len(), 8 * MIB);
+        assert!(v.read(blocks, 8).await.unwrap().iter().all(|&b| b == 0));
+        let new = Bytes::from(pattern(2 * blocks - 1, 1, 512, 4));
+        v.write(2 * blocks - 1, new.clone(), true).await.unwrap();
+        assert_eq!(v.read(2 * blocks - 1, 1).await.unwrap(), new);
+        assert_eq!(v.read(blocks - 1, 1).await.unwrap(), last);
+        assert!(matches!(
+            v.grow(blocks).await,
+            Err(BlockError::NotSupported(_))
+        ));
+        assert_eq!(v.geometry().block_count, 2 * blocks);
+    }
+}

@@ -77,6 +77,19 @@ pub enum LunCmd {
         #[arg(long)]
         read_only: bool,
     },
+    /// Grow a LUN while it serves (a file or disk LUN); initiators are told
+    /// CAPACITY DATA HAS CHANGED. Shrinking is refused.
+    Resize {
+        /// Target name (IQN).
+        #[arg(long)]
+        target: String,
+        /// LUN number.
+        #[arg(long)]
+        lun: u64,
+        /// The new size (8G, 512M).
+        #[arg(long)]
+        size: String,
+    },
     /// Remove a LUN created with `lun create` (its data stays on its backing).
     Delete {
         /// Target name (IQN).
@@ -190,6 +203,15 @@ pub fn lun(api: SocketAddr, cmd: LunCmd) -> Result<()> {
                 v["backing"].as_str().unwrap_or("?"),
                 v["size_bytes"],
                 if replicated { ", replicated" } else { "" }
+            );
+        }
+        LunCmd::Resize { target, lun, size } => {
+            let body = json!({ "target": target, "lun": lun, "size": size });
+            let (code, v) = http(api, "POST", "/api/v1/luns/resize", Some(&body))?;
+            let v = ok_or_error(code, v)?;
+            println!(
+                "LUN {lun} of {target} grown from {} to {} bytes",
+                v["was_bytes"], v["size_bytes"]
             );
         }
         LunCmd::Delete { target, lun } => {

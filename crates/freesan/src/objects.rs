@@ -51,6 +51,15 @@ struct LunRef {
     lun: u64,
 }
 
+/// `POST /api/v1/luns/resize`: grow LUN `lun` of `target` to `size`.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct LunResize {
+    target: String,
+    lun: u64,
+    size: String,
+}
+
 /// `POST /api/v1/host-groups`: a host group of `target` (replaces one of its name).
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -320,6 +329,41 @@ impl Objects {
         self.commit(cfg, managed)?;
         tracing::info!(%target, lun = id, "LUN deleted");
         Ok(json!({ "target": target, "lun": id, "deleted": true }))
+    }
+
+    /// Grows a LUN while it serves (a file or disk LUN; not yet one on a pool, a
+    /// cache or replicated): initiators get CAPACITY DATA HAS CHANGED with their
+    /// next command. Smaller sizes are refused.
+    pub async fn resize_lun(&self, body: Value) -> Result<Value, ApiError> {
+        let LunResize { target, lun, size } = parse(body)?;
+        let bytes = disk::parse_size(&size)
+            .ok_or_else(|| bad(format!("size {size:?}: expected e.g. 4G, 512M, 16GiB")))?;
+        let t = self.target(&target)?;
+        let vol = t
+            .lun_volume(lun)
+            .ok_or_else(|| ApiError::NotFound(format!("target {target} has no LUN {lun}")))?;
+        let g = vol.geometry();
+        let bs = u64::from(g.block_size_bytes);
+        if bytes % bs != 0 {
+            return Err(bad(format!(
+                "{bytes} bytes is not a whole number of {bs}-byte blocks"
+            )));
+        }
+        let blocks = bytes / bs;
+        if blocks < g.block_count {
+            return Err(ApiError::Conflict(format!(
+                "LUN {lun} of {target} has {} bytes: shrinking would cut its data off",
+                g.size_bytes()
+            )));
+        }
+        let _op = self.op.lock().await;
+        vol.grow(blocks)
+            .await
+            .map_err(|e| ApiError::Conflict(format!("LUN {lun} of {target} cannot grow: {e}")))?;
+        tracing::info!(%target, lun, from = g.size_bytes(), to = bytes, "LUN grown");
+        Ok(
+            json!({ "target": target, "lun": lun, "size_bytes": bytes, "was_bytes": g.size_bytes() }),
+        )
     }
 
     /// Applies `cfg`'s host groups of `iqn` to the running target.

@@ -796,6 +796,13 @@ impl api::Control for NodeControl {
         Ok(st)
     }
 
+    async fn resize_lun(
+        &self,
+        body: serde_json::Value,
+    ) -> Result<serde_json::Value, api::ApiError> {
+        self.objects.resize_lun(body).await
+    }
+
     async fn create(
         &self,
         kind: api::ObjectKind,

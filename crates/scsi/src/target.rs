@@ -167,6 +167,11 @@ impl ScsiTarget {
         self.lu(lun).map(|l| l.geometry().size_bytes())
     }
 
+    /// The volume LUN `lun` serves; None if there is no such LUN.
+    pub fn lun_volume(&self, lun: u64) -> Option<VolumeRef> {
+        self.lu(lun).map(|l| l.volume.clone())
+    }
+
     /// The LUNs the target has now, in order.
     pub fn lun_ids(&self) -> Vec<u64> {
         self.luns.read().iter().map(|l| l.lun).collect()

@@ -1,0 +1,159 @@
+//! Online resize: a file LUN grows while `freesan bench --verify` writes to it; an
+//! initiator's next command gets CAPACITY DATA HAS CHANGED and READ CAPACITY shows
+//! the new size; every acknowledged write of the run reads back; a second verified
+//! run writes the whole grown LUN, new space included; shrinking is refused.
+
+mod common;
+use common::*;
+use std::path::Path;
+
+const MIB: u64 = 1 << 20;
+
+fn config(dir: &Path) -> std::path::PathBuf {
+    let s = format!(
+        "data_dir = \"{d}/data\"\n[api]\naddress = \"127.0.0.1:0\"\n[[portal]]\naddress = \"127.0.0.1:0\"\n\
+         [[target]]\niqn = \"{IQN}\"\n[[target.lun]]\npath = \"{d}/lun0.img\"\nsize = \"16M\"\n",
+        d = dir.display()
+    );
+    let path = dir.join("node.toml");
+    std::fs::write(&path, s).unwrap();
+    path
+}
+
+fn cli(api: &str, args: &[&str]) -> (bool, String) {
+    let mut all = vec![args[0], "--api", api];
+    all.extend_from_slice(&args[1..]);
+    freesan(&all)
+}
+
+async fn command(s: &initiator::Session, cdb: &[u8], din: u32) -> initiator::ScsiResult {
+    s.command(0, cdb, bytes::Bytes::new(), din)
+        .await
+        .expect("command")
+}
+
+/// (asc, ascq) of a CHECK CONDITION, None for GOOD.
+fn condition(r: &initiator::ScsiResult) -> Option<(u8, u8)> {
+    (r.status == 2).then(|| {
+        let s = r
+            .sense
+            .as_deref()
+            .and_then(initiator::parse_sense)
+            .expect("sense");
+        (s.asc, s.ascq)
+    })
+}
+
+async fn capacity_bytes(s: &initiator::Session) -> u64 {
+    let r = command(
+        s,
+        &[0x9e, 0x10, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 32, 0, 0],
+        32,
+    )
+    .await;
+    assert_eq!(r.status, 0);
+    let last = u64::from_be_bytes(r.data_in[..8].try_into().unwrap());
+    let bs = u32::from_be_bytes(r.data_in[8..12].try_into().unwrap()) as u64;
+    (last + 1) * bs
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lun_grows_while_verified_writes_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = config(dir.path());
+    let node = start_config(dir.path(), &cfg);
+    let api = node.api.clone().expect("no API address in the banner");
+    let url = node.url(0, 0);
+
+    // an initiator that knows the old size
+    let addr = node.portals[0].parse().unwrap();
+    let s = initiator::Session::login(
+        addr,
+        &initiator::LoginOptions::new("iqn.2026-11.test:resize", IQN),
+    )
+    .await
+    .expect("login");
+    for _ in 0..4 {
+        if command(&s, &[0; 6], 0).await.status == 0 {
+            break;
+        }
+    }
+    assert_eq!(capacity_bytes(&s).await, 16 * MIB);
+
+    let state = dir.path().join("verify.state");
+    let mut bench = start_verified_writes(&url, &state, "16k", 2, 4);
+    let (ok, out) = cli(
+        &api,
+        &[
+            "lun", "resize", "--target", IQN, "--lun", "0", "--size", "32M",
+        ],
+    );
+    assert!(ok && out.contains("grown"), "{out}");
+    assert!(
+        bench.wait().unwrap().success(),
+        "verified writes failed during the resize"
+    );
+    assert_acknowledged_writes_intact(&url, &state, "across the resize");
+
+    // the initiator is told, then sees the new size
+    let r = command(&s, &[0; 6], 0).await;
+    assert_eq!(
+        condition(&r),
+        Some((0x2a, 0x09)),
+        "CAPACITY DATA HAS CHANGED"
+    );
+    assert_eq!(capacity_bytes(&s).await, 32 * MIB);
+    assert_eq!(
+        std::fs::metadata(dir.path().join("lun0.img"))
+            .unwrap()
+            .len(),
+        32 * MIB
+    );
+
+    // a verified sequential run over the whole grown LUN, new space included
+    let state2 = dir.path().join("verify2.state");
+    let (ok, out) = freesan(&[
+        "bench",
+        "--target",
+        &url,
+        "--single-path",
+        "--bs",
+        "256k",
+        "--rw",
+        "write",
+        "--threads",
+        "1",
+        "--qd",
+        "4",
+        "--secs",
+        "2",
+        "--ramp",
+        "0",
+        "--verify",
+        "--quiet",
+        "--verify-state",
+        state2.to_str().unwrap(),
+    ]);
+    assert!(ok, "{out}");
+    assert_acknowledged_writes_intact(&url, &state2, "after the resize");
+    let mut last = [0u8; 16];
+    last[0] = 0x88;
+    last[2..10].copy_from_slice(&(32 * MIB / 512 - 1).to_be_bytes());
+    last[13] = 1;
+    let r = command(&s, &last, 512).await;
+    assert_eq!(r.status, 0);
+    assert!(
+        r.data_in.iter().any(|&b| b != 0),
+        "the new space's last block was never written"
+    );
+
+    // shrinking is refused and changes nothing
+    let (ok, out) = cli(
+        &api,
+        &[
+            "lun", "resize", "--target", IQN, "--lun", "0", "--size", "16M",
+        ],
+    );
+    assert!(!ok && out.contains("shrinking"), "{out}");
+    assert_eq!(capacity_bytes(&s).await, 32 * MIB);
+}
