@@ -57,7 +57,7 @@ fn config(dir: &Path) -> std::path::PathBuf {
 /// What the node holds, as the local admin CLI sees it: its disks and LUNs, and
 /// of each pool what an action would change (members and their states, spares,
 /// scrub, rebuild rate), not the counters a background resync moves.
-fn state(api: &str) -> (Value, Value, Value) {
+fn state(api: &str) -> (Value, Value, Value, Value) {
     let get = |what: &str, sub: &str| {
         let (ok, out) = freesan(&[what, "--api", api, sub, "--json"]);
         assert!(ok, "freesan {what}: {out}");
@@ -80,7 +80,12 @@ fn state(api: &str) -> (Value, Value, Value) {
             })
         })
         .collect();
-    (get("disk", "list"), Value::Array(pools), get("lun", "list"))
+    (
+        get("disk", "list"),
+        Value::Array(pools),
+        get("lun", "list"),
+        get("host-group", "list"),
+    )
 }
 
 fn make_token(data: &Path, role: &str, name: &str) -> String {
@@ -135,7 +140,7 @@ fn the_api_refuses_callers_without_the_right_token_origin_or_host() {
     let json = "Content-Type: application/json";
     assert_eq!(http(&api, "GET", "/api/v1/pools", &[&ro_auth], "").0, 200);
 
-    let attacks: [(&str, &str); 6] = [
+    let attacks: [(&str, &str); 9] = [
         (
             "/api/v1/disks",
             r#"{"name":"huge","memory":true,"size":"1T"}"#,
@@ -151,8 +156,20 @@ fn the_api_refuses_callers_without_the_right_token_origin_or_host() {
             "/api/v1/luns/delete",
             r#"{"target":"iqn.2026-11.org.freesan:itest","lun":0}"#,
         ),
+        (
+            "/api/v1/luns/resize",
+            r#"{"target":"iqn.2026-11.org.freesan:itest","lun":0,"size":"1T"}"#,
+        ),
+        (
+            "/api/v1/host-groups",
+            r#"{"target":"iqn.2026-11.org.freesan:itest","group":{"name":"x","luns":[]}}"#,
+        ),
+        (
+            "/api/v1/host-groups/delete",
+            r#"{"target":"iqn.2026-11.org.freesan:itest","name":"x"}"#,
+        ),
     ];
-    for (path, body) in attacks {
+    for (path, body) in attacks.iter().copied() {
         let (code, _) = http(&api, "POST", path, &[json], body);
         assert_eq!(code, 401, "{path} with no token");
         let (code, _) = http(&api, "POST", path, &[json, &wrong], body);
@@ -242,7 +259,8 @@ fn the_api_refuses_callers_without_the_right_token_origin_or_host() {
         log.iter()
             .filter(|e| e["who"] == "auditor" && e["status"] == 403)
             .count(),
-        7,
+        // each attack once with the read-only token, and its CLI attempt
+        attacks.len() + 1,
         "{out}"
     );
     let mode = std::fs::metadata(data.join("audit.log"))
