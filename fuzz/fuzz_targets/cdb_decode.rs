@@ -1,6 +1,7 @@
 //! Arbitrary bytes as a short sequence of SCSI commands (CDB + Data-Out) executed by
 //! a `ScsiTarget` over a small memory volume: every command must get an answer with a
-//! valid status and never panic, whatever the CDB or parameter data.
+//! valid status and never panic, whatever the CDB or parameter data (EXTENDED COPY's
+//! parameter lists included: the LU's NAA is all 0x60).
 #![no_main]
 
 use block::{Bytes, MemVolume};
@@ -43,6 +44,7 @@ fuzz_target!(|data: &[u8]| {
         initiator_name: Arc::from("iqn.fuzz"),
         initiator_port: Arc::from(format!("iqn.fuzz,i,0x{isid:012x}").as_str()),
         relative_port_id: 1,
+        chap_user: None,
     };
     rt.block_on(async {
         // Each command: [flags, cdb_len, data_len_lo, data_len_hi, cdb.., data..].
