@@ -1,7 +1,7 @@
 //! Socket helpers shared by the server and the client: filling a receive buffer to
 //! a bound, and writing a batch of slices with vectored writes.
 
-use bytes::BytesMut;
+use bytes::{BufMut, Bytes, BytesMut};
 use std::io::{self, IoSlice};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
@@ -31,6 +31,58 @@ pub(crate) async fn fill<R: AsyncRead + Unpin>(
         }
     }
     Ok(true)
+}
+
+/// Payloads at least this long that are not yet all buffered are read into a
+/// buffer of their own (see [`take_payload`]).
+pub(crate) const OWN_BUFFER_BYTES: usize = 64 * 1024;
+
+/// Reads until `buf` holds `n` bytes, never reading past them: whatever follows
+/// stays in the socket. Same results as [`fill`].
+pub(crate) async fn fill_exact<R: AsyncRead + Unpin>(
+    rd: &mut R,
+    buf: &mut BytesMut,
+    n: usize,
+) -> io::Result<bool> {
+    if buf.capacity() < n {
+        buf.reserve(n - buf.len());
+    }
+    while buf.len() < n {
+        let want = n - buf.len();
+        if rd.read_buf(&mut (&mut *buf).limit(want)).await? == 0 {
+            if buf.is_empty() {
+                return Ok(false);
+            }
+            return Err(io::ErrorKind::UnexpectedEof.into());
+        }
+    }
+    Ok(true)
+}
+
+/// Takes the next `n` bytes of the stream: from `buf` when they are all there,
+/// else from `buf` and then `rd`. A payload of [`OWN_BUFFER_BYTES`] or more is
+/// read into a buffer of exactly its size, up to its end and no further, so
+/// that growing the shared receive buffer never copies it (the bytes already
+/// buffered are copied once). `Ok(None)`: the stream ended first.
+pub(crate) async fn take_payload<R: AsyncRead + Unpin>(
+    rd: &mut R,
+    buf: &mut BytesMut,
+    n: usize,
+) -> io::Result<Option<Bytes>> {
+    if buf.len() >= n {
+        return Ok(Some(buf.split_to(n).freeze()));
+    }
+    if n < OWN_BUFFER_BYTES {
+        return Ok(fill(rd, buf, n).await?.then(|| buf.split_to(n).freeze()));
+    }
+    let mut own = BytesMut::with_capacity(n);
+    own.extend_from_slice(buf);
+    buf.clear();
+    match fill_exact(rd, &mut own, n).await {
+        Ok(true) => Ok(Some(own.freeze())),
+        Ok(false) => Ok(None),
+        Err(e) => Err(e),
+    }
 }
 
 /// Writes every slice of `parts`, in order, with as few `writev` calls as the
@@ -95,6 +147,37 @@ mod tests {
         write_all_vectored(&mut a, &refs).await.unwrap();
         drop(a);
         assert_eq!(reader.await.unwrap(), expect);
+    }
+
+    #[tokio::test]
+    async fn large_payload_is_read_to_its_end_only() {
+        let (mut a, mut b) = tokio::io::duplex(4096);
+        let n = OWN_BUFFER_BYTES + 1000;
+        let data: Vec<u8> = (0..n + 3).map(|i| (i % 251) as u8).collect();
+        let sent = data.clone();
+        let writer = tokio::spawn(async move { a.write_all(&sent).await.unwrap() });
+        let mut buf = BytesMut::new();
+        assert!(fill(&mut b, &mut buf, 10).await.unwrap());
+        let got = take_payload(&mut b, &mut buf, n).await.unwrap().unwrap();
+        assert_eq!(&got[..], &data[..n]);
+        // nothing past the payload was read; the rest follows exactly
+        assert!(buf.is_empty());
+        assert!(fill_exact(&mut b, &mut buf, 3).await.unwrap());
+        assert_eq!(&buf[..], &data[n..]);
+        writer.await.unwrap();
+        // small payloads come from the shared buffer, the stream ending mid-way fails
+        let (mut a, mut b) = tokio::io::duplex(64);
+        a.write_all(b"0123456789").await.unwrap();
+        drop(a);
+        let mut buf = BytesMut::new();
+        assert_eq!(
+            &take_payload(&mut b, &mut buf, 4).await.unwrap().unwrap()[..],
+            b"0123"
+        );
+        let e = take_payload(&mut b, &mut buf, OWN_BUFFER_BYTES)
+            .await
+            .unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::UnexpectedEof);
     }
 
     #[tokio::test]

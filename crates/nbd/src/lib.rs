@@ -7,11 +7,12 @@
 //!   byte-fed state machine;
 //! - [`server`]: [`NbdServer`] serves named exports (freesan names them `lun0`,
 //!   `lun1`, ...; an empty name picks the default export). Per connection one
-//!   reader task decodes requests and spawns each on its own task (bounded in
-//!   count and bytes), and one writer task batches replies (header + data `Bytes`)
-//!   into vectored writes; replies may go out of order. Unaligned requests are
-//!   served by reading covering blocks and by read-modify-write under a per-export
-//!   range lock;
+//!   reader task decodes requests and runs each (bounded in count and bytes):
+//!   a small one the volume completes at once (a page-cache transfer) right
+//!   there, any other on a task of its own; one writer task batches replies
+//!   (header + data `Bytes`) into vectored writes; replies may go out of order.
+//!   Unaligned requests are served by reading covering blocks and by
+//!   read-modify-write under a per-export range lock;
 //! - [`tls`]: TLS as the NBD protocol defines it: with [`NbdConfig::tls`] set the
 //!   server requires `NBD_OPT_STARTTLS` before anything else, runs the rustls
 //!   handshake on the same socket (optionally demanding a client certificate from

@@ -1,20 +1,23 @@
 //! One accepted connection: the handshake (with TLS after `NBD_OPT_STARTTLS`
-//! when required), then the transmission reader that decodes requests and spawns
-//! each on its own task. The transmission phase is generic over the stream: a
+//! when required), then the transmission reader that decodes requests and runs
+//! each: to completion right there when the volume needs no wait for it, else
+//! on a task of its own. The transmission phase is generic over the stream: a
 //! plain socket is split into its own halves (no lock), a TLS stream through
 //! `tokio::io::split`.
 
 use super::exec::{self, ExportState, ReplyData};
 use super::writer::{run_writer, Reply, ReplyHeader};
 use super::{Acceptor, Ctx};
-use crate::io::fill;
+use crate::io::{fill, fill_exact, take_payload, OWN_BUFFER_BYTES};
 use crate::proto::{
     decode_request, errno, Command, NegotiateError, Progress, Request, ServerNegotiator, Session,
     TlsPolicy, REQUEST_BYTES,
 };
 use bytes::{Buf, BytesMut};
+use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::task::Poll;
 use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
@@ -242,6 +245,9 @@ async fn haggle<S: AsyncRead + AsyncWrite + Unpin>(
     }
 }
 
+/// Longest request run on the reader when the volume completes it at once.
+const INLINE_BYTES_MAX: usize = 64 * 1024;
+
 /// What every request task of a connection shares.
 struct Conn {
     export: Arc<ExportState>,
@@ -314,8 +320,14 @@ async fn transmission<R, W>(
 
 impl Conn {
     async fn read_loop<R: AsyncRead + Unpin>(&self, rd: &mut R, buf: &mut BytesMut) -> End {
+        let mut exact_header = false;
         loop {
-            match fill(rd, buf, REQUEST_BYTES).await {
+            let header = if exact_header {
+                fill_exact(rd, buf, REQUEST_BYTES).await
+            } else {
+                fill(rd, buf, REQUEST_BYTES).await
+            };
+            match header {
                 Ok(true) => {}
                 Ok(false) => return End::Eof,
                 Err(e) => return End::Io(e),
@@ -378,14 +390,18 @@ impl Conn {
                         None => None,
                     };
                     let payload = if payload_len > 0 {
-                        match fill(rd, buf, payload_len).await {
-                            Ok(true) => buf.split_to(payload_len).freeze(),
-                            Ok(false) => return End::Io(std::io::ErrorKind::UnexpectedEof.into()),
+                        match take_payload(rd, buf, payload_len).await {
+                            Ok(Some(p)) => p,
+                            Ok(None) => return End::Io(std::io::ErrorKind::UnexpectedEof.into()),
                             Err(e) => return End::Io(e),
                         }
                     } else {
                         block::Bytes::new()
                     };
+                    // After a large payload the next header is read alone: a
+                    // batch read would take the start of the next large payload
+                    // into the shared buffer, to be copied out of it again.
+                    exact_header = payload_len >= OWN_BUFFER_BYTES;
                     let g = self.export.volume.geometry();
                     if let Err(err) = exec::validate(&req, &g, self.export.read_only) {
                         tracing::warn!(peer = %self.peer, command = ?req.command,
@@ -398,7 +414,8 @@ impl Conn {
                         self.reply(&req, errno::ESHUTDOWN, (slot, budget)).await;
                         return End::ExportGone;
                     };
-                    self.spawn(req, (payload, held), (slot, budget), entered);
+                    self.run(req, (payload, held), (slot, budget), entered)
+                        .await;
                 }
                 Command::Cache | Command::Unknown(_) => {
                     tracing::warn!(peer = %self.peer, command = req.command.code(),
@@ -432,7 +449,13 @@ impl Conn {
             .await;
     }
 
-    fn spawn(
+    /// Runs one request: a small one is polled once right here, on the
+    /// reader, so that a request the volume completes without waiting (a
+    /// page-cache or tmpfs transfer done inline) costs no task and no hand-off
+    /// to another worker; a large one, or one that must wait, continues on a
+    /// task of its own, so the reader goes on reading meanwhile. Either way
+    /// the reply is queued only once the volume has finished with the request.
+    async fn run(
         &self,
         req: Request,
         (payload, held): (block::Bytes, Option<block::BufferPermit>),
@@ -443,7 +466,7 @@ impl Conn {
         let tx = self.tx.clone();
         let peer = self.peer;
         let session = self.session;
-        tokio::spawn(async move {
+        let mut task = Box::pin(async move {
             let done =
                 exec::execute_held(&export, &req, payload, held, session.base_allocation).await;
             // The volume is done with this request: the export may be removed.
@@ -466,5 +489,14 @@ impl Conn {
                 })
                 .await;
         });
+        // A large transfer goes to its own task at once: copying it takes long
+        // enough that the reader should be free to take in the next request
+        // meanwhile (inline, 256K writes at 8 in flight were no faster).
+        let finished = req.length_bytes as usize <= INLINE_BYTES_MAX
+            && std::future::poll_fn(|cx| Poll::Ready(task.as_mut().poll(cx).is_ready())).await;
+        if !finished {
+            // Whatever it waits on wakes the task it is polled from next.
+            tokio::spawn(task);
+        }
     }
 }
