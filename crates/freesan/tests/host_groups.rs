@@ -52,12 +52,6 @@ fn seen(node: &Node, initiator: &str) -> Vec<(u64, u64)> {
     luns
 }
 
-fn cli(api: &str, args: &[&str]) -> (bool, String) {
-    let mut all = vec![args[0], "--api", api];
-    all.extend_from_slice(&args[1..]);
-    freesan(&all)
-}
-
 #[test]
 fn host_groups_decide_what_each_initiator_sees() {
     if !have("iscsi-ls") {

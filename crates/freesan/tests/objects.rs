@@ -6,23 +6,6 @@ mod common;
 use common::*;
 use std::path::Path;
 
-fn config(dir: &Path) -> std::path::PathBuf {
-    let s = format!(
-        "data_dir = \"{d}/data\"\n[api]\naddress = \"127.0.0.1:0\"\n[[portal]]\naddress = \"127.0.0.1:0\"\n\
-         [[target]]\niqn = \"{IQN}\"\n[[target.lun]]\npath = \"{d}/lun0.img\"\nsize = \"16M\"\n",
-        d = dir.display()
-    );
-    let path = dir.join("node.toml");
-    std::fs::write(&path, s).unwrap();
-    path
-}
-
-fn cli(api: &str, args: &[&str]) -> (bool, String) {
-    let mut all = vec![args[0], "--api", api];
-    all.extend_from_slice(&args[1..]);
-    freesan(&all)
-}
-
 fn ok(api: &str, args: &[&str]) -> String {
     let (ok, out) = cli(api, args);
     assert!(ok, "freesan {args:?} failed: {out}");
@@ -76,7 +59,7 @@ fn luns(api: &str) -> Vec<serde_json::Value> {
 #[test]
 fn disks_pools_and_luns_created_at_run_time_serve_and_survive_a_restart() {
     let dir = tempfile::tempdir().unwrap();
-    let cfg = config(dir.path());
+    let cfg = one_file_lun_config(dir.path());
     let mut node = start_config(dir.path(), &cfg);
     let api = node.api.clone().expect("no API address in the banner");
 

@@ -5,26 +5,8 @@
 
 mod common;
 use common::*;
-use std::path::Path;
 
 const MIB: u64 = 1 << 20;
-
-fn config(dir: &Path) -> std::path::PathBuf {
-    let s = format!(
-        "data_dir = \"{d}/data\"\n[api]\naddress = \"127.0.0.1:0\"\n[[portal]]\naddress = \"127.0.0.1:0\"\n\
-         [[target]]\niqn = \"{IQN}\"\n[[target.lun]]\npath = \"{d}/lun0.img\"\nsize = \"16M\"\n",
-        d = dir.display()
-    );
-    let path = dir.join("node.toml");
-    std::fs::write(&path, s).unwrap();
-    path
-}
-
-fn cli(api: &str, args: &[&str]) -> (bool, String) {
-    let mut all = vec![args[0], "--api", api];
-    all.extend_from_slice(&args[1..]);
-    freesan(&all)
-}
 
 async fn command(s: &initiator::Session, cdb: &[u8], din: u32) -> initiator::ScsiResult {
     s.command(0, cdb, bytes::Bytes::new(), din)
@@ -60,7 +42,7 @@ async fn capacity_bytes(s: &initiator::Session) -> u64 {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lun_grows_while_verified_writes_run() {
     let dir = tempfile::tempdir().unwrap();
-    let cfg = config(dir.path());
+    let cfg = one_file_lun_config(dir.path());
     let node = start_config(dir.path(), &cfg);
     let api = node.api.clone().expect("no API address in the banner");
     let url = node.url(0, 0);

@@ -1115,8 +1115,9 @@ fn copy_status_cdb(list_id: u8) -> [u8; 16] {
     c
 }
 
-#[tokio::test]
-async fn extended_copy_between_luns_and_within_one() {
+/// The test target with a second memory LUN (1) of its own NAA; returns that
+/// LUN's configuration too.
+fn target_with_two_luns() -> (ScsiTarget, LunConfig) {
     let t = target();
     let mut cfg1 = lun_config();
     cfg1.naa[15] = 0xee;
@@ -1127,6 +1128,12 @@ async fn extended_copy_between_luns_and_within_one() {
         None,
     )
     .unwrap();
+    (t, cfg1)
+}
+
+#[tokio::test]
+async fn extended_copy_between_luns_and_within_one() {
+    let (t, cfg1) = target_with_two_luns();
     let n = ready(&t, "1", 1).await;
     // LUN 1 reports REPORTED LUNS DATA HAS CHANGED to this nexus only if it knew it;
     // clear whatever it has.
@@ -1201,16 +1208,7 @@ async fn extended_copy_between_luns_and_within_one() {
 
 #[tokio::test]
 async fn host_groups_decide_which_luns_an_initiator_sees() {
-    let t = target();
-    let mut cfg1 = lun_config();
-    cfg1.naa[15] = 0xee;
-    t.add_lun(
-        1,
-        cfg1.clone(),
-        Arc::new(MemVolume::new(BS as u32, BLOCKS)),
-        None,
-    )
-    .unwrap();
+    let (t, cfg1) = target_with_two_luns();
     let named = |name: &str, chap: Option<&str>| ItNexus {
         initiator_name: Arc::from(name),
         initiator_port: Arc::from(format!("{name},i,0x1").as_str()),

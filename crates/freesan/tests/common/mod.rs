@@ -221,6 +221,26 @@ pub fn freesan(args: &[&str]) -> (bool, String) {
     run(env!("CARGO_BIN_EXE_freesan"), args)
 }
 
+/// `freesan WHAT --api API ARGS...` (`args[0]` is WHAT); returns (success, output).
+pub fn cli(api: &str, args: &[&str]) -> (bool, String) {
+    let mut all = vec![args[0], "--api", api];
+    all.extend_from_slice(&args[1..]);
+    freesan(&all)
+}
+
+/// A node config with an API and a portal on ports the kernel picks, data under
+/// `dir`, and target IQN with one 16M file LUN (`dir/lun0.img`); returns its path.
+pub fn one_file_lun_config(dir: &Path) -> PathBuf {
+    let s = format!(
+        "data_dir = \"{d}/data\"\n[api]\naddress = \"127.0.0.1:0\"\n[[portal]]\naddress = \"127.0.0.1:0\"\n\
+         [[target]]\niqn = \"{IQN}\"\n[[target.lun]]\npath = \"{d}/lun0.img\"\nsize = \"16M\"\n",
+        d = dir.display()
+    );
+    let path = dir.join("node.toml");
+    std::fs::write(&path, s).unwrap();
+    path
+}
+
 /// The head of a node config: data under `dir`, API and one portal on ports the
 /// kernel picks, and `disks` file disks `d0..` of 64M in `dir`.
 pub fn config_head(dir: &Path, disks: usize) -> String {
