@@ -180,7 +180,7 @@ impl replica::ScsiPeer for PrLink {
                     );
                     ScsiAnswer::Failed("this node orders its own changes".into())
                 } else {
-                    match t.install_pr_state(lun, &state) {
+                    match t.install_pr_state(lun, &state).await {
                         Ok(()) => ScsiAnswer::Installed,
                         Err(e) => ScsiAnswer::Failed(e.to_string()),
                     }

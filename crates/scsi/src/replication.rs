@@ -15,6 +15,11 @@
 //! that list (a snapshot from [`crate::ScsiTarget::pr_state`], e.g. when a node rejoins)
 //! raises the unit attentions [`crate::pr`]'s state difference derives.
 //!
+//! A PREEMPT AND ABORT aborts the preempted I_T nexuses' tasks on both nodes: the leader
+//! aborts those it runs ([`TaskAbort`]), and the state it pushes names the nexuses (never
+//! the one that sent the command), so the partner aborts its own before the push
+//! returns and the command answers.
+//!
 //! Not replicated: SPC-2 RESERVE/RELEASE (each node keeps its own) and the D_SENSE mode
 //! bit (a forwarded command's sense data is in the leader's format).
 

@@ -518,13 +518,27 @@ impl ScsiTarget {
     /// snapshot's are derived from the difference with the current state (see
     /// [`crate::pr`]'s `state_change_uas`). An unchanged state raises none. Does not wait
     /// for PR OUTs running here: only the node that orders PR changes should push.
-    pub fn install_pr_state(&self, lun: u64, state: &[u8]) -> Result<(), ScsiError> {
+    ///
+    /// A state pushed after a PREEMPT AND ABORT names the preempted I_T nexuses: their
+    /// tasks on this LU are aborted here too (through [`TaskAbort`]) before this returns,
+    /// so the partner answers the command only once neither node runs them.
+    pub async fn install_pr_state(&self, lun: u64, state: &[u8]) -> Result<(), ScsiError> {
         let lu = self
             .lu(lun)
             .ok_or_else(|| ScsiError::Config(format!("lun {lun} does not exist")))?;
-        for ua in lu.pr.install_state(state)? {
+        let (uas, aborts) = lu.pr.install_state(state)?;
+        for ua in uas {
             lu.uas
                 .raise_for(&ua.initiator_port, ua.relative_port_id, ua.sense);
+        }
+        let aborter = self.task_abort.read().clone();
+        if let (false, Some(a)) = (aborts.is_empty(), aborter) {
+            tracing::info!(
+                lun,
+                nexuses = aborts.len(),
+                "PREEMPT AND ABORT on the partner: aborting their tasks here too"
+            );
+            a.abort_tasks(lun, &aborts).await;
         }
         Ok(())
     }

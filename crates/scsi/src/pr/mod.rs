@@ -496,8 +496,14 @@ impl Reservations {
         }
         let changed = next != g.pr;
         self.commit(&mut g, next)?;
-        let state = (want_state && changed)
-            .then(|| Bytes::from(persist::encode(&g.pr, Some(&out.unit_attentions))));
+        let state = (want_state && changed).then(|| {
+            // the command itself is one of the sender's tasks: never aborted
+            let aborts: Vec<NexusId> = (out.abort_tasks_of.iter())
+                .filter(|v| !v.is(nexus))
+                .cloned()
+                .collect();
+            Bytes::from(persist::encode(&g.pr, Some(&out.unit_attentions), &aborts))
+        });
         tracing::debug!(
             initiator_port = %nexus.initiator_port,
             relative_port_id = nexus.relative_port_id,

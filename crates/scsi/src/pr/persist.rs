@@ -4,7 +4,8 @@
 //!
 //! The same JSON is what the HA partner receives ([`encode`] / [`decode`]); a state
 //! pushed after a PERSISTENT RESERVE OUT also carries the unit attentions that command
-//! established (the state file never does).
+//! established and, after a PREEMPT AND ABORT, the I_T nexuses whose tasks the partner
+//! must abort too (the state file never holds either).
 
 use super::{NexusId, PendingUa, PrState, PrType, Registration, Reservation, REGISTRATIONS_MAX};
 use crate::sense::{key, Sense};
@@ -30,6 +31,17 @@ struct FileState {
     /// snapshots, whose receiver derives unit attentions from the difference.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     unit_attentions: Option<Vec<FileUa>>,
+    /// Only in a state pushed after a PREEMPT AND ABORT: the preempted I_T nexuses
+    /// (not the one that sent the command), whose tasks the partner aborts as well.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    abort_tasks_of: Vec<FileNexus>,
+}
+
+/// An I_T nexus named in a pushed state.
+#[derive(Debug, Serialize, Deserialize)]
+struct FileNexus {
+    initiator_port: String,
+    relative_port_id: u16,
 }
 
 /// A unit attention for the nexuses of one initiator port.
@@ -79,6 +91,7 @@ fn to_file(st: &PrState) -> FileState {
             holder_relative_port_id: res.holder.as_ref().map_or(0, |h| h.relative_port_id),
         }),
         unit_attentions: None,
+        abort_tasks_of: Vec::new(),
     }
 }
 
@@ -135,9 +148,17 @@ fn from_file(f: FileState) -> Result<PrState, String> {
 }
 
 /// The state as JSON for the HA partner; `uas` are the unit attentions the PR OUT that
-/// produced it established (None for a snapshot).
-pub(super) fn encode(st: &PrState, uas: Option<&[PendingUa]>) -> Vec<u8> {
+/// produced it established (None for a snapshot), `aborts` the nexuses whose tasks a
+/// PREEMPT AND ABORT aborts on the partner too.
+pub(super) fn encode(st: &PrState, uas: Option<&[PendingUa]>, aborts: &[NexusId]) -> Vec<u8> {
     let mut f = to_file(st);
+    f.abort_tasks_of = aborts
+        .iter()
+        .map(|n| FileNexus {
+            initiator_port: n.initiator_port.to_string(),
+            relative_port_id: n.relative_port_id,
+        })
+        .collect();
     f.unit_attentions = uas.map(|uas| {
         uas.iter()
             .map(|u| FileUa {
@@ -152,10 +173,27 @@ pub(super) fn encode(st: &PrState, uas: Option<&[PendingUa]>) -> Vec<u8> {
     serde_json::to_vec(&f).unwrap_or_default()
 }
 
+/// What [`decode`] returns: the state, the unit attentions listed with it, and the
+/// nexuses whose tasks to abort.
+pub(super) type Decoded = (PrState, Option<Vec<PendingUa>>, Vec<NexusId>);
+
 /// Parses what [`encode`] (or the state file) holds, with the same validation as
 /// loading the state file.
-pub(super) fn decode(bytes: &[u8]) -> Result<(PrState, Option<Vec<PendingUa>>), String> {
+pub(super) fn decode(bytes: &[u8]) -> Result<Decoded, String> {
     let mut f: FileState = serde_json::from_slice(bytes).map_err(|e| e.to_string())?;
+    if f.abort_tasks_of.len() > REGISTRATIONS_MAX {
+        return Err(format!(
+            "{} nexuses to abort (most {REGISTRATIONS_MAX})",
+            f.abort_tasks_of.len()
+        ));
+    }
+    let aborts = std::mem::take(&mut f.abort_tasks_of)
+        .into_iter()
+        .map(|n| NexusId {
+            initiator_port: Arc::from(n.initiator_port),
+            relative_port_id: n.relative_port_id,
+        })
+        .collect();
     let uas = f.unit_attentions.take().map(|uas| {
         uas.into_iter()
             .map(|u| PendingUa {
@@ -165,7 +203,7 @@ pub(super) fn decode(bytes: &[u8]) -> Result<(PrState, Option<Vec<PendingUa>>), 
             })
             .collect()
     });
-    Ok((from_file(f)?, uas))
+    Ok((from_file(f)?, uas, aborts))
 }
 
 /// Reads the state file; Ok(None) when there is none.

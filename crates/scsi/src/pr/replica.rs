@@ -8,7 +8,7 @@
 //! carries no list: the receiver derives the unit attentions from the difference
 //! between its state and the snapshot ([`state_change_uas`]).
 
-use super::{persist, PendingUa, PrState, Reservations};
+use super::{persist, NexusId, PendingUa, PrState, Reservations};
 use crate::sense::codes;
 use crate::{ItNexus, ScsiError, TargetPort};
 use block::Bytes;
@@ -18,7 +18,7 @@ impl Reservations {
     /// The persistent-reservation state (registrations, reservation, PRgeneration,
     /// APTPL) in the state file's JSON format. SPC-2 reservations are not part of it.
     pub(crate) fn state(&self) -> Bytes {
-        Bytes::from(persist::encode(&self.inner.lock().pr, None))
+        Bytes::from(persist::encode(&self.inner.lock().pr, None, &[]))
     }
 
     /// [`Reservations::persistent_reserve_out_detailed`], also returning the new state
@@ -38,11 +38,16 @@ impl Reservations {
     /// or a PR OUT of the partner) and persists it like a local change. Returns the unit
     /// attentions to establish: the ones listed in `state`, or for a snapshot those
     /// [`state_change_uas`] derives. An identical state changes nothing and raises none.
-    pub(crate) fn install_state(&self, state: &[u8]) -> Result<Vec<PendingUa>, ScsiError> {
-        let (next, listed) = persist::decode(state).map_err(ScsiError::PrState)?;
+    /// With them, the I_T nexuses whose tasks a PREEMPT AND ABORT aborts on this node
+    /// too (listed in a state pushed after one).
+    pub(crate) fn install_state(
+        &self,
+        state: &[u8],
+    ) -> Result<(Vec<PendingUa>, Vec<NexusId>), ScsiError> {
+        let (next, listed, aborts) = persist::decode(state).map_err(ScsiError::PrState)?;
         let mut g = self.inner.lock();
         if g.pr == next {
-            return Ok(Vec::new());
+            return Ok((Vec::new(), aborts));
         }
         if next.aptpl && self.state_file.is_none() {
             tracing::warn!("installing APTPL reservations on a LUN without a state file");
@@ -61,7 +66,7 @@ impl Reservations {
             "persistent reservation state installed"
         );
         g.pr = next;
-        Ok(uas)
+        Ok((uas, aborts))
     }
 }
 

@@ -103,6 +103,7 @@ impl PrReplication for Link {
         }
         partner
             .install_pr_state(lun, &state)
+            .await
             .map_err(|e| e.to_string())
     }
 }
@@ -603,7 +604,7 @@ async fn snapshot_install_derives_unit_attentions_from_the_difference() {
     good(&c, &c2, REGISTER, 0, 0, 0x2, 0).await;
     good(&c, &c1, RESERVE, WERO, 0x1, 0, 0).await;
     let s1 = c.pr_state(LUN).unwrap();
-    b.install_pr_state(LUN, &s1).unwrap();
+    b.install_pr_state(LUN, &s1).await.unwrap();
     assert_eq!(b.pr_state(LUN).unwrap(), s1);
     // New registrations and a new reservation: no unit attention.
     for n in [&b1, &b2, &b3] {
@@ -613,13 +614,15 @@ async fn snapshot_install_derives_unit_attentions_from_the_difference() {
     assert_eq!(r.status, status::RESERVATION_CONFLICT);
     assert_eq!(run(&b, &b2, &WRITE10, &[0; 512]).await.status, status::GOOD);
     // The same state again: nothing.
-    b.install_pr_state(LUN, &s1).unwrap();
+    b.install_pr_state(LUN, &s1).await.unwrap();
     assert_eq!(ua(&b, &b2).await, None);
 
     // Registrants Only released: surviving registrants but the old holder hear it.
     good(&c, &c1, RELEASE, WERO, 0x1, 0, 0).await;
     drain(&c, [&c1, &c2, &c3]).await;
-    b.install_pr_state(LUN, &c.pr_state(LUN).unwrap()).unwrap();
+    b.install_pr_state(LUN, &c.pr_state(LUN).unwrap())
+        .await
+        .unwrap();
     assert_eq!(ua(&b, &b1).await, None);
     assert_eq!(ua(&b, &b2).await, Some((0x2a, 0x04)));
     assert_eq!(ua(&b, &b3).await, None, "not a registrant");
@@ -628,13 +631,17 @@ async fn snapshot_install_derives_unit_attentions_from_the_difference() {
     // PREEMPTED, the new holder nothing, c3 (registered now) RESERVATIONS RELEASED.
     good(&c, &c1, RESERVE, WE, 0x1, 0, 0).await;
     good(&c, &c3, REGISTER, 0, 0, 0x3, 0).await;
-    b.install_pr_state(LUN, &c.pr_state(LUN).unwrap()).unwrap();
+    b.install_pr_state(LUN, &c.pr_state(LUN).unwrap())
+        .await
+        .unwrap();
     for n in [&b1, &b2, &b3] {
         assert_eq!(ua(&b, n).await, None);
     }
     good(&c, &c2, PREEMPT, EA, 0x2, 0x1, 0).await;
     drain(&c, [&c1, &c2, &c3]).await;
-    b.install_pr_state(LUN, &c.pr_state(LUN).unwrap()).unwrap();
+    b.install_pr_state(LUN, &c.pr_state(LUN).unwrap())
+        .await
+        .unwrap();
     assert_eq!(ua(&b, &b1).await, Some((0x2a, 0x05)));
     assert_eq!(ua(&b, &b2).await, None);
     assert_eq!(ua(&b, &b3).await, Some((0x2a, 0x04)));
@@ -644,15 +651,21 @@ async fn snapshot_install_derives_unit_attentions_from_the_difference() {
     good(&c, &c2, RELEASE, EA, 0x2, 0, 0).await;
     drain(&c, [&c1, &c2, &c3]).await;
     good(&c, &c2, RESERVE, WE, 0x2, 0, 0).await;
-    b.install_pr_state(LUN, &c.pr_state(LUN).unwrap()).unwrap();
+    b.install_pr_state(LUN, &c.pr_state(LUN).unwrap())
+        .await
+        .unwrap();
     assert_eq!(ua(&b, &b3).await, Some((0x2a, 0x04)), "EA gone");
     good(&c, &c2, RELEASE, WE, 0x2, 0, 0).await;
-    b.install_pr_state(LUN, &c.pr_state(LUN).unwrap()).unwrap();
+    b.install_pr_state(LUN, &c.pr_state(LUN).unwrap())
+        .await
+        .unwrap();
     assert_eq!(ua(&b, &b3).await, None);
 
     // Nobody registered any more (a CLEAR): RESERVATIONS PREEMPTED for everybody.
     good(&c, &c2, CLEAR, 0, 0x2, 0, 0).await;
-    b.install_pr_state(LUN, &c.pr_state(LUN).unwrap()).unwrap();
+    b.install_pr_state(LUN, &c.pr_state(LUN).unwrap())
+        .await
+        .unwrap();
     assert_eq!(ua(&b, &b2).await, Some((0x2a, 0x03)));
     assert_eq!(ua(&b, &b3).await, Some((0x2a, 0x03)));
     assert_eq!(ua(&b, &b1).await, None, "preempted before");
@@ -695,15 +708,96 @@ async fn bad_input_to_the_replication_entry_points() {
         .await;
     assert_eq!(sense_of(&r), (key::ILLEGAL_REQUEST, 0x25, 0x00));
     assert!(matches!(
-        b.install_pr_state(LUN, b"{not json"),
+        b.install_pr_state(LUN, b"{not json").await,
         Err(ScsiError::PrState(_))
     ));
     assert!(matches!(
-        b.install_pr_state(9, &a.pr_state(LUN).unwrap()),
+        b.install_pr_state(9, &a.pr_state(LUN).unwrap()).await,
         Err(ScsiError::Config(_))
     ));
     assert_eq!(b.pr_state(9), None);
     // A short parameter list is refused by the leader, as it would be locally.
     let r = run(&b, &n, &prout_cdb(REGISTER, 0, 24), &[0; 8]).await;
     assert_eq!(r.status, status::CHECK_CONDITION);
+}
+
+/// Records what [`TaskAbort`] was asked to abort on one node.
+#[derive(Default)]
+struct AbortLog(parking_lot::Mutex<Vec<(u64, Vec<String>)>>);
+
+#[async_trait]
+impl TaskAbort for AbortLog {
+    async fn abort_tasks(&self, target_lun: u64, victims: &[pr::NexusId]) {
+        let mut names: Vec<String> = victims
+            .iter()
+            .map(|v| format!("{}@{}", v.initiator_port, v.relative_port_id))
+            .collect();
+        names.sort();
+        self.0.lock().push((target_lun, names));
+    }
+}
+
+fn named(n: &ItNexus) -> String {
+    format!("{}@{}", n.initiator_port, n.relative_port_id)
+}
+
+#[tokio::test]
+async fn preempt_and_abort_aborts_the_victims_tasks_on_both_nodes() {
+    const PREEMPT_AND_ABORT: u8 = 0x05;
+    let (a, b) = pair();
+    let (log_a, log_b) = (Arc::new(AbortLog::default()), Arc::new(AbortLog::default()));
+    a.set_task_abort(log_a.clone());
+    b.set_task_abort(log_b.clone());
+    // The victim registered through both nodes (one nexus each); the preempter
+    // sends PREEMPT AND ABORT through B, the follower, so the leader runs it for B.
+    let va = ready(&a, "victim", 1).await;
+    let vb = ready(&b, "victim", 3).await;
+    let pb = ready(&b, "preempter", 4).await;
+    good(&a, &va, REGISTER, 0, 0, 0xb, 0).await;
+    good(&b, &vb, REGISTER, 0, 0, 0xb, 0).await;
+    good(&b, &pb, REGISTER, 0, 0, 0xa, 0).await;
+    good(&a, &va, RESERVE, WE, 0xb, 0, 0).await;
+    assert!(log_a.0.lock().is_empty() && log_b.0.lock().is_empty());
+
+    good(&b, &pb, PREEMPT_AND_ABORT, WE, 0xa, 0xb, 0).await;
+    let victims = {
+        let mut v = vec![named(&va), named(&vb)];
+        v.sort();
+        v
+    };
+    // Each node was asked to abort both victim nexuses' tasks on the LU, before the
+    // command answered; the sender's own nexus is never among them.
+    assert_eq!(*log_a.0.lock(), vec![(LUN, victims.clone())]);
+    assert_eq!(*log_b.0.lock(), vec![(LUN, victims)]);
+    assert_eq!(read_keys(&b, &pb).await.1, vec![0xa]);
+
+    assert_eq!(ua(&a, &va).await, Some((0x2a, 0x05)));
+    assert_eq!(ua(&b, &vb).await, Some((0x2a, 0x05)));
+
+    // A plain PREEMPT aborts nothing: neither node is asked.
+    good(&a, &va, REGISTER, 0, 0, 0xc, 0).await;
+    good(&b, &pb, PREEMPT, WE, 0xa, 0xc, 0).await;
+    assert_eq!(ua(&a, &va).await, Some((0x2a, 0x05)));
+    assert_eq!(log_a.0.lock().len(), 1);
+    assert_eq!(log_b.0.lock().len(), 1);
+
+    // A nexus preempting its own key (held by another nexus too, on the other node)
+    // aborts that other nexus' tasks on both nodes, never its own (its registration
+    // goes too, as for any nexus holding the preempted key).
+    good(&a, &va, REGISTER, 0, 0, 0xd, 0).await;
+    good(&b, &vb, REGISTER, 0, 0, 0xd, 0).await;
+    good(&a, &va, PREEMPT_AND_ABORT, WE, 0xd, 0xd, 0).await;
+    assert_eq!(
+        log_a.0.lock().last().cloned(),
+        Some((LUN, vec![named(&vb)]))
+    );
+    assert_eq!(
+        log_b.0.lock().last().cloned(),
+        Some((LUN, vec![named(&vb)]))
+    );
+    assert_eq!(
+        read_keys(&b, &pb).await.1,
+        vec![0xa],
+        "every 0xd registration went"
+    );
 }
