@@ -10,6 +10,8 @@ const CHUNK_BYTES: usize = 64 * 1024;
 /// A thin volume held in memory in 64 KiB chunks; never-written chunks read as zeroes.
 pub struct MemVolume {
     geometry: Geometry,
+    /// The block count (it grows: [`Volume::grow`]).
+    block_count: std::sync::atomic::AtomicU64,
     chunks: RwLock<BTreeMap<u64, Box<[u8]>>>,
 }
 
@@ -26,6 +28,7 @@ impl MemVolume {
                 optimal_io_blocks: 1,
                 max_io_blocks: (8 << 20) / block_size_bytes,
             },
+            block_count: std::sync::atomic::AtomicU64::new(block_count),
             chunks: RwLock::new(BTreeMap::new()),
         }
     }
@@ -109,11 +112,25 @@ impl MemVolume {
 #[async_trait]
 impl Volume for MemVolume {
     fn geometry(&self) -> Geometry {
-        self.geometry
+        Geometry {
+            block_count: self.block_count.load(std::sync::atomic::Ordering::Acquire),
+            ..self.geometry
+        }
+    }
+
+    /// Grows; the new blocks read as zeroes.
+    async fn grow(&self, block_count: u64) -> BlockResult<()> {
+        let now = self.geometry().block_count;
+        if block_count < now {
+            return Err(crate::BlockError::NotSupported("shrinking a volume"));
+        }
+        self.block_count
+            .fetch_max(block_count, std::sync::atomic::Ordering::AcqRel);
+        Ok(())
     }
 
     async fn read(&self, lba: u64, blocks: u32) -> BlockResult<Bytes> {
-        self.geometry.check_range(lba, blocks as u64)?;
+        self.geometry().check_range(lba, blocks as u64)?;
         let bs = self.geometry.block_size_bytes as u64;
         let mut out = BytesMut::zeroed((blocks as u64 * bs) as usize);
         self.copy_out(lba * bs, &mut out);
@@ -121,8 +138,8 @@ impl Volume for MemVolume {
     }
 
     async fn write(&self, lba: u64, data: Bytes, _fua: bool) -> BlockResult<()> {
-        let blocks = self.geometry.blocks_in(data.len())?;
-        self.geometry.check_range(lba, blocks)?;
+        let blocks = self.geometry().blocks_in(data.len())?;
+        self.geometry().check_range(lba, blocks)?;
         self.copy_in(lba * self.geometry.block_size_bytes as u64, &data);
         Ok(())
     }
@@ -132,7 +149,7 @@ impl Volume for MemVolume {
     }
 
     async fn discard(&self, lba: u64, blocks: u64) -> BlockResult<()> {
-        self.geometry.check_range(lba, blocks)?;
+        self.geometry().check_range(lba, blocks)?;
         let bs = self.geometry.block_size_bytes as u64;
         self.zero_range(lba * bs, blocks * bs);
         Ok(())
@@ -143,7 +160,7 @@ impl Volume for MemVolume {
     }
 
     async fn block_status(&self, lba: u64, blocks: u64) -> BlockResult<Vec<Extent>> {
-        self.geometry.check_range(lba, blocks)?;
+        self.geometry().check_range(lba, blocks)?;
         let bs = self.geometry.block_size_bytes as u64;
         let chunk_blocks = CHUNK_BYTES as u64 / bs;
         let chunks = self.chunks.read();

@@ -250,7 +250,7 @@ fn plan(inner: &Inner, snap: &[(u64, u32, u64, u64)]) -> Vec<Op> {
 }
 
 fn block_len(inner: &Inner, key: u64) -> u64 {
-    (inner.geo.size_bytes() - key * inner.block_bytes).min(inner.block_bytes)
+    (inner.geo().size_bytes() - key * inner.block_bytes).min(inner.block_bytes)
 }
 
 async fn write_op(inner: &Inner, op: &Op) -> (Vec<u32>, BlockResult<u64>) {

@@ -33,7 +33,7 @@ use block::{
 };
 use parking_lot::Mutex;
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 use tokio::sync::{Notify, RwLock};
@@ -170,7 +170,11 @@ pub(crate) struct Inner {
     pub mirrored: bool,
     pub layout: DeviceLayout,
     pub cfg: CacheConfig,
-    pub geo: Geometry,
+    /// The geometry at open; the block count is `block_count` (it grows).
+    geo_at_open: Geometry,
+    block_count: AtomicU64,
+    /// One grow at a time.
+    growing: tokio::sync::Mutex<()>,
     /// Backing block bytes.
     pub bs: u64,
     pub block_bytes: u64,
@@ -294,7 +298,7 @@ impl Inner {
 
     /// Sectors of block `key` that exist (the last block may be short).
     fn block_len(&self, key: u64) -> u64 {
-        let size = self.geo.size_bytes();
+        let size = self.geo().size_bytes();
         (size - key * self.block_bytes).min(self.block_bytes)
     }
 
@@ -664,7 +668,7 @@ impl Inner {
         // sub-sector writes are widened to whole sectors by reading around them
         let s0 = off / SECTOR_BYTES * SECTOR_BYTES;
         let s1 = (off + data.len() as u64).div_ceil(SECTOR_BYTES) * SECTOR_BYTES;
-        let s1 = s1.min(self.geo.size_bytes());
+        let s1 = s1.min(self.geo().size_bytes());
         let pieces = self.pieces(s0, s1 - s0);
         let keys: Vec<u64> = pieces.iter().map(|p| p.key).collect();
         let _locks = self.lock_exclusive(&keys).await;
@@ -1314,7 +1318,9 @@ impl CacheVolume {
             devs,
             mirrored,
             layout,
-            geo: out_geo,
+            geo_at_open: out_geo,
+            block_count: AtomicU64::new(out_geo.block_count),
+            growing: tokio::sync::Mutex::new(()),
             bs,
             block_bytes,
             frames,
@@ -1521,13 +1527,23 @@ impl Drop for CacheVolume {
 }
 
 impl Inner {
+    /// The served geometry (the backing volume's, as far as it has been grown here).
+    pub fn geo(&self) -> Geometry {
+        Geometry {
+            block_count: self.block_count.load(Ordering::Acquire),
+            ..self.geo_at_open
+        }
+    }
+
     /// Loads the map an earlier run left on the devices.
     async fn load(&self, old: &Superblock, sbs: &[Option<Superblock>]) -> BlockResult<()> {
         let same_shape = old.block_bytes as u64 == self.block_bytes
             && old.device_count as usize == self.devs.len()
             && old.mirrored == self.mirrored
             && old.frames == self.frames
-            && old.backing_bytes == self.geo.size_bytes();
+            // a backing volume that grew (the superblocks may not say so yet when a
+            // crash cut a grow short) keeps every cached block where it was
+            && old.backing_bytes <= self.geo().size_bytes();
         // devices whose superblock is older than the newest (a mirror half that
         // failed earlier) or missing are not trusted
         for (d, sb) in self.devs.iter().zip(sbs) {
@@ -1597,7 +1613,7 @@ impl Inner {
                     } else {
                         (r.dirty, r.dirty)
                     };
-                    if valid == 0 || r.key * self.block_bytes >= self.geo.size_bytes() {
+                    if valid == 0 || r.key * self.block_bytes >= self.geo().size_bytes() {
                         continue;
                     }
                     entries.push((slot, r.key));
@@ -1669,12 +1685,49 @@ impl Inner {
 #[async_trait]
 impl Volume for CacheVolume {
     fn geometry(&self) -> Geometry {
-        self.inner.geo
+        self.inner.geo()
+    }
+
+    /// Grows the backing volume, then records its new size in the cache devices'
+    /// superblocks, then serves it. Blocks already cached keep their place (they are
+    /// keyed by their position on the backing volume). A crash between the two
+    /// leaves a backing volume larger than the superblocks say, which opening
+    /// accepts (see [`Inner::load`]).
+    async fn grow(&self, block_count: u64) -> BlockResult<()> {
+        let i = &*self.inner;
+        let _one = i.growing.lock().await;
+        let now = i.block_count.load(Ordering::Acquire);
+        if block_count < now {
+            return Err(BlockError::NotSupported("shrinking a volume"));
+        }
+        if block_count == now {
+            return Ok(());
+        }
+        let bytes = block_count
+            .checked_mul(i.bs)
+            .filter(|b| b.is_multiple_of(SECTOR_BYTES))
+            .ok_or_else(|| {
+                BlockError::Unavailable(format!(
+                    "cache {}: a cached volume grows by whole 4 KiB sectors",
+                    i.name
+                ))
+            })?;
+        i.backing.grow(block_count).await?;
+        if i.backing.geometry().block_count < block_count {
+            return Err(BlockError::Unavailable(format!(
+                "cache {}: the backing volume did not grow",
+                i.name
+            )));
+        }
+        i.write_superblocks(|sb| sb.backing_bytes = bytes).await?;
+        i.block_count.store(block_count, Ordering::Release);
+        tracing::info!(cache = %i.name, from = now, to = block_count, "cached volume grown");
+        Ok(())
     }
 
     async fn read(&self, lba: u64, blocks: u32) -> BlockResult<Bytes> {
         let i = &*self.inner;
-        i.geo.check_range(lba, blocks as u64)?;
+        i.geo().check_range(lba, blocks as u64)?;
         let _gate = i.gate.read().await;
         let _fg = i.fg();
         let off = lba * i.bs;
@@ -1688,8 +1741,8 @@ impl Volume for CacheVolume {
 
     async fn write(&self, lba: u64, data: Bytes, fua: bool) -> BlockResult<()> {
         let i = &*self.inner;
-        let blocks = i.geo.blocks_in(data.len())?;
-        i.geo.check_range(lba, blocks)?;
+        let blocks = i.geo().blocks_in(data.len())?;
+        i.geo().check_range(lba, blocks)?;
         if blocks == 0 {
             return Ok(());
         }
@@ -1706,7 +1759,7 @@ impl Volume for CacheVolume {
 
     async fn discard(&self, lba: u64, blocks: u64) -> BlockResult<()> {
         let i = &*self.inner;
-        i.geo.check_range(lba, blocks)?;
+        i.geo().check_range(lba, blocks)?;
         let _gate = i.gate.read().await;
         let _fg = i.fg();
         let off = lba * i.bs;
