@@ -46,6 +46,9 @@ impl Volume for DelayVolume {
     fn geometry(&self) -> Geometry {
         self.inner.geometry()
     }
+    async fn grow(&self, block_count: u64) -> BlockResult<()> {
+        self.inner.grow(block_count).await
+    }
     async fn read(&self, lba: u64, blocks: u32) -> BlockResult<Bytes> {
         tokio::time::sleep(self.read_delay()).await;
         self.inner.read(lba, blocks).await

@@ -61,6 +61,9 @@ impl Volume for FaultVolume {
     fn geometry(&self) -> Geometry {
         self.inner.geometry()
     }
+    async fn grow(&self, block_count: u64) -> BlockResult<()> {
+        self.inner.grow(block_count).await
+    }
 
     async fn read(&self, lba: u64, blocks: u32) -> BlockResult<Bytes> {
         {

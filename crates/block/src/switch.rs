@@ -10,19 +10,24 @@
 
 use crate::{BlockError, BlockResult, Bytes, Extent, Geometry, Volume, VolumeRef};
 use async_trait::async_trait;
+use std::sync::atomic::{AtomicU64, Ordering};
 use tokio::sync::RwLock;
 
 /// A volume that forwards to an exchangeable lower volume.
 pub struct SwitchVolume {
     geometry: Geometry,
+    /// The block count (it grows: [`Volume::grow`]).
+    block_count: AtomicU64,
     current: RwLock<VolumeRef>,
 }
 
 impl SwitchVolume {
     /// Forwards to `inner` until switched; its geometry is the one reported.
     pub fn new(inner: VolumeRef) -> Self {
+        let geometry = inner.geometry();
         SwitchVolume {
-            geometry: inner.geometry(),
+            geometry,
+            block_count: AtomicU64::new(geometry.block_count),
             current: RwLock::new(inner),
         }
     }
@@ -37,18 +42,14 @@ impl SwitchVolume {
     /// and block count.
     pub async fn switch(&self, next: VolumeRef) -> BlockResult<VolumeRef> {
         let g = next.geometry();
-        if g.block_size_bytes != self.geometry.block_size_bytes
-            || g.block_count != self.geometry.block_count
-        {
+        let mut cur = self.current.write().await;
+        let have = self.geometry();
+        if g.block_size_bytes != have.block_size_bytes || g.block_count != have.block_count {
             return Err(BlockError::Unavailable(format!(
                 "cannot switch to a volume of {} blocks of {} bytes (this one has {} of {})",
-                g.block_count,
-                g.block_size_bytes,
-                self.geometry.block_count,
-                self.geometry.block_size_bytes
+                g.block_count, g.block_size_bytes, have.block_count, have.block_size_bytes
             )));
         }
-        let mut cur = self.current.write().await;
         Ok(std::mem::replace(&mut *cur, next))
     }
 }
@@ -56,7 +57,19 @@ impl SwitchVolume {
 #[async_trait]
 impl Volume for SwitchVolume {
     fn geometry(&self) -> Geometry {
-        self.geometry
+        Geometry {
+            block_count: self.block_count.load(Ordering::Acquire),
+            ..self.geometry
+        }
+    }
+    /// Grows the current volume (no switch meanwhile), then reports its size.
+    async fn grow(&self, block_count: u64) -> BlockResult<()> {
+        let cur = self.current.write().await;
+        cur.grow(block_count).await?;
+        let now = cur.geometry().block_count;
+        self.block_count
+            .fetch_max(now.min(block_count), Ordering::AcqRel);
+        Ok(())
     }
     async fn read(&self, lba: u64, blocks: u32) -> BlockResult<Bytes> {
         self.current.read().await.read(lba, blocks).await
@@ -120,5 +133,22 @@ mod tests {
         // a volume of another shape is refused
         let small: VolumeRef = Arc::new(MemVolume::new(512, 32));
         assert!(sw.switch(small).await.is_err());
+    }
+
+    #[tokio::test]
+    async fn growing_grows_the_current_volume_and_a_switch_needs_the_new_size() {
+        let a: VolumeRef = Arc::new(MemVolume::new(512, 64));
+        let sw = SwitchVolume::new(a.clone());
+        sw.grow(128).await.unwrap();
+        assert_eq!(sw.geometry().block_count, 128);
+        assert_eq!(a.geometry().block_count, 128);
+        sw.write(127, Bytes::from(vec![3u8; 512]), false)
+            .await
+            .unwrap();
+        let small: VolumeRef = Arc::new(MemVolume::new(512, 64));
+        assert!(sw.switch(small).await.is_err(), "a volume of the old size");
+        let big: VolumeRef = Arc::new(MemVolume::new(512, 128));
+        sw.switch(big).await.unwrap();
+        assert!(sw.grow(32).await.is_err(), "no shrinking");
     }
 }

@@ -331,9 +331,9 @@ impl Objects {
         Ok(json!({ "target": target, "lun": id, "deleted": true }))
     }
 
-    /// Grows a LUN while it serves (a file or disk LUN; not yet one on a pool, a
-    /// cache or replicated): initiators get CAPACITY DATA HAS CHANGED with their
-    /// next command. Smaller sizes are refused.
+    /// Grows a LUN while it serves (its volume grows: a file, a disk, a cache over
+    /// its backing, a pool, both copies of a replicated LUN): initiators get
+    /// CAPACITY DATA HAS CHANGED with their next command. Smaller sizes are refused.
     pub async fn resize_lun(&self, body: Value) -> Result<Value, ApiError> {
         let LunResize { target, lun, size } = parse(body)?;
         let bytes = disk::parse_size(&size)

@@ -741,3 +741,100 @@ fn a_replicated_lun_created_at_run_time_syncs_and_serves_through_both_nodes() {
     assert!(ok, "LUN 1 through node 1 after node 2 deleted it: {out}");
     assert_eq!(ha.status(1).unwrap()["state"], "in-sync", "LUN 0 untouched");
 }
+
+#[test]
+fn a_replicated_lun_grows_on_both_nodes_while_verified_writes_run() {
+    let Some(ha) = Ha::start("hag") else { return };
+    ha.wait_in_sync();
+    let state = ha.dir.path().join("verify.state");
+    let mut bench = ha
+        .topo
+        .command(ha.topo.ns_client(), bin())
+        .args(["bench", "--target", &ha.url(2, 1), "--bs", "16k"])
+        .args(["--rw", "randwrite", "--threads", "2", "--qd", "4"])
+        .args(["--secs", "4", "--ramp", "0", "--verify", "--quiet"])
+        .arg("--verify-state")
+        .arg(&state)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::fs::File::create(ha.dir.path().join("bench.log")).unwrap())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !state.exists() {
+        assert!(
+            Instant::now() < deadline,
+            "bench wrote no verification state"
+        );
+        assert!(bench.try_wait().unwrap().is_none(), "bench exited early");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // grown through node 1's API while the writes run through every path
+    let (ok, out) = ha.topo.run(
+        ha.topo.ns_node(1),
+        bin(),
+        [
+            "lun", "resize", "--api", API, "--target", IQN, "--lun", "0", "--size", "320M",
+        ],
+    );
+    assert!(ok && out.contains("grown"), "{out}");
+    let st = bench.wait().unwrap();
+    let log = std::fs::read_to_string(ha.dir.path().join("bench.log")).unwrap_or_default();
+    assert!(
+        st.success(),
+        "the workload saw an error across the resize:\n{log}"
+    );
+    let grown = 320u64 << 20;
+    for k in 1..=2 {
+        let s = ha.wait(k, 10, "the new size", |s| s["size_bytes"] == grown);
+        assert_eq!(s["state"], "in-sync");
+        let file = std::fs::metadata(ha.node_dir(k).join("lun0.img")).unwrap();
+        assert_eq!(file.len(), grown, "node {k}'s copy");
+    }
+    let check = |k: u32, st: &Path| {
+        let (ok, out) = ha.bench(&[
+            "check",
+            "--target",
+            &ha.url(k, 1),
+            "--single-path",
+            "--verify-state",
+            st.to_str().unwrap(),
+        ]);
+        assert!(ok, "check through node {k}: {out}");
+    };
+    for k in 1..=2 {
+        check(k, &state);
+    }
+    // a verified run over the whole grown LUN through node 2, new space included
+    let state2 = ha.dir.path().join("verify2.state");
+    let (ok, out) = ha.bench(&[
+        "--target",
+        &ha.url(2, 1),
+        "--bs",
+        "64k",
+        "--rw",
+        "randwrite",
+        "--threads",
+        "2",
+        "--qd",
+        "4",
+        "--secs",
+        "2",
+        "--ramp",
+        "0",
+        "--verify",
+        "--quiet",
+        "--verify-state",
+        state2.to_str().unwrap(),
+    ]);
+    assert!(ok, "{out}");
+    for k in 1..=2 {
+        check(k, &state2);
+        let tail = &std::fs::read(ha.node_dir(k).join("lun0.img")).unwrap()[256 << 20..];
+        assert!(
+            tail.iter().any(|&b| b != 0),
+            "node {k}: nothing was written in the new space"
+        );
+    }
+    let [a, b] = ha.checksums();
+    assert_eq!(a, b, "the two copies differ after the resize");
+}

@@ -83,6 +83,7 @@ mod op_tag {
     pub const DISCARD: u8 = 2;
     pub const FLUSH: u8 = 3;
     pub const COMPARE_AND_WRITE: u8 = 4;
+    pub const GROW: u8 = 5;
 }
 
 /// Tags of an [`OpResult`].
@@ -335,6 +336,10 @@ fn put_op(out: &mut BytesMut, op: &Op) {
             out.put_u64(*blocks);
         }
         Op::Flush => out.put_u8(op_tag::FLUSH),
+        Op::Grow { block_count } => {
+            out.put_u8(op_tag::GROW);
+            out.put_u64(*block_count);
+        }
         Op::CompareAndWrite {
             lba,
             fua,
@@ -480,6 +485,9 @@ impl Reader {
                 blocks: self.u64()?,
             }),
             op_tag::FLUSH => Ok(Op::Flush),
+            op_tag::GROW => Ok(Op::Grow {
+                block_count: self.u64()?,
+            }),
             op_tag::COMPARE_AND_WRITE => {
                 let lba = self.u64()?;
                 let fua = self.bool()?;

@@ -116,6 +116,12 @@ pub enum Op {
     },
     /// Make every acknowledged write durable.
     Flush,
+    /// Grow the volume to `block_count` blocks (never shrinks); the new blocks read
+    /// as zeroes on both copies.
+    Grow {
+        /// The new size in blocks.
+        block_count: u64,
+    },
     /// Compare `compare` with the blocks at `lba`; if equal, write `data` there.
     /// Both buffers have the same whole-block length.
     CompareAndWrite {

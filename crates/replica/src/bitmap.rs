@@ -20,6 +20,7 @@ use parking_lot::Mutex;
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::os::unix::fs::FileExt;
 use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 /// Bytes of one persisted page of the bitmap.
@@ -47,7 +48,8 @@ struct State {
 /// The bitmap of one copy, backed by a file.
 pub(crate) struct DirtyBitmap {
     file: Arc<std::fs::File>,
-    regions: u64,
+    /// Regions the volume has (it grows: [`DirtyBitmap::grow`]).
+    regions: AtomicU64,
     region_blocks: u64,
     state: Mutex<State>,
     /// One persister at a time; holds the epoch durable on disk.
@@ -104,7 +106,7 @@ impl DirtyBitmap {
         }
         Ok(DirtyBitmap {
             file: Arc::new(file),
-            regions,
+            regions: AtomicU64::new(regions),
             region_blocks,
             state: Mutex::new(State {
                 bits,
@@ -122,7 +124,7 @@ impl DirtyBitmap {
     /// Number of regions.
     #[cfg(test)]
     pub fn regions(&self) -> u64 {
-        self.regions
+        self.regions.load(Ordering::Acquire)
     }
 
     /// Blocks per region.
@@ -133,7 +135,8 @@ impl DirtyBitmap {
     fn span(&self, lba: u64, blocks: u64) -> (u64, u64) {
         let first = lba / self.region_blocks;
         let last = (lba + blocks.max(1) - 1) / self.region_blocks;
-        (first, last.min(self.regions.saturating_sub(1)))
+        let regions = self.regions.load(Ordering::Acquire);
+        (first, last.min(regions.saturating_sub(1)))
     }
 
     fn set_bit(s: &mut State, r: u64) -> bool {
@@ -282,17 +285,18 @@ impl DirtyBitmap {
     /// The bits, LSB first in each byte, covering every region.
     pub fn snapshot(&self) -> Vec<u8> {
         let s = self.state.lock();
-        s.bits[..self.regions.div_ceil(8) as usize].to_vec()
+        s.bits[..self.regions.load(Ordering::Acquire).div_ceil(8) as usize].to_vec()
     }
 
     /// Sets the bits of `bits` (regions from `first_region` on) and persists them.
     pub async fn merge(&self, first_region: u64, bits: &[u8]) -> std::io::Result<()> {
         {
+            let regions = self.regions.load(Ordering::Acquire);
             let mut s = self.state.lock();
             for (i, &b) in bits.iter().enumerate() {
                 for k in 0..8u64 {
                     let r = first_region + i as u64 * 8 + k;
-                    if b & (1 << k) != 0 && r < self.regions {
+                    if b & (1 << k) != 0 && r < regions {
                         Self::set_bit(&mut s, r);
                     }
                 }
@@ -305,7 +309,7 @@ impl DirtyBitmap {
     pub async fn set_all(&self) -> std::io::Result<()> {
         {
             let mut s = self.state.lock();
-            for r in 0..self.regions {
+            for r in 0..self.regions.load(Ordering::Acquire) {
                 Self::set_bit(&mut s, r);
             }
         }
@@ -330,6 +334,34 @@ impl DirtyBitmap {
             Self::set_bit(&mut s, r);
             s.pinned.insert(r);
         }
+    }
+
+    /// Covers a volume grown to `block_count` blocks: the file grows (the new
+    /// regions are clean: the new blocks read as zeroes on both copies) before the
+    /// regions count. Never shrinks.
+    pub async fn grow(&self, block_count: u64) -> std::io::Result<()> {
+        let regions = block_count.div_ceil(self.region_blocks);
+        if regions <= self.regions.load(Ordering::Acquire) {
+            return Ok(());
+        }
+        let len = regions.div_ceil(8).div_ceil(PAGE_BYTES) * PAGE_BYTES;
+        let _one = self.persisted.lock().await;
+        let file = self.file.clone();
+        tokio::task::spawn_blocking(move || -> std::io::Result<()> {
+            if file.metadata()?.len() < len {
+                file.set_len(len)?;
+                file.sync_all()?;
+            }
+            Ok(())
+        })
+        .await
+        .map_err(std::io::Error::other)??;
+        let mut s = self.state.lock();
+        if (s.bits.len() as u64) < len {
+            s.bits.resize(len as usize, 0);
+        }
+        self.regions.fetch_max(regions, Ordering::AcqRel);
+        Ok(())
     }
 
     /// Clears every region with no write in flight and persists.

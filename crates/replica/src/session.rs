@@ -318,8 +318,8 @@ async fn handshake(
     f.send(&Message::Hello {
         node_id: cfg.node_id,
         volume: cfg.name.clone(),
-        block_size_bytes: inner.geo.block_size_bytes,
-        block_count: inner.geo.block_count,
+        block_size_bytes: inner.geo().block_size_bytes,
+        block_count: inner.geo().block_count,
         region_bytes: cfg.region_bytes,
         gens: meta.gens(),
         flags,
@@ -364,13 +364,35 @@ async fn handshake(
             "unexpected partner: node {node_id}, volume {volume}"
         ));
     }
-    if block_size_bytes != inner.geo.block_size_bytes
-        || block_count != inner.geo.block_count
+    let here = inner.geo().block_count;
+    if block_size_bytes == inner.geo().block_size_bytes
+        && region_bytes == cfg.region_bytes
+        && block_count != here
+    {
+        // one copy grew while the other was away (or a grow was cut short): the
+        // smaller grows to match (its new blocks read as zeroes, as the larger's
+        // did before anything was written there; what was written there since is
+        // in the larger's bitmap and is resynchronised), then both reconnect
+        if block_count < here {
+            return Err(format!(
+                "the partner's copy has {block_count} blocks, this one {here}: it grows to match, then reconnects"
+            ));
+        }
+        inner.grow_local(block_count).await.map_err(|e| {
+            format!("cannot grow this copy to the partner's {block_count} blocks: {e}")
+        })?;
+        inner.expose(block_count);
+        return Err(format!(
+            "grew this copy from {here} to the partner's {block_count} blocks; reconnecting"
+        ));
+    }
+    if block_size_bytes != inner.geo().block_size_bytes
+        || block_count != inner.geo().block_count
         || region_bytes != cfg.region_bytes
     {
         return Err(format!(
             "the copies differ in shape: {block_count} blocks of {block_size_bytes} bytes, region {region_bytes} (here {} of {}, region {})",
-            inner.geo.block_count, inner.geo.block_size_bytes, cfg.region_bytes
+            inner.geo().block_count, inner.geo().block_size_bytes, cfg.region_bytes
         ));
     }
     let mut peer_bits = vec![0u8; bits.len()];
@@ -519,7 +541,7 @@ async fn resync(
     }
     let regions = inner.bitmap.set_regions();
     let rb = inner.bitmap.region_blocks();
-    let bs = inner.geo.block_size_bytes as u64;
+    let bs = inner.geo().block_size_bytes as u64;
     inner
         .resync_total
         .store(regions.len() as u64, Ordering::Relaxed);
@@ -539,9 +561,9 @@ async fn resync(
         let link = link.clone();
         async move {
             let lba = start * rb;
-            let blocks = (n * rb).min(inner.geo.block_count - lba);
+            let blocks = (n * rb).min(inner.geo().block_count - lba);
             // the budget before the range lock: waiting for it holds nothing
-            let bytes = blocks * inner.geo.block_size_bytes as u64;
+            let bytes = blocks * inner.geo().block_size_bytes as u64;
             let _held = inner.cfg.buffers.acquire(bytes).await;
             let _g = inner
                 .locks

@@ -202,7 +202,9 @@ pub(crate) struct InFlightForward {
 pub(crate) struct Inner {
     pub(crate) cfg: ReplicaConfig,
     pub(crate) local: VolumeRef,
-    pub(crate) geo: Geometry,
+    /// The geometry at open; the served block count is `block_count` (it grows).
+    geo_at_open: Geometry,
+    block_count: AtomicU64,
     pub(crate) meta_file: MetaFile,
     pub(crate) meta: Mutex<Meta>,
     pub(crate) bitmap: DirtyBitmap,
@@ -292,7 +294,7 @@ fn span(op: &Op, bs: u64) -> Option<(u64, u64)> {
         Op::Write { lba, data, .. } => Some((*lba, data.len() as u64 / bs)),
         Op::CompareAndWrite { lba, data, .. } => Some((*lba, data.len() as u64 / bs)),
         Op::WriteZeroes { lba, blocks, .. } | Op::Discard { lba, blocks } => Some((*lba, *blocks)),
-        Op::Flush => None,
+        Op::Flush | Op::Grow { .. } => None,
     }
 }
 
@@ -542,10 +544,40 @@ impl Inner {
     /// An op whose local part completed when the link failed, on a node that goes on:
     /// it stands as done (a flush is repeated locally to be sure).
     async fn local_outcome_after_loss(&self, op: &Op) -> OpOutcome {
-        if matches!(op, Op::Flush) {
-            self.local.flush().await?;
+        match op {
+            Op::Flush => self.local.flush().await?,
+            Op::Grow { block_count } => self.expose(*block_count),
+            _ => {}
         }
         Ok(None)
+    }
+
+    /// The served geometry.
+    pub(crate) fn geo(&self) -> Geometry {
+        Geometry {
+            block_count: self.block_count.load(Ordering::Acquire),
+            ..self.geo_at_open
+        }
+    }
+
+    /// Serves a grown size (both copies, or this one alone, have it).
+    pub(crate) fn expose(&self, block_count: u64) {
+        let was = self.block_count.fetch_max(block_count, Ordering::AcqRel);
+        if block_count > was {
+            tracing::info!(volume = %self.cfg.name, from = was, to = block_count, "replicated volume grown");
+        }
+    }
+
+    /// Grows the local copy and its bitmap (not yet served: see [`Inner::expose`]).
+    pub(crate) async fn grow_local(&self, block_count: u64) -> BlockResult<()> {
+        self.local.grow(block_count).await?;
+        if self.local.geometry().block_count < block_count {
+            return Err(BlockError::Unavailable(format!(
+                "replica {}: the local volume did not grow",
+                self.cfg.name
+            )));
+        }
+        self.bitmap.grow(block_count).await.map_err(BlockError::Io)
     }
 
     /// Performs the local part of an op (the write part for COMPARE AND WRITE).
@@ -562,6 +594,15 @@ impl Inner {
             } => self.local.write_zeroes(*lba, *blocks, *may_unmap).await,
             Op::Discard { lba, blocks } => self.local.discard(*lba, *blocks).await,
             Op::Flush => self.local.flush().await,
+            Op::Grow { block_count } => self.grow_local(*block_count).await,
+        }
+    }
+
+    /// After the partner's op was applied here: a grow is served from now on (the
+    /// leader serves it once this answers).
+    fn applied_from_partner(&self, op: &Op) {
+        if let Op::Grow { block_count } = op {
+            self.expose(*block_count);
         }
     }
 
@@ -575,8 +616,37 @@ impl Inner {
         op: &Op,
         forwarded: Option<u64>,
     ) -> Result<OpOutcome, LinkLost> {
-        let bs = self.geo.block_size_bytes as u64;
+        let bs = self.geo().block_size_bytes as u64;
         let link = st.link.as_ref();
+        if let Op::Grow { block_count } = op {
+            // this copy first, then the partner's, then served: no write reaches
+            // the new blocks before both copies have them
+            if let Err(e) = self.grow_local(*block_count).await {
+                return Ok(Err(e));
+            }
+            let remote = match (link, forwarded) {
+                (Some(l), Some(fid)) => Some(
+                    l.request(|id| Message::ApplyForwarded {
+                        id,
+                        forward_id: fid,
+                    })
+                    .await?,
+                ),
+                (Some(l), None) => Some(
+                    l.request(|id| Message::Apply { id, op: op.clone() })
+                        .await?,
+                ),
+                (None, _) => None,
+            };
+            return match remote {
+                None | Some(OpResult::Ok) => {
+                    self.expose(*block_count);
+                    Ok(Ok(None))
+                }
+                Some(OpResult::Error { code, lba }) => Ok(Err(block_err_of(code, lba, "grow"))),
+                Some(OpResult::Miscompare { .. }) => Ok(Err(BlockError::WriteFault { lba: 0 })),
+            };
+        }
         let Some((lba, blocks)) = span(op, bs) else {
             // flush: both nodes (a forwarded flush is flushed by the follower itself)
             let remote = async {
@@ -752,6 +822,7 @@ impl Inner {
                     Some(op) => {
                         let r = self.local_apply(&op).await;
                         if r.is_ok() {
+                            self.applied_from_partner(&op);
                             if let Some(f) = self.forwards.lock().get_mut(&forward_id) {
                                 f.applied = true;
                             }
@@ -795,7 +866,7 @@ impl Inner {
                 let r = self.local.write(lba, data.clone(), false).await;
                 match r {
                     Ok(()) => {
-                        let bs = self.geo.block_size_bytes as u64;
+                        let bs = self.geo().block_size_bytes as u64;
                         let rb = self.bitmap.region_blocks();
                         let end = lba + data.len() as u64 / bs;
                         for reg in lba / rb..end.div_ceil(rb) {
@@ -865,7 +936,10 @@ impl Inner {
             });
         }
         match self.local_apply(op).await {
-            Ok(()) => Some(OpResult::Ok),
+            Ok(()) => {
+                self.applied_from_partner(op);
+                Some(OpResult::Ok)
+            }
             Err(e) if self.detach_on(op, &e).await => None,
             Err(e) => Some(err_of(&e)),
         }
@@ -877,7 +951,7 @@ impl Inner {
         if !copy_failed(e) {
             return false;
         }
-        let bs = self.geo.block_size_bytes as u64;
+        let bs = self.geo().block_size_bytes as u64;
         let at = span(op, bs);
         if let Some((lba, blocks)) = at {
             self.bitmap.pin(lba, blocks);
@@ -938,7 +1012,8 @@ impl ReplicatedVolume {
         let inner = Arc::new(Inner {
             cfg,
             local,
-            geo,
+            geo_at_open: geo,
+            block_count: AtomicU64::new(geo.block_count),
             meta_file,
             meta: Mutex::new(meta),
             bitmap,
@@ -1103,7 +1178,7 @@ impl ReplicatedVolume {
             resynced_bytes: i.resynced_bytes.load(Ordering::Relaxed),
             dirty_regions: i.bitmap.count(),
             region_bytes: i.cfg.region_bytes,
-            size_bytes: i.geo.size_bytes(),
+            size_bytes: i.geo().size_bytes(),
             generation: format!("{:016x}/{:016x}", meta.current, meta.synced),
             consistent: meta.consistent,
             witness: i.cfg.witness.map(|w| w.to_string()),
@@ -1131,18 +1206,36 @@ impl ReplicatedVolume {
 #[async_trait]
 impl Volume for ReplicatedVolume {
     fn geometry(&self) -> Geometry {
-        self.inner.geo
+        self.inner.geo()
+    }
+
+    /// Grows both copies: ordered like a write (a follower has the leader run it),
+    /// each node grows its local volume and its bitmap, and the new size is served
+    /// once both copies have it (or, the partner away, once this one has: the
+    /// partner grows its copy to match when it comes back, before the resync).
+    async fn grow(&self, block_count: u64) -> BlockResult<()> {
+        let now = self.inner.geo().block_count;
+        if block_count < now {
+            return Err(BlockError::NotSupported("shrinking a volume"));
+        }
+        if block_count == now {
+            return Ok(());
+        }
+        self.inner
+            .submit(Op::Grow { block_count })
+            .await
+            .map(|_| ())
     }
 
     async fn read(&self, lba: u64, blocks: u32) -> BlockResult<Bytes> {
-        self.inner.geo.check_range(lba, blocks as u64)?;
+        self.inner.geo().check_range(lba, blocks as u64)?;
         self.inner.wait_serving(self.inner.deadline()).await?;
         self.inner.local.read(lba, blocks).await
     }
 
     async fn write(&self, lba: u64, data: Bytes, fua: bool) -> BlockResult<()> {
-        let blocks = self.inner.geo.blocks_in(data.len())?;
-        self.inner.geo.check_range(lba, blocks)?;
+        let blocks = self.inner.geo().blocks_in(data.len())?;
+        self.inner.geo().check_range(lba, blocks)?;
         self.inner
             .submit(Op::Write { lba, fua, data })
             .await
@@ -1154,7 +1247,7 @@ impl Volume for ReplicatedVolume {
     }
 
     async fn discard(&self, lba: u64, blocks: u64) -> BlockResult<()> {
-        self.inner.geo.check_range(lba, blocks)?;
+        self.inner.geo().check_range(lba, blocks)?;
         self.inner
             .submit(Op::Discard { lba, blocks })
             .await
@@ -1162,7 +1255,7 @@ impl Volume for ReplicatedVolume {
     }
 
     async fn write_zeroes(&self, lba: u64, blocks: u64, may_unmap: bool) -> BlockResult<()> {
-        self.inner.geo.check_range(lba, blocks)?;
+        self.inner.geo().check_range(lba, blocks)?;
         self.inner
             .submit(Op::WriteZeroes {
                 lba,
@@ -1180,8 +1273,8 @@ impl Volume for ReplicatedVolume {
         data: Bytes,
         fua: bool,
     ) -> BlockResult<Option<usize>> {
-        let blocks = self.inner.geo.blocks_in(compare.len())?;
-        self.inner.geo.check_range(lba, blocks)?;
+        let blocks = self.inner.geo().blocks_in(compare.len())?;
+        self.inner.geo().check_range(lba, blocks)?;
         if data.len() != compare.len() {
             return Err(BlockError::Misaligned {
                 len_bytes: data.len(),

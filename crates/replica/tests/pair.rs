@@ -475,3 +475,84 @@ async fn a_failing_copy_is_detached_and_the_partner_goes_on_without_a_failed_wri
     both_in_sync(&n1, &n2).await;
     same_contents(&m1, &m2).await;
 }
+
+async fn same_contents_up_to(a: &VolumeRef, b: &VolumeRef, blocks: u64) {
+    assert_eq!(a.geometry().block_count, blocks);
+    assert_eq!(b.geometry().block_count, blocks);
+    let mut lba = 0;
+    while lba < blocks {
+        let n = (blocks - lba).min(4096) as u32;
+        let x = a.read(lba, n).await.unwrap();
+        let y = b.read(lba, n).await.unwrap();
+        assert!(
+            x == y,
+            "the copies differ in blocks {lba}..{}",
+            lba + n as u64
+        );
+        lba += n as u64;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_replicated_volume_grows_on_both_copies_and_a_copy_that_missed_it_catches_up() {
+    let d = tempfile::tempdir().unwrap();
+    let p = pair(d.path(), 2, None).await;
+    both_in_sync(&p.n1, &p.n2).await;
+    // grown through one node while writers run through both
+    let w = writers(&p, 7, 200, BLOCKS, 8);
+    let grown = BLOCKS * 2;
+    assert!(p.n1.grow(BLOCKS - 1).await.is_err(), "no shrinking");
+    p.n1.grow(grown).await.unwrap();
+    for t in w {
+        assert!(t.await.unwrap(), "a write failed");
+    }
+    for n in [&p.n1, &p.n2] {
+        assert_eq!(
+            n.geometry().block_count,
+            grown,
+            "both nodes serve the new size"
+        );
+    }
+    assert!(p
+        .n2
+        .read(grown - 8, 8)
+        .await
+        .unwrap()
+        .iter()
+        .all(|&b| b == 0));
+    // the new space takes writes through either node, on both copies
+    p.n2.write(grown - 8, Bytes::from(vec![5u8; 8 * 512]), true)
+        .await
+        .unwrap();
+    p.n1.write(BLOCKS, Bytes::from(vec![6u8; 512]), false)
+        .await
+        .unwrap();
+    same_contents_up_to(&p.m1, &p.m2, grown).await;
+
+    // node 1 away; node 2 (preferred) grows alone and writes in its new space
+    p.n1.shutdown().await;
+    p.n2.write(0, Bytes::from(vec![8u8; 512]), false)
+        .await
+        .unwrap();
+    assert_eq!(p.n2.status().role, Role::Solo);
+    let again = grown + BLOCKS;
+    p.n2.grow(again).await.unwrap();
+    p.n2.write(again - 1, Bytes::from(vec![7u8; 512]), true)
+        .await
+        .unwrap();
+    assert_eq!(
+        p.m1.geometry().block_count,
+        grown,
+        "node 1's copy missed it"
+    );
+    // node 1 returns over its smaller copy: it grows to match and resyncs
+    let n1 = node1(d.path(), 2, p.m1.clone(), p.addr2, None).await;
+    both_in_sync(&n1, &p.n2).await;
+    assert_eq!(n1.geometry().block_count, again);
+    same_contents_up_to(&p.m1, &p.m2, again).await;
+    let last = n1.read(again - 1, 1).await.unwrap();
+    assert!(
+        last.iter().all(|&b| b == 7),
+        "written alone, resynchronised"
+    );
+}

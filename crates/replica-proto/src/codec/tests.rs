@@ -39,6 +39,7 @@ fn op() -> impl Strategy<Value = Op> {
         }),
         (any::<u64>(), any::<u64>()).prop_map(|(lba, blocks)| Op::Discard { lba, blocks }),
         Just(Op::Flush),
+        any::<u64>().prop_map(|block_count| Op::Grow { block_count }),
         (
             any::<u64>(),
             any::<bool>(),
@@ -185,6 +186,7 @@ fn samples() -> Vec<Message> {
         },
         Op::Discard { lba: 4, blocks: 5 },
         Op::Flush,
+        Op::Grow { block_count: 7 },
         Op::CompareAndWrite {
             lba: 6,
             fua: false,
