@@ -248,10 +248,16 @@ async fn haggle<S: AsyncRead + AsyncWrite + Unpin>(
 /// Longest request run on the reader when the volume completes it at once.
 const INLINE_BYTES_MAX: usize = 64 * 1024;
 
+/// A request's work, from the volume call to the queued reply.
+type Work = std::pin::Pin<Box<dyn Future<Output = ()> + Send>>;
+
 /// What every request task of a connection shares.
 struct Conn {
     export: Arc<ExportState>,
     tx: mpsc::Sender<Reply>,
+    /// Small writes go to the connection's executor task, so that copying their
+    /// payload into the volume runs beside the reader taking in the next ones.
+    exec_tx: mpsc::UnboundedSender<Work>,
     slots: Arc<Semaphore>,
     budget: Arc<Semaphore>,
     request_bytes_max: u32,
@@ -276,9 +282,12 @@ async fn transmission<R, W>(
     // Every queued reply holds a slot, so the channel never holds more than that.
     let (tx, rx) = mpsc::channel(slots_max);
     let writer = tokio::spawn(run_writer(wr, rx));
+    let (exec_tx, exec_rx) = mpsc::unbounded_channel();
+    let executor = tokio::spawn(run_executor(exec_rx));
     let conn = Conn {
         export,
         tx,
+        exec_tx,
         slots: Arc::new(Semaphore::new(slots_max)),
         budget: Arc::new(Semaphore::new(limits.in_flight_bytes_max)),
         request_bytes_max: limits.request_bytes_max,
@@ -308,6 +317,7 @@ async fn transmission<R, W>(
         tracing::warn!(%peer, "NBD requests did not finish in time");
     }
     drop(conn);
+    let _ = executor.await;
     drop(rd);
     let mut writer = writer;
     if tokio::time::timeout(Duration::from_secs(2), &mut writer)
@@ -466,7 +476,7 @@ impl Conn {
         let tx = self.tx.clone();
         let peer = self.peer;
         let session = self.session;
-        let mut task = Box::pin(async move {
+        let task = Box::pin(async move {
             let done =
                 exec::execute_held(&export, &req, payload, held, session.base_allocation).await;
             // The volume is done with this request: the export may be removed.
@@ -492,11 +502,32 @@ impl Conn {
         // A large transfer goes to its own task at once: copying it takes long
         // enough that the reader should be free to take in the next request
         // meanwhile (inline, 256K writes at 8 in flight were no faster).
-        let finished = req.length_bytes as usize <= INLINE_BYTES_MAX
-            && std::future::poll_fn(|cx| Poll::Ready(task.as_mut().poll(cx).is_ready())).await;
-        if !finished {
-            // Whatever it waits on wakes the task it is polled from next.
+        if req.length_bytes as usize > INLINE_BYTES_MAX {
             tokio::spawn(task);
+            return;
         }
+        if req.command == Command::Write {
+            // the executor takes it; it only fails once the connection ends
+            let _ = self.exec_tx.send(task);
+            return;
+        }
+        run_inline(task).await;
+    }
+}
+
+/// Polls `task` once where it is; if it must wait, it continues on a task of its
+/// own (whatever it waits on wakes the task it is polled from next).
+async fn run_inline(mut task: Work) {
+    let finished = std::future::poll_fn(|cx| Poll::Ready(task.as_mut().poll(cx).is_ready())).await;
+    if !finished {
+        tokio::spawn(task);
+    }
+}
+
+/// Runs a connection's small writes in order of arrival, each to completion when
+/// the volume completes it at once, beside the reader.
+async fn run_executor(mut rx: mpsc::UnboundedReceiver<Work>) {
+    while let Some(task) = rx.recv().await {
+        run_inline(task).await;
     }
 }
