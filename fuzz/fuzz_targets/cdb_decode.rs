@@ -1,7 +1,10 @@
 //! Arbitrary bytes as a short sequence of SCSI commands (CDB + Data-Out) executed by
 //! a `ScsiTarget` over a small memory volume: every command must get an answer with a
 //! valid status and never panic, whatever the CDB or parameter data (EXTENDED COPY's
-//! parameter lists included: the LU's NAA is all 0x60).
+//! parameter lists included: the LU's NAA is all 0x60; and the ROD token commands':
+//! after a POPULATE TOKEN that succeeds, its token is fetched with RECEIVE ROD TOKEN
+//! INFORMATION, and a later WRITE USING TOKEN whose flags have bit 5 set carries that
+//! real token, so that the copy itself is reached, not only the token checks).
 #![no_main]
 
 use block::{Bytes, MemVolume};
@@ -49,6 +52,8 @@ fuzz_target!(|data: &[u8]| {
     rt.block_on(async {
         // Each command: [flags, cdb_len, data_len_lo, data_len_hi, cdb.., data..].
         let mut rest = data;
+        // The last ROD token POPULATE TOKEN made.
+        let mut token: Option<Vec<u8>> = None;
         for _ in 0..COMMANDS_MAX {
             let Some((hdr, tail)) = rest.split_first_chunk::<4>() else {
                 break;
@@ -58,10 +63,17 @@ fuzz_target!(|data: &[u8]| {
             let data_len = (u16::from_le_bytes([hdr[2], hdr[3]]) as usize).min(tail.len());
             let (data_out, tail) = tail.split_at(data_len);
             rest = tail;
+            let is = |sa: u8| cdb.len() >= 2 && cdb[0] == 0x83 && cdb[1] & 0x1f == sa;
+            let mut data_out = data_out.to_vec();
+            if let (true, true, Some(t)) = (hdr[0] & 0x20 != 0, is(0x11), &token) {
+                if let Some(slot) = data_out.get_mut(16..528) {
+                    slot.copy_from_slice(t);
+                }
+            }
             let cmd = Command {
                 cdb: Bytes::copy_from_slice(cdb),
                 lun: u64::from(hdr[0] >> 7),
-                data_out: Bytes::copy_from_slice(data_out),
+                data_out: Bytes::from(data_out),
                 data_in_len_max: 1 << 16,
                 attr: TaskAttr::Simple,
             };
@@ -69,6 +81,31 @@ fuzz_target!(|data: &[u8]| {
             let r = t.execute(&n, cmd).await;
             assert!(matches!(r.status, 0x00 | 0x02 | 0x08 | 0x18 | 0x28 | 0x40));
             assert_eq!(r.status == 0x02, r.sense.is_some());
+            if r.status == 0x00 && is(0x10) && cdb.len() >= 10 {
+                // RECEIVE ROD TOKEN INFORMATION for the same list identifier.
+                let mut rrti = [0u8; 16];
+                rrti[0] = 0x84;
+                rrti[1] = 0x07;
+                rrti[2..6].copy_from_slice(&cdb[6..10]);
+                rrti[10..14].copy_from_slice(&4096u32.to_be_bytes());
+                let r = t
+                    .execute(
+                        &n,
+                        Command {
+                            cdb: Bytes::copy_from_slice(&rrti),
+                            lun: u64::from(hdr[0] >> 7),
+                            data_out: Bytes::new(),
+                            data_in_len_max: 1 << 16,
+                            attr: TaskAttr::Simple,
+                        },
+                    )
+                    .await;
+                let d = &r.data_in;
+                if let Some(&x) = d.get(13) {
+                    let at = 32 + usize::from(x) + 6;
+                    token = d.get(at..at + 512).map(<[u8]>::to_vec).or(token);
+                }
+            }
             if hdr[0] & 0x40 != 0 {
                 t.lun_reset(&n, 0).await;
             }

@@ -2,7 +2,9 @@
 //! a RAID 5 pool behind a write-back SSD cache, the bytes identical afterwards; a
 //! SIGKILL of the node in the middle of a copy leaves every destination block
 //! either as it was or as the source has it (nothing else), and the initiator's
-//! retry of the command completes the copy.
+//! retry of the command completes the copy. Windows' ODX (POPULATE TOKEN, RECEIVE
+//! ROD TOKEN INFORMATION, WRITE USING TOKEN) between the same two LUNs, and its
+//! zero token.
 
 mod common;
 use common::*;
@@ -232,4 +234,97 @@ async fn extended_copy_onto_a_cached_raid5_lun_and_across_a_sigkill() {
         read_all(&s, 0).await == want,
         "the retried copy differs from the source"
     );
+}
+
+/// POPULATE TOKEN (0x10) or WRITE USING TOKEN (0x11) with `list`.
+fn token_cdb(sa: u8, list: u32, len: usize) -> Vec<u8> {
+    let mut c = vec![0u8; 16];
+    c[0] = 0x83;
+    c[1] = sa;
+    c[6..10].copy_from_slice(&list.to_be_bytes());
+    c[10..14].copy_from_slice(&(len as u32).to_be_bytes());
+    c
+}
+
+/// One block device range descriptor.
+fn range(lba: u64, blocks: u32) -> Vec<u8> {
+    let mut d = vec![0u8; 16];
+    d[0..8].copy_from_slice(&lba.to_be_bytes());
+    d[8..12].copy_from_slice(&blocks.to_be_bytes());
+    d
+}
+
+/// WRITE USING TOKEN of `token` onto `lba..lba + blocks`.
+fn write_using_token(token: &[u8], lba: u64, blocks: u32, list: u32) -> (Vec<u8>, Vec<u8>) {
+    let mut p = vec![0u8; 536];
+    p[0..2].copy_from_slice(&(534u16 + 16).to_be_bytes());
+    p[16..528].copy_from_slice(token);
+    p[535] = 16;
+    p.extend_from_slice(&range(lba, blocks));
+    (token_cdb(0x11, list, p.len()), p)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn odx_token_copy_onto_a_cached_raid5_lun() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = config(dir.path());
+    let node = start_config(dir.path(), &cfg);
+    let s = session(&node).await;
+    write(&s, 1, true).await;
+    write(&s, 0, false).await;
+    // The Third-party Copy VPD page starts with the Block Device ROD Token Limits.
+    let r = cmd(&s, 0, &[0x12, 1, 0x8f, 4, 0, 0], vec![], 1024).await;
+    assert_eq!(r.status, 0);
+    assert_eq!(&r.data_in[4..8], &[0, 0, 0, 0x20]);
+
+    // POPULATE TOKEN on the source, the token through RECEIVE ROD TOKEN INFORMATION.
+    let mut p = vec![0u8; 16];
+    p[0..2].copy_from_slice(&(14u16 + 16).to_be_bytes());
+    p[15] = 16;
+    p.extend_from_slice(&range(0, BLOCKS as u32));
+    let r = cmd(&s, 1, &token_cdb(0x10, 7, p.len()), p, 0).await;
+    assert_eq!(r.status, 0, "POPULATE TOKEN: {:?}", r.sense);
+    let mut c = vec![0u8; 16];
+    c[0] = 0x84;
+    c[1] = 0x07;
+    c[2..6].copy_from_slice(&7u32.to_be_bytes());
+    c[10..14].copy_from_slice(&1024u32.to_be_bytes());
+    let r = cmd(&s, 1, &c, vec![], 1024).await;
+    assert_eq!(r.status, 0);
+    assert_eq!(r.data_in[5], 0x01, "completed");
+    let at = 32 + r.data_in[13] as usize + 6;
+    let token = r.data_in[at..at + 512].to_vec();
+
+    // WRITE USING TOKEN onto the cached RAID 5 LUN: it then reads as the source.
+    let (c, p) = write_using_token(&token, 0, BLOCKS as u32, 8);
+    let r = cmd(&s, 0, &c, p, 0).await;
+    assert_eq!(r.status, 0, "WRITE USING TOKEN: {:?}", r.sense);
+    let want = read_all(&s, 1).await;
+    assert!(
+        read_all(&s, 0).await == want,
+        "the token copy differs from the source"
+    );
+
+    // The zero token zeroes a range.
+    let mut zero = vec![0u8; 512];
+    zero[0..4].copy_from_slice(&0xffff_0001u32.to_be_bytes());
+    zero[6..8].copy_from_slice(&0x01f8u16.to_be_bytes());
+    let (c, p) = write_using_token(&zero, 100, 5000, 9);
+    assert_eq!(cmd(&s, 0, &c, p, 0).await.status, 0);
+    let got = read_all(&s, 0).await;
+    for b in 0..BLOCKS {
+        let have = &got[(b * BS) as usize..((b + 1) * BS) as usize];
+        if (100..5100).contains(&b) {
+            assert!(have.iter().all(|&x| x == 0), "block {b} is not zero");
+        } else {
+            assert_eq!(have, &block(true, b)[..], "block {b}");
+        }
+    }
+    // A token changed by one bit is refused (INVALID TOKEN OPERATION, TOKEN CORRUPT).
+    let mut bad = token.clone();
+    bad[200] ^= 1;
+    let (c, p) = write_using_token(&bad, 0, 8, 10);
+    let r = cmd(&s, 0, &c, p, 0).await;
+    let sense = r.sense.as_deref().and_then(initiator::parse_sense).unwrap();
+    assert_eq!((sense.key, sense.asc, sense.ascq), (5, 0x23, 0x05));
 }

@@ -19,13 +19,20 @@
 //! A copy stops between chunks when its command is aborted; what it wrote stays
 //! written (each chunk is whole), and its status says "completed with errors".
 //! Overlapping ranges on one LU are copied as by memmove.
+//!
+//! Windows' ODX (POPULATE TOKEN, WRITE USING TOKEN, RECEIVE ROD TOKEN INFORMATION)
+//! lives in [`crate::odx`] and runs on the same machinery: the chunk engine
+//! ([`copy_blocks`]), the access checks ([`check_access`]), the concurrency bound and
+//! the held statuses (keyed by I_T nexus and a LID1 or LID4 list identifier).
 
 use crate::cdb::{op, param_u16, param_u32, param_u64, Cdb};
 use crate::lu::{CmdResult, Done, Fail, LogicalUnit};
+use crate::odx;
 use crate::pr::Access;
 use crate::rw::check_range;
 use crate::sense::{codes, Sense};
 use crate::ItNexus;
+use block::Bytes;
 use parking_lot::Mutex;
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU16, AtomicU64, AtomicU8, Ordering};
@@ -56,29 +63,57 @@ const IMPLEMENTED: [u8; 2] = [SEG_B2B, CSCD_IDENT];
 const SA_COPY_STATUS: u8 = 0x00;
 const SA_OPERATING_PARAMETERS: u8 = 0x03;
 
-/// COPY MANAGER STATUS values.
-const IN_PROGRESS: u8 = 0x00;
-const DONE_OK: u8 = 0x01;
-const DONE_ERR: u8 = 0x02;
+/// COPY MANAGER STATUS values (ODX reports them with its own codes, see
+/// [`crate::odx`]).
+pub(crate) const IN_PROGRESS: u8 = 0x00;
+pub(crate) const DONE_OK: u8 = 0x01;
+pub(crate) const DONE_ERR: u8 = 0x02;
 
-/// Progress of one copy, as COPY STATUS reports it.
+/// Progress of one copy, as COPY STATUS and RECEIVE ROD TOKEN INFORMATION report it.
 #[derive(Default)]
-struct Status {
-    state: AtomicU8,
-    segments: AtomicU16,
-    bytes: AtomicU64,
+pub(crate) struct Status {
+    pub state: AtomicU8,
+    pub segments: AtomicU16,
+    pub bytes: AtomicU64,
+    /// What only the ROD token commands report.
+    pub detail: Mutex<Detail>,
+}
+
+/// The outcome of a POPULATE TOKEN or WRITE USING TOKEN beyond its progress.
+#[derive(Default)]
+pub(crate) struct Detail {
+    /// The service action that started it.
+    pub service_action: u8,
+    /// Its status byte and sense, once it ended in an error.
+    pub failure: Option<(u8, Option<Sense>)>,
+    /// The ROD token POPULATE TOKEN created.
+    pub token: Option<Box<[u8; odx::TOKEN_LEN]>>,
+    /// Block size of the LU written (transfer counts are in its blocks).
+    pub block_size: u32,
+    /// WRITE USING TOKEN: the token held less than the ranges asked for.
+    pub residual: bool,
+}
+
+/// A list identifier: LID1 commands (EXTENDED COPY LID1) and LID4 ones (the ROD
+/// token commands) are separate name spaces.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum ListId {
+    Lid1(u8),
+    Lid4(u32),
 }
 
 struct Held {
     initiator_port: Arc<str>,
-    list_id: u8,
+    list_id: ListId,
     status: Arc<Status>,
 }
 
-/// The copies of one target: the concurrency bound and the held statuses.
+/// The copies of one target: the concurrency bound, the held statuses and the ROD
+/// tokens.
 pub(crate) struct Copies {
-    slots: tokio::sync::Semaphore,
+    pub(crate) slots: tokio::sync::Semaphore,
     held: Mutex<VecDeque<Held>>,
+    pub(crate) tokens: odx::Tokens,
 }
 
 impl Default for Copies {
@@ -86,6 +121,7 @@ impl Default for Copies {
         Copies {
             slots: tokio::sync::Semaphore::new(CONCURRENT_MAX as usize),
             held: Mutex::new(VecDeque::new()),
+            tokens: odx::Tokens::default(),
         }
     }
 }
@@ -98,7 +134,7 @@ impl Copies {
             .retain(|h| *h.initiator_port != *nexus.initiator_port);
     }
 
-    fn find(&self, nexus: &ItNexus, list_id: u8) -> Option<Arc<Status>> {
+    pub(crate) fn find(&self, nexus: &ItNexus, list_id: ListId) -> Option<Arc<Status>> {
         self.held
             .lock()
             .iter()
@@ -107,7 +143,7 @@ impl Copies {
     }
 
     /// Registers a copy under `list_id`; Err if one with that id is still running.
-    fn start(&self, nexus: &ItNexus, list_id: u8) -> Result<Arc<Status>, Sense> {
+    pub(crate) fn start(&self, nexus: &ItNexus, list_id: ListId) -> Result<Arc<Status>, Sense> {
         let mut held = self.held.lock();
         if let Some(i) = held
             .iter()
@@ -143,9 +179,9 @@ impl Copies {
 
 /// Marks the status finished with errors unless the copy got to its end (covers an
 /// aborted command, whose future is dropped between chunks).
-struct Finish<'a> {
-    status: Option<&'a Status>,
-    ok: bool,
+pub(crate) struct Finish<'a> {
+    pub status: Option<&'a Status>,
+    pub ok: bool,
 }
 
 impl Drop for Finish<'_> {
@@ -290,7 +326,7 @@ fn resolve(cscd: &Cscd, lus: &[Arc<LogicalUnit>]) -> Option<Arc<LogicalUnit>> {
 }
 
 /// The checks a READ(16) (`write` false) or WRITE(16) through `nexus` would pass.
-fn check_access(lu: &LogicalUnit, nexus: &ItNexus, write: bool) -> Result<(), Fail> {
+pub(crate) fn check_access(lu: &LogicalUnit, nexus: &ItNexus, write: bool) -> Result<(), Fail> {
     let mut cdb = [0u8; 16];
     cdb[0] = if write { op::WRITE_16 } else { op::READ_16 };
     let parsed = Cdb::parse(&cdb).map_err(Fail::from)?;
@@ -307,47 +343,69 @@ fn check_access(lu: &LogicalUnit, nexus: &ItNexus, write: bool) -> Result<(), Fa
     Ok(())
 }
 
-/// Copies one segment, chunk by chunk, counting bytes into `status`.
-async fn copy_segment(
-    src: &LogicalUnit,
+/// Where the data of [`copy_blocks`] comes from.
+#[derive(Clone, Copy)]
+pub(crate) enum Source<'a> {
+    /// Blocks of an LU from this LBA on.
+    Lu(&'a LogicalUnit, u64),
+    /// Zeroes (the block device zero ROD token).
+    Zeros,
+}
+
+/// The chunk engine of every copy: `blocks` blocks from `src` to `dst` at `dst_lba`,
+/// chunk by chunk, each chunk written like a WRITE (FUA when the destination's write
+/// cache is off, under its write-ordering lock shared), counting bytes into `status`.
+/// Overlapping ranges of one LU are copied as by memmove. Both ranges must be inside
+/// their LUs (COPY ABORTED otherwise) and the block sizes equal.
+pub(crate) async fn copy_blocks(
+    src: Source<'_>,
     dst: &LogicalUnit,
-    seg: &Segment,
+    dst_lba: u64,
+    blocks: u64,
     status: &Status,
 ) -> Result<(), Fail> {
-    let (sg, dg) = (src.geometry(), dst.geometry());
-    if sg.block_size_bytes != dg.block_size_bytes {
-        return Err(codes::COPY_TARGET_NOT_REACHABLE.into());
+    let dg = dst.geometry();
+    let bs = dg.block_size_bytes as u64;
+    let mut chunk = (CHUNK_BYTES / bs).min(dg.max_io_blocks.max(1) as u64);
+    let mut backwards = false;
+    if let Source::Lu(s, src_lba) = src {
+        let sg = s.geometry();
+        if sg.block_size_bytes != dg.block_size_bytes {
+            return Err(codes::COPY_TARGET_NOT_REACHABLE.into());
+        }
+        if check_range(&sg, src_lba, blocks).is_err() {
+            return Err(codes::COPY_ABORTED.into());
+        }
+        chunk = chunk.min(sg.max_io_blocks.max(1) as u64);
+        // memmove: a destination that overlaps the source from above is copied backwards.
+        backwards = std::ptr::eq(s, dst) && dst_lba > src_lba && dst_lba < src_lba + blocks;
     }
-    let blocks = seg.blocks as u64;
-    if check_range(&sg, seg.src_lba, blocks).is_err()
-        || check_range(&dg, seg.dst_lba, blocks).is_err()
-    {
+    if check_range(&dg, dst_lba, blocks).is_err() {
         return Err(codes::COPY_ABORTED.into());
     }
-    let bs = sg.block_size_bytes as u64;
-    let chunk = (CHUNK_BYTES / bs)
-        .min(sg.max_io_blocks.max(1) as u64)
-        .min(dg.max_io_blocks.max(1) as u64)
-        .max(1);
-    // memmove: a destination that overlaps the source from above is copied backwards.
-    let backwards =
-        std::ptr::eq(src, dst) && seg.dst_lba > seg.src_lba && seg.dst_lba < seg.src_lba + blocks;
+    let chunk = chunk.max(1);
+    // One zeroed chunk serves every zero write (a Bytes clone shares it).
+    let zeros = match src {
+        Source::Zeros => Bytes::from(vec![0u8; (chunk.min(blocks) * bs) as usize]),
+        Source::Lu(..) => Bytes::new(),
+    };
     let mut done = 0u64;
     while done < blocks {
         let n = chunk.min(blocks - done);
         let off = if backwards { blocks - done - n } else { done };
-        let data = src
-            .volume
-            .read(seg.src_lba + off, n as u32)
-            .await
-            .map_err(|e| {
-                tracing::error!(lun = src.lun, error = %e, "copy: reading the source failed");
-                Fail::from(codes::COPY_TARGET_FAILURE)
-            })?;
+        let data = match src {
+            Source::Lu(s, src_lba) => {
+                s.volume.read(src_lba + off, n as u32).await.map_err(|e| {
+                    tracing::error!(lun = s.lun, error = %e, "copy: reading the source failed");
+                    Fail::from(codes::COPY_TARGET_FAILURE)
+                })?
+            }
+            Source::Zeros => zeros.slice(..(n * bs) as usize),
+        };
         let fua = dst.force_fua();
         let _order = dst.write_order.read().await;
         dst.volume
-            .write(seg.dst_lba + off, data, fua)
+            .write(dst_lba + off, data, fua)
             .await
             .map_err(|e| {
                 tracing::error!(lun = dst.lun, error = %e, "copy: writing the destination failed");
@@ -359,16 +417,26 @@ async fn copy_segment(
     Ok(())
 }
 
-/// EXTENDED COPY (LID1) received through `lu` of a target whose LUs are `lus`.
+/// Operation code 83h received through `lu` of a target whose LUs (those `nexus`
+/// sees) are `lus`: EXTENDED COPY (LID1) here, POPULATE TOKEN and WRITE USING TOKEN
+/// in [`crate::odx`].
 pub(crate) async fn extended_copy(
     copies: &Copies,
+    lu: &LogicalUnit,
     lus: &[Arc<LogicalUnit>],
     nexus: &ItNexus,
     cdb: &Cdb,
     data_out: &[u8],
 ) -> CmdResult {
-    if cdb.service_action() != 0 {
-        return Err(cdb.invalid(1, Some(4)).into());
+    match cdb.service_action() {
+        0x00 => {}
+        odx::SA_POPULATE_TOKEN => {
+            return odx::populate_token(copies, lu, lus, nexus, cdb, data_out).await
+        }
+        odx::SA_WRITE_USING_TOKEN => {
+            return odx::write_using_token(copies, lu, lus, nexus, cdb, data_out).await
+        }
+        _ => return Err(cdb.invalid(1, Some(4)).into()),
     }
     let param_len = cdb.u32_at(10) as usize;
     if param_len == 0 {
@@ -383,7 +451,7 @@ pub(crate) async fn extended_copy(
         .map_err(|_| Fail::from(codes::INTERNAL_TARGET_FAILURE))?;
     let status = match list.usage {
         0x03 => None,
-        _ => Some(copies.start(nexus, list.list_id)?),
+        _ => Some(copies.start(nexus, ListId::Lid1(list.list_id))?),
     };
     let mut finish = Finish {
         status: status.as_deref(),
@@ -401,7 +469,9 @@ pub(crate) async fn extended_copy(
         check_access(&src, nexus, false)?;
         check_access(&dst, nexus, true)?;
         let none = Status::default();
-        copy_segment(&src, &dst, seg, status.as_deref().unwrap_or(&none)).await?;
+        let st = status.as_deref().unwrap_or(&none);
+        let src = Source::Lu(&src, seg.src_lba);
+        copy_blocks(src, &dst, seg.dst_lba, u64::from(seg.blocks), st).await?;
         if let Some(s) = &status {
             s.segments.fetch_add(1, Ordering::Relaxed);
         }
@@ -414,7 +484,8 @@ pub(crate) async fn extended_copy(
     Ok(Done::empty())
 }
 
-/// RECEIVE COPY RESULTS (LID1): COPY STATUS and OPERATING PARAMETERS.
+/// RECEIVE COPY RESULTS (LID1): COPY STATUS and OPERATING PARAMETERS; RECEIVE ROD
+/// TOKEN INFORMATION (LID4) in [`crate::odx`].
 pub(crate) fn receive_copy_results(
     copies: &Copies,
     lu: &LogicalUnit,
@@ -424,7 +495,7 @@ pub(crate) fn receive_copy_results(
     let alloc_len = cdb.u32_at(10);
     let data = match cdb.service_action() {
         SA_COPY_STATUS => {
-            let Some(s) = copies.find(nexus, cdb.b(2)) else {
+            let Some(s) = copies.find(nexus, ListId::Lid1(cdb.b(2))) else {
                 return Err(cdb.invalid(2, None).into());
             };
             let mut d = vec![0u8; 12];
@@ -442,6 +513,9 @@ pub(crate) fn receive_copy_results(
             d
         }
         SA_OPERATING_PARAMETERS => operating_parameters(lu),
+        odx::SA_RECEIVE_ROD_TOKEN_INFORMATION => {
+            return odx::receive_rod_token_information(copies, lu, nexus, cdb)
+        }
         _ => return Err(cdb.invalid(1, Some(4)).into()),
     };
     Ok(Done::alloc(data, alloc_len))
@@ -473,7 +547,7 @@ fn operating_parameters(lu: &LogicalUnit) -> Vec<u8> {
 }
 
 /// Appends one third-party copy descriptor, padded to a multiple of 4 bytes.
-fn tpc_descriptor(out: &mut Vec<u8>, kind: u16, mut body: Vec<u8>) {
+pub(crate) fn tpc_descriptor(out: &mut Vec<u8>, kind: u16, mut body: Vec<u8>) {
     while !body.len().is_multiple_of(4) {
         body.push(0);
     }
@@ -484,13 +558,23 @@ fn tpc_descriptor(out: &mut Vec<u8>, kind: u16, mut body: Vec<u8>) {
 
 /// The body of the Third-party Copy VPD page (0x8F) for `lu`.
 pub(crate) fn vpd_page(lu: &LogicalUnit) -> Vec<u8> {
-    let mut out = Vec::with_capacity(128);
-    // Supported Commands (0001h): EXTENDED COPY LID1, RECEIVE COPY RESULTS LID1.
+    let mut out = Vec::with_capacity(512);
+    // Block Device ROD Token Limits (0000h) first: Windows looks for it.
+    odx::rod_limits_descriptor(&mut out, lu);
+    // Supported Commands (0001h): EXTENDED COPY LID1, POPULATE TOKEN, WRITE USING
+    // TOKEN; RECEIVE COPY RESULTS LID1, RECEIVE ROD TOKEN INFORMATION.
     let cmds: [(u8, &[u8]); 2] = [
-        (op::EXTENDED_COPY, &[0x00]),
+        (
+            op::EXTENDED_COPY,
+            &[0x00, odx::SA_POPULATE_TOKEN, odx::SA_WRITE_USING_TOKEN],
+        ),
         (
             op::RECEIVE_COPY_RESULTS,
-            &[SA_COPY_STATUS, SA_OPERATING_PARAMETERS],
+            &[
+                SA_COPY_STATUS,
+                SA_OPERATING_PARAMETERS,
+                odx::SA_RECEIVE_ROD_TOKEN_INFORMATION,
+            ],
         ),
     ];
     let mut list = Vec::new();
@@ -519,6 +603,8 @@ pub(crate) fn vpd_page(lu: &LogicalUnit) -> Vec<u8> {
     body[8..12].copy_from_slice(&segment_bytes_max(lu).to_be_bytes());
     body[12] = lu.geometry().block_size_bytes.trailing_zeros() as u8;
     tpc_descriptor(&mut out, 0x8001, body);
+    // ROD Token Features (0106h) and Supported ROD Types (0108h).
+    odx::rod_descriptors(&mut out, lu);
     out
 }
 

@@ -18,8 +18,9 @@
 //! Layout: `target` (dispatch, order of checks, task management), `lu` (per-LU state,
 //! result types, block error mapping), `cdb` (decode helpers), `rw` (read/write,
 //! verify, COMPARE AND WRITE, ORWRITE, PRE-FETCH, SYNCHRONIZE CACHE), `provisioning`
-//! (WRITE SAME, UNMAP), `copy` (EXTENDED COPY, RECEIVE COPY RESULTS), `capacity` (READ
-//! CAPACITY, GET LBA STATUS), `inquiry` (standard data, VPD pages, block limits),
+//! (WRITE SAME, UNMAP), `copy` (EXTENDED COPY, RECEIVE COPY RESULTS), `odx` (POPULATE
+//! TOKEN, WRITE USING TOKEN, RECEIVE ROD TOKEN INFORMATION: Windows ODX), `capacity`
+//! (READ CAPACITY, GET LBA STATUS), `inquiry` (standard data, VPD pages, block limits),
 //! `mode` (MODE SENSE/SELECT), `opcodes` (REPORT SUPPORTED OPERATION CODES / TMFs),
 //! `alua` (port group states, RTPG), `masking` (host groups: who sees which LUs), `ua`
 //! (unit attention queues), `admin` (REQUEST SENSE, REPORT LUNS, START STOP, PREVENT
@@ -35,6 +36,7 @@ mod inquiry;
 mod lu;
 mod masking;
 mod mode;
+mod odx;
 mod opcodes;
 pub mod pr;
 mod provisioning;

@@ -140,6 +140,8 @@ const TABLE: &[Entry] = &[
             0x83, 0x1f, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 0xff, 0xff, 0, 0,
         ],
     ),
+    e(op::EXTENDED_COPY, Some(0x10), &TOKEN_OUT_USAGE),
+    e(op::EXTENDED_COPY, Some(0x11), &TOKEN_OUT_USAGE),
     e(
         op::RECEIVE_COPY_RESULTS,
         Some(0x00),
@@ -152,6 +154,13 @@ const TABLE: &[Entry] = &[
         Some(0x03),
         &[
             0x84, 0x1f, 0xff, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 0xff, 0xff, 0, 0,
+        ],
+    ),
+    e(
+        op::RECEIVE_COPY_RESULTS,
+        Some(0x07),
+        &[
+            0x84, 0x1f, 0xff, 0xff, 0xff, 0xff, 0, 0, 0, 0, 0xff, 0xff, 0xff, 0xff, 0, 0,
         ],
     ),
     e(op::WRITE_16, None, cat!(0x8a, 0x1a, RW16)),
@@ -210,6 +219,10 @@ const TABLE: &[Entry] = &[
 ];
 
 const RW12: [u8; 10] = [0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x1f, 0x00];
+/// POPULATE TOKEN and WRITE USING TOKEN: list identifier, parameter list length.
+const TOKEN_OUT_USAGE: [u8; 16] = [
+    0x83, 0x1f, 0, 0, 0, 0, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0, 0,
+];
 const PR_OUT_USAGE: [u8; 10] = [0x5f, 0x1f, 0xff, 0, 0, 0xff, 0xff, 0xff, 0xff, 0];
 
 /// Whether `opcode` (with service action `sa` where it has one) is implemented.
@@ -324,5 +337,9 @@ mod tests {
         assert!(is_supported(op::SERVICE_ACTION_IN_16, 0x10, false));
         assert!(!is_supported(op::SERVICE_ACTION_IN_16, 0x11, false));
         assert!(!is_supported(0x04, 0, true));
+        assert!(is_supported(op::EXTENDED_COPY, 0x10, false));
+        assert!(is_supported(op::EXTENDED_COPY, 0x11, false));
+        assert!(is_supported(op::RECEIVE_COPY_RESULTS, 0x07, false));
+        assert!(!is_supported(op::RECEIVE_COPY_RESULTS, 0x08, false));
     }
 }

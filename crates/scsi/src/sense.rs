@@ -207,6 +207,23 @@ pub mod codes {
     pub const COPY_TARGET_NOT_REACHABLE: Sense = Sense::new(key::COPY_ABORTED, 0x0d, 0x02);
     /// COPY ABORTED, THIRD PARTY DEVICE FAILURE (a copy target's read or write failed).
     pub const COPY_TARGET_FAILURE: Sense = Sense::new(key::COPY_ABORTED, 0x0d, 0x01);
+    /// INVALID TOKEN OPERATION, UNSUPPORTED TOKEN TYPE (a ROD type we do not take).
+    pub const TOKEN_UNSUPPORTED_TYPE: Sense = Sense::new(key::ILLEGAL_REQUEST, 0x23, 0x01);
+    /// INVALID TOKEN OPERATION, TOKEN UNKNOWN (not one this target made).
+    pub const TOKEN_UNKNOWN: Sense = Sense::new(key::ILLEGAL_REQUEST, 0x23, 0x04);
+    /// INVALID TOKEN OPERATION, TOKEN CORRUPT (differs from the one made).
+    pub const TOKEN_CORRUPT: Sense = Sense::new(key::ILLEGAL_REQUEST, 0x23, 0x05);
+    /// INVALID TOKEN OPERATION, TOKEN REVOKED (its source LU went away, shrank or was reset).
+    pub const TOKEN_REVOKED: Sense = Sense::new(key::ILLEGAL_REQUEST, 0x23, 0x06);
+    /// INVALID TOKEN OPERATION, TOKEN EXPIRED (inactivity timeout or lifetime).
+    pub const TOKEN_EXPIRED: Sense = Sense::new(key::ILLEGAL_REQUEST, 0x23, 0x07);
+    /// INVALID TOKEN OPERATION, TOKEN DELETED (by WRITE USING TOKEN's DEL_TKN).
+    pub const TOKEN_DELETED: Sense = Sense::new(key::ILLEGAL_REQUEST, 0x23, 0x09);
+    /// INVALID TOKEN OPERATION, INVALID TOKEN LENGTH.
+    pub const TOKEN_INVALID_LENGTH: Sense = Sense::new(key::ILLEGAL_REQUEST, 0x23, 0x0a);
+    /// INSUFFICIENT RESOURCES TO CREATE ROD TOKEN (the target holds its most tokens).
+    pub const INSUFFICIENT_RESOURCES_FOR_ROD_TOKEN: Sense =
+        Sense::new(key::ILLEGAL_REQUEST, 0x55, 0x0d);
 }
 
 #[cfg(test)]

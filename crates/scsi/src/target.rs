@@ -219,6 +219,7 @@ impl ScsiTarget {
             (gone, luns.clone())
         };
         tracing::info!(target = %self.config.name, lun, "logical unit removed");
+        self.copies.tokens.revoke_lu(&gone);
         for lu in others {
             lu.uas.raise_all(codes::REPORTED_LUNS_DATA_CHANGED, None);
         }
@@ -466,7 +467,8 @@ impl ScsiTarget {
             }
             op::PR_IN => admin::pr_in(lu, nexus, cdb),
             op::EXTENDED_COPY => {
-                copy::extended_copy(&self.copies, &self.visible_lus(nexus), nexus, cdb, data).await
+                let lus = self.visible_lus(nexus);
+                copy::extended_copy(&self.copies, lu, &lus, nexus, cdb, data).await
             }
             op::RECEIVE_COPY_RESULTS => copy::receive_copy_results(&self.copies, lu, nexus, cdb),
             op::PR_OUT => {
@@ -576,6 +578,7 @@ impl ScsiTarget {
         };
         tracing::info!(lun, initiator = %nexus.initiator_port, "logical unit reset");
         lu.reset(codes::BUS_DEVICE_RESET);
+        self.copies.tokens.revoke_lu(&lu);
         true
     }
 
@@ -584,6 +587,7 @@ impl ScsiTarget {
         tracing::info!(initiator = %nexus.initiator_port, "target reset");
         for lu in self.all_lus() {
             lu.reset(codes::POWER_ON_RESET);
+            self.copies.tokens.revoke_lu(&lu);
         }
     }
 
@@ -602,6 +606,12 @@ impl ScsiTarget {
             lu.nexus_lost(nexus);
         }
         self.copies.nexus_lost(nexus);
+    }
+
+    /// The copy manager's state (tests: its ROD token clock).
+    #[cfg(test)]
+    pub(crate) fn copies(&self) -> &copy::Copies {
+        &self.copies
     }
 
     /// Flushes every LUN's volume (clean shutdown).

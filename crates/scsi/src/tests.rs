@@ -215,7 +215,7 @@ async fn inquiry_standard_and_vpd() {
     let pages: Vec<u8> = r.data_in[4..].to_vec();
     assert_eq!(pages, vec![0, 0x80, 0x83, 0x8f, 0xb0, 0xb1, 0xb2]);
     for p in pages {
-        let r = run(&t, &n, &[0x12, 1, p, 0, 255, 0], &[]).await;
+        let r = run(&t, &n, &[0x12, 1, p, 0x04, 0, 0], &[]).await;
         assert_eq!(r.status, status::GOOD, "page {p:#x}");
         assert_eq!(r.data_in[1], p);
         let len = u16::from_be_bytes([r.data_in[2], r.data_in[3]]) as usize;
@@ -941,7 +941,7 @@ mod fuzz {
                 0x00u8, 0x03, 0x08, 0x0a, 0x12, 0x15, 0x16, 0x17, 0x1a, 0x1b, 0x1e, 0x25, 0x28,
                 0x2a, 0x2e, 0x2f, 0x34, 0x35, 0x41, 0x42, 0x55, 0x56, 0x57, 0x5a, 0x5e, 0x5f,
                 0x88, 0x89, 0x8a, 0x8b, 0x8e, 0x8f, 0x90, 0x91, 0x93, 0x9e, 0xa0, 0xa3, 0xa8,
-                0xaa, 0xae, 0xaf, 0x7f, 0xff, 0x04,
+                0xaa, 0xae, 0xaf, 0x7f, 0xff, 0x04, 0x83, 0x84,
             ]),
             rest in prop::collection::vec(any::<u8>(), 0..20),
             data in prop::collection::vec(any::<u8>(), 0..2048),
@@ -1315,4 +1315,666 @@ async fn read_defect_data_reports_empty_lists() {
     // (12): both lists, 8-byte header, truncated to the allocation length.
     let r = run(&t, &n, &[0xb7, 0x18, 0, 0, 0, 0, 0, 0, 0, 4, 0, 0], &[]).await;
     assert_eq!(&r.data_in[..], &[0, 0x18, 0, 0]);
+}
+
+/// POPULATE TOKEN (0x10) or WRITE USING TOKEN (0x11) with this list id.
+fn token_cdb(sa: u8, list_id: u32, len: usize) -> [u8; 16] {
+    let mut c = [0u8; 16];
+    c[0] = 0x83;
+    c[1] = sa;
+    c[6..10].copy_from_slice(&list_id.to_be_bytes());
+    c[10..14].copy_from_slice(&(len as u32).to_be_bytes());
+    c
+}
+
+fn rrti_cdb(list_id: u32) -> [u8; 16] {
+    let mut c = [0u8; 16];
+    c[0] = 0x84;
+    c[1] = 0x07;
+    c[2..6].copy_from_slice(&list_id.to_be_bytes());
+    c[10..14].copy_from_slice(&4096u32.to_be_bytes());
+    c
+}
+
+fn range_descriptors(ranges: &[(u64, u32)]) -> Vec<u8> {
+    let mut v = Vec::new();
+    for &(lba, blocks) in ranges {
+        let mut d = [0u8; 16];
+        d[0..8].copy_from_slice(&lba.to_be_bytes());
+        d[8..12].copy_from_slice(&blocks.to_be_bytes());
+        v.extend_from_slice(&d);
+    }
+    v
+}
+
+/// A POPULATE TOKEN parameter list (RTV and ROD type when `rod_type` is given).
+fn populate_params(timeout_s: u32, rod_type: Option<u32>, ranges: &[(u64, u32)]) -> Vec<u8> {
+    let r = range_descriptors(ranges);
+    let mut p = vec![0u8; 16];
+    p[0..2].copy_from_slice(&((14 + r.len()) as u16).to_be_bytes());
+    if let Some(t) = rod_type {
+        p[2] = 0x01;
+        p[8..12].copy_from_slice(&t.to_be_bytes());
+    }
+    p[4..8].copy_from_slice(&timeout_s.to_be_bytes());
+    p[14..16].copy_from_slice(&(r.len() as u16).to_be_bytes());
+    p.extend_from_slice(&r);
+    p
+}
+
+/// A WRITE USING TOKEN parameter list.
+fn wut_params(del_tkn: bool, offset: u64, token: &[u8], ranges: &[(u64, u32)]) -> Vec<u8> {
+    let r = range_descriptors(ranges);
+    let mut p = vec![0u8; 536];
+    p[0..2].copy_from_slice(&((534 + r.len()) as u16).to_be_bytes());
+    p[2] = u8::from(del_tkn);
+    p[8..16].copy_from_slice(&offset.to_be_bytes());
+    p[16..528].copy_from_slice(token);
+    p[534..536].copy_from_slice(&(r.len() as u16).to_be_bytes());
+    p.extend_from_slice(&r);
+    p
+}
+
+/// The block device zero ROD token.
+fn zero_token() -> Vec<u8> {
+    let mut t = vec![0u8; 512];
+    t[0..4].copy_from_slice(&0xffff_0001u32.to_be_bytes());
+    t[6..8].copy_from_slice(&0x01f8u16.to_be_bytes());
+    t
+}
+
+/// Every block of LUN `lun` in `lbas` starts with its own LBA (then 0xa5 bytes).
+async fn stamp(t: &ScsiTarget, n: &ItNexus, lun: u64, lbas: std::ops::Range<u32>) {
+    let mut data = Vec::new();
+    for lba in lbas.clone() {
+        let mut b = vec![0xa5u8; BS];
+        b[..4].copy_from_slice(&lba.to_be_bytes());
+        data.extend_from_slice(&b);
+    }
+    let c = rw10(0x2a, lbas.start, (lbas.end - lbas.start) as u16);
+    assert_eq!(t.execute(n, cmd(lun, &c, &data)).await.status, 0);
+}
+
+/// The LBA each block of LUN `lun` in `lba..lba+blocks` was stamped with.
+async fn stamps(t: &ScsiTarget, n: &ItNexus, lun: u64, lba: u32, blocks: u16) -> Vec<u32> {
+    let r = t.execute(n, cmd(lun, &rw10(0x28, lba, blocks), &[])).await;
+    assert_eq!(r.status, 0);
+    r.data_in
+        .chunks(BS)
+        .map(|b| u32::from_be_bytes(b[..4].try_into().unwrap()))
+        .collect()
+}
+
+/// POPULATE TOKEN on `lun` then RECEIVE ROD TOKEN INFORMATION: the token.
+async fn populate(
+    t: &ScsiTarget,
+    n: &ItNexus,
+    lun: u64,
+    list_id: u32,
+    timeout_s: u32,
+    ranges: &[(u64, u32)],
+) -> Vec<u8> {
+    let p = populate_params(timeout_s, None, ranges);
+    let r = t
+        .execute(n, cmd(lun, &token_cdb(0x10, list_id, p.len()), &p))
+        .await;
+    assert_eq!(r.status, status::GOOD, "{r:?}");
+    let r = t.execute(n, cmd(lun, &rrti_cdb(list_id), &[])).await;
+    assert_eq!(r.status, status::GOOD);
+    let d = &r.data_in;
+    assert_eq!(d[4], 0x10, "response to POPULATE TOKEN");
+    assert_eq!(d[5], 0x01, "completed without errors");
+    assert_eq!(d[15], 0xf1, "counted in blocks");
+    let blocks: u64 = ranges.iter().map(|&(_, b)| u64::from(b)).sum();
+    assert_eq!(u64::from_be_bytes(d[16..24].try_into().unwrap()), blocks);
+    assert_eq!(
+        u32::from_be_bytes(d[0..4].try_into().unwrap()) as usize,
+        d.len() - 4
+    );
+    let at = 32 + d[13] as usize;
+    assert_eq!(u32::from_be_bytes(d[at..at + 4].try_into().unwrap()), 514);
+    let token = d[at + 6..at + 6 + 512].to_vec();
+    assert_eq!(
+        &token[0..4],
+        &0x0001_0000u32.to_be_bytes(),
+        "access upon reference"
+    );
+    assert_eq!(&token[6..8], &0x01f8u16.to_be_bytes());
+    token
+}
+
+/// WRITE USING TOKEN on `lun`.
+async fn write_using(
+    t: &ScsiTarget,
+    n: &ItNexus,
+    lun: u64,
+    list_id: u32,
+    offset: u64,
+    token: &[u8],
+    ranges: &[(u64, u32)],
+) -> Response {
+    let p = wut_params(false, offset, token, ranges);
+    t.execute(n, cmd(lun, &token_cdb(0x11, list_id, p.len()), &p))
+        .await
+}
+
+/// (COPY OPERATION STATUS, TRANSFER COUNT) of list `list_id` through `lun`.
+async fn rrti(t: &ScsiTarget, n: &ItNexus, lun: u64, list_id: u32) -> (u8, u64) {
+    let r = t.execute(n, cmd(lun, &rrti_cdb(list_id), &[])).await;
+    assert_eq!(r.status, status::GOOD, "{r:?}");
+    (
+        r.data_in[5],
+        u64::from_be_bytes(r.data_in[16..24].try_into().unwrap()),
+    )
+}
+
+/// The two-LUN target and a nexus with both LUNs' unit attentions consumed.
+async fn odx_target() -> (ScsiTarget, ItNexus) {
+    let (t, _) = target_with_two_luns();
+    let n = ready(&t, "1", 1).await;
+    let _ = t.execute(&n, cmd(1, &[0; 6], &[])).await;
+    (t, n)
+}
+
+#[tokio::test]
+async fn odx_copies_token_data_between_luns() {
+    let (t, n) = odx_target().await;
+    stamp(&t, &n, 0, 0..300).await;
+    // A token for two separate ranges of LUN 0: token blocks 0..50 are LBAs 10..60,
+    // 50..100 are LBAs 200..250.
+    let token = populate(&t, &n, 0, 1, 0, &[(10, 50), (200, 50)]).await;
+    let src_of = |i: u32| if i < 50 { 10 + i } else { 150 + i };
+    // The whole token to LUN 1.
+    let r = write_using(&t, &n, 1, 2, 0, &token, &[(500, 100)]).await;
+    assert_eq!(r.status, status::GOOD, "{r:?}");
+    let want: Vec<u32> = (0..100).map(src_of).collect();
+    assert_eq!(stamps(&t, &n, 1, 500, 100).await, want);
+    let r = t.execute(&n, cmd(1, &rrti_cdb(2), &[])).await;
+    assert_eq!(r.data_in[4], 0x11, "response to WRITE USING TOKEN");
+    assert_eq!(r.data_in[12], 0, "GOOD");
+    assert_eq!(rrti(&t, &n, 1, 2).await, (0x01, 100));
+    // Bytes identical, not just the stamps.
+    let a = t.execute(&n, cmd(0, &rw10(0x28, 10, 50), &[])).await;
+    let b = t.execute(&n, cmd(1, &rw10(0x28, 500, 50), &[])).await;
+    assert_eq!(a.data_in, b.data_in);
+    // An offset into the token, into several ranges (crossing the token's range
+    // boundary at token block 50).
+    let r = write_using(&t, &n, 1, 3, 45, &token, &[(700, 3), (710, 4)]).await;
+    assert_eq!(r.status, status::GOOD, "{r:?}");
+    assert_eq!(stamps(&t, &n, 1, 700, 3).await, vec![55, 56, 57]);
+    assert_eq!(stamps(&t, &n, 1, 710, 4).await, vec![58, 59, 200, 201]);
+    assert_eq!(rrti(&t, &n, 1, 3).await, (0x01, 7));
+    // Access upon reference: a write to the source after POPULATE TOKEN shows.
+    stamp(&t, &n, 0, 200..201).await;
+    let mut b = vec![0u8; BS];
+    b[..4].copy_from_slice(&9999u32.to_be_bytes());
+    assert_eq!(run(&t, &n, &rw10(0x2a, 200, 1), &b).await.status, 0);
+    assert_eq!(
+        write_using(&t, &n, 1, 4, 50, &token, &[(800, 1)])
+            .await
+            .status,
+        0
+    );
+    assert_eq!(stamps(&t, &n, 1, 800, 1).await, vec![9999]);
+    // More asked for than the token holds: what it holds is written, GOOD, and the
+    // status says "completed with residual data".
+    let r = write_using(&t, &n, 1, 5, 90, &token, &[(900, 20)]).await;
+    assert_eq!(r.status, status::GOOD, "{r:?}");
+    assert_eq!(rrti(&t, &n, 1, 5).await, (0x04, 10));
+    // An offset at or past the token's end: INVALID FIELD IN PARAMETER LIST.
+    let r = write_using(&t, &n, 1, 6, 100, &token, &[(900, 1)]).await;
+    assert_eq!(sense_of(&r), (ILLEGAL, 0x26, 0));
+    assert_eq!(rrti(&t, &n, 1, 6).await.0, 0x02);
+    // Within one LU too (token of LUN 0 written to LUN 0).
+    assert_eq!(
+        write_using(&t, &n, 0, 7, 0, &token, &[(600, 5)])
+            .await
+            .status,
+        0
+    );
+    assert_eq!(stamps(&t, &n, 0, 600, 5).await, vec![10, 11, 12, 13, 14]);
+    // Another nexus (another host) may use the token too.
+    let other = ready(&t, "2", 1).await;
+    let _ = t.execute(&other, cmd(1, &[0; 6], &[])).await;
+    assert_eq!(
+        write_using(&t, &other, 1, 1, 1, &token, &[(950, 1)])
+            .await
+            .status,
+        0
+    );
+    assert_eq!(stamps(&t, &n, 1, 950, 1).await, vec![11]);
+    // RECEIVE ROD TOKEN INFORMATION of an unknown list: INVALID FIELD IN CDB.
+    let r = t.execute(&n, cmd(1, &rrti_cdb(77), &[])).await;
+    assert_eq!(sense_of(&r), (ILLEGAL, 0x24, 0));
+}
+
+#[tokio::test]
+async fn odx_zero_token_writes_zeroes() {
+    let (t, n) = odx_target().await;
+    stamp(&t, &n, 1, 100..140).await;
+    let r = write_using(&t, &n, 1, 1, 0, &zero_token(), &[(100, 10), (120, 5)]).await;
+    assert_eq!(r.status, status::GOOD, "{r:?}");
+    let r = t.execute(&n, cmd(1, &rw10(0x28, 100, 40), &[])).await;
+    for (i, b) in r.data_in.chunks(BS).enumerate() {
+        let zero = i < 10 || (20..25).contains(&i);
+        assert_eq!(b.iter().all(|&x| x == 0), zero, "block {}", 100 + i);
+    }
+    assert_eq!(rrti(&t, &n, 1, 1).await, (0x01, 15));
+}
+
+#[tokio::test]
+async fn odx_refuses_bad_tokens_with_the_right_sense() {
+    let (t, n) = odx_target().await;
+    let clock = Arc::new(crate::odx::ManualClock::default());
+    t.copies().tokens.set_clock(clock.clone());
+    let token = populate(&t, &n, 0, 1, 0, &[(0, 8)]).await;
+    let dst = [(100u64, 8u32)];
+    // Tampered anywhere (nonce, bytes represented, creator): TOKEN CORRUPT.
+    for at in [140, 63, 30] {
+        let mut bad = token.clone();
+        bad[at] ^= 0x01;
+        let r = write_using(&t, &n, 1, 2, 0, &bad, &dst).await;
+        assert_eq!(sense_of(&r), (ILLEGAL, 0x23, 0x05), "byte {at}");
+    }
+    // Another identifier (a forged token): TOKEN UNKNOWN.
+    let mut forged = token.clone();
+    forged[15] ^= 0x80;
+    let r = write_using(&t, &n, 1, 2, 0, &forged, &dst).await;
+    assert_eq!(sense_of(&r), (ILLEGAL, 0x23, 0x04));
+    // A ROD type we do not take (point in time), a wrong token length.
+    let mut pit = token.clone();
+    pit[0..4].copy_from_slice(&0x0080_0000u32.to_be_bytes());
+    let r = write_using(&t, &n, 1, 2, 0, &pit, &dst).await;
+    assert_eq!(sense_of(&r), (ILLEGAL, 0x23, 0x01));
+    let mut short = token.clone();
+    short[7] = 0x10;
+    let r = write_using(&t, &n, 1, 2, 0, &short, &dst).await;
+    assert_eq!(sense_of(&r), (ILLEGAL, 0x23, 0x0a));
+    // Nothing was written by any of them.
+    let r = t.execute(&n, cmd(1, &rw10(0x28, 100, 8), &[])).await;
+    assert!(r.data_in.iter().all(|&x| x == 0));
+    // The failed command's status is held: completed with errors, and its sense.
+    let r = t.execute(&n, cmd(1, &rrti_cdb(2), &[])).await;
+    assert_eq!(r.data_in[5], 0x02);
+    assert_eq!(r.data_in[12], status::CHECK_CONDITION);
+    let sense_len = r.data_in[14] as usize;
+    assert_eq!((r.data_in[32 + 12], r.data_in[32 + 13]), (0x23, 0x0a));
+    assert!(sense_len >= 18);
+    // Inactivity: used within its timeout it lives on; unused for longer it expires.
+    let token = populate(&t, &n, 0, 3, 10, &[(0, 8)]).await;
+    clock.advance(std::time::Duration::from_secs(9));
+    assert_eq!(write_using(&t, &n, 1, 4, 0, &token, &dst).await.status, 0);
+    clock.advance(std::time::Duration::from_secs(9));
+    assert_eq!(write_using(&t, &n, 1, 4, 0, &token, &dst).await.status, 0);
+    clock.advance(std::time::Duration::from_secs(11));
+    for _ in 0..2 {
+        let r = write_using(&t, &n, 1, 4, 0, &token, &dst).await;
+        assert_eq!(sense_of(&r), (ILLEGAL, 0x23, 0x07));
+    }
+    // However often it is used, a token lives an hour at most.
+    let token = populate(&t, &n, 0, 11, 600, &[(0, 8)]).await;
+    for _ in 0..6 {
+        clock.advance(std::time::Duration::from_secs(590));
+        assert_eq!(write_using(&t, &n, 1, 4, 0, &token, &dst).await.status, 0);
+    }
+    clock.advance(std::time::Duration::from_secs(590));
+    let r = write_using(&t, &n, 1, 4, 0, &token, &dst).await;
+    assert_eq!(sense_of(&r), (ILLEGAL, 0x23, 0x07));
+    // DEL_TKN: the token is gone after the write that deleted it.
+    let token = populate(&t, &n, 0, 5, 0, &[(0, 8)]).await;
+    let p = wut_params(true, 0, &token, &dst);
+    let r = t
+        .execute(&n, cmd(1, &token_cdb(0x11, 6, p.len()), &p))
+        .await;
+    assert_eq!(r.status, status::GOOD);
+    let r = write_using(&t, &n, 1, 6, 0, &token, &dst).await;
+    assert_eq!(sense_of(&r), (ILLEGAL, 0x23, 0x09));
+    // A token of an LU that is removed: TOKEN REVOKED.
+    let token = populate(&t, &n, 1, 7, 0, &[(0, 8)]).await;
+    assert!(t.remove_lun(1).await.is_some());
+    let _ = run(&t, &n, &[0; 6], &[]).await; // REPORTED LUNS DATA HAS CHANGED
+    let r = write_using(&t, &n, 0, 8, 0, &token, &[(100, 8)]).await;
+    assert_eq!(sense_of(&r), (ILLEGAL, 0x23, 0x06));
+    // A logical unit reset of the source revokes its tokens too.
+    let _ = run(&t, &n, &[0; 6], &[]).await;
+    let token = populate(&t, &n, 0, 9, 0, &[(0, 8)]).await;
+    assert!(t.lun_reset(&n, 0).await);
+    let _ = run(&t, &n, &[0; 6], &[]).await;
+    let r = write_using(&t, &n, 0, 10, 0, &token, &[(100, 8)]).await;
+    assert_eq!(sense_of(&r), (ILLEGAL, 0x23, 0x06));
+}
+
+#[tokio::test]
+async fn odx_token_of_a_shrunk_lu_is_revoked() {
+    struct Resizable {
+        inner: MemVolume,
+        blocks: AtomicU64,
+    }
+    #[async_trait]
+    impl Volume for Resizable {
+        fn geometry(&self) -> Geometry {
+            Geometry {
+                block_count: self.blocks.load(Ordering::Relaxed),
+                ..self.inner.geometry()
+            }
+        }
+        async fn read(&self, lba: u64, blocks: u32) -> BlockResult<Bytes> {
+            self.inner.read(lba, blocks).await
+        }
+        async fn write(&self, lba: u64, data: Bytes, fua: bool) -> BlockResult<()> {
+            self.inner.write(lba, data, fua).await
+        }
+        async fn flush(&self) -> BlockResult<()> {
+            Ok(())
+        }
+        async fn discard(&self, lba: u64, blocks: u64) -> BlockResult<()> {
+            self.inner.discard(lba, blocks).await
+        }
+    }
+    let vol = Arc::new(Resizable {
+        inner: MemVolume::new(BS as u32, BLOCKS),
+        blocks: AtomicU64::new(BLOCKS),
+    });
+    let t = target_with(vol.clone());
+    let n = ready(&t, "1", 1).await;
+    let token = populate(&t, &n, 0, 1, 0, &[(0, 8)]).await;
+    // Growing keeps the token.
+    vol.blocks.store(BLOCKS + 8, Ordering::Relaxed);
+    let _ = run(&t, &n, &[0; 6], &[]).await; // CAPACITY DATA HAS CHANGED
+    assert_eq!(
+        write_using(&t, &n, 0, 2, 0, &token, &[(100, 8)])
+            .await
+            .status,
+        0
+    );
+    // Shrinking, even outside the token's ranges, revokes it.
+    vol.blocks.store(BLOCKS - 1, Ordering::Relaxed);
+    let _ = run(&t, &n, &[0; 6], &[]).await; // CAPACITY DATA HAS CHANGED
+    let r = write_using(&t, &n, 0, 2, 0, &token, &[(100, 8)]).await;
+    assert_eq!(sense_of(&r), (ILLEGAL, 0x23, 0x06));
+}
+
+#[tokio::test]
+async fn odx_bounds_are_enforced_and_advertised() {
+    let (t, n) = odx_target().await;
+    let clock = Arc::new(crate::odx::ManualClock::default());
+    t.copies().tokens.set_clock(clock.clone());
+    // Too many ranges: TOO MANY SEGMENT DESCRIPTORS.
+    let many: Vec<(u64, u32)> = (0..65).map(|i| (i, 1)).collect();
+    let p = populate_params(0, None, &many);
+    let r = run(&t, &n, &token_cdb(0x10, 1, p.len()), &p).await;
+    assert_eq!(sense_of(&r), (ILLEGAL, 0x26, 0x08));
+    let p = wut_params(false, 0, &zero_token(), &many);
+    let r = t
+        .execute(&n, cmd(1, &token_cdb(0x11, 1, p.len()), &p))
+        .await;
+    assert_eq!(sense_of(&r), (ILLEGAL, 0x26, 0x08));
+    // Beyond the LU: LOGICAL BLOCK ADDRESS OUT OF RANGE.
+    let p = populate_params(0, None, &[(BLOCKS - 1, 2)]);
+    let r = run(&t, &n, &token_cdb(0x10, 1, p.len()), &p).await;
+    assert_eq!(sense_of(&r), (ILLEGAL, 0x21, 0));
+    let r = write_using(&t, &n, 1, 1, 0, &zero_token(), &[(BLOCKS, 1)]).await;
+    assert_eq!(sense_of(&r), (ILLEGAL, 0x21, 0));
+    // Overlapping destination ranges.
+    let r = write_using(&t, &n, 1, 1, 0, &zero_token(), &[(0, 4), (3, 1)]).await;
+    assert_eq!(sense_of(&r), (ILLEGAL, 0x26, 0));
+    // An inactivity timeout above the maximum, a point-in-time ROD type.
+    let p = populate_params(601, None, &[(0, 1)]);
+    let r = run(&t, &n, &token_cdb(0x10, 1, p.len()), &p).await;
+    assert_eq!(sense_of(&r), (ILLEGAL, 0x26, 0));
+    let p = populate_params(0, Some(0x0080_0000), &[(0, 1)]);
+    let r = run(&t, &n, &token_cdb(0x10, 1, p.len()), &p).await;
+    assert_eq!(sense_of(&r), (ILLEGAL, 0x26, 0));
+    // Asking for access upon reference explicitly is fine.
+    let p = populate_params(0, Some(0x0001_0000), &[(0, 1)]);
+    assert_eq!(
+        run(&t, &n, &token_cdb(0x10, 1, p.len()), &p).await.status,
+        0
+    );
+    // More than the maximum token transfer size (256 MiB), on a large LU.
+    t.add_lun(
+        2,
+        LunConfig {
+            naa: [0x61; 16],
+            ..lun_config()
+        },
+        Arc::new(MemVolume::new(BS as u32, 1 << 21)),
+        None,
+    )
+    .unwrap();
+    let _ = t.execute(&n, cmd(2, &[0; 6], &[])).await;
+    let _ = run(&t, &n, &[0; 6], &[]).await; // REPORTED LUNS DATA HAS CHANGED
+    let p = populate_params(0, None, &[(0, 1 << 19), (1 << 19, 1)]);
+    let r = t
+        .execute(&n, cmd(2, &token_cdb(0x10, 1, p.len()), &p))
+        .await;
+    assert_eq!(sense_of(&r), (ILLEGAL, 0x26, 0));
+    // Live tokens per target: the 129th is refused until some expire (the one
+    // above, with the default 60 s timeout, does not).
+    while t.copies().tokens.live() < 128 {
+        let p = populate_params(5, None, &[(0, 1)]);
+        assert_eq!(
+            run(&t, &n, &token_cdb(0x10, 2, p.len()), &p).await.status,
+            0
+        );
+    }
+    let p = populate_params(5, None, &[(0, 1)]);
+    let r = run(&t, &n, &token_cdb(0x10, 2, p.len()), &p).await;
+    assert_eq!(sense_of(&r), (ILLEGAL, 0x55, 0x0d));
+    clock.advance(std::time::Duration::from_secs(6));
+    assert_eq!(
+        run(&t, &n, &token_cdb(0x10, 2, p.len()), &p).await.status,
+        0
+    );
+    assert_eq!(t.copies().tokens.live(), 2);
+    // VPD 0x8F: the Block Device ROD Token Limits descriptor comes first.
+    let r = run(&t, &n, &[0x12, 1, 0x8f, 0x10, 0, 0], &[]).await;
+    assert_eq!(r.status, 0);
+    let v = &r.data_in;
+    assert_eq!(&v[4..8], &[0, 0, 0, 0x20]);
+    assert_eq!(
+        u16::from_be_bytes([v[14], v[15]]),
+        64,
+        "maximum range descriptors"
+    );
+    assert_eq!(u32::from_be_bytes(v[16..20].try_into().unwrap()), 600);
+    assert_eq!(u32::from_be_bytes(v[20..24].try_into().unwrap()), 60);
+    assert_eq!(
+        u64::from_be_bytes(v[24..32].try_into().unwrap()),
+        (256 << 20) / BS as u64
+    );
+    // Every descriptor is walked; ROD types and the commands are listed.
+    let mut at = 4;
+    let mut kinds = Vec::new();
+    while at + 4 <= v.len() {
+        let kind = u16::from_be_bytes([v[at], v[at + 1]]);
+        let len = u16::from_be_bytes([v[at + 2], v[at + 3]]) as usize;
+        kinds.push(kind);
+        if kind == 0x0108 {
+            assert_eq!(u16::from_be_bytes([v[at + 6], v[at + 7]]), 16);
+            let types = &v[at + 8..at + 8 + 16];
+            assert_eq!(&types[0..5], &[0, 1, 0, 0, 0x03]);
+            assert_eq!(&types[8..13], &[0xff, 0xff, 0, 1, 0x02]);
+        }
+        if kind == 0x0001 {
+            assert_eq!(&v[at + 5..at + 10], &[0x83, 3, 0x00, 0x10, 0x11]);
+        }
+        at += 4 + len;
+    }
+    assert_eq!(at, v.len());
+    assert_eq!(
+        kinds,
+        vec![0x0000, 0x0001, 0x0004, 0x0008, 0x8001, 0x0106, 0x0108]
+    );
+    // REPORT SUPPORTED OPERATION CODES knows the three commands.
+    for (opcode, sa) in [(0x83u8, 0x10u8), (0x83, 0x11), (0x84, 0x07)] {
+        let c = [0xa3, 0x0c, 0x02, opcode, 0, sa, 0, 0, 1, 0, 0, 0];
+        let r = run(&t, &n, &c, &[]).await;
+        assert_eq!(r.data_in[1] & 0x07, 0x03, "{opcode:#x}/{sa:#x}");
+    }
+}
+
+#[tokio::test]
+async fn odx_honours_write_protection_reservations_and_masking() {
+    let (t, n) = odx_target().await;
+    let mut ro = lun_config();
+    ro.naa[15] = 0x42;
+    ro.read_only = true;
+    t.add_lun(2, ro, Arc::new(MemVolume::new(BS as u32, BLOCKS)), None)
+        .unwrap();
+    let _ = t.execute(&n, cmd(2, &[0; 6], &[])).await;
+    let _ = run(&t, &n, &[0; 6], &[]).await;
+    let _ = t.execute(&n, cmd(1, &[0; 6], &[])).await;
+    stamp(&t, &n, 0, 0..8).await;
+    let token = populate(&t, &n, 0, 1, 0, &[(0, 8)]).await;
+    // A read-only LU refuses WRITE USING TOKEN (it may still be a source).
+    let r = write_using(&t, &n, 2, 2, 0, &token, &[(0, 8)]).await;
+    assert_eq!(sense_of(&r), (key::DATA_PROTECT, 0x27, 0));
+    let r = write_using(&t, &n, 2, 2, 0, &zero_token(), &[(0, 8)]).await;
+    assert_eq!(sense_of(&r), (key::DATA_PROTECT, 0x27, 0));
+    let p = populate_params(0, None, &[(0, 8)]);
+    let r = t
+        .execute(&n, cmd(2, &token_cdb(0x10, 3, p.len()), &p))
+        .await;
+    assert_eq!(r.status, status::GOOD);
+    // Another initiator reserves LUN 1 (RESERVE(6)): writing it through a token
+    // conflicts, and so does using a token whose source it reserved.
+    let mut other = ready(&t, "2", 1).await;
+    other.initiator_name = Arc::from("iqn.other");
+    let _ = t.execute(&other, cmd(1, &[0; 6], &[])).await;
+    assert_eq!(
+        t.execute(&other, cmd(1, &[0x16, 0, 0, 0, 0, 0], &[]))
+            .await
+            .status,
+        0
+    );
+    let r = write_using(&t, &n, 1, 4, 0, &token, &[(0, 8)]).await;
+    assert_eq!(r.status, status::RESERVATION_CONFLICT);
+    let token1 = {
+        let p = populate_params(0, None, &[(0, 8)]);
+        let r = t
+            .execute(&other, cmd(1, &token_cdb(0x10, 5, p.len()), &p))
+            .await;
+        assert_eq!(r.status, status::GOOD);
+        let r = t.execute(&other, cmd(1, &rrti_cdb(5), &[])).await;
+        r.data_in[32 + 6..32 + 6 + 512].to_vec()
+    };
+    let r = write_using(&t, &n, 0, 6, 0, &token1, &[(100, 8)]).await;
+    assert_eq!(r.status, status::RESERVATION_CONFLICT);
+    // ... and POPULATE TOKEN on the reserved LU conflicts for others.
+    let p = populate_params(0, None, &[(0, 8)]);
+    let r = t
+        .execute(&n, cmd(1, &token_cdb(0x10, 7, p.len()), &p))
+        .await;
+    assert_eq!(r.status, status::RESERVATION_CONFLICT);
+    // Released, it works; the token went through the reserving nexus's RRTI only.
+    let r = t.execute(&n, cmd(1, &rrti_cdb(5), &[])).await;
+    assert_eq!(r.status, status::RESERVATION_CONFLICT);
+    assert_eq!(
+        t.execute(&other, cmd(1, &[0x17, 0, 0, 0, 0, 0], &[]))
+            .await
+            .status,
+        0
+    );
+    let r = t.execute(&n, cmd(1, &rrti_cdb(5), &[])).await;
+    assert_eq!(sense_of(&r), (ILLEGAL, 0x24, 0), "held per I_T nexus");
+    assert_eq!(
+        write_using(&t, &n, 1, 8, 0, &token, &[(0, 8)]).await.status,
+        0
+    );
+    // Masking: an initiator that does not see LUN 0 cannot use its token.
+    t.set_host_groups(vec![HostGroup {
+        name: "one".into(),
+        initiators: vec!["iqn.other".into()],
+        chap_users: vec![],
+        luns: vec![(1, 1)],
+    }])
+    .unwrap();
+    while t.execute(&other, cmd(1, &[0; 6], &[])).await.status != 0 {}
+    let r = write_using(&t, &other, 1, 9, 0, &token, &[(200, 8)]).await;
+    assert_eq!(sense_of(&r), (key::COPY_ABORTED, 0x0d, 0x02));
+    let r = t.execute(&other, cmd(1, &rw10(0x28, 200, 8), &[])).await;
+    assert!(r.data_in.iter().all(|&x| x == 0), "nothing was copied");
+}
+
+#[tokio::test]
+async fn odx_aborted_write_using_token_stops_between_chunks() {
+    /// Writes at or past `gate` wait for ever; `entered` tells the test one did.
+    struct Gated {
+        inner: MemVolume,
+        gate: u64,
+        entered: tokio::sync::Notify,
+    }
+    #[async_trait]
+    impl Volume for Gated {
+        fn geometry(&self) -> Geometry {
+            self.inner.geometry()
+        }
+        async fn read(&self, lba: u64, blocks: u32) -> BlockResult<Bytes> {
+            self.inner.read(lba, blocks).await
+        }
+        async fn write(&self, lba: u64, data: Bytes, fua: bool) -> BlockResult<()> {
+            if lba >= self.gate {
+                self.entered.notify_one();
+                std::future::pending::<()>().await;
+            }
+            self.inner.write(lba, data, fua).await
+        }
+        async fn flush(&self) -> BlockResult<()> {
+            Ok(())
+        }
+        async fn discard(&self, lba: u64, blocks: u64) -> BlockResult<()> {
+            self.inner.discard(lba, blocks).await
+        }
+    }
+    const BIG: u64 = 8192;
+    let t = Arc::new(target_with(Arc::new(MemVolume::new(BS as u32, BIG))));
+    let gated = Arc::new(Gated {
+        inner: MemVolume::new(BS as u32, BIG),
+        gate: 600,
+        entered: tokio::sync::Notify::new(),
+    });
+    let mut cfg1 = lun_config();
+    cfg1.naa[15] = 0xee;
+    t.add_lun(1, cfg1, gated.clone(), None).unwrap();
+    let n = ready(&t, "1", 1).await;
+    let _ = t.execute(&n, cmd(1, &[0; 6], &[])).await;
+    stamp(&t, &n, 0, 0..16).await;
+    let token = populate(&t, &n, 0, 1, 0, &[(0, 4096)]).await;
+    // One chunk is 1 MiB (2048 blocks): the first lands at 500, the second (at
+    // 2548) waits at the gate, and the command is aborted there.
+    let task = {
+        let (t, n) = (t.clone(), n.clone());
+        tokio::spawn(async move { write_using(&t, &n, 1, 2, 0, &token, &[(500, 4096)]).await })
+    };
+    let entered = gated.entered.notified();
+    entered.await;
+    // While it waits, RECEIVE ROD TOKEN INFORMATION reports it in progress.
+    let r = t.execute(&n, cmd(1, &rrti_cdb(2), &[])).await;
+    assert_eq!(r.data_in[5], 0x10, "in progress");
+    assert_eq!(
+        u64::from_be_bytes(r.data_in[16..24].try_into().unwrap()),
+        2048
+    );
+    task.abort();
+    assert!(task.await.unwrap_err().is_cancelled());
+    assert_eq!(
+        stamps(&t, &n, 1, 500, 16).await,
+        (0..16).collect::<Vec<u32>>()
+    );
+    let r = t.execute(&n, cmd(1, &rrti_cdb(2), &[])).await;
+    assert_eq!(r.data_in[5], 0x02, "completed with errors");
+    assert_eq!(r.data_in[12], status::TASK_ABORTED);
+    assert_eq!(
+        u64::from_be_bytes(r.data_in[16..24].try_into().unwrap()),
+        2048,
+        "the chunk written before the abort"
+    );
+    // The copy slot was given back: another WRITE USING TOKEN runs.
+    assert_eq!(
+        write_using(&t, &n, 1, 3, 0, &zero_token(), &[(0, 8)])
+            .await
+            .status,
+        0
+    );
 }

@@ -74,6 +74,9 @@ pub(super) fn classify(cdb: &[u8]) -> CmdClass {
         // (10/12), READ LONG(10), RECEIVE COPY RESULTS, SECURITY PROTOCOL IN.
         0x08 | 0x28 | 0xa8 | 0x88 | 0x2f | 0xaf | 0x8f | 0x34 | 0x90 | 0x1a | 0x5a | 0x3c
         | 0x1c | 0x8c | 0x37 | 0xb7 | 0x3e | 0x84 | 0xa2 => Read,
+        // POPULATE TOKEN reads the ranges its token will stand for; EXTENDED COPY and
+        // WRITE USING TOKEN write.
+        0x83 if sa == 0x10 => Read,
         // Variable length: READ(32) and VERIFY(32) read, the rest write.
         0x7f => match u16::from_be_bytes([byte(8), byte(9)]) {
             0x0009 | 0x000a => Read,
