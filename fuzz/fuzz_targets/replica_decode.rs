@@ -34,8 +34,9 @@ fn check_stream(stream: &[u8]) {
         assert_eq!(&again[..], &stream[start..end], "not canonical: {msg:?}");
         assert_eq!(decode(&mut again), Ok(Some(msg.clone())));
         assert!(again.is_empty());
-        // the SCSI payloads inside are parsed by the SCSI glue: they must not panic
-        // either, and what parses must survive a round trip
+        // the SCSI payloads inside are parsed by the SCSI glue (forwarded PR OUTs
+        // and SET TARGET PORT GROUPS, reservation and explicit ALUA states): they
+        // must not panic either, and what parses must survive a round trip
         if let Message::ScsiRequest { data, .. } | Message::ScsiReply { data, .. } = msg {
             scsi_payloads(data);
         }

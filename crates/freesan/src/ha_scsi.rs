@@ -7,6 +7,17 @@
 //! leader (with the follower's nexus), and the leader installs its new state on
 //! the follower before answering, so every node enforces the same reservations.
 //! A resync source hands its state to the partner before the partner serves.
+//!
+//! The explicit ALUA states (SET TARGET PORT GROUPS) follow the same path: the
+//! leader (or a node alone) applies a SET TARGET PORT GROUPS and installs its
+//! whole explicit state on the partner before answering; a follower, or a node
+//! being resynchronised, forwards the validated changes to the leader, which
+//! installs the result back on it before the forwarded request is answered. A
+//! resync source hands its explicit states to the partner together with its
+//! reservations, so a node that rejoins (and was perhaps changed while cut off)
+//! takes the states of the node that kept serving. A node that is deciding or
+//! down (it cannot reach the partner and does not serve) refuses the command
+//! with NOT READY: a change it made alone would be overwritten when it rejoins.
 
 use block::Bytes;
 use replica::{ReplicatedVolume, Role};
@@ -121,6 +132,68 @@ impl scsi::PrReplication for PrLink {
             Err(e) => Err(e.to_string()),
         }
     }
+
+    async fn forward_set_tpg(
+        &self,
+        lun: u64,
+        nexus: &scsi::ItNexus,
+        changes: &[(u16, scsi::AluaState)],
+    ) -> Option<Result<(), String>> {
+        match self.vol.role() {
+            Role::Leader | Role::Solo => return None,
+            Role::Follower | Role::Target => {}
+            Role::Deciding | Role::Down => {
+                return Some(Err("this node does not serve the LUN now".into()))
+            }
+        }
+        let req = ScsiMsg::ForwardSetTpg {
+            lun,
+            initiator_port: nexus.initiator_port.to_string(),
+            relative_port_id: nexus.relative_port_id,
+            changes: changes.iter().map(|&(g, s)| (g, s.code())).collect(),
+        };
+        Some(match self.vol.scsi_request(req.encode()).await {
+            Ok(b) => match ScsiAnswer::decode(b) {
+                Some(ScsiAnswer::Installed) => Ok(()),
+                Some(ScsiAnswer::Failed(why)) => Err(why),
+                _ => Err("malformed answer from the leader".into()),
+            },
+            Err(e) => Err(e.to_string()),
+        })
+    }
+
+    async fn push_alua_state(
+        &self,
+        lun: u64,
+        origin: Option<&scsi::ItNexus>,
+        states: &[(u16, scsi::AluaState)],
+    ) -> Result<(), String> {
+        if !self.vol.partner_attached() {
+            return Ok(());
+        }
+        let req = ScsiMsg::InstallAluaState {
+            lun,
+            origin: origin.map(|n| (n.initiator_port.to_string(), n.relative_port_id)),
+            states: states.iter().map(|&(g, s)| (g, s.code())).collect(),
+        };
+        match self.vol.scsi_request(req.encode()).await {
+            Ok(b) => match ScsiAnswer::decode(b) {
+                Some(ScsiAnswer::Installed) => Ok(()),
+                Some(ScsiAnswer::Failed(why)) => Err(why),
+                _ => Err("malformed answer from the partner".into()),
+            },
+            Err(e) => Err(e.to_string()),
+        }
+    }
+}
+
+/// (group, state) pairs from the wire; None if a state code is not one the
+/// device supports.
+fn alua_states(pairs: &[(u16, u8)]) -> Option<Vec<(u16, scsi::AluaState)>> {
+    pairs
+        .iter()
+        .map(|&(g, code)| scsi::AluaState::from_code(code).map(|s| (g, s)))
+        .collect()
 }
 
 #[async_trait::async_trait]
@@ -186,6 +259,60 @@ impl replica::ScsiPeer for PrLink {
                     }
                 }
             }
+            Some(ScsiMsg::ForwardSetTpg {
+                lun,
+                initiator_port,
+                relative_port_id,
+                changes,
+            }) => {
+                if lun != self.lun {
+                    tracing::warn!(
+                        lun = self.lun,
+                        asked = lun,
+                        "the partner named another LUN: refused"
+                    );
+                    ScsiAnswer::Failed("request for another LUN".into())
+                } else if !matches!(self.vol.role(), Role::Leader | Role::Solo) {
+                    ScsiAnswer::Failed("this node does not order changes".into())
+                } else if let Some(changes) = alua_states(&changes) {
+                    let origin = (initiator_port.as_str(), relative_port_id);
+                    match t.set_target_port_groups_here(lun, origin, &changes).await {
+                        Ok(()) => ScsiAnswer::Installed,
+                        Err(why) => ScsiAnswer::Failed(why),
+                    }
+                } else {
+                    ScsiAnswer::Failed("unsupported ALUA state".into())
+                }
+            }
+            Some(ScsiMsg::InstallAluaState {
+                lun,
+                origin,
+                states,
+            }) => {
+                // like reservation state: only from the node that orders changes
+                if lun != self.lun {
+                    tracing::warn!(
+                        lun = self.lun,
+                        asked = lun,
+                        "the partner named another LUN: refused"
+                    );
+                    ScsiAnswer::Failed("state for another LUN".into())
+                } else if !matches!(self.vol.role(), Role::Follower | Role::Target) {
+                    tracing::warn!(
+                        lun = self.lun,
+                        "ALUA state from a partner that does not lead: refused"
+                    );
+                    ScsiAnswer::Failed("this node orders its own changes".into())
+                } else if let Some(states) = alua_states(&states) {
+                    let origin = origin.as_ref().map(|(p, rel)| (p.as_str(), *rel));
+                    match t.install_alua_state(lun, origin, &states) {
+                        Ok(()) => ScsiAnswer::Installed,
+                        Err(e) => ScsiAnswer::Failed(e.to_string()),
+                    }
+                } else {
+                    ScsiAnswer::Failed("unsupported ALUA state".into())
+                }
+            }
             None => {
                 tracing::warn!(lun = self.lun, "malformed SCSI request from the partner");
                 ScsiAnswer::Failed("malformed request".into())
@@ -198,6 +325,8 @@ impl replica::ScsiPeer for PrLink {
         let t = self.target().ok_or("the target is not running")?;
         // under the LU's PR ordering lock: a PR OUT running now cannot be
         // overwritten on the partner by this older snapshot
-        t.push_pr_state(self.lun).await
+        t.push_pr_state(self.lun).await?;
+        // the explicit ALUA states likewise, under the LU's ALUA ordering lock
+        t.push_alua_state(self.lun).await
     }
 }

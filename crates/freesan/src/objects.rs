@@ -317,7 +317,11 @@ impl Objects {
             pools.release_lun_disk(d);
         }
         let tdir = crate::identity::target_dir(&self.data_dir, &target);
-        for f in [format!("lun{id}.identity.json"), format!("lun{id}.pr.json")] {
+        for f in [
+            format!("lun{id}.identity.json"),
+            format!("lun{id}.pr.json"),
+            format!("lun{id}.alua.json"),
+        ] {
             let _ = std::fs::remove_file(tdir.join(f));
         }
         for t in &mut cfg.targets {

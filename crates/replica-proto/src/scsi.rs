@@ -1,7 +1,8 @@
 //! The payloads of [`crate::Message::ScsiRequest`] and [`crate::Message::ScsiReply`]:
 //! what the SCSI layers of the two nodes say to each other to keep persistent
-//! reservations identical (a PR OUT forwarded to the leader; the leader's new
-//! state installed on the follower). Big-endian, length-prefixed; decoding never
+//! reservations and explicit ALUA states identical (a PR OUT or a SET TARGET PORT
+//! GROUPS forwarded to the leader; the leader's new state installed on the
+//! follower, and on a partner that rejoins). Big-endian, length-prefixed; decoding never
 //! panics.
 
 use bytes::{Buf, BufMut, Bytes, BytesMut};
@@ -32,7 +33,36 @@ pub enum ScsiMsg {
         /// The serialized state.
         state: Bytes,
     },
+    /// Apply these explicit ALUA states (a SET TARGET PORT GROUPS an initiator sent
+    /// to the sender, already validated there) on the node that orders changes,
+    /// which installs its new explicit states back on the sender before answering
+    /// [`ScsiAnswer::Installed`].
+    ForwardSetTpg {
+        /// The LUN.
+        lun: u64,
+        /// Initiator port (name + ISID) of the nexus that sent the command.
+        initiator_port: String,
+        /// Relative port id of the target port the command came through.
+        relative_port_id: u16,
+        /// (target port group, ASYMMETRIC ACCESS STATE code) per descriptor.
+        changes: Vec<(u16, u8)>,
+    },
+    /// Install these explicit ALUA states: the whole set of the sender (groups not
+    /// named have none), after a SET TARGET PORT GROUPS or when the receiver rejoins.
+    InstallAluaState {
+        /// The LUN.
+        lun: u64,
+        /// Initiator port and relative target port id of the nexus that sent the
+        /// SET TARGET PORT GROUPS, when it came through the receiver (it gets no
+        /// unit attention there); None for a snapshot.
+        origin: Option<(String, u16)>,
+        /// (target port group, ASYMMETRIC ACCESS STATE code) per group.
+        states: Vec<(u16, u8)>,
+    },
 }
+
+/// Most (group, state) pairs one ALUA message carries.
+pub const ALUA_GROUPS_MAX: usize = 1024;
 
 /// The answer to a [`ScsiMsg`].
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -59,6 +89,17 @@ fn put_bytes(out: &mut BytesMut, b: &[u8]) {
     out.put_slice(b);
 }
 
+/// (group, state) pairs: a u16 count, then 3 bytes each. At most
+/// [`ALUA_GROUPS_MAX`] are written (the SCSI layer has far fewer groups).
+fn put_groups(out: &mut BytesMut, g: &[(u16, u8)]) {
+    let g = &g[..g.len().min(ALUA_GROUPS_MAX)];
+    out.put_u16(g.len() as u16);
+    for &(id, state) in g {
+        out.put_u16(id);
+        out.put_u8(state);
+    }
+}
+
 struct Rd(Bytes);
 
 impl Rd {
@@ -82,6 +123,11 @@ impl Rd {
         let b = self.bytes()?;
         (b.len() <= 1024).then_some(())?;
         String::from_utf8(b.to_vec()).ok()
+    }
+    fn groups(&mut self) -> Option<Vec<(u16, u8)>> {
+        let n = self.u16()? as usize;
+        (n <= ALUA_GROUPS_MAX && self.0.remaining() >= n * 3).then_some(())?;
+        (0..n).map(|_| Some((self.u16()?, self.u8()?))).collect()
     }
     fn end(&self) -> Option<()> {
         self.0.is_empty().then_some(())
@@ -114,6 +160,35 @@ impl ScsiMsg {
                 out.put_u64(*lun);
                 put_bytes(&mut out, state);
             }
+            ScsiMsg::ForwardSetTpg {
+                lun,
+                initiator_port,
+                relative_port_id,
+                changes,
+            } => {
+                out.put_u8(3);
+                out.put_u64(*lun);
+                put_bytes(&mut out, initiator_port.as_bytes());
+                out.put_u16(*relative_port_id);
+                put_groups(&mut out, changes);
+            }
+            ScsiMsg::InstallAluaState {
+                lun,
+                origin,
+                states,
+            } => {
+                out.put_u8(4);
+                out.put_u64(*lun);
+                match origin {
+                    Some((port, rel)) => {
+                        out.put_u8(1);
+                        put_bytes(&mut out, port.as_bytes());
+                        out.put_u16(*rel);
+                    }
+                    None => out.put_u8(0),
+                }
+                put_groups(&mut out, states);
+            }
         }
         out.freeze()
     }
@@ -133,6 +208,21 @@ impl ScsiMsg {
             2 => ScsiMsg::InstallPrState {
                 lun: r.u64()?,
                 state: r.bytes()?,
+            },
+            3 => ScsiMsg::ForwardSetTpg {
+                lun: r.u64()?,
+                initiator_port: r.string()?,
+                relative_port_id: r.u16()?,
+                changes: r.groups()?,
+            },
+            4 => ScsiMsg::InstallAluaState {
+                lun: r.u64()?,
+                origin: match r.u8()? {
+                    0 => None,
+                    1 => Some((r.string()?, r.u16()?)),
+                    _ => return None,
+                },
+                states: r.groups()?,
             },
             _ => return None,
         };
@@ -216,6 +306,22 @@ mod tests {
                 lun: 0,
                 state: Bytes::from_static(b"{}"),
             },
+            ScsiMsg::ForwardSetTpg {
+                lun: 1,
+                initiator_port: "iqn.a,i,0x1".into(),
+                relative_port_id: 0x102,
+                changes: vec![(2, 1), (1, 2)],
+            },
+            ScsiMsg::InstallAluaState {
+                lun: 1,
+                origin: Some(("iqn.a,i,0x1".into(), 0x102)),
+                states: vec![(1, 3)],
+            },
+            ScsiMsg::InstallAluaState {
+                lun: 2,
+                origin: None,
+                states: vec![],
+            },
         ];
         for m in msgs {
             assert_eq!(ScsiMsg::decode(m.encode()), Some(m));
@@ -239,6 +345,33 @@ mod tests {
         for a in answers {
             assert_eq!(ScsiAnswer::decode(a.encode()), Some(a));
         }
+    }
+
+    #[test]
+    fn malformed_alua_messages_are_refused() {
+        let m = ScsiMsg::InstallAluaState {
+            lun: 1,
+            origin: Some(("p".into(), 3)),
+            states: vec![(1, 0), (2, 3)],
+        }
+        .encode();
+        // every truncation, and one byte too many
+        for n in 0..m.len() {
+            assert_eq!(ScsiMsg::decode(m.slice(..n)), None, "{n} bytes");
+        }
+        let mut long = m.to_vec();
+        long.push(0);
+        assert_eq!(ScsiMsg::decode(Bytes::from(long)), None);
+        // an origin flag other than 0 or 1
+        let mut bad = m.to_vec();
+        bad[9] = 2;
+        assert_eq!(ScsiMsg::decode(Bytes::from(bad)), None);
+        // a count beyond the bound or beyond the data
+        let mut huge = vec![4u8];
+        huge.extend_from_slice(&0u64.to_be_bytes());
+        huge.push(0);
+        huge.extend_from_slice(&u16::MAX.to_be_bytes());
+        assert_eq!(ScsiMsg::decode(Bytes::from(huge)), None);
     }
 
     proptest! {

@@ -88,6 +88,8 @@ pub mod op {
     pub const REPORT_LUNS: u8 = 0xa0;
     /// MAINTENANCE IN: REPORT TARGET PORT GROUPS, REPORT SUPPORTED OPCODES / TMFS.
     pub const MAINTENANCE_IN: u8 = 0xa3;
+    /// MAINTENANCE OUT: SET TARGET PORT GROUPS.
+    pub const MAINTENANCE_OUT: u8 = 0xa4;
     /// READ(12).
     pub const READ_12: u8 = 0xa8;
     /// READ DEFECT DATA(10).
@@ -102,7 +104,7 @@ pub mod op {
     pub const VERIFY_12: u8 = 0xaf;
 }
 
-/// Service actions of SERVICE ACTION IN(16) and MAINTENANCE IN.
+/// Service actions of SERVICE ACTION IN(16), MAINTENANCE IN and MAINTENANCE OUT.
 pub mod sa {
     /// READ CAPACITY(16).
     pub const READ_CAPACITY_16: u8 = 0x10;
@@ -114,6 +116,8 @@ pub mod sa {
     pub const REPORT_SUPPORTED_OPCODES: u8 = 0x0c;
     /// REPORT SUPPORTED TASK MANAGEMENT FUNCTIONS.
     pub const REPORT_SUPPORTED_TMFS: u8 = 0x0d;
+    /// SET TARGET PORT GROUPS (MAINTENANCE OUT).
+    pub const SET_TARGET_PORT_GROUPS: u8 = 0x0a;
 }
 
 /// Length of the CDB an opcode uses, from its group code (SPC-4 4.2.5.1);

@@ -141,7 +141,7 @@ fn standard(target: &TargetConfig, lu: Option<&LogicalUnit>) -> Vec<u8> {
     d[2] = 0x06; // SPC-4
     d[3] = 0x10 | 0x02; // HiSup, response data format 2
     d[4] = (d.len() - 5) as u8;
-    d[5] = 0x10 | 0x08; // TPGS = 01b: implicit ALUA; 3PC: EXTENDED COPY
+    d[5] = 0x30 | 0x08; // TPGS = 11b: implicit and explicit ALUA; 3PC: EXTENDED COPY
     d[6] = if target.ports.len() > 1 { 0x10 } else { 0 }; // MultiP
     d[7] = 0x02; // CmdQue
     let (vendor, product, revision) = match lu {

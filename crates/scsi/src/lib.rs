@@ -22,10 +22,11 @@
 //! TOKEN, WRITE USING TOKEN, RECEIVE ROD TOKEN INFORMATION: Windows ODX), `capacity`
 //! (READ CAPACITY, GET LBA STATUS), `inquiry` (standard data, VPD pages, block limits),
 //! `mode` (MODE SENSE/SELECT), `opcodes` (REPORT SUPPORTED OPERATION CODES / TMFs),
-//! `alua` (port group states, RTPG), `masking` (host groups: who sees which LUs), `ua`
-//! (unit attention queues), `admin` (REQUEST SENSE, REPORT LUNS, START STOP, PREVENT
-//! ALLOW, reservation routing), `pr` (reservations), `replication` (persistent
-//! reservations kept identical on the two nodes of an HA pair), `sense` (sense data).
+//! `alua` (port group states, implicit and explicit: RTPG, SET TARGET PORT GROUPS),
+//! `masking` (host groups: who sees which LUs), `ua` (unit attention queues), `admin`
+//! (REQUEST SENSE, REPORT LUNS, START STOP, PREVENT ALLOW, reservation routing), `pr`
+//! (reservations), `replication` (persistent reservations and explicit ALUA states
+//! kept identical on the two nodes of an HA pair), `sense` (sense data).
 
 mod admin;
 mod alua;

@@ -174,10 +174,14 @@ pub(crate) struct LogicalUnit {
     /// Runs this node's PERSISTENT RESERVE OUTs one at a time, each together with the
     /// push of its state to the partner.
     pub pr_order: tokio::sync::Mutex<()>,
+    /// Runs this node's SET TARGET PORT GROUPS one at a time, each together with the
+    /// push of the explicit ALUA states to the partner.
+    pub alua_order: tokio::sync::Mutex<()>,
 }
 
 impl LogicalUnit {
-    /// Builds the LU and loads its persisted reservation state.
+    /// Builds the LU and loads its persisted reservation state and explicit ALUA
+    /// states.
     pub fn new(
         lun: u64,
         config: LunConfig,
@@ -185,6 +189,9 @@ impl LogicalUnit {
         alua: Alua,
     ) -> Result<Self, ScsiError> {
         let pr = Reservations::load(config.state_file.as_deref())?;
+        if let Some(f) = &config.state_file {
+            alua.load_explicit(&crate::alua::state_path(f))?;
+        }
         let geo = volume.geometry();
         if geo.block_size_bytes == 0 || !geo.block_size_bytes.is_power_of_two() {
             return Err(ScsiError::Config(format!(
@@ -209,6 +216,7 @@ impl LogicalUnit {
             write_order: tokio::sync::RwLock::new(()),
             pr_replication: RwLock::new(None),
             pr_order: tokio::sync::Mutex::new(()),
+            alua_order: tokio::sync::Mutex::new(()),
             alua,
         })
     }

@@ -207,6 +207,11 @@ const TABLE: &[Entry] = &[
         Some(sa::REPORT_SUPPORTED_TMFS),
         &[0xa3, 0x1f, 0x80, 0, 0, 0, 0xff, 0xff, 0xff, 0xff, 0, 0],
     ),
+    e(
+        op::MAINTENANCE_OUT,
+        Some(sa::SET_TARGET_PORT_GROUPS),
+        &[0xa4, 0x1f, 0, 0, 0, 0, 0xff, 0xff, 0xff, 0xff, 0, 0],
+    ),
     e(op::READ_12, None, cat!(0xa8, 0x1a, RW12)),
     e(op::WRITE_12, None, cat!(0xaa, 0x1a, RW12)),
     e(op::WRITE_VERIFY_12, None, cat!(0xae, 0x12, RW12)),

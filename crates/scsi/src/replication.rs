@@ -20,6 +20,13 @@
 //! the one that sent the command), so the partner aborts its own before the push
 //! returns and the command answers.
 //!
+//! The explicit ALUA states (SET TARGET PORT GROUPS; see the `alua` module) go the same
+//! way through the same link: a SET TARGET PORT GROUPS arriving at the node that does
+//! not order changes is forwarded ([`PrReplication::forward_set_tpg`]) and applied on
+//! the other ([`crate::ScsiTarget::set_target_port_groups_here`]), which pushes its
+//! whole explicit state ([`PrReplication::push_alua_state`]) before answering; the
+//! implicit states stay each node's own (the cluster drives both from the replica).
+//!
 //! Not replicated: SPC-2 RESERVE/RELEASE (each node keeps its own) and the D_SENSE mode
 //! bit (a forwarded command's sense data is in the leader's format).
 
@@ -27,11 +34,12 @@ use crate::cdb::Cdb;
 use crate::lu::{CmdResult, Fail, LogicalUnit};
 use crate::pr::NexusId;
 use crate::sense::codes;
-use crate::{admin, ItNexus, Response, TargetPort};
+use crate::{admin, AluaState, ItNexus, Response, TargetPort};
 use block::Bytes;
 use std::sync::Arc;
 
-/// Keeps a LUN's persistent-reservation state identical on the two nodes of an HA pair.
+/// Keeps a LUN's persistent-reservation state and explicit ALUA states identical on
+/// the two nodes of an HA pair.
 #[async_trait::async_trait]
 pub trait PrReplication: Send + Sync + 'static {
     /// Called for every PERSISTENT RESERVE OUT before it runs. `None`: run it on this
@@ -55,6 +63,41 @@ pub trait PrReplication: Send + Sync + 'static {
     /// state with the next change or when it rejoins). A node that is alone should
     /// return Ok.
     async fn push_state(&self, lun: u64, state: Bytes) -> Result<(), String>;
+
+    /// Called for every SET TARGET PORT GROUPS that changes something, with its
+    /// validated `changes` (group, state), before it runs. `None`: apply them on this
+    /// node (it orders changes, or is alone). `Some(Ok(()))`: the partner applied
+    /// them and has already installed its new explicit states on this node (through
+    /// [`crate::ScsiTarget::install_alua_state`]). `Some(Err(why))`: they could not be
+    /// applied now (the command answers NOT READY, so multipath retries on another
+    /// path). The default runs every SET TARGET PORT GROUPS here.
+    async fn forward_set_tpg(
+        &self,
+        lun: u64,
+        nexus: &ItNexus,
+        changes: &[(u16, AluaState)],
+    ) -> Option<Result<(), String>> {
+        let _ = (lun, nexus, changes);
+        None
+    }
+
+    /// After a SET TARGET PORT GROUPS changed the explicit ALUA states on this node
+    /// (or when a partner rejoins): sends them all (`states`: group, state) to the
+    /// partner, which installs them with [`crate::ScsiTarget::install_alua_state`],
+    /// sparing `origin` (the I_T nexus that sent the command, if any) the unit
+    /// attention. The command answers only after this returns; on Err it answers
+    /// HARDWARE ERROR and the local change stays (the partner gets the whole state
+    /// with the next change or when it rejoins). A node that is alone should return
+    /// Ok. The default sends nothing.
+    async fn push_alua_state(
+        &self,
+        lun: u64,
+        origin: Option<&ItNexus>,
+        states: &[(u16, AluaState)],
+    ) -> Result<(), String> {
+        let _ = (lun, origin, states);
+        Ok(())
+    }
 }
 
 /// Aborts running tasks for PREEMPT AND ABORT: the transport knows them.

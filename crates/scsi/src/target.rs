@@ -5,7 +5,7 @@
 //! capacity change, unit attention (except INQUIRY, REPORT LUNS, REQUEST SENSE),
 //! NACA, ALUA port state, reservations, stopped unit, then the command itself.
 
-use crate::alua::Alua;
+use crate::alua::{self, Alua};
 use crate::cdb::{op, sa, Cdb};
 use crate::lu::{into_response, CmdResult, Fail, LogicalUnit};
 use crate::masking::{self, HostGroup, Masking};
@@ -235,15 +235,17 @@ impl ScsiTarget {
         self.alua.groups()
     }
 
-    /// The port groups as LU `lun` reports them; None if no such LUN.
+    /// The port groups as LU `lun` reports them (effective states: the worse of the
+    /// implicit and the explicit one); None if no such LUN.
     pub fn lun_port_groups(&self, lun: u64) -> Option<Vec<PortGroup>> {
         self.lu(lun).map(|l| l.alua.groups())
     }
 
-    /// Changes the ALUA state of a target port group for LU `lun` only (the paths
-    /// of one replicated LUN follow its own replication state) and, if it changed,
-    /// establishes ASYMMETRIC ACCESS STATE CHANGED on that LU's I_T nexuses. False if
-    /// no such LUN or group.
+    /// Changes the implicit ALUA state of a target port group for LU `lun` only (the
+    /// paths of one replicated LUN follow its own replication state) and, if the
+    /// state the LU reports changed (the worse of the implicit and the explicit
+    /// state: see the `alua` module), establishes ASYMMETRIC ACCESS STATE CHANGED on
+    /// that LU's I_T nexuses. False if no such LUN or group.
     pub fn set_lun_port_group_state(&self, lun: u64, group_id: u16, state: AluaState) -> bool {
         let Some(lu) = self.lu(lun) else {
             return false;
@@ -264,9 +266,9 @@ impl ScsiTarget {
         true
     }
 
-    /// Changes the ALUA state of a target port group for every LU (and LUs added
-    /// later) and establishes ASYMMETRIC ACCESS STATE CHANGED on every I_T nexus of
-    /// every LU. False if no such group.
+    /// Changes the implicit ALUA state of a target port group for every LU (and LUs
+    /// added later) and establishes ASYMMETRIC ACCESS STATE CHANGED on every I_T nexus
+    /// of every LU. False if no such group.
     pub fn set_port_group_state(&self, group_id: u16, state: AluaState) -> bool {
         if !self.alua.set_state(group_id, state) {
             return false;
@@ -277,6 +279,66 @@ impl ScsiTarget {
             lu.uas.raise_all(codes::ALUA_STATE_CHANGED, None);
         }
         true
+    }
+
+    /// The explicit ALUA states of LU `lun` (group, state), as SET TARGET PORT GROUPS
+    /// set them (see the `alua` module for how they combine with the implicit ones);
+    /// None if no such LUN.
+    pub fn lun_explicit_alua(&self, lun: u64) -> Option<Vec<(u16, AluaState)>> {
+        self.lu(lun).map(|l| l.alua.explicit_states())
+    }
+
+    /// Sends `lun`'s explicit ALUA states to the partner through the LU's
+    /// [`PrReplication::push_alua_state`], ordered with this node's SET TARGET PORT
+    /// GROUPS (for a node handing its state to a rejoining partner). Err if no such
+    /// LUN, no replication is set, or the push failed.
+    pub async fn push_alua_state(&self, lun: u64) -> Result<(), String> {
+        let lu = self
+            .lu(lun)
+            .ok_or_else(|| format!("lun {lun} does not exist"))?;
+        let repl = lu.pr_replication.read().clone();
+        let repl = repl.ok_or_else(|| format!("lun {lun} has no replication"))?;
+        let _order = lu.alua_order.lock().await;
+        repl.push_alua_state(lun, None, &lu.alua.explicit_states())
+            .await
+    }
+
+    /// Replaces `lun`'s explicit ALUA states with `states` (from the partner's
+    /// [`PrReplication::push_alua_state`]) and persists them like a local change; if
+    /// they changed, every I_T nexus but `origin` (initiator port, relative target
+    /// port id of the nexus that sent the SET TARGET PORT GROUPS) gets ASYMMETRIC
+    /// ACCESS STATE CHANGED. Groups this target does not have are ignored.
+    pub fn install_alua_state(
+        &self,
+        lun: u64,
+        origin: Option<(&str, u16)>,
+        states: &[(u16, AluaState)],
+    ) -> Result<(), ScsiError> {
+        let lu = self
+            .lu(lun)
+            .ok_or_else(|| ScsiError::Config(format!("lun {lun} does not exist")))?;
+        let origin = origin.map(|(port, rel)| alua::nexus_of(port, rel));
+        alua::install(&lu, origin.as_ref(), states)
+    }
+
+    /// Applies the validated `changes` of a SET TARGET PORT GROUPS that the partner
+    /// forwarded ([`PrReplication::forward_set_tpg`]) from its I_T nexus `origin`
+    /// (initiator port, relative target port id): ordered with this node's own, and
+    /// pushed to the partner like them before returning. Err: why not (nothing
+    /// changed when the state file could not be written).
+    pub async fn set_target_port_groups_here(
+        &self,
+        lun: u64,
+        origin: (&str, u16),
+        changes: &[(u16, AluaState)],
+    ) -> Result<(), String> {
+        let lu = self
+            .lu(lun)
+            .ok_or_else(|| format!("lun {lun} does not exist"))?;
+        let origin = alua::nexus_of(origin.0, origin.1);
+        alua::apply_here(&lu, Some(&origin), changes, true)
+            .await
+            .map_err(|s| format!("sense {:x}/{:02x}/{:02x}", s.key, s.asc, s.ascq))
     }
 
     /// Whether `lun` currently runs with its volatile write cache enabled (WCE);
@@ -445,6 +507,12 @@ impl ScsiTarget {
                     opcodes::report_supported_opcodes(cdb, lu.geometry().thin)
                 }
                 sa::REPORT_SUPPORTED_TMFS => opcodes::report_supported_tmfs(cdb),
+                _ => Err(cdb.invalid(1, Some(4)).into()),
+            },
+            op::MAINTENANCE_OUT => match cdb.service_action() {
+                sa::SET_TARGET_PORT_GROUPS => {
+                    alua::set_target_port_groups(lu, nexus, cdb, data).await
+                }
                 _ => Err(cdb.invalid(1, Some(4)).into()),
             },
             op::MODE_SENSE_6 | op::MODE_SENSE_10 => mode::mode_sense(lu, cdb),

@@ -199,7 +199,7 @@ async fn inquiry_standard_and_vpd() {
         (d[0], d[2], d[3] & 0x1f, d[4] as usize),
         (0, 6, 0x12, d.len() - 5)
     );
-    assert_eq!(d[5] & 0x30, 0x10, "TPGS implicit");
+    assert_eq!(d[5] & 0x30, 0x30, "TPGS: implicit and explicit");
     assert_eq!(&d[8..15], b"FREESAN");
     assert_eq!(r.transfer_len_bytes as usize, d.len());
     // Allocation length truncates.
@@ -940,7 +940,7 @@ mod fuzz {
             opcode in prop::sample::select(vec![
                 0x00u8, 0x03, 0x08, 0x0a, 0x12, 0x15, 0x16, 0x17, 0x1a, 0x1b, 0x1e, 0x25, 0x28,
                 0x2a, 0x2e, 0x2f, 0x34, 0x35, 0x41, 0x42, 0x55, 0x56, 0x57, 0x5a, 0x5e, 0x5f,
-                0x88, 0x89, 0x8a, 0x8b, 0x8e, 0x8f, 0x90, 0x91, 0x93, 0x9e, 0xa0, 0xa3, 0xa8,
+                0x88, 0x89, 0x8a, 0x8b, 0x8e, 0x8f, 0x90, 0x91, 0x93, 0x9e, 0xa0, 0xa3, 0xa4, 0xa8,
                 0xaa, 0xae, 0xaf, 0x7f, 0xff, 0x04, 0x83, 0x84,
             ]),
             rest in prop::collection::vec(any::<u8>(), 0..20),
@@ -1977,4 +1977,187 @@ async fn odx_aborted_write_using_token_stops_between_chunks() {
             .status,
         0
     );
+}
+
+/// SET TARGET PORT GROUPS (MAINTENANCE OUT / 0x0a) with a parameter list of `len`
+/// bytes.
+fn stpg_cdb(len: u32) -> [u8; 12] {
+    let mut c = [0xa4, 0x0a, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0];
+    c[6..10].copy_from_slice(&len.to_be_bytes());
+    c
+}
+
+/// A SET TARGET PORT GROUPS parameter list: (state code, group) per descriptor.
+fn stpg_list(descs: &[(u8, u16)]) -> Vec<u8> {
+    let mut p = vec![0u8; 4];
+    for &(state, group) in descs {
+        p.extend_from_slice(&[state, 0]);
+        p.extend_from_slice(&group.to_be_bytes());
+    }
+    p
+}
+
+/// (state code, status code) per group id from REPORT TARGET PORT GROUPS.
+async fn rtpg_states(t: &ScsiTarget, n: &ItNexus) -> Vec<(u16, u8, u8)> {
+    let r = run(t, n, &[0xa3, 0x0a, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0], &[]).await;
+    assert_eq!(r.status, status::GOOD, "{r:?}");
+    let d = &r.data_in;
+    let mut out = Vec::new();
+    let mut off = 4;
+    while off + 8 <= d.len() {
+        out.push((
+            u16::from_be_bytes([d[off + 2], d[off + 3]]),
+            d[off] & 0x0f,
+            d[off + 5],
+        ));
+        off += 8 + 4 * d[off + 7] as usize;
+    }
+    out
+}
+
+#[tokio::test]
+async fn set_target_port_groups_changes_rtpg_and_raises_ua_for_the_others() {
+    let t = target();
+    let n1 = ready(&t, "1", 1).await;
+    let other_port = ready(&t, "1", 2).await;
+    let other_initiator = ready(&t, "2", 1).await;
+    // TPGS = 11b
+    let r = run(&t, &n1, &[0x12, 0, 0, 0, 36, 0], &[]).await;
+    assert_eq!(r.data_in[5] & 0x30, 0x30);
+    // REPORT SUPPORTED OPERATION CODES lists it (one-command form, with SA)
+    let r = run(
+        &t,
+        &n1,
+        &[0xa3, 0x0c, 2, 0xa4, 0, 0x0a, 0, 0, 1, 0, 0, 0],
+        &[],
+    )
+    .await;
+    assert_eq!((r.status, r.data_in[1] & 7), (status::GOOD, 3));
+    assert_eq!(&r.data_in[4..6], &[0xa4, 0x1f]);
+    assert_eq!(rtpg_states(&t, &n1).await, vec![(1, 0, 0), (2, 1, 0)]);
+    // group 2 -> standby, group 1 -> active/non-optimized
+    let p = stpg_list(&[(2, 2), (1, 1)]);
+    let r = run(&t, &n1, &stpg_cdb(p.len() as u32), &p).await;
+    assert_eq!(r.status, status::GOOD, "{r:?}");
+    assert_eq!(rtpg_states(&t, &n1).await, vec![(1, 1, 1), (2, 2, 1)]);
+    assert_eq!(
+        t.lun_explicit_alua(0).unwrap(),
+        vec![(1, AluaState::ActiveNonOptimized), (2, AluaState::Standby)]
+    );
+    // the sender gets no unit attention, every other I_T nexus one
+    assert_eq!(run(&t, &n1, &[0; 6], &[]).await.status, status::GOOD);
+    for n in [&other_port, &other_initiator] {
+        let r = run(&t, n, &[0; 6], &[]).await;
+        assert_eq!(sense_of(&r), (key::UNIT_ATTENTION, 0x2a, 0x06));
+    }
+    assert_eq!(
+        run(&t, &other_initiator, &[0; 6], &[]).await.status,
+        status::GOOD
+    );
+    // the standby port refuses I/O but accepts SET TARGET PORT GROUPS: it brings
+    // its own group back
+    let r = run(&t, &other_port, &rw10(0x28, 0, 1), &[]).await;
+    assert_eq!(sense_of(&r), (key::NOT_READY, 0x04, 0x0b));
+    let p = stpg_list(&[(0, 2)]);
+    let r = run(&t, &other_port, &stpg_cdb(p.len() as u32), &p).await;
+    assert_eq!(r.status, status::GOOD, "{r:?}");
+    // n1 learns of that change
+    let r = run(&t, &n1, &[0; 6], &[]).await;
+    assert_eq!(sense_of(&r), (key::UNIT_ATTENTION, 0x2a, 0x06));
+    // back to the configured (implicit) active/non-optimized: the worse of the two
+    assert_eq!(rtpg_states(&t, &n1).await, vec![(1, 1, 1), (2, 1, 1)]);
+    assert_eq!(run(&t, &other_port, &rw10(0x28, 0, 1), &[]).await.status, 0);
+    // an implicit change reports status 02h
+    assert!(t.set_lun_port_group_state(0, 2, AluaState::Unavailable));
+    let r = run(&t, &other_port, &[0; 6], &[]).await;
+    assert_eq!(sense_of(&r), (key::UNIT_ATTENTION, 0x2a, 0x06));
+    assert_eq!(
+        rtpg_states(&t, &other_port).await,
+        vec![(1, 1, 1), (2, 3, 2)]
+    );
+    // an Unavailable port accepts it too; the implicit state still wins
+    let p = stpg_list(&[(0, 2)]);
+    let r = run(&t, &other_port, &stpg_cdb(p.len() as u32), &p).await;
+    assert_eq!(r.status, status::GOOD, "{r:?}");
+    assert_eq!(rtpg_states(&t, &other_port).await[1], (2, 3, 2));
+}
+
+#[tokio::test]
+async fn bad_set_target_port_groups_parameter_lists_are_refused_whole() {
+    let t = target();
+    let n = ready(&t, "1", 1).await;
+    let other = ready(&t, "2", 1).await;
+    // zero length: GOOD, nothing changes, no unit attention
+    assert_eq!(run(&t, &n, &stpg_cdb(0), &[]).await.status, status::GOOD);
+    // a truncated descriptor
+    let p = stpg_list(&[(2, 2)]);
+    let r = run(&t, &n, &stpg_cdb(6), &p).await;
+    assert_eq!(sense_of(&r), (ILLEGAL, 0x1a, 0x00));
+    // unknown group, after a good descriptor: nothing applied
+    let p = stpg_list(&[(2, 2), (2, 9)]);
+    let r = run(&t, &n, &stpg_cdb(p.len() as u32), &p).await;
+    assert_eq!(sense_of(&r), (ILLEGAL, 0x26, 0x00));
+    // transitioning, offline, logical block dependent
+    for st in [0x0f, 0x0e, 0x04] {
+        let p = stpg_list(&[(st, 1)]);
+        let r = run(&t, &n, &stpg_cdb(p.len() as u32), &p).await;
+        assert_eq!(sense_of(&r), (ILLEGAL, 0x26, 0x00), "state {st:#x}");
+    }
+    // another MAINTENANCE OUT service action
+    let mut c = stpg_cdb(8);
+    c[1] = 0x06;
+    assert_eq!(sense_of(&run(&t, &n, &c, &p).await), (ILLEGAL, 0x24, 0x00));
+    assert_eq!(rtpg_states(&t, &n).await, vec![(1, 0, 0), (2, 1, 0)]);
+    assert!(t.lun_explicit_alua(0).unwrap().is_empty());
+    assert_eq!(run(&t, &other, &[0; 6], &[]).await.status, status::GOOD);
+}
+
+#[tokio::test]
+async fn explicit_alua_states_survive_a_restart() {
+    let dir = crate::pr::tests::temp_dir("alua");
+    let cfg = || {
+        let mut c = lun_config();
+        c.state_file = Some(dir.join("lun0.pr.json"));
+        c
+    };
+    let build = || {
+        let vol: VolumeRef = Arc::new(MemVolume::new(BS as u32, 64));
+        let mut tc = TargetConfig {
+            name: "iqn.t".into(),
+            ports: Vec::new(),
+            port_groups: Vec::new(),
+            luns: vec![(0, cfg(), vol)],
+        };
+        let template = target();
+        tc.ports = template.config().ports.clone();
+        tc.port_groups = template.config().port_groups.clone();
+        ScsiTarget::new(tc).unwrap()
+    };
+    let t = build();
+    let n = ready(&t, "1", 1).await;
+    let p = stpg_list(&[(3, 2)]);
+    assert_eq!(run(&t, &n, &stpg_cdb(8), &p).await.status, status::GOOD);
+    assert!(dir.join("lun0.alua.json").exists());
+    drop(t);
+    // restarted: the state is back, reported and enforced
+    let t = build();
+    assert_eq!(
+        t.lun_explicit_alua(0).unwrap(),
+        vec![(2, AluaState::Unavailable)]
+    );
+    let n = ready(&t, "1", 1).await;
+    assert_eq!(rtpg_states(&t, &n).await[1].1, 3);
+    let n2 = nexus("1", 2);
+    let r = run(&t, &n2, &rw10(0x28, 0, 1), &[]).await;
+    assert_eq!(sense_of(&r), (key::UNIT_ATTENTION, 0x29, 0x00));
+    let r = run(&t, &n2, &rw10(0x28, 0, 1), &[]).await;
+    assert_eq!(sense_of(&r), (key::NOT_READY, 0x04, 0x0c));
+    // a LUN added at run time with the same state file loads it too
+    t.add_lun(1, cfg(), Arc::new(MemVolume::new(BS as u32, 64)), None)
+        .unwrap();
+    assert_eq!(
+        t.lun_explicit_alua(1).unwrap(),
+        vec![(2, AluaState::Unavailable)]
+    );
+    let _ = std::fs::remove_dir_all(&dir);
 }

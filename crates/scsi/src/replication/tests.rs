@@ -106,6 +106,48 @@ impl PrReplication for Link {
             .await
             .map_err(|e| e.to_string())
     }
+
+    async fn forward_set_tpg(
+        &self,
+        lun: u64,
+        nexus: &ItNexus,
+        changes: &[(u16, AluaState)],
+    ) -> Option<Result<(), String>> {
+        if self.leader {
+            return None;
+        }
+        let Some(partner) = self.partner() else {
+            return Some(Err("the leader is gone".into()));
+        };
+        tokio::task::yield_now().await;
+        let origin = (&*nexus.initiator_port, nexus.relative_port_id);
+        Some(
+            partner
+                .set_target_port_groups_here(lun, origin, changes)
+                .await,
+        )
+    }
+
+    async fn push_alua_state(
+        &self,
+        lun: u64,
+        origin: Option<&ItNexus>,
+        states: &[(u16, AluaState)],
+    ) -> Result<(), String> {
+        if self.fail_push.load(Ordering::Relaxed) {
+            return Err("link down".into());
+        }
+        let Some(partner) = self.partner() else {
+            return Ok(()); // alone
+        };
+        for _ in 0..self.pushes.fetch_add(1, Ordering::Relaxed) % 7 {
+            tokio::task::yield_now().await;
+        }
+        let origin = origin.map(|n| (&*n.initiator_port, n.relative_port_id));
+        partner
+            .install_alua_state(lun, origin, states)
+            .map_err(|e| e.to_string())
+    }
 }
 
 fn lun_config(state_file: Option<PathBuf>) -> LunConfig {
@@ -800,4 +842,168 @@ async fn preempt_and_abort_aborts_the_victims_tasks_on_both_nodes() {
         vec![0xa],
         "every 0xd registration went"
     );
+}
+
+// ---------------------------------------------------------------- explicit ALUA
+
+/// SET TARGET PORT GROUPS with (state code, group) descriptors.
+async fn stpg(t: &ScsiTarget, n: &ItNexus, descs: &[(u8, u16)]) -> Response {
+    let mut p = vec![0u8; 4];
+    for &(state, group) in descs {
+        p.extend_from_slice(&[state, 0]);
+        p.extend_from_slice(&group.to_be_bytes());
+    }
+    let mut c = [0xa4, 0x0a, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0];
+    c[6..10].copy_from_slice(&(p.len() as u32).to_be_bytes());
+    run(t, n, &c, &p).await
+}
+
+/// Access state codes of groups 1 and 2 from REPORT TARGET PORT GROUPS.
+async fn rtpg(t: &ScsiTarget, n: &ItNexus) -> [u8; 2] {
+    let r = run(t, n, &[0xa3, 0x0a, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0], &[]).await;
+    assert_eq!(r.status, status::GOOD, "{r:?}");
+    // two groups of two ports each: 16-byte descriptors
+    [r.data_in[4] & 0x0f, r.data_in[20] & 0x0f]
+}
+
+#[tokio::test]
+async fn set_target_port_groups_through_either_node_reaches_both() {
+    let (a, b) = pair();
+    let na = ready(&a, "a", 1).await;
+    let nb = ready(&b, "b", 3).await;
+    let nb2 = ready(&b, "c", 4).await;
+    // through the follower: forwarded, applied on the leader, installed back
+    let r = stpg(&b, &nb, &[(1, 2)]).await;
+    assert_eq!(r.status, status::GOOD, "{r:?}");
+    for t in [&a, &b] {
+        assert_eq!(
+            t.lun_explicit_alua(LUN).unwrap(),
+            vec![(2, AluaState::ActiveNonOptimized)]
+        );
+    }
+    // the sender alone is spared the unit attention, on both nodes
+    assert_eq!(ua(&b, &nb).await, None);
+    assert_eq!(ua(&b, &nb2).await, Some((0x2a, 0x06)));
+    assert_eq!(ua(&a, &na).await, Some((0x2a, 0x06)));
+    assert_eq!(rtpg(&a, &na).await, [0, 1]);
+    assert_eq!(rtpg(&b, &nb).await, [0, 1]);
+    // through the leader
+    let r = stpg(&a, &na, &[(2, 1)]).await;
+    assert_eq!(r.status, status::GOOD, "{r:?}");
+    // (an RTPG is GOOD only without a pending unit attention)
+    assert_eq!(rtpg(&a, &na).await, [2, 1]);
+    assert_eq!(ua(&b, &nb).await, Some((0x2a, 0x06)));
+    assert_eq!(rtpg(&b, &nb).await, [2, 1]);
+    // node 1's ports are standby now, on both nodes' view of the LU
+    let r = run(&a, &na, &READ10, &[]).await;
+    assert_eq!(sense_of(&r), (key::NOT_READY, 0x04, 0x0b));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn concurrent_set_target_port_groups_through_both_nodes_converge() {
+    let (a, b) = pair();
+    let na = ready(&a, "a", 1).await;
+    let nb = ready(&b, "b", 3).await;
+    let mut tasks = Vec::new();
+    for i in 0..40u8 {
+        let (t, n) = if i % 2 == 0 {
+            (a.clone(), na.clone())
+        } else {
+            (b.clone(), nb.clone())
+        };
+        tasks.push(tokio::spawn(async move {
+            let r = stpg(&t, &n, &[(i % 3, 1 + u16::from(i % 2))]).await;
+            // a unit attention of the other node's change may come first
+            if r.status != status::GOOD {
+                assert_eq!(sense_of(&r).0, key::UNIT_ATTENTION, "{r:?}");
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+    assert_eq!(a.lun_explicit_alua(LUN), b.lun_explicit_alua(LUN));
+}
+
+#[tokio::test]
+async fn failed_alua_push_answers_hardware_error_and_keeps_the_change() {
+    let (a, b, la) = pair_with(None);
+    let na = ready(&a, "a", 1).await;
+    la.fail_push.store(true, Ordering::Relaxed);
+    let r = stpg(&a, &na, &[(3, 2)]).await;
+    assert_eq!(sense_of(&r), (key::HARDWARE_ERROR, 0x44, 0x00));
+    assert_eq!(
+        a.lun_explicit_alua(LUN).unwrap(),
+        vec![(2, AluaState::Unavailable)]
+    );
+    assert!(b.lun_explicit_alua(LUN).unwrap().is_empty());
+    // the partner gets the whole state when it rejoins (the resync source pushes it)
+    la.fail_push.store(false, Ordering::Relaxed);
+    a.push_alua_state(LUN).await.unwrap();
+    assert_eq!(
+        b.lun_explicit_alua(LUN).unwrap(),
+        vec![(2, AluaState::Unavailable)]
+    );
+    let nb = nexus("b", 3);
+    assert_eq!(ua(&b, &nb).await, Some((0x29, 0x00)));
+    assert_eq!(rtpg(&b, &nb).await, [0, 3]);
+    // a snapshot replaces: groups it does not name lose their explicit state
+    b.install_alua_state(LUN, None, &[]).unwrap();
+    assert_eq!(ua(&b, &nb).await, Some((0x2a, 0x06)));
+    assert_eq!(rtpg(&b, &nb).await, [0, 0]);
+}
+
+#[tokio::test]
+async fn a_follower_without_its_leader_refuses_set_target_port_groups() {
+    let b = node(2, None);
+    let lb = Link::new(false); // its partner never set: the leader is gone
+    assert!(b.set_pr_replication(LUN, lb));
+    let nb = ready(&b, "b", 3).await;
+    let r = stpg(&b, &nb, &[(2, 1)]).await;
+    assert_eq!(sense_of(&r), (key::NOT_READY, 0x04, 0x0c));
+    assert!(b.lun_explicit_alua(LUN).unwrap().is_empty());
+}
+
+#[tokio::test]
+async fn explicit_states_installed_from_the_partner_are_persisted() {
+    let (da, db) = (temp_dir("alua-a"), temp_dir("alua-b"));
+    let (fa, fb) = (da.join("lun0.pr.json"), db.join("lun0.pr.json"));
+    let (a, b, _) = pair_with(Some((fa.clone(), fb.clone())));
+    let nb = ready(&b, "b", 3).await;
+    assert_eq!(stpg(&b, &nb, &[(2, 2)]).await.status, status::GOOD);
+    drop((a, b));
+    // both nodes restarted: each loads its own copy
+    for f in [fa, fb] {
+        let t = ScsiTarget::new(node_config(1, Some(f))).unwrap();
+        assert_eq!(
+            t.lun_explicit_alua(LUN).unwrap(),
+            vec![(2, AluaState::Standby)]
+        );
+    }
+    let _ = std::fs::remove_dir_all(da);
+    let _ = std::fs::remove_dir_all(db);
+}
+
+#[tokio::test]
+async fn a_forwarded_set_target_port_groups_heals_a_stale_follower() {
+    let (a, b, la) = pair_with(None);
+    let na = ready(&a, "a", 1).await;
+    la.fail_push.store(true, Ordering::Relaxed);
+    assert_eq!(
+        stpg(&a, &na, &[(1, 2)]).await.status,
+        status::CHECK_CONDITION
+    );
+    la.fail_push.store(false, Ordering::Relaxed);
+    assert!(
+        b.lun_explicit_alua(LUN).unwrap().is_empty(),
+        "b missed the push"
+    );
+    // the same state again through b: nothing changes on a, but b gets a's state
+    let nb = ready(&b, "b", 3).await;
+    assert_eq!(stpg(&b, &nb, &[(1, 2)]).await.status, status::GOOD);
+    assert_eq!(
+        b.lun_explicit_alua(LUN).unwrap(),
+        vec![(2, AluaState::ActiveNonOptimized)]
+    );
+    assert_eq!(rtpg(&b, &nb).await, [0, 1]);
 }
