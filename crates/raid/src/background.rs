@@ -237,13 +237,13 @@ impl Inner {
                 .map(|s| s.rebuild_cp_stripes)
                 .collect();
             (
-                reb.iter().copied().min().unwrap_or(self.stripes),
+                reb.iter().copied().min().unwrap_or(self.stripes()),
                 reb.len() as u64,
             )
         };
         // a member holds one chunk of each stripe per area
         let chunk_bytes = self.cb * self.bs;
-        let total = (self.stripes - start) * chunk_bytes * self.layout.areas() * count;
+        let total = (self.stripes() - start) * chunk_bytes * self.layout.areas() * count;
         let started = Instant::now();
         let mut pacer = Pacer::new();
         let mut done = 0u64;
@@ -251,7 +251,7 @@ impl Inner {
         self.state.lock().rebuild = Some(progress(started, 0, total));
         tracing::info!(pool = %self.name, from_stripe = start, members = count, "rebuild started");
         let mut next = start;
-        while next < self.stripes {
+        while next < self.stripes() {
             let s = next;
             next += 1;
             if self.closed.load(Ordering::SeqCst) {
@@ -343,7 +343,7 @@ impl Inner {
             let mut st = self.state.lock();
             let mut finished = false;
             for sl in st.slots.iter_mut() {
-                if sl.state == MemberState::Rebuilding && sl.rebuild_cp_stripes >= self.stripes {
+                if sl.state == MemberState::Rebuilding && sl.rebuild_cp_stripes >= self.stripes() {
                     sl.state = MemberState::Active;
                     finished = true;
                 }
@@ -370,7 +370,7 @@ impl Inner {
         }
         let n = (REBUILD_BATCH_BYTES / (self.cb * self.bs))
             .max(1)
-            .min(self.stripes - s);
+            .min(self.stripes() - s);
         if n < 2 {
             return None;
         }
@@ -433,7 +433,9 @@ impl Inner {
             return;
         };
         let finished = self
-            .resync_stripes(start..self.stripes, |st, s| st.resync_cursor = Some(s + 1))
+            .resync_stripes(start..self.stripes(), |st, s| {
+                st.resync_cursor = Some(s + 1)
+            })
             .await;
         if !finished {
             return;
@@ -452,7 +454,7 @@ impl Inner {
     /// it from the superblocks.
     async fn region_resync(self: &Arc<Self>, r: u64) {
         let first = r * self.region_stripes;
-        let end = (first + self.region_stripes).min(self.stripes);
+        let end = (first + self.region_stripes).min(self.stripes());
         tracing::info!(pool = %self.name, region = r, "resyncing a dirty region");
         if !self.resync_stripes(first..end, |_, _| {}).await {
             return;
@@ -642,7 +644,7 @@ impl Inner {
     /// copied from another copy in large requests, then the checkpoint moves past
     /// the batch. `None` when it does not apply or failed.
     async fn rebuild_mirror_batch(&self, s: u64) -> Option<u64> {
-        let n = self.mirror_batch_len(s, self.stripes)?;
+        let n = self.mirror_batch_len(s, self.stripes())?;
         let (guards, view, member, h) = self.lock_rebuild_batch(s, n).await?;
         let mut jobs: Vec<(usize, Vec<usize>)> = Vec::new();
         for t in self.layout.positions_of(member) {

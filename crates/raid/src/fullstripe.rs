@@ -494,7 +494,7 @@ impl Inner {
             },
         );
         if stream {
-            let regions = self.stripes.div_ceil(self.region_stripes);
+            let regions = self.stripes().div_ceil(self.region_stripes);
             for a in (region + 1..regions).take(INTENT_AHEAD as usize) {
                 if st.intent.len() >= MAX_DIRTY_REGIONS {
                     break;

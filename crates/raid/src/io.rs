@@ -887,12 +887,12 @@ fn by_stripe(segs: Vec<Seg>) -> Vec<(u64, Vec<Seg>)> {
 #[async_trait]
 impl Volume for Pool {
     fn geometry(&self) -> Geometry {
-        self.inner.geometry
+        self.inner.geometry()
     }
 
     async fn read(&self, lba: u64, blocks: u32) -> BlockResult<Bytes> {
         let inner = &self.inner;
-        inner.geometry.check_range(lba, blocks as u64)?;
+        inner.geometry().check_range(lba, blocks as u64)?;
         let _fg = FgGuard::new(&inner.fg_inflight);
         let segs = inner.segments(lba, blocks as u64);
         let futs: Vec<BoxFut<'_, BlockResult<Bytes>>> = segs
@@ -908,8 +908,8 @@ impl Volume for Pool {
 
     async fn write(&self, lba: u64, data: Bytes, fua: bool) -> BlockResult<()> {
         let inner = &self.inner;
-        let blocks = inner.geometry.blocks_in(data.len())?;
-        inner.geometry.check_range(lba, blocks)?;
+        let blocks = inner.geometry().blocks_in(data.len())?;
+        inner.geometry().check_range(lba, blocks)?;
         if blocks == 0 {
             return Ok(());
         }
@@ -939,6 +939,17 @@ impl Volume for Pool {
         }
     }
 
+    /// Grows the pool while it serves: see [`Pool::grow_to`].
+    async fn grow(&self, block_count: u64) -> BlockResult<()> {
+        if block_count < self.inner.geometry().block_count {
+            return Err(BlockError::NotSupported("shrinking a pool"));
+        }
+        self.inner
+            .grow_to(block_count)
+            .await
+            .map_err(crate::grow::grow_error)
+    }
+
     async fn flush(&self) -> BlockResult<()> {
         let _fg = FgGuard::new(&self.inner.fg_inflight);
         self.inner.wait_applied().await;
@@ -951,8 +962,8 @@ impl Volume for Pool {
     /// are written with zeroes. On a pool with thick members discard is ignored.
     async fn discard(&self, lba: u64, blocks: u64) -> BlockResult<()> {
         let inner = &self.inner;
-        inner.geometry.check_range(lba, blocks)?;
-        if !inner.geometry.thin || blocks == 0 {
+        inner.geometry().check_range(lba, blocks)?;
+        if !inner.geometry().thin || blocks == 0 {
             return Ok(());
         }
         let _fg = FgGuard::new(&inner.fg_inflight);

@@ -11,6 +11,9 @@
 //! initial resync, scrub (RAID 6 locates the bad member), and a serde status.
 //! See docs/0002-raid.md for the design and the on-disk format.
 //!
+//! It grows online ([`Pool::grow_to`], `Volume::grow`) into room the members have
+//! beyond what the pool uses (RAID 10 far excepted).
+//!
 //! What it does not do: open devices (members are `VolumeRef`s), reshape (changing
 //! level, chunk or member count), or write-intent bitmaps for mirrors (an unclean
 //! mirror resyncs fully in the background).
@@ -23,6 +26,7 @@ mod background;
 mod commit;
 mod fullstripe;
 mod gf;
+mod grow;
 mod io;
 mod jdev;
 mod journal;
@@ -105,6 +109,11 @@ pub struct PoolConfig {
     /// [`DEFAULT_JOURNAL_BYTES`]. Must hold at least two full-stripe records.
     #[serde(default)]
     pub journal_bytes: Option<u64>,
+    /// Bytes of every member the pool uses (superblocks, journal and data area);
+    /// `None` uses all of the smallest member. A smaller value leaves room to grow
+    /// the pool later without growing the members ([`Pool::grow_to`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub member_bytes: Option<u64>,
     /// Test-only: turn the stripe journal off to show the write hole it closes.
     #[serde(skip)]
     #[doc(hidden)]
@@ -130,6 +139,7 @@ impl PoolConfig {
             chunk_bytes: DEFAULT_CHUNK_BYTES,
             rebuild_rate_mb_s: DEFAULT_REBUILD_RATE_MB_S,
             journal_bytes: None,
+            member_bytes: None,
             unsafe_disable_journal: false,
             unsafe_disable_write_intent: false,
             intent_region_stripes: None,

@@ -172,12 +172,21 @@ pub(crate) struct Inner {
     pub chunk_bytes: u32,
     pub bs: u64,
     pub cb: u64,
-    pub stripes: u64,
+    /// Rows of the grid (stripes per member area); grows (see `grow.rs`).
+    pub stripes: AtomicU64,
     pub data_offset_blocks: u64,
     pub journal_offset_blocks: u64,
     pub journal_blocks: u64,
     pub journal: Option<Journal>,
-    pub geometry: Geometry,
+    /// The geometry but for the block count (see [`Inner::geometry`]).
+    pub geometry_base: Geometry,
+    /// Blocks the pool exposes; grows atomically once a grow is durable.
+    pub block_count: AtomicU64,
+    /// Blocks the superblocks record (set with `stripes` when a grow commits,
+    /// just before `block_count`).
+    pub sb_blocks: AtomicU64,
+    /// Serializes grows.
+    pub grow_lock: tokio::sync::Mutex<()>,
     pub state: Mutex<State>,
     pub sb_lock: tokio::sync::Mutex<()>,
     pub locks: Vec<Arc<tokio::sync::RwLock<()>>>,
@@ -255,6 +264,8 @@ struct Shape {
     journal_blocks: u64,
     /// Stripes per write-intent region.
     region_stripes: u64,
+    /// Blocks the pool exposes when fewer than the stripes hold.
+    volume_blocks: Option<u64>,
 }
 
 /// One superblock write of [`Inner::persist_locked`]: position (none for a spare),
@@ -332,11 +343,20 @@ impl Pool {
             SUPERBLOCK_REGION_BYTES + journal_bytes,
             SUPERBLOCK_REGION_BYTES,
         ) / bs;
-        let min_blocks = members
+        let mut min_blocks = members
             .iter()
             .map(|m| m.volume.geometry().block_count)
             .min()
             .unwrap_or(0);
+        if let Some(b) = config.member_bytes {
+            if b / bs > min_blocks {
+                return Err(RaidError::Config(format!(
+                    "member_bytes {b} is more than the smallest member holds ({} bytes)",
+                    min_blocks * bs
+                )));
+            }
+            min_blocks = b / bs;
+        }
         let areas = layout.areas();
         let stripes = min_blocks.saturating_sub(data_offset_blocks) / cb / areas;
         if stripes == 0 {
@@ -356,6 +376,7 @@ impl Pool {
                 .intent_region_stripes
                 .unwrap_or_else(|| default_region_stripes(config.chunk_bytes))
                 .max(1),
+            volume_blocks: None,
         };
         for s in &spares {
             check_size(&shape, s)?;
@@ -500,10 +521,16 @@ impl Pool {
                     newest: newest.generation,
                 });
             }
+            // A grow writes the larger size to every member in turn (see grow.rs):
+            // after a crash in the middle, members of the newest generation may
+            // still say the old, smaller size; the newest superblock's size holds
+            // (every member's new region was zeroed and flushed before any
+            // superblock said so). A stale member is rebuilt whatever it says.
+            let size_ok = sb.stripes <= newest.stripes || sb.generation != newest.generation;
             if sb.level != newest.level
                 || sb.chunk_bytes != newest.chunk_bytes
                 || sb.member_count != newest.member_count
-                || sb.stripes != newest.stripes
+                || !size_ok
                 || sb.data_offset_blocks != newest.data_offset_blocks
             {
                 return Err(RaidError::BadSuperblock {
@@ -527,6 +554,7 @@ impl Pool {
             } else {
                 default_region_stripes(newest.chunk_bytes)
             },
+            volume_blocks: newest.volume_blocks,
         };
         let region_stripes = shape.region_stripes;
         let n = newest.member_count as usize;
@@ -730,6 +758,8 @@ impl Pool {
         }
         {
             let mut st = self.inner.state.lock();
+            // again under the state lock: a grow commits its size under it
+            check_size(&self.inner.shape(), &member)?;
             let slot = st.slots.get_mut(position).ok_or(RaidError::Position {
                 position,
                 reason: "no such position".into(),
@@ -760,6 +790,8 @@ impl Pool {
         check_size(&self.inner.shape(), &member)?;
         {
             let mut st = self.inner.state.lock();
+            // again under the state lock: a grow commits its size under it
+            check_size(&self.inner.shape(), &member)?;
             st.spares.push(MemberHandle::new(member, new_uuid()));
             st.generation += 1;
         }
@@ -907,9 +939,10 @@ impl Inner {
             .iter()
             .filter_map(|s| s.member.as_ref())
             .all(|h| h.volume.geometry().thin);
-        let geometry = Geometry {
+        let block_count = shape.volume_blocks.unwrap_or(shape.stripes * shape.cb * k);
+        let geometry_base = Geometry {
             block_size_bytes: shape.bs as u32,
-            block_count: shape.stripes * shape.cb * k,
+            block_count,
             thin,
             volatile_cache: volatile,
             optimal_io_blocks: (shape.cb * k).min(u32::MAX as u64) as u32,
@@ -923,13 +956,16 @@ impl Inner {
             chunk_bytes,
             bs: shape.bs,
             cb: shape.cb,
-            stripes: shape.stripes,
+            stripes: AtomicU64::new(shape.stripes),
             data_offset_blocks: shape.data_offset_blocks,
             journal_offset_blocks: shape.journal_offset_blocks,
             journal_blocks: shape.journal_blocks,
             journal: (parity && shape.journal_blocks > 0)
                 .then(|| Journal::new(shape.journal_offset_blocks, shape.journal_blocks, next_seq)),
-            geometry,
+            geometry_base,
+            block_count: AtomicU64::new(block_count),
+            sb_blocks: AtomicU64::new(block_count),
+            grow_lock: tokio::sync::Mutex::new(()),
             state: Mutex::new(state),
             sb_lock: tokio::sync::Mutex::new(()),
             locks: (0..STRIPE_LOCKS)
@@ -968,13 +1004,34 @@ impl Inner {
         Shape {
             bs: self.bs,
             cb: self.cb,
-            stripes: self.stripes,
+            stripes: self.stripes(),
             areas: self.layout.areas(),
             data_offset_blocks: self.data_offset_blocks,
             journal_offset_blocks: self.journal_offset_blocks,
             journal_blocks: self.journal_blocks,
             region_stripes: self.region_stripes,
+            volume_blocks: self.volume_blocks(),
         }
+    }
+
+    /// Rows of the grid: stripes per member area (grows, never shrinks).
+    pub fn stripes(&self) -> u64 {
+        self.stripes.load(Ordering::SeqCst)
+    }
+
+    /// The pool's geometry now (the block count grows when a grow is durable).
+    pub fn geometry(&self) -> Geometry {
+        Geometry {
+            block_count: self.block_count.load(Ordering::SeqCst),
+            ..self.geometry_base
+        }
+    }
+
+    /// Blocks the pool exposes when fewer than its stripes hold (the superblock's
+    /// `volume_blocks`), else `None`.
+    pub fn volume_blocks(&self) -> Option<u64> {
+        let v = self.sb_blocks.load(Ordering::SeqCst);
+        (v != self.stripes() * self.cb * self.layout.data_chunks() as u64).then_some(v)
     }
 
     /// The lock ordering writes (and reconstructing reads) of a stripe.
@@ -1021,7 +1078,7 @@ impl Inner {
                     }
                 })
                 .collect(),
-            area_blocks: self.stripes * self.cb,
+            area_blocks: self.stripes() * self.cb,
             members: l.member_count(),
         })
     }
@@ -1117,7 +1174,7 @@ impl Inner {
             generation: st.generation,
             events: st.events,
             data_offset_blocks: self.data_offset_blocks,
-            stripes: self.stripes,
+            stripes: self.stripes(),
             journal_offset_blocks: self.journal_offset_blocks,
             journal_blocks: self.journal_blocks,
             journal_checkpoint_seq: st.journal_checkpoint_seq,
@@ -1131,6 +1188,7 @@ impl Inner {
                 .as_ref()
                 .filter(|d| !d.failed.load(Ordering::Relaxed))
                 .map(|d| d.h.uuid.clone()),
+            volume_blocks: self.volume_blocks(),
         }
     }
 
@@ -1322,7 +1380,7 @@ impl Inner {
             for (e, p) in rec.entries.iter().zip(&rec.payloads) {
                 let pos = e.position as usize;
                 if pos >= view.slots.len()
-                    || e.member_lba.saturating_add(e.blocks as u64) > self.stripes * self.cb
+                    || e.member_lba.saturating_add(e.blocks as u64) > self.stripes() * self.cb
                 {
                     continue;
                 }
@@ -1354,7 +1412,7 @@ impl Inner {
     fn status(&self) -> PoolStatus {
         let failed = self.is_failed();
         let st = self.state.lock();
-        let data_bytes = self.layout.areas() * self.stripes * self.cb * self.bs;
+        let data_bytes = self.layout.areas() * self.stripes() * self.cb * self.bs;
         let members = st
             .slots
             .iter()
@@ -1406,7 +1464,7 @@ impl Inner {
             chunk_bytes: self.chunk_bytes,
             state,
             capacity_bytes: data_bytes * self.layout.member_count() as u64,
-            usable_bytes: self.geometry.size_bytes(),
+            usable_bytes: self.geometry().size_bytes(),
             redundancy: self.layout.redundancy(),
             generation: st.generation,
             members,

@@ -58,11 +58,11 @@ impl Inner {
             ..Default::default()
         };
         let stripe_bytes = self.cb * self.bs * n as u64;
-        let total = self.stripes * stripe_bytes;
+        let total = self.stripes() * stripe_bytes;
         let started = Instant::now();
         let mut pacer = Pacer::new();
         let mut done = 0u64;
-        for s in 0..self.stripes {
+        for s in 0..self.stripes() {
             if self.closed.load(Ordering::SeqCst) {
                 break;
             }

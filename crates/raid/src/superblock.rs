@@ -78,6 +78,11 @@ pub(crate) struct Superblock {
     /// there rather than on the members.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub journal_device_uuid: Option<String>,
+    /// Blocks the pool exposes when fewer than its stripes hold (a pool grown to
+    /// a size that is not a whole number of stripes); absent: every data block of
+    /// every stripe. The blocks past it in the last stripe are zeroes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub volume_blocks: Option<u64>,
 }
 
 impl Superblock {
@@ -96,9 +101,9 @@ impl Superblock {
         {
             return Err(format!("member count {}", self.member_count));
         }
-        if crate::layout_for(self.level, self.member_count as usize).is_err() {
+        let Ok(layout) = crate::layout_for(self.level, self.member_count as usize) else {
             return Err("level does not fit member count".into());
-        }
+        };
         if let Some(p) = self.position {
             if p >= self.member_count {
                 return Err(format!("position {p}"));
@@ -122,6 +127,17 @@ impl Superblock {
             > self.data_offset_blocks
         {
             return Err("journal overlaps data".into());
+        }
+        if let Some(v) = self.volume_blocks {
+            // inside the last stripe: the stripes before it are all exposed
+            let row = cb * layout.data_chunks() as u64;
+            let cap = self.stripes.checked_mul(row).ok_or("data area overflows")?;
+            if v == 0 || v > cap || v <= cap - row {
+                return Err(format!(
+                    "volume of {v} blocks over {} stripes",
+                    self.stripes
+                ));
+            }
         }
         Ok(())
     }
@@ -249,6 +265,7 @@ mod tests {
             intent_region_stripes: 2048,
             dirty_regions: vec![0, 3],
             journal_device_uuid: None,
+            volume_blocks: None,
         }
     }
 
@@ -277,6 +294,28 @@ mod tests {
         let mut insane = sb.clone();
         insane.member_count = 1000;
         assert!(decode(&encode(&insane, 512).unwrap()).is_err());
+    }
+
+    #[test]
+    fn volume_blocks_must_end_in_the_last_stripe() {
+        // raid5 of 3: a stripe holds 2 chunks of 128 blocks; 10 stripes
+        let row = 2 * 128;
+        let mut sb = sample();
+        for (v, ok) in [
+            (None, true),
+            (Some(10 * row), true),
+            (Some(9 * row + 1), true),
+            (Some(9 * row), false),
+            (Some(10 * row + 1), false),
+            (Some(0), false),
+        ] {
+            sb.volume_blocks = v;
+            assert_eq!(decode(&encode(&sb, 512).unwrap()).is_ok(), ok, "{v:?}");
+        }
+        // written before grows existed: no field, the whole stripes
+        sb.volume_blocks = None;
+        let json = serde_json::to_string(&sb).unwrap();
+        assert!(!json.contains("volume_blocks"));
     }
 
     #[test]

@@ -1,12 +1,13 @@
 //! Property test: every level, random I/O against a MemVolume oracle, with member
-//! failures within tolerance and rebuilds onto new members in between.
+//! failures within tolerance, rebuilds onto new members and online grows (the
+//! pool uses part of its members) in between.
 
 mod common;
 
 use block::{MemVolume, Volume};
 use common::*;
 use proptest::prelude::*;
-use raid::{MemberState, RaidLevel};
+use raid::{MemberState, Pool, RaidLevel};
 use std::collections::BTreeSet;
 
 #[derive(Debug, Clone)]
@@ -31,7 +32,14 @@ enum Op {
     },
     Replace,
     WaitIdle,
+    Grow {
+        frac: u32,
+    },
 }
+
+/// Member blocks: the pool uses `MEMBER_BLOCKS` at creation, 16 chunks more are
+/// room to grow into.
+const ROOM_BLOCKS: u64 = MEMBER_BLOCKS + 16 * (CHUNK / BS) as u64;
 
 fn op() -> impl Strategy<Value = Op> {
     prop_oneof![
@@ -43,6 +51,7 @@ fn op() -> impl Strategy<Value = Op> {
         1 => (0usize..8).prop_map(|pos| Op::Kill { pos }),
         1 => Just(Op::Replace),
         1 => Just(Op::WaitIdle),
+        1 => any::<u32>().prop_map(|frac| Op::Grow { frac }),
     ]
 }
 
@@ -53,9 +62,14 @@ fn place(frac: u32, blocks: u64, total: u64) -> (u64, u64) {
 }
 
 async fn run(level: RaidLevel, n: usize, ops: Vec<Op>) {
-    let (pool, mut ms) = make_pool(level, n).await;
-    let total = pool.geometry().block_count;
-    let oracle = MemVolume::new(BS, total);
+    let mut ms: Vec<TestMember> = (0..n).map(|_| member(ROOM_BLOCKS)).collect();
+    let mut cfg = config(level);
+    cfg.member_bytes = Some(MEMBER_BLOCKS * BS as u64);
+    let pool = Pool::create(cfg, members_of(&ms), vec![])
+        .await
+        .expect("create");
+    let mut total = pool.geometry().block_count;
+    let oracle = MemVolume::new(BS, 2 * total);
     let redundancy = pool.status().redundancy;
     let mut down: BTreeSet<usize> = BTreeSet::new();
     for op in ops {
@@ -108,7 +122,7 @@ async fn run(level: RaidLevel, n: usize, ops: Vec<Op>) {
                 Op::Replace => {
                     if let Some(&pos) = down.iter().next() {
                         pool.fail_member(pos).await.unwrap();
-                        let fresh = member(MEMBER_BLOCKS);
+                        let fresh = member(ROOM_BLOCKS);
                         pool.replace_member(pos, fresh.as_member("new"))
                             .await
                             .expect("replace");
@@ -117,6 +131,26 @@ async fn run(level: RaidLevel, n: usize, ops: Vec<Op>) {
                     }
                 }
                 Op::WaitIdle => pool.wait_idle().await,
+                Op::Grow { frac } => {
+                    let max = pool.max_block_count();
+                    let target = total + ((frac as u64 * (max - total + 1)) >> 32);
+                    let healthy = down.is_empty()
+                        && pool
+                            .status()
+                            .members
+                            .iter()
+                            .all(|m| m.state == MemberState::Active);
+                    match pool.grow_to(target).await {
+                        Ok(()) => {
+                            assert_eq!(pool.geometry().block_count, target);
+                            total = target;
+                        }
+                        Err(e) => {
+                            assert!(!healthy, "{level:?}: grow to {target} refused: {e}");
+                            assert_eq!(pool.geometry().block_count, total);
+                        }
+                    }
+                }
             }
         };
         if tokio::time::timeout(std::time::Duration::from_secs(20), step)
@@ -130,7 +164,7 @@ async fn run(level: RaidLevel, n: usize, ops: Vec<Op>) {
     // bring it back to full redundancy, then lose as many members as allowed
     for pos in std::mem::take(&mut down) {
         pool.fail_member(pos).await.unwrap();
-        let fresh = member(MEMBER_BLOCKS);
+        let fresh = member(ROOM_BLOCKS);
         pool.replace_member(pos, fresh.as_member("new2"))
             .await
             .expect("replace");
