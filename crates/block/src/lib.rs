@@ -211,6 +211,15 @@ pub trait Volume: Send + Sync + 'static {
         let _ = block_count;
         Err(BlockError::NotSupported("growing this kind of volume"))
     }
+
+    /// Shrinks the volume to `block_count` blocks, cutting off what lies beyond.
+    /// Only for a volume nobody addresses beyond that point any more (the caller
+    /// makes sure: an unmapped LUN). Refused by volumes that cannot shrink (the
+    /// default: pools, caches, replicas, block devices).
+    async fn shrink(&self, block_count: u64) -> BlockResult<()> {
+        let _ = block_count;
+        Err(BlockError::NotSupported("shrinking this kind of volume"))
+    }
 }
 
 /// Byte offset of the first difference between two buffers over their common

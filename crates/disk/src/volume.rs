@@ -445,6 +445,33 @@ impl Volume for FileVolume {
         Ok(())
     }
 
+    /// A file shrinks: the new size is served first, then the file is cut.
+    async fn shrink(&self, block_count: u64) -> BlockResult<()> {
+        let _one = self.growing.lock().await;
+        let now = self.block_count.load(Ordering::Acquire);
+        if block_count > now {
+            return Err(BlockError::NotSupported("shrinking to a larger size"));
+        }
+        if self.read_only {
+            return Err(BlockError::ReadOnly);
+        }
+        if !matches!(self.backing, Backing::File) {
+            return Err(BlockError::NotSupported("shrinking a block device"));
+        }
+        if block_count == 0 {
+            return Err(BlockError::NotSupported("shrinking a volume to nothing"));
+        }
+        self.block_count.store(block_count, Ordering::Release);
+        let file = self.file.clone();
+        let bytes = block_count * self.bs();
+        tokio::task::spawn_blocking(move || file.set_len(bytes).and_then(|()| file.sync_all()))
+            .await
+            .map_err(|e| BlockError::Io(std::io::Error::other(e)))?
+            .map_err(BlockError::Io)?;
+        tracing::warn!(path = %self.path.display(), from = now, to = block_count, "volume shrunk");
+        Ok(())
+    }
+
     async fn read(&self, lba: u64, blocks: u32) -> BlockResult<Bytes> {
         self.geometry().check_range(lba, blocks as u64)?;
         self.check_transfer(blocks as u64)?;

@@ -513,9 +513,10 @@ fn libc_enospc() -> i32 {
 }
 
 /// A file volume grows while it serves: the new blocks read zero and take writes,
-/// the old data stays, the file is longer; shrinking is refused.
+/// the old data stays, the file is longer; growing never shrinks, only an explicit
+/// shrink does.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn grows_but_does_not_shrink() {
+async fn grows_and_shrinks_only_when_asked() {
     for dir in dirs() {
         let path = dir.path().join("grow");
         let v = FileVolume::open(&path, &create_opts(ENGINES[0], 4 * MIB)).unwrap();
@@ -539,5 +540,15 @@ async fn grows_but_does_not_shrink() {
             Err(BlockError::NotSupported(_))
         ));
         assert_eq!(v.geometry().block_count, 2 * blocks);
+        // an explicit shrink cuts the file; what lies below stays
+        assert!(v.shrink(3 * blocks).await.is_err(), "not to a larger size");
+        v.shrink(blocks).await.unwrap();
+        assert_eq!(v.geometry().block_count, blocks);
+        assert_eq!(std::fs::metadata(&path).unwrap().len(), 4 * MIB);
+        assert_eq!(v.read(blocks - 1, 1).await.unwrap(), last);
+        assert!(matches!(
+            v.read(blocks, 1).await,
+            Err(BlockError::OutOfRange { .. })
+        ));
     }
 }

@@ -77,8 +77,9 @@ pub enum LunCmd {
         #[arg(long)]
         read_only: bool,
     },
-    /// Grow a LUN while it serves (a file or disk LUN); initiators are told
-    /// CAPACITY DATA HAS CHANGED. Shrinking is refused.
+    /// Grow a LUN while it serves (file, disk, pool, cache, replicated);
+    /// initiators are told CAPACITY DATA HAS CHANGED. Shrinking is refused unless
+    /// forced, and then only for a file LUN no host group maps.
     Resize {
         /// Target name (IQN).
         #[arg(long)]
@@ -89,6 +90,10 @@ pub enum LunCmd {
         /// The new size (8G, 512M).
         #[arg(long)]
         size: String,
+        /// Allow shrinking (cuts off the data beyond the new size) of a LUN no
+        /// initiator sees.
+        #[arg(long)]
+        force: bool,
     },
     /// Remove a LUN created with `lun create` (its data stays on its backing).
     Delete {
@@ -205,12 +210,22 @@ pub fn lun(api: SocketAddr, cmd: LunCmd) -> Result<()> {
                 if replicated { ", replicated" } else { "" }
             );
         }
-        LunCmd::Resize { target, lun, size } => {
-            let body = json!({ "target": target, "lun": lun, "size": size });
+        LunCmd::Resize {
+            target,
+            lun,
+            size,
+            force,
+        } => {
+            let body = json!({ "target": target, "lun": lun, "size": size, "force": force });
             let (code, v) = http(api, "POST", "/api/v1/luns/resize", Some(&body))?;
             let v = ok_or_error(code, v)?;
+            let how = if v["shrunk"] == true {
+                "shrunk"
+            } else {
+                "grown"
+            };
             println!(
-                "LUN {lun} of {target} grown from {} to {} bytes",
+                "LUN {lun} of {target} {how} from {} to {} bytes",
                 v["was_bytes"], v["size_bytes"]
             );
         }

@@ -58,6 +58,9 @@ struct LunResize {
     target: String,
     lun: u64,
     size: String,
+    /// Shrink (cutting data off) a LUN no initiator sees.
+    #[serde(default)]
+    force: bool,
 }
 
 /// `POST /api/v1/host-groups`: a host group of `target` (replaces one of its name).
@@ -339,7 +342,12 @@ impl Objects {
     /// its backing, a pool, both copies of a replicated LUN): initiators get
     /// CAPACITY DATA HAS CHANGED with their next command. Smaller sizes are refused.
     pub async fn resize_lun(&self, body: Value) -> Result<Value, ApiError> {
-        let LunResize { target, lun, size } = parse(body)?;
+        let LunResize {
+            target,
+            lun,
+            size,
+            force,
+        } = parse(body)?;
         let bytes = disk::parse_size(&size)
             .ok_or_else(|| bad(format!("size {size:?}: expected e.g. 4G, 512M, 16GiB")))?;
         let t = self.target(&target)?;
@@ -355,10 +363,27 @@ impl Objects {
         }
         let blocks = bytes / bs;
         if blocks < g.block_count {
-            return Err(ApiError::Conflict(format!(
-                "LUN {lun} of {target} has {} bytes: shrinking would cut its data off",
-                g.size_bytes()
-            )));
+            if !force {
+                return Err(ApiError::Conflict(format!(
+                    "LUN {lun} of {target} has {} bytes: shrinking would cut its data off \
+                     (--force shrinks a LUN that no host group maps)",
+                    g.size_bytes()
+                )));
+            }
+            if t.lun_mapped(lun) {
+                return Err(ApiError::Conflict(format!(
+                    "LUN {lun} of {target} is visible to initiators: shrinking it needs \
+                     host groups that map it to nobody first"
+                )));
+            }
+            let _op = self.op.lock().await;
+            vol.shrink(blocks).await.map_err(|e| {
+                ApiError::Conflict(format!("LUN {lun} of {target} cannot shrink: {e}"))
+            })?;
+            tracing::warn!(%target, lun, from = g.size_bytes(), to = bytes, "LUN shrunk (forced)");
+            return Ok(
+                json!({ "target": target, "lun": lun, "size_bytes": bytes, "was_bytes": g.size_bytes(), "shrunk": true }),
+            );
         }
         let _op = self.op.lock().await;
         vol.grow(blocks)

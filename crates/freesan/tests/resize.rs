@@ -138,4 +138,42 @@ async fn a_lun_grows_while_verified_writes_run() {
     );
     assert!(!ok && out.contains("shrinking"), "{out}");
     assert_eq!(capacity_bytes(&s).await, 32 * MIB);
+
+    // forced, it is still refused while an initiator may see the LUN
+    let shrink = |force: bool| {
+        let mut args = vec![
+            "lun", "resize", "--target", IQN, "--lun", "0", "--size", "16M",
+        ];
+        if force {
+            args.push("--force");
+        }
+        cli(&api, &args)
+    };
+    let (ok, out) = shrink(true);
+    assert!(!ok && out.contains("visible to initiators"), "{out}");
+    // a host group that maps it to nobody: now it shrinks, and the file with it
+    let (ok, out) = cli(
+        &api,
+        &[
+            "host-group",
+            "create",
+            "--target",
+            IQN,
+            "--name",
+            "nobody",
+            "--initiator",
+            "iqn.2026-11.test:someone-else",
+        ],
+    );
+    assert!(ok, "{out}");
+    let (ok, out) = shrink(false);
+    assert!(!ok && out.contains("--force"), "not without --force: {out}");
+    let (ok, out) = shrink(true);
+    assert!(ok && out.contains("shrunk"), "{out}");
+    assert_eq!(
+        std::fs::metadata(dir.path().join("lun0.img"))
+            .unwrap()
+            .len(),
+        16 * MIB
+    );
 }

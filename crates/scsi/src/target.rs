@@ -374,6 +374,18 @@ impl ScsiTarget {
         self.masking.read().groups().to_vec()
     }
 
+    /// Whether some initiator may see the target's LUN `lun`: always without host
+    /// groups, else when a group maps it.
+    pub fn lun_mapped(&self, lun: u64) -> bool {
+        !self.masked.load(Ordering::Acquire)
+            || self
+                .masking
+                .read()
+                .groups()
+                .iter()
+                .any(|g| g.luns.iter().any(|&(_, t)| t == lun))
+    }
+
     /// The target's LUN that `nexus` calls `lun`; None if it sees no such LUN.
     #[inline]
     fn target_lun(&self, nexus: &ItNexus, lun: u64) -> Option<u64> {
