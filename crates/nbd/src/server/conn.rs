@@ -255,8 +255,8 @@ type Work = std::pin::Pin<Box<dyn Future<Output = ()> + Send>>;
 struct Conn {
     export: Arc<ExportState>,
     tx: mpsc::Sender<Reply>,
-    /// Small writes go to the connection's executor task, so that copying their
-    /// payload into the volume runs beside the reader taking in the next ones.
+    /// Writes go to the connection's executor task, so that copying their payload
+    /// into the volume runs beside the reader taking in the next ones.
     exec_tx: mpsc::UnboundedSender<Work>,
     slots: Arc<Semaphore>,
     budget: Arc<Semaphore>,
@@ -459,12 +459,13 @@ impl Conn {
             .await;
     }
 
-    /// Runs one request: a small one is polled once right here, on the
-    /// reader, so that a request the volume completes without waiting (a
-    /// page-cache or tmpfs transfer done inline) costs no task and no hand-off
-    /// to another worker; a large one, or one that must wait, continues on a
-    /// task of its own, so the reader goes on reading meanwhile. Either way
-    /// the reply is queued only once the volume has finished with the request.
+    /// Runs one request: a write goes to the connection's executor (see below);
+    /// any other small one is polled once right here, on the reader, so that a
+    /// request the volume completes without waiting (a page-cache or tmpfs
+    /// transfer done inline) costs no task and no hand-off to another worker; a
+    /// large read, or one that must wait, continues on a task of its own, so the
+    /// reader goes on reading meanwhile. Either way the reply is queued only
+    /// once the volume has finished with the request.
     async fn run(
         &self,
         req: Request,
@@ -499,16 +500,20 @@ impl Conn {
                 })
                 .await;
         });
-        // A large transfer goes to its own task at once: copying it takes long
-        // enough that the reader should be free to take in the next request
-        // meanwhile (inline, 256K writes at 8 in flight were no faster).
-        if req.length_bytes as usize > INLINE_BYTES_MAX {
-            tokio::spawn(task);
-            return;
-        }
+        // Writes go to the connection's executor: their copy into the volume
+        // overlaps the reader taking in the next payload, and they do not contend
+        // with each other for the file (a tmpfs or page-cache write holds the
+        // inode lock: parallel ones only spin on it). One that must wait (an
+        // engine I/O) continues on its own task, so those still overlap.
         if req.command == Command::Write {
             // the executor takes it; it only fails once the connection ends
             let _ = self.exec_tx.send(task);
+            return;
+        }
+        // A large read goes to its own task at once: copying it takes long
+        // enough that the reader should be free to take in the next request.
+        if req.length_bytes as usize > INLINE_BYTES_MAX {
+            tokio::spawn(task);
             return;
         }
         run_inline(task).await;
@@ -524,8 +529,8 @@ async fn run_inline(mut task: Work) {
     }
 }
 
-/// Runs a connection's small writes in order of arrival, each to completion when
-/// the volume completes it at once, beside the reader.
+/// Runs a connection's writes in order of arrival, each to completion when the
+/// volume completes it at once, beside the reader.
 async fn run_executor(mut rx: mpsc::UnboundedReceiver<Work>) {
     while let Some(task) = rx.recv().await {
         run_inline(task).await;
