@@ -196,6 +196,48 @@ fn alua_states(pairs: &[(u16, u8)]) -> Option<Vec<(u16, scsi::AluaState)>> {
         .collect()
 }
 
+/// What a request from the partner needs of this node.
+#[derive(Clone, Copy)]
+enum Needs {
+    /// A command to run here: this node orders the LUN's changes.
+    Ordering,
+    /// State to install here: the partner orders them (this node follows or is
+    /// being resynced by it).
+    Following(&'static str),
+}
+
+impl PrLink {
+    /// The refusal of a request for `lun` this node may not take now; None when
+    /// it may.
+    fn refusal(&self, lun: u64, needs: Needs) -> Option<ScsiAnswer> {
+        if lun != self.lun {
+            tracing::warn!(
+                lun = self.lun,
+                asked = lun,
+                "the partner named another LUN: refused"
+            );
+            return Some(ScsiAnswer::Failed("request for another LUN".into()));
+        }
+        let role = self.vol.role();
+        match needs {
+            Needs::Ordering if !matches!(role, Role::Leader | Role::Solo) => Some(
+                ScsiAnswer::Failed("this node does not order changes".into()),
+            ),
+            Needs::Following(what) if !matches!(role, Role::Follower | Role::Target) => {
+                tracing::warn!(
+                    lun = self.lun,
+                    what,
+                    "state from a partner that does not lead: refused"
+                );
+                Some(ScsiAnswer::Failed(
+                    "this node orders its own changes".into(),
+                ))
+            }
+            _ => None,
+        }
+    }
+}
+
 #[async_trait::async_trait]
 impl replica::ScsiPeer for PrLink {
     async fn handle(&self, request: Bytes) -> Bytes {
@@ -211,15 +253,8 @@ impl replica::ScsiPeer for PrLink {
                 cdb,
                 data,
             }) => {
-                if lun != self.lun {
-                    tracing::warn!(
-                        lun = self.lun,
-                        asked = lun,
-                        "the partner named another LUN: refused"
-                    );
-                    ScsiAnswer::Failed("request for another LUN".into())
-                } else if !matches!(self.vol.role(), Role::Leader | Role::Solo) {
-                    ScsiAnswer::Failed("this node does not order changes".into())
+                if let Some(no) = self.refusal(lun, Needs::Ordering) {
+                    no
                 } else {
                     let nexus = scsi::ItNexus {
                         initiator_name: initiator_name.into(),
@@ -239,19 +274,8 @@ impl replica::ScsiPeer for PrLink {
             Some(ScsiMsg::InstallPrState { lun, state }) => {
                 // reservation state comes only from the node that orders changes:
                 // this one must be its follower or resync target, for this LUN
-                if lun != self.lun {
-                    tracing::warn!(
-                        lun = self.lun,
-                        asked = lun,
-                        "the partner named another LUN: refused"
-                    );
-                    ScsiAnswer::Failed("state for another LUN".into())
-                } else if !matches!(self.vol.role(), Role::Follower | Role::Target) {
-                    tracing::warn!(
-                        lun = self.lun,
-                        "reservation state from a partner that does not lead: refused"
-                    );
-                    ScsiAnswer::Failed("this node orders its own changes".into())
+                if let Some(no) = self.refusal(lun, Needs::Following("reservation")) {
+                    no
                 } else {
                     match t.install_pr_state(lun, &state).await {
                         Ok(()) => ScsiAnswer::Installed,
@@ -265,15 +289,8 @@ impl replica::ScsiPeer for PrLink {
                 relative_port_id,
                 changes,
             }) => {
-                if lun != self.lun {
-                    tracing::warn!(
-                        lun = self.lun,
-                        asked = lun,
-                        "the partner named another LUN: refused"
-                    );
-                    ScsiAnswer::Failed("request for another LUN".into())
-                } else if !matches!(self.vol.role(), Role::Leader | Role::Solo) {
-                    ScsiAnswer::Failed("this node does not order changes".into())
+                if let Some(no) = self.refusal(lun, Needs::Ordering) {
+                    no
                 } else if let Some(changes) = alua_states(&changes) {
                     let origin = (initiator_port.as_str(), relative_port_id);
                     match t.set_target_port_groups_here(lun, origin, &changes).await {
@@ -290,19 +307,8 @@ impl replica::ScsiPeer for PrLink {
                 states,
             }) => {
                 // like reservation state: only from the node that orders changes
-                if lun != self.lun {
-                    tracing::warn!(
-                        lun = self.lun,
-                        asked = lun,
-                        "the partner named another LUN: refused"
-                    );
-                    ScsiAnswer::Failed("state for another LUN".into())
-                } else if !matches!(self.vol.role(), Role::Follower | Role::Target) {
-                    tracing::warn!(
-                        lun = self.lun,
-                        "ALUA state from a partner that does not lead: refused"
-                    );
-                    ScsiAnswer::Failed("this node orders its own changes".into())
+                if let Some(no) = self.refusal(lun, Needs::Following("ALUA")) {
+                    no
                 } else if let Some(states) = alua_states(&states) {
                     let origin = origin.as_ref().map(|(p, rel)| (p.as_str(), *rel));
                     match t.install_alua_state(lun, origin, &states) {

@@ -17,6 +17,7 @@
 
 mod common;
 
+use common::scsi::{self, naa, past_uas as cmd};
 use common::{freesan, IQN};
 use serde_json::Value;
 use std::net::TcpListener;
@@ -187,41 +188,13 @@ replicated = true
 
     async fn session(&self, k: usize, name: &str) -> Arc<initiator::Session> {
         let addr = self.node(k).portals[0].parse().unwrap();
-        let s = initiator::Session::login(
-            addr,
-            &initiator::LoginOptions::new(&format!("iqn.2026-11.test:{name}"), IQN),
-        )
-        .await
-        .expect("login");
+        let mut opts = initiator::LoginOptions::new(&format!("iqn.2026-11.test:{name}"), IQN);
+        // one command copies 256 MiB through RAID 5, a cache and the sync link:
+        // on this shared 2-core machine that may take longer than the default 15 s
+        opts.command_timeout_ms = 180_000;
+        let s = initiator::Session::login(addr, &opts).await.expect("login");
         Arc::new(s)
     }
-}
-
-async fn cmd(
-    s: &initiator::Session,
-    lun: u64,
-    cdb: &[u8],
-    out: Vec<u8>,
-    din: u32,
-) -> initiator::ScsiResult {
-    // the first commands of a nexus meet unit attentions; a node whose replica is
-    // still deciding answers NOT READY for a moment
-    for _ in 0..200 {
-        let r = s
-            .command(lun, cdb, bytes::Bytes::from(out.clone()), din)
-            .await
-            .expect("command");
-        let key = (r.status == 2)
-            .then(|| r.sense.as_deref().and_then(initiator::parse_sense))
-            .flatten()
-            .map(|x| x.key);
-        match key {
-            Some(6) => continue,
-            Some(2) => tokio::time::sleep(Duration::from_millis(50)).await,
-            _ => return r,
-        }
-    }
-    panic!("unit attentions or NOT READY without end");
 }
 
 fn rw16(op: u8, lba: u64, blocks: u64) -> [u8; 16] {
@@ -283,55 +256,14 @@ async fn classify(s: &Arc<initiator::Session>, lun: u64, at: u64) -> (u64, u64) 
     (copied, old)
 }
 
-/// The LU's NAA designator (VPD 0x83).
-async fn naa(s: &initiator::Session, lun: u64) -> [u8; 16] {
-    let r = cmd(s, lun, &[0x12, 1, 0x83, 1, 0, 0], vec![], 256).await;
-    assert_eq!(r.status, 0);
-    let d = &r.data_in[4..];
-    assert_eq!(
-        (d[1] & 0x0f, d[3]),
-        (3, 16),
-        "the first designator is the NAA"
-    );
-    d[4..20].try_into().unwrap()
-}
-
 /// EXTENDED COPY of `XCOPY_BLOCKS` blocks from `first` of the source LU to `at +
 /// first` of the destination LU, list id `list`.
 fn xcopy(src: [u8; 16], dst: [u8; 16], first: u64, at: u64, list: u8) -> (Vec<u8>, Vec<u8>) {
-    let mut cscds = Vec::new();
-    for naa in [src, dst] {
-        let mut d = [0u8; 32];
-        d[0] = 0xe4;
-        d[4] = 0x01;
-        d[5] = 0x03;
-        d[7] = 16;
-        d[8..24].copy_from_slice(&naa);
-        d[30] = (BS >> 8) as u8;
-        cscds.extend_from_slice(&d);
-    }
-    let mut segs = Vec::new();
-    for k in 0..XCOPY_BLOCKS / SEGMENT_BLOCKS {
-        let from = first + k * SEGMENT_BLOCKS;
-        let mut d = [0u8; 28];
-        d[0] = 0x02;
-        d[3] = 24;
-        d[6..8].copy_from_slice(&1u16.to_be_bytes());
-        d[10..12].copy_from_slice(&(SEGMENT_BLOCKS as u16).to_be_bytes());
-        d[12..20].copy_from_slice(&from.to_be_bytes());
-        d[20..28].copy_from_slice(&(at + from).to_be_bytes());
-        segs.extend_from_slice(&d);
-    }
-    let mut p = vec![0u8; 16];
-    p[0] = list;
-    p[2..4].copy_from_slice(&(cscds.len() as u16).to_be_bytes());
-    p[8..12].copy_from_slice(&(segs.len() as u32).to_be_bytes());
-    p.extend_from_slice(&cscds);
-    p.extend_from_slice(&segs);
-    let mut c = vec![0u8; 16];
-    c[0] = 0x83;
-    c[10..14].copy_from_slice(&(p.len() as u32).to_be_bytes());
-    (c, p)
+    let segments: Vec<(u64, u64, u16)> = (0..XCOPY_BLOCKS / SEGMENT_BLOCKS)
+        .map(|k| first + k * SEGMENT_BLOCKS)
+        .map(|from| (from, at + from, SEGMENT_BLOCKS as u16))
+        .collect();
+    scsi::xcopy(src, dst, BS as u32, &segments, list)
 }
 
 /// Copies the source GiB of LUN 1 onto LUN 0 at block `at` with EXTENDED COPY, one
@@ -347,57 +279,22 @@ async fn copy_xcopy(s: &initiator::Session, src: [u8; 16], dst: [u8; 16], at: u6
 /// Blocks one ODX token represents (the node's 256 MiB bound).
 const TOKEN_BLOCKS: u64 = 1 << 19;
 
-/// POPULATE TOKEN (0x10) or WRITE USING TOKEN (0x11) with list id `list`.
-fn token_cdb(sa: u8, list: u32, len: usize) -> Vec<u8> {
-    let mut c = vec![0u8; 16];
-    c[0] = 0x83;
-    c[1] = sa;
-    c[6..10].copy_from_slice(&list.to_be_bytes());
-    c[10..14].copy_from_slice(&(len as u32).to_be_bytes());
-    c
-}
-
-/// One block device range descriptor.
-fn range(lba: u64, blocks: u32) -> Vec<u8> {
-    let mut d = vec![0u8; 16];
-    d[0..8].copy_from_slice(&lba.to_be_bytes());
-    d[8..12].copy_from_slice(&blocks.to_be_bytes());
-    d
-}
-
 /// POPULATE TOKEN over `first..first + TOKEN_BLOCKS` of LUN 1, and the token
 /// (RECEIVE ROD TOKEN INFORMATION); None when a command failed.
 async fn populate(s: &initiator::Session, first: u64, list: u32) -> Option<Vec<u8>> {
-    let mut p = vec![0u8; 16];
-    p[0..2].copy_from_slice(&(14u16 + 16).to_be_bytes());
-    p[15] = 16;
-    p.extend_from_slice(&range(first, TOKEN_BLOCKS as u32));
-    let c = token_cdb(0x10, list, p.len());
+    let (c, p) = scsi::populate_token(first, TOKEN_BLOCKS as u32, list);
     let r = s.command(1, &c, bytes::Bytes::from(p), 0).await.ok()?;
     if r.status != 0 {
         return None;
     }
-    let mut c = vec![0u8; 16];
-    c[0] = 0x84;
-    c[1] = 0x07;
-    c[2..6].copy_from_slice(&list.to_be_bytes());
-    c[10..14].copy_from_slice(&1024u32.to_be_bytes());
+    let c = scsi::receive_rod_token_information(list);
     let r = s.command(1, &c, bytes::Bytes::new(), 1024).await.ok()?;
-    if r.status != 0 || r.data_in[5] != 0x01 {
-        return None;
-    }
-    let at = 32 + r.data_in[13] as usize + 6;
-    Some(r.data_in[at..at + 512].to_vec())
+    (r.status == 0 && r.data_in[5] == 0x01).then(|| scsi::token_of(&r.data_in))
 }
 
 /// WRITE USING TOKEN of `token` onto LUN 0 at `lba`; its status (None: no answer).
 async fn write_using(s: &initiator::Session, token: &[u8], lba: u64, list: u32) -> Option<u8> {
-    let mut p = vec![0u8; 536];
-    p[0..2].copy_from_slice(&(534u16 + 16).to_be_bytes());
-    p[16..528].copy_from_slice(token);
-    p[535] = 16;
-    p.extend_from_slice(&range(lba, TOKEN_BLOCKS as u32));
-    let c = token_cdb(0x11, list, p.len());
+    let (c, p) = scsi::write_using_token(token, lba, TOKEN_BLOCKS as u32, list);
     s.command(0, &c, bytes::Bytes::from(p), 0)
         .await
         .ok()

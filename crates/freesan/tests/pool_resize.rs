@@ -6,6 +6,7 @@
 //! nothing; shrinking is refused.
 
 mod common;
+use common::scsi::{capacity_bytes, command};
 use common::*;
 
 const MIB: u64 = 1 << 20;
@@ -18,25 +19,6 @@ fn config(dir: &std::path::Path) -> std::path::PathBuf {
     let path = dir.join("node.toml");
     std::fs::write(&path, s).unwrap();
     path
-}
-
-async fn command(s: &initiator::Session, cdb: &[u8], din: u32) -> initiator::ScsiResult {
-    s.command(0, cdb, bytes::Bytes::new(), din)
-        .await
-        .expect("command")
-}
-
-async fn capacity_bytes(s: &initiator::Session) -> u64 {
-    let r = command(
-        s,
-        &[0x9e, 0x10, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 32, 0, 0],
-        32,
-    )
-    .await;
-    assert_eq!(r.status, 0);
-    let last = u64::from_be_bytes(r.data_in[..8].try_into().unwrap());
-    let bs = u32::from_be_bytes(r.data_in[8..12].try_into().unwrap()) as u64;
-    (last + 1) * bs
 }
 
 fn pool_status(api: &str) -> serde_json::Value {

@@ -4,40 +4,10 @@
 //! run writes the whole grown LUN, new space included; shrinking is refused.
 
 mod common;
+use common::scsi::{capacity_bytes, command, condition};
 use common::*;
 
 const MIB: u64 = 1 << 20;
-
-async fn command(s: &initiator::Session, cdb: &[u8], din: u32) -> initiator::ScsiResult {
-    s.command(0, cdb, bytes::Bytes::new(), din)
-        .await
-        .expect("command")
-}
-
-/// (asc, ascq) of a CHECK CONDITION, None for GOOD.
-fn condition(r: &initiator::ScsiResult) -> Option<(u8, u8)> {
-    (r.status == 2).then(|| {
-        let s = r
-            .sense
-            .as_deref()
-            .and_then(initiator::parse_sense)
-            .expect("sense");
-        (s.asc, s.ascq)
-    })
-}
-
-async fn capacity_bytes(s: &initiator::Session) -> u64 {
-    let r = command(
-        s,
-        &[0x9e, 0x10, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 32, 0, 0],
-        32,
-    )
-    .await;
-    assert_eq!(r.status, 0);
-    let last = u64::from_be_bytes(r.data_in[..8].try_into().unwrap());
-    let bs = u32::from_be_bytes(r.data_in[8..12].try_into().unwrap()) as u64;
-    (last + 1) * bs
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lun_grows_while_verified_writes_run() {

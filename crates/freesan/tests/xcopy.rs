@@ -7,6 +7,7 @@
 //! zero token.
 
 mod common;
+use common::scsi::{self, naa, past_uas as cmd};
 use common::*;
 use std::path::Path;
 
@@ -58,31 +59,6 @@ async fn session(node: &Node) -> initiator::Session {
     .expect("login")
 }
 
-async fn cmd(
-    s: &initiator::Session,
-    lun: u64,
-    cdb: &[u8],
-    out: Vec<u8>,
-    din: u32,
-) -> initiator::ScsiResult {
-    // the first commands of a nexus meet unit attentions
-    for _ in 0..4 {
-        let r = s
-            .command(lun, cdb, bytes::Bytes::from(out.clone()), din)
-            .await
-            .expect("command");
-        let ua = r.status == 2
-            && r.sense
-                .as_deref()
-                .and_then(initiator::parse_sense)
-                .is_some_and(|x| x.key == 6);
-        if !ua {
-            return r;
-        }
-    }
-    panic!("unit attentions without end");
-}
-
 async fn write(s: &initiator::Session, lun: u64, src: bool) {
     let chunk = 2048u64;
     for first in (0..BLOCKS).step_by(chunk as usize) {
@@ -110,54 +86,14 @@ async fn read_all(s: &initiator::Session, lun: u64) -> Vec<u8> {
     out
 }
 
-/// The LU's NAA designator (VPD 0x83).
-async fn naa(s: &initiator::Session, lun: u64) -> [u8; 16] {
-    let r = cmd(s, lun, &[0x12, 1, 0x83, 1, 0, 0], vec![], 256).await;
-    assert_eq!(r.status, 0);
-    let d = &r.data_in[4..];
-    assert_eq!(
-        (d[1] & 0x0f, d[3]),
-        (3, 16),
-        "the first designator is the NAA"
-    );
-    d[4..20].try_into().unwrap()
-}
-
 /// EXTENDED COPY of the first BLOCKS blocks of LUN 1 onto LUN 0, with list id
 /// `list` held for RECEIVE COPY RESULTS.
 fn xcopy(src: [u8; 16], dst: [u8; 16], list: u8) -> (Vec<u8>, Vec<u8>) {
-    let mut cscds = Vec::new();
-    for naa in [src, dst] {
-        let mut d = [0u8; 32];
-        d[0] = 0xe4;
-        d[4] = 0x01;
-        d[5] = 0x03;
-        d[7] = 16;
-        d[8..24].copy_from_slice(&naa);
-        d[30] = (BS >> 8) as u8;
-        cscds.extend_from_slice(&d);
-    }
-    let mut segs = Vec::new();
-    for first in (0..BLOCKS).step_by(SEGMENT_BLOCKS as usize) {
-        let mut d = [0u8; 28];
-        d[0] = 0x02;
-        d[3] = 24;
-        d[6..8].copy_from_slice(&1u16.to_be_bytes());
-        d[10..12].copy_from_slice(&(SEGMENT_BLOCKS as u16).to_be_bytes());
-        d[12..20].copy_from_slice(&first.to_be_bytes());
-        d[20..28].copy_from_slice(&first.to_be_bytes());
-        segs.extend_from_slice(&d);
-    }
-    let mut p = vec![0u8; 16];
-    p[0] = list;
-    p[2..4].copy_from_slice(&(cscds.len() as u16).to_be_bytes());
-    p[8..12].copy_from_slice(&(segs.len() as u32).to_be_bytes());
-    p.extend_from_slice(&cscds);
-    p.extend_from_slice(&segs);
-    let mut c = vec![0u8; 16];
-    c[0] = 0x83;
-    c[10..14].copy_from_slice(&(p.len() as u32).to_be_bytes());
-    (c, p)
+    let segments: Vec<(u64, u64, u16)> = (0..BLOCKS)
+        .step_by(SEGMENT_BLOCKS as usize)
+        .map(|first| (first, first, SEGMENT_BLOCKS as u16))
+        .collect();
+    scsi::xcopy(src, dst, BS as u32, &segments, list)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -236,34 +172,6 @@ async fn extended_copy_onto_a_cached_raid5_lun_and_across_a_sigkill() {
     );
 }
 
-/// POPULATE TOKEN (0x10) or WRITE USING TOKEN (0x11) with `list`.
-fn token_cdb(sa: u8, list: u32, len: usize) -> Vec<u8> {
-    let mut c = vec![0u8; 16];
-    c[0] = 0x83;
-    c[1] = sa;
-    c[6..10].copy_from_slice(&list.to_be_bytes());
-    c[10..14].copy_from_slice(&(len as u32).to_be_bytes());
-    c
-}
-
-/// One block device range descriptor.
-fn range(lba: u64, blocks: u32) -> Vec<u8> {
-    let mut d = vec![0u8; 16];
-    d[0..8].copy_from_slice(&lba.to_be_bytes());
-    d[8..12].copy_from_slice(&blocks.to_be_bytes());
-    d
-}
-
-/// WRITE USING TOKEN of `token` onto `lba..lba + blocks`.
-fn write_using_token(token: &[u8], lba: u64, blocks: u32, list: u32) -> (Vec<u8>, Vec<u8>) {
-    let mut p = vec![0u8; 536];
-    p[0..2].copy_from_slice(&(534u16 + 16).to_be_bytes());
-    p[16..528].copy_from_slice(token);
-    p[535] = 16;
-    p.extend_from_slice(&range(lba, blocks));
-    (token_cdb(0x11, list, p.len()), p)
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn odx_token_copy_onto_a_cached_raid5_lun() {
     let dir = tempfile::tempdir().unwrap();
@@ -278,25 +186,16 @@ async fn odx_token_copy_onto_a_cached_raid5_lun() {
     assert_eq!(&r.data_in[4..8], &[0, 0, 0, 0x20]);
 
     // POPULATE TOKEN on the source, the token through RECEIVE ROD TOKEN INFORMATION.
-    let mut p = vec![0u8; 16];
-    p[0..2].copy_from_slice(&(14u16 + 16).to_be_bytes());
-    p[15] = 16;
-    p.extend_from_slice(&range(0, BLOCKS as u32));
-    let r = cmd(&s, 1, &token_cdb(0x10, 7, p.len()), p, 0).await;
+    let (c, p) = scsi::populate_token(0, BLOCKS as u32, 7);
+    let r = cmd(&s, 1, &c, p, 0).await;
     assert_eq!(r.status, 0, "POPULATE TOKEN: {:?}", r.sense);
-    let mut c = vec![0u8; 16];
-    c[0] = 0x84;
-    c[1] = 0x07;
-    c[2..6].copy_from_slice(&7u32.to_be_bytes());
-    c[10..14].copy_from_slice(&1024u32.to_be_bytes());
-    let r = cmd(&s, 1, &c, vec![], 1024).await;
+    let r = cmd(&s, 1, &scsi::receive_rod_token_information(7), vec![], 1024).await;
     assert_eq!(r.status, 0);
     assert_eq!(r.data_in[5], 0x01, "completed");
-    let at = 32 + r.data_in[13] as usize + 6;
-    let token = r.data_in[at..at + 512].to_vec();
+    let token = scsi::token_of(&r.data_in);
 
     // WRITE USING TOKEN onto the cached RAID 5 LUN: it then reads as the source.
-    let (c, p) = write_using_token(&token, 0, BLOCKS as u32, 8);
+    let (c, p) = scsi::write_using_token(&token, 0, BLOCKS as u32, 8);
     let r = cmd(&s, 0, &c, p, 0).await;
     assert_eq!(r.status, 0, "WRITE USING TOKEN: {:?}", r.sense);
     let want = read_all(&s, 1).await;
@@ -309,7 +208,7 @@ async fn odx_token_copy_onto_a_cached_raid5_lun() {
     let mut zero = vec![0u8; 512];
     zero[0..4].copy_from_slice(&0xffff_0001u32.to_be_bytes());
     zero[6..8].copy_from_slice(&0x01f8u16.to_be_bytes());
-    let (c, p) = write_using_token(&zero, 100, 5000, 9);
+    let (c, p) = scsi::write_using_token(&zero, 100, 5000, 9);
     assert_eq!(cmd(&s, 0, &c, p, 0).await.status, 0);
     let got = read_all(&s, 0).await;
     for b in 0..BLOCKS {
@@ -323,7 +222,7 @@ async fn odx_token_copy_onto_a_cached_raid5_lun() {
     // A token changed by one bit is refused (INVALID TOKEN OPERATION, TOKEN CORRUPT).
     let mut bad = token.clone();
     bad[200] ^= 1;
-    let (c, p) = write_using_token(&bad, 0, 8, 10);
+    let (c, p) = scsi::write_using_token(&bad, 0, 8, 10);
     let r = cmd(&s, 0, &c, p, 0).await;
     let sense = r.sense.as_deref().and_then(initiator::parse_sense).unwrap();
     assert_eq!((sense.key, sense.asc, sense.ascq), (5, 0x23, 0x05));

@@ -116,6 +116,23 @@ pub(crate) struct Copies {
     pub(crate) tokens: odx::Tokens,
 }
 
+impl Copies {
+    /// One of the target's copy slots, held while a copy runs.
+    pub(crate) async fn slot(&self) -> Result<tokio::sync::SemaphorePermit<'_>, Fail> {
+        self.slots
+            .acquire()
+            .await
+            .map_err(|_| Fail::from(codes::INTERNAL_TARGET_FAILURE))
+    }
+}
+
+/// The parameter list of a copy command (its length at CDB bytes 10-13, cut to
+/// what arrived); None when it is empty: nothing to do.
+pub(crate) fn param_list<'a>(cdb: &Cdb, data_out: &'a [u8]) -> Option<&'a [u8]> {
+    let param_len = cdb.u32_at(10) as usize;
+    (param_len != 0).then(|| &data_out[..data_out.len().min(param_len)])
+}
+
 impl Default for Copies {
     fn default() -> Self {
         Copies {
@@ -438,17 +455,11 @@ pub(crate) async fn extended_copy(
         }
         _ => return Err(cdb.invalid(1, Some(4)).into()),
     }
-    let param_len = cdb.u32_at(10) as usize;
-    if param_len == 0 {
+    let Some(p) = param_list(cdb, data_out) else {
         return Ok(Done::empty());
-    }
-    let p = &data_out[..data_out.len().min(param_len)];
+    };
     let list = parse(p)?;
-    let _slot = copies
-        .slots
-        .acquire()
-        .await
-        .map_err(|_| Fail::from(codes::INTERNAL_TARGET_FAILURE))?;
+    let _slot = copies.slot().await?;
     let status = match list.usage {
         0x03 => None,
         _ => Some(copies.start(nexus, ListId::Lid1(list.list_id))?),

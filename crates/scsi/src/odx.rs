@@ -516,11 +516,9 @@ pub(crate) async fn populate_token(
     data_out: &[u8],
 ) -> CmdResult {
     let list_id = cdb.u32_at(6);
-    let param_len = cdb.u32_at(10) as usize;
-    if param_len == 0 {
+    let Some(p) = crate::copy::param_list(cdb, data_out) else {
         return Ok(Done::empty());
-    }
-    let p = &data_out[..data_out.len().min(param_len)];
+    };
     let list = parse_populate(p)?;
     match list.rod_type {
         None | Some(ROD_ACCESS_UPON_REFERENCE) => {}
@@ -571,17 +569,11 @@ pub(crate) async fn write_using_token(
     data_out: &[u8],
 ) -> CmdResult {
     let list_id = cdb.u32_at(6);
-    let param_len = cdb.u32_at(10) as usize;
-    if param_len == 0 {
+    let Some(p) = crate::copy::param_list(cdb, data_out) else {
         return Ok(Done::empty());
-    }
-    let p = &data_out[..data_out.len().min(param_len)];
+    };
     let list = parse_write(p)?;
-    let _slot = copies
-        .slots
-        .acquire()
-        .await
-        .map_err(|_| Fail::from(codes::INTERNAL_TARGET_FAILURE))?;
+    let _slot = copies.slot().await?;
     let status = copies.start(nexus, ListId::Lid4(list_id))?;
     {
         let mut d = status.detail.lock();
