@@ -6,23 +6,14 @@
 //! survive a restart of both nodes.
 
 mod common;
+use common::free_port;
 
 use common::{freesan, IQN};
 use serde_json::Value;
-use std::net::TcpListener;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 const CLUSTER: &str = "alua";
-
-/// A loopback port nobody listens on now.
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
 
 struct Pair {
     dir: tempfile::TempDir,

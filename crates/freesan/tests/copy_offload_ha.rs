@@ -16,11 +16,11 @@
 //!   COPY onto the cached RAID 5 LUN.)
 
 mod common;
+use common::free_port;
 
 use common::scsi::{self, naa, past_uas as cmd};
 use common::{freesan, IQN};
 use serde_json::Value;
-use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -35,14 +35,6 @@ const XCOPY_BLOCKS: u64 = 16 * SEGMENT_BLOCKS;
 /// Blocks written or read per command.
 const IO_BLOCKS: u64 = 2048;
 const CLUSTER: &str = "copyha";
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
 
 /// Block `b` of the source: every block different, never zero.
 fn block(b: u64) -> Vec<u8> {

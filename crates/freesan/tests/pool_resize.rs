@@ -21,6 +21,24 @@ fn config(dir: &std::path::Path) -> std::path::PathBuf {
     path
 }
 
+/// Grows LUN 0 to 200M through the API while `freesan bench --verify` writes
+/// for `secs` s; every acknowledged write reads back afterwards.
+fn grow_under_verified_writes(api: &str, url: &str, state: &std::path::Path, secs: u32) {
+    let mut bench = start_verified_writes(url, state, "16k", 2, secs);
+    let (ok, out) = cli(
+        api,
+        &[
+            "lun", "resize", "--target", IQN, "--lun", "0", "--size", "200M",
+        ],
+    );
+    assert!(ok && out.contains("grown"), "{out}");
+    assert!(
+        bench.wait().unwrap().success(),
+        "verified writes failed during the resize"
+    );
+    assert_acknowledged_writes_intact(url, state, "across the resize");
+}
+
 fn pool_status(api: &str) -> serde_json::Value {
     let (ok, out) = freesan(&["pool", "--api", api, "status", "p", "--json"]);
     assert!(ok, "{out}");
@@ -57,19 +75,7 @@ async fn a_pool_lun_grows_while_verified_writes_run() {
     assert_eq!(capacity_bytes(&s).await, 3 * 47 * MIB);
 
     let state = dir.path().join("verify.state");
-    let mut bench = start_verified_writes(&url, &state, "16k", 2, 4);
-    let (ok, out) = cli(
-        &api,
-        &[
-            "lun", "resize", "--target", IQN, "--lun", "0", "--size", "200M",
-        ],
-    );
-    assert!(ok && out.contains("grown"), "{out}");
-    assert!(
-        bench.wait().unwrap().success(),
-        "verified writes failed during the resize"
-    );
-    assert_acknowledged_writes_intact(&url, &state, "across the pool resize");
+    grow_under_verified_writes(&api, &url, &state, 4);
 
     let r = command(&s, &[0; 6], 0).await;
     assert_eq!(r.status, 2, "no CAPACITY DATA HAS CHANGED");
@@ -140,19 +146,7 @@ async fn a_cached_pool_lun_grows_and_keeps_its_dirty_data_across_a_sigkill() {
     let url = node.url(0, 0);
 
     let state = dir.path().join("verify.state");
-    let mut bench = start_verified_writes(&url, &state, "16k", 2, 3);
-    let (ok, out) = cli(
-        &api,
-        &[
-            "lun", "resize", "--target", IQN, "--lun", "0", "--size", "200M",
-        ],
-    );
-    assert!(ok && out.contains("grown"), "{out}");
-    assert!(
-        bench.wait().unwrap().success(),
-        "verified writes across the resize"
-    );
-    assert_acknowledged_writes_intact(&url, &state, "across the cached resize");
+    grow_under_verified_writes(&api, &url, &state, 3);
     assert_eq!(pool_status(&api)["usable_bytes"].as_u64(), Some(200 * MIB));
 
     // writes over the whole grown LUN, then a SIGKILL with them still dirty in

@@ -11,6 +11,7 @@
 //! (a Hello claiming an inconsistent copy makes the node the resync source).
 
 mod common;
+use common::free_port;
 
 use common::{freesan, IQN};
 use replica::secure::{ClusterKeys, Member, Purpose};
@@ -24,15 +25,6 @@ use std::time::{Duration, Instant};
 
 const LUN_BYTES: usize = 16 << 20;
 const CLUSTER: &str = "trust";
-
-/// A loopback port nobody listens on now (TCP and UDP are both bound later).
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
 
 fn pattern(seed: u8) -> Vec<u8> {
     (0..LUN_BYTES)

@@ -229,6 +229,15 @@ pub fn cli(api: &str, args: &[&str]) -> (bool, String) {
     freesan(&all)
 }
 
+/// A loopback port nobody listens on now (the caller binds it later).
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
 /// A node config with an API and a portal on ports the kernel picks, data under
 /// `dir`, and target IQN with one 16M file LUN (`dir/lun0.img`); returns its path.
 pub fn one_file_lun_config(dir: &Path) -> PathBuf {
