@@ -46,6 +46,9 @@ impl Volume for DelayVolume {
     fn geometry(&self) -> Geometry {
         self.inner.geometry()
     }
+    fn provisioning(&self) -> Option<crate::Provisioning> {
+        self.inner.provisioning()
+    }
     async fn grow(&self, block_count: u64) -> BlockResult<()> {
         self.inner.grow(block_count).await
     }

@@ -31,6 +31,14 @@ pub enum BlockError {
         /// The first block that could not be written.
         lba: u64,
     },
+    /// The backing store has no space left for the blocks being written (a thin
+    /// volume's file system or pool ran out); nothing of the failed request is
+    /// acknowledged, and what was acknowledged before is kept.
+    #[error("no space left to allocate blocks at lba {lba}")]
+    NoSpace {
+        /// The first block that could not be allocated.
+        lba: u64,
+    },
     /// The volume is write protected.
     #[error("volume is read-only")]
     ReadOnly,

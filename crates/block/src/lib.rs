@@ -118,6 +118,16 @@ pub struct Extent {
     pub state: ExtentState,
 }
 
+/// Space use of a thin volume ([`Volume::provisioning`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Provisioning {
+    /// Bytes of backing store the volume has allocated (mapped blocks).
+    pub mapped_bytes: u64,
+    /// Bytes its backing store could still allocate to it (free space of the file
+    /// system or pool it lives on).
+    pub available_bytes: u64,
+}
+
 /// A block volume: the one contract of the data path.
 ///
 /// Buffers are owned (`Bytes`) so that implementations may hand them to io_uring or
@@ -202,6 +212,14 @@ pub trait Volume: Send + Sync + 'static {
             blocks,
             state: ExtentState::Mapped,
         }])
+    }
+
+    /// Space use of a thin volume: what it has allocated and what its backing
+    /// store could still give it. `None` when the volume does not know or is
+    /// fully provisioned (the default). Cheap enough to ask every few megabytes
+    /// written; never blocks on I/O.
+    fn provisioning(&self) -> Option<Provisioning> {
+        None
     }
 
     /// Grows the volume to `block_count` blocks while it serves (a file is extended;

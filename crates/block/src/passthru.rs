@@ -38,6 +38,9 @@ impl Volume for Passthru {
     async fn block_status(&self, lba: u64, blocks: u64) -> BlockResult<Vec<Extent>> {
         self.inner.block_status(lba, blocks).await
     }
+    fn provisioning(&self) -> Option<crate::Provisioning> {
+        self.inner.provisioning()
+    }
     async fn grow(&self, block_count: u64) -> BlockResult<()> {
         self.inner.grow(block_count).await
     }

@@ -62,6 +62,10 @@ impl Volume for SwitchVolume {
             ..self.geometry
         }
     }
+    /// The current volume's, unless a switch is under way.
+    fn provisioning(&self) -> Option<crate::Provisioning> {
+        self.current.try_read().ok()?.provisioning()
+    }
     /// Grows the current volume (no switch meanwhile), then reports its size.
     async fn grow(&self, block_count: u64) -> BlockResult<()> {
         let cur = self.current.write().await;

@@ -127,6 +127,22 @@ pub(crate) fn is_tmpfs(fd: RawFd) -> bool {
     }
 }
 
+/// Bytes the file `fd` has allocated and bytes its file system can still give to
+/// an unprivileged writer: fstat and fstatfs, no I/O.
+pub(crate) fn space_bytes(fd: RawFd) -> Option<(u64, u64)> {
+    // SAFETY: fstat and fstatfs fill the zeroed structs.
+    unsafe {
+        let mut st: libc::stat = std::mem::zeroed();
+        let mut fs: libc::statfs = std::mem::zeroed();
+        if libc::fstat(fd, &mut st) != 0 || libc::fstatfs(fd, &mut fs) != 0 {
+            return None;
+        }
+        let mapped = (st.st_blocks as u64).saturating_mul(512);
+        let available = (fs.f_bavail as u64).saturating_mul(fs.f_bsize as u64);
+        Some((mapped, available))
+    }
+}
+
 /// Reads exactly `len` bytes at `offset` into `ptr`, continuing short reads and
 /// retrying EINTR/EAGAIN.
 ///

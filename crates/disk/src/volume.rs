@@ -51,6 +51,9 @@ impl fmt::Display for DiskIoError {
 impl std::error::Error for DiskIoError {}
 
 fn os_error(op: &'static str, lba: u64, errno: i32) -> BlockError {
+    if matches!(errno, libc::ENOSPC | libc::EDQUOT) {
+        return BlockError::NoSpace { lba };
+    }
     let kind = io::Error::from_raw_os_error(errno).kind();
     BlockError::Io(io::Error::new(kind, DiskIoError { op, lba, errno }))
 }
@@ -400,6 +403,17 @@ impl Volume for FileVolume {
             block_count: self.block_count.load(Ordering::Acquire),
             ..self.geometry
         }
+    }
+
+    fn provisioning(&self) -> Option<block::Provisioning> {
+        if self.backing != Backing::File {
+            return None;
+        }
+        let (mapped_bytes, available_bytes) = sys::space_bytes(self.file.as_raw_fd())?;
+        Some(block::Provisioning {
+            mapped_bytes,
+            available_bytes,
+        })
     }
 
     async fn grow(&self, block_count: u64) -> BlockResult<()> {

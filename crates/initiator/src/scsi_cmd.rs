@@ -134,6 +134,9 @@ pub(crate) fn verdict(st: u8, sense: Option<&[u8]>, lba: u64, write: bool) -> Ve
                 Verdict::Error(BlockError::Medium { lba: at })
             }
         }
+        key::DATA_PROTECT if s.asc == 0x27 && s.ascq == 0x07 => {
+            Verdict::Error(BlockError::NoSpace { lba: at })
+        }
         key::DATA_PROTECT => Verdict::Error(BlockError::ReadOnly),
         key::ILLEGAL_REQUEST => match s.asc {
             0x21 => Verdict::Error(BlockError::OutOfRange {

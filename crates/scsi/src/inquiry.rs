@@ -113,6 +113,8 @@ pub(crate) fn inquiry(
         VPD_LB_PROVISIONING => {
             let mut b = vec![0u8; 4];
             if geo.thin {
+                // THRESHOLD EXPONENT: soft thresholds are supported (nonzero)
+                b[0] = crate::thin::ThinThreshold::exponent(&geo).max(1);
                 b[1] = 0x80 | 0x40 | 0x20 | 0x04; // LBPU, LBPWS, LBPWS10, LBPRZ
                 b[2] = 0x02; // PROVISIONING TYPE: thin
             }

@@ -45,6 +45,7 @@ mod replication;
 mod rw;
 pub mod sense;
 mod target;
+mod thin;
 #[cfg(test)]
 mod tests;
 mod ua;
@@ -54,6 +55,7 @@ pub use inquiry::{Limits, CAW_BLOCKS_MAX, UNMAP_BLOCKS_MAX, UNMAP_DESCRIPTORS_MA
 pub use masking::{check_host_groups, HostGroup};
 pub use replication::{PrReplication, TaskAbort};
 pub use target::ScsiTarget;
+pub use thin::{LuEvent, CHECK_BYTES as THIN_CHECK_BYTES};
 pub use ua::UA_QUEUE_DEPTH_MAX;
 
 use block::{Bytes, VolumeRef};

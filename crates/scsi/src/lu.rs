@@ -6,6 +6,7 @@ use crate::alua::Alua;
 use crate::mode::ModePages;
 use crate::pr::Reservations;
 use crate::sense::{codes, Sense};
+use crate::thin::{Crossing, LuEvent, ThinThreshold};
 use crate::ua::{key_of, NexusKey, UaTable};
 use crate::{status, ItNexus, LunConfig, PrReplication, Response, ScsiError};
 use block::{BlockError, Bytes, Geometry, VolumeRef};
@@ -111,6 +112,10 @@ pub(crate) fn block_error_sense(lun: u64, e: &BlockError) -> Sense {
         BlockError::WriteFault { lba } => codes::WRITE_ERROR.with_information(*lba),
         BlockError::OutOfRange { .. } => codes::LBA_OUT_OF_RANGE,
         BlockError::ReadOnly => codes::WRITE_PROTECTED,
+        BlockError::NoSpace { lba } => {
+            tracing::warn!(lun, lba, "thin LU out of space: write refused");
+            codes::SPACE_ALLOCATION_FAILED.with_information(*lba)
+        }
         BlockError::NotSupported(what) => {
             tracing::warn!(lun, what, "volume does not support the operation");
             codes::INVALID_OPCODE
@@ -177,6 +182,10 @@ pub(crate) struct LogicalUnit {
     /// Runs this node's SET TARGET PORT GROUPS one at a time, each together with the
     /// push of the explicit ALUA states to the partner.
     pub alua_order: tokio::sync::Mutex<()>,
+    /// The thin provisioning soft threshold.
+    pub thin: ThinThreshold,
+    /// Where operator events go (the target's subscribers).
+    pub events: tokio::sync::broadcast::Sender<LuEvent>,
 }
 
 impl LogicalUnit {
@@ -187,6 +196,7 @@ impl LogicalUnit {
         config: LunConfig,
         volume: VolumeRef,
         alua: Alua,
+        events: tokio::sync::broadcast::Sender<LuEvent>,
     ) -> Result<Self, ScsiError> {
         let pr = Reservations::load(config.state_file.as_deref())?;
         if let Some(f) = &config.state_file {
@@ -218,6 +228,8 @@ impl LogicalUnit {
             pr_order: tokio::sync::Mutex::new(()),
             alua_order: tokio::sync::Mutex::new(()),
             alua,
+            thin: ThinThreshold::new(None),
+            events,
         })
     }
 
@@ -277,6 +289,7 @@ impl LogicalUnit {
         self.sync_mode_flags(&defaults);
         *self.mode.lock() = defaults;
         self.uas.reset_all(ua);
+        self.thin.rearm();
     }
 
     /// The nexus is gone: its reservations (SPC-2), prevention and UAs are dropped.
@@ -284,6 +297,54 @@ impl LogicalUnit {
         self.pr.nexus_lost(nexus);
         self.media.lock().prevent.remove(&key_of(nexus));
         self.uas.forget(nexus);
+    }
+
+    /// After a write-type command: counts `bytes` written and, when a sample of
+    /// the space use is due (or `force`: an UNMAP, a failed allocation), compares
+    /// it with the soft threshold; a crossing establishes the unit attention on
+    /// every nexus and tells the subscribers. `no_space`: the command failed for
+    /// want of space.
+    pub fn thin_written(&self, bytes: u64, force: bool, no_space: bool) {
+        if !self.thin.note_written(bytes) && !force && !no_space {
+            return;
+        }
+        let geo = self.geometry();
+        let Some(p) = self.volume.provisioning() else {
+            return;
+        };
+        if no_space && self.thin.ran_out() {
+            tracing::error!(lun = self.lun, mapped_bytes = p.mapped_bytes,
+                available_bytes = p.available_bytes, "thin LU out of space: writes are refused");
+            let _ = self.events.send(LuEvent::ThinOutOfSpace {
+                lun: self.lun,
+                mapped_bytes: p.mapped_bytes,
+            });
+        }
+        if self.thin.get().is_none() {
+            return;
+        }
+        match self.thin.sample(&geo, &p) {
+            Crossing::Up {
+                mapped_bytes,
+                threshold_bytes,
+                available_bytes,
+            } => {
+                tracing::warn!(lun = self.lun, mapped_bytes, threshold_bytes, available_bytes,
+                    "thin provisioning soft threshold reached");
+                self.uas.raise_all(crate::thin::REACHED, None);
+                let _ = self.events.send(LuEvent::ThinThresholdReached {
+                    lun: self.lun,
+                    mapped_bytes,
+                    threshold_bytes,
+                    available_bytes,
+                });
+            }
+            Crossing::Down => {
+                tracing::info!(lun = self.lun, mapped_bytes = p.mapped_bytes,
+                    "thin LU back below its soft threshold (re-armed)");
+            }
+            Crossing::None => {}
+        }
     }
 
     /// Raises CAPACITY DATA HAS CHANGED if the volume was resized since last seen.

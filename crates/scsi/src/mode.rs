@@ -1,8 +1,12 @@
 //! MODE SENSE(6/10) and MODE SELECT(6/10): the read-write error recovery (0x01),
-//! caching (0x08), control (0x0a) and informational exceptions (0x1c) pages.
+//! caching (0x08), control (0x0a) and informational exceptions (0x1c) pages, and
+//! on a thin LU the logical block provisioning subpage (0x1c/0x02) with its one
+//! soft threshold descriptor (see `thin.rs`).
 //!
 //! Changeable fields: caching WCE, control D_SENSE and SWP. Saved values are not
 //! supported (PC=11b and SP=1 are refused); changes last until a reset or restart.
+//! The provisioning subpage is set by the administrator, not by MODE SELECT: a
+//! MODE SELECT may restate it, not change it.
 
 use crate::cdb::{param_u16, Cdb};
 use crate::lu::{CmdResult, Done, Fail, LogicalUnit};
@@ -20,6 +24,13 @@ pub const PAGE_CONTROL: u8 = 0x0a;
 pub const PAGE_INFO_EXCEPTIONS: u8 = 0x1c;
 /// "Return all pages".
 pub const PAGE_ALL: u8 = 0x3f;
+/// Logical block provisioning subpage of page 0x1c.
+pub const SUBPAGE_LBP: u8 = 0x02;
+/// "All subpages".
+const SUBPAGE_ALL: u8 = 0xff;
+/// Byte offset of the threshold descriptor in the provisioning subpage (the
+/// INFORMATION of THIN PROVISIONING SOFT THRESHOLD REACHED).
+pub const LBP_DESCRIPTOR_OFFSET: u64 = 16;
 
 /// Page codes in the order MODE SENSE returns them for "all pages".
 const PAGES: [u8; 4] = [
@@ -50,6 +61,9 @@ impl ModePages {
         rw[0] = PAGE_RW_ERROR_RECOVERY;
         rw[1] = 10;
         rw[2] = 0xc0; // AWRE, ARRE
+        if geo.thin {
+            rw[7] = 0x80; // LBPERE: provisioning thresholds are reported
+        }
         let mut caching = [0u8; 20];
         caching[0] = PAGE_CACHING;
         caching[1] = 18;
@@ -110,6 +124,32 @@ impl ModePages {
     }
 }
 
+/// The logical block provisioning subpage of a thin LU (None for a thick one):
+/// SITUA clear (every nexus hears of a crossing), one soft threshold descriptor,
+/// armed on increase of the used LBA mapping resource, enabled when a threshold
+/// is set, its count the current threshold in threshold sets. With `mask`, the
+/// changeable-values form (nothing changeable).
+fn lbp_page(lu: &LogicalUnit, mask: bool) -> Option<Vec<u8>> {
+    let geo = lu.geometry();
+    if !geo.thin {
+        return None;
+    }
+    let mut p = vec![0u8; 24];
+    p[0] = 0x40 | PAGE_INFO_EXCEPTIONS; // SPF
+    p[1] = SUBPAGE_LBP;
+    p[2..4].copy_from_slice(&20u16.to_be_bytes());
+    if mask {
+        return Some(p);
+    }
+    let d = LBP_DESCRIPTOR_OFFSET as usize;
+    let enabled = lu.thin.get().is_some();
+    p[d] = if enabled { 0x80 } else { 0 } | 0x01; // soft, armed increasing
+    p[d + 1] = 0x02; // used LBA mapping resource count
+    let count = lu.thin.count(&geo, lu.volume.provisioning().as_ref());
+    p[d + 4..d + 8].copy_from_slice(&count.to_be_bytes());
+    Some(p)
+}
+
 /// The changeable-values mask of a page (same length as the page).
 fn changeable(code: u8) -> Vec<u8> {
     let len = match code {
@@ -146,11 +186,16 @@ pub(crate) fn mode_sense(lu: &LogicalUnit, cdb: &Cdb) -> CmdResult {
     if pc == 3 {
         return Err(codes::SAVING_PARAMETERS_NOT_SUPPORTED.into());
     }
-    let codes_wanted: Vec<u8> = match (page_code, subpage) {
-        (PAGE_ALL, 0x00) | (PAGE_ALL, 0xff) => PAGES.to_vec(),
-        (c, 0x00) if PAGES.contains(&c) => vec![c],
-        (c, 0xff) if PAGES.contains(&c) => vec![c],
-        (_, 0x00) | (_, 0xff) => return Err(cdb.invalid(2, Some(5)).into()),
+    let thin = lu.geometry().thin;
+    // (pages, then the provisioning subpage too)
+    let (codes_wanted, lbp): (Vec<u8>, bool) = match (page_code, subpage) {
+        (PAGE_ALL, 0x00) => (PAGES.to_vec(), false),
+        (PAGE_ALL, SUBPAGE_ALL) => (PAGES.to_vec(), thin),
+        (PAGE_INFO_EXCEPTIONS, SUBPAGE_LBP) if thin => (vec![], true),
+        (PAGE_INFO_EXCEPTIONS, SUBPAGE_ALL) => (vec![PAGE_INFO_EXCEPTIONS], thin),
+        (c, 0x00) if PAGES.contains(&c) => (vec![c], false),
+        (c, SUBPAGE_ALL) if PAGES.contains(&c) => (vec![c], false),
+        (_, 0x00) | (_, SUBPAGE_ALL) => return Err(cdb.invalid(2, Some(5)).into()),
         _ => return Err(cdb.invalid(3, None).into()),
     };
     let geo = lu.geometry();
@@ -163,6 +208,9 @@ pub(crate) fn mode_sense(lu: &LogicalUnit, cdb: &Cdb) -> CmdResult {
             1 => pages.extend_from_slice(&changeable(code)),
             _ => pages.extend_from_slice(defaults.page(code).unwrap_or(&[])),
         }
+    }
+    if lbp {
+        pages.extend(lbp_page(lu, pc == 1).unwrap_or_default());
     }
     // Block descriptor.
     let mut bd = Vec::new();
@@ -199,6 +247,38 @@ pub(crate) fn mode_sense(lu: &LogicalUnit, cdb: &Cdb) -> CmdResult {
     out.extend_from_slice(&bd);
     out.extend_from_slice(&pages);
     Ok(Done::alloc(out, alloc_len))
+}
+
+/// Checks a subpage in a MODE SELECT list at `off`: only the provisioning
+/// subpage, restated unchanged, is accepted. Returns the offset past it.
+fn restate_subpage(lu: &LogicalUnit, p: &[u8], off: usize) -> Result<usize, Fail> {
+    let refuse = |at: usize, bit: Option<u8>| -> Fail {
+        codes::INVALID_FIELD_IN_PARAM
+            .with_field(false, at as u16, bit)
+            .into()
+    };
+    let (Some(&sub), Some(len)) = (p.get(off + 1), p.get(off + 2..off + 4)) else {
+        return Err(codes::PARAM_LIST_LENGTH_ERROR.into());
+    };
+    let page_len = u16::from_be_bytes([len[0], len[1]]) as usize + 4;
+    let current = match (p[off] & 0x3f, sub) {
+        (PAGE_INFO_EXCEPTIONS, SUBPAGE_LBP) => lbp_page(lu, false),
+        _ => None,
+    };
+    let Some(current) = current else {
+        return Err(refuse(off, Some(5)));
+    };
+    if page_len != current.len() {
+        return Err(refuse(off + 2, None));
+    }
+    let Some(src) = p.get(off..off + page_len) else {
+        return Err(codes::PARAM_LIST_LENGTH_ERROR.into());
+    };
+    if let Some(i) = (4..page_len).find(|&i| src[i] != current[i]) {
+        let diff = src[i] ^ current[i];
+        return Err(refuse(off + i, Some(7 - diff.leading_zeros() as u8)));
+    }
+    Ok(off + page_len)
 }
 
 /// MODE SELECT(6) and MODE SELECT(10). Returns whether any value changed (the caller
@@ -270,9 +350,8 @@ pub(crate) fn mode_select(
         let code = p[off] & 0x3f;
         let spf = p[off] & 0x40 != 0;
         if spf {
-            return Err(codes::INVALID_FIELD_IN_PARAM
-                .with_field(false, off as u16, Some(6))
-                .into());
+            off = restate_subpage(lu, p, off)?;
+            continue;
         }
         let Some(&plen) = p.get(off + 1) else {
             return Err(codes::PARAM_LIST_LENGTH_ERROR.into());

@@ -142,6 +142,10 @@ pub mod codes {
         Sense::new(key::ILLEGAL_REQUEST, 0x55, 0x04);
     /// WRITE PROTECTED.
     pub const WRITE_PROTECTED: Sense = Sense::new(key::DATA_PROTECT, 0x27, 0x00);
+    /// A thin LU could not get the space a write needed (SBC-4 4.7.3.7).
+    pub const SPACE_ALLOCATION_FAILED: Sense = Sense::new(key::DATA_PROTECT, 0x27, 0x07);
+    /// A thin LU's use crossed its soft threshold (SBC-4 4.7.3.8).
+    pub const THIN_SOFT_THRESHOLD_REACHED: Sense = Sense::new(key::UNIT_ATTENTION, 0x38, 0x07);
     /// UNRECOVERED READ ERROR.
     pub const UNRECOVERED_READ_ERROR: Sense = Sense::new(key::MEDIUM_ERROR, 0x11, 0x00);
     /// WRITE ERROR.

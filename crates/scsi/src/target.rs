@@ -11,6 +11,7 @@ use crate::lu::{into_response, CmdResult, Fail, LogicalUnit};
 use crate::masking::{self, HostGroup, Masking};
 use crate::pr::Access;
 use crate::sense::{codes, Sense};
+use crate::thin::LuEvent;
 use crate::TaskAbort;
 use crate::{
     admin, capacity, copy, inquiry, mode, opcodes, provisioning, replication, rw, AluaState,
@@ -40,6 +41,8 @@ pub struct ScsiTarget {
     masked: AtomicBool,
     /// The transport's hook for PREEMPT AND ABORT.
     task_abort: RwLock<Option<Arc<dyn TaskAbort>>>,
+    /// Operator events of the LUs ([`ScsiTarget::subscribe_events`]).
+    events: tokio::sync::broadcast::Sender<LuEvent>,
 }
 
 /// This node's ports, then a port for every relative port id that only a port group
@@ -78,6 +81,28 @@ fn ua_exempt(opcode: u8) -> bool {
     matches!(opcode, op::INQUIRY | op::REPORT_LUNS | op::REQUEST_SENSE)
 }
 
+/// Most operator events queued for a slow subscriber.
+const EVENTS_QUEUED_MAX: usize = 256;
+
+/// Commands that may change how much space a thin LU holds: Some(true) for those
+/// after which its use is sampled at once (UNMAP frees, WRITE SAME may allocate
+/// far more than it carries), Some(false) for those counted by their data.
+fn allocates(opcode: u8) -> Option<bool> {
+    match opcode {
+        op::WRITE_6
+        | op::WRITE_10
+        | op::WRITE_12
+        | op::WRITE_16
+        | op::WRITE_VERIFY_10
+        | op::WRITE_VERIFY_12
+        | op::WRITE_VERIFY_16
+        | op::COMPARE_AND_WRITE
+        | op::ORWRITE_16 => Some(false),
+        op::WRITE_SAME_10 | op::WRITE_SAME_16 | op::UNMAP => Some(true),
+        _ => None,
+    }
+}
+
 /// Commands that touch the medium and so fail on a stopped unit.
 fn media_access(opcode: u8, service_action: u8) -> bool {
     matches!(
@@ -113,6 +138,7 @@ fn media_access(opcode: u8, service_action: u8) -> bool {
 impl ScsiTarget {
     /// Builds the target; loads persisted state (APTPL reservations) from each LUN's state file.
     pub fn new(config: TargetConfig) -> Result<Self, ScsiError> {
+        let (events, _) = tokio::sync::broadcast::channel(EVENTS_QUEUED_MAX);
         let mut luns: Vec<Arc<LogicalUnit>> = Vec::with_capacity(config.luns.len());
         for (lun, cfg, vol) in &config.luns {
             check_new_lun(&luns, *lun)?;
@@ -122,6 +148,7 @@ impl ScsiTarget {
                 cfg.clone(),
                 vol.clone(),
                 alua,
+                events.clone(),
             )?));
         }
         luns.sort_by_key(|l| l.lun);
@@ -143,7 +170,31 @@ impl ScsiTarget {
             masking: RwLock::new(Arc::new(Masking::default())),
             masked: AtomicBool::new(false),
             task_abort: RwLock::new(None),
+            events,
         })
+    }
+
+    /// Operator events of every LU (thin threshold reached, out of space), for
+    /// the control plane's event log. A subscriber that lags loses the oldest.
+    pub fn subscribe_events(&self) -> tokio::sync::broadcast::Receiver<LuEvent> {
+        self.events.subscribe()
+    }
+
+    /// Sets `lun`'s thin provisioning soft threshold to `percent` of the space it
+    /// can reach (its capacity, or less on a smaller file system); None or 0
+    /// turns it off. The use is sampled at once. False if no such LUN.
+    pub fn set_thin_threshold(&self, lun: u64, percent: Option<u8>) -> bool {
+        let Some(lu) = self.lu(lun) else {
+            return false;
+        };
+        lu.thin.set(percent);
+        lu.thin_written(0, true, false);
+        true
+    }
+
+    /// `lun`'s thin provisioning soft threshold in percent, if one is set.
+    pub fn thin_threshold(&self, lun: u64) -> Option<u8> {
+        self.lu(lun).and_then(|l| l.thin.get())
     }
 
     /// The configuration the target was built with (its `luns` are those it
@@ -190,7 +241,13 @@ impl ScsiTarget {
         pr: Option<Arc<dyn PrReplication>>,
     ) -> Result<(), ScsiError> {
         let alua = Alua::new(&self.config.ports, &self.alua.groups());
-        let lu = Arc::new(LogicalUnit::new(lun, cfg, volume, alua)?);
+        let lu = Arc::new(LogicalUnit::new(
+            lun,
+            cfg,
+            volume,
+            alua,
+            self.events.clone(),
+        )?);
         *lu.pr_replication.write() = pr;
         let others = {
             let mut luns = self.luns.write();
@@ -487,7 +544,14 @@ impl ScsiTarget {
         if media_access(opcode, cdb.service_action()) && lu.stopped.load(Ordering::Relaxed) {
             return Err(codes::NOT_READY_INIT_REQUIRED.into());
         }
-        self.dispatch(lu, nexus, &cdb, cmd).await
+        let r = self.dispatch(lu, nexus, &cdb, cmd).await;
+        if let Some(force) = allocates(opcode) {
+            let full = codes::SPACE_ALLOCATION_FAILED;
+            let no_space = matches!(&r, Err(Fail::Check(s, _))
+                if (s.key, s.asc, s.ascq) == (full.key, full.asc, full.ascq));
+            lu.thin_written(cmd.data_out.len() as u64, force, no_space);
+        }
+        r
     }
 
     async fn dispatch(

@@ -150,6 +150,7 @@ pub(crate) fn errno_of(e: &BlockError, command: Command) -> u32 {
         BlockError::OutOfRange { .. } | BlockError::Misaligned { .. } => errno::EINVAL,
         BlockError::NotSupported(_) => errno::EINVAL,
         BlockError::ReadOnly => errno::EPERM,
+        BlockError::NoSpace { .. } => errno::ENOSPC,
         BlockError::Medium { .. }
         | BlockError::WriteFault { .. }
         | BlockError::Unavailable(_)

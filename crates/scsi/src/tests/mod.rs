@@ -2161,3 +2161,4 @@ async fn explicit_alua_states_survive_a_restart() {
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
+mod thin;
