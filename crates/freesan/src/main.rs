@@ -8,6 +8,7 @@
 //! What it does not do: any data-path work itself; it only wires the crates.
 
 mod allowed;
+mod api_node;
 mod apicmd;
 mod benchcmd;
 mod cachecmd;
@@ -243,6 +244,30 @@ fn quiet_broken_pipe() {
     }
 }
 
+/// Watches SIGTERM and SIGINT from the moment it is called (so a signal that
+/// arrives before the returned future is awaited still stops the process
+/// cleanly, rather than killing it with the default action); the future ends
+/// at the first of them.
+fn shutdown_signal() -> impl std::future::Future<Output = ()> {
+    use tokio::signal::unix::{signal, SignalKind};
+    let term = signal(SignalKind::terminate());
+    let int = signal(SignalKind::interrupt());
+    async move {
+        let (mut term, mut int) = match (term, int) {
+            (Ok(t), Ok(i)) => (t, i),
+            (Err(e), _) | (_, Err(e)) => {
+                tracing::error!("cannot watch SIGTERM and SIGINT: {e}");
+                std::future::pending::<()>().await;
+                return;
+            }
+        };
+        tokio::select! {
+            _ = term.recv() => tracing::info!("SIGTERM: shutting down"),
+            _ = int.recv() => tracing::info!("SIGINT: shutting down"),
+        }
+    }
+}
+
 fn main() {
     tune_allocator();
     tracing_subscriber::fmt()
@@ -257,7 +282,7 @@ fn main() {
     let result = match cli.command {
         Command::Serve(args) => args
             .config()
-            .and_then(|cfg| runtime().and_then(|rt| rt.block_on(serve::run(cfg)))),
+            .and_then(|cfg| runtime().and_then(|rt| rt.block_on(serve::run(cfg, shutdown_signal)))),
         Command::Bench(b) => match b.sub {
             Some(BenchSub::Chart(c)) => benchcmd::chart(c),
             Some(BenchSub::Check(c)) => runtime().and_then(|rt| rt.block_on(benchcmd::check(c))),

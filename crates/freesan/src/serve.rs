@@ -1,5 +1,6 @@
 //! `freesan serve`: opens the LUNs, builds the SCSI targets, starts the portals and
-//! runs until SIGTERM or SIGINT, then shuts down cleanly (sessions closed, data flushed).
+//! runs until told to stop (the binary: SIGTERM or SIGINT), then shuts down
+//! cleanly (sessions closed, data flushed).
 
 use crate::cluster::{port_id, Cluster};
 use crate::config::Config;
@@ -177,32 +178,15 @@ fn human(bytes: u64) -> String {
     format!("{v:.1} {}", UNITS[u])
 }
 
-/// Watches SIGTERM and SIGINT from the moment it is called (so a signal that
-/// arrives before the returned future is awaited still stops the process
-/// cleanly, rather than killing it with the default action); the future ends
-/// at the first of them.
-pub(crate) fn shutdown_signal() -> impl std::future::Future<Output = ()> {
-    use tokio::signal::unix::{signal, SignalKind};
-    let term = signal(SignalKind::terminate());
-    let int = signal(SignalKind::interrupt());
-    async move {
-        let (mut term, mut int) = match (term, int) {
-            (Ok(t), Ok(i)) => (t, i),
-            (Err(e), _) | (_, Err(e)) => {
-                tracing::error!("cannot watch SIGTERM and SIGINT: {e}");
-                std::future::pending::<()>().await;
-                return;
-            }
-        };
-        tokio::select! {
-            _ = term.recv() => tracing::info!("SIGTERM: shutting down"),
-            _ = int.recv() => tracing::info!("SIGINT: shutting down"),
-        }
-    }
-}
-
-/// Runs the node until a signal asks it to stop.
-pub async fn run(cfg: Config) -> Result<()> {
+/// Runs the node until the future `stop_signal()` returns ends, then shuts it
+/// down cleanly. `stop_signal` is called once, just before the banner, so that
+/// whoever starts the node may stop it from then on (the binary passes its
+/// SIGTERM and SIGINT watcher).
+pub async fn run<S, F>(cfg: Config, stop_signal: S) -> Result<()>
+where
+    S: FnOnce() -> F,
+    F: std::future::Future<Output = ()>,
+{
     cfg.validate()?;
     // one bound on buffered data for the whole node, in place before any
     // frontend, replica or export takes it (they use BufferBudget::node())
@@ -259,23 +243,23 @@ pub async fn run(cfg: Config) -> Result<()> {
                 objects: Objects::new(&cfg, targets)?
                     .with_nbd(nbd_server.as_ref().map(|n| n.exports())),
             });
-            crate::apicmd::prepare_node(&cfg.data_dir)?;
+            crate::api_node::prepare_node(&cfg.data_dir)?;
             let options = api::ApiOptions {
                 data_dir: cfg.data_dir.clone(),
                 hosts: a.hosts.clone(),
                 limits: a.limits(),
-                tls: crate::apicmd::prepare_tls(a, &cfg.data_dir)?,
+                tls: crate::api_node::prepare_tls(a, &cfg.data_dir)?,
             };
             let srv = api::ApiServer::bind(a.address, control, options)
                 .await
                 .with_context(|| format!("binding the management API on {}", a.address))?;
-            crate::apicmd::note_local_node(srv.local_addr()?, &cfg.data_dir);
+            crate::api_node::note_local_node(srv.local_addr()?, &cfg.data_dir);
             Some(srv)
         }
         None => None,
     };
     // watched before the banner: whoever starts the node may stop it at once
-    let stop_signal = shutdown_signal();
+    let stop_signal = stop_signal();
     eprintln!("freesan {} serving", env!("CARGO_PKG_VERSION"));
     eprintln!("  data directory: {}", cfg.data_dir.display());
     for a in &addrs {
@@ -322,7 +306,7 @@ pub async fn run(cfg: Config) -> Result<()> {
     // forgotten while the API still holds its port: once the port is free,
     // another node may take it and note its own data directory there
     if let Some(a) = api_addr {
-        crate::apicmd::forget_local_node(a, &cfg.data_dir);
+        crate::api_node::forget_local_node(a, &cfg.data_dir);
     }
     let _ = stop_tx.send(true);
     if let Some(t) = api_task {
