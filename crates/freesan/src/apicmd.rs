@@ -5,7 +5,7 @@
 //! The token a command sends is, first found: `--token`, `$FREESAN_API_TOKEN`,
 //! `--data-dir DIR` (then `DIR/api/cli-token`), the data directory of the node
 //! serving the API address on this host (each node notes it in a private runtime
-//! folder, see [`crate::api_node::note_local_node`]), `./freesan-data/api/cli-token`. When the
+//! folder, see [`control::api_node`]), `./freesan-data/api/cli-token`. When the
 //! node serves TLS, the CLI trusts only its certificate: `--tls-cert`, else
 //! `api/serving-cert.pem` of the data directory the token came from.
 //!
@@ -214,7 +214,7 @@ fn data_dirs(a: &crate::poolcmd::ApiArg) -> Vec<PathBuf> {
     if let Some(d) = &a.data_dir {
         return vec![d.clone()];
     }
-    let mut v: Vec<PathBuf> = crate::api_node::local_node_data_dir(a.api)
+    let mut v: Vec<PathBuf> = control::api_node::local_node_data_dir(a.api)
         .into_iter()
         .collect();
     v.push(PathBuf::from(DEFAULT_DATA_DIR));

@@ -1,36 +1,26 @@
-//! The freesan binary: command line, daemon wiring and signals.
+//! The freesan binary: command line, start-up and signals.
 //!
 //! `freesan serve` with no arguments serves the embedded default (a thin 16 GiB LUN
 //! in `./freesan-data`, on 127.0.0.1:3260); `--config FILE` serves a TOML
 //! configuration; the quick flags `--portal`, `--target`, `--lun`, `--data-dir`
 //! describe a node on the command line.
 //!
-//! What it does not do: any data-path work itself; it only wires the crates.
+//! What it does not do: any data-path or control-plane work itself: `serve` hands
+//! the configuration to [`control::serve::run`]; the other commands talk to a
+//! running node through its management API, or are tools of their own (`bench`,
+//! `witness`, `cluster init`).
 
-mod allowed;
-mod api_node;
 mod apicmd;
 mod benchcmd;
 mod cachecmd;
-mod cluster;
-mod config;
-mod ha_scsi;
-mod identity;
-mod lun;
-mod managed;
-mod nbdtls;
-mod node;
 mod objcmd;
-mod objects;
 mod poolcmd;
-mod pools;
 mod replicacmd;
-mod secrets;
-mod serve;
 mod statuscmd;
 
 use anyhow::{bail, Result};
 use clap::{Parser, Subcommand};
+use control::{config, managed, secrets, serve};
 use std::net::SocketAddr;
 use std::path::PathBuf;
 

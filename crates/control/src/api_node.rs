@@ -96,7 +96,7 @@ pub(crate) fn forget_local_node(api: SocketAddr, data_dir: &Path) {
 }
 
 /// The data directory of the node noted for `api` (see [`note_local_node`]).
-pub(crate) fn local_node_data_dir(api: SocketAddr) -> Option<PathBuf> {
+pub fn local_node_data_dir(api: SocketAddr) -> Option<PathBuf> {
     let dir = runtime_dir(false)?;
     let path = note_path(&dir, api);
     let m = std::fs::symlink_metadata(&path).ok()?;
