@@ -1,33 +1,26 @@
-//! The freesan binary: command line, daemon wiring and signals.
+//! The freesan binary: command line, start-up and signals.
 //!
 //! `freesan serve` with no arguments serves the embedded default (a thin 16 GiB LUN
 //! in `./freesan-data`, on 127.0.0.1:3260); `--config FILE` serves a TOML
 //! configuration; the quick flags `--portal`, `--target`, `--lun`, `--data-dir`
 //! describe a node on the command line.
 //!
-//! What it does not do: any data-path work itself; it only wires the crates.
+//! What it does not do: any data-path or control-plane work itself: `serve` hands
+//! the configuration to [`control::serve::run`]; the other commands talk to a
+//! running node through its management API, or are tools of their own (`bench`,
+//! `witness`, `cluster init`).
 
-mod allowed;
 mod apicmd;
 mod benchcmd;
 mod cachecmd;
-mod cluster;
-mod config;
-mod ha_scsi;
-mod identity;
-mod managed;
-mod nbdtls;
 mod objcmd;
-mod objects;
 mod poolcmd;
-mod pools;
 mod replicacmd;
-mod secrets;
-mod serve;
 mod statuscmd;
 
 use anyhow::{bail, Result};
 use clap::{Parser, Subcommand};
+use control::{config, managed, secrets, serve};
 use std::net::SocketAddr;
 use std::path::PathBuf;
 
@@ -241,6 +234,30 @@ fn quiet_broken_pipe() {
     }
 }
 
+/// Watches SIGTERM and SIGINT from the moment it is called (so a signal that
+/// arrives before the returned future is awaited still stops the process
+/// cleanly, rather than killing it with the default action); the future ends
+/// at the first of them.
+fn shutdown_signal() -> impl std::future::Future<Output = ()> {
+    use tokio::signal::unix::{signal, SignalKind};
+    let term = signal(SignalKind::terminate());
+    let int = signal(SignalKind::interrupt());
+    async move {
+        let (mut term, mut int) = match (term, int) {
+            (Ok(t), Ok(i)) => (t, i),
+            (Err(e), _) | (_, Err(e)) => {
+                tracing::error!("cannot watch SIGTERM and SIGINT: {e}");
+                std::future::pending::<()>().await;
+                return;
+            }
+        };
+        tokio::select! {
+            _ = term.recv() => tracing::info!("SIGTERM: shutting down"),
+            _ = int.recv() => tracing::info!("SIGINT: shutting down"),
+        }
+    }
+}
+
 fn main() {
     tune_allocator();
     tracing_subscriber::fmt()
@@ -255,7 +272,7 @@ fn main() {
     let result = match cli.command {
         Command::Serve(args) => args
             .config()
-            .and_then(|cfg| runtime().and_then(|rt| rt.block_on(serve::run(cfg)))),
+            .and_then(|cfg| runtime().and_then(|rt| rt.block_on(serve::run(cfg, shutdown_signal)))),
         Command::Bench(b) => match b.sub {
             Some(BenchSub::Chart(c)) => benchcmd::chart(c),
             Some(BenchSub::Check(c)) => runtime().and_then(|rt| rt.block_on(benchcmd::check(c))),

@@ -160,7 +160,7 @@ pub async fn witness(args: WitnessArgs) -> Result<()> {
     let w = replica::witness::WitnessServer::bind(args.listen, args.state.clone(), Arc::new(keys))
         .await
         .with_context(|| format!("binding the witness on {}", args.listen))?;
-    let stop_signal = crate::serve::shutdown_signal();
+    let stop_signal = crate::shutdown_signal();
     eprintln!(
         "freesan witness on {} (grants in {})",
         w.local_addr()?,

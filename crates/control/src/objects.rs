@@ -221,7 +221,7 @@ impl Objects {
             None => return Err(ApiError::NotFound(format!("no target named {target}"))),
         }
         Self::check(&cfg)?;
-        let built = crate::serve::open_lun(&self.data_dir, pools, cluster, &target, &lun, id)
+        let built = crate::lun::open_lun(&self.data_dir, pools, cluster, &target, &lun, id)
             .map_err(|e| {
                 if let Some(d) = &lun.disk {
                     pools.release_lun_disk(d);
@@ -232,7 +232,7 @@ impl Objects {
             crate::ha_scsi::PrLink::new(id, r.clone(), &scsi_target) as Arc<dyn scsi::PrReplication>
         });
         let size_bytes = built.volume.geometry().size_bytes();
-        let nbd_exports = crate::serve::nbd_exports(
+        let nbd_exports = crate::lun::nbd_exports(
             Self::first_target(&cfg, &target),
             &target,
             id,

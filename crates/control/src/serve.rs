@@ -1,13 +1,14 @@
 //! `freesan serve`: opens the LUNs, builds the SCSI targets, starts the portals and
-//! runs until SIGTERM or SIGINT, then shuts down cleanly (sessions closed, data flushed).
+//! runs until told to stop (the binary: SIGTERM or SIGINT), then shuts down
+//! cleanly (sessions closed, data flushed).
 
 use crate::cluster::{port_id, Cluster};
-use crate::config::{Config, LunConfig};
-use crate::identity;
+use crate::config::Config;
+use crate::lun::{nbd_exports, open_lun};
+use crate::node::NodeControl;
+use crate::objects::Objects;
 use crate::pools::Pools;
 use anyhow::{bail, Context, Result};
-use block::VolumeRef;
-use std::path::Path;
 use std::sync::Arc;
 
 /// One opened LUN, for the banner.
@@ -23,130 +24,6 @@ fn chap(c: &Option<crate::config::Chap>) -> Option<iscsi::ChapSecret> {
         user: c.user.clone(),
         secret: c.secret.clone(),
     })
-}
-
-/// Opens the volume a LUN serves: its file or block device, or its pool. Returns the
-/// volume and a description of what backs it.
-fn lun_volume(l: &LunConfig, pools: &Pools) -> Result<(VolumeRef, String)> {
-    if let Some(name) = &l.pool {
-        let vol = pools.volume(name)?;
-        return Ok((vol, format!("pool {name}")));
-    }
-    if let Some(name) = &l.cache {
-        let vol = pools.cache_volume(name)?;
-        return Ok((vol, format!("cache {name}")));
-    }
-    if let Some(name) = &l.disk {
-        let vol = pools.take_disk_volume(name)?;
-        return Ok((vol, format!("disk {name}")));
-    }
-    let Some(path) = &l.path else {
-        bail!("neither path nor pool given");
-    };
-    let opts = disk::FileOptions {
-        create_size_bytes: l.size.as_deref().and_then(disk::parse_size),
-        thick: l.thick,
-        block_size_bytes: l.block_size,
-        sync_writes: l.sync_writes,
-        read_only: l.read_only,
-        ..disk::FileOptions::default()
-    };
-    if let Some(parent) = path.parent() {
-        if !parent.as_os_str().is_empty() && !path.exists() {
-            std::fs::create_dir_all(parent)
-                .with_context(|| format!("creating {}", parent.display()))?;
-        }
-    }
-    let vol = disk::FileVolume::open(path, &opts)
-        .with_context(|| format!("opening {}", path.display()))?;
-    Ok((Arc::new(vol), path.display().to_string()))
-}
-
-/// A LUN opened and ready to be added to its target.
-pub(crate) struct BuiltLun {
-    /// Its SCSI configuration (identity, state file).
-    pub scsi: scsi::LunConfig,
-    /// The volume it serves (replicated if it is).
-    pub volume: VolumeRef,
-    /// What backs it, for people.
-    pub backing: String,
-    /// Its replicated volume, if it is replicated.
-    pub replicated: Option<Arc<replica::ReplicatedVolume>>,
-}
-
-/// Opens LUN `lun_id` of target `iqn` as `l` describes it: its volume (file,
-/// disk, pool or cache; replicated through `cluster` if asked) and its identity
-/// (derived from the cluster for a replicated LUN, so both nodes agree;
-/// otherwise created once and kept under `data_dir`).
-pub(crate) fn open_lun(
-    data_dir: &Path,
-    pools: &Pools,
-    cluster: Option<&Cluster>,
-    iqn: &str,
-    l: &LunConfig,
-    lun_id: u64,
-) -> Result<BuiltLun> {
-    let (mut volume, mut backing) = lun_volume(l, pools)?;
-    let mut replicated = None;
-    let id = match (l.replicated, cluster) {
-        (true, Some(c)) => {
-            let key = c.volume_name(iqn, lun_id);
-            let r = c.replicate(&key, l.replica_mode.as_deref(), volume)?;
-            replicated = Some(r.clone());
-            volume = r;
-            backing = format!("{backing}, replicated");
-            identity::derived(&key)
-        }
-        (true, None) => bail!("replicated needs a [cluster] section"),
-        _ => identity::load_or_create(data_dir, iqn, lun_id, Path::new(&backing))?,
-    };
-    let naa = match &l.naa {
-        Some(n) => identity::parse_naa(n)?,
-        None => identity::parse_naa(&id.naa)?,
-    };
-    let tdir = identity::target_dir(data_dir, iqn);
-    Ok(BuiltLun {
-        scsi: scsi::LunConfig {
-            naa,
-            serial: l.serial.clone().unwrap_or(id.serial),
-            vendor: "FREESAN".into(),
-            product: "freesan LUN".into(),
-            revision: env!("CARGO_PKG_VERSION")
-                .chars()
-                .filter(|c| *c != '.')
-                .take(4)
-                .collect(),
-            read_only: l.read_only,
-            state_file: Some(tdir.join(format!("lun{lun_id}.pr.json"))),
-        },
-        volume,
-        backing,
-        replicated,
-    })
-}
-
-/// The NBD exports of one LUN: `IQN/lunN`, and `lunN` too for LUNs of the first
-/// target (`first_target`).
-pub(crate) fn nbd_exports(
-    first_target: bool,
-    iqn: &str,
-    lun_id: u64,
-    b: &BuiltLun,
-    read_only: bool,
-) -> Vec<nbd::NbdExport> {
-    let mut names = vec![format!("{iqn}/lun{lun_id}")];
-    if first_target {
-        names.insert(0, format!("lun{lun_id}"));
-    }
-    names
-        .into_iter()
-        .map(|name| nbd::NbdExport {
-            name,
-            description: format!("{iqn} LUN {lun_id} ({})", b.backing),
-            volume: b.volume.clone(),
-            read_only,
-        })
-        .collect()
 }
 
 /// Builds the iSCSI server configuration and the NBD exports: opens (or creates)
@@ -301,32 +178,15 @@ fn human(bytes: u64) -> String {
     format!("{v:.1} {}", UNITS[u])
 }
 
-/// Watches SIGTERM and SIGINT from the moment it is called (so a signal that
-/// arrives before the returned future is awaited still stops the process
-/// cleanly, rather than killing it with the default action); the future ends
-/// at the first of them.
-pub(crate) fn shutdown_signal() -> impl std::future::Future<Output = ()> {
-    use tokio::signal::unix::{signal, SignalKind};
-    let term = signal(SignalKind::terminate());
-    let int = signal(SignalKind::interrupt());
-    async move {
-        let (mut term, mut int) = match (term, int) {
-            (Ok(t), Ok(i)) => (t, i),
-            (Err(e), _) | (_, Err(e)) => {
-                tracing::error!("cannot watch SIGTERM and SIGINT: {e}");
-                std::future::pending::<()>().await;
-                return;
-            }
-        };
-        tokio::select! {
-            _ = term.recv() => tracing::info!("SIGTERM: shutting down"),
-            _ = int.recv() => tracing::info!("SIGINT: shutting down"),
-        }
-    }
-}
-
-/// Runs the node until a signal asks it to stop.
-pub async fn run(cfg: Config) -> Result<()> {
+/// Runs the node until the future `stop_signal()` returns ends, then shuts it
+/// down cleanly. `stop_signal` is called once, just before the banner, so that
+/// whoever starts the node may stop it from then on (the binary passes its
+/// SIGTERM and SIGINT watcher).
+pub async fn run<S, F>(cfg: Config, stop_signal: S) -> Result<()>
+where
+    S: FnOnce() -> F,
+    F: std::future::Future<Output = ()>,
+{
     cfg.validate()?;
     // one bound on buffered data for the whole node, in place before any
     // frontend, replica or export takes it (they use BufferBudget::node())
@@ -376,30 +236,30 @@ pub async fn run(cfg: Config) -> Result<()> {
                 "version": env!("CARGO_PKG_VERSION"),
                 "portals": addrs.iter().map(|a| a.to_string()).collect::<Vec<_>>(),
             });
-            let control = std::sync::Arc::new(crate::pools::NodeControl {
+            let control = std::sync::Arc::new(NodeControl {
                 pools: pools.clone(),
                 cluster: cluster.clone(),
                 summary,
-                objects: crate::objects::Objects::new(&cfg, targets)?
+                objects: Objects::new(&cfg, targets)?
                     .with_nbd(nbd_server.as_ref().map(|n| n.exports())),
             });
-            crate::apicmd::prepare_node(&cfg.data_dir)?;
+            crate::api_node::prepare_node(&cfg.data_dir)?;
             let options = api::ApiOptions {
                 data_dir: cfg.data_dir.clone(),
                 hosts: a.hosts.clone(),
                 limits: a.limits(),
-                tls: crate::apicmd::prepare_tls(a, &cfg.data_dir)?,
+                tls: crate::api_node::prepare_tls(a, &cfg.data_dir)?,
             };
             let srv = api::ApiServer::bind(a.address, control, options)
                 .await
                 .with_context(|| format!("binding the management API on {}", a.address))?;
-            crate::apicmd::note_local_node(srv.local_addr()?, &cfg.data_dir);
+            crate::api_node::note_local_node(srv.local_addr()?, &cfg.data_dir);
             Some(srv)
         }
         None => None,
     };
     // watched before the banner: whoever starts the node may stop it at once
-    let stop_signal = shutdown_signal();
+    let stop_signal = stop_signal();
     eprintln!("freesan {} serving", env!("CARGO_PKG_VERSION"));
     eprintln!("  data directory: {}", cfg.data_dir.display());
     for a in &addrs {
@@ -446,7 +306,7 @@ pub async fn run(cfg: Config) -> Result<()> {
     // forgotten while the API still holds its port: once the port is free,
     // another node may take it and note its own data directory there
     if let Some(a) = api_addr {
-        crate::apicmd::forget_local_node(a, &cfg.data_dir);
+        crate::api_node::forget_local_node(a, &cfg.data_dir);
     }
     let _ = stop_tx.send(true);
     if let Some(t) = api_task {

@@ -1,0 +1,139 @@
+//! Opening one LUN as the configuration describes it: its volume (a file or block
+//! device, a disk, a pool or a cache, replicated through the cluster if asked),
+//! its identity and SCSI settings, and its NBD export names. Used at start
+//! ([`crate::serve`]) and for LUNs created at run time ([`crate::objects`]).
+//!
+//! What it does not do: add the LUN to a target or an NBD server; the caller does.
+
+use crate::cluster::Cluster;
+use crate::config::LunConfig;
+use crate::identity;
+use crate::pools::Pools;
+use anyhow::{bail, Context, Result};
+use block::VolumeRef;
+use std::path::Path;
+use std::sync::Arc;
+
+/// Opens the volume a LUN serves: its file or block device, or its pool. Returns the
+/// volume and a description of what backs it.
+fn lun_volume(l: &LunConfig, pools: &Pools) -> Result<(VolumeRef, String)> {
+    if let Some(name) = &l.pool {
+        let vol = pools.volume(name)?;
+        return Ok((vol, format!("pool {name}")));
+    }
+    if let Some(name) = &l.cache {
+        let vol = pools.cache_volume(name)?;
+        return Ok((vol, format!("cache {name}")));
+    }
+    if let Some(name) = &l.disk {
+        let vol = pools.take_disk_volume(name)?;
+        return Ok((vol, format!("disk {name}")));
+    }
+    let Some(path) = &l.path else {
+        bail!("neither path nor pool given");
+    };
+    let opts = disk::FileOptions {
+        create_size_bytes: l.size.as_deref().and_then(disk::parse_size),
+        thick: l.thick,
+        block_size_bytes: l.block_size,
+        sync_writes: l.sync_writes,
+        read_only: l.read_only,
+        ..disk::FileOptions::default()
+    };
+    if let Some(parent) = path.parent() {
+        if !parent.as_os_str().is_empty() && !path.exists() {
+            std::fs::create_dir_all(parent)
+                .with_context(|| format!("creating {}", parent.display()))?;
+        }
+    }
+    let vol = disk::FileVolume::open(path, &opts)
+        .with_context(|| format!("opening {}", path.display()))?;
+    Ok((Arc::new(vol), path.display().to_string()))
+}
+
+/// A LUN opened and ready to be added to its target.
+pub(crate) struct BuiltLun {
+    /// Its SCSI configuration (identity, state file).
+    pub scsi: scsi::LunConfig,
+    /// The volume it serves (replicated if it is).
+    pub volume: VolumeRef,
+    /// What backs it, for people.
+    pub backing: String,
+    /// Its replicated volume, if it is replicated.
+    pub replicated: Option<Arc<replica::ReplicatedVolume>>,
+}
+
+/// Opens LUN `lun_id` of target `iqn` as `l` describes it: its volume (file,
+/// disk, pool or cache; replicated through `cluster` if asked) and its identity
+/// (derived from the cluster for a replicated LUN, so both nodes agree;
+/// otherwise created once and kept under `data_dir`).
+pub(crate) fn open_lun(
+    data_dir: &Path,
+    pools: &Pools,
+    cluster: Option<&Cluster>,
+    iqn: &str,
+    l: &LunConfig,
+    lun_id: u64,
+) -> Result<BuiltLun> {
+    let (mut volume, mut backing) = lun_volume(l, pools)?;
+    let mut replicated = None;
+    let id = match (l.replicated, cluster) {
+        (true, Some(c)) => {
+            let key = c.volume_name(iqn, lun_id);
+            let r = c.replicate(&key, l.replica_mode.as_deref(), volume)?;
+            replicated = Some(r.clone());
+            volume = r;
+            backing = format!("{backing}, replicated");
+            identity::derived(&key)
+        }
+        (true, None) => bail!("replicated needs a [cluster] section"),
+        _ => identity::load_or_create(data_dir, iqn, lun_id, Path::new(&backing))?,
+    };
+    let naa = match &l.naa {
+        Some(n) => identity::parse_naa(n)?,
+        None => identity::parse_naa(&id.naa)?,
+    };
+    let tdir = identity::target_dir(data_dir, iqn);
+    Ok(BuiltLun {
+        scsi: scsi::LunConfig {
+            naa,
+            serial: l.serial.clone().unwrap_or(id.serial),
+            vendor: "FREESAN".into(),
+            product: "freesan LUN".into(),
+            revision: env!("CARGO_PKG_VERSION")
+                .chars()
+                .filter(|c| *c != '.')
+                .take(4)
+                .collect(),
+            read_only: l.read_only,
+            state_file: Some(tdir.join(format!("lun{lun_id}.pr.json"))),
+        },
+        volume,
+        backing,
+        replicated,
+    })
+}
+
+/// The NBD exports of one LUN: `IQN/lunN`, and `lunN` too for LUNs of the first
+/// target (`first_target`).
+pub(crate) fn nbd_exports(
+    first_target: bool,
+    iqn: &str,
+    lun_id: u64,
+    b: &BuiltLun,
+    read_only: bool,
+) -> Vec<nbd::NbdExport> {
+    let mut names = vec![format!("{iqn}/lun{lun_id}")];
+    if first_target {
+        names.insert(0, format!("lun{lun_id}"));
+    }
+    names
+        .into_iter()
+        .map(|name| nbd::NbdExport {
+            name,
+            description: format!("{iqn} LUN {lun_id} ({})", b.backing),
+            volume: b.volume.clone(),
+            read_only,
+        })
+        .collect()
+}

@@ -1,0 +1,185 @@
+//! The node as the management API sees it: [`NodeControl`] implements
+//! [`api::Control`] over the node's pools and caches ([`crate::pools`]), its HA
+//! side ([`crate::cluster`]) and the objects created at run time
+//! ([`crate::objects`]), and records in `managed.toml` what a pool or cache
+//! action changed so that the next start assembles the same thing.
+//!
+//! What it does not do: decide anything itself; each request goes to the part
+//! that owns the state it touches.
+
+use crate::cluster::Cluster;
+use crate::objects::Objects;
+use crate::pools::Pools;
+use std::sync::Arc;
+
+/// The node as the management API sees it.
+pub struct NodeControl {
+    /// Pools of the node.
+    pub pools: Arc<Pools>,
+    /// The node's side of its HA pair, if any.
+    pub cluster: Option<Arc<Cluster>>,
+    /// Static description of the node (version, portals); its LUNs are listed
+    /// as they are now.
+    pub summary: serde_json::Value,
+    /// Disks, pools and LUNs created at run time.
+    pub objects: Objects,
+}
+
+#[async_trait::async_trait]
+impl api::Control for NodeControl {
+    fn status(&self) -> serde_json::Value {
+        let mut s = self.summary.clone();
+        s["luns"] = serde_json::Value::Array(self.objects.luns_now());
+        s["pools"] = serde_json::Value::Array(self.pools.statuses());
+        s["caches"] = serde_json::Value::Array(self.pools.cache_statuses());
+        s["replicas"] = serde_json::Value::Array(self.replicas());
+        let b = block::BufferBudget::node().status();
+        s["buffer_memory"] = serde_json::json!({
+            "max_bytes": b.max_bytes,
+            "held_bytes": b.held_bytes,
+            "high_water_bytes": b.high_water_bytes,
+            "waits": b.waits,
+            "refusals": b.refusals,
+        });
+        s
+    }
+
+    fn replicas(&self) -> Vec<serde_json::Value> {
+        self.cluster
+            .as_ref()
+            .map_or_else(Vec::new, |c| c.statuses())
+    }
+
+    async fn replica_action(
+        &self,
+        name: &str,
+        action: api::ReplicaAction,
+    ) -> Result<serde_json::Value, api::ApiError> {
+        let v = self
+            .cluster
+            .as_ref()
+            .and_then(|c| c.volume(name))
+            .ok_or_else(|| api::ApiError::NotFound(format!("no replicated volume named {name}")))?;
+        match action {
+            api::ReplicaAction::Discard => {
+                v.discard_copy().await.map_err(api::ApiError::Conflict)?
+            }
+        }
+        Ok(serde_json::to_value(v.status()).unwrap_or_default())
+    }
+
+    fn pools(&self) -> Vec<serde_json::Value> {
+        self.pools.statuses()
+    }
+
+    fn caches(&self) -> Vec<serde_json::Value> {
+        self.pools.cache_statuses()
+    }
+
+    fn cache(&self, name: &str) -> Option<serde_json::Value> {
+        self.pools.cache_status(name)
+    }
+
+    async fn cache_action(
+        &self,
+        name: &str,
+        action: api::CacheAction,
+    ) -> Result<serde_json::Value, api::ApiError> {
+        let replaced = matches!(action, api::CacheAction::Replace { .. });
+        let st = self.pools.cache_act(name, action).await?;
+        if replaced {
+            let devices = st["devices"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(|d| d["name"].as_str().map(str::to_string))
+                .collect();
+            self.objects.record_cache_devices(name, devices).await?;
+        }
+        Ok(st)
+    }
+
+    fn pool(&self, name: &str) -> Option<serde_json::Value> {
+        self.pools.status(name)
+    }
+
+    async fn pool_action(
+        &self,
+        name: &str,
+        action: api::PoolAction,
+    ) -> Result<serde_json::Value, api::ApiError> {
+        let changes_disks = matches!(
+            action,
+            api::PoolAction::AddSpare { .. } | api::PoolAction::Replace { .. }
+        );
+        let st = self.pools.act(name, action).await?;
+        if changes_disks {
+            // the pool is assembled from these disks at the next start
+            let names = |k: &str| -> Vec<String> {
+                st[k]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .filter_map(|m| m["name"].as_str())
+                    .filter(|n| *n != "missing")
+                    .map(str::to_string)
+                    .collect()
+            };
+            self.objects
+                .record_pool_disks(name, names("members"), names("spares"))
+                .await?;
+        }
+        Ok(st)
+    }
+
+    async fn resize_lun(
+        &self,
+        body: serde_json::Value,
+    ) -> Result<serde_json::Value, api::ApiError> {
+        self.objects.resize_lun(body).await
+    }
+
+    async fn create(
+        &self,
+        kind: api::ObjectKind,
+        body: serde_json::Value,
+    ) -> Result<serde_json::Value, api::ApiError> {
+        let o = &self.objects;
+        match kind {
+            api::ObjectKind::Disk => o.create_disk(&self.pools, body).await,
+            api::ObjectKind::Pool => o.create_pool(&self.pools, body).await,
+            api::ObjectKind::Lun => {
+                o.create_lun(&self.pools, self.cluster.as_deref(), body)
+                    .await
+            }
+            api::ObjectKind::HostGroup => o.set_host_group(body).await,
+        }
+    }
+
+    async fn delete(
+        &self,
+        kind: api::ObjectKind,
+        body: serde_json::Value,
+    ) -> Result<serde_json::Value, api::ApiError> {
+        match kind {
+            api::ObjectKind::Lun => {
+                self.objects
+                    .delete_lun(&self.pools, self.cluster.as_deref(), body)
+                    .await
+            }
+            api::ObjectKind::HostGroup => self.objects.delete_host_group(body).await,
+            _ => Err(api::ApiError::BadRequest(format!(
+                "{kind:?} objects cannot be deleted at run time"
+            ))),
+        }
+    }
+
+    async fn list(&self, kind: api::ObjectKind) -> Vec<serde_json::Value> {
+        match kind {
+            api::ObjectKind::Disk => self.objects.disks(&self.pools).await,
+            api::ObjectKind::Pool => self.pools.statuses(),
+            api::ObjectKind::Lun => self.objects.luns_now(),
+            api::ObjectKind::HostGroup => self.objects.host_groups_now(),
+        }
+    }
+}
