@@ -633,6 +633,12 @@ pub struct LunConfig {
     /// `active-active` (both nodes serve, the default) or `active-passive`.
     #[serde(default)]
     pub replica_mode: Option<String>,
+    /// Thin provisioning soft threshold, in percent (1-100) of the space the LUN
+    /// can reach (its size, or less when its file system holds less): crossing it
+    /// raises THIN PROVISIONING SOFT THRESHOLD REACHED to the initiators and an
+    /// event. Only for thin (sparse file) LUNs.
+    #[serde(default)]
+    pub thin_threshold_percent: Option<u8>,
 }
 
 fn default_block_size() -> u32 {
@@ -1025,6 +1031,13 @@ impl Config {
                         id
                     );
                 }
+                if matches!(l.thin_threshold_percent, Some(p) if p == 0 || p > 100) {
+                    bail!(
+                        "target {} LUN {}: thin_threshold_percent must be 1 to 100",
+                        t.iqn,
+                        id
+                    );
+                }
                 if l.block_size != 512 && l.block_size != 4096 {
                     bail!(
                         "target {} LUN {}: block_size must be 512 or 4096",
@@ -1214,6 +1227,7 @@ impl LunConfig {
             serial: None,
             replicated: false,
             replica_mode: None,
+            thin_threshold_percent: None,
         }
     }
 }

@@ -248,6 +248,9 @@ impl Objects {
             }
             return Err(ApiError::Conflict(e.to_string()));
         }
+        if lun.thin_threshold_percent.is_some() {
+            scsi_target.set_thin_threshold(id, lun.thin_threshold_percent);
+        }
         if let (Some(r), Some(c)) = (&built.replicated, cluster) {
             c.drive_alua(&scsi_target, id, r.clone());
         }

@@ -113,6 +113,11 @@ fn build(
         scsi_target
             .set_host_groups(t.host_groups.iter().map(|g| g.to_scsi()).collect())
             .with_context(|| format!("target {}", t.iqn))?;
+        for (i, l) in t.luns.iter().enumerate() {
+            if l.thin_threshold_percent.is_some() {
+                scsi_target.set_thin_threshold(l.id.unwrap_or(i as u64), l.thin_threshold_percent);
+            }
+        }
         for (lun_id, vol) in replicated {
             crate::ha_scsi::PrLink::install(lun_id, vol.clone(), &scsi_target);
             if let Some(c) = cluster {
