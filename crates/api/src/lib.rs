@@ -10,7 +10,8 @@
 //! method; every changing request an authenticated caller makes is written to the
 //! [`audit`] log. Connections are bounded in total and per source ([`server`]).
 //!
-//! Routes (all under `/api/v1`):
+//! Routes (all under `/api/v1`; `GET /api/v1/openapi.json` describes them all,
+//! generated from the handlers themselves):
 //! - `GET  /status` — the node: version, portals, targets, LUNs, pools.
 //! - `GET  /audit?limit=N` — the last N (default 100, at most 1000) audit entries.
 //! - `GET  /pools` — every pool's status; `GET /pools/{name}` — one.
@@ -39,7 +40,6 @@ use axum::extract::rejection::JsonRejection;
 use axum::extract::{DefaultBodyLimit, Path, Query, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
 use axum::{Json, Router};
 use serde::Deserialize;
 use serde_json::{json, Value};
@@ -211,19 +211,20 @@ pub trait Control: Send + Sync + 'static {
     }
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, utoipa::ToSchema)]
 struct DeviceBody {
     device: usize,
     #[serde(default)]
     force: bool,
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, utoipa::ToSchema)]
 struct CacheReplaceBody {
     device: usize,
     disk: String,
 }
 
+#[utoipa::path(post, path = "/api/v1/caches/{name}/fail", tag = "caches", summary = "Mark a cache device failed (refused for the last healthy device of a write-back cache unless force)", params(("name" = String, Path, description = "the object's name")), request_body = DeviceBody, responses((status = 200, description = "done", body = Value), (status = 400, description = "malformed request", body = ErrorBody), (status = 404, description = "no such object", body = ErrorBody), (status = 409, description = "refused in the current state", body = ErrorBody)))]
 async fn cache_fail(
     State(c): State<Ctl>,
     Path(name): Path<String>,
@@ -236,6 +237,7 @@ async fn cache_fail(
     c.cache_action(&name, a).await.map(Json)
 }
 
+#[utoipa::path(post, path = "/api/v1/caches/{name}/replace", tag = "caches", summary = "Put a configured disk in place of a failed cache device", params(("name" = String, Path, description = "the object's name")), request_body = CacheReplaceBody, responses((status = 200, description = "done", body = Value), (status = 400, description = "malformed request", body = ErrorBody), (status = 404, description = "no such object", body = ErrorBody), (status = 409, description = "refused in the current state", body = ErrorBody)))]
 async fn cache_replace(
     State(c): State<Ctl>,
     Path(name): Path<String>,
@@ -248,6 +250,7 @@ async fn cache_replace(
     c.cache_action(&name, a).await.map(Json)
 }
 
+#[utoipa::path(post, path = "/api/v1/caches/{name}/attach", tag = "caches", summary = "Put the cache in front of its LUNs", params(("name" = String, Path, description = "the object's name")), responses((status = 200, description = "done", body = Value), (status = 400, description = "malformed request", body = ErrorBody), (status = 404, description = "no such object", body = ErrorBody), (status = 409, description = "refused in the current state", body = ErrorBody)))]
 async fn cache_attach(
     State(c): State<Ctl>,
     Path(name): Path<String>,
@@ -255,6 +258,7 @@ async fn cache_attach(
     c.cache_action(&name, CacheAction::Attach).await.map(Json)
 }
 
+#[utoipa::path(post, path = "/api/v1/caches/{name}/detach", tag = "caches", summary = "Destage the dirty data and move the LUNs to the backing", params(("name" = String, Path, description = "the object's name")), responses((status = 200, description = "done", body = Value), (status = 400, description = "malformed request", body = ErrorBody), (status = 404, description = "no such object", body = ErrorBody), (status = 409, description = "refused in the current state", body = ErrorBody)))]
 async fn cache_detach(
     State(c): State<Ctl>,
     Path(name): Path<String>,
@@ -262,16 +266,18 @@ async fn cache_detach(
     c.cache_action(&name, CacheAction::Detach).await.map(Json)
 }
 
+#[utoipa::path(get, path = "/api/v1/replicas", tag = "replicas", summary = "Every replicated LUN's HA state", responses((status = 200, description = "done", body = Vec<Value>), (status = 400, description = "malformed request", body = ErrorBody), (status = 404, description = "no such object", body = ErrorBody), (status = 409, description = "refused in the current state", body = ErrorBody)))]
 async fn replicas(State(c): State<Ctl>) -> Json<Value> {
     Json(Value::Array(c.replicas()))
 }
 
 /// Body naming a replicated volume (names hold slashes: cluster/target/lunN).
-#[derive(Deserialize)]
+#[derive(Deserialize, utoipa::ToSchema)]
 struct ReplicaName {
     name: String,
 }
 
+#[utoipa::path(post, path = "/api/v1/replicas/discard", tag = "replicas", summary = "Throw this node's copy away (split brain): the partner copies its data here", request_body = ReplicaName, responses((status = 200, description = "done", body = Value), (status = 400, description = "malformed request", body = ErrorBody), (status = 404, description = "no such object", body = ErrorBody), (status = 409, description = "refused in the current state", body = ErrorBody)))]
 async fn replica_discard(
     State(c): State<Ctl>,
     body: Result<Json<ReplicaName>, JsonRejection>,
@@ -282,10 +288,12 @@ async fn replica_discard(
         .map(Json)
 }
 
+#[utoipa::path(get, path = "/api/v1/caches", tag = "caches", summary = "Every SSD cache: hit rates, dirty data, destage, advisor", responses((status = 200, description = "done", body = Vec<Value>), (status = 400, description = "malformed request", body = ErrorBody), (status = 404, description = "no such object", body = ErrorBody), (status = 409, description = "refused in the current state", body = ErrorBody)))]
 async fn caches(State(c): State<Ctl>) -> Json<Value> {
     Json(Value::Array(c.caches()))
 }
 
+#[utoipa::path(get, path = "/api/v1/caches/{name}", tag = "caches", summary = "One SSD cache", params(("name" = String, Path, description = "the object's name")), responses((status = 200, description = "done", body = Value), (status = 400, description = "malformed request", body = ErrorBody), (status = 404, description = "no such object", body = ErrorBody), (status = 409, description = "refused in the current state", body = ErrorBody)))]
 async fn cache(State(c): State<Ctl>, Path(name): Path<String>) -> Result<Json<Value>, ApiError> {
     c.cache(&name)
         .map(Json)
@@ -294,39 +302,42 @@ async fn cache(State(c): State<Ctl>, Path(name): Path<String>) -> Result<Json<Va
 
 type Ctl = Arc<dyn Control>;
 
+#[utoipa::path(get, path = "/api/v1/status", tag = "node", summary = "The node: version, portals, targets, LUNs, pools, memory", responses((status = 200, description = "done", body = Value), (status = 400, description = "malformed request", body = ErrorBody), (status = 404, description = "no such object", body = ErrorBody), (status = 409, description = "refused in the current state", body = ErrorBody)))]
 async fn status(State(c): State<Ctl>) -> Json<Value> {
     Json(c.status())
 }
 
+#[utoipa::path(get, path = "/api/v1/pools", tag = "pools", summary = "Every pool's status", responses((status = 200, description = "done", body = Vec<Value>), (status = 400, description = "malformed request", body = ErrorBody), (status = 404, description = "no such object", body = ErrorBody), (status = 409, description = "refused in the current state", body = ErrorBody)))]
 async fn pools(State(c): State<Ctl>) -> Json<Value> {
     Json(Value::Array(c.pools()))
 }
 
+#[utoipa::path(get, path = "/api/v1/pools/{name}", tag = "pools", summary = "One pool's status", params(("name" = String, Path, description = "the object's name")), responses((status = 200, description = "done", body = Value), (status = 400, description = "malformed request", body = ErrorBody), (status = 404, description = "no such object", body = ErrorBody), (status = 409, description = "refused in the current state", body = ErrorBody)))]
 async fn pool(State(c): State<Ctl>, Path(name): Path<String>) -> Result<Json<Value>, ApiError> {
     c.pool(&name)
         .map(Json)
         .ok_or_else(|| ApiError::NotFound(format!("no pool named {name:?}")))
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, utoipa::ToSchema)]
 struct DiskBody {
     disk: String,
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, utoipa::ToSchema)]
 struct ReplaceBody {
     position: usize,
     disk: String,
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, utoipa::ToSchema)]
 struct PositionBody {
     position: usize,
     #[serde(default)]
     force: bool,
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, utoipa::ToSchema)]
 struct RateBody {
     mb_s: u32,
 }
@@ -335,10 +346,12 @@ async fn act(c: &Ctl, name: &str, a: PoolAction) -> Result<Json<Value>, ApiError
     c.pool_action(name, a).await.map(Json)
 }
 
+#[utoipa::path(post, path = "/api/v1/pools/{name}/scrub", tag = "pools", summary = "Start a scrub", params(("name" = String, Path, description = "the object's name")), responses((status = 200, description = "done", body = Value), (status = 400, description = "malformed request", body = ErrorBody), (status = 404, description = "no such object", body = ErrorBody), (status = 409, description = "refused in the current state", body = ErrorBody)))]
 async fn scrub(State(c): State<Ctl>, Path(name): Path<String>) -> Result<Json<Value>, ApiError> {
     act(&c, &name, PoolAction::Scrub).await
 }
 
+#[utoipa::path(post, path = "/api/v1/pools/{name}/spares", tag = "pools", summary = "Add a configured disk as a spare", params(("name" = String, Path, description = "the object's name")), request_body = DiskBody, responses((status = 200, description = "done", body = Value), (status = 400, description = "malformed request", body = ErrorBody), (status = 404, description = "no such object", body = ErrorBody), (status = 409, description = "refused in the current state", body = ErrorBody)))]
 async fn spares(
     State(c): State<Ctl>,
     Path(name): Path<String>,
@@ -347,6 +360,7 @@ async fn spares(
     act(&c, &name, PoolAction::AddSpare { disk: b.disk }).await
 }
 
+#[utoipa::path(post, path = "/api/v1/pools/{name}/replace", tag = "pools", summary = "Replace a member with a configured disk", params(("name" = String, Path, description = "the object's name")), request_body = ReplaceBody, responses((status = 200, description = "done", body = Value), (status = 400, description = "malformed request", body = ErrorBody), (status = 404, description = "no such object", body = ErrorBody), (status = 409, description = "refused in the current state", body = ErrorBody)))]
 async fn replace(
     State(c): State<Ctl>,
     Path(name): Path<String>,
@@ -359,6 +373,7 @@ async fn replace(
     act(&c, &name, a).await
 }
 
+#[utoipa::path(post, path = "/api/v1/pools/{name}/fail", tag = "pools", summary = "Mark a member failed (refused beyond the redundancy left unless force)", params(("name" = String, Path, description = "the object's name")), request_body = PositionBody, responses((status = 200, description = "done", body = Value), (status = 400, description = "malformed request", body = ErrorBody), (status = 404, description = "no such object", body = ErrorBody), (status = 409, description = "refused in the current state", body = ErrorBody)))]
 async fn fail(
     State(c): State<Ctl>,
     Path(name): Path<String>,
@@ -375,6 +390,7 @@ async fn fail(
     .await
 }
 
+#[utoipa::path(post, path = "/api/v1/pools/{name}/rebuild-rate", tag = "pools", summary = "Cap rebuild, resync and scrub at N MB/s (0 = uncapped)", params(("name" = String, Path, description = "the object's name")), request_body = RateBody, responses((status = 200, description = "done", body = Value), (status = 400, description = "malformed request", body = ErrorBody), (status = 404, description = "no such object", body = ErrorBody), (status = 409, description = "refused in the current state", body = ErrorBody)))]
 async fn rebuild_rate(
     State(c): State<Ctl>,
     Path(name): Path<String>,
@@ -394,6 +410,7 @@ fn body_of(body: Result<Json<Value>, JsonRejection>) -> Result<Value, ApiError> 
         .map_err(|e| ApiError::BadRequest(e.body_text()))
 }
 
+#[utoipa::path(post, path = "/api/v1/disks", tag = "disks", summary = "Create a disk (the config file's [[disk]] fields as JSON)", request_body = Value, responses((status = 200, description = "done", body = Value), (status = 400, description = "malformed request", body = ErrorBody), (status = 404, description = "no such object", body = ErrorBody), (status = 409, description = "refused in the current state", body = ErrorBody)))]
 async fn create_disk(
     State(c): State<Ctl>,
     body: Result<Json<Value>, JsonRejection>,
@@ -401,6 +418,7 @@ async fn create_disk(
     c.create(ObjectKind::Disk, body_of(body)?).await.map(Json)
 }
 
+#[utoipa::path(post, path = "/api/v1/pools", tag = "pools", summary = "Create a RAID pool (the config file's [[pool]] fields as JSON)", request_body = Value, responses((status = 200, description = "done", body = Value), (status = 400, description = "malformed request", body = ErrorBody), (status = 404, description = "no such object", body = ErrorBody), (status = 409, description = "refused in the current state", body = ErrorBody)))]
 async fn create_pool(
     State(c): State<Ctl>,
     body: Result<Json<Value>, JsonRejection>,
@@ -408,6 +426,7 @@ async fn create_pool(
     c.create(ObjectKind::Pool, body_of(body)?).await.map(Json)
 }
 
+#[utoipa::path(post, path = "/api/v1/luns", tag = "luns", summary = "Create a LUN ({\"target\", and the config file's [[target.lun]] fields})", request_body = Value, responses((status = 200, description = "done", body = Value), (status = 400, description = "malformed request", body = ErrorBody), (status = 404, description = "no such object", body = ErrorBody), (status = 409, description = "refused in the current state", body = ErrorBody)))]
 async fn create_lun(
     State(c): State<Ctl>,
     body: Result<Json<Value>, JsonRejection>,
@@ -415,6 +434,7 @@ async fn create_lun(
     c.create(ObjectKind::Lun, body_of(body)?).await.map(Json)
 }
 
+#[utoipa::path(post, path = "/api/v1/luns/delete", tag = "luns", summary = "Delete a LUN ({\"target\", \"lun\"})", request_body = Value, responses((status = 200, description = "done", body = Value), (status = 400, description = "malformed request", body = ErrorBody), (status = 404, description = "no such object", body = ErrorBody), (status = 409, description = "refused in the current state", body = ErrorBody)))]
 async fn delete_lun(
     State(c): State<Ctl>,
     body: Result<Json<Value>, JsonRejection>,
@@ -422,6 +442,7 @@ async fn delete_lun(
     c.delete(ObjectKind::Lun, body_of(body)?).await.map(Json)
 }
 
+#[utoipa::path(post, path = "/api/v1/luns/resize", tag = "luns", summary = "Grow a LUN while it serves ({\"target\", \"lun\", \"size\"})", request_body = Value, responses((status = 200, description = "done", body = Value), (status = 400, description = "malformed request", body = ErrorBody), (status = 404, description = "no such object", body = ErrorBody), (status = 409, description = "refused in the current state", body = ErrorBody)))]
 async fn resize_lun(
     State(c): State<Ctl>,
     body: Result<Json<Value>, JsonRejection>,
@@ -429,6 +450,7 @@ async fn resize_lun(
     c.resize_lun(body_of(body)?).await.map(Json)
 }
 
+#[utoipa::path(post, path = "/api/v1/host-groups", tag = "luns", summary = "Create or replace a host group", request_body = Value, responses((status = 200, description = "done", body = Value), (status = 400, description = "malformed request", body = ErrorBody), (status = 404, description = "no such object", body = ErrorBody), (status = 409, description = "refused in the current state", body = ErrorBody)))]
 async fn set_host_group(
     State(c): State<Ctl>,
     body: Result<Json<Value>, JsonRejection>,
@@ -438,6 +460,7 @@ async fn set_host_group(
         .map(Json)
 }
 
+#[utoipa::path(post, path = "/api/v1/host-groups/delete", tag = "luns", summary = "Delete a host group", request_body = Value, responses((status = 200, description = "done", body = Value), (status = 400, description = "malformed request", body = ErrorBody), (status = 404, description = "no such object", body = ErrorBody), (status = 409, description = "refused in the current state", body = ErrorBody)))]
 async fn delete_host_group(
     State(c): State<Ctl>,
     body: Result<Json<Value>, JsonRejection>,
@@ -447,72 +470,139 @@ async fn delete_host_group(
         .map(Json)
 }
 
+#[utoipa::path(get, path = "/api/v1/host-groups", tag = "luns", summary = "Every host group (LUN masking)", responses((status = 200, description = "done", body = Vec<Value>), (status = 400, description = "malformed request", body = ErrorBody), (status = 404, description = "no such object", body = ErrorBody), (status = 409, description = "refused in the current state", body = ErrorBody)))]
 async fn host_groups(State(c): State<Ctl>) -> Json<Value> {
     Json(Value::Array(c.list(ObjectKind::HostGroup).await))
 }
 
+#[utoipa::path(get, path = "/api/v1/disks", tag = "disks", summary = "Every disk", responses((status = 200, description = "done", body = Vec<Value>), (status = 400, description = "malformed request", body = ErrorBody), (status = 404, description = "no such object", body = ErrorBody), (status = 409, description = "refused in the current state", body = ErrorBody)))]
 async fn disks(State(c): State<Ctl>) -> Json<Value> {
     Json(Value::Array(c.list(ObjectKind::Disk).await))
 }
 
+#[utoipa::path(get, path = "/api/v1/luns", tag = "luns", summary = "Every LUN of every target", responses((status = 200, description = "done", body = Vec<Value>), (status = 400, description = "malformed request", body = ErrorBody), (status = 404, description = "no such object", body = ErrorBody), (status = 409, description = "refused in the current state", body = ErrorBody)))]
 async fn luns(State(c): State<Ctl>) -> Json<Value> {
     Json(Value::Array(c.list(ObjectKind::Lun).await))
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
 struct AuditQuery {
+    /// How many of the newest entries (default 100, at most 1000).
     limit: Option<usize>,
 }
 
+/// The error body every refusal carries.
+#[derive(utoipa::ToSchema)]
+#[allow(dead_code)] // a schema only: errors are built by `ApiError`'s IntoResponse
+struct ErrorBody {
+    /// What went wrong.
+    error: String,
+}
+
 /// Answers `GET /api/v1/audit`: the router's state is the control plane, so the
-/// log travels in a closure.
-fn audit_route(gate: Arc<guard::Gate>) -> axum::routing::MethodRouter<Ctl> {
-    get(
-        move |q: Result<Query<AuditQuery>, axum::extract::rejection::QueryRejection>| {
-            let gate = gate.clone();
-            async move {
-                let Query(q) = q.map_err(|e| ApiError::BadRequest(e.body_text()))?;
-                let limit = q.limit.unwrap_or(100).min(1000);
-                let entries = gate
-                    .audit
-                    .tail(limit)
-                    .map_err(|e| ApiError::Internal(format!("audit log: {e}")))?;
-                serde_json::to_value(entries)
-                    .map(Json)
-                    .map_err(|e| ApiError::Internal(e.to_string()))
-            }
-        },
-    )
+/// gate (which holds the log) travels as an extension.
+#[utoipa::path(get, path = "/api/v1/audit", tag = "node",
+    summary = "The newest entries of the audit log (every changing request)",
+    params(AuditQuery),
+    responses((status = 200, description = "done", body = Vec<Value>),
+        (status = 400, description = "malformed request", body = ErrorBody)))]
+async fn audit(
+    axum::Extension(gate): axum::Extension<Arc<guard::Gate>>,
+    q: Result<Query<AuditQuery>, axum::extract::rejection::QueryRejection>,
+) -> Result<Json<Value>, ApiError> {
+    let Query(q) = q.map_err(|e| ApiError::BadRequest(e.body_text()))?;
+    let limit = q.limit.unwrap_or(100).min(1000);
+    let entries = gate
+        .audit
+        .tail(limit)
+        .map_err(|e| ApiError::Internal(format!("audit log: {e}")))?;
+    serde_json::to_value(entries)
+        .map(Json)
+        .map_err(|e| ApiError::Internal(e.to_string()))
+}
+
+/// The API's description: title, version, the bearer-token scheme every route
+/// requires; the paths come from the routes themselves ([`router`]).
+#[derive(utoipa::OpenApi)]
+#[openapi(
+    info(title = "freesan management API",
+        description = "A freesan node's control plane: pools, disks, LUNs, host groups, caches, HA replicas, audit. Every request carries a bearer token (`freesan api token create`); read-only tokens may only GET."),
+    modifiers(&BearerAuth),
+    security(("bearer" = [])),
+)]
+struct ApiDoc;
+
+/// Adds the bearer token security scheme.
+struct BearerAuth;
+
+impl utoipa::Modify for BearerAuth {
+    fn modify(&self, doc: &mut utoipa::openapi::OpenApi) {
+        use utoipa::openapi::security::{Http, HttpAuthScheme, SecurityScheme};
+        let c = doc.components.get_or_insert_with(Default::default);
+        c.add_security_scheme(
+            "bearer",
+            SecurityScheme::Http(Http::new(HttpAuthScheme::Bearer)),
+        );
+    }
+}
+
+/// `GET /api/v1/openapi.json`: this document.
+#[utoipa::path(get, path = "/api/v1/openapi.json", tag = "node",
+    summary = "This API's OpenAPI 3 description",
+    responses((status = 200, description = "the OpenAPI document", body = Value)))]
+async fn openapi_json(
+    axum::Extension(doc): axum::Extension<Arc<utoipa::openapi::OpenApi>>,
+) -> Json<utoipa::openapi::OpenApi> {
+    Json((*doc).clone())
+}
+
+/// The routes and their OpenAPI description, built from the same handlers: a
+/// route cannot be served without being described.
+fn routes() -> (Router<Ctl>, utoipa::openapi::OpenApi) {
+    use utoipa::OpenApi;
+    use utoipa_axum::{router::OpenApiRouter, routes};
+    OpenApiRouter::with_openapi(ApiDoc::openapi())
+        .routes(routes!(status))
+        .routes(routes!(audit))
+        .routes(routes!(openapi_json))
+        .routes(routes!(pools, create_pool))
+        .routes(routes!(disks, create_disk))
+        .routes(routes!(luns, create_lun))
+        .routes(routes!(delete_lun))
+        .routes(routes!(resize_lun))
+        .routes(routes!(host_groups, set_host_group))
+        .routes(routes!(delete_host_group))
+        .routes(routes!(pool))
+        .routes(routes!(scrub))
+        .routes(routes!(spares))
+        .routes(routes!(replace))
+        .routes(routes!(fail))
+        .routes(routes!(rebuild_rate))
+        .routes(routes!(replicas))
+        .routes(routes!(replica_discard))
+        .routes(routes!(caches))
+        .routes(routes!(cache))
+        .routes(routes!(cache_fail))
+        .routes(routes!(cache_replace))
+        .routes(routes!(cache_attach))
+        .routes(routes!(cache_detach))
+        .split_for_parts()
+}
+
+/// The API's OpenAPI 3 document (what `GET /api/v1/openapi.json` serves).
+pub fn openapi() -> utoipa::openapi::OpenApi {
+    routes().1
 }
 
 /// The API's routes over `control`, behind `gate` (tokens, roles, Host and
 /// Origin checks, body limit, audit log).
 pub fn router(control: Ctl, gate: Arc<guard::Gate>) -> Router {
-    Router::new()
-        .route("/api/v1/status", get(status))
-        .route("/api/v1/audit", audit_route(gate.clone()))
-        .route("/api/v1/pools", get(pools).post(create_pool))
-        .route("/api/v1/disks", get(disks).post(create_disk))
-        .route("/api/v1/luns", get(luns).post(create_lun))
-        .route("/api/v1/luns/delete", post(delete_lun))
-        .route("/api/v1/luns/resize", post(resize_lun))
-        .route("/api/v1/host-groups", get(host_groups).post(set_host_group))
-        .route("/api/v1/host-groups/delete", post(delete_host_group))
-        .route("/api/v1/pools/{name}", get(pool))
-        .route("/api/v1/pools/{name}/scrub", post(scrub))
-        .route("/api/v1/pools/{name}/spares", post(spares))
-        .route("/api/v1/pools/{name}/replace", post(replace))
-        .route("/api/v1/pools/{name}/fail", post(fail))
-        .route("/api/v1/pools/{name}/rebuild-rate", post(rebuild_rate))
-        .route("/api/v1/replicas", get(replicas))
-        .route("/api/v1/replicas/discard", post(replica_discard))
-        .route("/api/v1/caches", get(caches))
-        .route("/api/v1/caches/{name}", get(cache))
-        .route("/api/v1/caches/{name}/fail", post(cache_fail))
-        .route("/api/v1/caches/{name}/replace", post(cache_replace))
-        .route("/api/v1/caches/{name}/attach", post(cache_attach))
-        .route("/api/v1/caches/{name}/detach", post(cache_detach))
+    let (routes, doc) = routes();
+    routes
         .with_state(control)
+        .layer(axum::Extension(Arc::new(doc)))
+        .layer(axum::Extension(gate.clone()))
         .layer(DefaultBodyLimit::max(guard::BODY_BYTES_MAX))
         .layer(axum::middleware::from_fn_with_state(gate, guard::gate))
 }

@@ -524,3 +524,29 @@ async fn tls_serves_clients_that_pin_its_certificate_only() {
     assert_eq!(n.get("/api/v1/pools", &n.admin).await.0, 0);
     n.stop().await;
 }
+
+/// Routes are only added through `utoipa_axum::routes!` (which describes them):
+/// a plain axum `.route(...)`, `.merge(...)` or `.nest(...)` in the router's
+/// construction would serve something the OpenAPI document does not list.
+#[test]
+fn every_route_is_added_with_its_description() {
+    let src = include_str!("lib.rs");
+    for f in ["fn routes()", "pub fn router("] {
+        let start = src.find(f).expect(f);
+        let end = start + src[start..].find("\n}\n").expect("end of fn");
+        let body = &src[start..end];
+        for plain in [".route(", ".merge(", ".nest(", ".fallback("] {
+            assert!(!body.contains(plain), "{f} adds a route with {plain}");
+        }
+    }
+    let doc = crate::openapi();
+    assert!(doc.paths.paths.contains_key("/api/v1/openapi.json"));
+    assert!(doc.paths.paths.contains_key("/api/v1/pools/{name}/fail"));
+    let scheme = doc
+        .components
+        .as_ref()
+        .unwrap()
+        .security_schemes
+        .get("bearer");
+    assert!(scheme.is_some(), "bearer token scheme");
+}

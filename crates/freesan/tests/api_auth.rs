@@ -9,39 +9,9 @@
 mod common;
 use common::*;
 use serde_json::Value;
-use std::io::{Read, Write};
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 use std::time::Duration;
-
-/// One raw HTTP/1.1 request; returns (status, body). Status 0: closed unanswered.
-fn http(api: &str, method: &str, path: &str, headers: &[&str], body: &str) -> (u16, String) {
-    let mut s = std::net::TcpStream::connect(api).expect("connect to the API");
-    s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
-    let mut req = format!(
-        "{method} {path} HTTP/1.1\r\nConnection: close\r\nContent-Length: {}\r\n",
-        body.len()
-    );
-    if !headers
-        .iter()
-        .any(|h| h.to_ascii_lowercase().starts_with("host:"))
-    {
-        req += &format!("Host: {api}\r\n");
-    }
-    for h in headers {
-        req += h;
-        req += "\r\n";
-    }
-    req += "\r\n";
-    req += body;
-    let _ = s.write_all(req.as_bytes());
-    let mut out = Vec::new();
-    let _ = s.read_to_end(&mut out);
-    let out = String::from_utf8_lossy(&out).into_owned();
-    let code = out.get(9..12).and_then(|c| c.parse().ok()).unwrap_or(0);
-    let body = out.split("\r\n\r\n").nth(1).unwrap_or_default().to_string();
-    (code, body)
-}
 
 fn config(dir: &Path) -> std::path::PathBuf {
     let s = format!(
@@ -86,26 +56,6 @@ fn state(api: &str) -> (Value, Value, Value, Value) {
         get("lun", "list"),
         get("host-group", "list"),
     )
-}
-
-fn make_token(data: &Path, role: &str, name: &str) -> String {
-    let d = data.to_str().unwrap();
-    let (ok, out) = freesan(&[
-        "api",
-        "token",
-        "create",
-        "--role",
-        role,
-        "--name",
-        name,
-        "--data-dir",
-        d,
-    ]);
-    assert!(ok, "token create: {out}");
-    out.lines()
-        .find(|l| l.starts_with("fsn_"))
-        .unwrap_or_else(|| panic!("no token printed: {out}"))
-        .to_string()
 }
 
 #[test]
