@@ -105,34 +105,24 @@ fn allocates(opcode: u8) -> Option<bool> {
 
 /// Commands that touch the medium and so fail on a stopped unit.
 fn media_access(opcode: u8, service_action: u8) -> bool {
-    matches!(
-        opcode,
-        op::TEST_UNIT_READY
-            | op::READ_6
-            | op::READ_10
-            | op::READ_12
-            | op::READ_16
-            | op::WRITE_6
-            | op::WRITE_10
-            | op::WRITE_12
-            | op::WRITE_16
-            | op::WRITE_VERIFY_10
-            | op::WRITE_VERIFY_12
-            | op::WRITE_VERIFY_16
-            | op::VERIFY_10
-            | op::VERIFY_12
-            | op::VERIFY_16
-            | op::COMPARE_AND_WRITE
-            | op::ORWRITE_16
-            | op::WRITE_SAME_10
-            | op::WRITE_SAME_16
-            | op::UNMAP
-            | op::PRE_FETCH_10
-            | op::PRE_FETCH_16
-            | op::SYNC_CACHE_10
-            | op::SYNC_CACHE_16
-            | op::EXTENDED_COPY
-    ) || (opcode == op::SERVICE_ACTION_IN_16 && service_action == sa::GET_LBA_STATUS)
+    allocates(opcode).is_some()
+        || matches!(
+            opcode,
+            op::TEST_UNIT_READY
+                | op::READ_6
+                | op::READ_10
+                | op::READ_12
+                | op::READ_16
+                | op::VERIFY_10
+                | op::VERIFY_12
+                | op::VERIFY_16
+                | op::PRE_FETCH_10
+                | op::PRE_FETCH_16
+                | op::SYNC_CACHE_10
+                | op::SYNC_CACHE_16
+                | op::EXTENDED_COPY
+        )
+        || (opcode == op::SERVICE_ACTION_IN_16 && service_action == sa::GET_LBA_STATUS)
 }
 
 impl ScsiTarget {
