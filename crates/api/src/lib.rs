@@ -209,6 +209,33 @@ pub trait Control: Send + Sync + 'static {
     async fn list(&self, _kind: ObjectKind) -> Vec<Value> {
         Vec::new()
     }
+    /// The node's events with a sequence number above `since`, oldest first, at
+    /// most `limit`: `{"last_seq": N, "events": [...]}`. When there is none yet,
+    /// waits up to `wait` for one (long poll). None kept by default.
+    async fn events(&self, _since: u64, _limit: usize, _wait: std::time::Duration) -> Value {
+        json!({ "last_seq": 0, "events": [] })
+    }
+}
+
+/// `GET /api/v1/events` query.
+#[derive(Deserialize)]
+struct EventsQuery {
+    since: Option<u64>,
+    limit: Option<usize>,
+    wait_ms: Option<u64>,
+}
+
+/// Longest wait of `GET /api/v1/events?wait_ms=`.
+pub const EVENTS_WAIT_MS_MAX: u64 = 30_000;
+
+async fn events(
+    State(c): State<Ctl>,
+    q: Result<Query<EventsQuery>, axum::extract::rejection::QueryRejection>,
+) -> Result<Json<Value>, ApiError> {
+    let Query(q) = q.map_err(|e| ApiError::BadRequest(e.body_text()))?;
+    let limit = q.limit.unwrap_or(100).clamp(1, 1000);
+    let wait = std::time::Duration::from_millis(q.wait_ms.unwrap_or(0).min(EVENTS_WAIT_MS_MAX));
+    Ok(Json(c.events(q.since.unwrap_or(0), limit, wait).await))
 }
 
 #[derive(Deserialize)]
@@ -491,6 +518,7 @@ pub fn router(control: Ctl, gate: Arc<guard::Gate>) -> Router {
     Router::new()
         .route("/api/v1/status", get(status))
         .route("/api/v1/audit", audit_route(gate.clone()))
+        .route("/api/v1/events", get(events))
         .route("/api/v1/pools", get(pools).post(create_pool))
         .route("/api/v1/disks", get(disks).post(create_disk))
         .route("/api/v1/luns", get(luns).post(create_lun))

@@ -33,4 +33,5 @@ mod tmf;
 mod writer;
 
 pub use config::{Auth, ChapSecret, Limits, Portal, ServerConfig, TargetSpec};
+pub use auth_limit::AuthStats;
 pub use server::Server;
