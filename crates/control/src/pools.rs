@@ -579,7 +579,9 @@ impl Pools {
 
     /// Every attached cache's name, mode, state line and device states (cheap:
     /// no counters), for the event watcher.
-    pub fn cache_health(&self) -> Vec<(String, cache::CacheMode, String, Vec<cache::DeviceStatus>)> {
+    pub fn cache_health(
+        &self,
+    ) -> Vec<(String, cache::CacheMode, String, Vec<cache::DeviceStatus>)> {
         self.caches
             .iter()
             .filter_map(|(n, c)| {

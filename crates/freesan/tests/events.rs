@@ -133,11 +133,9 @@ fn smtp_conn(s: TcpStream, got: Got) {
             let (sev, rest) = rest.split_once("] ").expect(&subject);
             let (kind, rest) = rest.split_once(' ').expect(&subject);
             let (object, _) = rest.split_once(": ").expect(&subject);
-            got.lock().unwrap().push((
-                kind.to_string(),
-                sev.to_string(),
-                object.to_string(),
-            ));
+            got.lock()
+                .unwrap()
+                .push((kind.to_string(), sev.to_string(), object.to_string()));
             w.write_all(b"250 queued\r\n").unwrap();
         } else if cmd.starts_with("QUIT") {
             let _ = w.write_all(b"221 bye\r\n");
@@ -383,7 +381,8 @@ fn failures_reach_webhook_and_mail_once_and_the_log_survives_a_restart() {
     }
     for k in ["rebuild_started", "rebuild_finished"] {
         assert!(
-            log.iter().any(|e| e["kind"] == k && e["object"] == "p" && e["severity"] == "info"),
+            log.iter()
+                .any(|e| e["kind"] == k && e["object"] == "p" && e["severity"] == "info"),
             "{k} not in the log: {log:?}"
         );
     }
@@ -393,14 +392,25 @@ fn failures_reach_webhook_and_mail_once_and_the_log_survives_a_restart() {
         .map(|e| e["seq"].as_u64().unwrap())
         .collect();
     assert_eq!(started.len(), 2, "one node_started per start: {log:?}");
-    assert!(started[1] > last_before, "new events are numbered after the old");
+    assert!(
+        started[1] > last_before,
+        "new events are numbered after the old"
+    );
     let seqs: Vec<u64> = log.iter().map(|e| e["seq"].as_u64().unwrap()).collect();
-    assert!(seqs.windows(2).all(|w| w[1] == w[0] + 1), "gapless: {seqs:?}");
+    assert!(
+        seqs.windows(2).all(|w| w[1] == w[0] + 1),
+        "gapless: {seqs:?}"
+    );
     // --since shows only what came after
-    let after: Vec<Value> = cli(&n1, &["events", "--json", "--since", &last_before.to_string()])
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect();
-    assert!(after.iter().all(|e| e["seq"].as_u64().unwrap() > last_before));
+    let after: Vec<Value> = cli(
+        &n1,
+        &["events", "--json", "--since", &last_before.to_string()],
+    )
+    .lines()
+    .map(|l| serde_json::from_str(l).unwrap())
+    .collect();
+    assert!(after
+        .iter()
+        .all(|e| e["seq"].as_u64().unwrap() > last_before));
     assert!(after.iter().any(|e| e["kind"] == "node_started"));
 }

@@ -107,7 +107,10 @@ pub fn start(cfg: &AlertsConfig, log: &super::log::EventLog) -> Result<()> {
             }
             for (name, q) in &queues {
                 if q.try_send(e.clone()).is_err() {
-                    tracing::warn!(seq = e.seq, "alerts: {name} is behind; event not delivered there");
+                    tracing::warn!(
+                        seq = e.seq,
+                        "alerts: {name} is behind; event not delivered there"
+                    );
                 }
             }
         }

@@ -49,7 +49,10 @@ fn now() -> (u64, String) {
             d.replace_nanosecond(d.millisecond() as u32 * 1_000_000)
                 .ok()
         })
-        .and_then(|d| d.format(&time::format_description::well_known::Rfc3339).ok())
+        .and_then(|d| {
+            d.format(&time::format_description::well_known::Rfc3339)
+                .ok()
+        })
         .unwrap_or_default();
     (ms, text)
 }
@@ -234,7 +237,11 @@ mod tests {
         assert_eq!(log.since(0, 100).len(), 10);
         drop(log);
         let text = std::fs::read_to_string(dir.path().join("events.jsonl")).unwrap();
-        assert!(text.lines().count() <= 11, "file bounded: {}", text.lines().count());
+        assert!(
+            text.lines().count() <= 11,
+            "file bounded: {}",
+            text.lines().count()
+        );
         // a torn last line, as a crash mid-append leaves it
         let mut f = std::fs::OpenOptions::new()
             .append(true)

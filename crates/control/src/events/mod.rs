@@ -168,8 +168,8 @@ pub fn check_config(a: &crate::config::AlertsConfig) -> anyhow::Result<()> {
             .map_err(|e| anyhow::anyhow!("[alerts] min_severity: {e}"))?;
     }
     for u in &a.webhook {
-        let url = reqwest::Url::parse(u)
-            .map_err(|e| anyhow::anyhow!("[alerts] webhook {u:?}: {e}"))?;
+        let url =
+            reqwest::Url::parse(u).map_err(|e| anyhow::anyhow!("[alerts] webhook {u:?}: {e}"))?;
         if url.scheme() != "http" && url.scheme() != "https" {
             anyhow::bail!("[alerts] webhook {u:?}: only http and https URLs");
         }

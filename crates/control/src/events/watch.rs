@@ -47,7 +47,11 @@ pub fn certificate_files(cfg: &crate::config::Config) -> Vec<PathBuf> {
     let mut v = vec![api::tls::serving_cert_file(&cfg.data_dir)];
     if let Some(n) = &cfg.nbd {
         let dir = cfg.data_dir.join("nbd");
-        v.push(n.tls_cert.clone().unwrap_or_else(|| dir.join("server-cert.pem")));
+        v.push(
+            n.tls_cert
+                .clone()
+                .unwrap_or_else(|| dir.join("server-cert.pem")),
+        );
         v.push(dir.join("ca-cert.pem"));
     }
     v
@@ -56,7 +60,11 @@ pub fn certificate_files(cfg: &crate::config::Config) -> Vec<PathBuf> {
 /// Starts the watcher tasks; they run as long as the runtime does.
 pub fn start(log: Arc<EventLog>, src: Sources) {
     for (iqn, t) in &src.targets {
-        tokio::spawn(follow_target(log.clone(), iqn.clone(), t.subscribe_events()));
+        tokio::spawn(follow_target(
+            log.clone(),
+            iqn.clone(),
+            t.subscribe_events(),
+        ));
     }
     let certs = src.certificates.clone();
     let l = log.clone();
@@ -177,7 +185,11 @@ impl State {
                             format!(
                                 "cache {name}: device {i} ({}) failed{}",
                                 d.name,
-                                if wb { "; the write-back cache has lost its mirror" } else { "" }
+                                if wb {
+                                    "; the write-back cache has lost its mirror"
+                                } else {
+                                    ""
+                                }
                             ),
                         ));
                     }
@@ -444,10 +456,7 @@ fn check_certificates(log: &EventLog, files: &[PathBuf], reported: &mut BTreeSet
                 if expired {
                     format!("the TLS certificate {} has expired", f.display())
                 } else {
-                    format!(
-                        "the TLS certificate {} expires in {days} days",
-                        f.display()
-                    )
+                    format!("the TLS certificate {} expires in {days} days", f.display())
                 },
             ));
         }
