@@ -478,6 +478,99 @@ fn first_cert_not_after(pem: &[u8]) -> Result<i64, String> {
 
 #[cfg(test)]
 mod tests {
+    use super::{pool_events, K, S};
+
+    fn member(pos: usize, name: &str, state: &str) -> serde_json::Value {
+        serde_json::json!({"position": pos, "name": name, "uuid": "0", "state": state,
+            "rebuilt_bytes": 0, "errors": 0, "reads": 0, "writes": 0,
+            "read_bytes": 0, "written_bytes": 0})
+    }
+
+    fn pool(
+        state: &str,
+        members: Vec<serde_json::Value>,
+        spares: &[&str],
+        rebuild: bool,
+    ) -> raid::PoolStatus {
+        let spares: Vec<_> = spares
+            .iter()
+            .map(|s| serde_json::json!({"name": s, "uuid": "0"}))
+            .collect();
+        let rebuild = rebuild
+            .then(|| serde_json::json!({"done_bytes": 0, "total_bytes": 1, "rate_mb_s": 0.0}));
+        serde_json::from_value(
+            serde_json::json!({"name": "p", "uuid": "0", "level": "raid1",
+            "chunk_bytes": 65536, "state": state, "capacity_bytes": 0, "usable_bytes": 0,
+            "redundancy": 1, "generation": 1, "members": members, "spares": spares,
+            "rebuild": rebuild, "rebuild_rate_mb_s": 0}),
+        )
+        .unwrap()
+    }
+
+    fn kinds(old: &raid::PoolStatus, new: &raid::PoolStatus) -> Vec<(K, S, String)> {
+        let mut out = Vec::new();
+        pool_events(old, new, &mut out);
+        out.into_iter()
+            .map(|e| (e.kind, e.severity, e.object))
+            .collect()
+    }
+
+    #[test]
+    fn pool_transitions_yield_one_event_each_even_when_fast() {
+        let healthy = pool(
+            "optimal",
+            vec![member(0, "d0", "active"), member(1, "d1", "active")],
+            &["d2"],
+            false,
+        );
+        // seen step by step
+        let failed = pool(
+            "degraded",
+            vec![member(0, "d0", "failed"), member(1, "d1", "active")],
+            &["d2"],
+            false,
+        );
+        let rebuilding = pool(
+            "rebuilding",
+            vec![member(0, "d2", "rebuilding"), member(1, "d1", "active")],
+            &[],
+            true,
+        );
+        let done = pool(
+            "optimal",
+            vec![member(0, "d2", "active"), member(1, "d1", "active")],
+            &[],
+            false,
+        );
+        assert_eq!(
+            kinds(&healthy, &failed),
+            vec![(K::DiskFailed, S::Critical, "d0".into())]
+        );
+        assert_eq!(kinds(&failed, &failed), vec![]);
+        assert_eq!(
+            kinds(&failed, &rebuilding),
+            vec![
+                (K::SparePulledIn, S::Warning, "d2".into()),
+                (K::RebuildStarted, S::Info, "p".into())
+            ]
+        );
+        assert_eq!(
+            kinds(&rebuilding, &done),
+            vec![(K::RebuildFinished, S::Info, "p".into())]
+        );
+        // all of it between two looks
+        assert_eq!(
+            kinds(&healthy, &done),
+            vec![
+                (K::DiskFailed, S::Critical, "d0".into()),
+                (K::SparePulledIn, S::Warning, "d2".into()),
+                (K::RebuildStarted, S::Info, "p".into()),
+                (K::RebuildFinished, S::Info, "p".into()),
+            ]
+        );
+        assert_eq!(kinds(&done, &done), vec![]);
+    }
+
     #[test]
     fn reads_a_certificate_end() {
         let key = rcgen::KeyPair::generate().unwrap();
