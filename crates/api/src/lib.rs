@@ -209,6 +209,42 @@ pub trait Control: Send + Sync + 'static {
     async fn list(&self, _kind: ObjectKind) -> Vec<Value> {
         Vec::new()
     }
+    /// The node's events with a sequence number above `since`, oldest first, at
+    /// most `limit`: `{"last_seq": N, "events": [...]}`. When there is none yet,
+    /// waits up to `wait` for one (long poll). None kept by default.
+    async fn events(&self, _since: u64, _limit: usize, _wait: std::time::Duration) -> Value {
+        json!({ "last_seq": 0, "events": [] })
+    }
+}
+
+/// `GET /api/v1/events` query.
+#[derive(Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
+struct EventsQuery {
+    /// Only events with a sequence number above this (default 0: the oldest kept).
+    since: Option<u64>,
+    /// At most this many (default 100, 1 to 1000).
+    limit: Option<usize>,
+    /// With none to give yet, wait up to this long for one (at most 30000).
+    wait_ms: Option<u64>,
+}
+
+/// Longest wait of `GET /api/v1/events?wait_ms=`.
+pub const EVENTS_WAIT_MS_MAX: u64 = 30_000;
+
+#[utoipa::path(get, path = "/api/v1/events", tag = "node",
+    summary = "The event log (failures, rebuilds, failovers, thresholds...), oldest first; long poll with wait_ms",
+    params(EventsQuery),
+    responses((status = 200, description = "{\"last_seq\": N, \"events\": [...]}", body = Value),
+        (status = 400, description = "malformed request", body = ErrorBody)))]
+async fn events(
+    State(c): State<Ctl>,
+    q: Result<Query<EventsQuery>, axum::extract::rejection::QueryRejection>,
+) -> Result<Json<Value>, ApiError> {
+    let Query(q) = q.map_err(|e| ApiError::BadRequest(e.body_text()))?;
+    let limit = q.limit.unwrap_or(100).clamp(1, 1000);
+    let wait = std::time::Duration::from_millis(q.wait_ms.unwrap_or(0).min(EVENTS_WAIT_MS_MAX));
+    Ok(Json(c.events(q.since.unwrap_or(0), limit, wait).await))
 }
 
 #[derive(Deserialize, utoipa::ToSchema)]
@@ -565,6 +601,7 @@ fn routes() -> (Router<Ctl>, utoipa::openapi::OpenApi) {
     OpenApiRouter::with_openapi(ApiDoc::openapi())
         .routes(routes!(status))
         .routes(routes!(audit))
+        .routes(routes!(events))
         .routes(routes!(openapi_json))
         .routes(routes!(pools, create_pool))
         .routes(routes!(disks, create_disk))

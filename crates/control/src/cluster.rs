@@ -216,6 +216,11 @@ impl Cluster {
             .collect()
     }
 
+    /// Typed status of every replicated volume, for the event watcher.
+    pub fn replica_statuses(&self) -> Vec<replica::ReplicaStatus> {
+        self.volumes.read().iter().map(|v| v.status()).collect()
+    }
+
     /// Keeps the ALUA states of LUN `lun` of `target` for this node's port group
     /// and the partner's in step with its replicated volume: each replicated LUN's
     /// paths follow its own state (a LUN resyncing does not take the others'

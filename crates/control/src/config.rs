@@ -53,6 +53,50 @@ pub struct Config {
     /// are kept identical on both nodes.
     #[serde(default)]
     pub cluster: Option<ClusterConfig>,
+    /// Where the node's events (disk failed, partner lost, ...) are sent.
+    #[serde(default)]
+    pub alerts: AlertsConfig,
+}
+
+/// `[alerts]`: delivery of the node's events (see `docs/alerts.md`). Every
+/// event is kept in `DATA_DIR/events.jsonl` whatever this says.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Default)]
+#[serde(deny_unknown_fields)]
+pub struct AlertsConfig {
+    /// URLs every event is POSTed to as JSON (http or https).
+    #[serde(default)]
+    pub webhook: Vec<String>,
+    /// Mail every event to these addresses.
+    #[serde(default)]
+    pub smtp: Option<SmtpConfig>,
+    /// Least severity delivered: "info", "warning" (default) or "critical".
+    #[serde(default)]
+    pub min_severity: Option<String>,
+    /// Events kept in the log (default 10000).
+    #[serde(default)]
+    pub log_events_max: Option<usize>,
+}
+
+/// `[alerts.smtp]`: the mail server events are sent through.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct SmtpConfig {
+    /// `host:port` of the SMTP server.
+    pub server: String,
+    /// Sender address.
+    pub from: String,
+    /// Recipients.
+    pub to: Vec<String>,
+    /// Upgrade the connection with STARTTLS (required when true; default false:
+    /// plain SMTP, for a relay on the same host).
+    #[serde(default)]
+    pub starttls: bool,
+    /// Login name, if the server wants one (with `password`).
+    #[serde(default)]
+    pub username: Option<String>,
+    /// Password for `username`.
+    #[serde(default)]
+    pub password: Option<String>,
 }
 
 /// The HA pair this node belongs to.
@@ -863,6 +907,7 @@ impl Config {
             pools: vec![],
             caches: vec![],
             cluster: None,
+            alerts: AlertsConfig::default(),
         }
     }
 
@@ -919,6 +964,7 @@ impl Config {
 
     /// Checks everything that can be checked before opening files or sockets.
     pub fn validate(&self) -> Result<()> {
+        crate::events::check_config(&self.alerts)?;
         if self.portals.is_empty() {
             bail!("no portal configured");
         }

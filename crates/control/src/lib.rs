@@ -18,7 +18,7 @@
 //! config file is never rewritten.
 //!
 //! Modules, from the bottom up (each imports only modules before it here):
-//! `identity`, [`config`], [`secrets`], [`managed`], `allowed`, `nbdtls`,
+//! `identity`, [`config`], [`events`], [`secrets`], [`managed`], `allowed`, `nbdtls`,
 //! [`api_node`], `pools`, `cluster`, `ha_scsi`, `lun`, `objects`, `node`,
 //! [`serve`].
 
@@ -28,6 +28,7 @@ pub mod api_node;
 // The node's side of an HA pair: replicated volumes, sync listener, ALUA.
 mod cluster;
 pub mod config;
+pub mod events;
 // Persistent reservations and explicit ALUA states across an HA pair.
 mod ha_scsi;
 // LUN identities (NAA designator, serial), kept in the data directory.

@@ -23,6 +23,8 @@ pub struct NodeControl {
     pub summary: serde_json::Value,
     /// Disks, pools and LUNs created at run time.
     pub objects: Objects,
+    /// The node's event log.
+    pub events: Arc<crate::events::log::EventLog>,
 }
 
 #[async_trait::async_trait]
@@ -70,6 +72,30 @@ impl api::Control for NodeControl {
 
     fn pools(&self) -> Vec<serde_json::Value> {
         self.pools.statuses()
+    }
+
+    async fn events(
+        &self,
+        since: u64,
+        limit: usize,
+        wait: std::time::Duration,
+    ) -> serde_json::Value {
+        // subscribed before looking, so that an event recorded in between is seen
+        let mut rx = self.events.subscribe();
+        let mut found = self.events.since(since, limit);
+        if found.is_empty() && !wait.is_zero() {
+            let deadline = tokio::time::Instant::now() + wait;
+            while let Ok(Ok(e)) = tokio::time::timeout_at(deadline, rx.recv()).await {
+                if e.seq > since {
+                    found = self.events.since(since, limit);
+                    break;
+                }
+            }
+        }
+        serde_json::json!({
+            "last_seq": self.events.last_seq(),
+            "events": found,
+        })
     }
 
     fn caches(&self) -> Vec<serde_json::Value> {

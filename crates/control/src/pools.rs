@@ -571,6 +571,26 @@ impl Pools {
         names.iter().filter_map(|n| self.status(n)).collect()
     }
 
+    /// Every pool's typed status, for the event watcher.
+    pub fn pool_statuses(&self) -> Vec<raid::PoolStatus> {
+        let pools: Vec<Arc<raid::Pool>> = self.pools.read().values().cloned().collect();
+        pools.iter().map(|p| p.status()).collect()
+    }
+
+    /// Every attached cache's name, mode, state line and device states (cheap:
+    /// no counters), for the event watcher.
+    pub fn cache_health(
+        &self,
+    ) -> Vec<(String, cache::CacheMode, String, Vec<cache::DeviceStatus>)> {
+        self.caches
+            .iter()
+            .filter_map(|(n, c)| {
+                let (state, devices) = c.volume()?.health();
+                Some((n.clone(), c.cfg.mode, state, devices))
+            })
+            .collect()
+    }
+
     /// Status of pool `name`, with the disks still free for spares and replacements.
     pub fn status(&self, name: &str) -> Option<serde_json::Value> {
         let p = self.pools.read().get(name)?.clone();

@@ -200,6 +200,13 @@ where
         bail!("the node's buffer budget was set before the node started");
     }
     crate::secrets::private_files(&cfg.data_dir)?;
+    let events = Arc::new(crate::events::log::EventLog::open(
+        &cfg.data_dir,
+        cfg.alerts
+            .log_events_max
+            .unwrap_or(crate::events::log::DEFAULT_EVENTS_MAX),
+    )?);
+    crate::events::deliver::start(&cfg.alerts, &events)?;
     let pools = std::sync::Arc::new(Pools::open(&cfg).await?);
     let cluster = cfg
         .cluster
@@ -211,7 +218,7 @@ where
         let portals: Vec<_> = cfg.portals.iter().map(|p| p.address).collect();
         c.listen(&portals).await?;
     }
-    let targets = server_cfg
+    let targets: std::collections::HashMap<String, Arc<scsi::ScsiTarget>> = server_cfg
         .targets
         .iter()
         .map(|t| (t.iqn.clone(), t.scsi.clone()))
@@ -235,6 +242,19 @@ where
         None => None,
     };
     let addrs = server.local_addrs();
+    crate::events::watch::start(
+        events.clone(),
+        crate::events::watch::Sources {
+            pools: pools.clone(),
+            cluster: cluster.clone(),
+            targets: targets
+                .iter()
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect(),
+            auth: Some(server.auth_stats()),
+            certificates: crate::events::watch::certificate_files(&cfg),
+        },
+    );
     let api_server = match &cfg.api {
         Some(a) => {
             let summary = serde_json::json!({
@@ -247,6 +267,7 @@ where
                 summary,
                 objects: Objects::new(&cfg, targets)?
                     .with_nbd(nbd_server.as_ref().map(|n| n.exports())),
+                events: events.clone(),
             });
             crate::api_node::prepare_node(&cfg.data_dir)?;
             let options = api::ApiOptions {
@@ -263,6 +284,12 @@ where
         }
         None => None,
     };
+    events.emit(crate::events::NewEvent::new(
+        crate::events::Severity::Info,
+        crate::events::EventKind::NodeStarted,
+        cfg.data_dir.display().to_string(),
+        format!("freesan {} started", env!("CARGO_PKG_VERSION")),
+    ));
     // watched before the banner: whoever starts the node may stop it at once
     let stop_signal = stop_signal();
     eprintln!("freesan {} serving", env!("CARGO_PKG_VERSION"));

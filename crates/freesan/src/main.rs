@@ -13,6 +13,7 @@
 mod apicmd;
 mod benchcmd;
 mod cachecmd;
+mod eventscmd;
 mod objcmd;
 mod poolcmd;
 mod replicacmd;
@@ -94,6 +95,21 @@ enum Command {
         #[command(flatten)]
         api: poolcmd::ApiArg,
         /// Print the raw JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// The node's events (disk failed, spare pulled in, partner lost, ...):
+    /// `--follow` prints new ones as they come.
+    Events {
+        #[command(flatten)]
+        api: poolcmd::ApiArg,
+        /// Only events with a sequence number above N.
+        #[arg(long, value_name = "N", default_value_t = 0)]
+        since: u64,
+        /// Keep waiting for new events and print them as they come.
+        #[arg(long, short = 'f')]
+        follow: bool,
+        /// One JSON event per line.
         #[arg(long)]
         json: bool,
     },
@@ -313,6 +329,16 @@ fn main() {
             quiet_broken_pipe();
             apicmd::use_credentials(&api);
             statuscmd::run(api.api, json)
+        }
+        Command::Events {
+            api,
+            since,
+            follow,
+            json,
+        } => {
+            quiet_broken_pipe();
+            apicmd::use_credentials(&api);
+            eventscmd::run(api.api, since, follow, json)
         }
         Command::Cache { api, cmd } => {
             quiet_broken_pipe();

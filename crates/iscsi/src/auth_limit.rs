@@ -34,8 +34,22 @@ pub(crate) struct AuthLimits {
     pub sources_max: usize,
 }
 
+/// Counters of failed authentications since the server started, for the
+/// control plane's events (read by polling; never blocks a login).
+#[derive(Debug, Default)]
+pub struct AuthStats {
+    /// Failed authentications.
+    pub failures_total: std::sync::atomic::AtomicU64,
+    /// Sources locked out for failing too often.
+    pub lockouts_total: std::sync::atomic::AtomicU64,
+    /// The source most recently locked out.
+    pub last_locked_source: Mutex<Option<IpAddr>>,
+}
+
 /// Per-source failure counts and lockouts.
 pub(crate) struct AuthLimiter {
+    /// Totals, shared with [`crate::Server::auth_stats`].
+    pub(crate) stats: std::sync::Arc<AuthStats>,
     records: Mutex<HashMap<IpAddr, Record>>,
     limits: AuthLimits,
     /// For the lines about refused connections of locked sources.
@@ -55,6 +69,7 @@ impl AuthLimiter {
     /// A limiter with these settings.
     pub(crate) fn new(limits: AuthLimits) -> AuthLimiter {
         AuthLimiter {
+            stats: Default::default(),
             records: Mutex::new(HashMap::new()),
             limits: AuthLimits {
                 failures_max: limits.failures_max.max(1),
@@ -106,7 +121,11 @@ impl AuthLimiter {
         r.last = now;
         let locked_now =
             r.failures >= self.limits.failures_max && r.locked_until.is_none_or(|u| u <= now);
+        use std::sync::atomic::Ordering::Relaxed;
+        self.stats.failures_total.fetch_add(1, Relaxed);
         if locked_now {
+            *self.stats.last_locked_source.lock() = Some(source);
+            self.stats.lockouts_total.fetch_add(1, Relaxed);
             r.locked_until = Some(now + self.limits.lockout);
             // A new window starts after the lockout.
             r.failures = 0;

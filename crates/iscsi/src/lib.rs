@@ -32,5 +32,6 @@ mod session;
 mod tmf;
 mod writer;
 
+pub use auth_limit::AuthStats;
 pub use config::{Auth, ChapSecret, Limits, Portal, ServerConfig, TargetSpec};
 pub use server::Server;

@@ -143,6 +143,11 @@ impl Server {
         })
     }
 
+    /// Counters of failed authentications (CHAP) since the server started.
+    pub fn auth_stats(&self) -> std::sync::Arc<crate::auth_limit::AuthStats> {
+        self.ctx.auth_limit.stats.clone()
+    }
+
     /// The bound address of every portal, in configuration order.
     pub fn local_addrs(&self) -> Vec<SocketAddr> {
         self.ctx.portals.iter().map(|p| p.addr).collect()

@@ -513,6 +513,22 @@ impl Pool {
             .max_by_key(|sb| (sb.generation, sb.events))
             .cloned()
             .ok_or_else(|| RaidError::Config("no members".into()))?;
+        // A stale member the newest superblock no longer names was replaced (a
+        // spare took its place, or an operator replaced it): it is out of the
+        // pool, whatever the configuration still lists; leave it out (with
+        // `force` it may be re-added where it was, below).
+        if !force {
+            found.retain(|(m, sb)| {
+                let replaced = sb.generation != newest.generation
+                    && !newest.members.iter().any(|r| r.uuid == sb.member_uuid);
+                if replaced {
+                    tracing::warn!(member = %m.name, generation = sb.generation,
+                        newest = newest.generation,
+                        "member was replaced in the pool since; left out of it");
+                }
+                !replaced
+            });
+        }
         for (m, sb) in &found {
             if sb.generation != newest.generation && !force {
                 return Err(RaidError::StaleGeneration {

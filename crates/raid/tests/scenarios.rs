@@ -187,6 +187,40 @@ async fn hot_spare_pulled_in_and_rebuilt() {
 }
 
 #[tokio::test]
+async fn a_member_a_spare_replaced_is_left_out_when_assembled_again() {
+    let ms: Vec<TestMember> = (0..3).map(|_| member(MEMBER_BLOCKS)).collect();
+    let spare = member(MEMBER_BLOCKS);
+    let pool = Pool::create(
+        config(RaidLevel::Raid5),
+        members_of(&ms),
+        vec![spare.as_member("spare")],
+    )
+    .await
+    .unwrap();
+    let oracle = MemVolume::new(BS, pool.geometry().block_count);
+    fill(&pool, &oracle, 23).await;
+    pool.fail_member(1).await.unwrap(); // the spare takes its place and is rebuilt
+    pool.wait_idle().await;
+    fill(&pool, &oracle, 24).await;
+    pool.shutdown().await.unwrap();
+    drop(pool);
+    // the configuration still lists the old member and the spare: the pool comes
+    // up on the spare, the replaced member stays out (it is stale)
+    let mut all = members_of(&ms);
+    all.push(spare.as_member("spare"));
+    let pool = Pool::assemble(all, false).await.expect("assemble");
+    let st = pool.status();
+    assert_eq!(st.state, PoolState::Optimal, "{st:?}");
+    assert_eq!(st.members[1].name, "spare");
+    assert!(
+        st.spares.is_empty(),
+        "the replaced member is not a spare: {st:?}"
+    );
+    ms[0].plan.lock().dead = true; // and the spare holds its share
+    check_all(&pool, &oracle).await;
+}
+
+#[tokio::test]
 async fn scrub_raid6_locates_and_repairs() {
     let (pool, ms) = make_pool(RaidLevel::Raid6, 6).await;
     pool.wait_idle().await;

@@ -1,0 +1,584 @@
+//! Where events come from: a task that polls the layers' typed status once a
+//! second (pools, caches, replicated volumes, iSCSI authentication counters)
+//! and emits one event per state transition, tasks that follow each SCSI
+//! target's LU events (thin provisioning), and a daily look at the node's TLS
+//! certificates.
+//!
+//! What it does not do: sit in the data path, or repeat what was already so
+//! when the node started (the first poll is the baseline; the status API
+//! shows standing conditions).
+//!
+//! Invariant: edge-triggered: a condition that lasts yields one event when it
+//! begins (and, for some, one when it ends), never one per poll.
+
+use super::log::EventLog;
+use super::{EventKind as K, NewEvent, Severity as S};
+use crate::cluster::Cluster;
+use crate::pools::Pools;
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// How often the layers' states are compared.
+const POLL: Duration = Duration::from_secs(1);
+/// How often the certificates are looked at (also at start).
+const CERT_CHECK: Duration = Duration::from_secs(24 * 3600);
+/// A certificate this close to its end is reported.
+const CERT_WARN_DAYS: i64 = 30;
+
+/// What the watcher looks at.
+pub struct Sources {
+    /// The node's pools and caches.
+    pub pools: Arc<Pools>,
+    /// The node's side of its HA pair, if any.
+    pub cluster: Option<Arc<Cluster>>,
+    /// The SCSI targets (iqn, target), for their LU events.
+    pub targets: Vec<(String, Arc<scsi::ScsiTarget>)>,
+    /// The iSCSI server's failed-authentication counters.
+    pub auth: Option<Arc<iscsi::AuthStats>>,
+    /// TLS certificate files (PEM) whose expiry is watched; missing ones skipped.
+    pub certificates: Vec<PathBuf>,
+}
+
+/// The node's TLS certificates: the API's serving certificate, and NBD's
+/// certificate and authority (made at first start unless configured).
+pub fn certificate_files(cfg: &crate::config::Config) -> Vec<PathBuf> {
+    let mut v = vec![api::tls::serving_cert_file(&cfg.data_dir)];
+    if let Some(n) = &cfg.nbd {
+        let dir = cfg.data_dir.join("nbd");
+        v.push(
+            n.tls_cert
+                .clone()
+                .unwrap_or_else(|| dir.join("server-cert.pem")),
+        );
+        v.push(dir.join("ca-cert.pem"));
+    }
+    v
+}
+
+/// Starts the watcher tasks; they run as long as the runtime does.
+pub fn start(log: Arc<EventLog>, src: Sources) {
+    for (iqn, t) in &src.targets {
+        tokio::spawn(follow_target(
+            log.clone(),
+            iqn.clone(),
+            t.subscribe_events(),
+        ));
+    }
+    let certs = src.certificates.clone();
+    let l = log.clone();
+    tokio::spawn(async move {
+        let mut reported = BTreeSet::new();
+        let mut tick = tokio::time::interval(CERT_CHECK);
+        loop {
+            tick.tick().await;
+            check_certificates(&l, &certs, &mut reported);
+        }
+    });
+    tokio::spawn(async move {
+        let mut st = State::default();
+        let mut tick = tokio::time::interval(POLL);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tick.tick().await;
+            for e in st.poll(&src) {
+                log.emit(e);
+            }
+        }
+    });
+}
+
+async fn follow_target(
+    log: Arc<EventLog>,
+    iqn: String,
+    mut rx: tokio::sync::broadcast::Receiver<scsi::LuEvent>,
+) {
+    use tokio::sync::broadcast::error::RecvError;
+    loop {
+        let e = match rx.recv().await {
+            Ok(e) => e,
+            Err(RecvError::Lagged(n)) => {
+                tracing::warn!(target = %iqn, "{n} LU events missed");
+                continue;
+            }
+            Err(RecvError::Closed) => return,
+        };
+        let gib = |b: u64| b as f64 / (1u64 << 30) as f64;
+        let ev = match e {
+            scsi::LuEvent::ThinThresholdReached {
+                lun,
+                mapped_bytes,
+                threshold_bytes,
+                available_bytes,
+            } => NewEvent::new(
+                S::Warning,
+                K::ThinThresholdReached,
+                format!("{iqn}/lun{lun}"),
+                format!(
+                    "thin LUN {lun} of {iqn} uses {:.2} GiB, over its threshold of {:.2} GiB; \
+                     {:.2} GiB left on its backing store",
+                    gib(mapped_bytes),
+                    gib(threshold_bytes),
+                    gib(available_bytes)
+                ),
+            ),
+            scsi::LuEvent::ThinOutOfSpace { lun, mapped_bytes } => NewEvent::new(
+                S::Critical,
+                K::ThinOutOfSpace,
+                format!("{iqn}/lun{lun}"),
+                format!(
+                    "thin LUN {lun} of {iqn} is out of space ({:.2} GiB used): writes fail",
+                    gib(mapped_bytes)
+                ),
+            ),
+        };
+        log.emit(ev);
+    }
+}
+
+/// What the last poll saw.
+#[derive(Default)]
+struct State {
+    /// Polled at least once (the first poll is the baseline).
+    primed: bool,
+    pools: BTreeMap<String, raid::PoolStatus>,
+    caches: BTreeMap<String, (String, Vec<cache::DeviceStatus>)>,
+    /// Caches reported unhealthy and not yet recovered.
+    caches_reported: BTreeSet<String>,
+    replicas: BTreeMap<String, ReplicaSeen>,
+    lockouts: u64,
+}
+
+#[derive(Clone)]
+struct ReplicaSeen {
+    connected: bool,
+    /// The last settled role (not Deciding).
+    role: Option<replica::Role>,
+    state: &'static str,
+    split_brain: bool,
+    lost_reported: bool,
+}
+
+impl State {
+    fn poll(&mut self, src: &Sources) -> Vec<NewEvent> {
+        let mut out = Vec::new();
+        let primed = self.primed;
+        // pools
+        for p in src.pools.pool_statuses() {
+            if let Some(old) = self.pools.get(&p.name) {
+                pool_events(old, &p, &mut out);
+            }
+            self.pools.insert(p.name.clone(), p);
+        }
+        // caches
+        for (name, mode, state, devices) in src.pools.cache_health() {
+            if let Some((old_state, old_devs)) = self.caches.get(&name) {
+                for (i, d) in devices.iter().enumerate() {
+                    let was = old_devs.get(i).map(|d| d.state.as_str());
+                    if d.state == "failed" && was != Some("failed") {
+                        let wb = mode == cache::CacheMode::WriteBack;
+                        out.push(NewEvent::new(
+                            if wb { S::Critical } else { S::Warning },
+                            K::CacheDeviceFailed,
+                            format!("{name}/{}", d.name),
+                            format!(
+                                "cache {name}: device {i} ({}) failed{}",
+                                d.name,
+                                if wb {
+                                    "; the write-back cache has lost its mirror"
+                                } else {
+                                    ""
+                                }
+                            ),
+                        ));
+                    }
+                }
+                if state.contains("write-through") && !old_state.contains("write-through") {
+                    out.push(NewEvent::new(
+                        S::Warning,
+                        K::CacheWriteThrough,
+                        name.clone(),
+                        format!("cache {name} fell back to write-through: {state}"),
+                    ));
+                    self.caches_reported.insert(name.clone());
+                }
+                if state != "ok" && !state.starts_with("draining") {
+                    self.caches_reported.insert(name.clone());
+                }
+                if state == "ok" && *old_state != "ok" && self.caches_reported.remove(&name) {
+                    out.push(NewEvent::new(
+                        S::Info,
+                        K::CacheRecovered,
+                        name.clone(),
+                        format!("cache {name} is healthy again"),
+                    ));
+                }
+            }
+            self.caches.insert(name, (state, devices));
+        }
+        // replicated volumes
+        if let Some(c) = &src.cluster {
+            for r in c.replica_statuses() {
+                let settled = !matches!(r.role, replica::Role::Deciding);
+                let now = ReplicaSeen {
+                    connected: r.peer.is_some(),
+                    role: if settled { Some(r.role) } else { None },
+                    state: r.state,
+                    split_brain: r.reason.contains("split brain"),
+                    lost_reported: false,
+                };
+                let Some(old) = self.replicas.get(&r.name).cloned() else {
+                    self.replicas.insert(r.name.clone(), now);
+                    continue;
+                };
+                let mut seen = now.clone();
+                seen.role = now.role.or(old.role);
+                seen.lost_reported = old.lost_reported;
+                let name = &r.name;
+                if old.connected && !now.connected {
+                    out.push(NewEvent::new(
+                        S::Critical,
+                        K::PartnerLost,
+                        name.clone(),
+                        format!("{name}: lost the HA partner ({})", r.reason),
+                    ));
+                    seen.lost_reported = true;
+                }
+                if !old.connected && now.connected && old.lost_reported {
+                    out.push(NewEvent::new(
+                        S::Info,
+                        K::PartnerReturned,
+                        name.clone(),
+                        format!("{name}: the HA partner is back"),
+                    ));
+                    seen.lost_reported = false;
+                }
+                if let (Some(a), Some(b)) = (old.role, now.role) {
+                    if a != b {
+                        let alone = matches!(b, replica::Role::Solo | replica::Role::Down);
+                        out.push(NewEvent::new(
+                            if alone { S::Warning } else { S::Info },
+                            K::RoleChanged,
+                            name.clone(),
+                            format!(
+                                "{name}: this node's role changed from {} to {} ({})",
+                                role_name(a),
+                                role_name(b),
+                                r.reason
+                            ),
+                        ));
+                    }
+                }
+                if old.state == "resyncing" && now.state == "in-sync" {
+                    out.push(NewEvent::new(
+                        S::Info,
+                        K::ResyncDone,
+                        name.clone(),
+                        format!("{name}: resync done; both copies are the same"),
+                    ));
+                }
+                if now.split_brain && !old.split_brain {
+                    out.push(NewEvent::new(
+                        S::Critical,
+                        K::SplitBrainRefused,
+                        name.clone(),
+                        format!("{name}: joining the copies was refused: {}", r.reason),
+                    ));
+                }
+                self.replicas.insert(r.name.clone(), seen);
+            }
+        }
+        // repeated failed logins
+        if let Some(a) = &src.auth {
+            let n = a.lockouts_total.load(std::sync::atomic::Ordering::Relaxed);
+            if primed && n > self.lockouts {
+                let source = a
+                    .last_locked_source
+                    .lock()
+                    .map_or_else(|| "-".to_string(), |s| s.to_string());
+                out.push(NewEvent::new(
+                    S::Warning,
+                    K::LoginFailuresRepeated,
+                    source.clone(),
+                    format!(
+                        "iSCSI logins from {source} failed authentication repeatedly; \
+                         the source is locked out for a while ({} lockouts since start)",
+                        n
+                    ),
+                ));
+            }
+            self.lockouts = n;
+        }
+        self.primed = true;
+        out
+    }
+}
+
+fn role_name(r: replica::Role) -> String {
+    serde_json::to_value(r)
+        .ok()
+        .and_then(|v| v.as_str().map(str::to_string))
+        .unwrap_or_else(|| format!("{r:?}"))
+}
+
+/// The events between two statuses of one pool.
+fn pool_events(old: &raid::PoolStatus, new: &raid::PoolStatus, out: &mut Vec<NewEvent>) {
+    use raid::{MemberState as M, PoolState as P};
+    let pool = &new.name;
+    let old_spares: BTreeSet<&str> = old.spares.iter().map(|s| s.name.as_str()).collect();
+    // a fast rebuild may run between two looks: a member replaced by another
+    // (a spare) says that its disk failed even if Failed was never seen
+    let mut rebuilt_unseen = false;
+    for m in &new.members {
+        let Some(was) = old.members.iter().find(|o| o.position == m.position) else {
+            continue;
+        };
+        let replaced = was.name != m.name;
+        if was.state != M::Failed && (m.state == M::Failed || replaced) {
+            out.push(NewEvent::new(
+                S::Critical,
+                K::DiskFailed,
+                was.name.clone(),
+                format!(
+                    "pool {pool}: member {} ({}) failed; the pool is {}",
+                    m.position,
+                    was.name,
+                    pool_state_name(new.state)
+                ),
+            ));
+        }
+        if replaced && old_spares.contains(m.name.as_str()) {
+            out.push(NewEvent::new(
+                S::Warning,
+                K::SparePulledIn,
+                m.name.clone(),
+                format!(
+                    "pool {pool}: hot spare {} took the place of member {} ({})",
+                    m.name, m.position, was.name
+                ),
+            ));
+        }
+        if m.state == M::Active && (replaced || was.state != M::Active) {
+            rebuilt_unseen = true;
+        }
+    }
+    if new.state == P::Failed && old.state != P::Failed {
+        out.push(NewEvent::new(
+            S::Critical,
+            K::PoolFailed,
+            pool.clone(),
+            format!("pool {pool} lost more members than it can: I/O fails"),
+        ));
+    }
+    let unseen = old.rebuild.is_none() && new.rebuild.is_none() && rebuilt_unseen;
+    if (old.rebuild.is_none() && new.rebuild.is_some()) || unseen {
+        let total = new.rebuild.as_ref().map_or(0, |p| p.total_bytes);
+        out.push(NewEvent::new(
+            S::Info,
+            K::RebuildStarted,
+            pool.clone(),
+            format!(
+                "pool {pool}: rebuild started ({:.1} GiB to copy)",
+                total as f64 / (1u64 << 30) as f64
+            ),
+        ));
+    }
+    if (old.rebuild.is_some() && new.rebuild.is_none()) || unseen {
+        let ok = new.state != P::Failed
+            && !new
+                .members
+                .iter()
+                .any(|m| matches!(m.state, M::Failed | M::Rebuilding));
+        out.push(NewEvent::new(
+            if ok { S::Info } else { S::Warning },
+            K::RebuildFinished,
+            pool.clone(),
+            if ok {
+                format!("pool {pool}: rebuild finished; the pool is redundant again")
+            } else {
+                format!(
+                    "pool {pool}: rebuild ended; the pool is {}",
+                    pool_state_name(new.state)
+                )
+            },
+        ));
+    }
+    if let Some(r) = &new.last_scrub {
+        let bad = r.mismatches + r.read_errors + r.unrepairable;
+        if old.last_scrub.as_ref() != Some(r) && bad > 0 {
+            out.push(NewEvent::new(
+                if r.unrepairable > 0 {
+                    S::Critical
+                } else {
+                    S::Warning
+                },
+                K::ScrubFoundErrors,
+                pool.clone(),
+                format!(
+                    "pool {pool}: scrub found {} mismatched and {} unreadable blocks; \
+                     {} repaired, {} could not be",
+                    r.mismatches, r.read_errors, r.repaired, r.unrepairable
+                ),
+            ));
+        }
+    }
+}
+
+fn pool_state_name(s: raid::PoolState) -> String {
+    serde_json::to_value(s)
+        .ok()
+        .and_then(|v| v.as_str().map(str::to_string))
+        .unwrap_or_else(|| format!("{s:?}"))
+}
+
+/// Reports each certificate (file, serial) within [`CERT_WARN_DAYS`] of its end
+/// once per node run.
+fn check_certificates(log: &EventLog, files: &[PathBuf], reported: &mut BTreeSet<String>) {
+    let now = time::OffsetDateTime::now_utc().unix_timestamp();
+    for f in files {
+        let Ok(pem) = std::fs::read(f) else { continue };
+        let not_after = match first_cert_not_after(&pem) {
+            Ok(t) => t,
+            Err(e) => {
+                tracing::warn!(file = %f.display(), "certificate not read: {e}");
+                continue;
+            }
+        };
+        let days = (not_after - now).div_euclid(86_400);
+        let key = format!("{}:{not_after}", f.display());
+        if days < CERT_WARN_DAYS && reported.insert(key) {
+            let expired = not_after <= now;
+            log.emit(NewEvent::new(
+                if expired { S::Critical } else { S::Warning },
+                K::CertificateExpiring,
+                f.display().to_string(),
+                if expired {
+                    format!("the TLS certificate {} has expired", f.display())
+                } else {
+                    format!("the TLS certificate {} expires in {days} days", f.display())
+                },
+            ));
+        }
+    }
+}
+
+/// The end of validity (Unix seconds) of the first certificate in a PEM file.
+fn first_cert_not_after(pem: &[u8]) -> Result<i64, String> {
+    for p in x509_parser::pem::Pem::iter_from_buffer(pem) {
+        let p = p.map_err(|e| e.to_string())?;
+        if p.label != "CERTIFICATE" {
+            continue;
+        }
+        let c = p.parse_x509().map_err(|e| e.to_string())?;
+        return Ok(c.validity().not_after.timestamp());
+    }
+    Err("no certificate in the file".into())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{pool_events, K, S};
+
+    fn member(pos: usize, name: &str, state: &str) -> serde_json::Value {
+        serde_json::json!({"position": pos, "name": name, "uuid": "0", "state": state,
+            "rebuilt_bytes": 0, "errors": 0, "reads": 0, "writes": 0,
+            "read_bytes": 0, "written_bytes": 0})
+    }
+
+    fn pool(
+        state: &str,
+        members: Vec<serde_json::Value>,
+        spares: &[&str],
+        rebuild: bool,
+    ) -> raid::PoolStatus {
+        let spares: Vec<_> = spares
+            .iter()
+            .map(|s| serde_json::json!({"name": s, "uuid": "0"}))
+            .collect();
+        let rebuild = rebuild
+            .then(|| serde_json::json!({"done_bytes": 0, "total_bytes": 1, "rate_mb_s": 0.0}));
+        serde_json::from_value(
+            serde_json::json!({"name": "p", "uuid": "0", "level": "raid1",
+            "chunk_bytes": 65536, "state": state, "capacity_bytes": 0, "usable_bytes": 0,
+            "redundancy": 1, "generation": 1, "members": members, "spares": spares,
+            "rebuild": rebuild, "rebuild_rate_mb_s": 0}),
+        )
+        .unwrap()
+    }
+
+    fn kinds(old: &raid::PoolStatus, new: &raid::PoolStatus) -> Vec<(K, S, String)> {
+        let mut out = Vec::new();
+        pool_events(old, new, &mut out);
+        out.into_iter()
+            .map(|e| (e.kind, e.severity, e.object))
+            .collect()
+    }
+
+    #[test]
+    fn pool_transitions_yield_one_event_each_even_when_fast() {
+        let healthy = pool(
+            "optimal",
+            vec![member(0, "d0", "active"), member(1, "d1", "active")],
+            &["d2"],
+            false,
+        );
+        // seen step by step
+        let failed = pool(
+            "degraded",
+            vec![member(0, "d0", "failed"), member(1, "d1", "active")],
+            &["d2"],
+            false,
+        );
+        let rebuilding = pool(
+            "rebuilding",
+            vec![member(0, "d2", "rebuilding"), member(1, "d1", "active")],
+            &[],
+            true,
+        );
+        let done = pool(
+            "optimal",
+            vec![member(0, "d2", "active"), member(1, "d1", "active")],
+            &[],
+            false,
+        );
+        assert_eq!(
+            kinds(&healthy, &failed),
+            vec![(K::DiskFailed, S::Critical, "d0".into())]
+        );
+        assert_eq!(kinds(&failed, &failed), vec![]);
+        assert_eq!(
+            kinds(&failed, &rebuilding),
+            vec![
+                (K::SparePulledIn, S::Warning, "d2".into()),
+                (K::RebuildStarted, S::Info, "p".into())
+            ]
+        );
+        assert_eq!(
+            kinds(&rebuilding, &done),
+            vec![(K::RebuildFinished, S::Info, "p".into())]
+        );
+        // all of it between two looks
+        assert_eq!(
+            kinds(&healthy, &done),
+            vec![
+                (K::DiskFailed, S::Critical, "d0".into()),
+                (K::SparePulledIn, S::Warning, "d2".into()),
+                (K::RebuildStarted, S::Info, "p".into()),
+                (K::RebuildFinished, S::Info, "p".into()),
+            ]
+        );
+        assert_eq!(kinds(&done, &done), vec![]);
+    }
+
+    #[test]
+    fn reads_a_certificate_end() {
+        let key = rcgen::KeyPair::generate().unwrap();
+        let mut params = rcgen::CertificateParams::new(vec!["x".into()]).unwrap();
+        params.not_after = rcgen::date_time_ymd(2030, 1, 2);
+        let cert = params.self_signed(&key).unwrap();
+        let t = super::first_cert_not_after(cert.pem().as_bytes()).unwrap();
+        assert_eq!(t, 1_893_542_400);
+        assert!(super::first_cert_not_after(b"junk").is_err());
+    }
+}
