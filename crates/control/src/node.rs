@@ -23,6 +23,8 @@ pub struct NodeControl {
     pub summary: serde_json::Value,
     /// Disks, pools and LUNs created at run time.
     pub objects: Objects,
+    /// The iSCSI server's sessions (for metrics).
+    pub iscsi_sessions: Option<iscsi::Sessions>,
 }
 
 #[async_trait::async_trait]
@@ -42,6 +44,10 @@ impl api::Control for NodeControl {
             "refusals": b.refusals,
         });
         s
+    }
+
+    fn metrics(&self, openmetrics: bool) -> Option<(&'static str, String)> {
+        Some(crate::metrics::render(self, openmetrics))
     }
 
     fn replicas(&self) -> Vec<serde_json::Value> {

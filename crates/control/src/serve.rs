@@ -242,6 +242,7 @@ where
                 summary,
                 objects: Objects::new(&cfg, targets)?
                     .with_nbd(nbd_server.as_ref().map(|n| n.exports())),
+                iscsi_sessions: Some(server.sessions()),
             });
             crate::api_node::prepare_node(&cfg.data_dir)?;
             let options = api::ApiOptions {

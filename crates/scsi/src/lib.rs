@@ -44,16 +44,18 @@ mod provisioning;
 mod replication;
 mod rw;
 pub mod sense;
+pub mod stats;
 mod target;
-mod thin;
 #[cfg(test)]
 mod tests;
+mod thin;
 mod ua;
 
 pub use admin::encode_lun;
 pub use inquiry::{Limits, CAW_BLOCKS_MAX, UNMAP_BLOCKS_MAX, UNMAP_DESCRIPTORS_MAX};
 pub use masking::{check_host_groups, HostGroup};
 pub use replication::{PrReplication, TaskAbort};
+pub use stats::{Direction, LuStats};
 pub use target::ScsiTarget;
 pub use thin::{LuEvent, CHECK_BYTES as THIN_CHECK_BYTES};
 pub use ua::UA_QUEUE_DEPTH_MAX;

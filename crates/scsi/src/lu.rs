@@ -186,6 +186,8 @@ pub(crate) struct LogicalUnit {
     pub thin: ThinThreshold,
     /// Where operator events go (the target's subscribers).
     pub events: tokio::sync::broadcast::Sender<LuEvent>,
+    /// Command counters for metrics (relaxed atomics only).
+    pub(crate) counters: crate::stats::LuCounters,
 }
 
 impl LogicalUnit {
@@ -230,6 +232,7 @@ impl LogicalUnit {
             alua,
             thin: ThinThreshold::new(None),
             events,
+            counters: Default::default(),
         })
     }
 
@@ -313,8 +316,12 @@ impl LogicalUnit {
             return;
         };
         if no_space && self.thin.ran_out() {
-            tracing::error!(lun = self.lun, mapped_bytes = p.mapped_bytes,
-                available_bytes = p.available_bytes, "thin LU out of space: writes are refused");
+            tracing::error!(
+                lun = self.lun,
+                mapped_bytes = p.mapped_bytes,
+                available_bytes = p.available_bytes,
+                "thin LU out of space: writes are refused"
+            );
             let _ = self.events.send(LuEvent::ThinOutOfSpace {
                 lun: self.lun,
                 mapped_bytes: p.mapped_bytes,
@@ -329,8 +336,13 @@ impl LogicalUnit {
                 threshold_bytes,
                 available_bytes,
             } => {
-                tracing::warn!(lun = self.lun, mapped_bytes, threshold_bytes, available_bytes,
-                    "thin provisioning soft threshold reached");
+                tracing::warn!(
+                    lun = self.lun,
+                    mapped_bytes,
+                    threshold_bytes,
+                    available_bytes,
+                    "thin provisioning soft threshold reached"
+                );
                 self.uas.raise_all(crate::thin::REACHED, None);
                 let _ = self.events.send(LuEvent::ThinThresholdReached {
                     lun: self.lun,
@@ -340,8 +352,11 @@ impl LogicalUnit {
                 });
             }
             Crossing::Down => {
-                tracing::info!(lun = self.lun, mapped_bytes = p.mapped_bytes,
-                    "thin LU back below its soft threshold (re-armed)");
+                tracing::info!(
+                    lun = self.lun,
+                    mapped_bytes = p.mapped_bytes,
+                    "thin LU back below its soft threshold (re-armed)"
+                );
             }
             Crossing::None => {}
         }
