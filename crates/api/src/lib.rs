@@ -10,6 +10,9 @@
 //! method; every changing request an authenticated caller makes is written to the
 //! [`audit`] log. Connections are bounded in total and per source ([`server`]).
 //!
+//! `GET /metrics` answers the node's metrics in the OpenMetrics text format
+//! (docs/metrics.md), behind the same token check (a read-only token is enough).
+//!
 //! Routes (all under `/api/v1`; `GET /api/v1/openapi.json` describes them all,
 //! generated from the handlers themselves):
 //! - `GET  /status` — the node: version, portals, targets, LUNs, pools.
@@ -166,6 +169,12 @@ pub trait Control: Send + Sync + 'static {
     fn pool(&self, name: &str) -> Option<Value>;
     /// Carries out an action on a pool; answers with the pool's new status.
     async fn pool_action(&self, name: &str, action: PoolAction) -> Result<Value, ApiError>;
+    /// The node's metrics for `GET /metrics`: the content type and the text, in
+    /// the OpenMetrics format when `openmetrics` (the client accepts it), else in
+    /// the Prometheus text format 0.0.4; None (404) by default.
+    fn metrics(&self, _openmetrics: bool) -> Option<(&'static str, String)> {
+        None
+    }
     /// Status of every replicated volume (HA pair); none by default.
     fn replicas(&self) -> Vec<Value> {
         Vec::new()
@@ -337,6 +346,27 @@ async fn cache(State(c): State<Ctl>, Path(name): Path<String>) -> Result<Json<Va
 }
 
 type Ctl = Arc<dyn Control>;
+
+#[utoipa::path(get, path = "/metrics", tag = "node",
+    summary = "The node's metrics in the Prometheus text format, or OpenMetrics when accepted (docs/metrics.md)",
+    responses((status = 200, description = "the metrics", content_type = "text/plain", body = String),
+        (status = 404, description = "this node has no metrics", body = ErrorBody)))]
+async fn metrics(State(c): State<Ctl>, headers: axum::http::HeaderMap) -> Response {
+    let openmetrics = headers
+        .get_all(axum::http::header::ACCEPT)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .any(|v| v.contains("application/openmetrics-text"));
+    // built off the async workers: a scrape reads /proc and every layer's status
+    let body = tokio::task::spawn_blocking(move || c.metrics(openmetrics)).await;
+    match body {
+        Ok(Some((content_type, text))) => {
+            ([(axum::http::header::CONTENT_TYPE, content_type)], text).into_response()
+        }
+        Ok(None) => ApiError::NotFound("this node has no metrics".into()).into_response(),
+        Err(e) => ApiError::Internal(format!("metrics: {e}")).into_response(),
+    }
+}
 
 #[utoipa::path(get, path = "/api/v1/status", tag = "node", summary = "The node: version, portals, targets, LUNs, pools, memory", responses((status = 200, description = "done", body = Value), (status = 400, description = "malformed request", body = ErrorBody), (status = 404, description = "no such object", body = ErrorBody), (status = 409, description = "refused in the current state", body = ErrorBody)))]
 async fn status(State(c): State<Ctl>) -> Json<Value> {
@@ -599,6 +629,7 @@ fn routes() -> (Router<Ctl>, utoipa::openapi::OpenApi) {
     use utoipa::OpenApi;
     use utoipa_axum::{router::OpenApiRouter, routes};
     OpenApiRouter::with_openapi(ApiDoc::openapi())
+        .routes(routes!(metrics))
         .routes(routes!(status))
         .routes(routes!(audit))
         .routes(routes!(events))

@@ -19,7 +19,7 @@
 //!
 //! Modules, from the bottom up (each imports only modules before it here):
 //! `identity`, [`config`], [`events`], [`secrets`], [`managed`], `allowed`, `nbdtls`,
-//! [`api_node`], `pools`, `cluster`, `ha_scsi`, `lun`, `objects`, `node`,
+//! [`api_node`], `pools`, `cluster`, `ha_scsi`, `lun`, `objects`, `node`, `metrics`,
 //! [`serve`].
 
 // What disks and LUNs created through the API may use (paths, devices, sizes).
@@ -36,6 +36,8 @@ mod identity;
 // Opening one LUN: its volume, identity, SCSI settings and NBD exports.
 mod lun;
 pub mod managed;
+// The node's metrics in the OpenMetrics text format (`GET /metrics`).
+mod metrics;
 // NBD TLS credentials (certificates made at first start, or pre-shared keys).
 mod nbdtls;
 // [`api::Control`] for the node: the management API's requests.

@@ -25,6 +25,8 @@ pub struct NodeControl {
     pub objects: Objects,
     /// The node's event log.
     pub events: Arc<crate::events::log::EventLog>,
+    /// The iSCSI server's sessions (for metrics).
+    pub iscsi_sessions: Option<iscsi::Sessions>,
 }
 
 #[async_trait::async_trait]
@@ -44,6 +46,10 @@ impl api::Control for NodeControl {
             "refusals": b.refusals,
         });
         s
+    }
+
+    fn metrics(&self, openmetrics: bool) -> Option<(&'static str, String)> {
+        Some(crate::metrics::render(self, openmetrics))
     }
 
     fn replicas(&self) -> Vec<serde_json::Value> {

@@ -110,6 +110,16 @@ impl Objects {
         })
     }
 
+    /// The SCSI targets by name (for metrics).
+    pub fn targets(&self) -> &HashMap<String, Arc<scsi::ScsiTarget>> {
+        &self.targets
+    }
+
+    /// The NBD server's exports, when the node serves NBD (for metrics).
+    pub fn nbd(&self) -> Option<&nbd::NbdExports> {
+        self.nbd.as_ref()
+    }
+
     /// LUNs created and deleted from now on are added to and removed from `nbd`.
     pub fn with_nbd(mut self, nbd: Option<nbd::NbdExports>) -> Objects {
         self.nbd = nbd;

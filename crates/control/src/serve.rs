@@ -268,6 +268,7 @@ where
                 objects: Objects::new(&cfg, targets)?
                     .with_nbd(nbd_server.as_ref().map(|n| n.exports())),
                 events: events.clone(),
+                iscsi_sessions: Some(server.sessions()),
             });
             crate::api_node::prepare_node(&cfg.data_dir)?;
             let options = api::ApiOptions {

@@ -35,6 +35,65 @@ pub(crate) struct Ctx {
     pub buffers: block::BufferBudget,
 }
 
+/// One session as metrics show it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SessionInfo {
+    /// The initiator's name (empty for a discovery session that gave none).
+    pub initiator: String,
+    /// The target's name; empty for a discovery session.
+    pub target: String,
+    /// The portal the session logged in through (`address:port`), or its TPGT
+    /// when no portal of this node carries it.
+    pub portal: String,
+    /// A discovery session (SendTargets only).
+    pub discovery: bool,
+    /// Commands executing now.
+    pub commands_running: usize,
+}
+
+/// Lists the sessions of a [`Server`]; empty once the server is gone.
+#[derive(Clone)]
+pub struct Sessions(std::sync::Weak<Ctx>);
+
+impl Sessions {
+    /// The bound address of every portal of this node.
+    pub fn portals(&self) -> Vec<SocketAddr> {
+        self.0
+            .upgrade()
+            .map_or_else(Vec::new, |c| c.portals.iter().map(|p| p.addr).collect())
+    }
+
+    /// The sessions logged in now, oldest first.
+    pub fn list(&self) -> Vec<SessionInfo> {
+        let Some(ctx) = self.0.upgrade() else {
+            return Vec::new();
+        };
+        ctx.registry
+            .snapshot()
+            .iter()
+            .map(|s| {
+                let key = s.key.as_ref();
+                let portal = key.map_or_else(String::new, |k| {
+                    ctx.portals
+                        .iter()
+                        .find(|p| p.tpgt == k.tpgt)
+                        .map_or_else(|| format!("tpgt {}", k.tpgt), |p| p.addr.to_string())
+                });
+                SessionInfo {
+                    initiator: key.map_or_else(String::new, |k| k.initiator.clone()),
+                    target: s
+                        .target
+                        .and_then(|t| ctx.targets.get(t))
+                        .map_or_else(String::new, |t| t.iqn.clone()),
+                    portal,
+                    discovery: s.discovery,
+                    commands_running: s.running.lock().len(),
+                }
+            })
+            .collect()
+    }
+}
+
 /// An iSCSI target server: every portal serves every target.
 pub struct Server {
     listeners: Vec<(TcpListener, Portal)>,
@@ -146,6 +205,11 @@ impl Server {
     /// Counters of failed authentications (CHAP) since the server started.
     pub fn auth_stats(&self) -> std::sync::Arc<crate::auth_limit::AuthStats> {
         self.ctx.auth_limit.stats.clone()
+    }
+
+    /// A handle that lists the server's sessions while it runs (for metrics).
+    pub fn sessions(&self) -> Sessions {
+        Sessions(Arc::downgrade(&self.ctx))
     }
 
     /// The bound address of every portal, in configuration order.

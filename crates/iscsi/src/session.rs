@@ -231,6 +231,13 @@ impl Registry {
         self.inner.lock().sessions.len()
     }
 
+    /// The registered sessions (for metrics), oldest first.
+    pub(crate) fn snapshot(&self) -> Vec<Arc<Session>> {
+        let mut v: Vec<Arc<Session>> = self.inner.lock().sessions.values().cloned().collect();
+        v.sort_by_key(|s| s.created);
+        v
+    }
+
     pub(crate) fn contains(&self, tsih: u16) -> bool {
         self.inner.lock().sessions.contains_key(&tsih)
     }

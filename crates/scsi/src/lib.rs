@@ -44,6 +44,7 @@ mod provisioning;
 mod replication;
 mod rw;
 pub mod sense;
+pub mod stats;
 mod target;
 #[cfg(test)]
 mod tests;
@@ -54,6 +55,7 @@ pub use admin::encode_lun;
 pub use inquiry::{Limits, CAW_BLOCKS_MAX, UNMAP_BLOCKS_MAX, UNMAP_DESCRIPTORS_MAX};
 pub use masking::{check_host_groups, HostGroup};
 pub use replication::{PrReplication, TaskAbort};
+pub use stats::{Direction, LuStats};
 pub use target::ScsiTarget;
 pub use thin::{LuEvent, CHECK_BYTES as THIN_CHECK_BYTES};
 pub use ua::UA_QUEUE_DEPTH_MAX;

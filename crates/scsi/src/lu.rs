@@ -186,6 +186,8 @@ pub(crate) struct LogicalUnit {
     pub thin: ThinThreshold,
     /// Where operator events go (the target's subscribers).
     pub events: tokio::sync::broadcast::Sender<LuEvent>,
+    /// Command counters for metrics (relaxed atomics only).
+    pub(crate) counters: crate::stats::LuCounters,
 }
 
 impl LogicalUnit {
@@ -230,6 +232,7 @@ impl LogicalUnit {
             alua,
             thin: ThinThreshold::new(None),
             events,
+            counters: Default::default(),
         })
     }
 

@@ -11,6 +11,7 @@ use crate::lu::{into_response, CmdResult, Fail, LogicalUnit};
 use crate::masking::{self, HostGroup, Masking};
 use crate::pr::Access;
 use crate::sense::{codes, Sense};
+use crate::stats::{Direction, LuStats};
 use crate::thin::LuEvent;
 use crate::TaskAbort;
 use crate::{
@@ -87,6 +88,15 @@ const EVENTS_QUEUED_MAX: usize = 256;
 /// Commands that may change how much space a thin LU holds: Some(true) for those
 /// after which its use is sampled at once (UNMAP frees, WRITE SAME may allocate
 /// far more than it carries), Some(false) for those counted by their data.
+/// What a command with this operation code counts as in the LU's statistics.
+fn direction(opcode: Option<u8>) -> Direction {
+    match opcode {
+        Some(op::READ_6 | op::READ_10 | op::READ_12 | op::READ_16) => Direction::Read,
+        Some(o) if allocates(o).is_some() && o != op::UNMAP => Direction::Write,
+        _ => Direction::Other,
+    }
+}
+
 fn allocates(opcode: u8) -> Option<bool> {
     match opcode {
         op::WRITE_6
@@ -493,8 +503,31 @@ impl ScsiTarget {
         let Some(lu) = self.target_lun(nexus, cmd.lun).and_then(|lun| self.lu(lun)) else {
             return into_response(self.execute_no_lun(nexus, &cmd), false);
         };
+        let flight = lu.counters.start();
         let r = self.execute_lu(&lu, nexus, &cmd).await;
+        let dir = direction(cmd.cdb.first().copied());
+        let (data_in, failed) = match &r {
+            Ok(d) => (d.data_in.len(), false),
+            Err(Fail::Forwarded(f)) => (f.data_in.len(), f.status != crate::status::GOOD),
+            Err(_) => (0, true),
+        };
+        let bytes = match dir {
+            _ if failed => 0,
+            Direction::Read => data_in as u64,
+            Direction::Write => cmd.data_out.len() as u64,
+            Direction::Other => 0,
+        };
+        lu.counters.finish(flight, dir, bytes, failed);
         into_response(r, lu.descriptor_sense())
+    }
+
+    /// Command counters of every LU, in LUN order (for metrics).
+    pub fn lun_stats(&self) -> Vec<(u64, LuStats)> {
+        self.luns
+            .read()
+            .iter()
+            .map(|l| (l.lun, l.counters.snapshot()))
+            .collect()
     }
 
     /// A command to a LUN that does not exist.

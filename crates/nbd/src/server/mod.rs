@@ -310,6 +310,23 @@ impl NbdExports {
         true
     }
 
+    /// The exports served now, in order: name, size in bytes, read-only.
+    pub fn list(&self) -> Vec<(String, u64, bool)> {
+        self.ctx
+            .table
+            .read()
+            .entries
+            .iter()
+            .map(|e| {
+                (
+                    e.name.clone(),
+                    e.state.volume.geometry().size_bytes(),
+                    e.state.read_only,
+                )
+            })
+            .collect()
+    }
+
     /// The names served now, in order.
     pub fn names(&self) -> Vec<String> {
         self.ctx
