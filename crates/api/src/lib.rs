@@ -209,6 +209,15 @@ pub trait Control: Send + Sync + 'static {
     async fn list(&self, _kind: ObjectKind) -> Vec<Value> {
         Vec::new()
     }
+    /// Reads the configuration file again and applies what can change live
+    /// (targets, CHAP, ACLs); answers what was applied and what needs a restart.
+    async fn reload(&self) -> Result<Value, ApiError> {
+        Err(ApiError::NotFound("this node cannot reload".into()))
+    }
+}
+
+async fn reload(State(c): State<Ctl>) -> Result<Json<Value>, ApiError> {
+    c.reload().await.map(Json)
 }
 
 #[derive(Deserialize)]
@@ -490,6 +499,7 @@ fn audit_route(gate: Arc<guard::Gate>) -> axum::routing::MethodRouter<Ctl> {
 pub fn router(control: Ctl, gate: Arc<guard::Gate>) -> Router {
     Router::new()
         .route("/api/v1/status", get(status))
+        .route("/api/v1/reload", post(reload))
         .route("/api/v1/audit", audit_route(gate.clone()))
         .route("/api/v1/pools", get(pools).post(create_pool))
         .route("/api/v1/disks", get(disks).post(create_disk))

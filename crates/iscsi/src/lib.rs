@@ -33,4 +33,4 @@ mod tmf;
 mod writer;
 
 pub use config::{Auth, ChapSecret, Limits, Portal, ServerConfig, TargetSpec};
-pub use server::Server;
+pub use server::{Reloader, ReplaceError, Server};
