@@ -45,9 +45,9 @@ mod replication;
 mod rw;
 pub mod sense;
 mod target;
+mod thin;
 #[cfg(test)]
 mod tests;
-mod thin;
 mod ua;
 
 pub use admin::encode_lun;

@@ -313,12 +313,8 @@ impl LogicalUnit {
             return;
         };
         if no_space && self.thin.ran_out() {
-            tracing::error!(
-                lun = self.lun,
-                mapped_bytes = p.mapped_bytes,
-                available_bytes = p.available_bytes,
-                "thin LU out of space: writes are refused"
-            );
+            tracing::error!(lun = self.lun, mapped_bytes = p.mapped_bytes,
+                available_bytes = p.available_bytes, "thin LU out of space: writes are refused");
             let _ = self.events.send(LuEvent::ThinOutOfSpace {
                 lun: self.lun,
                 mapped_bytes: p.mapped_bytes,
@@ -333,13 +329,8 @@ impl LogicalUnit {
                 threshold_bytes,
                 available_bytes,
             } => {
-                tracing::warn!(
-                    lun = self.lun,
-                    mapped_bytes,
-                    threshold_bytes,
-                    available_bytes,
-                    "thin provisioning soft threshold reached"
-                );
+                tracing::warn!(lun = self.lun, mapped_bytes, threshold_bytes, available_bytes,
+                    "thin provisioning soft threshold reached");
                 self.uas.raise_all(crate::thin::REACHED, None);
                 let _ = self.events.send(LuEvent::ThinThresholdReached {
                     lun: self.lun,
@@ -349,11 +340,8 @@ impl LogicalUnit {
                 });
             }
             Crossing::Down => {
-                tracing::info!(
-                    lun = self.lun,
-                    mapped_bytes = p.mapped_bytes,
-                    "thin LU back below its soft threshold (re-armed)"
-                );
+                tracing::info!(lun = self.lun, mapped_bytes = p.mapped_bytes,
+                    "thin LU back below its soft threshold (re-armed)");
             }
             Crossing::None => {}
         }

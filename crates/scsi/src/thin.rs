@@ -215,9 +215,7 @@ mod tests {
         assert!(matches!(t.sample(&g, &p(600 << 10)), Crossing::Up { .. }));
         assert_eq!(t.sample(&g, &p(700 << 10)), Crossing::None);
         assert_eq!(t.sample(&g, &p(10 << 10)), Crossing::Down);
-        assert!(
-            matches!(t.sample(&g, &p(512 << 10)), Crossing::Up { threshold_bytes, .. } if threshold_bytes == 512 << 10)
-        );
+        assert!(matches!(t.sample(&g, &p(512 << 10)), Crossing::Up { threshold_bytes, .. } if threshold_bytes == 512 << 10));
     }
 
     #[test]
@@ -230,20 +228,12 @@ mod tests {
         };
         assert_eq!(t.threshold_bytes(&g, &p), Some(80 << 20));
         assert!(matches!(t.sample(&g, &p), Crossing::Up { .. }));
-        assert_eq!(
-            t.count(&g, Some(&p)),
-            (80 << 20) / 1024,
-            "sets of two blocks"
-        );
+        assert_eq!(t.count(&g, Some(&p)), (80 << 20) / 1024, "sets of two blocks");
     }
 
     #[test]
     fn exponent_keeps_the_count_in_32_bits() {
-        assert_eq!(
-            ThinThreshold::exponent(&geo(1 << 20)),
-            1,
-            "0 would mean no thresholds"
-        );
+        assert_eq!(ThinThreshold::exponent(&geo(1 << 20)), 1, "0 would mean no thresholds");
         assert_eq!(ThinThreshold::exponent(&geo(1 << 40)), 9);
         let t = ThinThreshold::new(Some(100));
         assert!(t.count(&geo(1 << 40), None) <= u32::MAX);

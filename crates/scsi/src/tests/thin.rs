@@ -61,10 +61,7 @@ async fn lbp_descriptor(t: &ScsiTarget, n: &ItNexus) -> (u8, u8, u32) {
     let r = run(t, n, &[0x5a, 0x08, 0x1c, 0x02, 0, 0, 0, 0, 255, 0], &[]).await;
     assert_eq!(r.status, status::GOOD);
     let p = &r.data_in[8..];
-    assert_eq!(
-        (p[0], p[1], u16::from_be_bytes([p[2], p[3]])),
-        (0x5c, 2, 20)
-    );
+    assert_eq!((p[0], p[1], u16::from_be_bytes([p[2], p[3]])), (0x5c, 2, 20));
     let d = &p[16..24];
     (d[0], d[1], u32::from_be_bytes([d[4], d[5], d[6], d[7]]))
 }
@@ -120,10 +117,7 @@ async fn soft_threshold_raises_one_unit_attention_per_crossing_and_an_event() {
             mapped_bytes,
             threshold_bytes,
             ..
-        }) => assert_eq!(
-            (mapped_bytes, threshold_bytes),
-            (LU_BYTES * 3 / 4, LU_BYTES / 2)
-        ),
+        }) => assert_eq!((mapped_bytes, threshold_bytes), (LU_BYTES * 3 / 4, LU_BYTES / 2)),
         other => panic!("expected the threshold event, got {other:?}"),
     }
     // Still over it: not again.
@@ -193,12 +187,6 @@ async fn the_provisioning_subpage_is_restated_not_changed_by_mode_select() {
     // A thick LU has no such subpage.
     let thick = target_with(Arc::new(MemVolume::new_thick(BS as u32, BLOCKS)));
     let a = ready(&thick, "1", 1).await;
-    let r = run(
-        &thick,
-        &a,
-        &[0x5a, 0x08, 0x1c, 0x02, 0, 0, 0, 255, 0, 0],
-        &[],
-    )
-    .await;
+    let r = run(&thick, &a, &[0x5a, 0x08, 0x1c, 0x02, 0, 0, 0, 255, 0, 0], &[]).await;
     assert_eq!(sense_of(&r), (ILLEGAL, 0x24, 0));
 }
