@@ -31,7 +31,8 @@ impl Drop for Purge {
 fn debian_package_installs_and_serves() {
     // SAFETY: geteuid has no preconditions
     let root = unsafe { libc::geteuid() } == 0;
-    if !root || !have("dpkg") || !have("cargo-deb") || !have("systemd-analyze") || !have("unshare") {
+    if !root || !have("dpkg") || !have("cargo-deb") || !have("systemd-analyze") || !have("unshare")
+    {
         eprintln!("skipping: needs root, dpkg, cargo-deb, systemd-analyze and unshare");
         return;
     }
@@ -104,7 +105,9 @@ fn debian_package_installs_and_serves() {
     assert!(serve_log.contains("freesan stopped cleanly"), "{serve_log}");
     // JSON log lines for collectors
     assert!(
-        serve_log.lines().any(|l| l.starts_with('{') && l.contains("\"level\"")),
+        serve_log
+            .lines()
+            .any(|l| l.starts_with('{') && l.contains("\"level\"")),
         "{serve_log}"
     );
 }

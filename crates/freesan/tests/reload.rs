@@ -91,12 +91,19 @@ fn reload_adds_a_target_and_changes_chap_without_dropping_sessions() {
     assert!(ok, "freesan reload: {out}");
     let report: serde_json::Value = serde_json::from_str(&out).expect("reload answers JSON");
     let has = |k: &str, needle: &str| {
-        report[k]
-            .as_array()
-            .is_some_and(|a| a.iter().any(|s| s.as_str().is_some_and(|s| s.contains(needle))))
+        report[k].as_array().is_some_and(|a| {
+            a.iter()
+                .any(|s| s.as_str().is_some_and(|s| s.contains(needle)))
+        })
     };
-    assert!(has("applied", &format!("target {IQN_B}: CHAP changed")), "{report}");
-    assert!(has("not_applied", &format!("target {IQN}: LUN changes")), "{report}");
+    assert!(
+        has("applied", &format!("target {IQN_B}: CHAP changed")),
+        "{report}"
+    );
+    assert!(
+        has("not_applied", &format!("target {IQN}: LUN changes")),
+        "{report}"
+    );
     login_b(&rt, portal, "secret-of-bob-2").expect("login with the new CHAP secret");
     assert!(
         login_b(&rt, portal, "secret-of-bob-1").is_err(),
@@ -109,7 +116,10 @@ fn reload_adds_a_target_and_changes_chap_without_dropping_sessions() {
         "the verified writes ended before the reloads were done; the test proves nothing"
     );
     let status = bench.wait().unwrap();
-    assert!(status.success(), "verified writes to target A failed: {status}");
+    assert!(
+        status.success(),
+        "verified writes to target A failed: {status}"
+    );
     assert_acknowledged_writes_intact(&url_a, &state, "after two reloads");
     let log = std::fs::read_to_string(&node.log).unwrap_or_default();
     assert!(log.contains("SIGHUP: reloading"), "{log}");
