@@ -224,6 +224,20 @@ pub trait Control: Send + Sync + 'static {
     async fn events(&self, _since: u64, _limit: usize, _wait: std::time::Duration) -> Value {
         json!({ "last_seq": 0, "events": [] })
     }
+    /// Reads the configuration file again and applies what can change live
+    /// (targets, CHAP, ACLs); answers what was applied and what needs a restart.
+    async fn reload(&self) -> Result<Value, ApiError> {
+        Err(ApiError::NotFound("this node cannot reload".into()))
+    }
+}
+
+#[utoipa::path(post, path = "/api/v1/reload", tag = "node",
+    summary = "Read the configuration file again and apply what can change live (targets, CHAP, ACLs, host groups)",
+    responses((status = 200, description = "{\"applied\": [...], \"not_applied\": [...]}", body = Value),
+        (status = 400, description = "the file is invalid: nothing changed", body = ErrorBody),
+        (status = 404, description = "this node cannot reload", body = ErrorBody)))]
+async fn reload(State(c): State<Ctl>) -> Result<Json<Value>, ApiError> {
+    c.reload().await.map(Json)
 }
 
 /// `GET /api/v1/events` query.
@@ -631,6 +645,7 @@ fn routes() -> (Router<Ctl>, utoipa::openapi::OpenApi) {
     OpenApiRouter::with_openapi(ApiDoc::openapi())
         .routes(routes!(metrics))
         .routes(routes!(status))
+        .routes(routes!(reload))
         .routes(routes!(audit))
         .routes(routes!(events))
         .routes(routes!(openapi_json))

@@ -46,5 +46,6 @@ mod node;
 mod objects;
 // Disks, RAID pools and SSD caches of the node, and their actions.
 mod pools;
+pub mod reload;
 pub mod secrets;
 pub mod serve;

@@ -27,10 +27,27 @@ pub struct NodeControl {
     pub events: Arc<crate::events::log::EventLog>,
     /// The iSCSI server's sessions (for metrics).
     pub iscsi_sessions: Option<iscsi::Sessions>,
+    /// Reloads the configuration (`POST /api/v1/reload`); None: the node was
+    /// started without a way to read it again.
+    pub reload: Option<Arc<crate::reload::Reloader>>,
 }
 
 #[async_trait::async_trait]
 impl api::Control for NodeControl {
+    async fn reload(&self) -> Result<serde_json::Value, api::ApiError> {
+        let Some(r) = &self.reload else {
+            return Err(api::ApiError::NotFound(
+                "this node was started without a configuration it can read again".into(),
+            ));
+        };
+        match r.reload().await {
+            Ok(report) => {
+                serde_json::to_value(report).map_err(|e| api::ApiError::Internal(e.to_string()))
+            }
+            Err(e) => Err(api::ApiError::BadRequest(format!("reload refused: {e:#}"))),
+        }
+    }
+
     fn status(&self) -> serde_json::Value {
         let mut s = self.summary.clone();
         s["luns"] = serde_json::Value::Array(self.objects.luns_now());

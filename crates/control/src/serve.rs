@@ -12,11 +12,11 @@ use anyhow::{bail, Context, Result};
 use std::sync::Arc;
 
 /// One opened LUN, for the banner.
-struct OpenedLun {
-    target: String,
-    id: u64,
-    path: String,
-    size_bytes: u64,
+pub(crate) struct OpenedLun {
+    pub(crate) target: String,
+    pub(crate) id: u64,
+    pub(crate) path: String,
+    pub(crate) size_bytes: u64,
 }
 
 fn chap(c: &Option<crate::config::Chap>) -> Option<iscsi::ChapSecret> {
@@ -26,6 +26,144 @@ fn chap(c: &Option<crate::config::Chap>) -> Option<iscsi::ChapSecret> {
     })
 }
 
+/// Who must authenticate how to log in to target `t`.
+pub(crate) fn target_auth(t: &crate::config::TargetConfig) -> iscsi::Auth {
+    iscsi::Auth {
+        chap: chap(&t.chap),
+        mutual: chap(&t.mutual_chap),
+        per_initiator: t
+            .chap_initiators
+            .iter()
+            .map(|c| {
+                let secret = iscsi::ChapSecret {
+                    user: c.user.clone(),
+                    secret: c.secret.clone(),
+                };
+                (c.initiator.clone(), secret)
+            })
+            .collect(),
+    }
+}
+
+/// Who must authenticate how for discovery sessions.
+pub(crate) fn discovery_auth(cfg: &Config) -> iscsi::Auth {
+    iscsi::Auth {
+        chap: chap(&cfg.discovery_chap),
+        mutual: None,
+        ..iscsi::Auth::default()
+    }
+}
+
+/// Opens the LUNs of target `t` (number `ti` in the configuration) and builds its
+/// SCSI device and iSCSI description, its banner lines and NBD exports.
+pub(crate) fn build_target(
+    cfg: &Config,
+    ti: usize,
+    t: &crate::config::TargetConfig,
+    portals: &[iscsi::Portal],
+    pools: &Pools,
+    cluster: Option<&Cluster>,
+) -> Result<(iscsi::TargetSpec, Vec<OpenedLun>, Vec<nbd::NbdExport>)> {
+    let mut opened = Vec::new();
+    let mut exports = Vec::new();
+    let mut luns = Vec::new();
+    let mut replicated = Vec::new();
+    for (i, l) in t.luns.iter().enumerate() {
+        let lun_id = l.id.unwrap_or(i as u64);
+        let b = open_lun(&cfg.data_dir, pools, cluster, &t.iqn, l, lun_id)
+            .with_context(|| format!("target {} LUN {}", t.iqn, lun_id))?;
+        let g = b.volume.geometry();
+        exports.extend(nbd_exports(ti == 0, &t.iqn, lun_id, &b, l.read_only));
+        opened.push(OpenedLun {
+            target: t.iqn.clone(),
+            id: lun_id,
+            path: b.backing.clone(),
+            size_bytes: g.size_bytes(),
+        });
+        if let Some(r) = b.replicated {
+            replicated.push((lun_id, r));
+        }
+        luns.push((lun_id, b.scsi, b.volume));
+    }
+    let scsi_cfg = match &cfg.cluster {
+        // one ALUA port group per node: this node's portals and the partner's
+        Some(c) => {
+            let peer = 3 - c.node_id;
+            let ports: Vec<scsi::TargetPort> = portals
+                .iter()
+                .map(|p| scsi::TargetPort {
+                    relative_id: p.tpgt,
+                    group_id: c.node_id as u16,
+                    name: format!("{},t,0x{:04x}", t.iqn, p.tpgt),
+                })
+                .collect();
+            let mut groups = vec![
+                scsi::PortGroup {
+                    id: c.node_id as u16,
+                    state: scsi::AluaState::Unavailable,
+                    relative_port_ids: ports.iter().map(|p| p.relative_id).collect(),
+                },
+                scsi::PortGroup {
+                    id: peer as u16,
+                    state: scsi::AluaState::Unavailable,
+                    relative_port_ids: (0..c.peer_portals.len())
+                        .map(|j| port_id(peer, j))
+                        .collect(),
+                },
+            ];
+            // LUNs that are not replicated are served here only; every
+            // replicated LUN's states follow its replica (Cluster::drive_alua)
+            groups[0].state = scsi::AluaState::ActiveOptimized;
+            groups.sort_by_key(|g| g.id);
+            scsi::TargetConfig {
+                name: t.iqn.clone(),
+                ports,
+                port_groups: groups,
+                luns,
+            }
+        }
+        // portals carry TPGTs 1..=n in order (see above): one port group of them all
+        None => scsi::TargetConfig::one_port_group(&t.iqn, portals.len() as u16, luns),
+    };
+    let scsi_target =
+        Arc::new(scsi::ScsiTarget::new(scsi_cfg).with_context(|| format!("target {}", t.iqn))?);
+    scsi_target
+        .set_host_groups(t.host_groups.iter().map(|g| g.to_scsi()).collect())
+        .with_context(|| format!("target {}", t.iqn))?;
+    for (i, l) in t.luns.iter().enumerate() {
+        if l.thin_threshold_percent.is_some() {
+            scsi_target.set_thin_threshold(l.id.unwrap_or(i as u64), l.thin_threshold_percent);
+        }
+    }
+    for (lun_id, vol) in replicated {
+        crate::ha_scsi::PrLink::install(lun_id, vol.clone(), &scsi_target);
+        if let Some(c) = cluster {
+            c.drive_alua(&scsi_target, lun_id, vol);
+        }
+    }
+    let spec = iscsi::TargetSpec {
+        iqn: t.iqn.clone(),
+        alias: t.alias.clone(),
+        scsi: scsi_target,
+        auth: target_auth(t),
+        allowed_initiators: t.allowed_initiators.clone(),
+    };
+    Ok((spec, opened, exports))
+}
+
+/// The portals of `cfg` with their TPGTs (this node's port ids, in order).
+pub(crate) fn iscsi_portals(cfg: &Config) -> Vec<iscsi::Portal> {
+    let node_id = cfg.cluster.as_ref().map_or(1, |c| c.node_id);
+    cfg.portals
+        .iter()
+        .enumerate()
+        .map(|(i, p)| iscsi::Portal {
+            addr: p.address,
+            tpgt: port_id(node_id, i),
+        })
+        .collect()
+}
+
 /// Builds the iSCSI server configuration and the NBD exports: opens (or creates)
 /// every backing file and loads every LUN identity.
 fn build(
@@ -33,118 +171,17 @@ fn build(
     pools: &Pools,
     cluster: Option<&Cluster>,
 ) -> Result<(iscsi::ServerConfig, Vec<OpenedLun>, Vec<nbd::NbdExport>)> {
-    let node_id = cfg.cluster.as_ref().map_or(1, |c| c.node_id);
     std::fs::create_dir_all(&cfg.data_dir)
         .with_context(|| format!("creating data directory {}", cfg.data_dir.display()))?;
-    let portals: Vec<iscsi::Portal> = cfg
-        .portals
-        .iter()
-        .enumerate()
-        .map(|(i, p)| iscsi::Portal {
-            addr: p.address,
-            tpgt: port_id(node_id, i),
-        })
-        .collect();
+    let portals = iscsi_portals(cfg);
     let mut targets = Vec::new();
     let mut opened = Vec::new();
     let mut exports = Vec::new();
     for (ti, t) in cfg.targets.iter().enumerate() {
-        let mut luns = Vec::new();
-        let mut replicated = Vec::new();
-        for (i, l) in t.luns.iter().enumerate() {
-            let lun_id = l.id.unwrap_or(i as u64);
-            let b = open_lun(&cfg.data_dir, pools, cluster, &t.iqn, l, lun_id)
-                .with_context(|| format!("target {} LUN {}", t.iqn, lun_id))?;
-            let g = b.volume.geometry();
-            exports.extend(nbd_exports(ti == 0, &t.iqn, lun_id, &b, l.read_only));
-            opened.push(OpenedLun {
-                target: t.iqn.clone(),
-                id: lun_id,
-                path: b.backing.clone(),
-                size_bytes: g.size_bytes(),
-            });
-            if let Some(r) = b.replicated {
-                replicated.push((lun_id, r));
-            }
-            luns.push((lun_id, b.scsi, b.volume));
-        }
-        let scsi_cfg = match &cfg.cluster {
-            // one ALUA port group per node: this node's portals and the partner's
-            Some(c) => {
-                let peer = 3 - c.node_id;
-                let ports: Vec<scsi::TargetPort> = portals
-                    .iter()
-                    .map(|p| scsi::TargetPort {
-                        relative_id: p.tpgt,
-                        group_id: c.node_id as u16,
-                        name: format!("{},t,0x{:04x}", t.iqn, p.tpgt),
-                    })
-                    .collect();
-                let mut groups = vec![
-                    scsi::PortGroup {
-                        id: c.node_id as u16,
-                        state: scsi::AluaState::Unavailable,
-                        relative_port_ids: ports.iter().map(|p| p.relative_id).collect(),
-                    },
-                    scsi::PortGroup {
-                        id: peer as u16,
-                        state: scsi::AluaState::Unavailable,
-                        relative_port_ids: (0..c.peer_portals.len())
-                            .map(|j| port_id(peer, j))
-                            .collect(),
-                    },
-                ];
-                // LUNs that are not replicated are served here only; every
-                // replicated LUN's states follow its replica (Cluster::drive_alua)
-                groups[0].state = scsi::AluaState::ActiveOptimized;
-                groups.sort_by_key(|g| g.id);
-                scsi::TargetConfig {
-                    name: t.iqn.clone(),
-                    ports,
-                    port_groups: groups,
-                    luns,
-                }
-            }
-            // portals carry TPGTs 1..=n in order (see above): one port group of them all
-            None => scsi::TargetConfig::one_port_group(&t.iqn, portals.len() as u16, luns),
-        };
-        let scsi_target =
-            Arc::new(scsi::ScsiTarget::new(scsi_cfg).with_context(|| format!("target {}", t.iqn))?);
-        scsi_target
-            .set_host_groups(t.host_groups.iter().map(|g| g.to_scsi()).collect())
-            .with_context(|| format!("target {}", t.iqn))?;
-        for (i, l) in t.luns.iter().enumerate() {
-            if l.thin_threshold_percent.is_some() {
-                scsi_target.set_thin_threshold(l.id.unwrap_or(i as u64), l.thin_threshold_percent);
-            }
-        }
-        for (lun_id, vol) in replicated {
-            crate::ha_scsi::PrLink::install(lun_id, vol.clone(), &scsi_target);
-            if let Some(c) = cluster {
-                c.drive_alua(&scsi_target, lun_id, vol);
-            }
-        }
-        targets.push(iscsi::TargetSpec {
-            iqn: t.iqn.clone(),
-            alias: t.alias.clone(),
-            scsi: scsi_target,
-            auth: iscsi::Auth {
-                chap: chap(&t.chap),
-                mutual: chap(&t.mutual_chap),
-                per_initiator: t
-                    .chap_initiators
-                    .iter()
-                    .map(|c| {
-                        let secret = iscsi::ChapSecret {
-                            user: c.user.clone(),
-                            secret: c.secret.clone(),
-                        };
-                        (c.initiator.clone(), secret)
-                    })
-                    .collect(),
-            },
-            allowed_initiators: t.allowed_initiators.clone(),
-        });
+        let (spec, o, e) = build_target(cfg, ti, t, &portals, pools, cluster)?;
+        targets.push(spec);
+        opened.extend(o);
+        exports.extend(e);
     }
     let partner_portals = cfg.cluster.as_ref().map_or_else(Vec::new, |c| {
         let peer = 3 - c.node_id;
@@ -161,11 +198,7 @@ fn build(
         portals,
         partner_portals,
         targets,
-        discovery_auth: iscsi::Auth {
-            chap: chap(&cfg.discovery_chap),
-            mutual: None,
-            ..iscsi::Auth::default()
-        },
+        discovery_auth: discovery_auth(cfg),
         limits: cfg.limits.to_iscsi(),
         buffers: block::BufferBudget::node(),
     };
@@ -183,11 +216,32 @@ fn human(bytes: u64) -> String {
     format!("{v:.1} {}", UNITS[u])
 }
 
+/// What whoever starts the node may plug into it (all optional).
+#[derive(Default)]
+pub struct Hooks {
+    /// Reads the configuration anew for a reload; without it the node cannot
+    /// reload (the API answers 404 to `POST /api/v1/reload`).
+    pub load_config: Option<crate::reload::LoadConfig>,
+    /// Each message asks for a reload (the binary sends one per SIGHUP).
+    pub reload_requests: Option<tokio::sync::mpsc::Receiver<()>>,
+    /// Told when the node is ready, reloads and stops (the binary: sd_notify).
+    pub lifecycle: Option<crate::reload::LifecycleHook>,
+}
+
 /// Runs the node until the future `stop_signal()` returns ends, then shuts it
 /// down cleanly. `stop_signal` is called once, just before the banner, so that
 /// whoever starts the node may stop it from then on (the binary passes its
 /// SIGTERM and SIGINT watcher).
 pub async fn run<S, F>(cfg: Config, stop_signal: S) -> Result<()>
+where
+    S: FnOnce() -> F,
+    F: std::future::Future<Output = ()>,
+{
+    run_with(cfg, stop_signal, Hooks::default()).await
+}
+
+/// [`run`] with [`Hooks`]: reload on request, lifecycle notifications.
+pub async fn run_with<S, F>(cfg: Config, stop_signal: S, mut hooks: Hooks) -> Result<()>
 where
     S: FnOnce() -> F,
     F: std::future::Future<Output = ()>,
@@ -226,6 +280,16 @@ where
     let server = iscsi::Server::bind(server_cfg)
         .await
         .context("binding the portals")?;
+    let reloader = hooks.load_config.take().map(|load| {
+        Arc::new(crate::reload::Reloader::new(
+            load,
+            server.reloader(),
+            pools.clone(),
+            cluster.clone(),
+            cfg.clone(),
+            hooks.lifecycle.clone(),
+        ))
+    });
     let nbd_server = match &cfg.nbd {
         Some(n) => Some(
             nbd::NbdServer::bind(nbd::NbdConfig {
@@ -265,6 +329,7 @@ where
                 pools: pools.clone(),
                 cluster: cluster.clone(),
                 summary,
+                reload: reloader.clone(),
                 objects: Objects::new(&cfg, targets)?
                     .with_nbd(nbd_server.as_ref().map(|n| n.exports())),
                 events: events.clone(),
@@ -335,7 +400,29 @@ where
     let api_task = api_server.map(|a| tokio::spawn(a.run(stopped(stop_rx.clone()))));
     let nbd_task = nbd_server.map(|n| tokio::spawn(n.run(stopped(stop_rx.clone()))));
     let iscsi_task = tokio::spawn(server.run(stopped(stop_rx)));
+    let reload_task = match (hooks.reload_requests.take(), &reloader) {
+        (Some(mut requests), Some(r)) => {
+            let r = r.clone();
+            Some(tokio::spawn(async move {
+                while requests.recv().await.is_some() {
+                    // the outcome is logged by the reloader
+                    let _ = r.reload().await;
+                }
+            }))
+        }
+        _ => None,
+    };
+    let tell = |l| {
+        if let Some(h) = &hooks.lifecycle {
+            h(l)
+        }
+    };
+    tell(crate::reload::Lifecycle::Ready);
     stop_signal.await;
+    tell(crate::reload::Lifecycle::Stopping);
+    if let Some(t) = reload_task {
+        t.abort();
+    }
     // forgotten while the API still holds its port: once the port is free,
     // another node may take it and note its own data directory there
     if let Some(a) = api_addr {

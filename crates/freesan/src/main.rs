@@ -17,24 +17,31 @@ mod eventscmd;
 mod objcmd;
 mod poolcmd;
 mod replicacmd;
+mod service;
 mod statuscmd;
 
 use anyhow::{bail, Result};
 use clap::{Parser, Subcommand};
-use control::{config, managed, secrets, serve};
+use control::{config, managed, secrets};
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::sync::Arc;
 
 #[derive(Parser)]
 #[command(name = "freesan", version, about = "A software SAN in user space")]
 struct Cli {
+    /// Log lines as `text` or `json` (one object a line, for collectors); the
+    /// default comes from FREESAN_LOG_FORMAT, else text.
+    #[arg(long, global = true, value_enum, value_name = "FORMAT")]
+    log_format: Option<service::LogFormat>,
     #[command(subcommand)]
     command: Command,
 }
 
 #[derive(Subcommand)]
 enum Command {
-    /// Serve LUNs over iSCSI until SIGTERM or SIGINT.
+    /// Serve LUNs over iSCSI until SIGTERM or SIGINT; SIGHUP reloads the
+    /// configuration (targets, CHAP, ACLs).
     Serve(ServeArgs),
     /// Print the configuration `serve` would run with (as TOML) and exit.
     ShowConfig(ServeArgs),
@@ -89,8 +96,17 @@ enum Command {
         #[command(subcommand)]
         cmd: apicmd::ApiCmd,
     },
-    /// A running node at a glance: portals, LUNs, pools, and its buffer memory
-    /// (held, bound, high water, waits).
+    /// Ask a running node to re-read its configuration file (as SIGHUP does):
+    /// targets, CHAP and ACLs change live; prints what needs a restart.
+    Reload {
+        #[command(flatten)]
+        api: poolcmd::ApiArg,
+        /// Print the raw JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// A running node on one screen: health (pools, replicas), capacity, I/O
+    /// rates, alerts, buffer memory (held, bound, high water, waits).
     Status {
         #[command(flatten)]
         api: poolcmd::ApiArg,
@@ -139,7 +155,7 @@ enum BenchSub {
     Check(benchcmd::CheckArgs),
 }
 
-#[derive(clap::Args)]
+#[derive(clap::Args, Clone)]
 struct ServeArgs {
     /// A TOML configuration file (see docs/config.md); cannot be combined with
     /// --portal, --target or --lun.
@@ -276,19 +292,13 @@ fn shutdown_signal() -> impl std::future::Future<Output = ()> {
 
 fn main() {
     tune_allocator();
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
-        )
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .init();
     let cli = Cli::parse();
+    service::init_logs(cli.log_format);
     let result = match cli.command {
-        Command::Serve(args) => args
-            .config()
-            .and_then(|cfg| runtime().and_then(|rt| rt.block_on(serve::run(cfg, shutdown_signal)))),
+        Command::Serve(args) => args.config().and_then(|cfg| {
+            let load: control::reload::LoadConfig = Arc::new(move || args.config());
+            runtime().and_then(|rt| rt.block_on(service::serve(cfg, load, shutdown_signal)))
+        }),
         Command::Bench(b) => match b.sub {
             Some(BenchSub::Chart(c)) => benchcmd::chart(c),
             Some(BenchSub::Check(c)) => runtime().and_then(|rt| rt.block_on(benchcmd::check(c))),
@@ -339,6 +349,11 @@ fn main() {
             quiet_broken_pipe();
             apicmd::use_credentials(&api);
             eventscmd::run(api.api, since, follow, json)
+        }
+        Command::Reload { api, json } => {
+            quiet_broken_pipe();
+            apicmd::use_credentials(&api);
+            statuscmd::reload(api.api, json)
         }
         Command::Cache { api, cmd } => {
             quiet_broken_pipe();

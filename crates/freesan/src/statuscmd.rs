@@ -1,6 +1,11 @@
-//! `freesan status`: a running node at a glance through its management API
-//! (version, portals, LUNs, pools, caches, replicated LUNs, and the node's
-//! buffer memory: held, bound, high water, waits).
+//! `freesan status`: a running node on one screen through its management API:
+//! health (pools, replicas), capacity (LUNs, pools), I/O rates, alerts, buffer
+//! memory. `freesan reload`: asks the node to re-read its configuration.
+//!
+//! What it does not do: count I/O itself. Rates come from two samples of the
+//! node's counters a second apart (`io` in `GET /api/v1/status`, or the `*_bytes`
+//! / `*_ops` counters of its LUNs); a node that exposes none says so. Alerts come
+//! from `GET /api/v1/events` when the node has it.
 
 use crate::poolcmd::{http, ok_or_error};
 use anyhow::Result;
@@ -29,6 +34,9 @@ pub fn run(api: SocketAddr, json: bool) -> Result<()> {
         count("caches"),
         count("replicas")
     );
+    println!("  health         {}", health(&v));
+    println!("  capacity       {}", capacity(&v));
+    println!("  I/O            {}", io_rates(api, &v));
     let b = &v["buffer_memory"];
     let n = |k: &str| b[k].as_u64().unwrap_or(0);
     println!(
@@ -39,9 +47,198 @@ pub fn run(api: SocketAddr, json: bool) -> Result<()> {
         n("waits"),
         n("refusals")
     );
+    alerts(api);
+    Ok(())
+}
+
+/// `ok`, or what is not: pools not optimal, replicas not in sync.
+fn health(v: &Value) -> String {
+    let mut bad = Vec::new();
+    for p in v["pools"].as_array().into_iter().flatten() {
+        let state = p["state"].as_str().unwrap_or("?");
+        if state != "optimal" {
+            bad.push(format!(
+                "pool {} {state}",
+                p["name"].as_str().unwrap_or("?")
+            ));
+        }
+    }
+    for r in v["replicas"].as_array().into_iter().flatten() {
+        let state = r["state"].as_str().unwrap_or("?");
+        if state != "in-sync" {
+            bad.push(format!(
+                "replica {} {state}",
+                r["name"].as_str().unwrap_or("?")
+            ));
+        }
+    }
+    if bad.is_empty() {
+        "ok".into()
+    } else {
+        format!("ATTENTION: {}", bad.join(", "))
+    }
+}
+
+fn capacity(v: &Value) -> String {
+    let luns: u64 = v["luns"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|l| l["size_bytes"].as_u64())
+        .sum();
+    let (mut usable, mut raw) = (0u64, 0u64);
+    for p in v["pools"].as_array().into_iter().flatten() {
+        usable += p["usable_bytes"].as_u64().unwrap_or(0);
+        raw += p["capacity_bytes"].as_u64().unwrap_or(0);
+    }
+    let mut s = format!("LUNs {}", gib(luns));
+    if raw > 0 {
+        s += &format!("; pools {} usable of {} raw", gib(usable), gib(raw));
+    }
+    s
+}
+
+/// Sums the I/O counters a status shows: `io.{read,write}_{bytes,ops}` of the
+/// node, else those of every LUN. None when it shows none.
+fn io_counters(v: &Value) -> Option<[u64; 4]> {
+    const KEYS: [&str; 4] = ["read_bytes", "write_bytes", "read_ops", "write_ops"];
+    let of = |o: &Value| -> Option<[u64; 4]> {
+        let mut c = [0u64; 4];
+        let mut any = false;
+        for (i, k) in KEYS.iter().enumerate() {
+            if let Some(n) = o[*k].as_u64() {
+                c[i] = n;
+                any = true;
+            }
+        }
+        any.then_some(c)
+    };
+    if let Some(c) = of(&v["io"]) {
+        return Some(c);
+    }
+    let mut total = None::<[u64; 4]>;
+    for l in v["luns"].as_array().into_iter().flatten() {
+        if let Some(c) = of(l).or_else(|| of(&l["io"])) {
+            let t = total.get_or_insert([0; 4]);
+            for i in 0..4 {
+                t[i] += c[i];
+            }
+        }
+    }
+    total
+}
+
+/// Rates over one second from two samples of the node's counters.
+fn io_rates(api: SocketAddr, first: &Value) -> String {
+    let Some(a) = io_counters(first) else {
+        return "no I/O counters on this node".into();
+    };
+    let started = std::time::Instant::now();
+    std::thread::sleep(std::time::Duration::from_secs(1));
+    let second = match http(api, "GET", "/api/v1/status", None) {
+        Ok((200, v)) => v,
+        _ => return "the node did not answer the second sample".into(),
+    };
+    let Some(b) = io_counters(&second) else {
+        return "no I/O counters on this node".into();
+    };
+    let secs = started.elapsed().as_secs_f64().max(0.001);
+    let rate = |i: usize| b[i].saturating_sub(a[i]) as f64 / secs;
+    format!(
+        "read {:.1} MiB/s ({:.0} IOPS), write {:.1} MiB/s ({:.0} IOPS)",
+        rate(0) / (1u64 << 20) as f64,
+        rate(2),
+        rate(1) / (1u64 << 20) as f64,
+        rate(3)
+    )
+}
+
+/// The node's recent warnings and errors (`GET /api/v1/events`), newest last.
+fn alerts(api: SocketAddr) {
+    const SHOWN: usize = 10;
+    let events = match http(api, "GET", "/api/v1/events", None) {
+        Ok((200, v)) => v,
+        Ok((404, _)) => {
+            println!("  alerts         (this node keeps no event list)");
+            return;
+        }
+        Ok((code, v)) => {
+            println!("  alerts         (events: HTTP {code}: {})", v["error"]);
+            return;
+        }
+        Err(e) => {
+            println!("  alerts         (events: {e:#})");
+            return;
+        }
+    };
+    let list = events
+        .as_array()
+        .or_else(|| events["events"].as_array())
+        .cloned()
+        .unwrap_or_default();
+    let serious: Vec<&Value> = list
+        .iter()
+        .filter(|e| {
+            let level = e["severity"]
+                .as_str()
+                .or_else(|| e["level"].as_str())
+                .unwrap_or("")
+                .to_ascii_lowercase();
+            matches!(level.as_str(), "warning" | "warn" | "error" | "critical")
+        })
+        .collect();
+    if serious.is_empty() {
+        println!("  alerts         none");
+        return;
+    }
+    println!("  alerts         {} (latest {SHOWN} shown)", serious.len());
+    for e in serious.iter().rev().take(SHOWN).rev() {
+        let when = e["time"]
+            .as_str()
+            .or_else(|| e["at"].as_str())
+            .unwrap_or("");
+        let what = e["message"]
+            .as_str()
+            .or_else(|| e["summary"].as_str())
+            .map(str::to_string)
+            .unwrap_or_else(|| e.to_string());
+        println!("    {when} {what}");
+    }
+}
+
+/// `freesan reload`: `POST /api/v1/reload`; prints what was applied and what
+/// needs a restart (`json`: the raw answer).
+pub fn reload(api: SocketAddr, json: bool) -> Result<()> {
+    let (code, v) = http(api, "POST", "/api/v1/reload", Some(&serde_json::json!({})))?;
+    let v = ok_or_error(code, v)?;
+    if json {
+        println!("{}", serde_json::to_string_pretty(&v)?);
+        return Ok(());
+    }
+    let lines = |k: &str| -> Vec<String> {
+        v[k].as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|s| s.as_str().map(str::to_string))
+            .collect()
+    };
+    let (applied, not_applied) = (lines("applied"), lines("not_applied"));
+    if applied.is_empty() && not_applied.is_empty() {
+        println!("no changes");
+    }
+    for a in applied {
+        println!("applied:      {a}");
+    }
+    for n in not_applied {
+        println!("not applied:  {n}");
+    }
     Ok(())
 }
 
 fn mib(bytes: u64) -> String {
     format!("{:.1} MiB", bytes as f64 / (1u64 << 20) as f64)
+}
+
+fn gib(bytes: u64) -> String {
+    format!("{:.1} GiB", bytes as f64 / (1u64 << 30) as f64)
 }

@@ -27,17 +27,18 @@ pub(crate) fn send_targets(
     session_target: Option<usize>,
     local: SocketAddr,
 ) -> Vec<u8> {
+    let tables = ctx.tables();
+    let targets = &tables.targets;
     let visible = |i: &usize| {
-        ctx.targets.get(*i).is_some_and(|t| {
+        targets.get(*i).is_some_and(|t| {
             t.allowed_initiators.is_empty() || t.allowed_initiators.iter().any(|a| a == initiator)
         })
     };
     let chosen: Vec<usize> = match (value, session_target) {
-        ("All", None) => (0..ctx.targets.len()).filter(visible).collect(),
+        ("All", None) => (0..targets.len()).filter(visible).collect(),
         ("All", Some(t)) | ("", Some(t)) => vec![t],
         ("", None) => Vec::new(),
-        (iqn, own) => ctx
-            .targets
+        (iqn, own) => targets
             .iter()
             .position(|t| t.iqn == iqn)
             .filter(|i| own.is_none_or(|o| o == *i))
@@ -47,7 +48,7 @@ pub(crate) fn send_targets(
     };
     let mut out = Vec::new();
     for i in chosen {
-        let Some(t) = ctx.targets.get(i) else {
+        let Some(t) = targets.get(i) else {
             continue;
         };
         push_pair(&mut out, "TargetName", &t.iqn);

@@ -34,4 +34,4 @@ mod writer;
 
 pub use auth_limit::AuthStats;
 pub use config::{Auth, ChapSecret, Limits, Portal, ServerConfig, TargetSpec};
-pub use server::{Server, SessionInfo, Sessions};
+pub use server::{Reloader, ReplaceError, Server, SessionInfo, Sessions};

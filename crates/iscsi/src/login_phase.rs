@@ -110,9 +110,11 @@ pub(crate) async fn login<S: AsyncRead + AsyncWrite + Unpin>(
     peer: SocketAddr,
     slot: &LoginSlot,
 ) -> Result<(Negotiated, Arc<Session>), ConnError> {
-    let mut neg = LoginNegotiator::new(ctx.login_cfg.clone(), tpgt);
+    // the table of this login's start: a reload meanwhile applies to later logins
+    let tables = ctx.tables();
+    let mut neg = LoginNegotiator::new(tables.login_cfg.clone(), tpgt);
     let limits = FrameLimits {
-        max_data_segment_bytes: ctx.login_cfg.limits.max_recv_data_segment_bytes,
+        max_data_segment_bytes: tables.login_cfg.limits.max_recv_data_segment_bytes,
         max_ahs_bytes: 0,
         ..FrameLimits::default()
     };
@@ -151,7 +153,7 @@ pub(crate) async fn login<S: AsyncRead + AsyncWrite + Unpin>(
                 return Err(failed(&neg, st));
             }
             LoginOutcome::Complete(n) => {
-                let session = match register(ctx, &n, peer).await {
+                let session = match register(ctx, &tables.targets, &n, peer).await {
                     Ok(s) => s,
                     Err(st) => {
                         to_failure(&mut step, st);
@@ -167,14 +169,19 @@ pub(crate) async fn login<S: AsyncRead + AsyncWrite + Unpin>(
     }
 }
 
-async fn register(ctx: &Arc<Ctx>, n: &Negotiated, peer: SocketAddr) -> Result<Arc<Session>, u16> {
+async fn register(
+    ctx: &Arc<Ctx>,
+    targets: &[crate::TargetSpec],
+    n: &Negotiated,
+    peer: SocketAddr,
+) -> Result<Arc<Session>, u16> {
     let window = Arc::new(Window::new(
         n.exp_cmd_sn,
         ctx.limits.commands_in_flight_per_session_max,
     ));
     let (key, scsi, nexus) = match (n.session_type, n.target_index) {
         (SessionType::Normal, Some(t)) => {
-            let spec = ctx.targets.get(t).ok_or(status::NOT_FOUND)?;
+            let spec = targets.get(t).ok_or(status::NOT_FOUND)?;
             let key = SessionKey {
                 initiator: n.initiator_name.clone(),
                 isid: n.isid,

@@ -1,8 +1,14 @@
-//! Portals and the accept loop; clean shutdown.
+//! Portals and the accept loop; clean shutdown; live replacement of the target
+//! table ([`Reloader`]).
+//!
+//! Invariant of the target table: a target keeps its index for the life of the
+//! server (sessions, the registry and task-abort hooks name targets by index), so
+//! a reload may change a target's authentication and ACLs and append targets, but
+//! never removes, reorders or swaps the SCSI device of one.
 
 use crate::admission::LoginBudget;
 use crate::auth_limit::{AuthLimiter, AuthLimits};
-use crate::config::{Limits, Portal, ServerConfig, TargetSpec};
+use crate::config::{Auth, Limits, Portal, ServerConfig, TargetSpec};
 use crate::session::{Caps, Registry};
 use iscsi_proto::login::{
     ChapCredentials, InitiatorChap, LoginConfig, OperationalLimits, TargetAuth,
@@ -18,14 +24,21 @@ use tokio::task::JoinSet;
 /// Accepted connections waiting to be served.
 const ACCEPT_QUEUE: usize = 64;
 
+/// The targets and the login configuration derived from them, replaced together
+/// (a login sees either the old or the new table, never a mix).
+pub(crate) struct Tables {
+    pub targets: Vec<TargetSpec>,
+    pub login_cfg: Arc<LoginConfig>,
+}
+
 /// What every connection task shares.
 pub(crate) struct Ctx {
-    pub targets: Vec<TargetSpec>,
+    /// Read at each login and discovery; replaced by [`Reloader::replace`].
+    tables: parking_lot::RwLock<Arc<Tables>>,
     /// Portals with the addresses actually bound (port 0 resolved).
     pub portals: Vec<Portal>,
     /// The HA partner's portals (advertised, not bound).
     pub partner_portals: Vec<Portal>,
-    pub login_cfg: Arc<LoginConfig>,
     pub limits: Limits,
     pub registry: Registry,
     pub shutdown: watch::Receiver<bool>,
@@ -68,6 +81,7 @@ impl Sessions {
         let Some(ctx) = self.0.upgrade() else {
             return Vec::new();
         };
+        let tables = ctx.tables();
         ctx.registry
             .snapshot()
             .iter()
@@ -83,7 +97,7 @@ impl Sessions {
                     initiator: key.map_or_else(String::new, |k| k.initiator.clone()),
                     target: s
                         .target
-                        .and_then(|t| ctx.targets.get(t))
+                        .and_then(|t| tables.targets.get(t))
                         .map_or_else(String::new, |t| t.iqn.clone()),
                     portal,
                     discovery: s.discovery,
@@ -108,11 +122,16 @@ fn creds(c: &Option<crate::ChapSecret>) -> Option<ChapCredentials> {
     })
 }
 
-fn login_config(cfg: &ServerConfig) -> LoginConfig {
-    let l = &cfg.limits;
+impl Ctx {
+    /// The current target table.
+    pub(crate) fn tables(&self) -> Arc<Tables> {
+        self.tables.read().clone()
+    }
+}
+
+fn login_config(targets: &[TargetSpec], discovery_auth: &Auth, l: &Limits) -> LoginConfig {
     LoginConfig {
-        targets: cfg
-            .targets
+        targets: targets
             .iter()
             .map(|t| TargetAuth {
                 name: t.iqn.clone(),
@@ -134,8 +153,8 @@ fn login_config(cfg: &ServerConfig) -> LoginConfig {
                     .collect(),
             })
             .collect(),
-        discovery_chap: creds(&cfg.discovery_auth.chap),
-        discovery_mutual: creds(&cfg.discovery_auth.mutual),
+        discovery_chap: creds(&discovery_auth.chap),
+        discovery_mutual: creds(&discovery_auth.mutual),
         limits: OperationalLimits {
             max_recv_data_segment_bytes: l.max_recv_data_segment_bytes.clamp(512, (1 << 24) - 1),
             max_burst_bytes: l.max_burst_bytes.clamp(512, (1 << 24) - 1),
@@ -166,8 +185,10 @@ impl Server {
         }
         let (shutdown_tx, shutdown) = watch::channel(false);
         let ctx = Arc::new(Ctx {
-            login_cfg: Arc::new(login_config(&cfg)),
-            targets: cfg.targets,
+            tables: parking_lot::RwLock::new(Arc::new(Tables {
+                login_cfg: Arc::new(login_config(&cfg.targets, &cfg.discovery_auth, &cfg.limits)),
+                targets: cfg.targets,
+            })),
             portals,
             partner_portals: cfg.partner_portals,
             logins: LoginBudget::new(
@@ -189,7 +210,7 @@ impl Server {
             shutdown,
             buffers: cfg.buffers,
         });
-        for (i, t) in ctx.targets.iter().enumerate() {
+        for (i, t) in ctx.tables().targets.iter().enumerate() {
             t.scsi.set_task_abort(Arc::new(crate::tmf::PreemptAbort {
                 ctx: Arc::downgrade(&ctx),
                 target: i,
@@ -210,6 +231,13 @@ impl Server {
     /// A handle that lists the server's sessions while it runs (for metrics).
     pub fn sessions(&self) -> Sessions {
         Sessions(Arc::downgrade(&self.ctx))
+    }
+
+    /// A handle that replaces the target table while the server runs.
+    pub fn reloader(&self) -> Reloader {
+        Reloader {
+            ctx: Arc::downgrade(&self.ctx),
+        }
     }
 
     /// The bound address of every portal, in configuration order.
@@ -275,9 +303,81 @@ impl Server {
             conns.abort_all();
             while conns.join_next().await.is_some() {}
         }
-        for t in &self.ctx.targets {
+        for t in &self.ctx.tables().targets {
             t.scsi.flush_all().await;
         }
+        Ok(())
+    }
+}
+
+/// Why [`Reloader::replace`] refused a new target table (the old one stays).
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum ReplaceError {
+    /// The server has stopped.
+    #[error("the iSCSI server has stopped")]
+    Stopped,
+    /// A target of the running table is missing or not at its index.
+    #[error("target {0} cannot be removed or moved while the server runs")]
+    Removed(String),
+    /// A running target would get another SCSI device (other LUNs).
+    #[error("target {0} would change its LUNs; that needs a restart")]
+    DeviceChanged(String),
+    /// Two targets share a name.
+    #[error("target {0} is listed twice")]
+    Duplicate(String),
+}
+
+/// Replaces the target table of a running [`Server`]: authentication (CHAP,
+/// mutual CHAP, per-initiator CHAP), allowed initiators and aliases of running
+/// targets, discovery authentication, and targets appended at the end. Sessions
+/// already logged in keep running (authentication applies at login); new logins
+/// and discovery see the new table.
+#[derive(Clone)]
+pub struct Reloader {
+    ctx: std::sync::Weak<Ctx>,
+}
+
+impl Reloader {
+    /// The running targets, in index order.
+    pub fn targets(&self) -> Vec<TargetSpec> {
+        self.ctx
+            .upgrade()
+            .map(|c| c.tables().targets.clone())
+            .unwrap_or_default()
+    }
+
+    /// Installs `targets` (the running ones first, in their order, with the same
+    /// SCSI devices; then any new ones) and `discovery_auth`.
+    pub fn replace(
+        &self,
+        targets: Vec<TargetSpec>,
+        discovery_auth: Auth,
+    ) -> Result<(), ReplaceError> {
+        let ctx = self.ctx.upgrade().ok_or(ReplaceError::Stopped)?;
+        let mut tables = ctx.tables.write();
+        for (i, old) in tables.targets.iter().enumerate() {
+            let new = targets
+                .get(i)
+                .filter(|n| n.iqn == old.iqn)
+                .ok_or_else(|| ReplaceError::Removed(old.iqn.clone()))?;
+            if !Arc::ptr_eq(&new.scsi, &old.scsi) {
+                return Err(ReplaceError::DeviceChanged(old.iqn.clone()));
+            }
+        }
+        for (i, t) in targets.iter().enumerate() {
+            if targets[..i].iter().any(|o| o.iqn == t.iqn) {
+                return Err(ReplaceError::Duplicate(t.iqn.clone()));
+            }
+        }
+        let first_new = tables.targets.len();
+        for (i, t) in targets.iter().enumerate().skip(first_new) {
+            t.scsi.set_task_abort(Arc::new(crate::tmf::PreemptAbort {
+                ctx: Arc::downgrade(&ctx),
+                target: i,
+            }));
+        }
+        let login_cfg = Arc::new(login_config(&targets, &discovery_auth, &ctx.limits));
+        *tables = Arc::new(Tables { targets, login_cfg });
         Ok(())
     }
 }
