@@ -54,6 +54,20 @@ impl api::Control for NodeControl {
         s["pools"] = serde_json::Value::Array(self.pools.statuses());
         s["caches"] = serde_json::Value::Array(self.pools.cache_statuses());
         s["replicas"] = serde_json::Value::Array(self.replicas());
+        // the node's SCSI traffic since start, summed over every LUN (what
+        // `freesan status` turns into rates)
+        let (mut rb, mut wb, mut ro, mut wo) = (0u64, 0u64, 0u64, 0u64);
+        for t in self.objects.targets().values() {
+            for (_, st) in t.lun_stats() {
+                rb += st.read.bytes;
+                wb += st.write.bytes;
+                ro += st.read.commands;
+                wo += st.write.commands;
+            }
+        }
+        s["io"] = serde_json::json!({
+            "read_bytes": rb, "write_bytes": wb, "read_ops": ro, "write_ops": wo,
+        });
         let b = block::BufferBudget::node().status();
         s["buffer_memory"] = serde_json::json!({
             "max_bytes": b.max_bytes,
