@@ -2,7 +2,8 @@
 //! `/api/v1/openapi.json`: it validates (openapi-spec-validator, from PyPI), and
 //! every operation it lists is one the node serves (a request to it is answered
 //! by its handler, not by the router's "no such route"), while a path it does
-//! not list is not served.
+//! not list is not served. Every listed operation refuses a caller with no
+//! token or a wrong one (401), and every changing one a read-only token (403).
 
 mod common;
 use common::*;
@@ -71,8 +72,23 @@ fn the_openapi_document_validates_and_lists_exactly_what_the_node_serves() {
                 op["responses"]["200"].is_object(),
                 "{method} {path}: no success response described"
             );
-            let json = ["Content-Type: application/json", admin.as_str()];
             let body = if method == "POST" { "{}" } else { "" };
+            // the door is shut to callers without the right token
+            let wrong = "Authorization: Bearer fsn_not-a-token";
+            for (who, auth, want) in [
+                ("no token", None, 401),
+                ("a wrong token", Some(wrong), 401),
+                ("a read-only token", Some(ro.as_str()), 403),
+            ] {
+                if want == 403 && method == "GET" {
+                    continue; // read-only tokens may read
+                }
+                let mut hs = vec!["Content-Type: application/json"];
+                hs.extend(auth);
+                let (code, answer) = http(&api, &method, &concrete, &hs, body);
+                assert_eq!(code, want, "{method} {path} with {who}: {answer}");
+            }
+            let json = ["Content-Type: application/json", admin.as_str()];
             let (code, answer) = http(&api, &method, &concrete, &json, body);
             assert!(
                 !unrouted(code, &answer),
