@@ -6,116 +6,46 @@
 //! survive a restart of both nodes.
 
 mod common;
-use common::free_port;
-
-use common::{freesan, IQN};
+use common::pair::{replica_status, wait_for_replica, LoopbackPair};
+use common::IQN;
 use serde_json::Value;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 const CLUSTER: &str = "alua";
 
-struct Pair {
-    dir: tempfile::TempDir,
-    sync: [u16; 2],
-}
+struct Pair(LoopbackPair);
 
 impl Pair {
     fn new() -> Pair {
-        let dir = tempfile::tempdir().unwrap();
-        let (ok, out) = freesan(&[
-            "cluster",
-            "init",
-            "--name",
-            CLUSTER,
-            "--out",
-            dir.path().join("keys").to_str().unwrap(),
-        ]);
-        assert!(ok, "cluster init: {out}");
-        Pair {
-            dir,
-            sync: [free_port(), free_port()],
-        }
-    }
-
-    fn node_dir(&self, k: usize) -> PathBuf {
-        self.dir.path().join(format!("n{k}"))
+        Pair(LoopbackPair::new(CLUSTER))
     }
 
     /// Starts node `k` (1 or 2) of the pair: one portal, one replicated 16M LUN.
     fn start(&self, k: usize) -> common::Node {
-        let d = self.node_dir(k);
-        std::fs::create_dir_all(&d).unwrap();
-        let cfg = format!(
-            r#"data_dir = "{d}/data"
-[api]
-address = "127.0.0.1:0"
-[[portal]]
-address = "127.0.0.1:0"
-[cluster]
-name = "{CLUSTER}"
-node_id = {k}
-preferred_node = 1
-sync = ["127.0.0.1:{s}"]
-peer_sync = ["127.0.0.1:{ps}"]
-heartbeat_interval_ms = 100
-peer_timeout_ms = 800
-client_heartbeats = false
-key_file = "{keys}/node{k}.key"
-[[target]]
-iqn = "{IQN}"
-[[target.lun]]
-path = "{d}/lun0.img"
-size = "16M"
-replicated = true
-"#,
-            d = d.display(),
-            s = self.sync[k - 1],
-            ps = self.sync[2 - k],
-            keys = self.dir.path().join("keys").display(),
-        );
-        let p = d.join("node.toml");
-        std::fs::write(&p, cfg).unwrap();
-        common::Node::start(
-            &[],
-            &["--config".into(), p.display().to_string()],
-            &d.join("serve.log"),
-        )
+        let p = &self.0;
+        let cfg = p.head(k, p.sync[2 - k], "")
+            + &format!(
+                "[[target]]\niqn = \"{IQN}\"\n[[target.lun]]\npath = \"{}/lun0.img\"\n\
+                 size = \"16M\"\nreplicated = true\n",
+                p.node_dir(k).display()
+            );
+        let cfg = p.write_config(k, &cfg);
+        p.start_config(k, &cfg, "serve.log")
     }
 
     /// Node `k`'s file of explicit ALUA states for LUN 0.
     fn alua_file(&self, k: usize) -> PathBuf {
-        self.node_dir(k)
+        self.0
+            .node_dir(k)
             .join("data/targets")
             .join(IQN.replace(':', "_"))
             .join("lun0.alua.json")
     }
 }
 
-/// LUN 0's replica status on `node`.
-fn status(node: &common::Node) -> Value {
-    let api = node.api.as_deref().expect("the node serves its API");
-    let (ok, out) = freesan(&["replica", "status", "--api", api, "--json"]);
-    assert!(ok, "replica status: {out}");
-    let v: Value = serde_json::from_str(&out).unwrap();
-    v[0].clone()
-}
-
-/// Waits (up to 60 s) until `f` holds for `node`'s replica status.
 fn wait_for(node: &common::Node, what: &str, f: impl Fn(&Value) -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        let s = status(node);
-        if f(&s) {
-            return;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "{what} never happened: {s}\n{}",
-            std::fs::read_to_string(&node.log).unwrap_or_default()
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    wait_for_replica(node, what, f);
 }
 
 fn in_sync(a: &common::Node, b: &common::Node) {
@@ -239,7 +169,10 @@ fn set_target_port_groups_reaches_both_nodes_and_persists() {
 
     // through the follower (it forwards to the leader), then through the leader:
     // when each command answers, both nodes report the change, with STATUS CODE 01h
-    let roles = [status(&n1)["role"].clone(), status(&n2)["role"].clone()];
+    let roles = [
+        replica_status(&n1)["role"].clone(),
+        replica_status(&n2)["role"].clone(),
+    ];
     let (leader, follower) = match (roles[0].as_str(), roles[1].as_str()) {
         (Some("leader"), Some("follower")) => (&n1, &n2),
         (Some("follower"), Some("leader")) => (&n2, &n1),

@@ -16,7 +16,7 @@
 //!   COPY onto the cached RAID 5 LUN.)
 
 mod common;
-use common::free_port;
+use common::pair::LoopbackPair;
 
 use common::scsi::{self, naa, past_uas as cmd};
 use common::{freesan, IQN};
@@ -44,26 +44,14 @@ fn block(b: u64) -> Vec<u8> {
 }
 
 struct Pair {
-    dir: tempfile::TempDir,
-    sync: [u16; 2],
+    p: LoopbackPair,
     nodes: [Option<common::Node>; 2],
 }
 
 impl Pair {
     fn new() -> Pair {
-        let dir = tempfile::tempdir().unwrap();
-        let (ok, out) = freesan(&[
-            "cluster",
-            "init",
-            "--name",
-            CLUSTER,
-            "--out",
-            dir.path().join("keys").to_str().unwrap(),
-        ]);
-        assert!(ok, "cluster init: {out}");
         let mut p = Pair {
-            dir,
-            sync: [free_port(), free_port()],
+            p: LoopbackPair::new(CLUSTER),
             nodes: [None, None],
         };
         for k in 1..=2 {
@@ -73,14 +61,13 @@ impl Pair {
     }
 
     fn node_dir(&self, k: usize) -> PathBuf {
-        self.dir.path().join(format!("n{k}"))
+        self.p.node_dir(k)
     }
 
     /// Node `k`'s config: LUN 0 replicated (2 GiB file); node 1 also serves LUN 1,
     /// a RAID 5 pool of four file disks behind a write-back cache on two SSD files.
     fn config(&self, k: usize) -> PathBuf {
         let d = self.node_dir(k);
-        std::fs::create_dir_all(&d).unwrap();
         let mut local = String::new();
         if k == 1 {
             for i in 0..4 {
@@ -100,50 +87,24 @@ impl Pair {
             local += "[[cache]]\nname = \"c\"\npool = \"p\"\nmode = \"write-back\"\n\
                       devices = [\"ssd0\", \"ssd1\"]\nsize = \"48M\"\nblock_size = \"64K\"\n";
         }
-        let mut cfg = format!(
-            r#"data_dir = "{d}/data"
-[api]
-address = "127.0.0.1:0"
-[[portal]]
-address = "127.0.0.1:0"
-allow_without_chap = true
-[cluster]
-name = "{CLUSTER}"
-node_id = {k}
-preferred_node = 1
-sync = ["127.0.0.1:{s}"]
-peer_sync = ["127.0.0.1:{ps}"]
-heartbeat_interval_ms = 100
-peer_timeout_ms = 800
-client_heartbeats = false
-key_file = "{keys}/node{k}.key"
-{local}[[target]]
-iqn = "{IQN}"
-[[target.lun]]
-path = "{d}/lun0.img"
-size = "2G"
-replicated = true
-"#,
-            d = d.display(),
-            s = self.sync[k - 1],
-            ps = self.sync[2 - k],
-            keys = self.dir.path().join("keys").display(),
+        let mut cfg = self
+            .p
+            .head(k, self.p.sync[2 - k], "allow_without_chap = true\n");
+        cfg += &local;
+        cfg += &format!(
+            "[[target]]\niqn = \"{IQN}\"\n[[target.lun]]\npath = \"{}/lun0.img\"\n\
+             size = \"2G\"\nreplicated = true\n",
+            d.display()
         );
         if k == 1 {
             cfg += "[[target.lun]]\ncache = \"c\"\n";
         }
-        let p = d.join("node.toml");
-        std::fs::write(&p, cfg).unwrap();
-        p
+        self.p.write_config(k, &cfg)
     }
 
     fn start(&mut self, k: usize) {
         let cfg = self.config(k);
-        self.nodes[k - 1] = Some(common::Node::start(
-            &[],
-            &["--config".into(), cfg.display().to_string()],
-            &self.node_dir(k).join("serve.log"),
-        ));
+        self.nodes[k - 1] = Some(self.p.start_config(k, &cfg, "serve.log"));
     }
 
     fn node(&self, k: usize) -> &common::Node {

@@ -7,11 +7,12 @@
 //! event log still holds every event, and new events get higher sequence numbers.
 
 mod common;
-use common::{free_port, freesan, IQN};
+use common::pair::{wait_for_replica, LoopbackPair};
+use common::{freesan, IQN};
 use serde_json::Value;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{TcpListener, TcpStream};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -23,21 +24,28 @@ const BEFORE: &str = "members = [\"d0\", \"d1\"]\nspares = [\"d2\"]";
 /// What a receiver got: (kind, severity, object) per delivery.
 type Got = Arc<Mutex<Vec<(String, String, String)>>>;
 
-/// A minimal HTTP/1.1 server: every POST body (a JSON event) is recorded and
-/// answered 200.
-fn webhook_receiver() -> (String, Got) {
+/// A loopback listener whose connections `conn` serves, each on a thread of
+/// its own, recording what it receives: (address, what was received).
+fn receiver(conn: fn(TcpStream, Got)) -> (String, Got) {
     let l = TcpListener::bind("127.0.0.1:0").unwrap();
-    let url = format!("http://{}/hook", l.local_addr().unwrap());
+    let addr = l.local_addr().unwrap().to_string();
     let got: Got = Arc::default();
     let g = got.clone();
     std::thread::spawn(move || {
         for s in l.incoming() {
             let Ok(s) = s else { continue };
             let g = g.clone();
-            std::thread::spawn(move || http_conn(s, g));
+            std::thread::spawn(move || conn(s, g));
         }
     });
-    (url, got)
+    (addr, got)
+}
+
+/// A minimal HTTP/1.1 server: every POST body (a JSON event) is recorded and
+/// answered 200.
+fn webhook_receiver() -> (String, Got) {
+    let (addr, got) = receiver(http_conn);
+    (format!("http://{addr}/hook"), got)
 }
 
 fn http_conn(s: TcpStream, got: Got) {
@@ -81,18 +89,7 @@ fn http_conn(s: TcpStream, got: Got) {
 /// A minimal SMTP server: records each message's subject
 /// (`[freesan SEVERITY] KIND OBJECT: message`).
 fn smtp_sink() -> (String, Got) {
-    let l = TcpListener::bind("127.0.0.1:0").unwrap();
-    let addr = l.local_addr().unwrap().to_string();
-    let got: Got = Arc::default();
-    let g = got.clone();
-    std::thread::spawn(move || {
-        for s in l.incoming() {
-            let Ok(s) = s else { continue };
-            let g = g.clone();
-            std::thread::spawn(move || smtp_conn(s, g));
-        }
-    });
-    (addr, got)
+    receiver(smtp_conn)
 }
 
 fn smtp_conn(s: TcpStream, got: Got) {
@@ -147,45 +144,18 @@ fn smtp_conn(s: TcpStream, got: Got) {
 }
 
 struct Pair {
-    dir: tempfile::TempDir,
-    sync: [u16; 2],
+    p: LoopbackPair,
     webhook: String,
     smtp: String,
 }
 
 impl Pair {
-    fn node_dir(&self, k: usize) -> PathBuf {
-        self.dir.path().join(format!("n{k}"))
-    }
-
     /// Node 1: pool, spare, write-back cache (LUN 0) and the replicated LUN 1,
     /// with alerts; node 2: a file LUN 0 and the replicated LUN 1.
     /// `members`: node 1's pool members and spares.
     fn start(&self, k: usize, members: &str) -> common::Node {
-        let d = self.node_dir(k);
-        std::fs::create_dir_all(&d).unwrap();
-        let mut cfg = format!(
-            r#"data_dir = "{d}/data"
-[api]
-address = "127.0.0.1:0"
-[[portal]]
-address = "127.0.0.1:0"
-[cluster]
-name = "{CLUSTER}"
-node_id = {k}
-preferred_node = 1
-sync = ["127.0.0.1:{s}"]
-peer_sync = ["127.0.0.1:{ps}"]
-heartbeat_interval_ms = 100
-peer_timeout_ms = 800
-client_heartbeats = false
-key_file = "{keys}/node{k}.key"
-"#,
-            d = d.display(),
-            s = self.sync[k - 1],
-            ps = self.sync[2 - k],
-            keys = self.dir.path().join("keys").display(),
-        );
+        let d = self.p.node_dir(k);
+        let mut cfg = self.p.head(k, self.p.sync[2 - k], "");
         let lun0 = if k == 1 {
             cfg += &format!(
                 r#"[alerts]
@@ -222,13 +192,9 @@ to = ["ops@example.org"]
             "[[target]]\niqn = \"{IQN}\"\n[[target.lun]]\n{lun0}[[target.lun]]\npath = \"{}/lun1.img\"\nsize = \"16M\"\nreplicated = true\n",
             d.display()
         );
-        let p = d.join("node.toml");
-        std::fs::write(&p, cfg).unwrap();
-        common::Node::start(
-            &[],
-            &["--config".into(), p.display().to_string()],
-            &d.join(format!("serve{}.log", now_ms())),
-        )
+        let cfg = self.p.write_config(k, &cfg);
+        self.p
+            .start_config(k, &cfg, &format!("serve{}.log", now_ms()))
     }
 }
 
@@ -254,15 +220,7 @@ fn cli(node: &common::Node, args: &[&str]) -> String {
 
 /// Waits (up to 60 s) until `f` holds for `node`'s replica status of LUN 1.
 fn wait_replica(node: &common::Node, what: &str, f: impl Fn(&Value) -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        let v: Value = serde_json::from_str(&cli(node, &["replica", "status", "--json"])).unwrap();
-        if f(&v[0]) {
-            return;
-        }
-        assert!(Instant::now() < deadline, "{what} never happened: {v}");
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    wait_for_replica(node, what, f);
 }
 
 /// The node's event log through `freesan events --json`.
@@ -300,21 +258,10 @@ fn wait_delivered(hook: &Got, mail: &Got, want: &[(&str, &str, &str)], log: &Pat
 
 #[test]
 fn failures_reach_webhook_and_mail_once_and_the_log_survives_a_restart() {
-    let dir = tempfile::tempdir().unwrap();
-    let (ok, out) = freesan(&[
-        "cluster",
-        "init",
-        "--name",
-        CLUSTER,
-        "--out",
-        dir.path().join("keys").to_str().unwrap(),
-    ]);
-    assert!(ok, "cluster init: {out}");
     let (webhook, hook) = webhook_receiver();
     let (smtp, mail) = smtp_sink();
     let pair = Pair {
-        dir,
-        sync: [free_port(), free_port()],
+        p: LoopbackPair::new(CLUSTER),
         webhook,
         smtp,
     };

@@ -11,14 +11,13 @@
 //! (a Hello claiming an inconsistent copy makes the node the resync source).
 
 mod common;
-use common::free_port;
+use common::pair::{replica_status, wait_for_replica, LoopbackPair};
 
-use common::{freesan, IQN};
+use common::{free_port, freesan, IQN};
 use replica::secure::{ClusterKeys, Member, Purpose};
-use serde_json::Value;
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -32,116 +31,38 @@ fn pattern(seed: u8) -> Vec<u8> {
         .collect()
 }
 
-struct Setup {
-    dir: tempfile::TempDir,
-    sync: [u16; 2],
-}
+struct Setup(LoopbackPair);
 
 impl Setup {
     fn new() -> Setup {
-        let dir = tempfile::tempdir().unwrap();
         // the pair's keys, and an attacker's own keys of a cluster with the same name
-        for keys in ["keys", "evil"] {
-            let (ok, out) = freesan(&[
-                "cluster",
-                "init",
-                "--name",
-                CLUSTER,
-                "--out",
-                dir.path().join(keys).to_str().unwrap(),
-            ]);
-            assert!(ok, "cluster init: {out}");
-        }
-        Setup {
-            dir,
-            sync: [free_port(), free_port()],
-        }
+        let p = LoopbackPair::new(CLUSTER);
+        p.init_keys("evil");
+        Setup(p)
     }
 
     fn keys(&self, who: &str, member: &str) -> ClusterKeys {
-        ClusterKeys::load(&self.dir.path().join(who).join(format!("{member}.key"))).unwrap()
+        ClusterKeys::load(&self.0.dir.path().join(who).join(format!("{member}.key"))).unwrap()
     }
 
-    fn node_dir(&self, k: usize) -> PathBuf {
-        self.dir.path().join(format!("n{k}"))
-    }
-
-    /// Writes node `k`'s config; its partner is reached at `peer_port`.
-    fn config(&self, k: usize, peer_port: u16) -> PathBuf {
-        let d = self.node_dir(k);
-        std::fs::create_dir_all(&d).unwrap();
-        let img = d.join("lun0.img");
+    /// Node `k`'s config (its 16 MiB LUN image filled with its own pattern the
+    /// first time); its partner is reached at `peer_port`.
+    fn start(&self, k: usize, peer_port: u16) -> common::Node {
+        let img = self.0.node_dir(k).join("lun0.img");
         if !img.exists() {
             std::fs::write(&img, pattern(k as u8)).unwrap();
         }
-        let cfg = format!(
-            r#"data_dir = "{d}/data"
-[api]
-address = "127.0.0.1:0"
-[[portal]]
-address = "127.0.0.1:0"
-[cluster]
-name = "{CLUSTER}"
-node_id = {k}
-preferred_node = 1
-sync = ["127.0.0.1:{s}"]
-peer_sync = ["127.0.0.1:{peer_port}"]
-heartbeat_interval_ms = 100
-peer_timeout_ms = 800
-client_heartbeats = false
-key_file = "{keys}/node{k}.key"
-[[target]]
-iqn = "{IQN}"
-[[target.lun]]
-path = "{img}"
-replicated = true
-"#,
-            d = d.display(),
-            s = self.sync[k - 1],
-            keys = self.dir.path().join("keys").display(),
-            img = img.display(),
-        );
-        let p = d.join("node.toml");
-        std::fs::write(&p, cfg).unwrap();
-        p
-    }
-
-    fn start(&self, k: usize, peer_port: u16) -> common::Node {
-        let cfg = self.config(k, peer_port);
-        common::Node::start(
-            &[],
-            &["--config".into(), cfg.display().to_string()],
-            &self.node_dir(k).join("serve.log"),
-        )
+        let cfg = self.0.head(k, peer_port, "")
+            + &format!(
+                "[[target]]\niqn = \"{IQN}\"\n[[target.lun]]\npath = \"{}\"\nreplicated = true\n",
+                img.display()
+            );
+        let cfg = self.0.write_config(k, &cfg);
+        self.0.start_config(k, &cfg, "serve.log")
     }
 
     fn sync_addr(&self, k: usize) -> SocketAddr {
-        format!("127.0.0.1:{}", self.sync[k - 1]).parse().unwrap()
-    }
-}
-
-/// LUN 0's replica status on `node`.
-fn status(node: &common::Node) -> Value {
-    let api = node.api.as_deref().expect("the node serves its API");
-    let (ok, out) = freesan(&["replica", "status", "--api", api, "--json"]);
-    assert!(ok, "replica status: {out}");
-    let v: Value = serde_json::from_str(&out).unwrap();
-    v[0].clone()
-}
-
-fn wait_for(node: &common::Node, what: &str, f: impl Fn(&Value) -> bool) -> Value {
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        let s = status(node);
-        if f(&s) {
-            return s;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "{what} never happened: {s}\n{}",
-            std::fs::read_to_string(&node.log).unwrap_or_default()
-        );
-        std::thread::sleep(Duration::from_millis(50));
+        format!("127.0.0.1:{}", self.0.sync[k - 1]).parse().unwrap()
     }
 }
 
@@ -180,7 +101,7 @@ fn send_and_collect(addr: SocketAddr, bytes: &[u8]) -> Vec<u8> {
 /// The attacks of a client without the pair's keys; `expect_role` is the role
 /// the node must keep.
 fn attack_without_keys(t: &Setup, k: usize, node: &common::Node) {
-    let before = status(node);
+    let before = replica_status(node);
     let addr = t.sync_addr(k);
     // the old protocol: nothing comes back, not even a hello
     let got = send_and_collect(addr, &plain_hello());
@@ -227,7 +148,7 @@ fn attack_without_keys(t: &Setup, k: usize, node: &common::Node) {
         Ok::<_, std::io::Error>(b)
     });
     assert!(r.is_err(), "node {k} let the witness key on its sync port");
-    let after = status(node);
+    let after = replica_status(node);
     for key in ["role", "state", "generation", "consistent", "peer"] {
         assert_eq!(before[key], after[key], "node {k}'s {key} changed: {after}");
     }
@@ -312,20 +233,20 @@ fn sync_ports_refuse_strangers_replays_and_tampering() {
     let relay = Relay::start(t.sync_addr(2));
 
     // node 2 alone, waiting for its partner (not preferred: it does not serve)
-    let mut n2 = t.start(2, t.sync[0]);
-    let s = wait_for(&n2, "node 2 deciding", |s| s["role"] != "deciding");
+    let mut n2 = t.start(2, t.0.sync[0]);
+    let s = wait_for_replica(&n2, "node 2 deciding", |s| s["role"] != "deciding");
     assert_ne!(s["state"], "in-sync");
     attack_without_keys(&t, 2, &n2);
     assert_ne!(
-        status(&n2)["local_paths"],
+        replica_status(&n2)["local_paths"],
         "active",
         "a stranger made node 2 serve"
     );
 
     // node 1 joins through the relay; the pair comes in sync
     let mut n1 = t.start(1, relay.port);
-    wait_for(&n1, "the pair in sync", |s| s["state"] == "in-sync");
-    wait_for(&n2, "the pair in sync", |s| s["state"] == "in-sync");
+    wait_for_replica(&n1, "the pair in sync", |s| s["state"] == "in-sync");
+    wait_for_replica(&n2, "the pair in sync", |s| s["state"] == "in-sync");
     attack_without_keys(&t, 2, &n2);
     attack_without_keys(&t, 1, &n1);
 
@@ -341,7 +262,7 @@ fn sync_ports_refuse_strangers_replays_and_tampering() {
         "node 2 sent {} bytes to a replay (more than a handshake answer)",
         got.len()
     );
-    assert_eq!(status(&n2)["state"], "in-sync");
+    assert_eq!(replica_status(&n2)["state"], "in-sync");
     assert_eq!(count(&n2.log, "partner connected"), joined);
     assert!(
         count(&n2.log, "authentication failed") > 0,
@@ -360,18 +281,18 @@ fn sync_ports_refuse_strangers_replays_and_tampering() {
         std::thread::sleep(Duration::from_millis(50));
     }
     assert!(count(&n2.log, "record").max(count(&n1.log, "record")) > 0);
-    wait_for(&n2, "the pair back in sync", |s| s["state"] == "in-sync");
+    wait_for_replica(&n2, "the pair back in sync", |s| s["state"] == "in-sync");
 
     // node 1 serving alone once node 2 has stopped
     assert!(n2.terminate());
-    wait_for(&n1, "node 1 alone", |s| s["state"] == "degraded");
+    wait_for_replica(&n1, "node 1 alone", |s| s["state"] == "degraded");
     attack_without_keys(&t, 1, &n1);
     assert!(n1.terminate());
 
     // nothing a stranger sent reached node 2's copy: it holds node 1's data,
     // which node 1 never stopped serving (and nobody wrote)
-    let img1 = std::fs::read(t.node_dir(1).join("lun0.img")).unwrap();
-    let img2 = std::fs::read(t.node_dir(2).join("lun0.img")).unwrap();
+    let img1 = std::fs::read(t.0.node_dir(1).join("lun0.img")).unwrap();
+    let img2 = std::fs::read(t.0.node_dir(2).join("lun0.img")).unwrap();
     assert!(img1 == pattern(1), "node 1's copy changed");
     assert!(img2 == img1, "node 2's copy differs from node 1's");
 }
@@ -381,12 +302,12 @@ fn the_witness_answers_only_its_nodes_and_each_only_for_itself() {
     let t = Setup::new();
     let port = free_port();
     let addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
-    let state = t.dir.path().join("witness.json");
+    let state = t.0.dir.path().join("witness.json");
     let mut w = std::process::Command::new(env!("CARGO_BIN_EXE_freesan"))
         .args(["witness", "--listen", &addr.to_string(), "--state"])
         .arg(&state)
         .arg("--key-file")
-        .arg(t.dir.path().join("keys/witness.key"))
+        .arg(t.0.dir.path().join("keys/witness.key"))
         .stderr(std::process::Stdio::null())
         .spawn()
         .unwrap();
@@ -547,7 +468,7 @@ fn spoofed_heartbeats_never_mark_a_dead_sync_link_up() {
     let sock = std::net::UdpSocket::bind(("127.0.0.1", peer_port)).unwrap();
     let n1 = t.start(1, peer_port);
     let links_up = |n: &common::Node| {
-        status(n)["sync_links"]
+        replica_status(n)["sync_links"]
             .as_array()
             .map(|a| a.iter().filter(|l| l["up"] == true).count())
             .unwrap_or(0)

@@ -2,6 +2,7 @@
 //! the kernel, learns the ports from the banner, and runs outside clients.
 #![allow(dead_code)]
 pub mod netns;
+pub mod pair;
 pub mod scsi;
 
 use std::io::{BufRead, BufReader};
