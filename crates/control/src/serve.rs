@@ -350,12 +350,14 @@ where
         }
         None => None,
     };
-    events.emit(crate::events::NewEvent::new(
-        crate::events::Severity::Info,
-        crate::events::EventKind::NodeStarted,
-        cfg.data_dir.display().to_string(),
-        format!("freesan {} started", env!("CARGO_PKG_VERSION")),
-    ));
+    events
+        .record(crate::events::NewEvent::new(
+            crate::events::Severity::Info,
+            crate::events::EventKind::NodeStarted,
+            cfg.data_dir.display().to_string(),
+            format!("freesan {} started", env!("CARGO_PKG_VERSION")),
+        ))
+        .await;
     // watched before the banner: whoever starts the node may stop it at once
     let stop_signal = stop_signal();
     eprintln!("freesan {} serving", env!("CARGO_PKG_VERSION"));

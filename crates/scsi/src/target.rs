@@ -85,9 +85,6 @@ fn ua_exempt(opcode: u8) -> bool {
 /// Most operator events queued for a slow subscriber.
 const EVENTS_QUEUED_MAX: usize = 256;
 
-/// Commands that may change how much space a thin LU holds: Some(true) for those
-/// after which its use is sampled at once (UNMAP frees, WRITE SAME may allocate
-/// far more than it carries), Some(false) for those counted by their data.
 /// What a command with this operation code counts as in the LU's statistics.
 fn direction(opcode: Option<u8>) -> Direction {
     match opcode {
@@ -97,6 +94,9 @@ fn direction(opcode: Option<u8>) -> Direction {
     }
 }
 
+/// Commands that may change how much space a thin LU holds: Some(true) for those
+/// after which its use is sampled at once (UNMAP frees, WRITE SAME may allocate
+/// far more than it carries), Some(false) for those counted by their data.
 fn allocates(opcode: u8) -> Option<bool> {
     match opcode {
         op::WRITE_6

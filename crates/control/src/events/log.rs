@@ -15,6 +15,7 @@ use parking_lot::Mutex;
 use std::collections::VecDeque;
 use std::io::{BufRead, Write};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 /// Events kept when `[alerts] log_events_max` is not set.
 pub const DEFAULT_EVENTS_MAX: usize = 10_000;
@@ -156,6 +157,15 @@ impl EventLog {
         // no follower is no error
         let _ = self.tx.send(ev.clone());
         ev
+    }
+
+    /// [`EventLog::emit`] from async code: the append and its fsync run on the
+    /// blocking pool, not on a runtime worker.
+    pub async fn record(self: &Arc<Self>, e: NewEvent) {
+        let log = self.clone();
+        if let Err(err) = tokio::task::spawn_blocking(move || log.emit(e)).await {
+            tracing::warn!("event log: recording failed: {err}");
+        }
     }
 
     fn append(&self, e: &Event) -> Result<()> {

@@ -73,7 +73,19 @@ pub fn start(log: Arc<EventLog>, src: Sources) {
         let mut tick = tokio::time::interval(CERT_CHECK);
         loop {
             tick.tick().await;
-            check_certificates(&l, &certs, &mut reported);
+            // file reads and the log's fsync: on the blocking pool
+            let (l, certs) = (l.clone(), certs.clone());
+            let r = tokio::task::spawn_blocking(move || {
+                check_certificates(&l, &certs, &mut reported);
+                reported
+            });
+            match r.await {
+                Ok(r) => reported = r,
+                Err(e) => {
+                    tracing::warn!("certificate check failed: {e}");
+                    return;
+                }
+            }
         }
     });
     tokio::spawn(async move {
@@ -83,7 +95,7 @@ pub fn start(log: Arc<EventLog>, src: Sources) {
         loop {
             tick.tick().await;
             for e in st.poll(&src) {
-                log.emit(e);
+                log.record(e).await;
             }
         }
     });
@@ -133,7 +145,7 @@ async fn follow_target(
                 ),
             ),
         };
-        log.emit(ev);
+        log.record(ev).await;
     }
 }
 
