@@ -254,6 +254,21 @@ fn prometheus_scrapes_lun_rates_and_pool_state() {
     eprintln!("Prometheus sees LUN 0 read at {rate:.0} bytes/s");
     let ops = "rate(freesan_lun_commands_total{lun=\"0\",direction=\"read\"}[5s])";
     prom.await_value(ops, |v| v > 0.0);
+    // `freesan status` turns the same counters into a read rate
+    let (ok, out) = freesan(&["status", "--api", &api]);
+    assert!(ok, "freesan status: {out}");
+    let io = out
+        .lines()
+        .find(|l| l.trim_start().starts_with("I/O"))
+        .unwrap_or_else(|| panic!("no I/O line: {out}"));
+    let read_iops: f64 = io
+        .split("read ")
+        .nth(1)
+        .and_then(|r| r.split('(').nth(1))
+        .and_then(|r| r.split(' ').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no read IOPS in {io:?}"));
+    assert!(read_iops > 0.0, "freesan status shows no reads: {io}");
 
     // the pool is optimal, then degraded once a member fails
     let state = |s: &str| format!("freesan_pool_state{{pool=\"p\",state=\"{s}\"}}");
