@@ -161,9 +161,10 @@ async fn dead_members_degrade_then_fail_never_wrong_data() {
     assert_eq!(pool.status().state, PoolState::Failed);
 }
 
-#[tokio::test]
-async fn hot_spare_pulled_in_and_rebuilt() {
-    let ms: Vec<TestMember> = (0..4).map(|_| member(MEMBER_BLOCKS)).collect();
+/// A RAID 5 pool of `n` members and a hot spare named "spare", filled with
+/// `seed`'s pattern (also in the returned oracle).
+async fn raid5_with_spare(n: usize, seed: u64) -> (Pool, Vec<TestMember>, TestMember, MemVolume) {
+    let ms: Vec<TestMember> = (0..n).map(|_| member(MEMBER_BLOCKS)).collect();
     let spare = member(MEMBER_BLOCKS);
     let pool = Pool::create(
         config(RaidLevel::Raid5),
@@ -173,7 +174,13 @@ async fn hot_spare_pulled_in_and_rebuilt() {
     .await
     .unwrap();
     let oracle = MemVolume::new(BS, pool.geometry().block_count);
-    fill(&pool, &oracle, 21).await;
+    fill(&pool, &oracle, seed).await;
+    (pool, ms, spare, oracle)
+}
+
+#[tokio::test]
+async fn hot_spare_pulled_in_and_rebuilt() {
+    let (pool, ms, _spare, oracle) = raid5_with_spare(4, 21).await;
     ms[2].plan.lock().dead = true;
     check_all(&pool, &oracle).await; // detects the dead member
     pool.wait_idle().await;
@@ -188,17 +195,7 @@ async fn hot_spare_pulled_in_and_rebuilt() {
 
 #[tokio::test]
 async fn a_member_a_spare_replaced_is_left_out_when_assembled_again() {
-    let ms: Vec<TestMember> = (0..3).map(|_| member(MEMBER_BLOCKS)).collect();
-    let spare = member(MEMBER_BLOCKS);
-    let pool = Pool::create(
-        config(RaidLevel::Raid5),
-        members_of(&ms),
-        vec![spare.as_member("spare")],
-    )
-    .await
-    .unwrap();
-    let oracle = MemVolume::new(BS, pool.geometry().block_count);
-    fill(&pool, &oracle, 23).await;
+    let (pool, ms, spare, oracle) = raid5_with_spare(3, 23).await;
     pool.fail_member(1).await.unwrap(); // the spare takes its place and is rebuilt
     pool.wait_idle().await;
     fill(&pool, &oracle, 24).await;
