@@ -3,9 +3,8 @@
 //! memory. `freesan reload`: asks the node to re-read its configuration.
 //!
 //! What it does not do: count I/O itself. Rates come from two samples of the
-//! node's counters a second apart (`io` in `GET /api/v1/status`, or the `*_bytes`
-//! / `*_ops` counters of its LUNs); a node that exposes none says so. Alerts come
-//! from `GET /api/v1/events` when the node has it.
+//! node's counters a second apart (`io` in `GET /api/v1/status`); alerts are the
+//! warnings and critical events at the tail of `GET /api/v1/events`.
 
 use crate::poolcmd::{http, ok_or_error};
 use anyhow::Result;
@@ -98,34 +97,17 @@ fn capacity(v: &Value) -> String {
     s
 }
 
-/// Sums the I/O counters a status shows: `io.{read,write}_{bytes,ops}` of the
-/// node, else those of every LUN. None when it shows none.
+/// The node's I/O counters (`io.{read,write}_{bytes,ops}` of its status, summed
+/// over every LUN); None when it shows none (an older node).
 fn io_counters(v: &Value) -> Option<[u64; 4]> {
-    const KEYS: [&str; 4] = ["read_bytes", "write_bytes", "read_ops", "write_ops"];
-    let of = |o: &Value| -> Option<[u64; 4]> {
-        let mut c = [0u64; 4];
-        let mut any = false;
-        for (i, k) in KEYS.iter().enumerate() {
-            if let Some(n) = o[*k].as_u64() {
-                c[i] = n;
-                any = true;
-            }
-        }
-        any.then_some(c)
-    };
-    if let Some(c) = of(&v["io"]) {
-        return Some(c);
-    }
-    let mut total = None::<[u64; 4]>;
-    for l in v["luns"].as_array().into_iter().flatten() {
-        if let Some(c) = of(l).or_else(|| of(&l["io"])) {
-            let t = total.get_or_insert([0; 4]);
-            for i in 0..4 {
-                t[i] += c[i];
-            }
-        }
-    }
-    total
+    let io = &v["io"];
+    let n = |k: &str| io[k].as_u64();
+    Some([
+        n("read_bytes")?,
+        n("write_bytes")?,
+        n("read_ops")?,
+        n("write_ops")?,
+    ])
 }
 
 /// Rates over one second from two samples of the node's counters.
@@ -153,39 +135,35 @@ fn io_rates(api: SocketAddr, first: &Value) -> String {
     )
 }
 
-/// The node's recent warnings and errors (`GET /api/v1/events`), newest last.
+/// How far back `freesan status` looks for alerts, in events.
+const ALERTS_LOOKBACK_EVENTS: u64 = 1000;
+
+/// The node's recent warnings and critical events (`GET /api/v1/events`, the
+/// newest [`ALERTS_LOOKBACK_EVENTS`]), newest last.
 fn alerts(api: SocketAddr) {
     const SHOWN: usize = 10;
-    let events = match http(api, "GET", "/api/v1/events", None) {
-        Ok((200, v)) => v,
-        Ok((404, _)) => {
-            println!("  alerts         (this node keeps no event list)");
-            return;
-        }
-        Ok((code, v)) => {
-            println!("  alerts         (events: HTTP {code}: {})", v["error"]);
-            return;
-        }
+    let get = |query: &str| match http(api, "GET", &format!("/api/v1/events?{query}"), None) {
+        Ok((200, v)) => Ok(v),
+        Ok((code, v)) => Err(format!("HTTP {code}: {}", v["error"])),
+        Err(e) => Err(format!("{e:#}")),
+    };
+    // the log is read oldest first: learn where it ends, then read its tail
+    let tail = get("limit=1").and_then(|v| {
+        let last = v["last_seq"].as_u64().unwrap_or(0);
+        let since = last.saturating_sub(ALERTS_LOOKBACK_EVENTS);
+        get(&format!("since={since}&limit={ALERTS_LOOKBACK_EVENTS}"))
+    });
+    let events = match tail {
+        Ok(v) => v,
         Err(e) => {
-            println!("  alerts         (events: {e:#})");
+            println!("  alerts         (events: {e})");
             return;
         }
     };
-    let list = events
-        .as_array()
-        .or_else(|| events["events"].as_array())
-        .cloned()
-        .unwrap_or_default();
+    let list = events["events"].as_array().cloned().unwrap_or_default();
     let serious: Vec<&Value> = list
         .iter()
-        .filter(|e| {
-            let level = e["severity"]
-                .as_str()
-                .or_else(|| e["level"].as_str())
-                .unwrap_or("")
-                .to_ascii_lowercase();
-            matches!(level.as_str(), "warning" | "warn" | "error" | "critical")
-        })
+        .filter(|e| matches!(e["severity"].as_str(), Some("warning" | "critical")))
         .collect();
     if serious.is_empty() {
         println!("  alerts         none");
@@ -193,16 +171,12 @@ fn alerts(api: SocketAddr) {
     }
     println!("  alerts         {} (latest {SHOWN} shown)", serious.len());
     for e in serious.iter().rev().take(SHOWN).rev() {
-        let when = e["time"]
-            .as_str()
-            .or_else(|| e["at"].as_str())
-            .unwrap_or("");
-        let what = e["message"]
-            .as_str()
-            .or_else(|| e["summary"].as_str())
-            .map(str::to_string)
-            .unwrap_or_else(|| e.to_string());
-        println!("    {when} {what}");
+        println!(
+            "    {} {} {}",
+            e["time"].as_str().unwrap_or(""),
+            e["severity"].as_str().unwrap_or(""),
+            e["message"].as_str().unwrap_or("")
+        );
     }
 }
 

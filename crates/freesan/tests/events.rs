@@ -296,6 +296,18 @@ fn failures_reach_webhook_and_mail_once_and_the_log_survives_a_restart() {
         ("partner_lost", "critical", &format!("{CLUSTER}/{IQN}/lun1")),
     ];
     wait_delivered(&hook, &mail, &want, &n1.log);
+    // `freesan status` shows them among its alerts
+    let status = cli(&n1, &["status"]);
+    let alerts: Vec<&str> = status
+        .lines()
+        .skip_while(|l| !l.trim_start().starts_with("alerts"))
+        .skip(1)
+        .take_while(|l| l.starts_with("    "))
+        .collect();
+    assert!(
+        alerts.len() >= want.len() && alerts.iter().any(|l| l.contains(" critical ")),
+        "{status}"
+    );
 
     // node 1 dies too (no clean shutdown): nothing more can be delivered now
     n1.kill9();
