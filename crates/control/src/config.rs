@@ -1084,6 +1084,14 @@ impl Config {
                         id
                     );
                 }
+                if l.thin_threshold_percent.is_some() && (l.path.is_none() || l.thick) {
+                    bail!(
+                        "target {} LUN {}: thin_threshold_percent is for thin (sparse file) \
+                         LUNs: a pool, disk, cache or thick LUN never runs out by itself",
+                        t.iqn,
+                        id
+                    );
+                }
                 if l.block_size != 512 && l.block_size != 4096 {
                     bail!(
                         "target {} LUN {}: block_size must be 512 or 4096",
@@ -1470,6 +1478,26 @@ size = "1G"
         let short = per.replace("secret-of-abc-1", "short");
         let bad = toml::from_str::<Config>(&short).unwrap();
         assert!(bad.validate().is_err());
+    }
+
+    #[test]
+    fn thin_thresholds_are_for_thin_file_luns_and_in_range() {
+        let text = "data_dir = \"state\"\n[[portal]]\naddress = \"127.0.0.1:3260\"\n\
+                    [[target]]\niqn = \"iqn.2026-11.org.freesan:t1\"\n[[target.lun]]\n\
+                    path = \"lun0.img\"\nsize = \"1G\"\n";
+        let with = |extra: &str| {
+            toml::from_str::<Config>(&format!("{text}{extra}"))
+                .unwrap()
+                .validate()
+        };
+        assert!(with("thin_threshold_percent = 80\n").is_ok());
+        assert!(with("thin_threshold_percent = 0\n").is_err());
+        assert!(with("thin_threshold_percent = 101\n").is_err());
+        let thick = with("thin_threshold_percent = 80\nthick = true\n").unwrap_err();
+        assert!(
+            format!("{thick:#}").contains("thin (sparse file)"),
+            "{thick:#}"
+        );
     }
 
     #[test]
