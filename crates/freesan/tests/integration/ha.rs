@@ -12,7 +12,7 @@
 //! - Overlapping writes from two initiators, one through each node, over several
 //!   runs: identical copies after every run.
 
-mod common;
+use crate::common;
 
 use common::netns::{available, Topology, TopologyOptions};
 use serde_json::Value;

@@ -12,7 +12,7 @@
 //! with no effective bound (the test still holds it to 64 MiB): it then grows
 //! by about the whole 1.5 GiB the clients ask for and the test fails.
 
-mod common;
+use crate::common;
 use block::Volume;
 use common::*;
 use serde_json::Value;

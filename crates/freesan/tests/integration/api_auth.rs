@@ -6,7 +6,7 @@
 //! `freesan api token ...` apply to the running node at once; changes are
 //! in the audit log (`freesan api audit`).
 
-mod common;
+use crate::common;
 use common::*;
 use serde_json::Value;
 use std::os::unix::fs::PermissionsExt;

@@ -6,7 +6,7 @@
 //! without an I/O error, and what was written around a detached cache is never
 //! shadowed by what it held.
 
-mod common;
+use crate::common;
 use common::*;
 
 fn config(dir: &std::path::Path) -> std::path::PathBuf {

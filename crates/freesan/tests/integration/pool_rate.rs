@@ -2,7 +2,7 @@
 //! (`freesan pool rebuild-rate`), shows in `freesan pool status --json`, is
 //! refused for unknown pools, and persists in the pool across a restart.
 
-mod common;
+use crate::common;
 use common::*;
 
 fn config(dir: &std::path::Path) -> std::path::PathBuf {

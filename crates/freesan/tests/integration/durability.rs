@@ -1,7 +1,7 @@
 //! Durability end to end: data written and synced (SYNCHRONIZE CACHE) before a
 //! SIGKILL of the server is there after the restart, with the same LUN identity.
 
-mod common;
+use crate::common;
 use common::*;
 
 fn start(dir: &std::path::Path) -> Node {

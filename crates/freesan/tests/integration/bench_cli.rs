@@ -2,7 +2,7 @@
 //! portal) and NBD, with JSON, CSV, charts and the last summary line; nbdinfo
 //! reads the NBD export that `serve --nbd` offers.
 
-mod common;
+use crate::common;
 use common::*;
 use std::process::Command;
 

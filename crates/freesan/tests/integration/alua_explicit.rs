@@ -5,7 +5,7 @@
 //! change made while the partner is away reaches it when it rejoins; the states
 //! survive a restart of both nodes.
 
-mod common;
+use crate::common;
 use common::pair::{replica_status, wait_for_replica, LoopbackPair};
 use common::IQN;
 use serde_json::Value;

@@ -10,7 +10,7 @@
 //! Before cluster trust the first attack received node 2's LUN byte for byte
 //! (a Hello claiming an inconsistent copy makes the node the resync source).
 
-mod common;
+use crate::common;
 use common::pair::{replica_status, wait_for_replica, LoopbackPair};
 
 use common::{free_port, freesan, IQN};

@@ -5,7 +5,7 @@
 //! after a SIGKILL the pool reassembles at the new size and a member failure loses
 //! nothing; shrinking is refused.
 
-mod common;
+use crate::common;
 use common::scsi::{capacity_bytes, command};
 use common::*;
 

@@ -6,7 +6,7 @@
 //! `min_severity` is delivered. Node 1 is then SIGKILLed and restarted: its
 //! event log still holds every event, and new events get higher sequence numbers.
 
-mod common;
+use crate::common;
 use common::pair::{wait_for_replica, LoopbackPair};
 use common::{freesan, IQN};
 use serde_json::Value;

@@ -8,7 +8,7 @@
 //! Installs on this machine: needs root, dpkg and cargo-deb; skipped otherwise
 //! (a failure under FREESAN_REQUIRE_TOOLS=1).
 
-mod common;
+use crate::common;
 
 use common::*;
 use std::path::Path;

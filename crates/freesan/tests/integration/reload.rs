@@ -3,7 +3,7 @@
 //! session of another target doing verified writes all along sees no error and
 //! every block it had acknowledged reads back.
 
-mod common;
+use crate::common;
 
 use common::*;
 use std::net::SocketAddr;

@@ -6,7 +6,7 @@
 //! ROD TOKEN INFORMATION, WRITE USING TOKEN) between the same two LUNs, and its
 //! zero token.
 
-mod common;
+use crate::common;
 use common::scsi::{self, naa, past_uas as cmd};
 use common::*;
 use std::path::Path;

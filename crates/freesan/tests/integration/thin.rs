@@ -8,7 +8,7 @@
 //! Mounting the tmpfs needs root (the test command runs as root); elsewhere the
 //! test is skipped unless FREESAN_REQUIRE_TOOLS is set.
 
-mod common;
+use crate::common;
 use common::scsi::condition;
 use common::*;
 use initiator::{LoginOptions, ScsiResult, Session};

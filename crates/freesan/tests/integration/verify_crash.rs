@@ -3,7 +3,7 @@
 //! `freesan bench check` finds every acknowledged block; wiping the LUN makes the
 //! same check fail (so the check can fail).
 
-mod common;
+use crate::common;
 use common::*;
 
 fn start(dir: &std::path::Path) -> Node {

@@ -15,7 +15,7 @@
 //!   byte-identical. (`tests/xcopy.rs` kills a node in the middle of an EXTENDED
 //!   COPY onto the cached RAID 5 LUN.)
 
-mod common;
+use crate::common;
 use common::pair::LoopbackPair;
 
 use common::scsi::{self, naa, past_uas as cmd};

@@ -5,7 +5,7 @@
 //! against a local raw file with the same content succeeds. Skips when
 //! qemu-img or qemu-io is missing, fails instead under FREESAN_REQUIRE_TOOLS=1.
 
-mod common;
+use crate::common;
 use common::*;
 use std::path::{Path, PathBuf};
 

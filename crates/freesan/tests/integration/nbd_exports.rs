@@ -4,7 +4,7 @@
 //! reaches its backing file after the delete is acknowledged, although a client
 //! keeps writing.
 
-mod common;
+use crate::common;
 use block::Volume;
 use common::*;
 use std::path::Path;

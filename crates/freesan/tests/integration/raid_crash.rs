@@ -10,7 +10,7 @@
 //! flight at the crash torn, never any other block; with `journal_whole_stripes`
 //! nothing may be torn even then. See docs/0002-raid.md.
 
-mod common;
+use crate::common;
 use common::*;
 use std::time::{Duration, Instant};
 

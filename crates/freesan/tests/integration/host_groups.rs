@@ -3,7 +3,7 @@
 //! capacity of each LUN it lists), contradicting groups are refused, and groups
 //! created at run time come back after a restart.
 
-mod common;
+use crate::common;
 use common::*;
 use std::path::Path;
 

@@ -3,7 +3,7 @@
 //! the new size; every acknowledged write of the run reads back; a second verified
 //! run writes the whole grown LUN, new space included; shrinking is refused.
 
-mod common;
+use crate::common;
 use common::scsi::{capacity_bytes, command, condition};
 use common::*;
 

@@ -5,7 +5,7 @@
 //! not list is not served. Every listed operation refuses a caller with no
 //! token or a wrong one (401), and every changing one a read-only token (403).
 
-mod common;
+use crate::common;
 use common::*;
 use serde_json::Value;
 

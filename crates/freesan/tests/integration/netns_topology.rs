@@ -3,7 +3,7 @@
 //! are shaped, processes run (with their own PIDs) inside a namespace, and
 //! everything is gone after the drop.
 
-mod common;
+use crate::common;
 use common::netns::{self, Topology, TopologyOptions};
 use common::*;
 use std::net::{IpAddr, TcpListener};

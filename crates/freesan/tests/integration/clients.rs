@@ -1,7 +1,7 @@
 //! Real initiators against a real freesan process: libiscsi's iscsi-ls, iscsi-inq,
 //! iscsi-readcapacity16, and qemu-img copying a 1 GiB image in and out.
 
-mod common;
+use crate::common;
 use common::*;
 
 /// The designator blocks of VPD 0x83 (as iscsi-inq prints them) that name the

@@ -7,7 +7,7 @@
 //! unchanged. Skips when qemu-img is missing, fails instead under
 //! FREESAN_REQUIRE_TOOLS=1.
 
-mod common;
+use crate::common;
 use common::*;
 use std::io::{Read, Write};
 use std::net::TcpStream;

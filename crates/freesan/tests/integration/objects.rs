@@ -2,7 +2,7 @@
 //! at once, survive a restart (DATA_DIR/managed.toml), refuse what the config
 //! would refuse, and a LUN created at run time can be deleted again.
 
-mod common;
+use crate::common;
 use common::*;
 use std::path::Path;
 

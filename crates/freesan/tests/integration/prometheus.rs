@@ -4,7 +4,7 @@
 //! degraded once a member is failed through the API. `promtool check metrics`
 //! accepts the text, and `/metrics` without a token is refused.
 
-mod common;
+use crate::common;
 use common::*;
 use serde_json::Value;
 use std::io::{Read, Write};
