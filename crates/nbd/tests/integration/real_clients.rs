@@ -2,7 +2,7 @@
 //! and fio's nbd engine (libnbd). Each test skips with a message when its tool is
 //! missing, and fails instead when FREESAN_REQUIRE_TOOLS=1.
 
-mod common;
+use crate::common;
 
 use block::{Bytes, Volume};
 use common::{pattern, start};

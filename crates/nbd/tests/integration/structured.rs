@@ -3,7 +3,7 @@
 //! `NBD_OPT_SET_META_CONTEXT`, then reads, writes, fails and asks for the
 //! allocation map of a sparse memory volume.
 
-mod common;
+use crate::common;
 use bytes::BytesMut;
 use common::*;
 use nbd::proto::{

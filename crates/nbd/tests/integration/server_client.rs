@@ -1,6 +1,6 @@
 //! NbdServer over memory volumes, driven by NbdClient and by raw protocol bytes.
 
-mod common;
+use crate::common;
 
 use block::{Bytes, DelayVolume, MemVolume, Volume};
 use common::{pattern, start, start_volumes, Raw};

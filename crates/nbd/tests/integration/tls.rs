@@ -5,7 +5,7 @@
 //! trust the server's authority, or (with a client CA) presents no certificate
 //! or one from another authority, gets nothing: the volume is unchanged.
 
-mod common;
+use crate::common;
 
 use block::{MemVolume, Volume, VolumeRef};
 use bytes::BytesMut;

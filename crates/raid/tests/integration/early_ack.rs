@@ -9,7 +9,7 @@
 //! - a crash while they are still held, then the loss of any one member (RAID 5)
 //!   or any two (RAID 6), keeps the acknowledged data (the record is replayed).
 
-mod common;
+use crate::common;
 
 use async_trait::async_trait;
 use block::{BlockError, BlockResult, Bytes, Extent, Geometry, MemVolume, Volume, VolumeRef};

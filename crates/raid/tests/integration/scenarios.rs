@@ -1,6 +1,6 @@
 //! Assembly, failure, repair, spare, scrub, F1 skew and rebuild-rate scenarios.
 
-mod common;
+use crate::common;
 
 use block::{BlockError, DelayVolume, MemVolume, Volume, VolumeRef};
 use common::*;

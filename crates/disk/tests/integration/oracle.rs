@@ -1,7 +1,7 @@
 //! Property test: random operation sequences on a small file give the same reads as
 //! `block::MemVolume`, for both engines, on disk and on tmpfs.
 
-mod common;
+use crate::common;
 
 use block::{Bytes, ExtentState, MemVolume, Volume};
 use common::{create_opts, ENGINES};

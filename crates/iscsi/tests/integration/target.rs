@@ -1,6 +1,6 @@
 //! End-to-end tests: a real Server on loopback driven by a raw initiator.
 
-mod common;
+use crate::common;
 
 use common::*;
 use iscsi::Limits;

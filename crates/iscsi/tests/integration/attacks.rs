@@ -3,7 +3,7 @@
 //! initiator logs in and does verified I/O; repeated wrong CHAP secrets; another
 //! initiator trying to reinstate a session it does not own.
 
-mod common;
+use crate::common;
 
 use block::{Bytes, MemVolume, Volume};
 use common::*;

@@ -1,6 +1,6 @@
 //! Behaviour of FileVolume on real files, for both engines.
 
-mod common;
+use crate::common;
 
 use block::{BlockError, Bytes, ExtentState, Volume};
 use common::{allocated_bytes, create_opts, dirs, pattern, ENGINES};

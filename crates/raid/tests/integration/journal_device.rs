@@ -3,7 +3,7 @@
 //! assemble insists on the right device, and a device that dies hands the journal
 //! back to the members without losing an acknowledged write.
 
-mod common;
+use crate::common;
 
 use block::{BlockResult, Bytes, CrashSimVolume, MemVolume, Volume, VolumeRef};
 use common::*;

@@ -1,7 +1,7 @@
 //! RAID 10 far ("far 2"): placement seen from the members, degraded reads from
 //! the second halves, adjacent losses, scrub, assemble, spares and rebuild.
 
-mod common;
+use crate::common;
 
 use block::{BlockError, MemVolume, Volume};
 use common::*;

@@ -3,7 +3,7 @@
 //! the removal returns only after every request that had started has finished,
 //! so nothing reaches the volume through NBD afterwards.
 
-mod common;
+use crate::common;
 
 use block::{Bytes, DelayVolume, MemVolume, Volume, VolumeRef};
 use common::{pattern, start, Raw};

@@ -2,7 +2,7 @@
 //! failures within tolerance, rebuilds onto new members and online grows (the
 //! pool uses part of its members) in between.
 
-mod common;
+use crate::common;
 
 use block::{MemVolume, Volume};
 use common::*;

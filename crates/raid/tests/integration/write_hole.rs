@@ -3,7 +3,7 @@
 //! re-assembled with one member missing, and every acknowledged write must read
 //! back; an interrupted write reads as old or new data per block.
 
-mod common;
+use crate::common;
 
 use async_trait::async_trait;
 use block::{

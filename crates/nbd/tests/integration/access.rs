@@ -2,8 +2,6 @@
 //! greeting, connections are bounded per source address and in total, and a
 //! client that never finishes the handshake is closed after the timeout.
 
-mod common;
-
 use block::{MemVolume, VolumeRef};
 use nbd::{IpRange, NbdConfig, NbdExport, NbdLimits, NbdServer};
 use std::net::SocketAddr;

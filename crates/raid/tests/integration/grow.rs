@@ -5,7 +5,7 @@
 //! either way; refusals leave the pool as it was; file-backed members are extended
 //! by the grow itself.
 
-mod common;
+use crate::common;
 
 use async_trait::async_trait;
 use block::{
