@@ -281,14 +281,17 @@ async fn transmission<R, W>(
     let slots_max = limits.requests_in_flight_max.max(1);
     // Every queued reply holds a slot, so the channel never holds more than that.
     let (tx, rx) = mpsc::channel(slots_max);
-    let writer = tokio::spawn(run_writer(wr, rx));
+    let slots = Arc::new(Semaphore::new(slots_max));
+    let held = slots.clone();
+    let in_flight = move || slots_max.saturating_sub(held.available_permits());
+    let writer = tokio::spawn(run_writer(wr, rx, in_flight));
     let (exec_tx, exec_rx) = mpsc::unbounded_channel();
     let executor = tokio::spawn(run_executor(exec_rx));
     let conn = Conn {
         export,
         tx,
         exec_tx,
-        slots: Arc::new(Semaphore::new(slots_max)),
+        slots,
         budget: Arc::new(Semaphore::new(limits.in_flight_bytes_max)),
         request_bytes_max: limits.request_bytes_max,
         peer,

@@ -17,6 +17,12 @@ use tokio::sync::{mpsc, OwnedSemaphorePermit};
 const BATCH_REPLIES_MAX: usize = 64;
 /// Most payload bytes written in one batch.
 const BATCH_BYTES_MAX: usize = 4 * 1024 * 1024;
+/// A batch smaller than this is held back for one scheduler turn while at
+/// least [`COALESCE_OTHERS_MIN`] other requests are still running, so their
+/// replies, about to be queued, leave in the same write.
+const COALESCE_BYTES_MAX: usize = 64 * 1024;
+/// Requests still running (besides the batch) that make one more turn worthwhile.
+const COALESCE_OTHERS_MIN: usize = 8;
 /// Time a client may take none of the data queued for it before the writer
 /// gives up (every byte it takes starts the time again).
 const CLIENT_STALL_MS: u64 = 30_000;
@@ -96,23 +102,42 @@ pub(crate) struct Reply {
 }
 
 /// Runs until every sender is gone (then shuts the socket down) or a write fails.
+/// `in_flight` counts the connection's requests still holding a slot (running or
+/// with a reply queued or in the batch).
 pub(crate) async fn run_writer<W: AsyncWrite + Unpin>(
     sock: W,
     mut rx: mpsc::Receiver<Reply>,
+    in_flight: impl Fn() -> usize,
 ) -> std::io::Result<()> {
     let mut sock = StallTimeout::new(sock, std::time::Duration::from_millis(CLIENT_STALL_MS));
     let mut batch: Vec<Reply> = Vec::with_capacity(BATCH_REPLIES_MAX);
     while let Some(first) = rx.recv().await {
         let mut bytes = first.data.len_bytes();
         batch.push(first);
-        while batch.len() < BATCH_REPLIES_MAX && bytes < BATCH_BYTES_MAX {
-            match rx.try_recv() {
-                Ok(r) => {
-                    bytes += r.data.len_bytes();
-                    batch.push(r);
+        let mut waited = false;
+        loop {
+            while batch.len() < BATCH_REPLIES_MAX && bytes < BATCH_BYTES_MAX {
+                match rx.try_recv() {
+                    Ok(r) => {
+                        bytes += r.data.len_bytes();
+                        batch.push(r);
+                    }
+                    Err(_) => break,
                 }
-                Err(_) => break,
             }
+            // Small replies with many requests still running: one turn lets
+            // the executors queue theirs, and one write (one syscall, one TCP
+            // segment train) carries them all. Never more than one turn, so a
+            // reply waits at most one pass of the scheduler.
+            if waited
+                || batch.len() >= BATCH_REPLIES_MAX
+                || bytes >= COALESCE_BYTES_MAX
+                || in_flight().saturating_sub(batch.len()) < COALESCE_OTHERS_MIN
+            {
+                break;
+            }
+            waited = true;
+            tokio::task::yield_now().await;
         }
         {
             let mut parts: Vec<&[u8]> = Vec::with_capacity(batch.len() * 2);
