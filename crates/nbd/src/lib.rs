@@ -46,4 +46,6 @@ pub mod server;
 pub mod tls;
 
 pub use client::{parse_nbd_url, NbdClient, NBD_DEFAULT_PORT};
-pub use server::{IpRange, NbdConfig, NbdExport, NbdExports, NbdLimits, NbdServer, ServerTls};
+pub use server::{
+    ExportStats, IpRange, NbdConfig, NbdExport, NbdExports, NbdLimits, NbdServer, ServerTls,
+};

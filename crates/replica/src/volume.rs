@@ -176,6 +176,15 @@ pub struct ReplicaStatus {
     pub local_paths: PathState,
     /// Paths of the partner as this node sees them.
     pub peer_paths: PathState,
+    /// Times this node's settled role changed since it started.
+    pub role_changes: u64,
+    /// When it last changed (Unix ms), if it has.
+    pub role_changed_ms: Option<u64>,
+    /// Failovers since start: this node went on serving alone after serving
+    /// with its partner (leader or follower, then solo).
+    pub failovers: u64,
+    /// When the last one happened (Unix ms), if one has.
+    pub last_failover_ms: Option<u64>,
     /// Every sync link's heartbeat state (empty when not monitored).
     pub sync_links: Vec<crate::monitor::SyncLinkState>,
     /// Heartbeats with the partner over the client-facing networks (its portals),
@@ -232,6 +241,74 @@ pub(crate) struct Inner {
     /// Heartbeats over the client-facing networks, if monitored.
     pub(crate) client_monitor: parking_lot::RwLock<Option<Arc<crate::monitor::SyncLinkMonitor>>>,
     pub(crate) ports_tx: watch::Sender<PortStates>,
+    /// Role history for the status and metrics (see [`RoleHistory`]).
+    history: Mutex<RoleHistory>,
+}
+
+/// What an operator asks after a failover: how often and when the role changed.
+#[derive(Debug, Clone, Copy, Default)]
+struct RoleHistory {
+    /// The last role other than Deciding.
+    settled: Option<Role>,
+    changes: u64,
+    changed_ms: Option<u64>,
+    failovers: u64,
+    failover_ms: Option<u64>,
+}
+
+impl RoleHistory {
+    /// Notes that the role is now `role` (at `now_ms`).
+    fn note(&mut self, role: Role, now_ms: u64) {
+        if role == Role::Deciding || self.settled == Some(role) {
+            return;
+        }
+        if self.settled.is_some() {
+            self.changes += 1;
+            self.changed_ms = Some(now_ms);
+        }
+        if role == Role::Solo && matches!(self.settled, Some(Role::Leader | Role::Follower)) {
+            self.failovers += 1;
+            self.failover_ms = Some(now_ms);
+        }
+        self.settled = Some(role);
+    }
+}
+
+#[cfg(test)]
+mod role_history_tests {
+    use super::{Role, RoleHistory};
+
+    #[test]
+    fn a_failover_is_serving_alone_after_serving_together() {
+        let mut h = RoleHistory::default();
+        // start-up: deciding, then a first settled role is no change
+        h.note(Role::Deciding, 1);
+        h.note(Role::Follower, 2);
+        assert_eq!((h.changes, h.failovers, h.changed_ms), (0, 0, None));
+        // the partner is lost: deciding (not counted), then solo
+        h.note(Role::Deciding, 3);
+        h.note(Role::Solo, 4);
+        assert_eq!((h.changes, h.changed_ms), (1, Some(4)));
+        assert_eq!((h.failovers, h.failover_ms), (1, Some(4)));
+        // the partner comes back: leader is a change, not a failover
+        h.note(Role::Leader, 5);
+        assert_eq!((h.changes, h.failovers), (2, 1));
+        // the same role again is nothing
+        h.note(Role::Leader, 6);
+        assert_eq!(h.changed_ms, Some(5));
+        // solo straight after a restart without the partner is no failover
+        let mut cold = RoleHistory::default();
+        cold.note(Role::Solo, 7);
+        cold.note(Role::Target, 8);
+        cold.note(Role::Solo, 9);
+        assert_eq!((cold.changes, cold.failovers), (2, 0));
+    }
+}
+
+fn unix_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
 }
 
 /// A volume replicated synchronously to the partner node.
@@ -359,6 +436,7 @@ impl Inner {
                 peer: PathState::Unavailable,
             },
         };
+        self.history.lock().note(role, unix_ms());
         self.role_tx.send_replace(st);
         self.ports_tx.send_if_modified(|p| {
             let changed = *p != ports;
@@ -1027,6 +1105,7 @@ impl ReplicatedVolume {
             resync_done: AtomicU64::new(0),
             resynced_bytes: AtomicU64::new(0),
             witness_state: AtomicU8::new(0),
+            history: Mutex::new(RoleHistory::default()),
             stop_tx: watch::channel(false).0,
             meta_write: tokio::sync::Mutex::new(()),
             scsi_peer: parking_lot::RwLock::new(None),
@@ -1157,6 +1236,7 @@ impl ReplicatedVolume {
         let st = i.role();
         let meta = *i.meta.lock();
         let ports = *i.ports_tx.borrow();
+        let history = *i.history.lock();
         let state = match (st.role, st.peer_resyncing) {
             (Role::Leader, false) | (Role::Follower, _) => "in-sync",
             (Role::Leader, true) | (Role::Target, _) => "resyncing",
@@ -1187,6 +1267,10 @@ impl ReplicatedVolume {
                 2 => Some(false),
                 _ => None,
             },
+            role_changes: history.changes,
+            role_changed_ms: history.changed_ms,
+            failovers: history.failovers,
+            last_failover_ms: history.failover_ms,
             local_paths: ports.local,
             peer_paths: ports.peer,
             sync_links: i

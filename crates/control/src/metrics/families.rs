@@ -185,6 +185,41 @@ impl NodeCollector {
             "freesan_nbd_export_read_only",
             "1 when an NBD export refuses writes.",
             &ro,
+        )?;
+        let mut ops = Samples::new();
+        let mut bytes = Samples::new();
+        let mut errors = Samples::new();
+        for (name, st) in n.stats() {
+            for (dir, count, moved) in [
+                ("read", st.reads, Some(st.read_bytes)),
+                ("write", st.writes, Some(st.write_bytes)),
+                ("other", st.others, None),
+            ] {
+                let l = labels([("export", name.as_str()), ("direction", dir)]);
+                ops.push((l.clone(), count as f64));
+                if let Some(b) = moved {
+                    bytes.push((l, b as f64));
+                }
+            }
+            errors.push((labels([("export", &name)]), st.errors as f64));
+        }
+        counters(
+            e,
+            "freesan_nbd_export_operations",
+            "NBD requests an export answered without error (direction: read, write, other).",
+            &ops,
+        )?;
+        counters(
+            e,
+            "freesan_nbd_export_bytes",
+            "Bytes NBD reads returned and writes wrote through an export.",
+            &bytes,
+        )?;
+        counters(
+            e,
+            "freesan_nbd_export_errors",
+            "NBD requests an export answered with an error.",
+            &errors,
         )
     }
 
@@ -444,6 +479,9 @@ impl NodeCollector {
         let mut left = Samples::new();
         let mut dirty = Samples::new();
         let mut resynced = Samples::new();
+        let mut failovers = Samples::new();
+        let mut last_failover = Samples::new();
+        let mut role_changed = Samples::new();
         let mut witness = Samples::new();
         let mut link_up = Samples::new();
         let mut link_rtt = Samples::new();
@@ -474,6 +512,13 @@ impl NodeCollector {
             left.push((base.clone(), remaining * region));
             dirty.push((base.clone(), num(&r["dirty_regions"]) * region));
             resynced.push((base.clone(), num(&r["resynced_bytes"])));
+            failovers.push((base.clone(), num(&r["failovers"])));
+            if let Some(ms) = r["last_failover_ms"].as_u64() {
+                last_failover.push((base.clone(), ms as f64 / 1e3));
+            }
+            if let Some(ms) = r["role_changed_ms"].as_u64() {
+                role_changed.push((base.clone(), ms as f64 / 1e3));
+            }
             if let Some(w) = r["witness_reachable"].as_bool() {
                 witness.push((base.clone(), f64::from(u8::from(w))));
             }
@@ -524,6 +569,24 @@ impl NodeCollector {
             "freesan_replica_resynced_bytes",
             "Bytes resyncs copied from this node.",
             &resynced,
+        )?;
+        counters(
+            e,
+            "freesan_replica_failovers",
+            "Times this node went on serving a replicated volume alone after serving it with its partner, since start.",
+            &failovers,
+        )?;
+        gauges(
+            e,
+            "freesan_replica_last_failover_timestamp_seconds",
+            "When this node last went on serving a replicated volume alone (Unix time); absent before the first failover.",
+            &last_failover,
+        )?;
+        gauges(
+            e,
+            "freesan_replica_role_changed_timestamp_seconds",
+            "When this node's role for a replicated volume last changed (Unix time); absent before the first change.",
+            &role_changed,
         )?;
         gauges(
             e,

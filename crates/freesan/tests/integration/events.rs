@@ -8,7 +8,7 @@
 
 use crate::common;
 use common::pair::{wait_for_replica, LoopbackPair};
-use common::{freesan, IQN};
+use common::{freesan, http, make_token, IQN};
 use serde_json::Value;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{TcpListener, TcpStream};
@@ -285,6 +285,7 @@ fn failures_reach_webhook_and_mail_once_and_the_log_survives_a_restart() {
     // an SSD of the write-back cache fails: the cache goes write-through
     cli(&n1, &["cache", "fail", "c", "0"]);
     // the partner dies
+    let killed_ms = now_ms() as u64;
     n2.kill9();
     wait_replica(&n1, "the partner's loss noticed", |s| s["peer"].is_null());
 
@@ -296,6 +297,33 @@ fn failures_reach_webhook_and_mail_once_and_the_log_survives_a_restart() {
         ("partner_lost", "critical", &format!("{CLUSTER}/{IQN}/lun1")),
     ];
     wait_delivered(&hook, &mail, &want, &n1.log);
+    // the failover is in the replica's status and in the metrics: node 1 (the
+    // preferred node) serves alone, once, since the kill
+    let r = wait_for_replica(&n1, "node 1 serving alone", |s| s["role"] == "solo");
+    assert_eq!(r["failovers"], 1, "{r}");
+    let at = r["last_failover_ms"].as_u64().expect("a failover time");
+    assert!(at >= killed_ms && at <= now_ms() as u64, "{r}");
+    let token = make_token(&pair.p.node_dir(1).join("data"), "read-only", "metrics");
+    let (code, text) = http(
+        api(&n1),
+        "GET",
+        "/metrics",
+        &[&format!("Authorization: Bearer {token}")],
+        "",
+    );
+    assert_eq!(code, 200, "{text}");
+    let sample = |name: &str| {
+        text.lines()
+            .find(|l| l.starts_with(name) && l.contains("lun1"))
+            .and_then(|l| l.rsplit(' ').next())
+            .and_then(|v| v.parse::<f64>().ok())
+            .unwrap_or_else(|| panic!("no {name} for lun1 in:\n{text}"))
+    };
+    assert_eq!(sample("freesan_replica_failovers_total{"), 1.0);
+    assert_eq!(
+        (sample("freesan_replica_last_failover_timestamp_seconds{") * 1e3).round() as u64,
+        at
+    );
     // `freesan status` shows them among its alerts
     let status = cli(&n1, &["status"]);
     let alerts: Vec<&str> = status

@@ -446,6 +446,9 @@ impl Conn {
         error: u32,
         permits: (OwnedSemaphorePermit, Option<OwnedSemaphorePermit>),
     ) {
+        self.export
+            .counters
+            .count(req.command, req.length_bytes, error == 0);
         let hdr = ReplyHeader::new(
             self.session.structured_replies,
             req,
@@ -483,6 +486,9 @@ impl Conn {
         let task = Box::pin(async move {
             let done =
                 exec::execute_held(&export, &req, payload, held, session.base_allocation).await;
+            export
+                .counters
+                .count(req.command, req.length_bytes, done.is_ok());
             // The volume is done with this request: the export may be removed.
             drop(entered);
             let (error, data) = match done {

@@ -17,6 +17,7 @@ use block::VolumeRef;
 use block::{BlockError, BufferBudget, BufferPermit, Bytes, BytesMut, ExtentState, Geometry};
 use block::{LockMode, RangeLocks};
 use bytes::BufMut;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use tokio::sync::{watch, OwnedSemaphorePermit, Semaphore};
 
@@ -71,6 +72,65 @@ pub(crate) struct ExportState {
     /// The node's budget of buffered bytes (the one installed when the export
     /// was made).
     pub buffers: BufferBudget,
+    /// What clients did with the export (for metrics).
+    pub counters: ExportCounters,
+}
+
+/// Requests an export answered, counted with relaxed atomics (a few adds per
+/// request, no lock).
+#[derive(Debug, Default)]
+pub(crate) struct ExportCounters {
+    reads: AtomicU64,
+    read_bytes: AtomicU64,
+    writes: AtomicU64,
+    write_bytes: AtomicU64,
+    others: AtomicU64,
+    errors: AtomicU64,
+}
+
+/// What clients did with one export since it was added.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ExportStats {
+    /// READ requests answered without error.
+    pub reads: u64,
+    /// Bytes they returned.
+    pub read_bytes: u64,
+    /// WRITE requests acknowledged.
+    pub writes: u64,
+    /// Bytes they wrote.
+    pub write_bytes: u64,
+    /// Other requests answered without error (flush, trim, write zeroes, block status).
+    pub others: u64,
+    /// Requests answered with an error.
+    pub errors: u64,
+}
+
+impl ExportCounters {
+    /// Counts one answered request.
+    pub(crate) fn count(&self, command: Command, length_bytes: u32, ok: bool) {
+        let (n, bytes) = match (ok, command) {
+            (false, _) => (&self.errors, None),
+            (true, Command::Read) => (&self.reads, Some(&self.read_bytes)),
+            (true, Command::Write) => (&self.writes, Some(&self.write_bytes)),
+            (true, _) => (&self.others, None),
+        };
+        n.fetch_add(1, Ordering::Relaxed);
+        if let Some(b) = bytes {
+            b.fetch_add(u64::from(length_bytes), Ordering::Relaxed);
+        }
+    }
+
+    pub(crate) fn snapshot(&self) -> ExportStats {
+        let g = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        ExportStats {
+            reads: g(&self.reads),
+            read_bytes: g(&self.read_bytes),
+            writes: g(&self.writes),
+            write_bytes: g(&self.write_bytes),
+            others: g(&self.others),
+            errors: g(&self.errors),
+        }
+    }
 }
 
 /// Permits of an export's gate: far more than requests can be in flight
@@ -87,6 +147,7 @@ impl ExportState {
             gate: Arc::new(Semaphore::new(GATE_PERMITS as usize)),
             gone: watch::channel(false).0,
             buffers: BufferBudget::node(),
+            counters: ExportCounters::default(),
         }
     }
 

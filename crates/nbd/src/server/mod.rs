@@ -23,6 +23,7 @@ pub use access::IpRange;
 use access::{LogThrottle, PerSource};
 use block::VolumeRef;
 use exec::ExportState;
+pub use exec::ExportStats;
 use std::future::Future;
 use std::io;
 use std::net::SocketAddr;
@@ -324,6 +325,17 @@ impl NbdExports {
                     e.state.read_only,
                 )
             })
+            .collect()
+    }
+
+    /// What clients did with each export served now, in order.
+    pub fn stats(&self) -> Vec<(String, ExportStats)> {
+        self.ctx
+            .table
+            .read()
+            .entries
+            .iter()
+            .map(|e| (e.name.clone(), e.state.counters.snapshot()))
             .collect()
     }
 

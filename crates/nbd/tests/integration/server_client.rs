@@ -391,3 +391,39 @@ async fn bad_configs_are_refused() {
         .await
         .is_ok());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_export_counts_what_its_clients_did() {
+    let srv = start(
+        &[(4096, 256, false), (4096, 256, true)],
+        NbdLimits::default(),
+    )
+    .await;
+    let rw = NbdClient::connect(srv.addr, "lun0").await.unwrap();
+    for lba in 0..3 {
+        rw.write(lba * 2, Bytes::from(pattern(lba, 8192)), false)
+            .await
+            .unwrap();
+    }
+    for lba in 0..5 {
+        rw.read(lba, 1).await.unwrap();
+    }
+    rw.flush().await.unwrap();
+    rw.discard(10, 2).await.unwrap();
+    // a write to the read-only export (sent raw: the client would refuse it
+    // itself) is refused: an error, not a write
+    let mut ro = Raw::connect(srv.addr, "lun1").await;
+    assert_eq!(ro.write(0, &[1u8; 4096]).await, errno::EPERM);
+    assert_eq!(ro.read(0, 8192).await.map(|d| d.len()), Ok(8192));
+    let stats: std::collections::HashMap<_, _> = srv.exports.stats().into_iter().collect();
+    let s0 = stats["lun0"];
+    assert_eq!((s0.writes, s0.write_bytes), (3, 3 * 8192), "{s0:?}");
+    assert_eq!((s0.reads, s0.read_bytes), (5, 5 * 4096), "{s0:?}");
+    assert_eq!((s0.others, s0.errors), (2, 0), "{s0:?}");
+    let s1 = stats["lun1"];
+    assert_eq!((s1.writes, s1.errors), (0, 1), "{s1:?}");
+    assert_eq!((s1.reads, s1.read_bytes), (1, 8192), "{s1:?}");
+    rw.disconnect().await.unwrap();
+    drop(ro);
+    srv.stop().await;
+}
