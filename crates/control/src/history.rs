@@ -22,8 +22,10 @@ use std::time::{Instant, SystemTime, UNIX_EPOCH};
 pub const WINDOW_SECS_MAX: usize = 3600;
 /// Window `GET /api/v1/history` answers without `window=`.
 pub const WINDOW_SECS_DEFAULT: usize = 300;
-/// Most path series (initiator and portal) kept at once.
-pub const PATH_SERIES_MAX: usize = 1024;
+/// Most path series (initiator and portal) kept at once (the iSCSI server's
+/// default `sessions_max`); a new path then takes the place of the one idle
+/// longest.
+pub const PATH_SERIES_MAX: usize = 256;
 
 /// Cumulative read/write counters of one object.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -344,6 +346,17 @@ impl History {
         }
         st.prev_sessions = prev_sessions;
         for (k, d) in paths {
+            if !st.paths.contains_key(&k) && st.paths.len() >= PATH_SERIES_MAX {
+                let idle = st
+                    .paths
+                    .iter()
+                    .filter(|(_, r)| r.newest_ms() < t_ms)
+                    .min_by_key(|(_, r)| r.newest_ms())
+                    .map(|(k, _)| k.clone());
+                if let Some(idle) = idle {
+                    st.paths.remove(&idle);
+                }
+            }
             push(&mut st.paths, &k, d.sample(t_ms, dt), PATH_SERIES_MAX);
         }
         for (k, d) in portals {
@@ -471,6 +484,28 @@ mod tests {
             h.json_at(99_999, last)["node"].as_array().unwrap().len(),
             WINDOW_SECS_MAX
         );
+    }
+
+    #[test]
+    fn a_new_path_takes_the_place_of_the_longest_idle_one() {
+        let h = History::default();
+        let t0 = Instant::now();
+        let many = |n: usize, from: usize| Reading {
+            sessions: (from..from + n)
+                .map(|i| PathReading {
+                    id: i as u64,
+                    initiator: format!("iqn.i{i}"),
+                    portal: "p".into(),
+                    io: Io::default(),
+                })
+                .collect(),
+            ..Reading::default()
+        };
+        h.record_at(many(PATH_SERIES_MAX, 0), t0, 1000);
+        h.record_at(many(1, PATH_SERIES_MAX), t0 + Duration::from_secs(1), 2000);
+        let st = h.state.lock();
+        assert_eq!(st.paths.len(), PATH_SERIES_MAX);
+        assert!(st.paths.contains_key(&format!("iqn.i{PATH_SERIES_MAX}@p")));
     }
 
     #[test]

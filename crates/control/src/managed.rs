@@ -340,4 +340,45 @@ mod tests {
         assert!(back.merge_into(&mut other).is_err());
         std::fs::remove_dir_all(&dir).unwrap();
     }
+
+    #[test]
+    fn target_chap_and_acl_set_at_run_time_override_the_file() {
+        let dir = temp_dir("access");
+        let iqn = "iqn.2026-11.org.freesan:t";
+        let quick = crate::config::QuickFlags {
+            target: Some(iqn.into()),
+            data_dir: Some(dir.clone()),
+            ..Default::default()
+        };
+        let mut m = Managed::default();
+        m.set_target_chap(
+            iqn,
+            Some(Chap {
+                user: "u".into(),
+                secret: "secret-of-u-1".into(),
+            }),
+        );
+        m.set_target_acl(iqn, vec!["iqn.2026-11.test:a".into()]);
+        // set again: the newest replaces the older
+        m.set_target_chap(iqn, None);
+        m.save(&dir).unwrap();
+        let back = Managed::load(&dir).unwrap();
+        assert_eq!(back, m);
+        assert_eq!(back.target_chap.len(), 1);
+        let mut cfg = Config::from_quick_flags(&quick);
+        cfg.targets[0].chap = Some(Chap {
+            user: "file".into(),
+            secret: "secret-of-file".into(),
+        });
+        back.merge_into(&mut cfg).unwrap();
+        assert_eq!(cfg.targets[0].chap, None);
+        assert_eq!(cfg.targets[0].allowed_initiators, ["iqn.2026-11.test:a"]);
+        // a target the config no longer has is an error
+        let mut other = Config::from_quick_flags(&crate::config::QuickFlags {
+            data_dir: Some(dir.clone()),
+            ..Default::default()
+        });
+        assert!(back.merge_into(&mut other).is_err());
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 }

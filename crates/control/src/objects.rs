@@ -628,18 +628,17 @@ impl Objects {
         let Some(t) = cfg.targets.iter_mut().find(|t| t.iqn == iqn) else {
             return Err(ApiError::NotFound(format!("no target named {iqn}")));
         };
-        if let Some(c) = chap {
+        if let Some(c) = &chap {
             t.chap = c.clone();
-            managed.set_target_chap(iqn, c);
+            managed.set_target_chap(iqn, c.clone());
         }
-        if let Some(a) = acl {
+        if let Some(a) = &acl {
             t.allowed_initiators = a.clone();
-            managed.set_target_acl(iqn, a);
+            managed.set_target_acl(iqn, a.clone());
         }
-        let t = t.clone();
         Self::check(&cfg)?;
         reloader
-            .set_target_access(&t)
+            .set_target_access(iqn, chap, acl)
             .await
             .map_err(|e| ApiError::Conflict(format!("{e:#}")))?;
         self.commit(cfg, managed)

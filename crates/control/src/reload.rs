@@ -103,24 +103,40 @@ impl Reloader {
         r
     }
 
-    /// Gives running target `t.iqn` the CHAP and allowed initiators of `t` (they
-    /// apply at the next login); the rest of the running configuration stays.
-    pub(crate) async fn set_target_access(&self, t: &crate::config::TargetConfig) -> Result<()> {
+    /// Gives running target `iqn` the CHAP `chap` (`Some(None)`: off) and/or
+    /// the allowed initiators `acl` (they apply at the next login); the rest of
+    /// its settings (mutual and per-initiator CHAP, alias) stay as the running
+    /// configuration has them.
+    pub(crate) async fn set_target_access(
+        &self,
+        iqn: &str,
+        chap: Option<Option<crate::config::Chap>>,
+        acl: Option<Vec<String>>,
+    ) -> Result<()> {
         let mut current = self.current.lock().await;
-        let mut specs = self.iscsi.targets();
-        let Some(spec) = specs.iter_mut().find(|s| s.iqn == t.iqn) else {
-            anyhow::bail!("target {} does not run", t.iqn);
+        let Some(t) = current.targets.iter().find(|t| t.iqn == iqn) else {
+            anyhow::bail!("target {iqn} does not run");
         };
-        spec.auth = crate::serve::target_auth(t);
+        let mut t = t.clone();
+        if let Some(c) = chap {
+            t.chap = c;
+        }
+        if let Some(a) = acl {
+            t.allowed_initiators = a;
+        }
+        let mut specs = self.iscsi.targets();
+        let Some(spec) = specs.iter_mut().find(|s| s.iqn == iqn) else {
+            anyhow::bail!("target {iqn} does not run");
+        };
+        spec.auth = crate::serve::target_auth(&t);
         spec.allowed_initiators = t.allowed_initiators.clone();
         self.iscsi
             .replace(specs, crate::serve::discovery_auth(&current))
             .context("installing the new target table")?;
-        if let Some(c) = current.targets.iter_mut().find(|c| c.iqn == t.iqn) {
-            c.chap = t.chap.clone();
-            c.allowed_initiators = t.allowed_initiators.clone();
+        tracing::info!(target = %iqn, chap = t.chap.is_some(), allowed_initiators = t.allowed_initiators.len(), "target access changed through the API (applies at login)");
+        if let Some(c) = current.targets.iter_mut().find(|c| c.iqn == iqn) {
+            *c = t;
         }
-        tracing::info!(target = %t.iqn, chap = t.chap.is_some(), allowed_initiators = t.allowed_initiators.len(), "target access changed through the API (applies at login)");
         Ok(())
     }
 
