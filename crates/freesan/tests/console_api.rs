@@ -315,6 +315,16 @@ fn chap_and_acl_set_through_the_api_decide_logins_and_survive_a_restart() {
         !answer.contains(CHAP.1),
         "the answer shows the secret: {answer}"
     );
+    let (code, audit) = http(&api, "GET", "/api/v1/audit?limit=20", &[&auth], "");
+    assert_eq!(code, 200, "{audit}");
+    assert!(
+        audit.contains(&chap_path),
+        "the change is not audited: {audit}"
+    );
+    assert!(
+        !audit.contains(CHAP.1),
+        "the audit log shows the secret: {audit}"
+    );
     let (code, answer) = post(
         &api,
         &auth,
