@@ -103,6 +103,43 @@ impl Reloader {
         r
     }
 
+    /// Gives running target `iqn` the CHAP `chap` (`Some(None)`: off) and/or
+    /// the allowed initiators `acl` (they apply at the next login); the rest of
+    /// its settings (mutual and per-initiator CHAP, alias) stay as the running
+    /// configuration has them.
+    pub(crate) async fn set_target_access(
+        &self,
+        iqn: &str,
+        chap: Option<Option<crate::config::Chap>>,
+        acl: Option<Vec<String>>,
+    ) -> Result<()> {
+        let mut current = self.current.lock().await;
+        let Some(t) = current.targets.iter().find(|t| t.iqn == iqn) else {
+            anyhow::bail!("target {iqn} does not run");
+        };
+        let mut t = t.clone();
+        if let Some(c) = chap {
+            t.chap = c;
+        }
+        if let Some(a) = acl {
+            t.allowed_initiators = a;
+        }
+        let mut specs = self.iscsi.targets();
+        let Some(spec) = specs.iter_mut().find(|s| s.iqn == iqn) else {
+            anyhow::bail!("target {iqn} does not run");
+        };
+        spec.auth = crate::serve::target_auth(&t);
+        spec.allowed_initiators = t.allowed_initiators.clone();
+        self.iscsi
+            .replace(specs, crate::serve::discovery_auth(&current))
+            .context("installing the new target table")?;
+        tracing::info!(target = %iqn, chap = t.chap.is_some(), allowed_initiators = t.allowed_initiators.len(), "target access changed through the API (applies at login)");
+        if let Some(c) = current.targets.iter_mut().find(|c| c.iqn == iqn) {
+            *c = t;
+        }
+        Ok(())
+    }
+
     async fn apply(&self, current: &mut Config) -> Result<ReloadReport> {
         let new = (self.load)().context("reading the configuration")?;
         new.validate().context("the new configuration")?;
