@@ -152,6 +152,7 @@ impl Collector for NodeCollector {
         self.iscsi(&mut e)?;
         self.nbd(&mut e)?;
         self.pools(&mut e, &self.pools.statuses())?;
+        self.disk_timings(&mut e, &self.pools.disk_timings())?;
         self.caches(&mut e, &self.pools.cache_statuses())?;
         let replicas = self
             .cluster

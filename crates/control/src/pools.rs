@@ -380,6 +380,15 @@ impl Pools {
         })
     }
 
+    /// Every open disk's read and write timing, by name.
+    pub fn disk_timings(&self) -> Vec<(String, disk::DiskTiming)> {
+        self.timed
+            .lock()
+            .iter()
+            .map(|(n, t)| (n.clone(), t.timing()))
+            .collect()
+    }
+
     /// Disk `name`'s read and write timing and its size, if it is open.
     pub fn disk_timing(&self, name: &str) -> Option<(disk::DiskTiming, u64)> {
         let t = self.timed.lock().get(name).cloned()?;

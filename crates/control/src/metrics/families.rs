@@ -223,6 +223,48 @@ impl NodeCollector {
         )
     }
 
+    /// Every configured disk's reads and writes as the node issued them: count,
+    /// failures and the sum of their latencies (mean latency = rate of the sum
+    /// over rate of the count).
+    pub(super) fn disk_timings(
+        &self,
+        e: &mut DescriptorEncoder,
+        disks: &[(String, disk::DiskTiming)],
+    ) -> Result<(), Error> {
+        let mut done = Samples::new();
+        let mut failed = Samples::new();
+        let mut time = Samples::new();
+        for (name, t) in disks {
+            for (dir, n, errs, ns) in [
+                ("read", t.reads, t.read_errors, t.read_latency_sum_ns),
+                ("write", t.writes, t.write_errors, t.write_latency_sum_ns),
+            ] {
+                let l = labels([("disk", name.as_str()), ("direction", dir)]);
+                done.push((l.clone(), n as f64));
+                failed.push((l.clone(), errs as f64));
+                time.push((l, ns as f64 / 1e9));
+            }
+        }
+        counters(
+            e,
+            "freesan_disk_io_completed",
+            "Reads and writes a disk finished (good or not), timed as the node issued them.",
+            &done,
+        )?;
+        counters(
+            e,
+            "freesan_disk_io_failed",
+            "Reads and writes a disk failed.",
+            &failed,
+        )?;
+        counters(
+            e,
+            "freesan_disk_io_time_seconds",
+            "Sum of the latencies of a disk's reads and writes (divide its rate by the rate of freesan_disk_io_completed_total for the mean).",
+            &time,
+        )
+    }
+
     /// Pools and their members (disks).
     pub(super) fn pools(&self, e: &mut DescriptorEncoder, pools: &[Value]) -> Result<(), Error> {
         let mut state = Samples::new();

@@ -201,6 +201,7 @@ fn prometheus_scrapes_lun_rates_and_pool_state() {
         "freesan_lun_command_latency_seconds_bucket",
         "freesan_pool_state",
         "freesan_disk_operations_total",
+        "freesan_disk_io_time_seconds_total",
         "freesan_iscsi_portal_sessions",
         "process_resident_memory_bytes",
         "freesan_build_info",
@@ -254,6 +255,14 @@ fn prometheus_scrapes_lun_rates_and_pool_state() {
     eprintln!("Prometheus sees LUN 0 read at {rate:.0} bytes/s");
     let ops = "rate(freesan_lun_commands_total{lun=\"0\",direction=\"read\"}[5s])";
     prom.await_value(ops, |v| v > 0.0);
+    // and the pool's disks, timed: a mean read latency above zero
+    let disk_latency = "sum(rate(freesan_disk_io_time_seconds_total{direction=\"read\"}[5s])) \
+         / sum(rate(freesan_disk_io_completed_total{direction=\"read\"}[5s]))";
+    let mean = prom.await_value(disk_latency, |v| v > 0.0);
+    eprintln!(
+        "Prometheus sees the disks' mean read latency at {:.1} us",
+        mean * 1e6
+    );
     // `freesan status` turns the same counters into a read rate
     let (ok, out) = freesan(&["status", "--api", &api]);
     assert!(ok, "freesan status: {out}");

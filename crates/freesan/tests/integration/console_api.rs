@@ -11,7 +11,7 @@
 //!   and `/acl` decide the next logins (made with the project's initiator), are
 //!   shown by `GET /api/v1/targets` without the secret, and survive a restart.
 
-mod common;
+use crate::common;
 use common::*;
 use serde_json::Value;
 use std::path::Path;
