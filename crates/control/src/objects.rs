@@ -725,9 +725,11 @@ impl Objects {
                 let (pool, role, state) = if is_free {
                     (None, "free", "ok".to_string())
                 } else {
+                    // neither free nor used: a member failed or replaced out
+                    // of its pool, which is never handed out again on its own
                     used.get(&d.name)
                         .cloned()
-                        .unwrap_or((None, "unknown", "unknown".into()))
+                        .unwrap_or((None, "retired", "retired".into()))
                 };
                 let (timing, size_bytes) = pools.disk_timing(&d.name).unzip();
                 let timing = timing.unwrap_or_default();
