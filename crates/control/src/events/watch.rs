@@ -4,9 +4,10 @@
 //! target's LU events (thin provisioning), and a daily look at the node's TLS
 //! certificates.
 //!
-//! What it does not do: sit in the data path, or repeat what was already so
-//! when the node started (the first poll is the baseline; the status API
-//! shows standing conditions).
+//! What it does not do: sit in the data path. What is already wrong at the
+//! first poll (a pool member that failed while the node was down, a cache in
+//! write-through) is said once then, as a transition would have been; a
+//! healthy start says nothing.
 //!
 //! Invariant: edge-triggered: a condition that lasts yields one event when it
 //! begins (and, for some, one when it ends), never one per poll.
@@ -180,6 +181,8 @@ impl State {
         for p in src.pools.pool_statuses() {
             if let Some(old) = self.pools.get(&p.name) {
                 pool_events(old, &p, &mut out);
+            } else if !primed {
+                standing_pool_events(&p, &mut out);
             }
             self.pools.insert(p.name.clone(), p);
         }
@@ -225,6 +228,36 @@ impl State {
                         name.clone(),
                         format!("cache {name} is healthy again"),
                     ));
+                }
+            }
+            if !primed && !self.caches.contains_key(&name) {
+                // what already holds at start: said once, as the edges would
+                for (i, d) in devices
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, d)| d.state == "failed")
+                {
+                    out.push(NewEvent::new(
+                        if mode == cache::CacheMode::WriteBack {
+                            S::Critical
+                        } else {
+                            S::Warning
+                        },
+                        K::CacheDeviceFailed,
+                        format!("{name}/{}", d.name),
+                        format!("cache {name}: device {i} ({}) is failed at start", d.name),
+                    ));
+                }
+                if state.contains("write-through") {
+                    out.push(NewEvent::new(
+                        S::Warning,
+                        K::CacheWriteThrough,
+                        name.clone(),
+                        format!("cache {name} starts in write-through: {state}"),
+                    ));
+                }
+                if state != "ok" && !state.starts_with("draining") {
+                    self.caches_reported.insert(name.clone());
                 }
             }
             self.caches.insert(name, (state, devices));
@@ -437,6 +470,46 @@ fn pool_events(old: &raid::PoolStatus, new: &raid::PoolStatus, out: &mut Vec<New
     }
 }
 
+/// A pool as the first look finds it: what is already wrong (a member failed
+/// while the node was down, a pool that cannot serve, a rebuild resumed) is said
+/// once, so an operator hears of it even though no transition was seen.
+fn standing_pool_events(p: &raid::PoolStatus, out: &mut Vec<NewEvent>) {
+    use raid::{MemberState as M, PoolState as P};
+    let pool = &p.name;
+    for m in p.members.iter().filter(|m| m.state == M::Failed) {
+        out.push(NewEvent::new(
+            S::Critical,
+            K::DiskFailed,
+            m.name.clone(),
+            format!(
+                "pool {pool}: member {} ({}) is failed at start; the pool is {}",
+                m.position,
+                m.name,
+                pool_state_name(p.state)
+            ),
+        ));
+    }
+    if p.state == P::Failed {
+        out.push(NewEvent::new(
+            S::Critical,
+            K::PoolFailed,
+            pool.clone(),
+            format!("pool {pool} starts with more members lost than it can: I/O fails"),
+        ));
+    }
+    if let Some(r) = &p.rebuild {
+        out.push(NewEvent::new(
+            S::Info,
+            K::RebuildStarted,
+            pool.clone(),
+            format!(
+                "pool {pool}: rebuild resumed at start ({:.1} GiB to copy)",
+                r.total_bytes.saturating_sub(r.done_bytes) as f64 / (1u64 << 30) as f64
+            ),
+        ));
+    }
+}
+
 fn pool_state_name(s: raid::PoolState) -> String {
     serde_json::to_value(s)
         .ok()
@@ -490,7 +563,7 @@ fn first_cert_not_after(pem: &[u8]) -> Result<i64, String> {
 
 #[cfg(test)]
 mod tests {
-    use super::{pool_events, K, S};
+    use super::{pool_events, standing_pool_events, K, S};
 
     fn member(pos: usize, name: &str, state: &str) -> serde_json::Value {
         serde_json::json!({"position": pos, "name": name, "uuid": "0", "state": state,
@@ -525,6 +598,58 @@ mod tests {
         out.into_iter()
             .map(|e| (e.kind, e.severity, e.object))
             .collect()
+    }
+
+    #[test]
+    fn what_is_wrong_at_start_is_said_once_and_a_healthy_start_says_nothing() {
+        let start = |p: &raid::PoolStatus| {
+            let mut out = Vec::new();
+            standing_pool_events(p, &mut out);
+            out.into_iter()
+                .map(|e| (e.kind, e.severity, e.object))
+                .collect::<Vec<_>>()
+        };
+        let healthy = pool(
+            "optimal",
+            vec![member(0, "d0", "active"), member(1, "d1", "active")],
+            &["d2"],
+            false,
+        );
+        assert_eq!(start(&healthy), vec![]);
+        let degraded = pool(
+            "degraded",
+            vec![member(0, "d0", "failed"), member(1, "d1", "active")],
+            &[],
+            false,
+        );
+        assert_eq!(
+            start(&degraded),
+            vec![(K::DiskFailed, S::Critical, "d0".into())]
+        );
+        let resumed = pool(
+            "rebuilding",
+            vec![member(0, "d2", "rebuilding"), member(1, "d1", "active")],
+            &[],
+            true,
+        );
+        assert_eq!(
+            start(&resumed),
+            vec![(K::RebuildStarted, S::Info, "p".into())]
+        );
+        let lost = pool(
+            "failed",
+            vec![member(0, "d0", "failed"), member(1, "d1", "failed")],
+            &[],
+            false,
+        );
+        assert_eq!(
+            start(&lost),
+            vec![
+                (K::DiskFailed, S::Critical, "d0".into()),
+                (K::DiskFailed, S::Critical, "d1".into()),
+                (K::PoolFailed, S::Critical, "p".into())
+            ]
+        );
     }
 
     #[test]
