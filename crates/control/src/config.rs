@@ -314,6 +314,11 @@ pub struct ApiConfig {
     /// may use; default: the data directory.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub allowed_paths: Vec<PathBuf>,
+    /// `IP:PORT` of the web console's own listener: the console's pages without
+    /// a token and the same API routes behind the same tokens, TLS and bounds.
+    /// None: no console.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub console: Option<SocketAddr>,
 }
 
 fn default_api_connections_max() -> usize {
@@ -342,6 +347,7 @@ impl ApiConfig {
             cert: None,
             key: None,
             allowed_paths: Vec::new(),
+            console: None,
         }
     }
 
@@ -1225,6 +1231,17 @@ impl Config {
                      to expose it on purpose (every request needs a token; see docs/security.md)",
                     a.address
                 );
+            }
+            if let Some(c) = a.console {
+                if !c.ip().is_loopback() && !a.allow_remote {
+                    bail!(
+                        "console address {c} is not on loopback: set allow_remote = true in [api] \
+                         to expose it on purpose (every API request needs a token; see docs/security.md)"
+                    );
+                }
+                if c == a.address && c.port() != 0 {
+                    bail!("[api] console must listen on another address than the API ({c})");
+                }
             }
             if a.connections_max == 0
                 || a.connections_per_source_max == 0
