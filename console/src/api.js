@@ -28,6 +28,7 @@ export async function api(path, { method = 'GET', body } = {}) {
   const text = await r.text();
   try { data = text ? JSON.parse(text) : null; } catch { data = { error: text }; }
   if (!r.ok) {
+    console.warn(`freesan: ${method} ${path}: ${r.status} ${(data && data.error) || ''}`);
     const err = new ApiError(r.status, (data && data.error) || `${r.status} ${r.statusText}`);
     if (r.status === 401) window.dispatchEvent(new CustomEvent('freesan-unauthorized'));
     throw err;

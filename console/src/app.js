@@ -64,9 +64,11 @@ function route() {
   }
   document.title = `${entry[1].title} · freesan console`;
   const page = document.getElementById('page');
-  page.innerHTML = '';
+  // a fresh element per visit: listeners a page adds go away with it
+  const root = document.createElement('div');
+  page.replaceChildren(root);
   page.dataset.page = entry[0];
-  unmount = entry[1].mount(page);
+  unmount = entry[1].mount(root);
 }
 
 window.addEventListener('hashchange', route);

@@ -8,12 +8,12 @@ const COLORS = ['#1f5fa8', '#b3261e', '#2e7d32', '#8a4b00', '#6a1b9a'];
 
 export class LiveChart {
   // series: [{label, unit}]; opts.x: 'time' (UNIX seconds) or a label for a numeric x axis.
-  constructor(el, id, series, { height = 180, x = 'time', yLabel = '' } = {}) {
+  constructor(el, id, series, { height = 180, x = 'time', yLabel = '', yRange = null } = {}) {
     this.el = el; this.id = id; this.series = series;
     const width = Math.max(280, el.clientWidth || 600);
     this.plot = new uPlot({
       width, height,
-      scales: { x: { time: x === 'time' } },
+      scales: { x: { time: x === 'time' }, y: yRange ? { range: yRange } : { range: (u, lo, hi) => [Math.min(0, lo ?? 0), Math.max(1, (hi ?? 1) * 1.1)] } },
       axes: [{ label: x === 'time' ? '' : x, stroke: '#333' }, { label: yLabel, stroke: '#333', size: 60 }],
       legend: { live: false },
       series: [{}, ...series.map((s, i) => ({ label: s.label, stroke: COLORS[i % COLORS.length], width: 2, points: { show: s.points ?? false } }))],

@@ -5,6 +5,24 @@ import { html, raw, esc, bytes, num, pct, eta, stateBadge, table, notice, confir
 import { LiveChart, columns } from './chart.js';
 
 const admin = () => session.who?.role === 'admin';
+
+// Without GET /api/v1/history (an older node), the node's rates come from the
+// I/O totals of GET /api/v1/status, sampled by the pages while they poll.
+const sampled = { last: null, series: [] };
+function sampleNode(status) {
+  const io = status?.io;
+  if (!io) return sampled.series;
+  const t = Date.now();
+  const l = sampled.last;
+  if (l && t > l.t) {
+    const dt = (t - l.t) / 1000;
+    const d = (k) => Math.max(0, (io[k] - l.io[k]) / dt);
+    sampled.series.push({ t, read_iops: d('read_ops'), write_iops: d('write_ops'), read_mbs: d('read_bytes') / 1e6, write_mbs: d('write_bytes') / 1e6, latency_us: null });
+    if (sampled.series.length > 600) sampled.series.shift();
+  }
+  sampled.last = { t, io };
+  return sampled.series;
+}
 const NA = (what) => html`<p class="empty">${what} not available on this node.</p>`;
 
 // Runs a changing request from a button or form; reports the outcome.
@@ -31,7 +49,23 @@ function delegate(root, handlers) {
   });
 }
 
-function set(el, sel, content) { const n = el.querySelector(sel); if (n) n.innerHTML = String(content); }
+// Replaces the content of `sel` only when it changed (a poll must not take the
+// keyboard focus away), and puts the focus back on the same control if it was
+// inside.
+const focusKey = (e) => e && (e.id || ['act', 'pool', 'name', 'lun', 'target', 'cache', 'position', 'device'].map((k) => e.dataset?.[k] ?? '').join('|'));
+function set(el, sel, content) { put(el.querySelector(sel), content); }
+function put(n, content) {
+  if (!n) return;
+  const s = String(content);
+  if (n.freesanHtml === s) return;
+  n.freesanHtml = s;
+  const had = n.contains(document.activeElement) ? focusKey(document.activeElement) : null;
+  n.innerHTML = s;
+  if (had) {
+    const back = [...n.querySelectorAll('a, button, input, select, textarea')].find((x) => focusKey(x) === had);
+    if (back) back.focus();
+  }
+}
 
 // The newest `n` events (the API pages oldest first from a sequence number).
 async function newestEvents(n) {
@@ -74,8 +108,8 @@ export const overview = {
   mount(el) {
     el.innerHTML = html`<h1>Overview</h1>
 <section class="cards" id="ov-cards" aria-label="Health and capacity"></section>
-<section aria-labelledby="ov-alerts-h"><h2 id="ov-alerts-h">Alerts</h2><div id="ov-alerts"></div></section>
-<section aria-labelledby="ov-io-h"><h2 id="ov-io-h">Node I/O (last 5 minutes)</h2>
+<section aria-labelledby="ov-alerts-h"><h2 id="ov-alerts-h">Recent alerts</h2><div id="ov-alerts"></div></section>
+<section aria-labelledby="ov-io-h"><h2 id="ov-io-h">Node I/O (last 5 minutes)</h2><p class="muted" id="ov-io-note"></p>
 <div class="figures" id="ov-figs"></div>
 <div class="chart" id="ov-iops"></div><div class="chart" id="ov-lat"></div></section>`.s;
     const iops = new LiveChart(el.querySelector('#ov-iops'), 'node-iops', [{ label: 'read IOPS' }, { label: 'write IOPS' }], { yLabel: 'IOPS' });
@@ -87,19 +121,20 @@ export const overview = {
       const cap = pools.reduce((a, p) => a + (p.usable_bytes ?? p.capacity_bytes ?? 0), 0);
       const bad = pools.filter((p) => !/^(ok|optimal)$/i.test(p.state || ''));
       const alerts = events.filter((e) => e.severity !== 'info').slice(0, 10);
-      const health = bad.length ? 'degraded' : alerts.some((e) => e.severity === 'critical') ? 'attention' : 'ok';
+      const badCaches = (status.caches || []).filter((c) => c.state && c.state !== 'ok');
+      const health = pools.some((p) => p.state === 'failed') ? 'failed' : bad.length || badCaches.length ? 'degraded' : 'ok';
       const luns = (status.targets || []).reduce((a, t) => a + (t.luns?.length ?? 0), 0) || (status.luns?.length ?? 0);
       set(el, '#ov-cards', html`
-<div class="card"><h3>Health</h3><p class="big" id="ov-health">${stateBadge(health)}</p></div>
-<div class="card"><h3>Pools</h3><p class="big">${pools.length}</p><p>${bad.length} not healthy</p></div>
-<div class="card"><h3>Capacity</h3><p class="big">${bytes(cap)}</p><p>usable in pools</p></div>
-<div class="card"><h3>LUNs</h3><p class="big">${luns}</p><p>${(status.portals || []).join(', ')}</p></div>
-<div class="card"><h3>Version</h3><p class="big">${status.version ?? '–'}</p></div>`);
+<div class="card"><h2>Health</h2><p class="big" id="ov-health">${stateBadge(health)}</p></div>
+<div class="card"><h2>Pools</h2><p class="big">${pools.length}</p><p>${bad.length ? `${bad.length} not optimal: ${bad.map((p) => `${p.name} ${p.state}`).join(', ')}` : 'all optimal'}</p></div>
+<div class="card"><h2>Capacity</h2><p class="big">${bytes(cap)}</p><p>usable in pools</p></div>
+<div class="card"><h2>LUNs</h2><p class="big">${luns}</p><p>${(status.portals || []).join(', ')}</p></div>
+<div class="card"><h2>Version</h2><p class="big">${status.version ?? '–'}</p></div>`);
       set(el, '#ov-alerts', alerts.length
-        ? html`<ul class="alerts">${alerts.map((e) => html`<li class="alert ${e.severity}">${stateBadge(e.severity)} <time>${e.time}</time> <strong>${e.object}</strong> ${e.message}</li>`)}</ul>`
+        ? html`<ul class="alerts">${alerts.map((e) => html`<li class="alert sev-${e.severity}">${stateBadge(e.severity)} <time>${e.time}</time> <strong>${e.object}</strong> ${e.message}</li>`)}</ul>`
         : html`<p class="empty">No warnings.</p>`);
-      if (!hist) { set(el, '#ov-figs', NA('I/O history')); return; }
-      const s = hist.node || [];
+      const s = hist ? hist.node || [] : sampleNode(status);
+      el.querySelector('#ov-io-note').textContent = hist ? '' : 'This node keeps no I/O history: the rates are sampled by this page while it is open (no latency).';
       const last = s[s.length - 1] || {};
       set(el, '#ov-figs', html`<span class="fig">read <b id="ov-riops">${num(last.read_iops)}</b> IOPS</span>
 <span class="fig">write <b id="ov-wiops">${num(last.write_iops)}</b> IOPS</span>
@@ -128,7 +163,7 @@ ${admin() ? html`<section aria-labelledby="st-new-h"><h2 id="st-new-h">Create a 
 <fieldset><legend>Free disks</legend><div id="st-free"></div></fieldset>
 <button type="submit">Create pool</button></form></section>` : ''}
 <section aria-labelledby="st-disks-h"><h2 id="st-disks-h">Disks</h2><div id="st-disks"></div></section>`.s;
-    let freeNames = '';
+    let freeNames = null;
     const form = el.querySelector('#st-new');
     if (form) {
       form.addEventListener('submit', async (ev) => {
@@ -169,7 +204,9 @@ ${admin() ? html`<section aria-labelledby="st-new-h"><h2 id="st-new-h">Create a 
       const [pools, disks] = await Promise.all([api('/pools'), api('/disks')]);
       const used = new Set();
       for (const p of pools) for (const m of [...(p.members || []), ...(p.spares || [])]) used.add(typeof m === 'string' ? m : m.name);
-      const free = disks.filter((d) => (d.role ? d.role === 'free' : !used.has(d.name)));
+      const isFree = (d) => (d.role ? d.role === 'free' : d.free ?? !used.has(d.name));
+      const free = disks.filter(isFree);
+      const size = (d) => (d.size_bytes != null ? bytes(d.size_bytes) : d.size ?? '–');
       const freeOpts = html`<option value="">free disk…</option>${free.map((d) => html`<option>${d.name}</option>`)}`;
       set(el, '#st-pools', pools.length ? raw(pools.map((p) => html`<article class="pool" data-pool="${p.name}">
 <h3>${p.name} <span class="muted">${p.level}</span> ${stateBadge(p.state)}</h3>
@@ -190,13 +227,13 @@ ${admin() ? html`<div class="actions"><button class="small" data-act="scrub" dat
 <button class="small secondary" data-act="rate" data-pool="${p.name}">Set rate</button></div>` : ''}
 </article>`).join('')) : html`<p class="empty">No pools.</p>`);
       set(el, '#st-disks', table(['Disk', 'Model', 'Size', 'State', 'Errors', 'Read µs', 'Write µs', 'Pool', 'Role'], disks.map((d) => [
-        d.name, d.model ?? '–', bytes(d.size_bytes ?? d.size), stateBadge(d.state ?? (used.has(d.name) ? 'member' : 'free')), d.errors ?? '–',
-        num(d.read_latency_us), num(d.write_latency_us), d.pool ?? '–', d.role ?? (used.has(d.name) ? 'in use' : 'free')])));
+        d.name, d.model ?? (d.simulated ? 'simulated' : 'file'), size(d), d.state ? stateBadge(d.state) : '–', d.errors ?? '–',
+        num(d.read_latency_us), num(d.write_latency_us), d.pool ?? '–', d.role ?? (isFree(d) ? 'free' : 'in use')])));
       const fl = el.querySelector('#st-free');
       const names = free.map((d) => d.name).join(',');
       if (fl && names !== freeNames) {
         freeNames = names;
-        fl.innerHTML = free.length ? free.map((d) => html`<label class="check"><input type="checkbox" name="disk" value="${d.name}"> ${d.name} <span class="muted">${bytes(d.size_bytes ?? d.size)}</span></label>`.s).join('') : '<p class="empty">No free disks.</p>';
+        fl.innerHTML = free.length ? free.map((d) => html`<label class="check"><input type="checkbox" name="disk" value="${d.name}"> ${d.name} <span class="muted">${size(d)}</span></label>`.s).join('') : '<p class="empty">No free disks.</p>';
       }
     };
     return poll(tick, 2000, (e) => notice(`Storage: ${e.message}`, 'error'));
@@ -215,7 +252,7 @@ ${admin() ? html`<section aria-labelledby="sn-new-h"><h2 id="sn-new-h">Create a 
 <label for="sn-new-target">Target</label><select id="sn-new-target" name="target"></select>
 <label for="sn-new-id">LUN number</label><input id="sn-new-id" name="id" type="number" min="0" max="16383" required>
 <label for="sn-new-pool">Pool</label><select id="sn-new-pool" name="pool"></select>
-<label for="sn-new-size">Size</label><input id="sn-new-size" name="size" placeholder="e.g. 64M, 10G" required>
+<p class="muted">A LUN on a pool serves the pool's whole usable space.</p>
 <button type="submit">Create LUN</button></form></section>` : ''}
 <section aria-labelledby="sn-s-h"><h2 id="sn-s-h">Sessions and paths</h2><div id="sn-sessions"></div></section>`.s;
     const form = el.querySelector('#sn-new');
@@ -223,8 +260,9 @@ ${admin() ? html`<section aria-labelledby="sn-new-h"><h2 id="sn-new-h">Create a 
     if (form) {
       form.addEventListener('submit', async (ev) => {
         ev.preventDefault();
-        const body = { target: form.target.value, id: Number(form.id.value), pool: form.pool.value, size: form.size.value.trim() };
-        if (await act(`Create LUN ${body.id}`, '/luns', body)) { form.id.value = ''; tick(); }
+        const lun = { id: Number(form.id.value), pool: form.pool.value };
+        const body = { target: form.target.value, lun };
+        if (await act(`Create LUN ${lun.id}`, '/luns', body)) { form.id.value = ''; tick(); }
       });
     }
     delegate(el, {
@@ -271,10 +309,10 @@ ${admin() ? html`<form class="form inline" data-target="${t.name}">
       }
       const byLun = new Map();
       for (const t of targets || []) for (const l of t.luns || []) byLun.set(`${t.name}/${l.lun}`, l);
-      set(el, '#sn-luns', table(['Target', 'LUN', 'Size', 'Backing', 'Cache', 'Replicated', 'Identity', ...(admin() ? [''] : [])], luns.map((l) => {
+      set(el, '#sn-luns', table(['Target', 'LUN', 'Size', 'Backing', 'Cache', 'Replicated', 'Identity', ...(admin() ? ['Actions'] : [])], luns.map((l) => {
         const id = l.id ?? l.lun;
         const x = byLun.get(`${l.target}/${id}`) || {};
-        return [html`<span class="mono">${l.target}</span>`, id, bytes(l.size_bytes ?? x.size_bytes), l.pool ?? l.disk ?? x.backing ?? l.path ?? '–',
+        return [html`<span class="mono">${l.target}</span>`, id, bytes(l.size_bytes ?? x.size_bytes), l.backing ?? x.backing ?? '–',
           l.cache ?? x.cache ?? '–', (l.replicated ?? x.replicated) ? 'yes' : 'no', html`<span class="mono small">${l.naa ?? l.serial ?? l.uuid ?? '–'}</span>`,
           ...(admin() ? [html`<button class="danger small" data-act="del" data-target="${l.target}" data-lun="${id}" aria-label="Delete LUN ${l.target}/${id}">Delete…</button>`] : [])];
       })));
@@ -287,22 +325,22 @@ ${admin() ? html`<form class="form inline" data-target="${t.name}">
 };
 
 // ---------------------------------------------------------------- SSD cache
-// The advisor's miss-ratio curve, whatever shape the node gives it: points of
-// {size_bytes, miss_ratio|hit_ratio}, or parallel arrays.
-function advisorCurve(adv) {
-  if (!adv) return null;
-  const pts = adv.curve || adv.mrc || adv.points || adv.miss_ratio_curve;
-  if (!Array.isArray(pts) || !pts.length) return null;
-  const xs = [], ys = [];
-  for (const p of pts) {
-    const size = p.size_bytes ?? p.cache_bytes ?? p.size ?? p[0];
-    let miss = p.miss_ratio ?? p.miss ?? (p.hit_ratio != null ? 1 - p.hit_ratio : p[1]);
-    if (size == null || miss == null) continue;
-    if (miss > 1) miss /= 100;
-    xs.push(size / 2 ** 30); ys.push(miss * 100);
+// The advisor's miss-ratio curve (`advisor_curve`: [{cache_bytes, hit_ratio}])
+// in MiB and percent, and the recommended size (`advisor_bytes_for_90_percent`)
+// marked as its own point.
+function advisorCurve(c) {
+  const pts = c.advisor_curve || [];
+  if (!pts.length) return null;
+  const xs = pts.map((p) => p.cache_bytes / 2 ** 20);
+  const ys = pts.map((p) => (p.hit_ratio == null ? null : (1 - p.hit_ratio) * 100));
+  const rec = c.advisor_bytes_for_90_percent;
+  const mark = xs.map(() => null);
+  if (rec != null) {
+    let best = 0;
+    xs.forEach((x, i) => { if (Math.abs(x - rec / 2 ** 20) < Math.abs(xs[best] - rec / 2 ** 20)) best = i; });
+    mark[best] = ys[best];
   }
-  const rec = adv.recommended_bytes ?? adv.recommended_size_bytes ?? adv.recommendation?.size_bytes;
-  return { xs, ys, rec };
+  return { xs, ys, mark, rec };
 }
 
 export const cache = {
@@ -310,6 +348,7 @@ export const cache = {
   mount(el) {
     el.innerHTML = html`<h1>SSD cache</h1><div id="ca-list"></div>`.s;
     const charts = new Map();
+    const local = {};
     delegate(el, {
       detach: async (d) => { if (await confirmByName(`Detach cache ${d.cache}`, d.cache)) await act(`Detach ${d.cache}`, `/caches/${encodeURIComponent(d.cache)}/detach`); },
       attach: (d) => act(`Attach ${d.cache}`, `/caches/${encodeURIComponent(d.cache)}/attach`),
@@ -330,10 +369,10 @@ export const cache = {
         for (const c of charts.values()) c.forEach((x) => x.destroy());
         charts.clear();
         list.innerHTML = caches.length ? caches.map((c, i) => html`<article class="cache" id="ca-${i}">
-<h3>${c.name} ${raw('<span class="st"></span>')}</h3><div class="figures"></div>
-<h4>Hit rate over time</h4><div class="chart hits"></div>
-<h4>Dirty data and destage</h4><div class="chart dirty"></div>
-<h4>Advisor: miss ratio by cache size</h4><p class="advice"></p><div class="chart mrc"></div>
+<h2>${c.name} ${raw('<span class="st"></span>')}</h2><div class="figures"></div>
+<h3>Hit rate over time</h3><div class="chart hits"></div>
+<h3>Dirty data and destage</h3><div class="chart dirty"></div>
+<h3>Advisor: miss ratio by cache size</h3><p class="advice"></p><div class="chart mrc"></div>
 <div class="devices"></div>
 ${admin() ? html`<div class="actions"><button class="small secondary" data-act="attach" data-cache="${c.name}">Attach</button>
 <button class="small danger" data-act="detach" data-cache="${c.name}">Detach…</button>
@@ -342,21 +381,23 @@ ${admin() ? html`<div class="actions"><button class="small secondary" data-act="
         caches.forEach((c, i) => {
           const a = list.querySelector(`#ca-${i}`);
           charts.set(c.name, [
-            new LiveChart(a.querySelector('.hits'), `cache-hits-${c.name}`, [{ label: 'read hit %' }, { label: 'write hit %' }], { yLabel: '%' }),
+            new LiveChart(a.querySelector('.hits'), `cache-hits-${c.name}`, [{ label: 'read hit %' }, { label: 'write hit %' }], { yLabel: '%', yRange: [0, 100] }),
             new LiveChart(a.querySelector('.dirty'), `cache-dirty-${c.name}`, [{ label: 'dirty MiB' }, { label: 'destage MB/s' }, { label: 'occupancy %' }], { height: 150 }),
-            new LiveChart(a.querySelector('.mrc'), `cache-mrc-${c.name}`, [{ label: 'miss ratio %', points: true }], { x: 'cache size GiB', yLabel: 'miss %', height: 180 }),
+            new LiveChart(a.querySelector('.mrc'), `cache-mrc-${c.name}`, [{ label: 'miss ratio %', points: true }, { label: 'recommended size', points: true }], { x: 'cache size MiB', yLabel: 'miss %', height: 180, yRange: [0, 100] }),
           ]);
         });
       }
       caches.forEach((c, i) => {
         const a = list.querySelector(`#ca-${i}`);
         const [hits, dirty, mrc] = charts.get(c.name);
-        const rh = c.read_hit_pct ?? (c.read_hit_ratio != null ? c.read_hit_ratio * 100 : c.stats?.read_hit_pct);
-        const wh = c.write_hit_pct ?? (c.write_hit_ratio != null ? c.write_hit_ratio * 100 : c.stats?.write_hit_pct);
-        a.querySelector('.st').innerHTML = stateBadge(c.state ?? (c.attached === false ? 'detached' : 'ok')).s;
-        a.querySelector('.figures').innerHTML = html`<span class="fig">read hits <b class="read-hit">${pct(rh)}</b></span>
+        const ratio = (r) => (r == null ? null : r * 100);
+        const rh = ratio(c.recent_read_hit_ratio ?? c.read_hit_ratio);
+        const wh = ratio(c.recent_write_hit_ratio ?? c.write_hit_ratio);
+        put(a.querySelector('.st'), stateBadge(c.state ?? (c.attached === false ? 'detached' : 'ok')));
+        put(a.querySelector('.figures'), html`<span class="fig">read hits <b class="read-hit">${pct(rh)}</b></span>
 <span class="fig">write hits <b>${pct(wh)}</b></span><span class="fig">dirty <b>${bytes(c.dirty_bytes)}</b></span>
-<span class="fig">mode <b>${c.mode ?? c.policy ?? '–'}</b></span><span class="fig">size <b>${bytes(c.size_bytes ?? c.capacity_bytes)}</b></span>`.s;
+<span class="fig">destage <b>${num(c.destage_mb_s, 1)}</b> MB/s</span><span class="fig">occupancy <b>${pct(c.occupancy_percent)}</b></span>
+<span class="fig">mode <b>${c.mode ?? '–'}</b></span><span class="fig">size <b>${bytes(c.capacity_bytes)}</b></span>`);
         const series = hist?.caches?.[c.name];
         if (series) {
           const [x, ys] = columns(series, ['read_hit_pct', 'write_hit_pct']);
@@ -364,24 +405,32 @@ ${admin() ? html`<div class="actions"><button class="small secondary" data-act="
           const [x2, ys2] = columns(series, ['dirty_bytes', 'destage_mbs', 'occupancy_pct']);
           ys2[0] = ys2[0].map((v) => (v == null ? null : v / 2 ** 20));
           dirty.set(x2, ys2);
-        } else if (rh != null) {
-          const t = Date.now() / 1000; const prev = window.freesanCharts[`cache-hits-${c.name}`];
-          const xs = [...(prev?.x || []), t].slice(-300);
-          hits.set(xs, [[...(prev?.series['read hit %'] || []), rh].slice(-300), [...(prev?.series['write hit %'] || []), wh ?? null].slice(-300)]);
+        } else {
+          // no history on this node: what this page sees while it is open
+          const mine = (local[c.name] ||= []);
+          mine.push({ t: Date.now(), read_hit_pct: rh, write_hit_pct: wh, dirty_bytes: c.dirty_bytes, destage_mbs: c.destage_mb_s, occupancy_pct: c.occupancy_percent });
+          if (mine.length > 300) mine.shift();
+          if (mine.length > 1) {
+            const [x, ys] = columns(mine, ['read_hit_pct', 'write_hit_pct']);
+            hits.set(x, ys);
+            const [x2, ys2] = columns(mine, ['dirty_bytes', 'destage_mbs', 'occupancy_pct']);
+            ys2[0] = ys2[0].map((v) => (v == null ? null : v / 2 ** 20));
+            dirty.set(x2, ys2);
+          }
         }
-        const curve = advisorCurve(c.advisor);
+        const curve = advisorCurve(c);
         if (curve) {
-          mrc.set(curve.xs, [curve.ys]);
+          mrc.set(curve.xs, [curve.ys, curve.mark]);
           a.querySelector('.advice').innerHTML = curve.rec != null
-            ? html`Recommended size: <b class="recommended">${bytes(curve.rec)}</b>${c.advisor.reason ? ` (${c.advisor.reason})` : ''}`.s
-            : 'The advisor has no recommendation yet.';
+            ? html`Recommended size: <b class="recommended">${bytes(curve.rec)}</b> (the smallest that would serve 90 % of the recent reads; now ${bytes(c.capacity_bytes)})`.s
+            : html`No size the advisor evaluates (up to ${bytes(c.advisor_curve[c.advisor_curve.length - 1].cache_bytes)}) would serve 90 % of the recent reads.`.s;
         } else {
           a.querySelector('.advice').textContent = 'The advisor has no curve yet (it needs some traffic).';
         }
         const devs = c.devices || [];
-        a.querySelector('.devices').innerHTML = table(['#', 'Device', 'State', ...(admin() ? [''] : [])], devs.map((d, j) => [j, d.name, stateBadge(d.state),
+        put(a.querySelector('.devices'), table(['#', 'Device', 'State', ...(admin() ? ['Actions'] : [])], devs.map((d, j) => [j, d.name, stateBadge(d.state),
           ...(admin() ? [html`<button class="small danger" data-act="cfail" data-cache="${c.name}" data-device="${j}" data-name="${d.name}">Fail…</button>
-<button class="small secondary" data-act="creplace" data-cache="${c.name}" data-device="${j}" data-name="${d.name}">Replace…</button>`] : [])])).s;
+<button class="small secondary" data-act="creplace" data-cache="${c.name}" data-device="${j}" data-name="${d.name}">Replace…</button>`] : [])])));
       });
     };
     const stop = poll(tick, 2000, (e) => notice(`Cache: ${e.message}`, 'error'));
@@ -432,7 +481,7 @@ export const performance = {
 <label for="pf-obj">Show</label><select id="pf-obj"><option value="node">the whole node</option></select>
 <label for="pf-win">Window</label><select id="pf-win"><option value="60">1 minute</option><option value="300" selected>5 minutes</option><option value="900">15 minutes</option><option value="3600">1 hour</option></select>
 </form>
-<div class="figures" id="pf-figs"></div>
+<p class="muted" id="pf-note"></p><div class="figures" id="pf-figs"></div>
 <div class="chart" id="pf-iops"></div><div class="chart" id="pf-mbs"></div><div class="chart" id="pf-lat"></div>
 ${admin() ? html`<section aria-labelledby="pf-b-h" class="bench"><h2 id="pf-b-h">Benchmark</h2>
 <p class="warning" role="note"><strong>Load on production:</strong> the benchmark runs inside this node against a real LUN, competing with every client's I/O. Writing patterns overwrite the LUN's data.</p>
@@ -461,8 +510,10 @@ ${admin() ? html`<section aria-labelledby="pf-b-h" class="bench"><h2 id="pf-b-h"
       });
     }
     const tick = async () => {
-      const [hist, jobs, luns] = await Promise.all([optional(`/history?window=${win.value}`), optional('/bench'), api('/luns')]);
-      if (hist) {
+      const [hist0, jobs, luns, status] = await Promise.all([optional(`/history?window=${win.value}`), optional('/bench'), api('/luns'), api('/status')]);
+      const hist = hist0 || { node: sampleNode(status).filter((p) => p.t > Date.now() - win.value * 1000) };
+      el.querySelector('#pf-note').textContent = hist0 ? '' : 'This node keeps no I/O history: only the whole node is shown, sampled by this page while it is open.';
+      {
         const names = [...Object.keys(hist.luns || {}).map((k) => `lun:${k}`), ...Object.keys(hist.paths || {}).map((k) => `path:${k}`), ...Object.keys(hist.portals || {}).map((k) => `portal:${k}`)];
         if (names.join() !== objs) {
           objs = names.join();
@@ -480,10 +531,9 @@ ${admin() ? html`<section aria-labelledby="pf-b-h" class="bench"><h2 id="pf-b-h"
         let [x, ys] = columns(s, ['read_iops', 'write_iops']); iops.set(x, ys);
         [x, ys] = columns(s, ['read_mbs', 'write_mbs']); mbs.set(x, ys);
         [x, ys] = columns(s, ['latency_us']); lat.set(x, ys);
-      } else {
-        set(el, '#pf-figs', NA('I/O history'));
       }
       if (bench) {
+        bench.hidden = !jobs;
         const lk = luns.map((l) => `${l.target}/${l.id ?? l.lun}`).join();
         if (lk !== lunsKey) {
           lunsKey = lk;

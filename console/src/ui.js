@@ -31,7 +31,7 @@ export function eta(secs) {
 }
 export function stateBadge(s) {
   const v = String(s ?? 'unknown');
-  const cls = /^(ok|active|online|healthy|up|primary|done|optimal|clean|in_sync|insync|connected|member|attached)$/i.test(v) ? 'good'
+  const cls = /^info$/i.test(v) ? 'info' : /^(ok|active|online|healthy|up|primary|done|optimal|clean|in_sync|insync|connected|member|attached)$/i.test(v) ? 'good'
     : /(fail|fault|error|offline|down|lost|missing|split|critical)/i.test(v) ? 'bad' : 'warn';
   return html`<span class="badge ${cls}">${v}</span>`;
 }
@@ -51,7 +51,8 @@ export function notice(msg, kind = 'info') {
   p.className = `notice ${kind}`;
   p.textContent = msg;
   box.append(p);
-  setTimeout(() => p.remove(), kind === 'error' ? 12000 : 6000);
+  while (box.children.length > 3) box.firstChild.remove();
+  setTimeout(() => p.remove(), kind === 'error' ? 10000 : 4000);
 }
 
 // Asks the user to confirm a destructive action by typing `name`; resolves true

@@ -46,6 +46,7 @@ async function newPage(browser, problems) {
   page.on('console', (m) => {
     const t = m.text();
     if (m.type() === 'error' && /Content Security Policy|Refused to/i.test(t)) problems.push(`CSP: ${t}`);
+    if (t.startsWith('freesan:')) log(`  (console) ${t}`);
   });
   return page;
 }
@@ -136,7 +137,6 @@ async function main() {
   await page.selectOption('#sn-new-target', cfg.target);
   await page.fill('#sn-new-id', '1');
   await page.selectOption('#sn-new-pool', 'web');
-  await page.fill('#sn-new-size', '32M');
   await page.click('#sn-new button[type=submit]');
   await until('LUN 1 listed', 30, () => page.$(`button[data-act=del][data-lun="1"]`));
   check(true, 'LUN 1 was created on pool web');
