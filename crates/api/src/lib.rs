@@ -26,6 +26,23 @@
 //!   unless `force` is true.
 //! - `POST /pools/{name}/rebuild-rate` `{"mb_s": N}` — cap rebuild, resync and scrub
 //!   at N MB/s (0 = uncapped); takes effect at once and persists in the pool.
+//! - `GET  /history?window=SECS` — the node's rates once a second over the last
+//!   SECS (default 300, 1 to 3600): `{"interval_s": 1, "node": [S], "luns":
+//!   {"TARGET/LUN": [S]}, "paths": {"INITIATOR@PORTAL": [S]}, "portals": {"PORTAL":
+//!   [S]}, "caches": {"NAME": [C]}}`, oldest first; S = `{t, read_iops, write_iops,
+//!   read_mbs, write_mbs, latency_us}`, C = `{t, read_hit_pct, write_hit_pct,
+//!   dirty_bytes, destage_mbs, occupancy_pct}`, t in Unix milliseconds.
+//! - `GET  /bench` — the standard patterns and the last 20 benchmark jobs;
+//!   `POST /bench` `{"target", "lun", "pattern", "secs": 1..=60}` — run one with
+//!   `freesan bench`'s engine in the node through its first portal (load on
+//!   production; a writing pattern needs `"overwrite": true`): 202 `{"id": N}`,
+//!   409 while another runs.
+//! - `GET  /disks` — every disk: model, size_bytes, state, errors, read and write
+//!   latency, pool and role (member, spare, free...).
+//! - `GET  /targets` — every target: portals, LUNs, CHAP user (never a secret),
+//!   ACL, sessions. `POST /targets/{name}/chap` `{"user", "secret"}` (or
+//!   `{"user": null}`) and `POST /targets/{name}/acl` `{"initiators": [...]}` —
+//!   applied to new logins and kept across restarts.
 //!
 //! Errors come back as `{"error": "..."}` with 400 (bad request), 404 (no such pool)
 //! or 409 (refused in the current state).
@@ -115,6 +132,32 @@ pub enum PoolAction {
         /// The cap in MB/s; 0 removes it.
         mb_s: u32,
     },
+}
+
+/// `POST /api/v1/bench`: run a standard pattern against a LUN of this node.
+#[derive(Debug, Clone, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct BenchRequest {
+    /// Target IQN.
+    pub target: String,
+    /// LUN number.
+    pub lun: u64,
+    /// One of the standard patterns (`GET /api/v1/bench` lists them).
+    pub pattern: String,
+    /// Measured seconds, 1 to 60.
+    pub secs: u32,
+    /// Must be true for a pattern that writes: it overwrites the LUN's data.
+    #[serde(default)]
+    pub overwrite: bool,
+}
+
+/// A change of who may log in to a target.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TargetAccess {
+    /// CHAP (user, secret); None: CHAP off.
+    Chap(Option<(String, String)>),
+    /// The initiators that may log in; empty: any.
+    Acl(Vec<String>),
 }
 
 /// Why the control plane refused a request.
@@ -225,6 +268,28 @@ pub trait Control: Send + Sync + 'static {
     async fn events(&self, _since: u64, _limit: usize, _wait: std::time::Duration) -> Value {
         json!({ "last_seq": 0, "events": [] })
     }
+    /// Every target: portals, LUNs, CHAP (never a secret), ACL, sessions.
+    fn targets(&self) -> Vec<Value> {
+        Vec::new()
+    }
+    /// Changes who may log in to target `name` (applies to new logins, kept
+    /// across restarts); answers the target as `targets` shows it.
+    async fn target_access(&self, name: &str, _change: TargetAccess) -> Result<Value, ApiError> {
+        Err(ApiError::NotFound(format!("no target named {name}")))
+    }
+    /// The benchmark jobs: `{"patterns": [...], "jobs": [...]}`.
+    fn bench_jobs(&self) -> Value {
+        json!({ "patterns": [], "jobs": [] })
+    }
+    /// Starts a benchmark job; answers `{"id": N}`.
+    async fn bench_start(&self, _req: BenchRequest) -> Result<Value, ApiError> {
+        Err(ApiError::NotFound("this node cannot run benchmarks".into()))
+    }
+    /// The node's rates over the last `window_secs` seconds (see
+    /// `GET /api/v1/history`); none kept by default.
+    fn history(&self, _window_secs: usize) -> Value {
+        json!({ "interval_s": 1, "node": [], "luns": {}, "paths": {}, "portals": {}, "caches": {} })
+    }
     /// Reads the configuration file again and applies what can change live
     /// (targets, CHAP, ACLs); answers what was applied and what needs a restart.
     async fn reload(&self) -> Result<Value, ApiError> {
@@ -239,6 +304,151 @@ pub trait Control: Send + Sync + 'static {
         (status = 404, description = "this node cannot reload", body = ErrorBody)))]
 async fn reload(State(c): State<Ctl>) -> Result<Json<Value>, ApiError> {
     c.reload().await.map(Json)
+}
+
+/// `GET /api/v1/history` query.
+#[derive(Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
+struct HistoryQuery {
+    /// Seconds of history (default 300, 1 to 3600).
+    window: Option<usize>,
+}
+
+/// Longest window of `GET /api/v1/history`.
+pub const HISTORY_WINDOW_MAX: usize = 3600;
+
+#[utoipa::path(get, path = "/api/v1/history", tag = "node",
+    summary = "The node's rates once a second over the last window seconds: node, per LUN, per path (initiator@portal), per portal, per cache; oldest first",
+    params(HistoryQuery),
+    responses((status = 200, description = "{\"interval_s\": 1, \"node\": [S], \"luns\": {\"TARGET/LUN\": [S]}, \"paths\": {\"INITIATOR@PORTAL\": [S]}, \"portals\": {\"PORTAL\": [S]}, \"caches\": {\"NAME\": [C]}}; S = {t, read_iops, write_iops, read_mbs, write_mbs, latency_us}, C = {t, read_hit_pct, write_hit_pct, dirty_bytes, destage_mbs, occupancy_pct}", body = Value),
+        (status = 400, description = "malformed request", body = ErrorBody)))]
+async fn history(
+    State(c): State<Ctl>,
+    q: Result<Query<HistoryQuery>, axum::extract::rejection::QueryRejection>,
+) -> Result<Json<Value>, ApiError> {
+    let Query(q) = q.map_err(|e| ApiError::BadRequest(e.body_text()))?;
+    let window = q.window.unwrap_or(300);
+    if !(1..=HISTORY_WINDOW_MAX).contains(&window) {
+        return Err(ApiError::BadRequest(format!(
+            "window must be 1 to {HISTORY_WINDOW_MAX} seconds"
+        )));
+    }
+    Ok(Json(c.history(window)))
+}
+
+#[utoipa::path(get, path = "/api/v1/targets", tag = "targets",
+    summary = "Every target: name, portals, LUNs (lun, size_bytes, backing, pool, cache, replicated), chap ({user, mutual} or null; never a secret), acl (allowed initiators, empty = any), sessions (initiator, isid, portals, connections)",
+    responses((status = 200, description = "done", body = Vec<Value>)))]
+async fn targets(State(c): State<Ctl>) -> Json<Value> {
+    Json(Value::Array(c.targets()))
+}
+
+/// `POST /api/v1/targets/{name}/chap`.
+#[derive(Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+struct ChapBody {
+    /// CHAP user; null turns CHAP off.
+    user: Option<String>,
+    /// CHAP secret (12 to 255 characters); with a user only.
+    #[serde(default)]
+    secret: Option<String>,
+}
+
+#[utoipa::path(post, path = "/api/v1/targets/{name}/chap", tag = "targets",
+    summary = "Set a target's CHAP user and secret ({\"user\": null} turns CHAP off); applies to new logins and survives a restart",
+    params(("name" = String, Path, description = "the target's IQN")),
+    request_body = ChapBody,
+    responses((status = 200, description = "the target as GET /api/v1/targets shows it", body = Value),
+        (status = 400, description = "malformed request or refused by the configuration's checks", body = ErrorBody),
+        (status = 404, description = "no such target", body = ErrorBody),
+        (status = 409, description = "refused in the current state", body = ErrorBody)))]
+async fn target_chap(
+    State(c): State<Ctl>,
+    Path(name): Path<String>,
+    body: Result<Json<ChapBody>, JsonRejection>,
+) -> Result<Json<Value>, ApiError> {
+    let Json(b) = body.map_err(|e| ApiError::BadRequest(e.body_text()))?;
+    let change = match (b.user, b.secret) {
+        (Some(u), Some(s)) => TargetAccess::Chap(Some((u, s))),
+        (None, None) => TargetAccess::Chap(None),
+        (Some(_), None) => return Err(ApiError::BadRequest("a CHAP user needs a secret".into())),
+        (None, Some(_)) => {
+            return Err(ApiError::BadRequest(
+                "a secret without a user: give both, or {\"user\": null} to turn CHAP off".into(),
+            ))
+        }
+    };
+    c.target_access(&name, change).await.map(Json)
+}
+
+/// `POST /api/v1/targets/{name}/acl`.
+#[derive(Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+struct AclBody {
+    /// Initiator names (IQN or EUI) that may log in; empty: any initiator.
+    initiators: Vec<String>,
+}
+
+/// Most initiators one ACL may list.
+pub const ACL_INITIATORS_MAX: usize = 1024;
+
+#[utoipa::path(post, path = "/api/v1/targets/{name}/acl", tag = "targets",
+    summary = "Set the initiators that may log in to a target (empty = any); applies to new logins and survives a restart",
+    params(("name" = String, Path, description = "the target's IQN")),
+    request_body = AclBody,
+    responses((status = 200, description = "the target as GET /api/v1/targets shows it", body = Value),
+        (status = 400, description = "malformed request", body = ErrorBody),
+        (status = 404, description = "no such target", body = ErrorBody),
+        (status = 409, description = "refused in the current state", body = ErrorBody)))]
+async fn target_acl(
+    State(c): State<Ctl>,
+    Path(name): Path<String>,
+    body: Result<Json<AclBody>, JsonRejection>,
+) -> Result<Json<Value>, ApiError> {
+    let Json(b) = body.map_err(|e| ApiError::BadRequest(e.body_text()))?;
+    if b.initiators.len() > ACL_INITIATORS_MAX {
+        return Err(ApiError::BadRequest(format!(
+            "at most {ACL_INITIATORS_MAX} initiators"
+        )));
+    }
+    for i in &b.initiators {
+        let l = i.to_ascii_lowercase();
+        let ok = (l.starts_with("iqn.") || l.starts_with("eui.") || l.starts_with("naa."))
+            && l.len() <= 223
+            && !l.chars().any(|ch| ch.is_whitespace() || ch.is_control());
+        if !ok {
+            return Err(ApiError::BadRequest(format!(
+                "{i:?} is not an iSCSI name (iqn., eui. or naa., at most 223 characters)"
+            )));
+        }
+    }
+    c.target_access(&name, TargetAccess::Acl(b.initiators))
+        .await
+        .map(Json)
+}
+
+#[utoipa::path(get, path = "/api/v1/bench", tag = "bench",
+    summary = "The standard patterns and the last 20 benchmark jobs (state running, done or failed; result iops, mbs, latency_us_mean, latency_us_p99)",
+    responses((status = 200, description = "{\"patterns\": [...], \"jobs\": [{id, target, lun, pattern, secs, state, started_ms, finished_ms, error, result}]}", body = Value)))]
+async fn bench_jobs(State(c): State<Ctl>) -> Json<Value> {
+    Json(c.bench_jobs())
+}
+
+#[utoipa::path(post, path = "/api/v1/bench", tag = "bench",
+    summary = "Run a standard pattern with freesan bench's engine inside the node against one of its LUNs through its first portal: load on production (a writing pattern overwrites the LUN's data and needs overwrite: true)",
+    request_body = BenchRequest,
+    responses((status = 202, description = "{\"id\": N}", body = Value),
+        (status = 400, description = "malformed request, unknown pattern, secs out of 1..=60, or a writing pattern without overwrite", body = ErrorBody),
+        (status = 404, description = "no such target or LUN", body = ErrorBody),
+        (status = 409, description = "another job is running", body = ErrorBody)))]
+async fn bench_start(
+    State(c): State<Ctl>,
+    body: Result<Json<BenchRequest>, JsonRejection>,
+) -> Result<(StatusCode, Json<Value>), ApiError> {
+    let Json(b) = body.map_err(|e| ApiError::BadRequest(e.body_text()))?;
+    c.bench_start(b)
+        .await
+        .map(|v| (StatusCode::ACCEPTED, Json(v)))
 }
 
 /// `GET /api/v1/events` query.
@@ -661,6 +871,11 @@ fn routes() -> (Router<Ctl>, utoipa::openapi::OpenApi) {
         .routes(routes!(reload))
         .routes(routes!(audit))
         .routes(routes!(events))
+        .routes(routes!(history))
+        .routes(routes!(bench_jobs, bench_start))
+        .routes(routes!(targets))
+        .routes(routes!(target_chap))
+        .routes(routes!(target_acl))
         .routes(routes!(openapi_json))
         .routes(routes!(pools, create_pool))
         .routes(routes!(disks, create_disk))

@@ -25,10 +25,14 @@
 // What disks and LUNs created through the API may use (paths, devices, sizes).
 mod allowed;
 pub mod api_node;
+// Benchmark jobs the API runs with the bench engine against the node's own LUNs.
+pub mod benchjobs;
 // The node's side of an HA pair: replicated volumes, sync listener, ALUA.
 mod cluster;
 pub mod config;
 pub mod events;
+// The last hour of the node's rates, sampled once a second.
+pub mod history;
 // Persistent reservations and explicit ALUA states across an HA pair.
 mod ha_scsi;
 // LUN identities (NAA designator, serial), kept in the data directory.

@@ -5,7 +5,7 @@
 //! the configuration at every start, so they come back after a restart. The
 //! operator's config file is never rewritten.
 
-use crate::config::{Config, DiskConfig, HostGroupConfig, LunConfig, PoolConfig};
+use crate::config::{Chap, Config, DiskConfig, HostGroupConfig, LunConfig, PoolConfig};
 use anyhow::{bail, Context, Result};
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
@@ -30,6 +30,36 @@ pub struct Managed {
     /// Caches whose devices changed at run time (a device replaced).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub cache_devices: Vec<CacheDevices>,
+    /// Targets whose CHAP was set at run time (`POST /api/v1/targets/{name}/chap`),
+    /// in place of the config's `chap`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub target_chap: Vec<TargetChap>,
+    /// Targets whose allowed initiators were set at run time
+    /// (`POST /api/v1/targets/{name}/acl`), in place of the config's list.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub target_acl: Vec<TargetAcl>,
+}
+
+/// A target's CHAP as set at run time.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TargetChap {
+    /// The target.
+    pub iqn: String,
+    /// Its CHAP credentials; none: CHAP off.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub chap: Option<Chap>,
+}
+
+/// A target's allowed initiators as set at run time.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TargetAcl {
+    /// The target.
+    pub iqn: String,
+    /// The initiators that may log in; empty: any.
+    #[serde(default)]
+    pub initiators: Vec<String>,
 }
 
 /// The disks of a pool after run-time changes.
@@ -125,6 +155,26 @@ impl Managed {
             p.members = pd.members.clone();
             p.spares = pd.spares.clone();
         }
+        for tc in &self.target_chap {
+            let Some(t) = cfg.targets.iter_mut().find(|t| t.iqn == tc.iqn) else {
+                bail!(
+                    "{}: CHAP of target {} was set at run time, but the configuration no longer has it",
+                    Managed::path(&cfg.data_dir).display(),
+                    tc.iqn
+                );
+            };
+            t.chap = tc.chap.clone();
+        }
+        for ta in &self.target_acl {
+            let Some(t) = cfg.targets.iter_mut().find(|t| t.iqn == ta.iqn) else {
+                bail!(
+                    "{}: allowed initiators of target {} were set at run time, but the configuration no longer has it",
+                    Managed::path(&cfg.data_dir).display(),
+                    ta.iqn
+                );
+            };
+            t.allowed_initiators = ta.initiators.clone();
+        }
         for cd in &self.cache_devices {
             let Some(c) = cfg.caches.iter_mut().find(|c| c.name == cd.name) else {
                 bail!(
@@ -145,6 +195,24 @@ impl Managed {
             name: name.to_string(),
             members,
             spares,
+        });
+    }
+
+    /// Records target `iqn`'s CHAP now (None: off).
+    pub fn set_target_chap(&mut self, iqn: &str, chap: Option<Chap>) {
+        self.target_chap.retain(|t| t.iqn != iqn);
+        self.target_chap.push(TargetChap {
+            iqn: iqn.to_string(),
+            chap,
+        });
+    }
+
+    /// Records target `iqn`'s allowed initiators now (empty: any).
+    pub fn set_target_acl(&mut self, iqn: &str, initiators: Vec<String>) {
+        self.target_acl.retain(|t| t.iqn != iqn);
+        self.target_acl.push(TargetAcl {
+            iqn: iqn.to_string(),
+            initiators,
         });
     }
 

@@ -30,6 +30,74 @@ pub struct NodeControl {
     /// Reloads the configuration (`POST /api/v1/reload`); None: the node was
     /// started without a way to read it again.
     pub reload: Option<Arc<crate::reload::Reloader>>,
+    /// The last hour of the node's rates (`GET /api/v1/history`), sampled by
+    /// [`NodeControl::start_sampler`].
+    pub history: Arc<crate::history::History>,
+    /// Benchmark jobs started through the API.
+    pub bench: crate::benchjobs::BenchJobs,
+}
+
+impl NodeControl {
+    /// One reading of the counters the history samples.
+    fn reading(&self) -> crate::history::Reading {
+        use crate::history::{CacheFigures, Io, PathReading, Reading};
+        let mut r = Reading::default();
+        for (iqn, t) in self.objects.targets() {
+            for (lun, st) in t.lun_stats() {
+                let io = Io {
+                    reads: st.read.commands,
+                    writes: st.write.commands,
+                    read_bytes: st.read.bytes,
+                    write_bytes: st.write.bytes,
+                    latency_sum_us: st.read.latency_sum_us + st.write.latency_sum_us,
+                };
+                r.luns.push((format!("{iqn}/{lun}"), io));
+            }
+        }
+        if let Some(s) = &self.iscsi_sessions {
+            r.portals = s.portals().iter().map(|p| p.to_string()).collect();
+            for x in s.list() {
+                if x.discovery {
+                    continue;
+                }
+                r.sessions.push(PathReading {
+                    id: x.id,
+                    initiator: x.initiator,
+                    portal: x.portal,
+                    io: Io {
+                        reads: x.io.reads,
+                        writes: x.io.writes,
+                        read_bytes: x.io.read_bytes,
+                        write_bytes: x.io.write_bytes,
+                        latency_sum_us: x.io.latency_sum_us,
+                    },
+                });
+            }
+        }
+        for c in self.pools.cache_statuses() {
+            if let Some(name) = c["name"].as_str() {
+                r.caches
+                    .push((name.to_string(), CacheFigures::of_status(&c)));
+            }
+        }
+        r
+    }
+
+    /// Samples the node's counters into its history once a second for as long as
+    /// the node's control plane lives.
+    pub fn start_sampler(node: &Arc<NodeControl>) {
+        let weak = Arc::downgrade(node);
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(std::time::Duration::from_secs(1));
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                tick.tick().await;
+                let Some(node) = weak.upgrade() else { return };
+                let reading = node.reading();
+                node.history.record(reading);
+            }
+        });
+    }
 }
 
 #[async_trait::async_trait]
@@ -77,6 +145,89 @@ impl api::Control for NodeControl {
             "refusals": b.refusals,
         });
         s
+    }
+
+    fn targets(&self) -> Vec<serde_json::Value> {
+        let (sessions, portals) = match &self.iscsi_sessions {
+            Some(s) => (
+                s.list(),
+                s.portals().iter().map(|p| p.to_string()).collect(),
+            ),
+            None => (Vec::new(), Vec::new()),
+        };
+        self.objects.targets_now(&sessions, &portals)
+    }
+
+    async fn target_access(
+        &self,
+        name: &str,
+        change: api::TargetAccess,
+    ) -> Result<serde_json::Value, api::ApiError> {
+        let (chap, acl) = match change {
+            api::TargetAccess::Chap(c) => (
+                Some(c.map(|(user, secret)| crate::config::Chap { user, secret })),
+                None,
+            ),
+            api::TargetAccess::Acl(a) => (None, Some(a)),
+        };
+        self.objects
+            .set_target_access(name, chap, acl, self.reload.as_deref())
+            .await?;
+        self.targets()
+            .into_iter()
+            .find(|t| t["name"] == name)
+            .ok_or_else(|| api::ApiError::NotFound(format!("no target named {name}")))
+    }
+
+    fn bench_jobs(&self) -> serde_json::Value {
+        self.bench.json()
+    }
+
+    async fn bench_start(
+        &self,
+        req: api::BenchRequest,
+    ) -> Result<serde_json::Value, api::ApiError> {
+        let target =
+            self.objects.targets().get(&req.target).ok_or_else(|| {
+                api::ApiError::NotFound(format!("no target named {:?}", req.target))
+            })?;
+        if target.lun_size_bytes(req.lun).is_none() {
+            return Err(api::ApiError::NotFound(format!(
+                "target {} has no LUN {}",
+                req.target, req.lun
+            )));
+        }
+        if crate::benchjobs::pattern_writes(&req.pattern) && !req.overwrite {
+            return Err(api::ApiError::BadRequest(format!(
+                "pattern {} writes over the LUN's data: ask with \"overwrite\": true",
+                req.pattern
+            )));
+        }
+        let portal = self
+            .iscsi_sessions
+            .as_ref()
+            .and_then(|s| s.portals().first().copied())
+            .ok_or_else(|| api::ApiError::Conflict("this node serves no iSCSI portal".into()))?;
+        let chap = self
+            .objects
+            .target_config(&req.target)
+            .and_then(|t| t.chap)
+            .map(|c| (c.user, c.secret));
+        let id = self.bench.start(
+            crate::benchjobs::JobRequest {
+                target: req.target,
+                lun: req.lun,
+                pattern: req.pattern,
+                secs: req.secs,
+            },
+            portal,
+            chap,
+        )?;
+        Ok(serde_json::json!({ "id": id }))
+    }
+
+    fn history(&self, window_secs: usize) -> serde_json::Value {
+        self.history.json(window_secs)
     }
 
     fn metrics(&self, openmetrics: bool) -> Option<(&'static str, String)> {

@@ -110,6 +110,17 @@ impl Objects {
         })
     }
 
+    /// Target `iqn` as the node runs it now (config file and `managed.toml`).
+    pub fn target_config(&self, iqn: &str) -> Option<crate::config::TargetConfig> {
+        self.state
+            .lock()
+            .cfg
+            .targets
+            .iter()
+            .find(|t| t.iqn == iqn)
+            .cloned()
+    }
+
     /// The SCSI targets by name (for metrics).
     pub fn targets(&self) -> &HashMap<String, Arc<scsi::ScsiTarget>> {
         &self.targets
@@ -539,6 +550,101 @@ impl Objects {
 
     /// Every LUN the node serves now: target, number, size, whether it was
     /// created at run time.
+    pub fn targets_now(&self, sessions: &[iscsi::SessionInfo], portals: &[String]) -> Vec<Value> {
+        let st = self.state.lock();
+        let mut out = Vec::new();
+        for t in &st.cfg.targets {
+            let luns: Vec<Value> = self.targets.get(&t.iqn).map_or_else(Vec::new, |s| {
+                s.lun_ids()
+                    .into_iter()
+                    .map(|id| {
+                        let l = t
+                            .luns
+                            .iter()
+                            .enumerate()
+                            .find(|(i, l)| l.id.unwrap_or(*i as u64) == id)
+                            .map(|(_, l)| l);
+                        json!({
+                            "lun": id,
+                            "size_bytes": s.lun_size_bytes(id),
+                            "backing": l.map(describe),
+                            "pool": l.and_then(|l| l.pool.clone()),
+                            "cache": l.and_then(|l| l.cache.clone()),
+                            "replicated": l.is_some_and(|l| l.replicated),
+                        })
+                    })
+                    .collect()
+            });
+            let sessions: Vec<Value> = sessions
+                .iter()
+                .filter(|x| !x.discovery && x.target == t.iqn)
+                .map(|x| {
+                    json!({
+                        "initiator": x.initiator,
+                        "isid": x.isid,
+                        "tsih": x.tsih,
+                        "portals": [x.portal],
+                        // one connection per session (MaxConnections=1)
+                        "connections": 1,
+                        "commands_running": x.commands_running,
+                    })
+                })
+                .collect();
+            out.push(json!({
+                "name": t.iqn,
+                "alias": t.alias,
+                "portals": portals,
+                "luns": luns,
+                "chap": t.chap.as_ref().map(|c| json!({
+                    "user": c.user,
+                    "mutual": t.mutual_chap.is_some(),
+                })),
+                "chap_initiators": t.chap_initiators.iter().map(|c| c.initiator.clone()).collect::<Vec<_>>(),
+                "acl": t.allowed_initiators,
+                "sessions": sessions,
+            }));
+        }
+        out
+    }
+
+    /// Sets target `iqn`'s CHAP (`Some(None)`: off) and/or its allowed
+    /// initiators (empty: any): checked as the next start will see the
+    /// configuration, applied live to new logins by `reloader`, then recorded in
+    /// `managed.toml`.
+    pub async fn set_target_access(
+        &self,
+        iqn: &str,
+        chap: Option<Option<crate::config::Chap>>,
+        acl: Option<Vec<String>>,
+        reloader: Option<&crate::reload::Reloader>,
+    ) -> Result<(), ApiError> {
+        let Some(reloader) = reloader else {
+            return Err(ApiError::NotFound(
+                "this node was started without a way to change its targets live".into(),
+            ));
+        };
+        let _op = self.op.lock().await;
+        let (mut cfg, mut managed) = self.snapshot();
+        let Some(t) = cfg.targets.iter_mut().find(|t| t.iqn == iqn) else {
+            return Err(ApiError::NotFound(format!("no target named {iqn}")));
+        };
+        if let Some(c) = chap {
+            t.chap = c.clone();
+            managed.set_target_chap(iqn, c);
+        }
+        if let Some(a) = acl {
+            t.allowed_initiators = a.clone();
+            managed.set_target_acl(iqn, a);
+        }
+        let t = t.clone();
+        Self::check(&cfg)?;
+        reloader
+            .set_target_access(&t)
+            .await
+            .map_err(|e| ApiError::Conflict(format!("{e:#}")))?;
+        self.commit(cfg, managed)
+    }
+
     pub fn luns_now(&self) -> Vec<Value> {
         let st = self.state.lock();
         let mut out = Vec::new();
@@ -570,22 +676,115 @@ impl Objects {
     pub async fn disks(&self, pools: &Pools) -> Vec<Value> {
         let st = self.snapshot();
         let free = pools.free_disk_names();
+        // where each disk is used: (pool or cache, role, state)
+        let mut used: HashMap<String, (Option<String>, &str, String)> = HashMap::new();
+        for p in pools.statuses() {
+            let pool = p["name"].as_str().map(str::to_string);
+            for m in p["members"].as_array().into_iter().flatten() {
+                if let Some(n) = m["name"].as_str() {
+                    let state = m["state"].as_str().unwrap_or("unknown").to_string();
+                    used.insert(n.to_string(), (pool.clone(), "member", state));
+                }
+            }
+            for m in p["spares"].as_array().into_iter().flatten() {
+                if let Some(n) = m["name"].as_str() {
+                    used.insert(n.to_string(), (pool.clone(), "spare", "spare".into()));
+                }
+            }
+        }
+        for p in &st.0.pools {
+            if let Some(j) = &p.journal_device {
+                used.insert(
+                    j.clone(),
+                    (Some(p.name.clone()), "journal", "active".into()),
+                );
+            }
+        }
+        for c in &st.0.caches {
+            let attached = pools
+                .cache_status(&c.name)
+                .is_some_and(|s| s["attached"] == Value::Bool(true));
+            let state = if attached { "active" } else { "detached" };
+            for d in &c.devices {
+                used.insert(d.clone(), (None, "cache", state.into()));
+            }
+            if let Some(d) = &c.disk {
+                used.insert(d.clone(), (None, "cache-backing", "active".into()));
+            }
+        }
+        for t in &st.0.targets {
+            for l in &t.luns {
+                if let Some(d) = &l.disk {
+                    used.insert(d.clone(), (None, "lun", "active".into()));
+                }
+            }
+        }
         st.0.disks
             .iter()
             .map(|d| {
+                let is_free = free.contains(&d.name);
+                let (pool, role, state) = if is_free {
+                    (None, "free", "ok".to_string())
+                } else {
+                    used.get(&d.name)
+                        .cloned()
+                        .unwrap_or((None, "unknown", "unknown".into()))
+                };
+                let (timing, size_bytes) = pools.disk_timing(&d.name).unzip();
+                let timing = timing.unwrap_or_default();
                 json!({
                     "name": d.name,
                     "size": d.size,
+                    "size_bytes": size_bytes,
+                    "model": disk_model(d),
                     "simulated": d.sim.as_ref().map(|s| match s.model {
                         disk::sim::SimModelConfig::Hdd(_) => "hdd",
                         disk::sim::SimModelConfig::Ssd(_) => "ssd",
                     }),
-                    "free": free.contains(&d.name),
+                    "free": is_free,
+                    "pool": pool,
+                    "role": role,
+                    "state": state,
+                    "errors": timing.read_errors + timing.write_errors,
+                    "reads": timing.reads,
+                    "writes": timing.writes,
+                    "read_latency_us": (timing.read_latency_us() * 10.0).round() / 10.0,
+                    "write_latency_us": (timing.write_latency_us() * 10.0).round() / 10.0,
                     "created_at_run_time": st.1.disks.iter().any(|m| m.name == d.name),
                 })
             })
             .collect()
     }
+}
+
+/// What a disk is: a simulated HDD or SSD, memory, a block device's model as
+/// the kernel reports it, or a file.
+fn disk_model(d: &crate::config::DiskConfig) -> String {
+    if let Some(s) = &d.sim {
+        return match s.model {
+            disk::sim::SimModelConfig::Hdd(_) => "simulated 7200 rpm HDD".into(),
+            disk::sim::SimModelConfig::Ssd(_) => "simulated SATA SSD".into(),
+        };
+    }
+    if d.memory {
+        return "memory".into();
+    }
+    let Some(path) = &d.path else {
+        return "file".into();
+    };
+    let is_dev = std::fs::metadata(path).is_ok_and(|m| {
+        use std::os::unix::fs::FileTypeExt;
+        m.file_type().is_block_device()
+    });
+    if !is_dev {
+        return "file".into();
+    }
+    let model = std::fs::canonicalize(path).ok().and_then(|p| {
+        let name = p.file_name()?.to_string_lossy().into_owned();
+        let text = std::fs::read_to_string(format!("/sys/class/block/{name}/device/model")).ok()?;
+        Some(text.trim().to_string()).filter(|s| !s.is_empty())
+    });
+    model.unwrap_or_else(|| "block device".into())
 }
 
 /// What backs a LUN, as the config names it.

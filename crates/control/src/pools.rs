@@ -116,6 +116,8 @@ pub struct Pools {
     free_disks: parking_lot::Mutex<BTreeMap<String, VolumeRef>>,
     /// Disks a LUN serves directly, back to `free_disks` when the LUN is deleted.
     lun_disks: parking_lot::Mutex<BTreeMap<String, VolumeRef>>,
+    /// Every disk opened, by name, with its read and write timing.
+    timed: parking_lot::Mutex<BTreeMap<String, Arc<disk::TimedDisk>>>,
 }
 
 fn raid_level(s: &str) -> Result<raid::RaidLevel> {
@@ -178,8 +180,13 @@ fn cache_config(c: &crate::config::CacheConfig) -> Result<cache::CacheConfig> {
     Ok(cc)
 }
 
+/// Opens a configured disk (see [`open_disk_untimed`]) with its reads and writes timed.
+fn open_disk(cfg: &Config, d: &DiskConfig) -> Result<Arc<disk::TimedDisk>> {
+    Ok(Arc::new(disk::TimedDisk::new(open_disk_untimed(cfg, d)?)))
+}
+
 /// Opens a configured disk: the file or device, or a simulated disk over its data file.
-fn open_disk(cfg: &Config, d: &DiskConfig) -> Result<VolumeRef> {
+fn open_disk_untimed(cfg: &Config, d: &DiskConfig) -> Result<VolumeRef> {
     let store = if d.memory {
         let size = d
             .size
@@ -300,8 +307,11 @@ impl Pools {
     /// is assembled from whatever members carry one (in any order).
     pub async fn open(cfg: &Config) -> Result<Pools> {
         let mut disks = BTreeMap::new();
+        let mut timed = BTreeMap::new();
         for d in &cfg.disks {
-            disks.insert(d.name.clone(), open_disk(cfg, d)?);
+            let t = open_disk(cfg, d)?;
+            disks.insert(d.name.clone(), t.clone() as VolumeRef);
+            timed.insert(d.name.clone(), t);
         }
         let mut pools = BTreeMap::new();
         for p in &cfg.pools {
@@ -366,7 +376,14 @@ impl Pools {
             caches,
             free_disks: parking_lot::Mutex::new(disks),
             lun_disks: parking_lot::Mutex::new(BTreeMap::new()),
+            timed: parking_lot::Mutex::new(timed),
         })
+    }
+
+    /// Disk `name`'s read and write timing and its size, if it is open.
+    pub fn disk_timing(&self, name: &str) -> Option<(disk::DiskTiming, u64)> {
+        let t = self.timed.lock().get(name).cloned()?;
+        Some((t.timing(), block::Volume::geometry(&*t).size_bytes()))
     }
 
     /// Opens disk `d` while the node runs (created if it is a new file or a
@@ -376,7 +393,10 @@ impl Pools {
             bail!("disk {} exists already", d.name);
         }
         let v = open_disk(cfg, d)?;
-        self.free_disks.lock().insert(d.name.clone(), v);
+        self.timed.lock().insert(d.name.clone(), v.clone());
+        self.free_disks
+            .lock()
+            .insert(d.name.clone(), v as VolumeRef);
         Ok(())
     }
 

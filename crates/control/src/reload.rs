@@ -103,6 +103,27 @@ impl Reloader {
         r
     }
 
+    /// Gives running target `t.iqn` the CHAP and allowed initiators of `t` (they
+    /// apply at the next login); the rest of the running configuration stays.
+    pub(crate) async fn set_target_access(&self, t: &crate::config::TargetConfig) -> Result<()> {
+        let mut current = self.current.lock().await;
+        let mut specs = self.iscsi.targets();
+        let Some(spec) = specs.iter_mut().find(|s| s.iqn == t.iqn) else {
+            anyhow::bail!("target {} does not run", t.iqn);
+        };
+        spec.auth = crate::serve::target_auth(t);
+        spec.allowed_initiators = t.allowed_initiators.clone();
+        self.iscsi
+            .replace(specs, crate::serve::discovery_auth(&current))
+            .context("installing the new target table")?;
+        if let Some(c) = current.targets.iter_mut().find(|c| c.iqn == t.iqn) {
+            c.chap = t.chap.clone();
+            c.allowed_initiators = t.allowed_initiators.clone();
+        }
+        tracing::info!(target = %t.iqn, chap = t.chap.is_some(), allowed_initiators = t.allowed_initiators.len(), "target access changed through the API (applies at login)");
+        Ok(())
+    }
+
     async fn apply(&self, current: &mut Config) -> Result<ReloadReport> {
         let new = (self.load)().context("reading the configuration")?;
         new.validate().context("the new configuration")?;

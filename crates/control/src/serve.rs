@@ -334,7 +334,10 @@ where
                     .with_nbd(nbd_server.as_ref().map(|n| n.exports())),
                 events: events.clone(),
                 iscsi_sessions: Some(server.sessions()),
+                history: Default::default(),
+                bench: Default::default(),
             });
+            NodeControl::start_sampler(&control);
             crate::api_node::prepare_node(&cfg.data_dir)?;
             let options = api::ApiOptions {
                 data_dir: cfg.data_dir.clone(),

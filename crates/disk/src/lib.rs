@@ -25,6 +25,7 @@ mod options;
 pub mod sim;
 mod stats;
 mod sys;
+mod timed;
 mod volume;
 
 pub use options::{parse_size, DirectIo, Engine, FileOptions};
@@ -32,4 +33,5 @@ pub use sim::{
     HddModel, HddParams, SimClock, SimDisk, SimDiskConfig, SimModel, SsdModel, SsdParams,
 };
 pub use stats::FileStats;
+pub use timed::{DiskTiming, TimedDisk};
 pub use volume::{DiskIoError, FileVolume};

@@ -68,8 +68,9 @@ fn the_openapi_document_validates_and_lists_exactly_what_the_node_serves() {
         let concrete = path.replace("{name}", "no-such-object");
         for (method, op) in ops.as_object().unwrap() {
             let method = method.to_ascii_uppercase();
+            let responses = op["responses"].as_object().expect("responses");
             assert!(
-                op["responses"]["200"].is_object(),
+                responses.keys().any(|c| c.starts_with('2')),
                 "{method} {path}: no success response described"
             );
             let body = if method == "POST" { "{}" } else { "" };

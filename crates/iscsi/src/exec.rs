@@ -99,6 +99,8 @@ pub(crate) fn spawn_command(
     let out = out.clone();
     let itt = info.itt;
     let lun = iscsi_proto::lun_from_wire(info.lun_raw);
+    let started = std::time::Instant::now();
+    let data_out_bytes = data_out.len() as u64;
     let mut task = Box::pin(async move {
         let mut guard = guard;
         let Some(nexus) = guard.session.nexus.as_ref() else {
@@ -116,6 +118,15 @@ pub(crate) fn spawn_command(
             attr: task_attr(info.attr),
         };
         let resp = scsi.execute(nexus, cmd).await;
+        if info.read || info.write {
+            let us = started.elapsed().as_micros().min(u64::MAX as u128) as u64;
+            let bytes = if info.write {
+                data_out_bytes
+            } else {
+                (resp.data_in.len() as u64).min(info.edtl_bytes as u64)
+            };
+            guard.session.io.record(info.write, bytes, us);
+        }
         send_response(&out, &info, resp, permit, || guard.release_slot()).await;
     });
     if block::poll_once(&mut task) {

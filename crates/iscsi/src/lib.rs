@@ -35,3 +35,4 @@ mod writer;
 pub use auth_limit::AuthStats;
 pub use config::{Auth, ChapSecret, Limits, Portal, ServerConfig, TargetSpec};
 pub use server::{Reloader, ReplaceError, Server, SessionInfo, Sessions};
+pub use session::SessionIoStats;

@@ -62,6 +62,15 @@ pub struct SessionInfo {
     pub discovery: bool,
     /// Commands executing now.
     pub commands_running: usize,
+    /// The session's ISID, 12 hex digits (empty for a discovery session).
+    pub isid: String,
+    /// The session's TSIH.
+    pub tsih: u16,
+    /// Tells this session apart from every other the server ever had (a TSIH
+    /// may be reused).
+    pub id: u64,
+    /// Read and write commands it finished since login.
+    pub io: crate::session::SessionIoStats,
 }
 
 /// Lists the sessions of a [`Server`]; empty once the server is gone.
@@ -102,6 +111,12 @@ impl Sessions {
                     portal,
                     discovery: s.discovery,
                     commands_running: s.running.lock().len(),
+                    isid: key.map_or_else(String::new, |k| {
+                        k.isid.iter().map(|b| format!("{b:02x}")).collect()
+                    }),
+                    tsih: s.tsih,
+                    id: s.created(),
+                    io: s.io.snapshot(),
                 }
             })
             .collect()

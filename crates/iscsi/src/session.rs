@@ -54,6 +54,60 @@ pub(crate) struct Session {
     evicted: AtomicBool,
     /// Order of creation (smaller is older).
     created: u64,
+    /// Read and write commands this session finished (per-path statistics).
+    pub io: SessionIo,
+}
+
+/// Read and write commands a session finished: relaxed atomic adds on the
+/// command's completion, read as a [`SessionIoStats`] snapshot.
+#[derive(Default)]
+pub(crate) struct SessionIo {
+    reads: AtomicU64,
+    writes: AtomicU64,
+    read_bytes: AtomicU64,
+    write_bytes: AtomicU64,
+    latency_sum_us: AtomicU64,
+}
+
+/// What a session's read and write commands did since it logged in.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SessionIoStats {
+    /// Commands with the Read flag (and not the Write flag) finished.
+    pub reads: u64,
+    /// Commands with the Write flag finished.
+    pub writes: u64,
+    /// Data-In bytes of the reads.
+    pub read_bytes: u64,
+    /// Data-Out bytes of the writes.
+    pub write_bytes: u64,
+    /// Sum of the reads' and writes' latencies (arrival at the LU to its answer),
+    /// in microseconds.
+    pub latency_sum_us: u64,
+}
+
+impl SessionIo {
+    /// Counts a finished read (`write` false) or write of `bytes` that took `us`.
+    pub(crate) fn record(&self, write: bool, bytes: u64, us: u64) {
+        let (n, b) = if write {
+            (&self.writes, &self.write_bytes)
+        } else {
+            (&self.reads, &self.read_bytes)
+        };
+        n.fetch_add(1, Ordering::Relaxed);
+        b.fetch_add(bytes, Ordering::Relaxed);
+        self.latency_sum_us.fetch_add(us, Ordering::Relaxed);
+    }
+
+    pub(crate) fn snapshot(&self) -> SessionIoStats {
+        let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        SessionIoStats {
+            reads: get(&self.reads),
+            writes: get(&self.writes),
+            read_bytes: get(&self.read_bytes),
+            write_bytes: get(&self.write_bytes),
+            latency_sum_us: get(&self.latency_sum_us),
+        }
+    }
 }
 
 /// Hands out creation order numbers.
@@ -111,7 +165,13 @@ impl Session {
             serial: AtomicU64::new(1),
             kill: watch::channel(false).0,
             ended: watch::channel(false).0,
+            io: SessionIo::default(),
         }
+    }
+
+    /// Order of creation: tells apart sessions that reuse a TSIH.
+    pub(crate) fn created(&self) -> u64 {
+        self.created
     }
 
     pub(crate) fn next_serial(&self) -> u64 {
