@@ -17,7 +17,7 @@ function login(message = '') {
   session.token = null; session.who = null;
   document.title = 'Sign in · freesan console';
   app.innerHTML = html`<main class="login"><h1>freesan console</h1>
-<form id="login" class="form">
+<form id="login" class="form stack">
 <p>Sign in with an API token (<code>freesan api token create NAME</code> on the node).</p>
 <label for="token">API token</label>
 <input id="token" name="token" type="password" autocomplete="off" required spellcheck="false">

@@ -177,14 +177,14 @@ ${admin() ? html`<section aria-labelledby="st-new-h"><h2 id="st-new-h">Create a 
     delegate(el, {
       scrub: (d) => act(`Scrub ${d.pool}`, `/pools/${encodeURIComponent(d.pool)}/scrub`),
       fail: async (d) => {
-        if (!(await confirmByName(`Fail member ${d.name}`, d.name))) return;
+        if (!(await confirmByName(`Fail member ${d.name}`, d.name, 'Fail'))) return;
         await act(`Fail ${d.name}`, `/pools/${encodeURIComponent(d.pool)}/fail`, { position: Number(d.position) });
         tick();
       },
       replace: async (d) => {
         const sel = el.querySelector(`#st-rep-${CSS.escape(d.pool)}`);
         if (!sel || !sel.value) { notice('Choose a free disk to replace with.', 'error'); return; }
-        if (!(await confirmByName(`Replace member ${d.name}`, d.name))) return;
+        if (!(await confirmByName(`Replace member ${d.name}`, d.name, 'Replace'))) return;
         await act(`Replace ${d.name}`, `/pools/${encodeURIComponent(d.pool)}/replace`, { position: Number(d.position), disk: sel.value });
         tick();
       },
@@ -268,7 +268,7 @@ ${admin() ? html`<section aria-labelledby="sn-new-h"><h2 id="sn-new-h">Create a 
     delegate(el, {
       del: async (d) => {
         const name = `${d.target}/${d.lun}`;
-        if (!(await confirmByName(`Delete LUN ${name}`, name))) return;
+        if (!(await confirmByName(`Delete LUN ${name}`, name, 'Delete'))) return;
         await act(`Delete LUN ${name}`, '/luns/delete', { target: d.target, lun: Number(d.lun) });
         tick();
       },
@@ -350,13 +350,13 @@ export const cache = {
     const charts = new Map();
     const local = {};
     delegate(el, {
-      detach: async (d) => { if (await confirmByName(`Detach cache ${d.cache}`, d.cache)) await act(`Detach ${d.cache}`, `/caches/${encodeURIComponent(d.cache)}/detach`); },
+      detach: async (d) => { if (await confirmByName(`Detach cache ${d.cache}`, d.cache, 'Detach')) await act(`Detach ${d.cache}`, `/caches/${encodeURIComponent(d.cache)}/detach`); },
       attach: (d) => act(`Attach ${d.cache}`, `/caches/${encodeURIComponent(d.cache)}/attach`),
-      cfail: async (d) => { if (await confirmByName(`Fail cache device ${d.name}`, d.name)) await act(`Fail ${d.name}`, `/caches/${encodeURIComponent(d.cache)}/fail`, { device: Number(d.device) }); },
+      cfail: async (d) => { if (await confirmByName(`Fail cache device ${d.name}`, d.name, 'Fail')) await act(`Fail ${d.name}`, `/caches/${encodeURIComponent(d.cache)}/fail`, { device: Number(d.device) }); },
       creplace: async (d) => {
         const disk = el.querySelector(`#ca-rep-${CSS.escape(d.cache)}`)?.value.trim();
         if (!disk) { notice('Name a free disk to replace the device with.', 'error'); return; }
-        if (await confirmByName(`Replace cache device ${d.name}`, d.name)) await act(`Replace ${d.name}`, `/caches/${encodeURIComponent(d.cache)}/replace`, { device: Number(d.device), disk });
+        if (await confirmByName(`Replace cache device ${d.name}`, d.name, 'Replace')) await act(`Replace ${d.name}`, `/caches/${encodeURIComponent(d.cache)}/replace`, { device: Number(d.device), disk });
       },
     });
     let shape = '';
@@ -466,7 +466,7 @@ ${table(['Volume', 'Link', 'Addresses', 'State', 'RTT'], links, 'No link heartbe
           frac != null ? progressBar('resync', frac, `${r.resync_regions_done} of ${r.resync_regions_total} regions`) : (r.dirty_regions ? `${bytes(r.dirty_regions * r.region_bytes)} to copy` : '–'),
           r.reason];
       }), 'No replicated LUNs.'));
-      const fo = events.filter((e) => /fail|promot|demot|standby|solo|leader|split|resync|witness|replica/i.test(`${e.kind} ${e.message}`)).slice(0, 30);
+      const fo = events.filter((e) => /^(partner_lost|partner_returned|role_changed|resync_done|split_brain_refused)$/.test(e.kind)).slice(0, 30);
       set(el, '#ha-hist', table(['Time', 'Severity', 'Object', 'What'], fo.map((e) => [e.time, stateBadge(e.severity), e.object, e.message]), 'No failovers recorded.'));
     }, 2000, (e) => notice(`HA: ${e.message}`, 'error'));
   },

@@ -57,7 +57,7 @@ export function notice(msg, kind = 'info') {
 
 // Asks the user to confirm a destructive action by typing `name`; resolves true
 // when they did.
-export function confirmByName(what, name) {
+export function confirmByName(what, name, verb = 'Confirm') {
   return new Promise((resolve) => {
     const d = document.createElement('dialog');
     d.className = 'confirm';
@@ -68,7 +68,7 @@ export function confirmByName(what, name) {
 <label for="confirm-name">Name</label>
 <input id="confirm-name" name="confirm-name" autocomplete="off" spellcheck="false">
 <div class="buttons"><button type="button" value="cancel" class="secondary">Cancel</button>
-<button type="submit" value="ok" class="danger" disabled>${what}</button></div></form>`.s;
+<button type="submit" value="ok" class="danger" disabled>${verb}</button></div></form>`.s;
     document.body.append(d);
     const input = d.querySelector('input'), ok = d.querySelector('button[value=ok]');
     input.addEventListener('input', () => { ok.disabled = input.value !== name; });
