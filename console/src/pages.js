@@ -460,7 +460,7 @@ export const ha = {
  · witness: ${r0.witness ? html`${r0.witness} ${stateBadge(r0.witness_reachable == null ? 'not asked yet' : r0.witness_reachable ? 'reachable' : 'unreachable')}` : 'none'}</p>
 ${table(['Volume', 'Link', 'Addresses', 'State', 'RTT'], links, 'No link heartbeats reported.')}` : html`<p class="empty">This node is not part of an HA pair.</p>`);
       set(el, '#ha-reps', table(['Volume', 'Role', 'State', 'Paths here / partner', 'Resync', 'Why'], reps.map((r) => {
-        const frac = r.resync_regions_total ? r.resync_regions_done / r.resync_regions_total : null;
+        const frac = r.state === 'resyncing' && r.resync_regions_total ? r.resync_regions_done / r.resync_regions_total : null;
         return [html`<span class="mono">${r.name}</span>`, html`<span class="role" data-volume="${r.name}">${stateBadge(r.role)}</span>`, stateBadge(r.state),
           html`${stateBadge(r.local_paths)} / ${stateBadge(r.peer_paths)}`,
           frac != null ? progressBar('resync', frac, `${r.resync_regions_done} of ${r.resync_regions_total} regions`) : (r.dirty_regions ? `${bytes(r.dirty_regions * r.region_bytes)} to copy` : '–'),

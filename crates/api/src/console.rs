@@ -46,7 +46,10 @@ fn secure_headers(h: &mut HeaderMap) {
         header::X_CONTENT_TYPE_OPTIONS,
         HeaderValue::from_static("nosniff"),
     );
-    h.insert(header::REFERRER_POLICY, HeaderValue::from_static("no-referrer"));
+    h.insert(
+        header::REFERRER_POLICY,
+        HeaderValue::from_static("no-referrer"),
+    );
 }
 
 fn accepts_gzip(h: &HeaderMap) -> bool {
@@ -138,11 +141,20 @@ mod tests {
     fn gzip_negotiation() {
         let mut h = HeaderMap::new();
         assert!(!accepts_gzip(&h));
-        h.insert(header::ACCEPT_ENCODING, HeaderValue::from_static("gzip, deflate, br"));
+        h.insert(
+            header::ACCEPT_ENCODING,
+            HeaderValue::from_static("gzip, deflate, br"),
+        );
         assert!(accepts_gzip(&h));
-        h.insert(header::ACCEPT_ENCODING, HeaderValue::from_static("br;q=1, gzip;q=0"));
+        h.insert(
+            header::ACCEPT_ENCODING,
+            HeaderValue::from_static("br;q=1, gzip;q=0"),
+        );
         assert!(!accepts_gzip(&h));
-        h.insert(header::ACCEPT_ENCODING, HeaderValue::from_static("identity"));
+        h.insert(
+            header::ACCEPT_ENCODING,
+            HeaderValue::from_static("identity"),
+        );
         assert!(!accepts_gzip(&h));
     }
 }

@@ -29,9 +29,8 @@ impl Asset {
     pub fn immutable(&self) -> bool {
         let stem = self.path.rsplit('/').next().unwrap_or(self.path);
         let stem = stem.split('.').next().unwrap_or(stem);
-        stem.rsplit_once('-').is_some_and(|(_, h)| {
-            h.len() >= 8 && h.bytes().all(|b| b.is_ascii_alphanumeric())
-        })
+        stem.rsplit_once('-')
+            .is_some_and(|(_, h)| h.len() >= 8 && h.bytes().all(|b| b.is_ascii_alphanumeric()))
     }
 }
 

@@ -176,7 +176,10 @@ fn the_console_runs_the_node_in_a_real_browser() {
     let mut gz_total = get_raw(&console, "/", &["Accept-Encoding: gzip"]).1.len();
     for f in [&js, &css] {
         let (head, plain) = get_raw(&console, f, &[]);
-        assert!(head.contains("cache-control: public, max-age=31536000, immutable"), "{head}");
+        assert!(
+            head.contains("cache-control: public, max-age=31536000, immutable"),
+            "{head}"
+        );
         assert!(!head.contains("content-encoding"), "{head}");
         let (gzhead, gz) = get_raw(&console, f, &["Accept-Encoding: gzip, br"]);
         assert!(gzhead.contains("content-encoding: gzip"), "{gzhead}");
@@ -215,8 +218,25 @@ fn the_console_runs_the_node_in_a_real_browser() {
     // traffic through the cache so that its advisor has a curve to show
     let url = node.url(0, 0);
     let (ok, out) = freesan(&[
-        "bench", "--target", &url, "--single-path", "--bs", "64k", "--rw", "randrw",
-        "--threads", "2", "--qd", "4", "--secs", "4", "--ramp", "0", "--size", "40M", "--quiet",
+        "bench",
+        "--target",
+        &url,
+        "--single-path",
+        "--bs",
+        "64k",
+        "--rw",
+        "randrw",
+        "--threads",
+        "2",
+        "--qd",
+        "4",
+        "--secs",
+        "4",
+        "--ramp",
+        "0",
+        "--size",
+        "40M",
+        "--quiet",
     ]);
     assert!(ok, "bench through the cache: {out}");
 
@@ -233,8 +253,6 @@ fn the_console_runs_the_node_in_a_real_browser() {
     let (ok, out) = drive(&input);
     println!("{out}");
     assert!(ok, "the browser scenario failed:\n{out}");
-    println!(
-        "console size: {raw_total} bytes ({gz_total} gzipped) for index.html, {js} and {css}"
-    );
+    println!("console size: {raw_total} bytes ({gz_total} gzipped) for index.html, {js} and {css}");
     println!("screenshots in {}", shots.display());
 }
