@@ -451,7 +451,7 @@ export const ha = {
       const links = [];
       for (const r of reps) {
         for (const [kind, list] of [['sync', r.sync_links], ['heartbeat (client network)', r.client_links]]) {
-          for (const l of list || []) links.push([html`<span class="mono">${r.name}</span>`, kind, `${l.local} → ${l.peer}`, stateBadge(l.up ? 'up' : 'down'), l.rtt_us != null ? `${num(l.rtt_us)} µs` : '–']);
+          for (const l of list || []) links.push([html`<span class="mono">${r.name}</span>`, kind, `${l.local} → ${l.peer}`, stateBadge(l.up ? 'up' : 'down'), l.rtt_us == null ? '–' : l.up ? `${num(l.rtt_us)} µs` : `last ${num(l.rtt_us)} µs`]);
         }
       }
       const r0 = reps[0];

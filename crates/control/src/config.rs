@@ -1330,6 +1330,26 @@ mod tests {
     }
 
     #[test]
+    fn console_listener_rules() {
+        let mut c = Config::from_quick_flags(&QuickFlags::default());
+        let mut api = ApiConfig::on("127.0.0.1:8260".parse().unwrap());
+        api.console = Some("127.0.0.1:8261".parse().unwrap());
+        c.api = Some(api.clone());
+        c.validate().unwrap();
+        // on the API's own address: refused
+        api.console = Some(api.address);
+        c.api = Some(api.clone());
+        assert!(c.validate().is_err());
+        // off loopback only with allow_remote
+        api.console = Some("0.0.0.0:8261".parse().unwrap());
+        c.api = Some(api.clone());
+        assert!(c.validate().is_err());
+        api.allow_remote = true;
+        c.api = Some(api);
+        c.validate().unwrap();
+    }
+
+    #[test]
     fn open_portal_without_chap_is_refused() {
         let flags = QuickFlags {
             portals: vec!["0.0.0.0:3260".parse().unwrap()],
