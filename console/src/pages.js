@@ -23,6 +23,8 @@ function sampleNode(status) {
   sampled.last = { t, io };
   return sampled.series;
 }
+// "2026-11-25T15:29:19.468Z" -> "2026-11-25 15:29:19 UTC"
+const when = (t) => (typeof t === 'string' ? t.replace('T', ' ').replace(/\.\d+Z$|Z$/, ' UTC') : t ?? '–');
 const NA = (what) => html`<p class="empty">${what} not available on this node.</p>`;
 
 // Runs a changing request from a button or form; reports the outcome.
@@ -131,7 +133,7 @@ export const overview = {
 <div class="card"><h2>LUNs</h2><p class="big">${luns}</p><p>${(status.portals || []).join(', ')}</p></div>
 <div class="card"><h2>Version</h2><p class="big">${status.version ?? '–'}</p></div>`);
       set(el, '#ov-alerts', alerts.length
-        ? html`<ul class="alerts">${alerts.map((e) => html`<li class="alert sev-${e.severity}">${stateBadge(e.severity)} <time>${e.time}</time> <strong>${e.object}</strong> ${e.message}</li>`)}</ul>`
+        ? html`<ul class="alerts">${alerts.map((e) => html`<li class="alert sev-${e.severity}">${stateBadge(e.severity)} <time>${when(e.time)}</time> <strong>${e.object}</strong> ${e.message}</li>`)}</ul>`
         : html`<p class="empty">No warnings.</p>`);
       const s = hist ? hist.node || [] : sampleNode(status);
       el.querySelector('#ov-io-note').textContent = hist ? '' : 'This node keeps no I/O history: the rates are sampled by this page while it is open (no latency).';
@@ -467,7 +469,7 @@ ${table(['Volume', 'Link', 'Addresses', 'State', 'RTT'], links, 'No link heartbe
           r.reason];
       }), 'No replicated LUNs.'));
       const fo = events.filter((e) => /^(partner_lost|partner_returned|role_changed|resync_done|split_brain_refused)$/.test(e.kind)).slice(0, 30);
-      set(el, '#ha-hist', table(['Time', 'Severity', 'Object', 'What'], fo.map((e) => [e.time, stateBadge(e.severity), e.object, e.message]), 'No failovers recorded.'));
+      set(el, '#ha-hist', table(['Time', 'Severity', 'Object', 'What'], fo.map((e) => [when(e.time), stateBadge(e.severity), e.object, e.message]), 'No failovers recorded.'));
     }, 2000, (e) => notice(`HA: ${e.message}`, 'error'));
   },
 };
@@ -574,7 +576,7 @@ export const events = {
       const sev = f.querySelector('#ev-sev').value, kind = f.querySelector('#ev-kind').value, q = f.querySelector('#ev-q').value.toLowerCase();
       const shown = all.filter((e) => (!sev || e.severity === sev) && (!kind || e.kind === kind) && (!q || `${e.object} ${e.message}`.toLowerCase().includes(q)));
       el.querySelector('#ev-count').textContent = `${shown.length} of ${all.length} events`;
-      set(el, '#ev-list', table(['#', 'Time', 'Severity', 'Kind', 'Object', 'Message'], shown.slice(0, 500).map((e) => [e.seq, e.time, stateBadge(e.severity), e.kind, html`<span class="mono">${e.object}</span>`, e.message]), 'No events match.'));
+      set(el, '#ev-list', table(['#', 'Time', 'Severity', 'Kind', 'Object', 'Message'], shown.slice(0, 500).map((e) => [e.seq, when(e.time), stateBadge(e.severity), e.kind, html`<span class="mono">${e.object}</span>`, e.message]), 'No events match.'));
     };
     f.addEventListener('input', draw);
     return poll(async () => {

@@ -261,6 +261,8 @@ async function main() {
     const buttons = await ro.$$eval('main button, main form', (b) => b.filter((x) => !x.closest('#pf-sel, #ev-f')).map((x) => x.textContent.trim() || x.id));
     check(buttons.length === 0, `the read-only session sees no action on ${p}`, buttons);
   }
+  await go(ro, 'storage');
+  await ro.waitForSelector('article[data-pool=web]');
   await shot(ro, shots, 'read-only-storage');
   const code = await ro.evaluate(async (t) => (await fetch('/api/v1/pools', { method: 'POST', headers: { Authorization: `Bearer ${t}`, 'Content-Type': 'application/json' }, body: '{"name":"x","level":"raid1","members":["d1","d2"]}' })).status, cfg.ro_token);
   check(code === 403, 'a POST with the read-only token is refused with 403', code);
