@@ -209,6 +209,9 @@ pub async fn gate(State(g): State<Arc<Gate>>, req: Request, next: Next) -> Respo
         );
         return unauthorized();
     };
+    let mut req = req;
+    // handlers may ask who is calling (GET /api/v1/whoami)
+    req.extensions_mut().insert(caller.clone());
     let reads = req.method() == Method::GET || req.method() == Method::HEAD;
     if reads {
         return next.run(req).await;

@@ -48,6 +48,7 @@
 //! or 409 (refused in the current state).
 
 pub mod audit;
+pub mod console;
 pub mod guard;
 pub mod server;
 pub mod tls;
@@ -812,6 +813,17 @@ async fn audit(
         .map_err(|e| ApiError::Internal(e.to_string()))
 }
 
+/// Who is calling: `{"name", "role"}` of the token the request carries (the
+/// console shows no action buttons to a read-only token).
+#[utoipa::path(get, path = "/api/v1/whoami", tag = "node",
+    summary = "The calling token's name and role (admin or read-only)",
+    responses((status = 200, description = "{\"name\": N, \"role\": \"admin\"|\"read-only\"}", body = Value)))]
+async fn whoami(caller: Option<axum::Extension<tokens::Caller>>) -> Result<Json<Value>, ApiError> {
+    let axum::Extension(c) =
+        caller.ok_or_else(|| ApiError::Internal("no caller on an authenticated request".into()))?;
+    Ok(Json(json!({ "name": c.name, "role": c.role.as_str() })))
+}
+
 /// The API's description: title, version, the bearer-token scheme every route
 /// requires; the paths come from the routes themselves ([`router`]).
 #[derive(utoipa::OpenApi)]
@@ -855,6 +867,7 @@ fn routes() -> (Router<Ctl>, utoipa::openapi::OpenApi) {
     OpenApiRouter::with_openapi(ApiDoc::openapi())
         .routes(routes!(metrics))
         .routes(routes!(status))
+        .routes(routes!(whoami))
         .routes(routes!(reload))
         .routes(routes!(audit))
         .routes(routes!(events))
@@ -940,6 +953,8 @@ impl ApiOptions {
 /// A bound API listener.
 pub struct ApiServer {
     listener: tokio::net::TcpListener,
+    /// The web console's listener ([`console`]), when configured.
+    console: Option<tokio::net::TcpListener>,
     control: Ctl,
     options: ApiOptions,
 }
@@ -954,6 +969,7 @@ impl ApiServer {
         let listener = tokio::net::TcpListener::bind(addr).await?;
         Ok(ApiServer {
             listener,
+            console: None,
             control,
             options,
         })
@@ -964,15 +980,58 @@ impl ApiServer {
         self.listener.local_addr()
     }
 
+    /// Also serves the web console on `addr`: the console's files, and the same
+    /// routes behind the same gate (tokens, TLS, bounds, audit log).
+    pub async fn bind_console(&mut self, addr: SocketAddr) -> std::io::Result<()> {
+        self.console = Some(tokio::net::TcpListener::bind(addr).await?);
+        Ok(())
+    }
+
+    /// The console's address actually bound, if it has one.
+    pub fn console_addr(&self) -> Option<std::io::Result<SocketAddr>> {
+        self.console.as_ref().map(|l| l.local_addr())
+    }
+
     /// Serves until `shutdown` completes.
     pub async fn run(
         self,
         shutdown: impl Future<Output = ()> + Send + 'static,
     ) -> std::io::Result<()> {
         let gate = self.options.gate();
-        let router = router(self.control, gate);
         let tls = self.options.tls.clone();
-        server::serve(self.listener, router, self.options.limits, tls, shutdown).await
+        let limits = self.options.limits;
+        let Some(console) = self.console else {
+            let router = router(self.control, gate);
+            return server::serve(self.listener, router, limits, tls, shutdown).await;
+        };
+        let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+        let stopped = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
+            let _ = rx.wait_for(|s| *s).await;
+        };
+        let console_router = console::router(self.control.clone(), gate.clone());
+        let console_task = tokio::spawn(server::serve(
+            console,
+            console_router,
+            limits,
+            tls.clone(),
+            stopped(stop_rx.clone()),
+        ));
+        let api = server::serve(
+            self.listener,
+            router(self.control, gate),
+            limits,
+            tls,
+            stopped(stop_rx),
+        );
+        let relay = async move {
+            shutdown.await;
+            let _ = stop_tx.send(true);
+        };
+        let (api_result, ()) = tokio::join!(api, relay);
+        let console_result = console_task
+            .await
+            .map_err(|e| std::io::Error::other(format!("console task: {e}")))?;
+        api_result.and(console_result)
     }
 }
 

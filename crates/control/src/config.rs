@@ -314,6 +314,11 @@ pub struct ApiConfig {
     /// may use; default: the data directory.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub allowed_paths: Vec<PathBuf>,
+    /// `IP:PORT` of the web console's own listener: the console's pages without
+    /// a token and the same API routes behind the same tokens, TLS and bounds.
+    /// None: no console.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub console: Option<SocketAddr>,
 }
 
 fn default_api_connections_max() -> usize {
@@ -342,6 +347,7 @@ impl ApiConfig {
             cert: None,
             key: None,
             allowed_paths: Vec::new(),
+            console: None,
         }
     }
 
@@ -1226,6 +1232,17 @@ impl Config {
                     a.address
                 );
             }
+            if let Some(c) = a.console {
+                if !c.ip().is_loopback() && !a.allow_remote {
+                    bail!(
+                        "console address {c} is not on loopback: set allow_remote = true in [api] \
+                         to expose it on purpose (every API request needs a token; see docs/security.md)"
+                    );
+                }
+                if c == a.address && c.port() != 0 {
+                    bail!("[api] console must listen on another address than the API ({c})");
+                }
+            }
             if a.connections_max == 0
                 || a.connections_per_source_max == 0
                 || a.header_read_timeout_ms == 0
@@ -1310,6 +1327,26 @@ mod tests {
         c.validate().unwrap();
         assert_eq!(c.portals[0].address.port(), DEFAULT_PORT);
         assert_eq!(c.targets[0].luns[0].size.as_deref(), Some("16G"));
+    }
+
+    #[test]
+    fn console_listener_rules() {
+        let mut c = Config::from_quick_flags(&QuickFlags::default());
+        let mut api = ApiConfig::on("127.0.0.1:8260".parse().unwrap());
+        api.console = Some("127.0.0.1:8261".parse().unwrap());
+        c.api = Some(api.clone());
+        c.validate().unwrap();
+        // on the API's own address: refused
+        api.console = Some(api.address);
+        c.api = Some(api.clone());
+        assert!(c.validate().is_err());
+        // off loopback only with allow_remote
+        api.console = Some("0.0.0.0:8261".parse().unwrap());
+        c.api = Some(api.clone());
+        assert!(c.validate().is_err());
+        api.allow_remote = true;
+        c.api = Some(api);
+        c.validate().unwrap();
     }
 
     #[test]

@@ -345,9 +345,14 @@ where
                 limits: a.limits(),
                 tls: crate::api_node::prepare_tls(a, &cfg.data_dir)?,
             };
-            let srv = api::ApiServer::bind(a.address, control, options)
+            let mut srv = api::ApiServer::bind(a.address, control, options)
                 .await
                 .with_context(|| format!("binding the management API on {}", a.address))?;
+            if let Some(c) = a.console {
+                srv.bind_console(c)
+                    .await
+                    .with_context(|| format!("binding the web console on {c}"))?;
+            }
             crate::api_node::note_local_node(srv.local_addr()?, &cfg.data_dir);
             Some(srv)
         }
@@ -373,6 +378,14 @@ where
     }
     if let Some(a) = &api_server {
         eprintln!("  api:            {}", a.local_addr()?);
+        if let Some(c) = a.console_addr() {
+            let scheme = if cfg.api.as_ref().is_some_and(|a| a.tls_enabled()) {
+                "https"
+            } else {
+                "http"
+            };
+            eprintln!("  console:        {scheme}://{}/", c?);
+        }
     }
     eprintln!("  buffer memory:  {} at most", human(buffer_bytes));
     for l in &opened {
