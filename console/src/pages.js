@@ -115,7 +115,7 @@ export const overview = {
 <div class="figures" id="ov-figs"></div>
 <div class="chart" id="ov-iops"></div><div class="chart" id="ov-lat"></div></section>`.s;
     const iops = new LiveChart(el.querySelector('#ov-iops'), 'node-iops', [{ label: 'read IOPS' }, { label: 'write IOPS' }], { yLabel: 'IOPS' });
-    const lat = new LiveChart(el.querySelector('#ov-lat'), 'node-latency', [{ label: 'latency µs' }], { yLabel: 'µs', height: 140 });
+    const lat = new LiveChart(el.querySelector('#ov-lat'), 'node-latency', [{ label: 'latency µs' }], { yLabel: 'µs' });
     const stop = poll(async () => {
       const [status, pools, events, hist] = await Promise.all([
         api('/status'), api('/pools'), newestEvents(200), optional('/history?window=300'),
@@ -384,7 +384,7 @@ ${admin() ? html`<div class="actions"><button class="small secondary" data-act="
           const a = list.querySelector(`#ca-${i}`);
           charts.set(c.name, [
             new LiveChart(a.querySelector('.hits'), `cache-hits-${c.name}`, [{ label: 'read hit %' }, { label: 'write hit %' }], { yLabel: '%', yRange: [0, 100] }),
-            new LiveChart(a.querySelector('.dirty'), `cache-dirty-${c.name}`, [{ label: 'dirty MiB' }, { label: 'destage MB/s' }, { label: 'occupancy %' }], { height: 150 }),
+            new LiveChart(a.querySelector('.dirty'), `cache-dirty-${c.name}`, [{ label: 'dirty MiB' }, { label: 'destage MB/s' }, { label: 'occupancy %' }], { height: 180 }),
             new LiveChart(a.querySelector('.mrc'), `cache-mrc-${c.name}`, [{ label: 'miss ratio %', points: true }, { label: 'recommended size', points: true }], { x: 'cache size MiB', yLabel: 'miss %', height: 180, yRange: [0, 100] }),
           ]);
         });
@@ -494,8 +494,8 @@ ${admin() ? html`<section aria-labelledby="pf-b-h" class="bench"><h2 id="pf-b-h"
 <button type="submit" class="danger">Run benchmark</button></form></section>` : ''}
 <section aria-labelledby="pf-j-h"><h2 id="pf-j-h">Benchmark jobs</h2><div id="pf-jobs"></div></section>`.s;
     const iops = new LiveChart(el.querySelector('#pf-iops'), 'perf-iops', [{ label: 'read IOPS' }, { label: 'write IOPS' }], { yLabel: 'IOPS' });
-    const mbs = new LiveChart(el.querySelector('#pf-mbs'), 'perf-mbs', [{ label: 'read MB/s' }, { label: 'write MB/s' }], { yLabel: 'MB/s', height: 150 });
-    const lat = new LiveChart(el.querySelector('#pf-lat'), 'perf-latency', [{ label: 'latency µs' }], { yLabel: 'µs', height: 150 });
+    const mbs = new LiveChart(el.querySelector('#pf-mbs'), 'perf-mbs', [{ label: 'read MB/s' }, { label: 'write MB/s' }], { yLabel: 'MB/s' });
+    const lat = new LiveChart(el.querySelector('#pf-lat'), 'perf-latency', [{ label: 'latency µs' }], { yLabel: 'µs' });
     const obj = el.querySelector('#pf-obj'), win = el.querySelector('#pf-win');
     const bench = el.querySelector('#pf-bench');
     let objs = '', lunsKey = '', patsKey = '';

@@ -180,6 +180,10 @@ struct ServeArgs {
     /// Serve the management API (used by `freesan pool`) on ADDR:PORT.
     #[arg(long, value_name = "ADDR:PORT")]
     api: Option<SocketAddr>,
+    /// Serve the web console on ADDR:PORT (its own listener, the API's tokens;
+    /// the API itself on 127.0.0.1:8260 unless --api or the config says where).
+    #[arg(long, value_name = "ADDR:PORT")]
+    console: Option<SocketAddr>,
 }
 
 impl ServeArgs {
@@ -188,6 +192,13 @@ impl ServeArgs {
     fn config(&self) -> Result<config::Config> {
         let mut cfg = self.config_file()?;
         managed::Managed::load(&cfg.data_dir)?.merge_into(&mut cfg)?;
+        if let Some(c) = self.console {
+            cfg.api
+                .get_or_insert_with(|| {
+                    config::ApiConfig::on(SocketAddr::from(([127, 0, 0, 1], 8260)))
+                })
+                .console = Some(c);
+        }
         Ok(cfg)
     }
 

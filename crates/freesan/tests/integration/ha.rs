@@ -25,6 +25,8 @@ const PORT: u16 = 3260;
 const SYNC_PORT: u16 = 3270;
 const WITNESS_PORT: u16 = 3271;
 const API: &str = "127.0.0.1:9100";
+/// The web console's listener in each node's namespace.
+const CONSOLE: &str = "127.0.0.1:9101";
 const LUN_SIZE: &str = "256M";
 
 struct Ha {
@@ -109,6 +111,7 @@ impl Ha {
             r#"data_dir = "{d}"
 [api]
 address = "{API}"
+console = "{CONSOLE}"
 [[portal]]
 address = "{p1}:{PORT}"
 allow_without_chap = true
@@ -410,6 +413,57 @@ fn kill_under_verified_writes(prefix: &str, victim: u32) {
             state.to_str().unwrap(),
         ]);
         assert!(ok, "check through node {k}: {out}");
+    }
+}
+
+/// The web console of each node, in a real Chromium run in that node's
+/// namespace: after the sync link is cut, one node's HA page shows it serving
+/// alone and the other's shows it standing down.
+#[test]
+fn the_console_shows_one_node_standing_down_when_the_sync_link_is_cut() {
+    if !crate::console::tools() {
+        return;
+    }
+    let Some(ha) = Ha::start("hcon") else { return };
+    ha.wait_in_sync();
+    let client_links_up = |s: &Value| {
+        let l = s["client_links"].as_array().map_or(0, |a| a.len());
+        l == 2 && (0..2).all(|i| s["client_links"][i]["up"] == true)
+    };
+    for k in 1..=2 {
+        ha.wait(k, 10, "heartbeats on both client networks", client_links_up);
+    }
+    ha.topo.set_sync_link(1, false);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let (solo, down) = loop {
+        let a = ha.status(1).unwrap();
+        let b = ha.status(2).unwrap();
+        match (a["role"].as_str().unwrap(), b["role"].as_str().unwrap()) {
+            ("solo", "down") => break (1, 2),
+            ("down", "solo") => break (2, 1),
+            _ => {}
+        }
+        assert!(Instant::now() < deadline, "no single survivor: {a} / {b}");
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let shots = crate::console::repo().join("target/console-screenshots");
+    for (k, expect, name) in [
+        (solo, "solo", "ha-serving-alone"),
+        (down, "down", "ha-standing-down"),
+    ] {
+        let token = crate::common::make_token(&ha.node_dir(k), "admin", "console");
+        let input = serde_json::json!({
+            "scenario": "ha",
+            "urls": [format!("http://{CONSOLE}/")],
+            "tokens": [token],
+            "expect": [expect],
+            "names": [name],
+            "shots": shots,
+        });
+        let (ok, out) =
+            crate::console::drive_with(ha.topo.command(ha.topo.ns_node(k), "node"), &input);
+        assert!(ok, "node {k}'s console never showed {expect}:\n{out}");
+        assert!(out.contains("ok: the HA page of"), "{out}");
     }
 }
 

@@ -14,6 +14,7 @@ mod api_auth;
 mod bench_cli;
 mod cache_crash;
 mod clients;
+mod console;
 mod console_api;
 mod copy_offload_ha;
 mod durability;

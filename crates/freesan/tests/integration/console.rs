@@ -13,14 +13,14 @@
 //! Needs node, chromium and the console's npm packages (`scripts/build-console`);
 //! skipped when missing unless FREESAN_REQUIRE_TOOLS=1.
 
-mod common;
+use crate::common;
 use common::*;
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
-fn repo() -> PathBuf {
+pub(crate) fn repo() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
 }
 
@@ -79,7 +79,7 @@ fn console_addr(node: &Node) -> String {
 
 /// node, chromium and the console's npm packages, or a skip (a failure under
 /// FREESAN_REQUIRE_TOOLS=1).
-fn tools() -> bool {
+pub(crate) fn tools() -> bool {
     if !have("node") || !have("chromium") {
         return false;
     }
@@ -96,7 +96,13 @@ fn tools() -> bool {
 
 /// Runs `console/test/drive.mjs` with `input`; returns (success, output).
 fn drive(input: &serde_json::Value) -> (bool, String) {
-    let out = Command::new("node")
+    drive_with(Command::new("node"), input)
+}
+
+/// Runs `console/test/drive.mjs` with `input` through `node` (a command that
+/// runs node, perhaps in a network namespace); returns (success, output).
+pub(crate) fn drive_with(mut node: Command, input: &serde_json::Value) -> (bool, String) {
+    let out = node
         .arg(repo().join("console/test/drive.mjs"))
         .env("FREESAN_CONSOLE_TEST", input.to_string())
         .output()
