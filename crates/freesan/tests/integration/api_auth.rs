@@ -50,8 +50,21 @@ fn state(api: &str) -> (Value, Value, Value, Value) {
             })
         })
         .collect();
+    // what an attacker could change of a disk, not its I/O counters (the
+    // pool's own superblock and journal I/O moves them)
+    let disks: Vec<Value> = get("disk", "list")
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|d| {
+            serde_json::json!({
+                "name": d["name"], "size": d["size"], "pool": d["pool"], "role": d["role"],
+                "state": d["state"], "free": d["free"],
+            })
+        })
+        .collect();
     (
-        get("disk", "list"),
+        Value::Array(disks),
         Value::Array(pools),
         get("lun", "list"),
         get("host-group", "list"),
