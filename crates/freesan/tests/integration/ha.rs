@@ -240,6 +240,33 @@ replica_mode = "{mode}"
         }
     }
 
+    /// With the pair in sync and heartbeats up on both client networks, cuts
+    /// the only sync link and waits (20 s at most) until exactly one node serves
+    /// alone and the other stands down: (serving alone, standing down).
+    fn cut_the_sync_link(&self) -> (u32, u32) {
+        self.wait_in_sync();
+        let client_links_up = |s: &Value| {
+            let l = s["client_links"].as_array().map_or(0, |a| a.len());
+            l == 2 && (0..2).all(|i| s["client_links"][i]["up"] == true)
+        };
+        for k in 1..=2 {
+            self.wait(k, 10, "heartbeats on both client networks", client_links_up);
+        }
+        self.topo.set_sync_link(1, false);
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let a = self.status(1).unwrap();
+            let b = self.status(2).unwrap();
+            match (a["role"].as_str().unwrap(), b["role"].as_str().unwrap()) {
+                ("solo", "down") => return (1, 2),
+                ("down", "solo") => return (2, 1),
+                _ => {}
+            }
+            assert!(Instant::now() < deadline, "no single survivor: {a} / {b}");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
     fn url(&self, k: u32, path: u32) -> String {
         format!(
             "iscsi://{}:{PORT}/{IQN}/0",
@@ -425,27 +452,7 @@ fn the_console_shows_one_node_standing_down_when_the_sync_link_is_cut() {
         return;
     }
     let Some(ha) = Ha::start("hcon") else { return };
-    ha.wait_in_sync();
-    let client_links_up = |s: &Value| {
-        let l = s["client_links"].as_array().map_or(0, |a| a.len());
-        l == 2 && (0..2).all(|i| s["client_links"][i]["up"] == true)
-    };
-    for k in 1..=2 {
-        ha.wait(k, 10, "heartbeats on both client networks", client_links_up);
-    }
-    ha.topo.set_sync_link(1, false);
-    let deadline = Instant::now() + Duration::from_secs(20);
-    let (solo, down) = loop {
-        let a = ha.status(1).unwrap();
-        let b = ha.status(2).unwrap();
-        match (a["role"].as_str().unwrap(), b["role"].as_str().unwrap()) {
-            ("solo", "down") => break (1, 2),
-            ("down", "solo") => break (2, 1),
-            _ => {}
-        }
-        assert!(Instant::now() < deadline, "no single survivor: {a} / {b}");
-        std::thread::sleep(Duration::from_millis(100));
-    };
+    let (solo, down) = ha.cut_the_sync_link();
     let shots = crate::console::repo().join("target/console-screenshots");
     for (k, expect, name) in [
         (solo, "solo", "ha-serving-alone"),
@@ -470,28 +477,8 @@ fn the_console_shows_one_node_standing_down_when_the_sync_link_is_cut() {
 #[test]
 fn cutting_the_sync_link_leaves_exactly_one_writer() {
     let Some(ha) = Ha::start("has") else { return };
-    ha.wait_in_sync();
-    let client_links_up = |s: &Value| {
-        let l = s["client_links"].as_array().map_or(0, |a| a.len());
-        l == 2 && (0..2).all(|i| s["client_links"][i]["up"] == true)
-    };
-    for k in 1..=2 {
-        ha.wait(k, 10, "heartbeats on both client networks", client_links_up);
-    }
-    ha.topo.set_sync_link(1, false);
     // one node goes on alone (it holds the witness grant), the other stops
-    let deadline = Instant::now() + Duration::from_secs(20);
-    let (solo, down) = loop {
-        let a = ha.status(1).unwrap();
-        let b = ha.status(2).unwrap();
-        match (a["role"].as_str().unwrap(), b["role"].as_str().unwrap()) {
-            ("solo", "down") => break (1, 2),
-            ("down", "solo") => break (2, 1),
-            _ => {}
-        }
-        assert!(Instant::now() < deadline, "no single survivor: {a} / {b}");
-        std::thread::sleep(Duration::from_millis(100));
-    };
+    let (solo, down) = ha.cut_the_sync_link();
     // the stopped node knows the partner is alive: the sync link failed
     let s = ha.status(down).unwrap();
     assert!(
