@@ -196,6 +196,14 @@ fn the_console_runs_the_node_in_a_real_browser() {
     // the API on the console's listener: the same gate
     let (code, _) = http(&console, "GET", "/api/v1/pools", &[], "");
     assert_eq!(code, 401, "the console's API answered without a token");
+    let (code, _) = http(
+        &console,
+        "GET",
+        "/api/v1/pools",
+        &["Authorization: Bearer fsk_not-a-token"],
+        "",
+    );
+    assert_eq!(code, 401, "the console's API answered a wrong token");
     let (code, body) = http(
         &console,
         "GET",
