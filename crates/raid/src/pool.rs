@@ -516,17 +516,30 @@ impl Pool {
         // A stale member the newest superblock no longer names was replaced (a
         // spare took its place, or an operator replaced it): it is out of the
         // pool, whatever the configuration still lists; leave it out (with
-        // `force` it may be re-added where it was, below).
+        // `force` it may be re-added where it was, below). A stale member the
+        // newest superblock names as failed was failed out (errors, gone, or
+        // `pool fail`) and missed the writes since: it stays failed and out, and
+        // the pool comes up degraded, as it ran before the stop; it rejoins only
+        // through a replace or `force` (which rebuilds it).
         if !force {
             found.retain(|(m, sb)| {
-                let replaced = sb.generation != newest.generation
-                    && !newest.members.iter().any(|r| r.uuid == sb.member_uuid);
-                if replaced {
-                    tracing::warn!(member = %m.name, generation = sb.generation,
-                        newest = newest.generation,
-                        "member was replaced in the pool since; left out of it");
+                let stale = sb.generation != newest.generation;
+                let named = newest.members.iter().find(|r| r.uuid == sb.member_uuid);
+                match named {
+                    None if stale => {
+                        tracing::warn!(member = %m.name, generation = sb.generation,
+                            newest = newest.generation,
+                            "member was replaced in the pool since; left out of it");
+                        false
+                    }
+                    Some(r) if stale && r.state == MemberState::Failed => {
+                        tracing::warn!(member = %m.name, generation = sb.generation,
+                            newest = newest.generation,
+                            "member was failed out of the pool and is stale; left out of it (replace it, or assemble with force to rebuild it)");
+                        false
+                    }
+                    _ => true,
                 }
-                !replaced
             });
         }
         for (m, sb) in &found {

@@ -45,7 +45,7 @@ async fn assemble_shuffled_and_degraded() {
 }
 
 #[tokio::test]
-async fn foreign_and_stale_members_refused() {
+async fn foreign_members_refused_and_a_failed_stale_member_left_out() {
     let (a, ams) = make_pool(RaidLevel::Raid1, 3).await;
     let (b, bms) = make_pool(RaidLevel::Raid1, 3).await;
     drop(b);
@@ -63,10 +63,16 @@ async fn foreign_and_stale_members_refused() {
     fill(&pool, &oracle, 7).await;
     pool.shutdown().await.unwrap();
     drop(pool);
-    assert!(matches!(
-        Pool::assemble(members_of(&ams), false).await,
-        Err(RaidError::StaleGeneration { .. })
-    ));
+    // without force the failed member stays out: the pool comes up degraded
+    // on the others, as it ran, and the stale copy is never read
+    let pool = Pool::assemble(members_of(&ams), false).await.unwrap();
+    let st = pool.status();
+    assert_eq!(st.state, PoolState::Degraded);
+    assert_eq!(st.members[2].state, MemberState::Failed);
+    assert_eq!(st.members[2].name, "missing");
+    check_all(&pool, &oracle).await;
+    pool.shutdown().await.unwrap();
+    drop(pool);
     // force: newest set wins, the stale member is rebuilt
     let pool = Pool::assemble(members_of(&ams), true).await.unwrap();
     assert_eq!(pool.status().members[2].state, MemberState::Rebuilding);
