@@ -66,6 +66,12 @@ pub struct AlertsConfig {
     /// URLs every event is POSTed to as JSON (http or https).
     #[serde(default)]
     pub webhook: Vec<String>,
+    /// A file holding a shared secret (at least 16 bytes; surrounding white
+    /// space is ignored): every webhook POST then carries an HMAC-SHA256 of
+    /// its timestamp and body, so a receiver can tell the node's events from
+    /// forged, altered or replayed ones (see `docs/alerts.md`).
+    #[serde(default)]
+    pub webhook_secret_file: Option<PathBuf>,
     /// Mail every event to these addresses.
     #[serde(default)]
     pub smtp: Option<SmtpConfig>,
@@ -935,6 +941,9 @@ impl Config {
             }
         };
         fix(&mut self.data_dir);
+        if let Some(p) = &mut self.alerts.webhook_secret_file {
+            fix(p);
+        }
         if let Some(a) = &mut self.api {
             for p in [&mut a.cert, &mut a.key].into_iter().flatten() {
                 fix(p);

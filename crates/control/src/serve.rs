@@ -260,7 +260,7 @@ where
             .log_events_max
             .unwrap_or(crate::events::log::DEFAULT_EVENTS_MAX),
     )?);
-    crate::events::deliver::start(&cfg.alerts, &events)?;
+    crate::events::deliver::start(&cfg.alerts, &events, &cfg.data_dir)?;
     let pools = std::sync::Arc::new(Pools::open(&cfg).await?);
     let cluster = cfg
         .cluster

@@ -8,14 +8,38 @@
 //! fails is tried again after 0.5 s, 1 s, 2 s, ... (at most 30 s apart), at most
 //! [`ATTEMPTS_MAX`] times in all.
 //!
-//! What it does not do: remember undelivered events across a restart (the
-//! event log has them; `freesan events --since` shows what a receiver missed).
+//! Across restarts: each destination's last event delivered (or given up) is
+//! kept in `DATA_DIR/alerts-delivered.json` ([`Cursors`]), written after every
+//! delivery; at start, events of the log after it (at most [`QUEUE_EVENTS`],
+//! oldest first) are delivered before new ones. So an event recorded just
+//! before a crash, or while a receiver was down when the node stopped, still
+//! arrives; delivery is at least once (a crash between a receiver's answer and
+//! the cursor's write repeats that one event; `seq` tells a receiver so). A
+//! destination new to the configuration starts at the log's end.
+//!
+//! Webhooks with `webhook_secret_file` are signed ([`sign`]): headers
+//! [`TIMESTAMP_HEADER`] (Unix seconds, new on every attempt) and
+//! [`SIGNATURE_HEADER`] (`sha256=` and the hex HMAC-SHA256, keyed with the
+//! secret, of the timestamp, a dot and the body).
 
 use super::{Event, Severity};
 use crate::config::{AlertsConfig, SmtpConfig};
 use anyhow::{bail, Context, Result};
+use hmac::{Hmac, Mac};
+use parking_lot::Mutex;
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::mpsc;
+
+/// Header of a signed webhook POST: when it was signed, in Unix seconds.
+pub const TIMESTAMP_HEADER: &str = "X-Freesan-Timestamp";
+/// Header of a signed webhook POST: `sha256=` and the hex HMAC-SHA256 of
+/// `TIMESTAMP.BODY`.
+pub const SIGNATURE_HEADER: &str = "X-Freesan-Signature";
+/// Fewest bytes a webhook secret may have.
+pub const SECRET_MIN_BYTES: usize = 16;
 
 /// Events waiting per destination before new ones are dropped for it.
 pub const QUEUE_EVENTS: usize = 256;
@@ -62,12 +86,169 @@ fn split_server(s: &str) -> Result<(String, u16)> {
     Ok((host.to_string(), port))
 }
 
-/// Starts the delivery tasks for `cfg`, fed from `log`'s followers channel.
-/// Nothing is started when no destination is configured.
-pub fn start(cfg: &AlertsConfig, log: &super::log::EventLog) -> Result<()> {
+/// The webhook secret in `path`: its content without surrounding white
+/// space, at least [`SECRET_MIN_BYTES`] long.
+pub fn read_secret(path: &Path) -> Result<Vec<u8>> {
+    let text = std::fs::read(path)
+        .with_context(|| format!("[alerts] webhook_secret_file {}", path.display()))?;
+    let secret = text.trim_ascii().to_vec();
+    if secret.len() < SECRET_MIN_BYTES {
+        bail!(
+            "[alerts] webhook_secret_file {}: the secret has {} bytes, at least {SECRET_MIN_BYTES} are needed",
+            path.display(),
+            secret.len()
+        );
+    }
+    Ok(secret)
+}
+
+/// The value of [`SIGNATURE_HEADER`] for `body` sent at `timestamp`.
+pub fn sign(secret: &[u8], timestamp: u64, body: &[u8]) -> String {
+    let mut mac = <Hmac<sha2::Sha256> as Mac>::new_from_slice(secret)
+        .expect("HMAC accepts keys of any length");
+    mac.update(timestamp.to_string().as_bytes());
+    mac.update(b".");
+    mac.update(body);
+    format!("sha256={}", hex::encode(mac.finalize().into_bytes()))
+}
+
+/// Each destination's last event delivered or given up, kept in
+/// `DATA_DIR/alerts-delivered.json` (written whole: temporary file, fsync,
+/// rename).
+pub struct Cursors {
+    path: PathBuf,
+    map: Mutex<BTreeMap<String, u64>>,
+}
+
+impl Cursors {
+    /// The cursors kept in `data_dir` (none when the file is missing; an
+    /// unreadable file is logged and counts as none).
+    pub fn open(data_dir: &Path) -> Cursors {
+        let path = data_dir.join("alerts-delivered.json");
+        let map = match std::fs::read(&path) {
+            Ok(b) => serde_json::from_slice(&b).unwrap_or_else(|e| {
+                tracing::warn!(file = %path.display(), "alerts: delivery cursors unreadable, starting at the log's end: {e}");
+                BTreeMap::new()
+            }),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => BTreeMap::new(),
+            Err(e) => {
+                tracing::warn!(file = %path.display(), "alerts: delivery cursors unreadable, starting at the log's end: {e}");
+                BTreeMap::new()
+            }
+        };
+        Cursors {
+            path,
+            map: Mutex::new(map),
+        }
+    }
+
+    /// The last event handled for `dest`.
+    pub fn get(&self, dest: &str) -> Option<u64> {
+        self.map.lock().get(dest).copied()
+    }
+
+    /// Records that `dest` is done with every event up to `seq`. A failing
+    /// write is logged (the event may then be delivered again after a restart).
+    pub fn set(&self, dest: &str, seq: u64) {
+        let mut map = self.map.lock();
+        map.insert(dest.to_string(), seq);
+        if let Err(e) = self.write(&map) {
+            tracing::warn!(file = %self.path.display(), "alerts: delivery cursor not saved: {e:#}");
+        }
+    }
+
+    fn write(&self, map: &BTreeMap<String, u64>) -> Result<()> {
+        use std::io::Write;
+        let tmp = self.path.with_extension("json.tmp");
+        let mut f = std::fs::File::create(&tmp)?;
+        f.write_all(&serde_json::to_vec(map)?)?;
+        f.sync_all()?;
+        std::fs::rename(&tmp, &self.path)?;
+        if let Some(dir) = self.path.parent() {
+            std::fs::File::open(dir)?.sync_all()?;
+        }
+        Ok(())
+    }
+}
+
+/// One destination's delivery task: what it is called and where its cursor
+/// stands.
+struct Dest {
+    name: String,
+    cursors: Arc<Cursors>,
+    /// Events up to this one are done (delivered, given up, or older than the
+    /// destination).
+    done: u64,
+}
+
+impl Dest {
+    /// True when `e` is new to this destination (the start-up backlog and the
+    /// live feed may both hold it).
+    fn is_new(&self, e: &Event) -> bool {
+        e.seq > self.done
+    }
+
+    fn finished(&mut self, e: &Event) {
+        self.done = e.seq;
+        self.cursors.set(&self.name, e.seq);
+    }
+}
+
+/// What a destination whose cursor is at `done` has yet to get from `log`:
+/// the events after it at or above `min`, oldest first, at most
+/// [`QUEUE_EVENTS`] (the rest are logged as left in the event log only).
+fn backlog(log: &super::log::EventLog, name: &str, done: u64, min: Severity) -> Vec<Event> {
+    let mut b: Vec<Event> = log
+        .since(done, usize::MAX)
+        .into_iter()
+        .filter(|e| e.severity >= min)
+        .collect();
+    if b.len() > QUEUE_EVENTS {
+        tracing::warn!(
+            "alerts: {name}: {} undelivered events from before the start; the oldest {QUEUE_EVENTS} are sent, the rest are in the event log only",
+            b.len()
+        );
+        b.truncate(QUEUE_EVENTS);
+    }
+    b
+}
+
+/// Starts the delivery tasks for `cfg`, fed first with what `log` holds after
+/// each destination's cursor in `data_dir`, then from `log`'s followers
+/// channel. Nothing is started when no destination is configured.
+pub fn start(cfg: &AlertsConfig, log: &super::log::EventLog, data_dir: &Path) -> Result<()> {
     let min: Severity = match &cfg.min_severity {
         Some(s) => s.parse().map_err(|e| anyhow::anyhow!("[alerts]: {e}"))?,
         None => Severity::Warning,
+    };
+    let secret = match &cfg.webhook_secret_file {
+        Some(p) => Some(Arc::new(read_secret(p)?)),
+        None => None,
+    };
+    // subscribed before the backlog is read: an event recorded in between is
+    // in both, and each task skips what it has done
+    let mut rx = log.subscribe();
+    let cursors = Arc::new(Cursors::open(data_dir));
+    let last = log.last_seq();
+    let dest = |name: String| {
+        let done = match cursors.get(&name) {
+            Some(c) => c,
+            None => {
+                // new here: the log's past is not for it, even after a crash
+                cursors.set(&name, last);
+                last
+            }
+        };
+        let (tx, rx) = mpsc::channel(QUEUE_EVENTS);
+        for e in backlog(log, &name, done, min) {
+            let _ = tx.try_send(e);
+        }
+        let d = Dest {
+            name: name.clone(),
+            cursors: cursors.clone(),
+            done,
+        };
+        (name, tx, rx, d)
     };
     let mut queues: Vec<(String, mpsc::Sender<Event>)> = Vec::new();
     if !cfg.webhook.is_empty() {
@@ -77,21 +258,26 @@ pub fn start(cfg: &AlertsConfig, log: &super::log::EventLog) -> Result<()> {
             .build()
             .context("[alerts] webhook HTTP client")?;
         for url in &cfg.webhook {
-            let (tx, rx) = mpsc::channel(QUEUE_EVENTS);
-            tokio::spawn(webhook_task(client.clone(), url.clone(), rx));
-            queues.push((format!("webhook {url}"), tx));
+            let (name, tx, rx, d) = dest(format!("webhook {url}"));
+            tokio::spawn(webhook_task(
+                client.clone(),
+                url.clone(),
+                secret.clone(),
+                rx,
+                d,
+            ));
+            queues.push((name, tx));
         }
     }
     if let Some(m) = &cfg.smtp {
         let mailer = mailer(m)?;
-        let (tx, rx) = mpsc::channel(QUEUE_EVENTS);
-        tokio::spawn(smtp_task(mailer, m.clone(), rx));
-        queues.push((format!("mail via {}", m.server), tx));
+        let (name, tx, rx, d) = dest(format!("mail via {}", m.server));
+        tokio::spawn(smtp_task(mailer, m.clone(), rx, d));
+        queues.push((name, tx));
     }
     if queues.is_empty() {
         return Ok(());
     }
-    let mut rx = log.subscribe();
     tokio::spawn(async move {
         loop {
             let e = match rx.recv().await {
@@ -126,8 +312,17 @@ async fn back_off(attempt: u32) {
     }
 }
 
-async fn webhook_task(client: reqwest::Client, url: String, mut rx: mpsc::Receiver<Event>) {
+async fn webhook_task(
+    client: reqwest::Client,
+    url: String,
+    secret: Option<Arc<Vec<u8>>>,
+    mut rx: mpsc::Receiver<Event>,
+    mut dest: Dest,
+) {
     while let Some(e) = rx.recv().await {
+        if !dest.is_new(&e) {
+            continue;
+        }
         let body = match serde_json::to_vec(&e) {
             Ok(b) => b,
             Err(err) => {
@@ -137,12 +332,19 @@ async fn webhook_task(client: reqwest::Client, url: String, mut rx: mpsc::Receiv
         };
         for attempt in 1..=ATTEMPTS_MAX {
             back_off(attempt).await;
-            let r = client
+            let mut req = client
                 .post(&url)
-                .header(reqwest::header::CONTENT_TYPE, "application/json")
-                .body(body.clone())
-                .send()
-                .await;
+                .header(reqwest::header::CONTENT_TYPE, "application/json");
+            if let Some(secret) = &secret {
+                let now = std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .unwrap_or_default()
+                    .as_secs();
+                req = req
+                    .header(TIMESTAMP_HEADER, now.to_string())
+                    .header(SIGNATURE_HEADER, sign(secret, now, &body));
+            }
+            let r = req.body(body.clone()).send().await;
             match r {
                 Ok(resp) if resp.status().is_success() => break,
                 Ok(resp) => {
@@ -156,6 +358,7 @@ async fn webhook_task(client: reqwest::Client, url: String, mut rx: mpsc::Receiv
                 tracing::error!(%url, seq = e.seq, "alerts: event given up for this webhook");
             }
         }
+        dest.finished(&e);
     }
 }
 
@@ -201,9 +404,12 @@ pub fn message(m: &SmtpConfig, e: &Event) -> Result<lettre::Message> {
     Ok(b.body(body)?)
 }
 
-async fn smtp_task(mailer: Mailer, m: SmtpConfig, mut rx: mpsc::Receiver<Event>) {
+async fn smtp_task(mailer: Mailer, m: SmtpConfig, mut rx: mpsc::Receiver<Event>, mut dest: Dest) {
     use lettre::AsyncTransport;
     while let Some(e) = rx.recv().await {
+        if !dest.is_new(&e) {
+            continue;
+        }
         let msg = match message(&m, &e) {
             Ok(msg) => msg,
             Err(err) => {
@@ -223,5 +429,115 @@ async fn smtp_task(mailer: Mailer, m: SmtpConfig, mut rx: mpsc::Receiver<Event>)
                 tracing::error!(server = %m.server, seq = e.seq, "alerts: event given up for mail");
             }
         }
+        dest.finished(&e);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::events::{EventKind, NewEvent};
+
+    #[test]
+    fn the_signature_is_hmac_sha256_of_timestamp_dot_body() {
+        // computed independently with Python's hmac module
+        assert_eq!(
+            sign(b"0123456789abcdef0123", 1_700_000_000, br#"{"seq":1}"#),
+            "sha256=497235f4b973c0d0b5be795c35486ed0a915f0a89c0cbd4c186c992dfbf8d85c"
+        );
+        let a = sign(b"0123456789abcdef0123", 1_700_000_000, br#"{"seq":2}"#);
+        let b = sign(b"0123456789abcdef0123", 1_700_000_001, br#"{"seq":1}"#);
+        let c = sign(b"0123456789abcdef012X", 1_700_000_000, br#"{"seq":1}"#);
+        assert_ne!(a, b);
+        assert_ne!(a, c);
+        assert_ne!(b, c);
+    }
+
+    #[test]
+    fn a_short_or_missing_secret_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("hook.key");
+        assert!(read_secret(&p).is_err());
+        std::fs::write(&p, "  short secret \n").unwrap();
+        let e = read_secret(&p).unwrap_err().to_string();
+        assert!(e.contains("12 bytes"), "{e}");
+        std::fs::write(&p, " 0123456789abcdef \n").unwrap();
+        assert_eq!(read_secret(&p).unwrap(), b"0123456789abcdef");
+    }
+
+    #[test]
+    fn cursors_survive_reopening_and_a_torn_file_counts_as_none() {
+        let dir = tempfile::tempdir().unwrap();
+        let c = Cursors::open(dir.path());
+        assert_eq!(c.get("webhook http://a/"), None);
+        c.set("webhook http://a/", 7);
+        c.set("mail via m:25", 3);
+        c.set("webhook http://a/", 9);
+        let c = Cursors::open(dir.path());
+        assert_eq!(c.get("webhook http://a/"), Some(9));
+        assert_eq!(c.get("mail via m:25"), Some(3));
+        std::fs::write(dir.path().join("alerts-delivered.json"), b"{\"webhook").unwrap();
+        assert_eq!(Cursors::open(dir.path()).get("webhook http://a/"), None);
+    }
+
+    #[test]
+    fn the_backlog_is_what_follows_the_cursor_at_or_above_the_severity() {
+        let dir = tempfile::tempdir().unwrap();
+        let log = crate::events::log::EventLog::open(dir.path(), 1000).unwrap();
+        let sevs = [Severity::Warning, Severity::Info, Severity::Critical];
+        for i in 0..QUEUE_EVENTS + 30 {
+            log.emit(NewEvent::new(
+                sevs[i % 3],
+                EventKind::DiskFailed,
+                format!("d{i}"),
+                "x",
+            ));
+        }
+        let seqs = |b: Vec<Event>| b.iter().map(|e| e.seq).collect::<Vec<_>>();
+        assert_eq!(
+            seqs(backlog(&log, "t", 0, Severity::Warning))[..4],
+            [1, 3, 4, 6]
+        );
+        assert_eq!(seqs(backlog(&log, "t", 3, Severity::Critical))[..2], [6, 9]);
+        let last = log.last_seq();
+        assert!(backlog(&log, "t", last, Severity::Info).is_empty());
+        assert_eq!(
+            seqs(backlog(&log, "t", last - 2, Severity::Info)),
+            [last - 1, last]
+        );
+        // bounded by the queue, oldest first
+        let all = backlog(&log, "t", 0, Severity::Info);
+        assert_eq!(all.len(), QUEUE_EVENTS);
+        assert_eq!(all[0].seq, 1);
+    }
+
+    /// A destination without a cursor starts at the log's end, and that is
+    /// written down at once (a crash before its first delivery must not make
+    /// the next start send it the log's past); one with a cursor keeps it.
+    #[tokio::test]
+    async fn a_new_destination_starts_at_the_end_of_the_log() {
+        let dir = tempfile::tempdir().unwrap();
+        let log = crate::events::log::EventLog::open(dir.path(), 100).unwrap();
+        for i in 0..3 {
+            log.emit(NewEvent::new(
+                Severity::Critical,
+                EventKind::DiskFailed,
+                format!("d{i}"),
+                "x",
+            ));
+        }
+        Cursors::open(dir.path()).set("webhook http://127.0.0.1:9/old", 1);
+        let cfg = AlertsConfig {
+            webhook: vec![
+                "http://127.0.0.1:9/old".into(),
+                "http://127.0.0.1:9/new".into(),
+            ],
+            ..AlertsConfig::default()
+        };
+        start(&cfg, &log, dir.path()).unwrap();
+        let c = Cursors::open(dir.path());
+        assert_eq!(c.get("webhook http://127.0.0.1:9/new"), Some(3));
+        // the one with a cursor keeps it until it delivers something
+        assert_eq!(c.get("webhook http://127.0.0.1:9/old"), Some(1));
     }
 }

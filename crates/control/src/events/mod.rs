@@ -180,5 +180,11 @@ pub fn check_config(a: &crate::config::AlertsConfig) -> anyhow::Result<()> {
     if let Some(m) = &a.smtp {
         deliver::check_smtp(m)?;
     }
+    if let Some(p) = &a.webhook_secret_file {
+        if a.webhook.is_empty() {
+            anyhow::bail!("[alerts] webhook_secret_file without a webhook");
+        }
+        deliver::read_secret(p)?;
+    }
     Ok(())
 }

@@ -399,3 +399,205 @@ fn failures_reach_webhook_and_mail_once_and_the_log_survives_a_restart() {
         .all(|e| e["seq"].as_u64().unwrap() > last_before));
     assert!(after.iter().any(|e| e["kind"] == "node_started"));
 }
+
+/// One POST the signed receiver got: the event, and whether its signature and
+/// timestamp checked out.
+#[derive(Debug, Clone)]
+struct Signed {
+    seq: u64,
+    kind: String,
+    message: String,
+    valid: bool,
+}
+
+/// Serves webhook POSTs on `l`, checking each one's signature against
+/// `secret` (HMAC-SHA256 of `TIMESTAMP.BODY`, the timestamp within 5 minutes
+/// of now), as a receiver of the node's alerts would.
+fn signed_receiver(l: TcpListener, secret: &'static [u8]) -> Arc<Mutex<Vec<Signed>>> {
+    use hmac::Mac;
+    let got: Arc<Mutex<Vec<Signed>>> = Arc::default();
+    let g = got.clone();
+    std::thread::spawn(move || {
+        for s in l.incoming() {
+            let Ok(s) = s else { continue };
+            let g = g.clone();
+            std::thread::spawn(move || {
+                let mut r = BufReader::new(s.try_clone().unwrap());
+                let mut w = s;
+                loop {
+                    let (mut len, mut ts, mut sig) = (0usize, None::<String>, None::<String>);
+                    loop {
+                        let mut line = String::new();
+                        if r.read_line(&mut line).unwrap_or(0) == 0 {
+                            return;
+                        }
+                        let l = line.trim_end();
+                        if l.is_empty() {
+                            break;
+                        }
+                        if let Some((k, v)) = l.split_once(':') {
+                            let v = v.trim().to_string();
+                            match k.to_ascii_lowercase().as_str() {
+                                "content-length" => len = v.parse().unwrap(),
+                                "x-freesan-timestamp" => ts = Some(v),
+                                "x-freesan-signature" => sig = Some(v),
+                                _ => {}
+                            }
+                        }
+                    }
+                    let mut body = vec![0; len];
+                    r.read_exact(&mut body).unwrap();
+                    let valid = match (&ts, &sig) {
+                        (Some(ts), Some(sig)) => {
+                            let mut mac =
+                                hmac::Hmac::<sha2::Sha256>::new_from_slice(secret).unwrap();
+                            mac.update(ts.as_bytes());
+                            mac.update(b".");
+                            mac.update(&body);
+                            let want =
+                                format!("sha256={}", hex::encode(mac.finalize().into_bytes()));
+                            let age = (now_ms() / 1000) as i64 - ts.parse::<i64>().unwrap_or(0);
+                            *sig == want && age.abs() < 300
+                        }
+                        _ => false,
+                    };
+                    let e: Value = serde_json::from_slice(&body).expect("a JSON event");
+                    g.lock().unwrap().push(Signed {
+                        seq: e["seq"].as_u64().unwrap(),
+                        kind: e["kind"].as_str().unwrap().to_string(),
+                        message: e["message"].as_str().unwrap().to_string(),
+                        valid,
+                    });
+                    w.write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n")
+                        .unwrap();
+                }
+            });
+        }
+    });
+    got
+}
+
+/// Waits (up to 60 s) until the receiver holds an event `f` accepts.
+fn wait_signed(got: &Arc<Mutex<Vec<Signed>>>, what: &str, log: &Path, f: impl Fn(&Signed) -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !got.lock().unwrap().iter().any(&f) {
+        assert!(
+            Instant::now() < deadline,
+            "never delivered: {what}\ngot: {:?}\n{}",
+            got.lock().unwrap(),
+            std::fs::read_to_string(log).unwrap_or_default()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Waits (up to 30 s) until the node's delivery cursor for the webhook has
+/// reached `seq`: the node counts the event as delivered, so a SIGKILL now
+/// cannot make the next start send it again (at least once, not at most once:
+/// a kill before the cursor's write may repeat it, which this test is not about).
+fn wait_cursor(data: &Path, seq: u64) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let cur: Option<u64> = std::fs::read(data.join("alerts-delivered.json"))
+            .ok()
+            .and_then(|b| serde_json::from_slice::<Value>(&b).ok())
+            .and_then(|v| v.as_object()?.values().filter_map(Value::as_u64).max());
+        if cur.is_some_and(|c| c >= seq) {
+            return;
+        }
+        assert!(Instant::now() < deadline, "cursor stays at {cur:?}, not {seq}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// A webhook that is down when an event happens and the node is then killed:
+/// after the restart the event still arrives, once, signed; a further restart
+/// does not send it again (the delivery cursor survives).
+#[test]
+fn an_undelivered_event_is_sent_after_a_restart_once_and_signed() {
+    const SECRET: &[u8] = b"webhook-secret-for-the-test-0123";
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    // the receiver's port, with nothing listening on it until the node is down
+    let port = common::free_port();
+    std::fs::write(d.join("hook.key"), [SECRET, b"\n"].concat()).unwrap();
+    let mut cfg = common::config_head(d, 2);
+    cfg += &format!(
+        "[alerts]\nwebhook = [\"http://127.0.0.1:{port}/hook\"]\nwebhook_secret_file = \"hook.key\"\n\
+         [[pool]]\nname = \"p\"\nlevel = \"raid1\"\nmembers = [\"d0\", \"d1\"]\n\
+         [[target]]\niqn = \"{IQN}\"\n[[target.lun]]\npool = \"p\"\n"
+    );
+    let cfg_path = d.join("node.toml");
+    std::fs::write(&cfg_path, cfg).unwrap();
+    let start = |i: u32| {
+        common::Node::start(
+            &[],
+            &["--config".into(), cfg_path.display().to_string()],
+            &d.join(format!("serve{i}.log")),
+        )
+    };
+    let mut node = start(1);
+    let api = node.api.clone().expect("an API");
+    let (ok, out) = common::cli(&api, &["pool", "fail", "p", "0"]);
+    assert!(ok, "{out}");
+    // the watcher looks at the pool once a second: await the event
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let failed: Value = loop {
+        let (ok, out) = common::cli(&api, &["events", "--json"]);
+        assert!(ok, "{out}");
+        if let Some(e) = out
+            .lines()
+            .map(|l| serde_json::from_str::<Value>(l).unwrap())
+            .find(|e| e["kind"] == "disk_failed")
+        {
+            break e;
+        }
+        assert!(Instant::now() < deadline, "no disk_failed event: {out}");
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let seq = failed["seq"].as_u64().unwrap();
+    // the first attempt failed (nothing listens): await its log line
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !std::fs::read_to_string(&node.log)
+        .unwrap_or_default()
+        .lines()
+        .any(|l| l.contains("webhook not reached") && l.contains(&format!("seq={seq} ")))
+    {
+        assert!(Instant::now() < deadline, "no failed attempt logged");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    node.kill9();
+
+    let got = signed_receiver(TcpListener::bind(("127.0.0.1", port)).unwrap(), SECRET);
+    let mut node = start(2);
+    wait_signed(&got, "the event from before the restart", &node.log, |s| {
+        s.seq == seq
+    });
+    // the second start says the member is still failed: a new event, after it
+    wait_signed(
+        &got,
+        "the standing failure at the second start",
+        &node.log,
+        |s| s.kind == "disk_failed" && s.seq > seq,
+    );
+    let second = got.lock().unwrap().iter().map(|s| s.seq).max().unwrap();
+    wait_cursor(&d.join("data"), second);
+    node.kill9();
+    let mut node = start(3);
+    wait_signed(
+        &got,
+        "the standing failure at the third start",
+        &node.log,
+        |s| s.kind == "disk_failed" && s.seq > second,
+    );
+    node.kill9();
+    let got = got.lock().unwrap().clone();
+    let first: Vec<&Signed> = got.iter().filter(|s| s.seq == seq).collect();
+    assert_eq!(first.len(), 1, "delivered once: {got:?}");
+    assert_eq!(first[0].message, failed["message"].as_str().unwrap());
+    let mut seqs: Vec<u64> = got.iter().map(|s| s.seq).collect();
+    seqs.dedup();
+    assert_eq!(seqs.len(), got.len(), "no event twice: {got:?}");
+    assert!(seqs.windows(2).all(|w| w[0] < w[1]), "in order: {got:?}");
+    assert!(got.iter().all(|s| s.valid), "every POST signed: {got:?}");
+}
