@@ -118,6 +118,10 @@ impl api::Control for NodeControl {
 
     fn status(&self) -> serde_json::Value {
         let mut s = self.summary.clone();
+        // the portals served now (a reload may have changed them)
+        if let Some(x) = &self.iscsi_sessions {
+            s["portals"] = x.portals().iter().map(|p| p.to_string()).collect();
+        }
         s["luns"] = serde_json::Value::Array(self.objects.luns_now());
         s["pools"] = serde_json::Value::Array(self.pools.statuses());
         s["caches"] = serde_json::Value::Array(self.pools.cache_statuses());

@@ -3,16 +3,27 @@
 //! What it applies live: targets appended to the configuration (their LUNs are
 //! opened and they become discoverable and loginable), and for the running
 //! targets their CHAP, mutual CHAP and per-initiator CHAP, allowed initiators,
-//! alias and host groups (LUN masking); discovery CHAP. Sessions already logged
-//! in are not touched: authentication applies at login, and host groups apply
-//! to the next command of every session (that is what LUN masking means).
+//! alias and host groups (LUN masking); discovery CHAP; and on a node outside
+//! an HA pair its portals. Sessions already logged in are not touched:
+//! authentication applies at login, and host groups apply to the next command
+//! of every session (that is what LUN masking means).
+//!
+//! Portals: a portal added is bound (a failure to bind refuses the whole
+//! reload), joins every target's ALUA port group (VPD 83h and REPORT TARGET
+//! PORT GROUPS name it) and is listed by SendTargets; a portal removed stops
+//! accepting and the sessions that came through it close; the portals that
+//! stay keep their TPGT and their sessions. A new portal takes the smallest
+//! TPGT no portal of the node has (after a restart TPGTs follow the file's
+//! order again).
 //!
 //! What it does not apply (it keeps what runs and names each in the log and in
-//! the answer, under `not_applied`): portals, LUNs of running targets, targets
-//! removed or reordered, pools, disks, caches, limits, the API, NBD, the cluster
-//! and the data directory; those need a restart (or the objects API). Targets
-//! added by a reload are not exported over NBD and are not managed by the
-//! objects API (`freesan lun`) until the next restart.
+//! the answer, under `not_applied`): portals of a node in an HA pair (its
+//! client-network heartbeats run on them and the partner advertises them),
+//! LUNs of running targets, targets removed or reordered, pools, disks,
+//! caches, limits, the API, NBD, the cluster and the data directory; those
+//! need a restart (or the objects API). Targets added by a reload are not
+//! exported over NBD and are not managed by the objects API (`freesan lun`)
+//! until the next restart.
 //!
 //! Invariant: a reload either installs the whole new target table or none of it
 //! (a new target whose LUNs cannot be opened fails the reload, and nothing
@@ -62,6 +73,9 @@ pub struct Reloader {
     lifecycle: Option<LifecycleHook>,
     /// The configuration in effect (what the last reload applied of it).
     current: tokio::sync::Mutex<Config>,
+    /// The portals served, as configured, with their TPGTs (changed only while
+    /// `current` is held).
+    portals: parking_lot::Mutex<Vec<iscsi::Portal>>,
 }
 
 impl Reloader {
@@ -80,6 +94,7 @@ impl Reloader {
             iscsi,
             pools,
             cluster,
+            portals: parking_lot::Mutex::new(crate::serve::iscsi_portals(&cfg)),
             current: tokio::sync::Mutex::new(cfg),
         }
     }
@@ -144,9 +159,13 @@ impl Reloader {
         let new = (self.load)().context("reading the configuration")?;
         new.validate().context("the new configuration")?;
         let mut report = ReloadReport::default();
-        not_applied(current, &new, &mut report);
+        let live_portals = self.cluster.is_none();
+        not_applied(current, &new, live_portals, &mut report);
         let running = self.iscsi.targets();
-        let portals = crate::serve::iscsi_portals(current);
+        let old_portals = self.portals.lock().clone();
+        let new_portals = (live_portals && new.portals != current.portals)
+            .then(|| assign_tpgts(&old_portals, &new));
+        let portals = new_portals.clone().unwrap_or_else(|| old_portals.clone());
         let mut specs = Vec::with_capacity(running.len());
         let mut host_groups = Vec::new();
         // the running targets, in their order; each takes its new auth and ACLs
@@ -210,6 +229,10 @@ impl Reloader {
                 .push(format!("target {} added ({})", t.iqn, luns.join(", ")));
             specs.push(spec);
         }
+        if let Some(p) = &new_portals {
+            self.set_portals(&running, &old_portals, p, &mut report)
+                .await?;
+        }
         let discovery = crate::serve::discovery_auth(&new);
         if new.discovery_chap != current.discovery_chap {
             report.applied.push("discovery CHAP changed".into());
@@ -229,7 +252,9 @@ impl Reloader {
         }
         // what runs now: the new file, except for what could not be applied
         let mut applied_cfg = new.clone();
-        applied_cfg.portals = current.portals.clone();
+        if new_portals.is_none() {
+            applied_cfg.portals = current.portals.clone();
+        }
         applied_cfg.pools = current.pools.clone();
         applied_cfg.disks = current.disks.clone();
         applied_cfg.caches = current.caches.clone();
@@ -257,8 +282,100 @@ impl Reloader {
     }
 }
 
-/// Lists the node-wide sections that differ and cannot change live.
-fn not_applied(old: &Config, new: &Config, report: &mut ReloadReport) {
+impl Reloader {
+    /// Makes `portals` the node's portals: the running targets' SCSI ports
+    /// first (a port no initiator reaches yet is harmless), then the iSCSI
+    /// listeners; when a listener cannot be bound the SCSI ports go back to
+    /// `old` and the reload fails with nothing changed.
+    async fn set_portals(
+        &self,
+        running: &[iscsi::TargetSpec],
+        old: &[iscsi::Portal],
+        portals: &[iscsi::Portal],
+        report: &mut ReloadReport,
+    ) -> Result<()> {
+        let group = crate::serve::SINGLE_NODE_GROUP;
+        let ports = |spec: &iscsi::TargetSpec, p: &[iscsi::Portal]| {
+            crate::serve::target_ports(&spec.iqn, p, group)
+        };
+        for spec in running {
+            spec.scsi
+                .set_ports(ports(spec, portals))
+                .with_context(|| format!("target {}: its new ports", spec.iqn))?;
+        }
+        let change = match self.iscsi.set_portals(portals).await {
+            Ok(c) => c,
+            Err(e) => {
+                for spec in running {
+                    if let Err(e) = spec.scsi.set_ports(ports(spec, old)) {
+                        tracing::error!(target = %spec.iqn, "reload: restoring the ports: {e}");
+                    }
+                }
+                return Err(e).context("changing the portals");
+            }
+        };
+        for p in &change.added {
+            report
+                .applied
+                .push(format!("portal {} added (TPGT {})", p.addr, p.tpgt));
+        }
+        for p in &change.removed {
+            report
+                .applied
+                .push(format!("portal {} removed (TPGT {})", p.addr, p.tpgt));
+        }
+        if change.sessions_closed > 0 {
+            report.applied.push(format!(
+                "{} session(s) through removed portals closed",
+                change.sessions_closed
+            ));
+        }
+        *self.portals.lock() = portals.to_vec();
+        Ok(())
+    }
+}
+
+/// The portals of `new` with their TPGTs: a portal `old` has keeps its TPGT,
+/// a new one takes the smallest port id that neither `old` nor the others use
+/// (so a removed portal's sessions, closed by TPGT, are never confused with a
+/// new portal's).
+fn assign_tpgts(old: &[iscsi::Portal], new: &Config) -> Vec<iscsi::Portal> {
+    let node_id = new.cluster.as_ref().map_or(1, |c| c.node_id);
+    let kept: Vec<Option<u16>> = new
+        .portals
+        .iter()
+        .map(|p| old.iter().find(|o| o.addr == p.address).map(|o| o.tpgt))
+        .collect();
+    let mut used: Vec<u16> = old.iter().map(|o| o.tpgt).collect();
+    new.portals
+        .iter()
+        .zip(kept)
+        .map(|(p, tpgt)| {
+            let tpgt = tpgt.unwrap_or_else(|| {
+                let t = (0..)
+                    .map(|i| crate::cluster::port_id(node_id, i))
+                    .find(|t| !used.contains(t))
+                    .expect("a free port id");
+                used.push(t);
+                t
+            });
+            iscsi::Portal {
+                addr: p.address,
+                tpgt,
+            }
+        })
+        .collect()
+}
+
+/// Lists the node-wide sections that differ and cannot change live (portals
+/// can when `live_portals`).
+fn not_applied(old: &Config, new: &Config, live_portals: bool, report: &mut ReloadReport) {
+    if old.portals != new.portals && !live_portals {
+        report.not_applied.push(
+            "portals changed: in an HA pair they need a restart (client-network heartbeats run on them and the partner advertises them)"
+                .into(),
+        );
+    }
     let mut differs = |what: &str, same: bool| {
         if !same {
             report
@@ -266,7 +383,6 @@ fn not_applied(old: &Config, new: &Config, report: &mut ReloadReport) {
                 .push(format!("{what} changed: needs a restart"));
         }
     };
-    differs("portals", old.portals == new.portals);
     differs("data_dir", old.data_dir == new.data_dir);
     differs("pools", old.pools == new.pools);
     differs("disks", old.disks == new.disks);
@@ -275,4 +391,58 @@ fn not_applied(old: &Config, new: &Config, report: &mut ReloadReport) {
     differs("api", old.api == new.api);
     differs("nbd", old.nbd == new.nbd);
     differs("cluster", old.cluster == new.cluster);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn portal(addr: &str, tpgt: u16) -> iscsi::Portal {
+        iscsi::Portal {
+            addr: addr.parse().unwrap(),
+            tpgt,
+        }
+    }
+
+    fn with_portals(addrs: &[&str]) -> Config {
+        let mut s = "data_dir = \"/nonexistent\"\ntarget = []\n".to_string();
+        for a in addrs {
+            s += &format!("[[portal]]\naddress = \"{a}\"\n");
+        }
+        toml::from_str(&s).unwrap()
+    }
+
+    #[test]
+    fn portals_that_stay_keep_their_tpgt_and_new_ones_take_a_free_one() {
+        let old = [
+            portal("127.0.0.1:3260", 1),
+            portal("127.0.0.2:3260", 2),
+            portal("127.0.0.3:3260", 3),
+        ];
+        // .2 removed, .4 added, .3 moved first: .3 keeps 3, .4 takes 4 (not
+        // 2, which the removed portal's sessions still carry)
+        let got = assign_tpgts(
+            &old,
+            &with_portals(&["127.0.0.3:3260", "127.0.0.1:3260", "127.0.0.4:3260"]),
+        );
+        assert_eq!(
+            got,
+            [
+                portal("127.0.0.3:3260", 3),
+                portal("127.0.0.1:3260", 1),
+                portal("127.0.0.4:3260", 4)
+            ]
+        );
+        // once .2 is gone, its TPGT is free again
+        let got = assign_tpgts(
+            &got,
+            &with_portals(&[
+                "127.0.0.3:3260",
+                "127.0.0.1:3260",
+                "127.0.0.4:3260",
+                "127.0.0.5:3260",
+            ]),
+        );
+        assert_eq!(got[3], portal("127.0.0.5:3260", 2));
+    }
 }

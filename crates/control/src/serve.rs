@@ -89,14 +89,7 @@ pub(crate) fn build_target(
         // one ALUA port group per node: this node's portals and the partner's
         Some(c) => {
             let peer = 3 - c.node_id;
-            let ports: Vec<scsi::TargetPort> = portals
-                .iter()
-                .map(|p| scsi::TargetPort {
-                    relative_id: p.tpgt,
-                    group_id: c.node_id as u16,
-                    name: format!("{},t,0x{:04x}", t.iqn, p.tpgt),
-                })
-                .collect();
+            let ports = target_ports(&t.iqn, portals, c.node_id as u16);
             let mut groups = vec![
                 scsi::PortGroup {
                     id: c.node_id as u16,
@@ -122,8 +115,20 @@ pub(crate) fn build_target(
                 luns,
             }
         }
-        // portals carry TPGTs 1..=n in order (see above): one port group of them all
-        None => scsi::TargetConfig::one_port_group(&t.iqn, portals.len() as u16, luns),
+        // one port group of them all
+        None => {
+            let ports = target_ports(&t.iqn, portals, SINGLE_NODE_GROUP);
+            scsi::TargetConfig {
+                name: t.iqn.clone(),
+                port_groups: vec![scsi::PortGroup {
+                    id: SINGLE_NODE_GROUP,
+                    state: scsi::AluaState::ActiveOptimized,
+                    relative_port_ids: ports.iter().map(|p| p.relative_id).collect(),
+                }],
+                ports,
+                luns,
+            }
+        }
     };
     let scsi_target =
         Arc::new(scsi::ScsiTarget::new(scsi_cfg).with_context(|| format!("target {}", t.iqn))?);
@@ -149,6 +154,26 @@ pub(crate) fn build_target(
         allowed_initiators: t.allowed_initiators.clone(),
     };
     Ok((spec, opened, exports))
+}
+
+/// The ALUA port group of every portal of a node outside an HA pair.
+pub(crate) const SINGLE_NODE_GROUP: u16 = 1;
+
+/// Target `iqn`'s SCSI ports for `portals` (relative port id = TPGT), all in
+/// ALUA group `group_id`, named as iSCSI target ports.
+pub(crate) fn target_ports(
+    iqn: &str,
+    portals: &[iscsi::Portal],
+    group_id: u16,
+) -> Vec<scsi::TargetPort> {
+    portals
+        .iter()
+        .map(|p| scsi::TargetPort {
+            relative_id: p.tpgt,
+            group_id,
+            name: format!("{iqn},t,0x{:04x}", p.tpgt),
+        })
+        .collect()
 }
 
 /// The portals of `cfg` with their TPGTs (this node's port ids, in order).

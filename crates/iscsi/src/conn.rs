@@ -138,6 +138,12 @@ pub(crate) async fn serve(
         discovery = (neg.session_type == SessionType::Discovery),
         "login complete"
     );
+    // registered before this look: a portal removed after it finds the session
+    // in the registry (server.rs, Reloader::set_portals)
+    if !ctx.serves_portal(portal.tpgt) {
+        tracing::info!(%peer, portal = %portal.addr, tsih = session.tsih, "the portal was removed during the login; closing the session");
+        session.kill.send_replace(true);
+    }
     full_feature(ctx, sock, buf, neg, session, local, peer).await;
 }
 

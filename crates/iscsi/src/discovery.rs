@@ -52,7 +52,7 @@ pub(crate) fn send_targets(
             continue;
         };
         push_pair(&mut out, "TargetName", &t.iqn);
-        for p in ctx.portals.iter().chain(&ctx.partner_portals) {
+        for p in ctx.portals().iter().chain(&ctx.partner_portals) {
             push_pair(
                 &mut out,
                 "TargetAddress",

@@ -34,5 +34,7 @@ mod writer;
 
 pub use auth_limit::AuthStats;
 pub use config::{Auth, ChapSecret, Limits, Portal, ServerConfig, TargetSpec};
-pub use server::{Reloader, ReplaceError, Server, SessionInfo, Sessions};
+pub use server::{
+    PortalChange, PortalError, Reloader, ReplaceError, Server, SessionInfo, Sessions,
+};
 pub use session::SessionIoStats;

@@ -204,6 +204,7 @@ async fn register(
         source: peer.ip(),
         chap_user: n.chap_user.clone(),
         chap_per_initiator: n.chap_per_initiator,
+        tpgt: n.tpgt,
     };
     let (session, old) = ctx
         .registry

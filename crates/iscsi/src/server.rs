@@ -1,10 +1,15 @@
 //! Portals and the accept loop; clean shutdown; live replacement of the target
-//! table ([`Reloader`]).
+//! table and of the portals ([`Reloader`]).
 //!
 //! Invariant of the target table: a target keeps its index for the life of the
 //! server (sessions, the registry and task-abort hooks name targets by index), so
 //! a reload may change a target's authentication and ACLs and append targets, but
 //! never removes, reorders or swaps the SCSI device of one.
+//!
+//! Invariant of the portals: a portal keeps its TPGT while it is served; once
+//! [`Reloader::set_portals`] returns, a removed portal accepts nothing more and
+//! every session that logged in through it (normal or discovery) is closing, and
+//! a session whose login completes through it after that is closed at once.
 
 use crate::admission::LoginBudget;
 use crate::auth_limit::{AuthLimiter, AuthLimits};
@@ -24,6 +29,51 @@ use tokio::task::JoinSet;
 /// Accepted connections waiting to be served.
 const ACCEPT_QUEUE: usize = 64;
 
+/// A connection accepted on a portal.
+type Accepted = (TcpStream, SocketAddr, Portal);
+
+/// One portal's accept task.
+struct Acceptor {
+    /// The address it was asked to listen on (port 0 before binding).
+    configured: SocketAddr,
+    portal: Portal,
+    task: tokio::task::JoinHandle<()>,
+}
+
+/// The portals' listeners: bound before [`Server::run`] starts them, then one
+/// accept task each.
+#[derive(Default)]
+struct Listening {
+    /// Where accept tasks hand connections to; set while `run` serves.
+    tx: Option<mpsc::Sender<Accepted>>,
+    /// Bound, not yet accepting (before `run`): (configured address, listener, portal).
+    waiting: Vec<(SocketAddr, TcpListener, Portal)>,
+    /// Accepting.
+    running: Vec<Acceptor>,
+}
+
+fn spawn_acceptor(
+    l: TcpListener,
+    portal: Portal,
+    tx: mpsc::Sender<Accepted>,
+) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        loop {
+            match l.accept().await {
+                Ok((s, peer)) => {
+                    if tx.send((s, peer, portal)).await.is_err() {
+                        return;
+                    }
+                }
+                Err(e) => {
+                    tracing::warn!(portal = %portal.addr, error = %e, "accept failed");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+            }
+        }
+    })
+}
+
 /// The targets and the login configuration derived from them, replaced together
 /// (a login sees either the old or the new table, never a mix).
 pub(crate) struct Tables {
@@ -35,8 +85,13 @@ pub(crate) struct Tables {
 pub(crate) struct Ctx {
     /// Read at each login and discovery; replaced by [`Reloader::replace`].
     tables: parking_lot::RwLock<Arc<Tables>>,
-    /// Portals with the addresses actually bound (port 0 resolved).
-    pub portals: Vec<Portal>,
+    /// Portals with the addresses actually bound (port 0 resolved), in order;
+    /// replaced by [`Reloader::set_portals`].
+    portals: parking_lot::RwLock<Arc<Vec<Portal>>>,
+    /// Their listeners and accept tasks.
+    listening: parking_lot::Mutex<Listening>,
+    /// Portal changes one at a time.
+    portal_change: tokio::sync::Mutex<()>,
     /// The HA partner's portals (advertised, not bound).
     pub partner_portals: Vec<Portal>,
     pub limits: Limits,
@@ -82,7 +137,7 @@ impl Sessions {
     pub fn portals(&self) -> Vec<SocketAddr> {
         self.0
             .upgrade()
-            .map_or_else(Vec::new, |c| c.portals.iter().map(|p| p.addr).collect())
+            .map_or_else(Vec::new, |c| c.portals().iter().map(|p| p.addr).collect())
     }
 
     /// The sessions logged in now, oldest first.
@@ -91,13 +146,14 @@ impl Sessions {
             return Vec::new();
         };
         let tables = ctx.tables();
+        let portals = ctx.portals();
         ctx.registry
             .snapshot()
             .iter()
             .map(|s| {
                 let key = s.key.as_ref();
                 let portal = key.map_or_else(String::new, |k| {
-                    ctx.portals
+                    portals
                         .iter()
                         .find(|p| p.tpgt == k.tpgt)
                         .map_or_else(|| format!("tpgt {}", k.tpgt), |p| p.addr.to_string())
@@ -125,7 +181,6 @@ impl Sessions {
 
 /// An iSCSI target server: every portal serves every target.
 pub struct Server {
-    listeners: Vec<(TcpListener, Portal)>,
     ctx: Arc<Ctx>,
     shutdown_tx: watch::Sender<bool>,
 }
@@ -141,6 +196,16 @@ impl Ctx {
     /// The current target table.
     pub(crate) fn tables(&self) -> Arc<Tables> {
         self.tables.read().clone()
+    }
+
+    /// This node's portals now.
+    pub(crate) fn portals(&self) -> Arc<Vec<Portal>> {
+        self.portals.read().clone()
+    }
+
+    /// Whether a portal with TPGT `tpgt` is served now.
+    pub(crate) fn serves_portal(&self, tpgt: u16) -> bool {
+        self.portals.read().iter().any(|p| p.tpgt == tpgt)
     }
 }
 
@@ -187,16 +252,12 @@ fn login_config(targets: &[TargetSpec], discovery_auth: &Auth, l: &Limits) -> Lo
 impl Server {
     /// Binds every portal. Fails if any address cannot be bound.
     pub async fn bind(cfg: ServerConfig) -> std::io::Result<Server> {
-        let mut listeners = Vec::with_capacity(cfg.portals.len());
+        let mut waiting = Vec::with_capacity(cfg.portals.len());
         let mut portals = Vec::with_capacity(cfg.portals.len());
         for p in &cfg.portals {
-            let l = TcpListener::bind(p.addr).await?;
-            let bound = Portal {
-                addr: l.local_addr()?,
-                tpgt: p.tpgt,
-            };
+            let (l, bound) = bind_portal(p).await?;
             portals.push(bound);
-            listeners.push((l, bound));
+            waiting.push((p.addr, l, bound));
         }
         let (shutdown_tx, shutdown) = watch::channel(false);
         let ctx = Arc::new(Ctx {
@@ -204,7 +265,12 @@ impl Server {
                 login_cfg: Arc::new(login_config(&cfg.targets, &cfg.discovery_auth, &cfg.limits)),
                 targets: cfg.targets,
             })),
-            portals,
+            portals: parking_lot::RwLock::new(Arc::new(portals)),
+            listening: parking_lot::Mutex::new(Listening {
+                waiting,
+                ..Listening::default()
+            }),
+            portal_change: tokio::sync::Mutex::new(()),
             partner_portals: cfg.partner_portals,
             logins: LoginBudget::new(
                 cfg.limits.logins_in_progress_per_source_max,
@@ -231,11 +297,7 @@ impl Server {
                 target: i,
             }));
         }
-        Ok(Server {
-            listeners,
-            ctx,
-            shutdown_tx,
-        })
+        Ok(Server { ctx, shutdown_tx })
     }
 
     /// Counters of failed authentications (CHAP) since the server started.
@@ -257,34 +319,25 @@ impl Server {
 
     /// The bound address of every portal, in configuration order.
     pub fn local_addrs(&self) -> Vec<SocketAddr> {
-        self.ctx.portals.iter().map(|p| p.addr).collect()
+        self.ctx.portals().iter().map(|p| p.addr).collect()
     }
 
     /// Serves until `shutdown` completes; then stops accepting, closes every
     /// session (letting running commands finish within the drain timeout) and
     /// flushes every target's LUNs.
     pub async fn run(self, shutdown: impl Future<Output = ()> + Send) -> std::io::Result<()> {
-        let (acc_tx, mut acc_rx) = mpsc::channel::<(TcpStream, SocketAddr, Portal)>(ACCEPT_QUEUE);
-        let mut acceptors = JoinSet::new();
-        for (l, portal) in self.listeners {
-            let tx = acc_tx.clone();
-            acceptors.spawn(async move {
-                loop {
-                    match l.accept().await {
-                        Ok((s, peer)) => {
-                            if tx.send((s, peer, portal)).await.is_err() {
-                                return;
-                            }
-                        }
-                        Err(e) => {
-                            tracing::warn!(portal = %portal.addr, error = %e, "accept failed");
-                            tokio::time::sleep(Duration::from_millis(100)).await;
-                        }
-                    }
-                }
-            });
+        let (acc_tx, mut acc_rx) = mpsc::channel::<Accepted>(ACCEPT_QUEUE);
+        {
+            let mut l = self.ctx.listening.lock();
+            for (configured, listener, portal) in std::mem::take(&mut l.waiting) {
+                l.running.push(Acceptor {
+                    configured,
+                    portal,
+                    task: spawn_acceptor(listener, portal, acc_tx.clone()),
+                });
+            }
+            l.tx = Some(acc_tx);
         }
-        drop(acc_tx);
         let mut conns = JoinSet::new();
         tokio::pin!(shutdown);
         loop {
@@ -305,7 +358,14 @@ impl Server {
             }
         }
         tracing::info!("iSCSI target shutting down");
-        acceptors.abort_all();
+        let stopped = {
+            let mut l = self.ctx.listening.lock();
+            l.tx = None;
+            std::mem::take(&mut l.running)
+        };
+        for a in stopped {
+            a.task.abort();
+        }
         drop(acc_rx);
         let _ = self.shutdown_tx.send(true);
         let grace =
@@ -323,6 +383,27 @@ impl Server {
         }
         Ok(())
     }
+}
+
+/// Binds `p`'s address; the portal as bound (port 0 resolved).
+async fn bind_portal(p: &Portal) -> std::io::Result<(TcpListener, Portal)> {
+    let l = TcpListener::bind(p.addr).await?;
+    let bound = Portal {
+        addr: l.local_addr()?,
+        tpgt: p.tpgt,
+    };
+    Ok((l, bound))
+}
+
+/// What [`Reloader::set_portals`] changed.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PortalChange {
+    /// Portals now served that were not, as bound.
+    pub added: Vec<Portal>,
+    /// Portals no longer served.
+    pub removed: Vec<Portal>,
+    /// Sessions closed because they came through a removed portal.
+    pub sessions_closed: usize,
 }
 
 /// Why [`Reloader::replace`] refused a new target table (the old one stays).
@@ -395,4 +476,137 @@ impl Reloader {
         *tables = Arc::new(Tables { targets, login_cfg });
         Ok(())
     }
+
+    /// Makes `portals` (addresses as configured, with their TPGTs, in order) the
+    /// server's portals while it runs: new ones are bound and accept at once;
+    /// removed ones stop accepting, and every session that came through one of
+    /// them is told to close (its running commands finish first, as at a
+    /// logout); the others, and the sessions through them, are untouched. A
+    /// portal is the same when its address and TPGT are. Fails, and nothing
+    /// changes, when two portals share an address or a TPGT or a new address
+    /// cannot be bound (an address that stays must keep its TPGT: the old
+    /// listener still holds it).
+    pub async fn set_portals(&self, portals: &[Portal]) -> Result<PortalChange, PortalError> {
+        let ctx = self.ctx.upgrade().ok_or(PortalError::Stopped)?;
+        let _one = ctx.portal_change.lock().await;
+        for (i, p) in portals.iter().enumerate() {
+            if portals[..i]
+                .iter()
+                .any(|o| o.addr == p.addr || o.tpgt == p.tpgt)
+            {
+                return Err(PortalError::Duplicate(*p));
+            }
+        }
+        let same = |configured: SocketAddr, p: &Portal, n: &Portal| {
+            configured == n.addr && p.tpgt == n.tpgt
+        };
+        let current: Vec<(SocketAddr, Portal)> = {
+            let l = ctx.listening.lock();
+            l.running
+                .iter()
+                .map(|a| (a.configured, a.portal))
+                .chain(l.waiting.iter().map(|(c, _, p)| (*c, *p)))
+                .collect()
+        };
+        // the new ones are bound first: a failure changes nothing
+        let mut bound = Vec::new();
+        for n in portals {
+            if current.iter().any(|(c, p)| same(*c, p, n)) {
+                continue;
+            }
+            let (l, b) = bind_portal(n).await.map_err(|source| PortalError::Bind {
+                addr: n.addr,
+                source,
+            })?;
+            bound.push((n.addr, l, b));
+        }
+        let mut change = PortalChange::default();
+        let stopped = {
+            let mut l = ctx.listening.lock();
+            let keep = |c: SocketAddr, p: &Portal| portals.iter().any(|n| same(c, p, n));
+            let (kept, gone): (Vec<Acceptor>, Vec<Acceptor>) = std::mem::take(&mut l.running)
+                .into_iter()
+                .partition(|a| keep(a.configured, &a.portal));
+            l.running = kept;
+            let waiting = std::mem::take(&mut l.waiting);
+            for (c, listener, p) in waiting {
+                if keep(c, &p) {
+                    l.waiting.push((c, listener, p));
+                } else {
+                    change.removed.push(p);
+                }
+            }
+            change.removed.extend(gone.iter().map(|a| a.portal));
+            for (configured, listener, portal) in bound {
+                change.added.push(portal);
+                match l.tx.clone() {
+                    Some(tx) => l.running.push(Acceptor {
+                        configured,
+                        portal,
+                        task: spawn_acceptor(listener, portal, tx),
+                    }),
+                    None => l.waiting.push((configured, listener, portal)),
+                }
+            }
+            // in the order asked for
+            let now: Vec<Portal> = portals
+                .iter()
+                .filter_map(|n| {
+                    l.running
+                        .iter()
+                        .map(|a| (a.configured, a.portal))
+                        .chain(l.waiting.iter().map(|(c, _, p)| (*c, *p)))
+                        .find(|(c, p)| same(*c, p, n))
+                        .map(|(_, p)| p)
+                })
+                .collect();
+            *ctx.portals.write() = Arc::new(now);
+            gone
+        };
+        // a removed portal's listener is closed once its task is gone
+        for a in stopped {
+            a.task.abort();
+            let _ = a.task.await;
+        }
+        // after the table changed: a login that completes through a removed
+        // portal from now on sees it gone (conn.rs), one registered before is here
+        for s in ctx.registry.snapshot() {
+            if change.removed.iter().any(|p| p.tpgt == s.origin.tpgt) {
+                s.kill.send_replace(true);
+                change.sessions_closed += 1;
+            }
+        }
+        for p in &change.added {
+            tracing::info!(portal = %p.addr, tpgt = p.tpgt, "portal added");
+        }
+        for p in &change.removed {
+            tracing::info!(portal = %p.addr, tpgt = p.tpgt, "portal removed");
+        }
+        if change.sessions_closed > 0 {
+            tracing::info!(
+                sessions = change.sessions_closed,
+                "sessions through removed portals closing"
+            );
+        }
+        Ok(change)
+    }
+}
+
+/// Why [`Reloader::set_portals`] refused (the portals stay as they were).
+#[derive(Debug, thiserror::Error)]
+pub enum PortalError {
+    /// The server has stopped.
+    #[error("the iSCSI server has stopped")]
+    Stopped,
+    /// Two portals share an address or a TPGT.
+    #[error("portal {} (TPGT {}) shares its address or TPGT with another", .0.addr, .0.tpgt)]
+    Duplicate(Portal),
+    /// A new portal's address could not be bound.
+    #[error("binding portal {addr}: {source}")]
+    Bind {
+        /// The address.
+        addr: SocketAddr,
+        /// Why.
+        source: std::io::Error,
+    },
 }

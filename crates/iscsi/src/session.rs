@@ -122,6 +122,9 @@ pub(crate) struct Origin {
     pub chap_user: Option<String>,
     /// The CHAP credentials were the initiator's own (per-initiator entry).
     pub chap_per_initiator: bool,
+    /// The TPGT of the portal it logged in through (its sessions close when
+    /// that portal is removed).
+    pub tpgt: u16,
 }
 
 impl Origin {
@@ -428,6 +431,7 @@ mod tests {
             source: source.parse().unwrap(),
             chap_user: None,
             chap_per_initiator: false,
+            tpgt: 1,
         }
     }
 

@@ -127,8 +127,9 @@ impl Group {
 /// Port group states of one target (or LU), changeable at run time.
 pub(crate) struct Alua {
     groups: RwLock<Vec<Group>>,
-    /// Relative port id -> group id.
-    port_group: Vec<(u16, u16)>,
+    /// Relative port id -> group id (changed only by [`Alua::retarget`]; read
+    /// per command only while some group is not active).
+    port_group: RwLock<Vec<(u16, u16)>>,
     /// Fast path: every group is active (no per-command lookup needed).
     all_active: AtomicBool,
     /// Serialises changes of the explicit states with the write of their file.
@@ -181,7 +182,7 @@ impl Alua {
             .collect();
         Alua {
             groups: RwLock::new(groups),
-            port_group,
+            port_group: RwLock::new(port_group),
             all_active: AtomicBool::new(all_active),
             explicit_write: Mutex::new(()),
         }
@@ -198,6 +199,29 @@ impl Alua {
                 relative_port_ids: g.relative_port_ids.clone(),
             })
             .collect()
+    }
+
+    /// Takes ports `gone` out of their groups and puts each port of `added` in
+    /// its group (a port portals added at run time; see
+    /// [`crate::ScsiTarget::set_ports`]). States are untouched. A port whose group
+    /// this target does not have is left out (the caller checks first).
+    pub fn retarget(&self, gone: &[u16], added: &[TargetPort]) {
+        let mut groups = self.groups.write();
+        let mut map = self.port_group.write();
+        map.retain(|(r, _)| !gone.contains(r));
+        for g in groups.iter_mut() {
+            g.relative_port_ids.retain(|r| !gone.contains(r));
+        }
+        for p in added {
+            let Some(g) = groups.iter_mut().find(|g| g.id == p.group_id) else {
+                continue;
+            };
+            if !g.relative_port_ids.contains(&p.relative_id) {
+                g.relative_port_ids.push(p.relative_id);
+            }
+            map.retain(|(r, _)| *r != p.relative_id);
+            map.push((p.relative_id, p.group_id));
+        }
     }
 
     fn refresh_all_active(&self, groups: &[Group]) {
@@ -232,7 +256,7 @@ impl Alua {
     }
 
     /// Whether the target has a group `id`.
-    fn has_group(&self, id: u16) -> bool {
+    pub(crate) fn has_group(&self, id: u16) -> bool {
         self.groups.read().iter().any(|g| g.id == id)
     }
 
@@ -336,10 +360,12 @@ impl Alua {
         if self.all_active.load(Ordering::Acquire) {
             return AluaState::ActiveOptimized;
         }
-        let Some(&(_, gid)) = self
+        let Some((_, gid)) = self
             .port_group
+            .read()
             .iter()
             .find(|&&(r, _)| r == relative_port_id)
+            .copied()
         else {
             return AluaState::ActiveOptimized;
         };

@@ -7,7 +7,7 @@
 
 use crate::cdb::{put_ascii, Cdb};
 use crate::lu::{CmdResult, Done, LogicalUnit};
-use crate::{ItNexus, TargetConfig};
+use crate::{ItNexus, TargetPort};
 use block::Geometry;
 
 /// Most blocks one COMPARE AND WRITE may cover.
@@ -74,7 +74,8 @@ const NO_LUN_PERIPHERAL: u8 = 0x7f;
 
 /// INQUIRY for `lu` (None when the LUN does not exist).
 pub(crate) fn inquiry(
-    target: &TargetConfig,
+    target: &str,
+    ports: &[TargetPort],
     lu: Option<&LogicalUnit>,
     nexus: &ItNexus,
     cdb: &Cdb,
@@ -89,7 +90,7 @@ pub(crate) fn inquiry(
         if page != 0 {
             return Err(cdb.invalid(2, None).into());
         }
-        return Ok(Done::alloc(standard(target, lu), alloc_len));
+        return Ok(Done::alloc(standard(ports, lu), alloc_len));
     }
     let Some(lu) = lu else {
         return Err(crate::sense::codes::LUN_NOT_SUPPORTED.into());
@@ -102,7 +103,7 @@ pub(crate) fn inquiry(
             put_ascii(&mut s, &lu.config.serial);
             vpd(page, &s)
         }
-        VPD_DEVICE_ID => vpd(page, &device_id(target, lu, nexus)),
+        VPD_DEVICE_ID => vpd(page, &device_id(target, ports, lu, nexus)),
         VPD_THIRD_PARTY_COPY => vpd(page, &crate::copy::vpd_page(lu)),
         VPD_BLOCK_LIMITS => vpd(page, &block_limits(&geo)),
         VPD_BLOCK_CHARACTERISTICS => {
@@ -133,7 +134,7 @@ fn vpd(page: u8, body: &[u8]) -> Vec<u8> {
     out
 }
 
-fn standard(target: &TargetConfig, lu: Option<&LogicalUnit>) -> Vec<u8> {
+fn standard(ports: &[TargetPort], lu: Option<&LogicalUnit>) -> Vec<u8> {
     let mut d = vec![0u8; 96];
     d[0] = if lu.is_some() {
         0x00
@@ -144,7 +145,7 @@ fn standard(target: &TargetConfig, lu: Option<&LogicalUnit>) -> Vec<u8> {
     d[3] = 0x10 | 0x02; // HiSup, response data format 2
     d[4] = (d.len() - 5) as u8;
     d[5] = 0x30 | 0x08; // TPGS = 11b: implicit and explicit ALUA; 3PC: EXTENDED COPY
-    d[6] = if target.ports.len() > 1 { 0x10 } else { 0 }; // MultiP
+    d[6] = if ports.len() > 1 { 0x10 } else { 0 }; // MultiP
     d[7] = 0x02; // CmdQue
     let (vendor, product, revision) = match lu {
         Some(lu) => (
@@ -179,7 +180,7 @@ fn name_string(name: &str) -> Vec<u8> {
     v
 }
 
-fn device_id(target: &TargetConfig, lu: &LogicalUnit, nexus: &ItNexus) -> Vec<u8> {
+fn device_id(target: &str, ports: &[TargetPort], lu: &LogicalUnit, nexus: &ItNexus) -> Vec<u8> {
     let mut out = Vec::with_capacity(256);
     // Logical unit: NAA (binary), then T10 vendor id + serial (ASCII).
     designator(&mut out, 0x01, 0x03, &lu.config.naa);
@@ -195,14 +196,14 @@ fn device_id(target: &TargetConfig, lu: &LogicalUnit, nexus: &ItNexus) -> Vec<u8
     let mut v = [0u8; 4];
     v[2..].copy_from_slice(&rel.to_be_bytes());
     designator(&mut out, 0x51, 0x94, &v);
-    if let Some(port) = target.ports.iter().find(|p| p.relative_id == rel) {
+    if let Some(port) = ports.iter().find(|p| p.relative_id == rel) {
         let mut g = [0u8; 4];
         g[2..].copy_from_slice(&port.group_id.to_be_bytes());
         designator(&mut out, 0x51, 0x95, &g);
         designator(&mut out, 0x53, 0x98, &name_string(&port.name));
     }
     // Target device name (assoc 10b).
-    designator(&mut out, 0x53, 0xa8, &name_string(&target.name));
+    designator(&mut out, 0x53, 0xa8, &name_string(target));
     out
 }
 

@@ -32,9 +32,12 @@ pub struct ScsiTarget {
     /// LU by reference count, not by this lock.
     luns: RwLock<Vec<Arc<LogicalUnit>>>,
     alua: Alua,
+    /// This node's ports now (the configuration's, then as
+    /// [`ScsiTarget::set_ports`] changed them).
+    ports: RwLock<Arc<Vec<TargetPort>>>,
     /// Every target port of the device, for ALL_TG_PT, SPEC_I_PT and REGISTER AND MOVE:
     /// this node's ports plus every other port of every port group (the HA partner's).
-    pr_ports: Vec<TargetPort>,
+    pr_ports: RwLock<Arc<Vec<TargetPort>>>,
     /// EXTENDED COPY bounds and held copy statuses.
     copies: copy::Copies,
     /// Host groups (LUN masking); consulted only while `masked` is set.
@@ -46,22 +49,35 @@ pub struct ScsiTarget {
     events: tokio::sync::broadcast::Sender<LuEvent>,
 }
 
-/// This node's ports, then a port for every relative port id that only a port group
-/// names (the partner node's ports in an HA pair), named like iSCSI target ports.
-fn all_target_ports(config: &TargetConfig) -> Vec<TargetPort> {
-    let mut ports = config.ports.clone();
-    for g in &config.port_groups {
+/// This node's `ports`, then a port for every relative port id that only a port
+/// group names (the partner node's ports in an HA pair), named like iSCSI target
+/// ports of target `name`.
+fn all_target_ports(name: &str, ports: &[TargetPort], groups: &[PortGroup]) -> Vec<TargetPort> {
+    let mut all = ports.to_vec();
+    for g in groups {
         for &rel in &g.relative_port_ids {
-            if !ports.iter().any(|p| p.relative_id == rel) {
-                ports.push(TargetPort {
+            if !all.iter().any(|p| p.relative_id == rel) {
+                all.push(TargetPort {
                     relative_id: rel,
                     group_id: g.id,
-                    name: format!("{},t,0x{rel:04x}", config.name),
+                    name: format!("{name},t,0x{rel:04x}"),
                 });
             }
         }
     }
-    ports
+    all
+}
+
+/// Refuses a port list with a relative port id twice.
+fn check_unique_ports(ports: &[TargetPort]) -> Result<(), ScsiError> {
+    let mut rel_ids: Vec<u16> = ports.iter().map(|p| p.relative_id).collect();
+    rel_ids.sort_unstable();
+    if rel_ids.windows(2).any(|w| w[0] == w[1]) {
+        return Err(ScsiError::Config(
+            "duplicate relative target port id".into(),
+        ));
+    }
+    Ok(())
 }
 
 /// Refuses a LUN that `luns` already has or that flat addressing cannot reach.
@@ -152,20 +168,15 @@ impl ScsiTarget {
             )?));
         }
         luns.sort_by_key(|l| l.lun);
-        let mut rel_ids: Vec<u16> = config.ports.iter().map(|p| p.relative_id).collect();
-        rel_ids.sort_unstable();
-        if rel_ids.windows(2).any(|w| w[0] == w[1]) {
-            return Err(ScsiError::Config(
-                "duplicate relative target port id".into(),
-            ));
-        }
+        check_unique_ports(&config.ports)?;
         let alua = Alua::new(&config.ports, &config.port_groups);
-        let pr_ports = all_target_ports(&config);
+        let pr_ports = all_target_ports(&config.name, &config.ports, &config.port_groups);
         Ok(ScsiTarget {
+            ports: RwLock::new(Arc::new(config.ports.clone())),
             config,
             luns: RwLock::new(luns),
             alua,
-            pr_ports,
+            pr_ports: RwLock::new(Arc::new(pr_ports)),
             copies: copy::Copies::default(),
             masking: RwLock::new(Arc::new(Masking::default())),
             masked: AtomicBool::new(false),
@@ -197,10 +208,60 @@ impl ScsiTarget {
         self.lu(lun).and_then(|l| l.thin.get())
     }
 
-    /// The configuration the target was built with (its `luns` are those it
-    /// started with; see [`ScsiTarget::lun_ids`] for the current ones).
+    /// The configuration the target was built with (its `luns` and `ports` are
+    /// those it started with; see [`ScsiTarget::lun_ids`] and
+    /// [`ScsiTarget::ports`] for the current ones).
     pub fn config(&self) -> &TargetConfig {
         &self.config
+    }
+
+    /// This node's target ports now.
+    pub fn ports(&self) -> Arc<Vec<TargetPort>> {
+        self.ports.read().clone()
+    }
+
+    /// Makes `ports` this node's target ports while the target serves (portals
+    /// added or removed by a configuration reload): a port that is no longer
+    /// listed leaves its ALUA group, a new one joins the group it names, on the
+    /// target and on every LU, with the group's states untouched. Device
+    /// identification (VPD 83h) and REPORT TARGET PORT GROUPS answer with the
+    /// new ports from the next command; persistent reservations registered
+    /// through a removed port stay (their I_T nexus may come back). Err, and
+    /// nothing changes, if a relative port id is listed twice or a port names a
+    /// group the target does not have.
+    pub fn set_ports(&self, ports: Vec<TargetPort>) -> Result<(), ScsiError> {
+        check_unique_ports(&ports)?;
+        if let Some(p) = ports.iter().find(|p| !self.alua.has_group(p.group_id)) {
+            return Err(ScsiError::Config(format!(
+                "port {} names port group {}, which target {} does not have",
+                p.relative_id, p.group_id, self.config.name
+            )));
+        }
+        let mut cur = self.ports.write();
+        let gone: Vec<u16> = cur
+            .iter()
+            .filter(|o| !ports.iter().any(|p| p.relative_id == o.relative_id))
+            .map(|o| o.relative_id)
+            .collect();
+        let added: Vec<TargetPort> = ports
+            .iter()
+            .filter(|p| !cur.iter().any(|o| o == *p))
+            .cloned()
+            .collect();
+        if gone.is_empty() && added.is_empty() {
+            return Ok(());
+        }
+        self.alua.retarget(&gone, &added);
+        for lu in self.all_lus() {
+            lu.alua.retarget(&gone, &added);
+        }
+        let pr = all_target_ports(&self.config.name, &ports, &self.alua.groups());
+        *self.pr_ports.write() = Arc::new(pr);
+        tracing::info!(target = %self.config.name, removed = ?gone,
+            added = ?added.iter().map(|p| p.relative_id).collect::<Vec<_>>(),
+            "target ports changed");
+        *cur = Arc::new(ports);
+        Ok(())
     }
 
     #[inline]
@@ -240,7 +301,7 @@ impl ScsiTarget {
         volume: VolumeRef,
         pr: Option<Arc<dyn PrReplication>>,
     ) -> Result<(), ScsiError> {
-        let alua = Alua::new(&self.config.ports, &self.alua.groups());
+        let alua = Alua::new(&self.ports(), &self.alua.groups());
         let lu = Arc::new(LogicalUnit::new(
             lun,
             cfg,
@@ -534,7 +595,7 @@ impl ScsiTarget {
     fn execute_no_lun(&self, nexus: &ItNexus, cmd: &Command) -> CmdResult {
         let cdb = Cdb::parse(&cmd.cdb)?;
         match cdb.opcode() {
-            op::INQUIRY => inquiry::inquiry(&self.config, None, nexus, &cdb),
+            op::INQUIRY => inquiry::inquiry(&self.config.name, &self.ports(), None, nexus, &cdb),
             op::REPORT_LUNS => admin::report_luns(&self.visible_luns(nexus), &cdb),
             op::REQUEST_SENSE => admin::request_sense(None, nexus, &cdb),
             _ => Err(codes::LUN_NOT_SUPPORTED.into()),
@@ -591,7 +652,7 @@ impl ScsiTarget {
                 rw::write(lu, cdb, data).await
             }
             op::TEST_UNIT_READY => Ok(Default::default()),
-            op::INQUIRY => inquiry::inquiry(&self.config, Some(lu), nexus, cdb),
+            op::INQUIRY => inquiry::inquiry(&self.config.name, &self.ports(), Some(lu), nexus, cdb),
             op::REQUEST_SENSE => admin::request_sense(Some(lu), nexus, cdb),
             op::REPORT_LUNS => admin::report_luns(&self.visible_luns(nexus), cdb),
             op::READ_CAPACITY_10 => capacity::read_capacity_10(lu, cdb),
@@ -640,8 +701,8 @@ impl ScsiTarget {
             op::RECEIVE_COPY_RESULTS => copy::receive_copy_results(&self.copies, lu, nexus, cdb),
             op::PR_OUT => {
                 let abort = self.task_abort.read().clone();
-                replication::pr_out(lu, nexus, cdb, &cmd.cdb, data, &self.pr_ports, true, abort)
-                    .await
+                let ports = self.pr_ports.read().clone();
+                replication::pr_out(lu, nexus, cdb, &cmd.cdb, data, &ports, true, abort).await
             }
             _ => Err(codes::INVALID_OPCODE.into()),
         }
@@ -730,7 +791,8 @@ impl ScsiTarget {
         let r = match Cdb::parse(&cdb) {
             Ok(c) if c.opcode() == op::PR_OUT => {
                 let abort = self.task_abort.read().clone();
-                replication::pr_out(&lu, nexus, &c, &cdb, &data, &self.pr_ports, false, abort).await
+                let ports = self.pr_ports.read().clone();
+                replication::pr_out(&lu, nexus, &c, &cdb, &data, &ports, false, abort).await
             }
             Ok(_) => Err(codes::INVALID_OPCODE.into()),
             Err(s) => Err(s.into()),

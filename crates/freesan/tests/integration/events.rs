@@ -505,7 +505,10 @@ fn wait_cursor(data: &Path, seq: u64) {
         if cur.is_some_and(|c| c >= seq) {
             return;
         }
-        assert!(Instant::now() < deadline, "cursor stays at {cur:?}, not {seq}");
+        assert!(
+            Instant::now() < deadline,
+            "cursor stays at {cur:?}, not {seq}"
+        );
         std::thread::sleep(Duration::from_millis(20));
     }
 }

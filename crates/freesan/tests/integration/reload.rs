@@ -125,3 +125,139 @@ fn reload_adds_a_target_and_changes_chap_without_dropping_sessions() {
     assert!(log.contains("SIGHUP: reloading"), "{log}");
     assert!(node.terminate(), "the node did not stop cleanly");
 }
+
+fn portals_config(dir: &Path, portals: &[SocketAddr]) -> String {
+    let d = dir.display();
+    let mut s = format!("data_dir = \"{d}/data\"\n[api]\naddress = \"127.0.0.1:0\"\n");
+    for p in portals {
+        s += &format!("[[portal]]\naddress = \"{p}\"\n");
+    }
+    s += &format!(
+        "[[target]]\niqn = \"{IQN}\"\n[[target.lun]]\npath = \"{d}/lun0.img\"\nsize = \"16M\"\n"
+    );
+    s
+}
+
+/// `freesan reload --json`: the report.
+fn reload(api: &str) -> serde_json::Value {
+    let (ok, out) = cli(api, &["reload", "--json"]);
+    assert!(ok, "freesan reload: {out}");
+    serde_json::from_str(&out).expect("reload answers JSON")
+}
+
+/// The relative port ids of REPORT TARGET PORT GROUPS' groups, through `s`
+/// (past the unit attentions a new nexus meets first).
+async fn rtpg_ports(s: &initiator::Session) -> Vec<u16> {
+    let cdb = [0xa3, 0x0a, 0, 0, 0, 0, 0, 0, 4, 0, 0, 0];
+    for _ in 0..8 {
+        let r = s
+            .command(0, &cdb, bytes::Bytes::new(), 1024)
+            .await
+            .expect("REPORT TARGET PORT GROUPS");
+        if r.status == 2 {
+            continue;
+        }
+        let d = &r.data_in;
+        let mut ports = Vec::new();
+        let mut off = 4;
+        while off + 8 <= d.len() {
+            let n = d[off + 7] as usize;
+            for i in 0..n {
+                let p = off + 8 + 4 * i;
+                ports.push(u16::from_be_bytes([d[p + 2], d[p + 3]]));
+            }
+            off += 8 + 4 * n;
+        }
+        return ports;
+    }
+    panic!("unit attentions without end");
+}
+
+/// A portal added by a reload is bound, discoverable, loginable and in the
+/// target's ALUA port group; removing it closes the session that came through
+/// it and refuses new connections, while a session on the portal that stays
+/// does verified writes through both reloads without an error.
+#[test]
+fn reload_adds_and_removes_a_portal_without_dropping_other_sessions() {
+    let dir = tempfile::tempdir().unwrap();
+    let a: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
+    let b: SocketAddr = format!("127.0.0.2:{}", free_port()).parse().unwrap();
+    let cfg = dir.path().join("node.toml");
+    std::fs::write(&cfg, portals_config(dir.path(), &[a])).unwrap();
+    let mut node = start_config(dir.path(), &cfg);
+    let api = node.api.clone().expect("api");
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    assert!(
+        std::net::TcpStream::connect(b).is_err(),
+        "something already listens on {b}"
+    );
+
+    let url_a = format!("iscsi://{a}/{IQN}/0");
+    let state = dir.path().join("verify.state");
+    let mut bench = start_verified_writes(&url_a, &state, "4k", 1, 30);
+
+    // 1. portal B added
+    std::fs::write(&cfg, portals_config(dir.path(), &[a, b])).unwrap();
+    let report = reload(&api);
+    let applied = report["applied"].to_string();
+    assert!(
+        applied.contains(&format!("portal {b} added (TPGT 2)")),
+        "{report}"
+    );
+    assert_eq!(report["not_applied"], serde_json::json!([]), "{report}");
+    let found = rt
+        .block_on(initiator::discover(a, INITIATOR, None))
+        .expect("discovery through A");
+    assert_eq!(found.len(), 1);
+    assert_eq!(found[0].1, vec![(a, 1), (b, 2)], "SendTargets lists both");
+    let opts = initiator::LoginOptions::new(INITIATOR, IQN);
+    let on_b = rt
+        .block_on(initiator::Session::login(b, &opts))
+        .expect("login through the added portal");
+    assert_eq!(rt.block_on(rtpg_ports(&on_b)), vec![1, 2]);
+    let (ok, out) = cli(&api, &["status", "--json"]);
+    assert!(ok && out.contains(&b.to_string()), "status: {out}");
+
+    // 2. portal B removed: its session closes, it accepts nothing more
+    std::fs::write(&cfg, portals_config(dir.path(), &[a])).unwrap();
+    let report = reload(&api);
+    let applied = report["applied"].to_string();
+    assert!(
+        applied.contains(&format!("portal {b} removed (TPGT 2)")),
+        "{report}"
+    );
+    assert!(
+        applied.contains("1 session(s) through removed portals closed"),
+        "{report}"
+    );
+    assert!(
+        std::net::TcpStream::connect(b).is_err(),
+        "the removed portal still accepts connections"
+    );
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !on_b.is_closed() {
+        assert!(
+            Instant::now() < deadline,
+            "the session through B stays open"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let on_a = rt
+        .block_on(initiator::Session::login(a, &opts))
+        .expect("login through A");
+    assert_eq!(rt.block_on(rtpg_ports(&on_a)), vec![1]);
+    let _ = rt.block_on(on_a.logout());
+
+    // the session on A ran through both reloads without an error
+    assert!(
+        bench.try_wait().unwrap().is_none(),
+        "the verified writes ended before the reloads were done; the test proves nothing"
+    );
+    let status = bench.wait().unwrap();
+    assert!(
+        status.success(),
+        "verified writes through A failed: {status}"
+    );
+    assert_acknowledged_writes_intact(&url_a, &state, "after adding and removing a portal");
+    assert!(node.terminate(), "the node did not stop cleanly");
+}

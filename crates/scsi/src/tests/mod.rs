@@ -2162,3 +2162,95 @@ async fn explicit_alua_states_survive_a_restart() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 mod thin;
+
+/// (group id, relative port ids) from REPORT TARGET PORT GROUPS.
+async fn rtpg_ports(t: &ScsiTarget, n: &ItNexus) -> Vec<(u16, Vec<u16>)> {
+    let r = run(t, n, &[0xa3, 0x0a, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0], &[]).await;
+    assert_eq!(r.status, status::GOOD, "{r:?}");
+    let d = &r.data_in;
+    let mut out = Vec::new();
+    let mut off = 4;
+    while off + 8 <= d.len() {
+        let n = d[off + 7] as usize;
+        let ports = (0..n)
+            .map(|i| {
+                let p = off + 8 + 4 * i;
+                u16::from_be_bytes([d[p + 2], d[p + 3]])
+            })
+            .collect();
+        out.push((u16::from_be_bytes([d[off + 2], d[off + 3]]), ports));
+        off += 8 + 4 * n;
+    }
+    out
+}
+
+/// The target port group designator (type 5h) of the device identification
+/// page as seen through `n`, if the page names one.
+async fn vpd83_group(t: &ScsiTarget, n: &ItNexus) -> Option<u16> {
+    let r = run(t, n, &[0x12, 1, 0x83, 1, 0, 0], &[]).await;
+    assert_eq!(r.status, status::GOOD, "{r:?}");
+    let d = &r.data_in;
+    let mut off = 4;
+    while off + 4 <= d.len() {
+        let len = d[off + 3] as usize;
+        if d[off + 1] & 0x0f == 0x05 {
+            return Some(u16::from_be_bytes([d[off + 6], d[off + 7]]));
+        }
+        off += 4 + len;
+    }
+    None
+}
+
+#[tokio::test]
+async fn ports_added_and_removed_at_run_time_join_and_leave_their_groups() {
+    let t = target();
+    let port = |relative_id: u16, group_id: u16| TargetPort {
+        relative_id,
+        group_id,
+        name: format!("iqn.2026-11.org.freesan:t1,t,0x{relative_id:04x}"),
+    };
+    let n1 = ready(&t, "1", 1).await;
+    assert_eq!(rtpg_ports(&t, &n1).await, vec![(1, vec![1]), (2, vec![2])]);
+    // a port in a group the target does not have, or an id twice: refused,
+    // nothing changes
+    assert!(t.set_ports(vec![port(1, 1), port(3, 9)]).is_err());
+    assert!(t.set_ports(vec![port(1, 1), port(1, 2)]).is_err());
+    assert_eq!(t.ports().len(), 2);
+    assert_eq!(rtpg_ports(&t, &n1).await, vec![(1, vec![1]), (2, vec![2])]);
+    // port 3 joins group 1, port 2 leaves
+    t.set_ports(vec![port(1, 1), port(3, 1)]).unwrap();
+    assert_eq!(
+        rtpg_ports(&t, &n1).await,
+        vec![(1, vec![1, 3]), (2, vec![])]
+    );
+    let n3 = ready(&t, "3", 3).await;
+    assert_eq!(vpd83_group(&t, &n3).await, Some(1));
+    // the new port follows its group's state: group 1 to standby
+    assert!(t.set_lun_port_group_state(0, 1, AluaState::Standby));
+    let r = run(&t, &n3, &rw10(0x28, 0, 1), &[]).await;
+    assert_eq!(sense_of(&r), (key::UNIT_ATTENTION, 0x2a, 0x06));
+    let r = run(&t, &n3, &rw10(0x28, 0, 1), &[]).await;
+    assert_eq!(sense_of(&r), (key::NOT_READY, 0x04, 0x0b));
+    assert!(t.set_lun_port_group_state(0, 1, AluaState::ActiveOptimized));
+    // the removed port no longer names a group in VPD 83h
+    let n2 = nexus("2", 2);
+    assert_eq!(vpd83_group(&t, &n2).await, None);
+    // a LU added later has the new ports
+    t.add_lun(
+        5,
+        lun_config(),
+        Arc::new(MemVolume::new(BS as u32, BLOCKS)),
+        None,
+    )
+    .unwrap();
+    assert_eq!(
+        t.lun_port_groups(5).unwrap()[0].relative_port_ids,
+        vec![1, 3]
+    );
+    // setting the same ports again is no change
+    t.set_ports(vec![port(1, 1), port(3, 1)]).unwrap();
+    assert_eq!(
+        t.ports().iter().map(|p| p.relative_id).collect::<Vec<_>>(),
+        [1, 3]
+    );
+}
