@@ -21,8 +21,9 @@ pub struct NodeControl {
     /// Static description of the node (version, portals); its LUNs are listed
     /// as they are now.
     pub summary: serde_json::Value,
-    /// Disks, pools and LUNs created at run time.
-    pub objects: Objects,
+    /// Disks, pools and LUNs created at run time (shared with the reloader,
+    /// which hands it the targets a reload adds).
+    pub objects: Arc<Objects>,
     /// The node's event log.
     pub events: Arc<crate::events::log::EventLog>,
     /// The iSCSI server's sessions (for metrics).
@@ -191,10 +192,12 @@ impl api::Control for NodeControl {
         &self,
         req: api::BenchRequest,
     ) -> Result<serde_json::Value, api::ApiError> {
-        let target =
-            self.objects.targets().get(&req.target).ok_or_else(|| {
-                api::ApiError::NotFound(format!("no target named {:?}", req.target))
-            })?;
+        let target = self
+            .objects
+            .targets()
+            .get(&req.target)
+            .cloned()
+            .ok_or_else(|| api::ApiError::NotFound(format!("no target named {:?}", req.target)))?;
         if target.lun_size_bytes(req.lun).is_none() {
             return Err(api::ApiError::NotFound(format!(
                 "target {} has no LUN {}",

@@ -30,7 +30,9 @@ pub struct Objects {
     state: parking_lot::Mutex<State>,
     /// Serialises creations and deletions.
     op: tokio::sync::Mutex<()>,
-    targets: HashMap<String, Arc<scsi::ScsiTarget>>,
+    /// The SCSI targets by name: those of the start, then those a reload added
+    /// ([`Objects::adopt_reload`]).
+    targets: parking_lot::RwLock<HashMap<String, Arc<scsi::ScsiTarget>>>,
     /// The NBD server's exports, when the node serves NBD: they follow LUNs.
     nbd: Option<nbd::NbdExports>,
 }
@@ -105,7 +107,7 @@ impl Objects {
                 managed: Managed::load(&cfg.data_dir)?,
             }),
             op: tokio::sync::Mutex::new(()),
-            targets,
+            targets: parking_lot::RwLock::new(targets),
             nbd: None,
         })
     }
@@ -121,9 +123,48 @@ impl Objects {
             .cloned()
     }
 
-    /// The SCSI targets by name (for metrics).
-    pub fn targets(&self) -> &HashMap<String, Arc<scsi::ScsiTarget>> {
-        &self.targets
+    /// The SCSI targets by name now (for metrics, status).
+    pub fn targets(&self) -> HashMap<String, Arc<scsi::ScsiTarget>> {
+        self.targets.read().clone()
+    }
+
+    /// Takes in what a configuration reload applied: `running` (the
+    /// configuration in effect now) gives the targets' access settings, the
+    /// portals and discovery CHAP that later changes are checked against (the
+    /// LUNs of targets it knew stay its own, as it created or deleted them), and
+    /// the targets `added` (name, SCSI device, their LUNs' NBD exports) become
+    /// manageable (`freesan lun`), listed in status and metrics, and served over
+    /// NBD.
+    pub(crate) fn adopt_reload(
+        &self,
+        running: &Config,
+        added: Vec<(String, Arc<scsi::ScsiTarget>, Vec<nbd::NbdExport>)>,
+    ) {
+        {
+            let mut st = self.state.lock();
+            st.cfg.portals = running.portals.clone();
+            st.cfg.discovery_chap = running.discovery_chap.clone();
+            for t in &running.targets {
+                match st.cfg.targets.iter_mut().find(|o| o.iqn == t.iqn) {
+                    Some(o) => {
+                        let luns = std::mem::take(&mut o.luns);
+                        *o = t.clone();
+                        o.luns = luns;
+                    }
+                    None => st.cfg.targets.push(t.clone()),
+                }
+            }
+        }
+        for (iqn, scsi, exports) in added {
+            if let Some(n) = &self.nbd {
+                for e in exports {
+                    if let Err(err) = n.add(e) {
+                        tracing::warn!(target = %iqn, error = %err, "LUN of an added target not served over NBD");
+                    }
+                }
+            }
+            self.targets.write().insert(iqn, scsi);
+        }
     }
 
     /// The NBD server's exports, when the node serves NBD (for metrics).
@@ -144,6 +185,7 @@ impl Objects {
 
     fn target(&self, iqn: &str) -> Result<Arc<scsi::ScsiTarget>, ApiError> {
         self.targets
+            .read()
             .get(iqn)
             .cloned()
             .ok_or_else(|| ApiError::NotFound(format!("no target named {iqn}")))
@@ -552,9 +594,10 @@ impl Objects {
     /// created at run time.
     pub fn targets_now(&self, sessions: &[iscsi::SessionInfo], portals: &[String]) -> Vec<Value> {
         let st = self.state.lock();
+        let targets = self.targets();
         let mut out = Vec::new();
         for t in &st.cfg.targets {
-            let luns: Vec<Value> = self.targets.get(&t.iqn).map_or_else(Vec::new, |s| {
+            let luns: Vec<Value> = targets.get(&t.iqn).map_or_else(Vec::new, |s| {
                 s.lun_ids()
                     .into_iter()
                     .map(|id| {
@@ -646,9 +689,10 @@ impl Objects {
 
     pub fn luns_now(&self) -> Vec<Value> {
         let st = self.state.lock();
+        let targets = self.targets();
         let mut out = Vec::new();
         for t in &st.cfg.targets {
-            let Some(scsi_target) = self.targets.get(&t.iqn) else {
+            let Some(scsi_target) = targets.get(&t.iqn) else {
                 continue;
             };
             for id in scsi_target.lun_ids() {

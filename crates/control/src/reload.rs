@@ -21,9 +21,9 @@
 //! client-network heartbeats run on them and the partner advertises them),
 //! LUNs of running targets, targets removed or reordered, pools, disks,
 //! caches, limits, the API, NBD, the cluster and the data directory; those
-//! need a restart (or the objects API). Targets added by a reload are not
-//! exported over NBD and are not managed by the objects API (`freesan lun`)
-//! until the next restart.
+//! need a restart (or the objects API). Targets added by a reload are
+//! exported over NBD, listed in status and metrics and managed by the objects
+//! API (`freesan lun`) like those of the start.
 //!
 //! Invariant: a reload either installs the whole new target table or none of it
 //! (a new target whose LUNs cannot be opened fails the reload, and nothing
@@ -76,6 +76,11 @@ pub struct Reloader {
     /// The portals served, as configured, with their TPGTs (changed only while
     /// `current` is held).
     portals: parking_lot::Mutex<Vec<iscsi::Portal>>,
+    /// What else learns of a reload: the run-time objects (targets added
+    /// become manageable and are listed) and the NBD server (their LUNs are
+    /// exported), when the node has them ([`Reloader::attach`]).
+    objects: std::sync::OnceLock<Arc<crate::objects::Objects>>,
+    nbd: std::sync::OnceLock<nbd::NbdExports>,
 }
 
 impl Reloader {
@@ -96,6 +101,33 @@ impl Reloader {
             cluster,
             portals: parking_lot::Mutex::new(crate::serve::iscsi_portals(&cfg)),
             current: tokio::sync::Mutex::new(cfg),
+            objects: std::sync::OnceLock::new(),
+            nbd: std::sync::OnceLock::new(),
+        }
+    }
+
+    /// The LUNs running target `t` (as the last reload left it) serves now:
+    /// as the run-time objects have them when attached (`freesan lun` creates
+    /// and deletes them between reloads), else as `t` lists them.
+    fn luns_now(&self, t: &crate::config::TargetConfig) -> Vec<crate::config::LunConfig> {
+        self.objects
+            .get()
+            .and_then(|o| o.target_config(&t.iqn))
+            .map_or_else(|| t.luns.clone(), |c| c.luns)
+    }
+
+    /// Tells later reloads of the node's run-time objects and NBD exports
+    /// (once, at start, when they exist).
+    pub(crate) fn attach(
+        &self,
+        objects: Option<Arc<crate::objects::Objects>>,
+        nbd: Option<nbd::NbdExports>,
+    ) {
+        if let Some(o) = objects {
+            let _ = self.objects.set(o);
+        }
+        if let Some(n) = nbd {
+            let _ = self.nbd.set(n);
         }
     }
 
@@ -179,7 +211,7 @@ impl Reloader {
                 continue;
             };
             let old = current.targets.iter().find(|o| o.iqn == t.iqn);
-            if old.is_some_and(|o| o.luns != t.luns) {
+            if old.is_some_and(|o| self.luns_now(o) != t.luns) {
                 report.not_applied.push(format!(
                     "target {}: LUN changes need a restart (or `freesan lun`)",
                     t.iqn
@@ -207,11 +239,12 @@ impl Reloader {
             specs.push(s);
         }
         // targets new to the node, appended
+        let mut added = Vec::new();
         for (ti, t) in new.targets.iter().enumerate() {
             if running.iter().any(|r| r.iqn == t.iqn) {
                 continue;
             }
-            let (spec, opened, _exports) = crate::serve::build_target(
+            let (spec, opened, exports) = crate::serve::build_target(
                 &new,
                 ti,
                 t,
@@ -227,6 +260,7 @@ impl Reloader {
             report
                 .applied
                 .push(format!("target {} added ({})", t.iqn, luns.join(", ")));
+            added.push((t.iqn.clone(), spec.scsi.clone(), exports));
             specs.push(spec);
         }
         if let Some(p) = &new_portals {
@@ -265,7 +299,19 @@ impl Reloader {
         applied_cfg.data_dir = current.data_dir.clone();
         for t in &mut applied_cfg.targets {
             if let Some(o) = current.targets.iter().find(|o| o.iqn == t.iqn) {
-                t.luns = o.luns.clone();
+                t.luns = self.luns_now(o);
+            }
+        }
+        match self.objects.get() {
+            Some(o) => o.adopt_reload(&applied_cfg, added),
+            None => {
+                if let Some(n) = self.nbd.get() {
+                    for e in added.into_iter().flat_map(|(_, _, e)| e) {
+                        if let Err(err) = n.add(e) {
+                            tracing::warn!(error = %err, "LUN of an added target not served over NBD");
+                        }
+                    }
+                }
             }
         }
         *current = applied_cfg;

@@ -330,6 +330,11 @@ where
         ),
         None => None,
     };
+    // without an API there are no run-time objects: NBD alone learns of the
+    // targets a reload adds
+    if let (Some(r), None) = (&reloader, &cfg.api) {
+        r.attach(None, nbd_server.as_ref().map(|n| n.exports()));
+    }
     let addrs = server.local_addrs();
     crate::events::watch::start(
         events.clone(),
@@ -350,13 +355,18 @@ where
                 "version": env!("CARGO_PKG_VERSION"),
                 "portals": addrs.iter().map(|a| a.to_string()).collect::<Vec<_>>(),
             });
+            let objects = Arc::new(
+                Objects::new(&cfg, targets)?.with_nbd(nbd_server.as_ref().map(|n| n.exports())),
+            );
+            if let Some(r) = &reloader {
+                r.attach(Some(objects.clone()), None);
+            }
             let control = std::sync::Arc::new(NodeControl {
                 pools: pools.clone(),
                 cluster: cluster.clone(),
                 summary,
                 reload: reloader.clone(),
-                objects: Objects::new(&cfg, targets)?
-                    .with_nbd(nbd_server.as_ref().map(|n| n.exports())),
+                objects: objects.clone(),
                 events: events.clone(),
                 iscsi_sessions: Some(server.sessions()),
                 history: Default::default(),

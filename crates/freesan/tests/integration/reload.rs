@@ -16,7 +16,8 @@ const INITIATOR: &str = "iqn.2026-11.org.freesan:reload-test";
 fn config(dir: &Path, b_secret: Option<&str>, a_size: &str) -> String {
     let d = dir.display();
     let mut s = format!(
-        "data_dir = \"{d}/data\"\n[api]\naddress = \"127.0.0.1:0\"\n[[portal]]\naddress = \"127.0.0.1:0\"\n\
+        "data_dir = \"{d}/data\"\n[api]\naddress = \"127.0.0.1:0\"\n[nbd]\naddress = \"127.0.0.1:0\"\n\
+         [[portal]]\naddress = \"127.0.0.1:0\"\n\
          [[target]]\niqn = \"{IQN}\"\nchap = {{ user = \"alice\", secret = \"secret-of-alice\" }}\n\
          [[target.lun]]\npath = \"{d}/lun0.img\"\nsize = \"{a_size}\"\n"
     );
@@ -80,6 +81,42 @@ fn reload_adds_a_target_and_changes_chap_without_dropping_sessions() {
         std::thread::sleep(Duration::from_millis(50));
     }
     login_b(&rt, portal, "secret-of-bob-1").expect("login to the added target with its CHAP");
+    // the added target is the node's like the others: listed, exported over
+    // NBD, and its LUNs managed through the API
+    let (ok, out) = cli(&api, &["status", "--json"]);
+    assert!(ok, "{out}");
+    let st: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert!(
+        st["luns"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|l| l["target"] == IQN_B && l["lun"] == 0),
+        "status does not list the added target's LUN: {st}"
+    );
+    let nbd_addr = node.nbd.clone().expect("nbd address");
+    let c = rt
+        .block_on(nbd::NbdClient::connect(&nbd_addr, &format!("{IQN_B}/lun0")))
+        .expect("the added target's LUN is an NBD export");
+    assert_eq!(c.export_size_bytes(), 8 << 20);
+    drop(c);
+    let f = dir.path().join("data").join("lunb1.img");
+    let (ok, out) = cli(
+        &api,
+        &[
+            "lun",
+            "create",
+            "--target",
+            IQN_B,
+            "--lun",
+            "1",
+            "--file",
+            f.to_str().unwrap(),
+            "--size",
+            "8M",
+        ],
+    );
+    assert!(ok, "freesan lun create on the added target: {out}");
     assert!(
         login_b(&rt, portal, "secret-of-bob-2").is_err(),
         "target B accepted a secret it was not given"
@@ -102,6 +139,11 @@ fn reload_adds_a_target_and_changes_chap_without_dropping_sessions() {
     );
     assert!(
         has("not_applied", &format!("target {IQN}: LUN changes")),
+        "{report}"
+    );
+    // the LUN created through the API on B is not a change the file asks for
+    assert!(
+        !has("not_applied", &format!("target {IQN_B}: LUN")),
         "{report}"
     );
     login_b(&rt, portal, "secret-of-bob-2").expect("login with the new CHAP secret");
