@@ -81,6 +81,8 @@ pub struct Reloader {
     /// exported), when the node has them ([`Reloader::attach`]).
     objects: std::sync::OnceLock<Arc<crate::objects::Objects>>,
     nbd: std::sync::OnceLock<nbd::NbdExports>,
+    /// The event log: targets added follow their LU events into it.
+    events: Arc<crate::events::log::EventLog>,
 }
 
 impl Reloader {
@@ -92,6 +94,7 @@ impl Reloader {
         cluster: Option<Arc<Cluster>>,
         cfg: Config,
         lifecycle: Option<LifecycleHook>,
+        events: Arc<crate::events::log::EventLog>,
     ) -> Reloader {
         Reloader {
             load,
@@ -103,6 +106,7 @@ impl Reloader {
             current: tokio::sync::Mutex::new(cfg),
             objects: std::sync::OnceLock::new(),
             nbd: std::sync::OnceLock::new(),
+            events,
         }
     }
 
@@ -301,6 +305,9 @@ impl Reloader {
             if let Some(o) = current.targets.iter().find(|o| o.iqn == t.iqn) {
                 t.luns = self.luns_now(o);
             }
+        }
+        for (iqn, scsi, _) in &added {
+            crate::events::watch::follow(&self.events, iqn, scsi);
         }
         match self.objects.get() {
             Some(o) => o.adopt_reload(&applied_cfg, added),

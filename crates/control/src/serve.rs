@@ -313,6 +313,7 @@ where
             cluster.clone(),
             cfg.clone(),
             hooks.lifecycle.clone(),
+            events.clone(),
         ))
     });
     let nbd_server = match &cfg.nbd {

@@ -61,11 +61,7 @@ pub fn certificate_files(cfg: &crate::config::Config) -> Vec<PathBuf> {
 /// Starts the watcher tasks; they run as long as the runtime does.
 pub fn start(log: Arc<EventLog>, src: Sources) {
     for (iqn, t) in &src.targets {
-        tokio::spawn(follow_target(
-            log.clone(),
-            iqn.clone(),
-            t.subscribe_events(),
-        ));
+        follow(&log, iqn, t);
     }
     let certs = src.certificates.clone();
     let l = log.clone();
@@ -100,6 +96,16 @@ pub fn start(log: Arc<EventLog>, src: Sources) {
             }
         }
     });
+}
+
+/// Records target `iqn`'s LU events (thin provisioning thresholds, out of
+/// space) in `log` from now on (also for targets a reload adds).
+pub(crate) fn follow(log: &Arc<EventLog>, iqn: &str, t: &scsi::ScsiTarget) {
+    tokio::spawn(follow_target(
+        log.clone(),
+        iqn.to_string(),
+        t.subscribe_events(),
+    ));
 }
 
 async fn follow_target(
