@@ -20,11 +20,20 @@
 //! pool), the arithmetic limit from one
 //! member disk's measured random IOPS at the same depth (n disks x IOPS / member
 //! I/Os per operation: 4 per RAID 5 small write, 6 per RAID 6, 1 per read), and the
-//! ratios; then where the time of a partial-stripe write went (pool status).
+//! ratios. Next to that limit ("limit", one disk at `qd` in flight) it prints the
+//! deepest queue the workload itself can give a member ("QD": `qd` requests, each
+//! with at most one member I/O in flight when a read and `redundancy + 1` when a
+//! small write, whose writes need what its reads returned, over the members) and
+//! the arithmetic limit from one disk's IOPS at that depth ("limit@QD"; the HDD
+//! model run in virtual time, interpolated between whole depths). Then, per run,
+//! how deep the members' queues really ran and how busy they were (pool status
+//! `members[].inflight_us` and `busy_us`), the member I/Os per operation, and the
+//! member IOPS against one disk at the same depth; and where the time of a
+//! partial-stripe write went (pool status `write_path`, gather timeouts).
 
 use block::{Bytes, MemVolume, Volume, VolumeRef};
-use disk::sim::{HddParams, SimDisk, SplitMix64, SsdParams};
-use raid::{Member, Pool, PoolConfig, RaidLevel, WritePath};
+use disk::sim::{run_closed_loop, HddModel, HddParams, SimDisk, SplitMix64, SsdParams, Workload};
+use raid::{Member, Pool, PoolConfig, PoolStatus, RaidLevel, WritePath};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -137,8 +146,47 @@ fn hdd(member_bytes: u64, ncq: bool) -> Arc<SimDisk> {
     Arc::new(SimDisk::hdd(store, params).expect("hdd model"))
 }
 
-/// Runs `pattern` over the whole of `vol` at `qd` in flight; IOPS after the ramp.
-async fn run(vol: Arc<dyn Volume>, p: Pattern, qd: usize, ramp: Duration, secs: Duration) -> f64 {
+/// How deep the members' queues ran during a measured window (from the pool
+/// status' `inflight_us` / `busy_us`, averaged over the members).
+#[derive(Clone, Copy, Default)]
+struct Depth {
+    /// Mean requests outstanding per member.
+    mean: f64,
+    /// Mean requests outstanding per member while it had any.
+    busy_mean: f64,
+    /// Share of the time a member had any.
+    busy: f64,
+    /// Requests the pool issued per member per second.
+    member_iops: f64,
+}
+
+fn depth(a: &PoolStatus, b: &PoolStatus, took: Duration) -> Depth {
+    let us = took.as_micros().max(1) as f64;
+    let n = b.members.len().max(1) as f64;
+    let (mut inflight, mut busy, mut ios) = (0.0, 0.0, 0.0);
+    for (x, y) in a.members.iter().zip(&b.members) {
+        inflight += y.inflight_us.saturating_sub(x.inflight_us) as f64;
+        busy += y.busy_us.saturating_sub(x.busy_us) as f64;
+        ios += (y.reads + y.writes).saturating_sub(x.reads + x.writes) as f64;
+    }
+    Depth {
+        mean: inflight / n / us,
+        busy_mean: inflight / busy.max(1.0),
+        busy: busy / n / us,
+        member_iops: ios / n / (us / 1e6),
+    }
+}
+
+/// Runs `pattern` over the whole of `vol` at `qd` in flight; IOPS after the ramp,
+/// and the members' queue depth in the measured window when `pool` is given.
+async fn run(
+    vol: Arc<dyn Volume>,
+    pool: Option<&Pool>,
+    p: Pattern,
+    qd: usize,
+    ramp: Duration,
+    secs: Duration,
+) -> (f64, Depth) {
     let g = vol.geometry();
     let op_blocks = p.bs_bytes / g.block_size_bytes as u64;
     let slots = g.block_count / op_blocks;
@@ -168,15 +216,46 @@ async fn run(vol: Arc<dyn Volume>, p: Pattern, qd: usize, ramp: Duration, secs: 
     }
     tokio::time::sleep(ramp).await;
     counting.store(true, Ordering::SeqCst);
+    let s0 = pool.map(|p| p.status());
     let t0 = Instant::now();
     tokio::time::sleep(secs).await;
     let n = done.load(Ordering::SeqCst);
     let took = t0.elapsed();
+    let s1 = pool.map(|p| p.status());
     stop.store(true, Ordering::SeqCst);
     for t in tasks {
         t.await.expect("worker");
     }
-    n as f64 / took.as_secs_f64()
+    let d = match (s0, s1) {
+        (Some(a), Some(b)) => depth(&a, &b, took),
+        _ => Depth::default(),
+    };
+    (n as f64 / took.as_secs_f64(), d)
+}
+
+/// One member disk's random IOPS at a mean queue depth `qd` (which may be
+/// fractional: interpolated between the two integer depths around it), for
+/// requests of `len_bytes` over `span_bytes`, computed by running the HDD model in
+/// virtual time (seeded, so free of the machine's noise; `Nominal` does the same).
+fn disk_iops_at(ncq: bool, span_bytes: u64, len_bytes: u64, qd: f64) -> f64 {
+    let at = |depth: u32| {
+        let params = HddParams {
+            ncq,
+            ..HddParams::default()
+        };
+        let mut m = HddModel::new(params, span_bytes).expect("hdd model");
+        let mut wl = Workload::random_4k(true, depth, 20_000, span_bytes);
+        wl.len_bytes = len_bytes;
+        run_closed_loop(&mut m, &wl).iops()
+    };
+    let qd = qd.max(1.0);
+    let lo = qd.floor() as u32;
+    let f = qd - lo as f64;
+    if f == 0.0 {
+        at(lo)
+    } else {
+        at(lo) * (1.0 - f) + at(lo + 1) * f
+    }
 }
 
 fn delta(a: &WritePath, b: &WritePath) -> WritePath {
@@ -222,6 +301,7 @@ async fn main() {
     let ramp = Duration::from_secs(a.ramp_secs);
     let secs = Duration::from_secs(a.secs);
     let member_bytes = a.member_mib << 20;
+    // (label, level, members, member I/Os per small write)
     let pools: Vec<(&str, RaidLevel, usize, f64)> = vec![
         ("RAID 5 of 10", RaidLevel::Raid5, 10, 4.0),
         ("RAID 6 of 6", RaidLevel::Raid6, 6, 6.0),
@@ -238,23 +318,32 @@ async fn main() {
         a.member_mib, a.qd, a.secs, a.ramp_secs
     );
     let mut detail = Vec::new();
+    let mut depths = Vec::new();
     for &ncq in &a.ncq {
         // one member alone: the disk figure the arithmetic limit is built from
         let mut one = Vec::new();
         for p in &a.patterns {
             let d = hdd(member_bytes, ncq);
-            let iops = run(d as Arc<dyn Volume>, *p, a.qd, ramp, secs).await;
+            let (iops, _) = run(d as Arc<dyn Volume>, None, *p, a.qd, ramp, secs).await;
             one.push(iops);
         }
         println!();
         println!("NCQ {}", if ncq { "on" } else { "off" });
+        print!("  one disk, 4K random writes in virtual time, IOPS at queue depth");
+        for qd in [1, 2, 3, 4, 6, 8, 12, 16, 32] {
+            print!(
+                " {qd}: {:.0};",
+                disk_iops_at(ncq, member_bytes, 4096, qd as f64)
+            );
+        }
+        println!();
         print!("  one disk, {} in flight:", a.qd);
         for (p, iops) in a.patterns.iter().zip(&one) {
             print!("  {} {:.0} IOPS;", p.name, iops);
         }
         println!();
         println!(
-            "  {:14} {:17} {:>9} {:>9} {:>11} {:>11} {:>9} {:>8} {:>8} {:>8}",
+            "  {:14} {:17} {:>7} {:>8} {:>11} {:>11} {:>6} {:>6} {:>6} {:>7} {:>6} {:>8} {:>7} {:>7}",
             "pool",
             "pattern",
             "journal",
@@ -263,11 +352,15 @@ async fn main() {
             "journal SSD",
             "limit",
             "j/off",
-            "j/limit",
-            "SSD/off"
+            "j/lim",
+            "SSD/off",
+            "QD",
+            "limit@QD",
+            "j/l@QD",
+            "off/l@QD"
         );
+        let ncq_s = if ncq { "on" } else { "off" };
         for &(label, level, n, write_ios) in &pools {
-            let ncq_s = if ncq { "on" } else { "off" };
             let mut figures = Vec::new();
             // the pool as shipped (journal on the members), then the same pool with
             // the journal bypassed; then a pool with its journal on a simulated SSD
@@ -302,30 +395,53 @@ async fn main() {
                     for &(mode, bypass, early) in modes {
                         pool.unsafe_set_journal_bypass(bypass);
                         pool.set_early_ack(early);
-                        let before = pool.status().write_path;
-                        let iops = run(pool.clone() as Arc<dyn Volume>, *p, a.qd, ramp, secs).await;
-                        let after = pool.status().write_path;
+                        let st0 = pool.status();
+                        let before = st0.write_path.clone();
+                        let (iops, qd) = run(
+                            pool.clone() as Arc<dyn Volume>,
+                            Some(&pool),
+                            *p,
+                            a.qd,
+                            ramp,
+                            secs,
+                        )
+                        .await;
+                        let st1 = pool.status();
+                        let after = st1.write_path.clone();
+                        let gathered =
+                            st1.stripe_writes.gather_timeouts - st0.stripe_writes.gather_timeouts;
                         pool.unsafe_set_journal_bypass(false);
                         pool.set_early_ack(true);
                         detail.push(format!(
-                            "  NCQ {ncq_s:3} {label:14} {:17} {mode:12} {}",
+                            "  NCQ {ncq_s:3} {label:14} {:17} {mode:12} {} gather timeouts; {}",
                             p.name,
+                            gathered,
                             describe(&delta(&before, &after))
                         ));
                         if figures.len() <= i {
                             figures.push(Vec::new());
                         }
-                        figures[i].push(iops);
+                        figures[i].push((iops, qd));
                     }
                 }
                 pool.shutdown().await.expect("shutdown");
             }
             for ((p, disk_iops), f) in a.patterns.iter().zip(&one).zip(&figures) {
                 let r = p.read_pct as f64 / 100.0;
-                let limit = n as f64 * disk_iops / (r + (1.0 - r) * write_ios);
-                let (on, late, off, dev) = (f[0], f[1], f[2], f[3]);
+                let ios_per_op = r + (1.0 - r) * write_ios;
+                let limit = n as f64 * disk_iops / ios_per_op;
+                // The deepest queue the workload itself gives a member: each of the
+                // `qd` requests has at most one member I/O in flight when it is a
+                // read, and `redundancy + 1` when it is a small write (its reads
+                // of old data and parity together, then its writes together:
+                // the writes need what the reads returned).
+                let together = write_ios / 2.0;
+                let qd_bound = a.qd as f64 * (r + (1.0 - r) * together) / n as f64;
+                let limit_qd =
+                    n as f64 * disk_iops_at(ncq, member_bytes, p.bs_bytes, qd_bound) / ios_per_op;
+                let (on, late, off, dev) = (f[0].0, f[1].0, f[2].0, f[3].0);
                 println!(
-                    "  {:14} {:17} {:>9.0} {:>9.0} {:>11.0} {:>11.0} {:>9.0} {:>7.0}% {:>7.0}% {:>7.0}%",
+                    "  {:14} {:17} {:>7.0} {:>8.0} {:>11.0} {:>11.0} {:>6.0} {:>5.0}% {:>5.0}% {:>6.0}% {:>6.1} {:>8.0} {:>6.0}% {:>7.0}%",
                     label,
                     p.name,
                     on,
@@ -336,9 +452,35 @@ async fn main() {
                     100.0 * on / off,
                     100.0 * on / limit,
                     100.0 * dev / off,
+                    qd_bound,
+                    limit_qd,
+                    100.0 * on / limit_qd,
+                    100.0 * off / limit_qd,
                 );
+                for (mode, (iops, d)) in ["journal", "late ack", "journal off", "journal SSD"]
+                    .iter()
+                    .zip(f)
+                {
+                    let at = disk_iops_at(ncq, member_bytes, p.bs_bytes, d.busy_mean);
+                    depths.push(format!(
+                        "  NCQ {ncq_s:3} {label:14} {:17} {mode:12} {iops:>4.0} IOPS: members {:>3.0}% busy, queue depth {:>4.1} ({:>4.1} while busy); {:>5.1} member I/Os per operation; each member {:>4.0} IOPS = {:>3.0}% of one disk at that depth while busy ({:.0} IOPS)",
+                        p.name,
+                        100.0 * d.busy,
+                        d.mean,
+                        d.busy_mean,
+                        n as f64 * d.member_iops / iops.max(1.0),
+                        d.member_iops,
+                        100.0 * d.member_iops / (d.busy * at).max(1.0),
+                        at,
+                    ));
+                }
             }
         }
+    }
+    println!();
+    println!("how deep the members' queues ran (pool status members[].inflight_us, busy_us; one disk at that depth: the HDD model in virtual time):");
+    for d in depths {
+        println!("{d}");
     }
     println!();
     println!("where a partial-stripe update's time went (pool status write_path, deltas per run):");

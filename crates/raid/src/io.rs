@@ -12,6 +12,7 @@
 
 use crate::gf;
 use crate::layout::Scheme;
+use crate::meter::InFlight;
 use crate::order::AfterFirstPoll;
 use crate::pool::{At, Inner, MemberHandle, Pool, View};
 use crate::util::{join_all, BoxFut};
@@ -71,14 +72,14 @@ impl Inner {
     pub async fn m_read(&self, at: At<'_>, mlba: u64, blocks: u64) -> BlockResult<Bytes> {
         let h = at.h;
         let mlba = at.base + mlba;
-        h.inflight.fetch_add(1, Ordering::Relaxed);
+        let busy = InFlight::new(&h.inflight, &h.depth);
         h.reads.fetch_add(1, Ordering::Relaxed);
         h.head.store(mlba + blocks, Ordering::Relaxed);
         let r = h
             .volume
             .read(self.data_offset_blocks + mlba, blocks as u32)
             .await;
-        h.inflight.fetch_sub(1, Ordering::Relaxed);
+        drop(busy);
         match &r {
             Ok(b) => {
                 h.read_bytes.fetch_add(b.len() as u64, Ordering::Relaxed);
@@ -98,7 +99,7 @@ impl Inner {
         data: Bytes,
         fua: bool,
     ) -> BlockResult<()> {
-        h.inflight.fetch_add(1, Ordering::Relaxed);
+        let busy = InFlight::new(&h.inflight, &h.depth);
         h.writes.fetch_add(1, Ordering::Relaxed);
         let len = data.len() as u64;
         let end = lba + len / self.bs;
@@ -106,7 +107,7 @@ impl Inner {
         let write = h.volume.write(lba, data, fua);
         let r = AfterFirstPoll::new(write, || h.order.submitted(end)).await;
         self.note_member_write(t0.elapsed());
-        h.inflight.fetch_sub(1, Ordering::Relaxed);
+        drop(busy);
         match &r {
             Ok(()) => {
                 h.written_bytes.fetch_add(len, Ordering::Relaxed);
@@ -145,6 +146,7 @@ impl Inner {
             OpKind::Write(b) => self.m_write(at, op.mlba, b.clone(), fua).await,
             OpKind::Discard(blocks) => {
                 let h = at.h;
+                let _busy = InFlight::new(&h.inflight, &h.depth);
                 h.writes.fetch_add(1, Ordering::Relaxed);
                 let r = h
                     .volume

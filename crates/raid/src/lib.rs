@@ -31,6 +31,7 @@ mod io;
 mod jdev;
 mod journal;
 pub mod layout;
+mod meter;
 mod order;
 mod pool;
 mod scrub;

@@ -46,6 +46,8 @@ pub(crate) struct MemberHandle {
     pub read_bytes: AtomicU64,
     pub written_bytes: AtomicU64,
     pub inflight: AtomicU64,
+    /// Queue depth over time (`status().members[i].inflight_us`, `busy_us`).
+    pub depth: crate::meter::DepthMeter,
     /// Data-area lba just past the last read dispatched to it (where its head
     /// will be): mirrors send a read that continues there to the same copy.
     pub head: AtomicU64,
@@ -65,6 +67,7 @@ impl MemberHandle {
             read_bytes: AtomicU64::new(0),
             written_bytes: AtomicU64::new(0),
             inflight: AtomicU64::new(0),
+            depth: Default::default(),
             head: AtomicU64::new(u64::MAX),
             order: Default::default(),
         })
@@ -1452,6 +1455,11 @@ impl Inner {
                         .as_ref()
                         .map_or(0, |h| f(h).load(Ordering::Relaxed))
                 };
+                let depth = s
+                    .member
+                    .as_ref()
+                    .map(|h| h.depth.snapshot())
+                    .unwrap_or_default();
                 MemberStatus {
                     position: i,
                     name: s
@@ -1472,6 +1480,8 @@ impl Inner {
                     writes: load(|h| &h.writes),
                     read_bytes: load(|h| &h.read_bytes),
                     written_bytes: load(|h| &h.written_bytes),
+                    inflight_us: depth.inflight_us,
+                    busy_us: depth.busy_us,
                 }
             })
             .collect::<Vec<_>>();

@@ -56,6 +56,15 @@ pub struct MemberStatus {
     pub read_bytes: u64,
     /// Bytes written to this member.
     pub written_bytes: u64,
+    /// Requests the pool had outstanding on this member, integrated over time
+    /// (request-µs): its change over an interval divided by the interval is the
+    /// member's mean queue depth as the pool issued it.
+    #[serde(default)]
+    pub inflight_us: u64,
+    /// Time this member had at least one request of the pool outstanding, µs
+    /// (divided into the change of `inflight_us`: the mean depth while busy).
+    #[serde(default)]
+    pub busy_us: u64,
 }
 
 /// A hot spare in a status report.
