@@ -53,3 +53,5 @@ mod pools;
 pub mod reload;
 pub mod secrets;
 pub mod serve;
+// Targets as the node serves them: built at start and by reloads.
+mod targets;

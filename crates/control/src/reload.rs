@@ -102,7 +102,7 @@ impl Reloader {
             iscsi,
             pools,
             cluster,
-            portals: parking_lot::Mutex::new(crate::serve::iscsi_portals(&cfg)),
+            portals: parking_lot::Mutex::new(crate::targets::iscsi_portals(&cfg)),
             current: tokio::sync::Mutex::new(cfg),
             objects: std::sync::OnceLock::new(),
             nbd: std::sync::OnceLock::new(),
@@ -179,10 +179,10 @@ impl Reloader {
         let Some(spec) = specs.iter_mut().find(|s| s.iqn == iqn) else {
             anyhow::bail!("target {iqn} does not run");
         };
-        spec.auth = crate::serve::target_auth(&t);
+        spec.auth = crate::targets::target_auth(&t);
         spec.allowed_initiators = t.allowed_initiators.clone();
         self.iscsi
-            .replace(specs, crate::serve::discovery_auth(&current))
+            .replace(specs, crate::targets::discovery_auth(&current))
             .context("installing the new target table")?;
         tracing::info!(target = %iqn, chap = t.chap.is_some(), allowed_initiators = t.allowed_initiators.len(), "target access changed through the API (applies at login)");
         if let Some(c) = current.targets.iter_mut().find(|c| c.iqn == iqn) {
@@ -223,7 +223,7 @@ impl Reloader {
             }
             let mut s = spec.clone();
             s.alias = t.alias.clone();
-            s.auth = crate::serve::target_auth(t);
+            s.auth = crate::targets::target_auth(t);
             s.allowed_initiators = t.allowed_initiators.clone();
             if s.auth != spec.auth {
                 report
@@ -248,7 +248,7 @@ impl Reloader {
             if running.iter().any(|r| r.iqn == t.iqn) {
                 continue;
             }
-            let (spec, opened, exports) = crate::serve::build_target(
+            let (spec, opened, exports) = crate::targets::build_target(
                 &new,
                 ti,
                 t,
@@ -271,7 +271,7 @@ impl Reloader {
             self.set_portals(&running, &old_portals, p, &mut report)
                 .await?;
         }
-        let discovery = crate::serve::discovery_auth(&new);
+        let discovery = crate::targets::discovery_auth(&new);
         if new.discovery_chap != current.discovery_chap {
             report.applied.push("discovery CHAP changed".into());
         }
@@ -347,9 +347,9 @@ impl Reloader {
         portals: &[iscsi::Portal],
         report: &mut ReloadReport,
     ) -> Result<()> {
-        let group = crate::serve::SINGLE_NODE_GROUP;
+        let group = crate::targets::SINGLE_NODE_GROUP;
         let ports = |spec: &iscsi::TargetSpec, p: &[iscsi::Portal]| {
-            crate::serve::target_ports(&spec.iqn, p, group)
+            crate::targets::target_ports(&spec.iqn, p, group)
         };
         for spec in running {
             spec.scsi
