@@ -161,11 +161,12 @@ impl Drop for LeaderGuard<'_> {
 }
 
 impl Inner {
-    /// The journal device, unless there is none or it failed.
-    pub(crate) fn journal_device(&self) -> Option<&crate::jdev::JournalDev> {
-        self.journal_dev
-            .as_ref()
+    /// The journal devices that have not failed (none, one, or a mirrored pair).
+    pub(crate) fn journal_devices(&self) -> Vec<&crate::jdev::JournalDev> {
+        self.journal_devs
+            .iter()
             .filter(|d| !d.failed.load(Ordering::Relaxed))
+            .collect()
     }
 
     /// The journal, unless the pool has none or it is bypassed (test-only).
@@ -441,46 +442,70 @@ impl Inner {
                 return fail(&batch, e.to_string());
             }
         };
-        if let Some(d) = self.journal_device() {
-            let r = self
-                .m_write_abs(&d.h, d.ring_offset_blocks + start, buf.clone(), true)
-                .await;
+        let devs = self.journal_devices();
+        if !devs.is_empty() {
+            // every device of a mirrored pair gets the batch, at the same offsets
+            let futs: Vec<BoxFut<'_, BlockResult<()>>> = devs
+                .iter()
+                .map(|d| -> BoxFut<'_, BlockResult<()>> {
+                    Box::pin(self.m_write_abs(
+                        &d.h,
+                        d.ring_offset_blocks + start,
+                        buf.clone(),
+                        true,
+                    ))
+                })
+                .collect();
+            let results = join_all(futs).await;
             let w = &self.wp;
             w.journal_batches.fetch_add(1, Ordering::Relaxed);
-            w.journal_ring_writes.fetch_add(1, Ordering::Relaxed);
+            w.journal_ring_writes
+                .fetch_add(devs.len() as u64, Ordering::Relaxed);
             w.journal_batch_records_max
                 .fetch_max(batch.len() as u64, Ordering::Relaxed);
-            match r {
-                Ok(()) => {
-                    w.journal_ring_bytes
-                        .fetch_add(buf.len() as u64, Ordering::Relaxed);
-                    w.journal_records
-                        .fetch_add(batch.len() as u64, Ordering::Relaxed);
-                    // one copy, off the members: a member loss cannot take it
-                    return batch
-                        .iter()
-                        .zip(seqs.iter())
-                        .map(|(p, &seq)| (p.ticket, Ok(Durable { seq, full: true })))
-                        .collect();
-                }
-                Err(e) => {
-                    // the device is gone: make every record it holds redundant on
-                    // the members (flush them and checkpoint everything before
-                    // this batch), then journal on the members from now on
-                    tracing::error!(pool = %self.name, device = %d.h.name, error = %e, "journal device failed; journaling on the members");
-                    d.failed.store(true, Ordering::SeqCst);
-                    let first = seqs.first().copied().unwrap_or(1);
-                    let cp = {
-                        let _a = j.alloc.lock().await;
-                        self.checkpoint(first.saturating_sub(1)).await
-                    };
-                    if let Err(e) = cp {
-                        for &sq in seqs.iter() {
-                            j.complete(sq);
-                        }
-                        return fail(&batch, format!("checkpoint after journal device loss: {e}"));
+            let mut held = 0u64;
+            for (d, r) in devs.iter().zip(&results) {
+                match r {
+                    Ok(()) => held += 1,
+                    Err(e) => {
+                        tracing::error!(pool = %self.name, device = %d.h.name, error = %e, "journal device failed");
+                        d.failed.store(true, Ordering::SeqCst);
                     }
                 }
+            }
+            w.journal_ring_bytes
+                .fetch_add(held * buf.len() as u64, Ordering::Relaxed);
+            if held < devs.len() as u64 {
+                // A device is gone. Checkpoint everything before this batch (the
+                // members flushed: every record the lost device held is in place)
+                // and write superblocks that no longer name it, all before this
+                // batch is acknowledged: from here on the records a replay needs
+                // are on its twin, or (when it was the last) on the members,
+                // which the journal goes back to.
+                if held == 0 {
+                    tracing::error!(pool = %self.name, "no journal device left; journaling on the members");
+                }
+                let first = seqs.first().copied().unwrap_or(1);
+                let cp = {
+                    let _a = j.alloc.lock().await;
+                    self.checkpoint(first.saturating_sub(1)).await
+                };
+                if let Err(e) = cp {
+                    for &sq in seqs.iter() {
+                        j.complete(sq);
+                    }
+                    return fail(&batch, format!("checkpoint after journal device loss: {e}"));
+                }
+            }
+            if held > 0 {
+                w.journal_records
+                    .fetch_add(batch.len() as u64, Ordering::Relaxed);
+                // off the members: a member loss cannot take it
+                return batch
+                    .iter()
+                    .zip(seqs.iter())
+                    .map(|(p, &seq)| (p.ticket, Ok(Durable { seq, full: true })))
+                    .collect();
             }
         }
         let copies = self.journal_copies(&view, slot);
@@ -538,7 +563,7 @@ impl Inner {
     /// IOPS, RAID 6 of 6 about 4%; concurrent ring writes still use different
     /// ring space, so nothing else changes).
     fn journal_sets(&self) -> usize {
-        if self.journal_device().is_some() {
+        if !self.journal_devices().is_empty() {
             // one ring write at a time on the device (a failing device then
             // checkpoints without waiting for another batch that fails too)
             return 1;

@@ -9,28 +9,164 @@
 //! device's uuid, so `assemble` refuses to run without it (its records would not
 //! be replayed) unless forced, and refuses a device of another pool.
 //!
-//! What it does not do: mirror the device. A lone device that dies takes the
-//! records not yet checkpointed with it; the pool then checkpoints at once (every
-//! member flushed, so every acknowledged write is on the members) and journals on
-//! the members again. A crash together with the loss of the device before that
-//! checkpoint loses what the members' volatile caches held (md's journal has the
-//! same limit; its answer is a mirrored journal device).
+//! A mirrored pair: with two devices every group commit is written to both at
+//! once (same ring offsets, same bytes) and a record counts as durable when a
+//! device holds it; the superblocks name both (`journal_device_uuid`,
+//! `journal_device_mirror_uuid`). A device that fails a write is marked failed
+//! and the pool checkpoints every record before the batch and writes
+//! superblocks that name only its twin before the batch is acknowledged, so
+//! from then on the twin holds every record a replay needs; assemble takes
+//! either device alone (a device of the pool the superblocks no longer name is
+//! left out). Key invariant: while both serve, each holds every record not
+//! covered by a checkpoint, so a crash together with the loss of either device
+//! (and up to `redundancy` members) loses nothing acknowledged.
+//!
+//! What it does not do: resilver a replaced device (a pool with one device
+//! left stays that way until it is recreated), or survive both devices. When the
+//! last device dies the pool checkpoints at once (every member flushed, so every
+//! acknowledged write is on the members) and journals on the members again. A
+//! crash together with the loss of the last device before that checkpoint loses
+//! what the members' volatile caches held (md's journal has the same limit).
 
-use crate::pool::MemberHandle;
+use crate::pool::{Inner, MemberHandle};
+use crate::util::new_uuid;
+use crate::{Member, RaidError, RaidResult};
+use block::Bytes;
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 
 /// Bytes before the ring on a journal device.
 pub(crate) const HEADER_BYTES: u64 = 64 * 1024;
 const MAGIC: &[u8; 8] = b"FSRJDEV1";
+/// Most journal devices of a pool: one, or a mirrored pair.
+pub const JOURNAL_DEVICES_MAX: usize = 2;
 
-/// The journal device of a pool.
+/// A journal device of a pool.
 pub(crate) struct JournalDev {
     pub h: Arc<MemberHandle>,
     /// Device lba of ring block 0.
     pub ring_offset_blocks: u64,
-    /// Set after a write error: records go to the members from then on.
+    /// Set after a write error: records go to its twin, or to the members when
+    /// it was the last, from then on.
     pub failed: AtomicBool,
+}
+
+/// Writes a header naming the pool to each of `devs` and attaches them to a new
+/// pool (`Pool::create_with_journal_devices`).
+pub(crate) async fn attach_new(
+    inner: &mut Inner,
+    devs: Vec<Member>,
+    bs: u64,
+    journal_blocks: u64,
+) -> RaidResult<()> {
+    if devs.is_empty() {
+        return Ok(());
+    }
+    if inner.journal.is_none() {
+        return Err(RaidError::Config(
+            "a journal device needs a parity level with the journal on".into(),
+        ));
+    }
+    if devs.len() > JOURNAL_DEVICES_MAX {
+        return Err(RaidError::Config(format!(
+            "at most {JOURNAL_DEVICES_MAX} journal devices (a mirrored pair), {} given",
+            devs.len()
+        )));
+    }
+    for dev in devs {
+        let uuid = new_uuid();
+        let h = MemberHandle::new(dev, uuid.clone());
+        let g = h.volume.geometry();
+        if g.block_size_bytes as u64 != bs || g.block_count < HEADER_BYTES / bs + journal_blocks {
+            return Err(RaidError::Config(format!(
+                "journal device {} must have {bs}-byte blocks and hold {} bytes",
+                h.name,
+                HEADER_BYTES + journal_blocks * bs
+            )));
+        }
+        let hdr = header(&inner.uuid, &uuid, bs as usize);
+        h.volume
+            .write(0, Bytes::from(hdr), true)
+            .await
+            .map_err(|e| RaidError::Member {
+                member: h.name.clone(),
+                source: e,
+            })?;
+        inner.journal_devs.push(JournalDev {
+            h,
+            ring_offset_blocks: HEADER_BYTES / bs,
+            failed: AtomicBool::new(false),
+        });
+    }
+    Ok(())
+}
+
+/// Attaches the given devices of an assembled pool whose superblocks name
+/// `named` (none, one, or a mirrored pair): every named device found is
+/// attached; one of a pair may be missing (its twin holds every record); all
+/// missing is refused unless `force`. A device of another pool is refused, one
+/// of this pool the superblocks no longer name (failed earlier) is left out.
+pub(crate) async fn attach_existing(
+    inner: &mut Inner,
+    pool_name: &str,
+    named: &[String],
+    devs: Vec<Member>,
+    force: bool,
+    bs: u64,
+) -> RaidResult<()> {
+    if named.is_empty() {
+        if let Some(d) = devs.first() {
+            return Err(RaidError::Config(format!(
+                "pool {pool_name} has no journal device, {} given",
+                d.name
+            )));
+        }
+        return Ok(());
+    }
+    let mut found: Vec<(String, Member)> = Vec::new();
+    for dev in devs {
+        let hdr = dev.volume.read(0, 1).await.map_err(|e| RaidError::Member {
+            member: dev.name.clone(),
+            source: e,
+        })?;
+        match parse_header(&hdr) {
+            Some((p, d)) if p == inner.uuid && named.contains(&d) => {
+                if !found.iter().any(|(u, _)| *u == d) {
+                    found.push((d, dev));
+                }
+            }
+            Some((p, d)) if p == inner.uuid => {
+                tracing::warn!(pool = %pool_name, device = %dev.name, uuid = %d, "journal device no longer named by the superblocks (it failed earlier): left out");
+            }
+            _ => {
+                return Err(RaidError::ForeignMember {
+                    member: dev.name.clone(),
+                    pool_uuid: inner.uuid.clone(),
+                })
+            }
+        }
+    }
+    if found.is_empty() {
+        if force {
+            tracing::warn!(pool = %pool_name, devices = %named.join(", "), "journal device missing: its records are not replayed");
+            return Ok(());
+        }
+        return Err(RaidError::Config(format!(
+            "pool {pool_name}: journal device {} missing (assemble with force to go without its records)",
+            named.join(" and ")
+        )));
+    }
+    if found.len() < named.len() {
+        tracing::warn!(pool = %pool_name, "one journal device of the mirrored pair is missing; its twin holds every record, the journal goes on unmirrored");
+    }
+    for (uuid, dev) in found {
+        inner.journal_devs.push(JournalDev {
+            h: MemberHandle::new(dev, uuid),
+            ring_offset_blocks: HEADER_BYTES / bs,
+            failed: AtomicBool::new(false),
+        });
+    }
+    Ok(())
 }
 
 /// The header block: magic, then `pool_uuid` and `device_uuid` (32 hex digits

@@ -56,7 +56,7 @@ pub(crate) struct MemberHandle {
 }
 
 impl MemberHandle {
-    fn new(m: Member, uuid: String) -> Arc<Self> {
+    pub(crate) fn new(m: Member, uuid: String) -> Arc<Self> {
         Arc::new(MemberHandle {
             name: m.name,
             uuid,
@@ -236,8 +236,9 @@ pub(crate) struct Inner {
     /// Test-only: stripe updates skip the journal (see
     /// [`Pool::unsafe_set_journal_bypass`]).
     pub journal_bypass: AtomicBool,
-    /// The journal device, when the ring is there instead of on the members.
-    pub journal_dev: Option<crate::jdev::JournalDev>,
+    /// The journal devices (none, one, or a mirrored pair), when the ring is
+    /// there instead of on the members.
+    pub journal_devs: Vec<crate::jdev::JournalDev>,
 }
 
 /// Stripe lock slots (stripe `s` uses slot `s mod STRIPE_LOCKS`). Stripes that
@@ -292,7 +293,7 @@ impl Pool {
         members: Vec<Member>,
         spares: Vec<Member>,
     ) -> RaidResult<Pool> {
-        Self::create_with_journal_device(config, members, spares, None).await
+        Self::create_with_journal_devices(config, members, spares, Vec::new()).await
     }
 
     /// Like [`Pool::create`], with the stripe journal of a parity pool on
@@ -304,6 +305,20 @@ impl Pool {
         members: Vec<Member>,
         spares: Vec<Member>,
         journal_device: Option<Member>,
+    ) -> RaidResult<Pool> {
+        let devs = journal_device.into_iter().collect();
+        Self::create_with_journal_devices(config, members, spares, devs).await
+    }
+
+    /// Like [`Pool::create_with_journal_device`] with up to
+    /// [`JOURNAL_DEVICES_MAX`](crate::JOURNAL_DEVICES_MAX) devices: two make a
+    /// mirrored pair, each group commit written to both, so a crash together
+    /// with the loss of either loses nothing acknowledged (see `jdev.rs`).
+    pub async fn create_with_journal_devices(
+        config: PoolConfig,
+        members: Vec<Member>,
+        spares: Vec<Member>,
+        journal_devices: Vec<Member>,
     ) -> RaidResult<Pool> {
         let layout = layout_for(config.level, members.len())?;
         let bs = members[0].volume.geometry().block_size_bytes as u64;
@@ -434,38 +449,7 @@ impl Pool {
             1,
         );
         inner.intent_off = config.unsafe_disable_write_intent;
-        if let Some(dev) = journal_device {
-            if inner.journal.is_none() {
-                return Err(RaidError::Config(
-                    "a journal device needs a parity level with the journal on".into(),
-                ));
-            }
-            let uuid = new_uuid();
-            let h = MemberHandle::new(dev, uuid.clone());
-            let g = h.volume.geometry();
-            if g.block_size_bytes as u64 != bs
-                || g.block_count < crate::jdev::HEADER_BYTES / bs + journal_blocks
-            {
-                return Err(RaidError::Config(format!(
-                    "journal device {} must have {bs}-byte blocks and hold {} bytes",
-                    h.name,
-                    crate::jdev::HEADER_BYTES + journal_bytes
-                )));
-            }
-            let hdr = crate::jdev::header(&inner.uuid, &uuid, bs as usize);
-            h.volume
-                .write(0, Bytes::from(hdr), true)
-                .await
-                .map_err(|e| RaidError::Member {
-                    member: h.name.clone(),
-                    source: e,
-                })?;
-            inner.journal_dev = Some(crate::jdev::JournalDev {
-                h,
-                ring_offset_blocks: crate::jdev::HEADER_BYTES / bs,
-                failed: AtomicBool::new(false),
-            });
-        }
+        crate::jdev::attach_new(&mut inner, journal_devices, bs, journal_blocks).await?;
         let pool = Pool {
             inner: Arc::new(inner),
         };
@@ -484,7 +468,7 @@ impl Pool {
     /// beyond it), and replays the stripe journal so every interrupted stripe is
     /// consistent before I/O starts.
     pub async fn assemble(members: Vec<Member>, force: bool) -> RaidResult<Pool> {
-        Self::assemble_with_journal_device(members, force, None).await
+        Self::assemble_with_journal_devices(members, force, Vec::new()).await
     }
 
     /// Like [`Pool::assemble`] for a pool created with a journal device: its
@@ -496,6 +480,18 @@ impl Pool {
         members: Vec<Member>,
         force: bool,
         journal_device: Option<Member>,
+    ) -> RaidResult<Pool> {
+        let devs = journal_device.into_iter().collect();
+        Self::assemble_with_journal_devices(members, force, devs).await
+    }
+
+    /// Like [`Pool::assemble_with_journal_device`] with every journal device at
+    /// hand: either device of a mirrored pair is enough (both are replayed when
+    /// both are given).
+    pub async fn assemble_with_journal_devices(
+        members: Vec<Member>,
+        force: bool,
+        journal_devices: Vec<Member>,
     ) -> RaidResult<Pool> {
         if members.is_empty() {
             return Err(RaidError::Config("no members".into()));
@@ -717,44 +713,21 @@ impl Pool {
             state,
             checkpoint + 1,
         );
-        match (&newest.journal_device_uuid, journal_device) {
-            (None, None) => {}
-            (None, Some(dev)) => {
-                return Err(RaidError::Config(format!(
-                    "pool {} has no journal device, {} given",
-                    newest.pool_name, dev.name
-                )))
-            }
-            (Some(u), None) if force => {
-                tracing::warn!(pool = %newest.pool_name, device = %u, "journal device missing: its records are not replayed");
-            }
-            (Some(u), None) => {
-                return Err(RaidError::Config(format!(
-                    "pool {}: journal device {u} missing (assemble with force to go without its records)",
-                    newest.pool_name
-                )))
-            }
-            (Some(u), Some(dev)) => {
-                let hdr = dev.volume.read(0, 1).await.map_err(|e| RaidError::Member {
-                    member: dev.name.clone(),
-                    source: e,
-                })?;
-                match crate::jdev::parse_header(&hdr) {
-                    Some((p, d)) if p == inner.uuid && &d == u => {}
-                    _ => {
-                        return Err(RaidError::ForeignMember {
-                            member: dev.name.clone(),
-                            pool_uuid: inner.uuid.clone(),
-                        })
-                    }
-                }
-                inner.journal_dev = Some(crate::jdev::JournalDev {
-                    h: MemberHandle::new(dev, u.clone()),
-                    ring_offset_blocks: crate::jdev::HEADER_BYTES / bs,
-                    failed: AtomicBool::new(false),
-                });
-            }
-        }
+        let named: Vec<String> = newest
+            .journal_device_uuid
+            .iter()
+            .chain(newest.journal_device_mirror_uuid.iter())
+            .cloned()
+            .collect();
+        crate::jdev::attach_existing(
+            &mut inner,
+            &newest.pool_name,
+            &named,
+            journal_devices,
+            force,
+            bs,
+        )
+        .await?;
         let pool = Pool {
             inner: Arc::new(inner),
         };
@@ -1035,7 +1008,7 @@ impl Inner {
             write_ewma_ns: AtomicU64::new(0),
             wp: Default::default(),
             journal_bypass: AtomicBool::new(false),
-            journal_dev: None,
+            journal_devs: Vec::new(),
         }
     }
 
@@ -1222,11 +1195,8 @@ impl Inner {
             rebuild_rate_mb_s: st.rebuild_rate_mb_s,
             intent_region_stripes: self.region_stripes,
             dirty_regions: Inner::dirty_regions(st),
-            journal_device_uuid: self
-                .journal_dev
-                .as_ref()
-                .filter(|d| !d.failed.load(Ordering::Relaxed))
-                .map(|d| d.h.uuid.clone()),
+            journal_device_uuid: self.journal_devices().first().map(|d| d.h.uuid.clone()),
+            journal_device_mirror_uuid: self.journal_devices().get(1).map(|d| d.h.uuid.clone()),
             volume_blocks: self.volume_blocks(),
         }
     }
@@ -1383,7 +1353,7 @@ impl Inner {
             .into_iter()
             .map(|(_, h)| (h, j.offset_blocks))
             .collect();
-        if let Some(d) = &self.journal_dev {
+        for d in self.journal_devices() {
             rings.push((d.h.clone(), d.ring_offset_blocks));
         }
         for (h, ring_at) in rings {
@@ -1449,6 +1419,15 @@ impl Inner {
     }
 
     fn status(&self) -> PoolStatus {
+        let journal_devices: Vec<crate::status::JournalDeviceStatus> = self
+            .journal_devs
+            .iter()
+            .map(|d| crate::status::JournalDeviceStatus {
+                name: d.h.name.clone(),
+                uuid: d.h.uuid.clone(),
+                failed: d.failed.load(Ordering::Relaxed),
+            })
+            .collect();
         let failed = self.is_failed();
         let st = self.state.lock();
         let data_bytes = self.layout.areas() * self.stripes() * self.cb * self.bs;
@@ -1537,14 +1516,8 @@ impl Inner {
             intent_regions: st.intent.len() as u64,
             journal_whole_stripes: self.journal_whole.load(Ordering::Relaxed),
             write_path: self.wp.snapshot(),
-            journal_device: self
-                .journal_dev
-                .as_ref()
-                .map(|d| crate::status::JournalDeviceStatus {
-                    name: d.h.name.clone(),
-                    uuid: d.h.uuid.clone(),
-                    failed: d.failed.load(Ordering::Relaxed),
-                }),
+            journal_device: journal_devices.first().cloned(),
+            journal_devices,
         }
     }
 }

@@ -167,9 +167,13 @@ pub struct PoolStatus {
     #[serde(default)]
     pub write_path: WritePath,
     /// The journal device holding the stripe journal instead of the members, if
-    /// the pool has one.
+    /// the pool has one (the first of a mirrored pair).
     #[serde(default)]
     pub journal_device: Option<JournalDeviceStatus>,
+    /// Every journal device of the pool: none, one, or a mirrored pair (each
+    /// group commit goes to every one not failed).
+    #[serde(default)]
+    pub journal_devices: Vec<JournalDeviceStatus>,
 }
 
 /// The journal device of a pool in a status report.

@@ -78,6 +78,10 @@ pub(crate) struct Superblock {
     /// there rather than on the members.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub journal_device_uuid: Option<String>,
+    /// The uuid of the second journal device of a mirrored pair, while both
+    /// serve (a failed one is dropped from the superblocks).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub journal_device_mirror_uuid: Option<String>,
     /// Blocks the pool exposes when fewer than its stripes hold (a pool grown to
     /// a size that is not a whole number of stripes); absent: every data block of
     /// every stripe. The blocks past it in the last stripe are zeroes.
@@ -265,6 +269,7 @@ mod tests {
             intent_region_stripes: 2048,
             dirty_regions: vec![0, 3],
             journal_device_uuid: None,
+            journal_device_mirror_uuid: None,
             volume_blocks: None,
         }
     }
