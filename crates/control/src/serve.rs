@@ -101,6 +101,9 @@ where
         bail!("the node's buffer budget was set before the node started");
     }
     crate::secrets::private_files(&cfg.data_dir)?;
+    // before anything keeps state in it: the alert cursors are written at once
+    std::fs::create_dir_all(&cfg.data_dir)
+        .with_context(|| format!("creating data directory {}", cfg.data_dir.display()))?;
     let events = Arc::new(crate::events::log::EventLog::open(
         &cfg.data_dir,
         cfg.alerts
