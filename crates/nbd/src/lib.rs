@@ -24,7 +24,10 @@
 //! - [`psk`]: TLS with pre-shared keys (OpenSSL, the `psk` feature);
 //! - structured replies (`NBD_OPT_STRUCTURED_REPLY`) and block status with the
 //!   `base:allocation` metadata context, so clients such as `qemu-img map` and
-//!   `convert` see the holes of a thin LUN.
+//!   `convert` see the holes of a thin LUN. A request that succeeds with nothing
+//!   to return (write, flush, trim, write zeroes) still gets a 16-byte simple
+//!   reply, as the protocol allows and nbdkit does: libnbd reads it with one
+//!   `recv` where a chunk header takes two (docs/nbd-performance.md).
 //!
 //! What it does not do: TLS offered but optional, `NBD_REPLY_TYPE_OFFSET_HOLE`
 //! chunks and the DF flag, extended headers, oldstyle negotiation, resize. Those

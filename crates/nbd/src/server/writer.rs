@@ -33,6 +33,13 @@ const REPLY_HEADER_BYTES_MAX: usize = STRUCTURED_REPLY_HEADER_BYTES + 8;
 /// The encoded header of one reply: a simple reply, or the one structured
 /// chunk (flagged DONE) that answers a request when structured replies were
 /// negotiated, with the fixed part of its payload.
+///
+/// With structured replies negotiated, a request that succeeded with nothing
+/// to return (a write, flush, trim, write zeroes) still gets a simple reply:
+/// the protocol allows either for every command but READ (and requires a
+/// chunk for any reply with a payload), nbdkit does the same, and a client
+/// reads the 16 bytes of a simple reply in one `recv` where libnbd reads a
+/// 20-byte chunk header in two. Errors and READs stay structured.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct ReplyHeader {
     buf: [u8; REPLY_HEADER_BYTES_MAX],
@@ -46,7 +53,9 @@ impl ReplyHeader {
             buf: [0; REPLY_HEADER_BYTES_MAX],
             len: 0,
         };
-        if !structured {
+        let plain_success =
+            error == 0 && req.command != Command::Read && matches!(data, ReplyData::None);
+        if !structured || plain_success {
             let b = encode_simple_reply(&SimpleReply {
                 error,
                 cookie: req.cookie,
