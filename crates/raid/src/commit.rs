@@ -1,10 +1,9 @@
 //! Applying a stripe update: the journal record first (parity levels), then the
 //! member writes in place; and the group commit of journal records.
 //!
-//! Group commit: a stripe update hands its record to the journal's queue. There
-//! is a copy set per member: `redundancy + 1` consecutive members from it (ten
-//! overlapping pairs on RAID 5 of 10). If a set has no ring write running, the
-//! update becomes its leader: it
+//! Group commit: a stripe update hands its record to the journal's queue. The
+//! members are cut into disjoint copy sets of `redundancy + 1` (five on RAID 5 of
+//! 10). If a set has no ring write running, the update becomes its leader: it
 //! takes every queued record (up to `BATCH_BYTES_MAX`), gives them consecutive
 //! sequence numbers and adjacent ring space, and writes them as one FUA write to
 //! each member of the set; otherwise it waits, and the records that queued behind
@@ -49,8 +48,8 @@ use tokio::sync::OwnedRwLockWriteGuard;
 /// the next one; a single bigger record goes alone).
 const BATCH_BYTES_MAX: u64 = 2 << 20;
 
-/// Most group commits writing at once (each from its own first member).
-const JOURNAL_SETS_MAX: usize = 16;
+/// Most group commits writing at once (each on its own members).
+const JOURNAL_SETS_MAX: usize = 8;
 
 /// Most KiB of in-place writes running after their acknowledgement (per pool);
 /// more updates wait for room before they are acknowledged.
@@ -552,28 +551,30 @@ impl Inner {
             .collect()
     }
 
-    /// How many group commits may write at once: one per member the copy set
-    /// starts at (`JOURNAL_SETS_MAX` at most), so copy sets overlap: set `i` is
-    /// `redundancy + 1` consecutive members from member `i`. Disjoint sets (five
-    /// on RAID 5 of 10, two on RAID 6 of 6) were all busy most of the time on
-    /// HDDs, and a record then waited for a set before its ring write started;
-    /// with overlapping ones batches are smaller, but the acknowledged path is
-    /// shorter, so more requests reach the members and their queues run deeper
-    /// (`bench/raid-smallwrite`, NCQ on: RAID 5 of 10 about 5% more small-write
-    /// IOPS, RAID 6 of 6 about 4%; concurrent ring writes still use different
-    /// ring space, so nothing else changes).
+    /// How many group commits may write at once: one per disjoint set of
+    /// `redundancy + 1` members (`JOURNAL_SETS_MAX` at most).
+    ///
+    /// Measured and not kept (2026-11-28, `bench/raid-smallwrite`, the two
+    /// variants interleaved): a copy set per member (overlapping, ten on RAID 5
+    /// of 10, six on RAID 6 of 6) shortens the wait for a free set, but batches
+    /// get smaller (1.7 records instead of 3.2 on RAID 5), so each update costs
+    /// about half a ring write more. With NCQ that bought 1-4% (deeper queues),
+    /// without it cost 6-7% on RAID 5 and 7-11% on RAID 6, where every ring
+    /// write is a full positioning.
     fn journal_sets(&self) -> usize {
         if !self.journal_devices().is_empty() {
             // one ring write at a time on the device (a failing device then
             // checkpoints without waiting for another batch that fails too)
             return 1;
         }
-        self.layout.member_count().clamp(1, JOURNAL_SETS_MAX)
+        let n = self.layout.member_count();
+        let want = self.layout.redundancy() + 1;
+        (n / want).clamp(1, JOURNAL_SETS_MAX)
     }
 
     /// The members that get the copies of a batch written from copy set `slot`:
-    /// `redundancy + 1` writable ones starting at member `slot`, so concurrent
-    /// group commits mostly use different members and successive ones rotate
+    /// `redundancy + 1` writable ones starting at `slot * (redundancy + 1)`, so
+    /// concurrent group commits use different members and successive ones rotate
     /// over them (F1: the hot member always holds one, so the journal keeps, and
     /// adds to, the wear skew instead of evening it out).
     fn journal_copies(&self, view: &View, slot: usize) -> Vec<usize> {
@@ -583,7 +584,7 @@ impl Inner {
         if self.layout.level() == crate::RaidLevel::F1 {
             order.push(n - 1);
         }
-        let first = slot % n.max(1);
+        let first = (slot * want) % n.max(1);
         order.extend((0..n).map(|i| (first + i) % n));
         let mut copies: Vec<usize> = Vec::with_capacity(want);
         for p in order {
