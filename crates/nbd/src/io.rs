@@ -61,13 +61,18 @@ pub(crate) async fn fill_exact<R: AsyncRead + Unpin>(
 
 /// Takes the next `n` bytes of the stream: from `buf` when they are all there,
 /// else from `buf` and then `rd`. A payload of [`OWN_BUFFER_BYTES`] or more is
-/// read into a buffer of exactly its size, up to its end and no further, so
-/// that growing the shared receive buffer never copies it (the bytes already
-/// buffered are copied once). `Ok(None)`: the stream ended first.
+/// read into a buffer of its own, so that growing the shared receive buffer
+/// never copies it (the bytes already buffered are copied once). Its reads
+/// may take up to `ahead_bytes` past its end (the header that follows it, when
+/// the peer already sent it): those are left in `buf`, so that the next header
+/// costs no read of its own, and they are the only bytes past the payload ever
+/// read (never the start of a next large payload, which would then be copied
+/// out of `buf`). `Ok(None)`: the stream ended first.
 pub(crate) async fn take_payload<R: AsyncRead + Unpin>(
     rd: &mut R,
     buf: &mut BytesMut,
     n: usize,
+    ahead_bytes: usize,
 ) -> io::Result<Option<Bytes>> {
     if buf.len() >= n {
         return Ok(Some(buf.split_to(n).freeze()));
@@ -75,14 +80,23 @@ pub(crate) async fn take_payload<R: AsyncRead + Unpin>(
     if n < OWN_BUFFER_BYTES {
         return Ok(fill(rd, buf, n).await?.then(|| buf.split_to(n).freeze()));
     }
-    let mut own = BytesMut::with_capacity(n);
+    let end = n.saturating_add(ahead_bytes);
+    let mut own = BytesMut::with_capacity(end);
     own.extend_from_slice(buf);
     buf.clear();
-    match fill_exact(rd, &mut own, n).await {
-        Ok(true) => Ok(Some(own.freeze())),
-        Ok(false) => Ok(None),
-        Err(e) => Err(e),
+    while own.len() < n {
+        let want = end - own.len();
+        if rd.read_buf(&mut (&mut own).limit(want)).await? == 0 {
+            if own.is_empty() {
+                return Ok(None);
+            }
+            return Err(io::ErrorKind::UnexpectedEof.into());
+        }
     }
+    // what was read past the payload (at most `ahead_bytes`) goes back to `buf`
+    buf.extend_from_slice(&own[n..]);
+    own.truncate(n);
+    Ok(Some(own.freeze()))
 }
 
 /// Writes every slice of `parts`, in order, with as few `writev` calls as the
@@ -158,23 +172,57 @@ mod tests {
         let writer = tokio::spawn(async move { a.write_all(&sent).await.unwrap() });
         let mut buf = BytesMut::new();
         assert!(fill(&mut b, &mut buf, 10).await.unwrap());
-        let got = take_payload(&mut b, &mut buf, n).await.unwrap().unwrap();
+        let got = take_payload(&mut b, &mut buf, n, 0).await.unwrap().unwrap();
         assert_eq!(&got[..], &data[..n]);
         // nothing past the payload was read; the rest follows exactly
         assert!(buf.is_empty());
         assert!(fill_exact(&mut b, &mut buf, 3).await.unwrap());
         assert_eq!(&buf[..], &data[n..]);
         writer.await.unwrap();
+        // with read-ahead: at most `ahead` bytes past the payload, left in
+        // `buf`, and the stream goes on right after them
+        let (mut a, mut b) = tokio::io::duplex(1 << 20);
+        let ahead = 28;
+        let data: Vec<u8> = (0..2 * n + 100).map(|i| (i % 253) as u8).collect();
+        a.write_all(&data).await.unwrap();
+        let mut buf = BytesMut::new();
+        let got = take_payload(&mut b, &mut buf, n, ahead)
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(&got[..], &data[..n]);
+        assert_eq!(&buf[..], &data[n..n + ahead]);
+        assert_eq!(got.len(), n, "the payload holds nothing past its end");
+        buf.clear();
+        let next = take_payload(&mut b, &mut buf, n, ahead)
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(&next[..], &data[n + ahead..2 * n + ahead]);
+        assert_eq!(&buf[..], &data[2 * n + ahead..2 * n + 2 * ahead]);
+        // the stream ending right after the payload is no error
+        let (mut a, mut b) = tokio::io::duplex(1 << 20);
+        a.write_all(&data[..n]).await.unwrap();
+        drop(a);
+        let mut buf = BytesMut::new();
+        let got = take_payload(&mut b, &mut buf, n, ahead)
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!((got.len(), buf.len()), (n, 0));
         // small payloads come from the shared buffer, the stream ending mid-way fails
         let (mut a, mut b) = tokio::io::duplex(64);
         a.write_all(b"0123456789").await.unwrap();
         drop(a);
         let mut buf = BytesMut::new();
         assert_eq!(
-            &take_payload(&mut b, &mut buf, 4).await.unwrap().unwrap()[..],
+            &take_payload(&mut b, &mut buf, 4, 28)
+                .await
+                .unwrap()
+                .unwrap()[..],
             b"0123"
         );
-        let e = take_payload(&mut b, &mut buf, OWN_BUFFER_BYTES)
+        let e = take_payload(&mut b, &mut buf, OWN_BUFFER_BYTES, 28)
             .await
             .unwrap_err();
         assert_eq!(e.kind(), io::ErrorKind::UnexpectedEof);

@@ -403,7 +403,7 @@ impl Conn {
                         None => None,
                     };
                     let payload = if payload_len > 0 {
-                        match take_payload(rd, buf, payload_len).await {
+                        match take_payload(rd, buf, payload_len, REQUEST_BYTES).await {
                             Ok(Some(p)) => p,
                             Ok(None) => return End::Io(std::io::ErrorKind::UnexpectedEof.into()),
                             Err(e) => return End::Io(e),
@@ -411,9 +411,10 @@ impl Conn {
                     } else {
                         block::Bytes::new()
                     };
-                    // After a large payload the next header is read alone: a
-                    // batch read would take the start of the next large payload
-                    // into the shared buffer, to be copied out of it again.
+                    // After a large payload the next header is read alone (if
+                    // the payload's own reads did not already take it): a batch
+                    // read would take the start of the next large payload into
+                    // the shared buffer, to be copied out of it again.
                     exact_header = payload_len >= OWN_BUFFER_BYTES;
                     let g = self.export.volume.geometry();
                     if let Err(err) = exec::validate(&req, &g, self.export.read_only) {
