@@ -276,9 +276,26 @@ pub struct PoolConfig {
     /// of the members, as md's write journal does: small writes then wait for
     /// one SSD write instead of a ring write on the HDDs. Given at creation;
     /// the pool then refuses to assemble without it (unless `force_assemble`,
-    /// which gives up the records it held). Not mirrored: see docs/0002-raid.md.
+    /// which gives up the records it held). See docs/0002-raid.md.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub journal_device: Option<String>,
+    /// A second `[[disk]]` mirroring `journal_device`: every journal write goes
+    /// to both, so the loss of either SSD loses no acknowledged write; the pool
+    /// assembles with either one (a failed one is left out and named in the
+    /// pool's status).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub journal_device_mirror: Option<String>,
+}
+
+impl PoolConfig {
+    /// The journal devices configured: `journal_device`, then its mirror.
+    pub fn journal_devices(&self) -> Vec<String> {
+        self.journal_device
+            .iter()
+            .chain(self.journal_device_mirror.iter())
+            .cloned()
+            .collect()
+    }
 }
 
 /// Where the management API listens and whom it answers. Every request needs a
@@ -1187,6 +1204,7 @@ impl Config {
                 .iter()
                 .chain(p.spares.iter())
                 .chain(p.journal_device.iter())
+                .chain(p.journal_device_mirror.iter())
             {
                 if !disk_names.contains(m.as_str()) {
                     bail!("pool {}: no [[disk]] named {m}", p.name);
@@ -1194,6 +1212,12 @@ impl Config {
                 if !used.insert(m.as_str()) {
                     bail!("pool {}: disk {m} is used twice", p.name);
                 }
+            }
+            if p.journal_device_mirror.is_some() && p.journal_device.is_none() {
+                bail!(
+                    "pool {}: journal_device_mirror needs a journal_device",
+                    p.name
+                );
             }
             if p.journal_device.is_some()
                 && !matches!(p.level.as_str(), "raid5" | "raid6" | "raidf1")
@@ -1474,6 +1498,33 @@ iqn = "iqn.2026-11.org.freesan:t1"
         assert!(with("raid1", "ssd").is_err(), "not a parity level");
         assert!(with("raid5", "d1").is_err(), "a member");
         assert!(with("raid5", "nope").is_err(), "no such disk");
+        // its mirror: another free disk, only beside a journal device
+        let mirrored = |jdev: &str, mirror: &str| {
+            let b = base.replace("level = \"raid1\"", "level = \"raid5\"");
+            let b = b.replace(
+                "members = [\"d0\", \"d1\"]\n",
+                &format!(
+                    "members = [\"d0\", \"d1\"]\n{jdev}journal_device_mirror = \"{mirror}\"\n"
+                ),
+            );
+            let b = b.replace(
+                "[[pool]]",
+                "[[disk]]\nname = \"ssd\"\npath = \"ssd.img\"\n[[disk]]\nname = \"ssd2\"\npath = \"ssd2.img\"\n[[pool]]",
+            );
+            toml::from_str::<Config>(&format!("{b}pool = \"p\""))
+                .unwrap()
+                .validate()
+        };
+        mirrored("journal_device = \"ssd\"\n", "ssd2").unwrap();
+        assert!(mirrored("", "ssd2").is_err(), "a mirror of nothing");
+        assert!(
+            mirrored("journal_device = \"ssd\"\n", "ssd").is_err(),
+            "the journal device itself"
+        );
+        assert!(
+            mirrored("journal_device = \"ssd\"\n", "d0").is_err(),
+            "a member"
+        );
     }
 
     #[test]

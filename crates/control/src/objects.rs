@@ -736,11 +736,8 @@ impl Objects {
             }
         }
         for p in &st.0.pools {
-            if let Some(j) = &p.journal_device {
-                used.insert(
-                    j.clone(),
-                    (Some(p.name.clone()), "journal", "active".into()),
-                );
+            for j in p.journal_devices() {
+                used.insert(j, (Some(p.name.clone()), "journal", "active".into()));
             }
         }
         for c in &st.0.caches {

@@ -249,11 +249,18 @@ async fn open_pool(
     p: &crate::config::PoolConfig,
     members: Vec<raid::Member>,
     spares: Vec<raid::Member>,
-    journal: Option<raid::Member>,
+    journal: Vec<raid::Member>,
     new: bool,
 ) -> Result<raid::Pool> {
-    if let (Some(name), None) = (&p.journal_device, &journal) {
-        bail!("pool {}: journal device {name} is not available", p.name);
+    // one of a mirrored pair is enough to assemble (the other is named failed
+    // in the pool's status); a pool made now gets every device configured
+    let configured = p.journal_devices();
+    if !configured.is_empty() && journal.is_empty() {
+        bail!(
+            "pool {}: journal device {} is not available",
+            p.name,
+            configured.join(", ")
+        );
     }
     let mut formatted = Vec::new();
     for m in members.iter().chain(spares.iter()) {
@@ -272,7 +279,7 @@ async fn open_pool(
     let pool = if !formatted.is_empty() {
         let mut all = members;
         all.extend(spares);
-        raid::Pool::assemble_with_journal_device(all, p.force_assemble, journal)
+        raid::Pool::assemble_with_journal_devices(all, p.force_assemble, journal)
             .await
             .with_context(|| format!("pool {}: assembling", p.name))?
     } else {
@@ -286,7 +293,14 @@ async fn open_pool(
             pc.rebuild_rate_mb_s = r;
         }
         tracing::info!(pool = %p.name, level = %p.level, "creating pool on blank disks");
-        raid::Pool::create_with_journal_device(pc, members, spares, journal)
+        if journal.len() < configured.len() {
+            bail!(
+                "pool {}: creating it needs every journal device ({})",
+                p.name,
+                configured.join(", ")
+            );
+        }
+        raid::Pool::create_with_journal_devices(pc, members, spares, journal)
             .await
             .with_context(|| format!("pool {}: creating", p.name))?
     };
@@ -317,7 +331,7 @@ impl Pools {
         for p in &cfg.pools {
             let members = take_members(&mut disks, &p.members);
             let spares = take_members(&mut disks, &p.spares);
-            let journal = take_members(&mut disks, p.journal_device.as_slice()).pop();
+            let journal = take_members(&mut disks, &p.journal_devices());
             let pool = open_pool(p, members, spares, journal, false).await?;
             pools.insert(p.name.clone(), Arc::new(pool));
         }
@@ -422,6 +436,7 @@ impl Pools {
                 .iter()
                 .chain(p.spares.iter())
                 .chain(p.journal_device.iter())
+                .chain(p.journal_device_mirror.iter())
                 .find(|d| !free.contains_key(*d))
             {
                 bail!("pool {}: disk {d:?} is not a free disk", p.name);
@@ -429,7 +444,7 @@ impl Pools {
             (
                 take_members(&mut free, &p.members),
                 take_members(&mut free, &p.spares),
-                take_members(&mut free, p.journal_device.as_slice()).pop(),
+                take_members(&mut free, &p.journal_devices()),
             )
         };
         let taken: Vec<raid::Member> = members

@@ -235,3 +235,79 @@ fn raid5_with_a_journal_device_sigkill_then_member_failure() {
     assert!(!ok, "started without its journal device: {out}");
     assert!(out.contains("journal device"), "{out}");
 }
+
+/// A RAID 5 whose journal is mirrored on two disks: SIGKILL during verified
+/// small writes; the node restarts without the first journal disk (left out of
+/// the configuration and its file gone, as when an SSD dies with the node),
+/// then a member fails: every acknowledged block reads back from the records
+/// on the twin.
+#[test]
+fn raid5_with_a_mirrored_journal_sigkill_then_a_journal_disk_and_a_member_lost() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let cfg = config(d, "raid5", 4, false, true);
+    let mirrored = std::fs::read_to_string(&cfg)
+        .unwrap()
+        .replace(
+            "journal_device = \"d4\"\n",
+            "journal_device = \"d4\"\njournal_device_mirror = \"d5\"\n",
+        )
+        .replace(
+            "[[pool]]",
+            &format!(
+                "[[disk]]\nname = \"d5\"\nsize = \"64M\"\npath = \"{}/d5.img\"\n[[pool]]",
+                d.display()
+            ),
+        );
+    std::fs::write(&cfg, &mirrored).unwrap();
+    let state = d.join("verify.state");
+    let mut node = start_config(d, &cfg);
+    let mut bench = start_verified_writes(&node.url(0, 0), &state, "8k", 4, 5);
+    let api = node.api.clone().expect("no API address in the banner");
+    let p = pool_status(&api);
+    let devs: Vec<&str> = p["journal_devices"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no journal devices in the status: {p}"))
+        .iter()
+        .filter_map(|j| j["name"].as_str())
+        .collect();
+    assert_eq!(devs, ["d4", "d5"], "{p}");
+    // records are being written (to both devices) when the node dies
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while pool_status(&api)["write_path"]["journal_ring_writes"]
+        .as_u64()
+        .unwrap_or(0)
+        < 20
+    {
+        assert!(Instant::now() < deadline, "no journal writes");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    node.kill9();
+    let _ = bench.wait();
+
+    // d4 is gone: out of the file, its image deleted
+    let without = mirrored
+        .replace("journal_device = \"d4\"\n", "journal_device = \"d5\"\n")
+        .replace("journal_device_mirror = \"d5\"\n", "")
+        .replace(
+            &format!(
+                "[[disk]]\nname = \"d4\"\nsize = \"64M\"\npath = \"{}/d4.img\"\n",
+                d.display()
+            ),
+            "",
+        );
+    assert!(!without.contains("d4"), "{without}");
+    std::fs::write(&cfg, without).unwrap();
+    std::fs::remove_file(d.join("d4.img")).unwrap();
+    let node = start_config(d, &cfg);
+    let api = node.api.clone().expect("no API address in the banner");
+    let (ok, out) = freesan(&["pool", "--api", &api, "fail", "p", "1"]);
+    assert!(ok, "failing member 1 refused: {out}");
+    let p = pool_status(&api);
+    assert_eq!(p["state"], "degraded", "{p}");
+    assert_acknowledged_writes_intact(
+        &node.url(0, 0),
+        &state,
+        "raid5 with a mirrored journal after SIGKILL, one journal disk and a member lost",
+    );
+}
