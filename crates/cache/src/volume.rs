@@ -1533,6 +1533,23 @@ impl CacheVolume {
     }
 }
 
+impl CacheVolume {
+    /// Stops the background tasks (destage, resilver) without writing anything
+    /// more, as a power loss or a SIGKILL does, and returns once none of them
+    /// runs: a task aborted by [`Drop`] may still be inside a poll on another
+    /// thread, and on in-memory test volumes one poll can carry several writes.
+    /// For crash tests, which must not let a task outlive the "power".
+    pub async fn halt(&self) {
+        let tasks: Vec<_> = self.tasks.lock().drain(..).collect();
+        for t in &tasks {
+            t.abort();
+        }
+        for t in tasks {
+            let _ = t.await;
+        }
+    }
+}
+
 impl Drop for CacheVolume {
     fn drop(&mut self) {
         for t in self.tasks.lock().drain(..) {

@@ -176,7 +176,10 @@ async fn write_back_survives_power_loss_of_both_ssds() {
         // writes that went straight to it are durable after a flush. The flush does
         // not touch the SSDs: what is dirty there must already be durable.
         vol.flush().await.unwrap();
-        // power loss: nothing volatile survives anywhere, no clean shutdown
+        // power loss: nothing volatile survives anywhere, no clean shutdown, and
+        // no task of the old volume writes after it (dropping only asks them to
+        // stop: one still inside a poll on the other worker would carry on)
+        vol.halt().await;
         drop(vol);
         for s in &ssds {
             s.crash();
@@ -293,6 +296,7 @@ async fn a_clean_restart_keeps_a_read_cache_warm_and_a_crash_starts_it_empty() {
     verify_all(&vol, &oracle).await;
     assert!(vol.status().read_hits > 0);
     // a crash (no shutdown): a read cache cannot trust its map and starts empty
+    vol.halt().await;
     drop(vol);
     let vol = CacheVolume::open("t", backing.clone(), devices(&ssds), c)
         .await
@@ -491,6 +495,7 @@ async fn a_crash_during_the_fill_leaves_the_new_device_untrusted() {
         st.devices[0]
     );
     // the node dies: no shutdown, the fill stops where it is
+    vol.halt().await;
     drop(vol);
     let both: Vec<VolumeRef> = vec![new_store, faulty[1].clone()];
     let vol = CacheVolume::open("t", backing.clone(), devices(&both), c)
@@ -548,6 +553,7 @@ async fn a_cached_volume_grows_and_keeps_its_dirty_data() {
     let last = pattern(6, 4 * 4096);
     vol.write(3, last.clone(), false).await.unwrap();
     oracle.write(3, last.clone(), false).await.unwrap();
+    vol.halt().await;
     drop(vol);
     assert_ne!(
         backing.read(3, 4).await.unwrap(),
