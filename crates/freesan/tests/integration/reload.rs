@@ -50,6 +50,19 @@ fn discovered(rt: &tokio::runtime::Runtime, portal: SocketAddr) -> Vec<String> {
         .unwrap_or_default()
 }
 
+/// The verified writer `bench` to `url` was still running when the reloads
+/// were done (else the test proves nothing), ends without an error, and every
+/// block it had acknowledged reads back.
+fn ran_through(mut bench: std::process::Child, url: &str, state: &Path, what: &str) {
+    assert!(
+        bench.try_wait().unwrap().is_none(),
+        "the verified writes ended before the reloads were done; the test proves nothing"
+    );
+    let status = bench.wait().unwrap();
+    assert!(status.success(), "verified writes {what} failed: {status}");
+    assert_acknowledged_writes_intact(url, state, what);
+}
+
 #[test]
 fn reload_adds_a_target_and_changes_chap_without_dropping_sessions() {
     let dir = tempfile::tempdir().unwrap();
@@ -64,7 +77,7 @@ fn reload_adds_a_target_and_changes_chap_without_dropping_sessions() {
     // an unrelated session: verified random writes to target A for the whole test
     let url_a = format!("iscsi://alice%secret-of-alice@{portal}/{IQN}/0");
     let state = dir.path().join("verify.state");
-    let mut bench = start_verified_writes(&url_a, &state, "4k", 1, 30);
+    let bench = start_verified_writes(&url_a, &state, "4k", 1, 30);
 
     // 1. SIGHUP: target B appears, loginable with its CHAP, refusing another secret
     std::fs::write(&cfg, config(dir.path(), Some("secret-of-bob-1"), "16M")).unwrap();
@@ -153,16 +166,7 @@ fn reload_adds_a_target_and_changes_chap_without_dropping_sessions() {
     );
 
     // the unrelated session ran through both reloads without an error
-    assert!(
-        bench.try_wait().unwrap().is_none(),
-        "the verified writes ended before the reloads were done; the test proves nothing"
-    );
-    let status = bench.wait().unwrap();
-    assert!(
-        status.success(),
-        "verified writes to target A failed: {status}"
-    );
-    assert_acknowledged_writes_intact(&url_a, &state, "after two reloads");
+    ran_through(bench, &url_a, &state, "after two reloads");
     let log = std::fs::read_to_string(&node.log).unwrap_or_default();
     assert!(log.contains("SIGHUP: reloading"), "{log}");
     assert!(node.terminate(), "the node did not stop cleanly");
@@ -236,7 +240,7 @@ fn reload_adds_and_removes_a_portal_without_dropping_other_sessions() {
 
     let url_a = format!("iscsi://{a}/{IQN}/0");
     let state = dir.path().join("verify.state");
-    let mut bench = start_verified_writes(&url_a, &state, "4k", 1, 30);
+    let bench = start_verified_writes(&url_a, &state, "4k", 1, 30);
 
     // 1. portal B added
     std::fs::write(&cfg, portals_config(dir.path(), &[a, b])).unwrap();
@@ -291,15 +295,6 @@ fn reload_adds_and_removes_a_portal_without_dropping_other_sessions() {
     let _ = rt.block_on(on_a.logout());
 
     // the session on A ran through both reloads without an error
-    assert!(
-        bench.try_wait().unwrap().is_none(),
-        "the verified writes ended before the reloads were done; the test proves nothing"
-    );
-    let status = bench.wait().unwrap();
-    assert!(
-        status.success(),
-        "verified writes through A failed: {status}"
-    );
-    assert_acknowledged_writes_intact(&url_a, &state, "after adding and removing a portal");
+    ran_through(bench, &url_a, &state, "after adding and removing a portal");
     assert!(node.terminate(), "the node did not stop cleanly");
 }

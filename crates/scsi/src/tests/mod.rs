@@ -1997,22 +1997,37 @@ fn stpg_list(descs: &[(u8, u16)]) -> Vec<u8> {
     p
 }
 
-/// (state code, status code) per group id from REPORT TARGET PORT GROUPS.
-async fn rtpg_states(t: &ScsiTarget, n: &ItNexus) -> Vec<(u16, u8, u8)> {
+/// Each group's descriptor from REPORT TARGET PORT GROUPS: (group id, state
+/// code, status code, relative port ids).
+async fn rtpg(t: &ScsiTarget, n: &ItNexus) -> Vec<(u16, u8, u8, Vec<u16>)> {
     let r = run(t, n, &[0xa3, 0x0a, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0], &[]).await;
     assert_eq!(r.status, status::GOOD, "{r:?}");
     let d = &r.data_in;
     let mut out = Vec::new();
     let mut off = 4;
     while off + 8 <= d.len() {
+        let count = d[off + 7] as usize;
+        let ports = (0..count)
+            .map(|i| {
+                let p = off + 8 + 4 * i;
+                u16::from_be_bytes([d[p + 2], d[p + 3]])
+            })
+            .collect();
         out.push((
             u16::from_be_bytes([d[off + 2], d[off + 3]]),
             d[off] & 0x0f,
             d[off + 5],
+            ports,
         ));
-        off += 8 + 4 * d[off + 7] as usize;
+        off += 8 + 4 * count;
     }
     out
+}
+
+/// (state code, status code) per group id from REPORT TARGET PORT GROUPS.
+async fn rtpg_states(t: &ScsiTarget, n: &ItNexus) -> Vec<(u16, u8, u8)> {
+    let groups = rtpg(t, n).await;
+    groups.into_iter().map(|(g, s, st, _)| (g, s, st)).collect()
 }
 
 #[tokio::test]
@@ -2165,23 +2180,8 @@ mod thin;
 
 /// (group id, relative port ids) from REPORT TARGET PORT GROUPS.
 async fn rtpg_ports(t: &ScsiTarget, n: &ItNexus) -> Vec<(u16, Vec<u16>)> {
-    let r = run(t, n, &[0xa3, 0x0a, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0], &[]).await;
-    assert_eq!(r.status, status::GOOD, "{r:?}");
-    let d = &r.data_in;
-    let mut out = Vec::new();
-    let mut off = 4;
-    while off + 8 <= d.len() {
-        let n = d[off + 7] as usize;
-        let ports = (0..n)
-            .map(|i| {
-                let p = off + 8 + 4 * i;
-                u16::from_be_bytes([d[p + 2], d[p + 3]])
-            })
-            .collect();
-        out.push((u16::from_be_bytes([d[off + 2], d[off + 3]]), ports));
-        off += 8 + 4 * n;
-    }
-    out
+    let groups = rtpg(t, n).await;
+    groups.into_iter().map(|(g, _, _, p)| (g, p)).collect()
 }
 
 /// The target port group designator (type 5h) of the device identification
