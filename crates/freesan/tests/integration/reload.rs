@@ -264,6 +264,20 @@ fn reload_adds_and_removes_a_portal_without_dropping_other_sessions() {
     let (ok, out) = cli(&api, &["status", "--json"]);
     assert!(ok && out.contains(&b.to_string()), "status: {out}");
 
+    // a portal whose address cannot be bound refuses the whole reload: the
+    // portals, and B's session, stay as they were
+    let busy = std::net::TcpListener::bind("127.0.0.3:0").unwrap();
+    let c = busy.local_addr().unwrap();
+    std::fs::write(&cfg, portals_config(dir.path(), &[a, b, c])).unwrap();
+    let (ok, out) = cli(&api, &["reload", "--json"]);
+    assert!(!ok, "a reload with an unbindable portal was applied: {out}");
+    let found = rt
+        .block_on(initiator::discover(a, INITIATOR, None))
+        .expect("discovery through A");
+    assert_eq!(found[0].1, vec![(a, 1), (b, 2)], "portals changed: {out}");
+    assert_eq!(rt.block_on(rtpg_ports(&on_b)), vec![1, 2]);
+    drop(busy);
+
     // 2. portal B removed: its session closes, it accepts nothing more
     std::fs::write(&cfg, portals_config(dir.path(), &[a])).unwrap();
     let report = reload(&api);
