@@ -21,8 +21,17 @@
 //! covered by a checkpoint, so a crash together with the loss of either device
 //! (and up to `redundancy` members) loses nothing acknowledged.
 //!
-//! What it does not do: resilver a replaced device (a pool with one device
-//! left stays that way until it is recreated), or survive both devices. When the
+//! A replacement: when the superblocks name fewer than two devices and a blank
+//! device (its first block all zeroes, as a new or wiped SSD reads) is given at
+//! assemble, it joins as the twin once the journal has been replayed and
+//! checkpointed: its ring is zeroed, the superblocks name both, then its header
+//! is written. No record is copied: the checkpoint leaves none that a replay
+//! would need, and every record after it goes to both. A device this pool
+//! dropped after a failure is not taken back on its own (it is left out until
+//! wiped), nor is anything else that is not blank.
+//!
+//! What it does not do: take a replacement while the pool runs (the next
+//! assemble does), or survive both devices. When the
 //! last device dies the pool checkpoints at once (every member flushed, so every
 //! acknowledged write is on the members) and journals on the members again. A
 //! crash together with the loss of the last device before that checkpoint loses
@@ -106,6 +115,8 @@ pub(crate) async fn attach_new(
 /// attached; one of a pair may be missing (its twin holds every record); all
 /// missing is refused unless `force`. A device of another pool is refused, one
 /// of this pool the superblocks no longer name (failed earlier) is left out.
+/// Returns the blank devices given (first block all zeroes): [`adopt`] may
+/// make one the twin after the replay.
 pub(crate) async fn attach_existing(
     inner: &mut Inner,
     pool_name: &str,
@@ -113,7 +124,7 @@ pub(crate) async fn attach_existing(
     devs: Vec<Member>,
     force: bool,
     bs: u64,
-) -> RaidResult<()> {
+) -> RaidResult<Vec<Member>> {
     if named.is_empty() {
         if let Some(d) = devs.first() {
             return Err(RaidError::Config(format!(
@@ -121,14 +132,19 @@ pub(crate) async fn attach_existing(
                 d.name
             )));
         }
-        return Ok(());
+        return Ok(Vec::new());
     }
     let mut found: Vec<(String, Member)> = Vec::new();
+    let mut blank = Vec::new();
     for dev in devs {
         let hdr = dev.volume.read(0, 1).await.map_err(|e| RaidError::Member {
             member: dev.name.clone(),
             source: e,
         })?;
+        if hdr.iter().all(|&b| b == 0) {
+            blank.push(dev);
+            continue;
+        }
         match parse_header(&hdr) {
             Some((p, d)) if p == inner.uuid && named.contains(&d) => {
                 if !found.iter().any(|(u, _)| *u == d) {
@@ -149,7 +165,7 @@ pub(crate) async fn attach_existing(
     if found.is_empty() {
         if force {
             tracing::warn!(pool = %pool_name, devices = %named.join(", "), "journal device missing: its records are not replayed");
-            return Ok(());
+            return Ok(Vec::new());
         }
         return Err(RaidError::Config(format!(
             "pool {pool_name}: journal device {} missing (assemble with force to go without its records)",
@@ -165,6 +181,84 @@ pub(crate) async fn attach_existing(
             ring_offset_blocks: HEADER_BYTES / bs,
             failed: AtomicBool::new(false),
         });
+    }
+    Ok(blank)
+}
+
+/// Makes blank devices the twin of a pool left with one journal device, after
+/// its journal was replayed and checkpointed (so no record on the survivor is
+/// needed by a replay, and the new device needs none copied). Per device: the
+/// ring is zeroed (nothing stale can ever read as a record), the superblocks
+/// are written naming both devices, then the device's header with FUA. A crash
+/// before the header leaves the device blank and the superblocks naming a
+/// device not found (a missing twin): the next assemble takes it again, under a
+/// new uuid. Devices beyond the pair, or given to a pool without a journal
+/// device left, are left alone. A device that fails a write here is marked
+/// failed (logged; the superblocks name the survivor only again) and the pool
+/// goes on unmirrored.
+pub(crate) async fn adopt(
+    inner: &mut Inner,
+    pool_name: &str,
+    blank: Vec<Member>,
+    bs: u64,
+) -> RaidResult<()> {
+    let Some(ring_blocks) = inner.journal.as_ref().map(|j| j.ring_blocks) else {
+        return Ok(());
+    };
+    for dev in blank {
+        let serving = inner.journal_devices().len();
+        if serving == 0 || serving >= JOURNAL_DEVICES_MAX {
+            tracing::warn!(pool = %pool_name, device = %dev.name,
+                "blank journal device given but not needed (no device left to mirror, or a pair already): left alone");
+            continue;
+        }
+        let g = dev.volume.geometry();
+        let ring_offset_blocks = HEADER_BYTES / bs;
+        if g.block_size_bytes as u64 != bs || g.block_count < ring_offset_blocks + ring_blocks {
+            return Err(RaidError::Config(format!(
+                "journal device {} must have {bs}-byte blocks and hold {} bytes",
+                dev.name,
+                HEADER_BYTES + ring_blocks * bs
+            )));
+        }
+        let zeroed = async {
+            dev.volume
+                .write_zeroes(ring_offset_blocks, ring_blocks, false)
+                .await?;
+            dev.volume.flush().await
+        }
+        .await;
+        if let Err(e) = zeroed {
+            tracing::error!(pool = %pool_name, device = %dev.name, error = %e,
+                "the new journal device failed while joining: the journal goes on unmirrored");
+            continue;
+        }
+        let uuid = new_uuid();
+        let hdr = header(&inner.uuid, &uuid, bs as usize);
+        let h = MemberHandle::new(dev, uuid);
+        inner.journal_devs.push(JournalDev {
+            h: h.clone(),
+            ring_offset_blocks,
+            failed: AtomicBool::new(false),
+        });
+        inner
+            .persist()
+            .await
+            .map_err(|e| RaidError::PoolFailed(format!("writing superblocks: {e}")))?;
+        if let Err(e) = h.volume.write(0, Bytes::from(hdr), true).await {
+            tracing::error!(pool = %pool_name, device = %h.name, error = %e,
+                "the new journal device failed while joining: the journal goes on unmirrored");
+            if let Some(d) = inner.journal_devs.last() {
+                d.failed.store(true, std::sync::atomic::Ordering::SeqCst);
+            }
+            inner
+                .persist()
+                .await
+                .map_err(|e| RaidError::PoolFailed(format!("writing superblocks: {e}")))?;
+            continue;
+        }
+        tracing::info!(pool = %pool_name, device = %h.name,
+            "blank journal device joined the mirrored pair (journal checkpointed, its ring zeroed)");
     }
     Ok(())
 }

@@ -720,7 +720,7 @@ impl Pool {
             .chain(newest.journal_device_mirror_uuid.iter())
             .cloned()
             .collect();
-        crate::jdev::attach_existing(
+        let blank = crate::jdev::attach_existing(
             &mut inner,
             &newest.pool_name,
             &named,
@@ -729,13 +729,16 @@ impl Pool {
             bs,
         )
         .await?;
+        if !inner.is_failed() {
+            inner.replay_journal().await?;
+            inner.pull_spares();
+            // the replay checkpointed every record: a blank device given in
+            // place of a lost twin can join without any copied to it
+            crate::jdev::adopt(&mut inner, &newest.pool_name, blank, bs).await?;
+        }
         let pool = Pool {
             inner: Arc::new(inner),
         };
-        if !pool.inner.is_failed() {
-            pool.inner.replay_journal().await?;
-            pool.inner.pull_spares();
-        }
         pool.inner
             .persist()
             .await

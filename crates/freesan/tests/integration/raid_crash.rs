@@ -236,11 +236,26 @@ fn raid5_with_a_journal_device_sigkill_then_member_failure() {
     assert!(out.contains("journal device"), "{out}");
 }
 
+/// Waits until the node's pool `p` has made `n` journal ring writes (30 s at most).
+fn await_journal_ring_writes(api: &str, n: u64) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while pool_status(api)["write_path"]["journal_ring_writes"]
+        .as_u64()
+        .unwrap_or(0)
+        < n
+    {
+        assert!(Instant::now() < deadline, "no journal writes");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
 /// A RAID 5 whose journal is mirrored on two disks: SIGKILL during verified
 /// small writes; the node restarts without the first journal disk (left out of
 /// the configuration and its file gone, as when an SSD dies with the node),
 /// then a member fails: every acknowledged block reads back from the records
-/// on the twin.
+/// on the twin. Then a blank disk is configured in place of the lost one: it
+/// joins the pair at the next start, and after another SIGKILL mid-write it
+/// alone (the twin gone too) holds the records of every acknowledged block.
 #[test]
 fn raid5_with_a_mirrored_journal_sigkill_then_a_journal_disk_and_a_member_lost() {
     let dir = tempfile::tempdir().unwrap();
@@ -273,15 +288,7 @@ fn raid5_with_a_mirrored_journal_sigkill_then_a_journal_disk_and_a_member_lost()
         .collect();
     assert_eq!(devs, ["d4", "d5"], "{p}");
     // records are being written (to both devices) when the node dies
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while pool_status(&api)["write_path"]["journal_ring_writes"]
-        .as_u64()
-        .unwrap_or(0)
-        < 20
-    {
-        assert!(Instant::now() < deadline, "no journal writes");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    await_journal_ring_writes(&api, 20);
     node.kill9();
     let _ = bench.wait();
 
@@ -297,9 +304,9 @@ fn raid5_with_a_mirrored_journal_sigkill_then_a_journal_disk_and_a_member_lost()
             "",
         );
     assert!(!without.contains("d4"), "{without}");
-    std::fs::write(&cfg, without).unwrap();
+    std::fs::write(&cfg, &without).unwrap();
     std::fs::remove_file(d.join("d4.img")).unwrap();
-    let node = start_config(d, &cfg);
+    let mut node = start_config(d, &cfg);
     let api = node.api.clone().expect("no API address in the banner");
     let (ok, out) = freesan(&["pool", "--api", &api, "fail", "p", "1"]);
     assert!(ok, "failing member 1 refused: {out}");
@@ -309,5 +316,56 @@ fn raid5_with_a_mirrored_journal_sigkill_then_a_journal_disk_and_a_member_lost()
         &node.url(0, 0),
         &state,
         "raid5 with a mirrored journal after SIGKILL, one journal disk and a member lost",
+    );
+    node.kill9();
+
+    // a new, blank disk d6 is configured as d5's mirror: at the next start it
+    // joins the pair; then, after another SIGKILL, d6 alone (d5 deleted) holds
+    // the records of the writes the members' caches lost
+    let replaced = without
+        .replace(
+            "journal_device = \"d5\"\n",
+            "journal_device = \"d5\"\njournal_device_mirror = \"d6\"\n",
+        )
+        .replace(
+            "[[pool]]",
+            &format!(
+                "[[disk]]\nname = \"d6\"\nsize = \"64M\"\npath = \"{}/d6.img\"\n[[pool]]",
+                d.display()
+            ),
+        );
+    std::fs::write(&cfg, &replaced).unwrap();
+    let mut node = start_config(d, &cfg);
+    let api = node.api.clone().expect("no API address in the banner");
+    let p = pool_status(&api);
+    let devs: Vec<(&str, bool)> = p["journal_devices"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no journal devices in the status: {p}"))
+        .iter()
+        .filter_map(|j| Some((j["name"].as_str()?, j["failed"].as_bool()?)))
+        .collect();
+    assert_eq!(devs, [("d5", false), ("d6", false)], "{p}");
+    let mut bench = start_verified_writes(&node.url(0, 0), &state, "8k", 4, 5);
+    await_journal_ring_writes(&api, 20);
+    node.kill9();
+    let _ = bench.wait();
+    let only_d6 = replaced
+        .replace("journal_device = \"d5\"\n", "journal_device = \"d6\"\n")
+        .replace("journal_device_mirror = \"d6\"\n", "")
+        .replace(
+            &format!(
+                "[[disk]]\nname = \"d5\"\nsize = \"64M\"\npath = \"{}/d5.img\"\n",
+                d.display()
+            ),
+            "",
+        );
+    assert!(!only_d6.contains("\"d5\""), "{only_d6}");
+    std::fs::write(&cfg, only_d6).unwrap();
+    std::fs::remove_file(d.join("d5.img")).unwrap();
+    let node = start_config(d, &cfg);
+    assert_acknowledged_writes_intact(
+        &node.url(0, 0),
+        &state,
+        "raid5 after SIGKILL with only the journal disk that replaced a lost one",
     );
 }

@@ -61,6 +61,15 @@ async fn fill_then_write(pool: &Pool, oracle: &MemVolume, seed: u64) {
     }
 }
 
+/// The pool's journal devices: name, and whether it failed.
+fn journal_devices(pool: &Pool) -> Vec<(String, bool)> {
+    pool.status()
+        .journal_devices
+        .iter()
+        .map(|d| (d.name.clone(), d.failed))
+        .collect()
+}
+
 async fn wrong_blocks(pool: &Pool, oracle: &MemVolume) -> u64 {
     let mut wrong = 0;
     for lba in 0..pool.geometry().block_count {
@@ -289,17 +298,20 @@ async fn a_mirrored_journal_survives_a_crash_and_the_loss_of_either_device() {
     }
 }
 
-/// One device of a mirrored pair dies while the pool writes: the journal goes
-/// on to its twin alone (not to the members), the superblocks stop naming the
-/// dead one, and a crash followed by a member loss, assembled with the twin
-/// only, loses nothing acknowledged before or after the death.
-#[tokio::test]
-async fn a_mirrored_journal_device_that_dies_leaves_every_record_on_its_twin() {
+/// A RAID 5 pool of four crash-simulated members with a mirrored journal
+/// whose first device ("doomed") can be made to fail, and its oracle.
+async fn mirrored_pool_with_a_doomed_device() -> (
+    Vec<Arc<CrashSimVolume>>,
+    Arc<CrashSimVolume>,
+    Arc<CrashSimVolume>,
+    Arc<block::FaultVolume>,
+    Pool,
+    MemVolume,
+) {
     let ms = sims(4);
     let twin = Arc::new(CrashSimVolume::new(BS, DEV_BLOCKS));
     let doomed_sim = Arc::new(CrashSimVolume::new(BS, DEV_BLOCKS));
     let doomed = Arc::new(block::FaultVolume::new(doomed_sim.clone() as VolumeRef));
-    let plan = doomed.plan();
     let pool = Pool::create_with_journal_devices(
         config(RaidLevel::Raid5),
         as_members(&ms, &[]),
@@ -313,21 +325,27 @@ async fn a_mirrored_journal_device_that_dies_leaves_every_record_on_its_twin() {
     .unwrap();
     pool.wait_idle().await;
     let oracle = MemVolume::new(BS, pool.geometry().block_count);
+    (ms, twin, doomed_sim, doomed, pool, oracle)
+}
+
+/// One device of a mirrored pair dies while the pool writes: the journal goes
+/// on to its twin alone (not to the members), the superblocks stop naming the
+/// dead one, and a crash followed by a member loss, assembled with the twin
+/// only, loses nothing acknowledged before or after the death.
+#[tokio::test]
+async fn a_mirrored_journal_device_that_dies_leaves_every_record_on_its_twin() {
+    let (ms, twin, doomed_sim, doomed, pool, oracle) = mirrored_pool_with_a_doomed_device().await;
+    let plan = doomed.plan();
     fill_then_write(&pool, &oracle, 61).await;
     plan.lock().dead = true;
     let before = pool.status().write_path;
     // writes go on, journaled on the twin
     fill_then_write(&pool, &oracle, 71).await;
-    let st = pool.status();
-    let failed: Vec<(String, bool)> = st
-        .journal_devices
-        .iter()
-        .map(|d| (d.name.clone(), d.failed))
-        .collect();
     assert_eq!(
-        failed,
+        journal_devices(&pool),
         vec![("doomed".to_string(), true), ("twin".to_string(), false)]
     );
+    let st = pool.status();
     // one ring write per batch from then on (the batch that found the doomed
     // device dead went to both): on the members each would take two
     let w = &st.write_path;
@@ -363,4 +381,135 @@ async fn a_mirrored_journal_device_that_dies_leaves_every_record_on_its_twin() {
         .map(|d| d.name.clone())
         .collect();
     assert_eq!(names, vec!["twin".to_string()]);
+}
+
+/// A RAID 5 pool with a mirrored journal whose first device died mid-run, its
+/// partial writes acknowledged on the twin alone, then the power lost: the
+/// members, the twin and the dead device's image (readable again) as left.
+async fn pool_left_with_its_twin(
+    seed: u64,
+) -> (
+    Vec<Arc<CrashSimVolume>>,
+    Arc<CrashSimVolume>,
+    Arc<block::FaultVolume>,
+    MemVolume,
+) {
+    let (ms, twin, doomed_sim, doomed, pool, oracle) = mirrored_pool_with_a_doomed_device().await;
+    let plan = doomed.plan();
+    fill_then_write(&pool, &oracle, seed).await;
+    plan.lock().dead = true;
+    fill_then_write(&pool, &oracle, seed + 1).await;
+    drop(pool);
+    for s in &ms {
+        s.crash();
+    }
+    twin.crash();
+    doomed_sim.crash();
+    plan.lock().dead = false;
+    (ms, twin, doomed, oracle)
+}
+
+/// A blank device given at assemble in place of a dead twin joins the pair
+/// after the replay's checkpoint, and every record from then on goes to both:
+/// a later crash followed by the loss of the old survivor and of a member,
+/// assembled with the new device alone, loses nothing acknowledged. A device
+/// holding anything else is refused, and the device the pool dropped after its
+/// failure is not taken back.
+#[tokio::test]
+async fn a_blank_device_given_at_assemble_becomes_the_twin_of_the_survivor() {
+    let (ms, twin, doomed, oracle) = pool_left_with_its_twin(91).await;
+    let dev = |name: &str, v: &Arc<CrashSimVolume>| Member::new(name, v.clone() as VolumeRef);
+    // a device that is neither blank nor this pool's is refused
+    let junk = Arc::new(CrashSimVolume::new(BS, DEV_BLOCKS));
+    junk.write(0, pattern(5, 1), true).await.unwrap();
+    assert!(Pool::assemble_with_journal_devices(
+        as_members(&ms, &[]),
+        false,
+        vec![dev("twin", &twin), dev("junk", &junk)],
+    )
+    .await
+    .is_err());
+    let fresh = Arc::new(CrashSimVolume::new(BS, DEV_BLOCKS));
+    let pool = Pool::assemble_with_journal_devices(
+        as_members(&ms, &[]),
+        false,
+        vec![
+            Member::new("doomed", doomed.clone() as VolumeRef),
+            dev("twin", &twin),
+            dev("fresh", &fresh),
+        ],
+    )
+    .await
+    .expect("assemble with the twin and a blank device");
+    assert_eq!(wrong_blocks(&pool, &oracle).await, 0);
+    assert_eq!(
+        journal_devices(&pool),
+        vec![("twin".to_string(), false), ("fresh".to_string(), false)]
+    );
+    let st = pool.status();
+    // every batch goes to both again
+    let before = st.write_path;
+    fill_then_write(&pool, &oracle, 93).await;
+    let w = pool.status().write_path;
+    let batches = w.journal_batches - before.journal_batches;
+    assert!(batches > 0);
+    assert_eq!(
+        w.journal_ring_writes - before.journal_ring_writes,
+        2 * batches
+    );
+    drop(pool);
+    for s in &ms {
+        s.crash();
+    }
+    twin.crash();
+    fresh.crash();
+    // the old survivor is lost with a member: the new device alone holds the
+    // records of the writes the crash took from the members' caches
+    let pool = Pool::assemble_with_journal_devices(
+        as_members(&ms, &[1]),
+        false,
+        vec![dev("fresh", &fresh)],
+    )
+    .await
+    .expect("assemble with the new device alone");
+    assert_eq!(wrong_blocks(&pool, &oracle).await, 0);
+}
+
+/// A blank device whose header write fails while it joins is marked failed and
+/// the pool goes on with the survivor; still blank, it joins at the next
+/// assemble once it works.
+#[tokio::test]
+async fn a_blank_device_that_fails_to_join_is_taken_at_the_next_assemble() {
+    let (ms, twin, _doomed, oracle) = pool_left_with_its_twin(95).await;
+    let flaky = Arc::new(block::FaultVolume::new(
+        Arc::new(CrashSimVolume::new(BS, DEV_BLOCKS)) as VolumeRef,
+    ));
+    // the header block only: the ring is zeroed, the header write fails
+    flaky.plan().lock().bad_write_blocks.push(0..1);
+    let mut pool = None;
+    for flaky_failed in [true, false] {
+        drop(pool.take());
+        let p = Pool::assemble_with_journal_devices(
+            as_members(&ms, &[]),
+            false,
+            vec![
+                Member::new("twin", twin.clone() as VolumeRef),
+                Member::new("flaky", flaky.clone() as VolumeRef),
+            ],
+        )
+        .await
+        .expect("assemble with the twin");
+        assert_eq!(
+            journal_devices(&p),
+            vec![
+                ("twin".to_string(), false),
+                ("flaky".to_string(), flaky_failed)
+            ]
+        );
+        assert_eq!(wrong_blocks(&p, &oracle).await, 0);
+        p.shutdown().await.unwrap();
+        pool = Some(p);
+        // it works again, and is still blank
+        flaky.plan().lock().bad_write_blocks.clear();
+    }
 }
