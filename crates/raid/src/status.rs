@@ -183,7 +183,8 @@ pub struct JournalDeviceStatus {
     pub name: String,
     /// Device uuid (in its header and the members' superblocks).
     pub uuid: String,
-    /// It failed: the journal is on the members again.
+    /// It failed: the journal goes on on its twin, or on the members when it
+    /// was the last.
     pub failed: bool,
 }
 

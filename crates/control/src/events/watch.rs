@@ -414,6 +414,15 @@ fn pool_events(old: &raid::PoolStatus, new: &raid::PoolStatus, out: &mut Vec<New
             rebuilt_unseen = true;
         }
     }
+    for d in &new.journal_devices {
+        let was_serving = old
+            .journal_devices
+            .iter()
+            .any(|o| o.uuid == d.uuid && !o.failed);
+        if d.failed && was_serving {
+            out.push(journal_device_failed(new, &d.name, "failed"));
+        }
+    }
     if new.state == P::Failed && old.state != P::Failed {
         out.push(NewEvent::new(
             S::Critical,
@@ -495,6 +504,9 @@ fn standing_pool_events(p: &raid::PoolStatus, out: &mut Vec<NewEvent>) {
             ),
         ));
     }
+    for d in p.journal_devices.iter().filter(|d| d.failed) {
+        out.push(journal_device_failed(p, &d.name, "is failed at start"));
+    }
     if p.state == P::Failed {
         out.push(NewEvent::new(
             S::Critical,
@@ -514,6 +526,30 @@ fn standing_pool_events(p: &raid::PoolStatus, out: &mut Vec<NewEvent>) {
             ),
         ));
     }
+}
+
+/// A journal device of pool `p` failed (`how`): where its records go now.
+fn journal_device_failed(p: &raid::PoolStatus, device: &str, how: &str) -> NewEvent {
+    let serving: Vec<&str> = p
+        .journal_devices
+        .iter()
+        .filter(|d| !d.failed)
+        .map(|d| d.name.as_str())
+        .collect();
+    let now = match serving.as_slice() {
+        [] => "the stripe journal is back on the members (slower small writes)".to_string(),
+        [one] => format!(
+            "the stripe journal goes on unmirrored on {one}; give a blank disk in its place \
+             (it joins at the next start)"
+        ),
+        more => format!("the stripe journal goes on on {}", more.join(" and ")),
+    };
+    NewEvent::new(
+        S::Critical,
+        K::DiskFailed,
+        device.to_string(),
+        format!("pool {}: journal device {device} {how}; {now}", p.name),
+    )
 }
 
 fn pool_state_name(s: raid::PoolState) -> String {
@@ -712,6 +748,64 @@ mod tests {
             ]
         );
         assert_eq!(kinds(&done, &done), vec![]);
+    }
+
+    #[test]
+    fn a_journal_device_that_fails_is_said_once_with_where_the_journal_goes() {
+        let with = |failed: [bool; 2]| {
+            let mut p = pool(
+                "optimal",
+                vec![member(0, "d0", "active"), member(1, "d1", "active")],
+                &[],
+                false,
+            );
+            p.journal_devices = ["ssd0", "ssd1"]
+                .iter()
+                .zip(failed)
+                .map(|(n, failed)| raid::JournalDeviceStatus {
+                    name: n.to_string(),
+                    uuid: format!("u-{n}"),
+                    failed,
+                })
+                .collect();
+            p
+        };
+        let both = with([false, false]);
+        let one = with([true, false]);
+        let none = with([true, true]);
+        let events = |old: &raid::PoolStatus, new: &raid::PoolStatus| {
+            let mut out = Vec::new();
+            pool_events(old, new, &mut out);
+            out
+        };
+        let e = events(&both, &one);
+        assert_eq!(e.len(), 1);
+        assert_eq!((e[0].kind, e[0].severity), (K::DiskFailed, S::Critical));
+        assert_eq!(e[0].object, "ssd0");
+        assert!(
+            e[0].message.contains("unmirrored on ssd1"),
+            "{}",
+            e[0].message
+        );
+        assert!(events(&one, &one).is_empty());
+        let e = events(&one, &none);
+        assert_eq!(e.len(), 1);
+        assert_eq!(e[0].object, "ssd1");
+        assert!(
+            e[0].message.contains("back on the members"),
+            "{}",
+            e[0].message
+        );
+        // both between two looks
+        assert_eq!(kinds(&both, &none).len(), 2);
+        // at start: a device shown failed (it could not join) is said once
+        let mut out = Vec::new();
+        standing_pool_events(&one, &mut out);
+        assert_eq!(out.len(), 1);
+        assert_eq!(out[0].object, "ssd0");
+        let mut out = Vec::new();
+        standing_pool_events(&both, &mut out);
+        assert!(out.is_empty());
     }
 
     #[test]
