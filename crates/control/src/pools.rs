@@ -252,10 +252,10 @@ async fn open_pool(
     journal: Vec<raid::Member>,
     new: bool,
 ) -> Result<raid::Pool> {
-    // one of a mirrored pair is enough to assemble (the other is named failed
-    // in the pool's status), and a blank disk configured in place of a lost one
-    // joins the pair there (raid's `jdev::adopt`); a pool made now gets every
-    // device configured
+    // one of a mirrored pair is enough to assemble (the pool then journals
+    // unmirrored and logs it; its status lists the one device), and a blank disk
+    // configured in place of a lost one joins the pair there (raid's
+    // `jdev::adopt`); a pool made now gets every device configured
     let configured = p.journal_devices();
     if !configured.is_empty() && journal.is_empty() {
         bail!(
