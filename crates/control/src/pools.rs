@@ -312,6 +312,7 @@ async fn open_pool(
             .with_context(|| format!("pool {}: rebuild rate", p.name))?;
     }
     pool.set_journal_whole_stripes(p.journal_whole_stripes);
+    pool.set_journal_devices_configured(p.journal_devices());
     let st = pool.status();
     tracing::info!(pool = %p.name, state = ?st.state, "pool ready");
     Ok(pool)

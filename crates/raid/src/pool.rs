@@ -219,6 +219,9 @@ pub(crate) struct Inner {
     /// Whole-stripe writes go through the stripe journal too (see
     /// [`Pool::set_journal_whole_stripes`]).
     pub journal_whole: AtomicBool,
+    /// The journal devices the configuration names (see
+    /// [`Pool::set_journal_devices_configured`]).
+    pub journal_configured: Mutex<Vec<String>>,
     pub full_writes: AtomicU64,
     pub partial_writes: AtomicU64,
     pub gather_timeouts: AtomicU64,
@@ -830,6 +833,15 @@ impl Pool {
         self.inner.journal_whole.store(on, Ordering::SeqCst);
     }
 
+    /// The journal devices the configuration names, by name: the status lists
+    /// those not serving (`journal_devices_missing`), so an operator hears that a
+    /// mirrored journal runs on one device even after the superblocks stopped
+    /// naming the lost one. Not persisted: the configuration sets it at every
+    /// start.
+    pub fn set_journal_devices_configured(&self, names: Vec<String>) {
+        *self.inner.journal_configured.lock() = names;
+    }
+
     /// Test-only: stripe updates of a parity pool skip the stripe journal while
     /// `on` (the unprotected read-modify-write, for measuring what the journal
     /// costs; a crash in the meantime reopens the write hole). Not persisted.
@@ -1002,6 +1014,7 @@ impl Inner {
             gather: Mutex::new(Default::default()),
             intent_off: false,
             journal_whole: AtomicBool::new(false),
+            journal_configured: Mutex::new(Vec::new()),
             full_writes: AtomicU64::new(0),
             partial_writes: AtomicU64::new(0),
             gather_timeouts: AtomicU64::new(0),
@@ -1521,6 +1534,13 @@ impl Inner {
             journal_whole_stripes: self.journal_whole.load(Ordering::Relaxed),
             write_path: self.wp.snapshot(),
             journal_device: journal_devices.first().cloned(),
+            journal_devices_missing: self
+                .journal_configured
+                .lock()
+                .iter()
+                .filter(|n| !journal_devices.iter().any(|d| d.name == **n))
+                .cloned()
+                .collect(),
             journal_devices,
         }
     }

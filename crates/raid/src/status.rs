@@ -174,6 +174,12 @@ pub struct PoolStatus {
     /// group commit goes to every one not failed).
     #[serde(default)]
     pub journal_devices: Vec<JournalDeviceStatus>,
+    /// Journal devices the configuration names that the pool does not have at
+    /// all (missing at start, or left out): with one of a mirrored pair here,
+    /// the journal runs unmirrored. A blank disk given in its place joins at
+    /// the next start.
+    #[serde(default)]
+    pub journal_devices_missing: Vec<String>,
 }
 
 /// The journal device of a pool in a status report.

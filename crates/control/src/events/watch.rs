@@ -507,6 +507,9 @@ fn standing_pool_events(p: &raid::PoolStatus, out: &mut Vec<NewEvent>) {
     for d in p.journal_devices.iter().filter(|d| d.failed) {
         out.push(journal_device_failed(p, &d.name, "is failed at start"));
     }
+    for name in &p.journal_devices_missing {
+        out.push(journal_device_failed(p, name, "is missing at start"));
+    }
     if p.state == P::Failed {
         out.push(NewEvent::new(
             S::Critical,
@@ -806,6 +809,23 @@ mod tests {
         let mut out = Vec::new();
         standing_pool_events(&both, &mut out);
         assert!(out.is_empty());
+        // the configuration names a device the pool does not have
+        let mut lost = with([false, false]);
+        lost.journal_devices.remove(0);
+        lost.journal_devices_missing = vec!["ssd0".into()];
+        let mut out = Vec::new();
+        standing_pool_events(&lost, &mut out);
+        assert_eq!(out.len(), 1);
+        assert_eq!(
+            (out[0].kind, out[0].object.as_str()),
+            (K::DiskFailed, "ssd0")
+        );
+        assert!(
+            out[0].message.contains("missing at start")
+                && out[0].message.contains("unmirrored on ssd1"),
+            "{}",
+            out[0].message
+        );
     }
 
     #[test]
