@@ -508,7 +508,11 @@ fn standing_pool_events(p: &raid::PoolStatus, out: &mut Vec<NewEvent>) {
         out.push(journal_device_failed(p, &d.name, "is failed at start"));
     }
     for name in &p.journal_devices_missing {
-        out.push(journal_device_failed(p, name, "is missing at start"));
+        out.push(journal_device_failed(
+            p,
+            name,
+            "is not in use at start (missing, or dropped after a failure until wiped)",
+        ));
     }
     if p.state == P::Failed {
         out.push(NewEvent::new(
@@ -821,7 +825,7 @@ mod tests {
             (K::DiskFailed, "ssd0")
         );
         assert!(
-            out[0].message.contains("missing at start")
+            out[0].message.contains("not in use at start")
                 && out[0].message.contains("unmirrored on ssd1"),
             "{}",
             out[0].message
