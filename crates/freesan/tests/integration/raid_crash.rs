@@ -249,17 +249,9 @@ fn await_journal_ring_writes(api: &str, n: u64) {
     }
 }
 
-/// A RAID 5 whose journal is mirrored on two disks: SIGKILL during verified
-/// small writes; the node restarts without the first journal disk (left out of
-/// the configuration and its file gone, as when an SSD dies with the node),
-/// then a member fails: every acknowledged block reads back from the records
-/// on the twin. Then a blank disk is configured in place of the lost one: it
-/// joins the pair at the next start, and after another SIGKILL mid-write it
-/// alone (the twin gone too) holds the records of every acknowledged block.
-#[test]
-fn raid5_with_a_mirrored_journal_sigkill_then_a_journal_disk_and_a_member_lost() {
-    let dir = tempfile::tempdir().unwrap();
-    let d = dir.path();
+/// A RAID 5 of d0-d3 whose stripe journal is mirrored on d4 and d5: the
+/// configuration file, and its text.
+fn mirrored_journal_config(d: &std::path::Path) -> (std::path::PathBuf, String) {
     let cfg = config(d, "raid5", 4, false, true);
     let mirrored = std::fs::read_to_string(&cfg)
         .unwrap()
@@ -275,18 +267,107 @@ fn raid5_with_a_mirrored_journal_sigkill_then_a_journal_disk_and_a_member_lost()
             ),
         );
     std::fs::write(&cfg, &mirrored).unwrap();
+    (cfg, mirrored)
+}
+
+/// The pool's journal devices: (name, failed), and the configured ones it
+/// does not use.
+fn journal_devices(api: &str) -> (Vec<(String, bool)>, Vec<String>) {
+    let p = pool_status(api);
+    let devs = p["journal_devices"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no journal devices in the status: {p}"))
+        .iter()
+        .filter_map(|j| Some((j["name"].as_str()?.to_string(), j["failed"].as_bool()?)))
+        .collect();
+    let missing = p["journal_devices_missing"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no journal_devices_missing in the status: {p}"))
+        .iter()
+        .filter_map(|n| Some(n.as_str()?.to_string()))
+        .collect();
+    (devs, missing)
+}
+
+/// A journal disk the configuration names but the pool no longer uses (the
+/// node ran once without it in the file, so the superblocks stopped naming
+/// it; back in the file it still carries its old header) is listed under
+/// `journal_devices_missing` and reported at start by a `disk_failed` event
+/// saying the journal runs unmirrored.
+#[test]
+fn a_configured_journal_disk_the_pool_does_not_use_is_reported_at_start() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let (cfg, mirrored) = mirrored_journal_config(d);
+    let s = |n: &str, f: bool| (n.to_string(), f);
+    let mut node = start_config(d, &cfg);
+    let api = node.api.clone().expect("no API address in the banner");
+    assert_eq!(
+        journal_devices(&api),
+        (vec![s("d4", false), s("d5", false)], vec![])
+    );
+    node.kill9();
+    // one start with d5 alone named (d4 stays a free disk of the file)
+    let alone = mirrored
+        .replace("journal_device = \"d4\"\n", "journal_device = \"d5\"\n")
+        .replace("journal_device_mirror = \"d5\"\n", "");
+    std::fs::write(&cfg, &alone).unwrap();
+    let mut node = start_config(d, &cfg);
+    let api = node.api.clone().expect("no API address in the banner");
+    assert_eq!(journal_devices(&api), (vec![s("d5", false)], vec![]));
+    node.kill9();
+    // d4 named again: left out, and said
+    std::fs::write(&cfg, &mirrored).unwrap();
+    let mut node = start_config(d, &cfg);
+    let api = node.api.clone().expect("no API address in the banner");
+    assert_eq!(
+        journal_devices(&api),
+        (vec![s("d5", false)], vec!["d4".to_string()])
+    );
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let (ok, out) = common::cli(&api, &["events", "--json"]);
+        assert!(ok, "{out}");
+        let said = out
+            .lines()
+            .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+            .find(|e| e["kind"] == "disk_failed" && e["object"] == "d4");
+        if let Some(e) = said {
+            let m = e["message"].as_str().unwrap_or_default();
+            assert!(
+                m.contains("not in use at start") && m.contains("unmirrored on d5"),
+                "{e}"
+            );
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no disk_failed event for d4: {out}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    node.kill9();
+}
+
+/// A RAID 5 whose journal is mirrored on two disks: SIGKILL during verified
+/// small writes; the node restarts without the first journal disk (left out of
+/// the configuration and its file gone, as when an SSD dies with the node),
+/// then a member fails: every acknowledged block reads back from the records
+/// on the twin. Then a blank disk is configured in place of the lost one: it
+/// joins the pair at the next start, and after another SIGKILL mid-write it
+/// alone (the twin gone too) holds the records of every acknowledged block.
+#[test]
+fn raid5_with_a_mirrored_journal_sigkill_then_a_journal_disk_and_a_member_lost() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let (cfg, mirrored) = mirrored_journal_config(d);
     let state = d.join("verify.state");
     let mut node = start_config(d, &cfg);
     let mut bench = start_verified_writes(&node.url(0, 0), &state, "8k", 4, 5);
     let api = node.api.clone().expect("no API address in the banner");
-    let p = pool_status(&api);
-    let devs: Vec<&str> = p["journal_devices"]
-        .as_array()
-        .unwrap_or_else(|| panic!("no journal devices in the status: {p}"))
-        .iter()
-        .filter_map(|j| j["name"].as_str())
-        .collect();
-    assert_eq!(devs, ["d4", "d5"], "{p}");
+    let (devs, _) = journal_devices(&api);
+    let names: Vec<&str> = devs.iter().map(|(n, _)| n.as_str()).collect();
+    assert_eq!(names, ["d4", "d5"]);
     // records are being written (to both devices) when the node dies
     await_journal_ring_writes(&api, 20);
     node.kill9();
@@ -337,14 +418,13 @@ fn raid5_with_a_mirrored_journal_sigkill_then_a_journal_disk_and_a_member_lost()
     std::fs::write(&cfg, &replaced).unwrap();
     let mut node = start_config(d, &cfg);
     let api = node.api.clone().expect("no API address in the banner");
-    let p = pool_status(&api);
-    let devs: Vec<(&str, bool)> = p["journal_devices"]
-        .as_array()
-        .unwrap_or_else(|| panic!("no journal devices in the status: {p}"))
-        .iter()
-        .filter_map(|j| Some((j["name"].as_str()?, j["failed"].as_bool()?)))
-        .collect();
-    assert_eq!(devs, [("d5", false), ("d6", false)], "{p}");
+    assert_eq!(
+        journal_devices(&api),
+        (
+            vec![("d5".to_string(), false), ("d6".to_string(), false)],
+            vec![]
+        )
+    );
     let mut bench = start_verified_writes(&node.url(0, 0), &state, "8k", 4, 5);
     await_journal_ring_writes(&api, 20);
     node.kill9();
