@@ -193,9 +193,10 @@ pub(crate) async fn attach_existing(
 /// before the header leaves the device blank and the superblocks naming a
 /// device not found (a missing twin): the next assemble takes it again, under a
 /// new uuid. Devices beyond the pair, or given to a pool without a journal
-/// device left, are left alone. A device that fails a write here is marked
-/// failed (logged; the superblocks name the survivor only again) and the pool
-/// goes on unmirrored.
+/// device left, are left alone, and so is one of the wrong size (logged: the
+/// pool serves without it rather than not at all). A device that fails a write
+/// here is marked failed (logged; the superblocks name the survivor only
+/// again) and the pool goes on unmirrored.
 pub(crate) async fn adopt(
     inner: &mut Inner,
     pool_name: &str,
@@ -215,11 +216,11 @@ pub(crate) async fn adopt(
         let g = dev.volume.geometry();
         let ring_offset_blocks = HEADER_BYTES / bs;
         if g.block_size_bytes as u64 != bs || g.block_count < ring_offset_blocks + ring_blocks {
-            return Err(RaidError::Config(format!(
-                "journal device {} must have {bs}-byte blocks and hold {} bytes",
-                dev.name,
-                HEADER_BYTES + ring_blocks * bs
-            )));
+            // the pool serves without it rather than not at all
+            tracing::error!(pool = %pool_name, device = %dev.name,
+                "a journal device must have {bs}-byte blocks and hold {} bytes: not taken, the journal goes on unmirrored",
+                HEADER_BYTES + ring_blocks * bs);
+            continue;
         }
         let zeroed = async {
             dev.volume

@@ -475,12 +475,28 @@ async fn a_blank_device_given_at_assemble_becomes_the_twin_of_the_survivor() {
     assert_eq!(wrong_blocks(&pool, &oracle).await, 0);
 }
 
-/// A blank device whose header write fails while it joins is marked failed and
-/// the pool goes on with the survivor; still blank, it joins at the next
-/// assemble once it works.
+/// A blank device too small for the ring is left alone: the pool assembles
+/// and serves on its survivor. One whose header write fails while it joins is
+/// marked failed and the pool goes on with the survivor; still blank, it joins
+/// at the next assemble once it works.
 #[tokio::test]
 async fn a_blank_device_that_fails_to_join_is_taken_at_the_next_assemble() {
     let (ms, twin, _doomed, oracle) = pool_left_with_its_twin(95).await;
+    let small = Arc::new(CrashSimVolume::new(BS, 16));
+    let p = Pool::assemble_with_journal_devices(
+        as_members(&ms, &[]),
+        false,
+        vec![
+            Member::new("twin", twin.clone() as VolumeRef),
+            Member::new("small", small as VolumeRef),
+        ],
+    )
+    .await
+    .expect("a too small blank device does not keep the pool from starting");
+    assert_eq!(journal_devices(&p), vec![("twin".to_string(), false)]);
+    assert_eq!(wrong_blocks(&p, &oracle).await, 0);
+    p.shutdown().await.unwrap();
+    drop(p);
     let flaky = Arc::new(block::FaultVolume::new(
         Arc::new(CrashSimVolume::new(BS, DEV_BLOCKS)) as VolumeRef,
     ));
