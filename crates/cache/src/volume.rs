@@ -1540,21 +1540,25 @@ impl CacheVolume {
     /// thread, and on in-memory test volumes one poll can carry several writes.
     /// For crash tests, which must not let a task outlive the "power".
     pub async fn halt(&self) {
+        for t in self.abort_tasks() {
+            let _ = t.await;
+        }
+    }
+
+    /// Asks every background task to stop; returns them (they may still be
+    /// inside a poll elsewhere).
+    fn abort_tasks(&self) -> Vec<tokio::task::JoinHandle<()>> {
         let tasks: Vec<_> = self.tasks.lock().drain(..).collect();
         for t in &tasks {
             t.abort();
         }
-        for t in tasks {
-            let _ = t.await;
-        }
+        tasks
     }
 }
 
 impl Drop for CacheVolume {
     fn drop(&mut self) {
-        for t in self.tasks.lock().drain(..) {
-            t.abort();
-        }
+        self.abort_tasks();
     }
 }
 
