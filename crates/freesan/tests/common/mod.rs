@@ -230,6 +230,31 @@ pub fn cli(api: &str, args: &[&str]) -> (bool, String) {
     freesan(&all)
 }
 
+/// Waits (up to 30 s) for an event of the node at `api` that `want` picks, read
+/// through `freesan events --json`; returns it.
+pub fn await_event(api: &str, want: impl Fn(&serde_json::Value) -> bool) -> serde_json::Value {
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let (ok, out) = cli(api, &["events", "--json"]);
+        assert!(ok, "{out}");
+        if let Some(e) = out
+            .lines()
+            .map(|l| {
+                serde_json::from_str::<serde_json::Value>(l)
+                    .unwrap_or_else(|e| panic!("not an event ({e}): {l}"))
+            })
+            .find(|e| want(e))
+        {
+            return e;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the awaited event did not come: {out}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
 /// A loopback port nobody listens on now (the caller binds it later).
 pub fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")

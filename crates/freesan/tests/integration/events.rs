@@ -544,20 +544,7 @@ fn an_undelivered_event_is_sent_after_a_restart_once_and_signed() {
     let (ok, out) = common::cli(&api, &["pool", "fail", "p", "0"]);
     assert!(ok, "{out}");
     // the watcher looks at the pool once a second: await the event
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let failed: Value = loop {
-        let (ok, out) = common::cli(&api, &["events", "--json"]);
-        assert!(ok, "{out}");
-        if let Some(e) = out
-            .lines()
-            .map(|l| serde_json::from_str::<Value>(l).unwrap())
-            .find(|e| e["kind"] == "disk_failed")
-        {
-            break e;
-        }
-        assert!(Instant::now() < deadline, "no disk_failed event: {out}");
-        std::thread::sleep(Duration::from_millis(100));
-    };
+    let failed = common::await_event(&api, |e| e["kind"] == "disk_failed");
     let seq = failed["seq"].as_u64().unwrap();
     // the first attempt failed (nothing listens): await its log line
     let deadline = Instant::now() + Duration::from_secs(30);

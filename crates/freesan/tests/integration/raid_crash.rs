@@ -14,16 +14,22 @@ use crate::common;
 use common::*;
 use std::time::{Duration, Instant};
 
-/// A node with disks d0.. as the members of pool `p`, and with `jdev` one more
-/// disk as its journal device.
+/// A node with disks d0.. as the members of pool `p`, and `journal` more disks
+/// (by name) as its journal device and its mirror.
 fn config(
     dir: &std::path::Path,
     level: &str,
     members: usize,
     journal_all: bool,
-    jdev: bool,
+    journal: &[&str],
 ) -> std::path::PathBuf {
-    let mut s = config_head(dir, members + usize::from(jdev));
+    let mut s = config_head(dir, members);
+    for name in journal {
+        s += &format!(
+            "[[disk]]\nname = \"{name}\"\nsize = \"64M\"\npath = \"{}/{name}.img\"\n",
+            dir.display()
+        );
+    }
     let names: Vec<String> = (0..members).map(|i| format!("\"d{i}\"")).collect();
     s += &format!(
         "[[pool]]\nname = \"p\"\nlevel = \"{level}\"\nchunk = \"16K\"\nmembers = [{}]\n",
@@ -32,8 +38,11 @@ fn config(
     if journal_all {
         s += "journal_whole_stripes = true\n";
     }
-    if jdev {
-        s += &format!("journal_device = \"d{members}\"\n");
+    for (key, name) in ["journal_device", "journal_device_mirror"]
+        .iter()
+        .zip(journal)
+    {
+        s += &format!("{key} = \"{name}\"\n");
     }
     s += &format!("[[target]]\niqn = \"{IQN}\"\n[[target.lun]]\npool = \"p\"\n");
     let path = dir.join("node.toml");
@@ -73,7 +82,9 @@ fn crash_then_degrade(
     when: Degrade,
 ) {
     let dir = tempfile::tempdir().unwrap();
-    let cfg = config(dir.path(), level, members, journal_all, jdev);
+    let jdev_name = format!("d{members}");
+    let journal: &[&str] = if jdev { &[&jdev_name] } else { &[] };
+    let cfg = config(dir.path(), level, members, journal_all, journal);
     let state = dir.path().join("verify.state");
     let mut node = start_config(dir.path(), &cfg);
     let url = node.url(0, 0);
@@ -224,13 +235,10 @@ fn raid6_sigkill_during_writes_then_two_member_failures() {
 fn raid5_with_a_journal_device_sigkill_then_member_failure() {
     crash_then_degrade("raid5", 4, "8k", &[1], false, true, Degrade::AtOnce);
     let dir = tempfile::tempdir().unwrap();
-    let cfg = config(dir.path(), "raid5", 4, false, true);
+    let cfg = config(dir.path(), "raid5", 4, false, &["d4"]);
     let mut node = start_config(dir.path(), &cfg);
     assert!(node.terminate(), "clean stop");
-    let without = std::fs::read_to_string(&cfg)
-        .unwrap()
-        .replace("journal_device = \"d4\"\n", "");
-    std::fs::write(&cfg, without).unwrap();
+    config(dir.path(), "raid5", 4, false, &[]);
     let (ok, out) = serve_expecting_refusal(&cfg);
     assert!(!ok, "started without its journal device: {out}");
     assert!(out.contains("journal device"), "{out}");
@@ -249,25 +257,10 @@ fn await_journal_ring_writes(api: &str, n: u64) {
     }
 }
 
-/// A RAID 5 of d0-d3 whose stripe journal is mirrored on d4 and d5: the
-/// configuration file, and its text.
-fn mirrored_journal_config(d: &std::path::Path) -> (std::path::PathBuf, String) {
-    let cfg = config(d, "raid5", 4, false, true);
-    let mirrored = std::fs::read_to_string(&cfg)
-        .unwrap()
-        .replace(
-            "journal_device = \"d4\"\n",
-            "journal_device = \"d4\"\njournal_device_mirror = \"d5\"\n",
-        )
-        .replace(
-            "[[pool]]",
-            &format!(
-                "[[disk]]\nname = \"d5\"\nsize = \"64M\"\npath = \"{}/d5.img\"\n[[pool]]",
-                d.display()
-            ),
-        );
-    std::fs::write(&cfg, &mirrored).unwrap();
-    (cfg, mirrored)
+/// A RAID 5 of d0-d3 whose stripe journal is on `journal` (a device and its
+/// mirror): writes the configuration file, returns its path.
+fn journal_config(d: &std::path::Path, journal: &[&str]) -> std::path::PathBuf {
+    config(d, "raid5", 4, false, journal)
 }
 
 /// The pool's journal devices: (name, failed), and the configured ones it
@@ -298,7 +291,7 @@ fn journal_devices(api: &str) -> (Vec<(String, bool)>, Vec<String>) {
 fn a_configured_journal_disk_the_pool_does_not_use_is_reported_at_start() {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
-    let (cfg, mirrored) = mirrored_journal_config(d);
+    let cfg = journal_config(d, &["d4", "d5"]);
     let s = |n: &str, f: bool| (n.to_string(), f);
     let mut node = start_config(d, &cfg);
     let api = node.api.clone().expect("no API address in the banner");
@@ -307,45 +300,26 @@ fn a_configured_journal_disk_the_pool_does_not_use_is_reported_at_start() {
         (vec![s("d4", false), s("d5", false)], vec![])
     );
     node.kill9();
-    // one start with d5 alone named (d4 stays a free disk of the file)
-    let alone = mirrored
-        .replace("journal_device = \"d4\"\n", "journal_device = \"d5\"\n")
-        .replace("journal_device_mirror = \"d5\"\n", "");
-    std::fs::write(&cfg, &alone).unwrap();
+    // one start with d5 alone named (d4.img stays as it is)
+    journal_config(d, &["d5"]);
     let mut node = start_config(d, &cfg);
     let api = node.api.clone().expect("no API address in the banner");
     assert_eq!(journal_devices(&api), (vec![s("d5", false)], vec![]));
     node.kill9();
     // d4 named again: left out, and said
-    std::fs::write(&cfg, &mirrored).unwrap();
+    journal_config(d, &["d4", "d5"]);
     let mut node = start_config(d, &cfg);
     let api = node.api.clone().expect("no API address in the banner");
     assert_eq!(
         journal_devices(&api),
         (vec![s("d5", false)], vec!["d4".to_string()])
     );
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        let (ok, out) = common::cli(&api, &["events", "--json"]);
-        assert!(ok, "{out}");
-        let said = out
-            .lines()
-            .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
-            .find(|e| e["kind"] == "disk_failed" && e["object"] == "d4");
-        if let Some(e) = said {
-            let m = e["message"].as_str().unwrap_or_default();
-            assert!(
-                m.contains("not in use at start") && m.contains("unmirrored on d5"),
-                "{e}"
-            );
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "no disk_failed event for d4: {out}"
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    let e = common::await_event(&api, |e| e["kind"] == "disk_failed" && e["object"] == "d4");
+    let m = e["message"].as_str().unwrap_or_default();
+    assert!(
+        m.contains("not in use at start") && m.contains("unmirrored on d5"),
+        "{e}"
+    );
     node.kill9();
 }
 
@@ -360,7 +334,7 @@ fn a_configured_journal_disk_the_pool_does_not_use_is_reported_at_start() {
 fn raid5_with_a_mirrored_journal_sigkill_then_a_journal_disk_and_a_member_lost() {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
-    let (cfg, mirrored) = mirrored_journal_config(d);
+    let cfg = journal_config(d, &["d4", "d5"]);
     let state = d.join("verify.state");
     let mut node = start_config(d, &cfg);
     let mut bench = start_verified_writes(&node.url(0, 0), &state, "8k", 4, 5);
@@ -374,18 +348,7 @@ fn raid5_with_a_mirrored_journal_sigkill_then_a_journal_disk_and_a_member_lost()
     let _ = bench.wait();
 
     // d4 is gone: out of the file, its image deleted
-    let without = mirrored
-        .replace("journal_device = \"d4\"\n", "journal_device = \"d5\"\n")
-        .replace("journal_device_mirror = \"d5\"\n", "")
-        .replace(
-            &format!(
-                "[[disk]]\nname = \"d4\"\nsize = \"64M\"\npath = \"{}/d4.img\"\n",
-                d.display()
-            ),
-            "",
-        );
-    assert!(!without.contains("d4"), "{without}");
-    std::fs::write(&cfg, &without).unwrap();
+    journal_config(d, &["d5"]);
     std::fs::remove_file(d.join("d4.img")).unwrap();
     let mut node = start_config(d, &cfg);
     let api = node.api.clone().expect("no API address in the banner");
@@ -403,19 +366,7 @@ fn raid5_with_a_mirrored_journal_sigkill_then_a_journal_disk_and_a_member_lost()
     // a new, blank disk d6 is configured as d5's mirror: at the next start it
     // joins the pair; then, after another SIGKILL, d6 alone (d5 deleted) holds
     // the records of the writes the members' caches lost
-    let replaced = without
-        .replace(
-            "journal_device = \"d5\"\n",
-            "journal_device = \"d5\"\njournal_device_mirror = \"d6\"\n",
-        )
-        .replace(
-            "[[pool]]",
-            &format!(
-                "[[disk]]\nname = \"d6\"\nsize = \"64M\"\npath = \"{}/d6.img\"\n[[pool]]",
-                d.display()
-            ),
-        );
-    std::fs::write(&cfg, &replaced).unwrap();
+    journal_config(d, &["d5", "d6"]);
     let mut node = start_config(d, &cfg);
     let api = node.api.clone().expect("no API address in the banner");
     assert_eq!(
@@ -429,18 +380,7 @@ fn raid5_with_a_mirrored_journal_sigkill_then_a_journal_disk_and_a_member_lost()
     await_journal_ring_writes(&api, 20);
     node.kill9();
     let _ = bench.wait();
-    let only_d6 = replaced
-        .replace("journal_device = \"d5\"\n", "journal_device = \"d6\"\n")
-        .replace("journal_device_mirror = \"d6\"\n", "")
-        .replace(
-            &format!(
-                "[[disk]]\nname = \"d5\"\nsize = \"64M\"\npath = \"{}/d5.img\"\n",
-                d.display()
-            ),
-            "",
-        );
-    assert!(!only_d6.contains("\"d5\""), "{only_d6}");
-    std::fs::write(&cfg, only_d6).unwrap();
+    journal_config(d, &["d6"]);
     std::fs::remove_file(d.join("d5.img")).unwrap();
     let node = start_config(d, &cfg);
     assert_acknowledged_writes_intact(
