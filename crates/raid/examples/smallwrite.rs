@@ -279,14 +279,16 @@ fn delta(a: &WritePath, b: &WritePath) -> WritePath {
         apply_us: b.apply_us - a.apply_us,
         early_acks: b.early_acks - a.early_acks,
         journal_checkpoints_ahead: b.journal_checkpoints_ahead - a.journal_checkpoints_ahead,
+        data_first_acks: b.data_first_acks - a.data_first_acks,
     }
 }
 
 fn describe(w: &WritePath) -> String {
     let per = |us: u64| us as f64 / 1000.0 / w.partial_updates.max(1) as f64;
     format!(
-        "{} updates, {} records in {} batches ({:.1}/batch, max {}), {} FUA ring writes, {} checkpoints waited for, {} ahead; per update ms: lock {:.1} read {:.1} journal {:.1} apply {:.1}",
+        "{} updates ({} data-first), {} records in {} batches ({:.1}/batch, max {}), {} FUA ring writes, {} checkpoints waited for, {} ahead; per update ms: lock {:.1} read {:.1} journal {:.1} apply {:.1}",
         w.partial_updates,
+        w.data_first_acks,
         w.journal_records,
         w.journal_batches,
         w.journal_records as f64 / w.journal_batches.max(1) as f64,
@@ -350,10 +352,11 @@ async fn main() {
         }
         println!();
         println!(
-            "  {:14} {:17} {:>7} {:>8} {:>11} {:>11} {:>6} {:>6} {:>6} {:>7} {:>6} {:>8} {:>7} {:>7} {:>5}",
+            "  {:14} {:17} {:>7} {:>11} {:>8} {:>11} {:>11} {:>6} {:>6} {:>6} {:>7} {:>6} {:>8} {:>7} {:>7} {:>5}",
             "pool",
             "pattern",
             "journal",
+            "reads first",
             "late ack",
             "journal off",
             "journal SSD",
@@ -390,19 +393,21 @@ async fn main() {
                 );
                 pool.wait_idle().await;
                 for (i, p) in a.patterns.iter().enumerate() {
-                    // (name, journal bypassed, early acknowledgement)
-                    let modes: &[(&str, bool, bool)] = if with_device {
-                        &[("journal SSD", false, true)]
+                    // (name, journal bypassed, early acknowledgement, data first)
+                    let modes: &[(&str, bool, bool, bool)] = if with_device {
+                        &[("journal SSD", false, true, true)]
                     } else {
                         &[
-                            ("journal", false, true),
-                            ("late ack", false, false),
-                            ("journal off", true, true),
+                            ("journal", false, true, true),
+                            ("reads first", false, true, false),
+                            ("late ack", false, false, false),
+                            ("journal off", true, true, true),
                         ]
                     };
-                    for &(mode, bypass, early) in modes {
+                    for &(mode, bypass, early, first) in modes {
                         pool.unsafe_set_journal_bypass(bypass);
                         pool.set_early_ack(early);
+                        pool.set_data_first(first);
                         let st0 = pool.status();
                         let before = st0.write_path.clone();
                         let (iops, qd) = run(
@@ -420,6 +425,7 @@ async fn main() {
                             st1.stripe_writes.gather_timeouts - st0.stripe_writes.gather_timeouts;
                         pool.unsafe_set_journal_bypass(false);
                         pool.set_early_ack(true);
+                        pool.set_data_first(true);
                         detail.push(format!(
                             "  NCQ {ncq_s:3} {label:14} {:17} {mode:12} {} gather timeouts; {}",
                             p.name,
@@ -447,7 +453,7 @@ async fn main() {
                 let qd_bound = a.qd as f64 * (r + (1.0 - r) * together) / n as f64;
                 let limit_qd =
                     n as f64 * disk_iops_at(ncq, member_bytes, p.bs_bytes, qd_bound) / ios_per_op;
-                let (on, late, off, dev) = (f[0].0, f[1].0, f[2].0, f[3].0);
+                let (on, first, late, off, dev) = (f[0].0, f[1].0, f[2].0, f[3].0, f[4].0);
                 // How much of what the HDD model gives at the depth and
                 // utilisation the members had they really delivered, worst of
                 // the four runs: well under 100% means the simulated disks lost
@@ -462,10 +468,11 @@ async fn main() {
                     .fold(f64::INFINITY, f64::min);
                 sims_low |= sim < SIM_OK;
                 println!(
-                    "  {:14} {:17} {:>7.0} {:>8.0} {:>11.0} {:>11.0} {:>6.0} {:>5.0}% {:>5.0}% {:>6.0}% {:>6.1} {:>8.0} {:>6.0}% {:>7.0}% {:>4.0}%{}",
+                    "  {:14} {:17} {:>7.0} {:>11.0} {:>8.0} {:>11.0} {:>11.0} {:>6.0} {:>5.0}% {:>5.0}% {:>6.0}% {:>6.1} {:>8.0} {:>6.0}% {:>7.0}% {:>4.0}%{}",
                     label,
                     p.name,
                     on,
+                    first,
                     late,
                     off,
                     dev,
@@ -480,9 +487,15 @@ async fn main() {
                     100.0 * sim,
                     if sim < SIM_OK { " *" } else { "" },
                 );
-                for (mode, (iops, d)) in ["journal", "late ack", "journal off", "journal SSD"]
-                    .iter()
-                    .zip(f)
+                for (mode, (iops, d)) in [
+                    "journal",
+                    "reads first",
+                    "late ack",
+                    "journal off",
+                    "journal SSD",
+                ]
+                .iter()
+                .zip(f)
                 {
                     let at = disk_iops_at(ncq, member_bytes, p.bs_bytes, d.busy_mean);
                     depths.push(format!(

@@ -27,6 +27,31 @@
 //! writes out of the acknowledged path: a small write waits for its reads and
 //! the ring write, not for a third round of seeks.
 //!
+//! Data first (2026-11-28): a partial update of a healthy stripe journaled on
+//! the members does not wait for its reads either. Holding the stripe's lock,
+//! it journals a *data-first record* (its new data only, header link
+//! `LINK_DATA_FIRST`) through the group commit, which sets aside, after the
+//! batch's records, a slot (with its sequence number) for the record that will
+//! complete it; once the data-first record is durable on `redundancy + 1`
+//! members the write is acknowledged. A task then reads, computes the parity,
+//! writes the *completing record* (data and parity, the whole update as
+//! before, linked to the data-first record) into its slot, and only then
+//! writes in place (`Completions`: the slots of a batch filled at the same
+//! time share one ring write per copy). After a crash, a completing record is
+//! replayed like any record, and a data-first record without one is completed
+//! by assemble (`Inner::resolve_data_first`): nothing of its update was
+//! written in place, so its stripe is consistent and its parity can be
+//! computed from the new data and the rest of the stripe, reconstructed where
+//! members are missing. The slot is reserved with the data-first record, so a
+//! completing record never needs ring space a checkpoint would have to wait
+//! for (a checkpoint waits for the data-first record, which waits for its
+//! completion). At most `DATA_FIRST_BACKLOG` such updates are acknowledged and
+//! not yet in place. The member queues then run as deep as that backlog lets
+//! them instead of `redundancy + 1` requests per client request: with NCQ
+//! that is what lifts the small-write figure (docs/0002-raid.md). Degraded
+//! stripes, stripes not yet resynced and pools with a journal device go as
+//! before.
+//!
 //! Key invariant: a record's in-place writes start only after a copy of the
 //! record is durable on `redundancy + 1` members (fewer only when fewer are
 //! writable), exactly as without batching; and nothing reads a stripe in place
@@ -55,13 +80,29 @@ const JOURNAL_SETS_MAX: usize = 8;
 /// more updates wait for room before they are acknowledged.
 pub(crate) const APPLY_BUDGET_KIB: u32 = 64 << 10;
 
+/// Most data-first updates acknowledged and not yet written in place (per
+/// pool); more wait for room before their record is written.
+pub(crate) const DATA_FIRST_BACKLOG: usize = 256;
+
 /// A durable record: its sequence number, and whether it has every copy it
 /// should (`redundancy + 1` on the members, or the journal device): then it
-/// survives a crash together with the loss of `redundancy` members.
-#[derive(Debug, Clone, Copy)]
+/// survives a crash together with the loss of `redundancy` members. A
+/// data-first record also gets the ring slot set aside for the record that
+/// completes it (`then`).
+#[derive(Clone)]
 pub(crate) struct Durable {
     seq: u64,
     full: bool,
+    then: Option<Then>,
+}
+
+/// The slot of the record completing a data-first record: its sequence number
+/// (given with the data-first record's, registered in flight) and where it goes.
+#[derive(Clone)]
+pub(crate) struct Then {
+    seq: u64,
+    area: Arc<Completions>,
+    idx: usize,
 }
 
 /// A record waiting for its group commit.
@@ -71,6 +112,123 @@ pub(crate) struct Pending {
     entries: Vec<Entry>,
     payloads: Vec<Bytes>,
     blocks: u64,
+    /// The header link (`journal::LINK_DATA_FIRST` for a data-first record).
+    link: u64,
+    /// Ring blocks to set aside for the record completing this one (0: none).
+    reserve: u64,
+}
+
+/// The ring space a group commit set aside, after its own records, for the
+/// records completing its data-first records, on the same copies. Each update
+/// puts its completing record in its slot once its parity is known; whoever
+/// finds no write running writes every slot filled and not yet written, as one
+/// FUA write per copy of the span they cover (slots in between that are not
+/// filled yet are written as zeroes, which no scan takes for a record, and get
+/// their record in a later write). So the completing records of a batch cost
+/// about as many ring writes as the batch did, not one per update.
+pub(crate) struct Completions {
+    /// Per copy: the position (for a member, to fail it on an error), the
+    /// device, and the absolute lba of the area's first block.
+    targets: Vec<(Option<usize>, Arc<crate::pool::MemberHandle>, u64)>,
+    /// Per slot: first block within the area, and its size in blocks.
+    slots: Vec<(u64, u64)>,
+    st: parking_lot::Mutex<CompletionState>,
+    done: tokio::sync::Notify,
+}
+
+#[derive(Default)]
+struct CompletionState {
+    filled: Vec<Option<Bytes>>,
+    /// Per slot, once written: how many copies hold it.
+    written: Vec<Option<usize>>,
+    writing: bool,
+}
+
+/// Clears `writing` if a writer's future is dropped mid-write.
+struct WritingGuard<'a>(&'a Completions, bool);
+
+impl Drop for WritingGuard<'_> {
+    fn drop(&mut self) {
+        if self.1 {
+            self.0.st.lock().writing = false;
+            self.0.done.notify_waiters();
+        }
+    }
+}
+
+impl Completions {
+    /// Puts `rec` (no larger than the slot) in slot `idx` and returns once it
+    /// is written: how many copies hold it (0: none could be written).
+    async fn write(&self, inner: &Inner, idx: usize, rec: Bytes) -> usize {
+        self.st.lock().filled[idx] = Some(rec);
+        loop {
+            let notified = self.done.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            let job = {
+                let mut st = self.st.lock();
+                if let Some(n) = st.written[idx] {
+                    return n;
+                }
+                if st.writing {
+                    None
+                } else {
+                    let todo: Vec<usize> = (0..self.slots.len())
+                        .filter(|&i| st.filled[i].is_some() && st.written[i].is_none())
+                        .collect();
+                    let (lo, hi) = (todo[0], todo[todo.len() - 1]);
+                    let bs = inner.bs as usize;
+                    let span = (self.slots[hi].0 + self.slots[hi].1 - self.slots[lo].0) as usize;
+                    let mut buf = vec![0u8; span * bs];
+                    for i in lo..=hi {
+                        if let Some(b) = &st.filled[i] {
+                            let at = (self.slots[i].0 - self.slots[lo].0) as usize * bs;
+                            buf[at..at + b.len()].copy_from_slice(b);
+                        }
+                    }
+                    st.writing = true;
+                    Some((todo, self.slots[lo].0, Bytes::from(buf)))
+                }
+            };
+            let Some((todo, first, buf)) = job else {
+                notified.await;
+                continue;
+            };
+            let mut guard = WritingGuard(self, true);
+            let futs: Vec<BoxFut<'_, BlockResult<()>>> = self
+                .targets
+                .iter()
+                .map(|(_, h, base)| -> BoxFut<'_, BlockResult<()>> {
+                    Box::pin(inner.m_write_abs(h, base + first, buf.clone(), true))
+                })
+                .collect();
+            let results = join_all(futs).await;
+            let mut ok = 0;
+            for ((pos, h, _), r) in self.targets.iter().zip(&results) {
+                match (r, pos) {
+                    (Ok(()), _) => ok += 1,
+                    (Err(_), Some(p)) => inner.fail_handle(*p, h).await,
+                    (Err(e), None) => {
+                        tracing::error!(pool = %inner.name, device = %h.name, error = %e, "journal device failed");
+                    }
+                }
+            }
+            let w = &inner.wp;
+            w.journal_ring_writes
+                .fetch_add(self.targets.len() as u64, Ordering::Relaxed);
+            w.journal_ring_bytes
+                .fetch_add(ok as u64 * buf.len() as u64, Ordering::Relaxed);
+            {
+                let mut st = self.st.lock();
+                for i in todo {
+                    st.written[i] = Some(ok);
+                }
+                st.writing = false;
+            }
+            guard.1 = false;
+            self.done.notify_waiters();
+        }
+    }
 }
 
 /// The group-commit queue of a journal (under a short synchronous lock).
@@ -102,6 +260,7 @@ pub(crate) struct WriteCounters {
     pub apply_us: AtomicU64,
     pub early_acks: AtomicU64,
     pub journal_checkpoints_ahead: AtomicU64,
+    pub data_first_acks: AtomicU64,
 }
 
 impl WriteCounters {
@@ -121,6 +280,7 @@ impl WriteCounters {
             apply_us: l(&self.apply_us),
             early_acks: l(&self.early_acks),
             journal_checkpoints_ahead: l(&self.journal_checkpoints_ahead),
+            data_first_acks: l(&self.data_first_acks),
         }
     }
 }
@@ -191,30 +351,11 @@ impl Inner {
     ) -> BlockResult<()> {
         let mut seq = None;
         if let Some(j) = self.active_journal() {
-            let bs = self.bs as usize;
-            let entries: Vec<Entry> = ops
-                .iter()
-                .map(|o| Entry {
-                    position: o.pos as u16,
-                    discard: matches!(o.kind, OpKind::Discard(_)),
-                    member_lba: o.mlba,
-                    blocks: match &o.kind {
-                        OpKind::Write(b) => (b.len() / bs) as u32,
-                        OpKind::Discard(n) => *n as u32,
-                    },
-                })
-                .collect();
-            let payloads: Vec<Bytes> = ops
-                .iter()
-                .map(|o| match &o.kind {
-                    OpKind::Write(b) => b.clone(),
-                    OpKind::Discard(_) => Bytes::new(),
-                })
-                .collect();
+            let (entries, payloads) = self.record_of(&ops);
             let kib = (payloads.iter().map(|b| b.len()).sum::<usize>() >> 10)
                 .clamp(1, APPLY_BUDGET_KIB as usize) as u32;
             let t0 = Instant::now();
-            let d = self.journal_append(j, s, entries, payloads).await?;
+            let d = self.journal_append(j, s, entries, payloads, 0, 0).await?;
             add_us(&self.wp.journal_us, t0);
             let sq = d.seq;
             seq = Some(sq);
@@ -249,6 +390,205 @@ impl Inner {
         let r = self.apply(s, &ops, view, fua, seq).await;
         // the stripe's lock (when handed over) is held until the writes are done
         drop(lock);
+        r
+    }
+
+    /// The entries and payloads of the record of a stripe update.
+    pub(crate) fn record_of(&self, ops: &[MemberOp]) -> (Vec<Entry>, Vec<Bytes>) {
+        let bs = self.bs as usize;
+        let entries = ops
+            .iter()
+            .map(|o| Entry {
+                position: o.pos as u16,
+                discard: matches!(o.kind, OpKind::Discard(_)),
+                member_lba: o.mlba,
+                blocks: match &o.kind {
+                    OpKind::Write(b) => (b.len() / bs) as u32,
+                    OpKind::Discard(n) => *n as u32,
+                },
+            })
+            .collect();
+        let payloads = ops
+            .iter()
+            .map(|o| match &o.kind {
+                OpKind::Write(b) => b.clone(),
+                OpKind::Discard(_) => Bytes::new(),
+            })
+            .collect();
+        (entries, payloads)
+    }
+
+    /// Whether a partial update of stripe `s` may go data-first: journaled on
+    /// the members (a journal device makes the acknowledged path short
+    /// already), early acknowledgement on, and every position of the stripe
+    /// readable and writable (a degraded update needs reconstruction, and is
+    /// done as before).
+    pub(crate) fn data_first_ok(&self, s: u64, view: &View) -> bool {
+        self.data_first.load(Ordering::Relaxed)
+            && self.early_ack.load(Ordering::Relaxed)
+            && self.active_journal().is_some()
+            && self.journal_devices().is_empty()
+            && !self.is_uninit(s)
+            && (0..view.slots.len())
+                .all(|p| view.readable(p, s).is_some() && view.writable(p).is_some())
+    }
+
+    /// A data-first partial update (see "Data first" in the module notes):
+    /// the new data is journaled and acknowledged; the reads, the parity, the
+    /// completing record and the in-place writes follow on a task holding the
+    /// stripe's lock.
+    pub(crate) async fn commit_data_first(
+        self: &Arc<Self>,
+        s: u64,
+        segs: &[crate::io::Seg],
+        data: &Bytes,
+        fua: bool,
+        lock: OwnedRwLockWriteGuard<()>,
+    ) -> BlockResult<()> {
+        let Some(j) = self.active_journal() else {
+            return Err(unavailable("no journal".into()));
+        };
+        let bs = self.bs as usize;
+        let cb = self.cb;
+        let entries: Vec<Entry> = segs
+            .iter()
+            .map(|g| Entry {
+                position: self.layout.data_positions(s, g.d)[0] as u16,
+                discard: false,
+                member_lba: s * cb + g.off,
+                blocks: g.blocks as u32,
+            })
+            .collect();
+        let payloads: Vec<Bytes> = segs
+            .iter()
+            .map(|g| data.slice(g.buf_off..g.buf_off + g.blocks as usize * bs))
+            .collect();
+        // the completing record: these writes and the parity of the rows they
+        // touch (a read-modify-write or a reconstruct-write of a healthy
+        // stripe writes no more than that)
+        let r0 = segs.iter().map(|g| g.off).min().unwrap_or(0);
+        let r1 = segs.iter().map(|g| g.off + g.blocks).max().unwrap_or(0);
+        let mut whole = entries.clone();
+        for p in self.layout.parity_positions(s) {
+            whole.push(Entry {
+                position: p as u16,
+                discard: false,
+                member_lba: s * cb + r0,
+                blocks: (r1 - r0) as u32,
+            });
+        }
+        let reserve = journal::record_blocks(&whole, bs);
+        let kib = ((data.len() >> 10) as u32).clamp(1, APPLY_BUDGET_KIB);
+        let budget = self
+            .apply_budget
+            .clone()
+            .acquire_many_owned(kib)
+            .await
+            .map_err(|_| unavailable("apply budget closed".into()))?;
+        let backlog = self
+            .data_first_backlog
+            .clone()
+            .acquire_owned()
+            .await
+            .map_err(|_| unavailable("backlog closed".into()))?;
+        let t0 = Instant::now();
+        let d = self
+            .journal_append(j, s, entries, payloads, journal::LINK_DATA_FIRST, reserve)
+            .await?;
+        add_us(&self.wp.journal_us, t0);
+        let Some(then) = d.then.clone() else {
+            j.complete(d.seq);
+            return Err(unavailable("data-first record without its slot".into()));
+        };
+        self.applying.lock().insert(s);
+        let me = Arc::clone(self);
+        let segs = segs.to_vec();
+        let data = data.clone();
+        let job = async move {
+            let r = me
+                .complete_data_first(s, &segs, &data, fua, d.seq, then)
+                .await;
+            me.applying.lock().remove(&s);
+            drop(lock);
+            drop(budget);
+            drop(backlog);
+            r
+        };
+        if !d.full {
+            // a copy is missing: acknowledged only once in place, as before
+            return job.await;
+        }
+        self.wp.early_acks.fetch_add(1, Ordering::Relaxed);
+        self.wp.data_first_acks.fetch_add(1, Ordering::Relaxed);
+        tokio::spawn(async move {
+            if let Err(e) = job.await {
+                tracing::error!(stripe = s, error = %e,
+                    "a data-first update could not be completed in place; its journal record is replayed at the next assemble");
+            }
+        });
+        Ok(())
+    }
+
+    /// The rest of a data-first update whose data record `dseq` is durable:
+    /// read, compute the parity, write the completing record into its slot,
+    /// then the members in place.
+    async fn complete_data_first(
+        self: &Arc<Self>,
+        s: u64,
+        segs: &[crate::io::Seg],
+        data: &Bytes,
+        fua: bool,
+        dseq: u64,
+        then: Then,
+    ) -> BlockResult<()> {
+        let j = self
+            .journal
+            .as_ref()
+            .expect("a data-first update has a journal");
+        let out = async {
+            let t0 = Instant::now();
+            let mut view = self.view()?;
+            let ops = self.plan(s, segs, data, &mut view).await?;
+            add_us(&self.wp.read_us, t0);
+            let (entries, payloads) = self.record_of(&ops);
+            let bs = self.bs as usize;
+            let (_, slot_blocks) = then.area.slots[then.idx];
+            if journal::record_blocks(&entries, bs) > slot_blocks {
+                return Err(unavailable(format!(
+                    "pool {}: stripe {s}: the completing record outgrew its slot",
+                    self.name
+                )));
+            }
+            let pay: Vec<&[u8]> = payloads.iter().map(|b| b.as_ref()).collect();
+            let rec = journal::encode(
+                then.seq,
+                self.pool_tag,
+                journal::LINK_COMPLETES | dseq,
+                &entries,
+                &pay,
+                bs,
+            );
+            let t1 = Instant::now();
+            let copies = then.area.write(self, then.idx, Bytes::from(rec)).await;
+            add_us(&self.wp.journal_us, t1);
+            if copies == 0 {
+                return Err(unavailable(format!(
+                    "pool {}: stripe {s}: no copy of the completing record could be written",
+                    self.name
+                )));
+            }
+            self.wp.journal_records.fetch_add(1, Ordering::Relaxed);
+            Ok((ops, view))
+        }
+        .await;
+        let r = match out {
+            Ok((ops, view)) => self.apply(s, &ops, &view, fua, Some(then.seq)).await,
+            Err(e) => {
+                j.complete(then.seq);
+                Err(e)
+            }
+        };
+        j.complete(dseq);
         r
     }
 
@@ -322,8 +662,15 @@ impl Inner {
         s: u64,
         entries: Vec<Entry>,
         payloads: Vec<Bytes>,
+        link: u64,
+        reserve: u64,
     ) -> BlockResult<Durable> {
         let blocks = journal::record_blocks(&entries, self.bs as usize);
+        if blocks + reserve > j.ring_blocks / 2 && reserve > 0 {
+            return Err(BlockError::NotSupported(
+                "data-first record larger than half the ring",
+            ));
+        }
         if blocks > j.ring_blocks {
             return Err(BlockError::NotSupported(
                 "journal record larger than the ring",
@@ -339,6 +686,8 @@ impl Inner {
                 entries,
                 payloads,
                 blocks,
+                link,
+                reserve,
             });
             t
         };
@@ -368,10 +717,10 @@ impl Inner {
                     let mut total = 0;
                     let mut n = 0;
                     while n < g.queue.len()
-                        && (n == 0 || total + g.queue[n].blocks <= cap)
+                        && (n == 0 || total + g.queue[n].blocks + g.queue[n].reserve <= cap)
                         && n < journal::MAX_ENTRIES
                     {
-                        total += g.queue[n].blocks;
+                        total += g.queue[n].blocks + g.queue[n].reserve;
                         n += 1;
                     }
                     let b: Vec<Pending> = g.queue.drain(..n).collect();
@@ -420,7 +769,11 @@ impl Inner {
             batch.iter().map(|p| (p.ticket, Err(e.clone()))).collect()
         };
         let total: u64 = batch.iter().map(|p| p.blocks).sum();
-        let start = match self.journal_reserve(j, &batch, total, seqs).await {
+        let reserved: u64 = batch.iter().map(|p| p.reserve).sum();
+        let (start, slots) = match self
+            .journal_reserve(j, &batch, total + reserved, seqs)
+            .await
+        {
             Ok(s) => s,
             Err(e) => return fail(&batch, e.to_string()),
         };
@@ -429,8 +782,53 @@ impl Inner {
         for (p, &sq) in batch.iter().zip(seqs.iter()) {
             j.note_stripe(p.stripe, sq);
             let pay: Vec<&[u8]> = p.payloads.iter().map(|b| b.as_ref()).collect();
-            buf.extend_from_slice(&journal::encode(sq, self.pool_tag, &p.entries, &pay, bs));
+            buf.extend_from_slice(&journal::encode(
+                sq,
+                self.pool_tag,
+                p.link,
+                &p.entries,
+                &pay,
+                bs,
+            ));
         }
+        for (p, slot) in batch.iter().zip(&slots) {
+            if let Some((sq, _, _)) = slot {
+                j.note_stripe(p.stripe, *sq);
+            }
+        }
+        // the slots of the completing records, after the batch's own records,
+        // on the copies that got the batch (see `Completions`)
+        let area_start = start + total;
+        let completions = |targets: Vec<(Option<usize>, Arc<crate::pool::MemberHandle>, u64)>| {
+            if reserved == 0 {
+                return None;
+            }
+            let n = slots.len();
+            Some(Arc::new(Completions {
+                targets: targets
+                    .into_iter()
+                    .map(|(p, h, base)| (p, h, base + area_start))
+                    .collect(),
+                slots: slots
+                    .iter()
+                    .map(|sl| sl.map_or((0, 0), |(_, at, len)| (at - area_start, len)))
+                    .collect(),
+                st: parking_lot::Mutex::new(CompletionState {
+                    filled: vec![None; n],
+                    written: vec![None; n],
+                    writing: false,
+                }),
+                done: tokio::sync::Notify::new(),
+            }))
+        };
+        let then = |area: &Option<Arc<Completions>>, i: usize| -> Option<Then> {
+            let (seq, _, _) = slots[i]?;
+            Some(Then {
+                seq,
+                area: area.clone()?,
+                idx: i,
+            })
+        };
         let buf = Bytes::from(buf);
         let view = match self.view() {
             Ok(v) => v,
@@ -499,11 +897,29 @@ impl Inner {
             if held > 0 {
                 w.journal_records
                     .fetch_add(batch.len() as u64, Ordering::Relaxed);
+                let area = completions(
+                    devs.iter()
+                        .zip(&results)
+                        .filter(|(_, r)| r.is_ok())
+                        .map(|(d, _)| (None, d.h.clone(), d.ring_offset_blocks))
+                        .collect(),
+                );
                 // off the members: a member loss cannot take it
                 return batch
                     .iter()
                     .zip(seqs.iter())
-                    .map(|(p, &seq)| (p.ticket, Ok(Durable { seq, full: true })))
+                    .enumerate()
+                    .map(|(i, (p, &seq))| {
+                        let then = then(&area, i);
+                        (
+                            p.ticket,
+                            Ok(Durable {
+                                seq,
+                                full: true,
+                                then,
+                            }),
+                        )
+                    })
                     .collect();
             }
         }
@@ -517,9 +933,15 @@ impl Inner {
             .collect();
         let results = join_all(futs).await;
         let mut written = 0u64;
+        let mut held = Vec::new();
         for (&p, r) in copies.iter().zip(results) {
             match r {
-                Ok(()) => written += 1,
+                Ok(()) => {
+                    written += 1;
+                    if let Some(h) = view.writable(p) {
+                        held.push((Some(p), h.h.clone(), j.offset_blocks));
+                    }
+                }
                 Err(_) => {
                     if let Some(h) = view.writable(p) {
                         self.fail_handle(p, &h).await;
@@ -527,6 +949,7 @@ impl Inner {
                 }
             }
         }
+        let area = completions(held);
         let w = &self.wp;
         w.journal_batches.fetch_add(1, Ordering::Relaxed);
         w.journal_ring_writes
@@ -547,7 +970,11 @@ impl Inner {
         batch
             .iter()
             .zip(seqs.iter())
-            .map(|(p, &seq)| (p.ticket, Ok(Durable { seq, full })))
+            .enumerate()
+            .map(|(i, (p, &seq))| {
+                let then = then(&area, i);
+                (p.ticket, Ok(Durable { seq, full, then }))
+            })
             .collect()
     }
 
@@ -578,7 +1005,7 @@ impl Inner {
     /// concurrent group commits use different members and successive ones rotate
     /// over them (F1: the hot member always holds one, so the journal keeps, and
     /// adds to, the wear skew instead of evening it out).
-    fn journal_copies(&self, view: &View, slot: usize) -> Vec<usize> {
+    pub(crate) fn journal_copies(&self, view: &View, slot: usize) -> Vec<usize> {
         let n = self.layout.member_count();
         let want = self.layout.redundancy() + 1;
         let mut order: Vec<usize> = Vec::with_capacity(n + 1);
@@ -629,14 +1056,18 @@ impl Inner {
     /// Reserves `total` adjacent ring blocks for the records of `batch`, giving
     /// them consecutive sequence numbers (pushed to `seqs`, registered in flight),
     /// checkpointing first when the space is still held by records not yet covered
-    /// by a checkpoint. Returns the first ring block.
+    /// by a checkpoint. After the batch's records come the slots of the records
+    /// that will complete its data-first ones, each with its sequence number
+    /// (also pushed to `seqs` and in flight). Returns the first ring block and,
+    /// per record, its completing record's (sequence, ring block, blocks).
+    #[allow(clippy::type_complexity)]
     async fn journal_reserve(
         self: &Arc<Self>,
         j: &Journal,
         batch: &[Pending],
         total: u64,
         seqs: &mut Vec<u64>,
-    ) -> BlockResult<u64> {
+    ) -> BlockResult<(u64, Vec<Option<(u64, u64, u64)>>)> {
         if total > j.ring_blocks {
             return Err(BlockError::NotSupported(
                 "journal batch larger than the ring",
@@ -657,6 +1088,21 @@ impl Inner {
                         f.seqs.insert(seq);
                         seqs.push(seq);
                     }
+                    let mut slots = Vec::with_capacity(batch.len());
+                    for p in batch {
+                        if p.reserve == 0 {
+                            slots.push(None);
+                            continue;
+                        }
+                        let seq = a.next_seq;
+                        a.next_seq += 1;
+                        a.live.push_back((seq, at, p.reserve));
+                        slots.push(Some((seq, at, p.reserve)));
+                        at += p.reserve;
+                        f.seqs.insert(seq);
+                        seqs.push(seq);
+                    }
+                    drop(f);
                     a.head_blocks = start + total;
                     // The next quarter of the ring still holds records: make it
                     // free now, in the background, so that no group commit has
@@ -671,7 +1117,7 @@ impl Inner {
                             self.checkpoint_ahead(upto);
                         }
                     }
-                    return Ok(start);
+                    return Ok((start, slots));
                 }
                 Some(upto) => {
                     self.wp.journal_checkpoints.fetch_add(1, Ordering::Relaxed);

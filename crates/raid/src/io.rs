@@ -620,7 +620,28 @@ impl Inner {
     ) -> BlockResult<()> {
         self.partial_writes.fetch_add(1, Ordering::Relaxed);
         self.wp.partial_updates.fetch_add(1, Ordering::Relaxed);
+        let lock = match lock {
+            Some(g) if self.data_first_ok(s, &view) => {
+                return self.commit_data_first(s, segs, data, fua, g).await;
+            }
+            other => other,
+        };
         let t0 = std::time::Instant::now();
+        let ops = self.plan(s, segs, data, &mut view).await?;
+        crate::commit::add_us(&self.wp.read_us, t0);
+        self.commit(s, ops, &view, fua, lock).await
+    }
+
+    /// The member operations of a partial update of stripe `s`: a
+    /// read-modify-write when it reads less and can, else a reconstruct-write
+    /// (`view` is refreshed when a read failed).
+    pub(crate) async fn plan(
+        &self,
+        s: u64,
+        segs: &[Seg],
+        data: &Bytes,
+        view: &mut View,
+    ) -> BlockResult<Vec<MemberOp>> {
         let k = self.layout.data_chunks();
         let pp = self.layout.parity_positions(s);
         let r0 = segs.iter().map(|g| g.off).min().unwrap_or(0);
@@ -644,17 +665,15 @@ impl Inner {
         let rcw_reads: u64 = (0..k).map(|d| rows - covered(d).min(rows)).sum();
         let mut ops = None;
         if rmw_ok && rmw_reads < rcw_reads {
-            ops = self.rmw(s, segs, data, r0, rows, &view).await;
+            ops = self.rmw(s, segs, data, r0, rows, view).await;
             if ops.is_none() {
-                view = self.view()?;
+                *view = self.view()?;
             }
         }
-        let ops = match ops {
-            Some(o) => o,
-            None => self.rcw(s, segs, data, r0, r1, &view).await?,
-        };
-        crate::commit::add_us(&self.wp.read_us, t0);
-        self.commit(s, ops, &view, fua, lock).await
+        match ops {
+            Some(o) => Ok(o),
+            None => self.rcw(s, segs, data, r0, r1, view).await,
+        }
     }
 
     /// Read-modify-write: new parity = old parity + delta of the changed data.
@@ -749,7 +768,7 @@ impl Inner {
     }
 
     /// Reconstruct-write: parity recomputed from the full rows of new and old data.
-    async fn rcw(
+    pub(crate) async fn rcw(
         &self,
         s: u64,
         segs: &[Seg],

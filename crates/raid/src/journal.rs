@@ -18,7 +18,11 @@
 //! 28  4  header blocks
 //! 32  4  total blocks (header + payload)
 //! 36  4  crc32c of the whole record with this field zeroed
-//! 40  8  reserved
+//! 40  8  link: 0 for a record that is a whole stripe update; `LINK_DATA_FIRST`
+//!        for a data-first record (the new data of an update acknowledged
+//!        before its parity was computed: replayed by recomputing the parity,
+//!        unless a record completes it); `LINK_COMPLETES | seq` for the whole
+//!        update (data and parity) completing the data-first record `seq`
 //! 48  .. entries, 16 bytes each: position u16, kind u8 (0 write, 1 discard),
 //!        pad u8, member lba u64 (data-area relative), blocks u32
 //! then   payload: the data of every write entry, in entry order, from the next
@@ -39,6 +43,11 @@ const ENTRY_BYTES: usize = 16;
 pub(crate) const RECLAIM_PARTS: u64 = 4;
 /// Most entries one record may hold.
 pub(crate) const MAX_ENTRIES: usize = 1024;
+/// Header link of a data-first record (see the format above).
+pub(crate) const LINK_DATA_FIRST: u64 = 1;
+/// Header link bit of a record completing a data-first record (whose sequence
+/// number is the rest of the link).
+pub(crate) const LINK_COMPLETES: u64 = 1 << 63;
 
 /// One member operation inside a record.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -53,9 +62,27 @@ pub(crate) struct Entry {
 #[derive(Debug, Clone)]
 pub(crate) struct Record {
     pub seq: u64,
+    /// 0, `LINK_DATA_FIRST`, or `LINK_COMPLETES | seq` (see the format above).
+    pub link: u64,
+    /// First ring block of the record (set by `scan`).
+    pub at: u64,
+    /// Blocks the record occupies.
+    pub blocks: u64,
     pub entries: Vec<Entry>,
     /// Payload of each entry (empty for discards).
     pub payloads: Vec<Vec<u8>>,
+}
+
+impl Record {
+    /// A data-first record: the data of an update whose parity comes later.
+    pub fn is_data_first(&self) -> bool {
+        self.link == LINK_DATA_FIRST
+    }
+
+    /// The data-first record this one completes, if any.
+    pub fn completes(&self) -> Option<u64> {
+        (self.link & LINK_COMPLETES != 0).then_some(self.link & !LINK_COMPLETES)
+    }
 }
 
 fn header_blocks(n: usize, bs: usize) -> usize {
@@ -76,6 +103,7 @@ pub(crate) fn record_blocks(entries: &[Entry], bs: usize) -> u64 {
 pub(crate) fn encode(
     seq: u64,
     pool_tag: u64,
+    link: u64,
     entries: &[Entry],
     payloads: &[&[u8]],
     bs: usize,
@@ -89,6 +117,7 @@ pub(crate) fn encode(
     out[24..28].copy_from_slice(&(entries.len() as u32).to_le_bytes());
     out[28..32].copy_from_slice(&(hb as u32).to_le_bytes());
     out[32..36].copy_from_slice(&(total as u32).to_le_bytes());
+    out[40..48].copy_from_slice(&link.to_le_bytes());
     let mut at = HEADER_FIXED;
     let mut pay = hb * bs;
     for (e, p) in entries.iter().zip(payloads) {
@@ -122,6 +151,10 @@ pub(crate) fn decode(buf: &[u8], bs: usize, pool_tag: u64) -> Option<(Record, u6
         return None;
     }
     let seq = u64_at(buf, 16)?;
+    let link = u64_at(buf, 40)?;
+    if link != 0 && link != LINK_DATA_FIRST && link & LINK_COMPLETES == 0 {
+        return None;
+    }
     let n = u32_at(buf, 24)? as usize;
     let hb = u32_at(buf, 28)? as usize;
     let total = u32_at(buf, 32)? as usize;
@@ -167,6 +200,9 @@ pub(crate) fn decode(buf: &[u8], bs: usize, pool_tag: u64) -> Option<(Record, u6
     Some((
         Record {
             seq,
+            link,
+            at: 0,
+            blocks: total as u64,
             entries,
             payloads,
         },
@@ -181,7 +217,8 @@ pub(crate) fn scan(buf: &[u8], bs: usize, pool_tag: u64) -> Vec<Record> {
     let mut b = 0usize;
     while b < blocks {
         match decode(&buf[b * bs..], bs, pool_tag) {
-            Some((rec, len)) => {
+            Some((mut rec, len)) => {
+                rec.at = b as u64;
                 out.push(rec);
                 b += len.max(1) as usize;
             }
@@ -362,7 +399,7 @@ mod tests {
         ];
         let a = vec![1u8; 1024];
         let c = vec![3u8; 512];
-        let rec = encode(9, 42, &entries, &[&a, &[], &c], bs);
+        let rec = encode(9, 42, 0, &entries, &[&a, &[], &c], bs);
         assert_eq!(rec.len() as u64, record_blocks(&entries, bs) * bs as u64);
         let (r, len) = decode(&rec, bs, 42).unwrap();
         assert_eq!(len, 4);
@@ -380,6 +417,21 @@ mod tests {
         ring.extend_from_slice(&torn);
         let found = scan(&ring, bs, 42);
         assert_eq!(found.len(), 1);
+        assert_eq!((found[0].at, found[0].blocks), (3, 4));
+        // the links of a data-first record and of the record completing it
+        let df = encode(10, 42, LINK_DATA_FIRST, &entries, &[&a, &[], &c], bs);
+        let (r, _) = decode(&df, bs, 42).unwrap();
+        assert!(r.is_data_first() && r.completes().is_none());
+        let done = encode(11, 42, LINK_COMPLETES | 10, &entries, &[&a, &[], &c], bs);
+        let (r, _) = decode(&done, bs, 42).unwrap();
+        assert_eq!((r.is_data_first(), r.completes()), (false, Some(10)));
+        let (r, _) = decode(&rec, bs, 42).unwrap();
+        assert_eq!((r.is_data_first(), r.completes()), (false, None));
+        // an unknown link is not a record of this format
+        let mut odd = encode(12, 42, 2, &entries, &[&a, &[], &c], bs);
+        assert!(decode(&odd, bs, 42).is_none());
+        odd[40] = 0;
+        assert!(decode(&odd, bs, 42).is_none(), "checksum covers the link");
         // truncated buffers never panic
         for cut in 0..rec.len() {
             let _ = decode(&rec[..cut], bs, 42);

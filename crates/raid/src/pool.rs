@@ -203,6 +203,12 @@ pub(crate) struct Inner {
     /// Acknowledge journaled updates once their record is durable (default);
     /// off: only after the in-place writes too (for measurements).
     pub early_ack: AtomicBool,
+    /// Acknowledge a partial update of a healthy stripe once its new data is
+    /// journaled, before its reads (default; see `commit.rs`, "Data first").
+    pub data_first: AtomicBool,
+    /// Data-first updates acknowledged and not yet in place (see
+    /// `commit::DATA_FIRST_BACKLOG`).
+    pub data_first_backlog: Arc<tokio::sync::Semaphore>,
     /// A background checkpoint is running (see `commit.rs`, `checkpoint_ahead`).
     pub checkpoint_running: AtomicBool,
     pub fg_inflight: AtomicU64,
@@ -858,6 +864,14 @@ impl Pool {
         self.inner.early_ack.store(on, Ordering::SeqCst);
     }
 
+    /// Test and measurement only: `false` journals a partial update only once
+    /// its parity is computed (read, then record, then acknowledgement), the
+    /// behaviour before data-first records (see `commit.rs`). Not persisted.
+    #[doc(hidden)]
+    pub fn set_data_first(&self, on: bool) {
+        self.inner.data_first.store(on, Ordering::SeqCst);
+    }
+
     /// Changes the rebuild/resync/scrub cap (MB/s, 0 = none) and persists it.
     pub async fn set_rebuild_rate_mb_s(&self, rate_mb_s: u32) -> RaidResult<()> {
         self.inner.state.lock().rebuild_rate_mb_s = rate_mb_s;
@@ -1004,6 +1018,10 @@ impl Inner {
                 crate::commit::APPLY_BUDGET_KIB as usize,
             )),
             early_ack: AtomicBool::new(true),
+            data_first: AtomicBool::new(true),
+            data_first_backlog: Arc::new(tokio::sync::Semaphore::new(
+                crate::commit::DATA_FIRST_BACKLOG,
+            )),
             checkpoint_running: AtomicBool::new(false),
             fg_inflight: AtomicU64::new(0),
             wake: Arc::new(tokio::sync::Notify::new()),
@@ -1398,31 +1416,31 @@ impl Inner {
                 }
             }
         }
-        let max_seq = records.keys().next_back().copied().unwrap_or(checkpoint);
+        let mut max_seq = records.keys().next_back().copied().unwrap_or(checkpoint);
         if !records.is_empty() {
             tracing::info!(pool = %self.name, records = records.len(), "replaying stripe journal");
         }
+        // Whole updates in sequence order; a data-first record only when no
+        // record completes it (then nothing of its update was written in
+        // place), after them: see `resolve_data_first`.
+        let completed: std::collections::HashSet<u64> =
+            records.values().filter_map(|r| r.completes()).collect();
+        let mut open = Vec::new();
         for rec in records.values() {
-            for (e, p) in rec.entries.iter().zip(&rec.payloads) {
-                let pos = e.position as usize;
-                if pos >= view.slots.len()
-                    || e.member_lba.saturating_add(e.blocks as u64) > self.stripes() * self.cb
-                {
-                    continue;
+            if rec.is_data_first() {
+                if !completed.contains(&rec.seq) {
+                    open.push(rec);
                 }
-                let Some(h) = view.writable(pos) else {
-                    continue;
-                };
-                let lba = self.data_offset_blocks + e.member_lba;
-                let r = if e.discard {
-                    h.volume.discard(lba, e.blocks as u64).await
-                } else {
-                    h.volume.write(lba, Bytes::copy_from_slice(p), false).await
-                };
-                if r.is_err() {
-                    self.fail_handle(pos, &h).await;
-                }
+                continue;
             }
+            self.replay_entries(&view, &rec.entries, &rec.payloads)
+                .await;
+        }
+        if !open.is_empty() {
+            max_seq = self
+                .resolve_data_first(&open, max_seq)
+                .await
+                .map_err(|e| RaidError::PoolFailed(e.to_string()))?;
         }
         {
             let mut a = j.alloc.lock().await;
@@ -1433,6 +1451,160 @@ impl Inner {
         self.checkpoint(max_seq)
             .await
             .map_err(|e| RaidError::PoolFailed(e.to_string()))
+    }
+
+    /// Writes the entries of a replayed record in place (members that fail
+    /// are failed).
+    async fn replay_entries(&self, view: &View, entries: &[journal::Entry], payloads: &[Vec<u8>]) {
+        for (e, p) in entries.iter().zip(payloads) {
+            let pos = e.position as usize;
+            if pos >= view.slots.len()
+                || e.member_lba.saturating_add(e.blocks as u64) > self.stripes() * self.cb
+            {
+                continue;
+            }
+            let Some(h) = view.writable(pos) else {
+                continue;
+            };
+            let lba = self.data_offset_blocks + e.member_lba;
+            let r = if e.discard {
+                h.volume.discard(lba, e.blocks as u64).await
+            } else {
+                h.volume.write(lba, Bytes::copy_from_slice(p), false).await
+            };
+            if r.is_err() {
+                self.fail_handle(pos, &h).await;
+            }
+        }
+    }
+
+    /// Replays the data-first records no record completes (their updates were
+    /// acknowledged before their parity was known, and nothing of them was
+    /// written in place): like the update would have, each computes its
+    /// stripe's parity from the new data and the rest of the stripe (read, or
+    /// reconstructed where a member is missing: the stripe is consistent, since
+    /// its in-place writes never started), writes the whole update as a record
+    /// completing it, and only then in place. The whole updates already
+    /// replayed are flushed first, so the new records may take the ring space
+    /// of any record but these. A crash in the middle finds either the
+    /// data-first record alone again, or it and its completing record.
+    /// Returns the last sequence number used.
+    async fn resolve_data_first(
+        &self,
+        open: &[&journal::Record],
+        max_seq: u64,
+    ) -> BlockResult<u64> {
+        let j = self.journal.as_ref().expect("a journal");
+        self.flush_members().await?;
+        let bs = self.bs as usize;
+        let k = self.layout.data_chunks();
+        let mut keep: Vec<(u64, u64)> = open.iter().map(|r| (r.at, r.at + r.blocks)).collect();
+        keep.sort_unstable();
+        let mut head = 0u64;
+        let mut seq = max_seq;
+        tracing::info!(pool = %self.name, records = open.len(), "completing data-first journal records");
+        for rec in open {
+            let view = self.view()?;
+            let Some(first) = rec.entries.first() else {
+                continue;
+            };
+            let s = first.member_lba / self.cb;
+            let mut segs = Vec::new();
+            let mut data = Vec::new();
+            for (e, p) in rec.entries.iter().zip(&rec.payloads) {
+                let d =
+                    (0..k).find(|&d| self.layout.data_positions(s, d)[0] == e.position as usize);
+                let off = e.member_lba.wrapping_sub(s * self.cb);
+                let Some(d) = d.filter(|_| {
+                    !e.discard
+                        && s < self.stripes()
+                        && off + e.blocks as u64 <= self.cb
+                        && p.len() == e.blocks as usize * bs
+                }) else {
+                    tracing::error!(pool = %self.name, seq = rec.seq, "a data-first journal record does not fit this pool; left out");
+                    segs.clear();
+                    break;
+                };
+                segs.push(crate::io::Seg {
+                    stripe: s,
+                    d,
+                    off,
+                    blocks: e.blocks as u64,
+                    buf_off: data.len(),
+                });
+                data.extend_from_slice(p);
+            }
+            if segs.is_empty() {
+                continue;
+            }
+            let data = Bytes::from(data);
+            let r0 = segs.iter().map(|g| g.off).min().unwrap_or(0);
+            let r1 = segs.iter().map(|g| g.off + g.blocks).max().unwrap_or(0);
+            let ops = self.rcw(s, &segs, &data, r0, r1, &view).await?;
+            let (entries, payloads) = self.record_of(&ops);
+            seq += 1;
+            let pay: Vec<&[u8]> = payloads.iter().map(|b| b.as_ref()).collect();
+            let bytes = journal::encode(
+                seq,
+                self.pool_tag,
+                journal::LINK_COMPLETES | rec.seq,
+                &entries,
+                &pay,
+                bs,
+            );
+            let len = (bytes.len() / bs) as u64;
+            // the next ring space that holds no open data-first record
+            while let Some(&(a, b)) = keep.iter().find(|&&(a, b)| a < head + len && head < b) {
+                debug_assert!(b > a);
+                head = b;
+            }
+            if head + len > j.ring_blocks {
+                return Err(crate::io::unavailable(format!(
+                    "pool {}: no ring space to complete the data-first journal records",
+                    self.name
+                )));
+            }
+            let bytes = Bytes::from(bytes);
+            let mut held = 0;
+            let devs = self.journal_devices();
+            if devs.is_empty() {
+                for p in self.journal_copies(&view, 0) {
+                    if let Some(h) = view.writable(p) {
+                        match h
+                            .volume
+                            .write(j.offset_blocks + head, bytes.clone(), true)
+                            .await
+                        {
+                            Ok(()) => held += 1,
+                            Err(_) => self.fail_handle(p, &h).await,
+                        }
+                    }
+                }
+            } else {
+                for d in devs {
+                    if d.h
+                        .volume
+                        .write(d.ring_offset_blocks + head, bytes.clone(), true)
+                        .await
+                        .is_ok()
+                    {
+                        held += 1;
+                    } else {
+                        d.failed.store(true, Ordering::SeqCst);
+                    }
+                }
+            }
+            if held == 0 {
+                return Err(crate::io::unavailable(format!(
+                    "pool {}: the record completing data-first record {} could not be written",
+                    self.name, rec.seq
+                )));
+            }
+            head += len;
+            let payloads: Vec<Vec<u8>> = payloads.iter().map(|b| b.to_vec()).collect();
+            self.replay_entries(&view, &entries, &payloads).await;
+        }
+        Ok(seq)
     }
 
     fn status(&self) -> PoolStatus {

@@ -232,6 +232,10 @@ pub struct WritePath {
     /// ones a group commit had to wait for).
     #[serde(default)]
     pub journal_checkpoints_ahead: u64,
+    /// Updates acknowledged once their new data was journaled, before their
+    /// reads, parity and in-place writes (of `early_acks`).
+    #[serde(default)]
+    pub data_first_acks: u64,
 }
 
 /// Counters of the parity write path.

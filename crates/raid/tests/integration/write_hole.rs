@@ -542,12 +542,36 @@ async fn concurrent_writes_share_group_commits() {
     for r in futures_join(futs).await {
         r.unwrap();
     }
+    // every update went data-first: its data record in a group commit, then,
+    // once its parity was known, the record completing it in the slot its
+    // batch set aside; a flush waits for all of them to be in place
+    pool.flush().await.unwrap();
     let w = pool.status().write_path;
-    assert_eq!(w.journal_records, 32);
+    assert_eq!(w.data_first_acks, 32);
+    assert_eq!(w.journal_records, 64);
     assert!(
         w.journal_batches < 32,
-        "32 concurrent updates took {} ring writes",
+        "32 concurrent updates took {} group commits",
         w.journal_batches
     );
     assert!(w.journal_batch_records_max > 1);
+    // two copies per ring write on RAID 5: the completing records shared
+    // ring writes too
+    let completion_writes = (w.journal_ring_writes - 2 * w.journal_batches) / 2;
+    assert!(
+        completion_writes < 32,
+        "32 completing records took {completion_writes} ring writes"
+    );
+    // and the same without data-first records: one record per update
+    pool.set_data_first(false);
+    let futs: Vec<_> = (0..32u64)
+        .map(|w| pool.write(w * slot + 5, pattern(w + 40, 2), false))
+        .collect();
+    for r in futures_join(futs).await {
+        r.unwrap();
+    }
+    let w2 = pool.status().write_path;
+    assert_eq!(w2.data_first_acks, 32);
+    assert_eq!(w2.journal_records, 64 + 32);
+    assert!(w2.journal_batches - w.journal_batches < 32);
 }
