@@ -121,6 +121,38 @@ async fn rig(level: RaidLevel, n: usize) -> Rig {
 
 const WAIT: Duration = Duration::from_secs(20);
 
+/// The power is lost (nothing held lands), the acknowledged `writes` go into
+/// the oracle, and the members minus `lost` are assembled: every block must
+/// read back as the oracle has it.
+async fn crash_and_lose(
+    r: Rig,
+    writes: Vec<(u64, Bytes)>,
+    level: RaidLevel,
+    lost: impl Iterator<Item = usize>,
+) {
+    r.gate.send_replace(Gate::Dead);
+    drop(r.pool);
+    for (lba, d) in writes {
+        r.oracle.write(lba, d, false).await.unwrap();
+    }
+    let lost: Vec<usize> = lost.collect();
+    let members: Vec<Member> = r
+        .mems
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| !lost.contains(i))
+        .map(|(i, m)| Member::new(format!("m{i}"), m.clone() as VolumeRef))
+        .collect();
+    let pool = Pool::assemble(members, false).await.expect("assemble");
+    for lba in 0..pool.geometry().block_count {
+        assert_eq!(
+            pool.read(lba, 1).await.unwrap(),
+            r.oracle.read(lba, 1).await.unwrap(),
+            "{level:?} without members {lost:?}: block {lba}"
+        );
+    }
+}
+
 #[tokio::test]
 async fn reads_and_flushes_wait_for_the_in_place_writes_of_an_acknowledged_update() {
     for (level, n) in [(RaidLevel::Raid5, 4), (RaidLevel::Raid6, 5)] {
@@ -187,27 +219,13 @@ async fn a_crash_before_the_in_place_writes_and_a_member_loss_keep_acknowledged_
                 writes.push((lba, d));
             }
             // power lost: the held in-place writes never land
-            r.gate.send_replace(Gate::Dead);
-            drop(r.pool);
-            for (lba, d) in writes {
-                r.oracle.write(lba, d, false).await.unwrap();
-            }
-            let lost: Vec<usize> = (0..lose).map(|k| (first_lost + k) % n).collect();
-            let members: Vec<Member> = r
-                .mems
-                .iter()
-                .enumerate()
-                .filter(|(i, _)| !lost.contains(i))
-                .map(|(i, m)| Member::new(format!("m{i}"), m.clone() as VolumeRef))
-                .collect();
-            let pool = Pool::assemble(members, false).await.expect("assemble");
-            for lba in 0..pool.geometry().block_count {
-                assert_eq!(
-                    pool.read(lba, 1).await.unwrap(),
-                    r.oracle.read(lba, 1).await.unwrap(),
-                    "{level:?} without members {lost:?}: block {lba}"
-                );
-            }
+            crash_and_lose(
+                r,
+                writes,
+                level,
+                (first_lost..first_lost + lose).map(|k| k % n),
+            )
+            .await;
         }
     }
 }
@@ -244,27 +262,13 @@ async fn a_write_acknowledged_before_its_reads_survives_a_crash_and_a_member_los
             let after = r.pool.status().write_path;
             assert_eq!(after.data_first_acks - before.data_first_acks, 7);
             // power lost: no read, parity or in-place write ever happened
-            r.gate.send_replace(Gate::Dead);
-            drop(r.pool);
-            for (lba, d) in writes {
-                r.oracle.write(lba, d, false).await.unwrap();
-            }
-            let lost: Vec<usize> = (0..lose).map(|k| (first_lost + k) % n).collect();
-            let members: Vec<Member> = r
-                .mems
-                .iter()
-                .enumerate()
-                .filter(|(i, _)| !lost.contains(i))
-                .map(|(i, m)| Member::new(format!("m{i}"), m.clone() as VolumeRef))
-                .collect();
-            let pool = Pool::assemble(members, false).await.expect("assemble");
-            for lba in 0..pool.geometry().block_count {
-                assert_eq!(
-                    pool.read(lba, 1).await.unwrap(),
-                    r.oracle.read(lba, 1).await.unwrap(),
-                    "{level:?} without members {lost:?}: block {lba}"
-                );
-            }
+            crash_and_lose(
+                r,
+                writes,
+                level,
+                (first_lost..first_lost + lose).map(|k| k % n),
+            )
+            .await;
         }
     }
 }
