@@ -280,13 +280,14 @@ fn delta(a: &WritePath, b: &WritePath) -> WritePath {
         early_acks: b.early_acks - a.early_acks,
         journal_checkpoints_ahead: b.journal_checkpoints_ahead - a.journal_checkpoints_ahead,
         data_first_acks: b.data_first_acks - a.data_first_acks,
+        completion_us: b.completion_us - a.completion_us,
     }
 }
 
 fn describe(w: &WritePath) -> String {
     let per = |us: u64| us as f64 / 1000.0 / w.partial_updates.max(1) as f64;
     format!(
-        "{} updates ({} data-first), {} records in {} batches ({:.1}/batch, max {}), {} FUA ring writes, {} checkpoints waited for, {} ahead; per update ms: lock {:.1} read {:.1} journal {:.1} apply {:.1}",
+        "{} updates ({} data-first), {} records in {} batches ({:.1}/batch, max {}), {} FUA ring writes, {} checkpoints waited for, {} ahead; per update ms: lock {:.1} read {:.1} journal {:.1} completing record {:.1} apply {:.1}",
         w.partial_updates,
         w.data_first_acks,
         w.journal_records,
@@ -299,6 +300,7 @@ fn describe(w: &WritePath) -> String {
         per(w.lock_wait_us),
         per(w.read_us),
         per(w.journal_us),
+        per(w.completion_us),
         per(w.apply_us),
     )
 }

@@ -280,6 +280,7 @@ pub(crate) struct WriteCounters {
     pub early_acks: AtomicU64,
     pub journal_checkpoints_ahead: AtomicU64,
     pub data_first_acks: AtomicU64,
+    pub completion_us: AtomicU64,
 }
 
 impl WriteCounters {
@@ -300,6 +301,7 @@ impl WriteCounters {
             early_acks: l(&self.early_acks),
             journal_checkpoints_ahead: l(&self.journal_checkpoints_ahead),
             data_first_acks: l(&self.data_first_acks),
+            completion_us: l(&self.completion_us),
         }
     }
 }
@@ -609,7 +611,7 @@ impl Inner {
             );
             let t1 = Instant::now();
             let copies = then.area.write(self, then.idx, Bytes::from(rec)).await;
-            add_us(&self.wp.journal_us, t1);
+            add_us(&self.wp.completion_us, t1);
             if copies == 0 {
                 return Err(unavailable(format!(
                     "pool {}: stripe {s}: no copy of the completing record could be written",
@@ -1029,7 +1031,9 @@ impl Inner {
     /// about half a ring write more. With NCQ that bought 1-4% on RAID 5 and
     /// 4-9% on RAID 6 (deeper queues), without it cost 5-9% on RAID 5 and 7-11%
     /// on RAID 6, where every ring write is a full positioning (RAID 6 without
-    /// NCQ fell to 75-81% of the unprotected figure).
+    /// NCQ fell to 75-81% of the unprotected figure). With data-first records
+    /// (the acknowledged path is then this ring write alone), two group
+    /// commits per disjoint set: +10% with NCQ, -10-13% without (docs/0002-raid.md).
     fn journal_sets(&self) -> usize {
         if !self.journal_devices().is_empty() {
             // one ring write at a time on the device (a failing device then

@@ -236,6 +236,11 @@ pub struct WritePath {
     /// reads, parity and in-place writes (of `early_acks`).
     #[serde(default)]
     pub data_first_acks: u64,
+    /// Time data-first updates waited for their completing record to be
+    /// durable (after their acknowledgement), µs (total); `journal_us` holds
+    /// the wait for their data-first record.
+    #[serde(default)]
+    pub completion_us: u64,
 }
 
 /// Counters of the parity write path.
