@@ -272,6 +272,13 @@ pub struct PoolConfig {
     /// traffic for sequential writes. Default off (like md's write-intent bitmap).
     #[serde(default)]
     pub journal_whole_stripes: bool,
+    /// RAID 5/6/F1: acknowledge a small write once its new data is journaled,
+    /// before the read-modify-write (deeper disk queues: faster small random
+    /// writes on NCQ disks). Default: on, except for a pool a `[[cache]]`
+    /// sits in front of (its misses are reads that would wait behind the deep
+    /// queues). See docs/0002-raid.md, "Data first".
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub data_first: Option<bool>,
     /// RAID 5/6/F1: a `[[disk]]` (an SSD) that holds the stripe journal instead
     /// of the members, as md's write journal does: small writes then wait for
     /// one SSD write instead of a ring write on the HDDs. Given at creation;

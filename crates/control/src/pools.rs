@@ -313,6 +313,9 @@ async fn open_pool(
     }
     pool.set_journal_whole_stripes(p.journal_whole_stripes);
     pool.set_journal_devices_configured(p.journal_devices());
+    if let Some(on) = p.data_first {
+        pool.set_data_first(on);
+    }
     let st = pool.status();
     tracing::info!(pool = %p.name, state = ?st.state, "pool ready");
     Ok(pool)
@@ -337,6 +340,20 @@ impl Pools {
             let journal = take_members(&mut disks, &p.journal_devices());
             let pool = open_pool(p, members, spares, journal, false).await?;
             pools.insert(p.name.clone(), Arc::new(pool));
+        }
+        // A pool behind a cache reads first unless told otherwise: the cache's
+        // misses are reads, and data-first updates keep the disks' queues deep
+        // (measured with bench/cache-vendor, docs/0002-raid.md).
+        for c in &cfg.caches {
+            let Some(name) = &c.pool else { continue };
+            let explicit = cfg
+                .pools
+                .iter()
+                .any(|p| &p.name == name && p.data_first.is_some());
+            if let (Some(pool), false) = (pools.get(name), explicit) {
+                tracing::info!(pool = %name, cache = %c.name, "pool behind a cache: small writes read before they are journaled (data_first = false)");
+                pool.set_data_first(false);
+            }
         }
         let mut caches = BTreeMap::new();
         for c in &cfg.caches {

@@ -23,7 +23,8 @@
 //! `Inner::applying` before the acknowledgement and unmarked after its in-place
 //! writes, and a read of a marked stripe waits for the lock first. The bytes of
 //! in-place writes running after their acknowledgement are bounded
-//! (`APPLY_BUDGET_KIB`); a flush waits for all of them. This takes the in-place
+//! (`APPLY_BUDGET_KIB`); a flush does not wait for them (their records are
+//! durable), a shutdown's checkpoint does. This takes the in-place
 //! writes out of the acknowledged path: a small write waits for its reads and
 //! the ring write, not for a third round of seeks.
 //!

@@ -864,10 +864,14 @@ impl Pool {
         self.inner.early_ack.store(on, Ordering::SeqCst);
     }
 
-    /// Test and measurement only: `false` journals a partial update only once
-    /// its parity is computed (read, then record, then acknowledgement), the
-    /// behaviour before data-first records (see `commit.rs`). Not persisted.
-    #[doc(hidden)]
+    /// Data-first journal records (default on; see `commit.rs`): a partial
+    /// update of a healthy stripe is acknowledged once its new data is
+    /// journaled, and its reads, parity and in-place writes follow, so the
+    /// members' queues run deep. `false` reads first, then journals the whole
+    /// update, then acknowledges. Deep queues gain with NCQ disks on a bare
+    /// pool and cost behind a write-back cache, whose misses are reads that
+    /// wait behind them (docs/0002-raid.md). Not persisted: the owner sets it
+    /// at every start.
     pub fn set_data_first(&self, on: bool) {
         self.inner.data_first.store(on, Ordering::SeqCst);
     }
@@ -902,6 +906,13 @@ impl Pool {
             .persist()
             .await
             .map_err(|e| RaidError::PoolFailed(e.to_string()))
+    }
+
+    /// Waits until every update acknowledged before its in-place writes has
+    /// been written in place (a flush does not: their records make them
+    /// durable); for tests and tools that count member writes.
+    pub async fn wait_applied(&self) {
+        self.inner.wait_applied().await;
     }
 
     /// Waits (polling) until no rebuild or resync is pending; for tests and tools.
@@ -1704,6 +1715,7 @@ impl Inner {
             unsynced_regions: st.resync_regions.len() as u64,
             intent_regions: st.intent.len() as u64,
             journal_whole_stripes: self.journal_whole.load(Ordering::Relaxed),
+            data_first: self.data_first.load(Ordering::Relaxed),
             write_path: self.wp.snapshot(),
             journal_device: journal_devices.first().cloned(),
             journal_devices_missing: self

@@ -162,6 +162,10 @@ pub struct PoolStatus {
     /// flight at a crash followed by a member loss, at twice the write traffic).
     #[serde(default)]
     pub journal_whole_stripes: bool,
+    /// Partial updates of healthy stripes are acknowledged once their new data
+    /// is journaled, before their reads (see [`crate::Pool::set_data_first`]).
+    #[serde(default)]
+    pub data_first: bool,
     /// Where the time of partial-stripe updates goes, and what the stripe journal
     /// writes (counters since the pool started).
     #[serde(default)]

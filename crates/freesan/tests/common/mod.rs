@@ -219,6 +219,18 @@ pub fn start_verified_writes(url: &str, state: &Path, bs: &str, threads: u32, se
 }
 
 /// Runs this build's `freesan` with `args`; returns (success, stdout + stderr).
+/// `freesan pool status NAME --json` through the API at `api`.
+pub fn pool_status(api: &str, name: &str) -> serde_json::Value {
+    let (ok, out) = freesan(&["pool", "--api", api, "status", name, "--json"]);
+    assert!(ok, "{out}");
+    let v: serde_json::Value = serde_json::from_str(&out).expect("status json");
+    if v.is_array() {
+        v[0].clone()
+    } else {
+        v
+    }
+}
+
 pub fn freesan(args: &[&str]) -> (bool, String) {
     run(env!("CARGO_BIN_EXE_freesan"), args)
 }

@@ -41,6 +41,10 @@ fn write_back_cache_sigkill_during_writes_loses_nothing() {
     let state = dir.path().join("verify.state");
     let mut node = start_config(dir.path(), &cfg);
     let api = node.api.clone().expect("no API address in the banner");
+    // a pool behind a cache reads before it journals (data_first defaults to
+    // off there: the cache's misses are reads that deep queues would delay)
+    let p = pool_status(&api, "p");
+    assert_eq!(p["data_first"], false, "{p}");
     let mut bench = start_verified_writes(&node.url(0, 0), &state, "8k", 4, 4);
     let st = cache_status(&api);
     assert!(

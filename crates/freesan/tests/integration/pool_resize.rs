@@ -39,17 +39,6 @@ fn grow_under_verified_writes(api: &str, url: &str, state: &std::path::Path, sec
     assert_acknowledged_writes_intact(url, state, "across the resize");
 }
 
-fn pool_status(api: &str) -> serde_json::Value {
-    let (ok, out) = freesan(&["pool", "--api", api, "status", "p", "--json"]);
-    assert!(ok, "{out}");
-    let v: serde_json::Value = serde_json::from_str(&out).expect("status json");
-    if v.is_array() {
-        v[0].clone()
-    } else {
-        v
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_pool_lun_grows_while_verified_writes_run() {
     let dir = tempfile::tempdir().unwrap();
@@ -89,7 +78,7 @@ async fn a_pool_lun_grows_while_verified_writes_run() {
             .len();
         assert_eq!(len, 17 * MIB + stripes * 16 * 1024, "d{i}");
     }
-    let p = pool_status(&api);
+    let p = pool_status(&api, "p");
     assert_eq!(p["usable_bytes"].as_u64(), Some(200 * MIB), "{p}");
 
     // a verified run that reaches the new space
@@ -103,11 +92,11 @@ async fn a_pool_lun_grows_while_verified_writes_run() {
     node.kill9();
     let node = start_config(dir.path(), &cfg);
     let api = node.api.clone().expect("no API address in the banner");
-    let p = pool_status(&api);
+    let p = pool_status(&api, "p");
     assert_eq!(p["usable_bytes"].as_u64(), Some(200 * MIB), "{p}");
     let (ok, out) = freesan(&["pool", "--api", &api, "fail", "p", "1"]);
     assert!(ok, "{out}");
-    assert_eq!(pool_status(&api)["state"], "degraded");
+    assert_eq!(pool_status(&api, "p")["state"], "degraded");
     // (the second run wrote over the first one's blocks: its state is the one)
     assert_acknowledged_writes_intact(&node.url(0, 0), &state2, "restart, member lost");
 
@@ -147,7 +136,10 @@ async fn a_cached_pool_lun_grows_and_keeps_its_dirty_data_across_a_sigkill() {
 
     let state = dir.path().join("verify.state");
     grow_under_verified_writes(&api, &url, &state, 3);
-    assert_eq!(pool_status(&api)["usable_bytes"].as_u64(), Some(200 * MIB));
+    assert_eq!(
+        pool_status(&api, "p")["usable_bytes"].as_u64(),
+        Some(200 * MIB)
+    );
 
     // writes over the whole grown LUN, then a SIGKILL with them still dirty in
     // the write-back cache

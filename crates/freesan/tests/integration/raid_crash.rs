@@ -61,17 +61,6 @@ enum Degrade {
     AtOnceInFlightMayBeTorn,
 }
 
-fn pool_status(api: &str) -> serde_json::Value {
-    let (ok, out) = freesan(&["pool", "--api", api, "status", "p", "--json"]);
-    assert!(ok, "{out}");
-    let v: serde_json::Value = serde_json::from_str(&out).expect("status json");
-    if v.is_array() {
-        v[0].clone()
-    } else {
-        v
-    }
-}
-
 fn crash_then_degrade(
     level: &str,
     members: usize,
@@ -91,7 +80,7 @@ fn crash_then_degrade(
     let mut bench = start_verified_writes(&url, &state, bs, 4, 5);
     if bs == WHOLE_STRIPE {
         let api = node.api.clone().expect("no API address in the banner");
-        let p = pool_status(&api);
+        let p = pool_status(&api, "p");
         let writes = &p["stripe_writes"];
         if journal_all {
             // whole stripes go through the journal: none is written in place
@@ -106,9 +95,24 @@ fn crash_then_degrade(
             );
         }
     }
+    if bs != WHOLE_STRIPE && !jdev {
+        // small writes of a bare pool go data-first: the kill finds updates
+        // acknowledged before their reads, parity and in-place writes
+        let api = node.api.clone().expect("no API address in the banner");
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let p = pool_status(&api, "p");
+            assert_eq!(p["data_first"], true, "{p}");
+            if p["write_path"]["data_first_acks"].as_u64().unwrap_or(0) > 0 {
+                break;
+            }
+            assert!(Instant::now() < deadline, "no data-first update: {p}");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
     if jdev {
         let api = node.api.clone().expect("no API address in the banner");
-        let p = pool_status(&api);
+        let p = pool_status(&api, "p");
         assert!(
             p["journal_device"].is_object(),
             "no journal device in the status: {p}"
@@ -132,7 +136,7 @@ fn crash_then_degrade(
         );
         let deadline = Instant::now() + Duration::from_secs(120);
         loop {
-            let p = pool_status(&api);
+            let p = pool_status(&api, "p");
             if p["unsynced_regions"].as_u64() == Some(0) && p["state"] == "optimal" {
                 break;
             }
@@ -144,7 +148,7 @@ fn crash_then_degrade(
         let (ok, out) = freesan(&["pool", "--api", &api, "fail", "p", &pos.to_string()]);
         assert!(ok, "failing member {pos} refused: {out}");
     }
-    let p = pool_status(&api);
+    let p = pool_status(&api, "p");
     assert_eq!(
         p["state"], "degraded",
         "pool not degraded after failing members: {p}"
@@ -247,7 +251,7 @@ fn raid5_with_a_journal_device_sigkill_then_member_failure() {
 /// Waits until the node's pool `p` has made `n` journal ring writes (30 s at most).
 fn await_journal_ring_writes(api: &str, n: u64) {
     let deadline = Instant::now() + Duration::from_secs(30);
-    while pool_status(api)["write_path"]["journal_ring_writes"]
+    while pool_status(api, "p")["write_path"]["journal_ring_writes"]
         .as_u64()
         .unwrap_or(0)
         < n
@@ -266,7 +270,7 @@ fn journal_config(d: &std::path::Path, journal: &[&str]) -> std::path::PathBuf {
 /// The pool's journal devices: (name, failed), and the configured ones it
 /// does not use.
 fn journal_devices(api: &str) -> (Vec<(String, bool)>, Vec<String>) {
-    let p = pool_status(api);
+    let p = pool_status(api, "p");
     let devs = p["journal_devices"]
         .as_array()
         .unwrap_or_else(|| panic!("no journal devices in the status: {p}"))
@@ -354,7 +358,7 @@ fn raid5_with_a_mirrored_journal_sigkill_then_a_journal_disk_and_a_member_lost()
     let api = node.api.clone().expect("no API address in the banner");
     let (ok, out) = freesan(&["pool", "--api", &api, "fail", "p", "1"]);
     assert!(ok, "failing member 1 refused: {out}");
-    let p = pool_status(&api);
+    let p = pool_status(&api, "p");
     assert_eq!(p["state"], "degraded", "{p}");
     assert_acknowledged_writes_intact(
         &node.url(0, 0),

@@ -526,6 +526,8 @@ async fn crash_during_grow(level: RaidLevel) {
         fill(&pool, &oracle, 11).await;
         pool.wait_idle().await;
         pool.flush().await.unwrap();
+        // and in place (a flush does not wait for that)
+        pool.wait_applied().await;
         budget.store(cut, Ordering::SeqCst);
         let r = pool.grow_to(new).await;
         let done = r.is_ok();

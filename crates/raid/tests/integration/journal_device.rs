@@ -43,6 +43,8 @@ async fn fill_then_write(pool: &Pool, oracle: &MemVolume, seed: u64) {
         at += c;
     }
     pool.flush().await.unwrap();
+    // and in place (a flush does not wait for that)
+    pool.wait_applied().await;
     let slot = total / 16;
     let writes: Vec<(u64, Bytes)> = (0..16u64)
         .map(|w| (w * slot + 5, pattern(seed * 7 + w, 1 + w % 5)))
@@ -142,8 +144,8 @@ async fn records_go_to_the_device_not_the_members() {
     pool.wait_idle().await;
     let before: Vec<u64> = pool.status().members.iter().map(|m| m.writes).collect();
     pool.write(3, pattern(1, 2), false).await.unwrap();
-    // the in-place writes may end after the acknowledgement; a flush waits
-    pool.flush().await.unwrap();
+    // the in-place writes may end after the acknowledgement
+    pool.wait_applied().await;
     let after: Vec<u64> = pool.status().members.iter().map(|m| m.writes).collect();
     // one read-modify-write: the data and the parity member, one write each
     let added: u64 = after.iter().zip(&before).map(|(a, b)| a - b).sum();

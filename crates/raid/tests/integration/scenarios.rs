@@ -230,6 +230,8 @@ async fn scrub_raid6_locates_and_repairs() {
     let oracle = MemVolume::new(BS, pool.geometry().block_count);
     fill(&pool, &oracle, 31).await;
     pool.flush().await.unwrap();
+    // and in place (a flush does not wait for that)
+    pool.wait_applied().await;
     // silently corrupt one block of data chunk 2 of stripe 3
     let pos = pool.layout().data_positions(3, 2)[0];
     let abs = pool.data_offset_bytes() / BS as u64 + 3 * (CHUNK / BS) as u64 + 4;
