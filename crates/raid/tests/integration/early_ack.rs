@@ -20,6 +20,7 @@ use async_trait::async_trait;
 use block::{BlockError, BlockResult, Bytes, Extent, Geometry, MemVolume, Volume, VolumeRef};
 use common::*;
 use raid::{Member, Pool, RaidLevel};
+use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::watch;
@@ -124,6 +125,17 @@ async fn rig(level: RaidLevel, n: usize) -> Rig {
 
 const WAIT: Duration = Duration::from_secs(20);
 
+/// The pool assembled from `mems` without the positions in `lost`.
+async fn assemble_without(mems: &[Arc<MemVolume>], lost: &[usize]) -> Pool {
+    let members: Vec<Member> = mems
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| !lost.contains(i))
+        .map(|(i, m)| Member::new(format!("m{i}"), m.clone() as VolumeRef))
+        .collect();
+    Pool::assemble(members, false).await.expect("assemble")
+}
+
 /// The power is lost (nothing held lands), the acknowledged `writes` go into
 /// the oracle, and the members minus `lost` are assembled: every block must
 /// read back as the oracle has it.
@@ -139,14 +151,7 @@ async fn crash_and_lose(
         r.oracle.write(lba, d, false).await.unwrap();
     }
     let lost: Vec<usize> = lost.collect();
-    let members: Vec<Member> = r
-        .mems
-        .iter()
-        .enumerate()
-        .filter(|(i, _)| !lost.contains(i))
-        .map(|(i, m)| Member::new(format!("m{i}"), m.clone() as VolumeRef))
-        .collect();
-    let pool = Pool::assemble(members, false).await.expect("assemble");
+    let pool = assemble_without(&r.mems, &lost).await;
     for lba in 0..pool.geometry().block_count {
         assert_eq!(
             pool.read(lba, 1).await.unwrap(),
@@ -278,6 +283,73 @@ async fn a_write_acknowledged_before_its_reads_survives_a_crash_and_a_member_los
     }
 }
 
+/// A crash while assemble completes data-first records, after any number of
+/// its member writes (the completing record's copies, the in-place writes, the
+/// checkpoint), then a member lost: the next assemble still reads back every
+/// acknowledged block.
+#[tokio::test]
+async fn a_crash_while_assemble_completes_data_first_records_keeps_them() {
+    let n = 4;
+    // how many member writes an assemble that is not cut makes
+    let mut total = None;
+    let mut cut = 0i64;
+    loop {
+        let r = rig(RaidLevel::Raid5, n).await;
+        let stripe_blocks = r.pool.geometry().optimal_io_blocks as u64;
+        r.gate.send_replace(Gate::HeldAll);
+        let mut writes = Vec::new();
+        for w in 0..4u64 {
+            let lba = 9 + w * 3 * stripe_blocks + w;
+            let d = pattern(900 + w + cut as u64, 1 + w % 2);
+            tokio::time::timeout(WAIT, r.pool.write(lba, d.clone(), false))
+                .await
+                .expect("acknowledged while every read is held")
+                .unwrap();
+            writes.push((lba, d));
+        }
+        r.gate.send_replace(Gate::Dead);
+        drop(r.pool);
+        for (lba, d) in writes {
+            r.oracle.write(lba, d, false).await.unwrap();
+        }
+        const UNCUT: i64 = 1 << 40;
+        let budget = Arc::new(AtomicI64::new(if total.is_none() { UNCUT } else { cut }));
+        let members: Vec<Member> = r
+            .mems
+            .iter()
+            .enumerate()
+            .map(|(i, m)| {
+                let v = Arc::new(crate::write_hole::Cut {
+                    inner: m.clone() as VolumeRef,
+                    budget: budget.clone(),
+                }) as VolumeRef;
+                Member::new(format!("m{i}"), v)
+            })
+            .collect();
+        let first = Pool::assemble(members, false).await;
+        if total.is_none() {
+            first.expect("assemble");
+            total = Some(UNCUT - budget.load(Ordering::SeqCst));
+            continue;
+        }
+        drop(first);
+        let lost = cut as usize % n;
+        let pool = assemble_without(&r.mems, &[lost]).await;
+        for lba in 0..pool.geometry().block_count {
+            assert_eq!(
+                pool.read(lba, 1).await.unwrap(),
+                r.oracle.read(lba, 1).await.unwrap(),
+                "cut after {cut} of {total:?} member writes, member {lost} lost: block {lba}"
+            );
+        }
+        let total = total.unwrap();
+        if cut >= total {
+            break;
+        }
+        cut += (total / 24).max(1);
+    }
+}
+
 /// Many small writes wrap the journal ring several times: checkpoints run
 /// ahead in the background while group commits go on; a crash afterwards (with
 /// writes still in flight on other stripes) and any one member lost keep every
@@ -319,14 +391,7 @@ async fn checkpoints_ahead_of_the_ring_keep_every_acknowledged_write() {
         );
         r.gate.send_replace(Gate::Dead);
         drop(r.pool);
-        let members: Vec<Member> = r
-            .mems
-            .iter()
-            .enumerate()
-            .filter(|(i, _)| *i != lost)
-            .map(|(i, m)| Member::new(format!("m{i}"), m.clone() as VolumeRef))
-            .collect();
-        let pool = Pool::assemble(members, false).await.expect("assemble");
+        let pool = assemble_without(&r.mems, &[lost]).await;
         check_all(&pool, &r.oracle).await;
     }
 }

@@ -15,10 +15,11 @@ use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::Arc;
 
 /// Passes writes through until a shared budget runs out; then every write and
-/// flush fails without reaching the volume (the power is gone).
-struct Cut {
-    inner: Arc<CrashSimVolume>,
-    budget: Arc<AtomicI64>,
+/// flush fails without reaching the volume (the power is gone). A negative
+/// budget: not armed.
+pub(crate) struct Cut {
+    pub inner: VolumeRef,
+    pub budget: Arc<AtomicI64>,
 }
 
 fn cut_error() -> BlockError {
@@ -83,7 +84,7 @@ fn cut_members(sims: &[Arc<CrashSimVolume>], budget: &Arc<AtomicI64>) -> Vec<Mem
             Member::new(
                 format!("m{i}"),
                 Arc::new(Cut {
-                    inner: s.clone(),
+                    inner: s.clone() as VolumeRef,
                     budget: budget.clone(),
                 }) as VolumeRef,
             )
