@@ -472,18 +472,17 @@ impl Inner {
         lock: OwnedRwLockWriteGuard<()>,
     ) -> BlockResult<()> {
         let me = Arc::clone(self);
-        let segs = segs.to_vec();
-        let data = data.clone();
-        tokio::spawn(async move { me.data_first(s, &segs, &data, fua, lock).await })
+        let job = me.data_first(s, segs.to_vec(), data.clone(), fua, lock);
+        tokio::spawn(job)
             .await
             .unwrap_or_else(|e| Err(unavailable(format!("data-first update: {e}"))))
     }
 
     async fn data_first(
-        self: &Arc<Self>,
+        self: Arc<Self>,
         s: u64,
-        segs: &[crate::io::Seg],
-        data: &Bytes,
+        segs: Vec<crate::io::Seg>,
+        data: Bytes,
         fua: bool,
         lock: OwnedRwLockWriteGuard<()>,
     ) -> BlockResult<()> {
@@ -520,6 +519,13 @@ impl Inner {
             });
         }
         let reserve = journal::record_blocks(&whole, bs);
+        if journal::record_blocks(&entries, bs) + reserve > j.ring_blocks / 2 {
+            // too large to set its completion aside (a small ring): as before,
+            // read first, then journal the whole update
+            let mut view = self.view()?;
+            let ops = self.plan(s, &segs, &data, &mut view).await?;
+            return self.commit(s, ops, &view, fua, Some(lock)).await;
+        }
         let kib = ((data.len() >> 10) as u32).clamp(1, APPLY_BUDGET_KIB);
         let budget = self
             .apply_budget
@@ -543,9 +549,7 @@ impl Inner {
             return Err(unavailable("data-first record without its slot".into()));
         };
         self.applying.lock().insert(s);
-        let me = Arc::clone(self);
-        let segs = segs.to_vec();
-        let data = data.clone();
+        let me = Arc::clone(&self);
         let job = async move {
             let r = me
                 .complete_data_first(s, &segs, &data, fua, d.seq, then)
@@ -709,12 +713,7 @@ impl Inner {
         reserve: u64,
     ) -> BlockResult<Durable> {
         let blocks = journal::record_blocks(&entries, self.bs as usize);
-        if blocks + reserve > j.ring_blocks / 2 && reserve > 0 {
-            return Err(BlockError::NotSupported(
-                "data-first record larger than half the ring",
-            ));
-        }
-        if blocks > j.ring_blocks {
+        if blocks + reserve > j.ring_blocks {
             return Err(BlockError::NotSupported(
                 "journal record larger than the ring",
             ));

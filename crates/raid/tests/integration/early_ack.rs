@@ -395,3 +395,38 @@ async fn checkpoints_ahead_of_the_ring_keep_every_acknowledged_write() {
         check_all(&pool, &r.oracle).await;
     }
 }
+
+/// A partial update too large to set its completing record aside in the ring
+/// (a small ring, large chunks) is not refused: it reads first, then journals
+/// the whole update, as before data-first records.
+#[tokio::test]
+async fn an_update_too_large_for_a_data_first_record_reads_first() {
+    let mut cfg = config(RaidLevel::Raid5);
+    cfg.chunk_bytes = 64 * 1024;
+    // just room for the two full-stripe records the pool needs (4 x 64K each,
+    // with their headers)
+    cfg.journal_bytes = Some(520 * 1024);
+    let ms: Vec<TestMember> = (0..4).map(|_| member(MEMBER_BLOCKS)).collect();
+    let members = ms
+        .iter()
+        .enumerate()
+        .map(|(i, m)| m.as_member(&format!("m{i}")))
+        .collect();
+    let pool = Pool::create(cfg, members, vec![]).await.expect("create");
+    pool.wait_idle().await;
+    let chunk = 64 * 1024 / BS as u64;
+    let before = pool.status().write_path;
+    // a small write goes data-first
+    let small = pattern(1, 2);
+    pool.write(5, small.clone(), false).await.unwrap();
+    // two chunks less a block: a data-first record of 128K and a completing
+    // record of 192K, over half the ring
+    let big = pattern(2, 2 * chunk - 1);
+    let at = 3 * (3 * chunk) + 1;
+    pool.write(at, big.clone(), false).await.unwrap();
+    let after = pool.status().write_path;
+    assert_eq!(after.partial_updates - before.partial_updates, 2);
+    assert_eq!(after.data_first_acks - before.data_first_acks, 1);
+    assert_eq!(pool.read(5, 2).await.unwrap(), small);
+    assert_eq!(pool.read(at, 2 * chunk as u32 - 1).await.unwrap(), big);
+}
