@@ -8,7 +8,11 @@
 //! ```text
 //! cargo run --profile ci -p raid --example smallwrite -- [--secs 5] [--ncq on|off|both]
 //!     [--only raid5|raid6] [--qd 32] [--member-mib 512] [--pattern 4kw|8kw|8kmix]
+//!     [--spare-copies N]
 //! ```
+//!
+//! `--spare-copies` sets `Pool::set_journal_spare_copies` (default: the
+//! pool's, 1) for every run of the pools journaling on their members.
 //!
 //! For each pool (RAID 5 of 10, RAID 6 of 6) and NCQ setting it prints, for 4K
 //! random writes, 8K random writes and 8K random 67% read / 33% write at `qd` in
@@ -80,6 +84,7 @@ struct Args {
     qd: usize,
     member_mib: u64,
     patterns: Vec<Pattern>,
+    spare_copies: Option<usize>,
 }
 
 fn parse_args() -> Args {
@@ -91,6 +96,7 @@ fn parse_args() -> Args {
         qd: 32,
         member_mib: 512,
         patterns: PATTERNS.to_vec(),
+        spare_copies: None,
     };
     let argv: Vec<String> = std::env::args().skip(1).collect();
     let mut i = 0;
@@ -120,6 +126,7 @@ fn parse_args() -> Args {
                 }
             }
             "--only" => a.only = Some(val(i)),
+            "--spare-copies" => a.spare_copies = Some(num(val(i)) as usize),
             "--pattern" => {
                 let p = val(i);
                 a.patterns = PATTERNS
@@ -164,13 +171,18 @@ struct Depth {
     busy: f64,
     /// Requests the pool issued per member per second.
     member_iops: f64,
+    /// Share of the members' completions that overtook an earlier request.
+    reordered: f64,
 }
 
 fn depth(a: &PoolStatus, b: &PoolStatus, took: Duration) -> Depth {
     let us = took.as_micros().max(1) as f64;
     let n = b.members.len().max(1) as f64;
     let (mut inflight, mut busy, mut ios) = (0.0, 0.0, 0.0);
+    let (mut done, mut reordered) = (0.0, 0.0);
     for (x, y) in a.members.iter().zip(&b.members) {
+        done += y.completed.saturating_sub(x.completed) as f64;
+        reordered += y.reordered.saturating_sub(x.reordered) as f64;
         inflight += y.inflight_us.saturating_sub(x.inflight_us) as f64;
         busy += y.busy_us.saturating_sub(x.busy_us) as f64;
         ios += (y.reads + y.writes).saturating_sub(x.reads + x.writes) as f64;
@@ -180,6 +192,7 @@ fn depth(a: &PoolStatus, b: &PoolStatus, took: Duration) -> Depth {
         busy_mean: inflight / busy.max(1.0),
         busy: busy / n / us,
         member_iops: ios / n / (us / 1e6),
+        reordered: reordered / done.max(1.0),
     }
 }
 
@@ -281,13 +294,15 @@ fn delta(a: &WritePath, b: &WritePath) -> WritePath {
         journal_checkpoints_ahead: b.journal_checkpoints_ahead - a.journal_checkpoints_ahead,
         data_first_acks: b.data_first_acks - a.data_first_acks,
         completion_us: b.completion_us - a.completion_us,
+        journal_spare_wins: b.journal_spare_wins - a.journal_spare_wins,
+        journal_spare_copies: b.journal_spare_copies - a.journal_spare_copies,
     }
 }
 
 fn describe(w: &WritePath) -> String {
     let per = |us: u64| us as f64 / 1000.0 / w.partial_updates.max(1) as f64;
     format!(
-        "{} updates ({} data-first), {} records in {} batches ({:.1}/batch, max {}), {} FUA ring writes, {} checkpoints waited for, {} ahead; per update ms: lock {:.1} read {:.1} journal {:.1} completing record {:.1} apply {:.1}",
+        "{} updates ({} data-first), {} records in {} batches ({:.1}/batch, max {}), {} FUA ring writes ({} spare copies, {} batches durable thanks to one), {} checkpoints waited for, {} ahead; per update ms: lock {:.1} read {:.1} journal {:.1} completing record {:.1} apply {:.1}",
         w.partial_updates,
         w.data_first_acks,
         w.journal_records,
@@ -295,6 +310,8 @@ fn describe(w: &WritePath) -> String {
         w.journal_records as f64 / w.journal_batches.max(1) as f64,
         w.journal_batch_records_max,
         w.journal_ring_writes,
+        w.journal_spare_copies,
+        w.journal_spare_wins,
         w.journal_checkpoints,
         w.journal_checkpoints_ahead,
         per(w.lock_wait_us),
@@ -394,6 +411,9 @@ async fn main() {
                         .expect("create"),
                 );
                 pool.wait_idle().await;
+                if let Some(n) = a.spare_copies {
+                    pool.set_journal_spare_copies(n, raid::SpareWhen::Reordering);
+                }
                 for (i, p) in a.patterns.iter().enumerate() {
                     // (name, journal bypassed, early acknowledgement, data first)
                     let modes: &[(&str, bool, bool, bool)] = if with_device {
@@ -501,7 +521,7 @@ async fn main() {
                 {
                     let at = disk_iops_at(ncq, member_bytes, p.bs_bytes, d.busy_mean);
                     depths.push(format!(
-                        "  NCQ {ncq_s:3} {label:14} {:17} {mode:12} {iops:>4.0} IOPS: members {:>3.0}% busy, queue depth {:>4.1} ({:>4.1} while busy); {:>5.1} member I/Os per operation; each member {:>4.0} IOPS = {:>3.0}% of one disk at that depth while busy ({:.0} IOPS)",
+                        "  NCQ {ncq_s:3} {label:14} {:17} {mode:12} {iops:>4.0} IOPS: members {:>3.0}% busy, queue depth {:>4.1} ({:>4.1} while busy); {:>5.1} member I/Os per operation; each member {:>4.0} IOPS = {:>3.0}% of one disk at that depth while busy ({:.0} IOPS); {:.0}% of completions out of order",
                         p.name,
                         100.0 * d.busy,
                         d.mean,
@@ -510,6 +530,7 @@ async fn main() {
                         d.member_iops,
                         100.0 * d.member_iops / (d.busy * at).max(1.0),
                         at,
+                        100.0 * d.reordered,
                     ));
                 }
             }

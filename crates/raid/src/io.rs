@@ -79,7 +79,7 @@ impl Inner {
             .volume
             .read(self.data_offset_blocks + mlba, blocks as u32)
             .await;
-        drop(busy);
+        busy.finish();
         match &r {
             Ok(b) => {
                 h.read_bytes.fetch_add(b.len() as u64, Ordering::Relaxed);
@@ -107,7 +107,7 @@ impl Inner {
         let write = h.volume.write(lba, data, fua);
         let r = AfterFirstPoll::new(write, || h.order.submitted(end)).await;
         self.note_member_write(t0.elapsed());
-        drop(busy);
+        busy.finish();
         match &r {
             Ok(()) => {
                 h.written_bytes.fetch_add(len, Ordering::Relaxed);
@@ -146,12 +146,13 @@ impl Inner {
             OpKind::Write(b) => self.m_write(at, op.mlba, b.clone(), fua).await,
             OpKind::Discard(blocks) => {
                 let h = at.h;
-                let _busy = InFlight::new(&h.inflight, &h.depth);
+                let busy = InFlight::new(&h.inflight, &h.depth);
                 h.writes.fetch_add(1, Ordering::Relaxed);
                 let r = h
                     .volume
                     .discard(self.data_offset_blocks + at.base + op.mlba, *blocks)
                     .await;
+                busy.finish();
                 if r.is_err() {
                     h.errors.fetch_add(1, Ordering::Relaxed);
                 }

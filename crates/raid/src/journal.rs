@@ -273,6 +273,9 @@ pub(crate) struct InFlight {
     pub seqs: BTreeSet<u64>,
     /// Stripe -> newest record for it not yet covered by a checkpoint.
     pub stripes: std::collections::HashMap<u64, u64>,
+    /// Ring writes still running, by the first sequence number of their batch
+    /// (a spare copy may outlive the batch's acknowledgement).
+    pub writing: std::collections::BTreeMap<u64, usize>,
 }
 
 /// The journal ring of a parity pool.
@@ -331,14 +334,39 @@ impl Journal {
         self.done.notify_waiters();
     }
 
-    /// Waits until no record with sequence `<= upto` is in flight.
+    /// A ring write of the batch starting at record `first` begins.
+    pub fn writing_begin(&self, first: u64) {
+        *self.inflight.lock().writing.entry(first).or_insert(0) += 1;
+    }
+
+    /// A ring write of the batch starting at record `first` ended.
+    pub fn writing_end(&self, first: u64) {
+        {
+            let mut f = self.inflight.lock();
+            if let Some(n) = f.writing.get_mut(&first) {
+                *n -= 1;
+                if *n == 0 {
+                    f.writing.remove(&first);
+                }
+            }
+        }
+        self.done.notify_waiters();
+    }
+
+    /// Waits until no record with sequence `<= upto` is in flight, and no
+    /// ring write of a batch with such a record still runs.
     pub async fn wait_done(&self, upto: u64) {
         loop {
             let n = self.done.notified();
             tokio::pin!(n);
             n.as_mut().enable();
-            if self.inflight.lock().seqs.range(..=upto).next().is_none() {
-                return;
+            {
+                let f = self.inflight.lock();
+                if f.seqs.range(..=upto).next().is_none()
+                    && f.writing.range(..=upto).next().is_none()
+                {
+                    return;
+                }
             }
             n.await;
         }

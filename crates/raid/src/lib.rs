@@ -39,6 +39,7 @@ mod status;
 mod superblock;
 mod util;
 
+pub use commit::SpareWhen;
 pub use jdev::JOURNAL_DEVICES_MAX;
 pub use layout::{layout_for, Layout, Scheme};
 pub use pool::{Member, Pool};

@@ -209,6 +209,13 @@ pub(crate) struct Inner {
     /// Data-first updates acknowledged and not yet in place (see
     /// `commit::DATA_FIRST_BACKLOG`).
     pub data_first_backlog: Arc<tokio::sync::Semaphore>,
+    /// Members a journal batch goes to beyond its copy set (see `commit.rs`,
+    /// "A spare copy").
+    pub journal_spares: std::sync::atomic::AtomicUsize,
+    /// Spare copies whether or not the members reorder (`SpareWhen::Always`).
+    pub spare_always: AtomicBool,
+    /// Whether the members reorder their queues now (see `spares_now`).
+    pub spare_verdict: parking_lot::Mutex<crate::commit::SpareVerdict>,
     /// A background checkpoint is running (see `commit.rs`, `checkpoint_ahead`).
     pub checkpoint_running: AtomicBool,
     pub fg_inflight: AtomicU64,
@@ -876,6 +883,21 @@ impl Pool {
         self.inner.data_first.store(on, Ordering::SeqCst);
     }
 
+    /// Members a journal batch on the members is written to beyond the
+    /// `redundancy + 1` it needs, while the members reorder their queues
+    /// (default 1; see `commit.rs`, "A spare copy"): the batch is durable once
+    /// any `redundancy + 1` of its copies are, so a copy stuck behind a deep
+    /// NCQ queue does not hold the acknowledgement. Members that answer in
+    /// order (FIFO disks) get no spare. 0 writes exactly `redundancy + 1`
+    /// copies (for measurements); `SpareWhen::Always` writes the spares also
+    /// to members that answer in order. Not persisted.
+    pub fn set_journal_spare_copies(&self, n: usize, when: crate::SpareWhen) {
+        self.inner.journal_spares.store(n, Ordering::SeqCst);
+        self.inner
+            .spare_always
+            .store(when == crate::SpareWhen::Always, Ordering::SeqCst);
+    }
+
     /// Changes the rebuild/resync/scrub cap (MB/s, 0 = none) and persists it.
     pub async fn set_rebuild_rate_mb_s(&self, rate_mb_s: u32) -> RaidResult<()> {
         self.inner.state.lock().rebuild_rate_mb_s = rate_mb_s;
@@ -1033,6 +1055,11 @@ impl Inner {
             data_first_backlog: Arc::new(tokio::sync::Semaphore::new(
                 crate::commit::DATA_FIRST_BACKLOG,
             )),
+            journal_spares: std::sync::atomic::AtomicUsize::new(
+                crate::commit::JOURNAL_SPARE_COPIES,
+            ),
+            spare_always: AtomicBool::new(false),
+            spare_verdict: Default::default(),
             checkpoint_running: AtomicBool::new(false),
             fg_inflight: AtomicU64::new(0),
             wake: Arc::new(tokio::sync::Notify::new()),
@@ -1668,6 +1695,8 @@ impl Inner {
                     written_bytes: load(|h| &h.written_bytes),
                     inflight_us: depth.inflight_us,
                     busy_us: depth.busy_us,
+                    completed: depth.completed,
+                    reordered: depth.reordered,
                 }
             })
             .collect::<Vec<_>>();

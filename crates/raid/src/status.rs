@@ -65,6 +65,14 @@ pub struct MemberStatus {
     /// (divided into the change of `inflight_us`: the mean depth while busy).
     #[serde(default)]
     pub busy_us: u64,
+    /// Requests of the pool this member completed.
+    #[serde(default)]
+    pub completed: u64,
+    /// Of them, those it completed while one issued before them was still
+    /// outstanding: a member that reorders its queue (NCQ) has many, a FIFO
+    /// one none (see `Pool::set_journal_spare_copies`).
+    #[serde(default)]
+    pub reordered: u64,
 }
 
 /// A hot spare in a status report.
@@ -209,7 +217,8 @@ pub struct WritePath {
     /// Group commits: ring writes that carried one or more records to every
     /// journal copy at once.
     pub journal_batches: u64,
-    /// Member writes to the journal ring (all FUA): batches x copies.
+    /// Member writes to the journal ring (all FUA): batches x copies, spare
+    /// copies included.
     pub journal_ring_writes: u64,
     /// Bytes written to the ring, all copies.
     pub journal_ring_bytes: u64,
@@ -245,6 +254,14 @@ pub struct WritePath {
     /// the wait for their data-first record.
     #[serde(default)]
     pub completion_us: u64,
+    /// Copies written beyond a batch's copy set that were among the first
+    /// `redundancy + 1` to be durable (the batch was acknowledged sooner
+    /// thanks to them; see `Pool::set_journal_spare_copies`).
+    #[serde(default)]
+    pub journal_spare_wins: u64,
+    /// Spare copies written (of `journal_ring_writes`).
+    #[serde(default)]
+    pub journal_spare_copies: u64,
 }
 
 /// Counters of the parity write path.

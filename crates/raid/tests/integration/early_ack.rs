@@ -12,14 +12,16 @@
 //! - with every read held too, a small write is still acknowledged (its data
 //!   record goes first; its reads and parity follow), and a crash then, with
 //!   the loss of any member (two on RAID 6), keeps it: assemble computes the
-//!   parity from the data record and the rest of the stripe.
+//!   parity from the data record and the rest of the stripe;
+//! - a journal copy stuck on one member does not hold the acknowledgement (a
+//!   spare copy makes the batch durable), and a checkpoint waits for it.
 
 use crate::common;
 
 use async_trait::async_trait;
 use block::{BlockError, BlockResult, Bytes, Extent, Geometry, MemVolume, Volume, VolumeRef};
 use common::*;
-use raid::{Member, Pool, RaidLevel};
+use raid::{Member, Pool, RaidLevel, SpareWhen};
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -35,10 +37,17 @@ enum Gate {
     Dead,
 }
 
-/// A member whose non-FUA writes wait while the shared gate is held.
+/// The first member block past the superblocks (their region is the first
+/// MiB of a member; the journal ring follows it).
+const RING_FROM: u64 = (1 << 20) / BS as u64;
+
+/// A member whose non-FUA writes wait while the shared gate is held, and
+/// whose FUA writes past the superblocks (the journal ring's) wait while its
+/// own `stuck` flag is set (a copy stuck behind a deep queue).
 struct Gated {
     inner: Arc<MemVolume>,
     gate: watch::Receiver<Gate>,
+    stuck: watch::Receiver<bool>,
 }
 
 #[async_trait]
@@ -59,7 +68,11 @@ impl Volume for Gated {
     }
     async fn write(&self, lba: u64, data: Bytes, fua: bool) -> BlockResult<()> {
         let mut g = self.gate.clone();
-        let state = if fua {
+        let state = if fua && lba >= RING_FROM {
+            let mut st = self.stuck.clone();
+            st.wait_for(|s| !*s)
+                .await
+                .map_err(|_| BlockError::Io(std::io::Error::other("gate gone")))?;
             *g.borrow()
         } else {
             *g.wait_for(|s| *s != Gate::Held && *s != Gate::HeldAll)
@@ -85,6 +98,7 @@ impl Volume for Gated {
 struct Rig {
     mems: Vec<Arc<MemVolume>>,
     gate: watch::Sender<Gate>,
+    stuck: Vec<watch::Sender<bool>>,
     pool: Pool,
     oracle: MemVolume,
 }
@@ -95,13 +109,16 @@ async fn rig(level: RaidLevel, n: usize) -> Rig {
     let mems: Vec<Arc<MemVolume>> = (0..n)
         .map(|_| Arc::new(MemVolume::new(BS, MEMBER_BLOCKS)))
         .collect();
+    let (stuck, stuck_rx): (Vec<_>, Vec<_>) = (0..n).map(|_| watch::channel(false)).unzip();
     let members = mems
         .iter()
+        .zip(stuck_rx)
         .enumerate()
-        .map(|(i, m)| {
+        .map(|(i, (m, stuck))| {
             let v = Arc::new(Gated {
                 inner: m.clone(),
                 gate: rx.clone(),
+                stuck,
             }) as VolumeRef;
             Member::new(format!("m{i}"), v)
         })
@@ -118,6 +135,7 @@ async fn rig(level: RaidLevel, n: usize) -> Rig {
     Rig {
         mems,
         gate,
+        stuck,
         pool,
         oracle,
     }
@@ -146,6 +164,10 @@ async fn crash_and_lose(
     lost: impl Iterator<Item = usize>,
 ) {
     r.gate.send_replace(Gate::Dead);
+    // stuck ring writes now fail too: they never land
+    for s in &r.stuck {
+        s.send_replace(false);
+    }
     drop(r.pool);
     for (lba, d) in writes {
         r.oracle.write(lba, d, false).await.unwrap();
@@ -280,6 +302,207 @@ async fn a_write_acknowledged_before_its_reads_survives_a_crash_and_a_member_los
             )
             .await;
         }
+    }
+}
+
+/// A journal copy stuck on one member (its ring writes never finish) does not
+/// hold the acknowledgement: each batch also goes to a spare member, and is
+/// durable once `redundancy + 1` copies are. A crash then, with the in-place
+/// writes held, and the loss of any other member (two on RAID 6) keeps every
+/// acknowledged write.
+#[tokio::test]
+async fn a_journal_copy_stuck_on_one_member_does_not_hold_the_acknowledgement() {
+    for (level, n, lose) in [(RaidLevel::Raid5, 4, 1), (RaidLevel::Raid6, 6, 2)] {
+        for stuck in 0..n {
+            let r = rig(level, n).await;
+            // these members answer in order: the spare only when told to
+            r.pool.set_journal_spare_copies(1, SpareWhen::Always);
+            let stripe_blocks = r.pool.geometry().optimal_io_blocks as u64;
+            let before = r.pool.status().write_path;
+            r.gate.send_replace(Gate::Held);
+            r.stuck[stuck].send_replace(true);
+            // one at a time, so successive batches rotate over every copy set,
+            // the stuck member's included
+            let mut writes = Vec::new();
+            for w in 0..(2 * n as u64) {
+                let lba = 3 + w * 2 * stripe_blocks + w;
+                let d = pattern(1100 + w + stuck as u64 * 20, 1 + w % 2);
+                tokio::time::timeout(WAIT, r.pool.write(lba, d.clone(), false))
+                    .await
+                    .unwrap_or_else(|_| {
+                        panic!("{level:?}: write {w} waited for the copy stuck on member {stuck}")
+                    })
+                    .unwrap();
+                writes.push((lba, d));
+            }
+            let after = r.pool.status().write_path;
+            assert!(
+                after.journal_spare_wins > before.journal_spare_wins,
+                "{level:?}: no batch was made durable by its spare copy"
+            );
+            // any other member (or pair) lost: a copy of every record is left
+            let others: Vec<usize> = (0..n).filter(|&k| k != stuck).collect();
+            let first_lost = stuck % others.len();
+            let lost = (first_lost..first_lost + lose).map(|k| others[k % others.len()]);
+            crash_and_lose(r, writes, level, lost).await;
+        }
+    }
+}
+
+/// A member that answers after a delay set by the block it is asked for, so
+/// requests in flight together complete out of issue order (as an NCQ disk's
+/// do); without jitter it answers at once, in order.
+struct Jittered {
+    inner: Arc<MemVolume>,
+    jitter: bool,
+}
+
+impl Jittered {
+    async fn wait(&self, lba: u64) {
+        if self.jitter {
+            let us = lba.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 54; // 0..1023
+            tokio::time::sleep(Duration::from_micros(us * 3)).await;
+        }
+    }
+}
+
+#[async_trait]
+impl Volume for Jittered {
+    fn geometry(&self) -> Geometry {
+        self.inner.geometry()
+    }
+    async fn read(&self, lba: u64, blocks: u32) -> BlockResult<Bytes> {
+        self.wait(lba).await;
+        self.inner.read(lba, blocks).await
+    }
+    async fn write(&self, lba: u64, data: Bytes, fua: bool) -> BlockResult<()> {
+        self.wait(lba).await;
+        self.inner.write(lba, data, fua).await
+    }
+    async fn flush(&self) -> BlockResult<()> {
+        self.inner.flush().await
+    }
+    async fn discard(&self, lba: u64, blocks: u64) -> BlockResult<()> {
+        self.inner.discard(lba, blocks).await
+    }
+    async fn block_status(&self, lba: u64, blocks: u64) -> BlockResult<Vec<Extent>> {
+        self.inner.block_status(lba, blocks).await
+    }
+}
+
+/// The spare copy goes only to members that reorder their queues: a pool
+/// whose members complete out of order writes it (after judging a few hundred
+/// completions), one whose members answer in order never does; both keep
+/// every write.
+#[tokio::test]
+async fn spare_copies_go_only_to_members_that_reorder() {
+    for jitter in [true, false] {
+        let mems: Vec<Arc<MemVolume>> = (0..4)
+            .map(|_| Arc::new(MemVolume::new(BS, MEMBER_BLOCKS)))
+            .collect();
+        let members = mems
+            .iter()
+            .enumerate()
+            .map(|(i, m)| {
+                let v = Arc::new(Jittered {
+                    inner: m.clone(),
+                    jitter,
+                }) as VolumeRef;
+                Member::new(format!("m{i}"), v)
+            })
+            .collect();
+        let pool = Pool::create(config(RaidLevel::Raid5), members, vec![])
+            .await
+            .expect("create");
+        pool.wait_idle().await;
+        let oracle = MemVolume::new(BS, pool.geometry().block_count);
+        let total = pool.geometry().block_count;
+        let mut reordered = 0.0;
+        let mut spares = 0;
+        for phase in 0..2u64 {
+            let before = pool.status();
+            for round in 0..12u64 {
+                // sixteen small writes in flight at once, on distinct blocks
+                let batch: Vec<(u64, Bytes)> = (0..16u64)
+                    .map(|i| {
+                        let lba = ((phase * 12 + round) * 16 + i) * 97 % (total - 2);
+                        (lba, pattern(9000 + round * 16 + i + phase * 500, 1))
+                    })
+                    .collect();
+                let futs: Vec<_> = batch
+                    .iter()
+                    .map(|(lba, d)| pool.write(*lba, d.clone(), false))
+                    .collect();
+                for ((lba, d), res) in batch.into_iter().zip(futures_join(futs).await) {
+                    res.unwrap();
+                    oracle.write(lba, d, false).await.unwrap();
+                }
+            }
+            let after = pool.status();
+            let (mut done, mut over) = (0, 0);
+            for (a, b) in before.members.iter().zip(&after.members) {
+                done += b.completed - a.completed;
+                over += b.reordered - a.reordered;
+            }
+            assert!(done >= 256, "{done} completions");
+            reordered = over as f64 / done as f64;
+            spares = after.write_path.journal_spare_copies - before.write_path.journal_spare_copies;
+        }
+        // judged in the first phase, so the second shows the verdict
+        if jitter {
+            assert!(reordered > 0.2, "jittered members reordered {reordered}");
+            assert!(spares > 0, "no spare copy on members that reorder");
+        } else {
+            assert_eq!(reordered, 0.0, "members answering at once in order");
+            assert_eq!(spares, 0, "a spare copy on members that answer in order");
+        }
+        pool.wait_applied().await;
+        check_all(&pool, &oracle).await;
+    }
+}
+
+/// A spare copy still running after its batch was acknowledged holds back
+/// the checkpoint that would free its ring space (it could otherwise land on
+/// a newer record's copy): a shutdown, which checkpoints everything, waits for
+/// it, and ends once it lands.
+#[tokio::test]
+async fn a_checkpoint_waits_for_a_copy_still_running() {
+    for stuck in 0..4 {
+        let r = rig(RaidLevel::Raid5, 4).await;
+        r.pool.set_journal_spare_copies(1, SpareWhen::Always);
+        let stripe_blocks = r.pool.geometry().optimal_io_blocks as u64;
+        r.stuck[stuck].send_replace(true);
+        let mut writes = Vec::new();
+        for w in 0..8u64 {
+            let lba = 7 + w * 2 * stripe_blocks + w;
+            let d = pattern(1300 + w + stuck as u64 * 20, 1);
+            tokio::time::timeout(WAIT, r.pool.write(lba, d.clone(), false))
+                .await
+                .expect("acknowledged without the stuck copy")
+                .unwrap();
+            writes.push((lba, d));
+        }
+        tokio::time::timeout(WAIT, r.pool.wait_applied())
+            .await
+            .expect("in place without the stuck copy");
+        let shutdown = r.pool.shutdown();
+        tokio::pin!(shutdown);
+        assert!(
+            tokio::time::timeout(Duration::from_millis(300), &mut shutdown)
+                .await
+                .is_err(),
+            "member {stuck}: the checkpoint did not wait for the copy still running"
+        );
+        r.stuck[stuck].send_replace(false);
+        tokio::time::timeout(WAIT, shutdown)
+            .await
+            .expect("the shutdown ends once the copy lands")
+            .unwrap();
+        for (lba, d) in writes {
+            r.oracle.write(lba, d, false).await.unwrap();
+        }
+        let pool = assemble_without(&r.mems, &[(stuck + 1) % 4]).await;
+        check_all(&pool, &r.oracle).await;
     }
 }
 
