@@ -98,9 +98,10 @@ pub(crate) const APPLY_BUDGET_KIB: u32 = 64 << 10;
 /// pool); more wait for room before their record is written.
 pub(crate) const DATA_FIRST_BACKLOG: usize = 256;
 /// Members a batch is written to beyond its copy set (see "A spare copy").
-/// Measured (2026-11-28, `bench/raid-smallwrite`): with NCQ RAID 5 of 10 4K
-/// writes 266 -> 298 IOPS, RAID 6 of 6 132 -> 147; without NCQ no change
-/// beyond noise. Two spares: 310 on RAID 5, at 0.5 more ring writes per update.
+/// Measured (2026-11-28, `bench/raid-smallwrite`, same run): with NCQ RAID 5
+/// of 10 4K writes 263 -> 298 IOPS, RAID 6 of 6 132 -> 147; without NCQ,
+/// written always, it cost 5-7% (hence `spares_now`). Two spares: 310 on
+/// RAID 5, at 0.5 more ring writes per update.
 pub(crate) const JOURNAL_SPARE_COPIES: usize = 1;
 /// The spare copy is written while at least this percentage of the members'
 /// recent completions overtook an earlier request (a reordering queue; FIFO
