@@ -1040,9 +1040,10 @@ impl Inner {
                     .collect();
             }
         }
-        let want = self.journal_copies(&view, slot).len();
-        let spares = self.spares_now(&view);
-        let copies = self.journal_copies_n(&view, slot, want + spares);
+        let set = self.layout.redundancy() + 1;
+        let copies = self.journal_copies_n(&view, slot, set + self.spares_now(&view));
+        // the copies a batch needs: its set, or every writable member if fewer
+        let want = set.min(copies.len());
         self.wp
             .journal_spare_copies
             .fetch_add((copies.len() - want) as u64, Ordering::Relaxed);

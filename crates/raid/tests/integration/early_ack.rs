@@ -48,6 +48,19 @@ struct Gated {
     inner: Arc<MemVolume>,
     gate: watch::Receiver<Gate>,
     stuck: watch::Receiver<bool>,
+    /// Answer after a delay set by the block asked for, so requests in flight
+    /// together complete out of issue order (as an NCQ disk's do); without
+    /// it a member answers at once, in order.
+    jitter: bool,
+}
+
+impl Gated {
+    async fn jitter(&self, lba: u64) {
+        if self.jitter {
+            let us = lba.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 54; // 0..1023
+            tokio::time::sleep(Duration::from_micros(us * 3)).await;
+        }
+    }
 }
 
 #[async_trait]
@@ -56,6 +69,7 @@ impl Volume for Gated {
         self.inner.geometry()
     }
     async fn read(&self, lba: u64, blocks: u32) -> BlockResult<Bytes> {
+        self.jitter(lba).await;
         let mut g = self.gate.clone();
         let state = *g
             .wait_for(|s| *s != Gate::HeldAll)
@@ -67,6 +81,7 @@ impl Volume for Gated {
         self.inner.read(lba, blocks).await
     }
     async fn write(&self, lba: u64, data: Bytes, fua: bool) -> BlockResult<()> {
+        self.jitter(lba).await;
         let mut g = self.gate.clone();
         let state = if fua && lba >= RING_FROM {
             let mut st = self.stuck.clone();
@@ -105,6 +120,11 @@ struct Rig {
 
 /// A pool of `n` gated members, filled with a pattern and flushed, gate open.
 async fn rig(level: RaidLevel, n: usize) -> Rig {
+    rig_with(level, n, false).await
+}
+
+/// `rig`, its members answering out of order when `jitter` is set.
+async fn rig_with(level: RaidLevel, n: usize, jitter: bool) -> Rig {
     let (gate, rx) = watch::channel(Gate::Open);
     let mems: Vec<Arc<MemVolume>> = (0..n)
         .map(|_| Arc::new(MemVolume::new(BS, MEMBER_BLOCKS)))
@@ -119,6 +139,7 @@ async fn rig(level: RaidLevel, n: usize) -> Rig {
                 inner: m.clone(),
                 gate: rx.clone(),
                 stuck,
+                jitter,
             }) as VolumeRef;
             Member::new(format!("m{i}"), v)
         })
@@ -349,47 +370,6 @@ async fn a_journal_copy_stuck_on_one_member_does_not_hold_the_acknowledgement() 
     }
 }
 
-/// A member that answers after a delay set by the block it is asked for, so
-/// requests in flight together complete out of issue order (as an NCQ disk's
-/// do); without jitter it answers at once, in order.
-struct Jittered {
-    inner: Arc<MemVolume>,
-    jitter: bool,
-}
-
-impl Jittered {
-    async fn wait(&self, lba: u64) {
-        if self.jitter {
-            let us = lba.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 54; // 0..1023
-            tokio::time::sleep(Duration::from_micros(us * 3)).await;
-        }
-    }
-}
-
-#[async_trait]
-impl Volume for Jittered {
-    fn geometry(&self) -> Geometry {
-        self.inner.geometry()
-    }
-    async fn read(&self, lba: u64, blocks: u32) -> BlockResult<Bytes> {
-        self.wait(lba).await;
-        self.inner.read(lba, blocks).await
-    }
-    async fn write(&self, lba: u64, data: Bytes, fua: bool) -> BlockResult<()> {
-        self.wait(lba).await;
-        self.inner.write(lba, data, fua).await
-    }
-    async fn flush(&self) -> BlockResult<()> {
-        self.inner.flush().await
-    }
-    async fn discard(&self, lba: u64, blocks: u64) -> BlockResult<()> {
-        self.inner.discard(lba, blocks).await
-    }
-    async fn block_status(&self, lba: u64, blocks: u64) -> BlockResult<Vec<Extent>> {
-        self.inner.block_status(lba, blocks).await
-    }
-}
-
 /// The spare copy goes only to members that reorder their queues: a pool
 /// whose members complete out of order writes it (after judging a few hundred
 /// completions), one whose members answer in order never does; both keep
@@ -397,25 +377,8 @@ impl Volume for Jittered {
 #[tokio::test]
 async fn spare_copies_go_only_to_members_that_reorder() {
     for jitter in [true, false] {
-        let mems: Vec<Arc<MemVolume>> = (0..4)
-            .map(|_| Arc::new(MemVolume::new(BS, MEMBER_BLOCKS)))
-            .collect();
-        let members = mems
-            .iter()
-            .enumerate()
-            .map(|(i, m)| {
-                let v = Arc::new(Jittered {
-                    inner: m.clone(),
-                    jitter,
-                }) as VolumeRef;
-                Member::new(format!("m{i}"), v)
-            })
-            .collect();
-        let pool = Pool::create(config(RaidLevel::Raid5), members, vec![])
-            .await
-            .expect("create");
-        pool.wait_idle().await;
-        let oracle = MemVolume::new(BS, pool.geometry().block_count);
+        let r = rig_with(RaidLevel::Raid5, 4, jitter).await;
+        let (pool, oracle) = (&r.pool, &r.oracle);
         let total = pool.geometry().block_count;
         let mut reordered = 0.0;
         let mut spares = 0;
@@ -457,7 +420,7 @@ async fn spare_copies_go_only_to_members_that_reorder() {
             assert_eq!(spares, 0, "a spare copy on members that answer in order");
         }
         pool.wait_applied().await;
-        check_all(&pool, &oracle).await;
+        check_all(pool, oracle).await;
     }
 }
 
