@@ -13,9 +13,12 @@
 //! (an elevator sweep over the volume), up to `destage_batch_bytes`. Runs of
 //! consecutive wholly valid blocks go out as one write each (up to 1 MiB), so a
 //! striped pool below sees long writes; a block only partly valid writes its dirty
-//! sector runs. The blocks are locked against writers (readers go on), the backing
-//! volume is flushed, and only then are the frames marked clean, their records made
-//! durable and their pins released.
+//! sector runs. The blocks are locked against writers (readers go on) only while
+//! their data is read from the frames; while it goes to the backing volume they
+//! take writes again, and the sectors written meanwhile stay dirty. Whatever else
+//! writes the backing copy of those blocks (write-through, discard) waits for the
+//! batch. The backing volume is flushed, and only then are the frames marked clean,
+//! their records made durable and their pins released.
 
 use crate::bits::range_mask;
 use crate::config::CacheMode;
@@ -43,6 +46,7 @@ pub(crate) async fn tick(inner: Arc<Inner>) {
 /// The destage loop of one cache (runs until the cache stops).
 pub(crate) async fn run(inner: Arc<Inner>) {
     let mut cursor = 0u64;
+    let mut frameless = inner.counters.frameless_writes.load(Ordering::Relaxed);
     loop {
         if inner.stopping.load(Ordering::Acquire) {
             return;
@@ -71,8 +75,16 @@ pub(crate) async fn run(inner: Arc<Inner>) {
             continue;
         }
         let batch = collect(&inner, &mut cursor);
+        // Whole stripes cost the backing volume less but read more from the
+        // SSDs (every clean block of the stripe): worth it while the destage is
+        // what limits the cache, i.e. writes found no free frame since the last
+        // batch. With every block cached, the SSDs' bandwidth is what the
+        // foreground needs (measured: 25% fewer writes with whole stripes).
+        let now = inner.counters.frameless_writes.load(Ordering::Relaxed);
+        let short = now != frameless;
+        frameless = now;
         let t0 = Instant::now();
-        let r = destage_batch(&inner, &batch).await;
+        let r = destage_batch(&inner, &batch, short).await;
         inner.destage_progress.notify_waiters();
         if let Err(e) = r {
             Counters::add(&inner.counters.destage_errors, 1);
@@ -118,20 +130,89 @@ fn collect(inner: &Inner, cursor: &mut u64) -> Vec<(u64, u32)> {
     batch
 }
 
-/// One backing write: pieces of frames laid end to end from `off`.
+/// One backing write of `len` bytes at `off`: pieces of frames `(slot, offset in
+/// the frame, length, offset in the write)`. Where they leave gaps (a whole
+/// stripe, see [`whole_stripes`]) the backing volume's own data fills them.
 struct Op {
     off: u64,
-    parts: Vec<(u32, u64, u64)>,
+    len: u64,
+    parts: Vec<(u32, u64, u64, u64)>,
     slots: Vec<u32>,
 }
 
-async fn destage_batch(inner: &Inner, batch: &[(u64, u32)]) -> BlockResult<()> {
+/// A stripe with at least this many backing writes in a batch goes out as one
+/// write of the whole stripe (its gaps read from the backing volume first), while
+/// writes find no free frame.
+const STRIPE_MIN_WRITES: usize = 2;
+/// Largest stripe written whole.
+const STRIPE_MAX_BYTES: u64 = 16 << 20;
+
+/// Cache blocks per stripe of the backing volume (its optimal I/O size), when a
+/// stripe holds more than one and a whole number of them.
+fn stripe_blocks(inner: &Inner) -> Option<u64> {
+    let g = inner.backing.geometry();
+    let bs = g.block_size_bytes as u64;
+    let sb = g.optimal_io_blocks as u64 * bs;
+    let bb = inner.block_bytes;
+    (sb > bb
+        && sb.is_multiple_of(bb)
+        && sb <= STRIPE_MAX_BYTES
+        && sb <= g.max_io_blocks as u64 * bs)
+        .then_some(sb / bb)
+}
+
+/// Backing writes a frame needs on its own: one for a wholly valid block, one
+/// per dirty sector run for the rest.
+fn writes_of(inner: &Inner, key: u64, valid: u64, dirty: u64) -> usize {
+    let full = range_mask(0, block_len(inner, key).div_ceil(SECTOR_BYTES) as u32);
+    if valid & full == full {
+        1
+    } else {
+        // runs start where a dirty sector follows a clean one
+        (dirty & !(dirty << 1)).count_ones() as usize
+    }
+}
+
+/// The stripes of the backing volume (numbered in units of `per` cache blocks)
+/// where the batch's frames would need [`STRIPE_MIN_WRITES`] or more writes: on
+/// a parity RAID each is a read-modify-write and a journal record, so one write
+/// of the whole stripe (reading what the cache does not hold) costs the backing
+/// volume less time.
+fn whole_stripes(inner: &Inner, batch: &[(u64, u32)], per: u64) -> Vec<u64> {
+    let st = inner.state.lock();
+    let mut writes: std::collections::BTreeMap<u64, usize> = Default::default();
+    for &(key, slot) in batch {
+        if st.policy.key_of(slot) == Some(key) {
+            let n = writes_of(inner, key, st.valid.get(slot), st.dirty.get(slot));
+            *writes.entry(key / per).or_default() += n;
+        }
+    }
+    writes
+        .into_iter()
+        .filter(|&(_, n)| n >= STRIPE_MIN_WRITES)
+        .map(|(s, _)| s)
+        .collect()
+}
+
+async fn destage_batch(inner: &Inner, batch: &[(u64, u32)], stripes: bool) -> BlockResult<()> {
     if batch.is_empty() {
         return Ok(());
     }
-    let keys: Vec<u64> = batch.iter().map(|e| e.0).collect();
-    let _locks = inner.lock_shared(&keys).await;
-    // snapshot what is dirty now (writers are locked out until we are done)
+    let per = stripe_blocks(inner).filter(|_| stripes);
+    let whole = per.map_or(Vec::new(), |per| whole_stripes(inner, batch, per));
+    let mut keys: Vec<u64> = batch.iter().map(|e| e.0).collect();
+    if let Some(per) = per {
+        // every block of a stripe written whole: its gaps come from the backing
+        // volume, so no writer may change them until the stripe is written
+        let last = inner.geo().size_bytes().div_ceil(inner.block_bytes);
+        for &s in &whole {
+            keys.extend(s * per..((s + 1) * per).min(last));
+        }
+        keys.sort_unstable();
+        keys.dedup();
+    }
+    let locks = inner.lock_shared(&keys).await;
+    // snapshot what is dirty now, and its data, with writers locked out
     let snap: Vec<(u64, u32, u64, u64)> = {
         let mut st = inner.state.lock();
         batch
@@ -141,14 +222,54 @@ async fn destage_batch(inner: &Inner, batch: &[(u64, u32)]) -> BlockResult<()> {
                     return None;
                 }
                 st.pin_io(slot);
+                st.destaging.insert(slot, 0);
                 Some((key, slot, st.valid.get(slot), st.dirty.get(slot)))
             })
             .collect()
     };
-    let ops = plan(inner, &snap);
+    // the clean blocks the cache holds in stripes written whole are read from
+    // their frames rather than the backing volume (pinned while they are read)
+    let mut clean: Vec<(u64, u32, u64, u64)> = Vec::new();
+    if let Some(per) = per {
+        let mut st = inner.state.lock();
+        let last = inner.geo().size_bytes().div_ceil(inner.block_bytes);
+        for &s in &whole {
+            for key in s * per..((s + 1) * per).min(last) {
+                let Some(slot) = st.policy.get(key) else {
+                    continue;
+                };
+                if st.dirty.get(slot) != 0 || st.valid.get(slot) == 0 || inner.frame_lost(slot) {
+                    continue;
+                }
+                st.pin_io(slot);
+                clean.push((key, slot, st.valid.get(slot), 0));
+            }
+        }
+    }
+    let mut items = [snap.as_slice(), clean.as_slice()].concat();
+    items.sort_unstable();
+    let ops = plan(inner, &items, per.map(|per| (per, whole.as_slice())));
+    Counters::add(&inner.counters.stripe_destages, whole.len() as u64);
+    let reads: Vec<BoxFut<'_, BlockResult<Bytes>>> = ops
+        .iter()
+        .map(|op| Box::pin(read_op(inner, op)) as BoxFut<'_, _>)
+        .collect();
+    let data = join_all(reads).await;
+    if !clean.is_empty() {
+        let mut st = inner.state.lock();
+        for &(_, slot, _, _) in &clean {
+            st.unpin_io(slot);
+        }
+    }
+    // Writers may go on once the data is in memory: a block written again while
+    // its old copy goes to the backing volume keeps the sectors written again
+    // dirty. Anything else that writes the backing copy waits for the batch.
+    let _out = inner.lock_backing_shared(&keys).await;
+    drop(locks);
     let futs: Vec<BoxFut<'_, (Vec<u32>, BlockResult<u64>)>> = ops
         .iter()
-        .map(|op| Box::pin(write_op(inner, op)) as BoxFut<'_, _>)
+        .zip(data)
+        .map(|(op, d)| Box::pin(write_op(inner, op, d)) as BoxFut<'_, _>)
         .collect();
     let results = join_all(futs).await;
     let mut failed = std::collections::HashSet::new();
@@ -168,8 +289,9 @@ async fn destage_batch(inner: &Inner, batch: &[(u64, u32)]) -> BlockResult<()> {
     {
         let mut st = inner.state.lock();
         for &(_, slot, _, dirty) in &snap {
+            let again = st.destaging.remove(&slot).unwrap_or(0);
             if flushed.is_ok() && !failed.contains(&slot) {
-                let d = st.dirty.get(slot) & !dirty;
+                let d = st.dirty.get(slot) & !(dirty & !again);
                 st.set_dirty(slot, d);
                 pages.push(slot / RECORDS_PER_PAGE as u32);
             }
@@ -194,18 +316,63 @@ async fn destage_batch(inner: &Inner, batch: &[(u64, u32)]) -> BlockResult<()> {
     }
 }
 
-/// Coalesces the snapshot into backing writes.
-fn plan(inner: &Inner, snap: &[(u64, u32, u64, u64)]) -> Vec<Op> {
+/// Coalesces the snapshot into backing writes; with `stripes` = (cache blocks
+/// per stripe, stripes written whole), the frames of those stripes go out as
+/// one write each.
+fn plan(inner: &Inner, snap: &[(u64, u32, u64, u64)], stripes: Option<(u64, &[u64])>) -> Vec<Op> {
     let bb = inner.block_bytes;
     let mut ops: Vec<Op> = Vec::new();
     let mut run: Option<(u64, Op)> = None; // (next key expected, op)
+    let mut whole: Option<(u64, Op)> = None; // (stripe, op)
     for &(key, slot, valid, dirty) in snap {
         let blen = block_len(inner, key);
+        if let Some((per, list)) = stripes {
+            let stripe = key / per;
+            if list.binary_search(&stripe).is_ok() {
+                if let Some((_, op)) = run.take() {
+                    ops.push(op);
+                }
+                if whole.as_ref().is_some_and(|(s, _)| *s != stripe) {
+                    ops.push(whole.take().unwrap().1);
+                }
+                let (_, op) = whole.get_or_insert_with(|| {
+                    let off = stripe * per * bb;
+                    let len = (per * bb).min(inner.geo().size_bytes() - off);
+                    (
+                        stripe,
+                        Op {
+                            off,
+                            len,
+                            parts: Vec::new(),
+                            slots: Vec::new(),
+                        },
+                    )
+                });
+                // every valid sector of the frame: the dirty ones are newer than
+                // the backing copy, the clean ones equal to it
+                let mut m = valid & range_mask(0, blen.div_ceil(SECTOR_BYTES) as u32);
+                while m != 0 {
+                    let first = m.trailing_zeros() as u64;
+                    let n = (!(m >> first)).trailing_zeros() as u64;
+                    let start = first * SECTOR_BYTES;
+                    let end = ((first + n) * SECTOR_BYTES).min(blen);
+                    op.parts
+                        .push((slot, start, end - start, key * bb + start - op.off));
+                    m &= !range_mask(first as u32, n as u32);
+                }
+                op.slots.push(slot);
+                continue;
+            }
+        }
+        if let Some((_, op)) = whole.take() {
+            ops.push(op);
+        }
         let full = range_mask(0, blen.div_ceil(SECTOR_BYTES) as u32);
         if valid & full == full {
             match &mut run {
                 Some((next, op)) if *next == key && (key + 1) * bb - op.off <= RUN_MAX_BYTES => {
-                    op.parts.push((slot, 0, blen));
+                    op.parts.push((slot, 0, blen, op.len));
+                    op.len += blen;
                     op.slots.push(slot);
                     *next = key + 1;
                 }
@@ -217,7 +384,8 @@ fn plan(inner: &Inner, snap: &[(u64, u32, u64, u64)]) -> Vec<Op> {
                         key + 1,
                         Op {
                             off: key * bb,
-                            parts: vec![(slot, 0, blen)],
+                            len: blen,
+                            parts: vec![(slot, 0, blen, 0)],
                             slots: vec![slot],
                         },
                     ));
@@ -237,13 +405,17 @@ fn plan(inner: &Inner, snap: &[(u64, u32, u64, u64)]) -> Vec<Op> {
             let end = ((first + len_sectors) * SECTOR_BYTES).min(blen);
             ops.push(Op {
                 off: key * bb + start,
-                parts: vec![(slot, start, end - start)],
+                len: end - start,
+                parts: vec![(slot, start, end - start, 0)],
                 slots: vec![slot],
             });
             m &= !range_mask(first as u32, len_sectors as u32);
         }
     }
     if let Some((_, op)) = run.take() {
+        ops.push(op);
+    }
+    if let Some((_, op)) = whole.take() {
         ops.push(op);
     }
     ops
@@ -253,25 +425,45 @@ fn block_len(inner: &Inner, key: u64) -> u64 {
     (inner.geo().size_bytes() - key * inner.block_bytes).min(inner.block_bytes)
 }
 
-async fn write_op(inner: &Inner, op: &Op) -> (Vec<u32>, BlockResult<u64>) {
+/// The data of one backing write: read from the frames, over the backing
+/// volume's own data where the frames leave gaps.
+async fn read_op(inner: &Inner, op: &Op) -> BlockResult<Bytes> {
     let reads: Vec<BoxFut<'_, BlockResult<Bytes>>> = op
         .parts
         .iter()
-        .map(|&(slot, off, len)| Box::pin(inner.ssd_read(slot, off, len)) as BoxFut<'_, _>)
+        .map(|&(slot, off, len, _)| Box::pin(inner.ssd_read(slot, off, len)) as BoxFut<'_, _>)
         .collect();
-    let parts = join_all(reads).await;
-    let total: u64 = op.parts.iter().map(|p| p.2).sum();
-    let mut buf = BytesMut::with_capacity(total as usize);
-    for p in parts {
-        match p {
-            Ok(b) => buf.extend_from_slice(&b),
-            Err(e) => return (op.slots.clone(), Err(e)),
-        }
+    let covered: u64 = op.parts.iter().map(|p| p.2).sum();
+    let (parts, under) = if covered < op.len {
+        let under = inner
+            .backing
+            .read(op.off / inner.bs, (op.len / inner.bs) as u32);
+        let (parts, under) = tokio::join!(join_all(reads), under);
+        (parts, Some(under?))
+    } else {
+        (join_all(reads).await, None)
+    };
+    let mut buf = match under {
+        Some(b) => BytesMut::from(&b[..]),
+        None => BytesMut::zeroed(op.len as usize),
+    };
+    for (p, &(_, _, len, at)) in parts.into_iter().zip(op.parts.iter()) {
+        buf[at as usize..(at + len) as usize].copy_from_slice(&p?);
     }
-    let r = inner
-        .backing
-        .write(op.off / inner.bs, buf.freeze(), false)
-        .await;
+    Ok(buf.freeze())
+}
+
+async fn write_op(
+    inner: &Inner,
+    op: &Op,
+    data: BlockResult<Bytes>,
+) -> (Vec<u32>, BlockResult<u64>) {
+    let data = match data {
+        Ok(d) => d,
+        Err(e) => return (op.slots.clone(), Err(e)),
+    };
+    let total = data.len() as u64;
+    let r = inner.backing.write(op.off / inner.bs, data, false).await;
     match r {
         Ok(()) => (op.slots.clone(), Ok(total)),
         Err(e) => {

@@ -23,6 +23,8 @@ pub(crate) struct Counters {
     pub destage_errors: AtomicU64,
     pub backing_errors: AtomicU64,
     pub ssd_errors: AtomicU64,
+    pub frameless_writes: AtomicU64,
+    pub stripe_destages: AtomicU64,
 }
 
 #[derive(Clone, Copy, Default, Debug)]
@@ -148,6 +150,12 @@ pub struct CacheStatus {
     pub destage_errors: u64,
     /// Other errors returned by the backing volume.
     pub backing_errors: u64,
+    /// Write-back writes (cache blocks) sent to the backing volume because every
+    /// frame held dirty data: the destage was what limited the cache.
+    pub frameless_writes: u64,
+    /// Destage writes of a whole stripe of the backing volume (its gaps read
+    /// from it), written instead of several read-modify-writes.
+    pub stripe_destages: u64,
     /// Cache devices.
     pub devices: Vec<DeviceStatus>,
     /// Heap bytes of the in-memory block map (policy, index, sector bitmaps).

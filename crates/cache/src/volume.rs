@@ -78,6 +78,9 @@ pub(crate) struct State {
     pub valid: FrameBits,
     pub dirty: FrameBits,
     io_pins: HashMap<u32, u32>,
+    /// Frames a destage batch is writing to the backing volume, with the sectors
+    /// written again since its snapshot (those stay dirty when it ends).
+    pub destaging: HashMap<u32, u64>,
     pub dirty_frames: usize,
     pub dirty_sectors: u64,
     pub advisor: Option<Advisor>,
@@ -91,6 +94,7 @@ impl State {
             valid: FrameBits::new(frames, spb),
             dirty: FrameBits::new(frames, spb),
             io_pins: HashMap::new(),
+            destaging: HashMap::new(),
             dirty_frames: 0,
             dirty_sectors: 0,
             advisor,
@@ -181,6 +185,11 @@ pub(crate) struct Inner {
     pub frames: u32,
     pub state: Mutex<State>,
     locks: Box<[RwLock<()>]>,
+    /// Per lock stripe, held shared while a destage batch writes those blocks to
+    /// the backing volume and exclusive by anything else that writes them there
+    /// (write-through, discard, a write-back write that found no frame), so an
+    /// older destaged copy never lands after a newer write. Taken after `locks`.
+    backing_locks: Box<[RwLock<()>]>,
     pub counters: Counters,
     pub window: Mutex<Window>,
     seq: Mutex<SeqDetector>,
@@ -270,6 +279,33 @@ impl Inner {
         let mut g = Vec::new();
         for s in Self::stripes(keys) {
             g.push(self.locks[s].write().await);
+        }
+        g
+    }
+
+    /// Locks the backing copies of cache blocks `keys` shared (a destage batch
+    /// writing them), taken while holding their [`Inner::lock_shared`] locks.
+    pub(crate) async fn lock_backing_shared(
+        &self,
+        keys: &[u64],
+    ) -> Vec<tokio::sync::RwLockReadGuard<'_, ()>> {
+        let mut g = Vec::new();
+        for s in Self::stripes(keys) {
+            g.push(self.backing_locks[s].read().await);
+        }
+        g
+    }
+
+    /// Locks the backing copies of cache blocks `keys` exclusive: waits for any
+    /// destage batch still writing them. Taken while holding their
+    /// [`Inner::lock_exclusive`] locks.
+    async fn lock_backing_exclusive(
+        &self,
+        keys: &[u64],
+    ) -> Vec<tokio::sync::RwLockWriteGuard<'_, ()>> {
+        let mut g = Vec::new();
+        for s in Self::stripes(keys) {
+            g.push(self.backing_locks[s].write().await);
         }
         g
     }
@@ -477,6 +513,11 @@ impl Inner {
         for l in self.locks.iter() {
             all.push(l.write().await);
         }
+        // and no destage batch still writing (it updates the map when it ends)
+        let mut out = Vec::with_capacity(LOCK_STRIPES);
+        for l in self.backing_locks.iter() {
+            out.push(l.write().await);
+        }
         self.devs[d].vol().flush().await?;
         self.devs[d].finish_resilver();
         self.write_full_table(false).await?;
@@ -486,7 +527,7 @@ impl Inner {
     }
 
     /// Whether frame `slot` lives only on failed devices.
-    fn frame_lost(&self, slot: u32) -> bool {
+    pub(crate) fn frame_lost(&self, slot: u32) -> bool {
         let (devs, _) = self.frame_devices(slot);
         devs.iter().all(|&d| self.devs[d].is_failed())
     }
@@ -686,6 +727,7 @@ impl Inner {
         if self.writes_back() && !bypass {
             self.write_back(&pieces, data).await
         } else {
+            let _out = self.lock_backing_exclusive(&keys).await;
             self.write_through(&pieces, off, data, fua, bypass).await
         }
     }
@@ -737,6 +779,12 @@ impl Inner {
                             st.pin_io(slot);
                             Some(slot)
                         }
+                        Access::Bypassed => {
+                            // every frame holds dirty data (or is in use)
+                            Counters::add(&self.counters.write_misses, 1);
+                            Counters::add(&self.counters.frameless_writes, 1);
+                            None
+                        }
                         _ => {
                             Counters::add(&self.counters.write_misses, 1);
                             None
@@ -745,8 +793,16 @@ impl Inner {
                 })
                 .collect()
         };
+        let mut _out = Vec::new();
         if slots.iter().any(|s| s.is_none()) {
             self.destage_wake.notify_one();
+            let direct: Vec<u64> = pieces
+                .iter()
+                .zip(slots.iter())
+                .filter(|(_, s)| s.is_none())
+                .map(|(p, _)| p.key)
+                .collect();
+            _out = self.lock_backing_exclusive(&direct).await;
         }
         let futs: Vec<BoxFut<'_, BlockResult<()>>> = pieces
             .iter()
@@ -783,6 +839,9 @@ impl Inner {
                     st.valid.set(slot, v);
                     let d = st.dirty.get(slot) | p.mask;
                     st.set_dirty(slot, d);
+                    if let Some(again) = st.destaging.get_mut(&slot) {
+                        *again |= p.mask;
+                    }
                     pages.push(slot / RECORDS_PER_PAGE as u32);
                 }
                 st.unpin_io(slot);
@@ -1164,6 +1223,8 @@ impl Inner {
             destage_mb_s: rates.destage_mb_s,
             destage_errors: self.counters.destage_errors.load(Ordering::Relaxed),
             backing_errors: self.counters.backing_errors.load(Ordering::Relaxed),
+            frameless_writes: self.counters.frameless_writes.load(Ordering::Relaxed),
+            stripe_destages: self.counters.stripe_destages.load(Ordering::Relaxed),
             devices: self.device_states(),
             map_memory_bytes: map as u64,
             map_bytes_per_gib: if capacity_bytes == 0 {
@@ -1335,6 +1396,7 @@ impl CacheVolume {
             frames,
             state: Mutex::new(state),
             locks: (0..LOCK_STRIPES).map(|_| RwLock::new(())).collect(),
+            backing_locks: (0..LOCK_STRIPES).map(|_| RwLock::new(())).collect(),
             counters: Counters::default(),
             window: Mutex::new(Window::default()),
             seq: Mutex::new(SeqDetector::keeping_rereads(
@@ -1803,6 +1865,7 @@ impl Volume for CacheVolume {
         let pieces = i.pieces(off, len);
         let keys: Vec<u64> = pieces.iter().map(|p| p.key).collect();
         let _locks = i.lock_exclusive(&keys).await;
+        let _out = i.lock_backing_exclusive(&keys).await;
         i.backing.discard(lba, blocks).await?;
         // drop only sectors the discard covers whole; the rest stays as it was
         let mut pages = Vec::new();

@@ -4,5 +4,6 @@
 mod advisor;
 mod advisor_trace;
 mod default_beats_lru;
+mod destage;
 mod invariants;
 mod volume;

@@ -8,9 +8,9 @@ use std::time::Duration;
 const BACKING_BYTES: u64 = 8 << 20;
 const BLOCK: u32 = 16 * 1024;
 
-struct Rng(u64);
+pub(crate) struct Rng(pub(crate) u64);
 impl Rng {
-    fn next(&mut self) -> u64 {
+    pub(crate) fn next(&mut self) -> u64 {
         self.0 ^= self.0 << 13;
         self.0 ^= self.0 >> 7;
         self.0 ^= self.0 << 17;

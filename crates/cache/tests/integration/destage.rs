@@ -1,0 +1,298 @@
+//! Destaging while the host keeps writing: the blocks of a batch take writes again
+//! while their old copy goes to the backing volume, and nothing newer is ever
+//! overwritten there by that older copy.
+
+use async_trait::async_trait;
+use block::{BlockResult, Bytes, Geometry, MemVolume, Volume, VolumeRef};
+use cache::{CacheConfig, CacheDevice, CacheMode, CacheVolume};
+use parking_lot::Mutex;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::{Notify, Semaphore};
+
+use crate::volume::Rng;
+
+const BACKING_BLOCKS: u64 = 2048; // 8 MiB of 4K blocks
+const BLOCK: u32 = 16 * 1024;
+
+/// A backing volume whose writes can be held: a held write is logged as it
+/// arrives and lands only once released. Discards are logged when they land.
+struct Held {
+    inner: MemVolume,
+    hold: Mutex<bool>,
+    release: Semaphore,
+    arrived: Notify,
+    /// ("write" | "discard", lba) in the order they reached the volume below.
+    log: Mutex<Vec<(&'static str, u64)>>,
+    /// Optimal I/O size reported, in 4K blocks (a RAID's stripe), if any.
+    stripe_blocks: u32,
+    /// Lengths of the writes that landed, in 4K blocks.
+    lengths: Mutex<Vec<u64>>,
+}
+
+impl Held {
+    fn new() -> Arc<Held> {
+        Held::striped(0)
+    }
+
+    fn striped(stripe_blocks: u32) -> Arc<Held> {
+        Arc::new(Held {
+            stripe_blocks,
+            lengths: Mutex::new(Vec::new()),
+            inner: MemVolume::new(4096, BACKING_BLOCKS),
+            hold: Mutex::new(false),
+            release: Semaphore::new(0),
+            arrived: Notify::new(),
+            log: Mutex::new(Vec::new()),
+        })
+    }
+
+    /// Writes covering `lba` that landed, in order, with the discards.
+    fn landed(&self, lba: u64) -> Vec<&'static str> {
+        self.log
+            .lock()
+            .iter()
+            .filter(|(_, l)| *l == lba)
+            .map(|(k, _)| *k)
+            .collect()
+    }
+}
+
+#[async_trait]
+impl Volume for Held {
+    fn geometry(&self) -> Geometry {
+        let g = self.inner.geometry();
+        if self.stripe_blocks == 0 {
+            return g;
+        }
+        Geometry {
+            optimal_io_blocks: self.stripe_blocks,
+            max_io_blocks: g.max_io_blocks.max(self.stripe_blocks),
+            ..g
+        }
+    }
+    async fn read(&self, lba: u64, blocks: u32) -> BlockResult<Bytes> {
+        self.inner.read(lba, blocks).await
+    }
+    async fn write(&self, lba: u64, data: Bytes, fua: bool) -> BlockResult<()> {
+        if *self.hold.lock() {
+            self.arrived.notify_waiters();
+            self.release.acquire().await.unwrap().forget();
+        }
+        let blocks = data.len() as u64 / 4096;
+        self.inner.write(lba, data, fua).await?;
+        self.lengths.lock().push(blocks);
+        let mut log = self.log.lock();
+        for b in lba..lba + blocks {
+            log.push(("write", b));
+        }
+        Ok(())
+    }
+    async fn flush(&self) -> BlockResult<()> {
+        self.inner.flush().await
+    }
+    async fn discard(&self, lba: u64, blocks: u64) -> BlockResult<()> {
+        self.inner.discard(lba, blocks).await?;
+        let mut log = self.log.lock();
+        for b in lba..lba + blocks {
+            log.push(("discard", b));
+        }
+        Ok(())
+    }
+}
+
+fn fill(byte: u8) -> Bytes {
+    Bytes::from(vec![byte; 4096])
+}
+
+async fn open(backing: Arc<Held>) -> CacheVolume {
+    open_with(backing, 0, 1 << 20).await
+}
+
+async fn open_with(backing: Arc<Held>, low: u8, size: u64) -> CacheVolume {
+    let cfg = CacheConfig {
+        mode: CacheMode::WriteBack,
+        block_bytes: BLOCK,
+        size_bytes: Some(size),
+        // 0: destage whatever is dirty, at once
+        dirty_low_percent: low,
+        dirty_high_percent: low.max(60),
+        ..CacheConfig::default()
+    };
+    let ssds: Vec<CacheDevice> = (0..2)
+        .map(|i| CacheDevice {
+            name: format!("ssd{i}"),
+            volume: Arc::new(MemVolume::new(4096, (size + (1 << 20)) / 4096)) as VolumeRef,
+        })
+        .collect();
+    CacheVolume::open("t", backing, ssds, cfg).await.unwrap()
+}
+
+/// Writes `byte` at `lba` and waits until the destage's backing write of it is
+/// held.
+async fn write_and_hold_its_destage(vol: &CacheVolume, backing: &Held, lba: u64, byte: u8) {
+    *backing.hold.lock() = true;
+    let arrived = backing.arrived.notified();
+    tokio::pin!(arrived);
+    arrived.as_mut().enable();
+    vol.write(lba, fill(byte), false).await.unwrap();
+    tokio::time::timeout(Duration::from_secs(20), arrived)
+        .await
+        .expect("the destage writes the block to the backing volume");
+    *backing.hold.lock() = false;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_block_written_while_it_is_destaged_takes_the_write_and_keeps_it() {
+    let backing = Held::new();
+    let vol = open(backing.clone()).await;
+    write_and_hold_its_destage(&vol, &backing, 0, 1).await;
+    // the destage of the old copy is stuck in the backing volume: a write to the
+    // same block (same sector and the next one) does not wait for it
+    tokio::time::timeout(Duration::from_secs(10), async {
+        vol.write(0, fill(2), false).await.unwrap();
+        vol.write(1, fill(3), false).await.unwrap();
+    })
+    .await
+    .expect("a write to a block being destaged is not held behind the destage");
+    assert_eq!(vol.read(0, 2).await.unwrap(), [fill(2), fill(3)].concat());
+    // the old copy lands; the sectors written since stay dirty and follow it
+    backing.release.add_permits(1 << 20);
+    tokio::time::timeout(Duration::from_secs(30), vol.drain())
+        .await
+        .expect("drain")
+        .unwrap();
+    assert_eq!(
+        backing.inner.read(0, 2).await.unwrap(),
+        [fill(2), fill(3)].concat(),
+        "the backing volume holds the newest data, not the destaged older copy"
+    );
+    assert_eq!(backing.landed(0), ["write", "write"], "old copy, then new");
+    assert_eq!(vol.status().dirty_blocks, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_discard_of_a_block_being_destaged_lands_after_the_old_copy() {
+    let backing = Held::new();
+    let vol = Arc::new(open(backing.clone()).await);
+    write_and_hold_its_destage(&vol, &backing, 8, 7).await;
+    let v = vol.clone();
+    let mut discard = tokio::spawn(async move { v.discard(8, 4).await });
+    // with the old copy still on its way, the discard must not reach the backing
+    // volume (it would then be overwritten by that copy): it waits
+    assert!(
+        tokio::time::timeout(Duration::from_millis(300), &mut discard)
+            .await
+            .is_err(),
+        "the discard ended while the destage still had to write the block"
+    );
+    backing.release.add_permits(1 << 20);
+    tokio::time::timeout(Duration::from_secs(20), discard)
+        .await
+        .expect("the discard ends once the destage did")
+        .unwrap()
+        .unwrap();
+    assert_eq!(backing.landed(8), ["write", "discard"]);
+    assert_eq!(vol.read(8, 1).await.unwrap(), fill(0));
+    tokio::time::timeout(Duration::from_secs(30), vol.drain())
+        .await
+        .expect("drain")
+        .unwrap();
+    assert_eq!(backing.inner.read(8, 1).await.unwrap(), fill(0));
+}
+
+/// A backing "RAID" whose stripe is four 16K cache blocks (16 x 4K), holding data
+/// the cache has never seen, and its oracle.
+async fn striped_backing() -> (Arc<Held>, MemVolume) {
+    let backing = Held::striped(16);
+    let oracle = MemVolume::new(4096, BACKING_BLOCKS);
+    let mut rng = Rng(0x5eed);
+    for lba in (0..BACKING_BLOCKS).step_by(16) {
+        let data: Vec<u8> = (0..16 * 4096).map(|_| rng.next() as u8).collect();
+        backing
+            .inner
+            .write(lba, data.clone().into(), false)
+            .await
+            .unwrap();
+        oracle.write(lba, data.into(), false).await.unwrap();
+    }
+    (backing, oracle)
+}
+
+/// 4K writes, two to four in each of `stripes` stripes, in separate cache blocks
+/// and sectors, from four writers at once; the oracle gets them too.
+async fn scattered_writes(vol: &Arc<CacheVolume>, oracle: &MemVolume, stripes: u64) {
+    let mut writers = Vec::new();
+    for w in 0..4u64 {
+        let vol = vol.clone();
+        writers.push(tokio::spawn(async move {
+            let mut rng = Rng(w + 11);
+            let mut wrote = Vec::new();
+            for stripe in (w..stripes).step_by(4) {
+                for _ in 0..2 + rng.next() % 3 {
+                    let lba = stripe * 16 + rng.next() % 16;
+                    let byte = (rng.next() % 250) as u8 + 1;
+                    vol.write(lba, fill(byte), false).await.unwrap();
+                    wrote.push((lba, byte));
+                }
+            }
+            wrote
+        }));
+    }
+    for w in writers {
+        for (lba, byte) in w.await.unwrap() {
+            oracle.write(lba, fill(byte), false).await.unwrap();
+        }
+    }
+}
+
+async fn drain_and_compare(vol: &CacheVolume, backing: &Held, oracle: &MemVolume) {
+    tokio::time::timeout(Duration::from_secs(60), vol.drain())
+        .await
+        .expect("drain")
+        .unwrap();
+    for lba in (0..BACKING_BLOCKS).step_by(64) {
+        assert!(
+            backing.inner.read(lba, 64).await.unwrap() == oracle.read(lba, 64).await.unwrap(),
+            "backing blocks {lba}..{} differ from what was written",
+            lba + 64
+        );
+        assert!(vol.read(lba, 64).await.unwrap() == oracle.read(lba, 64).await.unwrap());
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn while_writes_find_no_frame_a_stripe_goes_out_as_one_write_of_it() {
+    let (backing, oracle) = striped_backing().await;
+    // 64 frames, dirty until full, for writes over 512 blocks: the cache runs out
+    // of frames and the destage is what limits it
+    let vol = Arc::new(open_with(backing.clone(), 100, 1 << 20).await);
+    scattered_writes(&vol, &oracle, BACKING_BLOCKS / 16).await;
+    // the backing volume holds the cache's writes and kept what it had around them
+    drain_and_compare(&vol, &backing, &oracle).await;
+    let st = vol.status();
+    assert!(st.frameless_writes > 0, "the cache never ran out of frames");
+    let whole = backing.lengths.lock().iter().filter(|&&n| n == 16).count();
+    assert!(
+        st.stripe_destages > 0 && whole as u64 >= st.stripe_destages,
+        "{} stripes written whole, {whole} writes of 16 blocks",
+        st.stripe_destages
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_frames_to_spare_the_destage_writes_only_what_is_dirty() {
+    let (backing, oracle) = striped_backing().await;
+    // room for every block written
+    let vol = Arc::new(open_with(backing.clone(), 100, 4 << 20).await);
+    scattered_writes(&vol, &oracle, 32).await;
+    drain_and_compare(&vol, &backing, &oracle).await;
+    let st = vol.status();
+    assert_eq!(st.frameless_writes, 0);
+    assert_eq!(
+        st.stripe_destages, 0,
+        "no stripe was read to be written whole"
+    );
+    // dirty sector runs, none longer than a cache block
+    assert!(backing.lengths.lock().iter().all(|&n| n <= 4));
+}
