@@ -252,7 +252,6 @@ impl Inner {
         self.devs.iter().filter(|d| !d.is_failed()).count()
     }
 
-    /// Locks the cache blocks `keys` (sorted) shared or exclusive.
     /// The lock stripes of cache blocks `keys`, sorted and deduplicated (every
     /// caller takes them in this order, so lockers never deadlock).
     fn stripes(keys: &[u64]) -> Vec<usize> {
@@ -262,25 +261,41 @@ impl Inner {
         stripes
     }
 
+    /// Read guards on the stripes of `keys` in `locks`, taken in stripe order.
+    async fn read_guards<'a>(
+        locks: &'a [RwLock<()>],
+        keys: &[u64],
+    ) -> Vec<tokio::sync::RwLockReadGuard<'a, ()>> {
+        let mut g = Vec::new();
+        for s in Self::stripes(keys) {
+            g.push(locks[s].read().await);
+        }
+        g
+    }
+
+    /// Write guards on the stripes of `keys` in `locks`, taken in stripe order.
+    async fn write_guards<'a>(
+        locks: &'a [RwLock<()>],
+        keys: &[u64],
+    ) -> Vec<tokio::sync::RwLockWriteGuard<'a, ()>> {
+        let mut g = Vec::new();
+        for s in Self::stripes(keys) {
+            g.push(locks[s].write().await);
+        }
+        g
+    }
+
     /// Locks the cache blocks `keys` shared (reads, fills, destage).
     pub(crate) async fn lock_shared(
         &self,
         keys: &[u64],
     ) -> Vec<tokio::sync::RwLockReadGuard<'_, ()>> {
-        let mut g = Vec::new();
-        for s in Self::stripes(keys) {
-            g.push(self.locks[s].read().await);
-        }
-        g
+        Self::read_guards(&self.locks, keys).await
     }
 
     /// Locks the cache blocks `keys` exclusive (writes, discards).
     async fn lock_exclusive(&self, keys: &[u64]) -> Vec<tokio::sync::RwLockWriteGuard<'_, ()>> {
-        let mut g = Vec::new();
-        for s in Self::stripes(keys) {
-            g.push(self.locks[s].write().await);
-        }
-        g
+        Self::write_guards(&self.locks, keys).await
     }
 
     /// Locks the backing copies of cache blocks `keys` shared (a destage batch
@@ -289,11 +304,7 @@ impl Inner {
         &self,
         keys: &[u64],
     ) -> Vec<tokio::sync::RwLockReadGuard<'_, ()>> {
-        let mut g = Vec::new();
-        for s in Self::stripes(keys) {
-            g.push(self.backing_locks[s].read().await);
-        }
-        g
+        Self::read_guards(&self.backing_locks, keys).await
     }
 
     /// Locks the backing copies of cache blocks `keys` exclusive: waits for any
@@ -303,11 +314,7 @@ impl Inner {
         &self,
         keys: &[u64],
     ) -> Vec<tokio::sync::RwLockWriteGuard<'_, ()>> {
-        let mut g = Vec::new();
-        for s in Self::stripes(keys) {
-            g.push(self.backing_locks[s].write().await);
-        }
-        g
+        Self::write_guards(&self.backing_locks, keys).await
     }
 
     /// The pieces of a byte range `[off, off + len)` of the volume, one per block.
