@@ -200,13 +200,14 @@ async fn destage_batch(inner: &Inner, batch: &[(u64, u32)], stripes: bool) -> Bl
     }
     let per = stripe_blocks(inner).filter(|_| stripes);
     let whole = per.map_or(Vec::new(), |per| whole_stripes(inner, batch, per));
+    let last = inner.geo().size_bytes().div_ceil(inner.block_bytes);
+    let stripe_keys = |s: u64, per: u64| s * per..((s + 1) * per).min(last);
     let mut keys: Vec<u64> = batch.iter().map(|e| e.0).collect();
     if let Some(per) = per {
         // every block of a stripe written whole: its gaps come from the backing
         // volume, so no writer may change them until the stripe is written
-        let last = inner.geo().size_bytes().div_ceil(inner.block_bytes);
         for &s in &whole {
-            keys.extend(s * per..((s + 1) * per).min(last));
+            keys.extend(stripe_keys(s, per));
         }
         keys.sort_unstable();
         keys.dedup();
@@ -232,9 +233,8 @@ async fn destage_batch(inner: &Inner, batch: &[(u64, u32)], stripes: bool) -> Bl
     let mut clean: Vec<(u64, u32, u64, u64)> = Vec::new();
     if let Some(per) = per {
         let mut st = inner.state.lock();
-        let last = inner.geo().size_bytes().div_ceil(inner.block_bytes);
         for &s in &whole {
-            for key in s * per..((s + 1) * per).min(last) {
+            for key in stripe_keys(s, per) {
                 let Some(slot) = st.policy.get(key) else {
                     continue;
                 };
