@@ -423,6 +423,8 @@ impl NodeCollector {
         let mut occupancy = Samples::new();
         let mut destaged = Samples::new();
         let mut destage_rate = Samples::new();
+        let mut frameless = Samples::new();
+        let mut stripes = Samples::new();
         let mut errs = Samples::new();
         let mut healthy = Samples::new();
         let mut advisor = Samples::new();
@@ -446,6 +448,8 @@ impl NodeCollector {
             occupancy.push((base.clone(), num(&c["occupancy_percent"]) / 100.0));
             destaged.push((base.clone(), num(&c["destaged_bytes"])));
             destage_rate.push((base.clone(), num(&c["destage_mb_s"]) * 1e6));
+            frameless.push((base.clone(), num(&c["frameless_writes"])));
+            stripes.push((base.clone(), num(&c["stripe_destages"])));
             errs.push((with(&base, ("kind", "destage")), num(&c["destage_errors"])));
             errs.push((with(&base, ("kind", "backing")), num(&c["backing_errors"])));
             if let Some(b) = c["advisor_bytes_for_90_percent"].as_u64() {
@@ -499,6 +503,18 @@ impl NodeCollector {
             "freesan_cache_destage_rate_bytes_per_second",
             "Destage rate over the last 10 seconds.",
             &destage_rate,
+        )?;
+        counters(
+            e,
+            "freesan_cache_frameless_writes",
+            "Write-back writes sent straight to the backing volume because no frame was free.",
+            &frameless,
+        )?;
+        counters(
+            e,
+            "freesan_cache_stripe_destages",
+            "Whole stripes of the backing volume a cache destaged as one write.",
+            &stripes,
         )?;
         counters(
             e,

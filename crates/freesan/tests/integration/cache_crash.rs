@@ -28,6 +28,10 @@ fn config(dir: &std::path::Path) -> std::path::PathBuf {
     path
 }
 
+fn num(v: &serde_json::Value) -> f64 {
+    v.as_f64().unwrap_or_else(|| panic!("not a number: {v}"))
+}
+
 fn cache_status(api: &str) -> serde_json::Value {
     let (ok, out) = freesan(&["cache", "--api", api, "status", "c", "--json"]);
     assert!(ok, "{out}");
@@ -51,6 +55,50 @@ fn write_back_cache_sigkill_during_writes_loses_nothing() {
         st["dirty_blocks"].as_u64().unwrap_or(0) > 0,
         "no dirty data in the cache at the kill: {st}"
     );
+    // the cache's counters reach Prometheus: each scraped counter lies between
+    // the status read before the scrape and the one read after it
+    let token = make_token(&dir.path().join("data"), "read-only", "metrics");
+    let (code, text) = http(
+        &api,
+        "GET",
+        "/metrics",
+        &[&format!("Authorization: Bearer {token}")],
+        "",
+    );
+    assert_eq!(code, 200, "{text}");
+    let after = cache_status(&api);
+    for (family, field) in [
+        (
+            "freesan_cache_hits_total{cache=\"c\",op=\"write\"}",
+            "write_hits",
+        ),
+        (
+            "freesan_cache_misses_total{cache=\"c\",op=\"write\"}",
+            "write_misses",
+        ),
+        (
+            "freesan_cache_frameless_writes_total{cache=\"c\"}",
+            "frameless_writes",
+        ),
+        (
+            "freesan_cache_stripe_destages_total{cache=\"c\"}",
+            "stripe_destages",
+        ),
+    ] {
+        let v = text
+            .lines()
+            .find_map(|l| l.strip_prefix(family))
+            .and_then(|v| v.trim().parse::<f64>().ok())
+            .unwrap_or_else(|| panic!("no {family} in:\n{text}"));
+        let (lo, hi) = (num(&st[field]), num(&after[field]));
+        assert!(
+            lo <= v && v <= hi,
+            "{family} = {v}, status {field} {lo}..{hi}"
+        );
+    }
+    // a 32 MiB cache under 8K random writes over the whole LUN runs out of
+    // frames: those writes went straight to the pool, and are counted
+    assert!(num(&after["frameless_writes"]) > 0.0, "{after}");
     node.kill9();
     let _ = bench.wait();
     // restart: the map is reloaded from the SSDs, dirty blocks served and destaged
