@@ -394,6 +394,31 @@ pub fn http(api: &str, method: &str, path: &str, headers: &[&str], body: &str) -
     (code, body)
 }
 
+/// `GET /metrics` of the node at `api` whose data directory is `data`, with a
+/// new read-only token: the exposition text.
+pub fn scrape_metrics(api: &str, data: &Path) -> String {
+    let token = make_token(data, "read-only", "metrics");
+    let (code, text) = http(
+        api,
+        "GET",
+        "/metrics",
+        &[&format!("Authorization: Bearer {token}")],
+        "",
+    );
+    assert_eq!(code, 200, "{text}");
+    text
+}
+
+/// The value of the first sample of `text` whose line starts with `series`
+/// (a family name, with its labels or their opening brace) and contains `with`.
+pub fn metric_sample(text: &str, series: &str, with: &str) -> f64 {
+    text.lines()
+        .find(|l| l.starts_with(series) && l.contains(with))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse::<f64>().ok())
+        .unwrap_or_else(|| panic!("no {series} with {with:?} in:\n{text}"))
+}
+
 /// `freesan api token create` for the node whose data directory is `data`: the token.
 pub fn make_token(data: &Path, role: &str, name: &str) -> String {
     let d = data.to_str().unwrap();

@@ -57,15 +57,7 @@ fn write_back_cache_sigkill_during_writes_loses_nothing() {
     );
     // the cache's counters reach Prometheus: each scraped counter lies between
     // the status read before the scrape and the one read after it
-    let token = make_token(&dir.path().join("data"), "read-only", "metrics");
-    let (code, text) = http(
-        &api,
-        "GET",
-        "/metrics",
-        &[&format!("Authorization: Bearer {token}")],
-        "",
-    );
-    assert_eq!(code, 200, "{text}");
+    let text = scrape_metrics(&api, &dir.path().join("data"));
     let after = cache_status(&api);
     for (family, field) in [
         (
@@ -85,11 +77,7 @@ fn write_back_cache_sigkill_during_writes_loses_nothing() {
             "stripe_destages",
         ),
     ] {
-        let v = text
-            .lines()
-            .find_map(|l| l.strip_prefix(family))
-            .and_then(|v| v.trim().parse::<f64>().ok())
-            .unwrap_or_else(|| panic!("no {family} in:\n{text}"));
+        let v = metric_sample(&text, family, "");
         let (lo, hi) = (num(&st[field]), num(&after[field]));
         assert!(
             lo <= v && v <= hi,

@@ -8,7 +8,7 @@
 
 use crate::common;
 use common::pair::{wait_for_replica, LoopbackPair};
-use common::{freesan, http, make_token, IQN};
+use common::{freesan, metric_sample, scrape_metrics, IQN};
 use serde_json::Value;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{TcpListener, TcpStream};
@@ -303,22 +303,8 @@ fn failures_reach_webhook_and_mail_once_and_the_log_survives_a_restart() {
     assert_eq!(r["failovers"], 1, "{r}");
     let at = r["last_failover_ms"].as_u64().expect("a failover time");
     assert!(at >= killed_ms && at <= now_ms() as u64, "{r}");
-    let token = make_token(&pair.p.node_dir(1).join("data"), "read-only", "metrics");
-    let (code, text) = http(
-        api(&n1),
-        "GET",
-        "/metrics",
-        &[&format!("Authorization: Bearer {token}")],
-        "",
-    );
-    assert_eq!(code, 200, "{text}");
-    let sample = |name: &str| {
-        text.lines()
-            .find(|l| l.starts_with(name) && l.contains("lun1"))
-            .and_then(|l| l.rsplit(' ').next())
-            .and_then(|v| v.parse::<f64>().ok())
-            .unwrap_or_else(|| panic!("no {name} for lun1 in:\n{text}"))
-    };
+    let text = scrape_metrics(api(&n1), &pair.p.node_dir(1).join("data"));
+    let sample = |name: &str| metric_sample(&text, name, "lun1");
     assert_eq!(sample("freesan_replica_failovers_total{"), 1.0);
     assert_eq!(
         (sample("freesan_replica_last_failover_timestamp_seconds{") * 1e3).round() as u64,
