@@ -20,6 +20,7 @@
 //! successful `flush`, or at once if it was issued with `fua = true` or the volume's
 //! geometry says `volatile_cache == false`.
 
+mod atomic;
 mod budget;
 mod crashsim;
 mod delay;
@@ -32,6 +33,7 @@ mod rangelock;
 mod stall;
 mod switch;
 
+pub use atomic::{AtomicWrites, ATOMIC_BYTES_MAX, ATOMIC_SLOTS};
 pub use budget::{BufferBudget, BufferPermit, BufferStatus};
 pub use bytes::{Bytes, BytesMut};
 pub use crashsim::CrashSimVolume;
@@ -201,6 +203,21 @@ pub trait Volume: Send + Sync + 'static {
         }
         self.write(lba, data, fua).await?;
         Ok(None)
+    }
+
+    /// Most blocks one [`Volume::write_atomic`] may carry; 0 (the default) when the
+    /// volume has no atomic writes.
+    fn atomic_write_max_blocks(&self) -> u32 {
+        0
+    }
+
+    /// Writes `data` at `lba` all or nothing: after a crash the blocks hold either
+    /// all of it or none of it, and no read or write running at the same time sees
+    /// part of it. Durable when it returns (as with `fua`). Refused (the default)
+    /// by volumes that cannot promise it; see [`AtomicWrites`].
+    async fn write_atomic(&self, lba: u64, data: Bytes) -> BlockResult<()> {
+        let _ = (lba, data);
+        Err(BlockError::NotSupported("atomic writes on this kind of volume"))
     }
 
     /// Allocation state of the blocks from `lba` on, covering at least one block and

@@ -1,0 +1,476 @@
+//! Atomic writes (SCSI WRITE ATOMIC(16)): a write lands whole or not at all,
+//! across a crash, and nothing running at the same time sees part of it.
+//!
+//! [`AtomicWrites`] wraps the volume a LUN serves (the *data*) and a small second
+//! volume (the *record area*, a file beside the LUN's state) cut into
+//! [`ATOMIC_SLOTS`] slots. An atomic write:
+//! 1. takes its block range exclusively (see "The gate" below): reads and writes
+//!    that overlap it wait, and it waits for those already running;
+//! 2. takes a sequence number and writes a *record* into a free slot, FUA: a header
+//!    (magic, version, block size, sequence, LBA, block count, and one crc32c over
+//!    the header and the data) followed by the data, in one write;
+//! 3. writes the data in place, FUA;
+//! 4. clears the slot's header, FUA; only then is it answered and its range
+//!    released.
+//!
+//! Why that is all or nothing: a crash before the record is durable leaves the
+//! blocks as they were (nothing was written in place, and a torn record fails its
+//! checksum). From then on the next open replays the record (steps 3 and 4), so the
+//! blocks end up holding all of the new data whatever step 3 had done. A record is
+//! cleared before its range is released, so a replay can never undo a later write.
+//! Sequence numbers are taken under the range lock, so overlapping records replay
+//! in the order their writes ran.
+//!
+//! The gate: plain reads and writes normally take no lock (one counter up and down).
+//! While an atomic write is pending they take their range shared in a [`RangeLocks`]
+//! table, and the atomic write first waits for the unlocked ones still running to
+//! end, then takes its range exclusively.
+//!
+//! Replay runs before the first operation of any kind (or at [`AtomicWrites::recover`]).
+//! What it does not do: atomic writes larger than [`ATOMIC_BYTES_MAX`], or through a
+//! volume replicated to a partner node (the record area is this node's); an atomic
+//! write whose in-place write fails keeps its record (the next open applies it) and
+//! is answered with the error, and from then on the volume refuses atomic writes.
+
+use crate::rangelock::{LockMode, RangeLocks};
+use crate::{BlockError, BlockResult, Bytes, BytesMut, Extent, Geometry, Volume, VolumeRef};
+use async_trait::async_trait;
+use parking_lot::Mutex;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use tokio::sync::{Notify, OnceCell, Semaphore};
+
+/// Most bytes one atomic write may carry (256 blocks of 4 KiB, 2048 of 512 bytes).
+pub const ATOMIC_BYTES_MAX: u64 = 1 << 20;
+/// Atomic writes whose records may be written at once.
+pub const ATOMIC_SLOTS: u64 = 4;
+
+const MAGIC: &[u8; 8] = b"FSATOMIC";
+const VERSION: u32 = 1;
+/// Header bytes covered by the checksum (the checksum follows them).
+const HEADER_SUMMED: usize = 36;
+
+/// Blocks of one slot: a header block, then room for the largest write.
+fn slot_blocks(block_size: u32) -> u64 {
+    1 + ATOMIC_BYTES_MAX / block_size.max(1) as u64
+}
+
+/// A record as the record area holds it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Record {
+    seq: u64,
+    lba: u64,
+    data: Bytes,
+}
+
+fn encode(block_size: u32, r: &Record) -> Bytes {
+    let bs = block_size as usize;
+    let mut out = BytesMut::zeroed(bs + r.data.len());
+    out[0..8].copy_from_slice(MAGIC);
+    out[8..12].copy_from_slice(&VERSION.to_le_bytes());
+    out[12..16].copy_from_slice(&block_size.to_le_bytes());
+    out[16..24].copy_from_slice(&r.seq.to_le_bytes());
+    out[24..32].copy_from_slice(&r.lba.to_le_bytes());
+    let blocks = (r.data.len() / bs) as u32;
+    out[32..36].copy_from_slice(&blocks.to_le_bytes());
+    let crc = crc32c::crc32c_append(crc32c::crc32c(&out[..HEADER_SUMMED]), &r.data);
+    out[36..40].copy_from_slice(&crc.to_le_bytes());
+    out[bs..].copy_from_slice(&r.data);
+    out.freeze()
+}
+
+/// The block count a header names, if it is one of ours for this block size.
+fn header_blocks(block_size: u32, h: &[u8]) -> Option<u32> {
+    if h.len() < 40 || &h[0..8] != MAGIC {
+        return None;
+    }
+    let u32_at = |i: usize| u32::from_le_bytes([h[i], h[i + 1], h[i + 2], h[i + 3]]);
+    if u32_at(8) != VERSION || u32_at(12) != block_size {
+        return None;
+    }
+    Some(u32_at(32))
+}
+
+/// The record in `header` + `data`, if its checksum holds.
+fn decode(block_size: u32, header: &[u8], data: Bytes) -> Option<Record> {
+    let blocks = header_blocks(block_size, header)?;
+    if data.len() != blocks as usize * block_size as usize {
+        return None;
+    }
+    let u64_at = |i: usize| {
+        let mut b = [0u8; 8];
+        b.copy_from_slice(&header[i..i + 8]);
+        u64::from_le_bytes(b)
+    };
+    let want = u32::from_le_bytes([header[36], header[37], header[38], header[39]]);
+    let crc = crc32c::crc32c_append(crc32c::crc32c(&header[..HEADER_SUMMED]), &data);
+    (crc == want).then(|| Record {
+        seq: u64_at(16),
+        lba: u64_at(24),
+        data,
+    })
+}
+
+/// Plain operations' side of the gate (see the module notes).
+struct Gate {
+    /// Atomic writes waiting for or holding their range.
+    pending: AtomicUsize,
+    /// Plain operations running without a range lock.
+    unlocked: AtomicUsize,
+    /// Woken when an unlocked operation ends while an atomic write is pending.
+    drained: Notify,
+    locks: RangeLocks,
+}
+
+/// Counts an unlocked plain operation until dropped.
+struct Unlocked<'a>(&'a Gate);
+
+impl Drop for Unlocked<'_> {
+    fn drop(&mut self) {
+        self.0.unlocked.fetch_sub(1, Ordering::SeqCst);
+        if self.0.pending.load(Ordering::SeqCst) > 0 {
+            self.0.drained.notify_waiters();
+        }
+    }
+}
+
+/// Counts a pending atomic write until dropped.
+struct Pending<'a>(&'a Gate);
+
+impl Drop for Pending<'_> {
+    fn drop(&mut self) {
+        self.0.pending.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+impl Gate {
+    /// Runs a plain operation over `[lba, lba + blocks)`.
+    async fn plain<T>(&self, lba: u64, blocks: u64, op: impl std::future::Future<Output = T>) -> T {
+        self.unlocked.fetch_add(1, Ordering::SeqCst);
+        let fast = Unlocked(self);
+        if self.pending.load(Ordering::SeqCst) == 0 {
+            let r = op.await;
+            drop(fast);
+            return r;
+        }
+        drop(fast);
+        let _g = self
+            .locks
+            .lock(lba, lba.saturating_add(blocks), LockMode::Shared)
+            .await;
+        op.await
+    }
+}
+
+/// A volume with atomic writes (see the module notes).
+pub struct AtomicWrites {
+    data: VolumeRef,
+    records: VolumeRef,
+    block_size: u32,
+    max_blocks: u32,
+    ready: OnceCell<()>,
+    gate: Gate,
+    /// Free slots (true = free), and one permit per free slot.
+    free: Mutex<Vec<bool>>,
+    permits: Semaphore,
+    next_seq: AtomicU64,
+    /// A record could not be cleared or applied: refuse further atomic writes.
+    broken: AtomicBool,
+}
+
+impl AtomicWrites {
+    /// Bytes the record area needs for a data volume of `block_size`-byte blocks.
+    pub fn records_bytes(block_size: u32) -> u64 {
+        ATOMIC_SLOTS * slot_blocks(block_size) * block_size as u64
+    }
+
+    /// Wraps `data`, keeping records in `records`, which must have the data's block
+    /// size and at least [`AtomicWrites::records_bytes`]. Replays nothing yet.
+    pub fn new(data: VolumeRef, records: VolumeRef) -> BlockResult<AtomicWrites> {
+        let g = data.geometry();
+        let rg = records.geometry();
+        if rg.block_size_bytes != g.block_size_bytes
+            || rg.size_bytes() < Self::records_bytes(g.block_size_bytes)
+        {
+            return Err(BlockError::Unavailable(format!(
+                "the atomic-write record area needs {} bytes in blocks of {}; it has {} in blocks of {}",
+                Self::records_bytes(g.block_size_bytes),
+                g.block_size_bytes,
+                rg.size_bytes(),
+                rg.block_size_bytes
+            )));
+        }
+        let max_blocks = (ATOMIC_BYTES_MAX / g.block_size_bytes.max(1) as u64)
+            .min(g.max_io_blocks.max(1) as u64) as u32;
+        Ok(AtomicWrites {
+            data,
+            records,
+            block_size: g.block_size_bytes,
+            max_blocks,
+            ready: OnceCell::new(),
+            gate: Gate {
+                pending: AtomicUsize::new(0),
+                unlocked: AtomicUsize::new(0),
+                drained: Notify::new(),
+                locks: RangeLocks::default(),
+            },
+            free: Mutex::new(vec![true; ATOMIC_SLOTS as usize]),
+            permits: Semaphore::new(ATOMIC_SLOTS as usize),
+            next_seq: AtomicU64::new(1),
+            broken: AtomicBool::new(false),
+        })
+    }
+
+    fn slot_lba(&self, slot: usize) -> u64 {
+        slot as u64 * slot_blocks(self.block_size)
+    }
+
+    /// Applies every record a crash left (in sequence order), clears it, and
+    /// returns how many there were. Runs once; every operation waits for it.
+    pub async fn recover(&self) -> BlockResult<usize> {
+        let mut n = 0;
+        self.ready
+            .get_or_try_init(|| async {
+                n = self.replay().await?;
+                Ok::<(), BlockError>(())
+            })
+            .await?;
+        Ok(n)
+    }
+
+    async fn ready(&self) -> BlockResult<()> {
+        if self.ready.initialized() {
+            return Ok(());
+        }
+        self.recover().await.map(|_| ())
+    }
+
+    async fn replay(&self) -> BlockResult<usize> {
+        let bs = self.block_size;
+        let g = self.data.geometry();
+        let mut found = Vec::new();
+        for slot in 0..ATOMIC_SLOTS as usize {
+            let at = self.slot_lba(slot);
+            let header = self.records.read(at, 1).await?;
+            let Some(blocks) = header_blocks(bs, &header) else {
+                continue;
+            };
+            if blocks == 0 || blocks as u64 >= slot_blocks(bs) {
+                continue;
+            }
+            let data = self.records.read(at + 1, blocks).await?;
+            match decode(bs, &header, data) {
+                Some(r) if r.lba.saturating_add(blocks as u64) <= g.block_count => {
+                    found.push((slot, r))
+                }
+                Some(r) => tracing::warn!(
+                    slot,
+                    lba = r.lba,
+                    blocks,
+                    "atomic write record beyond the end of the volume: not applied"
+                ),
+                None => {}
+            }
+        }
+        found.sort_by_key(|(_, r)| r.seq);
+        let zero = Bytes::from(vec![0u8; bs as usize]);
+        for (slot, r) in &found {
+            tracing::info!(
+                slot,
+                seq = r.seq,
+                lba = r.lba,
+                blocks = r.data.len() / bs as usize,
+                "applying an atomic write a crash interrupted"
+            );
+            self.data.write(r.lba, r.data.clone(), true).await?;
+            self.records
+                .write(self.slot_lba(*slot), zero.clone(), true)
+                .await?;
+        }
+        let top = found.iter().map(|(_, r)| r.seq).max().unwrap_or(0);
+        self.next_seq.store(top + 1, Ordering::SeqCst);
+        Ok(found.len())
+    }
+
+    async fn atomic(&self, lba: u64, data: Bytes) -> BlockResult<()> {
+        let bs = self.block_size as usize;
+        if data.is_empty() || data.len() % bs != 0 {
+            return Err(BlockError::Misaligned {
+                len_bytes: data.len(),
+            });
+        }
+        let blocks = (data.len() / bs) as u64;
+        self.data.geometry().check_range(lba, blocks)?;
+        if blocks > self.max_blocks as u64 {
+            return Err(BlockError::NotSupported(
+                "an atomic write larger than the volume's atomic limit",
+            ));
+        }
+        if self.broken.load(Ordering::SeqCst) {
+            return Err(BlockError::Unavailable(
+                "atomic writes: a record could not be applied or cleared".into(),
+            ));
+        }
+        let permit = self
+            .permits
+            .acquire()
+            .await
+            .map_err(|_| BlockError::Unavailable("atomic writes closed".into()))?;
+        let slot = {
+            let mut f = self.free.lock();
+            let Some(i) = f.iter().position(|&x| x) else {
+                return Err(BlockError::Unavailable("no atomic write slot".into()));
+            };
+            f[i] = false;
+            i
+        };
+        // the gate: wait for unlocked plain operations, then hold the range
+        self.gate.pending.fetch_add(1, Ordering::SeqCst);
+        let pending = Pending(&self.gate);
+        loop {
+            let drained = self.gate.drained.notified();
+            tokio::pin!(drained);
+            drained.as_mut().enable();
+            if self.gate.unlocked.load(Ordering::SeqCst) == 0 {
+                break;
+            }
+            drained.await;
+        }
+        let range = self
+            .gate
+            .locks
+            .lock(lba, lba + blocks, LockMode::Exclusive)
+            .await;
+        let seq = self.next_seq.fetch_add(1, Ordering::SeqCst);
+        let at = self.slot_lba(slot);
+        let record = encode(self.block_size, &Record { seq, lba, data: data.clone() });
+        let release = |keep: bool| {
+            if keep {
+                permit.forget();
+            } else {
+                self.free.lock()[slot] = true;
+                drop(permit);
+            }
+        };
+        if let Err(e) = self.records.write(at, record, true).await {
+            // a record that did not land whole fails its checksum at replay; one that
+            // did is replayed: both leave the blocks whole, so the slot is reusable
+            // only once cleared
+            let cleared = self
+                .records
+                .write(at, Bytes::from(vec![0u8; bs]), true)
+                .await
+                .is_ok();
+            if !cleared {
+                self.broken.store(true, Ordering::SeqCst);
+            }
+            drop(range);
+            drop(pending);
+            release(!cleared);
+            return Err(e);
+        }
+        if let Err(e) = self.data.write(lba, data, true).await {
+            tracing::error!(lba, blocks, error = %e, "atomic write failed in place; its record is kept for the next start");
+            self.broken.store(true, Ordering::SeqCst);
+            drop(range);
+            drop(pending);
+            release(true);
+            return Err(e);
+        }
+        let cleared = self
+            .records
+            .write(at, Bytes::from(vec![0u8; bs]), true)
+            .await;
+        if let Err(e) = cleared {
+            // the record still names these blocks: a replay would write the same
+            // data again, harmless only while nothing else writes them; keep the
+            // range's writers out of the way by refusing further atomic writes and
+            // report the failure
+            tracing::error!(slot, error = %e, "atomic write record could not be cleared");
+            self.broken.store(true, Ordering::SeqCst);
+            drop(range);
+            drop(pending);
+            release(true);
+            return Err(e);
+        }
+        drop(range);
+        drop(pending);
+        release(false);
+        Ok(())
+    }
+}
+
+#[async_trait]
+impl Volume for AtomicWrites {
+    fn geometry(&self) -> Geometry {
+        self.data.geometry()
+    }
+    async fn read(&self, lba: u64, blocks: u32) -> BlockResult<Bytes> {
+        self.ready().await?;
+        self.gate
+            .plain(lba, blocks as u64, self.data.read(lba, blocks))
+            .await
+    }
+    async fn write(&self, lba: u64, data: Bytes, fua: bool) -> BlockResult<()> {
+        self.ready().await?;
+        let blocks = (data.len() / self.block_size.max(1) as usize) as u64;
+        self.gate
+            .plain(lba, blocks, self.data.write(lba, data, fua))
+            .await
+    }
+    async fn flush(&self) -> BlockResult<()> {
+        self.ready().await?;
+        self.data.flush().await
+    }
+    async fn discard(&self, lba: u64, blocks: u64) -> BlockResult<()> {
+        self.ready().await?;
+        self.gate
+            .plain(lba, blocks, self.data.discard(lba, blocks))
+            .await
+    }
+    async fn write_zeroes(&self, lba: u64, blocks: u64, may_unmap: bool) -> BlockResult<()> {
+        self.ready().await?;
+        self.gate
+            .plain(lba, blocks, self.data.write_zeroes(lba, blocks, may_unmap))
+            .await
+    }
+    async fn compare_and_write(
+        &self,
+        lba: u64,
+        compare: Bytes,
+        data: Bytes,
+        fua: bool,
+    ) -> BlockResult<Option<usize>> {
+        self.ready().await?;
+        let blocks = (data.len() / self.block_size.max(1) as usize) as u64;
+        self.gate
+            .plain(lba, blocks, self.data.compare_and_write(lba, compare, data, fua))
+            .await
+    }
+    async fn block_status(&self, lba: u64, blocks: u64) -> BlockResult<Vec<Extent>> {
+        self.ready().await?;
+        self.data.block_status(lba, blocks).await
+    }
+    fn provisioning(&self) -> Option<crate::Provisioning> {
+        self.data.provisioning()
+    }
+    async fn grow(&self, block_count: u64) -> BlockResult<()> {
+        self.data.grow(block_count).await
+    }
+    async fn shrink(&self, block_count: u64) -> BlockResult<()> {
+        self.data.shrink(block_count).await
+    }
+    fn atomic_write_max_blocks(&self) -> u32 {
+        if self.broken.load(Ordering::SeqCst) {
+            0
+        } else {
+            self.max_blocks
+        }
+    }
+    async fn write_atomic(&self, lba: u64, data: Bytes) -> BlockResult<()> {
+        self.ready().await?;
+        self.atomic(lba, data).await
+    }
+}
+
+#[cfg(test)]
+mod tests;
