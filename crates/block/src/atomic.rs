@@ -7,8 +7,8 @@
 //! 1. takes its block range exclusively (see "The gate" below): reads and writes
 //!    that overlap it wait, and it waits for those already running;
 //! 2. takes a sequence number and writes a *record* into a free slot, FUA: a header
-//!    (magic, version, block size, sequence, LBA, block count, and one crc32c over
-//!    the header and the data) followed by the data, in one write;
+//!    (magic, version, block size, sequence, LBA, block count, the volume's key, and
+//!    one crc32c over the header and the data) followed by the data, in one write;
 //! 3. writes the data in place, FUA;
 //! 4. clears the slot's header, FUA; only then is it answered and its range
 //!    released.
@@ -47,7 +47,7 @@ pub const ATOMIC_SLOTS: u64 = 4;
 const MAGIC: &[u8; 8] = b"FSATOMIC";
 const VERSION: u32 = 1;
 /// Header bytes covered by the checksum (the checksum follows them).
-const HEADER_SUMMED: usize = 36;
+const HEADER_SUMMED: usize = 44;
 
 /// Blocks of one slot: a header block, then room for the largest write.
 fn slot_blocks(block_size: u32) -> u64 {
@@ -59,6 +59,8 @@ fn slot_blocks(block_size: u32) -> u64 {
 struct Record {
     seq: u64,
     lba: u64,
+    /// Which volume the record is for ([`AtomicWrites::new`]'s `key`).
+    key: u64,
     data: Bytes,
 }
 
@@ -72,15 +74,16 @@ fn encode(block_size: u32, r: &Record) -> Bytes {
     out[24..32].copy_from_slice(&r.lba.to_le_bytes());
     let blocks = (r.data.len() / bs) as u32;
     out[32..36].copy_from_slice(&blocks.to_le_bytes());
+    out[36..44].copy_from_slice(&r.key.to_le_bytes());
     let crc = crc32c::crc32c_append(crc32c::crc32c(&out[..HEADER_SUMMED]), &r.data);
-    out[36..40].copy_from_slice(&crc.to_le_bytes());
+    out[44..48].copy_from_slice(&crc.to_le_bytes());
     out[bs..].copy_from_slice(&r.data);
     out.freeze()
 }
 
 /// The block count a header names, if it is one of ours for this block size.
 fn header_blocks(block_size: u32, h: &[u8]) -> Option<u32> {
-    if h.len() < 40 || &h[0..8] != MAGIC {
+    if h.len() < 48 || &h[0..8] != MAGIC {
         return None;
     }
     let u32_at = |i: usize| u32::from_le_bytes([h[i], h[i + 1], h[i + 2], h[i + 3]]);
@@ -101,11 +104,12 @@ fn decode(block_size: u32, header: &[u8], data: Bytes) -> Option<Record> {
         b.copy_from_slice(&header[i..i + 8]);
         u64::from_le_bytes(b)
     };
-    let want = u32::from_le_bytes([header[36], header[37], header[38], header[39]]);
+    let want = u32::from_le_bytes([header[44], header[45], header[46], header[47]]);
     let crc = crc32c::crc32c_append(crc32c::crc32c(&header[..HEADER_SUMMED]), &data);
     (crc == want).then(|| Record {
         seq: u64_at(16),
         lba: u64_at(24),
+        key: u64_at(36),
         data,
     })
 }
@@ -165,6 +169,7 @@ impl Gate {
 pub struct AtomicWrites {
     data: VolumeRef,
     records: VolumeRef,
+    key: u64,
     block_size: u32,
     max_blocks: u32,
     ready: OnceCell<()>,
@@ -184,8 +189,11 @@ impl AtomicWrites {
     }
 
     /// Wraps `data`, keeping records in `records`, which must have the data's block
-    /// size and at least [`AtomicWrites::records_bytes`]. Replays nothing yet.
-    pub fn new(data: VolumeRef, records: VolumeRef) -> BlockResult<AtomicWrites> {
+    /// size and at least [`AtomicWrites::records_bytes`]. `key` names the data
+    /// volume (freesan uses the LUN's identity): a record written for another key (a
+    /// record area left over from a LUN since replaced) is never applied. Replays
+    /// nothing yet.
+    pub fn new(data: VolumeRef, records: VolumeRef, key: u64) -> BlockResult<AtomicWrites> {
         let g = data.geometry();
         let rg = records.geometry();
         if rg.block_size_bytes != g.block_size_bytes
@@ -204,6 +212,7 @@ impl AtomicWrites {
         Ok(AtomicWrites {
             data,
             records,
+            key,
             block_size: g.block_size_bytes,
             max_blocks,
             ready: OnceCell::new(),
@@ -259,6 +268,11 @@ impl AtomicWrites {
             }
             let data = self.records.read(at + 1, blocks).await?;
             match decode(bs, &header, data) {
+                Some(r) if r.key != self.key => tracing::warn!(
+                    slot,
+                    key = r.key,
+                    "atomic write record of another volume: not applied"
+                ),
                 Some(r) if r.lba.saturating_add(blocks as u64) <= g.block_count => {
                     found.push((slot, r))
                 }
@@ -342,7 +356,15 @@ impl AtomicWrites {
             .await;
         let seq = self.next_seq.fetch_add(1, Ordering::SeqCst);
         let at = self.slot_lba(slot);
-        let record = encode(self.block_size, &Record { seq, lba, data: data.clone() });
+        let record = encode(
+            self.block_size,
+            &Record {
+                seq,
+                lba,
+                key: self.key,
+                data: data.clone(),
+            },
+        );
         let release = |keep: bool| {
             if keep {
                 permit.forget();

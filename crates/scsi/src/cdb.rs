@@ -72,6 +72,7 @@ pub mod op {
     pub const WRITE_16: u8 = 0x8a;
     /// ORWRITE(16).
     pub const ORWRITE_16: u8 = 0x8b;
+    pub const WRITE_ATOMIC_16: u8 = 0x9c;
     /// WRITE AND VERIFY(16).
     pub const WRITE_VERIFY_16: u8 = 0x8e;
     /// VERIFY(16).

@@ -105,7 +105,10 @@ pub(crate) fn inquiry(
         }
         VPD_DEVICE_ID => vpd(page, &device_id(target, ports, lu, nexus)),
         VPD_THIRD_PARTY_COPY => vpd(page, &crate::copy::vpd_page(lu)),
-        VPD_BLOCK_LIMITS => vpd(page, &block_limits(&geo)),
+        VPD_BLOCK_LIMITS => vpd(
+            page,
+            &block_limits(&geo, lu.volume.atomic_write_max_blocks()),
+        ),
         VPD_BLOCK_CHARACTERISTICS => {
             let mut b = vec![0u8; 0x3c];
             b[1] = 0x01; // MEDIUM ROTATION RATE: non-rotating medium
@@ -207,7 +210,10 @@ fn device_id(target: &str, ports: &[TargetPort], lu: &LogicalUnit, nexus: &ItNex
     out
 }
 
-fn block_limits(geo: &Geometry) -> Vec<u8> {
+/// The Block Limits page; `atomic_blocks` is the volume's largest atomic write (0:
+/// none). Atomic writes have no alignment or granularity rule and no atomic
+/// boundaries here, so those fields stay zero.
+fn block_limits(geo: &Geometry, atomic_blocks: u32) -> Vec<u8> {
     let lim = Limits::of(geo);
     let mut b = vec![0u8; 0x3c];
     // byte 4 of the page = b[0]: WSNZ = 0 (zero length WRITE SAME means "to the end")
@@ -224,7 +230,18 @@ fn block_limits(geo: &Geometry) -> Vec<u8> {
         b[28..32].copy_from_slice(&0x8000_0000u32.to_be_bytes()); // UGAVALID, alignment 0
     }
     b[32..40].copy_from_slice(&lim.write_same_blocks_max.to_be_bytes());
+    // MAXIMUM ATOMIC TRANSFER LENGTH (page byte 44)
+    let atomic = atomic_write_blocks_max(geo, atomic_blocks);
+    b[40..44].copy_from_slice(&atomic.to_be_bytes());
     b
+}
+
+/// The largest WRITE ATOMIC(16) an LU accepts: its volume's atomic limit, within
+/// the maximum transfer length and the CDB's 16-bit TRANSFER LENGTH.
+pub(crate) fn atomic_write_blocks_max(geo: &Geometry, atomic_blocks: u32) -> u32 {
+    atomic_blocks
+        .min(Limits::of(geo).transfer_blocks_max)
+        .min(u16::MAX as u32)
 }
 
 #[cfg(test)]
@@ -257,7 +274,7 @@ mod tests {
             ..g
         };
         assert_eq!(Limits::of(&small).write_same_blocks_max, 1024);
-        let bl = block_limits(&g);
+        let bl = block_limits(&g, 0);
         assert_eq!(&bl[16..24], &[0u8; 8]); // no UNMAP on a thick volume
     }
 }

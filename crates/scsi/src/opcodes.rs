@@ -14,6 +14,8 @@ struct Entry {
     usage: &'static [u8],
     /// Only for thin-provisioned volumes.
     thin_only: bool,
+    /// Only for volumes with atomic writes.
+    atomic_only: bool,
 }
 
 const fn e(opcode: u8, service_action: Option<u8>, usage: &'static [u8]) -> Entry {
@@ -22,6 +24,7 @@ const fn e(opcode: u8, service_action: Option<u8>, usage: &'static [u8]) -> Entr
         service_action,
         usage,
         thin_only: false,
+        atomic_only: false,
     }
 }
 
@@ -84,6 +87,7 @@ const TABLE: &[Entry] = &[
         service_action: None,
         usage: &[0x42, 0, 0, 0, 0, 0, 0x1f, 0xff, 0xff, 0],
         thin_only: true,
+        atomic_only: false,
     },
     e(
         op::MODE_SELECT_10,
@@ -170,6 +174,15 @@ const TABLE: &[Entry] = &[
     e(op::PRE_FETCH_16, None, cat!(0x90, 0x02, RW16)),
     e(op::SYNC_CACHE_16, None, cat!(0x91, 0x02, RW16)),
     e(op::WRITE_SAME_16, None, cat!(0x93, 0x09, RW16)),
+    // WRITE ATOMIC(16): the ATOMIC BOUNDARY field (bytes 10-11) is examined (it
+    // must be zero), so its usage matches WRITE(16)'s transfer length bytes
+    Entry {
+        opcode: op::WRITE_ATOMIC_16,
+        service_action: None,
+        usage: cat!(0x9c, 0x18, RW16),
+        thin_only: false,
+        atomic_only: true,
+    },
     e(
         op::SERVICE_ACTION_IN_16,
         Some(sa::READ_CAPACITY_16),
@@ -237,6 +250,7 @@ pub(crate) fn is_supported(opcode: u8, service_action: u8, thin: bool) -> bool {
         e.opcode == opcode
             && (e.service_action.is_none() || e.service_action == Some(service_action))
             && (thin || !e.thin_only)
+            && !e.atomic_only
     })
 }
 
@@ -255,13 +269,13 @@ fn timeouts() -> [u8; 12] {
 }
 
 /// REPORT SUPPORTED OPERATION CODES (MAINTENANCE IN / 0x0c).
-pub(crate) fn report_supported_opcodes(cdb: &Cdb, thin: bool) -> CmdResult {
+pub(crate) fn report_supported_opcodes(cdb: &Cdb, thin: bool, atomic: bool) -> CmdResult {
     let rctd = cdb.b(2) & 0x80 != 0;
     let options = cdb.b(2) & 0x07;
     let req_op = cdb.b(3);
     let req_sa = cdb.u16_at(4);
     let alloc_len = cdb.u32_at(6);
-    let visible = |e: &&Entry| thin || !e.thin_only;
+    let visible = |e: &&Entry| (thin || !e.thin_only) && (atomic || !e.atomic_only);
     if options == 0 {
         let mut d = vec![0u8; 4];
         for e in TABLE.iter().filter(visible) {

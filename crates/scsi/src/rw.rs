@@ -1,5 +1,5 @@
-//! The read/write family: READ/WRITE(6/10/12/16), WRITE AND VERIFY, VERIFY,
-//! COMPARE AND WRITE, ORWRITE, PRE-FETCH and SYNCHRONIZE CACHE.
+//! The read/write family: READ/WRITE(6/10/12/16), WRITE ATOMIC(16), WRITE AND
+//! VERIFY, VERIFY, COMPARE AND WRITE, ORWRITE, PRE-FETCH and SYNCHRONIZE CACHE.
 //!
 //! Hot path: READ hands the volume's `Bytes` straight to Data-In; WRITE slices the
 //! Data-Out `Bytes` without copying. Plain writes take the LU's write-ordering lock
@@ -151,6 +151,49 @@ pub(crate) async fn write(lu: &LogicalUnit, cdb: &Cdb, data_out: &Bytes) -> CmdR
     let _order = lu.write_order.read().await;
     lu.volume
         .write(rw.lba, data, fua)
+        .await
+        .map_err(|e| Fail::Check(lu.io_error(&e), len))?;
+    Ok(Done {
+        data_in: Bytes::new(),
+        transfer_len_bytes: len,
+    })
+}
+
+/// WRITE ATOMIC(16) (SBC-4): all of the data lands or none of it, across a crash,
+/// and no command running beside it sees part of it: the volume's
+/// [`block::Volume::write_atomic`] does that (`block::AtomicWrites`). An LU whose
+/// volume has no atomic writes (one replicated to a partner node) does not know the
+/// command, and says so in REPORT SUPPORTED OPERATION CODES and the Block Limits
+/// page. No atomic boundaries: a nonzero ATOMIC BOUNDARY is refused. The data is
+/// durable when the command completes, FUA or not.
+pub(crate) async fn write_atomic(lu: &LogicalUnit, cdb: &Cdb, data_out: &Bytes) -> CmdResult {
+    let atomic = lu.volume.atomic_write_max_blocks();
+    if atomic == 0 {
+        return Err(codes::INVALID_OPCODE.into());
+    }
+    let geo = lu.geometry();
+    let lba = cdb.u64_at(2);
+    let blocks = cdb.u16_at(12) as u32;
+    let len = bytes_of(&geo, blocks as u64);
+    if cdb.b(1) >> 5 != 0 {
+        return Err(Fail::Check(cdb.invalid(1, Some(7)), len));
+    }
+    if cdb.u16_at(10) != 0 {
+        return Err(Fail::Check(cdb.invalid(10, None), len));
+    }
+    check_range(&geo, lba, blocks as u64).map_err(|s| Fail::Check(s, len))?;
+    if blocks > crate::inquiry::atomic_write_blocks_max(&geo, atomic) {
+        return Err(Fail::Check(cdb.invalid(12, None), len));
+    }
+    lu.check_writable().map_err(|s| Fail::Check(s, len))?;
+    if blocks == 0 {
+        return Ok(Done::empty());
+    }
+    // all of it or nothing: a short Data-Out is refused, not written in part
+    let data = take_data(data_out, len)?;
+    let _order = lu.write_order.read().await;
+    lu.volume
+        .write_atomic(lba, data)
         .await
         .map_err(|e| Fail::Check(lu.io_error(&e), len))?;
     Ok(Done {

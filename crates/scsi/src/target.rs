@@ -123,7 +123,8 @@ fn allocates(opcode: u8) -> Option<bool> {
         | op::WRITE_VERIFY_12
         | op::WRITE_VERIFY_16
         | op::COMPARE_AND_WRITE
-        | op::ORWRITE_16 => Some(false),
+        | op::ORWRITE_16
+        | op::WRITE_ATOMIC_16 => Some(false),
         op::WRITE_SAME_10 | op::WRITE_SAME_16 | op::UNMAP => Some(true),
         _ => None,
     }
@@ -664,7 +665,11 @@ impl ScsiTarget {
             op::MAINTENANCE_IN => match cdb.service_action() {
                 sa::REPORT_TARGET_PORT_GROUPS => lu.alua.report(cdb),
                 sa::REPORT_SUPPORTED_OPCODES => {
-                    opcodes::report_supported_opcodes(cdb, lu.geometry().thin)
+                    opcodes::report_supported_opcodes(
+                        cdb,
+                        lu.geometry().thin,
+                        lu.volume.atomic_write_max_blocks() > 0,
+                    )
                 }
                 sa::REPORT_SUPPORTED_TMFS => opcodes::report_supported_tmfs(cdb),
                 _ => Err(cdb.invalid(1, Some(4)).into()),
@@ -683,6 +688,7 @@ impl ScsiTarget {
             op::VERIFY_10 | op::VERIFY_12 | op::VERIFY_16 => rw::verify(lu, cdb, data).await,
             op::COMPARE_AND_WRITE => rw::compare_and_write(lu, cdb, data).await,
             op::ORWRITE_16 => rw::orwrite(lu, cdb, data).await,
+            op::WRITE_ATOMIC_16 => rw::write_atomic(lu, cdb, data).await,
             op::PRE_FETCH_10 | op::PRE_FETCH_16 => rw::prefetch(lu, cdb).await,
             op::SYNC_CACHE_10 | op::SYNC_CACHE_16 => rw::sync_cache(lu, cdb).await,
             op::WRITE_SAME_10 | op::WRITE_SAME_16 => provisioning::write_same(lu, cdb, data).await,

@@ -5,6 +5,7 @@ use std::sync::Arc;
 
 const BS: u32 = 512;
 const BLOCKS: u64 = 4096;
+const KEY: u64 = 0x5eed;
 
 fn mem() -> Arc<MemVolume> {
     Arc::new(MemVolume::new(BS, BLOCKS))
@@ -98,19 +99,19 @@ impl Volume for Piecewise {
 #[tokio::test]
 async fn an_atomic_write_reads_back_and_leaves_no_record() {
     let (d, r) = (mem(), records());
-    let v = AtomicWrites::new(d.clone(), r.clone()).unwrap();
+    let v = AtomicWrites::new(d.clone(), r.clone(), KEY).unwrap();
     assert_eq!(v.atomic_write_max_blocks(), (ATOMIC_BYTES_MAX / BS as u64) as u32);
     v.write_atomic(100, fill(0xa6, 64)).await.unwrap();
     assert_eq!(v.read(100, 64).await.unwrap(), fill(0xa6, 64));
     // the record was cleared: a new instance replays nothing
-    let again = AtomicWrites::new(d, r).unwrap();
+    let again = AtomicWrites::new(d, r, KEY).unwrap();
     assert_eq!(again.recover().await.unwrap(), 0);
     assert_eq!(again.read(100, 64).await.unwrap(), fill(0xa6, 64));
 }
 
 #[tokio::test]
 async fn refuses_what_it_cannot_make_atomic() {
-    let v = AtomicWrites::new(mem(), records()).unwrap();
+    let v = AtomicWrites::new(mem(), records(), KEY).unwrap();
     let too_big = ATOMIC_BYTES_MAX / BS as u64 + 1;
     assert!(matches!(
         v.write_atomic(0, fill(1, too_big)).await,
@@ -122,9 +123,9 @@ async fn refuses_what_it_cannot_make_atomic() {
     ));
     // a record area too small, or of another block size
     let small = Arc::new(MemVolume::new(BS, 8));
-    assert!(AtomicWrites::new(mem(), small).is_err());
+    assert!(AtomicWrites::new(mem(), small, KEY).is_err());
     let other = Arc::new(MemVolume::new(4096, 4096));
-    assert!(AtomicWrites::new(mem(), other).is_err());
+    assert!(AtomicWrites::new(mem(), other, KEY).is_err());
 }
 
 /// Cuts the power after every write of an atomic write in turn (the record, the
@@ -150,10 +151,10 @@ async fn a_crash_at_any_write_leaves_all_old_or_all_new() {
                     tear,
                 })
             };
-            let v = AtomicWrites::new(cut(d.clone()), cut(r.clone())).unwrap();
+            let v = AtomicWrites::new(cut(d.clone()), cut(r.clone()), KEY).unwrap();
             let answered = v.write_atomic(200, new.clone()).await.is_ok();
             // the restart: the same media, without the cut
-            let after = AtomicWrites::new(d.clone(), r.clone()).unwrap();
+            let after = AtomicWrites::new(d.clone(), r.clone(), KEY).unwrap();
             after.recover().await.unwrap();
             let got = after.read(200, N as u32).await.unwrap();
             assert!(
@@ -192,18 +193,18 @@ async fn a_crash_during_replay_is_replayed_again() {
             tear,
         })
     };
-    let v = AtomicWrites::new(cut(d.clone(), 0), cut(r.clone(), 0)).unwrap();
+    let v = AtomicWrites::new(cut(d.clone(), 0), cut(r.clone(), 0), KEY).unwrap();
     assert!(v.write_atomic(0, fill(0xee, N)).await.is_err());
     assert_eq!(d.read(0, N as u32).await.unwrap(), fill(0x11, N));
     // the first restart tears its in-place write half way
     left.store(1, Ordering::SeqCst);
-    let torn = AtomicWrites::new(cut(d.clone(), N / 2), cut(r.clone(), N / 2)).unwrap();
+    let torn = AtomicWrites::new(cut(d.clone(), N / 2), cut(r.clone(), N / 2), KEY).unwrap();
     assert!(torn.recover().await.is_err());
     let half = d.read(0, N as u32).await.unwrap();
     assert_ne!(half, fill(0x11, N));
     assert_ne!(half, fill(0xee, N));
     // the second restart completes it
-    let fine = AtomicWrites::new(d.clone(), r.clone()).unwrap();
+    let fine = AtomicWrites::new(d.clone(), r.clone(), KEY).unwrap();
     assert_eq!(fine.recover().await.unwrap(), 1);
     assert_eq!(fine.read(0, N as u32).await.unwrap(), fill(0xee, N));
 }
@@ -212,10 +213,10 @@ async fn a_crash_during_replay_is_replayed_again() {
 #[tokio::test]
 async fn a_later_write_survives_the_restart() {
     let (d, r) = (mem(), records());
-    let v = AtomicWrites::new(d.clone(), r.clone()).unwrap();
+    let v = AtomicWrites::new(d.clone(), r.clone(), KEY).unwrap();
     v.write_atomic(10, fill(0xaa, 16)).await.unwrap();
     v.write(12, fill(0xbb, 4), true).await.unwrap();
-    let after = AtomicWrites::new(d, r).unwrap();
+    let after = AtomicWrites::new(d, r, KEY).unwrap();
     assert_eq!(after.recover().await.unwrap(), 0);
     assert_eq!(after.read(12, 4).await.unwrap(), fill(0xbb, 4));
     assert_eq!(after.read(10, 2).await.unwrap(), fill(0xaa, 2));
@@ -232,6 +233,7 @@ async fn overlapping_records_replay_in_sequence_order() {
             &Record {
                 seq,
                 lba: 5,
+                key: KEY,
                 data: fill(byte, 8),
             },
         )
@@ -239,12 +241,23 @@ async fn overlapping_records_replay_in_sequence_order() {
     // the newer one in the lower slot
     r.write(0, rec(9, 0x99), true).await.unwrap();
     r.write(slot, rec(4, 0x44), true).await.unwrap();
+    // one of another volume in the last slot, never applied
+    let foreign = encode(
+        BS,
+        &Record {
+            seq: 20,
+            lba: 5,
+            key: KEY + 1,
+            data: fill(0xf0, 8),
+        },
+    );
+    r.write(3 * slot, foreign, true).await.unwrap();
     // and a torn one in a third slot, which must be ignored
     let mut torn = BytesMut::from(&rec(12, 0xcc)[..]);
     let n = torn.len();
     torn[n - 1] ^= 1;
     r.write(2 * slot, torn.freeze(), true).await.unwrap();
-    let v = AtomicWrites::new(d, r.clone()).unwrap();
+    let v = AtomicWrites::new(d, r.clone(), KEY).unwrap();
     assert_eq!(v.recover().await.unwrap(), 2);
     assert_eq!(v.read(5, 8).await.unwrap(), fill(0x99, 8));
     // every slot header was cleared (the torn one stays as it was: never applied)
@@ -261,7 +274,7 @@ async fn overlapping_records_replay_in_sequence_order() {
 async fn nothing_running_beside_an_atomic_write_sees_part_of_it() {
     const N: u32 = 32;
     let data: VolumeRef = Arc::new(Piecewise(mem()));
-    let v = Arc::new(AtomicWrites::new(data, records()).unwrap());
+    let v = Arc::new(AtomicWrites::new(data, records(), KEY).unwrap());
     v.write(0, fill(0, N as u64), true).await.unwrap();
     let writer = {
         let v = v.clone();

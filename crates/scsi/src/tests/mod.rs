@@ -2176,6 +2176,7 @@ async fn explicit_alua_states_survive_a_restart() {
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
+mod atomic;
 mod thin;
 
 /// (group id, relative port ids) from REPORT TARGET PORT GROUPS.
