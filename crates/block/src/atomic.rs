@@ -183,6 +183,36 @@ pub struct AtomicWrites {
 }
 
 impl AtomicWrites {
+    /// The key [`AtomicWrites::new`] takes for a volume named by `id` (freesan: the
+    /// LUN's NAA), folded to 64 bits.
+    pub fn key_of(id: &[u8]) -> u64 {
+        let mut key = [0u8; 8];
+        for (i, b) in id.iter().enumerate() {
+            key[i % 8] ^= b;
+        }
+        u64::from_le_bytes(key)
+    }
+
+    /// A record as slot `slot` of the record area holds it, at byte
+    /// `slot as u64 * slot_bytes(block_size)`: for tools and for tests that plant
+    /// what a crash would have left.
+    pub fn record(block_size: u32, seq: u64, lba: u64, key: u64, data: Bytes) -> Bytes {
+        encode(
+            block_size,
+            &Record {
+                seq,
+                lba,
+                key,
+                data,
+            },
+        )
+    }
+
+    /// Bytes of one slot of the record area.
+    pub fn slot_bytes(block_size: u32) -> u64 {
+        slot_blocks(block_size) * block_size as u64
+    }
+
     /// Bytes the record area needs for a data volume of `block_size`-byte blocks.
     pub fn records_bytes(block_size: u32) -> u64 {
         ATOMIC_SLOTS * slot_blocks(block_size) * block_size as u64
@@ -307,7 +337,7 @@ impl AtomicWrites {
 
     async fn atomic(&self, lba: u64, data: Bytes) -> BlockResult<()> {
         let bs = self.block_size as usize;
-        if data.is_empty() || data.len() % bs != 0 {
+        if data.is_empty() || !data.len().is_multiple_of(bs) {
             return Err(BlockError::Misaligned {
                 len_bytes: data.len(),
             });
@@ -465,7 +495,11 @@ impl Volume for AtomicWrites {
         self.ready().await?;
         let blocks = (data.len() / self.block_size.max(1) as usize) as u64;
         self.gate
-            .plain(lba, blocks, self.data.compare_and_write(lba, compare, data, fua))
+            .plain(
+                lba,
+                blocks,
+                self.data.compare_and_write(lba, compare, data, fua),
+            )
             .await
     }
     async fn block_status(&self, lba: u64, blocks: u64) -> BlockResult<Vec<Extent>> {

@@ -217,7 +217,9 @@ pub trait Volume: Send + Sync + 'static {
     /// by volumes that cannot promise it; see [`AtomicWrites`].
     async fn write_atomic(&self, lba: u64, data: Bytes) -> BlockResult<()> {
         let _ = (lba, data);
-        Err(BlockError::NotSupported("atomic writes on this kind of volume"))
+        Err(BlockError::NotSupported(
+            "atomic writes on this kind of volume",
+        ))
     }
 
     /// Allocation state of the blocks from `lba` on, covering at least one block and

@@ -719,6 +719,11 @@ pub struct LunConfig {
     /// event. Only for thin (sparse file) LUNs.
     #[serde(default)]
     pub thin_threshold_percent: Option<u8>,
+    /// Accept SCSI WRITE ATOMIC(16) (Linux's RWF_ATOMIC, databases' torn-page
+    /// protection): each such write keeps a record in `lunN.atomic` in the data
+    /// directory until it is in place. Not for replicated or read-only LUNs.
+    #[serde(default = "default_true")]
+    pub atomic_writes: bool,
 }
 
 fn default_block_size() -> u32 {
@@ -1339,6 +1344,7 @@ impl LunConfig {
             replicated: false,
             replica_mode: None,
             thin_threshold_percent: None,
+            atomic_writes: true,
         }
     }
 }

@@ -51,6 +51,43 @@ fn lun_volume(l: &LunConfig, pools: &Pools) -> Result<(VolumeRef, String)> {
     Ok((Arc::new(vol), path.display().to_string()))
 }
 
+/// `volume` with atomic writes (`block::AtomicWrites`), its records in
+/// `lunN.atomic` beside the LUN's other state, keyed by the LUN's NAA so that a
+/// file left from an earlier LUN of that number is never applied to this one.
+/// Records a crash left are applied at once when a runtime is running (else before
+/// the first I/O).
+fn with_atomic_writes(
+    volume: VolumeRef,
+    tdir: &Path,
+    lun_id: u64,
+    naa: &[u8; 16],
+) -> Result<VolumeRef> {
+    let bs = volume.geometry().block_size_bytes;
+    std::fs::create_dir_all(tdir).with_context(|| format!("creating {}", tdir.display()))?;
+    let path = tdir.join(format!("lun{lun_id}.atomic"));
+    let opts = disk::FileOptions {
+        create_size_bytes: Some(block::AtomicWrites::records_bytes(bs)),
+        block_size_bytes: bs,
+        ..disk::FileOptions::default()
+    };
+    let records = disk::FileVolume::open(&path, &opts)
+        .with_context(|| format!("opening {}", path.display()))?;
+    let key = block::AtomicWrites::key_of(naa);
+    let v = Arc::new(block::AtomicWrites::new(volume, Arc::new(records), key)?);
+    if let Ok(rt) = tokio::runtime::Handle::try_current() {
+        let r = v.clone();
+        let p = path.clone();
+        rt.spawn(async move {
+            match r.recover().await {
+                Ok(0) => {}
+                Ok(n) => tracing::warn!(records = n, file = %p.display(), "applied atomic writes a crash had interrupted"),
+                Err(e) => tracing::error!(error = %e, file = %p.display(), "atomic write records could not be applied"),
+            }
+        });
+    }
+    Ok(v)
+}
+
 /// A LUN opened and ready to be added to its target.
 pub(crate) struct BuiltLun {
     /// Its SCSI configuration (identity, state file).
@@ -94,6 +131,10 @@ pub(crate) fn open_lun(
         None => identity::parse_naa(&id.naa)?,
     };
     let tdir = identity::target_dir(data_dir, iqn);
+    if l.atomic_writes && replicated.is_none() && !l.read_only {
+        volume = with_atomic_writes(volume, &tdir, lun_id, &naa)
+            .with_context(|| format!("the atomic-write records of LUN {lun_id}"))?;
+    }
     Ok(BuiltLun {
         scsi: scsi::LunConfig {
             naa,

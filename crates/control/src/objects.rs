@@ -390,6 +390,7 @@ impl Objects {
             format!("lun{id}.identity.json"),
             format!("lun{id}.pr.json"),
             format!("lun{id}.alua.json"),
+            format!("lun{id}.atomic"),
         ] {
             let _ = std::fs::remove_file(tdir.join(f));
         }

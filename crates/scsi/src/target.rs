@@ -664,13 +664,11 @@ impl ScsiTarget {
             },
             op::MAINTENANCE_IN => match cdb.service_action() {
                 sa::REPORT_TARGET_PORT_GROUPS => lu.alua.report(cdb),
-                sa::REPORT_SUPPORTED_OPCODES => {
-                    opcodes::report_supported_opcodes(
-                        cdb,
-                        lu.geometry().thin,
-                        lu.volume.atomic_write_max_blocks() > 0,
-                    )
-                }
+                sa::REPORT_SUPPORTED_OPCODES => opcodes::report_supported_opcodes(
+                    cdb,
+                    lu.geometry().thin,
+                    lu.volume.atomic_write_max_blocks() > 0,
+                ),
                 sa::REPORT_SUPPORTED_TMFS => opcodes::report_supported_tmfs(cdb),
                 _ => Err(cdb.invalid(1, Some(4)).into()),
             },

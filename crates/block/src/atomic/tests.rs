@@ -100,7 +100,10 @@ impl Volume for Piecewise {
 async fn an_atomic_write_reads_back_and_leaves_no_record() {
     let (d, r) = (mem(), records());
     let v = AtomicWrites::new(d.clone(), r.clone(), KEY).unwrap();
-    assert_eq!(v.atomic_write_max_blocks(), (ATOMIC_BYTES_MAX / BS as u64) as u32);
+    assert_eq!(
+        v.atomic_write_max_blocks(),
+        (ATOMIC_BYTES_MAX / BS as u64) as u32
+    );
     v.write_atomic(100, fill(0xa6, 64)).await.unwrap();
     assert_eq!(v.read(100, 64).await.unwrap(), fill(0xa6, 64));
     // the record was cleared: a new instance replays nothing

@@ -291,6 +291,25 @@ pub fn one_file_lun_config(dir: &Path) -> PathBuf {
 
 /// The head of a node config: data under `dir`, API and one portal on ports the
 /// kernel picks, and `disks` file disks `d0..` of 64M in `dir`.
+/// A node on 127.0.0.1 serving target `IQN` with one LUN on the file
+/// `DIR/lun0.img` (created at `size` when missing), its data directory
+/// `DIR/data`, its log in `DIR/LOG`.
+pub fn start_file_lun(dir: &Path, size: &str, log: &str) -> Node {
+    let lun = format!("{}:{size}", dir.join("lun0.img").display());
+    Node::start(
+        &["127.0.0.1"],
+        &[
+            "--target".into(),
+            IQN.into(),
+            "--lun".into(),
+            lun,
+            "--data-dir".into(),
+            dir.join("data").display().to_string(),
+        ],
+        &dir.join(log),
+    )
+}
+
 pub fn config_head(dir: &Path, disks: usize) -> String {
     let mut s = format!(
         "data_dir = \"{d}/data\"\n[api]\naddress = \"127.0.0.1:0\"\n[[portal]]\naddress = \"127.0.0.1:0\"\n",

@@ -100,19 +100,7 @@ fn qemu_img_copies_a_gigabyte_in_and_out_unchanged() {
             f.write_all(&block).unwrap();
         }
     }
-    let lun = format!("{}:1G", dir.path().join("lun0.img").display());
-    let node = Node::start(
-        &["127.0.0.1"],
-        &[
-            "--target".into(),
-            IQN.into(),
-            "--lun".into(),
-            lun,
-            "--data-dir".into(),
-            dir.path().join("data").display().to_string(),
-        ],
-        &dir.path().join("serve.log"),
-    );
+    let node = start_file_lun(dir.path(), "1G", "serve.log");
     let url = node.url(0, 0);
     let (ok, out) = run(
         "qemu-img",

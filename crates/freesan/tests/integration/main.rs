@@ -11,6 +11,7 @@ mod common;
 
 mod alua_explicit;
 mod api_auth;
+mod atomic_writes;
 mod bench_cli;
 mod cache_crash;
 mod clients;

@@ -7,19 +7,7 @@ use crate::common;
 use common::*;
 
 fn start(dir: &std::path::Path) -> Node {
-    let lun = format!("{}:64M", dir.join("lun0.img").display());
-    Node::start(
-        &["127.0.0.1"],
-        &[
-            "--target".into(),
-            IQN.into(),
-            "--lun".into(),
-            lun,
-            "--data-dir".into(),
-            dir.join("data").display().to_string(),
-        ],
-        &dir.join("serve.log"),
-    )
+    start_file_lun(dir, "64M", "serve.log")
 }
 
 #[test]

@@ -29,7 +29,13 @@ fn block_limits_cdb() -> [u8; 6] {
 
 /// REPORT SUPPORTED OPERATION CODES for one opcode: its SUPPORT field.
 async fn support_of(t: &ScsiTarget, n: &ItNexus, opcode: u8) -> u8 {
-    let r = run(t, n, &[0xa3, 0x0c, 0x01, opcode, 0, 0, 0, 0, 0x10, 0, 0, 0], &[]).await;
+    let r = run(
+        t,
+        n,
+        &[0xa3, 0x0c, 0x01, opcode, 0, 0, 0, 0, 0x10, 0, 0, 0],
+        &[],
+    )
+    .await;
     assert_eq!(r.status, status::GOOD);
     r.data_in[1] & 0x07
 }
