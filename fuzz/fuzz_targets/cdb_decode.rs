@@ -1,19 +1,26 @@
 //! Arbitrary bytes as a short sequence of SCSI commands (CDB + Data-Out) executed by
 //! a `ScsiTarget` over a small memory volume: every command must get an answer with a
 //! valid status and never panic, whatever the CDB or parameter data (EXTENDED COPY's
-//! parameter lists included: the LU's NAA is all 0x60; and the ROD token commands':
+//! parameter lists included: the LU's NAA is all 0x60; WRITE ATOMIC(16), the LU having
+//! atomic writes; and the ROD token commands':
 //! after a POPULATE TOKEN that succeeds, its token is fetched with RECEIVE ROD TOKEN
 //! INFORMATION, and a later WRITE USING TOKEN whose flags have bit 5 set carries that
 //! real token, so that the copy itself is reached, not only the token checks).
 #![no_main]
 
-use block::{Bytes, MemVolume};
+use block::{AtomicWrites, Bytes, MemVolume};
 use libfuzzer_sys::fuzz_target;
 use scsi::{Command, ItNexus, LunConfig, ScsiTarget, TargetConfig, TargetPort, TaskAttr};
 use std::sync::Arc;
 
 /// Most commands one input may carry.
 const COMMANDS_MAX: usize = 8;
+
+fn atomic_volume() -> Arc<AtomicWrites> {
+    let records = MemVolume::new(512, AtomicWrites::records_bytes(512) / 512);
+    let v = AtomicWrites::new(Arc::new(MemVolume::new(512, 128)), Arc::new(records), 1);
+    Arc::new(v.expect("the record area fits"))
+}
 
 fn target() -> ScsiTarget {
     let lun = LunConfig {
@@ -33,7 +40,9 @@ fn target() -> ScsiTarget {
             name: "iqn.2026-11.org.freesan:fuzz,t,0x0001".into(),
         }],
         port_groups: vec![],
-        luns: vec![(0, lun, Arc::new(MemVolume::new(512, 128)))],
+        // with atomic writes, so WRITE ATOMIC(16) reaches its checks and the
+        // record area, not only INVALID OPERATION CODE
+        luns: vec![(0, lun, atomic_volume())],
     })
     .expect("static configuration is valid")
 }
