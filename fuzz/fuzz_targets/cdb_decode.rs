@@ -31,6 +31,7 @@ fn target() -> ScsiTarget {
         revision: "0001".into(),
         read_only: false,
         state_file: None,
+        physical_block_exponent: 0,
     };
     ScsiTarget::new(TargetConfig {
         name: "iqn.2026-11.org.freesan:fuzz".into(),

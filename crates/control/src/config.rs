@@ -724,6 +724,12 @@ pub struct LunConfig {
     /// directory until it is in place. Not for replicated or read-only LUNs.
     #[serde(default = "default_true")]
     pub atomic_writes: bool,
+    /// Physical block size reported to initiators (READ CAPACITY(16)), in bytes: a
+    /// power of two, at least the LUN's block size, at most 2^15 blocks. 4096 on
+    /// 512-byte blocks makes a "512e" LUN, for backing storage with 4 KiB sectors
+    /// (initiators then align partitions and I/O to 4 KiB). Default: the block size.
+    #[serde(default)]
+    pub physical_block_size: Option<u32>,
 }
 
 fn default_block_size() -> u32 {
@@ -1136,6 +1142,16 @@ impl Config {
                         id
                     );
                 }
+                if let Some(p) = l.physical_block_size {
+                    if !p.is_power_of_two() || !(512..=1 << 24).contains(&p) {
+                        bail!(
+                            "target {} LUN {}: physical_block_size must be a power of two \
+                             from 512",
+                            t.iqn,
+                            id
+                        );
+                    }
+                }
                 if l.block_size != 512 && l.block_size != 4096 {
                     bail!(
                         "target {} LUN {}: block_size must be 512 or 4096",
@@ -1345,6 +1361,7 @@ impl LunConfig {
             replica_mode: None,
             thin_threshold_percent: None,
             atomic_writes: true,
+            physical_block_size: None,
         }
     }
 }
@@ -1373,6 +1390,26 @@ mod tests {
         c.validate().unwrap();
         assert_eq!(c.portals[0].address.port(), DEFAULT_PORT);
         assert_eq!(c.targets[0].luns[0].size.as_deref(), Some("16G"));
+    }
+
+    #[test]
+    fn lun_keys_for_atomic_writes_and_physical_blocks() {
+        let mut c = Config::from_quick_flags(&QuickFlags::default());
+        let l = &c.targets[0].luns[0];
+        assert!(l.atomic_writes, "atomic writes are on by default");
+        assert_eq!(l.physical_block_size, None);
+        for (p, ok) in [(4096, true), (512, true), (3000, false), (256, false)] {
+            c.targets[0].luns[0].physical_block_size = Some(p);
+            assert_eq!(c.validate().is_ok(), ok, "physical_block_size {p}");
+        }
+        let mut l = LunConfig::file("/x".into(), None);
+        l.physical_block_size = Some(4096);
+        assert_eq!(crate::lun::physical_exponent(512, &l).unwrap(), 3);
+        assert_eq!(crate::lun::physical_exponent(4096, &l).unwrap(), 0);
+        l.physical_block_size = Some(512);
+        assert!(crate::lun::physical_exponent(4096, &l).is_err());
+        l.physical_block_size = None;
+        assert_eq!(crate::lun::physical_exponent(512, &l).unwrap(), 0);
     }
 
     #[test]

@@ -51,6 +51,18 @@ fn lun_volume(l: &LunConfig, pools: &Pools) -> Result<(VolumeRef, String)> {
     Ok((Arc::new(vol), path.display().to_string()))
 }
 
+/// READ CAPACITY(16)'s LOGICAL BLOCKS PER PHYSICAL BLOCK EXPONENT for `l`'s
+/// `physical_block_size` over blocks of `bs` bytes (0 without one).
+pub(crate) fn physical_exponent(bs: u32, l: &LunConfig) -> Result<u8> {
+    let Some(p) = l.physical_block_size else {
+        return Ok(0);
+    };
+    if p < bs || !(p / bs).is_power_of_two() || (p / bs).trailing_zeros() > 15 {
+        bail!("physical_block_size {p} is not a power-of-two multiple (at most 2^15) of the LUN's {bs}-byte blocks");
+    }
+    Ok((p / bs).trailing_zeros() as u8)
+}
+
 /// `volume` with atomic writes (`block::AtomicWrites`), its records in
 /// `lunN.atomic` beside the LUN's other state, keyed by the LUN's NAA so that a
 /// file left from an earlier LUN of that number is never applied to this one.
@@ -131,6 +143,7 @@ pub(crate) fn open_lun(
         None => identity::parse_naa(&id.naa)?,
     };
     let tdir = identity::target_dir(data_dir, iqn);
+    let physical_block_exponent = physical_exponent(volume.geometry().block_size_bytes, l)?;
     if l.atomic_writes && replicated.is_none() && !l.read_only {
         volume = with_atomic_writes(volume, &tdir, lun_id, &naa)
             .with_context(|| format!("the atomic-write records of LUN {lun_id}"))?;
@@ -148,6 +161,7 @@ pub(crate) fn open_lun(
                 .collect(),
             read_only: l.read_only,
             state_file: Some(tdir.join(format!("lun{lun_id}.pr.json"))),
+            physical_block_exponent,
         },
         volume,
         backing,

@@ -29,6 +29,7 @@ fn target(vol: VolumeRef) -> Arc<scsi::ScsiTarget> {
                 revision: "0001".into(),
                 read_only: false,
                 state_file: None,
+                physical_block_exponent: 0,
             },
             vol,
         )],

@@ -34,6 +34,7 @@ async fn main() -> std::io::Result<()> {
                 revision: "0001".into(),
                 read_only: false,
                 state_file: None,
+                physical_block_exponent: 0,
             },
             vol,
         )],

@@ -32,7 +32,8 @@ pub(crate) fn read_capacity_16(lu: &LogicalUnit, cdb: &Cdb) -> CmdResult {
     let mut d = vec![0u8; 32];
     d[0..8].copy_from_slice(&geo.block_count.saturating_sub(1).to_be_bytes());
     d[8..12].copy_from_slice(&geo.block_size_bytes.to_be_bytes());
-    // byte 13: LOGICAL BLOCKS PER PHYSICAL BLOCK EXPONENT = 0 (one block per sector)
+    // byte 13: LOGICAL BLOCKS PER PHYSICAL BLOCK EXPONENT
+    d[13] = lu.config.physical_block_exponent & 0x0f;
     if geo.thin {
         d[14] = 0x80 | 0x40; // LBPME, LBPRZ; LOWEST ALIGNED LBA = 0
     }

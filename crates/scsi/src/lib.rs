@@ -196,6 +196,11 @@ pub struct LunConfig {
     /// File where persistent-reservation state (and other per-LUN state that must
     /// survive a restart) is kept; written atomically. None keeps it in memory only.
     pub state_file: Option<PathBuf>,
+    /// Logical blocks per physical block, as a power of two (READ CAPACITY(16)'s
+    /// LOGICAL BLOCKS PER PHYSICAL BLOCK EXPONENT): 3 for 512-byte blocks on
+    /// 4 KiB sectors ("512e"), so initiators align their I/O; 0 for one block a
+    /// sector.
+    pub physical_block_exponent: u8,
 }
 
 /// Description of the whole SCSI target device.

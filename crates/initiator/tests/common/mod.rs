@@ -71,6 +71,7 @@ fn scsi_target(name: &str, vol: VolumeRef, naa_last: u8) -> Arc<scsi::ScsiTarget
                 revision: "0001".into(),
                 read_only: false,
                 state_file: None,
+                physical_block_exponent: 0,
             },
             vol,
         )],

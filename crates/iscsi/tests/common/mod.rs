@@ -57,6 +57,7 @@ fn scsi_target(name: &str, vol: Option<block::VolumeRef>) -> Arc<scsi::ScsiTarge
                 revision: "0001".into(),
                 read_only: false,
                 state_file: None,
+                physical_block_exponent: 0,
             },
             vol,
         )],

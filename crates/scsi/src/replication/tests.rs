@@ -159,6 +159,7 @@ fn lun_config(state_file: Option<PathBuf>) -> LunConfig {
         revision: "0001".into(),
         read_only: false,
         state_file,
+        physical_block_exponent: 0,
     }
 }
 

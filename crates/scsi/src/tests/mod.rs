@@ -19,6 +19,7 @@ fn lun_config() -> LunConfig {
         revision: "0001".into(),
         read_only: false,
         state_file: None,
+        physical_block_exponent: 0,
     }
 }
 
@@ -2254,4 +2255,31 @@ async fn ports_added_and_removed_at_run_time_join_and_leave_their_groups() {
         t.ports().iter().map(|p| p.relative_id).collect::<Vec<_>>(),
         [1, 3]
     );
+}
+
+/// READ CAPACITY(16) reports the LU's logical blocks per physical block ("512e").
+#[tokio::test]
+async fn read_capacity_16_reports_the_physical_block_exponent() {
+    let rc16 = [0x9e, 0x10, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 32, 0, 0];
+    let t = target();
+    let n = ready(&t, "01", 1).await;
+    let r = run(&t, &n, &rc16, &[]).await;
+    assert_eq!(r.data_in[13] & 0x0f, 0);
+    let mut c = lun_config();
+    c.physical_block_exponent = 3;
+    let t = ScsiTarget::new(TargetConfig {
+        name: "iqn.2026-11.org.freesan:t1".into(),
+        ports: vec![TargetPort {
+            relative_id: 1,
+            group_id: 1,
+            name: "iqn.2026-11.org.freesan:t1,t,0x0001".into(),
+        }],
+        port_groups: vec![],
+        luns: vec![(0, c, Arc::new(MemVolume::new(BS as u32, BLOCKS)))],
+    })
+    .unwrap();
+    let n = ready(&t, "01", 1).await;
+    let r = run(&t, &n, &rc16, &[]).await;
+    assert_eq!(r.status, status::GOOD);
+    assert_eq!(r.data_in[13] & 0x0f, 3);
 }
