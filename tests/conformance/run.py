@@ -6,8 +6,15 @@ known failures (tests/conformance/known-failures.txt, one `Suite.Test  reason` a
 
     tests/conformance/run.py [--bin target/release/freesan] [--port 3270] [--update]
 
+A second, short pass serves a 512e LUN (512-byte blocks, 4 KiB physical: LBPPB 8)
+and runs the tests that skip themselves on one block per sector (LBPPB_TESTS); each
+must run to completion and pass. (The main LUN stays 512n: on a 512e LUN libiscsi's
+GetLBAStatus.UnmapSingle wants a first descriptor past the LBA it asked for, which
+SBC does not allow; docs/0001-iscsi-data-path.md.)
+
 Exits non-zero when fewer tests pass, or fewer run to completion (pass without
-skipping themselves), than the floor (tests/conformance/floor: `passed completed`),
+skipping themselves), than the floor (tests/conformance/floor: `passed completed
+completed-512e`),
 or when a test fails that is not listed as a known failure. `--update` rewrites the
 floor to the current counts. CUnit counts a test that skips itself ("[SKIPPED] X is
 not implemented") as passed; skips are counted and printed separately so the
@@ -17,6 +24,14 @@ import argparse, os, re, shutil, signal, socket, subprocess, sys, tempfile, time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 IQN = "iqn.2026-11.org.freesan:conformance"
+# Tests that run only where LBPPB > 1 (they skip themselves on the main, 512n LUN).
+LBPPB_TESTS = [
+    "SCSI.WriteSame10.UnmapUnaligned",
+    "SCSI.WriteSame16.UnmapUnaligned",
+    "SCSI.CompareAndWrite.InvalidDataOutSize",
+    "SCSI.WriteSame10.InvalidDataOutSize",
+    "SCSI.WriteSame16.InvalidDataOutSize",
+]
 
 
 def wait_port(host, port, proc, secs=30):
@@ -73,6 +88,37 @@ def parse(log):
     return results
 
 
+def run_512e(a, work):
+    """Serves a 512e LUN from a configuration file and runs LBPPB_TESTS against it.
+    Returns (results, output, node_alive)."""
+    port = a.port + 1
+    cfg = os.path.join(work, "512e.toml")
+    with open(cfg, "w") as f:
+        f.write(f'data_dir = "{os.path.join(work, "data512e")}"\n'
+                f'[[portal]]\naddress = "127.0.0.1:{port}"\n'
+                f'[[target]]\niqn = "{IQN}"\n'
+                f'[[target.lun]]\npath = "{os.path.join(work, "lun512e.img")}"\n'
+                f'size = "64M"\nphysical_block_size = 4096\n')
+    log = open(os.path.join(work, "serve-512e.log"), "w")
+    proc = subprocess.Popen([a.bin, "serve", "--config", cfg], stdout=subprocess.DEVNULL, stderr=log)
+    try:
+        wait_port("127.0.0.1", port, proc)
+        run = subprocess.run(["iscsi-test-cu", "--dataloss", "-t", ",".join(LBPPB_TESTS),
+                              f"iscsi://127.0.0.1:{port}/{IQN}/0"],
+                             capture_output=True, text=True, timeout=600)
+        out = run.stdout + run.stderr
+        alive = proc.poll() is None
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(20)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+    return parse(out), out, alive
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--bin", default="target/release/freesan")
@@ -106,11 +152,21 @@ def main():
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
+    res512, out512, alive512 = run_512e(a, work)
     os.makedirs("target", exist_ok=True)
     with open("target/conformance.log", "w") as f:
         f.write(out)
+    with open("target/conformance-512e.log", "w") as f:
+        f.write(out512)
     shutil.copy(log_path, "target/conformance-serve.log")
+    shutil.copy(os.path.join(work, "serve-512e.log"), "target/conformance-serve-512e.log")
     shutil.rmtree(work, ignore_errors=True)
+    completed512 = sum(1 for v in res512.values() if v == "passed")
+    print(f"512e LUN (LBPPB 8): {completed512} of {len(LBPPB_TESTS)} ran to completion and passed")
+    for n in LBPPB_TESTS:
+        short = n.removeprefix("SCSI.")
+        if res512.get(short) != "passed":
+            print(f"  512e: {short}: {res512.get(short, 'did not run')}")
 
     res = parse(out)
     m = re.search(r"tests\s+(\d+)\s+(\d+)\s+(\d+)\s+(\d+)", out)
@@ -132,6 +188,7 @@ def main():
     floor_words = open(floor_path).read().split() if os.path.exists(floor_path) else []
     floor = int(floor_words[0]) if floor_words else 0
     floor_completed = int(floor_words[1]) if len(floor_words) > 1 else 0
+    floor_512e = int(floor_words[2]) if len(floor_words) > 2 else 0
     completed = passed - skipped
 
     print(f"iscsi-test-cu: {total} tests, {passed} passed ({passed - skipped} ran to completion, "
@@ -147,8 +204,9 @@ def main():
     print(f"conformance: {passed} passed, {failed} failed")
     if a.update:
         with open(floor_path, "w") as f:
-            f.write(f"{passed} {completed}\n")
-        print(f"floor recorded: {passed} passed, {completed} ran to completion")
+            f.write(f"{passed} {completed} {completed512}\n")
+        print(f"floor recorded: {passed} passed, {completed} ran to completion, "
+              f"{completed512} on the 512e LUN")
         return
     bad = False
     if passed < floor:
@@ -160,7 +218,13 @@ def main():
     if unexpected:
         print(f"conformance: {len(unexpected)} failing tests are not listed in known-failures.txt")
         bad = True
-    if not alive:
+    if completed512 < floor_512e or completed512 < len(LBPPB_TESTS):
+        print(f"conformance: {completed512} of the {len(LBPPB_TESTS)} 512e tests ran to completion "
+              f"and passed (floor {floor_512e})")
+        bad = True
+    if not alive or not alive512:
+        if not alive512:
+            print("conformance: freesan died during the 512e pass; see target/conformance-serve-512e.log")
         bad = True
     sys.exit(1 if bad else 0)
 
