@@ -88,6 +88,17 @@ def parse(log):
     return results
 
 
+def stop(proc):
+    """SIGTERM for the node we started, SIGKILL if it is still there 20 s later."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
 def run_512e(a, work):
     """Serves a 512e LUN from a configuration file and runs LBPPB_TESTS against it.
     Returns (results, output, node_alive)."""
@@ -109,13 +120,7 @@ def run_512e(a, work):
         out = run.stdout + run.stderr
         alive = proc.poll() is None
     finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(20)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+        stop(proc)
     return parse(out), out, alive
 
 
@@ -145,13 +150,7 @@ def main():
         out = run.stdout + run.stderr
         alive = proc.poll() is None
     finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(20)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+        stop(proc)
     res512, out512, alive512 = run_512e(a, work)
     os.makedirs("target", exist_ok=True)
     with open("target/conformance.log", "w") as f:

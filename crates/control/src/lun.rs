@@ -77,9 +77,13 @@ fn with_atomic_writes(
     let bs = volume.geometry().block_size_bytes;
     std::fs::create_dir_all(tdir).with_context(|| format!("creating {}", tdir.display()))?;
     let path = tdir.join(format!("lun{lun_id}.atomic"));
+    // Atomic writes are rare next to the LUN's other I/O: the record file uses
+    // tokio's blocking pool, not an io_uring ring and thread of its own per LUN.
     let opts = disk::FileOptions {
         create_size_bytes: Some(block::AtomicWrites::records_bytes(bs)),
         block_size_bytes: bs,
+        engine: disk::Engine::Threads,
+        queue_depth_max: block::ATOMIC_SLOTS as u32 * 2,
         ..disk::FileOptions::default()
     };
     let records = disk::FileVolume::open(&path, &opts)
