@@ -267,13 +267,23 @@ pub fn await_event(api: &str, want: impl Fn(&serde_json::Value) -> bool) -> serd
     }
 }
 
-/// A loopback port nobody listens on now (the caller binds it later).
+/// A loopback port nobody listens on now (the caller binds it later). Taken
+/// below the kernel's ephemeral range (32768 and up), from a counter this test
+/// process owns: a port the kernel picked (another test's `:0` listener, or a
+/// connection's source port) could be taken again before the caller binds it,
+/// which failed a CI run ("binding the sync addresses: Address already in use").
 pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+    use std::sync::atomic::{AtomicU32, Ordering};
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    let start = std::process::id() % 1_000 * 10;
+    for _ in 0..10_000 {
+        let n = NEXT.fetch_add(1, Ordering::Relaxed);
+        let port = (20_000 + (start + n) % 12_000) as u16;
+        if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return port;
+        }
+    }
+    panic!("no free loopback port under 32000");
 }
 
 /// A node config with an API and a portal on ports the kernel picks, data under
