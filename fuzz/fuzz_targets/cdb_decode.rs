@@ -32,6 +32,7 @@ fn target() -> ScsiTarget {
         read_only: false,
         state_file: None,
         physical_block_exponent: 0,
+        sanitize_rate_bytes_per_s: 0,
     };
     ScsiTarget::new(TargetConfig {
         name: "iqn.2026-11.org.freesan:fuzz".into(),

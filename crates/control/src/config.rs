@@ -730,10 +730,18 @@ pub struct LunConfig {
     /// (initiators then align partitions and I/O to 4 KiB). Default: the block size.
     #[serde(default)]
     pub physical_block_size: Option<u32>,
+    /// SANITIZE OVERWRITE's pace, in MiB a second (0: as fast as the storage
+    /// takes it): wiping one LU leaves the pool's bandwidth to the others.
+    #[serde(default = "default_sanitize_rate_mib_s")]
+    pub sanitize_rate_mib_s: u64,
 }
 
 fn default_block_size() -> u32 {
     512
+}
+
+fn default_sanitize_rate_mib_s() -> u64 {
+    256
 }
 
 /// Limits that bound memory and work per session.
@@ -1362,6 +1370,7 @@ impl LunConfig {
             thin_threshold_percent: None,
             atomic_writes: true,
             physical_block_size: None,
+            sanitize_rate_mib_s: default_sanitize_rate_mib_s(),
         }
     }
 }

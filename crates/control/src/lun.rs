@@ -166,6 +166,7 @@ pub(crate) fn open_lun(
             read_only: l.read_only,
             state_file: Some(tdir.join(format!("lun{lun_id}.pr.json"))),
             physical_block_exponent,
+            sanitize_rate_bytes_per_s: l.sanitize_rate_mib_s.saturating_mul(1 << 20),
         },
         volume,
         backing,

@@ -391,6 +391,7 @@ impl Objects {
             format!("lun{id}.pr.json"),
             format!("lun{id}.alua.json"),
             format!("lun{id}.atomic"),
+            format!("lun{id}.sanitize.json"),
         ] {
             let _ = std::fs::remove_file(tdir.join(f));
         }

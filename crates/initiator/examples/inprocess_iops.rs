@@ -30,6 +30,7 @@ fn target(vol: VolumeRef) -> Arc<scsi::ScsiTarget> {
                 read_only: false,
                 state_file: None,
                 physical_block_exponent: 0,
+                sanitize_rate_bytes_per_s: 0,
             },
             vol,
         )],

@@ -35,6 +35,7 @@ async fn main() -> std::io::Result<()> {
                 read_only: false,
                 state_file: None,
                 physical_block_exponent: 0,
+                sanitize_rate_bytes_per_s: 0,
             },
             vol,
         )],

@@ -20,8 +20,11 @@ pub(crate) fn request_sense(lu: Option<&LogicalUnit>, nexus: &ItNexus, cdb: &Cdb
         None => codes::LUN_NOT_SUPPORTED,
         Some(lu) => match lu.uas.pop(nexus) {
             Some(ua) => ua,
-            None if lu.stopped.load(Ordering::Relaxed) => codes::NOT_READY_INIT_REQUIRED,
-            None => codes::NO_SENSE,
+            None => match lu.sanitize.sense() {
+                Some(s) => s,
+                None if lu.stopped.load(Ordering::Relaxed) => codes::NOT_READY_INIT_REQUIRED,
+                None => codes::NO_SENSE,
+            },
         },
     };
     Ok(Done::alloc(sense.encode(desc).to_vec(), alloc_len))

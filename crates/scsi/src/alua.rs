@@ -40,7 +40,6 @@ use crate::lu::{CmdResult, Done, Fail, LogicalUnit};
 use crate::sense::{codes, Sense};
 use crate::{AluaState, ItNexus, PortGroup, ScsiError, TargetPort};
 use parking_lot::{Mutex, RwLock};
-use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -532,21 +531,7 @@ fn save(path: &Path, states: &[(u16, AluaState)]) -> std::io::Result<()> {
             .collect(),
     };
     let json = serde_json::to_vec_pretty(&f).map_err(std::io::Error::other)?;
-    let dir = match path.parent() {
-        Some(d) if !d.as_os_str().is_empty() => d,
-        _ => Path::new("."),
-    };
-    std::fs::create_dir_all(dir)?;
-    let mut tmp = path.as_os_str().to_owned();
-    tmp.push(".tmp");
-    let tmp = Path::new(&tmp);
-    {
-        let mut file = std::fs::File::create(tmp)?;
-        file.write_all(&json)?;
-        file.sync_all()?;
-    }
-    std::fs::rename(tmp, path)?;
-    std::fs::File::open(dir)?.sync_all()
+    crate::statefile::write_atomic(path, &json)
 }
 
 /// SET TARGET PORT GROUPS on `lu` from `nexus`. In an HA pair (the LU has a

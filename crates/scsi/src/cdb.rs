@@ -48,6 +48,8 @@ pub mod op {
     pub const WRITE_SAME_10: u8 = 0x41;
     /// UNMAP.
     pub const UNMAP: u8 = 0x42;
+    /// SANITIZE.
+    pub const SANITIZE: u8 = 0x48;
     /// MODE SELECT(10).
     pub const MODE_SELECT_10: u8 = 0x55;
     /// RESERVE(10).
@@ -119,6 +121,14 @@ pub mod sa {
     pub const REPORT_SUPPORTED_TMFS: u8 = 0x0d;
     /// SET TARGET PORT GROUPS (MAINTENANCE OUT).
     pub const SET_TARGET_PORT_GROUPS: u8 = 0x0a;
+    /// SANITIZE: OVERWRITE.
+    pub const SANITIZE_OVERWRITE: u8 = 0x01;
+    /// SANITIZE: BLOCK ERASE.
+    pub const SANITIZE_BLOCK_ERASE: u8 = 0x02;
+    /// SANITIZE: CRYPTOGRAPHIC ERASE (not offered).
+    pub const SANITIZE_CRYPTO_ERASE: u8 = 0x03;
+    /// SANITIZE: EXIT FAILURE MODE.
+    pub const SANITIZE_EXIT_FAILURE_MODE: u8 = 0x1f;
 }
 
 /// Length of the CDB an opcode uses, from its group code (SPC-4 4.2.5.1);

@@ -112,6 +112,11 @@ pub(crate) fn inquiry(
         VPD_BLOCK_CHARACTERISTICS => {
             let mut b = vec![0u8; 0x3c];
             b[1] = 0x01; // MEDIUM ROTATION RATE: non-rotating medium
+            if crate::target::sanitize_offered(lu) && geo.thin {
+                // WABEREQ 01b: a read after a SANITIZE BLOCK ERASE returns GOOD
+                // (and zeroes: LBPRZ); WACEREQ 00b: no CRYPTOGRAPHIC ERASE
+                b[3] = 0x40;
+            }
             vpd(page, &b)
         }
         VPD_LB_PROVISIONING => {

@@ -18,7 +18,8 @@
 //! Layout: `target` (dispatch, order of checks, task management), `lu` (per-LU state,
 //! result types, block error mapping), `cdb` (decode helpers), `rw` (read/write,
 //! verify, COMPARE AND WRITE, ORWRITE, PRE-FETCH, SYNCHRONIZE CACHE), `provisioning`
-//! (WRITE SAME, UNMAP), `copy` (EXTENDED COPY, RECEIVE COPY RESULTS), `odx` (POPULATE
+//! (WRITE SAME, UNMAP), `sanitize` (SANITIZE: overwrite, block erase, failure mode,
+//! resumed after a restart), `copy` (EXTENDED COPY, RECEIVE COPY RESULTS), `odx` (POPULATE
 //! TOKEN, WRITE USING TOKEN, RECEIVE ROD TOKEN INFORMATION: Windows ODX), `capacity`
 //! (READ CAPACITY, GET LBA STATUS), `inquiry` (standard data, VPD pages, block limits),
 //! `mode` (MODE SENSE/SELECT), `opcodes` (REPORT SUPPORTED OPERATION CODES / TMFs),
@@ -26,7 +27,8 @@
 //! `masking` (host groups: who sees which LUs), `ua` (unit attention queues), `admin`
 //! (REQUEST SENSE, REPORT LUNS, START STOP, PREVENT ALLOW, reservation routing), `pr`
 //! (reservations), `replication` (persistent reservations and explicit ALUA states
-//! kept identical on the two nodes of an HA pair), `sense` (sense data).
+//! kept identical on the two nodes of an HA pair), `sense` (sense data), `statefile` (per-LUN state files
+//! written atomically).
 
 mod admin;
 mod alua;
@@ -43,7 +45,9 @@ pub mod pr;
 mod provisioning;
 mod replication;
 mod rw;
+mod sanitize;
 pub mod sense;
+mod statefile;
 pub mod stats;
 mod target;
 #[cfg(test)]
@@ -201,6 +205,10 @@ pub struct LunConfig {
     /// 4 KiB sectors ("512e"), so initiators align their I/O; 0 for one block a
     /// sector.
     pub physical_block_exponent: u8,
+    /// Bytes a second a SANITIZE OVERWRITE writes at most (0: as fast as the
+    /// volume takes them), so that wiping one LU leaves the pool's bandwidth to
+    /// the others.
+    pub sanitize_rate_bytes_per_s: u64,
 }
 
 /// Description of the whole SCSI target device.

@@ -188,6 +188,8 @@ pub(crate) struct LogicalUnit {
     pub events: tokio::sync::broadcast::Sender<LuEvent>,
     /// Command counters for metrics (relaxed atomics only).
     pub(crate) counters: crate::stats::LuCounters,
+    /// SANITIZE: a running job's progress, failure mode, the resume record.
+    pub(crate) sanitize: crate::sanitize::Sanitizer,
 }
 
 impl LogicalUnit {
@@ -212,6 +214,7 @@ impl LogicalUnit {
             )));
         }
         let mode = ModePages::defaults(&geo);
+        let sanitize = crate::sanitize::Sanitizer::load(config.state_file.as_deref());
         Ok(LogicalUnit {
             lun,
             wce: AtomicBool::new(mode.wce()),
@@ -233,6 +236,7 @@ impl LogicalUnit {
             thin: ThinThreshold::new(None),
             events,
             counters: Default::default(),
+            sanitize,
         })
     }
 

@@ -16,6 +16,8 @@ struct Entry {
     thin_only: bool,
     /// Only for volumes with atomic writes.
     atomic_only: bool,
+    /// Only for LUs that may be sanitized (not replicated).
+    sanitize_only: bool,
 }
 
 const fn e(opcode: u8, service_action: Option<u8>, usage: &'static [u8]) -> Entry {
@@ -25,6 +27,20 @@ const fn e(opcode: u8, service_action: Option<u8>, usage: &'static [u8]) -> Entr
         usage,
         thin_only: false,
         atomic_only: false,
+        sanitize_only: false,
+    }
+}
+
+/// A SANITIZE service action: the CDB's usage data (IMMED, AUSE, the service
+/// action, the parameter list length).
+const fn sanitize(service_action: u8, thin_only: bool) -> Entry {
+    Entry {
+        opcode: op::SANITIZE,
+        service_action: Some(service_action),
+        usage: &[0x48, 0xbf, 0, 0, 0, 0, 0, 0xff, 0xff, 0],
+        thin_only,
+        atomic_only: false,
+        sanitize_only: true,
     }
 }
 
@@ -88,6 +104,7 @@ const TABLE: &[Entry] = &[
         usage: &[0x42, 0, 0, 0, 0, 0, 0x1f, 0xff, 0xff, 0],
         thin_only: true,
         atomic_only: false,
+        sanitize_only: false,
     },
     e(
         op::MODE_SELECT_10,
@@ -182,7 +199,11 @@ const TABLE: &[Entry] = &[
         usage: cat!(0x9c, 0x18, RW16),
         thin_only: false,
         atomic_only: true,
+        sanitize_only: false,
     },
+    sanitize(sa::SANITIZE_OVERWRITE, false),
+    sanitize(sa::SANITIZE_BLOCK_ERASE, true),
+    sanitize(sa::SANITIZE_EXIT_FAILURE_MODE, false),
     e(
         op::SERVICE_ACTION_IN_16,
         Some(sa::READ_CAPACITY_16),
@@ -269,13 +290,20 @@ fn timeouts() -> [u8; 12] {
 }
 
 /// REPORT SUPPORTED OPERATION CODES (MAINTENANCE IN / 0x0c).
-pub(crate) fn report_supported_opcodes(cdb: &Cdb, thin: bool, atomic: bool) -> CmdResult {
+pub(crate) fn report_supported_opcodes(
+    cdb: &Cdb,
+    thin: bool,
+    atomic: bool,
+    sanitize: bool,
+) -> CmdResult {
     let rctd = cdb.b(2) & 0x80 != 0;
     let options = cdb.b(2) & 0x07;
     let req_op = cdb.b(3);
     let req_sa = cdb.u16_at(4);
     let alloc_len = cdb.u32_at(6);
-    let visible = |e: &&Entry| (thin || !e.thin_only) && (atomic || !e.atomic_only);
+    let visible = |e: &&Entry| {
+        (thin || !e.thin_only) && (atomic || !e.atomic_only) && (sanitize || !e.sanitize_only)
+    };
     if options == 0 {
         let mut d = vec![0u8; 4];
         for e in TABLE.iter().filter(visible) {

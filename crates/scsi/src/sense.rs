@@ -42,6 +42,9 @@ pub struct Sense {
     pub information: Option<u64>,
     /// Sense-key-specific field pointer: (in CDB rather than parameter data, byte, bit).
     pub field_pointer: Option<FieldPointer>,
+    /// Sense-key-specific progress indication (NOT READY, e.g. a sanitize running):
+    /// the fraction done, out of 65536. Ignored when a field pointer is set.
+    pub progress: Option<u16>,
 }
 
 /// Points at the offending field of an ILLEGAL REQUEST.
@@ -64,7 +67,14 @@ impl Sense {
             ascq,
             information: None,
             field_pointer: None,
+            progress: None,
         }
+    }
+
+    /// Adds a progress indication (fraction done, out of 65536).
+    pub const fn with_progress(mut self, done: u16) -> Sense {
+        self.progress = Some(done);
+        self
     }
 
     /// Adds the INFORMATION field.
@@ -89,6 +99,12 @@ impl Sense {
             }
             b[1..3].copy_from_slice(&fp.byte.to_be_bytes());
             b
+        });
+        let sks = sks.or_else(|| {
+            self.progress.map(|p| {
+                let [hi, lo] = p.to_be_bytes();
+                [0x80, hi, lo]
+            })
         });
         if descriptor {
             let mut out = vec![0x72, self.key & 0xf, self.asc, self.ascq, 0, 0, 0, 0];
@@ -125,6 +141,10 @@ impl Sense {
 /// Common conditions, named after their SPC-4 descriptions.
 pub mod codes {
     use super::{key, Sense};
+    /// LOGICAL UNIT NOT READY, SANITIZE IN PROGRESS.
+    pub const SANITIZE_IN_PROGRESS: Sense = Sense::new(key::NOT_READY, 0x04, 0x1b);
+    /// SANITIZE COMMAND FAILED: the medium is in sanitize failure mode.
+    pub const SANITIZE_FAILED: Sense = Sense::new(key::MEDIUM_ERROR, 0x31, 0x03);
     /// INVALID COMMAND OPERATION CODE.
     pub const INVALID_OPCODE: Sense = Sense::new(key::ILLEGAL_REQUEST, 0x20, 0x00);
     /// INVALID FIELD IN CDB (add a field pointer with `with_field`).
@@ -247,6 +267,20 @@ mod tests {
         assert_eq!((d[1], d[2], d[3]), (key::ILLEGAL_REQUEST, 0x21, 0));
         assert_eq!(d[7] as usize, d.len() - 8);
         assert_eq!(&d[12..20], &0x1234u64.to_be_bytes());
+    }
+
+    #[test]
+    fn progress_indication() {
+        let f = codes::SANITIZE_IN_PROGRESS
+            .with_progress(0x4000)
+            .encode(false);
+        assert_eq!((f[2], f[12], f[13]), (key::NOT_READY, 0x04, 0x1b));
+        assert_eq!(&f[15..18], &[0x80, 0x40, 0x00]);
+        let d = codes::SANITIZE_IN_PROGRESS
+            .with_progress(0x4000)
+            .encode(true);
+        assert_eq!(&d[8..12], &[0x02, 0x06, 0, 0]);
+        assert_eq!(&d[12..15], &[0x80, 0x40, 0x00]);
     }
 
     #[test]

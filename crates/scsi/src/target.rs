@@ -15,9 +15,9 @@ use crate::stats::{Direction, LuStats};
 use crate::thin::LuEvent;
 use crate::TaskAbort;
 use crate::{
-    admin, capacity, copy, inquiry, mode, opcodes, provisioning, replication, rw, AluaState,
-    Command, ItNexus, LunConfig, PortGroup, PrReplication, Response, ScsiError, TargetConfig,
-    TargetPort,
+    admin, capacity, copy, inquiry, mode, opcodes, provisioning, replication, rw, sanitize,
+    AluaState, Command, ItNexus, LunConfig, PortGroup, PrReplication, Response, ScsiError,
+    TargetConfig, TargetPort,
 };
 use block::{Bytes, VolumeRef};
 use parking_lot::RwLock;
@@ -130,6 +130,11 @@ fn allocates(opcode: u8) -> Option<bool> {
     }
 }
 
+/// SANITIZE is offered on LUs not replicated to an HA partner (see `sanitize`).
+pub(crate) fn sanitize_offered(lu: &LogicalUnit) -> bool {
+    lu.pr_replication.read().is_none()
+}
+
 /// Commands that touch the medium and so fail on a stopped unit.
 fn media_access(opcode: u8, service_action: u8) -> bool {
     allocates(opcode).is_some()
@@ -152,6 +157,16 @@ fn media_access(opcode: u8, service_action: u8) -> bool {
         || (opcode == op::SERVICE_ACTION_IN_16 && service_action == sa::GET_LBA_STATUS)
 }
 
+impl Drop for ScsiTarget {
+    /// A sanitize still running stops with the target (the node stops); its
+    /// record makes the next start run it again.
+    fn drop(&mut self) {
+        for lu in self.luns.read().iter() {
+            lu.sanitize.stop_job();
+        }
+    }
+}
+
 impl ScsiTarget {
     /// Builds the target; loads persisted state (APTPL reservations) from each LUN's state file.
     pub fn new(config: TargetConfig) -> Result<Self, ScsiError> {
@@ -170,6 +185,11 @@ impl ScsiTarget {
         }
         luns.sort_by_key(|l| l.lun);
         check_unique_ports(&config.ports)?;
+        if tokio::runtime::Handle::try_current().is_ok() {
+            for lu in &luns {
+                crate::sanitize::resume(lu);
+            }
+        }
         let alua = Alua::new(&config.ports, &config.port_groups);
         let pr_ports = all_target_ports(&config.name, &config.ports, &config.port_groups);
         Ok(ScsiTarget {
@@ -311,6 +331,7 @@ impl ScsiTarget {
             self.events.clone(),
         )?);
         *lu.pr_replication.write() = pr;
+        crate::sanitize::resume(&lu);
         let others = {
             let mut luns = self.luns.write();
             check_new_lun(&luns, lun)?;
@@ -338,6 +359,7 @@ impl ScsiTarget {
             (gone, luns.clone())
         };
         tracing::info!(target = %self.config.name, lun, "logical unit removed");
+        gone.sanitize.stop_job();
         self.copies.tokens.revoke_lu(&gone);
         for lu in others {
             lu.uas.raise_all(codes::REPORTED_LUNS_DATA_CHANGED, None);
@@ -603,7 +625,7 @@ impl ScsiTarget {
         }
     }
 
-    async fn execute_lu(&self, lu: &LogicalUnit, nexus: &ItNexus, cmd: &Command) -> CmdResult {
+    async fn execute_lu(&self, lu: &Arc<LogicalUnit>, nexus: &ItNexus, cmd: &Command) -> CmdResult {
         let geo = lu.geometry();
         lu.check_capacity(&geo);
         let cdb = match Cdb::parse(&cmd.cdb) {
@@ -623,6 +645,8 @@ impl ScsiTarget {
             return Err(cdb.invalid((cdb.len_bytes() - 1) as u16, Some(2)).into());
         }
         lu.alua.check(nexus.relative_port_id, &cdb)?;
+        lu.sanitize
+            .gate(opcode, media_access(opcode, cdb.service_action()))?;
         if lu.pr.check(nexus, cdb.as_slice()) == Access::Conflict {
             return Err(Fail::Conflict);
         }
@@ -641,7 +665,7 @@ impl ScsiTarget {
 
     async fn dispatch(
         &self,
-        lu: &LogicalUnit,
+        lu: &Arc<LogicalUnit>,
         nexus: &ItNexus,
         cdb: &Cdb,
         cmd: &Command,
@@ -668,6 +692,7 @@ impl ScsiTarget {
                     cdb,
                     lu.geometry().thin,
                     lu.volume.atomic_write_max_blocks() > 0,
+                    sanitize_offered(lu),
                 ),
                 sa::REPORT_SUPPORTED_TMFS => opcodes::report_supported_tmfs(cdb),
                 _ => Err(cdb.invalid(1, Some(4)).into()),
@@ -691,6 +716,7 @@ impl ScsiTarget {
             op::SYNC_CACHE_10 | op::SYNC_CACHE_16 => rw::sync_cache(lu, cdb).await,
             op::WRITE_SAME_10 | op::WRITE_SAME_16 => provisioning::write_same(lu, cdb, data).await,
             op::UNMAP => provisioning::unmap(lu, cdb, data).await,
+            op::SANITIZE => sanitize::sanitize(lu, cdb, data, sanitize_offered(lu)).await,
             op::START_STOP_UNIT => admin::start_stop_unit(lu, cdb).await,
             op::PREVENT_ALLOW => admin::prevent_allow(lu, nexus, cdb),
             op::READ_DEFECT_DATA_10 | op::READ_DEFECT_DATA_12 => admin::read_defect_data(cdb),

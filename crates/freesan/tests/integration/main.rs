@@ -36,6 +36,7 @@ mod prometheus;
 mod raid_crash;
 mod reload;
 mod resize;
+mod sanitize_crash;
 mod thin;
 mod trust;
 mod verify_crash;

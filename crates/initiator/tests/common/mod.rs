@@ -72,6 +72,7 @@ fn scsi_target(name: &str, vol: VolumeRef, naa_last: u8) -> Arc<scsi::ScsiTarget
                 read_only: false,
                 state_file: None,
                 physical_block_exponent: 0,
+                sanitize_rate_bytes_per_s: 0,
             },
             vol,
         )],

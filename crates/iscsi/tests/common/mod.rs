@@ -58,6 +58,7 @@ fn scsi_target(name: &str, vol: Option<block::VolumeRef>) -> Arc<scsi::ScsiTarge
                 read_only: false,
                 state_file: None,
                 physical_block_exponent: 0,
+                sanitize_rate_bytes_per_s: 0,
             },
             vol,
         )],

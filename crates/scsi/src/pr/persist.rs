@@ -12,7 +12,7 @@ use crate::sense::{key, Sense};
 use crate::ScsiError;
 use serde::{Deserialize, Serialize};
 use std::fs;
-use std::io::{self, Write};
+use std::io;
 use std::path::Path;
 use std::sync::Arc;
 
@@ -224,38 +224,14 @@ pub(super) fn load(path: &Path) -> Result<Option<PrState>, ScsiError> {
         .map_err(|msg| state_err(io::Error::new(io::ErrorKind::InvalidData, msg)))
 }
 
-fn sync_parent(path: &Path) -> io::Result<()> {
-    let dir = match path.parent() {
-        Some(d) if !d.as_os_str().is_empty() => d,
-        _ => Path::new("."),
-    };
-    fs::File::open(dir)?.sync_all()
-}
-
 /// Writes `st` atomically: temporary file, fsync, rename over `path`, fsync the
 /// directory.
 pub(super) fn save(path: &Path, st: &PrState) -> io::Result<()> {
     let json = serde_json::to_vec_pretty(&to_file(st)).map_err(io::Error::other)?;
-    let mut tmp = path.as_os_str().to_owned();
-    tmp.push(".tmp");
-    let tmp = Path::new(&tmp);
-    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-        fs::create_dir_all(dir)?;
-    }
-    {
-        let mut f = fs::File::create(tmp)?;
-        f.write_all(&json)?;
-        f.sync_all()?;
-    }
-    fs::rename(tmp, path)?;
-    sync_parent(path)
+    crate::statefile::write_atomic(path, &json)
 }
 
 /// Removes the state file (APTPL turned off); a missing file is fine.
 pub(super) fn remove(path: &Path) -> io::Result<()> {
-    match fs::remove_file(path) {
-        Ok(()) => sync_parent(path),
-        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
-        Err(e) => Err(e),
-    }
+    crate::statefile::remove(path)
 }

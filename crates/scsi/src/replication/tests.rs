@@ -160,6 +160,7 @@ fn lun_config(state_file: Option<PathBuf>) -> LunConfig {
         read_only: false,
         state_file,
         physical_block_exponent: 0,
+        sanitize_rate_bytes_per_s: 0,
     }
 }
 

@@ -20,6 +20,7 @@ fn lun_config() -> LunConfig {
         read_only: false,
         state_file: None,
         physical_block_exponent: 0,
+        sanitize_rate_bytes_per_s: 0,
     }
 }
 
@@ -2178,6 +2179,7 @@ async fn explicit_alua_states_survive_a_restart() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 mod atomic;
+mod sanitize;
 mod thin;
 
 /// (group id, relative port ids) from REPORT TARGET PORT GROUPS.
