@@ -6,15 +6,19 @@ known failures (tests/conformance/known-failures.txt, one `Suite.Test  reason` a
 
     tests/conformance/run.py [--bin target/release/freesan] [--port 3270] [--update]
 
-A second, short pass serves a 512e LUN (512-byte blocks, 4 KiB physical: LBPPB 8)
-and runs the tests that skip themselves on one block per sector (LBPPB_TESTS); each
-must run to completion and pass. (The main LUN stays 512n: on a 512e LUN libiscsi's
-GetLBAStatus.UnmapSingle wants a first descriptor past the LBA it asked for, which
-SBC does not allow; docs/0001-iscsi-data-path.md.)
+Short passes follow (SIDE_PASSES), each on a LUN of its own: a 512e LUN (512-byte
+blocks, 4 KiB physical: LBPPB 8) runs the tests that skip themselves on one block per
+sector (LBPPB_TESTS), a write-protected LUN the tests that skip themselves on a
+writable one (READONLY_TESTS), a LUN that may be wiped the SANITIZE tests
+(SANITIZE_TESTS, with --allow-sanitize); each must run to completion and pass (but
+the few that skip a part of themselves, which must pass). (The main LUN
+stays 512n: on a 512e LUN libiscsi's GetLBAStatus.UnmapSingle wants a first
+descriptor past the LBA it asked for, which SBC does not allow;
+docs/0001-iscsi-data-path.md.)
 
 Exits non-zero when fewer tests pass, or fewer run to completion (pass without
-skipping themselves), than the floor (tests/conformance/floor: `passed completed
-completed-512e`),
+skipping themselves), than the floor (tests/conformance/floor: `passed completed` and
+then one count per short pass, in SIDE_PASSES' order),
 or when a test fails that is not listed as a known failure. `--update` rewrites the
 floor to the current counts. CUnit counts a test that skips itself ("[SKIPPED] X is
 not implemented") as passed; skips are counted and printed separately so the
@@ -31,6 +35,36 @@ LBPPB_TESTS = [
     "SCSI.CompareAndWrite.InvalidDataOutSize",
     "SCSI.WriteSame10.InvalidDataOutSize",
     "SCSI.WriteSame16.InvalidDataOutSize",
+]
+# Tests that run only on a write-protected LUN (MODE SENSE's WP bit set).
+READONLY_TESTS = ["SCSI.ReadOnly.ReadOnlySBC"]
+# SANITIZE wipes the LUN, so iscsi-test-cu runs these only with --allow-sanitize,
+# on a LUN of their own. The overwrite is paced (6 MiB/s: about 11 s for the 64 MiB
+# LUN) because Sanitize.Reset needs it still running after its resets and a new
+# login, and NOP-In pings wait 120 s for an answer because that test then sleeps
+# 60 s between commands without servicing its connection. CryptoErase is left out:
+# freesan does not encrypt, so it offers no CRYPTOGRAPHIC ERASE and that test
+# skips itself. Readonly and Reservations run their OVERWRITE and BLOCK ERASE
+# checks and skip their CRYPTO ERASE one, so they must pass but do not count as
+# run to completion (SANITIZE_PARTIAL).
+SANITIZE_TESTS = [
+    "SCSI.Sanitize." + t for t in [
+        "BlockErase", "BlockEraseReserved", "CryptoEraseReserved", "ExitFailureMode",
+        "InvalidServiceAction", "Overwrite", "OverwriteReserved", "Readonly",
+        "Reservations", "Reset",
+    ]
+]
+SANITIZE_PARTIAL = ["SCSI.Sanitize.Readonly", "SCSI.Sanitize.Reservations"]
+# The short passes after the main one: name, what they print, the lines that
+# follow the LUN's path and size (its keys, then any tables), the tests each runs
+# (each must pass, and run to completion unless it is in the last list),
+# iscsi-test-cu's extra flags, and the tests that may skip a part of themselves.
+SIDE_PASSES = [
+    ("512e", "512e LUN (LBPPB 8)", "physical_block_size = 4096\n", LBPPB_TESTS, [], []),
+    ("readonly", "read-only LUN", "read_only = true\n", READONLY_TESTS, [], []),
+    ("sanitize", "sanitize LUN",
+     "sanitize_rate_mib_s = 6\n[limits]\nnop_in_timeout_ms = 120000\n", SANITIZE_TESTS,
+     ["--allow-sanitize"], SANITIZE_PARTIAL),
 ]
 
 
@@ -99,22 +133,25 @@ def stop(proc):
             proc.wait()
 
 
-def run_512e(a, work):
-    """Serves a 512e LUN from a configuration file and runs LBPPB_TESTS against it.
-    Returns (results, output, node_alive)."""
-    port = a.port + 1
-    cfg = os.path.join(work, "512e.toml")
+def run_side(a, work, name, port, lun_toml, tests, flags):
+    """Serves one LUN from a configuration file (`lun_toml`: extra lines of its
+    [[target.lun]]) and runs `tests` against it. Returns (results, output, node_alive)."""
+    cfg = os.path.join(work, f"{name}.toml")
+    img = os.path.join(work, "lun-" + name + ".img")
+    # made here: a read-only LUN's file is opened, never created
+    with open(img, "wb") as f:
+        f.truncate(64 << 20)
     with open(cfg, "w") as f:
-        f.write(f'data_dir = "{os.path.join(work, "data512e")}"\n'
+        f.write(f'data_dir = "{os.path.join(work, "data-" + name)}"\n'
                 f'[[portal]]\naddress = "127.0.0.1:{port}"\n'
                 f'[[target]]\niqn = "{IQN}"\n'
-                f'[[target.lun]]\npath = "{os.path.join(work, "lun512e.img")}"\n'
-                f'size = "64M"\nphysical_block_size = 4096\n')
-    log = open(os.path.join(work, "serve-512e.log"), "w")
+                f'[[target.lun]]\npath = "{img}"\n'
+                f'size = "64M"\n{lun_toml}')
+    log = open(os.path.join(work, f"serve-{name}.log"), "w")
     proc = subprocess.Popen([a.bin, "serve", "--config", cfg], stdout=subprocess.DEVNULL, stderr=log)
     try:
         wait_port("127.0.0.1", port, proc)
-        run = subprocess.run(["iscsi-test-cu", "--dataloss", "-t", ",".join(LBPPB_TESTS),
+        run = subprocess.run(["iscsi-test-cu", "--dataloss", *flags, "-t", ",".join(tests),
                               f"iscsi://127.0.0.1:{port}/{IQN}/0"],
                              capture_output=True, text=True, timeout=600)
         out = run.stdout + run.stderr
@@ -151,21 +188,34 @@ def main():
         alive = proc.poll() is None
     finally:
         stop(proc)
-    res512, out512, alive512 = run_512e(a, work)
+    sides = []
+    for i, (name, label, lun_toml, tests, flags, partial) in enumerate(SIDE_PASSES):
+        res_s, out_s, alive_s = run_side(a, work, name, a.port + 1 + i, lun_toml, tests, flags)
+        sides.append((name, label, tests, partial, res_s, out_s, alive_s))
     os.makedirs("target", exist_ok=True)
     with open("target/conformance.log", "w") as f:
         f.write(out)
-    with open("target/conformance-512e.log", "w") as f:
-        f.write(out512)
     shutil.copy(log_path, "target/conformance-serve.log")
-    shutil.copy(os.path.join(work, "serve-512e.log"), "target/conformance-serve-512e.log")
+    side_completed = []
+    side_bad = []
+    for name, label, tests, partial, res_s, out_s, _ in sides:
+        with open(f"target/conformance-{name}.log", "w") as f:
+            f.write(out_s)
+        shutil.copy(os.path.join(work, f"serve-{name}.log"), f"target/conformance-serve-{name}.log")
+        done = sum(1 for v in res_s.values() if v == "passed")
+        side_completed.append(done)
+        print(f"{label}: {done} of {len(tests)} ran to completion and passed"
+              + (f" ({len(partial)} more must pass, skipping a part)" if partial else ""))
+        bad_here = 0
+        for n in tests:
+            short = n.removeprefix("SCSI.")
+            got = res_s.get(short, "did not run")
+            if got == "passed" or (n in partial and got == "skipped"):
+                continue
+            bad_here += 1
+            print(f"  {name}: {short}: {got}")
+        side_bad.append(bad_here)
     shutil.rmtree(work, ignore_errors=True)
-    completed512 = sum(1 for v in res512.values() if v == "passed")
-    print(f"512e LUN (LBPPB 8): {completed512} of {len(LBPPB_TESTS)} ran to completion and passed")
-    for n in LBPPB_TESTS:
-        short = n.removeprefix("SCSI.")
-        if res512.get(short) != "passed":
-            print(f"  512e: {short}: {res512.get(short, 'did not run')}")
 
     res = parse(out)
     m = re.search(r"tests\s+(\d+)\s+(\d+)\s+(\d+)\s+(\d+)", out)
@@ -187,7 +237,7 @@ def main():
     floor_words = open(floor_path).read().split() if os.path.exists(floor_path) else []
     floor = int(floor_words[0]) if floor_words else 0
     floor_completed = int(floor_words[1]) if len(floor_words) > 1 else 0
-    floor_512e = int(floor_words[2]) if len(floor_words) > 2 else 0
+    floor_sides = [int(w) for w in floor_words[2:]]
     completed = passed - skipped
 
     print(f"iscsi-test-cu: {total} tests, {passed} passed ({passed - skipped} ran to completion, "
@@ -203,9 +253,9 @@ def main():
     print(f"conformance: {passed} passed, {failed} failed")
     if a.update:
         with open(floor_path, "w") as f:
-            f.write(f"{passed} {completed} {completed512}\n")
+            f.write(" ".join(str(n) for n in [passed, completed] + side_completed) + "\n")
         print(f"floor recorded: {passed} passed, {completed} ran to completion, "
-              f"{completed512} on the 512e LUN")
+              + ", ".join(f"{n} on the {s[0]} LUN" for n, s in zip(side_completed, sides)))
         return
     bad = False
     if passed < floor:
@@ -217,13 +267,16 @@ def main():
     if unexpected:
         print(f"conformance: {len(unexpected)} failing tests are not listed in known-failures.txt")
         bad = True
-    if completed512 < floor_512e or completed512 < len(LBPPB_TESTS):
-        print(f"conformance: {completed512} of the {len(LBPPB_TESTS)} 512e tests ran to completion "
-              f"and passed (floor {floor_512e})")
-        bad = True
-    if not alive or not alive512:
-        if not alive512:
-            print("conformance: freesan died during the 512e pass; see target/conformance-serve-512e.log")
+    for i, (name, label, tests, partial, res_s, out_s, alive_s) in enumerate(sides):
+        want = floor_sides[i] if i < len(floor_sides) else 0
+        if side_completed[i] < want or side_bad[i] > 0:
+            print(f"conformance: {side_completed[i]} of the {len(tests)} tests of the {label} ran to "
+                  f"completion and passed, {side_bad[i]} did not pass as they must (floor {want})")
+            bad = True
+        if not alive_s:
+            print(f"conformance: freesan died during the {name} pass; see target/conformance-serve-{name}.log")
+            bad = True
+    if not alive:
         bad = True
     sys.exit(1 if bad else 0)
 
