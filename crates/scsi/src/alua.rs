@@ -468,12 +468,7 @@ impl Alua {
 /// reservation state file `pr_state_file`: `lunN.pr.json` -> `lunN.alua.json`
 /// (any other name gets `.alua.json` appended).
 pub fn state_path(pr_state_file: &Path) -> PathBuf {
-    let name = pr_state_file
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_default();
-    let stem = name.strip_suffix(".pr.json").unwrap_or(&name);
-    pr_state_file.with_file_name(format!("{stem}.alua.json"))
+    crate::statefile::beside(pr_state_file, "alua")
 }
 
 #[derive(serde::Serialize, serde::Deserialize)]

@@ -251,12 +251,7 @@ impl Sanitizer {
 /// The sanitize record beside a LU's reservation state file: `lunN.pr.json`
 /// gives `lunN.sanitize.json`.
 pub fn record_path(pr_state_file: &std::path::Path) -> PathBuf {
-    let name = pr_state_file
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_default();
-    let stem = name.strip_suffix(".pr.json").unwrap_or(&name);
-    pr_state_file.with_file_name(format!("{stem}.sanitize.json"))
+    crate::statefile::beside(pr_state_file, "sanitize")
 }
 
 /// Runs again a sanitize that was in progress when the node stopped (from

@@ -14,6 +14,17 @@ fn sync_parent(path: &Path) -> io::Result<()> {
     fs::File::open(dir)?.sync_all()
 }
 
+/// The state file `kind` of the LU whose reservation state file is
+/// `pr_state_file`: `lunN.pr.json` gives `lunN.KIND.json`.
+pub(crate) fn beside(pr_state_file: &Path, kind: &str) -> std::path::PathBuf {
+    let name = pr_state_file
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let stem = name.strip_suffix(".pr.json").unwrap_or(&name);
+    pr_state_file.with_file_name(format!("{stem}.{kind}.json"))
+}
+
 /// Replaces `path` with `bytes` atomically (creating its folder if needed).
 pub(crate) fn write_atomic(path: &Path, bytes: &[u8]) -> io::Result<()> {
     let mut tmp = path.as_os_str().to_owned();

@@ -46,6 +46,14 @@ pub fn have(tool: &str) -> bool {
 }
 
 impl Node {
+    /// An iSCSI session of `initiator_name` to target `IQN` through the first portal.
+    pub async fn login(&self, initiator_name: &str) -> initiator::Session {
+        let addr = self.portals[0].parse().unwrap();
+        initiator::Session::login(addr, &initiator::LoginOptions::new(initiator_name, IQN))
+            .await
+            .expect("login")
+    }
+
     /// Starts `freesan serve` with the given extra arguments, portals on port 0 of
     /// each address, and waits until its banner lists the portals.
     pub fn start(addrs: &[&str], args: &[String], log: &Path) -> Node {

@@ -17,16 +17,6 @@ const LBA: u64 = 1000;
 const BLOCKS: u16 = 256;
 const FOREIGN_LBA: u64 = 3000;
 
-async fn session(node: &Node) -> initiator::Session {
-    let addr = node.portals[0].parse().unwrap();
-    initiator::Session::login(
-        addr,
-        &initiator::LoginOptions::new("iqn.2026-11.test:atomic", IQN),
-    )
-    .await
-    .expect("login")
-}
-
 fn write_atomic_cdb(lba: u64, blocks: u16) -> [u8; 16] {
     let mut c = [0u8; 16];
     c[0] = 0x9c;
@@ -78,7 +68,7 @@ fn read_at(path: &Path, offset: u64, len: usize) -> Vec<u8> {
 async fn a_torn_atomic_write_is_completed_at_the_next_start() {
     let dir = tempfile::tempdir().unwrap();
     let mut node = start_file_lun(dir.path(), "64M", "first.log");
-    let s = session(&node).await;
+    let s = node.login("iqn.2026-11.test:atomic").await;
     // advertised in the Block Limits page, and taken
     let r = cmd(
         &s,
@@ -111,7 +101,7 @@ async fn a_torn_atomic_write_is_completed_at_the_next_start() {
     write_at(&records, block::AtomicWrites::slot_bytes(BS), &foreign);
 
     let mut node = start_file_lun(dir.path(), "64M", "second.log");
-    let s = session(&node).await;
+    let s = node.login("iqn.2026-11.test:atomic").await;
     assert_eq!(
         read(&s, LBA, BLOCKS).await,
         pattern(0x22),
@@ -145,7 +135,7 @@ async fn a_torn_atomic_write_is_completed_at_the_next_start() {
     );
     assert!(log.contains("atomic write record of another volume: not applied"));
     let node = start_file_lun(dir.path(), "64M", "third.log");
-    let s = session(&node).await;
+    let s = node.login("iqn.2026-11.test:atomic").await;
     assert_eq!(read(&s, LBA, BLOCKS).await, pattern(0x44));
     let log = std::fs::read_to_string(dir.path().join("third.log")).unwrap_or_default();
     assert!(!log.contains("applying an atomic write"), "applied twice");

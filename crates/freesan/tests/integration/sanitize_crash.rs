@@ -24,16 +24,6 @@ fn config(dir: &std::path::Path) -> std::path::PathBuf {
     path
 }
 
-async fn session(node: &Node) -> initiator::Session {
-    let addr = node.portals[0].parse().unwrap();
-    initiator::Session::login(
-        addr,
-        &initiator::LoginOptions::new("iqn.2026-11.test:sanitize", IQN),
-    )
-    .await
-    .expect("login")
-}
-
 /// REQUEST SENSE's (key, asc, ascq) and progress (out of 65536) if any.
 async fn request_sense(s: &initiator::Session) -> ((u8, u8, u8), Option<u16>) {
     let r = command(s, &[0x03, 0, 0, 0, 18, 0], 18).await;
@@ -58,7 +48,7 @@ async fn a_sanitize_interrupted_by_sigkill_runs_again_at_the_next_start() {
     let dir = tempfile::tempdir().unwrap();
     let cfg = config(dir.path());
     let mut node = start_config(dir.path(), &cfg);
-    let s = session(&node).await;
+    let s = node.login("iqn.2026-11.test:sanitize").await;
     // the whole LU holds 0x61
     for lba in (0..(SIZE_BYTES / BS) as u32).step_by(2048) {
         let mut c = [0u8; 10];
@@ -109,7 +99,7 @@ async fn a_sanitize_interrupted_by_sigkill_runs_again_at_the_next_start() {
     assert_eq!(img[SIZE_BYTES - 1], 0x61, "the end was not, yet");
 
     let node = start_config(dir.path(), &cfg);
-    let s = session(&node).await;
+    let s = node.login("iqn.2026-11.test:sanitize").await;
     // the first command past the unit attentions (not past NOT READY, which
     // past_uas waits out): still (again) in progress
     let mut first = None;

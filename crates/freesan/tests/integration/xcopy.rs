@@ -49,16 +49,6 @@ fn block(src: bool, b: u64) -> Vec<u8> {
     (tag | b).to_be_bytes().repeat(BS as usize / 8)
 }
 
-async fn session(node: &Node) -> initiator::Session {
-    let addr = node.portals[0].parse().unwrap();
-    initiator::Session::login(
-        addr,
-        &initiator::LoginOptions::new("iqn.2026-11.test:xcopy", IQN),
-    )
-    .await
-    .expect("login")
-}
-
 async fn write(s: &initiator::Session, lun: u64, src: bool) {
     let chunk = 2048u64;
     for first in (0..BLOCKS).step_by(chunk as usize) {
@@ -101,7 +91,7 @@ async fn extended_copy_onto_a_cached_raid5_lun_and_across_a_sigkill() {
     let dir = tempfile::tempdir().unwrap();
     let cfg = config(dir.path());
     let mut node = start_config(dir.path(), &cfg);
-    let s = session(&node).await;
+    let s = node.login("iqn.2026-11.test:xcopy").await;
     write(&s, 1, true).await;
     write(&s, 0, false).await;
     let (src, dst) = (naa(&s, 1).await, naa(&s, 0).await);
@@ -121,7 +111,7 @@ async fn extended_copy_onto_a_cached_raid5_lun_and_across_a_sigkill() {
     write(&s, 0, false).await;
     let (c, p) = xcopy(src, dst, 2);
     let copying = {
-        let s2 = session(&node).await;
+        let s2 = node.login("iqn.2026-11.test:xcopy").await;
         // a new nexus meets its unit attention first
         assert_eq!(cmd(&s2, 0, &[0; 6], vec![], 0).await.status, 0);
         tokio::spawn(async move {
@@ -148,7 +138,7 @@ async fn extended_copy_onto_a_cached_raid5_lun_and_across_a_sigkill() {
     drop(s);
 
     let node = start_config(dir.path(), &cfg);
-    let s = session(&node).await;
+    let s = node.login("iqn.2026-11.test:xcopy").await;
     let got = read_all(&s, 0).await;
     let (mut copied, mut old) = (0u64, 0u64);
     for b in 0..BLOCKS {
@@ -177,7 +167,7 @@ async fn odx_token_copy_onto_a_cached_raid5_lun() {
     let dir = tempfile::tempdir().unwrap();
     let cfg = config(dir.path());
     let node = start_config(dir.path(), &cfg);
-    let s = session(&node).await;
+    let s = node.login("iqn.2026-11.test:xcopy").await;
     write(&s, 1, true).await;
     write(&s, 0, false).await;
     // The Third-party Copy VPD page starts with the Block Device ROD Token Limits.
