@@ -37,7 +37,7 @@ use block::Bytes;
 use parking_lot::Mutex;
 use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::oneshot;
@@ -87,10 +87,35 @@ enum Phase {
     },
 }
 
+impl Phase {
+    fn to_u8(self) -> u8 {
+        match self {
+            Phase::Idle => 0,
+            Phase::Running => 1,
+            Phase::Failed { ause: false } => 2,
+            Phase::Failed { ause: true } => 3,
+        }
+    }
+
+    fn from_u8(v: u8) -> Phase {
+        match v {
+            1 => Phase::Running,
+            2 => Phase::Failed { ause: false },
+            3 => Phase::Failed { ause: true },
+            _ => Phase::Idle,
+        }
+    }
+}
+
 /// A LU's sanitize state: the phase, the progress of a running job, and the
 /// resume file.
 pub(crate) struct Sanitizer {
-    phase: Mutex<Phase>,
+    /// The [`Phase`], read by every command without a lock (an atomic load on
+    /// the hot path); changed only under `transition`.
+    phase: AtomicU8,
+    /// Serialises changes of phase (with the record's write in `begin`, which
+    /// no command waits for).
+    transition: Mutex<()>,
     done_bytes: AtomicU64,
     total_bytes: AtomicU64,
     /// `lunN.sanitize.json` beside the state file; None keeps nothing across
@@ -107,41 +132,54 @@ impl Sanitizer {
     /// there as running makes the LU start with it in progress (run it with
     /// [`resume`]).
     pub(crate) fn load(state_file: Option<&std::path::Path>) -> Sanitizer {
-        let resume_path = state_file.map(record_path);
-        let pending = resume_path.as_deref().and_then(|p| {
-            let bytes = std::fs::read(p).ok()?;
-            match serde_json::from_slice::<Resume>(&bytes) {
-                Ok(r) if r.version == 1 => Some((r.action, r.ause)),
+        let resume_path = state_file.map(|f| crate::statefile::beside(f, "sanitize"));
+        // Some(None): a record that cannot be used
+        let found = resume_path.as_deref().and_then(|p| match std::fs::read(p) {
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+            Err(e) => {
+                tracing::error!(path = %p.display(), error = %e,
+                    "cannot read the sanitize record; the LU starts in sanitize failure mode");
+                Some(None)
+            }
+            Ok(bytes) => match serde_json::from_slice::<Resume>(&bytes) {
+                Ok(r) if r.version == 1 => Some(Some((r.action, r.ause))),
                 Ok(r) => {
                     tracing::error!(path = %p.display(), version = r.version,
-                        "sanitize resume file of an unknown version; the LU starts in sanitize failure mode");
-                    None
+                        "sanitize record of an unknown version; the LU starts in sanitize failure mode");
+                    Some(None)
                 }
                 Err(e) => {
                     tracing::error!(path = %p.display(), error = %e,
-                        "unreadable sanitize resume file; the LU starts in sanitize failure mode");
-                    None
+                        "unreadable sanitize record; the LU starts in sanitize failure mode");
+                    Some(None)
                 }
-            }
+            },
         });
-        let unreadable = pending.is_none() && resume_path.as_deref().is_some_and(|p| p.exists());
-        let phase = if pending.is_some() {
-            Phase::Running
-        } else if unreadable {
+        let phase = match &found {
+            None => Phase::Idle,
+            Some(Some(_)) => Phase::Running,
             // a sanitize was running, and what it was is lost: never serve the
             // half-wiped blocks as if nothing had happened
-            Phase::Failed { ause: false }
-        } else {
-            Phase::Idle
+            Some(None) => Phase::Failed { ause: false },
         };
+        let pending = found.flatten();
         Sanitizer {
-            phase: Mutex::new(phase),
+            phase: AtomicU8::new(phase.to_u8()),
+            transition: Mutex::new(()),
             done_bytes: AtomicU64::new(0),
             total_bytes: AtomicU64::new(0),
             resume_path,
             pending: Mutex::new(pending),
             job: Mutex::new(None),
         }
+    }
+
+    fn phase(&self) -> Phase {
+        Phase::from_u8(self.phase.load(Ordering::Acquire))
+    }
+
+    fn set_phase(&self, p: Phase) {
+        self.phase.store(p.to_u8(), Ordering::Release);
     }
 
     /// Stops a running job (the LU is removed, or the node stops). Its record
@@ -164,7 +202,7 @@ impl Sanitizer {
     /// (`media`) is refused. Err: the sense to answer with.
     pub(crate) fn gate(&self, opcode: u8, media: bool) -> Result<(), Sense> {
         use crate::cdb::op;
-        match *self.phase.lock() {
+        match self.phase() {
             Phase::Idle => Ok(()),
             Phase::Running => match opcode {
                 op::INQUIRY | op::REPORT_LUNS | op::REQUEST_SENSE => Ok(()),
@@ -178,7 +216,7 @@ impl Sanitizer {
     /// What REQUEST SENSE reports when no unit attention is pending: the
     /// progress of a running sanitize, or its failure; None otherwise.
     pub(crate) fn sense(&self) -> Option<Sense> {
-        match *self.phase.lock() {
+        match self.phase() {
             Phase::Idle => None,
             Phase::Running => Some(codes::SANITIZE_IN_PROGRESS.with_progress(self.progress())),
             Phase::Failed { .. } => Some(codes::SANITIZE_FAILED),
@@ -188,8 +226,8 @@ impl Sanitizer {
     /// Marks a sanitize as started (and records it for a restart). Err if one
     /// runs already or it cannot be recorded.
     fn begin(&self, action: &Action, ause: bool) -> Result<(), Sense> {
-        let mut phase = self.phase.lock();
-        if *phase == Phase::Running {
+        let _t = self.transition.lock();
+        if self.phase() == Phase::Running {
             return Err(codes::SANITIZE_IN_PROGRESS.with_progress(self.progress()));
         }
         if let Some(p) = &self.resume_path {
@@ -206,7 +244,7 @@ impl Sanitizer {
             }
         }
         self.done_bytes.store(0, Ordering::Relaxed);
-        *phase = Phase::Running;
+        self.set_phase(Phase::Running);
         Ok(())
     }
 
@@ -221,22 +259,22 @@ impl Sanitizer {
                 }
             }
         }
-        *self.phase.lock() = if ok {
+        let _t = self.transition.lock();
+        self.set_phase(if ok {
             Phase::Idle
         } else {
             Phase::Failed { ause }
-        };
+        });
     }
 
     fn exit_failure_mode(&self) -> Result<(), Sense> {
-        let mut phase = self.phase.lock();
-        match *phase {
+        let _t = self.transition.lock();
+        match self.phase() {
             Phase::Failed { ause: false } => {
                 Err(codes::INVALID_FIELD_IN_CDB.with_field(true, 1, Some(5)))
             }
             Phase::Failed { ause: true } => {
-                *phase = Phase::Idle;
-                drop(phase);
+                self.set_phase(Phase::Idle);
                 if let Some(p) = &self.resume_path {
                     let _ = crate::statefile::remove(p);
                 }
@@ -248,15 +286,20 @@ impl Sanitizer {
     }
 }
 
-/// The sanitize record beside a LU's reservation state file: `lunN.pr.json`
-/// gives `lunN.sanitize.json`.
-pub fn record_path(pr_state_file: &std::path::Path) -> PathBuf {
-    crate::statefile::beside(pr_state_file, "sanitize")
-}
-
 /// Runs again a sanitize that was in progress when the node stopped (from
-/// [`Sanitizer::load`]); nothing if there was none. Needs a tokio runtime.
+/// [`Sanitizer::load`]); nothing if there was none. Outside a tokio runtime
+/// (a target built by a tool, not a node) the sanitize stays pending and the LU
+/// keeps answering SANITIZE IN PROGRESS.
 pub(crate) fn resume(lu: &Arc<LogicalUnit>) {
+    if tokio::runtime::Handle::try_current().is_err() {
+        if lu.sanitize.pending.lock().is_some() {
+            tracing::error!(
+                lun = lu.lun,
+                "a sanitize to resume, but no runtime to run it"
+            );
+        }
+        return;
+    }
     let Some((action, ause)) = lu.sanitize.pending.lock().take() else {
         return;
     };

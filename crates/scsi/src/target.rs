@@ -185,10 +185,8 @@ impl ScsiTarget {
         }
         luns.sort_by_key(|l| l.lun);
         check_unique_ports(&config.ports)?;
-        if tokio::runtime::Handle::try_current().is_ok() {
-            for lu in &luns {
-                crate::sanitize::resume(lu);
-            }
+        for lu in &luns {
+            crate::sanitize::resume(lu);
         }
         let alua = Alua::new(&config.ports, &config.port_groups);
         let pr_ports = all_target_ports(&config.name, &config.ports, &config.port_groups);

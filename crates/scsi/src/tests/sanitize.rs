@@ -361,3 +361,28 @@ async fn a_sanitize_cut_short_by_a_stop_runs_again_at_the_next_start() {
     let r = run(&t, &n, &rw10(0x28, 0, 1), &[]).await;
     assert_eq!(r.status, status::GOOD);
 }
+
+#[tokio::test]
+async fn an_unreadable_record_starts_the_lu_in_failure_mode() {
+    let dir = TempDir::new("unreadable");
+    std::fs::write(dir.path().join("lun0.sanitize.json"), b"{ torn").unwrap();
+    let t = paced_target(
+        Arc::new(MemVolume::new(BS as u32, BLOCKS)),
+        Some(dir.path()),
+    );
+    let n = nexus("01", 1);
+    let r = run(&t, &n, &[0, 0, 0, 0, 0, 0], &[]).await;
+    assert_eq!(sense_of(&r), (key::UNIT_ATTENTION, 0x29, 0x00));
+    let r = run(&t, &n, &rw10(0x28, 0, 1), &[]).await;
+    assert_eq!(
+        sense_of(&r),
+        (key::MEDIUM_ERROR, 0x31, 0x03),
+        "half-wiped blocks served"
+    );
+    // a sanitize that succeeds leaves it
+    let r = run(&t, &n, &sanitize_cdb(0x02, 0), &[]).await;
+    assert_eq!(r.status, status::GOOD);
+    let r = run(&t, &n, &rw10(0x28, 0, 1), &[]).await;
+    assert_eq!(r.status, status::GOOD);
+    assert!(!dir.path().join("lun0.sanitize.json").exists());
+}
