@@ -104,6 +104,23 @@ impl TargetAuth {
     pub fn allows(&self, initiator: &str) -> bool {
         self.allowed_initiators.is_empty() || self.allowed_initiators.iter().any(|a| a == initiator)
     }
+
+    /// Whether CHAP is required on this target (of every initiator).
+    pub fn chap_required(&self) -> bool {
+        self.chap.is_some() || !self.chap_initiators.is_empty()
+    }
+
+    /// The credentials `initiator` must prove to log in: its own entry, else the
+    /// target-wide ones (None: none fit; with [`TargetAuth::chap_required`] it
+    /// cannot log in). The flag tells its own entry.
+    pub fn chap_of(&self, initiator: &str) -> (Option<&ChapCredentials>, bool) {
+        let own = self
+            .chap_initiators
+            .iter()
+            .find(|e| e.initiator == initiator)
+            .map(|e| &e.creds);
+        (own.or(self.chap.as_ref()), own.is_some())
+    }
 }
 
 /// The target's side of operational negotiation.
@@ -217,6 +234,9 @@ pub struct Negotiated {
     pub chap_per_initiator: bool,
     /// CHAP_A used (5 MD5, 7 SHA-256), if CHAP was.
     pub chap_algorithm: Option<u32>,
+    /// The credentials proved (name and secret), if CHAP was used: what another
+    /// target's login would ask of this initiator is compared with them.
+    pub chap_proven: Option<ChapCredentials>,
     /// ExpCmdSN at the start of full feature phase.
     pub exp_cmd_sn: u32,
     /// Next StatSN to send.
@@ -298,8 +318,8 @@ pub struct LoginNegotiator {
     /// Identity (initiator, target, ACL) checked after the first PDU.
     identified: bool,
     auth: Auth,
-    /// Set once CHAP succeeded: (CHAP name, per-initiator credentials, CHAP_A).
-    chap_done: Option<(String, bool, u32)>,
+    /// Set once CHAP succeeded: (credentials, per-initiator credentials, CHAP_A).
+    chap_done: Option<(ChapCredentials, bool, u32)>,
     /// The CHAP_N the initiator sent, if any (for logs; at most 255 bytes kept).
     chap_name_seen: Option<String>,
     ops: OpState,
@@ -555,16 +575,14 @@ impl LoginNegotiator {
                 let Some(t) = self.target_index.and_then(|i| self.cfg.targets.get(i)) else {
                     return none;
                 };
-                let own = self.initiator_name.as_deref().and_then(|n| {
-                    t.chap_initiators
-                        .iter()
-                        .find(|e| e.initiator == n)
-                        .map(|e| &e.creds)
-                });
+                let (chap, per_initiator) = match self.initiator_name.as_deref() {
+                    Some(n) => t.chap_of(n),
+                    None => (t.chap.as_ref(), false),
+                };
                 AuthCreds {
-                    required: t.chap.is_some() || !t.chap_initiators.is_empty(),
-                    chap: own.or(t.chap.as_ref()),
-                    per_initiator: own.is_some(),
+                    required: t.chap_required(),
+                    chap,
+                    per_initiator,
                     mutual: t.mutual.as_ref(),
                 }
             }
@@ -752,7 +770,7 @@ impl LoginNegotiator {
                 (None, None) => {}
                 _ => return Err(status::AUTH_FAILURE),
             }
-            self.chap_done = Some((creds.user.clone(), per_initiator, alg.code()));
+            self.chap_done = Some((creds.clone(), per_initiator, alg.code()));
             self.auth = Auth::Done;
         } else if chap_i.is_some() || chap_c.is_some() {
             return Err(status::INITIATOR_ERROR);
@@ -787,9 +805,10 @@ impl LoginNegotiator {
             default_time2wait_s: o.default_time2wait_s,
             default_time2retain_s: o.default_time2retain_s,
             error_recovery_level: 0,
-            chap_user: self.chap_done.as_ref().map(|c| c.0.clone()),
+            chap_user: self.chap_done.as_ref().map(|c| c.0.user.clone()),
             chap_per_initiator: self.chap_done.as_ref().is_some_and(|c| c.1),
             chap_algorithm: self.chap_done.as_ref().map(|c| c.2),
+            chap_proven: self.chap_done.as_ref().map(|c| c.0.clone()),
             exp_cmd_sn: self.exp_cmd_sn,
             next_stat_sn: self.stat_sn,
         }

@@ -23,6 +23,7 @@ mod admission;
 mod auth_limit;
 mod config;
 mod conn;
+mod copy_reach;
 mod dataout;
 mod discovery;
 mod exec;

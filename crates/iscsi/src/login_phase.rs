@@ -204,6 +204,7 @@ async fn register(
         source: peer.ip(),
         chap_user: n.chap_user.clone(),
         chap_per_initiator: n.chap_per_initiator,
+        chap_proven: n.chap_proven.clone(),
         tpgt: n.tpgt,
     };
     let (session, old) = ctx

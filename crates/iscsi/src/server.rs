@@ -249,6 +249,19 @@ fn login_config(targets: &[TargetSpec], discovery_auth: &Auth, l: &Limits) -> Lo
     }
 }
 
+/// Gives target `i`'s device what it asks of the transport: aborting the tasks
+/// of preempted nexuses, and which other targets its copies may reach.
+fn hook_target(ctx: &Arc<Ctx>, scsi: &scsi::ScsiTarget, i: usize) {
+    scsi.set_task_abort(Arc::new(crate::tmf::PreemptAbort {
+        ctx: Arc::downgrade(ctx),
+        target: i,
+    }));
+    scsi.set_copy_reach(Arc::new(crate::copy_reach::CopyReach {
+        ctx: Arc::downgrade(ctx),
+        target: i,
+    }));
+}
+
 impl Server {
     /// Binds every portal. Fails if any address cannot be bound.
     pub async fn bind(cfg: ServerConfig) -> std::io::Result<Server> {
@@ -292,10 +305,7 @@ impl Server {
             buffers: cfg.buffers,
         });
         for (i, t) in ctx.tables().targets.iter().enumerate() {
-            t.scsi.set_task_abort(Arc::new(crate::tmf::PreemptAbort {
-                ctx: Arc::downgrade(&ctx),
-                target: i,
-            }));
+            hook_target(&ctx, &t.scsi, i);
         }
         Ok(Server { ctx, shutdown_tx })
     }
@@ -467,10 +477,7 @@ impl Reloader {
         }
         let first_new = tables.targets.len();
         for (i, t) in targets.iter().enumerate().skip(first_new) {
-            t.scsi.set_task_abort(Arc::new(crate::tmf::PreemptAbort {
-                ctx: Arc::downgrade(&ctx),
-                target: i,
-            }));
+            hook_target(&ctx, &t.scsi, i);
         }
         let login_cfg = Arc::new(login_config(&targets, &discovery_auth, &ctx.limits));
         *tables = Arc::new(Tables { targets, login_cfg });

@@ -122,6 +122,9 @@ pub(crate) struct Origin {
     pub chap_user: Option<String>,
     /// The CHAP credentials were the initiator's own (per-initiator entry).
     pub chap_per_initiator: bool,
+    /// The CHAP credentials proved (an EXTENDED COPY reaches another target's
+    /// LUs only when that target would ask the same of this initiator).
+    pub chap_proven: Option<iscsi_proto::login::ChapCredentials>,
     /// The TPGT of the portal it logged in through (its sessions close when
     /// that portal is removed).
     pub tpgt: u16,
@@ -431,6 +434,7 @@ mod tests {
             source: source.parse().unwrap(),
             chap_user: None,
             chap_per_initiator: false,
+            chap_proven: None,
             tpgt: 1,
         }
     }

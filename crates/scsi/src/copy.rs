@@ -330,16 +330,59 @@ fn parse(p: &[u8]) -> Result<CopyList, Sense> {
     })
 }
 
+/// The node's other targets an EXTENDED COPY may reach, as its transport
+/// decides: those the command's initiator could log in to with what its session
+/// proved (their ACL, their CHAP). Which of their LUs the copy then reaches is
+/// their own masking.
+pub trait CopyReach: Send + Sync + 'static {
+    /// The targets besides the one `nexus` goes to whose LUs its copies may name.
+    fn targets(&self, nexus: &ItNexus) -> Vec<Arc<crate::ScsiTarget>>;
+}
+
+/// The LUs an EXTENDED COPY may name: those of its target its initiator sees,
+/// and those of the node's other targets it may reach ([`CopyReach`]).
+pub(crate) struct CopyLus {
+    pub own: Vec<Arc<LogicalUnit>>,
+    pub foreign: Vec<Arc<LogicalUnit>>,
+}
+
 /// The LU a CSCD names: an LU designator (association 00b) of type NAA equal to an
-/// LU's, among `lus` (the target's).
-fn resolve(cscd: &Cscd, lus: &[Arc<LogicalUnit>]) -> Option<Arc<LogicalUnit>> {
+/// LU's, among `lus`; true when it is another target's.
+fn resolve(cscd: &Cscd, lus: &CopyLus) -> Option<(Arc<LogicalUnit>, bool)> {
     let (assoc_type, value) = &cscd.designator;
     if *assoc_type != 0x03 {
         return None;
     }
-    let lu = lus.iter().find(|l| l.config.naa[..] == value[..])?;
+    let named = |l: &&Arc<LogicalUnit>| l.config.naa[..] == value[..];
+    let (lu, foreign) = match lus.own.iter().find(named) {
+        Some(l) => (l, false),
+        None => (lus.foreign.iter().find(named)?, true),
+    };
     let bs = lu.geometry().block_size_bytes;
-    (cscd.block_len == 0 || cscd.block_len == bs).then(|| lu.clone())
+    (cscd.block_len == 0 || cscd.block_len == bs).then(|| (lu.clone(), foreign))
+}
+
+/// The checks for an LU of another target, which `nexus` does not go to: it
+/// must be ready and accessible through the same port (every portal serves
+/// every target, so the port's relative id names that target's port there),
+/// writable for a destination, and under no reservation at all, since the
+/// reservation's holder or registrants are nexuses of that target, which this
+/// one is not.
+fn check_foreign_access(lu: &LogicalUnit, nexus: &ItNexus, write: bool) -> Result<(), Fail> {
+    let mut cdb = [0u8; 16];
+    cdb[0] = if write { op::WRITE_16 } else { op::READ_16 };
+    let parsed = Cdb::parse(&cdb).map_err(Fail::from)?;
+    if lu.alua.check(nexus.relative_port_id, &parsed).is_err() || lu.stopped.load(Ordering::Relaxed)
+    {
+        return Err(codes::COPY_TARGET_NOT_REACHABLE.into());
+    }
+    if lu.pr.reserved() {
+        return Err(Fail::Conflict);
+    }
+    if write {
+        lu.check_writable()?;
+    }
+    Ok(())
 }
 
 /// The checks a READ(16) (`write` false) or WRITE(16) through `nexus` would pass.
@@ -440,7 +483,7 @@ pub(crate) async fn copy_blocks(
 pub(crate) async fn extended_copy(
     copies: &Copies,
     lu: &LogicalUnit,
-    lus: &[Arc<LogicalUnit>],
+    lus: &CopyLus,
     nexus: &ItNexus,
     cdb: &Cdb,
     data_out: &[u8],
@@ -448,10 +491,10 @@ pub(crate) async fn extended_copy(
     match cdb.service_action() {
         0x00 => {}
         odx::SA_POPULATE_TOKEN => {
-            return odx::populate_token(copies, lu, lus, nexus, cdb, data_out).await
+            return odx::populate_token(copies, lu, &lus.own, nexus, cdb, data_out).await
         }
         odx::SA_WRITE_USING_TOKEN => {
-            return odx::write_using_token(copies, lu, lus, nexus, cdb, data_out).await
+            return odx::write_using_token(copies, lu, &lus.own, nexus, cdb, data_out).await
         }
         _ => return Err(cdb.invalid(1, Some(4)).into()),
     }
@@ -468,17 +511,22 @@ pub(crate) async fn extended_copy(
         status: status.as_deref(),
         ok: false,
     };
-    let lu_of = |index: u16| -> Result<Arc<LogicalUnit>, Fail> {
+    let lu_of = |index: u16| -> Result<(Arc<LogicalUnit>, bool), Fail> {
         list.cscds
             .get(index as usize)
             .and_then(|c| resolve(c, lus))
             .ok_or_else(|| Fail::from(codes::COPY_TARGET_NOT_REACHABLE))
     };
+    let check = |(lu, foreign): &(Arc<LogicalUnit>, bool), write: bool| match foreign {
+        false => check_access(lu, nexus, write),
+        true => check_foreign_access(lu, nexus, write),
+    };
     for seg in &list.segments {
         let src = lu_of(seg.src)?;
         let dst = lu_of(seg.dst)?;
-        check_access(&src, nexus, false)?;
-        check_access(&dst, nexus, true)?;
+        check(&src, false)?;
+        check(&dst, true)?;
+        let (src, dst) = (src.0, dst.0);
         let none = Status::default();
         let st = status.as_deref().unwrap_or(&none);
         let src = Source::Lu(&src, seg.src_lba);

@@ -56,6 +56,7 @@ mod thin;
 mod ua;
 
 pub use admin::encode_lun;
+pub use copy::CopyReach;
 pub use inquiry::{Limits, CAW_BLOCKS_MAX, UNMAP_BLOCKS_MAX, UNMAP_DESCRIPTORS_MAX};
 pub use masking::{check_host_groups, HostGroup};
 pub use replication::{PrReplication, TaskAbort};

@@ -13,12 +13,12 @@ use crate::pr::Access;
 use crate::sense::{codes, Sense};
 use crate::stats::{Direction, LuStats};
 use crate::thin::LuEvent;
-use crate::TaskAbort;
 use crate::{
     admin, capacity, copy, inquiry, mode, opcodes, provisioning, replication, rw, sanitize,
     AluaState, Command, ItNexus, LunConfig, PortGroup, PrReplication, Response, ScsiError,
     TargetConfig, TargetPort,
 };
+use crate::{CopyReach, TaskAbort};
 use block::{Bytes, VolumeRef};
 use parking_lot::RwLock;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -45,6 +45,8 @@ pub struct ScsiTarget {
     masked: AtomicBool,
     /// The transport's hook for PREEMPT AND ABORT.
     task_abort: RwLock<Option<Arc<dyn TaskAbort>>>,
+    /// The transport's answer to which other targets a copy may reach.
+    copy_reach: RwLock<Option<Arc<dyn CopyReach>>>,
     /// Operator events of the LUs ([`ScsiTarget::subscribe_events`]).
     events: tokio::sync::broadcast::Sender<LuEvent>,
 }
@@ -200,6 +202,7 @@ impl ScsiTarget {
             masking: RwLock::new(Arc::new(Masking::default())),
             masked: AtomicBool::new(false),
             task_abort: RwLock::new(None),
+            copy_reach: RwLock::new(None),
             events,
         })
     }
@@ -535,6 +538,12 @@ impl ScsiTarget {
         masking::to_target(&view, lun)
     }
 
+    /// Sets which other targets of the node this target's EXTENDED COPY commands
+    /// may reach (the transport decides; without it, none).
+    pub fn set_copy_reach(&self, r: Arc<dyn CopyReach>) {
+        *self.copy_reach.write() = Some(r);
+    }
+
     /// The transport's hook that aborts tasks for PREEMPT AND ABORT.
     pub fn set_task_abort(&self, a: Arc<dyn TaskAbort>) {
         *self.task_abort.write() = Some(a);
@@ -577,6 +586,21 @@ impl ScsiTarget {
         self.all_lus()
             .into_iter()
             .filter(|l| view.iter().any(|&(_, t)| t == l.lun))
+            .collect()
+    }
+
+    /// The LUs of the node's other targets an EXTENDED COPY from `nexus` may
+    /// name: of each target the transport says it may reach, those that target's
+    /// masking shows its initiator.
+    fn foreign_lus(&self, nexus: &ItNexus) -> Vec<Arc<LogicalUnit>> {
+        let Some(reach) = self.copy_reach.read().clone() else {
+            return Vec::new();
+        };
+        reach
+            .targets(nexus)
+            .iter()
+            .filter(|t| !std::ptr::eq(t.as_ref(), self))
+            .flat_map(|t| t.visible_lus(nexus))
             .collect()
     }
 
@@ -723,7 +747,10 @@ impl ScsiTarget {
             }
             op::PR_IN => admin::pr_in(lu, nexus, cdb),
             op::EXTENDED_COPY => {
-                let lus = self.visible_lus(nexus);
+                let lus = copy::CopyLus {
+                    own: self.visible_lus(nexus),
+                    foreign: self.foreign_lus(nexus),
+                };
                 copy::extended_copy(&self.copies, lu, &lus, nexus, cdb, data).await
             }
             op::RECEIVE_COPY_RESULTS => copy::receive_copy_results(&self.copies, lu, nexus, cdb),

@@ -41,3 +41,4 @@ mod thin;
 mod trust;
 mod verify_crash;
 mod xcopy;
+mod xcopy_targets;

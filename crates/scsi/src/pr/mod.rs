@@ -334,6 +334,12 @@ impl Reservations {
         })
     }
 
+    /// Whether any reservation (persistent or SPC-2) is held on the LU.
+    pub fn reserved(&self) -> bool {
+        let g = self.inner.lock();
+        g.spc2.is_some() || g.pr.reservation.is_some()
+    }
+
     /// SPC-4 5.13.1 / SPC-2: may `cdb` from `nexus` run now?
     ///
     /// RESERVE/RELEASE and PERSISTENT RESERVE OUT are always let through to their

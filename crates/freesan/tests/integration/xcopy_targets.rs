@@ -1,0 +1,172 @@
+//! EXTENDED COPY between LUs of different targets of one node (VAAI full copy
+//! between datastores on LUNs of two targets): a copy sent to one target reaches
+//! another target's LU only where its initiator could log in to that target
+//! with what its session proved (the other target's ACL and CHAP) and that
+//! target's masking shows it the LU; a reserved LU of another target answers
+//! RESERVATION CONFLICT. Every refusal leaves the destination untouched.
+
+use crate::common;
+use common::scsi::{self, naa, past_uas as cmd};
+use common::*;
+use initiator::{LoginOptions, Session};
+
+const BS: u64 = 512;
+/// Blocks copied: 1 MiB.
+const BLOCKS: u64 = 2048;
+const INI: &str = "iqn.2026-12.test:host";
+const OTHER: &str = "iqn.2026-12.test:other";
+const ALICE: (&str, &str) = ("alice", "secret-of-alice-1");
+
+fn iqn(t: &str) -> String {
+    format!("iqn.2026-12.org.freesan:{t}")
+}
+
+/// Targets a..f, one 4 MiB file LUN each: a (CHAP alice), b (the same CHAP),
+/// c (alice with another secret), d (an ACL without INI), e (a host group
+/// without INI), f (open).
+fn config(dir: &std::path::Path) -> std::path::PathBuf {
+    let mut s = config_head(dir, 0);
+    let alice = format!(
+        "chap = {{ user = \"{}\", secret = \"{}\" }}\n",
+        ALICE.0, ALICE.1
+    );
+    for (t, extra) in [
+        ("a", alice.clone()),
+        ("b", alice.clone()),
+        (
+            "c",
+            "chap = { user = \"alice\", secret = \"another-secret-2\" }\n".to_string(),
+        ),
+        ("d", format!("allowed_initiators = [\"{OTHER}\"]\n")),
+        ("e", String::new()),
+        ("f", String::new()),
+    ] {
+        s += &format!("[[target]]\niqn = \"{}\"\n{extra}", iqn(t));
+        s += &format!(
+            "[[target.lun]]\npath = \"{}/{t}.img\"\nsize = \"4M\"\n",
+            dir.display()
+        );
+        if t == "e" {
+            s += &format!(
+                "[[target.host_group]]\nname = \"g\"\ninitiators = [\"{OTHER}\"]\nluns = [{{ lun = 0 }}]\n"
+            );
+        }
+    }
+    let path = dir.join("node.toml");
+    std::fs::write(&path, s).unwrap();
+    path
+}
+
+async fn login(node: &Node, who: &str, target: &str, chap: Option<(&str, &str)>) -> Session {
+    let mut o = LoginOptions::new(who, &iqn(target));
+    o.chap = chap.map(|(u, s)| (u.to_string(), s.to_string()));
+    Session::login(node.portals[0].parse().unwrap(), &o)
+        .await
+        .unwrap_or_else(|e| panic!("login of {who} to {target}: {e}"))
+}
+
+/// Block `b` of a LU filled with `tag`: every block different.
+fn block(tag: u64, b: u64) -> Vec<u8> {
+    (tag << 32 | b).to_be_bytes().repeat(BS as usize / 8)
+}
+
+async fn fill(s: &Session, tag: u64) {
+    let data: Vec<u8> = (0..BLOCKS).flat_map(|b| block(tag, b)).collect();
+    let mut c = [0u8; 16];
+    c[0] = 0x8a;
+    c[10..14].copy_from_slice(&(BLOCKS as u32).to_be_bytes());
+    assert_eq!(cmd(s, 0, &c, data, 0).await.status, 0);
+}
+
+async fn read(s: &Session) -> Vec<u8> {
+    let mut c = [0u8; 16];
+    c[0] = 0x88;
+    c[10..14].copy_from_slice(&(BLOCKS as u32).to_be_bytes());
+    let r = cmd(s, 0, &c, vec![], (BLOCKS * BS) as u32).await;
+    assert_eq!(r.status, 0);
+    r.data_in.to_vec()
+}
+
+fn filled(tag: u64) -> Vec<u8> {
+    (0..BLOCKS).flat_map(|b| block(tag, b)).collect()
+}
+
+/// EXTENDED COPY of the first BLOCKS blocks from the LU named `src` onto `dst`,
+/// sent on `s` (to its LUN 0): its status and sense (key, ASC, ASCQ).
+async fn xcopy(s: &Session, src: [u8; 16], dst: [u8; 16]) -> (u8, Option<(u8, u8, u8)>) {
+    let (c, p) = scsi::xcopy(src, dst, BS as u32, &[(0, 0, BLOCKS as u16)], 1);
+    let r = cmd(s, 0, &c, p, 0).await;
+    let sense = r
+        .sense
+        .as_deref()
+        .and_then(initiator::parse_sense)
+        .map(|x| (x.key, x.asc, x.ascq));
+    (r.status, sense)
+}
+
+const NOT_REACHABLE: (u8, Option<(u8, u8, u8)>) = (2, Some((0x0a, 0x0d, 0x02)));
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn extended_copy_reaches_another_target_only_as_its_login_would() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = config(dir.path());
+    let node = start_config(dir.path(), &cfg);
+    let a = login(&node, INI, "a", Some(ALICE)).await;
+    let b = login(&node, INI, "b", Some(ALICE)).await;
+    let c = login(&node, INI, "c", Some(("alice", "another-secret-2"))).await;
+    let d = login(&node, OTHER, "d", None).await;
+    let e = login(&node, OTHER, "e", None).await;
+    let f = login(&node, INI, "f", None).await;
+    for (s, tag) in [
+        (&a, 0xa),
+        (&b, 0xb),
+        (&c, 0xc),
+        (&d, 0xd),
+        (&e, 0xe),
+        (&f, 0xf),
+    ] {
+        fill(s, tag).await;
+    }
+    let naas = [
+        naa(&a, 0).await,
+        naa(&b, 0).await,
+        naa(&c, 0).await,
+        naa(&d, 0).await,
+        naa(&e, 0).await,
+        naa(&f, 0).await,
+    ];
+    let [na, nb, nc, nd, ne, nf] = naas;
+
+    // b asks the same CHAP of INI as a: its LU is reached both ways
+    assert_eq!(xcopy(&a, nb, na).await, (0, None), "from b onto a");
+    assert_eq!(read(&a).await, filled(0xb));
+    fill(&a, 0xa).await;
+    assert_eq!(xcopy(&a, na, nb).await, (0, None), "from a onto b");
+    assert_eq!(read(&b).await, filled(0xa));
+
+    // c's secret was never shown on a; d's ACL and e's host group leave INI out
+    for (what, other) in [("c", nc), ("d", nd), ("e", ne)] {
+        assert_eq!(xcopy(&a, other, na).await, NOT_REACHABLE, "from {what}");
+        assert_eq!(xcopy(&a, na, other).await, NOT_REACHABLE, "onto {what}");
+    }
+    assert_eq!(read(&a).await, filled(0xa), "a refused copy wrote to a");
+    assert_eq!(read(&c).await, filled(0xc));
+    assert_eq!(read(&d).await, filled(0xd));
+    assert_eq!(read(&e).await, filled(0xe));
+
+    // f is open; while a session of f reserves its LU, a copy there conflicts
+    let reserve6 = [0x16, 0, 0, 0, 0, 0];
+    assert_eq!(cmd(&f, 0, &reserve6, vec![], 0).await.status, 0);
+    assert_eq!(xcopy(&a, nf, na).await.0, 0x18, "from a reserved LU");
+    assert_eq!(xcopy(&a, na, nf).await.0, 0x18, "onto a reserved LU");
+    assert_eq!(read(&f).await, filled(0xf));
+    let release6 = [0x17, 0, 0, 0, 0, 0];
+    assert_eq!(cmd(&f, 0, &release6, vec![], 0).await.status, 0);
+    assert_eq!(xcopy(&a, nf, na).await, (0, None), "from f once released");
+    assert_eq!(read(&a).await, filled(0xf));
+
+    // from an open target, a CHAP target is not reached (nothing was proved)
+    assert_eq!(xcopy(&f, na, nf).await, NOT_REACHABLE, "from f to a");
+    assert_eq!(xcopy(&f, nb, nf).await, NOT_REACHABLE, "from f to b");
+    assert_eq!(read(&f).await, filled(0xf), "a refused copy wrote to f");
+}
