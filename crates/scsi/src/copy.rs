@@ -344,6 +344,8 @@ pub trait CopyReach: Send + Sync + 'static {
 pub(crate) struct CopyLus {
     pub own: Vec<Arc<LogicalUnit>>,
     pub foreign: Vec<Arc<LogicalUnit>>,
+    /// The other targets reached (whose ROD tokens WRITE USING TOKEN may use).
+    pub reached: Vec<Arc<crate::ScsiTarget>>,
 }
 
 /// The LU a CSCD names: an LU designator (association 00b) of type NAA equal to an
@@ -368,7 +370,11 @@ fn resolve(cscd: &Cscd, lus: &CopyLus) -> Option<(Arc<LogicalUnit>, bool)> {
 /// writable for a destination, and under no reservation at all, since the
 /// reservation's holder or registrants are nexuses of that target, which this
 /// one is not.
-fn check_foreign_access(lu: &LogicalUnit, nexus: &ItNexus, write: bool) -> Result<(), Fail> {
+pub(crate) fn check_foreign_access(
+    lu: &LogicalUnit,
+    nexus: &ItNexus,
+    write: bool,
+) -> Result<(), Fail> {
     let mut cdb = [0u8; 16];
     cdb[0] = if write { op::WRITE_16 } else { op::READ_16 };
     let parsed = Cdb::parse(&cdb).map_err(Fail::from)?;
@@ -494,7 +500,7 @@ pub(crate) async fn extended_copy(
             return odx::populate_token(copies, lu, &lus.own, nexus, cdb, data_out).await
         }
         odx::SA_WRITE_USING_TOKEN => {
-            return odx::write_using_token(copies, lu, &lus.own, nexus, cdb, data_out).await
+            return odx::write_using_token(copies, lu, lus, nexus, cdb, data_out).await
         }
         _ => return Err(cdb.invalid(1, Some(4)).into()),
     }

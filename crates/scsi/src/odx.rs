@@ -28,7 +28,10 @@
 //! token: tokens are meant to pass between hosts.
 
 use crate::cdb::{param_u16, param_u32, param_u64, Cdb};
-use crate::copy::{self, check_access, copy_blocks, Copies, Finish, ListId, Source, Status};
+use crate::copy::{
+    self, check_access, check_foreign_access, copy_blocks, Copies, CopyLus, Finish, ListId, Source,
+    Status,
+};
 use crate::lu::{CmdResult, Done, Fail, LogicalUnit};
 use crate::rw::check_range;
 use crate::sense::{codes, Sense};
@@ -563,7 +566,7 @@ pub(crate) async fn populate_token(
 pub(crate) async fn write_using_token(
     copies: &Copies,
     dst: &LogicalUnit,
-    lus: &[Arc<LogicalUnit>],
+    lus: &CopyLus,
     nexus: &ItNexus,
     cdb: &Cdb,
     data_out: &[u8],
@@ -591,10 +594,37 @@ pub(crate) async fn write_using_token(
     r.map(|()| Done::empty())
 }
 
+/// What a token presented to this target stands for: its own tokens first;
+/// one it does not know (or whose identifier one of its own has: identifiers
+/// are per target) is looked for among the tokens of the other targets the
+/// copy may reach ([`crate::CopyReach`]). The store that knew it, and whether
+/// it is another target's.
+fn resolve_token<'a>(
+    copies: &'a Copies,
+    lus: &'a CopyLus,
+    token: &[u8; TOKEN_LEN],
+) -> Result<(Resolved, &'a Tokens, bool), Sense> {
+    let unknown = |e: &Sense| *e == codes::TOKEN_UNKNOWN || *e == codes::TOKEN_CORRUPT;
+    let first = match copies.tokens.resolve(token) {
+        Ok(r) => return Ok((r, &copies.tokens, false)),
+        Err(e) if unknown(&e) => e,
+        Err(e) => return Err(e),
+    };
+    for t in &lus.reached {
+        let tokens = &t.copies().tokens;
+        match tokens.resolve(token) {
+            Ok(r) => return Ok((r, tokens, true)),
+            Err(e) if unknown(&e) => continue,
+            Err(e) => return Err(e),
+        }
+    }
+    Err(first)
+}
+
 async fn write_token_data(
     copies: &Copies,
     dst: &LogicalUnit,
-    lus: &[Arc<LogicalUnit>],
+    lus: &CopyLus,
     nexus: &ItNexus,
     list: &WriteList,
     status: &Status,
@@ -604,7 +634,8 @@ async fn write_token_data(
     if overlapping(&list.ranges) {
         return Err(param_error(WUT_HEADER_LEN).into());
     }
-    let (id, src, ranges) = match copies.tokens.resolve(&list.token)? {
+    let (resolved, tokens, foreign) = resolve_token(copies, lus, &list.token)?;
+    let (id, src, ranges) = match resolved {
         Resolved::Zeros => {
             for r in &list.ranges {
                 copy_blocks(Source::Zeros, dst, r.lba, u64::from(r.blocks), status).await?;
@@ -620,21 +651,26 @@ async fn write_token_data(
             ranges,
         } => {
             let Some(src) = lu.upgrade() else {
-                copies.tokens.end_id(id, Ended::Revoked);
+                tokens.end_id(id, Ended::Revoked);
                 return Err(codes::TOKEN_REVOKED.into());
             };
             let g = src.geometry();
             if g.block_count < block_count || g.block_size_bytes != block_size {
-                copies.tokens.end_id(id, Ended::Revoked);
+                tokens.end_id(id, Ended::Revoked);
                 return Err(codes::TOKEN_REVOKED.into());
             }
-            if arc_of(&src, lus).is_none() {
+            let seen = if foreign { &lus.foreign } else { &lus.own };
+            if arc_of(&src, seen).is_none() {
                 return Err(codes::COPY_TARGET_NOT_REACHABLE.into());
             }
             (id, src, ranges)
         }
     };
-    check_access(&src, nexus, false)?;
+    if foreign {
+        check_foreign_access(&src, nexus, false)?;
+    } else {
+        check_access(&src, nexus, false)?;
+    }
     let available = total_blocks(&ranges);
     if list.offset >= available && total_blocks(&list.ranges) > 0 {
         return Err(param_error(8).into());
@@ -674,9 +710,9 @@ async fn write_token_data(
         status.segments.fetch_add(1, Ordering::Relaxed);
     }
     if list.del_tkn {
-        copies.tokens.end_id(id, Ended::Deleted);
+        tokens.end_id(id, Ended::Deleted);
     } else {
-        copies.tokens.touch(id);
+        tokens.touch(id);
     }
     Ok(())
 }

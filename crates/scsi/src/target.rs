@@ -589,19 +589,22 @@ impl ScsiTarget {
             .collect()
     }
 
-    /// The LUs of the node's other targets an EXTENDED COPY from `nexus` may
-    /// name: of each target the transport says it may reach, those that target's
-    /// masking shows its initiator.
-    fn foreign_lus(&self, nexus: &ItNexus) -> Vec<Arc<LogicalUnit>> {
+    /// The node's other targets an EXTENDED COPY (or WRITE USING TOKEN) from
+    /// `nexus` may reach, as the transport says; of each, the copy may name the
+    /// LUs that target's masking shows its initiator.
+    fn reached_targets(&self, nexus: &ItNexus) -> Vec<Arc<ScsiTarget>> {
         let Some(reach) = self.copy_reach.read().clone() else {
             return Vec::new();
         };
-        reach
-            .targets(nexus)
-            .iter()
-            .filter(|t| !std::ptr::eq(t.as_ref(), self))
-            .flat_map(|t| t.visible_lus(nexus))
-            .collect()
+        let mut t = reach.targets(nexus);
+        t.retain(|t| !std::ptr::eq(t.as_ref(), self));
+        t
+    }
+
+    /// The copy manager's state: copies, held statuses and ROD tokens (also
+    /// for the tests' ROD token clock).
+    pub(crate) fn copies(&self) -> &copy::Copies {
+        &self.copies
     }
 
     /// Executes one command from `nexus`. Never panics on any CDB or data.
@@ -747,9 +750,11 @@ impl ScsiTarget {
             }
             op::PR_IN => admin::pr_in(lu, nexus, cdb),
             op::EXTENDED_COPY => {
+                let reached = self.reached_targets(nexus);
                 let lus = copy::CopyLus {
                     own: self.visible_lus(nexus),
-                    foreign: self.foreign_lus(nexus),
+                    foreign: reached.iter().flat_map(|t| t.visible_lus(nexus)).collect(),
+                    reached,
                 };
                 copy::extended_copy(&self.copies, lu, &lus, nexus, cdb, data).await
             }
@@ -890,12 +895,6 @@ impl ScsiTarget {
             lu.nexus_lost(nexus);
         }
         self.copies.nexus_lost(nexus);
-    }
-
-    /// The copy manager's state (tests: its ROD token clock).
-    #[cfg(test)]
-    pub(crate) fn copies(&self) -> &copy::Copies {
-        &self.copies
     }
 
     /// Flushes every LUN's volume (clean shutdown).

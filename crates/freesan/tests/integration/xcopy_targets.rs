@@ -57,8 +57,14 @@ fn config(dir: &std::path::Path) -> std::path::PathBuf {
     path
 }
 
+/// A session of `who` to `target`. Every session has the same ISID, as
+/// open-iscsi gives one interface's sessions to every target: so a session to
+/// one target has the same initiator port and relative port id as a session of
+/// the same initiator to another, and only the copy's own rule for another
+/// target's reservations (not the nexus check) tells them apart.
 async fn login(node: &Node, who: &str, target: &str, chap: Option<(&str, &str)>) -> Session {
     let mut o = LoginOptions::new(who, &iqn(target));
+    o.isid = [0x80, 0x12, 0x34, 0x56, 0x78, 0x9a];
     o.chap = chap.map(|(u, s)| (u.to_string(), s.to_string()));
     Session::login(node.portals[0].parse().unwrap(), &o)
         .await
@@ -169,4 +175,88 @@ async fn extended_copy_reaches_another_target_only_as_its_login_would() {
     assert_eq!(xcopy(&f, na, nf).await, NOT_REACHABLE, "from f to a");
     assert_eq!(xcopy(&f, nb, nf).await, NOT_REACHABLE, "from f to b");
     assert_eq!(read(&f).await, filled(0xf), "a refused copy wrote to f");
+}
+
+/// POPULATE TOKEN over the first BLOCKS blocks of `s`'s LUN 0 (list id `list`):
+/// the token.
+async fn token(s: &Session, list: u32) -> Vec<u8> {
+    let (c, p) = scsi::populate_token(0, BLOCKS as u32, list);
+    let r = cmd(s, 0, &c, p, 0).await;
+    assert_eq!(r.status, 0, "POPULATE TOKEN: {:?}", r.sense);
+    let r = cmd(
+        s,
+        0,
+        &scsi::receive_rod_token_information(list),
+        vec![],
+        1024,
+    )
+    .await;
+    assert_eq!(r.status, 0);
+    scsi::token_of(&r.data_in)
+}
+
+/// WRITE USING TOKEN onto the first BLOCKS blocks of `s`'s LUN 0: its status
+/// and sense (key, ASC).
+async fn write_using(s: &Session, t: &[u8], list: u32) -> (u8, Option<(u8, u8)>) {
+    let (c, p) = scsi::write_using_token(t, 0, BLOCKS as u32, list);
+    let r = cmd(s, 0, &c, p, 0).await;
+    let sense = r
+        .sense
+        .as_deref()
+        .and_then(initiator::parse_sense)
+        .map(|x| (x.key, x.asc));
+    (r.status, sense)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_odx_token_of_another_target_is_used_only_as_its_login_would_allow() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = config(dir.path());
+    let node = start_config(dir.path(), &cfg);
+    let a = login(&node, INI, "a", Some(ALICE)).await;
+    let b = login(&node, INI, "b", Some(ALICE)).await;
+    let c = login(&node, INI, "c", Some(("alice", "another-secret-2"))).await;
+    let f = login(&node, INI, "f", None).await;
+    for (s, tag) in [(&a, 0xa), (&b, 0xb), (&c, 0xc), (&f, 0xf)] {
+        fill(s, tag).await;
+    }
+    // a has a token of its own too
+    let own = token(&a, 1).await;
+    let of_b = token(&b, 1).await;
+    let of_c = token(&c, 1).await;
+    let of_f = token(&f, 1).await;
+    assert_ne!(own, of_b);
+
+    // b asks the same CHAP of INI as a: its token writes b's data onto a
+    assert_eq!(write_using(&a, &of_b, 2).await, (0, None));
+    assert_eq!(read(&a).await, filled(0xb));
+    // c's secret was never shown on a: its token is unknown there
+    fill(&a, 0xa).await;
+    let invalid_token = (2, Some((0x05, 0x23)));
+    assert_eq!(write_using(&a, &of_c, 3).await, invalid_token, "c's token");
+    assert_eq!(read(&a).await, filled(0xa), "a refused token wrote to a");
+    // f's LU reserved by a session of f: its token conflicts until released
+    assert_eq!(
+        cmd(&f, 0, &[0x16, 0, 0, 0, 0, 0], vec![], 0).await.status,
+        0
+    );
+    assert_eq!(
+        write_using(&a, &of_f, 4).await.0,
+        0x18,
+        "f's token, reserved"
+    );
+    assert_eq!(read(&a).await, filled(0xa));
+    assert_eq!(
+        cmd(&f, 0, &[0x17, 0, 0, 0, 0, 0], vec![], 0).await.status,
+        0
+    );
+    assert_eq!(write_using(&a, &of_f, 5).await, (0, None), "f's token");
+    assert_eq!(read(&a).await, filled(0xf));
+    // from the open target f, a's token (a CHAP target) is unknown
+    assert_eq!(
+        write_using(&f, &own, 6).await,
+        invalid_token,
+        "a's token on f"
+    );
+    assert_eq!(read(&f).await, filled(0xf));
 }
