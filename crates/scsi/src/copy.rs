@@ -421,6 +421,8 @@ pub(crate) enum Source<'a> {
 /// The chunk engine of every copy: `blocks` blocks from `src` to `dst` at `dst_lba`,
 /// chunk by chunk, each chunk written like a WRITE (FUA when the destination's write
 /// cache is off, under its write-ordering lock shared), counting bytes into `status`.
+/// An LU being sanitized (or in sanitize failure mode) is neither read nor written:
+/// the copy stops with COPY TARGET DEVICE NOT REACHABLE.
 /// Overlapping ranges of one LU are copied as by memmove. Both ranges must be inside
 /// their LUs (COPY ABORTED otherwise) and the block sizes equal.
 pub(crate) async fn copy_blocks(
@@ -461,6 +463,12 @@ pub(crate) async fn copy_blocks(
         let off = if backwards { blocks - done - n } else { done };
         let data = match src {
             Source::Lu(s, src_lba) => {
+                // held shared while reading, so that a SANITIZE (which sets its
+                // phase, then takes the lock exclusively) never runs under the read
+                let _order = s.write_order.read().await;
+                if s.sanitize.gate(op::READ_16, true).is_err() {
+                    return Err(codes::COPY_TARGET_NOT_REACHABLE.into());
+                }
                 s.volume.read(src_lba + off, n as u32).await.map_err(|e| {
                     tracing::error!(lun = s.lun, error = %e, "copy: reading the source failed");
                     Fail::from(codes::COPY_TARGET_FAILURE)
@@ -470,6 +478,9 @@ pub(crate) async fn copy_blocks(
         };
         let fua = dst.force_fua();
         let _order = dst.write_order.read().await;
+        if dst.sanitize.gate(op::WRITE_16, true).is_err() {
+            return Err(codes::COPY_TARGET_NOT_REACHABLE.into());
+        }
         dst.volume
             .write(dst_lba + off, data, fua)
             .await

@@ -386,3 +386,44 @@ async fn an_unreadable_record_starts_the_lu_in_failure_mode() {
     assert_eq!(r.status, status::GOOD);
     assert!(!dir.path().join("lun0.sanitize.json").exists());
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_copy_never_reads_or_writes_an_lu_being_sanitized() {
+    let t = paced_target(Arc::new(MemVolume::new(BS as u32, BLOCKS)), None);
+    let mut cfg1 = lun_config();
+    cfg1.naa[15] = 0xee;
+    t.add_lun(
+        1,
+        cfg1.clone(),
+        Arc::new(MemVolume::new(BS as u32, BLOCKS)),
+        None,
+    )
+    .unwrap();
+    let n = ready(&t, "01", 1).await;
+    let _ = t.execute(&n, cmd(1, &[0, 0, 0, 0, 0, 0], &[])).await;
+    fill_lu(&t, &n, 0x61).await;
+    let at1 = |cdb: Vec<u8>, data: Vec<u8>| t.execute(&n, cmd(1, &cdb, &data));
+    assert_eq!(
+        at1(rw10(0x2a, 0, 8).to_vec(), vec![0x62; 8 * BS])
+            .await
+            .status,
+        0
+    );
+    let p = overwrite_params(1, &[0xaa]);
+    let mut c = sanitize_cdb(0x01, p.len() as u16);
+    c[1] |= 0x80; // IMMED
+    assert_eq!(run(&t, &n, &c, &p).await.status, status::GOOD);
+    // sent to LUN 1, from and onto LUN 0 while it is wiped
+    let naa0 = lun_config().naa;
+    for segs in [(0u16, 1u16, 8u16, 0u64, 0u64), (1, 0, 8, 0, 0)] {
+        let p = xcopy_params(1, 0, &[naa0, cfg1.naa], &[segs]);
+        let r = at1(xcopy_cdb(p.len()).to_vec(), p).await;
+        assert_eq!(sense_of(&r), (key::COPY_ABORTED, 0x0d, 0x02), "{segs:?}");
+    }
+    let r = at1(rw10(0x28, 0, 8).to_vec(), vec![]).await;
+    assert!(r.data_in.iter().all(|&b| b == 0x62), "LUN 1 was written");
+    // once the sanitize has ended, LUN 0 holds the pattern only
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    assert_eq!(run(&t, &n, &[0, 0, 0, 0, 0, 0], &[]).await.status, 0);
+    assert!(read_all(&t, &n).await.iter().all(|&b| b == 0xaa));
+}
