@@ -112,27 +112,29 @@ async fn xcopy(s: &Session, src: [u8; 16], dst: [u8; 16]) -> (u8, Option<(u8, u8
 
 const NOT_REACHABLE: (u8, Option<(u8, u8, u8)>) = (2, Some((0x0a, 0x0d, 0x02)));
 
+/// A node with the targets of [`config`] and a session to each, through which
+/// target t's LU is filled with tag 0xt: INI to a, b, c (each with the CHAP it
+/// asks) and f; OTHER to d and e, which leave INI out.
+async fn setup(dir: &std::path::Path) -> (Node, [Session; 6]) {
+    let node = start_config(dir, &config(dir));
+    let s = [
+        login(&node, INI, "a", Some(ALICE)).await,
+        login(&node, INI, "b", Some(ALICE)).await,
+        login(&node, INI, "c", Some(("alice", "another-secret-2"))).await,
+        login(&node, OTHER, "d", None).await,
+        login(&node, OTHER, "e", None).await,
+        login(&node, INI, "f", None).await,
+    ];
+    for (s, tag) in s.iter().zip(0xa..) {
+        fill(s, tag).await;
+    }
+    (node, s)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn extended_copy_reaches_another_target_only_as_its_login_would() {
     let dir = tempfile::tempdir().unwrap();
-    let cfg = config(dir.path());
-    let node = start_config(dir.path(), &cfg);
-    let a = login(&node, INI, "a", Some(ALICE)).await;
-    let b = login(&node, INI, "b", Some(ALICE)).await;
-    let c = login(&node, INI, "c", Some(("alice", "another-secret-2"))).await;
-    let d = login(&node, OTHER, "d", None).await;
-    let e = login(&node, OTHER, "e", None).await;
-    let f = login(&node, INI, "f", None).await;
-    for (s, tag) in [
-        (&a, 0xa),
-        (&b, 0xb),
-        (&c, 0xc),
-        (&d, 0xd),
-        (&e, 0xe),
-        (&f, 0xf),
-    ] {
-        fill(s, tag).await;
-    }
+    let (_node, [a, b, c, d, e, f]) = setup(dir.path()).await;
     let naas = [
         naa(&a, 0).await,
         naa(&b, 0).await,
@@ -211,15 +213,7 @@ async fn write_using(s: &Session, t: &[u8], list: u32) -> (u8, Option<(u8, u8)>)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_odx_token_of_another_target_is_used_only_as_its_login_would_allow() {
     let dir = tempfile::tempdir().unwrap();
-    let cfg = config(dir.path());
-    let node = start_config(dir.path(), &cfg);
-    let a = login(&node, INI, "a", Some(ALICE)).await;
-    let b = login(&node, INI, "b", Some(ALICE)).await;
-    let c = login(&node, INI, "c", Some(("alice", "another-secret-2"))).await;
-    let f = login(&node, INI, "f", None).await;
-    for (s, tag) in [(&a, 0xa), (&b, 0xb), (&c, 0xc), (&f, 0xf)] {
-        fill(s, tag).await;
-    }
+    let (_node, [a, b, c, _, _, f]) = setup(dir.path()).await;
     // a has a token of its own too
     let own = token(&a, 1).await;
     let of_b = token(&b, 1).await;

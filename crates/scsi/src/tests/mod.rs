@@ -1117,10 +1117,8 @@ fn copy_status_cdb(list_id: u8) -> [u8; 16] {
     c
 }
 
-/// The test target with a second memory LUN (1) of its own NAA; returns that
-/// LUN's configuration too.
-fn target_with_two_luns() -> (ScsiTarget, LunConfig) {
-    let t = target();
+/// Adds a second memory LUN (1) of its own NAA to `t`; returns its configuration.
+fn add_second_lun(t: &ScsiTarget) -> LunConfig {
     let mut cfg1 = lun_config();
     cfg1.naa[15] = 0xee;
     t.add_lun(
@@ -1130,6 +1128,14 @@ fn target_with_two_luns() -> (ScsiTarget, LunConfig) {
         None,
     )
     .unwrap();
+    cfg1
+}
+
+/// The test target with a second memory LUN (1) of its own NAA; returns that
+/// LUN's configuration too.
+fn target_with_two_luns() -> (ScsiTarget, LunConfig) {
+    let t = target();
+    let cfg1 = add_second_lun(&t);
     (t, cfg1)
 }
 

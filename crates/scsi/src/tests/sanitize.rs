@@ -390,15 +390,7 @@ async fn an_unreadable_record_starts_the_lu_in_failure_mode() {
 #[tokio::test(start_paused = true)]
 async fn a_copy_never_reads_or_writes_an_lu_being_sanitized() {
     let t = paced_target(Arc::new(MemVolume::new(BS as u32, BLOCKS)), None);
-    let mut cfg1 = lun_config();
-    cfg1.naa[15] = 0xee;
-    t.add_lun(
-        1,
-        cfg1.clone(),
-        Arc::new(MemVolume::new(BS as u32, BLOCKS)),
-        None,
-    )
-    .unwrap();
+    let cfg1 = add_second_lun(&t);
     let n = ready(&t, "01", 1).await;
     let _ = t.execute(&n, cmd(1, &[0, 0, 0, 0, 0, 0], &[])).await;
     fill_lu(&t, &n, 0x61).await;
