@@ -49,12 +49,27 @@ fn write_back_cache_sigkill_during_writes_loses_nothing() {
     // off there: the cache's misses are reads that deep queues would delay)
     let p = pool_status(&api, "p");
     assert_eq!(p["data_first"], false, "{p}");
-    let mut bench = start_verified_writes(&node.url(0, 0), &state, "8k", 4, 4);
+    let mut bench = start_verified_writes(&node.url(0, 0), &state, "8k", 4, 10);
     let st = cache_status(&api);
     assert!(
         st["dirty_blocks"].as_u64().unwrap_or(0) > 0,
         "no dirty data in the cache at the kill: {st}"
     );
+    // a 32 MiB cache under 8K random writes over the whole LUN runs out of
+    // frames: those writes go straight to the pool, and are counted. Awaited
+    // while the bench runs: how soon depends on the machine's load.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    loop {
+        let st = cache_status(&api);
+        if num(&st["frameless_writes"]) > 0.0 {
+            break;
+        }
+        assert!(
+            bench.try_wait().unwrap().is_none() && std::time::Instant::now() < deadline,
+            "the cache never ran out of frames while the bench wrote: {st}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
     // the cache's counters reach Prometheus: each scraped counter lies between
     // the status read before the scrape and the one read after it
     let text = scrape_metrics(&api, &dir.path().join("data"));
@@ -84,9 +99,6 @@ fn write_back_cache_sigkill_during_writes_loses_nothing() {
             "{family} = {v}, status {field} {lo}..{hi}"
         );
     }
-    // a 32 MiB cache under 8K random writes over the whole LUN runs out of
-    // frames: those writes went straight to the pool, and are counted
-    assert!(num(&after["frameless_writes"]) > 0.0, "{after}");
     node.kill9();
     let _ = bench.wait();
     // restart: the map is reloaded from the SSDs, dirty blocks served and destaged
