@@ -364,16 +364,19 @@ fn resolve(cscd: &Cscd, lus: &CopyLus) -> Option<(Arc<LogicalUnit>, bool)> {
     (cscd.block_len == 0 || cscd.block_len == bs).then(|| (lu.clone(), foreign))
 }
 
-/// The checks for an LU of another target, which `nexus` does not go to: it
-/// must be ready and accessible through the same port (every portal serves
-/// every target, so the port's relative id names that target's port there),
-/// writable for a destination, and under no reservation at all, since the
-/// reservation's holder or registrants are nexuses of that target, which this
-/// one is not.
-pub(crate) fn check_foreign_access(
+/// The checks a READ(16) (`write` false) or WRITE(16) through `nexus` would pass,
+/// on an LU of its own target. On an LU of another target (`foreign`), which
+/// `nexus` does not go to, the same, except that the LU must be under no
+/// reservation at all: its holder and registrants are nexuses of that target,
+/// and one of this target can carry the same initiator port and relative port
+/// id (open-iscsi gives one ISID to all of an interface's sessions). Every
+/// portal serves every target, so the relative port id names that target's
+/// port there for the ALUA check.
+pub(crate) fn check_access(
     lu: &LogicalUnit,
     nexus: &ItNexus,
     write: bool,
+    foreign: bool,
 ) -> Result<(), Fail> {
     let mut cdb = [0u8; 16];
     cdb[0] = if write { op::WRITE_16 } else { op::READ_16 };
@@ -382,25 +385,11 @@ pub(crate) fn check_foreign_access(
     {
         return Err(codes::COPY_TARGET_NOT_REACHABLE.into());
     }
-    if lu.pr.reserved() {
-        return Err(Fail::Conflict);
-    }
-    if write {
-        lu.check_writable()?;
-    }
-    Ok(())
-}
-
-/// The checks a READ(16) (`write` false) or WRITE(16) through `nexus` would pass.
-pub(crate) fn check_access(lu: &LogicalUnit, nexus: &ItNexus, write: bool) -> Result<(), Fail> {
-    let mut cdb = [0u8; 16];
-    cdb[0] = if write { op::WRITE_16 } else { op::READ_16 };
-    let parsed = Cdb::parse(&cdb).map_err(Fail::from)?;
-    if lu.alua.check(nexus.relative_port_id, &parsed).is_err() || lu.stopped.load(Ordering::Relaxed)
-    {
-        return Err(codes::COPY_TARGET_NOT_REACHABLE.into());
-    }
-    if lu.pr.check(nexus, &cdb) == Access::Conflict {
+    let conflict = match foreign {
+        false => lu.pr.check(nexus, &cdb) == Access::Conflict,
+        true => lu.pr.reserved(),
+    };
+    if conflict {
         return Err(Fail::Conflict);
     }
     if write {
@@ -534,16 +523,11 @@ pub(crate) async fn extended_copy(
             .and_then(|c| resolve(c, lus))
             .ok_or_else(|| Fail::from(codes::COPY_TARGET_NOT_REACHABLE))
     };
-    let check = |(lu, foreign): &(Arc<LogicalUnit>, bool), write: bool| match foreign {
-        false => check_access(lu, nexus, write),
-        true => check_foreign_access(lu, nexus, write),
-    };
     for seg in &list.segments {
-        let src = lu_of(seg.src)?;
-        let dst = lu_of(seg.dst)?;
-        check(&src, false)?;
-        check(&dst, true)?;
-        let (src, dst) = (src.0, dst.0);
+        let (src, src_foreign) = lu_of(seg.src)?;
+        let (dst, dst_foreign) = lu_of(seg.dst)?;
+        check_access(&src, nexus, false, src_foreign)?;
+        check_access(&dst, nexus, true, dst_foreign)?;
         let none = Status::default();
         let st = status.as_deref().unwrap_or(&none);
         let src = Source::Lu(&src, seg.src_lba);

@@ -29,8 +29,7 @@
 
 use crate::cdb::{param_u16, param_u32, param_u64, Cdb};
 use crate::copy::{
-    self, check_access, check_foreign_access, copy_blocks, Copies, CopyLus, Finish, ListId, Source,
-    Status,
+    self, check_access, copy_blocks, Copies, CopyLus, Finish, ListId, Source, Status,
 };
 use crate::lu::{CmdResult, Done, Fail, LogicalUnit};
 use crate::rw::check_range;
@@ -543,7 +542,7 @@ pub(crate) async fn populate_token(
         ok: false,
     };
     let r = (|| -> Result<(), Fail> {
-        check_access(lu, nexus, false)?;
+        check_access(lu, nexus, false, false)?;
         check_ranges(lu, &list.ranges, 14)?;
         let arc = arc_of(lu, lus).ok_or(codes::COPY_TARGET_NOT_REACHABLE)?;
         let blocks = total_blocks(&list.ranges);
@@ -629,7 +628,7 @@ async fn write_token_data(
     list: &WriteList,
     status: &Status,
 ) -> Result<(), Fail> {
-    check_access(dst, nexus, true)?;
+    check_access(dst, nexus, true, false)?;
     check_ranges(dst, &list.ranges, 534)?;
     if overlapping(&list.ranges) {
         return Err(param_error(WUT_HEADER_LEN).into());
@@ -666,11 +665,7 @@ async fn write_token_data(
             (id, src, ranges)
         }
     };
-    if foreign {
-        check_foreign_access(&src, nexus, false)?;
-    } else {
-        check_access(&src, nexus, false)?;
-    }
+    check_access(&src, nexus, false, foreign)?;
     let available = total_blocks(&ranges);
     if list.offset >= available && total_blocks(&list.ranges) > 0 {
         return Err(param_error(8).into());

@@ -222,6 +222,14 @@ fn paced_target(vol: VolumeRef, dir: Option<&std::path::Path>) -> ScsiTarget {
     .unwrap()
 }
 
+/// The sense of the first READ from `n` after the target started, once its
+/// power-on unit attention (checked) has been taken.
+async fn first_read_after_start(t: &ScsiTarget, n: &ItNexus) -> (u8, u8, u8) {
+    let r = run(t, n, &[0, 0, 0, 0, 0, 0], &[]).await;
+    assert_eq!(sense_of(&r), (key::UNIT_ATTENTION, 0x29, 0x00));
+    sense_of(&run(t, n, &rw10(0x28, 0, 1), &[]).await)
+}
+
 #[tokio::test(start_paused = true)]
 async fn while_a_sanitize_runs_only_inquiry_report_luns_and_request_sense_are_served() {
     let t = paced_target(Arc::new(MemVolume::new(BS as u32, BLOCKS)), None);
@@ -337,11 +345,8 @@ async fn a_sanitize_cut_short_by_a_stop_runs_again_at_the_next_start() {
     drop(t);
     let t = paced_target(vol, Some(dir.path()));
     let n = nexus("01", 1);
-    let r = run(&t, &n, &[0, 0, 0, 0, 0, 0], &[]).await;
-    assert_eq!(sense_of(&r), (key::UNIT_ATTENTION, 0x29, 0x00));
-    let r = run(&t, &n, &rw10(0x28, 0, 1), &[]).await;
     assert_eq!(
-        sense_of(&r),
+        first_read_after_start(&t, &n).await,
         (key::NOT_READY, 0x04, 0x1b),
         "resumed at start"
     );
@@ -371,11 +376,8 @@ async fn an_unreadable_record_starts_the_lu_in_failure_mode() {
         Some(dir.path()),
     );
     let n = nexus("01", 1);
-    let r = run(&t, &n, &[0, 0, 0, 0, 0, 0], &[]).await;
-    assert_eq!(sense_of(&r), (key::UNIT_ATTENTION, 0x29, 0x00));
-    let r = run(&t, &n, &rw10(0x28, 0, 1), &[]).await;
     assert_eq!(
-        sense_of(&r),
+        first_read_after_start(&t, &n).await,
         (key::MEDIUM_ERROR, 0x31, 0x03),
         "half-wiped blocks served"
     );
