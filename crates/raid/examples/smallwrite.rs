@@ -8,8 +8,12 @@
 //! ```text
 //! cargo run --profile ci -p raid --example smallwrite -- [--secs 5] [--ncq on|off|both]
 //!     [--only raid5|raid6] [--qd 32] [--member-mib 512] [--pattern 4kw|8kw|8kmix]
-//!     [--spare-copies N]
+//!     [--spare-copies N] [--journal-mib N]
 //! ```
+//!
+//! `--journal-mib` sets the stripe journal's ring (`PoolConfig::journal_bytes`;
+//! default: the pool's own choice, 64 MiB on these members) on the members and
+//! on the simulated SSD, which is made large enough to hold it.
 //!
 //! `--spare-copies` sets `Pool::set_journal_spare_copies` (default: the
 //! pool's, 1) for every run of the pools journaling on their members.
@@ -85,6 +89,7 @@ struct Args {
     member_mib: u64,
     patterns: Vec<Pattern>,
     spare_copies: Option<usize>,
+    journal_mib: Option<u64>,
 }
 
 fn parse_args() -> Args {
@@ -97,6 +102,7 @@ fn parse_args() -> Args {
         member_mib: 512,
         patterns: PATTERNS.to_vec(),
         spare_copies: None,
+        journal_mib: None,
     };
     let argv: Vec<String> = std::env::args().skip(1).collect();
     let mut i = 0;
@@ -127,6 +133,7 @@ fn parse_args() -> Args {
             }
             "--only" => a.only = Some(val(i)),
             "--spare-copies" => a.spare_copies = Some(num(val(i)) as usize),
+            "--journal-mib" => a.journal_mib = Some(num(val(i))),
             "--pattern" => {
                 let p = val(i);
                 a.patterns = PATTERNS
@@ -399,12 +406,15 @@ async fn main() {
                     .map(|i| Member::new(format!("hdd{i}"), hdd(member_bytes, ncq) as VolumeRef))
                     .collect();
                 let dev = with_device.then(|| {
-                    let store = Arc::new(MemVolume::new(BS, (32 << 20) / BS as u64)) as VolumeRef;
+                    let ssd_bytes =
+                        (a.journal_mib.unwrap_or(raid::LARGE_JOURNAL_BYTES >> 20) + 16) << 20;
+                    let store = Arc::new(MemVolume::new(BS, ssd_bytes / BS as u64)) as VolumeRef;
                     let ssd = SimDisk::ssd(store, SsdParams::default()).expect("ssd model");
                     Member::new("ssd", Arc::new(ssd) as VolumeRef)
                 });
                 let mut cfg = PoolConfig::new("bench", level);
                 cfg.rebuild_rate_mb_s = 0;
+                cfg.journal_bytes = a.journal_mib.map(|m| m << 20);
                 let pool = Arc::new(
                     Pool::create_with_journal_device(cfg, members, vec![], dev)
                         .await

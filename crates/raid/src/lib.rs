@@ -81,8 +81,31 @@ pub enum RaidLevel {
 pub const DEFAULT_CHUNK_BYTES: u32 = 128 * 1024;
 /// Default rebuild and resync cap in MB/s (about half an HDD's sequential rate).
 pub const DEFAULT_REBUILD_RATE_MB_S: u32 = 100;
-/// Default stripe-journal size on each member of a parity pool.
+/// Stripe-journal size on each member of a parity pool whose members are too
+/// small for [`LARGE_JOURNAL_BYTES`] (see [`default_journal_bytes`]).
 pub const DEFAULT_JOURNAL_BYTES: u64 = 16 << 20;
+/// Stripe-journal size on each member of a parity pool whose smallest member
+/// holds at least eight times as much (any real disk). Measured against 16 MiB
+/// (`bench/raid-smallwrite --journal-mib 16|64`, docs/0002-raid.md, "Ring
+/// size"): with NCQ, RAID 5 of 10 small random writes 5-19% faster, since a
+/// group commit no longer waits for a checkpoint to free ring space.
+pub const LARGE_JOURNAL_BYTES: u64 = 64 << 20;
+
+/// The ring a new parity pool gets when `PoolConfig::journal_bytes` is not set:
+/// [`LARGE_JOURNAL_BYTES`] where it is at most an eighth of the smallest
+/// member (`member_bytes`) and every journal device (`device_bytes`, the bytes
+/// each holds past its header) holds it; [`DEFAULT_JOURNAL_BYTES`] otherwise,
+/// so small members (test files, loop devices) and journal devices sized for
+/// it keep what they had.
+pub fn default_journal_bytes(member_bytes: u64, device_bytes: &[u64]) -> u64 {
+    if member_bytes / 8 >= LARGE_JOURNAL_BYTES
+        && device_bytes.iter().all(|&d| d >= LARGE_JOURNAL_BYTES)
+    {
+        LARGE_JOURNAL_BYTES
+    } else {
+        DEFAULT_JOURNAL_BYTES
+    }
+}
 
 fn default_chunk_bytes() -> u32 {
     DEFAULT_CHUNK_BYTES
@@ -109,7 +132,8 @@ pub struct PoolConfig {
     #[serde(default = "default_rebuild_rate_mb_s")]
     pub rebuild_rate_mb_s: u32,
     /// Stripe-journal bytes per member (parity levels only); `None` picks
-    /// [`DEFAULT_JOURNAL_BYTES`]. Must hold at least two full-stripe records.
+    /// [`default_journal_bytes`] of the smallest member (or `member_bytes`) and
+    /// the journal devices. Must hold at least two full-stripe records.
     #[serde(default)]
     pub journal_bytes: Option<u64>,
     /// Bytes of every member the pool uses (superblocks, journal and data area);

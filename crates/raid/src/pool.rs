@@ -9,7 +9,7 @@ use crate::status::{
 };
 use crate::superblock::{self, MemberRecord, Superblock, SUPERBLOCK_REGION_BYTES};
 use crate::util::{align_up, join_all, new_uuid, uuid_tag, BoxFut};
-use crate::{PoolConfig, RaidError, RaidResult, DEFAULT_JOURNAL_BYTES};
+use crate::{default_journal_bytes, PoolConfig, RaidError, RaidResult};
 use block::{BlockError, BlockResult, Bytes, Geometry, VolumeRef};
 use parking_lot::Mutex;
 use std::collections::{BTreeMap, BTreeSet};
@@ -355,8 +355,26 @@ impl Pool {
         }
         let cb = config.chunk_bytes as u64 / bs;
         let parity = matches!(layout.scheme(), Scheme::Parity { .. });
+        let member_bytes = config.member_bytes.unwrap_or_else(|| {
+            members
+                .iter()
+                .map(|m| m.volume.geometry().block_count)
+                .min()
+                .unwrap_or(0)
+                * bs
+        });
+        let device_bytes: Vec<u64> = journal_devices
+            .iter()
+            .map(|d| {
+                let g = d.volume.geometry();
+                (g.block_count * g.block_size_bytes as u64)
+                    .saturating_sub(crate::jdev::HEADER_BYTES)
+            })
+            .collect();
         let journal_bytes = if parity && !config.unsafe_disable_journal {
-            config.journal_bytes.unwrap_or(DEFAULT_JOURNAL_BYTES)
+            config
+                .journal_bytes
+                .unwrap_or_else(|| default_journal_bytes(member_bytes, &device_bytes))
         } else {
             0
         };
@@ -1735,6 +1753,7 @@ impl Inner {
             scrub: st.scrub.clone(),
             last_scrub: st.last_scrub.clone(),
             rebuild_rate_mb_s: st.rebuild_rate_mb_s,
+            journal_bytes: self.journal_blocks * self.bs,
             stripe_writes: crate::status::StripeWrites {
                 full: self.full_writes.load(Ordering::Relaxed),
                 partial: self.partial_writes.load(Ordering::Relaxed),

@@ -174,6 +174,11 @@ pub struct PoolStatus {
     /// is journaled, before their reads (see [`crate::Pool::set_data_first`]).
     #[serde(default)]
     pub data_first: bool,
+    /// Size of the stripe journal's ring in bytes: on each member, or on the
+    /// journal device when the pool has one; 0 without a journal (mirror and
+    /// stripe levels). Fixed when the pool is created.
+    #[serde(default)]
+    pub journal_bytes: u64,
     /// Where the time of partial-stripe updates goes, and what the stripe journal
     /// writes (counters since the pool started).
     #[serde(default)]

@@ -9,5 +9,6 @@ mod far;
 mod grow;
 mod journal_device;
 mod oracle;
+mod ring_size;
 mod scenarios;
 mod write_hole;
