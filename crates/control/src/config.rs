@@ -243,6 +243,9 @@ pub struct DiskConfig {
     pub memory: bool,
 }
 
+/// Largest `[[pool]] journal_mib`: 1 GiB of ring per member.
+pub const JOURNAL_MIB_MAX: u64 = 1024;
+
 /// A RAID pool over configured disks.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
@@ -292,6 +295,13 @@ pub struct PoolConfig {
     /// pool's status).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub journal_device_mirror: Option<String>,
+    /// RAID 5/6/F1: the stripe journal's ring in MiB, on each member (or on
+    /// the journal devices). Given at creation; an existing pool keeps its
+    /// own. Default: 64 where that is at most an eighth of the smallest
+    /// member and the journal devices hold it (any real disk), else 16 (see
+    /// docs/0002-raid.md, "Ring size").
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub journal_mib: Option<u64>,
 }
 
 impl PoolConfig {
@@ -1269,6 +1279,21 @@ impl Config {
                     bail!("pool {}: chunk {c:?} is not a size", p.name);
                 }
             }
+            if let Some(m) = p.journal_mib {
+                if !matches!(p.level.as_str(), "raid5" | "raid6" | "raidf1") {
+                    bail!(
+                        "pool {}: journal_mib needs a parity level (raid5, raid6, raidf1), not {}",
+                        p.name,
+                        p.level
+                    );
+                }
+                if !(1..=JOURNAL_MIB_MAX).contains(&m) {
+                    bail!(
+                        "pool {}: journal_mib {m} is not between 1 and {JOURNAL_MIB_MAX}",
+                        p.name
+                    );
+                }
+            }
         }
         for t in &self.targets {
             for l in &t.luns {
@@ -1502,6 +1527,32 @@ mod tests {
             parse("tls = \"require\"\ntls_psk_file = \"k.psk\"\ntls_client_ca = \"ca.pem\"\n")
                 .is_err(),
             "PSK or certificates, not both"
+        );
+    }
+
+    #[test]
+    fn journal_mib_is_for_parity_pools_and_bounded() {
+        let with = |level: &str, mib: &str| {
+            let c = format!(
+                "data_dir = \"state\"\n[[portal]]\naddress = \"127.0.0.1:3260\"\n\
+                 [[disk]]\nname = \"d0\"\npath = \"d0.img\"\n\
+                 [[disk]]\nname = \"d1\"\npath = \"d1.img\"\n\
+                 [[disk]]\nname = \"d2\"\npath = \"d2.img\"\n\
+                 [[pool]]\nname = \"p\"\nlevel = \"{level}\"\n\
+                 members = [\"d0\", \"d1\", \"d2\"]\njournal_mib = {mib}\n\
+                 [[target]]\niqn = \"iqn.2026-12.org.freesan:t1\"\n\
+                 [[target.lun]]\npool = \"p\"\n"
+            );
+            toml::from_str::<Config>(&c).unwrap().validate()
+        };
+        with("raid5", "64").unwrap();
+        with("raid6", "16").unwrap();
+        with("raid5", &JOURNAL_MIB_MAX.to_string()).unwrap();
+        assert!(with("raid1", "64").is_err(), "a mirror has no journal");
+        assert!(with("raid5", "0").is_err(), "no ring");
+        assert!(
+            with("raid5", &(JOURNAL_MIB_MAX + 1).to_string()).is_err(),
+            "more than the bound"
         );
     }
 

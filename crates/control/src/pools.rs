@@ -294,6 +294,7 @@ async fn open_pool(
         if let Some(r) = p.rebuild_rate_mb_s {
             pc.rebuild_rate_mb_s = r;
         }
+        pc.journal_bytes = p.journal_mib.map(|m| m << 20);
         tracing::info!(pool = %p.name, level = %p.level, "creating pool on blank disks");
         if journal.len() < configured.len() {
             bail!(
@@ -310,6 +311,12 @@ async fn open_pool(
         pool.set_rebuild_rate_mb_s(r)
             .await
             .with_context(|| format!("pool {}: rebuild rate", p.name))?;
+    }
+    if let Some(m) = p.journal_mib {
+        let has = pool.status().journal_bytes;
+        if has != m << 20 {
+            tracing::warn!(pool = %p.name, journal_mib = m, journal_bytes = has, "journal_mib applies when a pool is created: this pool keeps its ring");
+        }
     }
     pool.set_journal_whole_stripes(p.journal_whole_stripes);
     pool.set_journal_devices_configured(p.journal_devices());

@@ -248,6 +248,41 @@ fn raid5_with_a_journal_device_sigkill_then_member_failure() {
     assert!(out.contains("journal device"), "{out}");
 }
 
+/// `[[pool]] journal_mib` sizes the ring of a pool being created (64 MiB
+/// members take 16 MiB by default); a pool that exists keeps its ring when the
+/// setting changes, and says so in its status.
+#[test]
+fn journal_mib_sizes_a_new_pool_s_ring_and_an_existing_pool_keeps_its_own() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let cfg = config(d, "raid5", 4, false, &[]);
+    let with = |mib: u64| {
+        let s = std::fs::read_to_string(&cfg).unwrap();
+        let s = s.replace(
+            "members = [\"d0\", \"d1\", \"d2\", \"d3\"]\n",
+            &format!("members = [\"d0\", \"d1\", \"d2\", \"d3\"]\njournal_mib = {mib}\n"),
+        );
+        std::fs::write(&cfg, s).unwrap();
+    };
+    with(8);
+    let ring = |node: &common::Node| {
+        let api = node.api.clone().expect("no API address in the banner");
+        pool_status(&api, "p")["journal_bytes"].as_u64()
+    };
+    let mut node = start_config(d, &cfg);
+    assert_eq!(ring(&node), Some(8 << 20));
+    assert!(node.terminate(), "clean stop");
+    config(d, "raid5", 4, false, &[]);
+    with(4);
+    let mut node = start_config(d, &cfg);
+    assert_eq!(
+        ring(&node),
+        Some(8 << 20),
+        "an existing pool's ring changed"
+    );
+    assert!(node.terminate(), "clean stop");
+}
+
 /// Waits until the node's pool `p` has made `n` journal ring writes (30 s at most).
 fn await_journal_ring_writes(api: &str, n: u64) {
     let deadline = Instant::now() + Duration::from_secs(30);
