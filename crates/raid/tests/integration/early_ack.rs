@@ -326,46 +326,55 @@ async fn a_write_acknowledged_before_its_reads_survives_a_crash_and_a_member_los
     }
 }
 
-/// A journal copy stuck on one member (its ring writes never finish) does not
-/// hold the acknowledgement: each batch also goes to a spare member, and is
-/// durable once `redundancy + 1` copies are. A crash then, with the in-place
-/// writes held, and the loss of any other member (two on RAID 6) keeps every
-/// acknowledged write.
+/// Journal copies stuck on members (their ring writes never finish) do not
+/// hold the acknowledgement: each batch also goes to as many spare members as
+/// there are stuck ones (one, then two: the default), and is durable once
+/// `redundancy + 1` copies are. A crash then, with the in-place writes held,
+/// and the loss of any other member (two on RAID 6) keeps every acknowledged
+/// write.
 #[tokio::test]
-async fn a_journal_copy_stuck_on_one_member_does_not_hold_the_acknowledgement() {
+async fn journal_copies_stuck_on_members_do_not_hold_the_acknowledgement() {
     for (level, n, lose) in [(RaidLevel::Raid5, 4, 1), (RaidLevel::Raid6, 6, 2)] {
-        for stuck in 0..n {
-            let r = rig(level, n).await;
-            // these members answer in order: the spare only when told to
-            r.pool.set_journal_spare_copies(1, SpareWhen::Always);
-            let stripe_blocks = r.pool.geometry().optimal_io_blocks as u64;
-            let before = r.pool.status().write_path;
-            r.gate.send_replace(Gate::Held);
-            r.stuck[stuck].send_replace(true);
-            // one at a time, so successive batches rotate over every copy set,
-            // the stuck member's included
-            let mut writes = Vec::new();
-            for w in 0..(2 * n as u64) {
-                let lba = 3 + w * 2 * stripe_blocks + w;
-                let d = pattern(1100 + w + stuck as u64 * 20, 1 + w % 2);
-                tokio::time::timeout(WAIT, r.pool.write(lba, d.clone(), false))
-                    .await
-                    .unwrap_or_else(|_| {
-                        panic!("{level:?}: write {w} waited for the copy stuck on member {stuck}")
-                    })
-                    .unwrap();
-                writes.push((lba, d));
+        for spares in [1usize, 2] {
+            for first in 0..n {
+                let stuck: Vec<usize> = (first..first + spares).map(|k| k % n).collect();
+                let r = rig(level, n).await;
+                // these members answer in order: the spares only when told to
+                r.pool.set_journal_spare_copies(spares, SpareWhen::Always);
+                let stripe_blocks = r.pool.geometry().optimal_io_blocks as u64;
+                let before = r.pool.status().write_path;
+                r.gate.send_replace(Gate::Held);
+                for &k in &stuck {
+                    r.stuck[k].send_replace(true);
+                }
+                // one at a time, so successive batches rotate over every copy
+                // set, the stuck members' included
+                let mut writes = Vec::new();
+                for w in 0..(2 * n as u64) {
+                    let lba = 3 + w * 2 * stripe_blocks + w;
+                    let d = pattern(
+                        1100 + w + first as u64 * 20 + spares as u64 * 300,
+                        1 + w % 2,
+                    );
+                    tokio::time::timeout(WAIT, r.pool.write(lba, d.clone(), false))
+                        .await
+                        .unwrap_or_else(|_| {
+                            panic!("{level:?}: write {w} waited for the copies stuck on {stuck:?}")
+                        })
+                        .unwrap();
+                    writes.push((lba, d));
+                }
+                let after = r.pool.status().write_path;
+                assert!(
+                    after.journal_spare_wins > before.journal_spare_wins,
+                    "{level:?}: no batch was made durable by a spare copy"
+                );
+                // any other member (or pair) lost: a copy of every record is left
+                let others: Vec<usize> = (0..n).filter(|k| !stuck.contains(k)).collect();
+                let first_lost = first % others.len();
+                let lost = (first_lost..first_lost + lose).map(|k| others[k % others.len()]);
+                crash_and_lose(r, writes, level, lost).await;
             }
-            let after = r.pool.status().write_path;
-            assert!(
-                after.journal_spare_wins > before.journal_spare_wins,
-                "{level:?}: no batch was made durable by its spare copy"
-            );
-            // any other member (or pair) lost: a copy of every record is left
-            let others: Vec<usize> = (0..n).filter(|&k| k != stuck).collect();
-            let first_lost = stuck % others.len();
-            let lost = (first_lost..first_lost + lose).map(|k| others[k % others.len()]);
-            crash_and_lose(r, writes, level, lost).await;
         }
     }
 }
