@@ -58,8 +58,8 @@
 //! `Pool::set_journal_spare_copies`), and is durable once any `redundancy + 1`
 //! copies are. An NCQ disk serves the nearest request first, so a ring write
 //! far from the data it is busy with can wait behind a deep queue; the
-//! second-fastest of three copies comes back much sooner than the slower of
-//! two. Whether the members reorder is measured, not configured: the share of
+//! fastest `redundancy + 1` of `redundancy + 3` copies come back much sooner
+//! than all of `redundancy + 1`. Whether the members reorder is measured, not configured: the share of
 //! their completions that overtook an earlier request (`meter.rs`,
 //! `spares_now`); a FIFO disk gets no spare, which would only cost it a
 //! positioning. A copy still running when the batch is durable

@@ -46,6 +46,12 @@ use std::sync::Arc;
 
 /// Bytes before the ring on a journal device.
 pub(crate) const HEADER_BYTES: u64 = 64 * 1024;
+
+/// Bytes a journal device has for the ring, past its header.
+pub(crate) fn ring_room_bytes(dev: &Member) -> u64 {
+    let g = dev.volume.geometry();
+    (g.block_count * g.block_size_bytes as u64).saturating_sub(HEADER_BYTES)
+}
 const MAGIC: &[u8; 8] = b"FSRJDEV1";
 /// Most journal devices of a pool: one, or a mirrored pair.
 pub const JOURNAL_DEVICES_MAX: usize = 2;

@@ -355,26 +355,28 @@ impl Pool {
         }
         let cb = config.chunk_bytes as u64 / bs;
         let parity = matches!(layout.scheme(), Scheme::Parity { .. });
-        let member_bytes = config.member_bytes.unwrap_or_else(|| {
-            members
-                .iter()
-                .map(|m| m.volume.geometry().block_count)
-                .min()
-                .unwrap_or(0)
-                * bs
-        });
-        let device_bytes: Vec<u64> = journal_devices
+        let mut min_blocks = members
             .iter()
-            .map(|d| {
-                let g = d.volume.geometry();
-                (g.block_count * g.block_size_bytes as u64)
-                    .saturating_sub(crate::jdev::HEADER_BYTES)
-            })
-            .collect();
+            .map(|m| m.volume.geometry().block_count)
+            .min()
+            .unwrap_or(0);
+        if let Some(b) = config.member_bytes {
+            if b / bs > min_blocks {
+                return Err(RaidError::Config(format!(
+                    "member_bytes {b} is more than the smallest member holds ({} bytes)",
+                    min_blocks * bs
+                )));
+            }
+            min_blocks = b / bs;
+        }
         let journal_bytes = if parity && !config.unsafe_disable_journal {
-            config
-                .journal_bytes
-                .unwrap_or_else(|| default_journal_bytes(member_bytes, &device_bytes))
+            config.journal_bytes.unwrap_or_else(|| {
+                let rooms: Vec<u64> = journal_devices
+                    .iter()
+                    .map(crate::jdev::ring_room_bytes)
+                    .collect();
+                default_journal_bytes(min_blocks * bs, &rooms)
+            })
         } else {
             0
         };
@@ -403,20 +405,6 @@ impl Pool {
             SUPERBLOCK_REGION_BYTES + journal_bytes,
             SUPERBLOCK_REGION_BYTES,
         ) / bs;
-        let mut min_blocks = members
-            .iter()
-            .map(|m| m.volume.geometry().block_count)
-            .min()
-            .unwrap_or(0);
-        if let Some(b) = config.member_bytes {
-            if b / bs > min_blocks {
-                return Err(RaidError::Config(format!(
-                    "member_bytes {b} is more than the smallest member holds ({} bytes)",
-                    min_blocks * bs
-                )));
-            }
-            min_blocks = b / bs;
-        }
         let areas = layout.areas();
         let stripes = min_blocks.saturating_sub(data_offset_blocks) / cb / areas;
         if stripes == 0 {

@@ -250,7 +250,8 @@ fn raid5_with_a_journal_device_sigkill_then_member_failure() {
 
 /// `[[pool]] journal_mib` sizes the ring of a pool being created (64 MiB
 /// members take 16 MiB by default); a pool that exists keeps its ring when the
-/// setting changes, and says so in its status.
+/// setting changes, shows it in its status and logs that the setting was not
+/// applied.
 #[test]
 fn journal_mib_sizes_a_new_pool_s_ring_and_an_existing_pool_keeps_its_own() {
     let dir = tempfile::tempdir().unwrap();
@@ -281,6 +282,12 @@ fn journal_mib_sizes_a_new_pool_s_ring_and_an_existing_pool_keeps_its_own() {
         "an existing pool's ring changed"
     );
     assert!(node.terminate(), "clean stop");
+    // and the operator is told the setting was not applied
+    let log = std::fs::read_to_string(&node.log).unwrap();
+    assert!(
+        log.contains("journal_mib applies when a pool is created"),
+        "no warning in the log:\n{log}"
+    );
 }
 
 /// Waits until the node's pool `p` has made `n` journal ring writes (30 s at most).
