@@ -28,6 +28,8 @@ struct Held {
     stripe_blocks: u32,
     /// Lengths of the writes that landed, in 4K blocks.
     lengths: Mutex<Vec<u64>>,
+    /// Writes held so far.
+    held: std::sync::atomic::AtomicUsize,
 }
 
 impl Held {
@@ -39,6 +41,7 @@ impl Held {
         Arc::new(Held {
             stripe_blocks,
             lengths: Mutex::new(Vec::new()),
+            held: Default::default(),
             inner: MemVolume::new(4096, BACKING_BLOCKS),
             hold: Mutex::new(false),
             release: Semaphore::new(0),
@@ -76,6 +79,7 @@ impl Volume for Held {
     }
     async fn write(&self, lba: u64, data: Bytes, fua: bool) -> BlockResult<()> {
         if *self.hold.lock() {
+            self.held.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
             self.arrived.notify_waiters();
             self.release.acquire().await.unwrap().forget();
         }
@@ -261,20 +265,100 @@ async fn drain_and_compare(vol: &CacheVolume, backing: &Held, oracle: &MemVolume
     }
 }
 
+/// Waits, as writes arrive held at the backing volume, until `cond` holds.
+async fn until_held(backing: &Held, what: &str, cond: impl Fn() -> bool) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let arrived = backing.arrived.notified();
+        tokio::pin!(arrived);
+        arrived.as_mut().enable();
+        if cond() {
+            return;
+        }
+        tokio::time::timeout_at(deadline, arrived)
+            .await
+            .unwrap_or_else(|_| panic!("{what}"));
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn while_writes_find_no_frame_a_stripe_goes_out_as_one_write_of_it() {
     let (backing, oracle) = striped_backing().await;
-    // 64 frames, dirty until full, for writes over 512 blocks: the cache runs out
-    // of frames and the destage is what limits it
+    // dirty until full: the destage starts when every frame is dirty
     let vol = Arc::new(open_with(backing.clone(), 100, 1 << 20).await);
-    scattered_writes(&vol, &oracle, BACKING_BLOCKS / 16).await;
-    // the backing volume holds the cache's writes and kept what it had around them
-    drain_and_compare(&vol, &backing, &oracle).await;
+    let frames = vol.status().frames as u64;
+    assert!(frames >= 8 && frames * 4 + 16 < BACKING_BLOCKS);
+    *backing.hold.lock() = true;
+    // one sector in every frame's block, in a shuffled order (no stream)
+    let mut keys: Vec<u64> = (0..frames).collect();
+    let mut rng = Rng(7);
+    for i in (1..keys.len()).rev() {
+        keys.swap(i, (rng.next() % (i as u64 + 1)) as usize);
+    }
+    for &k in &keys {
+        vol.write(k * 4, fill(k as u8 + 1), false).await.unwrap();
+        oracle.write(k * 4, fill(k as u8 + 1), false).await.unwrap();
+    }
     let st = vol.status();
-    assert!(st.frameless_writes > 0, "the cache never ran out of frames");
+    assert_eq!((st.dirty_blocks, st.frameless_writes), (frames, 0));
+    // the destage takes them and is held at the backing volume
+    until_held(
+        &backing,
+        "the destage never wrote to the backing volume",
+        || backing.held.load(std::sync::atomic::Ordering::SeqCst) > 0,
+    )
+    .await;
+    // a write to a block not cached finds every frame dirty or on its way out:
+    // it goes to the backing volume itself (and is held there too)
+    let v = vol.clone();
+    let direct = tokio::spawn(async move { v.write((frames + 4) * 4, fill(0xee), false).await });
+    oracle
+        .write((frames + 4) * 4, fill(0xee), false)
+        .await
+        .unwrap();
+    until_held(&backing, "the write never found every frame busy", || {
+        vol.status().frameless_writes > 0
+    })
+    .await;
+    // two blocks of stripe 0 written again, a sector each, while their old
+    // copies are held: two backing writes in one stripe for the next batch
+    tokio::time::timeout(Duration::from_secs(10), async {
+        for lba in [1, 5] {
+            vol.write(lba, fill(0xd0 + lba as u8), false).await.unwrap();
+            oracle
+                .write(lba, fill(0xd0 + lba as u8), false)
+                .await
+                .unwrap();
+        }
+    })
+    .await
+    .expect("writes to blocks being destaged do not wait for the destage");
+    backing.release.add_permits(1 << 20);
+    direct.await.unwrap().unwrap();
+    drain_and_compare(&vol, &backing, &oracle).await;
+    // the batch after the frameless write wrote stripe 0 whole
+    let st = vol.status();
     let whole = backing.lengths.lock().iter().filter(|&&n| n == 16).count();
     assert!(
-        st.stripe_destages > 0 && whole as u64 >= st.stripe_destages,
+        st.stripe_destages >= 1 && whole as u64 >= st.stripe_destages,
+        "{} stripes written whole, {whole} writes of 16 blocks",
+        st.stripe_destages
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn writes_that_outrun_the_destage_land_as_written() {
+    let (backing, oracle) = striped_backing().await;
+    // 64 frames, dirty until full, for writes over 512 blocks: however the
+    // destage and the writers interleave, what lands is what was written, and
+    // every stripe the destage counts as written whole was one write
+    let vol = Arc::new(open_with(backing.clone(), 100, 1 << 20).await);
+    scattered_writes(&vol, &oracle, BACKING_BLOCKS / 16).await;
+    drain_and_compare(&vol, &backing, &oracle).await;
+    let st = vol.status();
+    let whole = backing.lengths.lock().iter().filter(|&&n| n == 16).count();
+    assert!(
+        whole as u64 >= st.stripe_destages,
         "{} stripes written whole, {whole} writes of 16 blocks",
         st.stripe_destages
     );
