@@ -197,14 +197,36 @@ async fn killed_path_fails_over_without_errors_and_comes_back() {
     let vol: Arc<dyn Volume> = Arc::new(mp.clone());
     let oracle = Arc::new(MemVolume::new(512, BLOCKS));
     let io = tokio::spawn(random_io(vol.clone(), oracle.clone(), 6000, 32, 2));
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    // cut the proxied path once it carries I/O (not after a guessed delay: on a
+    // loaded machine the I/O may not have started, on an idle one it may be over)
+    let served = |mp: &Multipath| {
+        let s = &mp.path_stats()[1];
+        s.reads + s.writes
+    };
+    tokio::time::timeout(Duration::from_secs(10), async {
+        while served(&mp) < 50 && !io.is_finished() {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+    })
+    .await
+    .expect("the proxied path carried I/O");
     if std::env::var("NO_CUT").is_err() {
         proxy.cut();
     }
-    let ev = tokio::time::timeout(Duration::from_secs(10), events.recv())
-        .await
-        .expect("a path event")
-        .unwrap();
+    // the failure is seen by the next command on the cut path: if the random
+    // I/O ended before it reached one, reads go on until the event comes
+    let ev = tokio::time::timeout(Duration::from_secs(10), async {
+        let mut lba = 0;
+        loop {
+            tokio::select! {
+                ev = events.recv() => break ev,
+                _ = vol.read(lba % BLOCKS, 1), if io.is_finished() => lba += 1,
+            }
+        }
+    })
+    .await
+    .expect("a path event")
+    .unwrap();
     assert_eq!(ev.path_index, 1);
     assert_eq!(ev.addr, proxy.addr);
     assert!(matches!(ev.kind, PathEventKind::Failed { .. }), "{ev:?}");
