@@ -93,8 +93,13 @@ async fn exports_follow_luns_created_and_deleted_at_run_time() {
             }
         })
     };
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    assert!(acked.load(Ordering::Relaxed) > 0, "the writer writes");
+    tokio::time::timeout(Duration::from_secs(20), async {
+        while acked.load(Ordering::Relaxed) < 10 {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await
+    .expect("the writer writes");
 
     let api2 = api.clone();
     tokio::task::spawn_blocking(move || {
