@@ -523,18 +523,48 @@ pub(crate) async fn extended_copy(
             .and_then(|c| resolve(c, lus))
             .ok_or_else(|| Fail::from(codes::COPY_TARGET_NOT_REACHABLE))
     };
+    // every segment resolved and checked before any block moves, so that the
+    // copy can be recorded whole (crate::copy_resume)
+    let mut plan = Vec::with_capacity(list.segments.len());
+    let mut own = true;
     for seg in &list.segments {
         let (src, src_foreign) = lu_of(seg.src)?;
         let (dst, dst_foreign) = lu_of(seg.dst)?;
         check_access(&src, nexus, false, src_foreign)?;
         check_access(&dst, nexus, true, dst_foreign)?;
+        own &= !src_foreign && !dst_foreign;
+        plan.push((src, dst, seg));
+    }
+    // recorded when one destination LU takes every segment
+    let one_dst = plan
+        .first()
+        .map(|(_, d, _)| d.clone())
+        .filter(|d| plan.iter().all(|(_, x, _)| Arc::ptr_eq(x, d)));
+    let pieces: Vec<_> = plan
+        .iter()
+        .map(|(src, _, seg)| {
+            (
+                crate::copy_resume::From::Lu(src, seg.src_lba),
+                seg.dst_lba,
+                u64::from(seg.blocks),
+            )
+        })
+        .collect();
+    let recorded = match &one_dst {
+        Some(d) => Some(crate::copy_resume::Recorded::start(d, &pieces, own)?),
+        None => None,
+    };
+    for (src, dst, seg) in &plan {
         let none = Status::default();
         let st = status.as_deref().unwrap_or(&none);
-        let src = Source::Lu(&src, seg.src_lba);
-        copy_blocks(src, &dst, seg.dst_lba, u64::from(seg.blocks), st).await?;
+        let src = Source::Lu(src, seg.src_lba);
+        copy_blocks(src, dst, seg.dst_lba, u64::from(seg.blocks), st).await?;
         if let Some(s) = &status {
             s.segments.fetch_add(1, Ordering::Relaxed);
         }
+    }
+    if let Some(r) = recorded {
+        r.done().await?;
     }
     finish.ok = true;
     drop(finish);

@@ -35,6 +35,7 @@ mod alua;
 mod capacity;
 pub mod cdb;
 mod copy;
+mod copy_resume;
 mod inquiry;
 mod lu;
 mod masking;

@@ -190,6 +190,8 @@ pub(crate) struct LogicalUnit {
     pub(crate) counters: crate::stats::LuCounters,
     /// SANITIZE: a running job's progress, failure mode, the resume record.
     pub(crate) sanitize: crate::sanitize::Sanitizer,
+    /// Copies onto this LU recorded to be run again after a restart.
+    pub(crate) intents: crate::copy_resume::Intents,
 }
 
 impl LogicalUnit {
@@ -215,6 +217,7 @@ impl LogicalUnit {
         }
         let mode = ModePages::defaults(&geo);
         let sanitize = crate::sanitize::Sanitizer::load(config.state_file.as_deref());
+        let intents = crate::copy_resume::Intents::load(config.state_file.as_deref());
         Ok(LogicalUnit {
             lun,
             wce: AtomicBool::new(mode.wce()),
@@ -237,6 +240,7 @@ impl LogicalUnit {
             events,
             counters: Default::default(),
             sanitize,
+            intents,
         })
     }
 

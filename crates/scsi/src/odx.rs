@@ -636,11 +636,17 @@ async fn write_token_data(
     let (resolved, tokens, foreign) = resolve_token(copies, lus, &list.token)?;
     let (id, src, ranges) = match resolved {
         Resolved::Zeros => {
+            let pieces: Vec<_> = list
+                .ranges
+                .iter()
+                .map(|r| (crate::copy_resume::From::Zeros, r.lba, u64::from(r.blocks)))
+                .collect();
+            let recorded = crate::copy_resume::Recorded::start(dst, &pieces, true)?;
             for r in &list.ranges {
                 copy_blocks(Source::Zeros, dst, r.lba, u64::from(r.blocks), status).await?;
                 status.segments.fetch_add(1, Ordering::Relaxed);
             }
-            return Ok(());
+            return recorded.done().await;
         }
         Resolved::Lu {
             id,
@@ -670,8 +676,13 @@ async fn write_token_data(
     if list.offset >= available && total_blocks(&list.ranges) > 0 {
         return Err(param_error(8).into());
     }
-    // Walk the token's ranges from the offset while filling the destination ranges.
-    let mut pieces = ranges.iter().map(|r| (r.lba, u64::from(r.blocks)));
+    // Walk the token's ranges from the offset while filling the destination
+    // ranges: the pieces (source lba, destination lba, blocks), and after how
+    // many of them each destination range is complete, worked out before any
+    // block moves so that the copy can be recorded whole (crate::copy_resume).
+    let mut pieces: Vec<(u64, u64, u64)> = Vec::new();
+    let mut range_ends: Vec<usize> = Vec::new();
+    let mut src_pieces = ranges.iter().map(|r| (r.lba, u64::from(r.blocks)));
     let mut skip = list.offset;
     let mut cur: Option<(u64, u64)> = None;
     'dst: for r in &list.ranges {
@@ -681,7 +692,7 @@ async fn write_token_data(
             let (s_lba, s_left) = match cur.take() {
                 Some(c) => c,
                 None => loop {
-                    let Some((l, n)) = pieces.next() else {
+                    let Some((l, n)) = src_pieces.next() else {
                         status.detail.lock().residual = true;
                         break 'dst;
                     };
@@ -695,15 +706,28 @@ async fn write_token_data(
                 },
             };
             let n = left.min(s_left);
-            copy_blocks(Source::Lu(&src, s_lba), dst, lba, n, status).await?;
+            pieces.push((s_lba, lba, n));
             if n < s_left {
                 cur = Some((s_lba + n, s_left - n));
             }
             lba += n;
             left -= n;
         }
-        status.segments.fetch_add(1, Ordering::Relaxed);
+        range_ends.push(pieces.len());
     }
+    let plan: Vec<_> = pieces
+        .iter()
+        .map(|&(s, d, n)| (crate::copy_resume::From::Lu(&src, s), d, n))
+        .collect();
+    let recorded = crate::copy_resume::Recorded::start(dst, &plan, !foreign)?;
+    // a destination range counts once its last piece is written
+    let ended = |k: usize| range_ends.iter().filter(|&&e| e == k).count() as u16;
+    status.segments.fetch_add(ended(0), Ordering::Relaxed);
+    for (i, &(s_lba, lba, n)) in pieces.iter().enumerate() {
+        copy_blocks(Source::Lu(&src, s_lba), dst, lba, n, status).await?;
+        status.segments.fetch_add(ended(i + 1), Ordering::Relaxed);
+    }
+    recorded.done().await?;
     if list.del_tkn {
         tokens.end_id(id, Ended::Deleted);
     } else {

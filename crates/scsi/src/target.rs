@@ -189,6 +189,7 @@ impl ScsiTarget {
         check_unique_ports(&config.ports)?;
         for lu in &luns {
             crate::sanitize::resume(lu);
+            crate::copy_resume::resume(lu, &luns);
         }
         let alua = Alua::new(&config.ports, &config.port_groups);
         let pr_ports = all_target_ports(&config.name, &config.ports, &config.port_groups);
@@ -337,8 +338,9 @@ impl ScsiTarget {
             let mut luns = self.luns.write();
             check_new_lun(&luns, lun)?;
             let others = luns.clone();
-            luns.push(lu);
+            luns.push(lu.clone());
             luns.sort_by_key(|l| l.lun);
+            crate::copy_resume::resume(&lu, &luns);
             others
         };
         tracing::info!(target = %self.config.name, lun, "logical unit added");
@@ -672,6 +674,7 @@ impl ScsiTarget {
         lu.alua.check(nexus.relative_port_id, &cdb)?;
         lu.sanitize
             .gate(opcode, media_access(opcode, cdb.service_action()))?;
+        lu.intents.gate(opcode)?;
         if lu.pr.check(nexus, cdb.as_slice()) == Access::Conflict {
             return Err(Fail::Conflict);
         }

@@ -139,6 +139,29 @@ async fn extended_copy_onto_a_cached_raid5_lun_and_across_a_sigkill() {
 
     let node = start_config(dir.path(), &cfg);
     let s = node.login("iqn.2026-11.test:xcopy").await;
+    // The copy was recorded before its first block moved: the node runs it
+    // again at start, and the LU answers NOT READY until it is done.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
+    loop {
+        let r = s
+            .command(0, &[0u8; 6], bytes::Bytes::new(), 0)
+            .await
+            .expect("TEST UNIT READY");
+        if r.status == 0 {
+            break;
+        }
+        let sense = r.sense.as_deref().and_then(initiator::parse_sense);
+        let key = sense.as_ref().map(|x| x.key);
+        assert!(
+            matches!(key, Some(2) | Some(6)),
+            "TEST UNIT READY after the restart: {sense:?}"
+        );
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the interrupted copy never finished"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
     let got = read_all(&s, 0).await;
     let (mut copied, mut old) = (0u64, 0u64);
     for b in 0..BLOCKS {
@@ -151,8 +174,15 @@ async fn extended_copy_onto_a_cached_raid5_lun_and_across_a_sigkill() {
             panic!("block {b} is neither the source's nor the old content after the kill");
         }
     }
-    // The command was never answered: any mix of the two is allowed, nothing else.
-    eprintln!("after the kill: {copied} blocks copied, {old} old");
+    eprintln!("after the kill and the restart: {copied} blocks copied, {old} old");
+    assert!(
+        got == want,
+        "the copy running at the kill was not finished at start ({old} blocks old)"
+    );
+    assert!(
+        !walk_has(dir.path(), ".copy.json"),
+        "the copy's record is left behind once it finished"
+    );
     // The initiator retries the command: the copy completes.
     let (c, p) = xcopy(src, dst, 3);
     assert_eq!(cmd(&s, 0, &c, p, 0).await.status, 0);
@@ -216,4 +246,20 @@ async fn odx_token_copy_onto_a_cached_raid5_lun() {
     let r = cmd(&s, 0, &c, p, 0).await;
     let sense = r.sense.as_deref().and_then(initiator::parse_sense).unwrap();
     assert_eq!((sense.key, sense.asc, sense.ascq), (5, 0x23, 0x05));
+}
+
+/// Whether a file whose name ends with `suffix` lies under `dir`.
+fn walk_has(dir: &Path, suffix: &str) -> bool {
+    std::fs::read_dir(dir)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .any(|e| {
+            let p = e.path();
+            if p.is_dir() {
+                walk_has(&p, suffix)
+            } else {
+                p.to_string_lossy().ends_with(suffix)
+            }
+        })
 }

@@ -2185,6 +2185,7 @@ async fn explicit_alua_states_survive_a_restart() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 mod atomic;
+mod copy_resume;
 mod sanitize;
 mod thin;
 

@@ -1,0 +1,141 @@
+//! Copies that outlive a restart (`copy_resume`): a record found at start is
+//! run again before the destination serves; a copy that ends leaves none.
+
+use super::*;
+use std::sync::Arc;
+
+struct TempDir(std::path::PathBuf);
+
+impl TempDir {
+    fn new(tag: &str) -> TempDir {
+        let p = std::env::temp_dir().join(format!("scsi-copy-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&p);
+        std::fs::create_dir_all(&p).unwrap();
+        TempDir(p)
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn hex(naa: &[u8; 16]) -> String {
+    naa.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// Two LUs with their state files in `dir`: 0 (the destination) and 1 (the
+/// source, filled with 0x51), on volumes the caller keeps across "restarts".
+fn two_lus(dir: &std::path::Path, dst: VolumeRef, src: VolumeRef) -> (ScsiTarget, LunConfig) {
+    let mut c0 = lun_config();
+    c0.state_file = Some(dir.join("lun0.pr.json"));
+    let mut c1 = lun_config();
+    c1.naa[15] = 0xee;
+    c1.state_file = Some(dir.join("lun1.pr.json"));
+    let t = ScsiTarget::new(TargetConfig::one_port_group(
+        "iqn.2026-11.org.freesan:t1",
+        1,
+        vec![(0, c0, dst), (1, c1.clone(), src)],
+    ))
+    .unwrap();
+    (t, c1)
+}
+
+async fn read(t: &ScsiTarget, n: &ItNexus, lba: u32, blocks: u16) -> Response {
+    t.execute(n, cmd(0, &rw10(0x28, lba, blocks), &[])).await
+}
+
+#[tokio::test]
+async fn a_copy_recorded_at_a_stop_is_finished_before_the_lu_serves() {
+    let dir = TempDir::new("resume");
+    let dst: VolumeRef = Arc::new(MemVolume::new(BS as u32, BLOCKS));
+    let src: VolumeRef = Arc::new(MemVolume::new(BS as u32, BLOCKS));
+    src.write(0, vec![0x51u8; BS * BLOCKS as usize].into(), false)
+        .await
+        .unwrap();
+    dst.write(0, vec![0x77u8; BS * BLOCKS as usize].into(), false)
+        .await
+        .unwrap();
+    // what a node killed in the middle of a copy leaves: the record, and the
+    // first blocks of its first range copied
+    dst.write(100, vec![0x51u8; BS * 8].into(), false)
+        .await
+        .unwrap();
+    let mut naa1 = lun_config().naa;
+    naa1[15] = 0xee;
+    let rec = format!(
+        r#"{{"copies":[[{{"src":"{}","src_lba":0,"dst_lba":100,"blocks":64}},{{"src":null,"src_lba":0,"dst_lba":300,"blocks":16}}]]}}"#,
+        hex(&naa1)
+    );
+    std::fs::write(dir.0.join("lun0.copy.json"), rec).unwrap();
+    let (t, _) = two_lus(&dir.0, dst.clone(), src);
+    let n = nexus("01", 1);
+    let r = t.execute(&n, cmd(0, &[0u8; 6], &[])).await;
+    assert_eq!(sense_of(&r), (key::UNIT_ATTENTION, 0x29, 0x00));
+    // the copy task has not run yet (this runtime runs one task at a time and
+    // the test has not yielded): the LU is becoming ready; INQUIRY is served
+    assert_eq!(
+        sense_of(&read(&t, &n, 0, 1).await),
+        (key::NOT_READY, 0x04, 0x01)
+    );
+    let inq = t.execute(&n, cmd(0, &[0x12, 0, 0, 0, 36, 0], &[])).await;
+    assert_eq!(inq.status, status::GOOD);
+    let mut served = false;
+    for _ in 0..1000 {
+        tokio::task::yield_now().await;
+        if read(&t, &n, 0, 1).await.status == status::GOOD {
+            served = true;
+            break;
+        }
+    }
+    assert!(served, "the LU never became ready");
+    let got = read(&t, &n, 0, 512).await.data_in;
+    for (b, blk) in got.chunks(BS).enumerate() {
+        let want = match b {
+            100..164 => 0x51,
+            300..316 => 0,
+            _ => 0x77,
+        };
+        assert!(blk.iter().all(|&x| x == want), "block {b}");
+    }
+    assert!(
+        !dir.0.join("lun0.copy.json").exists(),
+        "the record is removed once the copy is finished"
+    );
+}
+
+#[tokio::test]
+async fn a_copy_that_ends_leaves_no_record_and_a_start_without_one_serves_at_once() {
+    let dir = TempDir::new("ends");
+    let dst: VolumeRef = Arc::new(MemVolume::new(BS as u32, BLOCKS));
+    let src: VolumeRef = Arc::new(MemVolume::new(BS as u32, BLOCKS));
+    src.write(0, vec![0x51u8; BS * 64].into(), false)
+        .await
+        .unwrap();
+    let (t, c1) = two_lus(&dir.0, dst.clone(), src.clone());
+    let n = ready(&t, "01", 1).await;
+    let p = xcopy_params(1, 0, &[lun_config().naa, c1.naa], &[(1, 0, 64, 0, 10)]);
+    let r = run(&t, &n, &xcopy_cdb(p.len()), &p).await;
+    assert_eq!(r.status, status::GOOD, "{:?}", r.sense);
+    assert!(read(&t, &n, 10, 64)
+        .await
+        .data_in
+        .iter()
+        .all(|&b| b == 0x51));
+    assert!(!dir.0.join("lun0.copy.json").exists());
+    // a copy within one LU whose ranges overlap is not one to run again: it
+    // is not recorded, and still copies (as memmove)
+    let p = xcopy_params(2, 0, &[lun_config().naa], &[(0, 0, 64, 10, 20)]);
+    let r = run(&t, &n, &xcopy_cdb(p.len()), &p).await;
+    assert_eq!(r.status, status::GOOD, "{:?}", r.sense);
+    assert!(read(&t, &n, 20, 64)
+        .await
+        .data_in
+        .iter()
+        .all(|&b| b == 0x51));
+    drop(t);
+    let (t, _) = two_lus(&dir.0, dst, src);
+    let n = ready(&t, "01", 1).await;
+    assert_eq!(read(&t, &n, 0, 1).await.status, status::GOOD);
+}
