@@ -13,6 +13,33 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio::io::AsyncWriteExt;
 
+/// A volume that counts the writes that reached it (before passing them on).
+struct Arrivals {
+    inner: VolumeRef,
+    writes: std::sync::atomic::AtomicU64,
+}
+
+#[async_trait::async_trait]
+impl Volume for Arrivals {
+    fn geometry(&self) -> block::Geometry {
+        self.inner.geometry()
+    }
+    async fn read(&self, lba: u64, blocks: u32) -> block::BlockResult<Bytes> {
+        self.inner.read(lba, blocks).await
+    }
+    async fn write(&self, lba: u64, data: Bytes, fua: bool) -> block::BlockResult<()> {
+        self.writes
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        self.inner.write(lba, data, fua).await
+    }
+    async fn flush(&self) -> block::BlockResult<()> {
+        self.inner.flush().await
+    }
+    async fn discard(&self, lba: u64, blocks: u64) -> block::BlockResult<()> {
+        self.inner.discard(lba, blocks).await
+    }
+}
+
 fn export(name: &str, volume: VolumeRef) -> NbdExport {
     NbdExport {
         name: name.into(),
@@ -27,11 +54,15 @@ async fn an_added_export_serves_and_a_removed_one_takes_no_more_writes() {
     let srv = start(&[(512, 2048, false)], NbdLimits::default()).await;
     assert!(NbdClient::connect(srv.addr, "lun1").await.is_err());
     let mem = Arc::new(MemVolume::new(512, 2048));
-    let slow: VolumeRef = Arc::new(DelayVolume::new(
-        mem.clone(),
-        Duration::ZERO,
-        Duration::from_millis(300),
-    ));
+    let arrivals = Arc::new(Arrivals {
+        inner: Arc::new(DelayVolume::new(
+            mem.clone(),
+            Duration::ZERO,
+            Duration::from_millis(300),
+        )),
+        writes: Default::default(),
+    });
+    let slow: VolumeRef = arrivals.clone();
     srv.exports.add(export("lun1", slow.clone())).unwrap();
     assert!(
         srv.exports.add(export("lun1", slow.clone())).is_err(),
@@ -47,9 +78,18 @@ async fn an_added_export_serves_and_a_removed_one_takes_no_more_writes() {
 
     // A write in flight when the removal starts lands before `remove` returns.
     let mut raw = Raw::connect(srv.addr, "lun1").await;
+    let before = arrivals.writes.load(std::sync::atomic::Ordering::SeqCst);
     raw.send(Command::Write, 0, 7, 8192, 4096, &pattern(2, 4096))
         .await;
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    // the write has reached the volume (which holds it 300 ms) when the
+    // removal starts
+    tokio::time::timeout(Duration::from_secs(20), async {
+        while arrivals.writes.load(std::sync::atomic::Ordering::SeqCst) == before {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+    })
+    .await
+    .expect("the write reached the volume");
     assert!(srv.exports.remove("lun1").await);
     assert_eq!(
         &mem.read(16, 8).await.unwrap()[..],
