@@ -90,7 +90,7 @@ fn xcopy(src: [u8; 16], dst: [u8; 16], list: u8) -> (Vec<u8>, Vec<u8>) {
 async fn extended_copy_onto_a_cached_raid5_lun_and_across_a_sigkill() {
     let dir = tempfile::tempdir().unwrap();
     let cfg = config(dir.path());
-    let mut node = start_config(dir.path(), &cfg);
+    let node = start_config(dir.path(), &cfg);
     let s = node.login("iqn.2026-11.test:xcopy").await;
     write(&s, 1, true).await;
     write(&s, 0, false).await;
@@ -110,79 +110,11 @@ async fn extended_copy_onto_a_cached_raid5_lun_and_across_a_sigkill() {
     // Again from the old content, killed in the middle.
     write(&s, 0, false).await;
     let (c, p) = xcopy(src, dst, 2);
-    let copying = {
-        let s2 = node.login("iqn.2026-11.test:xcopy").await;
-        // a new nexus meets its unit attention first
-        assert_eq!(cmd(&s2, 0, &[0; 6], vec![], 0).await.status, 0);
-        tokio::spawn(async move {
-            let _ = s2.command(0, &c, bytes::Bytes::from(p), 0).await;
-        })
-    };
-    // wait for the copy to have moved some data (its first block reads as the
-    // source's), polling the destination
-    let mut progressed = false;
-    for _ in 0..400 {
-        let mut c = [0u8; 16];
-        c[0] = 0x88;
-        c[13] = 1;
-        let r = cmd(&s, 0, &c, vec![], BS as u32).await;
-        if r.data_in[..] == block(true, 0)[..] {
-            progressed = true;
-            break;
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
-    }
-    assert!(progressed, "the copy never started");
-    node.kill9();
-    let _ = copying.await;
+    kill_mid_copy(node, &s, &c, p).await;
     drop(s);
-
     let node = start_config(dir.path(), &cfg);
     let s = node.login("iqn.2026-11.test:xcopy").await;
-    // The copy was recorded before its first block moved: the node runs it
-    // again at start, and the LU answers NOT READY until it is done.
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
-    loop {
-        let r = s
-            .command(0, &[0u8; 6], bytes::Bytes::new(), 0)
-            .await
-            .expect("TEST UNIT READY");
-        if r.status == 0 {
-            break;
-        }
-        let sense = r.sense.as_deref().and_then(initiator::parse_sense);
-        let key = sense.as_ref().map(|x| x.key);
-        assert!(
-            matches!(key, Some(2) | Some(6)),
-            "TEST UNIT READY after the restart: {sense:?}"
-        );
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the interrupted copy never finished"
-        );
-        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-    }
-    let got = read_all(&s, 0).await;
-    let (mut copied, mut old) = (0u64, 0u64);
-    for b in 0..BLOCKS {
-        let have = &got[(b * BS) as usize..((b + 1) * BS) as usize];
-        if have == &block(true, b)[..] {
-            copied += 1;
-        } else if have == &block(false, b)[..] {
-            old += 1;
-        } else {
-            panic!("block {b} is neither the source's nor the old content after the kill");
-        }
-    }
-    eprintln!("after the kill and the restart: {copied} blocks copied, {old} old");
-    assert!(
-        got == want,
-        "the copy running at the kill was not finished at start ({old} blocks old)"
-    );
-    assert!(
-        !walk_has(dir.path(), ".copy.json"),
-        "the copy's record is left behind once it finished"
-    );
+    finished_at_start(&s, &want, dir.path()).await;
     // The initiator retries the command: the copy completes.
     let (c, p) = xcopy(src, dst, 3);
     assert_eq!(cmd(&s, 0, &c, p, 0).await.status, 0);
@@ -262,4 +194,104 @@ fn walk_has(dir: &Path, suffix: &str) -> bool {
                 p.to_string_lossy().ends_with(suffix)
             }
         })
+}
+
+/// Sends copy command `c` (parameters `p`) to LUN 0 from a second session,
+/// waits until it moved data (the destination's first block reads as the
+/// source's), then SIGKILLs the node.
+async fn kill_mid_copy(mut node: common::Node, s: &initiator::Session, c: &[u8], p: Vec<u8>) {
+    let copying = {
+        let s2 = node.login("iqn.2026-11.test:xcopy").await;
+        // a new nexus meets its unit attention first
+        assert_eq!(cmd(&s2, 0, &[0; 6], vec![], 0).await.status, 0);
+        let c = c.to_vec();
+        tokio::spawn(async move {
+            let _ = s2.command(0, &c, bytes::Bytes::from(p), 0).await;
+        })
+    };
+    let mut progressed = false;
+    for _ in 0..400 {
+        let mut c = [0u8; 16];
+        c[0] = 0x88;
+        c[13] = 1;
+        let r = cmd(s, 0, &c, vec![], BS as u32).await;
+        if r.data_in[..] == block(true, 0)[..] {
+            progressed = true;
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
+    assert!(progressed, "the copy never started");
+    node.kill9();
+    let _ = copying.await;
+}
+
+/// After a restart: the copy running at the kill was recorded before its first
+/// block moved, so the node runs it again at start and LUN 0 answers NOT READY
+/// until it is done; it then reads as `want`, and no record is left.
+async fn finished_at_start(s: &initiator::Session, want: &[u8], dir: &Path) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
+    loop {
+        let r = s
+            .command(0, &[0u8; 6], bytes::Bytes::new(), 0)
+            .await
+            .expect("TEST UNIT READY");
+        if r.status == 0 {
+            break;
+        }
+        let sense = r.sense.as_deref().and_then(initiator::parse_sense);
+        let key = sense.as_ref().map(|x| x.key);
+        assert!(
+            matches!(key, Some(2) | Some(6)),
+            "TEST UNIT READY after the restart: {sense:?}"
+        );
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the interrupted copy never finished"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    let got = read_all(s, 0).await;
+    let (mut copied, mut old) = (0u64, 0u64);
+    for b in 0..BLOCKS {
+        let have = &got[(b * BS) as usize..((b + 1) * BS) as usize];
+        if have == &block(true, b)[..] {
+            copied += 1;
+        } else if have == &block(false, b)[..] {
+            old += 1;
+        } else {
+            panic!("block {b} is neither the source's nor the old content after the kill");
+        }
+    }
+    eprintln!("after the kill and the restart: {copied} blocks copied, {old} old");
+    assert!(
+        got == want,
+        "the copy running at the kill was not finished at start ({old} blocks old)"
+    );
+    assert!(
+        !walk_has(dir, ".copy.json"),
+        "the copy's record is left behind once it finished"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_odx_copy_killed_mid_way_is_finished_at_start() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = config(dir.path());
+    let node = start_config(dir.path(), &cfg);
+    let s = node.login("iqn.2026-11.test:xcopy").await;
+    write(&s, 1, true).await;
+    write(&s, 0, false).await;
+    let want = read_all(&s, 1).await;
+    let (c, p) = scsi::populate_token(0, BLOCKS as u32, 7);
+    assert_eq!(cmd(&s, 1, &c, p, 0).await.status, 0);
+    let r = cmd(&s, 1, &scsi::receive_rod_token_information(7), vec![], 1024).await;
+    assert_eq!(r.status, 0);
+    let token = scsi::token_of(&r.data_in);
+    let (c, p) = scsi::write_using_token(&token, 0, BLOCKS as u32, 8);
+    kill_mid_copy(node, &s, &c, p).await;
+    drop(s);
+    let node = start_config(dir.path(), &cfg);
+    let s = node.login("iqn.2026-11.test:xcopy").await;
+    finished_at_start(&s, &want, dir.path()).await;
 }
