@@ -89,11 +89,7 @@ fn xcopy(src: [u8; 16], dst: [u8; 16], list: u8) -> (Vec<u8>, Vec<u8>) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn extended_copy_onto_a_cached_raid5_lun_and_across_a_sigkill() {
     let dir = tempfile::tempdir().unwrap();
-    let cfg = config(dir.path());
-    let node = start_config(dir.path(), &cfg);
-    let s = node.login("iqn.2026-11.test:xcopy").await;
-    write(&s, 1, true).await;
-    write(&s, 0, false).await;
+    let (cfg, node, s) = node_with_data(dir.path()).await;
     let (src, dst) = (naa(&s, 1).await, naa(&s, 0).await);
     assert_ne!(src, dst);
 
@@ -127,24 +123,14 @@ async fn extended_copy_onto_a_cached_raid5_lun_and_across_a_sigkill() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn odx_token_copy_onto_a_cached_raid5_lun() {
     let dir = tempfile::tempdir().unwrap();
-    let cfg = config(dir.path());
-    let node = start_config(dir.path(), &cfg);
-    let s = node.login("iqn.2026-11.test:xcopy").await;
-    write(&s, 1, true).await;
-    write(&s, 0, false).await;
+    let (_cfg, _node, s) = node_with_data(dir.path()).await;
     // The Third-party Copy VPD page starts with the Block Device ROD Token Limits.
     let r = cmd(&s, 0, &[0x12, 1, 0x8f, 4, 0, 0], vec![], 1024).await;
     assert_eq!(r.status, 0);
     assert_eq!(&r.data_in[4..8], &[0, 0, 0, 0x20]);
 
     // POPULATE TOKEN on the source, the token through RECEIVE ROD TOKEN INFORMATION.
-    let (c, p) = scsi::populate_token(0, BLOCKS as u32, 7);
-    let r = cmd(&s, 1, &c, p, 0).await;
-    assert_eq!(r.status, 0, "POPULATE TOKEN: {:?}", r.sense);
-    let r = cmd(&s, 1, &scsi::receive_rod_token_information(7), vec![], 1024).await;
-    assert_eq!(r.status, 0);
-    assert_eq!(r.data_in[5], 0x01, "completed");
-    let token = scsi::token_of(&r.data_in);
+    let token = source_token(&s).await;
 
     // WRITE USING TOKEN onto the cached RAID 5 LUN: it then reads as the source.
     let (c, p) = scsi::write_using_token(&token, 0, BLOCKS as u32, 8);
@@ -277,21 +263,36 @@ async fn finished_at_start(s: &initiator::Session, want: &[u8], dir: &Path) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_odx_copy_killed_mid_way_is_finished_at_start() {
     let dir = tempfile::tempdir().unwrap();
-    let cfg = config(dir.path());
-    let node = start_config(dir.path(), &cfg);
-    let s = node.login("iqn.2026-11.test:xcopy").await;
-    write(&s, 1, true).await;
-    write(&s, 0, false).await;
+    let (cfg, node, s) = node_with_data(dir.path()).await;
     let want = read_all(&s, 1).await;
-    let (c, p) = scsi::populate_token(0, BLOCKS as u32, 7);
-    assert_eq!(cmd(&s, 1, &c, p, 0).await.status, 0);
-    let r = cmd(&s, 1, &scsi::receive_rod_token_information(7), vec![], 1024).await;
-    assert_eq!(r.status, 0);
-    let token = scsi::token_of(&r.data_in);
+    let token = source_token(&s).await;
     let (c, p) = scsi::write_using_token(&token, 0, BLOCKS as u32, 8);
     kill_mid_copy(node, &s, &c, p).await;
     drop(s);
     let node = start_config(dir.path(), &cfg);
     let s = node.login("iqn.2026-11.test:xcopy").await;
     finished_at_start(&s, &want, dir.path()).await;
+}
+
+/// A node on `config` with the source (LUN 1) and the destination's old content
+/// (LUN 0) written, and a session to it.
+async fn node_with_data(dir: &Path) -> (std::path::PathBuf, common::Node, initiator::Session) {
+    let cfg = config(dir);
+    let node = start_config(dir, &cfg);
+    let s = node.login("iqn.2026-11.test:xcopy").await;
+    write(&s, 1, true).await;
+    write(&s, 0, false).await;
+    (cfg, node, s)
+}
+
+/// POPULATE TOKEN over the whole source, the token through RECEIVE ROD TOKEN
+/// INFORMATION.
+async fn source_token(s: &initiator::Session) -> Vec<u8> {
+    let (c, p) = scsi::populate_token(0, BLOCKS as u32, 7);
+    let r = cmd(s, 1, &c, p, 0).await;
+    assert_eq!(r.status, 0, "POPULATE TOKEN: {:?}", r.sense);
+    let r = cmd(s, 1, &scsi::receive_rod_token_information(7), vec![], 1024).await;
+    assert_eq!(r.status, 0);
+    assert_eq!(r.data_in[5], 0x01, "completed");
+    scsi::token_of(&r.data_in)
 }

@@ -4,23 +4,6 @@
 use super::*;
 use std::sync::Arc;
 
-struct TempDir(std::path::PathBuf);
-
-impl TempDir {
-    fn new(tag: &str) -> TempDir {
-        let p = std::env::temp_dir().join(format!("scsi-copy-{tag}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&p);
-        std::fs::create_dir_all(&p).unwrap();
-        TempDir(p)
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
 fn hex(naa: &[u8; 16]) -> String {
     naa.iter().map(|b| format!("{b:02x}")).collect()
 }
@@ -48,7 +31,7 @@ async fn read(t: &ScsiTarget, n: &ItNexus, lba: u32, blocks: u16) -> Response {
 
 #[tokio::test]
 async fn a_copy_recorded_at_a_stop_is_finished_before_the_lu_serves() {
-    let dir = TempDir::new("resume");
+    let dir = TempDir::new("copy-resume");
     let dst: VolumeRef = Arc::new(MemVolume::new(BS as u32, BLOCKS));
     let src: VolumeRef = Arc::new(MemVolume::new(BS as u32, BLOCKS));
     src.write(0, vec![0x51u8; BS * BLOCKS as usize].into(), false)
@@ -68,8 +51,8 @@ async fn a_copy_recorded_at_a_stop_is_finished_before_the_lu_serves() {
         r#"{{"copies":[[{{"src":"{}","src_lba":0,"dst_lba":100,"blocks":64}},{{"src":null,"src_lba":0,"dst_lba":300,"blocks":16}}]]}}"#,
         hex(&naa1)
     );
-    std::fs::write(dir.0.join("lun0.copy.json"), rec).unwrap();
-    let (t, _) = two_lus(&dir.0, dst.clone(), src);
+    std::fs::write(dir.path().join("lun0.copy.json"), rec).unwrap();
+    let (t, _) = two_lus(dir.path(), dst.clone(), src);
     let n = nexus("01", 1);
     let r = t.execute(&n, cmd(0, &[0u8; 6], &[])).await;
     assert_eq!(sense_of(&r), (key::UNIT_ATTENTION, 0x29, 0x00));
@@ -100,20 +83,20 @@ async fn a_copy_recorded_at_a_stop_is_finished_before_the_lu_serves() {
         assert!(blk.iter().all(|&x| x == want), "block {b}");
     }
     assert!(
-        !dir.0.join("lun0.copy.json").exists(),
+        !dir.path().join("lun0.copy.json").exists(),
         "the record is removed once the copy is finished"
     );
 }
 
 #[tokio::test]
 async fn a_copy_that_ends_leaves_no_record_and_a_start_without_one_serves_at_once() {
-    let dir = TempDir::new("ends");
+    let dir = TempDir::new("copy-ends");
     let dst: VolumeRef = Arc::new(MemVolume::new(BS as u32, BLOCKS));
     let src: VolumeRef = Arc::new(MemVolume::new(BS as u32, BLOCKS));
     src.write(0, vec![0x51u8; BS * 64].into(), false)
         .await
         .unwrap();
-    let (t, c1) = two_lus(&dir.0, dst.clone(), src.clone());
+    let (t, c1) = two_lus(dir.path(), dst.clone(), src.clone());
     let n = ready(&t, "01", 1).await;
     let p = xcopy_params(1, 0, &[lun_config().naa, c1.naa], &[(1, 0, 64, 0, 10)]);
     let r = run(&t, &n, &xcopy_cdb(p.len()), &p).await;
@@ -123,7 +106,7 @@ async fn a_copy_that_ends_leaves_no_record_and_a_start_without_one_serves_at_onc
         .data_in
         .iter()
         .all(|&b| b == 0x51));
-    assert!(!dir.0.join("lun0.copy.json").exists());
+    assert!(!dir.path().join("lun0.copy.json").exists());
     // a copy within one LU whose ranges overlap is not one to run again: it
     // is not recorded, and still copies (as memmove)
     let p = xcopy_params(2, 0, &[lun_config().naa], &[(0, 0, 64, 10, 20)]);
@@ -135,7 +118,7 @@ async fn a_copy_that_ends_leaves_no_record_and_a_start_without_one_serves_at_onc
         .iter()
         .all(|&b| b == 0x51));
     drop(t);
-    let (t, _) = two_lus(&dir.0, dst, src);
+    let (t, _) = two_lus(dir.path(), dst, src);
     let n = ready(&t, "01", 1).await;
     assert_eq!(read(&t, &n, 0, 1).await.status, status::GOOD);
 }

@@ -2184,6 +2184,28 @@ async fn explicit_alua_states_survive_a_restart() {
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
+/// A folder of its own under the system's temporary folder, removed on drop.
+pub(super) struct TempDir(std::path::PathBuf);
+
+impl TempDir {
+    pub(super) fn new(tag: &str) -> TempDir {
+        let p = std::env::temp_dir().join(format!("scsi-test-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&p);
+        std::fs::create_dir_all(&p).unwrap();
+        TempDir(p)
+    }
+
+    pub(super) fn path(&self) -> &std::path::Path {
+        &self.0
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
 mod atomic;
 mod copy_resume;
 mod sanitize;

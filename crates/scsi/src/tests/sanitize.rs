@@ -186,28 +186,6 @@ async fn a_write_protected_lu_is_not_sanitized() {
     assert_eq!(sense_of(&r), (key::DATA_PROTECT, 0x27, 0));
 }
 
-/// A folder of its own under the system's temporary folder, removed on drop.
-struct TempDir(std::path::PathBuf);
-
-impl TempDir {
-    fn new(tag: &str) -> TempDir {
-        let p = std::env::temp_dir().join(format!("scsi-sanitize-{tag}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&p);
-        std::fs::create_dir_all(&p).unwrap();
-        TempDir(p)
-    }
-
-    fn path(&self) -> &std::path::Path {
-        &self.0
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
 /// A target whose LU's overwrite is paced at 64 KiB a second (8 s for the LU),
 /// with its state file in `dir`.
 fn paced_target(vol: VolumeRef, dir: Option<&std::path::Path>) -> ScsiTarget {
