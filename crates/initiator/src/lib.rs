@@ -36,6 +36,7 @@ pub mod fuzzing;
 mod login;
 mod lun;
 mod multipath;
+pub mod offload;
 mod open;
 mod scsi_cmd;
 mod session;

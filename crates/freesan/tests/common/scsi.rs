@@ -73,49 +73,7 @@ pub async fn naa(s: &Session, lun: u64) -> [u8; 16] {
     d[4..20].try_into().unwrap()
 }
 
-/// EXTENDED COPY (LID1, list id `list`) from the LU named `src` to the one named
-/// `dst`, both of `block_bytes` blocks, one block-to-block segment per
-/// (source LBA, destination LBA, blocks): (CDB, parameter list).
-pub fn xcopy(
-    src: [u8; 16],
-    dst: [u8; 16],
-    block_bytes: u32,
-    segments: &[(u64, u64, u16)],
-    list: u8,
-) -> (Vec<u8>, Vec<u8>) {
-    let mut cscds = Vec::new();
-    for naa in [src, dst] {
-        let mut d = [0u8; 32];
-        d[0] = 0xe4;
-        d[4] = 0x01;
-        d[5] = 0x03;
-        d[7] = 16;
-        d[8..24].copy_from_slice(&naa);
-        d[29..32].copy_from_slice(&block_bytes.to_be_bytes()[1..]);
-        cscds.extend_from_slice(&d);
-    }
-    let mut segs = Vec::new();
-    for &(from, to, blocks) in segments {
-        let mut d = [0u8; 28];
-        d[0] = 0x02;
-        d[3] = 24;
-        d[6..8].copy_from_slice(&1u16.to_be_bytes());
-        d[10..12].copy_from_slice(&blocks.to_be_bytes());
-        d[12..20].copy_from_slice(&from.to_be_bytes());
-        d[20..28].copy_from_slice(&to.to_be_bytes());
-        segs.extend_from_slice(&d);
-    }
-    let mut p = vec![0u8; 16];
-    p[0] = list;
-    p[2..4].copy_from_slice(&(cscds.len() as u16).to_be_bytes());
-    p[8..12].copy_from_slice(&(segs.len() as u32).to_be_bytes());
-    p.extend_from_slice(&cscds);
-    p.extend_from_slice(&segs);
-    let mut c = vec![0u8; 16];
-    c[0] = 0x83;
-    c[10..14].copy_from_slice(&(p.len() as u32).to_be_bytes());
-    (c, p)
-}
+pub use initiator::offload::extended_copy as xcopy;
 
 /// POPULATE TOKEN (0x10) or WRITE USING TOKEN (0x11) with list id `list` and a
 /// parameter list of `len` bytes.
