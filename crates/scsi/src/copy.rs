@@ -551,7 +551,7 @@ pub(crate) async fn extended_copy(
         })
         .collect();
     let recorded = match &one_dst {
-        Some(d) => Some(crate::copy_resume::Recorded::start(d, &pieces, own)?),
+        Some(d) => Some(crate::copy_resume::Recorded::start(d, &pieces, own).await?),
         None => None,
     };
     for (src, dst, seg) in &plan {

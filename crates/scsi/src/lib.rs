@@ -58,6 +58,7 @@ mod ua;
 
 pub use admin::encode_lun;
 pub use copy::CopyReach;
+pub use copy_resume::copy_records;
 pub use inquiry::{Limits, CAW_BLOCKS_MAX, UNMAP_BLOCKS_MAX, UNMAP_DESCRIPTORS_MAX};
 pub use masking::{check_host_groups, HostGroup};
 pub use replication::{PrReplication, TaskAbort};

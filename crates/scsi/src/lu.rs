@@ -191,7 +191,7 @@ pub(crate) struct LogicalUnit {
     /// SANITIZE: a running job's progress, failure mode, the resume record.
     pub(crate) sanitize: crate::sanitize::Sanitizer,
     /// Copies onto this LU recorded to be run again after a restart.
-    pub(crate) intents: crate::copy_resume::Intents,
+    pub(crate) intents: Arc<crate::copy_resume::Intents>,
 }
 
 impl LogicalUnit {

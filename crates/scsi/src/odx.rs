@@ -641,7 +641,7 @@ async fn write_token_data(
                 .iter()
                 .map(|r| (crate::copy_resume::From::Zeros, r.lba, u64::from(r.blocks)))
                 .collect();
-            let recorded = crate::copy_resume::Recorded::start(dst, &pieces, true)?;
+            let recorded = crate::copy_resume::Recorded::start(dst, &pieces, true).await?;
             for r in &list.ranges {
                 copy_blocks(Source::Zeros, dst, r.lba, u64::from(r.blocks), status).await?;
                 status.segments.fetch_add(1, Ordering::Relaxed);
@@ -719,7 +719,7 @@ async fn write_token_data(
         .iter()
         .map(|&(s, d, n)| (crate::copy_resume::From::Lu(&src, s), d, n))
         .collect();
-    let recorded = crate::copy_resume::Recorded::start(dst, &plan, !foreign)?;
+    let recorded = crate::copy_resume::Recorded::start(dst, &plan, !foreign).await?;
     // a destination range counts once its last piece is written
     let ended = |k: usize| range_ends.iter().filter(|&&e| e == k).count() as u16;
     status.segments.fetch_add(ended(0), Ordering::Relaxed);

@@ -166,20 +166,25 @@ async fn odx_token_copy_onto_a_cached_raid5_lun() {
     assert_eq!((sense.key, sense.asc, sense.ascq), (5, 0x23, 0x05));
 }
 
-/// Whether a file whose name ends with `suffix` lies under `dir`.
-fn walk_has(dir: &Path, suffix: &str) -> bool {
+/// The copies recorded in the record files (`lunN.copy.slots`) under `dir`:
+/// what a restart would run again.
+fn records_under(dir: &Path) -> usize {
     std::fs::read_dir(dir)
         .into_iter()
         .flatten()
         .flatten()
-        .any(|e| {
+        .map(|e| {
             let p = e.path();
+            let name = p.to_string_lossy().into_owned();
             if p.is_dir() {
-                walk_has(&p, suffix)
+                records_under(&p)
+            } else if let Some(stem) = name.strip_suffix(".copy.slots") {
+                ::scsi::copy_records(Path::new(&format!("{stem}.pr.json")))
             } else {
-                p.to_string_lossy().ends_with(suffix)
+                0
             }
         })
+        .sum()
 }
 
 /// Sends copy command `c` (parameters `p`) to LUN 0 from a second session,
@@ -255,7 +260,7 @@ async fn finished_at_start(s: &initiator::Session, want: &[u8], dir: &Path) {
         "the copy running at the kill was not finished at start ({old} blocks old)"
     );
     assert!(
-        !walk_has(dir, ".copy.json"),
+        records_under(dir) == 0,
         "the copy's record is left behind once it finished"
     );
 }

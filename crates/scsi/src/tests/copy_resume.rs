@@ -51,7 +51,7 @@ async fn a_copy_recorded_at_a_stop_is_finished_before_the_lu_serves() {
         r#"{{"copies":[[{{"src":"{}","src_lba":0,"dst_lba":100,"blocks":64}},{{"src":null,"src_lba":0,"dst_lba":300,"blocks":16}}]]}}"#,
         hex(&naa1)
     );
-    std::fs::write(dir.path().join("lun0.copy.json"), rec).unwrap();
+    crate::copy_resume::plant(&dir.path().join("lun0.pr.json"), rec.as_bytes());
     let (t, _) = two_lus(dir.path(), dst.clone(), src);
     let n = nexus("01", 1);
     let r = t.execute(&n, cmd(0, &[0u8; 6], &[])).await;
@@ -64,15 +64,16 @@ async fn a_copy_recorded_at_a_stop_is_finished_before_the_lu_serves() {
     );
     let inq = t.execute(&n, cmd(0, &[0x12, 0, 0, 0, 36, 0], &[])).await;
     assert_eq!(inq.status, status::GOOD);
-    let mut served = false;
-    for _ in 0..1000 {
-        tokio::task::yield_now().await;
-        if read(&t, &n, 0, 1).await.status == status::GOOD {
-            served = true;
-            break;
-        }
+    // the resume task copies, then removes the record durably (a sync on the
+    // blocking pool): the LU serves once that is done, so wait for it
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while read(&t, &n, 0, 1).await.status != status::GOOD {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the LU never became ready"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(1)).await;
     }
-    assert!(served, "the LU never became ready");
     let got = read(&t, &n, 0, 512).await.data_in;
     for (b, blk) in got.chunks(BS).enumerate() {
         let want = match b {
@@ -83,7 +84,7 @@ async fn a_copy_recorded_at_a_stop_is_finished_before_the_lu_serves() {
         assert!(blk.iter().all(|&x| x == want), "block {b}");
     }
     assert!(
-        !dir.path().join("lun0.copy.json").exists(),
+        crate::copy_records(&dir.path().join("lun0.pr.json")) == 0,
         "the record is removed once the copy is finished"
     );
 }
@@ -106,7 +107,7 @@ async fn a_copy_that_ends_leaves_no_record_and_a_start_without_one_serves_at_onc
         .data_in
         .iter()
         .all(|&b| b == 0x51));
-    assert!(!dir.path().join("lun0.copy.json").exists());
+    assert_eq!(crate::copy_records(&dir.path().join("lun0.pr.json")), 0);
     // a copy within one LU whose ranges overlap is not one to run again: it
     // is not recorded, and still copies (as memmove)
     let p = xcopy_params(2, 0, &[lun_config().naa], &[(0, 0, 64, 10, 20)]);
