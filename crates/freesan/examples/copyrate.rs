@@ -6,6 +6,8 @@
 //!   default under /var/tmp, where /var/lib/freesan would be) as shipped;
 //! - the same commands with the LUs given no state file, so nothing is recorded
 //!   and no flush ends a command: the record's cost is the difference;
+//! - Windows' ODX the same way: POPULATE TOKEN of the source range, RECEIVE ROD
+//!   TOKEN INFORMATION, WRITE USING TOKEN (recorded as shipped);
 //! - the copy a host does without offload: READ then WRITE of the same sizes
 //!   through the same target (the bytes cross no network here, so this is the
 //!   host copy's floor, not what a host would see).
@@ -111,6 +113,7 @@ fn rw16(op: u8, lba: u64, blocks: u32) -> [u8; 16] {
 enum Mode {
     Recorded,
     Unrecorded,
+    Odx,
     Host,
 }
 
@@ -119,6 +122,7 @@ impl Mode {
         match self {
             Mode::Recorded => "EXTENDED COPY (recorded, as shipped)",
             Mode::Unrecorded => "EXTENDED COPY (no record)",
+            Mode::Odx => "ODX token copy (recorded, as shipped)",
             Mode::Host => "host copy (READ + WRITE)",
         }
     }
@@ -153,6 +157,19 @@ async fn copy(t: Arc<ScsiTarget>, n: &ItNexus, mode: Mode, o: &Opts, depth: usiz
                         let data = r.data_in.to_vec();
                         t.execute(&n, command(0, &rw16(0x8a, lba, blocks as u32), data, 0))
                             .await
+                    }
+                    Mode::Odx => {
+                        use initiator::offload as o;
+                        let list = w as u32 + 1;
+                        let (c, p) = o::populate_token(lba, blocks as u32, list);
+                        let r = t.execute(&n, command(1, &c, p, 0)).await;
+                        assert_eq!(r.status, 0, "POPULATE TOKEN: {:?}", r.sense);
+                        let c = o::receive_rod_token_information(list);
+                        let r = t.execute(&n, command(1, &c, vec![], 1024)).await;
+                        assert_eq!(r.status, 0, "RECEIVE ROD TOKEN INFORMATION: {:?}", r.sense);
+                        let token = o::token_of(&r.data_in);
+                        let (c, p) = o::write_using_token(&token, lba, blocks as u32, list);
+                        t.execute(&n, command(0, &c, p, 0)).await
                     }
                     _ => {
                         let list = (w % 250) as u8;
@@ -254,13 +271,13 @@ async fn main() {
         tmp.path().display(),
         o.runs
     );
-    let modes = [Mode::Recorded, Mode::Unrecorded, Mode::Host];
+    let modes = [Mode::Recorded, Mode::Unrecorded, Mode::Odx, Mode::Host];
     for &depth in &o.depths {
         let mut secs: Vec<Vec<f64>> = vec![Vec::new(); modes.len()];
         for _ in 0..o.runs {
             for (m, &mode) in modes.iter().enumerate() {
                 // a fresh target each time: its POWER ON unit attention first
-                let t = target(mode == Mode::Recorded);
+                let t = target(mode != Mode::Unrecorded);
                 for l in 0..2 {
                     t.execute(&n, command(l, &[0u8; 6], vec![], 0)).await;
                 }
@@ -289,10 +306,11 @@ async fn main() {
             );
         }
         println!(
-            "  recorded / no record {:.2}; the record's cost: {:.2} ms a command; recorded / host copy {:.2}",
+            "  recorded / no record {:.2}; the record's cost: {:.2} ms a command; recorded / host copy {:.2}; ODX / host copy {:.2}",
             med[1] / med[0],
             (med[0] - med[1]) * 1e3 / commands * depth as f64,
-            med[2] / med[0]
+            med[3] / med[0],
+            med[3] / med[2]
         );
     }
     let _ = std::fs::remove_file(&dst_path);

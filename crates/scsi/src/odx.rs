@@ -23,7 +23,9 @@
 //! registered bytes is TOKEN CORRUPT. A token ends (and is remembered, in a bounded
 //! list, so the initiator learns why) when it has not been used for its inactivity
 //! timeout or lived [`LIFETIME_MAX_S`] (TOKEN EXPIRED), when WRITE USING TOKEN set
-//! DEL_TKN (TOKEN DELETED), and when its source LU is removed, shrinks, or gets a
+//! DEL_TKN (TOKEN DELETED), when the registry is full and it is the least recently
+//! used of the tokens already written with (TOKEN CANCELLED: a new token takes its
+//! place), and when its source LU is removed, shrinks, or gets a
 //! logical unit or target reset (TOKEN REVOKED). I_T nexus loss does not end a
 //! token: tokens are meant to pass between hosts.
 
@@ -254,6 +256,7 @@ enum Ended {
     Expired,
     Deleted,
     Revoked,
+    Cancelled,
 }
 
 impl Ended {
@@ -262,6 +265,7 @@ impl Ended {
             Ended::Expired => codes::TOKEN_EXPIRED,
             Ended::Deleted => codes::TOKEN_DELETED,
             Ended::Revoked => codes::TOKEN_REVOKED,
+            Ended::Cancelled => codes::TOKEN_CANCELLED,
         }
     }
 }
@@ -279,6 +283,9 @@ struct Entry {
     inactivity: Duration,
     created: Duration,
     last_use: Duration,
+    /// A WRITE USING TOKEN completed with it: it may be reclaimed for a new
+    /// token when the registry is full (see [`Tokens::create`]).
+    written: bool,
 }
 
 impl Entry {
@@ -384,10 +391,12 @@ impl Tokens {
         self.reg.lock().end_where(why, |e| e.id == id);
     }
 
+    /// A WRITE USING TOKEN completed with token `id` (not deleting it).
     fn touch(&self, id: u64) {
         let now = self.now();
         if let Some(e) = self.reg.lock().live.iter_mut().find(|e| e.id == id) {
             e.last_use = now;
+            e.written = true;
         }
     }
 
@@ -408,7 +417,24 @@ impl Tokens {
         let mut reg = self.reg.lock();
         reg.end_where(Ended::Expired, |e| e.expired(now));
         if reg.live.len() >= TOKENS_MAX {
-            return Err(codes::INSUFFICIENT_RESOURCES_FOR_ROD_TOKEN);
+            // Full: the least recently used token that has already been
+            // written with makes room (TOKEN CANCELLED if presented again).
+            // Windows copies a large file as one token per 64 MiB and need
+            // not delete them, so with its 60 s default a copy faster than
+            // about 140 MB/s would otherwise run out of tokens and fall back
+            // to moving every byte through the host. A token not yet written
+            // with is never reclaimed: its initiator is about to use it.
+            let oldest_written = reg
+                .live
+                .iter()
+                .enumerate()
+                .filter(|(_, e)| e.written)
+                .min_by_key(|(_, e)| e.last_use)
+                .map(|(i, _)| i);
+            match oldest_written {
+                Some(i) => reg.end(i, Ended::Cancelled),
+                None => return Err(codes::INSUFFICIENT_RESOURCES_FOR_ROD_TOKEN),
+            }
         }
         let id = reg.next_id;
         reg.next_id = reg.next_id.wrapping_add(1);
@@ -424,6 +450,7 @@ impl Tokens {
             inactivity,
             created: now,
             last_use: now,
+            written: false,
         });
         Ok(token)
     }

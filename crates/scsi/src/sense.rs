@@ -241,6 +241,9 @@ pub mod codes {
     pub const TOKEN_REVOKED: Sense = Sense::new(key::ILLEGAL_REQUEST, 0x23, 0x06);
     /// INVALID TOKEN OPERATION, TOKEN EXPIRED (inactivity timeout or lifetime).
     pub const TOKEN_EXPIRED: Sense = Sense::new(key::ILLEGAL_REQUEST, 0x23, 0x07);
+    /// INVALID TOKEN OPERATION, TOKEN CANCELLED (a used token reclaimed to make
+    /// room for a new one).
+    pub const TOKEN_CANCELLED: Sense = Sense::new(key::ILLEGAL_REQUEST, 0x23, 0x08);
     /// INVALID TOKEN OPERATION, TOKEN DELETED (by WRITE USING TOKEN's DEL_TKN).
     pub const TOKEN_DELETED: Sense = Sense::new(key::ILLEGAL_REQUEST, 0x23, 0x09);
     /// INVALID TOKEN OPERATION, INVALID TOKEN LENGTH.

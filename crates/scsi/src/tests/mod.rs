@@ -1822,6 +1822,47 @@ async fn odx_bounds_are_enforced_and_advertised() {
     }
 }
 
+/// A full registry reclaims the least recently written-with token for a new
+/// one (TOKEN CANCELLED when it comes back), never one not yet written with.
+#[tokio::test]
+async fn odx_a_full_registry_reclaims_a_token_already_written_with() {
+    let (t, n) = odx_target().await;
+    let clock = Arc::new(crate::odx::ManualClock::default());
+    t.copies().tokens.set_clock(clock.clone());
+    stamp(&t, &n, 0, 0..8).await;
+    let first = populate(&t, &n, 0, 1, 0, &[(0, 8)]).await;
+    let second = populate(&t, &n, 0, 2, 0, &[(0, 8)]).await;
+    while t.copies().tokens.live() < 128 {
+        let p = populate_params(0, None, &[(0, 1)]);
+        assert_eq!(
+            run(&t, &n, &token_cdb(0x10, 3, p.len()), &p).await.status,
+            0
+        );
+    }
+    // none written with yet: the 129th is refused
+    let p = populate_params(0, None, &[(0, 1)]);
+    let r = run(&t, &n, &token_cdb(0x10, 3, p.len()), &p).await;
+    assert_eq!(sense_of(&r), (ILLEGAL, 0x55, 0x0d));
+    // both written with, the first longer ago: a new token takes its place
+    let w = write_using(&t, &n, 1, 4, 0, &first, &[(100, 8)]).await;
+    assert_eq!(w.status, 0, "{w:?}");
+    clock.advance(std::time::Duration::from_secs(1));
+    let w = write_using(&t, &n, 1, 4, 0, &second, &[(200, 8)]).await;
+    assert_eq!(w.status, 0, "{w:?}");
+    let r = run(&t, &n, &token_cdb(0x10, 3, p.len()), &p).await;
+    assert_eq!(r.status, 0, "{r:?}");
+    assert_eq!(t.copies().tokens.live(), 128);
+    let r = write_using(&t, &n, 1, 4, 0, &first, &[(300, 8)]).await;
+    assert_eq!(sense_of(&r), (ILLEGAL, 0x23, 0x08), "the reclaimed token");
+    let r = write_using(&t, &n, 1, 4, 0, &second, &[(300, 8)]).await;
+    assert_eq!(r.status, 0, "the more recently used one is kept: {r:?}");
+    // and the copies landed
+    assert_eq!(
+        stamps(&t, &n, 1, 300, 8).await,
+        (0..8).collect::<Vec<u32>>()
+    );
+}
+
 #[tokio::test]
 async fn odx_honours_write_protection_reservations_and_masking() {
     let (t, n) = odx_target().await;
