@@ -12,11 +12,16 @@
 //!   through the same target (the bytes cross no network here, so this is the
 //!   host copy's floor, not what a host would see).
 //!
+//! With `--dst raid5` the destination is a RAID 5 pool of five simulated 7200
+//! rpm HDDs (NCQ on) instead of a file, both LUs of 4 KiB blocks: a clone onto
+//! the capacity tier, where the flush that ends a recorded copy reaches disks.
+//!
 //! The destination is checked against the source after every copy. Prints MB/s
 //! per mode (median of the runs) and the record's cost per command.
 //!
 //! Usage: cargo run --release -p freesan --example copyrate -- [--mib 1024]
 //! [--cmd-mib 4] [--depth 1,4] [--runs 3] [--dir /dev/shm] [--state-dir DIR]
+//! [--dst file|raid5]
 use block::{Bytes, VolumeRef};
 use disk::{FileOptions, FileVolume};
 use scsi::{Command, ItNexus, LunConfig, ScsiTarget, TargetConfig, TaskAttr};
@@ -24,9 +29,10 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Instant;
 
-const BLOCK: u64 = 512;
-
 struct Opts {
+    /// The LUs' block size: 512, or 4096 with a pool destination.
+    block: u64,
+    raid5: bool,
     mib: u64,
     cmd_mib: u64,
     depths: Vec<usize>,
@@ -37,6 +43,8 @@ struct Opts {
 
 fn opts() -> Opts {
     let mut o = Opts {
+        block: 512,
+        raid5: false,
         mib: 1024,
         cmd_mib: 4,
         depths: vec![1, 4],
@@ -56,11 +64,16 @@ fn opts() -> Opts {
             "--runs" => o.runs = v.parse().expect("--runs"),
             "--dir" => o.dir = v.into(),
             "--state-dir" => o.state_dir = Some(v.into()),
+            "--dst" if v == "raid5" => {
+                o.raid5 = true;
+                o.block = 4096;
+            }
+            "--dst" if v == "file" => {}
             _ => panic!("unknown option {a} (see the file's head)"),
         }
     }
     assert!(
-        o.cmd_mib >= 1 && o.cmd_mib * (1 << 20) / BLOCK <= 65535,
+        o.cmd_mib >= 1 && o.cmd_mib * (1 << 20) / o.block <= 65535,
         "--cmd-mib: 1 to 31 (one segment descriptor a command)"
     );
     o
@@ -82,13 +95,33 @@ fn lun(naa_last: u8, state: Option<PathBuf>) -> LunConfig {
     }
 }
 
-fn volume(path: &Path, bytes: u64) -> VolumeRef {
+fn volume(path: &Path, bytes: u64, block: u64) -> VolumeRef {
     let _ = std::fs::remove_file(path);
     let o = FileOptions {
         create_size_bytes: Some(bytes),
+        block_size_bytes: block as u32,
         ..FileOptions::default()
     };
     Arc::new(FileVolume::open(path, &o).expect("the LU's file"))
+}
+
+/// A RAID 5 pool of five simulated HDDs (NCQ on) holding at least `bytes`.
+async fn raid5(bytes: u64) -> VolumeRef {
+    use raid::{Member, Pool, PoolConfig, RaidLevel};
+    let cfg: disk::sim::SimDiskConfig = toml::from_str("model = \"hdd\"\nncq = true").unwrap();
+    let member_bytes = bytes / 4 + (256 << 20);
+    let members = (0..5)
+        .map(|i| {
+            let store = Arc::new(block::MemVolume::new(4096, member_bytes / 4096)) as VolumeRef;
+            let sim = disk::SimDisk::from_config(store, &cfg).expect("a simulated HDD");
+            Member::new(format!("m{i}"), Arc::new(sim) as VolumeRef)
+        })
+        .collect();
+    let mut pc = PoolConfig::new("copyrate", RaidLevel::Raid5);
+    pc.rebuild_rate_mb_s = 0;
+    let pool = Pool::create(pc, members, vec![]).await.expect("the pool");
+    pool.wait_idle().await;
+    Arc::new(pool)
 }
 
 fn command(lun: u64, cdb: &[u8], data: Vec<u8>, data_in: u32) -> Command {
@@ -130,7 +163,8 @@ impl Mode {
 
 /// Copies the whole region, `depth` commands in flight; returns the seconds.
 async fn copy(t: Arc<ScsiTarget>, n: &ItNexus, mode: Mode, o: &Opts, depth: usize) -> f64 {
-    let blocks = o.cmd_mib * (1 << 20) / BLOCK;
+    let block = o.block;
+    let blocks = o.cmd_mib * (1 << 20) / block;
     let commands = o.mib / o.cmd_mib;
     let next = Arc::new(std::sync::atomic::AtomicU64::new(0));
     let start = Instant::now();
@@ -176,7 +210,7 @@ async fn copy(t: Arc<ScsiTarget>, n: &ItNexus, mode: Mode, o: &Opts, depth: usiz
                         let (c, p) = initiator::offload::extended_copy(
                             naas.0,
                             naas.1,
-                            BLOCK as u32,
+                            block as u32,
                             &[(lba, lba, blocks as u16)],
                             list,
                         );
@@ -195,17 +229,19 @@ async fn copy(t: Arc<ScsiTarget>, n: &ItNexus, mode: Mode, o: &Opts, depth: usiz
 
 /// The largest transfer the volume takes, in bytes (at most 16 MiB).
 fn chunk_bytes(v: &VolumeRef) -> u64 {
-    (u64::from(v.geometry().max_io_blocks) * BLOCK).min(16 << 20)
+    let g = v.geometry();
+    (u64::from(g.max_io_blocks) * u64::from(g.block_size_bytes)).min(16 << 20)
 }
 
 async fn same(a: &VolumeRef, b: &VolumeRef, bytes: u64) -> bool {
-    let chunk = chunk_bytes(a);
+    let chunk = chunk_bytes(a).min(chunk_bytes(b));
+    let bs = u64::from(a.geometry().block_size_bytes);
     let mut at = 0;
     while at < bytes {
         let n = chunk.min(bytes - at);
         let (x, y) = (
-            a.read(at / BLOCK, (n / BLOCK) as u32).await.expect("read"),
-            b.read(at / BLOCK, (n / BLOCK) as u32).await.expect("read"),
+            a.read(at / bs, (n / bs) as u32).await.expect("read"),
+            b.read(at / bs, (n / bs) as u32).await.expect("read"),
         );
         if x != y {
             return false;
@@ -232,14 +268,19 @@ async fn main() {
         o.dir.join("copyrate-dst.img"),
         o.dir.join("copyrate-src.img"),
     );
-    let (dst, src) = (volume(&dst_path, bytes), volume(&src_path, bytes));
+    let src = volume(&src_path, bytes, o.block);
+    let dst = if o.raid5 {
+        raid5(bytes).await
+    } else {
+        volume(&dst_path, bytes, o.block)
+    };
     // the source: every 4 KiB different, so a misplaced block shows
     let chunk = chunk_bytes(&src);
     for at in (0..bytes).step_by(chunk as usize) {
         let data: Vec<u8> = (0..chunk.min(bytes - at) / 8)
             .flat_map(|i| ((at / 4096) ^ (i * 8 / 4096) ^ 0x5eed).to_le_bytes())
             .collect();
-        src.write(at / BLOCK, data.into(), false)
+        src.write(at / o.block, data.into(), false)
             .await
             .expect("fill");
     }
@@ -264,9 +305,16 @@ async fn main() {
         chap_user: None,
     };
     println!(
-        "copyrate: {} MiB between two LUs on files in {}, {} MiB a command, records in {}, {} runs",
+        "copyrate: {} MiB between two LUs ({}), {} MiB a command, records in {}, {} runs",
         o.mib,
-        o.dir.display(),
+        if o.raid5 {
+            format!(
+                "a file in {} onto RAID 5 of 5 simulated HDDs",
+                o.dir.display()
+            )
+        } else {
+            format!("files in {}", o.dir.display())
+        },
         o.cmd_mib,
         tmp.path().display(),
         o.runs
@@ -282,9 +330,13 @@ async fn main() {
                     t.execute(&n, command(l, &[0u8; 6], vec![], 0)).await;
                 }
                 // the destination starts different from the source each time
-                dst.write(0, vec![0u8; (chunk.min(bytes)) as usize].into(), false)
-                    .await
-                    .expect("reset");
+                dst.write(
+                    0,
+                    vec![0u8; chunk_bytes(&dst).min(bytes) as usize].into(),
+                    false,
+                )
+                .await
+                .expect("reset");
                 secs[m].push(copy(t, &n, mode, &o, depth).await);
                 assert!(
                     same(&src, &dst, bytes).await,

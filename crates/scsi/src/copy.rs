@@ -14,7 +14,7 @@
 //!
 //! Bounds: at most [`CSCD_MAX`] CSCD and [`SEGMENTS_MAX`] segment descriptors in
 //! [`DESC_LIST_MAX`] bytes, 65535 blocks a segment, [`CONCURRENT_MAX`] copies running
-//! per target (more wait), one [`CHUNK_BYTES`] chunk in memory per copy, and
+//! per target (more wait), [`CHUNKS_IN_FLIGHT`] chunks of [`CHUNK_BYTES`] in memory per copy, and
 //! [`HELD_MAX`] held copy statuses per target (the oldest finished one goes first).
 //! A copy stops between chunks when its command is aborted; what it wrote stays
 //! written (each chunk is whole), and its status says "completed with errors".
@@ -50,6 +50,14 @@ pub(crate) const CONCURRENT_MAX: u16 = 8;
 pub(crate) const HELD_MAX: usize = 64;
 /// Bytes read and written at a time.
 pub(crate) const CHUNK_BYTES: u64 = 1 << 20;
+/// Chunks of one copy read, then written concurrently (`copy_blocks`). A copy
+/// onto a RAID 5 pool of simulated HDDs moved 282 MB/s one chunk at a time
+/// with 4 commands in flight (the members seek between the commands' regions
+/// for every 1 MiB) and 690-730 MB/s with four (`examples/copyrate.rs --dst
+/// raid5`), as fast as the host's 4 MiB writes; single 4 MiB chunks did as
+/// well there but cost a fifth of a copy between RAM-backed LUs (a 1 MiB chunk
+/// stays in the CPU's cache between its read and its write).
+pub(crate) const CHUNKS_IN_FLIGHT: usize = 4;
 
 const HEADER_LEN: usize = 16;
 const CSCD_LEN: usize = 32;
@@ -448,37 +456,56 @@ pub(crate) async fn copy_blocks(
     };
     let mut done = 0u64;
     while done < blocks {
-        let n = chunk.min(blocks - done);
-        let off = if backwards { blocks - done - n } else { done };
-        let data = match src {
-            Source::Lu(s, src_lba) => {
-                // held shared while reading, so that a SANITIZE (which sets its
-                // phase, then takes the lock exclusively) never runs under the read
-                let _order = s.write_order.read().await;
-                if s.sanitize.gate(op::READ_16, true).is_err() {
-                    return Err(codes::COPY_TARGET_NOT_REACHABLE.into());
+        // up to CHUNKS_IN_FLIGHT chunks read, in copy order, then written
+        // together: no write of the batch lands on a range a later read of it
+        // needs (memmove order holds batch by batch)
+        let mut batch = Vec::with_capacity(CHUNKS_IN_FLIGHT);
+        let mut read = done;
+        while batch.len() < CHUNKS_IN_FLIGHT && read < blocks {
+            let n = chunk.min(blocks - read);
+            let off = if backwards { blocks - read - n } else { read };
+            let data = match src {
+                Source::Lu(s, src_lba) => {
+                    // held shared while reading, so that a SANITIZE (which sets its
+                    // phase, then takes the lock exclusively) never runs under the read
+                    let _order = s.write_order.read().await;
+                    if s.sanitize.gate(op::READ_16, true).is_err() {
+                        return Err(codes::COPY_TARGET_NOT_REACHABLE.into());
+                    }
+                    s.volume.read(src_lba + off, n as u32).await.map_err(|e| {
+                        tracing::error!(lun = s.lun, error = %e, "copy: reading the source failed");
+                        Fail::from(codes::COPY_TARGET_FAILURE)
+                    })?
                 }
-                s.volume.read(src_lba + off, n as u32).await.map_err(|e| {
-                    tracing::error!(lun = s.lun, error = %e, "copy: reading the source failed");
-                    Fail::from(codes::COPY_TARGET_FAILURE)
-                })?
-            }
-            Source::Zeros => zeros.slice(..(n * bs) as usize),
-        };
+                Source::Zeros => zeros.slice(..(n * bs) as usize),
+            };
+            batch.push((off, data));
+            read += n;
+        }
         let fua = dst.force_fua();
         let _order = dst.write_order.read().await;
         if dst.sanitize.gate(op::WRITE_16, true).is_err() {
             return Err(codes::COPY_TARGET_NOT_REACHABLE.into());
         }
-        dst.volume
-            .write(dst_lba + off, data, fua)
-            .await
-            .map_err(|e| {
+        // each chunk counts in the status once it is written
+        let writes: Vec<block::BoxFut<'_, block::BlockResult<()>>> = batch
+            .into_iter()
+            .map(|(off, data)| -> block::BoxFut<'_, block::BlockResult<()>> {
+                Box::pin(async move {
+                    let len = data.len() as u64;
+                    dst.volume.write(dst_lba + off, data, fua).await?;
+                    status.bytes.fetch_add(len, Ordering::Relaxed);
+                    Ok(())
+                })
+            })
+            .collect();
+        for r in block::join_all(writes).await {
+            r.map_err(|e| {
                 tracing::error!(lun = dst.lun, error = %e, "copy: writing the destination failed");
                 Fail::from(codes::COPY_TARGET_FAILURE)
             })?;
-        done += n;
-        status.bytes.fetch_add(n * bs, Ordering::Relaxed);
+        }
+        done = read;
     }
     Ok(())
 }

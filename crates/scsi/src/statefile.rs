@@ -90,7 +90,8 @@ impl Slots {
                         decode_slot(bytes.get(at..at + slot_bytes as usize)?)
                     })
                     .max_by_key(|(seq, _)| *seq);
-                if newest.is_none() {
+                // all zeroes: created, never written (a crash in between)
+                if newest.is_none() && bytes.iter().any(|&b| b != 0) {
                     tracing::error!(file = %path.display(), "no intact slot in a state file; ignored");
                 }
                 newest
