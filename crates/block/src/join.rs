@@ -32,6 +32,17 @@ pub async fn join_all<'a, T: Send + 'a>(futs: Vec<BoxFut<'a, T>>) -> Vec<T> {
     out.into_iter().flatten().collect()
 }
 
+/// Polls `fut` once, here, with a waker that does nothing: its output when it
+/// finished. A future that did not may be polled again later with a real waker
+/// (as [`poll_once`] explains).
+pub fn poll_now<T, F: Future<Output = T> + ?Sized>(fut: &mut Pin<Box<F>>) -> Option<T> {
+    let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+    match fut.as_mut().poll(&mut cx) {
+        std::task::Poll::Ready(v) => Some(v),
+        std::task::Poll::Pending => None,
+    }
+}
+
 /// Polls `fut` once, here, with a waker that does nothing; true when it finished.
 ///
 /// For work that must start in the caller's order before it goes on in its own
@@ -39,6 +50,5 @@ pub async fn join_all<'a, T: Send + 'a>(futs: Vec<BoxFut<'a, T>>) -> Vec<T> {
 /// a row start out of order. Spawn the future afterwards if this returns false;
 /// the task polls it again (registering its real waker) before anything is lost.
 pub fn poll_once<F: Future + ?Sized>(fut: &mut Pin<Box<F>>) -> bool {
-    let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
-    fut.as_mut().poll(&mut cx).is_ready()
+    poll_now(fut).is_some()
 }

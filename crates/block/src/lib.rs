@@ -40,7 +40,7 @@ pub use crashsim::CrashSimVolume;
 pub use delay::DelayVolume;
 pub use error::BlockError;
 pub use fault::{FaultPlan, FaultVolume};
-pub use join::{join_all, poll_once, BoxFut};
+pub use join::{join_all, poll_now, poll_once, BoxFut};
 pub use mem::MemVolume;
 pub use passthru::Passthru;
 pub use rangelock::{LockMode, RangeGuard, RangeLocks};

@@ -56,7 +56,8 @@ pub(crate) const CHUNK_BYTES: u64 = 1 << 20;
 /// for every 1 MiB) and 690-730 MB/s with four (`examples/copyrate.rs --dst
 /// raid5`), as fast as the host's 4 MiB writes; single 4 MiB chunks did as
 /// well there but cost a fifth of a copy between RAM-backed LUs (a 1 MiB chunk
-/// stays in the CPU's cache between its read and its write).
+/// stays in the CPU's cache between its read and its write), so a copy goes
+/// one chunk at a time until a write has to wait.
 pub(crate) const CHUNKS_IN_FLIGHT: usize = 4;
 
 const HEADER_LEN: usize = 16;
@@ -455,13 +456,22 @@ pub(crate) async fn copy_blocks(
         Source::Lu(..) => Bytes::new(),
     };
     let mut done = 0u64;
+    // Chunks a batch takes: one while the destination completes each write at
+    // once (page cache, tmpfs: the chunk stays in the CPU's cache between its
+    // read and its write), CHUNKS_IN_FLIGHT once a write waits (disks: writes
+    // in flight together spare the members' seeks). Learned per destination
+    // across copies: ESXi's commands are only four chunks each.
+    let mut batch_len = dst
+        .copy_batch
+        .load(Ordering::Relaxed)
+        .clamp(1, CHUNKS_IN_FLIGHT);
     while done < blocks {
-        // up to CHUNKS_IN_FLIGHT chunks read, in copy order, then written
-        // together: no write of the batch lands on a range a later read of it
-        // needs (memmove order holds batch by batch)
-        let mut batch = Vec::with_capacity(CHUNKS_IN_FLIGHT);
+        // up to batch_len chunks read, in copy order, then written together:
+        // no write of the batch lands on a range a later read of it needs
+        // (memmove order holds batch by batch)
+        let mut batch = Vec::with_capacity(batch_len);
         let mut read = done;
-        while batch.len() < CHUNKS_IN_FLIGHT && read < blocks {
+        while batch.len() < batch_len && read < blocks {
             let n = chunk.min(blocks - read);
             let off = if backwards { blocks - read - n } else { read };
             let data = match src {
@@ -499,7 +509,27 @@ pub(crate) async fn copy_blocks(
                 })
             })
             .collect();
-        for r in block::join_all(writes).await {
+        // each polled once here: those that finish at once are done, the rest
+        // are waited for together
+        let mut results = Vec::with_capacity(writes.len());
+        let mut waiting = Vec::new();
+        for mut w in writes {
+            match block::poll_now(&mut w) {
+                Some(r) => results.push(r),
+                None => waiting.push(w),
+            }
+        }
+        let learned = if waiting.is_empty() {
+            1
+        } else {
+            results.extend(block::join_all(waiting).await);
+            CHUNKS_IN_FLIGHT
+        };
+        if learned != batch_len {
+            batch_len = learned;
+            dst.copy_batch.store(learned, Ordering::Relaxed);
+        }
+        for r in results {
             r.map_err(|e| {
                 tracing::error!(lun = dst.lun, error = %e, "copy: writing the destination failed");
                 Fail::from(codes::COPY_TARGET_FAILURE)

@@ -192,6 +192,10 @@ pub(crate) struct LogicalUnit {
     pub(crate) sanitize: crate::sanitize::Sanitizer,
     /// Copies onto this LU recorded to be run again after a restart.
     pub(crate) intents: Arc<crate::copy_resume::Intents>,
+    /// Chunks a copy onto this LU writes together (`copy::copy_blocks`), as
+    /// its last copy learned: 1 while writes complete at once, more once they
+    /// wait.
+    pub(crate) copy_batch: std::sync::atomic::AtomicUsize,
 }
 
 impl LogicalUnit {
@@ -241,6 +245,7 @@ impl LogicalUnit {
             counters: Default::default(),
             sanitize,
             intents,
+            copy_batch: std::sync::atomic::AtomicUsize::new(1),
         })
     }
 

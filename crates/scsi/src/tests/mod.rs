@@ -1139,6 +1139,87 @@ fn target_with_two_luns() -> (ScsiTarget, LunConfig) {
     (t, cfg1)
 }
 
+/// A copy goes one chunk at a time while the destination completes writes at
+/// once, and keeps `CHUNKS_IN_FLIGHT` writes in flight once they wait; either
+/// way every block arrives.
+#[tokio::test]
+async fn a_copy_keeps_several_writes_in_flight_only_when_they_wait() {
+    /// Counts the writes in flight; with `wait`, each yields once first.
+    struct Counting {
+        inner: MemVolume,
+        wait: bool,
+        now: AtomicU64,
+        max: AtomicU64,
+    }
+    #[async_trait]
+    impl Volume for Counting {
+        fn geometry(&self) -> Geometry {
+            self.inner.geometry()
+        }
+        async fn read(&self, lba: u64, blocks: u32) -> BlockResult<Bytes> {
+            self.inner.read(lba, blocks).await
+        }
+        async fn write(&self, lba: u64, data: Bytes, fua: bool) -> BlockResult<()> {
+            let n = self.now.fetch_add(1, Ordering::SeqCst) + 1;
+            self.max.fetch_max(n, Ordering::SeqCst);
+            if self.wait {
+                tokio::task::yield_now().await;
+            }
+            let r = self.inner.write(lba, data, fua).await;
+            self.now.fetch_sub(1, Ordering::SeqCst);
+            r
+        }
+        async fn flush(&self) -> BlockResult<()> {
+            Ok(())
+        }
+        async fn discard(&self, lba: u64, blocks: u64) -> BlockResult<()> {
+            self.inner.discard(lba, blocks).await
+        }
+    }
+    const BIG: u64 = 8 * 2048; // 8 MiB: eight chunks
+    for wait in [false, true] {
+        let t = target_with(Arc::new(MemVolume::new(BS as u32, BIG)));
+        let dst = Arc::new(Counting {
+            inner: MemVolume::new(BS as u32, BIG),
+            wait,
+            now: AtomicU64::new(0),
+            max: AtomicU64::new(0),
+        });
+        let mut cfg1 = lun_config();
+        cfg1.naa[15] = 0xee;
+        t.add_lun(1, cfg1.clone(), dst.clone(), None).unwrap();
+        let n = ready(&t, "1", 1).await;
+        let _ = t.execute(&n, cmd(1, &[0; 6], &[])).await;
+        let pattern: Vec<u8> = (0..BIG as usize * BS)
+            .map(|i| (i / BS) as u8 ^ 0x3c)
+            .collect();
+        let w = t
+            .execute(&n, cmd(0, &rw16(0x8a, 0, BIG as u32), &pattern))
+            .await;
+        assert_eq!(w.status, 0);
+        let p = xcopy_params(
+            1,
+            0,
+            &[lun_config().naa, cfg1.naa],
+            &[(0, 1, BIG as u16, 0, 0)],
+        );
+        let r = run(&t, &n, &xcopy_cdb(p.len()), &p).await;
+        assert_eq!(r.status, status::GOOD, "{r:?}");
+        let r = t.execute(&n, cmd(1, &rw16(0x88, 0, BIG as u32), &[])).await;
+        assert!(
+            r.data_in[..] == pattern[..],
+            "wait {wait}: the copy differs"
+        );
+        let max = dst.max.load(Ordering::SeqCst);
+        let want = if wait {
+            crate::copy::CHUNKS_IN_FLIGHT as u64
+        } else {
+            1
+        };
+        assert_eq!(max, want, "wait {wait}: most writes in flight");
+    }
+}
+
 #[tokio::test]
 async fn extended_copy_between_luns_and_within_one() {
     let (t, cfg1) = target_with_two_luns();
