@@ -79,11 +79,14 @@ fn opts() -> Opts {
     o
 }
 
+/// The NAA of LUN `lun` (0: the destination, 1: the source).
+fn naa(lun: u8) -> [u8; 16] {
+    [0x60, 0x0f, 0x5e, 0xa2, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, lun]
+}
+
 fn lun(naa_last: u8, state: Option<PathBuf>) -> LunConfig {
     LunConfig {
-        naa: [
-            0x60, 0x0f, 0x5e, 0xa2, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, naa_last,
-        ],
+        naa: naa(naa_last),
         serial: format!("CR{naa_last:04}"),
         vendor: "FREESAN".into(),
         product: "copyrate".into(),
@@ -171,7 +174,6 @@ async fn copy(t: Arc<ScsiTarget>, n: &ItNexus, mode: Mode, o: &Opts, depth: usiz
     let mut workers = tokio::task::JoinSet::new();
     for w in 0..depth {
         let (t, n, next) = (t.clone(), n.clone(), next.clone());
-        let naas = (lun(1, None).naa, lun(0, None).naa);
         workers.spawn(async move {
             loop {
                 let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
@@ -208,8 +210,8 @@ async fn copy(t: Arc<ScsiTarget>, n: &ItNexus, mode: Mode, o: &Opts, depth: usiz
                     _ => {
                         let list = (w % 250) as u8;
                         let (c, p) = initiator::offload::extended_copy(
-                            naas.0,
-                            naas.1,
+                            naa(1),
+                            naa(0),
                             block as u32,
                             &[(lba, lba, blocks as u16)],
                             list,

@@ -70,12 +70,10 @@ struct Record {
 /// runtime worker (`examples/copyrate.rs`: recorded copies at 0.38 of
 /// unrecorded ones with 4 commands in flight).
 pub(crate) struct Intents {
-    /// Copies are recorded (the LU has a state file).
-    enabled: bool,
     st: Mutex<State>,
-    /// Held while the file is written: the version of the map last made
-    /// durable, and the file.
-    file: Mutex<(u64, Option<crate::statefile::Slots>)>,
+    /// The record file (none without a state file: nothing is recorded), held
+    /// while it is written, with the version of the map last made durable.
+    file: Option<Mutex<(u64, crate::statefile::Slots)>>,
     /// Records found at start, not yet run again.
     found: Mutex<Vec<u64>>,
     resuming: AtomicBool,
@@ -149,14 +147,13 @@ impl Intents {
             .collect();
         let found: Vec<u64> = map.keys().copied().collect();
         Arc::new(Intents {
-            enabled: slots.is_some(),
             resuming: AtomicBool::new(!found.is_empty()),
             st: Mutex::new(State {
                 next_id: map.len() as u64,
                 version: 0,
                 copies: map,
             }),
-            file: Mutex::new((0, slots)),
+            file: slots.map(|s| Mutex::new((0, s))),
             found: Mutex::new(found),
         })
     }
@@ -175,11 +172,11 @@ impl Intents {
     /// Makes the map durable up to at least `version` (see the struct's doc).
     /// Blocking: a write and an `fdatasync`.
     fn persist(&self, version: u64) -> std::io::Result<()> {
-        let mut file = self.file.lock();
-        let (durable, slots) = &mut *file;
-        let Some(slots) = slots else {
+        let Some(file) = &self.file else {
             return Ok(());
         };
+        let mut file = file.lock();
+        let (durable, slots) = &mut *file;
         if *durable >= version {
             return Ok(());
         }
@@ -282,7 +279,7 @@ impl<'a> Recorded<'a> {
         own: bool,
     ) -> Result<Recorded<'a>, Fail> {
         let none = Recorded { dst, id: None };
-        if !own || !dst.intents.enabled || dst.pr_replication.read().is_some() {
+        if !own || dst.intents.file.is_none() || dst.pr_replication.read().is_some() {
             return Ok(none);
         }
         let mut out = Vec::with_capacity(pieces.len());

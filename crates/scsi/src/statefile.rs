@@ -52,11 +52,13 @@ pub(crate) fn remove(path: &Path) -> io::Result<()> {
 }
 
 /// A small state rewritten often (the copy records: twice per copy command),
-/// where a temporary file, its sync, a rename and a sync of the folder (0.61 ms
-/// on this VM's ext4 root) would cost more than the change. The file holds two
-/// slots, written in place alternately, each with a sequence number and a
-/// CRC32C; one `fdatasync` makes a write durable (0.23 ms here: the file's
-/// blocks are written once, at its creation, so no metadata changes after).
+/// where [`write_atomic`]'s temporary file, its sync, a rename and a sync of
+/// the folder would cost more than the change. The file holds two slots,
+/// written in place alternately, each with a sequence number and a CRC32C;
+/// one `fdatasync` makes a write durable (the file's blocks are written once,
+/// at its creation, so no metadata changes after). `examples/copyrate.rs`
+/// prints what the copy records cost a command: 1.08-1.09 ms with
+/// [`write_atomic`], 0.47-0.73 ms with these slots, on this VM's ext4 root.
 /// A torn write fails its checksum, and the other slot, the previous state,
 /// stays whole because it is never the one being written.
 pub(crate) struct Slots {

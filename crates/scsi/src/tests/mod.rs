@@ -407,12 +407,37 @@ async fn mode_sense_and_select() {
     assert_eq!(sense_of(&r).0, ILLEGAL);
 }
 
-/// Counts writes issued with and without FUA, and flushes.
+/// A volume over memory (with a volatile cache) that counts what reaches it:
+/// writes with and without FUA, flushes, and writes in flight (the most at
+/// once). With `yield_once` each write yields once before it lands, so it
+/// waits as a disk's would; a write at or past `hang_from` never finishes, and
+/// `entered` tells the test one started.
 struct Counting {
     inner: MemVolume,
     fua_writes: AtomicU64,
     plain_writes: AtomicU64,
     flushes: AtomicU64,
+    in_flight: AtomicU64,
+    in_flight_max: AtomicU64,
+    yield_once: bool,
+    hang_from: u64,
+    entered: tokio::sync::Notify,
+}
+
+impl Counting {
+    fn new(blocks: u64) -> Counting {
+        Counting {
+            inner: MemVolume::new(BS as u32, blocks),
+            fua_writes: AtomicU64::new(0),
+            plain_writes: AtomicU64::new(0),
+            flushes: AtomicU64::new(0),
+            in_flight: AtomicU64::new(0),
+            in_flight_max: AtomicU64::new(0),
+            yield_once: false,
+            hang_from: u64::MAX,
+            entered: tokio::sync::Notify::new(),
+        }
+    }
 }
 
 #[async_trait]
@@ -432,7 +457,18 @@ impl Volume for Counting {
         } else {
             self.plain_writes.fetch_add(1, Ordering::Relaxed);
         }
-        self.inner.write(lba, data, fua).await
+        let n = self.in_flight.fetch_add(1, Ordering::SeqCst) + 1;
+        self.in_flight_max.fetch_max(n, Ordering::SeqCst);
+        if lba >= self.hang_from {
+            self.entered.notify_one();
+            std::future::pending::<()>().await;
+        }
+        if self.yield_once {
+            tokio::task::yield_now().await;
+        }
+        let r = self.inner.write(lba, data, fua).await;
+        self.in_flight.fetch_sub(1, Ordering::SeqCst);
+        r
     }
     async fn flush(&self) -> BlockResult<()> {
         self.flushes.fetch_add(1, Ordering::Relaxed);
@@ -448,12 +484,7 @@ impl Volume for Counting {
 
 #[tokio::test]
 async fn wce_off_makes_writes_fua_and_sync_cache_flushes() {
-    let vol = Arc::new(Counting {
-        inner: MemVolume::new(BS as u32, BLOCKS),
-        fua_writes: AtomicU64::new(0),
-        plain_writes: AtomicU64::new(0),
-        flushes: AtomicU64::new(0),
-    });
+    let vol = Arc::new(Counting::new(BLOCKS));
     let t = target_with(vol.clone());
     let n = ready(&t, "1", 1).await;
     assert_eq!(t.write_cache_enabled(0), Some(true));
@@ -1144,46 +1175,12 @@ fn target_with_two_luns() -> (ScsiTarget, LunConfig) {
 /// way every block arrives.
 #[tokio::test]
 async fn a_copy_keeps_several_writes_in_flight_only_when_they_wait() {
-    /// Counts the writes in flight; with `wait`, each yields once first.
-    struct Counting {
-        inner: MemVolume,
-        wait: bool,
-        now: AtomicU64,
-        max: AtomicU64,
-    }
-    #[async_trait]
-    impl Volume for Counting {
-        fn geometry(&self) -> Geometry {
-            self.inner.geometry()
-        }
-        async fn read(&self, lba: u64, blocks: u32) -> BlockResult<Bytes> {
-            self.inner.read(lba, blocks).await
-        }
-        async fn write(&self, lba: u64, data: Bytes, fua: bool) -> BlockResult<()> {
-            let n = self.now.fetch_add(1, Ordering::SeqCst) + 1;
-            self.max.fetch_max(n, Ordering::SeqCst);
-            if self.wait {
-                tokio::task::yield_now().await;
-            }
-            let r = self.inner.write(lba, data, fua).await;
-            self.now.fetch_sub(1, Ordering::SeqCst);
-            r
-        }
-        async fn flush(&self) -> BlockResult<()> {
-            Ok(())
-        }
-        async fn discard(&self, lba: u64, blocks: u64) -> BlockResult<()> {
-            self.inner.discard(lba, blocks).await
-        }
-    }
     const BIG: u64 = 8 * 2048; // 8 MiB: eight chunks
     for wait in [false, true] {
         let t = target_with(Arc::new(MemVolume::new(BS as u32, BIG)));
         let dst = Arc::new(Counting {
-            inner: MemVolume::new(BS as u32, BIG),
-            wait,
-            now: AtomicU64::new(0),
-            max: AtomicU64::new(0),
+            yield_once: wait,
+            ..Counting::new(BIG)
         });
         let mut cfg1 = lun_config();
         cfg1.naa[15] = 0xee;
@@ -1210,7 +1207,7 @@ async fn a_copy_keeps_several_writes_in_flight_only_when_they_wait() {
             r.data_in[..] == pattern[..],
             "wait {wait}: the copy differs"
         );
-        let max = dst.max.load(Ordering::SeqCst);
+        let max = dst.in_flight_max.load(Ordering::SeqCst);
         let want = if wait {
             crate::copy::CHUNKS_IN_FLIGHT as u64
         } else {
@@ -2029,40 +2026,11 @@ async fn odx_honours_write_protection_reservations_and_masking() {
 
 #[tokio::test]
 async fn odx_aborted_write_using_token_stops_between_chunks() {
-    /// Writes at or past `gate` wait for ever; `entered` tells the test one did.
-    struct Gated {
-        inner: MemVolume,
-        gate: u64,
-        entered: tokio::sync::Notify,
-    }
-    #[async_trait]
-    impl Volume for Gated {
-        fn geometry(&self) -> Geometry {
-            self.inner.geometry()
-        }
-        async fn read(&self, lba: u64, blocks: u32) -> BlockResult<Bytes> {
-            self.inner.read(lba, blocks).await
-        }
-        async fn write(&self, lba: u64, data: Bytes, fua: bool) -> BlockResult<()> {
-            if lba >= self.gate {
-                self.entered.notify_one();
-                std::future::pending::<()>().await;
-            }
-            self.inner.write(lba, data, fua).await
-        }
-        async fn flush(&self) -> BlockResult<()> {
-            Ok(())
-        }
-        async fn discard(&self, lba: u64, blocks: u64) -> BlockResult<()> {
-            self.inner.discard(lba, blocks).await
-        }
-    }
     const BIG: u64 = 8192;
     let t = Arc::new(target_with(Arc::new(MemVolume::new(BS as u32, BIG))));
-    let gated = Arc::new(Gated {
-        inner: MemVolume::new(BS as u32, BIG),
-        gate: 600,
-        entered: tokio::sync::Notify::new(),
+    let gated = Arc::new(Counting {
+        hang_from: 600,
+        ..Counting::new(BIG)
     });
     let mut cfg1 = lun_config();
     cfg1.naa[15] = 0xee;
