@@ -8,8 +8,12 @@
 //! ```text
 //! cargo run --profile ci -p raid --example smallwrite -- [--secs 5] [--ncq on|off|both]
 //!     [--only raid5|raid6] [--qd 32] [--member-mib 512] [--pattern 4kw|8kw|8kmix]
-//!     [--spare-copies N] [--journal-mib N]
+//!     [--spare-copies N] [--journal-mib N] [--ride on|off]
 //! ```
+//!
+//! `--ride off` writes the records completing data-first updates into the slots
+//! set aside behind their batch (`Pool::set_completions_ride(false)`) instead of
+//! with the next group commit (the default).
 //!
 //! `--journal-mib` sets the stripe journal's ring (`PoolConfig::journal_bytes`;
 //! default: the pool's own choice, 64 MiB on these members) on the members and
@@ -33,7 +37,12 @@
 //! with at most one member I/O in flight when a read and `redundancy + 1` when a
 //! small write, whose writes need what its reads returned, over the members) and
 //! the arithmetic limit from one disk's IOPS at that depth ("limit@QD"; the HDD
-//! model run in virtual time, interpolated between whole depths). Then, per run,
+//! model run in virtual time, interpolated between whole depths). For patterns
+//! with reads it then prints their ceiling: the most any pool of these disks
+//! could do at `qd` in flight, since each read waits in a member's queue like
+//! every other request (the model serves the nearest first, whatever it is),
+//! even with writes acknowledged at no cost and no journal (Little's law;
+//! the formula is at `ceiling` below). Then, per run,
 //! how deep the members' queues really ran and how busy they were (pool status
 //! `members[].inflight_us` and `busy_us`), the member I/Os per operation, and the
 //! member IOPS against one disk at the same depth (the "sim" column: the worst of
@@ -90,6 +99,7 @@ struct Args {
     patterns: Vec<Pattern>,
     spare_copies: Option<usize>,
     journal_mib: Option<u64>,
+    ride: bool,
 }
 
 fn parse_args() -> Args {
@@ -103,6 +113,7 @@ fn parse_args() -> Args {
         patterns: PATTERNS.to_vec(),
         spare_copies: None,
         journal_mib: None,
+        ride: true,
     };
     let argv: Vec<String> = std::env::args().skip(1).collect();
     let mut i = 0;
@@ -134,6 +145,7 @@ fn parse_args() -> Args {
             "--only" => a.only = Some(val(i)),
             "--spare-copies" => a.spare_copies = Some(num(val(i)) as usize),
             "--journal-mib" => a.journal_mib = Some(num(val(i))),
+            "--ride" => a.ride = val(i) != "off",
             "--pattern" => {
                 let p = val(i);
                 a.patterns = PATTERNS
@@ -303,13 +315,15 @@ fn delta(a: &WritePath, b: &WritePath) -> WritePath {
         completion_us: b.completion_us - a.completion_us,
         journal_spare_wins: b.journal_spare_wins - a.journal_spare_wins,
         journal_spare_copies: b.journal_spare_copies - a.journal_spare_copies,
+        completions_riding: b.completions_riding - a.completions_riding,
+        completions_in_slots: b.completions_in_slots - a.completions_in_slots,
     }
 }
 
 fn describe(w: &WritePath) -> String {
     let per = |us: u64| us as f64 / 1000.0 / w.partial_updates.max(1) as f64;
     format!(
-        "{} updates ({} data-first), {} records in {} batches ({:.1}/batch, max {}), {} FUA ring writes ({} spare copies, {} batches durable thanks to one), {} checkpoints waited for, {} ahead; per update ms: lock {:.1} read {:.1} journal {:.1} completing record {:.1} apply {:.1}",
+        "{} updates ({} data-first), {} records in {} batches ({:.1}/batch, max {}), {} FUA ring writes ({:.2}/update; {} spare copies, {} batches durable thanks to one), completing records {} riding / {} in slots, {} checkpoints waited for, {} ahead; per update ms: lock {:.1} read {:.1} journal {:.1} completing record {:.1} apply {:.1}",
         w.partial_updates,
         w.data_first_acks,
         w.journal_records,
@@ -317,8 +331,11 @@ fn describe(w: &WritePath) -> String {
         w.journal_records as f64 / w.journal_batches.max(1) as f64,
         w.journal_batch_records_max,
         w.journal_ring_writes,
+        w.journal_ring_writes as f64 / w.partial_updates.max(1) as f64,
         w.journal_spare_copies,
         w.journal_spare_wins,
+        w.completions_riding,
+        w.completions_in_slots,
         w.journal_checkpoints,
         w.journal_checkpoints_ahead,
         per(w.lock_wait_us),
@@ -353,6 +370,7 @@ async fn main() {
     );
     let mut detail = Vec::new();
     let mut depths = Vec::new();
+    let mut ceilings = Vec::new();
     let mut sims_low = false;
     for &ncq in &a.ncq {
         // one member alone: the disk figure the arithmetic limit is built from
@@ -424,6 +442,7 @@ async fn main() {
                 if let Some(n) = a.spare_copies {
                     pool.set_journal_spare_copies(n, raid::SpareWhen::Reordering);
                 }
+                pool.set_completions_ride(a.ride);
                 for (i, p) in a.patterns.iter().enumerate() {
                     // (name, journal bypassed, early acknowledgement, data first)
                     let modes: &[(&str, bool, bool, bool)] = if with_device {
@@ -486,6 +505,29 @@ async fn main() {
                 let limit_qd =
                     n as f64 * disk_iops_at(ncq, member_bytes, p.bs_bytes, qd_bound) / ios_per_op;
                 let (on, first, late, off, dev) = (f[0].0, f[1].0, f[2].0, f[3].0, f[4].0);
+                if r > 0.0 {
+                    // The ceiling any pool of these disks has when reads wait in
+                    // the members' queues like every other request (the HDD
+                    // model serves the nearest request first, whatever it is):
+                    // at depth d a member serves X(d) IOPS and each request
+                    // waits d / X(d) on average (Little's law), so the clients'
+                    // `qd` requests, a share r of them reads, complete at most
+                    // qd / (r d / X(d)) a second even if writes took no time,
+                    // and the members carry at most n X(d) / (member I/Os per
+                    // operation). The first falls with d, the second grows: the
+                    // best is where they meet, d* = qd (I/Os per op) / (r n),
+                    // with the fewest member I/Os a write can take (no journal).
+                    let d_star = a.qd as f64 * ios_per_op / (r * n as f64);
+                    let ceiling =
+                        n as f64 * disk_iops_at(ncq, member_bytes, p.bs_bytes, d_star) / ios_per_op;
+                    ceilings.push(format!(
+                        "  NCQ {ncq_s:3} {label:14} {:17} ceiling {ceiling:>4.0} IOPS = {:>3.0}% of the limit (members at depth {d_star:.1}); journal {:>3.0}% of the ceiling, journal off {:>3.0}%",
+                        p.name,
+                        100.0 * ceiling / limit,
+                        100.0 * on / ceiling,
+                        100.0 * off / ceiling,
+                    ));
+                }
                 // How much of what the HDD model gives at the depth and
                 // utilisation the members had they really delivered, worst of
                 // the four runs: well under 100% means the simulated disks lost
@@ -552,6 +594,13 @@ async fn main() {
             "  * sim under {:.0}%: in one of the row's runs the simulated disks delivered less than the HDD model gives at their queue depth (a machine short of CPU fires their completions late); run again on a quieter machine",
             100.0 * SIM_OK
         );
+    }
+    if !ceilings.is_empty() {
+        println!();
+        println!("with reads, the most any pool of these disks can do at {} in flight: reads wait in the members' queues like any request (the model has no priorities), so qd / (reads' share x depth / X(depth)) meets n x X(depth) / member I/Os per operation (a write's fewest, no journal) at one depth:", a.qd);
+        for c in ceilings {
+            println!("{c}");
+        }
     }
     println!();
     println!("how deep the members' queues ran (pool status members[].inflight_us, busy_us; one disk at that depth: the HDD model in virtual time):");

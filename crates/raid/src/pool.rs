@@ -214,6 +214,8 @@ pub(crate) struct Inner {
     pub journal_spares: std::sync::atomic::AtomicUsize,
     /// Spare copies whether or not the members reorder (`SpareWhen::Always`).
     pub spare_always: AtomicBool,
+    /// Completing records ride the next group commit (`Pool::set_completions_ride`).
+    pub completions_ride: AtomicBool,
     /// Whether the members reorder their queues now (see `spares_now`).
     pub spare_verdict: parking_lot::Mutex<crate::commit::SpareVerdict>,
     /// A background checkpoint is running (see `commit.rs`, `checkpoint_ahead`).
@@ -904,6 +906,15 @@ impl Pool {
             .store(when == crate::SpareWhen::Always, Ordering::SeqCst);
     }
 
+    /// Whether the records completing data-first updates ride the next group
+    /// commit beside other records (default on; see `commit.rs`, "Completing
+    /// records ride the next group commit"), or each batch's completing
+    /// records take a ring write of their own into the slots set aside behind
+    /// it (`false`; for measurements and tests). Not persisted.
+    pub fn set_completions_ride(&self, on: bool) {
+        self.inner.completions_ride.store(on, Ordering::SeqCst);
+    }
+
     /// Changes the rebuild/resync/scrub cap (MB/s, 0 = none) and persists it.
     pub async fn set_rebuild_rate_mb_s(&self, rate_mb_s: u32) -> RaidResult<()> {
         self.inner.state.lock().rebuild_rate_mb_s = rate_mb_s;
@@ -1065,6 +1076,7 @@ impl Inner {
                 crate::commit::JOURNAL_SPARE_COPIES,
             ),
             spare_always: AtomicBool::new(false),
+            completions_ride: AtomicBool::new(true),
             spare_verdict: Default::default(),
             checkpoint_running: AtomicBool::new(false),
             fg_inflight: AtomicU64::new(0),
@@ -1402,6 +1414,7 @@ impl Inner {
     /// covered).
     pub async fn checkpoint(&self, upto: u64) -> BlockResult<()> {
         if let Some(j) = &self.journal {
+            self.refuse_riding(upto);
             j.wait_done(upto).await;
         }
         self.flush_members().await?;

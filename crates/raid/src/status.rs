@@ -267,6 +267,15 @@ pub struct WritePath {
     /// Spare copies written (of `journal_ring_writes`).
     #[serde(default)]
     pub journal_spare_copies: u64,
+    /// Completing records of data-first updates written in a later group
+    /// commit, with other records (no ring write of their own).
+    #[serde(default)]
+    pub completions_riding: u64,
+    /// Completing records written to the slot set aside for them behind their
+    /// data-first record's batch (one ring write per copy for the batch's
+    /// completing records).
+    #[serde(default)]
+    pub completions_in_slots: u64,
 }
 
 /// Counters of the parity write path.

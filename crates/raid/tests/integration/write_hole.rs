@@ -412,12 +412,17 @@ async fn without_the_write_intent_mirror_copies_stay_different() {
 /// records share group commits (one ring write carrying several records); every
 /// write acknowledged before the cut must survive the crash and the loss of
 /// `lose` members, and every interrupted one reads old or new per block.
+/// With `ride`, the records completing data-first updates ride later group
+/// commits (the default), else they go to the slots set aside behind their
+/// batch (`concurrent_writes_share_group_commits` checks that each way is
+/// taken). Returns the blocks read back wrong.
 async fn one_concurrent_cut(
     level: RaidLevel,
     n: usize,
     budget_writes: i64,
     lose: usize,
     journal: bool,
+    ride: bool,
 ) -> usize {
     let sims = crash_sims(n);
     let budget = Arc::new(AtomicI64::new(-1));
@@ -427,6 +432,7 @@ async fn one_concurrent_cut(
         .await
         .unwrap();
     pool.wait_idle().await;
+    pool.set_completions_ride(ride);
     let total = pool.geometry().block_count;
     let oracle = MemVolume::new(BS, total);
     let mut at = 0;
@@ -506,12 +512,14 @@ async fn futures_join<'a>(
 #[tokio::test]
 async fn group_committed_records_survive_a_crash_and_member_loss() {
     for (level, n, lose) in [(RaidLevel::Raid5, 4, 1), (RaidLevel::Raid6, 5, 2)] {
-        for budget in (1..60).step_by(3) {
-            let wrong = one_concurrent_cut(level, n, budget, lose, true).await;
-            assert_eq!(
-                wrong, 0,
-                "{level:?}: concurrent writes, cut after {budget} member writes lost data"
-            );
+        for ride in [true, false] {
+            for budget in (1..60).step_by(3) {
+                let wrong = one_concurrent_cut(level, n, budget, lose, true, ride).await;
+                assert_eq!(
+                    wrong, 0,
+                    "{level:?}: concurrent writes, cut after {budget} member writes lost data (completing records riding: {ride})"
+                );
+            }
         }
     }
 }
@@ -521,7 +529,7 @@ async fn without_the_journal_concurrent_writes_lose_data() {
     // the control of the test above
     let mut bad = 0;
     for budget in (1..60).step_by(3) {
-        bad += one_concurrent_cut(RaidLevel::Raid5, 4, budget, 1, false).await;
+        bad += one_concurrent_cut(RaidLevel::Raid5, 4, budget, 1, false, true).await;
     }
     assert!(
         bad > 0,
@@ -550,21 +558,42 @@ async fn concurrent_writes_share_group_commits() {
         r.unwrap();
     }
     // every update went data-first: its data record in a group commit, then,
-    // once its parity was known, the record completing it in the slot its
-    // batch set aside
+    // once its parity was known, the record completing it in a later group
+    // commit, beside other records
     pool.wait_applied().await;
     let w = pool.status().write_path;
     assert_eq!(w.data_first_acks, 32);
     assert_eq!(w.journal_records, 64);
+    assert_eq!(w.completions_riding + w.completions_in_slots, 32);
+    assert!(w.completions_riding > 0);
     assert!(
         w.journal_batches < 32,
         "32 concurrent updates took {} group commits",
         w.journal_batches
     );
     assert!(w.journal_batch_records_max > 1);
-    // two copies per ring write on RAID 5: the completing records shared
-    // ring writes too
-    let completion_writes = (w.journal_ring_writes - 2 * w.journal_batches) / 2;
+    // two copies per ring write on RAID 5, the completing records in the
+    // group commits: fewer ring writes than updates per copy
+    assert!(
+        w.journal_ring_writes < 2 * 32,
+        "64 records of 32 updates took {} ring writes",
+        w.journal_ring_writes
+    );
+    // completing records in the slots their batch set aside share ring
+    // writes too
+    pool.set_completions_ride(false);
+    let futs: Vec<_> = (0..32u64)
+        .map(|w| pool.write(w * slot + 4, pattern(w + 80, 2), false))
+        .collect();
+    for r in futures_join(futs).await {
+        r.unwrap();
+    }
+    pool.wait_applied().await;
+    let w1 = pool.status().write_path;
+    assert_eq!(w1.data_first_acks - w.data_first_acks, 32);
+    assert_eq!(w1.completions_in_slots - w.completions_in_slots, 32);
+    let batches = w1.journal_batches - w.journal_batches;
+    let completion_writes = (w1.journal_ring_writes - w.journal_ring_writes - 2 * batches) / 2;
     assert!(
         completion_writes < 32,
         "32 completing records took {completion_writes} ring writes"
@@ -578,7 +607,7 @@ async fn concurrent_writes_share_group_commits() {
         r.unwrap();
     }
     let w2 = pool.status().write_path;
-    assert_eq!(w2.data_first_acks, 32);
-    assert_eq!(w2.journal_records, 64 + 32);
-    assert!(w2.journal_batches - w.journal_batches < 32);
+    assert_eq!(w2.data_first_acks - w1.data_first_acks, 0);
+    assert_eq!(w2.journal_records, 128 + 32);
+    assert!(w2.journal_batches - w1.journal_batches < 32);
 }
