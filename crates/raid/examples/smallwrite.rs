@@ -20,7 +20,7 @@
 //! on the simulated SSD, which is made large enough to hold it.
 //!
 //! `--spare-copies` sets `Pool::set_journal_spare_copies` (default: the
-//! pool's, 2) for every run of the pools journaling on their members.
+//! pool's, 3) for every run of the pools journaling on their members.
 //!
 //! For each pool (RAID 5 of 10, RAID 6 of 6) and NCQ setting it prints, for 4K
 //! random writes, 8K random writes and 8K random 67% read / 33% write at `qd` in

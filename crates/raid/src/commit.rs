@@ -78,12 +78,12 @@
 //! and the ring space of checkpointed records is freed by sequence, not by
 //! position (`Alloc::live` is no longer in sequence order).
 //!
-//! Spare copies (2026-11-28; two since 2026-12-02): while the members reorder
+//! Spare copies (2026-11-28; two since 2026-12-02, three since 2026-12-03): while the members reorder
 //! their queues, a batch also goes to members past its copy set (`JOURNAL_SPARE_COPIES`,
 //! `Pool::set_journal_spare_copies`), and is durable once any `redundancy + 1`
 //! copies are. An NCQ disk serves the nearest request first, so a ring write
 //! far from the data it is busy with can wait behind a deep queue; the
-//! fastest `redundancy + 1` of `redundancy + 3` copies come back much sooner
+//! fastest `redundancy + 1` of `redundancy + 4` copies come back much sooner
 //! than all of `redundancy + 1`. Whether the members reorder is measured, not configured: the share of
 //! their completions that overtook an earlier request (`meter.rs`,
 //! `spares_now`); a FIFO disk gets no spare, which would only cost it a
@@ -133,8 +133,15 @@ pub(crate) const DATA_FIRST_BACKLOG: usize = 256;
 /// RAID 6 of 6 145/139/302 with one, 166/155/303 with two (over three runs
 /// of each, interleaved: 6%, 4% and 2% ahead). Two it is: the
 /// second-fastest of four copies (five on RAID 6) returns sooner still, and
-/// the ring writes no longer run into checkpoints.
-pub(crate) const JOURNAL_SPARE_COPIES: usize = 2;
+/// the ring writes no longer run into checkpoints. Three since completing
+/// records ride group commits (2026-12-03, each ring write carries more
+/// updates, so a copy costs less per update; `--spare-copies 3|2`, two whole
+/// runs each, interleaved, NCQ on): RAID 5 of 10 384/382 against 365/364
+/// IOPS at 4K, RAID 6 of 6 175/177 against 159/159 at 4K and 168/155 against
+/// 150/154 at 8K; RAID 5 8K and both 8K 67/33 mixes within the spread
+/// (331/315 against 345/329, 525/531 against 537/535, 323/321 against
+/// 324/323).
+pub(crate) const JOURNAL_SPARE_COPIES: usize = 3;
 /// The spare copy is written while at least this percentage of the members'
 /// recent completions overtook an earlier request (a reordering queue; FIFO
 /// disks show 0%, NCQ disks under this load 60-85%).

@@ -893,7 +893,7 @@ impl Pool {
 
     /// Members a journal batch on the members is written to beyond the
     /// `redundancy + 1` it needs, while the members reorder their queues
-    /// (default 1; see `commit.rs`, "A spare copy"): the batch is durable once
+    /// (default 3, `JOURNAL_SPARE_COPIES`; see `commit.rs`, "A spare copy"): the batch is durable once
     /// any `redundancy + 1` of its copies are, so a copy stuck behind a deep
     /// NCQ queue does not hold the acknowledgement. Members that answer in
     /// order (FIFO disks) get no spare. 0 writes exactly `redundancy + 1`
