@@ -239,14 +239,7 @@ pub(crate) struct Pending {
     entries: Vec<Entry>,
     payloads: Vec<Bytes>,
     blocks: u64,
-    /// The header link (`journal::LINK_DATA_FIRST` for a data-first record).
-    link: u64,
-    /// Ring blocks to set aside for the record completing this one (0: none).
-    reserve: u64,
-    /// A completing record riding the group commit: its own sequence number
-    /// (given with its data-first record, already in flight) and the
-    /// data-first record's.
-    riding: Option<(u64, u64)>,
+    kind: RecordKind,
 }
 
 /// The ring space a group commit set aside, after its own records, for the
@@ -952,11 +945,7 @@ impl Inner {
         payloads: Vec<Bytes>,
         kind: RecordKind,
     ) -> BlockResult<Durable> {
-        let RecordKind {
-            link,
-            reserve,
-            riding,
-        } = kind;
+        let (reserve, riding) = (kind.reserve, kind.riding);
         let blocks = journal::record_blocks(&entries, self.bs as usize);
         if blocks + reserve > j.ring_blocks {
             return Err(BlockError::NotSupported(
@@ -976,9 +965,7 @@ impl Inner {
                 entries,
                 payloads,
                 blocks,
-                link,
-                reserve,
-                riding,
+                kind,
             });
             t
         };
@@ -1008,10 +995,10 @@ impl Inner {
                     let mut total = 0;
                     let mut n = 0;
                     while n < g.queue.len()
-                        && (n == 0 || total + g.queue[n].blocks + g.queue[n].reserve <= cap)
+                        && (n == 0 || total + g.queue[n].blocks + g.queue[n].kind.reserve <= cap)
                         && n < journal::MAX_ENTRIES
                     {
-                        total += g.queue[n].blocks + g.queue[n].reserve;
+                        total += g.queue[n].blocks + g.queue[n].kind.reserve;
                         n += 1;
                     }
                     let b: Vec<Pending> = g.queue.drain(..n).collect();
@@ -1069,7 +1056,7 @@ impl Inner {
             return Vec::new();
         }
         let total: u64 = batch.iter().map(|p| p.blocks).sum();
-        let reserved: u64 = batch.iter().map(|p| p.reserve).sum();
+        let reserved: u64 = batch.iter().map(|p| p.kind.reserve).sum();
         let bs = self.bs as usize;
         let mut buf = Vec::with_capacity(total as usize * bs);
         for (p, &sq) in batch.iter().zip(rec_seqs.iter()) {
@@ -1078,7 +1065,7 @@ impl Inner {
             buf.extend_from_slice(&journal::encode(
                 sq,
                 self.pool_tag,
-                p.link,
+                p.kind.link,
                 &p.entries,
                 &pay,
                 bs,
@@ -1440,7 +1427,7 @@ impl Inner {
         batch: &mut Vec<Pending>,
         seqs: &mut Vec<u64>,
     ) -> BlockResult<(u64, Vec<u64>, Vec<Option<(u64, u64, u64)>>)> {
-        let riding = |b: &[Pending]| b.iter().any(|p| p.riding.is_some());
+        let riding = |b: &[Pending]| b.iter().any(|p| p.kind.riding.is_some());
         if riding(batch) && !self.journal_devices().is_empty() {
             // (a device's loss checkpoints everything before its batch)
             self.bounce(j, batch);
@@ -1453,7 +1440,7 @@ impl Inner {
             }
         };
         loop {
-            let total: u64 = batch.iter().map(|p| p.blocks + p.reserve).sum();
+            let total: u64 = batch.iter().map(|p| p.blocks + p.kind.reserve).sum();
             if total > j.ring_blocks {
                 return Err(BlockError::NotSupported(
                     "journal batch larger than the ring",
@@ -1473,7 +1460,7 @@ impl Inner {
                     let mut f = j.inflight.lock();
                     let mut rec_seqs = Vec::with_capacity(batch.len());
                     for p in batch.iter() {
-                        let seq = match p.riding {
+                        let seq = match p.kind.riding {
                             Some((seq, _)) => seq,
                             None => {
                                 let seq = a.next_seq;
@@ -1489,15 +1476,15 @@ impl Inner {
                     }
                     let mut slots = Vec::with_capacity(batch.len());
                     for p in batch.iter() {
-                        if p.reserve == 0 {
+                        if p.kind.reserve == 0 {
                             slots.push(None);
                             continue;
                         }
                         let seq = a.next_seq;
                         a.next_seq += 1;
-                        a.live.push_back((seq, at, p.reserve));
-                        slots.push(Some((seq, at, p.reserve)));
-                        at += p.reserve;
+                        a.live.push_back((seq, at, p.kind.reserve));
+                        slots.push(Some((seq, at, p.kind.reserve)));
+                        at += p.kind.reserve;
                         f.seqs.insert(seq);
                         seqs.push(seq);
                     }
@@ -1534,7 +1521,7 @@ impl Inner {
     fn bounce(&self, j: &Journal, batch: &mut Vec<Pending>) {
         let mut out = Vec::new();
         batch.retain(|p| {
-            let ride = p.riding.is_some();
+            let ride = p.kind.riding.is_some();
             if ride {
                 out.push(p.ticket);
             }
@@ -1566,7 +1553,7 @@ impl Inner {
         }
         g.ride_floor = upto;
         let mut out = Vec::new();
-        g.queue.retain(|p| match p.riding {
+        g.queue.retain(|p| match p.kind.riding {
             Some((_, d)) if d <= upto => {
                 out.push(p.ticket);
                 false
