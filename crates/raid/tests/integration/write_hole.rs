@@ -549,14 +549,19 @@ async fn concurrent_writes_share_group_commits() {
     .await
     .unwrap();
     pool.wait_idle().await;
-    let total = pool.geometry().block_count;
-    let slot = total / 32;
-    let futs: Vec<_> = (0..32u64)
-        .map(|w| pool.write(w * slot + 3, pattern(w, 2), false))
-        .collect();
-    for r in futures_join(futs).await {
-        r.unwrap();
-    }
+    let slot = pool.geometry().block_count / 32;
+    // 32 two-block writes in flight at once, one per 32nd of the pool
+    let writes_at = |at: u64, seed: u64| {
+        let futs: Vec<_> = (0..32u64)
+            .map(|w| pool.write(w * slot + at, pattern(w + seed, 2), false))
+            .collect();
+        async move {
+            for r in futures_join(futs).await {
+                r.unwrap();
+            }
+        }
+    };
+    writes_at(3, 0).await;
     // every update went data-first: its data record in a group commit, then,
     // once its parity was known, the record completing it in a later group
     // commit, beside other records
@@ -582,12 +587,7 @@ async fn concurrent_writes_share_group_commits() {
     // completing records in the slots their batch set aside share ring
     // writes too
     pool.set_completions_ride(false);
-    let futs: Vec<_> = (0..32u64)
-        .map(|w| pool.write(w * slot + 4, pattern(w + 80, 2), false))
-        .collect();
-    for r in futures_join(futs).await {
-        r.unwrap();
-    }
+    writes_at(4, 80).await;
     pool.wait_applied().await;
     let w1 = pool.status().write_path;
     assert_eq!(w1.data_first_acks - w.data_first_acks, 32);
@@ -600,12 +600,7 @@ async fn concurrent_writes_share_group_commits() {
     );
     // and the same without data-first records: one record per update
     pool.set_data_first(false);
-    let futs: Vec<_> = (0..32u64)
-        .map(|w| pool.write(w * slot + 5, pattern(w + 40, 2), false))
-        .collect();
-    for r in futures_join(futs).await {
-        r.unwrap();
-    }
+    writes_at(5, 40).await;
     let w2 = pool.status().write_path;
     assert_eq!(w2.data_first_acks - w1.data_first_acks, 0);
     assert_eq!(w2.journal_records, 128 + 32);
