@@ -115,6 +115,48 @@ pub(crate) fn plant(pr_state_file: &Path, json: &[u8]) {
     slots.write(json).expect("planting a copy record");
 }
 
+/// The records of a node that ran the first release of copy records, which
+/// kept them in `lunN.copy.json` (the same JSON, rewritten whole per change):
+/// when the slots hold nothing, that file's records are written into them
+/// (durably) and become what was `found`; the old file is removed once the
+/// slots hold what it held, so a crash in between finds them in one place or
+/// the other, never neither. An unreadable old file is logged and left.
+fn migrate_json(
+    pr_state_file: &Path,
+    slots: &mut crate::statefile::Slots,
+    found: Option<Vec<u8>>,
+) -> Option<Vec<u8>> {
+    let old = crate::statefile::beside(pr_state_file, "copy");
+    let bytes = match std::fs::read(&old) {
+        Ok(b) => b,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return found,
+        Err(e) => {
+            tracing::error!(file = %old.display(), error = %e, "unreadable copy records, left");
+            return found;
+        }
+    };
+    let found = match found {
+        // the slots were written after the old file: they are the newer
+        Some(f) => f,
+        None => {
+            if let Err(e) = serde_json::from_slice::<Record>(&bytes) {
+                tracing::error!(file = %old.display(), error = %e, "unreadable copy records, left");
+                return None;
+            }
+            if let Err(e) = slots.write(&bytes) {
+                tracing::error!(file = %old.display(), error = %e, "copy records not moved to their slots");
+                return Some(bytes);
+            }
+            tracing::info!(file = %old.display(), "copy records moved to their slots");
+            bytes
+        }
+    };
+    if let Err(e) = std::fs::remove_file(&old) {
+        tracing::warn!(file = %old.display(), error = %e, "old copy record file not removed");
+    }
+    Some(found)
+}
+
 fn hex(naa: &[u8; 16]) -> String {
     naa.iter().map(|b| format!("{b:02x}")).collect()
 }
@@ -124,7 +166,9 @@ impl Intents {
     pub(crate) fn load(state_file: Option<&std::path::Path>) -> Arc<Intents> {
         let (slots, found) = match state_file {
             Some(f) => {
-                let (slots, found) = crate::statefile::Slots::open(&records_path(f), SLOT_BYTES);
+                let (mut slots, found) =
+                    crate::statefile::Slots::open(&records_path(f), SLOT_BYTES);
+                let found = migrate_json(f, &mut slots, found);
                 (Some(slots), found)
             }
             None => (None, None),

@@ -31,6 +31,24 @@ async fn read(t: &ScsiTarget, n: &ItNexus, lba: u32, blocks: u16) -> Response {
 
 #[tokio::test]
 async fn a_copy_recorded_at_a_stop_is_finished_before_the_lu_serves() {
+    finished_before_serving(|pr, rec| crate::copy_resume::plant(pr, rec)).await;
+}
+
+/// A record left by the first release, which kept copy records in
+/// `lunN.copy.json`, is run the same way, and the old file is gone after.
+#[tokio::test]
+async fn a_copy_recorded_by_the_first_release_is_finished_too() {
+    let dir = finished_before_serving(|pr, rec| {
+        std::fs::write(pr.with_file_name("lun0.copy.json"), rec).unwrap()
+    })
+    .await;
+    assert!(!dir.path().join("lun0.copy.json").exists());
+}
+
+/// Plants (with `plant`, given the destination's state file and the record)
+/// what a node killed in the middle of a copy leaves, starts the target and
+/// checks the copy is finished before the LU serves.
+async fn finished_before_serving(plant: impl FnOnce(&std::path::Path, &[u8])) -> TempDir {
     let dir = TempDir::new("copy-resume");
     let dst: VolumeRef = Arc::new(MemVolume::new(BS as u32, BLOCKS));
     let src: VolumeRef = Arc::new(MemVolume::new(BS as u32, BLOCKS));
@@ -51,7 +69,7 @@ async fn a_copy_recorded_at_a_stop_is_finished_before_the_lu_serves() {
         r#"{{"copies":[[{{"src":"{}","src_lba":0,"dst_lba":100,"blocks":64}},{{"src":null,"src_lba":0,"dst_lba":300,"blocks":16}}]]}}"#,
         hex(&naa1)
     );
-    crate::copy_resume::plant(&dir.path().join("lun0.pr.json"), rec.as_bytes());
+    plant(&dir.path().join("lun0.pr.json"), rec.as_bytes());
     let (t, _) = two_lus(dir.path(), dst.clone(), src);
     let n = nexus("01", 1);
     let r = t.execute(&n, cmd(0, &[0u8; 6], &[])).await;
@@ -87,6 +105,7 @@ async fn a_copy_recorded_at_a_stop_is_finished_before_the_lu_serves() {
         crate::copy_records(&dir.path().join("lun0.pr.json")) == 0,
         "the record is removed once the copy is finished"
     );
+    dir
 }
 
 #[tokio::test]
