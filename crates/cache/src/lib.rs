@@ -25,7 +25,7 @@
 //! than sampling noise. A window of 100% is exactly LRU, so the cache starts as
 //! LRU and leaves it only when the shadows show a frequency-guarded main wins.
 //! Every miss is inserted, so a policy that misses less than LRU also writes the
-//! SSD less. Chosen on recorded traces (`examples/traces.rs`, docs/0003-cache.md:
+//! SSD less. Chosen on recorded traces (`examples/traces/main.rs`, docs/0003-cache.md:
 //! at 128 KiB blocks, at 1/5/10/20% of the footprint, at or above LRU in 27 of 28
 //! cells on seven traces, up to +5.0 points, MSN-FS at 5% -0.16; insertions at
 //! most LRU's wherever it hits more) and on synthetic workloads

@@ -32,7 +32,7 @@
 //!   demoting the block a stream has just left, was tried: it helped the
 //!   CloudPhysics trace and cost the held-out Tencent sample up to 0.33 points
 //!   at 10-20%; see docs/0003-cache.md.)
-//!   On the block traces of `examples/traces.rs` this is what lifts small caches
+//!   On the block traces of `examples/traces/main.rs` this is what lifts small caches
 //!   (1% of the distinct blocks), where a 100% window (pure LRU) wins the duel,
 //!   above LRU; no blocks are inserted that LRU would not insert.
 //!
@@ -97,7 +97,7 @@ const SHADOW_RATE: f64 = 0.01;
 const SCORE_DECAY: f64 = 0.97;
 /// The window changes share only when another shadow's score beats the current
 /// one's by this many standard deviations of their difference: switching on
-/// noise costs hits (on the traces of `examples/traces.rs`, without it the
+/// noise costs hits (on the traces of `examples/traces/main.rs`, without it the
 /// cache fell up to 0.3 points below LRU at 1% and 5% sizes; with it those
 /// cells tie with LRU).
 const SWITCH_SIGMAS: f64 = 2.0;
