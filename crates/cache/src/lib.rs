@@ -26,12 +26,12 @@
 //! LRU and leaves it only when the shadows show a frequency-guarded main wins.
 //! Every miss is inserted, so a policy that misses less than LRU also writes the
 //! SSD less. Chosen on recorded traces (`examples/traces/main.rs`, docs/0003-cache.md:
-//! at 128 KiB blocks, at 1/5/10/20% of the footprint, at or above LRU in 27 of 28
-//! cells on seven traces, up to +5.0 points, MSN-FS at 5% -0.16; insertions at
-//! most LRU's wherever it hits more) and on synthetic workloads
-//! (`examples/policies.rs`: +6.3 and +10.2 points on Zipf(0.9) at 10% and 1%,
-//! +9.3 on Zipf(0.7), +3.4 on a hot set with full scans, a tie on a shifting hot
-//! set). The earlier default, S3-FIFO behind second-miss admission, wrote the SSD
+//! at 128 KiB blocks, at 1/5/10/20% of the footprint, strictly above LRU in 34 of
+//! 36 cells on nine traces, up to +5.6 points, MSN-FS at 1% and 5% -0.01 and
+//! -0.13; insertions at most LRU's wherever it hits more) and on synthetic
+//! workloads (`examples/policies.rs`: +5.9 and +10.2 points on Zipf(0.9) at 10%
+//! and 1%, +9.4 on Zipf(0.7), +3.5 on a hot set with full scans, a tie on a
+//! shifting hot set). The earlier default, S3-FIFO behind second-miss admission, wrote the SSD
 //! far less but fell 13-31 points under LRU on the CloudPhysics trace, whose
 //! blocks are re-read soon after their first use; it stays selectable (every
 //! [`PolicyKind`] and [`Admission`] does).
