@@ -35,6 +35,11 @@ impl List {
     fn oldest(&self) -> Option<(u64, u64)> {
         self.by_stamp.iter().next().map(|(&s, &k)| (s, k))
     }
+
+    /// Takes the least recent key off the list.
+    fn pop_oldest(&mut self) -> Option<u64> {
+        self.by_stamp.pop_first().map(|(_, k)| k)
+    }
 }
 
 /// Which of ARC's four lists a key is on.
@@ -87,8 +92,7 @@ impl Arc {
 
     /// Takes the least recent key of `l` off every list.
     fn drop_oldest(&mut self, l: ArcList) -> Option<u64> {
-        let (stamp, key) = self.lists[l as usize].oldest()?;
-        self.lists[l as usize].by_stamp.remove(&stamp);
+        let key = self.lists[l as usize].pop_oldest()?;
         self.on.remove(&key);
         Some(key)
     }
@@ -196,6 +200,13 @@ impl Lirs {
         }
     }
 
+    /// What is known of a key on the stack or the queue.
+    fn entry(&mut self, key: u64) -> &mut LirsEntry {
+        self.entries
+            .get_mut(&key)
+            .expect("a key on the stack or the queue has an entry")
+    }
+
     /// Blocks cached.
     #[cfg(test)]
     pub fn cached(&self) -> usize {
@@ -203,34 +214,36 @@ impl Lirs {
     }
 
     fn stack_on_top(&mut self, key: u64) {
-        self.clock += 1;
-        let e = self.entries.entry(key).or_default();
-        if let Some(old) = e.s.replace(self.clock) {
-            self.s.by_stamp.remove(&old);
-        }
-        self.s.by_stamp.insert(self.clock, key);
+        self.restamp(key, true);
     }
 
     fn queue_at_end(&mut self, key: u64) {
+        self.restamp(key, false);
+    }
+
+    /// Moves `key` to the most recent end of the stack or of the queue.
+    fn restamp(&mut self, key: u64, stack: bool) {
         self.clock += 1;
         let e = self.entries.entry(key).or_default();
-        if let Some(old) = e.q.replace(self.clock) {
-            self.q.by_stamp.remove(&old);
+        let (slot, list) = if stack {
+            (&mut e.s, &mut self.s)
+        } else {
+            (&mut e.q, &mut self.q)
+        };
+        if let Some(old) = slot.replace(self.clock) {
+            list.by_stamp.remove(&old);
         }
-        self.q.by_stamp.insert(self.clock, key);
+        list.by_stamp.insert(self.clock, key);
     }
 
     /// Drops HIR entries from the bottom of the stack until a LIR block is there.
     fn prune(&mut self) {
-        while let Some((stamp, key)) = self.s.oldest() {
-            let e = self
-                .entries
-                .get_mut(&key)
-                .expect("stacked keys have entries");
-            if e.lir {
+        while let Some((_, key)) = self.s.oldest() {
+            if self.entry(key).lir {
                 break;
             }
-            self.s.by_stamp.remove(&stamp);
+            self.s.pop_oldest();
+            let e = self.entry(key);
             e.s = None;
             if !e.resident {
                 self.entries.remove(&key);
@@ -240,12 +253,8 @@ impl Lirs {
 
     /// The LIR block at the bottom of the stack becomes a resident HIR block.
     fn demote_bottom(&mut self) {
-        let (stamp, key) = self.s.oldest().expect("a LIR block was just promoted");
-        self.s.by_stamp.remove(&stamp);
-        let e = self
-            .entries
-            .get_mut(&key)
-            .expect("stacked keys have entries");
+        let key = self.s.pop_oldest().expect("a LIR block was just promoted");
+        let e = self.entry(key);
         e.s = None;
         e.lir = false;
         self.lirs -= 1;
@@ -255,13 +264,10 @@ impl Lirs {
 
     /// `key`, stacked or resident, becomes LIR at the top of the stack.
     fn promote(&mut self, key: u64) {
-        let e = self
-            .entries
-            .get_mut(&key)
-            .expect("promoted keys have entries");
-        if let Some(q) = e.q.take() {
+        if let Some(q) = self.entry(key).q.take() {
             self.q.by_stamp.remove(&q);
         }
+        let e = self.entry(key);
         e.lir = true;
         e.resident = true;
         self.lirs += 1;
@@ -287,15 +293,11 @@ impl Lirs {
             return true;
         }
         if self.resident >= self.capacity {
-            let (stamp, victim) = self
+            let victim = self
                 .q
-                .oldest()
+                .pop_oldest()
                 .expect("a full cache has resident HIR blocks");
-            self.q.by_stamp.remove(&stamp);
-            let v = self
-                .entries
-                .get_mut(&victim)
-                .expect("queued keys have entries");
+            let v = self.entry(victim);
             v.q = None;
             v.resident = false;
             if v.s.is_none() {
