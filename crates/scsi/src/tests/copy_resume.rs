@@ -31,7 +31,7 @@ async fn read(t: &ScsiTarget, n: &ItNexus, lba: u32, blocks: u16) -> Response {
 
 #[tokio::test]
 async fn a_copy_recorded_at_a_stop_is_finished_before_the_lu_serves() {
-    finished_before_serving(|pr, rec| crate::copy_resume::plant(pr, rec)).await;
+    finished_before_serving(crate::copy_resume::plant).await;
 }
 
 /// A record left by the first release, which kept copy records in
