@@ -22,6 +22,9 @@
 //!   while this node is down, so a copy run again here would overwrite what
 //!   was written there since.
 //!
+//! Records a node of the first release left in `lunN.copy.json` are moved into
+//! the slots at start (see `migrate_json`) and run again the same way.
+//!
 //! Other copies run as before: a crash leaves each destination block either
 //! as it was or as the source has it, and the initiator retries the command.
 //! A copy that fails or is aborted drops its record at once: the initiator was
