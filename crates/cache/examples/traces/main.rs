@@ -10,7 +10,7 @@
 //! sizes in percent of the trace's distinct blocks; `--mode write-back` (any cache
 //! mode); `--format F` (vscsi, oracle, msr, csv, disksim, arc; default: from the
 //! file name); `--sample RATE` and `--min-sample-blocks N` for the advisor (default:
-//! as deployed, 1% and 256); `--limit N` first N requests only.
+//! as deployed, 1% and 512); `--limit N` first N requests only.
 //!
 //! Each request counts as one access to every cache block it covers. `lru`, `2q`,
 //! `arc`, `lirs` (simulated here only: `reference.rs`) and `s3fifo` are the plain policies (every miss inserted, no bypass: what an
@@ -58,7 +58,7 @@ fn options() -> Result<Options, String> {
         mode: CacheMode::WriteBack,
         format: None,
         sample_rate: 0.01,
-        min_sample_blocks: 256,
+        min_sample_blocks: 512,
         limit: None,
     };
     let mut args = std::env::args().skip(1);
