@@ -123,7 +123,9 @@ pub(crate) fn plant(pr_state_file: &Path, json: &[u8]) {
 /// when the slots hold nothing, that file's records are written into them
 /// (durably) and become what was `found`; the old file is removed once the
 /// slots hold what it held, so a crash in between finds them in one place or
-/// the other, never neither. An unreadable old file is logged and left.
+/// the other, never neither. When the slots were written after it (they hold
+/// anything, even no copy), they are the newer and the old file only goes. An
+/// unreadable old file is logged and left (it is never run).
 fn migrate_json(
     pr_state_file: &Path,
     slots: &mut crate::statefile::Slots,
@@ -146,11 +148,20 @@ fn migrate_json(
                 tracing::error!(file = %old.display(), error = %e, "unreadable copy records, left");
                 return None;
             }
-            if let Err(e) = slots.write(&bytes) {
-                tracing::error!(file = %old.display(), error = %e, "copy records not moved to their slots");
-                return Some(bytes);
+            match slots.write(&bytes) {
+                Ok(()) => {
+                    tracing::info!(file = %old.display(), "copy records moved to their slots")
+                }
+                // they still run now, but are not recorded: a crash before
+                // they end leaves their ranges as a copy that was not recorded
+                // would. The old file goes all the same, so that no later
+                // start runs them again over what the LU served since.
+                Err(e) => tracing::error!(
+                    file = %old.display(),
+                    error = %e,
+                    "copy records not moved to their slots; run without a record"
+                ),
             }
-            tracing::info!(file = %old.display(), "copy records moved to their slots");
             bytes
         }
     };

@@ -45,6 +45,37 @@ async fn a_copy_recorded_by_the_first_release_is_finished_too() {
     assert!(!dir.path().join("lun0.copy.json").exists());
 }
 
+/// Slots written after a first-release `lunN.copy.json` are the newer, even
+/// when they hold no copy: the old file's copy is not run (the LU served since
+/// it ended), and the old file goes.
+#[tokio::test]
+async fn slots_newer_than_a_first_release_record_win() {
+    let dir = TempDir::new("copy-resume-newer");
+    let dst: VolumeRef = Arc::new(MemVolume::new(BS as u32, BLOCKS));
+    let src: VolumeRef = Arc::new(MemVolume::new(BS as u32, BLOCKS));
+    src.write(0, vec![0x51u8; BS * BLOCKS as usize].into(), false)
+        .await
+        .unwrap();
+    let mut naa1 = lun_config().naa;
+    naa1[15] = 0xee;
+    let pr = dir.path().join("lun0.pr.json");
+    let rec = format!(
+        r#"{{"copies":[[{{"src":"{}","src_lba":0,"dst_lba":100,"blocks":64}}]]}}"#,
+        hex(&naa1)
+    );
+    std::fs::write(dir.path().join("lun0.copy.json"), rec).unwrap();
+    crate::copy_resume::plant(&pr, br#"{"copies":[]}"#);
+    let (t, _) = two_lus(dir.path(), dst, src);
+    let n = ready(&t, "01", 1).await;
+    let got = read(&t, &n, 100, 64).await;
+    assert_eq!(got.status, status::GOOD, "the LU serves at once");
+    assert!(
+        got.data_in.iter().all(|&b| b == 0),
+        "the old copy was not run"
+    );
+    assert!(!dir.path().join("lun0.copy.json").exists());
+}
+
 /// Plants (with `plant`, given the destination's state file and the record)
 /// what a node killed in the middle of a copy leaves, starts the target and
 /// checks the copy is finished before the LU serves.
