@@ -13,8 +13,7 @@ fn hex(naa: &[u8; 16]) -> String {
 fn two_lus(dir: &std::path::Path, dst: VolumeRef, src: VolumeRef) -> (ScsiTarget, LunConfig) {
     let mut c0 = lun_config();
     c0.state_file = Some(dir.join("lun0.pr.json"));
-    let mut c1 = lun_config();
-    c1.naa[15] = 0xee;
+    let mut c1 = source_config();
     c1.state_file = Some(dir.join("lun1.pr.json"));
     let t = ScsiTarget::new(TargetConfig::one_port_group(
         "iqn.2026-11.org.freesan:t1",
@@ -23,6 +22,23 @@ fn two_lus(dir: &std::path::Path, dst: VolumeRef, src: VolumeRef) -> (ScsiTarget
     ))
     .unwrap();
     (t, c1)
+}
+
+/// The source LU's configuration (no state file).
+fn source_config() -> LunConfig {
+    let mut c = lun_config();
+    c.naa[15] = 0xee;
+    c
+}
+
+/// The destination and the source volume, the source filled with 0x51.
+async fn volumes() -> (VolumeRef, VolumeRef) {
+    let dst: VolumeRef = Arc::new(MemVolume::new(BS as u32, BLOCKS));
+    let src: VolumeRef = Arc::new(MemVolume::new(BS as u32, BLOCKS));
+    src.write(0, vec![0x51u8; BS * BLOCKS as usize].into(), false)
+        .await
+        .unwrap();
+    (dst, src)
 }
 
 async fn read(t: &ScsiTarget, n: &ItNexus, lba: u32, blocks: u16) -> Response {
@@ -51,17 +67,11 @@ async fn a_copy_recorded_by_the_first_release_is_finished_too() {
 #[tokio::test]
 async fn slots_newer_than_a_first_release_record_win() {
     let dir = TempDir::new("copy-resume-newer");
-    let dst: VolumeRef = Arc::new(MemVolume::new(BS as u32, BLOCKS));
-    let src: VolumeRef = Arc::new(MemVolume::new(BS as u32, BLOCKS));
-    src.write(0, vec![0x51u8; BS * BLOCKS as usize].into(), false)
-        .await
-        .unwrap();
-    let mut naa1 = lun_config().naa;
-    naa1[15] = 0xee;
+    let (dst, src) = volumes().await;
     let pr = dir.path().join("lun0.pr.json");
     let rec = format!(
         r#"{{"copies":[[{{"src":"{}","src_lba":0,"dst_lba":100,"blocks":64}}]]}}"#,
-        hex(&naa1)
+        hex(&source_config().naa)
     );
     std::fs::write(dir.path().join("lun0.copy.json"), rec).unwrap();
     crate::copy_resume::plant(&pr, br#"{"copies":[]}"#);
@@ -81,11 +91,7 @@ async fn slots_newer_than_a_first_release_record_win() {
 /// checks the copy is finished before the LU serves.
 async fn finished_before_serving(plant: impl FnOnce(&std::path::Path, &[u8])) -> TempDir {
     let dir = TempDir::new("copy-resume");
-    let dst: VolumeRef = Arc::new(MemVolume::new(BS as u32, BLOCKS));
-    let src: VolumeRef = Arc::new(MemVolume::new(BS as u32, BLOCKS));
-    src.write(0, vec![0x51u8; BS * BLOCKS as usize].into(), false)
-        .await
-        .unwrap();
+    let (dst, src) = volumes().await;
     dst.write(0, vec![0x77u8; BS * BLOCKS as usize].into(), false)
         .await
         .unwrap();
@@ -94,11 +100,9 @@ async fn finished_before_serving(plant: impl FnOnce(&std::path::Path, &[u8])) ->
     dst.write(100, vec![0x51u8; BS * 8].into(), false)
         .await
         .unwrap();
-    let mut naa1 = lun_config().naa;
-    naa1[15] = 0xee;
     let rec = format!(
         r#"{{"copies":[[{{"src":"{}","src_lba":0,"dst_lba":100,"blocks":64}},{{"src":null,"src_lba":0,"dst_lba":300,"blocks":16}}]]}}"#,
-        hex(&naa1)
+        hex(&source_config().naa)
     );
     plant(&dir.path().join("lun0.pr.json"), rec.as_bytes());
     let (t, _) = two_lus(dir.path(), dst.clone(), src);
