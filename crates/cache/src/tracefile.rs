@@ -20,6 +20,13 @@
 //!   sectors; flags bit 0 set = read), as the MSN file-server sample is stored.
 //! - `arc`: the ARC paper's `.lis` traces: `start count ignored id` in 512-byte
 //!   sectors, reads only.
+//! - `keys`: one block number a line, as the LIRS paper's traces are stored
+//!   (`*` breakpoint lines are skipped); each a read of one 4 KiB block.
+//! - `keys-be32`: big-endian u32 block numbers, as caffeine's simulator stores
+//!   the CloudPhysics w106 trace; each a read of one 4 KiB block.
+//!
+//! The two key formats carry no sizes: replay them with 4 KiB cache blocks
+//! (`--block 4K`), one key per block.
 //!
 //! Malformed lines and records are counted and skipped, never a panic.
 
@@ -29,6 +36,8 @@ use std::str::FromStr;
 
 /// Bytes of a sector in formats that count in sectors.
 const SECTOR: u64 = 512;
+/// Bytes of a block in the formats that record block numbers only.
+const KEY_BLOCK_BYTES: u64 = 4096;
 
 /// One recorded request.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -56,6 +65,10 @@ pub enum Format {
     Disksim,
     /// ARC `.lis`.
     Arc,
+    /// One block number a line.
+    Keys,
+    /// Big-endian u32 block numbers.
+    KeysBe32,
 }
 
 impl Format {
@@ -91,6 +104,8 @@ impl FromStr for Format {
             "csv" => Format::Csv,
             "disksim" => Format::Disksim,
             "arc" | "lis" => Format::Arc,
+            "keys" => Format::Keys,
+            "keys-be32" => Format::KeysBe32,
             _ => return Err(format!("unknown trace format {s:?}")),
         })
     }
@@ -105,6 +120,8 @@ impl fmt::Display for Format {
             Format::Csv => "csv",
             Format::Disksim => "disksim",
             Format::Arc => "arc",
+            Format::Keys => "keys",
+            Format::KeysBe32 => "keys-be32",
         })
     }
 }
@@ -132,6 +149,7 @@ pub fn parse(bytes: &[u8], format: Format) -> Result<Trace, String> {
     match format {
         Format::Vscsi => parse_vscsi(bytes),
         Format::Oracle => Ok(parse_oracle(bytes)),
+        Format::KeysBe32 => Ok(parse_keys_be32(bytes)),
         _ => {
             let text = std::str::from_utf8(bytes).map_err(|e| format!("not text: {e}"))?;
             Ok(parse_text(text, format))
@@ -203,6 +221,25 @@ fn parse_oracle(b: &[u8]) -> Trace {
     t
 }
 
+/// A read of the 4 KiB block `key`, as the key formats record their accesses.
+fn key_read(key: u64) -> Option<Request> {
+    Some(Request {
+        offset_bytes: key.checked_mul(KEY_BLOCK_BYTES)?,
+        len_bytes: KEY_BLOCK_BYTES,
+        write: false,
+    })
+}
+
+fn parse_keys_be32(b: &[u8]) -> Trace {
+    let mut t = Trace::default();
+    for r in b.chunks_exact(4) {
+        let key = u32::from_be_bytes(r.try_into().unwrap_or([0; 4]));
+        t.requests.extend(key_read(u64::from(key)));
+    }
+    t.skipped = u64::from(!b.len().is_multiple_of(4));
+    t
+}
+
 fn parse_text(text: &str, format: Format) -> Trace {
     let mut t = Trace::default();
     for line in text.lines() {
@@ -270,7 +307,8 @@ fn parse_line(line: &str, format: Format) -> Option<Request> {
                 write: false,
             })
         }
-        Format::Vscsi | Format::Oracle => None,
+        Format::Keys => key_read(line.parse().ok()?),
+        Format::Vscsi | Format::Oracle | Format::KeysBe32 => None,
     }
 }
 
@@ -320,6 +358,20 @@ mod tests {
         let arc = "110765 64 0 0\n110888 1 0 1\n";
         let t = parse(arc.as_bytes(), Format::Arc).unwrap();
         assert_eq!(t.requests[0].len_bytes, 64 * 512);
+        let keys = "0 1\n7\n*\n3\n";
+        let t = parse(keys.as_bytes(), Format::Keys).unwrap();
+        let at: Vec<u64> = t.requests.iter().map(|r| r.offset_bytes).collect();
+        assert_eq!((at, t.skipped), (vec![7 * 4096, 3 * 4096], 2));
+        assert!(t.requests.iter().all(|r| r.len_bytes == 4096 && !r.write));
+    }
+
+    #[test]
+    fn big_endian_keys_are_4k_reads() {
+        let b = [0u8, 0, 1, 2, 0xff, 0xff, 0xff, 0xff, 9];
+        let t = parse(&b, Format::KeysBe32).unwrap();
+        let at: Vec<u64> = t.requests.iter().map(|r| r.offset_bytes).collect();
+        assert_eq!(at, vec![0x102 * 4096, 0xffff_ffff * 4096]);
+        assert_eq!(t.skipped, 1, "a trailing partial key is skipped");
     }
 
     #[test]
