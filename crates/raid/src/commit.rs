@@ -140,7 +140,10 @@ pub(crate) const DATA_FIRST_BACKLOG: usize = 256;
 /// IOPS at 4K, RAID 6 of 6 175/177 against 159/159 at 4K and 168/155 against
 /// 150/154 at 8K; RAID 5 8K and both 8K 67/33 mixes within the spread
 /// (331/315 against 345/329, 525/531 against 537/535, 323/321 against
-/// 324/323).
+/// 324/323). Four and five did worse on RAID 5 8K writes with NCQ (three
+/// interleaved rounds: 366/367/359 with three, 360/354/334 with four,
+/// 354/347/350 with five): with the members 99% busy, another copy's write
+/// costs more than the shorter wait saves.
 pub(crate) const JOURNAL_SPARE_COPIES: usize = 3;
 /// The spare copy is written while at least this percentage of the members'
 /// recent completions overtook an earlier request (a reordering queue; FIFO

@@ -95,8 +95,11 @@ const SHADOW_RATE: f64 = 0.01;
 /// After each period (a shadow's worth of sampled accesses) the scores keep this
 /// share: they remember about 100 periods. With 0.97 (about 30) the duel on
 /// w106 at 20% left the 100% share after a flood that only the small windows
-/// survived, and lost what it judged on (0.10 points under LRU); 0.99 stays,
-/// and lifts OLTP, P2 and w106 at 1-5% (`examples/traces/main.rs`, 2026-12-03).
+/// survived, and lost what it judged on (0.10 points under LRU); 0.99 stays
+/// (+0.04). Over the 36 cells of `examples/traces/main.rs` (2026-12-03) the
+/// sum of the lead over LRU rose from +34.94 to +35.41: up at w106 1%, OLTP
+/// and P6 20%, P12 10%; down at P12 20% (+0.72 to +0.04), P2 10%,
+/// cloudPhysics 10%.
 const SCORE_DECAY: f64 = 0.99;
 /// The window changes share only when another shadow's score beats the current
 /// one's by this many standard deviations of their difference: switching on
