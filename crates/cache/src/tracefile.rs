@@ -20,6 +20,10 @@
 //!   sectors; flags bit 0 set = read), as the MSN file-server sample is stored.
 //! - `arc`: the ARC paper's `.lis` traces: `start count ignored id` in 512-byte
 //!   sectors, reads only.
+//! - `tencent`: the Tencent cloud block storage CSV (SNIA IOTTA):
+//!   `Timestamp,Offset,Size,IOType,VolumeID`, offset and size in 512-byte
+//!   sectors, type 1 = write; each volume is placed at `VolumeID << 40` bytes so
+//!   volumes never share a block.
 //! - `keys`: one block number a line, as the LIRS paper's traces are stored
 //!   (`*` breakpoint lines are skipped); each a read of one 4 KiB block.
 //! - `keys-be32`: big-endian u32 block numbers, as caffeine's simulator stores
@@ -36,6 +40,8 @@ use std::str::FromStr;
 
 /// Bytes of a sector in formats that count in sectors.
 const SECTOR: u64 = 512;
+/// Bytes set apart for each volume of a Tencent trace (1 TiB).
+const TENCENT_VOLUME_BYTES: u64 = 1 << 40;
 /// Bytes of a block in the formats that record block numbers only.
 const KEY_BLOCK_BYTES: u64 = 4096;
 
@@ -65,6 +71,8 @@ pub enum Format {
     Disksim,
     /// ARC `.lis`.
     Arc,
+    /// Tencent cloud block storage CSV.
+    Tencent,
     /// One block number a line.
     Keys,
     /// Big-endian u32 block numbers.
@@ -104,6 +112,7 @@ impl FromStr for Format {
             "csv" => Format::Csv,
             "disksim" => Format::Disksim,
             "arc" | "lis" => Format::Arc,
+            "tencent" => Format::Tencent,
             "keys" => Format::Keys,
             "keys-be32" => Format::KeysBe32,
             _ => return Err(format!("unknown trace format {s:?}")),
@@ -120,6 +129,7 @@ impl fmt::Display for Format {
             Format::Csv => "csv",
             Format::Disksim => "disksim",
             Format::Arc => "arc",
+            Format::Tencent => "tencent",
             Format::Keys => "keys",
             Format::KeysBe32 => "keys-be32",
         })
@@ -307,6 +317,25 @@ fn parse_line(line: &str, format: Format) -> Option<Request> {
                 write: false,
             })
         }
+        Format::Tencent => {
+            let f: Vec<&str> = line.split(',').map(str::trim).collect();
+            let write = match *f.get(3)? {
+                "0" => false,
+                "1" => true,
+                _ => return None,
+            };
+            let volume = f
+                .get(4)?
+                .parse::<u64>()
+                .ok()?
+                .checked_mul(TENCENT_VOLUME_BYTES)?;
+            let sector = f.get(1)?.parse::<u64>().ok()?.checked_mul(SECTOR)?;
+            Some(Request {
+                offset_bytes: volume.checked_add(sector)?,
+                len_bytes: f.get(2)?.parse::<u64>().ok()?.checked_mul(SECTOR)?,
+                write,
+            })
+        }
         Format::Keys => key_read(line.parse().ok()?),
         Format::Vscsi | Format::Oracle | Format::KeysBe32 => None,
     }
@@ -323,6 +352,14 @@ pub fn blocks_of(r: &Request, block_bytes: u64) -> std::ops::RangeInclusive<u64>
 mod tests {
     use super::*;
 
+    fn req(offset_bytes: u64, len_bytes: u64, write: bool) -> Request {
+        Request {
+            offset_bytes,
+            len_bytes,
+            write,
+        }
+    }
+
     #[test]
     fn text_formats_parse_and_skip_headers_and_junk() {
         let msr = "Timestamp,Hostname,DiskNumber,Type,Offset,Size,ResponseTime\n\
@@ -333,18 +370,7 @@ mod tests {
         assert_eq!(t.skipped, 1);
         assert_eq!(
             t.requests,
-            vec![
-                Request {
-                    offset_bytes: 7014912,
-                    len_bytes: 4096,
-                    write: true
-                },
-                Request {
-                    offset_bytes: 1074696192,
-                    len_bytes: 8192,
-                    write: false
-                },
-            ]
+            vec![req(7014912, 4096, true), req(1074696192, 8192, false)]
         );
         let csv = "time,offset,size,op\n1,4096,512,W\n2,0,4096,read\n";
         let t = parse(csv.as_bytes(), Format::Csv).unwrap();
@@ -358,6 +384,16 @@ mod tests {
         let arc = "110765 64 0 0\n110888 1 0 1\n";
         let t = parse(arc.as_bytes(), Format::Arc).unwrap();
         assert_eq!(t.requests[0].len_bytes, 64 * 512);
+        let tencent = "1538323200,4247200,128,1,1058\n1538323199,8,16,0,1063\nx,1,1,2,3\n";
+        let t = parse(tencent.as_bytes(), Format::Tencent).unwrap();
+        assert_eq!(t.skipped, 1);
+        assert_eq!(
+            t.requests,
+            vec![
+                req((1058 << 40) + 4247200 * 512, 128 * 512, true),
+                req((1063 << 40) + 8 * 512, 16 * 512, false),
+            ]
+        );
         let keys = "0 1\n7\n*\n3\n";
         let t = parse(keys.as_bytes(), Format::Keys).unwrap();
         let at: Vec<u64> = t.requests.iter().map(|r| r.offset_bytes).collect();
@@ -390,18 +426,7 @@ mod tests {
         assert_eq!(t.skipped, 1, "an INQUIRY is not I/O");
         assert_eq!(
             t.requests,
-            vec![
-                Request {
-                    offset_bytes: 5120,
-                    len_bytes: 4096,
-                    write: true
-                },
-                Request {
-                    offset_bytes: 10240,
-                    len_bytes: 4096,
-                    write: false
-                },
-            ]
+            vec![req(5120, 4096, true), req(10240, 4096, false)]
         );
         assert!(parse(&[0u8; 100], Format::Vscsi).is_err());
         let mut og = Vec::new();
@@ -410,29 +435,14 @@ mod tests {
         og.extend_from_slice(&512u32.to_le_bytes());
         og.extend_from_slice(&(-1i64).to_le_bytes());
         let t = parse(&og, Format::Oracle).unwrap();
-        assert_eq!(
-            t.requests,
-            vec![Request {
-                offset_bytes: 1536,
-                len_bytes: 512,
-                write: false
-            }]
-        );
+        assert_eq!(t.requests, vec![req(1536, 512, false)]);
     }
 
     #[test]
     fn blocks_cover_the_request() {
-        let r = Request {
-            offset_bytes: 131071,
-            len_bytes: 2,
-            write: false,
-        };
+        let r = req(131071, 2, false);
         assert_eq!(blocks_of(&r, 131072), 0..=1);
-        let r = Request {
-            offset_bytes: 131072,
-            len_bytes: 131072,
-            write: false,
-        };
+        let r = req(131072, 131072, false);
         assert_eq!(blocks_of(&r, 131072), 1..=1);
     }
 }

@@ -8,7 +8,7 @@
 //!
 //! Options: `--block 128K[,64K,...]` cache block sizes; `--sizes 1,5,10,20` cache
 //! sizes in percent of the trace's distinct blocks; `--mode write-back` (any cache
-//! mode); `--format F` (vscsi, oracle, msr, csv, disksim, arc, keys, keys-be32; default: from the
+//! mode); `--format F` (vscsi, oracle, msr, csv, disksim, arc, tencent, keys, keys-be32; default: from the
 //! file name); `--sample RATE` and `--min-sample-blocks N` for the advisor (default:
 //! as deployed, 1% and 512); `--limit N` first N requests only.
 //!
