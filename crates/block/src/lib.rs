@@ -205,6 +205,26 @@ pub trait Volume: Send + Sync + 'static {
         Ok(None)
     }
 
+    /// Writes `data` at `lba` for the offloaded copy `copy` (EXTENDED COPY, WRITE
+    /// USING TOKEN: a copy the node runs itself, numbered by the caller, unique
+    /// in the process). Until [`Volume::copy_end`], a volume whose blocks another
+    /// node also serves may keep there what the copy overwrote, so that the copy
+    /// is undone rather than left half done if this node is lost (a replicated
+    /// volume does). The default is a plain write.
+    async fn write_copy(&self, copy: u64, lba: u64, data: Bytes, fua: bool) -> BlockResult<()> {
+        let _ = copy;
+        self.write(lba, data, fua).await
+    }
+
+    /// The copy `copy` has ended, done or failed, and its command is answered
+    /// next: what [`Volume::write_copy`] kept for it is let go. Err when that
+    /// cannot be confirmed (the copy must then be reported failed). The default
+    /// keeps nothing.
+    async fn copy_end(&self, copy: u64) -> BlockResult<()> {
+        let _ = copy;
+        Ok(())
+    }
+
     /// Most blocks one [`Volume::write_atomic`] may carry; 0 (the default) when the
     /// volume has no atomic writes.
     fn atomic_write_max_blocks(&self) -> u32 {

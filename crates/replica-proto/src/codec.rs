@@ -20,6 +20,7 @@
 //! 0x0a  ScsiRequest      id u64, data blob
 //! 0x0b  ScsiReply        id u64, data blob
 //! 0x0c  Detach           reason str
+//! 0x0d  CopyEnd          id u64, copy u64
 //! 0x10  Ping             seq u64
 //! 0x11  Pong             seq u64
 //! 0x20  WitnessClaim     cluster str, node_id u8
@@ -40,6 +41,8 @@
 //!           3 Flush            (nothing)
 //!           4 CompareAndWrite  lba u64, fua bool, compare blob, data blob
 //!                              (both blobs of the same length)
+//!           5 Grow             block_count u64
+//!           6 CopyWrite        copy u64, lba u64, fua bool, data blob
 //! result  u8 tag, then:
 //!           0 Ok               (nothing)
 //!           1 Miscompare       offset u32
@@ -69,6 +72,7 @@ mod kind {
     pub const SCSI_REQUEST: u16 = 0x0a;
     pub const SCSI_REPLY: u16 = 0x0b;
     pub const DETACH: u16 = 0x0c;
+    pub const COPY_END: u16 = 0x0d;
     pub const PING: u16 = 0x10;
     pub const PONG: u16 = 0x11;
     pub const WITNESS_CLAIM: u16 = 0x20;
@@ -84,6 +88,7 @@ mod op_tag {
     pub const FLUSH: u8 = 3;
     pub const COMPARE_AND_WRITE: u8 = 4;
     pub const GROW: u8 = 5;
+    pub const COPY_WRITE: u8 = 6;
 }
 
 /// Tags of an [`OpResult`].
@@ -185,6 +190,7 @@ fn is_known_kind(k: u16) -> bool {
             | kind::SCSI_REQUEST
             | kind::SCSI_REPLY
             | kind::DETACH
+            | kind::COPY_END
             | kind::PING
             | kind::PONG
             | kind::WITNESS_CLAIM
@@ -199,6 +205,7 @@ fn is_known_kind(k: u16) -> bool {
 fn body_size_hint(msg: &Message) -> usize {
     let op = |op: &Op| match op {
         Op::Write { data, .. } => 14 + data.len(),
+        Op::CopyWrite { data, .. } => 22 + data.len(),
         Op::CompareAndWrite { compare, data, .. } => 18 + compare.len() + data.len(),
         _ => 18,
     };
@@ -287,6 +294,11 @@ fn put_body(msg: &Message, out: &mut BytesMut) -> u16 {
             put_str(out, reason);
             kind::DETACH
         }
+        Message::CopyEnd { id, copy } => {
+            out.put_u64(*id);
+            out.put_u64(*copy);
+            kind::COPY_END
+        }
         Message::Ping { seq } => {
             out.put_u64(*seq);
             kind::PING
@@ -334,6 +346,18 @@ fn put_op(out: &mut BytesMut, op: &Op) {
             out.put_u8(op_tag::DISCARD);
             out.put_u64(*lba);
             out.put_u64(*blocks);
+        }
+        Op::CopyWrite {
+            copy,
+            lba,
+            fua,
+            data,
+        } => {
+            out.put_u8(op_tag::COPY_WRITE);
+            out.put_u64(*copy);
+            out.put_u64(*lba);
+            out.put_u8(u8::from(*fua));
+            put_blob(out, data);
         }
         Op::Flush => out.put_u8(op_tag::FLUSH),
         Op::Grow { block_count } => {
@@ -484,6 +508,12 @@ impl Reader {
                 lba: self.u64()?,
                 blocks: self.u64()?,
             }),
+            op_tag::COPY_WRITE => Ok(Op::CopyWrite {
+                copy: self.u64()?,
+                lba: self.u64()?,
+                fua: self.bool()?,
+                data: self.blob()?,
+            }),
             op_tag::FLUSH => Ok(Op::Flush),
             op_tag::GROW => Ok(Op::Grow {
                 block_count: self.u64()?,
@@ -546,6 +576,7 @@ fn kind_name(k: u16) -> &'static str {
         kind::SCSI_REQUEST => "ScsiRequest",
         kind::SCSI_REPLY => "ScsiReply",
         kind::DETACH => "Detach",
+        kind::COPY_END => "CopyEnd",
         kind::PING => "Ping",
         kind::PONG => "Pong",
         kind::WITNESS_CLAIM => "WitnessClaim",
@@ -612,6 +643,10 @@ fn parse_body(k: u16, body: Bytes) -> Result<Message, ProtoError> {
         },
         kind::DETACH => Message::Detach {
             reason: r.string()?,
+        },
+        kind::COPY_END => Message::CopyEnd {
+            id: r.u64()?,
+            copy: r.u64()?,
         },
         kind::PING => Message::Ping { seq: r.u64()? },
         kind::PONG => Message::Pong { seq: r.u64()? },

@@ -84,6 +84,11 @@ pub mod hello_flags {
     pub const PREFERRED: u32 = 2;
     /// The sender holds the witness's survivor grant.
     pub const SURVIVOR: u32 = 4;
+    /// The sender keeps what the receiver's unfinished offloaded copies
+    /// overwrote (it lost the receiver mid-copy and did not go on alone): with
+    /// the same generation on both, the sender is the resync source, so that
+    /// those copies are undone on both copies.
+    pub const UNDO: u32 = 8;
 }
 
 /// One block operation carried between the nodes.
@@ -121,6 +126,20 @@ pub enum Op {
     Grow {
         /// The new size in blocks.
         block_count: u64,
+    },
+    /// A write of an offloaded copy (EXTENDED COPY, WRITE USING TOKEN) that the
+    /// node receiving the command runs: the partner keeps what the blocks held
+    /// before, so that it can put them back if that node is lost before the copy
+    /// ends ([`Message::CopyEnd`]).
+    CopyWrite {
+        /// The copy, numbered by the node running it.
+        copy: u64,
+        /// First block.
+        lba: u64,
+        /// Durable when acknowledged.
+        fua: bool,
+        /// The blocks.
+        data: Bytes,
     },
     /// Compare `compare` with the blocks at `lba`; if equal, write `data` there.
     /// Both buffers have the same whole-block length.
@@ -273,6 +292,15 @@ pub enum Message {
     Detach {
         /// What failed, for the log.
         reason: String,
+    },
+    /// The sender's copy `copy` ended (done or failed: its command is answered
+    /// next): the receiver forgets what its writes overwrote. Answered with
+    /// [`Message::Done`].
+    CopyEnd {
+        /// Request id chosen by the sender.
+        id: u64,
+        /// The copy, as numbered in its [`Op::CopyWrite`]s.
+        copy: u64,
     },
     /// Heartbeat request; answered with [`Message::Pong`] carrying the same `seq`.
     Ping {

@@ -21,6 +21,7 @@ mod monitor;
 mod plan;
 pub mod secure;
 mod session;
+mod undo;
 mod volume;
 pub mod witness;
 

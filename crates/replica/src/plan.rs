@@ -25,6 +25,7 @@ pub fn plan(
     peer_node: u8,
     peer: Meta,
     preferred: u8,
+    undo: (bool, bool),
 ) -> Result<Plan, String> {
     let source = |full| Ok(Plan::Source { full });
     match (me.consistent, peer.consistent) {
@@ -59,6 +60,15 @@ pub fn plan(
         (false, false) if me.current == peer.current => {
             // brand-new pair: copy everything once, never assume two disks equal
             let full = me.current == 0;
+            // a node that keeps the other's unfinished copies undoes them as
+            // the source (both copies hold every acknowledged write)
+            if undo.0 != undo.1 {
+                return if undo.0 {
+                    source(full)
+                } else {
+                    Ok(Plan::Target)
+                };
+            }
             if me_node == preferred || (preferred != peer_node && me_node < peer_node) {
                 source(full)
             } else {
@@ -88,8 +98,13 @@ mod tests {
 
     /// Both nodes reach opposite conclusions (one source, one target) or the same error.
     fn both(a: Meta, b: Meta, preferred: u8) -> Result<Plan, String> {
-        let pa = plan(1, a, 2, b, preferred);
-        let pb = plan(2, b, 1, a, preferred);
+        both_undo(a, b, preferred, (false, false))
+    }
+
+    /// [`both`] with `undo`: (node 1 keeps undo, node 2 keeps undo).
+    fn both_undo(a: Meta, b: Meta, preferred: u8, undo: (bool, bool)) -> Result<Plan, String> {
+        let pa = plan(1, a, 2, b, preferred, undo);
+        let pb = plan(2, b, 1, a, preferred, (undo.1, undo.0));
         match (&pa, &pb) {
             (Ok(Plan::Source { full }), Ok(Plan::Target)) => {
                 assert!(*full == matches!(pa, Ok(Plan::Source { full: true })))
@@ -111,6 +126,30 @@ mod tests {
     fn same_generation_goes_to_the_preferred_node() {
         assert_eq!(both(m(5, 5), m(5, 5), 1), Ok(Plan::Source { full: false }));
         assert_eq!(both(m(5, 5), m(5, 5), 2), Ok(Plan::Target));
+    }
+
+    #[test]
+    fn same_generation_goes_to_the_node_keeping_the_others_copies() {
+        // node 2 keeps node 1's unfinished copies: it is the source even where
+        // node 1 is preferred
+        assert_eq!(
+            both_undo(m(5, 5), m(5, 5), 1, (false, true)),
+            Ok(Plan::Target)
+        );
+        assert_eq!(
+            both_undo(m(5, 5), m(5, 5), 2, (true, false)),
+            Ok(Plan::Source { full: false })
+        );
+        // both or neither: the preference
+        assert_eq!(
+            both_undo(m(5, 5), m(5, 5), 2, (true, true)),
+            Ok(Plan::Target)
+        );
+        // a node that wrote alone stays the source
+        assert_eq!(
+            both_undo(m(9, 5), m(5, 5), 2, (false, true)),
+            Ok(Plan::Source { full: false })
+        );
     }
 
     #[test]

@@ -229,6 +229,9 @@ async fn decide(inner: &Arc<Inner>, peer_last_ping: Instant, detached: bool) {
     };
     match granted {
         Err(why) if !detached => {
+            // what the partner's unfinished copies overwrote is kept: at the
+            // next meeting this node undoes them as the resync source (or
+            // drops it, if the partner wrote alone since)
             inner.set_role(
                 Role::Down,
                 None,
@@ -264,6 +267,18 @@ async fn decide(inner: &Arc<Inner>, peer_last_ping: Instant, detached: bool) {
                 format!("cannot persist the new generation: {e}"),
             );
             return;
+        }
+    }
+    // the partner's copies cut short by its loss are undone before this node
+    // serves: each range as it was before its copy (a lone write, tracked for
+    // the partner's resync)
+    match inner.undo.put_back(&inner.local, &inner.bitmap).await {
+        Ok(0) => {}
+        Ok(blocks) => {
+            tracing::warn!(volume = %inner.cfg.name, blocks, "undid the lost partner's unfinished copies")
+        }
+        Err(e) => {
+            tracing::error!(volume = %inner.cfg.name, "could not undo the lost partner's unfinished copies: {e}; their ranges stay as the copies left them")
         }
     }
     inner.set_role(
@@ -314,6 +329,21 @@ async fn handshake(
     }
     if cfg.preferred_node == cfg.node_id {
         flags |= hello_flags::PREFERRED;
+    }
+    // the partner's copies cut short when this node lost it (and did not go on
+    // alone): undone here before anything else, while this node serves nothing;
+    // the partner is then told, so that this copy is the source
+    if inner.undo.open_copies() > 0 {
+        let blocks = inner
+            .undo
+            .put_back(&inner.local, &inner.bitmap)
+            .await
+            .map_err(|e| format!("cannot undo the partner's unfinished copies: {e}"))?;
+        tracing::warn!(volume = %cfg.name, blocks, "undid the partner's copies cut short by its loss");
+    }
+    let undo = inner.undo.undone();
+    if undo {
+        flags |= hello_flags::UNDO;
     }
     f.send(&Message::Hello {
         node_id: cfg.node_id,
@@ -416,7 +446,14 @@ async fn handshake(
         synced: gens.synced,
         consistent: flags & hello_flags::CONSISTENT != 0,
     };
-    let p = plan(cfg.node_id, meta, node_id, peer_meta, cfg.preferred_node)?;
+    let p = plan(
+        cfg.node_id,
+        meta,
+        node_id,
+        peer_meta,
+        cfg.preferred_node,
+        (undo, flags & hello_flags::UNDO != 0),
+    )?;
     Ok((f, p, peer_meta, peer_bits))
 }
 
@@ -505,7 +542,7 @@ async fn session(
 fn payload_bytes(m: &Message) -> u64 {
     use replica_proto::Op;
     let op_bytes = |op: &Op| match op {
-        Op::Write { data, .. } => data.len() as u64,
+        Op::Write { data, .. } | Op::CopyWrite { data, .. } => data.len() as u64,
         Op::CompareAndWrite { compare, data, .. } => (compare.len() + data.len()) as u64,
         _ => 0,
     };

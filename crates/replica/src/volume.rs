@@ -172,6 +172,9 @@ pub struct ReplicaStatus {
     pub witness: Option<String>,
     /// Whether the witness answered the last request (None: not asked yet).
     pub witness_reachable: Option<bool>,
+    /// The partner's offloaded copies under way whose overwritten blocks this
+    /// node keeps, to undo them if the partner is lost before they end.
+    pub partner_copies_open: usize,
     /// Paths of this node and of the partner.
     pub local_paths: PathState,
     /// Paths of the partner as this node sees them.
@@ -217,6 +220,8 @@ pub(crate) struct Inner {
     pub(crate) meta_file: MetaFile,
     pub(crate) meta: Mutex<Meta>,
     pub(crate) bitmap: DirtyBitmap,
+    /// What the partner's unfinished copies overwrote here (`undo.rs`).
+    pub(crate) undo: crate::undo::CopyUndo,
     pub(crate) locks: RangeLocks,
     pub(crate) role_tx: watch::Sender<RoleState>,
     pub(crate) forwards: Mutex<HashMap<u64, InFlightForward>>,
@@ -368,7 +373,9 @@ fn block_err_of(code: u8, lba: u64, what: &str) -> BlockError {
 /// The blocks an op covers (none for a flush).
 fn span(op: &Op, bs: u64) -> Option<(u64, u64)> {
     match op {
-        Op::Write { lba, data, .. } => Some((*lba, data.len() as u64 / bs)),
+        Op::Write { lba, data, .. } | Op::CopyWrite { lba, data, .. } => {
+            Some((*lba, data.len() as u64 / bs))
+        }
         Op::CompareAndWrite { lba, data, .. } => Some((*lba, data.len() as u64 / bs)),
         Op::WriteZeroes { lba, blocks, .. } | Op::Discard { lba, blocks } => Some((*lba, *blocks)),
         Op::Flush | Op::Grow { .. } => None,
@@ -405,6 +412,9 @@ impl Inner {
         };
         self.bitmap
             .set_keep(!matches!(role, Role::Leader | Role::Follower) || peer_resyncing);
+        if matches!(role, Role::Leader | Role::Follower) && !peer_resyncing {
+            self.undo.in_sync();
+        }
         let aa = self.cfg.mode == Mode::ActiveActive;
         let ports = match (role, peer_resyncing) {
             (Role::Leader, false) => PortStates {
@@ -619,6 +629,42 @@ impl Inner {
         }
     }
 
+    /// The copy `copy` this node ran has ended: the partner lets go what its
+    /// writes overwrote there (`undo.rs`) before the command is answered. Ok
+    /// too when the partner keeps nothing of it any more: this node serves
+    /// alone (the partner stopped and forgets at its next meeting), or the
+    /// partner is a resync target or has rejoined since (it forgot then).
+    async fn end_copy(&self, copy: u64) -> BlockResult<()> {
+        let deadline = self.deadline();
+        let st = self.wait_serving(deadline).await?;
+        let link = match (st.role, &st.link) {
+            (Role::Solo, _) => return Ok(()),
+            (Role::Leader, _) if st.peer_resyncing => return Ok(()),
+            (Role::Leader | Role::Follower, Some(l)) => l.clone(),
+            _ => {
+                return Err(BlockError::Unavailable(format!(
+                    "replica {}: no partner link to end a copy on",
+                    self.cfg.name
+                )))
+            }
+        };
+        match link.request(|id| Message::CopyEnd { id, copy }).await {
+            Ok(OpResult::Ok) => Ok(()),
+            Ok(OpResult::Error { code, lba }) => Err(block_err_of(code, lba, "copy end")),
+            Ok(OpResult::Miscompare { .. }) => Err(BlockError::WriteFault { lba: 0 }),
+            Err(LinkLost) => {
+                let next = self.after_link_lost(&link, deadline).await?;
+                match next.role {
+                    Role::Solo | Role::Leader => Ok(()),
+                    _ => Err(BlockError::Unavailable(format!(
+                        "partner lost and this node stopped: {}",
+                        next.reason
+                    ))),
+                }
+            }
+        }
+    }
+
     /// An op whose local part completed when the link failed, on a node that goes on:
     /// it stands as done (a flush is repeated locally to be sure).
     async fn local_outcome_after_loss(&self, op: &Op) -> OpOutcome {
@@ -659,18 +705,52 @@ impl Inner {
     }
 
     /// Performs the local part of an op (the write part for COMPARE AND WRITE).
-    async fn local_apply(&self, op: &Op) -> BlockResult<()> {
+    /// `from_partner`: the op came from the partner (its copy writes are kept
+    /// for undoing, `undo.rs`, unless this node is a resync target).
+    async fn local_apply(&self, op: &Op, from_partner: bool) -> BlockResult<()> {
+        let bs = self.geo_at_open.block_size_bytes as u64;
         match op {
-            Op::Write { lba, fua, data } => self.local.write(*lba, data.clone(), *fua).await,
-            Op::CompareAndWrite { lba, fua, data, .. } => {
-                self.local.write(*lba, data.clone(), *fua).await
+            Op::CopyWrite {
+                copy,
+                lba,
+                fua,
+                data,
+            } if from_partner => {
+                let _g = self.undo.hold().await;
+                match self.role().role {
+                    // a resync target keeps nothing: it serves nothing yet
+                    Role::Target => self.local.write(*lba, data.clone(), *fua).await,
+                    Role::Leader | Role::Follower => {
+                        self.undo
+                            .write_keeping(&self.local, *copy, *lba, data.clone(), *fua)
+                            .await
+                    }
+                    // the partner is lost (its copies are being or were undone)
+                    _ => Err(BlockError::Unavailable(
+                        "the partner's copy write came after its loss".into(),
+                    )),
+                }
+            }
+            Op::Write { lba, fua, data }
+            | Op::CopyWrite { lba, fua, data, .. }
+            | Op::CompareAndWrite { lba, fua, data, .. } => {
+                let write = self.local.write(*lba, data.clone(), *fua);
+                self.undo
+                    .write_over(*lba, data.len() as u64 / bs, write)
+                    .await
             }
             Op::WriteZeroes {
                 lba,
                 blocks,
                 may_unmap,
-            } => self.local.write_zeroes(*lba, *blocks, *may_unmap).await,
-            Op::Discard { lba, blocks } => self.local.discard(*lba, *blocks).await,
+            } => {
+                let write = self.local.write_zeroes(*lba, *blocks, *may_unmap);
+                self.undo.write_over(*lba, *blocks, write).await
+            }
+            Op::Discard { lba, blocks } => {
+                let write = self.local.discard(*lba, *blocks);
+                self.undo.write_over(*lba, *blocks, write).await
+            }
             Op::Flush => self.local.flush().await,
             Op::Grow { block_count } => self.grow_local(*block_count).await,
         }
@@ -788,7 +868,7 @@ impl Inner {
                 (None, _) => Ok(None),
             }
         };
-        let (lr, rr) = tokio::join!(self.local_apply(op), remote);
+        let (lr, rr) = tokio::join!(self.local_apply(op, forwarded.is_some()), remote);
         match (lr, rr) {
             (Err(e), Ok(Some(OpResult::Ok))) => {
                 self.bitmap.pin(lba, blocks);
@@ -898,7 +978,7 @@ impl Inner {
                 let op = self.forwards.lock().get(&forward_id).map(|f| f.op.clone());
                 let r = match op {
                     Some(op) => {
-                        let r = self.local_apply(&op).await;
+                        let r = self.local_apply(&op, false).await;
                         if r.is_ok() {
                             self.applied_from_partner(&op);
                             if let Some(f) = self.forwards.lock().get_mut(&forward_id) {
@@ -966,6 +1046,10 @@ impl Inner {
                 }
             }
             Message::ResyncDone { id, gens } => (id, self.finish_as_target(&link, gens).await),
+            Message::CopyEnd { id, copy } => {
+                self.undo.end(copy);
+                (id, OpResult::Ok)
+            }
             Message::ScsiRequest { id, data } => {
                 let peer = self.scsi_peer.read().clone();
                 let reply = match peer {
@@ -997,6 +1081,7 @@ impl Inner {
             }
             // (a follower that stopped following answers the op with an error)
             Message::Apply { .. } => (!same).then_some("the leader's op on a stale link"),
+            Message::CopyEnd { .. } => (!same).then_some("a copy's end on a stale link"),
             Message::ApplyForwarded { .. } => (!(same && st.role == Role::Follower))
                 .then_some("a forwarded write while not following"),
             _ => None,
@@ -1013,7 +1098,7 @@ impl Inner {
                 lba: 0,
             });
         }
-        match self.local_apply(op).await {
+        match self.local_apply(op, true).await {
             Ok(()) => {
                 self.applied_from_partner(op);
                 Some(OpResult::Ok)
@@ -1087,6 +1172,7 @@ impl ReplicatedVolume {
             peer: PathState::Unavailable,
         });
         bitmap.set_keep(true);
+        let undo = crate::undo::CopyUndo::new(&cfg.state_dir, geo.block_size_bytes as u64);
         let inner = Arc::new(Inner {
             cfg,
             local,
@@ -1094,6 +1180,7 @@ impl ReplicatedVolume {
             block_count: AtomicU64::new(geo.block_count),
             meta_file,
             meta: Mutex::new(meta),
+            undo,
             bitmap,
             locks: RangeLocks::default(),
             role_tx,
@@ -1271,6 +1358,7 @@ impl ReplicatedVolume {
             role_changed_ms: history.changed_ms,
             failovers: history.failovers,
             last_failover_ms: history.failover_ms,
+            partner_copies_open: i.undo.open_copies(),
             local_paths: ports.local,
             peer_paths: ports.peer,
             sync_links: i
@@ -1372,6 +1460,27 @@ impl Volume for ReplicatedVolume {
                 data,
             })
             .await
+    }
+
+    /// A copy's write: the partner keeps what it overwrites until
+    /// [`Volume::copy_end`], and puts that back if it goes on alone before
+    /// (`undo.rs`), so a copy cut short by this node's loss is undone there.
+    async fn write_copy(&self, copy: u64, lba: u64, data: Bytes, fua: bool) -> BlockResult<()> {
+        let blocks = self.inner.geo().blocks_in(data.len())?;
+        self.inner.geo().check_range(lba, blocks)?;
+        self.inner
+            .submit(Op::CopyWrite {
+                copy,
+                lba,
+                fua,
+                data,
+            })
+            .await
+            .map(|_| ())
+    }
+
+    async fn copy_end(&self, copy: u64) -> BlockResult<()> {
+        self.inner.end_copy(copy).await
     }
 
     async fn block_status(&self, lba: u64, blocks: u64) -> BlockResult<Vec<block::Extent>> {

@@ -107,6 +107,20 @@ async fn node2(
     (Arc::new(n2), addr2)
 }
 
+/// A witness keeping its state in `dir`, running until the test ends.
+async fn witness(dir: &Path) -> SocketAddr {
+    let w = replica::witness::WitnessServer::bind(
+        "127.0.0.1:0".parse().unwrap(),
+        dir.join("w.json"),
+        keys(2),
+    )
+    .await
+    .unwrap();
+    let a = w.local_addr().unwrap();
+    tokio::spawn(w.run(std::future::pending()));
+    a
+}
+
 /// Four writers, two through each node, each doing `writes` writes of 1 to
 /// `blocks_max` blocks of one random byte below `lba_max`; each task ends at its
 /// first failed write and says whether all succeeded.
@@ -274,15 +288,7 @@ async fn without_a_witness_the_other_node_stops_and_with_one_it_goes_on() {
 
     // with a witness the survivor gets the grant, whichever node it is
     let d = tempfile::tempdir().unwrap();
-    let w = replica::witness::WitnessServer::bind(
-        "127.0.0.1:0".parse().unwrap(),
-        d.path().join("w.json"),
-        keys(2),
-    )
-    .await
-    .unwrap();
-    let waddr = w.local_addr().unwrap();
-    tokio::spawn(w.run(std::future::pending()));
+    let waddr = witness(d.path()).await;
     let p = pair(d.path(), 1, Some(waddr)).await;
     both_in_sync(&p.n1, &p.n2).await;
     p.n1.shutdown().await;
@@ -555,4 +561,98 @@ async fn a_replicated_volume_grows_on_both_copies_and_a_copy_that_missed_it_catc
         last.iter().all(|&b| b == 7),
         "written alone, resynchronised"
     );
+}
+
+/// Blocks `lba..lba + n` of `v` all hold `byte`.
+async fn holds(v: &dyn Volume, lba: u64, n: u64, byte: u8) -> bool {
+    let b = v.read(lba, n as u32).await.unwrap();
+    b.iter().all(|&x| x == byte)
+}
+
+/// Node 1 runs two copies onto the volume and is lost with one of them
+/// unfinished: that copy is undone (its range as before it, but for a host write
+/// made over it since) and the ended copy kept, on both copies once node 1 has
+/// returned. `preferred` 2: node 2 leads (node 1's copy writes are forwarded)
+/// and goes on alone; with node 1 preferred, node 1 leads (they are applied on
+/// node 2), and node 2 goes on alone with a witness, or stops without one and
+/// undoes the copy when node 1 returns, as the resync source.
+async fn a_copy_cut_short(preferred: u8, with_witness: bool) {
+    let d = tempfile::tempdir().unwrap();
+    let waddr = match with_witness {
+        false => None,
+        true => Some(witness(d.path()).await),
+    };
+    let p = pair(d.path(), preferred, waddr).await;
+    both_in_sync(&p.n1, &p.n2).await;
+    let leader = if preferred == 1 { &p.n1 } else { &p.n2 };
+    assert_eq!(leader.status().role, Role::Leader);
+    p.n1.write(0, Bytes::from(vec![1u8; 2048 * 512]), false)
+        .await
+        .unwrap();
+    // copy 7 over blocks 0..1024 in two writes, never ended
+    for lba in [0u64, 512] {
+        p.n1.write_copy(7, lba, Bytes::from(vec![2u8; 512 * 512]), false)
+            .await
+            .unwrap();
+    }
+    // the host writes blocks 100..110 through node 2 meanwhile
+    p.n2.write(100, Bytes::from(vec![3u8; 10 * 512]), false)
+        .await
+        .unwrap();
+    // copy 8 over blocks 1024..1536, ended
+    p.n1.write_copy(8, 1024, Bytes::from(vec![4u8; 512 * 512]), false)
+        .await
+        .unwrap();
+    p.n1.copy_end(8).await.unwrap();
+    assert_eq!(p.n2.status().partner_copies_open, 1);
+    assert_eq!(p.n1.status().partner_copies_open, 0);
+    assert!(holds(&*p.m2, 0, 100, 2).await, "copy 7 reached node 2");
+
+    // node 1 is lost
+    p.n1.shutdown().await;
+    let goes_on = preferred == 2 || with_witness;
+    if goes_on {
+        // node 2 undoes copy 7 before it serves alone
+        assert!(holds(&*p.n2, 0, 100, 1).await, "copy 7 undone before 100");
+        assert_eq!(p.n2.status().role, Role::Solo);
+        assert_eq!(p.n2.status().partner_copies_open, 0);
+    } else {
+        // node 2 stops, keeping what copy 7 overwrote
+        assert!(p
+            .n2
+            .write(4000, Bytes::from(vec![5u8; 512]), false)
+            .await
+            .is_err());
+        assert_eq!(p.n2.status().role, Role::Down);
+        assert_eq!(p.n2.status().partner_copies_open, 1);
+    }
+
+    // node 1 returns over its copy, which still has copy 7: the resync (from
+    // node 2 in both cases) makes it node 2's, with copy 7 undone
+    let n1 = node1(d.path(), preferred, p.m1.clone(), p.addr2, waddr).await;
+    both_in_sync(&n1, &p.n2).await;
+    for m in [&p.m1, &p.m2] {
+        assert!(holds(&**m, 0, 100, 1).await, "copy 7 undone before 100");
+        assert!(holds(&**m, 100, 10, 3).await, "the host's write stays");
+        assert!(holds(&**m, 110, 914, 1).await, "copy 7 undone after 110");
+        assert!(holds(&**m, 1024, 512, 4).await, "copy 8 ended: it stays");
+        assert!(holds(&**m, 1536, 512, 1).await);
+    }
+    same_contents(&p.m1, &p.m2).await;
+    assert_eq!(p.n2.status().partner_copies_open, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_forwarded_copy_cut_short_by_its_nodes_loss_is_undone_on_the_leader() {
+    a_copy_cut_short(2, false).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_leaders_copy_cut_short_by_its_loss_is_undone_on_the_follower() {
+    a_copy_cut_short(1, true).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_copy_cut_short_is_undone_by_a_follower_that_stopped_when_the_leader_returns() {
+    a_copy_cut_short(1, false).await;
 }

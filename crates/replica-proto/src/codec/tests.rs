@@ -40,6 +40,14 @@ fn op() -> impl Strategy<Value = Op> {
         (any::<u64>(), any::<u64>()).prop_map(|(lba, blocks)| Op::Discard { lba, blocks }),
         Just(Op::Flush),
         any::<u64>().prop_map(|block_count| Op::Grow { block_count }),
+        (any::<u64>(), any::<u64>(), any::<bool>(), payload(4096)).prop_map(
+            |(copy, lba, fua, data)| Op::CopyWrite {
+                copy,
+                lba,
+                fua,
+                data
+            }
+        ),
         (
             any::<u64>(),
             any::<bool>(),
@@ -101,6 +109,7 @@ fn message() -> impl Strategy<Value = Message> {
         (any::<u64>(), payload(4096)).prop_map(|(id, data)| Message::ScsiRequest { id, data }),
         (any::<u64>(), payload(4096)).prop_map(|(id, data)| Message::ScsiReply { id, data }),
         name().prop_map(|reason| Message::Detach { reason }),
+        (any::<u64>(), any::<u64>()).prop_map(|(id, copy)| Message::CopyEnd { id, copy }),
         any::<u64>().prop_map(|seq| Message::Ping { seq }),
         any::<u64>().prop_map(|seq| Message::Pong { seq }),
         (name(), any::<u8>())
@@ -161,6 +170,7 @@ fn samples() -> Vec<Message> {
         Message::Detach {
             reason: "write fault at lba 7".into(),
         },
+        Message::CopyEnd { id: 14, copy: 3 },
         Message::Ping { seq: 1 },
         Message::Pong { seq: u64::MAX },
         Message::WitnessClaim {
@@ -187,6 +197,12 @@ fn samples() -> Vec<Message> {
         Op::Discard { lba: 4, blocks: 5 },
         Op::Flush,
         Op::Grow { block_count: 7 },
+        Op::CopyWrite {
+            copy: 5,
+            lba: 9,
+            fua: true,
+            data: data.slice(..512),
+        },
         Op::CompareAndWrite {
             lba: 6,
             fua: false,
