@@ -407,6 +407,65 @@ pub(crate) fn check_access(
     Ok(())
 }
 
+/// One copy command's writes, numbered for [`block::Volume::write_copy`]: a
+/// replicated destination's partner keeps what they overwrite, to undo the copy
+/// if this node is lost before it ends. [`CopyRun::end`] tells every destination
+/// written that the copy ended, before the command is answered; a run dropped
+/// without it (a failed or aborted copy) tells them from a task of its own.
+pub(crate) struct CopyRun {
+    id: u64,
+    dsts: Mutex<Vec<block::VolumeRef>>,
+}
+
+impl CopyRun {
+    pub(crate) fn new() -> CopyRun {
+        static NEXT: AtomicU64 = AtomicU64::new(1);
+        CopyRun {
+            id: NEXT.fetch_add(1, Ordering::Relaxed),
+            dsts: Mutex::new(Vec::new()),
+        }
+    }
+
+    fn writes_to(&self, v: &block::VolumeRef) {
+        let mut d = self.dsts.lock();
+        let p = Arc::as_ptr(v) as *const ();
+        if !d.iter().any(|x| Arc::as_ptr(x) as *const () == p) {
+            d.push(v.clone());
+        }
+    }
+
+    /// The copy ended: every destination it wrote lets go of what it kept.
+    pub(crate) async fn end(self) -> Result<(), Fail> {
+        let dsts = std::mem::take(&mut *self.dsts.lock());
+        for v in dsts {
+            v.copy_end(self.id).await.map_err(|e| {
+                tracing::error!(copy = self.id, error = %e, "copy: ending the copy on its destination failed");
+                Fail::from(codes::COPY_TARGET_FAILURE)
+            })?;
+        }
+        Ok(())
+    }
+}
+
+impl Drop for CopyRun {
+    fn drop(&mut self) {
+        let dsts = std::mem::take(&mut *self.dsts.lock());
+        if dsts.is_empty() {
+            return;
+        }
+        let id = self.id;
+        if let Ok(rt) = tokio::runtime::Handle::try_current() {
+            rt.spawn(async move {
+                for v in dsts {
+                    if let Err(e) = v.copy_end(id).await {
+                        tracing::warn!(copy = id, error = %e, "copy: ending a failed copy on its destination failed");
+                    }
+                }
+            });
+        }
+    }
+}
+
 /// Where the data of [`copy_blocks`] comes from.
 #[derive(Clone, Copy)]
 pub(crate) enum Source<'a> {
@@ -424,6 +483,7 @@ pub(crate) enum Source<'a> {
 /// Overlapping ranges of one LU are copied as by memmove. Both ranges must be inside
 /// their LUs (COPY ABORTED otherwise) and the block sizes equal.
 pub(crate) async fn copy_blocks(
+    run: &CopyRun,
     src: Source<'_>,
     dst: &LogicalUnit,
     dst_lba: u64,
@@ -493,6 +553,7 @@ pub(crate) async fn copy_blocks(
             read += n;
         }
         let fua = dst.force_fua();
+        run.writes_to(&dst.volume);
         let _order = dst.write_order.read().await;
         if dst.sanitize.gate(op::WRITE_16, true).is_err() {
             return Err(codes::COPY_TARGET_NOT_REACHABLE.into());
@@ -503,7 +564,9 @@ pub(crate) async fn copy_blocks(
             .map(|(off, data)| -> block::BoxFut<'_, block::BlockResult<()>> {
                 Box::pin(async move {
                     let len = data.len() as u64;
-                    dst.volume.write(dst_lba + off, data, fua).await?;
+                    dst.volume
+                        .write_copy(run.id, dst_lba + off, data, fua)
+                        .await?;
                     status.bytes.fetch_add(len, Ordering::Relaxed);
                     Ok(())
                 })
@@ -611,11 +674,12 @@ pub(crate) async fn extended_copy(
         Some(d) => Some(crate::copy_resume::Recorded::start(d, &pieces, own).await?),
         None => None,
     };
+    let run = CopyRun::new();
     for (src, dst, seg) in &plan {
         let none = Status::default();
         let st = status.as_deref().unwrap_or(&none);
         let src = Source::Lu(src, seg.src_lba);
-        copy_blocks(src, dst, seg.dst_lba, u64::from(seg.blocks), st).await?;
+        copy_blocks(&run, src, dst, seg.dst_lba, u64::from(seg.blocks), st).await?;
         if let Some(s) = &status {
             s.segments.fetch_add(1, Ordering::Relaxed);
         }
@@ -623,6 +687,7 @@ pub(crate) async fn extended_copy(
     if let Some(r) = recorded {
         r.done().await?;
     }
+    run.end().await?;
     finish.ok = true;
     drop(finish);
     if let (Some(s), 0x02) = (&status, list.usage) {

@@ -20,7 +20,8 @@
 //!   ranges overlap moved data it would read again);
 //! - the destination is not replicated to an HA partner: the partner serves it
 //!   while this node is down, so a copy run again here would overwrite what
-//!   was written there since.
+//!   was written there since. The partner undoes such a copy instead
+//!   ([`crate::copy::CopyRun`], the `replica` crate's `undo.rs`).
 //!
 //! Records a node of the first release left in `lunN.copy.json` are moved into
 //! the slots at start (see `migrate_json`) and run again the same way.
@@ -31,7 +32,7 @@
 //! told, and may write the range itself.
 
 use crate::cdb::op;
-use crate::copy::{copy_blocks, Source, Status};
+use crate::copy::{copy_blocks, CopyRun, Source, Status};
 use crate::lu::Fail;
 use crate::lu::LogicalUnit;
 use crate::sense::{codes, Sense};
@@ -429,6 +430,7 @@ pub(crate) fn resume(lu: &Arc<LogicalUnit>, luns: &[Arc<LogicalUnit>]) {
                 "a copy was running when the node stopped; running it again"
             );
             let status = Status::default();
+            let run = CopyRun::new();
             let mut ok = true;
             for p in &pieces {
                 let src = match &p.src {
@@ -443,13 +445,17 @@ pub(crate) fn resume(lu: &Arc<LogicalUnit>, luns: &[Arc<LogicalUnit>]) {
                     ok = false;
                     continue;
                 };
-                if let Err(e) = copy_blocks(src, &lu, p.dst_lba, p.blocks, &status).await {
+                if let Err(e) = copy_blocks(&run, src, &lu, p.dst_lba, p.blocks, &status).await {
                     tracing::error!(lun = lu.lun, error = ?e, "copy to finish failed; the range is left as it is");
                     ok = false;
                 }
             }
             if let Err(e) = lu.volume.flush().await {
                 tracing::error!(lun = lu.lun, error = %e, "copy to finish: flush failed");
+                ok = false;
+            }
+            if let Err(e) = run.end().await {
+                tracing::error!(lun = lu.lun, error = ?e, "copy to finish: ending it failed");
                 ok = false;
             }
             if ok {

@@ -31,7 +31,7 @@
 
 use crate::cdb::{param_u16, param_u32, param_u64, Cdb};
 use crate::copy::{
-    self, check_access, copy_blocks, Copies, CopyLus, Finish, ListId, Source, Status,
+    self, check_access, copy_blocks, Copies, CopyLus, CopyRun, Finish, ListId, Source, Status,
 };
 use crate::lu::{CmdResult, Done, Fail, LogicalUnit};
 use crate::rw::check_range;
@@ -669,11 +669,13 @@ async fn write_token_data(
                 .map(|r| (crate::copy_resume::From::Zeros, r.lba, u64::from(r.blocks)))
                 .collect();
             let recorded = crate::copy_resume::Recorded::start(dst, &pieces, true).await?;
+            let run = CopyRun::new();
             for r in &list.ranges {
-                copy_blocks(Source::Zeros, dst, r.lba, u64::from(r.blocks), status).await?;
+                copy_blocks(&run, Source::Zeros, dst, r.lba, u64::from(r.blocks), status).await?;
                 status.segments.fetch_add(1, Ordering::Relaxed);
             }
-            return recorded.done().await;
+            recorded.done().await?;
+            return run.end().await;
         }
         Resolved::Lu {
             id,
@@ -750,11 +752,13 @@ async fn write_token_data(
     // a destination range counts once its last piece is written
     let ended = |k: usize| range_ends.iter().filter(|&&e| e == k).count() as u16;
     status.segments.fetch_add(ended(0), Ordering::Relaxed);
+    let run = CopyRun::new();
     for (i, &(s_lba, lba, n)) in pieces.iter().enumerate() {
-        copy_blocks(Source::Lu(&src, s_lba), dst, lba, n, status).await?;
+        copy_blocks(&run, Source::Lu(&src, s_lba), dst, lba, n, status).await?;
         status.segments.fetch_add(ended(i + 1), Ordering::Relaxed);
     }
     recorded.done().await?;
+    run.end().await?;
     if list.del_tkn {
         tokens.end_id(id, Ended::Deleted);
     } else {
