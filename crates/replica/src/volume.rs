@@ -725,9 +725,11 @@ impl Inner {
                             .write_keeping(&self.local, *copy, *lba, data.clone(), *fua)
                             .await
                     }
-                    // the partner is lost (its copies are being or were undone)
-                    _ => Err(BlockError::Unavailable(
-                        "the partner's copy write came after its loss".into(),
+                    // the partner is lost (its copies are being or were
+                    // undone): refused, as a request error, not a failure of
+                    // this copy (which would detach it)
+                    _ => Err(BlockError::NotSupported(
+                        "a partner's copy write after its loss",
                     )),
                 }
             }
