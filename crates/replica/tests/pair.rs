@@ -612,18 +612,24 @@ async fn a_copy_cut_short(preferred: u8, with_witness: bool) {
     p.n1.shutdown().await;
     let goes_on = preferred == 2 || with_witness;
     if goes_on {
-        // node 2 undoes copy 7 before it serves alone
+        // node 2 undoes copy 7 before it serves alone (until it notices the
+        // loss it serves as before, the copy still under way)
+        assert!(
+            p.n2.wait_until(|s| s.role == Role::Solo, WAIT).await,
+            "{:?}",
+            p.n2.status()
+        );
         assert!(holds(&*p.n2, 0, 100, 1).await, "copy 7 undone before 100");
-        assert_eq!(p.n2.status().role, Role::Solo);
         assert_eq!(p.n2.status().partner_copies_open, 0);
     } else {
         // node 2 stops, keeping what copy 7 overwrote
-        assert!(p
-            .n2
-            .write(4000, Bytes::from(vec![5u8; 512]), false)
-            .await
-            .is_err());
-        assert_eq!(p.n2.status().role, Role::Down);
+        assert!(
+            p.n2.wait_until(|s| s.role == Role::Down, WAIT).await,
+            "{:?}",
+            p.n2.status()
+        );
+        let alone = p.n2.write(4000, Bytes::from(vec![5u8; 512]), false).await;
+        assert!(alone.is_err(), "node 2 wrote alone");
         assert_eq!(p.n2.status().partner_copies_open, 1);
     }
 
