@@ -119,6 +119,8 @@ async fn manage(inner: &Arc<Inner>, mut conns: mpsc::Receiver<(Framed, Message)>
             match handshake(inner, f, hello).await {
                 Ok((f, p, peer_meta, peer_bits)) => {
                     unjoinable = false;
+                    // copies under way here fail from now on (see write_copy)
+                    inner.meetings.fetch_add(1, Ordering::AcqRel);
                     let detaches = inner.detaches.load(Ordering::Acquire);
                     let link = session(inner, f, p, peer_meta, peer_bits).await;
                     if inner.detaches.load(Ordering::Acquire) != detaches {

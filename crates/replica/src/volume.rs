@@ -229,6 +229,13 @@ pub(crate) struct Inner {
     /// Times this node's copy was detached after a failure (the connection
     /// manager backs off while the disk keeps failing).
     pub(crate) detaches: AtomicU64,
+    /// Handshakes completed with the partner (a new meeting may undo the
+    /// partner's kept copies, `undo.rs`).
+    pub(crate) meetings: AtomicU64,
+    /// The copies this node runs, with the meeting of their first write: a
+    /// copy the pair met again during fails (its first writes may have been
+    /// undone at that meeting).
+    pub(crate) copies: Mutex<HashMap<u64, u64>>,
     pub(crate) solo_drained: Notify,
     pub(crate) resync_total: AtomicU64,
     pub(crate) resync_done: AtomicU64,
@@ -380,6 +387,13 @@ fn span(op: &Op, bs: u64) -> Option<(u64, u64)> {
         Op::WriteZeroes { lba, blocks, .. } | Op::Discard { lba, blocks } => Some((*lba, *blocks)),
         Op::Flush | Op::Grow { .. } => None,
     }
+}
+
+/// A copy during which the pair met again.
+fn met_again(name: &str) -> BlockError {
+    BlockError::Unavailable(format!(
+        "replica {name}: the nodes met again during the copy; it may be partly undone"
+    ))
 }
 
 /// What an op's outcome is to the caller: `Some(offset)` for a miscompare.
@@ -1189,6 +1203,8 @@ impl ReplicatedVolume {
             forwards: Mutex::new(HashMap::new()),
             solo_writes: AtomicUsize::new(0),
             detaches: AtomicU64::new(0),
+            meetings: AtomicU64::new(0),
+            copies: Mutex::new(HashMap::new()),
             solo_drained: Notify::new(),
             resync_total: AtomicU64::new(0),
             resync_done: AtomicU64::new(0),
@@ -1467,22 +1483,38 @@ impl Volume for ReplicatedVolume {
     /// A copy's write: the partner keeps what it overwrites until
     /// [`Volume::copy_end`], and puts that back if it goes on alone before
     /// (`undo.rs`), so a copy cut short by this node's loss is undone there.
+    /// A copy the pair meets again during (a handshake after a lost link)
+    /// fails: the partner may have undone its first writes at that meeting.
     async fn write_copy(&self, copy: u64, lba: u64, data: Bytes, fua: bool) -> BlockResult<()> {
         let blocks = self.inner.geo().blocks_in(data.len())?;
         self.inner.geo().check_range(lba, blocks)?;
-        self.inner
-            .submit(Op::CopyWrite {
-                copy,
-                lba,
-                fua,
-                data,
-            })
-            .await
-            .map(|_| ())
+        let i = &self.inner;
+        let now = i.meetings.load(Ordering::Acquire);
+        let first = *i.copies.lock().entry(copy).or_insert(now);
+        if first != now {
+            return Err(met_again(&i.cfg.name));
+        }
+        i.submit(Op::CopyWrite {
+            copy,
+            lba,
+            fua,
+            data,
+        })
+        .await?;
+        if i.meetings.load(Ordering::Acquire) != first {
+            return Err(met_again(&i.cfg.name));
+        }
+        Ok(())
     }
 
     async fn copy_end(&self, copy: u64) -> BlockResult<()> {
-        self.inner.end_copy(copy).await
+        let i = &self.inner;
+        let first = i.copies.lock().remove(&copy);
+        i.end_copy(copy).await?;
+        match first {
+            Some(m) if m != i.meetings.load(Ordering::Acquire) => Err(met_again(&i.cfg.name)),
+            _ => Ok(()),
+        }
     }
 
     async fn block_status(&self, lba: u64, blocks: u64) -> BlockResult<Vec<block::Extent>> {

@@ -662,3 +662,33 @@ async fn a_leaders_copy_cut_short_by_its_loss_is_undone_on_the_follower() {
 async fn a_copy_cut_short_is_undone_by_a_follower_that_stopped_when_the_leader_returns() {
     a_copy_cut_short(1, false).await;
 }
+
+/// A copy during which the nodes meet again fails: at that meeting the partner
+/// may have put back what it kept of the copy (a link that failed and came
+/// back before either node decided), so the copy's first writes may be undone
+/// on both copies. Node 2 runs the copy; node 1 stops and returns.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_copy_during_which_the_nodes_meet_again_fails() {
+    let d = tempfile::tempdir().unwrap();
+    let p = pair(d.path(), 2, None).await;
+    both_in_sync(&p.n1, &p.n2).await;
+    let chunk = || Bytes::from(vec![2u8; 256 * 512]);
+    p.n2.write_copy(9, 0, chunk(), false).await.unwrap();
+    // node 1 stops: node 2 (preferred) goes on alone, and so does the copy
+    p.n1.shutdown().await;
+    p.n2.write_copy(9, 256, chunk(), false).await.unwrap();
+    assert!(p.n2.wait_until(|s| s.role == Role::Solo, WAIT).await);
+    // node 1 returns: the nodes meet again
+    let n1 = node1(d.path(), 2, p.m1.clone(), p.addr2, None).await;
+    both_in_sync(&n1, &p.n2).await;
+    let late = p.n2.write_copy(9, 512, chunk(), false).await;
+    assert!(late.is_err(), "a copy went on across a meeting");
+    assert!(
+        p.n2.copy_end(9).await.is_err(),
+        "a copy ended well across a meeting"
+    );
+    // a copy begun after the meeting runs
+    p.n2.write_copy(10, 512, chunk(), false).await.unwrap();
+    p.n2.copy_end(10).await.unwrap();
+    same_contents(&p.m1, &p.m2).await;
+}
