@@ -229,8 +229,9 @@ pub(crate) struct Inner {
     /// Times this node's copy was detached after a failure (the connection
     /// manager backs off while the disk keeps failing).
     pub(crate) detaches: AtomicU64,
-    /// Handshakes completed with the partner (a new meeting may undo the
-    /// partner's kept copies, `undo.rs`).
+    /// Handshakes completed with the partner, and the times the copies came
+    /// in sync (a new meeting may undo the partner's kept copies, and a resync
+    /// target keeps nothing: `undo.rs`).
     pub(crate) meetings: AtomicU64,
     /// The copies this node runs, with the meeting of their first write: a
     /// copy the pair met again during fails (its first writes may have been
@@ -427,7 +428,11 @@ impl Inner {
         self.bitmap
             .set_keep(!matches!(role, Role::Leader | Role::Follower) || peer_resyncing);
         if matches!(role, Role::Leader | Role::Follower) && !peer_resyncing {
+            // in sync: nothing of the partner's copies is kept any more, and
+            // this node's copies under way fail (a resync target keeps
+            // nothing, so their writes made before are not undoable)
             self.undo.in_sync();
+            self.meetings.fetch_add(1, Ordering::AcqRel);
         }
         let aa = self.cfg.mode == Mode::ActiveActive;
         let ports = match (role, peer_resyncing) {
