@@ -536,6 +536,7 @@ impl NodeCollector {
         let mut state = Samples::new();
         let mut left = Samples::new();
         let mut dirty = Samples::new();
+        let mut copies = Samples::new();
         let mut resynced = Samples::new();
         let mut failovers = Samples::new();
         let mut last_failover = Samples::new();
@@ -569,6 +570,7 @@ impl NodeCollector {
                 (num(&r["resync_regions_total"]) - num(&r["resync_regions_done"])).max(0.0);
             left.push((base.clone(), remaining * region));
             dirty.push((base.clone(), num(&r["dirty_regions"]) * region));
+            copies.push((base.clone(), num(&r["partner_copies_open"])));
             resynced.push((base.clone(), num(&r["resynced_bytes"])));
             failovers.push((base.clone(), num(&r["failovers"])));
             if let Some(ms) = r["last_failover_ms"].as_u64() {
@@ -621,6 +623,12 @@ impl NodeCollector {
             "freesan_replica_dirty_bytes",
             "Bytes of regions marked in this node's bitmap (not known to be on the partner).",
             &dirty,
+        )?;
+        gauges(
+            e,
+            "freesan_replica_partner_copies_open",
+            "The partner's offloaded copies under way whose overwritten blocks this node keeps, to undo them if the partner is lost.",
+            &copies,
         )?;
         counters(
             e,

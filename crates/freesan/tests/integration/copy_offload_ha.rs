@@ -327,6 +327,10 @@ async fn a_gib_copied_from_a_cached_raid5_lun_onto_a_replicated_lun_and_across_a
     // node 2 keeps what the unfinished copy overwrote there
     let open = pair.status(2).map(|s| s["partner_copies_open"].clone());
     assert_eq!(open, Some(Value::from(1)), "node 2 keeps the copy's undo");
+    let api = pair.node(2).api.clone().expect("node 2's API");
+    let text = common::scrape_metrics(&api, &pair.node_dir(2).join("data"));
+    let gauge = common::metric_sample(&text, "freesan_replica_partner_copies_open{", "lun0");
+    assert_eq!(gauge, 1.0, "the metric shows it too");
     pair.nodes[0].as_mut().unwrap().kill9();
     assert!(!copying.await.unwrap(), "the copy ended before the kill");
     drop((s1, s2));
