@@ -31,6 +31,34 @@ fn source_config() -> LunConfig {
     c
 }
 
+/// `inner` with its writes held until the gate opens: the resume task cannot
+/// finish a copy while the test looks at the LU becoming ready (whatever the
+/// runtime's scheduling, e.g. a cooperative yield inside a command).
+struct Held {
+    inner: VolumeRef,
+    gate: tokio::sync::watch::Receiver<bool>,
+}
+
+#[async_trait::async_trait]
+impl Volume for Held {
+    fn geometry(&self) -> block::Geometry {
+        self.inner.geometry()
+    }
+    async fn read(&self, lba: u64, blocks: u32) -> block::BlockResult<block::Bytes> {
+        self.inner.read(lba, blocks).await
+    }
+    async fn write(&self, lba: u64, data: block::Bytes, fua: bool) -> block::BlockResult<()> {
+        let _ = self.gate.clone().wait_for(|open| *open).await;
+        self.inner.write(lba, data, fua).await
+    }
+    async fn flush(&self) -> block::BlockResult<()> {
+        self.inner.flush().await
+    }
+    async fn discard(&self, lba: u64, blocks: u64) -> block::BlockResult<()> {
+        self.inner.discard(lba, blocks).await
+    }
+}
+
 /// The destination and the source volume, the source filled with 0x51.
 async fn volumes() -> (VolumeRef, VolumeRef) {
     let dst: VolumeRef = Arc::new(MemVolume::new(BS as u32, BLOCKS));
@@ -105,18 +133,24 @@ async fn finished_before_serving(plant: impl FnOnce(&std::path::Path, &[u8])) ->
         hex(&source_config().naa)
     );
     plant(&dir.path().join("lun0.pr.json"), rec.as_bytes());
-    let (t, _) = two_lus(dir.path(), dst.clone(), src);
+    let (open, gate) = tokio::sync::watch::channel(false);
+    let held: VolumeRef = Arc::new(Held {
+        inner: dst.clone(),
+        gate,
+    });
+    let (t, _) = two_lus(dir.path(), held, src);
     let n = nexus("01", 1);
     let r = t.execute(&n, cmd(0, &[0u8; 6], &[])).await;
     assert_eq!(sense_of(&r), (key::UNIT_ATTENTION, 0x29, 0x00));
-    // the copy task has not run yet (this runtime runs one task at a time and
-    // the test has not yielded): the LU is becoming ready; INQUIRY is served
+    // the copy cannot have ended (its writes are held): the LU is becoming
+    // ready; INQUIRY is served
     assert_eq!(
         sense_of(&read(&t, &n, 0, 1).await),
         (key::NOT_READY, 0x04, 0x01)
     );
     let inq = t.execute(&n, cmd(0, &[0x12, 0, 0, 0, 36, 0], &[])).await;
     assert_eq!(inq.status, status::GOOD);
+    open.send_replace(true);
     // the resume task copies, then removes the record durably (a sync on the
     // blocking pool): the LU serves once that is done, so wait for it
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);

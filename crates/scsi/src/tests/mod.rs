@@ -2278,8 +2278,12 @@ async fn explicit_alua_states_survive_a_restart() {
 pub(super) struct TempDir(std::path::PathBuf);
 
 impl TempDir {
+    /// A folder of its own: unique per call, since tests running at once in
+    /// one process may use the same tag.
     pub(super) fn new(tag: &str) -> TempDir {
-        let p = std::env::temp_dir().join(format!("scsi-test-{tag}-{}", std::process::id()));
+        static N: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let p = std::env::temp_dir().join(format!("scsi-test-{tag}-{}-{n}", std::process::id()));
         let _ = std::fs::remove_dir_all(&p);
         std::fs::create_dir_all(&p).unwrap();
         TempDir(p)
