@@ -25,10 +25,11 @@
 //!   already) marks that copy lost: it is not put back, its blocks stay as the
 //!   copy left them (each as it was or as the source has it), and a warning says
 //!   so.
-//! - The file is not synced: it outlives the partner's death and this process's,
-//!   not a power loss of this node (both nodes down at once). A file left by an
-//!   earlier run is removed at start; what it held belonged to a pair that has
-//!   since met again or been resynchronised.
+//! - Only the partner's loss is covered: the index lives in memory and the file
+//!   is not synced, so a restart of this node (a crash of its process included)
+//!   loses what was kept, and the file an earlier run left is removed at start.
+//!   A copy cut short while both nodes went down is then left as the copy left
+//!   it (each block as it was or as the source has it).
 
 use crate::bitmap::DirtyBitmap;
 use block::{BlockResult, Bytes, VolumeRef};

@@ -650,9 +650,10 @@ impl Inner {
 
     /// The copy `copy` this node ran has ended: the partner lets go what its
     /// writes overwrote there (`undo.rs`) before the command is answered. Ok
-    /// too when the partner keeps nothing of it any more: this node serves
-    /// alone (the partner stopped and forgets at its next meeting), or the
-    /// partner is a resync target or has rejoined since (it forgot then).
+    /// too when the partner's keeping no longer matters: this node serves alone
+    /// (the partner stopped; at their next meeting this copy is the newer and
+    /// overwrites whatever the partner puts back), or the partner is a resync
+    /// target (it keeps nothing).
     async fn end_copy(&self, copy: u64) -> BlockResult<()> {
         let deadline = self.deadline();
         let st = self.wait_serving(deadline).await?;
