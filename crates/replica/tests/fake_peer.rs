@@ -5,7 +5,10 @@
 //! - resync data sent to the node that leads (it used to be written: corruption);
 //! - a "leader" that ends a resync at once and acknowledges a forwarded write
 //!   without having it applied on the follower (it used to be acknowledged to
-//!   the client with the data on neither copy: silent loss).
+//!   the client with the data on neither copy: silent loss);
+//! - a copy's end sent on a link the node no longer follows (after it detached
+//!   its failed copy): taken, it would drop what the node keeps to undo that
+//!   copy, which its put-back must still find.
 
 use block::{Bytes, MemVolume, Volume, VolumeRef};
 use replica::secure::{ClusterKeys, Member, Purpose, SecureReader, SecureWriter};
@@ -345,5 +348,73 @@ async fn a_leader_flooding_the_follower_with_requests_is_dropped() {
         );
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
+    n2.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_copys_end_on_a_link_the_node_no_longer_follows_closes_it_and_keeps_the_copy() {
+    let d = tempfile::tempdir().unwrap();
+    let mem: VolumeRef = Arc::new(MemVolume::new(512, BLOCKS));
+    let faulty = Arc::new(block::FaultVolume::new(mem.clone()));
+    let gens = Generations {
+        current: 5,
+        synced: 5,
+    };
+    let (n2, mut fake) = follower_of_a_fake_leader(d.path(), faulty.clone(), gens).await;
+    // the leader's copy writes block 0 here: node 2 keeps what it overwrote
+    fake.send(Message::Apply {
+        id: 10,
+        op: replica_proto::Op::CopyWrite {
+            copy: 9,
+            lba: 0,
+            fua: false,
+            data: Bytes::from(vec![0xC0u8; 512]),
+        },
+    })
+    .await;
+    loop {
+        match fake.next().await.expect("node 2 closed the link") {
+            Message::Done { id: 10, result } => {
+                assert_eq!(result, OpResult::Ok);
+                break;
+            }
+            _ => continue,
+        }
+    }
+    assert_eq!(n2.status().partner_copies_open, 1);
+    // node 2's disk dies under the leader's next write: it detaches its copy and
+    // stops following, though the link stays open until the partner closes it
+    faulty.plan().lock().dead = true;
+    fake.send(Message::Apply {
+        id: 11,
+        op: replica_proto::Op::Write {
+            lba: 100,
+            fua: false,
+            data: Bytes::from(vec![0x11u8; 512]),
+        },
+    })
+    .await;
+    loop {
+        match fake
+            .next()
+            .await
+            .expect("node 2 closed the link before detaching")
+        {
+            Message::Detach { .. } => break,
+            Message::Done { id: 11, .. } => panic!("node 2 answered a write its copy failed"),
+            _ => continue,
+        }
+    }
+    assert_eq!(n2.role(), Role::Down);
+    // the copy's end on that stale link is refused: the link closes unanswered
+    fake.send(Message::CopyEnd { id: 12, copy: 9 }).await;
+    while let Some(m) = fake.next().await {
+        assert!(
+            !matches!(m, Message::Done { id: 12, .. }),
+            "node 2 took a copy's end on a link it no longer follows"
+        );
+    }
+    // and what it keeps of that copy is still there to put back
+    assert_eq!(n2.status().partner_copies_open, 1);
     n2.shutdown().await;
 }
