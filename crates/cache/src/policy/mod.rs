@@ -155,7 +155,7 @@ pub enum PolicyKind {
     S3Fifo,
     /// 2Q (VLDB '94, full version): A1in FIFO, Am LRU, A1out ghost.
     TwoQ,
-    /// W-TinyLFU with a ghost-guided adaptive window: LRU window, frequency-gated
+    /// W-TinyLFU with an adaptive window (set dueling): LRU window, frequency-gated
     /// segmented-LRU main.
     WTinyLfu,
 }

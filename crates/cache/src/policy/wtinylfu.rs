@@ -1,5 +1,7 @@
-//! W-TinyLFU with a ghost-guided window (after Einziger, Friedman and Manes,
-//! ACM ToS 2017, and Caffeine; the window adapts the way ARC's target does).
+//! W-TinyLFU with a dueling window (after Einziger, Friedman and Manes, ACM ToS
+//! 2017, and Caffeine; the window's share is chosen by set dueling, below: an
+//! ARC-style window moved by ghost hits was measured and lost, see
+//! docs/0003-cache.md "Not done yet").
 //!
 //! - *window*: an LRU every new block enters. A block re-read soon after its first
 //!   use (the common case of block I/O: a read after a write, a re-read a few
