@@ -336,13 +336,18 @@ async fn handshake(
     // alone): undone here before anything else, while this node serves nothing;
     // the partner is then told, so that this copy is the source
     if inner.undo.open_copies() > 0 {
-        let blocks = inner
-            .undo
-            .put_back(&inner.local, &inner.bitmap)
-            .await
-            .map_err(|e| format!("cannot undo the partner's unfinished copies: {e}"))?;
-        tracing::warn!(volume = %cfg.name, blocks, "undid the partner's copies cut short by its loss");
+        match inner.undo.put_back(&inner.local, &inner.bitmap).await {
+            Ok(blocks) => {
+                tracing::warn!(volume = %cfg.name, blocks, "undid the partner's copies cut short by its loss")
+            }
+            // let go all the same: retried, it would fail at every meeting
+            Err(e) => {
+                tracing::error!(volume = %cfg.name, "could not undo the partner's unfinished copies: {e}; their ranges stay as the copies left them")
+            }
+        }
     }
+    // the copies of the meetings before are over (ended, lost or undone)
+    inner.undo.clear();
     let undo = inner.undo.undone();
     if undo {
         flags |= hello_flags::UNDO;

@@ -652,14 +652,14 @@ impl Inner {
     /// writes overwrote there (`undo.rs`) before the command is answered. Ok
     /// too when the partner's keeping no longer matters: this node serves alone
     /// (the partner stopped; at their next meeting this copy is the newer and
-    /// overwrites whatever the partner puts back), or the partner is a resync
-    /// target (it keeps nothing).
+    /// overwrites whatever the partner puts back). Sent to a resync target too:
+    /// it keeps nothing, but it may already follow (it does from the resync's
+    /// end, before this node knows it) and keep this copy's last writes.
     async fn end_copy(&self, copy: u64) -> BlockResult<()> {
         let deadline = self.deadline();
         let st = self.wait_serving(deadline).await?;
         let link = match (st.role, &st.link) {
             (Role::Solo, _) => return Ok(()),
-            (Role::Leader, _) if st.peer_resyncing => return Ok(()),
             (Role::Leader | Role::Follower, Some(l)) => l.clone(),
             _ => {
                 return Err(BlockError::Unavailable(format!(
@@ -738,8 +738,13 @@ impl Inner {
             } if from_partner => {
                 let _g = self.undo.hold().await;
                 match self.role().role {
-                    // a resync target keeps nothing: it serves nothing yet
-                    Role::Target => self.local.write(*lba, data.clone(), *fua).await,
+                    // a resync target keeps nothing (it serves nothing yet), so
+                    // this copy can no longer be undone whole here, even once
+                    // in sync
+                    Role::Target => {
+                        self.undo.not_undoable(*copy);
+                        self.local.write(*lba, data.clone(), *fua).await
+                    }
                     Role::Leader | Role::Follower => {
                         self.undo
                             .write_keeping(&self.local, *copy, *lba, data.clone(), *fua)
@@ -918,10 +923,22 @@ impl Inner {
     /// Follower: sends an op to the leader. `Err(applied)` when the link failed;
     /// `applied` tells whether the write part had been applied here.
     async fn forward(&self, link: &Arc<Link>, op: &Op) -> Result<OpOutcome, bool> {
+        // the entry goes when this ends, even if the caller drops it midway
+        // (an aborted command): it holds the write's data
+        struct Unlist<'a>(&'a Mutex<HashMap<u64, InFlightForward>>, Option<u64>);
+        impl Drop for Unlist<'_> {
+            fn drop(&mut self) {
+                if let Some(id) = self.1 {
+                    self.0.lock().remove(&id);
+                }
+            }
+        }
+        let mut listed = Unlist(&self.forwards, None);
         let mut fid = 0;
         let r = link
             .request(|id| {
                 fid = id;
+                listed.1 = Some(id);
                 self.forwards.lock().insert(
                     id,
                     InFlightForward {
@@ -933,6 +950,7 @@ impl Inner {
             })
             .await;
         let entry = self.forwards.lock().remove(&fid);
+        drop(listed);
         if matches!(r, Ok(OpResult::Ok))
             && !matches!(op, Op::Flush)
             && !entry.as_ref().is_some_and(|e| e.applied)

@@ -435,15 +435,17 @@ impl CopyRun {
     }
 
     /// The copy ended: every destination it wrote lets go of what it kept.
+    /// Every destination is told, even after one failed.
     pub(crate) async fn end(self) -> Result<(), Fail> {
         let dsts = std::mem::take(&mut *self.dsts.lock());
+        let mut r = Ok(());
         for v in dsts {
-            v.copy_end(self.id).await.map_err(|e| {
+            if let Err(e) = v.copy_end(self.id).await {
                 tracing::error!(copy = self.id, error = %e, "copy: ending the copy on its destination failed");
-                Fail::from(codes::COPY_TARGET_FAILURE)
-            })?;
+                r = Err(Fail::from(codes::COPY_TARGET_FAILURE));
+            }
         }
-        Ok(())
+        r
     }
 }
 

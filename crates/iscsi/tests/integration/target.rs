@@ -691,60 +691,6 @@ async fn commands_reach_the_lu_in_arrival_order() {
     fx.shutdown().await;
 }
 
-/// LUN 0 of the open target: writes below LBA 64 wait at a gate until the test
-/// opens it, and count themselves as they arrive.
-struct Gated {
-    inner: block::VolumeRef,
-    open: tokio::sync::Semaphore,
-    arrived: std::sync::atomic::AtomicUsize,
-    arrival: tokio::sync::Notify,
-}
-
-#[async_trait::async_trait]
-impl block::Volume for Gated {
-    fn geometry(&self) -> block::Geometry {
-        self.inner.geometry()
-    }
-    async fn read(&self, lba: u64, blocks: u32) -> block::BlockResult<bytes::Bytes> {
-        self.inner.read(lba, blocks).await
-    }
-    async fn write(&self, lba: u64, data: bytes::Bytes, fua: bool) -> block::BlockResult<()> {
-        if lba < 64 {
-            self.arrived
-                .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-            self.arrival.notify_waiters();
-            self.open.acquire().await.expect("gate").forget();
-        }
-        self.inner.write(lba, data, fua).await
-    }
-    async fn flush(&self) -> block::BlockResult<()> {
-        self.inner.flush().await
-    }
-    async fn discard(&self, lba: u64, blocks: u64) -> block::BlockResult<()> {
-        self.inner.discard(lba, blocks).await
-    }
-}
-
-impl Gated {
-    /// Waits until `n` gated writes have arrived.
-    async fn arrivals(&self, n: usize) {
-        let wait = async {
-            loop {
-                let notified = self.arrival.notified();
-                tokio::pin!(notified);
-                notified.as_mut().enable();
-                if self.arrived.load(std::sync::atomic::Ordering::SeqCst) >= n {
-                    return;
-                }
-                notified.await;
-            }
-        };
-        tokio::time::timeout(Duration::from_secs(20), wait)
-            .await
-            .expect("the write never reached the volume");
-    }
-}
-
 /// Sends `cdb` (with `data` as immediate data) and returns the SCSI status and
 /// any Data-In.
 async fn scsi(c: &mut Client, cdb: &[u8], data: &[u8], read_len: u32) -> (u8, Vec<u8>) {
@@ -798,12 +744,11 @@ async fn logged_in_ready(addr: std::net::SocketAddr, isid: u8) -> Client {
 /// gets no answer. PREEMPT alone (the control) lets the same write finish.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn preempt_and_abort_aborts_the_preempted_nexus_tasks() {
-    let gated = std::sync::Arc::new(Gated {
-        inner: std::sync::Arc::new(block::MemVolume::new(512, 8192)),
-        open: tokio::sync::Semaphore::new(0),
-        arrived: std::sync::atomic::AtomicUsize::new(0),
-        arrival: tokio::sync::Notify::new(),
-    });
+    // LUN 0: writes below LBA 64 wait at a gate until the test lets them go
+    let gated = std::sync::Arc::new(block::HoldVolume::new(std::sync::Arc::new(
+        block::MemVolume::new(512, 8192),
+    )));
+    gated.writes.hold_below(64);
     let fx = start_with(Limits::default(), Some(gated.clone())).await;
     let (ka, kb) = (0xaaaa_u64, 0xbbbb_u64);
     let mut a = logged_in_ready(fx.addrs[0], 1).await;
@@ -827,9 +772,11 @@ async fn preempt_and_abort_aborts_the_preempted_nexus_tasks() {
             _ => unreachable!(),
         };
         a.send(&cmd, false, &[fill; 4096]).await;
-        gated.arrivals(round + 1).await;
+        tokio::time::timeout(Duration::from_secs(20), gated.writes.arrivals(round + 1))
+            .await
+            .expect("the write never reached the volume");
         assert_eq!(pr_out(&mut b, sa, kb, ka).await, 0, "preempt (sa {sa:#x})");
-        gated.open.add_permits(1);
+        gated.writes.release(1);
         if sa == 0x04 {
             // PREEMPT alone: the held write goes on and is answered.
             match a.recv_skip_pings().await.expect("write answer").pdu {

@@ -31,34 +31,6 @@ fn source_config() -> LunConfig {
     c
 }
 
-/// `inner` with its writes held until the gate opens: the resume task cannot
-/// finish a copy while the test looks at the LU becoming ready (whatever the
-/// runtime's scheduling, e.g. a cooperative yield inside a command).
-struct Held {
-    inner: VolumeRef,
-    gate: tokio::sync::watch::Receiver<bool>,
-}
-
-#[async_trait::async_trait]
-impl Volume for Held {
-    fn geometry(&self) -> block::Geometry {
-        self.inner.geometry()
-    }
-    async fn read(&self, lba: u64, blocks: u32) -> block::BlockResult<block::Bytes> {
-        self.inner.read(lba, blocks).await
-    }
-    async fn write(&self, lba: u64, data: block::Bytes, fua: bool) -> block::BlockResult<()> {
-        let _ = self.gate.clone().wait_for(|open| *open).await;
-        self.inner.write(lba, data, fua).await
-    }
-    async fn flush(&self) -> block::BlockResult<()> {
-        self.inner.flush().await
-    }
-    async fn discard(&self, lba: u64, blocks: u64) -> block::BlockResult<()> {
-        self.inner.discard(lba, blocks).await
-    }
-}
-
 /// The destination and the source volume, the source filled with 0x51.
 async fn volumes() -> (VolumeRef, VolumeRef) {
     let dst: VolumeRef = Arc::new(MemVolume::new(BS as u32, BLOCKS));
@@ -133,11 +105,12 @@ async fn finished_before_serving(plant: impl FnOnce(&std::path::Path, &[u8])) ->
         hex(&source_config().naa)
     );
     plant(&dir.path().join("lun0.pr.json"), rec.as_bytes());
-    let (open, gate) = tokio::sync::watch::channel(false);
-    let held: VolumeRef = Arc::new(Held {
-        inner: dst.clone(),
-        gate,
-    });
+    // the destination's writes are held: the resume task cannot finish a copy
+    // while the test looks at the LU becoming ready (whatever the runtime's
+    // scheduling, e.g. a cooperative yield inside a command)
+    let gated = Arc::new(block::HoldVolume::new(dst.clone()));
+    gated.writes.hold();
+    let held: VolumeRef = gated.clone();
     let (t, _) = two_lus(dir.path(), held, src);
     let n = nexus("01", 1);
     let r = t.execute(&n, cmd(0, &[0u8; 6], &[])).await;
@@ -150,7 +123,7 @@ async fn finished_before_serving(plant: impl FnOnce(&std::path::Path, &[u8])) ->
     );
     let inq = t.execute(&n, cmd(0, &[0x12, 0, 0, 0, 36, 0], &[])).await;
     assert_eq!(inq.status, status::GOOD);
-    open.send_replace(true);
+    gated.writes.open();
     // the resume task copies, then removes the record durably (a sync on the
     // blocking pool): the LU serves once that is done, so wait for it
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);

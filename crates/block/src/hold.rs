@@ -1,0 +1,148 @@
+//! A layer whose reads or writes wait until a test lets them through, so a test
+//! can act at the moment an operation is under way (an event to await, not a
+//! delay to sleep through).
+
+use crate::{BlockResult, Bytes, Extent, Geometry, Volume, VolumeRef};
+use async_trait::async_trait;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use tokio::sync::{watch, Semaphore};
+
+/// One kind of operation's gate: while it holds, each operation (below
+/// [`Hold::hold_below`]'s block, if set) counts its arrival and waits for a
+/// release.
+pub struct Hold {
+    on: AtomicBool,
+    below: AtomicU64,
+    arrived: watch::Sender<usize>,
+    go: Semaphore,
+}
+
+impl Hold {
+    fn new() -> Hold {
+        Hold {
+            on: AtomicBool::new(false),
+            below: AtomicU64::new(u64::MAX),
+            arrived: watch::channel(0).0,
+            go: Semaphore::new(0),
+        }
+    }
+
+    /// Operations from now on wait (every one).
+    pub fn hold(&self) {
+        self.hold_below(u64::MAX);
+    }
+
+    /// Operations starting below block `lba` from now on wait.
+    pub fn hold_below(&self, lba: u64) {
+        self.below.store(lba, Ordering::Release);
+        self.on.store(true, Ordering::Release);
+    }
+
+    /// Lets `n` waiting (or later) operations through.
+    pub fn release(&self, n: usize) {
+        self.go.add_permits(n);
+    }
+
+    /// Stops holding and lets every waiting operation through.
+    pub fn open(&self) {
+        self.on.store(false, Ordering::Release);
+        self.go.add_permits(Semaphore::MAX_PERMITS / 2);
+    }
+
+    /// Waits until `n` operations in all have arrived at the gate.
+    pub async fn arrivals(&self, n: usize) {
+        let mut rx = self.arrived.subscribe();
+        let _ = rx.wait_for(|&c| c >= n).await;
+    }
+
+    async fn pass(&self, lba: u64) {
+        if !self.on.load(Ordering::Acquire) || lba >= self.below.load(Ordering::Acquire) {
+            return;
+        }
+        self.arrived.send_modify(|c| *c += 1);
+        if let Ok(p) = self.go.acquire().await {
+            p.forget();
+        }
+    }
+}
+
+/// Forwards to the volume below, reads through [`HoldVolume::reads`] and
+/// writes (write, write zeroes, discard) through [`HoldVolume::writes`].
+pub struct HoldVolume {
+    inner: VolumeRef,
+    /// The reads' gate.
+    pub reads: Hold,
+    /// The writes' gate.
+    pub writes: Hold,
+}
+
+impl HoldVolume {
+    /// Wraps `inner`, holding nothing yet.
+    pub fn new(inner: VolumeRef) -> Self {
+        HoldVolume {
+            inner,
+            reads: Hold::new(),
+            writes: Hold::new(),
+        }
+    }
+}
+
+#[async_trait]
+impl Volume for HoldVolume {
+    fn geometry(&self) -> Geometry {
+        self.inner.geometry()
+    }
+    async fn read(&self, lba: u64, blocks: u32) -> BlockResult<Bytes> {
+        self.reads.pass(lba).await;
+        self.inner.read(lba, blocks).await
+    }
+    async fn write(&self, lba: u64, data: Bytes, fua: bool) -> BlockResult<()> {
+        self.writes.pass(lba).await;
+        self.inner.write(lba, data, fua).await
+    }
+    async fn flush(&self) -> BlockResult<()> {
+        self.inner.flush().await
+    }
+    async fn discard(&self, lba: u64, blocks: u64) -> BlockResult<()> {
+        self.writes.pass(lba).await;
+        self.inner.discard(lba, blocks).await
+    }
+    async fn write_zeroes(&self, lba: u64, blocks: u64, may_unmap: bool) -> BlockResult<()> {
+        self.writes.pass(lba).await;
+        self.inner.write_zeroes(lba, blocks, may_unmap).await
+    }
+    async fn block_status(&self, lba: u64, blocks: u64) -> BlockResult<Vec<Extent>> {
+        self.inner.block_status(lba, blocks).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::MemVolume;
+    use std::sync::Arc;
+
+    #[tokio::test]
+    async fn a_held_write_lands_only_once_released() {
+        let mem: VolumeRef = Arc::new(MemVolume::new(512, 100));
+        let v = Arc::new(HoldVolume::new(mem.clone()));
+        v.writes.hold_below(50);
+        // above the gate's block: not held
+        v.write(60, Bytes::from(vec![6u8; 512]), false)
+            .await
+            .unwrap();
+        let w = {
+            let v = v.clone();
+            tokio::spawn(async move { v.write(1, Bytes::from(vec![1u8; 512]), false).await })
+        };
+        v.writes.arrivals(1).await;
+        assert_eq!(mem.read(1, 1).await.unwrap()[0], 0);
+        v.writes.release(1);
+        w.await.unwrap().unwrap();
+        assert_eq!(mem.read(1, 1).await.unwrap()[0], 1);
+        v.writes.open();
+        v.write(2, Bytes::from(vec![2u8; 512]), false)
+            .await
+            .unwrap();
+    }
+}
