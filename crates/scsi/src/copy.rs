@@ -390,7 +390,12 @@ pub(crate) fn check_access(
     let mut cdb = [0u8; 16];
     cdb[0] = if write { op::WRITE_16 } else { op::READ_16 };
     let parsed = Cdb::parse(&cdb).map_err(Fail::from)?;
-    if lu.alua.check(nexus.relative_port_id, &parsed).is_err() || lu.stopped.load(Ordering::Relaxed)
+    // an LU finishing a copy recorded before a restart serves no copy either:
+    // written now, its recorded copy would overwrite this one after it was
+    // answered; read, it would give half of the recorded one
+    if lu.alua.check(nexus.relative_port_id, &parsed).is_err()
+        || lu.stopped.load(Ordering::Relaxed)
+        || lu.intents.gate(cdb[0]).is_err()
     {
         return Err(codes::COPY_TARGET_NOT_REACHABLE.into());
     }

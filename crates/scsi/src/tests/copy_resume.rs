@@ -123,6 +123,24 @@ async fn finished_before_serving(plant: impl FnOnce(&std::path::Path, &[u8])) ->
     );
     let inq = t.execute(&n, cmd(0, &[0x12, 0, 0, 0, 36, 0], &[])).await;
     assert_eq!(inq.status, status::GOOD);
+    // nor does it take part in a copy sent to another LU: written now, it
+    // would be overwritten by the recorded copy after this one was answered
+    let r = t.execute(&n, cmd(1, &[0u8; 6], &[])).await;
+    assert_eq!(sense_of(&r), (key::UNIT_ATTENTION, 0x29, 0x00));
+    let p = xcopy_params(
+        9,
+        0,
+        &[source_config().naa, lun_config().naa],
+        &[(0, 1, 8, 0, 400)],
+    );
+    // (a copy let through would wait on the held writes: bounded)
+    let r = tokio::time::timeout(
+        std::time::Duration::from_secs(10),
+        t.execute(&n, cmd(1, &xcopy_cdb(p.len()), &p)),
+    )
+    .await
+    .expect("the copy was let through to the LU finishing its recorded copy");
+    assert_eq!(sense_of(&r), (key::COPY_ABORTED, 0x0d, 0x02));
     gated.writes.open();
     // the resume task copies, then removes the record durably (a sync on the
     // blocking pool): the LU serves once that is done, so wait for it
