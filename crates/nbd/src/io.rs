@@ -68,17 +68,28 @@ pub(crate) async fn fill_exact<R: AsyncRead + Unpin>(
 /// costs no read of its own, and they are the only bytes past the payload ever
 /// read (never the start of a next large payload, which would then be copied
 /// out of `buf`). `Ok(None)`: the stream ended first.
+/// Every read fails with `TimedOut` once `stall` passes without a byte.
 pub(crate) async fn take_payload<R: AsyncRead + Unpin>(
     rd: &mut R,
     buf: &mut BytesMut,
     n: usize,
     ahead_bytes: usize,
+    stall: std::time::Duration,
 ) -> io::Result<Option<Bytes>> {
     if buf.len() >= n {
         return Ok(Some(buf.split_to(n).freeze()));
     }
     if n < OWN_BUFFER_BYTES {
-        return Ok(fill(rd, buf, n).await?.then(|| buf.split_to(n).freeze()));
+        while buf.len() < n {
+            let want = n - buf.len();
+            if buf.capacity() - buf.len() < want {
+                buf.reserve(want.max(READ_CHUNK_BYTES));
+            }
+            if read_within(rd, buf, stall).await? == 0 {
+                return Err(io::ErrorKind::UnexpectedEof.into());
+            }
+        }
+        return Ok(Some(buf.split_to(n).freeze()));
     }
     let end = n.saturating_add(ahead_bytes);
     let mut own = BytesMut::with_capacity(end);
@@ -86,7 +97,7 @@ pub(crate) async fn take_payload<R: AsyncRead + Unpin>(
     buf.clear();
     while own.len() < n {
         let want = end - own.len();
-        if rd.read_buf(&mut (&mut own).limit(want)).await? == 0 {
+        if read_within(rd, &mut (&mut own).limit(want), stall).await? == 0 {
             if own.is_empty() {
                 return Ok(None);
             }
@@ -97,6 +108,21 @@ pub(crate) async fn take_payload<R: AsyncRead + Unpin>(
     buf.extend_from_slice(&own[n..]);
     own.truncate(n);
     Ok(Some(own.freeze()))
+}
+
+/// One read into `buf`, failing with `TimedOut` after `stall` without a byte.
+async fn read_within<R: AsyncRead + Unpin, B: BufMut>(
+    rd: &mut R,
+    buf: &mut B,
+    stall: std::time::Duration,
+) -> io::Result<usize> {
+    match tokio::time::timeout(stall, rd.read_buf(buf)).await {
+        Ok(r) => r,
+        Err(_) => Err(io::Error::new(
+            io::ErrorKind::TimedOut,
+            "no payload bytes for the stall time",
+        )),
+    }
 }
 
 /// Writes every slice of `parts`, in order, with as few `writev` calls as the
@@ -163,6 +189,23 @@ mod tests {
         assert_eq!(reader.await.unwrap(), expect);
     }
 
+    const STALL: std::time::Duration = std::time::Duration::from_secs(30);
+
+    #[tokio::test]
+    async fn a_payload_that_stops_coming_times_out() {
+        for n in [100, OWN_BUFFER_BYTES + 100] {
+            let (mut a, mut b) = tokio::io::duplex(1 << 20);
+            a.write_all(&vec![7u8; n - 10]).await.unwrap();
+            let mut buf = BytesMut::new();
+            let stall = std::time::Duration::from_millis(50);
+            let e = take_payload(&mut b, &mut buf, n, 0, stall)
+                .await
+                .unwrap_err();
+            assert_eq!(e.kind(), io::ErrorKind::TimedOut, "{n} bytes");
+            drop(a);
+        }
+    }
+
     #[tokio::test]
     async fn large_payload_is_read_to_its_end_only() {
         let (mut a, mut b) = tokio::io::duplex(4096);
@@ -172,7 +215,10 @@ mod tests {
         let writer = tokio::spawn(async move { a.write_all(&sent).await.unwrap() });
         let mut buf = BytesMut::new();
         assert!(fill(&mut b, &mut buf, 10).await.unwrap());
-        let got = take_payload(&mut b, &mut buf, n, 0).await.unwrap().unwrap();
+        let got = take_payload(&mut b, &mut buf, n, 0, STALL)
+            .await
+            .unwrap()
+            .unwrap();
         assert_eq!(&got[..], &data[..n]);
         // nothing past the payload was read; the rest follows exactly
         assert!(buf.is_empty());
@@ -186,7 +232,7 @@ mod tests {
         let data: Vec<u8> = (0..2 * n + 100).map(|i| (i % 253) as u8).collect();
         a.write_all(&data).await.unwrap();
         let mut buf = BytesMut::new();
-        let got = take_payload(&mut b, &mut buf, n, ahead)
+        let got = take_payload(&mut b, &mut buf, n, ahead, STALL)
             .await
             .unwrap()
             .unwrap();
@@ -194,7 +240,7 @@ mod tests {
         assert_eq!(&buf[..], &data[n..n + ahead]);
         assert_eq!(got.len(), n, "the payload holds nothing past its end");
         buf.clear();
-        let next = take_payload(&mut b, &mut buf, n, ahead)
+        let next = take_payload(&mut b, &mut buf, n, ahead, STALL)
             .await
             .unwrap()
             .unwrap();
@@ -205,7 +251,7 @@ mod tests {
         a.write_all(&data[..n]).await.unwrap();
         drop(a);
         let mut buf = BytesMut::new();
-        let got = take_payload(&mut b, &mut buf, n, ahead)
+        let got = take_payload(&mut b, &mut buf, n, ahead, STALL)
             .await
             .unwrap()
             .unwrap();
@@ -216,13 +262,13 @@ mod tests {
         drop(a);
         let mut buf = BytesMut::new();
         assert_eq!(
-            &take_payload(&mut b, &mut buf, 4, 28)
+            &take_payload(&mut b, &mut buf, 4, 28, STALL)
                 .await
                 .unwrap()
                 .unwrap()[..],
             b"0123"
         );
-        let e = take_payload(&mut b, &mut buf, OWN_BUFFER_BYTES, 28)
+        let e = take_payload(&mut b, &mut buf, OWN_BUFFER_BYTES, 28, STALL)
             .await
             .unwrap_err();
         assert_eq!(e.kind(), io::ErrorKind::UnexpectedEof);

@@ -93,8 +93,23 @@ impl FromStr for IpRange {
                 _ => return Err(format!("{s:?}: prefix length must be 0..={max}")),
             },
         };
+        // an IPv4-mapped IPv6 range is matched as the IPv4 range it maps: its
+        // prefix counts the 96 mapping bits, so it must cover them (a shorter
+        // one would span non-mapped IPv6 addresses too)
+        let canon = canonical(addr);
+        let prefix_bits = match (addr, canon) {
+            (IpAddr::V6(_), IpAddr::V4(_)) => match prefix_bits.checked_sub(96) {
+                Some(n) => n,
+                None => {
+                    return Err(format!(
+                        "{s:?}: an IPv4-mapped range needs a prefix length of 96..=128"
+                    ))
+                }
+            },
+            _ => prefix_bits,
+        };
         Ok(IpRange {
-            addr: canonical(addr),
+            addr: canon,
             prefix_bits,
         })
     }
@@ -210,7 +225,23 @@ mod tests {
         let v6: IpRange = "fd00::/8".parse().unwrap();
         assert!(v6.contains("fd12::1".parse().unwrap()));
         assert!(!v6.contains("fe80::1".parse().unwrap()));
-        for bad in ["10.0.0.0/33", "10.0.0/8", "x", "::/129", "1.2.3.4/"] {
+        // IPv4-mapped forms are the IPv4 ranges they map, never wider
+        let m: IpRange = "::ffff:10.0.0.5".parse().unwrap();
+        assert_eq!(m, "10.0.0.5".parse().unwrap());
+        assert!(m.contains("10.0.0.5".parse().unwrap()));
+        assert!(!m.contains("10.0.0.6".parse().unwrap()));
+        assert!(!m.contains("192.168.1.1".parse().unwrap()));
+        let m: IpRange = "::ffff:10.0.0.0/104".parse().unwrap();
+        assert_eq!(m, "10.0.0.0/8".parse().unwrap());
+        assert!(!m.contains("11.0.0.1".parse().unwrap()));
+        for bad in [
+            "10.0.0.0/33",
+            "10.0.0/8",
+            "x",
+            "::/129",
+            "1.2.3.4/",
+            "::ffff:10.0.0.0/95",
+        ] {
             assert!(bad.parse::<IpRange>().is_err(), "{bad}");
         }
         let lo = IpRange::loopback();

@@ -261,6 +261,7 @@ struct Conn {
     slots: Arc<Semaphore>,
     budget: Arc<Semaphore>,
     request_bytes_max: u32,
+    payload_stall_ms: u64,
     peer: SocketAddr,
     session: Session,
 }
@@ -294,6 +295,7 @@ async fn transmission<R, W>(
         slots,
         budget: Arc::new(Semaphore::new(limits.in_flight_bytes_max)),
         request_bytes_max: limits.request_bytes_max,
+        payload_stall_ms: limits.payload_stall_ms,
         peer,
         session,
     };
@@ -313,16 +315,26 @@ async fn transmission<R, W>(
     // Let in-flight requests finish and their replies go out, then close.
     let drain = Duration::from_millis(limits.drain_timeout_ms);
     let all = u32::try_from(slots_max).unwrap_or(u32::MAX);
+    let mut writer = writer;
     if tokio::time::timeout(drain, conn.slots.acquire_many(all))
         .await
         .is_err()
     {
-        tracing::warn!(%peer, "NBD requests did not finish in time");
+        // the client is let go (the socket closes), but the connection still
+        // counts against the bounds (its caller holds them) until the volume
+        // has finished every request it took: a client cannot pile up
+        // requests on a slow volume by reconnecting
+        tracing::warn!(%peer, "NBD requests did not finish in time; closing, the requests still run");
+        writer.abort();
+        drop(rd);
+        let _ = conn.slots.acquire_many(all).await;
+        drop(conn);
+        let _ = executor.await;
+        return;
     }
     drop(conn);
     let _ = executor.await;
     drop(rd);
-    let mut writer = writer;
     if tokio::time::timeout(Duration::from_secs(2), &mut writer)
         .await
         .is_err()
@@ -334,6 +346,7 @@ async fn transmission<R, W>(
 impl Conn {
     async fn read_loop<R: AsyncRead + Unpin>(&self, rd: &mut R, buf: &mut BytesMut) -> End {
         let mut exact_header = false;
+        let stall = Duration::from_millis(self.payload_stall_ms);
         loop {
             let header = if exact_header {
                 fill_exact(rd, buf, REQUEST_BYTES).await
@@ -361,13 +374,14 @@ impl Conn {
                 Command::Write if req.length_bytes > self.request_bytes_max => {
                     tracing::warn!(peer = %self.peer, length = req.length_bytes,
                         "NBD write longer than the maximum payload; closing");
-                    self.reply(&req, errno::EOVERFLOW, (slot, None)).await;
+                    // (EOVERFLOW only answers a READ when DF is offered: it is not)
+                    self.reply(&req, errno::EINVAL, (slot, None)).await;
                     return End::Violation("write payload too long");
                 }
                 Command::Read if req.length_bytes > self.request_bytes_max => {
                     tracing::warn!(peer = %self.peer, length = req.length_bytes,
                         "NBD read longer than the maximum payload");
-                    self.reply(&req, errno::EOVERFLOW, (slot, None)).await;
+                    self.reply(&req, errno::EINVAL, (slot, None)).await;
                 }
                 Command::BlockStatus if self.session.base_allocation.is_none() => {
                     tracing::warn!(peer = %self.peer,
@@ -403,7 +417,7 @@ impl Conn {
                         None => None,
                     };
                     let payload = if payload_len > 0 {
-                        match take_payload(rd, buf, payload_len, REQUEST_BYTES).await {
+                        match take_payload(rd, buf, payload_len, REQUEST_BYTES, stall).await {
                             Ok(Some(p)) => p,
                             Ok(None) => return End::Io(std::io::ErrorKind::UnexpectedEof.into()),
                             Err(e) => return End::Io(e),

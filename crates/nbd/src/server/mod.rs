@@ -64,7 +64,7 @@ pub struct NbdLimits {
     /// stops reading when they are all taken.
     pub requests_in_flight_max: usize,
     /// Largest READ or WRITE payload (advertised as the maximum block size).
-    /// Longer reads get EOVERFLOW; longer writes get EOVERFLOW and a close.
+    /// Longer reads get EINVAL; longer writes get EINVAL and a close.
     pub request_bytes_max: u32,
     /// READ/WRITE payload bytes held per connection at once (at least
     /// `request_bytes_max`).
@@ -77,8 +77,12 @@ pub struct NbdLimits {
     pub connections_max: usize,
     /// Connections served at once from one client address.
     pub connections_per_source_max: usize,
-    /// Time in-flight requests get to finish when a connection ends.
+    /// Time in-flight requests get to finish when a connection ends (the
+    /// connection still counts against the bounds until they have).
     pub drain_timeout_ms: u64,
+    /// A WRITE payload that makes no progress for this long closes the
+    /// connection: it holds its bytes of the node's buffer budget meanwhile.
+    pub payload_stall_ms: u64,
 }
 
 impl Default for NbdLimits {
@@ -92,6 +96,7 @@ impl Default for NbdLimits {
             connections_max: 1024,
             connections_per_source_max: 64,
             drain_timeout_ms: 30_000,
+            payload_stall_ms: 30_000,
         }
     }
 }

@@ -8,7 +8,7 @@ use nbd::proto::{cmdflag, encode_request, errno, tflag, Command, Request};
 use nbd::{NbdClient, NbdLimits};
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::io::AsyncWriteExt;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 const MIB: u64 = 1 << 20;
 
@@ -222,10 +222,10 @@ async fn errors_are_answered_and_the_connection_continues() {
     // A write with a bad flag still has its payload consumed.
     r.send(Command::Write, 0x8000, 6, 0, 512, &[9; 512]).await;
     assert_eq!(r.reply().await.unwrap().error, errno::EINVAL);
-    // Read longer than the maximum payload: EOVERFLOW, no data, connection stays.
+    // Read longer than the maximum payload: EINVAL (EOVERFLOW is for DF reads, not offered), no data, connection stays.
     r.send(Command::Read, 0, 7, 0, 64 << 20, &[]).await;
     let rep = r.reply().await.unwrap();
-    assert_eq!((rep.cookie, rep.error), (7, errno::EOVERFLOW));
+    assert_eq!((rep.cookie, rep.error), (7, errno::EINVAL));
     // Zero-length requests are fine.
     assert_eq!(r.read(0, 0).await, Ok(vec![]));
     // Still working.
@@ -258,12 +258,12 @@ async fn malformed_input_closes_only_that_connection() {
     bad.sock.write_all(&[0x55; 28]).await.unwrap();
     assert!(bad.closed().await, "bad magic closes");
 
-    // Write longer than the maximum payload: EOVERFLOW, then closed.
+    // Write longer than the maximum payload: EINVAL, then closed.
     let mut huge = Raw::connect(srv.addr, "lun0").await;
     huge.send(Command::Write, 0, 1, 0, u32::MAX, &[0; 4096])
         .await;
     let rep = huge.reply().await.unwrap();
-    assert_eq!(rep.error, errno::EOVERFLOW);
+    assert_eq!(rep.error, errno::EINVAL);
     assert!(huge.closed().await);
 
     // Garbage instead of client flags / options.
@@ -486,6 +486,75 @@ async fn pipelined_large_writes_and_small_requests_keep_their_bytes() {
     assert!(seen.contains(&3000));
     for (off, d) in expect {
         assert_eq!(raw.read(off, d.len() as u32).await.unwrap(), d, "at {off}");
+    }
+    srv.stop().await;
+}
+
+/// A WRITE's payload holds the node's buffer budget while it is read: a client
+/// that stops sending it mid-way is closed after the stall time, not kept.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_write_whose_payload_stops_coming_closes_its_connection() {
+    let limits = NbdLimits {
+        payload_stall_ms: 300,
+        ..NbdLimits::default()
+    };
+    let srv = start(&[(512, 8192, false)], limits).await;
+    for len in [4096u32, 1 << 20] {
+        let mut raw = Raw::connect(srv.addr, "lun0").await;
+        raw.send(Command::Write, 0, 9, 0, len, &[5u8; 100]).await;
+        assert!(
+            raw.closed().await,
+            "a {len}-byte write stalled and stayed open"
+        );
+    }
+    // the others are served
+    let c = NbdClient::connect(srv.addr, "lun0").await.unwrap();
+    c.write(0, Bytes::from(vec![1u8; 512]), false)
+        .await
+        .unwrap();
+    assert_eq!(c.read(0, 1).await.unwrap()[0], 1);
+    srv.stop().await;
+}
+
+/// A connection whose requests outlive the drain time is closed, but it keeps
+/// counting against the connection bounds until the volume has finished them:
+/// reconnecting cannot pile requests up on a slow volume.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_closed_connection_counts_until_its_requests_finish() {
+    let held = Arc::new(block::HoldVolume::new(Arc::new(MemVolume::new(512, 8192))));
+    held.reads.hold();
+    let limits = NbdLimits {
+        connections_per_source_max: 1,
+        drain_timeout_ms: 200,
+        ..NbdLimits::default()
+    };
+    let srv = start_volumes(vec![(held.clone(), false)], limits).await;
+    let mut first = Raw::connect(srv.addr, "lun0").await;
+    first.send(Command::Read, 0, 3, 0, 4096, &[]).await;
+    held.reads.arrivals(1).await;
+    first.sock.shutdown().await.unwrap();
+    // the server gives up on the drain and closes the connection
+    assert!(first.closed().await);
+    // ... and still counts it: another from this address is refused at once
+    let mut s = tokio::net::TcpStream::connect(srv.addr).await.unwrap();
+    let mut b = [0u8; 64];
+    let n = tokio::time::timeout(Duration::from_secs(10), s.read(&mut b))
+        .await
+        .expect("the connection was neither served nor refused");
+    assert!(
+        matches!(n, Ok(0) | Err(_)),
+        "a second connection was served"
+    );
+    // once the read is done, the address may connect again
+    held.reads.open();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let mut s = tokio::net::TcpStream::connect(srv.addr).await.unwrap();
+        if matches!(s.read(&mut b).await, Ok(n) if n > 0) {
+            break;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "never served again");
+        tokio::task::yield_now().await;
     }
     srv.stop().await;
 }
