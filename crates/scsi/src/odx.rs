@@ -13,7 +13,12 @@
 //! is read when WRITE USING TOKEN runs, so writes to the source after POPULATE TOKEN
 //! show in the copy. The node has no snapshots, so no point-in-time type is offered
 //! (asking for one: INVALID FIELD IN PARAMETER LIST). WRITE USING TOKEN also takes
-//! the block device zero ROD token (FFFF_0001h), which writes zeroes.
+//! the block device zero ROD token (FFFF_0001h), which writes zeroes. A WRITE
+//! USING TOKEN whose destination ranges overlap, or (on the token's own LU) one
+//! of whose pieces would read blocks another piece writes, is refused (INVALID
+//! FIELD IN PARAMETER LIST): run piece by piece it would copy new data. Not
+//! done: a write to a token's source ranges does not revoke the token (the
+//! access-upon-reference type lets the copy see it).
 //!
 //! Tokens are unforgeable and tamper-evident: each carries a 64-bit identifier and a
 //! 256-bit nonce from the operating system's random source, and the target keeps
@@ -240,6 +245,17 @@ fn overlapping(ranges: &[Range]) -> bool {
         .collect();
     v.sort_unstable();
     v.windows(2).any(|w| w[1].0 < w[0].1)
+}
+
+/// Whether a piece (source lba, destination lba, blocks) reads blocks another
+/// piece writes.
+fn pieces_cross(pieces: &[(u64, u64, u64)]) -> bool {
+    pieces.iter().enumerate().any(|(i, &(_, d, n))| {
+        pieces
+            .iter()
+            .enumerate()
+            .any(|(j, &(s, _, m))| i != j && s < d + n && d < s + m)
+    })
 }
 
 /// Equality that takes the same time wherever the first difference is.
@@ -743,6 +759,13 @@ async fn write_token_data(
             left -= n;
         }
         range_ends.push(pieces.len());
+    }
+    // on one LU, no piece may read what another writes: run one after the
+    // other, a later piece would read an earlier one's new data instead of the
+    // token's (within a piece the engine copies as memmove does). Refused as
+    // the overlapping destination ranges above are.
+    if std::ptr::eq(Arc::as_ptr(&src), dst) && pieces_cross(&pieces) {
+        return Err(param_error(WUT_HEADER_LEN).into());
     }
     let plan: Vec<_> = pieces
         .iter()

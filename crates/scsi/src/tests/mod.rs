@@ -1619,6 +1619,14 @@ async fn odx_copies_token_data_between_luns() {
         0
     );
     assert_eq!(stamps(&t, &n, 0, 600, 5).await, vec![10, 11, 12, 13, 14]);
+    // ... but not when one piece of the copy would read what another wrote:
+    // token blocks 50.. (LBAs 60..) would be read after LBAs 35..85 were
+    // written. Refused (like overlapping destination ranges), nothing written.
+    let adjacent = populate(&t, &n, 0, 8, 0, &[(10, 50), (60, 50)]).await;
+    let before = stamps(&t, &n, 0, 35, 100).await;
+    let r = write_using(&t, &n, 0, 9, 0, &adjacent, &[(35, 100)]).await;
+    assert_eq!(sense_of(&r), (ILLEGAL, 0x26, 0));
+    assert_eq!(stamps(&t, &n, 0, 35, 100).await, before);
     // Another nexus (another host) may use the token too.
     let other = ready(&t, "2", 1).await;
     let _ = t.execute(&other, cmd(1, &[0; 6], &[])).await;
