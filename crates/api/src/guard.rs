@@ -79,6 +79,17 @@ fn refuse(code: StatusCode, msg: &str) -> Response {
     (code, Json(json!({ "error": msg }))).into_response()
 }
 
+/// A refusal before a token was verified also ends the connection: a caller
+/// without a token cannot hold one of the bounded connections open by
+/// repeating refused requests on it.
+fn closing(mut r: Response) -> Response {
+    r.headers_mut().insert(
+        header::CONNECTION,
+        header::HeaderValue::from_static("close"),
+    );
+    r
+}
+
 fn unauthorized() -> Response {
     let mut r = refuse(
         StatusCode::UNAUTHORIZED,
@@ -199,7 +210,7 @@ pub async fn gate(State(g): State<Arc<Gate>>, req: Request, next: Next) -> Respo
             req.uri().path(),
             r.status()
         );
-        return *r;
+        return closing(*r);
     }
     let Some(caller) = g.caller(&req) else {
         tracing::warn!(
@@ -207,7 +218,7 @@ pub async fn gate(State(g): State<Arc<Gate>>, req: Request, next: Next) -> Respo
             req.method(),
             req.uri().path()
         );
-        return unauthorized();
+        return closing(unauthorized());
     };
     let mut req = req;
     // handlers may ask who is calling (GET /api/v1/whoami)

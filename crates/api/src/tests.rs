@@ -242,6 +242,21 @@ async fn no_token_or_a_wrong_one_gets_401_and_changes_nothing() {
     }
     // unknown routes do not tell they are unknown before a token is shown
     assert_eq!(n.send("GET", "/api/v1/nothing", &[], "").await.0, 401);
+    // and the refusal ends the connection (a caller without a token cannot
+    // keep one of the bounded connections by repeating refused requests)
+    let mut s = tokio::net::TcpStream::connect(n.addr).await.unwrap();
+    let req = format!("GET /api/v1/pools HTTP/1.1\r\nHost: {}\r\n\r\n", n.addr);
+    s.write_all(req.as_bytes()).await.unwrap();
+    let mut out = Vec::new();
+    tokio::time::timeout(std::time::Duration::from_secs(5), s.read_to_end(&mut out))
+        .await
+        .expect("the connection stayed open after the 401")
+        .unwrap();
+    assert!(
+        out.starts_with(b"HTTP/1.1 401"),
+        "{}",
+        String::from_utf8_lossy(&out)
+    );
     assert!(
         n.fake.actions.taken().is_empty(),
         "{:?}",

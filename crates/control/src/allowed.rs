@@ -169,6 +169,54 @@ pub(crate) fn check_lun(allowed: &Allowed, cfg: &Config, l: &LunConfig) -> Resul
     Ok(())
 }
 
+/// Checks growing LUN `id` of target `iqn` from `from` to `to` bytes against the
+/// bounds its creation had: a file LUN no larger than its filesystem could ever
+/// hold, a LUN on a memory disk growing by at most half the memory available.
+pub(crate) fn check_growth(
+    cfg: &Config,
+    iqn: &str,
+    id: u64,
+    from: u64,
+    to: u64,
+) -> Result<(), ApiError> {
+    let Some(t) = cfg.targets.iter().find(|t| t.iqn == iqn) else {
+        return Ok(());
+    };
+    let lun = t
+        .luns
+        .iter()
+        .enumerate()
+        .find(|(i, l)| l.id.unwrap_or(*i as u64) == id)
+        .map(|(_, l)| l);
+    let Some(l) = lun else { return Ok(()) };
+    if let Some(p) = &l.path {
+        if let Some((_, total)) = fs_bytes(p) {
+            if to > total {
+                return Err(refused(format!(
+                    "{}: {to} bytes could never be held by its filesystem of {total} bytes",
+                    p.display()
+                )));
+            }
+        }
+    }
+    let on_memory = l
+        .disk
+        .as_deref()
+        .and_then(|d| cfg.disks.iter().find(|x| x.name == d))
+        .is_some_and(|d| d.memory);
+    if on_memory {
+        if let Some(avail) = mem_available_bytes() {
+            if to.saturating_sub(from) > avail / 2 {
+                return Err(refused(format!(
+                    "growing by {} bytes: the node has {avail} bytes available (at most half may go to one disk)",
+                    to - from
+                )));
+            }
+        }
+    }
+    Ok(())
+}
+
 /// The NAAs the node generated for its LUNs that name none in the config (kept
 /// in the data directory, see [`crate::identity`]).
 fn generated_naas(cfg: &Config) -> Vec<String> {

@@ -125,7 +125,8 @@ pub(crate) fn prepare_node(data_dir: &Path) -> Result<()> {
 
 /// The API's TLS configuration, or None when it speaks plain HTTP. Uses the
 /// configured certificate, else one made at first start in the data directory
-/// (for `localhost`, loopback, the listening address and `[api] hosts`), and
+/// (for `localhost`, loopback, the API's and the console's addresses and `[api]
+/// hosts`), and
 /// copies the certificate served to `DATA_DIR/api/serving-cert.pem` for local
 /// clients to pin (removed when TLS is off).
 pub(crate) fn prepare_tls(
@@ -145,8 +146,10 @@ pub(crate) fn prepare_tls(
         (Some(c), Some(k)) => (c.clone(), k.clone()),
         _ => {
             let mut names = a.hosts.clone();
-            if !a.address.ip().is_unspecified() {
-                names.push(a.address.ip().to_string());
+            for ip in std::iter::once(a.address.ip()).chain(a.console.map(|c| c.ip())) {
+                if !ip.is_unspecified() && !names.contains(&ip.to_string()) {
+                    names.push(ip.to_string());
+                }
             }
             api::tls::ensure_generated(data_dir, &names)?
         }

@@ -391,9 +391,14 @@ impl ApiConfig {
         }
     }
 
-    /// Whether the API speaks TLS: `tls` if set, else on off loopback.
+    /// Whether the API (and its console) speaks TLS: `tls` if set, else when
+    /// either listens off loopback (the console shares the API's TLS setting:
+    /// a console reached over the network must not carry logins in clear,
+    /// even with the API itself on loopback).
     pub fn tls_enabled(&self) -> bool {
-        self.tls.unwrap_or(!self.address.ip().is_loopback())
+        self.tls.unwrap_or(
+            !self.address.ip().is_loopback() || self.console.is_some_and(|c| !c.ip().is_loopback()),
+        )
     }
 
     /// The bounds the API server applies.
@@ -1462,8 +1467,12 @@ mod tests {
         c.api = Some(api.clone());
         assert!(c.validate().is_err());
         api.allow_remote = true;
-        c.api = Some(api);
+        c.api = Some(api.clone());
         c.validate().unwrap();
+        // a console off loopback speaks TLS, though the API is on loopback
+        assert!(api.tls_enabled());
+        api.console = Some("127.0.0.1:8261".parse().unwrap());
+        assert!(!api.tls_enabled());
     }
 
     #[test]

@@ -454,6 +454,8 @@ impl Objects {
             );
         }
         let _op = self.op.lock().await;
+        let (cfg, _) = self.snapshot();
+        crate::allowed::check_growth(&cfg, &target, lun, g.size_bytes(), bytes)?;
         vol.grow(blocks)
             .await
             .map_err(|e| ApiError::Conflict(format!("LUN {lun} of {target} cannot grow: {e}")))?;

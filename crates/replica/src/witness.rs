@@ -210,12 +210,16 @@ async fn serve(
                 (_, c) => c,
             };
             if next != cur {
+                // stored first, then held: a save that fails changes nothing,
+                // so what is answered, held and remembered after a restart agree
+                let mut new = h.clone();
                 if next == 0 {
-                    h.remove(cluster);
+                    new.remove(cluster);
                 } else {
-                    h.insert(cluster.clone(), next);
+                    new.insert(cluster.clone(), next);
                 }
-                persist(&file, &h)?;
+                persist(&file, &new)?;
+                *h = new;
                 tracing::info!(cluster, holder = next, "witness grant changed");
             }
             next

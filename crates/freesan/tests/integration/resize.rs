@@ -99,6 +99,16 @@ async fn a_lun_grows_while_verified_writes_run() {
         "the new space's last block was never written"
     );
 
+    // growing past what the file's filesystem could ever hold is refused
+    let (ok, out) = cli(
+        &api,
+        &[
+            "lun", "resize", "--target", IQN, "--lun", "0", "--size", "1048576T",
+        ],
+    );
+    assert!(!ok && out.contains("could never be held"), "{out}");
+    assert_eq!(capacity_bytes(&s).await, 32 * MIB);
+
     // shrinking is refused and changes nothing
     let (ok, out) = cli(
         &api,
