@@ -45,7 +45,14 @@ pub struct AuditEntry {
 pub struct AuditLog {
     path: PathBuf,
     file: Mutex<Option<std::fs::File>>,
+    /// Past this size the log moves to `audit.log.1` (the one before is
+    /// dropped) and a new one starts: two files at most, so no caller, a
+    /// read-only token's refused changes included, can fill the disk with it.
+    max_bytes: u64,
 }
+
+/// Size at which the audit log rotates ([`AuditLog::max_bytes`]).
+pub const ROTATE_BYTES: u64 = 64 << 20;
 
 fn key_is_secret(k: &str) -> bool {
     let k = k.to_ascii_lowercase();
@@ -100,9 +107,14 @@ pub fn summarize(body: &[u8]) -> Value {
 impl AuditLog {
     /// The audit log of the node whose data directory is `data_dir`.
     pub fn open(data_dir: &Path) -> AuditLog {
+        Self::with_max(data_dir, ROTATE_BYTES)
+    }
+
+    fn with_max(data_dir: &Path, max_bytes: u64) -> AuditLog {
         AuditLog {
             path: data_dir.join("audit.log"),
             file: Mutex::new(None),
+            max_bytes,
         }
     }
 
@@ -130,12 +142,33 @@ impl AuditLog {
         }
         let f = g.as_mut().ok_or_else(|| std::io::Error::other("no file"))?;
         f.write_all(&line)?;
-        f.sync_data()
+        f.sync_data()?;
+        if f.metadata()?.len() >= self.max_bytes {
+            let old = self.path.with_extension("log.1");
+            std::fs::rename(&self.path, &old)?;
+            *g = None;
+            // the rename must outlive a crash like the lines it moved
+            if let Some(dir) = self.path.parent() {
+                std::fs::File::open(dir)?.sync_all()?;
+            }
+        }
+        Ok(())
     }
 
     /// The last `limit` entries, oldest first (lines that do not parse are skipped).
     pub fn tail(&self, limit: usize) -> std::io::Result<Vec<AuditEntry>> {
-        let mut f = match std::fs::File::open(&self.path) {
+        let mut out = Self::tail_of(&self.path, limit)?;
+        if out.len() < limit {
+            // the rest from before the last rotation
+            let mut older = Self::tail_of(&self.path.with_extension("log.1"), limit - out.len())?;
+            older.append(&mut out);
+            out = older;
+        }
+        Ok(out)
+    }
+
+    fn tail_of(path: &Path, limit: usize) -> std::io::Result<Vec<AuditEntry>> {
+        let mut f = match std::fs::File::open(path) {
             Ok(f) => f,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
             Err(e) => return Err(e),
@@ -175,5 +208,37 @@ mod tests {
             .unwrap()
             .ends_with("(5008 bytes)"));
         assert_eq!(summarize(b"a=b")["not_json_bytes"], 3);
+    }
+
+    #[test]
+    fn the_log_rotates_and_keeps_two_files_at_most() {
+        let d = tempfile::tempdir().unwrap();
+        let log = AuditLog::with_max(d.path(), 2048);
+        let e = AuditEntry {
+            time_unix_ms: 1,
+            who: "reader".into(),
+            token_id: "id".into(),
+            role: "read-only".into(),
+            source: "127.0.0.1".into(),
+            method: "POST".into(),
+            path: "/api/v1/pools/tank/scrub".into(),
+            body: Value::Null,
+            status: 403,
+        };
+        for _ in 0..1000 {
+            log.append(&e).unwrap();
+        }
+        let size = |n: &str| std::fs::metadata(d.path().join(n)).map_or(0, |m| m.len());
+        assert!(size("audit.log.1") >= 2048, "never rotated");
+        assert!(size("audit.log") < 2048 && size("audit.log.1") < 2048 + 512);
+        assert_eq!(std::fs::read_dir(d.path()).unwrap().count(), 2);
+        // the newest entries are read, across the rotation too
+        assert_eq!(log.tail(5).unwrap().len(), 5);
+        let lines =
+            |n: &str| std::fs::read_to_string(d.path().join(n)).map_or(0, |t| t.lines().count());
+        assert_eq!(
+            log.tail(1000).unwrap().len(),
+            lines("audit.log") + lines("audit.log.1")
+        );
     }
 }

@@ -333,7 +333,17 @@ async fn history(
             "window must be 1 to {HISTORY_WINDOW_MAX} seconds"
         )));
     }
-    Ok(Json(c.history(window)))
+    // built off the async workers (the data path shares them), two at once: a
+    // long window over many LUNs and paths is large, and any token may ask
+    static AT_ONCE: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(2);
+    let _turn = AT_ONCE
+        .acquire()
+        .await
+        .map_err(|e| ApiError::Internal(format!("history: {e}")))?;
+    let v = tokio::task::spawn_blocking(move || c.history(window))
+        .await
+        .map_err(|e| ApiError::Internal(format!("history: {e}")))?;
+    Ok(Json(v))
 }
 
 #[utoipa::path(get, path = "/api/v1/targets", tag = "targets",
