@@ -14,7 +14,26 @@ use std::path::{Component, Path, PathBuf};
 #[derive(Debug, Clone)]
 pub(crate) struct Allowed {
     roots: Vec<PathBuf>,
+    /// The data directory (resolved): the node's own files in it are never a
+    /// backing path.
+    data_dir: Option<PathBuf>,
 }
+
+/// What the node keeps at the top of its data directory: its state, tokens,
+/// audit trail and configuration. A LUN or disk there would let the block
+/// protocols rewrite them.
+const NODE_OWNED: &[&str] = &[
+    "api",
+    "audit.log",
+    "audit.log.1",
+    "events.jsonl",
+    "alerts-delivered.json",
+    "hook.key",
+    "managed.toml",
+    "nbd",
+    "targets",
+    "replicas",
+];
 
 /// `p` with symlinks resolved as far as it exists, the rest appended; None when
 /// a `..` remains or nothing of it exists.
@@ -58,6 +77,7 @@ impl Allowed {
         };
         Allowed {
             roots: listed.iter().filter_map(|p| resolve(p)).collect(),
+            data_dir: resolve(&cfg.data_dir),
         }
     }
 
@@ -70,6 +90,18 @@ impl Allowed {
             )));
         }
         let r = resolve(p).ok_or_else(|| refused(format!("{}: cannot resolve", p.display())))?;
+        let owned = self
+            .data_dir
+            .as_ref()
+            .and_then(|d| r.strip_prefix(d).ok())
+            .and_then(|rest| rest.components().next())
+            .is_some_and(|c| NODE_OWNED.iter().any(|n| c.as_os_str() == *n));
+        if owned {
+            return Err(refused(format!(
+                "{} is one of the node's own files (in its data directory)",
+                p.display()
+            )));
+        }
         if self.roots.iter().any(|root| r.starts_with(root)) {
             return Ok(r);
         }
@@ -271,6 +303,7 @@ mod tests {
         std::fs::create_dir_all(d.path().join("data/sub")).unwrap();
         let a = Allowed {
             roots: vec![resolve(&d.path().join("data")).unwrap()],
+            data_dir: resolve(&d.path().join("data")),
         };
         assert!(a.check_path(&d.path().join("data/x.img")).is_ok());
         assert!(a.check_path(&d.path().join("data/sub/new/y.img")).is_ok());
@@ -280,5 +313,18 @@ mod tests {
         // a symlink inside pointing outside is followed and refused
         std::os::unix::fs::symlink("/etc", d.path().join("data/link")).unwrap();
         assert!(a.check_path(&d.path().join("data/link/shadow")).is_err());
+        // the node's own files in its data directory are never backing paths
+        for own in [
+            "audit.log",
+            "managed.toml",
+            "api/tokens.json",
+            "targets/t/lun0.pr.json",
+        ] {
+            assert!(
+                a.check_path(&d.path().join("data").join(own)).is_err(),
+                "{own}"
+            );
+        }
+        assert!(a.check_path(&d.path().join("data/disks/d0.img")).is_ok());
     }
 }
