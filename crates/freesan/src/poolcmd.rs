@@ -140,7 +140,17 @@ pub(crate) fn http(
         "{method} {path} HTTP/1.1\r\nHost: {api}\r\nConnection: close\r\n{auth}Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
         body.len()
     );
-    let raw = match crate::apicmd::tls_to_use()? {
+    let tls = crate::apicmd::tls_to_use()?;
+    if tls.is_none() && !auth.is_empty() && !api.ip().is_loopback() {
+        // the node would refuse plain HTTP there anyway; the token must not
+        // cross the network in clear on the way
+        bail!(
+            "the management API at {api} is not on this host and no certificate is pinned: \
+             the token would cross the network in clear; give --tls-cert (the node's \
+             DATA_DIR/api/serving-cert.pem) or --data-dir"
+        );
+    }
+    let raw = match tls {
         None => exchange(&mut s, request.as_bytes())?,
         Some(cfg) => {
             let name = api::tls::rustls::pki_types::ServerName::IpAddress(api.ip().into());
