@@ -214,12 +214,7 @@ pub(crate) fn check_growth(
     let Some(t) = cfg.targets.iter().find(|t| t.iqn == iqn) else {
         return Ok(());
     };
-    let lun = t
-        .luns
-        .iter()
-        .enumerate()
-        .find(|(i, l)| l.id.unwrap_or(*i as u64) == id)
-        .map(|(_, l)| l);
+    let lun = t.lun(id);
     let Some(l) = lun else { return Ok(()) };
     if let Some(p) = &l.path {
         if let Some((_, total)) = fs_bytes(p) {

@@ -631,6 +631,17 @@ pub struct TargetConfig {
     pub luns: Vec<LunConfig>,
 }
 
+impl TargetConfig {
+    /// The LUN numbered `id` (a LUN without an `id` is numbered by its place).
+    pub fn lun(&self, id: u64) -> Option<&LunConfig> {
+        self.luns
+            .iter()
+            .enumerate()
+            .find(|(i, l)| l.id.unwrap_or(*i as u64) == id)
+            .map(|(_, l)| l)
+    }
+}
+
 /// One host group of a target: who (initiator names, CHAP names) sees which LUNs.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]

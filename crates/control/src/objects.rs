@@ -605,12 +605,7 @@ impl Objects {
                 s.lun_ids()
                     .into_iter()
                     .map(|id| {
-                        let l = t
-                            .luns
-                            .iter()
-                            .enumerate()
-                            .find(|(i, l)| l.id.unwrap_or(*i as u64) == id)
-                            .map(|(_, l)| l);
+                        let l = t.lun(id);
                         json!({
                             "lun": id,
                             "size_bytes": s.lun_size_bytes(id),
@@ -700,12 +695,7 @@ impl Objects {
                 continue;
             };
             for id in scsi_target.lun_ids() {
-                let l = t
-                    .luns
-                    .iter()
-                    .enumerate()
-                    .find(|(i, l)| l.id.unwrap_or(*i as u64) == id)
-                    .map(|(_, l)| l);
+                let l = t.lun(id);
                 out.push(json!({
                     "target": t.iqn,
                     "lun": id,
