@@ -1650,8 +1650,12 @@ impl Inner {
             // crash cut a grow short) keeps every cached block where it was
             && old.backing_bytes <= self.geo().size_bytes();
         // devices whose superblock is older than the newest (a mirror half that
-        // failed earlier) or missing are not trusted
-        for (d, sb) in self.devs.iter().zip(sbs) {
+        // failed earlier) or missing are not trusted; in the other modes such a
+        // device serves, but its table is not read: it missed the writes that
+        // went around it while it was failed, or is another cache's
+        let mut stale = vec![false; self.devs.len()];
+        for ((d, sb), stale) in self.devs.iter().zip(sbs).zip(stale.iter_mut()) {
+            *stale = !matches!(sb, Some(s) if s.cache_id == old.cache_id && s.generation == old.generation);
             match sb {
                 Some(s) if s.cache_id == old.cache_id && s.generation == old.generation => {}
                 Some(s) if s.cache_id == old.cache_id && old.partner_failed => {
@@ -1689,7 +1693,7 @@ impl Inner {
         let mut entries = Vec::new();
         let mut bits = Vec::new();
         for (d, dev) in self.devs.iter().enumerate() {
-            if dev.is_failed() {
+            if dev.is_failed() || stale[d] {
                 continue;
             }
             for page in 0..self.layout.table_pages {
@@ -1718,7 +1722,20 @@ impl Inner {
                     } else {
                         (r.dirty, r.dirty)
                     };
-                    if valid == 0 || r.key * self.block_bytes >= self.geo().size_bytes() {
+                    // a record's key and bitmaps come from the device: a key
+                    // past the volume (overflowing included) is dropped, and
+                    // the bitmaps keep only the block's sectors (bits past
+                    // them counted a dirty frame the map never held)
+                    let in_volume = r
+                        .key
+                        .checked_mul(self.block_bytes)
+                        .is_some_and(|at| at < self.geo().size_bytes());
+                    if !in_volume {
+                        continue;
+                    }
+                    let full = self.full_mask(r.key);
+                    let (valid, dirty) = (valid & full, dirty & full & valid);
+                    if valid == 0 {
                         continue;
                     }
                     entries.push((slot, r.key));

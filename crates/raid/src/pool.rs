@@ -1440,15 +1440,27 @@ impl Inner {
             .map_err(|e| RaidError::PoolFailed(e.to_string()))?;
         let mut records = BTreeMap::new();
         let step_blocks = ((1u64 << 20) / self.bs).max(1);
-        let mut rings: Vec<(Arc<MemberHandle>, u64)> = view
+        // a ring is read whole into memory: a superblock claiming more than any
+        // ring the pool makes is refused, not followed
+        const RING_BYTES_MAX: u64 = 4 << 30;
+        if j.ring_blocks.saturating_mul(self.bs) > RING_BYTES_MAX {
+            return Err(RaidError::PoolFailed(format!(
+                "the superblock's journal ring of {} blocks is larger than any pool makes",
+                j.ring_blocks
+            )));
+        }
+        // (member ring or not: the journal device's ring is the only copy of
+        // its records)
+        let mut rings: Vec<(Arc<MemberHandle>, u64, bool)> = view
             .member_handles()
             .into_iter()
-            .map(|(_, h)| (h, j.offset_blocks))
+            .map(|(_, h)| (h, j.offset_blocks, true))
             .collect();
         for d in self.journal_devices() {
-            rings.push((d.h.clone(), d.ring_offset_blocks));
+            rings.push((d.h.clone(), d.ring_offset_blocks, false));
         }
-        for (h, ring_at) in rings {
+        let (mut jdev_errors, mut jdev_read) = (Vec::new(), 0usize);
+        for (h, ring_at, on_member) in rings {
             let mut image = Vec::with_capacity((j.ring_blocks * self.bs) as usize);
             let mut at = 0u64;
             let mut ok = true;
@@ -1456,8 +1468,14 @@ impl Inner {
                 let n = step_blocks.min(j.ring_blocks - at);
                 match h.volume.read(ring_at + at, n as u32).await {
                     Ok(b) => image.extend_from_slice(&b),
-                    Err(e) => {
+                    Err(e) if on_member => {
                         tracing::warn!(member = %h.name, error = %e, "journal unreadable on member");
+                        ok = false;
+                        break;
+                    }
+                    Err(e) => {
+                        tracing::warn!(device = %h.name, error = %e, "journal device unreadable");
+                        jdev_errors.push(format!("{}: {e}", h.name));
                         ok = false;
                         break;
                     }
@@ -1467,11 +1485,24 @@ impl Inner {
             if !ok {
                 continue;
             }
+            if !on_member {
+                jdev_read += 1;
+            }
             for rec in journal::scan(&image, self.bs as usize, self.pool_tag) {
                 if rec.seq > checkpoint {
                     records.insert(rec.seq, rec);
                 }
             }
+        }
+        // the journal devices' rings are the only copy of their records: with
+        // none readable, replaying without them (and storing the checkpoint
+        // after) would lose them for good; refused, so that a later assemble,
+        // or a forced one that gives them up, decides
+        if !jdev_errors.is_empty() && jdev_read == 0 {
+            return Err(RaidError::PoolFailed(format!(
+                "the journal device is unreadable ({}): its records cannot be replayed",
+                jdev_errors.join("; ")
+            )));
         }
         let mut max_seq = records.keys().next_back().copied().unwrap_or(checkpoint);
         if !records.is_empty() {

@@ -114,6 +114,18 @@ async fn acknowledged_writes_survive_a_crash_and_member_loss_with_the_journal_on
         dev.crash();
         // without the device the pool is refused
         assert!(Pool::assemble(as_members(&ms, &lose), false).await.is_err());
+        // so is a device whose ring cannot be read (its records are the only
+        // copy: assembling without them would store a checkpoint past them)
+        let unreadable = Arc::new(block::FaultVolume::new(dev.clone() as VolumeRef));
+        let ring = (64 << 10) / BS as u64..DEV_BLOCKS;
+        unreadable.plan().lock().bad_read_blocks = Vec::from([ring]);
+        let r = Pool::assemble_with_journal_device(
+            as_members(&ms, &lose),
+            false,
+            Some(Member::new("ssd", unreadable as VolumeRef)),
+        )
+        .await;
+        assert!(r.is_err(), "assembled over an unreadable journal device");
         let pool = Pool::assemble_with_journal_device(
             as_members(&ms, &lose),
             false,
