@@ -18,12 +18,22 @@ pub(crate) async fn fill<R: AsyncRead + Unpin>(
     buf: &mut BytesMut,
     n: usize,
 ) -> io::Result<bool> {
+    fill_within(rd, buf, n, None).await
+}
+
+/// [`fill`], each read failing with `TimedOut` after `stall` without a byte.
+async fn fill_within<R: AsyncRead + Unpin>(
+    rd: &mut R,
+    buf: &mut BytesMut,
+    n: usize,
+    stall: Option<std::time::Duration>,
+) -> io::Result<bool> {
     while buf.len() < n {
         let want = n - buf.len();
         if buf.capacity() - buf.len() < want {
             buf.reserve(want.max(READ_CHUNK_BYTES));
         }
-        if rd.read_buf(buf).await? == 0 {
+        if read_within(rd, buf, stall).await? == 0 {
             if buf.is_empty() {
                 return Ok(false);
             }
@@ -80,16 +90,8 @@ pub(crate) async fn take_payload<R: AsyncRead + Unpin>(
         return Ok(Some(buf.split_to(n).freeze()));
     }
     if n < OWN_BUFFER_BYTES {
-        while buf.len() < n {
-            let want = n - buf.len();
-            if buf.capacity() - buf.len() < want {
-                buf.reserve(want.max(READ_CHUNK_BYTES));
-            }
-            if read_within(rd, buf, stall).await? == 0 {
-                return Err(io::ErrorKind::UnexpectedEof.into());
-            }
-        }
-        return Ok(Some(buf.split_to(n).freeze()));
+        let full = fill_within(rd, buf, n, Some(stall)).await?;
+        return Ok(full.then(|| buf.split_to(n).freeze()));
     }
     let end = n.saturating_add(ahead_bytes);
     let mut own = BytesMut::with_capacity(end);
@@ -97,7 +99,7 @@ pub(crate) async fn take_payload<R: AsyncRead + Unpin>(
     buf.clear();
     while own.len() < n {
         let want = end - own.len();
-        if read_within(rd, &mut (&mut own).limit(want), stall).await? == 0 {
+        if read_within(rd, &mut (&mut own).limit(want), Some(stall)).await? == 0 {
             if own.is_empty() {
                 return Ok(None);
             }
@@ -110,12 +112,16 @@ pub(crate) async fn take_payload<R: AsyncRead + Unpin>(
     Ok(Some(own.freeze()))
 }
 
-/// One read into `buf`, failing with `TimedOut` after `stall` without a byte.
+/// One read into `buf`; with a `stall`, failing with `TimedOut` after it
+/// without a byte.
 async fn read_within<R: AsyncRead + Unpin, B: BufMut>(
     rd: &mut R,
     buf: &mut B,
-    stall: std::time::Duration,
+    stall: Option<std::time::Duration>,
 ) -> io::Result<usize> {
+    let Some(stall) = stall else {
+        return rd.read_buf(buf).await;
+    };
     match tokio::time::timeout(stall, rd.read_buf(buf)).await {
         Ok(r) => r,
         Err(_) => Err(io::Error::new(
