@@ -15,7 +15,11 @@
 //! Bounds: at most [`CSCD_MAX`] CSCD and [`SEGMENTS_MAX`] segment descriptors in
 //! [`DESC_LIST_MAX`] bytes, 65535 blocks a segment, [`CONCURRENT_MAX`] copies running
 //! per target (more wait), [`CHUNKS_IN_FLIGHT`] chunks of [`CHUNK_BYTES`] in memory per copy, and
-//! [`HELD_MAX`] held copy statuses per target (the oldest finished one goes first).
+//! [`HELD_MAX`] held copy statuses per target (the oldest finished one goes first;
+//! a copy waiting for its turn is held, in progress, so that its list identifier
+//! sent again meanwhile is OPERATION IN PROGRESS: more than [`HELD_MAX`] are held
+//! only while that many copy commands wait, which the sessions' command windows
+//! bound).
 //! A copy stops between chunks when its command is aborted; what it wrote stays
 //! written (each chunk is whole), and its status says "completed with errors".
 //! Overlapping ranges on one LU are copied as by memmove.
@@ -181,7 +185,7 @@ impl Copies {
             held.remove(i);
         }
         if held.len() >= HELD_MAX {
-            // The oldest finished one; running ones are at most CONCURRENT_MAX.
+            // The oldest finished one (none when every held copy runs or waits).
             if let Some(i) = held
                 .iter()
                 .position(|h| h.status.state.load(Ordering::Acquire) != IN_PROGRESS)
@@ -635,7 +639,8 @@ pub(crate) async fn extended_copy(
         return Ok(Done::empty());
     };
     let list = parse(p)?;
-    let _slot = copies.slot().await?;
+    // registered before waiting for a slot: the same list identifier sent
+    // again meanwhile is OPERATION IN PROGRESS, not a second copy
     let status = match list.usage {
         0x03 => None,
         _ => Some(copies.start(nexus, ListId::Lid1(list.list_id))?),
@@ -644,6 +649,7 @@ pub(crate) async fn extended_copy(
         status: status.as_deref(),
         ok: false,
     };
+    let _slot = copies.slot().await?;
     let lu_of = |index: u16| -> Result<(Arc<LogicalUnit>, bool), Fail> {
         list.cscds
             .get(index as usize)

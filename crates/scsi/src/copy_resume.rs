@@ -30,6 +30,13 @@
 //! as it was or as the source has it, and the initiator retries the command.
 //! A copy that fails or is aborted drops its record at once: the initiator was
 //! told, and may write the range itself.
+//!
+//! A record whose removal cannot be written (the state directory fails) would
+//! be run again at the next start, over whatever the LU served since: the LU
+//! answers NOT READY, MANUAL INTERVENTION REQUIRED (INQUIRY, REPORT LUNS and
+//! REQUEST SENSE pass) until a retried write of the file succeeds, and the copy
+//! command that ended is answered COPY TARGET DEVICE FAILURE. Sources on other
+//! LUs are not held meanwhile.
 
 use crate::cdb::op;
 use crate::copy::{copy_blocks, CopyRun, Source, Status};
@@ -81,7 +88,22 @@ pub(crate) struct Intents {
     /// Records found at start, not yet run again.
     found: Mutex<Vec<u64>>,
     resuming: AtomicBool,
+    /// A record was removed from the map but the file still holds it (its
+    /// write failed): a restart would run that copy again over whatever the
+    /// LU served since, so the LU refuses commands until a write of the map
+    /// succeeds (retried in the background, [`Intents::retry_removal`]).
+    unremoved: AtomicBool,
+    retrying: AtomicBool,
+    /// Woken when `unremoved` clears.
+    cleaned: tokio::sync::Notify,
+    /// Tests: every write of the file fails.
+    #[cfg(test)]
+    fail_writes: AtomicBool,
 }
+
+/// LOGICAL UNIT NOT READY, MANUAL INTERVENTION REQUIRED: the copy records could
+/// not be written.
+const RECORDS_UNWRITABLE: Sense = Sense::new(crate::sense::key::NOT_READY, 0x04, 0x03);
 
 struct State {
     next_id: u64,
@@ -207,6 +229,11 @@ impl Intents {
         let found: Vec<u64> = map.keys().copied().collect();
         Arc::new(Intents {
             resuming: AtomicBool::new(!found.is_empty()),
+            unremoved: AtomicBool::new(false),
+            retrying: AtomicBool::new(false),
+            cleaned: tokio::sync::Notify::new(),
+            #[cfg(test)]
+            fail_writes: AtomicBool::new(false),
             st: Mutex::new(State {
                 next_id: map.len() as u64,
                 version: 0,
@@ -217,13 +244,16 @@ impl Intents {
         })
     }
 
-    /// NOT READY while copies found at start run again (see the module doc).
+    /// NOT READY while copies found at start run again (see the module doc),
+    /// and while a removed record is still on file ([`Intents::unremoved`]).
     pub(crate) fn gate(&self, opcode: u8) -> Result<(), Sense> {
-        if !self.resuming.load(Ordering::Acquire) {
+        let unremoved = self.unremoved.load(Ordering::Acquire);
+        if !unremoved && !self.resuming.load(Ordering::Acquire) {
             return Ok(());
         }
         match opcode {
             op::INQUIRY | op::REPORT_LUNS | op::REQUEST_SENSE => Ok(()),
+            _ if unremoved => Err(RECORDS_UNWRITABLE),
             _ => Err(BECOMING_READY),
         }
     }
@@ -238,6 +268,10 @@ impl Intents {
         let (durable, slots) = &mut *file;
         if *durable >= version {
             return Ok(());
+        }
+        #[cfg(test)]
+        if self.fail_writes.load(Ordering::Acquire) {
+            return Err(std::io::Error::other("injected write failure"));
         }
         let (now, rec) = {
             let st = self.st.lock();
@@ -290,27 +324,69 @@ impl Intents {
     }
 
     /// Removes a copy's record; returns once that is durable.
-    async fn remove(self: &Arc<Self>, id: u64) {
+    async fn remove(self: &Arc<Self>, id: u64) -> std::io::Result<()> {
         let mut removed = false;
         let version = self.change(|st| removed = st.copies.remove(&id).is_some());
         if removed {
             if let Err(e) = self.persist_async(version).await {
-                tracing::error!(error = %e, "could not remove a copy record");
+                self.removal_failed(&e);
+                return Err(e);
             }
         }
+        Ok(())
     }
 
     /// [`Intents::remove`] where nothing can wait (a copy's future dropped
     /// mid-way, its command aborted): the removal is durable before this returns,
     /// so before the abort is answered.
-    fn remove_now(&self, id: u64) {
+    fn remove_now(self: &Arc<Self>, id: u64) {
         let mut removed = false;
         let version = self.change(|st| removed = st.copies.remove(&id).is_some());
         if removed {
             if let Err(e) = self.persist(version) {
-                tracing::error!(error = %e, "could not remove a copy record");
+                self.removal_failed(&e);
             }
         }
+    }
+
+    /// A removal did not reach the file: the LU is refused until a write of
+    /// the map does (see [`Intents::unremoved`]).
+    fn removal_failed(self: &Arc<Self>, e: &std::io::Error) {
+        tracing::error!(
+            error = %e,
+            "could not remove a copy record; the LU is refused until its record file can be written"
+        );
+        self.unremoved.store(true, Ordering::Release);
+        self.retry_removal();
+    }
+
+    /// Writes the map again, backing off from 50 ms to 5 s between tries,
+    /// until a write succeeds; then lets commands in. One such task at a time.
+    fn retry_removal(self: &Arc<Self>) {
+        if self.retrying.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let Ok(rt) = tokio::runtime::Handle::try_current() else {
+            self.retrying.store(false, Ordering::Release);
+            return;
+        };
+        let me = self.clone();
+        rt.spawn(async move {
+            let mut wait = std::time::Duration::from_millis(50);
+            loop {
+                let version = me.st.lock().version;
+                match me.persist_async(version).await {
+                    Ok(()) => break,
+                    Err(e) => tracing::warn!(error = %e, "copy record file still unwritable"),
+                }
+                tokio::time::sleep(wait).await;
+                wait = (wait * 2).min(std::time::Duration::from_secs(5));
+            }
+            me.unremoved.store(false, Ordering::Release);
+            me.retrying.store(false, Ordering::Release);
+            me.cleaned.notify_waiters();
+            tracing::info!("copy record file written again; the LU takes commands");
+        });
     }
 }
 
@@ -386,7 +462,15 @@ impl<'a> Recorded<'a> {
             Fail::from(codes::COPY_TARGET_FAILURE)
         })?;
         self.id = None;
-        self.dst.intents.remove(id).await;
+        // still on file: a restart would run it again, so the LU is refused
+        // until it is not (see Intents::unremoved), and the command fails
+        self.dst.intents.remove(id).await.map_err(|_| {
+            tracing::error!(
+                lun = self.dst.lun,
+                "copy done, but its record could not be removed"
+            );
+            Fail::from(codes::COPY_TARGET_FAILURE)
+        })?;
         Ok(())
     }
 }
@@ -461,7 +545,8 @@ pub(crate) fn resume(lu: &Arc<LogicalUnit>, luns: &[Arc<LogicalUnit>]) {
             if ok {
                 tracing::info!(lun = lu.lun, "copy finished");
             }
-            lu.intents.remove(id).await;
+            // a failure is logged and keeps the LU refused (Intents::unremoved)
+            let _ = lu.intents.remove(id).await;
         }
         lu.intents.resuming.store(false, Ordering::Release);
     });
@@ -500,7 +585,7 @@ mod tests {
                     let id = intents.add(vec![piece(i)]).await.unwrap();
                     assert!(on_file(&pr).contains(&i), "copy {i} not on file once added");
                     tokio::task::yield_now().await;
-                    intents.remove(id).await;
+                    intents.remove(id).await.unwrap();
                     assert!(!on_file(&pr).contains(&i), "copy {i} on file once removed");
                 })
             })
@@ -515,5 +600,38 @@ mod tests {
         let again = Intents::load(Some(&pr));
         assert_eq!(again.found.lock().len(), 1);
         assert!(again.gate(op::READ_10).is_err());
+    }
+
+    /// A removal that does not reach the file leaves a record a restart would
+    /// run again: the LU is refused (NOT READY, MANUAL INTERVENTION REQUIRED)
+    /// until a retried write of the file succeeds, and then takes commands.
+    #[tokio::test]
+    async fn a_record_that_could_not_be_removed_refuses_the_lu_until_written() {
+        let dir = crate::tests::TempDir::new("intents-unremoved");
+        let pr = dir.path().join("lun0.pr.json");
+        let intents = Intents::load(Some(&pr));
+        let id = intents.add(vec![piece(7)]).await.unwrap();
+        intents.fail_writes.store(true, Ordering::Release);
+        assert!(intents.remove(id).await.is_err());
+        assert_eq!(on_file(&pr), vec![7], "the failed removal left the record");
+        let refused = intents.gate(op::WRITE_10).unwrap_err();
+        assert_eq!((refused.key, refused.asc, refused.ascq), (0x02, 0x04, 0x03));
+        assert!(intents.gate(op::READ_10).is_err());
+        assert!(intents.gate(op::INQUIRY).is_ok());
+        // the retries keep failing while the file cannot be written
+        tokio::task::yield_now().await;
+        assert!(intents.gate(op::READ_10).is_err());
+        // once it can, the record goes and the LU takes commands
+        let cleaned = intents.cleaned.notified();
+        tokio::pin!(cleaned);
+        cleaned.as_mut().enable();
+        intents.fail_writes.store(false, Ordering::Release);
+        if intents.unremoved.load(Ordering::Acquire) {
+            tokio::time::timeout(std::time::Duration::from_secs(30), cleaned)
+                .await
+                .expect("the retry wrote the record file");
+        }
+        assert!(on_file(&pr).is_empty());
+        assert!(intents.gate(op::WRITE_10).is_ok());
     }
 }

@@ -618,7 +618,7 @@ pub(crate) async fn write_using_token(
         return Ok(Done::empty());
     };
     let list = parse_write(p)?;
-    let _slot = copies.slot().await?;
+    // registered before waiting for a slot (as EXTENDED COPY)
     let status = copies.start(nexus, ListId::Lid4(list_id))?;
     {
         let mut d = status.detail.lock();
@@ -629,6 +629,7 @@ pub(crate) async fn write_using_token(
         status: Some(&status),
         ok: false,
     };
+    let _slot = copies.slot().await?;
     let r = write_token_data(copies, dst, lus, nexus, &list, &status).await;
     record(&status, &r);
     finish.ok = r.is_ok();

@@ -1217,6 +1217,54 @@ async fn a_copy_keeps_several_writes_in_flight_only_when_they_wait() {
     }
 }
 
+/// A copy waiting for one of the target's copy slots already holds its list
+/// identifier: the same identifier sent again meanwhile is OPERATION IN
+/// PROGRESS at once, not a second copy queued behind the first.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_list_id_waiting_for_a_copy_slot_is_in_progress() {
+    let held = Arc::new(block::HoldVolume::new(Arc::new(MemVolume::new(
+        BS as u32, BLOCKS,
+    ))));
+    held.writes.hold();
+    let t = target_with(held.clone());
+    let cfg1 = add_second_lun(&t);
+    let t = Arc::new(t);
+    let n = ready(&t, "1", 1).await;
+    let naa0 = lun_config().naa;
+    // every slot taken by a copy onto LUN 0, each stopped at its first write
+    let running: Vec<_> = (0..crate::copy::CONCURRENT_MAX)
+        .map(|i| {
+            let (t, n) = (t.clone(), n.clone());
+            let p = xcopy_params(
+                i as u8,
+                0,
+                &[cfg1.naa, naa0],
+                &[(0, 1, 8, 0, u64::from(i) * 8)],
+            );
+            tokio::spawn(async move { t.execute(&n, cmd(0, &xcopy_cdb(p.len()), &p)).await })
+        })
+        .collect();
+    held.writes
+        .arrivals(usize::from(crate::copy::CONCURRENT_MAX))
+        .await;
+    // one more waits for a slot, under list 100
+    let p = xcopy_params(100, 0, &[cfg1.naa, naa0], &[(0, 1, 8, 0, 200)]);
+    let mut waiting = Box::pin(t.execute(&n, cmd(0, &xcopy_cdb(p.len()), &p)));
+    assert!(
+        block::poll_now(&mut waiting).is_none(),
+        "it waits for a slot"
+    );
+    // list 100 again: answered at once
+    let mut again = Box::pin(t.execute(&n, cmd(0, &xcopy_cdb(p.len()), &p)));
+    let r = block::poll_now(&mut again).expect("answered without waiting for a slot");
+    assert_eq!(sense_of(&r), (ILLEGAL, 0x00, 0x16));
+    held.writes.open();
+    for r in running {
+        assert_eq!(r.await.unwrap().status, status::GOOD);
+    }
+    assert_eq!(waiting.await.status, status::GOOD);
+}
+
 #[tokio::test]
 async fn extended_copy_between_luns_and_within_one() {
     let (t, cfg1) = target_with_two_luns();
