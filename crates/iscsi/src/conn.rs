@@ -34,7 +34,7 @@ use crate::writer::{run_writer, OutPdu};
 use block::{BufferPermit, StallTimeout};
 use bytes::{Bytes, BytesMut};
 use iscsi_proto::frame::{decode_frame, Frame, FrameError, FrameLimits};
-use iscsi_proto::login::{status, Negotiated, SessionType};
+use iscsi_proto::login::{Negotiated, SessionType};
 use iscsi_proto::pdu::{opcode, DataOut, LogoutRequest, NopOut, ScsiCommand, TextRequest, BHS_LEN};
 use iscsi_proto::target::{reject_reason, LogoutResponse, NopIn, Reject, TargetPdu, TextResponse};
 use iscsi_proto::text::{parse_text, push_pair, TextAccumulator};
@@ -86,17 +86,17 @@ pub(crate) async fn serve(
         _ = slot.evicted() => return,
     };
     drop(slot);
-    let (neg, session) = match res {
+    let (neg, registered) = match res {
         Ok(Ok(x)) => x,
         Ok(Err(ConnError::LoginFailed {
             status: st,
+            auth,
             initiator,
             chap_name,
         })) => {
             let initiator = initiator.as_deref().unwrap_or("-");
             let chap_user = chap_name.as_deref().unwrap_or("-");
-            if st == status::AUTH_FAILURE {
-                let f = ctx.auth_limit.failed(peer.ip());
+            if let Some(f) = auth {
                 tracing::warn!(
                     %peer,
                     initiator,
@@ -131,6 +131,7 @@ pub(crate) async fn serve(
             return;
         }
     };
+    let session = registered.session.clone();
     tracing::info!(
         %peer,
         initiator = %neg.initiator_name,
@@ -144,7 +145,7 @@ pub(crate) async fn serve(
         tracing::info!(%peer, portal = %portal.addr, tsih = session.tsih, "the portal was removed during the login; closing the session");
         session.kill.send_replace(true);
     }
-    full_feature(ctx, sock, buf, neg, session, local, peer).await;
+    full_feature(ctx, sock, buf, neg, registered, local, peer).await;
 }
 
 async fn full_feature(
@@ -152,10 +153,11 @@ async fn full_feature(
     sock: TcpStream,
     buf: BytesMut,
     neg: Negotiated,
-    session: Arc<Session>,
+    registered: crate::login_phase::Registered,
     local: SocketAddr,
     peer: SocketAddr,
 ) {
+    let session = registered.session.clone();
     let (rd, wr) = sock.into_split();
     let (tx, rx) = mpsc::channel(ctx.limits.writer_queue_pdus.max(8));
     // a client that takes none of its data for this long is dropped, and the
@@ -240,8 +242,8 @@ async fn full_feature(
     if let (Some(scsi), Some(nexus)) = (&session.scsi, &session.nexus) {
         scsi.nexus_lost(nexus);
     }
-    ctx.registry.remove(session.tsih);
-    let _ = session.ended.send(true);
+    // out of the registry, and ended
+    drop(registered);
 }
 
 #[derive(Debug)]
@@ -547,9 +549,18 @@ impl Conn {
                 .await;
             return Flow::Continue;
         }
+        // what the command may send back: its Data-In, within the largest
+        // transfer (a larger one cannot be made of the LU's data; asked of the
+        // node budget whole, a read of 4 GiB would wait for all of it, and
+        // every other command behind it)
+        let bidi_read = u64::from(info.bidi_read_len_bytes.unwrap_or(0));
+        let max_transfer = u64::from(self.ctx.limits.max_transfer_bytes);
         if !c.write || c.edtl_bytes == 0 {
-            let read_bytes = if c.read { c.edtl_bytes as u64 } else { 0 };
-            let Some(permit) = self.budget_or_answer(&info, read_bytes).await else {
+            let read_bytes = if c.read { c.edtl_bytes as u64 } else { 0 } + bidi_read;
+            let Some(permit) = self
+                .budget_or_answer(&info, read_bytes.min(max_transfer))
+                .await
+            else {
                 return self.after_budget_refused(&info);
             };
             spawn_command(&self.session, &self.out, info, Bytes::new(), permit);
@@ -563,7 +574,7 @@ impl Conn {
             return Flow::Continue;
         }
         // the Data-Out buffer, plus the Data-In of a bidirectional command
-        let data_bytes = c.edtl_bytes as u64 + info.bidi_read_len_bytes.unwrap_or(0) as u64;
+        let data_bytes = c.edtl_bytes as u64 + bidi_read.min(max_transfer);
         if f.data.len() == c.edtl_bytes as usize {
             let Some(permit) = self.budget_or_answer(&info, data_bytes).await else {
                 return self.after_budget_refused(&info);

@@ -35,6 +35,9 @@ pub(crate) enum ConnError {
     LoginFailed {
         /// The login status sent.
         status: u16,
+        /// An authentication failure, counted against the source before the
+        /// answer was sent (so that a peer that never reads it is counted too).
+        auth: Option<crate::auth_limit::Failure>,
         /// InitiatorName, if the initiator got as far as sending it.
         initiator: Option<String>,
         /// CHAP_N, if sent.
@@ -86,6 +89,7 @@ async fn send_step<W: AsyncWrite + Unpin>(sock: &mut W, step: &LoginStep) -> std
 fn failed(neg: &LoginNegotiator, status: u16) -> ConnError {
     ConnError::LoginFailed {
         status,
+        auth: None,
         initiator: neg.initiator_name().map(str::to_owned),
         chap_name: neg.chap_name().map(str::to_owned),
     }
@@ -100,6 +104,22 @@ fn to_failure(step: &mut LoginStep, st: u16) {
     step.outcome = LoginOutcome::Failed(st);
 }
 
+/// A session in the registry that this connection must serve: dropped, it
+/// leaves the registry and reads as ended (whatever ends the connection: a
+/// failed write of the last Login Response, the login timeout, an eviction,
+/// the end of full feature phase), so no session outlives its connection.
+pub(crate) struct Registered {
+    ctx: Arc<Ctx>,
+    pub session: Arc<Session>,
+}
+
+impl Drop for Registered {
+    fn drop(&mut self) {
+        self.ctx.registry.remove_session(&self.session);
+        let _ = self.session.ended.send(true);
+    }
+}
+
 /// Runs login to completion. On success the session is registered (an older
 /// session with the same identity has been closed) and full feature phase may begin.
 pub(crate) async fn login<S: AsyncRead + AsyncWrite + Unpin>(
@@ -109,7 +129,7 @@ pub(crate) async fn login<S: AsyncRead + AsyncWrite + Unpin>(
     tpgt: u16,
     peer: SocketAddr,
     slot: &LoginSlot,
-) -> Result<(Negotiated, Arc<Session>), ConnError> {
+) -> Result<(Negotiated, Registered), ConnError> {
     // the table of this login's start: a reload meanwhile applies to later logins
     let tables = ctx.tables();
     let mut neg = LoginNegotiator::new(tables.login_cfg.clone(), tpgt);
@@ -148,22 +168,30 @@ pub(crate) async fn login<S: AsyncRead + AsyncWrite + Unpin>(
         match step.outcome.clone() {
             LoginOutcome::Continue => send_step(sock, &step).await?,
             LoginOutcome::Failed(st) => {
-                send_step(sock, &step).await?;
-                let _ = sock.flush().await;
-                return Err(failed(&neg, st));
+                let mut err = failed(&neg, st);
+                if st == status::AUTH_FAILURE {
+                    if let ConnError::LoginFailed { auth, .. } = &mut err {
+                        *auth = Some(ctx.auth_limit.failed(peer.ip()));
+                    }
+                }
+                // the failure is counted whether or not the answer gets out
+                if send_step(sock, &step).await.is_ok() {
+                    let _ = sock.flush().await;
+                }
+                return Err(err);
             }
             LoginOutcome::Complete(n) => {
-                let session = match register(ctx, &tables.targets, &n, peer).await {
-                    Ok(s) => s,
+                let registered = match register(ctx, &tables.targets, &n, peer).await {
+                    Ok(r) => r,
                     Err(st) => {
                         to_failure(&mut step, st);
                         send_step(sock, &step).await?;
                         return Err(failed(&neg, st));
                     }
                 };
-                step.header.tsih = session.tsih;
+                step.header.tsih = registered.session.tsih;
                 send_step(sock, &step).await?;
-                return Ok((*n, session));
+                return Ok((*n, registered));
             }
         }
     }
@@ -174,7 +202,7 @@ async fn register(
     targets: &[crate::TargetSpec],
     n: &Negotiated,
     peer: SocketAddr,
-) -> Result<Arc<Session>, u16> {
+) -> Result<Registered, u16> {
     let window = Arc::new(Window::new(
         n.exp_cmd_sn,
         ctx.limits.commands_in_flight_per_session_max,
@@ -225,11 +253,17 @@ async fn register(
                 status::FORBIDDEN
             }
         })?;
+    // from here the session leaves the registry if this login goes no further
+    // (the wait below included)
+    let registered = Registered {
+        ctx: ctx.clone(),
+        session,
+    };
     if let Some(old) = old {
         tracing::info!(
             initiator = %n.initiator_name,
             old_tsih = old.tsih,
-            new_tsih = session.tsih,
+            new_tsih = registered.session.tsih,
             "session reinstatement: closing the old session"
         );
         let mut ended = old.ended.subscribe();
@@ -237,5 +271,5 @@ async fn register(
         let wait = Duration::from_millis(ctx.limits.drain_timeout_ms) + Duration::from_secs(2);
         let _ = tokio::time::timeout(wait, ended.wait_for(|e| *e)).await;
     }
-    Ok(session)
+    Ok(registered)
 }

@@ -325,10 +325,14 @@ impl Registry {
     ) -> Result<(Arc<Session>, Option<Arc<Session>>), RegisterError> {
         let source = origin.source;
         let mut g = self.inner.lock();
+        // a session being closed already (reinstated, killed) may still be
+        // registered beside the one that took its place: the live one is the
+        // one to reinstate
         let old = key.and_then(|k| {
             g.sessions
                 .values()
-                .find(|s| s.key.as_ref() == Some(k))
+                .filter(|s| s.key.as_ref() == Some(k))
+                .max_by_key(|s| (!*s.kill.borrow(), s.created))
                 .cloned()
         });
         if let Some(old) = &old {
@@ -343,6 +347,9 @@ impl Registry {
             }
         } else {
             self.make_room_for_discovery(&g, source);
+        }
+        if g.sessions.len() >= usize::from(u16::MAX) {
+            return Err(RegisterError::Full);
         }
         let mut tsih = g.next_tsih;
         loop {
@@ -398,8 +405,15 @@ impl Registry {
         }
     }
 
-    pub(crate) fn remove(&self, tsih: u16) {
-        self.inner.lock().sessions.remove(&tsih);
+    /// Removes `session` (not another that has since taken its TSIH).
+    pub(crate) fn remove_session(&self, session: &Arc<Session>) {
+        let mut g = self.inner.lock();
+        if g.sessions
+            .get(&session.tsih)
+            .is_some_and(|s| Arc::ptr_eq(s, session))
+        {
+            g.sessions.remove(&session.tsih);
+        }
     }
 
     /// Sessions logged in to target `idx`.
@@ -544,7 +558,7 @@ mod tests {
                 Some(other.clone())
             ))
             .is_err());
-        reg.remove(a.tsih);
+        reg.remove_session(&a);
         assert!(reg
             .register(Some(&other), &origin("10.0.0.1"), |t| build(
                 t,

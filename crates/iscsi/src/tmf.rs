@@ -85,21 +85,30 @@ pub(crate) async fn on_tmf(conn: &mut Conn, f: &Frame, t: TaskMgmtRequest, imm: 
         }
         function::ABORT_TASK_SET | function::CLEAR_TASK_SET | function::LOGICAL_UNIT_RESET => {
             drop_writes(conn, |l| l == lun);
-            let sessions = if t.function == function::ABORT_TASK_SET {
-                vec![conn.session.clone()]
-            } else {
-                conn.session
-                    .target
-                    .map(|i| conn.ctx.registry.of_target(i))
-                    .unwrap_or_default()
+            // This session's tasks on the LUN as it numbers it; for a reset or a
+            // cleared task set, every session's tasks on the same LU, each as
+            // that session numbers it (LUN masking gives each its own numbers).
+            let mut aborted = vec![(conn.session.clone(), conn.session.abort_where(|l| l == lun))];
+            let lu = match (&conn.session.scsi, &conn.session.nexus) {
+                (Some(scsi), Some(nexus)) if t.function != function::ABORT_TASK_SET => {
+                    scsi.target_lun(nexus, lun)
+                }
+                _ => None,
             };
-            let aborted: Vec<_> = sessions
-                .into_iter()
-                .map(|s| {
-                    let itts = s.abort_where(|l| l == lun);
-                    (s, itts)
-                })
-                .collect();
+            if let (Some(lu), Some(i)) = (lu, conn.session.target) {
+                for s in conn.ctx.registry.of_target(i) {
+                    if Arc::ptr_eq(&s, &conn.session) {
+                        continue;
+                    }
+                    let (Some(scsi), Some(nexus)) = (&s.scsi, &s.nexus) else {
+                        continue;
+                    };
+                    if let Some(theirs) = scsi.seen_lun(nexus, lu) {
+                        let itts = s.abort_where(|l| l == theirs);
+                        aborted.push((s, itts));
+                    }
+                }
+            }
             let session = conn.session.clone();
             let out = conn.out.clone();
             let function = t.function;

@@ -25,6 +25,8 @@ pub const BOB: &str = "iqn.2026-01.org.test:bob";
 
 pub struct Fixture {
     pub addrs: Vec<SocketAddr>,
+    /// The server's session registry, as its API lists it.
+    pub sessions: iscsi::Sessions,
     pub stop: Option<tokio::sync::oneshot::Sender<()>>,
     pub done: tokio::task::JoinHandle<std::io::Result<()>>,
 }
@@ -42,7 +44,7 @@ impl Fixture {
     }
 }
 
-fn scsi_target(name: &str, vol: Option<block::VolumeRef>) -> Arc<scsi::ScsiTarget> {
+pub fn scsi_target(name: &str, vol: Option<block::VolumeRef>) -> Arc<scsi::ScsiTarget> {
     let vol = vol.unwrap_or_else(|| Arc::new(MemVolume::new(512, 8192)));
     let cfg = scsi::TargetConfig::one_port_group(
         name,
@@ -79,12 +81,17 @@ pub async fn start(limits: Limits) -> Fixture {
 
 /// Like [`start`], with `lun0` as LUN 0 of the open target.
 pub async fn start_with(limits: Limits, lun0: Option<block::VolumeRef>) -> Fixture {
+    start_with_scsi(limits, scsi_target(OPEN, lun0)).await
+}
+
+/// Like [`start`], with `open` as the open target's SCSI target.
+pub async fn start_with_scsi(limits: Limits, open: Arc<scsi::ScsiTarget>) -> Fixture {
     let _ = tracing_subscriber::fmt().with_test_writer().try_init();
     let targets = vec![
         TargetSpec {
             iqn: OPEN.into(),
             alias: Some("open".into()),
-            scsi: scsi_target(OPEN, lun0),
+            scsi: open,
             auth: Auth::default(),
             allowed_initiators: vec![],
         },
@@ -126,12 +133,14 @@ pub async fn start_with(limits: Limits, lun0: Option<block::VolumeRef>) -> Fixtu
     };
     let server = Server::bind(cfg).await.expect("bind");
     let addrs = server.local_addrs();
+    let sessions = server.sessions();
     let (tx, rx) = tokio::sync::oneshot::channel::<()>();
     let done = tokio::spawn(server.run(async move {
         let _ = rx.await;
     }));
     Fixture {
         addrs,
+        sessions,
         stop: Some(tx),
         done,
     }

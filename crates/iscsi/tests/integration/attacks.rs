@@ -375,3 +375,53 @@ async fn another_initiator_cannot_reinstate_a_session() {
     assert!(refused.len() >= 2, "refusals logged: {refused:?}");
     fx.shutdown().await;
 }
+
+/// A login that goes no further once its session is registered (here: the
+/// login timeout ends it while it waits for the session it reinstates to
+/// close) leaves no session behind. Before, such a session stayed in the
+/// registry for good: no connection served it and nothing removed it, so each
+/// one took a session slot (and a TSIH) for the life of the process.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_login_cut_short_after_registering_leaves_no_session() {
+    let held = Arc::new(block::HoldVolume::new(Arc::new(MemVolume::new(512, 8192))));
+    let limits = Limits {
+        login_timeout_ms: 1_000,
+        drain_timeout_ms: 4_000,
+        ..Limits::default()
+    };
+    let fx = start_with(limits, Some(held.clone())).await;
+    let isid = [0x80, 0, 0, 0, 0x51, 0x01];
+    let mut a = Client::connect_isid(fx.addrs[0], isid).await;
+    assert_eq!(a.login_simple(OPEN, &[]).await, (0, 0));
+    // (the first command meets the power-on unit attention)
+    write_read(&mut a, 2, 0x11).await;
+    // A has a write the disk holds: once killed, it takes the drain time to go
+    held.writes.hold();
+    let cmd = a.command(&[0x2a, 0, 0, 0, 0, 1, 0, 0, 1, 0], false, true, 512, true);
+    a.send(&cmd, false, &[0x5a; 512]).await;
+    tokio::time::timeout(Duration::from_secs(10), held.writes.arrivals(1))
+        .await
+        .expect("A's write reached the disk");
+    assert_eq!(fx.sessions.list().len(), 1);
+    // B reinstates it: registered, then waiting for A to close, past B's login
+    // timeout, which ends B's login
+    let mut b = Client::connect_isid(fx.addrs[0], isid).await;
+    let req = login_request(isid);
+    let text = encode_text(&[
+        ("InitiatorName", INI),
+        ("TargetName", OPEN),
+        ("SessionType", "Normal"),
+    ]);
+    b.send_checked(&req, &text).await.unwrap();
+    let got = tokio::time::timeout(Duration::from_secs(10), b.recv())
+        .await
+        .expect("the login timeout closes B");
+    assert!(got.is_none(), "B's login did not complete");
+    // the connection is closed after its login future (and B's registration)
+    // is gone: only A, still draining, is registered
+    let tsihs: Vec<u16> = fx.sessions.list().iter().map(|s| s.tsih).collect();
+    assert_eq!(tsihs.len(), 1, "sessions registered: {tsihs:?}");
+    held.writes.open();
+    drop(a);
+    fx.shutdown().await;
+}

@@ -8,6 +8,7 @@ use iscsi_proto::pdu::*;
 use iscsi_proto::target::{reject_reason, tmf_response, TargetPdu};
 use iscsi_proto::text::{encode_text, parse_text};
 use iscsi_proto::RESERVED_TAG;
+use std::sync::Arc;
 use std::time::Duration;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -812,5 +813,148 @@ async fn preempt_and_abort_aborts_the_preempted_nexus_tasks() {
             }
         }
     }
+    fx.shutdown().await;
+}
+
+/// A normal login as `initiator` (its own ISID) to the open target, with the
+/// power-on unit attention of LUNs `luns` taken.
+async fn login_as(addr: std::net::SocketAddr, initiator: &str, isid: u8, luns: &[u64]) -> Client {
+    let mut c = Client::connect_isid(addr, [0x80, 0, 0, 0, 0x61, isid]).await;
+    let (r, kv) = c
+        .login_step(
+            1,
+            3,
+            true,
+            &[
+                ("InitiatorName", initiator),
+                ("TargetName", OPEN),
+                ("SessionType", "Normal"),
+            ],
+        )
+        .await;
+    assert_eq!((r.status_class, r.status_detail), (0, 0));
+    c.after_login(&kv);
+    for &lun in luns {
+        let mut tur = c.command(&[0, 0, 0, 0, 0, 0], false, false, 0, true);
+        if let InitiatorPdu::ScsiCommand(ref mut s) = tur {
+            s.lun = iscsi_proto::lun_to_wire(lun);
+        }
+        c.send(&tur, false, &[]).await;
+        c.recv_skip_pings().await.expect("unit attention");
+    }
+    c
+}
+
+/// With LUN masking each initiator numbers the LUs its own way: a LOGICAL UNIT
+/// RESET aborts the tasks of every session on the LU reset, each found by the
+/// number its session gives that LU, and none on another LU that happens to
+/// carry the same number elsewhere. (Before, the reset's LUN number was
+/// compared with every session's own numbers: another initiator's write to the
+/// LU reset went on, and its commands on an unrelated LU were aborted.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lun_reset_aborts_the_tasks_on_that_lu_as_each_initiator_numbers_it() {
+    const X: &str = "iqn.2026-01.org.test:x";
+    const Y: &str = "iqn.2026-01.org.test:y";
+    let held = Arc::new(block::HoldVolume::new(Arc::new(block::MemVolume::new(
+        512, 8192,
+    ))));
+    let open = scsi_target(OPEN, Some(held.clone()));
+    let cfg1 = scsi::LunConfig {
+        naa: [0x60, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 0xee],
+        serial: "SERIAL0002".into(),
+        vendor: "FREESAN".into(),
+        product: "TEST".into(),
+        revision: "0001".into(),
+        read_only: false,
+        state_file: None,
+        physical_block_exponent: 0,
+        sanitize_rate_bytes_per_s: 0,
+    };
+    open.add_lun(1, cfg1, Arc::new(block::MemVolume::new(512, 8192)), None)
+        .unwrap();
+    // X sees the held LU as its LUN 0; Y sees the other LU as its 0 and the
+    // held one as its 1
+    open.set_host_groups(vec![
+        scsi::HostGroup {
+            name: "x".into(),
+            initiators: vec![X.into()],
+            chap_users: vec![],
+            luns: vec![(0, 0)],
+        },
+        scsi::HostGroup {
+            name: "y".into(),
+            initiators: vec![Y.into()],
+            chap_users: vec![],
+            luns: vec![(0, 1), (1, 0)],
+        },
+    ])
+    .unwrap();
+    let fx = start_with_scsi(Limits::default(), open).await;
+    let mut x = login_as(fx.addrs[0], X, 1, &[0]).await;
+    let mut y = login_as(fx.addrs[0], Y, 2, &[0, 1]).await;
+    // Y writes to the held LU (its LUN 1): the write waits at the disk
+    held.writes.hold();
+    let mut w = y.command(&[0x2a, 0, 0, 0, 0, 7, 0, 0, 1, 0], false, true, 512, true);
+    if let InitiatorPdu::ScsiCommand(ref mut s) = w {
+        s.lun = iscsi_proto::lun_to_wire(1);
+    }
+    y.send(&w, false, &[0xee; 512]).await;
+    tokio::time::timeout(Duration::from_secs(10), held.writes.arrivals(1))
+        .await
+        .expect("Y's write reached the disk");
+    // X resets its LUN 0: the held LU
+    let tmf_itt = x.next_itt();
+    let tmf = InitiatorPdu::TaskMgmt(TaskMgmtRequest {
+        function: 5,
+        lun: 0,
+        itt: tmf_itt,
+        rtt: iscsi_proto::RESERVED_TAG,
+        cmd_sn: x.cmd_sn,
+        exp_stat_sn: x.exp_stat_sn,
+        ref_cmd_sn: 0,
+        exp_data_sn: 0,
+    });
+    x.send(&tmf, true, &[]).await;
+    match x.recv_skip_pings().await.expect("tmf response").pdu {
+        TargetPdu::TaskMgmtResponse(r) => {
+            assert_eq!((r.itt, r.response), (tmf_itt, tmf_response::COMPLETE))
+        }
+        other => panic!("{other:?}"),
+    }
+    // Y's write was aborted before the reset was answered: let the disk go,
+    // and the block still reads as it was (after the reset's unit attention)
+    held.writes.open();
+    let mut got = None;
+    for _ in 0..2 {
+        let mut r = y.command(&[0x28, 0, 0, 0, 0, 7, 0, 0, 1, 0], true, false, 512, true);
+        if let InitiatorPdu::ScsiCommand(ref mut s) = r {
+            s.lun = iscsi_proto::lun_to_wire(1);
+        }
+        y.send(&r, false, &[]).await;
+        let mut data = Vec::new();
+        let status = loop {
+            let p = y.recv_skip_pings().await.expect("read answer");
+            match p.pdu {
+                TargetPdu::DataIn(d) => {
+                    data.extend_from_slice(&p.data);
+                    if let Some(st) = d.status {
+                        break st;
+                    }
+                }
+                TargetPdu::ScsiResponse(s) => break s.status,
+                // the aborted write is never answered
+                other => panic!("{other:?}"),
+            }
+        };
+        if status == 0 {
+            got = Some(data);
+            break;
+        }
+    }
+    assert_eq!(
+        got.expect("read"),
+        vec![0u8; 512],
+        "the aborted write did not land"
+    );
     fx.shutdown().await;
 }
