@@ -149,10 +149,40 @@ impl Inner {
     async fn persist_progress(&self, last: &mut Instant) {
         if last.elapsed() > PERSIST_INTERVAL {
             *last = Instant::now();
-            if self.flush_members().await.is_ok() {
-                let _ = self.persist().await;
+            let _ = self.flush_then_persist().await;
+        }
+    }
+
+    /// Flushes the members, then lets the superblocks carry the rebuild
+    /// checkpoints and the resync cursor as they stood before the flush (see
+    /// `Slot::durable_cp_stripes`), and writes them.
+    pub(crate) async fn flush_then_persist(&self) -> BlockResult<()> {
+        let (cps, cursor): (Vec<(String, u64)>, Option<u64>) = {
+            let st = self.state.lock();
+            (
+                st.slots
+                    .iter()
+                    .map(|s| (s.uuid.clone(), s.rebuild_cp_stripes))
+                    .collect(),
+                st.resync_cursor,
+            )
+        };
+        self.flush_members().await?;
+        {
+            let mut st = self.state.lock();
+            for (sl, (uuid, cp)) in st.slots.iter_mut().zip(cps) {
+                // the same member, not restarted since
+                if sl.uuid == uuid && sl.rebuild_cp_stripes >= cp {
+                    sl.durable_cp_stripes = cp;
+                }
+            }
+            if let (Some(was), Some(now)) = (cursor, st.resync_cursor) {
+                if now >= was {
+                    st.resync_durable = was;
+                }
             }
         }
+        self.persist().await
     }
 
     /// The full-chunk content every position in `want` should hold for stripe `s`,
@@ -344,6 +374,8 @@ impl Inner {
             let mut finished = false;
             for sl in st.slots.iter_mut() {
                 if sl.state == MemberState::Rebuilding && sl.rebuild_cp_stripes >= self.stripes() {
+                    // flushed just above
+                    sl.durable_cp_stripes = sl.rebuild_cp_stripes;
                     sl.state = MemberState::Active;
                     finished = true;
                 }
@@ -368,9 +400,7 @@ impl Inner {
         if !matches!(self.layout.scheme(), Scheme::Parity { parity_count: 1 }) {
             return None;
         }
-        let n = (REBUILD_BATCH_BYTES / (self.cb * self.bs))
-            .max(1)
-            .min(self.stripes() - s);
+        let n = self.batch_stripes().min(self.stripes() - s);
         if n < 2 {
             return None;
         }
@@ -569,10 +599,16 @@ impl Inner {
         if self.layout.scheme() != Scheme::Mirror || self.layout.cycle_stripes() != 1 {
             return None;
         }
-        let n = (REBUILD_BATCH_BYTES / (self.cb * self.bs))
-            .max(1)
-            .min(end.saturating_sub(s));
+        let n = self.batch_stripes().min(end.saturating_sub(s));
         (n >= 2).then_some(n)
+    }
+
+    /// Stripes of one batched step: [`REBUILD_BATCH_BYTES`] per member, and no
+    /// more than the pool has stripe locks (a batch write-locks every stripe it
+    /// covers, and two stripes sharing a lock would wait on each other: with
+    /// 512-byte chunks a batch is 16,384 stripes).
+    fn batch_stripes(&self) -> u64 {
+        (REBUILD_BATCH_BYTES / (self.cb * self.bs)).clamp(1, crate::pool::STRIPE_LOCKS as u64)
     }
 
     /// Copies rows `[s, s + n)` from position `src` to every position in `dsts`,

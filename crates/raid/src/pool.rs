@@ -80,6 +80,13 @@ pub(crate) struct Slot {
     pub member: Option<Arc<MemberHandle>>,
     pub state: MemberState,
     pub rebuild_cp_stripes: u64,
+    /// What the superblocks may say of `rebuild_cp_stripes`: the checkpoint as
+    /// it stood before the last flush of the members. The stripes rebuilt
+    /// since sit in the member's volatile cache until the next flush, and a
+    /// superblock written meanwhile for another reason (a whole-stripe write's
+    /// intent region, a member failure, a spare added, a rate change) must not
+    /// make the member trusted over them after a power loss.
+    pub durable_cp_stripes: u64,
 }
 
 /// Mutable pool state (under a short parking_lot lock; never held across await).
@@ -89,6 +96,9 @@ pub(crate) struct State {
     pub generation: u64,
     pub events: u64,
     pub resync_cursor: Option<u64>,
+    /// What the superblocks may say of `resync_cursor` (see
+    /// [`Slot::durable_cp_stripes`]).
+    pub resync_durable: u64,
     pub journal_checkpoint_seq: u64,
     pub clean: bool,
     pub rebuild: Option<Progress>,
@@ -267,7 +277,7 @@ pub(crate) struct Inner {
 /// RAID 5 of 10 at 32 in flight with NCQ: lock wait 4-5 ms per update; 1-2 ms
 /// with 16,384 slots; 1-2% more IOPS, interleaved runs). 8192 slots cost about
 /// half a MiB per pool.
-const STRIPE_LOCKS: usize = 8192;
+pub(crate) const STRIPE_LOCKS: usize = 8192;
 
 /// A RAID pool: a `block::Volume` over its members. Dropping it stops its
 /// background tasks; call [`Pool::shutdown`] first for a clean superblock.
@@ -441,6 +451,7 @@ impl Pool {
                     member: Some(MemberHandle::new(m, uuid)),
                     state: MemberState::Active,
                     rebuild_cp_stripes: 0,
+                    durable_cp_stripes: 0,
                 }
             })
             .collect();
@@ -453,6 +464,7 @@ impl Pool {
             generation: 1,
             events: 0,
             resync_cursor: redundant.then_some(0),
+            resync_durable: 0,
             journal_checkpoint_seq: 0,
             clean: false,
             rebuild: None,
@@ -626,6 +638,7 @@ impl Pool {
                 member: None,
                 state: r.state,
                 rebuild_cp_stripes: r.rebuild_checkpoint_stripes,
+                durable_cp_stripes: r.rebuild_checkpoint_stripes,
             })
             .collect();
         let mut spares = Vec::new();
@@ -661,6 +674,7 @@ impl Pool {
                     if stale {
                         slot.state = MemberState::Rebuilding;
                         slot.rebuild_cp_stripes = 0;
+                        slot.durable_cp_stripes = 0;
                         changed = true;
                     }
                 }
@@ -718,6 +732,7 @@ impl Pool {
             generation: newest.generation + changed as u64,
             events: found.iter().map(|(_, sb)| sb.events).max().unwrap_or(0),
             resync_cursor,
+            resync_durable: resync_cursor.unwrap_or(0),
             journal_checkpoint_seq: checkpoint,
             clean: false,
             rebuild: None,
@@ -815,6 +830,7 @@ impl Pool {
             slot.member = Some(MemberHandle::new(member, uuid));
             slot.state = MemberState::Rebuilding;
             slot.rebuild_cp_stripes = 0;
+            slot.durable_cp_stripes = 0;
             st.generation += 1;
         }
         self.inner
@@ -1210,6 +1226,7 @@ impl Inner {
                 slot.member = Some(sp);
                 slot.state = MemberState::Rebuilding;
                 slot.rebuild_cp_stripes = 0;
+                slot.durable_cp_stripes = 0;
                 pulled = true;
             }
         }
@@ -1270,7 +1287,7 @@ impl Inner {
                 .map(|s| MemberRecord {
                     uuid: s.uuid.clone(),
                     state: s.state,
-                    rebuild_checkpoint_stripes: s.rebuild_cp_stripes,
+                    rebuild_checkpoint_stripes: s.rebuild_cp_stripes.min(s.durable_cp_stripes),
                 })
                 .collect(),
             spares: st.spares.iter().map(|s| s.uuid.clone()).collect(),
@@ -1281,7 +1298,7 @@ impl Inner {
             journal_offset_blocks: self.journal_offset_blocks,
             journal_blocks: self.journal_blocks,
             journal_checkpoint_seq: st.journal_checkpoint_seq,
-            resync_cursor_stripes: st.resync_cursor,
+            resync_cursor_stripes: st.resync_cursor.map(|c| c.min(st.resync_durable)),
             clean: st.clean,
             rebuild_rate_mb_s: st.rebuild_rate_mb_s,
             intent_region_stripes: self.region_stripes,

@@ -132,6 +132,34 @@ impl Superblock {
         {
             return Err("journal overlaps data".into());
         }
+        // the areas of a far layout each span the stripes on every member
+        if self
+            .stripes
+            .checked_mul(cb)
+            .and_then(|x| x.checked_mul(layout.areas()))
+            .and_then(|x| x.checked_add(self.data_offset_blocks))
+            .is_none()
+        {
+            return Err("data area overflows".into());
+        }
+        for m in &self.members {
+            if m.rebuild_checkpoint_stripes > self.stripes {
+                return Err(format!(
+                    "rebuild checkpoint {} past {} stripes",
+                    m.rebuild_checkpoint_stripes, self.stripes
+                ));
+            }
+        }
+        if self.resync_cursor_stripes.is_some_and(|c| c > self.stripes) {
+            return Err("resync cursor past the stripes".into());
+        }
+        // the next record's sequence number must not wrap
+        if self.journal_checkpoint_seq > u64::MAX / 2 {
+            return Err(format!(
+                "journal checkpoint {}",
+                self.journal_checkpoint_seq
+            ));
+        }
         if let Some(v) = self.volume_blocks {
             // inside the last stripe: the stripes before it are all exposed
             let row = cb * layout.data_chunks() as u64;
@@ -299,6 +327,24 @@ mod tests {
         let mut insane = sb.clone();
         insane.member_count = 1000;
         assert!(decode(&encode(&insane, 512).unwrap()).is_err());
+    }
+
+    /// Values a checksummed but wrong superblock could carry, each of which
+    /// the pool would otherwise follow: a rebuild checkpoint or resync cursor
+    /// past the stripes (the rebuild subtracts), a journal sequence about to
+    /// wrap (later records would sort below the checkpoint and never replay).
+    #[test]
+    fn positions_past_the_pool_and_a_wrapping_sequence_are_refused() {
+        assert!(sample().validate().is_ok());
+        let mut sb = sample();
+        sb.members[0].rebuild_checkpoint_stripes = sb.stripes + 1;
+        assert!(sb.validate().unwrap_err().contains("rebuild checkpoint"));
+        let mut sb = sample();
+        sb.resync_cursor_stripes = Some(sb.stripes + 1);
+        assert!(sb.validate().is_err());
+        let mut sb = sample();
+        sb.journal_checkpoint_seq = u64::MAX;
+        assert!(sb.validate().unwrap_err().contains("journal checkpoint"));
     }
 
     #[test]
