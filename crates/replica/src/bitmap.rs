@@ -43,6 +43,9 @@ struct State {
     /// Regions where the copies are known to differ (a write failed on one
     /// side only): never cleaned, only a resync clears them.
     pinned: HashSet<u64>,
+    /// The last write of the pages failed: bits set in memory may not be on
+    /// disk, so every write persists (and fails) until a write succeeds.
+    persist_failed: bool,
 }
 
 /// The bitmap of one copy, backed by a file.
@@ -54,6 +57,9 @@ pub(crate) struct DirtyBitmap {
     state: Mutex<State>,
     /// One persister at a time; holds the epoch durable on disk.
     persisted: tokio::sync::Mutex<u64>,
+    /// Tests: every write of the file fails.
+    #[cfg(test)]
+    fail_writes: std::sync::atomic::AtomicBool,
 }
 
 /// Holds the regions of one write in flight; dropping it ends the write.
@@ -116,8 +122,11 @@ impl DirtyBitmap {
                 touched: HashSet::new(),
                 keep: false,
                 pinned: HashSet::new(),
+                persist_failed: false,
             }),
             persisted: tokio::sync::Mutex::new(0),
+            #[cfg(test)]
+            fail_writes: std::sync::atomic::AtomicBool::new(false),
         })
     }
 
@@ -169,6 +178,7 @@ impl DirtyBitmap {
                 s.touched.insert(r);
                 changed |= Self::set_bit(&mut s, r);
             }
+            changed |= s.persist_failed;
             if changed {
                 s.set_epoch += 1;
             }
@@ -204,14 +214,32 @@ impl DirtyBitmap {
             (pages, s.set_epoch)
         };
         let file = self.file.clone();
-        tokio::task::spawn_blocking(move || -> std::io::Result<()> {
+        let ids: Vec<u64> = pages.iter().map(|(p, _)| *p).collect();
+        #[cfg(test)]
+        let fail = self.fail_writes.load(Ordering::Acquire);
+        let r = tokio::task::spawn_blocking(move || -> std::io::Result<()> {
+            #[cfg(test)]
+            if fail {
+                return Err(std::io::Error::other("injected write failure"));
+            }
             for (p, data) in &pages {
                 file.write_all_at(data, p * PAGE_BYTES)?;
             }
             file.sync_data()
         })
         .await
-        .map_err(std::io::Error::other)??;
+        .map_err(std::io::Error::other)
+        .and_then(|r| r);
+        if let Err(e) = r {
+            // not durable: the pages stay to be written by the next persist
+            // (a writer waiting behind this one writes them again instead of
+            // finding nothing changed and taking its bit as durable)
+            let mut st = self.state.lock();
+            st.pages_changed.extend(ids);
+            st.persist_failed = true;
+            return Err(e);
+        }
+        self.state.lock().persist_failed = false;
         *done = upto;
         Ok(())
     }
@@ -229,6 +257,16 @@ impl DirtyBitmap {
     /// Keep every bit from now on (true) or let idle regions be cleaned (false).
     pub fn set_keep(&self, keep: bool) {
         self.state.lock().keep = keep;
+    }
+
+    /// Whether a cleaning pass now would clear anything (it still may not:
+    /// a write may begin meanwhile).
+    pub fn would_clean(&self) -> bool {
+        let s = self.state.lock();
+        !s.keep
+            && self.set_regions_locked(&s).into_iter().any(|r| {
+                !s.in_flight.contains_key(&r) && !s.touched.contains(&r) && !s.pinned.contains(&r)
+            })
     }
 
     /// One cleaning pass (in sync only): clears regions with no write in flight
@@ -427,5 +465,28 @@ mod tests {
         assert_eq!(b.count(), 63);
         b.clear_all().await.unwrap();
         assert_eq!(b.count(), 0);
+    }
+
+    /// A bit whose page write failed is not taken as durable by the writes
+    /// that follow into its region: each tries to persist it (and fails while
+    /// the file cannot be written), and once a write succeeds the bit is on
+    /// disk. Before, the failed page was dropped: the next write found the bit
+    /// set in memory, wrote nothing and went ahead with no bit on disk.
+    #[tokio::test]
+    async fn a_failed_page_write_is_not_taken_as_durable() {
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path().join("bm");
+        let b = DirtyBitmap::open(&p, 100_000, 512, 65536).unwrap();
+        b.fail_writes.store(true, Ordering::Release);
+        assert!(b.begin_write(0, 8).await.is_err());
+        assert!(b.begin_write(8, 8).await.is_err(), "the bit is not on disk");
+        b.fail_writes.store(false, Ordering::Release);
+        let _h = b.begin_write(16, 8).await.unwrap();
+        let again = DirtyBitmap::open(&p, 100_000, 512, 65536).unwrap();
+        assert_eq!(
+            again.set_regions(),
+            vec![0],
+            "on disk once a write succeeded"
+        );
     }
 }

@@ -34,6 +34,20 @@ pub(crate) async fn cleaner(inner: std::sync::Weak<Inner>) {
     loop {
         tokio::time::sleep(CLEAN_PERIOD).await;
         let Some(i) = inner.upgrade() else { return };
+        // The regions a pass clears have had no write begin since the previous
+        // pass: a flush of both copies now covers every write they had, so no
+        // region loses its bit while a write to it sits in either node's
+        // volatile cache (a power loss then would leave the copies different
+        // where no bitmap says so).
+        if !i.bitmap.would_clean() {
+            // nothing to clear: the pass only starts the next period
+            i.bitmap.clean_idle();
+            continue;
+        }
+        if let Err(e) = i.submit(replica_proto::Op::Flush).await {
+            tracing::debug!(volume = %i.cfg.name, "flush before cleaning the bitmap: {e:?}");
+            continue;
+        }
         if i.bitmap.clean_idle() > 0 {
             if let Err(e) = i.bitmap.persist().await {
                 tracing::warn!(volume = %i.cfg.name, "persisting the bitmap: {e}");

@@ -586,7 +586,7 @@ impl Inner {
     }
 
     /// Runs a client op in whatever role this node has.
-    async fn submit(self: &Arc<Self>, op: Op) -> OpOutcome {
+    pub(crate) async fn submit(self: &Arc<Self>, op: Op) -> OpOutcome {
         let deadline = self.deadline();
         loop {
             let st = self.wait_serving(deadline).await?;
@@ -1061,7 +1061,17 @@ impl Inner {
                 (id, r)
             }
             Message::ResyncData { id, lba, data } => {
-                let r = self.local.write(lba, data.clone(), false).await;
+                // FUA: the regions' bits are cleared on both sides once this is
+                // answered, and written out with the next page write; a copy
+                // still in a volatile cache then would be lost with no bit left
+                // to copy it again
+                let r = match self.geo().blocks_in(data.len()) {
+                    Ok(n) => match self.geo().check_range(lba, n) {
+                        Ok(()) => self.local.write(lba, data.clone(), true).await,
+                        Err(e) => Err(e),
+                    },
+                    Err(e) => Err(e),
+                };
                 match r {
                     Ok(()) => {
                         let bs = self.geo().block_size_bytes as u64;
