@@ -58,6 +58,9 @@ enum Plan {
     Fill(u32),
     /// Backing volume only (merging the frame's dirty sectors if `Some`).
     Backing(Option<(u32, u64)>),
+    /// The newest data of some sectors was only in a frame whose device is
+    /// lost: an error, never the older data of the backing volume.
+    Lost,
 }
 
 /// The part of a request inside one cache block.
@@ -573,11 +576,18 @@ impl Inner {
                             st.pin_io(slot);
                             Plan::Backing(Some((slot, st.dirty.get(slot) & p.mask)))
                         }
+                        Access::Hit { slot } if st.dirty.get(slot) & p.mask != 0 => Plan::Lost,
                         _ => Plan::Backing(None),
                     }
                 } else {
                     match access {
-                        Access::Hit { slot } if self.frame_lost(slot) => Plan::Backing(None),
+                        Access::Hit { slot } if self.frame_lost(slot) => {
+                            if st.dirty.get(slot) & p.mask != 0 {
+                                Plan::Lost
+                            } else {
+                                Plan::Backing(None)
+                            }
+                        }
                         Access::Hit { slot } => {
                             st.pin_io(slot);
                             if st.valid.get(slot) & p.mask == p.mask {
@@ -624,7 +634,7 @@ impl Inner {
             for plan in &plans {
                 match *plan {
                     Plan::Ssd(s) | Plan::Fill(s) | Plan::Backing(Some((s, _))) => st.unpin_io(s),
-                    Plan::Backing(None) => {}
+                    Plan::Backing(None) | Plan::Lost => {}
                 }
             }
         }
@@ -646,10 +656,19 @@ impl Inner {
                     Ok(b) => {
                         Ok(b.slice((p.blk_off - s0) as usize..(p.blk_off - s0 + p.len) as usize))
                     }
+                    // the backing volume has the data unless some of it is
+                    // dirty here (the frame is pinned: its bits are its own)
+                    Err(e) if self.state.lock().dirty.get(slot) & p.mask != 0 => {
+                        tracing::error!(error = %e, "cache: dirty data unreadable on every cache device");
+                        Err(e)
+                    }
                     Err(_) => self.read_piece_backing(p, None).await,
                 }
             }
             Plan::Backing(d) => self.read_piece_backing(p, d).await,
+            Plan::Lost => Err(BlockError::Unavailable(
+                "cache: the newest data of this block was on a lost cache device".into(),
+            )),
             Plan::Fill(slot) => self.fill(p, slot).await,
         }
     }
@@ -953,6 +972,10 @@ impl Inner {
             .collect();
         let results = join_all(futs).await;
         let mut pages = Vec::new();
+        // frames whose dirty sectors this write made clean stay pinned until
+        // the records saying so are durable: reused before, a crash would bring
+        // back a "dirty" record over another block's data (as for `dropped`)
+        let mut cleaned = Vec::new();
         {
             let mut st = self.state.lock();
             let mut results = results.into_iter();
@@ -971,17 +994,19 @@ impl Inner {
                 if d & p.mask != 0 {
                     st.set_dirty(slot, d & !p.mask);
                     pages.push(slot / RECORDS_PER_PAGE as u32);
+                    cleaned.push(slot);
+                } else {
+                    st.unpin_io(slot);
                 }
-                st.unpin_io(slot);
             }
         }
         pages.extend(dropped.iter().map(|s| s / RECORDS_PER_PAGE as u32));
         pages.sort_unstable();
         pages.dedup();
         let r = self.persist_pages(&pages).await;
-        if !dropped.is_empty() {
+        if !dropped.is_empty() || !cleaned.is_empty() {
             let mut st = self.state.lock();
-            for slot in dropped {
+            for slot in dropped.into_iter().chain(cleaned) {
                 st.unpin_io(slot);
             }
         }
@@ -1467,6 +1492,10 @@ impl CacheVolume {
     /// the backing volume meanwhile). Used before detaching.
     pub async fn drain(&self) -> BlockResult<()> {
         self.inner.drain.store(true, Ordering::Release);
+        // a write that chose write-back before the flag was set may still be
+        // on its way to the SSDs: it ends (dirty) before the count is looked at,
+        // or a detach would move the LUNs to the backing past its data
+        drop(self.inner.gate.write().await);
         loop {
             let progress = self.inner.destage_progress.notified();
             tokio::pin!(progress);
@@ -1482,6 +1511,12 @@ impl CacheVolume {
             self.inner.destage_wake.notify_one();
             progress.await;
         }
+    }
+
+    /// Ends a [`CacheVolume::drain`] that is given up (a detach that failed):
+    /// writes go back to the configured mode.
+    pub fn undrain(&self) {
+        self.inner.drain.store(false, Ordering::Release);
     }
 
     /// Stops the cache cleanly: waits for requests in flight, stops destaging and

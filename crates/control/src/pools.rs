@@ -63,11 +63,14 @@ impl CacheSlot {
                 "cache {name} is not attached"
             )));
         };
-        v.drain().await.map_err(conflict)?;
-        self.front
-            .switch(self.backing.clone())
-            .await
-            .map_err(conflict)?;
+        if let Err(e) = v.drain().await {
+            v.undrain();
+            return Err(conflict(e));
+        }
+        if let Err(e) = self.front.switch(self.backing.clone()).await {
+            v.undrain();
+            return Err(conflict(e));
+        }
         // writes that were in flight through the cache during the first drain
         let done = async {
             v.drain().await?;
@@ -76,6 +79,7 @@ impl CacheSlot {
         if let Err(e) = done.await {
             // keep serving through the cache rather than around dirty data
             let _ = self.front.switch(v.clone() as VolumeRef).await;
+            v.undrain();
             return Err(conflict(e));
         }
         *self.vol.lock() = None;
