@@ -136,7 +136,8 @@ async fn manage(inner: &Arc<Inner>, mut conns: mpsc::Receiver<(Framed, Message)>
                     // copies under way here fail from now on (see write_copy)
                     inner.meetings.fetch_add(1, Ordering::AcqRel);
                     let detaches = inner.detaches.load(Ordering::Acquire);
-                    let link = session(inner, f, p, peer_meta, peer_bits).await;
+                    let (link, writing) = session(inner, f, p, peer_meta, peer_bits).await;
+                    partner_writes_done(inner, &writing, &mut conns, &mut conns_open).await;
                     if inner.detaches.load(Ordering::Acquire) != detaches {
                         // the disk failed again: retry less and less often, up to
                         // every FAILING_RETRY_MAX, until it works (or is replaced)
@@ -478,14 +479,15 @@ async fn handshake(
     Ok((f, p, peer_meta, peer_bits))
 }
 
-/// Runs a connected session until the link is lost; returns the dead link.
+/// Runs a connected session until the link is lost; returns the dead link and
+/// the permits of the partner's writes being applied (see [`partner_writes_done`]).
 async fn session(
     inner: &Arc<Inner>,
     f: Framed,
     p: Plan,
     peer_meta: Meta,
     peer_bits: Vec<u8>,
-) -> Arc<Link> {
+) -> (Arc<Link>, Arc<tokio::sync::Semaphore>) {
     // a target records that it is being resynchronised (and what remains to
     // copy) before it handles a single message of the partner
     let target_ready = match p {
@@ -523,10 +525,16 @@ async fn session(
             "resynchronising the partner".into(),
         ),
     }
+    // the partner's requests that write this copy outside the range locks
+    // (a leader's writes applied here, resync data): see the end of this fn
+    let writing = Arc::new(tokio::sync::Semaphore::new(
+        crate::link::HANDLED_IN_FLIGHT_MAX,
+    ));
     // the partner's messages are handled only once the role is set
     let dispatch = {
         let inner = inner.clone();
         let link = link.clone();
+        let writing = writing.clone();
         tokio::spawn(async move {
             // the partner's requests handled at once are bounded: an honest
             // partner keeps below the bound (crate::link::REQUESTS_IN_FLIGHT_MAX)
@@ -538,13 +546,21 @@ async fn session(
                     link.close("the partner exceeded the bound on requests in flight");
                     return;
                 };
+                // (never short: no more than `handled` allows are in flight)
+                let writes = matches!(
+                    m,
+                    Message::Apply { .. }
+                        | Message::ApplyForwarded { .. }
+                        | Message::ResyncData { .. }
+                )
+                .then(|| writing.clone().try_acquire_owned().ok());
                 // counted against the node's buffer budget while applied, never
                 // waiting for it (see ReplicaConfig::buffers)
                 let held = inner.cfg.buffers.charge(payload_bytes(&m));
                 let (inner, link) = (inner.clone(), link.clone());
                 tokio::spawn(async move {
                     inner.handle(link, m).await;
-                    drop((permit, held));
+                    drop((permit, held, writes));
                 });
             }
         })
@@ -556,7 +572,44 @@ async fn session(
     }
     link.closed().await;
     dispatch.abort();
-    link
+    (link, writing)
+}
+
+/// Waits until the partner's writes still being applied here (those of the
+/// session that just ended: `writing`'s permits) have finished, before the
+/// caller decides what this node does next: they take no range lock (the
+/// partner ordered them), so one landing after the node went on alone (or
+/// after a new session's resync copied its region) would overwrite newer
+/// data. None is cut short midway; a disk that stalls holds the decision (the
+/// node could not serve from it either). Connections the partner makes
+/// meanwhile are closed at once, so that it decides without this node instead
+/// of waiting on a handshake. Other requests (a write the partner forwarded to
+/// this leader, SCSI state) go through this node's own ordering and may wait
+/// for its decision: they are not waited for.
+async fn partner_writes_done(
+    inner: &Arc<Inner>,
+    writing: &tokio::sync::Semaphore,
+    conns: &mut mpsc::Receiver<(Framed, Message)>,
+    conns_open: &mut bool,
+) {
+    let all = writing.acquire_many(crate::link::HANDLED_IN_FLIGHT_MAX as u32);
+    tokio::pin!(all);
+    loop {
+        tokio::select! {
+            _ = &mut all => return,
+            c = conns.recv(), if *conns_open => match c {
+                Some((f, _)) => {
+                    tracing::info!(volume = %inner.cfg.name, "partner connection closed: the last session's writes are still being applied");
+                    drop(f);
+                }
+                None => *conns_open = false,
+            },
+            _ = tokio::time::sleep(Duration::from_secs(5)) => tracing::warn!(
+                volume = %inner.cfg.name,
+                "waiting for the partner's writes in flight to end before going on"
+            ),
+        }
+    }
 }
 
 /// Data bytes a message from the partner carries.

@@ -54,6 +54,8 @@ fn cfg(node: u8, dir: &Path, peer: Vec<SocketAddr>, keys: Arc<ClusterKeys>) -> R
 struct Fake {
     out: mpsc::Sender<Message>,
     incoming: mpsc::Receiver<Message>,
+    /// The link's tasks (writer, reader, pings): aborted, the link is cut.
+    tasks: Vec<tokio::task::JoinHandle<()>>,
 }
 
 async fn recv(r: &mut SecureReader, buf: &mut bytes::BytesMut) -> Option<Message> {
@@ -105,7 +107,7 @@ impl Fake {
         ) {}
         let (out_tx, mut out_rx) = mpsc::channel::<Message>(64);
         let (in_tx, in_rx) = mpsc::channel(1024);
-        tokio::spawn(async move {
+        let writer = tokio::spawn(async move {
             while let Some(m) = out_rx.recv().await {
                 let mut b = bytes::BytesMut::new();
                 encode(&m, &mut b);
@@ -115,7 +117,7 @@ impl Fake {
             }
         });
         let pong = out_tx.clone();
-        tokio::spawn(async move {
+        let reader = tokio::spawn(async move {
             while let Some(m) = recv(&mut r, &mut buf).await {
                 match m {
                     Message::Ping { seq } => {
@@ -133,7 +135,7 @@ impl Fake {
         });
         // keep the node's lease on us alive
         let ping = out_tx.clone();
-        tokio::spawn(async move {
+        let pinger = tokio::spawn(async move {
             for seq in 1.. {
                 if ping.send(Message::Ping { seq }).await.is_err() {
                     return;
@@ -145,9 +147,17 @@ impl Fake {
             Fake {
                 out: out_tx,
                 incoming: in_rx,
+                tasks: vec![writer, reader, pinger],
             },
             hello,
         )
+    }
+
+    /// Cuts the link (the node sees it closed).
+    fn close(&self) {
+        for t in &self.tasks {
+            t.abort();
+        }
     }
 
     async fn send(&self, m: Message) {
@@ -417,4 +427,103 @@ async fn a_copys_end_on_a_link_the_node_no_longer_follows_closes_it_and_keeps_th
     // and what it keeps of that copy is still there to put back
     assert_eq!(n2.status().partner_copies_open, 1);
     n2.shutdown().await;
+}
+
+/// A write the partner asked this node to apply, still on its way to the disk
+/// when the link dies, lands before the node goes on alone: never after a
+/// client's write to the same blocks that the node, alone, acknowledged. The
+/// node here is the preferred one (node 1), following a fake leader (node 2)
+/// whose link is then cut. Before, the partner's request ran on in its own
+/// task after the session ended, and landed over the client's write.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_partner_write_in_flight_when_the_link_dies_never_lands_after_the_node_goes_on_alone() {
+    let d = tempfile::tempdir().unwrap();
+    let mem = Arc::new(MemVolume::new(512, BLOCKS));
+    let held = Arc::new(block::HoldVolume::new(mem.clone()));
+    let k = keys();
+    let (n1, sink) =
+        ReplicatedVolume::open(cfg(1, d.path(), vec![], k[0].clone()), held.clone()).unwrap();
+    let n1 = Arc::new(n1);
+    let sinks = SyncSinks::default();
+    sinks.insert("vol", sink);
+    let l = SyncListener::bind(&["127.0.0.1:0".parse().unwrap()], sinks, k[0].clone())
+        .await
+        .unwrap();
+    let addr = l.local_addrs()[0];
+    l.spawn();
+    let s = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let st = replica::secure::connect(s, &k[1], Member::Node1, Purpose::Sync)
+        .await
+        .unwrap();
+    let gens = Generations {
+        current: 7,
+        synced: 7,
+    };
+    // the fake (node 2) claims the newer copy: it resyncs node 1, then leads
+    let (mut fake, _) = Fake::start(st.reader, st.writer, 2, gens).await;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    while n1.role() != Role::Target {
+        assert!(tokio::time::Instant::now() < deadline, "{:?}", n1.status());
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    fake.send(Message::ResyncDone { id: 1, gens }).await;
+    loop {
+        match fake
+            .next()
+            .await
+            .expect("node 1 closed the link on ResyncDone")
+        {
+            Message::Done { id: 1, result } => {
+                assert_eq!(result, OpResult::Ok);
+                break;
+            }
+            _ => continue,
+        }
+    }
+    assert_eq!(n1.role(), Role::Follower);
+    // the leader has node 1 apply a write to blocks 0-1; it waits at the disk
+    held.writes.hold_below(1);
+    fake.send(Message::Apply {
+        id: 2,
+        op: replica_proto::Op::Write {
+            lba: 0,
+            fua: false,
+            data: Bytes::from(vec![0xAA; 1024]),
+        },
+    })
+    .await;
+    tokio::time::timeout(Duration::from_secs(10), held.writes.arrivals(1))
+        .await
+        .expect("the partner's write reached the disk");
+    // the link dies; node 1, preferred, goes on alone, and a client writes
+    // block 1 through it (writes from block 1 up are not held)
+    fake.close();
+    let w = {
+        let n1 = n1.clone();
+        tokio::spawn(async move { n1.write(1, Bytes::from(vec![0xBB; 512]), false).await })
+    };
+    // (bounded: with the partner's write held, the node does not serve)
+    let w = match tokio::time::timeout(Duration::from_secs(3), w).await {
+        Ok(done) => Ok(done.unwrap()),
+        Err(_) => Err(()),
+    };
+    held.writes.open();
+    if let Ok(Ok(())) = w {
+        assert_eq!(
+            mem.read(1, 1).await.unwrap(),
+            vec![0xBB; 512],
+            "the partner's old write landed over an acknowledged one"
+        );
+    }
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    while n1.role() != Role::Solo {
+        assert!(tokio::time::Instant::now() < deadline, "{:?}", n1.status());
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    // alone now: a client's write lands after the old one
+    n1.write(1, Bytes::from(vec![0xCC; 512]), false)
+        .await
+        .unwrap();
+    assert_eq!(mem.read(1, 1).await.unwrap(), vec![0xCC; 512]);
+    n1.shutdown().await;
 }
