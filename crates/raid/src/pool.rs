@@ -1168,9 +1168,26 @@ impl Inner {
             .collect()
     }
 
-    /// True when more members are gone than the level tolerates.
+    /// True when more members are gone than the level tolerates. A member
+    /// still being rebuilt counts as gone: it lacks the stripes above its
+    /// checkpoint, so with it and one more member gone those stripes have too
+    /// few complete members (a RAID 1 whose only complete copy fails during a
+    /// rebuild has failed; it used to go on, acknowledging writes above the
+    /// checkpoint that no read could return).
     pub fn is_failed(&self) -> bool {
-        !survives(self.layout.as_ref(), &self.failed_mask())
+        let missing: Vec<bool> = {
+            let st = self.state.lock();
+            let stripes = self.stripes();
+            st.slots
+                .iter()
+                .map(|s| match s.state {
+                    MemberState::Active => false,
+                    MemberState::Rebuilding => s.rebuild_cp_stripes < stripes,
+                    _ => true,
+                })
+                .collect()
+        };
+        !survives(self.layout.as_ref(), &missing)
     }
 
     /// A snapshot of which members may be read and written; an error when the pool

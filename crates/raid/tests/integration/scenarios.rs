@@ -546,3 +546,34 @@ async fn a_stream_marks_the_write_intent_ahead_and_a_quiet_pool_clears_it() {
     }
     check_all(&pool, &oracle).await;
 }
+
+/// A RAID 1 whose only complete copy fails while the other is being rebuilt
+/// has failed: writes are refused (not acknowledged on the half-rebuilt copy,
+/// whose reads above its checkpoint could never return them) and the status
+/// says so. Before, the pool went on as "rebuilding".
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_only_complete_copy_failing_during_a_rebuild_fails_the_pool() {
+    let blocks = (2 << 20) / 512 + (16 << 20) / 512;
+    let ms: Vec<TestMember> = (0..3).map(|_| member(blocks)).collect();
+    let mut cfg = config(RaidLevel::Raid1);
+    cfg.chunk_bytes = 64 * 1024;
+    let pool = Pool::create(
+        cfg,
+        vec![ms[0].as_member("a"), ms[1].as_member("b")],
+        vec![],
+    )
+    .await
+    .unwrap();
+    pool.wait_idle().await;
+    // a slow rebuild onto a fresh member, then the complete copy is lost
+    pool.set_rebuild_rate_mb_s(1).await.unwrap();
+    ms[1].plan.lock().dead = true;
+    pool.fail_member(1).await.unwrap();
+    pool.replace_member(1, ms[2].as_member("c")).await.unwrap();
+    assert!(pool.status().rebuild.is_some() || pool.status().state != PoolState::Optimal);
+    ms[0].plan.lock().dead = true;
+    pool.fail_member(0).await.unwrap();
+    assert_eq!(pool.status().state, PoolState::Failed);
+    let top = pool.geometry().block_count - 8;
+    assert!(pool.write(top, pattern(1, 8), false).await.is_err());
+}
