@@ -1727,58 +1727,95 @@ impl Inner {
         }
         let mut entries = Vec::new();
         let mut bits = Vec::new();
-        for (d, dev) in self.devs.iter().enumerate() {
-            if dev.is_failed() || stale[d] {
-                continue;
+        let mut take = |d: usize, page: u32, recs: &[Record]| {
+            for (i, r) in recs.iter().enumerate() {
+                let local = page * RECORDS_PER_PAGE as u32 + i as u32;
+                if local >= self.layout.local_frames || r.key == NO_KEY {
+                    continue;
+                }
+                let slot = self.slot_of_local(d, local);
+                let (valid, dirty) = if old.clean {
+                    (r.valid, r.dirty)
+                } else {
+                    (r.dirty, r.dirty)
+                };
+                // a record's key and bitmaps come from the device: a key
+                // past the volume (overflowing included) is dropped, and
+                // the bitmaps keep only the block's sectors (bits past
+                // them counted a dirty frame the map never held)
+                let in_volume = r
+                    .key
+                    .checked_mul(self.block_bytes)
+                    .is_some_and(|at| at < self.geo().size_bytes());
+                if !in_volume {
+                    continue;
+                }
+                let full = self.full_mask(r.key);
+                let (valid, dirty) = (valid & full, dirty & full & valid);
+                if valid == 0 {
+                    continue;
+                }
+                entries.push((slot, r.key));
+                bits.push((slot, valid, dirty));
             }
+        };
+        let live: Vec<usize> = (0..self.devs.len())
+            .filter(|&d| !self.devs[d].is_failed() && !stale[d])
+            .collect();
+        if self.mirrored {
+            // one copy's table is the map, page by page: a page unreadable or
+            // damaged on one mirror is read from the other (the full table
+            // written at open then repairs it); damaged on every one, it may
+            // have held dirty records, and the open is refused rather than
+            // serve the older data of the backing volume
             for page in 0..self.layout.table_pages {
-                let raw = dev.read_page(page).await?;
-                let dec = decode_page(page, &raw);
-                let Some(recs) = dec else {
-                    if old.clean || self.mirrored {
-                        tracing::warn!(cache = %self.name, page, "table page unreadable");
+                let mut got = None;
+                for &d in &live {
+                    match self.devs[d].read_page(page).await {
+                        Ok(raw) => match decode_page(page, &raw) {
+                            Some(recs) => {
+                                got = Some((d, recs));
+                                break;
+                            }
+                            None => {
+                                tracing::warn!(cache = %self.name, device = d, page, "table page damaged")
+                            }
+                        },
+                        Err(e) => {
+                            tracing::warn!(cache = %self.name, device = d, page, error = %e, "table page unreadable")
+                        }
                     }
-                    if dirty_possible && !old.clean && self.live_devices() == 1 {
+                }
+                match got {
+                    Some((d, recs)) => take(d, page, &recs),
+                    None if dirty_possible && !old.clean => {
                         return Err(BlockError::Unavailable(format!(
-                            "cache {}: table page {page} is damaged on the only copy",
+                            "cache {}: table page {page} is damaged on every copy; it may hold \
+                             dirty data",
                             self.name
                         )));
                     }
-                    continue;
-                };
-                for (i, r) in recs.iter().enumerate() {
-                    let local = page * RECORDS_PER_PAGE as u32 + i as u32;
-                    if local >= self.layout.local_frames || r.key == NO_KEY {
-                        continue;
-                    }
-                    let slot = self.slot_of_local(d, local);
-                    let (valid, dirty) = if old.clean {
-                        (r.valid, r.dirty)
-                    } else {
-                        (r.dirty, r.dirty)
-                    };
-                    // a record's key and bitmaps come from the device: a key
-                    // past the volume (overflowing included) is dropped, and
-                    // the bitmaps keep only the block's sectors (bits past
-                    // them counted a dirty frame the map never held)
-                    let in_volume = r
-                        .key
-                        .checked_mul(self.block_bytes)
-                        .is_some_and(|at| at < self.geo().size_bytes());
-                    if !in_volume {
-                        continue;
-                    }
-                    let full = self.full_mask(r.key);
-                    let (valid, dirty) = (valid & full, dirty & full & valid);
-                    if valid == 0 {
-                        continue;
-                    }
-                    entries.push((slot, r.key));
-                    bits.push((slot, valid, dirty));
+                    None => {}
                 }
             }
-            if self.mirrored {
-                break; // one copy's table is the map
+        } else {
+            for &d in &live {
+                for page in 0..self.layout.table_pages {
+                    let raw = self.devs[d].read_page(page).await?;
+                    let Some(recs) = decode_page(page, &raw) else {
+                        if old.clean {
+                            tracing::warn!(cache = %self.name, page, "table page unreadable");
+                        }
+                        if dirty_possible && !old.clean && self.live_devices() == 1 {
+                            return Err(BlockError::Unavailable(format!(
+                                "cache {}: table page {page} is damaged on the only copy",
+                                self.name
+                            )));
+                        }
+                        continue;
+                    };
+                    take(d, page, &recs);
+                }
             }
         }
         entries.sort_unstable();
