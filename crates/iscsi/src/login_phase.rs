@@ -267,7 +267,7 @@ async fn register(
             "session reinstatement: closing the old session"
         );
         let mut ended = old.ended.subscribe();
-        let _ = old.kill.send(true);
+        let _ = old.kill.send_replace(true);
         let wait = Duration::from_millis(ctx.limits.drain_timeout_ms) + Duration::from_secs(2);
         let _ = tokio::time::timeout(wait, ended.wait_for(|e| *e)).await;
     }

@@ -167,10 +167,10 @@ pub(crate) async fn on_tmf(conn: &mut Conn, f: &Frame, t: TaskMgmtRequest, imm: 
                     // A cold reset drops every connection of the target, ours last.
                     for (s, _) in &aborted {
                         if !Arc::ptr_eq(s, &session) {
-                            let _ = s.kill.send(true);
+                            let _ = s.kill.send_replace(true);
                         }
                     }
-                    let _ = session.kill.send(true);
+                    let _ = session.kill.send_replace(true);
                 }
             });
         }

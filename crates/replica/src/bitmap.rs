@@ -43,9 +43,12 @@ struct State {
     /// Regions where the copies are known to differ (a write failed on one
     /// side only): never cleaned, only a resync clears them.
     pinned: HashSet<u64>,
-    /// The last write of the pages failed: bits set in memory may not be on
-    /// disk, so every write persists (and fails) until a write succeeds.
-    persist_failed: bool,
+    /// The newest `set_epoch` known durable on disk. A write whose regions'
+    /// bits are already set in memory still waits while a newer epoch is not
+    /// durable: the bit may be one another writer set and is still writing
+    /// (or failed to write), and going ahead on it would leave this write
+    /// with no bit on disk.
+    durable_epoch: u64,
 }
 
 /// The bitmap of one copy, backed by a file.
@@ -122,7 +125,7 @@ impl DirtyBitmap {
                 touched: HashSet::new(),
                 keep: false,
                 pinned: HashSet::new(),
-                persist_failed: false,
+                durable_epoch: 0,
             }),
             persisted: tokio::sync::Mutex::new(0),
             #[cfg(test)]
@@ -178,11 +181,10 @@ impl DirtyBitmap {
                 s.touched.insert(r);
                 changed |= Self::set_bit(&mut s, r);
             }
-            changed |= s.persist_failed;
             if changed {
                 s.set_epoch += 1;
             }
-            changed.then_some(s.set_epoch)
+            (s.set_epoch > s.durable_epoch).then_some(s.set_epoch)
         };
         let hold = WriteHold {
             bitmap: self,
@@ -234,12 +236,13 @@ impl DirtyBitmap {
             // not durable: the pages stay to be written by the next persist
             // (a writer waiting behind this one writes them again instead of
             // finding nothing changed and taking its bit as durable)
-            let mut st = self.state.lock();
-            st.pages_changed.extend(ids);
-            st.persist_failed = true;
+            self.state.lock().pages_changed.extend(ids);
             return Err(e);
         }
-        self.state.lock().persist_failed = false;
+        {
+            let mut st = self.state.lock();
+            st.durable_epoch = st.durable_epoch.max(upto);
+        }
         *done = upto;
         Ok(())
     }
@@ -259,34 +262,53 @@ impl DirtyBitmap {
         self.state.lock().keep = keep;
     }
 
-    /// Whether a cleaning pass now would clear anything (it still may not:
-    /// a write may begin meanwhile).
-    pub fn would_clean(&self) -> bool {
-        let s = self.state.lock();
-        !s.keep
-            && self.set_regions_locked(&s).into_iter().any(|r| {
-                !s.in_flight.contains_key(&r) && !s.touched.contains(&r) && !s.pinned.contains(&r)
-            })
-    }
-
-    /// One cleaning pass (in sync only): clears regions with no write in flight
-    /// and none since the previous pass. Returns how many were cleared.
-    pub fn clean_idle(&self) -> u64 {
+    /// The first half of a cleaning pass that must flush both copies before
+    /// it clears: the regions that could be cleared now (set, no write in
+    /// flight, none begun since the previous pass, not pinned); a new period
+    /// starts. Every write those regions had has finished, so a flush begun
+    /// after this covers them all; [`DirtyBitmap::clear_if_still_idle`] then
+    /// clears those no write has begun in since. None while bits are kept.
+    pub fn idle_candidates(&self) -> Vec<u64> {
         let mut s = self.state.lock();
         if s.keep {
             s.touched.clear();
+            return Vec::new();
+        }
+        let out: Vec<u64> = self
+            .set_regions_locked(&s)
+            .into_iter()
+            .filter(|r| {
+                !s.in_flight.contains_key(r) && !s.touched.contains(r) && !s.pinned.contains(r)
+            })
+            .collect();
+        s.touched.clear();
+        out
+    }
+
+    /// Clears those of `regions` (from [`DirtyBitmap::idle_candidates`]) that
+    /// no write has begun in since; returns how many.
+    pub fn clear_if_still_idle(&self, regions: &[u64]) -> u64 {
+        let mut s = self.state.lock();
+        if s.keep {
             return 0;
         }
         let mut cleared = 0;
-        let set: Vec<u64> = self.set_regions_locked(&s);
-        for r in set {
+        for &r in regions {
             if !s.in_flight.contains_key(&r) && !s.touched.contains(&r) && !s.pinned.contains(&r) {
                 Self::clear_bit(&mut s, r);
                 cleared += 1;
             }
         }
-        s.touched.clear();
         cleared
+    }
+
+    /// One cleaning pass without a flush in the middle (tests): clears regions
+    /// with no write in flight and none since the previous pass. Returns how
+    /// many were cleared.
+    #[cfg(test)]
+    pub fn clean_idle(&self) -> u64 {
+        let candidates = self.idle_candidates();
+        self.clear_if_still_idle(&candidates)
     }
 
     fn set_regions_locked(&self, s: &State) -> Vec<u64> {

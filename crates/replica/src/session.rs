@@ -34,21 +34,22 @@ pub(crate) async fn cleaner(inner: std::sync::Weak<Inner>) {
     loop {
         tokio::time::sleep(CLEAN_PERIOD).await;
         let Some(i) = inner.upgrade() else { return };
-        // The regions a pass clears have had no write begin since the previous
-        // pass: a flush of both copies now covers every write they had, so no
-        // region loses its bit while a write to it sits in either node's
-        // volatile cache (a power loss then would leave the copies different
-        // where no bitmap says so).
-        if !i.bitmap.would_clean() {
-            // nothing to clear: the pass only starts the next period
-            i.bitmap.clean_idle();
+        // The regions a pass may clear are chosen first: no write in flight in
+        // them and none begun since the previous pass, so every write they had
+        // has finished. A flush of both copies then covers those writes, and
+        // only the regions no write has begun in since are cleared: no region
+        // loses its bit while a write to it sits in either node's volatile
+        // cache (a power loss then would leave the copies different where no
+        // bitmap says so).
+        let candidates = i.bitmap.idle_candidates();
+        if candidates.is_empty() {
             continue;
         }
         if let Err(e) = i.submit(replica_proto::Op::Flush).await {
             tracing::debug!(volume = %i.cfg.name, "flush before cleaning the bitmap: {e:?}");
             continue;
         }
-        if i.bitmap.clean_idle() > 0 {
+        if i.bitmap.clear_if_still_idle(&candidates) > 0 {
             if let Err(e) = i.bitmap.persist().await {
                 tracing::warn!(volume = %i.cfg.name, "persisting the bitmap: {e}");
             }
@@ -546,14 +547,25 @@ async fn session(
                     link.close("the partner exceeded the bound on requests in flight");
                     return;
                 };
-                // (never short: no more than `handled` allows are in flight)
-                let writes = matches!(
+                let writes = if matches!(
                     m,
                     Message::Apply { .. }
                         | Message::ApplyForwarded { .. }
                         | Message::ResyncData { .. }
-                )
-                .then(|| writing.clone().try_acquire_owned().ok());
+                ) {
+                    // (no more are in flight than `handled` allows: short only
+                    // once the session's end waits for them all, and then
+                    // nothing more is applied)
+                    match writing.clone().try_acquire_owned() {
+                        Ok(p) => Some(p),
+                        Err(_) => {
+                            link.close("a partner write after the session ended");
+                            return;
+                        }
+                    }
+                } else {
+                    None
+                };
                 // counted against the node's buffer budget while applied, never
                 // waiting for it (see ReplicaConfig::buffers)
                 let held = inner.cfg.buffers.charge(payload_bytes(&m));
@@ -572,6 +584,8 @@ async fn session(
     }
     link.closed().await;
     dispatch.abort();
+    // stopped: it hands out no message after this
+    let _ = dispatch.await;
     (link, writing)
 }
 

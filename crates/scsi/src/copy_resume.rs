@@ -356,18 +356,27 @@ impl Intents {
             error = %e,
             "could not remove a copy record; the LU is refused until its record file can be written"
         );
-        self.unremoved.store(true, Ordering::Release);
-        self.retry_removal();
+        // under the map's lock, as the retry task clears both (see there)
+        let start = {
+            let _st = self.st.lock();
+            self.unremoved.store(true, Ordering::Release);
+            !self.retrying.swap(true, Ordering::AcqRel)
+        };
+        if start {
+            self.retry_removal();
+        }
     }
 
     /// Writes the map again, backing off from 50 ms to 5 s between tries,
-    /// until a write succeeds; then lets commands in. One such task at a time.
+    /// until a write of the map as it stands succeeds; then lets commands in.
+    /// One such task at a time (`retrying`, set by the caller). The flags are
+    /// cleared under the map's lock and only when no change came after the
+    /// map written: a removal that fails meanwhile changed the map first, so
+    /// it is written by the next turn of this loop, never left on file with
+    /// the LU taking commands.
     fn retry_removal(self: &Arc<Self>) {
-        if self.retrying.swap(true, Ordering::AcqRel) {
-            return;
-        }
         let Ok(rt) = tokio::runtime::Handle::try_current() else {
-            self.retrying.store(false, Ordering::Release);
+            // (no runtime: the LU stays refused; nothing can retry)
             return;
         };
         let me = self.clone();
@@ -376,14 +385,20 @@ impl Intents {
             loop {
                 let version = me.st.lock().version;
                 match me.persist_async(version).await {
-                    Ok(()) => break,
+                    Ok(()) => {
+                        let st = me.st.lock();
+                        if st.version == version {
+                            me.unremoved.store(false, Ordering::Release);
+                            me.retrying.store(false, Ordering::Release);
+                            break;
+                        }
+                        continue;
+                    }
                     Err(e) => tracing::warn!(error = %e, "copy record file still unwritable"),
                 }
                 tokio::time::sleep(wait).await;
                 wait = (wait * 2).min(std::time::Duration::from_secs(5));
             }
-            me.unremoved.store(false, Ordering::Release);
-            me.retrying.store(false, Ordering::Release);
             me.cleaned.notify_waiters();
             tracing::info!("copy record file written again; the LU takes commands");
         });

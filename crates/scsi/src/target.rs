@@ -532,7 +532,6 @@ impl ScsiTarget {
 
     /// The target's LUN that `nexus` calls `lun`; None if it sees no such LUN.
     #[inline]
-    /// The target's LUN that `nexus` calls `lun`; None if it sees no such LUN.
     pub fn target_lun(&self, nexus: &ItNexus, lun: u64) -> Option<u64> {
         if !self.masked.load(Ordering::Acquire) {
             return Some(lun);
