@@ -16,8 +16,9 @@ struct Entry {
     thin_only: bool,
     /// Only for volumes with atomic writes.
     atomic_only: bool,
-    /// Only for LUs that may be sanitized (not replicated).
-    sanitize_only: bool,
+    /// Only for LUs not replicated to an HA partner: SANITIZE, and ORWRITE,
+    /// whose read and write are atomic only against this node's writes.
+    local_only: bool,
 }
 
 const fn e(opcode: u8, service_action: Option<u8>, usage: &'static [u8]) -> Entry {
@@ -27,7 +28,7 @@ const fn e(opcode: u8, service_action: Option<u8>, usage: &'static [u8]) -> Entr
         usage,
         thin_only: false,
         atomic_only: false,
-        sanitize_only: false,
+        local_only: false,
     }
 }
 
@@ -40,7 +41,7 @@ const fn sanitize(service_action: u8, thin_only: bool) -> Entry {
         usage: &[0x48, 0xbf, 0, 0, 0, 0, 0, 0xff, 0xff, 0],
         thin_only,
         atomic_only: false,
-        sanitize_only: true,
+        local_only: true,
     }
 }
 
@@ -104,7 +105,7 @@ const TABLE: &[Entry] = &[
         usage: &[0x42, 0, 0, 0, 0, 0, 0x1f, 0xff, 0xff, 0],
         thin_only: true,
         atomic_only: false,
-        sanitize_only: false,
+        local_only: false,
     },
     e(
         op::MODE_SELECT_10,
@@ -185,7 +186,14 @@ const TABLE: &[Entry] = &[
         ],
     ),
     e(op::WRITE_16, None, cat!(0x8a, 0x1a, RW16)),
-    e(op::ORWRITE_16, None, cat!(0x8b, 0x1a, RW16)),
+    Entry {
+        opcode: op::ORWRITE_16,
+        service_action: None,
+        usage: cat!(0x8b, 0x1a, RW16),
+        thin_only: false,
+        atomic_only: false,
+        local_only: true,
+    },
     e(op::WRITE_VERIFY_16, None, cat!(0x8e, 0x12, RW16)),
     e(op::VERIFY_16, None, cat!(0x8f, 0x16, RW16)),
     e(op::PRE_FETCH_16, None, cat!(0x90, 0x02, RW16)),
@@ -199,7 +207,7 @@ const TABLE: &[Entry] = &[
         usage: cat!(0x9c, 0x18, RW16),
         thin_only: false,
         atomic_only: true,
-        sanitize_only: false,
+        local_only: false,
     },
     sanitize(sa::SANITIZE_OVERWRITE, false),
     sanitize(sa::SANITIZE_BLOCK_ERASE, true),
@@ -294,7 +302,7 @@ pub(crate) fn report_supported_opcodes(
     cdb: &Cdb,
     thin: bool,
     atomic: bool,
-    sanitize: bool,
+    local: bool,
 ) -> CmdResult {
     let rctd = cdb.b(2) & 0x80 != 0;
     let options = cdb.b(2) & 0x07;
@@ -302,7 +310,7 @@ pub(crate) fn report_supported_opcodes(
     let req_sa = cdb.u16_at(4);
     let alloc_len = cdb.u32_at(6);
     let visible = |e: &&Entry| {
-        (thin || !e.thin_only) && (atomic || !e.atomic_only) && (sanitize || !e.sanitize_only)
+        (thin || !e.thin_only) && (atomic || !e.atomic_only) && (local || !e.local_only)
     };
     if options == 0 {
         let mut d = vec![0u8; 4];

@@ -363,8 +363,14 @@ pub(crate) async fn compare_and_write(lu: &LogicalUnit, cdb: &Cdb, data_out: &By
     })
 }
 
-/// ORWRITE(16): atomically ORs Data-Out into the blocks on the medium.
+/// ORWRITE(16): atomically ORs Data-Out into the blocks on the medium. Not on
+/// an LU replicated to an HA partner (INVALID OPERATION CODE, and not reported
+/// supported): the read and the write are ordered against this node's writes
+/// only, so a write through the partner landing between them would be lost.
 pub(crate) async fn orwrite(lu: &LogicalUnit, cdb: &Cdb, data_out: &Bytes) -> CmdResult {
+    if !crate::target::sanitize_offered(lu) {
+        return Err(codes::INVALID_OPCODE.into());
+    }
     let geo = lu.geometry();
     let rw = decode_rw(cdb);
     check_transfer(cdb, &geo, &rw)?;

@@ -698,6 +698,11 @@ fn register(
                         return Err(codes::INVALID_FIELD_IN_PARAM.into());
                     }
                     push(id, &mut new);
+                    // (checked as the list grows: the duplicate check is
+                    // quadratic in it)
+                    if st.registrations.len() + new.len() > REGISTRATIONS_MAX {
+                        return Err(codes::INSUFFICIENT_REGISTRATION_RESOURCES.into());
+                    }
                 }
             }
             if st.registrations.len() + new.len() > REGISTRATIONS_MAX {

@@ -266,6 +266,41 @@ fn spec_i_pt_registers_listed_initiator_ports() {
     );
 }
 
+/// A SPEC_I_PT list naming more initiator ports than can ever be registered
+/// is refused (INSUFFICIENT REGISTRATION RESOURCES) without being parsed
+/// whole, and registers nothing; one that fits still registers every port.
+#[test]
+fn a_spec_i_pt_list_longer_than_the_registrations_is_refused() {
+    let r = mem();
+    let a = nx("a", 1, 1);
+    let list_of = |n: usize| {
+        let mut list = Vec::new();
+        for i in 0..n {
+            list.extend(tid(&format!("iqn.2026-12.org.flood,i,0x{i:012x}")));
+        }
+        list
+    };
+    let mut p = basic(0, 0x77, SPEC_I_PT);
+    let list = list_of(200_000);
+    p.extend_from_slice(&(list.len() as u32).to_be_bytes());
+    p.extend_from_slice(&list);
+    let cdb = prout_cdb(REGISTER, 0, p.len() as u32);
+    let started = std::time::Instant::now();
+    check_err(
+        r.persistent_reserve_out(&a, &cdb, &p, &ports()),
+        codes::INSUFFICIENT_REGISTRATION_RESOURCES,
+    );
+    eprintln!("refused in {:?}", started.elapsed());
+    assert_eq!(r.registration_count(), 0);
+    let mut p = basic(0, 0x77, SPEC_I_PT);
+    let list = list_of(100);
+    p.extend_from_slice(&(list.len() as u32).to_be_bytes());
+    p.extend_from_slice(&list);
+    let cdb = prout_cdb(REGISTER, 0, p.len() as u32);
+    r.persistent_reserve_out(&a, &cdb, &p, &ports()).unwrap();
+    assert_eq!(r.registration_count(), 101);
+}
+
 #[test]
 fn registrations_are_capped() {
     let r = mem();

@@ -133,6 +133,12 @@ pub(super) fn parse_basic(cdb: &ProutCdb, params: &[u8]) -> Result<BasicParams, 
         .ok_or_else(length_error)?;
     let mut at = 0;
     while at < list.len() {
+        // more than can ever be registered: refused before the rest is parsed
+        // (a 16 MiB list holds ~760k TransportIDs, each checked against the
+        // others under the LU's reservation lock)
+        if out.transport_ids.len() >= super::REGISTRATIONS_MAX {
+            return Err(codes::INSUFFICIENT_REGISTRATION_RESOURCES);
+        }
         let (port, used) = parse_transport_id(&list[at..], 28 + at)?;
         out.transport_ids.push(port);
         at += used;

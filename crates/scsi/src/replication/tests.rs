@@ -1009,3 +1009,29 @@ async fn a_forwarded_set_target_port_groups_heals_a_stale_follower() {
     );
     assert_eq!(rtpg(&b, &nb).await, [0, 1]);
 }
+
+/// ORWRITE is refused on an LU replicated to a partner (its read and write are
+/// ordered against this node's writes only) and not reported supported there;
+/// an LU of its own still takes it.
+#[tokio::test]
+async fn orwrite_is_not_offered_on_a_replicated_lu() {
+    let (a, _b) = pair();
+    let n = ready(&a, "host", 1).await;
+    let mut orw = [0u8; 16];
+    orw[0] = 0x8b;
+    orw[13] = 1;
+    let r = run(&a, &n, &orw, &[0x0f; 512]).await;
+    assert_eq!(sense_of(&r), (key::ILLEGAL_REQUEST, 0x20, 0x00));
+    // REPORT SUPPORTED OPERATION CODES, one command: ORWRITE(16) not supported
+    let rsoc = [0xa3, 0x0c, 0x01, 0x8b, 0, 0, 0, 0, 0x10, 0, 0, 0];
+    let r = run(&a, &n, &rsoc, &[]).await;
+    assert_eq!(r.status, status::GOOD);
+    assert_eq!(r.data_in[1] & 0x07, 0x01, "not supported");
+    // alone (no partner): taken
+    let lone = node(3, None);
+    let n = ready(&lone, "host", 1).await;
+    assert_eq!(
+        run(&lone, &n, &orw, &[0x0f; 512]).await.status,
+        status::GOOD
+    );
+}
