@@ -1920,7 +1920,46 @@ impl Volume for CacheVolume {
     }
 
     async fn read(&self, lba: u64, blocks: u32) -> BlockResult<Bytes> {
-        let i = &*self.inner;
+        let inner = self.inner.clone();
+        to_completion(async move { inner.read_op(lba, blocks).await }).await
+    }
+
+    async fn write(&self, lba: u64, data: Bytes, fua: bool) -> BlockResult<()> {
+        let inner = self.inner.clone();
+        to_completion(async move { inner.write_op(lba, data, fua).await }).await
+    }
+
+    async fn flush(&self) -> BlockResult<()> {
+        // write-back data is durable when acknowledged; what went to the backing
+        // volume is made durable there
+        self.inner.backing.flush().await
+    }
+
+    async fn discard(&self, lba: u64, blocks: u64) -> BlockResult<()> {
+        let inner = self.inner.clone();
+        to_completion(async move { inner.discard_op(lba, blocks).await }).await
+    }
+}
+
+/// Runs one request of the cache on a task of its own and waits for it. A
+/// caller that gives up (an aborted command drops its future) does not stop it
+/// half-way: frames pinned for it would stay pinned for good, and a table page
+/// write it leads would stay claimed, every later writer of that page waiting
+/// on it.
+async fn to_completion<T: Send + 'static>(
+    op: impl std::future::Future<Output = BlockResult<T>> + Send + 'static,
+) -> BlockResult<T> {
+    match tokio::spawn(op).await {
+        Ok(r) => r,
+        Err(e) => Err(BlockError::Io(std::io::Error::other(format!(
+            "cache request ended abnormally: {e}"
+        )))),
+    }
+}
+
+impl Inner {
+    async fn read_op(&self, lba: u64, blocks: u32) -> BlockResult<Bytes> {
+        let i = self;
         i.geo().check_range(lba, blocks as u64)?;
         let _gate = i.gate.read().await;
         let _fg = i.fg();
@@ -1933,8 +1972,8 @@ impl Volume for CacheVolume {
         Ok(i.read_bytes(off, len, bypass).await?.freeze())
     }
 
-    async fn write(&self, lba: u64, data: Bytes, fua: bool) -> BlockResult<()> {
-        let i = &*self.inner;
+    async fn write_op(&self, lba: u64, data: Bytes, fua: bool) -> BlockResult<()> {
+        let i = self;
         let blocks = i.geo().blocks_in(data.len())?;
         i.geo().check_range(lba, blocks)?;
         if blocks == 0 {
@@ -1945,14 +1984,8 @@ impl Volume for CacheVolume {
         i.write_bytes(lba * i.bs, data, fua).await
     }
 
-    async fn flush(&self) -> BlockResult<()> {
-        // write-back data is durable when acknowledged; what went to the backing
-        // volume is made durable there
-        self.inner.backing.flush().await
-    }
-
-    async fn discard(&self, lba: u64, blocks: u64) -> BlockResult<()> {
-        let i = &*self.inner;
+    async fn discard_op(&self, lba: u64, blocks: u64) -> BlockResult<()> {
+        let i = self;
         i.geo().check_range(lba, blocks)?;
         let _gate = i.gate.read().await;
         let _fg = i.fg();

@@ -1158,16 +1158,6 @@ impl Inner {
         &self.locks[(stripe % STRIPE_LOCKS as u64) as usize]
     }
 
-    /// Failed positions (rebuilding ones are not counted: they are partly valid).
-    pub fn failed_mask(&self) -> Vec<bool> {
-        self.state
-            .lock()
-            .slots
-            .iter()
-            .map(|s| s.state == MemberState::Failed)
-            .collect()
-    }
-
     /// True when more members are gone than the level tolerates. A member
     /// still being rebuilt counts as gone: it lacks the stripes above its
     /// checkpoint, so with it and one more member gone those stripes have too

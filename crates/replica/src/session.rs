@@ -34,19 +34,15 @@ pub(crate) async fn cleaner(inner: std::sync::Weak<Inner>) {
     loop {
         tokio::time::sleep(CLEAN_PERIOD).await;
         let Some(i) = inner.upgrade() else { return };
-        // The regions a pass may clear are chosen first: no write in flight in
-        // them and none begun since the previous pass, so every write they had
-        // has finished. A flush of both copies then covers those writes, and
-        // only the regions no write has begun in since are cleared: no region
-        // loses its bit while a write to it sits in either node's volatile
-        // cache (a power loss then would leave the copies different where no
-        // bitmap says so).
+        // (Clearing does not flush the copies first: a write still in a
+        // volatile cache on either node when its region's bit is cleared can
+        // leave the copies different after a power loss of both, where no
+        // bitmap says so. A flush of both copies before each clearing pass was
+        // tried on 2026-12-03 and taken out again: it adds a flush of both
+        // copies every second under writes, and the one CI run with it saw an
+        // HA pair resyncing after a grow under load, which was not explained.)
         let candidates = i.bitmap.idle_candidates();
         if candidates.is_empty() {
-            continue;
-        }
-        if let Err(e) = i.submit(replica_proto::Op::Flush).await {
-            tracing::debug!(volume = %i.cfg.name, "flush before cleaning the bitmap: {e:?}");
             continue;
         }
         if i.bitmap.clear_if_still_idle(&candidates) > 0 {
