@@ -68,8 +68,8 @@ impl Drop for Guard {
     }
 }
 
-/// Starts `info`: runs it here up to its first wait, then on its own task,
-/// registered as running before it can finish. `permit` is the node budget the
+/// Starts `info`: registered as running, runs here up to its first wait, then
+/// on its own task. `permit` is the node budget the
 /// connection took for the command's data (its Data-Out, and the Data-In it may
 /// read): the Data-Out part is given back when the command has executed, the
 /// Data-In part when its last Data-In PDU is on the wire.
@@ -129,19 +129,35 @@ pub(crate) fn spawn_command(
         }
         send_response(&out, &info, resp, permit, || guard.release_slot()).await;
     });
-    if block::poll_once(&mut task) {
-        return;
-    }
-    let mut running = session.running.lock();
-    let handle = tokio::spawn(task);
-    running.insert(
+    // registered before its first poll: an abort (a TMF, PREEMPT AND ABORT)
+    // that arrives while the command is already at the LU finds it
+    session.running.lock().insert(
         itt,
         Running {
             lun,
             serial,
-            abort: handle.abort_handle(),
+            abort: None,
+            aborted: false,
         },
     );
+    if block::poll_once(&mut task) {
+        return;
+    }
+    let mut running = session.running.lock();
+    match running.get_mut(&itt) {
+        Some(e) if e.serial == serial && !e.aborted => {
+            // spawned under the lock: it cannot finish (and leave the map)
+            // before its abort handle is in
+            let handle = tokio::spawn(task);
+            e.abort = Some(handle.abort_handle());
+        }
+        _ => {
+            // aborted during its first poll: dropped here (its guard takes
+            // the entry out, which needs the lock)
+            drop(running);
+            drop(task);
+        }
+    }
 }
 
 /// Sends the Data-In PDUs and status of a completed command. `release` opens the

@@ -26,7 +26,20 @@ pub(crate) struct SessionKey {
 pub(crate) struct Running {
     pub lun: u64,
     pub serial: u64,
-    pub abort: AbortHandle,
+    /// None during the command's first poll, on the connection's task (see
+    /// `exec::spawn_command`): an abort then sets `aborted`, and the command
+    /// is dropped instead of spawned.
+    pub abort: Option<AbortHandle>,
+    pub aborted: bool,
+}
+
+impl Running {
+    fn abort(&mut self) {
+        match &self.abort {
+            Some(h) => h.abort(),
+            None => self.aborted = true,
+        }
+    }
 }
 
 /// What the tasks of one session share.
@@ -196,11 +209,11 @@ impl Session {
 
     /// Aborts running commands matching `pred` (on their LUN); returns their tags.
     pub(crate) fn abort_where(&self, pred: impl Fn(u64) -> bool) -> Vec<u32> {
-        let r = self.running.lock();
+        let mut r = self.running.lock();
         let mut itts = Vec::new();
-        for (itt, t) in r.iter() {
+        for (itt, t) in r.iter_mut() {
             if pred(t.lun) {
-                t.abort.abort();
+                t.abort();
                 itts.push(*itt);
             }
         }
@@ -209,9 +222,9 @@ impl Session {
 
     /// Aborts the running command `itt`; false if it is not running.
     pub(crate) fn abort_where_itt(&self, itt: u32) -> bool {
-        match self.running.lock().get(&itt) {
+        match self.running.lock().get_mut(&itt) {
             Some(t) => {
-                t.abort.abort();
+                t.abort();
                 true
             }
             None => false,
@@ -618,7 +631,8 @@ mod tests {
             Running {
                 lun: 0,
                 serial: 2,
-                abort: h.abort_handle(),
+                abort: Some(h.abort_handle()),
+                aborted: false,
             },
         );
         s.finish(5, 1);

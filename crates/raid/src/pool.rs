@@ -957,8 +957,9 @@ impl Pool {
             st.intent.retain(|_, r| r.inflight > 0);
             st.intent_seq += 1;
         }
+        // (with the rebuild checkpoints as they stand now: flushed again first)
         self.inner
-            .persist()
+            .flush_then_persist()
             .await
             .map_err(|e| RaidError::PoolFailed(e.to_string()))
     }

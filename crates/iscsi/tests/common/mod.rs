@@ -44,27 +44,27 @@ impl Fixture {
     }
 }
 
+/// A test LU's configuration: its NAA ends in `naa_last`, its serial is `serial`.
+pub fn lun_config(naa_last: u8, serial: &str) -> scsi::LunConfig {
+    scsi::LunConfig {
+        naa: [
+            0x60, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, naa_last,
+        ],
+        serial: serial.into(),
+        vendor: "FREESAN".into(),
+        product: "TEST".into(),
+        revision: "0001".into(),
+        read_only: false,
+        state_file: None,
+        physical_block_exponent: 0,
+        sanitize_rate_bytes_per_s: 0,
+    }
+}
+
 pub fn scsi_target(name: &str, vol: Option<block::VolumeRef>) -> Arc<scsi::ScsiTarget> {
     let vol = vol.unwrap_or_else(|| Arc::new(MemVolume::new(512, 8192)));
-    let cfg = scsi::TargetConfig::one_port_group(
-        name,
-        2,
-        vec![(
-            0,
-            scsi::LunConfig {
-                naa: [0x60, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15],
-                serial: "SERIAL0001".into(),
-                vendor: "FREESAN".into(),
-                product: "TEST".into(),
-                revision: "0001".into(),
-                read_only: false,
-                state_file: None,
-                physical_block_exponent: 0,
-                sanitize_rate_bytes_per_s: 0,
-            },
-            vol,
-        )],
-    );
+    let cfg =
+        scsi::TargetConfig::one_port_group(name, 2, vec![(0, lun_config(15, "SERIAL0001"), vol)]);
     Arc::new(scsi::ScsiTarget::new(cfg).expect("scsi target"))
 }
 
@@ -333,8 +333,18 @@ impl Client {
 
     /// Login without authentication in one operational-stage PDU.
     pub async fn login_simple(&mut self, target: &str, extra: &[(&str, &str)]) -> (u8, u8) {
+        self.login_simple_as(INI, target, extra).await
+    }
+
+    /// [`Client::login_simple`] as initiator `initiator`.
+    pub async fn login_simple_as(
+        &mut self,
+        initiator: &str,
+        target: &str,
+        extra: &[(&str, &str)],
+    ) -> (u8, u8) {
         let mut pairs = vec![
-            ("InitiatorName", INI),
+            ("InitiatorName", initiator),
             ("TargetName", target),
             ("SessionType", "Normal"),
         ];

@@ -383,6 +383,9 @@ async fn another_initiator_cannot_reinstate_a_session() {
 /// one took a session slot (and a TSIH) for the life of the process.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_login_cut_short_after_registering_leaves_no_session() {
+    // (the capturing subscriber first: the fixture would install its own, and
+    // the other tests of this binary read the captured lines)
+    logs();
     let held = Arc::new(block::HoldVolume::new(Arc::new(MemVolume::new(512, 8192))));
     let limits = Limits {
         login_timeout_ms: 1_000,

@@ -820,20 +820,7 @@ async fn preempt_and_abort_aborts_the_preempted_nexus_tasks() {
 /// power-on unit attention of LUNs `luns` taken.
 async fn login_as(addr: std::net::SocketAddr, initiator: &str, isid: u8, luns: &[u64]) -> Client {
     let mut c = Client::connect_isid(addr, [0x80, 0, 0, 0, 0x61, isid]).await;
-    let (r, kv) = c
-        .login_step(
-            1,
-            3,
-            true,
-            &[
-                ("InitiatorName", initiator),
-                ("TargetName", OPEN),
-                ("SessionType", "Normal"),
-            ],
-        )
-        .await;
-    assert_eq!((r.status_class, r.status_detail), (0, 0));
-    c.after_login(&kv);
+    assert_eq!(c.login_simple_as(initiator, OPEN, &[]).await, (0, 0));
     for &lun in luns {
         let mut tur = c.command(&[0, 0, 0, 0, 0, 0], false, false, 0, true);
         if let InitiatorPdu::ScsiCommand(ref mut s) = tur {
@@ -859,17 +846,7 @@ async fn a_lun_reset_aborts_the_tasks_on_that_lu_as_each_initiator_numbers_it() 
         512, 8192,
     ))));
     let open = scsi_target(OPEN, Some(held.clone()));
-    let cfg1 = scsi::LunConfig {
-        naa: [0x60, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 0xee],
-        serial: "SERIAL0002".into(),
-        vendor: "FREESAN".into(),
-        product: "TEST".into(),
-        revision: "0001".into(),
-        read_only: false,
-        state_file: None,
-        physical_block_exponent: 0,
-        sanitize_rate_bytes_per_s: 0,
-    };
+    let cfg1 = lun_config(0xee, "SERIAL0002");
     open.add_lun(1, cfg1, Arc::new(block::MemVolume::new(512, 8192)), None)
         .unwrap();
     // X sees the held LU as its LUN 0; Y sees the other LU as its 0 and the
