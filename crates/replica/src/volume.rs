@@ -586,7 +586,7 @@ impl Inner {
     }
 
     /// Runs a client op in whatever role this node has.
-    pub(crate) async fn submit(self: &Arc<Self>, op: Op) -> OpOutcome {
+    async fn submit(self: &Arc<Self>, op: Op) -> OpOutcome {
         let deadline = self.deadline();
         loop {
             let st = self.wait_serving(deadline).await?;
