@@ -233,6 +233,31 @@ pub async fn gate(State(g): State<Arc<Gate>>, req: Request, next: Next) -> Respo
         .path_and_query()
         .map(|p| p.as_str().to_string())
         .unwrap_or_default();
+    // A change runs on a task of its own, to its end and its audit entry: when
+    // the client goes away mid-request, hyper drops this future, and a change
+    // already applied (a pool member swapped, a cache draining) would otherwise
+    // stop half-way, unrecorded in managed.toml and missing from the audit log.
+    let task = tokio::spawn(change(g, caller, source, method, path, req, next));
+    match task.await {
+        Ok(r) => r,
+        Err(e) => {
+            tracing::error!("API: a request's task ended early: {e}");
+            refuse(StatusCode::INTERNAL_SERVER_ERROR, "the request failed")
+        }
+    }
+}
+
+/// A request that may change something: the role and body checks, the handler
+/// and the audit entry, whatever the outcome.
+async fn change(
+    g: Arc<Gate>,
+    caller: Caller,
+    source: String,
+    method: String,
+    path: String,
+    req: Request,
+    next: Next,
+) -> Response {
     let (parts, body) = req.into_parts();
     let (status, body_summary, response) = if caller.role != Role::Admin {
         let r = refuse(StatusCode::FORBIDDEN, "this token is read-only");

@@ -18,6 +18,8 @@ impl Actions {
 #[derive(Default)]
 struct Fake {
     actions: Actions,
+    /// Told when an action on pool "slow" has started (it then takes 300 ms).
+    slow_started: tokio::sync::Notify,
 }
 
 #[async_trait]
@@ -32,6 +34,16 @@ impl Control for Fake {
         (name == "tank").then(|| json!({"name": "tank"}))
     }
     async fn pool_action(&self, name: &str, action: PoolAction) -> Result<Value, ApiError> {
+        if name == "slow" {
+            self.slow_started.notify_one();
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            self.actions
+                .0
+                .lock()
+                .unwrap()
+                .push(format!("slow {action:?}"));
+            return Ok(json!({}));
+        }
         if name != "tank" {
             return Err(ApiError::NotFound(name.into()));
         }
@@ -445,6 +457,42 @@ async fn changes_are_audited_with_secrets_masked() {
         .permissions()
         .mode();
     assert_eq!(mode & 0o777, 0o600);
+    n.stop().await;
+}
+
+#[tokio::test]
+async fn a_change_whose_client_goes_away_runs_to_its_end_and_is_audited() {
+    let n = Node::start(ApiLimits::default()).await;
+    let body = r#"{"position":1}"#;
+    let req = format!(
+        "POST /api/v1/pools/slow/fail HTTP/1.1\r\nHost: {}\r\n{}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        n.addr,
+        bearer(&n.admin),
+        body.len()
+    );
+    let mut s = tokio::net::TcpStream::connect(n.addr).await.unwrap();
+    s.write_all(req.as_bytes()).await.unwrap();
+    n.fake.slow_started.notified().await;
+    drop(s); // the client goes away while the change runs
+             // the change finishes and its audit entry is written (before: hyper
+             // dropped the handler's future with the connection, and both were lost)
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let audited = n
+            .audit()
+            .iter()
+            .any(|e| e.path == "/api/v1/pools/slow/fail");
+        if audited {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no audit entry for a change whose client left: {:?}",
+            n.fake.actions.taken()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(n.fake.actions.taken().len(), 1, "the change ran to its end");
     n.stop().await;
 }
 

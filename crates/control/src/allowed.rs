@@ -117,15 +117,24 @@ impl Allowed {
     }
 }
 
-/// Every backing path `cfg` uses (disks and LUNs), resolved.
+/// Every backing path `cfg` uses (disks and LUNs), resolved: a disk without a
+/// path (a simulated one, or a file made by the API) keeps its data in
+/// `DATA_DIR/disks/NAME.img`, which is as much in use as a configured path.
 fn paths_in_use(cfg: &Config) -> Vec<PathBuf> {
-    let disks = cfg.disks.iter().filter_map(|d| d.path.as_deref());
+    let disks = cfg
+        .disks
+        .iter()
+        .filter(|d| !d.memory)
+        .map(|d| match &d.path {
+            Some(p) => p.clone(),
+            None => crate::pools::default_disk_path(&cfg.data_dir, &d.name),
+        });
     let luns = cfg
         .targets
         .iter()
         .flat_map(|t| t.luns.iter())
-        .filter_map(|l| l.path.as_deref());
-    disks.chain(luns).filter_map(resolve).collect()
+        .filter_map(|l| l.path.clone());
+    disks.chain(luns).filter_map(|p| resolve(&p)).collect()
 }
 
 /// Checks a disk about to be created through the API against `cfg` (the
@@ -139,6 +148,21 @@ pub(crate) fn check_disk(allowed: &Allowed, cfg: &Config, d: &DiskConfig) -> Res
         if paths_in_use(cfg).contains(&r) {
             return Err(refused(format!("{} is already in use", p.display())));
         }
+    }
+    if !d.memory {
+        // a file disk, or a simulated one keeping its data in the data directory
+        let p = d
+            .path
+            .clone()
+            .unwrap_or_else(|| crate::pools::default_disk_path(&cfg.data_dir, &d.name));
+        if d.path.is_none()
+            && paths_in_use(cfg)
+                .iter()
+                .any(|u| Some(u) == resolve(&p).as_ref())
+        {
+            return Err(refused(format!("{} is already in use", p.display())));
+        }
+        check_new_file_size(&p, d.size.as_deref(), false)?;
     }
     if d.memory {
         let size_bytes = d.size.as_deref().and_then(disk::parse_size).unwrap_or(0);
@@ -154,6 +178,33 @@ pub(crate) fn check_disk(allowed: &Allowed, cfg: &Config, d: &DiskConfig) -> Res
     Ok(())
 }
 
+/// Refuses a file about to be created at `p` (when nothing is there yet) that
+/// its filesystem could not hold: a thick file is written out now, so it must
+/// fit in the free space; a sparse one may grow to its size later, which a
+/// filesystem smaller than that can never hold.
+fn check_new_file_size(p: &Path, size: Option<&str>, thick: bool) -> Result<(), ApiError> {
+    if p.exists() {
+        return Ok(());
+    }
+    let size_bytes = size.and_then(disk::parse_size).unwrap_or(0);
+    let Some((free, total)) = fs_bytes(p) else {
+        return Ok(());
+    };
+    if thick && size_bytes > free {
+        return Err(refused(format!(
+            "{}: a thick file of {size_bytes} bytes does not fit in the {free} bytes free there",
+            p.display()
+        )));
+    }
+    if !thick && size_bytes > total {
+        return Err(refused(format!(
+            "{}: a sparse file of {size_bytes} bytes could never be filled on a filesystem of {total} bytes",
+            p.display()
+        )));
+    }
+    Ok(())
+}
+
 /// Checks a LUN about to be created through the API against `cfg` (the
 /// running configuration, without the LUN).
 pub(crate) fn check_lun(allowed: &Allowed, cfg: &Config, l: &LunConfig) -> Result<(), ApiError> {
@@ -164,25 +215,7 @@ pub(crate) fn check_lun(allowed: &Allowed, cfg: &Config, l: &LunConfig) -> Resul
         }
     }
     if let Some(p) = &l.path {
-        let size_bytes = l.size.as_deref().and_then(disk::parse_size).unwrap_or(0);
-        if !p.exists() {
-            if let Some((free, total)) = fs_bytes(p) {
-                // a thick file is written out now; a sparse one may grow to its
-                // size later, which a filesystem smaller than that can never hold
-                if l.thick && size_bytes > free {
-                    return Err(refused(format!(
-                        "{}: a thick file of {size_bytes} bytes does not fit in the {free} bytes free there",
-                        p.display()
-                    )));
-                }
-                if !l.thick && size_bytes > total {
-                    return Err(refused(format!(
-                        "{}: a sparse file of {size_bytes} bytes could never be filled on a filesystem of {total} bytes",
-                        p.display()
-                    )));
-                }
-            }
-        }
+        check_new_file_size(p, l.size.as_deref(), l.thick)?;
     }
     if let Some(naa) = &l.naa {
         let configured = cfg

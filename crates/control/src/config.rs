@@ -996,8 +996,13 @@ impl Config {
     pub fn load(path: &Path) -> Result<Config> {
         let text = std::fs::read_to_string(path)
             .with_context(|| format!("reading config {}", path.display()))?;
-        let mut cfg: Config =
-            toml::from_str(&text).with_context(|| format!("parsing config {}", path.display()))?;
+        let mut cfg: Config = toml::from_str(&text).map_err(|e| {
+            anyhow::anyhow!(
+                "parsing config {}: {}",
+                path.display(),
+                toml_error(&text, &e)
+            )
+        })?;
         let base = path.parent().unwrap_or(Path::new("."));
         cfg.rebase(base);
         Ok(cfg)
@@ -1241,6 +1246,15 @@ impl Config {
                 }
             }
         }
+        let names = self
+            .disks
+            .iter()
+            .map(|d| ("disk", &d.name))
+            .chain(self.pools.iter().map(|p| ("pool", &p.name)))
+            .chain(self.caches.iter().map(|c| ("cache", &c.name)));
+        for (kind, name) in names {
+            check_object_name(kind, name)?;
+        }
         let mut disk_names = std::collections::HashSet::new();
         for d in &self.disks {
             if !disk_names.insert(d.name.as_str()) {
@@ -1418,6 +1432,47 @@ impl LunConfig {
 
 fn yes() -> bool {
     true
+}
+
+/// A TOML error without the source line it quotes by default: the line can
+/// hold a CHAP secret, and the error reaches the API's caller and the log
+/// (`POST /api/v1/reload`).
+fn toml_error(text: &str, e: &toml::de::Error) -> String {
+    let mut msg = e.message().trim_end().to_string();
+    // serde's "invalid type: string \"x\", expected ..." quotes the value too
+    if msg.starts_with("invalid ") {
+        if let (Some(q), Some(x)) = (msg.find(['`', '"']), msg.find(", expected")) {
+            if q < x {
+                msg = format!("{}{}", msg[..q].trim_end(), &msg[x..]);
+            }
+        }
+    }
+    match e.span() {
+        Some(span) => {
+            let before = text.get(..span.start).unwrap_or(text);
+            let line = before.matches('\n').count() + 1;
+            let column = before.len() - before.rfind('\n').map_or(0, |i| i + 1) + 1;
+            format!("{msg} (line {line}, column {column})")
+        }
+        None => msg,
+    }
+}
+
+/// Disk, pool and cache names: 1-64 letters, digits, '-', '_', '.', starting
+/// with a letter or digit. A disk's name is also its file's name when it has no
+/// path (`DATA_DIR/disks/NAME.img`), so a name must never reach outside that
+/// folder ("/srv/x" or "../x" would), and names land in logs and metrics labels.
+fn check_object_name(kind: &str, name: &str) -> Result<()> {
+    let ok = !name.is_empty()
+        && name.len() <= 64
+        && name.starts_with(|c: char| c.is_ascii_alphanumeric())
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c));
+    if !ok {
+        bail!("{kind} names are 1-64 letters, digits, '-', '_', '.', starting with a letter or digit ({name:?})");
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -1671,6 +1726,48 @@ iqn = "iqn.2026-11.org.freesan:t1"
             }
         }
         assert!(n > 0, "no example configs found in {}", dir.display());
+    }
+
+    #[test]
+    fn a_config_that_does_not_parse_is_reported_without_its_secrets() {
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path().join("node.toml");
+        let head = "[[portal]]\naddress = \"127.0.0.1:3260\"\n[[target]]\niqn = \"iqn.2026-11.org.freesan:t\"\n";
+        for bad in [
+            // an unterminated string: toml's message quotes the line
+            "chap = { user = \"a\", secret = \"hunter2hunter2' }\n",
+            // a wrong type: serde's message quotes the value
+            "chap = { user = \"a\", secret = 4242424242424 }\n",
+        ] {
+            std::fs::write(&p, format!("{head}{bad}")).unwrap();
+            let e = format!("{:#}", Config::load(&p).unwrap_err());
+            assert!(
+                !e.contains("hunter2") && !e.contains("4242424242424"),
+                "the error quotes a secret: {e}"
+            );
+            assert!(e.contains("line 5"), "the error says where: {e}");
+        }
+    }
+
+    #[test]
+    fn object_names_stay_inside_the_data_directory() {
+        for good in ["hdd0", "ssd-a", "p_1", "c.2"] {
+            assert!(check_object_name("disk", good).is_ok(), "{good}");
+        }
+        let long = "x".repeat(65);
+        for bad in [
+            "",
+            "/srv/x",
+            "../x",
+            "a/b",
+            ".x",
+            "-x",
+            "a b",
+            "a\nb",
+            long.as_str(),
+        ] {
+            assert!(check_object_name("disk", bad).is_err(), "{bad:?}");
+        }
     }
 
     #[test]

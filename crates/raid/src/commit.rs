@@ -111,6 +111,9 @@ use tokio::sync::OwnedRwLockWriteGuard;
 /// Most bytes one group commit writes to each copy (records beyond it wait for
 /// the next one; a single bigger record goes alone).
 const BATCH_BYTES_MAX: u64 = 2 << 20;
+/// Tries at completing an acknowledged data-first update (its reads and its
+/// completing record) before its record is left live for the next assemble.
+const COMPLETION_TRIES: u32 = 5;
 
 /// Most group commits writing at once (each on its own members).
 const JOURNAL_SETS_MAX: usize = 8;
@@ -780,44 +783,79 @@ impl Inner {
             .journal
             .as_ref()
             .expect("a data-first update has a journal");
-        let out = async {
-            let t0 = Instant::now();
-            let mut view = self.view()?;
-            let ops = self.plan(s, segs, data, &mut view).await?;
-            add_us(&self.wp.read_us, t0);
-            let (entries, payloads) = self.record_of(&ops);
-            let bs = self.bs as usize;
-            let (_, slot_blocks) = then.area.slots[then.idx];
-            if journal::record_blocks(&entries, bs) > slot_blocks {
-                return Err(unavailable(format!(
-                    "pool {}: stripe {s}: the completing record outgrew its slot",
-                    self.name
-                )));
-            }
-            let t1 = Instant::now();
-            let copies = self
-                .write_completion(j, s, &then, dseq, entries, payloads)
-                .await;
-            add_us(&self.wp.completion_us, t1);
-            if copies == 0 {
-                return Err(unavailable(format!(
-                    "pool {}: stripe {s}: no copy of the completing record could be written",
-                    self.name
-                )));
-            }
-            Ok((ops, view))
-        }
-        .await;
-        let r = match out {
-            Ok((ops, view)) => self.apply(s, &ops, &view, fua, Some(then.seq)).await,
-            Err(e) => {
-                then.area.abandon(then.idx);
-                j.complete(then.seq);
-                Err(e)
+        // The update is acknowledged: its data must reach the members, or its
+        // data-first record must stay live (never passed by a checkpoint) for
+        // the next assemble to replay. A failed attempt (a read that failed, a
+        // group commit whose leader was dropped) is tried again while the pool
+        // stands.
+        let mut tries = 0u32;
+        let r = loop {
+            match self.completion_attempt(j, s, segs, data, dseq, &then).await {
+                Ok((ops, view, true)) => {
+                    break self.apply(s, &ops, &view, fua, Some(then.seq)).await;
+                }
+                Ok((ops, view, false)) => {
+                    // no copy of the completing record: placed without it (a
+                    // crash in the middle and a member lost with it could
+                    // leave this stripe's parity wrong: the write hole, here
+                    // only while the members refuse ring writes)
+                    then.area.abandon(then.idx);
+                    j.complete(then.seq);
+                    tracing::warn!(pool = %self.name, stripe = s,
+                        "no copy of the completing journal record could be written; the acknowledged update is written in place without it");
+                    break self.apply(s, &ops, &view, fua, None).await;
+                }
+                Err(e) if tries < COMPLETION_TRIES && !self.is_failed() => {
+                    tries += 1;
+                    tracing::warn!(pool = %self.name, stripe = s, error = %e, tries,
+                        "completing an acknowledged update failed; trying again");
+                    tokio::time::sleep(std::time::Duration::from_millis(10 << tries)).await;
+                }
+                Err(e) => {
+                    then.area.abandon(then.idx);
+                    j.complete(then.seq);
+                    tracing::error!(pool = %self.name, stripe = s, error = %e,
+                        "an acknowledged update could not be written in place; its data-first journal record stays live and is replayed at the next assemble");
+                    return Err(e);
+                }
             }
         };
         j.complete(dseq);
         r
+    }
+
+    /// One try at the part of a data-first update before its in-place
+    /// writes: read, compute the parity, write the completing record. Returns
+    /// the member writes, the view they were planned on, and whether a copy of
+    /// the completing record was written.
+    async fn completion_attempt(
+        self: &Arc<Self>,
+        j: &Journal,
+        s: u64,
+        segs: &[crate::io::Seg],
+        data: &Bytes,
+        dseq: u64,
+        then: &Then,
+    ) -> BlockResult<(Vec<MemberOp>, View, bool)> {
+        let t0 = Instant::now();
+        let mut view = self.view()?;
+        let ops = self.plan(s, segs, data, &mut view).await?;
+        add_us(&self.wp.read_us, t0);
+        let (entries, payloads) = self.record_of(&ops);
+        let bs = self.bs as usize;
+        let (_, slot_blocks) = then.area.slots[then.idx];
+        if journal::record_blocks(&entries, bs) > slot_blocks {
+            return Err(unavailable(format!(
+                "pool {}: stripe {s}: the completing record outgrew its slot",
+                self.name
+            )));
+        }
+        let t1 = Instant::now();
+        let copies = self
+            .write_completion(j, s, then, dseq, entries, payloads)
+            .await;
+        add_us(&self.wp.completion_us, t1);
+        Ok((ops, view, copies > 0))
     }
 
     /// Makes durable the record completing data-first record `dseq` (entries
@@ -854,8 +892,11 @@ impl Inner {
                 }
                 Ok(_) => then.area.reclaim(then.idx),
                 Err(e) => {
-                    tracing::warn!(pool = %self.name, stripe = s, error = %e, "completing journal record not written");
-                    return 0;
+                    // its group commit failed (a member, or a leader dropped
+                    // mid-write): the slot set aside for it is still there
+                    tracing::warn!(pool = %self.name, stripe = s, error = %e,
+                        "completing journal record not written with the group commit; writing it to its slot");
+                    then.area.reclaim(then.idx);
                 }
             }
         }

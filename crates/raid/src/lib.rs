@@ -34,6 +34,8 @@ pub mod layout;
 mod meter;
 mod order;
 mod pool;
+#[cfg(test)]
+mod replay_tests;
 mod scrub;
 mod status;
 mod superblock;

@@ -1476,16 +1476,17 @@ impl Inner {
         }
         // (member ring or not: the journal device's ring is the only copy of
         // its records)
-        let mut rings: Vec<(Arc<MemberHandle>, u64, bool)> = view
+        let mut rings: Vec<(Arc<MemberHandle>, u64, Option<usize>)> = view
             .member_handles()
             .into_iter()
-            .map(|(_, h)| (h, j.offset_blocks, true))
+            .map(|(i, h)| (h, j.offset_blocks, Some(i)))
             .collect();
         for d in self.journal_devices() {
-            rings.push((d.h.clone(), d.ring_offset_blocks, false));
+            rings.push((d.h.clone(), d.ring_offset_blocks, None));
         }
         let (mut jdev_errors, mut jdev_read) = (Vec::new(), 0usize);
-        for (h, ring_at, on_member) in rings {
+        for (h, ring_at, member) in rings {
+            let on_member = member.is_some();
             let mut image = Vec::with_capacity((j.ring_blocks * self.bs) as usize);
             let mut at = 0u64;
             let mut ok = true;
@@ -1508,6 +1509,14 @@ impl Inner {
                 at += n;
             }
             if !ok {
+                // A member whose ring cannot be read may hold the only copy of
+                // a record; kept active, the sequence numbers after this
+                // replay would be handed out again, and a later replay would
+                // take its stale record for the new one of the same number.
+                // It is failed (rebuilt from the others when a spare comes).
+                if let Some(i) = member {
+                    self.fail_handle(i, &h).await;
+                }
                 continue;
             }
             if !on_member {
@@ -1550,8 +1559,12 @@ impl Inner {
                 .await;
         }
         if !open.is_empty() {
+            let live: Vec<(u64, u64, u64)> = records
+                .values()
+                .map(|r| (r.seq, r.at, r.at + r.blocks))
+                .collect();
             max_seq = self
-                .resolve_data_first(&open, max_seq)
+                .resolve_data_first(&open, &live, checkpoint, max_seq)
                 .await
                 .map_err(|e| RaidError::PoolFailed(e.to_string()))?;
         }
@@ -1597,22 +1610,42 @@ impl Inner {
     /// stripe's parity from the new data and the rest of the stripe (read, or
     /// reconstructed where a member is missing: the stripe is consistent, since
     /// its in-place writes never started), writes the whole update as a record
-    /// completing it, and only then in place. The whole updates already
-    /// replayed are flushed first, so the new records may take the ring space
-    /// of any record but these. A crash in the middle finds either the
-    /// data-first record alone again, or it and its completing record.
-    /// Returns the last sequence number used.
+    /// completing it, and only then in place.
+    ///
+    /// The new records never take the ring space of a record the next
+    /// assemble would replay (`live`: sequence, ring extent, of every record
+    /// above `checkpoint`): a crash in the middle must find every record this
+    /// assemble found, or it would replay an older record over a newer one it
+    /// lost (the whole updates replayed are in place, but so are the older
+    /// updates of the same blocks, and those records would be replayed again).
+    /// When that leaves no room, the checkpoint first moves up to just before
+    /// the oldest open data-first record (everything older is replayed and
+    /// flushed), freeing the space of those records. A crash in the middle
+    /// finds either the data-first record alone again, or it and its
+    /// completing record. Returns the last sequence number used.
     async fn resolve_data_first(
         &self,
         open: &[&journal::Record],
+        live: &[(u64, u64, u64)],
+        checkpoint: u64,
         max_seq: u64,
     ) -> BlockResult<u64> {
         let j = self.journal.as_ref().expect("a journal");
         self.flush_members().await?;
         let bs = self.bs as usize;
         let k = self.layout.data_chunks();
-        let mut keep: Vec<(u64, u64)> = open.iter().map(|r| (r.at, r.at + r.blocks)).collect();
-        keep.sort_unstable();
+        let oldest_open = open.iter().map(|r| r.seq).min().unwrap_or(max_seq + 1);
+        let mut checkpoint = checkpoint;
+        // ring extents no new record may take: the live records', then also
+        // the new records'
+        let live_above = |cp: u64| -> Vec<(u64, u64)> {
+            live.iter()
+                .filter(|&&(seq, _, _)| seq > cp)
+                .map(|&(_, a, b)| (a, b))
+                .collect()
+        };
+        let mut keep = live_above(checkpoint);
+        let mut written: Vec<(u64, u64)> = Vec::new();
         let mut head = 0u64;
         let mut seq = max_seq;
         tracing::info!(pool = %self.name, records = open.len(), "completing data-first journal records");
@@ -1627,11 +1660,15 @@ impl Inner {
             for (e, p) in rec.entries.iter().zip(&rec.payloads) {
                 let d =
                     (0..k).find(|&d| self.layout.data_positions(s, d)[0] == e.position as usize);
-                let off = e.member_lba.wrapping_sub(s * self.cb);
+                // every entry must lie in the first one's stripe (the record
+                // passed its checksum, but is read from a disk)
+                let off = e.member_lba.checked_sub(s * self.cb).unwrap_or(u64::MAX);
                 let Some(d) = d.filter(|_| {
                     !e.discard
                         && s < self.stripes()
-                        && off + e.blocks as u64 <= self.cb
+                        && off
+                            .checked_add(e.blocks as u64)
+                            .is_some_and(|end| end <= self.cb)
                         && p.len() == e.blocks as usize * bs
                 }) else {
                     tracing::error!(pool = %self.name, seq = rec.seq, "a data-first journal record does not fit this pool; left out");
@@ -1666,16 +1703,30 @@ impl Inner {
                 bs,
             );
             let len = (bytes.len() / bs) as u64;
-            // the next ring space that holds no open data-first record
-            while let Some(&(a, b)) = keep.iter().find(|&&(a, b)| a < head + len && head < b) {
-                debug_assert!(b > a);
-                head = b;
-            }
-            if head + len > j.ring_blocks {
-                return Err(crate::io::unavailable(format!(
-                    "pool {}: no ring space to complete the data-first journal records",
-                    self.name
-                )));
+            // the next ring space that holds no record a replay needs
+            loop {
+                while let Some(&(a, b)) = keep.iter().find(|&&(a, b)| a < head + len && head < b) {
+                    debug_assert!(b > a);
+                    head = b;
+                }
+                if head + len <= j.ring_blocks {
+                    break;
+                }
+                let cp = oldest_open - 1;
+                if cp <= checkpoint {
+                    return Err(crate::io::unavailable(format!(
+                        "pool {}: no ring space to complete the data-first journal records",
+                        self.name
+                    )));
+                }
+                // every record before the oldest open one is replayed and
+                // flushed: a checkpoint there frees their space (the new
+                // records written so far stay kept: their sequences are above)
+                self.checkpoint(cp).await?;
+                checkpoint = cp;
+                keep = live_above(checkpoint);
+                keep.extend(written.iter().copied());
+                head = 0;
             }
             let bytes = Bytes::from(bytes);
             let mut held = 0;
@@ -1713,6 +1764,8 @@ impl Inner {
                     self.name, rec.seq
                 )));
             }
+            keep.push((head, head + len));
+            written.push((head, head + len));
             head += len;
             let payloads: Vec<Vec<u8>> = payloads.iter().map(|b| b.to_vec()).collect();
             self.replay_entries(&view, &entries, &payloads).await;

@@ -395,6 +395,29 @@ fn the_api_refuses_paths_sizes_names_and_failures_beyond_what_the_node_allows() 
     let (code, body) = http(&api, "POST", "/api/v1/luns", &[json, &auth], &sparse);
     assert_eq!(code, 409, "a sparse 1000 TiB file: {body}");
     assert!(!dir.path().join("sparse.img").exists());
+    // a disk's name is its file's name when it has no path: names reaching out
+    // of the data directory are refused (before, "/outside/victim" opened
+    // /outside/victim.img, beyond [api] allowed_paths), and so are disks larger
+    // than their filesystem could ever hold
+    let victim = outside.path().join("victim");
+    std::fs::write(outside.path().join("victim.img"), vec![7u8; 65536]).unwrap();
+    for name in [victim.to_str().unwrap(), "../escape", "a/b", ".hidden", ""] {
+        let body = format!(r#"{{"name":"{name}","sim":{{"model":"ssd"}}}}"#);
+        let (code, text) = http(&api, "POST", "/api/v1/disks", &[json, &auth], &body);
+        assert!(
+            code == 400 || code == 409,
+            "disk named {name:?}: {code} {text}"
+        );
+    }
+    assert!(!dir.path().join("escape.img").exists());
+    let (code, body) = http(
+        &api,
+        "POST",
+        "/api/v1/disks",
+        &[json, &auth],
+        r#"{"name":"vast","size":"1000T"}"#,
+    );
+    assert_eq!(code, 409, "a sparse 1000 TiB disk: {body}");
     let same = lun(&format!(
         r#"{{"path":"{d}/other.img","size":"1M","naa":"{}"}}"#,
         naa.to_uppercase()
@@ -452,5 +475,22 @@ fn the_api_refuses_paths_sizes_names_and_failures_beyond_what_the_node_allows() 
     assert_eq!(v["members"][1]["state"], "active", "{out}");
     let (ok, out) = cli(&["pool", "fail", "p", "1", "--force"]);
     assert!(ok, "--force was refused: {out}");
+
+    // a simulated disk keeps its data in DATA_DIR/disks/NAME.img: that file is
+    // in use, and a LUN on it (which would write under a pool's member) is
+    // refused like any other path in use
+    let (code, body) = http(
+        &api,
+        "POST",
+        "/api/v1/disks",
+        &[json, &auth],
+        r#"{"name":"s1","size":"16M","sim":{"model":"ssd"}}"#,
+    );
+    assert_eq!(code, 200, "{body}");
+    let member = dir.path().join("data/disks/s1.img");
+    let on_member = lun(&format!(r#"{{"path":"{}","size":"1M"}}"#, member.display()));
+    let (code, body) = http(&api, "POST", "/api/v1/luns", &[json, &auth], &on_member);
+    assert_eq!(code, 409, "a LUN on a simulated disk's file: {body}");
+    assert!(body.contains("in use"), "{body}");
     drop(node);
 }
