@@ -15,7 +15,8 @@ use nbd::proto::{
     decode_export_name_reply, decode_info, decode_meta_context_reply, decode_option_header,
     decode_option_reply_header, decode_request, decode_server_greeting, decode_simple_reply,
     decode_structured_reply_header, parse_option, tflag, BlockSizes, ExportInfo, Progress,
-    ServerNegotiator, TlsPolicy, BASE_ALLOCATION_ID, IHAVEOPT, OPTION_HEADER_BYTES, REQUEST_BYTES,
+    ServerNegotiator, TlsPolicy, BASE_ALLOCATION_ID, IHAVEOPT, OPTION_HEADER_BYTES, REPLIES_PENDING_MAX,
+    REQUEST_BYTES,
 };
 
 /// Option data bound used here (small, so the bound is actually hit).
@@ -60,9 +61,16 @@ fuzz_target!(|data: &[u8]| {
     }
     let chunk = ((ctl as usize >> 1) & 0x3f) + 1;
     let mut out = BytesMut::new();
-    for piece in rest.chunks(chunk) {
+    'pieces: for piece in rest.chunks(chunk) {
         input.extend_from_slice(piece);
-        match neg.advance(&mut input, &mut out) {
+        let mut r = neg.advance(&mut input, &mut out);
+        while let Ok(Progress::Flush) = r {
+            assert!(out.len() >= REPLIES_PENDING_MAX);
+            out.clear();
+            r = neg.advance(&mut input, &mut out);
+        }
+        match r {
+            Ok(Progress::Flush) => unreachable!(),
             Ok(Progress::NeedInput) => {
                 assert!(input.len() <= OPTION_HEADER_BYTES + OPTION_BYTES_MAX + chunk + 12);
             }
@@ -77,13 +85,13 @@ fuzz_target!(|data: &[u8]| {
                 for r in input.chunks(REQUEST_BYTES) {
                     let _ = decode_request(r);
                 }
-                break;
+                break 'pieces;
             }
             Ok(Progress::StartTls) => {
                 assert!(input.is_empty(), "no plaintext carried into TLS");
                 neg.tls_started();
             }
-            Ok(Progress::Abort) | Err(_) => break,
+            Ok(Progress::Abort) | Err(_) => break 'pieces,
         }
         out.clear();
     }

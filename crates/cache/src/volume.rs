@@ -915,6 +915,8 @@ impl Inner {
         // frames whose dirty sectors this write drops stay pinned until the record
         // saying so is durable (else the frame could be reused under a dirty record)
         let mut dropped: Vec<u32> = Vec::new();
+        // (slot, valid, dirty) as they stood before this write dropped sectors
+        let mut before: Vec<(u32, u64, u64)> = Vec::new();
         let slots: Vec<Option<u32>> = {
             let mut st = self.state.lock();
             pieces
@@ -944,12 +946,13 @@ impl Inner {
                         Some(slot)
                     } else {
                         // drop the written sectors from the cache
-                        let v = st.valid.get(slot) & !p.mask;
-                        st.valid.set(slot, v);
+                        let v0 = st.valid.get(slot);
+                        st.valid.set(slot, v0 & !p.mask);
                         let d = st.dirty.get(slot);
                         if d & p.mask != 0 {
                             st.pin_io(slot);
                             dropped.push(slot);
+                            before.push((slot, v0, d));
                             st.set_dirty(slot, d & !p.mask);
                         }
                         None
@@ -976,6 +979,8 @@ impl Inner {
         // the records saying so are durable: reused before, a crash would bring
         // back a "dirty" record over another block's data (as for `dropped`)
         let mut cleaned = Vec::new();
+        // (slot, dirty before) of cleaned frames that now hold the new data
+        let mut cleaned_ok: Vec<(u32, u64)> = Vec::new();
         {
             let mut st = self.state.lock();
             let mut results = results.into_iter();
@@ -995,6 +1000,9 @@ impl Inner {
                     st.set_dirty(slot, d & !p.mask);
                     pages.push(slot / RECORDS_PER_PAGE as u32);
                     cleaned.push(slot);
+                    if ok {
+                        cleaned_ok.push((slot, d));
+                    }
                 } else {
                     st.unpin_io(slot);
                 }
@@ -1006,6 +1014,34 @@ impl Inner {
         let r = self.persist_pages(&pages).await;
         if !dropped.is_empty() || !cleaned.is_empty() {
             let mut st = self.state.lock();
+            if r.is_err() {
+                // The records still say "dirty" on the SSD: memory says so
+                // again, so the frames are not reused under them (a crash
+                // would bring the record back over another block's data) and
+                // a retried write meets the same state, not a clean one it
+                // would acknowledge. Dropped frames still hold their old
+                // data; cleaned ones the new data, on the backing too. A
+                // cleaned frame whose SSD write failed holds neither: it
+                // stays pinned (never reused) until the cache restarts.
+                for &(slot, v, d) in &before {
+                    st.valid.set(slot, v);
+                    st.set_dirty(slot, d);
+                }
+                for &(slot, d) in &cleaned_ok {
+                    st.set_dirty(slot, d);
+                }
+                let keep: Vec<u32> = cleaned
+                    .iter()
+                    .copied()
+                    .filter(|s| !cleaned_ok.iter().any(|&(o, _)| o == *s))
+                    .collect();
+                for slot in dropped.into_iter().chain(cleaned) {
+                    if !keep.contains(&slot) {
+                        st.unpin_io(slot);
+                    }
+                }
+                return r;
+            }
             for slot in dropped.into_iter().chain(cleaned) {
                 st.unpin_io(slot);
             }
@@ -1378,12 +1414,15 @@ impl CacheVolume {
 
         // what the devices say
         let mut sbs = Vec::new();
+        // the newest generation any superblock copy on the devices holds: a
+        // fresh cache starts above it, or an older cache's copy (the slot
+        // the fresh one has not written yet) would be taken as the newest at
+        // the next start, with its identity and its "clean" table
+        let mut floor = 0;
         for d in &devs {
-            sbs.push(if fresh {
-                None
-            } else {
-                d.read_superblock().await.unwrap_or(None)
-            });
+            let sb = d.read_superblock().await.unwrap_or(None);
+            floor = floor.max(sb.as_ref().map_or(0, |s| s.generation));
+            sbs.push(if fresh { None } else { sb });
         }
         let newest = sbs.iter().flatten().max_by_key(|s| s.generation).cloned();
         let advisor = cfg.advisor.then(|| {
@@ -1401,7 +1440,7 @@ impl CacheVolume {
                 .as_ref()
                 .map(|s| s.cache_id)
                 .unwrap_or_else(rand::random),
-            generation: newest.as_ref().map(|s| s.generation).unwrap_or(0),
+            generation: newest.as_ref().map_or(floor, |s| s.generation),
             mode: cfg.mode,
             block_bytes: cfg.block_bytes,
             frames,
@@ -2017,12 +2056,12 @@ impl Inner {
                 }
                 let m = range_mask(first, end - first);
                 if let Some(slot) = st.policy.get(p.key) {
-                    let v = st.valid.get(slot) & !m;
-                    st.valid.set(slot, v);
+                    let v0 = st.valid.get(slot);
+                    st.valid.set(slot, v0 & !m);
                     let d = st.dirty.get(slot);
                     if d & m != 0 {
                         st.pin_io(slot);
-                        dropped.push(slot);
+                        dropped.push((slot, v0, d));
                         st.set_dirty(slot, d & !m);
                         pages.push(slot / RECORDS_PER_PAGE as u32);
                     }
@@ -2040,7 +2079,14 @@ impl Inner {
             }
         }
         let mut st = i.state.lock();
-        for slot in dropped {
+        for (slot, v, d) in dropped {
+            if r.is_err() {
+                // the backing's flush or the records failed: the SSD may
+                // still say "dirty" for these sectors, so memory does too
+                // (the frame, unchanged, is not reused under that record)
+                st.valid.set(slot, v);
+                st.set_dirty(slot, d);
+            }
             st.unpin_io(slot);
         }
         r

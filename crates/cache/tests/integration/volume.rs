@@ -658,3 +658,59 @@ async fn a_table_page_damaged_on_one_mirror_is_read_from_the_other() {
         .unwrap();
     verify_all(&vol, &oracle).await;
 }
+
+/// A discard of dirty sectors whose backing flush fails leaves the SSD's
+/// record saying "dirty": memory must say so too. Before, the frame was freed
+/// while its record still named the block; reused by a read of another
+/// block and restarted, the cache served that other block's data as the
+/// discarded block's dirty data (and would have destaged it there).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_discard_whose_flush_fails_never_frees_a_frame_its_record_still_names() {
+    let backing = Arc::new(FaultVolume::new(Arc::new(MemVolume::new(
+        4096,
+        BACKING_BYTES / 4096,
+    ))));
+    let plan = backing.plan();
+    let ssds: Vec<VolumeRef> = (0..2)
+        .map(|_| Arc::new(MemVolume::new(4096, 1 << 10)) as VolumeRef)
+        .collect();
+    let mut c = cfg(CacheMode::WriteBack);
+    c.dirty_low_percent = 90;
+    c.dirty_high_percent = 95;
+    let backing_ref = backing.clone() as VolumeRef;
+    let vol = CacheVolume::open("t", backing_ref.clone(), devices(&ssds), c.clone())
+        .await
+        .unwrap();
+    let per_block = (BLOCK / 4096) as u64;
+    let a = pattern(77, BLOCK as usize);
+    vol.write(0, a.clone(), false).await.unwrap();
+    // every other block holds its own pattern on the backing
+    let blocks = BACKING_BYTES / BLOCK as u64;
+    for b in 1..blocks {
+        backing
+            .write(b * per_block, pattern(1000 + b, BLOCK as usize), false)
+            .await
+            .unwrap();
+    }
+    plan.lock().fail_flush = true;
+    assert!(
+        vol.discard(0, per_block).await.is_err(),
+        "the discard's flush failed: it is not done"
+    );
+    plan.lock().fail_flush = false;
+    // reads of every other block cycle the cache's frames
+    for b in 1..blocks {
+        vol.read(b * per_block, per_block as u32).await.unwrap();
+    }
+    vol.halt().await;
+    drop(vol);
+    let vol = CacheVolume::open("t", backing_ref, devices(&ssds), c)
+        .await
+        .unwrap();
+    let got = vol.read(0, per_block as u32).await.unwrap();
+    let zeros = vec![0u8; BLOCK as usize];
+    assert!(
+        got == a || got[..] == zeros[..],
+        "the discarded block reads neither its data nor zeros (another block's data?)"
+    );
+}

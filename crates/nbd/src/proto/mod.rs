@@ -29,6 +29,7 @@ pub use handshake::{
 };
 pub use negotiate::{
     ExportInfo, NegotiateError, Progress, ServerNegotiator, Session, TlsPolicy, BASE_ALLOCATION_ID,
+    REPLIES_PENDING_MAX,
 };
 pub use transmission::{
     decode_request, decode_simple_reply, decode_structured_reply_header, encode_request,

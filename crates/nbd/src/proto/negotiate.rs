@@ -27,6 +27,9 @@ use bytes::{Buf, BufMut, BytesMut};
 
 /// Most options one connection may send before it is closed.
 pub const OPTIONS_PER_CONNECTION_MAX: u32 = 256;
+/// Replies [`ServerNegotiator::advance`] lets pile up before it asks for them
+/// to be sent ([`Progress::Flush`]).
+pub const REPLIES_PENDING_MAX: usize = 64 * 1024;
 
 /// The context id this server gives `base:allocation`.
 pub const BASE_ALLOCATION_ID: u32 = 1;
@@ -61,6 +64,11 @@ pub struct ExportInfo {
 pub enum Progress {
     /// Read more bytes and call again.
     NeedInput,
+    /// Send the replies so far, then call again before reading: the input
+    /// holds more options, and their replies wait until these are taken (a
+    /// client piling up options while reading nothing holds at most
+    /// [`REPLIES_PENDING_MAX`] of replies, not one export list per option).
+    Flush,
     /// The client aborted (`NBD_OPT_ABORT`): close the connection.
     Abort,
     /// `NBD_OPT_STARTTLS` was acknowledged: run the TLS handshake as server on
@@ -254,6 +262,9 @@ impl<'a> ServerNegotiator<'a> {
                 State::Options => {
                     if input.len() < OPTION_HEADER_BYTES {
                         return Ok(Progress::NeedInput);
+                    }
+                    if out.len() >= REPLIES_PENDING_MAX {
+                        return Ok(Progress::Flush);
                     }
                     let h = match decode_option_header(input) {
                         Ok(h) => h,
@@ -665,6 +676,61 @@ mod tests {
             ]
         );
         assert_eq!(&r[1].2[..8], b"\0\0\0\x04lun1");
+    }
+
+    #[test]
+    fn options_piled_up_unread_hold_a_bounded_reply() {
+        // 2,000 exports: one LIST answer is over 100 KiB
+        let names: Vec<String> = (0..2000)
+            .map(|i| format!("export-{i:04}-{}", "x".repeat(40)))
+            .collect();
+        let ex: Vec<ExportInfo> = names
+            .iter()
+            .map(|n| ExportInfo {
+                name: n.clone(),
+                description: String::new(),
+                size_bytes: 1 << 20,
+                transmission_flags: tflag::HAS_FLAGS,
+                block_sizes: BlockSizes {
+                    min_bytes: 1,
+                    preferred_bytes: 4096,
+                    max_bytes: 32 << 20,
+                },
+            })
+            .collect();
+        let mut n = ServerNegotiator::new(&ex, None, 4096);
+        let mut input = BytesMut::from(&1u32.to_be_bytes()[..]);
+        for _ in 0..200 {
+            input.extend_from_slice(&opt_bytes(ClientOption::List));
+        }
+        let one_list = {
+            let mut m = ServerNegotiator::new(&ex, None, 4096);
+            let mut i = BytesMut::from(&1u32.to_be_bytes()[..]);
+            i.extend_from_slice(&opt_bytes(ClientOption::List));
+            let mut o = BytesMut::new();
+            m.advance(&mut i, &mut o).unwrap();
+            o.len()
+        };
+        // each call stops once the replies pending reach the bound (one
+        // answer may cross it); every option is answered in the end
+        let mut out = BytesMut::new();
+        let mut lists = 0;
+        loop {
+            let p = n.advance(&mut input, &mut out).unwrap();
+            assert!(
+                out.len() < REPLIES_PENDING_MAX + one_list,
+                "{} bytes pending",
+                out.len()
+            );
+            lists += replies(&out).iter().filter(|r| r.1 == rep::ACK).count();
+            out.clear();
+            match p {
+                Progress::Flush => continue,
+                Progress::NeedInput => break,
+                other => panic!("{other:?}"),
+            }
+        }
+        assert_eq!(lists, 200);
     }
 
     #[test]

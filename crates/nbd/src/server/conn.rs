@@ -230,6 +230,7 @@ async fn haggle<S: AsyncRead + AsyncWrite + Unpin>(
                     return Ok(Step::Close);
                 }
             }
+            Ok(Progress::Flush) => {} // sent above; the input holds more
             Ok(Progress::Abort) => return Ok(Step::Close),
             Ok(Progress::StartTls) => return Ok(Step::StartTls),
             Ok(Progress::Transmission { export_index }) => return Ok(Step::Export(export_index)),

@@ -173,7 +173,9 @@ impl ExportState {
 pub(crate) fn validate(req: &Request, g: &Geometry, read_only: bool) -> Result<(), u32> {
     let allowed = match req.command {
         Command::WriteZeroes => cmdflag::FUA | cmdflag::NO_HOLE,
-        Command::BlockStatus => cmdflag::REQ_ONE,
+        // FUA is accepted on every command while SEND_FUA is advertised (the
+        // protocol says MUST), and means nothing to a query
+        Command::BlockStatus => cmdflag::REQ_ONE | cmdflag::FUA,
         _ => cmdflag::FUA,
     };
     if req.flags & !allowed != 0 {
@@ -658,7 +660,12 @@ mod tests {
         // Zero length, past the end, bad flags, no context.
         assert_eq!(bs(0, 0, 0).await, Err(errno::EINVAL));
         assert_eq!(bs(0, 1 << 20, 1).await, Err(errno::EINVAL));
-        assert_eq!(bs(cmdflag::FUA, 0, 1).await, Err(errno::EINVAL));
+        assert_eq!(bs(cmdflag::NO_HOLE, 0, 1).await, Err(errno::EINVAL));
+        // FUA means nothing to a query but is allowed on every command
+        assert_eq!(
+            bs(cmdflag::FUA | cmdflag::REQ_ONE, 100, k64).await,
+            Ok(vec![(k64 - 100, HZ)])
+        );
         let r = req(Command::BlockStatus, 0, 0, 512);
         let e = execute_held(&ex, &r, Bytes::new(), None, None)
             .await
