@@ -136,7 +136,7 @@ async fn planted(bad: Option<fn(u64) -> Vec<Entry>>) -> Planted {
     let records = [
         (
             100u64,
-            journal::encode(cp + 2, tag, 0, &[x_entry.clone()], &[&a], bs),
+            journal::encode(cp + 2, tag, 0, std::slice::from_ref(&x_entry), &[&a], bs),
         ),
         (0u64, journal::encode(cp + 3, tag, 0, &[x_entry], &[&b], bs)),
         (
