@@ -1143,10 +1143,32 @@ impl Inner {
 
     /// Writes every table page of every live device and the superblocks with `clean`.
     pub(crate) async fn write_full_table(&self, clean: bool) -> BlockResult<()> {
+        let mut failed = None;
         for (d, dev) in self.devs.iter().enumerate() {
             if dev.is_failed() {
                 continue;
             }
+            if let Err(e) = self.write_device_table(d, dev).await {
+                dev.fail(&e);
+                tracing::error!(cache = %self.name, device = %dev.name(), error = %e,
+                    "writing the cache's table failed; the device is failed");
+                failed = Some(e);
+            }
+        }
+        if let Some(e) = failed {
+            self.on_device_failure();
+            // a mirror goes on with its survivor (the superblocks below record
+            // it); a striped cache's table is spread over all its devices
+            if !self.mirrored || self.live_devices() == 0 {
+                return Err(e);
+            }
+        }
+        self.write_superblocks(|sb| sb.clean = clean).await
+    }
+
+    /// Writes device `d`'s whole table and flushes it.
+    async fn write_device_table(&self, d: usize, dev: &Device) -> BlockResult<()> {
+        {
             for page in 0..self.layout.table_pages {
                 let bytes = {
                     let st = self.state.lock();
@@ -1169,7 +1191,7 @@ impl Inner {
             }
             dev.vol().flush().await?;
         }
-        self.write_superblocks(|sb| sb.clean = clean).await
+        Ok(())
     }
 
     fn slot_of_local(&self, dev: usize, local: u32) -> u32 {
@@ -1192,7 +1214,7 @@ impl Inner {
             f(&mut sb);
             sb.clone()
         };
-        let mut ok = 0;
+        let (mut ok, mut failed) = (0, false);
         for (i, dev) in self.devs.iter().enumerate() {
             if dev.is_failed() {
                 continue;
@@ -1201,7 +1223,14 @@ impl Inner {
             mine.device_index = i as u8;
             if dev.write_superblock(&mine).await.is_ok() {
                 ok += 1;
+            } else {
+                failed = true;
             }
+        }
+        if failed {
+            // the device failed (write_at marked it): the cache is degraded
+            // from now on, and says so (before, only data-path failures did)
+            self.on_device_failure();
         }
         if ok == 0 {
             return Err(BlockError::Unavailable("no cache device left".into()));

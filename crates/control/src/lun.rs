@@ -174,8 +174,23 @@ pub(crate) fn open_lun(
     })
 }
 
+/// Holds an NBD client to what the SCSI target allows an initiator that never
+/// registered and that no host group names (the reservations of LUN `lun`, and
+/// LUN masking): without it, NBD reached LUNs that reservations fenced (as
+/// `fence_scsi` does) or masking hid.
+pub(crate) struct LunAccess {
+    pub target: std::sync::Arc<scsi::ScsiTarget>,
+    pub lun: u64,
+}
+
+impl nbd::ExportAccess for LunAccess {
+    fn allows(&self, write: bool) -> bool {
+        self.target.unregistered_access(self.lun, write)
+    }
+}
+
 /// The NBD exports of one LUN: `IQN/lunN`, and `lunN` too for LUNs of the first
-/// target (`first_target`).
+/// target (`first_target`); none yet held to the SCSI target (`access`).
 pub(crate) fn nbd_exports(
     first_target: bool,
     iqn: &str,
@@ -194,6 +209,7 @@ pub(crate) fn nbd_exports(
             description: format!("{iqn} LUN {lun_id} ({})", b.backing),
             volume: b.volume.clone(),
             read_only,
+            access: None,
         })
         .collect()
 }

@@ -295,13 +295,19 @@ impl Objects {
             crate::ha_scsi::PrLink::new(id, r.clone(), &scsi_target) as Arc<dyn scsi::PrReplication>
         });
         let size_bytes = built.volume.geometry().size_bytes();
-        let nbd_exports = crate::lun::nbd_exports(
+        let mut nbd_exports = crate::lun::nbd_exports(
             Self::first_target(&cfg, &target),
             &target,
             id,
             &built,
             lun.read_only,
         );
+        for e in &mut nbd_exports {
+            e.access = Some(Arc::new(crate::lun::LunAccess {
+                target: scsi_target.clone(),
+                lun: id,
+            }));
+        }
         if let Err(e) = scsi_target.add_lun(id, built.scsi, built.volume, pr) {
             if let (Some(r), Some(c)) = (&built.replicated, cluster) {
                 c.forget(r.name()).await;

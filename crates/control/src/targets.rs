@@ -65,6 +65,7 @@ pub(crate) fn build_target(
 ) -> Result<(iscsi::TargetSpec, Vec<OpenedLun>, Vec<nbd::NbdExport>)> {
     let mut opened = Vec::new();
     let mut exports = Vec::new();
+    let mut export_luns = Vec::new();
     let mut luns = Vec::new();
     let mut replicated = Vec::new();
     for (i, l) in t.luns.iter().enumerate() {
@@ -72,7 +73,9 @@ pub(crate) fn build_target(
         let b = open_lun(&cfg.data_dir, pools, cluster, &t.iqn, l, lun_id)
             .with_context(|| format!("target {} LUN {}", t.iqn, lun_id))?;
         let g = b.volume.geometry();
-        exports.extend(nbd_exports(ti == 0, &t.iqn, lun_id, &b, l.read_only));
+        let e = nbd_exports(ti == 0, &t.iqn, lun_id, &b, l.read_only);
+        export_luns.extend(e.iter().map(|_| lun_id));
+        exports.extend(e);
         opened.push(OpenedLun {
             target: t.iqn.clone(),
             id: lun_id,
@@ -138,6 +141,12 @@ pub(crate) fn build_target(
         if l.thin_threshold_percent.is_some() {
             scsi_target.set_thin_threshold(l.id.unwrap_or(i as u64), l.thin_threshold_percent);
         }
+    }
+    for (e, lun) in exports.iter_mut().zip(export_luns) {
+        e.access = Some(Arc::new(crate::lun::LunAccess {
+            target: scsi_target.clone(),
+            lun,
+        }));
     }
     for (lun_id, vol) in replicated {
         crate::ha_scsi::PrLink::install(lun_id, vol.clone(), &scsi_target);

@@ -50,5 +50,6 @@ pub mod tls;
 
 pub use client::{parse_nbd_url, NbdClient, NBD_DEFAULT_PORT};
 pub use server::{
-    ExportStats, IpRange, NbdConfig, NbdExport, NbdExports, NbdLimits, NbdServer, ServerTls,
+    ExportAccess, ExportStats, IpRange, NbdConfig, NbdExport, NbdExports, NbdLimits, NbdServer,
+    ServerTls,
 };

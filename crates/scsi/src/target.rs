@@ -292,6 +292,32 @@ impl ScsiTarget {
         self.luns.read().iter().find(|l| l.lun == lun).cloned()
     }
 
+    /// Whether a client that is no I_T nexus of this target (an NBD client)
+    /// may read (`write` false) or write `lun` now: it is held to the LU's
+    /// reservations as an initiator that never registered (SPC-4 5.13.1), so
+    /// a reservation that fences unregistered initiators (write exclusive or
+    /// exclusive access, of any type) fences it too. False for a LUN this
+    /// target does not have, and for every LUN while host groups are set: such
+    /// a client names no initiator, and under LUN masking an initiator no
+    /// group names sees nothing.
+    pub fn unregistered_access(&self, lun: u64, write: bool) -> bool {
+        if self.masked.load(Ordering::Acquire) {
+            return false;
+        }
+        let Some(lu) = self.lu(lun) else {
+            return false;
+        };
+        let nexus = ItNexus {
+            initiator_name: Arc::from("nbd"),
+            initiator_port: Arc::from("nbd,i,0x000000000000"),
+            relative_port_id: 0,
+            chap_user: None,
+        };
+        // READ(10) / WRITE(10) of one block: the commands' classes are what count
+        let cdb: [u8; 10] = [if write { 0x2a } else { 0x28 }, 0, 0, 0, 0, 0, 0, 0, 1, 0];
+        lu.pr.check(&nexus, &cdb) == Access::Allowed
+    }
+
     /// A snapshot of the logical units (for walks that must not hold the lock).
     fn all_lus(&self) -> Vec<Arc<LogicalUnit>> {
         self.luns.read().clone()

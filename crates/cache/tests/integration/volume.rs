@@ -714,3 +714,42 @@ async fn a_discard_whose_flush_fails_never_frees_a_frame_its_record_still_names(
         "the discarded block reads neither its data nor zeros (another block's data?)"
     );
 }
+
+/// A mirror half that reads but no longer takes writes (a worn SSD gone
+/// read-only) at open: the cache opens on its survivor, degraded, and keeps
+/// every dirty block. Before, the table written at open failed on that half
+/// and the open failed with it: the node could not start, and the dirty data
+/// on the healthy half was out of reach.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_mirror_half_refusing_writes_at_open_leaves_the_cache_degraded_not_down() {
+    let backing = Arc::new(MemVolume::new(4096, BACKING_BYTES / 4096));
+    let worn = Arc::new(FaultVolume::new(Arc::new(MemVolume::new(4096, 1 << 10))));
+    let ssds: Vec<VolumeRef> = vec![
+        Arc::new(MemVolume::new(4096, 1 << 10)) as VolumeRef,
+        worn.clone() as VolumeRef,
+    ];
+    let oracle = MemVolume::new(4096, BACKING_BYTES / 4096);
+    let mut c = cfg(CacheMode::WriteBack);
+    c.dirty_low_percent = 90;
+    c.dirty_high_percent = 95;
+    let vol = CacheVolume::open("t", backing.clone(), devices(&ssds), c.clone())
+        .await
+        .unwrap();
+    let mut rng = Rng(5);
+    for _ in 0..30 {
+        let lba = rng.below(BACKING_BYTES / 4096 / 4);
+        let data = pattern(rng.next(), 4096);
+        vol.write(lba, data.clone(), false).await.unwrap();
+        oracle.write(lba, data, false).await.unwrap();
+    }
+    assert!(vol.status().dirty_blocks > 0, "nothing dirty in the cache");
+    vol.halt().await;
+    drop(vol);
+    worn.plan().lock().bad_write_blocks = vec![0..u64::MAX];
+    let vol = CacheVolume::open("t", backing.clone(), devices(&ssds), c)
+        .await
+        .expect("the cache opens on its healthy half");
+    let state = vol.status().state;
+    assert!(state.starts_with("degraded"), "state: {state}");
+    verify_all(&vol, &oracle).await;
+}

@@ -141,3 +141,74 @@ async fn exports_follow_luns_created_and_deleted_at_run_time() {
     assert_eq!(c0.read(0, per_block as u32).await.unwrap(), block_of(7));
     assert!(node.terminate(), "clean stop");
 }
+
+/// Runs `cdb` with Data-Out `out` on LUN 0 of session `s`, past the unit
+/// attentions a new nexus meets first; returns the status.
+async fn scsi_status(s: &initiator::Session, cdb: &[u8], out: &[u8]) -> u8 {
+    for _ in 0..8 {
+        let r = s
+            .command(0, cdb, bytes::Bytes::copy_from_slice(out), 0)
+            .await
+            .expect("command");
+        let ua = r.status == 2
+            && r.sense
+                .as_deref()
+                .and_then(initiator::parse_sense)
+                .is_some_and(|x| x.key == 6);
+        if !ua {
+            return r.status;
+        }
+    }
+    panic!("unit attentions without end");
+}
+
+/// PERSISTENT RESERVE OUT: service action `sa`, reservation type `ty`, with
+/// `key` and `sa_key` in the parameter list.
+async fn prout(s: &initiator::Session, sa: u8, ty: u8, key: u64, sa_key: u64) -> u8 {
+    let mut p = [0u8; 24];
+    p[..8].copy_from_slice(&key.to_be_bytes());
+    p[8..16].copy_from_slice(&sa_key.to_be_bytes());
+    let cdb = [0x5f, sa, ty, 0, 0, 0, 0, 0, 24, 0];
+    scsi_status(s, &cdb, &p).await
+}
+
+/// An NBD client counts as an initiator that never registered: a reservation
+/// that fences those (here WRITE EXCLUSIVE - REGISTRANTS ONLY, as fence_scsi
+/// takes) refuses its writes, and lets its reads through; released, it writes
+/// again. Before, NBD went straight to the volume whatever the reservations.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nbd_clients_are_held_to_the_luns_scsi_reservations() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = config(dir.path());
+    let node = start_config(dir.path(), &cfg);
+    let nbd_addr = node.nbd.clone().expect("nbd address");
+    let c = nbd::NbdClient::connect(&nbd_addr, "lun0").await.unwrap();
+    let per_block = (4096 / c.geometry().block_size_bytes) as u32;
+    c.write(0, block_of(1), true)
+        .await
+        .expect("no reservation yet");
+    let s = initiator::Session::login(
+        node.portals[0].parse().unwrap(),
+        &initiator::LoginOptions::new("iqn.2026-12.test:fencer", IQN),
+    )
+    .await
+    .expect("login");
+    const WE_RO: u8 = 5;
+    assert_eq!(prout(&s, 0x00, 0, 0, 0xabc).await, 0, "REGISTER");
+    assert_eq!(prout(&s, 0x01, WE_RO, 0xabc, 0).await, 0, "RESERVE");
+    assert!(
+        c.write(0, block_of(2), true).await.is_err(),
+        "an NBD write went through a WRITE EXCLUSIVE - REGISTRANTS ONLY reservation"
+    );
+    assert_eq!(
+        c.read(0, per_block).await.expect("reads are let through"),
+        block_of(1)
+    );
+    assert_eq!(prout(&s, 0x02, WE_RO, 0xabc, 0).await, 0, "RELEASE");
+    c.write(0, block_of(3), true)
+        .await
+        .expect("released: NBD writes again");
+    assert_eq!(c.read(0, per_block).await.unwrap(), block_of(3));
+    let _ = s.logout().await;
+    drop(node);
+}

@@ -439,6 +439,10 @@ impl Conn {
                         self.reply(&req, err, (slot, budget)).await;
                         continue;
                     }
+                    if !self.export.allows(&req, self.peer) {
+                        self.reply(&req, errno::EPERM, (slot, budget)).await;
+                        continue;
+                    }
                     let Some(entered) = self.export.enter() else {
                         self.reply(&req, errno::ESHUTDOWN, (slot, budget)).await;
                         return End::ExportGone;

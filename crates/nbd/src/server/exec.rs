@@ -74,6 +74,11 @@ pub(crate) struct ExportState {
     pub buffers: BufferBudget,
     /// What clients did with the export (for metrics).
     pub counters: ExportCounters,
+    /// Asked before each read and change (see [`super::NbdExport::access`]).
+    pub access: Option<Arc<dyn super::ExportAccess>>,
+    /// A refusal by `access` was logged, and none allowed since (one line per
+    /// spell of refusals, not one per request).
+    pub refusing: std::sync::atomic::AtomicBool,
 }
 
 /// Requests an export answered, counted with relaxed atomics (a few adds per
@@ -148,7 +153,32 @@ impl ExportState {
             gone: watch::channel(false).0,
             buffers: BufferBudget::node(),
             counters: ExportCounters::default(),
+            access: None,
+            refusing: std::sync::atomic::AtomicBool::new(false),
         }
+    }
+
+    /// Whether `req` may run now as far as [`Self::access`] is concerned
+    /// (flushes and queries of nothing always may).
+    pub(crate) fn allows(&self, req: &Request, peer: std::net::SocketAddr) -> bool {
+        use std::sync::atomic::Ordering;
+        let Some(a) = &self.access else {
+            return true;
+        };
+        let write = match req.command {
+            Command::Write | Command::Trim | Command::WriteZeroes => true,
+            Command::Read | Command::BlockStatus => false,
+            _ => return true,
+        };
+        if a.allows(write) {
+            self.refusing.store(false, Ordering::Relaxed);
+            return true;
+        }
+        if !self.refusing.swap(true, Ordering::Relaxed) {
+            tracing::warn!(%peer, command = ?req.command,
+                "NBD request refused: the LUN's SCSI reservations or LUN masking keep NBD clients (unregistered initiators, named by no host group) off it; refusals go on unlogged until one is allowed");
+        }
+        false
     }
 
     /// A permit to run one request, or `None` once the export is being removed.

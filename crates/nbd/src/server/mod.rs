@@ -44,6 +44,17 @@ pub struct NbdExport {
     pub volume: VolumeRef,
     /// Refuse writes, trims and zeroing with EPERM and advertise `READ_ONLY`.
     pub read_only: bool,
+    /// Asked before every read (`false`) and every write, trim or zeroing
+    /// (`true`): a refusal is answered EPERM and nothing reaches the volume.
+    /// freesan holds NBD clients here to the LUN's SCSI reservations.
+    pub access: Option<Arc<dyn ExportAccess>>,
+}
+
+/// Who decides, request by request, whether an export may be read or written
+/// now (see [`NbdExport::access`]).
+pub trait ExportAccess: Send + Sync {
+    /// Whether a read (`write` false) or a change may run now.
+    fn allows(&self, write: bool) -> bool;
 }
 
 impl std::fmt::Debug for NbdExport {
@@ -271,7 +282,10 @@ impl Table {
         self.entries.push(Entry {
             name: e.name,
             description: e.description,
-            state: Arc::new(ExportState::new(e.volume, e.read_only, locks)),
+            state: Arc::new(ExportState {
+                access: e.access,
+                ..ExportState::new(e.volume, e.read_only, locks)
+            }),
         });
         Ok(())
     }

@@ -69,6 +69,7 @@ pub async fn start_volumes(vols: Vec<(VolumeRef, bool)>, limits: NbdLimits) -> R
             description: format!("freesan test LUN {i}"),
             volume,
             read_only,
+            access: None,
         })
         .collect();
     let server = NbdServer::bind(NbdConfig {

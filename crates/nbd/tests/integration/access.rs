@@ -19,6 +19,7 @@ async fn serve(allowed: &[&str], limits: NbdLimits) -> SocketAddr {
             description: String::new(),
             volume,
             read_only: false,
+            access: None,
         }],
         default_export: Some("lun0".into()),
         limits,

@@ -46,6 +46,7 @@ fn export(name: &str, volume: VolumeRef) -> NbdExport {
         description: format!("{name} added at run time"),
         volume,
         read_only: false,
+        access: None,
     }
 }
 

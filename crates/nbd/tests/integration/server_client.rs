@@ -370,6 +370,7 @@ async fn bad_configs_are_refused() {
         description: String::new(),
         volume: v.clone(),
         read_only: false,
+        access: None,
     };
     let cfg = |exports, default_export: Option<&str>| nbd::NbdConfig {
         listen: "127.0.0.1:0".parse().unwrap(),

@@ -214,8 +214,14 @@ async fn structured_replies_and_block_status_of_a_sparse_volume() {
         Ok((id, vec![(10, HZ), (10, 0)]))
     );
     assert_eq!(c.block_status(0, 4 << 20, 512).await, Err(errno::EINVAL));
+    // FUA is allowed on every command (it means nothing to a query); other
+    // flags are not
     assert_eq!(
         c.block_status(cmdflag::FUA, 0, 512).await,
+        Ok((id, vec![(512, HZ)]))
+    );
+    assert_eq!(
+        c.block_status(cmdflag::NO_HOLE, 0, 512).await,
         Err(errno::EINVAL)
     );
 

@@ -113,6 +113,7 @@ async fn serve(cert: &Path, key: &Path, client_ca: Option<&Path>) -> (SocketAddr
             description: "tls test".into(),
             volume: vol.clone() as VolumeRef,
             read_only: false,
+            access: None,
         }],
         default_export: Some("lun0".into()),
         limits: NbdLimits {
