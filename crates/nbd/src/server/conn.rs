@@ -411,8 +411,15 @@ impl Conn {
                     // a WRITE's payload takes the node's budget before it is read
                     // from the socket: when the node's buffers are full the reader
                     // waits here and TCP pushes back on the client
+                    // WRITE ZEROES carries no payload, but a volume without a
+                    // zeroing of its own writes it from a buffer of up to 1 MiB
+                    // (block::Volume::write_zeroes): the node's budget holds that
+                    let held_bytes = match req.command {
+                        Command::WriteZeroes => (req.length_bytes as usize).min(1 << 20),
+                        _ => payload_len,
+                    };
                     let held =
-                        (payload_len > 0).then(|| self.export.buffers.acquire(payload_len as u64));
+                        (held_bytes > 0).then(|| self.export.buffers.acquire(held_bytes as u64));
                     let held = match held {
                         Some(h) => Some(h.await),
                         None => None,
