@@ -745,7 +745,7 @@ async fn a_mirror_half_refusing_writes_at_open_leaves_the_cache_degraded_not_dow
     assert!(vol.status().dirty_blocks > 0, "nothing dirty in the cache");
     vol.halt().await;
     drop(vol);
-    worn.plan().lock().bad_write_blocks = vec![0..u64::MAX];
+    worn.plan().lock().bad_write_blocks = std::iter::once(0..u64::MAX).collect();
     let vol = CacheVolume::open("t", backing.clone(), devices(&ssds), c)
         .await
         .expect("the cache opens on its healthy half");

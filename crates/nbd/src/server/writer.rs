@@ -171,12 +171,14 @@ pub(crate) async fn run_writer<W: AsyncWrite + Unpin>(
                 + std::time::Duration::from_secs((total / CLIENT_RATE_MIN) as u64);
             match tokio::time::timeout(limit, write_all_vectored(&mut sock, &parts)).await {
                 Ok(r) => r?,
-                Err(_) => return Err(std::io::Error::new(
-                    std::io::ErrorKind::TimedOut,
-                    format!(
+                Err(_) => {
+                    return Err(std::io::Error::new(
+                        std::io::ErrorKind::TimedOut,
+                        format!(
                         "the client took less than {CLIENT_RATE_MIN} bytes a second of its replies"
                     ),
-                )),
+                    ))
+                }
             }
         }
         // TLS holds records back until flushed (a no-op on a plain socket).
