@@ -811,6 +811,7 @@ impl Pool {
                 reason: "raid0 has no redundancy to rebuild from".into(),
             });
         }
+        self.zero_ring(&member).await?;
         {
             let mut st = self.inner.state.lock();
             // again under the state lock: a grow commits its size under it
@@ -841,9 +842,43 @@ impl Pool {
         Ok(())
     }
 
+    /// Zeroes the journal ring of a member about to join (a replacement or a
+    /// spare): a disk that was this pool's member before (failed, or left out
+    /// of a forced assemble) holds records with its tag, and sequence numbers
+    /// after its time are handed out again, so a later replay could take a
+    /// stale record of its ring for the new one of the same number.
+    async fn zero_ring(&self, member: &Member) -> RaidResult<()> {
+        let Some(j) = &self.inner.journal else {
+            return Ok(());
+        };
+        let bs = self.inner.bs;
+        let step = ((1u64 << 20) / bs).max(1);
+        let zeros = Bytes::from(vec![0u8; (step * bs) as usize]);
+        let io = |source| RaidError::Member {
+            member: member.name.clone(),
+            source,
+        };
+        let mut at = 0;
+        while at < j.ring_blocks {
+            let n = step.min(j.ring_blocks - at);
+            member
+                .volume
+                .write(
+                    j.offset_blocks + at,
+                    zeros.slice(..(n * bs) as usize),
+                    false,
+                )
+                .await
+                .map_err(io)?;
+            at += n;
+        }
+        member.volume.flush().await.map_err(io)
+    }
+
     /// Adds a hot spare; it is pulled in at once if a position is failed.
     pub async fn add_spare(&self, member: Member) -> RaidResult<()> {
         check_size(&self.inner.shape(), &member)?;
+        self.zero_ring(&member).await?;
         {
             let mut st = self.inner.state.lock();
             // again under the state lock: a grow commits its size under it

@@ -236,3 +236,39 @@ async fn a_data_first_record_with_entries_out_of_its_stripe_is_left_out() {
         "the record left out wrote nothing"
     );
 }
+
+/// A disk that was this pool's member comes back as its replacement (or as a
+/// spare): the records its ring still holds are zeroed before it joins, so
+/// no later replay can take one of them for a new record of the same number.
+#[tokio::test]
+async fn a_member_that_joins_again_brings_no_old_records() {
+    for as_spare in [false, true] {
+        let p = planted(None).await;
+        let uncut = Arc::new(AtomicI64::new(-1));
+        let pool = Pool::assemble(members(&p.mems, &uncut), false)
+            .await
+            .expect("assemble");
+        let j = pool.inner.journal.as_ref().expect("a journal");
+        let (ring_at, ring_blocks) = (j.offset_blocks, j.ring_blocks);
+        // member 0 holds the planted records (and the replay's own)
+        let ring = p.mems[0].read(ring_at, ring_blocks as u32).await.unwrap();
+        assert!(ring.iter().any(|&b| b != 0), "the ring held no record");
+        pool.fail_member(0).await.unwrap();
+        let back = Member::new("m0-again".to_string(), p.mems[0].clone() as VolumeRef);
+        if as_spare {
+            pool.add_spare(back).await.unwrap();
+        } else {
+            pool.replace_member(0, back).await.unwrap();
+        }
+        let ring = p.mems[0].read(ring_at, ring_blocks as u32).await.unwrap();
+        let left = ring.iter().filter(|&&b| b != 0).count();
+        // records written since it joined may be there: none of the old ones
+        for rec in journal::scan(&ring, BS as usize, pool.inner.pool_tag) {
+            assert!(
+                rec.seq > pool.inner.state.lock().journal_checkpoint_seq,
+                "an old record (seq {}) is still on the disk that joined again ({left} bytes set)",
+                rec.seq
+            );
+        }
+    }
+}
