@@ -531,6 +531,14 @@ impl Inner {
         self.devs[d].vol().flush().await?;
         self.devs[d].finish_resilver();
         self.write_full_table(false).await?;
+        // a half that failed its table write just now (write_full_table goes
+        // on with the survivor) leaves the cache degraded
+        if self.live_devices() < self.devs.len() {
+            return Err(BlockError::Unavailable(format!(
+                "cache {}: the replaced device failed while its table was written",
+                self.name
+            )));
+        }
         self.failure_recorded.store(false, Ordering::Release);
         self.degraded.store(false, Ordering::Release);
         Ok(())

@@ -1437,11 +1437,11 @@ fn yes() -> bool {
 /// A TOML error without the source line it quotes by default: the line can
 /// hold a CHAP secret, and the error reaches the API's caller and the log
 /// (`POST /api/v1/reload`).
-fn toml_error(text: &str, e: &toml::de::Error) -> String {
+pub(crate) fn toml_error(text: &str, e: &toml::de::Error) -> String {
     let mut msg = e.message().trim_end().to_string();
     // serde's "invalid type: string \"x\", expected ..." quotes the value too
     if msg.starts_with("invalid ") {
-        if let (Some(q), Some(x)) = (msg.find(['`', '"']), msg.find(", expected")) {
+        if let (Some(q), Some(x)) = (msg.find(['`', '"']), msg.rfind(", expected")) {
             if q < x {
                 msg = format!("{}{}", msg[..q].trim_end(), &msg[x..]);
             }

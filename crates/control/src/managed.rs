@@ -113,7 +113,14 @@ impl Managed {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Managed::default()),
             Err(e) => return Err(e).with_context(|| format!("reading {}", path.display())),
         };
-        toml::from_str(&text).with_context(|| format!("parsing {}", path.display()))
+        // (the error names the line, not its text: it may hold a CHAP secret)
+        toml::from_str(&text).map_err(|e| {
+            anyhow::anyhow!(
+                "parsing {}: {}",
+                path.display(),
+                crate::config::toml_error(&text, &e)
+            )
+        })
     }
 
     /// Replaces the file atomically and durably (written aside, synced, renamed,

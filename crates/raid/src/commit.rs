@@ -783,11 +783,11 @@ impl Inner {
             .journal
             .as_ref()
             .expect("a data-first update has a journal");
-        // The update is acknowledged: its data must reach the members, or its
-        // data-first record must stay live (never passed by a checkpoint) for
-        // the next assemble to replay. A failed attempt (a read that failed, a
-        // group commit whose leader was dropped) is tried again while the pool
-        // stands.
+        // The update is acknowledged: its data must reach the members. A
+        // failed attempt (a read that failed, a group commit whose leader was
+        // dropped) is tried again while the pool stands. The record cannot
+        // stay live past the last try: checkpoints (and with them every write
+        // once the ring is full, and shutdown) would wait for it for ever.
         let mut tries = 0u32;
         let r = loop {
             match self.completion_attempt(j, s, segs, data, dseq, &then).await {
@@ -814,9 +814,9 @@ impl Inner {
                 Err(e) => {
                     then.area.abandon(then.idx);
                     j.complete(then.seq);
-                    tracing::error!(pool = %self.name, stripe = s, error = %e,
-                        "an acknowledged update could not be written in place; its data-first journal record stays live and is replayed at the next assemble");
-                    return Err(e);
+                    tracing::error!(pool = %self.name, stripe = s, error = %e, tries,
+                        "an acknowledged update could not be written in place: LOST (its stripe could not be read; until the next assemble, reads return the older data)");
+                    break Err(e);
                 }
             }
         };

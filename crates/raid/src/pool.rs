@@ -811,7 +811,18 @@ impl Pool {
                 reason: "raid0 has no redundancy to rebuild from".into(),
             });
         }
-        self.zero_ring(&member).await?;
+        // refused before the disk is touched when the position is not failed
+        // (checked again below, under the lock)
+        let failed = self
+            .inner
+            .state
+            .lock()
+            .slots
+            .get(position)
+            .is_some_and(|s| s.state == MemberState::Failed);
+        if failed {
+            self.zero_ring(&member).await?;
+        }
         {
             let mut st = self.inner.state.lock();
             // again under the state lock: a grow commits its size under it
@@ -848,31 +859,13 @@ impl Pool {
     /// after its time are handed out again, so a later replay could take a
     /// stale record of its ring for the new one of the same number.
     async fn zero_ring(&self, member: &Member) -> RaidResult<()> {
-        let Some(j) = &self.inner.journal else {
-            return Ok(());
-        };
-        let bs = self.inner.bs;
-        let step = ((1u64 << 20) / bs).max(1);
-        let zeros = Bytes::from(vec![0u8; (step * bs) as usize]);
-        let io = |source| RaidError::Member {
-            member: member.name.clone(),
-            source,
-        };
-        let mut at = 0;
-        while at < j.ring_blocks {
-            let n = step.min(j.ring_blocks - at);
-            member
-                .volume
-                .write(
-                    j.offset_blocks + at,
-                    zeros.slice(..(n * bs) as usize),
-                    false,
-                )
-                .await
-                .map_err(io)?;
-            at += n;
-        }
-        member.volume.flush().await.map_err(io)
+        self.inner
+            .zero_ring_of(&member.volume)
+            .await
+            .map_err(|source| RaidError::Member {
+                member: member.name.clone(),
+                source,
+            })
     }
 
     /// Adds a hot spare; it is pulled in at once if a position is failed.
@@ -1520,6 +1513,7 @@ impl Inner {
             rings.push((d.h.clone(), d.ring_offset_blocks, None));
         }
         let (mut jdev_errors, mut jdev_read) = (Vec::new(), 0usize);
+        let mut unread: Vec<(usize, Arc<MemberHandle>)> = Vec::new();
         for (h, ring_at, member) in rings {
             let on_member = member.is_some();
             let mut image = Vec::with_capacity((j.ring_blocks * self.bs) as usize);
@@ -1544,13 +1538,14 @@ impl Inner {
                 at += n;
             }
             if !ok {
-                // A member whose ring cannot be read may hold the only copy of
-                // a record; kept active, the sequence numbers after this
-                // replay would be handed out again, and a later replay would
-                // take its stale record for the new one of the same number.
-                // It is failed (rebuilt from the others when a spare comes).
+                // A member whose ring cannot be read may hold records this
+                // replay does not see, with sequence numbers it will hand out
+                // again: a later replay would take such a stale record for the
+                // new one of the same number. Its ring is zeroed once this
+                // replay is checkpointed (the member is failed only if that
+                // fails: one bad sector in the ring is no reason to lose it).
                 if let Some(i) = member {
-                    self.fail_handle(i, &h).await;
+                    unread.push((i, h.clone()));
                 }
                 continue;
             }
@@ -1582,12 +1577,32 @@ impl Inner {
         // place), after them: see `resolve_data_first`.
         let completed: std::collections::HashSet<u64> =
             records.values().filter_map(|r| r.completes()).collect();
+        // An open data-first record with a later record of its stripe was
+        // written in place, or given up, before that later update took the
+        // stripe (its stripe's lock is held until then, and the normal path
+        // writes its completing record first): resolved after the whole
+        // updates, it would write its older data over theirs.
+        let stripe_of = |e: &journal::Entry| e.member_lba / self.cb;
+        let superseded = |rec: &journal::Record| {
+            let Some(s) = rec.entries.first().map(stripe_of) else {
+                return false;
+            };
+            records
+                .range(rec.seq + 1..)
+                .any(|(_, r)| r.entries.iter().any(|e| stripe_of(e) == s))
+        };
         let mut open = Vec::new();
         for rec in records.values() {
             if rec.is_data_first() {
-                if !completed.contains(&rec.seq) {
-                    open.push(rec);
+                if completed.contains(&rec.seq) {
+                    continue;
                 }
+                if superseded(rec) {
+                    tracing::warn!(pool = %self.name, seq = rec.seq,
+                        "a data-first journal record without its completing record, its stripe written again later: left out");
+                    continue;
+                }
+                open.push(rec);
                 continue;
             }
             self.replay_entries(&view, &rec.entries, &rec.payloads)
@@ -1611,7 +1626,37 @@ impl Inner {
         }
         self.checkpoint(max_seq)
             .await
-            .map_err(|e| RaidError::PoolFailed(e.to_string()))
+            .map_err(|e| RaidError::PoolFailed(e.to_string()))?;
+        for (i, h) in unread {
+            if let Err(e) = self.zero_ring_of(&h.volume).await {
+                tracing::warn!(member = %h.name, error = %e,
+                    "its unreadable journal ring could not be zeroed either: member failed");
+                self.fail_handle(i, &h).await;
+            }
+        }
+        Ok(())
+    }
+
+    /// Zeroes the journal ring on `vol` (a member's) and flushes it.
+    pub(crate) async fn zero_ring_of(&self, vol: &VolumeRef) -> BlockResult<()> {
+        let Some(j) = &self.journal else {
+            return Ok(());
+        };
+        let bs = self.bs;
+        let step = ((1u64 << 20) / bs).max(1);
+        let zeros = Bytes::from(vec![0u8; (step * bs) as usize]);
+        let mut at = 0;
+        while at < j.ring_blocks {
+            let n = step.min(j.ring_blocks - at);
+            vol.write(
+                j.offset_blocks + at,
+                zeros.slice(..(n * bs) as usize),
+                false,
+            )
+            .await?;
+            at += n;
+        }
+        vol.flush().await
     }
 
     /// Writes the entries of a replayed record in place (members that fail

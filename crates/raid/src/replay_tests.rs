@@ -81,6 +81,11 @@ struct Planted {
     /// Pool block the open data-first record wrote, and its data.
     y: u64,
     open: Vec<u8>,
+    /// The open record's entry; the checkpoint, pool tag and ring offset.
+    y_entry: Entry,
+    cp: u64,
+    tag: u64,
+    ring_at: u64,
 }
 
 /// A RAID 5 of 3 that crashed with, above its checkpoint: `W1` (block X = A)
@@ -128,6 +133,7 @@ async fn planted(bad: Option<fn(u64) -> Vec<Entry>>) -> Planted {
             blocks: 1,
         }],
     };
+    let y_first = y_entries[0].clone();
     let y_payloads: Vec<Vec<u8>> = y_entries
         .iter()
         .map(|e| vec![0x5e; e.blocks as usize * bs])
@@ -161,6 +167,10 @@ async fn planted(bad: Option<fn(u64) -> Vec<Entry>>) -> Planted {
         newest: b,
         y: ys * k * cb,
         open: z,
+        y_entry: y_first,
+        cp,
+        tag,
+        ring_at,
     }
 }
 
@@ -271,4 +281,36 @@ async fn a_member_that_joins_again_brings_no_old_records() {
             );
         }
     }
+}
+
+/// An open data-first record whose stripe a later record wrote again (its
+/// update was written in place without its completing record, or given up)
+/// is left out: resolved after the whole updates, it wrote its older data
+/// over the later write.
+#[tokio::test]
+async fn an_open_data_first_record_written_over_later_is_left_out() {
+    let p = planted(None).await;
+    let later = vec![0x77u8; BS as usize];
+    let rec = journal::encode(
+        p.cp + 5,
+        p.tag,
+        0,
+        std::slice::from_ref(&p.y_entry),
+        &[&later],
+        BS as usize,
+    );
+    for m in &p.mems[..2] {
+        m.write(p.ring_at + 300, Bytes::copy_from_slice(&rec), true)
+            .await
+            .unwrap();
+    }
+    let uncut = Arc::new(AtomicI64::new(-1));
+    let pool = Pool::assemble(members(&p.mems, &uncut), false)
+        .await
+        .expect("assemble");
+    assert!(
+        pool.read(p.y, 1).await.unwrap()[..] == later[..],
+        "the open record's older data was written over the later write"
+    );
+    assert!(pool.read(p.x, 1).await.unwrap()[..] == p.newest[..]);
 }

@@ -307,15 +307,16 @@ impl ScsiTarget {
         let Some(lu) = self.lu(lun) else {
             return false;
         };
-        let nexus = ItNexus {
+        // relative port 0: no target port has it, so no iSCSI nexus is this one
+        static NEXUS: std::sync::LazyLock<ItNexus> = std::sync::LazyLock::new(|| ItNexus {
             initiator_name: Arc::from("nbd"),
             initiator_port: Arc::from("nbd,i,0x000000000000"),
             relative_port_id: 0,
             chap_user: None,
-        };
+        });
         // READ(10) / WRITE(10) of one block: the commands' classes are what count
         let cdb: [u8; 10] = [if write { 0x2a } else { 0x28 }, 0, 0, 0, 0, 0, 0, 0, 1, 0];
-        lu.pr.check(&nexus, &cdb) == Access::Allowed
+        lu.pr.check(&NEXUS, &cdb) == Access::Allowed
     }
 
     /// A snapshot of the logical units (for walks that must not hold the lock).
