@@ -267,7 +267,32 @@ pub fn create(
     };
     file.tokens.push(rec.clone());
     write_file(&path, &file)?;
+    audit_token(data_dir, "create", &rec);
     Ok((rec, token))
+}
+
+/// Records a token made or revoked on this host (`freesan api token ...`, or
+/// the node making the CLI's own) in the node's audit log, as the API's
+/// changes are: granting a privilege leaves a trace. A failure to write it is
+/// logged, not fatal (the token file is already written).
+fn audit_token(data_dir: &Path, what: &str, rec: &TokenRecord) {
+    let entry = crate::audit::AuditEntry {
+        time_unix_ms: SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map(|d| d.as_millis() as u64)
+            .unwrap_or(0),
+        who: "local".to_string(),
+        token_id: rec.id.clone(),
+        role: rec.role.as_str().to_string(),
+        source: "local".to_string(),
+        method: "TOKEN".to_string(),
+        path: format!("token {what} {}", rec.name),
+        body: serde_json::json!({ "name": rec.name, "role": rec.role.as_str() }),
+        status: 200,
+    };
+    if let Err(e) = crate::audit::AuditLog::open(data_dir).append(&entry) {
+        tracing::warn!("audit log in {}: {e}", data_dir.display());
+    }
 }
 
 /// Every token of `data_dir` (without secrets: none are stored).
@@ -291,6 +316,7 @@ pub fn revoke(data_dir: &Path, which: &str) -> Result<TokenRecord, TokenError> {
     };
     let rec = file.tokens.remove(i);
     write_file(&path, &file)?;
+    audit_token(data_dir, "revoke", &rec);
     Ok(rec)
 }
 

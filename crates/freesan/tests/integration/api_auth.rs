@@ -242,6 +242,11 @@ fn the_api_refuses_callers_without_the_right_token_origin_or_host() {
     );
     let (ok, out) = freesan(&["api", "token", "revoke", "auditor", "--data-dir", d]);
     assert!(ok, "{out}");
+    // granting and taking back a privilege on the host is in the audit log too
+    let log = std::fs::read_to_string(data.join("audit.log")).unwrap();
+    for what in ["token create auditor", "token revoke auditor"] {
+        assert!(log.contains(what), "no {what:?} in the audit log");
+    }
     std::thread::sleep(Duration::from_millis(300));
     assert_eq!(http(&api, "GET", "/api/v1/pools", &[&ro_auth], "").0, 401);
     drop(node);
