@@ -141,6 +141,66 @@ impl Volume for FaultVolume {
     }
 }
 
+/// A power cut after a number of writes: writes (and discards) pass through
+/// until a budget shared by several volumes runs out, then every write and
+/// flush fails without reaching the volume below. A negative budget: not
+/// armed. Crash tests cut after every number of member writes an uncut run
+/// makes (its count is what the budget lost).
+pub struct CutVolume {
+    /// The volume below.
+    pub inner: VolumeRef,
+    /// Writes left, shared by every volume of the machine that loses power.
+    pub budget: Arc<std::sync::atomic::AtomicI64>,
+}
+
+fn cut_error() -> BlockError {
+    BlockError::Io(std::io::Error::other("power cut"))
+}
+
+impl CutVolume {
+    fn take(&self) -> BlockResult<()> {
+        use std::sync::atomic::Ordering;
+        if self.budget.load(Ordering::SeqCst) < 0 {
+            return Ok(()); // unarmed
+        }
+        if self.budget.fetch_sub(1, Ordering::SeqCst) <= 0 {
+            self.budget.store(0, Ordering::SeqCst);
+            return Err(cut_error());
+        }
+        Ok(())
+    }
+}
+
+#[async_trait]
+impl Volume for CutVolume {
+    fn geometry(&self) -> Geometry {
+        self.inner.geometry()
+    }
+    async fn read(&self, lba: u64, blocks: u32) -> BlockResult<Bytes> {
+        self.inner.read(lba, blocks).await
+    }
+    async fn write(&self, lba: u64, data: Bytes, fua: bool) -> BlockResult<()> {
+        // let concurrent writers run (and queue behind this write, as behind a
+        // real disk)
+        tokio::task::yield_now().await;
+        self.take()?;
+        self.inner.write(lba, data, fua).await
+    }
+    async fn flush(&self) -> BlockResult<()> {
+        if self.budget.load(std::sync::atomic::Ordering::SeqCst) == 0 {
+            return Err(cut_error());
+        }
+        self.inner.flush().await
+    }
+    async fn discard(&self, lba: u64, blocks: u64) -> BlockResult<()> {
+        self.take()?;
+        self.inner.discard(lba, blocks).await
+    }
+    async fn block_status(&self, lba: u64, blocks: u64) -> BlockResult<Vec<Extent>> {
+        self.inner.block_status(lba, blocks).await
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -40,7 +40,7 @@ pub use bytes::{Bytes, BytesMut};
 pub use crashsim::CrashSimVolume;
 pub use delay::DelayVolume;
 pub use error::BlockError;
-pub use fault::{FaultPlan, FaultVolume};
+pub use fault::{CutVolume, FaultPlan, FaultVolume};
 pub use hold::{Hold, HoldVolume};
 pub use join::{join_all, poll_now, poll_once, BoxFut};
 pub use mem::MemVolume;

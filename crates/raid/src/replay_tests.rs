@@ -4,60 +4,12 @@
 
 use crate::journal::{self, Entry, LINK_DATA_FIRST};
 use crate::{Member, Pool, PoolConfig, RaidLevel};
-use async_trait::async_trait;
-use block::{BlockError, BlockResult, Bytes, Extent, Geometry, MemVolume, Volume, VolumeRef};
+use block::{Bytes, CutVolume as Cut, MemVolume, Volume, VolumeRef};
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::Arc;
 
 const BS: u32 = 4096;
 const MEMBER_BLOCKS: u64 = 2048; // 8 MiB
-
-/// A member that fails every write once its shared budget is spent (the
-/// power cut), a negative budget meaning no cut.
-struct Cut {
-    inner: VolumeRef,
-    budget: Arc<AtomicI64>,
-}
-
-impl Cut {
-    fn take(&self) -> BlockResult<()> {
-        if self.budget.load(Ordering::SeqCst) < 0 {
-            return Ok(());
-        }
-        if self.budget.fetch_sub(1, Ordering::SeqCst) <= 0 {
-            self.budget.store(0, Ordering::SeqCst);
-            return Err(BlockError::Io(std::io::Error::other("power cut")));
-        }
-        Ok(())
-    }
-}
-
-#[async_trait]
-impl Volume for Cut {
-    fn geometry(&self) -> Geometry {
-        self.inner.geometry()
-    }
-    async fn read(&self, lba: u64, blocks: u32) -> BlockResult<Bytes> {
-        self.inner.read(lba, blocks).await
-    }
-    async fn write(&self, lba: u64, data: Bytes, fua: bool) -> BlockResult<()> {
-        self.take()?;
-        self.inner.write(lba, data, fua).await
-    }
-    async fn flush(&self) -> BlockResult<()> {
-        if self.budget.load(Ordering::SeqCst) == 0 {
-            return Err(BlockError::Io(std::io::Error::other("power cut")));
-        }
-        self.inner.flush().await
-    }
-    async fn discard(&self, lba: u64, blocks: u64) -> BlockResult<()> {
-        self.take()?;
-        self.inner.discard(lba, blocks).await
-    }
-    async fn block_status(&self, lba: u64, blocks: u64) -> BlockResult<Vec<Extent>> {
-        self.inner.block_status(lba, blocks).await
-    }
-}
 
 fn members(mems: &[Arc<MemVolume>], budget: &Arc<AtomicI64>) -> Vec<Member> {
     mems.iter()

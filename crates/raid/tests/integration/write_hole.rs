@@ -5,69 +5,14 @@
 
 use crate::common;
 
-use async_trait::async_trait;
-use block::{
-    BlockError, BlockResult, Bytes, CrashSimVolume, Extent, Geometry, MemVolume, Volume, VolumeRef,
-};
+use block::{Bytes, CrashSimVolume, MemVolume, Volume, VolumeRef};
 use common::*;
 use raid::{Member, Pool, RaidLevel};
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::Arc;
 
-/// Passes writes through until a shared budget runs out; then every write and
-/// flush fails without reaching the volume (the power is gone). A negative
-/// budget: not armed.
-pub(crate) struct Cut {
-    pub inner: VolumeRef,
-    pub budget: Arc<AtomicI64>,
-}
-
-fn cut_error() -> BlockError {
-    BlockError::Io(std::io::Error::other("power cut"))
-}
-
-impl Cut {
-    fn take(&self) -> BlockResult<()> {
-        if self.budget.load(Ordering::SeqCst) < 0 {
-            return Ok(()); // unarmed
-        }
-        if self.budget.fetch_sub(1, Ordering::SeqCst) <= 0 {
-            self.budget.store(0, Ordering::SeqCst);
-            return Err(cut_error());
-        }
-        Ok(())
-    }
-}
-
-#[async_trait]
-impl Volume for Cut {
-    fn geometry(&self) -> Geometry {
-        self.inner.geometry()
-    }
-    async fn read(&self, lba: u64, blocks: u32) -> BlockResult<Bytes> {
-        self.inner.read(lba, blocks).await
-    }
-    async fn write(&self, lba: u64, data: Bytes, fua: bool) -> BlockResult<()> {
-        // let concurrent writers run (and their journal records queue behind this
-        // write, as behind a real disk)
-        tokio::task::yield_now().await;
-        self.take()?;
-        self.inner.write(lba, data, fua).await
-    }
-    async fn flush(&self) -> BlockResult<()> {
-        if self.budget.load(Ordering::SeqCst) == 0 {
-            return Err(cut_error());
-        }
-        self.inner.flush().await
-    }
-    async fn discard(&self, lba: u64, blocks: u64) -> BlockResult<()> {
-        self.take()?;
-        self.inner.discard(lba, blocks).await
-    }
-    async fn block_status(&self, lba: u64, blocks: u64) -> BlockResult<Vec<Extent>> {
-        self.inner.block_status(lba, blocks).await
-    }
-}
+/// The power cut after a shared budget of writes (block's fault layer).
+pub(crate) use block::CutVolume as Cut;
 
 /// `n` members that lose their volatile caches on `crash()`.
 fn crash_sims(n: usize) -> Vec<Arc<CrashSimVolume>> {
