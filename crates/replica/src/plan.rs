@@ -37,11 +37,14 @@ pub fn plan(
         (true, true) => {}
     }
     let newer = |a: Meta, b: Meta| -> Result<bool, String> {
-        // a wrote alone since the last sync; b must still hold that sync's data
-        if b.current == a.synced {
-            Ok(false)
-        } else if b.current == 0 {
+        // a wrote alone since the last sync; b must still hold that sync's data.
+        // A brand-new b gets everything, even when a never synced either (a
+        // node that started alone on a new copy has `synced` 0 too): its bitmap
+        // names only what it wrote alone, and two disks are never assumed equal
+        if b.current == 0 {
             Ok(true)
+        } else if b.current == a.synced {
+            Ok(false)
         } else {
             Err(format!(
                 "the copies diverged: generation {:#x} (from {:#x}) against {:#x}",
@@ -157,6 +160,10 @@ mod tests {
         assert_eq!(both(m(0, 0), m(0, 0), 1), Ok(Plan::Source { full: true }));
         assert_eq!(both(m(5, 5), m(0, 0), 2), Ok(Plan::Source { full: true }));
         assert_eq!(both(m(9, 5), m(0, 0), 2), Ok(Plan::Source { full: true }));
+        // a node that started alone on a new copy and meets its new partner:
+        // what it wrote alone is not all it holds
+        assert_eq!(both(m(9, 0), m(0, 0), 1), Ok(Plan::Source { full: true }));
+        assert_eq!(both(m(0, 0), m(9, 0), 1), Ok(Plan::Target));
     }
 
     #[test]

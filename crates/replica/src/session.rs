@@ -168,9 +168,15 @@ async fn manage(inner: &Arc<Inner>, mut conns: mpsc::Receiver<(Framed, Message)>
                 }
                 Err(e) => {
                     tracing::warn!(volume = %inner.cfg.name, "handshake with the partner failed: {e}");
-                    if ["split brain", "diverged", "unrelated", "consistent"]
-                        .iter()
-                        .any(|k| e.contains(k))
+                    if [
+                        "split brain",
+                        "diverged",
+                        "unrelated",
+                        "consistent",
+                        "disagree on preferred_node",
+                    ]
+                    .iter()
+                    .any(|k| e.contains(k))
                     {
                         unjoinable = true;
                         if inner.role().role != Role::Solo {
@@ -473,6 +479,19 @@ async fn handshake(
         cfg.preferred_node,
         (undo, flags & hello_flags::UNDO != 0),
     )?;
+    // plan() is the same function on both nodes only if they agree on which
+    // node is preferred (and so is the choice of who serves alone when they
+    // lose each other): each says whether it is, in its hello. Checked after
+    // plan(), whose refusals (split brain) say more
+    let peer_preferred = flags & hello_flags::PREFERRED != 0;
+    if peer_preferred != (cfg.preferred_node == node_id) {
+        return Err(format!(
+            "the nodes disagree on preferred_node: this node's configuration names node {}, \
+             node {node_id} says it is {}preferred",
+            cfg.preferred_node,
+            if peer_preferred { "" } else { "not " }
+        ));
+    }
     Ok((f, p, peer_meta, peer_bits))
 }
 
@@ -682,7 +701,12 @@ async fn resync(
         let link = link.clone();
         async move {
             let lba = start * rb;
-            let blocks = (n * rb).min(inner.geo().block_count - lba);
+            // regions past the served size (a grow whose partner half failed
+            // marks them) have nothing to copy yet
+            let blocks = (n * rb).min(inner.geo().block_count.saturating_sub(lba));
+            if blocks == 0 {
+                return Ok(());
+            }
             // the budget before the range lock: waiting for it holds nothing
             let bytes = blocks * inner.geo().block_size_bytes as u64;
             let _held = inner.cfg.buffers.acquire(bytes).await;

@@ -585,8 +585,25 @@ impl Inner {
         Instant::now() + Duration::from_millis(self.cfg.io_wait_ms)
     }
 
-    /// Runs a client op in whatever role this node has.
+    /// Runs a client op in whatever role this node has, on a task of its own:
+    /// a caller that goes away (an aborted command: ABORT TASK, LUN RESET,
+    /// PREEMPT AND ABORT, a connection's drain) must not stop it half-way. On
+    /// the leader, dropping it would release the range lock while the partner
+    /// still applies the write, so an overlapping write could land there first
+    /// and the copies would end different; on a follower, it would forget the
+    /// forwarded write the leader is about to apply here, and the leader would
+    /// keep it alone. The op ends as it would have, unanswered.
     async fn submit(self: &Arc<Self>, op: Op) -> OpOutcome {
+        let me = self.clone();
+        match tokio::spawn(async move { me.submit_here(op).await }).await {
+            Ok(r) => r,
+            Err(e) => Err(BlockError::Io(std::io::Error::other(format!(
+                "replicated op task: {e}"
+            )))),
+        }
+    }
+
+    async fn submit_here(self: &Arc<Self>, op: Op) -> OpOutcome {
         let deadline = self.deadline();
         loop {
             let st = self.wait_serving(deadline).await?;
@@ -853,6 +870,10 @@ impl Inner {
                 Some(OpResult::Miscompare { .. }) => Ok(Err(BlockError::WriteFault { lba: 0 })),
             };
         };
+        // a forwarded op comes from the partner: checked before its range is used
+        if let Err(e) = self.geo().check_range(lba, blocks) {
+            return Ok(Err(e));
+        }
         let _range = self
             .locks
             .lock(lba, lba + blocks, LockMode::Exclusive)
@@ -899,15 +920,27 @@ impl Inner {
         match (lr, rr) {
             (Err(e), Ok(Some(OpResult::Ok))) => {
                 self.bitmap.pin(lba, blocks);
-                if copy_failed(&e) && self.detach(format!("{e} at lba {lba}")).await {
-                    // the partner holds the write and goes on alone
+                // the partner holds the write and goes on alone; not while it is
+                // a resync target (an incomplete copy that cannot serve: detaching
+                // would leave no consistent copy, the write trapped on one that
+                // never serves), then the write fails and the region stays pinned
+                if copy_failed(&e)
+                    && !st.peer_resyncing
+                    && self.detach(format!("{e} at lba {lba}")).await
+                {
                     return Ok(Ok(None));
                 }
                 tracing::error!(volume = %self.cfg.name, lba, "local write failed, partner's succeeded: region kept dirty");
                 Ok(Err(e))
             }
             (Err(e), _) => Ok(Err(e)),
-            (Ok(()), Err(LinkLost)) => Err(LinkLost),
+            (Ok(()), Err(LinkLost)) => {
+                // written here, perhaps not there: the region must be copied at
+                // the next meeting whatever the bitmap's cleaner does before this
+                // node leaves the in-sync state
+                self.bitmap.pin(lba, blocks);
+                Err(LinkLost)
+            }
             (Ok(()), Ok(None | Some(OpResult::Ok))) => Ok(Ok(None)),
             (Ok(()), Ok(Some(OpResult::Error { code, lba: at }))) => {
                 self.bitmap.pin(lba, blocks);

@@ -372,8 +372,10 @@ async fn split_brain_is_refused_until_one_copy_is_discarded() {
         .await
         .unwrap();
     assert_eq!(n2.status().role, Role::Solo);
-    // node 1 returns: both took writes alone, so they are not joined
-    let n1 = node1(d.path(), 1, p.m1.clone(), addr2, None).await;
+    // node 1 returns (its configuration now agreeing that node 2 is
+    // preferred: nodes that disagree are never joined): both took writes
+    // alone, so they are not joined
+    let n1 = node1(d.path(), 2, p.m1.clone(), addr2, None).await;
     assert!(
         n1.wait_until(|s| s.reason.contains("split brain"), WAIT)
             .await,
@@ -691,4 +693,123 @@ async fn a_copy_during_which_the_nodes_meet_again_fails() {
     p.n2.write_copy(10, 512, chunk(), false).await.unwrap();
     p.n2.copy_end(10).await.unwrap();
     same_contents(&p.m1, &p.m2).await;
+}
+
+/// Waits (bounded) until block `lba` of `v` holds `byte`.
+async fn lands(v: &VolumeRef, lba: u64, byte: u8) -> bool {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    while tokio::time::Instant::now() < deadline {
+        if v.read(lba, 1).await.unwrap().iter().all(|&b| b == byte) {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    false
+}
+
+/// A write aborted on the leader (ABORT TASK, LUN RESET: the command's task is
+/// dropped) while the follower still applies it must keep its range until both
+/// copies have it: an overlapping write issued next would otherwise overtake it
+/// on the follower, and the copies would hold different data while in sync.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_write_aborted_on_the_leader_is_not_overtaken_on_the_follower() {
+    let d = tempfile::tempdir().unwrap();
+    let m1: VolumeRef = Arc::new(MemVolume::new(512, BLOCKS));
+    let m2: VolumeRef = Arc::new(MemVolume::new(512, BLOCKS));
+    let h2 = Arc::new(block::HoldVolume::new(m2.clone()));
+    let (n2, addr2) = node2(d.path(), 1, h2.clone() as VolumeRef, None).await;
+    let n1 = node1(d.path(), 1, m1.clone(), addr2, None).await;
+    both_in_sync(&n1, &n2).await;
+    assert_eq!(n1.role(), Role::Leader);
+
+    // write A over blocks 0-1 reaches the follower and is held there
+    h2.writes.hold_below(1);
+    let a = {
+        let n1 = n1.clone();
+        tokio::spawn(async move { n1.write(0, Bytes::from(vec![0xA1; 1024]), false).await })
+    };
+    h2.writes.arrivals(1).await;
+    a.abort();
+    // write B over block 1 (not held on the follower)
+    let b = {
+        let n1 = n1.clone();
+        tokio::spawn(async move { n1.write(1, Bytes::from(vec![0xB2; 512]), false).await })
+    };
+    // B must wait for A (then it ends once the gate opens); if it does not, it
+    // is acknowledged while A is still held on the follower
+    let mut b = b;
+    let early = tokio::time::timeout(Duration::from_secs(1), &mut b)
+        .await
+        .is_ok();
+    h2.writes.open();
+    assert!(
+        lands(&m2, 0, 0xA1).await,
+        "write A never reached the follower"
+    );
+    if !early {
+        b.await.unwrap().unwrap();
+    }
+    n1.flush().await.unwrap();
+    let x = m1.read(1, 1).await.unwrap();
+    let y = m2.read(1, 1).await.unwrap();
+    assert_eq!(
+        (x[0], y[0]),
+        (x[0], x[0]),
+        "block 1 differs between the copies (leader {:#x}, follower {:#x})",
+        x[0],
+        y[0]
+    );
+    assert!(in_sync(&n1.status()) && in_sync(&n2.status()));
+}
+
+/// A write aborted on the follower while the leader orders it must still be
+/// applied on the follower: the leader writes its own copy either way.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_write_aborted_on_the_follower_still_reaches_both_copies() {
+    let d = tempfile::tempdir().unwrap();
+    let m1: VolumeRef = Arc::new(MemVolume::new(512, BLOCKS));
+    let m2: VolumeRef = Arc::new(MemVolume::new(512, BLOCKS));
+    let h1 = Arc::new(block::HoldVolume::new(m1.clone()));
+    let (n2, addr2) = node2(d.path(), 1, m2.clone(), None).await;
+    let n1 = node1(d.path(), 1, h1.clone() as VolumeRef, addr2, None).await;
+    both_in_sync(&n1, &n2).await;
+    assert_eq!(n2.role(), Role::Follower);
+
+    h1.writes.hold();
+    let a = {
+        let n2 = n2.clone();
+        tokio::spawn(async move { n2.write(5, Bytes::from(vec![0xC3; 512]), false).await })
+    };
+    // the leader has it (ordered, writing its copy) when the follower's command goes
+    h1.writes.arrivals(1).await;
+    a.abort();
+    h1.writes.open();
+    assert!(lands(&m1, 5, 0xC3).await, "the leader never wrote its copy");
+    assert!(
+        lands(&m2, 5, 0xC3).await,
+        "the leader's copy holds the aborted write and the follower's does not"
+    );
+    n1.flush().await.unwrap();
+    assert!(in_sync(&n1.status()) && in_sync(&n2.status()));
+}
+
+/// Both nodes must agree on the preferred node (plan() decides the same on
+/// both only then): with each naming the other, both would wait as resync
+/// targets for ever; the handshake refuses them, saying why.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn nodes_that_disagree_on_the_preferred_node_are_not_joined() {
+    let d = tempfile::tempdir().unwrap();
+    let m1: VolumeRef = Arc::new(MemVolume::new(512, BLOCKS));
+    let m2: VolumeRef = Arc::new(MemVolume::new(512, BLOCKS));
+    let (n2, addr2) = node2(d.path(), 1, m2, None).await;
+    let n1 = node1(d.path(), 2, m1, addr2, None).await;
+    for n in [&n1, &n2] {
+        assert!(
+            n.wait_until(|s| s.reason.contains("disagree on preferred_node"), WAIT)
+                .await,
+            "{:?}",
+            n.status()
+        );
+        assert!(!in_sync(&n.status()));
+    }
 }
