@@ -4,6 +4,7 @@
 #[path = "../common/mod.rs"]
 mod common;
 
+mod aborted;
 mod early_ack;
 mod far;
 mod grow;
