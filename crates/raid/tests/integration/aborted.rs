@@ -34,7 +34,7 @@ async fn a_mirror_write_whose_caller_is_aborted_reaches_both_halves() {
             holds
                 .iter()
                 .enumerate()
-                .map(|(i, h)| Member::new(&format!("m{i}"), h.clone() as VolumeRef))
+                .map(|(i, h)| Member::new(format!("m{i}"), h.clone() as VolumeRef))
                 .collect(),
             vec![],
         )
