@@ -486,6 +486,20 @@ pub(crate) enum Source<'a> {
     Zeros,
 }
 
+/// The initiator a copy runs for. Its chunks pass the checks a READ and a WRITE
+/// of that nexus would ([`check_access`]), batch by batch, under the LUs'
+/// write-ordering locks: a reservation taken from it while the copy runs (a
+/// PREEMPT AND ABORT, which waits for those locks before it answers) stops the
+/// copy before its next batch. The checks once at the start let a fenced
+/// initiator's copy go on writing after the fence had answered. `None`: a copy
+/// resumed at start, which no initiator runs.
+#[derive(Clone, Copy)]
+pub(crate) struct Through<'a> {
+    pub nexus: &'a ItNexus,
+    pub src_foreign: bool,
+    pub dst_foreign: bool,
+}
+
 /// The chunk engine of every copy: `blocks` blocks from `src` to `dst` at `dst_lba`,
 /// chunk by chunk, each chunk written like a WRITE (FUA when the destination's write
 /// cache is off, under its write-ordering lock shared), counting bytes into `status`.
@@ -500,6 +514,7 @@ pub(crate) async fn copy_blocks(
     dst_lba: u64,
     blocks: u64,
     status: &Status,
+    through: Option<Through<'_>>,
 ) -> Result<(), Fail> {
     let dg = dst.geometry();
     let bs = dg.block_size_bytes as u64;
@@ -553,6 +568,9 @@ pub(crate) async fn copy_blocks(
                     if s.sanitize.gate(op::READ_16, true).is_err() {
                         return Err(codes::COPY_TARGET_NOT_REACHABLE.into());
                     }
+                    if let Some(t) = through {
+                        check_access(s, t.nexus, false, t.src_foreign)?;
+                    }
                     s.volume.read(src_lba + off, n as u32).await.map_err(|e| {
                         tracing::error!(lun = s.lun, error = %e, "copy: reading the source failed");
                         Fail::from(codes::COPY_TARGET_FAILURE)
@@ -568,6 +586,9 @@ pub(crate) async fn copy_blocks(
         let _order = dst.write_order.read().await;
         if dst.sanitize.gate(op::WRITE_16, true).is_err() {
             return Err(codes::COPY_TARGET_NOT_REACHABLE.into());
+        }
+        if let Some(t) = through {
+            check_access(dst, t.nexus, true, t.dst_foreign)?;
         }
         // each chunk counts in the status once it is written
         let writes: Vec<block::BoxFut<'_, block::BlockResult<()>>> = batch
@@ -666,16 +687,21 @@ pub(crate) async fn extended_copy(
         check_access(&src, nexus, false, src_foreign)?;
         check_access(&dst, nexus, true, dst_foreign)?;
         own &= !src_foreign && !dst_foreign;
-        plan.push((src, dst, seg));
+        let through = Through {
+            nexus,
+            src_foreign,
+            dst_foreign,
+        };
+        plan.push((src, dst, seg, through));
     }
     // recorded when one destination LU takes every segment
     let one_dst = plan
         .first()
-        .map(|(_, d, _)| d.clone())
-        .filter(|d| plan.iter().all(|(_, x, _)| Arc::ptr_eq(x, d)));
+        .map(|(_, d, _, _)| d.clone())
+        .filter(|d| plan.iter().all(|(_, x, _, _)| Arc::ptr_eq(x, d)));
     let pieces: Vec<_> = plan
         .iter()
-        .map(|(src, _, seg)| {
+        .map(|(src, _, seg, _)| {
             (
                 crate::copy_resume::From::Lu(src, seg.src_lba),
                 seg.dst_lba,
@@ -688,11 +714,20 @@ pub(crate) async fn extended_copy(
         None => None,
     };
     let run = CopyRun::new();
-    for (src, dst, seg) in &plan {
+    for (src, dst, seg, through) in &plan {
         let none = Status::default();
         let st = status.as_deref().unwrap_or(&none);
         let src = Source::Lu(src, seg.src_lba);
-        copy_blocks(&run, src, dst, seg.dst_lba, u64::from(seg.blocks), st).await?;
+        copy_blocks(
+            &run,
+            src,
+            dst,
+            seg.dst_lba,
+            u64::from(seg.blocks),
+            st,
+            Some(*through),
+        )
+        .await?;
         if let Some(s) = &status {
             s.segments.fetch_add(1, Ordering::Relaxed);
         }

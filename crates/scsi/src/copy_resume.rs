@@ -439,9 +439,11 @@ impl<'a> Recorded<'a> {
                     // a source range on the destination LU that a destination
                     // range overlaps: running it again would read moved data
                     if std::ptr::eq(Arc::as_ptr(s), dst)
-                        && pieces
-                            .iter()
-                            .any(|(_, d, n)| *d < lba + blocks && *lba < d + n)
+                        && pieces.iter().any(|(_, d, n)| {
+                            // (not range-checked yet: saturating, and a
+                            // range past the end fails in copy_blocks)
+                            *d < lba.saturating_add(*blocks) && *lba < d.saturating_add(*n)
+                        })
                     {
                         return Ok(none);
                     }
@@ -544,7 +546,9 @@ pub(crate) fn resume(lu: &Arc<LogicalUnit>, luns: &[Arc<LogicalUnit>]) {
                     ok = false;
                     continue;
                 };
-                if let Err(e) = copy_blocks(&run, src, &lu, p.dst_lba, p.blocks, &status).await {
+                if let Err(e) =
+                    copy_blocks(&run, src, &lu, p.dst_lba, p.blocks, &status, None).await
+                {
                     tracing::error!(lun = lu.lun, error = ?e, "copy to finish failed; the range is left as it is");
                     ok = false;
                 }

@@ -37,6 +37,7 @@
 use crate::cdb::{param_u16, param_u32, param_u64, Cdb};
 use crate::copy::{
     self, check_access, copy_blocks, Copies, CopyLus, CopyRun, Finish, ListId, Source, Status,
+    Through,
 };
 use crate::lu::{CmdResult, Done, Fail, LogicalUnit};
 use crate::rw::check_range;
@@ -186,15 +187,24 @@ fn check_data_len(p: &[u8]) -> Result<(), Sense> {
     Ok(())
 }
 
+/// POPULATE TOKEN parameter list, byte 2: the ROD TYPE field is valid (bit 0
+/// is IMMED).
+const PT_RTV: u8 = 0x02;
+/// WRITE USING TOKEN parameter list, byte 2: delete the token once used (bit 0
+/// is IMMED).
+const WUT_DEL_TKN: u8 = 0x02;
+
 /// Parses a POPULATE TOKEN parameter list (SBC-3 5.x).
 fn parse_populate(p: &[u8]) -> Result<PopulateList, Sense> {
     if p.len() < PT_HEADER_LEN {
         return Err(codes::PARAM_LIST_LENGTH_ERROR);
     }
     check_data_len(p)?;
-    // Byte 2: IMMED (bit 1) is honoured by completing at once (nothing is copied);
-    // RTV (bit 0) says the ROD TYPE field is valid.
-    let rtv = p[2] & 0x01 != 0;
+    // Byte 2: IMMED (bit 0) is honoured by completing at once (nothing is copied);
+    // RTV (bit 1) says the ROD TYPE field is valid. (Until 2026-12-04 read from
+    // bit 0: a point-in-time ROD type asked with RTV went unseen and the client
+    // got an access-upon-reference token, thinking it held a snapshot.)
+    let rtv = p[2] & PT_RTV != 0;
     Ok(PopulateList {
         inactivity_s: param_u32(p, 4),
         rod_type: rtv.then(|| param_u32(p, 8)),
@@ -211,7 +221,7 @@ fn parse_write(p: &[u8]) -> Result<WriteList, Sense> {
     let mut token = Box::new([0u8; TOKEN_LEN]);
     token.copy_from_slice(&p[16..16 + TOKEN_LEN]);
     Ok(WriteList {
-        del_tkn: p[2] & 0x01 != 0,
+        del_tkn: p[2] & WUT_DEL_TKN != 0,
         offset: param_u64(p, 8),
         token,
         ranges: parse_ranges(p, 534, WUT_HEADER_LEN)?,
@@ -688,7 +698,21 @@ async fn write_token_data(
             let recorded = crate::copy_resume::Recorded::start(dst, &pieces, true).await?;
             let run = CopyRun::new();
             for r in &list.ranges {
-                copy_blocks(&run, Source::Zeros, dst, r.lba, u64::from(r.blocks), status).await?;
+                let through = Through {
+                    nexus,
+                    src_foreign: false,
+                    dst_foreign: false,
+                };
+                copy_blocks(
+                    &run,
+                    Source::Zeros,
+                    dst,
+                    r.lba,
+                    u64::from(r.blocks),
+                    status,
+                    Some(through),
+                )
+                .await?;
                 status.segments.fetch_add(1, Ordering::Relaxed);
             }
             recorded.done().await?;
@@ -778,7 +802,21 @@ async fn write_token_data(
     status.segments.fetch_add(ended(0), Ordering::Relaxed);
     let run = CopyRun::new();
     for (i, &(s_lba, lba, n)) in pieces.iter().enumerate() {
-        copy_blocks(&run, Source::Lu(&src, s_lba), dst, lba, n, status).await?;
+        let through = Through {
+            nexus,
+            src_foreign: foreign,
+            dst_foreign: false,
+        };
+        copy_blocks(
+            &run,
+            Source::Lu(&src, s_lba),
+            dst,
+            lba,
+            n,
+            status,
+            Some(through),
+        )
+        .await?;
         status.segments.fetch_add(ended(i + 1), Ordering::Relaxed);
     }
     recorded.done().await?;
@@ -912,7 +950,7 @@ mod tests {
         let mut p = vec![0u8; PT_HEADER_LEN];
         p[0..2].copy_from_slice(&((PT_HEADER_LEN - 2 + r.len()) as u16).to_be_bytes());
         if let Some(t) = rtv {
-            p[2] = 0x01;
+            p[2] = PT_RTV;
             p[8..12].copy_from_slice(&t.to_be_bytes());
         }
         p[4..8].copy_from_slice(&timeout.to_be_bytes());
@@ -925,12 +963,26 @@ mod tests {
         let r = ranges(rs);
         let mut p = vec![0u8; WUT_HEADER_LEN];
         p[0..2].copy_from_slice(&((WUT_HEADER_LEN - 2 + r.len()) as u16).to_be_bytes());
-        p[2] = 0x01;
+        p[2] = WUT_DEL_TKN;
         p[8..16].copy_from_slice(&offset.to_be_bytes());
         p[16..528].copy_from_slice(token);
         p[534..536].copy_from_slice(&(r.len() as u16).to_be_bytes());
         p.extend_from_slice(&r);
         p
+    }
+
+    /// Byte 2's bits as SBC-3 numbers them: IMMED is bit 0 in both lists; RTV
+    /// and DEL_TKN are bit 1.
+    #[test]
+    fn immed_is_bit_0_and_rtv_and_del_tkn_bit_1() {
+        let mut p = populate(Some(0x0080_0000), 30, &[(8, 16)]);
+        assert_eq!(parse_populate(&p).unwrap().rod_type, Some(0x0080_0000));
+        p[2] = 0x01; // IMMED only: the ROD TYPE field is not valid
+        assert_eq!(parse_populate(&p).unwrap().rod_type, None);
+        let mut w = write(0, &[7u8; TOKEN_LEN], &[(0, 8)]);
+        assert!(parse_write(&w).unwrap().del_tkn);
+        w[2] = 0x01; // IMMED only
+        assert!(!parse_write(&w).unwrap().del_tkn);
     }
 
     #[test]

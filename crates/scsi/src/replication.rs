@@ -148,6 +148,12 @@ pub(crate) async fn pr_out(
         );
         a.abort_tasks(lu.lun, &victims).await;
     }
+    if !victims.is_empty() {
+        // writes under way on the LU (a copy's batch, run by a command sent to
+        // another LU and so not aborted above) end before this answers; the
+        // next ones see the new reservation (crate::copy::Through)
+        drop(lu.write_order.write().await);
+    }
     if let (Some(r), Some(state)) = (&repl, state) {
         if let Err(e) = r.push_state(lu.lun, state).await {
             // The change stays here. HARDWARE ERROR rather than NOT READY: multipath

@@ -316,7 +316,14 @@ impl ScsiTarget {
         });
         // READ(10) / WRITE(10) of one block: the commands' classes are what count
         let cdb: [u8; 10] = [if write { 0x2a } else { 0x28 }, 0, 0, 0, 0, 0, 0, 0, 1, 0];
-        lu.pr.check(&NEXUS, &cdb) == Access::Allowed
+        // the LU's own gates too: while a copy recorded before a restart runs
+        // again (or its record could not be removed) no command may see the
+        // blocks, or it would overwrite what this client wrote meanwhile; a
+        // sanitize erases what a write puts there; a stopped unit serves none
+        lu.intents.gate(cdb[0]).is_ok()
+            && lu.sanitize.gate(cdb[0], true).is_ok()
+            && !lu.stopped.load(Ordering::Relaxed)
+            && lu.pr.check(&NEXUS, &cdb) == Access::Allowed
     }
 
     /// A snapshot of the logical units (for walks that must not hold the lock).
@@ -859,6 +866,10 @@ impl ScsiTarget {
                 "PREEMPT AND ABORT on the partner: aborting their tasks here too"
             );
             a.abort_tasks(lun, &aborts).await;
+        }
+        if !aborts.is_empty() {
+            // as for a local PREEMPT AND ABORT (crate::replication::pr_out)
+            drop(lu.write_order.write().await);
         }
         Ok(())
     }

@@ -123,6 +123,9 @@ async fn finished_before_serving(plant: impl FnOnce(&std::path::Path, &[u8])) ->
     );
     let inq = t.execute(&n, cmd(0, &[0x12, 0, 0, 0, 36, 0], &[])).await;
     assert_eq!(inq.status, status::GOOD);
+    // an NBD client is held off too: what it wrote now the recorded copy
+    // would overwrite after it was acknowledged
+    assert!(!t.unregistered_access(0, true) && !t.unregistered_access(0, false));
     // nor does it take part in a copy sent to another LU: written now, it
     // would be overwritten by the recorded copy after this one was answered
     let r = t.execute(&n, cmd(1, &[0u8; 6], &[])).await;
@@ -152,6 +155,7 @@ async fn finished_before_serving(plant: impl FnOnce(&std::path::Path, &[u8])) ->
         );
         tokio::time::sleep(std::time::Duration::from_millis(1)).await;
     }
+    assert!(t.unregistered_access(0, true) && t.unregistered_access(0, false));
     let got = read(&t, &n, 0, 512).await.data_in;
     for (b, blk) in got.chunks(BS).enumerate() {
         let want = match b {

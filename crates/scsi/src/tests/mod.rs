@@ -1487,7 +1487,7 @@ fn populate_params(timeout_s: u32, rod_type: Option<u32>, ranges: &[(u64, u32)])
     let mut p = vec![0u8; 16];
     p[0..2].copy_from_slice(&((14 + r.len()) as u16).to_be_bytes());
     if let Some(t) = rod_type {
-        p[2] = 0x01;
+        p[2] = 0x02; // RTV
         p[8..12].copy_from_slice(&t.to_be_bytes());
     }
     p[4..8].copy_from_slice(&timeout_s.to_be_bytes());
@@ -1501,7 +1501,7 @@ fn wut_params(del_tkn: bool, offset: u64, token: &[u8], ranges: &[(u64, u32)]) -
     let r = range_descriptors(ranges);
     let mut p = vec![0u8; 536];
     p[0..2].copy_from_slice(&((534 + r.len()) as u16).to_be_bytes());
-    p[2] = u8::from(del_tkn);
+    p[2] = u8::from(del_tkn) << 1; // DEL_TKN
     p[8..16].copy_from_slice(&offset.to_be_bytes());
     p[16..528].copy_from_slice(token);
     p[534..536].copy_from_slice(&(r.len() as u16).to_be_bytes());
@@ -2463,4 +2463,87 @@ async fn read_capacity_16_reports_the_physical_block_exponent() {
     let r = run(&t, &n, &rc16, &[]).await;
     assert_eq!(r.status, status::GOOD);
     assert_eq!(r.data_in[13] & 0x0f, 3);
+}
+
+/// PERSISTENT RESERVE OUT: `sa` service action, `kind` reservation type, the
+/// parameter list's key and service action key.
+fn pr_out_cmd(sa: u8, kind: u8, key: u64, sa_key: u64) -> ([u8; 10], Vec<u8>) {
+    let mut c = [0u8; 10];
+    c[0] = 0x5f;
+    c[1] = sa;
+    c[2] = kind;
+    c[8] = 24;
+    let mut p = vec![0u8; 24];
+    p[0..8].copy_from_slice(&key.to_be_bytes());
+    p[8..16].copy_from_slice(&sa_key.to_be_bytes());
+    (c, p)
+}
+
+/// A copy sent to one LU writing another is no task of that other LU, so a
+/// PREEMPT AND ABORT there does not abort it: it must stop at its next batch,
+/// and the PREEMPT AND ABORT answer only once the batch under way has ended.
+/// Before, the copy went on writing over the fence (its reservation checked
+/// once, at the start).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_copy_stops_once_its_initiator_is_preempted_on_the_destination() {
+    const BIG: u64 = 16 * 2048; // 16 MiB of 512-byte blocks: several batches
+    let t = Arc::new(target_with(Arc::new(MemVolume::new(BS as u32, BIG))));
+    let held = Arc::new(block::HoldVolume::new(Arc::new(MemVolume::new(
+        BS as u32, BIG,
+    ))));
+    let mut cfg1 = lun_config();
+    cfg1.naa[15] = 0xee;
+    t.add_lun(1, cfg1.clone(), held.clone(), None).unwrap();
+    let x = ready(&t, "1", 1).await;
+    let mut y = nexus("2", 1);
+    y.initiator_name = Arc::from("iqn.fence");
+    for n in [&x, &y] {
+        for lun in [0, 1] {
+            let _ = t.execute(n, cmd(lun, &[0; 6], &[])).await;
+        }
+    }
+    let pattern: Vec<u8> = (0..BIG as usize * BS).map(|i| (i / BS) as u8 | 1).collect();
+    for (i, piece) in pattern.chunks(2048 * BS).enumerate() {
+        let lba = i as u64 * 2048;
+        let w = t.execute(&x, cmd(0, &rw16(0x8a, lba, 2048), piece)).await;
+        assert_eq!(w.status, status::GOOD);
+    }
+    // X holds WRITE EXCLUSIVE on LUN 1, Y is registered there
+    let pr = |n: &ItNexus, (c, p): ([u8; 10], Vec<u8>)| {
+        let (t, n) = (t.clone(), n.clone());
+        async move { t.execute(&n, cmd(1, &c, &p)).await }
+    };
+    assert_eq!(pr(&x, pr_out_cmd(0, 0, 0, 0xaa)).await.status, status::GOOD);
+    assert_eq!(pr(&x, pr_out_cmd(1, 1, 0xaa, 0)).await.status, status::GOOD);
+    assert_eq!(pr(&y, pr_out_cmd(0, 0, 0, 0xbb)).await.status, status::GOOD);
+    // X copies LUN 0 onto LUN 1 (a command to LUN 0); its first write waits
+    held.writes.hold();
+    let p = xcopy_params(
+        1,
+        0,
+        &[lun_config().naa, cfg1.naa],
+        &[(0, 1, BIG as u16, 0, 0)],
+    );
+    let copy = {
+        let (t, x) = (t.clone(), x.clone());
+        tokio::spawn(async move { t.execute(&x, cmd(0, &xcopy_cdb(p.len()), &p)).await })
+    };
+    held.writes.arrivals(1).await;
+    // Y fences X off LUN 1
+    let fence = tokio::spawn(pr(&y, pr_out_cmd(5, 1, 0xbb, 0xaa)));
+    held.writes.open();
+    assert_eq!(fence.await.unwrap().status, status::GOOD);
+    let r = copy.await.unwrap();
+    assert_ne!(
+        r.status,
+        status::GOOD,
+        "the copy went on writing LUN 1 after its initiator was preempted there"
+    );
+    // the last chunk was never written
+    let tail = t.execute(&y, cmd(1, &rw16(0x88, BIG - 8, 8), &[])).await;
+    assert_eq!(tail.status, status::GOOD);
+    assert!(
+        tail.data_in.iter().all(|&b| b == 0),
+        "the copy reached the end"
+    );
 }
