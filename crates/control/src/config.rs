@@ -1052,6 +1052,63 @@ impl Config {
     }
 
     /// Checks everything that can be checked before opening files or sockets.
+    /// Each pool, cache and disk serves one user, and each file one LUN: two
+    /// LUNs on one pool, a LUN on a pool a cache fronts (the cache's destage
+    /// writes its older data over the LUN's), two caches over one pool or one
+    /// file served twice would be two writers over the same blocks, each with
+    /// its own locks, reservations and identity.
+    pub(crate) fn check_single_users(&self) -> Result<()> {
+        let mut claims: Vec<((&str, String), String)> = Vec::new();
+        for p in &self.pools {
+            for m in p.members.iter().chain(p.spares.iter()) {
+                claims.push((("disk", m.clone()), format!("pool {}", p.name)));
+            }
+        }
+        for c in &self.caches {
+            let by = format!("cache {}", c.name);
+            if let Some(p) = &c.pool {
+                claims.push((("pool", p.clone()), by.clone()));
+            }
+            if let Some(d) = &c.disk {
+                claims.push((("disk", d.clone()), by.clone()));
+            }
+            for d in &c.devices {
+                claims.push((("file", d.clone()), by.clone()));
+            }
+        }
+        for t in &self.targets {
+            for (i, l) in t.luns.iter().enumerate() {
+                let by = format!("target {} LUN {}", t.iqn, l.id.unwrap_or(i as u64));
+                if let Some(p) = &l.pool {
+                    claims.push((("pool", p.clone()), by.clone()));
+                }
+                if let Some(c) = &l.cache {
+                    claims.push((("cache", c.clone()), by.clone()));
+                }
+                if let Some(d) = &l.disk {
+                    claims.push((("disk", d.clone()), by.clone()));
+                }
+                if let Some(f) = &l.path {
+                    let f = std::fs::canonicalize(f).unwrap_or_else(|_| f.clone());
+                    claims.push((("file", f.display().to_string()), by.clone()));
+                }
+            }
+        }
+        let mut seen: std::collections::HashMap<&(&str, String), &String> =
+            std::collections::HashMap::new();
+        for (what, by) in &claims {
+            if let Some(first) = seen.insert(what, by) {
+                bail!(
+                    "{} {} serves both {first} and {by}: a pool, cache, disk or file \
+                     serves one user (two would write over each other's blocks)",
+                    what.0,
+                    what.1
+                );
+            }
+        }
+        Ok(())
+    }
+
     pub fn validate(&self) -> Result<()> {
         crate::events::check_config(&self.alerts)?;
         if self.portals.is_empty() {
@@ -1061,6 +1118,7 @@ impl Config {
             bail!("no target configured");
         }
         let mut iqns = std::collections::HashSet::new();
+        let mut naas = std::collections::HashSet::new();
         for t in &self.targets {
             if !(t.iqn.starts_with("iqn.")
                 || t.iqn.starts_with("eui.")
@@ -1072,6 +1130,23 @@ impl Config {
             }
             if !iqns.insert(&t.iqn) {
                 bail!("target {} is configured twice", t.iqn);
+            }
+            // a target's state folder is named after it with every character
+            // but letters, digits, '.' and '-' made '_': two names that fold
+            // together would share LUN identities (NAA, serial), reservations
+            // and atomic-write records
+            let folder = crate::identity::safe_name(&t.iqn);
+            if let Some(o) = self
+                .targets
+                .iter()
+                .find(|o| o.iqn != t.iqn && crate::identity::safe_name(&o.iqn) == folder)
+            {
+                bail!(
+                    "targets {} and {} would share the state folder {folder}: \
+                     rename one (they differ only in characters other than letters, digits, '.' and '-')",
+                    o.iqn,
+                    t.iqn
+                );
             }
             for g in &t.host_groups {
                 if g.name.is_empty()
@@ -1209,8 +1284,16 @@ impl Config {
                     }
                 }
                 if let Some(naa) = &l.naa {
-                    crate::identity::parse_naa(naa)
+                    let n = crate::identity::parse_naa(naa)
                         .with_context(|| format!("target {} LUN {}", t.iqn, id))?;
+                    // two LUNs of one NAA are one disk to multipath
+                    if !naas.insert(n) {
+                        bail!(
+                            "target {} LUN {}: NAA {naa} is given to another LUN too",
+                            t.iqn,
+                            id
+                        );
+                    }
                 }
                 if l.replicated && self.cluster.is_none() {
                     bail!(
@@ -1383,6 +1466,7 @@ impl Config {
             n.check()?;
         }
         self.limits.buffer_memory_bytes()?;
+        self.check_single_users()?;
         for p in &self.portals {
             let open = !p.address.ip().is_loopback() && !p.allow_without_chap;
             if open {
@@ -1710,6 +1794,58 @@ iqn = "iqn.2026-11.org.freesan:t1"
             mirrored("journal_device = \"ssd\"\n", "d0").is_err(),
             "a member"
         );
+        // one user per pool, cache and file: a second LUN on the pool, a LUN
+        // beside a cache on it, two LUNs on one file
+        let second = |extra: &str| {
+            toml::from_str::<Config>(&format!(
+                "{base}pool = \"p\"\n[[target]]\niqn = \"iqn.2026-11.org.freesan:t2\"\n{extra}"
+            ))
+            .unwrap()
+            .validate()
+        };
+        let e = second("[[target.lun]]\npool = \"p\"\n").unwrap_err();
+        assert!(format!("{e:#}").contains("pool p serves both"), "{e:#}");
+        let cached = base.replace(
+            "[[target]]",
+            "[[cache]]\nname = \"c\"\npool = \"p\"\ndevices = [\"ssd.img\"]\n[[target]]",
+        );
+        let e = toml::from_str::<Config>(&format!("{cached}pool = \"p\""))
+            .unwrap()
+            .validate()
+            .unwrap_err();
+        assert!(format!("{e:#}").contains("cache c"), "{e:#}");
+        toml::from_str::<Config>(&format!("{cached}cache = \"c\""))
+            .unwrap()
+            .validate()
+            .unwrap();
+        let files = format!(
+            "{base}path = \"/tmp/same.img\"\n[[target]]\niqn = \"iqn.2026-11.org.freesan:t4\"\n\
+             [[target.lun]]\npath = \"/tmp/same.img\"\n"
+        );
+        let e = toml::from_str::<Config>(&files)
+            .unwrap()
+            .validate()
+            .unwrap_err();
+        assert!(format!("{e:#}").contains("serves both"), "{e:#}");
+        // names that fold into one state folder, and one NAA on two LUNs
+        let twins = format!(
+            "{base}path = \"/tmp/a.img\"\n[[target]]\niqn = \"iqn.2026-11.org.freesan_t1\"\n\
+             [[target.lun]]\npath = \"/tmp/b.img\"\n"
+        );
+        let e = toml::from_str::<Config>(&twins)
+            .unwrap()
+            .validate()
+            .unwrap_err();
+        assert!(format!("{e:#}").contains("share the state folder"), "{e:#}");
+        let naa = "naa = \"600140500000000000000000000000aa\"\n";
+        let twins = format!(
+            "{base}path = \"/tmp/a.img\"\n{naa}[[target.lun]]\npath = \"/tmp/b.img\"\n{naa}"
+        );
+        let e = toml::from_str::<Config>(&twins)
+            .unwrap()
+            .validate()
+            .unwrap_err();
+        assert!(format!("{e:#}").contains("another LUN too"), "{e:#}");
     }
 
     #[test]

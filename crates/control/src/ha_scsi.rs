@@ -87,8 +87,16 @@ impl scsi::PrReplication for PrLink {
         cdb: &Bytes,
         data: &Bytes,
     ) -> Option<scsi::Response> {
-        if self.vol.role() != Role::Follower {
-            return None;
+        match self.vol.role() {
+            // this node orders reservation changes
+            Role::Leader | Role::Solo => return None,
+            Role::Follower => {}
+            // not serving (the command passed the ALUA gate before the role
+            // changed): run here, a change would exist on this node only and
+            // be overwritten, or refused half-way, when the nodes meet
+            Role::Deciding | Role::Down | Role::Target => {
+                return Some(self.not_ready("this node does not serve the LUN now"))
+            }
         }
         let req = ScsiMsg::ForwardPrOut {
             lun,

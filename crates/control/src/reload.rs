@@ -242,21 +242,55 @@ impl Reloader {
             }
             specs.push(s);
         }
-        // targets new to the node, appended
+        // what the running targets serve stays theirs: a target the reload
+        // adds may not open a file, pool, cache or disk one of them serves
+        // (also one a target removed from the file still serves, and one a
+        // running target's LUN had before the file changed it, a change not
+        // applied): two LUNs over the same blocks, each with its own locks,
+        // reservations and identity
+        let mut claims = current.clone();
+        claims.targets = running
+            .iter()
+            .filter_map(|r| current.targets.iter().find(|o| o.iqn == r.iqn))
+            .map(|o| {
+                let mut o = o.clone();
+                o.luns = self.luns_now(&o);
+                o
+            })
+            .chain(
+                new.targets
+                    .iter()
+                    .filter(|t| !running.iter().any(|r| r.iqn == t.iqn))
+                    .cloned(),
+            )
+            .collect();
+        claims
+            .check_single_users()
+            .context("a target the reload adds against the running ones")?;
+        // targets new to the node, appended; a refused reload gives back what
+        // the ones built before its failure took (undo_built)
         let mut added = Vec::new();
+        let mut built: Vec<&crate::config::TargetConfig> = Vec::new();
         for (ti, t) in new.targets.iter().enumerate() {
             if running.iter().any(|r| r.iqn == t.iqn) {
                 continue;
             }
-            let (spec, opened, exports) = crate::targets::build_target(
+            built.push(t);
+            let made = crate::targets::build_target(
                 &new,
                 ti,
                 t,
                 &portals,
                 &self.pools,
                 self.cluster.as_deref(),
-            )
-            .with_context(|| format!("new target {}", t.iqn))?;
+            );
+            let (spec, opened, exports) = match made {
+                Ok(m) => m,
+                Err(e) => {
+                    self.undo_built(&built).await;
+                    return Err(e.context(format!("new target {}", t.iqn)));
+                }
+            };
             let luns: Vec<String> = opened
                 .iter()
                 .map(|l| format!("LUN {} {}", l.id, l.path))
@@ -268,16 +302,22 @@ impl Reloader {
             specs.push(spec);
         }
         if let Some(p) = &new_portals {
-            self.set_portals(&running, &old_portals, p, &mut report)
-                .await?;
+            if let Err(e) = self
+                .set_portals(&running, &old_portals, p, &mut report)
+                .await
+            {
+                self.undo_built(&built).await;
+                return Err(e);
+            }
         }
         let discovery = crate::targets::discovery_auth(&new);
         if new.discovery_chap != current.discovery_chap {
             report.applied.push("discovery CHAP changed".into());
         }
-        self.iscsi
-            .replace(specs, discovery)
-            .context("installing the new target table")?;
+        if let Err(e) = self.iscsi.replace(specs, discovery) {
+            self.undo_built(&built).await;
+            return Err(anyhow::Error::from(e).context("installing the new target table"));
+        }
         for (iqn, scsi, groups) in host_groups {
             match scsi.set_host_groups(groups) {
                 Ok(()) => report
@@ -300,10 +340,23 @@ impl Reloader {
         applied_cfg.api = current.api.clone();
         applied_cfg.nbd = current.nbd.clone();
         applied_cfg.cluster = current.cluster.clone();
+        applied_cfg.alerts = current.alerts.clone();
         applied_cfg.data_dir = current.data_dir.clone();
         for t in &mut applied_cfg.targets {
             if let Some(o) = current.targets.iter().find(|o| o.iqn == t.iqn) {
                 t.luns = self.luns_now(o);
+            }
+        }
+        // a target removed from the file keeps serving until a restart: it
+        // stays in the record of what runs (its files stay claimed, its
+        // CHAP can still be changed)
+        for r in &running {
+            if !applied_cfg.targets.iter().any(|t| t.iqn == r.iqn) {
+                if let Some(o) = current.targets.iter().find(|o| o.iqn == r.iqn) {
+                    let mut o = o.clone();
+                    o.luns = self.luns_now(&o);
+                    applied_cfg.targets.push(o);
+                }
             }
         }
         for (iqn, scsi, _) in &added {
@@ -336,6 +389,26 @@ impl Reloader {
 }
 
 impl Reloader {
+    /// A refused reload takes nothing with it: the disks the new targets'
+    /// LUNs took go back to the free disks, and their replicated volumes are
+    /// dropped (else every retry found "replicated volume ... exists already"
+    /// and the disks "already in use" until a restart, and the partner met an
+    /// orphan volume with no target). Only targets the reload added, none of
+    /// whose disks or volumes a running target has (the claims check).
+    async fn undo_built(&self, targets: &[&crate::config::TargetConfig]) {
+        for t in targets {
+            for (i, l) in t.luns.iter().enumerate() {
+                let id = l.id.unwrap_or(i as u64);
+                if let Some(d) = &l.disk {
+                    self.pools.release_lun_disk(d);
+                }
+                if let (true, Some(c)) = (l.replicated, &self.cluster) {
+                    c.forget(&c.volume_name(&t.iqn, id)).await;
+                }
+            }
+        }
+    }
+
     /// Makes `portals` the node's portals: the running targets' SCSI ports
     /// first (a port no initiator reaches yet is harmless), then the iSCSI
     /// listeners; when a listener cannot be bound the SCSI ports go back to
@@ -444,6 +517,9 @@ fn not_applied(old: &Config, new: &Config, live_portals: bool, report: &mut Relo
     differs("api", old.api == new.api);
     differs("nbd", old.nbd == new.nbd);
     differs("cluster", old.cluster == new.cluster);
+    // alert delivery starts once, with the destinations and webhook secret
+    // it read then: a removed webhook or a rotated secret needs a restart
+    differs("alerts", old.alerts == new.alerts);
 }
 
 #[cfg(test)]

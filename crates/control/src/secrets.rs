@@ -34,11 +34,39 @@ pub fn masked_toml<T: serde::Serialize>(value: &T) -> Result<String> {
     Ok(toml::to_string_pretty(&v)?)
 }
 
+/// A URL as logs and `config show` print it: scheme and host only. Webhook
+/// URLs often carry their credential in the path (Slack-style) or as a user.
+pub fn url_shown(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return MASK.into();
+    };
+    let authority = rest.split(['/', '?', '#']).next().unwrap_or("");
+    let host = authority.rsplit('@').next().unwrap_or("");
+    let tail = if rest.len() > authority.len() {
+        "/..."
+    } else {
+        ""
+    };
+    format!("{scheme}://{host}{tail}")
+}
+
 fn mask(v: &mut toml::Value) {
     match v {
         toml::Value::Table(t) => {
             for (k, x) in t.iter_mut() {
                 let key = k.to_ascii_lowercase();
+                if key == "webhook" {
+                    let urls = match x {
+                        toml::Value::Array(a) => a.iter_mut().collect::<Vec<_>>(),
+                        one => vec![one],
+                    };
+                    for u in urls {
+                        if let Some(s) = u.as_str() {
+                            *u = toml::Value::String(url_shown(s));
+                        }
+                    }
+                    continue;
+                }
                 if SECRET_KEYS
                     .iter()
                     .any(|s| key == *s || key.ends_with(&format!("_{s}")))
@@ -91,5 +119,24 @@ mod tests {
             assert!(out.contains(s), "{s} hidden: {out}");
         }
         assert_eq!(out.matches(MASK).count(), 4, "{out}");
+    }
+
+    #[test]
+    fn webhook_urls_are_shown_without_path_or_user() {
+        let v: toml::Value = toml::from_str(
+            r#"
+            [alerts]
+            webhook = ["https://hooks.example.com/services/T/B/SECRETPATH", "http://user:pw@10.0.0.1:8080/x?key=SECRETQ"]
+            "#,
+        )
+        .unwrap();
+        let out = masked_toml(&v).unwrap();
+        for s in ["SECRETPATH", "SECRETQ", "user", "pw@"] {
+            assert!(!out.contains(s), "{s} shown: {out}");
+        }
+        assert!(out.contains("https://hooks.example.com/..."), "{out}");
+        assert!(out.contains("http://10.0.0.1:8080/..."), "{out}");
+        assert_eq!(url_shown("https://h.example"), "https://h.example");
+        assert_eq!(url_shown("not a url"), MASK);
     }
 }

@@ -232,6 +232,23 @@ pub fn start(cfg: &AlertsConfig, log: &super::log::EventLog, data_dir: &Path) ->
     let last = log.last_seq();
     let dest = |name: String| {
         let done = match cursors.get(&name) {
+            // a cursor past the log's end: the log was started again (its file
+            // removed or lost), its numbers restart at 1; kept, it would skip
+            // every event, critical ones too, until the numbers passed it
+            Some(c) if c > last => {
+                let shown = match name.strip_prefix("webhook ") {
+                    Some(u) => format!("webhook {}", crate::secrets::url_shown(u)),
+                    None => name.clone(),
+                };
+                tracing::warn!(
+                    destination = %shown,
+                    cursor = c,
+                    last,
+                    "alerts: delivery cursor past the end of the event log (the log was started again): delivering from its end"
+                );
+                cursors.set(&name, last);
+                last
+            }
             Some(c) => c,
             None => {
                 // new here: the log's past is not for it, even after a crash
@@ -345,17 +362,21 @@ async fn webhook_task(
                     .header(SIGNATURE_HEADER, sign(secret, now, &body));
             }
             let r = req.body(body.clone()).send().await;
+            // logged without the URL's path and user: webhook URLs often carry
+            // their credential there (reqwest's error would quote it whole)
+            let shown = crate::secrets::url_shown(&url);
             match r {
                 Ok(resp) if resp.status().is_success() => break,
                 Ok(resp) => {
-                    tracing::warn!(%url, seq = e.seq, attempt, status = %resp.status(), "alerts: webhook refused the event")
+                    tracing::warn!(url = %shown, seq = e.seq, attempt, status = %resp.status(), "alerts: webhook refused the event")
                 }
                 Err(err) => {
-                    tracing::warn!(%url, seq = e.seq, attempt, "alerts: webhook not reached: {err}")
+                    let err = err.without_url();
+                    tracing::warn!(url = %shown, seq = e.seq, attempt, "alerts: webhook not reached: {err}")
                 }
             }
             if attempt == ATTEMPTS_MAX {
-                tracing::error!(%url, seq = e.seq, "alerts: event given up for this webhook");
+                tracing::error!(url = %shown, seq = e.seq, "alerts: event given up for this webhook");
             }
         }
         dest.finished(&e);

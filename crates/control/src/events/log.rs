@@ -68,10 +68,13 @@ impl EventLog {
         let mut last_seq = 0;
         match std::fs::File::open(&path) {
             Ok(f) => {
-                for (i, line) in std::io::BufReader::new(f).lines().enumerate() {
+                // by bytes: a line torn in the middle of a character is not
+                // UTF-8, and is skipped like any other unreadable line
+                // (read as text, it stopped the node from starting)
+                for (i, line) in std::io::BufReader::new(f).split(b'\n').enumerate() {
                     let line = line.with_context(|| format!("reading {}", path.display()))?;
                     file_lines += 1;
-                    match serde_json::from_str::<Event>(&line) {
+                    match serde_json::from_slice::<Event>(&line) {
                         Ok(e) => {
                             last_seq = last_seq.max(e.seq);
                             events.push_back(e);
@@ -257,7 +260,8 @@ mod tests {
             .append(true)
             .open(dir.path().join("events.jsonl"))
             .unwrap();
-        f.write_all(b"{\"seq\":26,\"ti").unwrap();
+        // (torn inside a character: not UTF-8 either)
+        f.write_all(b"{\"seq\":26,\"object\":\"\xc3").unwrap();
         drop(f);
         let log = EventLog::open(dir.path(), 10).unwrap();
         let kept = log.since(0, 100);

@@ -312,3 +312,63 @@ fn reload_adds_and_removes_a_portal_without_dropping_other_sessions() {
     ran_through(bench, &url_a, &state, "after adding and removing a portal");
     assert!(node.terminate(), "the node did not stop cleanly");
 }
+
+/// Config with target A on lun0.img, a free disk d3, and `more` appended.
+fn claims_config(dir: &Path, more: &str) -> String {
+    let d = dir.display();
+    format!(
+        "data_dir = \"{d}/data\"\n[api]\naddress = \"127.0.0.1:0\"\n\
+         [[portal]]\naddress = \"127.0.0.1:0\"\n\
+         [[disk]]\nname = \"d3\"\npath = \"{d}/d3.img\"\nsize = \"8M\"\n\
+         [[target]]\niqn = \"{IQN}\"\n[[target.lun]]\npath = \"{d}/lun0.img\"\nsize = \"16M\"\n{more}"
+    )
+}
+
+/// A reload never opens what a running target serves (two LUNs over the same
+/// blocks, each with its own locks and identity), not even when the file no
+/// longer lists that target; and a reload refused half-way takes nothing with
+/// it: the disk its first new target took is free for the next try.
+#[test]
+fn a_reload_neither_opens_a_served_file_twice_nor_keeps_what_a_refused_one_took() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path().display().to_string();
+    let cfg = dir.path().join("node.toml");
+    std::fs::write(&cfg, claims_config(dir.path(), "")).unwrap();
+    let mut node = start_config(dir.path(), &cfg);
+    let api = node.api.clone().expect("api");
+
+    // target A renamed in the file: A keeps serving lun0.img, so the "new"
+    // target may not open it too
+    let renamed = claims_config(dir.path(), "").replace(
+        &format!("iqn = \"{IQN}\""),
+        "iqn = \"iqn.2026-11.org.freesan:renamed\"",
+    );
+    std::fs::write(&cfg, renamed).unwrap();
+    let (ok, out) = cli(&api, &["reload", "--json"]);
+    assert!(!ok, "a reload opened lun0.img a second time: {out}");
+    assert!(out.contains("serves both"), "{out}");
+
+    // X takes disk d3, Y cannot be opened (its "file" is a folder): refused
+    let x = "[[target]]\niqn = \"iqn.2026-11.org.freesan:x\"\n[[target.lun]]\ndisk = \"d3\"\n";
+    let y = |dir: &str| {
+        format!("[[target]]\niqn = \"iqn.2026-11.org.freesan:y\"\n[[target.lun]]\npath = \"{dir}/y.img\"\nsize = \"8M\"\n")
+    };
+    std::fs::create_dir_all(dir.path().join("adir/y.img")).unwrap();
+    let bad = claims_config(dir.path(), &format!("{x}{}", y(&format!("{d}/adir"))));
+    std::fs::write(&cfg, bad).unwrap();
+    let (ok, out) = cli(&api, &["reload", "--json"]);
+    assert!(
+        !ok,
+        "the reload with target y unopenable went through: {out}"
+    );
+    // fixed, the same targets come up: d3 went back to the free disks
+    std::fs::write(&cfg, claims_config(dir.path(), &format!("{x}{}", y(&d)))).unwrap();
+    let report = reload(&api);
+    let applied = report["applied"].to_string();
+    assert!(
+        applied.contains("iqn.2026-11.org.freesan:x added")
+            && applied.contains("iqn.2026-11.org.freesan:y added"),
+        "{report}"
+    );
+    assert!(node.terminate(), "the node did not stop cleanly");
+}
