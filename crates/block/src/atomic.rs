@@ -28,15 +28,21 @@
 //!
 //! Replay runs before the first operation of any kind (or at [`AtomicWrites::recover`]).
 //! What it does not do: atomic writes larger than [`ATOMIC_BYTES_MAX`], or through a
-//! volume replicated to a partner node (the record area is this node's); an atomic
-//! write whose in-place write fails keeps its record (the next open applies it) and
-//! is answered with the error, and from then on the volume refuses atomic writes.
+//! volume replicated to a partner node (the record area is this node's).
+//!
+//! An atomic write runs to its end on a task of its own: a caller that gives up
+//! does not leave a record behind (a restart would apply it over later writes) or
+//! a slot taken. One whose in-place write (or the clearing of its record) fails is
+//! answered with the error and its record is *kept*: the next operation of any
+//! kind that overlaps it first applies and clears it (as a restart would), or
+//! fails while that cannot be done; so no write answered after it is undone by a
+//! replay, and no read sees it half done.
 
-use crate::rangelock::{LockMode, RangeLocks};
+use crate::rangelock::{LockMode, RangeGuard, RangeLocks};
 use crate::{BlockError, BlockResult, Bytes, BytesMut, Extent, Geometry, Volume, VolumeRef};
 use async_trait::async_trait;
 use parking_lot::Mutex;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use tokio::sync::{Notify, OnceCell, Semaphore};
 
 /// Most bytes one atomic write may carry (256 blocks of 4 KiB, 2048 of 512 bytes).
@@ -147,26 +153,41 @@ impl Drop for Pending<'_> {
 }
 
 impl Gate {
-    /// Runs a plain operation over `[lba, lba + blocks)`.
-    async fn plain<T>(&self, lba: u64, blocks: u64, op: impl std::future::Future<Output = T>) -> T {
+    /// Admits a plain operation over `[lba, lba + blocks)`: unlocked while no
+    /// atomic write is pending, else with its range held shared.
+    async fn admit(&self, lba: u64, blocks: u64) -> Admitted<'_> {
         self.unlocked.fetch_add(1, Ordering::SeqCst);
         let fast = Unlocked(self);
         if self.pending.load(Ordering::SeqCst) == 0 {
-            let r = op.await;
-            drop(fast);
-            return r;
+            return Admitted::Unlocked(fast);
         }
         drop(fast);
-        let _g = self
-            .locks
-            .lock(lba, lba.saturating_add(blocks), LockMode::Shared)
-            .await;
-        op.await
+        Admitted::Locked(
+            self.locks
+                .lock(lba, lba.saturating_add(blocks), LockMode::Shared)
+                .await,
+        )
     }
 }
 
 /// A volume with atomic writes (see the module notes).
 pub struct AtomicWrites {
+    inner: std::sync::Arc<Inner>,
+}
+
+/// An atomic write answered with an error whose record stayed in its slot
+/// (its in-place write or the clearing of its record failed): a restart would
+/// apply it, so no later operation may touch its blocks before it is applied
+/// and cleared here ([`Inner::settle`]).
+#[derive(Clone)]
+struct Kept {
+    slot: usize,
+    seq: u64,
+    lba: u64,
+    data: Bytes,
+}
+
+struct Inner {
     data: VolumeRef,
     records: VolumeRef,
     key: u64,
@@ -178,8 +199,16 @@ pub struct AtomicWrites {
     free: Mutex<Vec<bool>>,
     permits: Semaphore,
     next_seq: AtomicU64,
-    /// A record could not be cleared or applied: refuse further atomic writes.
-    broken: AtomicBool,
+    /// Records kept by failed atomic writes, and how many (read without the lock
+    /// on every operation).
+    kept: Mutex<Vec<Kept>>,
+    kept_count: AtomicUsize,
+}
+
+/// What admits an operation through the gate, held while it runs.
+enum Admitted<'a> {
+    Unlocked(#[allow(dead_code)] Unlocked<'a>),
+    Locked(#[allow(dead_code)] RangeGuard<'a>),
 }
 
 impl AtomicWrites {
@@ -240,32 +269,55 @@ impl AtomicWrites {
         let max_blocks = (ATOMIC_BYTES_MAX / g.block_size_bytes.max(1) as u64)
             .min(g.max_io_blocks.max(1) as u64) as u32;
         Ok(AtomicWrites {
-            data,
-            records,
-            key,
-            block_size: g.block_size_bytes,
-            max_blocks,
-            ready: OnceCell::new(),
-            gate: Gate {
-                pending: AtomicUsize::new(0),
-                unlocked: AtomicUsize::new(0),
-                drained: Notify::new(),
-                locks: RangeLocks::default(),
-            },
-            free: Mutex::new(vec![true; ATOMIC_SLOTS as usize]),
-            permits: Semaphore::new(ATOMIC_SLOTS as usize),
-            next_seq: AtomicU64::new(1),
-            broken: AtomicBool::new(false),
+            inner: std::sync::Arc::new(Inner {
+                data,
+                records,
+                key,
+                block_size: g.block_size_bytes,
+                max_blocks,
+                ready: OnceCell::new(),
+                gate: Gate {
+                    pending: AtomicUsize::new(0),
+                    unlocked: AtomicUsize::new(0),
+                    drained: Notify::new(),
+                    locks: RangeLocks::default(),
+                },
+                free: Mutex::new(vec![true; ATOMIC_SLOTS as usize]),
+                permits: Semaphore::new(ATOMIC_SLOTS as usize),
+                next_seq: AtomicU64::new(1),
+                kept: Mutex::new(Vec::new()),
+                kept_count: AtomicUsize::new(0),
+            }),
         })
-    }
-
-    fn slot_lba(&self, slot: usize) -> u64 {
-        slot as u64 * slot_blocks(self.block_size)
     }
 
     /// Applies every record a crash left (in sequence order), clears it, and
     /// returns how many there were. Runs once; every operation waits for it.
     pub async fn recover(&self) -> BlockResult<usize> {
+        self.inner.recover().await
+    }
+}
+
+/// Runs `op` on a task of its own and waits for it: a caller that gives up (an
+/// aborted command drops its future) does not stop it half-way, where it would
+/// leave a record that a restart applies over later writes, and its slot taken.
+async fn to_completion<T: Send + 'static>(
+    op: impl std::future::Future<Output = BlockResult<T>> + Send + 'static,
+) -> BlockResult<T> {
+    match tokio::spawn(op).await {
+        Ok(r) => r,
+        Err(e) => Err(BlockError::Io(std::io::Error::other(format!(
+            "atomic write ended abnormally: {e}"
+        )))),
+    }
+}
+
+impl Inner {
+    fn slot_lba(&self, slot: usize) -> u64 {
+        slot as u64 * slot_blocks(self.block_size)
+    }
+
+    async fn recover(&self) -> BlockResult<usize> {
         let mut n = 0;
         self.ready
             .get_or_try_init(|| async {
@@ -281,6 +333,98 @@ impl AtomicWrites {
             return Ok(());
         }
         self.recover().await.map(|_| ())
+    }
+
+    /// Whether a kept record overlaps `[lba, lba + blocks)`.
+    fn kept_overlaps(&self, lba: u64, blocks: u64) -> bool {
+        if self.kept_count.load(Ordering::SeqCst) == 0 {
+            return false;
+        }
+        let bs = self.block_size.max(1) as u64;
+        let end = lba.saturating_add(blocks);
+        self.kept.lock().iter().any(|k| {
+            let k_end = k.lba + k.data.len() as u64 / bs;
+            k.lba < end && lba < k_end
+        })
+    }
+
+    /// Waits for the unlocked plain operations still running to end, with
+    /// `pending` counting the caller (so that no new one starts unlocked).
+    async fn drain_unlocked(&self) {
+        loop {
+            let drained = self.gate.drained.notified();
+            tokio::pin!(drained);
+            drained.as_mut().enable();
+            if self.gate.unlocked.load(Ordering::SeqCst) == 0 {
+                break;
+            }
+            drained.await;
+        }
+    }
+
+    /// Runs a plain operation over `[lba, lba + blocks)`, after applying the
+    /// kept records it would overlap (see [`Kept`]).
+    async fn plain<T>(
+        self: &std::sync::Arc<Self>,
+        lba: u64,
+        blocks: u64,
+        op: impl std::future::Future<Output = BlockResult<T>>,
+    ) -> BlockResult<T> {
+        self.ready().await?;
+        loop {
+            let admitted = self.gate.admit(lba, blocks).await;
+            // checked once admitted: a failed atomic write keeps its record before
+            // it lets go of its range
+            if self.kept_overlaps(lba, blocks) {
+                drop(admitted);
+                to_completion(self.clone().settle()).await?;
+                continue;
+            }
+            let r = op.await;
+            drop(admitted);
+            return r;
+        }
+    }
+
+    /// Applies and clears every kept record, in sequence order, each under its
+    /// range held exclusively. Fails (the caller with it) while one cannot be.
+    async fn settle(self: std::sync::Arc<Self>) -> BlockResult<()> {
+        self.gate.pending.fetch_add(1, Ordering::SeqCst);
+        let pending = Pending(&self.gate);
+        self.drain_unlocked().await;
+        let mut kept = self.kept.lock().clone();
+        kept.sort_by_key(|k| k.seq);
+        let bs = self.block_size as usize;
+        for k in kept {
+            let blocks = (k.data.len() / bs) as u64;
+            let _range = self
+                .gate
+                .locks
+                .lock(k.lba, k.lba + blocks, LockMode::Exclusive)
+                .await;
+            if !self.kept.lock().iter().any(|x| x.slot == k.slot) {
+                continue; // another caller settled it
+            }
+            self.data.write(k.lba, k.data.clone(), true).await?;
+            self.records
+                .write(self.slot_lba(k.slot), Bytes::from(vec![0u8; bs]), true)
+                .await?;
+            tracing::info!(
+                slot = k.slot,
+                lba = k.lba,
+                blocks,
+                "a failed atomic write's record was applied and cleared"
+            );
+            let mut held = self.kept.lock();
+            if let Some(i) = held.iter().position(|x| x.slot == k.slot) {
+                held.swap_remove(i);
+                self.kept_count.fetch_sub(1, Ordering::SeqCst);
+                self.free.lock()[k.slot] = true;
+                self.permits.add_permits(1);
+            }
+        }
+        drop(pending);
+        Ok(())
     }
 
     async fn replay(&self) -> BlockResult<usize> {
@@ -335,7 +479,7 @@ impl AtomicWrites {
         Ok(found.len())
     }
 
-    async fn atomic(&self, lba: u64, data: Bytes) -> BlockResult<()> {
+    async fn atomic(self: std::sync::Arc<Self>, lba: u64, data: Bytes) -> BlockResult<()> {
         let bs = self.block_size as usize;
         if data.is_empty() || !data.len().is_multiple_of(bs) {
             return Err(BlockError::Misaligned {
@@ -349,11 +493,7 @@ impl AtomicWrites {
                 "an atomic write larger than the volume's atomic limit",
             ));
         }
-        if self.broken.load(Ordering::SeqCst) {
-            return Err(BlockError::Unavailable(
-                "atomic writes: a record could not be applied or cleared".into(),
-            ));
-        }
+        self.ready().await?;
         let permit = self
             .permits
             .acquire()
@@ -367,23 +507,43 @@ impl AtomicWrites {
             f[i] = false;
             i
         };
-        // the gate: wait for unlocked plain operations, then hold the range
-        self.gate.pending.fetch_add(1, Ordering::SeqCst);
-        let pending = Pending(&self.gate);
-        loop {
-            let drained = self.gate.drained.notified();
-            tokio::pin!(drained);
-            drained.as_mut().enable();
-            if self.gate.unlocked.load(Ordering::SeqCst) == 0 {
-                break;
+        let release = |keep: Option<(u64, Bytes)>| match keep {
+            Some((seq, data)) => {
+                // the slot and its permit stay taken until the record is settled
+                permit.forget();
+                self.kept.lock().push(Kept {
+                    slot,
+                    seq,
+                    lba,
+                    data,
+                });
+                self.kept_count.fetch_add(1, Ordering::SeqCst);
             }
-            drained.await;
-        }
-        let range = self
-            .gate
-            .locks
-            .lock(lba, lba + blocks, LockMode::Exclusive)
-            .await;
+            None => {
+                self.free.lock()[slot] = true;
+                drop(permit);
+            }
+        };
+        // the gate: wait for unlocked plain operations, then hold the range
+        let (pending, range) = loop {
+            self.gate.pending.fetch_add(1, Ordering::SeqCst);
+            let pending = Pending(&self.gate);
+            self.drain_unlocked().await;
+            let range = self
+                .gate
+                .locks
+                .lock(lba, lba + blocks, LockMode::Exclusive)
+                .await;
+            if !self.kept_overlaps(lba, blocks) {
+                break (pending, range);
+            }
+            drop(range);
+            drop(pending);
+            if let Err(e) = self.clone().settle().await {
+                release(None);
+                return Err(e);
+            }
+        };
         let seq = self.next_seq.fetch_add(1, Ordering::SeqCst);
         let at = self.slot_lba(slot);
         let record = encode(
@@ -395,14 +555,6 @@ impl AtomicWrites {
                 data: data.clone(),
             },
         );
-        let release = |keep: bool| {
-            if keep {
-                permit.forget();
-            } else {
-                self.free.lock()[slot] = true;
-                drop(permit);
-            }
-        };
         if let Err(e) = self.records.write(at, record, true).await {
             // a record that did not land whole fails its checksum at replay; one that
             // did is replayed: both leave the blocks whole, so the slot is reusable
@@ -412,20 +564,16 @@ impl AtomicWrites {
                 .write(at, Bytes::from(vec![0u8; bs]), true)
                 .await
                 .is_ok();
-            if !cleared {
-                self.broken.store(true, Ordering::SeqCst);
-            }
+            release((!cleared).then_some((seq, data)));
             drop(range);
             drop(pending);
-            release(!cleared);
             return Err(e);
         }
-        if let Err(e) = self.data.write(lba, data, true).await {
-            tracing::error!(lba, blocks, error = %e, "atomic write failed in place; its record is kept for the next start");
-            self.broken.store(true, Ordering::SeqCst);
+        if let Err(e) = self.data.write(lba, data.clone(), true).await {
+            tracing::error!(lba, blocks, error = %e, "atomic write failed in place; its record is kept and applied before anything else touches its blocks");
+            release(Some((seq, data)));
             drop(range);
             drop(pending);
-            release(true);
             return Err(e);
         }
         let cleared = self
@@ -434,19 +582,16 @@ impl AtomicWrites {
             .await;
         if let Err(e) = cleared {
             // the record still names these blocks: a replay would write the same
-            // data again, harmless only while nothing else writes them; keep the
-            // range's writers out of the way by refusing further atomic writes and
-            // report the failure
+            // data again, so it is kept until cleared (see `Kept`)
             tracing::error!(slot, error = %e, "atomic write record could not be cleared");
-            self.broken.store(true, Ordering::SeqCst);
+            release(Some((seq, data)));
             drop(range);
             drop(pending);
-            release(true);
             return Err(e);
         }
         drop(range);
         drop(pending);
-        release(false);
+        release(None);
         Ok(())
     }
 }
@@ -454,35 +599,28 @@ impl AtomicWrites {
 #[async_trait]
 impl Volume for AtomicWrites {
     fn geometry(&self) -> Geometry {
-        self.data.geometry()
+        self.inner.data.geometry()
     }
     async fn read(&self, lba: u64, blocks: u32) -> BlockResult<Bytes> {
-        self.ready().await?;
-        self.gate
-            .plain(lba, blocks as u64, self.data.read(lba, blocks))
-            .await
+        let i = &self.inner;
+        i.plain(lba, blocks as u64, i.data.read(lba, blocks)).await
     }
     async fn write(&self, lba: u64, data: Bytes, fua: bool) -> BlockResult<()> {
-        self.ready().await?;
-        let blocks = (data.len() / self.block_size.max(1) as usize) as u64;
-        self.gate
-            .plain(lba, blocks, self.data.write(lba, data, fua))
-            .await
+        let i = &self.inner;
+        let blocks = (data.len() / i.block_size.max(1) as usize) as u64;
+        i.plain(lba, blocks, i.data.write(lba, data, fua)).await
     }
     async fn flush(&self) -> BlockResult<()> {
-        self.ready().await?;
-        self.data.flush().await
+        self.inner.ready().await?;
+        self.inner.data.flush().await
     }
     async fn discard(&self, lba: u64, blocks: u64) -> BlockResult<()> {
-        self.ready().await?;
-        self.gate
-            .plain(lba, blocks, self.data.discard(lba, blocks))
-            .await
+        let i = &self.inner;
+        i.plain(lba, blocks, i.data.discard(lba, blocks)).await
     }
     async fn write_zeroes(&self, lba: u64, blocks: u64, may_unmap: bool) -> BlockResult<()> {
-        self.ready().await?;
-        self.gate
-            .plain(lba, blocks, self.data.write_zeroes(lba, blocks, may_unmap))
+        let i = &self.inner;
+        i.plain(lba, blocks, i.data.write_zeroes(lba, blocks, may_unmap))
             .await
     }
     async fn compare_and_write(
@@ -492,39 +630,33 @@ impl Volume for AtomicWrites {
         data: Bytes,
         fua: bool,
     ) -> BlockResult<Option<usize>> {
-        self.ready().await?;
-        let blocks = (data.len() / self.block_size.max(1) as usize) as u64;
-        self.gate
-            .plain(
-                lba,
-                blocks,
-                self.data.compare_and_write(lba, compare, data, fua),
-            )
-            .await
+        let i = &self.inner;
+        let blocks = (data.len() / i.block_size.max(1) as usize) as u64;
+        i.plain(
+            lba,
+            blocks,
+            i.data.compare_and_write(lba, compare, data, fua),
+        )
+        .await
     }
     async fn block_status(&self, lba: u64, blocks: u64) -> BlockResult<Vec<Extent>> {
-        self.ready().await?;
-        self.data.block_status(lba, blocks).await
+        self.inner.ready().await?;
+        self.inner.data.block_status(lba, blocks).await
     }
     fn provisioning(&self) -> Option<crate::Provisioning> {
-        self.data.provisioning()
+        self.inner.data.provisioning()
     }
     async fn grow(&self, block_count: u64) -> BlockResult<()> {
-        self.data.grow(block_count).await
+        self.inner.data.grow(block_count).await
     }
     async fn shrink(&self, block_count: u64) -> BlockResult<()> {
-        self.data.shrink(block_count).await
+        self.inner.data.shrink(block_count).await
     }
     fn atomic_write_max_blocks(&self) -> u32 {
-        if self.broken.load(Ordering::SeqCst) {
-            0
-        } else {
-            self.max_blocks
-        }
+        self.inner.max_blocks
     }
     async fn write_atomic(&self, lba: u64, data: Bytes) -> BlockResult<()> {
-        self.ready().await?;
-        self.atomic(lba, data).await
+        to_completion(self.inner.clone().atomic(lba, data)).await
     }
 }
 

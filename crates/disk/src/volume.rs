@@ -103,6 +103,11 @@ pub struct FileVolume {
     /// each of them to a kernel worker thread).
     memory_backed: bool,
     zero_range_unsupported: AtomicBool,
+    /// A data sync (a flush, or a forced write) failed. Linux reports a
+    /// writeback error once per open file and may drop the dirty pages it could
+    /// not write, so a later sync would succeed over data already lost: from then
+    /// on writes and flushes fail (reads go on) until the volume is opened again.
+    sync_lost: AtomicBool,
     zeroes: OnceLock<Bytes>,
     counters: Counters,
 }
@@ -159,6 +164,7 @@ impl FileVolume {
             nowait_enabled: opts.nowait_inline,
             memory_backed,
             zero_range_unsupported: AtomicBool::new(false),
+            sync_lost: AtomicBool::new(false),
             zeroes: OnceLock::new(),
             counters: Counters::default(),
         })
@@ -197,7 +203,26 @@ impl FileVolume {
         if self.read_only {
             Err(BlockError::ReadOnly)
         } else {
-            Ok(())
+            self.check_synced()
+        }
+    }
+
+    /// Fails once a data sync has failed (see `sync_lost`).
+    fn check_synced(&self) -> BlockResult<()> {
+        if self.sync_lost.load(Ordering::Acquire) {
+            return Err(BlockError::Io(std::io::Error::other(format!(
+                "{}: an earlier data sync failed; what it covered may be lost, so writes and flushes fail until the volume is opened again",
+                self.path.display()
+            ))));
+        }
+        Ok(())
+    }
+
+    /// Remembers a failed data sync (see `sync_lost`).
+    fn sync_failed(&self, op: &'static str, errno: i32) {
+        if !self.sync_lost.swap(true, Ordering::AcqRel) {
+            tracing::error!(path = %self.path.display(), op, errno,
+                "a data sync failed: writes and flushes to this volume fail from now on");
         }
     }
 
@@ -245,7 +270,18 @@ impl FileVolume {
                 dsync,
             })
             .await?;
-        done.res.map_err(|f| self.fail("write", f))
+        done.res.map_err(|f| {
+            // a forced write that failed may have failed on the writeback of
+            // earlier writes (the fd's error is reported once); running out of
+            // space is the write's own failure, not a lost sync
+            if (dsync || self.sync_writes)
+                && !self.direct
+                && !matches!(f.errno, libc::ENOSPC | libc::EDQUOT)
+            {
+                self.sync_failed("write", f.errno);
+            }
+            self.fail("write", f)
+        })
     }
 
     /// Whether to try a transfer inline with RWF_NOWAIT first: only on buffered files
@@ -550,9 +586,13 @@ impl Volume for FileVolume {
         if self.read_only {
             return Ok(());
         }
+        self.check_synced()?;
         bump(&self.counters.flushes, 1);
         let done = self.engine.run(Op::Sync).await?;
-        done.res.map_err(|f| self.fail("flush", f))
+        done.res.map_err(|f| {
+            self.sync_failed("flush", f.errno);
+            self.fail("flush", f)
+        })
     }
 
     async fn discard(&self, lba: u64, blocks: u64) -> BlockResult<()> {

@@ -268,7 +268,7 @@ async fn overlapping_records_replay_in_sequence_order() {
         assert!(header_blocks(BS, &r.read(s * slot, 1).await.unwrap()).is_none());
     }
     // numbering goes on above what was found
-    assert_eq!(v.next_seq.load(Ordering::SeqCst), 10);
+    assert_eq!(v.inner.next_seq.load(Ordering::SeqCst), 10);
 }
 
 /// Reads and writes running beside atomic writes never see one half done, even on
@@ -306,4 +306,96 @@ async fn nothing_running_beside_an_atomic_write_sees_part_of_it() {
         assert_eq!(r.await.unwrap(), 0, "a read saw part of an atomic write");
     }
     assert_eq!(v.read(0, N).await.unwrap(), fill(60, N as u64));
+}
+
+/// An atomic write whose caller gives up half-way (an aborted command) still runs
+/// to its end: it leaves no record that a restart would apply over a write
+/// answered after it, and no slot taken.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_abandoned_atomic_write_leaves_no_record_behind() {
+    let (d, r) = (mem(), records());
+    let held = Arc::new(crate::HoldVolume::new(d.clone()));
+    let v = Arc::new(AtomicWrites::new(held.clone(), r.clone(), KEY).unwrap());
+    v.recover().await.unwrap();
+    // in-place writes wait at the gate: an atomic write's record is durable by
+    // the time it arrives there
+    held.writes.hold();
+    for round in 0..ATOMIC_SLOTS as u8 + 1 {
+        let w = {
+            let v = v.clone();
+            tokio::spawn(async move { v.write_atomic(8, fill(0xa0 + round, 8)).await })
+        };
+        held.writes.arrivals(2 * round as usize + 1).await;
+        w.abort();
+        assert!(w.await.unwrap_err().is_cancelled());
+        held.writes.release(1);
+        // a plain write over the same blocks, answered after the abandoned one
+        let p = {
+            let v = v.clone();
+            tokio::spawn(async move { v.write(8, fill(0xb0 + round, 8), true).await })
+        };
+        held.writes.arrivals(2 * round as usize + 2).await;
+        held.writes.release(1);
+        p.await.unwrap().unwrap();
+        if round == 0 {
+            // what a restart would find now
+            let restart = AtomicWrites::new(d.clone(), r.clone(), KEY).unwrap();
+            assert_eq!(
+                restart.recover().await.unwrap(),
+                0,
+                "a record was left behind"
+            );
+            assert_eq!(d.read(8, 8).await.unwrap(), fill(0xb0, 8));
+        }
+        assert!(
+            v.inner.free.lock().iter().all(|&f| f),
+            "an abandoned atomic write kept its slot"
+        );
+    }
+    held.writes.open();
+    let again = AtomicWrites::new(d, r, KEY).unwrap();
+    assert_eq!(
+        again.recover().await.unwrap(),
+        0,
+        "a record was left behind"
+    );
+    assert_eq!(
+        again.read(8, 8).await.unwrap(),
+        fill(0xb0 + ATOMIC_SLOTS as u8, 8)
+    );
+}
+
+/// An atomic write that fails in place keeps its record; a plain write over its
+/// blocks answered after that is not undone by the restart's replay, and a read
+/// never sees the failed write half done.
+#[tokio::test]
+async fn a_write_after_a_failed_atomic_write_is_not_undone_by_the_replay() {
+    const N: u64 = 16;
+    let (d, r) = (mem(), records());
+    d.write(0, fill(0x11, 64), true).await.unwrap();
+    let faulty = Arc::new(crate::FaultVolume::new(d.clone()));
+    let plan = faulty.plan();
+    let v = AtomicWrites::new(faulty.clone(), r.clone(), KEY).unwrap();
+    v.recover().await.unwrap();
+    // the in-place write lands its first 5 blocks, then fails
+    plan.lock().tear_next_write_after_blocks = Some(5);
+    assert!(v.write_atomic(4, fill(0xee, N)).await.is_err());
+    // while the blocks cannot be written, what overlaps the record fails too
+    plan.lock().bad_write_blocks = std::iter::once(0..64).collect();
+    assert!(v.read(10, 2).await.is_err());
+    assert!(v.write(12, fill(0xbb, 2), true).await.is_err());
+    // elsewhere is untouched by it
+    assert_eq!(v.read(40, 2).await.unwrap(), fill(0x11, 2));
+    plan.lock().bad_write_blocks.clear();
+    // a read sees the atomic write whole (applied), never torn
+    assert_eq!(v.read(4, N as u32).await.unwrap(), fill(0xee, N));
+    v.write(12, fill(0xbb, 2), true).await.unwrap();
+    // atomic writes go on, in the freed slot too
+    for i in 0..ATOMIC_SLOTS {
+        v.write_atomic(30 + i, fill(0xcc, 1)).await.unwrap();
+    }
+    let after = AtomicWrites::new(d, r, KEY).unwrap();
+    assert_eq!(after.recover().await.unwrap(), 0);
+    assert_eq!(after.read(12, 2).await.unwrap(), fill(0xbb, 2));
+    assert_eq!(after.read(4, 8).await.unwrap(), fill(0xee, 8));
 }

@@ -552,3 +552,90 @@ async fn grows_and_shrinks_only_when_asked() {
         ));
     }
 }
+
+/// A loop device over a file on a 2 MiB tmpfs: writes past what the tmpfs holds
+/// are taken by the page cache and fail at writeback. Dropped: device detached,
+/// tmpfs unmounted. None where loop devices or mounts are not allowed (not root).
+struct FullUnderneath {
+    dir: tempfile::TempDir,
+    loopdev: String,
+}
+
+impl FullUnderneath {
+    fn new() -> Option<FullUnderneath> {
+        use std::process::Command;
+        let dir = tempfile::tempdir().unwrap();
+        let mounted = Command::new("mount")
+            .args(["-t", "tmpfs", "-o", "size=2m", "tmpfs"])
+            .arg(dir.path())
+            .status()
+            .ok()?
+            .success();
+        if !mounted {
+            return None;
+        }
+        let img = dir.path().join("img");
+        std::fs::File::create(&img)
+            .unwrap()
+            .set_len(16 * MIB)
+            .unwrap();
+        let out = Command::new("losetup")
+            .args(["-f", "--show"])
+            .arg(&img)
+            .output()
+            .ok()?;
+        if !out.status.success() {
+            let _ = Command::new("umount").arg(dir.path()).status();
+            return None;
+        }
+        let loopdev = String::from_utf8_lossy(&out.stdout).trim().to_string();
+        Some(FullUnderneath { dir, loopdev })
+    }
+}
+
+impl Drop for FullUnderneath {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("losetup")
+            .args(["-d", &self.loopdev])
+            .status();
+        // lazily: the loop device lets go of its file after `losetup -d` returns
+        let _ = std::process::Command::new("umount")
+            .arg("-l")
+            .arg(self.dir.path())
+            .status();
+    }
+}
+
+/// Linux reports a failed writeback once per open file and drops the pages it
+/// could not write: a second fdatasync succeeds over lost data. The volume
+/// remembers the first failure, and its writes and flushes fail from then on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_flush_is_not_forgotten_by_the_next_one() {
+    for engine in ENGINES {
+        let Some(under) = FullUnderneath::new() else {
+            eprintln!("skipped: no loop device or tmpfs mount here (not root?)");
+            return;
+        };
+        let opts = FileOptions {
+            engine,
+            direct: DirectIo::Off,
+            ..FileOptions::default()
+        };
+        let v = FileVolume::open(std::path::Path::new(&under.loopdev), &opts).unwrap();
+        // 8 MiB taken by the page cache, more than the 2 MiB under the device
+        let chunk = Bytes::from(pattern(0, 2048, 512, 3));
+        for i in 0..8u64 {
+            v.write(i * 2048, chunk.clone(), false).await.unwrap();
+        }
+        assert!(v.flush().await.is_err(), "{engine:?}: the writeback failed");
+        assert!(
+            v.flush().await.is_err(),
+            "{engine:?}: a flush after a failed one succeeded"
+        );
+        assert!(v.write(0, chunk.clone(), false).await.is_err());
+        assert!(v.write(0, chunk.clone(), true).await.is_err());
+        // reads go on
+        v.read(0, 8).await.unwrap();
+        drop(v);
+    }
+}
