@@ -635,6 +635,7 @@ impl Objects {
                         // one connection per session (MaxConnections=1)
                         "connections": 1,
                         "commands_running": x.commands_running,
+                        "commands_aborting": x.commands_aborting,
                     })
                 })
                 .collect();

@@ -45,17 +45,23 @@ fn task_attr(a: u8) -> TaskAttr {
 
 /// Releases the window slot and the running entry however the task ends
 /// (completion, abort, connection loss).
+///
+/// Shared with the command's medium changes that outlive an abort
+/// (`scsi::in_flight`): the command counts as running, and an abort waits, until
+/// the last of them has ended.
 struct Guard {
     session: Arc<Session>,
     itt: u32,
     serial: u64,
-    slot_held: bool,
+    slot_held: std::sync::atomic::AtomicBool,
 }
 
 impl Guard {
-    fn release_slot(&mut self) {
-        if self.slot_held {
-            self.slot_held = false;
+    fn release_slot(&self) {
+        if self
+            .slot_held
+            .swap(false, std::sync::atomic::Ordering::AcqRel)
+        {
             self.session.window.release();
         }
     }
@@ -90,19 +96,20 @@ pub(crate) fn spawn_command(
         return;
     };
     let serial = session.next_serial();
-    let guard = Guard {
+    let guard = Arc::new(Guard {
         session: session.clone(),
         itt: info.itt,
         serial,
-        slot_held: info.holds_slot,
-    };
+        slot_held: std::sync::atomic::AtomicBool::new(info.holds_slot),
+    });
+    let token: scsi::InFlight = guard.clone();
     let out = out.clone();
     let itt = info.itt;
     let lun = iscsi_proto::lun_from_wire(info.lun_raw);
     let started = std::time::Instant::now();
     let data_out_bytes = data_out.len() as u64;
-    let mut task = Box::pin(async move {
-        let mut guard = guard;
+    let mut task = Box::pin(scsi::in_flight(token, async move {
+        let guard = guard;
         let Some(nexus) = guard.session.nexus.as_ref() else {
             return;
         };
@@ -128,7 +135,7 @@ pub(crate) fn spawn_command(
             guard.session.io.record(info.write, bytes, us);
         }
         send_response(&out, &info, resp, permit, || guard.release_slot()).await;
-    });
+    }));
     // registered before its first poll: an abort (a TMF, PREEMPT AND ABORT)
     // that arrives while the command is already at the LU finds it
     session.running.lock().insert(

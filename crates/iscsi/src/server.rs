@@ -117,6 +117,10 @@ pub struct SessionInfo {
     pub discovery: bool,
     /// Commands executing now.
     pub commands_running: usize,
+    /// Of those, commands aborted (a task management function, PREEMPT AND
+    /// ABORT) whose medium changes are still ending: the abort is answered once
+    /// they have.
+    pub commands_aborting: usize,
     /// The session's ISID, 12 hex digits (empty for a discovery session).
     pub isid: String,
     /// The session's TSIH.
@@ -158,6 +162,10 @@ impl Sessions {
                         .find(|p| p.tpgt == k.tpgt)
                         .map_or_else(|| format!("tpgt {}", k.tpgt), |p| p.addr.to_string())
                 });
+                let (commands_running, commands_aborting) = {
+                    let r = s.running.lock();
+                    (r.len(), r.values().filter(|t| t.aborted).count())
+                };
                 SessionInfo {
                     initiator: key.map_or_else(String::new, |k| k.initiator.clone()),
                     target: s
@@ -166,7 +174,8 @@ impl Sessions {
                         .map_or_else(String::new, |t| t.iqn.clone()),
                     portal,
                     discovery: s.discovery,
-                    commands_running: s.running.lock().len(),
+                    commands_running,
+                    commands_aborting,
                     isid: key.map_or_else(String::new, |k| {
                         k.isid.iter().map(|b| format!("{b:02x}")).collect()
                     }),

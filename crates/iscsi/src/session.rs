@@ -30,14 +30,16 @@ pub(crate) struct Running {
     /// `exec::spawn_command`): an abort then sets `aborted`, and the command
     /// is dropped instead of spawned.
     pub abort: Option<AbortHandle>,
+    /// Aborted: during its first poll (then dropped instead of spawned), or
+    /// since (its entry stays until its medium changes end, `scsi::in_flight`).
     pub aborted: bool,
 }
 
 impl Running {
     fn abort(&mut self) {
-        match &self.abort {
-            Some(h) => h.abort(),
-            None => self.aborted = true,
+        self.aborted = true;
+        if let Some(h) = &self.abort {
+            h.abort();
         }
     }
 }
@@ -232,7 +234,8 @@ impl Session {
     }
 
     /// Waits until none of `itts` is running any more (or the timeout passes).
-    pub(crate) async fn wait_gone(&self, itts: &[u32], timeout: Duration) {
+    /// Whether they are gone.
+    pub(crate) async fn wait_gone(&self, itts: &[u32], timeout: Duration) -> bool {
         let wait = async {
             loop {
                 let notified = self.task_done.notified();
@@ -247,7 +250,7 @@ impl Session {
                 notified.await;
             }
         };
-        let _ = tokio::time::timeout(timeout, wait).await;
+        tokio::time::timeout(timeout, wait).await.is_ok()
     }
 
     /// Waits until no command is running (or the timeout passes).

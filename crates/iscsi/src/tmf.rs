@@ -56,13 +56,22 @@ pub(crate) async fn on_tmf(conn: &mut Conn, f: &Frame, t: TaskMgmtRequest, imm: 
                 let session = conn.session.clone();
                 let out = conn.out.clone();
                 tokio::spawn(async move {
-                    session.wait_gone(&[t.rtt], drain).await;
+                    // a write the task already handed to the volume ends first
+                    // (scsi::in_flight): answered earlier, the initiator's next
+                    // write to the same blocks could land before it
+                    let r = match session.wait_gone(&[t.rtt], drain).await {
+                        true => tmf_response::COMPLETE,
+                        false => {
+                            tracing::warn!(
+                                rtt = t.rtt,
+                                "ABORT TASK: the task did not end within the drain time"
+                            );
+                            tmf_response::REJECTED
+                        }
+                    };
                     let _ = out
                         .tx
-                        .send(crate::writer::OutPdu::new(
-                            respond(tmf_response::COMPLETE),
-                            Bytes::new(),
-                        ))
+                        .send(crate::writer::OutPdu::new(respond(r), Bytes::new()))
                         .await;
                 });
             } else {
@@ -113,8 +122,25 @@ pub(crate) async fn on_tmf(conn: &mut Conn, f: &Frame, t: TaskMgmtRequest, imm: 
             let out = conn.out.clone();
             let function = t.function;
             tokio::spawn(async move {
+                let mut gone = true;
                 for (s, itts) in &aborted {
-                    s.wait_gone(itts, drain).await;
+                    gone &= s.wait_gone(itts, drain).await;
+                }
+                if !gone {
+                    // not reset: the initiator escalates
+                    tracing::warn!(
+                        lun,
+                        function,
+                        "task management: aborted tasks did not end within the drain time"
+                    );
+                    let _ = out
+                        .tx
+                        .send(crate::writer::OutPdu::new(
+                            respond(tmf_response::REJECTED),
+                            Bytes::new(),
+                        ))
+                        .await;
+                    return;
                 }
                 let mut r = tmf_response::COMPLETE;
                 if let (Some(scsi), Some(nexus)) = (&session.scsi, &session.nexus) {

@@ -173,7 +173,9 @@ pub(crate) struct LogicalUnit {
     /// Block count last reported, to raise CAPACITY DATA HAS CHANGED.
     pub block_count_seen: AtomicU64,
     /// Orders COMPARE AND WRITE / ORWRITE (exclusive) against other writes (shared).
-    pub write_order: tokio::sync::RwLock<()>,
+    /// Held by a medium change until it ends, even when its command is aborted
+    /// ([`LogicalUnit::change`]).
+    pub write_order: Arc<tokio::sync::RwLock<()>>,
     /// HA partner link for persistent reservations; only PERSISTENT RESERVE OUT reads it.
     pub pr_replication: RwLock<Option<Arc<dyn PrReplication>>>,
     /// Runs this node's PERSISTENT RESERVE OUTs one at a time, each together with the
@@ -235,7 +237,7 @@ impl LogicalUnit {
             stopped: AtomicBool::new(false),
             media: Mutex::new(MediaState::default()),
             block_count_seen: AtomicU64::new(geo.block_count),
-            write_order: tokio::sync::RwLock::new(()),
+            write_order: Arc::new(tokio::sync::RwLock::new(())),
             pr_replication: RwLock::new(None),
             pr_order: tokio::sync::Mutex::new(()),
             alua_order: tokio::sync::Mutex::new(()),
@@ -288,6 +290,37 @@ impl LogicalUnit {
         self.wce.store(m.wce(), Ordering::Relaxed);
         self.swp.store(m.swp(), Ordering::Relaxed);
         self.d_sense.store(m.d_sense(), Ordering::Relaxed);
+    }
+
+    /// Runs the medium change `op` makes of the LU's volume under the LU's write
+    /// order (shared, or `exclusive` for a read-modify-write), to its end even if
+    /// its command is aborted meanwhile, and the order held until then (see
+    /// `crate::detach`).
+    pub(crate) async fn change<T, Fut>(
+        &self,
+        exclusive: bool,
+        op: impl FnOnce(VolumeRef) -> Fut,
+    ) -> T
+    where
+        Fut: std::future::Future<Output = T> + Send + 'static,
+        T: Send + 'static,
+    {
+        let run = op(self.volume.clone());
+        if exclusive {
+            let order = self.write_order.clone().write_owned().await;
+            crate::detach::detached(async move {
+                let _order = order;
+                run.await
+            })
+            .await
+        } else {
+            let order = self.write_order.clone().read_owned().await;
+            crate::detach::detached(async move {
+                let _order = order;
+                run.await
+            })
+            .await
+        }
     }
 
     /// Maps a volume error for this LU.

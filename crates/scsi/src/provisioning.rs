@@ -67,12 +67,13 @@ pub(crate) async fn write_same(lu: &LogicalUnit, cdb: &Cdb, data_out: &Bytes) ->
         return Ok(done);
     }
     let zero = ndob || (unmap && geo.thin) || data_out.iter().all(|&b| b == 0);
-    let _order = lu.write_order.read().await;
     if zero {
-        lu.volume
-            .write_zeroes(lba, blocks, unmap && geo.thin)
-            .await
-            .map_err(|e| Fail::Check(lu.io_error(&e), len))?;
+        let may_unmap = unmap && geo.thin;
+        lu.change(false, move |v| async move {
+            v.write_zeroes(lba, blocks, may_unmap).await
+        })
+        .await
+        .map_err(|e| Fail::Check(lu.io_error(&e), len))?;
         if lu.force_fua() {
             lu.volume
                 .flush()
@@ -93,10 +94,12 @@ pub(crate) async fn write_same(lu: &LogicalUnit, cdb: &Cdb, data_out: &Bytes) ->
     let mut at = 0u64;
     while at < blocks {
         let n = (blocks - at).min(chunk_blocks);
-        lu.volume
-            .write(lba + at, buf.slice(..(n * bs as u64) as usize), fua)
-            .await
-            .map_err(|e| Fail::Check(lu.io_error(&e), len))?;
+        let chunk = buf.slice(..(n * bs as u64) as usize);
+        lu.change(false, move |v| async move {
+            v.write(lba + at, chunk, fua).await
+        })
+        .await
+        .map_err(|e| Fail::Check(lu.io_error(&e), len))?;
         at += n;
     }
     Ok(done)
@@ -151,10 +154,8 @@ pub(crate) async fn unmap(lu: &LogicalUnit, cdb: &Cdb, data_out: &Bytes) -> CmdR
             ranges.push((lba, blocks));
         }
     }
-    let _order = lu.write_order.read().await;
     for (lba, blocks) in ranges {
-        lu.volume
-            .discard(lba, blocks)
+        lu.change(false, move |v| async move { v.discard(lba, blocks).await })
             .await
             .map_err(|e| Fail::Check(lu.io_error(&e), len))?;
     }

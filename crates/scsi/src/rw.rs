@@ -148,9 +148,8 @@ pub(crate) async fn write(lu: &LogicalUnit, cdb: &Cdb, data_out: &Bytes) -> CmdR
         });
     }
     let fua = rw.fua || lu.force_fua();
-    let _order = lu.write_order.read().await;
-    lu.volume
-        .write(rw.lba, data, fua)
+    let lba = rw.lba;
+    lu.change(false, move |v| async move { v.write(lba, data, fua).await })
         .await
         .map_err(|e| Fail::Check(lu.io_error(&e), len))?;
     Ok(Done {
@@ -191,11 +190,12 @@ pub(crate) async fn write_atomic(lu: &LogicalUnit, cdb: &Cdb, data_out: &Bytes) 
     }
     // all of it or nothing: a short Data-Out is refused, not written in part
     let data = take_data(data_out, len)?;
-    let _order = lu.write_order.read().await;
-    lu.volume
-        .write_atomic(lba, data)
-        .await
-        .map_err(|e| Fail::Check(lu.io_error(&e), len))?;
+    lu.change(
+        false,
+        move |v| async move { v.write_atomic(lba, data).await },
+    )
+    .await
+    .map_err(|e| Fail::Check(lu.io_error(&e), len))?;
     Ok(Done {
         data_in: Bytes::new(),
         transfer_len_bytes: len,
@@ -305,11 +305,13 @@ pub(crate) async fn write_verify(lu: &LogicalUnit, cdb: &Cdb, data_out: &Bytes) 
             transfer_len_bytes: len,
         });
     }
-    let _order = lu.write_order.read().await;
-    lu.volume
-        .write(rw.lba, data.clone(), lu.force_fua())
-        .await
-        .map_err(|e| Fail::Check(lu.io_error(&e), len))?;
+    let (lba, written, fua) = (rw.lba, data.clone(), lu.force_fua());
+    lu.change(
+        false,
+        move |v| async move { v.write(lba, written, fua).await },
+    )
+    .await
+    .map_err(|e| Fail::Check(lu.io_error(&e), len))?;
     compare_medium(lu, rw.lba, &data)
         .await
         .map_err(|s| Fail::Check(s, len))?;
@@ -347,10 +349,11 @@ pub(crate) async fn compare_and_write(lu: &LogicalUnit, cdb: &Cdb, data_out: &By
     }
     let half = len as usize / 2;
     let fua = cdb.b(1) & 0x08 != 0 || lu.force_fua();
-    let _order = lu.write_order.write().await;
+    let (compare, data) = (data_out.slice(..half), data_out.slice(half..));
     let outcome = lu
-        .volume
-        .compare_and_write(lba, data_out.slice(..half), data_out.slice(half..), fua)
+        .change(true, move |v| async move {
+            v.compare_and_write(lba, compare, data, fua).await
+        })
         .await
         .map_err(|e| Fail::Check(lu.io_error(&e), len))?;
     if let Some(i) = outcome {
@@ -381,21 +384,18 @@ pub(crate) async fn orwrite(lu: &LogicalUnit, cdb: &Cdb, data_out: &Bytes) -> Cm
         return Ok(Done::empty());
     }
     let fua = rw.fua || lu.force_fua();
-    let _order = lu.write_order.write().await;
-    let current = lu
-        .volume
-        .read(rw.lba, rw.blocks)
-        .await
-        .map_err(|e| Fail::Check(lu.io_error(&e), len))?;
-    let mut merged = BytesMut::from(&current[..]);
-    merged
-        .iter_mut()
-        .zip(data.iter())
-        .for_each(|(m, d)| *m |= d);
-    lu.volume
-        .write(rw.lba, merged.freeze(), fua)
-        .await
-        .map_err(|e| Fail::Check(lu.io_error(&e), len))?;
+    let (lba, blocks) = (rw.lba, rw.blocks);
+    lu.change(true, move |v| async move {
+        let current = v.read(lba, blocks).await?;
+        let mut merged = BytesMut::from(&current[..]);
+        merged
+            .iter_mut()
+            .zip(data.iter())
+            .for_each(|(m, d)| *m |= d);
+        v.write(lba, merged.freeze(), fua).await
+    })
+    .await
+    .map_err(|e| Fail::Check(lu.io_error(&e), len))?;
     Ok(Done {
         data_in: Bytes::new(),
         transfer_len_bytes: len,

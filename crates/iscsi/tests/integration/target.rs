@@ -741,8 +741,11 @@ async fn logged_in_ready(addr: std::net::SocketAddr, isid: u8) -> Client {
 }
 
 /// PREEMPT AND ABORT aborts the preempted nexus' commands on the LU before it
-/// answers: a write of the preempted initiator held at the volume never lands and
-/// gets no answer. PREEMPT alone (the control) lets the same write finish.
+/// answers: a write of the preempted initiator already at the volume is not
+/// answered, and ends before the PREEMPT AND ABORT is answered (it cannot be taken
+/// back from a disk; answered earlier, a write the preempting initiator sends next
+/// could land before it). PREEMPT alone (the control) lets the same write finish
+/// and be answered.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn preempt_and_abort_aborts_the_preempted_nexus_tasks() {
     // LUN 0: writes below LBA 64 wait at a gate until the test lets them go
@@ -776,27 +779,49 @@ async fn preempt_and_abort_aborts_the_preempted_nexus_tasks() {
         tokio::time::timeout(Duration::from_secs(20), gated.writes.arrivals(round + 1))
             .await
             .expect("the write never reached the volume");
-        assert_eq!(pr_out(&mut b, sa, kb, ka).await, 0, "preempt (sa {sa:#x})");
-        gated.writes.release(1);
         if sa == 0x04 {
+            assert_eq!(pr_out(&mut b, sa, kb, ka).await, 0, "preempt");
+            gated.writes.release(1);
             // PREEMPT alone: the held write goes on and is answered.
             match a.recv_skip_pings().await.expect("write answer").pdu {
                 TargetPdu::ScsiResponse(s) => assert_eq!((s.itt, s.status), (itt, 0)),
                 other => panic!("{other:?}"),
             }
+        } else {
+            // PREEMPT AND ABORT waits for the write it aborted
+            let preempt = tokio::spawn(async move {
+                let st = pr_out(&mut b, sa, kb, ka).await;
+                (b, st)
+            });
+            // A's registration is gone once A's commands get the unit attention
+            // of the preemption (raised before its tasks are aborted)
+            let mut attention = false;
+            for _ in 0..10_000 {
+                if scsi(&mut a, &[0, 0, 0, 0, 0, 0], &[], 0).await.0 == 2 {
+                    attention = true;
+                    break;
+                }
+            }
+            assert!(attention, "A never saw the preemption");
+            assert!(!preempt.is_finished(), "answered while the write was held");
+            gated.writes.release(1);
+            let (back, st) = preempt.await.unwrap();
+            b = back;
+            assert_eq!(st, 0, "preempt and abort");
         }
         let (st, data) = scsi(&mut b, &[0x28, 0, 0, 0, 0, lba, 0, 0, 8, 0], &[], 4096).await;
         assert_eq!(st, 0);
+        assert!(
+            data.iter().all(|&x| x == fill),
+            "the write (aborted or not) landed before the preemption was answered"
+        );
         if sa == 0x04 {
-            assert!(data.iter().all(|&x| x == fill), "the write landed");
-        } else {
-            assert!(
-                data.iter().all(|&x| x == 0),
-                "the aborted write never landed"
-            );
+            // A's next answer is its TEST UNIT READY's: the unit attention of
+            // the preemption
+            let (st, _) = scsi(&mut a, &[0, 0, 0, 0, 0, 0], &[], 0).await;
+            assert_eq!(st, 2);
         }
-        // A's next answer is its TEST UNIT READY's (none for an aborted write): the
-        // unit attention of the preemption.
+        // no answer ever comes for the aborted write: A's next one is its TUR's
         let tur = a.command(&[0, 0, 0, 0, 0, 0], false, false, 0, true);
         let tur_itt = match tur {
             InitiatorPdu::ScsiCommand(ref s) => s.itt,
@@ -804,7 +829,7 @@ async fn preempt_and_abort_aborts_the_preempted_nexus_tasks() {
         };
         a.send(&tur, false, &[]).await;
         match a.recv_skip_pings().await.expect("TUR answer").pdu {
-            TargetPdu::ScsiResponse(s) => assert_eq!((s.itt, s.status), (tur_itt, 2)),
+            TargetPdu::ScsiResponse(s) => assert_eq!(s.itt, tur_itt),
             other => panic!("{other:?}"),
         }
         for _ in 0..4 {
@@ -813,6 +838,80 @@ async fn preempt_and_abort_aborts_the_preempted_nexus_tasks() {
             }
         }
     }
+    fx.shutdown().await;
+}
+
+/// Waits until `n` commands are aborted and still ending, all sessions together.
+async fn aborting(fx: &Fixture, n: usize) {
+    for _ in 0..20_000 {
+        let now: usize = fx.sessions.list().iter().map(|s| s.commands_aborting).sum();
+        if now == n {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    panic!("never {n} commands aborting");
+}
+
+/// An ABORT TASK is answered only once the write it aborts, already handed to
+/// the volume, has ended: a disk engine does not take back a request it was
+/// given, and answered earlier, the initiator's next write to the same blocks
+/// could land first and then be overwritten by the aborted one. (Before, the
+/// command's future was dropped and the abort answered at once.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_abort_is_answered_once_the_write_it_aborts_has_ended() {
+    let gated = Arc::new(block::HoldVolume::new(Arc::new(block::MemVolume::new(
+        512, 8192,
+    ))));
+    let fx = start_with(Limits::default(), Some(gated.clone())).await;
+    let mut a = logged_in_ready(fx.addrs[0], 1).await;
+    gated.writes.hold();
+    let cmd = a.command(&[0x2a, 0, 0, 0, 0, 8, 0, 0, 8, 0], false, true, 4096, true);
+    let (itt, cmd_sn) = match cmd {
+        InitiatorPdu::ScsiCommand(ref s) => (s.itt, s.cmd_sn),
+        _ => unreachable!(),
+    };
+    a.send(&cmd, false, &[0x11; 4096]).await;
+    tokio::time::timeout(Duration::from_secs(20), gated.writes.arrivals(1))
+        .await
+        .expect("the write never reached the volume");
+    let tmf_itt = a.next_itt();
+    let tmf = InitiatorPdu::TaskMgmt(TaskMgmtRequest {
+        function: 1,
+        lun: 0,
+        itt: tmf_itt,
+        rtt: itt,
+        cmd_sn: a.cmd_sn,
+        exp_stat_sn: a.exp_stat_sn,
+        ref_cmd_sn: cmd_sn,
+        exp_data_sn: 0,
+    });
+    a.send(&tmf, true, &[]).await;
+    aborting(&fx, 1).await;
+    // While the write is held nothing may be answered (the drain time, 5 s, is
+    // longer than this window; without the wait the answer came at once).
+    if let Ok(p) = tokio::time::timeout(Duration::from_secs(1), a.recv_skip_pings()).await {
+        panic!(
+            "answered while the aborted write was under way: {:?}",
+            p.map(|p| p.pdu)
+        );
+    }
+    gated.writes.open();
+    match a.recv_skip_pings().await.expect("tmf response").pdu {
+        TargetPdu::TaskMgmtResponse(r) => {
+            assert_eq!((r.itt, r.response), (tmf_itt, tmf_response::COMPLETE))
+        }
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(fx.sessions.list()[0].commands_aborting, 0);
+    // it ended before the answer (landed, not answered): the next write lands
+    // after it
+    let (st, data) = scsi(&mut a, &[0x28, 0, 0, 0, 0, 8, 0, 0, 8, 0], &[], 4096).await;
+    assert_eq!((st, data), (0, vec![0x11; 4096]));
+    let (st, _) = scsi(&mut a, &[0x2a, 0, 0, 0, 0, 8, 0, 0, 8, 0], &[0x22; 4096], 0).await;
+    assert_eq!(st, 0);
+    let (st, data) = scsi(&mut a, &[0x28, 0, 0, 0, 0, 8, 0, 0, 8, 0], &[], 4096).await;
+    assert_eq!((st, data), (0, vec![0x22; 4096]));
     fx.shutdown().await;
 }
 
@@ -892,15 +991,16 @@ async fn a_lun_reset_aborts_the_tasks_on_that_lu_as_each_initiator_numbers_it() 
         exp_data_sn: 0,
     });
     x.send(&tmf, true, &[]).await;
+    // Y's write is aborted; being at the disk, it ends before the reset is
+    // answered
+    aborting(&fx, 1).await;
+    held.writes.open();
     match x.recv_skip_pings().await.expect("tmf response").pdu {
         TargetPdu::TaskMgmtResponse(r) => {
             assert_eq!((r.itt, r.response), (tmf_itt, tmf_response::COMPLETE))
         }
         other => panic!("{other:?}"),
     }
-    // Y's write was aborted before the reset was answered: let the disk go,
-    // and the block still reads as it was (after the reset's unit attention)
-    held.writes.open();
     let mut got = None;
     for _ in 0..2 {
         let mut r = y.command(&[0x28, 0, 0, 0, 0, 7, 0, 0, 1, 0], true, false, 512, true);
@@ -930,8 +1030,8 @@ async fn a_lun_reset_aborts_the_tasks_on_that_lu_as_each_initiator_numbers_it() 
     }
     assert_eq!(
         got.expect("read"),
-        vec![0u8; 512],
-        "the aborted write did not land"
+        vec![0xeeu8; 512],
+        "the aborted write, at the disk when aborted, ended before the reset's answer"
     );
     fx.shutdown().await;
 }
