@@ -108,7 +108,9 @@ pub struct Limits {
     /// Time without an answer to a ping after which the connection is dropped;
     /// also the longest time a connection may take none of the data queued for
     /// it (a client that stopped reading is dropped and the buffers it held go
-    /// back to the node's budget). 0 turns both off.
+    /// back to the node's budget), and the longest a write may wait for Data-Out
+    /// with none coming (the connection is dropped: its bytes were taken from
+    /// the node's budget when it arrived). 0 turns all three off.
     pub nop_in_timeout_ms: u64,
     /// Longest login phase.
     pub login_timeout_ms: u64,

@@ -255,6 +255,8 @@ enum End {
     Killed,
     Shutdown,
     NopTimeout,
+    /// A write waited longer than `nop_in_timeout_ms` for its Data-Out.
+    DataOutTimeout,
     /// The writer failed (the initiator stopped taking data, or the socket broke).
     WriterGone,
 }
@@ -359,6 +361,23 @@ impl Conn {
 
     async fn nop_tick(&mut self, last_rx: Instant) -> Option<End> {
         let now = Instant::now();
+        // A write whose Data-Out does not come holds its share of the node's
+        // budget (taken for all its bytes when it arrived): an initiator that
+        // answers pings but sends no data would keep it for good.
+        let timeout_ms = self.ctx.limits.nop_in_timeout_ms;
+        if timeout_ms > 0 {
+            let limit = Duration::from_millis(timeout_ms);
+            if let Some((itt, w)) = self
+                .writes
+                .iter()
+                .find(|(_, w)| w.waiting_for(now) >= limit)
+            {
+                tracing::warn!(peer = %self.peer, itt, lun = iscsi_proto::lun_from_wire(w.info.lun_raw),
+                    expected_bytes = w.info.edtl_bytes, timeout_ms,
+                    "no Data-Out for a pending write within the time limit; dropping connection");
+                return Some(End::DataOutTimeout);
+            }
+        }
         match self.ping {
             Some((_, sent)) => {
                 if now.duration_since(sent)
@@ -689,7 +708,11 @@ impl Conn {
             tracing::warn!(peer = %self.peer, itt = d.itt, "Data-Out for no pending write; dropped");
             return Flow::Continue;
         };
-        match task.accept(&d, &f.data) {
+        let accepted = task.accept(&d, &f.data);
+        if accepted.is_ok() {
+            task.progressed();
+        }
+        match accepted {
             Err(e) => {
                 // ERL 0 allows dropping the session, but failing only this command keeps
                 // the initiator's other I/O (and its negotiated parameters) alive: the

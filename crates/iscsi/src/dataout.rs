@@ -49,6 +49,8 @@ pub(crate) struct WriteTask {
     r2t_sn: u32,
     /// The node budget held for `buf` (and the command's Data-In, if any).
     permit: BufferPermit,
+    /// When it was created or last took Data-Out bytes.
+    progress: std::time::Instant,
 }
 
 /// Negotiated values that shape the transfer.
@@ -102,7 +104,18 @@ impl WriteTask {
             next_r2t_off: unsolicited_end,
             r2t_sn: 0,
             permit: BufferPermit::empty(),
+            progress: std::time::Instant::now(),
         })
+    }
+
+    /// Data-Out bytes came.
+    pub(crate) fn progressed(&mut self) {
+        self.progress = std::time::Instant::now();
+    }
+
+    /// How long it has waited for Data-Out since the last bytes came.
+    pub(crate) fn waiting_for(&self, now: std::time::Instant) -> std::time::Duration {
+        now.saturating_duration_since(self.progress)
     }
 
     /// Keeps `permit` (the node budget taken for this command) with the buffer.

@@ -8,7 +8,7 @@ use crate::common;
 use block::{Bytes, MemVolume, Volume};
 use common::*;
 use iscsi::Limits;
-use iscsi_proto::pdu::{InitiatorPdu, LoginRequest};
+use iscsi_proto::pdu::{InitiatorPdu, LoginRequest, NopOut};
 use iscsi_proto::target::TargetPdu;
 use iscsi_proto::text::encode_text;
 use std::net::SocketAddr;
@@ -426,5 +426,65 @@ async fn a_login_cut_short_after_registering_leaves_no_session() {
     assert_eq!(tsihs.len(), 1, "sessions registered: {tsihs:?}");
     held.writes.open();
     drop(a);
+    fx.shutdown().await;
+}
+
+/// A write whose Data-Out never comes took the node's budget for all its bytes
+/// when it arrived: an initiator that answers every ping but sends no data
+/// would hold it for good (a few such sessions starve every other initiator).
+/// The connection is dropped once a write has waited `nop_in_timeout_ms` for
+/// Data-Out, and the budget goes back. (Before, the pings kept it alive.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_write_whose_data_out_never_comes_does_not_hold_its_budget() {
+    let limits = Limits {
+        nop_in_interval_ms: 100,
+        nop_in_timeout_ms: 600,
+        ..Limits::default()
+    };
+    let fx = start(limits).await;
+    let mut evil = Client::connect(fx.addrs[0]).await;
+    let st = evil
+        .login_simple(OPEN, &[("InitialR2T", "Yes"), ("ImmediateData", "No")])
+        .await;
+    assert_eq!(st, (0, 0));
+    // a 1 MiB write: the target asks for its data, which never comes
+    let cmd = evil.command(
+        &[0x2a, 0, 0, 0, 0, 0, 0, 0x08, 0, 0],
+        false,
+        true,
+        1 << 20,
+        true,
+    );
+    evil.send(&cmd, false, &[]).await;
+    let mut r2ts = 0;
+    let dropped = tokio::time::timeout(Duration::from_secs(30), async {
+        while let Some(p) = evil.recv().await {
+            match p.pdu {
+                // every ping is answered: the connection itself is alive
+                TargetPdu::NopIn(n) if n.ttt != iscsi_proto::RESERVED_TAG => {
+                    let ans = InitiatorPdu::NopOut(NopOut {
+                        lun: 0,
+                        itt: iscsi_proto::RESERVED_TAG,
+                        ttt: n.ttt,
+                        cmd_sn: evil.cmd_sn,
+                        exp_stat_sn: evil.exp_stat_sn,
+                    });
+                    let _ = evil.send_checked(&ans, &[]).await;
+                }
+                TargetPdu::R2t(_) => r2ts += 1,
+                other => panic!("{other:?}"),
+            }
+        }
+    })
+    .await;
+    assert!(r2ts > 0, "the target asked for the data");
+    assert!(
+        dropped.is_ok(),
+        "the connection stayed although its write's Data-Out never came"
+    );
+    // and an honest initiator writes
+    let mut good = Client::connect(fx.addrs[0]).await;
+    assert_eq!(good.login_simple(OPEN, &[]).await, (0, 0));
+    write_read(&mut good, 3, 0x5a).await;
     fx.shutdown().await;
 }
