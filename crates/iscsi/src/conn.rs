@@ -450,6 +450,7 @@ impl Conn {
                 if op == opcode::DATA_OUT || op == opcode::SCSI_COMMAND {
                     Flow::Close
                 } else {
+                    self.consume_rejected_cmd_sn(&hdr);
                     Flow::Continue
                 }
             }
@@ -463,9 +464,34 @@ impl Conn {
             }
             _ if e.consumed => {
                 self.reject(reject_reason::INVALID_FIELD, &hdr).await;
+                self.consume_rejected_cmd_sn(&hdr);
                 Flow::Continue
             }
             _ => Flow::Close,
+        }
+    }
+
+    /// A non-immediate PDU that carries a CmdSN, rejected before it could be
+    /// decoded, still takes its CmdSN when it is the next one expected: left
+    /// unused, the window would wait for it for good and silently drop every
+    /// later command of the session (the initiator's commands would time out
+    /// one after another).
+    fn consume_rejected_cmd_sn(&self, hdr: &[u8; BHS_LEN]) {
+        let op = hdr[0] & 0x3f;
+        let carries_cmd_sn = matches!(
+            op,
+            opcode::NOP_OUT
+                | opcode::SCSI_COMMAND
+                | opcode::TASK_MGMT_REQUEST
+                | opcode::TEXT_REQUEST
+                | opcode::LOGOUT_REQUEST
+        );
+        if !carries_cmd_sn || hdr[0] & 0x40 != 0 {
+            return;
+        }
+        let cmd_sn = u32::from_be_bytes([hdr[24], hdr[25], hdr[26], hdr[27]]);
+        if self.session.window.accept(cmd_sn, false) {
+            tracing::info!(peer = %self.peer, cmd_sn, "the rejected PDU's CmdSN is taken");
         }
     }
 

@@ -488,3 +488,37 @@ async fn a_write_whose_data_out_never_comes_does_not_hold_its_budget() {
     write_read(&mut good, 3, 0x5a).await;
     fx.shutdown().await;
 }
+
+/// A command rejected for a malformed header (an unknown AHS type) takes its
+/// CmdSN: the session goes on. (Before, the window waited for that CmdSN for
+/// good and silently dropped every later command of the session.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_command_rejected_for_its_header_does_not_stall_the_session() {
+    let fx = start(Limits::default()).await;
+    let mut c = Client::connect(fx.addrs[0]).await;
+    assert_eq!(c.login_simple(OPEN, &[]).await, (0, 0));
+    write_read(&mut c, 1, 0x11).await;
+    // a TEST UNIT READY with an AHS of an unknown type, not immediate
+    let bad = c.command(&[0, 0, 0, 0, 0, 0], false, false, 0, true);
+    let ahs = [0u8, 1, 0x7f, 0];
+    let h = iscsi_proto::pdu::encode_initiator_bhs(&bad, false, ahs.len(), 0);
+    c.send_raw(&iscsi_proto::frame::encode_frame(
+        &h,
+        &ahs,
+        &[],
+        false,
+        false,
+    ))
+    .await;
+    match c.recv_skip_pings().await.expect("reject").pdu {
+        TargetPdu::Reject(_) => {}
+        other => panic!("{other:?}"),
+    }
+    // the next commands, with the next CmdSNs, are answered
+    let answered = tokio::time::timeout(Duration::from_secs(20), write_read(&mut c, 2, 0x22)).await;
+    assert!(
+        answered.is_ok(),
+        "the session stalled after the rejected command"
+    );
+    fx.shutdown().await;
+}
