@@ -213,6 +213,8 @@ async fn full_feature(
         next_tag: 0,
         ping: None,
         stopping: false,
+        echoes: block::BufferBudget::new(ECHO_BYTES_MAX),
+        tmf_waiters: Arc::new(tokio::sync::Semaphore::new(TMF_WAITERS_MAX)),
     };
     let why = conn.read_loop(rd, buf).await;
     tracing::info!(peer = %conn.peer, tsih = session.tsih, reason = ?why, "connection closing");
@@ -294,7 +296,19 @@ pub(crate) struct Conn {
     ping: Option<(u32, Instant)>,
     /// The connection ends: stop reading.
     stopping: bool,
+    /// Bytes of NOP-Out data being echoed: immediate NOP-Outs are outside the
+    /// CmdSN window, so without this bound a client could queue up to the
+    /// writer's whole queue of full-size echoes.
+    echoes: block::BufferBudget,
+    /// Task management functions waiting for their tasks to end (each on a
+    /// task of its own); more wait in the reader.
+    pub(crate) tmf_waiters: Arc<tokio::sync::Semaphore>,
 }
+
+/// Most NOP-In echo bytes queued per connection.
+const ECHO_BYTES_MAX: u64 = 1 << 20;
+/// Most task management functions of one connection waiting at once.
+const TMF_WAITERS_MAX: usize = 16;
 
 impl Conn {
     async fn read_loop(
@@ -800,7 +814,18 @@ impl Conn {
             itt: n.itt,
             ttt: RESERVED_TAG,
         });
-        self.send(pdu, data).await;
+        // waits (reading nothing) while earlier echoes are still queued: they
+        // go out as the client reads, whatever this reader does
+        let mut kill = self.session.kill.subscribe();
+        let mut shutdown = self.ctx.shutdown.clone();
+        let permit = tokio::select! {
+            biased;
+            _ = kill.wait_for(|k| *k) => return Flow::Close,
+            _ = shutdown.wait_for(|s| *s) => return Flow::Close,
+            _ = self.out.tx.closed() => return Flow::Close,
+            p = self.echoes.acquire(data.len() as u64) => p,
+        };
+        let _ = self.out.tx.send(OutPdu::holding(pdu, data, permit)).await;
         Flow::Continue
     }
 

@@ -34,6 +34,11 @@ pub(crate) async fn on_tmf(conn: &mut Conn, f: &Frame, t: TaskMgmtRequest, imm: 
         tracing::warn!(peer = %conn.peer, cmd_sn = t.cmd_sn, "TMF outside the CmdSN window; dropped");
         return Flow::Continue;
     }
+    // one of the connection's waiter slots, held until answered: a flood of
+    // task management functions waits here instead of piling up tasks
+    let Ok(waiter) = conn.tmf_waiters.clone().acquire_owned().await else {
+        return Flow::Continue;
+    };
     let lun = lun_from_wire(t.lun);
     let itt = t.itt;
     let respond =
@@ -56,6 +61,7 @@ pub(crate) async fn on_tmf(conn: &mut Conn, f: &Frame, t: TaskMgmtRequest, imm: 
                 let session = conn.session.clone();
                 let out = conn.out.clone();
                 tokio::spawn(async move {
+                    let _waiter = waiter;
                     // a write the task already handed to the volume ends first
                     // (scsi::in_flight): answered earlier, the initiator's next
                     // write to the same blocks could land before it
@@ -122,6 +128,7 @@ pub(crate) async fn on_tmf(conn: &mut Conn, f: &Frame, t: TaskMgmtRequest, imm: 
             let out = conn.out.clone();
             let function = t.function;
             tokio::spawn(async move {
+                let _waiter = waiter;
                 let mut gone = true;
                 for (s, itts) in &aborted {
                     gone &= s.wait_gone(itts, drain).await;
@@ -176,6 +183,7 @@ pub(crate) async fn on_tmf(conn: &mut Conn, f: &Frame, t: TaskMgmtRequest, imm: 
             let session = conn.session.clone();
             let out = conn.out.clone();
             tokio::spawn(async move {
+                let _waiter = waiter;
                 for (s, itts) in &aborted {
                     s.wait_gone(itts, drain).await;
                 }

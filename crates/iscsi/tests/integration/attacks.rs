@@ -522,3 +522,44 @@ async fn a_command_rejected_for_its_header_does_not_stall_the_session() {
     );
     fx.shutdown().await;
 }
+
+/// Pings with data (immediate NOP-Outs: outside the CmdSN window) whose echoes
+/// the client never reads: the target stops reading once a bounded amount of
+/// echoes is queued (1 MiB a connection, plus what the sockets hold). (Before,
+/// the writer's whole queue of 1024 full-size echoes, 256 MiB a connection,
+/// could be made to wait outside the node's budget.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn echoes_of_pings_nobody_reads_stay_bounded() {
+    use tokio::io::AsyncWriteExt;
+    let fx = start(Limits::default()).await;
+    let mut c = Client::connect(fx.addrs[0]).await;
+    let st = c
+        .login_simple(OPEN, &[("MaxRecvDataSegmentLength", "262144")])
+        .await;
+    assert_eq!(st, (0, 0));
+    let payload = vec![0x5a; 256 * 1024];
+    let cap = 128usize << 20;
+    let mut sent = 0usize;
+    while sent < cap {
+        let nop = InitiatorPdu::NopOut(NopOut {
+            lun: 0,
+            itt: c.next_itt(),
+            ttt: iscsi_proto::RESERVED_TAG,
+            cmd_sn: c.cmd_sn,
+            exp_stat_sn: c.exp_stat_sn,
+        });
+        let h = iscsi_proto::pdu::encode_initiator_bhs(&nop, true, 0, payload.len() as u32);
+        let wire = iscsi_proto::frame::encode_frame(&h, &[], &payload, false, false);
+        // the target stopped taking them (or dropped the connection)
+        match tokio::time::timeout(Duration::from_secs(2), c.sock.write_all(&wire)).await {
+            Ok(Ok(())) => sent += payload.len(),
+            Ok(Err(_)) | Err(_) => break,
+        }
+    }
+    assert!(
+        sent < 48 << 20,
+        "{} MiB of pings taken in while none of their echoes was read",
+        sent >> 20
+    );
+    fx.shutdown().await;
+}
