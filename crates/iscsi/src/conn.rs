@@ -657,7 +657,10 @@ impl Conn {
             return self.after_budget_refused(&info);
         };
         let mut task = match WriteTask::new(info.clone(), &f.data, !c.final_bit, &self.burst) {
-            Ok(t) => t.with_permit(permit),
+            Ok(mut t) => {
+                t.abort_gen = self.session.write_abort_gen();
+                t.with_permit(permit)
+            }
             Err(e) => {
                 tracing::warn!(peer = %self.peer, itt = c.itt, error = %e, "bad write command");
                 if info.holds_slot {
@@ -774,6 +777,18 @@ impl Conn {
                     if let Some(t) = self.writes.remove(&d.itt) {
                         self.buffered_bytes -= t.buffered_bytes();
                         let info = t.info.clone();
+                        let lun = iscsi_proto::lun_from_wire(info.lun_raw);
+                        if self.session.write_aborted(lun, t.abort_gen) {
+                            // a reset or PREEMPT AND ABORT from another session
+                            // aborted it while its data came: never executed,
+                            // never answered
+                            tracing::info!(peer = %self.peer, itt = info.itt, lun,
+                                "write aborted while collecting Data-Out; dropped");
+                            if info.holds_slot {
+                                self.session.window.release();
+                            }
+                            return Flow::Continue;
+                        }
                         let (data, permit) = t.into_data();
                         spawn_command(&self.session, &self.out, info, data, permit);
                     }

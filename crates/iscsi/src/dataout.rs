@@ -51,6 +51,9 @@ pub(crate) struct WriteTask {
     permit: BufferPermit,
     /// When it was created or last took Data-Out bytes.
     progress: std::time::Instant,
+    /// The session's write-abort generation when it arrived
+    /// (`Session::write_aborted`).
+    pub abort_gen: u64,
 }
 
 /// Negotiated values that shape the transfer.
@@ -105,6 +108,7 @@ impl WriteTask {
             r2t_sn: 0,
             permit: BufferPermit::empty(),
             progress: std::time::Instant::now(),
+            abort_gen: 0,
         })
     }
 

@@ -44,6 +44,16 @@ impl Running {
     }
 }
 
+/// Most aborts of pending writes remembered per session.
+const WRITE_ABORT_MARKS_MAX: usize = 256;
+
+/// Aborts of a session's writes still collecting Data-Out, by generation.
+#[derive(Default)]
+pub(crate) struct WriteAborts {
+    gen: u64,
+    marks: Vec<(Option<u64>, u64)>,
+}
+
 /// What the tasks of one session share.
 pub(crate) struct Session {
     pub tsih: u16,
@@ -55,6 +65,7 @@ pub(crate) struct Session {
     pub window: Arc<Window>,
     pub running: Mutex<HashMap<u32, Running>>,
     pub task_done: Notify,
+    write_aborts: Mutex<WriteAborts>,
     serial: AtomicU64,
     /// Set to true to make the session close (reinstatement, shutdown, cold reset).
     pub kill: watch::Sender<bool>,
@@ -187,7 +198,41 @@ impl Session {
             kill: watch::channel(false).0,
             ended: watch::channel(false).0,
             io: SessionIo::default(),
+            write_aborts: Mutex::new(WriteAborts::default()),
         }
+    }
+
+    /// Writes of this session still collecting Data-Out on `lun` (as this
+    /// session numbers it; `None`: every LUN) are aborted by another session's
+    /// reset or PREEMPT AND ABORT: the connection that holds them drops them
+    /// when their data is complete (`write_aborted`) instead of executing them.
+    pub(crate) fn abort_pending_writes(&self, lun: Option<u64>) {
+        let mut w = self.write_aborts.lock();
+        w.gen += 1;
+        let gen = w.gen;
+        if w.marks.len() >= WRITE_ABORT_MARKS_MAX {
+            w.marks.remove(0);
+        }
+        w.marks.push((lun, gen));
+    }
+
+    /// The abort generation a write still collecting Data-Out starts in.
+    pub(crate) fn write_abort_gen(&self) -> u64 {
+        self.write_aborts.lock().gen
+    }
+
+    /// Whether a write on `lun` that started in generation `since` was aborted
+    /// by [`Session::abort_pending_writes`].
+    pub(crate) fn write_aborted(&self, lun: u64, since: u64) -> bool {
+        let w = self.write_aborts.lock();
+        if w.gen == since {
+            return false;
+        }
+        // marks forgotten (more than the bound since): counted as aborted
+        w.marks.first().is_none_or(|(_, g)| *g > since + 1)
+            || w.marks
+                .iter()
+                .any(|(l, g)| *g > since && l.is_none_or(|l| l == lun))
     }
 
     /// Order of creation: tells apart sessions that reuse a TSIH.
@@ -623,6 +668,28 @@ mod tests {
             Some(RegisterError::NotSameIdentity(a.source))
         );
         assert!(!*s.kill.borrow() && reg.contains(s.tsih) && reg.len() == 1);
+    }
+
+    #[test]
+    fn pending_writes_are_aborted_by_lun_and_by_generation() {
+        let s = build(1, None);
+        let before = s.write_abort_gen();
+        s.abort_pending_writes(Some(3));
+        // a write on LUN 3 that started before is aborted, one on LUN 4 is not
+        assert!(s.write_aborted(3, before));
+        assert!(!s.write_aborted(4, before));
+        // one that started after is not
+        let after = s.write_abort_gen();
+        assert!(!s.write_aborted(3, after));
+        s.abort_pending_writes(None);
+        assert!(s.write_aborted(4, after));
+        // once its marks are forgotten, an old write counts as aborted
+        let old = s.write_abort_gen();
+        for _ in 0..WRITE_ABORT_MARKS_MAX + 1 {
+            s.abort_pending_writes(Some(9));
+        }
+        assert!(s.write_aborted(4, old));
+        assert!(!s.write_aborted(4, s.write_abort_gen()));
     }
 
     #[tokio::test]

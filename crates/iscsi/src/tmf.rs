@@ -119,6 +119,7 @@ pub(crate) async fn on_tmf(conn: &mut Conn, f: &Frame, t: TaskMgmtRequest, imm: 
                         continue;
                     };
                     if let Some(theirs) = scsi.seen_lun(nexus, lu) {
+                        s.abort_pending_writes(Some(theirs));
                         let itts = s.abort_where(|l| l == theirs);
                         aborted.push((s, itts));
                     }
@@ -175,6 +176,7 @@ pub(crate) async fn on_tmf(conn: &mut Conn, f: &Frame, t: TaskMgmtRequest, imm: 
             let aborted: Vec<_> = sessions
                 .into_iter()
                 .map(|s| {
+                    s.abort_pending_writes(None);
                     let itts = s.abort_where(|_| true);
                     (s, itts)
                 })
@@ -268,6 +270,7 @@ impl scsi::TaskAbort for PreemptAbort {
             let Some(lun) = hit.then(|| scsi.seen_lun(nexus, target_lun)).flatten() else {
                 continue;
             };
+            s.abort_pending_writes(Some(lun));
             let itts = s.abort_where(|l| l == lun);
             tracing::info!(
                 initiator = %nexus.initiator_port,

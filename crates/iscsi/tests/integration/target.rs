@@ -1035,3 +1035,98 @@ async fn a_lun_reset_aborts_the_tasks_on_that_lu_as_each_initiator_numbers_it() 
     );
     fx.shutdown().await;
 }
+
+/// A write of another session still collecting its Data-Out when a LOGICAL
+/// UNIT RESET is answered is aborted too: when its data then comes it is never
+/// executed nor answered. (Before, only the resetting connection's own pending
+/// writes were dropped: once the other initiator's next command had taken the
+/// reset's unit attention, its old write landed after the reset.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lun_reset_aborts_another_sessions_write_still_waiting_for_data() {
+    let fx = start(Limits::default()).await;
+    let mut x = logged_in_ready(fx.addrs[0], 1).await;
+    let mut y = Client::connect_isid(fx.addrs[0], [0x80, 0, 0, 0, 0, 2]).await;
+    let st = y
+        .login_simple(OPEN, &[("InitialR2T", "Yes"), ("ImmediateData", "No")])
+        .await;
+    assert_eq!(st, (0, 0));
+    for _ in 0..4 {
+        if scsi(&mut y, &[0, 0, 0, 0, 0, 0], &[], 0).await.0 == 0 {
+            break;
+        }
+    }
+    // Y's write of block 9: the target asks for its data
+    let w = y.command(&[0x2a, 0, 0, 0, 0, 9, 0, 0, 1, 0], false, true, 512, true);
+    let itt = match w {
+        InitiatorPdu::ScsiCommand(ref s) => s.itt,
+        _ => unreachable!(),
+    };
+    y.send(&w, false, &[]).await;
+    let r2t = match y.recv_skip_pings().await.expect("R2T").pdu {
+        TargetPdu::R2t(r) => r,
+        other => panic!("{other:?}"),
+    };
+    // X resets the LU
+    let tmf_itt = x.next_itt();
+    let tmf = InitiatorPdu::TaskMgmt(TaskMgmtRequest {
+        function: 5,
+        lun: 0,
+        itt: tmf_itt,
+        rtt: RESERVED_TAG,
+        cmd_sn: x.cmd_sn,
+        exp_stat_sn: x.exp_stat_sn,
+        ref_cmd_sn: 0,
+        exp_data_sn: 0,
+    });
+    x.send(&tmf, true, &[]).await;
+    match x.recv_skip_pings().await.expect("tmf response").pdu {
+        TargetPdu::TaskMgmtResponse(r) => {
+            assert_eq!((r.itt, r.response), (tmf_itt, tmf_response::COMPLETE))
+        }
+        other => panic!("{other:?}"),
+    }
+    // Y's next command takes the reset's unit attention...
+    let (st, _) = scsi(&mut y, &[0, 0, 0, 0, 0, 0], &[], 0).await;
+    assert_eq!(st, 2, "the reset's unit attention");
+    // ...then the old write's data comes
+    let d = InitiatorPdu::DataOut(DataOut {
+        final_bit: true,
+        lun: 0,
+        itt,
+        ttt: r2t.ttt,
+        exp_stat_sn: y.exp_stat_sn,
+        data_sn: 0,
+        buffer_offset_bytes: 0,
+    });
+    y.send(&d, false, &[0xdd; 512]).await;
+    // Y's next answer is its TEST UNIT READY's, not the write's
+    let tur = y.command(&[0, 0, 0, 0, 0, 0], false, false, 0, true);
+    let tur_itt = match tur {
+        InitiatorPdu::ScsiCommand(ref s) => s.itt,
+        _ => unreachable!(),
+    };
+    y.send(&tur, false, &[]).await;
+    match y.recv_skip_pings().await.expect("TUR answer").pdu {
+        TargetPdu::ScsiResponse(s) => {
+            assert_eq!(
+                s.itt, tur_itt,
+                "the aborted write was executed and answered"
+            )
+        }
+        other => panic!("{other:?}"),
+    }
+    let mut data = None;
+    for _ in 0..4 {
+        let (st, d) = scsi(&mut x, &[0x28, 0, 0, 0, 0, 9, 0, 0, 1, 0], &[], 512).await;
+        if st == 0 {
+            data = Some(d);
+            break;
+        }
+    }
+    assert_eq!(
+        data.expect("read"),
+        vec![0u8; 512],
+        "the aborted write landed"
+    );
+    fx.shutdown().await;
+}
