@@ -241,8 +241,14 @@ async fn full_feature(
     {
         writer.abort();
     }
+    // the nexus's state (SPC-2 reservation, unit attentions, medium removal)
+    // goes with it, unless a session that reinstated it owns it now: that
+    // login already ended it (login_phase), and a late end here would clear
+    // what the new session has set since
     if let (Some(scsi), Some(nexus)) = (&session.scsi, &session.nexus) {
-        scsi.nexus_lost(nexus);
+        if !ctx.registry.has_live_successor(&session) {
+            scsi.nexus_lost(nexus);
+        }
     }
     // out of the registry, and ended
     drop(registered);

@@ -269,7 +269,20 @@ async fn register(
         let mut ended = old.ended.subscribe();
         let _ = old.kill.send_replace(true);
         let wait = Duration::from_millis(ctx.limits.drain_timeout_ms) + Duration::from_secs(2);
-        let _ = tokio::time::timeout(wait, ended.wait_for(|e| *e)).await;
+        if tokio::time::timeout(wait, ended.wait_for(|e| *e))
+            .await
+            .is_err()
+        {
+            tracing::warn!(
+                old_tsih = old.tsih,
+                "the reinstated session has not ended yet; its nexus's state is ended now"
+            );
+        }
+        // the reinstatement is the old nexus's loss, done before the new
+        // session's first command (the old session's own end leaves it to us)
+        if let (Some(scsi), Some(nexus)) = (&old.scsi, &old.nexus) {
+            scsi.nexus_lost(nexus);
+        }
     }
     Ok(registered)
 }

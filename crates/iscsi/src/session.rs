@@ -477,6 +477,18 @@ impl Registry {
         }
     }
 
+    /// Whether a later session with `session`'s key (its I_T nexus) is
+    /// registered and not being closed: the session that reinstated it, which
+    /// owns the nexus's state from then on.
+    pub(crate) fn has_live_successor(&self, session: &Session) -> bool {
+        let Some(key) = &session.key else {
+            return false;
+        };
+        self.inner.lock().sessions.values().any(|s| {
+            s.key.as_ref() == Some(key) && s.created > session.created && !*s.kill.borrow()
+        })
+    }
+
     /// Sessions logged in to target `idx`.
     pub(crate) fn of_target(&self, idx: usize) -> Vec<Arc<Session>> {
         self.inner
@@ -668,6 +680,35 @@ mod tests {
             Some(RegisterError::NotSameIdentity(a.source))
         );
         assert!(!*s.kill.borrow() && reg.contains(s.tsih) && reg.len() == 1);
+    }
+
+    /// A reinstated session's late end leaves the nexus's state to the session
+    /// that took its place; a session closed with no successor does not.
+    #[test]
+    fn a_reinstated_session_knows_its_successor() {
+        let reg = Registry::new(caps(8));
+        let key = SessionKey {
+            initiator: "iqn.a".into(),
+            isid: [1; 6],
+            target: 0,
+            tpgt: 1,
+        };
+        let o = origin("10.0.0.1");
+        let (first, none) = reg
+            .register(Some(&key), &o, |t| build(t, Some(key.clone())))
+            .unwrap();
+        assert!(none.is_none());
+        assert!(!reg.has_live_successor(&first));
+        let (second, old) = reg
+            .register(Some(&key), &o, |t| build(t, Some(key.clone())))
+            .unwrap();
+        assert!(Arc::ptr_eq(&old.unwrap(), &first));
+        let _ = first.kill.send_replace(true);
+        assert!(reg.has_live_successor(&first));
+        assert!(!reg.has_live_successor(&second));
+        // the successor being closed too: the old one's end does it
+        let _ = second.kill.send_replace(true);
+        assert!(!reg.has_live_successor(&first));
     }
 
     #[test]
