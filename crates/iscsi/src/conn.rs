@@ -170,7 +170,16 @@ async fn full_feature(
         let (window, stat_sn) = (session.window.clone(), neg.next_stat_sn);
         let (hd, dd) = (neg.header_digest, neg.data_digest);
         async move {
-            let r = run_writer(StallTimeout::new(wr, stall), rx, window, stat_sn, hd, dd).await;
+            let r = run_writer(
+                StallTimeout::new(wr, stall),
+                rx,
+                window,
+                stat_sn,
+                hd,
+                dd,
+                stall,
+            )
+            .await;
             match &r {
                 Err(e) if e.kind() == std::io::ErrorKind::TimedOut => {
                     tracing::warn!(%peer, error = %e, "initiator stopped reading; dropping the connection")

@@ -19,6 +19,10 @@ use tokio::sync::mpsc;
 const BATCH_PDUS_MAX: usize = 64;
 /// Most data bytes written in one batch.
 const BATCH_BYTES_MAX: usize = 4 * 1024 * 1024;
+/// Slowest an initiator may take a batch, past the stall time: every byte it
+/// takes restarts the stall timer, so one taking a segment now and then would
+/// otherwise hold the budget of what is queued for it for good.
+const CLIENT_RATE_MIN: usize = 64 * 1024;
 
 /// One PDU to send.
 #[derive(Debug)]
@@ -116,6 +120,7 @@ pub(crate) async fn run_writer<W: tokio::io::AsyncWrite + Unpin>(
     mut stat_sn: u32,
     header_digest_on: bool,
     data_digest_on: bool,
+    stall: std::time::Duration,
 ) -> std::io::Result<()> {
     let mut batch: Vec<OutPdu> = Vec::with_capacity(BATCH_PDUS_MAX);
     let mut enc: Vec<Encoded> = Vec::with_capacity(BATCH_PDUS_MAX);
@@ -166,7 +171,24 @@ pub(crate) async fn run_writer<W: tokio::io::AsyncWrite + Unpin>(
                 _permit: p.permit,
             });
         }
-        write_all_vectored(&mut sock, &enc).await?;
+        if stall == std::time::Duration::MAX {
+            write_all_vectored(&mut sock, &enc).await?;
+        } else {
+            let total: usize = enc
+                .iter()
+                .map(|e| e.hdr_len + e.data.len() + e.pad + e.ddig_len)
+                .sum();
+            let limit = stall + std::time::Duration::from_secs((total / CLIENT_RATE_MIN) as u64);
+            match tokio::time::timeout(limit, write_all_vectored(&mut sock, &enc)).await {
+                Ok(r) => r?,
+                Err(_) => return Err(std::io::Error::new(
+                    std::io::ErrorKind::TimedOut,
+                    format!(
+                        "the initiator took less than {CLIENT_RATE_MIN} bytes a second of its data"
+                    ),
+                )),
+            }
+        }
         enc.clear();
     }
     sock.flush().await?;
@@ -236,12 +258,70 @@ mod tests {
         assert!(w.accept(15, true));
     }
 
+    /// A reader taking its data a little at a time, often enough that no stall
+    /// timer fires, still has to take each batch at CLIENT_RATE_MIN past the
+    /// stall time, or the writer gives up (and the connection with it). At the
+    /// minimum rate it goes through. (Time is paused: tokio moves it on when
+    /// every task waits, so the reading pace is exact.)
+    #[tokio::test(start_paused = true)]
+    async fn a_reader_below_the_minimum_rate_is_given_up() {
+        async fn run(read_bytes: usize) -> std::io::Result<()> {
+            let (tx, rx) = mpsc::channel(64);
+            let window = Arc::new(Window::new(5, 8));
+            let (mut client, server) = tokio::io::duplex(8 * 1024);
+            let stall = std::time::Duration::from_secs(1);
+            let h = tokio::spawn(run_writer(server, rx, window, 100, false, false, stall));
+            // 32 PDUs of 16 KiB: one batch of 512 KiB, 9 s allowed
+            for _ in 0..32 {
+                let pdu = TargetPdu::NopIn(NopIn {
+                    lun: 0,
+                    itt: 1,
+                    ttt: iscsi_proto::RESERVED_TAG,
+                });
+                tx.send(OutPdu::new(pdu, Bytes::from(vec![0u8; 16 * 1024])))
+                    .await
+                    .unwrap();
+            }
+            drop(tx);
+            // `read_bytes` every 100 ms
+            let reader = tokio::spawn(async move {
+                let mut buf = vec![0u8; read_bytes];
+                loop {
+                    match tokio::io::AsyncReadExt::read(&mut client, &mut buf).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(_) => tokio::time::sleep(std::time::Duration::from_millis(100)).await,
+                    }
+                }
+            });
+            let r = h.await.unwrap();
+            reader.abort();
+            r
+        }
+        // 20 KiB/s: 26 s for the batch
+        let slow = run(2 * 1024).await;
+        assert_eq!(
+            slow.map_err(|e| e.kind()),
+            Err(std::io::ErrorKind::TimedOut),
+            "a reader at 20 KiB/s kept its batch"
+        );
+        // 80 KiB/s: 6.5 s
+        run(8 * 1024).await.unwrap();
+    }
+
     #[tokio::test]
     async fn writer_stamps_and_pads() {
         let (tx, rx) = mpsc::channel(8);
         let window = Arc::new(Window::new(5, 8));
         let (client, server) = tokio::io::duplex(1 << 16);
-        let h = tokio::spawn(run_writer(server, rx, window, 100, true, true));
+        let h = tokio::spawn(run_writer(
+            server,
+            rx,
+            window,
+            100,
+            true,
+            true,
+            std::time::Duration::MAX,
+        ));
         for ttt in [0xffff_ffffu32, 7] {
             tx.send(OutPdu::new(
                 TargetPdu::NopIn(NopIn {
