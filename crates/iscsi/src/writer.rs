@@ -181,12 +181,14 @@ pub(crate) async fn run_writer<W: tokio::io::AsyncWrite + Unpin>(
             let limit = stall + std::time::Duration::from_secs((total / CLIENT_RATE_MIN) as u64);
             match tokio::time::timeout(limit, write_all_vectored(&mut sock, &enc)).await {
                 Ok(r) => r?,
-                Err(_) => return Err(std::io::Error::new(
-                    std::io::ErrorKind::TimedOut,
-                    format!(
+                Err(_) => {
+                    return Err(std::io::Error::new(
+                        std::io::ErrorKind::TimedOut,
+                        format!(
                         "the initiator took less than {CLIENT_RATE_MIN} bytes a second of its data"
                     ),
-                )),
+                    ))
+                }
             }
         }
         enc.clear();

@@ -86,7 +86,7 @@ pub async fn start_with(limits: Limits, lun0: Option<block::VolumeRef>) -> Fixtu
 
 /// Like [`start`], with `open` as the open target's SCSI target.
 pub async fn start_with_scsi(limits: Limits, open: Arc<scsi::ScsiTarget>) -> Fixture {
-    let _ = tracing_subscriber::fmt().with_test_writer().try_init();
+    let _ = logs();
     let targets = vec![
         TargetSpec {
             iqn: OPEN.into(),
@@ -468,4 +468,47 @@ impl Client {
 
 pub fn get<'a>(kv: &'a [(String, String)], k: &str) -> Option<&'a str> {
     kv.iter().find(|(x, _)| x == k).map(|(_, v)| v.as_str())
+}
+
+/// Log lines of every test in this binary (without colours), for checking what
+/// the target logged.
+#[derive(Clone)]
+pub struct Capture(Arc<std::sync::Mutex<Vec<u8>>>);
+
+impl std::io::Write for Capture {
+    fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(b);
+        Ok(b.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// Installs the capturing subscriber (first call in the binary; every target
+/// the tests start calls it, so no other subscriber can come first) and returns
+/// it.
+pub fn logs() -> Capture {
+    static LOGS: std::sync::OnceLock<Capture> = std::sync::OnceLock::new();
+    LOGS.get_or_init(|| {
+        let c = Capture(Arc::default());
+        let w = c.clone();
+        let _ = tracing_subscriber::fmt()
+            .with_ansi(false)
+            .with_writer(move || w.clone())
+            .try_init();
+        c
+    })
+    .clone()
+}
+
+impl Capture {
+    /// Log lines containing every one of `words`.
+    pub fn lines_with(&self, words: &[&str]) -> Vec<String> {
+        let all = String::from_utf8_lossy(&self.0.lock().unwrap()).into_owned();
+        all.lines()
+            .filter(|l| words.iter().all(|w| l.contains(w)))
+            .map(str::to_owned)
+            .collect()
+    }
 }

@@ -19,47 +19,6 @@ use tokio::net::{TcpSocket, TcpStream};
 /// The attacker's address: another loopback address than the initiator's.
 const ATTACKER: &str = "127.0.0.5";
 
-/// Log lines of every test in this binary (without colours), for checking what
-/// the target logged.
-#[derive(Clone)]
-struct Capture(Arc<std::sync::Mutex<Vec<u8>>>);
-
-impl std::io::Write for Capture {
-    fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(b);
-        Ok(b.len())
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
-/// Installs the capturing subscriber (first call in the binary) and returns it.
-fn logs() -> Capture {
-    static LOGS: std::sync::OnceLock<Capture> = std::sync::OnceLock::new();
-    LOGS.get_or_init(|| {
-        let c = Capture(Arc::default());
-        let w = c.clone();
-        let _ = tracing_subscriber::fmt()
-            .with_ansi(false)
-            .with_writer(move || w.clone())
-            .try_init();
-        c
-    })
-    .clone()
-}
-
-impl Capture {
-    /// Log lines containing every one of `words`.
-    fn lines_with(&self, words: &[&str]) -> Vec<String> {
-        let all = String::from_utf8_lossy(&self.0.lock().unwrap()).into_owned();
-        all.lines()
-            .filter(|l| words.iter().all(|w| l.contains(w)))
-            .map(str::to_owned)
-            .collect()
-    }
-}
-
 fn login_request(isid: [u8; 6]) -> InitiatorPdu {
     InitiatorPdu::Login(LoginRequest {
         transit: true,
