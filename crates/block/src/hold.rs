@@ -7,11 +7,12 @@ use async_trait::async_trait;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use tokio::sync::{watch, Semaphore};
 
-/// One kind of operation's gate: while it holds, each operation (below
-/// [`Hold::hold_below`]'s block, if set) counts its arrival and waits for a
+/// One kind of operation's gate: while it holds, each operation (starting in
+/// [`Hold::hold_range`]'s blocks, if set) counts its arrival and waits for a
 /// release.
 pub struct Hold {
     on: AtomicBool,
+    from: AtomicU64,
     below: AtomicU64,
     arrived: watch::Sender<usize>,
     go: Semaphore,
@@ -21,6 +22,7 @@ impl Hold {
     fn new() -> Hold {
         Hold {
             on: AtomicBool::new(false),
+            from: AtomicU64::new(0),
             below: AtomicU64::new(u64::MAX),
             arrived: watch::channel(0).0,
             go: Semaphore::new(0),
@@ -34,7 +36,13 @@ impl Hold {
 
     /// Operations starting below block `lba` from now on wait.
     pub fn hold_below(&self, lba: u64) {
-        self.below.store(lba, Ordering::Release);
+        self.hold_range(0, lba);
+    }
+
+    /// Operations starting at a block in `from..below` from now on wait.
+    pub fn hold_range(&self, from: u64, below: u64) {
+        self.from.store(from, Ordering::Release);
+        self.below.store(below, Ordering::Release);
         self.on.store(true, Ordering::Release);
     }
 
@@ -56,7 +64,10 @@ impl Hold {
     }
 
     async fn pass(&self, lba: u64) {
-        if !self.on.load(Ordering::Acquire) || lba >= self.below.load(Ordering::Acquire) {
+        if !self.on.load(Ordering::Acquire)
+            || lba < self.from.load(Ordering::Acquire)
+            || lba >= self.below.load(Ordering::Acquire)
+        {
             return;
         }
         self.arrived.send_modify(|c| *c += 1);

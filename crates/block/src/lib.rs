@@ -24,6 +24,7 @@ mod atomic;
 mod budget;
 mod crashsim;
 mod delay;
+pub mod detach;
 mod error;
 mod fault;
 mod hold;

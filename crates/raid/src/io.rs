@@ -935,30 +935,39 @@ impl Volume for Pool {
         if blocks == 0 {
             return Ok(());
         }
-        let _fg = FgGuard::new(&inner.fg_inflight);
-        inner.note_write_arrival();
-        let segs = inner.segments(lba, blocks);
-        match inner.layout.scheme() {
-            Scheme::Striped => inner.write_striped(&segs, &data, fua).await,
-            scheme => {
-                let groups = by_stripe(segs);
-                let data = &data;
-                let futs: Vec<BoxFut<'_, BlockResult<()>>> = groups
-                    .iter()
-                    .map(|(s, g)| -> BoxFut<'_, BlockResult<()>> {
-                        if scheme == Scheme::Mirror {
-                            Box::pin(inner.write_mirror_stripe(*s, g, data, fua))
-                        } else {
-                            Box::pin(inner.write_parity_group(*s, g, data, fua, lba, blocks))
-                        }
-                    })
-                    .collect();
-                for r in join_all(futs).await {
-                    r?;
-                }
-                Ok(())
-            }
+        if inner.layout.scheme() == Scheme::Striped {
+            let _fg = FgGuard::new(&inner.fg_inflight);
+            inner.note_write_arrival();
+            let segs = inner.segments(lba, blocks);
+            return inner.write_striped(&segs, &data, fua).await;
         }
+        // A redundant update runs to its end once started, even if its caller
+        // gives up: dropped between its member writes it would leave mirror
+        // copies that answer reads differently, or a stripe whose parity no
+        // longer matches its data (and a later reconstruction wrong).
+        let inner = Arc::clone(inner);
+        block::detach::detached(async move {
+            let _fg = FgGuard::new(&inner.fg_inflight);
+            inner.note_write_arrival();
+            let scheme = inner.layout.scheme();
+            let groups = by_stripe(inner.segments(lba, blocks));
+            let (inner, data) = (&inner, &data);
+            let futs: Vec<BoxFut<'_, BlockResult<()>>> = groups
+                .iter()
+                .map(|(s, g)| -> BoxFut<'_, BlockResult<()>> {
+                    if scheme == Scheme::Mirror {
+                        Box::pin(inner.write_mirror_stripe(*s, g, data, fua))
+                    } else {
+                        Box::pin(inner.write_parity_group(*s, g, data, fua, lba, blocks))
+                    }
+                })
+                .collect();
+            for r in join_all(futs).await {
+                r?;
+            }
+            Ok(())
+        })
+        .await
     }
 
     /// Grows the pool while it serves: see [`Pool::grow_to`].
@@ -992,10 +1001,15 @@ impl Volume for Pool {
         if !inner.geometry().thin || blocks == 0 {
             return Ok(());
         }
-        let _fg = FgGuard::new(&inner.fg_inflight);
-        for (s, segs) in by_stripe(inner.segments(lba, blocks)) {
-            inner.discard_stripe(s, &segs).await?;
-        }
-        Ok(())
+        // as a write: once started, to its end (see `write`)
+        let inner = Arc::clone(inner);
+        block::detach::detached(async move {
+            let _fg = FgGuard::new(&inner.fg_inflight);
+            for (s, segs) in by_stripe(inner.segments(lba, blocks)) {
+                inner.discard_stripe(s, &segs).await?;
+            }
+            Ok(())
+        })
+        .await
     }
 }

@@ -36,7 +36,6 @@ mod capacity;
 pub mod cdb;
 mod copy;
 mod copy_resume;
-mod detach;
 mod inquiry;
 mod lu;
 mod masking;
@@ -58,9 +57,9 @@ mod thin;
 mod ua;
 
 pub use admin::encode_lun;
+pub use block::detach::{in_flight, InFlight};
 pub use copy::CopyReach;
 pub use copy_resume::copy_records;
-pub use detach::{in_flight, InFlight};
 pub use inquiry::{Limits, CAW_BLOCKS_MAX, UNMAP_BLOCKS_MAX, UNMAP_DESCRIPTORS_MAX};
 pub use masking::{check_host_groups, HostGroup};
 pub use replication::{PrReplication, TaskAbort};

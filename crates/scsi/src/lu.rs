@@ -308,14 +308,14 @@ impl LogicalUnit {
         let run = op(self.volume.clone());
         if exclusive {
             let order = self.write_order.clone().write_owned().await;
-            crate::detach::detached(async move {
+            block::detach::detached(async move {
                 let _order = order;
                 run.await
             })
             .await
         } else {
             let order = self.write_order.clone().read_owned().await;
-            crate::detach::detached(async move {
+            block::detach::detached(async move {
                 let _order = order;
                 run.await
             })

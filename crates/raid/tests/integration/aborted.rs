@@ -1,8 +1,13 @@
-//! A write whose caller goes away (an aborted SCSI command drops its future)
-//! still ends on every member: a mirror half left without it would answer
-//! reads with the old data while the other half answers with the new. (Member
-//! requests run on the members' own queues, so this holds without a task per
-//! pool write; the test keeps it so.)
+//! A write whose caller goes away (an aborted SCSI command, a cache or replica
+//! layer that gives up) still ends on every member. Member writes are polled
+//! by the pool write itself, so a dropped pool write would drop those still
+//! under way: a mirror half left without the write answers reads with the old
+//! data while the other half answers with the new; a parity stripe left with
+//! its new parity and old data reconstructs its other chunks wrongly once a
+//! member is lost.
+//!
+//! Each test first waits for the new pool's initial sync, which would
+//! otherwise copy the first half over the second and hide the loss.
 
 use crate::common::*;
 use block::{HoldVolume, MemVolume, Volume, VolumeRef};
@@ -10,9 +15,12 @@ use raid::{Member, Pool, RaidLevel};
 use std::sync::Arc;
 use std::time::Duration;
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_mirror_write_whose_caller_is_aborted_reaches_both_halves() {
-    let mems: Vec<Arc<MemVolume>> = (0..2)
+/// A pool whose members are held behind gates the test opens.
+async fn held_pool(
+    level: RaidLevel,
+    n: usize,
+) -> (Arc<Pool>, Vec<Arc<MemVolume>>, Vec<Arc<HoldVolume>>) {
+    let mems: Vec<Arc<MemVolume>> = (0..n)
         .map(|_| Arc::new(MemVolume::new(BS, MEMBER_BLOCKS)))
         .collect();
     let holds: Vec<Arc<HoldVolume>> = mems
@@ -21,7 +29,7 @@ async fn a_mirror_write_whose_caller_is_aborted_reaches_both_halves() {
         .collect();
     let pool = Arc::new(
         Pool::create(
-            config(RaidLevel::Raid1),
+            config(level),
             holds
                 .iter()
                 .enumerate()
@@ -32,64 +40,92 @@ async fn a_mirror_write_whose_caller_is_aborted_reaches_both_halves() {
         .await
         .expect("create"),
     );
-    // an update acknowledged once its record is durable finishes on a task of
-    // its own already; this one is applied before its acknowledgement, as when
-    // a copy of its record could not be written
-    pool.set_early_ack(false);
-    let data = pattern(41, 8);
-    // both halves hold their writes; the first lets it through, the second
-    // still holds it when the caller is aborted
-    for h in &holds {
-        h.writes.hold();
-    }
-    let w = {
-        let pool = pool.clone();
-        let data = data.clone();
-        tokio::spawn(async move { pool.write(100, data, false).await })
-    };
-    // first the pool's record of the update (a journal write on each half),
-    // then the data: the second half takes its record and holds the data
-    holds[0].writes.arrivals(1).await;
-    holds[1].writes.arrivals(1).await;
-    holds[0].writes.open();
-    holds[1].writes.release(1);
-    holds[1].writes.arrivals(2).await;
-    // where the data lands in place on each half (a mirror: the same block);
-    // the update's record may carry a copy of it elsewhere, on each half's
-    // own ring position, which is not compared
-    let at = (pool.data_offset_bytes() / BS as u64 + 100) as usize;
-    let in_place = |m: &Arc<MemVolume>| {
-        let (m, data) = (m.clone(), data.clone());
-        async move { m.read(at as u64, 8).await.unwrap() == data }
-    };
-    let mut first = false;
+    pool.wait_idle().await;
+    (pool, mems, holds)
+}
+
+/// Whether member `m` holds `data` at member block `at`.
+async fn holds_at(m: &MemVolume, at: u64, data: &[u8]) -> bool {
+    m.read(at, (data.len() / BS as usize) as u32).await.unwrap() == data
+}
+
+/// Polls (bounded: 5 s) until member `m` holds `data` at `at`.
+async fn lands(m: &MemVolume, at: u64, data: &[u8]) -> bool {
     for _ in 0..500 {
-        if in_place(&mems[0]).await {
-            first = true;
-            break;
+        if holds_at(m, at, data).await {
+            return true;
         }
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    assert!(first, "the first half never got the write");
+    false
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_mirror_write_whose_caller_is_aborted_reaches_both_halves() {
+    let (pool, mems, holds) = held_pool(RaidLevel::Raid1, 2).await;
+    let data = pattern(41, 8);
+    // where the data lands on each half (a mirror: the same member block);
+    // the second half holds exactly that write
+    let at = pool.data_offset_bytes() / BS as u64 + 100;
+    holds[1].writes.hold_range(at, at + 8);
+    let w = {
+        let (pool, data) = (pool.clone(), data.clone());
+        tokio::spawn(async move { pool.write(100, data, false).await })
+    };
+    holds[1].writes.arrivals(1).await;
     assert!(
-        !in_place(&mems[1]).await,
+        lands(&mems[0], at, &data).await,
+        "the first half never got the write"
+    );
+    assert!(
+        !holds_at(&mems[1], at, &data).await,
         "the second half had the write before the abort"
     );
     w.abort();
-    let _ = w.await;
+    assert!(w.await.unwrap_err().is_cancelled());
     holds[1].writes.open();
-    // the second half gets it too (bounded wait for the write still under way)
-    let mut same = false;
-    for _ in 0..500 {
-        if in_place(&mems[1]).await {
-            same = true;
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
     assert!(
-        same,
+        lands(&mems[1], at, &data).await,
         "the mirror halves differ at member block {at}: the aborted write reached one only"
     );
+    // and the pool reads the same from either half
+    assert_eq!(pool.read(100, 8).await.unwrap(), data);
+    pool.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_parity_update_whose_caller_is_aborted_leaves_the_stripe_consistent() {
+    let (pool, mems, holds) = held_pool(RaidLevel::Raid5, 3).await;
+    // the update is applied in place before its acknowledgement (as when a
+    // copy of its record could not be written): the caller waits through
+    // the in-place writes, and is aborted while one of them is held
+    pool.set_early_ack(false);
+    let data = pattern(43, 8);
+    let pos = pool.layout().data_positions(0, 0)[0];
+    let at = pool.data_offset_bytes() / BS as u64;
+    holds[pos].writes.hold_range(at, at + 8);
+    let w = {
+        let (pool, data) = (pool.clone(), data.clone());
+        tokio::spawn(async move { pool.write(0, data, false).await })
+    };
+    holds[pos].writes.arrivals(1).await;
+    w.abort();
+    assert!(w.await.unwrap_err().is_cancelled());
+    assert!(
+        !holds_at(&mems[pos], at, &data).await,
+        "the data was in place before the abort"
+    );
+    holds[pos].writes.open();
+    assert!(
+        lands(&mems[pos], at, &data).await,
+        "the aborted update's data never reached its member"
+    );
+    pool.wait_applied().await;
+    let report = pool.scrub().await.unwrap().unwrap();
+    assert_eq!(
+        report.mismatches, 0,
+        "the stripe's parity does not match its data: {report:?}"
+    );
+    assert_eq!(pool.read(0, 8).await.unwrap(), data);
     pool.shutdown().await.unwrap();
 }

@@ -1,4 +1,4 @@
-//! Medium changes that finish once started, even when their command is aborted.
+//! Medium changes that finish once started, even when their caller gives up.
 //!
 //! An aborted command's future is dropped (a task management function, PREEMPT
 //! AND ABORT, a reset). Dropping it does not stop what it handed to the layers
@@ -9,11 +9,16 @@
 //! write order, which a PREEMPT AND ABORT and a COMPARE AND WRITE wait on) were
 //! released when the future was dropped.
 //!
+//! The same holds inside a volume: a mirror write dropped between its halves
+//! leaves copies that answer reads differently, a parity update dropped
+//! between its data and parity writes leaves a stripe whose parity is wrong.
+//!
 //! [`detached`] wraps such a medium change, together with the guards it runs
-//! under. Polled to its end it costs nothing more; dropped before its end, what is
-//! left of it moves to a task of its own, carrying the transport's in-flight
-//! token ([`in_flight`]) until it ends, so the transport does not count the
-//! command gone (and answer the abort) while it still writes.
+//! under. Polled to its end it costs nothing more; dropped before its end,
+//! what is left of it moves to a task of its own, carrying the transport's
+//! in-flight token ([`in_flight`]) until it ends, so the transport does not
+//! count the command gone (and answer the abort) while it still writes.
+//! Layers nest: an outer remainder carries the inner ones along with it.
 
 use std::any::Any;
 use std::future::Future;
@@ -37,7 +42,7 @@ pub async fn in_flight<F: Future>(token: InFlight, command: F) -> F::Output {
 }
 
 /// A medium change that runs to its end once polled (see the module notes).
-pub(crate) struct Detached<F: Future + Send + 'static>
+pub struct Detached<F: Future + Send + 'static>
 where
     F::Output: Send,
 {
@@ -45,7 +50,7 @@ where
 }
 
 /// Wraps `op` (which owns the guards it runs under).
-pub(crate) fn detached<F>(op: F) -> Detached<F>
+pub fn detached<F>(op: F) -> Detached<F>
 where
     F: Future + Send + 'static,
     F::Output: Send,
