@@ -16,6 +16,22 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 
+/// A failed data sync, remembered (see `FileVolume::sync_lost`).
+#[derive(Debug)]
+struct SyncLatch {
+    lost: AtomicBool,
+    path: PathBuf,
+}
+
+impl SyncLatch {
+    fn set(&self, op: &'static str, errno: i32) {
+        if !self.lost.swap(true, Ordering::AcqRel) {
+            tracing::error!(path = %self.path.display(), op, errno,
+                "a data sync failed: writes and flushes to this volume fail from now on");
+        }
+    }
+}
+
 /// Most extents one `block_status` call returns (it may cover less than asked).
 const BLOCK_STATUS_EXTENTS_MAX: usize = 1024;
 /// Size of the zero buffer used where the kernel cannot zero a range itself.
@@ -87,7 +103,7 @@ pub struct FileVolume {
     block_count: AtomicU64,
     /// Serialises [`Volume::grow`].
     growing: tokio::sync::Mutex<()>,
-    engine: IoEngine,
+    engine: Arc<IoEngine>,
     direct: bool,
     mem_align_bytes: usize,
     read_only: bool,
@@ -107,7 +123,9 @@ pub struct FileVolume {
     /// writeback error once per open file and may drop the dirty pages it could
     /// not write, so a later sync would succeed over data already lost: from then
     /// on writes and flushes fail (reads go on) until the volume is opened again.
-    sync_lost: AtomicBool,
+    /// Set where the sync's result arrives, even if its caller has gone (see
+    /// [`FileVolume::run_syncing`]).
+    sync_lost: Arc<SyncLatch>,
     zeroes: OnceLock<Bytes>,
     counters: Counters,
 }
@@ -153,7 +171,7 @@ impl FileVolume {
             geometry: opened.geometry,
             block_count: AtomicU64::new(opened.geometry.block_count),
             growing: tokio::sync::Mutex::new(()),
-            engine,
+            engine: Arc::new(engine),
             direct: opened.direct,
             mem_align_bytes: opened.mem_align_bytes,
             read_only: opts.read_only,
@@ -164,7 +182,10 @@ impl FileVolume {
             nowait_enabled: opts.nowait_inline,
             memory_backed,
             zero_range_unsupported: AtomicBool::new(false),
-            sync_lost: AtomicBool::new(false),
+            sync_lost: Arc::new(SyncLatch {
+                lost: AtomicBool::new(false),
+                path: path.to_path_buf(),
+            }),
             zeroes: OnceLock::new(),
             counters: Counters::default(),
         })
@@ -209,7 +230,7 @@ impl FileVolume {
 
     /// Fails once a data sync has failed (see `sync_lost`).
     fn check_synced(&self) -> BlockResult<()> {
-        if self.sync_lost.load(Ordering::Acquire) {
+        if self.sync_lost.lost.load(Ordering::Acquire) {
             return Err(BlockError::Io(std::io::Error::other(format!(
                 "{}: an earlier data sync failed; what it covered may be lost, so writes and flushes fail until the volume is opened again",
                 self.path.display()
@@ -218,12 +239,29 @@ impl FileVolume {
         Ok(())
     }
 
-    /// Remembers a failed data sync (see `sync_lost`).
-    fn sync_failed(&self, op: &'static str, errno: i32) {
-        if !self.sync_lost.swap(true, Ordering::AcqRel) {
-            tracing::error!(path = %self.path.display(), op, errno,
-                "a data sync failed: writes and flushes to this volume fail from now on");
-        }
+    /// Runs a data sync (a flush, or a forced write of a buffered file) and
+    /// latches its failure where the result arrives: the kernel reports a
+    /// writeback error once, so a caller that gave up (an aborted SYNCHRONIZE
+    /// CACHE drops its future) must not take the only report with it, or the
+    /// next flush would succeed over lost data. `own_failure` tells a failure
+    /// that is the op's own (a forced write out of space), not a lost sync.
+    async fn run_syncing(
+        &self,
+        op: Op,
+        what: &'static str,
+        own_failure: fn(i32) -> bool,
+    ) -> BlockResult<crate::engine::IoDone> {
+        let (engine, latch) = (self.engine.clone(), self.sync_lost.clone());
+        block::detach::detached(async move {
+            let done = engine.run(op).await?;
+            if let Err(f) = &done.res {
+                if !own_failure(f.errno) {
+                    latch.set(what, f.errno);
+                }
+            }
+            Ok(done)
+        })
+        .await
     }
 
     fn check_transfer(&self, blocks: u64) -> BlockResult<()> {
@@ -261,27 +299,22 @@ impl FileVolume {
             }
         }
         let buf = WriteBuf::new(data, self.mem_align_bytes);
-        let done = self
-            .engine
-            .run(Op::Write {
-                buf,
-                offset,
-                done: moved,
-                dsync,
-            })
-            .await?;
-        done.res.map_err(|f| {
+        let op = Op::Write {
+            buf,
+            offset,
+            done: moved,
+            dsync,
+        };
+        let done = if (dsync || self.sync_writes) && !self.direct {
             // a forced write that failed may have failed on the writeback of
             // earlier writes (the fd's error is reported once); running out of
             // space is the write's own failure, not a lost sync
-            if (dsync || self.sync_writes)
-                && !self.direct
-                && !matches!(f.errno, libc::ENOSPC | libc::EDQUOT)
-            {
-                self.sync_failed("write", f.errno);
-            }
-            self.fail("write", f)
-        })
+            self.run_syncing(op, "write", |e| matches!(e, libc::ENOSPC | libc::EDQUOT))
+                .await?
+        } else {
+            self.engine.run(op).await?
+        };
+        done.res.map_err(|f| self.fail("write", f))
     }
 
     /// Whether to try a transfer inline with RWF_NOWAIT first: only on buffered files
@@ -588,11 +621,8 @@ impl Volume for FileVolume {
         }
         self.check_synced()?;
         bump(&self.counters.flushes, 1);
-        let done = self.engine.run(Op::Sync).await?;
-        done.res.map_err(|f| {
-            self.sync_failed("flush", f.errno);
-            self.fail("flush", f)
-        })
+        let done = self.run_syncing(Op::Sync, "flush", |_| false).await?;
+        done.res.map_err(|f| self.fail("flush", f))
     }
 
     async fn discard(&self, lba: u64, blocks: u64) -> BlockResult<()> {

@@ -639,3 +639,53 @@ async fn a_failed_flush_is_not_forgotten_by_the_next_one() {
         drop(v);
     }
 }
+
+/// The failure of a flush whose caller gave up (an aborted SYNCHRONIZE CACHE)
+/// is remembered all the same: the kernel reported it to that sync alone, so
+/// forgetting it would let the next flush succeed over the lost data.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_flush_nobody_waited_for_is_not_forgotten() {
+    for engine in ENGINES {
+        let Some(under) = FullUnderneath::new() else {
+            eprintln!("skipped: no loop device or tmpfs mount here (not root?)");
+            return;
+        };
+        let opts = FileOptions {
+            engine,
+            direct: DirectIo::Off,
+            ..FileOptions::default()
+        };
+        let v = FileVolume::open(std::path::Path::new(&under.loopdev), &opts).unwrap();
+        let chunk = Bytes::from(pattern(0, 2048, 512, 3));
+        for i in 0..8u64 {
+            v.write(i * 2048, chunk.clone(), false).await.unwrap();
+        }
+        // the flush is handed to the engine, then its caller goes away
+        let mut flush = Box::pin(v.flush());
+        assert!(
+            !block::poll_once(&mut flush),
+            "{engine:?}: the sync was instant"
+        );
+        drop(flush);
+        // plain writes fail once the volume knows (bounded: 10 s); no flush is
+        // issued meanwhile, which could take the kernel's report itself
+        let one = Bytes::from(pattern(1, 8, 512, 3));
+        let mut latched = false;
+        for _ in 0..1000 {
+            if v.write(0, one.clone(), false).await.is_err() {
+                latched = true;
+                break;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+        assert!(
+            latched,
+            "{engine:?}: the failure of the flush nobody waited for was forgotten"
+        );
+        assert!(
+            v.flush().await.is_err(),
+            "{engine:?}: a later flush succeeded"
+        );
+        drop(v);
+    }
+}
