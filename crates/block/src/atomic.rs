@@ -298,18 +298,13 @@ impl AtomicWrites {
     }
 }
 
-/// Runs `op` on a task of its own and waits for it: a caller that gives up (an
-/// aborted command drops its future) does not stop it half-way, where it would
-/// leave a record that a restart applies over later writes, and its slot taken.
+/// Runs `op` to its end (`crate::detach`): a caller that gives up (an aborted
+/// command drops its future) does not stop it half-way, where it would leave a
+/// record that a restart applies over later writes, and its slot taken.
 async fn to_completion<T: Send + 'static>(
     op: impl std::future::Future<Output = BlockResult<T>> + Send + 'static,
 ) -> BlockResult<T> {
-    match tokio::spawn(op).await {
-        Ok(r) => r,
-        Err(e) => Err(BlockError::Io(std::io::Error::other(format!(
-            "atomic write ended abnormally: {e}"
-        )))),
-    }
+    crate::detach::detached(op).await
 }
 
 impl Inner {

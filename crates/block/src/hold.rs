@@ -4,7 +4,9 @@
 
 use crate::{BlockResult, Bytes, Extent, Geometry, Volume, VolumeRef};
 use async_trait::async_trait;
+use std::future::Future;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
 use tokio::sync::{watch, Semaphore};
 
 /// One kind of operation's gate: while it holds, each operation (starting in
@@ -14,7 +16,9 @@ pub struct Hold {
     on: AtomicBool,
     from: AtomicU64,
     below: AtomicU64,
+    last: AtomicU64,
     arrived: watch::Sender<usize>,
+    ended: watch::Sender<usize>,
     go: Semaphore,
 }
 
@@ -24,7 +28,9 @@ impl Hold {
             on: AtomicBool::new(false),
             from: AtomicU64::new(0),
             below: AtomicU64::new(u64::MAX),
+            last: AtomicU64::new(u64::MAX),
             arrived: watch::channel(0).0,
+            ended: watch::channel(0).0,
             go: Semaphore::new(0),
         }
     }
@@ -63,17 +69,42 @@ impl Hold {
         let _ = rx.wait_for(|&c| c >= n).await;
     }
 
-    async fn pass(&self, lba: u64) {
+    /// Waits until `n` operations in all that were held have ended (done in
+    /// the volume below, after their release).
+    pub async fn endings(&self, n: usize) {
+        let mut rx = self.ended.subscribe();
+        let _ = rx.wait_for(|&c| c >= n).await;
+    }
+
+    /// The block the latest operation held started at.
+    pub fn last_arrival(&self) -> u64 {
+        self.last.load(Ordering::Acquire)
+    }
+
+    /// Waits at the gate if it holds `lba`; what the gate held then reports
+    /// its end to [`Hold::endings`] when the returned token drops.
+    async fn pass(&self, lba: u64) -> Option<Ended<'_>> {
         if !self.on.load(Ordering::Acquire)
             || lba < self.from.load(Ordering::Acquire)
             || lba >= self.below.load(Ordering::Acquire)
         {
-            return;
+            return None;
         }
+        self.last.store(lba, Ordering::Release);
         self.arrived.send_modify(|c| *c += 1);
         if let Ok(p) = self.go.acquire().await {
             p.forget();
         }
+        Some(Ended(self))
+    }
+}
+
+/// Reports a held operation's end (see [`Hold::endings`]).
+struct Ended<'a>(&'a Hold);
+
+impl Drop for Ended<'_> {
+    fn drop(&mut self) {
+        self.0.ended.send_modify(|c| *c += 1);
     }
 }
 
@@ -82,18 +113,50 @@ impl Hold {
 pub struct HoldVolume {
     inner: VolumeRef,
     /// The reads' gate.
-    pub reads: Hold,
+    pub reads: Arc<Hold>,
     /// The writes' gate.
-    pub writes: Hold,
+    pub writes: Arc<Hold>,
+    queued: bool,
 }
 
 impl HoldVolume {
-    /// Wraps `inner`, holding nothing yet.
+    /// Wraps `inner`, holding nothing yet. An operation whose caller drops it
+    /// is gone, held or not.
     pub fn new(inner: VolumeRef) -> Self {
         HoldVolume {
             inner,
-            reads: Hold::new(),
-            writes: Hold::new(),
+            reads: Arc::new(Hold::new()),
+            writes: Arc::new(Hold::new()),
+            queued: false,
+        }
+    }
+
+    /// As [`HoldVolume::new`], but an operation, once issued, goes on to its
+    /// end (through the gate when released) even if its caller drops it, as a
+    /// request handed to a disk's queue or an io_uring does.
+    pub fn queued(inner: VolumeRef) -> Self {
+        HoldVolume {
+            queued: true,
+            ..HoldVolume::new(inner)
+        }
+    }
+
+    /// Runs `op` on the volume below once `gate` lets block `lba` through.
+    async fn through<T, F, Fut>(&self, gate: &Arc<Hold>, lba: u64, op: F) -> T
+    where
+        T: Send + 'static,
+        F: FnOnce(VolumeRef) -> Fut + Send + 'static,
+        Fut: Future<Output = T> + Send + 'static,
+    {
+        let (gate, inner) = (gate.clone(), self.inner.clone());
+        let run = async move {
+            let _end = gate.pass(lba).await;
+            op(inner).await
+        };
+        if self.queued {
+            crate::detach::detached(run).await
+        } else {
+            run.await
         }
     }
 }
@@ -104,23 +167,31 @@ impl Volume for HoldVolume {
         self.inner.geometry()
     }
     async fn read(&self, lba: u64, blocks: u32) -> BlockResult<Bytes> {
-        self.reads.pass(lba).await;
-        self.inner.read(lba, blocks).await
+        self.through(&self.reads, lba, move |v| async move {
+            v.read(lba, blocks).await
+        })
+        .await
     }
     async fn write(&self, lba: u64, data: Bytes, fua: bool) -> BlockResult<()> {
-        self.writes.pass(lba).await;
-        self.inner.write(lba, data, fua).await
+        self.through(&self.writes, lba, move |v| async move {
+            v.write(lba, data, fua).await
+        })
+        .await
     }
     async fn flush(&self) -> BlockResult<()> {
         self.inner.flush().await
     }
     async fn discard(&self, lba: u64, blocks: u64) -> BlockResult<()> {
-        self.writes.pass(lba).await;
-        self.inner.discard(lba, blocks).await
+        self.through(&self.writes, lba, move |v| async move {
+            v.discard(lba, blocks).await
+        })
+        .await
     }
     async fn write_zeroes(&self, lba: u64, blocks: u64, may_unmap: bool) -> BlockResult<()> {
-        self.writes.pass(lba).await;
-        self.inner.write_zeroes(lba, blocks, may_unmap).await
+        self.through(&self.writes, lba, move |v| async move {
+            v.write_zeroes(lba, blocks, may_unmap).await
+        })
+        .await
     }
     async fn block_status(&self, lba: u64, blocks: u64) -> BlockResult<Vec<Extent>> {
         self.inner.block_status(lba, blocks).await

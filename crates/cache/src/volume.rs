@@ -1963,44 +1963,55 @@ impl Volume for CacheVolume {
     /// keyed by their position on the backing volume). A crash between the two
     /// leaves a backing volume larger than the superblocks say, which opening
     /// accepts (see [`Inner::load`]).
+    /// To its end even if its caller gives up: dropped between its
+    /// superblock writes it would leave the copies at different generations.
     async fn grow(&self, block_count: u64) -> BlockResult<()> {
-        let i = &*self.inner;
-        let _one = i.growing.lock().await;
-        let now = i.block_count.load(Ordering::Acquire);
-        if block_count < now {
-            return Err(BlockError::NotSupported("shrinking a volume"));
-        }
-        if block_count == now {
-            return Ok(());
-        }
-        let bytes = block_count
-            .checked_mul(i.bs)
-            .filter(|b| b.is_multiple_of(SECTOR_BYTES))
-            .ok_or_else(|| {
-                BlockError::Unavailable(format!(
-                    "cache {}: a cached volume grows by whole 4 KiB sectors",
+        let inner = self.inner.clone();
+        to_completion(async move {
+            let i = &*inner;
+            let _one = i.growing.lock().await;
+            let now = i.block_count.load(Ordering::Acquire);
+            if block_count < now {
+                return Err(BlockError::NotSupported("shrinking a volume"));
+            }
+            if block_count == now {
+                return Ok(());
+            }
+            let bytes = block_count
+                .checked_mul(i.bs)
+                .filter(|b| b.is_multiple_of(SECTOR_BYTES))
+                .ok_or_else(|| {
+                    BlockError::Unavailable(format!(
+                        "cache {}: a cached volume grows by whole 4 KiB sectors",
+                        i.name
+                    ))
+                })?;
+            i.backing.grow(block_count).await?;
+            if i.backing.geometry().block_count < block_count {
+                return Err(BlockError::Unavailable(format!(
+                    "cache {}: the backing volume did not grow",
                     i.name
-                ))
-            })?;
-        i.backing.grow(block_count).await?;
-        if i.backing.geometry().block_count < block_count {
-            return Err(BlockError::Unavailable(format!(
-                "cache {}: the backing volume did not grow",
-                i.name
-            )));
-        }
-        i.write_superblocks(|sb| sb.backing_bytes = bytes).await?;
-        i.block_count.store(block_count, Ordering::Release);
-        tracing::info!(cache = %i.name, from = now, to = block_count, "cached volume grown");
-        Ok(())
+                )));
+            }
+            i.write_superblocks(|sb| sb.backing_bytes = bytes).await?;
+            i.block_count.store(block_count, Ordering::Release);
+            tracing::info!(cache = %i.name, from = now, to = block_count, "cached volume grown");
+            Ok(())
+        })
+        .await
     }
 
-    /// Inline, unlike writes: a task per read cost 15-22% of the IOPS of a
-    /// full cache's random reads (`bench/cache-vendor --caches full
-    /// --patterns read`, 27,631-34,070 against 36,055-36,599), and a read
-    /// dropped half-way only leaves its frames pinned (capacity, not data).
+    /// Polled inline (a task per read cost 15-22% of the IOPS of a full
+    /// cache's random reads, `bench/cache-vendor --caches full --patterns
+    /// read`, 27,631-34,070 against 36,055-36,599), and run to its end even if
+    /// its caller drops it (`block::detach`): a read that fills a frame holds
+    /// the block's lock until the fill's SSD write has landed. Dropped there,
+    /// it let a write to the block take the lock and land first; the fill's
+    /// older copy, which the SSD still wrote, then overwrote it (and its
+    /// frames stayed pinned for good).
     async fn read(&self, lba: u64, blocks: u32) -> BlockResult<Bytes> {
-        self.inner.read_op(lba, blocks).await
+        let inner = self.inner.clone();
+        to_completion(async move { inner.read_op(lba, blocks).await }).await
     }
 
     async fn write(&self, lba: u64, data: Bytes, fua: bool) -> BlockResult<()> {
@@ -2020,20 +2031,19 @@ impl Volume for CacheVolume {
     }
 }
 
-/// Runs one write or discard of the cache on a task of its own and waits for
-/// it. A caller that gives up (an aborted command drops its future) does not
-/// stop it half-way: frames pinned for it would stay pinned for good, and a
-/// table page write it leads would stay claimed, every later writer of that
-/// page waiting on it.
+/// Runs one request of the cache to its end, even if its caller gives up (an
+/// aborted command drops its future): stopped half-way, frames pinned for it
+/// would stay pinned for good, a table page write it leads would stay
+/// claimed (every later writer of that page waiting on it), and a fill or
+/// write already handed to an SSD would land after the block's lock was let
+/// go. Polled inline; only what is left when dropped moves to a task of its
+/// own (until 2026-12-04 writes always ran on a task of their own, which left
+/// a window before the task took its locks, in which a caller's next write to
+/// the same blocks could overtake the one it had given up).
 async fn to_completion<T: Send + 'static>(
     op: impl std::future::Future<Output = BlockResult<T>> + Send + 'static,
 ) -> BlockResult<T> {
-    match tokio::spawn(op).await {
-        Ok(r) => r,
-        Err(e) => Err(BlockError::Io(std::io::Error::other(format!(
-            "cache request ended abnormally: {e}"
-        )))),
-    }
+    block::detach::detached(op).await
 }
 
 impl Inner {

@@ -753,3 +753,71 @@ async fn a_mirror_half_refusing_writes_at_open_leaves_the_cache_degraded_not_dow
     assert!(state.starts_with("degraded"), "state: {state}");
     verify_all(&vol, &oracle).await;
 }
+
+/// A read that fills a frame and is dropped while the fill's SSD write is
+/// under way (an aborted command, a client gone) holds the block until that
+/// write has landed: a write to the block in between would otherwise land
+/// first, be acknowledged, and be overwritten on the SSD by the fill's older
+/// copy, which later reads return (in write-back, the destage then copies it
+/// to the backing too).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dropped_fill_does_not_land_over_a_later_write() {
+    let old = pattern(71, BLOCK as usize);
+    let backing: VolumeRef = Arc::new(MemVolume::new(512, BACKING_BYTES / 512));
+    backing.write(0, old.clone(), false).await.unwrap();
+    // an SSD that, like a real one, does not take back a write once issued
+    let ssd = Arc::new(block::HoldVolume::queued(Arc::new(MemVolume::new(
+        512,
+        4 << 10,
+    ))));
+    let vol = Arc::new(
+        CacheVolume::open(
+            "t",
+            backing.clone(),
+            devices(&[ssd.clone() as VolumeRef]),
+            cfg(CacheMode::WriteThrough),
+        )
+        .await
+        .unwrap(),
+    );
+    let blocks = BLOCK / 512;
+    // the read misses and fills the frame: its SSD write is held
+    ssd.writes.hold();
+    let read = {
+        let vol = vol.clone();
+        tokio::spawn(async move { vol.read(0, blocks).await })
+    };
+    tokio::time::timeout(Duration::from_secs(10), ssd.writes.arrivals(1))
+        .await
+        .expect("the read filled no frame");
+    // from now on only the fill (its first block) is held
+    let fill_at = ssd.writes.last_arrival();
+    ssd.writes.hold_range(fill_at, fill_at + 1);
+    read.abort();
+    assert!(read.await.unwrap_err().is_cancelled());
+    // a write to the middle of the block: not the fill's first block on the SSD
+    let new = pattern(72, 4096);
+    let write = {
+        let (vol, new) = (vol.clone(), new.clone());
+        tokio::spawn(async move { vol.write(16, new, false).await })
+    };
+    // it must wait for the fill (which holds the block); given 2 s, a write
+    // that does not has landed and been acknowledged by then
+    let mut write = write;
+    let early = tokio::time::timeout(Duration::from_secs(2), &mut write).await;
+    ssd.writes.open();
+    match early {
+        Ok(r) => r.unwrap().unwrap(),
+        Err(_) => write.await.unwrap().unwrap(),
+    }
+    // the fill has ended, one way or the other
+    tokio::time::timeout(Duration::from_secs(10), ssd.writes.endings(1))
+        .await
+        .expect("the fill never ended");
+    let mut want = old.to_vec();
+    want[8192..8192 + 4096].copy_from_slice(&new);
+    assert!(
+        vol.read(0, blocks).await.unwrap() == want,
+        "the dropped fill's older copy landed over the acknowledged write"
+    );
+}
