@@ -6,11 +6,14 @@
 //! flight on the old volume, and requests that arrive meanwhile wait and then go to
 //! the new one. No request ever sees both, which is what keeps a cache coherent: a
 //! read that fills the cache from the backing can never race a write that went
-//! around it.
+//! around it. A write, discard or write-zeroes whose caller drops it keeps its
+//! lock until it has ended below (`crate::detach`): the volume below does not
+//! take back what it was handed, and a switch must wait for that too.
 
 use crate::{BlockError, BlockResult, Bytes, Extent, Geometry, Volume, VolumeRef};
 use async_trait::async_trait;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use tokio::sync::RwLock;
 
 /// A volume that forwards to an exchangeable lower volume.
@@ -18,7 +21,7 @@ pub struct SwitchVolume {
     geometry: Geometry,
     /// The block count (it grows: [`Volume::grow`]).
     block_count: AtomicU64,
-    current: RwLock<VolumeRef>,
+    current: Arc<RwLock<VolumeRef>>,
 }
 
 impl SwitchVolume {
@@ -28,7 +31,7 @@ impl SwitchVolume {
         SwitchVolume {
             geometry,
             block_count: AtomicU64::new(geometry.block_count),
-            current: RwLock::new(inner),
+            current: Arc::new(RwLock::new(inner)),
         }
     }
 
@@ -79,20 +82,19 @@ impl Volume for SwitchVolume {
         self.current.read().await.read(lba, blocks).await
     }
     async fn write(&self, lba: u64, data: Bytes, fua: bool) -> BlockResult<()> {
-        self.current.read().await.write(lba, data, fua).await
+        let cur = self.current.clone().read_owned().await;
+        crate::detach::detached(async move { cur.write(lba, data, fua).await }).await
     }
     async fn flush(&self) -> BlockResult<()> {
         self.current.read().await.flush().await
     }
     async fn discard(&self, lba: u64, blocks: u64) -> BlockResult<()> {
-        self.current.read().await.discard(lba, blocks).await
+        let cur = self.current.clone().read_owned().await;
+        crate::detach::detached(async move { cur.discard(lba, blocks).await }).await
     }
     async fn write_zeroes(&self, lba: u64, blocks: u64, may_unmap: bool) -> BlockResult<()> {
-        self.current
-            .read()
-            .await
-            .write_zeroes(lba, blocks, may_unmap)
-            .await
+        let cur = self.current.clone().read_owned().await;
+        crate::detach::detached(async move { cur.write_zeroes(lba, blocks, may_unmap).await }).await
     }
     async fn block_status(&self, lba: u64, blocks: u64) -> BlockResult<Vec<Extent>> {
         self.current.read().await.block_status(lba, blocks).await
@@ -102,9 +104,46 @@ impl Volume for SwitchVolume {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{DelayVolume, MemVolume};
-    use std::sync::Arc;
+    use crate::{DelayVolume, HoldVolume, MemVolume};
     use std::time::Duration;
+
+    /// A write whose caller gave up while the volume below still had it is
+    /// waited for by a switch all the same: the volume below lands it.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_switch_waits_for_a_write_its_caller_gave_up() {
+        let mem = Arc::new(MemVolume::new(512, 64));
+        let held = Arc::new(HoldVolume::queued(mem.clone()));
+        let sw = Arc::new(SwitchVolume::new(held.clone()));
+        held.writes.hold();
+        let data = Bytes::from(vec![7u8; 512]);
+        let w = {
+            let (sw, data) = (sw.clone(), data.clone());
+            tokio::spawn(async move { sw.write(3, data, false).await })
+        };
+        held.writes.arrivals(1).await;
+        w.abort();
+        assert!(w.await.unwrap_err().is_cancelled());
+        let mut switch = {
+            let sw = sw.clone();
+            tokio::spawn(async move { sw.switch(Arc::new(MemVolume::new(512, 64))).await })
+        };
+        // a switch that does not wait returns within the second; one that
+        // does waits for the release
+        let early = tokio::time::timeout(Duration::from_secs(1), &mut switch).await;
+        let landed =
+            |m: Arc<MemVolume>| async move { m.read(3, 1).await.unwrap() == vec![7u8; 512] };
+        if early.is_ok() {
+            assert!(
+                landed(mem.clone()).await,
+                "the switch went on while the old volume still had a write"
+            );
+        }
+        held.writes.open();
+        if early.is_err() {
+            switch.await.unwrap().unwrap();
+        }
+        assert!(landed(mem).await);
+    }
 
     #[tokio::test]
     async fn a_switch_waits_for_requests_in_flight_and_later_ones_go_to_the_new_volume() {
