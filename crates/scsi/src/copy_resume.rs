@@ -135,6 +135,27 @@ pub fn copy_records(pr_state_file: &Path) -> usize {
 
 /// Writes `json` as the record file beside `pr_state_file`: what a node killed
 /// mid-copy leaves.
+/// A record [`Intents::add`] has put in the map and not yet seen durable:
+/// dropped armed, it is removed at once (see there).
+struct Unwritten<'a> {
+    intents: &'a Arc<Intents>,
+    id: Option<u64>,
+}
+
+impl Unwritten<'_> {
+    fn disarm(mut self) {
+        self.id = None;
+    }
+}
+
+impl Drop for Unwritten<'_> {
+    fn drop(&mut self) {
+        if let Some(id) = self.id.take() {
+            self.intents.remove_now(id);
+        }
+    }
+}
+
 #[cfg(test)]
 pub(crate) fn plant(pr_state_file: &Path, json: &[u8]) {
     let (mut slots, _) = crate::statefile::Slots::open(&records_path(pr_state_file), SLOT_BYTES);
@@ -303,7 +324,11 @@ impl Intents {
         st.version
     }
 
-    /// Adds a copy's record; returns once it is durable.
+    /// Adds a copy's record; returns once it is durable. Dropped before then
+    /// (its command aborted while the record is written), the record is
+    /// removed again before the drop returns: the file write under way still
+    /// lands, and a record nobody removes would run a copy that never ran at
+    /// the next start, over what the initiator wrote since.
     async fn add(self: &Arc<Self>, pieces: Vec<Piece>) -> std::io::Result<u64> {
         let mut id = 0;
         let version = self.change(|st| {
@@ -311,6 +336,10 @@ impl Intents {
             st.next_id += 1;
             st.copies.insert(id, pieces);
         });
+        let unwritten = Unwritten {
+            intents: self,
+            id: Some(id),
+        };
         if let Err(e) = self.persist_async(version).await {
             // a write that did succeed meanwhile may hold it: write it out
             // (the copy is refused, so it must not run again at the next start)
@@ -318,8 +347,10 @@ impl Intents {
                 st.copies.remove(&id);
             });
             let _ = self.persist_async(v).await;
+            unwritten.disarm();
             return Err(e);
         }
+        unwritten.disarm();
         Ok(id)
     }
 
@@ -619,6 +650,32 @@ mod tests {
         let again = Intents::load(Some(&pr));
         assert_eq!(again.found.lock().len(), 1);
         assert!(again.gate(op::READ_10).is_err());
+    }
+
+    /// A copy whose command is aborted while its record is being written
+    /// leaves no record behind (the write under way still lands; a later
+    /// write of the map must not carry it on).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_add_dropped_while_its_record_is_written_leaves_none() {
+        let dir = crate::tests::TempDir::new("intents-dropped");
+        let pr = dir.path().join("lun0.pr.json");
+        let intents = Intents::load(Some(&pr));
+        let mut add = Box::pin(intents.add(vec![piece(5)]));
+        assert!(
+            !block::poll_once(&mut add),
+            "the record was written at once"
+        );
+        drop(add);
+        // a later copy comes and goes: the map is written out again
+        let id = intents.add(vec![piece(6)]).await.unwrap();
+        intents.remove(id).await.unwrap();
+        assert!(
+            on_file(&pr).is_empty(),
+            "a restart would run the dropped copy: {:?}",
+            on_file(&pr)
+        );
+        drop(intents);
+        assert!(Intents::load(Some(&pr)).found.lock().is_empty());
     }
 
     /// A removal that does not reach the file leaves a record a restart would
