@@ -586,7 +586,7 @@ pub(crate) async fn apply_here(
     changes: &[(u16, AluaState)],
     push_unchanged: bool,
 ) -> Result<(), Sense> {
-    let _order = lu.alua_order.lock().await;
+    let order = lu.alua_order.clone().lock_owned().await;
     let file = lu.config.state_file.as_deref().map(state_path);
     let changed = lu
         .alua
@@ -607,8 +607,15 @@ pub(crate) async fn apply_here(
     }
     let repl = lu.pr_replication.read().clone();
     if let Some(r) = repl {
-        let states = lu.alua.explicit_states();
-        if let Err(e) = r.push_alua_state(lu.lun, origin, &states).await {
+        // to its end even if this command is dropped: the states are set here,
+        // and a retry changes nothing, so would push nothing
+        let (lun, states, origin) = (lu.lun, lu.alua.explicit_states(), origin.cloned());
+        let pushed = block::detach::detached(async move {
+            let _order = order;
+            r.push_alua_state(lun, origin.as_ref(), &states).await
+        })
+        .await;
+        if let Err(e) = pushed {
             tracing::error!(lun = lu.lun, error = %e, "pushing explicit ALUA states to the partner failed");
             return Err(codes::INTERNAL_TARGET_FAILURE);
         }

@@ -180,10 +180,10 @@ pub(crate) struct LogicalUnit {
     pub pr_replication: RwLock<Option<Arc<dyn PrReplication>>>,
     /// Runs this node's PERSISTENT RESERVE OUTs one at a time, each together with the
     /// push of its state to the partner.
-    pub pr_order: tokio::sync::Mutex<()>,
+    pub pr_order: Arc<tokio::sync::Mutex<()>>,
     /// Runs this node's SET TARGET PORT GROUPS one at a time, each together with the
     /// push of the explicit ALUA states to the partner.
-    pub alua_order: tokio::sync::Mutex<()>,
+    pub alua_order: Arc<tokio::sync::Mutex<()>>,
     /// The thin provisioning soft threshold.
     pub thin: ThinThreshold,
     /// Where operator events go (the target's subscribers).
@@ -239,8 +239,8 @@ impl LogicalUnit {
             block_count_seen: AtomicU64::new(geo.block_count),
             write_order: Arc::new(tokio::sync::RwLock::new(())),
             pr_replication: RwLock::new(None),
-            pr_order: tokio::sync::Mutex::new(()),
-            alua_order: tokio::sync::Mutex::new(()),
+            pr_order: Arc::new(tokio::sync::Mutex::new(())),
+            alua_order: Arc::new(tokio::sync::Mutex::new(())),
             alua,
             thin: ThinThreshold::new(None),
             events,

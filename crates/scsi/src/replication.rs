@@ -131,7 +131,7 @@ pub(crate) async fn pr_out(
             return Err(Fail::Forwarded(resp));
         }
     }
-    let _order = lu.pr_order.lock().await;
+    let order = lu.pr_order.clone().lock_owned().await;
     let (done, state, victims) = admin::pr_out(lu, nexus, cdb, data, ports, repl.is_some())?;
     let victims: Vec<NexusId> = victims
         .into_iter()
@@ -140,31 +140,45 @@ pub(crate) async fn pr_out(
                 && v.relative_port_id == nexus.relative_port_id)
         })
         .collect();
-    if let (false, Some(a)) = (victims.is_empty(), &aborter) {
-        tracing::info!(
-            lun = lu.lun,
-            nexuses = victims.len(),
-            "PREEMPT AND ABORT: aborting their tasks"
-        );
-        a.abort_tasks(lu.lun, &victims).await;
-    }
-    if !victims.is_empty() {
-        // writes under way on the LU (a copy's batch, run by a command sent to
-        // another LU and so not aborted above) end before this answers; the
-        // next ones see the new reservation (crate::copy::Through)
-        drop(lu.write_order.write().await);
-    }
-    if let (Some(r), Some(state)) = (&repl, state) {
-        if let Err(e) = r.push_state(lu.lun, state).await {
-            // The change stays here. HARDWARE ERROR rather than NOT READY: multipath
-            // initiators retry NOT READY on another path, and a retried PR OUT would
-            // run against the changed state (e.g. a second REGISTER conflicts).
-            tracing::error!(lun = lu.lun, error = %e, "pushing reservation state to the partner failed");
-            return Err(Fail::Check(
-                codes::INTERNAL_TARGET_FAILURE,
-                done.transfer_len_bytes,
-            ));
+    // The change is made here: its aborts and the partner's copy of it run to
+    // their end, in order, even if this command is dropped (aborted itself,
+    // its connection lost). Dropped before the push, the partner kept the old
+    // reservation (a preempted initiator still writing through its ports),
+    // and a retry changes nothing here, so pushes nothing.
+    let (lun, write_order) = (lu.lun, lu.write_order.clone());
+    let pushed = block::detach::detached(async move {
+        let _order = order;
+        if let (false, Some(a)) = (victims.is_empty(), &aborter) {
+            tracing::info!(
+                lun,
+                nexuses = victims.len(),
+                "PREEMPT AND ABORT: aborting their tasks"
+            );
+            a.abort_tasks(lun, &victims).await;
         }
+        if !victims.is_empty() {
+            // writes under way on the LU (a copy's batch, run by a command sent to
+            // another LU and so not aborted above) end before this answers; the
+            // next ones see the new reservation (crate::copy::Through)
+            drop(write_order.write().await);
+        }
+        if let (Some(r), Some(state)) = (&repl, state) {
+            if let Err(e) = r.push_state(lun, state).await {
+                tracing::error!(lun, error = %e, "pushing reservation state to the partner failed");
+                return false;
+            }
+        }
+        true
+    })
+    .await;
+    if !pushed {
+        // The change stays here. HARDWARE ERROR rather than NOT READY: multipath
+        // initiators retry NOT READY on another path, and a retried PR OUT would
+        // run against the changed state (e.g. a second REGISTER conflicts).
+        return Err(Fail::Check(
+            codes::INTERNAL_TARGET_FAILURE,
+            done.transfer_len_bytes,
+        ));
     }
     Ok(done)
 }

@@ -137,6 +137,10 @@ impl PrReplication for Link {
         if self.fail_push.load(Ordering::Relaxed) {
             return Err("link down".into());
         }
+        if self.hold.swap(false, Ordering::AcqRel) {
+            self.held.notify_one();
+            self.release.notified().await;
+        }
         let Some(partner) = self.partner() else {
             return Ok(()); // alone
         };
@@ -588,6 +592,36 @@ async fn a_pr_out_waits_for_the_push_of_the_previous_one() {
     );
 }
 
+/// A PR OUT whose command is dropped (aborted, its connection lost) while its
+/// new state is pushed still brings the partner up to date: the change is made
+/// here, and a retry would change nothing, so push nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pr_out_dropped_during_its_push_still_reaches_the_partner() {
+    let (a, b, la) = pair_with(None);
+    let x = ready(&a, "x", 1).await;
+    la.hold.store(true, Ordering::Release);
+    let cmd = {
+        let a = a.clone();
+        tokio::spawn(async move { prout(&a, &x, REGISTER, 0, 0, 0x1, 0).await })
+    };
+    la.held.notified().await;
+    cmd.abort();
+    assert!(cmd.await.unwrap_err().is_cancelled());
+    la.release.notify_one();
+    // bounded: the push ends on its own
+    let mut same = false;
+    for _ in 0..500 {
+        if a.pr_state(LUN) == b.pr_state(LUN) {
+            same = true;
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    assert!(same, "the partner never got the registration");
+    let m = ready(&b, "m", 3).await;
+    assert_eq!(read_keys(&b, &m).await.1, vec![0x1]);
+}
+
 #[tokio::test]
 async fn failed_push_answers_internal_target_failure_and_keeps_the_change() {
     let (a, b, la) = pair_with(None);
@@ -984,6 +1018,36 @@ async fn explicit_states_installed_from_the_partner_are_persisted() {
     }
     let _ = std::fs::remove_dir_all(da);
     let _ = std::fs::remove_dir_all(db);
+}
+
+/// A SET TARGET PORT GROUPS whose command is dropped while its states are
+/// pushed still brings the partner up to date (a retry here would change
+/// nothing, so push nothing).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_set_target_port_groups_dropped_during_its_push_still_reaches_the_partner() {
+    let (a, b, la) = pair_with(None);
+    let na = ready(&a, "a", 1).await;
+    la.hold.store(true, Ordering::Release);
+    let cmd = {
+        let a = a.clone();
+        tokio::spawn(async move { stpg(&a, &na, &[(1, 2)]).await })
+    };
+    la.held.notified().await;
+    cmd.abort();
+    assert!(cmd.await.unwrap_err().is_cancelled());
+    la.release.notify_one();
+    let want = vec![(2, AluaState::ActiveNonOptimized)];
+    assert_eq!(a.lun_explicit_alua(LUN).unwrap(), want);
+    // bounded: the push ends on its own
+    let mut same = false;
+    for _ in 0..500 {
+        if b.lun_explicit_alua(LUN).unwrap() == want {
+            same = true;
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    assert!(same, "the partner never got the new port states");
 }
 
 #[tokio::test]
