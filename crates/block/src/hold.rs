@@ -154,7 +154,10 @@ impl HoldVolume {
             op(inner).await
         };
         if self.queued {
-            crate::detach::detached(run).await
+            // on a task of its own, as a device's queue: it carries nothing
+            // of its caller's (no transport in-flight token, unlike
+            // `crate::detach`)
+            tokio::spawn(run).await.expect("a held operation panicked")
         } else {
             run.await
         }

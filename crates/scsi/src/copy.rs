@@ -583,52 +583,67 @@ pub(crate) async fn copy_blocks(
         }
         let fua = dst.force_fua();
         run.writes_to(&dst.volume);
-        let _order = dst.write_order.read().await;
+        let order = dst.write_order.clone().read_owned().await;
         if dst.sanitize.gate(op::WRITE_16, true).is_err() {
             return Err(codes::COPY_TARGET_NOT_REACHABLE.into());
         }
         if let Some(t) = through {
             check_access(dst, t.nexus, true, t.dst_foreign)?;
         }
-        // each chunk counts in the status once it is written
-        let writes: Vec<block::BoxFut<'_, block::BlockResult<()>>> = batch
-            .into_iter()
-            .map(|(off, data)| -> block::BoxFut<'_, block::BlockResult<()>> {
-                Box::pin(async move {
-                    let len = data.len() as u64;
-                    dst.volume
-                        .write_copy(run.id, dst_lba + off, data, fua)
-                        .await?;
-                    status.bytes.fetch_add(len, Ordering::Relaxed);
-                    Ok(())
-                })
-            })
-            .collect();
-        // each polled once here: those that finish at once are done, the rest
-        // are waited for together
-        let mut results = Vec::with_capacity(writes.len());
-        let mut waiting = Vec::new();
-        for mut w in writes {
-            match block::poll_now(&mut w) {
-                Some(r) => results.push(r),
-                None => waiting.push(w),
+        // The batch's writes run to their end, under the write order, even if
+        // the copy is dropped (its command aborted, a PREEMPT AND ABORT): a
+        // write handed to a disk, a cache or a replica still lands, and must
+        // not land after the abort is answered, over the initiator's next
+        // write (see `block::detach`).
+        let (volume, id) = (dst.volume.clone(), run.id);
+        let (results, waited) = block::detach::detached(async move {
+            let _order = order;
+            let writes: Vec<block::BoxFut<'static, block::BlockResult<u64>>> = batch
+                .into_iter()
+                .map(
+                    |(off, data)| -> block::BoxFut<'static, block::BlockResult<u64>> {
+                        let volume = volume.clone();
+                        Box::pin(async move {
+                            let len = data.len() as u64;
+                            volume.write_copy(id, dst_lba + off, data, fua).await?;
+                            Ok(len)
+                        })
+                    },
+                )
+                .collect();
+            // each polled once here: those that finish at once are done, the
+            // rest are waited for together
+            let mut results = Vec::with_capacity(writes.len());
+            let mut waiting = Vec::new();
+            for mut w in writes {
+                match block::poll_now(&mut w) {
+                    Some(r) => results.push(r),
+                    None => waiting.push(w),
+                }
             }
-        }
-        let learned = if waiting.is_empty() {
-            1
-        } else {
+            let waited = !waiting.is_empty();
             results.extend(block::join_all(waiting).await);
-            CHUNKS_IN_FLIGHT
-        };
+            (results, waited)
+        })
+        .await;
+        let learned = if waited { CHUNKS_IN_FLIGHT } else { 1 };
         if learned != batch_len {
             batch_len = learned;
             dst.copy_batch.store(learned, Ordering::Relaxed);
         }
+        // each chunk counts in the status once it is written
+        let mut failed = None;
         for r in results {
-            r.map_err(|e| {
-                tracing::error!(lun = dst.lun, error = %e, "copy: writing the destination failed");
-                Fail::from(codes::COPY_TARGET_FAILURE)
-            })?;
+            match r {
+                Ok(len) => {
+                    status.bytes.fetch_add(len, Ordering::Relaxed);
+                }
+                Err(e) => failed = failed.or(Some(e)),
+            }
+        }
+        if let Some(e) = failed {
+            tracing::error!(lun = dst.lun, error = %e, "copy: writing the destination failed");
+            return Err(Fail::from(codes::COPY_TARGET_FAILURE));
         }
         done = read;
     }

@@ -1265,6 +1265,50 @@ async fn a_list_id_waiting_for_a_copy_slot_is_in_progress() {
     assert_eq!(waiting.await.status, status::GOOD);
 }
 
+/// An aborted EXTENDED COPY's writes under way end before the transport may
+/// answer the abort: the copy's in-flight token lives until they have, and
+/// they land (a disk, cache or replica does not take back what it was handed).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_aborted_copy_holds_its_in_flight_token_until_its_writes_end() {
+    let mem = Arc::new(MemVolume::new(BS as u32, BLOCKS));
+    let held = Arc::new(block::HoldVolume::new(mem.clone()));
+    let t = target_with(held.clone());
+    let cfg1 = add_second_lun(&t);
+    let t = Arc::new(t);
+    let n = ready(&t, "1", 1).await;
+    let _ = t.execute(&n, cmd(1, &[0; 6], &[])).await;
+    let data: Vec<u8> = (0..8 * BS).map(|i| (i % 251) as u8).collect();
+    let w = t.execute(&n, cmd(1, &rw10(0x2a, 0, 8), &data)).await;
+    assert_eq!(w.status, status::GOOD);
+    held.writes.hold();
+    let token: crate::InFlight = Arc::new(());
+    let weak = Arc::downgrade(&token);
+    let p = xcopy_params(1, 0, &[cfg1.naa, lun_config().naa], &[(0, 1, 8, 0, 16)]);
+    let copy = {
+        let (t, n) = (t.clone(), n.clone());
+        tokio::spawn(crate::in_flight(token, async move {
+            t.execute(&n, cmd(0, &xcopy_cdb(p.len()), &p)).await
+        }))
+    };
+    held.writes.arrivals(1).await;
+    copy.abort();
+    assert!(copy.await.unwrap_err().is_cancelled());
+    assert!(
+        weak.upgrade().is_some(),
+        "the abort could be answered while the copy's write was under way"
+    );
+    held.writes.open();
+    // the token goes once the write has ended (bounded)
+    for _ in 0..500 {
+        if weak.upgrade().is_none() {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    assert!(weak.upgrade().is_none(), "the copy's write never ended");
+    assert_eq!(mem.read(16, 8).await.unwrap()[..], data[..]);
+}
+
 #[tokio::test]
 async fn extended_copy_between_luns_and_within_one() {
     let (t, cfg1) = target_with_two_luns();
