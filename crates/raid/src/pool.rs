@@ -969,7 +969,8 @@ impl Pool {
     }
 
     /// Orderly stop: flushes members, checkpoints the journal, marks the
-    /// superblocks clean and stops background tasks. I/O after this still works but
+    /// superblocks clean (unless regions a crash left still await their
+    /// resync) and stops background tasks. I/O after this still works but
     /// marks the pool unclean again only at the next assemble.
     pub async fn shutdown(&self) -> RaidResult<()> {
         self.inner.closed.store(true, Ordering::SeqCst);
@@ -979,9 +980,12 @@ impl Pool {
             .await
             .map_err(|e| RaidError::PoolFailed(e.to_string()))?;
         {
-            // every member is flushed: whole-stripe writes are consistent on disk
+            // every member is flushed: whole-stripe writes are consistent on
+            // disk, except in the regions a crash left that have not been
+            // resynced yet: those stay listed, and the pool unclean, so that
+            // the next assemble resyncs them (marked clean, it dropped them)
             let mut st = self.inner.state.lock();
-            st.clean = true;
+            st.clean = st.resync_regions.is_empty();
             st.intent.retain(|_, r| r.inflight > 0);
             st.intent_seq += 1;
         }

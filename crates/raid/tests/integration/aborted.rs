@@ -129,3 +129,127 @@ async fn a_parity_update_whose_caller_is_aborted_leaves_the_stripe_consistent() 
     assert_eq!(pool.read(0, 8).await.unwrap(), data);
     pool.shutdown().await.unwrap();
 }
+
+/// A read that meets a medium error rewrites the block from redundancy under
+/// the stripe's lock. Dropped while the member still has that repair write
+/// (its caller aborted), the read keeps the lock until the write has ended:
+/// a write of the stripe that went ahead could land first, and the repair's
+/// older data over it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_read_whose_caller_is_aborted_keeps_its_stripe_until_its_repair_ends() {
+    let mems: Vec<Arc<MemVolume>> = (0..3)
+        .map(|_| Arc::new(MemVolume::new(BS, MEMBER_BLOCKS)))
+        .collect();
+    let faults: Vec<Arc<block::FaultVolume>> = mems
+        .iter()
+        .map(|m| Arc::new(block::FaultVolume::new(m.clone() as VolumeRef)))
+        .collect();
+    // members that, like disks, finish a write once it is issued
+    let holds: Vec<Arc<HoldVolume>> = faults
+        .iter()
+        .map(|f| Arc::new(HoldVolume::queued(f.clone() as VolumeRef)))
+        .collect();
+    let pool = Arc::new(
+        Pool::create(
+            config(RaidLevel::Raid5),
+            holds
+                .iter()
+                .enumerate()
+                .map(|(i, h)| Member::new(format!("m{i}"), h.clone() as VolumeRef))
+                .collect(),
+            vec![],
+        )
+        .await
+        .expect("create"),
+    );
+    pool.wait_idle().await;
+    let data = pattern(47, 8);
+    pool.write(0, data.clone(), false).await.unwrap();
+    pool.wait_applied().await;
+    // the first chunk's member now has a bad sector there; its repair is held
+    let pos = pool.layout().data_positions(0, 0)[0];
+    let at = pool.data_offset_bytes() / BS as u64;
+    faults[pos].plan().lock().bad_read_blocks = vec![at..at + 8];
+    holds[pos].writes.hold_range(at, at + 8);
+    let read = {
+        let pool = pool.clone();
+        tokio::spawn(async move { pool.read(0, 8).await })
+    };
+    holds[pos].writes.arrivals(1).await;
+    read.abort();
+    assert!(read.await.unwrap_err().is_cancelled());
+    // a write to the same stripe (its second chunk)
+    let mut write = {
+        let pool = pool.clone();
+        tokio::spawn(async move {
+            pool.write(CHUNK as u64 / BS as u64, pattern(48, 8), false)
+                .await
+        })
+    };
+    // it must wait for the repair; given a second, one that does not has
+    // taken the stripe by then
+    let early = tokio::time::timeout(Duration::from_secs(1), &mut write).await;
+    holds[pos].writes.open();
+    assert!(
+        early.is_err(),
+        "a write took the stripe while the aborted read's repair was under way"
+    );
+    write.await.unwrap().unwrap();
+    assert_eq!(pool.read(0, 8).await.unwrap(), data);
+    pool.wait_applied().await;
+    let report = pool.scrub().await.unwrap().unwrap();
+    assert_eq!(report.mismatches, 0, "{report:?}");
+    pool.shutdown().await.unwrap();
+}
+
+/// Regions still waiting for their post-crash resync are not forgotten by an
+/// orderly stop: a clean shutdown before the resync had finished marked the
+/// pool clean, and the next assemble resynced nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_clean_stop_keeps_the_regions_still_to_resync_after_a_crash() {
+    let mems: Vec<Arc<MemVolume>> = (0..2)
+        .map(|_| Arc::new(MemVolume::new(BS, MEMBER_BLOCKS)))
+        .collect();
+    let members = |hold_data: Option<u64>| {
+        let holds: Vec<Arc<HoldVolume>> = mems
+            .iter()
+            .map(|m| Arc::new(HoldVolume::new(m.clone() as VolumeRef)))
+            .collect();
+        if let Some(from) = hold_data {
+            // the data area's reads (the resync's) wait; superblocks are read
+            for h in &holds {
+                h.reads.hold_range(from, u64::MAX);
+            }
+        }
+        let ms: Vec<Member> = holds
+            .iter()
+            .enumerate()
+            .map(|(i, h)| Member::new(format!("m{i}"), h.clone() as VolumeRef))
+            .collect();
+        (ms, holds)
+    };
+    let (ms, _h) = members(None);
+    let pool = Pool::create(config(RaidLevel::Raid1), ms, vec![])
+        .await
+        .expect("create");
+    pool.wait_idle().await;
+    let from = pool.data_offset_bytes() / BS as u64;
+    pool.write(100, pattern(49, 8), false).await.unwrap();
+    // a crash: no orderly stop, the region written last is dirty on disk
+    drop(pool);
+    let (ms, _held) = members(Some(from));
+    let pool = Pool::assemble(ms, false).await.expect("assemble");
+    assert!(
+        pool.status().unsynced_regions > 0,
+        "the crash left no region to resync"
+    );
+    // stopped in order before that resync could run
+    pool.shutdown().await.unwrap();
+    drop(pool);
+    let (ms, _held_again) = members(Some(from));
+    let pool = Pool::assemble(ms, false).await.expect("assemble again");
+    assert!(
+        pool.status().unsynced_regions > 0,
+        "the orderly stop forgot the regions still to resync"
+    );
+}
