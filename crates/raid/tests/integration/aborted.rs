@@ -169,7 +169,8 @@ async fn a_read_whose_caller_is_aborted_keeps_its_stripe_until_its_repair_ends()
     // the first chunk's member now has a bad sector there; its repair is held
     let pos = pool.layout().data_positions(0, 0)[0];
     let at = pool.data_offset_bytes() / BS as u64;
-    faults[pos].plan().lock().bad_read_blocks = [at..at + 8].to_vec();
+    let bad = at..at + 8;
+    faults[pos].plan().lock().bad_read_blocks = Vec::from([bad]);
     holds[pos].writes.hold_range(at, at + 8);
     let read = {
         let pool = pool.clone();
