@@ -606,27 +606,36 @@ impl Drop for FullUnderneath {
     }
 }
 
+/// A buffered volume over [`FullUnderneath`] with 8 MiB written to the page
+/// cache, more than the 2 MiB under the device (so its writeback fails), and
+/// the chunk written; None (skipped) without loop devices or tmpfs mounts.
+async fn overfilled(engine: Engine) -> Option<(FullUnderneath, FileVolume, Bytes)> {
+    let Some(under) = FullUnderneath::new() else {
+        eprintln!("skipped: no loop device or tmpfs mount here (not root?)");
+        return None;
+    };
+    let opts = FileOptions {
+        engine,
+        direct: DirectIo::Off,
+        ..FileOptions::default()
+    };
+    let v = FileVolume::open(std::path::Path::new(&under.loopdev), &opts).unwrap();
+    let chunk = Bytes::from(pattern(0, 2048, 512, 3));
+    for i in 0..8u64 {
+        v.write(i * 2048, chunk.clone(), false).await.unwrap();
+    }
+    Some((under, v, chunk))
+}
+
 /// Linux reports a failed writeback once per open file and drops the pages it
 /// could not write: a second fdatasync succeeds over lost data. The volume
 /// remembers the first failure, and its writes and flushes fail from then on.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failed_flush_is_not_forgotten_by_the_next_one() {
     for engine in ENGINES {
-        let Some(under) = FullUnderneath::new() else {
-            eprintln!("skipped: no loop device or tmpfs mount here (not root?)");
+        let Some((under, v, chunk)) = overfilled(engine).await else {
             return;
         };
-        let opts = FileOptions {
-            engine,
-            direct: DirectIo::Off,
-            ..FileOptions::default()
-        };
-        let v = FileVolume::open(std::path::Path::new(&under.loopdev), &opts).unwrap();
-        // 8 MiB taken by the page cache, more than the 2 MiB under the device
-        let chunk = Bytes::from(pattern(0, 2048, 512, 3));
-        for i in 0..8u64 {
-            v.write(i * 2048, chunk.clone(), false).await.unwrap();
-        }
         assert!(v.flush().await.is_err(), "{engine:?}: the writeback failed");
         assert!(
             v.flush().await.is_err(),
@@ -646,20 +655,9 @@ async fn a_failed_flush_is_not_forgotten_by_the_next_one() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failed_flush_nobody_waited_for_is_not_forgotten() {
     for engine in ENGINES {
-        let Some(under) = FullUnderneath::new() else {
-            eprintln!("skipped: no loop device or tmpfs mount here (not root?)");
+        let Some((under, v, _)) = overfilled(engine).await else {
             return;
         };
-        let opts = FileOptions {
-            engine,
-            direct: DirectIo::Off,
-            ..FileOptions::default()
-        };
-        let v = FileVolume::open(std::path::Path::new(&under.loopdev), &opts).unwrap();
-        let chunk = Bytes::from(pattern(0, 2048, 512, 3));
-        for i in 0..8u64 {
-            v.write(i * 2048, chunk.clone(), false).await.unwrap();
-        }
         // the flush is handed to the engine, then its caller goes away
         let mut flush = Box::pin(v.flush());
         assert!(

@@ -15,6 +15,23 @@ use raid::{Member, Pool, RaidLevel};
 use std::sync::Arc;
 use std::time::Duration;
 
+/// A new pool of `level` over `members`, its initial sync done.
+async fn synced_pool(level: RaidLevel, members: &[Arc<HoldVolume>]) -> Arc<Pool> {
+    let pool = Pool::create(
+        config(level),
+        members
+            .iter()
+            .enumerate()
+            .map(|(i, h)| Member::new(format!("m{i}"), h.clone() as VolumeRef))
+            .collect(),
+        vec![],
+    )
+    .await
+    .expect("create");
+    pool.wait_idle().await;
+    Arc::new(pool)
+}
+
 /// A pool whose members are held behind gates the test opens.
 async fn held_pool(
     level: RaidLevel,
@@ -27,21 +44,7 @@ async fn held_pool(
         .iter()
         .map(|m| Arc::new(HoldVolume::new(m.clone() as VolumeRef)))
         .collect();
-    let pool = Arc::new(
-        Pool::create(
-            config(level),
-            holds
-                .iter()
-                .enumerate()
-                .map(|(i, h)| Member::new(format!("m{i}"), h.clone() as VolumeRef))
-                .collect(),
-            vec![],
-        )
-        .await
-        .expect("create"),
-    );
-    pool.wait_idle().await;
-    (pool, mems, holds)
+    (synced_pool(level, &holds).await, mems, holds)
 }
 
 /// Whether member `m` holds `data` at member block `at`.
@@ -149,20 +152,7 @@ async fn a_read_whose_caller_is_aborted_keeps_its_stripe_until_its_repair_ends()
         .iter()
         .map(|f| Arc::new(HoldVolume::queued(f.clone() as VolumeRef)))
         .collect();
-    let pool = Arc::new(
-        Pool::create(
-            config(RaidLevel::Raid5),
-            holds
-                .iter()
-                .enumerate()
-                .map(|(i, h)| Member::new(format!("m{i}"), h.clone() as VolumeRef))
-                .collect(),
-            vec![],
-        )
-        .await
-        .expect("create"),
-    );
-    pool.wait_idle().await;
+    let pool = synced_pool(RaidLevel::Raid5, &holds).await;
     let data = pattern(47, 8);
     pool.write(0, data.clone(), false).await.unwrap();
     pool.wait_applied().await;

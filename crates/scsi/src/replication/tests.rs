@@ -592,6 +592,18 @@ async fn a_pr_out_waits_for_the_push_of_the_previous_one() {
     );
 }
 
+/// Whether `arrived` holds within 5 s: a push whose command was dropped ends
+/// on its own, with nothing of its own to await.
+async fn pushed(arrived: impl Fn() -> bool) -> bool {
+    for _ in 0..500 {
+        if arrived() {
+            return true;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    false
+}
+
 /// A PR OUT whose command is dropped (aborted, its connection lost) while its
 /// new state is pushed still brings the partner up to date: the change is made
 /// here, and a retry would change nothing, so push nothing.
@@ -608,16 +620,10 @@ async fn a_pr_out_dropped_during_its_push_still_reaches_the_partner() {
     cmd.abort();
     assert!(cmd.await.unwrap_err().is_cancelled());
     la.release.notify_one();
-    // bounded: the push ends on its own
-    let mut same = false;
-    for _ in 0..500 {
-        if a.pr_state(LUN) == b.pr_state(LUN) {
-            same = true;
-            break;
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
-    }
-    assert!(same, "the partner never got the registration");
+    assert!(
+        pushed(|| a.pr_state(LUN) == b.pr_state(LUN)).await,
+        "the partner never got the registration"
+    );
     let m = ready(&b, "m", 3).await;
     assert_eq!(read_keys(&b, &m).await.1, vec![0x1]);
 }
@@ -1038,16 +1044,10 @@ async fn a_set_target_port_groups_dropped_during_its_push_still_reaches_the_part
     la.release.notify_one();
     let want = vec![(2, AluaState::ActiveNonOptimized)];
     assert_eq!(a.lun_explicit_alua(LUN).unwrap(), want);
-    // bounded: the push ends on its own
-    let mut same = false;
-    for _ in 0..500 {
-        if b.lun_explicit_alua(LUN).unwrap() == want {
-            same = true;
-            break;
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
-    }
-    assert!(same, "the partner never got the new port states");
+    assert!(
+        pushed(|| b.lun_explicit_alua(LUN).unwrap() == want).await,
+        "the partner never got the new port states"
+    );
 }
 
 #[tokio::test]
