@@ -633,7 +633,7 @@ async fn overfilled(engine: Engine) -> Option<(FullUnderneath, FileVolume, Bytes
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failed_flush_is_not_forgotten_by_the_next_one() {
     for engine in ENGINES {
-        let Some((under, v, chunk)) = overfilled(engine).await else {
+        let Some((_under, v, chunk)) = overfilled(engine).await else {
             return;
         };
         assert!(v.flush().await.is_err(), "{engine:?}: the writeback failed");
@@ -655,7 +655,7 @@ async fn a_failed_flush_is_not_forgotten_by_the_next_one() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failed_flush_nobody_waited_for_is_not_forgotten() {
     for engine in ENGINES {
-        let Some((under, v, _)) = overfilled(engine).await else {
+        let Some((_under, v, _)) = overfilled(engine).await else {
             return;
         };
         // the flush is handed to the engine, then its caller goes away
