@@ -15,6 +15,34 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 use tokio::io::AsyncWrite;
 
+/// Slowest a peer may take a batch of data queued for it, in bytes a second,
+/// past the stall time: every byte it takes restarts a [`StallTimeout`]'s
+/// timer, so a peer taking a few bytes now and then would otherwise hold the
+/// buffers of what is queued for it for good (4 MiB: the stall time + 64 s).
+pub const PEER_RATE_MIN: usize = 64 * 1024;
+
+/// Runs `send`, the writing of a batch of `bytes`, within `stall` plus the
+/// time the batch takes at [`PEER_RATE_MIN`]; `TimedOut` past that (`peer`
+/// names who was too slow). `Duration::MAX` sets no bound.
+pub async fn at_min_rate<T>(
+    stall: Duration,
+    bytes: usize,
+    peer: &str,
+    send: impl Future<Output = io::Result<T>>,
+) -> io::Result<T> {
+    let limit = stall.checked_add(Duration::from_secs((bytes / PEER_RATE_MIN) as u64));
+    let Some(limit) = limit.filter(|_| stall != Duration::MAX) else {
+        return send.await;
+    };
+    match tokio::time::timeout(limit, send).await {
+        Ok(r) => r,
+        Err(_) => Err(io::Error::new(
+            io::ErrorKind::TimedOut,
+            format!("the {peer} took less than {PEER_RATE_MIN} bytes a second of its data"),
+        )),
+    }
+}
+
 /// `W` with a bound on the time a write may make no progress.
 pub struct StallTimeout<W> {
     inner: W,
@@ -107,6 +135,24 @@ impl<W: AsyncWrite + Unpin> AsyncWrite for StallTimeout<W> {
 mod tests {
     use super::*;
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    /// A batch gets the stall time plus its size at the minimum rate, not a
+    /// moment more; `Duration::MAX` bounds nothing.
+    #[tokio::test(start_paused = true)]
+    async fn a_batch_gets_the_stall_time_plus_its_size_at_the_minimum_rate() {
+        let stall = Duration::from_secs(1);
+        let bytes = 3 * PEER_RATE_MIN;
+        let takes = |secs: u64| async move {
+            tokio::time::sleep(Duration::from_secs(secs)).await;
+            Ok::<_, io::Error>(())
+        };
+        assert!(at_min_rate(stall, bytes, "peer", takes(3)).await.is_ok());
+        let late = at_min_rate(stall, bytes, "peer", takes(5)).await;
+        assert_eq!(late.unwrap_err().kind(), io::ErrorKind::TimedOut);
+        assert!(at_min_rate(Duration::MAX, bytes, "peer", takes(1000))
+            .await
+            .is_ok());
+    }
 
     #[tokio::test(start_paused = true)]
     async fn a_reader_that_stops_fails_the_write_a_slow_one_does_not() {

@@ -19,10 +19,6 @@ use tokio::sync::mpsc;
 const BATCH_PDUS_MAX: usize = 64;
 /// Most data bytes written in one batch.
 const BATCH_BYTES_MAX: usize = 4 * 1024 * 1024;
-/// Slowest an initiator may take a batch, past the stall time: every byte it
-/// takes restarts the stall timer, so one taking a segment now and then would
-/// otherwise hold the budget of what is queued for it for good.
-const CLIENT_RATE_MIN: usize = 64 * 1024;
 
 /// One PDU to send.
 #[derive(Debug)]
@@ -171,26 +167,17 @@ pub(crate) async fn run_writer<W: tokio::io::AsyncWrite + Unpin>(
                 _permit: p.permit,
             });
         }
-        if stall == std::time::Duration::MAX {
-            write_all_vectored(&mut sock, &enc).await?;
-        } else {
-            let total: usize = enc
-                .iter()
-                .map(|e| e.hdr_len + e.data.len() + e.pad + e.ddig_len)
-                .sum();
-            let limit = stall + std::time::Duration::from_secs((total / CLIENT_RATE_MIN) as u64);
-            match tokio::time::timeout(limit, write_all_vectored(&mut sock, &enc)).await {
-                Ok(r) => r?,
-                Err(_) => {
-                    return Err(std::io::Error::new(
-                        std::io::ErrorKind::TimedOut,
-                        format!(
-                        "the initiator took less than {CLIENT_RATE_MIN} bytes a second of its data"
-                    ),
-                    ))
-                }
-            }
-        }
+        let total: usize = enc
+            .iter()
+            .map(|e| e.hdr_len + e.data.len() + e.pad + e.ddig_len)
+            .sum();
+        block::at_min_rate(
+            stall,
+            total,
+            "initiator",
+            write_all_vectored(&mut sock, &enc),
+        )
+        .await?;
         enc.clear();
     }
     sock.flush().await?;
@@ -261,7 +248,7 @@ mod tests {
     }
 
     /// A reader taking its data a little at a time, often enough that no stall
-    /// timer fires, still has to take each batch at CLIENT_RATE_MIN past the
+    /// timer fires, still has to take each batch at block::PEER_RATE_MIN past the
     /// stall time, or the writer gives up (and the connection with it). At the
     /// minimum rate it goes through. (Time is paused: tokio moves it on when
     /// every task waits, so the reading pace is exact.)

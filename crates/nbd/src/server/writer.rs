@@ -27,10 +27,6 @@ const COALESCE_OTHERS_MIN: usize = 8;
 /// gives up (every byte it takes starts the time again).
 const CLIENT_STALL_MS: u64 = 30_000;
 
-/// Slowest a client may take a batch of replies, in bytes a second (past the
-/// stall time): 4 MiB take at most 30 s + 64 s.
-const CLIENT_RATE_MIN: usize = 64 * 1024;
-
 /// Longest reply header: an `OFFSET_DATA` chunk header with its offset.
 const REPLY_HEADER_BYTES_MAX: usize = STRUCTURED_REPLY_HEADER_BYTES + 8;
 
@@ -163,23 +159,17 @@ pub(crate) async fn run_writer<W: AsyncWrite + Unpin>(
                     ReplyData::Status(b) => parts.push(b),
                 }
             }
-            // every byte taken restarts the stall timer, so a client taking
-            // one segment now and then would hold its replies' budget for
-            // ever: a batch must also go out at CLIENT_RATE_MIN on the whole
+            // a batch must also go out at a minimum rate on the whole (every
+            // byte taken restarts the stall timer)
             let total: usize = parts.iter().map(|p| p.len()).sum();
-            let limit = std::time::Duration::from_millis(CLIENT_STALL_MS)
-                + std::time::Duration::from_secs((total / CLIENT_RATE_MIN) as u64);
-            match tokio::time::timeout(limit, write_all_vectored(&mut sock, &parts)).await {
-                Ok(r) => r?,
-                Err(_) => {
-                    return Err(std::io::Error::new(
-                        std::io::ErrorKind::TimedOut,
-                        format!(
-                        "the client took less than {CLIENT_RATE_MIN} bytes a second of its replies"
-                    ),
-                    ))
-                }
-            }
+            let stall = std::time::Duration::from_millis(CLIENT_STALL_MS);
+            block::at_min_rate(
+                stall,
+                total,
+                "client",
+                write_all_vectored(&mut sock, &parts),
+            )
+            .await?;
         }
         // TLS holds records back until flushed (a no-op on a plain socket).
         sock.flush().await?;
