@@ -148,20 +148,7 @@ pub(crate) async fn pr_out(
     let (lun, write_order) = (lu.lun, lu.write_order.clone());
     let pushed = block::detach::detached(async move {
         let _order = order;
-        if let (false, Some(a)) = (victims.is_empty(), &aborter) {
-            tracing::info!(
-                lun,
-                nexuses = victims.len(),
-                "PREEMPT AND ABORT: aborting their tasks"
-            );
-            a.abort_tasks(lun, &victims).await;
-        }
-        if !victims.is_empty() {
-            // writes under way on the LU (a copy's batch, run by a command sent to
-            // another LU and so not aborted above) end before this answers; the
-            // next ones see the new reservation (crate::copy::Through)
-            drop(write_order.write().await);
-        }
+        abort_preempted(lun, &victims, aborter.as_ref(), &write_order, "here").await;
         if let (Some(r), Some(state)) = (&repl, state) {
             if let Err(e) = r.push_state(lun, state).await {
                 tracing::error!(lun, error = %e, "pushing reservation state to the partner failed");
@@ -181,6 +168,34 @@ pub(crate) async fn pr_out(
         ));
     }
     Ok(done)
+}
+
+/// The PREEMPT AND ABORT of the preempted nexuses `victims` on LU `lun`, on
+/// the node that ran it (`at` "here") or on the partner that installed its
+/// state ("on the partner"): their tasks are aborted through `aborter`, then
+/// the writes under way on the LU (a copy's batch, run by a command sent to
+/// another LU and so not aborted) end before this returns; the next ones see
+/// the new reservation (crate::copy::Through).
+pub(crate) async fn abort_preempted(
+    lun: u64,
+    victims: &[NexusId],
+    aborter: Option<&Arc<dyn TaskAbort>>,
+    write_order: &tokio::sync::RwLock<()>,
+    at: &str,
+) {
+    if victims.is_empty() {
+        return;
+    }
+    if let Some(a) = aborter {
+        tracing::info!(
+            lun,
+            nexuses = victims.len(),
+            at,
+            "PREEMPT AND ABORT: aborting their tasks"
+        );
+        a.abort_tasks(lun, victims).await;
+    }
+    drop(write_order.write().await);
 }
 
 #[cfg(test)]

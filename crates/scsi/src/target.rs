@@ -859,18 +859,14 @@ impl ScsiTarget {
                 .raise_for(&ua.initiator_port, ua.relative_port_id, ua.sense);
         }
         let aborter = self.task_abort.read().clone();
-        if let (false, Some(a)) = (aborts.is_empty(), aborter) {
-            tracing::info!(
-                lun,
-                nexuses = aborts.len(),
-                "PREEMPT AND ABORT on the partner: aborting their tasks here too"
-            );
-            a.abort_tasks(lun, &aborts).await;
-        }
-        if !aborts.is_empty() {
-            // as for a local PREEMPT AND ABORT (crate::replication::pr_out)
-            drop(lu.write_order.write().await);
-        }
+        crate::replication::abort_preempted(
+            lun,
+            &aborts,
+            aborter.as_ref(),
+            &lu.write_order,
+            "on the partner",
+        )
+        .await;
         Ok(())
     }
 
