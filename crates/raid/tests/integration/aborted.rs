@@ -10,7 +10,7 @@
 //! otherwise copy the first half over the second and hide the loss.
 
 use crate::common::*;
-use block::{HoldVolume, MemVolume, Volume, VolumeRef};
+use block::{Bytes, HoldVolume, MemVolume, Volume, VolumeRef};
 use raid::{Member, Pool, RaidLevel};
 use std::sync::Arc;
 use std::time::Duration;
@@ -32,14 +32,32 @@ async fn synced_pool(level: RaidLevel, members: &[Arc<HoldVolume>]) -> Arc<Pool>
     Arc::new(pool)
 }
 
+/// `n` blank member disks.
+fn mems(n: usize) -> Vec<Arc<MemVolume>> {
+    (0..n)
+        .map(|_| Arc::new(MemVolume::new(BS, MEMBER_BLOCKS)))
+        .collect()
+}
+
+/// The pool reads `data` at `lba`, its redundancy matches its data
+/// everywhere, and it stops.
+async fn consistent_and_stopped(pool: &Pool, lba: u64, data: &Bytes) {
+    assert_eq!(&pool.read(lba, 8).await.unwrap(), data);
+    pool.wait_applied().await;
+    let report = pool.scrub().await.unwrap().unwrap();
+    assert_eq!(
+        report.mismatches, 0,
+        "redundancy does not match the data: {report:?}"
+    );
+    pool.shutdown().await.unwrap();
+}
+
 /// A pool whose members are held behind gates the test opens.
 async fn held_pool(
     level: RaidLevel,
     n: usize,
 ) -> (Arc<Pool>, Vec<Arc<MemVolume>>, Vec<Arc<HoldVolume>>) {
-    let mems: Vec<Arc<MemVolume>> = (0..n)
-        .map(|_| Arc::new(MemVolume::new(BS, MEMBER_BLOCKS)))
-        .collect();
+    let mems: Vec<Arc<MemVolume>> = mems(n);
     let holds: Vec<Arc<HoldVolume>> = mems
         .iter()
         .map(|m| Arc::new(HoldVolume::new(m.clone() as VolumeRef)))
@@ -123,14 +141,7 @@ async fn a_parity_update_whose_caller_is_aborted_leaves_the_stripe_consistent() 
         lands(&mems[pos], at, &data).await,
         "the aborted update's data never reached its member"
     );
-    pool.wait_applied().await;
-    let report = pool.scrub().await.unwrap().unwrap();
-    assert_eq!(
-        report.mismatches, 0,
-        "the stripe's parity does not match its data: {report:?}"
-    );
-    assert_eq!(pool.read(0, 8).await.unwrap(), data);
-    pool.shutdown().await.unwrap();
+    consistent_and_stopped(&pool, 0, &data).await;
 }
 
 /// A read that meets a medium error rewrites the block from redundancy under
@@ -140,9 +151,7 @@ async fn a_parity_update_whose_caller_is_aborted_leaves_the_stripe_consistent() 
 /// older data over it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_read_whose_caller_is_aborted_keeps_its_stripe_until_its_repair_ends() {
-    let mems: Vec<Arc<MemVolume>> = (0..3)
-        .map(|_| Arc::new(MemVolume::new(BS, MEMBER_BLOCKS)))
-        .collect();
+    let mems: Vec<Arc<MemVolume>> = mems(3);
     let faults: Vec<Arc<block::FaultVolume>> = mems
         .iter()
         .map(|m| Arc::new(block::FaultVolume::new(m.clone() as VolumeRef)))
@@ -186,11 +195,7 @@ async fn a_read_whose_caller_is_aborted_keeps_its_stripe_until_its_repair_ends()
         "a write took the stripe while the aborted read's repair was under way"
     );
     write.await.unwrap().unwrap();
-    assert_eq!(pool.read(0, 8).await.unwrap(), data);
-    pool.wait_applied().await;
-    let report = pool.scrub().await.unwrap().unwrap();
-    assert_eq!(report.mismatches, 0, "{report:?}");
-    pool.shutdown().await.unwrap();
+    consistent_and_stopped(&pool, 0, &data).await;
 }
 
 /// Regions still waiting for their post-crash resync are not forgotten by an
@@ -198,9 +203,7 @@ async fn a_read_whose_caller_is_aborted_keeps_its_stripe_until_its_repair_ends()
 /// pool clean, and the next assemble resynced nothing.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_clean_stop_keeps_the_regions_still_to_resync_after_a_crash() {
-    let mems: Vec<Arc<MemVolume>> = (0..2)
-        .map(|_| Arc::new(MemVolume::new(BS, MEMBER_BLOCKS)))
-        .collect();
+    let mems: Vec<Arc<MemVolume>> = mems(2);
     let members = |hold_data: Option<u64>| {
         let holds: Vec<Arc<HoldVolume>> = mems
             .iter()
