@@ -137,6 +137,14 @@ pub struct Provisioning {
 ///
 /// Buffers are owned (`Bytes`) so that implementations may hand them to io_uring or
 /// another task without borrowing across an await.
+///
+/// A caller may drop a request's future at any await (an aborted command). What
+/// the request already handed below still lands, so a volume whose one request
+/// changes several places (mirror halves, data and parity, an SSD frame filled
+/// under a lock, a switch's lock) runs it to its end once started, through
+/// [`detach::detached`], and its effect is then the same as if nobody had
+/// dropped it. A dropped write's own blocks may hold old or new data, as after
+/// any unacknowledged write; nothing else may change.
 #[async_trait]
 pub trait Volume: Send + Sync + 'static {
     /// Shape and capabilities; constant for the life of the volume unless it is resized.
