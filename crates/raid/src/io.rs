@@ -895,6 +895,23 @@ impl Inner {
     }
 }
 
+impl Inner {
+    /// The pool's blocks `lba..lba + blocks` (checked by the caller).
+    async fn read_range(&self, lba: u64, blocks: u32) -> BlockResult<Bytes> {
+        let _fg = FgGuard::new(&self.fg_inflight);
+        let segs = self.segments(lba, blocks as u64);
+        let futs: Vec<BoxFut<'_, BlockResult<Bytes>>> = segs
+            .iter()
+            .map(|&g| -> BoxFut<'_, BlockResult<Bytes>> { Box::pin(self.read_seg(g)) })
+            .collect();
+        let mut out = BytesMut::with_capacity(blocks as usize * self.bs as usize);
+        for r in join_all(futs).await {
+            out.extend_from_slice(&r?);
+        }
+        Ok(out.freeze())
+    }
+}
+
 fn by_stripe(segs: Vec<Seg>) -> Vec<(u64, Vec<Seg>)> {
     let mut out: Vec<(u64, Vec<Seg>)> = Vec::new();
     for g in segs {
@@ -912,29 +929,20 @@ impl Volume for Pool {
         self.inner.geometry()
     }
 
-    /// To its end even if its caller drops it (`block::detach`): a read that
-    /// meets a medium error rewrites the block (RAID 5/6: reconstructed;
-    /// mirrors: from the good copy) under the stripe's lock. Dropped there, the
-    /// lock went while the member still had the repair write, a later write
-    /// of the stripe could land first, and the repair's older data over it.
+    /// A redundant pool's read runs to its end even if its caller drops it
+    /// (`block::detach`): a read that meets a medium error rewrites the block
+    /// (RAID 5/6: reconstructed; mirrors: from the good copy) under the
+    /// stripe's lock. Dropped there, the lock went while the member still had
+    /// the repair write, a later write of the stripe could land first, and the
+    /// repair's older data over it.
     async fn read(&self, lba: u64, blocks: u32) -> BlockResult<Bytes> {
         self.inner.geometry().check_range(lba, blocks as u64)?;
+        if self.inner.layout.scheme() == Scheme::Striped {
+            // nothing to repair: a dropped RAID 0 read leaves nothing behind
+            return self.inner.read_range(lba, blocks).await;
+        }
         let inner = Arc::clone(&self.inner);
-        block::detach::detached(async move {
-            let inner = &inner;
-            let _fg = FgGuard::new(&inner.fg_inflight);
-            let segs = inner.segments(lba, blocks as u64);
-            let futs: Vec<BoxFut<'_, BlockResult<Bytes>>> = segs
-                .iter()
-                .map(|&g| -> BoxFut<'_, BlockResult<Bytes>> { Box::pin(inner.read_seg(g)) })
-                .collect();
-            let mut out = BytesMut::with_capacity(blocks as usize * inner.bs as usize);
-            for r in join_all(futs).await {
-                out.extend_from_slice(&r?);
-            }
-            Ok(out.freeze())
-        })
-        .await
+        block::detach::detached(async move { inner.read_range(lba, blocks).await }).await
     }
 
     async fn write(&self, lba: u64, data: Bytes, fua: bool) -> BlockResult<()> {
