@@ -298,15 +298,6 @@ impl AtomicWrites {
     }
 }
 
-/// Runs `op` to its end (`crate::detach`): a caller that gives up (an aborted
-/// command drops its future) does not stop it half-way, where it would leave a
-/// record that a restart applies over later writes, and its slot taken.
-async fn to_completion<T: Send + 'static>(
-    op: impl std::future::Future<Output = BlockResult<T>> + Send + 'static,
-) -> BlockResult<T> {
-    crate::detach::detached(op).await
-}
-
 impl Inner {
     fn slot_lba(&self, slot: usize) -> u64 {
         slot as u64 * slot_blocks(self.block_size)
@@ -372,7 +363,8 @@ impl Inner {
             // it lets go of its range
             if self.kept_overlaps(lba, blocks) {
                 drop(admitted);
-                to_completion(self.clone().settle()).await?;
+                // to its end even if dropped (`crate::detach`), as below
+                crate::detach::detached(self.clone().settle()).await?;
                 continue;
             }
             let r = op.await;
@@ -650,8 +642,11 @@ impl Volume for AtomicWrites {
     fn atomic_write_max_blocks(&self) -> u32 {
         self.inner.max_blocks
     }
+    /// To its end even if its caller gives up (`crate::detach`): stopped
+    /// half-way it would leave a record that a restart applies over later
+    /// writes, and its slot taken.
     async fn write_atomic(&self, lba: u64, data: Bytes) -> BlockResult<()> {
-        to_completion(self.inner.clone().atomic(lba, data)).await
+        crate::detach::detached(self.inner.clone().atomic(lba, data)).await
     }
 }
 
