@@ -604,6 +604,20 @@ async fn pushed(arrived: impl Fn() -> bool) -> bool {
     false
 }
 
+/// Runs `command` on its own task until its push to the partner starts, drops
+/// it there (aborted), then lets the push go on.
+async fn dropped_during_its_push(
+    link: &Link,
+    command: impl std::future::Future<Output = Response> + Send + 'static,
+) {
+    link.hold.store(true, Ordering::Release);
+    let cmd = tokio::spawn(command);
+    link.held.notified().await;
+    cmd.abort();
+    assert!(cmd.await.unwrap_err().is_cancelled());
+    link.release.notify_one();
+}
+
 /// A PR OUT whose command is dropped (aborted, its connection lost) while its
 /// new state is pushed still brings the partner up to date: the change is made
 /// here, and a retry would change nothing, so push nothing.
@@ -611,15 +625,12 @@ async fn pushed(arrived: impl Fn() -> bool) -> bool {
 async fn a_pr_out_dropped_during_its_push_still_reaches_the_partner() {
     let (a, b, la) = pair_with(None);
     let x = ready(&a, "x", 1).await;
-    la.hold.store(true, Ordering::Release);
-    let cmd = {
-        let a = a.clone();
-        tokio::spawn(async move { prout(&a, &x, REGISTER, 0, 0, 0x1, 0).await })
-    };
-    la.held.notified().await;
-    cmd.abort();
-    assert!(cmd.await.unwrap_err().is_cancelled());
-    la.release.notify_one();
+    let a2 = a.clone();
+    dropped_during_its_push(
+        &la,
+        async move { prout(&a2, &x, REGISTER, 0, 0, 0x1, 0).await },
+    )
+    .await;
     assert!(
         pushed(|| a.pr_state(LUN) == b.pr_state(LUN)).await,
         "the partner never got the registration"
@@ -1033,15 +1044,8 @@ async fn explicit_states_installed_from_the_partner_are_persisted() {
 async fn a_set_target_port_groups_dropped_during_its_push_still_reaches_the_partner() {
     let (a, b, la) = pair_with(None);
     let na = ready(&a, "a", 1).await;
-    la.hold.store(true, Ordering::Release);
-    let cmd = {
-        let a = a.clone();
-        tokio::spawn(async move { stpg(&a, &na, &[(1, 2)]).await })
-    };
-    la.held.notified().await;
-    cmd.abort();
-    assert!(cmd.await.unwrap_err().is_cancelled());
-    la.release.notify_one();
+    let a2 = a.clone();
+    dropped_during_its_push(&la, async move { stpg(&a2, &na, &[(1, 2)]).await }).await;
     let want = vec![(2, AluaState::ActiveNonOptimized)];
     assert_eq!(a.lun_explicit_alua(LUN).unwrap(), want);
     assert!(
