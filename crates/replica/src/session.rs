@@ -762,13 +762,18 @@ async fn resync(
     m.synced = m.current;
     m.consistent = true;
     let gens = m.gens();
+    // stored here before the partner is told: from now on the partner holds
+    // either this generation (it took the end) or an unfinished copy (it did
+    // not), and the next meeting joins both. Stored after its answer, a lost
+    // answer left the partner in sync at a generation this copy had not
+    // recorded, and the next meeting judged the copies diverged
+    inner.store_meta(m).map_err(io)?;
+    inner.bitmap.persist().await.map_err(io)?;
     match link.request(|id| Message::ResyncDone { id, gens }).await {
         Ok(OpResult::Ok) => {}
         Ok(other) => return Err(format!("partner refused the end of the resync: {other:?}")),
         Err(LinkLost) => return Err("link lost".into()),
     }
-    inner.store_meta(m).map_err(io)?;
-    inner.bitmap.persist().await.map_err(io)?;
     inner.set_role(Role::Leader, Some(link.clone()), false, "in sync".into());
     tracing::info!(volume = %inner.cfg.name, bytes = inner.resynced_bytes.load(Ordering::Relaxed), "resync done: in sync");
     if let Some(addr) = inner.cfg.witness {

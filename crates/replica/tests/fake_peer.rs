@@ -546,3 +546,70 @@ async fn a_partner_write_in_flight_when_the_link_dies_never_lands_after_the_node
     assert_eq!(mem.read(1, 1).await.unwrap(), vec![0xCC; 512]);
     n1.shutdown().await;
 }
+
+/// The real node 1 (preferred) resyncs a fake node 2 of a brand-new pair; the
+/// fake takes the end of the resync (as a real target stores it) but its
+/// answer is lost with the link. Node 1 goes on alone; when the fake returns
+/// holding the generation it was told, the two copies must join again (node 1
+/// copies what it wrote alone), not be judged diverged: the source used to
+/// record the new generation only once the answer arrived.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_answer_to_the_end_of_a_resync_leaves_copies_that_join_again() {
+    let d = tempfile::tempdir().unwrap();
+    let k = keys();
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap();
+    let m1: VolumeRef = Arc::new(MemVolume::new(512, BLOCKS));
+    let (n1, _sink) =
+        ReplicatedVolume::open(cfg(1, d.path(), vec![addr], k[0].clone()), m1).unwrap();
+    // (a dial the node gave up on while nobody accepted fails its handshake)
+    let accept = || async {
+        loop {
+            let (s, _) = l.accept().await.unwrap();
+            if let Ok(st) = replica::secure::accept(s, &k[1], Purpose::Sync, &[Member::Node1]).await
+            {
+                return st;
+            }
+        }
+    };
+    let st = accept().await;
+    let (mut fake, _) = Fake::start(st.reader, st.writer, 2, Generations::default()).await;
+    // the fake takes every block of the full resync, then its end, and the
+    // link dies before it answers that
+    let gens = loop {
+        match fake
+            .next()
+            .await
+            .expect("node 1 closed the link during the resync")
+        {
+            Message::ResyncData { id, .. } => {
+                fake.send(Message::Done {
+                    id,
+                    result: OpResult::Ok,
+                })
+                .await
+            }
+            Message::ResyncDone { gens, .. } => break gens,
+            _ => {}
+        }
+    };
+    assert_ne!(gens.current, 0);
+    fake.close();
+    // node 1, preferred, goes on alone (a new generation from the one it sent)
+    assert!(
+        n1.wait_until(|s| s.role == Role::Solo, Duration::from_secs(20))
+            .await,
+        "{:?}",
+        n1.status()
+    );
+    // the fake returns in sync at the generation it was sent
+    let st = accept().await;
+    let (_fake, _) = Fake::start(st.reader, st.writer, 2, gens).await;
+    let led = n1
+        .wait_until(|s| s.role == Role::Leader, Duration::from_secs(20))
+        .await;
+    let s = n1.status();
+    assert!(led, "the copies were not joined again: {s:?}");
+    assert_eq!(s.state, "resyncing", "{s:?}");
+    n1.shutdown().await;
+}
