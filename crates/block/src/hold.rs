@@ -108,14 +108,17 @@ impl Drop for Ended<'_> {
     }
 }
 
-/// Forwards to the volume below, reads through [`HoldVolume::reads`] and
-/// writes (write, write zeroes, discard) through [`HoldVolume::writes`].
+/// Forwards to the volume below, reads through [`HoldVolume::reads`],
+/// writes (write, write zeroes, discard) through [`HoldVolume::writes`] and
+/// flushes through [`HoldVolume::flushes`] (as at block 0).
 pub struct HoldVolume {
     inner: VolumeRef,
     /// The reads' gate.
     pub reads: Arc<Hold>,
     /// The writes' gate.
     pub writes: Arc<Hold>,
+    /// The flushes' gate.
+    pub flushes: Arc<Hold>,
     queued: bool,
 }
 
@@ -127,6 +130,7 @@ impl HoldVolume {
             inner,
             reads: Arc::new(Hold::new()),
             writes: Arc::new(Hold::new()),
+            flushes: Arc::new(Hold::new()),
             queued: false,
         }
     }
@@ -182,7 +186,8 @@ impl Volume for HoldVolume {
         .await
     }
     async fn flush(&self) -> BlockResult<()> {
-        self.inner.flush().await
+        self.through(&self.flushes, 0, |v| async move { v.flush().await })
+            .await
     }
     async fn discard(&self, lba: u64, blocks: u64) -> BlockResult<()> {
         self.through(&self.writes, lba, move |v| async move {

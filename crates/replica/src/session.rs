@@ -542,7 +542,8 @@ async fn session(
         ),
     }
     // the partner's requests that write this copy outside the range locks
-    // (a leader's writes applied here, resync data): see the end of this fn
+    // (a leader's writes applied here, resync data and its end): see
+    // partner_writes_done
     let writing = Arc::new(tokio::sync::Semaphore::new(
         crate::link::HANDLED_IN_FLIGHT_MAX,
     ));
@@ -567,6 +568,7 @@ async fn session(
                     Message::Apply { .. }
                         | Message::ApplyForwarded { .. }
                         | Message::ResyncData { .. }
+                        | Message::ResyncDone { .. }
                 ) {
                     // (no more are in flight than `handled` allows: short only
                     // once the session's end waits for them all, and then
@@ -609,7 +611,9 @@ async fn session(
 /// caller decides what this node does next: they take no range lock (the
 /// partner ordered them), so one landing after the node went on alone (or
 /// after a new session's resync copied its region) would overwrite newer
-/// data. None is cut short midway; a disk that stalls holds the decision (the
+/// data. The end of a resync counts as one: taken after the decision, it made
+/// this node a follower of the dead link, serving as if in sync and never
+/// deciding again until the partner returned. None is cut short midway; a disk that stalls holds the decision (the
 /// node could not serve from it either). Connections the partner makes
 /// meanwhile are closed at once, so that it decides without this node instead
 /// of waiting on a handshake. Other requests (a write the partner forwarded to

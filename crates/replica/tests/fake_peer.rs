@@ -220,14 +220,9 @@ async fn resync_data_sent_to_the_leader_is_refused_and_not_written() {
     n1.shutdown().await;
 }
 
-/// Node 2 on `volume`, listening, and a fake node 1 that dials it, claims the
-/// lead of a brand-new pair and ends the resync at once with `gens` (a
-/// legitimate message while node 2 is its target): node 2 now follows it.
-async fn follower_of_a_fake_leader(
-    dir: &Path,
-    volume: VolumeRef,
-    gens: Generations,
-) -> (Arc<ReplicatedVolume>, Fake) {
+/// Node 2 on `volume`, listening, and a fake node 1 that dials it and claims
+/// the lead of a brand-new pair: node 2 is its resync target.
+async fn target_of_a_fake_leader(dir: &Path, volume: VolumeRef) -> (Arc<ReplicatedVolume>, Fake) {
     let k = keys();
     let (n2, sink) = ReplicatedVolume::open(cfg(2, dir, vec![], k[1].clone()), volume).unwrap();
     let n2 = Arc::new(n2);
@@ -242,12 +237,25 @@ async fn follower_of_a_fake_leader(
     let st = replica::secure::connect(s, &k[0], Member::Node2, Purpose::Sync)
         .await
         .unwrap();
-    let (mut fake, _) = Fake::start(st.reader, st.writer, 1, Generations::default()).await;
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
-    while n2.role() != Role::Target {
-        assert!(tokio::time::Instant::now() < deadline, "{:?}", n2.status());
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    let (fake, _) = Fake::start(st.reader, st.writer, 1, Generations::default()).await;
+    assert!(
+        n2.wait_until(|s| s.role == Role::Target, Duration::from_secs(20))
+            .await,
+        "{:?}",
+        n2.status()
+    );
+    (n2, fake)
+}
+
+/// [`target_of_a_fake_leader`], and the fake ends the resync at once with
+/// `gens` (a legitimate message while node 2 is its target): node 2 now
+/// follows it.
+async fn follower_of_a_fake_leader(
+    dir: &Path,
+    volume: VolumeRef,
+    gens: Generations,
+) -> (Arc<ReplicatedVolume>, Fake) {
+    let (n2, mut fake) = target_of_a_fake_leader(dir, volume).await;
     fake.send(Message::ResyncDone { id: 1, gens }).await;
     loop {
         let m = fake
@@ -612,4 +620,47 @@ async fn a_lost_answer_to_the_end_of_a_resync_leaves_copies_that_join_again() {
     assert!(led, "the copies were not joined again: {s:?}");
     assert_eq!(s.state, "resyncing", "{s:?}");
     n1.shutdown().await;
+}
+
+/// A fake leader ends the resync of the real node 2 and the link dies while
+/// node 2 still takes that end (its flush waits at the disk). Node 2 must then
+/// decide what to do without its partner (not preferred, no witness: stop),
+/// not follow the dead link for ever: the end used to set the follower role
+/// after the node had already decided.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_end_of_a_resync_taken_as_the_link_dies_leaves_a_node_that_decides() {
+    let d = tempfile::tempdir().unwrap();
+    let held = Arc::new(block::HoldVolume::new(Arc::new(MemVolume::new(
+        512, BLOCKS,
+    ))));
+    let (n2, fake) = target_of_a_fake_leader(d.path(), held.clone()).await;
+    held.flushes.hold();
+    let gens = Generations {
+        current: 7,
+        synced: 7,
+    };
+    fake.send(Message::ResyncDone { id: 1, gens }).await;
+    tokio::time::timeout(Duration::from_secs(10), held.flushes.arrivals(1))
+        .await
+        .expect("the end of the resync reached the disk's flush");
+    fake.close();
+    // the flush goes on once the node has decided without the partner (as
+    // before the fix: seen within the bound) or, as now, once the bound shows
+    // the node waits for the end of the resync to be taken first
+    let early = n2
+        .wait_until(|s| s.role != Role::Target, Duration::from_secs(3))
+        .await;
+    held.flushes.open();
+    let decided = n2
+        .wait_until(
+            |s| s.role == Role::Down && s.generation == "0000000000000007/0000000000000007",
+            Duration::from_secs(20),
+        )
+        .await;
+    assert!(
+        decided,
+        "the node did not decide after taking the end of the resync (it left the target role before: {early}): {:?}",
+        n2.status()
+    );
+    n2.shutdown().await;
 }
