@@ -23,8 +23,8 @@
 //! 0x0d  CopyEnd          id u64, copy u64
 //! 0x10  Ping             seq u64
 //! 0x11  Pong             seq u64
-//! 0x20  WitnessClaim     cluster str, node_id u8
-//! 0x21  WitnessRelease   cluster str, node_id u8
+//! 0x20  WitnessClaim     cluster str, node_id u8, seq u64
+//! 0x21  WitnessRelease   cluster str, node_id u8, seq u64
 //! 0x22  WitnessAnswer    holder u8
 //! ```
 //!
@@ -216,7 +216,7 @@ fn body_size_hint(msg: &Message) -> usize {
         Message::ResyncData { data, .. } => 20 + data.len(),
         Message::ScsiRequest { data, .. } | Message::ScsiReply { data, .. } => 12 + data.len(),
         Message::WitnessClaim { cluster, .. } | Message::WitnessRelease { cluster, .. } => {
-            5 + cluster.len()
+            13 + cluster.len()
         }
         _ => 24,
     }
@@ -307,14 +307,24 @@ fn put_body(msg: &Message, out: &mut BytesMut) -> u16 {
             out.put_u64(*seq);
             kind::PONG
         }
-        Message::WitnessClaim { cluster, node_id } => {
+        Message::WitnessClaim {
+            cluster,
+            node_id,
+            seq,
+        } => {
             put_str(out, cluster);
             out.put_u8(*node_id);
+            out.put_u64(*seq);
             kind::WITNESS_CLAIM
         }
-        Message::WitnessRelease { cluster, node_id } => {
+        Message::WitnessRelease {
+            cluster,
+            node_id,
+            seq,
+        } => {
             put_str(out, cluster);
             out.put_u8(*node_id);
+            out.put_u64(*seq);
             kind::WITNESS_RELEASE
         }
         Message::WitnessAnswer { holder } => {
@@ -653,10 +663,12 @@ fn parse_body(k: u16, body: Bytes) -> Result<Message, ProtoError> {
         kind::WITNESS_CLAIM => Message::WitnessClaim {
             cluster: r.string()?,
             node_id: r.u8()?,
+            seq: r.u64()?,
         },
         kind::WITNESS_RELEASE => Message::WitnessRelease {
             cluster: r.string()?,
             node_id: r.u8()?,
+            seq: r.u64()?,
         },
         kind::WITNESS_ANSWER => Message::WitnessAnswer { holder: r.u8()? },
         _ => return Err(ProtoError::Kind(k)),

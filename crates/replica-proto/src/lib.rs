@@ -318,6 +318,10 @@ pub enum Message {
         cluster: String,
         /// 1 or 2.
         node_id: u8,
+        /// Rises with every request the node makes for `cluster`: the witness
+        /// refuses one not above the last it took from that node (a request
+        /// the node gave up on, arriving after a later one).
+        seq: u64,
     },
     /// Node to witness: the pair is in sync again; the grant held by `node_id` is released.
     WitnessRelease {
@@ -325,6 +329,8 @@ pub enum Message {
         cluster: String,
         /// 1 or 2.
         node_id: u8,
+        /// As [`Message::WitnessClaim`]'s.
+        seq: u64,
     },
     /// Witness to node: the answer to a claim or release. `holder` is the node
     /// holding the grant afterwards (0 when none); a claim succeeded when it

@@ -1,13 +1,13 @@
 //! The life of a replicated volume's connection to its partner: connecting
 //! (node 1 dials, node 2 waits), the handshake and its plan, the session with its
 //! resync, and the decision taken when the partner is lost; plus the cleaner of
-//! the write-intent bitmap. The I/O paths are in `volume.rs`.
+//! the write-intent bitmap and the keeper of the witness's grant. The I/O paths
+//! are in `volume.rs`.
 
 use crate::link::{Framed, Link, LinkLost};
 use crate::meta::Meta;
 use crate::plan::{plan, Plan};
-use crate::volume::{Inner, Role};
-use crate::witness;
+use crate::volume::{Inner, Role, RoleState};
 use block::{Bytes, LockMode};
 use replica_proto::{hello_flags, Message, OpResult};
 use std::sync::atomic::Ordering;
@@ -223,13 +223,12 @@ async fn decide(inner: &Arc<Inner>, peer_last_ping: Instant, detached: bool) {
     let me = inner.cfg.node_id;
     let granted = match inner.cfg.witness {
         Some(addr) => {
-            let claim = Message::WitnessClaim {
-                cluster: inner.cfg.witness_key(),
-                node_id: me,
-            };
-            match witness::ask(addr, &inner.cfg.keys, claim).await {
+            match inner
+                .ask_witness(addr, true, || true)
+                .await
+                .expect("asked unconditionally")
+            {
                 Ok(holder) => {
-                    inner.witness_state.store(1, Ordering::Relaxed);
                     if holder == me {
                         Ok(())
                     } else {
@@ -238,10 +237,7 @@ async fn decide(inner: &Arc<Inner>, peer_last_ping: Instant, detached: bool) {
                         ))
                     }
                 }
-                Err(e) => {
-                    inner.witness_state.store(2, Ordering::Relaxed);
-                    Err(format!("partner and witness ({addr}) unreachable: {e}"))
-                }
+                Err(e) => Err(format!("partner and witness ({addr}) unreachable: {e}")),
             }
         }
         None if inner.cfg.preferred_node == me => Ok(()),
@@ -780,15 +776,61 @@ async fn resync(
     }
     inner.set_role(Role::Leader, Some(link.clone()), false, "in sync".into());
     tracing::info!(volume = %inner.cfg.name, bytes = inner.resynced_bytes.load(Ordering::Relaxed), "resync done: in sync");
-    if let Some(addr) = inner.cfg.witness {
-        let release = Message::WitnessRelease {
-            cluster: inner.cfg.witness_key(),
-            node_id: inner.cfg.node_id,
-        };
-        match witness::ask(addr, &inner.cfg.keys, release).await {
-            Ok(_) => inner.witness_state.store(1, Ordering::Relaxed),
-            Err(_) => inner.witness_state.store(2, Ordering::Relaxed),
+    Ok(())
+}
+
+/// Longest pause between attempts to release the witness's grant.
+const RELEASE_RETRY_MAX: Duration = Duration::from_secs(10);
+
+/// Gives the witness's survivor grant back each time the copies come in sync,
+/// on both nodes (only the holder's release changes anything) and until the
+/// witness has taken it: in sync, either copy may survive the other. Released
+/// once by the resync source only, the grant stayed with a holder whose
+/// release met an unreachable witness, or with a node that had claimed it
+/// without learning the answer and then became the target: if that node died
+/// later, the other was refused and the volume stopped.
+pub(crate) async fn witness_keeper(inner: std::sync::Weak<Inner>) {
+    let Some(addr) = inner.upgrade().and_then(|i| i.cfg.witness) else {
+        return;
+    };
+    let in_sync =
+        |st: &RoleState| matches!(st.role, Role::Leader | Role::Follower) && !st.peer_resyncing;
+    let Some(mut roles) = inner.upgrade().map(|i| i.role_tx.subscribe()) else {
+        return;
+    };
+    loop {
+        // until the copies are in sync
+        if roles.wait_for(in_sync).await.is_err() {
+            return;
+        }
+        let mut pause = Duration::from_secs(1);
+        loop {
+            let Some(i) = inner.upgrade() else { return };
+            if *i.stop_tx.borrow() {
+                return;
+            }
+            // (asked only if still in sync once any claim of this node's has
+            // ended: a claim is made after the node left the in-sync roles)
+            match i.ask_witness(addr, false, || in_sync(&i.role())).await {
+                None => break,
+                Some(Ok(holder)) => {
+                    tracing::info!(volume = %i.cfg.name, holder, "in sync: the witness's grant is released");
+                    break;
+                }
+                Some(Err(e)) => {
+                    tracing::warn!(volume = %i.cfg.name, ?pause, "in sync, but the witness's grant could not be released ({e}); retrying")
+                }
+            }
+            drop(i);
+            tokio::select! {
+                _ = tokio::time::sleep(pause) => {}
+                r = roles.wait_for(|st| !in_sync(st)) => if r.is_err() { return },
+            }
+            pause = (pause * 2).min(RELEASE_RETRY_MAX);
+        }
+        // until they are not
+        if roles.wait_for(|st| !in_sync(st)).await.is_err() {
+            return;
         }
     }
-    Ok(())
 }

@@ -243,6 +243,10 @@ pub(crate) struct Inner {
     pub(crate) resynced_bytes: AtomicU64,
     /// 0 not asked, 1 reachable, 2 unreachable.
     pub(crate) witness_state: AtomicU8,
+    /// The number of the last request to the witness; held while one is
+    /// asked, so that this node's requests go one at a time and in order
+    /// (see [`Inner::ask_witness`]).
+    witness_seq: tokio::sync::Mutex<u64>,
     /// Set by `shutdown`.
     pub(crate) stop_tx: watch::Sender<bool>,
     /// Serialises metadata updates made from request handlers.
@@ -472,6 +476,46 @@ impl Inner {
             *p = ports;
             changed
         });
+    }
+
+    /// Asks the witness for the survivor grant (`claim`) or releases it, if
+    /// `still()` holds once this node's earlier request has ended; None if it
+    /// no longer does. Returns the holder afterwards. Each request carries a
+    /// number above the last (microseconds since the epoch, or one more than
+    /// the last: rising across restarts too), and they go one at a time.
+    pub(crate) async fn ask_witness(
+        &self,
+        addr: SocketAddr,
+        claim: bool,
+        still: impl FnOnce() -> bool,
+    ) -> Option<std::io::Result<u8>> {
+        let mut last = self.witness_seq.lock().await;
+        if !still() {
+            return None;
+        }
+        let micros = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_micros() as u64);
+        let seq = micros.max(*last + 1);
+        *last = seq;
+        let (cluster, node_id) = (self.cfg.witness_key(), self.cfg.node_id);
+        let msg = if claim {
+            Message::WitnessClaim {
+                cluster,
+                node_id,
+                seq,
+            }
+        } else {
+            Message::WitnessRelease {
+                cluster,
+                node_id,
+                seq,
+            }
+        };
+        let r = crate::witness::ask(addr, &self.cfg.keys, msg).await;
+        self.witness_state
+            .store(if r.is_ok() { 1 } else { 2 }, Ordering::Relaxed);
+        Some(r)
     }
 
     pub(crate) fn store_meta(&self, m: Meta) -> std::io::Result<()> {
@@ -1277,6 +1321,7 @@ impl ReplicatedVolume {
             resync_done: AtomicU64::new(0),
             resynced_bytes: AtomicU64::new(0),
             witness_state: AtomicU8::new(0),
+            witness_seq: tokio::sync::Mutex::new(0),
             history: Mutex::new(RoleHistory::default()),
             stop_tx: watch::channel(false).0,
             meta_write: tokio::sync::Mutex::new(()),
@@ -1288,6 +1333,9 @@ impl ReplicatedVolume {
         let (tx, rx) = mpsc::channel(4);
         tokio::spawn(crate::session::manager(inner.clone(), rx));
         tokio::spawn(crate::session::cleaner(Arc::downgrade(&inner)));
+        if inner.cfg.witness.is_some() {
+            tokio::spawn(crate::session::witness_keeper(Arc::downgrade(&inner)));
+        }
         Ok((ReplicatedVolume { inner }, ConnectionSink { tx }))
     }
 

@@ -9,6 +9,14 @@
 //! obtain it, even if the holder dies later. Grants are persisted (a witness
 //! restart must not forget who holds the newer data).
 //!
+//! Every request carries a number that rises with each request its node makes
+//! for the grant; the witness refuses one not above the last it took from that
+//! node. A request the node gave up on (its answer was late) may still reach
+//! the witness after the node's next one: a release arriving after the same
+//! node's later claim would otherwise drop a grant that node now serves by,
+//! and the other node could take it too. The numbers are kept in memory only:
+//! a restarted witness has no connection left that could deliver an old one.
+//!
 //! Trust: every connection is authenticated (`secure.rs`, purpose `witness`):
 //! only node 1 or node 2 of the witness's cluster gets through, and a node may
 //! claim or release a grant only for itself. Grant names are bounded in length
@@ -43,8 +51,16 @@ const CONNECTIONS_PER_SOURCE_MAX: usize = 8;
 pub struct WitnessServer {
     listener: TcpListener,
     state_file: PathBuf,
-    holders: Arc<Mutex<BTreeMap<String, u8>>>,
+    grants: Arc<Mutex<Grants>>,
     keys: Arc<ClusterKeys>,
+}
+
+/// The witness's state: each grant's holder (persisted) and the last request
+/// number taken from each node for each grant (memory only).
+#[derive(Default)]
+struct Grants {
+    holders: BTreeMap<String, u8>,
+    seqs: BTreeMap<(String, u8), u64>,
 }
 
 impl WitnessServer {
@@ -69,7 +85,10 @@ impl WitnessServer {
         Ok(WitnessServer {
             listener: TcpListener::bind(addr).await?,
             state_file,
-            holders: Arc::new(Mutex::new(holders)),
+            grants: Arc::new(Mutex::new(Grants {
+                holders,
+                seqs: BTreeMap::new(),
+            })),
             keys,
         })
     }
@@ -113,12 +132,12 @@ impl WitnessServer {
                 }
                 *n += 1;
             }
-            let holders = self.holders.clone();
+            let grants = self.grants.clone();
             let file = self.state_file.clone();
             let keys = self.keys.clone();
             let open = open.clone();
             tokio::spawn(async move {
-                if let Err(e) = serve(stream, &keys, holders, file).await {
+                if let Err(e) = serve(stream, &keys, grants, file).await {
                     tracing::info!(%from, "witness connection: {e}");
                 }
                 let mut o = open.lock();
@@ -156,7 +175,7 @@ fn persist(file: &std::path::Path, holders: &BTreeMap<String, u8>) -> std::io::R
 async fn serve(
     stream: TcpStream,
     keys: &ClusterKeys,
-    holders: Arc<Mutex<BTreeMap<String, u8>>>,
+    grants: Arc<Mutex<Grants>>,
     file: PathBuf,
 ) -> std::io::Result<()> {
     let secure = crate::secure::accept(
@@ -176,10 +195,18 @@ async fn serve(
             Err(_) => return Ok(()),
         };
         let holder = {
-            let mut h = holders.lock();
-            let (cluster, node, claim) = match &msg {
-                Message::WitnessClaim { cluster, node_id } => (cluster, *node_id, true),
-                Message::WitnessRelease { cluster, node_id } => (cluster, *node_id, false),
+            let mut g = grants.lock();
+            let (cluster, node, seq, claim) = match &msg {
+                Message::WitnessClaim {
+                    cluster,
+                    node_id,
+                    seq,
+                } => (cluster, *node_id, *seq, true),
+                Message::WitnessRelease {
+                    cluster,
+                    node_id,
+                    seq,
+                } => (cluster, *node_id, *seq, false),
                 _ => {
                     return Err(std::io::Error::new(
                         std::io::ErrorKind::InvalidData,
@@ -200,9 +227,26 @@ async fn serve(
                     format!("grant {cluster:?} is not of cluster {}", keys.cluster()),
                 ));
             }
-            if claim && !h.contains_key(cluster) && h.len() >= GRANTS_MAX {
+            if claim && !g.holders.contains_key(cluster) && g.holders.len() >= GRANTS_MAX {
                 return Err(std::io::Error::other("the witness holds too many grants"));
             }
+            let key = (cluster.clone(), node);
+            match g.seqs.get(&key) {
+                Some(&last) if seq <= last => {
+                    return Err(std::io::Error::new(
+                        std::io::ErrorKind::PermissionDenied,
+                        format!(
+                            "node {node}'s request {seq} for {cluster:?} is not above its last ({last}): an old one, refused"
+                        ),
+                    ))
+                }
+                None if g.seqs.len() >= 2 * GRANTS_MAX => {
+                    return Err(std::io::Error::other("the witness holds too many grants"))
+                }
+                _ => {}
+            }
+            g.seqs.insert(key, seq);
+            let h = &mut g.holders;
             let cur = h.get(cluster).copied().unwrap_or(0);
             let next = match (claim, cur) {
                 (true, 0) => node,
@@ -261,10 +305,17 @@ mod tests {
         addr
     }
 
+    /// Request numbers rising across the tests (each node's must rise).
+    fn next() -> u64 {
+        static SEQ: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+        SEQ.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+    }
+
     fn claim(n: u8) -> Message {
         Message::WitnessClaim {
             cluster: "c:v".into(),
             node_id: n,
+            seq: next(),
         }
     }
 
@@ -272,6 +323,7 @@ mod tests {
         Message::WitnessRelease {
             cluster: "c:v".into(),
             node_id: n,
+            seq: next(),
         }
     }
 
@@ -310,6 +362,31 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_request_older_than_the_nodes_last_is_refused() {
+        let d = tempfile::tempdir().unwrap();
+        let keys: Vec<Arc<ClusterKeys>> = ClusterKeys::generate("c")
+            .unwrap()
+            .into_iter()
+            .map(Arc::new)
+            .collect();
+        let (n1, n2) = (&keys[0], &keys[1]);
+        let addr = start(d.path().join("w.json"), &keys[2]).await;
+        // node 2 gave up on a release (late answer), then claimed: the
+        // release, arriving now, must not drop the grant node 2 serves by
+        let late = release(2);
+        assert_eq!(ask(addr, n2, claim(2)).await.unwrap(), 2);
+        assert!(ask(addr, n2, late.clone()).await.is_err());
+        assert!(ask(addr, n2, late).await.is_err(), "the same number again");
+        assert_eq!(ask(addr, n1, claim(1)).await.unwrap(), 2);
+        // node 1's requests are numbered apart from node 2's: its older one
+        // is refused after its newer one
+        let (a, b) = (claim(1), claim(1));
+        assert_eq!(ask(addr, n1, b).await.unwrap(), 2);
+        assert!(ask(addr, n1, a).await.is_err());
+        assert_eq!(ask(addr, n2, release(2)).await.unwrap(), 0);
+    }
+
+    #[tokio::test]
     async fn a_node_speaks_only_for_itself_and_strangers_not_at_all() {
         let d = tempfile::tempdir().unwrap();
         let file = d.path().join("w.json");
@@ -326,6 +403,7 @@ mod tests {
         let other = Message::WitnessClaim {
             cluster: "other:v".into(),
             node_id: 1,
+            seq: next(),
         };
         assert!(ask(addr, &keys[0], other).await.is_err());
         // another cluster's node 2 (same cluster name, other keys): refused

@@ -304,6 +304,79 @@ async fn without_a_witness_the_other_node_stops_and_with_one_it_goes_on() {
     same_contents(&p.m1, &p.m2).await;
 }
 
+/// A witness on `addr` keeping its state in `dir`, until it is stopped (the
+/// sender dropped or sent to); returns its address and the running service.
+async fn witness_until(
+    dir: &Path,
+    addr: SocketAddr,
+) -> (
+    SocketAddr,
+    tokio::sync::oneshot::Sender<()>,
+    tokio::task::JoinHandle<()>,
+) {
+    let w = replica::witness::WitnessServer::bind(addr, dir.join("w.json"), keys(2))
+        .await
+        .unwrap();
+    let a = w.local_addr().unwrap();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let run = tokio::spawn(w.run(async move {
+        let _ = stopped.await;
+    }));
+    (a, stop, run)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_grant_left_with_the_target_is_given_back_once_in_sync_even_if_the_witness_was_away() {
+    let d = tempfile::tempdir().unwrap();
+    let (waddr, stop, run) = witness_until(d.path(), "127.0.0.1:0".parse().unwrap()).await;
+    // the witness stored a claim of node 2's whose answer node 2 never saw
+    // (so node 2 stopped instead of serving)
+    let grant = cfg(2, 1, d.path(), vec![], None).witness_key();
+    let claim = replica_proto::Message::WitnessClaim {
+        cluster: grant.clone(),
+        node_id: 2,
+        seq: 1,
+    };
+    assert_eq!(
+        replica::witness::ask(waddr, &keys(1), claim).await.unwrap(),
+        2
+    );
+    // the witness is away when the pair comes in sync, node 2 being the
+    // resync target of node 1 (preferred)
+    stop.send(()).unwrap();
+    run.await.unwrap();
+    let p = pair(d.path(), 1, Some(waddr)).await;
+    both_in_sync(&p.n1, &p.n2).await;
+    let tried = |s: &replica::ReplicaStatus| s.witness_reachable == Some(false);
+    assert!(p.n2.wait_until(tried, WAIT).await, "{:?}", p.n2.status());
+    let held = || async {
+        let g: std::collections::BTreeMap<String, u8> =
+            serde_json::from_slice(&tokio::fs::read(d.path().join("w.json")).await.unwrap())
+                .unwrap();
+        g.get(&grant).copied()
+    };
+    assert_eq!(held().await, Some(2));
+    // back, on the same address and state: the grant is given back, so that
+    // either node may survive the other now
+    let _w = witness_until(d.path(), waddr).await;
+    let deadline = tokio::time::Instant::now() + WAIT;
+    while held().await.is_some() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the grant stayed with node {:?}: {:?}",
+            held().await,
+            p.n2.status()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // node 2 fails now: node 1 gets the grant and goes on alone
+    p.n2.shutdown().await;
+    p.n1.write(0, Bytes::from(vec![7u8; 512]), false)
+        .await
+        .unwrap();
+    assert_eq!(p.n1.status().role, Role::Solo);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn both_nodes_stopping_mid_writes_rejoin_with_identical_copies() {
     let d = tempfile::tempdir().unwrap();

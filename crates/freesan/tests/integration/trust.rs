@@ -313,13 +313,21 @@ fn the_witness_answers_only_its_nodes_and_each_only_for_itself() {
         .unwrap();
     let rt = tokio::runtime::Runtime::new().unwrap();
     let grant = format!("{CLUSTER}:{CLUSTER}/{IQN}/lun0");
+    // each request a number above the last, as a node numbers them
+    let seq = std::cell::Cell::new(0u64);
+    let next = || {
+        seq.set(seq.get() + 1);
+        seq.get()
+    };
     let claim = |n| replica_proto::Message::WitnessClaim {
         cluster: grant.clone(),
         node_id: n,
+        seq: next(),
     };
     let release = |n| replica_proto::Message::WitnessRelease {
         cluster: grant.clone(),
         node_id: n,
+        seq: next(),
     };
     let n1 = t.keys("keys", "node1");
     let n2 = t.keys("keys", "node2");
@@ -352,6 +360,13 @@ fn the_witness_answers_only_its_nodes_and_each_only_for_itself() {
     );
     // the grant is node 2's still, and node 1 cannot get it
     assert_eq!(ask(&n1, claim(1)).unwrap(), 2);
+    // node 2's release replayed (or delivered late) after a later request of
+    // node 2's: refused, the grant stays
+    let old_release = release(2);
+    assert_eq!(ask(&n2, claim(2)).unwrap(), 2);
+    assert!(ask(&n2, old_release.clone()).is_err());
+    assert_eq!(ask(&n1, claim(1)).unwrap(), 2);
+    assert!(ask(&n2, old_release).is_err(), "replayed again");
     assert_eq!(ask(&n2, release(2)).unwrap(), 0);
     assert_eq!(ask(&n1, claim(1)).unwrap(), 1);
     let _ = w.kill();

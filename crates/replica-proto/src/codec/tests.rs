@@ -112,10 +112,20 @@ fn message() -> impl Strategy<Value = Message> {
         (any::<u64>(), any::<u64>()).prop_map(|(id, copy)| Message::CopyEnd { id, copy }),
         any::<u64>().prop_map(|seq| Message::Ping { seq }),
         any::<u64>().prop_map(|seq| Message::Pong { seq }),
-        (name(), any::<u8>())
-            .prop_map(|(cluster, node_id)| Message::WitnessClaim { cluster, node_id }),
-        (name(), any::<u8>())
-            .prop_map(|(cluster, node_id)| Message::WitnessRelease { cluster, node_id }),
+        (name(), any::<u8>(), any::<u64>()).prop_map(|(cluster, node_id, seq)| {
+            Message::WitnessClaim {
+                cluster,
+                node_id,
+                seq,
+            }
+        }),
+        (name(), any::<u8>(), any::<u64>()).prop_map(|(cluster, node_id, seq)| {
+            Message::WitnessRelease {
+                cluster,
+                node_id,
+                seq,
+            }
+        }),
         any::<u8>().prop_map(|holder| Message::WitnessAnswer { holder }),
     ]
 }
@@ -176,10 +186,12 @@ fn samples() -> Vec<Message> {
         Message::WitnessClaim {
             cluster: "c".repeat(NAME_BYTES_MAX),
             node_id: 2,
+            seq: u64::MAX,
         },
         Message::WitnessRelease {
             cluster: String::new(),
             node_id: 1,
+            seq: 7,
         },
         Message::WitnessAnswer { holder: 0 },
     ];
@@ -355,8 +367,12 @@ fn encode_truncates_long_names_at_a_char_boundary() {
     let m = Message::WitnessClaim {
         cluster: "é".repeat(200), // 400 bytes
         node_id: 1,
+        seq: 3,
     };
-    let Ok(Some(Message::WitnessClaim { cluster, node_id })) = decode(&mut encoded(&m)) else {
+    let Ok(Some(Message::WitnessClaim {
+        cluster, node_id, ..
+    })) = decode(&mut encoded(&m))
+    else {
         panic!("not decoded");
     };
     assert_eq!(cluster, "é".repeat(NAME_BYTES_MAX / 2));
@@ -529,6 +545,7 @@ fn claim_body(name: &[u8]) -> BytesMut {
     body.put_u32(name.len() as u32);
     body.put_slice(name);
     body.put_u8(1);
+    body.put_u64(9);
     body
 }
 
@@ -550,6 +567,7 @@ fn names_must_be_short_utf8() {
         Ok(Some(Message::WitnessClaim {
             cluster: "a".repeat(NAME_BYTES_MAX),
             node_id: 1,
+            seq: 9,
         }))
     );
     // A Hello whose volume name is invalid UTF-8.
