@@ -86,6 +86,26 @@ impl Drop for WriteHold<'_> {
     }
 }
 
+/// Most regions a bitmap tracks (512 MiB of bits in memory; 256 TiB in 64 KiB
+/// regions). A size above it is refused before anything grows: the size may
+/// come from the partner (its hello, a forwarded grow), and a bitmap for a
+/// huge size would take the node's memory (or abort it).
+pub const REGIONS_MAX: u64 = 1 << 32;
+
+/// The regions of `block_count` blocks, if at most [`REGIONS_MAX`].
+fn regions_of(block_count: u64, region_blocks: u64) -> std::io::Result<u64> {
+    let regions = block_count.div_ceil(region_blocks);
+    if regions > REGIONS_MAX {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            format!(
+                "{block_count} blocks make {regions} regions of the write-intent bitmap, more than its {REGIONS_MAX}: raise region_bytes"
+            ),
+        ));
+    }
+    Ok(regions)
+}
+
 impl DirtyBitmap {
     /// Opens (or creates) the bitmap file for a volume of `block_count` blocks.
     pub fn open(
@@ -95,7 +115,7 @@ impl DirtyBitmap {
         region_bytes: u32,
     ) -> std::io::Result<DirtyBitmap> {
         let region_blocks = (region_bytes as u64 / block_size_bytes as u64).max(1);
-        let regions = block_count.div_ceil(region_blocks);
+        let regions = regions_of(block_count, region_blocks)?;
         let len = regions.div_ceil(8).div_ceil(PAGE_BYTES) * PAGE_BYTES;
         let file = std::fs::OpenOptions::new()
             .read(true)
@@ -396,11 +416,17 @@ impl DirtyBitmap {
         }
     }
 
+    /// The regions `block_count` blocks need, if the bitmap may track them
+    /// (see [`REGIONS_MAX`]).
+    pub fn check_size(&self, block_count: u64) -> std::io::Result<u64> {
+        regions_of(block_count, self.region_blocks)
+    }
+
     /// Covers a volume grown to `block_count` blocks: the file grows (the new
     /// regions are clean: the new blocks read as zeroes on both copies) before the
     /// regions count. Never shrinks.
     pub async fn grow(&self, block_count: u64) -> std::io::Result<()> {
-        let regions = block_count.div_ceil(self.region_blocks);
+        let regions = self.check_size(block_count)?;
         if regions <= self.regions.load(Ordering::Acquire) {
             return Ok(());
         }

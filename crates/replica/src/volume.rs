@@ -775,6 +775,10 @@ impl Inner {
 
     /// Grows the local copy and its bitmap (not yet served: see [`Inner::expose`]).
     pub(crate) async fn grow_local(&self, block_count: u64) -> BlockResult<()> {
+        // (the size may be the partner's: checked before the volume grows)
+        self.bitmap
+            .check_size(block_count)
+            .map_err(BlockError::Io)?;
         self.local.grow(block_count).await?;
         if self.local.geometry().block_count < block_count {
             return Err(BlockError::Unavailable(format!(

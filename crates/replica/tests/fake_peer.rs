@@ -74,11 +74,17 @@ async fn recv(r: &mut SecureReader, buf: &mut bytes::BytesMut) -> Option<Message
 impl Fake {
     /// Runs the handshake as node `me` with a consistent copy of generation
     /// `gens`, then the link's pumps.
-    async fn start(
+    async fn start(r: SecureReader, w: SecureWriter, me: u8, gens: Generations) -> (Fake, Message) {
+        Fake::start_sized(r, w, me, gens, BLOCKS).await
+    }
+
+    /// [`Fake::start`] with a copy of `block_count` blocks.
+    async fn start_sized(
         mut r: SecureReader,
         mut w: SecureWriter,
         me: u8,
         gens: Generations,
+        block_count: u64,
     ) -> (Fake, Message) {
         let mut out = bytes::BytesMut::new();
         let mut flags = hello_flags::CONSISTENT;
@@ -90,7 +96,7 @@ impl Fake {
                 node_id: me,
                 volume: "vol".into(),
                 block_size_bytes: 512,
-                block_count: BLOCKS,
+                block_count,
                 region_bytes: 64 << 10,
                 gens,
                 flags,
@@ -663,4 +669,40 @@ async fn the_end_of_a_resync_taken_as_the_link_dies_leaves_a_node_that_decides()
         n2.status()
     );
     n2.shutdown().await;
+}
+
+/// A partner whose hello claims a copy of 2^50 blocks (512 PiB): this node
+/// grows its own copy to the partner's size when they differ, and a bitmap
+/// for that size would take its memory (or abort it). Refused before anything
+/// grows; the node goes on serving its copy as it was.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_partner_claiming_a_huge_copy_grows_nothing_here() {
+    let d = tempfile::tempdir().unwrap();
+    let k = keys();
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap();
+    let m1: VolumeRef = Arc::new(MemVolume::new(512, BLOCKS));
+    let (n1, _sink) =
+        ReplicatedVolume::open(cfg(1, d.path(), vec![addr], k[0].clone()), m1.clone()).unwrap();
+    let (s, _) = l.accept().await.unwrap();
+    let st = replica::secure::accept(s, &k[1], Purpose::Sync, &[Member::Node1])
+        .await
+        .unwrap();
+    let (mut fake, _) =
+        Fake::start_sized(st.reader, st.writer, 2, Generations::default(), 1 << 50).await;
+    // the node closes the link instead of growing
+    while fake.next().await.is_some() {}
+    assert_eq!(m1.geometry().block_count, BLOCKS);
+    assert_eq!(n1.status().size_bytes, BLOCKS * 512);
+    // and goes on alone (preferred, no witness), serving its copy
+    assert!(
+        n1.wait_until(|s| s.role == Role::Solo, Duration::from_secs(20))
+            .await,
+        "{:?}",
+        n1.status()
+    );
+    n1.write(0, Bytes::from(vec![1u8; 512]), false)
+        .await
+        .unwrap();
+    n1.shutdown().await;
 }
