@@ -10,8 +10,10 @@
 //!   not cleared, so on its return only those regions are copied.
 //!
 //! In sync, a region's bit is cleared once no write to it has been in flight for
-//! a whole cleaning period; clearing is written lazily (a late clear costs at most
-//! a needless region copy after a crash), setting is durable before the write.
+//! a whole cleaning period and both copies have been flushed since (the
+//! cleaner in `session.rs`); clearing is written lazily (a late clear costs at
+//! most a needless region copy after a crash), setting is durable before the
+//! write.
 //!
 //! Setting is group-committed: concurrent writers entering new regions share one
 //! page write and one `fdatasync`.

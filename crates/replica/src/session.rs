@@ -28,22 +28,54 @@ const RECONNECT_PAUSE: Duration = Duration::from_millis(300);
 const FAILING_RETRY_MAX: Duration = Duration::from_secs(10);
 /// Cleaning period of the write-intent bitmap.
 const CLEAN_PERIOD: Duration = Duration::from_secs(1);
+/// Longest wait for a client's flush of both copies before the cleaner has
+/// them flushed itself.
+const CLEAN_FLUSH_WAIT: Duration = Duration::from_secs(5);
 
-/// Clears idle regions of the write-intent bitmap while in sync.
+/// Clears idle regions of the write-intent bitmap while in sync, once both
+/// copies have been flushed since their last write ended. A region's bit is
+/// all that says the copies may differ there: cleared while a write still sat
+/// in either node's volatile cache, a power loss of both nodes could leave the
+/// copies different where no bitmap says so, and the next meeting would copy
+/// nothing there. A client's flush of both copies (any flush: the leader has
+/// a forwarded one made on both) covers the regions idle before it began;
+/// without one within [`CLEAN_FLUSH_WAIT`] the cleaner asks for one itself.
 pub(crate) async fn cleaner(inner: std::sync::Weak<Inner>) {
+    // regions idle at the last pass, with the flush mark and meeting then
+    let mut waiting: Option<(Vec<u64>, u64, u64, Instant)> = None;
     loop {
         tokio::time::sleep(CLEAN_PERIOD).await;
         let Some(i) = inner.upgrade() else { return };
-        // (Clearing does not flush the copies first: a write still in a
-        // volatile cache on either node when its region's bit is cleared can
-        // leave the copies different after a power loss of both, where no
-        // bitmap says so. A flush of both copies before each clearing pass was
-        // tried on 2026-12-03 and taken out again: it adds a flush of both
-        // copies every second under writes, and the one CI run with it saw an
-        // HA pair resyncing after a grow under load, which was not explained.)
-        let candidates = i.bitmap.idle_candidates();
-        if candidates.is_empty() {
+        let meeting = i.meetings.load(Ordering::Acquire);
+        let Some((candidates, mark, met, since)) = waiting.take() else {
+            // (the candidates' writes have all ended: a flush begun after
+            // this covers them)
+            let candidates = i.bitmap.idle_candidates();
+            if !candidates.is_empty() {
+                waiting = Some((candidates, i.flush_mark(), meeting, Instant::now()));
+            }
             continue;
+        };
+        let st = i.role();
+        if met != meeting || !matches!(st.role, Role::Leader | Role::Follower) || st.peer_resyncing
+        {
+            // the copies left sync or met again since (bits are kept while
+            // out of sync): start over
+            continue;
+        }
+        if !i.flushed(mark) {
+            if since.elapsed() < CLEAN_FLUSH_WAIT {
+                waiting = Some((candidates, mark, met, since));
+                continue;
+            }
+            if let Err(e) = i.flush_both().await {
+                tracing::warn!(volume = %i.cfg.name, "flushing both copies to clear the write intent: {e}");
+                waiting = Some((candidates, mark, met, since));
+                continue;
+            }
+            if !i.flushed(mark) || i.meetings.load(Ordering::Acquire) != met {
+                continue;
+            }
         }
         if i.bitmap.clear_if_still_idle(&candidates) > 0 {
             if let Err(e) = i.bitmap.persist().await {

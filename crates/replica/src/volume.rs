@@ -233,6 +233,12 @@ pub(crate) struct Inner {
     /// in sync (a new meeting may undo the partner's kept copies, and a resync
     /// target keeps nothing: `undo.rs`).
     pub(crate) meetings: AtomicU64,
+    /// Flushes of both copies made through this node (ordered here or
+    /// forwarded to the leader, which makes each on both): how many began,
+    /// and the highest number among those that ended on both (see
+    /// [`Inner::flushed`]).
+    flushes_begun: AtomicU64,
+    flushes_covered: AtomicU64,
     /// The copies this node runs, with the meeting of their first write: a
     /// copy the pair met again during fails (its first writes may have been
     /// undone at that meeting).
@@ -516,6 +522,34 @@ impl Inner {
         self.witness_state
             .store(if r.is_ok() { 1 } else { 2 }, Ordering::Relaxed);
         Some(r)
+    }
+
+    /// The number the next flush of both copies will follow: once
+    /// [`Inner::flushed`] passes it, a flush begun after this call has ended
+    /// on both copies.
+    pub(crate) fn flush_mark(&self) -> u64 {
+        self.flushes_begun.load(Ordering::Acquire)
+    }
+
+    /// Numbers a flush of both copies about to begin.
+    fn flush_begins(&self) -> u64 {
+        self.flushes_begun.fetch_add(1, Ordering::AcqRel) + 1
+    }
+
+    /// Flush `n` (from [`Inner::flush_begins`]) ended on both copies.
+    fn flush_ended(&self, n: u64) {
+        self.flushes_covered.fetch_max(n, Ordering::AcqRel);
+    }
+
+    /// Whether a flush of both copies begun after `mark` (from
+    /// [`Inner::flush_mark`]) has ended on both.
+    pub(crate) fn flushed(&self, mark: u64) -> bool {
+        self.flushes_covered.load(Ordering::Acquire) > mark
+    }
+
+    /// Flushes both copies through the ordering path (as a client's flush).
+    pub(crate) async fn flush_both(self: &Arc<Self>) -> BlockResult<()> {
+        self.submit(Op::Flush).await.map(|_| ())
     }
 
     pub(crate) fn store_meta(&self, m: Meta) -> std::io::Result<()> {
@@ -898,14 +932,16 @@ impl Inner {
             };
         }
         let Some((lba, blocks)) = span(op, bs) else {
-            // flush: both nodes (a forwarded flush is flushed by the follower itself)
+            // flush: both copies at once, a forwarded one too (so that this
+            // node knows when both are flushed: see `flushed`)
+            let n = self.flush_begins();
             let remote = async {
-                match (link, forwarded) {
-                    (Some(l), None) => l
+                match link {
+                    Some(l) => l
                         .request(|id| Message::Apply { id, op: Op::Flush })
                         .await
                         .map(Some),
-                    _ => Ok(None),
+                    None => Ok(None),
                 }
             };
             let (lr, rr) = tokio::join!(self.local.flush(), remote);
@@ -913,7 +949,11 @@ impl Inner {
                 return Ok(Err(e));
             }
             return match rr? {
-                None | Some(OpResult::Ok) => Ok(Ok(None)),
+                Some(OpResult::Ok) => {
+                    self.flush_ended(n);
+                    Ok(Ok(None))
+                }
+                None => Ok(Ok(None)),
                 Some(OpResult::Error { code, lba }) => Ok(Err(block_err_of(code, lba, "flush"))),
                 Some(OpResult::Miscompare { .. }) => Ok(Err(BlockError::WriteFault { lba: 0 })),
             };
@@ -1016,6 +1056,7 @@ impl Inner {
         }
         let mut listed = Unlist(&self.forwards, None);
         let mut fid = 0;
+        let flush = matches!(op, Op::Flush).then(|| self.flush_begins());
         let r = link
             .request(|id| {
                 fid = id;
@@ -1043,11 +1084,9 @@ impl Inner {
         }
         match r {
             Ok(OpResult::Ok) => {
-                if matches!(op, Op::Flush) {
-                    // the leader flushed its copy; this node flushes its own
-                    if let Err(e) = self.local.flush().await {
-                        return Ok(Err(e));
-                    }
+                // (a flush: the leader had both copies flushed, this one too)
+                if let Some(n) = flush {
+                    self.flush_ended(n);
                 }
                 Ok(Ok(None))
             }
@@ -1319,6 +1358,8 @@ impl ReplicatedVolume {
             solo_writes: AtomicUsize::new(0),
             detaches: AtomicU64::new(0),
             meetings: AtomicU64::new(0),
+            flushes_begun: AtomicU64::new(0),
+            flushes_covered: AtomicU64::new(0),
             copies: Mutex::new(HashMap::new()),
             solo_drained: Notify::new(),
             resync_total: AtomicU64::new(0),

@@ -377,6 +377,57 @@ async fn a_grant_left_with_the_target_is_given_back_once_in_sync_even_if_the_wit
     assert_eq!(p.n1.status().role, Role::Solo);
 }
 
+/// The leader's bit for a region is all that says the copies may differ
+/// there: it must not be cleared while a write may still sit in the partner's
+/// volatile cache (a power loss of both nodes would leave the copies
+/// different with no bit to say so). With no client flush, the cleaner has
+/// both copies flushed itself, and clears only once both flushes ended.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_write_intent_is_cleared_only_once_both_copies_are_flushed() {
+    let d = tempfile::tempdir().unwrap();
+    let m1: VolumeRef = Arc::new(MemVolume::new(512, BLOCKS));
+    let held = Arc::new(block::HoldVolume::new(Arc::new(MemVolume::new(
+        512, BLOCKS,
+    ))));
+    let (n2, addr2) = node2(d.path(), 1, held.clone(), None).await;
+    let n1 = node1(d.path(), 1, m1, addr2, None).await;
+    both_in_sync(&n1, &n2).await;
+    assert_eq!(n1.role(), Role::Leader);
+    held.flushes.hold();
+    n1.write(0, Bytes::from(vec![5u8; 4096]), false)
+        .await
+        .unwrap();
+    assert_eq!(n1.status().dirty_regions, 1);
+    tokio::select! {
+        _ = held.flushes.arrivals(1) => {}
+        cleared = n1.wait_until(|s| s.dirty_regions == 0, WAIT) => panic!(
+            "the leader cleared the write intent without flushing the partner's copy (cleared: {cleared})"
+        ),
+    }
+    // the partner's flush waits at its disk: the bit stays
+    assert_eq!(n1.status().dirty_regions, 1);
+    held.flushes.open();
+    assert!(
+        n1.wait_until(|s| s.dirty_regions == 0, WAIT).await,
+        "{:?}",
+        n1.status()
+    );
+    // a client's flush through the follower (which the leader makes on both
+    // copies) ends only once the follower's copy is flushed
+    held.flushes.hold();
+    let f = {
+        let n2 = n2.clone();
+        tokio::spawn(async move { n2.flush().await })
+    };
+    held.flushes.arrivals(2).await;
+    assert!(
+        !f.is_finished(),
+        "the follower's flush ended before its copy's"
+    );
+    held.flushes.open();
+    f.await.unwrap().unwrap();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn both_nodes_stopping_mid_writes_rejoin_with_identical_copies() {
     let d = tempfile::tempdir().unwrap();
