@@ -1,19 +1,21 @@
 //! The sync listener of a node: accepts the partner's connections on the sync
 //! addresses and hands each to the replicated volume its hello names.
 
+use crate::admission::Admission;
 use crate::link::Framed;
 use crate::secure::{ClusterKeys, Member, Purpose};
 use crate::volume::ConnectionSink;
 use parking_lot::RwLock;
 use replica_proto::Message;
 use std::collections::HashMap;
-use std::net::IpAddr;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::net::TcpListener;
 
-/// Sync connections in their handshake at once, from everywhere.
+/// Sync connections in their handshake at once, from everywhere (past it, a
+/// newcomer takes the place of the oldest unauthenticated one of the busiest
+/// source: `admission.rs`).
 const HANDSHAKES_MAX: usize = 32;
 /// Sync connections in their handshake at once from one address.
 const HANDSHAKES_PER_SOURCE_MAX: usize = 4;
@@ -46,46 +48,6 @@ pub struct SyncListener {
     listeners: Vec<TcpListener>,
     sinks: SyncSinks,
     keys: Arc<ClusterKeys>,
-}
-
-/// Connections in their handshake, in total and per source address.
-#[derive(Default)]
-struct Pending {
-    total: usize,
-    by_source: HashMap<IpAddr, usize>,
-}
-
-/// A handshake slot, given back when dropped.
-struct Slot {
-    pending: Arc<parking_lot::Mutex<Pending>>,
-    ip: IpAddr,
-}
-
-impl Drop for Slot {
-    fn drop(&mut self) {
-        let mut p = self.pending.lock();
-        p.total -= 1;
-        if let Some(n) = p.by_source.get_mut(&self.ip) {
-            *n -= 1;
-            if *n == 0 {
-                p.by_source.remove(&self.ip);
-            }
-        }
-    }
-}
-
-fn take_slot(pending: &Arc<parking_lot::Mutex<Pending>>, ip: IpAddr) -> Option<Slot> {
-    let mut p = pending.lock();
-    let n = p.by_source.get(&ip).copied().unwrap_or(0);
-    if p.total >= HANDSHAKES_MAX || n >= HANDSHAKES_PER_SOURCE_MAX {
-        return None;
-    }
-    p.total += 1;
-    *p.by_source.entry(ip).or_insert(0) += 1;
-    Some(Slot {
-        pending: pending.clone(),
-        ip,
-    })
 }
 
 impl SyncListener {
@@ -121,7 +83,7 @@ impl SyncListener {
             Member::Node1 => Member::Node2,
             _ => Member::Node1,
         };
-        let pending = Arc::new(parking_lot::Mutex::new(Pending::default()));
+        let pending = Arc::new(Admission::new(HANDSHAKES_MAX, HANDSHAKES_PER_SOURCE_MAX));
         for l in self.listeners {
             let sinks = self.sinks.clone();
             let keys = self.keys.clone();
@@ -136,13 +98,13 @@ impl SyncListener {
                             continue;
                         }
                     };
-                    let Some(slot) = take_slot(&pending, from.ip()) else {
+                    let Some(slot) = pending.admit(from.ip()) else {
                         tracing::warn!(%from, "too many sync handshakes at once: connection closed");
                         continue;
                     };
                     let sinks = sinks.clone();
                     let keys = keys.clone();
-                    tokio::spawn(async move {
+                    slot.spawn(move |slot| async move {
                         let secure =
                             crate::secure::accept(stream, &keys, Purpose::Sync, &[partner]).await;
                         let secure = match secure {
@@ -152,6 +114,7 @@ impl SyncListener {
                                 return;
                             }
                         };
+                        slot.authenticated();
                         let mut f = Framed::new(secure);
                         let hello = match tokio::time::timeout(Duration::from_secs(5), f.recv())
                             .await

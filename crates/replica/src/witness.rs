@@ -23,6 +23,7 @@
 //! and number, idle connections time out, connections are bounded in total and
 //! per source, and the state file is durable (file and folder fsynced).
 
+use crate::admission::{Admission, Ticket};
 use crate::link::Framed;
 use crate::secure::{ClusterKeys, Member, Purpose};
 use parking_lot::Mutex;
@@ -43,7 +44,9 @@ const IDLE_TIMEOUT: Duration = Duration::from_secs(10);
 const GRANTS_MAX: usize = 4096;
 /// Longest grant name (`cluster:volume`).
 const GRANT_NAME_BYTES_MAX: usize = 512;
-/// Witness connections open at once, in total and from one address.
+/// Witness connections open at once, in total and from one address (past the
+/// total, a newcomer takes the place of the oldest unauthenticated one of the
+/// busiest source: `admission.rs`).
 const CONNECTIONS_MAX: usize = 64;
 const CONNECTIONS_PER_SOURCE_MAX: usize = 8;
 
@@ -101,7 +104,7 @@ impl WitnessServer {
     /// Serves until `stop` completes.
     pub async fn run(self, stop: impl std::future::Future<Output = ()>) {
         tokio::pin!(stop);
-        let open: Arc<Mutex<BTreeMap<std::net::IpAddr, usize>>> = Arc::default();
+        let open = Admission::new(CONNECTIONS_MAX, CONNECTIONS_PER_SOURCE_MAX);
         let mut accept_errors = 0u32;
         loop {
             let (stream, from) = tokio::select! {
@@ -118,34 +121,16 @@ impl WitnessServer {
                 _ = &mut stop => return,
             };
             accept_errors = 0;
-            let ip = from.ip();
-            {
-                let mut o = open.lock();
-                let total: usize = o.values().sum();
-                let n = o.entry(ip).or_insert(0);
-                if total >= CONNECTIONS_MAX || *n >= CONNECTIONS_PER_SOURCE_MAX {
-                    if *n == 0 {
-                        o.remove(&ip);
-                    }
-                    tracing::warn!(%from, "too many witness connections: closed");
-                    continue;
-                }
-                *n += 1;
-            }
+            let Some(ticket) = open.admit(from.ip()) else {
+                tracing::warn!(%from, "too many witness connections: closed");
+                continue;
+            };
             let grants = self.grants.clone();
             let file = self.state_file.clone();
             let keys = self.keys.clone();
-            let open = open.clone();
-            tokio::spawn(async move {
-                if let Err(e) = serve(stream, &keys, grants, file).await {
+            ticket.spawn(move |ticket| async move {
+                if let Err(e) = serve(stream, &keys, &ticket, grants, file).await {
                     tracing::info!(%from, "witness connection: {e}");
-                }
-                let mut o = open.lock();
-                if let Some(n) = o.get_mut(&ip) {
-                    *n -= 1;
-                    if *n == 0 {
-                        o.remove(&ip);
-                    }
                 }
             });
         }
@@ -175,6 +160,7 @@ fn persist(file: &std::path::Path, holders: &BTreeMap<String, u8>) -> std::io::R
 async fn serve(
     stream: TcpStream,
     keys: &ClusterKeys,
+    ticket: &Ticket,
     grants: Arc<Mutex<Grants>>,
     file: PathBuf,
 ) -> std::io::Result<()> {
@@ -185,6 +171,7 @@ async fn serve(
         &[Member::Node1, Member::Node2],
     )
     .await?;
+    ticket.authenticated();
     let who = secure.peer.node_id();
     let mut f = Framed::new(secure);
     loop {

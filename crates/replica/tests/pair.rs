@@ -428,6 +428,88 @@ async fn a_write_intent_is_cleared_only_once_both_copies_are_flushed() {
     f.await.unwrap().unwrap();
 }
 
+/// Strangers holding `per_source` connections from each of `sources` loopback
+/// addresses (127.0.0.2 on) to `addr` that never start a handshake, each
+/// opened again as soon as the server closes it, until the result is dropped.
+fn flood(addr: SocketAddr, sources: u8, per_source: usize) -> Vec<tokio::task::AbortHandle> {
+    let mut tasks = Vec::new();
+    for src in 0..sources {
+        for _ in 0..per_source {
+            let from = SocketAddr::from(([127, 0, 0, 2 + src], 0));
+            let t = tokio::spawn(async move {
+                use tokio::io::AsyncReadExt;
+                // bounded: at most 4,000 connections each, 10 ms apart at least
+                for _ in 0..4000 {
+                    let s = tokio::net::TcpSocket::new_v4().unwrap();
+                    s.bind(from).unwrap();
+                    if let Ok(mut c) = s.connect(addr).await {
+                        let mut b = [0u8; 64];
+                        while matches!(c.read(&mut b).await, Ok(n) if n > 0) {}
+                    }
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                }
+            });
+            tasks.push(t.abort_handle());
+        }
+    }
+    tasks
+}
+
+/// Stops a [`flood`].
+fn stop(flood: Vec<tokio::task::AbortHandle>) {
+    for t in flood {
+        t.abort();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn strangers_holding_every_handshake_slot_keep_neither_the_partner_nor_the_witness_out() {
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+        .with_test_writer()
+        .try_init();
+    let d = tempfile::tempdir().unwrap();
+    let waddr = witness(d.path()).await;
+    // node 2 listens; eight stranger addresses take its 32 handshake slots and
+    // the witness's 64 (four and eight each) before node 1 dials
+    let m1: VolumeRef = Arc::new(MemVolume::new(512, BLOCKS));
+    let m2: VolumeRef = Arc::new(MemVolume::new(512, BLOCKS));
+    let (n2, addr2) = node2(d.path(), 1, m2, Some(waddr)).await;
+    let sync_flood = flood(addr2, 8, 4);
+    let witness_flood = flood(waddr, 8, 8);
+    // (every stranger connection is up once its 33rd and 65th find none free:
+    // a connection made, answered with a close at once)
+    for addr in [addr2, waddr] {
+        let deadline = tokio::time::Instant::now() + WAIT;
+        loop {
+            use tokio::io::AsyncReadExt;
+            let s = tokio::net::TcpSocket::new_v4().unwrap();
+            s.bind(SocketAddr::from(([127, 0, 0, 2], 0))).unwrap();
+            let mut c = s.connect(addr).await.unwrap();
+            let mut b = [0u8; 1];
+            let closed = tokio::time::timeout(Duration::from_millis(200), c.read(&mut b)).await;
+            if matches!(closed, Ok(Ok(0))) {
+                break;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "the strangers never filled {addr}"
+            );
+        }
+    }
+    let n1 = node1(d.path(), 1, m1, addr2, Some(waddr)).await;
+    both_in_sync(&n1, &n2).await;
+    // the witness answers the nodes too: node 2 fails, node 1 gets the grant
+    n2.shutdown().await;
+    n1.write(0, Bytes::from(vec![1u8; 512]), false)
+        .await
+        .unwrap();
+    let s = n1.status();
+    assert_eq!((s.role, s.witness_reachable), (Role::Solo, Some(true)));
+    stop(sync_flood);
+    stop(witness_flood);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn both_nodes_stopping_mid_writes_rejoin_with_identical_copies() {
     let d = tempfile::tempdir().unwrap();
