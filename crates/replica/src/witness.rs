@@ -292,6 +292,15 @@ mod tests {
         addr
     }
 
+    /// Fresh keys of cluster `c`: node 1, node 2, the witness.
+    fn cluster_keys() -> Vec<Arc<ClusterKeys>> {
+        ClusterKeys::generate("c")
+            .unwrap()
+            .into_iter()
+            .map(Arc::new)
+            .collect()
+    }
+
     /// Request numbers rising across the tests (each node's must rise).
     fn next() -> u64 {
         static SEQ: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
@@ -318,11 +327,7 @@ mod tests {
     async fn one_holder_until_it_releases_and_restarts_remember() {
         let d = tempfile::tempdir().unwrap();
         let file = d.path().join("w.json");
-        let keys: Vec<Arc<ClusterKeys>> = ClusterKeys::generate("c")
-            .unwrap()
-            .into_iter()
-            .map(Arc::new)
-            .collect();
+        let keys = cluster_keys();
         let (n1, n2) = (&keys[0], &keys[1]);
         let addr = start(file.clone(), &keys[2]).await;
         assert_eq!(ask(addr, n2, claim(2)).await.unwrap(), 2);
@@ -351,11 +356,7 @@ mod tests {
     #[tokio::test]
     async fn a_request_older_than_the_nodes_last_is_refused() {
         let d = tempfile::tempdir().unwrap();
-        let keys: Vec<Arc<ClusterKeys>> = ClusterKeys::generate("c")
-            .unwrap()
-            .into_iter()
-            .map(Arc::new)
-            .collect();
+        let keys = cluster_keys();
         let (n1, n2) = (&keys[0], &keys[1]);
         let addr = start(d.path().join("w.json"), &keys[2]).await;
         // node 2 gave up on a release (late answer), then claimed: the
@@ -377,11 +378,7 @@ mod tests {
     async fn a_node_speaks_only_for_itself_and_strangers_not_at_all() {
         let d = tempfile::tempdir().unwrap();
         let file = d.path().join("w.json");
-        let keys: Vec<Arc<ClusterKeys>> = ClusterKeys::generate("c")
-            .unwrap()
-            .into_iter()
-            .map(Arc::new)
-            .collect();
+        let keys = cluster_keys();
         let addr = start(file.clone(), &keys[2]).await;
         assert_eq!(ask(addr, &keys[1], claim(2)).await.unwrap(), 2);
         // node 1 releasing node 2's grant in node 2's name: refused, unchanged
@@ -394,11 +391,7 @@ mod tests {
         };
         assert!(ask(addr, &keys[0], other).await.is_err());
         // another cluster's node 2 (same cluster name, other keys): refused
-        let strangers: Vec<Arc<ClusterKeys>> = ClusterKeys::generate("c")
-            .unwrap()
-            .into_iter()
-            .map(Arc::new)
-            .collect();
+        let strangers = cluster_keys();
         assert!(ask(addr, &strangers[1], release(2)).await.is_err());
         // a plain client with no keys at all gets nothing back
         {

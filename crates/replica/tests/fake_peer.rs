@@ -178,23 +178,48 @@ impl Fake {
     }
 }
 
+/// The fake node 2's listener, and the real node 1 (preferred) over `m1`
+/// dialing it.
+struct Dialed {
+    n1: ReplicatedVolume,
+    l: tokio::net::TcpListener,
+    k: Vec<Arc<ClusterKeys>>,
+}
+
+async fn node1_dialing_a_fake(dir: &Path, m1: VolumeRef) -> Dialed {
+    let k = keys();
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap();
+    let (n1, _sink) = ReplicatedVolume::open(cfg(1, dir, vec![addr], k[0].clone()), m1).unwrap();
+    Dialed { n1, l, k }
+}
+
+impl Dialed {
+    /// The next connection of node 1's whose handshake completes (a dial
+    /// the node gave up on while nobody accepted fails its handshake).
+    async fn accept(&self) -> replica::secure::SecureStream {
+        loop {
+            let (s, _) = self.l.accept().await.unwrap();
+            if let Ok(st) =
+                replica::secure::accept(s, &self.k[1], Purpose::Sync, &[Member::Node1]).await
+            {
+                return st;
+            }
+        }
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn resync_data_sent_to_the_leader_is_refused_and_not_written() {
     let d = tempfile::tempdir().unwrap();
-    let k = keys();
     // the fake node 2 listens; the real node 1 (preferred) dials it
-    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = l.local_addr().unwrap();
     let m1: VolumeRef = Arc::new(MemVolume::new(512, BLOCKS));
     m1.write(0, Bytes::from(vec![0x11u8; 512]), false)
         .await
         .unwrap();
-    let (n1, _sink) =
-        ReplicatedVolume::open(cfg(1, d.path(), vec![addr], k[0].clone()), m1.clone()).unwrap();
-    let (s, _) = l.accept().await.unwrap();
-    let st = replica::secure::accept(s, &k[1], Purpose::Sync, &[Member::Node1])
-        .await
-        .unwrap();
+    let dialed = node1_dialing_a_fake(d.path(), m1.clone()).await;
+    let n1 = &dialed.n1;
+    let st = dialed.accept().await;
     let (mut fake, _) = Fake::start(st.reader, st.writer, 2, Generations::default()).await;
     // node 1 leads the resync of the brand-new pair; the fake pushes data at it
     let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
@@ -570,23 +595,9 @@ async fn a_partner_write_in_flight_when_the_link_dies_never_lands_after_the_node
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lost_answer_to_the_end_of_a_resync_leaves_copies_that_join_again() {
     let d = tempfile::tempdir().unwrap();
-    let k = keys();
-    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = l.local_addr().unwrap();
-    let m1: VolumeRef = Arc::new(MemVolume::new(512, BLOCKS));
-    let (n1, _sink) =
-        ReplicatedVolume::open(cfg(1, d.path(), vec![addr], k[0].clone()), m1).unwrap();
-    // (a dial the node gave up on while nobody accepted fails its handshake)
-    let accept = || async {
-        loop {
-            let (s, _) = l.accept().await.unwrap();
-            if let Ok(st) = replica::secure::accept(s, &k[1], Purpose::Sync, &[Member::Node1]).await
-            {
-                return st;
-            }
-        }
-    };
-    let st = accept().await;
+    let dialed = node1_dialing_a_fake(d.path(), Arc::new(MemVolume::new(512, BLOCKS))).await;
+    let n1 = &dialed.n1;
+    let st = dialed.accept().await;
     let (mut fake, _) = Fake::start(st.reader, st.writer, 2, Generations::default()).await;
     // the fake takes every block of the full resync, then its end, and the
     // link dies before it answers that
@@ -617,7 +628,7 @@ async fn a_lost_answer_to_the_end_of_a_resync_leaves_copies_that_join_again() {
         n1.status()
     );
     // the fake returns in sync at the generation it was sent
-    let st = accept().await;
+    let st = dialed.accept().await;
     let (_fake, _) = Fake::start(st.reader, st.writer, 2, gens).await;
     let led = n1
         .wait_until(|s| s.role == Role::Leader, Duration::from_secs(20))
@@ -678,16 +689,11 @@ async fn the_end_of_a_resync_taken_as_the_link_dies_leaves_a_node_that_decides()
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_partner_claiming_a_huge_copy_grows_nothing_here() {
     let d = tempfile::tempdir().unwrap();
-    let k = keys();
-    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = l.local_addr().unwrap();
+    // the fake node 2 listens; the real node 1 (preferred) dials it
     let m1: VolumeRef = Arc::new(MemVolume::new(512, BLOCKS));
-    let (n1, _sink) =
-        ReplicatedVolume::open(cfg(1, d.path(), vec![addr], k[0].clone()), m1.clone()).unwrap();
-    let (s, _) = l.accept().await.unwrap();
-    let st = replica::secure::accept(s, &k[1], Purpose::Sync, &[Member::Node1])
-        .await
-        .unwrap();
+    let dialed = node1_dialing_a_fake(d.path(), m1.clone()).await;
+    let n1 = &dialed.n1;
+    let st = dialed.accept().await;
     let (mut fake, _) =
         Fake::start_sized(st.reader, st.writer, 2, Generations::default(), 1 << 50).await;
     // the node closes the link instead of growing
