@@ -20,6 +20,7 @@
 //! successful `flush`, or at once if it was issued with `fua = true` or the volume's
 //! geometry says `volatile_cache == false`.
 
+pub mod admission;
 mod atomic;
 mod budget;
 mod crashsim;

@@ -6,7 +6,7 @@
 //! nor hold login slots. The table is bounded: when it is full, records whose
 //! window and lockout have passed go first, then the least recently seen.
 
-use crate::admission::LogGate;
+use block::admission::LogGate;
 use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::net::IpAddr;

@@ -19,7 +19,6 @@
 //! (and per task management function that waits for aborts), and one writer task
 //! that stamps StatSN/ExpCmdSN/MaxCmdSN and writes batches with vectored writes.
 
-mod admission;
 mod auth_limit;
 mod config;
 mod conn;

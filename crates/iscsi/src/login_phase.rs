@@ -1,10 +1,10 @@
 //! The login phase of a connection: frames in, Login Responses out, until full
 //! feature phase or failure. Session registration (TSIH, reinstatement) happens here.
 
-use crate::admission::LoginSlot;
 use crate::server::Ctx;
 use crate::session::{initiator_port, Origin, RegisterError, Session, SessionKey};
 use crate::writer::Window;
+use block::admission::AdmissionSlot;
 use bytes::BytesMut;
 use iscsi_proto::digest::pad_len;
 use iscsi_proto::frame::{decode_frame, wire_len, Frame, FrameError, FrameLimits};
@@ -128,7 +128,7 @@ pub(crate) async fn login<S: AsyncRead + AsyncWrite + Unpin>(
     buf: &mut BytesMut,
     tpgt: u16,
     peer: SocketAddr,
-    slot: &LoginSlot,
+    slot: &AdmissionSlot,
 ) -> Result<(Negotiated, Registered), ConnError> {
     // the table of this login's start: a reload meanwhile applies to later logins
     let tables = ctx.tables();

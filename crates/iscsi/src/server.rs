@@ -11,10 +11,10 @@
 //! every session that logged in through it (normal or discovery) is closing, and
 //! a session whose login completes through it after that is closed at once.
 
-use crate::admission::LoginBudget;
 use crate::auth_limit::{AuthLimiter, AuthLimits};
 use crate::config::{Auth, Limits, Portal, ServerConfig, TargetSpec};
 use crate::session::{Caps, Registry};
+use block::admission::AdmissionBudget;
 use iscsi_proto::login::{
     ChapCredentials, InitiatorChap, LoginConfig, OperationalLimits, TargetAuth,
 };
@@ -97,7 +97,7 @@ pub(crate) struct Ctx {
     pub limits: Limits,
     pub registry: Registry,
     pub shutdown: watch::Receiver<bool>,
-    pub logins: Arc<LoginBudget>,
+    pub logins: Arc<AdmissionBudget>,
     pub auth_limit: AuthLimiter,
     /// The node's budget of buffered data bytes.
     pub buffers: block::BufferBudget,
@@ -294,7 +294,7 @@ impl Server {
             }),
             portal_change: tokio::sync::Mutex::new(()),
             partner_portals: cfg.partner_portals,
-            logins: LoginBudget::new(
+            logins: AdmissionBudget::new(
                 cfg.limits.logins_in_progress_per_source_max,
                 cfg.limits.logins_in_progress_max,
             ),

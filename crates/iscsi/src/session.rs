@@ -1,8 +1,8 @@
 //! Sessions: the state a connection's tasks share, and the server-wide registry
 //! (TSIH allocation, reinstatement, cross-session aborts for resets).
 
-use crate::admission::LogGate;
 use crate::writer::Window;
+use block::admission::LogGate;
 use parking_lot::Mutex;
 use scsi::{ItNexus, ScsiTarget};
 use std::collections::HashMap;

@@ -13,7 +13,6 @@
 //! at most one node serves once the nodes lose each other (leases, then the
 //! witness or the preference decides). See docs/0004-replication.md.
 
-mod admission;
 mod bitmap;
 mod link;
 mod listener;

@@ -1,7 +1,6 @@
 //! The sync listener of a node: accepts the partner's connections on the sync
 //! addresses and hands each to the replicated volume its hello names.
 
-use crate::admission::Admission;
 use crate::link::Framed;
 use crate::secure::{ClusterKeys, Member, Purpose};
 use crate::volume::ConnectionSink;
@@ -14,8 +13,8 @@ use std::time::Duration;
 use tokio::net::TcpListener;
 
 /// Sync connections in their handshake at once, from everywhere (past it, a
-/// newcomer takes the place of the oldest unauthenticated one of the busiest
-/// source: `admission.rs`).
+/// newcomer takes the place of the oldest of the busiest source:
+/// `block::admission`).
 const HANDSHAKES_MAX: usize = 32;
 /// Sync connections in their handshake at once from one address.
 const HANDSHAKES_PER_SOURCE_MAX: usize = 4;
@@ -83,7 +82,8 @@ impl SyncListener {
             Member::Node1 => Member::Node2,
             _ => Member::Node1,
         };
-        let pending = Arc::new(Admission::new(HANDSHAKES_MAX, HANDSHAKES_PER_SOURCE_MAX));
+        let pending =
+            block::admission::AdmissionBudget::new(HANDSHAKES_PER_SOURCE_MAX, HANDSHAKES_MAX);
         for l in self.listeners {
             let sinks = self.sinks.clone();
             let keys = self.keys.clone();
@@ -98,15 +98,15 @@ impl SyncListener {
                             continue;
                         }
                     };
-                    let Some(slot) = pending.admit(from.ip()) else {
-                        tracing::warn!(%from, "too many sync handshakes at once: connection closed");
-                        continue;
-                    };
+                    let slot = pending.admit(from.ip());
                     let sinks = sinks.clone();
                     let keys = keys.clone();
-                    slot.spawn(move |slot| async move {
-                        let secure =
-                            crate::secure::accept(stream, &keys, Purpose::Sync, &[partner]).await;
+                    tokio::spawn(async move {
+                        let allowed = [partner];
+                        let secure = tokio::select! {
+                            _ = slot.evicted() => return,
+                            s = crate::secure::accept(stream, &keys, Purpose::Sync, &allowed) => s,
+                        };
                         let secure = match secure {
                             Ok(s) => s,
                             Err(e) => {
@@ -114,7 +114,8 @@ impl SyncListener {
                                 return;
                             }
                         };
-                        slot.authenticated();
+                        // authenticated: the partner's (its hello is bounded in time)
+                        drop(slot);
                         let mut f = Framed::new(secure);
                         let hello = match tokio::time::timeout(Duration::from_secs(5), f.recv())
                             .await
@@ -130,7 +131,6 @@ impl SyncListener {
                             }
                             Err(_) => return,
                         };
-                        drop(slot);
                         let Message::Hello { volume, .. } = &hello else {
                             return;
                         };

@@ -23,9 +23,9 @@
 //! and number, idle connections time out, connections are bounded in total and
 //! per source, and the state file is durable (file and folder fsynced).
 
-use crate::admission::{Admission, Ticket};
 use crate::link::Framed;
 use crate::secure::{ClusterKeys, Member, Purpose};
+use block::admission::{AdmissionBudget, AdmissionSlot};
 use parking_lot::Mutex;
 use replica_proto::Message;
 use std::collections::BTreeMap;
@@ -44,9 +44,9 @@ const IDLE_TIMEOUT: Duration = Duration::from_secs(10);
 const GRANTS_MAX: usize = 4096;
 /// Longest grant name (`cluster:volume`).
 const GRANT_NAME_BYTES_MAX: usize = 512;
-/// Witness connections open at once, in total and from one address (past the
-/// total, a newcomer takes the place of the oldest unauthenticated one of the
-/// busiest source: `admission.rs`).
+/// Witness connections in their handshake at once, in total and from one
+/// address (past them, a newcomer takes the place of the oldest of the busiest
+/// source: `block::admission`).
 const CONNECTIONS_MAX: usize = 64;
 const CONNECTIONS_PER_SOURCE_MAX: usize = 8;
 
@@ -104,7 +104,7 @@ impl WitnessServer {
     /// Serves until `stop` completes.
     pub async fn run(self, stop: impl std::future::Future<Output = ()>) {
         tokio::pin!(stop);
-        let open = Admission::new(CONNECTIONS_MAX, CONNECTIONS_PER_SOURCE_MAX);
+        let open = AdmissionBudget::new(CONNECTIONS_PER_SOURCE_MAX, CONNECTIONS_MAX);
         let mut accept_errors = 0u32;
         loop {
             let (stream, from) = tokio::select! {
@@ -121,15 +121,12 @@ impl WitnessServer {
                 _ = &mut stop => return,
             };
             accept_errors = 0;
-            let Some(ticket) = open.admit(from.ip()) else {
-                tracing::warn!(%from, "too many witness connections: closed");
-                continue;
-            };
+            let slot = open.admit(from.ip());
             let grants = self.grants.clone();
             let file = self.state_file.clone();
             let keys = self.keys.clone();
-            ticket.spawn(move |ticket| async move {
-                if let Err(e) = serve(stream, &keys, &ticket, grants, file).await {
+            tokio::spawn(async move {
+                if let Err(e) = serve(stream, &keys, slot, grants, file).await {
                     tracing::info!(%from, "witness connection: {e}");
                 }
             });
@@ -160,18 +157,18 @@ fn persist(file: &std::path::Path, holders: &BTreeMap<String, u8>) -> std::io::R
 async fn serve(
     stream: TcpStream,
     keys: &ClusterKeys,
-    ticket: &Ticket,
+    slot: AdmissionSlot,
     grants: Arc<Mutex<Grants>>,
     file: PathBuf,
 ) -> std::io::Result<()> {
-    let secure = crate::secure::accept(
-        stream,
-        keys,
-        Purpose::Witness,
-        &[Member::Node1, Member::Node2],
-    )
-    .await?;
-    ticket.authenticated();
+    let secure = tokio::select! {
+        _ = slot.evicted() => return Err(std::io::Error::other(
+            "evicted while in its handshake (too many at once)",
+        )),
+        s = crate::secure::accept(stream, keys, Purpose::Witness, &[Member::Node1, Member::Node2]) => s?,
+    };
+    // authenticated: a node of this cluster (its requests are bounded in time)
+    drop(slot);
     let who = secure.peer.node_id();
     let mut f = Framed::new(secure);
     loop {

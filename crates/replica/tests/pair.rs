@@ -393,13 +393,28 @@ async fn a_write_intent_is_cleared_only_once_both_copies_are_flushed() {
     let n1 = node1(d.path(), 1, m1, addr2, None).await;
     both_in_sync(&n1, &n2).await;
     assert_eq!(n1.role(), Role::Leader);
+    // a client's flush through the follower (which the leader makes on both
+    // copies) ends only once the follower's copy is flushed
     held.flushes.hold();
+    let f = {
+        let n2 = n2.clone();
+        tokio::spawn(async move { n2.flush().await })
+    };
+    held.flushes.arrivals(1).await;
+    assert!(
+        !f.is_finished(),
+        "the follower's flush ended before its copy's"
+    );
+    held.flushes.release(1);
+    f.await.unwrap().unwrap();
+    // a write, then no client flush: its bit stays until the cleaner has had
+    // both copies flushed
     n1.write(0, Bytes::from(vec![5u8; 4096]), false)
         .await
         .unwrap();
     assert_eq!(n1.status().dirty_regions, 1);
     tokio::select! {
-        _ = held.flushes.arrivals(1) => {}
+        _ = held.flushes.arrivals(2) => {}
         cleared = n1.wait_until(|s| s.dirty_regions == 0, WAIT) => panic!(
             "the leader cleared the write intent without flushing the partner's copy (cleared: {cleared})"
         ),
@@ -412,30 +427,27 @@ async fn a_write_intent_is_cleared_only_once_both_copies_are_flushed() {
         "{:?}",
         n1.status()
     );
-    // a client's flush through the follower (which the leader makes on both
-    // copies) ends only once the follower's copy is flushed
-    held.flushes.hold();
-    let f = {
-        let n2 = n2.clone();
-        tokio::spawn(async move { n2.flush().await })
-    };
-    held.flushes.arrivals(2).await;
-    assert!(
-        !f.is_finished(),
-        "the follower's flush ended before its copy's"
-    );
-    held.flushes.open();
-    f.await.unwrap().unwrap();
 }
 
 /// Strangers holding `per_source` connections from each of `sources` loopback
 /// addresses (127.0.0.2 on) to `addr` that never start a handshake, each
-/// opened again as soon as the server closes it, until the result is dropped.
-fn flood(addr: SocketAddr, sources: u8, per_source: usize) -> Vec<tokio::task::AbortHandle> {
+/// opened again as soon as the server closes it; returns the tasks and the
+/// count of connections open at the moment.
+fn flood(
+    addr: SocketAddr,
+    sources: u8,
+    per_source: usize,
+) -> (
+    Vec<tokio::task::AbortHandle>,
+    Arc<std::sync::atomic::AtomicUsize>,
+) {
+    use std::sync::atomic::Ordering;
+    let open = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let mut tasks = Vec::new();
     for src in 0..sources {
         for _ in 0..per_source {
             let from = SocketAddr::from(([127, 0, 0, 2 + src], 0));
+            let open = open.clone();
             let t = tokio::spawn(async move {
                 use tokio::io::AsyncReadExt;
                 // bounded: at most 4,000 connections each, 10 ms apart at least
@@ -443,8 +455,10 @@ fn flood(addr: SocketAddr, sources: u8, per_source: usize) -> Vec<tokio::task::A
                     let s = tokio::net::TcpSocket::new_v4().unwrap();
                     s.bind(from).unwrap();
                     if let Ok(mut c) = s.connect(addr).await {
+                        open.fetch_add(1, Ordering::AcqRel);
                         let mut b = [0u8; 64];
                         while matches!(c.read(&mut b).await, Ok(n) if n > 0) {}
+                        open.fetch_sub(1, Ordering::AcqRel);
                     }
                     tokio::time::sleep(Duration::from_millis(10)).await;
                 }
@@ -452,7 +466,7 @@ fn flood(addr: SocketAddr, sources: u8, per_source: usize) -> Vec<tokio::task::A
             tasks.push(t.abort_handle());
         }
     }
-    tasks
+    (tasks, open)
 }
 
 /// Stops a [`flood`].
@@ -475,27 +489,19 @@ async fn strangers_holding_every_handshake_slot_keep_neither_the_partner_nor_the
     let m1: VolumeRef = Arc::new(MemVolume::new(512, BLOCKS));
     let m2: VolumeRef = Arc::new(MemVolume::new(512, BLOCKS));
     let (n2, addr2) = node2(d.path(), 1, m2, Some(waddr)).await;
-    let sync_flood = flood(addr2, 8, 4);
-    let witness_flood = flood(waddr, 8, 8);
-    // (every stranger connection is up once its 33rd and 65th find none free:
-    // a connection made, answered with a close at once)
-    for addr in [addr2, waddr] {
-        let deadline = tokio::time::Instant::now() + WAIT;
-        loop {
-            use tokio::io::AsyncReadExt;
-            let s = tokio::net::TcpSocket::new_v4().unwrap();
-            s.bind(SocketAddr::from(([127, 0, 0, 2], 0))).unwrap();
-            let mut c = s.connect(addr).await.unwrap();
-            let mut b = [0u8; 1];
-            let closed = tokio::time::timeout(Duration::from_millis(200), c.read(&mut b)).await;
-            if matches!(closed, Ok(Ok(0))) {
-                break;
-            }
-            assert!(
-                tokio::time::Instant::now() < deadline,
-                "the strangers never filled {addr}"
-            );
-        }
+    let (sync_flood, on_sync) = flood(addr2, 8, 4);
+    let (witness_flood, on_witness) = flood(waddr, 8, 8);
+    // (a connection the server admitted stays open; one past its bounds it
+    // would close at once)
+    let deadline = tokio::time::Instant::now() + WAIT;
+    while on_sync.load(std::sync::atomic::Ordering::Acquire) < 32
+        || on_witness.load(std::sync::atomic::Ordering::Acquire) < 64
+    {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the strangers never filled both ports"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
     }
     let n1 = node1(d.path(), 1, m1, addr2, Some(waddr)).await;
     both_in_sync(&n1, &n2).await;

@@ -1,14 +1,16 @@
-//! Admission of connections in login: a budget per source address and in total,
-//! kept apart from sessions, so that idle or slow sockets from one address cannot
-//! keep anyone else from logging in.
+//! Admission of connections not yet authenticated (an iSCSI login, the
+//! handshake of a sync link or of a witness exchange): a budget per source
+//! address and in total, kept apart from established sessions, so that idle or
+//! slow sockets from a few addresses cannot keep anyone else from getting in.
 //!
-//! A connection holds a login slot from accept until its login completes or fails.
-//! When a source is at its own budget, its oldest login connection is dropped for
-//! the new one (its idle ones, those that have not sent a whole PDU yet, first); when
-//! the whole budget is used, the victim is taken from the source holding the most
-//! slots. A source with few slots (a real initiator logging in) is therefore never
-//! the one to lose one while another holds more. Dropped connections are logged,
-//! at most one line a second with the count of the others.
+//! A connection holds a slot from accept until its login or handshake
+//! completes or fails. When a source is at its own budget, its oldest
+//! connection is dropped for the new one (its idle ones, those that have not
+//! sent a whole message yet, first); when the whole budget is used, the victim
+//! is taken from the source holding the most slots. A source with few slots (a
+//! real peer getting in) is therefore never the one to lose one while another
+//! holds more. Dropped connections are logged, at most one line a second with
+//! the count of the others.
 
 use parking_lot::Mutex;
 use std::collections::{HashMap, VecDeque};
@@ -18,11 +20,11 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::sync::Notify;
 
-/// One connection in login, as the budget tracks it.
+/// One connection being admitted, as the budget tracks it.
 struct Entry {
     id: u64,
     started: Instant,
-    /// True until the connection has sent its first whole PDU.
+    /// True until the connection has sent its first whole message.
     idle: Arc<AtomicBool>,
     /// Signalled when the connection must give up its slot.
     evict: Arc<Notify>,
@@ -35,46 +37,46 @@ struct Inner {
     by_source: HashMap<IpAddr, VecDeque<Entry>>,
 }
 
-/// The login budget of a server.
-pub(crate) struct LoginBudget {
+/// The admission budget of a listener.
+pub struct AdmissionBudget {
     inner: Mutex<Inner>,
     per_source_max: usize,
     total_max: usize,
     log: LogGate,
 }
 
-/// A login slot; dropping it gives the slot back.
-pub(crate) struct LoginSlot {
-    budget: Arc<LoginBudget>,
+/// A slot; dropping it gives the slot back.
+pub struct AdmissionSlot {
+    budget: Arc<AdmissionBudget>,
     source: IpAddr,
     id: u64,
     idle: Arc<AtomicBool>,
     evict: Arc<Notify>,
 }
 
-impl LoginSlot {
-    /// The connection sent its first whole PDU: it is no longer idle.
-    pub(crate) fn mark_active(&self) {
+impl AdmissionSlot {
+    /// The connection sent its first whole message: it is no longer idle.
+    pub fn mark_active(&self) {
         self.idle.store(false, Ordering::Relaxed);
     }
 
     /// Completes when the budget takes the slot back for a newer connection.
-    pub(crate) async fn evicted(&self) {
+    pub async fn evicted(&self) {
         self.evict.notified().await
     }
 }
 
-impl Drop for LoginSlot {
+impl Drop for AdmissionSlot {
     fn drop(&mut self) {
         self.budget.release(self.source, self.id);
     }
 }
 
-impl LoginBudget {
-    /// A budget of `per_source_max` logins per address and `total_max` in all
+impl AdmissionBudget {
+    /// A budget of `per_source_max` connections per address and `total_max` in all
     /// (each at least 1).
-    pub(crate) fn new(per_source_max: usize, total_max: usize) -> Arc<LoginBudget> {
-        Arc::new(LoginBudget {
+    pub fn new(per_source_max: usize, total_max: usize) -> Arc<AdmissionBudget> {
+        Arc::new(AdmissionBudget {
             inner: Mutex::new(Inner::default()),
             per_source_max: per_source_max.max(1),
             total_max: total_max.max(1),
@@ -82,9 +84,9 @@ impl LoginBudget {
         })
     }
 
-    /// Gives a login slot to a new connection from `source`, taking one back from
+    /// Gives a slot to a new connection from `source`, taking one back from
     /// another connection if the budget is used up (see the module header).
-    pub(crate) fn admit(self: &Arc<Self>, source: IpAddr) -> LoginSlot {
+    pub fn admit(self: &Arc<Self>, source: IpAddr) -> AdmissionSlot {
         let mut g = self.inner.lock();
         let own = g.by_source.get(&source).map_or(0, |q| q.len());
         let victim_source = if own >= self.per_source_max {
@@ -117,9 +119,9 @@ impl LoginBudget {
                     e.evict.notify_one();
                     g.total -= 1;
                     let reason = if vs == source {
-                        "per-source login budget used up"
+                        "per-source budget used up"
                     } else {
-                        "login budget used up; the source holding the most slots gives one"
+                        "budget used up; the source holding the most slots gives one"
                     };
                     if let Some(suppressed) = self.log.allow() {
                         tracing::warn!(
@@ -128,7 +130,7 @@ impl LoginBudget {
                             idle = e.idle.load(Ordering::Relaxed),
                             age_ms = e.started.elapsed().as_millis() as u64,
                             suppressed,
-                            "dropping a connection in login: {reason}"
+                            "dropping a connection not yet admitted: {reason}"
                         );
                     }
                 }
@@ -148,7 +150,7 @@ impl LoginBudget {
             evict: evict.clone(),
         });
         g.total += 1;
-        LoginSlot {
+        AdmissionSlot {
             budget: self.clone(),
             source,
             id,
@@ -174,14 +176,14 @@ impl LoginBudget {
 
     /// Slots in use: (from `source`, in total).
     #[cfg(test)]
-    pub(crate) fn in_use(&self, source: IpAddr) -> (usize, usize) {
+    pub fn in_use(&self, source: IpAddr) -> (usize, usize) {
         let g = self.inner.lock();
         (g.by_source.get(&source).map_or(0, |q| q.len()), g.total)
     }
 }
 
 /// Lets a log line through at most once per interval and counts the rest.
-pub(crate) struct LogGate {
+pub struct LogGate {
     interval: Duration,
     start: Instant,
     /// Milliseconds after `start` of the last line let through, plus one (0: never).
@@ -191,7 +193,7 @@ pub(crate) struct LogGate {
 
 impl LogGate {
     /// A gate letting one line through per `interval`.
-    pub(crate) fn new(interval: Duration) -> LogGate {
+    pub fn new(interval: Duration) -> LogGate {
         LogGate {
             interval,
             start: Instant::now(),
@@ -202,7 +204,7 @@ impl LogGate {
 
     /// Some(number of lines suppressed since the last one) when a line may be
     /// written now, None when it must be dropped (and is counted).
-    pub(crate) fn allow(&self) -> Option<u64> {
+    pub fn allow(&self) -> Option<u64> {
         let now_ms = self.start.elapsed().as_millis() as u64 + 1;
         let last = self.last_ms.load(Ordering::Relaxed);
         let due = last == 0 || now_ms.saturating_sub(last) >= self.interval.as_millis() as u64;
@@ -230,7 +232,7 @@ mod tests {
 
     #[tokio::test]
     async fn per_source_budget_drops_the_oldest_idle_of_that_source() {
-        let b = LoginBudget::new(2, 10);
+        let b = AdmissionBudget::new(2, 10);
         let a1 = b.admit(ip("10.0.0.1"));
         let a2 = b.admit(ip("10.0.0.1"));
         a1.mark_active();
@@ -254,7 +256,7 @@ mod tests {
 
     #[tokio::test]
     async fn full_budget_takes_from_the_biggest_source() {
-        let b = LoginBudget::new(8, 4);
+        let b = AdmissionBudget::new(8, 4);
         let flood: Vec<_> = (0..3).map(|_| b.admit(ip("10.0.0.66"))).collect();
         let good = b.admit(ip("10.0.0.1"));
         let good2 = b.admit(ip("10.0.0.2"));
