@@ -85,6 +85,7 @@ pub(crate) async fn run(inner: Arc<Inner>) {
         frameless = now;
         let t0 = Instant::now();
         let r = destage_batch(&inner, &batch, short).await;
+        *inner.destage_failure.lock() = r.as_ref().err().map(|e| e.to_string());
         inner.destage_progress.notify_waiters();
         if let Err(e) = r {
             Counters::add(&inner.counters.destage_errors, 1);

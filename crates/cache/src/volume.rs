@@ -39,6 +39,10 @@ use std::time::Instant;
 use tokio::sync::{Notify, RwLock};
 
 const LOCK_STRIPES: usize = 4096;
+/// Destage batches failing in a row after which a drain (a detach) gives up
+/// with the backing volume's error instead of waiting for ever (the destager
+/// retries a failed batch after 1 s).
+pub(crate) const DRAIN_FAILED_BATCHES_MAX: u32 = 5;
 
 /// A cache device handed to [`CacheVolume::open`].
 #[derive(Clone)]
@@ -202,6 +206,9 @@ pub(crate) struct Inner {
     pub destage_wake: Notify,
     /// Signalled by the destager after each batch.
     pub destage_progress: Notify,
+    /// The last batch's failure (None once one succeeds): a drain gives up
+    /// after [`DRAIN_FAILED_BATCHES_MAX`] in a row.
+    pub destage_failure: Mutex<Option<String>>,
     /// Foreground requests in flight.
     pub fg_inflight: AtomicUsize,
     /// Last time a foreground request started.
@@ -1428,7 +1435,8 @@ impl CacheVolume {
         let min_dev = devs.iter().map(|d| d.size_bytes()).min().unwrap_or(0);
         let mut local = DeviceLayout::fitting(min_dev, block_bytes);
         if let Some(limit) = cfg.size_bytes {
-            let want = (limit / block_bytes) as u32;
+            // (a configured size past 2^32 frames is as many as a device may hold)
+            let want = (limit / block_bytes).min(u32::MAX as u64) as u32;
             let per_dev = if mirrored {
                 want
             } else {
@@ -1445,7 +1453,12 @@ impl CacheVolume {
         let frames = if mirrored {
             local
         } else {
-            local * devs.len() as u32
+            local.checked_mul(devs.len() as u32).ok_or_else(|| {
+                BlockError::Unavailable(format!(
+                    "cache {name}: {} devices of {local} frames of {block_bytes} bytes pass the 2^32 frames a cache holds: choose a larger block_bytes or a size",
+                    devs.len()
+                ))
+            })?
         };
         let spb = (block_bytes / SECTOR_BYTES) as u32;
 
@@ -1516,6 +1529,7 @@ impl CacheVolume {
             pages_done: Notify::new(),
             destage_wake: Notify::new(),
             destage_progress: Notify::new(),
+            destage_failure: Mutex::new(None),
             fg_inflight: AtomicUsize::new(0),
             fg_last: Mutex::new(Instant::now()),
             sb: Mutex::new(sb),
@@ -1572,6 +1586,8 @@ impl CacheVolume {
         // on its way to the SSDs: it ends (dirty) before the count is looked at,
         // or a detach would move the LUNs to the backing past its data
         drop(self.inner.gate.write().await);
+        // destage batches that failed in a row while this drain waited
+        let mut failed = 0;
         loop {
             let progress = self.inner.destage_progress.notified();
             tokio::pin!(progress);
@@ -1586,6 +1602,19 @@ impl CacheVolume {
             }
             self.inner.destage_wake.notify_one();
             progress.await;
+            match self.inner.destage_failure.lock().clone() {
+                None => failed = 0,
+                Some(why) => {
+                    failed += 1;
+                    if failed >= DRAIN_FAILED_BATCHES_MAX {
+                        // (the dirty data stays in the cache, still destaged
+                        // in the background; the caller may try again)
+                        return Err(BlockError::Unavailable(format!(
+                            "the backing volume failed {failed} destage batches in a row, dirty data stays in the cache: {why}"
+                        )));
+                    }
+                }
+            }
         }
     }
 

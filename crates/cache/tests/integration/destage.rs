@@ -114,6 +114,12 @@ async fn open(backing: Arc<Held>) -> CacheVolume {
 }
 
 async fn open_with(backing: Arc<Held>, low: u8, size: u64) -> CacheVolume {
+    open_on(backing, low, size).await
+}
+
+/// A write-back cache of `size` bytes on two memory SSDs in front of
+/// `backing`, destaging from `low` percent dirty.
+async fn open_on(backing: VolumeRef, low: u8, size: u64) -> CacheVolume {
     let cfg = CacheConfig {
         mode: CacheMode::WriteBack,
         block_bytes: BLOCK,
@@ -379,4 +385,33 @@ async fn with_frames_to_spare_the_destage_writes_only_what_is_dirty() {
     );
     // dirty sector runs, none longer than a cache block
     assert!(backing.lengths.lock().iter().all(|&n| n <= 4));
+}
+
+/// A detach drains the dirty data first; a backing volume that fails every
+/// destage used to keep that drain (and the API call) waiting for ever. It
+/// now ends with the backing's error after a few failed batches, the data
+/// still dirty in the cache, and drains once the backing works again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_drain_over_a_failing_backing_volume_ends_with_its_error() {
+    let mem = Arc::new(MemVolume::new(4096, BACKING_BLOCKS));
+    let backing = Arc::new(block::FaultVolume::new(mem.clone()));
+    let plan = backing.plan();
+    plan.lock().dead = true;
+    // (destaging only once the drain asks: 90% dirty before the low mark)
+    let vol = open_on(backing, 90, 1 << 20).await;
+    vol.write(0, fill(9), false).await.unwrap();
+    let r = tokio::time::timeout(Duration::from_secs(60), vol.drain())
+        .await
+        .expect("a drain over a failing backing volume ended");
+    let e = r.expect_err("nothing reached the backing volume");
+    assert!(e.to_string().contains("dead"), "{e}");
+    assert!(vol.status().dirty_blocks > 0, "the data stays dirty");
+    assert_eq!(vol.read(0, 1).await.unwrap(), fill(9));
+    vol.undrain();
+    plan.lock().dead = false;
+    tokio::time::timeout(Duration::from_secs(60), vol.drain())
+        .await
+        .expect("drain")
+        .unwrap();
+    assert_eq!(mem.read(0, 1).await.unwrap(), fill(9));
 }
