@@ -982,7 +982,8 @@ impl Volume for Pool {
             for r in join_all(futs).await {
                 r?;
             }
-            Ok(())
+            // (a member it skipped must be failed on disk first)
+            inner.failures_durable().await
         })
         .await
     }
@@ -1005,7 +1006,8 @@ impl Volume for Pool {
     /// flush does not wait for those writes; `shutdown` and checkpoints do.
     async fn flush(&self) -> BlockResult<()> {
         let _fg = FgGuard::new(&self.inner.fg_inflight);
-        self.inner.flush_members().await
+        self.inner.flush_members().await?;
+        self.inner.failures_durable().await
     }
 
     /// Discard passes through to the members when they are all thin (the range
@@ -1025,7 +1027,7 @@ impl Volume for Pool {
             for (s, segs) in by_stripe(inner.segments(lba, blocks)) {
                 inner.discard_stripe(s, &segs).await?;
             }
-            Ok(())
+            inner.failures_durable().await
         })
         .await
     }

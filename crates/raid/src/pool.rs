@@ -238,6 +238,12 @@ pub(crate) struct Inner {
     pub region_stripes: u64,
     /// Highest `intent_seq` the superblocks on disk reflect.
     pub durable_intent_seq: AtomicU64,
+    /// The generation that records the latest member failure, and the newest
+    /// generation the superblocks hold: a write is acknowledged only once the
+    /// failures of the members it skipped are on disk (see
+    /// [`Inner::failures_durable`]).
+    pub failed_gen: AtomicU64,
+    pub durable_gen: AtomicU64,
     pub gather: Mutex<crate::fullstripe::Gather>,
     /// Test-only: whole-stripe writes skip the write intent.
     pub intent_off: bool,
@@ -1134,6 +1140,8 @@ impl Inner {
             scrub_running: AtomicBool::new(false),
             region_stripes: shape.region_stripes.max(1),
             durable_intent_seq: AtomicU64::new(0),
+            failed_gen: AtomicU64::new(0),
+            durable_gen: AtomicU64::new(0),
             gather: Mutex::new(Default::default()),
             intent_off: false,
             journal_whole: AtomicBool::new(false),
@@ -1295,6 +1303,7 @@ impl Inner {
             tracing::warn!(pool = %self.name, position = pos, member = %h.name, "member failed");
             slot.state = MemberState::Failed;
             st.generation += 1;
+            self.failed_gen.fetch_max(st.generation, Ordering::SeqCst);
             if !st.resync_regions.is_empty() && self.layout.scheme() != Scheme::Striped {
                 tracing::warn!(
                     pool = %self.name,
@@ -1357,10 +1366,30 @@ impl Inner {
         self.persist_locked().await
     }
 
+    /// Returns once every member failure known so far is recorded in the
+    /// superblocks (persisting them if no one has yet). A write that skipped a
+    /// failed member is acknowledged only after this: acknowledged before, a
+    /// crash could bring that member back as active with the write missing
+    /// (its superblock still saying so), and reads or the resync after the
+    /// crash take its stale blocks. The failure's own caller persists it, but
+    /// later writes did not wait for that, nor did anyone persist it if that
+    /// caller was dropped while waiting for the superblock lock.
+    pub async fn failures_durable(&self) -> BlockResult<()> {
+        let want = self.failed_gen.load(Ordering::SeqCst);
+        if self.durable_gen.load(Ordering::SeqCst) >= want {
+            return Ok(());
+        }
+        let _g = self.sb_lock.lock().await;
+        if self.durable_gen.load(Ordering::SeqCst) >= want {
+            return Ok(());
+        }
+        self.persist_locked().await
+    }
+
     /// [`Inner::persist`] for a caller holding `sb_lock`.
     pub async fn persist_locked(&self) -> BlockResult<()> {
         loop {
-            let (targets, intent_seq): (Vec<SbTarget>, u64) = {
+            let (targets, intent_seq, generation): (Vec<SbTarget>, u64, u64) = {
                 let mut st = self.state.lock();
                 st.events += 1;
                 let mut t = Vec::new();
@@ -1378,7 +1407,7 @@ impl Inner {
                 for sp in &st.spares {
                     t.push((None, sp.clone(), self.superblock_for(&st, None, &sp.uuid)));
                 }
-                (t, st.intent_seq)
+                (t, st.intent_seq, st.generation)
             };
             if targets.is_empty() {
                 return Err(BlockError::Unavailable(
@@ -1416,12 +1445,14 @@ impl Inner {
                             None => st.spares.retain(|s| !Arc::ptr_eq(s, h)),
                         }
                         st.generation += 1;
+                        self.failed_gen.fetch_max(st.generation, Ordering::SeqCst);
                     }
                 }
             }
             if !any_failed {
                 self.durable_intent_seq
                     .fetch_max(intent_seq, Ordering::SeqCst);
+                self.durable_gen.fetch_max(generation, Ordering::SeqCst);
                 return Ok(());
             }
             if self.is_failed() {

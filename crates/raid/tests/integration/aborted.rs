@@ -247,3 +247,74 @@ async fn a_clean_stop_keeps_the_regions_still_to_resync_after_a_crash() {
         "the orderly stop forgot the regions still to resync"
     );
 }
+
+/// A member that fails a write is failed in memory at once, and its failure
+/// is written to the other members' superblocks by the write that met it.
+/// A later write skips the failed member and must not be acknowledged before
+/// that record is on disk: acknowledged first, a crash brought the member
+/// back as active (its superblock, and the survivors', still said so), with
+/// the write missing on it, for reads and the resync after the crash to take
+/// its stale blocks.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_write_that_skips_a_failed_member_waits_until_its_failure_is_on_disk() {
+    let mems: Vec<Arc<MemVolume>> = mems(2);
+    let faults: Vec<Arc<block::FaultVolume>> = mems
+        .iter()
+        .map(|m| Arc::new(block::FaultVolume::new(m.clone() as VolumeRef)))
+        .collect();
+    let holds: Vec<Arc<HoldVolume>> = faults
+        .iter()
+        .map(|f| Arc::new(HoldVolume::queued(f.clone() as VolumeRef)))
+        .collect();
+    let pool = synced_pool(RaidLevel::Raid1, &holds).await;
+    let at = pool.data_offset_bytes() / BS as u64;
+    // (the region's write intent set and on disk already: the write below
+    // waits for no superblock write of its own)
+    pool.write(64, pattern(49, 8), false).await.unwrap();
+    // the second half's superblock writes wait; the first half dies
+    holds[1].writes.hold_below(at);
+    faults[0].plan().lock().dead = true;
+    let first = {
+        let pool = pool.clone();
+        tokio::spawn(async move { pool.write(0, pattern(50, 8), false).await })
+    };
+    holds[1].writes.arrivals(1).await;
+    // a write after the failure: it reaches the second half only
+    let data = pattern(51, 8);
+    let mut second = {
+        let (pool, data) = (pool.clone(), data.clone());
+        tokio::spawn(async move { pool.write(64, data, false).await })
+    };
+    assert!(
+        lands(&mems[1], at + 64, &data).await,
+        "the write never reached the surviving half"
+    );
+    // given a second after its data landed, one that does not wait for the
+    // failure's record has been acknowledged by then
+    let early = tokio::time::timeout(Duration::from_secs(1), &mut second).await;
+    holds[1].writes.open();
+    assert!(
+        early.is_err(),
+        "a write was acknowledged while the failure of the member it skipped was not on disk"
+    );
+    second.await.unwrap().unwrap();
+    first.await.unwrap().unwrap();
+    // what the disks say now: the first half failed, the write on the second
+    pool.shutdown().await.unwrap();
+    drop(pool);
+    faults[0].plan().lock().dead = false;
+    let members = mems
+        .iter()
+        .enumerate()
+        .map(|(i, m)| Member::new(format!("m{i}"), m.clone() as VolumeRef))
+        .collect();
+    let again = Pool::assemble(members, false).await.unwrap();
+    assert_eq!(again.read(64, 8).await.unwrap(), data);
+    assert_eq!(
+        again.status().members[0].state,
+        raid::MemberState::Failed,
+        "{:?}",
+        again.status().members
+    );
+    again.shutdown().await.unwrap();
+}
