@@ -1812,8 +1812,12 @@ impl Inner {
         }
         let dirty_possible = old.mode == CacheMode::WriteBack;
         if !same_shape {
-            if dirty_possible && !old.clean {
-                // it may hold dirty data: refuse rather than lose it
+            // it may hold dirty data: refuse rather than lose it. A clean stop
+            // of a write-back cache keeps its dirty data too (it writes the
+            // whole table, dirty records included, and does not destage): this
+            // used to be asked only after an unclean stop, so a cleanly
+            // stopped cache started empty under a new shape and erased them
+            if dirty_possible {
                 if self.scan_dirty(old).await? {
                     return Err(BlockError::Unavailable(format!(
                         "cache {}: the devices hold dirty data of a cache with another shape \

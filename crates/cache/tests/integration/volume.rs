@@ -323,6 +323,21 @@ async fn sequential_streams_bypass_the_cache() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_dirty_cache_refuses_another_shape() {
+    dirty_cache_refuses_another_shape(false).await;
+}
+
+/// A clean stop of a write-back cache keeps its dirty blocks on the SSDs (it
+/// writes the whole table and does not destage): a new shape must be refused
+/// then too. It used to be asked only after an unclean stop, so the cache
+/// started empty and erased the acknowledged dirty data.
+#[tokio::test]
+async fn a_cleanly_stopped_dirty_cache_refuses_another_shape() {
+    dirty_cache_refuses_another_shape(true).await;
+}
+
+/// Dirty data written, the cache stopped (cleanly or not); opened with
+/// another block size it refuses, and opened as it was it has the data.
+async fn dirty_cache_refuses_another_shape(clean_stop: bool) {
     let backing: VolumeRef = Arc::new(MemVolume::new(4096, BACKING_BYTES / 4096));
     let ssds: Vec<VolumeRef> = (0..2)
         .map(|_| Arc::new(MemVolume::new(4096, 1 << 10)) as VolumeRef)
@@ -334,13 +349,18 @@ async fn a_dirty_cache_refuses_another_shape() {
         .await
         .unwrap();
     vol.write(0, pattern(1, 4096), false).await.unwrap();
+    if clean_stop {
+        vol.shutdown().await.unwrap();
+        assert!(vol.status().dirty_blocks > 0, "the stop destaged");
+    }
     drop(vol);
     let mut other = c.clone();
     other.block_bytes = 64 * 1024;
     assert!(
         CacheVolume::open("t", backing.clone(), devices(&ssds), other)
             .await
-            .is_err()
+            .is_err(),
+        "opened under another shape over dirty data"
     );
     let vol = CacheVolume::open("t", backing, devices(&ssds), c)
         .await
