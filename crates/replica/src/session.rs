@@ -712,6 +712,7 @@ async fn resync(
         inner.bitmap.merge(0, peer_bits).await.map_err(io)?;
     }
     let regions = inner.bitmap.set_regions();
+    let nothing_to_copy = regions.is_empty();
     let rb = inner.bitmap.region_blocks();
     let bs = inner.geo().block_size_bytes as u64;
     inner
@@ -786,6 +787,19 @@ async fn resync(
         p.before_in_sync().await?;
     }
     let mut m = *inner.meta.lock();
+    if nothing_to_copy
+        && !full
+        && peer_meta.consistent
+        && peer_meta.current != 0
+        && !peer_meta.solo()
+    {
+        // nothing was copied: this copy holds the data of the partner's
+        // generation (the one it took when it went on alone, with no write
+        // since), and the partner may have received no change at all, so it
+        // stays consistent at its generation if it misses the end. Ending at
+        // that generation, both meet at one generation either way
+        m.current = peer_meta.current;
+    }
     if m.current == 0 {
         while m.current == 0 {
             m.current = rand::random();
@@ -796,9 +810,10 @@ async fn resync(
     let gens = m.gens();
     // stored here before the partner is told: from now on the partner holds
     // either this generation (it took the end) or an unfinished copy (it did
-    // not), and the next meeting joins both. Stored after its answer, a lost
-    // answer left the partner in sync at a generation this copy had not
-    // recorded, and the next meeting judged the copies diverged
+    // not, after a change of the resync reached it), or its own generation,
+    // which this is then (above): the next meeting joins them. Stored after
+    // its answer, a lost answer left the partner in sync at a generation this
+    // copy had not recorded, and the next meeting judged the copies diverged
     inner.store_meta(m).map_err(io)?;
     inner.bitmap.persist().await.map_err(io)?;
     match link.request(|id| Message::ResyncDone { id, gens }).await {

@@ -712,3 +712,52 @@ async fn a_partner_claiming_a_huge_copy_grows_nothing_here() {
         .unwrap();
     n1.shutdown().await;
 }
+
+/// Node 1 went on alone (a generation of its own) and wrote nothing; the
+/// fake node 2 returns at the generation both had. Nothing is copied, so no
+/// change reaches node 2 and it stays consistent at its generation; the end
+/// of the resync is lost before node 2 takes it. The copies must still join:
+/// node 1 ending at a generation of its own left two consistent copies at
+/// unrelated generations, which only an operator could join.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_end_of_resync_lost_when_nothing_was_copied_leaves_copies_that_join_again() {
+    let d = tempfile::tempdir().unwrap();
+    let (alone, both) = (0x1111u64, 0x2222u64);
+    std::fs::create_dir_all(d.path().join("node1")).unwrap();
+    std::fs::write(
+        d.path().join("node1/replica.meta.json"),
+        format!(r#"{{"current":{alone},"synced":{both},"consistent":true}}"#),
+    )
+    .unwrap();
+    let dialed = node1_dialing_a_fake(d.path(), Arc::new(MemVolume::new(512, BLOCKS))).await;
+    let n1 = &dialed.n1;
+    let gens = Generations {
+        current: both,
+        synced: both,
+    };
+    let st = dialed.accept().await;
+    let (mut fake, _) = Fake::start(st.reader, st.writer, 2, gens).await;
+    // no resync data: straight to the end, which is lost with the link
+    loop {
+        match fake.next().await.expect("node 1 closed the link") {
+            Message::ResyncData { .. } => panic!("node 1 copied a region nobody wrote"),
+            Message::ResyncDone { .. } => break,
+            _ => {}
+        }
+    }
+    fake.close();
+    assert!(
+        n1.wait_until(|s| s.role == Role::Solo, Duration::from_secs(20))
+            .await,
+        "{:?}",
+        n1.status()
+    );
+    // the fake returns as it was, consistent at the generation both had
+    let st = dialed.accept().await;
+    let (_fake, _) = Fake::start(st.reader, st.writer, 2, gens).await;
+    let led = n1
+        .wait_until(|s| s.role == Role::Leader, Duration::from_secs(20))
+        .await;
+    assert!(led, "the copies were not joined again: {:?}", n1.status());
+    n1.shutdown().await;
+}
