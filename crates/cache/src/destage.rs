@@ -59,6 +59,7 @@ pub(crate) async fn run(inner: Arc<Inner>) {
             )
         };
         if dirty == 0 {
+            *inner.destage_failure.lock() = None;
             inner.destage_progress.notify_waiters();
             wait(&inner, Duration::from_secs(1)).await;
             continue;

@@ -1602,6 +1602,9 @@ impl CacheVolume {
             }
             self.inner.destage_wake.notify_one();
             progress.await;
+            if self.inner.state.lock().dirty_frames == 0 {
+                return Ok(());
+            }
             match self.inner.destage_failure.lock().clone() {
                 None => failed = 0,
                 Some(why) => {
@@ -1610,7 +1613,7 @@ impl CacheVolume {
                         // (the dirty data stays in the cache, still destaged
                         // in the background; the caller may try again)
                         return Err(BlockError::Unavailable(format!(
-                            "the backing volume failed {failed} destage batches in a row, dirty data stays in the cache: {why}"
+                            "{failed} destage batches failed in a row, dirty data stays in the cache: {why}"
                         )));
                     }
                 }

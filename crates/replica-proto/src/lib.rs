@@ -28,8 +28,12 @@ pub use codec::{decode, encode};
 use bytes::Bytes;
 
 /// Version of the protocol spoken by this build; a peer with another version is
-/// refused at the handshake (the header of every frame carries it).
-pub const PROTO_VERSION: u16 = 1;
+/// refused at the handshake (the header of every frame carries it). 2
+/// (2026-12-04): witness requests carry a number, and the leader makes a
+/// forwarded flush on both copies (a follower of version 1 flushed its own
+/// after the answer; paired with a version 1 leader, a version 2 follower's
+/// copy would not be flushed at all).
+pub const PROTO_VERSION: u16 = 2;
 /// First four bytes of every frame: "FSRP".
 pub const MAGIC: u32 = 0x4653_5250;
 /// Bytes of the frame header.

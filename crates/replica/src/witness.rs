@@ -20,8 +20,10 @@
 //! Trust: every connection is authenticated (`secure.rs`, purpose `witness`):
 //! only node 1 or node 2 of the witness's cluster gets through, and a node may
 //! claim or release a grant only for itself. Grant names are bounded in length
-//! and number, idle connections time out, connections are bounded in total and
-//! per source, and the state file is durable (file and folder fsynced).
+//! and number, idle connections time out, connections in their handshake are
+//! bounded in total and per source (the busiest source's oldest gives way to a
+//! newcomer: `block::admission`; authenticated ones are the nodes'), and the
+//! state file is durable (file and folder fsynced).
 
 use crate::link::Framed;
 use crate::secure::{ClusterKeys, Member, Purpose};
@@ -33,7 +35,7 @@ use std::io::Write;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 use tokio::net::{TcpListener, TcpStream};
 
 /// Time allowed for one witness exchange (handshake included).
@@ -59,12 +61,19 @@ pub struct WitnessServer {
 }
 
 /// The witness's state: each grant's holder (persisted) and the last request
-/// number taken from each node for each grant (memory only).
+/// number taken from each node for each grant, with when (memory only).
 #[derive(Default)]
 struct Grants {
     holders: BTreeMap<String, u8>,
-    seqs: BTreeMap<(String, u8), u64>,
+    seqs: BTreeMap<(String, u8), (u64, Instant)>,
 }
+
+/// Request numbers kept at most (two nodes per grant).
+const SEQS_MAX: usize = 2 * GRANTS_MAX;
+/// A request number older than this may be forgotten to make room: a request
+/// the node gave up on is read from its connection long before (a connection
+/// has 5 s for its handshake and 10 s between requests).
+const SEQ_FORGET_AFTER: Duration = Duration::from_secs(60);
 
 impl WitnessServer {
     /// Binds the service; grants are kept in `state_file`; `keys` are the
@@ -216,7 +225,7 @@ async fn serve(
             }
             let key = (cluster.clone(), node);
             match g.seqs.get(&key) {
-                Some(&last) if seq <= last => {
+                Some(&(last, _)) if seq <= last => {
                     return Err(std::io::Error::new(
                         std::io::ErrorKind::PermissionDenied,
                         format!(
@@ -224,12 +233,17 @@ async fn serve(
                         ),
                     ))
                 }
-                None if g.seqs.len() >= 2 * GRANTS_MAX => {
-                    return Err(std::io::Error::other("the witness holds too many grants"))
+                None if g.seqs.len() >= SEQS_MAX => {
+                    // (volumes come and go: every grant ever asked for left
+                    // its numbers here)
+                    g.seqs.retain(|_, (_, at)| at.elapsed() < SEQ_FORGET_AFTER);
+                    if g.seqs.len() >= SEQS_MAX {
+                        return Err(std::io::Error::other("the witness holds too many grants"));
+                    }
                 }
                 _ => {}
             }
-            g.seqs.insert(key, seq);
+            g.seqs.insert(key, (seq, Instant::now()));
             let h = &mut g.holders;
             let cur = h.get(cluster).copied().unwrap_or(0);
             let next = match (claim, cur) {

@@ -393,8 +393,9 @@ async fn a_write_intent_is_cleared_only_once_both_copies_are_flushed() {
     let n1 = node1(d.path(), 1, m1, addr2, None).await;
     both_in_sync(&n1, &n2).await;
     assert_eq!(n1.role(), Role::Leader);
-    // a client's flush through the follower (which the leader makes on both
-    // copies) ends only once the follower's copy is flushed
+    // a client's flush through the follower ends only once the follower's
+    // copy is flushed (the leader now makes it, where the follower made it
+    // after the leader's answer before: this guards that move)
     held.flushes.hold();
     let f = {
         let n2 = n2.clone();

@@ -391,9 +391,12 @@ fn bad_magic() {
 
 #[test]
 fn other_version() {
-    let mut b = encoded(&Message::Ping { seq: 1 });
-    b[4..6].copy_from_slice(&2u16.to_be_bytes());
-    assert_eq!(decode(&mut b), Err(ProtoError::Version(2)));
+    // the version before this one (and the one after)
+    for other in [PROTO_VERSION - 1, PROTO_VERSION + 1] {
+        let mut b = encoded(&Message::Ping { seq: 1 });
+        b[4..6].copy_from_slice(&other.to_be_bytes());
+        assert_eq!(decode(&mut b), Err(ProtoError::Version(other)));
+    }
 }
 
 #[test]
