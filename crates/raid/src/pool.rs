@@ -1291,6 +1291,9 @@ impl Inner {
     /// new generation on the survivors.
     pub async fn fail_handle(&self, pos: usize, h: &Arc<MemberHandle>) {
         let pos = self.layout.member_of(pos);
+        // (before the failure is known: any superblock written from then on,
+        // by whichever task, carries the finished rebuilds' checkpoints)
+        self.checkpoint_finished_rebuilds().await;
         {
             let mut st = self.state.lock();
             let Some(slot) = st.slots.get_mut(pos) else {
@@ -1317,6 +1320,51 @@ impl Inner {
         self.pull_spares();
         if let Err(e) = self.persist().await {
             tracing::error!(pool = %self.name, error = %e, "could not persist member failure");
+        }
+    }
+
+    /// Members rebuilt to the end in memory count as present, but the
+    /// superblocks carry the checkpoint of their last flush until the
+    /// rebuild's own final flush. After a failure the pool may stand on such
+    /// a member alone (the other copy failing as its rebuild ends): recorded
+    /// with the older checkpoint, a crash left a pool that no longer
+    /// assembles, every write acknowledged since on that member. So before a
+    /// failure is recorded, such members are flushed and their checkpoint
+    /// advanced (a member whose flush fails is failed too).
+    async fn checkpoint_finished_rebuilds(&self) {
+        let stripes = self.stripes();
+        let finished: Vec<(usize, Arc<MemberHandle>, u64)> = {
+            let st = self.state.lock();
+            st.slots
+                .iter()
+                .enumerate()
+                .filter(|(_, s)| {
+                    s.state == MemberState::Rebuilding
+                        && s.rebuild_cp_stripes >= stripes
+                        && s.durable_cp_stripes < s.rebuild_cp_stripes
+                })
+                .filter_map(|(i, s)| Some((i, s.member.clone()?, s.rebuild_cp_stripes)))
+                .collect()
+        };
+        for (i, h, cp) in finished {
+            let r = h.volume.flush().await;
+            let mut st = self.state.lock();
+            let slot = &mut st.slots[i];
+            if !slot.member.as_ref().is_some_and(|m| Arc::ptr_eq(m, &h))
+                || slot.state != MemberState::Rebuilding
+            {
+                continue;
+            }
+            match r {
+                Ok(()) => slot.durable_cp_stripes = slot.durable_cp_stripes.max(cp),
+                Err(e) => {
+                    tracing::warn!(pool = %self.name, position = i, member = %h.name, error = %e, "member failed (flushing its finished rebuild)");
+                    h.errors.fetch_add(1, Ordering::Relaxed);
+                    slot.state = MemberState::Failed;
+                    st.generation += 1;
+                    self.failed_gen.fetch_max(st.generation, Ordering::SeqCst);
+                }
+            }
         }
     }
 

@@ -318,3 +318,74 @@ async fn a_write_that_skips_a_failed_member_waits_until_its_failure_is_on_disk()
     );
     again.shutdown().await.unwrap();
 }
+
+/// A rebuild at its very end: every stripe rebuilt in memory, its last flush
+/// (and so its checkpoint on disk) still to come. The other copy fails now,
+/// and the pool stands on the rebuilt member alone. A write acknowledged then
+/// must find the rebuilt member's checkpoint on disk: recorded with the older
+/// one (and the other copy failed), a crash left a pool that no longer
+/// assembles, the write on the rebuilt member out of reach.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_write_after_the_other_copy_fails_at_the_end_of_a_rebuild_waits_for_its_checkpoint() {
+    let mems: Vec<Arc<MemVolume>> = mems(3);
+    let faults: Vec<Arc<block::FaultVolume>> = mems
+        .iter()
+        .map(|m| Arc::new(block::FaultVolume::new(m.clone() as VolumeRef)))
+        .collect();
+    let holds: Vec<Arc<HoldVolume>> = faults
+        .iter()
+        .map(|f| Arc::new(HoldVolume::queued(f.clone() as VolumeRef)))
+        .collect();
+    let pool = synced_pool(RaidLevel::Raid1, &holds[..2]).await;
+    pool.write(64, pattern(52, 8), false).await.unwrap();
+    // the second half is replaced; the new one's flushes wait
+    pool.fail_member(1).await.unwrap();
+    holds[2].flushes.hold();
+    pool.replace_member(1, Member::new("m2", holds[2].clone() as VolumeRef))
+        .await
+        .unwrap();
+    // (a flush of the rebuild's own, made before its end, is let through)
+    let full = pool.status().members[0].rebuilt_bytes;
+    let mut seen = 1;
+    loop {
+        holds[2].flushes.arrivals(seen).await;
+        if pool.status().members[1].rebuilt_bytes >= full {
+            break;
+        }
+        holds[2].flushes.release(1);
+        seen += 1;
+    }
+    // every stripe rebuilt in memory, the final flush waiting; the first
+    // half dies, and a write comes
+    faults[0].plan().lock().dead = true;
+    let data = pattern(53, 8);
+    let mut write = {
+        let (pool, data) = (pool.clone(), data.clone());
+        tokio::spawn(async move { pool.write(64, data, false).await })
+    };
+    let at = pool.data_offset_bytes() / BS as u64 + 64;
+    assert!(
+        lands(&mems[2], at, &data).await,
+        "the write never reached the rebuilt member"
+    );
+    // given a second after its data landed, a write that does not wait for
+    // the rebuilt member's checkpoint has been acknowledged by then
+    let early = tokio::time::timeout(Duration::from_secs(1), &mut write).await;
+    holds[2].flushes.open();
+    assert!(
+        early.is_err(),
+        "a write was acknowledged on the rebuilt member alone before its checkpoint was on disk"
+    );
+    write.await.unwrap().unwrap();
+    pool.shutdown().await.unwrap();
+    drop(pool);
+    // the disks assemble, with the write
+    faults[0].plan().lock().dead = false;
+    let members = [0, 2]
+        .iter()
+        .map(|&i| Member::new(format!("m{i}"), mems[i].clone() as VolumeRef))
+        .collect();
+    let again = Pool::assemble(members, false).await.unwrap();
+    assert_eq!(again.read(64, 8).await.unwrap(), data);
+    again.shutdown().await.unwrap();
+}
