@@ -596,7 +596,6 @@ async fn a_partner_write_in_flight_when_the_link_dies_never_lands_after_the_node
 async fn a_lost_answer_to_the_end_of_a_resync_leaves_copies_that_join_again() {
     let d = tempfile::tempdir().unwrap();
     let dialed = node1_dialing_a_fake(d.path(), Arc::new(MemVolume::new(512, BLOCKS))).await;
-    let n1 = &dialed.n1;
     let st = dialed.accept().await;
     let (mut fake, _) = Fake::start(st.reader, st.writer, 2, Generations::default()).await;
     // the fake takes every block of the full resync, then its end, and the
@@ -619,15 +618,22 @@ async fn a_lost_answer_to_the_end_of_a_resync_leaves_copies_that_join_again() {
         }
     };
     assert_ne!(gens.current, 0);
+    // the fake returns in sync at the generation it was sent
+    rejoins_after_losing(&dialed, fake, gens).await;
+}
+
+/// The fake's link is cut; node 1 (preferred) goes on alone; the fake comes
+/// back consistent at `gens`, and node 1 must resync it (lead) rather than
+/// judge the copies impossible to join.
+async fn rejoins_after_losing(dialed: &Dialed, fake: Fake, gens: Generations) {
+    let n1 = &dialed.n1;
     fake.close();
-    // node 1, preferred, goes on alone (a new generation from the one it sent)
     assert!(
         n1.wait_until(|s| s.role == Role::Solo, Duration::from_secs(20))
             .await,
         "{:?}",
         n1.status()
     );
-    // the fake returns in sync at the generation it was sent
     let st = dialed.accept().await;
     let (_fake, _) = Fake::start(st.reader, st.writer, 2, gens).await;
     let led = n1
@@ -730,7 +736,6 @@ async fn an_end_of_resync_lost_when_nothing_was_copied_leaves_copies_that_join_a
     )
     .unwrap();
     let dialed = node1_dialing_a_fake(d.path(), Arc::new(MemVolume::new(512, BLOCKS))).await;
-    let n1 = &dialed.n1;
     let gens = Generations {
         current: both,
         synced: both,
@@ -745,19 +750,6 @@ async fn an_end_of_resync_lost_when_nothing_was_copied_leaves_copies_that_join_a
             _ => {}
         }
     }
-    fake.close();
-    assert!(
-        n1.wait_until(|s| s.role == Role::Solo, Duration::from_secs(20))
-            .await,
-        "{:?}",
-        n1.status()
-    );
     // the fake returns as it was, consistent at the generation both had
-    let st = dialed.accept().await;
-    let (_fake, _) = Fake::start(st.reader, st.writer, 2, gens).await;
-    let led = n1
-        .wait_until(|s| s.role == Role::Leader, Duration::from_secs(20))
-        .await;
-    assert!(led, "the copies were not joined again: {:?}", n1.status());
-    n1.shutdown().await;
+    rejoins_after_losing(&dialed, fake, gens).await;
 }

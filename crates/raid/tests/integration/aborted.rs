@@ -65,6 +65,31 @@ async fn held_pool(
     (synced_pool(level, &holds).await, mems, holds)
 }
 
+/// `n` blank disks, each behind a fault injector and then a gate that, like
+/// a disk's queue, finishes a request once issued.
+struct Faulty {
+    mems: Vec<Arc<MemVolume>>,
+    faults: Vec<Arc<block::FaultVolume>>,
+    holds: Vec<Arc<HoldVolume>>,
+}
+
+fn faulty(n: usize) -> Faulty {
+    let mems: Vec<Arc<MemVolume>> = mems(n);
+    let faults: Vec<Arc<block::FaultVolume>> = mems
+        .iter()
+        .map(|m| Arc::new(block::FaultVolume::new(m.clone() as VolumeRef)))
+        .collect();
+    let holds: Vec<Arc<HoldVolume>> = faults
+        .iter()
+        .map(|f| Arc::new(HoldVolume::queued(f.clone() as VolumeRef)))
+        .collect();
+    Faulty {
+        mems,
+        faults,
+        holds,
+    }
+}
+
 /// Whether member `m` holds `data` at member block `at`.
 async fn holds_at(m: &MemVolume, at: u64, data: &[u8]) -> bool {
     m.read(at, (data.len() / BS as usize) as u32).await.unwrap() == data
@@ -151,16 +176,11 @@ async fn a_parity_update_whose_caller_is_aborted_leaves_the_stripe_consistent() 
 /// older data over it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_read_whose_caller_is_aborted_keeps_its_stripe_until_its_repair_ends() {
-    let mems: Vec<Arc<MemVolume>> = mems(3);
-    let faults: Vec<Arc<block::FaultVolume>> = mems
-        .iter()
-        .map(|m| Arc::new(block::FaultVolume::new(m.clone() as VolumeRef)))
-        .collect();
-    // members that, like disks, finish a write once it is issued
-    let holds: Vec<Arc<HoldVolume>> = faults
-        .iter()
-        .map(|f| Arc::new(HoldVolume::queued(f.clone() as VolumeRef)))
-        .collect();
+    let Faulty {
+        mems: _,
+        faults,
+        holds,
+    } = faulty(3);
     let pool = synced_pool(RaidLevel::Raid5, &holds).await;
     let data = pattern(47, 8);
     pool.write(0, data.clone(), false).await.unwrap();
@@ -257,15 +277,11 @@ async fn a_clean_stop_keeps_the_regions_still_to_resync_after_a_crash() {
 /// its stale blocks.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_write_that_skips_a_failed_member_waits_until_its_failure_is_on_disk() {
-    let mems: Vec<Arc<MemVolume>> = mems(2);
-    let faults: Vec<Arc<block::FaultVolume>> = mems
-        .iter()
-        .map(|m| Arc::new(block::FaultVolume::new(m.clone() as VolumeRef)))
-        .collect();
-    let holds: Vec<Arc<HoldVolume>> = faults
-        .iter()
-        .map(|f| Arc::new(HoldVolume::queued(f.clone() as VolumeRef)))
-        .collect();
+    let Faulty {
+        mems,
+        faults,
+        holds,
+    } = faulty(2);
     let pool = synced_pool(RaidLevel::Raid1, &holds).await;
     let at = pool.data_offset_bytes() / BS as u64;
     // (the region's write intent set and on disk already: the write below
@@ -327,15 +343,11 @@ async fn a_write_that_skips_a_failed_member_waits_until_its_failure_is_on_disk()
 /// assembles, the write on the rebuilt member out of reach.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_write_after_the_other_copy_fails_at_the_end_of_a_rebuild_waits_for_its_checkpoint() {
-    let mems: Vec<Arc<MemVolume>> = mems(3);
-    let faults: Vec<Arc<block::FaultVolume>> = mems
-        .iter()
-        .map(|m| Arc::new(block::FaultVolume::new(m.clone() as VolumeRef)))
-        .collect();
-    let holds: Vec<Arc<HoldVolume>> = faults
-        .iter()
-        .map(|f| Arc::new(HoldVolume::queued(f.clone() as VolumeRef)))
-        .collect();
+    let Faulty {
+        mems,
+        faults,
+        holds,
+    } = faulty(3);
     let pool = synced_pool(RaidLevel::Raid1, &holds[..2]).await;
     pool.write(64, pattern(52, 8), false).await.unwrap();
     // the second half is replaced; the new one's flushes wait
