@@ -523,11 +523,14 @@ async fn concurrent_writes_share_group_commits() {
     );
     assert!(w.journal_batch_records_max > 1);
     // two copies per ring write on RAID 5, the completing records in the
-    // group commits: fewer ring writes than updates per copy
+    // group commits: fewer ring writes than updates per copy (the spare
+    // copies a pool writes while its members reorder, which a loaded machine
+    // makes them do, aside)
+    let ring_writes = w.journal_ring_writes - w.journal_spare_copies;
     assert!(
-        w.journal_ring_writes < 2 * 32,
-        "64 records of 32 updates took {} ring writes",
-        w.journal_ring_writes
+        ring_writes < 2 * 32,
+        "64 records of 32 updates took {ring_writes} ring writes (and {} spare copies)",
+        w.journal_spare_copies
     );
     // completing records in the slots their batch set aside share ring
     // writes too
@@ -538,7 +541,11 @@ async fn concurrent_writes_share_group_commits() {
     assert_eq!(w1.data_first_acks - w.data_first_acks, 32);
     assert_eq!(w1.completions_in_slots - w.completions_in_slots, 32);
     let batches = w1.journal_batches - w.journal_batches;
-    let completion_writes = (w1.journal_ring_writes - w.journal_ring_writes - 2 * batches) / 2;
+    let completion_writes = (w1.journal_ring_writes
+        - w1.journal_spare_copies
+        - (w.journal_ring_writes - w.journal_spare_copies)
+        - 2 * batches)
+        / 2;
     assert!(
         completion_writes < 32,
         "32 completing records took {completion_writes} ring writes"
