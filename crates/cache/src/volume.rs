@@ -1900,7 +1900,9 @@ impl Inner {
                 }
                 match got {
                     Some((d, recs)) => take(d, page, &recs),
-                    None if dirty_possible && !old.clean => {
+                    // (a clean stop keeps dirty records too: see `load`'s
+                    // shape check)
+                    None if dirty_possible => {
                         return Err(BlockError::Unavailable(format!(
                             "cache {}: table page {page} is damaged on every copy; it may hold \
                              dirty data",
@@ -1918,9 +1920,9 @@ impl Inner {
                         if old.clean {
                             tracing::warn!(cache = %self.name, page, "table page unreadable");
                         }
-                        if dirty_possible && !old.clean && self.live_devices() == 1 {
+                        if dirty_possible {
                             return Err(BlockError::Unavailable(format!(
-                                "cache {}: table page {page} is damaged on the only copy",
+                                "cache {}: table page {page} of device {d} is damaged on its only copy; it may hold dirty data",
                                 self.name
                             )));
                         }

@@ -679,6 +679,39 @@ async fn a_table_page_damaged_on_one_mirror_is_read_from_the_other() {
     verify_all(&vol, &oracle).await;
 }
 
+/// A cleanly stopped write-back cache keeps its dirty records on the SSDs:
+/// a table page damaged on every copy may have held some, so the cache
+/// refuses to start rather than serve the older backing data in their place
+/// (it used to refuse only after an unclean stop).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cleanly_stopped_cache_whose_table_page_is_lost_refuses_to_start() {
+    let backing = Arc::new(MemVolume::new(4096, BACKING_BYTES / 4096));
+    let ssds: Vec<VolumeRef> = (0..2)
+        .map(|_| Arc::new(MemVolume::new(4096, 1 << 10)) as VolumeRef)
+        .collect();
+    let mut c = cfg(CacheMode::WriteBack);
+    c.dirty_low_percent = 90;
+    c.dirty_high_percent = 95;
+    let vol = CacheVolume::open("t", backing.clone(), devices(&ssds), c.clone())
+        .await
+        .unwrap();
+    vol.write(0, pattern(7, 4096), false).await.unwrap();
+    vol.shutdown().await.unwrap();
+    assert!(vol.status().dirty_blocks > 0, "the stop destaged");
+    drop(vol);
+    // the first table page is garbage on both SSDs
+    for ssd in &ssds {
+        ssd.write(2, Bytes::from(vec![0x5a; 4096]), false)
+            .await
+            .unwrap();
+    }
+    let opened = CacheVolume::open("t", backing.clone(), devices(&ssds), c).await;
+    assert!(
+        opened.is_err(),
+        "a cache that may have lost dirty records started"
+    );
+}
+
 /// A discard of dirty sectors whose backing flush fails leaves the SSD's
 /// record saying "dirty": memory must say so too. Before, the frame was freed
 /// while its record still named the block; reused by a read of another
