@@ -153,6 +153,43 @@ impl Inner {
         }
     }
 
+    /// Moves the rebuild checkpoint of member `h` at `pos` from stripe `from`
+    /// to `to` (the stripes below `to` are written), unless it moved or the
+    /// member changed meanwhile. At the end, the member counts as present for
+    /// the pool from then on (`is_failed`): its stripes are flushed and that
+    /// checkpoint becomes the durable one first, and the generation moves on
+    /// so that the next acknowledgement waits for a superblock carrying it.
+    /// Before (2026-12-04, found by review), the superblocks still carried
+    /// the checkpoint of the last periodic flush until the rebuild's final
+    /// flush and superblock write; the other copy failing in between (a RAID
+    /// 1) was recorded with that older checkpoint while writes went on,
+    /// acknowledged on the rebuilt member alone, and a crash left a pool that
+    /// no longer assembled. An error is the member's flush failing.
+    pub(crate) async fn advance_rebuild(
+        &self,
+        pos: usize,
+        h: &Arc<MemberHandle>,
+        from: u64,
+        to: u64,
+    ) -> BlockResult<()> {
+        let end = to >= self.stripes();
+        if end {
+            h.volume.flush().await?;
+        }
+        let mut st = self.state.lock();
+        let sl = &mut st.slots[pos];
+        if !sl.member.as_ref().is_some_and(|m| Arc::ptr_eq(m, h)) || sl.rebuild_cp_stripes != from {
+            return Ok(());
+        }
+        sl.rebuild_cp_stripes = to;
+        if end {
+            sl.durable_cp_stripes = to;
+            st.generation += 1;
+            self.needed_gen.fetch_max(st.generation, Ordering::SeqCst);
+        }
+        Ok(())
+    }
+
     /// Flushes the members, then lets the superblocks carry the rebuild
     /// checkpoints and the resync cursor as they stood before the flush (see
     /// `Slot::durable_cp_stripes`), and writes them.
@@ -171,9 +208,10 @@ impl Inner {
         {
             let mut st = self.state.lock();
             for (sl, (uuid, cp)) in st.slots.iter_mut().zip(cps) {
-                // the same member, not restarted since
+                // the same member, not restarted since (never lowered: the
+                // end of a rebuild may have moved it past `cp` meanwhile)
                 if sl.uuid == uuid && sl.rebuild_cp_stripes >= cp {
-                    sl.durable_cp_stripes = cp;
+                    sl.durable_cp_stripes = sl.durable_cp_stripes.max(cp);
                 }
             }
             if let (Some(was), Some(now)) = (cursor, st.resync_cursor) {
@@ -350,15 +388,7 @@ impl Inner {
                     }
                     done += chunk_bytes;
                 }
-                if ok {
-                    let mut st = self.state.lock();
-                    let sl = &mut st.slots[*pos];
-                    if sl.member.as_ref().is_some_and(|m| Arc::ptr_eq(m, h))
-                        && sl.rebuild_cp_stripes == s
-                    {
-                        sl.rebuild_cp_stripes = s + 1;
-                    }
-                } else {
+                if !ok || self.advance_rebuild(*pos, h, s, s + 1).await.is_err() {
                     self.fail_handle(*pos, h).await;
                 }
             }
@@ -439,20 +469,10 @@ impl Inner {
         let acc = acc?;
         // parity levels: positions are members, one area
         let at = At { h: &h, base: 0 };
-        match self.m_write(at, s * self.cb, Bytes::from(acc), false).await {
-            Ok(()) => {
-                let mut st = self.state.lock();
-                let sl = &mut st.slots[target];
-                if sl.member.as_ref().is_some_and(|m| Arc::ptr_eq(m, &h))
-                    && sl.rebuild_cp_stripes == s
-                {
-                    sl.rebuild_cp_stripes = s + n;
-                }
-            }
-            Err(_) => {
-                self.fail_handle(target, &h).await;
-                return None;
-            }
+        let written = self.m_write(at, s * self.cb, Bytes::from(acc), false).await;
+        if written.is_err() || self.advance_rebuild(target, &h, s, s + n).await.is_err() {
+            self.fail_handle(target, &h).await;
+            return None;
         }
         drop(guards);
         Some(n)

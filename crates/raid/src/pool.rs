@@ -238,11 +238,12 @@ pub(crate) struct Inner {
     pub region_stripes: u64,
     /// Highest `intent_seq` the superblocks on disk reflect.
     pub durable_intent_seq: AtomicU64,
-    /// The generation that records the latest member failure, and the newest
+    /// The latest generation an acknowledgement must find on disk (one that
+    /// records a member's failure, or a rebuild's end), and the newest
     /// generation the superblocks hold: a write is acknowledged only once the
     /// failures of the members it skipped are on disk (see
     /// [`Inner::failures_durable`]).
-    pub failed_gen: AtomicU64,
+    pub needed_gen: AtomicU64,
     pub durable_gen: AtomicU64,
     pub gather: Mutex<crate::fullstripe::Gather>,
     /// Test-only: whole-stripe writes skip the write intent.
@@ -1140,7 +1141,7 @@ impl Inner {
             scrub_running: AtomicBool::new(false),
             region_stripes: shape.region_stripes.max(1),
             durable_intent_seq: AtomicU64::new(0),
-            failed_gen: AtomicU64::new(0),
+            needed_gen: AtomicU64::new(0),
             durable_gen: AtomicU64::new(0),
             gather: Mutex::new(Default::default()),
             intent_off: false,
@@ -1291,9 +1292,6 @@ impl Inner {
     /// new generation on the survivors.
     pub async fn fail_handle(&self, pos: usize, h: &Arc<MemberHandle>) {
         let pos = self.layout.member_of(pos);
-        // (before the failure is known: any superblock written from then on,
-        // by whichever task, carries the finished rebuilds' checkpoints)
-        self.checkpoint_finished_rebuilds().await;
         {
             let mut st = self.state.lock();
             let Some(slot) = st.slots.get_mut(pos) else {
@@ -1306,7 +1304,7 @@ impl Inner {
             tracing::warn!(pool = %self.name, position = pos, member = %h.name, "member failed");
             slot.state = MemberState::Failed;
             st.generation += 1;
-            self.failed_gen.fetch_max(st.generation, Ordering::SeqCst);
+            self.needed_gen.fetch_max(st.generation, Ordering::SeqCst);
             if !st.resync_regions.is_empty() && self.layout.scheme() != Scheme::Striped {
                 tracing::warn!(
                     pool = %self.name,
@@ -1320,51 +1318,6 @@ impl Inner {
         self.pull_spares();
         if let Err(e) = self.persist().await {
             tracing::error!(pool = %self.name, error = %e, "could not persist member failure");
-        }
-    }
-
-    /// Members rebuilt to the end in memory count as present, but the
-    /// superblocks carry the checkpoint of their last flush until the
-    /// rebuild's own final flush. After a failure the pool may stand on such
-    /// a member alone (the other copy failing as its rebuild ends): recorded
-    /// with the older checkpoint, a crash left a pool that no longer
-    /// assembles, every write acknowledged since on that member. So before a
-    /// failure is recorded, such members are flushed and their checkpoint
-    /// advanced (a member whose flush fails is failed too).
-    async fn checkpoint_finished_rebuilds(&self) {
-        let stripes = self.stripes();
-        let finished: Vec<(usize, Arc<MemberHandle>, u64)> = {
-            let st = self.state.lock();
-            st.slots
-                .iter()
-                .enumerate()
-                .filter(|(_, s)| {
-                    s.state == MemberState::Rebuilding
-                        && s.rebuild_cp_stripes >= stripes
-                        && s.durable_cp_stripes < s.rebuild_cp_stripes
-                })
-                .filter_map(|(i, s)| Some((i, s.member.clone()?, s.rebuild_cp_stripes)))
-                .collect()
-        };
-        for (i, h, cp) in finished {
-            let r = h.volume.flush().await;
-            let mut st = self.state.lock();
-            let slot = &mut st.slots[i];
-            if !slot.member.as_ref().is_some_and(|m| Arc::ptr_eq(m, &h))
-                || slot.state != MemberState::Rebuilding
-            {
-                continue;
-            }
-            match r {
-                Ok(()) => slot.durable_cp_stripes = slot.durable_cp_stripes.max(cp),
-                Err(e) => {
-                    tracing::warn!(pool = %self.name, position = i, member = %h.name, error = %e, "member failed (flushing its finished rebuild)");
-                    h.errors.fetch_add(1, Ordering::Relaxed);
-                    slot.state = MemberState::Failed;
-                    st.generation += 1;
-                    self.failed_gen.fetch_max(st.generation, Ordering::SeqCst);
-                }
-            }
         }
     }
 
@@ -1423,7 +1376,7 @@ impl Inner {
     /// later writes did not wait for that, nor did anyone persist it if that
     /// caller was dropped while waiting for the superblock lock.
     pub async fn failures_durable(&self) -> BlockResult<()> {
-        let want = self.failed_gen.load(Ordering::SeqCst);
+        let want = self.needed_gen.load(Ordering::SeqCst);
         if self.durable_gen.load(Ordering::SeqCst) >= want {
             return Ok(());
         }
@@ -1493,7 +1446,7 @@ impl Inner {
                             None => st.spares.retain(|s| !Arc::ptr_eq(s, h)),
                         }
                         st.generation += 1;
-                        self.failed_gen.fetch_max(st.generation, Ordering::SeqCst);
+                        self.needed_gen.fetch_max(st.generation, Ordering::SeqCst);
                     }
                 }
             }
