@@ -1820,15 +1820,13 @@ impl Inner {
             // whole table, dirty records included, and does not destage): this
             // used to be asked only after an unclean stop, so a cleanly
             // stopped cache started empty under a new shape and erased them
-            if dirty_possible {
-                if self.scan_dirty(old).await? {
-                    return Err(BlockError::Unavailable(format!(
-                        "cache {}: the devices hold dirty data of a cache with another shape \
-                         (block {} bytes, {} devices, {} frames); restore that configuration \
-                         and detach it first",
-                        self.name, old.block_bytes, old.device_count, old.frames
-                    )));
-                }
+            if dirty_possible && self.scan_dirty(old).await? {
+                return Err(BlockError::Unavailable(format!(
+                    "cache {}: the devices hold dirty data of a cache with another shape \
+                     (block {} bytes, {} devices, {} frames); restore that configuration \
+                     and detach it first",
+                    self.name, old.block_bytes, old.device_count, old.frames
+                )));
             }
             tracing::info!(cache = %self.name, "cache shape changed: starting empty");
             return Ok(());

@@ -161,8 +161,8 @@ impl Inner {
     /// so that the next acknowledgement waits for a superblock carrying it.
     /// Before (2026-12-04, found by review), the superblocks still carried
     /// the checkpoint of the last periodic flush until the rebuild's final
-    /// flush and superblock write; the other copy failing in between (a RAID
-    /// 1) was recorded with that older checkpoint while writes went on,
+    /// flush and superblock write; the other copy of a RAID 1 failing in
+    /// between was recorded with that older checkpoint while writes went on,
     /// acknowledged on the rebuilt member alone, and a crash left a pool that
     /// no longer assembled. An error is the member's flush failing.
     pub(crate) async fn advance_rebuild(

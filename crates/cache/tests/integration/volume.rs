@@ -335,9 +335,9 @@ async fn a_cleanly_stopped_dirty_cache_refuses_another_shape() {
     dirty_cache_refuses_another_shape(true).await;
 }
 
-/// Dirty data written, the cache stopped (cleanly or not); opened with
-/// another block size it refuses, and opened as it was it has the data.
-async fn dirty_cache_refuses_another_shape(clean_stop: bool) {
+/// A memory backing volume, two memory SSDs, and a write-back configuration
+/// that destages only at 90% dirty.
+fn write_back_on_two_ssds() -> (VolumeRef, Vec<VolumeRef>, CacheConfig) {
     let backing: VolumeRef = Arc::new(MemVolume::new(4096, BACKING_BYTES / 4096));
     let ssds: Vec<VolumeRef> = (0..2)
         .map(|_| Arc::new(MemVolume::new(4096, 1 << 10)) as VolumeRef)
@@ -345,6 +345,13 @@ async fn dirty_cache_refuses_another_shape(clean_stop: bool) {
     let mut c = cfg(CacheMode::WriteBack);
     c.dirty_low_percent = 90;
     c.dirty_high_percent = 95;
+    (backing, ssds, c)
+}
+
+/// Dirty data written, the cache stopped (cleanly or not); opened with
+/// another block size it refuses, and opened as it was it has the data.
+async fn dirty_cache_refuses_another_shape(clean_stop: bool) {
+    let (backing, ssds, c) = write_back_on_two_ssds();
     let vol = CacheVolume::open("t", backing.clone(), devices(&ssds), c.clone())
         .await
         .unwrap();
@@ -646,14 +653,8 @@ async fn a_device_back_from_failure_brings_back_nothing_it_held_before() {
 /// blocks served from the older backing volume.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_table_page_damaged_on_one_mirror_is_read_from_the_other() {
-    let backing = Arc::new(MemVolume::new(4096, BACKING_BYTES / 4096));
-    let ssds: Vec<VolumeRef> = (0..2)
-        .map(|_| Arc::new(MemVolume::new(4096, 1 << 10)) as VolumeRef)
-        .collect();
+    let (backing, ssds, c) = write_back_on_two_ssds();
     let oracle = MemVolume::new(4096, BACKING_BYTES / 4096);
-    let mut c = cfg(CacheMode::WriteBack);
-    c.dirty_low_percent = 90;
-    c.dirty_high_percent = 95;
     let vol = CacheVolume::open("t", backing.clone(), devices(&ssds), c.clone())
         .await
         .unwrap();
@@ -685,13 +686,7 @@ async fn a_table_page_damaged_on_one_mirror_is_read_from_the_other() {
 /// (it used to refuse only after an unclean stop).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cleanly_stopped_cache_whose_table_page_is_lost_refuses_to_start() {
-    let backing = Arc::new(MemVolume::new(4096, BACKING_BYTES / 4096));
-    let ssds: Vec<VolumeRef> = (0..2)
-        .map(|_| Arc::new(MemVolume::new(4096, 1 << 10)) as VolumeRef)
-        .collect();
-    let mut c = cfg(CacheMode::WriteBack);
-    c.dirty_low_percent = 90;
-    c.dirty_high_percent = 95;
+    let (backing, ssds, c) = write_back_on_two_ssds();
     let vol = CacheVolume::open("t", backing.clone(), devices(&ssds), c.clone())
         .await
         .unwrap();
