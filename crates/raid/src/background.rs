@@ -155,10 +155,11 @@ impl Inner {
 
     /// Moves the rebuild checkpoint of member `h` at `pos` from stripe `from`
     /// to `to` (the stripes below `to` are written), unless it moved or the
-    /// member changed meanwhile. At the end, the member counts as present for
+    /// member changed meanwhile; every rebuild path moves it here (per
+    /// stripe, the single-parity batch, the mirror batch). At the end, the member counts as present for
     /// the pool from then on (`is_failed`): its stripes are flushed and that
-    /// checkpoint becomes the durable one first, and the generation moves on
-    /// so that the next acknowledgement waits for a superblock carrying it.
+    /// checkpoint becomes the durable one first, and the next acknowledgement
+    /// waits for a superblock carrying it (`needed_intent`).
     /// Before (2026-12-04, found by review), the superblocks still carried
     /// the checkpoint of the last periodic flush until the rebuild's final
     /// flush and superblock write; the other copy of a RAID 1 failing in
@@ -174,18 +175,27 @@ impl Inner {
     ) -> BlockResult<()> {
         let end = to >= self.stripes();
         if end {
-            h.volume.flush().await?;
+            if let Err(e) = h.volume.flush().await {
+                h.errors.fetch_add(1, Ordering::Relaxed);
+                return Err(e);
+            }
         }
         let mut st = self.state.lock();
         let sl = &mut st.slots[pos];
-        if !sl.member.as_ref().is_some_and(|m| Arc::ptr_eq(m, h)) || sl.rebuild_cp_stripes != from {
+        if !sl.member.as_ref().is_some_and(|m| Arc::ptr_eq(m, h))
+            || sl.state != MemberState::Rebuilding
+            || sl.rebuild_cp_stripes != from
+        {
             return Ok(());
         }
         sl.rebuild_cp_stripes = to;
         if end {
             sl.durable_cp_stripes = to;
-            st.generation += 1;
-            self.needed_gen.fetch_max(st.generation, Ordering::SeqCst);
+            // a superblock change that needs no new generation (members of
+            // another generation are judged stale at assembly)
+            st.intent_seq += 1;
+            self.needed_intent
+                .fetch_max(st.intent_seq, Ordering::SeqCst);
         }
         Ok(())
     }
@@ -720,15 +730,9 @@ impl Inner {
         if !join_all(futs).await.into_iter().all(|x| x) {
             return None;
         }
-        {
-            let mut st = self.state.lock();
-            let sl = &mut st.slots[member];
-            if sl.member.as_ref().is_some_and(|m| Arc::ptr_eq(m, &h))
-                && sl.state == MemberState::Rebuilding
-                && sl.rebuild_cp_stripes == s
-            {
-                sl.rebuild_cp_stripes = s + n;
-            }
+        if self.advance_rebuild(member, &h, s, s + n).await.is_err() {
+            self.fail_handle(member, &h).await;
+            return None;
         }
         drop(guards);
         Some(n)

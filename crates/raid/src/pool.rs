@@ -239,12 +239,14 @@ pub(crate) struct Inner {
     /// Highest `intent_seq` the superblocks on disk reflect.
     pub durable_intent_seq: AtomicU64,
     /// The latest generation an acknowledgement must find on disk (one that
-    /// records a member's failure, or a rebuild's end), and the newest
-    /// generation the superblocks hold: a write is acknowledged only once the
-    /// failures of the members it skipped are on disk (see
-    /// [`Inner::failures_durable`]).
+    /// records a member's failure), and the newest generation the
+    /// superblocks hold: a write is acknowledged only once the failures of
+    /// the members it skipped are on disk (see [`Inner::failures_durable`]).
     pub needed_gen: AtomicU64,
     pub durable_gen: AtomicU64,
+    /// The `intent_seq` an acknowledgement must find on disk (a rebuild's
+    /// end checkpoint: `advance_rebuild`); compared with `durable_intent_seq`.
+    pub needed_intent: AtomicU64,
     pub gather: Mutex<crate::fullstripe::Gather>,
     /// Test-only: whole-stripe writes skip the write intent.
     pub intent_off: bool,
@@ -1142,6 +1144,7 @@ impl Inner {
             region_stripes: shape.region_stripes.max(1),
             durable_intent_seq: AtomicU64::new(0),
             needed_gen: AtomicU64::new(0),
+            needed_intent: AtomicU64::new(0),
             durable_gen: AtomicU64::new(0),
             gather: Mutex::new(Default::default()),
             intent_off: false,
@@ -1376,12 +1379,19 @@ impl Inner {
     /// later writes did not wait for that, nor did anyone persist it if that
     /// caller was dropped while waiting for the superblock lock.
     pub async fn failures_durable(&self) -> BlockResult<()> {
-        let want = self.needed_gen.load(Ordering::SeqCst);
-        if self.durable_gen.load(Ordering::SeqCst) >= want {
+        let (want, want_intent) = (
+            self.needed_gen.load(Ordering::SeqCst),
+            self.needed_intent.load(Ordering::SeqCst),
+        );
+        let on_disk = || {
+            self.durable_gen.load(Ordering::SeqCst) >= want
+                && self.durable_intent_seq.load(Ordering::SeqCst) >= want_intent
+        };
+        if on_disk() {
             return Ok(());
         }
         let _g = self.sb_lock.lock().await;
-        if self.durable_gen.load(Ordering::SeqCst) >= want {
+        if on_disk() {
             return Ok(());
         }
         self.persist_locked().await

@@ -344,28 +344,43 @@ async fn a_write_that_skips_a_failed_member_waits_until_its_failure_is_on_disk()
 /// halfway", and the pool no longer assembled.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_write_after_the_other_copy_fails_at_the_end_of_a_rebuild_survives_a_crash() {
+    end_of_rebuild_write_survives_a_crash(RaidLevel::Raid1, 2).await;
+}
+
+/// As above on RAID 10 (near): its rebuild copies in batches, another way to
+/// the end of the rebuild.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_raid10_write_after_the_mirror_fails_at_the_end_of_a_rebuild_survives_a_crash() {
+    end_of_rebuild_write_survives_a_crash(RaidLevel::Raid10, 4).await;
+}
+
+/// A pool of `level` over `n` members whose member 1 is rebuilt onto a fresh
+/// disk and whose member 0 (holding member 1's copy of block 64) fails as
+/// the rebuild ends; a write to block 64 then; the disks as they are then
+/// assemble with it.
+async fn end_of_rebuild_write_survives_a_crash(level: RaidLevel, n: usize) {
     let Faulty {
         mems,
         faults,
         holds,
-    } = faulty(3);
-    let pool = synced_pool(RaidLevel::Raid1, &holds[..2]).await;
+    } = faulty(n + 1);
+    let pool = synced_pool(level, &holds[..n]).await;
     pool.write(64, pattern(52, 8), false).await.unwrap();
     // the second half is replaced; the new one's flushes wait
     pool.fail_member(1).await.unwrap();
-    holds[2].flushes.hold();
-    pool.replace_member(1, Member::new("m2", holds[2].clone() as VolumeRef))
+    holds[n].flushes.hold();
+    pool.replace_member(1, Member::new("new", holds[n].clone() as VolumeRef))
         .await
         .unwrap();
     // (flushes of the rebuild's own before its last stripe are let through)
     let full = pool.status().members[0].rebuilt_bytes;
     let mut seen = 1;
     loop {
-        holds[2].flushes.arrivals(seen).await;
+        holds[n].flushes.arrivals(seen).await;
         if pool.status().members[1].rebuilt_bytes >= full {
             break;
         }
-        holds[2].flushes.release(1);
+        holds[n].flushes.release(1);
         seen += 1;
     }
     // every stripe rebuilt, the final flush waiting; the first half dies and
@@ -376,7 +391,8 @@ async fn a_write_after_the_other_copy_fails_at_the_end_of_a_rebuild_survives_a_c
     // the disks as a crash now would leave them
     let image: Vec<VolumeRef> = {
         let mut v = Vec::new();
-        for i in [0, 2] {
+        // (member 1's place now taken by the new disk)
+        for i in std::iter::once(0).chain(std::iter::once(n)).chain(2..n) {
             let copy = MemVolume::new(BS, MEMBER_BLOCKS);
             copy.write(
                 0,
@@ -389,7 +405,7 @@ async fn a_write_after_the_other_copy_fails_at_the_end_of_a_rebuild_survives_a_c
         }
         v
     };
-    holds[2].flushes.open();
+    holds[n].flushes.open();
     pool.shutdown().await.unwrap();
     drop(pool);
     let members = image
