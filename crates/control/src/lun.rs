@@ -187,6 +187,10 @@ impl nbd::ExportAccess for LunAccess {
     fn allows(&self, write: bool) -> bool {
         self.target.unregistered_access(self.lun, write)
     }
+
+    fn visible(&self) -> bool {
+        self.target.nbd_visible(self.lun)
+    }
 }
 
 /// The NBD exports of one LUN: `IQN/lunN`, and `lunN` too for LUNs of the first

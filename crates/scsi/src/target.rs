@@ -326,6 +326,14 @@ impl ScsiTarget {
             && lu.pr.check(&NEXUS, &cdb) == Access::Allowed
     }
 
+    /// Whether a client that is no I_T nexus of this target (an NBD client)
+    /// may know that `lun` exists: not while host groups are set (under LUN
+    /// masking an initiator no group names sees nothing, and such a client
+    /// names no initiator), nor for a LUN this target does not have.
+    pub fn nbd_visible(&self, lun: u64) -> bool {
+        !self.masked.load(Ordering::Acquire) && self.lu(lun).is_some()
+    }
+
     /// A snapshot of the logical units (for walks that must not hold the lock).
     fn all_lus(&self) -> Vec<Arc<LogicalUnit>> {
         self.luns.read().clone()

@@ -212,3 +212,65 @@ async fn nbd_clients_are_held_to_the_luns_scsi_reservations() {
     let _ = s.logout().await;
     drop(node);
 }
+
+/// The names `nbdinfo --list` gets from the NBD server at `addr`.
+fn nbd_list(addr: &str) -> String {
+    let out = std::process::Command::new("nbdinfo")
+        .args(["--list", &format!("nbd://{addr}")])
+        .output()
+        .expect("nbdinfo runs");
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// Under LUN masking an initiator no host group names sees nothing, and an
+/// NBD client names none: the target's LUNs are neither listed nor opened
+/// while it has host groups (their requests were refused, but the names were
+/// listed and the exports opened), and come back when the groups go.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_masked_targets_luns_are_neither_listed_nor_opened_over_nbd() {
+    if !have("nbdinfo") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = config(dir.path());
+    let node = start_config(dir.path(), &cfg);
+    let api = node.api.clone().expect("api address");
+    let nbd_addr = node.nbd.clone().expect("nbd address");
+    assert!(nbd_list(&nbd_addr).contains("lun0"));
+    nbd::NbdClient::connect(&nbd_addr, "lun0")
+        .await
+        .expect("no host groups yet");
+    cli(
+        &api,
+        &[
+            "host-group",
+            "create",
+            "--target",
+            IQN,
+            "--name",
+            "a",
+            "--initiator",
+            "iqn.2026-12.test:a",
+            "--lun",
+            "0",
+        ],
+    );
+    let listed = nbd_list(&nbd_addr);
+    assert!(
+        !listed.contains("lun0"),
+        "a masked LUN is listed:\n{listed}"
+    );
+    assert!(
+        nbd::NbdClient::connect(&nbd_addr, "lun0").await.is_err(),
+        "a masked LUN was opened over NBD"
+    );
+    cli(
+        &api,
+        &["host-group", "delete", "--target", IQN, "--name", "a"],
+    );
+    assert!(nbd_list(&nbd_addr).contains("lun0"));
+    nbd::NbdClient::connect(&nbd_addr, "lun0")
+        .await
+        .expect("unmasked again");
+    drop(node);
+}

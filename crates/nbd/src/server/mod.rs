@@ -55,6 +55,14 @@ pub struct NbdExport {
 pub trait ExportAccess: Send + Sync {
     /// Whether a read (`write` false) or a change may run now.
     fn allows(&self, write: bool) -> bool;
+
+    /// Whether the export exists for NBD clients at all now: one that does
+    /// not is neither listed (`NBD_OPT_LIST`) nor opened, as if absent (LUN
+    /// masking hides a LUN from clients no host group names; NBD clients
+    /// name none).
+    fn visible(&self) -> bool {
+        true
+    }
 }
 
 impl std::fmt::Debug for NbdExport {
@@ -214,8 +222,13 @@ impl Ctx {
     /// The handshake's view of every export, with the current geometry.
     pub(crate) fn snapshot(&self) -> Snapshot {
         let t = self.table.read();
-        let infos = t
+        // exports hidden from NBD clients now (see ExportAccess::visible)
+        let shown: Vec<&Entry> = t
             .entries
+            .iter()
+            .filter(|e| e.state.access.as_ref().is_none_or(|a| a.visible()))
+            .collect();
+        let infos = shown
             .iter()
             .map(|e| {
                 let g = e.state.volume.geometry();
@@ -234,12 +247,12 @@ impl Ctx {
             })
             .collect();
         Snapshot {
-            states: t.entries.iter().map(|e| e.state.clone()).collect(),
+            states: shown.iter().map(|e| e.state.clone()).collect(),
             infos,
             default_export: t
                 .default_export
                 .as_ref()
-                .and_then(|d| t.entries.iter().position(|e| &e.name == d)),
+                .and_then(|d| shown.iter().position(|e| &e.name == d)),
         }
     }
 }
