@@ -288,9 +288,17 @@ async fn change(
             }
             Ok(Ok(bytes)) => {
                 let summary = summarize(&bytes);
-                let r = next
-                    .run(Request::from_parts(parts, Body::from(bytes)))
-                    .await;
+                // on a task of its own, so that a handler that panics still
+                // leaves its audit entry (a 500): the change may have gone
+                // half-way, and the log must say it was asked for
+                let run = tokio::spawn(next.run(Request::from_parts(parts, Body::from(bytes))));
+                let r = match run.await {
+                    Ok(r) => r,
+                    Err(e) => {
+                        tracing::error!(%path, "API: the handler failed: {e}");
+                        refuse(StatusCode::INTERNAL_SERVER_ERROR, "the request failed")
+                    }
+                };
                 (r.status(), summary, r)
             }
         }

@@ -34,6 +34,9 @@ impl Control for Fake {
         (name == "tank").then(|| json!({"name": "tank"}))
     }
     async fn pool_action(&self, name: &str, action: PoolAction) -> Result<Value, ApiError> {
+        if name == "panics" {
+            panic!("a bug in a handler");
+        }
         if name == "slow" {
             self.slow_started.notify_one();
             tokio::time::sleep(Duration::from_millis(300)).await;
@@ -465,6 +468,25 @@ async fn changes_are_audited_with_secrets_masked() {
         .permissions()
         .mode();
     assert_eq!(mode & 0o777, 0o600);
+    n.stop().await;
+}
+
+#[tokio::test]
+async fn a_change_whose_handler_panics_is_answered_500_and_audited() {
+    let n = Node::start(ApiLimits::default()).await;
+    let (code, _) = n
+        .post("/api/v1/pools/panics/fail", &n.admin, r#"{"position":1}"#)
+        .await;
+    assert_eq!(code, 500);
+    let (_, text) = n.get("/api/v1/audit", &n.reader).await;
+    let v: Vec<audit::AuditEntry> = serde_json::from_str(&text).unwrap();
+    assert!(
+        v.iter()
+            .any(|e| e.path == "/api/v1/pools/panics/fail" && e.status == 500),
+        "no audit entry for the request whose handler panicked: {text}"
+    );
+    // and the API goes on serving
+    assert_eq!(n.get("/api/v1/pools", &n.admin).await.0, 200);
     n.stop().await;
 }
 
