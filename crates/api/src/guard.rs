@@ -73,6 +73,56 @@ pub struct Gate {
     pub scheme: &'static str,
     /// Bounds.
     pub limits: ApiLimits,
+    /// Changes running (each on a task of its own, to its end): a stopping
+    /// server waits for them (see [`Gate::changes_done`]).
+    pub changes: Changes,
+}
+
+/// The changes running, counted.
+#[derive(Default)]
+pub struct Changes {
+    running: std::sync::atomic::AtomicUsize,
+    idle: tokio::sync::Notify,
+}
+
+/// One running change; counted until dropped.
+struct Running(Arc<Gate>);
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        use std::sync::atomic::Ordering;
+        let c = &self.0.changes;
+        if c.running.fetch_sub(1, Ordering::AcqRel) == 1 {
+            c.idle.notify_waiters();
+        }
+    }
+}
+
+impl Changes {
+    /// Counts a change of `g`'s from now until the result is dropped.
+    fn start(g: &Arc<Gate>) -> Running {
+        g.changes
+            .running
+            .fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+        Running(g.clone())
+    }
+
+    /// Waits until no change runs, at most `bound`; false if some still do.
+    pub async fn done(&self, bound: Duration) -> bool {
+        use std::sync::atomic::Ordering;
+        let wait = async {
+            loop {
+                let idle = self.idle.notified();
+                tokio::pin!(idle);
+                idle.as_mut().enable();
+                if self.running.load(Ordering::Acquire) == 0 {
+                    return;
+                }
+                idle.await;
+            }
+        };
+        tokio::time::timeout(bound, wait).await.is_ok()
+    }
 }
 
 fn refuse(code: StatusCode, msg: &str) -> Response {
@@ -237,7 +287,13 @@ pub async fn gate(State(g): State<Arc<Gate>>, req: Request, next: Next) -> Respo
     // the client goes away mid-request, hyper drops this future, and a change
     // already applied (a pool member swapped, a cache draining) would otherwise
     // stop half-way, unrecorded in managed.toml and missing from the audit log.
-    let task = tokio::spawn(change(g, caller, source, method, path, req, next));
+    // (counted from before the task starts: a server stopping now waits)
+    let running = Changes::start(&g);
+    let task = tokio::spawn(async move {
+        let r = change(g, caller, source, method, path, req, next).await;
+        drop(running);
+        r
+    });
     match task.await {
         Ok(r) => r,
         Err(e) => {

@@ -317,6 +317,10 @@ struct HistoryQuery {
 /// Longest window of `GET /api/v1/history`.
 pub const HISTORY_WINDOW_MAX: usize = 3600;
 
+/// Longest a stopping API server waits for the changes still running (a
+/// cache detach drains, a pool swaps a member).
+pub const CHANGES_AT_STOP_MAX: std::time::Duration = std::time::Duration::from_secs(60);
+
 #[utoipa::path(get, path = "/api/v1/history", tag = "node",
     summary = "The node's rates once a second over the last window seconds: node, per LUN, per path (initiator@portal), per portal, per cache; oldest first",
     params(HistoryQuery),
@@ -956,6 +960,7 @@ impl ApiOptions {
                 .collect(),
             scheme: if self.tls.is_some() { "https" } else { "http" },
             limits: self.limits,
+            changes: guard::Changes::default(),
         })
     }
 }
@@ -1002,12 +1007,31 @@ impl ApiServer {
         self.console.as_ref().map(|l| l.local_addr())
     }
 
-    /// Serves until `shutdown` completes.
+    /// Serves until `shutdown` completes, then waits (at most
+    /// [`CHANGES_AT_STOP_MAX`]) for the changes still running.
     pub async fn run(
         self,
         shutdown: impl Future<Output = ()> + Send + 'static,
     ) -> std::io::Result<()> {
         let gate = self.options.gate();
+        let result = self.serve(gate.clone(), shutdown).await;
+        // changes under way end first (each is a task of its own, which the
+        // process's exit would cut half-way, unrecorded)
+        if !gate.changes.done(CHANGES_AT_STOP_MAX).await {
+            tracing::warn!(
+                "API: changes still running {}s after the stop; going on without them",
+                CHANGES_AT_STOP_MAX.as_secs()
+            );
+        }
+        result
+    }
+
+    /// [`ApiServer::run`] but for the wait for the changes under way.
+    async fn serve(
+        self,
+        gate: Arc<guard::Gate>,
+        shutdown: impl Future<Output = ()> + Send + 'static,
+    ) -> std::io::Result<()> {
         let tls = self.options.tls.clone();
         let limits = self.options.limits;
         let Some(console) = self.console else {

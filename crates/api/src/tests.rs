@@ -472,6 +472,31 @@ async fn changes_are_audited_with_secrets_masked() {
 }
 
 #[tokio::test]
+async fn a_stopping_server_waits_for_the_changes_still_running() {
+    let n = Node::start(ApiLimits::default()).await;
+    let body = r#"{"position":1}"#;
+    let req = format!(
+        "POST /api/v1/pools/slow/fail HTTP/1.1\r\nHost: {}\r\n{}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        n.addr,
+        bearer(&n.admin),
+        body.len()
+    );
+    let mut s = tokio::net::TcpStream::connect(n.addr).await.unwrap();
+    s.write_all(req.as_bytes()).await.unwrap();
+    n.fake.slow_started.notified().await;
+    drop(s);
+    // the server stops while the change (300 ms) runs: it ends first, as
+    // the process's exit after the stop would cut it half-way
+    let fake = n.fake.clone();
+    n.stop().await;
+    assert_eq!(
+        fake.actions.taken().len(),
+        1,
+        "the change was not waited for"
+    );
+}
+
+#[tokio::test]
 async fn a_change_whose_handler_panics_is_answered_500_and_audited() {
     let n = Node::start(ApiLimits::default()).await;
     let (code, _) = n
