@@ -471,9 +471,9 @@ async fn changes_are_audited_with_secrets_masked() {
     n.stop().await;
 }
 
-#[tokio::test]
-async fn a_stopping_server_waits_for_the_changes_still_running() {
-    let n = Node::start(ApiLimits::default()).await;
+/// A change on pool "slow" (it takes 300 ms), started: the client's
+/// connection, once the change runs.
+async fn slow_change_started(n: &Node) -> tokio::net::TcpStream {
     let body = r#"{"position":1}"#;
     let req = format!(
         "POST /api/v1/pools/slow/fail HTTP/1.1\r\nHost: {}\r\n{}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
@@ -484,6 +484,13 @@ async fn a_stopping_server_waits_for_the_changes_still_running() {
     let mut s = tokio::net::TcpStream::connect(n.addr).await.unwrap();
     s.write_all(req.as_bytes()).await.unwrap();
     n.fake.slow_started.notified().await;
+    s
+}
+
+#[tokio::test]
+async fn a_stopping_server_waits_for_the_changes_still_running() {
+    let n = Node::start(ApiLimits::default()).await;
+    let s = slow_change_started(&n).await;
     drop(s);
     // the server stops while the change (300 ms) runs: it ends first, as
     // the process's exit after the stop would cut it half-way
@@ -518,16 +525,7 @@ async fn a_change_whose_handler_panics_is_answered_500_and_audited() {
 #[tokio::test]
 async fn a_change_whose_client_goes_away_runs_to_its_end_and_is_audited() {
     let n = Node::start(ApiLimits::default()).await;
-    let body = r#"{"position":1}"#;
-    let req = format!(
-        "POST /api/v1/pools/slow/fail HTTP/1.1\r\nHost: {}\r\n{}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
-        n.addr,
-        bearer(&n.admin),
-        body.len()
-    );
-    let mut s = tokio::net::TcpStream::connect(n.addr).await.unwrap();
-    s.write_all(req.as_bytes()).await.unwrap();
-    n.fake.slow_started.notified().await;
+    let s = slow_change_started(&n).await;
     drop(s); // the client goes away while the change runs
              // the change finishes and its audit entry is written (before: hyper
              // dropped the handler's future with the connection, and both were lost)
