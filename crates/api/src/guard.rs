@@ -78,11 +78,12 @@ pub struct Gate {
     pub changes: Changes,
 }
 
-/// The changes running, counted.
+/// The changes running, counted; once the server stops, new ones are refused.
 #[derive(Default)]
 pub struct Changes {
     running: std::sync::atomic::AtomicUsize,
     idle: tokio::sync::Notify,
+    stopping: std::sync::atomic::AtomicBool,
 }
 
 /// One running change; counted until dropped.
@@ -99,23 +100,27 @@ impl Drop for Running {
 }
 
 impl Changes {
-    /// Counts a change of `g`'s from now until the result is dropped.
-    fn start(g: &Arc<Gate>) -> Running {
-        g.changes
-            .running
-            .fetch_add(1, std::sync::atomic::Ordering::AcqRel);
-        Running(g.clone())
+    /// Counts a change of `g`'s from now until the result is dropped; None
+    /// once the server stops (counted first, then checked: a change that
+    /// finds the server not stopping is waited for by [`Changes::done`]).
+    fn start(g: &Arc<Gate>) -> Option<Running> {
+        use std::sync::atomic::Ordering;
+        g.changes.running.fetch_add(1, Ordering::SeqCst);
+        let running = Running(g.clone());
+        (!g.changes.stopping.load(Ordering::SeqCst)).then_some(running)
     }
 
-    /// Waits until no change runs, at most `bound`; false if some still do.
+    /// Refuses changes from now on, then waits until none runs, at most
+    /// `bound`; false if some still do.
     pub async fn done(&self, bound: Duration) -> bool {
         use std::sync::atomic::Ordering;
+        self.stopping.store(true, Ordering::SeqCst);
         let wait = async {
             loop {
                 let idle = self.idle.notified();
                 tokio::pin!(idle);
                 idle.as_mut().enable();
-                if self.running.load(Ordering::Acquire) == 0 {
+                if self.running.load(Ordering::SeqCst) == 0 {
                     return;
                 }
                 idle.await;
@@ -287,8 +292,11 @@ pub async fn gate(State(g): State<Arc<Gate>>, req: Request, next: Next) -> Respo
     // the client goes away mid-request, hyper drops this future, and a change
     // already applied (a pool member swapped, a cache draining) would otherwise
     // stop half-way, unrecorded in managed.toml and missing from the audit log.
-    // (counted from before the task starts: a server stopping now waits)
-    let running = Changes::start(&g);
+    // (counted from before the task starts: a server stopping now waits;
+    // one that has stopped takes no more)
+    let Some(running) = Changes::start(&g) else {
+        return refuse(StatusCode::SERVICE_UNAVAILABLE, "the node is stopping");
+    };
     let task = tokio::spawn(async move {
         let r = change(g, caller, source, method, path, req, next).await;
         drop(running);
@@ -379,6 +387,32 @@ async fn change(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test]
+    async fn a_stopping_server_waits_for_running_changes_and_takes_no_new_one() {
+        let d = tempfile::tempdir().unwrap();
+        let g = crate::ApiOptions {
+            data_dir: d.path().to_path_buf(),
+            hosts: vec![],
+            limits: ApiLimits::default(),
+            tls: None,
+        }
+        .gate();
+        let running = Changes::start(&g).expect("not stopping yet");
+        let g2 = g.clone();
+        let stop = tokio::spawn(async move { g2.changes.done(Duration::from_secs(30)).await });
+        // (the stop refuses new changes before it waits)
+        while !g.changes.stopping.load(std::sync::atomic::Ordering::SeqCst) {
+            tokio::task::yield_now().await;
+        }
+        assert!(
+            Changes::start(&g).is_none(),
+            "a change began after the stop"
+        );
+        assert!(!stop.is_finished(), "the stop did not wait for the change");
+        drop(running);
+        assert!(stop.await.unwrap(), "the stop waited past the change's end");
+    }
 
     #[test]
     fn host_parts() {
