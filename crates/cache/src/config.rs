@@ -93,6 +93,11 @@ pub struct CacheConfig {
     pub destage_batch_bytes: u64,
     /// Run the sizing advisor (sampled miniature caches beside the real one).
     pub advisor: bool,
+    /// Identifies the backing volume (a pool's uuid), kept in the superblocks:
+    /// devices that hold blocks of another volume are not served from, and
+    /// dirty blocks of another volume are never destaged into this one (the
+    /// open is refused). 0: no identity (checked by size only).
+    pub backing_id: u128,
 }
 
 impl Default for CacheConfig {
@@ -108,6 +113,7 @@ impl Default for CacheConfig {
             dirty_high_percent: 60,
             destage_batch_bytes: 16 << 20,
             advisor: true,
+            backing_id: 0,
         }
     }
 }

@@ -61,6 +61,11 @@ pub struct Superblock {
     pub mirrored: bool,
     /// Size of the backing volume in bytes (a cache refuses a different volume size).
     pub backing_bytes: u64,
+    /// Which volume the cache is in front of ([`crate::CacheConfig::backing_id`]):
+    /// a cache whose devices name another one neither serves nor destages what
+    /// they hold. 0: not known (written by a version without it, or a backing
+    /// with no identity).
+    pub backing_id: u128,
     /// The table is complete (written at a clean shutdown): clean frames may be
     /// trusted too. When false only dirty records are (write-back).
     pub clean: bool,
@@ -83,6 +88,7 @@ impl Superblock {
         b[28..32].copy_from_slice(&self.block_bytes.to_le_bytes());
         b[32..36].copy_from_slice(&self.frames.to_le_bytes());
         b[40..48].copy_from_slice(&self.backing_bytes.to_le_bytes());
+        b[48..64].copy_from_slice(&self.backing_id.to_le_bytes());
         let crc = crc32c::crc32c(&b[..4092]);
         b[4092..].copy_from_slice(&crc.to_le_bytes());
         b
@@ -110,6 +116,7 @@ impl Superblock {
             block_bytes: u32_at(28),
             frames: u32_at(32),
             backing_bytes: u64_at(40),
+            backing_id: u128::from_le_bytes(b[48..64].try_into().unwrap_or([0; 16])),
         })
     }
 }
@@ -382,6 +389,7 @@ mod tests {
             device_index: 1,
             mirrored: true,
             backing_bytes: 1 << 30,
+            backing_id: 0x0123_4567_89ab_cdef_fedc_ba98_7654_3210,
             clean: true,
             partner_failed: false,
         };

@@ -1498,6 +1498,7 @@ impl CacheVolume {
             device_index: 0,
             mirrored,
             backing_bytes: geo.size_bytes(),
+            backing_id: cfg.backing_id,
             clean: false,
             partner_failed: false,
         };
@@ -1814,6 +1815,24 @@ impl Inner {
             }
         }
         let dirty_possible = old.mode == CacheMode::WriteBack;
+        // the devices were in front of another volume (the configuration now
+        // names another pool, of the same size or larger): their blocks are
+        // that volume's. Served here they would be wrong reads; destaged here,
+        // they would overwrite this volume with another's data
+        if old.backing_id != 0 && old.backing_id != self.cfg.backing_id {
+            if dirty_possible && self.scan_dirty(old).await? {
+                return Err(BlockError::Unavailable(format!(
+                    "cache {}: the devices hold dirty data of another backing volume \
+                     (id {:032x}; this one is {:032x}); point the cache back at that \
+                     volume and detach it, or wipe the devices to give that data up",
+                    self.name, old.backing_id, self.cfg.backing_id
+                )));
+            }
+            tracing::warn!(cache = %self.name, was = %format!("{:032x}", old.backing_id),
+                now = %format!("{:032x}", self.cfg.backing_id),
+                "cache devices were in front of another backing volume: starting empty");
+            return Ok(());
+        }
         if !same_shape {
             // it may hold dirty data: refuse rather than lose it. A clean stop
             // of a write-back cache keeps its dirty data too (it writes the

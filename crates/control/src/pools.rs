@@ -139,6 +139,24 @@ fn raid_level(s: &str) -> Result<raid::RaidLevel> {
     })
 }
 
+/// What identifies a cache's backing volume in its superblocks: a pool's
+/// uuid; for a disk, its name in the configuration (a disk carries no
+/// identity of its own: one whose path changed under the same name is not
+/// told apart, beyond its size).
+fn backing_id(c: &crate::config::CacheConfig, pools: &BTreeMap<String, Arc<raid::Pool>>) -> u128 {
+    use sha2::Digest;
+    let named = match (&c.pool, &c.disk) {
+        (Some(p), _) => match pools.get(p).map(|p| u128::from_str_radix(p.uuid(), 16)) {
+            Some(Ok(id)) => return id.max(1),
+            _ => format!("pool:{p}"),
+        },
+        (None, Some(d)) => format!("disk:{d}"),
+        (None, None) => return 0,
+    };
+    let digest = sha2::Sha256::digest(named.as_bytes());
+    u128::from_le_bytes(digest[..16].try_into().unwrap_or([1; 16])).max(1)
+}
+
 /// The cache layer's settings from a `[[cache]]` section.
 fn cache_config(c: &crate::config::CacheConfig) -> Result<cache::CacheConfig> {
     let mut cc = cache::CacheConfig::default();
@@ -392,7 +410,8 @@ impl Pools {
                     None => bail!("cache {}: device {d:?} is not a free [[disk]]", c.name),
                 }
             }
-            let cc = cache_config(c)?;
+            let mut cc = cache_config(c)?;
+            cc.backing_id = backing_id(c, &pools);
             let vol =
                 cache::CacheVolume::open(&c.name, backing.clone(), devices.clone(), cc.clone())
                     .await

@@ -322,6 +322,12 @@ struct Shape {
 type SbTarget = (Option<usize>, Arc<MemberHandle>, Superblock);
 
 impl Pool {
+    /// The pool's uuid (32 hex digits), in every member's superblock: what
+    /// identifies it whatever its name and members' paths.
+    pub fn uuid(&self) -> &str {
+        &self.inner.uuid
+    }
+
     /// Creates a pool: writes a superblock on every member and spare and returns at
     /// once. Parity (and mirror copies) are made consistent by a background resync
     /// while the pool serves I/O; until a stripe is resynced, writes to it use

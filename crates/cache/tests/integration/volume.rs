@@ -375,6 +375,70 @@ async fn dirty_cache_refuses_another_shape(clean_stop: bool) {
     assert_eq!(vol.read(0, 1).await.unwrap(), pattern(1, 4096));
 }
 
+/// A write-back cache holding dirty data, pointed (its devices unchanged) at
+/// another volume of the same size, as a configuration naming another pool
+/// does: it refuses to open, and destages nothing into that volume, until it
+/// is pointed back, where its data is all there.
+#[tokio::test]
+async fn a_dirty_cache_pointed_at_another_volume_refuses_to_open() {
+    let (backing, ssds, mut c) = write_back_on_two_ssds();
+    c.backing_id = 0xa11ce;
+    let vol = CacheVolume::open("t", backing.clone(), devices(&ssds), c.clone())
+        .await
+        .unwrap();
+    vol.write(0, pattern(1, 4096), false).await.unwrap();
+    drop(vol); // a crash: the dirty block stays on the SSDs
+    let other: VolumeRef = Arc::new(MemVolume::new(4096, BACKING_BYTES / 4096));
+    let mut elsewhere = c.clone();
+    elsewhere.backing_id = 0xb0b;
+    let e = CacheVolume::open("t", other.clone(), devices(&ssds), elsewhere)
+        .await
+        .err()
+        .expect("opened over another volume's dirty data");
+    assert!(format!("{e}").contains("another backing volume"), "{e}");
+    assert_eq!(other.read(0, 1).await.unwrap(), vec![0u8; 4096]);
+    let vol = CacheVolume::open("t", backing.clone(), devices(&ssds), c)
+        .await
+        .unwrap();
+    assert_eq!(vol.status().dirty_blocks, 1);
+    assert_eq!(vol.read(0, 1).await.unwrap(), pattern(1, 4096));
+}
+
+/// A warm read-only cache, cleanly stopped, opened in front of another volume
+/// of the same size starts empty: it serves that volume's data, not the
+/// blocks it cached of the first.
+#[tokio::test]
+async fn a_warm_cache_in_front_of_another_volume_starts_empty() {
+    let backing: VolumeRef = Arc::new(MemVolume::new(4096, BACKING_BYTES / 4096));
+    backing.write(0, pattern(2, 4096), false).await.unwrap();
+    let ssds: Vec<VolumeRef> = vec![Arc::new(MemVolume::new(4096, 1 << 10))];
+    let mut c = cfg(CacheMode::ReadOnly);
+    c.backing_id = 0xa11ce;
+    let vol = CacheVolume::open("t", backing.clone(), devices(&ssds), c.clone())
+        .await
+        .unwrap();
+    for _ in 0..3 {
+        assert_eq!(vol.read(0, 1).await.unwrap(), pattern(2, 4096));
+    }
+    vol.shutdown().await.unwrap();
+    drop(vol);
+    // the same volume: warm
+    let vol = CacheVolume::open("t", backing.clone(), devices(&ssds), c.clone())
+        .await
+        .unwrap();
+    assert!(vol.status().cached_blocks > 0, "the control: not warm");
+    vol.shutdown().await.unwrap();
+    drop(vol);
+    let other: VolumeRef = Arc::new(MemVolume::new(4096, BACKING_BYTES / 4096));
+    other.write(0, pattern(3, 4096), false).await.unwrap();
+    c.backing_id = 0xb0b;
+    let vol = CacheVolume::open("t", other, devices(&ssds), c)
+        .await
+        .unwrap();
+    assert_eq!(vol.status().cached_blocks, 0);
+    assert_eq!(vol.read(0, 1).await.unwrap(), pattern(3, 4096));
+}
+
 /// A write-back mirror over two fault-injecting SSDs, a cache big enough that a
 /// fill runs alongside I/O, data written (much of it dirty), then SSD 0 dead.
 struct Degraded {

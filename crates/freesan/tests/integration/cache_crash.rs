@@ -10,7 +10,13 @@ use crate::common;
 use common::*;
 
 fn config(dir: &std::path::Path) -> std::path::PathBuf {
-    let mut s = config_head(dir, 4);
+    config_over(dir, 4, "p")
+}
+
+/// The cache in front of pool `backing`; with 8 disks there is a second pool,
+/// q, of p's shape and size.
+fn config_over(dir: &std::path::Path, disks: usize, backing: &str) -> std::path::PathBuf {
+    let mut s = config_head(dir, disks);
     // ssd2: a free disk to replace a failed cache device with
     for i in 0..3 {
         s += &format!(
@@ -19,9 +25,12 @@ fn config(dir: &std::path::Path) -> std::path::PathBuf {
         );
     }
     s += "[[pool]]\nname = \"p\"\nlevel = \"raid5\"\nchunk = \"16K\"\nmembers = [\"d0\", \"d1\", \"d2\", \"d3\"]\n";
+    if disks == 8 {
+        s += "[[pool]]\nname = \"q\"\nlevel = \"raid5\"\nchunk = \"16K\"\nmembers = [\"d4\", \"d5\", \"d6\", \"d7\"]\n";
+    }
     // dirty data stays in the cache (destage only when idle below 90%)
-    s += "[[cache]]\nname = \"c\"\npool = \"p\"\nmode = \"write-back\"\ndevices = [\"ssd0\", \"ssd1\"]\n\
-          size = \"32M\"\nblock_size = \"64K\"\ndirty_low_percent = 90\ndirty_high_percent = 95\n";
+    s += &format!("[[cache]]\nname = \"c\"\npool = \"{backing}\"\nmode = \"write-back\"\ndevices = [\"ssd0\", \"ssd1\"]\n\
+          size = \"32M\"\nblock_size = \"64K\"\ndirty_low_percent = 90\ndirty_high_percent = 95\n");
     s += &format!("[[target]]\niqn = \"{IQN}\"\n[[target.lun]]\ncache = \"c\"\n");
     let path = dir.join("node.toml");
     std::fs::write(&path, s).unwrap();
@@ -110,6 +119,40 @@ fn write_back_cache_sigkill_during_writes_loses_nothing() {
         "nothing reloaded: {st}"
     );
     assert_acknowledged_writes_intact(&node.url(0, 0), &state, "after SIGKILL");
+}
+
+/// The configuration of a write-back cache holding dirty data is pointed at
+/// another pool of the same shape and size: the node refuses to start rather
+/// than serve p's cached blocks as q's or destage them into q. Pointed back
+/// at p, every acknowledged write is there.
+#[test]
+fn a_dirty_cache_pointed_at_another_pool_refuses_to_start() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = config_over(dir.path(), 8, "p");
+    let state = dir.path().join("verify.state");
+    let mut node = start_config(dir.path(), &cfg);
+    let api = node.api.clone().expect("no API address in the banner");
+    let mut bench = start_verified_writes(&node.url(0, 0), &state, "8k", 2, 10);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while cache_status(&api)["dirty_blocks"].as_u64().unwrap_or(0) == 0 {
+        assert!(
+            bench.try_wait().unwrap().is_none() && std::time::Instant::now() < deadline,
+            "no dirty data in the cache while the bench wrote"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    node.kill9();
+    let _ = bench.wait();
+    let elsewhere = config_over(dir.path(), 8, "q");
+    let (ok, out) = serve_expecting_refusal(&elsewhere);
+    assert!(
+        !ok,
+        "started with the cache's dirty data in front of another pool: {out}"
+    );
+    assert!(out.contains("another backing volume"), "{out}");
+    let cfg = config_over(dir.path(), 8, "p");
+    let node = start_config(dir.path(), &cfg);
+    assert_acknowledged_writes_intact(&node.url(0, 0), &state, "pointed back at its pool");
 }
 
 #[test]
