@@ -32,8 +32,8 @@ pub fn plan(
         (false, false) => {
             return Err("neither copy is consistent (both were interrupted resync targets)".into())
         }
-        (true, false) => return source(false),
-        (false, true) => return Ok(Plan::Target),
+        (true, false) => return resume(me, peer).map(|full| Plan::Source { full }),
+        (false, true) => return resume(peer, me).map(|_| Plan::Target),
         (true, true) => {}
     }
     let newer = |a: Meta, b: Meta| -> Result<bool, String> {
@@ -84,6 +84,36 @@ pub fn plan(
             "the copies hold unrelated generations {:#x} and {:#x}",
             me.current, peer.current
         )),
+    }
+}
+
+/// A consistent copy `a` meets an inconsistent one `b` (an unfinished resync
+/// target, or a copy discarded by the operator): `a` is the source; whether
+/// in full. A source resuming an interrupted resync still holds, in its
+/// bitmap, every region it had not copied yet, and the target still carries
+/// the generation it had when the resync began: `a`'s own (a tie) or the one
+/// `a` last synced from (`a` wrote alone since). A copy whose state was lost
+/// (its state folder wiped: a fresh meta and an empty bitmap, then perhaps
+/// serving alone under a new generation) has neither, and resuming from it
+/// would copy nothing and call the target consistent. So:
+/// - `b` holds no generation of its own (brand new when its resync began, or
+///   discarded): everything is copied;
+/// - `b`'s generation is `a`'s or the one `a` synced from: `a` resumes;
+/// - otherwise neither is known to hold all the data (`a` may be a new disk,
+///   `b` is partly copied), and the operator decides.
+fn resume(a: Meta, b: Meta) -> Result<bool, String> {
+    if b.current == 0 {
+        Ok(true)
+    } else if b.current == a.current || b.current == a.synced {
+        Ok(false)
+    } else {
+        Err(format!(
+            "an unfinished resync target of generation {:#x} meets a copy with no record of \
+             it (generation {:#x} from {:#x}: new, or its state folder was lost): neither is \
+             known to hold all the data; restore the state folder, or discard the unfinished \
+             copy (`freesan replica discard` on its node) to copy everything from the other",
+            b.current, a.current, a.synced
+        ))
     }
 }
 
@@ -172,6 +202,44 @@ mod tests {
         t.consistent = false;
         assert_eq!(both(m(5, 5), t, 2), Ok(Plan::Source { full: false }));
         assert!(both(t, t, 1).is_err());
+    }
+
+    /// A node whose state folder was lost (a fresh meta, an empty bitmap)
+    /// must not resume a resync it knows nothing of: it would copy nothing and
+    /// end with the target called consistent.
+    #[test]
+    fn a_copy_without_state_never_resumes_an_unfinished_target() {
+        let mut t = m(5, 5);
+        t.consistent = false;
+        for preferred in [1, 2] {
+            let e = both(Meta::fresh(), t, preferred).unwrap_err();
+            assert!(e.contains("no record of it"), "{e}");
+            assert!(both(t, Meta::fresh(), preferred).is_err());
+            // the same node after serving alone under a generation of its own
+            assert!(both(m(9, 0), t, preferred).is_err());
+            // a source that did record the target's generation resumes
+            assert_eq!(
+                both(m(9, 5), t, preferred),
+                Ok(Plan::Source { full: false })
+            );
+        }
+    }
+
+    /// A discarded copy (or a brand-new one whose first resync was cut) holds
+    /// no generation: whatever the other is, it copies everything.
+    #[test]
+    fn a_discarded_copy_gets_everything() {
+        let gone = Meta {
+            consistent: false,
+            ..Meta::fresh()
+        };
+        assert_eq!(both(m(5, 5), gone, 2), Ok(Plan::Source { full: true }));
+        assert_eq!(both(m(9, 5), gone, 2), Ok(Plan::Source { full: true }));
+        assert_eq!(
+            both(Meta::fresh(), gone, 2),
+            Ok(Plan::Source { full: true })
+        );
+        assert_eq!(both(gone, m(5, 5), 1), Ok(Plan::Target));
     }
 
     #[test]

@@ -1414,7 +1414,13 @@ impl ReplicatedVolume {
                 st.role
             ));
         }
-        i.store_meta(Meta::fresh()).map_err(|e| e.to_string())?;
+        // no generation, and never a source: even against a partner as new
+        // as it, the partner's data is what gets copied (see plan::resume)
+        i.store_meta(Meta {
+            consistent: false,
+            ..Meta::fresh()
+        })
+        .map_err(|e| e.to_string())?;
         tracing::warn!(volume = %i.cfg.name, "this node's copy was discarded: the partner will copy it in full");
         i.set_role(
             Role::Down,

@@ -80,14 +80,31 @@ impl Fake {
 
     /// [`Fake::start`] with a copy of `block_count` blocks.
     async fn start_sized(
+        r: SecureReader,
+        w: SecureWriter,
+        me: u8,
+        gens: Generations,
+        block_count: u64,
+    ) -> (Fake, Message) {
+        Fake::start_as(r, w, me, gens, block_count, true).await
+    }
+
+    /// [`Fake::start_sized`], the copy consistent or (`consistent` false) an
+    /// unfinished resync target.
+    async fn start_as(
         mut r: SecureReader,
         mut w: SecureWriter,
         me: u8,
         gens: Generations,
         block_count: u64,
+        consistent: bool,
     ) -> (Fake, Message) {
         let mut out = bytes::BytesMut::new();
-        let mut flags = hello_flags::CONSISTENT;
+        let mut flags = if consistent {
+            hello_flags::CONSISTENT
+        } else {
+            0
+        };
         if me == 1 {
             flags |= hello_flags::PREFERRED;
         }
@@ -752,4 +769,34 @@ async fn an_end_of_resync_lost_when_nothing_was_copied_leaves_copies_that_join_a
     }
     // the fake returns as it was, consistent at the generation both had
     rejoins_after_losing(&dialed, fake, gens).await;
+}
+
+/// Node 1's state folder is lost (a fresh one, an empty bitmap; being
+/// preferred it goes on alone under a generation of its own) while node 2 is
+/// an unfinished resync target of a real generation. Resuming from node 1
+/// would copy nothing (its bitmap no longer says what the target lacks) and
+/// call the target consistent: node 1 must refuse, send no data and say why.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_copy_without_state_never_resumes_an_unfinished_target() {
+    let d = tempfile::tempdir().unwrap();
+    let dialed = node1_dialing_a_fake(d.path(), Arc::new(MemVolume::new(512, BLOCKS))).await;
+    let st = dialed.accept().await;
+    let gens = Generations {
+        current: 7,
+        synced: 7,
+    };
+    let (mut fake, _) = Fake::start_as(st.reader, st.writer, 2, gens, BLOCKS, false).await;
+    // nothing of a resync reaches the partner, and node 1 closes the link
+    while let Some(m) = fake.next().await {
+        assert!(
+            !matches!(m, Message::ResyncData { .. } | Message::ResyncDone { .. }),
+            "node 1 resumed the resync: {m:?}"
+        );
+    }
+    // node 1 (preferred, consistent) goes on alone; the copies are not joined
+    let n1 = &dialed.n1;
+    let s = n1.status();
+    assert_ne!(s.role, Role::Leader, "{s:?}");
+    assert_ne!(s.state, "resyncing", "{s:?}");
+    n1.shutdown().await;
 }
