@@ -1797,11 +1797,25 @@ impl Inner {
         // failed earlier) or missing are not trusted; in the other modes such a
         // device serves, but its table is not read: it missed the writes that
         // went around it while it was failed, or is another cache's
+        //
+        // A mirror half one generation behind, with no failure recorded in the
+        // newest copy, missed only the last superblock write: a crash came
+        // between the two devices' writes (they are written one after the
+        // other, after both tables). It holds everything acknowledged: a write
+        // that only one half took is acknowledged only once that half's
+        // superblock records its partner's failure (`record_failure`). It used
+        // to be failed as "not part of this cache", leaving a healthy mirror
+        // degraded after a crash during a clean stop or an open.
+        let current = |s: &Superblock| {
+            s.cache_id == old.cache_id
+                && (s.generation == old.generation
+                    || (old.mirrored && !old.partner_failed && s.generation + 1 == old.generation))
+        };
         let mut stale = vec![false; self.devs.len()];
         for ((d, sb), stale) in self.devs.iter().zip(sbs).zip(stale.iter_mut()) {
-            *stale = !matches!(sb, Some(s) if s.cache_id == old.cache_id && s.generation == old.generation);
+            *stale = !matches!(sb, Some(s) if current(s));
             match sb {
-                Some(s) if s.cache_id == old.cache_id && s.generation == old.generation => {}
+                Some(s) if current(s) => {}
                 Some(s) if s.cache_id == old.cache_id && old.partner_failed => {
                     d.fail(&BlockError::Unavailable(format!(
                         "stale mirror half (generation {} < {})",

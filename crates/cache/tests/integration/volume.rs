@@ -439,6 +439,44 @@ async fn a_warm_cache_in_front_of_another_volume_starts_empty() {
     assert_eq!(vol.read(0, 1).await.unwrap(), pattern(3, 4096));
 }
 
+/// A clean stop cut by a crash between the two devices' superblock writes
+/// (the second device's never lands): the second device is one generation
+/// behind but holds everything, so the next start uses both halves. It used
+/// to be failed as "not part of this cache", leaving the mirror degraded
+/// (write-through) until a healthy SSD was replaced.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crash_between_the_superblock_writes_keeps_both_mirror_halves() {
+    let (backing, ssds, c) = write_back_on_two_ssds();
+    let held = Arc::new(block::HoldVolume::new(ssds[1].clone()));
+    let devs = devices(&[ssds[0].clone(), held.clone() as VolumeRef]);
+    let vol = Arc::new(
+        CacheVolume::open("t", backing.clone(), devs, c.clone())
+            .await
+            .unwrap(),
+    );
+    vol.write(0, pattern(1, 8192), false).await.unwrap();
+    // the superblock copies are the first 8 KiB of each device
+    held.writes.hold_below(2);
+    let stopping = tokio::spawn({
+        let vol = vol.clone();
+        async move { vol.shutdown().await }
+    });
+    tokio::time::timeout(Duration::from_secs(10), held.writes.arrivals(1))
+        .await
+        .expect("the second device's superblock write never came");
+    // the crash: the held write never reaches the device
+    stopping.abort();
+    let _ = stopping.await;
+    drop(vol);
+    let vol = CacheVolume::open("t", backing, devices(&ssds), c)
+        .await
+        .unwrap();
+    let st = vol.status();
+    assert!(!st.state.starts_with("degraded"), "{st:?}");
+    assert!(st.dirty_blocks > 0, "{st:?}");
+    assert_eq!(vol.read(0, 2).await.unwrap(), pattern(1, 8192));
+}
+
 /// A write-back mirror over two fault-injecting SSDs, a cache big enough that a
 /// fill runs alongside I/O, data written (much of it dirty), then SSD 0 dead.
 struct Degraded {
