@@ -480,6 +480,14 @@ impl Inner {
     /// [`CacheVolume::replace_device`]), then makes it live and writes its map.
     async fn resilver(&self, d: usize) -> BlockResult<()> {
         let survivor = 1 - d;
+        // before anything else: a superblock of another cache left on it (a
+        // used SSD) could, at a higher generation, win the next start if a
+        // crash cut the fill short, and this cache's dirty data on the
+        // survivor would be taken for another cache's
+        if let Err(e) = self.devs[d].wipe_superblocks().await {
+            self.on_device_failure();
+            return Err(e);
+        }
         for slot in 0..self.frames {
             loop {
                 if self.devs[d].resilver_cursor().is_none() {

@@ -477,6 +477,59 @@ async fn a_crash_between_the_superblock_writes_keeps_both_mirror_halves() {
     assert_eq!(vol.read(0, 2).await.unwrap(), pattern(1, 8192));
 }
 
+/// A failed mirror half is replaced by a used SSD that still carries another
+/// cache's superblock at a higher generation, and the node crashes while the
+/// fill runs. The next start must be this cache's (the survivor's dirty data
+/// served, the half-filled device left out), not the other cache's: the
+/// newest superblock wins, and the replacement's used to be it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_used_ssd_replacing_a_mirror_half_never_brings_back_its_old_cache() {
+    // the used SSD: another cache's half, at a high generation
+    let (other_backing, used, c) = write_back_on_two_ssds();
+    for i in 0..4u64 {
+        let vol = CacheVolume::open("old", other_backing.clone(), devices(&used), c.clone())
+            .await
+            .unwrap();
+        vol.write(0, pattern(100 + i, 4096), false).await.unwrap();
+        vol.shutdown().await.unwrap();
+    }
+    let (backing, ssds, c) = write_back_on_two_ssds();
+    let vol = CacheVolume::open("t", backing.clone(), devices(&ssds), c.clone())
+        .await
+        .unwrap();
+    vol.write(0, pattern(1, 4096), false).await.unwrap();
+    vol.fail_device(1).await.unwrap();
+    // the fill's frame writes (past the superblocks and the table) wait
+    let held = Arc::new(block::HoldVolume::new(used[0].clone()));
+    held.writes.hold_range(4, u64::MAX);
+    vol.replace_device(
+        1,
+        CacheDevice {
+            name: "used".into(),
+            volume: held.clone() as VolumeRef,
+        },
+    )
+    .await
+    .unwrap();
+    tokio::time::timeout(Duration::from_secs(10), held.writes.arrivals(1))
+        .await
+        .expect("the fill never wrote");
+    drop(vol); // the crash
+    let vol = CacheVolume::open(
+        "t",
+        backing,
+        devices(&[ssds[0].clone(), used[0].clone()]),
+        c,
+    )
+    .await
+    .unwrap();
+    // (the degraded cache destaged its dirty block to the backing meanwhile;
+    // the other cache's table holds that block dirty with its own data)
+    assert_eq!(vol.read(0, 1).await.unwrap(), pattern(1, 4096));
+    let st = vol.status();
+    assert_eq!(st.devices[1].state, "failed", "{st:?}");
+}
+
 /// A write-back mirror over two fault-injecting SSDs, a cache big enough that a
 /// fill runs alongside I/O, data written (much of it dirty), then SSD 0 dead.
 struct Degraded {
