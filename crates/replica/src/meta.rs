@@ -15,6 +15,12 @@ pub struct Meta {
     pub synced: u64,
     /// False while the copy is a resync target that has not finished.
     pub consistent: bool,
+    /// The partner's generation when this node, as the resync source, last
+    /// ended a resync (0: none). A partner that missed that end is still an
+    /// unfinished target of that generation, holding everything but what its
+    /// own bitmap names, and this node resumes it (see `plan::resume`).
+    #[serde(default)]
+    pub target_from: u64,
 }
 
 impl Meta {
@@ -25,6 +31,7 @@ impl Meta {
             current: 0,
             synced: 0,
             consistent: true,
+            target_from: 0,
         }
     }
 
@@ -96,9 +103,17 @@ mod tests {
             current: 7,
             synced: 5,
             consistent: false,
+            target_from: 3,
         };
         f.store(&m).unwrap();
         assert_eq!(f.load().unwrap(), m);
         assert!(m.solo());
+        // a file written before target_from existed reads as 0
+        std::fs::write(
+            d.path().join("replica.meta.json"),
+            br#"{"current": 9, "synced": 9, "consistent": true}"#,
+        )
+        .unwrap();
+        assert_eq!(f.load().unwrap().target_from, 0);
     }
 }

@@ -33,7 +33,10 @@ pub fn plan(
             return Err("neither copy is consistent (both were interrupted resync targets)".into())
         }
         (true, false) => return resume(me, peer).map(|full| Plan::Source { full }),
-        (false, true) => return resume(peer, me).map(|_| Plan::Target),
+        // the consistent side decides whether it can resume this copy (what
+        // it recorded, `target_from`, is not on the wire); if it cannot, it
+        // closes the link, and this copy stays down
+        (false, true) => return Ok(Plan::Target),
         (true, true) => {}
     }
     let newer = |a: Meta, b: Meta| -> Result<bool, String> {
@@ -89,29 +92,32 @@ pub fn plan(
 
 /// A consistent copy `a` meets an inconsistent one `b` (an unfinished resync
 /// target, or a copy discarded by the operator): `a` is the source; whether
-/// in full. A source resuming an interrupted resync still holds, in its
-/// bitmap, every region it had not copied yet, and the target still carries
-/// the generation it had when the resync began: `a`'s own (a tie) or the one
-/// `a` last synced from (`a` wrote alone since). A copy whose state was lost
-/// (its state folder wiped: a fresh meta and an empty bitmap, then perhaps
-/// serving alone under a new generation) has neither, and resuming from it
+/// in full. An interrupted resync leaves the target at the generation it had
+/// when the resync began, holding everything the source had then but what
+/// the regions still marked in the two bitmaps name: that generation is the
+/// source's own (a tie), the one the source last synced from (it wrote
+/// alone), or, when the target missed the end of a resync the source
+/// completed, the one the source recorded then (`target_from`), whatever the
+/// source's generations became since. A copy whose state was lost (its
+/// state folder wiped: a fresh meta and an empty bitmap, then perhaps serving
+/// alone under a new generation) has none of these, and resuming from it
 /// would copy nothing and call the target consistent. So:
 /// - `b` holds no generation of its own (brand new when its resync began, or
 ///   discarded): everything is copied;
-/// - `b`'s generation is `a`'s or the one `a` synced from: `a` resumes;
+/// - `b`'s generation is one of `a`'s three: `a` resumes;
 /// - otherwise neither is known to hold all the data (`a` may be a new disk,
 ///   `b` is partly copied), and the operator decides.
 fn resume(a: Meta, b: Meta) -> Result<bool, String> {
     if b.current == 0 {
         Ok(true)
-    } else if b.current == a.current || b.current == a.synced {
+    } else if b.current == a.current || b.current == a.synced || b.current == a.target_from {
         Ok(false)
     } else {
         Err(format!(
             "an unfinished resync target of generation {:#x} meets a copy with no record of \
-             it (generation {:#x} from {:#x}: new, or its state folder was lost): neither is \
-             known to hold all the data; restore the state folder, or discard the unfinished \
-             copy (`freesan replica discard` on its node) to copy everything from the other",
+             it (generation {:#x} from {:#x}: a new copy, or its state folder was lost): \
+             neither is known to hold all the data. To copy everything from the consistent \
+             copy, discard the unfinished one (`freesan replica discard` on its node)",
             b.current, a.current, a.synced
         ))
     }
@@ -126,6 +132,7 @@ mod tests {
             current,
             synced,
             consistent: true,
+            target_from: 0,
         }
     }
 
@@ -206,23 +213,36 @@ mod tests {
 
     /// A node whose state folder was lost (a fresh meta, an empty bitmap)
     /// must not resume a resync it knows nothing of: it would copy nothing and
-    /// end with the target called consistent.
+    /// end with the target called consistent. (The target's side answers
+    /// "target" and is left down when the source closes the link.)
     #[test]
     fn a_copy_without_state_never_resumes_an_unfinished_target() {
         let mut t = m(5, 5);
         t.consistent = false;
         for preferred in [1, 2] {
-            let e = both(Meta::fresh(), t, preferred).unwrap_err();
+            let e = plan(1, Meta::fresh(), 2, t, preferred, (false, false)).unwrap_err();
             assert!(e.contains("no record of it"), "{e}");
-            assert!(both(t, Meta::fresh(), preferred).is_err());
             // the same node after serving alone under a generation of its own
-            assert!(both(m(9, 0), t, preferred).is_err());
+            assert!(plan(1, m(9, 0), 2, t, preferred, (false, false)).is_err());
             // a source that did record the target's generation resumes
             assert_eq!(
                 both(m(9, 5), t, preferred),
                 Ok(Plan::Source { full: false })
             );
         }
+    }
+
+    /// The source stored the end of a resync (the target's generation in
+    /// target_from), the target missed it, and the source went on alone:
+    /// the target, still unfinished at its old generation, is resumed.
+    #[test]
+    fn a_target_that_missed_the_end_is_resumed_after_the_source_went_on_alone() {
+        let mut t = m(5, 5);
+        t.consistent = false;
+        let mut s = m(11, 9);
+        assert!(plan(1, s, 2, t, 1, (false, false)).is_err());
+        s.target_from = 5;
+        assert_eq!(both(s, t, 2), Ok(Plan::Source { full: false }));
     }
 
     /// A discarded copy (or a brand-new one whose first resync was cut) holds

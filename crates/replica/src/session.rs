@@ -206,6 +206,7 @@ async fn manage(inner: &Arc<Inner>, mut conns: mpsc::Receiver<(Framed, Message)>
                         "unrelated",
                         "consistent",
                         "disagree on preferred_node",
+                        "no record of",
                     ]
                     .iter()
                     .any(|k| e.contains(k))
@@ -498,6 +499,8 @@ async fn handshake(
         current: gens.current,
         synced: gens.synced,
         consistent: flags & hello_flags::CONSISTENT != 0,
+        // not on the wire: only the consistent side uses its own (plan::resume)
+        target_from: 0,
     };
     let p = plan(
         cfg.node_id,
@@ -807,6 +810,10 @@ async fn resync(
     }
     m.synced = m.current;
     m.consistent = true;
+    // a partner that misses the end stays an unfinished target of this
+    // generation: recorded, so that it is resumed, not refused, whatever
+    // this node's generations become meanwhile (it may go on alone)
+    m.target_from = peer_meta.current;
     let gens = m.gens();
     // stored here before the partner is told: from now on the partner holds
     // either this generation (it took the end) or an unfinished copy (it did

@@ -1305,6 +1305,7 @@ impl Inner {
             current: gens.current,
             synced: gens.synced,
             consistent: true,
+            target_from: 0,
         };
         if let Err(e) = self.store_meta(m) {
             return err_of(&BlockError::Io(e));

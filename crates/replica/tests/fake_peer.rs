@@ -800,3 +800,81 @@ async fn a_copy_without_state_never_resumes_an_unfinished_target() {
     assert_ne!(s.state, "resyncing", "{s:?}");
     n1.shutdown().await;
 }
+
+/// Node 1 ends a resync and stores it, the fake (the target) took the
+/// copies but misses the end, and node 1 goes on alone under a new
+/// generation. The fake returns as the unfinished target it is, at the
+/// generation it had when that resync began: node 1 must resume it. (A rule
+/// that knew only node 1's current generations refused this pair for good.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_target_that_missed_the_end_is_resumed_after_the_source_went_on_alone() {
+    let d = tempfile::tempdir().unwrap();
+    let dialed = node1_dialing_a_fake(d.path(), Arc::new(MemVolume::new(512, BLOCKS))).await;
+    let n1 = &dialed.n1;
+    // a first, full resync that ends: both at generation h
+    let st = dialed.accept().await;
+    let (mut fake, _) = Fake::start(st.reader, st.writer, 2, Generations::default()).await;
+    let h = take_resync(&mut fake, true).await;
+    fake.close();
+    assert!(
+        n1.wait_until(|s| s.role == Role::Solo, Duration::from_secs(20))
+            .await,
+        "{:?}",
+        n1.status()
+    );
+    // node 1 writes alone, then resyncs the fake (back at h), which misses the end
+    n1.write(0, Bytes::from(vec![1u8; 512]), false)
+        .await
+        .unwrap();
+    let st = dialed.accept().await;
+    let (mut fake, _) = Fake::start(st.reader, st.writer, 2, h).await;
+    take_resync(&mut fake, false).await;
+    fake.close();
+    assert!(
+        n1.wait_until(|s| s.role == Role::Solo, Duration::from_secs(20))
+            .await,
+        "{:?}",
+        n1.status()
+    );
+    // the fake returns unfinished at h: node 1 resumes it
+    let st = dialed.accept().await;
+    let (_fake, _) = Fake::start_as(st.reader, st.writer, 2, h, BLOCKS, false).await;
+    let led = n1
+        .wait_until(|s| s.role == Role::Leader, Duration::from_secs(20))
+        .await;
+    let s = n1.status();
+    assert!(led, "the unfinished target was not resumed: {s:?}");
+    n1.shutdown().await;
+}
+
+/// Takes a resync's copies from node 1 and its end, answering the end when
+/// `answer` (otherwise the link is to be cut before it is answered); returns
+/// the generations the end carried.
+async fn take_resync(fake: &mut Fake, answer: bool) -> Generations {
+    loop {
+        match fake
+            .next()
+            .await
+            .expect("node 1 closed the link during the resync")
+        {
+            Message::ResyncData { id, .. } => {
+                fake.send(Message::Done {
+                    id,
+                    result: OpResult::Ok,
+                })
+                .await
+            }
+            Message::ResyncDone { id, gens } => {
+                if answer {
+                    fake.send(Message::Done {
+                        id,
+                        result: OpResult::Ok,
+                    })
+                    .await;
+                }
+                return gens;
+            }
+            _ => {}
+        }
+    }
+}
