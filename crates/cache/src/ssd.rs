@@ -121,6 +121,14 @@ impl Superblock {
     }
 }
 
+/// Zeroes both superblock copies of `vol` (FUA): a device taken as a
+/// replacement may carry another cache's superblock, perhaps at a higher
+/// generation, which must not outlive a crash before this cache writes its own.
+pub(crate) async fn wipe_superblocks(vol: &VolumeRef) -> BlockResult<()> {
+    vol.write(0, Bytes::from(vec![0u8; TABLE_OFFSET as usize]), true)
+        .await
+}
+
 /// One table record.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Record {
@@ -362,14 +370,6 @@ impl Device {
     }
 
     /// Writes `sb` into the copy its generation selects (FUA).
-    /// Zeroes both superblock copies (FUA): a device taken as a replacement
-    /// may carry another cache's superblock, perhaps at a higher generation,
-    /// which must not outlive a crash before this cache writes its own.
-    pub(crate) async fn wipe_superblocks(&self) -> BlockResult<()> {
-        self.write_at(0, Bytes::from(vec![0u8; TABLE_OFFSET as usize]), true)
-            .await
-    }
-
     pub(crate) async fn write_superblock(&self, sb: &Superblock) -> BlockResult<()> {
         let off = (sb.generation % 2) * 4096;
         self.write_at(off, Bytes::from(sb.encode()), true).await

@@ -439,11 +439,11 @@ impl Inner {
         {
             return Ok(());
         }
-        let _g = self.sb_write.lock().await;
+        let g = self.sb_write.lock().await;
         if self.failure_recorded.load(Ordering::Acquire) {
             return Ok(());
         }
-        self.write_superblocks(|_| {}).await?;
+        self.write_superblocks_locked(&g, |_| {}).await?;
         self.failure_recorded.store(true, Ordering::Release);
         tracing::warn!(cache = %self.name, "the surviving cache device records its partner's failure");
         Ok(())
@@ -480,14 +480,6 @@ impl Inner {
     /// [`CacheVolume::replace_device`]), then makes it live and writes its map.
     async fn resilver(&self, d: usize) -> BlockResult<()> {
         let survivor = 1 - d;
-        // before anything else: a superblock of another cache left on it (a
-        // used SSD) could, at a higher generation, win the next start if a
-        // crash cut the fill short, and this cache's dirty data on the
-        // survivor would be taken for another cache's
-        if let Err(e) = self.devs[d].wipe_superblocks().await {
-            self.on_device_failure();
-            return Err(e);
-        }
         for slot in 0..self.frames {
             loop {
                 if self.devs[d].resilver_cursor().is_none() {
@@ -1226,8 +1218,20 @@ impl Inner {
     }
 
     /// Bumps the generation, applies `f` and writes every live device's superblock.
+    /// One at a time: a superblock computed before a failure must not land
+    /// after the one that records it.
     pub(crate) async fn write_superblocks(
         &self,
+        f: impl FnOnce(&mut Superblock),
+    ) -> BlockResult<()> {
+        let g = self.sb_write.lock().await;
+        self.write_superblocks_locked(&g, f).await
+    }
+
+    /// [`Inner::write_superblocks`] under the caller's hold of `sb_write`.
+    async fn write_superblocks_locked(
+        &self,
+        _held: &tokio::sync::MutexGuard<'_, ()>,
         f: impl FnOnce(&mut Superblock),
     ) -> BlockResult<()> {
         let sb = {
@@ -1711,6 +1715,24 @@ impl CacheVolume {
                 i.layout.end()
             )));
         }
+        // the outgoing half's failure is on the survivor's superblock before
+        // anything else: the fill's end then leaves it at least two
+        // generations behind, so it is never taken back as the half that
+        // only missed the last superblock write (see `Inner::load`), should a
+        // start find it again (the new device not yet recorded, a crash)
+        i.record_failure().await?;
+        // and a superblock of another cache left on the new device (a used
+        // SSD) could, at a higher generation, win the next start if a crash
+        // cut the fill short: this cache's dirty data on the survivor would
+        // be taken for another cache's. Wiped before the device is taken
+        crate::ssd::wipe_superblocks(&device.volume)
+            .await
+            .map_err(|e| {
+                BlockError::Unavailable(format!(
+                    "cache {}: {} refused the wipe of its superblocks: {e}",
+                    i.name, device.name
+                ))
+            })?;
         if !d.replace(device.name.clone(), device.volume) {
             return Err(BlockError::Unavailable(format!(
                 "cache {}: {} has another block size",
