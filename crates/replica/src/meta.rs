@@ -77,22 +77,105 @@ impl MetaFile {
 
     /// Replaces the metadata durably.
     pub fn store(&self, m: &Meta) -> std::io::Result<()> {
-        let tmp = self.path.with_extension("json.new");
-        let mut f = std::fs::File::create(&tmp)?;
-        f.write_all(&serde_json::to_vec_pretty(m).map_err(std::io::Error::other)?)?;
-        f.sync_all()?;
-        drop(f);
-        std::fs::rename(&tmp, &self.path)?;
-        if let Some(dir) = self.path.parent() {
-            std::fs::File::open(dir)?.sync_all()?;
+        store_durably(
+            &self.path,
+            &serde_json::to_vec_pretty(m).map_err(std::io::Error::other)?,
+        )
+    }
+}
+
+/// Replaces the file at `path` with `bytes` durably: a new file, fsync,
+/// rename, fsync of the folder.
+fn store_durably(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    let tmp = path.with_extension("new");
+    let mut f = std::fs::File::create(&tmp)?;
+    f.write_all(bytes)?;
+    f.sync_all()?;
+    drop(f);
+    std::fs::rename(&tmp, path)?;
+    if let Some(dir) = path.parent() {
+        std::fs::File::open(dir)?.sync_all()?;
+    }
+    Ok(())
+}
+
+/// The numbers of a node's requests to the witness: each above every one
+/// this node sent before, across restarts, whatever the clock does. The
+/// witness refuses a number not above the last it took from the node (a
+/// replayed request); numbered from the clock alone, a node whose clock
+/// stepped back across its restart was refused until the clock passed its
+/// old numbers, and could not claim the grant to serve alone meanwhile.
+/// A reservation above the numbers handed out is kept on disk and renewed
+/// when they reach it (one write an hour, and one per start).
+pub(crate) struct SeqFile {
+    path: PathBuf,
+    last: u64,
+    reserved: u64,
+}
+
+/// Numbers reserved at a time: an hour's worth of microseconds.
+const SEQ_RESERVE: u64 = 3_600_000_000;
+
+impl SeqFile {
+    /// Opens the reservation in `dir` (none yet: from 0).
+    pub fn open(dir: &Path) -> std::io::Result<SeqFile> {
+        let path = dir.join("witness.seq");
+        let reserved = match std::fs::read_to_string(&path) {
+            Ok(s) => s.trim().parse::<u64>().map_err(|e| {
+                std::io::Error::new(
+                    std::io::ErrorKind::InvalidData,
+                    format!("{}: {e}", path.display()),
+                )
+            })?,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => 0,
+            Err(e) => return Err(e),
+        };
+        // every number handed out before is at most the reservation
+        Ok(SeqFile {
+            path,
+            last: reserved,
+            reserved,
+        })
+    }
+
+    /// The next number: the clock's `now` (microseconds) when it is ahead of
+    /// every earlier one, else one more than the last.
+    pub fn next(&mut self, now: u64) -> std::io::Result<u64> {
+        let seq = now.max(self.last.saturating_add(1));
+        if seq > self.reserved {
+            let reserved = seq.saturating_add(SEQ_RESERVE);
+            store_durably(&self.path, reserved.to_string().as_bytes())?;
+            self.reserved = reserved;
         }
-        Ok(())
+        self.last = seq;
+        Ok(seq)
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A clock that steps back across a restart (or runs backwards while
+    /// the node runs) never yields a number at or below an earlier one.
+    #[test]
+    fn witness_numbers_rise_across_restarts_whatever_the_clock() {
+        let d = tempfile::tempdir().unwrap();
+        let mut s = SeqFile::open(d.path()).unwrap();
+        assert_eq!(s.next(5_000_000_000).unwrap(), 5_000_000_000);
+        assert_eq!(s.next(4_000_000_000).unwrap(), 5_000_000_001);
+        drop(s);
+        // restarted with the clock an hour and more behind
+        let mut s = SeqFile::open(d.path()).unwrap();
+        let n = s.next(1_000_000).unwrap();
+        assert!(n > 5_000_000_001, "{n}");
+        assert!(s.next(1_000_001).unwrap() > n);
+        drop(s);
+        let mut s = SeqFile::open(d.path()).unwrap();
+        assert!(s.next(0).unwrap() > n + 1);
+        // a clock far ahead is followed
+        assert_eq!(s.next(u64::MAX / 2).unwrap(), u64::MAX / 2);
+    }
 
     #[test]
     fn round_trip_and_fresh_default() {

@@ -252,7 +252,7 @@ pub(crate) struct Inner {
     /// The number of the last request to the witness; held while one is
     /// asked, so that this node's requests go one at a time and in order
     /// (see [`Inner::ask_witness`]).
-    witness_seq: tokio::sync::Mutex<u64>,
+    witness_seq: tokio::sync::Mutex<crate::meta::SeqFile>,
     /// Set by `shutdown`.
     pub(crate) stop_tx: watch::Sender<bool>,
     /// Serialises metadata updates made from request handlers.
@@ -495,15 +495,17 @@ impl Inner {
         claim: bool,
         still: impl FnOnce() -> bool,
     ) -> Option<std::io::Result<u8>> {
-        let mut last = self.witness_seq.lock().await;
+        let mut numbers = self.witness_seq.lock().await;
         if !still() {
             return None;
         }
         let micros = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_micros() as u64);
-        let seq = micros.max(*last + 1);
-        *last = seq;
+        let seq = match numbers.next(micros) {
+            Ok(seq) => seq,
+            Err(e) => return Some(Err(e)),
+        };
         let (cluster, node_id) = (self.cfg.witness_key(), self.cfg.node_id);
         let msg = if claim {
             Message::WitnessClaim {
@@ -1344,6 +1346,7 @@ impl ReplicatedVolume {
         });
         bitmap.set_keep(true);
         let undo = crate::undo::CopyUndo::new(&cfg.state_dir, geo.block_size_bytes as u64);
+        let witness_seq = crate::meta::SeqFile::open(&cfg.state_dir)?;
         let inner = Arc::new(Inner {
             cfg,
             local,
@@ -1367,7 +1370,7 @@ impl ReplicatedVolume {
             resync_done: AtomicU64::new(0),
             resynced_bytes: AtomicU64::new(0),
             witness_state: AtomicU8::new(0),
-            witness_seq: tokio::sync::Mutex::new(0),
+            witness_seq: tokio::sync::Mutex::new(witness_seq),
             history: Mutex::new(RoleHistory::default()),
             stop_tx: watch::channel(false).0,
             meta_write: tokio::sync::Mutex::new(()),
