@@ -26,6 +26,7 @@ mod budget;
 mod crashsim;
 mod delay;
 pub mod detach;
+pub mod durable;
 mod error;
 mod fault;
 mod hold;

@@ -4,7 +4,6 @@
 use anyhow::{bail, Context, Result};
 use rand::RngCore;
 use serde::{Deserialize, Serialize};
-use std::io::Write;
 use std::path::{Path, PathBuf};
 
 /// IEEE company id used in generated NAA type 6 designators. It has the
@@ -116,17 +115,7 @@ pub fn load_or_create(data_dir: &Path, iqn: &str, lun: u64, backing: &Path) -> R
 /// Writes `bytes` to `path` so that a crash leaves either the old or the new content:
 /// write a temporary file, fsync it, rename it over, fsync the folder.
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
-    let dir = path.parent().unwrap_or(Path::new("."));
-    let tmp = path.with_extension("tmp");
-    {
-        let mut f =
-            std::fs::File::create(&tmp).with_context(|| format!("creating {}", tmp.display()))?;
-        f.write_all(bytes)?;
-        f.sync_all()?;
-    }
-    std::fs::rename(&tmp, path).with_context(|| format!("renaming onto {}", path.display()))?;
-    std::fs::File::open(dir)?.sync_all()?;
-    Ok(())
+    block::durable::replace_file(path, bytes).with_context(|| format!("writing {}", path.display()))
 }
 
 #[cfg(test)]

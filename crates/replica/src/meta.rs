@@ -3,7 +3,6 @@
 
 use replica_proto::Generations;
 use serde::{Deserialize, Serialize};
-use std::io::Write;
 use std::path::{Path, PathBuf};
 
 /// What a node knows about its copy across restarts.
@@ -77,26 +76,11 @@ impl MetaFile {
 
     /// Replaces the metadata durably.
     pub fn store(&self, m: &Meta) -> std::io::Result<()> {
-        store_durably(
+        block::durable::replace_file(
             &self.path,
             &serde_json::to_vec_pretty(m).map_err(std::io::Error::other)?,
         )
     }
-}
-
-/// Replaces the file at `path` with `bytes` durably: a new file, fsync,
-/// rename, fsync of the folder.
-fn store_durably(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
-    let tmp = path.with_extension("new");
-    let mut f = std::fs::File::create(&tmp)?;
-    f.write_all(bytes)?;
-    f.sync_all()?;
-    drop(f);
-    std::fs::rename(&tmp, path)?;
-    if let Some(dir) = path.parent() {
-        std::fs::File::open(dir)?.sync_all()?;
-    }
-    Ok(())
 }
 
 /// The numbers of a node's requests to the witness: each above every one
@@ -144,7 +128,7 @@ impl SeqFile {
         let seq = now.max(self.last.saturating_add(1));
         if seq > self.reserved {
             let reserved = seq.saturating_add(SEQ_RESERVE);
-            store_durably(&self.path, reserved.to_string().as_bytes())?;
+            block::durable::replace_file(&self.path, reserved.to_string().as_bytes())?;
             self.reserved = reserved;
         }
         self.last = seq;

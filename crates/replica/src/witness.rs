@@ -31,7 +31,6 @@ use block::admission::{AdmissionBudget, AdmissionSlot};
 use parking_lot::Mutex;
 use replica_proto::Message;
 use std::collections::BTreeMap;
-use std::io::Write;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -144,23 +143,10 @@ impl WitnessServer {
 }
 
 fn persist(file: &std::path::Path, holders: &BTreeMap<String, u8>) -> std::io::Result<()> {
-    use std::os::unix::fs::OpenOptionsExt;
-    let tmp = file.with_extension("new");
-    let mut f = std::fs::OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .mode(0o600)
-        .open(&tmp)?;
-    f.write_all(&serde_json::to_vec(holders).map_err(std::io::Error::other)?)?;
-    f.sync_all()?;
-    std::fs::rename(&tmp, file)?;
-    // the rename itself must survive a crash
-    let dir = match file.parent() {
-        Some(d) if !d.as_os_str().is_empty() => d,
-        _ => std::path::Path::new("."),
-    };
-    std::fs::File::open(dir)?.sync_all()
+    block::durable::replace_file(
+        file,
+        &serde_json::to_vec(holders).map_err(std::io::Error::other)?,
+    )
 }
 
 async fn serve(

@@ -617,23 +617,7 @@ async fn a_lost_answer_to_the_end_of_a_resync_leaves_copies_that_join_again() {
     let (mut fake, _) = Fake::start(st.reader, st.writer, 2, Generations::default()).await;
     // the fake takes every block of the full resync, then its end, and the
     // link dies before it answers that
-    let gens = loop {
-        match fake
-            .next()
-            .await
-            .expect("node 1 closed the link during the resync")
-        {
-            Message::ResyncData { id, .. } => {
-                fake.send(Message::Done {
-                    id,
-                    result: OpResult::Ok,
-                })
-                .await
-            }
-            Message::ResyncDone { gens, .. } => break gens,
-            _ => {}
-        }
-    };
+    let gens = take_resync(&mut fake, false).await;
     assert_ne!(gens.current, 0);
     // the fake returns in sync at the generation it was sent
     rejoins_after_losing(&dialed, fake, gens).await;
@@ -645,12 +629,7 @@ async fn a_lost_answer_to_the_end_of_a_resync_leaves_copies_that_join_again() {
 async fn rejoins_after_losing(dialed: &Dialed, fake: Fake, gens: Generations) {
     let n1 = &dialed.n1;
     fake.close();
-    assert!(
-        n1.wait_until(|s| s.role == Role::Solo, Duration::from_secs(20))
-            .await,
-        "{:?}",
-        n1.status()
-    );
+    goes_on_alone(n1).await;
     let st = dialed.accept().await;
     let (_fake, _) = Fake::start(st.reader, st.writer, 2, gens).await;
     let led = n1
@@ -724,12 +703,7 @@ async fn a_partner_claiming_a_huge_copy_grows_nothing_here() {
     assert_eq!(m1.geometry().block_count, BLOCKS);
     assert_eq!(n1.status().size_bytes, BLOCKS * 512);
     // and goes on alone (preferred, no witness), serving its copy
-    assert!(
-        n1.wait_until(|s| s.role == Role::Solo, Duration::from_secs(20))
-            .await,
-        "{:?}",
-        n1.status()
-    );
+    goes_on_alone(n1).await;
     n1.write(0, Bytes::from(vec![1u8; 512]), false)
         .await
         .unwrap();
@@ -816,12 +790,7 @@ async fn a_target_that_missed_the_end_is_resumed_after_the_source_went_on_alone(
     let (mut fake, _) = Fake::start(st.reader, st.writer, 2, Generations::default()).await;
     let h = take_resync(&mut fake, true).await;
     fake.close();
-    assert!(
-        n1.wait_until(|s| s.role == Role::Solo, Duration::from_secs(20))
-            .await,
-        "{:?}",
-        n1.status()
-    );
+    goes_on_alone(n1).await;
     // node 1 writes alone, then resyncs the fake (back at h), which misses the end
     n1.write(0, Bytes::from(vec![1u8; 512]), false)
         .await
@@ -830,12 +799,7 @@ async fn a_target_that_missed_the_end_is_resumed_after_the_source_went_on_alone(
     let (mut fake, _) = Fake::start(st.reader, st.writer, 2, h).await;
     take_resync(&mut fake, false).await;
     fake.close();
-    assert!(
-        n1.wait_until(|s| s.role == Role::Solo, Duration::from_secs(20))
-            .await,
-        "{:?}",
-        n1.status()
-    );
+    goes_on_alone(n1).await;
     // the fake returns unfinished at h: node 1 resumes it
     let st = dialed.accept().await;
     let (_fake, _) = Fake::start_as(st.reader, st.writer, 2, h, BLOCKS, false).await;
@@ -877,4 +841,14 @@ async fn take_resync(fake: &mut Fake, answer: bool) -> Generations {
             _ => {}
         }
     }
+}
+
+/// Waits (at most 20 s) for node 1 to go on alone (preferred, no witness).
+async fn goes_on_alone(n1: &ReplicatedVolume) {
+    assert!(
+        n1.wait_until(|s| s.role == Role::Solo, Duration::from_secs(20))
+            .await,
+        "{:?}",
+        n1.status()
+    );
 }
