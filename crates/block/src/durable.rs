@@ -3,7 +3,7 @@
 //! keep beside the data.
 
 use std::io::Write;
-use std::os::unix::fs::OpenOptionsExt;
+use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::Path;
 
 /// Replaces the file at `path` with `bytes`: a temporary file beside it (its
@@ -20,6 +20,8 @@ pub fn replace_file(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
         .truncate(true)
         .mode(0o600)
         .open(tmp)?;
+    // (a temporary file left by an older version may have a looser mode)
+    f.set_permissions(std::fs::Permissions::from_mode(0o600))?;
     f.write_all(bytes)?;
     f.sync_all()?;
     drop(f);
@@ -39,12 +41,16 @@ pub fn sync_parent(path: &Path) -> std::io::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::os::unix::fs::PermissionsExt;
 
     #[test]
     fn replaces_whole_and_private() {
         let d = tempfile::tempdir().unwrap();
         let p = d.path().join("state.json");
+        // a temporary file an older version left, readable by all
+        let mut tmp = p.as_os_str().to_owned();
+        tmp.push(".tmp");
+        std::fs::write(&tmp, b"old").unwrap();
+        std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o644)).unwrap();
         replace_file(&p, b"one").unwrap();
         replace_file(&p, b"two").unwrap();
         assert_eq!(std::fs::read(&p).unwrap(), b"two");

@@ -89,48 +89,46 @@ impl MetaFile {
 /// replayed request); numbered from the clock alone, a node whose clock
 /// stepped back across its restart was refused until the clock passed its
 /// old numbers, and could not claim the grant to serve alone meanwhile.
-/// A reservation above the numbers handed out is kept on disk and renewed
-/// when they reach it (one write an hour, and one per start).
+/// The last number is stored durably before its request is sent (requests
+/// are rare: claims when deciding, releases when back in sync), so numbers
+/// never run ahead of the clock by more than the clock stepped back.
 pub(crate) struct SeqFile {
     path: PathBuf,
     last: u64,
-    reserved: u64,
 }
 
-/// Numbers reserved at a time: an hour's worth of microseconds.
-const SEQ_RESERVE: u64 = 3_600_000_000;
-
 impl SeqFile {
-    /// Opens the reservation in `dir` (none yet: from 0).
+    /// Opens the record in `dir` (none yet: from 0). A damaged record is
+    /// replaced by the clock's numbers, with a warning: the witness then
+    /// refuses this node only if its clock is behind the numbers it sent.
     pub fn open(dir: &Path) -> std::io::Result<SeqFile> {
         let path = dir.join("witness.seq");
-        let reserved = match std::fs::read_to_string(&path) {
-            Ok(s) => s.trim().parse::<u64>().map_err(|e| {
-                std::io::Error::new(
-                    std::io::ErrorKind::InvalidData,
-                    format!("{}: {e}", path.display()),
-                )
-            })?,
+        let last = match std::fs::read_to_string(&path) {
+            Ok(s) => s.trim().parse::<u64>().unwrap_or_else(|e| {
+                tracing::warn!(file = %path.display(), "witness request number unreadable ({e}): numbering from the clock");
+                0
+            }),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => 0,
-            Err(e) => return Err(e),
+            Err(e) => {
+                return Err(std::io::Error::new(
+                    e.kind(),
+                    format!("{}: {e}", path.display()),
+                ))
+            }
         };
-        // every number handed out before is at most the reservation
-        Ok(SeqFile {
-            path,
-            last: reserved,
-            reserved,
-        })
+        Ok(SeqFile { path, last })
     }
 
-    /// The next number: the clock's `now` (microseconds) when it is ahead of
-    /// every earlier one, else one more than the last.
+    /// The next number, stored before it is returned: the clock's `now`
+    /// (microseconds) when it is ahead of every earlier one, else one more
+    /// than the last.
     pub fn next(&mut self, now: u64) -> std::io::Result<u64> {
-        let seq = now.max(self.last.saturating_add(1));
-        if seq > self.reserved {
-            let reserved = seq.saturating_add(SEQ_RESERVE);
-            block::durable::replace_file(&self.path, reserved.to_string().as_bytes())?;
-            self.reserved = reserved;
-        }
+        let after = self.last.checked_add(1).ok_or_else(|| {
+            std::io::Error::other(format!("{}: numbers exhausted", self.path.display()))
+        })?;
+        let seq = now.max(after);
+        block::durable::replace_file(&self.path, seq.to_string().as_bytes())
+            .map_err(|e| std::io::Error::new(e.kind(), format!("{}: {e}", self.path.display())))?;
         self.last = seq;
         Ok(seq)
     }
@@ -159,6 +157,22 @@ mod tests {
         assert!(s.next(0).unwrap() > n + 1);
         // a clock far ahead is followed
         assert_eq!(s.next(u64::MAX / 2).unwrap(), u64::MAX / 2);
+        // numbers do not run ahead of the clock across restarts
+        drop(s);
+        let d = tempfile::tempdir().unwrap();
+        let mut s = SeqFile::open(d.path()).unwrap();
+        assert_eq!(s.next(7_000).unwrap(), 7_000);
+        drop(s);
+        let mut s = SeqFile::open(d.path()).unwrap();
+        assert_eq!(s.next(9_000).unwrap(), 9_000);
+        // a damaged record: numbered from the clock
+        std::fs::write(d.path().join("witness.seq"), b"garbage").unwrap();
+        let mut s = SeqFile::open(d.path()).unwrap();
+        assert_eq!(s.next(10_000).unwrap(), 10_000);
+        // the last number there is: an error, not a repeat
+        std::fs::write(d.path().join("witness.seq"), u64::MAX.to_string()).unwrap();
+        let mut s = SeqFile::open(d.path()).unwrap();
+        assert!(s.next(1).is_err());
     }
 
     #[test]

@@ -504,7 +504,12 @@ impl Inner {
             .map_or(0, |d| d.as_micros() as u64);
         let seq = match numbers.next(micros) {
             Ok(seq) => seq,
-            Err(e) => return Some(Err(e)),
+            Err(e) => {
+                return Some(Err(std::io::Error::new(
+                    e.kind(),
+                    format!("this node could not store its witness request number: {e}"),
+                )))
+            }
         };
         let (cluster, node_id) = (self.cfg.witness_key(), self.cfg.node_id);
         let msg = if claim {

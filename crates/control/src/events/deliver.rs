@@ -158,15 +158,7 @@ impl Cursors {
     }
 
     fn write(&self, map: &BTreeMap<String, u64>) -> Result<()> {
-        use std::io::Write;
-        let tmp = self.path.with_extension("json.tmp");
-        let mut f = std::fs::File::create(&tmp)?;
-        f.write_all(&serde_json::to_vec(map)?)?;
-        f.sync_all()?;
-        std::fs::rename(&tmp, &self.path)?;
-        if let Some(dir) = self.path.parent() {
-            std::fs::File::open(dir)?.sync_all()?;
-        }
+        block::durable::replace_file(&self.path, &serde_json::to_vec(map)?)?;
         Ok(())
     }
 }

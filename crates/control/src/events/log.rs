@@ -185,20 +185,12 @@ impl EventLog {
 
     /// Replaces the file by the events in memory (the last `events_max`).
     fn rewrite(&self, st: &mut State) -> Result<()> {
-        let tmp = self.path.with_extension("jsonl.new");
         let mut buf = Vec::new();
         for e in &st.events {
             serde_json::to_writer(&mut buf, e)?;
             buf.push(b'\n');
         }
-        let mut f = std::fs::File::create(&tmp)?;
-        f.write_all(&buf)?;
-        f.sync_all()?;
-        drop(f);
-        std::fs::rename(&tmp, &self.path)?;
-        if let Some(dir) = self.path.parent() {
-            std::fs::File::open(dir)?.sync_all()?;
-        }
+        block::durable::replace_file(&self.path, &buf)?;
         st.file_lines = st.events.len();
         Ok(())
     }
