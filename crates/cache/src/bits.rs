@@ -52,9 +52,34 @@ pub(crate) fn range_mask(first: u32, count: u32) -> u64 {
     }
 }
 
+/// The runs of set bits of `mask`, lowest first, as (first bit, length).
+pub(crate) fn runs(mask: u64) -> impl Iterator<Item = (u32, u32)> {
+    let mut m = mask;
+    std::iter::from_fn(move || {
+        if m == 0 {
+            return None;
+        }
+        let first = m.trailing_zeros();
+        let n = (!(m >> first)).trailing_zeros();
+        m &= !range_mask(first, n);
+        Some((first, n))
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn runs_of_set_bits() {
+        assert_eq!(runs(0).count(), 0);
+        assert_eq!(
+            runs(0b1011_0110).collect::<Vec<_>>(),
+            vec![(1, 2), (4, 2), (7, 1)]
+        );
+        assert_eq!(runs(u64::MAX).collect::<Vec<_>>(), vec![(0, 64)]);
+        assert_eq!(runs(1 << 63).collect::<Vec<_>>(), vec![(63, 1)]);
+    }
 
     #[test]
     fn frames_do_not_disturb_each_other() {

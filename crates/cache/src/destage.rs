@@ -11,9 +11,10 @@
 //!
 //! A batch takes the dirty frames with the lowest block numbers from a cursor on
 //! (an elevator sweep over the volume), up to `destage_batch_bytes`. They come
-//! from a [`Sweep`]: one scan of the frames finds the next batches' worth (64),
-//! in chunks of frames with the state lock taken per chunk, so no batch holds
-//! the lock for a scan of every frame (8 M of them in a 1 TiB cache of 128 KiB
+//! from a [`Sweep`]: one scan of the frames finds the next batches' worth (64,
+//! going round the end of the volume to its start), in chunks of frames with
+//! the state lock taken per chunk, so no batch holds the lock for a scan of
+//! every frame (8 M of them in a 1 TiB cache of 128 KiB
 //! blocks; every batch used to scan and sort them all under the lock). Runs of
 //! consecutive wholly valid blocks go out as one write each (up to 1 MiB), so a
 //! striped pool below sees long writes; a block only partly valid writes its dirty
@@ -24,7 +25,7 @@
 //! batch. The backing volume is flushed, and only then are the frames marked clean,
 //! their records made durable and their pins released.
 
-use crate::bits::range_mask;
+use crate::bits::{range_mask, runs};
 use crate::config::CacheMode;
 use crate::ssd::{RECORDS_PER_PAGE, SECTOR_BYTES};
 use crate::stats::Counters;
@@ -79,7 +80,7 @@ pub(crate) async fn run(inner: Arc<Inner>) {
             wait(&inner, IDLE_AFTER).await;
             continue;
         }
-        let batch = sweep.next_batch(&inner);
+        let batch = sweep.next_batch(&inner).await;
         // Whole stripes cost the backing volume less but read more from the
         // SSDs (every clean block of the stripe): worth it while the destage is
         // what limits the cache, i.e. writes found no free frame since the last
@@ -126,55 +127,64 @@ pub(crate) struct Sweep {
 
 impl Sweep {
     /// The next batch: up to `destage_batch_bytes` of dirty frames, the lowest
-    /// block numbers from the cursor on, sorted; from the start of the volume
-    /// again once nothing is dirty ahead.
-    pub(crate) fn next_batch(&mut self, inner: &Inner) -> Vec<(u64, u32)> {
+    /// block numbers from the cursor on, then from the start of the volume
+    /// (one scan finds both), sorted by block number.
+    pub(crate) async fn next_batch(&mut self, inner: &Inner) -> Vec<(u64, u32)> {
         let max = (inner.cfg.destage_batch_bytes / inner.block_bytes).max(1) as usize;
         if self.pending.is_empty() {
-            self.scan(inner, max * SWEEP_BATCHES);
-            if self.pending.is_empty() && self.cursor > 0 {
-                self.cursor = 0;
-                self.scan(inner, max * SWEEP_BATCHES);
-            }
+            self.scan(inner, max.saturating_mul(SWEEP_BATCHES)).await;
         }
         let n = max.min(self.pending.len());
-        let batch: Vec<(u64, u32)> = self.pending.drain(..n).collect();
+        let mut batch: Vec<(u64, u32)> = self.pending.drain(..n).collect();
         if let Some(&(key, _)) = batch.last() {
             self.cursor = key + 1;
         }
+        batch.sort_unstable();
         batch
     }
 
-    /// Keeps the `keep` lowest dirty block numbers at or above the cursor.
-    fn scan(&mut self, inner: &Inner, keep: usize) {
-        // a max-heap of the lowest `keep` found so far
-        let mut found: std::collections::BinaryHeap<(u64, u32)> =
-            std::collections::BinaryHeap::with_capacity(keep + 1);
+    /// Keeps the `keep` dirty frames nearest ahead of the cursor, going round
+    /// the end of the volume to its start, in that order. The lock is taken
+    /// per chunk of frames, handed over fairly to whoever waits for it, and
+    /// the task yields between chunks.
+    async fn scan(&mut self, inner: &Inner, keep: usize) {
+        let dirty = inner.state.lock().dirty_frames;
+        // a max-heap of the nearest `keep` found so far: (distance from the
+        // cursor, going round, block number, frame)
+        let mut found: std::collections::BinaryHeap<(u64, u64, u32)> =
+            std::collections::BinaryHeap::with_capacity(keep.min(dirty).saturating_add(1));
         let mut from = 0u32;
         while from < inner.frames {
             let to = from.saturating_add(SCAN_CHUNK).min(inner.frames);
-            let st = inner.state.lock();
-            for slot in from..to {
-                if st.dirty.get(slot) == 0 {
-                    continue;
+            {
+                let st = inner.state.lock();
+                for slot in from..to {
+                    if st.dirty.get(slot) == 0 {
+                        continue;
+                    }
+                    let Some(key) = st.policy.key_of(slot) else {
+                        continue;
+                    };
+                    let d = key.wrapping_sub(self.cursor);
+                    if found.len() < keep {
+                        found.push((d, key, slot));
+                    } else if found.peek().is_some_and(|&(top, _, _)| d < top) {
+                        found.pop();
+                        found.push((d, key, slot));
+                    }
                 }
-                let Some(key) = st.policy.key_of(slot) else {
-                    continue;
-                };
-                if key < self.cursor {
-                    continue;
-                }
-                if found.len() < keep {
-                    found.push((key, slot));
-                } else if found.peek().is_some_and(|&(top, _)| key < top) {
-                    found.pop();
-                    found.push((key, slot));
-                }
+                parking_lot::MutexGuard::unlock_fair(st);
             }
-            drop(st);
             from = to;
+            if from < inner.frames {
+                tokio::task::yield_now().await;
+            }
         }
-        self.pending = found.into_sorted_vec().into();
+        self.pending = found
+            .into_sorted_vec()
+            .into_iter()
+            .map(|(_, key, slot)| (key, slot))
+            .collect();
     }
 }
 
@@ -398,15 +408,12 @@ fn plan(inner: &Inner, snap: &[(u64, u32, u64, u64)], stripes: Option<(u64, &[u6
                 });
                 // every valid sector of the frame: the dirty ones are newer than
                 // the backing copy, the clean ones equal to it
-                let mut m = valid & range_mask(0, blen.div_ceil(SECTOR_BYTES) as u32);
-                while m != 0 {
-                    let first = m.trailing_zeros() as u64;
-                    let n = (!(m >> first)).trailing_zeros() as u64;
-                    let start = first * SECTOR_BYTES;
-                    let end = ((first + n) * SECTOR_BYTES).min(blen);
+                let m = valid & range_mask(0, blen.div_ceil(SECTOR_BYTES) as u32);
+                for (first, n) in runs(m) {
+                    let start = first as u64 * SECTOR_BYTES;
+                    let end = ((first + n) as u64 * SECTOR_BYTES).min(blen);
                     op.parts
                         .push((slot, start, end - start, key * bb + start - op.off));
-                    m &= !range_mask(first as u32, n as u32);
                 }
                 op.slots.push(slot);
                 continue;
@@ -445,19 +452,15 @@ fn plan(inner: &Inner, snap: &[(u64, u32, u64, u64)], stripes: Option<(u64, &[u6
             ops.push(op);
         }
         // dirty sector runs of a partly valid block
-        let mut m = dirty;
-        while m != 0 {
-            let first = m.trailing_zeros() as u64;
-            let len_sectors = (!(m >> first)).trailing_zeros() as u64;
-            let start = first * SECTOR_BYTES;
-            let end = ((first + len_sectors) * SECTOR_BYTES).min(blen);
+        for (first, len_sectors) in runs(dirty) {
+            let start = first as u64 * SECTOR_BYTES;
+            let end = ((first + len_sectors) as u64 * SECTOR_BYTES).min(blen);
             ops.push(Op {
                 off: key * bb + start,
                 len: end - start,
                 parts: vec![(slot, start, end - start, 0)],
                 slots: vec![slot],
             });
-            m &= !range_mask(first as u32, len_sectors as u32);
         }
     }
     if let Some((_, op)) = run.take() {

@@ -16,7 +16,7 @@
 //! Frames in use by an I/O or holding dirty data are pinned in the policy, so the
 //! policy never hands them to another block.
 
-use crate::bits::{range_mask, FrameBits};
+use crate::bits::{range_mask, runs, FrameBits};
 use crate::config::{CacheConfig, CacheMode};
 use crate::path::Step;
 use crate::policy::{Access, Policy};
@@ -730,10 +730,22 @@ impl Inner {
         }
         let block = block.freeze();
         Counters::add(&self.counters.fills, 1);
-        if self.ssd_write(slot, 0, block.clone(), false).await.is_ok() {
-            let mut st = self.state.lock();
-            let full = self.full_mask(p.key);
-            st.valid.set(slot, full);
+        // only the sectors the frame lacks are written: those it holds (dirty
+        // ones among them, acknowledged data whose only copies these are) are
+        // never rewritten in place, where a power cut mid-write could tear them
+        let full = self.full_mask(p.key);
+        let mut written = true;
+        for (first, n) in runs(full & !valid) {
+            let start = first as u64 * SECTOR_BYTES;
+            let end = ((first + n) as u64 * SECTOR_BYTES).min(blen);
+            let data = block.slice(start as usize..end as usize);
+            if self.ssd_write(slot, start, data, false).await.is_err() {
+                written = false;
+                break;
+            }
+        }
+        if written {
+            self.state.lock().valid.set(slot, full);
         }
         Ok(block.slice(p.blk_off as usize..(p.blk_off + p.len) as usize))
     }

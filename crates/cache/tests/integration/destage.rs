@@ -464,9 +464,13 @@ async fn a_drain_larger_than_one_scan_goes_out_in_block_order() {
     drain_and_compare(&vol, &backing, &oracle).await;
     let order: Vec<u64> = backing.log.lock().iter().map(|&(_, lba)| lba).collect();
     assert_eq!(order.len(), 200);
+    // block order: one sweep from the start of the volume; a second may have
+    // begun only if a scan ran during the writes (a stall of 100 ms of the
+    // test thread) whose write arrived after the hold ended
+    let descents = order.windows(2).filter(|w| w[0] >= w[1]).count();
     if early {
         eprintln!("a destage began before the writes ended: order not checked");
     } else {
-        assert!(order.windows(2).all(|w| w[0] < w[1]), "{order:?}");
+        assert!(descents <= 1, "{order:?}");
     }
 }

@@ -593,6 +593,53 @@ async fn a_replaced_half_found_again_at_the_next_start_is_left_out() {
     assert_eq!(st.devices[1].state, "failed", "{st:?}");
 }
 
+/// A fill of a block whose frame holds a dirty sector writes only the sectors
+/// the frame lacks: the dirty one, acknowledged data whose only copies are on
+/// the SSDs, is never rewritten in place (a power cut in the middle of that
+/// write could tear it). Seen by making every write to its place fail: the
+/// whole-frame write of a fill used to fail there and fail both SSDs.
+#[tokio::test]
+async fn a_fill_never_rewrites_the_sectors_a_frame_holds() {
+    let backing: VolumeRef = Arc::new(MemVolume::new(4096, BACKING_BYTES / 4096));
+    backing.write(0, pattern(9, 16384), false).await.unwrap();
+    let mems: Vec<Arc<MemVolume>> = (0..2)
+        .map(|_| Arc::new(MemVolume::new(4096, 1 << 10)))
+        .collect();
+    let faulty: Vec<Arc<FaultVolume>> = mems
+        .iter()
+        .map(|m| Arc::new(FaultVolume::new(m.clone() as VolumeRef)))
+        .collect();
+    let refs: Vec<VolumeRef> = faulty.iter().map(|f| f.clone() as VolumeRef).collect();
+    let (_, _, c) = write_back_on_two_ssds();
+    let vol = CacheVolume::open("t", backing.clone(), devices(&refs), c)
+        .await
+        .unwrap();
+    // the first sector of a 16 KiB cache block, dirty
+    vol.write(0, pattern(1, 4096), false).await.unwrap();
+    let image = mems[0].read(0, 1 << 10).await.unwrap();
+    let at = image
+        .chunks(4096)
+        .position(|b| b == &pattern(1, 4096)[..])
+        .expect("the dirty sector is on the SSD") as u64;
+    for f in &faulty {
+        f.plan().lock().bad_write_blocks = vec![at..at + 1];
+    }
+    // the rest of the block, read: a fill of the frame
+    let fills = vol.status().fills;
+    assert_eq!(
+        vol.read(1, 3).await.unwrap(),
+        backing.read(1, 3).await.unwrap()
+    );
+    let st = vol.status();
+    assert!(st.fills > fills, "no fill: {st:?}");
+    assert!(st.devices.iter().all(|d| d.state == "ok"), "{st:?}");
+    assert_eq!(vol.read(0, 4).await.unwrap()[..4096], pattern(1, 4096)[..]);
+    assert_eq!(
+        vol.read(1, 3).await.unwrap(),
+        backing.read(1, 3).await.unwrap()
+    );
+}
+
 /// A write-back mirror over two fault-injecting SSDs, a cache big enough that a
 /// fill runs alongside I/O, data written (much of it dirty), then SSD 0 dead.
 struct Degraded {
