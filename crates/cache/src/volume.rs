@@ -476,6 +476,84 @@ impl Inner {
         }
     }
 
+    /// After an unclean stop, makes the two mirror halves agree on every
+    /// dirty sector: a write in flight at the crash (not acknowledged) may
+    /// have reached one half only. Reads of a frame go to one half while both
+    /// live (`ssd_read`), so what they return stays the same as long as that
+    /// half does; but if it failed later, reads would turn to the other and
+    /// the data would change without a write. Each dirty frame's dirty
+    /// sectors are copied from the half its reads use to the other, with the
+    /// block locked against writers and the frame pinned; then the other half
+    /// is flushed. In the background: reads and writes go on meanwhile.
+    async fn even_mirror(&self) {
+        let todo: Vec<(u64, u32)> = {
+            let st = self.state.lock();
+            (0..self.frames)
+                .filter(|&slot| st.dirty.get(slot) != 0)
+                .filter_map(|slot| st.policy.key_of(slot).map(|key| (key, slot)))
+                .collect()
+        };
+        tracing::info!(cache = %self.name, frames = todo.len(),
+            "unclean stop: making the mirror halves agree on the dirty blocks");
+        let mut copied = 0usize;
+        for (key, slot) in todo {
+            if self.stopping.load(Ordering::Acquire) {
+                return;
+            }
+            let (devs, base) = self.frame_devices(slot);
+            let src = devs[slot as usize % devs.len()];
+            let Some(&dst) = devs.iter().find(|&&d| d != src) else {
+                return;
+            };
+            if self.devs[src].is_failed() || self.devs[dst].is_failed() {
+                // one half left: nothing to agree with
+                return;
+            }
+            let _lock = self.lock_shared(&[key]).await;
+            let dirty = {
+                let mut st = self.state.lock();
+                let d = st.dirty.get(slot);
+                if st.policy.key_of(slot) != Some(key) || d == 0 {
+                    continue;
+                }
+                st.pin_io(slot);
+                d
+            };
+            let mut ok = true;
+            for (first, n) in runs(dirty) {
+                let start = first as u64 * SECTOR_BYTES;
+                let end = ((first + n) as u64 * SECTOR_BYTES).min(self.block_len(key));
+                let copy = match self.devs[src].read_at(base + start, end - start).await {
+                    Ok(data) => self.devs[dst].write_at(base + start, data, false).await,
+                    Err(e) => Err(e),
+                };
+                if copy.is_err() {
+                    ok = false;
+                    break;
+                }
+            }
+            self.state.lock().unpin_io(slot);
+            if !ok {
+                // a half failed (marked by read_at or write_at): degraded
+                self.on_device_failure();
+                let _ = self.record_failure().await;
+                return;
+            }
+            copied += 1;
+        }
+        for d in &self.devs {
+            if !d.is_failed() {
+                if let Err(e) = d.vol().flush().await {
+                    d.fail(&e);
+                    self.on_device_failure();
+                    let _ = self.record_failure().await;
+                    return;
+                }
+            }
+        }
+        tracing::info!(cache = %self.name, frames = copied, "mirror halves agree on the dirty blocks");
+    }
+
     /// Copies every frame of the survivor onto replaced mirror half `d` (see
     /// [`CacheVolume::replace_device`]), then makes it live and writes its map.
     async fn resilver(&self, d: usize) -> BlockResult<()> {
@@ -1566,8 +1644,10 @@ impl CacheVolume {
             sb_write: tokio::sync::Mutex::new(()),
             cfg,
         });
+        let mut uneven = false;
         if let Some(old) = newest {
             inner.load(&old, &sbs).await?;
+            uneven = mirrored && !old.clean && inner.state.lock().dirty_frames > 0;
         } else {
             tracing::info!(cache = %name, frames, block_bytes, "formatting new cache devices");
         }
@@ -1583,7 +1663,12 @@ impl CacheVolume {
             .push(tokio::spawn(crate::destage::run(inner.clone())));
         vol.tasks
             .lock()
-            .push(tokio::spawn(crate::destage::tick(inner)));
+            .push(tokio::spawn(crate::destage::tick(inner.clone())));
+        if uneven {
+            vol.tasks
+                .lock()
+                .push(tokio::spawn(async move { inner.even_mirror().await }));
+        }
         Ok(vol)
     }
 
