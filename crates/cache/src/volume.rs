@@ -224,6 +224,10 @@ pub(crate) struct Inner {
     /// that skipped the failed device is acknowledged).
     failure_recorded: AtomicBool,
     sb_write: tokio::sync::Mutex<()>,
+    /// The mirror halves may still differ on dirty sectors (an unclean stop,
+    /// `even_mirror` not done): a clean stop then still writes the table as
+    /// not clean, so the next start evens them again.
+    uneven: AtomicBool,
 }
 
 /// An SSD cache in front of a backing volume.
@@ -486,17 +490,30 @@ impl Inner {
     /// block locked against writers and the frame pinned; then the other half
     /// is flushed. In the background: reads and writes go on meanwhile.
     async fn even_mirror(&self) {
-        let todo: Vec<(u64, u32)> = {
+        // the dirty sectors at the start: those the halves may disagree on
+        // (a destage may clean them before they are reached: they stay valid,
+        // and are copied all the same)
+        let todo: Vec<(u64, u32, u64)> = {
             let st = self.state.lock();
             (0..self.frames)
-                .filter(|&slot| st.dirty.get(slot) != 0)
-                .filter_map(|slot| st.policy.key_of(slot).map(|key| (key, slot)))
+                .filter_map(|slot| {
+                    let d = st.dirty.get(slot);
+                    (d != 0).then_some(())?;
+                    st.policy.key_of(slot).map(|key| (key, slot, d))
+                })
                 .collect()
         };
         tracing::info!(cache = %self.name, frames = todo.len(),
             "unclean stop: making the mirror halves agree on the dirty blocks");
+        /// Unpins the frame when dropped, the task aborted included.
+        struct Pinned<'a>(&'a Inner, u32);
+        impl Drop for Pinned<'_> {
+            fn drop(&mut self) {
+                self.0.state.lock().unpin_io(self.1);
+            }
+        }
         let mut copied = 0usize;
-        for (key, slot) in todo {
+        for (key, slot, was_dirty) in todo {
             if self.stopping.load(Ordering::Acquire) {
                 return;
             }
@@ -507,20 +524,21 @@ impl Inner {
             };
             if self.devs[src].is_failed() || self.devs[dst].is_failed() {
                 // one half left: nothing to agree with
+                self.uneven.store(false, Ordering::Release);
                 return;
             }
             let _lock = self.lock_shared(&[key]).await;
-            let dirty = {
+            let (mask, _pin) = {
                 let mut st = self.state.lock();
-                let d = st.dirty.get(slot);
-                if st.policy.key_of(slot) != Some(key) || d == 0 {
+                let m = was_dirty & st.valid.get(slot);
+                if st.policy.key_of(slot) != Some(key) || m == 0 {
                     continue;
                 }
                 st.pin_io(slot);
-                d
+                (m, Pinned(self, slot))
             };
             let mut ok = true;
-            for (first, n) in runs(dirty) {
+            for (first, n) in runs(mask) {
                 let start = first as u64 * SECTOR_BYTES;
                 let end = ((first + n) as u64 * SECTOR_BYTES).min(self.block_len(key));
                 let copy = match self.devs[src].read_at(base + start, end - start).await {
@@ -532,11 +550,11 @@ impl Inner {
                     break;
                 }
             }
-            self.state.lock().unpin_io(slot);
             if !ok {
                 // a half failed (marked by read_at or write_at): degraded
                 self.on_device_failure();
                 let _ = self.record_failure().await;
+                self.uneven.store(false, Ordering::Release);
                 return;
             }
             copied += 1;
@@ -547,10 +565,11 @@ impl Inner {
                     d.fail(&e);
                     self.on_device_failure();
                     let _ = self.record_failure().await;
-                    return;
+                    break;
                 }
             }
         }
+        self.uneven.store(false, Ordering::Release);
         tracing::info!(cache = %self.name, frames = copied, "mirror halves agree on the dirty blocks");
     }
 
@@ -811,7 +830,9 @@ impl Inner {
         // only the sectors the frame lacks are written: those it holds (dirty
         // ones among them, acknowledged data whose only copies these are) are
         // never rewritten in place, where a power cut mid-write could tear them
-        let full = self.full_mask(p.key);
+        // (from the length read: a grow meanwhile must not mark sectors valid
+        // that were not written)
+        let full = range_mask(0, blen.div_ceil(SECTOR_BYTES) as u32);
         let mut written = true;
         for (first, n) in runs(full & !valid) {
             let start = first as u64 * SECTOR_BYTES;
@@ -1641,6 +1662,7 @@ impl CacheVolume {
             stopping: AtomicBool::new(false),
             gate: RwLock::new(()),
             failure_recorded: AtomicBool::new(false),
+            uneven: AtomicBool::new(false),
             sb_write: tokio::sync::Mutex::new(()),
             cfg,
         });
@@ -1665,6 +1687,7 @@ impl CacheVolume {
             .lock()
             .push(tokio::spawn(crate::destage::tick(inner.clone())));
         if uneven {
+            inner.uneven.store(true, Ordering::Release);
             vol.tasks
                 .lock()
                 .push(tokio::spawn(async move { inner.even_mirror().await }));
@@ -1742,7 +1765,8 @@ impl CacheVolume {
     pub async fn shutdown(&self) -> BlockResult<()> {
         let _gate = self.inner.gate.write().await;
         self.stop_tasks().await;
-        self.inner.write_full_table(true).await
+        let clean = !self.inner.uneven.load(Ordering::Acquire);
+        self.inner.write_full_table(clean).await
     }
 
     /// Stops destaging and the timer (the caller holds the gate exclusively).

@@ -689,6 +689,74 @@ async fn after_an_unclean_stop_the_mirror_halves_agree_on_dirty_sectors() {
     assert_eq!(vol.read(0, 1).await.unwrap(), before);
 }
 
+/// A clean stop that comes while the halves are still being made to agree
+/// (after an unclean stop) leaves the table marked not clean, so the next
+/// start makes them agree: a clean table used to end that for good.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_clean_stop_before_the_halves_agree_leaves_it_to_the_next_start() {
+    let backing: VolumeRef = Arc::new(MemVolume::new(4096, BACKING_BYTES / 4096));
+    let mems: Vec<Arc<MemVolume>> = (0..2)
+        .map(|_| Arc::new(MemVolume::new(4096, 1 << 10)))
+        .collect();
+    let refs: Vec<VolumeRef> = mems.iter().map(|m| m.clone() as VolumeRef).collect();
+    let (_, _, c) = write_back_on_two_ssds();
+    let vol = CacheVolume::open("t", backing.clone(), devices(&refs), c.clone())
+        .await
+        .unwrap();
+    vol.write(0, pattern(1, 4096), false).await.unwrap();
+    vol.halt().await;
+    drop(vol); // the crash
+    let image = mems[0].read(0, 1 << 10).await.unwrap();
+    let at = image
+        .chunks(4096)
+        .position(|b| b == &pattern(1, 4096)[..])
+        .expect("the dirty sector is on the SSD") as u64;
+    mems[1].write(at, pattern(2, 4096), false).await.unwrap();
+    // the frames' writes (past the first MiB: superblocks and table) held
+    let held: Vec<Arc<block::HoldVolume>> = mems
+        .iter()
+        .map(|m| Arc::new(block::HoldVolume::new(m.clone() as VolumeRef)))
+        .collect();
+    for h in &held {
+        h.writes.hold_range(256, u64::MAX);
+    }
+    let hrefs: Vec<VolumeRef> = held.iter().map(|h| h.clone() as VolumeRef).collect();
+    // and the backing volume's, so no destage cleans the block meanwhile
+    let held_backing = Arc::new(block::HoldVolume::new(backing.clone()));
+    held_backing.writes.hold();
+    let vol = CacheVolume::open(
+        "t",
+        held_backing.clone() as VolumeRef,
+        devices(&hrefs),
+        c.clone(),
+    )
+    .await
+    .unwrap();
+    tokio::time::timeout(Duration::from_secs(10), async {
+        while held.iter().all(|h| h.writes.last_arrival() < 256) {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await
+    .expect("the copy between the halves never started");
+    vol.shutdown().await.unwrap();
+    drop(vol);
+    assert_ne!(
+        mems[0].read(at, 1).await.unwrap(),
+        mems[1].read(at, 1).await.unwrap()
+    );
+    let _vol = CacheVolume::open("t", backing, devices(&refs), c)
+        .await
+        .unwrap();
+    tokio::time::timeout(Duration::from_secs(10), async {
+        while mems[0].read(at, 1).await.unwrap() != mems[1].read(at, 1).await.unwrap() {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await
+    .expect("the halves never came to agree after the clean stop");
+}
+
 /// A write-back mirror over two fault-injecting SSDs, a cache big enough that a
 /// fill runs alongside I/O, data written (much of it dirty), then SSD 0 dead.
 struct Degraded {
