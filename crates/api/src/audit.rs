@@ -56,9 +56,17 @@ pub const ROTATE_BYTES: u64 = 64 << 20;
 
 fn key_is_secret(k: &str) -> bool {
     let k = k.to_ascii_lowercase();
-    ["secret", "password", "passwd", "token", "key", "chap"]
+    ["secret", "password", "passwd", "token", "key"]
         .iter()
         .any(|s| k.contains(s))
+}
+
+/// A CHAP setting (`chap`, `chap_users`, `mutual_chap`...): a scalar there
+/// may be a credential (`"user:secret"`), so it is masked; an object or a
+/// list is looked into, so that user names stay and secrets go. (Masking
+/// every such value whole hid the host groups' `chap_users`, which are names.)
+fn key_is_chap(k: &str) -> bool {
+    k.to_ascii_lowercase().contains("chap")
 }
 
 /// `v` with the value of every key that names a secret replaced by `"***"`.
@@ -67,8 +75,11 @@ pub fn mask(v: &Value) -> Value {
         Value::Object(m) => Value::Object(
             m.iter()
                 .map(|(k, v)| {
-                    let v = if key_is_secret(k) {
+                    let scalar = !matches!(v, Value::Object(_) | Value::Array(_));
+                    let v = if key_is_secret(k) || (key_is_chap(k) && scalar) {
                         Value::String("***".into())
+                    } else if key_is_chap(k) {
+                        mask_chap(v)
                     } else {
                         mask(v)
                     };
@@ -77,6 +88,16 @@ pub fn mask(v: &Value) -> Value {
                 .collect(),
         ),
         Value::Array(a) => Value::Array(a.iter().map(mask).collect()),
+        other => other.clone(),
+    }
+}
+
+/// Inside a CHAP setting: objects are masked as anywhere else; the strings of
+/// a list (user names) are kept.
+fn mask_chap(v: &Value) -> Value {
+    match v {
+        Value::Array(a) => Value::Array(a.iter().map(mask_chap).collect()),
+        Value::Object(_) => mask(v),
         other => other.clone(),
     }
 }
@@ -208,6 +229,23 @@ mod tests {
             .unwrap()
             .ends_with("(5008 bytes)"));
         assert_eq!(summarize(b"a=b")["not_json_bytes"], 3);
+    }
+
+    /// CHAP user names (a host group's `chap_users`, the `user` of a CHAP
+    /// object) stay readable; secrets and scalar CHAP settings do not.
+    #[test]
+    fn chap_user_names_stay_and_chap_secrets_go() {
+        let v = summarize(
+            br#"{"chap_users":["alice","bob"],"chap":{"user":"u","secret":"s3"},
+                "mutual_chap":"m:s4","groups":[{"chap_users":["carol"]}]}"#,
+        );
+        assert_eq!(v["chap_users"], serde_json::json!(["alice", "bob"]));
+        assert_eq!(v["chap"]["user"], "u");
+        assert_eq!(v["chap"]["secret"], "***");
+        assert_eq!(v["mutual_chap"], "***");
+        assert_eq!(v["groups"][0]["chap_users"][0], "carol");
+        let s = v.to_string();
+        assert!(!s.contains("s3") && !s.contains("s4"), "{s}");
     }
 
     #[test]

@@ -454,7 +454,8 @@ async fn changes_are_audited_with_secrets_masked() {
     assert_eq!(v.len(), 2, "GETs are not audited, changes are: {text}");
     assert_eq!((v[0].who.as_str(), v[0].method.as_str()), ("alice", "POST"));
     assert_eq!((v[0].path.as_str(), v[0].status), ("/api/v1/disks", 200));
-    assert_eq!(v[0].body["chap"], "***");
+    assert_eq!(v[0].body["chap"]["secret"], "***");
+    assert_eq!(v[0].body["chap"]["user"], "u");
     assert_eq!(v[0].body["name"], "d1");
     assert_eq!(v[1].status, 400);
     assert!(v[1].time_unix_ms >= v[0].time_unix_ms);
