@@ -79,15 +79,34 @@ pub struct Gate {
 }
 
 /// The changes running, counted; once the server stops, new ones are refused.
-#[derive(Default)]
+/// At most as many run at once as the server takes connections: a change runs
+/// to its end on a task of its own even when its client goes away, so without
+/// a bound of their own a client that hangs up and asks again could start
+/// them without end.
 pub struct Changes {
     running: std::sync::atomic::AtomicUsize,
     idle: tokio::sync::Notify,
     stopping: std::sync::atomic::AtomicBool,
+    slots: Arc<tokio::sync::Semaphore>,
+}
+
+impl Changes {
+    /// At most `max` changes at once.
+    pub fn new(max: usize) -> Changes {
+        Changes {
+            running: Default::default(),
+            idle: Default::default(),
+            stopping: Default::default(),
+            slots: Arc::new(tokio::sync::Semaphore::new(max.max(1))),
+        }
+    }
 }
 
 /// One running change; counted until dropped.
-struct Running(Arc<Gate>);
+struct Running(
+    Arc<Gate>,
+    #[allow(dead_code)] tokio::sync::OwnedSemaphorePermit,
+);
 
 impl Drop for Running {
     fn drop(&mut self) {
@@ -103,11 +122,20 @@ impl Changes {
     /// Counts a change of `g`'s from now until the result is dropped; None
     /// once the server stops (counted first, then checked: a change that
     /// finds the server not stopping is waited for by [`Changes::done`]).
-    fn start(g: &Arc<Gate>) -> Option<Running> {
+    fn start(g: &Arc<Gate>) -> Result<Running, &'static str> {
         use std::sync::atomic::Ordering;
+        let slot = g
+            .changes
+            .slots
+            .clone()
+            .try_acquire_owned()
+            .map_err(|_| "too many changes are running; try again")?;
         g.changes.running.fetch_add(1, Ordering::SeqCst);
-        let running = Running(g.clone());
-        (!g.changes.stopping.load(Ordering::SeqCst)).then_some(running)
+        let running = Running(g.clone(), slot);
+        if g.changes.stopping.load(Ordering::SeqCst) {
+            return Err("the node is stopping");
+        }
+        Ok(running)
     }
 
     /// Refuses changes from now on, then waits until none runs, at most
@@ -294,8 +322,9 @@ pub async fn gate(State(g): State<Arc<Gate>>, req: Request, next: Next) -> Respo
     // stop half-way, unrecorded in managed.toml and missing from the audit log.
     // (counted from before the task starts: a server stopping now waits;
     // one that has stopped takes no more)
-    let Some(running) = Changes::start(&g) else {
-        return refuse(StatusCode::SERVICE_UNAVAILABLE, "the node is stopping");
+    let running = match Changes::start(&g) {
+        Ok(r) => r,
+        Err(why) => return refuse(StatusCode::SERVICE_UNAVAILABLE, why),
     };
     let task = tokio::spawn(async move {
         let r = change(g, caller, source, method, path, req, next).await;
@@ -398,20 +427,44 @@ mod tests {
             tls: None,
         }
         .gate();
-        let running = Changes::start(&g).expect("not stopping yet");
+        let running = Changes::start(&g).unwrap_or_else(|e| panic!("not stopping yet: {e}"));
         let g2 = g.clone();
         let stop = tokio::spawn(async move { g2.changes.done(Duration::from_secs(30)).await });
         // (the stop refuses new changes before it waits)
         while !g.changes.stopping.load(std::sync::atomic::Ordering::SeqCst) {
             tokio::task::yield_now().await;
         }
-        assert!(
-            Changes::start(&g).is_none(),
-            "a change began after the stop"
-        );
+        assert!(Changes::start(&g).is_err(), "a change began after the stop");
         assert!(!stop.is_finished(), "the stop did not wait for the change");
         drop(running);
         assert!(stop.await.unwrap(), "the stop waited past the change's end");
+    }
+
+    /// No more changes run at once than the server takes connections: a
+    /// change outlives its client, so hanging up and asking again must not
+    /// start them without end.
+    #[tokio::test]
+    async fn changes_at_once_are_bounded_by_the_connections() {
+        let d = tempfile::tempdir().unwrap();
+        let g = crate::ApiOptions {
+            data_dir: d.path().to_path_buf(),
+            hosts: vec![],
+            limits: ApiLimits {
+                connections_max: 3,
+                ..ApiLimits::default()
+            },
+            tls: None,
+        }
+        .gate();
+        let running: Vec<_> = (0..3)
+            .map(|_| Changes::start(&g).unwrap_or_else(|e| panic!("{e}")))
+            .collect();
+        assert_eq!(
+            Changes::start(&g).err(),
+            Some("too many changes are running; try again")
+        );
+        drop(running);
+        assert!(Changes::start(&g).is_ok());
     }
 
     #[test]

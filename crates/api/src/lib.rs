@@ -960,7 +960,7 @@ impl ApiOptions {
                 .collect(),
             scheme: if self.tls.is_some() { "https" } else { "http" },
             limits: self.limits,
-            changes: guard::Changes::default(),
+            changes: guard::Changes::new(self.limits.connections_max),
         })
     }
 }
