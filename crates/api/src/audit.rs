@@ -56,17 +56,34 @@ pub const ROTATE_BYTES: u64 = 64 << 20;
 
 fn key_is_secret(k: &str) -> bool {
     let k = k.to_ascii_lowercase();
-    ["secret", "password", "passwd", "token", "key"]
-        .iter()
-        .any(|s| k.contains(s))
+    [
+        "secret",
+        "password",
+        "passwd",
+        "token",
+        "key",
+        "psk",
+        "credential",
+    ]
+    .iter()
+    .any(|s| k.contains(s))
 }
 
-/// A CHAP setting (`chap`, `chap_users`, `mutual_chap`...): a scalar there
-/// may be a credential (`"user:secret"`), so it is masked; an object or a
-/// list is looked into, so that user names stay and secrets go. (Masking
-/// every such value whole hid the host groups' `chap_users`, which are names.)
+/// A CHAP setting (`chap`, `chap_users`, `mutual_chap`...): only what is
+/// known to be a name stays (the strings of a `..._users` list, and a CHAP
+/// object's `user`, `name` or `initiator`); everything else under it is
+/// masked, whatever its key. (Masking every such value whole hid the host
+/// groups' `chap_users`, which are names.)
 fn key_is_chap(k: &str) -> bool {
     k.to_ascii_lowercase().contains("chap")
+}
+
+/// A key inside a CHAP setting whose scalar value is a name.
+fn key_is_name(k: &str) -> bool {
+    matches!(
+        k.to_ascii_lowercase().as_str(),
+        "user" | "username" | "name" | "initiator"
+    )
 }
 
 /// `v` with the value of every key that names a secret replaced by `"***"`.
@@ -75,11 +92,11 @@ pub fn mask(v: &Value) -> Value {
         Value::Object(m) => Value::Object(
             m.iter()
                 .map(|(k, v)| {
-                    let scalar = !matches!(v, Value::Object(_) | Value::Array(_));
-                    let v = if key_is_secret(k) || (key_is_chap(k) && scalar) {
+                    let v = if key_is_secret(k) {
                         Value::String("***".into())
                     } else if key_is_chap(k) {
-                        mask_chap(v)
+                        let names = k.to_ascii_lowercase().ends_with("_users");
+                        mask_chap(v, names)
                     } else {
                         mask(v)
                     };
@@ -92,13 +109,26 @@ pub fn mask(v: &Value) -> Value {
     }
 }
 
-/// Inside a CHAP setting: objects are masked as anywhere else; the strings of
-/// a list (user names) are kept.
-fn mask_chap(v: &Value) -> Value {
+/// Inside a CHAP setting: the scalars of a list of names (`names`) and the
+/// name fields of objects stay, every other scalar is masked.
+fn mask_chap(v: &Value, names: bool) -> Value {
     match v {
-        Value::Array(a) => Value::Array(a.iter().map(mask_chap).collect()),
-        Value::Object(_) => mask(v),
-        other => other.clone(),
+        Value::Array(a) => Value::Array(a.iter().map(|e| mask_chap(e, names)).collect()),
+        Value::Object(m) => Value::Object(
+            m.iter()
+                .map(|(k, v)| {
+                    let scalar = !matches!(v, Value::Object(_) | Value::Array(_));
+                    let v = if scalar && key_is_name(k) && !key_is_secret(k) {
+                        v.clone()
+                    } else {
+                        mask_chap(v, false)
+                    };
+                    (k.clone(), v)
+                })
+                .collect(),
+        ),
+        Value::String(_) if names => v.clone(),
+        _ => Value::String("***".into()),
     }
 }
 
@@ -108,6 +138,9 @@ pub fn summarize(body: &[u8]) -> Value {
         return Value::Null;
     }
     match serde_json::from_slice::<Value>(body) {
+        // every change body is an object; one that is not (an array serde
+        // would take for a struct: `["user", "secret"]`) is not kept
+        Ok(v) if !v.is_object() => serde_json::json!({ "not_an_object_bytes": body.len() }),
         Ok(v) => {
             let m = mask(&v);
             let text = m.to_string();
@@ -246,6 +279,16 @@ mod tests {
         assert_eq!(v["groups"][0]["chap_users"][0], "carol");
         let s = v.to_string();
         assert!(!s.contains("s3") && !s.contains("s4"), "{s}");
+        // a CHAP struct written as a list, a secret under another name, a
+        // body that is not an object: nothing of them is kept
+        let v = summarize(
+            br#"{"mutual_chap":["u","hunter2"],"chap":{"user":"u","pass":"hunter3","psk":"p"}}"#,
+        );
+        let s = v.to_string();
+        assert!(!s.contains("hunter") && !s.contains("\"p\""), "{s}");
+        assert_eq!(v["chap"]["user"], "u");
+        let v = summarize(br#"["alice","hunter4"]"#);
+        assert!(!v.to_string().contains("hunter4"), "{v}");
     }
 
     #[test]

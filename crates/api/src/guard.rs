@@ -102,6 +102,15 @@ impl Changes {
     }
 }
 
+/// Why a change was not started.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Refused {
+    /// As many changes run as the server takes connections: 429, try again.
+    Busy,
+    /// The node is stopping: 503.
+    Stopping,
+}
+
 /// One running change; counted until dropped.
 struct Running(
     Arc<Gate>,
@@ -122,18 +131,18 @@ impl Changes {
     /// Counts a change of `g`'s from now until the result is dropped; None
     /// once the server stops (counted first, then checked: a change that
     /// finds the server not stopping is waited for by [`Changes::done`]).
-    fn start(g: &Arc<Gate>) -> Result<Running, &'static str> {
+    fn start(g: &Arc<Gate>) -> Result<Running, Refused> {
         use std::sync::atomic::Ordering;
         let slot = g
             .changes
             .slots
             .clone()
             .try_acquire_owned()
-            .map_err(|_| "too many changes are running; try again")?;
+            .map_err(|_| Refused::Busy)?;
         g.changes.running.fetch_add(1, Ordering::SeqCst);
         let running = Running(g.clone(), slot);
         if g.changes.stopping.load(Ordering::SeqCst) {
-            return Err("the node is stopping");
+            return Err(Refused::Stopping);
         }
         Ok(running)
     }
@@ -324,7 +333,18 @@ pub async fn gate(State(g): State<Arc<Gate>>, req: Request, next: Next) -> Respo
     // one that has stopped takes no more)
     let running = match Changes::start(&g) {
         Ok(r) => r,
-        Err(why) => return refuse(StatusCode::SERVICE_UNAVAILABLE, why),
+        Err(Refused::Stopping) => {
+            return refuse(StatusCode::SERVICE_UNAVAILABLE, "the node is stopping")
+        }
+        Err(Refused::Busy) => {
+            let mut r = refuse(
+                StatusCode::TOO_MANY_REQUESTS,
+                "too many changes are running; try again",
+            );
+            r.headers_mut()
+                .insert(header::RETRY_AFTER, header::HeaderValue::from_static("1"));
+            return r;
+        }
     };
     let task = tokio::spawn(async move {
         let r = change(g, caller, source, method, path, req, next).await;
@@ -427,7 +447,7 @@ mod tests {
             tls: None,
         }
         .gate();
-        let running = Changes::start(&g).unwrap_or_else(|e| panic!("not stopping yet: {e}"));
+        let running = Changes::start(&g).unwrap_or_else(|e| panic!("not stopping yet: {e:?}"));
         let g2 = g.clone();
         let stop = tokio::spawn(async move { g2.changes.done(Duration::from_secs(30)).await });
         // (the stop refuses new changes before it waits)
@@ -457,12 +477,9 @@ mod tests {
         }
         .gate();
         let running: Vec<_> = (0..3)
-            .map(|_| Changes::start(&g).unwrap_or_else(|e| panic!("{e}")))
+            .map(|_| Changes::start(&g).unwrap_or_else(|e| panic!("{e:?}")))
             .collect();
-        assert_eq!(
-            Changes::start(&g).err(),
-            Some("too many changes are running; try again")
-        );
+        assert_eq!(Changes::start(&g).err(), Some(Refused::Busy));
         drop(running);
         assert!(Changes::start(&g).is_ok());
     }
