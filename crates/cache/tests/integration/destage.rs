@@ -416,7 +416,7 @@ async fn a_drain_over_a_failing_backing_volume_ends_with_its_error() {
     assert_eq!(mem.read(0, 1).await.unwrap(), fill(9));
 }
 
-/// A drain of more dirty blocks than one scan of the frames keeps (64
+/// A drain of more dirty blocks than one scan of the frames keeps (4
 /// batches' worth, with batches of one cache block here), written in random
 /// order: the destage writes them in block order, sweep after sweep, and all
 /// of them (a guard for the sweep that replaced the scan of every frame at
