@@ -622,7 +622,7 @@ async fn a_fill_never_rewrites_the_sectors_a_frame_holds() {
         .position(|b| b == &pattern(1, 4096)[..])
         .expect("the dirty sector is on the SSD") as u64;
     for f in &faulty {
-        f.plan().lock().bad_write_blocks = vec![at..at + 1];
+        f.plan().lock().bad_write_blocks = std::iter::once(at..at + 1).collect();
     }
     // the rest of the block, read: a fill of the frame
     let fills = vol.status().fills;
