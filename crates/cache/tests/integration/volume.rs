@@ -616,11 +616,7 @@ async fn a_fill_never_rewrites_the_sectors_a_frame_holds() {
         .unwrap();
     // the first sector of a 16 KiB cache block, dirty
     vol.write(0, pattern(1, 4096), false).await.unwrap();
-    let image = mems[0].read(0, 1 << 10).await.unwrap();
-    let at = image
-        .chunks(4096)
-        .position(|b| b == &pattern(1, 4096)[..])
-        .expect("the dirty sector is on the SSD") as u64;
+    let at = block_holding(&mems[0], &pattern(1, 4096)).await;
     for f in &faulty {
         f.plan().lock().bad_write_blocks = std::iter::once(at..at + 1).collect();
     }
@@ -640,42 +636,82 @@ async fn a_fill_never_rewrites_the_sectors_a_frame_holds() {
     );
 }
 
-/// After an unclean stop, the mirror halves may differ on a dirty sector (a
-/// write in flight at the crash, not acknowledged, reached one half only).
-/// The start makes them agree, so the data a read returns does not change
-/// when the half it was read from fails later.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn after_an_unclean_stop_the_mirror_halves_agree_on_dirty_sectors() {
+/// A write-back mirror on two memory SSDs whose halves disagree after a
+/// crash: block 0's first sector, dirty, holds version 1 on the first half
+/// and a newer, unacknowledged version 2 on the second (a write in flight at
+/// the crash reached one half only). `at`: that sector's block on the SSDs.
+struct Uneven {
+    backing: VolumeRef,
+    mems: Vec<Arc<MemVolume>>,
+    refs: Vec<VolumeRef>,
+    cfg: CacheConfig,
+    at: u64,
+}
+
+async fn uneven_after_a_crash() -> Uneven {
     let backing: VolumeRef = Arc::new(MemVolume::new(4096, BACKING_BYTES / 4096));
     let mems: Vec<Arc<MemVolume>> = (0..2)
         .map(|_| Arc::new(MemVolume::new(4096, 1 << 10)))
         .collect();
     let refs: Vec<VolumeRef> = mems.iter().map(|m| m.clone() as VolumeRef).collect();
-    let (_, _, c) = write_back_on_two_ssds();
-    let vol = CacheVolume::open("t", backing.clone(), devices(&refs), c.clone())
+    let (_, _, cfg) = write_back_on_two_ssds();
+    let vol = CacheVolume::open("t", backing.clone(), devices(&refs), cfg.clone())
         .await
         .unwrap();
     vol.write(0, pattern(1, 4096), false).await.unwrap();
     vol.halt().await;
     drop(vol); // the crash
-               // where the dirty sector lives (the same place on both halves), and a
-               // newer, unacknowledged version of it on the second half only
-    let image = mems[0].read(0, 1 << 10).await.unwrap();
-    let at = image
-        .chunks(4096)
-        .position(|b| b == &pattern(1, 4096)[..])
-        .expect("the dirty sector is on the SSD") as u64;
+    let at = block_holding(&mems[0], &pattern(1, 4096)).await;
     mems[1].write(at, pattern(2, 4096), false).await.unwrap();
-    let vol = CacheVolume::open("t", backing, devices(&refs), c)
+    Uneven {
+        backing,
+        mems,
+        refs,
+        cfg,
+        at,
+    }
+}
+
+/// The block of `ssd` that holds `data`.
+async fn block_holding(ssd: &MemVolume, data: &[u8]) -> u64 {
+    let image = ssd
+        .read(0, (ssd.geometry().block_count) as u32)
         .await
         .unwrap();
+    image
+        .chunks(4096)
+        .position(|b| b == data)
+        .expect("the sector is on the SSD") as u64
+}
+
+/// Waits (at most 10 s) until both halves hold the same data at block `at`.
+async fn halves_agree(mems: &[Arc<MemVolume>], at: u64, what: &str) {
     tokio::time::timeout(Duration::from_secs(10), async {
         while mems[0].read(at, 1).await.unwrap() != mems[1].read(at, 1).await.unwrap() {
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
     })
     .await
-    .expect("the halves never came to agree");
+    .unwrap_or_else(|_| panic!("the halves never came to agree {what}"));
+}
+
+/// After an unclean stop, the mirror halves may differ on a dirty sector (a
+/// write in flight at the crash, not acknowledged, reached one half only).
+/// The start makes them agree, so the data a read returns does not change
+/// when the half it was read from fails later.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_an_unclean_stop_the_mirror_halves_agree_on_dirty_sectors() {
+    let Uneven {
+        backing,
+        mems,
+        refs,
+        cfg,
+        at,
+    } = uneven_after_a_crash().await;
+    let vol = CacheVolume::open("t", backing, devices(&refs), cfg)
+        .await
+        .unwrap();
+    halves_agree(&mems, at, "after the start").await;
     let before = vol.read(0, 1).await.unwrap();
     // the half the reads use kept its version: the first had version 1
     let used = if before == pattern(1, 4096) {
@@ -694,24 +730,13 @@ async fn after_an_unclean_stop_the_mirror_halves_agree_on_dirty_sectors() {
 /// start makes them agree: a clean table used to end that for good.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_clean_stop_before_the_halves_agree_leaves_it_to_the_next_start() {
-    let backing: VolumeRef = Arc::new(MemVolume::new(4096, BACKING_BYTES / 4096));
-    let mems: Vec<Arc<MemVolume>> = (0..2)
-        .map(|_| Arc::new(MemVolume::new(4096, 1 << 10)))
-        .collect();
-    let refs: Vec<VolumeRef> = mems.iter().map(|m| m.clone() as VolumeRef).collect();
-    let (_, _, c) = write_back_on_two_ssds();
-    let vol = CacheVolume::open("t", backing.clone(), devices(&refs), c.clone())
-        .await
-        .unwrap();
-    vol.write(0, pattern(1, 4096), false).await.unwrap();
-    vol.halt().await;
-    drop(vol); // the crash
-    let image = mems[0].read(0, 1 << 10).await.unwrap();
-    let at = image
-        .chunks(4096)
-        .position(|b| b == &pattern(1, 4096)[..])
-        .expect("the dirty sector is on the SSD") as u64;
-    mems[1].write(at, pattern(2, 4096), false).await.unwrap();
+    let Uneven {
+        backing,
+        mems,
+        refs,
+        cfg: c,
+        at,
+    } = uneven_after_a_crash().await;
     // the frames' writes (past the first MiB: superblocks and table) held
     let held: Vec<Arc<block::HoldVolume>> = mems
         .iter()
@@ -748,13 +773,7 @@ async fn a_clean_stop_before_the_halves_agree_leaves_it_to_the_next_start() {
     let _vol = CacheVolume::open("t", backing, devices(&refs), c)
         .await
         .unwrap();
-    tokio::time::timeout(Duration::from_secs(10), async {
-        while mems[0].read(at, 1).await.unwrap() != mems[1].read(at, 1).await.unwrap() {
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-    })
-    .await
-    .expect("the halves never came to agree after the clean stop");
+    halves_agree(&mems, at, "after the clean stop").await;
 }
 
 /// A write-back mirror over two fault-injecting SSDs, a cache big enough that a
