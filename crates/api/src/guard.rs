@@ -83,21 +83,22 @@ pub struct Gate {
 /// to its end on a task of its own even when its client goes away, so without
 /// a bound of their own a client that hangs up and asks again could start
 /// them without end.
+/// Each running change holds one of the slots, so the changes still running
+/// are the slots not free.
 pub struct Changes {
-    running: std::sync::atomic::AtomicUsize,
-    idle: tokio::sync::Notify,
     stopping: std::sync::atomic::AtomicBool,
     slots: Arc<tokio::sync::Semaphore>,
+    max: u32,
 }
 
 impl Changes {
     /// At most `max` changes at once.
     pub fn new(max: usize) -> Changes {
+        let max = u32::try_from(max.max(1)).unwrap_or(u32::MAX).min(1 << 20);
         Changes {
-            running: Default::default(),
-            idle: Default::default(),
             stopping: Default::default(),
-            slots: Arc::new(tokio::sync::Semaphore::new(max.max(1))),
+            slots: Arc::new(tokio::sync::Semaphore::new(max as usize)),
+            max,
         }
     }
 }
@@ -111,26 +112,14 @@ enum Refused {
     Stopping,
 }
 
-/// One running change; counted until dropped.
-struct Running(
-    Arc<Gate>,
-    #[allow(dead_code)] tokio::sync::OwnedSemaphorePermit,
-);
-
-impl Drop for Running {
-    fn drop(&mut self) {
-        use std::sync::atomic::Ordering;
-        let c = &self.0.changes;
-        if c.running.fetch_sub(1, Ordering::AcqRel) == 1 {
-            c.idle.notify_waiters();
-        }
-    }
-}
+/// One running change, holding its slot until dropped.
+type Running = tokio::sync::OwnedSemaphorePermit;
 
 impl Changes {
-    /// Counts a change of `g`'s from now until the result is dropped; None
-    /// once the server stops (counted first, then checked: a change that
-    /// finds the server not stopping is waited for by [`Changes::done`]).
+    /// Takes a slot for a change of `g`'s until the result is dropped; none
+    /// free, or the server stopping, refuses it (the slot is taken first, then
+    /// the flag checked: a change that finds the server not stopping is
+    /// waited for by [`Changes::done`]).
     fn start(g: &Arc<Gate>) -> Result<Running, Refused> {
         use std::sync::atomic::Ordering;
         let slot = g
@@ -139,12 +128,10 @@ impl Changes {
             .clone()
             .try_acquire_owned()
             .map_err(|_| Refused::Busy)?;
-        g.changes.running.fetch_add(1, Ordering::SeqCst);
-        let running = Running(g.clone(), slot);
         if g.changes.stopping.load(Ordering::SeqCst) {
             return Err(Refused::Stopping);
         }
-        Ok(running)
+        Ok(slot)
     }
 
     /// Refuses changes from now on, then waits until none runs, at most
@@ -152,18 +139,11 @@ impl Changes {
     pub async fn done(&self, bound: Duration) -> bool {
         use std::sync::atomic::Ordering;
         self.stopping.store(true, Ordering::SeqCst);
-        let wait = async {
-            loop {
-                let idle = self.idle.notified();
-                tokio::pin!(idle);
-                idle.as_mut().enable();
-                if self.running.load(Ordering::SeqCst) == 0 {
-                    return;
-                }
-                idle.await;
-            }
-        };
-        tokio::time::timeout(bound, wait).await.is_ok()
+        // every slot free: no change runs (one that took a slot after the
+        // flag was set gives it back at once)
+        tokio::time::timeout(bound, self.slots.acquire_many(self.max))
+            .await
+            .is_ok()
     }
 }
 

@@ -30,6 +30,7 @@ pub mod durable;
 mod error;
 mod fault;
 mod hold;
+pub mod inflight;
 mod join;
 mod mem;
 mod passthru;

@@ -700,15 +700,7 @@ async fn resync(
 ) -> Result<(), String> {
     let io = |e: std::io::Error| e.to_string();
     // writes started alone must finish before the set of regions to copy is taken
-    loop {
-        let drained = inner.solo_drained.notified();
-        tokio::pin!(drained);
-        drained.as_mut().enable();
-        if inner.solo_writes.load(Ordering::Acquire) == 0 {
-            break;
-        }
-        drained.await;
-    }
+    inner.solo_writes.zero().await;
     if full {
         inner.bitmap.set_all().await.map_err(io)?;
     } else {

@@ -15,10 +15,10 @@ use serde::Serialize;
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicU64, AtomicU8, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use tokio::sync::{mpsc, watch, Notify};
+use tokio::sync::{mpsc, watch};
 
 /// How the two nodes serve a replicated volume.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -225,7 +225,9 @@ pub(crate) struct Inner {
     pub(crate) locks: RangeLocks,
     pub(crate) role_tx: watch::Sender<RoleState>,
     pub(crate) forwards: Mutex<HashMap<u64, InFlightForward>>,
-    pub(crate) solo_writes: AtomicUsize,
+    /// Writes started while serving alone: a resync lets them finish before
+    /// it takes the set of regions to copy.
+    pub(crate) solo_writes: Arc<block::inflight::InFlight>,
     /// Times this node's copy was detached after a failure (the connection
     /// manager backs off while the disk keeps failing).
     pub(crate) detaches: AtomicU64,
@@ -243,7 +245,6 @@ pub(crate) struct Inner {
     /// copy the pair met again during fails (its first writes may have been
     /// undone at that meeting).
     pub(crate) copies: Mutex<HashMap<u64, u64>>,
-    pub(crate) solo_drained: Notify,
     pub(crate) resync_total: AtomicU64,
     pub(crate) resync_done: AtomicU64,
     pub(crate) resynced_bytes: AtomicU64,
@@ -694,16 +695,14 @@ impl Inner {
             let st = self.wait_serving(deadline).await?;
             match st.role {
                 Role::Solo => {
-                    self.solo_writes.fetch_add(1, Ordering::AcqRel);
+                    let counted = self.solo_writes.enter();
                     let still = self.role_tx.borrow().role == Role::Solo;
                     let r = if still {
                         Some(self.ordered(&st, &op, None).await)
                     } else {
                         None
                     };
-                    if self.solo_writes.fetch_sub(1, Ordering::AcqRel) == 1 {
-                        self.solo_drained.notify_waiters();
-                    }
+                    drop(counted);
                     match r {
                         Some(Ok(r)) => return r,
                         Some(Err(LinkLost)) | None => continue,
@@ -1364,13 +1363,12 @@ impl ReplicatedVolume {
             locks: RangeLocks::default(),
             role_tx,
             forwards: Mutex::new(HashMap::new()),
-            solo_writes: AtomicUsize::new(0),
+            solo_writes: block::inflight::InFlight::new(),
             detaches: AtomicU64::new(0),
             meetings: AtomicU64::new(0),
             flushes_begun: AtomicU64::new(0),
             flushes_covered: AtomicU64::new(0),
             copies: Mutex::new(HashMap::new()),
-            solo_drained: Notify::new(),
             resync_total: AtomicU64::new(0),
             resync_done: AtomicU64::new(0),
             resynced_bytes: AtomicU64::new(0),
