@@ -20,6 +20,19 @@ struct Fake {
     actions: Actions,
     /// Told when an action on pool "slow" has started (it then takes 300 ms).
     slow_started: tokio::sync::Notify,
+    /// An action on pool "held" tells `held_started`, then waits for a permit
+    /// of `held` (none until the test adds them).
+    held_started: tokio::sync::Notify,
+    held: Held,
+}
+
+/// A semaphore with no permits at first.
+struct Held(tokio::sync::Semaphore);
+
+impl Default for Held {
+    fn default() -> Self {
+        Held(tokio::sync::Semaphore::new(0))
+    }
 }
 
 #[async_trait]
@@ -45,6 +58,16 @@ impl Control for Fake {
                 .lock()
                 .unwrap()
                 .push(format!("slow {action:?}"));
+            return Ok(json!({}));
+        }
+        if name == "held" {
+            self.held_started.notify_one();
+            self.held.0.acquire().await.unwrap().forget();
+            self.actions
+                .0
+                .lock()
+                .unwrap()
+                .push(format!("held {action:?}"));
             return Ok(json!({}));
         }
         if name != "tank" {
@@ -486,6 +509,59 @@ async fn slow_change_started(n: &Node) -> tokio::net::TcpStream {
     s.write_all(req.as_bytes()).await.unwrap();
     n.fake.slow_started.notified().await;
     s
+}
+
+/// As many changes run as the node takes connections (a change outlives its
+/// client): one more is answered 429 with a Retry-After, and not carried out.
+#[tokio::test]
+async fn a_change_past_the_slots_is_answered_429_and_not_carried_out() {
+    let n = Node::start(ApiLimits {
+        connections_max: 2,
+        ..ApiLimits::default()
+    })
+    .await;
+    let body = r#"{"position":1}"#;
+    for _ in 0..2 {
+        let req = format!(
+            "POST /api/v1/pools/held/fail HTTP/1.1\r\nHost: {}\r\n{}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+            n.addr,
+            bearer(&n.admin),
+            body.len()
+        );
+        let mut s = tokio::net::TcpStream::connect(n.addr).await.unwrap();
+        s.write_all(req.as_bytes()).await.unwrap();
+        n.fake.held_started.notified().await;
+        drop(s); // the change goes on without its client, in its slot
+    }
+    let req = format!(
+        "POST /api/v1/pools/tank/fail HTTP/1.1\r\nHost: {}\r\nConnection: close\r\n{}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        n.addr,
+        bearer(&n.admin),
+        body.len()
+    );
+    let mut s = tokio::net::TcpStream::connect(n.addr).await.unwrap();
+    s.write_all(req.as_bytes()).await.unwrap();
+    let mut out = Vec::new();
+    let _ = s.read_to_end(&mut out).await;
+    let out = String::from_utf8_lossy(&out).to_ascii_lowercase();
+    assert!(out.starts_with("http/1.1 429"), "{out}");
+    assert!(out.contains("\r\nretry-after: 1\r\n"), "{out}");
+    assert!(n.fake.actions.taken().is_empty(), "the refused change ran");
+    // once the two end, changes are taken again
+    n.fake.held.0.add_permits(2);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    let code = loop {
+        let (code, _) = n.post("/api/v1/pools/tank/fail", &n.admin, body).await;
+        if code != 429 || tokio::time::Instant::now() > deadline {
+            break code;
+        }
+        tokio::task::yield_now().await;
+    };
+    assert_eq!(code, 200);
+    let taken = n.fake.actions.taken();
+    assert_eq!(taken.len(), 3, "{taken:?}");
+    assert_eq!(taken.iter().filter(|a| a.starts_with("held")).count(), 2);
+    n.stop().await;
 }
 
 #[tokio::test]
