@@ -30,7 +30,7 @@ use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 pub const SECTOR_BYTES: u64 = 4096;
 /// Bytes of one table page.
 pub(crate) const PAGE_BYTES: u64 = 4096;
-const TABLE_OFFSET: u64 = 2 * 4096;
+pub(crate) const TABLE_OFFSET: u64 = 2 * 4096;
 const RECORD_BYTES: usize = 24;
 const PAGE_HEADER: usize = 8;
 /// Records in one table page.

@@ -23,7 +23,7 @@ use crate::policy::{Access, Policy};
 use crate::seq::SeqDetector;
 use crate::ssd::{
     decode_page, encode_page, Device, DeviceLayout, Record, Superblock, NO_KEY, RECORDS_PER_PAGE,
-    SECTOR_BYTES,
+    SECTOR_BYTES, TABLE_OFFSET,
 };
 use crate::stats::{self, AdvicePoint, CacheStatus, Counters, DeviceStatus, Window};
 use crate::{Advisor, AdvisorConfig};
@@ -1597,7 +1597,7 @@ impl CacheVolume {
             floor = floor.max(sb.as_ref().map_or(0, |s| s.generation));
             sbs.push(if fresh { None } else { sb });
         }
-        let newest = sbs.iter().flatten().max_by_key(|s| s.generation).cloned();
+        let newest = Inner::whose_table(name, &devs, &sbs, cfg.backing_id)?;
         let advisor = cfg.advisor.then(|| {
             let backing_blocks = geo.size_bytes().div_ceil(block_bytes).max(1);
             let lo = (frames as u64 / 16).max(64);
@@ -1933,6 +1933,56 @@ impl Inner {
             block_count: self.block_count.load(Ordering::Acquire),
             ..self.geo_at_open
         }
+    }
+
+    /// Which superblock's table the cache takes: the newest copy of those that
+    /// name this backing volume (or name none: written before backing ids, or
+    /// a backing with no identity), and only when no copy names another volume
+    /// does the newest of all decide (`load` then starts empty, or refuses
+    /// dirty data). Generations of different caches do not compare: a used SSD
+    /// put in place of a mirror half while the node was down carries another
+    /// cache's superblock, perhaps at a higher generation, and taken as the
+    /// newest it would fail the half that holds this cache's dirty data (whose
+    /// table the next write then overwrites). Two caches of this same volume on
+    /// the devices are refused: either may hold its only copy of acknowledged
+    /// writes, and which one the configuration meant is not written anywhere.
+    fn whose_table(
+        name: &str,
+        devs: &[Device],
+        sbs: &[Option<Superblock>],
+        backing_id: u128,
+    ) -> BlockResult<Option<Superblock>> {
+        let ours =
+            |s: &Superblock| s.backing_id == 0 || backing_id == 0 || s.backing_id == backing_id;
+        let mine: Vec<(usize, &Superblock)> = sbs
+            .iter()
+            .enumerate()
+            .filter_map(|(i, s)| s.as_ref().map(|s| (i, s)))
+            .filter(|(_, s)| ours(s))
+            .collect();
+        if let Some(&(i, a)) = mine.first() {
+            let other = mine.iter().find(|(_, s)| s.cache_id != a.cache_id);
+            let dirty_possible = |s: &Superblock| s.mode == CacheMode::WriteBack;
+            if let Some(&(j, b)) = other.filter(|(_, b)| dirty_possible(a) || dirty_possible(b)) {
+                return Err(BlockError::Unavailable(format!(
+                    "cache {name}: devices {} and {} hold two different caches of this volume \
+                     (cache ids {:016x} at generation {} and {:016x} at generation {}); either \
+                     may hold the only copy of acknowledged writes, so neither is taken: zero \
+                     the first {} KiB of the device that does not belong (after making sure \
+                     its data is not needed) and start again",
+                    devs[i].name(),
+                    devs[j].name(),
+                    a.cache_id,
+                    a.generation,
+                    b.cache_id,
+                    b.generation,
+                    TABLE_OFFSET / 1024
+                )));
+            }
+        }
+        let newest =
+            |it: &mut dyn Iterator<Item = &Superblock>| it.max_by_key(|s| s.generation).cloned();
+        Ok(newest(&mut mine.iter().map(|(_, s)| *s)).or_else(|| newest(&mut sbs.iter().flatten())))
     }
 
     /// Loads the map an earlier run left on the devices.
