@@ -122,13 +122,20 @@ impl SeqFile {
     /// The next number, stored before it is returned: the clock's `now`
     /// (microseconds) when it is ahead of every earlier one, else one more
     /// than the last.
-    pub fn next(&mut self, now: u64) -> std::io::Result<u64> {
+    /// The write and its syncs run on a blocking thread, not on the async
+    /// worker that asks.
+    pub async fn next(&mut self, now: u64) -> std::io::Result<u64> {
         let after = self.last.checked_add(1).ok_or_else(|| {
             std::io::Error::other(format!("{}: numbers exhausted", self.path.display()))
         })?;
         let seq = now.max(after);
-        block::durable::replace_file(&self.path, seq.to_string().as_bytes())
-            .map_err(|e| std::io::Error::new(e.kind(), format!("{}: {e}", self.path.display())))?;
+        let path = self.path.clone();
+        tokio::task::spawn_blocking(move || {
+            block::durable::replace_file(&path, seq.to_string().as_bytes())
+                .map_err(|e| std::io::Error::new(e.kind(), format!("{}: {e}", path.display())))
+        })
+        .await
+        .map_err(|e| std::io::Error::other(format!("{}: {e}", self.path.display())))??;
         self.last = seq;
         Ok(seq)
     }
@@ -140,39 +147,39 @@ mod tests {
 
     /// A clock that steps back across a restart (or runs backwards while
     /// the node runs) never yields a number at or below an earlier one.
-    #[test]
-    fn witness_numbers_rise_across_restarts_whatever_the_clock() {
+    #[tokio::test]
+    async fn witness_numbers_rise_across_restarts_whatever_the_clock() {
         let d = tempfile::tempdir().unwrap();
         let mut s = SeqFile::open(d.path()).unwrap();
-        assert_eq!(s.next(5_000_000_000).unwrap(), 5_000_000_000);
-        assert_eq!(s.next(4_000_000_000).unwrap(), 5_000_000_001);
+        assert_eq!(s.next(5_000_000_000).await.unwrap(), 5_000_000_000);
+        assert_eq!(s.next(4_000_000_000).await.unwrap(), 5_000_000_001);
         drop(s);
         // restarted with the clock an hour and more behind
         let mut s = SeqFile::open(d.path()).unwrap();
-        let n = s.next(1_000_000).unwrap();
+        let n = s.next(1_000_000).await.unwrap();
         assert!(n > 5_000_000_001, "{n}");
-        assert!(s.next(1_000_001).unwrap() > n);
+        assert!(s.next(1_000_001).await.unwrap() > n);
         drop(s);
         let mut s = SeqFile::open(d.path()).unwrap();
-        assert!(s.next(0).unwrap() > n + 1);
+        assert!(s.next(0).await.unwrap() > n + 1);
         // a clock far ahead is followed
-        assert_eq!(s.next(u64::MAX / 2).unwrap(), u64::MAX / 2);
+        assert_eq!(s.next(u64::MAX / 2).await.unwrap(), u64::MAX / 2);
         // numbers do not run ahead of the clock across restarts
         drop(s);
         let d = tempfile::tempdir().unwrap();
         let mut s = SeqFile::open(d.path()).unwrap();
-        assert_eq!(s.next(7_000).unwrap(), 7_000);
+        assert_eq!(s.next(7_000).await.unwrap(), 7_000);
         drop(s);
         let mut s = SeqFile::open(d.path()).unwrap();
-        assert_eq!(s.next(9_000).unwrap(), 9_000);
+        assert_eq!(s.next(9_000).await.unwrap(), 9_000);
         // a damaged record: numbered from the clock
         std::fs::write(d.path().join("witness.seq"), b"garbage").unwrap();
         let mut s = SeqFile::open(d.path()).unwrap();
-        assert_eq!(s.next(10_000).unwrap(), 10_000);
+        assert_eq!(s.next(10_000).await.unwrap(), 10_000);
         // the last number there is: an error, not a repeat
         std::fs::write(d.path().join("witness.seq"), u64::MAX.to_string()).unwrap();
         let mut s = SeqFile::open(d.path()).unwrap();
-        assert!(s.next(1).is_err());
+        assert!(s.next(1).await.is_err());
     }
 
     #[test]

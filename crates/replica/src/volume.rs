@@ -503,7 +503,7 @@ impl Inner {
         let micros = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_micros() as u64);
-        let seq = match numbers.next(micros) {
+        let seq = match numbers.next(micros).await {
             Ok(seq) => seq,
             Err(e) => {
                 return Some(Err(std::io::Error::new(
