@@ -1961,9 +1961,15 @@ impl Inner {
             .filter(|(_, s)| ours(s))
             .collect();
         if let Some(&(i, a)) = mine.first() {
-            let other = mine.iter().find(|(_, s)| s.cache_id != a.cache_id);
             let dirty_possible = |s: &Superblock| s.mode == CacheMode::WriteBack;
-            if let Some(&(j, b)) = other.filter(|(_, b)| dirty_possible(a) || dirty_possible(b)) {
+            let others: Vec<&(usize, &Superblock)> = mine
+                .iter()
+                .filter(|(_, s)| s.cache_id != a.cache_id)
+                .collect();
+            if let Some(&&(j, b)) = others
+                .iter()
+                .find(|(_, b)| dirty_possible(a) || dirty_possible(b))
+            {
                 return Err(BlockError::Unavailable(format!(
                     "cache {name}: devices {} and {} hold two different caches of this volume \
                      (cache ids {:016x} at generation {} and {:016x} at generation {}); either \
@@ -1978,6 +1984,13 @@ impl Inner {
                     b.generation,
                     TABLE_OFFSET / 1024
                 )));
+            }
+            if !others.is_empty() {
+                // no dirty data anywhere, and two tables of which the newer
+                // need not be the last one in front of this volume: neither
+                // is trusted
+                tracing::warn!(cache = %name, "the devices hold two different caches of this volume: starting empty");
+                return Ok(None);
             }
         }
         let newest =
