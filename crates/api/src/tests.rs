@@ -530,7 +530,9 @@ async fn a_change_past_the_slots_is_answered_429_and_not_carried_out() {
         );
         let mut s = tokio::net::TcpStream::connect(n.addr).await.unwrap();
         s.write_all(req.as_bytes()).await.unwrap();
-        n.fake.held_started.notified().await;
+        tokio::time::timeout(Duration::from_secs(30), n.fake.held_started.notified())
+            .await
+            .expect("the held change did not start");
         drop(s); // the change goes on without its client, in its slot
     }
     let req = format!(
@@ -542,7 +544,10 @@ async fn a_change_past_the_slots_is_answered_429_and_not_carried_out() {
     let mut s = tokio::net::TcpStream::connect(n.addr).await.unwrap();
     s.write_all(req.as_bytes()).await.unwrap();
     let mut out = Vec::new();
-    let _ = s.read_to_end(&mut out).await;
+    tokio::time::timeout(Duration::from_secs(30), s.read_to_end(&mut out))
+        .await
+        .expect("no answer to the change past the slots")
+        .ok();
     let out = String::from_utf8_lossy(&out).to_ascii_lowercase();
     assert!(out.starts_with("http/1.1 429"), "{out}");
     assert!(out.contains("\r\nretry-after: 1\r\n"), "{out}");
@@ -555,7 +560,8 @@ async fn a_change_past_the_slots_is_answered_429_and_not_carried_out() {
         if code != 429 || tokio::time::Instant::now() > deadline {
             break code;
         }
-        tokio::task::yield_now().await;
+        // as the Retry-After asks, if sooner
+        tokio::time::sleep(Duration::from_millis(10)).await;
     };
     assert_eq!(code, 200);
     let taken = n.fake.actions.taken();

@@ -1597,7 +1597,7 @@ impl CacheVolume {
             floor = floor.max(sb.as_ref().map_or(0, |s| s.generation));
             sbs.push(if fresh { None } else { sb });
         }
-        let newest = Inner::whose_table(name, &devs, &sbs, cfg.backing_id)?;
+        let newest = Inner::whose_table(name, &devs, &sbs, cfg.backing_id).await?;
         let advisor = cfg.advisor.then(|| {
             let backing_blocks = geo.size_bytes().div_ceil(block_bytes).max(1);
             let lo = (frames as u64 / 16).max(64);
@@ -1943,10 +1943,18 @@ impl Inner {
     /// put in place of a mirror half while the node was down carries another
     /// cache's superblock, perhaps at a higher generation, and taken as the
     /// newest it would fail the half that holds this cache's dirty data (whose
-    /// table the next write then overwrites). Two caches of this same volume on
-    /// the devices are refused: either may hold its only copy of acknowledged
-    /// writes, and which one the configuration meant is not written anywhere.
-    fn whose_table(
+    /// table the next write then overwrites). So when the devices hold more
+    /// than one cache:
+    /// - a device of a cache of another volume holding dirty data refuses the
+    ///   start (that volume's acknowledged writes; failed or adopted here, its
+    ///   table would be overwritten);
+    /// - of the caches of this volume, the one holding dirty data is taken
+    ///   (the others' devices are then failed, or in the modes without dirty
+    ///   data, overwritten); two holding dirty data refuse the start (either
+    ///   may be the only copy of acknowledged writes); none: the cache starts
+    ///   empty (the newer table need not be the last one in front of the
+    ///   volume: a warm read cache would serve blocks it has since changed).
+    async fn whose_table(
         name: &str,
         devs: &[Device],
         sbs: &[Option<Superblock>],
@@ -1954,48 +1962,89 @@ impl Inner {
     ) -> BlockResult<Option<Superblock>> {
         let ours =
             |s: &Superblock| s.backing_id == 0 || backing_id == 0 || s.backing_id == backing_id;
-        let mine: Vec<(usize, &Superblock)> = sbs
-            .iter()
-            .enumerate()
-            .filter_map(|(i, s)| s.as_ref().map(|s| (i, s)))
-            .filter(|(_, s)| ours(s))
-            .collect();
-        if let Some(&(i, a)) = mine.first() {
-            let dirty_possible = |s: &Superblock| s.mode == CacheMode::WriteBack;
-            let others: Vec<&(usize, &Superblock)> = mine
-                .iter()
-                .filter(|(_, s)| s.cache_id != a.cache_id)
-                .collect();
-            if let Some(&&(j, b)) = others
-                .iter()
-                .find(|(_, b)| dirty_possible(a) || dirty_possible(b))
-            {
+        // (cache id, newest copy, its devices), in device order
+        let mut caches: Vec<(u64, Superblock, Vec<usize>)> = Vec::new();
+        for (i, s) in sbs.iter().enumerate() {
+            let Some(s) = s else { continue };
+            match caches.iter_mut().find(|(id, _, _)| *id == s.cache_id) {
+                Some((_, newest, on)) => {
+                    if s.generation > newest.generation {
+                        *newest = s.clone();
+                    }
+                    on.push(i);
+                }
+                None => caches.push((s.cache_id, s.clone(), vec![i])),
+            }
+        }
+        if caches.len() <= 1 {
+            return Ok(caches.pop().map(|(_, s, _)| s));
+        }
+        let names = |on: &[usize]| {
+            on.iter()
+                .map(|&d| devs[d].name())
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        let mut dirty_here = Vec::new();
+        for (id, sb, on) in &caches {
+            let dirty = sb.mode == CacheMode::WriteBack && Self::holds_dirty(devs, on, sb).await;
+            if !dirty {
+                continue;
+            }
+            if !ours(sb) {
                 return Err(BlockError::Unavailable(format!(
-                    "cache {name}: devices {} and {} hold two different caches of this volume \
-                     (cache ids {:016x} at generation {} and {:016x} at generation {}); either \
-                     may hold the only copy of acknowledged writes, so neither is taken: zero \
-                     the first {} KiB of the device that does not belong (after making sure \
-                     its data is not needed) and start again",
-                    devs[i].name(),
-                    devs[j].name(),
-                    a.cache_id,
-                    a.generation,
-                    b.cache_id,
-                    b.generation,
+                    "cache {name}: device(s) {} hold dirty data of another backing volume \
+                     (cache id {id:016x}, volume id {:032x}; this one is {backing_id:032x}); \
+                     put them back in front of that volume and detach it, or zero their \
+                     first {} KiB to give that data up",
+                    names(on),
+                    sb.backing_id,
                     TABLE_OFFSET / 1024
                 )));
             }
-            if !others.is_empty() {
-                // no dirty data anywhere, and two tables of which the newer
-                // need not be the last one in front of this volume: neither
-                // is trusted
-                tracing::warn!(cache = %name, "the devices hold two different caches of this volume: starting empty");
-                return Ok(None);
+            dirty_here.push((id, sb, on));
+        }
+        match dirty_here.as_slice() {
+            [] => {
+                tracing::warn!(cache = %name, caches = caches.len(),
+                    "the devices hold several caches and none holds dirty data of this volume: starting empty");
+                Ok(None)
+            }
+            [(_, sb, _)] => Ok(Some((*sb).clone())),
+            [(a, _, on_a), (b, _, on_b), ..] => Err(BlockError::Unavailable(format!(
+                "cache {name}: devices {} (cache id {a:016x}) and {} (cache id {b:016x}) hold \
+                 dirty data of two different caches of this volume (or of a volume not \
+                 recorded); either may be the only copy of acknowledged writes, so neither \
+                 is taken: zero the first {} KiB of the devices that do not belong (after \
+                 making sure their data is not needed) and start again",
+                names(on_a),
+                names(on_b),
+                TABLE_OFFSET / 1024
+            ))),
+        }
+    }
+
+    /// Whether the tables on devices `on`, laid out as `sb` says, hold a
+    /// dirty record; a page unreadable or damaged counts as one.
+    async fn holds_dirty(devs: &[Device], on: &[usize], sb: &Superblock) -> bool {
+        let local = if sb.mirrored {
+            sb.frames
+        } else {
+            sb.frames.div_ceil(sb.device_count.max(1) as u32)
+        };
+        let pages = DeviceLayout::for_frames(local, sb.block_bytes as u64).table_pages;
+        for &d in on {
+            for page in 0..pages {
+                let Ok(raw) = devs[d].read_page(page).await else {
+                    return true;
+                };
+                match decode_page(page, &raw) {
+                    Some(recs) if !recs.iter().any(|r| r.key != NO_KEY && r.dirty != 0) => {}
+                    _ => return true,
+                }
             }
         }
-        let newest =
-            |it: &mut dyn Iterator<Item = &Superblock>| it.max_by_key(|s| s.generation).cloned();
-        Ok(newest(&mut mine.iter().map(|(_, s)| *s)).or_else(|| newest(&mut sbs.iter().flatten())))
+        false
     }
 
     /// Loads the map an earlier run left on the devices.

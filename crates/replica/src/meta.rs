@@ -130,13 +130,25 @@ impl SeqFile {
         })?;
         let seq = now.max(after);
         let path = self.path.clone();
+        // skipping a number costs nothing; storing two at once would race on
+        // the temporary file (a write left running by a caller that gave up,
+        // and the next one): the writes take turns, and one that finds a
+        // higher number stored leaves it
+        self.last = seq;
+        static WRITING: std::sync::Mutex<()> = std::sync::Mutex::new(());
         tokio::task::spawn_blocking(move || {
+            let _turn = WRITING.lock().unwrap_or_else(|p| p.into_inner());
+            let stored = std::fs::read_to_string(&path)
+                .ok()
+                .and_then(|s| s.trim().parse::<u64>().ok());
+            if stored.is_some_and(|n| n >= seq) {
+                return Ok(());
+            }
             block::durable::replace_file(&path, seq.to_string().as_bytes())
                 .map_err(|e| std::io::Error::new(e.kind(), format!("{}: {e}", path.display())))
         })
         .await
         .map_err(|e| std::io::Error::other(format!("{}: {e}", self.path.display())))??;
-        self.last = seq;
         Ok(seq)
     }
 }

@@ -407,8 +407,9 @@ async fn a_dirty_cache_pointed_at_another_volume_refuses_to_open() {
 
 /// A write-back cache in front of `backing` on two new SSDs, opened and
 /// stopped cleanly `cycles` times (each start and stop writes its superblocks
-/// at a higher generation): its second SSD, to be put in another cache's place.
-async fn used_ssd(backing: VolumeRef, backing_id: u128, cycles: usize) -> VolumeRef {
+/// at a higher generation), then, if `dirty`, written and crashed: its second
+/// SSD, to be put in another cache's place.
+async fn used_ssd(backing: VolumeRef, backing_id: u128, cycles: usize, dirty: bool) -> VolumeRef {
     let (_, ssds, mut c) = write_back_on_two_ssds();
     c.backing_id = backing_id;
     for _ in 0..cycles {
@@ -417,16 +418,32 @@ async fn used_ssd(backing: VolumeRef, backing_id: u128, cycles: usize) -> Volume
             .unwrap();
         vol.shutdown().await.unwrap();
     }
+    if dirty {
+        let vol = CacheVolume::open("used", backing.clone(), devices(&ssds), c.clone())
+            .await
+            .unwrap();
+        vol.write(8, pattern(9, 4096), false).await.unwrap();
+        drop(vol);
+    }
     ssds[1].clone()
+}
+
+/// The first 64 KiB of `v` (superblocks and the start of the table).
+async fn head(v: &VolumeRef) -> Bytes {
+    v.read(0, 16).await.unwrap()
 }
 
 /// A mirror half swapped, while the node was down, for a used SSD of another
 /// cache whose superblock is at a higher generation: the half that holds the
 /// dirty data keeps its table (it used to lose to the other cache's newer
-/// copy, which either started the cache empty or failed the half). With the
-/// used SSD from a cache of another volume, the cache starts degraded with
-/// every acknowledged write; from another cache of this same volume, either
-/// could hold the only copy of acknowledged writes, and the start is refused.
+/// copy, which either started the cache empty or failed the half).
+/// - used SSD of a cache of another volume, no dirty data: the cache starts
+///   degraded with every acknowledged write;
+/// - the same with dirty data (that volume's acknowledged writes): refused,
+///   the device untouched;
+/// - used SSD of another cache of this volume, no dirty data: as the first;
+/// - the same with dirty data: either could hold the only copy of
+///   acknowledged writes: refused, the devices untouched.
 #[tokio::test]
 async fn a_used_ssd_swapped_in_while_down_never_outranks_the_half_holding_the_data() {
     let (backing, ssds, mut c) = write_back_on_two_ssds();
@@ -437,46 +454,59 @@ async fn a_used_ssd_swapped_in_while_down_never_outranks_the_half_holding_the_da
     vol.write(0, pattern(1, 4096), false).await.unwrap();
     drop(vol); // a crash: the dirty block's only copies are on the SSDs
 
-    // a used SSD of a cache in front of another volume
     let other: VolumeRef = Arc::new(MemVolume::new(4096, BACKING_BYTES / 4096));
-    let foreign = used_ssd(other.clone(), 0xb0b, 4).await;
-    let swapped = devices(&[ssds[0].clone(), foreign]);
-    let vol = CacheVolume::open("t", backing.clone(), swapped, c.clone())
-        .await
-        .unwrap();
-    let st = vol.status();
-    assert_eq!(st.dirty_blocks, 1, "the dirty block was dropped");
-    assert_eq!(
-        st.devices[1].state, "failed",
-        "the other cache's SSD was taken"
-    );
-    assert_eq!(vol.read(0, 1).await.unwrap(), pattern(1, 4096));
-    assert_eq!(other.read(0, 1).await.unwrap(), vec![0u8; 4096]);
-    drop(vol);
+    for (volume, id, why) in [
+        (&other, 0xb0b, "another volume"),
+        (&backing, 0xa11ce, "this volume"),
+    ] {
+        let used = used_ssd(volume.clone(), id, 4, false).await;
+        let swapped = devices(&[ssds[0].clone(), used]);
+        let vol = CacheVolume::open("t", backing.clone(), swapped, c.clone())
+            .await
+            .unwrap_or_else(|e| panic!("{why}: {e}"));
+        let st = vol.status();
+        assert_eq!(st.dirty_blocks, 1, "{why}: the dirty block was dropped");
+        assert_eq!(
+            st.devices[1].state, "failed",
+            "{why}: the other cache's SSD was taken"
+        );
+        assert_eq!(vol.read(0, 1).await.unwrap(), pattern(1, 4096));
+        drop(vol);
 
-    // a used SSD of another cache of this same volume: refused
-    let vol = CacheVolume::open("t", backing.clone(), devices(&ssds), c.clone())
+        let used = used_ssd(volume.clone(), id, 4, true).await;
+        let before = (head(&ssds[0]).await, head(&used).await);
+        let e = CacheVolume::open(
+            "t",
+            backing.clone(),
+            devices(&[ssds[0].clone(), used.clone()]),
+            c.clone(),
+        )
         .await
-        .unwrap();
-    assert_eq!(vol.status().dirty_blocks, 1);
-    drop(vol);
-    let mine = used_ssd(backing.clone(), 0xa11ce, 4).await;
-    let e = CacheVolume::open(
-        "t",
-        backing.clone(),
-        devices(&[ssds[0].clone(), mine]),
-        c.clone(),
-    )
-    .await
-    .err()
-    .expect("took one of two caches of the same volume");
-    assert!(format!("{e}").contains("two different caches"), "{e}");
-    // nothing was written: the original halves still open with the data
+        .err()
+        .unwrap_or_else(|| panic!("{why}: took one of two caches holding dirty data"));
+        let said = if id == 0xb0b {
+            "another backing volume"
+        } else {
+            "two different caches"
+        };
+        assert!(format!("{e}").contains(said), "{why}: {e}");
+        assert!(
+            (head(&ssds[0]).await, head(&used).await) == before,
+            "{why}: a refused start wrote to the devices"
+        );
+    }
+    // the original halves still open with the data (the second half, failed
+    // by the first start above, is left out)
     let vol = CacheVolume::open("t", backing.clone(), devices(&ssds), c)
         .await
         .unwrap();
     assert_eq!(vol.status().dirty_blocks, 1);
     assert_eq!(vol.read(0, 1).await.unwrap(), pattern(1, 4096));
+    assert_eq!(
+        other.read(8, 1).await.unwrap(),
+        vec![0u8; 4096],
+        "destaged into another volume"
+    );
 }
 
 /// A striped read-only cache with one device swapped, while down, for a

@@ -659,8 +659,9 @@ async fn a_failed_flush_nobody_waited_for_is_not_forgotten() {
         // that failed within that first poll was waited for, so that attempt
         // proves nothing and another overfilled device is tried (bounded)
         let mut caught = None;
-        for _ in 0..10 {
+        for attempt in 0..10 {
             let Some((under, v, _)) = overfilled(engine).await else {
+                assert_eq!(attempt, 0, "{engine:?}: no loop device for another attempt");
                 return;
             };
             let mut flush = Box::pin(v.flush());
