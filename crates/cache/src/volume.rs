@@ -1993,8 +1993,8 @@ impl Inner {
             }
             if !ours(sb) {
                 return Err(BlockError::Unavailable(format!(
-                    "cache {name}: device(s) {} hold dirty data of another backing volume \
-                     (cache id {id:016x}, volume id {:032x}; this one is {backing_id:032x}); \
+                    "cache {name}: device(s) {} hold dirty data (or a table that could not be \
+                     read) of another backing volume (cache id {id:016x}, volume id {:032x}; this one is {backing_id:032x}); \
                      put them back in front of that volume and detach it, or zero their \
                      first {} KiB to give that data up",
                     names(on),
@@ -2010,13 +2010,32 @@ impl Inner {
                     "the devices hold several caches and none holds dirty data of this volume: starting empty");
                 Ok(None)
             }
+            // a cache recording no volume (written before backing ids) may
+            // be another volume's: while another cache on the devices names
+            // this one, the devices were mixed, and its dirty data is not
+            // destaged here on a guess
+            [(id, sb, on)]
+                if sb.backing_id == 0
+                    && backing_id != 0
+                    && caches.iter().any(|(_, s, _)| s.backing_id == backing_id) =>
+            {
+                Err(BlockError::Unavailable(format!(
+                    "cache {name}: device(s) {} hold dirty data (or a table that could not be \
+                     read) of cache {id:016x}, which records no backing volume, while other \
+                     devices hold a cache of this one; put them back where they came from, or \
+                     zero their first {} KiB to give that data up",
+                    names(on),
+                    TABLE_OFFSET / 1024
+                )))
+            }
             [(_, sb, _)] => Ok(Some((*sb).clone())),
             [(a, _, on_a), (b, _, on_b), ..] => Err(BlockError::Unavailable(format!(
-                "cache {name}: devices {} (cache id {a:016x}) and {} (cache id {b:016x}) hold \
-                 dirty data of two different caches of this volume (or of a volume not \
-                 recorded); either may be the only copy of acknowledged writes, so neither \
-                 is taken: zero the first {} KiB of the devices that do not belong (after \
-                 making sure their data is not needed) and start again",
+                "cache {name}: devices {} (cache id {a:016x}) and {} (cache id {b:016x}) \
+                 hold dirty data (or tables that could not be read) of two different caches \
+                 of this volume (or of a volume not recorded); either may be the only copy \
+                 of acknowledged writes, so neither is taken: zero the first {} KiB of the \
+                 devices that do not belong (after making sure their data is not needed) \
+                 and start again",
                 names(on_a),
                 names(on_b),
                 TABLE_OFFSET / 1024
@@ -2091,6 +2110,10 @@ impl Inner {
                 _ => {}
             }
         }
+        // (before the returns below that start the cache empty: a mirror
+        // that started empty with a half failed here took writes back on
+        // one copy, its status "ok")
+        self.degrade_if_a_half_failed();
         let dirty_possible = old.mode == CacheMode::WriteBack;
         // the devices were in front of another volume (the configuration now
         // names another pool, of the same size or larger): their blocks are
@@ -2248,12 +2271,17 @@ impl Inner {
         if st.dirty_frames > 0 {
             self.destage_wake.notify_one();
         }
+        self.degrade_if_a_half_failed();
+        Ok(())
+    }
+
+    /// A mirror with a failed half runs write-through (`degraded`), and
+    /// open() rewrites the survivor's superblock (partner_failed) next.
+    fn degrade_if_a_half_failed(&self) {
         if self.mirrored && self.live_devices() < self.devs.len() {
             self.degraded.store(true, Ordering::Release);
-            // open() rewrites the survivor's superblock (partner_failed) next
             self.failure_recorded.store(true, Ordering::Release);
         }
-        Ok(())
     }
 
     /// Whether any table record of the old shape marks dirty sectors.

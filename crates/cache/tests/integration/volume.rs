@@ -509,6 +509,60 @@ async fn a_used_ssd_swapped_in_while_down_never_outranks_the_half_holding_the_da
     );
 }
 
+/// A write-back mirror stopped cleanly with nothing dirty, one half swapped
+/// for a blank SSD and the block size changed while down: it starts empty,
+/// with the blank half failed, so it runs write-through until that half is
+/// replaced (it used to take writes back on one copy, its state "ok").
+#[tokio::test]
+async fn a_mirror_starting_empty_with_a_half_missing_runs_write_through() {
+    let (backing, ssds, c) = write_back_on_two_ssds();
+    let vol = CacheVolume::open("t", backing.clone(), devices(&ssds), c.clone())
+        .await
+        .unwrap();
+    vol.shutdown().await.unwrap();
+    drop(vol);
+    let blank: VolumeRef = Arc::new(MemVolume::new(4096, 1 << 10));
+    let mut reshaped = c.clone();
+    reshaped.block_bytes = 2 * BLOCK;
+    let vol = CacheVolume::open(
+        "t",
+        backing.clone(),
+        devices(&[ssds[0].clone(), blank]),
+        reshaped,
+    )
+    .await
+    .unwrap();
+    let st = vol.status();
+    assert_eq!(st.devices[1].state, "failed", "{st:?}");
+    assert!(st.state.starts_with("degraded"), "{st:?}");
+    vol.write(0, pattern(1, 4096), false).await.unwrap();
+    assert_eq!(vol.status().dirty_blocks, 0, "written back on one copy");
+    assert_eq!(backing.read(0, 1).await.unwrap(), pattern(1, 4096));
+}
+
+/// A used SSD whose superblock records no backing volume (written before
+/// backing ids) holding dirty data, swapped in for a half of a cache that
+/// names this volume and holds none: it may be another volume's data, and
+/// the start is refused rather than destage it here.
+#[tokio::test]
+async fn dirty_data_of_a_cache_recording_no_volume_beside_this_volumes_cache_is_refused() {
+    let (backing, ssds, mut c) = write_back_on_two_ssds();
+    c.backing_id = 0xa11ce;
+    let vol = CacheVolume::open("t", backing.clone(), devices(&ssds), c.clone())
+        .await
+        .unwrap();
+    vol.shutdown().await.unwrap();
+    drop(vol);
+    let elsewhere: VolumeRef = Arc::new(MemVolume::new(4096, BACKING_BYTES / 4096));
+    let legacy = used_ssd(elsewhere, 0, 1, true).await;
+    let e = CacheVolume::open("t", backing.clone(), devices(&[ssds[0].clone(), legacy]), c)
+        .await
+        .err()
+        .expect("took the dirty data of a cache recording no volume");
+    assert!(format!("{e}").contains("records no backing volume"), "{e}");
+    assert_eq!(backing.read(8, 1).await.unwrap(), vec![0u8; 4096]);
+}
+
 /// A striped read-only cache with one device swapped, while down, for a
 /// device of another warm cache of the same volume: neither table is trusted
 /// (the newer need not be the last one in front of the volume) and the cache
