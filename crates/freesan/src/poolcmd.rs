@@ -263,6 +263,14 @@ fn print_pool(p: &Value) {
             println!("  {key}: {v}");
         }
     }
+    if let Some(v) = p.get("rebuild_stalled").filter(|v| !v.is_null()) {
+        println!(
+            "  REBUILD STALLED at stripe {}: {} ({} attempts; retrying)",
+            v.get("stripe").and_then(Value::as_u64).unwrap_or(0),
+            v.get("error").and_then(Value::as_str).unwrap_or("?"),
+            v.get("attempts").and_then(Value::as_u64).unwrap_or(0)
+        );
+    }
 }
 
 /// Runs a `freesan pool` subcommand against the API at `api`.

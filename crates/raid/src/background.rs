@@ -22,6 +22,10 @@ const PERSIST_INTERVAL: Duration = Duration::from_millis(1000);
 /// Share of the members' time rebuild, resync and scrub take while foreground I/O
 /// is in flight (each unit of work is followed by a rest as long as the unit).
 const BUSY_SHARE: f64 = 0.5;
+/// A stalled rebuild's first and longest waits before it tries its stripe again.
+const REBUILD_RETRY_FIRST: Duration = Duration::from_millis(50);
+const REBUILD_RETRY_MAX: Duration = Duration::from_secs(30);
+
 /// Bytes of every member one batched rebuild step reads (RAID 5 and F1): large
 /// enough that a step's seek away from the foreground I/O is amortized.
 const REBUILD_BATCH_BYTES: u64 = 8 << 20;
@@ -66,14 +70,22 @@ pub(crate) fn spawn_worker(inner: &Arc<Inner>) {
     });
     tokio::spawn(async move {
         loop {
-            let worked = {
+            let (worked, pause) = {
                 let Some(inner) = weak.upgrade() else { return };
                 if inner.closed.load(Ordering::SeqCst) {
                     return;
                 }
-                inner.maintenance_pass().await
+                let worked = inner.maintenance_pass().await;
+                let pause = inner.state.lock().pause.take();
+                (worked, pause)
             };
-            if !worked {
+            if let Some(pause) = pause {
+                // (holding no reference to the pool: a close is not held up)
+                tokio::select! {
+                    _ = tokio::time::sleep(pause) => {}
+                    _ = wake.notified() => {}
+                }
+            } else if !worked {
                 wake.notified().await;
             }
         }
@@ -119,6 +131,37 @@ impl Inner {
             true
         } else {
             false
+        }
+    }
+
+    /// The rebuild could not read stripe `s`: it is tried again after a
+    /// back-off that doubles from 50 ms up to 30 s per failed attempt (a
+    /// sector that stays unreadable held the worker in a loop that re-read
+    /// the stripe and logged a warning 20 times a second, for ever). The
+    /// status says where it is held and why; the log says so at attempts 1,
+    /// 2, 4, 8...
+    fn rebuild_stalled_at(&self, s: u64, e: &BlockError) {
+        let attempts = {
+            let mut st = self.state.lock();
+            let stall = match st.rebuild_stalled.as_mut() {
+                Some(stall) if stall.stripe == s => stall,
+                _ => st.rebuild_stalled.insert(crate::status::RebuildStall {
+                    stripe: s,
+                    ..Default::default()
+                }),
+            };
+            stall.attempts += 1;
+            stall.error = e.to_string();
+            let attempts = stall.attempts;
+            let backoff = REBUILD_RETRY_FIRST
+                .saturating_mul(1u32 << (attempts - 1).min(20))
+                .min(REBUILD_RETRY_MAX);
+            st.pause = Some(backoff);
+            attempts
+        };
+        if attempts.is_power_of_two() {
+            tracing::warn!(pool = %self.name, stripe = s, attempts, error = %e,
+                "rebuild cannot read stripe; retrying it, backing off (an unreadable sector on a member it reads from?)");
         }
     }
 
@@ -341,6 +384,7 @@ impl Inner {
                 _ => self.rebuild_xor_batch(s).await,
             };
             if let Some(n) = batch {
+                self.state.lock().rebuild_stalled = None;
                 next = s + n;
                 done += n * chunk_bytes * self.layout.areas();
                 self.state.lock().rebuild = Some(progress(started, done, total));
@@ -371,12 +415,12 @@ impl Inner {
             let images = match self.stripe_image(s, &want, &view).await {
                 Ok(i) => i,
                 Err(e) => {
-                    tracing::warn!(pool = %self.name, stripe = s, error = %e, "rebuild cannot read stripe; retrying later");
                     drop(g);
-                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    self.rebuild_stalled_at(s, &e);
                     return;
                 }
             };
+            self.state.lock().rebuild_stalled = None;
             let mut images = want.iter().copied().zip(images);
             for (pos, h) in targets.iter() {
                 // the checkpoint moves only when every area of the member is
@@ -425,6 +469,7 @@ impl Inner {
             }
             if !st.slots.iter().any(|s| s.state == MemberState::Rebuilding) {
                 st.rebuild = None;
+                st.rebuild_stalled = None;
             }
         }
         tracing::info!(pool = %self.name, "rebuild pass finished");

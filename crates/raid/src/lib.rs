@@ -46,8 +46,8 @@ pub use jdev::JOURNAL_DEVICES_MAX;
 pub use layout::{layout_for, Layout, Scheme};
 pub use pool::{Member, Pool};
 pub use status::{
-    JournalDeviceStatus, MemberState, MemberStatus, PoolState, PoolStatus, Progress, ScrubReport,
-    SpareStatus, StripeWrites, WritePath,
+    JournalDeviceStatus, MemberState, MemberStatus, PoolState, PoolStatus, Progress, RebuildStall,
+    ScrubReport, SpareStatus, StripeWrites, WritePath,
 };
 
 use serde::{Deserialize, Serialize};

@@ -102,6 +102,10 @@ pub(crate) struct State {
     pub journal_checkpoint_seq: u64,
     pub clean: bool,
     pub rebuild: Option<Progress>,
+    pub rebuild_stalled: Option<crate::status::RebuildStall>,
+    /// How long the worker rests before its next pass (a stalled rebuild's
+    /// back-off), unless woken; taken by the worker.
+    pub pause: Option<std::time::Duration>,
     pub resync: Option<Progress>,
     pub scrub: Option<Progress>,
     pub last_scrub: Option<ScrubReport>,
@@ -483,6 +487,8 @@ impl Pool {
             journal_checkpoint_seq: 0,
             clean: false,
             rebuild: None,
+            rebuild_stalled: None,
+            pause: None,
             resync: None,
             scrub: None,
             last_scrub: None,
@@ -751,6 +757,8 @@ impl Pool {
             journal_checkpoint_seq: checkpoint,
             clean: false,
             rebuild: None,
+            rebuild_stalled: None,
+            pause: None,
             resync: None,
             scrub: None,
             last_scrub: None,
@@ -1991,6 +1999,7 @@ impl Inner {
                 })
                 .collect(),
             rebuild: st.rebuild.clone(),
+            rebuild_stalled: st.rebuild_stalled.clone(),
             resync: st.resync.clone(),
             scrub: st.scrub.clone(),
             last_scrub: st.last_scrub.clone(),

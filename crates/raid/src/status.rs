@@ -97,6 +97,19 @@ pub struct Progress {
     pub eta_secs: Option<u64>,
 }
 
+/// A rebuild that cannot read a stripe it needs (an unreadable sector on a
+/// member it reads from): it retries that stripe, backing off, and stays
+/// there until the read succeeds (there is no bad-block list to skip it).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub struct RebuildStall {
+    /// The stripe the rebuild is held at.
+    pub stripe: u64,
+    /// The last read error.
+    pub error: String,
+    /// Failed attempts at that stripe so far.
+    pub attempts: u64,
+}
+
 /// What a scrub found.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
 pub struct ScrubReport {
@@ -144,6 +157,9 @@ pub struct PoolStatus {
     pub spares: Vec<SpareStatus>,
     /// Rebuild progress while a rebuild runs.
     pub rebuild: Option<Progress>,
+    /// Set while the rebuild cannot read a stripe it needs.
+    #[serde(default)]
+    pub rebuild_stalled: Option<RebuildStall>,
     /// Initial resync progress while it runs.
     pub resync: Option<Progress>,
     /// Scrub progress while a scrub runs.

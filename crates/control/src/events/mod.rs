@@ -74,6 +74,8 @@ pub enum EventKind {
     RebuildStarted,
     /// A rebuild finished; the pool is redundant again.
     RebuildFinished,
+    /// A rebuild cannot read a stripe it needs and retries it.
+    RebuildStalled,
     /// A scrub found blocks that disagreed or could not be read.
     ScrubFoundErrors,
     /// An SSD of a cache failed.

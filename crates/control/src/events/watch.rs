@@ -464,6 +464,18 @@ fn pool_events(old: &raid::PoolStatus, new: &raid::PoolStatus, out: &mut Vec<New
             },
         ));
     }
+    if let (None, Some(stall)) = (&old.rebuild_stalled, &new.rebuild_stalled) {
+        out.push(NewEvent::new(
+            S::Critical,
+            K::RebuildStalled,
+            pool.clone(),
+            format!(
+                "pool {pool}: the rebuild cannot read stripe {} ({}); it retries, and the \
+                 pool stays without redundancy until that read succeeds",
+                stall.stripe, stall.error
+            ),
+        ));
+    }
     if let Some(r) = &new.last_scrub {
         let bad = r.mismatches + r.read_errors + r.unrepairable;
         if old.last_scrub.as_ref() != Some(r) && bad > 0 {
@@ -755,6 +767,21 @@ mod tests {
             ]
         );
         assert_eq!(kinds(&done, &done), vec![]);
+        // held at a stripe it cannot read: said once, when it starts
+        let mut stalled = rebuilding.clone();
+        stalled.rebuild_stalled = Some(raid::RebuildStall {
+            stripe: 7,
+            error: "medium error".into(),
+            attempts: 1,
+        });
+        assert_eq!(
+            kinds(&rebuilding, &stalled),
+            vec![(K::RebuildStalled, S::Critical, "p".into())]
+        );
+        let mut again = stalled.clone();
+        again.rebuild_stalled.as_mut().unwrap().attempts = 9;
+        assert_eq!(kinds(&stalled, &again), vec![]);
+        assert_eq!(kinds(&again, &rebuilding), vec![]);
     }
 
     #[test]

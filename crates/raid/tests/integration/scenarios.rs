@@ -577,3 +577,74 @@ async fn the_only_complete_copy_failing_during_a_rebuild_fails_the_pool() {
     let top = pool.geometry().block_count - 8;
     assert!(pool.write(top, pattern(1, 8), false).await.is_err());
 }
+
+/// A rebuild that meets an unreadable sector on a member it reads from is
+/// held at that stripe: the status says which and why (and the pool stays
+/// rebuilding, not redundant), the stripe is retried with a back-off instead
+/// of 20 times a second, and once the sector reads again the rebuild goes on
+/// and ends with every block right. Before, nothing in the status said it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rebuild_held_by_an_unreadable_sector_says_where_and_goes_on_once_it_reads() {
+    let blocks = (2 << 20) / 512 + (16 << 20) / 512;
+    let ms: Vec<TestMember> = (0..4).map(|_| member(blocks)).collect();
+    let cfg = config(RaidLevel::Raid5);
+    let pool = Pool::create(
+        cfg,
+        vec![
+            ms[0].as_member("a"),
+            ms[1].as_member("b"),
+            ms[2].as_member("c"),
+        ],
+        vec![],
+    )
+    .await
+    .unwrap();
+    pool.wait_idle().await;
+    let oracle = MemVolume::new(BS, pool.geometry().block_count);
+    let size = pool.geometry().block_count;
+    let mut at = 0;
+    while at < size {
+        let n = (size - at).min(1024);
+        let data = pattern(at, n);
+        pool.write(at, data.clone(), false).await.unwrap();
+        oracle.write(at, data, false).await.unwrap();
+        at += n;
+    }
+    pool.flush().await.unwrap();
+    // a sector in the upper half of member a goes bad, then b is replaced
+    let bad = blocks * 3 / 4;
+    ms[0].plan.lock().bad_read_blocks.push(bad..bad + 1);
+    ms[1].plan.lock().dead = true;
+    pool.fail_member(1).await.unwrap();
+    pool.replace_member(1, ms[3].as_member("d")).await.unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    let stall = loop {
+        let st = pool.status();
+        if let Some(s) = st.rebuild_stalled.clone() {
+            if s.attempts >= 3 {
+                break s;
+            }
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "never stalled: {st:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert!(stall.error.contains("unreadable"), "{stall:?}");
+    let st = pool.status();
+    assert_ne!(st.state, PoolState::Optimal, "{st:?}");
+    assert_eq!(st.members[1].state, MemberState::Rebuilding, "{st:?}");
+    // the sector reads again (a remapped sector): the rebuild goes on
+    ms[0].plan.lock().bad_read_blocks.clear();
+    let deadline = std::time::Instant::now() + Duration::from_secs(120);
+    while pool.status().state != PoolState::Optimal {
+        assert!(std::time::Instant::now() < deadline, "{:?}", pool.status());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(pool.status().rebuild_stalled.is_none());
+    // every block right, read from the rebuilt member too: a is lost now
+    ms[0].plan.lock().dead = true;
+    pool.fail_member(0).await.unwrap();
+    check_all(&pool, &oracle).await;
+}
