@@ -21,6 +21,7 @@
 //! 0x0b  ScsiReply        id u64, data blob
 //! 0x0c  Detach           reason str
 //! 0x0d  CopyEnd          id u64, copy u64
+//! 0x0e  Refused          reason str
 //! 0x10  Ping             seq u64
 //! 0x11  Pong             seq u64
 //! 0x20  WitnessClaim     cluster str, node_id u8, seq u64
@@ -73,6 +74,7 @@ mod kind {
     pub const SCSI_REPLY: u16 = 0x0b;
     pub const DETACH: u16 = 0x0c;
     pub const COPY_END: u16 = 0x0d;
+    pub const REFUSED: u16 = 0x0e;
     pub const PING: u16 = 0x10;
     pub const PONG: u16 = 0x11;
     pub const WITNESS_CLAIM: u16 = 0x20;
@@ -190,6 +192,7 @@ fn is_known_kind(k: u16) -> bool {
             | kind::SCSI_REQUEST
             | kind::SCSI_REPLY
             | kind::DETACH
+            | kind::REFUSED
             | kind::COPY_END
             | kind::PING
             | kind::PONG
@@ -293,6 +296,10 @@ fn put_body(msg: &Message, out: &mut BytesMut) -> u16 {
         Message::Detach { reason } => {
             put_str(out, reason);
             kind::DETACH
+        }
+        Message::Refused { reason } => {
+            put_str(out, reason);
+            kind::REFUSED
         }
         Message::CopyEnd { id, copy } => {
             out.put_u64(*id);
@@ -586,6 +593,7 @@ fn kind_name(k: u16) -> &'static str {
         kind::SCSI_REQUEST => "ScsiRequest",
         kind::SCSI_REPLY => "ScsiReply",
         kind::DETACH => "Detach",
+        kind::REFUSED => "Refused",
         kind::COPY_END => "CopyEnd",
         kind::PING => "Ping",
         kind::PONG => "Pong",
@@ -652,6 +660,9 @@ fn parse_body(k: u16, body: Bytes) -> Result<Message, ProtoError> {
             data: r.blob()?,
         },
         kind::DETACH => Message::Detach {
+            reason: r.string()?,
+        },
+        kind::REFUSED => Message::Refused {
             reason: r.string()?,
         },
         kind::COPY_END => Message::CopyEnd {

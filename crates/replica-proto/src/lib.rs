@@ -297,6 +297,16 @@ pub enum Message {
         /// What failed, for the log.
         reason: String,
     },
+    /// The sender will not join its copy with the receiver's (the handshake's
+    /// plan refused it: split brain, a copy with no record of an unfinished
+    /// resync...) and is closing the link; the receiver shows `reason` as why
+    /// it waits (it was refused, not left), and does not ask again until the
+    /// operator acts.
+    Refused {
+        /// Why, as the refusing side's status says it (cut to
+        /// [`NAME_BYTES_MAX`] bytes).
+        reason: String,
+    },
     /// The sender's copy `copy` ended (done or failed: its command is answered
     /// next): the receiver forgets what its writes overwrote. Answered with
     /// [`Message::Done`].

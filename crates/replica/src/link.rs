@@ -104,6 +104,8 @@ pub(crate) struct Link {
     closed_tx: watch::Sender<bool>,
     /// Why the partner detached its copy, if it said so before the link closed.
     detached: Mutex<Option<String>>,
+    /// Set by a [`Message::Refused`] from the partner.
+    refused: Mutex<Option<String>>,
     /// The partner's address (for status and logs).
     pub peer: String,
     peer_timeout: Duration,
@@ -141,6 +143,7 @@ impl Link {
             }),
             closed_tx,
             detached: Mutex::new(None),
+            refused: Mutex::new(None),
             peer,
             peer_timeout,
         });
@@ -154,6 +157,12 @@ impl Link {
     /// link closed); then this node may go on alone without a tie-break.
     pub fn partner_detached(&self) -> Option<String> {
         self.detached.lock().clone()
+    }
+
+    /// Why the partner refused to join the copies (a [`Message::Refused`]
+    /// came before the link closed).
+    pub fn partner_refused(&self) -> Option<String> {
+        self.refused.lock().clone()
     }
 
     /// Sends a request built from a fresh id and waits for its answer. A partner
@@ -287,6 +296,10 @@ async fn reader(
                 // recorded before the link closes, so whoever sees it closed knows
                 *link.detached.lock() = Some(reason.clone());
                 break format!("the partner detached its failed copy: {reason}");
+            }
+            Message::Refused { reason } => {
+                *link.refused.lock() = Some(reason.clone());
+                break format!("the partner refused to join the copies: {reason}");
             }
             Message::Ping { seq } => {
                 link.hb.lock().last_ping_recv = now;

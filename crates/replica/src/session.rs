@@ -189,6 +189,18 @@ async fn manage(inner: &Arc<Inner>, mut conns: mpsc::Receiver<(Framed, Message)>
                         );
                     }
                     last_decide = None;
+                    if let Some(why) = link.partner_refused() {
+                        // refused after this side's handshake (only the
+                        // partner's plan said no: this is the unfinished
+                        // copy, which serves nothing alone): show why, as a
+                        // refusal found here is shown
+                        let why = refused_by_partner(&why);
+                        tracing::error!(volume = %inner.cfg.name, "{why}");
+                        if inner.role().role != Role::Solo {
+                            inner.set_role(Role::Down, None, false, why);
+                        }
+                        unjoinable = true;
+                    }
                     if let Some(why) = link.partner_detached() {
                         // the partner's copy failed and it stopped serving: no
                         // tie to break, no lease to wait out
@@ -207,6 +219,7 @@ async fn manage(inner: &Arc<Inner>, mut conns: mpsc::Receiver<(Framed, Message)>
                         "consistent",
                         "disagree on preferred_node",
                         "no record of",
+                        "refused to join",
                     ]
                     .iter()
                     .any(|k| e.contains(k))
@@ -427,6 +440,9 @@ async fn handshake(
             .map_err(|_| "no hello from the partner".to_string())?
             .map_err(io)?,
     };
+    if let Message::Refused { reason } = &hello {
+        return Err(refused_by_partner(reason));
+    }
     let Message::Hello {
         node_id,
         volume,
@@ -490,6 +506,7 @@ async fn handshake(
                 peer_bits[at..at + bits.len()].copy_from_slice(&bits);
             }
             Ok(Ok(Message::BitmapDone)) => break,
+            Ok(Ok(Message::Refused { reason })) => return Err(refused_by_partner(&reason)),
             Ok(Ok(_)) => return Err("unexpected message during the handshake".into()),
             Ok(Err(e)) => return Err(e.to_string()),
             Err(_) => return Err("the partner's bitmap did not arrive".into()),
@@ -502,28 +519,56 @@ async fn handshake(
         // not on the wire: only the consistent side uses its own (plan::resume)
         target_from: 0,
     };
-    let p = plan(
+    let p = match plan(
         cfg.node_id,
         meta,
         node_id,
         peer_meta,
         cfg.preferred_node,
         (undo, flags & hello_flags::UNDO != 0),
-    )?;
+    ) {
+        Ok(p) => p,
+        Err(e) => return Err(refuse(&mut f, e).await),
+    };
     // plan() is the same function on both nodes only if they agree on which
     // node is preferred (and so is the choice of who serves alone when they
     // lose each other): each says whether it is, in its hello. Checked after
     // plan(), whose refusals (split brain) say more
     let peer_preferred = flags & hello_flags::PREFERRED != 0;
     if peer_preferred != (cfg.preferred_node == node_id) {
-        return Err(format!(
+        let e = format!(
             "the nodes disagree on preferred_node: this node's configuration names node {}, \
              node {node_id} says it is {}preferred",
             cfg.preferred_node,
             if peer_preferred { "" } else { "not " }
-        ));
+        );
+        return Err(refuse(&mut f, e).await);
     }
     Ok((f, p, peer_meta, peer_bits))
+}
+
+/// Tells the partner why this node will not join the copies (best effort:
+/// the link closes next whatever happens), and returns the reason. Only the
+/// refusing side may know it: a copy with no record of an unfinished resync
+/// is refused by the consistent side alone (`plan::resume`), and the other
+/// side would otherwise show only that it waits for the partner.
+async fn refuse(f: &mut Framed, reason: String) -> String {
+    let told = tokio::time::timeout(
+        Duration::from_secs(1),
+        f.send(&Message::Refused {
+            reason: reason.clone(),
+        }),
+    )
+    .await;
+    if !matches!(told, Ok(Ok(()))) {
+        tracing::debug!("could not tell the partner why it was refused");
+    }
+    reason
+}
+
+/// The status reason of a node whose partner refused to join the copies.
+fn refused_by_partner(reason: &str) -> String {
+    format!("the partner refused to join the copies: {reason}")
 }
 
 /// Runs a connected session until the link is lost; returns the dead link and

@@ -760,13 +760,20 @@ async fn a_copy_without_state_never_resumes_an_unfinished_target() {
         synced: 7,
     };
     let (mut fake, _) = Fake::start_as(st.reader, st.writer, 2, gens, BLOCKS, false).await;
-    // nothing of a resync reaches the partner, and node 1 closes the link
+    // nothing of a resync reaches the partner, and node 1 closes the link,
+    // saying why (the unfinished side cannot know it otherwise)
+    let mut told = None;
     while let Some(m) = fake.next().await {
         assert!(
             !matches!(m, Message::ResyncData { .. } | Message::ResyncDone { .. }),
             "node 1 resumed the resync: {m:?}"
         );
+        if let Message::Refused { reason } = m {
+            told = Some(reason);
+        }
     }
+    let told = told.expect("node 1 closed the link without saying why");
+    assert!(told.contains("no record of"), "{told}");
     // node 1 (preferred, consistent) goes on alone; the copies are not joined
     let n1 = &dialed.n1;
     let s = n1.status();
@@ -851,4 +858,73 @@ async fn goes_on_alone(n1: &ReplicatedVolume) {
         "{:?}",
         n1.status()
     );
+}
+
+/// A partner that refuses to join the copies and says why: node 1 shows the
+/// reason in its status (and, as for a refusal it finds itself, stays down
+/// rather than dialing into the same refusal as if the partner were away).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refusal_from_the_partner_is_shown_with_its_reason() {
+    let d = tempfile::tempdir().unwrap();
+    let dialed = node1_dialing_a_fake(d.path(), Arc::new(MemVolume::new(512, BLOCKS))).await;
+    let mut st = dialed.accept().await;
+    let mut out = bytes::BytesMut::new();
+    encode(
+        &Message::Hello {
+            node_id: 2,
+            volume: "vol".into(),
+            block_size_bytes: 512,
+            block_count: BLOCKS,
+            region_bytes: 64 << 10,
+            gens: Generations {
+                current: 9,
+                synced: 9,
+            },
+            flags: hello_flags::CONSISTENT,
+        },
+        &mut out,
+    );
+    encode(
+        &Message::Refused {
+            reason: "split brain: both copies took writes (test)".into(),
+        },
+        &mut out,
+    );
+    st.writer.write_all(&out).await.unwrap();
+    let n1 = &dialed.n1;
+    let shown = n1
+        .wait_until(
+            |s| s.reason.contains("refused to join") && s.reason.contains("(test)"),
+            Duration::from_secs(20),
+        )
+        .await;
+    let s = n1.status();
+    assert!(shown, "{s:?}");
+    assert_ne!(s.role, Role::Leader, "{s:?}");
+    n1.shutdown().await;
+}
+
+/// The same refusal sent once both handshakes are done (the partner's plan
+/// alone says no, as the consistent side's does for an unfinished target it
+/// has no record of): node 1 learns it on the link and shows it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refusal_after_the_handshake_is_shown_with_its_reason() {
+    let d = tempfile::tempdir().unwrap();
+    let dialed = node1_dialing_a_fake(d.path(), Arc::new(MemVolume::new(512, BLOCKS))).await;
+    let st = dialed.accept().await;
+    let (fake, _) = Fake::start(st.reader, st.writer, 2, Generations::default()).await;
+    fake.send(Message::Refused {
+        reason: "an unfinished resync target meets a copy with no record of it (test)".into(),
+    })
+    .await;
+    let n1 = &dialed.n1;
+    let shown = n1
+        .wait_until(
+            |s| s.reason.contains("refused to join") && s.reason.contains("(test)"),
+            Duration::from_secs(20),
+        )
+        .await;
+    let s = n1.status();
+    assert!(shown, "{s:?}");
+    n1.shutdown().await;
 }

@@ -109,6 +109,7 @@ fn message() -> impl Strategy<Value = Message> {
         (any::<u64>(), payload(4096)).prop_map(|(id, data)| Message::ScsiRequest { id, data }),
         (any::<u64>(), payload(4096)).prop_map(|(id, data)| Message::ScsiReply { id, data }),
         name().prop_map(|reason| Message::Detach { reason }),
+        name().prop_map(|reason| Message::Refused { reason }),
         (any::<u64>(), any::<u64>()).prop_map(|(id, copy)| Message::CopyEnd { id, copy }),
         any::<u64>().prop_map(|seq| Message::Ping { seq }),
         any::<u64>().prop_map(|seq| Message::Pong { seq }),
@@ -179,6 +180,9 @@ fn samples() -> Vec<Message> {
         },
         Message::Detach {
             reason: "write fault at lba 7".into(),
+        },
+        Message::Refused {
+            reason: "split brain".into(),
         },
         Message::CopyEnd { id: 14, copy: 3 },
         Message::Ping { seq: 1 },
