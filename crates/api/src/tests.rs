@@ -498,16 +498,23 @@ async fn changes_are_audited_with_secrets_masked() {
 /// A change on pool "slow" (it takes 300 ms), started: the client's
 /// connection, once the change runs.
 async fn slow_change_started(n: &Node) -> tokio::net::TcpStream {
+    let s = fail_sent(n, "slow", "").await;
+    n.fake.slow_started.notified().await;
+    s
+}
+
+/// A connection that has sent the admin's `fail` of position 1 of `pool`
+/// (`extra`: more header lines, each ending in CRLF).
+async fn fail_sent(n: &Node, pool: &str, extra: &str) -> tokio::net::TcpStream {
     let body = r#"{"position":1}"#;
     let req = format!(
-        "POST /api/v1/pools/slow/fail HTTP/1.1\r\nHost: {}\r\n{}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        "POST /api/v1/pools/{pool}/fail HTTP/1.1\r\nHost: {}\r\n{extra}{}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
         n.addr,
         bearer(&n.admin),
         body.len()
     );
     let mut s = tokio::net::TcpStream::connect(n.addr).await.unwrap();
     s.write_all(req.as_bytes()).await.unwrap();
-    n.fake.slow_started.notified().await;
     s
 }
 
@@ -522,27 +529,13 @@ async fn a_change_past_the_slots_is_answered_429_and_not_carried_out() {
     .await;
     let body = r#"{"position":1}"#;
     for _ in 0..2 {
-        let req = format!(
-            "POST /api/v1/pools/held/fail HTTP/1.1\r\nHost: {}\r\n{}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
-            n.addr,
-            bearer(&n.admin),
-            body.len()
-        );
-        let mut s = tokio::net::TcpStream::connect(n.addr).await.unwrap();
-        s.write_all(req.as_bytes()).await.unwrap();
+        let s = fail_sent(&n, "held", "").await;
         tokio::time::timeout(Duration::from_secs(30), n.fake.held_started.notified())
             .await
             .expect("the held change did not start");
         drop(s); // the change goes on without its client, in its slot
     }
-    let req = format!(
-        "POST /api/v1/pools/tank/fail HTTP/1.1\r\nHost: {}\r\nConnection: close\r\n{}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
-        n.addr,
-        bearer(&n.admin),
-        body.len()
-    );
-    let mut s = tokio::net::TcpStream::connect(n.addr).await.unwrap();
-    s.write_all(req.as_bytes()).await.unwrap();
+    let mut s = fail_sent(&n, "tank", "Connection: close\r\n").await;
     let mut out = Vec::new();
     tokio::time::timeout(Duration::from_secs(30), s.read_to_end(&mut out))
         .await

@@ -891,7 +891,12 @@ async fn a_refusal_from_the_partner_is_shown_with_its_reason() {
         &mut out,
     );
     st.writer.write_all(&out).await.unwrap();
-    let n1 = &dialed.n1;
+    shows_the_refusal(&dialed.n1).await;
+}
+
+/// Waits until node 1's status shows the test's refusal (20 s at most); it
+/// is not leading then. Stops node 1.
+async fn shows_the_refusal(n1: &ReplicatedVolume) {
     let shown = n1
         .wait_until(
             |s| s.reason.contains("refused to join") && s.reason.contains("(test)"),
@@ -917,14 +922,5 @@ async fn a_refusal_after_the_handshake_is_shown_with_its_reason() {
         reason: "an unfinished resync target meets a copy with no record of it (test)".into(),
     })
     .await;
-    let n1 = &dialed.n1;
-    let shown = n1
-        .wait_until(
-            |s| s.reason.contains("refused to join") && s.reason.contains("(test)"),
-            Duration::from_secs(20),
-        )
-        .await;
-    let s = n1.status();
-    assert!(shown, "{s:?}");
-    n1.shutdown().await;
+    shows_the_refusal(&dialed.n1).await;
 }

@@ -349,6 +349,16 @@ fn write_back_on_two_ssds() -> (VolumeRef, Vec<VolumeRef>, CacheConfig) {
     (backing, ssds, c)
 }
 
+/// [`write_back_on_two_ssds`] with a backing id, opened.
+async fn named_write_back(id: u128) -> (VolumeRef, Vec<VolumeRef>, CacheConfig, CacheVolume) {
+    let (backing, ssds, mut c) = write_back_on_two_ssds();
+    c.backing_id = id;
+    let vol = CacheVolume::open("t", backing.clone(), devices(&ssds), c.clone())
+        .await
+        .unwrap();
+    (backing, ssds, c, vol)
+}
+
 /// Dirty data written, the cache stopped (cleanly or not); opened with
 /// another block size it refuses, and opened as it was it has the data.
 async fn dirty_cache_refuses_another_shape(clean_stop: bool) {
@@ -382,11 +392,7 @@ async fn dirty_cache_refuses_another_shape(clean_stop: bool) {
 /// is pointed back, where its data is all there.
 #[tokio::test]
 async fn a_dirty_cache_pointed_at_another_volume_refuses_to_open() {
-    let (backing, ssds, mut c) = write_back_on_two_ssds();
-    c.backing_id = 0xa11ce;
-    let vol = CacheVolume::open("t", backing.clone(), devices(&ssds), c.clone())
-        .await
-        .unwrap();
+    let (backing, ssds, c, vol) = named_write_back(0xa11ce).await;
     vol.write(0, pattern(1, 4096), false).await.unwrap();
     drop(vol); // a crash: the dirty block stays on the SSDs
     let other: VolumeRef = Arc::new(MemVolume::new(4096, BACKING_BYTES / 4096));
@@ -446,11 +452,7 @@ async fn head(v: &VolumeRef) -> Bytes {
 ///   acknowledged writes: refused, the devices untouched.
 #[tokio::test]
 async fn a_used_ssd_swapped_in_while_down_never_outranks_the_half_holding_the_data() {
-    let (backing, ssds, mut c) = write_back_on_two_ssds();
-    c.backing_id = 0xa11ce;
-    let vol = CacheVolume::open("t", backing.clone(), devices(&ssds), c.clone())
-        .await
-        .unwrap();
+    let (backing, ssds, c, vol) = named_write_back(0xa11ce).await;
     vol.write(0, pattern(1, 4096), false).await.unwrap();
     drop(vol); // a crash: the dirty block's only copies are on the SSDs
 
@@ -546,11 +548,7 @@ async fn a_mirror_starting_empty_with_a_half_missing_runs_write_through() {
 /// the start is refused rather than destage it here.
 #[tokio::test]
 async fn dirty_data_of_a_cache_recording_no_volume_beside_this_volumes_cache_is_refused() {
-    let (backing, ssds, mut c) = write_back_on_two_ssds();
-    c.backing_id = 0xa11ce;
-    let vol = CacheVolume::open("t", backing.clone(), devices(&ssds), c.clone())
-        .await
-        .unwrap();
+    let (backing, ssds, c, vol) = named_write_back(0xa11ce).await;
     vol.shutdown().await.unwrap();
     drop(vol);
     let elsewhere: VolumeRef = Arc::new(MemVolume::new(4096, BACKING_BYTES / 4096));
