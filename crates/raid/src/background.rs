@@ -26,6 +26,14 @@ const BUSY_SHARE: f64 = 0.5;
 const REBUILD_RETRY_FIRST: Duration = Duration::from_millis(50);
 const REBUILD_RETRY_MAX: Duration = Duration::from_secs(30);
 
+/// How long a rebuild held at a stripe waits before its next try, after
+/// `attempts` failed ones (at least 1): 50 ms doubling, at most 30 s.
+pub(crate) fn rebuild_retry_after(attempts: u64) -> Duration {
+    REBUILD_RETRY_FIRST
+        .saturating_mul(1u32 << attempts.saturating_sub(1).min(20))
+        .min(REBUILD_RETRY_MAX)
+}
+
 /// Bytes of every member one batched rebuild step reads (RAID 5 and F1): large
 /// enough that a step's seek away from the foreground I/O is amortized.
 const REBUILD_BATCH_BYTES: u64 = 8 << 20;
@@ -108,6 +116,10 @@ impl Inner {
     /// One unit of background work; false when there was nothing to do.
     async fn maintenance_pass(self: &Arc<Self>) -> bool {
         if self.is_failed() {
+            // a rebuild that was running has ended with the pool
+            let mut st = self.state.lock();
+            st.rebuild = None;
+            st.rebuild_stalled = None;
             return false;
         }
         let (rebuilding, resync, region) = {
@@ -120,6 +132,12 @@ impl Inner {
                 st.resync_regions.first().copied(),
             )
         };
+        if !rebuilding {
+            // its target failed or left: the rebuild is over, not held
+            let mut st = self.state.lock();
+            st.rebuild = None;
+            st.rebuild_stalled = None;
+        }
         if rebuilding {
             self.rebuild_pass().await;
             true
@@ -141,6 +159,11 @@ impl Inner {
     /// status says where it is held and why; the log says so at attempts 1,
     /// 2, 4, 8...
     fn rebuild_stalled_at(&self, s: u64, e: &BlockError) {
+        if self.is_failed() {
+            // not a stall: a member failed and took the pool with it
+            self.state.lock().rebuild_stalled = None;
+            return;
+        }
         let attempts = {
             let mut st = self.state.lock();
             let stall = match st.rebuild_stalled.as_mut() {
@@ -153,10 +176,7 @@ impl Inner {
             stall.attempts += 1;
             stall.error = e.to_string();
             let attempts = stall.attempts;
-            let backoff = REBUILD_RETRY_FIRST
-                .saturating_mul(1u32 << (attempts - 1).min(20))
-                .min(REBUILD_RETRY_MAX);
-            st.pause = Some(backoff);
+            st.pause = Some(rebuild_retry_after(attempts));
             attempts
         };
         if attempts.is_power_of_two() {
@@ -842,5 +862,22 @@ impl Inner {
                 Ok(())
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_stalled_rebuild_backs_off_from_50_ms_to_30_s() {
+        let ms = |a| rebuild_retry_after(a).as_millis();
+        assert_eq!(ms(0), 50);
+        assert_eq!(ms(1), 50);
+        assert_eq!(ms(2), 100);
+        assert_eq!(ms(3), 200);
+        assert_eq!(ms(10), 25_600);
+        assert_eq!(ms(11), 30_000);
+        assert_eq!(ms(u64::MAX), 30_000);
     }
 }

@@ -21,7 +21,7 @@
 //! 0x0b  ScsiReply        id u64, data blob
 //! 0x0c  Detach           reason str
 //! 0x0d  CopyEnd          id u64, copy u64
-//! 0x0e  Refused          reason str
+//! 0x0e  Refused          reason text (str, up to REASON_BYTES_MAX bytes)
 //! 0x10  Ping             seq u64
 //! 0x11  Pong             seq u64
 //! 0x20  WitnessClaim     cluster str, node_id u8, seq u64
@@ -298,7 +298,7 @@ fn put_body(msg: &Message, out: &mut BytesMut) -> u16 {
             kind::DETACH
         }
         Message::Refused { reason } => {
-            put_str(out, reason);
+            put_text(out, reason, crate::REASON_BYTES_MAX);
             kind::REFUSED
         }
         Message::CopyEnd { id, copy } => {
@@ -426,7 +426,12 @@ fn put_blob(out: &mut BytesMut, b: &[u8]) {
 /// A length-prefixed name, truncated to [`NAME_BYTES_MAX`] bytes at a character
 /// boundary so that it stays valid UTF-8.
 fn put_str(out: &mut BytesMut, s: &str) {
-    let mut end = s.len().min(NAME_BYTES_MAX);
+    put_text(out, s, NAME_BYTES_MAX)
+}
+
+/// A length-prefixed text, truncated to `max` bytes at a character boundary.
+fn put_text(out: &mut BytesMut, s: &str, max: usize) {
+    let mut end = s.len().min(max);
     while !s.is_char_boundary(end) {
         end -= 1;
     }
@@ -493,8 +498,13 @@ impl Reader {
     }
 
     fn string(&mut self) -> Result<String, ProtoError> {
+        self.text(NAME_BYTES_MAX)
+    }
+
+    /// A length-prefixed UTF-8 text of at most `max` bytes.
+    fn text(&mut self, max: usize) -> Result<String, ProtoError> {
         let b = self.blob()?;
-        if b.len() > NAME_BYTES_MAX {
+        if b.len() > max {
             return Err(self.bad());
         }
         std::str::from_utf8(&b)
@@ -663,7 +673,7 @@ fn parse_body(k: u16, body: Bytes) -> Result<Message, ProtoError> {
             reason: r.string()?,
         },
         kind::REFUSED => Message::Refused {
-            reason: r.string()?,
+            reason: r.text(crate::REASON_BYTES_MAX)?,
         },
         kind::COPY_END => Message::CopyEnd {
             id: r.u64()?,

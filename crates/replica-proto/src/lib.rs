@@ -42,6 +42,9 @@ pub const FRAME_HEADER_BYTES: usize = 16;
 pub const PAYLOAD_BYTES_MAX: u32 = (16 << 20) + 4096;
 /// Longest name (volume or cluster) carried in a message.
 pub const NAME_BYTES_MAX: usize = 255;
+/// Longest reason a [`Message::Refused`] carries (a refusal names generations
+/// and the remedy).
+pub const REASON_BYTES_MAX: usize = 1024;
 
 /// Errors of the codec: every one means the stream is unusable.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -304,7 +307,7 @@ pub enum Message {
     /// operator acts.
     Refused {
         /// Why, as the refusing side's status says it (cut to
-        /// [`NAME_BYTES_MAX`] bytes).
+        /// [`REASON_BYTES_MAX`] bytes).
         reason: String,
     },
     /// The sender's copy `copy` ended (done or failed: its command is answered

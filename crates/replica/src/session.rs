@@ -190,16 +190,23 @@ async fn manage(inner: &Arc<Inner>, mut conns: mpsc::Receiver<(Framed, Message)>
                     }
                     last_decide = None;
                     if let Some(why) = link.partner_refused() {
-                        // refused after this side's handshake (only the
-                        // partner's plan said no: this is the unfinished
-                        // copy, which serves nothing alone): show why, as a
-                        // refusal found here is shown
-                        let why = refused_by_partner(&why);
-                        tracing::error!(volume = %inner.cfg.name, "{why}");
-                        if inner.role().role != Role::Solo {
-                            inner.set_role(Role::Down, None, false, why);
+                        // refused after this side's handshake: only the
+                        // partner's plan said no, which an honest partner's
+                        // does only to an unfinished copy (serving nothing
+                        // alone): show why, as a refusal found here is shown.
+                        // A consistent copy takes it as a lost link and decides
+                        // for itself: no partner keeps it down by saying so
+                        match partner_refusal(inner, &why) {
+                            Ok(why) => {
+                                if inner.role().role != Role::Solo {
+                                    inner.set_role(Role::Down, None, false, why);
+                                }
+                                unjoinable = true;
+                            }
+                            Err(ignored) => {
+                                tracing::warn!(volume = %inner.cfg.name, "{ignored}");
+                            }
                         }
-                        unjoinable = true;
                     }
                     if let Some(why) = link.partner_detached() {
                         // the partner's copy failed and it stopped serving: no
@@ -441,7 +448,7 @@ async fn handshake(
             .map_err(io)?,
     };
     if let Message::Refused { reason } = &hello {
-        return Err(refused_by_partner(reason));
+        return Err(partner_refusal(inner, reason).unwrap_or_else(|e| e));
     }
     let Message::Hello {
         node_id,
@@ -506,7 +513,9 @@ async fn handshake(
                 peer_bits[at..at + bits.len()].copy_from_slice(&bits);
             }
             Ok(Ok(Message::BitmapDone)) => break,
-            Ok(Ok(Message::Refused { reason })) => return Err(refused_by_partner(&reason)),
+            Ok(Ok(Message::Refused { reason })) => {
+                return Err(partner_refusal(inner, &reason).unwrap_or_else(|e| e))
+            }
             Ok(Ok(_)) => return Err("unexpected message during the handshake".into()),
             Ok(Err(e)) => return Err(e.to_string()),
             Err(_) => return Err("the partner's bitmap did not arrive".into()),
@@ -553,22 +562,48 @@ async fn handshake(
 /// is refused by the consistent side alone (`plan::resume`), and the other
 /// side would otherwise show only that it waits for the partner.
 async fn refuse(f: &mut Framed, reason: String) -> String {
-    let told = tokio::time::timeout(
-        Duration::from_secs(1),
+    // then the write side is shut and what the partner sent meanwhile is read
+    // until it closes: closing over unread bytes would reset the connection,
+    // and the partner could lose the refusal with it (1 s in all)
+    let told = tokio::time::timeout(Duration::from_secs(1), async {
         f.send(&Message::Refused {
             reason: reason.clone(),
-        }),
-    )
+        })
+        .await?;
+        f.stream.writer.shutdown().await?;
+        let mut sink = bytes::BytesMut::with_capacity(64 << 10);
+        while f.stream.reader.read_buf(&mut sink).await? > 0 {
+            sink.clear();
+        }
+        Ok::<(), std::io::Error>(())
+    })
     .await;
     if !matches!(told, Ok(Ok(()))) {
-        tracing::debug!("could not tell the partner why it was refused");
+        tracing::debug!("could not tell the partner why it was refused, or it did not close");
     }
     reason
 }
 
-/// The status reason of a node whose partner refused to join the copies.
-fn refused_by_partner(reason: &str) -> String {
-    format!("the partner refused to join the copies: {reason}")
+/// What a refusal from the partner means here: `Ok`, the status reason of an
+/// unfinished copy the partner refused ("refused to join", which makes the
+/// session loop stop deciding); `Err`, for a consistent copy, a note for the
+/// log that names none of the refusals this node would stop on (it decides
+/// for itself: a partner, buggy, newer or hostile, must not keep a copy that
+/// can serve down by saying no). The partner's text loses its control
+/// characters.
+fn partner_refusal(inner: &Inner, reason: &str) -> Result<String, String> {
+    let reason: String = reason.chars().filter(|c| !c.is_control()).collect();
+    if inner.meta.lock().consistent {
+        tracing::warn!(volume = %inner.cfg.name, partner_says = %reason,
+            "the partner will not join the copies; this copy is consistent and decides for itself");
+        return Err(
+            "the partner closed the link saying no; this copy can serve, so it decides for itself (see the log)"
+                .into(),
+        );
+    }
+    let why = format!("the partner refused to join the copies: {reason}");
+    tracing::error!(volume = %inner.cfg.name, "{why}");
+    Ok(why)
 }
 
 /// Runs a connected session until the link is lost; returns the dead link and

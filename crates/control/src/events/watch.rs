@@ -464,14 +464,17 @@ fn pool_events(old: &raid::PoolStatus, new: &raid::PoolStatus, out: &mut Vec<New
             },
         ));
     }
-    if let (None, Some(stall)) = (&old.rebuild_stalled, &new.rebuild_stalled) {
+    // from the second failed try: one failure can be a member failing,
+    // which the pool's own events tell
+    let held = |p: &raid::PoolStatus| p.rebuild_stalled.clone().filter(|s| s.attempts >= 2);
+    if let (None, Some(stall)) = (held(old), held(new)) {
         out.push(NewEvent::new(
             S::Critical,
             K::RebuildStalled,
             pool.clone(),
             format!(
-                "pool {pool}: the rebuild cannot read stripe {} ({}); it retries, and the \
-                 pool stays without redundancy until that read succeeds",
+                "pool {pool}: the rebuild cannot go past stripe {} ({}); it retries, and the \
+                 pool does not regain its full redundancy until that read succeeds",
                 stall.stripe, stall.error
             ),
         ));
@@ -774,6 +777,9 @@ mod tests {
             error: "medium error".into(),
             attempts: 1,
         });
+        // one failed try is not a stall yet (a member failing makes one)
+        assert_eq!(kinds(&rebuilding, &stalled), vec![]);
+        stalled.rebuild_stalled.as_mut().unwrap().attempts = 2;
         assert_eq!(
             kinds(&rebuilding, &stalled),
             vec![(K::RebuildStalled, S::Critical, "p".into())]

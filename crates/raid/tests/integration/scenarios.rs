@@ -632,6 +632,10 @@ async fn a_rebuild_held_by_an_unreadable_sector_says_where_and_goes_on_once_it_r
         tokio::time::sleep(Duration::from_millis(20)).await;
     };
     assert!(stall.error.contains("unreadable"), "{stall:?}");
+    assert!(
+        stall.error.contains(&format!("stripe {} ", stall.stripe)),
+        "the status names another stripe than the error: {stall:?}"
+    );
     let st = pool.status();
     assert_ne!(st.state, PoolState::Optimal, "{st:?}");
     assert_eq!(st.members[1].state, MemberState::Rebuilding, "{st:?}");

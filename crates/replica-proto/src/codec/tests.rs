@@ -182,7 +182,7 @@ fn samples() -> Vec<Message> {
             reason: "write fault at lba 7".into(),
         },
         Message::Refused {
-            reason: "split brain".into(),
+            reason: "r".repeat(crate::REASON_BYTES_MAX),
         },
         Message::CopyEnd { id: 14, copy: 3 },
         Message::Ping { seq: 1 },
