@@ -79,9 +79,17 @@ async fn read_write_mix_follows_spec() {
 }
 
 /// Records the LBA of every read in call order.
+/// Records the LBA of every read. Its reads wait until reads below and at or
+/// above `split` have both arrived: each of two threads walking the two
+/// halves then gets its share of a shared I/O budget whatever the machine's
+/// load (on a loaded machine one thread took the whole budget before the
+/// other issued a read).
 struct Recorder {
     inner: VolumeRef,
     lbas: Mutex<Vec<u64>>,
+    split: u64,
+    /// (a read below `split` seen, one at or above it seen)
+    seen: tokio::sync::watch::Sender<(bool, bool)>,
 }
 
 #[async_trait]
@@ -91,7 +99,11 @@ impl Volume for Recorder {
     }
     async fn read(&self, lba: u64, blocks: u32) -> BlockResult<Bytes> {
         self.lbas.lock().push(lba);
-        tokio::task::yield_now().await;
+        let high = lba >= self.split;
+        self.seen
+            .send_modify(|s| if high { s.1 = true } else { s.0 = true });
+        let mut rx = self.seen.subscribe();
+        let _ = rx.wait_for(|&(low, high)| low && high).await;
         self.inner.read(lba, blocks).await
     }
     async fn write(&self, lba: u64, data: Bytes, fua: bool) -> BlockResult<()> {
@@ -110,6 +122,8 @@ async fn sequential_walks_each_threads_slice_in_order() {
     let rec = Arc::new(Recorder {
         inner: mem(512, 1024),
         lbas: Mutex::new(Vec::new()),
+        split: 48 * 8,
+        seen: tokio::sync::watch::channel((false, false)).0,
     });
     // 1024 sectors = 128 blocks of 4K; region from block 16, 64 blocks: slices of 32.
     let mut w = quick("seq", 4096, 100, 0);
