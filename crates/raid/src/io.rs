@@ -245,6 +245,9 @@ impl Inner {
         )
         .await;
         let mut par: Vec<Option<Vec<u8>>> = vec![None; pp.len()];
+        // positions whose chunk of this stripe could not be read (for the
+        // message below: which disk holds the bad sector)
+        let mut unreadable: Vec<usize> = medium.iter().map(|&d| self.data_pos(s, d)).collect();
         {
             let futs: Vec<BoxFut<'_, Option<BlockResult<Bytes>>>> = pp
                 .iter()
@@ -261,6 +264,9 @@ impl Inner {
                 match r {
                     Some(Ok(b)) => par[i] = Some(b.to_vec()),
                     Some(Err(e)) => {
+                        if matches!(e, BlockError::Medium { .. }) {
+                            unreadable.push(pp[i]);
+                        }
                         if let Some(h) = view.readable(pp[i], s) {
                             self.member_error(pp[i], h, &e).await;
                         }
@@ -276,8 +282,10 @@ impl Inner {
             par.get(1).and_then(|q| q.as_deref()),
             len,
         ) {
+            unreadable.sort_unstable();
             return Err(unavailable(format!(
-                "pool {}: stripe {s} has more unreadable members than redundancy",
+                "pool {}: stripe {s} has more unreadable members than redundancy \
+                 (unreadable sectors at position(s) {unreadable:?}, member block {mlba})",
                 self.name
             )));
         }

@@ -636,6 +636,10 @@ async fn a_rebuild_held_by_an_unreadable_sector_says_where_and_goes_on_once_it_r
         stall.error.contains(&format!("stripe {} ", stall.stripe)),
         "the status names another stripe than the error: {stall:?}"
     );
+    assert!(
+        stall.error.contains("position(s) [0]"),
+        "the disk with the bad sector (a, position 0) is not named: {stall:?}"
+    );
     let st = pool.status();
     assert_ne!(st.state, PoolState::Optimal, "{st:?}");
     assert_eq!(st.members[1].state, MemberState::Rebuilding, "{st:?}");
