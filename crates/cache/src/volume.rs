@@ -1935,25 +1935,23 @@ impl Inner {
         }
     }
 
-    /// Which superblock's table the cache takes: the newest copy of those that
-    /// name this backing volume (or name none: written before backing ids, or
-    /// a backing with no identity), and only when no copy names another volume
-    /// does the newest of all decide (`load` then starts empty, or refuses
-    /// dirty data). Generations of different caches do not compare: a used SSD
-    /// put in place of a mirror half while the node was down carries another
-    /// cache's superblock, perhaps at a higher generation, and taken as the
-    /// newest it would fail the half that holds this cache's dirty data (whose
-    /// table the next write then overwrites). So when the devices hold more
-    /// than one cache:
-    /// - a device of a cache of another volume holding dirty data refuses the
-    ///   start (that volume's acknowledged writes; failed or adopted here, its
-    ///   table would be overwritten);
-    /// - of the caches of this volume, the one holding dirty data is taken
-    ///   (the others' devices are then failed, or in the modes without dirty
-    ///   data, overwritten); two holding dirty data refuse the start (either
-    ///   may be the only copy of acknowledged writes); none: the cache starts
-    ///   empty (the newer table need not be the last one in front of the
-    ///   volume: a warm read cache would serve blocks it has since changed).
+    /// Which superblock's table the cache takes. One cache on the devices:
+    /// its newest copy (`load` then checks it names this volume). Several
+    /// (generations of different caches do not compare: a used SSD put in
+    /// place of a mirror half while the node was down carries another cache's
+    /// superblock, perhaps at a higher generation, which as "the newest" would
+    /// fail the half holding this cache's dirty data), their tables decide:
+    /// - a cache of another volume holding dirty data refuses the start (that
+    ///   volume's acknowledged writes; failed or adopted here, its table
+    ///   would be overwritten);
+    /// - of the caches of this volume (or recording none), the one holding
+    ///   dirty data is taken (the others' devices are then failed, or in the
+    ///   modes without dirty data, overwritten), unless it records no volume
+    ///   while another names this one; two holding dirty data refuse the start
+    ///   (either may be the only copy of acknowledged writes);
+    /// - none holding dirty data: the cache starts empty (the newer table need
+    ///   not be the last one in front of the volume: a warm read cache would
+    ///   serve blocks it has since changed).
     async fn whose_table(
         name: &str,
         devs: &[Device],
@@ -2044,7 +2042,8 @@ impl Inner {
     }
 
     /// Whether the tables on devices `on`, laid out as `sb` says, hold a
-    /// dirty record; a page unreadable or damaged counts as one.
+    /// dirty record; a page unreadable or damaged counts as one (refuse
+    /// rather than guess).
     async fn holds_dirty(devs: &[Device], on: &[usize], sb: &Superblock) -> bool {
         let local = if sb.mirrored {
             sb.frames
@@ -2120,7 +2119,7 @@ impl Inner {
         // that volume's. Served here they would be wrong reads; destaged here,
         // they would overwrite this volume with another's data
         if old.backing_id != 0 && old.backing_id != self.cfg.backing_id {
-            if dirty_possible && self.scan_dirty(old).await? {
+            if dirty_possible && self.scan_dirty(old).await {
                 return Err(BlockError::Unavailable(format!(
                     "cache {}: the devices hold dirty data of another backing volume \
                      (id {:032x}; this one is {:032x}); point the cache back at that \
@@ -2139,7 +2138,7 @@ impl Inner {
             // whole table, dirty records included, and does not destage): this
             // used to be asked only after an unclean stop, so a cleanly
             // stopped cache started empty under a new shape and erased them
-            if dirty_possible && self.scan_dirty(old).await? {
+            if dirty_possible && self.scan_dirty(old).await {
                 return Err(BlockError::Unavailable(format!(
                     "cache {}: the devices hold dirty data of a cache with another shape \
                      (block {} bytes, {} devices, {} frames); restore that configuration \
@@ -2284,31 +2283,13 @@ impl Inner {
         }
     }
 
-    /// Whether any table record of the old shape marks dirty sectors.
-    async fn scan_dirty(&self, old: &Superblock) -> BlockResult<bool> {
-        let local = if old.mirrored {
-            old.frames
-        } else {
-            old.frames.div_ceil(old.device_count.max(1) as u32)
-        };
-        let pages = DeviceLayout::for_frames(local, old.block_bytes as u64).table_pages;
-        for dev in &self.devs {
-            if dev.is_failed() {
-                continue;
-            }
-            for page in 0..pages {
-                let raw = dev.read_page(page).await?;
-                match decode_page(page, &raw) {
-                    Some(recs) => {
-                        if recs.iter().any(|r| r.key != NO_KEY && r.dirty != 0) {
-                            return Ok(true);
-                        }
-                    }
-                    None => return Ok(true),
-                }
-            }
-        }
-        Ok(false)
+    /// Whether any table record of the old shape, on the devices not failed,
+    /// marks dirty sectors ([`Inner::holds_dirty`]).
+    async fn scan_dirty(&self, old: &Superblock) -> bool {
+        let live: Vec<usize> = (0..self.devs.len())
+            .filter(|&d| !self.devs[d].is_failed())
+            .collect();
+        Self::holds_dirty(&self.devs, &live, old).await
     }
 }
 
