@@ -78,23 +78,23 @@ pub(crate) fn spawn_worker(inner: &Arc<Inner>) {
     });
     tokio::spawn(async move {
         loop {
-            let (worked, pause) = {
+            let pass = {
                 let Some(inner) = weak.upgrade() else { return };
                 if inner.closed.load(Ordering::SeqCst) {
                     return;
                 }
-                let worked = inner.maintenance_pass().await;
-                let pause = inner.state.lock().pause.take();
-                (worked, pause)
+                inner.maintenance_pass().await
             };
-            if let Some(pause) = pause {
-                // (holding no reference to the pool: a close is not held up)
-                tokio::select! {
-                    _ = tokio::time::sleep(pause) => {}
-                    _ = wake.notified() => {}
+            // (holding no reference to the pool: a close is not held up)
+            match pass {
+                Pass::Worked => {}
+                Pass::Idle => wake.notified().await,
+                Pass::RestFor(pause) => {
+                    tokio::select! {
+                        _ = tokio::time::sleep(pause) => {}
+                        _ = wake.notified() => {}
+                    }
                 }
-            } else if !worked {
-                wake.notified().await;
             }
         }
     });
@@ -112,43 +112,52 @@ pub(crate) fn progress(started: Instant, done_bytes: u64, total_bytes: u64) -> P
     }
 }
 
+/// What one unit of background work asks of the worker next.
+enum Pass {
+    /// Nothing to do: wait to be woken.
+    Idle,
+    /// Go on at once.
+    Worked,
+    /// A rebuild is held at a stripe it cannot read: try again after this
+    /// long, or when woken.
+    RestFor(Duration),
+}
+
 impl Inner {
-    /// One unit of background work; false when there was nothing to do.
-    async fn maintenance_pass(self: &Arc<Self>) -> bool {
-        if self.is_failed() {
-            // a rebuild that was running has ended with the pool
-            let mut st = self.state.lock();
-            st.rebuild = None;
-            st.rebuild_stalled = None;
-            return false;
-        }
+    /// One unit of background work.
+    async fn maintenance_pass(self: &Arc<Self>) -> Pass {
+        let failed = self.is_failed();
         let (rebuilding, resync, region) = {
-            let st = self.state.lock();
-            (
-                st.slots
+            let mut st = self.state.lock();
+            let rebuilding = !failed
+                && st
+                    .slots
                     .iter()
-                    .any(|s| s.state == MemberState::Rebuilding && s.member.is_some()),
+                    .any(|s| s.state == MemberState::Rebuilding && s.member.is_some());
+            if !rebuilding {
+                // its target or the pool failed: the rebuild is over, not held
+                st.rebuild_over();
+            }
+            (
+                rebuilding,
                 st.resync_cursor.is_some(),
                 st.resync_regions.first().copied(),
             )
         };
-        if !rebuilding {
-            // its target failed or left: the rebuild is over, not held
-            let mut st = self.state.lock();
-            st.rebuild = None;
-            st.rebuild_stalled = None;
-        }
-        if rebuilding {
-            self.rebuild_pass().await;
-            true
+        if failed {
+            Pass::Idle
+        } else if rebuilding {
+            self.rebuild_pass()
+                .await
+                .map_or(Pass::Worked, Pass::RestFor)
         } else if let Some(r) = region {
             self.region_resync(r).await;
-            true
+            Pass::Worked
         } else if resync {
             self.resync_pass().await;
-            true
+            Pass::Worked
         } else {
-            false
+            Pass::Idle
         }
     }
 
@@ -157,12 +166,13 @@ impl Inner {
     /// sector that stays unreadable held the worker in a loop that re-read
     /// the stripe and logged a warning 20 times a second, for ever). The
     /// status says where it is held and why; the log says so at attempts 1,
-    /// 2, 4, 8...
-    fn rebuild_stalled_at(&self, s: u64, e: &BlockError) {
+    /// 2, 4, 8... Returns how long to wait (None: the pool failed, nothing
+    /// to retry).
+    fn rebuild_stalled_at(&self, s: u64, e: &BlockError) -> Option<Duration> {
         if self.is_failed() {
             // not a stall: a member failed and took the pool with it
             self.state.lock().rebuild_stalled = None;
-            return;
+            return None;
         }
         let attempts = {
             let mut st = self.state.lock();
@@ -175,14 +185,13 @@ impl Inner {
             };
             stall.attempts += 1;
             stall.error = e.to_string();
-            let attempts = stall.attempts;
-            st.pause = Some(rebuild_retry_after(attempts));
-            attempts
+            stall.attempts
         };
         if attempts.is_power_of_two() {
             tracing::warn!(pool = %self.name, stripe = s, attempts, error = %e,
                 "rebuild cannot read stripe; retrying it, backing off (an unreadable sector on a member it reads from?)");
         }
+        Some(rebuild_retry_after(attempts))
     }
 
     /// Paces one unit of background work (see [`Pacer`]).
@@ -368,7 +377,9 @@ impl Inner {
         }
     }
 
-    async fn rebuild_pass(self: &Arc<Self>) {
+    /// One pass of the rebuild from the lowest checkpoint; `Some(wait)` when
+    /// it is held at a stripe it cannot read.
+    async fn rebuild_pass(self: &Arc<Self>) -> Option<Duration> {
         let (start, count) = {
             let st = self.state.lock();
             let reb: Vec<u64> = st
@@ -396,7 +407,7 @@ impl Inner {
             let s = next;
             next += 1;
             if self.closed.load(Ordering::SeqCst) {
-                return;
+                return None;
             }
             self.throttle(&mut pacer, done).await;
             let batch = match self.layout.scheme() {
@@ -412,7 +423,7 @@ impl Inner {
                 continue;
             }
             let g = self.lock_for(s).write().await;
-            let Ok(view) = self.view() else { return };
+            let Ok(view) = self.view() else { return None };
             let targets: Vec<(usize, Arc<MemberHandle>)> = {
                 let st = self.state.lock();
                 st.slots
@@ -436,8 +447,7 @@ impl Inner {
                 Ok(i) => i,
                 Err(e) => {
                     drop(g);
-                    self.rebuild_stalled_at(s, &e);
-                    return;
+                    return self.rebuild_stalled_at(s, &e);
                 }
             };
             self.state.lock().rebuild_stalled = None;
@@ -471,7 +481,7 @@ impl Inner {
             self.persist_progress(&mut last_persist).await;
         }
         if self.flush_members().await.is_err() {
-            return;
+            return None;
         }
         {
             let mut st = self.state.lock();
@@ -488,12 +498,12 @@ impl Inner {
                 st.generation += 1;
             }
             if !st.slots.iter().any(|s| s.state == MemberState::Rebuilding) {
-                st.rebuild = None;
-                st.rebuild_stalled = None;
+                st.rebuild_over();
             }
         }
         tracing::info!(pool = %self.name, "rebuild pass finished");
         let _ = self.persist().await;
+        None
     }
 
     /// One batched rebuild step for a single-parity pool (RAID 5, F1) with exactly

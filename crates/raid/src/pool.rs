@@ -103,9 +103,6 @@ pub(crate) struct State {
     pub clean: bool,
     pub rebuild: Option<Progress>,
     pub rebuild_stalled: Option<crate::status::RebuildStall>,
-    /// How long the worker rests before its next pass (a stalled rebuild's
-    /// back-off), unless woken; taken by the worker.
-    pub pause: Option<std::time::Duration>,
     pub resync: Option<Progress>,
     pub scrub: Option<Progress>,
     pub last_scrub: Option<ScrubReport>,
@@ -116,6 +113,15 @@ pub(crate) struct State {
     pub intent_seq: u64,
     /// Regions dirty at an unclean assemble, waiting for their parity resync.
     pub resync_regions: BTreeSet<u64>,
+}
+
+impl State {
+    /// The rebuild is over (done, or its target or the pool failed): no
+    /// progress and no stall to show.
+    pub(crate) fn rebuild_over(&mut self) {
+        self.rebuild = None;
+        self.rebuild_stalled = None;
+    }
 }
 
 /// A member as one grid position sees it: the handle, and the data-area lba where
@@ -488,7 +494,6 @@ impl Pool {
             clean: false,
             rebuild: None,
             rebuild_stalled: None,
-            pause: None,
             resync: None,
             scrub: None,
             last_scrub: None,
@@ -758,7 +763,6 @@ impl Pool {
             clean: false,
             rebuild: None,
             rebuild_stalled: None,
-            pause: None,
             resync: None,
             scrub: None,
             last_scrub: None,
