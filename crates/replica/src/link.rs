@@ -294,10 +294,12 @@ async fn reader(
             }
             Message::Detach { reason } => {
                 // recorded before the link closes, so whoever sees it closed knows
+                let reason = shown(&reason);
                 *link.detached.lock() = Some(reason.clone());
                 break format!("the partner detached its failed copy: {reason}");
             }
             Message::Refused { reason } => {
+                let reason = shown(&reason);
                 *link.refused.lock() = Some(reason.clone());
                 break format!("the partner refused to join the copies: {reason}");
             }
@@ -385,4 +387,11 @@ async fn heartbeat(link: Arc<Link>, interval: Duration) {
             return;
         }
     }
+}
+
+/// A reason the partner sent, as this node shows it (status, log, events):
+/// without control characters, which would rewrite a terminal or split a log
+/// line.
+pub(crate) fn shown(reason: &str) -> String {
+    reason.chars().filter(|c| !c.is_control()).collect()
 }

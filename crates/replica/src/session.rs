@@ -196,16 +196,11 @@ async fn manage(inner: &Arc<Inner>, mut conns: mpsc::Receiver<(Framed, Message)>
                         // alone): show why, as a refusal found here is shown.
                         // A consistent copy takes it as a lost link and decides
                         // for itself: no partner keeps it down by saying so
-                        match partner_refusal(inner, &why) {
-                            Ok(why) => {
-                                if inner.role().role != Role::Solo {
-                                    inner.set_role(Role::Down, None, false, why);
-                                }
-                                unjoinable = true;
+                        if let Some(why) = partner_refusal(inner, &why) {
+                            if inner.role().role != Role::Solo {
+                                inner.set_role(Role::Down, None, false, why);
                             }
-                            Err(ignored) => {
-                                tracing::warn!(volume = %inner.cfg.name, "{ignored}");
-                            }
+                            unjoinable = true;
                         }
                     }
                     if let Some(why) = link.partner_detached() {
@@ -448,7 +443,7 @@ async fn handshake(
             .map_err(io)?,
     };
     if let Message::Refused { reason } = &hello {
-        return Err(partner_refusal(inner, reason).unwrap_or_else(|e| e));
+        return Err(refused_handshake(inner, reason));
     }
     let Message::Hello {
         node_id,
@@ -513,9 +508,7 @@ async fn handshake(
                 peer_bits[at..at + bits.len()].copy_from_slice(&bits);
             }
             Ok(Ok(Message::BitmapDone)) => break,
-            Ok(Ok(Message::Refused { reason })) => {
-                return Err(partner_refusal(inner, &reason).unwrap_or_else(|e| e))
-            }
+            Ok(Ok(Message::Refused { reason })) => return Err(refused_handshake(inner, &reason)),
             Ok(Ok(_)) => return Err("unexpected message during the handshake".into()),
             Ok(Err(e)) => return Err(e.to_string()),
             Err(_) => return Err("the partner's bitmap did not arrive".into()),
@@ -584,26 +577,29 @@ async fn refuse(f: &mut Framed, reason: String) -> String {
     reason
 }
 
-/// What a refusal from the partner means here: `Ok`, the status reason of an
-/// unfinished copy the partner refused ("refused to join", which makes the
-/// session loop stop deciding); `Err`, for a consistent copy, a note for the
-/// log that names none of the refusals this node would stop on (it decides
-/// for itself: a partner, buggy, newer or hostile, must not keep a copy that
-/// can serve down by saying no). The partner's text loses its control
-/// characters.
-fn partner_refusal(inner: &Inner, reason: &str) -> Result<String, String> {
-    let reason: String = reason.chars().filter(|c| !c.is_control()).collect();
+/// What a refusal from the partner means here: for an unfinished copy, the
+/// status reason ("refused to join", which makes the session loop stop
+/// deciding); for a consistent one None, after a line in the log: it decides
+/// for itself (a partner, buggy, newer or hostile, must not keep a copy that
+/// can serve down by saying no). The reason comes through [`crate::link::shown`].
+fn partner_refusal(inner: &Inner, reason: &str) -> Option<String> {
     if inner.meta.lock().consistent {
         tracing::warn!(volume = %inner.cfg.name, partner_says = %reason,
             "the partner will not join the copies; this copy is consistent and decides for itself");
-        return Err(
-            "the partner closed the link saying no; this copy can serve, so it decides for itself (see the log)"
-                .into(),
-        );
+        return None;
     }
     let why = format!("the partner refused to join the copies: {reason}");
     tracing::error!(volume = %inner.cfg.name, "{why}");
-    Ok(why)
+    Some(why)
+}
+
+/// The handshake's error for a refusal from the partner: the status reason
+/// of an unfinished copy, or for a consistent one words that name none of the
+/// refusals the session loop stops on.
+fn refused_handshake(inner: &Inner, reason: &str) -> String {
+    partner_refusal(inner, &crate::link::shown(reason)).unwrap_or_else(|| {
+        "the partner closed the link saying no; this copy can serve, so it decides for itself (see the log)".into()
+    })
 }
 
 /// Runs a connected session until the link is lost; returns the dead link and
