@@ -98,6 +98,12 @@ pub struct CacheConfig {
     /// dirty blocks of another volume are never destaged into this one (the
     /// open is refused). 0: no identity (checked by size only).
     pub backing_id: u128,
+    /// The backing volume was served without this cache since the devices'
+    /// table was written (freesan's `cache-fronts.toml` says so): their clean
+    /// blocks may be stale and their dirty blocks older than what the volume
+    /// holds, so the cache starts empty, and refuses to open if it holds dirty
+    /// data. Not kept on the devices.
+    pub table_stale: bool,
 }
 
 impl Default for CacheConfig {
@@ -114,6 +120,7 @@ impl Default for CacheConfig {
             destage_batch_bytes: 16 << 20,
             advisor: true,
             backing_id: 0,
+            table_stale: false,
         }
     }
 }

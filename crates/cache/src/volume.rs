@@ -2132,6 +2132,22 @@ impl Inner {
                 "cache devices were in front of another backing volume: starting empty");
             return Ok(());
         }
+        // the volume was served without this cache since the table was
+        // written (the node's record of fronts says so): what the table holds
+        // may be older than the volume
+        if self.cfg.table_stale {
+            if dirty_possible && self.scan_dirty(old).await {
+                return Err(BlockError::Unavailable(format!(
+                    "cache {}: the backing volume was served without this cache since its \
+                     table was written, and the devices hold dirty data older than what the \
+                     volume may hold now; wipe the devices to start the cache empty",
+                    self.name
+                )));
+            }
+            tracing::warn!(cache = %self.name,
+                "the backing volume was served without this cache since its table was written: starting empty");
+            return Ok(());
+        }
         if !same_shape {
             // it may hold dirty data: refuse rather than lose it. A clean stop
             // of a write-back cache keeps its dirty data too (it writes the

@@ -30,6 +30,7 @@ const NODE_OWNED: &[&str] = &[
     "alerts-delivered.json",
     "hook.key",
     "managed.toml",
+    crate::fronts::FILE,
     "nbd",
     "targets",
     "replicas",
@@ -345,6 +346,7 @@ mod tests {
         for own in [
             "audit.log",
             "managed.toml",
+            "cache-fronts.toml",
             "api/tokens.json",
             "targets/t/lun0.pr.json",
         ] {

@@ -18,7 +18,7 @@
 //! config file is never rewritten.
 //!
 //! Modules, from the bottom up (each imports only modules before it here):
-//! `identity`, [`config`], [`events`], [`secrets`], [`managed`], `allowed`, `nbdtls`,
+//! `identity`, [`config`], [`events`], [`secrets`], [`managed`], `fronts`, `allowed`, `nbdtls`,
 //! [`api_node`], `pools`, `cluster`, `ha_scsi`, `lun`, `objects`, `node`, `metrics`,
 //! [`serve`].
 
@@ -31,6 +31,8 @@ pub mod benchjobs;
 mod cluster;
 pub mod config;
 pub mod events;
+// Which cache fronts which volume, kept in the data directory.
+mod fronts;
 // The last hour of the node's rates, sampled once a second.
 pub mod history;
 // Persistent reservations and explicit ALUA states across an HA pair.

@@ -18,7 +18,7 @@ use std::sync::Arc;
 /// volume and a description of what backs it.
 fn lun_volume(l: &LunConfig, pools: &Pools) -> Result<(VolumeRef, String)> {
     if let Some(name) = &l.pool {
-        let vol = pools.volume(name)?;
+        let vol = pools.lun_pool_volume(name)?;
         return Ok((vol, format!("pool {name}")));
     }
     if let Some(name) = &l.cache {

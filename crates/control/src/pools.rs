@@ -4,6 +4,7 @@
 //! actions.
 
 use crate::config::{Config, DiskConfig};
+use crate::fronts::Fronts;
 use anyhow::{bail, Context, Result};
 use block::VolumeRef;
 use std::collections::BTreeMap;
@@ -21,6 +22,8 @@ pub struct CacheSlot {
     front: Arc<block::SwitchVolume>,
     /// Serialises attach, detach and device replacement.
     op: tokio::sync::Mutex<()>,
+    /// The node's record of which cache fronts which volume.
+    fronts: Arc<parking_lot::Mutex<Fronts>>,
 }
 
 impl CacheSlot {
@@ -83,8 +86,21 @@ impl CacheSlot {
             return Err(conflict(e));
         }
         *self.vol.lock() = None;
+        // destaged and emptied: the volume may be served without it
+        if let Err(e) = self.fronts.lock().detached(self.cfg.backing_id) {
+            tracing::error!(cache = %name, error = %format!("{e:#}"),
+                "the record that the cache no longer fronts its volume could not be written");
+        }
         tracing::info!(cache = %name, "cache detached: dirty data destaged, LUNs on the backing");
         Ok(())
+    }
+
+    /// Records, durably, that this cache fronts its volume.
+    fn front_record(&self, name: &str) -> Result<()> {
+        let write_back = self.cfg.mode == cache::CacheMode::WriteBack;
+        self.fronts
+            .lock()
+            .fronting(self.cfg.backing_id, name, write_back)
     }
 
     /// Creates the cache afresh on its devices and moves the LUNs onto it.
@@ -95,15 +111,32 @@ impl CacheSlot {
             )));
         }
         let devices = self.devices.lock().clone();
-        let v =
-            cache::CacheVolume::create_fresh(name, self.backing.clone(), devices, self.cfg.clone())
-                .await
-                .map(Arc::new)
-                .map_err(|e| api::ApiError::Conflict(format!("cache {name}: {e}")))?;
-        if let Err(e) = self.front.switch(v.clone() as VolumeRef).await {
-            let _ = v.shutdown().await;
-            return Err(api::ApiError::Conflict(format!("cache {name}: {e}")));
-        }
+        // recorded before the cache can hold anything the volume does not
+        self.front_record(name)
+            .map_err(|e| api::ApiError::Conflict(format!("cache {name}: {e:#}")))?;
+        let made = async {
+            let v = cache::CacheVolume::create_fresh(
+                name,
+                self.backing.clone(),
+                devices,
+                self.cfg.clone(),
+            )
+            .await
+            .map(Arc::new)?;
+            if let Err(e) = self.front.switch(v.clone() as VolumeRef).await {
+                let _ = v.shutdown().await;
+                return Err(e);
+            }
+            Ok(v)
+        };
+        let v = match made.await {
+            Ok(v) => v,
+            Err(e) => {
+                // nothing was served through it
+                let _ = self.fronts.lock().detached(self.cfg.backing_id);
+                return Err(api::ApiError::Conflict(format!("cache {name}: {e}")));
+            }
+        };
         *self.vol.lock() = Some(v);
         tracing::info!(cache = %name, "cache attached");
         Ok(())
@@ -122,6 +155,8 @@ pub struct Pools {
     lun_disks: parking_lot::Mutex<BTreeMap<String, VolumeRef>>,
     /// Every disk opened, by name, with its read and write timing.
     timed: parking_lot::Mutex<BTreeMap<String, Arc<disk::TimedDisk>>>,
+    /// Which cache fronts which volume (`DATA_DIR/cache-fronts.toml`).
+    fronts: Arc<parking_lot::Mutex<Fronts>>,
 }
 
 fn raid_level(s: &str) -> Result<raid::RaidLevel> {
@@ -144,8 +179,17 @@ fn raid_level(s: &str) -> Result<raid::RaidLevel> {
 /// identity of its own: one whose path changed under the same name is not
 /// told apart, beyond its size).
 fn backing_id(c: &crate::config::CacheConfig, pools: &BTreeMap<String, Arc<raid::Pool>>) -> u128 {
+    volume_id(c.pool.as_deref(), c.disk.as_deref(), pools)
+}
+
+/// The backing id of pool `pool` or disk `disk` (see [`backing_id`]).
+fn volume_id(
+    pool: Option<&str>,
+    disk: Option<&str>,
+    pools: &BTreeMap<String, Arc<raid::Pool>>,
+) -> u128 {
     use sha2::Digest;
-    let named = match (&c.pool, &c.disk) {
+    let named = match (pool, disk) {
         (Some(p), _) => match pools.get(p).map(|p| u128::from_str_radix(p.uuid(), 16)) {
             Some(Ok(id)) => return id.max(1),
             _ => format!("pool:{p}"),
@@ -384,6 +428,7 @@ impl Pools {
                 pool.set_data_first(false);
             }
         }
+        let fronts = Arc::new(parking_lot::Mutex::new(Fronts::load(&cfg.data_dir)?));
         let mut caches = BTreeMap::new();
         for c in &cfg.caches {
             let backing: VolumeRef = match (&c.pool, &c.disk) {
@@ -412,10 +457,13 @@ impl Pools {
             }
             let mut cc = cache_config(c)?;
             cc.backing_id = backing_id(c, &pools);
-            let vol =
-                cache::CacheVolume::open(&c.name, backing.clone(), devices.clone(), cc.clone())
-                    .await
-                    .with_context(|| format!("cache {}: opening", c.name))?;
+            let opened = cache::CacheConfig {
+                table_stale: fronts.lock().table_stale(cc.backing_id),
+                ..cc.clone()
+            };
+            let vol = cache::CacheVolume::open(&c.name, backing.clone(), devices.clone(), opened)
+                .await
+                .with_context(|| format!("cache {}: opening", c.name))?;
             let st = vol.status();
             tracing::info!(cache = %c.name, mode = %st.mode, frames = st.frames, cached = st.cached_blocks, dirty = st.dirty_blocks, "cache ready");
             let vol = Arc::new(vol);
@@ -426,7 +474,11 @@ impl Pools {
                 front: Arc::new(block::SwitchVolume::new(vol.clone() as VolumeRef)),
                 vol: parking_lot::Mutex::new(Some(vol)),
                 op: tokio::sync::Mutex::new(()),
+                fronts: fronts.clone(),
             };
+            // before anything is served through it
+            slot.front_record(&c.name)
+                .with_context(|| format!("cache {}", c.name))?;
             if !c.attached {
                 // dirty data a crash left is destaged before the LUNs go around it
                 slot.detach(&c.name)
@@ -441,6 +493,7 @@ impl Pools {
             free_disks: parking_lot::Mutex::new(disks),
             lun_disks: parking_lot::Mutex::new(BTreeMap::new()),
             timed: parking_lot::Mutex::new(timed),
+            fronts,
         })
     }
 
@@ -648,8 +701,26 @@ impl Pools {
         }
     }
 
-    /// Takes configured disk `name` for a LUN of its own (it is no longer free).
+    /// The volume of pool `name` for a LUN served directly from it: refused
+    /// while a write-back cache fronts it (see `fronts.rs`).
+    pub fn lun_pool_volume(&self, name: &str) -> Result<VolumeRef> {
+        let vol = self.volume(name)?;
+        let id = volume_id(Some(name), None, &self.pools.read());
+        self.fronts
+            .lock()
+            .serving_bare(id, &format!("pool {name}"))?;
+        Ok(vol)
+    }
+
+    /// Takes configured disk `name` for a LUN of its own (it is no longer free);
+    /// refused while a write-back cache fronts it (see `fronts.rs`).
     pub fn take_disk_volume(&self, name: &str) -> Result<VolumeRef> {
+        if self.free_disks.lock().contains_key(name) {
+            let id = volume_id(None, Some(name), &self.pools.read());
+            self.fronts
+                .lock()
+                .serving_bare(id, &format!("disk {name}"))?;
+        }
         match self.free_disks.lock().remove(name) {
             Some(v) => {
                 self.lun_disks.lock().insert(name.to_string(), v.clone());

@@ -411,6 +411,44 @@ async fn a_dirty_cache_pointed_at_another_volume_refuses_to_open() {
     assert_eq!(vol.read(0, 1).await.unwrap(), pattern(1, 4096));
 }
 
+/// The backing volume was served without the cache since its table was
+/// written (`table_stale`, from freesan's record of fronts): a clean table
+/// starts empty (its blocks may be older than the volume), and dirty data
+/// refuses the open (destaged, it would overwrite newer writes), leaving the
+/// volume as it is.
+#[tokio::test]
+async fn a_stale_table_starts_empty_and_stale_dirty_data_refuses_to_open() {
+    let (backing, ssds, c, vol) = named_write_back(0xa11ce).await;
+    vol.write(0, pattern(1, 4096), false).await.unwrap();
+    drop(vol); // a crash: the dirty block stays on the SSDs
+    backing.write(0, pattern(2, 4096), true).await.unwrap(); // written without it
+    let stale = CacheConfig {
+        table_stale: true,
+        ..c.clone()
+    };
+    let e = CacheVolume::open("t", backing.clone(), devices(&ssds), stale.clone())
+        .await
+        .err()
+        .expect("opened with dirty data older than the volume");
+    assert!(format!("{e}").contains("served without this cache"), "{e}");
+    assert_eq!(backing.read(0, 1).await.unwrap(), pattern(2, 4096));
+    // clean (destaged and stopped), then the volume written without it
+    let vol = CacheVolume::open("t", backing.clone(), devices(&ssds), c.clone())
+        .await
+        .unwrap();
+    vol.write(0, pattern(3, 4096), false).await.unwrap();
+    vol.drain().await.unwrap();
+    assert_eq!(vol.status().dirty_blocks, 0);
+    assert!(vol.status().cached_blocks > 0);
+    vol.shutdown().await.unwrap();
+    backing.write(0, pattern(4, 4096), true).await.unwrap();
+    let vol = CacheVolume::open("t", backing.clone(), devices(&ssds), stale)
+        .await
+        .unwrap();
+    assert_eq!(vol.status().cached_blocks, 0);
+    assert_eq!(vol.read(0, 1).await.unwrap(), pattern(4, 4096));
+}
+
 /// A write-back cache in front of `backing` on two new SSDs, opened and
 /// stopped cleanly `cycles` times (each start and stop writes its superblocks
 /// at a higher generation), then, if `dirty`, written and crashed: its second

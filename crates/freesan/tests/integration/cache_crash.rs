@@ -37,6 +37,33 @@ fn config_over(dir: &std::path::Path, disks: usize, backing: &str) -> std::path:
     path
 }
 
+/// Pool p of [`config_over`] with cache c in front of it, with `cache` added
+/// to its section (its mode...); `None`: no `[[cache]]`, the LUN on the pool
+/// directly, as an operator who took the cache out of the configuration has it.
+/// Written to `dir/NAME.toml`.
+fn config_cache(dir: &std::path::Path, name: &str, cache: Option<&str>) -> std::path::PathBuf {
+    let mut s = config_head(dir, 4);
+    for i in 0..3 {
+        s += &format!(
+            "[[disk]]\nname = \"ssd{i}\"\nsize = \"40M\"\npath = \"{}/ssd{i}.img\"\n",
+            dir.display()
+        );
+    }
+    s += "[[pool]]\nname = \"p\"\nlevel = \"raid5\"\nchunk = \"16K\"\nmembers = [\"d0\", \"d1\", \"d2\", \"d3\"]\n";
+    match cache {
+        Some(extra) => {
+            s += "[[cache]]\nname = \"c\"\npool = \"p\"\ndevices = [\"ssd0\", \"ssd1\"]\n\
+                  size = \"32M\"\nblock_size = \"64K\"\n";
+            s += extra;
+            s += &format!("[[target]]\niqn = \"{IQN}\"\n[[target.lun]]\ncache = \"c\"\n");
+        }
+        None => s += &format!("[[target]]\niqn = \"{IQN}\"\n[[target.lun]]\npool = \"p\"\n"),
+    }
+    let path = dir.join(format!("{name}.toml"));
+    std::fs::write(&path, s).unwrap();
+    path
+}
+
 fn num(v: &serde_json::Value) -> f64 {
     v.as_f64().unwrap_or_else(|| panic!("not a number: {v}"))
 }
@@ -153,6 +180,84 @@ fn a_dirty_cache_pointed_at_another_pool_refuses_to_start() {
     let cfg = config_over(dir.path(), 8, "p");
     let node = start_config(dir.path(), &cfg);
     assert_acknowledged_writes_intact(&node.url(0, 0), &state, "pointed back at its pool");
+}
+
+/// A read cache taken out of the configuration (no `cache detach`) while the
+/// pool is written without it, then put back: its table is stale, so it starts
+/// empty, and the writes made without it read back (before, it loaded its old
+/// table and served the blocks it held from before).
+#[test]
+fn a_read_cache_put_back_after_its_pool_was_served_without_it_starts_empty() {
+    let dir = tempfile::tempdir().unwrap();
+    let with = config_cache(dir.path(), "with", Some("mode = \"write-through\"\n"));
+    let before = dir.path().join("before.state");
+    let mut node = start_config(dir.path(), &with);
+    let api = node.api.clone().expect("no API address in the banner");
+    let bench = start_verified_writes(&node.url(0, 0), &before, "8k", 2, 3);
+    assert!(bench.wait_with_output().unwrap().status.success());
+    // the check's reads fill the cache too
+    assert_acknowledged_writes_intact(&node.url(0, 0), &before, "through the cache");
+    let st = cache_status(&api);
+    assert!(num(&st["cached_blocks"]) > 0.0, "nothing cached: {st}");
+    assert!(node.terminate(), "no clean stop");
+    // the same pool served without the cache, and written again
+    let without = config_cache(dir.path(), "without", None);
+    let after = dir.path().join("after.state");
+    let mut node = start_config(dir.path(), &without);
+    let bench = start_verified_writes(&node.url(0, 0), &after, "8k", 2, 3);
+    assert!(bench.wait_with_output().unwrap().status.success());
+    assert!(node.terminate(), "no clean stop");
+    // put back: empty, and what was written without it reads back
+    let node = start_config(dir.path(), &with);
+    let api = node.api.clone().expect("no API address in the banner");
+    let st = cache_status(&api);
+    assert_acknowledged_writes_intact(&node.url(0, 0), &after, "the cache put back");
+    assert_eq!(
+        num(&st["cached_blocks"]),
+        0.0,
+        "the stale table was loaded: {st}"
+    );
+}
+
+/// A write-back cache holding dirty data taken out of the configuration: the
+/// pool is not served without it (it would return older data for acknowledged
+/// writes). Put back with `attached = false`, it destages and detaches at
+/// start, and from then on the pool is served directly with every write in it.
+#[test]
+fn a_pool_whose_write_back_cache_was_never_detached_is_not_served_without_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = config(dir.path());
+    let state = dir.path().join("verify.state");
+    let mut node = start_config(dir.path(), &cfg);
+    let api = node.api.clone().expect("no API address in the banner");
+    let mut bench = start_verified_writes(&node.url(0, 0), &state, "8k", 2, 10);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while cache_status(&api)["dirty_blocks"].as_u64().unwrap_or(0) == 0 {
+        assert!(
+            bench.try_wait().unwrap().is_none() && std::time::Instant::now() < deadline,
+            "no dirty data in the cache while the bench wrote"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    node.kill9();
+    let _ = bench.wait();
+    let without = config_cache(dir.path(), "without", None);
+    let (ok, out) = serve_expecting_refusal(&without);
+    assert!(!ok, "served the pool without its write-back cache: {out}");
+    assert!(out.contains("write-back cache \"c\""), "{out}");
+    // the way out the refusal names: back in the configuration, detached at start
+    let detaching = config_cache(
+        dir.path(),
+        "detaching",
+        Some("mode = \"write-back\"\nattached = false\n"),
+    );
+    let mut node = start_config(dir.path(), &detaching);
+    let api = node.api.clone().expect("no API address in the banner");
+    assert_eq!(cache_status(&api)["attached"], false);
+    assert_acknowledged_writes_intact(&node.url(0, 0), &state, "detached at start");
+    assert!(node.terminate(), "no clean stop");
+    let node = start_config(dir.path(), &without);
+    assert_acknowledged_writes_intact(&node.url(0, 0), &state, "served without the cache");
 }
 
 #[test]

@@ -1,0 +1,202 @@
+//! Which cache fronts which volume: `DATA_DIR/cache-fronts.toml`.
+//!
+//! A cache's table describes the volume behind it as it was when the table was
+//! written. If the volume is then served without the cache (its `[[cache]]`
+//! taken out of the configuration and the LUN pointed at the pool or disk
+//! directly, with no `cache detach`), two things go wrong:
+//! - a write-back cache may hold the newest data of blocks (dirty, acknowledged):
+//!   the volume served bare returns the older data;
+//! - put back later, the cache loads its old table: its clean blocks are stale
+//!   where the volume was written meanwhile, and its dirty blocks, destaged,
+//!   would overwrite newer writes.
+//!
+//! So the node records here, durably and before a cache serves, which cache
+//! fronts which volume (by the backing id the cache also keeps in its
+//! superblocks), and removes the record once `cache detach` has destaged and
+//! emptied it. Serving a recorded volume bare is refused while the cache was
+//! write-back, and drops the record otherwise; a cache whose volume has no
+//! record while the file exists starts empty (refused if it holds dirty data).
+//! A node with no file yet (one that ran an earlier version) records every cache
+//! it opens and trusts their tables once.
+//!
+//! Key invariant: while a record names a volume, nothing but its cache writes to
+//! it; a volume without one has no cache whose table describes it.
+
+use anyhow::{bail, Context, Result};
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+/// The file's name in the data directory.
+pub const FILE: &str = "cache-fronts.toml";
+
+/// A cache in front of a volume.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Front {
+    /// The cache's name.
+    pub cache: String,
+    /// Configured write-back: it may hold data the volume does not.
+    pub write_back: bool,
+}
+
+#[derive(Debug, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct File {
+    /// By the volume's backing id (32 hex digits).
+    #[serde(default)]
+    volume: BTreeMap<String, Front>,
+}
+
+/// The record of which cache fronts which volume (see the module notes).
+#[derive(Debug, Default)]
+pub struct Fronts {
+    /// None: not kept (no data directory; tests).
+    path: Option<PathBuf>,
+    /// The file existed when the node started (read then, never changed: a
+    /// node without it trusts every table for the whole start).
+    existed: bool,
+    file: File,
+}
+
+fn key(volume_id: u128) -> String {
+    format!("{volume_id:032x}")
+}
+
+impl Fronts {
+    /// Reads `DATA_DIR/cache-fronts.toml` (none yet: an empty record).
+    pub fn load(data_dir: &Path) -> Result<Fronts> {
+        let path = data_dir.join(FILE);
+        let (existed, file) = match std::fs::read_to_string(&path) {
+            Ok(s) => (
+                true,
+                toml::from_str(&s).with_context(|| format!("reading {}", path.display()))?,
+            ),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => (false, File::default()),
+            Err(e) => return Err(e).with_context(|| format!("reading {}", path.display())),
+        };
+        Ok(Fronts {
+            path: Some(path),
+            existed,
+            file,
+        })
+    }
+
+    fn save(&self) -> Result<()> {
+        let Some(path) = &self.path else {
+            return Ok(());
+        };
+        if let Some(dir) = path.parent() {
+            std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+        }
+        let mut text = String::from(
+            "# Which cache fronts which volume (by backing id), written by freesan: a volume\n\
+             # named here is not served without its cache. See docs/0003-cache.md.\n",
+        );
+        text += &toml::to_string(&self.file).context("encoding the cache fronts")?;
+        crate::identity::write_atomic(path, text.as_bytes())
+    }
+
+    /// Whether the volume was served without a cache since a cache's table of
+    /// it was written: the record is kept and names none. (A record kept by an
+    /// earlier version of the node never existed: then no.)
+    pub fn table_stale(&self, volume_id: u128) -> bool {
+        self.path.is_some() && self.existed && !self.file.volume.contains_key(&key(volume_id))
+    }
+
+    /// Records, durably, that `cache` fronts the volume from now on.
+    pub fn fronting(&mut self, volume_id: u128, cache: &str, write_back: bool) -> Result<()> {
+        let front = Front {
+            cache: cache.to_string(),
+            write_back,
+        };
+        if self.file.volume.get(&key(volume_id)) == Some(&front) {
+            return Ok(());
+        }
+        self.file.volume.insert(key(volume_id), front);
+        self.save()
+    }
+
+    /// The cache in front of the volume was detached (destaged and emptied).
+    pub fn detached(&mut self, volume_id: u128) -> Result<()> {
+        if self.file.volume.remove(&key(volume_id)).is_some() {
+            self.save()?;
+        }
+        Ok(())
+    }
+
+    /// The volume `what` (a description for messages) is about to be served
+    /// without a cache: refused while a write-back cache fronts it; a record of
+    /// another cache is dropped (its table is stale from now on).
+    pub fn serving_bare(&mut self, volume_id: u128, what: &str) -> Result<()> {
+        let Some(f) = self.file.volume.get(&key(volume_id)).cloned() else {
+            return Ok(());
+        };
+        if f.write_back {
+            let file = self
+                .path
+                .as_deref()
+                .map(|p| p.display().to_string())
+                .unwrap_or_default();
+            bail!(
+                "{what} is fronted by write-back cache {c:?}, which was never detached: it may \
+                 hold the newest data of this volume, and served without it the volume would \
+                 return older data. Put the [[cache]] back (with `attached = false` it destages \
+                 and detaches at start) and serve the LUN through it (`cache = {c:?}`); once \
+                 detached, the volume may be served directly. If the cache's devices are lost \
+                 for good, remove the entry for volume {id} from {file} to accept the loss of \
+                 what only they held.",
+                c = f.cache,
+                id = key(volume_id),
+            );
+        }
+        tracing::warn!(volume = %what, cache = %f.cache,
+            "served without the read cache that fronted it: that cache starts empty when it is put back");
+        self.file.volume.remove(&key(volume_id));
+        self.save()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_volume_served_bare_leaves_its_read_cache_stale_and_refuses_if_write_back() {
+        let dir = tempfile::tempdir().unwrap();
+        // a node of an earlier version: no file, every table trusted once
+        let mut f = Fronts::load(dir.path()).unwrap();
+        assert!(!f.table_stale(7));
+        f.fronting(7, "rc", false).unwrap();
+        assert!(
+            !f.table_stale(8),
+            "a second cache of the first start is trusted too"
+        );
+        f.fronting(8, "wb", true).unwrap();
+        let mut f = Fronts::load(dir.path()).unwrap();
+        assert!(!f.table_stale(7) && !f.table_stale(8));
+        // a volume never cached is served bare freely
+        f.serving_bare(9, "pool x").unwrap();
+        // the write-back cache's volume is refused, and stays recorded
+        let e = f.serving_bare(8, "pool w").unwrap_err().to_string();
+        assert!(
+            e.contains("write-back cache \"wb\"") && e.contains(FILE),
+            "{e}"
+        );
+        // the read cache's record goes, durably: its table is stale from now on
+        f.serving_bare(7, "pool r").unwrap();
+        let f = Fronts::load(dir.path()).unwrap();
+        assert!(f.table_stale(7));
+        assert!(!f.table_stale(8));
+        // a detach drops the record: served bare afterwards is no conflict
+        let mut f = f;
+        f.detached(8).unwrap();
+        let mut f = Fronts::load(dir.path()).unwrap();
+        f.serving_bare(8, "pool w").unwrap();
+        assert!(f.table_stale(8));
+        // not kept at all (no data directory): nothing is ever stale
+        let mut none = Fronts::default();
+        none.fronting(1, "c", true).unwrap();
+        assert!(!none.table_stale(2));
+    }
+}
