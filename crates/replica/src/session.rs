@@ -212,28 +212,19 @@ async fn manage(inner: &Arc<Inner>, mut conns: mpsc::Receiver<(Framed, Message)>
                     }
                     continue;
                 }
-                Err(e) => {
+                Err(HandshakeError::Failed(e)) => {
                     tracing::warn!(volume = %inner.cfg.name, "handshake with the partner failed: {e}");
-                    if [
-                        "split brain",
-                        "diverged",
-                        "unrelated",
-                        "consistent",
-                        "disagree on preferred_node",
-                        "no record of",
-                        "refused to join",
-                    ]
-                    .iter()
-                    .any(|k| e.contains(k))
-                    {
-                        unjoinable = true;
-                        if inner.role().role != Role::Solo {
-                            inner.set_role(Role::Down, None, false, e);
-                        }
-                    }
                     tokio::time::sleep(RECONNECT_PAUSE).await;
                     // a partner that accepts connections but cannot complete a
                     // handshake is no partner: the decision below still applies
+                }
+                Err(HandshakeError::Unjoinable(e)) => {
+                    tracing::warn!(volume = %inner.cfg.name, "handshake with the partner failed: {e}");
+                    unjoinable = true;
+                    if inner.role().role != Role::Solo {
+                        inner.set_role(Role::Down, None, false, e);
+                    }
+                    tokio::time::sleep(RECONNECT_PAUSE).await;
                 }
             }
         }
@@ -379,11 +370,36 @@ fn partner_seen_elsewhere(inner: &Inner) -> String {
 
 type Handshake = (Framed, Plan, Meta, Vec<u8>);
 
+/// Why a handshake did not end in a session.
+#[derive(Debug)]
+enum HandshakeError {
+    /// The copies cannot be joined without an operator (split brain, copies
+    /// that diverged, an unfinished copy the consistent side has no record of,
+    /// the nodes disagreeing on `preferred_node`, or the partner's refusal of
+    /// this unfinished copy): the node stops deciding by itself.
+    Unjoinable(String),
+    /// Anything else (the link, a partner not ready, copies of different
+    /// sizes being matched): tried again.
+    Failed(String),
+}
+
+impl From<String> for HandshakeError {
+    fn from(e: String) -> Self {
+        HandshakeError::Failed(e)
+    }
+}
+
+impl From<&str> for HandshakeError {
+    fn from(e: &str) -> Self {
+        HandshakeError::Failed(e.to_string())
+    }
+}
+
 async fn handshake(
     inner: &Arc<Inner>,
     mut f: Framed,
     hello: Option<Message>,
-) -> Result<Handshake, String> {
+) -> Result<Handshake, HandshakeError> {
     let io = |e: std::io::Error| e.to_string();
     let meta = *inner.meta.lock();
     let cfg = &inner.cfg;
@@ -462,9 +478,7 @@ async fn handshake(
         || !(1..=2).contains(&node_id)
         || node_id != f.stream.peer.node_id()
     {
-        return Err(format!(
-            "unexpected partner: node {node_id}, volume {volume}"
-        ));
+        return Err(format!("unexpected partner: node {node_id}, volume {volume}").into());
     }
     let here = inner.geo().block_count;
     if block_size_bytes == inner.geo().block_size_bytes
@@ -478,7 +492,7 @@ async fn handshake(
         if block_count < here {
             return Err(format!(
                 "the partner's copy has {block_count} blocks, this one {here}: it grows to match, then reconnects"
-            ));
+            ).into());
         }
         inner.grow_local(block_count).await.map_err(|e| {
             format!("cannot grow this copy to the partner's {block_count} blocks: {e}")
@@ -486,7 +500,8 @@ async fn handshake(
         inner.expose(block_count);
         return Err(format!(
             "grew this copy from {here} to the partner's {block_count} blocks; reconnecting"
-        ));
+        )
+        .into());
     }
     if block_size_bytes != inner.geo().block_size_bytes
         || block_count != inner.geo().block_count
@@ -495,7 +510,7 @@ async fn handshake(
         return Err(format!(
             "the copies differ in shape: {block_count} blocks of {block_size_bytes} bytes, region {region_bytes} (here {} of {}, region {})",
             inner.geo().block_count, inner.geo().block_size_bytes, cfg.region_bytes
-        ));
+        ).into());
     }
     let mut peer_bits = vec![0u8; bits.len()];
     loop {
@@ -510,7 +525,7 @@ async fn handshake(
             Ok(Ok(Message::BitmapDone)) => break,
             Ok(Ok(Message::Refused { reason })) => return Err(refused_handshake(inner, &reason)),
             Ok(Ok(_)) => return Err("unexpected message during the handshake".into()),
-            Ok(Err(e)) => return Err(e.to_string()),
+            Ok(Err(e)) => return Err(e.to_string().into()),
             Err(_) => return Err("the partner's bitmap did not arrive".into()),
         }
     }
@@ -530,7 +545,7 @@ async fn handshake(
         (undo, flags & hello_flags::UNDO != 0),
     ) {
         Ok(p) => p,
-        Err(e) => return Err(refuse(&mut f, e).await),
+        Err(e) => return Err(HandshakeError::Unjoinable(refuse(&mut f, e).await)),
     };
     // plan() is the same function on both nodes only if they agree on which
     // node is preferred (and so is the choice of who serves alone when they
@@ -544,7 +559,7 @@ async fn handshake(
             cfg.preferred_node,
             if peer_preferred { "" } else { "not " }
         );
-        return Err(refuse(&mut f, e).await);
+        return Err(HandshakeError::Unjoinable(refuse(&mut f, e).await));
     }
     Ok((f, p, peer_meta, peer_bits))
 }
@@ -593,13 +608,16 @@ fn partner_refusal(inner: &Inner, reason: &str) -> Option<String> {
     Some(why)
 }
 
-/// The handshake's error for a refusal from the partner: the status reason
-/// of an unfinished copy, or for a consistent one words that name none of the
-/// refusals the session loop stops on.
-fn refused_handshake(inner: &Inner, reason: &str) -> String {
-    partner_refusal(inner, &crate::link::shown(reason)).unwrap_or_else(|| {
-        "the partner closed the link saying no; this copy can serve, so it decides for itself (see the log)".into()
-    })
+/// The handshake's error for a refusal from the partner: for an unfinished
+/// copy the copies are unjoinable, with the status reason; a consistent one
+/// tries again (and decides for itself meanwhile).
+fn refused_handshake(inner: &Inner, reason: &str) -> HandshakeError {
+    match partner_refusal(inner, &crate::link::shown(reason)) {
+        Some(why) => HandshakeError::Unjoinable(why),
+        None => HandshakeError::Failed(
+            "the partner closed the link saying no; this copy can serve, so it decides for itself (see the log)".into(),
+        ),
+    }
 }
 
 /// Runs a connected session until the link is lost; returns the dead link and
