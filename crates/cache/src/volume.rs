@@ -2144,8 +2144,8 @@ impl Inner {
                     self.name
                 )));
             }
-            tracing::warn!(cache = %self.name,
-                "the backing volume was served without this cache since its table was written: starting empty");
+            tracing::info!(cache = %self.name,
+                "the backing volume was served without this cache, or the cache was detached, since its table was written: starting empty");
             return Ok(());
         }
         if !same_shape {

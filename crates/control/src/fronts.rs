@@ -16,8 +16,10 @@
 //! emptied it. Serving a recorded volume bare is refused while the cache was
 //! write-back, and drops the record otherwise; a cache whose volume has no
 //! record while the file exists starts empty (refused if it holds dirty data).
-//! A node with no file yet (one that ran an earlier version) records every cache
-//! it opens and trusts their tables once.
+//! A node with no file yet (new, or one that ran an earlier version) records
+//! every configured cache before it opens any, trusting their tables once, and
+//! creates the file even with none. A cache over a disk is also recorded under
+//! the disk's resolved path, checked when a LUN serves a path.
 //!
 //! Key invariant: while a record names a volume, nothing but its cache writes to
 //! it; a volume without one has no cache whose table describes it.
@@ -38,6 +40,13 @@ pub struct Front {
     pub cache: String,
     /// Configured write-back: it may hold data the volume does not.
     pub write_back: bool,
+    /// Its devices (`[[disk]]` names).
+    #[serde(default)]
+    pub devices: Vec<String>,
+    /// For a cache over a disk: the disk's file or device, resolved, so that a
+    /// LUN given that path directly is checked too.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub path: Option<String>,
 }
 
 #[derive(Debug, Default, Serialize, Deserialize)]
@@ -104,16 +113,36 @@ impl Fronts {
         self.path.is_some() && self.existed && !self.file.volume.contains_key(&key(volume_id))
     }
 
-    /// Records, durably, that `cache` fronts the volume from now on.
-    pub fn fronting(&mut self, volume_id: u128, cache: &str, write_back: bool) -> Result<()> {
-        let front = Front {
-            cache: cache.to_string(),
-            write_back,
-        };
-        if self.file.volume.get(&key(volume_id)) == Some(&front) {
+    /// At a start without the file (a new node, or one that ran an earlier
+    /// version): records every configured cache at once, before any is
+    /// opened (their tables are trusted at this start, and must be at the next
+    /// one even if this start ends before they all opened), and creates the
+    /// file even with none, so that a cache put back at a later start is
+    /// judged by it.
+    pub fn first_start(&mut self, fronts: &[(u128, Front)]) -> Result<()> {
+        if self.existed || self.path.is_none() {
             return Ok(());
         }
-        self.file.volume.insert(key(volume_id), front);
+        for (id, f) in fronts {
+            self.file.volume.insert(key(*id), f.clone());
+        }
+        self.save()
+    }
+
+    /// Records, durably, that `front` (a cache) fronts the volume from now on.
+    /// A record of the same cache (name and devices) in front of another
+    /// volume goes: it opened here, so it held none of that volume's dirty
+    /// data (the open refuses another volume's), and it is empty of it now.
+    pub fn fronting(&mut self, volume_id: u128, front: Front) -> Result<()> {
+        let here = key(volume_id);
+        let before = self.file.volume.len();
+        self.file
+            .volume
+            .retain(|k, f| *k == here || f.cache != front.cache || f.devices != front.devices);
+        if self.file.volume.get(&here) == Some(&front) && self.file.volume.len() == before {
+            return Ok(());
+        }
+        self.file.volume.insert(here, front);
         self.save()
     }
 
@@ -123,6 +152,21 @@ impl Fronts {
             self.save()?;
         }
         Ok(())
+    }
+
+    /// The file or device `path` (resolved) is about to be served by a LUN:
+    /// as [`Fronts::serving_bare`] for a disk a cache fronts under that path.
+    pub fn serving_path_bare(&mut self, path: &str) -> Result<()> {
+        let found = self
+            .file
+            .volume
+            .iter()
+            .find(|(_, f)| f.path.as_deref() == Some(path))
+            .map(|(k, _)| k.clone());
+        match found.and_then(|k| u128::from_str_radix(&k, 16).ok()) {
+            Some(id) => self.serving_bare(id, &format!("file {path}")),
+            None => Ok(()),
+        }
     }
 
     /// The volume `what` (a description for messages) is about to be served
@@ -139,13 +183,13 @@ impl Fronts {
                 .map(|p| p.display().to_string())
                 .unwrap_or_default();
             bail!(
-                "{what} is fronted by write-back cache {c:?}, which was never detached: it may \
-                 hold the newest data of this volume, and served without it the volume would \
-                 return older data. Put the [[cache]] back (with `attached = false` it destages \
-                 and detaches at start) and serve the LUN through it (`cache = {c:?}`); once \
-                 detached, the volume may be served directly. If the cache's devices are lost \
-                 for good, remove the entry for volume {id} from {file} to accept the loss of \
-                 what only they held.",
+                "{what} is fronted by write-back cache {c:?} (recorded in {file}; `freesan cache \
+                 detach` removes the record): it may hold the newest data of this volume, and \
+                 served without it the volume would return older data. Put the [[cache]] back \
+                 (with `attached = false` it destages and detaches at start) and serve the LUN \
+                 through it (`cache = {c:?}`); once detached, the volume may be served directly. \
+                 If the cache's devices are lost for good, stop the node and remove the entry for \
+                 volume {id} from that file to accept the loss of what only they held.",
                 c = f.cache,
                 id = key(volume_id),
             );
@@ -167,12 +211,15 @@ mod tests {
         // a node of an earlier version: no file, every table trusted once
         let mut f = Fronts::load(dir.path()).unwrap();
         assert!(!f.table_stale(7));
-        f.fronting(7, "rc", false).unwrap();
-        assert!(
-            !f.table_stale(8),
-            "a second cache of the first start is trusted too"
-        );
-        f.fronting(8, "wb", true).unwrap();
+        f.first_start(&[(7, front("rc", false)), (8, front("wb", true))])
+            .unwrap();
+        assert!(!f.table_stale(8), "trusted for the whole first start");
+        // a start that ended before a cache opened leaves it recorded
+        let mut f = Fronts::load(dir.path()).unwrap();
+        assert!(!f.table_stale(7) && !f.table_stale(8));
+        f.first_start(&[]).unwrap(); // the file exists: nothing changes
+        f.fronting(7, front("rc", false)).unwrap();
+        f.fronting(8, front("wb", true)).unwrap();
         let mut f = Fronts::load(dir.path()).unwrap();
         assert!(!f.table_stale(7) && !f.table_stale(8));
         // a volume never cached is served bare freely
@@ -196,7 +243,53 @@ mod tests {
         assert!(f.table_stale(8));
         // not kept at all (no data directory): nothing is ever stale
         let mut none = Fronts::default();
-        none.fronting(1, "c", true).unwrap();
+        none.fronting(1, front("c", true)).unwrap();
         assert!(!none.table_stale(2));
+    }
+
+    fn front(cache: &str, write_back: bool) -> Front {
+        Front {
+            cache: cache.into(),
+            write_back,
+            devices: vec!["ssd0".into()],
+            path: None,
+        }
+    }
+
+    #[test]
+    fn a_node_without_caches_keeps_the_file_so_a_cache_put_back_later_is_judged() {
+        let dir = tempfile::tempdir().unwrap();
+        Fronts::load(dir.path()).unwrap().first_start(&[]).unwrap();
+        // a cache removed under an earlier version, put back now
+        assert!(Fronts::load(dir.path()).unwrap().table_stale(5));
+    }
+
+    #[test]
+    fn a_cache_moved_to_another_volume_no_longer_holds_the_first_one() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut f = Fronts::load(dir.path()).unwrap();
+        f.first_start(&[(1, front("c", true))]).unwrap();
+        // another cache of the same name on other devices keeps the record
+        let mut other = front("c", true);
+        other.devices = vec!["ssd9".into()];
+        f.fronting(2, other).unwrap();
+        assert!(f.serving_bare(1, "pool p").is_err());
+        // the same cache opened over volume 2: volume 1 may be served bare
+        f.fronting(2, front("c", true)).unwrap();
+        let mut f = Fronts::load(dir.path()).unwrap();
+        f.serving_bare(1, "pool p").unwrap();
+        assert!(f.serving_bare(2, "pool q").is_err());
+    }
+
+    #[test]
+    fn a_disk_a_write_back_cache_fronts_is_refused_under_its_path_too() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut f = Fronts::load(dir.path()).unwrap();
+        let mut wb = front("c", true);
+        wb.path = Some("/srv/d0.img".into());
+        f.fronting(3, wb).unwrap();
+        f.serving_path_bare("/srv/other.img").unwrap();
+        let e = f.serving_path_bare("/srv/d0.img").unwrap_err().to_string();
+        assert!(e.contains("file /srv/d0.img"), "{e}");
     }
 }

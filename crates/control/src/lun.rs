@@ -32,6 +32,7 @@ fn lun_volume(l: &LunConfig, pools: &Pools) -> Result<(VolumeRef, String)> {
     let Some(path) = &l.path else {
         bail!("neither path nor pool given");
     };
+    pools.lun_path(path)?;
     let opts = disk::FileOptions {
         create_size_bytes: l.size.as_deref().and_then(disk::parse_size),
         thick: l.thick,

@@ -4,7 +4,7 @@
 //! actions.
 
 use crate::config::{Config, DiskConfig};
-use crate::fronts::Fronts;
+use crate::fronts::{Front, Fronts};
 use anyhow::{bail, Context, Result};
 use block::VolumeRef;
 use std::collections::BTreeMap;
@@ -24,6 +24,8 @@ pub struct CacheSlot {
     op: tokio::sync::Mutex<()>,
     /// The node's record of which cache fronts which volume.
     fronts: Arc<parking_lot::Mutex<Fronts>>,
+    /// For that record: the disk's resolved path, for a cache over a disk.
+    disk_path: Option<String>,
 }
 
 impl CacheSlot {
@@ -97,10 +99,9 @@ impl CacheSlot {
 
     /// Records, durably, that this cache fronts its volume.
     fn front_record(&self, name: &str) -> Result<()> {
-        let write_back = self.cfg.mode == cache::CacheMode::WriteBack;
-        self.fronts
-            .lock()
-            .fronting(self.cfg.backing_id, name, write_back)
+        let devices = self.devices.lock().iter().map(|d| d.name.clone()).collect();
+        let front = front_of(name, &self.cfg, devices, self.disk_path.clone());
+        self.fronts.lock().fronting(self.cfg.backing_id, front)
     }
 
     /// Creates the cache afresh on its devices and moves the LUNs onto it.
@@ -172,6 +173,38 @@ fn raid_level(s: &str) -> Result<raid::RaidLevel> {
             "unknown RAID level {other:?} (raid0, raid1, raid5, raid6, raid10, raid10-far, raidf1)"
         ),
     })
+}
+
+/// The record of cache `name` (settings `cc`) in front of its volume.
+fn front_of(
+    name: &str,
+    cc: &cache::CacheConfig,
+    devices: Vec<String>,
+    path: Option<String>,
+) -> Front {
+    Front {
+        cache: name.to_string(),
+        write_back: cc.mode == cache::CacheMode::WriteBack,
+        devices,
+        path,
+    }
+}
+
+/// `p` resolved (symlinks, `..`) when it exists, as given otherwise.
+fn resolved(p: &std::path::Path) -> String {
+    std::fs::canonicalize(p)
+        .unwrap_or_else(|_| p.to_path_buf())
+        .display()
+        .to_string()
+}
+
+/// The resolved path of configured disk `name` (None: not a configured disk).
+fn disk_path(cfg: &Config, name: &str) -> Option<String> {
+    let d = cfg.disks.iter().find(|d| d.name == name)?;
+    Some(resolved(&match &d.path {
+        Some(p) => p.clone(),
+        None => default_disk_path(&cfg.data_dir, &d.name),
+    }))
 }
 
 /// What identifies a cache's backing volume in its superblocks: a pool's
@@ -428,7 +461,16 @@ impl Pools {
                 pool.set_data_first(false);
             }
         }
-        let fronts = Arc::new(parking_lot::Mutex::new(Fronts::load(&cfg.data_dir)?));
+        let mut fronts = Fronts::load(&cfg.data_dir)?;
+        let mut first = Vec::new();
+        for c in &cfg.caches {
+            let cc = cache_config(c)?;
+            let path = c.disk.as_deref().and_then(|d| disk_path(cfg, d));
+            let front = front_of(&c.name, &cc, c.devices.clone(), path);
+            first.push((backing_id(c, &pools), front));
+        }
+        fronts.first_start(&first)?;
+        let fronts = Arc::new(parking_lot::Mutex::new(fronts));
         let mut caches = BTreeMap::new();
         for c in &cfg.caches {
             let backing: VolumeRef = match (&c.pool, &c.disk) {
@@ -475,6 +517,7 @@ impl Pools {
                 vol: parking_lot::Mutex::new(Some(vol)),
                 op: tokio::sync::Mutex::new(()),
                 fronts: fronts.clone(),
+                disk_path: c.disk.as_deref().and_then(|d| disk_path(cfg, d)),
             };
             // before anything is served through it
             slot.front_record(&c.name)
@@ -701,6 +744,12 @@ impl Pools {
         }
     }
 
+    /// A LUN is about to serve file or device `path` directly: refused while a
+    /// write-back cache fronts a disk of that path (see `fronts.rs`).
+    pub fn lun_path(&self, path: &std::path::Path) -> Result<()> {
+        self.fronts.lock().serving_path_bare(&resolved(path))
+    }
+
     /// The volume of pool `name` for a LUN served directly from it: refused
     /// while a write-back cache fronts it (see `fronts.rs`).
     pub fn lun_pool_volume(&self, name: &str) -> Result<VolumeRef> {
@@ -842,6 +891,15 @@ impl Pools {
     /// (clean shutdown; caches first, they sit above the pools).
     pub async fn shutdown(&self) {
         for (name, c) in &self.caches {
+            // an attach or detach under way ends first: stopped between its
+            // switch of the LUNs to the backing and its emptying, a cache
+            // would write a full table the backing no longer matches
+            let _op = tokio::time::timeout(std::time::Duration::from_secs(60), c.op.lock())
+                .await
+                .map_err(|_| {
+                    tracing::warn!(cache = %name, "an attach or detach is still running at shutdown")
+                })
+                .ok();
             let Some(v) = c.volume() else { continue };
             if let Err(e) = v.shutdown().await {
                 tracing::warn!(cache = %name, error = %e, "cache shutdown");

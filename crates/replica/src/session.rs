@@ -593,7 +593,7 @@ async fn refuse(f: &mut Framed, reason: String) -> String {
 }
 
 /// What a refusal from the partner means here: for an unfinished copy, the
-/// status reason ("refused to join", which makes the session loop stop
+/// status reason (the copies are then unjoinable: the session loop stops
 /// deciding); for a consistent one None, after a line in the log: it decides
 /// for itself (a partner, buggy, newer or hostile, must not keep a copy that
 /// can serve down by saying no). The reason comes through [`crate::link::shown`].
