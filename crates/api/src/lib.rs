@@ -73,6 +73,9 @@ use std::sync::Arc;
 pub enum ReplicaAction {
     /// Throw this node's copy away (split brain): the partner copies its data here.
     Discard,
+    /// Keep this node's copy, which is not consistent (both copies discarded):
+    /// it becomes the source, the partner is copied from it.
+    Keep,
 }
 
 /// An administrative action on an SSD cache.
@@ -572,6 +575,17 @@ async fn replica_discard(
         .map(Json)
 }
 
+#[utoipa::path(post, path = "/api/v1/replicas/keep", tag = "replicas", summary = "Keep this node's copy, which is not consistent (both copies were discarded): it becomes the source and may serve alone", request_body = ReplicaName, responses((status = 200, description = "done", body = Value), (status = 400, description = "malformed request", body = ErrorBody), (status = 404, description = "no such object", body = ErrorBody), (status = 409, description = "refused in the current state", body = ErrorBody)))]
+async fn replica_keep(
+    State(c): State<Ctl>,
+    body: Result<Json<ReplicaName>, JsonRejection>,
+) -> Result<Json<Value>, ApiError> {
+    let Json(b) = body.map_err(|e| ApiError::BadRequest(e.body_text()))?;
+    c.replica_action(&b.name, ReplicaAction::Keep)
+        .await
+        .map(Json)
+}
+
 #[utoipa::path(get, path = "/api/v1/caches", tag = "caches", summary = "Every SSD cache: hit rates, dirty data, destage, advisor", responses((status = 200, description = "done", body = Vec<Value>), (status = 400, description = "malformed request", body = ErrorBody), (status = 404, description = "no such object", body = ErrorBody), (status = 409, description = "refused in the current state", body = ErrorBody)))]
 async fn caches(State(c): State<Ctl>) -> Json<Value> {
     Json(Value::Array(c.caches()))
@@ -906,6 +920,7 @@ fn routes() -> (Router<Ctl>, utoipa::openapi::OpenApi) {
         .routes(routes!(rebuild_rate))
         .routes(routes!(replicas))
         .routes(routes!(replica_discard))
+        .routes(routes!(replica_keep))
         .routes(routes!(caches))
         .routes(routes!(cache))
         .routes(routes!(cache_fail))

@@ -261,6 +261,7 @@ impl api::Control for NodeControl {
             api::ReplicaAction::Discard => {
                 v.discard_copy().await.map_err(api::ApiError::Conflict)?
             }
+            api::ReplicaAction::Keep => v.keep_copy().await.map_err(api::ApiError::Conflict)?,
         }
         Ok(serde_json::to_value(v.status()).unwrap_or_default())
     }

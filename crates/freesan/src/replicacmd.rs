@@ -28,6 +28,18 @@ pub enum ReplicaCmd {
         #[arg(long, required = true)]
         lose_this_nodes_writes: bool,
     },
+    /// When both copies were discarded (no copy is consistent, so they are
+    /// never joined): keep THIS node's copy of NAME. It becomes the source the
+    /// partner is copied from in full, and may serve alone as a consistent
+    /// copy may. Only a copy that is down and not consistent can be kept; an
+    /// unfinished resync target's copy is partial.
+    Keep {
+        /// The replicated volume (as `replica status` names it).
+        name: String,
+        /// Confirms that this node's copy holds the data to keep.
+        #[arg(long, required = true)]
+        this_copy_holds_the_data: bool,
+    },
 }
 
 /// Runs a `freesan replica` subcommand.
@@ -54,6 +66,14 @@ pub fn run(api: SocketAddr, cmd: ReplicaCmd) -> Result<()> {
             let (code, v) = http(api, "POST", "/api/v1/replicas/discard", Some(&body))?;
             let v = ok_or_error(code, v)?;
             println!("discarded this node's copy; it will be copied from the partner");
+            print_one(&v);
+            Ok(())
+        }
+        ReplicaCmd::Keep { name, .. } => {
+            let body = serde_json::json!({ "name": name });
+            let (code, v) = http(api, "POST", "/api/v1/replicas/keep", Some(&body))?;
+            let v = ok_or_error(code, v)?;
+            println!("kept this node's copy; the partner will be copied from it");
             print_one(&v);
             Ok(())
         }

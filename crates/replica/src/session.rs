@@ -116,9 +116,18 @@ async fn manage(inner: &Arc<Inner>, mut conns: mpsc::Receiver<(Framed, Message)>
     let mut unjoinable = false;
     // sessions in a row in which this node's copy failed again (back off)
     let mut failing = 0u32;
+    let mut operator_changes = inner.operator_changes.load(Ordering::Acquire);
     loop {
         if *inner.stop_tx.borrow() {
             return;
+        }
+        let changes = inner.operator_changes.load(Ordering::Acquire);
+        if changes != operator_changes {
+            // the operator kept this copy: what was refused before is
+            // judged afresh
+            operator_changes = changes;
+            unjoinable = false;
+            last_decide = None;
         }
         let dial = inner.cfg.node_id == 1 && !inner.cfg.peer_sync.is_empty();
         let conn: Option<(Framed, Option<Message>)> = tokio::select! {

@@ -231,6 +231,10 @@ pub(crate) struct Inner {
     /// Times this node's copy was detached after a failure (the connection
     /// manager backs off while the disk keeps failing).
     pub(crate) detaches: AtomicU64,
+    /// Times the operator kept this copy ([`ReplicatedVolume::keep_copy`]): the
+    /// connection manager judges the copies afresh (a refusal before no longer
+    /// holds it back from deciding).
+    pub(crate) operator_changes: AtomicU64,
     /// Handshakes completed with the partner, and the times the copies came
     /// in sync (a new meeting may undo the partner's kept copies, and a resync
     /// target keeps nothing: `undo.rs`).
@@ -1365,6 +1369,7 @@ impl ReplicatedVolume {
             forwards: Mutex::new(HashMap::new()),
             solo_writes: block::inflight::InFlight::new(),
             detaches: AtomicU64::new(0),
+            operator_changes: AtomicU64::new(0),
             meetings: AtomicU64::new(0),
             flushes_begun: AtomicU64::new(0),
             flushes_covered: AtomicU64::new(0),
@@ -1434,6 +1439,56 @@ impl ReplicatedVolume {
             None,
             false,
             "copy discarded: waiting for the partner to copy its data here".into(),
+        );
+        Ok(())
+    }
+
+    /// Declares THIS node's copy, which is not consistent (discarded, or an
+    /// unfinished resync target), the one to keep: it becomes a consistent
+    /// copy of a new generation that took writes alone, so it is the source
+    /// for a partner that holds nothing (a discarded copy, copied in full), it
+    /// may serve alone as any consistent copy may, and a partner with data of
+    /// its own is refused as in a split brain. For copies that were both
+    /// discarded, where nothing else joins them. Only a copy that is down can
+    /// be kept. What an unfinished resync target did not receive is not in it:
+    /// keeping one serves a partial copy.
+    pub async fn keep_copy(&self) -> Result<(), String> {
+        let i = &self.inner;
+        let st = i.role();
+        if st.role != Role::Down {
+            return Err(format!(
+                "this node's copy is {:?}; only a copy that is down (not serving) can be kept",
+                st.role
+            ));
+        }
+        let meta = *i.meta.lock();
+        if meta.consistent {
+            return Err(
+                "this node's copy is consistent: there is nothing to keep (to give up the \
+                 partner's lone writes after a split brain, discard the partner's copy)"
+                    .into(),
+            );
+        }
+        let mut fresh = 0u64;
+        while fresh == 0 || fresh == meta.current {
+            fresh = rand::random();
+        }
+        // solo (current != synced): never taken for a copy the partner holds too
+        i.store_meta(Meta {
+            current: fresh,
+            synced: 0,
+            consistent: true,
+            target_from: 0,
+        })
+        .map_err(|e| e.to_string())?;
+        i.operator_changes.fetch_add(1, Ordering::AcqRel);
+        tracing::warn!(volume = %i.cfg.name, generation = %format!("{fresh:#x}"),
+            "this node's copy was kept by the operator: it is the source for the partner");
+        i.set_role(
+            Role::Down,
+            None,
+            false,
+            "copy kept: it is the source for the partner, or serves alone if allowed".into(),
         );
         Ok(())
     }

@@ -609,6 +609,63 @@ async fn split_brain_is_refused_until_one_copy_is_discarded() {
     assert_eq!(n1.read(0, 1).await.unwrap(), Bytes::from(vec![0u8; 512]));
 }
 
+/// Both copies discarded (the operator discarded the wrong node's too): no
+/// copy is consistent, so they are never joined and neither serves. Keeping
+/// node 1's copy makes it consistent again: with node 2 away it serves alone
+/// (it is the preferred node), and node 2, back, is copied from it in full.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn copies_both_discarded_are_joined_once_one_is_kept() {
+    let d = tempfile::tempdir().unwrap();
+    let p = pair(d.path(), 1, None).await;
+    both_in_sync(&p.n1, &p.n2).await;
+    p.n1.write(0, Bytes::from(vec![7u8; 512]), false)
+        .await
+        .unwrap();
+    assert!(p.n1.keep_copy().await.is_err(), "a serving copy was kept");
+    p.n1.shutdown().await;
+    p.n2.shutdown().await;
+    // each alone and not preferred: down, and discarded there
+    let (n2, addr2) = node2(d.path(), 1, p.m2.clone(), None).await;
+    assert!(n2.wait_until(|s| s.role == Role::Down, WAIT).await);
+    assert!(n2.keep_copy().await.is_err(), "a consistent copy was kept");
+    n2.discard_copy().await.unwrap();
+    n2.shutdown().await;
+    let n1 = node1(d.path(), 2, p.m1.clone(), addr2, None).await;
+    assert!(n1.wait_until(|s| s.role == Role::Down, WAIT).await);
+    n1.discard_copy().await.unwrap();
+    n1.shutdown().await;
+    // together again: neither is consistent, both stay down
+    let (n2, addr2) = node2(d.path(), 1, p.m2.clone(), None).await;
+    let n1 = node1(d.path(), 1, p.m1.clone(), addr2, None).await;
+    for n in [&n1, &n2] {
+        assert!(
+            n.wait_until(|s| s.reason.contains("neither copy is consistent"), WAIT)
+                .await,
+            "{:?}",
+            n.status()
+        );
+    }
+    // node 2 away; node 1's copy kept: it serves alone
+    n2.shutdown().await;
+    n1.keep_copy().await.unwrap();
+    assert!(
+        n1.wait_until(|s| s.role == Role::Solo, WAIT).await,
+        "{:?}",
+        n1.status()
+    );
+    n1.write(8, Bytes::from(vec![9u8; 512]), false)
+        .await
+        .unwrap();
+    // node 2 back: copied from node 1 in full
+    n1.shutdown().await;
+    let (n2, addr2) = node2(d.path(), 1, p.m2.clone(), None).await;
+    let n1 = node1(d.path(), 1, p.m1.clone(), addr2, None).await;
+    both_in_sync(&n1, &n2).await;
+    same_contents(&p.m1, &p.m2).await;
+    assert_eq!(n2.read(0, 1).await.unwrap(), Bytes::from(vec![7u8; 512]));
+    assert_eq!(n2.read(8, 1).await.unwrap(), Bytes::from(vec![9u8; 512]));
+}
+
 /// The leader's (and preferred node's) disk dies under load,
 /// with no witness: its copy is detached, the follower goes on alone at once
 /// (no tie to break: the failed copy is marked inconsistent and never serves),
