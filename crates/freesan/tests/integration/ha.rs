@@ -515,6 +515,25 @@ fn cutting_the_sync_link_leaves_exactly_one_writer() {
     };
     let (ok, out) = discard(solo);
     assert!(!ok && out.contains("down"), "{out}");
+    let keep = |k: u32| {
+        ha.topo.run(
+            ha.topo.ns_node(k),
+            bin(),
+            [
+                "replica",
+                "keep",
+                &name,
+                "--this-copy-holds-the-data",
+                "--api",
+                API,
+            ],
+        )
+    };
+    // nothing to keep: one copy serves, the other is consistent
+    let (ok, out) = keep(solo);
+    assert!(!ok && out.contains("down"), "{out}");
+    let (ok, out) = keep(down);
+    assert!(!ok && out.contains("consistent"), "{out}");
     let (ok, out) = discard(down);
     assert!(ok, "{out}");
     let before = ha.status(solo).unwrap()["resynced_bytes"].as_u64().unwrap();
