@@ -64,6 +64,24 @@ fn config_cache(dir: &std::path::Path, name: &str, cache: Option<&str>) -> std::
     path
 }
 
+/// Starts the node of `cfg`, writes (verified, state in `state`) until its
+/// cache holds dirty data, then SIGKILLs it.
+fn killed_with_dirty_data(dir: &std::path::Path, cfg: &std::path::Path, state: &std::path::Path) {
+    let mut node = start_config(dir, cfg);
+    let api = node.api.clone().expect("no API address in the banner");
+    let mut bench = start_verified_writes(&node.url(0, 0), state, "8k", 2, 10);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while cache_status(&api)["dirty_blocks"].as_u64().unwrap_or(0) == 0 {
+        assert!(
+            bench.try_wait().unwrap().is_none() && std::time::Instant::now() < deadline,
+            "no dirty data in the cache while the bench wrote"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    node.kill9();
+    let _ = bench.wait();
+}
+
 fn num(v: &serde_json::Value) -> f64 {
     v.as_f64().unwrap_or_else(|| panic!("not a number: {v}"))
 }
@@ -157,19 +175,7 @@ fn a_dirty_cache_pointed_at_another_pool_refuses_to_start() {
     let dir = tempfile::tempdir().unwrap();
     let cfg = config_over(dir.path(), 8, "p");
     let state = dir.path().join("verify.state");
-    let mut node = start_config(dir.path(), &cfg);
-    let api = node.api.clone().expect("no API address in the banner");
-    let mut bench = start_verified_writes(&node.url(0, 0), &state, "8k", 2, 10);
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
-    while cache_status(&api)["dirty_blocks"].as_u64().unwrap_or(0) == 0 {
-        assert!(
-            bench.try_wait().unwrap().is_none() && std::time::Instant::now() < deadline,
-            "no dirty data in the cache while the bench wrote"
-        );
-        std::thread::sleep(std::time::Duration::from_millis(20));
-    }
-    node.kill9();
-    let _ = bench.wait();
+    killed_with_dirty_data(dir.path(), &cfg, &state);
     let elsewhere = config_over(dir.path(), 8, "q");
     let (ok, out) = serve_expecting_refusal(&elsewhere);
     assert!(
@@ -228,19 +234,7 @@ fn a_pool_whose_write_back_cache_was_never_detached_is_not_served_without_it() {
     let dir = tempfile::tempdir().unwrap();
     let cfg = config(dir.path());
     let state = dir.path().join("verify.state");
-    let mut node = start_config(dir.path(), &cfg);
-    let api = node.api.clone().expect("no API address in the banner");
-    let mut bench = start_verified_writes(&node.url(0, 0), &state, "8k", 2, 10);
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
-    while cache_status(&api)["dirty_blocks"].as_u64().unwrap_or(0) == 0 {
-        assert!(
-            bench.try_wait().unwrap().is_none() && std::time::Instant::now() < deadline,
-            "no dirty data in the cache while the bench wrote"
-        );
-        std::thread::sleep(std::time::Duration::from_millis(20));
-    }
-    node.kill9();
-    let _ = bench.wait();
+    killed_with_dirty_data(dir.path(), &cfg, &state);
     let without = config_cache(dir.path(), "without", None);
     let (ok, out) = serve_expecting_refusal(&without);
     assert!(!ok, "served the pool without its write-back cache: {out}");

@@ -499,36 +499,17 @@ fn cutting_the_sync_link_leaves_exactly_one_writer() {
         .as_str()
         .unwrap()
         .to_string();
-    let discard = |k: u32| {
+    let replica = |k: u32, verb: &str, confirm: &str| {
         ha.topo.run(
             ha.topo.ns_node(k),
             bin(),
-            [
-                "replica",
-                "discard",
-                &name,
-                "--lose-this-nodes-writes",
-                "--api",
-                API,
-            ],
+            ["replica", verb, &name, confirm, "--api", API],
         )
     };
+    let discard = |k: u32| replica(k, "discard", "--lose-this-nodes-writes");
+    let keep = |k: u32| replica(k, "keep", "--this-copy-holds-the-data");
     let (ok, out) = discard(solo);
     assert!(!ok && out.contains("down"), "{out}");
-    let keep = |k: u32| {
-        ha.topo.run(
-            ha.topo.ns_node(k),
-            bin(),
-            [
-                "replica",
-                "keep",
-                &name,
-                "--this-copy-holds-the-data",
-                "--api",
-                API,
-            ],
-        )
-    };
     // nothing to keep: one copy serves, the other is consistent
     let (ok, out) = keep(solo);
     assert!(!ok && out.contains("down"), "{out}");
