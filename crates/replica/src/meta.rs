@@ -20,6 +20,16 @@ pub struct Meta {
     /// own bitmap names, and this node resumes it (see `plan::resume`).
     #[serde(default)]
     pub target_from: u64,
+    /// The copy was changed by a resync, or failed under a write, since it was
+    /// last consistent: it may lack acknowledged data (never kept by the
+    /// operator: `ReplicatedVolume::keep_copy`). A file written before this
+    /// existed reads as partial: nothing tells.
+    #[serde(default = "partial_unknown")]
+    pub partial: bool,
+}
+
+fn partial_unknown() -> bool {
+    true
 }
 
 impl Meta {
@@ -31,6 +41,7 @@ impl Meta {
             synced: 0,
             consistent: true,
             target_from: 0,
+            partial: false,
         }
     }
 
@@ -204,6 +215,7 @@ mod tests {
             synced: 5,
             consistent: false,
             target_from: 3,
+            partial: true,
         };
         f.store(&m).unwrap();
         assert_eq!(f.load().unwrap(), m);
@@ -214,6 +226,8 @@ mod tests {
             br#"{"current": 9, "synced": 9, "consistent": true}"#,
         )
         .unwrap();
-        assert_eq!(f.load().unwrap().target_from, 0);
+        let old = f.load().unwrap();
+        assert_eq!(old.target_from, 0);
+        assert!(old.partial, "an older file cannot say its copy is whole");
     }
 }

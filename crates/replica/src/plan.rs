@@ -133,6 +133,7 @@ mod tests {
             synced,
             consistent: true,
             target_from: 0,
+            partial: false,
         }
     }
 

@@ -544,7 +544,12 @@ async fn handshake(
         consistent: flags & hello_flags::CONSISTENT != 0,
         // not on the wire: only the consistent side uses its own (plan::resume)
         target_from: 0,
+        partial: false,
     };
+    // what the partner's copy was at this meeting (for `keep_copy`)
+    inner
+        .partner_consistent
+        .store(if peer_meta.consistent { 1 } else { 2 }, Ordering::Release);
     let p = match plan(
         cfg.node_id,
         meta,
@@ -905,6 +910,7 @@ async fn resync(
     }
     m.synced = m.current;
     m.consistent = true;
+    m.partial = false;
     // a partner that misses the end stays an unfinished target of this
     // generation: recorded, so that it is resumed, not refused, whatever
     // this node's generations become meanwhile (it may go on alone)

@@ -168,6 +168,9 @@ pub struct ReplicaStatus {
     pub generation: String,
     /// Whether this copy is consistent.
     pub consistent: bool,
+    /// A copy changed by a resync, or failed under a write, since it was last
+    /// consistent (it may lack acknowledged data).
+    pub partial: bool,
     /// The witness address, if any.
     pub witness: Option<String>,
     /// Whether the witness answered the last request (None: not asked yet).
@@ -235,6 +238,9 @@ pub(crate) struct Inner {
     /// connection manager judges the copies afresh (a refusal before no longer
     /// holds it back from deciding).
     pub(crate) operator_changes: AtomicU64,
+    /// The partner's copy at the last handshake since this node started: 0
+    /// not met, 1 consistent, 2 not (`keep_copy`).
+    pub(crate) partner_consistent: std::sync::atomic::AtomicU8,
     /// Handshakes completed with the partner, and the times the copies came
     /// in sync (a new meeting may undo the partner's kept copies, and a resync
     /// target keeps nothing: `undo.rs`).
@@ -581,8 +587,9 @@ impl Inner {
         {
             let _one = self.meta_write.lock().await;
             let mut m = *self.meta.lock();
-            if m.consistent {
+            if m.consistent || !m.partial {
                 m.consistent = false;
+                m.partial = true;
                 if let Err(e) = self.store_meta(m) {
                     tracing::error!(volume = %self.cfg.name, "cannot mark the failed copy inconsistent: {e}");
                     return false;
@@ -1110,13 +1117,16 @@ impl Inner {
     /// source sends; until then it still holds its own generation whole (so a
     /// source lost at once leaves it able to serve).
     async fn target_changes(&self) -> std::io::Result<()> {
-        if !self.meta.lock().consistent {
+        let m = *self.meta.lock();
+        if !m.consistent && m.partial {
             return Ok(());
         }
         let _one = self.meta_write.lock().await;
         let mut m = *self.meta.lock();
-        if m.consistent {
+        if m.consistent || !m.partial {
+            // a discarded copy (not consistent) is whole until its first change
             m.consistent = false;
+            m.partial = true;
             self.store_meta(m)?;
         }
         Ok(())
@@ -1316,6 +1326,7 @@ impl Inner {
             synced: gens.synced,
             consistent: true,
             target_from: 0,
+            partial: false,
         };
         if let Err(e) = self.store_meta(m) {
             return err_of(&BlockError::Io(e));
@@ -1370,6 +1381,7 @@ impl ReplicatedVolume {
             solo_writes: block::inflight::InFlight::new(),
             detaches: AtomicU64::new(0),
             operator_changes: AtomicU64::new(0),
+            partner_consistent: std::sync::atomic::AtomicU8::new(0),
             meetings: AtomicU64::new(0),
             flushes_begun: AtomicU64::new(0),
             flushes_covered: AtomicU64::new(0),
@@ -1427,9 +1439,12 @@ impl ReplicatedVolume {
             ));
         }
         // no generation, and never a source: even against a partner as new
-        // as it, the partner's data is what gets copied (see plan::resume)
+        // as it, the partner's data is what gets copied (see plan::resume);
+        // a copy changed in part stays so (`keep_copy`)
+        let partial = i.meta.lock().partial;
         i.store_meta(Meta {
             consistent: false,
+            partial,
             ..Meta::fresh()
         })
         .map_err(|e| e.to_string())?;
@@ -1443,17 +1458,21 @@ impl ReplicatedVolume {
         Ok(())
     }
 
-    /// Declares THIS node's copy, which is not consistent (discarded, or an
-    /// unfinished resync target), the one to keep: it becomes a consistent
-    /// copy of a new generation that took writes alone, so it is the source
-    /// for a partner that holds nothing (a discarded copy, copied in full), it
-    /// may serve alone as any consistent copy may, and a partner with data of
-    /// its own is refused as in a split brain. For copies that were both
-    /// discarded, where nothing else joins them. Only a copy that is down can
-    /// be kept. What an unfinished resync target did not receive is not in it:
-    /// keeping one serves a partial copy.
+    /// Keeps THIS node's copy when both copies were discarded (the wrong
+    /// node's too), which nothing else joins: `plan` refuses two copies that
+    /// are not consistent. The copy becomes a consistent copy of a new
+    /// generation that wrote alone, so it is the source of a full copy for
+    /// the partner, and may serve alone as any consistent copy may.
+    ///
+    /// Only a copy that is down, not consistent, and whole can be kept (a
+    /// copy discarded from a consistent state and not changed since: not one
+    /// a resync wrote into, nor one that failed under a write, `Meta::partial`),
+    /// and only while the partner's copy, at the nodes' last meeting since
+    /// this node started, was not consistent either: a partner that may be
+    /// serving alone must never meet a second writer.
     pub async fn keep_copy(&self) -> Result<(), String> {
         let i = &self.inner;
+        let _one = i.meta_write.lock().await;
         let st = i.role();
         if st.role != Role::Down {
             return Err(format!(
@@ -1469,6 +1488,22 @@ impl ReplicatedVolume {
                     .into(),
             );
         }
+        if meta.partial {
+            return Err(
+                "this node's copy was changed by a resync, or failed under a write, since it \
+                 was last consistent: it may lack acknowledged data, so it cannot be kept \
+                 (keep the partner's copy if it is whole)"
+                    .into(),
+            );
+        }
+        if i.partner_consistent.load(Ordering::Acquire) != 2 {
+            return Err(
+                "the partner's copy has not been seen not consistent since this node started \
+                 (it may be serving): keep is for copies both discarded, and needs the nodes \
+                 to have met and refused each other"
+                    .into(),
+            );
+        }
         let mut fresh = 0u64;
         while fresh == 0 || fresh == meta.current {
             fresh = rand::random();
@@ -1479,9 +1514,9 @@ impl ReplicatedVolume {
             synced: 0,
             consistent: true,
             target_from: 0,
+            partial: false,
         })
         .map_err(|e| e.to_string())?;
-        i.operator_changes.fetch_add(1, Ordering::AcqRel);
         tracing::warn!(volume = %i.cfg.name, generation = %format!("{fresh:#x}"),
             "this node's copy was kept by the operator: it is the source for the partner");
         i.set_role(
@@ -1490,6 +1525,8 @@ impl ReplicatedVolume {
             false,
             "copy kept: it is the source for the partner, or serves alone if allowed".into(),
         );
+        // then the connection manager judges afresh
+        i.operator_changes.fetch_add(1, Ordering::AcqRel);
         Ok(())
     }
 
@@ -1594,6 +1631,7 @@ impl ReplicatedVolume {
             size_bytes: i.geo().size_bytes(),
             generation: format!("{:016x}/{:016x}", meta.current, meta.synced),
             consistent: meta.consistent,
+            partial: meta.partial,
             witness: i.cfg.witness.map(|w| w.to_string()),
             witness_reachable: match i.witness_state.load(Ordering::Relaxed) {
                 1 => Some(true),

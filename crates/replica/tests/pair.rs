@@ -613,6 +613,8 @@ async fn split_brain_is_refused_until_one_copy_is_discarded() {
 /// copy is consistent, so they are never joined and neither serves. Keeping
 /// node 1's copy makes it consistent again: with node 2 away it serves alone
 /// (it is the preferred node), and node 2, back, is copied from it in full.
+/// A copy cannot be kept before the nodes have met and seen each other's
+/// copy not consistent (the partner might be serving).
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn copies_both_discarded_are_joined_once_one_is_kept() {
     let d = tempfile::tempdir().unwrap();
@@ -627,13 +629,23 @@ async fn copies_both_discarded_are_joined_once_one_is_kept() {
     // each alone and not preferred: down, and discarded there
     let (n2, addr2) = node2(d.path(), 1, p.m2.clone(), None).await;
     assert!(n2.wait_until(|s| s.role == Role::Down, WAIT).await);
-    assert!(n2.keep_copy().await.is_err(), "a consistent copy was kept");
+    let e = n2.keep_copy().await.unwrap_err();
+    assert!(e.contains("consistent"), "{e}");
     n2.discard_copy().await.unwrap();
     n2.shutdown().await;
     let n1 = node1(d.path(), 2, p.m1.clone(), addr2, None).await;
     assert!(n1.wait_until(|s| s.role == Role::Down, WAIT).await);
     n1.discard_copy().await.unwrap();
+    // the partner not met since the start: it might be serving
+    let e = n1.keep_copy().await.unwrap_err();
+    assert!(e.contains("not been seen"), "{e}");
     n1.shutdown().await;
+    // node 2's copy as a resync left it when cut short after its first change
+    let meta2 = d.path().join("node2/replica.meta.json");
+    let mut m: serde_json::Value = serde_json::from_slice(&std::fs::read(&meta2).unwrap()).unwrap();
+    assert_eq!(m["partial"], false, "{m}");
+    m["partial"] = true.into();
+    std::fs::write(&meta2, m.to_string()).unwrap();
     // together again: neither is consistent, both stay down
     let (n2, addr2) = node2(d.path(), 1, p.m2.clone(), None).await;
     let n1 = node1(d.path(), 1, p.m1.clone(), addr2, None).await;
@@ -645,6 +657,10 @@ async fn copies_both_discarded_are_joined_once_one_is_kept() {
             n.status()
         );
     }
+    assert!(!n1.status().partial && n2.status().partial);
+    // the partial copy cannot be kept
+    let e = n2.keep_copy().await.unwrap_err();
+    assert!(e.contains("changed by a resync"), "{e}");
     // node 2 away; node 1's copy kept: it serves alone
     n2.shutdown().await;
     n1.keep_copy().await.unwrap();
@@ -656,7 +672,11 @@ async fn copies_both_discarded_are_joined_once_one_is_kept() {
     n1.write(8, Bytes::from(vec![9u8; 512]), false)
         .await
         .unwrap();
-    // node 2 back: copied from node 1 in full
+    // node 2's disk changed behind its back, outside any bitmap: only a full
+    // copy puts it right
+    p.m2.write(100, Bytes::from(vec![5u8; 512]), false)
+        .await
+        .unwrap();
     n1.shutdown().await;
     let (n2, addr2) = node2(d.path(), 1, p.m2.clone(), None).await;
     let n1 = node1(d.path(), 1, p.m1.clone(), addr2, None).await;
@@ -664,6 +684,7 @@ async fn copies_both_discarded_are_joined_once_one_is_kept() {
     same_contents(&p.m1, &p.m2).await;
     assert_eq!(n2.read(0, 1).await.unwrap(), Bytes::from(vec![7u8; 512]));
     assert_eq!(n2.read(8, 1).await.unwrap(), Bytes::from(vec![9u8; 512]));
+    assert_eq!(n2.read(100, 1).await.unwrap(), Bytes::from(vec![0u8; 512]));
 }
 
 /// The leader's (and preferred node's) disk dies under load,
@@ -734,6 +755,8 @@ async fn a_failing_copy_is_detached_and_the_partner_goes_on_without_a_failed_wri
         "the failed copy still serves: {s1:?}"
     );
     assert!(!s1.consistent, "the failed copy is not marked inconsistent");
+    assert!(s1.partial, "the failed copy is not marked partial: {s1:?}");
+    assert!(n1.keep_copy().await.is_err(), "the failed copy was kept");
     let s2 = n2.status();
     assert!(
         matches!(s2.role, Role::Solo | Role::Leader) && s2.state != "in-sync",
