@@ -168,8 +168,9 @@ pub struct ReplicaStatus {
     pub generation: String,
     /// Whether this copy is consistent.
     pub consistent: bool,
-    /// A copy changed by a resync, or failed under a write, since it was last
-    /// consistent (it may lack acknowledged data).
+    /// A copy that is not consistent and was changed by a resync, or failed
+    /// under a write, since it was last consistent (it may lack acknowledged
+    /// data; such a copy cannot be kept).
     pub partial: bool,
     /// The witness address, if any.
     pub witness: Option<String>,
@@ -1631,7 +1632,7 @@ impl ReplicatedVolume {
             size_bytes: i.geo().size_bytes(),
             generation: format!("{:016x}/{:016x}", meta.current, meta.synced),
             consistent: meta.consistent,
-            partial: meta.partial,
+            partial: meta.partial && !meta.consistent,
             witness: i.cfg.witness.map(|w| w.to_string()),
             witness_reachable: match i.witness_state.load(Ordering::Relaxed) {
                 1 => Some(true),
