@@ -16,10 +16,12 @@
 //! emptied it. Serving a recorded volume bare is refused while the cache was
 //! write-back, and drops the record otherwise; a cache whose volume has no
 //! record while the file exists starts empty (refused if it holds dirty data).
-//! A node with no file yet (new, or one that ran an earlier version) records
-//! every configured cache before it opens any, trusting their tables once, and
-//! creates the file even with none. A cache over a disk is also recorded under
-//! the disk's resolved path, checked when a LUN serves a path.
+//! A node with no file yet (new, or one that ran an earlier version) creates it
+//! marked "first start" and trusts every table until a start has opened every
+//! configured cache (the mark is cleared then): a start that fails half way
+//! leaves nothing recorded that it did not open. A cache over a disk is also
+//! recorded under the disk's path (as configured and resolved), checked when a
+//! LUN serves a path.
 //!
 //! Key invariant: while a record names a volume, nothing but its cache writes to
 //! it; a volume without one has no cache whose table describes it.
@@ -43,10 +45,10 @@ pub struct Front {
     /// Its devices (`[[disk]]` names).
     #[serde(default)]
     pub devices: Vec<String>,
-    /// For a cache over a disk: the disk's file or device, resolved, so that a
-    /// LUN given that path directly is checked too.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub path: Option<String>,
+    /// For a cache over a disk: the disk's file or device, as configured and
+    /// resolved, so that a LUN given that path directly is checked too.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub paths: Vec<String>,
 }
 
 #[derive(Debug, Default, Serialize, Deserialize)]
@@ -55,6 +57,10 @@ struct File {
     /// By the volume's backing id (32 hex digits).
     #[serde(default)]
     volume: BTreeMap<String, Front>,
+    /// Written by a node's first start with the file, cleared once a start
+    /// has opened every configured cache: until then every table is trusted.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    first_start: bool,
 }
 
 /// The record of which cache fronts which volume (see the module notes).
@@ -110,36 +116,40 @@ impl Fronts {
     /// it was written: the record is kept and names none. (A record kept by an
     /// earlier version of the node never existed: then no.)
     pub fn table_stale(&self, volume_id: u128) -> bool {
-        self.path.is_some() && self.existed && !self.file.volume.contains_key(&key(volume_id))
+        self.path.is_some()
+            && self.existed
+            && !self.file.first_start
+            && !self.file.volume.contains_key(&key(volume_id))
     }
 
     /// At a start without the file (a new node, or one that ran an earlier
-    /// version): records every configured cache at once, before any is
-    /// opened (their tables are trusted at this start, and must be at the next
-    /// one even if this start ends before they all opened), and creates the
-    /// file even with none, so that a cache put back at a later start is
-    /// judged by it.
-    pub fn first_start(&mut self, fronts: &[(u128, Front)]) -> Result<()> {
+    /// version): creates it, marked as a first start, before any cache opens.
+    pub fn first_start(&mut self) -> Result<()> {
         if self.existed || self.path.is_none() {
             return Ok(());
         }
-        for (id, f) in fronts {
-            self.file.volume.insert(key(*id), f.clone());
+        self.file.first_start = true;
+        self.save()
+    }
+
+    /// Every configured cache opened: the first start, if this was one, is
+    /// over, and from now on a volume without a record was served without a
+    /// cache.
+    pub fn opened_all(&mut self) -> Result<()> {
+        if !self.file.first_start {
+            return Ok(());
         }
+        self.file.first_start = false;
         self.save()
     }
 
     /// Records, durably, that `front` (a cache) fronts the volume from now on.
-    /// A record of the same cache (name and devices) in front of another
-    /// volume goes: it opened here, so it held none of that volume's dirty
-    /// data (the open refuses another volume's), and it is empty of it now.
+    /// (A record of the same cache in front of another volume stays: nothing
+    /// here proves that the devices it holds now held none of that volume's
+    /// data; `cache detach`, or the operator, removes it.)
     pub fn fronting(&mut self, volume_id: u128, front: Front) -> Result<()> {
         let here = key(volume_id);
-        let before = self.file.volume.len();
-        self.file
-            .volume
-            .retain(|k, f| *k == here || f.cache != front.cache || f.devices != front.devices);
-        if self.file.volume.get(&here) == Some(&front) && self.file.volume.len() == before {
+        if self.file.volume.get(&here) == Some(&front) {
             return Ok(());
         }
         self.file.volume.insert(here, front);
@@ -154,19 +164,23 @@ impl Fronts {
         Ok(())
     }
 
-    /// The file or device `path` (resolved) is about to be served by a LUN:
-    /// as [`Fronts::serving_bare`] for a disk a cache fronts under that path.
-    pub fn serving_path_bare(&mut self, path: &str) -> Result<()> {
-        let found = self
+    /// The file or device at `paths` (as given, and resolved) is about to be
+    /// served by a LUN: as [`Fronts::serving_bare`] for every disk a cache
+    /// fronts under one of those paths.
+    pub fn serving_path_bare(&mut self, paths: &[String]) -> Result<()> {
+        let found: Vec<String> = self
             .file
             .volume
             .iter()
-            .find(|(_, f)| f.path.as_deref() == Some(path))
-            .map(|(k, _)| k.clone());
-        match found.and_then(|k| u128::from_str_radix(&k, 16).ok()) {
-            Some(id) => self.serving_bare(id, &format!("file {path}")),
-            None => Ok(()),
+            .filter(|(_, f)| f.paths.iter().any(|p| paths.contains(p)))
+            .map(|(k, _)| k.clone())
+            .collect();
+        for k in found {
+            if let Ok(id) = u128::from_str_radix(&k, 16) {
+                self.serving_bare(id, &format!("file {}", paths[0]))?;
+            }
         }
+        Ok(())
     }
 
     /// The volume `what` (a description for messages) is about to be served
@@ -205,21 +219,25 @@ impl Fronts {
 mod tests {
     use super::*;
 
+    fn front(cache: &str, write_back: bool) -> Front {
+        Front {
+            cache: cache.into(),
+            write_back,
+            devices: vec!["ssd0".into()],
+            paths: vec![],
+        }
+    }
+
     #[test]
     fn a_volume_served_bare_leaves_its_read_cache_stale_and_refuses_if_write_back() {
         let dir = tempfile::tempdir().unwrap();
-        // a node of an earlier version: no file, every table trusted once
+        // a node of an earlier version: no file, every table trusted
         let mut f = Fronts::load(dir.path()).unwrap();
+        f.first_start().unwrap();
         assert!(!f.table_stale(7));
-        f.first_start(&[(7, front("rc", false)), (8, front("wb", true))])
-            .unwrap();
-        assert!(!f.table_stale(8), "trusted for the whole first start");
-        // a start that ended before a cache opened leaves it recorded
-        let mut f = Fronts::load(dir.path()).unwrap();
-        assert!(!f.table_stale(7) && !f.table_stale(8));
-        f.first_start(&[]).unwrap(); // the file exists: nothing changes
         f.fronting(7, front("rc", false)).unwrap();
         f.fronting(8, front("wb", true)).unwrap();
+        f.opened_all().unwrap();
         let mut f = Fronts::load(dir.path()).unwrap();
         assert!(!f.table_stale(7) && !f.table_stale(8));
         // a volume never cached is served bare freely
@@ -247,49 +265,46 @@ mod tests {
         assert!(!none.table_stale(2));
     }
 
-    fn front(cache: &str, write_back: bool) -> Front {
-        Front {
-            cache: cache.into(),
-            write_back,
-            devices: vec!["ssd0".into()],
-            path: None,
-        }
+    #[test]
+    fn a_first_start_that_fails_half_way_records_only_what_it_opened() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut f = Fronts::load(dir.path()).unwrap();
+        f.first_start().unwrap();
+        f.fronting(1, front("a", false)).unwrap();
+        // cache b's open failed: the start ends here
+        let mut f = Fronts::load(dir.path()).unwrap();
+        assert!(!f.table_stale(2), "b is judged by a first start still");
+        f.first_start().unwrap(); // the file exists: still a first start
+        f.fronting(2, front("b", true)).unwrap();
+        f.opened_all().unwrap();
+        let f = Fronts::load(dir.path()).unwrap();
+        assert!(!f.table_stale(1) && !f.table_stale(2));
+        assert!(f.table_stale(3), "a cache put back later is judged");
     }
 
     #[test]
     fn a_node_without_caches_keeps_the_file_so_a_cache_put_back_later_is_judged() {
         let dir = tempfile::tempdir().unwrap();
-        Fronts::load(dir.path()).unwrap().first_start(&[]).unwrap();
+        let mut f = Fronts::load(dir.path()).unwrap();
+        f.first_start().unwrap();
+        f.opened_all().unwrap();
         // a cache removed under an earlier version, put back now
         assert!(Fronts::load(dir.path()).unwrap().table_stale(5));
     }
 
     #[test]
-    fn a_cache_moved_to_another_volume_no_longer_holds_the_first_one() {
-        let dir = tempfile::tempdir().unwrap();
-        let mut f = Fronts::load(dir.path()).unwrap();
-        f.first_start(&[(1, front("c", true))]).unwrap();
-        // another cache of the same name on other devices keeps the record
-        let mut other = front("c", true);
-        other.devices = vec!["ssd9".into()];
-        f.fronting(2, other).unwrap();
-        assert!(f.serving_bare(1, "pool p").is_err());
-        // the same cache opened over volume 2: volume 1 may be served bare
-        f.fronting(2, front("c", true)).unwrap();
-        let mut f = Fronts::load(dir.path()).unwrap();
-        f.serving_bare(1, "pool p").unwrap();
-        assert!(f.serving_bare(2, "pool q").is_err());
-    }
-
-    #[test]
-    fn a_disk_a_write_back_cache_fronts_is_refused_under_its_path_too() {
+    fn a_disk_a_write_back_cache_fronts_is_refused_under_its_paths_too() {
         let dir = tempfile::tempdir().unwrap();
         let mut f = Fronts::load(dir.path()).unwrap();
         let mut wb = front("c", true);
-        wb.path = Some("/srv/d0.img".into());
+        wb.paths = vec!["/dev/disk/by-id/x".into(), "/dev/sdb".into()];
         f.fronting(3, wb).unwrap();
-        f.serving_path_bare("/srv/other.img").unwrap();
-        let e = f.serving_path_bare("/srv/d0.img").unwrap_err().to_string();
-        assert!(e.contains("file /srv/d0.img"), "{e}");
+        f.serving_path_bare(&["/srv/other.img".into()]).unwrap();
+        let e = f
+            .serving_path_bare(&["/dev/disk/by-id/x".into(), "/dev/sdc".into()])
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("file /dev/disk/by-id/x"), "{e}");
+        assert!(f.serving_path_bare(&["/dev/sdb".into()]).is_err());
     }
 }

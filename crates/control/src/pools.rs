@@ -24,8 +24,8 @@ pub struct CacheSlot {
     op: tokio::sync::Mutex<()>,
     /// The node's record of which cache fronts which volume.
     fronts: Arc<parking_lot::Mutex<Fronts>>,
-    /// For that record: the disk's resolved path, for a cache over a disk.
-    disk_path: Option<String>,
+    /// For that record: the disk's paths, for a cache over a disk.
+    disk_paths: Vec<String>,
 }
 
 impl CacheSlot {
@@ -100,7 +100,7 @@ impl CacheSlot {
     /// Records, durably, that this cache fronts its volume.
     fn front_record(&self, name: &str) -> Result<()> {
         let devices = self.devices.lock().iter().map(|d| d.name.clone()).collect();
-        let front = front_of(name, &self.cfg, devices, self.disk_path.clone());
+        let front = front_of(name, &self.cfg, devices, self.disk_paths.clone());
         self.fronts.lock().fronting(self.cfg.backing_id, front)
     }
 
@@ -180,31 +180,39 @@ fn front_of(
     name: &str,
     cc: &cache::CacheConfig,
     devices: Vec<String>,
-    path: Option<String>,
+    paths: Vec<String>,
 ) -> Front {
     Front {
         cache: name.to_string(),
         write_back: cc.mode == cache::CacheMode::WriteBack,
         devices,
-        path,
+        paths,
     }
 }
 
-/// `p` resolved (symlinks, `..`) when it exists, as given otherwise.
-fn resolved(p: &std::path::Path) -> String {
-    std::fs::canonicalize(p)
-        .unwrap_or_else(|_| p.to_path_buf())
-        .display()
-        .to_string()
+/// `p` as given and resolved (symlinks, `..`: a device's name under
+/// /dev/disk/by-id and its kernel name), without repeats.
+fn path_forms(p: &std::path::Path) -> Vec<String> {
+    let mut v = vec![p.display().to_string()];
+    if let Ok(r) = std::fs::canonicalize(p) {
+        let r = r.display().to_string();
+        if r != v[0] {
+            v.push(r);
+        }
+    }
+    v
 }
 
-/// The resolved path of configured disk `name` (None: not a configured disk).
-fn disk_path(cfg: &Config, name: &str) -> Option<String> {
-    let d = cfg.disks.iter().find(|d| d.name == name)?;
-    Some(resolved(&match &d.path {
-        Some(p) => p.clone(),
-        None => default_disk_path(&cfg.data_dir, &d.name),
-    }))
+/// The paths of configured disk `name` (none for a disk kept in memory or
+/// not configured).
+fn disk_paths(cfg: &Config, name: &str) -> Vec<String> {
+    match cfg.disks.iter().find(|d| d.name == name) {
+        Some(d) if !d.memory => path_forms(&match &d.path {
+            Some(p) => p.clone(),
+            None => default_disk_path(&cfg.data_dir, &d.name),
+        }),
+        _ => Vec::new(),
+    }
 }
 
 /// What identifies a cache's backing volume in its superblocks: a pool's
@@ -462,14 +470,7 @@ impl Pools {
             }
         }
         let mut fronts = Fronts::load(&cfg.data_dir)?;
-        let mut first = Vec::new();
-        for c in &cfg.caches {
-            let cc = cache_config(c)?;
-            let path = c.disk.as_deref().and_then(|d| disk_path(cfg, d));
-            let front = front_of(&c.name, &cc, c.devices.clone(), path);
-            first.push((backing_id(c, &pools), front));
-        }
-        fronts.first_start(&first)?;
+        fronts.first_start()?;
         let fronts = Arc::new(parking_lot::Mutex::new(fronts));
         let mut caches = BTreeMap::new();
         for c in &cfg.caches {
@@ -517,7 +518,10 @@ impl Pools {
                 vol: parking_lot::Mutex::new(Some(vol)),
                 op: tokio::sync::Mutex::new(()),
                 fronts: fronts.clone(),
-                disk_path: c.disk.as_deref().and_then(|d| disk_path(cfg, d)),
+                disk_paths: c
+                    .disk
+                    .as_deref()
+                    .map_or_else(Vec::new, |d| disk_paths(cfg, d)),
             };
             // before anything is served through it
             slot.front_record(&c.name)
@@ -530,6 +534,7 @@ impl Pools {
             }
             caches.insert(c.name.clone(), slot);
         }
+        fronts.lock().opened_all()?;
         Ok(Pools {
             pools: parking_lot::RwLock::new(pools),
             caches,
@@ -747,7 +752,7 @@ impl Pools {
     /// A LUN is about to serve file or device `path` directly: refused while a
     /// write-back cache fronts a disk of that path (see `fronts.rs`).
     pub fn lun_path(&self, path: &std::path::Path) -> Result<()> {
-        self.fronts.lock().serving_path_bare(&resolved(path))
+        self.fronts.lock().serving_path_bare(&path_forms(path))
     }
 
     /// The volume of pool `name` for a LUN served directly from it: refused

@@ -171,6 +171,9 @@ async fn manage(inner: &Arc<Inner>, mut conns: mpsc::Receiver<(Framed, Message)>
             match handshake(inner, f, hello).await {
                 Ok((f, p, peer_meta, peer_bits)) => {
                     unjoinable = false;
+                    // joined: what the partner's copy was is no longer known
+                    // once this session ends (`keep_copy` needs a refusal)
+                    inner.partner_consistent.store(0, Ordering::Release);
                     // copies under way here fail from now on (see write_copy)
                     inner.meetings.fetch_add(1, Ordering::AcqRel);
                     let detaches = inner.detaches.load(Ordering::Acquire);
@@ -429,7 +432,16 @@ async fn handshake(
             }
             // let go all the same: retried, it would fail at every meeting
             Err(e) => {
-                tracing::error!(volume = %cfg.name, "could not undo the partner's unfinished copies: {e}; their ranges stay as the copies left them")
+                tracing::error!(volume = %cfg.name, "could not undo the partner's unfinished copies: {e}; their ranges stay as the copies left them");
+                // changed in part: never kept by the operator (`keep_copy`)
+                let _one = inner.meta_write.lock().await;
+                let mut m = *inner.meta.lock();
+                if !m.partial {
+                    m.partial = true;
+                    if let Err(e) = inner.store_meta(m) {
+                        tracing::error!(volume = %cfg.name, "cannot mark the copy partial: {e}");
+                    }
+                }
             }
         }
     }

@@ -1441,8 +1441,11 @@ impl ReplicatedVolume {
         }
         // no generation, and never a source: even against a partner as new
         // as it, the partner's data is what gets copied (see plan::resume);
-        // a copy changed in part stays so (`keep_copy`)
-        let partial = i.meta.lock().partial;
+        // a copy changed in part stays so (`keep_copy`; a consistent one is
+        // whole, whatever an older meta file said)
+        let _one = i.meta_write.lock().await;
+        let m = *i.meta.lock();
+        let partial = m.partial && !m.consistent;
         i.store_meta(Meta {
             consistent: false,
             partial,
