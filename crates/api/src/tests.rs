@@ -273,6 +273,8 @@ async fn no_token_or_a_wrong_one_gets_401_and_changes_nothing() {
             "/api/v1/disks",
             r#"{"name":"big","memory":true,"size":"1T"}"#,
         ),
+        ("/api/v1/replicas/discard", r#"{"name":"c/t/lun0"}"#),
+        ("/api/v1/replicas/keep", r#"{"name":"c/t/lun0"}"#),
     ] {
         let (code, _) = n
             .send("POST", path, std::slice::from_ref(&json), body)
@@ -328,6 +330,8 @@ async fn a_read_only_token_reads_and_is_refused_every_change() {
             "/api/v1/luns",
             r#"{"target":"t","lun":{"path":"/dev/sda"}}"#,
         ),
+        ("/api/v1/replicas/discard", r#"{"name":"c/t/lun0"}"#),
+        ("/api/v1/replicas/keep", r#"{"name":"c/t/lun0"}"#),
     ] {
         let (code, answer) = n.post(path, &r, body).await;
         assert_eq!(code, 403, "{path}: {answer}");
@@ -343,7 +347,7 @@ async fn a_read_only_token_reads_and_is_refused_every_change() {
     );
     // the refusals are in the audit log under the token's name
     let a = n.audit();
-    assert_eq!(a.len(), 5);
+    assert_eq!(a.len(), 7);
     assert!(a.iter().all(|e| e.who == "bob" && e.status == 403));
     n.stop().await;
 }
