@@ -57,6 +57,26 @@ impl Meta {
     pub fn solo(&self) -> bool {
         self.current != self.synced
     }
+
+    /// Marks the copy changed in part (a resync's first change, a failed
+    /// write): not consistent, and never kept by the operator. False when it
+    /// was so already (nothing to store).
+    pub fn mark_partial(&mut self) -> bool {
+        let was = (self.consistent, self.partial);
+        self.consistent = false;
+        self.partial = true;
+        was != (false, true)
+    }
+
+    /// A new generation id: random, never 0 (no data) nor `not`.
+    pub fn new_generation(not: u64) -> u64 {
+        loop {
+            let g: u64 = rand::random();
+            if g != 0 && g != not {
+                return g;
+            }
+        }
+    }
 }
 
 /// The metadata file of a copy.
@@ -229,5 +249,17 @@ mod tests {
         let old = f.load().unwrap();
         assert_eq!(old.target_from, 0);
         assert!(old.partial, "an older file cannot say its copy is whole");
+    }
+
+    #[test]
+    fn marking_partial_says_whether_anything_changed() {
+        let mut m = Meta::fresh();
+        assert!(m.mark_partial());
+        assert!(!m.consistent && m.partial);
+        assert!(!m.mark_partial());
+        for _ in 0..100 {
+            let g = Meta::new_generation(7);
+            assert!(g != 0 && g != 7);
+        }
     }
 }

@@ -318,12 +318,8 @@ async fn decide(inner: &Arc<Inner>, peer_last_ping: Instant, detached: bool) {
         tokio::time::sleep_until(lease_end.into()).await;
     }
     if !meta.solo() {
-        let mut fresh = 0u64;
-        while fresh == 0 || fresh == meta.current {
-            fresh = rand::random();
-        }
         let m = Meta {
-            current: fresh,
+            current: Meta::new_generation(meta.current),
             ..meta
         };
         if let Err(e) = inner.store_meta(m) {
@@ -434,13 +430,11 @@ async fn handshake(
             Err(e) => {
                 tracing::error!(volume = %cfg.name, "could not undo the partner's unfinished copies: {e}; their ranges stay as the copies left them");
                 // changed in part: never kept by the operator (`keep_copy`)
-                let _one = inner.meta_write.lock().await;
-                let mut m = *inner.meta.lock();
-                if !m.partial {
-                    m.partial = true;
-                    if let Err(e) = inner.store_meta(m) {
-                        tracing::error!(volume = %cfg.name, "cannot mark the copy partial: {e}");
-                    }
+                let marked = inner
+                    .update_meta(|m| !std::mem::replace(&mut m.partial, true))
+                    .await;
+                if let Err(e) = marked {
+                    tracing::error!(volume = %cfg.name, "cannot mark the copy partial: {e}");
                 }
             }
         }
@@ -916,9 +910,7 @@ async fn resync(
         m.current = peer_meta.current;
     }
     if m.current == 0 {
-        while m.current == 0 {
-            m.current = rand::random();
-        }
+        m.current = Meta::new_generation(0);
     }
     m.synced = m.current;
     m.consistent = true;

@@ -577,6 +577,20 @@ impl Inner {
         Ok(())
     }
 
+    /// Changes the metadata under the lock of its writers: `f` changes a copy
+    /// and says whether it changed anything, which is then stored.
+    pub(crate) async fn update_meta(
+        &self,
+        f: impl FnOnce(&mut Meta) -> bool,
+    ) -> std::io::Result<()> {
+        let _one = self.meta_write.lock().await;
+        let mut m = *self.meta.lock();
+        if f(&mut m) {
+            self.store_meta(m)?;
+        }
+        Ok(())
+    }
+
     /// This node's copy failed under a write (`why`) that the partner holds: the
     /// copy is marked inconsistent (persistently, so it never serves or feeds a
     /// resync until the partner has repaired it), the node stops serving the
@@ -585,17 +599,9 @@ impl Inner {
     /// bitmap (pinned by the caller). False when the copy could not be marked:
     /// then the write must fail instead.
     pub(crate) async fn detach(&self, why: String) -> bool {
-        {
-            let _one = self.meta_write.lock().await;
-            let mut m = *self.meta.lock();
-            if m.consistent || !m.partial {
-                m.consistent = false;
-                m.partial = true;
-                if let Err(e) = self.store_meta(m) {
-                    tracing::error!(volume = %self.cfg.name, "cannot mark the failed copy inconsistent: {e}");
-                    return false;
-                }
-            }
+        if let Err(e) = self.update_meta(Meta::mark_partial).await {
+            tracing::error!(volume = %self.cfg.name, "cannot mark the failed copy inconsistent: {e}");
+            return false;
         }
         let _ = self.bitmap.persist().await;
         self.detaches.fetch_add(1, Ordering::AcqRel);
@@ -1122,15 +1128,8 @@ impl Inner {
         if !m.consistent && m.partial {
             return Ok(());
         }
-        let _one = self.meta_write.lock().await;
-        let mut m = *self.meta.lock();
-        if m.consistent || !m.partial {
-            // a discarded copy (not consistent) is whole until its first change
-            m.consistent = false;
-            m.partial = true;
-            self.store_meta(m)?;
-        }
-        Ok(())
+        // (a discarded copy, not consistent, is whole until its first change)
+        self.update_meta(Meta::mark_partial).await
     }
 
     /// Handles one request from the partner.
@@ -1508,10 +1507,7 @@ impl ReplicatedVolume {
                     .into(),
             );
         }
-        let mut fresh = 0u64;
-        while fresh == 0 || fresh == meta.current {
-            fresh = rand::random();
-        }
+        let fresh = Meta::new_generation(meta.current);
         // solo (current != synced): never taken for a copy the partner holds too
         i.store_meta(Meta {
             current: fresh,
