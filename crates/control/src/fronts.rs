@@ -68,9 +68,6 @@ struct File {
 pub struct Fronts {
     /// None: not kept (no data directory; tests).
     path: Option<PathBuf>,
-    /// The file existed when the node started (read then, never changed: a
-    /// node without it trusts every table for the whole start).
-    existed: bool,
     file: File,
 }
 
@@ -79,22 +76,29 @@ fn key(volume_id: u128) -> String {
 }
 
 impl Fronts {
-    /// Reads `DATA_DIR/cache-fronts.toml` (none yet: an empty record).
-    pub fn load(data_dir: &Path) -> Result<Fronts> {
+    /// Reads `DATA_DIR/cache-fronts.toml`. A node without it yet (new, or
+    /// one that ran an earlier version) creates it marked as a first start,
+    /// before any cache opens.
+    pub fn open(data_dir: &Path) -> Result<Fronts> {
         let path = data_dir.join(FILE);
-        let (existed, file) = match std::fs::read_to_string(&path) {
-            Ok(s) => (
-                true,
-                toml::from_str(&s).with_context(|| format!("reading {}", path.display()))?,
-            ),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => (false, File::default()),
-            Err(e) => return Err(e).with_context(|| format!("reading {}", path.display())),
-        };
-        Ok(Fronts {
-            path: Some(path),
-            existed,
-            file,
-        })
+        match std::fs::read_to_string(&path) {
+            Ok(s) => Ok(Fronts {
+                file: toml::from_str(&s).with_context(|| format!("reading {}", path.display()))?,
+                path: Some(path),
+            }),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                let f = Fronts {
+                    path: Some(path),
+                    file: File {
+                        first_start: true,
+                        ..File::default()
+                    },
+                };
+                f.save()?;
+                Ok(f)
+            }
+            Err(e) => Err(e).with_context(|| format!("reading {}", path.display())),
+        }
     }
 
     fn save(&self) -> Result<()> {
@@ -113,23 +117,12 @@ impl Fronts {
     }
 
     /// Whether the volume was served without a cache since a cache's table of
-    /// it was written: the record is kept and names none. (A record kept by an
-    /// earlier version of the node never existed: then no.)
+    /// it was written: the record is kept and names none. (During a first
+    /// start, no.)
     pub fn table_stale(&self, volume_id: u128) -> bool {
         self.path.is_some()
-            && self.existed
             && !self.file.first_start
             && !self.file.volume.contains_key(&key(volume_id))
-    }
-
-    /// At a start without the file (a new node, or one that ran an earlier
-    /// version): creates it, marked as a first start, before any cache opens.
-    pub fn first_start(&mut self) -> Result<()> {
-        if self.existed || self.path.is_none() {
-            return Ok(());
-        }
-        self.file.first_start = true;
-        self.save()
     }
 
     /// Every configured cache opened: the first start, if this was one, is
@@ -176,9 +169,7 @@ impl Fronts {
             .map(|(k, _)| k.clone())
             .collect();
         for k in found {
-            if let Ok(id) = u128::from_str_radix(&k, 16) {
-                self.serving_bare(id, &format!("file {}", paths[0]))?;
-            }
+            self.bare(k, &format!("file {}", paths[0]))?;
         }
         Ok(())
     }
@@ -187,7 +178,12 @@ impl Fronts {
     /// without a cache: refused while a write-back cache fronts it; a record of
     /// another cache is dropped (its table is stale from now on).
     pub fn serving_bare(&mut self, volume_id: u128, what: &str) -> Result<()> {
-        let Some(f) = self.file.volume.get(&key(volume_id)).cloned() else {
+        self.bare(key(volume_id), what)
+    }
+
+    /// [`Fronts::serving_bare`] for the record under `k`.
+    fn bare(&mut self, k: String, what: &str) -> Result<()> {
+        let Some(f) = self.file.volume.get(&k).cloned() else {
             return Ok(());
         };
         if f.write_back {
@@ -205,12 +201,12 @@ impl Fronts {
                  If the cache's devices are lost for good, stop the node and remove the entry for \
                  volume {id} from that file to accept the loss of what only they held.",
                 c = f.cache,
-                id = key(volume_id),
+                id = k,
             );
         }
         tracing::warn!(volume = %what, cache = %f.cache,
             "served without the read cache that fronted it: that cache starts empty when it is put back");
-        self.file.volume.remove(&key(volume_id));
+        self.file.volume.remove(&k);
         self.save()
     }
 }
@@ -232,13 +228,12 @@ mod tests {
     fn a_volume_served_bare_leaves_its_read_cache_stale_and_refuses_if_write_back() {
         let dir = tempfile::tempdir().unwrap();
         // a node of an earlier version: no file, every table trusted
-        let mut f = Fronts::load(dir.path()).unwrap();
-        f.first_start().unwrap();
+        let mut f = Fronts::open(dir.path()).unwrap();
         assert!(!f.table_stale(7));
         f.fronting(7, front("rc", false)).unwrap();
         f.fronting(8, front("wb", true)).unwrap();
         f.opened_all().unwrap();
-        let mut f = Fronts::load(dir.path()).unwrap();
+        let mut f = Fronts::open(dir.path()).unwrap();
         assert!(!f.table_stale(7) && !f.table_stale(8));
         // a volume never cached is served bare freely
         f.serving_bare(9, "pool x").unwrap();
@@ -250,13 +245,13 @@ mod tests {
         );
         // the read cache's record goes, durably: its table is stale from now on
         f.serving_bare(7, "pool r").unwrap();
-        let f = Fronts::load(dir.path()).unwrap();
+        let f = Fronts::open(dir.path()).unwrap();
         assert!(f.table_stale(7));
         assert!(!f.table_stale(8));
         // a detach drops the record: served bare afterwards is no conflict
         let mut f = f;
         f.detached(8).unwrap();
-        let mut f = Fronts::load(dir.path()).unwrap();
+        let mut f = Fronts::open(dir.path()).unwrap();
         f.serving_bare(8, "pool w").unwrap();
         assert!(f.table_stale(8));
         // not kept at all (no data directory): nothing is ever stale
@@ -268,16 +263,14 @@ mod tests {
     #[test]
     fn a_first_start_that_fails_half_way_records_only_what_it_opened() {
         let dir = tempfile::tempdir().unwrap();
-        let mut f = Fronts::load(dir.path()).unwrap();
-        f.first_start().unwrap();
+        let mut f = Fronts::open(dir.path()).unwrap();
         f.fronting(1, front("a", false)).unwrap();
         // cache b's open failed: the start ends here
-        let mut f = Fronts::load(dir.path()).unwrap();
+        let mut f = Fronts::open(dir.path()).unwrap();
         assert!(!f.table_stale(2), "b is judged by a first start still");
-        f.first_start().unwrap(); // the file exists: still a first start
         f.fronting(2, front("b", true)).unwrap();
         f.opened_all().unwrap();
-        let f = Fronts::load(dir.path()).unwrap();
+        let f = Fronts::open(dir.path()).unwrap();
         assert!(!f.table_stale(1) && !f.table_stale(2));
         assert!(f.table_stale(3), "a cache put back later is judged");
     }
@@ -285,17 +278,15 @@ mod tests {
     #[test]
     fn a_node_without_caches_keeps_the_file_so_a_cache_put_back_later_is_judged() {
         let dir = tempfile::tempdir().unwrap();
-        let mut f = Fronts::load(dir.path()).unwrap();
-        f.first_start().unwrap();
-        f.opened_all().unwrap();
+        Fronts::open(dir.path()).unwrap().opened_all().unwrap();
         // a cache removed under an earlier version, put back now
-        assert!(Fronts::load(dir.path()).unwrap().table_stale(5));
+        assert!(Fronts::open(dir.path()).unwrap().table_stale(5));
     }
 
     #[test]
     fn a_disk_a_write_back_cache_fronts_is_refused_under_its_paths_too() {
         let dir = tempfile::tempdir().unwrap();
-        let mut f = Fronts::load(dir.path()).unwrap();
+        let mut f = Fronts::open(dir.path()).unwrap();
         let mut wb = front("c", true);
         wb.paths = vec!["/dev/disk/by-id/x".into(), "/dev/sdb".into()];
         f.fronting(3, wb).unwrap();

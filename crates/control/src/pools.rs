@@ -220,24 +220,28 @@ fn disk_paths(cfg: &Config, name: &str) -> Vec<String> {
 /// identity of its own: one whose path changed under the same name is not
 /// told apart, beyond its size).
 fn backing_id(c: &crate::config::CacheConfig, pools: &BTreeMap<String, Arc<raid::Pool>>) -> u128 {
-    volume_id(c.pool.as_deref(), c.disk.as_deref(), pools)
+    match (&c.pool, &c.disk) {
+        (Some(p), _) => pool_id(p, pools),
+        (None, Some(d)) => disk_id(d),
+        (None, None) => 0,
+    }
 }
 
-/// The backing id of pool `pool` or disk `disk` (see [`backing_id`]).
-fn volume_id(
-    pool: Option<&str>,
-    disk: Option<&str>,
-    pools: &BTreeMap<String, Arc<raid::Pool>>,
-) -> u128 {
+/// The backing id of pool `name`: its uuid.
+fn pool_id(name: &str, pools: &BTreeMap<String, Arc<raid::Pool>>) -> u128 {
+    match pools.get(name).map(|p| u128::from_str_radix(p.uuid(), 16)) {
+        Some(Ok(id)) => id.max(1),
+        _ => named_id(&format!("pool:{name}")),
+    }
+}
+
+/// The backing id of disk `name`: a digest of its name.
+fn disk_id(name: &str) -> u128 {
+    named_id(&format!("disk:{name}"))
+}
+
+fn named_id(named: &str) -> u128 {
     use sha2::Digest;
-    let named = match (pool, disk) {
-        (Some(p), _) => match pools.get(p).map(|p| u128::from_str_radix(p.uuid(), 16)) {
-            Some(Ok(id)) => return id.max(1),
-            _ => format!("pool:{p}"),
-        },
-        (None, Some(d)) => format!("disk:{d}"),
-        (None, None) => return 0,
-    };
     let digest = sha2::Sha256::digest(named.as_bytes());
     u128::from_le_bytes(digest[..16].try_into().unwrap_or([1; 16])).max(1)
 }
@@ -469,9 +473,7 @@ impl Pools {
                 pool.set_data_first(false);
             }
         }
-        let mut fronts = Fronts::load(&cfg.data_dir)?;
-        fronts.first_start()?;
-        let fronts = Arc::new(parking_lot::Mutex::new(fronts));
+        let fronts = Arc::new(parking_lot::Mutex::new(Fronts::open(&cfg.data_dir)?));
         let mut caches = BTreeMap::new();
         for c in &cfg.caches {
             let backing: VolumeRef = match (&c.pool, &c.disk) {
@@ -758,8 +760,13 @@ impl Pools {
     /// The volume of pool `name` for a LUN served directly from it: refused
     /// while a write-back cache fronts it (see `fronts.rs`).
     pub fn lun_pool_volume(&self, name: &str) -> Result<VolumeRef> {
-        let vol = self.volume(name)?;
-        let id = volume_id(Some(name), None, &self.pools.read());
+        let (vol, id) = {
+            let pools = self.pools.read();
+            let Some(p) = pools.get(name) else {
+                bail!("no pool named {name:?} is configured");
+            };
+            (p.clone() as VolumeRef, pool_id(name, &pools))
+        };
         self.fronts
             .lock()
             .serving_bare(id, &format!("pool {name}"))?;
@@ -769,13 +776,13 @@ impl Pools {
     /// Takes configured disk `name` for a LUN of its own (it is no longer free);
     /// refused while a write-back cache fronts it (see `fronts.rs`).
     pub fn take_disk_volume(&self, name: &str) -> Result<VolumeRef> {
-        if self.free_disks.lock().contains_key(name) {
-            let id = volume_id(None, Some(name), &self.pools.read());
+        let mut free = self.free_disks.lock();
+        if free.contains_key(name) {
             self.fronts
                 .lock()
-                .serving_bare(id, &format!("disk {name}"))?;
+                .serving_bare(disk_id(name), &format!("disk {name}"))?;
         }
-        match self.free_disks.lock().remove(name) {
+        match free.remove(name) {
             Some(v) => {
                 self.lun_disks.lock().insert(name.to_string(), v.clone());
                 Ok(v)

@@ -415,10 +415,13 @@ impl Inner {
                 _ => self.rebuild_xor_batch(s).await,
             };
             if let Some(n) = batch {
-                self.state.lock().rebuild_stalled = None;
                 next = s + n;
                 done += n * chunk_bytes * self.layout.areas();
-                self.state.lock().rebuild = Some(progress(started, done, total));
+                {
+                    let mut st = self.state.lock();
+                    st.rebuild_stalled = None;
+                    st.rebuild = Some(progress(started, done, total));
+                }
                 self.persist_progress(&mut last_persist).await;
                 continue;
             }
