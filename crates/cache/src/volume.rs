@@ -2121,54 +2121,53 @@ impl Inner {
         // a table this cache may not load as it stands: it starts empty,
         // unless the devices hold dirty data (refused: dropped here it would
         // be lost, destaged it would overwrite other or newer data)
-        let not_loaded: Option<(String, String)> = if old.backing_id != 0
-            && old.backing_id != self.cfg.backing_id
-        {
-            // the devices were in front of another volume (the
-            // configuration now names another pool, of the same size or
-            // larger): their blocks are that volume's
-            Some((
-                format!(
-                    "the devices hold dirty data of another backing volume (id {:032x}; \
+        let not_loaded: Option<(String, String)> =
+            if old.backing_id != 0 && old.backing_id != self.cfg.backing_id {
+                // the devices were in front of another volume (the
+                // configuration now names another pool, of the same size or
+                // larger): their blocks are that volume's
+                Some((
+                    format!(
+                        "the devices hold dirty data of another backing volume (id {:032x}; \
                          this one is {:032x}); point the cache back at that volume and detach \
                          it, or wipe the devices to give that data up",
-                    old.backing_id, self.cfg.backing_id
-                ),
-                format!(
+                        old.backing_id, self.cfg.backing_id
+                    ),
+                    format!(
                     "cache devices were in front of another backing volume ({:032x}, now {:032x})",
                     old.backing_id, self.cfg.backing_id
                 ),
-            ))
-        } else if self.cfg.table_stale {
-            // the volume was served without this cache since the table was
-            // written (the node's record of fronts says so)
-            Some((
-                "the backing volume was served without this cache since its table was \
+                ))
+            } else if self.cfg.table_stale {
+                // the volume was served without this cache since the table was
+                // written (the node's record of fronts says so)
+                Some((
+                    "the backing volume was served without this cache since its table was \
                      written, and the devices hold dirty data older than what the volume may \
                      hold now; wipe the devices to start the cache empty"
-                    .into(),
-                "the backing volume was served without this cache, or the cache was \
+                        .into(),
+                    "the backing volume was served without this cache, or the cache was \
                      detached, since its table was written"
-                    .into(),
-            ))
-        } else if !same_shape {
-            // a clean stop of a write-back cache keeps its dirty data too (it
-            // writes the whole table, dirty records included, and does not
-            // destage): this used to be asked only after an unclean stop, so
-            // a cleanly stopped cache started empty under a new shape and
-            // erased them
-            Some((
-                format!(
-                    "the devices hold dirty data of a cache with another shape (block {} \
+                        .into(),
+                ))
+            } else if !same_shape {
+                // a clean stop of a write-back cache keeps its dirty data too (it
+                // writes the whole table, dirty records included, and does not
+                // destage): this used to be asked only after an unclean stop, so
+                // a cleanly stopped cache started empty under a new shape and
+                // erased them
+                Some((
+                    format!(
+                        "the devices hold dirty data of a cache with another shape (block {} \
                          bytes, {} devices, {} frames); restore that configuration and detach \
                          it first",
-                    old.block_bytes, old.device_count, old.frames
-                ),
-                "cache shape changed".into(),
-            ))
-        } else {
-            None
-        };
+                        old.block_bytes, old.device_count, old.frames
+                    ),
+                    "cache shape changed".into(),
+                ))
+            } else {
+                None
+            };
         if let Some((refusal, why)) = not_loaded {
             if dirty_possible && self.scan_dirty(old).await {
                 return Err(BlockError::Unavailable(format!(

@@ -61,23 +61,34 @@ pub fn run(api: SocketAddr, cmd: ReplicaCmd) -> Result<()> {
             }
             Ok(())
         }
-        ReplicaCmd::Discard { name, .. } => {
-            let body = serde_json::json!({ "name": name });
-            let (code, v) = http(api, "POST", "/api/v1/replicas/discard", Some(&body))?;
-            let v = ok_or_error(code, v)?;
-            println!("discarded this node's copy; it will be copied from the partner");
-            print_one(&v);
-            Ok(())
-        }
-        ReplicaCmd::Keep { name, .. } => {
-            let body = serde_json::json!({ "name": name });
-            let (code, v) = http(api, "POST", "/api/v1/replicas/keep", Some(&body))?;
-            let v = ok_or_error(code, v)?;
-            println!("kept this node's copy; the partner will be copied from it");
-            print_one(&v);
-            Ok(())
-        }
+        ReplicaCmd::Discard { name, .. } => act(
+            api,
+            "discard",
+            &name,
+            "discarded this node's copy; it will be copied from the partner",
+        ),
+        ReplicaCmd::Keep { name, .. } => act(
+            api,
+            "keep",
+            &name,
+            "kept this node's copy; the partner will be copied from it",
+        ),
     }
+}
+
+/// POSTs `/api/v1/replicas/VERB` for volume `name`; prints `done` and the new status.
+fn act(api: SocketAddr, verb: &str, name: &str, done: &str) -> Result<()> {
+    let body = serde_json::json!({ "name": name });
+    let (code, v) = http(
+        api,
+        "POST",
+        &format!("/api/v1/replicas/{verb}"),
+        Some(&body),
+    )?;
+    let v = ok_or_error(code, v)?;
+    println!("{done}");
+    print_one(&v);
+    Ok(())
 }
 
 fn print_one(r: &Value) {
