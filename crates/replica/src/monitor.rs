@@ -260,10 +260,10 @@ mod tests {
     async fn links_answering_are_up_and_silent_ones_down() {
         let keys = ClusterKeys::generate("c").unwrap();
         // node A has two links; node B answers on its first only
-        let b1 = std::net::UdpSocket::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap();
+        // B's address stays taken until B binds it: freed at once, it was
+        // handed to one of A's sockets now and then (CI: AddrInUse)
+        let b1_held = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+        let b1 = b1_held.local_addr().unwrap();
         let dead = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
         let dead_addr = dead.local_addr().unwrap(); // bound, never answers
         let a = SyncLinkMonitor::start(
@@ -279,6 +279,7 @@ mod tests {
         .await
         .unwrap();
         let a_addr: SocketAddr = a.links()[0].local.parse().unwrap();
+        drop(b1_held);
         let _b = SyncLinkMonitor::start(
             &[b1],
             &[a_addr],
