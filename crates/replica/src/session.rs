@@ -168,6 +168,8 @@ async fn manage(inner: &Arc<Inner>, mut conns: mpsc::Receiver<(Framed, Message)>
             _ = tokio::time::sleep(RECONNECT_PAUSE), if !dial => None,
         };
         if let Some((f, hello)) = conn {
+            // the operator's changes of the copy wait for the meeting's end
+            let meeting = inner.meeting.lock().await;
             match handshake(inner, f, hello).await {
                 Ok((f, p, peer_meta, peer_bits)) => {
                     unjoinable = false;
@@ -179,16 +181,7 @@ async fn manage(inner: &Arc<Inner>, mut conns: mpsc::Receiver<(Framed, Message)>
                     let detaches = inner.detaches.load(Ordering::Acquire);
                     let (link, writing) = session(inner, f, p, peer_meta, peer_bits).await;
                     partner_writes_done(inner, &writing, &mut conns, &mut conns_open).await;
-                    if inner.detaches.load(Ordering::Acquire) != detaches {
-                        // the disk failed again: retry less and less often, up to
-                        // every FAILING_RETRY_MAX, until it works (or is replaced)
-                        failing = (failing + 1).min(8);
-                        let pause = (RECONNECT_PAUSE * (1 << failing)).min(FAILING_RETRY_MAX);
-                        tracing::warn!(volume = %inner.cfg.name, ?pause, "this copy failed again; retrying later");
-                        tokio::time::sleep(pause).await;
-                    } else {
-                        failing = 0;
-                    }
+                    let failed_again = inner.detaches.load(Ordering::Acquire) != detaches;
                     peer_seen = link.last_ping_recv();
                     // the link in use failed: dial the next sync link first
                     next_peer += 1;
@@ -222,9 +215,21 @@ async fn manage(inner: &Arc<Inner>, mut conns: mpsc::Receiver<(Framed, Message)>
                         decide(inner, peer_seen, true).await;
                         last_decide = Some(Instant::now());
                     }
+                    drop(meeting);
+                    if failed_again {
+                        // the disk failed again: retry less and less often, up to
+                        // every FAILING_RETRY_MAX, until it works (or is replaced)
+                        failing = (failing + 1).min(8);
+                        let pause = (RECONNECT_PAUSE * (1 << failing)).min(FAILING_RETRY_MAX);
+                        tracing::warn!(volume = %inner.cfg.name, ?pause, "this copy failed again; retrying later");
+                        tokio::time::sleep(pause).await;
+                    } else {
+                        failing = 0;
+                    }
                     continue;
                 }
                 Err(HandshakeError::Failed(e)) => {
+                    drop(meeting);
                     tracing::warn!(volume = %inner.cfg.name, "handshake with the partner failed: {e}");
                     tokio::time::sleep(RECONNECT_PAUSE).await;
                     // a partner that accepts connections but cannot complete a
@@ -236,6 +241,7 @@ async fn manage(inner: &Arc<Inner>, mut conns: mpsc::Receiver<(Framed, Message)>
                     if inner.role().role != Role::Solo {
                         inner.set_role(Role::Down, None, false, e);
                     }
+                    drop(meeting);
                     tokio::time::sleep(RECONNECT_PAUSE).await;
                 }
             }
@@ -249,6 +255,7 @@ async fn manage(inner: &Arc<Inner>, mut conns: mpsc::Receiver<(Framed, Message)>
             Some(t) => t.elapsed() >= Duration::from_secs(2),
         };
         if matches!(role, Role::Deciding | Role::Down) && due && !unjoinable {
+            let _deciding = inner.meeting.lock().await;
             decide(inner, peer_seen, false).await;
             last_decide = Some(Instant::now());
         }
@@ -322,7 +329,16 @@ async fn decide(inner: &Arc<Inner>, peer_last_ping: Instant, detached: bool) {
             current: Meta::new_generation(meta.current),
             ..meta
         };
-        if let Err(e) = inner.store_meta(m) {
+        let stored = {
+            let _one = inner.meta_write.lock().await;
+            if *inner.meta.lock() != meta {
+                // changed while the lease ran out (a copy failing under a
+                // write is marked so): judged again at the next decision
+                return;
+            }
+            inner.store_meta(m)
+        };
+        if let Err(e) = stored {
             inner.set_role(
                 Role::Down,
                 None,
@@ -926,7 +942,22 @@ async fn resync(
     // which this is then (above): the next meeting joins them. Stored after
     // its answer, a lost answer left the partner in sync at a generation this
     // copy had not recorded, and the next meeting judged the copies diverged
-    inner.store_meta(m).map_err(io)?;
+    let mut failed = false;
+    inner
+        .update_meta(|stored| {
+            // a source is consistent: no longer so, it failed under a write
+            // since (`detach`), and its mark must stay
+            failed = !stored.consistent;
+            if !failed {
+                *stored = m;
+            }
+            !failed
+        })
+        .await
+        .map_err(io)?;
+    if failed {
+        return Err("this copy failed during the resync".into());
+    }
     inner.bitmap.persist().await.map_err(io)?;
     match link.request(|id| Message::ResyncDone { id, gens }).await {
         Ok(OpResult::Ok) => {}

@@ -20,6 +20,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::sync::{mpsc, watch};
 
+/// How long an operator's change of the copy waits for a meeting with the
+/// partner, or a decision to go on alone, to end (`Inner::between_meetings`).
+const OPERATOR_WAIT: Duration = Duration::from_secs(15);
+
 /// How the two nodes serve a replicated volume.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "kebab-case")]
@@ -269,6 +273,12 @@ pub(crate) struct Inner {
     pub(crate) stop_tx: watch::Sender<bool>,
     /// Serialises metadata updates made from request handlers.
     pub(crate) meta_write: tokio::sync::Mutex<()>,
+    /// Held by the connection manager while it meets the partner (handshake
+    /// and session) or decides alone, and by the operator's changes of the
+    /// copy (`discard_copy`, `keep_copy`): a change made while a handshake
+    /// judged the copy as it was (or a decision read it) would be
+    /// overwritten, or would call a copy a resync is writing consistent.
+    pub(crate) meeting: tokio::sync::Mutex<()>,
     /// The SCSI layer's handler of the partner's requests.
     pub(crate) scsi_peer: parking_lot::RwLock<Option<Arc<dyn ScsiPeer>>>,
     /// Heartbeats on every sync link (node-wide), when running.
@@ -571,6 +581,20 @@ impl Inner {
         self.submit(Op::Flush).await.map(|_| ())
     }
 
+    /// Waits until the connection manager is neither meeting the partner nor
+    /// deciding alone, and keeps it from starting either (see `meeting`):
+    /// at most [`OPERATOR_WAIT`], as a handshake or a decision ends by itself
+    /// within it, while a joined session goes on (and its copy is not down).
+    pub(crate) async fn between_meetings(&self) -> Result<tokio::sync::MutexGuard<'_, ()>, String> {
+        tokio::time::timeout(OPERATOR_WAIT, self.meeting.lock())
+            .await
+            .map_err(|_| {
+                "this node is meeting its partner, or joined with it: the copy is not down; \
+                 try again once it is"
+                    .to_string()
+            })
+    }
+
     pub(crate) fn store_meta(&self, m: Meta) -> std::io::Result<()> {
         self.meta_file.store(&m)?;
         *self.meta.lock() = m;
@@ -599,9 +623,16 @@ impl Inner {
     /// bitmap (pinned by the caller). False when the copy could not be marked:
     /// then the write must fail instead.
     pub(crate) async fn detach(&self, why: String) -> bool {
-        if let Err(e) = self.update_meta(Meta::mark_partial).await {
-            tracing::error!(volume = %self.cfg.name, "cannot mark the failed copy inconsistent: {e}");
-            return false;
+        // held until the role is down: the end of a resync taken meanwhile
+        // (`finish_as_target`) sees the copy detached, and never calls it
+        // consistent after this mark
+        let one = self.meta_write.lock().await;
+        let mut m = *self.meta.lock();
+        if m.mark_partial() {
+            if let Err(e) = self.store_meta(m) {
+                tracing::error!(volume = %self.cfg.name, "cannot mark the failed copy inconsistent: {e}");
+                return false;
+            }
         }
         let _ = self.bitmap.persist().await;
         self.detaches.fetch_add(1, Ordering::AcqRel);
@@ -615,6 +646,7 @@ impl Inner {
             false,
             format!("local copy failed ({why}): detached; the partner serves alone and resyncs this copy once it works again"),
         );
+        drop(one);
         if let Some(l) = st.link {
             // the partner closes the link when it reads this; if it does not
             // within a timeout, this side does
@@ -1321,6 +1353,15 @@ impl Inner {
         if let Err(e) = self.local.flush().await {
             return err_of(&e);
         }
+        let _one = self.meta_write.lock().await;
+        if self.role().role != Role::Target {
+            // detached by a failed write of the resync (`detach`): the copy
+            // is not whole, whatever the partner copied
+            return OpResult::Error {
+                code: error_codes::UNAVAILABLE,
+                lba: 0,
+            };
+        }
         let m = Meta {
             current: gens.current,
             synced: gens.synced,
@@ -1394,6 +1435,7 @@ impl ReplicatedVolume {
             history: Mutex::new(RoleHistory::default()),
             stop_tx: watch::channel(false).0,
             meta_write: tokio::sync::Mutex::new(()),
+            meeting: tokio::sync::Mutex::new(()),
             scsi_peer: parking_lot::RwLock::new(None),
             monitor: parking_lot::RwLock::new(None),
             client_monitor: parking_lot::RwLock::new(None),
@@ -1431,6 +1473,7 @@ impl ReplicatedVolume {
     /// alone and the writes of one side must be given up.
     pub async fn discard_copy(&self) -> Result<(), String> {
         let i = &self.inner;
+        let _meeting = i.between_meetings().await?;
         let st = i.role();
         if st.role != Role::Down {
             return Err(format!(
@@ -1475,6 +1518,7 @@ impl ReplicatedVolume {
     /// serving alone must never meet a second writer.
     pub async fn keep_copy(&self) -> Result<(), String> {
         let i = &self.inner;
+        let _meeting = i.between_meetings().await?;
         let _one = i.meta_write.lock().await;
         let st = i.role();
         if st.role != Role::Down {

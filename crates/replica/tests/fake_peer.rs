@@ -92,12 +92,26 @@ impl Fake {
     /// [`Fake::start_sized`], the copy consistent or (`consistent` false) an
     /// unfinished resync target.
     async fn start_as(
+        r: SecureReader,
+        w: SecureWriter,
+        me: u8,
+        gens: Generations,
+        block_count: u64,
+        consistent: bool,
+    ) -> (Fake, Message) {
+        Fake::start_held(r, w, me, gens, block_count, consistent, async {}).await
+    }
+
+    /// [`Fake::start_as`], awaiting `hold` once the node has judged its copy
+    /// and sent its half of the handshake, before this side's bitmap ends it.
+    async fn start_held(
         mut r: SecureReader,
         mut w: SecureWriter,
         me: u8,
         gens: Generations,
         block_count: u64,
         consistent: bool,
+        hold: impl std::future::Future<Output = ()>,
     ) -> (Fake, Message) {
         let mut out = bytes::BytesMut::new();
         let mut flags = if consistent {
@@ -120,7 +134,6 @@ impl Fake {
             },
             &mut out,
         );
-        encode(&Message::BitmapDone, &mut out);
         w.write_all(&out).await.unwrap();
         let mut buf = bytes::BytesMut::new();
         let hello = recv(&mut r, &mut buf).await.expect("the node's hello");
@@ -128,6 +141,10 @@ impl Fake {
             recv(&mut r, &mut buf).await.expect("the node's bitmap"),
             Message::BitmapDone
         ) {}
+        hold.await;
+        let mut out = bytes::BytesMut::new();
+        encode(&Message::BitmapDone, &mut out);
+        w.write_all(&out).await.unwrap();
         let (out_tx, mut out_rx) = mpsc::channel::<Message>(64);
         let (in_tx, in_rx) = mpsc::channel(1024);
         let writer = tokio::spawn(async move {
@@ -272,20 +289,9 @@ async fn resync_data_sent_to_the_leader_is_refused_and_not_written() {
 /// the lead of a brand-new pair: node 2 is its resync target.
 async fn target_of_a_fake_leader(dir: &Path, volume: VolumeRef) -> (Arc<ReplicatedVolume>, Fake) {
     let k = keys();
-    let (n2, sink) = ReplicatedVolume::open(cfg(2, dir, vec![], k[1].clone()), volume).unwrap();
-    let n2 = Arc::new(n2);
-    let sinks = SyncSinks::default();
-    sinks.insert("vol", sink);
-    let l = SyncListener::bind(&["127.0.0.1:0".parse().unwrap()], sinks, k[1].clone())
-        .await
-        .unwrap();
-    let addr = l.local_addrs()[0];
-    l.spawn();
-    let s = tokio::net::TcpStream::connect(addr).await.unwrap();
-    let st = replica::secure::connect(s, &k[0], Member::Node2, Purpose::Sync)
-        .await
-        .unwrap();
-    let (fake, _) = Fake::start(st.reader, st.writer, 1, Generations::default()).await;
+    let (n2, addr) = node2_listening(dir, &k, volume).await;
+    let (r, w) = dial_as_node1(addr, &k).await;
+    let (fake, _) = Fake::start(r, w, 1, Generations::default()).await;
     assert!(
         n2.wait_until(|s| s.role == Role::Target, Duration::from_secs(20))
             .await,
@@ -293,6 +299,33 @@ async fn target_of_a_fake_leader(dir: &Path, volume: VolumeRef) -> (Arc<Replicat
         n2.status()
     );
     (n2, fake)
+}
+
+/// Node 2 over `volume`, listening (not preferred, no witness: alone,
+/// it stays down), and its address.
+async fn node2_listening(
+    dir: &Path,
+    k: &[Arc<ClusterKeys>],
+    volume: VolumeRef,
+) -> (Arc<ReplicatedVolume>, SocketAddr) {
+    let (n2, sink) = ReplicatedVolume::open(cfg(2, dir, vec![], k[1].clone()), volume).unwrap();
+    let sinks = SyncSinks::default();
+    sinks.insert("vol", sink);
+    let l = SyncListener::bind(&["127.0.0.1:0".parse().unwrap()], sinks, k[1].clone())
+        .await
+        .unwrap();
+    let addr = l.local_addrs()[0];
+    l.spawn();
+    (Arc::new(n2), addr)
+}
+
+/// A connection to `addr` as node 1, its secure handshake done.
+async fn dial_as_node1(addr: SocketAddr, k: &[Arc<ClusterKeys>]) -> (SecureReader, SecureWriter) {
+    let s = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let st = replica::secure::connect(s, &k[0], Member::Node2, Purpose::Sync)
+        .await
+        .unwrap();
+    (st.reader, st.writer)
 }
 
 /// [`target_of_a_fake_leader`], and the fake ends the resync at once with
@@ -938,5 +971,90 @@ async fn an_unfinished_copy_refused_by_its_partner_shows_why() {
         !s.reason.contains('\u{7}'),
         "control characters kept: {s:?}"
     );
+    n2.shutdown().await;
+}
+
+/// The operator keeps node 2's copy (both copies discarded, the partner met
+/// and refused) while a new meeting is judging it. The keep waits for the
+/// meeting, and is judged on what the meeting did: the partner turned out
+/// consistent and a resync wrote here, so it is refused. Applied in the middle
+/// of the handshake, it answered "kept" of a copy the partner then
+/// overwrote.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_copy_kept_during_a_handshake_is_judged_once_the_meeting_ends() {
+    let d = tempfile::tempdir().unwrap();
+    let k = keys();
+    let (n2, addr) = node2_listening(d.path(), &k, Arc::new(MemVolume::new(512, BLOCKS))).await;
+    assert!(
+        n2.wait_until(|s| s.role == Role::Down, Duration::from_secs(20))
+            .await
+    );
+    n2.discard_copy().await.unwrap();
+    // a first meeting: the partner's copy is not consistent either
+    let (r, w) = dial_as_node1(addr, &k).await;
+    let (fake, _) = Fake::start_as(r, w, 1, Generations::default(), BLOCKS, false).await;
+    assert!(
+        n2.wait_until(
+            |s| s.reason.contains("neither copy is consistent"),
+            Duration::from_secs(20)
+        )
+        .await,
+        "{:?}",
+        n2.status()
+    );
+    fake.close();
+    // the next meeting: node 2 has judged its copy and sent its half when the
+    // operator keeps it
+    let (r, w) = dial_as_node1(addr, &k).await;
+    let (kept_tx, mut kept) = tokio::sync::watch::channel(None);
+    let n = n2.clone();
+    let mut seen = kept.clone();
+    let hold = async move {
+        tokio::spawn(async move {
+            let _ = kept_tx.send(Some(n.keep_copy().await));
+        });
+        // taken at once, the keep is done within this bound; it must wait
+        let _ = tokio::time::timeout(Duration::from_secs(2), seen.wait_for(|k| k.is_some())).await;
+    };
+    let gens = Generations {
+        current: 9,
+        synced: 9,
+    };
+    let (mut fake, _) = Fake::start_held(r, w, 1, gens, BLOCKS, true, hold).await;
+    assert!(
+        n2.wait_until(|s| s.role == Role::Target, Duration::from_secs(20))
+            .await,
+        "{:?}",
+        n2.status()
+    );
+    fake.send(Message::ResyncData {
+        id: 1,
+        lba: 0,
+        data: Bytes::from(vec![0x5Au8; 512]),
+    })
+    .await;
+    loop {
+        if let Message::Done { id: 1, result } = fake.next().await.expect("node 2 closed the link")
+        {
+            assert_eq!(result, OpResult::Ok);
+            break;
+        }
+    }
+    fake.close();
+    let kept = kept
+        .wait_for(|k| k.is_some())
+        .await
+        .unwrap()
+        .clone()
+        .unwrap();
+    assert!(kept.is_err(), "kept during the meeting: {:?}", n2.status());
+    assert!(
+        n2.wait_until(|s| s.role == Role::Down, Duration::from_secs(20))
+            .await
+    );
+    let s = n2.status();
+    assert!(s.partial, "{s:?}");
+    let e = n2.keep_copy().await.unwrap_err();
+    assert!(e.contains("changed by a resync"), "{e}");
     n2.shutdown().await;
 }
