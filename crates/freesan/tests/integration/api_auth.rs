@@ -158,6 +158,49 @@ fn the_api_refuses_callers_without_the_right_token_origin_or_host() {
         );
         assert_eq!(code, 421, "{path} with a foreign Host");
     }
+    // every route the node describes, the list above or not: a change
+    // without a token or with a wrong one is unauthorised, with a read-only
+    // one forbidden (and audited); a read without a token is unauthorised
+    let (code, doc) = http(&api, "GET", "/api/v1/openapi.json", &[&ro_auth], "");
+    assert_eq!(code, 200, "{doc}");
+    let doc: Value = serde_json::from_str(&doc).unwrap();
+    let mut posts = Vec::new();
+    for (path, item) in doc["paths"].as_object().expect("paths") {
+        // a path's parameters named: any name will do, the guard comes first
+        let path: String = path
+            .split('/')
+            .map(|part| if part.starts_with('{') { "x" } else { part })
+            .collect::<Vec<_>>()
+            .join("/");
+        if item.get("get").is_some() {
+            let (code, _) = http(&api, "GET", &path, &[], "");
+            assert_eq!(code, 401, "GET {path} with no token");
+        }
+        if item.get("post").is_some() {
+            for (who, auth, want) in [
+                ("no", "", 401),
+                ("a wrong", &*wrong, 401),
+                ("a read-only", &*ro_auth, 403),
+            ] {
+                let headers: Vec<&str> =
+                    [json, auth].into_iter().filter(|h| !h.is_empty()).collect();
+                let (code, answer) = http(&api, "POST", &path, &headers, "{}");
+                assert_eq!(code, want, "POST {path} with {who} token: {answer}");
+            }
+            posts.push(path);
+        }
+    }
+    for needed in [
+        "/api/v1/replicas/discard",
+        "/api/v1/replicas/keep",
+        "/api/v1/reload",
+        "/api/v1/bench",
+    ] {
+        assert!(
+            posts.iter().any(|p| p == needed),
+            "{needed} is not described: {posts:?}"
+        );
+    }
     let (code, _) = http(
         &api,
         "GET",
@@ -222,8 +265,9 @@ fn the_api_refuses_callers_without_the_right_token_origin_or_host() {
         log.iter()
             .filter(|e| e["who"] == "auditor" && e["status"] == 403)
             .count(),
-        // each attack once with the read-only token, and its CLI attempt
-        attacks.len() + 1,
+        // each attack once with the read-only token, each described change
+        // once, and its CLI attempt
+        attacks.len() + posts.len() + 1,
         "{out}"
     );
     let mode = std::fs::metadata(data.join("audit.log"))
