@@ -1058,3 +1058,55 @@ async fn a_copy_kept_during_a_handshake_is_judged_once_the_meeting_ends() {
     assert!(e.contains("changed by a resync"), "{e}");
     n2.shutdown().await;
 }
+
+/// A partner whose first frame is not a hello (a refusal, resync data): the
+/// listener closes the connection, the node's state shows nothing of it, and
+/// the next partner to say hello is met as usual.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_first_frame_that_is_not_a_hello_closes_the_connection_and_changes_nothing() {
+    let d = tempfile::tempdir().unwrap();
+    let k = keys();
+    let m2: VolumeRef = Arc::new(MemVolume::new(512, BLOCKS));
+    let (n2, addr) = node2_listening(d.path(), &k, m2.clone()).await;
+    assert!(
+        n2.wait_until(|s| s.role == Role::Down, Duration::from_secs(20))
+            .await
+    );
+    let before = n2.status();
+    for first in [
+        Message::Refused {
+            reason: "split brain (test)".into(),
+        },
+        Message::ResyncData {
+            id: 1,
+            lba: 0,
+            data: Bytes::from(vec![0xEEu8; 512]),
+        },
+    ] {
+        let (mut r, mut w) = dial_as_node1(addr, &k).await;
+        let mut out = bytes::BytesMut::new();
+        encode(&first, &mut out);
+        w.write_all(&out).await.unwrap();
+        let mut buf = bytes::BytesMut::new();
+        let answer = tokio::time::timeout(Duration::from_secs(20), recv(&mut r, &mut buf))
+            .await
+            .expect("the connection stayed open");
+        assert_eq!(answer, None, "answered {first:?}");
+        let s = n2.status();
+        assert_eq!(
+            (s.role, &s.reason, &s.generation),
+            (before.role, &before.reason, &before.generation)
+        );
+    }
+    assert_eq!(m2.read(0, 1).await.unwrap(), Bytes::from(vec![0u8; 512]));
+    // a partner that says hello is met
+    let (r, w) = dial_as_node1(addr, &k).await;
+    let (_fake, _) = Fake::start(r, w, 1, Generations::default()).await;
+    assert!(
+        n2.wait_until(|s| s.role == Role::Target, Duration::from_secs(20))
+            .await,
+        "{:?}",
+        n2.status()
+    );
+    n2.shutdown().await;
+}

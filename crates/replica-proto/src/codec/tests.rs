@@ -19,6 +19,11 @@ fn name() -> impl Strategy<Value = String> {
     prop_oneof!["[a-zA-Z0-9._-]{0,255}", "\\PC{0,63}"]
 }
 
+/// Refusal reasons within [`crate::REASON_BYTES_MAX`] bytes (longer than a name).
+fn reason() -> impl Strategy<Value = String> {
+    prop_oneof!["[ -~]{0,1024}", "\\PC{0,256}"]
+}
+
 fn gens() -> impl Strategy<Value = Generations> {
     (any::<u64>(), any::<u64>()).prop_map(|(current, synced)| Generations { current, synced })
 }
@@ -109,7 +114,7 @@ fn message() -> impl Strategy<Value = Message> {
         (any::<u64>(), payload(4096)).prop_map(|(id, data)| Message::ScsiRequest { id, data }),
         (any::<u64>(), payload(4096)).prop_map(|(id, data)| Message::ScsiReply { id, data }),
         name().prop_map(|reason| Message::Detach { reason }),
-        name().prop_map(|reason| Message::Refused { reason }),
+        reason().prop_map(|reason| Message::Refused { reason }),
         (any::<u64>(), any::<u64>()).prop_map(|(id, copy)| Message::CopyEnd { id, copy }),
         any::<u64>().prop_map(|seq| Message::Ping { seq }),
         any::<u64>().prop_map(|seq| Message::Pong { seq }),
@@ -381,6 +386,19 @@ fn encode_truncates_long_names_at_a_char_boundary() {
     };
     assert_eq!(cluster, "é".repeat(NAME_BYTES_MAX / 2));
     assert_eq!(node_id, 1);
+}
+
+#[test]
+fn encode_truncates_long_reasons_at_a_char_boundary() {
+    let m = Message::Refused {
+        reason: format!("x{}", "é".repeat(1000)), // 2001 bytes
+    };
+    let Ok(Some(Message::Refused { reason })) = decode(&mut encoded(&m)) else {
+        panic!("not decoded");
+    };
+    // 1 + 511 * 2 bytes: the next 'é' would pass the limit
+    assert_eq!(reason, format!("x{}", "é".repeat(511)));
+    assert!(reason.len() <= crate::REASON_BYTES_MAX);
 }
 
 #[test]
