@@ -360,6 +360,14 @@ async fn decide(inner: &Arc<Inner>, peer_last_ping: Instant, detached: bool) {
             tracing::error!(volume = %inner.cfg.name, "could not undo the lost partner's unfinished copies: {e}; their ranges stay as the copies left them")
         }
     }
+    // serving alone only a copy still consistent: a write in flight from
+    // before (or the undo above) may have failed it meanwhile, and `detach`
+    // marks it and stands down under the same lock
+    let _one = inner.meta_write.lock().await;
+    if !inner.meta.lock().consistent {
+        tracing::warn!(volume = %inner.cfg.name, "this copy failed while deciding: not serving alone");
+        return;
+    }
     inner.set_role(
         Role::Solo,
         None,
@@ -945,8 +953,8 @@ async fn resync(
     let mut failed = false;
     inner
         .update_meta(|stored| {
-            // a source is consistent: no longer so, it failed under a write
-            // since (`detach`), and its mark must stay
+            // a source is consistent; should it not be any more (marked
+            // partial meanwhile), the mark stays and the resync fails
             failed = !stored.consistent;
             if !failed {
                 *stored = m;

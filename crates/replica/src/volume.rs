@@ -585,14 +585,36 @@ impl Inner {
     /// deciding alone, and keeps it from starting either (see `meeting`):
     /// at most [`OPERATOR_WAIT`], as a handshake or a decision ends by itself
     /// within it, while a joined session goes on (and its copy is not down).
-    pub(crate) async fn between_meetings(&self) -> Result<tokio::sync::MutexGuard<'_, ()>, String> {
-        tokio::time::timeout(OPERATOR_WAIT, self.meeting.lock())
-            .await
-            .map_err(|_| {
-                "this node is meeting its partner, or joined with it: the copy is not down; \
-                 try again once it is"
-                    .to_string()
-            })
+    /// A copy that is not down (or a volume shut down) is refused at once;
+    /// the caller checks the role again under the guard.
+    pub(crate) async fn between_meetings(
+        &self,
+        verb: &str,
+    ) -> Result<tokio::sync::MutexGuard<'_, ()>, String> {
+        let down = |role: Role| {
+            if *self.stop_tx.borrow() {
+                return Err("this volume is shut down".to_string());
+            }
+            if role != Role::Down {
+                return Err(format!(
+                    "this node's copy is {role:?}; only a copy that is down (not serving) can be {verb}"
+                ));
+            }
+            Ok(())
+        };
+        down(self.role().role)?;
+        match tokio::time::timeout(OPERATOR_WAIT, self.meeting.lock()).await {
+            Ok(guard) => {
+                down(self.role().role)?;
+                Ok(guard)
+            }
+            Err(_) => Err(format!(
+                "this node's copy is {:?} and the node is still meeting its partner or deciding \
+                 after {} s; try again",
+                self.role().role,
+                OPERATOR_WAIT.as_secs()
+            )),
+        }
     }
 
     pub(crate) fn store_meta(&self, m: Meta) -> std::io::Result<()> {
@@ -1473,14 +1495,7 @@ impl ReplicatedVolume {
     /// alone and the writes of one side must be given up.
     pub async fn discard_copy(&self) -> Result<(), String> {
         let i = &self.inner;
-        let _meeting = i.between_meetings().await?;
-        let st = i.role();
-        if st.role != Role::Down {
-            return Err(format!(
-                "this node's copy is {:?}; only a copy that is down (not serving) can be discarded",
-                st.role
-            ));
-        }
+        let _meeting = i.between_meetings("discarded").await?;
         // no generation, and never a source: even against a partner as new
         // as it, the partner's data is what gets copied (see plan::resume);
         // a copy changed in part stays so (`keep_copy`; a consistent one is
@@ -1518,15 +1533,8 @@ impl ReplicatedVolume {
     /// serving alone must never meet a second writer.
     pub async fn keep_copy(&self) -> Result<(), String> {
         let i = &self.inner;
-        let _meeting = i.between_meetings().await?;
+        let _meeting = i.between_meetings("kept").await?;
         let _one = i.meta_write.lock().await;
-        let st = i.role();
-        if st.role != Role::Down {
-            return Err(format!(
-                "this node's copy is {:?}; only a copy that is down (not serving) can be kept",
-                st.role
-            ));
-        }
         let meta = *i.meta.lock();
         if meta.consistent {
             return Err(
