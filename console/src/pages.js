@@ -214,6 +214,7 @@ ${admin() ? html`<section aria-labelledby="st-new-h"><h2 id="st-new-h">Create a 
 <h3>${p.name} <span class="muted">${p.level}</span> ${stateBadge(p.state)}</h3>
 <p>${bytes(p.usable_bytes ?? p.capacity_bytes)} usable · redundancy ${p.redundancy ?? '–'} · rebuild rate ${p.rebuild_rate_mb_s ? `${p.rebuild_rate_mb_s} MB/s` : 'uncapped'}</p>
 <div class="activity">${poolActivity(p)}</div>
+${p.rebuild_stalled ? html`<p class="alert sev-critical stalled">${stateBadge('stalled')} <strong>Rebuild stalled at stripe ${p.rebuild_stalled.stripe}</strong> after ${p.rebuild_stalled.attempts} attempts: ${p.rebuild_stalled.error}. The pool stays degraded until that stripe reads (a remapped sector) or the disk named is replaced.</p>` : ''}
 ${p.last_scrub ? html`<p>Last scrub: ${p.last_scrub.stripes_checked} stripes checked, ${p.last_scrub.mismatches} mismatches, ${p.last_scrub.repaired} repaired, ${p.last_scrub.unrepairable} unrepairable, ${p.last_scrub.read_errors} read errors</p>` : ''}
 ${table(['#', 'Disk', 'State', 'Errors', ...(admin() ? ['Actions'] : [])], (p.members || []).map((m, i) => {
         const name = typeof m === 'string' ? m : m.name;
@@ -461,9 +462,13 @@ export const ha = {
 <p>This node: <b>node ${r0.node_id}</b> (preferred: node ${r0.preferred_node}, mode ${r0.mode}) · partner: <b>${r0.peer ?? 'not connected'}</b>
  · witness: ${r0.witness ? html`${r0.witness} ${stateBadge(r0.witness_reachable == null ? 'not asked yet' : r0.witness_reachable ? 'reachable' : 'unreachable')}` : 'none'}</p>
 ${table(['Volume', 'Link', 'Addresses', 'State', 'RTT'], links, 'No link heartbeats reported.')}` : html`<p class="empty">This node is not part of an HA pair.</p>`);
-      set(el, '#ha-reps', table(['Volume', 'Role', 'State', 'Paths here / partner', 'Resync', 'Why'], reps.map((r) => {
+      set(el, '#ha-reps', table(['Volume', 'Role', 'State', 'This copy', 'Paths here / partner', 'Resync', 'Why'], reps.map((r) => {
         const frac = r.state === 'resyncing' && r.resync_regions_total ? r.resync_regions_done / r.resync_regions_total : null;
-        return [html`<span class="mono">${r.name}</span>`, html`<span class="role" data-volume="${r.name}">${stateBadge(r.role)}</span>`, stateBadge(r.state),
+        // a copy changed in part since it was consistent may lack acknowledged data: never kept
+        const copy = r.consistent ? html`<span class="copy">${stateBadge('consistent')}</span>`
+          : r.partial ? html`<span class="copy" title="changed by a resync, or failed under a write, since it was last consistent: it cannot be kept">${stateBadge('partial')} <span class="small">cannot be kept</span></span>`
+            : html`<span class="copy">${stateBadge('not consistent')}</span>`;
+        return [html`<span class="mono">${r.name}</span>`, html`<span class="role" data-volume="${r.name}">${stateBadge(r.role)}</span>`, stateBadge(r.state), copy,
           html`${stateBadge(r.local_paths)} / ${stateBadge(r.peer_paths)}`,
           frac != null ? progressBar('resync', frac, `${r.resync_regions_done} of ${r.resync_regions_total} regions`) : (r.dirty_regions ? `${bytes(r.dirty_regions * r.region_bytes)} to copy` : '–'),
           r.reason];

@@ -31,8 +31,8 @@ export function eta(secs) {
 }
 export function stateBadge(s) {
   const v = String(s ?? 'unknown');
-  const cls = /^info$/i.test(v) ? 'info' : /^(ok|active|online|healthy|up|primary|done|optimal|clean|in_sync|insync|in-sync|leader|connected|member|attached)$/i.test(v) ? 'good'
-    : /(fail|fault|error|offline|down|lost|missing|split|critical)/i.test(v) ? 'bad' : 'warn';
+  const cls = /^info$/i.test(v) ? 'info' : /^(ok|active|online|healthy|up|primary|done|optimal|clean|in_sync|insync|in-sync|leader|connected|member|attached|consistent)$/i.test(v) ? 'good'
+    : /(fail|fault|error|offline|down|lost|missing|split|critical|stalled)/i.test(v) ? 'bad' : 'warn';
   return html`<span class="badge ${cls}">${v}</span>`;
 }
 
