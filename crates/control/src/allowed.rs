@@ -38,7 +38,7 @@ const NODE_OWNED: &[&str] = &[
 
 /// `p` with symlinks resolved as far as it exists, the rest appended; None when
 /// a `..` remains or nothing of it exists.
-fn resolve(p: &Path) -> Option<PathBuf> {
+pub(crate) fn resolve(p: &Path) -> Option<PathBuf> {
     let abs = std::path::absolute(p).ok()?;
     let mut existing = abs.as_path();
     let mut rest: Vec<&std::ffi::OsStr> = Vec::new();

@@ -1073,8 +1073,18 @@ impl Config {
                 claims.push((("disk", d.clone()), by.clone()));
             }
             for d in &c.devices {
-                claims.push((("file", d.clone()), by.clone()));
+                claims.push((("disk", d.clone()), by.clone()));
             }
+        }
+        // a disk's file or device is its own: a LUN `path` naming it (by
+        // any symlink) would write behind the back of the pool, cache or
+        // LUN using the disk, or of a cache fronting it (served stale)
+        for d in self.disks.iter().filter(|d| !d.memory) {
+            let p = d
+                .path
+                .clone()
+                .unwrap_or_else(|| crate::pools::default_disk_path(&self.data_dir, &d.name));
+            claims.push((("file", backing_key(&p)), format!("disk {}", d.name)));
         }
         for t in &self.targets {
             for (i, l) in t.luns.iter().enumerate() {
@@ -1089,8 +1099,7 @@ impl Config {
                     claims.push((("disk", d.clone()), by.clone()));
                 }
                 if let Some(f) = &l.path {
-                    let f = std::fs::canonicalize(f).unwrap_or_else(|_| f.clone());
-                    claims.push((("file", f.display().to_string()), by.clone()));
+                    claims.push((("file", backing_key(f)), by.clone()));
                 }
             }
         }
@@ -1542,6 +1551,15 @@ pub(crate) fn toml_error(text: &str, e: &toml::de::Error) -> String {
     }
 }
 
+/// A backing file or device as [`Config::check_single_users`] compares them:
+/// absolute, symlinks resolved as far as the path exists.
+fn backing_key(p: &Path) -> String {
+    crate::allowed::resolve(p)
+        .unwrap_or_else(|| p.to_path_buf())
+        .display()
+        .to_string()
+}
+
 /// Disk, pool and cache names: 1-64 letters, digits, '-', '_', '.', starting
 /// with a letter or digit. A disk's name is also its file's name when it has no
 /// path (`DATA_DIR/disks/NAME.img`), so a name must never reach outside that
@@ -1827,6 +1845,40 @@ iqn = "iqn.2026-11.org.freesan:t1"
             .validate()
             .unwrap_err();
         assert!(format!("{e:#}").contains("serves both"), "{e:#}");
+        // a LUN over a configured disk's file, by its configured name or by a
+        // symlink: the pool's member written behind the pool's back
+        let e = ok("path = \"d0.img\"").unwrap_err();
+        assert!(
+            format!("{e:#}").contains("serves both disk d0 and target"),
+            "{e:#}"
+        );
+        let dir = tempfile::tempdir().unwrap();
+        let d0 = dir.path().join("d0.img");
+        std::fs::write(&d0, b"").unwrap();
+        let link = dir.path().join("other-name.img");
+        std::os::unix::fs::symlink(&d0, &link).unwrap();
+        let linked = base.replace(
+            "path = \"d0.img\"",
+            &format!("path = {:?}", d0.display().to_string()),
+        ) + &format!("path = {:?}\n", link.display().to_string());
+        let e = toml::from_str::<Config>(&linked)
+            .unwrap()
+            .validate()
+            .unwrap_err();
+        assert!(
+            format!("{e:#}").contains("serves both disk d0 and target"),
+            "{e:#}"
+        );
+        // a cache's device that is a pool's member
+        let on_member = base.replace(
+            "[[target]]",
+            "[[cache]]\nname = \"c\"\npool = \"p\"\ndevices = [\"d1\"]\n[[target]]",
+        );
+        let e = toml::from_str::<Config>(&format!("{on_member}cache = \"c\""))
+            .unwrap()
+            .validate()
+            .unwrap_err();
+        assert!(format!("{e:#}").contains("disk d1"), "{e:#}");
         // names that fold into one state folder, and one NAA on two LUNs
         let twins = format!(
             "{base}path = \"/tmp/a.img\"\n[[target]]\niqn = \"iqn.2026-11.org.freesan_t1\"\n\
