@@ -7,7 +7,7 @@
 use crate::link::{Framed, Link, LinkLost};
 use crate::meta::Meta;
 use crate::plan::{plan, Plan};
-use crate::volume::{Inner, Role, RoleState};
+use crate::volume::{Inner, PartnerSeen, Role, RoleState};
 use block::{Bytes, LockMode};
 use replica_proto::{hello_flags, Message, OpResult};
 use std::sync::atomic::Ordering;
@@ -175,7 +175,7 @@ async fn manage(inner: &Arc<Inner>, mut conns: mpsc::Receiver<(Framed, Message)>
                     unjoinable = false;
                     // joined: what the partner's copy was is no longer known
                     // once this session ends (`keep_copy` needs a refusal)
-                    inner.partner_consistent.store(0, Ordering::Release);
+                    *inner.partner_seen.lock() = PartnerSeen::NotMet;
                     // copies under way here fail from now on (see write_copy)
                     inner.meetings.fetch_add(1, Ordering::AcqRel);
                     let detaches = inner.detaches.load(Ordering::Acquire);
@@ -577,9 +577,11 @@ async fn handshake(
         partial: false,
     };
     // what the partner's copy was at this meeting (for `keep_copy`)
-    inner
-        .partner_consistent
-        .store(if peer_meta.consistent { 1 } else { 2 }, Ordering::Release);
+    *inner.partner_seen.lock() = if peer_meta.consistent {
+        PartnerSeen::Consistent
+    } else {
+        PartnerSeen::NotConsistent
+    };
     let p = match plan(
         cfg.node_id,
         meta,

@@ -24,6 +24,19 @@ use tokio::sync::{mpsc, watch};
 /// partner, or a decision to go on alone, to end (`Inner::between_meetings`).
 const OPERATOR_WAIT: Duration = Duration::from_secs(15);
 
+/// What this node saw of the partner's copy at their last handshake since
+/// it started.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum PartnerSeen {
+    /// Not met, or met and joined (what its copy is now is not known once
+    /// that session ends).
+    NotMet,
+    /// Consistent: it may be serving alone.
+    Consistent,
+    /// Not consistent (an interrupted resync target, or discarded).
+    NotConsistent,
+}
+
 /// How the two nodes serve a replicated volume.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "kebab-case")]
@@ -243,9 +256,9 @@ pub(crate) struct Inner {
     /// connection manager judges the copies afresh (a refusal before no longer
     /// holds it back from deciding).
     pub(crate) operator_changes: AtomicU64,
-    /// The partner's copy at the last handshake since this node started: 0
-    /// not met, 1 consistent, 2 not (`keep_copy`).
-    pub(crate) partner_consistent: std::sync::atomic::AtomicU8,
+    /// The partner's copy at the last handshake since this node started
+    /// (`keep_copy`).
+    pub(crate) partner_seen: Mutex<PartnerSeen>,
     /// Handshakes completed with the partner, and the times the copies came
     /// in sync (a new meeting may undo the partner's kept copies, and a resync
     /// target keeps nothing: `undo.rs`).
@@ -1444,7 +1457,7 @@ impl ReplicatedVolume {
             solo_writes: block::inflight::InFlight::new(),
             detaches: AtomicU64::new(0),
             operator_changes: AtomicU64::new(0),
-            partner_consistent: std::sync::atomic::AtomicU8::new(0),
+            partner_seen: Mutex::new(PartnerSeen::NotMet),
             meetings: AtomicU64::new(0),
             flushes_begun: AtomicU64::new(0),
             flushes_covered: AtomicU64::new(0),
@@ -1551,7 +1564,7 @@ impl ReplicatedVolume {
                     .into(),
             );
         }
-        if i.partner_consistent.load(Ordering::Acquire) != 2 {
+        if *i.partner_seen.lock() != PartnerSeen::NotConsistent {
             return Err(
                 "the partner's copy has not been seen not consistent since this node started \
                  (it may be serving): keep is for copies both discarded, and needs the nodes \
