@@ -433,12 +433,8 @@ async fn handshake(
     hello: Option<Message>,
 ) -> Result<Handshake, HandshakeError> {
     let io = |e: std::io::Error| e.to_string();
-    let meta = *inner.meta.lock();
     let cfg = &inner.cfg;
     let mut flags = 0;
-    if meta.consistent {
-        flags |= hello_flags::CONSISTENT;
-    }
     if cfg.preferred_node == cfg.node_id {
         flags |= hello_flags::PREFERRED;
     }
@@ -452,11 +448,12 @@ async fn handshake(
             }
             // let go all the same: retried, it would fail at every meeting
             Err(e) => {
-                tracing::error!(volume = %cfg.name, "could not undo the partner's unfinished copies: {e}; their ranges stay as the copies left them");
-                // changed in part: never kept by the operator (`keep_copy`)
-                let marked = inner
-                    .update_meta(|m| !std::mem::replace(&mut m.partial, true))
-                    .await;
+                tracing::error!(volume = %cfg.name, "could not undo the partner's unfinished copies: {e}; this copy is no longer consistent, the partner's is the source");
+                // a range put back in part is neither the copy done nor not
+                // done: not consistent, so the partner (which ran the copies
+                // and holds their ranges as they wrote them) is the source,
+                // and never kept by the operator (`keep_copy`)
+                let marked = inner.update_meta(Meta::mark_partial).await;
                 if let Err(e) = marked {
                     tracing::error!(volume = %cfg.name, "cannot mark the copy partial: {e}");
                 }
@@ -468,6 +465,13 @@ async fn handshake(
     let undo = inner.undo.undone();
     if undo {
         flags |= hello_flags::UNDO;
+    }
+    // read after the undo: one that failed marked the copy partial, and such
+    // a copy is no source (before, this meeting still judged it as it was,
+    // and a copy half put back resynchronised the partner)
+    let meta = *inner.meta.lock();
+    if meta.consistent {
+        flags |= hello_flags::CONSISTENT;
     }
     f.send(&Message::Hello {
         node_id: cfg.node_id,

@@ -1106,3 +1106,55 @@ async fn nodes_that_disagree_on_the_preferred_node_are_not_joined() {
         assert!(!in_sync(&n.status()));
     }
 }
+
+/// Node 2 stopped holding the undo of node 1's copy cut short (node 1
+/// preferred, no witness), and its undo fails half-way when node 1 returns
+/// (the write putting back one range is torn). Its copy is then marked
+/// partial: not the resync source the undo would have made it, so node 1's
+/// copy, with the copy's range whole as the copy left it, is what both hold;
+/// never a range half put back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_copy_whose_undo_failed_half_way_is_not_the_resync_source() {
+    let d = tempfile::tempdir().unwrap();
+    let m1: VolumeRef = Arc::new(MemVolume::new(512, BLOCKS));
+    let fault2 = Arc::new(block::FaultVolume::new(Arc::new(MemVolume::new(
+        512, BLOCKS,
+    ))));
+    let m2: VolumeRef = fault2.clone();
+    let (n2, addr2) = node2(d.path(), 1, m2.clone(), None).await;
+    let n1 = node1(d.path(), 1, m1.clone(), addr2, None).await;
+    both_in_sync(&n1, &n2).await;
+    n1.write(0, Bytes::from(vec![1u8; 2048 * 512]), false)
+        .await
+        .unwrap();
+    // copy 7 over blocks 0..1024 in two writes, never ended
+    for lba in [0u64, 512] {
+        n1.write_copy(7, lba, Bytes::from(vec![2u8; 512 * 512]), false)
+            .await
+            .unwrap();
+    }
+    // node 1 is lost: node 2 stops, keeping what copy 7 overwrote
+    n1.shutdown().await;
+    assert!(
+        n2.wait_until(|s| s.role == Role::Down, WAIT).await,
+        "{:?}",
+        n2.status()
+    );
+    assert_eq!(n2.status().partner_copies_open, 1);
+    // node 1 returns; node 2's first write, putting back the last range copy
+    // 7 wrote (512..1024), reaches only its first 256 blocks and fails
+    fault2.plan().lock().tear_next_write_after_blocks = Some(256);
+    let n1 = node1(d.path(), 1, m1.clone(), addr2, None).await;
+    both_in_sync(&n1, &n2).await;
+    assert!(
+        fault2.plan().lock().tear_next_write_after_blocks.is_none(),
+        "the undo wrote nothing"
+    );
+    for m in [&m1, &m2] {
+        assert!(holds(&**m, 0, 1024, 2).await, "copy 7's range is not whole");
+        assert!(holds(&**m, 1024, 1024, 1).await);
+    }
+    same_contents(&m1, &m2).await;
+    n1.shutdown().await;
+    n2.shutdown().await;
+}
