@@ -99,10 +99,22 @@ pub struct TargetAuth {
     pub chap_initiators: Vec<InitiatorChap>,
 }
 
+/// An iSCSI name (initiator or target) as compared: names are
+/// case-insensitive (RFC 3722 folds them to lower case), so `IQN.X:Alice`
+/// is `iqn.x:alice`, the same initiator, never another one.
+pub fn iscsi_name(name: &str) -> String {
+    name.to_lowercase()
+}
+
 impl TargetAuth {
     /// Whether `initiator` passes the ACL.
     pub fn allows(&self, initiator: &str) -> bool {
-        self.allowed_initiators.is_empty() || self.allowed_initiators.iter().any(|a| a == initiator)
+        let initiator = iscsi_name(initiator);
+        self.allowed_initiators.is_empty()
+            || self
+                .allowed_initiators
+                .iter()
+                .any(|a| iscsi_name(a) == initiator)
     }
 
     /// Whether CHAP is required on this target (of every initiator).
@@ -114,10 +126,11 @@ impl TargetAuth {
     /// target-wide ones (None: none fit; with [`TargetAuth::chap_required`] it
     /// cannot log in). The flag tells its own entry.
     pub fn chap_of(&self, initiator: &str) -> (Option<&ChapCredentials>, bool) {
+        let initiator = iscsi_name(initiator);
         let own = self
             .chap_initiators
             .iter()
-            .find(|e| e.initiator == initiator)
+            .find(|e| iscsi_name(&e.initiator) == initiator)
             .map(|e| &e.creds);
         (own.or(self.chap.as_ref()), own.is_some())
     }
@@ -625,10 +638,14 @@ impl LoginNegotiator {
                     if v.is_empty() || v.len() > 223 {
                         return Err(status::INITIATOR_ERROR);
                     }
+                    // iSCSI names are case-insensitive (RFC 3722 folds them
+                    // to lower case): one name, one identity everywhere (the
+                    // ACL, CHAP entries, masking, sessions, reservations)
+                    let v = iscsi_name(v);
                     if self.initiator_name.as_deref().is_some_and(|n| n != v) {
                         return Err(status::INITIATOR_ERROR);
                     }
-                    self.initiator_name = Some(v.clone());
+                    self.initiator_name = Some(v);
                 }
                 "InitiatorAlias" => self.initiator_alias = Some(v.clone()),
                 "SessionType" => {
@@ -643,7 +660,13 @@ impl LoginNegotiator {
                     self.session_type = Some(st);
                 }
                 "TargetName" => {
-                    match self.cfg.targets.iter().position(|t| t.name == *v) {
+                    let v = iscsi_name(v);
+                    match self
+                        .cfg
+                        .targets
+                        .iter()
+                        .position(|t| iscsi_name(&t.name) == v)
+                    {
                         Some(i) => {
                             if self.target_index.is_some_and(|j| j != i) {
                                 return Err(status::INITIATOR_ERROR);

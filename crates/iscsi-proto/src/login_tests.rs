@@ -527,6 +527,45 @@ fn per_initiator_secrets() {
     assert!(complete(&mut n).chap_per_initiator);
 }
 
+/// iSCSI names are case-insensitive: an initiator's name in other letters is
+/// that initiator (its own CHAP entry applies, not the target-wide one), and
+/// the session carries the folded name, so no layer below tells them apart.
+#[test]
+fn an_initiator_name_in_capitals_is_the_same_initiator() {
+    let shouting = INI2.to_uppercase();
+    // its own entry's credentials, not the target-wide ones
+    let mut n = negotiator();
+    let (s, _) = chap_login_as(
+        &mut n,
+        &shouting,
+        SECURE,
+        "5",
+        "alice",
+        "alicesecret1",
+        None,
+    );
+    assert_eq!(failed(&s), Some(status::AUTH_FAILURE));
+    let mut n = negotiator();
+    let (s, _) = chap_login_as(&mut n, &shouting, SECURE, "5", "bob", "bobsecret-12", None);
+    assert_eq!(s.outcome, LoginOutcome::Continue);
+    let neg = complete(&mut n);
+    assert_eq!(neg.initiator_name, INI2);
+    assert!(neg.chap_per_initiator);
+    // the ACL and the target's name, whatever their letters
+    let mut n = negotiator();
+    let (s, _) = chap_login_as(
+        &mut n,
+        &INI.to_uppercase(),
+        &SECURE.to_uppercase(),
+        "5",
+        "alice",
+        "alicesecret1",
+        None,
+    );
+    assert_eq!(s.outcome, LoginOutcome::Continue);
+    assert_eq!(complete(&mut n).initiator_name, INI);
+}
+
 fn base64(b: &[u8]) -> String {
     const T: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
     let mut s = String::new();

@@ -82,7 +82,11 @@ impl Masking {
             }
             let view: View = view.into();
             for i in &g.initiators {
-                if m.by_initiator.insert(i.clone(), view.clone()).is_some() {
+                // iSCSI names are case-insensitive (logins give them folded)
+                if m.by_initiator
+                    .insert(i.to_lowercase(), view.clone())
+                    .is_some()
+                {
                     return Err(ScsiError::Config(format!(
                         "initiator {i} is in two host groups"
                     )));
@@ -116,7 +120,14 @@ impl Masking {
             .chap_user
             .as_deref()
             .and_then(|u| self.by_chap_user.get(u))
+            // logins give names folded; a name from elsewhere is folded here
             .or_else(|| self.by_initiator.get(&*nexus.initiator_name))
+            .or_else(|| {
+                let folded = nexus.initiator_name.to_lowercase();
+                (*folded != *nexus.initiator_name)
+                    .then(|| self.by_initiator.get(&folded))
+                    .flatten()
+            })
             .cloned()
             .unwrap_or_else(|| Arc::from(Vec::new()))
     }
@@ -165,6 +176,19 @@ mod tests {
         // The CHAP name decides before the initiator name.
         assert_eq!(&m.view(&nexus("iqn.a", Some("bob")))[..], &[(0, 7)]);
         assert!(m.view(&nexus("iqn.c", None)).is_empty());
+    }
+
+    #[test]
+    fn initiator_names_match_whatever_their_letters() {
+        let m = Masking::new(vec![group("a", &["IQN.X:Alice"], &[], &[(0, 3)])]).unwrap();
+        assert_eq!(&m.view(&nexus("iqn.x:alice", None))[..], &[(0, 3)]);
+        assert_eq!(&m.view(&nexus("IQN.X:ALICE", None))[..], &[(0, 3)]);
+        // one initiator in two groups, by two spellings
+        assert!(Masking::new(vec![
+            group("a", &["iqn.x:alice"], &[], &[]),
+            group("b", &["IQN.X:ALICE"], &[], &[]),
+        ])
+        .is_err());
     }
 
     #[test]
