@@ -173,14 +173,44 @@ pub(crate) async fn on_tmf(conn: &mut Conn, f: &Frame, t: TaskMgmtRequest, imm: 
                 .target
                 .map(|i| conn.ctx.registry.of_target(i))
                 .unwrap_or_default();
+            // with host groups, the reset reaches the LUs the requester sees
+            // and, on them, every session's tasks (each in its own numbers);
+            // the tasks and sessions of other hosts' LUs are not its to end
+            let scope = match (&conn.session.scsi, &conn.session.nexus) {
+                (Some(scsi), Some(nexus)) if scsi.masked() => Some(scsi.seen_target_luns(nexus)),
+                _ => None,
+            };
             let aborted: Vec<_> = sessions
                 .into_iter()
-                .map(|s| {
-                    s.abort_pending_writes(None);
-                    let itts = s.abort_where(|_| true);
-                    (s, itts)
+                .filter_map(|s| {
+                    let Some(lus) = &scope else {
+                        s.abort_pending_writes(None);
+                        let itts = s.abort_where(|_| true);
+                        return Some((s, itts));
+                    };
+                    if Arc::ptr_eq(&s, &conn.session) {
+                        s.abort_pending_writes(None);
+                        let itts = s.abort_where(|_| true);
+                        return Some((s, itts));
+                    }
+                    let (Some(scsi), Some(nexus)) = (&s.scsi, &s.nexus) else {
+                        return None;
+                    };
+                    let theirs: Vec<u64> = lus
+                        .iter()
+                        .filter_map(|&lu| scsi.seen_lun(nexus, lu))
+                        .collect();
+                    if theirs.is_empty() {
+                        return None;
+                    }
+                    for &l in &theirs {
+                        s.abort_pending_writes(Some(l));
+                    }
+                    let itts = s.abort_where(|l| theirs.contains(&l));
+                    Some((s, itts))
                 })
                 .collect();
+            let masked = scope.is_some();
             let cold = t.function == function::TARGET_COLD_RESET;
             let session = conn.session.clone();
             let out = conn.out.clone();
@@ -200,10 +230,13 @@ pub(crate) async fn on_tmf(conn: &mut Conn, f: &Frame, t: TaskMgmtRequest, imm: 
                     ))
                     .await;
                 if cold {
-                    // A cold reset drops every connection of the target, ours last.
-                    for (s, _) in &aborted {
-                        if !Arc::ptr_eq(s, &session) {
-                            let _ = s.kill.send_replace(true);
+                    // A cold reset drops every connection of the target, ours
+                    // last; with host groups, only the requester's own
+                    if !masked {
+                        for (s, _) in &aborted {
+                            if !Arc::ptr_eq(s, &session) {
+                                let _ = s.kill.send_replace(true);
+                            }
                         }
                     }
                     let _ = session.kill.send_replace(true);

@@ -916,13 +916,26 @@ impl ScsiTarget {
         true
     }
 
-    /// TARGET WARM/COLD RESET from `nexus` (every LUN).
+    /// TARGET WARM/COLD RESET from `nexus`: every LU it sees (all of them
+    /// without host groups; with them, an initiator never resets, and so
+    /// never drops the reservations or tokens of, the LUs of other hosts).
     pub async fn target_reset(&self, nexus: &ItNexus) {
         tracing::info!(initiator = %nexus.initiator_port, "target reset");
-        for lu in self.all_lus() {
+        for lu in self.visible_lus(nexus) {
             lu.reset(codes::POWER_ON_RESET);
             self.copies.tokens.revoke_lu(&lu);
         }
+    }
+
+    /// Whether host groups decide what each initiator sees: a target reset
+    /// then reaches only what its initiator sees (see [`Self::target_reset`]).
+    pub fn masked(&self) -> bool {
+        self.masked.load(Ordering::Acquire)
+    }
+
+    /// The target's LUNs that `nexus` sees (target numbers), in order.
+    pub fn seen_target_luns(&self, nexus: &ItNexus) -> Vec<u64> {
+        self.visible_lus(nexus).iter().map(|l| l.lun).collect()
     }
 
     /// CLEAR TASK SET on `lun` from `nexus`: establishes the unit attention the

@@ -1036,6 +1036,96 @@ async fn a_lun_reset_aborts_the_tasks_on_that_lu_as_each_initiator_numbers_it() 
     fx.shutdown().await;
 }
 
+/// With host groups, a TARGET WARM or COLD RESET reaches only what its
+/// initiator sees: another host's LU keeps its write in progress, is not
+/// reset (no unit attention for its initiator, its SPC-2 reservation kept),
+/// and on a cold reset that host's session stays. (Before, any initiator of
+/// the target reset every LU, dropping every host's reservations and tokens,
+/// and a cold reset closed every session of the target.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_target_reset_reaches_only_the_lus_its_initiator_sees() {
+    const X: &str = "iqn.2026-01.org.test:x";
+    const Y: &str = "iqn.2026-01.org.test:y";
+    const Z: &str = "iqn.2026-01.org.test:z";
+    let held = Arc::new(block::HoldVolume::new(Arc::new(block::MemVolume::new(
+        512, 8192,
+    ))));
+    let open = scsi_target(OPEN, Some(Arc::new(block::MemVolume::new(512, 8192))));
+    open.add_lun(1, lun_config(0xee, "SERIAL0002"), held.clone(), None)
+        .unwrap();
+    // X sees LU 0; Y and Z see LU 1, the held one, as their LUN 0
+    open.set_host_groups(vec![
+        scsi::HostGroup {
+            name: "x".into(),
+            initiators: vec![X.into()],
+            chap_users: vec![],
+            luns: vec![(0, 0)],
+        },
+        scsi::HostGroup {
+            name: "yz".into(),
+            initiators: vec![Y.into(), Z.into()],
+            chap_users: vec![],
+            luns: vec![(0, 1)],
+        },
+    ])
+    .unwrap();
+    let fx = start_with_scsi(Limits::default(), open).await;
+    let mut y = login_as(fx.addrs[0], Y, 2, &[0]).await;
+    let mut z = login_as(fx.addrs[0], Z, 3, &[0]).await;
+    // Y reserves its LU (SPC-2 RESERVE(6)): Z's reads conflict
+    assert_eq!(scsi(&mut y, &[0x16, 0, 0, 0, 0, 0], &[], 0).await.0, 0);
+    let read = [0x28, 0, 0, 0, 0, 7, 0, 0, 1, 0];
+    assert_eq!(scsi(&mut z, &read, &[], 512).await.0, 0x18);
+    // Y's write waits at the disk
+    held.writes.hold();
+    let w = y.command(&[0x2a, 0, 0, 0, 0, 7, 0, 0, 1, 0], false, true, 512, true);
+    y.send(&w, false, &[0xee; 512]).await;
+    tokio::time::timeout(Duration::from_secs(10), held.writes.arrivals(1))
+        .await
+        .expect("Y's write reached the disk");
+    for function in [6u8, 7] {
+        // X, which sees only LU 0, resets the target (warm, then cold)
+        let mut x = login_as(fx.addrs[0], X, 1, &[0]).await;
+        let tmf_itt = x.next_itt();
+        let tmf = InitiatorPdu::TaskMgmt(TaskMgmtRequest {
+            function,
+            lun: 0,
+            itt: tmf_itt,
+            rtt: iscsi_proto::RESERVED_TAG,
+            cmd_sn: x.cmd_sn,
+            exp_stat_sn: x.exp_stat_sn,
+            ref_cmd_sn: 0,
+            exp_data_sn: 0,
+        });
+        x.send(&tmf, true, &[]).await;
+        match x.recv_skip_pings().await.expect("tmf response").pdu {
+            TargetPdu::TaskMgmtResponse(r) => {
+                assert_eq!((r.itt, r.response), (tmf_itt, tmf_response::COMPLETE))
+            }
+            other => panic!("{other:?}"),
+        }
+        if function == 6 {
+            // Y's write was not aborted: it completes once the disk goes on
+            held.writes.open();
+            let answer = tokio::time::timeout(Duration::from_secs(20), y.recv_skip_pings())
+                .await
+                .expect("Y's write was aborted: never answered");
+            match answer.expect("the write's answer").pdu {
+                TargetPdu::ScsiResponse(r) => assert_eq!(r.status, 0),
+                other => panic!("{other:?}"),
+            }
+        }
+        // Y's LU was not reset: no unit attention, the reservation holds
+        assert_eq!(
+            scsi(&mut y, &[0, 0, 0, 0, 0, 0], &[], 0).await.0,
+            0,
+            "function {function}: Y's LU was reset"
+        );
+        assert_eq!(scsi(&mut z, &read, &[], 512).await.0, 0x18);
+    }
+    fx.shutdown().await;
+}
+
 /// A write of another session still collecting its Data-Out when a LOGICAL
 /// UNIT RESET is answered is aborted too: when its data then comes it is never
 /// executed nor answered. (Before, only the resetting connection's own pending
