@@ -768,7 +768,7 @@ impl Conn {
         };
         let accepted = task.accept(&d, &f.data);
         if accepted.is_ok() {
-            task.progressed();
+            task.progressed(f.data.len() as u32);
         }
         match accepted {
             Err(e) => {

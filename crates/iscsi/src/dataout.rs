@@ -37,6 +37,11 @@ struct Seq {
     data_sn: u32,
 }
 
+/// Data-Out bytes that count as a write's progress (see
+/// [`WriteTask::progressed`]): at the Data-Out wait of a few seconds, a
+/// write must come faster than a few KiB/s.
+pub(crate) const PROGRESS_BYTES_MIN: u32 = 64 << 10;
+
 /// A write command waiting for its data.
 #[derive(Debug)]
 pub(crate) struct WriteTask {
@@ -51,6 +56,8 @@ pub(crate) struct WriteTask {
     permit: BufferPermit,
     /// When it was created or last took Data-Out bytes.
     progress: std::time::Instant,
+    /// Bytes received since `progress` was last set.
+    unmarked_bytes: u32,
     /// The session's write-abort generation when it arrived
     /// (`Session::write_aborted`).
     pub abort_gen: u64,
@@ -108,13 +115,22 @@ impl WriteTask {
             r2t_sn: 0,
             permit: BufferPermit::empty(),
             progress: std::time::Instant::now(),
+            unmarked_bytes: 0,
             abort_gen: 0,
         })
     }
 
-    /// Data-Out bytes came.
-    pub(crate) fn progressed(&mut self) {
-        self.progress = std::time::Instant::now();
+    /// `len` Data-Out bytes came. The write makes progress (its wait for
+    /// Data-Out starts again) once [`PROGRESS_BYTES_MIN`] came since the last
+    /// time, or all it expected: empty or tiny PDUs trickled in do not keep
+    /// a write, and the node's budget it holds, alive.
+    pub(crate) fn progressed(&mut self, len: u32) {
+        self.unmarked_bytes = self.unmarked_bytes.saturating_add(len);
+        if self.unmarked_bytes >= PROGRESS_BYTES_MIN || self.received_bytes >= self.info.edtl_bytes
+        {
+            self.unmarked_bytes = 0;
+            self.progress = std::time::Instant::now();
+        }
     }
 
     /// How long it has waited for Data-Out since the last bytes came.

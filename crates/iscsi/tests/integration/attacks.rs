@@ -8,7 +8,7 @@ use crate::common;
 use block::{Bytes, MemVolume, Volume};
 use common::*;
 use iscsi::Limits;
-use iscsi_proto::pdu::{InitiatorPdu, LoginRequest, NopOut};
+use iscsi_proto::pdu::{DataOut, InitiatorPdu, LoginRequest, NopOut};
 use iscsi_proto::target::TargetPdu;
 use iscsi_proto::text::encode_text;
 use std::net::SocketAddr;
@@ -442,6 +442,92 @@ async fn a_write_whose_data_out_never_comes_does_not_hold_its_budget() {
         "the connection stayed although its write's Data-Out never came"
     );
     // and an honest initiator writes
+    let mut good = Client::connect(fx.addrs[0]).await;
+    assert_eq!(good.login_simple(OPEN, &[]).await, (0, 0));
+    write_read(&mut good, 3, 0x5a).await;
+    fx.shutdown().await;
+}
+
+/// The same write fed a few bytes at a time, each Data-Out well within the
+/// wait (and an empty one beside it): a trickle is not progress, so the
+/// connection is dropped as if nothing came. (Before, every Data-Out PDU,
+/// even an empty one, started the wait again, and a write could hold its
+/// share of the node's budget for ever at a byte every few seconds.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_write_whose_data_out_trickles_does_not_hold_its_budget() {
+    let limits = Limits {
+        nop_in_interval_ms: 100,
+        nop_in_timeout_ms: 600,
+        ..Limits::default()
+    };
+    let fx = start(limits).await;
+    let mut evil = Client::connect(fx.addrs[0]).await;
+    let st = evil
+        .login_simple(OPEN, &[("InitialR2T", "Yes"), ("ImmediateData", "No")])
+        .await;
+    assert_eq!(st, (0, 0));
+    let cmd = evil.command(
+        &[0x2a, 0, 0, 0, 0, 0, 0, 0x08, 0, 0],
+        false,
+        true,
+        1 << 20,
+        true,
+    );
+    let itt = match cmd {
+        InitiatorPdu::ScsiCommand(ref c) => c.itt,
+        _ => unreachable!(),
+    };
+    evil.send(&cmd, false, &[]).await;
+    let (mut off, mut sn, mut sent) = (0u32, 0u32, 0u32);
+    let dropped = tokio::time::timeout(Duration::from_secs(30), async {
+        let mut ttt = None;
+        let mut tick = tokio::time::interval(Duration::from_millis(150));
+        loop {
+            tokio::select! {
+                p = evil.recv() => match p.map(|p| p.pdu) {
+                    None => return,
+                    Some(TargetPdu::NopIn(n)) if n.ttt != iscsi_proto::RESERVED_TAG => {
+                        let ans = InitiatorPdu::NopOut(NopOut {
+                            lun: 0,
+                            itt: iscsi_proto::RESERVED_TAG,
+                            ttt: n.ttt,
+                            cmd_sn: evil.cmd_sn,
+                            exp_stat_sn: evil.exp_stat_sn,
+                        });
+                        let _ = evil.send_checked(&ans, &[]).await;
+                    }
+                    Some(TargetPdu::R2t(r)) => { ttt.get_or_insert(r.ttt); }
+                    Some(other) => panic!("{other:?}"),
+                },
+                _ = tick.tick(), if ttt.is_some() => {
+                    // 512 bytes and an empty PDU, every 150 ms
+                    for len in [512u32, 0] {
+                        let d = InitiatorPdu::DataOut(DataOut {
+                            final_bit: false,
+                            lun: 0,
+                            itt,
+                            ttt: ttt.unwrap(),
+                            exp_stat_sn: evil.exp_stat_sn,
+                            data_sn: sn,
+                            buffer_offset_bytes: off,
+                        });
+                        if evil.send_checked(&d, &vec![7u8; len as usize]).await.is_err() {
+                            return;
+                        }
+                        off += len;
+                        sn += 1;
+                        sent += 1;
+                    }
+                }
+            }
+        }
+    })
+    .await;
+    assert!(sent >= 8, "the trickle was sent ({sent} PDUs)");
+    assert!(
+        dropped.is_ok(),
+        "the connection stayed while its write's data trickled in"
+    );
     let mut good = Client::connect(fx.addrs[0]).await;
     assert_eq!(good.login_simple(OPEN, &[]).await, (0, 0));
     write_read(&mut good, 3, 0x5a).await;
