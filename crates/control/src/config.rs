@@ -776,6 +776,8 @@ fn default_sanitize_rate_mib_s() -> u64 {
 pub struct LimitsConfig {
     /// Normal sessions the node accepts at once (discovery sessions have their own caps).
     pub sessions_max: usize,
+    /// Normal sessions from one source address (an IPv6 /64 counts as one).
+    pub sessions_per_source_max: usize,
     /// Discovery sessions at once; a new one closes the oldest of the source holding most.
     pub discovery_sessions_max: usize,
     /// Discovery sessions from one source address; a new one closes that source's oldest.
@@ -822,6 +824,7 @@ impl Default for LimitsConfig {
         let d = iscsi::Limits::default();
         LimitsConfig {
             sessions_max: d.sessions_max,
+            sessions_per_source_max: d.sessions_per_source_max,
             discovery_sessions_max: d.discovery_sessions_max,
             discovery_sessions_per_source_max: d.discovery_sessions_per_source_max,
             logins_in_progress_max: d.logins_in_progress_max,
@@ -879,6 +882,7 @@ impl LimitsConfig {
     pub fn to_iscsi(&self) -> iscsi::Limits {
         iscsi::Limits {
             sessions_max: self.sessions_max,
+            sessions_per_source_max: self.sessions_per_source_max,
             discovery_sessions_max: self.discovery_sessions_max,
             discovery_sessions_per_source_max: self.discovery_sessions_per_source_max,
             logins_in_progress_max: self.logins_in_progress_max,

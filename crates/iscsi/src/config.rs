@@ -62,6 +62,9 @@ pub struct Portal {
 pub struct Limits {
     /// Most normal sessions at once (discovery sessions have their own caps).
     pub sessions_max: usize,
+    /// Most normal sessions from one source address (an IPv6 /64 counts as
+    /// one), so that one host never takes every session from the others.
+    pub sessions_per_source_max: usize,
     /// Most discovery sessions at once; when all are used, the oldest of the
     /// source holding the most is closed for a new one.
     pub discovery_sessions_max: usize,
@@ -124,6 +127,7 @@ impl Default for Limits {
     fn default() -> Self {
         Limits {
             sessions_max: 256,
+            sessions_per_source_max: 64,
             discovery_sessions_max: 32,
             discovery_sessions_per_source_max: 4,
             logins_in_progress_max: 128,

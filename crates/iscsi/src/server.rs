@@ -308,6 +308,7 @@ impl Server {
                 sessions_max: cfg.limits.sessions_max,
                 discovery_sessions_max: cfg.limits.discovery_sessions_max,
                 discovery_sessions_per_source_max: cfg.limits.discovery_sessions_per_source_max,
+                sessions_per_source_max: cfg.limits.sessions_per_source_max,
             }),
             limits: cfg.limits,
             shutdown,

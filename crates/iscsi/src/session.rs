@@ -321,6 +321,20 @@ pub(crate) struct Caps {
     pub discovery_sessions_max: usize,
     /// Discovery sessions from one source address.
     pub discovery_sessions_per_source_max: usize,
+    /// Normal sessions from one source (an IPv6 /64 counts as one).
+    pub sessions_per_source_max: usize,
+}
+
+/// The source a per-source cap counts: the address, or for IPv6 its /64 (one
+/// host's share of addresses, which it may rotate through).
+pub(crate) fn source_key(ip: IpAddr) -> IpAddr {
+    match ip {
+        IpAddr::V4(_) => ip,
+        IpAddr::V6(v6) => {
+            let bits = u128::from(v6) & !((1u128 << 64) - 1);
+            IpAddr::V6(std::net::Ipv6Addr::from(bits))
+        }
+    }
 }
 
 #[derive(Default)]
@@ -332,7 +346,8 @@ struct RegInner {
 /// Why a session could not be registered.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum RegisterError {
-    /// `sessions_max` normal sessions exist.
+    /// `sessions_max` normal sessions exist, or `sessions_per_source_max`
+    /// from this source.
     Full,
     /// A session with this key exists and the login is not from its identity;
     /// carries the existing session's source address.
@@ -348,6 +363,7 @@ impl Registry {
                 sessions_max: caps.sessions_max,
                 discovery_sessions_max: caps.discovery_sessions_max.max(1),
                 discovery_sessions_per_source_max: caps.discovery_sessions_per_source_max.max(1),
+                sessions_per_source_max: caps.sessions_per_source_max.max(1),
             },
             log: LogGate::new(Duration::from_secs(1)),
         }
@@ -404,6 +420,16 @@ impl Registry {
         if key.is_some() {
             let normal = g.sessions.values().filter(|s| !s.discovery).count();
             if old.is_none() && normal >= self.caps.sessions_max {
+                return Err(RegisterError::Full);
+            }
+            // one source never takes every session from the others
+            let here = source_key(source);
+            let from_here = g
+                .sessions
+                .values()
+                .filter(|s| !s.discovery && source_key(s.origin.source) == here)
+                .count();
+            if old.is_none() && from_here >= self.caps.sessions_per_source_max {
                 return Err(RegisterError::Full);
             }
         } else {
@@ -544,7 +570,38 @@ mod tests {
             sessions_max,
             discovery_sessions_max: 3,
             discovery_sessions_per_source_max: 2,
+            sessions_per_source_max: sessions_max,
         }
+    }
+
+    #[test]
+    fn one_source_never_takes_every_session() {
+        let reg = Registry::new(Caps {
+            sessions_per_source_max: 2,
+            ..caps(5)
+        });
+        let new = |src: &str, isid: u8| {
+            let key = SessionKey {
+                initiator: "iqn.a".into(),
+                isid: [isid; 6],
+                target: 0,
+                tpgt: 1,
+            };
+            let r = reg.register(Some(&key), &origin(src), |t| {
+                build_from(t, Some(key.clone()), src)
+            });
+            r.map(|_| ())
+        };
+        assert!(new("10.0.0.66", 1).is_ok());
+        assert!(new("10.0.0.66", 2).is_ok());
+        assert_eq!(new("10.0.0.66", 3), Err(RegisterError::Full));
+        // an IPv6 /64 is one source, whatever address of it logs in
+        assert!(new("2001:db8::1", 4).is_ok());
+        assert!(new("2001:db8::2", 5).is_ok());
+        assert_eq!(new("2001:db8::3", 6), Err(RegisterError::Full));
+        // another source still gets in, up to the total
+        assert!(new("10.0.0.7", 7).is_ok());
+        assert_eq!(new("10.0.0.8", 8), Err(RegisterError::Full));
     }
 
     #[test]
