@@ -47,8 +47,11 @@ use tokio::io::AsyncReadExt;
 use tokio::net::TcpStream;
 use tokio::sync::mpsc;
 
-/// Initial size of a connection's read buffer.
+/// Size of a connection's read buffer once logged in.
 const READ_BUF_BYTES: usize = 512 * 1024;
+/// ... and during the login (its PDUs carry at most 8 KiB of data): a peer
+/// that has not authenticated makes this node hold no more.
+const LOGIN_READ_BUF_BYTES: usize = 16 * 1024;
 /// Commands beyond the CmdSN window (immediate ones) tolerated per session.
 const IMMEDIATE_EXTRA_TASKS: usize = 16;
 
@@ -76,7 +79,7 @@ pub(crate) async fn serve(
         return;
     }
     let slot = ctx.logins.admit(peer.ip());
-    let mut buf = BytesMut::with_capacity(READ_BUF_BYTES);
+    let mut buf = BytesMut::with_capacity(LOGIN_READ_BUF_BYTES);
     let login_timeout = Duration::from_millis(ctx.limits.login_timeout_ms);
     let mut shutdown = ctx.shutdown.clone();
     let res = tokio::select! {
@@ -87,7 +90,10 @@ pub(crate) async fn serve(
     };
     drop(slot);
     let (neg, registered) = match res {
-        Ok(Ok(x)) => x,
+        Ok(Ok(x)) => {
+            buf.reserve(READ_BUF_BYTES);
+            x
+        }
         Ok(Err(ConnError::LoginFailed {
             status: st,
             auth,

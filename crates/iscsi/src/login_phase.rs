@@ -120,6 +120,9 @@ impl Drop for Registered {
     }
 }
 
+/// The largest data segment of a login PDU this target takes.
+const LOGIN_DATA_SEGMENT_BYTES_MAX: u32 = 8192;
+
 /// Runs login to completion. On success the session is registered (an older
 /// session with the same identity has been closed) and full feature phase may begin.
 pub(crate) async fn login<S: AsyncRead + AsyncWrite + Unpin>(
@@ -134,7 +137,10 @@ pub(crate) async fn login<S: AsyncRead + AsyncWrite + Unpin>(
     let tables = ctx.tables();
     let mut neg = LoginNegotiator::new(tables.login_cfg.clone(), tpgt);
     let limits = FrameLimits {
-        max_data_segment_bytes: tables.login_cfg.limits.max_recv_data_segment_bytes,
+        // the login phase's own limit (RFC 7143 13.12: 8192 until both sides
+        // declared theirs): no unauthenticated peer makes this node hold more
+        max_data_segment_bytes: LOGIN_DATA_SEGMENT_BYTES_MAX
+            .min(tables.login_cfg.limits.max_recv_data_segment_bytes),
         max_ahs_bytes: 0,
         ..FrameLimits::default()
     };

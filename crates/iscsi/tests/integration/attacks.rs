@@ -534,6 +534,47 @@ async fn a_write_whose_data_out_trickles_does_not_hold_its_budget() {
     fx.shutdown().await;
 }
 
+/// A login PDU carrying more than the login phase's 8 KiB of data (RFC 7143:
+/// the default MaxRecvDataSegmentLength holds until both sides declared
+/// theirs) is not read: the connection closes unanswered, and a peer that
+/// has not authenticated never makes the node hold the configured limit
+/// (up to 16 MiB) per connection. A login within it still works.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_login_pdu_larger_than_the_login_limit_is_not_read() {
+    let fx = start(Limits::default()).await;
+    let mut evil = Client::connect(fx.addrs[0]).await;
+    let req = InitiatorPdu::Login(LoginRequest {
+        transit: false,
+        cont: false,
+        csg: 0,
+        nsg: 1,
+        version_max: 0,
+        version_min: 0,
+        isid: [0x80, 0, 0, 0, 0, 9],
+        tsih: 0,
+        itt: 1,
+        cid: 0,
+        cmd_sn: 1,
+        exp_stat_sn: 0,
+    });
+    let pad = "x".repeat(8000);
+    let text = encode_text(&[
+        ("InitiatorName", INI),
+        ("TargetName", OPEN),
+        ("X-pad-a", &pad),
+        ("X-pad-b", &pad),
+    ]);
+    assert!(text.len() > 8192);
+    evil.send(&req, true, &text).await;
+    let answer = tokio::time::timeout(Duration::from_secs(20), evil.recv())
+        .await
+        .expect("the connection stayed open");
+    assert!(answer.is_none(), "answered: {:?}", answer.map(|p| p.pdu));
+    let mut good = Client::connect(fx.addrs[0]).await;
+    assert_eq!(good.login_simple(OPEN, &[]).await, (0, 0));
+    fx.shutdown().await;
+}
+
 /// A command rejected for a malformed header (an unknown AHS type) takes its
 /// CmdSN: the session goes on. (Before, the window waited for that CmdSN for
 /// good and silently dropped every later command of the session.)
