@@ -1130,6 +1130,13 @@ impl Config {
         if self.targets.is_empty() {
             bail!("no target configured");
         }
+        if let Some(c) = &self.discovery_chap {
+            if c.user.is_empty() || c.secret.len() < 12 || c.secret.len() > 255 {
+                bail!(
+                    "discovery_chap: CHAP user must be set and the secret be 12 to 255 characters"
+                );
+            }
+        }
         let mut iqns = std::collections::HashSet::new();
         let mut naas = std::collections::HashSet::new();
         for t in &self.targets {
@@ -1601,6 +1608,23 @@ mod tests {
         c.validate().unwrap();
         assert_eq!(c.portals[0].address.port(), DEFAULT_PORT);
         assert_eq!(c.targets[0].luns[0].size.as_deref(), Some("16G"));
+    }
+
+    #[test]
+    fn discovery_chap_needs_a_user_and_a_long_secret() {
+        let mut c = Config::from_quick_flags(&QuickFlags::default());
+        for (user, secret, ok) in [
+            ("disc", "twelve-chars", true),
+            ("", "twelve-chars", false),
+            ("disc", "short", false),
+            ("disc", &*"s".repeat(256), false),
+        ] {
+            c.discovery_chap = Some(Chap {
+                user: user.into(),
+                secret: secret.into(),
+            });
+            assert_eq!(c.validate().is_ok(), ok, "{user:?} {secret:?}");
+        }
     }
 
     #[test]
