@@ -1113,9 +1113,14 @@ impl Config {
             if let Some(first) = seen.insert(what, by) {
                 bail!(
                     "{} {} serves both {first} and {by}: a pool, cache, disk or file \
-                     serves one user (two would write over each other's blocks)",
+                     serves one user (two would write over each other's blocks){}",
                     what.0,
-                    what.1
+                    what.1,
+                    if first.starts_with("disk ") && what.0 == "file" {
+                        "; to serve a configured disk as a LUN, give disk = \"NAME\""
+                    } else {
+                        ""
+                    }
                 );
             }
         }
@@ -1193,7 +1198,9 @@ impl Config {
             }
             let mut names = std::collections::HashSet::new();
             for c in &t.chap_initiators {
-                if c.initiator.is_empty() || c.initiator.len() > 223 || !names.insert(&c.initiator)
+                if c.initiator.is_empty()
+                    || c.initiator.len() > 223
+                    || !names.insert(c.initiator.to_ascii_lowercase())
                 {
                     bail!(
                         "target {}: chap_initiator names must be set, valid and listed once ({:?})",

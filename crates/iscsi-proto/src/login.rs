@@ -103,7 +103,8 @@ pub struct TargetAuth {
 /// case-insensitive (RFC 3722 folds them to lower case), so `IQN.X:Alice`
 /// is `iqn.x:alice`, the same initiator, never another one.
 pub fn iscsi_name(name: &str) -> String {
-    name.to_lowercase()
+    // ASCII letters, as the reservation code compares transport IDs
+    name.to_ascii_lowercase()
 }
 
 impl TargetAuth {

@@ -49,8 +49,9 @@ use tokio::sync::mpsc;
 
 /// Size of a connection's read buffer once logged in.
 const READ_BUF_BYTES: usize = 512 * 1024;
-/// ... and during the login (its PDUs carry at most 8 KiB of data): a peer
-/// that has not authenticated makes this node hold no more.
+/// ... and during the login (its PDUs carry at most 8 KiB of data; a read
+/// takes up to 64 KiB of room): a peer that has not authenticated makes this
+/// node hold no more than that.
 const LOGIN_READ_BUF_BYTES: usize = 16 * 1024;
 /// Commands beyond the CmdSN window (immediate ones) tolerated per session.
 const IMMEDIATE_EXTRA_TASKS: usize = 16;

@@ -122,12 +122,13 @@ impl WriteTask {
 
     /// `len` Data-Out bytes came. The write makes progress (its wait for
     /// Data-Out starts again) once [`PROGRESS_BYTES_MIN`] came since the last
-    /// time, or all it expected: empty or tiny PDUs trickled in do not keep
-    /// a write, and the node's budget it holds, alive.
+    /// time (a complete write is done with): empty or tiny PDUs trickled in
+    /// do not keep a write, and the node's budget it holds, alive. An
+    /// initiator that negotiated bursts of a few hundred bytes over a long
+    /// round trip needs 64 KiB within the wait all the same.
     pub(crate) fn progressed(&mut self, len: u32) {
         self.unmarked_bytes = self.unmarked_bytes.saturating_add(len);
-        if self.unmarked_bytes >= PROGRESS_BYTES_MIN || self.received_bytes >= self.info.edtl_bytes
-        {
+        if self.unmarked_bytes >= PROGRESS_BYTES_MIN {
             self.unmarked_bytes = 0;
             self.progress = std::time::Instant::now();
         }

@@ -29,9 +29,14 @@ pub(crate) fn send_targets(
 ) -> Vec<u8> {
     let tables = ctx.tables();
     let targets = &tables.targets;
+    // names compared folded, as the login compares them
+    let initiator = iscsi_proto::login::iscsi_name(initiator);
     let visible = |i: &usize| {
         targets.get(*i).is_some_and(|t| {
-            t.allowed_initiators.is_empty() || t.allowed_initiators.iter().any(|a| a == initiator)
+            t.allowed_initiators.is_empty()
+                || t.allowed_initiators
+                    .iter()
+                    .any(|a| iscsi_proto::login::iscsi_name(a) == initiator)
         })
     };
     let chosen: Vec<usize> = match (value, session_target) {
@@ -40,7 +45,7 @@ pub(crate) fn send_targets(
         ("", None) => Vec::new(),
         (iqn, own) => targets
             .iter()
-            .position(|t| t.iqn == iqn)
+            .position(|t| t.iqn.eq_ignore_ascii_case(iqn))
             .filter(|i| own.is_none_or(|o| o == *i))
             .filter(visible)
             .into_iter()

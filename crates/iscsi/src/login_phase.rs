@@ -139,8 +139,7 @@ pub(crate) async fn login<S: AsyncRead + AsyncWrite + Unpin>(
     let limits = FrameLimits {
         // the login phase's own limit (RFC 7143 13.12: 8192 until both sides
         // declared theirs): no unauthenticated peer makes this node hold more
-        max_data_segment_bytes: LOGIN_DATA_SEGMENT_BYTES_MAX
-            .min(tables.login_cfg.limits.max_recv_data_segment_bytes),
+        max_data_segment_bytes: LOGIN_DATA_SEGMENT_BYTES_MAX,
         max_ahs_bytes: 0,
         ..FrameLimits::default()
     };

@@ -328,8 +328,9 @@ pub(crate) struct Caps {
 /// The source a per-source cap counts: the address, or for IPv6 its /64 (one
 /// host's share of addresses, which it may rotate through).
 pub(crate) fn source_key(ip: IpAddr) -> IpAddr {
-    match ip {
-        IpAddr::V4(_) => ip,
+    // an IPv4 peer of a dual-stack listener arrives as ::ffff:a.b.c.d
+    match ip.to_canonical() {
+        v4 @ IpAddr::V4(_) => v4,
         IpAddr::V6(v6) => {
             let bits = u128::from(v6) & !((1u128 << 64) - 1);
             IpAddr::V6(std::net::Ipv6Addr::from(bits))
@@ -599,6 +600,15 @@ mod tests {
         assert!(new("2001:db8::1", 4).is_ok());
         assert!(new("2001:db8::2", 5).is_ok());
         assert_eq!(new("2001:db8::3", 6), Err(RegisterError::Full));
+        // an IPv4 peer of a dual-stack portal is its IPv4 address
+        assert_eq!(
+            source_key("::ffff:10.0.0.66".parse().unwrap()),
+            source_key("10.0.0.66".parse().unwrap())
+        );
+        assert_ne!(
+            source_key("::ffff:10.0.0.66".parse().unwrap()),
+            source_key("::ffff:10.0.0.67".parse().unwrap())
+        );
         // another source still gets in, up to the total
         assert!(new("10.0.0.7", 7).is_ok());
         assert_eq!(new("10.0.0.8", 8), Err(RegisterError::Full));

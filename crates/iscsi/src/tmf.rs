@@ -297,7 +297,10 @@ impl scsi::TaskAbort for PreemptAbort {
                 continue;
             };
             let hit = victims.iter().any(|v| {
-                *v.initiator_port == *nexus.initiator_port
+                // folded: a registration may carry the name in capitals
+                // (saved before names were folded at login, or from a
+                // TransportID), as the reservation code matches it
+                v.initiator_port.eq_ignore_ascii_case(&nexus.initiator_port)
                     && v.relative_port_id == nexus.relative_port_id
             });
             let Some(lun) = hit.then(|| scsi.seen_lun(nexus, target_lun)).flatten() else {

@@ -455,7 +455,10 @@ async fn handshake(
                 // and never kept by the operator (`keep_copy`)
                 let marked = inner.update_meta(Meta::mark_partial).await;
                 if let Err(e) = marked {
-                    tracing::error!(volume = %cfg.name, "cannot mark the copy partial: {e}");
+                    // judged consistent, it would be the source of a torn copy
+                    return Err(
+                        format!("cannot mark this copy partial after a failed undo: {e}").into(),
+                    );
                 }
             }
         }

@@ -84,7 +84,7 @@ impl Masking {
             for i in &g.initiators {
                 // iSCSI names are case-insensitive (logins give them folded)
                 if m.by_initiator
-                    .insert(i.to_lowercase(), view.clone())
+                    .insert(i.to_ascii_lowercase(), view.clone())
                     .is_some()
                 {
                     return Err(ScsiError::Config(format!(
@@ -123,7 +123,7 @@ impl Masking {
             // logins give names folded; a name from elsewhere is folded here
             .or_else(|| self.by_initiator.get(&*nexus.initiator_name))
             .or_else(|| {
-                let folded = nexus.initiator_name.to_lowercase();
+                let folded = nexus.initiator_name.to_ascii_lowercase();
                 (*folded != *nexus.initiator_name)
                     .then(|| self.by_initiator.get(&folded))
                     .flatten()

@@ -136,7 +136,7 @@ pub(crate) async fn pr_out(
     let victims: Vec<NexusId> = victims
         .into_iter()
         .filter(|v| {
-            !(*v.initiator_port == *nexus.initiator_port
+            !(v.initiator_port.eq_ignore_ascii_case(&nexus.initiator_port)
                 && v.relative_port_id == nexus.relative_port_id)
         })
         .collect();
