@@ -388,13 +388,9 @@ async fn a_login_cut_short_after_registering_leaves_no_session() {
     fx.shutdown().await;
 }
 
-/// A write whose Data-Out never comes took the node's budget for all its bytes
-/// when it arrived: an initiator that answers every ping but sends no data
-/// would hold it for good (a few such sessions starve every other initiator).
-/// The connection is dropped once a write has waited `nop_in_timeout_ms` for
-/// Data-Out, and the budget goes back. (Before, the pings kept it alive.)
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_write_whose_data_out_never_comes_does_not_hold_its_budget() {
+/// A target that waits 600 ms for a write's Data-Out, and an initiator
+/// (with R2Ts, no immediate data) that sent a 1 MiB write: its ITT.
+async fn a_write_waiting_for_data_out() -> (Fixture, Client, u32) {
     let limits = Limits {
         nop_in_interval_ms: 100,
         nop_in_timeout_ms: 600,
@@ -406,7 +402,6 @@ async fn a_write_whose_data_out_never_comes_does_not_hold_its_budget() {
         .login_simple(OPEN, &[("InitialR2T", "Yes"), ("ImmediateData", "No")])
         .await;
     assert_eq!(st, (0, 0));
-    // a 1 MiB write: the target asks for its data, which never comes
     let cmd = evil.command(
         &[0x2a, 0, 0, 0, 0, 0, 0, 0x08, 0, 0],
         false,
@@ -414,7 +409,23 @@ async fn a_write_whose_data_out_never_comes_does_not_hold_its_budget() {
         1 << 20,
         true,
     );
+    let itt = match cmd {
+        InitiatorPdu::ScsiCommand(ref c) => c.itt,
+        _ => unreachable!(),
+    };
     evil.send(&cmd, false, &[]).await;
+    (fx, evil, itt)
+}
+
+/// A write whose Data-Out never comes took the node's budget for all its bytes
+/// when it arrived: an initiator that answers every ping but sends no data
+/// would hold it for good (a few such sessions starve every other initiator).
+/// The connection is dropped once a write has waited `nop_in_timeout_ms` for
+/// Data-Out, and the budget goes back. (Before, the pings kept it alive.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_write_whose_data_out_never_comes_does_not_hold_its_budget() {
+    // a 1 MiB write: the target asks for its data, which never comes
+    let (fx, mut evil, _) = a_write_waiting_for_data_out().await;
     let mut r2ts = 0;
     let dropped = tokio::time::timeout(Duration::from_secs(30), async {
         while let Some(p) = evil.recv().await {
@@ -455,29 +466,7 @@ async fn a_write_whose_data_out_never_comes_does_not_hold_its_budget() {
 /// share of the node's budget for ever at a byte every few seconds.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_write_whose_data_out_trickles_does_not_hold_its_budget() {
-    let limits = Limits {
-        nop_in_interval_ms: 100,
-        nop_in_timeout_ms: 600,
-        ..Limits::default()
-    };
-    let fx = start(limits).await;
-    let mut evil = Client::connect(fx.addrs[0]).await;
-    let st = evil
-        .login_simple(OPEN, &[("InitialR2T", "Yes"), ("ImmediateData", "No")])
-        .await;
-    assert_eq!(st, (0, 0));
-    let cmd = evil.command(
-        &[0x2a, 0, 0, 0, 0, 0, 0, 0x08, 0, 0],
-        false,
-        true,
-        1 << 20,
-        true,
-    );
-    let itt = match cmd {
-        InitiatorPdu::ScsiCommand(ref c) => c.itt,
-        _ => unreachable!(),
-    };
-    evil.send(&cmd, false, &[]).await;
+    let (fx, mut evil, itt) = a_write_waiting_for_data_out().await;
     let (mut off, mut sn, mut sent) = (0u32, 0u32, 0u32);
     let dropped = tokio::time::timeout(Duration::from_secs(30), async {
         let mut ttt = None;

@@ -931,6 +931,16 @@ async fn login_as(addr: std::net::SocketAddr, initiator: &str, isid: u8, luns: &
     c
 }
 
+/// A host group of `initiators` seeing `luns` (its number, the target's).
+fn host_group(name: &str, initiators: &[&str], luns: &[(u64, u64)]) -> scsi::HostGroup {
+    scsi::HostGroup {
+        name: name.into(),
+        initiators: initiators.iter().map(|i| i.to_string()).collect(),
+        chap_users: vec![],
+        luns: luns.to_vec(),
+    }
+}
+
 /// With LUN masking each initiator numbers the LUs its own way: a LOGICAL UNIT
 /// RESET aborts the tasks of every session on the LU reset, each found by the
 /// number its session gives that LU, and none on another LU that happens to
@@ -951,18 +961,8 @@ async fn a_lun_reset_aborts_the_tasks_on_that_lu_as_each_initiator_numbers_it() 
     // X sees the held LU as its LUN 0; Y sees the other LU as its 0 and the
     // held one as its 1
     open.set_host_groups(vec![
-        scsi::HostGroup {
-            name: "x".into(),
-            initiators: vec![X.into()],
-            chap_users: vec![],
-            luns: vec![(0, 0)],
-        },
-        scsi::HostGroup {
-            name: "y".into(),
-            initiators: vec![Y.into()],
-            chap_users: vec![],
-            luns: vec![(0, 1), (1, 0)],
-        },
+        host_group("x", &[X], &[(0, 0)]),
+        host_group("y", &[Y], &[(0, 1), (1, 0)]),
     ])
     .unwrap();
     let fx = start_with_scsi(Limits::default(), open).await;
@@ -1055,18 +1055,8 @@ async fn a_target_reset_reaches_only_the_lus_its_initiator_sees() {
         .unwrap();
     // X sees LU 0; Y and Z see LU 1, the held one, as their LUN 0
     open.set_host_groups(vec![
-        scsi::HostGroup {
-            name: "x".into(),
-            initiators: vec![X.into()],
-            chap_users: vec![],
-            luns: vec![(0, 0)],
-        },
-        scsi::HostGroup {
-            name: "yz".into(),
-            initiators: vec![Y.into(), Z.into()],
-            chap_users: vec![],
-            luns: vec![(0, 1)],
-        },
+        host_group("x", &[X], &[(0, 0)]),
+        host_group("yz", &[Y, Z], &[(0, 1)]),
     ])
     .unwrap();
     let fx = start_with_scsi(Limits::default(), open).await;
