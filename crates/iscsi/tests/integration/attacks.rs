@@ -417,6 +417,18 @@ async fn a_write_waiting_for_data_out() -> (Fixture, Client, u32) {
     (fx, evil, itt)
 }
 
+/// Answers the target's ping `ttt` (the connection is alive).
+async fn answer_ping(c: &mut Client, ttt: u32) {
+    let ans = InitiatorPdu::NopOut(NopOut {
+        lun: 0,
+        itt: iscsi_proto::RESERVED_TAG,
+        ttt,
+        cmd_sn: c.cmd_sn,
+        exp_stat_sn: c.exp_stat_sn,
+    });
+    let _ = c.send_checked(&ans, &[]).await;
+}
+
 /// A write whose Data-Out never comes took the node's budget for all its bytes
 /// when it arrived: an initiator that answers every ping but sends no data
 /// would hold it for good (a few such sessions starve every other initiator).
@@ -432,14 +444,7 @@ async fn a_write_whose_data_out_never_comes_does_not_hold_its_budget() {
             match p.pdu {
                 // every ping is answered: the connection itself is alive
                 TargetPdu::NopIn(n) if n.ttt != iscsi_proto::RESERVED_TAG => {
-                    let ans = InitiatorPdu::NopOut(NopOut {
-                        lun: 0,
-                        itt: iscsi_proto::RESERVED_TAG,
-                        ttt: n.ttt,
-                        cmd_sn: evil.cmd_sn,
-                        exp_stat_sn: evil.exp_stat_sn,
-                    });
-                    let _ = evil.send_checked(&ans, &[]).await;
+                    answer_ping(&mut evil, n.ttt).await
                 }
                 TargetPdu::R2t(_) => r2ts += 1,
                 other => panic!("{other:?}"),
@@ -476,14 +481,7 @@ async fn a_write_whose_data_out_trickles_does_not_hold_its_budget() {
                 p = evil.recv() => match p.map(|p| p.pdu) {
                     None => return,
                     Some(TargetPdu::NopIn(n)) if n.ttt != iscsi_proto::RESERVED_TAG => {
-                        let ans = InitiatorPdu::NopOut(NopOut {
-                            lun: 0,
-                            itt: iscsi_proto::RESERVED_TAG,
-                            ttt: n.ttt,
-                            cmd_sn: evil.cmd_sn,
-                            exp_stat_sn: evil.exp_stat_sn,
-                        });
-                        let _ = evil.send_checked(&ans, &[]).await;
+                        answer_ping(&mut evil, n.ttt).await
                     }
                     Some(TargetPdu::R2t(r)) => { ttt.get_or_insert(r.ttt); }
                     Some(other) => panic!("{other:?}"),

@@ -931,6 +931,29 @@ async fn login_as(addr: std::net::SocketAddr, initiator: &str, isid: u8, luns: &
     c
 }
 
+/// Task management `function` on LUN 0, immediate; its response.
+async fn task_management(c: &mut Client, function: u8) -> u8 {
+    let itt = c.next_itt();
+    let tmf = InitiatorPdu::TaskMgmt(TaskMgmtRequest {
+        function,
+        lun: 0,
+        itt,
+        rtt: iscsi_proto::RESERVED_TAG,
+        cmd_sn: c.cmd_sn,
+        exp_stat_sn: c.exp_stat_sn,
+        ref_cmd_sn: 0,
+        exp_data_sn: 0,
+    });
+    c.send(&tmf, true, &[]).await;
+    match c.recv_skip_pings().await.expect("tmf response").pdu {
+        TargetPdu::TaskMgmtResponse(r) => {
+            assert_eq!(r.itt, itt);
+            r.response
+        }
+        other => panic!("{other:?}"),
+    }
+}
+
 /// A host group of `initiators` seeing `luns` (its number, the target's).
 fn host_group(name: &str, initiators: &[&str], luns: &[(u64, u64)]) -> scsi::HostGroup {
     scsi::HostGroup {
@@ -1076,24 +1099,10 @@ async fn a_target_reset_reaches_only_the_lus_its_initiator_sees() {
     for function in [6u8, 7] {
         // X, which sees only LU 0, resets the target (warm, then cold)
         let mut x = login_as(fx.addrs[0], X, 1, &[0]).await;
-        let tmf_itt = x.next_itt();
-        let tmf = InitiatorPdu::TaskMgmt(TaskMgmtRequest {
-            function,
-            lun: 0,
-            itt: tmf_itt,
-            rtt: iscsi_proto::RESERVED_TAG,
-            cmd_sn: x.cmd_sn,
-            exp_stat_sn: x.exp_stat_sn,
-            ref_cmd_sn: 0,
-            exp_data_sn: 0,
-        });
-        x.send(&tmf, true, &[]).await;
-        match x.recv_skip_pings().await.expect("tmf response").pdu {
-            TargetPdu::TaskMgmtResponse(r) => {
-                assert_eq!((r.itt, r.response), (tmf_itt, tmf_response::COMPLETE))
-            }
-            other => panic!("{other:?}"),
-        }
+        assert_eq!(
+            task_management(&mut x, function).await,
+            tmf_response::COMPLETE
+        );
         if function == 6 {
             // Y's write was not aborted: it completes once the disk goes on
             held.writes.open();
@@ -1147,24 +1156,7 @@ async fn a_lun_reset_aborts_another_sessions_write_still_waiting_for_data() {
         other => panic!("{other:?}"),
     };
     // X resets the LU
-    let tmf_itt = x.next_itt();
-    let tmf = InitiatorPdu::TaskMgmt(TaskMgmtRequest {
-        function: 5,
-        lun: 0,
-        itt: tmf_itt,
-        rtt: RESERVED_TAG,
-        cmd_sn: x.cmd_sn,
-        exp_stat_sn: x.exp_stat_sn,
-        ref_cmd_sn: 0,
-        exp_data_sn: 0,
-    });
-    x.send(&tmf, true, &[]).await;
-    match x.recv_skip_pings().await.expect("tmf response").pdu {
-        TargetPdu::TaskMgmtResponse(r) => {
-            assert_eq!((r.itt, r.response), (tmf_itt, tmf_response::COMPLETE))
-        }
-        other => panic!("{other:?}"),
-    }
+    assert_eq!(task_management(&mut x, 5).await, tmf_response::COMPLETE);
     // Y's next command takes the reset's unit attention...
     let (st, _) = scsi(&mut y, &[0, 0, 0, 0, 0, 0], &[], 0).await;
     assert_eq!(st, 2, "the reset's unit attention");
