@@ -167,6 +167,57 @@ async fn discovery_lists_targets_on_both_portals() {
     fx.shutdown().await;
 }
 
+/// A discovery session's SendTargets=`value`: the answer's keys.
+async fn send_targets(c: &mut Client, value: &str) -> Vec<(String, String)> {
+    let itt = c.next_itt();
+    let t = InitiatorPdu::Text(TextRequest {
+        final_bit: true,
+        cont: false,
+        lun: 0,
+        itt,
+        ttt: RESERVED_TAG,
+        cmd_sn: c.cmd_sn,
+        exp_stat_sn: c.exp_stat_sn,
+    });
+    c.send(&t, false, &encode_text(&[("SendTargets", value)]))
+        .await;
+    c.cmd_sn += 1;
+    let p = c.recv_skip_pings().await.expect("text response");
+    assert!(matches!(p.pdu, TargetPdu::TextResponse(r) if r.final_bit && r.itt == itt));
+    parse_text(&p.data).unwrap()
+}
+
+/// Names are case-insensitive in discovery too: an initiator sending its name
+/// in other letters than its ACL entry sees its target, by SendTargets=All
+/// and by the target's name in capitals. (Before, SendTargets=<name> compared
+/// the target's name exactly and found nothing; an ACL entry written in
+/// capitals, compared exactly with the folded name, hid its target from
+/// SendTargets=All: that case has no test here.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn discovery_matches_names_whatever_their_letters() {
+    let fx = start(Limits::default()).await;
+    let mut c = Client::connect(fx.addrs[0]).await;
+    let shouting = "IQN.2026-01.ORG.TEST:SOMEONE-ELSE";
+    let (r, kv) = c
+        .login_step(
+            1,
+            3,
+            true,
+            &[("InitiatorName", shouting), ("SessionType", "Discovery")],
+        )
+        .await;
+    assert_eq!((r.status_class, r.status_detail), (0, 0));
+    c.after_login(&kv);
+    let kv = send_targets(&mut c, "All").await;
+    assert!(
+        kv.iter().any(|(k, v)| k == "TargetName" && v == HIDDEN),
+        "{kv:?}"
+    );
+    let kv = send_targets(&mut c, &HIDDEN.to_uppercase()).await;
+    assert_eq!(get(&kv, "TargetName"), Some(HIDDEN));
+    fx.shutdown().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn chap_mutual_chap_and_refusals() {
     let fx = start(Limits::default()).await;
