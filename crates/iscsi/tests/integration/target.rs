@@ -108,22 +108,7 @@ async fn discovery_lists_targets_on_both_portals() {
         .await;
     assert_eq!((r.status_class, r.status_detail), (0, 0));
     c.after_login(&kv);
-    let itt = c.next_itt();
-    let t = InitiatorPdu::Text(TextRequest {
-        final_bit: true,
-        cont: false,
-        lun: 0,
-        itt,
-        ttt: RESERVED_TAG,
-        cmd_sn: c.cmd_sn,
-        exp_stat_sn: c.exp_stat_sn,
-    });
-    c.send(&t, false, &encode_text(&[("SendTargets", "All")]))
-        .await;
-    c.cmd_sn += 1;
-    let p = c.recv_skip_pings().await.expect("text response");
-    assert!(matches!(p.pdu, TargetPdu::TextResponse(r) if r.final_bit && r.itt == itt));
-    let kv = parse_text(&p.data).unwrap();
+    let kv = send_targets(&mut c, "All").await;
     let names: Vec<&str> = kv
         .iter()
         .filter(|(k, _)| k == "TargetName")
@@ -143,21 +128,7 @@ async fn discovery_lists_targets_on_both_portals() {
     );
 
     // SendTargets=<iqn> lists only that target; SCSI commands are refused here.
-    let itt = c.next_itt();
-    let t = InitiatorPdu::Text(TextRequest {
-        final_bit: true,
-        cont: false,
-        lun: 0,
-        itt,
-        ttt: RESERVED_TAG,
-        cmd_sn: c.cmd_sn,
-        exp_stat_sn: c.exp_stat_sn,
-    });
-    c.send(&t, false, &encode_text(&[("SendTargets", SECURE)]))
-        .await;
-    c.cmd_sn += 1;
-    let p = c.recv_skip_pings().await.unwrap();
-    let kv = parse_text(&p.data).unwrap();
+    let kv = send_targets(&mut c, SECURE).await;
     assert_eq!(kv.iter().filter(|(k, _)| k == "TargetName").count(), 1);
     assert_eq!(get(&kv, "TargetName"), Some(SECURE));
     let cmd = c.command(&[0; 6], false, false, 0, true);
