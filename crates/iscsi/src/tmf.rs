@@ -183,16 +183,15 @@ pub(crate) async fn on_tmf(conn: &mut Conn, f: &Frame, t: TaskMgmtRequest, imm: 
             let aborted: Vec<_> = sessions
                 .into_iter()
                 .filter_map(|s| {
-                    let Some(lus) = &scope else {
-                        s.abort_pending_writes(None);
-                        let itts = s.abort_where(|_| true);
-                        return Some((s, itts));
+                    let lus = match &scope {
+                        // the requester's own tasks are all on LUs it sees
+                        Some(lus) if !Arc::ptr_eq(&s, &conn.session) => lus,
+                        _ => {
+                            s.abort_pending_writes(None);
+                            let itts = s.abort_where(|_| true);
+                            return Some((s, itts));
+                        }
                     };
-                    if Arc::ptr_eq(&s, &conn.session) {
-                        s.abort_pending_writes(None);
-                        let itts = s.abort_where(|_| true);
-                        return Some((s, itts));
-                    }
                     let (Some(scsi), Some(nexus)) = (&s.scsi, &s.nexus) else {
                         return None;
                     };
