@@ -4,9 +4,11 @@
 //! opened and they become discoverable and loginable), and for the running
 //! targets their CHAP, mutual CHAP and per-initiator CHAP, allowed initiators,
 //! alias and host groups (LUN masking); discovery CHAP; and on a node outside
-//! an HA pair its portals. Sessions already logged in are not touched:
-//! authentication applies at login, and host groups apply to the next command
-//! of every session (that is what LUN masking means).
+//! an HA pair its portals. A session logged in before is closed when the new
+//! access settings would refuse its login (an initiator the ACL no longer
+//! lists, CHAP credentials other than those it proved); the others keep
+//! running, and host groups apply to the next command of every session (that
+//! is what LUN masking means).
 //!
 //! Portals: a portal added is bound (a failure to bind refuses the whole
 //! reload), joins every target's ALUA port group (VPD 83h and REPORT TARGET
@@ -155,8 +157,8 @@ impl Reloader {
     }
 
     /// Gives running target `iqn` the CHAP `chap` (`Some(None)`: off) and/or
-    /// the allowed initiators `acl` (they apply at the next login); the rest of
-    /// its settings (mutual and per-initiator CHAP, alias) stay as the running
+    /// the allowed initiators `acl` (sessions they no longer admit are closed,
+    /// see `iscsi::Reloader::replace`); the rest of its settings (mutual and per-initiator CHAP, alias) stay as the running
     /// configuration has them.
     pub(crate) async fn set_target_access(
         &self,
@@ -181,10 +183,12 @@ impl Reloader {
         };
         spec.auth = crate::targets::target_auth(&t);
         spec.allowed_initiators = t.allowed_initiators.clone();
-        self.iscsi
+        let closed = self
+            .iscsi
             .replace(specs, crate::targets::discovery_auth(&current))
             .context("installing the new target table")?;
-        tracing::info!(target = %iqn, chap = t.chap.is_some(), allowed_initiators = t.allowed_initiators.len(), "target access changed through the API (applies at login)");
+        tracing::info!(target = %iqn, chap = t.chap.is_some(), allowed_initiators = t.allowed_initiators.len(),
+            sessions_closed = closed, "target access changed through the API");
         if let Some(c) = current.targets.iter_mut().find(|c| c.iqn == iqn) {
             *c = t;
         }
@@ -228,7 +232,7 @@ impl Reloader {
             if s.auth != spec.auth {
                 report
                     .applied
-                    .push(format!("target {}: CHAP changed (applies at login)", t.iqn));
+                    .push(format!("target {}: CHAP changed", t.iqn));
             }
             if s.allowed_initiators != spec.allowed_initiators {
                 report
@@ -314,9 +318,15 @@ impl Reloader {
         if new.discovery_chap != current.discovery_chap {
             report.applied.push("discovery CHAP changed".into());
         }
-        if let Err(e) = self.iscsi.replace(specs, discovery) {
-            self.undo_built(&built).await;
-            return Err(anyhow::Error::from(e).context("installing the new target table"));
+        match self.iscsi.replace(specs, discovery) {
+            Ok(0) => {}
+            Ok(closed) => report.applied.push(format!(
+                "{closed} session(s) the new access settings no longer admit closed"
+            )),
+            Err(e) => {
+                self.undo_built(&built).await;
+                return Err(anyhow::Error::from(e).context("installing the new target table"));
+            }
         }
         for (iqn, scsi, groups) in host_groups {
             match scsi.set_host_groups(groups) {

@@ -152,6 +152,12 @@ pub(crate) async fn serve(
         tracing::info!(%peer, portal = %portal.addr, tsih = session.tsih, "the portal was removed during the login; closing the session");
         session.kill.send_replace(true);
     }
+    // the same for the access settings (Reloader::replace)
+    if !ctx.still_admits(&session) {
+        tracing::warn!(%peer, initiator = %neg.initiator_name, tsih = session.tsih,
+            "the access settings changed during the login and no longer admit it; closing the session");
+        session.kill.send_replace(true);
+    }
     full_feature(ctx, sock, buf, neg, registered, local, peer).await;
 }
 

@@ -13,7 +13,7 @@
 
 use crate::auth_limit::{AuthLimiter, AuthLimits};
 use crate::config::{Auth, Limits, Portal, ServerConfig, TargetSpec};
-use crate::session::{Caps, Registry};
+use crate::session::{Caps, Registry, Session};
 use block::admission::AdmissionBudget;
 use iscsi_proto::login::{
     ChapCredentials, InitiatorChap, LoginConfig, OperationalLimits, TargetAuth,
@@ -215,6 +215,30 @@ impl Ctx {
     /// Whether a portal with TPGT `tpgt` is served now.
     pub(crate) fn serves_portal(&self, tpgt: u16) -> bool {
         self.portals.read().iter().any(|p| p.tpgt == tpgt)
+    }
+
+    /// Whether `session` would log in again with what it proved at login under
+    /// the table in force now: a normal session must pass its target's ACL and,
+    /// where the target asks for CHAP, have shown the very credentials it now
+    /// asks of this initiator; a discovery session must have shown the
+    /// discovery credentials, where discovery asks for them.
+    pub(crate) fn still_admits(&self, session: &Session) -> bool {
+        let tables = self.tables();
+        let proven = session.origin.chap_proven.as_ref();
+        if session.discovery {
+            return match &tables.login_cfg.discovery_chap {
+                None => true,
+                Some(asked) => proven == Some(asked),
+            };
+        }
+        let (Some(i), Some(nexus)) = (session.target, session.nexus.as_ref()) else {
+            return true;
+        };
+        tables
+            .login_cfg
+            .targets
+            .get(i)
+            .is_some_and(|auth| crate::copy_reach::admits(auth, &nexus.initiator_name, proven))
     }
 }
 
@@ -445,9 +469,10 @@ pub enum ReplaceError {
 
 /// Replaces the target table of a running [`Server`]: authentication (CHAP,
 /// mutual CHAP, per-initiator CHAP), allowed initiators and aliases of running
-/// targets, discovery authentication, and targets appended at the end. Sessions
-/// already logged in keep running (authentication applies at login); new logins
-/// and discovery see the new table.
+/// targets, discovery authentication, and targets appended at the end. New
+/// logins and discovery see the new table; a session logged in under the old
+/// one is closed when the new one would refuse its login (ACL, or CHAP
+/// credentials other than those it proved), and keeps running otherwise.
 #[derive(Clone)]
 pub struct Reloader {
     ctx: std::sync::Weak<Ctx>,
@@ -463,12 +488,14 @@ impl Reloader {
     }
 
     /// Installs `targets` (the running ones first, in their order, with the same
-    /// SCSI devices; then any new ones) and `discovery_auth`.
+    /// SCSI devices; then any new ones) and `discovery_auth`, then closes every
+    /// session the new settings no longer admit (its running commands finish
+    /// first, as at a logout). Returns how many it closed.
     pub fn replace(
         &self,
         targets: Vec<TargetSpec>,
         discovery_auth: Auth,
-    ) -> Result<(), ReplaceError> {
+    ) -> Result<usize, ReplaceError> {
         let ctx = self.ctx.upgrade().ok_or(ReplaceError::Stopped)?;
         let mut tables = ctx.tables.write();
         for (i, old) in tables.targets.iter().enumerate() {
@@ -491,7 +518,26 @@ impl Reloader {
         }
         let login_cfg = Arc::new(login_config(&targets, &discovery_auth, &ctx.limits));
         *tables = Arc::new(Tables { targets, login_cfg });
-        Ok(())
+        drop(tables);
+        // after the table changed: a login registered from now on is judged by
+        // conn.rs against the new table, one registered before is here
+        let mut revoked = Vec::new();
+        for s in ctx.registry.snapshot() {
+            if !ctx.still_admits(&s) {
+                s.kill.send_replace(true);
+                revoked.push(s);
+            }
+        }
+        for s in &revoked {
+            tracing::warn!(
+                tsih = s.tsih,
+                initiator = s.nexus.as_ref().map(|n| &*n.initiator_name).unwrap_or("-"),
+                source = %s.origin.source,
+                discovery = s.discovery,
+                "the new access settings no longer admit this session; closing it"
+            );
+        }
+        Ok(revoked.len())
     }
 
     /// Makes `portals` (addresses as configured, with their TPGTs, in order) the

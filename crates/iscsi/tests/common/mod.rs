@@ -27,6 +27,8 @@ pub struct Fixture {
     pub addrs: Vec<SocketAddr>,
     /// The server's session registry, as its API lists it.
     pub sessions: iscsi::Sessions,
+    /// Replaces the target table while the server runs (a reload).
+    pub reloader: iscsi::Reloader,
     pub stop: Option<tokio::sync::oneshot::Sender<()>>,
     pub done: tokio::task::JoinHandle<std::io::Result<()>>,
 }
@@ -134,6 +136,7 @@ pub async fn start_with_scsi(limits: Limits, open: Arc<scsi::ScsiTarget>) -> Fix
     let server = Server::bind(cfg).await.expect("bind");
     let addrs = server.local_addrs();
     let sessions = server.sessions();
+    let reloader = server.reloader();
     let (tx, rx) = tokio::sync::oneshot::channel::<()>();
     let done = tokio::spawn(server.run(async move {
         let _ = rx.await;
@@ -141,6 +144,7 @@ pub async fn start_with_scsi(limits: Limits, open: Arc<scsi::ScsiTarget>) -> Fix
     Fixture {
         addrs,
         sessions,
+        reloader,
         stop: Some(tx),
         done,
     }

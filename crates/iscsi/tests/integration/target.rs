@@ -3,7 +3,7 @@
 use crate::common;
 
 use common::*;
-use iscsi::Limits;
+use iscsi::{Auth, Limits};
 use iscsi_proto::pdu::*;
 use iscsi_proto::target::{reject_reason, tmf_response, TargetPdu};
 use iscsi_proto::text::{encode_text, parse_text};
@@ -285,6 +285,79 @@ async fn chap_sha256_preferred_and_per_initiator_secrets() {
         .login_chap_as(INI, SECURE, "7", "bob", "bob-secret-1234", None)
         .await;
     assert_eq!(st, (2, 1));
+    fx.shutdown().await;
+}
+
+/// The connection closes (the target may say so first) within 10 s.
+async fn closes(c: &mut Client, what: &str) {
+    tokio::time::timeout(Duration::from_secs(10), async {
+        while c.recv().await.is_some() {}
+    })
+    .await
+    .unwrap_or_else(|_| panic!("{what}: the session was not closed"));
+}
+
+/// A reload that takes access away closes the sessions that had it: an
+/// initiator the ACL no longer lists, one whose own CHAP secret changed, and a
+/// discovery session once discovery asks for CHAP. A session whose login the
+/// new table would still accept (the target-wide CHAP it proved is unchanged)
+/// keeps running. (Before, every session kept running until it ended: a
+/// revoked initiator kept its access.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_closes_the_sessions_the_new_access_settings_refuse() {
+    let fx = start(Limits::default()).await;
+    let mut open = Client::connect_isid(fx.addrs[0], [0x80, 0, 0, 0, 9, 1]).await;
+    assert_eq!(open.login_simple(OPEN, &[]).await, (0, 0));
+    let mut bob = Client::connect_isid(fx.addrs[0], [0x80, 0, 0, 0, 9, 2]).await;
+    let (st, _) = bob
+        .login_chap_as(BOB, SECURE, "7", "bob", "bob-secret-1234", None)
+        .await;
+    assert_eq!(st, (0, 0));
+    let mut alice = Client::connect_isid(fx.addrs[1], [0x80, 0, 0, 0, 9, 3]).await;
+    let (st, _) = alice
+        .login_chap(SECURE, "alice", "alice-secret-12", None)
+        .await;
+    assert_eq!(st, (0, 0));
+    let mut disc = Client::connect_isid(fx.addrs[0], [0x80, 0, 0, 0, 9, 4]).await;
+    let (r, kv) = disc
+        .login_step(
+            1,
+            3,
+            true,
+            &[("InitiatorName", INI), ("SessionType", "Discovery")],
+        )
+        .await;
+    assert_eq!((r.status_class, r.status_detail), (0, 0));
+    disc.after_login(&kv);
+    assert!(!send_targets(&mut disc, "All").await.is_empty());
+
+    // a table that changes nothing closes nothing
+    let same = fx.reloader.targets();
+    assert_eq!(fx.reloader.replace(same, Auth::default()), Ok(0));
+
+    let mut specs = fx.reloader.targets();
+    specs[0].allowed_initiators = vec![BOB.into()];
+    specs[0].alias = Some("renamed".into());
+    specs[1].auth.per_initiator = vec![(BOB.into(), secret("bob", "bob-secret-5678"))];
+    let discovery = Auth {
+        chap: Some(secret("disc", "disc-secret-12")),
+        ..Auth::default()
+    };
+    assert_eq!(fx.reloader.replace(specs, discovery), Ok(3));
+    closes(&mut open, "an initiator the ACL no longer lists").await;
+    closes(&mut bob, "an initiator whose CHAP secret changed").await;
+    closes(
+        &mut disc,
+        "a discovery session without the new discovery CHAP",
+    )
+    .await;
+    assert!(
+        alice.nop(b"still admitted").await.is_some(),
+        "a session the new table still admits was closed"
+    );
+    // and a new login sees the new table
+    let mut again = Client::connect_isid(fx.addrs[0], [0x80, 0, 0, 0, 9, 5]).await;
+    assert_eq!(again.login_simple(OPEN, &[]).await, (2, 2));
     fx.shutdown().await;
 }
 
