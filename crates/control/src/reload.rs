@@ -36,6 +36,7 @@ use crate::config::Config;
 use crate::pools::Pools;
 use anyhow::{Context, Result};
 use serde::Serialize;
+use std::path::PathBuf;
 use std::sync::Arc;
 
 /// Reads the configuration anew (the file and `managed.toml`, as at start-up).
@@ -85,6 +86,79 @@ pub struct Reloader {
     nbd: std::sync::OnceLock<nbd::NbdExports>,
     /// The event log: targets added follow their LU events into it.
     events: Arc<crate::events::log::EventLog>,
+    /// The key, certificate and secret files the node read at start, with
+    /// what they held then: a reload that finds one changed in place says
+    /// that it needs a restart (the path compares equal in the config).
+    credentials: Vec<CredentialFile>,
+}
+
+/// A file of keys, certificates or secrets the node reads once, at start.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct CredentialFile {
+    /// The setting that names it, as the config file spells it.
+    setting: &'static str,
+    path: PathBuf,
+    /// SHA-256 of its contents (None: it could not be read).
+    digest: Option<[u8; 32]>,
+}
+
+/// The credential files `cfg` names, with their contents' digests now.
+fn credential_files(cfg: &Config) -> Vec<CredentialFile> {
+    use sha2::Digest;
+    let mut named: Vec<(&'static str, &PathBuf)> = Vec::new();
+    if let Some(a) = &cfg.api {
+        named.extend(a.cert.iter().map(|p| ("[api] cert", p)));
+        named.extend(a.key.iter().map(|p| ("[api] key", p)));
+    }
+    if let Some(n) = &cfg.nbd {
+        named.extend(n.tls_cert.iter().map(|p| ("[nbd] tls_cert", p)));
+        named.extend(n.tls_key.iter().map(|p| ("[nbd] tls_key", p)));
+        named.extend(n.tls_client_ca.iter().map(|p| ("[nbd] tls_client_ca", p)));
+        named.extend(n.tls_psk_file.iter().map(|p| ("[nbd] tls_psk_file", p)));
+    }
+    if let Some(c) = &cfg.cluster {
+        named.push(("[cluster] key_file", &c.key_file));
+    }
+    named.extend(
+        cfg.alerts
+            .webhook_secret_file
+            .iter()
+            .map(|p| ("[alerts] webhook_secret_file", p)),
+    );
+    named
+        .into_iter()
+        .map(|(setting, path)| CredentialFile {
+            setting,
+            path: path.clone(),
+            digest: std::fs::read(path)
+                .ok()
+                .map(|b| sha2::Sha256::digest(&b).into()),
+        })
+        .collect()
+}
+
+/// Names each credential file that `now` (the new config's) finds with other
+/// contents than the node read at start (`started`) under the same setting
+/// and path; a setting that names another path is reported with its section.
+fn credentials_changed(
+    started: &[CredentialFile],
+    now: &[CredentialFile],
+    report: &mut ReloadReport,
+) {
+    for n in now {
+        if let Some(s) = started
+            .iter()
+            .find(|s| s.setting == n.setting && s.path == n.path)
+        {
+            if s.digest != n.digest {
+                report.not_applied.push(format!(
+                    "{} {}: the file changed; the node uses what it read at start until a restart",
+                    n.setting,
+                    n.path.display()
+                ));
+            }
+        }
+    }
 }
 
 impl Reloader {
@@ -105,6 +179,7 @@ impl Reloader {
             pools,
             cluster,
             portals: parking_lot::Mutex::new(crate::targets::iscsi_portals(&cfg)),
+            credentials: credential_files(&cfg),
             current: tokio::sync::Mutex::new(cfg),
             objects: std::sync::OnceLock::new(),
             nbd: std::sync::OnceLock::new(),
@@ -201,6 +276,7 @@ impl Reloader {
         let mut report = ReloadReport::default();
         let live_portals = self.cluster.is_none();
         not_applied(current, &new, live_portals, &mut report);
+        credentials_changed(&self.credentials, &credential_files(&new), &mut report);
         let running = self.iscsi.targets();
         let old_portals = self.portals.lock().clone();
         let new_portals = (live_portals && new.portals != current.portals)
@@ -549,6 +625,39 @@ mod tests {
             s += &format!("[[portal]]\naddress = \"{a}\"\n");
         }
         toml::from_str(&s).unwrap()
+    }
+
+    /// A credential file rewritten in place (same setting, same path: the
+    /// sections compare equal) is named as needing a restart; an untouched
+    /// one is not. Before, `freesan reload` answered "no changes" to a
+    /// replaced NBD client CA while the old one kept admitting its clients.
+    #[test]
+    fn a_credential_file_changed_in_place_is_named_as_needing_a_restart() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path().display();
+        let cfg: Config = toml::from_str(&format!(
+            "data_dir = \"/nonexistent\"\ntarget = []\nportal = []\n[nbd]\naddress = \"127.0.0.1:0\"\n\
+             tls_client_ca = \"{d}/ca.pem\"\ntls_psk_file = \"{d}/psk\"\n"
+        ))
+        .unwrap();
+        std::fs::write(dir.path().join("ca.pem"), "authority A").unwrap();
+        std::fs::write(dir.path().join("psk"), "alice:00112233").unwrap();
+        let started = credential_files(&cfg);
+        assert_eq!(started.len(), 2);
+        let mut report = ReloadReport::default();
+        credentials_changed(&started, &credential_files(&cfg), &mut report);
+        assert_eq!(report, ReloadReport::default(), "nothing changed");
+
+        std::fs::write(dir.path().join("ca.pem"), "authority B").unwrap();
+        credentials_changed(&started, &credential_files(&cfg), &mut report);
+        assert_eq!(report.not_applied.len(), 1, "{report:?}");
+        assert!(report.not_applied[0].starts_with("[nbd] tls_client_ca "));
+        assert!(report.not_applied[0].contains("ca.pem"));
+        // a file gone is a change too
+        std::fs::remove_file(dir.path().join("psk")).unwrap();
+        let mut report = ReloadReport::default();
+        credentials_changed(&started, &credential_files(&cfg), &mut report);
+        assert_eq!(report.not_applied.len(), 2, "{report:?}");
     }
 
     #[test]
