@@ -243,13 +243,19 @@ impl Gate {
         Ok(())
     }
 
-    fn caller(&self, req: &Request) -> Option<Caller> {
-        let v = req.headers().get(header::AUTHORIZATION)?.to_str().ok()?;
+    /// The caller whose bearer token `authorization` carries; with `now`,
+    /// judged against the token file as it is this moment.
+    fn caller(&self, authorization: Option<&header::HeaderValue>, now: bool) -> Option<Caller> {
+        let v = authorization?.to_str().ok()?;
         let (scheme, token) = v.trim().split_once(' ')?;
         if !scheme.eq_ignore_ascii_case("bearer") {
             return None;
         }
-        self.tokens.verify(token.trim())
+        if now {
+            self.tokens.verify_now(token.trim())
+        } else {
+            self.tokens.verify(token.trim())
+        }
     }
 }
 
@@ -284,7 +290,8 @@ pub async fn gate(State(g): State<Arc<Gate>>, req: Request, next: Next) -> Respo
         );
         return closing(*r);
     }
-    let Some(caller) = g.caller(&req) else {
+    let authorization = req.headers().get(header::AUTHORIZATION).cloned();
+    let Some(caller) = g.caller(authorization.as_ref(), false) else {
         tracing::warn!(
             "API: no valid token on {} {} from {source}",
             req.method(),
@@ -297,7 +304,20 @@ pub async fn gate(State(g): State<Arc<Gate>>, req: Request, next: Next) -> Respo
     req.extensions_mut().insert(caller.clone());
     let reads = req.method() == Method::GET || req.method() == Method::HEAD;
     if reads {
-        return next.run(req).await;
+        let started = std::time::Instant::now();
+        let path = req.uri().path().to_string();
+        let answer = next.run(req).await;
+        // A read that waited (an event long poll) answers only a token still
+        // valid: one revoked while it waited gets nothing of what it waited for.
+        if started.elapsed() >= Duration::from_millis(crate::tokens::RELOAD_CHECK_MS)
+            && g.caller(authorization.as_ref(), true).is_none()
+        {
+            tracing::warn!(
+                "API: the token of GET {path} from {source} was revoked while it waited"
+            );
+            return closing(unauthorized());
+        }
+        return answer;
     }
     let method = req.method().to_string();
     let path = req

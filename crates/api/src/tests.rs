@@ -24,6 +24,10 @@ struct Fake {
     /// of `held` (none until the test adds them).
     held_started: tokio::sync::Notify,
     held: Held,
+    /// A long poll of the events tells `events_waiting`, then answers an
+    /// event once `events_release` is told.
+    events_waiting: tokio::sync::Notify,
+    events_release: tokio::sync::Notify,
 }
 
 /// A semaphore with no permits at first.
@@ -82,6 +86,14 @@ impl Control for Fake {
                 Ok(json!({"done": format!("{a:?}")}))
             }
         }
+    }
+    async fn events(&self, _since: u64, _limit: usize, wait: Duration) -> Value {
+        if wait.is_zero() {
+            return json!({ "last_seq": 0, "events": [] });
+        }
+        self.events_waiting.notify_one();
+        self.events_release.notified().await;
+        json!({ "last_seq": 1, "events": [{"seq": 1, "message": "for the token holder only"}] })
     }
     async fn create(&self, kind: ObjectKind, body: Value) -> Result<Value, ApiError> {
         self.actions
@@ -637,6 +649,42 @@ async fn tokens_made_or_revoked_while_serving_apply_at_once() {
     tokens::revoke(n.dir.path(), &rec.id).unwrap();
     tokio::time::sleep(Duration::from_millis(tokens::RELOAD_CHECK_MS + 50)).await;
     assert_eq!(n.get("/api/v1/status", &t).await.0, 401);
+    n.stop().await;
+}
+
+/// A long poll whose token is revoked while it waits gets 401, not the
+/// event it waited for. (Before, the token was checked only when the request
+/// came in, and the poll answered up to 30 s after the revocation.)
+#[tokio::test]
+async fn a_long_poll_whose_token_is_revoked_while_it_waits_gets_nothing() {
+    let n = Node::start(ApiLimits::default()).await;
+    let (rec, t) = tokens::create(n.dir.path(), "carol", tokens::Role::ReadOnly).unwrap();
+    let addr = n.addr;
+    let poll = tokio::spawn(async move {
+        let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+        let req = format!(
+            "GET /api/v1/events?wait_ms=30000 HTTP/1.1\r\nHost: san.example\r\n\
+             Authorization: Bearer {t}\r\nConnection: close\r\n\r\n"
+        );
+        s.write_all(req.as_bytes()).await.unwrap();
+        let mut out = Vec::new();
+        let _ = s.read_to_end(&mut out).await;
+        String::from_utf8_lossy(&out).to_string()
+    });
+    // the poll passed the gate and waits in the handler
+    tokio::time::timeout(Duration::from_secs(10), n.fake.events_waiting.notified())
+        .await
+        .expect("the long poll never reached the handler");
+    tokens::revoke(n.dir.path(), &rec.id).unwrap();
+    // the wait is long enough to be judged again (the gate's threshold)
+    tokio::time::sleep(Duration::from_millis(tokens::RELOAD_CHECK_MS)).await;
+    n.fake.events_release.notify_one();
+    let answer = tokio::time::timeout(Duration::from_secs(10), poll)
+        .await
+        .expect("the long poll did not end")
+        .unwrap();
+    assert!(answer.starts_with("HTTP/1.1 401"), "{answer}");
+    assert!(!answer.contains("for the token holder only"), "{answer}");
     n.stop().await;
 }
 

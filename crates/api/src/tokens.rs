@@ -420,8 +420,18 @@ impl TokenStore {
                 l.stamp = stamp;
             }
             Err(e) => {
-                // keep what was loaded; a half-written file cannot be seen (rename)
-                tracing::warn!("API tokens not reloaded: {e}");
+                // A half-written file cannot be seen (it is renamed into
+                // place): this one was edited by hand or damaged. Keeping the
+                // tokens loaded before would keep one the edit meant to remove,
+                // so none is accepted until the file reads again (logged once
+                // per change of the file).
+                if !l.tokens.is_empty() || l.stamp != stamp {
+                    tracing::error!(
+                        "API tokens file unreadable, no token is accepted until it is fixed: {e}"
+                    );
+                }
+                l.tokens.clear();
+                l.stamp = stamp;
             }
         }
     }
@@ -429,12 +439,24 @@ impl TokenStore {
     /// The caller a presented token belongs to, or None. Every stored hash is
     /// compared (in constant time) whatever matches.
     pub fn verify(&self, presented: &str) -> Option<Caller> {
+        self.verify_with(presented, false)
+    }
+
+    /// [`TokenStore::verify`] against the file as it is now (a stat, and a
+    /// read if it changed), not as it was up to [`RELOAD_CHECK_MS`] ago: for
+    /// an answer that waited (a long poll), so that a token revoked meanwhile
+    /// gets nothing.
+    pub fn verify_now(&self, presented: &str) -> Option<Caller> {
+        self.verify_with(presented, true)
+    }
+
+    fn verify_with(&self, presented: &str, now: bool) -> Option<Caller> {
         let digest: [u8; 32] = Sha256::digest(presented.as_bytes()).into();
         let mut l = match self.loaded.lock() {
             Ok(l) => l,
             Err(p) => p.into_inner(),
         };
-        self.refresh(&mut l, false);
+        self.refresh(&mut l, now);
         let find = |l: &Loaded| {
             let mut found = None;
             for (h, c) in &l.tokens {
@@ -486,6 +508,27 @@ mod tests {
         revoke(d.path(), &rec.id).unwrap();
         std::thread::sleep(Duration::from_millis(RELOAD_CHECK_MS + 50));
         assert!(store.verify(&tok).is_none(), "a revoked token still works");
+    }
+
+    /// A token file that no longer reads (a hand edit that broke the JSON)
+    /// admits no token, not the ones loaded before: the edit may have been
+    /// the removal of one. Once it reads again, its tokens work.
+    #[test]
+    fn a_token_file_that_does_not_read_admits_no_token() {
+        let d = tempfile::tempdir().unwrap();
+        let store = TokenStore::open(d.path());
+        let (_, tok) = create(d.path(), "ops", Role::Admin).unwrap();
+        assert!(store.verify(&tok).is_some());
+        let good = std::fs::read(token_file(d.path())).unwrap();
+        std::fs::write(token_file(d.path()), &good[..good.len() / 2]).unwrap();
+        std::thread::sleep(Duration::from_millis(RELOAD_CHECK_MS + 50));
+        assert!(
+            store.verify(&tok).is_none(),
+            "a token was accepted from a file that does not read"
+        );
+        std::fs::write(token_file(d.path()), &good).unwrap();
+        std::thread::sleep(Duration::from_millis(RELOAD_CHECK_MS + 50));
+        assert!(store.verify(&tok).is_some(), "the mended file is not read");
     }
 
     #[test]
