@@ -6,55 +6,10 @@
 use crate::guard::{ApiLimits, Peer};
 use axum::Router;
 use hyper_util::rt::{TokioIo, TokioTimer};
-use std::collections::HashMap;
 use std::future::Future;
-use std::net::IpAddr;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::Semaphore;
-
-/// Open connections per source address.
-#[derive(Default)]
-struct PerSource(Mutex<HashMap<IpAddr, usize>>);
-
-/// Holds one connection's place in the per-source count.
-struct SourceSlot {
-    table: Arc<PerSource>,
-    ip: IpAddr,
-}
-
-impl PerSource {
-    fn take(self: &Arc<Self>, ip: IpAddr, max: usize) -> Option<SourceSlot> {
-        let mut m = match self.0.lock() {
-            Ok(m) => m,
-            Err(p) => p.into_inner(),
-        };
-        let n = m.entry(ip).or_insert(0);
-        if *n >= max {
-            return None;
-        }
-        *n += 1;
-        Some(SourceSlot {
-            table: self.clone(),
-            ip,
-        })
-    }
-}
-
-impl Drop for SourceSlot {
-    fn drop(&mut self) {
-        let mut m = match self.table.0.lock() {
-            Ok(m) => m,
-            Err(p) => p.into_inner(),
-        };
-        if let Some(n) = m.get_mut(&self.ip) {
-            *n -= 1;
-            if *n == 0 {
-                m.remove(&self.ip);
-            }
-        }
-    }
-}
 
 /// Serves HTTP/1.1 on one connection until it ends, its lifetime is over, or
 /// `stop` asks (then it is given 5 s to finish its request).
@@ -104,7 +59,7 @@ pub async fn serve(
 ) -> std::io::Result<()> {
     let tls = tls.map(tokio_rustls::TlsAcceptor::from);
     let total = Arc::new(Semaphore::new(limits.connections_max.max(1)));
-    let per_source = Arc::new(PerSource::default());
+    let per_source = block::admission::PerSource::new(limits.connections_per_source_max);
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     tokio::pin!(shutdown);
     loop {
@@ -127,7 +82,7 @@ pub async fn serve(
                 }
             },
         };
-        let Some(slot) = per_source.take(peer.ip(), limits.connections_per_source_max) else {
+        let Some(slot) = per_source.take(peer.ip()) else {
             tracing::warn!("API: too many connections from {}", peer.ip());
             drop(stream);
             continue;

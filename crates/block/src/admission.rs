@@ -20,6 +20,76 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::sync::Notify;
 
+/// The source a per-source bound counts: the IPv4 address (also when it
+/// arrives mapped, `::ffff:a.b.c.d`, on a dual-stack listener), or for IPv6
+/// its /64, the share of addresses one host is given and may rotate through.
+pub fn source_key(ip: IpAddr) -> IpAddr {
+    match ip.to_canonical() {
+        v4 @ IpAddr::V4(_) => v4,
+        IpAddr::V6(v6) => {
+            let bits = u128::from(v6) & !((1u128 << 64) - 1);
+            IpAddr::V6(std::net::Ipv6Addr::from(bits))
+        }
+    }
+}
+
+/// Connections open per source ([`source_key`]), at most `max` each: the
+/// bound of a listener whose connections, once admitted, are not taken back.
+#[derive(Debug)]
+pub struct PerSource {
+    counts: Mutex<HashMap<IpAddr, usize>>,
+    max: usize,
+}
+
+/// One connection's place in its source's count; given back on drop.
+#[derive(Debug)]
+pub struct SourceSlot {
+    table: Arc<PerSource>,
+    source: IpAddr,
+}
+
+impl PerSource {
+    /// A table allowing `max` (at least 1) connections per source.
+    pub fn new(max: usize) -> Arc<Self> {
+        Arc::new(PerSource {
+            counts: Mutex::new(HashMap::new()),
+            max: max.max(1),
+        })
+    }
+
+    /// A place for a connection from `ip`, or None when its source has `max`.
+    pub fn take(self: &Arc<Self>, ip: IpAddr) -> Option<SourceSlot> {
+        let source = source_key(ip);
+        let mut c = self.counts.lock();
+        let n = c.entry(source).or_insert(0);
+        if *n >= self.max {
+            return None;
+        }
+        *n += 1;
+        Some(SourceSlot {
+            table: self.clone(),
+            source,
+        })
+    }
+
+    /// Sources holding a place now.
+    pub fn sources(&self) -> usize {
+        self.counts.lock().len()
+    }
+}
+
+impl Drop for SourceSlot {
+    fn drop(&mut self) {
+        let mut c = self.table.counts.lock();
+        if let Some(n) = c.get_mut(&self.source) {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                c.remove(&self.source);
+            }
+        }
+    }
+}
+
 /// One connection being admitted, as the budget tracks it.
 struct Entry {
     id: u64,
@@ -87,6 +157,7 @@ impl AdmissionBudget {
     /// Gives a slot to a new connection from `source`, taking one back from
     /// another connection if the budget is used up (see the module header).
     pub fn admit(self: &Arc<Self>, source: IpAddr) -> AdmissionSlot {
+        let source = source_key(source);
         let mut g = self.inner.lock();
         let own = g.by_source.get(&source).map_or(0, |q| q.len());
         let victim_source = if own >= self.per_source_max {
@@ -228,6 +299,39 @@ mod tests {
 
     fn ip(s: &str) -> IpAddr {
         s.parse().unwrap()
+    }
+
+    #[test]
+    fn per_source_slots_are_bounded_and_released() {
+        let t = PerSource::new(2);
+        let a = t.take(ip("127.0.0.3")).unwrap();
+        // the same address arriving mapped on a dual-stack listener
+        let _b = t.take(ip("::ffff:127.0.0.3")).unwrap();
+        assert!(t.take(ip("127.0.0.3")).is_none());
+        assert!(t.take(ip("127.0.0.4")).is_some());
+        drop(a);
+        assert!(t.take(ip("127.0.0.3")).is_some());
+        assert!(t.sources() <= 2);
+        // an IPv6 host rotating through its /64 is one source
+        let v6 = PerSource::new(2);
+        let _x = v6.take(ip("2001:db8:1:2::1")).unwrap();
+        let _y = v6.take(ip("2001:db8:1:2:ffff::9")).unwrap();
+        assert!(v6.take(ip("2001:db8:1:2:abcd::77")).is_none());
+        assert!(v6.take(ip("2001:db8:1:3::1")).is_some(), "another /64");
+    }
+
+    /// Addresses of one IPv6 /64 share the admission budget of one source:
+    /// a host cannot take the whole budget by using a new address per
+    /// connection (before, each address had a budget of its own).
+    #[tokio::test]
+    async fn an_ipv6_64_is_one_source_for_admission() {
+        let b = AdmissionBudget::new(2, 100);
+        let first = b.admit(ip("2001:db8::1"));
+        let _second = b.admit(ip("2001:db8::2"));
+        let _third = b.admit(ip("2001:db8::3"));
+        tokio::time::timeout(Duration::from_secs(5), first.evicted())
+            .await
+            .expect("the /64's oldest connection was not dropped for its third");
     }
 
     #[tokio::test]

@@ -82,6 +82,7 @@ impl AuthLimiter {
 
     /// How long `source` remains locked out, if it is.
     pub(crate) fn locked(&self, source: IpAddr) -> Option<Duration> {
+        let source = block::admission::source_key(source);
         let now = Instant::now();
         let g = self.records.lock();
         let until = g.get(&source)?.locked_until?;
@@ -102,6 +103,7 @@ impl AuthLimiter {
 
     /// Counts a failed authentication of `source`.
     pub(crate) fn failed(&self, source: IpAddr) -> Failure {
+        let source = block::admission::source_key(source);
         let now = Instant::now();
         let mut g = self.records.lock();
         if !g.contains_key(&source) && g.len() >= self.limits.sources_max {
@@ -187,6 +189,24 @@ mod tests {
         assert!(l.locked(b).is_none(), "other sources are not affected");
         std::thread::sleep(Duration::from_millis(250));
         assert!(l.locked(a).is_none(), "the lockout ends");
+    }
+
+    /// An IPv6 host that changes address within its /64 after each failure
+    /// is one source: it is locked out after the third, whatever address
+    /// comes next (before, each address had three guesses of its own), and an
+    /// IPv4 address counts the same plain or mapped.
+    #[test]
+    fn an_ipv6_64_is_one_source_and_a_mapped_ipv4_is_its_address() {
+        let l = limiter(16);
+        let ip = |s: &str| -> IpAddr { s.parse().unwrap() };
+        assert!(!l.failed(ip("2001:db8:7::1")).locked_now);
+        assert!(!l.failed(ip("2001:db8:7::2")).locked_now);
+        assert!(l.failed(ip("2001:db8:7::3")).locked_now);
+        assert!(l.locked(ip("2001:db8:7:0:ffff::42")).is_some());
+        assert!(l.locked(ip("2001:db8:8::1")).is_none(), "another /64");
+        assert!(!l.failed(ip("10.0.0.9")).locked_now);
+        assert!(!l.failed(ip("::ffff:10.0.0.9")).locked_now);
+        assert!(l.failed(ip("10.0.0.9")).locked_now);
     }
 
     #[test]

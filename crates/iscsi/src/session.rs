@@ -325,18 +325,7 @@ pub(crate) struct Caps {
     pub sessions_per_source_max: usize,
 }
 
-/// The source a per-source cap counts: the address, or for IPv6 its /64 (one
-/// host's share of addresses, which it may rotate through).
-pub(crate) fn source_key(ip: IpAddr) -> IpAddr {
-    // an IPv4 peer of a dual-stack listener arrives as ::ffff:a.b.c.d
-    match ip.to_canonical() {
-        v4 @ IpAddr::V4(_) => v4,
-        IpAddr::V6(v6) => {
-            let bits = u128::from(v6) & !((1u128 << 64) - 1);
-            IpAddr::V6(std::net::Ipv6Addr::from(bits))
-        }
-    }
-}
+pub(crate) use block::admission::source_key;
 
 #[derive(Default)]
 struct RegInner {

@@ -7,10 +7,8 @@
 //! connection, so it is bounded by the total connection bound.
 
 use parking_lot::Mutex;
-use std::collections::HashMap;
 use std::net::IpAddr;
 use std::str::FromStr;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// An address range: `10.0.0.0/24`, `::1/128`, or a plain address (a host).
@@ -121,57 +119,6 @@ impl std::fmt::Display for IpRange {
     }
 }
 
-/// Live connections per source address.
-#[derive(Debug)]
-pub(crate) struct PerSource {
-    counts: Mutex<HashMap<IpAddr, usize>>,
-    max: usize,
-}
-
-/// A connection's hold on its source's count; released on drop.
-#[derive(Debug)]
-pub(crate) struct SourceSlot {
-    table: Arc<PerSource>,
-    ip: IpAddr,
-}
-
-impl PerSource {
-    /// A table allowing `max` connections per address.
-    pub(crate) fn new(max: usize) -> Arc<Self> {
-        Arc::new(PerSource {
-            counts: Mutex::new(HashMap::new()),
-            max: max.max(1),
-        })
-    }
-
-    /// A slot for `ip`, or `None` when that address has `max` connections.
-    pub(crate) fn take(self: &Arc<Self>, ip: IpAddr) -> Option<SourceSlot> {
-        let ip = canonical(ip);
-        let mut c = self.counts.lock();
-        let n = c.entry(ip).or_insert(0);
-        if *n >= self.max {
-            return None;
-        }
-        *n += 1;
-        Some(SourceSlot {
-            table: self.clone(),
-            ip,
-        })
-    }
-}
-
-impl Drop for SourceSlot {
-    fn drop(&mut self) {
-        let mut c = self.table.counts.lock();
-        if let Some(n) = c.get_mut(&self.ip) {
-            *n = n.saturating_sub(1);
-            if *n == 0 {
-                c.remove(&self.ip);
-            }
-        }
-    }
-}
-
 /// Lets a log line through at most once per interval; counts the ones held back.
 #[derive(Debug)]
 pub(crate) struct LogThrottle {
@@ -250,18 +197,5 @@ mod tests {
         assert!(!lo.iter().any(|r| r.contains("10.1.1.1".parse().unwrap())));
         assert!(lo.iter().all(IpRange::is_loopback));
         assert!(!"0.0.0.0/0".parse::<IpRange>().unwrap().is_loopback());
-    }
-
-    #[test]
-    fn per_source_slots_are_bounded_and_released() {
-        let t = PerSource::new(2);
-        let ip: IpAddr = "127.0.0.3".parse().unwrap();
-        let a = t.take(ip).unwrap();
-        let _b = t.take(ip).unwrap();
-        assert!(t.take(ip).is_none());
-        assert!(t.take("127.0.0.4".parse().unwrap()).is_some());
-        drop(a);
-        assert!(t.take(ip).is_some());
-        assert!(t.counts.lock().len() <= 2);
     }
 }

@@ -20,7 +20,8 @@ mod writer;
 
 use crate::proto::{tflag, BlockSizes, ExportInfo, STRING_BYTES_MAX};
 pub use access::IpRange;
-use access::{LogThrottle, PerSource};
+use access::LogThrottle;
+use block::admission::PerSource;
 use block::VolumeRef;
 use exec::ExportState;
 pub use exec::ExportStats;
