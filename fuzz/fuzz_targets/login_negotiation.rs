@@ -24,10 +24,12 @@ fn config() -> Arc<LoginConfig> {
                     initiator: "iqn.2026-01.org.test:ini2".into(),
                     creds: creds("user2", "secretsecret2"),
                 }],
+                refuse_md5: true,
             },
         ],
         discovery_chap: None,
         discovery_mutual: None,
+        discovery_refuse_md5: false,
         limits: Default::default(),
     })
 }

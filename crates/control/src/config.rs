@@ -31,6 +31,10 @@ pub struct Config {
     /// CHAP for discovery sessions (SendTargets); none by default.
     #[serde(default)]
     pub discovery_chap: Option<Chap>,
+    /// Accept CHAP with MD5 for discovery (`false`: initiators must offer
+    /// SHA-256; see `[[target]] chap_md5`).
+    #[serde(default = "default_true")]
+    pub discovery_chap_md5: bool,
     /// Session and transfer limits.
     #[serde(default)]
     pub limits: LimitsConfig,
@@ -618,6 +622,12 @@ pub struct TargetConfig {
         skip_serializing_if = "Vec::is_empty"
     )]
     pub chap_initiators: Vec<ChapInitiator>,
+    /// Accept CHAP with MD5 (CHAP_A=5), the only algorithm many initiators
+    /// have. `false`: an initiator must offer SHA-256, so that a man in the
+    /// middle cannot strip it from the offer and record an MD5 exchange to
+    /// guess the secret offline.
+    #[serde(default = "default_true")]
+    pub chap_md5: bool,
     /// Initiator names allowed to log in; empty allows every initiator.
     #[serde(default)]
     pub allowed_initiators: Vec<String>,
@@ -980,11 +990,13 @@ impl Config {
                 chap: None,
                 mutual_chap: None,
                 chap_initiators: vec![],
+                chap_md5: true,
                 allowed_initiators: vec![],
                 host_groups: vec![],
                 luns,
             }],
             discovery_chap: None,
+            discovery_chap_md5: true,
             limits: LimitsConfig::default(),
             nbd: flags.nbd.map(NbdConfig::on),
             api: flags.api.map(ApiConfig::on),

@@ -41,6 +41,7 @@ pub(crate) fn target_auth(t: &crate::config::TargetConfig) -> iscsi::Auth {
                 (c.initiator.clone(), secret)
             })
             .collect(),
+        refuse_md5: !t.chap_md5,
     }
 }
 
@@ -49,6 +50,7 @@ pub(crate) fn discovery_auth(cfg: &Config) -> iscsi::Auth {
     iscsi::Auth {
         chap: chap(&cfg.discovery_chap),
         mutual: None,
+        refuse_md5: !cfg.discovery_chap_md5,
         ..iscsi::Auth::default()
     }
 }

@@ -28,6 +28,7 @@ fn target(chap: bool, mutual: bool, limits: OperationalLimits) -> LoginNegotiato
         }],
         discovery_chap: None,
         discovery_mutual: None,
+        discovery_refuse_md5: false,
         limits,
     };
     LoginNegotiator::new(Arc::new(cfg), 3)

@@ -97,6 +97,10 @@ pub struct TargetAuth {
     /// (the target-wide `chap` is not accepted for it). When this is not empty the
     /// target requires CHAP, and an unlisted initiator needs `chap` to log in.
     pub chap_initiators: Vec<InitiatorChap>,
+    /// Refuse CHAP with MD5 (CHAP_A=5): an initiator must offer SHA-256, so
+    /// that a man in the middle cannot strip it from the offer and record an
+    /// MD5 exchange to guess the secret offline.
+    pub refuse_md5: bool,
 }
 
 /// An iSCSI name (initiator or target) as compared: names are
@@ -185,6 +189,8 @@ pub struct LoginConfig {
     pub discovery_chap: Option<ChapCredentials>,
     /// Mutual CHAP credentials for discovery sessions.
     pub discovery_mutual: Option<ChapCredentials>,
+    /// Refuse CHAP with MD5 for discovery sessions ([`TargetAuth::refuse_md5`]).
+    pub discovery_refuse_md5: bool,
     /// Operational limits.
     pub limits: OperationalLimits,
 }
@@ -307,6 +313,8 @@ struct AuthCreds<'a> {
     per_initiator: bool,
     /// Mutual CHAP credentials of the target.
     mutual: Option<&'a ChapCredentials>,
+    /// CHAP with MD5 is refused.
+    refuse_md5: bool,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -577,6 +585,7 @@ impl LoginNegotiator {
             chap: None,
             per_initiator: false,
             mutual: None,
+            refuse_md5: false,
         };
         match self.session_type {
             Some(SessionType::Discovery) => AuthCreds {
@@ -584,6 +593,7 @@ impl LoginNegotiator {
                 chap: self.cfg.discovery_chap.as_ref(),
                 per_initiator: false,
                 mutual: self.cfg.discovery_mutual.as_ref(),
+                refuse_md5: self.cfg.discovery_refuse_md5,
             },
             Some(SessionType::Normal) => {
                 let Some(t) = self.target_index.and_then(|i| self.cfg.targets.get(i)) else {
@@ -598,6 +608,7 @@ impl LoginNegotiator {
                     chap,
                     per_initiator,
                     mutual: t.mutual.as_ref(),
+                    refuse_md5: t.refuse_md5,
                 }
             }
             None => none,
@@ -707,13 +718,14 @@ impl LoginNegotiator {
             self.identify()?;
             self.identified = true;
         }
-        let (required, chap_cfg, per_initiator, mutual_cfg) = {
+        let (required, chap_cfg, per_initiator, mutual_cfg, refuse_md5) = {
             let c = self.auth_creds();
             (
                 c.required,
                 c.chap.cloned(),
                 c.per_initiator,
                 c.mutual.cloned(),
+                c.refuse_md5,
             )
         };
         if let Some(list) = auth_method {
@@ -740,8 +752,11 @@ impl LoginNegotiator {
             if self.auth != Auth::WaitAlgorithm {
                 return Err(status::INITIATOR_ERROR);
             }
-            // SHA-256 whenever offered, else MD5 (RFC 7143 12.1.3).
-            let Some(alg) = chap::ChapAlgorithm::choose(algs) else {
+            // SHA-256 whenever offered, else MD5 (RFC 7143 12.1.3) unless
+            // the target refuses it.
+            let Some(alg) = chap::ChapAlgorithm::choose(algs)
+                .filter(|a| !(refuse_md5 && *a == chap::ChapAlgorithm::Md5))
+            else {
                 push_pair(out, "CHAP_A", "Reject");
                 return Err(status::AUTH_FAILURE);
             };

@@ -34,6 +34,7 @@ fn config() -> Arc<LoginConfig> {
                     initiator: INI2.into(),
                     creds: creds("bob", "bobsecret-12"),
                 }],
+                refuse_md5: false,
             },
             TargetAuth {
                 name: PER_INI.into(),
@@ -46,6 +47,7 @@ fn config() -> Arc<LoginConfig> {
         ],
         discovery_chap: None,
         discovery_mutual: None,
+        discovery_refuse_md5: false,
         limits: OperationalLimits::default(),
     })
 }

@@ -83,6 +83,7 @@ mod tests {
             mutual: None,
             allowed_initiators: acl.iter().map(|s| s.to_string()).collect(),
             chap_initiators: Vec::new(),
+            refuse_md5: false,
         }
     }
 

@@ -238,6 +238,7 @@ async fn register(
         chap_user: n.chap_user.clone(),
         chap_per_initiator: n.chap_per_initiator,
         chap_proven: n.chap_proven.clone(),
+        chap_md5: n.chap_algorithm == Some(iscsi_proto::chap::ChapAlgorithm::Md5.code()),
         tpgt: n.tpgt,
     };
     let (session, old) = ctx

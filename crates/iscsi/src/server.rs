@@ -228,17 +228,19 @@ impl Ctx {
         if session.discovery {
             return match &tables.login_cfg.discovery_chap {
                 None => true,
-                Some(asked) => proven == Some(asked),
+                Some(asked) => {
+                    proven == Some(asked)
+                        && !(session.origin.chap_md5 && tables.login_cfg.discovery_refuse_md5)
+                }
             };
         }
         let (Some(i), Some(nexus)) = (session.target, session.nexus.as_ref()) else {
             return true;
         };
-        tables
-            .login_cfg
-            .targets
-            .get(i)
-            .is_some_and(|auth| crate::copy_reach::admits(auth, &nexus.initiator_name, proven))
+        tables.login_cfg.targets.get(i).is_some_and(|auth| {
+            crate::copy_reach::admits(auth, &nexus.initiator_name, proven)
+                && !(session.origin.chap_md5 && auth.refuse_md5 && auth.chap_required())
+        })
     }
 }
 
@@ -264,10 +266,12 @@ fn login_config(targets: &[TargetSpec], discovery_auth: &Auth, l: &Limits) -> Lo
                         },
                     })
                     .collect(),
+                refuse_md5: t.auth.refuse_md5,
             })
             .collect(),
         discovery_chap: creds(&discovery_auth.chap),
         discovery_mutual: creds(&discovery_auth.mutual),
+        discovery_refuse_md5: discovery_auth.refuse_md5,
         limits: OperationalLimits {
             max_recv_data_segment_bytes: l.max_recv_data_segment_bytes.clamp(512, (1 << 24) - 1),
             max_burst_bytes: l.max_burst_bytes.clamp(512, (1 << 24) - 1),

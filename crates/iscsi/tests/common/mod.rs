@@ -105,6 +105,7 @@ pub async fn start_with_scsi(limits: Limits, open: Arc<scsi::ScsiTarget>) -> Fix
                 chap: Some(secret("alice", "alice-secret-12")),
                 mutual: Some(secret("target", "target-secret-12")),
                 per_initiator: vec![(BOB.into(), secret("bob", "bob-secret-1234"))],
+                refuse_md5: false,
             },
             allowed_initiators: vec![],
         },

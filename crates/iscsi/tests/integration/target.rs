@@ -361,6 +361,60 @@ async fn a_reload_closes_the_sessions_the_new_access_settings_refuse() {
     fx.shutdown().await;
 }
 
+/// A target told to refuse MD5 answers an offer of MD5 alone with an
+/// authentication failure and no challenge, still takes SHA-256, and a
+/// reload that turns MD5 away closes the sessions that proved with it (not
+/// those that proved with SHA-256). Before, MD5 could not be refused: a man in
+/// the middle could strip SHA-256 from the offer and record an MD5 exchange.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_target_that_refuses_md5_takes_only_sha256() {
+    let fx = start(Limits::default()).await;
+    let mut md5 = Client::connect_isid(fx.addrs[0], [0x80, 0, 0, 0, 10, 1]).await;
+    let (st, _) = md5
+        .login_chap_as(INI, SECURE, "5", "alice", "alice-secret-12", None)
+        .await;
+    assert_eq!(st, (0, 0));
+    let mut sha = Client::connect_isid(fx.addrs[0], [0x80, 0, 0, 0, 10, 2]).await;
+    let (st, _) = sha
+        .login_chap_as(INI, SECURE, "7,5", "alice", "alice-secret-12", None)
+        .await;
+    assert_eq!(st, (0, 0));
+
+    let mut specs = fx.reloader.targets();
+    specs[1].auth.refuse_md5 = true;
+    assert_eq!(fx.reloader.replace(specs, Auth::default()), Ok(1));
+    closes(&mut md5, "a session that proved with MD5").await;
+    assert!(sha.nop(b"sha-256").await.is_some());
+
+    // MD5 alone is refused at CHAP_A, before any challenge
+    let mut c = Client::connect_isid(fx.addrs[0], [0x80, 0, 0, 0, 10, 3]).await;
+    let (r, kv) = c
+        .login_step(
+            0,
+            0,
+            false,
+            &[
+                ("InitiatorName", INI),
+                ("TargetName", SECURE),
+                ("SessionType", "Normal"),
+                ("AuthMethod", "CHAP"),
+            ],
+        )
+        .await;
+    assert_eq!((r.status_class, r.status_detail), (0, 0));
+    assert_eq!(get(&kv, "AuthMethod"), Some("CHAP"));
+    let (r, kv) = c.login_step(0, 0, false, &[("CHAP_A", "5")]).await;
+    assert_eq!((r.status_class, r.status_detail), (2, 1));
+    assert!(get(&kv, "CHAP_C").is_none(), "an MD5 challenge was sent");
+    // SHA-256 still logs in
+    let mut again = Client::connect_isid(fx.addrs[0], [0x80, 0, 0, 0, 10, 4]).await;
+    let (st, _) = again
+        .login_chap_as(INI, SECURE, "5,7", "alice", "alice-secret-12", None)
+        .await;
+    assert_eq!(st, (0, 0));
+    fx.shutdown().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn malformed_pdus() {
     let fx = start(Limits::default()).await;
