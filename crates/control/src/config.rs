@@ -1185,7 +1185,24 @@ impl Config {
                     t.iqn
                 );
             }
+            for i in &t.allowed_initiators {
+                if !iscsi::is_iscsi_name(i) {
+                    bail!(
+                        "target {}: allowed_initiators: {i:?} is not an iSCSI name (iqn., eui. or naa., \
+                         at most 223 letters, digits, '-', '.', ':', '_')",
+                        t.iqn
+                    );
+                }
+            }
             for g in &t.host_groups {
+                if let Some(i) = g.initiators.iter().find(|i| !iscsi::is_iscsi_name(i)) {
+                    bail!(
+                        "target {}: host group {}: {i:?} is not an iSCSI name (iqn., eui. or naa., \
+                         at most 223 letters, digits, '-', '.', ':', '_')",
+                        t.iqn,
+                        g.name
+                    );
+                }
                 if g.name.is_empty()
                     || g.name.len() > 64
                     || !g
@@ -1210,8 +1227,7 @@ impl Config {
             }
             let mut names = std::collections::HashSet::new();
             for c in &t.chap_initiators {
-                if c.initiator.is_empty()
-                    || c.initiator.len() > 223
+                if !iscsi::is_iscsi_name(&c.initiator)
                     || !names.insert(c.initiator.to_ascii_lowercase())
                 {
                     bail!(

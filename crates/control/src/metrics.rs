@@ -107,15 +107,32 @@ fn write(
     Ok(())
 }
 
+/// A label value as the text formats write it: `\\`, `\"` and `\n` escaped
+/// (prometheus-client writes values as they are). Names of configured
+/// objects and of initiators are checked where they come in; this keeps a
+/// value that slipped through from closing its label and forging a sample.
+fn label_value(v: &str) -> String {
+    let mut out = String::with_capacity(v.len());
+    for c in v.chars() {
+        match c {
+            '\\' => out.push_str("\\\\"),
+            '"' => out.push_str("\\\""),
+            '\n' => out.push_str("\\n"),
+            c => out.push(c),
+        }
+    }
+    out
+}
+
 /// Labels from pairs.
 fn labels<const N: usize>(pairs: [(&'static str, &str); N]) -> Labels {
-    pairs.iter().map(|(k, v)| (*k, v.to_string())).collect()
+    pairs.iter().map(|(k, v)| (*k, label_value(v))).collect()
 }
 
 /// Appends `extra` to `base`.
 fn with(base: &Labels, extra: (&'static str, &str)) -> Labels {
     let mut l = base.clone();
-    l.push((extra.0, extra.1.to_string()));
+    l.push((extra.0, label_value(extra.1)));
     l
 }
 
@@ -201,6 +218,45 @@ fn render_openmetrics(node: &NodeControl) -> String {
 
 #[cfg(test)]
 mod tests {
+    use super::*;
+
+    /// One gauge family whose label value carries a quote, a backslash and
+    /// a newline.
+    #[derive(Debug)]
+    struct Hostile;
+
+    impl Collector for Hostile {
+        fn encode(&self, mut e: DescriptorEncoder) -> Result<(), Error> {
+            let v = "a\"} 1\nforged_metric 1\n# \\";
+            gauges(
+                &mut e,
+                "freesan_t",
+                "T.",
+                &[(labels([("initiator", v)]), 1.0)],
+            )
+        }
+    }
+
+    /// A label value cannot close its label and add a sample: the page has
+    /// one sample line and the value comes back escaped, in both formats.
+    /// (Before, the value went out as it was, and a line `forged_metric 1`
+    /// followed.)
+    #[test]
+    fn a_label_value_cannot_forge_a_sample() {
+        let mut reg = Registry::default();
+        reg.register_collector(Box::new(Hostile));
+        let mut open = String::new();
+        prometheus_client::encoding::text::encode(&mut open, &reg).unwrap();
+        for text in [open.clone(), to_prometheus_text(&open)] {
+            let samples: Vec<&str> = text.lines().filter(|l| !l.starts_with('#')).collect();
+            assert_eq!(samples.len(), 1, "{text}");
+            assert_eq!(
+                samples[0], "freesan_t{initiator=\"a\\\"} 1\\nforged_metric 1\\n# \\\\\"} 1.0",
+                "{text}"
+            );
+        }
+    }
+
     #[test]
     fn counters_get_their_total_name_in_the_prometheus_text_format() {
         let open =

@@ -209,6 +209,41 @@ fn identity_errors() {
     }
 }
 
+/// An InitiatorName that is not an iSCSI name is refused before anything
+/// else, on discovery too (no credentials needed there): a newline would
+/// forge log lines, a quote or brace a metric's label. Before, any UTF-8 up
+/// to 223 bytes got in.
+#[test]
+fn an_initiator_name_that_is_not_an_iscsi_name_is_refused() {
+    for bad in [
+        "iqn.a\nINFO forged: login complete",
+        "iqn.a\"} 1",
+        "iqn.a b",
+        "iqn.a\u{1b}[31m",
+        "host1",
+        "",
+    ] {
+        for kind in ["Normal", "Discovery"] {
+            let mut n = negotiator();
+            let kv = [
+                ("InitiatorName", bad),
+                ("TargetName", TGT),
+                ("SessionType", kind),
+            ];
+            let s = n.step(&req(0, 1, true), &encode_text(&kv));
+            assert_eq!(failed(&s), Some(status::INITIATOR_ERROR), "{bad:?} {kind}");
+        }
+    }
+    for good in [
+        "iqn.1991-05.com.microsoft:host.example.com",
+        "IQN.2026-01.ORG.TEST:HOST_1",
+        "eui.02004567a425678d",
+        "naa.52004567ba64678d",
+    ] {
+        assert!(is_iscsi_name(good), "{good}");
+    }
+}
+
 #[test]
 fn bad_bits_and_wrong_stages() {
     let hello = encode_text(&[("InitiatorName", INI), ("TargetName", TGT)]);

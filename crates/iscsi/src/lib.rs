@@ -34,6 +34,7 @@ mod writer;
 
 pub use auth_limit::AuthStats;
 pub use config::{Auth, ChapSecret, Limits, Portal, ServerConfig, TargetSpec};
+pub use iscsi_proto::login::is_iscsi_name;
 pub use server::{
     PortalChange, PortalError, Reloader, ReplaceError, Server, SessionInfo, Sessions,
 };

@@ -524,7 +524,7 @@ async fn handshake(
         || !(1..=2).contains(&node_id)
         || node_id != f.stream.peer.node_id()
     {
-        return Err(format!("unexpected partner: node {node_id}, volume {volume}").into());
+        return Err(format!("unexpected partner: node {node_id}, volume {volume:?}").into());
     }
     let here = inner.geo().block_count;
     if block_size_bytes == inner.geo().block_size_bytes

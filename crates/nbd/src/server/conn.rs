@@ -55,6 +55,18 @@ enum Stream {
 /// what the client negotiated (structured replies, metadata context).
 type Picked = (Stream, String, Arc<ExportState>, Session);
 
+/// A client's string as a log line may carry it: quoted and escaped (no
+/// newline or terminal escape gets through to forge a line), at most 255
+/// characters of it.
+fn shown(s: &str) -> String {
+    let head: String = s.chars().take(255).collect();
+    let mut out = format!("{head:?}");
+    if head.len() < s.len() {
+        out.push_str("...");
+    }
+    out
+}
+
 /// Serves one accepted TCP connection from greeting to close.
 pub(crate) async fn serve(ctx: Arc<Ctx>, sock: TcpStream, peer: SocketAddr) {
     if let Err(e) = sock.set_nodelay(true) {
@@ -235,7 +247,7 @@ async fn haggle<S: AsyncRead + AsyncWrite + Unpin>(
             Ok(Progress::StartTls) => return Ok(Step::StartTls),
             Ok(Progress::Transmission { export_index }) => return Ok(Step::Export(export_index)),
             Err(NegotiateError::UnknownExport(name)) => {
-                tracing::warn!(%peer, export = %name, "NBD client asked for an unknown export");
+                tracing::warn!(%peer, export = %shown(&name), "NBD client asked for an unknown export");
                 return Ok(Step::Close);
             }
             Err(e) => {
@@ -570,5 +582,18 @@ async fn run_inline(mut task: Work) {
 async fn run_executor(mut rx: mpsc::UnboundedReceiver<Work>) {
     while let Some(task) = rx.recv().await {
         run_inline(task).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    /// An unknown export's name is logged on one line, escaped and cut.
+    #[test]
+    fn a_client_string_cannot_forge_a_log_line() {
+        let s = super::shown("x\nWARN forged\r\u{1b}[31m");
+        assert!(!s.contains(['\n', '\r', '\u{1b}']), "{s}");
+        assert!(s.starts_with('"') && s.contains("forged"), "{s}");
+        let long = "a".repeat(4096);
+        assert_eq!(super::shown(&long).len(), 255 + 2 + 3);
     }
 }
