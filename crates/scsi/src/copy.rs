@@ -14,8 +14,9 @@
 //!
 //! Bounds: at most [`CSCD_MAX`] CSCD and [`SEGMENTS_MAX`] segment descriptors in
 //! [`DESC_LIST_MAX`] bytes, 65535 blocks a segment, [`CONCURRENT_MAX`] copies running
-//! per target (more wait), [`CHUNKS_IN_FLIGHT`] chunks of [`CHUNK_BYTES`] in memory per copy, and
-//! [`HELD_MAX`] held copy statuses per target (the oldest finished one goes first;
+//! per target and [`CONCURRENT_PER_INITIATOR_MAX`] per initiator (more wait),
+//! [`CHUNKS_IN_FLIGHT`] chunks of [`CHUNK_BYTES`] in memory per copy, and
+//! [`HELD_MAX`] held copy statuses per target (a finished one goes first: the requester's own, else the busiest port's;
 //! a copy waiting for its turn is held, in progress, so that its list identifier
 //! sent again meanwhile is OPERATION IN PROGRESS: more than [`HELD_MAX`] are held
 //! only while that many copy commands wait, which the sessions' command windows
@@ -50,6 +51,9 @@ pub(crate) const SEGMENTS_MAX: u16 = 16;
 pub(crate) const DESC_LIST_MAX: u32 = 1024;
 /// Copies running at once per target.
 pub(crate) const CONCURRENT_MAX: u16 = 8;
+/// Copies running at once per initiator on a target: one host's copies
+/// cannot hold every slot while the others' wait (and time out).
+pub(crate) const CONCURRENT_PER_INITIATOR_MAX: u16 = CONCURRENT_MAX / 2;
 /// Copy statuses held per target for RECEIVE COPY RESULTS.
 pub(crate) const HELD_MAX: usize = 64;
 /// Bytes read and written at a time.
@@ -125,17 +129,98 @@ struct Held {
 /// tokens.
 pub(crate) struct Copies {
     pub(crate) slots: tokio::sync::Semaphore,
+    /// Copies running (holding a slot or waiting for one) per initiator name.
+    running: Mutex<std::collections::HashMap<Arc<str>, u16>>,
+    /// Told when an initiator's copy ends (one of its others may start).
+    ended: tokio::sync::Notify,
     held: Mutex<VecDeque<Held>>,
     pub(crate) tokens: odx::Tokens,
 }
 
+/// A copy's place: its initiator's share, then one of the target's slots.
+pub(crate) struct Slot<'a> {
+    copies: &'a Copies,
+    initiator: Arc<str>,
+    _permit: tokio::sync::SemaphorePermit<'a>,
+}
+
+impl Drop for Slot<'_> {
+    fn drop(&mut self) {
+        self.copies.leave(&self.initiator);
+    }
+}
+
 impl Copies {
-    /// One of the target's copy slots, held while a copy runs.
-    pub(crate) async fn slot(&self) -> Result<tokio::sync::SemaphorePermit<'_>, Fail> {
-        self.slots
+    /// One of the target's copy slots, held while a copy runs; an initiator
+    /// with [`CONCURRENT_PER_INITIATOR_MAX`] copies running waits for one of
+    /// them to end first, so that it never holds the others' slots.
+    pub(crate) async fn slot(&self, nexus: &ItNexus) -> Result<Slot<'_>, Fail> {
+        let initiator = nexus.initiator_name.clone();
+        loop {
+            let ended = self.ended.notified();
+            tokio::pin!(ended);
+            ended.as_mut().enable();
+            {
+                let mut r = self.running.lock();
+                let n = r.entry(initiator.clone()).or_insert(0);
+                if *n < CONCURRENT_PER_INITIATOR_MAX {
+                    *n += 1;
+                    break;
+                }
+            }
+            ended.await;
+        }
+        // counted from here: given back if the wait below is dropped (an abort)
+        let share = Share {
+            copies: self,
+            initiator: Some(initiator),
+        };
+        let permit = self
+            .slots
             .acquire()
             .await
-            .map_err(|_| Fail::from(codes::INTERNAL_TARGET_FAILURE))
+            .map_err(|_| Fail::from(codes::INTERNAL_TARGET_FAILURE))?;
+        Ok(share.into_slot(permit))
+    }
+
+    fn leave(&self, initiator: &Arc<str>) {
+        let mut r = self.running.lock();
+        if let Some(n) = r.get_mut(initiator) {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                r.remove(initiator);
+            }
+        }
+        drop(r);
+        self.ended.notify_waiters();
+    }
+}
+
+/// An initiator's counted place before its slot is granted.
+struct Share<'a> {
+    copies: &'a Copies,
+    initiator: Option<Arc<str>>,
+}
+
+impl<'a> Share<'a> {
+    fn into_slot(mut self, permit: tokio::sync::SemaphorePermit<'a>) -> Slot<'a> {
+        let initiator = self
+            .initiator
+            .take()
+            .expect("a share is turned into a slot once");
+        Slot {
+            copies: self.copies,
+            initiator,
+            _permit: permit,
+        }
+    }
+}
+
+impl Drop for Share<'_> {
+    fn drop(&mut self) {
+        if let Some(i) = &self.initiator {
+            self.copies.leave(i);
+        }
     }
 }
 
@@ -150,6 +235,8 @@ impl Default for Copies {
     fn default() -> Self {
         Copies {
             slots: tokio::sync::Semaphore::new(CONCURRENT_MAX as usize),
+            running: Mutex::new(std::collections::HashMap::new()),
+            ended: tokio::sync::Notify::new(),
             held: Mutex::new(VecDeque::new()),
             tokens: odx::Tokens::default(),
         }
@@ -185,11 +272,26 @@ impl Copies {
             held.remove(i);
         }
         if held.len() >= HELD_MAX {
-            // The oldest finished one (none when every held copy runs or waits).
-            if let Some(i) = held
+            // A finished one (none when every held copy runs or waits): the
+            // requester's own oldest, else the oldest of the initiator port
+            // holding the most, else the oldest. One host issuing copies
+            // does not push the others' results out before they read them.
+            let count = |port: &str| held.iter().filter(|h| *h.initiator_port == *port).count();
+            let most = held
                 .iter()
-                .position(|h| h.status.state.load(Ordering::Acquire) != IN_PROGRESS)
-            {
+                .map(|h| count(&h.initiator_port))
+                .max()
+                .unwrap_or(0);
+            let victim = held
+                .iter()
+                .enumerate()
+                .filter(|(_, h)| h.status.state.load(Ordering::Acquire) != IN_PROGRESS)
+                .min_by_key(|(i, h)| {
+                    let own = *h.initiator_port == *nexus.initiator_port;
+                    (!own, count(&h.initiator_port) != most, *i)
+                })
+                .map(|(i, _)| i);
+            if let Some(i) = victim {
                 held.remove(i);
             }
         }
@@ -685,7 +787,7 @@ pub(crate) async fn extended_copy(
         status: status.as_deref(),
         ok: false,
     };
-    let _slot = copies.slot().await?;
+    let _slot = copies.slot(nexus).await?;
     let lu_of = |index: u16| -> Result<(Arc<LogicalUnit>, bool), Fail> {
         list.cscds
             .get(index as usize)

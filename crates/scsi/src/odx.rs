@@ -74,6 +74,10 @@ pub(crate) const TOKEN_BYTES_MAX: u64 = 256 << 20;
 pub(crate) const OPTIMAL_BYTES: u64 = 64 << 20;
 /// Live tokens per target.
 pub(crate) const TOKENS_MAX: usize = 128;
+/// Live ROD tokens one initiator may hold of a target's [`TOKENS_MAX`]: one
+/// host copying cannot take every token and send the others' copies through
+/// their hosts.
+pub(crate) const TOKENS_PER_INITIATOR_MAX: usize = TOKENS_MAX / 2;
 /// Ended tokens remembered per target (to tell expired, deleted and revoked apart).
 const ENDED_MAX: usize = 256;
 /// Inactivity timeout when POPULATE TOKEN gives 0, in seconds.
@@ -312,6 +316,8 @@ struct Entry {
     /// A WRITE USING TOKEN completed with it: it may be reclaimed for a new
     /// token when the registry is full (see [`Tokens::create`]).
     written: bool,
+    /// The initiator that made it (POPULATE TOKEN), for its share.
+    owner: Arc<str>,
 }
 
 impl Entry {
@@ -426,10 +432,11 @@ impl Tokens {
         }
     }
 
-    /// Makes a token for `ranges` of `lu`.
+    /// Makes a token for `ranges` of `lu`, for initiator `owner`.
     fn create(
         &self,
         lu: &Arc<LogicalUnit>,
+        owner: &Arc<str>,
         ranges: Vec<Range>,
         inactivity: Duration,
     ) -> Result<Box<[u8; TOKEN_LEN]>, Sense> {
@@ -442,22 +449,34 @@ impl Tokens {
         let now = self.now();
         let mut reg = self.reg.lock();
         reg.end_where(Ended::Expired, |e| e.expired(now));
-        if reg.live.len() >= TOKENS_MAX {
-            // Full: the least recently used token that has already been
-            // written with makes room (TOKEN CANCELLED if presented again).
-            // Windows copies a large file as one token per 64 MiB and need
-            // not delete them, so with its 60 s default a copy faster than
-            // about 140 MB/s would otherwise run out of tokens and fall back
-            // to moving every byte through the host. A token not yet written
-            // with is never reclaimed: its initiator is about to use it.
-            let oldest_written = reg
+        let held_by =
+            |reg: &Registry, who: &str| reg.live.iter().filter(|e| *e.owner == *who).count();
+        // Full (the initiator's share, or the target's registry): the least
+        // recently used token that has already been written with makes room
+        // (TOKEN CANCELLED if presented again). Windows copies a large file
+        // as one token per 64 MiB and need not delete them, so with its 60 s
+        // default a copy faster than about 140 MB/s would otherwise run out
+        // of tokens and fall back to moving every byte through the host. A
+        // token not yet written with is never reclaimed: its initiator is
+        // about to use it. At its share an initiator reclaims only its own;
+        // with the registry full, the token comes from the initiator that
+        // holds the most if it has one written with, else from any.
+        let own_share_full = held_by(&reg, owner) >= TOKENS_PER_INITIATOR_MAX;
+        if own_share_full || reg.live.len() >= TOKENS_MAX {
+            let biggest = reg
+                .live
+                .iter()
+                .map(|e| held_by(&reg, &e.owner))
+                .max()
+                .unwrap_or(0);
+            let victim = reg
                 .live
                 .iter()
                 .enumerate()
-                .filter(|(_, e)| e.written)
-                .min_by_key(|(_, e)| e.last_use)
+                .filter(|(_, e)| e.written && (!own_share_full || *e.owner == **owner))
+                .min_by_key(|(_, e)| (held_by(&reg, &e.owner) != biggest, e.last_use))
                 .map(|(i, _)| i);
-            match oldest_written {
+            match victim {
                 Some(i) => reg.end(i, Ended::Cancelled),
                 None => return Err(codes::INSUFFICIENT_RESOURCES_FOR_ROD_TOKEN),
             }
@@ -477,6 +496,7 @@ impl Tokens {
             created: now,
             last_use: now,
             written: false,
+            owner: owner.clone(),
         });
         Ok(token)
     }
@@ -600,9 +620,12 @@ pub(crate) async fn populate_token(
         let arc = arc_of(lu, lus).ok_or(codes::COPY_TARGET_NOT_REACHABLE)?;
         let blocks = total_blocks(&list.ranges);
         let ranges = list.ranges.into_iter().filter(|r| r.blocks != 0).collect();
-        let token = copies
-            .tokens
-            .create(&arc, ranges, Duration::from_secs(inactivity.into()))?;
+        let token = copies.tokens.create(
+            &arc,
+            &nexus.initiator_name,
+            ranges,
+            Duration::from_secs(inactivity.into()),
+        )?;
         let bs = u64::from(lu.geometry().block_size_bytes);
         status.bytes.store(blocks * bs, Ordering::Relaxed);
         status.detail.lock().token = Some(token);
@@ -639,7 +662,7 @@ pub(crate) async fn write_using_token(
         status: Some(&status),
         ok: false,
     };
-    let _slot = copies.slot().await?;
+    let _slot = copies.slot(nexus).await?;
     let r = write_token_data(copies, dst, lus, nexus, &list, &status).await;
     record(&status, &r);
     finish.ok = r.is_ok();

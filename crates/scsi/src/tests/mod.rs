@@ -93,6 +93,21 @@ async fn ready(t: &ScsiTarget, isid: &str, port: u16) -> ItNexus {
     n
 }
 
+/// [`ready`] for initiator `name` (ISID 1, port 1), with the POWER ON unit
+/// attention of LUNs 0 and 1 consumed.
+async fn ready_as(t: &ScsiTarget, name: &str) -> ItNexus {
+    let n = ItNexus {
+        initiator_name: Arc::from(name),
+        initiator_port: Arc::from(format!("{name},i,0x1").as_str()),
+        relative_port_id: 1,
+        chap_user: None,
+    };
+    for lun in [0, 1] {
+        let _ = t.execute(&n, cmd(lun, &[0; 6], &[])).await;
+    }
+    n
+}
+
 /// (key, asc, ascq) of a CHECK CONDITION, fixed or descriptor format.
 fn sense_of(r: &Response) -> (u8, u8, u8) {
     assert_eq!(
@@ -1230,11 +1245,14 @@ async fn a_list_id_waiting_for_a_copy_slot_is_in_progress() {
     let cfg1 = add_second_lun(&t);
     let t = Arc::new(t);
     let n = ready(&t, "1", 1).await;
+    let m = ready_as(&t, "iqn.second").await;
     let naa0 = lun_config().naa;
     // every slot taken by a copy onto LUN 0, each stopped at its first write
+    // (half of them by each initiator: one holds at most half)
     let running: Vec<_> = (0..crate::copy::CONCURRENT_MAX)
         .map(|i| {
-            let (t, n) = (t.clone(), n.clone());
+            let who = if i % 2 == 0 { &n } else { &m };
+            let (t, n) = (t.clone(), who.clone());
             let p = xcopy_params(
                 i as u8,
                 0,
@@ -1258,6 +1276,60 @@ async fn a_list_id_waiting_for_a_copy_slot_is_in_progress() {
     let mut again = Box::pin(t.execute(&n, cmd(0, &xcopy_cdb(p.len()), &p)));
     let r = block::poll_now(&mut again).expect("answered without waiting for a slot");
     assert_eq!(sense_of(&r), (ILLEGAL, 0x00, 0x16));
+    held.writes.open();
+    for r in running {
+        assert_eq!(r.await.unwrap().status, status::GOOD);
+    }
+    assert_eq!(waiting.await.status, status::GOOD);
+}
+
+/// One initiator runs at most half of a target's copies at once: with its
+/// share running, its next copy waits while another initiator's starts at
+/// once. (Before, one host's copies could hold every slot, and the others'
+/// waited behind them until their hosts gave up and copied through
+/// themselves.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_initiator_runs_at_most_half_the_copies() {
+    let held = Arc::new(block::HoldVolume::new(Arc::new(MemVolume::new(
+        BS as u32, BLOCKS,
+    ))));
+    held.writes.hold();
+    let t = target_with(held.clone());
+    let cfg1 = add_second_lun(&t);
+    let t = Arc::new(t);
+    let n = ready(&t, "1", 1).await;
+    let m = ready_as(&t, "iqn.second").await;
+    let naa0 = lun_config().naa;
+    let share = crate::copy::CONCURRENT_PER_INITIATOR_MAX;
+    assert!(share < crate::copy::CONCURRENT_MAX);
+    let copy = |who: &ItNexus, list: u8, at: u64| {
+        let (t, who) = (t.clone(), who.clone());
+        let p = xcopy_params(list, 0, &[cfg1.naa, naa0], &[(0, 1, 8, 0, at)]);
+        tokio::spawn(async move { t.execute(&who, cmd(0, &xcopy_cdb(p.len()), &p)).await })
+    };
+    let mut running: Vec<_> = (0..share)
+        .map(|i| copy(&n, i as u8, u64::from(i) * 8))
+        .collect();
+    held.writes.arrivals(usize::from(share)).await;
+    // n's next waits for its share, though the target has free slots
+    let p = xcopy_params(50, 0, &[cfg1.naa, naa0], &[(0, 1, 8, 0, 400)]);
+    let mut waiting = Box::pin(t.execute(&n, cmd(0, &xcopy_cdb(p.len()), &p)));
+    assert!(
+        block::poll_now(&mut waiting).is_none(),
+        "n's extra copy waits"
+    );
+    // m's copy starts at once: it reaches its first write
+    running.push(copy(&m, 60, 600));
+    tokio::time::timeout(
+        std::time::Duration::from_secs(10),
+        held.writes.arrivals(usize::from(share) + 1),
+    )
+    .await
+    .expect("another initiator's copy waited behind the first one's share");
+    assert!(
+        block::poll_now(&mut waiting).is_none(),
+        "n's extra copy still waits"
+    );
     held.writes.open();
     for r in running {
         assert_eq!(r.await.unwrap().status, status::GOOD);
@@ -1935,18 +2007,27 @@ async fn odx_bounds_are_enforced_and_advertised() {
         .execute(&n, cmd(2, &token_cdb(0x10, 1, p.len()), &p))
         .await;
     assert_eq!(sense_of(&r), (ILLEGAL, 0x26, 0));
-    // Live tokens per target: the 129th is refused until some expire (the one
-    // above, with the default 60 s timeout, does not).
-    while t.copies().tokens.live() < 128 {
-        let p = populate_params(5, None, &[(0, 1)]);
-        assert_eq!(
-            run(&t, &n, &token_cdb(0x10, 2, p.len()), &p).await.status,
-            0
-        );
-    }
+    // Live tokens: 64 an initiator, 128 a target; the next is refused until
+    // some expire (the one above, with the default 60 s timeout, does not).
+    let other = ready_as(&t, "iqn.other").await;
+    let third = ready_as(&t, "iqn.third").await;
     let p = populate_params(5, None, &[(0, 1)]);
-    let r = run(&t, &n, &token_cdb(0x10, 2, p.len()), &p).await;
-    assert_eq!(sense_of(&r), (ILLEGAL, 0x55, 0x0d));
+    for (who, upto) in [(&n, 64), (&other, 128)] {
+        while t.copies().tokens.live() < upto {
+            assert_eq!(
+                run(&t, who, &token_cdb(0x10, 2, p.len()), &p).await.status,
+                0
+            );
+        }
+        let r = run(&t, who, &token_cdb(0x10, 2, p.len()), &p).await;
+        assert_eq!(sense_of(&r), (ILLEGAL, 0x55, 0x0d), "past its share");
+    }
+    let r = run(&t, &third, &token_cdb(0x10, 2, p.len()), &p).await;
+    assert_eq!(
+        sense_of(&r),
+        (ILLEGAL, 0x55, 0x0d),
+        "the target's are all live"
+    );
     clock.advance(std::time::Duration::from_secs(6));
     assert_eq!(
         run(&t, &n, &token_cdb(0x10, 2, p.len()), &p).await.status,
@@ -2000,8 +2081,9 @@ async fn odx_bounds_are_enforced_and_advertised() {
     }
 }
 
-/// A full registry reclaims the least recently written-with token for a new
-/// one (TOKEN CANCELLED when it comes back), never one not yet written with.
+/// An initiator at its share of the registry reclaims its own least recently
+/// written-with token for a new one (TOKEN CANCELLED when it comes back),
+/// never one not yet written with.
 #[tokio::test]
 async fn odx_a_full_registry_reclaims_a_token_already_written_with() {
     let (t, n) = odx_target().await;
@@ -2010,14 +2092,14 @@ async fn odx_a_full_registry_reclaims_a_token_already_written_with() {
     stamp(&t, &n, 0, 0..8).await;
     let first = populate(&t, &n, 0, 1, 0, &[(0, 8)]).await;
     let second = populate(&t, &n, 0, 2, 0, &[(0, 8)]).await;
-    while t.copies().tokens.live() < 128 {
+    while t.copies().tokens.live() < crate::odx::TOKENS_PER_INITIATOR_MAX {
         let p = populate_params(0, None, &[(0, 1)]);
         assert_eq!(
             run(&t, &n, &token_cdb(0x10, 3, p.len()), &p).await.status,
             0
         );
     }
-    // none written with yet: the 129th is refused
+    // none written with yet: the next is refused
     let p = populate_params(0, None, &[(0, 1)]);
     let r = run(&t, &n, &token_cdb(0x10, 3, p.len()), &p).await;
     assert_eq!(sense_of(&r), (ILLEGAL, 0x55, 0x0d));
@@ -2029,7 +2111,10 @@ async fn odx_a_full_registry_reclaims_a_token_already_written_with() {
     assert_eq!(w.status, 0, "{w:?}");
     let r = run(&t, &n, &token_cdb(0x10, 3, p.len()), &p).await;
     assert_eq!(r.status, 0, "{r:?}");
-    assert_eq!(t.copies().tokens.live(), 128);
+    assert_eq!(
+        t.copies().tokens.live(),
+        crate::odx::TOKENS_PER_INITIATOR_MAX
+    );
     let r = write_using(&t, &n, 1, 4, 0, &first, &[(300, 8)]).await;
     assert_eq!(sense_of(&r), (ILLEGAL, 0x23, 0x08), "the reclaimed token");
     let r = write_using(&t, &n, 1, 4, 0, &second, &[(300, 8)]).await;
@@ -2038,6 +2123,91 @@ async fn odx_a_full_registry_reclaims_a_token_already_written_with() {
     assert_eq!(
         stamps(&t, &n, 1, 300, 8).await,
         (0..8).collect::<Vec<u32>>()
+    );
+}
+
+/// One initiator cannot take every ROD token of a target: at its share
+/// (half) it is refused while others still get theirs, and it never cancels
+/// another's token. With the registry full, the token a newcomer gets is
+/// reclaimed from the initiator holding the most, even when another's is
+/// older. (Before, one host could fill the registry and cancel the others'.)
+#[tokio::test]
+async fn odx_one_initiator_cannot_take_every_token() {
+    use crate::odx::{TOKENS_MAX, TOKENS_PER_INITIATOR_MAX};
+    let (t, n) = odx_target().await;
+    let clock = Arc::new(crate::odx::ManualClock::default());
+    t.copies().tokens.set_clock(clock.clone());
+    let (b, c, d) = (
+        ready_as(&t, "iqn.b").await,
+        ready_as(&t, "iqn.c").await,
+        ready_as(&t, "iqn.d").await,
+    );
+    stamp(&t, &n, 0, 0..8).await;
+    // b's token, written with first (the oldest use of all)
+    let theirs = populate(&t, &b, 0, 1, 0, &[(0, 8)]).await;
+    assert_eq!(
+        write_using(&t, &b, 1, 2, 0, &theirs, &[(100, 8)])
+            .await
+            .status,
+        0
+    );
+    clock.advance(std::time::Duration::from_secs(1));
+    // n: its share, one of them written with (later)
+    let mine = populate(&t, &n, 0, 1, 0, &[(0, 8)]).await;
+    assert_eq!(
+        write_using(&t, &n, 1, 2, 0, &mine, &[(200, 8)])
+            .await
+            .status,
+        0
+    );
+    let p = populate_params(0, None, &[(0, 1)]);
+    while t.copies().tokens.live() < 1 + TOKENS_PER_INITIATOR_MAX {
+        assert_eq!(
+            run(&t, &n, &token_cdb(0x10, 3, p.len()), &p).await.status,
+            0
+        );
+    }
+    // n at its share reclaims its own written one, not b's older one
+    assert_eq!(
+        run(&t, &n, &token_cdb(0x10, 3, p.len()), &p).await.status,
+        0
+    );
+    let r = write_using(&t, &n, 1, 4, 0, &mine, &[(300, 8)]).await;
+    assert_eq!(sense_of(&r), (ILLEGAL, 0x23, 0x08), "n's own token went");
+    assert_eq!(
+        write_using(&t, &b, 1, 4, 0, &theirs, &[(300, 8)])
+            .await
+            .status,
+        0
+    );
+    // and with nothing of its own written with, n is refused
+    let r = run(&t, &n, &token_cdb(0x10, 3, p.len()), &p).await;
+    assert_eq!(sense_of(&r), (ILLEGAL, 0x55, 0x0d));
+    // b and c fill the registry: n holds the most (64, none written),
+    // b 63 (one written, the oldest), c 1
+    let mine = populate(&t, &c, 0, 5, 0, &[(0, 8)]).await;
+    while t.copies().tokens.live() < TOKENS_MAX {
+        assert_eq!(
+            run(&t, &b, &token_cdb(0x10, 3, p.len()), &p).await.status,
+            0
+        );
+    }
+    // d gets one: n has none to give, so b's written one goes
+    assert_eq!(
+        run(&t, &d, &token_cdb(0x10, 3, p.len()), &p).await.status,
+        0
+    );
+    let r = write_using(&t, &b, 1, 6, 0, &theirs, &[(400, 8)]).await;
+    assert_eq!(
+        sense_of(&r),
+        (ILLEGAL, 0x23, 0x08),
+        "b's written token went"
+    );
+    assert_eq!(
+        write_using(&t, &c, 1, 6, 0, &mine, &[(500, 8)])
+            .await
+            .status,
+        0
     );
 }
 
