@@ -243,6 +243,9 @@ fn find_token(a: &crate::poolcmd::ApiArg) -> Option<String> {
     if let Some(t) = a.token.as_deref().filter(|t| !t.is_empty()) {
         return Some(t.to_string());
     }
+    if let Some(f) = &a.token_file {
+        return read_token_file(f);
+    }
     if let Ok(t) = std::env::var("FREESAN_API_TOKEN") {
         if !t.trim().is_empty() {
             return Some(t.trim().to_string());
@@ -257,7 +260,7 @@ fn find_token(a: &crate::poolcmd::ApiArg) -> Option<String> {
 pub(crate) fn unauthorized_hint() -> Result<()> {
     if token_to_send().is_none() {
         bail!(
-            "the node asks for a token and none was found: pass --token, set \
+            "the node asks for a token and none was found: pass --token-file, set \
              FREESAN_API_TOKEN, or --data-dir of the node (its api/cli-token is read)"
         );
     }

@@ -19,10 +19,14 @@ pub struct ApiArg {
         global = true
     )]
     pub api: SocketAddr,
-    /// The API token (else $FREESAN_API_TOKEN, else the node's
-    /// DATA_DIR/api/cli-token).
+    /// The API token (else --token-file, $FREESAN_API_TOKEN, the node's
+    /// DATA_DIR/api/cli-token). Other users of the host see a command line
+    /// (`ps`): prefer --token-file or the environment.
     #[arg(long, value_name = "TOKEN", global = true)]
     pub token: Option<String>,
+    /// A file holding the API token (its first line), which no command line shows.
+    #[arg(long = "token-file", value_name = "FILE", global = true)]
+    pub token_file: Option<std::path::PathBuf>,
     /// The node's data directory, whose api/cli-token is sent (default: that of
     /// the node serving --api on this host, else ./freesan-data).
     #[arg(long = "data-dir", value_name = "DIR", global = true)]

@@ -229,6 +229,34 @@ fn the_api_refuses_callers_without_the_right_token_origin_or_host() {
         "list",
     ]);
     assert!(!ok && out.contains("--token"), "{out}");
+    // --token-file (a token no command line shows) is honoured; it is the
+    // token sent, so a read-only one is refused a change
+    let token_file = dir.path().join("ro.token");
+    std::fs::write(&token_file, format!("{ro}\n")).unwrap();
+    let tf = token_file.to_str().unwrap();
+    let (ok, out) = freesan(&[
+        "disk",
+        "--api",
+        &api,
+        "--data-dir",
+        empty.to_str().unwrap(),
+        "--token-file",
+        tf,
+        "list",
+    ]);
+    assert!(ok, "{out}");
+    let (ok, out) = freesan(&[
+        "disk",
+        "--api",
+        &api,
+        "--token-file",
+        tf,
+        "create",
+        "x",
+        "--size",
+        "1M",
+    ]);
+    assert!(!ok && out.contains("403"), "{out}");
     // FREESAN_API_TOKEN and --data-dir are honoured
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_freesan"))
         .args(["disk", "--api", &api, "list", "--json"])
@@ -266,8 +294,8 @@ fn the_api_refuses_callers_without_the_right_token_origin_or_host() {
             .filter(|e| e["who"] == "auditor" && e["status"] == 403)
             .count(),
         // each attack once with the read-only token, each described change
-        // once, and its CLI attempt
-        attacks.len() + posts.len() + 1,
+        // once, and its two CLI attempts (--token, --token-file)
+        attacks.len() + posts.len() + 2,
         "{out}"
     );
     let mode = std::fs::metadata(data.join("audit.log"))
