@@ -154,13 +154,25 @@ pub struct BenchRequest {
     pub overwrite: bool,
 }
 
-/// A change of who may log in to a target.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// A change of who may log in to a target (Debug without the secret).
+#[derive(Clone, PartialEq, Eq)]
 pub enum TargetAccess {
     /// CHAP (user, secret); None: CHAP off.
     Chap(Option<(String, String)>),
     /// The initiators that may log in; empty: any.
     Acl(Vec<String>),
+}
+
+impl std::fmt::Debug for TargetAccess {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            TargetAccess::Chap(c) => f
+                .debug_tuple("Chap")
+                .field(&c.as_ref().map(|(user, _)| (user, "***")))
+                .finish(),
+            TargetAccess::Acl(a) => f.debug_tuple("Acl").field(a).finish(),
+        }
+    }
 }
 
 /// Why the control plane refused a request.

@@ -143,7 +143,10 @@ pub(crate) fn prepare_tls(
         return Ok(None);
     }
     let (cert, key) = match (&a.cert, &a.key) {
-        (Some(c), Some(k)) => (c.clone(), k.clone()),
+        (Some(c), Some(k)) => {
+            crate::secrets::check_private(k, "[api] key")?;
+            (c.clone(), k.clone())
+        }
         _ => {
             let mut names = a.hosts.clone();
             for ip in std::iter::once(a.address.ip()).chain(a.console.map(|c| c.ip())) {

@@ -87,8 +87,9 @@ pub struct AlertsConfig {
     pub log_events_max: Option<usize>,
 }
 
-/// `[alerts.smtp]`: the mail server events are sent through.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+/// `[alerts.smtp]`: the mail server events are sent through (Debug without
+/// the password).
+#[derive(Clone, Serialize, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct SmtpConfig {
     /// `host:port` of the SMTP server.
@@ -107,6 +108,22 @@ pub struct SmtpConfig {
     /// Password for `username`.
     #[serde(default)]
     pub password: Option<String>,
+}
+
+impl std::fmt::Debug for SmtpConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SmtpConfig")
+            .field("server", &self.server)
+            .field("from", &self.from)
+            .field("to", &self.to)
+            .field("starttls", &self.starttls)
+            .field("username", &self.username)
+            .field(
+                "password",
+                &self.password.as_ref().map(|_| crate::secrets::MASK),
+            )
+            .finish()
+    }
 }
 
 /// The HA pair this node belongs to.
@@ -576,7 +593,9 @@ pub struct PortalConfig {
 }
 
 /// CHAP credentials (user name and secret, 12 to 16 characters recommended by RFC 7143).
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+/// Debug shows the name, never the secret (a configuration printed in a log
+/// line or an error would carry it).
+#[derive(Clone, Serialize, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct Chap {
     /// CHAP name.
@@ -585,8 +604,17 @@ pub struct Chap {
     pub secret: String,
 }
 
-/// The CHAP credentials of one initiator on one target.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+impl std::fmt::Debug for Chap {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Chap")
+            .field("user", &self.user)
+            .field("secret", &crate::secrets::MASK)
+            .finish()
+    }
+}
+
+/// The CHAP credentials of one initiator on one target (Debug without the secret).
+#[derive(Clone, Serialize, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct ChapInitiator {
     /// The InitiatorName these credentials belong to.
@@ -595,6 +623,16 @@ pub struct ChapInitiator {
     pub user: String,
     /// CHAP secret (12 to 255 characters).
     pub secret: String,
+}
+
+impl std::fmt::Debug for ChapInitiator {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ChapInitiator")
+            .field("initiator", &self.initiator)
+            .field("user", &self.user)
+            .field("secret", &crate::secrets::MASK)
+            .finish()
+    }
 }
 
 /// One iSCSI target.
@@ -1008,8 +1046,31 @@ impl Config {
         }
     }
 
-    /// Reads and validates a TOML file; relative paths become relative to its folder.
+    /// Whether the file itself holds secrets: CHAP of any kind, the SMTP password.
+    pub fn holds_secrets(&self) -> bool {
+        self.discovery_chap.is_some()
+            || self.targets.iter().any(|t| {
+                t.chap.is_some() || t.mutual_chap.is_some() || !t.chap_initiators.is_empty()
+            })
+            || self
+                .alerts
+                .smtp
+                .as_ref()
+                .is_some_and(|m| m.password.is_some())
+    }
+
+    /// Reads and validates a TOML file; relative paths become relative to its
+    /// folder. A file that holds secrets must be private to its owner.
     pub fn load(path: &Path) -> Result<Config> {
+        let cfg = Config::parse_file(path)?;
+        if cfg.holds_secrets() {
+            crate::secrets::check_private(path, "the configuration")?;
+        }
+        Ok(cfg)
+    }
+
+    /// Reads a TOML file, relative paths made relative to its folder.
+    fn parse_file(path: &Path) -> Result<Config> {
         let text = std::fs::read_to_string(path)
             .with_context(|| format!("reading config {}", path.display()))?;
         let mut cfg: Config = toml::from_str(&text).map_err(|e| {
@@ -1970,13 +2031,37 @@ iqn = "iqn.2026-11.org.freesan:t1"
         for e in std::fs::read_dir(&dir).unwrap() {
             let p = e.unwrap().path();
             if p.extension().is_some_and(|x| x == "toml") {
-                let c = Config::load(&p).unwrap_or_else(|e| panic!("{}: {e:#}", p.display()));
+                // as checked out (0644: the mode check is the next test's)
+                let c = Config::parse_file(&p).unwrap_or_else(|e| panic!("{}: {e:#}", p.display()));
                 c.validate()
                     .unwrap_or_else(|e| panic!("{}: {e:#}", p.display()));
                 n += 1;
             }
         }
         assert!(n > 0, "no example configs found in {}", dir.display());
+    }
+
+    /// A configuration that holds secrets (CHAP, the SMTP password) is
+    /// refused while other users may read it; one without secrets is not.
+    /// Before, a copied example with its CHAP secrets served at 0644.
+    #[test]
+    fn a_configuration_with_secrets_must_be_private() {
+        use std::os::unix::fs::PermissionsExt;
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path().join("node.toml");
+        let head = "data_dir = \"/d\"\n[[portal]]\naddress = \"127.0.0.1:3260\"\n[[target]]\niqn = \"iqn.2026-11.org.freesan:t\"\n";
+        std::fs::write(&p, head).unwrap();
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o644)).unwrap();
+        Config::load(&p).expect("no secret in it: any mode");
+        std::fs::write(
+            &p,
+            format!("{head}chap = {{ user = \"a\", secret = \"secret-of-a-1\" }}\n"),
+        )
+        .unwrap();
+        let e = format!("{:#}", Config::load(&p).unwrap_err());
+        assert!(e.contains("chmod 600"), "{e}");
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o600)).unwrap();
+        Config::load(&p).expect("private: loaded");
     }
 
     #[test]
@@ -2089,5 +2174,26 @@ size = "1G"
         assert!(l.buffer_memory_bytes().is_err());
         l.buffer_memory_max = Some("100K".into());
         assert!(l.buffer_memory_bytes().is_err(), "below 1M");
+    }
+
+    /// A configuration printed with Debug (a log line, an error context)
+    /// carries no secret: CHAP of every kind and the SMTP password are masked.
+    #[test]
+    fn debug_output_carries_no_secret() {
+        let c: Config = toml::from_str(
+            "data_dir = \"/d\"\nportal = []\ndiscovery_chap = { user = \"d\", secret = \"SECRET-DISCOVERY\" }\n\
+             [alerts.smtp]\nserver = \"mail:25\"\nfrom = \"a@b\"\nto = [\"c@d\"]\nusername = \"u\"\npassword = \"SECRET-SMTP\"\n\
+             [[target]]\niqn = \"iqn.2026-12.org.example:t\"\n\
+             chap = { user = \"alice\", secret = \"SECRET-TARGET\" }\n\
+             mutual_chap = { user = \"t\", secret = \"SECRET-MUTUAL\" }\n\
+             [[target.chap_initiator]]\ninitiator = \"iqn.2026-12.org.example:i\"\nuser = \"bob\"\nsecret = \"SECRET-BOB\"\n",
+        )
+        .unwrap();
+        let shown = format!(
+            "{c:?} {:?}",
+            api::TargetAccess::Chap(Some(("u".into(), "SECRET-API".into())))
+        );
+        assert!(!shown.contains("SECRET"), "{shown}");
+        assert!(shown.contains("alice") && shown.contains("bob"), "{shown}");
     }
 }

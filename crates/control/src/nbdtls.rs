@@ -46,7 +46,10 @@ pub(crate) fn prepare(n: &NbdConfig, data_dir: &Path) -> Result<Option<nbd::Serv
         return prepare_psk(file).map(Some);
     }
     let (cert, key, generated_ca) = match (&n.tls_cert, &n.tls_key) {
-        (Some(c), Some(k)) => (c.clone(), k.clone(), None),
+        (Some(c), Some(k)) => {
+            crate::secrets::check_private(k, "[nbd] tls_key")?;
+            (c.clone(), k.clone(), None)
+        }
         _ => {
             let mut names = Vec::new();
             if !n.address.ip().is_unspecified() {

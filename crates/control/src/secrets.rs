@@ -34,6 +34,26 @@ pub fn masked_toml<T: serde::Serialize>(value: &T) -> Result<String> {
     Ok(toml::to_string_pretty(&v)?)
 }
 
+/// Refuses a file holding secrets (`what` names it) that users other than
+/// its owner may read or write (mode bits for group or others), as the
+/// NBD PSK file and the cluster key are refused.
+pub fn check_private(path: &std::path::Path, what: &str) -> anyhow::Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    let mode = std::fs::metadata(path)
+        .map_err(|e| anyhow::anyhow!("{what} {}: {e}", path.display()))?
+        .permissions()
+        .mode();
+    if mode & 0o077 != 0 {
+        anyhow::bail!(
+            "{what} {} holds secrets and other users may read it (mode {:o}): chmod 600 {}",
+            path.display(),
+            mode & 0o777,
+            path.display()
+        );
+    }
+    Ok(())
+}
+
 /// A URL as logs and `config show` print it: scheme and host only. Webhook
 /// URLs often carry their credential in the path (Slack-style) or as a user.
 pub fn url_shown(url: &str) -> String {

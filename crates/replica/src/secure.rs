@@ -291,7 +291,14 @@ impl ClusterKeys {
 
     /// Parses a key file's text.
     pub fn from_file_text(text: &str) -> Result<ClusterKeys, SecureError> {
-        let f: KeyFile = toml::from_str(text).map_err(|e| SecureError::Key(e.to_string()))?;
+        // toml's own message quotes the line it stopped at: a secret's
+        let f: KeyFile = toml::from_str(text).map_err(|e| {
+            let line = e
+                .span()
+                .and_then(|s| text.get(..s.start))
+                .map_or(0, |before| before.matches('\n').count() + 1);
+            SecureError::Key(format!("the key file does not parse (line {line})"))
+        })?;
         let keys = ClusterKeys {
             cluster: f.cluster,
             me: f.member,
@@ -825,6 +832,13 @@ mod tests {
         let dbg = format!("{:?}", keys[1]);
         assert!(!dbg.contains(&hex::encode(keys[1].psk)), "{dbg}");
         assert!(!dbg.contains(&hex::encode(keys[1].private)), "{dbg}");
+        // a damaged file's error names the line, never the text on it (toml's
+        // own message quoted the line, the secret with it)
+        let secret = hex::encode(keys[1].psk);
+        let cut = &text[..text.find(&secret).unwrap() + secret.len()];
+        let err = ClusterKeys::from_file_text(cut).unwrap_err().to_string();
+        assert!(err.contains("line"), "{err}");
+        assert!(!err.contains(&secret[..16]), "{err}");
     }
 
     #[test]

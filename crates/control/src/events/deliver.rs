@@ -89,6 +89,7 @@ fn split_server(s: &str) -> Result<(String, u16)> {
 /// The webhook secret in `path`: its content without surrounding white
 /// space, at least [`SECRET_MIN_BYTES`] long.
 pub fn read_secret(path: &Path) -> Result<Vec<u8>> {
+    crate::secrets::check_private(path, "[alerts] webhook_secret_file")?;
     let text = std::fs::read(path)
         .with_context(|| format!("[alerts] webhook_secret_file {}", path.display()))?;
     let secret = text.trim_ascii().to_vec();
@@ -186,6 +187,15 @@ impl Dest {
     }
 }
 
+/// A destination's name as the logs show it: a webhook by its scheme and
+/// host only.
+fn shown_destination(name: &str) -> String {
+    match name.strip_prefix("webhook ") {
+        Some(u) => format!("webhook {}", crate::secrets::url_shown(u)),
+        None => name.to_string(),
+    }
+}
+
 /// What a destination whose cursor is at `done` has yet to get from `log`:
 /// the events after it at or above `min`, oldest first, at most
 /// [`QUEUE_EVENTS`] (the rest are logged as left in the event log only).
@@ -223,15 +233,13 @@ pub fn start(cfg: &AlertsConfig, log: &super::log::EventLog, data_dir: &Path) ->
     let cursors = Arc::new(Cursors::open(data_dir));
     let last = log.last_seq();
     let dest = |name: String| {
+        // how the logs name it: a webhook URL's path may be its credential
+        let shown = shown_destination(&name);
         let done = match cursors.get(&name) {
             // a cursor past the log's end: the log was started again (its file
             // removed or lost), its numbers restart at 1; kept, it would skip
             // every event, critical ones too, until the numbers passed it
             Some(c) if c > last => {
-                let shown = match name.strip_prefix("webhook ") {
-                    Some(u) => format!("webhook {}", crate::secrets::url_shown(u)),
-                    None => name.clone(),
-                };
                 tracing::warn!(
                     destination = %shown,
                     cursor = c,
@@ -249,7 +257,7 @@ pub fn start(cfg: &AlertsConfig, log: &super::log::EventLog, data_dir: &Path) ->
             }
         };
         let (tx, rx) = mpsc::channel(QUEUE_EVENTS);
-        for e in backlog(log, &name, done, min) {
+        for e in backlog(log, &shown, done, min) {
             let _ = tx.try_send(e);
         }
         let d = Dest {
@@ -257,7 +265,7 @@ pub fn start(cfg: &AlertsConfig, log: &super::log::EventLog, data_dir: &Path) ->
             cursors: cursors.clone(),
             done,
         };
-        (name, tx, rx, d)
+        (shown, tx, rx, d)
     };
     let mut queues: Vec<(String, mpsc::Sender<Event>)> = Vec::new();
     if !cfg.webhook.is_empty() {
@@ -451,6 +459,30 @@ mod tests {
     use super::*;
     use crate::events::{EventKind, NewEvent};
 
+    /// A webhook URL's path (Slack-style, its credential) is in no message:
+    /// neither the config check's (which reload answers and start prints)
+    /// nor the delivery's log lines. Before, both printed the whole URL.
+    #[test]
+    fn a_webhook_url_is_shown_by_its_host_only() {
+        for bad in [
+            "hooks.example.com/x/SECRETPATH",
+            "ftp://hooks.example.com/x/SECRETPATH",
+        ] {
+            let a = crate::config::AlertsConfig {
+                webhook: vec![bad.into()],
+                ..Default::default()
+            };
+            let err = format!("{:#}", crate::events::check_config(&a).unwrap_err());
+            assert!(!err.contains("SECRETPATH"), "{err}");
+        }
+        let shown = shown_destination("webhook https://hooks.example.com/x/SECRETPATH?k=v");
+        assert_eq!(shown, "webhook https://hooks.example.com/...");
+        assert_eq!(
+            shown_destination("mail via smtp.example.com"),
+            "mail via smtp.example.com"
+        );
+    }
+
     #[test]
     fn the_signature_is_hmac_sha256_of_timestamp_dot_body() {
         // computed independently with Python's hmac module
@@ -471,11 +503,17 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let p = dir.path().join("hook.key");
         assert!(read_secret(&p).is_err());
+        use std::os::unix::fs::PermissionsExt;
         std::fs::write(&p, "  short secret \n").unwrap();
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o600)).unwrap();
         let e = read_secret(&p).unwrap_err().to_string();
         assert!(e.contains("12 bytes"), "{e}");
         std::fs::write(&p, " 0123456789abcdef \n").unwrap();
         assert_eq!(read_secret(&p).unwrap(), b"0123456789abcdef");
+        // readable by others: refused (before, any mode was read)
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o644)).unwrap();
+        let e = read_secret(&p).unwrap_err().to_string();
+        assert!(e.contains("chmod 600"), "{e}");
     }
 
     #[test]

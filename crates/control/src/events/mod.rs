@@ -170,10 +170,12 @@ pub fn check_config(a: &crate::config::AlertsConfig) -> anyhow::Result<()> {
             .map_err(|e| anyhow::anyhow!("[alerts] min_severity: {e}"))?;
     }
     for u in &a.webhook {
+        // named as the logs name it: a URL's path and query may be its credential
+        let shown = crate::secrets::url_shown(u);
         let url =
-            reqwest::Url::parse(u).map_err(|e| anyhow::anyhow!("[alerts] webhook {u:?}: {e}"))?;
+            reqwest::Url::parse(u).map_err(|e| anyhow::anyhow!("[alerts] webhook {shown}: {e}"))?;
         if url.scheme() != "http" && url.scheme() != "https" {
-            anyhow::bail!("[alerts] webhook {u:?}: only http and https URLs");
+            anyhow::bail!("[alerts] webhook {shown}: only http and https URLs");
         }
     }
     if a.log_events_max == Some(0) {

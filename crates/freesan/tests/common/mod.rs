@@ -57,6 +57,13 @@ impl Node {
     /// Starts `freesan serve` with the given extra arguments, portals on port 0 of
     /// each address, and waits until its banner lists the portals.
     pub fn start(addrs: &[&str], args: &[String], log: &Path) -> Node {
+        // the node refuses a configuration holding secrets (CHAP) that others
+        // may read; the tests write theirs with the umask's 0644
+        if let Some(i) = args.iter().position(|a| a == "--config") {
+            if let Some(cfg) = args.get(i + 1) {
+                make_private(Path::new(cfg));
+            }
+        }
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_freesan"));
         cmd.arg("serve");
         for a in addrs {
@@ -357,6 +364,14 @@ pub fn serve_expecting_refusal(cfg: &Path) -> (bool, String) {
             &cfg,
         ],
     )
+}
+
+/// Makes `path` readable by its owner only (mode 0600), as files holding
+/// secrets must be for the node to read them.
+pub fn make_private(path: &Path) {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))
+        .unwrap_or_else(|e| panic!("chmod 600 {}: {e}", path.display()));
 }
 
 /// Starts `freesan serve --config CFG`, logging to `dir/serve.log`.

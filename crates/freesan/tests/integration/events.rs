@@ -510,6 +510,7 @@ fn an_undelivered_event_is_sent_after_a_restart_once_and_signed() {
     // the receiver's port, with nothing listening on it until the node is down
     let port = common::free_port();
     std::fs::write(d.join("hook.key"), [SECRET, b"\n"].concat()).unwrap();
+    common::make_private(&d.join("hook.key"));
     let mut cfg = common::config_head(d, 2);
     cfg += &format!(
         "[alerts]\nwebhook = [\"http://127.0.0.1:{port}/hook\"]\nwebhook_secret_file = \"hook.key\"\n\

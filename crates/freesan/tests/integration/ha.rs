@@ -159,6 +159,7 @@ replica_mode = "{mode}"
 
     fn start_node(&mut self, k: u32) {
         let d = self.node_dir(k);
+        common::make_private(&d.join("node.toml"));
         let child = self.topo.spawn(
             self.topo.ns_node(k),
             bin(),

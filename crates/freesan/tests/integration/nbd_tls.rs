@@ -262,6 +262,7 @@ fn qemu_img_over_tls_with_client_certificates_and_refusals() {
     std::fs::create_dir_all(&pki).unwrap();
     std::fs::write(pki.join("server-cert.pem"), server_cert).unwrap();
     std::fs::write(pki.join("server-key.pem"), server_key).unwrap();
+    make_private(&pki.join("server-key.pem"));
     std::fs::write(pki.join("client-ca.pem"), site.pem()).unwrap();
     let cfg = node_config(
         root,

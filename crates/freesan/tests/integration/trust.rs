@@ -434,6 +434,10 @@ path = "{img}"
         ),
     )
     .unwrap();
+    // readable by others: refused, secrets and all
+    let (ok, out) = freesan(&["show-config", "--config", cfg.to_str().unwrap()]);
+    assert!(!ok && out.contains("chmod 600"), "{out}");
+    common::make_private(&cfg);
     let (ok, out) = freesan(&["show-config", "--config", cfg.to_str().unwrap()]);
     assert!(ok, "{out}");
     assert!(out.contains("alice") && out.contains("********"), "{out}");
