@@ -18,7 +18,12 @@ use std::path::{Path, PathBuf};
 fn runtime_dir(create: bool) -> Option<PathBuf> {
     // SAFETY: geteuid has no preconditions.
     let uid = unsafe { libc::geteuid() };
-    let dir = match std::env::var_os("XDG_RUNTIME_DIR").filter(|d| Path::new(d).is_dir()) {
+    // another user's runtime folder (root started with that user's
+    // environment, `sudo -E`) is not ours: that user could swap what is in it
+    let own = |d: &std::ffi::OsStr| {
+        std::fs::symlink_metadata(d).is_ok_and(|m| m.is_dir() && m.uid() == uid)
+    };
+    let dir = match std::env::var_os("XDG_RUNTIME_DIR").filter(|d| own(d)) {
         Some(d) => PathBuf::from(d).join("freesan"),
         None => PathBuf::from(format!("/tmp/freesan-{uid}")),
     };
@@ -66,11 +71,13 @@ pub(crate) fn note_local_node(api: SocketAddr, data_dir: &Path) {
     tmp.push(format!(".new.{}", std::process::id()));
     let tmp = PathBuf::from(tmp);
     let write = || -> std::io::Result<()> {
+        // never through a link planted under the temporary name
+        let _ = std::fs::remove_file(&tmp);
         let mut f = std::fs::OpenOptions::new()
             .write(true)
-            .create(true)
-            .truncate(true)
+            .create_new(true)
             .mode(0o600)
+            .custom_flags(libc::O_NOFOLLOW)
             .open(&tmp)?;
         use std::io::Write;
         f.write_all(abs.as_os_str().as_encoded_bytes())?;

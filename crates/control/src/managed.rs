@@ -138,6 +138,26 @@ impl Managed {
 
     /// Adds these objects to `cfg` (after the config file's own).
     pub fn merge_into(&self, cfg: &mut Config) -> Result<()> {
+        // What the API created was checked against `[api] allowed_paths`
+        // then, and is checked again at every start: a symlink swapped while
+        // the node was down (by a user who may write in an allowed folder)
+        // must not lead it to open another file or device.
+        let allowed = crate::allowed::Allowed::new(cfg);
+        let disk_paths = self.disks.iter().filter_map(|d| d.path.as_ref());
+        let lun_paths = self
+            .targets
+            .iter()
+            .flat_map(|t| t.luns.iter())
+            .filter_map(|l| l.path.as_ref());
+        for p in disk_paths.chain(lun_paths) {
+            if let Err(e) = allowed.check_path(p) {
+                bail!(
+                    "{}: {} was created through the API and no longer passes its checks: {e}",
+                    Managed::path(&cfg.data_dir).display(),
+                    p.display()
+                );
+            }
+        }
         cfg.disks.extend(self.disks.iter().cloned());
         cfg.pools.extend(self.pools.iter().cloned());
         for mt in &self.targets {
@@ -387,5 +407,56 @@ mod tests {
         });
         assert!(back.merge_into(&mut other).is_err());
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// A LUN the API created in an allowed folder whose file is swapped for
+    /// a symlink to a file elsewhere while the node is down is refused at
+    /// the next start, not opened. (Before, the path was checked once, when
+    /// created, and opened by name at every start.)
+    #[test]
+    fn a_created_path_swapped_for_a_link_elsewhere_is_refused_at_start() {
+        let dir = tempfile::tempdir().unwrap();
+        let data = dir.path().join("data");
+        let outside = dir.path().join("outside.img");
+        std::fs::create_dir_all(data.join("luns")).unwrap();
+        std::fs::write(&outside, b"not the node's").unwrap();
+        let img = data.join("luns").join("x.img");
+        std::fs::write(&img, b"").unwrap();
+        let mut m = Managed::default();
+        let mut lun = LunConfig::file(img.clone(), Some("1M".into()));
+        lun.id = Some(3);
+        m.add_lun("iqn.2026-11.org.freesan:t", lun);
+        let cfg = || {
+            Config::from_quick_flags(&crate::config::QuickFlags {
+                target: Some("iqn.2026-11.org.freesan:t".into()),
+                data_dir: Some(data.clone()),
+                ..Default::default()
+            })
+        };
+        m.merge_into(&mut cfg())
+            .expect("inside the data directory: served");
+        std::fs::remove_file(&img).unwrap();
+        std::os::unix::fs::symlink(&outside, &img).unwrap();
+        let e = format!("{:#}", m.merge_into(&mut cfg()).unwrap_err());
+        assert!(e.contains("outside the paths"), "{e}");
+    }
+
+    /// A data directory another user owns is refused before anything in it
+    /// is read.
+    #[test]
+    fn a_data_directory_of_another_user_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        crate::secrets::check_data_dir(dir.path()).expect("our own");
+        crate::secrets::check_data_dir(&dir.path().join("not-yet")).expect("to be made");
+        // SAFETY: geteuid has no preconditions.
+        if unsafe { libc::geteuid() } != 0 {
+            return; // only root can give a folder away
+        }
+        std::os::unix::fs::chown(dir.path(), Some(65534), None).unwrap();
+        let e = format!(
+            "{:#}",
+            crate::secrets::check_data_dir(dir.path()).unwrap_err()
+        );
+        assert!(e.contains("uid 65534"), "{e}");
     }
 }

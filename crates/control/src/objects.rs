@@ -89,6 +89,12 @@ fn conflict(e: anyhow::Error) -> ApiError {
     ApiError::Conflict(format!("{e:#}"))
 }
 
+/// `p` made absolute against the node's working folder (not resolved: a
+/// `/dev/disk/by-id` link must stay the stable name it is).
+fn absolute(p: std::path::PathBuf) -> Result<std::path::PathBuf, ApiError> {
+    std::path::absolute(&p).map_err(|e| bad(format!("{}: {e}", p.display())))
+}
+
 fn parse<T: serde::de::DeserializeOwned>(body: Value) -> Result<T, ApiError> {
     serde_json::from_value(body).map_err(bad)
 }
@@ -215,6 +221,9 @@ impl Objects {
     /// disk); it joins the free disks.
     pub async fn create_disk(&self, pools: &Pools, body: Value) -> Result<Value, ApiError> {
         let mut d: DiskConfig = parse(body)?;
+        // kept absolute: a relative one would name another file from another
+        // working folder at the next start
+        d.path = d.path.map(absolute).transpose()?;
         if d.path.is_none() && d.sim.is_none() {
             if d.size.is_none() {
                 return Err(bad(format!(
@@ -264,6 +273,7 @@ impl Objects {
         body: Value,
     ) -> Result<Value, ApiError> {
         let LunRequest { target, mut lun } = parse(body)?;
+        lun.path = lun.path.map(absolute).transpose()?;
         let scsi_target = self.target(&target)?;
         let _op = self.op.lock().await;
         let (mut cfg, mut managed) = self.snapshot();

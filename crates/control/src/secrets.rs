@@ -27,6 +27,30 @@ pub fn private_files(data_dir: &Path) -> Result<()> {
     Ok(())
 }
 
+/// Refuses a data directory that exists and belongs to another user than the
+/// node's: whoever owns it could plant objects (`managed.toml` naming any
+/// device), tokens and state in it for the node to act on.
+pub fn check_data_dir(data_dir: &Path) -> Result<()> {
+    use std::os::unix::fs::MetadataExt;
+    let Ok(m) = std::fs::metadata(data_dir) else {
+        return Ok(()); // made by the node, 0700
+    };
+    // SAFETY: geteuid has no preconditions.
+    let uid = unsafe { libc::geteuid() };
+    if !m.is_dir() {
+        anyhow::bail!("the data directory {} is not a folder", data_dir.display());
+    }
+    if m.uid() != uid {
+        anyhow::bail!(
+            "the data directory {} belongs to uid {}, not to the node's user (uid {uid}): \
+             its owner could plant objects and tokens in it; chown it or use another",
+            data_dir.display(),
+            m.uid()
+        );
+    }
+    Ok(())
+}
+
 /// `value` as TOML with every secret replaced by [`MASK`].
 pub fn masked_toml<T: serde::Serialize>(value: &T) -> Result<String> {
     let mut v = toml::Value::try_from(value)?;

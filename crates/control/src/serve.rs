@@ -100,6 +100,7 @@ where
     if block::BufferBudget::install_node(block::BufferBudget::new(buffer_bytes)).is_err() {
         bail!("the node's buffer budget was set before the node started");
     }
+    crate::secrets::check_data_dir(&cfg.data_dir)?;
     crate::secrets::private_files(&cfg.data_dir)?;
     // before anything keeps state in it: the alert cursors are written at once
     std::fs::create_dir_all(&cfg.data_dir)

@@ -191,6 +191,8 @@ impl ServeArgs {
     /// objects created at run time (`DATA_DIR/managed.toml`).
     fn config(&self) -> Result<config::Config> {
         let mut cfg = self.config_file()?;
+        // before reading what the data directory says the node created
+        control::secrets::check_data_dir(&cfg.data_dir)?;
         managed::Managed::load(&cfg.data_dir)?.merge_into(&mut cfg)?;
         if let Some(c) = self.console {
             cfg.api
