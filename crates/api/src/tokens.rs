@@ -419,7 +419,7 @@ impl TokenStore {
                     .collect();
                 l.stamp = stamp;
             }
-            Err(e) => {
+            Err(e @ TokenError::Corrupt { .. }) => {
                 // A half-written file cannot be seen (it is renamed into
                 // place): this one was edited by hand or damaged. Keeping the
                 // tokens loaded before would keep one the edit meant to remove,
@@ -432,6 +432,14 @@ impl TokenStore {
                 }
                 l.tokens.clear();
                 l.stamp = stamp;
+            }
+            Err(e) => {
+                // A read that failed (out of descriptors, an I/O error): none
+                // is accepted now, and the file is read again at the next
+                // check rather than when it next changes.
+                tracing::warn!("API tokens file not read, no token is accepted until it is: {e}");
+                l.tokens.clear();
+                l.stamp = None;
             }
         }
     }

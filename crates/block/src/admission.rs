@@ -20,15 +20,23 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::sync::Notify;
 
-/// The source a per-source bound counts: the IPv4 address (also when it
-/// arrives mapped, `::ffff:a.b.c.d`, on a dual-stack listener), or for IPv6
-/// its /64, the share of addresses one host is given and may rotate through.
+/// The source a per-source bound counts: the address, an IPv4 one the same
+/// whether it arrives plain or mapped (`::ffff:a.b.c.d`, on a dual-stack
+/// listener). An IPv6 /64 is not one source here: on a storage network it
+/// is the whole subnet, every host of it; see [`subnet_of`].
 pub fn source_key(ip: IpAddr) -> IpAddr {
+    ip.to_canonical()
+}
+
+/// The IPv6 /64 an address is in (None for IPv4): the share of addresses one
+/// host may be given and rotate through, and also a whole LAN's subnet, so
+/// bounds on it are set well above a host's.
+pub fn subnet_of(ip: IpAddr) -> Option<IpAddr> {
     match ip.to_canonical() {
-        v4 @ IpAddr::V4(_) => v4,
+        IpAddr::V4(_) => None,
         IpAddr::V6(v6) => {
             let bits = u128::from(v6) & !((1u128 << 64) - 1);
-            IpAddr::V6(std::net::Ipv6Addr::from(bits))
+            Some(IpAddr::V6(std::net::Ipv6Addr::from(bits)))
         }
     }
 }
@@ -312,26 +320,16 @@ mod tests {
         drop(a);
         assert!(t.take(ip("127.0.0.3")).is_some());
         assert!(t.sources() <= 2);
-        // an IPv6 host rotating through its /64 is one source
-        let v6 = PerSource::new(2);
+        // IPv6 hosts of one /64 (one LAN) are sources of their own
+        let v6 = PerSource::new(1);
         let _x = v6.take(ip("2001:db8:1:2::1")).unwrap();
-        let _y = v6.take(ip("2001:db8:1:2:ffff::9")).unwrap();
-        assert!(v6.take(ip("2001:db8:1:2:abcd::77")).is_none());
-        assert!(v6.take(ip("2001:db8:1:3::1")).is_some(), "another /64");
-    }
-
-    /// Addresses of one IPv6 /64 share the admission budget of one source:
-    /// a host cannot take the whole budget by using a new address per
-    /// connection (before, each address had a budget of its own).
-    #[tokio::test]
-    async fn an_ipv6_64_is_one_source_for_admission() {
-        let b = AdmissionBudget::new(2, 100);
-        let first = b.admit(ip("2001:db8::1"));
-        let _second = b.admit(ip("2001:db8::2"));
-        let _third = b.admit(ip("2001:db8::3"));
-        tokio::time::timeout(Duration::from_secs(5), first.evicted())
-            .await
-            .expect("the /64's oldest connection was not dropped for its third");
+        assert!(v6.take(ip("2001:db8:1:2::1")).is_none());
+        assert!(v6.take(ip("2001:db8:1:2::2")).is_some());
+        assert_eq!(
+            subnet_of(ip("2001:db8:1:2:ffff::9")),
+            Some(ip("2001:db8:1:2::"))
+        );
+        assert_eq!(subnet_of(ip("::ffff:10.0.0.1")), None);
     }
 
     #[tokio::test]

@@ -1046,9 +1046,11 @@ impl Config {
         }
     }
 
-    /// Whether the file itself holds secrets: CHAP of any kind, the SMTP password.
+    /// Whether the file itself holds secrets: CHAP of any kind, the SMTP
+    /// password, webhook URLs (a Slack-style one is its own credential).
     pub fn holds_secrets(&self) -> bool {
-        self.discovery_chap.is_some()
+        !self.alerts.webhook.is_empty()
+            || self.discovery_chap.is_some()
             || self.targets.iter().any(|t| {
                 t.chap.is_some() || t.mutual_chap.is_some() || !t.chap_initiators.is_empty()
             })
@@ -1250,7 +1252,7 @@ impl Config {
                 if !iscsi::is_iscsi_name(i) {
                     bail!(
                         "target {}: allowed_initiators: {i:?} is not an iSCSI name (iqn., eui. or naa., \
-                         at most 223 letters, digits, '-', '.', ':', '_')",
+                         at most 223 bytes, no control character)",
                         t.iqn
                     );
                 }
@@ -1259,7 +1261,7 @@ impl Config {
                 if let Some(i) = g.initiators.iter().find(|i| !iscsi::is_iscsi_name(i)) {
                     bail!(
                         "target {}: host group {}: {i:?} is not an iSCSI name (iqn., eui. or naa., \
-                         at most 223 letters, digits, '-', '.', ':', '_')",
+                         at most 223 bytes, no control character)",
                         t.iqn,
                         g.name
                     );

@@ -391,7 +391,9 @@ impl Reloader {
             }
         }
         let discovery = crate::targets::discovery_auth(&new);
-        if new.discovery_chap != current.discovery_chap {
+        if new.discovery_chap != current.discovery_chap
+            || new.discovery_chap_md5 != current.discovery_chap_md5
+        {
             report.applied.push("discovery CHAP changed".into());
         }
         match self.iscsi.replace(specs, discovery) {

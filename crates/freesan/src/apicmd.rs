@@ -244,7 +244,20 @@ fn find_token(a: &crate::poolcmd::ApiArg) -> Option<String> {
         return Some(t.to_string());
     }
     if let Some(f) = &a.token_file {
-        return read_token_file(f);
+        // its first line; a file that cannot be read is said so (the hint
+        // for a missing token would send the user back to --token-file)
+        return match std::fs::read_to_string(f) {
+            Ok(t) => t
+                .lines()
+                .next()
+                .map(str::trim)
+                .filter(|t| !t.is_empty())
+                .map(String::from),
+            Err(e) => {
+                eprintln!("freesan: --token-file {}: {e}", f.display());
+                None
+            }
+        };
     }
     if let Ok(t) = std::env::var("FREESAN_API_TOKEN") {
         if !t.trim().is_empty() {

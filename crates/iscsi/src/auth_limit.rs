@@ -3,14 +3,21 @@
 //! Every CHAP failure is counted against its source address. A source that fails
 //! `failures_max` times within `window` is locked out for `lockout`: its new
 //! connections are closed at once, before login, so it can neither guess further
-//! nor hold login slots. The table is bounded: when it is full, records whose
-//! window and lockout have passed go first, then the least recently seen.
+//! nor hold login slots. An IPv6 source is also counted in its /64, which locks
+//! out at [`SUBNET_FACTOR`] times `failures_max`: a host rotating through its
+//! addresses gets no fresh guesses with each, while one misconfigured host of
+//! a storage LAN (a /64 is the whole subnet) does not lock out the others. The
+//! tables are bounded: when one is full, records whose window and lockout have
+//! passed go first, then the least recently seen.
 
 use block::admission::LogGate;
 use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::net::IpAddr;
 use std::time::{Duration, Instant};
+
+/// An IPv6 /64 is locked out after this many times the failures of one address.
+pub(crate) const SUBNET_FACTOR: u32 = 8;
 
 /// What is known of one source's recent failures.
 #[derive(Debug, Clone, Copy)]
@@ -51,6 +58,8 @@ pub(crate) struct AuthLimiter {
     /// Totals, shared with [`crate::Server::auth_stats`].
     pub(crate) stats: std::sync::Arc<AuthStats>,
     records: Mutex<HashMap<IpAddr, Record>>,
+    /// The same per IPv6 /64, at [`SUBNET_FACTOR`] times the failures.
+    subnets: Mutex<HashMap<IpAddr, Record>>,
     limits: AuthLimits,
     /// For the lines about refused connections of locked sources.
     log: LogGate,
@@ -71,6 +80,7 @@ impl AuthLimiter {
         AuthLimiter {
             stats: Default::default(),
             records: Mutex::new(HashMap::new()),
+            subnets: Mutex::new(HashMap::new()),
             limits: AuthLimits {
                 failures_max: limits.failures_max.max(1),
                 sources_max: limits.sources_max.max(16),
@@ -82,11 +92,14 @@ impl AuthLimiter {
 
     /// How long `source` remains locked out, if it is.
     pub(crate) fn locked(&self, source: IpAddr) -> Option<Duration> {
-        let source = block::admission::source_key(source);
         let now = Instant::now();
-        let g = self.records.lock();
-        let until = g.get(&source)?.locked_until?;
-        until.checked_duration_since(now).filter(|d| !d.is_zero())
+        let left = |map: &Mutex<HashMap<IpAddr, Record>>, key: IpAddr| {
+            let until = map.lock().get(&key)?.locked_until?;
+            until.checked_duration_since(now).filter(|d| !d.is_zero())
+        };
+        let own = left(&self.records, block::admission::source_key(source));
+        let subnet = block::admission::subnet_of(source).and_then(|s| left(&self.subnets, s));
+        own.max(subnet)
     }
 
     /// Logs (at most once a second) that a connection of a locked-out source was closed.
@@ -103,13 +116,41 @@ impl AuthLimiter {
 
     /// Counts a failed authentication of `source`.
     pub(crate) fn failed(&self, source: IpAddr) -> Failure {
-        let source = block::admission::source_key(source);
         let now = Instant::now();
-        let mut g = self.records.lock();
-        if !g.contains_key(&source) && g.len() >= self.limits.sources_max {
+        if let Some(subnet) = block::admission::subnet_of(source) {
+            let max = self.limits.failures_max.saturating_mul(SUBNET_FACTOR);
+            if self.count(&self.subnets, subnet, max, now).locked_now {
+                tracing::warn!(
+                    %subnet,
+                    lockout_ms = self.limits.lockout.as_millis() as u64,
+                    "too many failed authentications from this IPv6 /64: its sources are locked out"
+                );
+            }
+        }
+        let source = block::admission::source_key(source);
+        let f = self.count(&self.records, source, self.limits.failures_max, now);
+        use std::sync::atomic::Ordering::Relaxed;
+        self.stats.failures_total.fetch_add(1, Relaxed);
+        if f.locked_now {
+            *self.stats.last_locked_source.lock() = Some(source);
+            self.stats.lockouts_total.fetch_add(1, Relaxed);
+        }
+        f
+    }
+
+    /// Counts a failure of `key` in `map`, which locks out at `failures_max`.
+    fn count(
+        &self,
+        map: &Mutex<HashMap<IpAddr, Record>>,
+        key: IpAddr,
+        failures_max: u32,
+        now: Instant,
+    ) -> Failure {
+        let mut g = map.lock();
+        if !g.contains_key(&key) && g.len() >= self.limits.sources_max {
             self.make_room(&mut g, now);
         }
-        let r = g.entry(source).or_insert(Record {
+        let r = g.entry(key).or_insert(Record {
             failures: 0,
             window_start: now,
             last: now,
@@ -121,24 +162,15 @@ impl AuthLimiter {
         }
         r.failures = r.failures.saturating_add(1);
         r.last = now;
-        let locked_now =
-            r.failures >= self.limits.failures_max && r.locked_until.is_none_or(|u| u <= now);
-        use std::sync::atomic::Ordering::Relaxed;
-        self.stats.failures_total.fetch_add(1, Relaxed);
+        let locked_now = r.failures >= failures_max && r.locked_until.is_none_or(|u| u <= now);
         if locked_now {
-            *self.stats.last_locked_source.lock() = Some(source);
-            self.stats.lockouts_total.fetch_add(1, Relaxed);
             r.locked_until = Some(now + self.limits.lockout);
             // A new window starts after the lockout.
             r.failures = 0;
             r.window_start = now + self.limits.lockout;
         }
         Failure {
-            failures: if locked_now {
-                self.limits.failures_max
-            } else {
-                r.failures
-            },
+            failures: if locked_now { failures_max } else { r.failures },
             locked_now,
         }
     }
@@ -192,17 +224,33 @@ mod tests {
     }
 
     /// An IPv6 host that changes address within its /64 after each failure
-    /// is one source: it is locked out after the third, whatever address
-    /// comes next (before, each address had three guesses of its own), and an
-    /// IPv4 address counts the same plain or mapped.
+    /// gets no fresh guesses with each: the /64 is locked out after
+    /// SUBNET_FACTOR times an address's failures (before, each address had
+    /// its own). One failing host of a /64 (a storage LAN) does not lock out
+    /// the others. An IPv4 address counts the same plain or mapped.
     #[test]
-    fn an_ipv6_64_is_one_source_and_a_mapped_ipv4_is_its_address() {
-        let l = limiter(16);
+    fn an_ipv6_64_is_bounded_and_a_mapped_ipv4_is_its_address() {
+        let l = limiter(64);
         let ip = |s: &str| -> IpAddr { s.parse().unwrap() };
-        assert!(!l.failed(ip("2001:db8:7::1")).locked_now);
-        assert!(!l.failed(ip("2001:db8:7::2")).locked_now);
-        assert!(l.failed(ip("2001:db8:7::3")).locked_now);
-        assert!(l.locked(ip("2001:db8:7:0:ffff::42")).is_some());
+        for _ in 0..3 {
+            l.failed(ip("2001:db8:7::1"));
+        }
+        assert!(l.locked(ip("2001:db8:7::1")).is_some());
+        assert!(
+            l.locked(ip("2001:db8:7::2")).is_none(),
+            "its neighbour still logs in"
+        );
+        let budget = 3 * SUBNET_FACTOR;
+        let mut locked = false;
+        for i in 4..=budget {
+            let f = l.failed(ip(&format!("2001:db8:7::{i:x}")));
+            assert!(!f.locked_now, "one failure per address locks none out");
+            locked = l.locked(ip("2001:db8:7::abcd")).is_some();
+            if locked {
+                assert_eq!(i, budget, "the /64 locked out early");
+            }
+        }
+        assert!(locked, "a host rotating through its /64 was never stopped");
         assert!(l.locked(ip("2001:db8:8::1")).is_none(), "another /64");
         assert!(!l.failed(ip("10.0.0.9")).locked_now);
         assert!(!l.failed(ip("::ffff:10.0.0.9")).locked_now);

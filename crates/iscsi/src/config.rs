@@ -64,8 +64,8 @@ pub struct Portal {
 pub struct Limits {
     /// Most normal sessions at once (discovery sessions have their own caps).
     pub sessions_max: usize,
-    /// Most normal sessions from one source address (an IPv6 /64 counts as
-    /// one), so that one host never takes every session from the others.
+    /// Most normal sessions from one source address, so that one host never
+    /// takes every session from the others.
     pub sessions_per_source_max: usize,
     /// Most discovery sessions at once; when all are used, the oldest of the
     /// source holding the most is closed for a new one.

@@ -527,7 +527,8 @@ impl Reloader {
         // conn.rs against the new table, one registered before is here
         let mut revoked = Vec::new();
         for s in ctx.registry.snapshot() {
-            if !ctx.still_admits(&s) {
+            // one told to close already (and draining) is not counted again
+            if !*s.kill.borrow() && !ctx.still_admits(&s) {
                 s.kill.send_replace(true);
                 revoked.push(s);
             }

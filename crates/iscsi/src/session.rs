@@ -323,7 +323,7 @@ pub(crate) struct Caps {
     pub discovery_sessions_max: usize,
     /// Discovery sessions from one source address.
     pub discovery_sessions_per_source_max: usize,
-    /// Normal sessions from one source (an IPv6 /64 counts as one).
+    /// Normal sessions from one source address.
     pub sessions_per_source_max: usize,
 }
 
@@ -449,9 +449,10 @@ impl Registry {
             .values()
             .filter(|s| s.discovery && !s.evicted.load(Ordering::Relaxed))
             .collect();
+        let source = source_key(source);
         let mut per_source: HashMap<IpAddr, usize> = HashMap::new();
         for s in &live {
-            *per_source.entry(s.origin.source).or_default() += 1;
+            *per_source.entry(source_key(s.origin.source)).or_default() += 1;
         }
         let own = per_source.get(&source).copied().unwrap_or(0);
         let from = if own >= self.caps.discovery_sessions_per_source_max {
@@ -466,7 +467,7 @@ impl Registry {
         };
         let Some(victim) = live
             .iter()
-            .filter(|s| s.origin.source == from)
+            .filter(|s| source_key(s.origin.source) == from)
             .min_by_key(|s| s.created)
         else {
             return;
@@ -588,10 +589,10 @@ mod tests {
         assert!(new("10.0.0.66", 1).is_ok());
         assert!(new("10.0.0.66", 2).is_ok());
         assert_eq!(new("10.0.0.66", 3), Err(RegisterError::Full));
-        // an IPv6 /64 is one source, whatever address of it logs in
+        // hosts of one IPv6 /64 (one LAN) each have their own
         assert!(new("2001:db8::1", 4).is_ok());
-        assert!(new("2001:db8::2", 5).is_ok());
-        assert_eq!(new("2001:db8::3", 6), Err(RegisterError::Full));
+        assert!(new("2001:db8::1", 5).is_ok());
+        assert_eq!(new("2001:db8::1", 6), Err(RegisterError::Full));
         // an IPv4 peer of a dual-stack portal is its IPv4 address
         assert_eq!(
             source_key("::ffff:10.0.0.66".parse().unwrap()),

@@ -274,21 +274,16 @@ impl Copies {
         if held.len() >= HELD_MAX {
             // A finished one (none when every held copy runs or waits): the
             // requester's own oldest, else the oldest of the initiator port
-            // holding the most, else the oldest. One host issuing copies
+            // holding the most (finished or not). One host issuing copies
             // does not push the others' results out before they read them.
             let count = |port: &str| held.iter().filter(|h| *h.initiator_port == *port).count();
-            let most = held
-                .iter()
-                .map(|h| count(&h.initiator_port))
-                .max()
-                .unwrap_or(0);
             let victim = held
                 .iter()
                 .enumerate()
                 .filter(|(_, h)| h.status.state.load(Ordering::Acquire) != IN_PROGRESS)
                 .min_by_key(|(i, h)| {
                     let own = *h.initiator_port == *nexus.initiator_port;
-                    (!own, count(&h.initiator_port) != most, *i)
+                    (!own, std::cmp::Reverse(count(&h.initiator_port)), *i)
                 })
                 .map(|(i, _)| i);
             if let Some(i) = victim {

@@ -460,21 +460,15 @@ impl Tokens {
         // token not yet written with is never reclaimed: its initiator is
         // about to use it. At its share an initiator reclaims only its own;
         // with the registry full, the token comes from the initiator that
-        // holds the most if it has one written with, else from any.
+        // holds the most among those with one written with.
         let own_share_full = held_by(&reg, owner) >= TOKENS_PER_INITIATOR_MAX;
         if own_share_full || reg.live.len() >= TOKENS_MAX {
-            let biggest = reg
-                .live
-                .iter()
-                .map(|e| held_by(&reg, &e.owner))
-                .max()
-                .unwrap_or(0);
             let victim = reg
                 .live
                 .iter()
                 .enumerate()
                 .filter(|(_, e)| e.written && (!own_share_full || *e.owner == **owner))
-                .min_by_key(|(_, e)| (held_by(&reg, &e.owner) != biggest, e.last_use))
+                .min_by_key(|(_, e)| (std::cmp::Reverse(held_by(&reg, &e.owner)), e.last_use))
                 .map(|(i, _)| i);
             match victim {
                 Some(i) => reg.end(i, Ended::Cancelled),
