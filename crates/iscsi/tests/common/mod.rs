@@ -359,6 +359,21 @@ impl Client {
         (r.status_class, r.status_detail)
     }
 
+    /// Logs in a discovery session as `initiator`, without authentication;
+    /// returns the login's status (class, detail).
+    pub async fn login_discovery_as(&mut self, initiator: &str) -> (u8, u8) {
+        let (r, kv) = self
+            .login_step(
+                1,
+                3,
+                true,
+                &[("InitiatorName", initiator), ("SessionType", "Discovery")],
+            )
+            .await;
+        self.after_login(&kv);
+        (r.status_class, r.status_detail)
+    }
+
     pub fn after_login(&mut self, kv: &[(String, String)]) {
         self.hd = get(kv, "HeaderDigest") == Some("CRC32C");
         self.dd = get(kv, "DataDigest") == Some("CRC32C");

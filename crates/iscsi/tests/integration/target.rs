@@ -98,16 +98,7 @@ async fn login_none_commands_nop_and_logout() {
 async fn discovery_lists_targets_on_both_portals() {
     let fx = start(Limits::default()).await;
     let mut c = Client::connect(fx.addrs[1]).await;
-    let (r, kv) = c
-        .login_step(
-            1,
-            3,
-            true,
-            &[("InitiatorName", INI), ("SessionType", "Discovery")],
-        )
-        .await;
-    assert_eq!((r.status_class, r.status_detail), (0, 0));
-    c.after_login(&kv);
+    assert_eq!(c.login_discovery_as(INI).await, (0, 0));
     let kv = send_targets(&mut c, "All").await;
     let names: Vec<&str> = kv
         .iter()
@@ -169,16 +160,7 @@ async fn discovery_matches_names_whatever_their_letters() {
     let fx = start(Limits::default()).await;
     let mut c = Client::connect(fx.addrs[0]).await;
     let shouting = "IQN.2026-01.ORG.TEST:SOMEONE-ELSE";
-    let (r, kv) = c
-        .login_step(
-            1,
-            3,
-            true,
-            &[("InitiatorName", shouting), ("SessionType", "Discovery")],
-        )
-        .await;
-    assert_eq!((r.status_class, r.status_detail), (0, 0));
-    c.after_login(&kv);
+    assert_eq!(c.login_discovery_as(shouting).await, (0, 0));
     let kv = send_targets(&mut c, "All").await;
     assert!(
         kv.iter().any(|(k, v)| k == "TargetName" && v == HIDDEN),
@@ -319,16 +301,7 @@ async fn a_reload_closes_the_sessions_the_new_access_settings_refuse() {
         .await;
     assert_eq!(st, (0, 0));
     let mut disc = Client::connect_isid(fx.addrs[0], [0x80, 0, 0, 0, 9, 4]).await;
-    let (r, kv) = disc
-        .login_step(
-            1,
-            3,
-            true,
-            &[("InitiatorName", INI), ("SessionType", "Discovery")],
-        )
-        .await;
-    assert_eq!((r.status_class, r.status_detail), (0, 0));
-    disc.after_login(&kv);
+    assert_eq!(disc.login_discovery_as(INI).await, (0, 0));
     assert!(!send_targets(&mut disc, "All").await.is_empty());
 
     // a table that changes nothing closes nothing

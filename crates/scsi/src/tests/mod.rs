@@ -1232,11 +1232,15 @@ async fn a_copy_keeps_several_writes_in_flight_only_when_they_wait() {
     }
 }
 
-/// A copy waiting for one of the target's copy slots already holds its list
-/// identifier: the same identifier sent again meanwhile is OPERATION IN
-/// PROGRESS at once, not a second copy queued behind the first.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_list_id_waiting_for_a_copy_slot_is_in_progress() {
+/// A target whose LUN 0 holds every write (until `held.writes.open()`), a
+/// second LUN, and two initiators ready: "iqn.test" and "iqn.second".
+async fn held_copy_target() -> (
+    Arc<block::HoldVolume>,
+    Arc<ScsiTarget>,
+    LunConfig,
+    ItNexus,
+    ItNexus,
+) {
     let held = Arc::new(block::HoldVolume::new(Arc::new(MemVolume::new(
         BS as u32, BLOCKS,
     ))));
@@ -1246,6 +1250,15 @@ async fn a_list_id_waiting_for_a_copy_slot_is_in_progress() {
     let t = Arc::new(t);
     let n = ready(&t, "1", 1).await;
     let m = ready_as(&t, "iqn.second").await;
+    (held, t, cfg1, n, m)
+}
+
+/// A copy waiting for one of the target's copy slots already holds its list
+/// identifier: the same identifier sent again meanwhile is OPERATION IN
+/// PROGRESS at once, not a second copy queued behind the first.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_list_id_waiting_for_a_copy_slot_is_in_progress() {
+    let (held, t, cfg1, n, m) = held_copy_target().await;
     let naa0 = lun_config().naa;
     // every slot taken by a copy onto LUN 0, each stopped at its first write
     // (half of them by each initiator: one holds at most half)
@@ -1290,15 +1303,7 @@ async fn a_list_id_waiting_for_a_copy_slot_is_in_progress() {
 /// themselves.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_initiator_runs_at_most_half_the_copies() {
-    let held = Arc::new(block::HoldVolume::new(Arc::new(MemVolume::new(
-        BS as u32, BLOCKS,
-    ))));
-    held.writes.hold();
-    let t = target_with(held.clone());
-    let cfg1 = add_second_lun(&t);
-    let t = Arc::new(t);
-    let n = ready(&t, "1", 1).await;
-    let m = ready_as(&t, "iqn.second").await;
+    let (held, t, cfg1, n, m) = held_copy_target().await;
     let naa0 = lun_config().naa;
     let share = crate::copy::CONCURRENT_PER_INITIATOR_MAX;
     assert!(share < crate::copy::CONCURRENT_MAX);
