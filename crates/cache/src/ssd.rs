@@ -359,14 +359,24 @@ impl Device {
     }
 
     /// Reads both superblock copies and returns the newest valid one.
-    pub(crate) async fn read_superblock(&self) -> BlockResult<Option<Superblock>> {
-        let b = self.vol().read(0, (2 * 4096 / self.bs) as u32).await?;
-        let a = Superblock::decode(&b[..4096]);
-        let c = Superblock::decode(&b[4096..]);
-        Ok(match (a, c) {
+    /// The newest valid superblock copy, and whether a copy carries the
+    /// magic but does not decode (a damaged superblock: this device may hold
+    /// a cache's table, so it is not a blank one).
+    pub(crate) async fn read_superblock(&self) -> BlockResult<(Option<Superblock>, bool)> {
+        // both 4 KiB copies, however large the device's blocks
+        let blocks = (2 * 4096u64).div_ceil(self.bs).max(1) as u32;
+        let b = self.vol().read(0, blocks).await?;
+        let copy = |i: usize| b.get(i * 4096..(i + 1) * 4096).unwrap_or(&[]);
+        let damaged = (0..2).any(|i| {
+            let c = copy(i);
+            c.len() >= 8 && &c[0..8] == MAGIC && Superblock::decode(c).is_none()
+        });
+        let (a, c) = (Superblock::decode(copy(0)), Superblock::decode(copy(1)));
+        let best = match (a, c) {
             (Some(a), Some(c)) => Some(if a.generation >= c.generation { a } else { c }),
             (a, c) => a.or(c),
-        })
+        };
+        Ok((best, damaged))
     }
 
     /// Writes `sb` into the copy its generation selects (FUA).

@@ -1592,10 +1592,36 @@ impl CacheVolume {
         // the fresh one has not written yet) would be taken as the newest at
         // the next start, with its identity and its "clean" table
         let mut floor = 0;
+        // devices that may hold a table no valid superblock describes: one
+        // that cannot be read, one whose superblock is damaged
+        let mut unknown = Vec::new();
         for d in &devs {
-            let sb = d.read_superblock().await.unwrap_or(None);
+            let sb = match d.read_superblock().await {
+                Ok((sb, damaged)) => {
+                    if damaged && sb.is_none() {
+                        unknown.push(format!("{}: damaged superblock", d.name()));
+                    }
+                    sb
+                }
+                Err(e) => {
+                    tracing::warn!(cache = %name, device = %d.name(), error = %e,
+                        "cache device superblock unreadable");
+                    unknown.push(format!("{}: superblock unreadable: {e}", d.name()));
+                    None
+                }
+            };
             floor = floor.max(sb.as_ref().map_or(0, |s| s.generation));
             sbs.push(if fresh { None } else { sb });
+        }
+        // With no valid superblock anywhere, formatting would write an empty
+        // table over one that may hold dirty, acknowledged data; only devices
+        // that read as never used (or `create_fresh`) are formatted.
+        if !fresh && sbs.iter().all(Option::is_none) && !unknown.is_empty() {
+            return Err(BlockError::Unavailable(format!(
+                "cache {name}: no device carries a readable cache superblock and {} may hold \
+                 this cache's table (dirty data): refusing to format them",
+                unknown.join(", ")
+            )));
         }
         let newest = Inner::whose_table(name, &devs, &sbs, cfg.backing_id).await?;
         let advisor = cfg.advisor.then(|| {

@@ -376,9 +376,12 @@ async fn open_pool(
         );
     }
     let mut formatted = Vec::new();
+    let mut unknown = Vec::new();
     for m in members.iter().chain(spares.iter()) {
-        if raid::has_superblock(&m.volume).await {
-            formatted.push(m.name.clone());
+        match raid::superblock_state(&m.volume).await {
+            raid::SuperblockState::Formatted => formatted.push(m.name.clone()),
+            raid::SuperblockState::Blank => {}
+            raid::SuperblockState::Unknown(why) => unknown.push(format!("{} ({why})", m.name)),
         }
     }
     if new && !formatted.is_empty() {
@@ -387,6 +390,19 @@ async fn open_pool(
              refusing to overwrite them",
             p.name,
             formatted.join(", ")
+        );
+    }
+    // A disk whose superblock cannot be read, or is damaged, may be a
+    // member of this very pool: creating the pool over it would write new
+    // superblocks, drop the journal's acknowledged records and lay the data
+    // out anew. Only disks that are blank make a new pool.
+    if formatted.is_empty() && !unknown.is_empty() {
+        bail!(
+            "pool {}: no member carries a readable RAID superblock, and disk(s) {} \
+             may belong to a pool: refusing to create one over them (wipe them \
+             to make a new pool)",
+            p.name,
+            unknown.join(", ")
         );
     }
     let pool = if !formatted.is_empty() {

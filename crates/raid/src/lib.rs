@@ -49,6 +49,7 @@ pub use status::{
     JournalDeviceStatus, MemberState, MemberStatus, PoolState, PoolStatus, Progress, RebuildStall,
     ScrubReport, SpareStatus, StripeWrites, WritePath,
 };
+pub use superblock::SuperblockState;
 
 use serde::{Deserialize, Serialize};
 
@@ -246,4 +247,10 @@ pub type RaidResult<T> = Result<T, RaidError>;
 /// should be used rather than `Pool::create`, which would overwrite it).
 pub async fn has_superblock(volume: &block::VolumeRef) -> bool {
     superblock::read_best(volume).await.is_ok()
+}
+
+/// Whether `volume` carries a valid superblock, none, or one that cannot be
+/// read or decoded (a pool's disk that must not be taken for a blank one).
+pub async fn superblock_state(volume: &block::VolumeRef) -> SuperblockState {
+    superblock::state(volume).await
 }

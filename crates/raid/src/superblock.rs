@@ -252,6 +252,45 @@ pub(crate) async fn read_best(volume: &VolumeRef) -> Result<Superblock, String> 
     best.ok_or(why)
 }
 
+/// What the superblock region of a disk holds.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SuperblockState {
+    /// A valid superblock (in one slot at least).
+    Formatted,
+    /// Neither slot read carries the superblock magic: no pool's disk.
+    Blank,
+    /// A slot could not be read, or carries the magic but does not decode:
+    /// it may be a pool's disk, and must not be taken for a blank one.
+    Unknown(String),
+}
+
+/// Reads both slots and tells whether the disk is formatted, blank, or
+/// cannot be told (see [`SuperblockState`]).
+pub(crate) async fn state(volume: &VolumeRef) -> SuperblockState {
+    if read_best(volume).await.is_ok() {
+        return SuperblockState::Formatted;
+    }
+    let g = volume.geometry();
+    let bs = g.block_size_bytes as u64;
+    let slot_blocks = SLOT_BYTES / bs;
+    if g.block_count < SUPERBLOCK_REGION_BYTES / bs {
+        return SuperblockState::Blank; // too small to have been a member
+    }
+    for slot in 0..2u64 {
+        match volume.read(slot * slot_blocks, slot_blocks as u32).await {
+            Ok(buf) if buf.len() >= 8 && &buf[0..8] == MAGIC => {
+                let why = decode(&buf).err().unwrap_or_default();
+                return SuperblockState::Unknown(format!("slot {slot}: damaged superblock: {why}"));
+            }
+            Ok(_) => {}
+            Err(e) => {
+                return SuperblockState::Unknown(format!("slot {slot} cannot be read: {e}"));
+            }
+        }
+    }
+    SuperblockState::Blank
+}
+
 /// Writes `sb` to its slot (`events % 2`) with FUA.
 pub(crate) async fn write(volume: &VolumeRef, sb: &Superblock) -> Result<u64, BlockError> {
     let bs = volume.geometry().block_size_bytes;
@@ -300,6 +339,49 @@ mod tests {
             journal_device_mirror_uuid: None,
             volume_blocks: None,
         }
+    }
+
+    /// A disk is blank only when neither slot reads with the superblock
+    /// magic: a damaged superblock or a slot that cannot be read leaves it
+    /// unknown, so a pool whose members all look so is not created anew over
+    /// them. (Before, any failure to read a valid superblock counted as a
+    /// blank disk, and the pool was formatted again at start.)
+    #[tokio::test]
+    async fn a_damaged_or_unreadable_superblock_is_not_a_blank_disk() {
+        use block::{FaultVolume, MemVolume, VolumeRef};
+        use std::sync::Arc;
+        let mem = Arc::new(MemVolume::new(512, 8192));
+        let fault = Arc::new(FaultVolume::new(mem.clone()));
+        let v: VolumeRef = fault.clone();
+        assert_eq!(state(&v).await, SuperblockState::Blank);
+        // garbage without the magic (a reused disk) is blank
+        let noise: Vec<u8> = (0..4096u32).map(|i| (i * 7 + 3) as u8).collect();
+        v.write(0, Bytes::from(noise), true).await.unwrap();
+        assert_eq!(state(&v).await, SuperblockState::Blank);
+        let sb = sample();
+        write(&v, &sb).await.unwrap();
+        assert_eq!(state(&v).await, SuperblockState::Formatted);
+        // the payload damaged, the magic intact
+        let lba = (sb.events % 2) * (SLOT_BYTES / 512);
+        let mut slot = v.read(lba, 1).await.unwrap().to_vec();
+        slot[40] ^= 1;
+        v.write(lba, Bytes::from(slot), true).await.unwrap();
+        assert!(
+            matches!(state(&v).await, SuperblockState::Unknown(ref w) if w.contains("damaged")),
+            "{:?}",
+            state(&v).await
+        );
+        // and a disk whose superblock region cannot be read
+        let fresh: VolumeRef = Arc::new(FaultVolume::new(Arc::new(MemVolume::new(512, 8192))));
+        let f2 = Arc::new(FaultVolume::new(Arc::new(MemVolume::new(512, 8192))));
+        f2.plan().lock().bad_read_blocks.push(0..1);
+        let unreadable: VolumeRef = f2;
+        assert_eq!(state(&fresh).await, SuperblockState::Blank);
+        assert!(
+            matches!(state(&unreadable).await, SuperblockState::Unknown(ref w) if w.contains("cannot be read")),
+            "{:?}",
+            state(&unreadable).await
+        );
     }
 
     #[test]

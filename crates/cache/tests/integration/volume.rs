@@ -692,6 +692,63 @@ async fn a_warm_cache_in_front_of_another_volume_starts_empty() {
     assert_eq!(vol.read(0, 1).await.unwrap(), pattern(4, 4096));
 }
 
+/// A write-back cache whose superblocks are all damaged (the magic there,
+/// the checksums wrong), or cannot be read, is not formatted at the next
+/// start: formatting would write an empty table over the one that holds its
+/// dirty, acknowledged data. The start fails and the devices are left as
+/// they were. (Before, every superblock that did not decode counted as a
+/// blank device, and the cache was formatted anew.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cache_whose_superblocks_do_not_read_is_not_formatted() {
+    let (backing, ssds, c) = write_back_on_two_ssds();
+    let vol = CacheVolume::open("t", backing.clone(), devices(&ssds), c.clone())
+        .await
+        .unwrap();
+    vol.write(0, pattern(1, 8192), false).await.unwrap();
+    assert!(vol.status().dirty_blocks > 0);
+    vol.halt().await;
+    drop(vol);
+    // both 4 KiB copies on both devices: one byte past the magic flipped
+    for s in &ssds {
+        let mut head = s.read(0, 2).await.unwrap().to_vec();
+        head[100] ^= 0xff;
+        head[4096 + 100] ^= 0xff;
+        s.write(0, Bytes::from(head), true).await.unwrap();
+    }
+    let before: Vec<Bytes> = all_blocks(&ssds).await;
+    let e = match CacheVolume::open("t", backing.clone(), devices(&ssds), c.clone()).await {
+        Ok(_) => panic!("a cache with damaged superblocks was formatted"),
+        Err(e) => e.to_string(),
+    };
+    assert!(e.contains("refusing to format"), "{e}");
+    assert_eq!(all_blocks(&ssds).await, before, "the devices were written");
+    // the same when the superblocks cannot be read at all
+    let faulty: Vec<VolumeRef> = ssds
+        .iter()
+        .map(|s| {
+            let f = Arc::new(block::FaultVolume::new(s.clone()));
+            f.plan().lock().bad_read_blocks.push(0..2);
+            f as VolumeRef
+        })
+        .collect();
+    let e = match CacheVolume::open("t", backing, devices(&faulty), c).await {
+        Ok(_) => panic!("a cache whose superblocks cannot be read was formatted"),
+        Err(e) => e.to_string(),
+    };
+    assert!(e.contains("unreadable"), "{e}");
+    assert_eq!(all_blocks(&ssds).await, before, "the devices were written");
+}
+
+/// Every block of every device, for comparing before and after.
+async fn all_blocks(vols: &[VolumeRef]) -> Vec<Bytes> {
+    let mut out = Vec::new();
+    for v in vols {
+        let blocks = v.geometry().block_count;
+        out.push(v.read(0, blocks as u32).await.unwrap());
+    }
+    out
+}
+
 /// A clean stop cut by a crash between the two devices' superblock writes
 /// (the second device's never lands): the second device is one generation
 /// behind but holds everything, so the next start uses both halves. It used
