@@ -434,6 +434,31 @@ async fn open_pool(
             .await
             .with_context(|| format!("pool {}: creating", p.name))?
     };
+    // what the members say against what the file says: another level is
+    // another pool (disks moved from elsewhere, a swapped cable), and serving
+    // it under this pool's name would hand its data to this pool's LUNs
+    let st = pool.status();
+    let want = raid_level(&p.level)?;
+    if st.level != want {
+        bail!(
+            "pool {}: its disks carry a {:?} pool named {:?}, but [[pool]] says {}: \
+             refusing to serve it",
+            p.name,
+            st.level,
+            st.name,
+            p.level
+        );
+    }
+    if st.name != p.name {
+        tracing::warn!(pool = %p.name, on_disk = %st.name,
+            "the pool's disks carry another name (renamed in the configuration?)");
+    }
+    if let Some(c) = p.chunk.as_deref().and_then(disk::parse_size) {
+        if c != u64::from(st.chunk_bytes) {
+            tracing::warn!(pool = %p.name, chunk = c, on_disk = st.chunk_bytes,
+                "chunk applies when a pool is created: this pool keeps its chunk");
+        }
+    }
     if let Some(r) = p.rebuild_rate_mb_s {
         pool.set_rebuild_rate_mb_s(r)
             .await

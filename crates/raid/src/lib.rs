@@ -243,6 +243,10 @@ pub enum RaidError {
 /// Result of pool management operations.
 pub type RaidResult<T> = Result<T, RaidError>;
 
+/// Largest chunk a pool is made with or assembled from (a resync holds a
+/// stripe's chunks in memory).
+pub const CHUNK_BYTES_MAX: u32 = 16 << 20;
+
 /// True when `volume` carries a valid freesan RAID superblock (so `Pool::assemble`
 /// should be used rather than `Pool::create`, which would overwrite it).
 pub async fn has_superblock(volume: &block::VolumeRef) -> bool {

@@ -384,10 +384,14 @@ impl Pool {
                 )));
             }
         }
-        if config.chunk_bytes == 0 || !(config.chunk_bytes as u64).is_multiple_of(bs) {
+        if config.chunk_bytes == 0
+            || !(config.chunk_bytes as u64).is_multiple_of(bs)
+            || config.chunk_bytes > crate::CHUNK_BYTES_MAX
+        {
             return Err(RaidError::Config(format!(
-                "chunk {} is not a multiple of the block size {bs}",
-                config.chunk_bytes
+                "chunk {} is not a multiple of the block size {bs} of at most {} bytes",
+                config.chunk_bytes,
+                crate::CHUNK_BYTES_MAX
             )));
         }
         let cb = config.chunk_bytes as u64 / bs;

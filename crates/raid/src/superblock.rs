@@ -96,8 +96,19 @@ impl Superblock {
         if !(512..=65536).contains(&bs) || !bs.is_power_of_two() {
             return Err(format!("block size {bs}"));
         }
-        if self.chunk_bytes < bs || !self.chunk_bytes.is_multiple_of(bs) {
+        if self.chunk_bytes < bs
+            || !self.chunk_bytes.is_multiple_of(bs)
+            || self.chunk_bytes > crate::CHUNK_BYTES_MAX
+        {
             return Err(format!("chunk {} bytes", self.chunk_bytes));
+        }
+        // counters a pool only ever adds one to: near 2^64 they would wrap,
+        // and a stale copy would pass for the newest
+        if self.generation > u64::MAX / 2 || self.events > u64::MAX / 2 {
+            return Err(format!(
+                "generation {} or events {} out of range",
+                self.generation, self.events
+            ));
         }
         if self.member_count == 0
             || self.member_count > 64
@@ -115,6 +126,14 @@ impl Superblock {
         }
         if self.stripes == 0 || self.data_offset_blocks == 0 {
             return Err("empty data area".into());
+        }
+        // the ring and the data start past the superblocks: a record or a
+        // guest's write there would overwrite them
+        if self.journal_offset_blocks < SUPERBLOCK_REGION_BYTES / bs as u64 {
+            return Err(format!(
+                "journal at block {} inside the superblock region",
+                self.journal_offset_blocks
+            ));
         }
         let cb = (self.chunk_bytes / bs) as u64;
         if self
@@ -382,6 +401,29 @@ mod tests {
             "{:?}",
             state(&unreadable).await
         );
+    }
+
+    /// Fields a crafted or rotten superblock may carry that no pool writes
+    /// are refused at decode: a chunk past the largest (a resync would
+    /// allocate it per member), counters near 2^64 (they would wrap), a
+    /// journal inside the superblock region (its records would overwrite
+    /// them). Before, each passed.
+    #[test]
+    fn fields_no_pool_writes_are_refused() {
+        assert!(sample().validate().is_ok());
+        let cases: [(&str, fn(&mut Superblock)); 4] = [
+            ("chunk", |s| s.chunk_bytes = 1 << 31),
+            ("generation", |s| s.generation = u64::MAX),
+            ("events", |s| s.events = u64::MAX - 1),
+            ("journal", |s| s.journal_offset_blocks = 1),
+        ];
+        for (what, spoil) in cases {
+            let mut sb = sample();
+            spoil(&mut sb);
+            assert!(sb.validate().is_err(), "{what}");
+            let img = encode(&sb, 512).unwrap();
+            assert!(decode(&img).is_err(), "{what} decoded");
+        }
     }
 
     #[test]

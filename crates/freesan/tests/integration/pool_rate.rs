@@ -62,3 +62,27 @@ fn rebuild_rate_set_through_the_cli_shows_in_status_and_persists() {
     let api = node.api.clone().expect("no API address in the banner");
     assert_eq!(rate(&api), 42, "the cap did not persist in the pool");
 }
+
+/// Members that carry a pool of another level than `[[pool]]` says (disks
+/// moved from another node, a swapped cable) are not served under this
+/// pool's name: the start is refused and says why. (Before, the
+/// superblocks' level won silently.)
+#[test]
+fn members_carrying_another_level_are_refused_at_start() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = config(dir.path());
+    let mut node = Node::start(
+        &[],
+        &["--config".into(), cfg.display().to_string()],
+        &dir.path().join("serve.log"),
+    );
+    assert!(node.terminate(), "unclean exit");
+    let text = std::fs::read_to_string(&cfg).unwrap();
+    std::fs::write(&cfg, text.replace("level = \"raid5\"", "level = \"raid0\"")).unwrap();
+    let (ok, out) = serve_expecting_refusal(&cfg);
+    assert!(
+        !ok,
+        "a raid5 pool was served as the configured raid0: {out}"
+    );
+    assert!(out.contains("says raid0"), "{out}");
+}
