@@ -411,7 +411,8 @@ mod tests {
     #[test]
     fn fields_no_pool_writes_are_refused() {
         assert!(sample().validate().is_ok());
-        let cases: [(&str, fn(&mut Superblock)); 4] = [
+        type Spoil = fn(&mut Superblock);
+        let cases: [(&str, Spoil); 4] = [
             ("chunk", |s| s.chunk_bytes = 1 << 31),
             ("generation", |s| s.generation = u64::MAX),
             ("events", |s| s.events = u64::MAX - 1),
