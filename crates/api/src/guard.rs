@@ -305,7 +305,8 @@ pub async fn gate(State(g): State<Arc<Gate>>, req: Request, next: Next) -> Respo
     let reads = req.method() == Method::GET || req.method() == Method::HEAD;
     if reads {
         let started = std::time::Instant::now();
-        let path = req.uri().path().to_string();
+        // (a reference-counted copy, for the log line should it come)
+        let uri = req.uri().clone();
         let answer = next.run(req).await;
         // A read that waited (an event long poll) answers only a token still
         // valid: one revoked while it waited gets nothing of what it waited for.
@@ -313,7 +314,8 @@ pub async fn gate(State(g): State<Arc<Gate>>, req: Request, next: Next) -> Respo
             && g.caller(authorization.as_ref(), true).is_none()
         {
             tracing::warn!(
-                "API: the token of GET {path} from {source} was revoked while it waited"
+                "API: the token of GET {} from {source} was revoked while it waited",
+                uri.path()
             );
             return closing(unauthorized());
         }

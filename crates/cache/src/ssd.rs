@@ -367,11 +367,9 @@ impl Device {
         let blocks = (2 * 4096u64).div_ceil(self.bs).max(1) as u32;
         let b = self.vol().read(0, blocks).await?;
         let copy = |i: usize| b.get(i * 4096..(i + 1) * 4096).unwrap_or(&[]);
-        let damaged = (0..2).any(|i| {
-            let c = copy(i);
-            c.len() >= 8 && &c[0..8] == MAGIC && Superblock::decode(c).is_none()
-        });
         let (a, c) = (Superblock::decode(copy(0)), Superblock::decode(copy(1)));
+        let magic = |i: usize| copy(i).get(0..8) == Some(&MAGIC[..]);
+        let damaged = (a.is_none() && magic(0)) || (c.is_none() && magic(1));
         let best = match (a, c) {
             (Some(a), Some(c)) => Some(if a.generation >= c.generation { a } else { c }),
             (a, c) => a.or(c),

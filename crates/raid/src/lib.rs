@@ -247,12 +247,6 @@ pub type RaidResult<T> = Result<T, RaidError>;
 /// stripe's chunks in memory).
 pub const CHUNK_BYTES_MAX: u32 = 16 << 20;
 
-/// True when `volume` carries a valid freesan RAID superblock (so `Pool::assemble`
-/// should be used rather than `Pool::create`, which would overwrite it).
-pub async fn has_superblock(volume: &block::VolumeRef) -> bool {
-    superblock::read_best(volume).await.is_ok()
-}
-
 /// Whether `volume` carries a valid superblock, none, or one that cannot be
 /// read or decoded (a pool's disk that must not be taken for a blank one).
 pub async fn superblock_state(volume: &block::VolumeRef) -> SuperblockState {

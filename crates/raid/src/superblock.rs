@@ -241,34 +241,52 @@ pub(crate) fn decode(buf: &[u8]) -> Result<Superblock, String> {
     Ok(sb)
 }
 
-/// Reads both slots and returns the newest valid superblock.
-pub(crate) async fn read_best(volume: &VolumeRef) -> Result<Superblock, String> {
+/// Both slots as read (an error as its text); None when the volume is
+/// smaller than the superblock region (it cannot have been a member).
+async fn read_slots(volume: &VolumeRef) -> Option<[Result<Bytes, String>; 2]> {
     let g = volume.geometry();
     let bs = g.block_size_bytes as u64;
-    let slot_blocks = SLOT_BYTES / bs;
     if g.block_count < SUPERBLOCK_REGION_BYTES / bs {
-        return Err("member smaller than the superblock region".into());
+        return None;
     }
+    let slot_blocks = SLOT_BYTES / bs;
+    let read = |slot: u64| async move {
+        volume
+            .read(slot * slot_blocks, slot_blocks as u32)
+            .await
+            .map_err(|e| e.to_string())
+    };
+    Some([read(0).await, read(1).await])
+}
+
+/// The newest superblock of `slots` valid for a member of `bs`-byte blocks,
+/// or why there is none.
+fn best_of(slots: &[Result<Bytes, String>; 2], bs: u32) -> Result<Superblock, String> {
     let mut best: Option<Superblock> = None;
     let mut why = String::from("no superblock");
-    for slot in 0..2u64 {
-        match volume.read(slot * slot_blocks, slot_blocks as u32).await {
-            Ok(buf) => match decode(&buf) {
-                Ok(sb) => {
-                    if sb.block_size_bytes as u64 != bs {
-                        why = "block size differs from the member's".into();
-                        continue;
-                    }
-                    if best.as_ref().is_none_or(|b| sb.events > b.events) {
-                        best = Some(sb);
-                    }
+    for slot in slots {
+        match slot.as_ref().map(|buf| decode(buf)) {
+            Ok(Ok(sb)) if sb.block_size_bytes != bs => {
+                why = "block size differs from the member's".into();
+            }
+            Ok(Ok(sb)) => {
+                if best.as_ref().is_none_or(|b| sb.events > b.events) {
+                    best = Some(sb);
                 }
-                Err(e) => why = e,
-            },
-            Err(e) => why = e.to_string(),
+            }
+            Ok(Err(e)) => why = e,
+            Err(e) => why = e.clone(),
         }
     }
     best.ok_or(why)
+}
+
+/// Reads both slots and returns the newest valid superblock.
+pub(crate) async fn read_best(volume: &VolumeRef) -> Result<Superblock, String> {
+    let slots = read_slots(volume)
+        .await
+        .ok_or("member smaller than the superblock region")?;
+    best_of(&slots, volume.geometry().block_size_bytes)
 }
 
 /// What the superblock region of a disk holds.
@@ -283,28 +301,23 @@ pub enum SuperblockState {
     Unknown(String),
 }
 
-/// Reads both slots and tells whether the disk is formatted, blank, or
+/// Reads both slots once and tells whether the disk is formatted, blank, or
 /// cannot be told (see [`SuperblockState`]).
 pub(crate) async fn state(volume: &VolumeRef) -> SuperblockState {
-    if read_best(volume).await.is_ok() {
-        return SuperblockState::Formatted;
-    }
-    let g = volume.geometry();
-    let bs = g.block_size_bytes as u64;
-    let slot_blocks = SLOT_BYTES / bs;
-    if g.block_count < SUPERBLOCK_REGION_BYTES / bs {
+    let Some(slots) = read_slots(volume).await else {
         return SuperblockState::Blank; // too small to have been a member
-    }
-    for slot in 0..2u64 {
-        match volume.read(slot * slot_blocks, slot_blocks as u32).await {
+    };
+    let why = match best_of(&slots, volume.geometry().block_size_bytes) {
+        Ok(_) => return SuperblockState::Formatted,
+        Err(why) => why,
+    };
+    for (slot, read) in slots.iter().enumerate() {
+        match read {
+            Err(e) => return SuperblockState::Unknown(format!("slot {slot} cannot be read: {e}")),
             Ok(buf) if buf.len() >= 8 && &buf[0..8] == MAGIC => {
-                let why = decode(&buf).err().unwrap_or_default();
-                return SuperblockState::Unknown(format!("slot {slot}: damaged superblock: {why}"));
+                return SuperblockState::Unknown(format!("damaged superblock: {why}"));
             }
             Ok(_) => {}
-            Err(e) => {
-                return SuperblockState::Unknown(format!("slot {slot} cannot be read: {e}"));
-            }
         }
     }
     SuperblockState::Blank

@@ -137,11 +137,13 @@ pub(crate) struct Copies {
     pub(crate) tokens: odx::Tokens,
 }
 
-/// A copy's place: its initiator's share, then one of the target's slots.
+/// A copy's place: its initiator's share (counted from the moment it is
+/// taken, given back on drop, also while still waiting for a slot), then
+/// one of the target's slots.
 pub(crate) struct Slot<'a> {
     copies: &'a Copies,
     initiator: Arc<str>,
-    _permit: tokio::sync::SemaphorePermit<'a>,
+    permit: Option<tokio::sync::SemaphorePermit<'a>>,
 }
 
 impl Drop for Slot<'_> {
@@ -171,16 +173,18 @@ impl Copies {
             ended.await;
         }
         // counted from here: given back if the wait below is dropped (an abort)
-        let share = Share {
+        let mut slot = Slot {
             copies: self,
-            initiator: Some(initiator),
+            initiator,
+            permit: None,
         };
-        let permit = self
-            .slots
-            .acquire()
-            .await
-            .map_err(|_| Fail::from(codes::INTERNAL_TARGET_FAILURE))?;
-        Ok(share.into_slot(permit))
+        slot.permit = Some(
+            self.slots
+                .acquire()
+                .await
+                .map_err(|_| Fail::from(codes::INTERNAL_TARGET_FAILURE))?,
+        );
+        Ok(slot)
     }
 
     fn leave(&self, initiator: &Arc<str>) {
@@ -193,34 +197,6 @@ impl Copies {
         }
         drop(r);
         self.ended.notify_waiters();
-    }
-}
-
-/// An initiator's counted place before its slot is granted.
-struct Share<'a> {
-    copies: &'a Copies,
-    initiator: Option<Arc<str>>,
-}
-
-impl<'a> Share<'a> {
-    fn into_slot(mut self, permit: tokio::sync::SemaphorePermit<'a>) -> Slot<'a> {
-        let initiator = self
-            .initiator
-            .take()
-            .expect("a share is turned into a slot once");
-        Slot {
-            copies: self.copies,
-            initiator,
-            _permit: permit,
-        }
-    }
-}
-
-impl Drop for Share<'_> {
-    fn drop(&mut self) {
-        if let Some(i) = &self.initiator {
-            self.copies.leave(i);
-        }
     }
 }
 
