@@ -1,6 +1,8 @@
 //! The rebuild-rate cap of a running pool is changed through the management API
 //! (`freesan pool rebuild-rate`), shows in `freesan pool status --json`, is
-//! refused for unknown pools, and persists in the pool across a restart.
+//! refused for unknown pools, and persists in the pool across a restart. And
+//! what a start does with members that do not match their `[[pool]]` or whose
+//! superblocks are damaged: it refuses, and writes nothing.
 
 use crate::common;
 use common::*;
@@ -85,4 +87,41 @@ fn members_carrying_another_level_are_refused_at_start() {
         "a raid5 pool was served as the configured raid0: {out}"
     );
     assert!(out.contains("says raid0"), "{out}");
+}
+
+/// A pool whose members' superblocks are all damaged (the magic there, the
+/// checksums wrong) is not created anew over them at the next start: the
+/// start is refused and the members are left as they were. (Before, no
+/// valid superblock meant blank disks, and the pool was formatted again:
+/// new superblocks, the journal's acknowledged records dropped.)
+#[test]
+fn members_whose_superblocks_are_damaged_are_not_formatted_again() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = config(dir.path());
+    let mut node = Node::start(
+        &[],
+        &["--config".into(), cfg.display().to_string()],
+        &dir.path().join("serve.log"),
+    );
+    assert!(node.terminate(), "unclean exit");
+    let disks: Vec<_> = (0..3)
+        .map(|i| dir.path().join(format!("d{i}.img")))
+        .collect();
+    for d in &disks {
+        let mut b = std::fs::read(d).unwrap();
+        // a byte of each slot's payload (slots at 0 and 64 KiB)
+        for slot in [0usize, 64 << 10] {
+            b[slot + 100] ^= 0xff;
+        }
+        std::fs::write(d, b).unwrap();
+    }
+    let before: Vec<Vec<u8>> = disks.iter().map(|d| std::fs::read(d).unwrap()).collect();
+    let (ok, out) = serve_expecting_refusal(&cfg);
+    assert!(
+        !ok,
+        "the pool was formatted over damaged superblocks: {out}"
+    );
+    assert!(out.contains("refusing to create one over them"), "{out}");
+    let after: Vec<Vec<u8>> = disks.iter().map(|d| std::fs::read(d).unwrap()).collect();
+    assert!(before == after, "the members were written");
 }
