@@ -144,27 +144,58 @@ fn u64_at(b: &[u8], at: usize) -> Option<u64> {
     Some(u64::from_le_bytes(b.get(at..at + 8)?.try_into().ok()?))
 }
 
+/// Most blocks a record of a pool of `members` members with chunks of `cb`
+/// blocks can occupy: the most entries, and a chunk's worth of data for every
+/// member (a record is one stripe's update). A ring must hold two of them (a
+/// pool is refused otherwise), and a scan takes nothing larger for a record.
+pub(crate) fn max_record_blocks(members: usize, cb: u64, bs: usize) -> u64 {
+    header_blocks(MAX_ENTRIES, bs) as u64 + members as u64 * cb
+}
+
+/// The smallest ring a parity pool of `members` members with chunks of `cb`
+/// blocks may have: two whole-stripe records (a chunk for every member). A
+/// record is written whole into the ring, and a ring holding fewer could not
+/// take the next record without overwriting the one before it.
+pub(crate) fn min_ring_blocks(members: usize, cb: u64, bs: usize) -> u64 {
+    2 * (header_blocks(members, bs) as u64 + members as u64 * cb)
+}
+
+/// Sequence numbers a record may carry: the pool hands them out one at a time
+/// from 1, so one past half of 2^64 is a damaged or forged record, whose
+/// successor would wrap.
+pub(crate) const SEQ_MAX: u64 = u64::MAX / 2;
+
 /// Decodes the record at the start of `buf`, returning it and its length in blocks.
-/// Anything malformed (including a record of another pool) is `None`.
-pub(crate) fn decode(buf: &[u8], bs: usize, pool_tag: u64) -> Option<(Record, u64)> {
+/// Anything malformed (including a record of another pool, one with a sequence
+/// number past [`SEQ_MAX`], and one longer than `max_blocks`) is `None`.
+pub(crate) fn decode(
+    buf: &[u8],
+    bs: usize,
+    pool_tag: u64,
+    max_blocks: u64,
+) -> Option<(Record, u64)> {
     if buf.get(0..8)? != MAGIC || u64_at(buf, 8)? != pool_tag {
         return None;
     }
     let seq = u64_at(buf, 16)?;
     let link = u64_at(buf, 40)?;
-    if link != 0 && link != LINK_DATA_FIRST && link & LINK_COMPLETES == 0 {
+    if seq > SEQ_MAX || (link != 0 && link != LINK_DATA_FIRST && link & LINK_COMPLETES == 0) {
         return None;
     }
     let n = u32_at(buf, 24)? as usize;
     let hb = u32_at(buf, 28)? as usize;
     let total = u32_at(buf, 32)? as usize;
-    if n > MAX_ENTRIES || hb != header_blocks(n, bs) || total < hb {
+    if n > MAX_ENTRIES || hb != header_blocks(n, bs) || total < hb || total as u64 > max_blocks {
         return None;
     }
     let rec = buf.get(0..total.checked_mul(bs)?)?;
-    let mut copy = rec.to_vec();
-    copy[36..40].fill(0);
-    if crc32c::crc32c(&copy) != u32_at(rec, 36)? {
+    // the checksum is of the record with its own field zeroed: taken in three
+    // pieces, not over a copy (a scan tries every block of the ring)
+    let crc = crc32c::crc32c_append(
+        crc32c::crc32c_append(crc32c::crc32c(&rec[..36]), &[0; 4]),
+        &rec[40..],
+    );
+    if crc != u32_at(rec, 36)? {
         return None;
     }
     let mut entries = Vec::with_capacity(n);
@@ -210,13 +241,16 @@ pub(crate) fn decode(buf: &[u8], bs: usize, pool_tag: u64) -> Option<(Record, u6
     ))
 }
 
-/// Every valid record of `pool_tag` in a journal region image.
-pub(crate) fn scan(buf: &[u8], bs: usize, pool_tag: u64) -> Vec<Record> {
+/// Every valid record of `pool_tag` in a journal region image, none longer
+/// than `max_blocks` ([`max_record_blocks`] of the pool): a damaged ring whose
+/// every block starts a header claiming the rest of the ring would otherwise
+/// cost a checksum of the whole remainder at every block.
+pub(crate) fn scan(buf: &[u8], bs: usize, pool_tag: u64, max_blocks: u64) -> Vec<Record> {
     let mut out = Vec::new();
     let blocks = buf.len() / bs;
     let mut b = 0usize;
     while b < blocks {
-        match decode(&buf[b * bs..], bs, pool_tag) {
+        match decode(&buf[b * bs..], bs, pool_tag, max_blocks) {
             Some((mut rec, len)) => {
                 rec.at = b as u64;
                 out.push(rec);
@@ -429,13 +463,13 @@ mod tests {
         let c = vec![3u8; 512];
         let rec = encode(9, 42, 0, &entries, &[&a, &[], &c], bs);
         assert_eq!(rec.len() as u64, record_blocks(&entries, bs) * bs as u64);
-        let (r, len) = decode(&rec, bs, 42).unwrap();
+        let (r, len) = decode(&rec, bs, 42, u64::MAX).unwrap();
         assert_eq!(len, 4);
         assert_eq!(r.seq, 9);
         assert_eq!(r.entries, entries);
         assert_eq!(r.payloads[0], a);
         assert_eq!(r.payloads[2], c);
-        assert!(decode(&rec, bs, 43).is_none());
+        assert!(decode(&rec, bs, 43, u64::MAX).is_none());
         // in a ring image, next to garbage and a torn copy
         let mut ring = vec![0xeeu8; bs * 3];
         ring.extend_from_slice(&rec);
@@ -443,26 +477,37 @@ mod tests {
         let last = torn.len() - 1;
         torn[last] ^= 1;
         ring.extend_from_slice(&torn);
-        let found = scan(&ring, bs, 42);
+        let found = scan(&ring, bs, 42, u64::MAX);
         assert_eq!(found.len(), 1);
         assert_eq!((found[0].at, found[0].blocks), (3, 4));
         // the links of a data-first record and of the record completing it
         let df = encode(10, 42, LINK_DATA_FIRST, &entries, &[&a, &[], &c], bs);
-        let (r, _) = decode(&df, bs, 42).unwrap();
+        let (r, _) = decode(&df, bs, 42, u64::MAX).unwrap();
         assert!(r.is_data_first() && r.completes().is_none());
         let done = encode(11, 42, LINK_COMPLETES | 10, &entries, &[&a, &[], &c], bs);
-        let (r, _) = decode(&done, bs, 42).unwrap();
+        let (r, _) = decode(&done, bs, 42, u64::MAX).unwrap();
         assert_eq!((r.is_data_first(), r.completes()), (false, Some(10)));
-        let (r, _) = decode(&rec, bs, 42).unwrap();
+        let (r, _) = decode(&rec, bs, 42, u64::MAX).unwrap();
         assert_eq!((r.is_data_first(), r.completes()), (false, None));
         // an unknown link is not a record of this format
         let mut odd = encode(12, 42, 2, &entries, &[&a, &[], &c], bs);
-        assert!(decode(&odd, bs, 42).is_none());
+        assert!(decode(&odd, bs, 42, u64::MAX).is_none());
         odd[40] = 0;
-        assert!(decode(&odd, bs, 42).is_none(), "checksum covers the link");
+        assert!(
+            decode(&odd, bs, 42, u64::MAX).is_none(),
+            "checksum covers the link"
+        );
+        // a sequence number whose successor could wrap is no record of a
+        // pool, nor is one longer than the pool's largest record
+        let past = encode(SEQ_MAX + 1, 42, 0, &entries, &[&a, &[], &c], bs);
+        assert!(decode(&past, bs, 42, u64::MAX).is_none());
+        let last = encode(SEQ_MAX, 42, 0, &entries, &[&a, &[], &c], bs);
+        assert!(decode(&last, bs, 42, u64::MAX).is_some());
+        assert!(decode(&rec, bs, 42, 3).is_none());
+        assert!(decode(&rec, bs, 42, 4).is_some());
         // truncated buffers never panic
         for cut in 0..rec.len() {
-            let _ = decode(&rec[..cut], bs, 42);
+            let _ = decode(&rec[..cut], bs, 42, u64::MAX);
         }
     }
 }

@@ -423,19 +423,7 @@ impl Pool {
         };
         let journal_blocks = journal_bytes / bs;
         if parity && !config.unsafe_disable_journal {
-            let max_rec = journal::record_blocks(
-                &vec![
-                    journal::Entry {
-                        position: 0,
-                        discard: false,
-                        member_lba: 0,
-                        blocks: cb as u32,
-                    };
-                    layout.member_count()
-                ],
-                bs as usize,
-            );
-            if journal_blocks < 2 * max_rec {
+            if journal_blocks < journal::min_ring_blocks(layout.member_count(), cb, bs as usize) {
                 return Err(RaidError::Config(format!(
                     "journal of {journal_bytes} bytes holds fewer than two full-stripe records"
                 )));
@@ -1620,7 +1608,9 @@ impl Inner {
             if !on_member {
                 jdev_read += 1;
             }
-            for rec in journal::scan(&image, self.bs as usize, self.pool_tag) {
+            let max_rec =
+                journal::max_record_blocks(self.layout.member_count(), self.cb, self.bs as usize);
+            for rec in journal::scan(&image, self.bs as usize, self.pool_tag, max_rec) {
                 if rec.seq > checkpoint {
                     records.insert(rec.seq, rec);
                 }

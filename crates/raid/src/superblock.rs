@@ -151,6 +151,19 @@ impl Superblock {
         {
             return Err("journal overlaps data".into());
         }
+        // a parity pool's ring must take two whole-stripe records, as at
+        // creation: a smaller one could not place the next record without
+        // overwriting the last
+        if matches!(layout.scheme(), crate::layout::Scheme::Parity { .. })
+            && self.journal_blocks > 0
+            && self.journal_blocks
+                < crate::journal::min_ring_blocks(self.member_count as usize, cb, bs as usize)
+        {
+            return Err(format!(
+                "journal of {} blocks holds fewer than two full-stripe records",
+                self.journal_blocks
+            ));
+        }
         // the areas of a far layout each span the stripes on every member
         if self
             .stripes
@@ -424,12 +437,17 @@ mod tests {
     #[test]
     fn fields_no_pool_writes_are_refused() {
         assert!(sample().validate().is_ok());
+        let mut smallest = sample();
+        smallest.journal_blocks = 770;
+        assert!(smallest.validate().is_ok(), "a ring of exactly two records");
         type Spoil = fn(&mut Superblock);
-        let cases: [(&str, Spoil); 4] = [
+        let cases: [(&str, Spoil); 5] = [
             ("chunk", |s| s.chunk_bytes = 1 << 31),
             ("generation", |s| s.generation = u64::MAX),
             ("events", |s| s.events = u64::MAX - 1),
             ("journal", |s| s.journal_offset_blocks = 1),
+            // two whole-stripe records of 3 x 128 blocks and a header need 770
+            ("ring", |s| s.journal_blocks = 769),
         ];
         for (what, spoil) in cases {
             let mut sb = sample();
