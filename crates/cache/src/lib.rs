@@ -47,6 +47,8 @@ pub mod advisor;
 mod bits;
 mod config;
 mod destage;
+#[cfg(feature = "fuzzing")]
+pub mod fuzzing;
 mod hash;
 pub mod path;
 pub mod policy;

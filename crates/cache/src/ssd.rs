@@ -74,7 +74,7 @@ pub struct Superblock {
 }
 
 impl Superblock {
-    fn encode(&self) -> Vec<u8> {
+    pub(crate) fn encode(&self) -> Vec<u8> {
         let mut b = vec![0u8; 4096];
         b[0..8].copy_from_slice(MAGIC);
         b[8..16].copy_from_slice(&self.cache_id.to_le_bytes());
@@ -94,7 +94,7 @@ impl Superblock {
         b
     }
 
-    fn decode(b: &[u8]) -> Option<Superblock> {
+    pub(crate) fn decode(b: &[u8]) -> Option<Superblock> {
         if b.len() < 4096 || &b[0..8] != MAGIC {
             return None;
         }

@@ -25,6 +25,8 @@
 mod background;
 mod commit;
 mod fullstripe;
+#[cfg(any(test, feature = "fuzzing"))]
+pub mod fuzzing;
 mod gf;
 mod grow;
 mod io;

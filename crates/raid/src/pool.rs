@@ -422,12 +422,13 @@ impl Pool {
             0
         };
         let journal_blocks = journal_bytes / bs;
-        if parity && !config.unsafe_disable_journal {
-            if journal_blocks < journal::min_ring_blocks(layout.member_count(), cb, bs as usize) {
-                return Err(RaidError::Config(format!(
-                    "journal of {journal_bytes} bytes holds fewer than two full-stripe records"
-                )));
-            }
+        if parity
+            && !config.unsafe_disable_journal
+            && journal_blocks < journal::min_ring_blocks(layout.member_count(), cb, bs as usize)
+        {
+            return Err(RaidError::Config(format!(
+                "journal of {journal_bytes} bytes holds fewer than two full-stripe records"
+            )));
         }
         let journal_offset_blocks = SUPERBLOCK_REGION_BYTES / bs;
         let data_offset_blocks = align_up(
