@@ -108,8 +108,41 @@ fn regions_of(block_count: u64, region_blocks: u64) -> std::io::Result<u64> {
     Ok(regions)
 }
 
+/// The file beside the bitmap recording the region size (in bytes) its bits
+/// were set for: `[cluster] region` may change between two starts, and a bit
+/// read under another region size names other blocks.
+fn shape_path(bitmap: &Path) -> std::path::PathBuf {
+    let mut p = bitmap.as_os_str().to_owned();
+    p.push(".shape");
+    p.into()
+}
+
+/// The region size the bits on disk were set for: `Ok(None)` when no shape
+/// file exists (a new bitmap, or one written before the shape was recorded),
+/// `Ok(Some(0))` when it exists and does not read as one (damaged: taken as
+/// another size).
+fn recorded_region_bytes(path: &Path) -> std::io::Result<Option<u64>> {
+    match std::fs::read(path) {
+        Ok(b) => Ok(Some(
+            serde_json::from_slice::<serde_json::Value>(&b)
+                .ok()
+                .and_then(|v| v.get("region_bytes")?.as_u64())
+                .unwrap_or(0),
+        )),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(e),
+    }
+}
+
 impl DirtyBitmap {
     /// Opens (or creates) the bitmap file for a volume of `block_count` blocks.
+    ///
+    /// When the bits on disk were set for another region size than this one
+    /// (the shape file beside it says so, or is damaged) and any is set, every
+    /// region is marked: a region that had a write in flight, or a change the
+    /// partner lacks, is then resynchronised whatever size its bit stood for
+    /// (a whole resync). The marks are durable before the new size is
+    /// recorded, so a crash in between finds them again.
     pub fn open(
         path: &Path,
         block_count: u64,
@@ -134,6 +167,32 @@ impl DirtyBitmap {
         // bits past the last region stay clear
         for r in regions..len * 8 {
             bits[(r / 8) as usize] &= !(1 << (r % 8));
+        }
+        let region_bytes_now = region_blocks * block_size_bytes as u64;
+        let shape = shape_path(path);
+        match recorded_region_bytes(&shape)? {
+            Some(was) if was == region_bytes_now => {}
+            recorded => {
+                if let Some(was) = recorded {
+                    if bits.iter().any(|&b| b != 0) {
+                        tracing::warn!(bitmap = %path.display(), was, now = region_bytes_now,
+                            "the dirty bitmap's region size changed: every region is marked for resynchronisation");
+                        for r in 0..regions {
+                            bits[(r / 8) as usize] |= 1 << (r % 8);
+                        }
+                        file.write_all_at(&bits, 0)?;
+                        file.sync_all()?;
+                    }
+                }
+                // (no shape file: a bitmap from before it was recorded is
+                // taken at the size configured now, as it always was)
+                block::durable::replace_file(
+                    &shape,
+                    serde_json::json!({ "region_bytes": region_bytes_now })
+                        .to_string()
+                        .as_bytes(),
+                )?;
+            }
         }
         Ok(DirtyBitmap {
             file: Arc::new(file),
@@ -515,6 +574,46 @@ mod tests {
         assert_eq!(b.count(), 63);
         b.clear_all().await.unwrap();
         assert_eq!(b.count(), 0);
+    }
+
+    /// The region size changed between two opens (`[cluster] region`
+    /// edited on both nodes): a bit set for a 64 KiB region must still cover
+    /// the blocks that were written, so every region is marked; a clean
+    /// bitmap stays clean. Before, the old bits were read at the new size and
+    /// named other blocks: the written ones were never resynchronised.
+    #[tokio::test]
+    async fn a_changed_region_size_keeps_the_written_blocks_marked() {
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path().join("bm");
+        let b = DirtyBitmap::open(&p, 100_000, 512, 65536).unwrap();
+        let lba = 128 * 5 + 3; // in region 5 of 128 blocks
+                               // (the hold ends; the bit stays set until a cleaning pass)
+        drop(b.begin_write(lba, 1).await.unwrap());
+        drop(b);
+        for region_bytes in [131072u32, 32768, 65536] {
+            let again = DirtyBitmap::open(&p, 100_000, 512, region_bytes).unwrap();
+            let r = lba / again.region_blocks();
+            assert!(
+                again.set_regions().contains(&r),
+                "block {lba} not marked with {region_bytes}-byte regions"
+            );
+            assert_eq!(again.count(), again.regions(), "every region marked");
+        }
+        // a clean bitmap needs no resync under a new size
+        let clean = d.path().join("clean");
+        drop(DirtyBitmap::open(&clean, 100_000, 512, 65536).unwrap());
+        let again = DirtyBitmap::open(&clean, 100_000, 512, 131072).unwrap();
+        assert_eq!(again.count(), 0);
+        // the same size again: the bits are read as they are
+        let same = d.path().join("same");
+        let b = DirtyBitmap::open(&same, 100_000, 512, 65536).unwrap();
+        drop(b.begin_write(0, 1).await.unwrap());
+        let again = DirtyBitmap::open(&same, 100_000, 512, 65536).unwrap();
+        assert_eq!(again.set_regions(), vec![0]);
+        // a damaged shape file is taken as another size
+        std::fs::write(shape_path(&same), b"{garbage").unwrap();
+        let again = DirtyBitmap::open(&same, 100_000, 512, 65536).unwrap();
+        assert_eq!(again.count(), again.regions());
     }
 
     /// A bit whose page write failed is not taken as durable by the writes
