@@ -29,6 +29,39 @@ pub(crate) struct Opened {
     pub(crate) direct: bool,
     /// Memory alignment write buffers need (1 = any).
     pub(crate) mem_align_bytes: usize,
+    /// The exclusive claim on a block device opened for writing (see
+    /// [`claim_exclusive`]), held as long as the volume.
+    pub(crate) claim: Option<File>,
+}
+
+/// Claims the block device behind `file` exclusively, as `mkfs` and `mount`
+/// do: an open with `O_EXCL` (which on Linux means "exclusive" for a block
+/// device), through `/proc/self/fd`, so it is the device already opened.
+/// It fails with `EBUSY` while the device is mounted, held by md, LVM or
+/// device-mapper, claimed by another program, or while a partition of it (or
+/// the whole disk it is a partition of) is, freesan's own volumes included:
+/// a node configured with `/dev/sdb` and `/dev/sdb1`, or with one disk twice,
+/// would otherwise write each over the other. While the claim is held, the
+/// kernel refuses those to others in turn.
+fn claim_exclusive(file: &File, path: &Path) -> Result<File, BlockError> {
+    let me = format!("/proc/self/fd/{}", file.as_raw_fd());
+    OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_EXCL)
+        .open(&me)
+        .map_err(|e| {
+            if e.raw_os_error() == Some(libc::EBUSY) {
+                BlockError::Io(io::Error::new(
+                    io::ErrorKind::ResourceBusy,
+                    format!(
+                        "{} is in use: mounted, part of md, LVM or device-mapper, opened                          exclusively by another program, or a partition of it (or the disk                          it is a partition of) is; freesan does not write under them",
+                        path.display()
+                    ),
+                ))
+            } else {
+                e.into()
+            }
+        })
 }
 
 fn invalid(msg: String) -> BlockError {
@@ -199,11 +232,17 @@ pub(crate) fn open(path: &Path, opts: &FileOptions) -> Result<Opened, BlockError
     } else {
         1
     };
+    let claim = if backing == Backing::BlockDevice && !opts.read_only {
+        Some(claim_exclusive(&file, path)?)
+    } else {
+        None
+    };
     Ok(Opened {
         file,
         backing,
         geometry,
         direct,
         mem_align_bytes,
+        claim,
     })
 }

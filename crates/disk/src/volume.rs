@@ -128,6 +128,9 @@ pub struct FileVolume {
     sync_lost: Arc<SyncLatch>,
     zeroes: OnceLock<Bytes>,
     counters: Counters,
+    /// The exclusive claim on a block device opened for writing: held, never
+    /// used, released when the volume is dropped.
+    _claim: Option<std::fs::File>,
 }
 
 impl fmt::Debug for FileVolume {
@@ -188,6 +191,7 @@ impl FileVolume {
             }),
             zeroes: OnceLock::new(),
             counters: Counters::default(),
+            _claim: opened.claim,
         })
     }
 

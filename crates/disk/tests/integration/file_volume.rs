@@ -697,3 +697,127 @@ async fn a_failed_flush_nobody_waited_for_is_not_forgotten() {
         drop(v);
     }
 }
+
+/// A loop device over a 16 MiB file, with partition 1 over blocks 2048..18432
+/// when asked (added with `addpart`: no partition table needed). Dropped:
+/// detached. None where loop devices are not allowed (not root), which fails
+/// under FREESAN_REQUIRE_TOOLS (the test command sets it).
+struct LoopDisk {
+    _dir: tempfile::TempDir,
+    dev: String,
+}
+
+impl LoopDisk {
+    fn new(partition: bool) -> Option<LoopDisk> {
+        use std::process::Command;
+        let dir = tempfile::tempdir().unwrap();
+        let img = dir.path().join("img");
+        std::fs::File::create(&img)
+            .unwrap()
+            .set_len(16 * MIB)
+            .unwrap();
+        let out = Command::new("losetup")
+            .args(["-f", "--show"])
+            .arg(&img)
+            .output()
+            .ok()
+            .filter(|o| o.status.success());
+        let Some(out) = out else {
+            assert!(
+                std::env::var("FREESAN_REQUIRE_TOOLS").is_err(),
+                "a loop device is required (run the tests as root)"
+            );
+            return None;
+        };
+        let dev = String::from_utf8_lossy(&out.stdout).trim().to_string();
+        let disk = LoopDisk { _dir: dir, dev };
+        if partition {
+            let ok = Command::new("addpart")
+                .args([&disk.dev, "1", "2048", "16384"])
+                .status()
+                .is_ok_and(|s| s.success());
+            assert!(ok, "addpart {} failed", disk.dev);
+        }
+        Some(disk)
+    }
+
+    fn part(&self) -> String {
+        format!("{}p1", self.dev)
+    }
+}
+
+impl Drop for LoopDisk {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("losetup")
+            .args(["-d", &self.dev])
+            .status();
+    }
+}
+
+fn busy(r: Result<FileVolume, BlockError>) -> bool {
+    matches!(r, Err(BlockError::Io(e)) if e.kind() == std::io::ErrorKind::ResourceBusy)
+}
+
+/// A block device is claimed exclusively while a volume writes to it, as
+/// mkfs and mount claim theirs: one that is mounted or held by another
+/// program is refused, as are the same disk named twice and a disk and a
+/// partition of it (`/dev/sdb` and `/dev/sdb1`), which would write each over
+/// the other. Read-only opens claim nothing; closing gives the claim back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_block_device_in_use_is_not_opened_for_writing() {
+    use std::os::unix::fs::OpenOptionsExt;
+    let Some(disk) = LoopDisk::new(true) else {
+        eprintln!("skipped: no loop device here (not root?)");
+        return;
+    };
+    let dev = std::path::Path::new(&disk.dev);
+    let part = disk.part();
+    let part = std::path::Path::new(&part);
+    let opts = FileOptions::default();
+    let read_only = FileOptions {
+        read_only: true,
+        ..FileOptions::default()
+    };
+
+    let v = FileVolume::open(dev, &opts).unwrap();
+    assert!(v.is_block_device());
+    assert!(busy(FileVolume::open(dev, &opts)), "the same disk twice");
+    assert!(
+        busy(FileVolume::open(part, &opts)),
+        "a partition of a disk in use"
+    );
+    // the kernel refuses the claim to others too (mkfs, mount, another node process)
+    let other = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_EXCL)
+        .open(dev);
+    assert_eq!(
+        other.err().and_then(|e| e.raw_os_error()),
+        Some(libc::EBUSY)
+    );
+    let ro = FileVolume::open(dev, &read_only).unwrap();
+    drop(ro);
+    drop(v);
+
+    // the claim is gone with the volume: the partition now, then not the disk
+    let p = FileVolume::open(part, &opts).unwrap();
+    assert!(
+        busy(FileVolume::open(dev, &opts)),
+        "the disk of a partition in use"
+    );
+    drop(p);
+
+    // held by another program (as a mount holds it)
+    let holder = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_EXCL)
+        .open(dev)
+        .unwrap();
+    let err = FileVolume::open(dev, &opts).unwrap_err();
+    assert!(err.to_string().contains("in use"), "{err}");
+    drop(holder);
+    let v = FileVolume::open(dev, &opts).unwrap();
+    let one = Bytes::from(pattern(1, 1, 512, 9));
+    v.write(1, one.clone(), false).await.unwrap();
+    assert_eq!(v.read(1, 1).await.unwrap(), one);
+}
