@@ -34,6 +34,7 @@ pub mod inflight;
 mod join;
 mod mem;
 mod passthru;
+pub mod private;
 mod rangelock;
 mod stall;
 mod switch;

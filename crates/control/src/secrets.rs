@@ -59,23 +59,11 @@ pub fn masked_toml<T: serde::Serialize>(value: &T) -> Result<String> {
 }
 
 /// Refuses a file holding secrets (`what` names it) that users other than
-/// its owner may read or write (mode bits for group or others), as the
-/// NBD PSK file and the cluster key are refused.
+/// its owner may read or write (mode bits for group or others), or that
+/// another user owns, as the NBD PSK file and the cluster key are refused
+/// (one rule: `block::private`).
 pub fn check_private(path: &std::path::Path, what: &str) -> anyhow::Result<()> {
-    use std::os::unix::fs::PermissionsExt;
-    let mode = std::fs::metadata(path)
-        .map_err(|e| anyhow::anyhow!("{what} {}: {e}", path.display()))?
-        .permissions()
-        .mode();
-    if mode & 0o077 != 0 {
-        anyhow::bail!(
-            "{what} {} holds secrets and other users may read it (mode {:o}): chmod 600 {}",
-            path.display(),
-            mode & 0o777,
-            path.display()
-        );
-    }
-    Ok(())
+    block::private::check(path).map_err(|e| anyhow::anyhow!("{what} {}: {e}", path.display()))
 }
 
 /// A URL as logs and `config show` print it: scheme and host only. Webhook

@@ -41,13 +41,14 @@ pub enum PskError {
         /// What went wrong.
         source: std::io::Error,
     },
-    /// The file may be read by others than its owner.
-    #[error("{path}: mode {mode:o} lets others read the keys; chmod 600 it")]
+    /// The file may be read or written by others than its owner, or another
+    /// user owns it (`block::private`).
+    #[error("{path}: {why}")]
     Exposed {
         /// The file.
         path: PathBuf,
-        /// Its permission bits.
-        mode: u32,
+        /// Why it is refused.
+        why: String,
     },
     /// A line is not `identity:hexkey`, or the file breaks a bound.
     #[error("{path}: line {line}: {msg}")]
@@ -134,20 +135,16 @@ impl PskKeys {
 
     /// Reads and parses a key file that only its owner may read.
     pub fn read(path: &Path) -> Result<PskKeys, PskError> {
-        use std::os::unix::fs::PermissionsExt;
-        let file_err = |source| PskError::File {
-            path: path.to_path_buf(),
-            source,
-        };
-        let meta = std::fs::metadata(path).map_err(file_err)?;
-        let mode = meta.permissions().mode() & 0o777;
-        if mode & 0o077 != 0 {
-            return Err(PskError::Exposed {
+        let text = block::private::read_to_string(path).map_err(|e| match e {
+            block::private::PrivateError::Io(source) => PskError::File {
                 path: path.to_path_buf(),
-                mode,
-            });
-        }
-        let text = std::fs::read_to_string(path).map_err(file_err)?;
+                source,
+            },
+            refused => PskError::Exposed {
+                path: path.to_path_buf(),
+                why: refused.to_string(),
+            },
+        })?;
         PskKeys::parse(&text, path)
     }
 

@@ -322,17 +322,7 @@ impl ClusterKeys {
 
     /// Reads a key file, refusing one that others than its owner may read.
     pub fn load(path: &Path) -> Result<ClusterKeys, SecureError> {
-        use std::os::unix::fs::PermissionsExt;
-        let meta = std::fs::metadata(path)
-            .map_err(|e| SecureError::Key(format!("{}: {e}", path.display())))?;
-        if meta.permissions().mode() & 0o077 != 0 {
-            return Err(SecureError::Key(format!(
-                "{}: readable by others (mode {:o}); chmod 600 it",
-                path.display(),
-                meta.permissions().mode() & 0o777
-            )));
-        }
-        let text = std::fs::read_to_string(path)
+        let text = block::private::read_to_string(path)
             .map_err(|e| SecureError::Key(format!("{}: {e}", path.display())))?;
         Self::from_file_text(&text)
     }

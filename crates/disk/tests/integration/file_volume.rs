@@ -574,23 +574,29 @@ impl FullUnderneath {
         if !mounted {
             return None;
         }
-        let img = dir.path().join("img");
-        std::fs::File::create(&img)
-            .unwrap()
-            .set_len(16 * MIB)
-            .unwrap();
-        let out = Command::new("losetup")
-            .args(["-f", "--show"])
-            .arg(&img)
-            .output()
-            .ok()?;
-        if !out.status.success() {
+        let Some(loopdev) = loop_over_new_file(dir.path()) else {
             let _ = Command::new("umount").arg(dir.path()).status();
             return None;
-        }
-        let loopdev = String::from_utf8_lossy(&out.stdout).trim().to_string();
+        };
         Some(FullUnderneath { dir, loopdev })
     }
+}
+
+/// A loop device over a new 16 MiB file in `dir`: its name, or None where
+/// loop devices are not allowed (not root).
+fn loop_over_new_file(dir: &std::path::Path) -> Option<String> {
+    let img = dir.join("img");
+    std::fs::File::create(&img)
+        .unwrap()
+        .set_len(16 * MIB)
+        .unwrap();
+    let out = std::process::Command::new("losetup")
+        .args(["-f", "--show"])
+        .arg(&img)
+        .output()
+        .ok()
+        .filter(|o| o.status.success())?;
+    Some(String::from_utf8_lossy(&out.stdout).trim().to_string())
 }
 
 impl Drop for FullUnderneath {
@@ -700,38 +706,34 @@ async fn a_failed_flush_nobody_waited_for_is_not_forgotten() {
 
 /// A loop device over a 16 MiB file, with partition 1 over blocks 2048..18432
 /// when asked (added with `addpart`: no partition table needed). Dropped:
-/// detached. None where loop devices are not allowed (not root), which fails
+/// the partition deleted (it would outlive the detach), then detached. None where loop devices are not allowed (not root), which fails
 /// under FREESAN_REQUIRE_TOOLS (the test command sets it).
 struct LoopDisk {
     _dir: tempfile::TempDir,
     dev: String,
+    partitioned: bool,
 }
 
 impl LoopDisk {
     fn new(partition: bool) -> Option<LoopDisk> {
         use std::process::Command;
         let dir = tempfile::tempdir().unwrap();
-        let img = dir.path().join("img");
-        std::fs::File::create(&img)
-            .unwrap()
-            .set_len(16 * MIB)
-            .unwrap();
-        let out = Command::new("losetup")
-            .args(["-f", "--show"])
-            .arg(&img)
-            .output()
-            .ok()
-            .filter(|o| o.status.success());
-        let Some(out) = out else {
+        let Some(dev) = loop_over_new_file(dir.path()) else {
             assert!(
                 std::env::var("FREESAN_REQUIRE_TOOLS").is_err(),
                 "a loop device is required (run the tests as root)"
             );
             return None;
         };
-        let dev = String::from_utf8_lossy(&out.stdout).trim().to_string();
-        let disk = LoopDisk { _dir: dir, dev };
+        let disk = LoopDisk {
+            _dir: dir,
+            dev,
+            partitioned: partition,
+        };
         if partition {
+            // a partition outlives the detach of its loop device: one a
+            // killed run left behind is taken away first
+            let _ = Command::new("delpart").args([&disk.dev, "1"]).status();
             let ok = Command::new("addpart")
                 .args([&disk.dev, "1", "2048", "16384"])
                 .status()
@@ -748,6 +750,21 @@ impl LoopDisk {
 
 impl Drop for LoopDisk {
     fn drop(&mut self) {
+        if self.partitioned {
+            // busy while an I/O thread of a dropped volume still holds the
+            // partition open: they end on their own, so a bounded retry
+            for _ in 0..100 {
+                let gone = std::process::Command::new("delpart")
+                    .args([&self.dev, "1"])
+                    .stderr(std::process::Stdio::null())
+                    .status()
+                    .is_ok_and(|s| s.success());
+                if gone {
+                    break;
+                }
+                std::thread::sleep(std::time::Duration::from_millis(20));
+            }
+        }
         let _ = std::process::Command::new("losetup")
             .args(["-d", &self.dev])
             .status();
