@@ -115,7 +115,9 @@ pub fn sign(secret: &[u8], timestamp: u64, body: &[u8]) -> String {
 
 /// Each destination's last event delivered or given up, kept in
 /// `DATA_DIR/alerts-delivered.json` (written whole: temporary file, fsync,
-/// rename).
+/// rename). A webhook is keyed there by the SHA-256 of its URL, not the URL:
+/// a Slack-style URL is its own credential, and the file outlives a webhook
+/// removed from the configuration.
 pub struct Cursors {
     path: PathBuf,
     map: Mutex<BTreeMap<String, u64>>,
@@ -126,7 +128,7 @@ impl Cursors {
     /// unreadable file is logged and counts as none).
     pub fn open(data_dir: &Path) -> Cursors {
         let path = data_dir.join("alerts-delivered.json");
-        let map = match std::fs::read(&path) {
+        let map: BTreeMap<String, u64> = match std::fs::read(&path) {
             Ok(b) => serde_json::from_slice(&b).unwrap_or_else(|e| {
                 tracing::warn!(file = %path.display(), "alerts: delivery cursors unreadable, starting at the log's end: {e}");
                 BTreeMap::new()
@@ -137,22 +139,48 @@ impl Cursors {
                 BTreeMap::new()
             }
         };
-        Cursors {
+        // keys written by an earlier version carry the URL: hashed, and
+        // the file written again at once, so the URLs leave the disk
+        let plain = map.keys().any(|k| Self::key(k) != *k);
+        let map: BTreeMap<String, u64> = map.into_iter().map(|(k, v)| (Self::key(&k), v)).collect();
+        let c = Cursors {
             path,
             map: Mutex::new(map),
+        };
+        if plain {
+            let map = c.map.lock();
+            if let Err(e) = c.write(&map) {
+                tracing::warn!(file = %c.path.display(), "alerts: delivery cursors not rewritten: {e:#}");
+            }
+        }
+        c
+    }
+
+    /// The key of destination `dest` in the file: a webhook's URL hashed
+    /// (a key already hashed stays as it is).
+    fn key(dest: &str) -> String {
+        use sha2::Digest;
+        match dest.strip_prefix("webhook ") {
+            Some(url) if !url.starts_with("sha256:") => {
+                format!(
+                    "webhook sha256:{}",
+                    hex::encode(sha2::Sha256::digest(url.as_bytes()))
+                )
+            }
+            _ => dest.to_string(),
         }
     }
 
     /// The last event handled for `dest`.
     pub fn get(&self, dest: &str) -> Option<u64> {
-        self.map.lock().get(dest).copied()
+        self.map.lock().get(&Self::key(dest)).copied()
     }
 
     /// Records that `dest` is done with every event up to `seq`. A failing
     /// write is logged (the event may then be delivered again after a restart).
     pub fn set(&self, dest: &str, seq: u64) {
         let mut map = self.map.lock();
-        map.insert(dest.to_string(), seq);
+        map.insert(Self::key(dest), seq);
         if let Err(e) = self.write(&map) {
             tracing::warn!(file = %self.path.display(), "alerts: delivery cursor not saved: {e:#}");
         }
@@ -529,6 +557,31 @@ mod tests {
         assert_eq!(c.get("mail via m:25"), Some(3));
         std::fs::write(dir.path().join("alerts-delivered.json"), b"{\"webhook").unwrap();
         assert_eq!(Cursors::open(dir.path()).get("webhook http://a/"), None);
+    }
+
+    /// A webhook's URL (its own credential, Slack-style) is never written to
+    /// the cursor file, and one an earlier version wrote there is replaced
+    /// by its hash when the file is opened.
+    #[test]
+    fn the_cursor_file_holds_no_webhook_url() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("alerts-delivered.json");
+        let hook = "webhook https://hooks.example.com/services/T0/B0/s3cr3tTOKEN";
+        let c = Cursors::open(dir.path());
+        c.set(hook, 4);
+        let text = std::fs::read_to_string(&file).unwrap();
+        assert!(
+            !text.contains("s3cr3tTOKEN") && !text.contains("hooks.example"),
+            "{text}"
+        );
+        assert_eq!(Cursors::open(dir.path()).get(hook), Some(4));
+        // written by an earlier version, URL and all
+        std::fs::write(&file, format!("{{\"{hook}\":11,\"mail via m:25\":2}}")).unwrap();
+        let c = Cursors::open(dir.path());
+        let text = std::fs::read_to_string(&file).unwrap();
+        assert!(!text.contains("s3cr3tTOKEN"), "{text}");
+        assert_eq!(c.get(hook), Some(11));
+        assert_eq!(c.get("mail via m:25"), Some(2));
     }
 
     #[test]
