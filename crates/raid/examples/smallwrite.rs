@@ -7,7 +7,7 @@
 //!
 //! ```text
 //! cargo run --profile ci -p raid --example smallwrite -- [--secs 5] [--ncq on|off|both]
-//!     [--only raid5|raid6] [--qd 32] [--member-mib 512] [--pattern 4kw|8kw|8kmix]
+//!     [--only raid5|raid6] [--qd 32] [--member-mib 2048] [--pattern 4kw|8kw|8kmix]
 //!     [--spare-copies N] [--journal-mib N] [--ride on|off]
 //! ```
 //!
@@ -16,8 +16,14 @@
 //! with the next group commit (the default).
 //!
 //! `--journal-mib` sets the stripe journal's ring (`PoolConfig::journal_bytes`;
-//! default: the pool's own choice, 64 MiB on these members) on the members and
-//! on the simulated SSD, which is made large enough to hold it.
+//! default: the pool's own choice, 256 MiB on members of 2 GiB or more, as on
+//! any real disk; 64 MiB on members of 512 MiB to 2 GiB) on the members and on
+//! the simulated SSD, which is made large enough to hold it.
+//!
+//! `--member-mib` (default 2048) sizes the members: their data lives in memory
+//! as it is written (thin), so their size costs nothing until written. Real
+//! HDDs hold thousands of times more; 2 GiB is the smallest member that gets
+//! the ring a real disk gets.
 //!
 //! `--spare-copies` sets `Pool::set_journal_spare_copies` (default: the
 //! pool's, 3) for every run of the pools journaling on their members.
@@ -109,7 +115,7 @@ fn parse_args() -> Args {
         ncq: vec![true, false],
         only: None,
         qd: 32,
-        member_mib: 512,
+        member_mib: 2048,
         patterns: PATTERNS.to_vec(),
         spare_copies: None,
         journal_mib: None,
@@ -425,7 +431,7 @@ async fn main() {
                     .collect();
                 let dev = with_device.then(|| {
                     let ssd_bytes =
-                        (a.journal_mib.unwrap_or(raid::LARGE_JOURNAL_BYTES >> 20) + 16) << 20;
+                        (a.journal_mib.unwrap_or(raid::LARGEST_JOURNAL_BYTES >> 20) + 16) << 20;
                     let store = Arc::new(MemVolume::new(BS, ssd_bytes / BS as u64)) as VolumeRef;
                     let ssd = SimDisk::ssd(store, SsdParams::default()).expect("ssd model");
                     Member::new("ssd", Arc::new(ssd) as VolumeRef)

@@ -59,7 +59,24 @@ pub fn superblock_repaired(buf: &[u8]) -> Vec<u8> {
 pub fn journal_ring(ring: &[u8], bs: usize, tag: u64, max_blocks: u64) {
     let blocks = (ring.len() / bs) as u64;
     let mut end = 0;
-    for r in journal::scan(ring, bs, tag, max_blocks) {
+    let whole = journal::scan(ring, bs, tag, max_blocks);
+    // assemble's scanner, fed the ring piece by piece, finds the same records
+    let piece = bs * (1 + ring.len() % 7);
+    let mut scanner = journal::Scanner::new(bs, tag, max_blocks);
+    for p in ring[..blocks as usize * bs].chunks(piece) {
+        scanner.push(p);
+    }
+    let key = |v: &[journal::Record]| {
+        v.iter()
+            .map(|r| (r.seq, r.at, r.blocks))
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(
+        key(&scanner.finish()),
+        key(&whole),
+        "piece by piece ({piece} bytes)"
+    );
+    for r in whole {
         assert!(
             r.at >= end && r.at + r.blocks <= blocks,
             "record outside the ring or overlapping"

@@ -244,7 +244,9 @@ pub(crate) fn decode(
 /// Every valid record of `pool_tag` in a journal region image, none longer
 /// than `max_blocks` ([`max_record_blocks`] of the pool): a damaged ring whose
 /// every block starts a header claiming the rest of the ring would otherwise
-/// cost a checksum of the whole remainder at every block.
+/// cost a checksum of the whole remainder at every block. The reference for
+/// [`Scanner`], which assemble uses (tests and the fuzz target compare them).
+#[cfg(any(test, feature = "fuzzing"))]
 pub(crate) fn scan(buf: &[u8], bs: usize, pool_tag: u64, max_blocks: u64) -> Vec<Record> {
     let mut out = Vec::new();
     let blocks = buf.len() / bs;
@@ -260,6 +262,71 @@ pub(crate) fn scan(buf: &[u8], bs: usize, pool_tag: u64, max_blocks: u64) -> Vec
         }
     }
     out
+}
+
+/// [`scan`] over a ring read piece by piece: the records found are the same
+/// as a scan of the whole image, and no more than the largest record and the
+/// last piece are held at once (a ring of 256 MiB per member is not read
+/// into memory whole, and every member's ring can be read at once).
+pub(crate) struct Scanner {
+    bs: usize,
+    pool_tag: u64,
+    max_blocks: u64,
+    /// Bytes from ring block `base` on.
+    buf: Vec<u8>,
+    base: u64,
+    /// The next block of `buf` to try.
+    cursor: usize,
+    out: Vec<Record>,
+}
+
+impl Scanner {
+    pub(crate) fn new(bs: usize, pool_tag: u64, max_blocks: u64) -> Scanner {
+        Scanner {
+            bs,
+            pool_tag,
+            max_blocks,
+            buf: Vec::new(),
+            base: 0,
+            cursor: 0,
+            out: Vec::new(),
+        }
+    }
+
+    /// The next piece of the ring (whole blocks).
+    pub(crate) fn push(&mut self, piece: &[u8]) {
+        self.buf.extend_from_slice(piece);
+        self.drain(false);
+    }
+
+    /// Every record, once the whole ring was pushed.
+    pub(crate) fn finish(mut self) -> Vec<Record> {
+        self.drain(true);
+        self.out
+    }
+
+    /// Tries every block that is decided: one with a whole record's worth
+    /// of blocks behind it (a record is at most `max_blocks`, and a header
+    /// claiming more is no record), or every block at the end.
+    fn drain(&mut self, end: bool) {
+        let blocks = self.buf.len() / self.bs;
+        while self.cursor < blocks && (end || self.cursor as u64 + self.max_blocks <= blocks as u64)
+        {
+            let at = self.cursor * self.bs;
+            match decode(&self.buf[at..], self.bs, self.pool_tag, self.max_blocks) {
+                Some((mut rec, len)) => {
+                    rec.at = self.base + self.cursor as u64;
+                    self.out.push(rec);
+                    self.cursor += len.max(1) as usize;
+                }
+                None => self.cursor += 1,
+            }
+        }
+        let done = self.cursor.min(blocks);
+        self.buf.drain(..done * self.bs);
+        self.base += done as u64;
+        self.cursor -= done;
+    }
 }
 
 /// Allocation state of the ring (held under an async mutex).
@@ -434,6 +501,66 @@ mod tests {
             a.head_blocks = s + 1;
         }
         assert!(a.place(1, ring).1.is_some());
+    }
+
+    /// Random rings of records, garbage, torn copies and headers claiming
+    /// too much, scanned whole and piece by piece in pieces of every size:
+    /// the same records at the same places.
+    #[test]
+    fn a_scan_piece_by_piece_finds_what_a_whole_scan_finds() {
+        use rand::{Rng, SeedableRng};
+        let bs = 512;
+        let mut rng = rand::rngs::StdRng::seed_from_u64(7);
+        let mut records = 0;
+        for round in 0..200 {
+            let max = rng.gen_range(2..12u64);
+            let mut ring = Vec::new();
+            let mut seq = 1;
+            while ring.len() < 64 * bs {
+                match rng.gen_range(0..5) {
+                    0 => ring.extend((0..bs).map(|_| rng.gen::<u8>())),
+                    1 => ring.extend(std::iter::repeat_n(0u8, bs)),
+                    _ => {
+                        let n = rng.gen_range(1..4usize);
+                        let entries: Vec<Entry> = (0..n)
+                            .map(|i| Entry {
+                                position: i as u16,
+                                discard: false,
+                                member_lba: rng.gen_range(0..100),
+                                blocks: rng.gen_range(1..4),
+                            })
+                            .collect();
+                        let data: Vec<Vec<u8>> = entries
+                            .iter()
+                            .map(|e| vec![rng.gen(); e.blocks as usize * bs])
+                            .collect();
+                        let pay: Vec<&[u8]> = data.iter().map(|d| d.as_slice()).collect();
+                        let mut rec = encode(seq, 42, 0, &entries, &pay, bs);
+                        seq += 1;
+                        if rng.gen_range(0..4) == 0 {
+                            let i = rng.gen_range(0..rec.len());
+                            rec[i] ^= 1; // torn
+                        }
+                        ring.extend(rec);
+                    }
+                }
+            }
+            let whole = scan(&ring, bs, 42, max);
+            records += whole.len();
+            let piece = rng.gen_range(1..20usize) * bs;
+            let mut s = Scanner::new(bs, 42, max);
+            for p in ring.chunks(piece) {
+                s.push(p);
+            }
+            let found = s.finish();
+            let key = |v: &[Record]| {
+                v.iter()
+                    .map(|r| (r.seq, r.at, r.blocks))
+                    .collect::<Vec<_>>()
+            };
+            assert_eq!(key(&found), key(&whole), "round {round}, pieces of {piece}");
+        }
+        assert!(records > 1000, "the rings held records ({records})");
     }
 
     #[test]

@@ -1550,8 +1550,8 @@ impl Inner {
             .map_err(|e| RaidError::PoolFailed(e.to_string()))?;
         let mut records = BTreeMap::new();
         let step_blocks = ((1u64 << 20) / self.bs).max(1);
-        // a ring is read whole into memory: a superblock claiming more than any
-        // ring the pool makes is refused, not followed
+        // a superblock claiming a ring larger than any the pool makes is
+        // refused, not read
         const RING_BYTES_MAX: u64 = 4 << 30;
         if j.ring_blocks.saturating_mul(self.bs) > RING_BYTES_MAX {
             return Err(RaidError::PoolFailed(format!(
@@ -1571,47 +1571,57 @@ impl Inner {
         }
         let (mut jdev_errors, mut jdev_read) = (Vec::new(), 0usize);
         let mut unread: Vec<(usize, Arc<MemberHandle>)> = Vec::new();
-        for (h, ring_at, member) in rings {
-            let on_member = member.is_some();
-            let mut image = Vec::with_capacity((j.ring_blocks * self.bs) as usize);
-            let mut at = 0u64;
-            let mut ok = true;
-            while at < j.ring_blocks {
-                let n = step_blocks.min(j.ring_blocks - at);
-                match h.volume.read(ring_at + at, n as u32).await {
-                    Ok(b) => image.extend_from_slice(&b),
-                    Err(e) if on_member => {
-                        tracing::warn!(member = %h.name, error = %e, "journal unreadable on member");
-                        ok = false;
-                        break;
+        // Every ring is read at once, and scanned piece by piece as it is
+        // read (`journal::Scanner`: the same records as a scan of the whole
+        // image): one ring after the other, a start read 10 x 256 MiB from
+        // HDDs in turn, and held each ring whole in memory.
+        let (bs, pool_tag, ring_blocks) = (self.bs as usize, self.pool_tag, j.ring_blocks);
+        let max_rec = journal::max_record_blocks(self.layout.member_count(), self.cb, bs);
+        let reads: Vec<BoxFut<'_, BlockResult<Vec<journal::Record>>>> = rings
+            .iter()
+            .map(|(h, ring_at, _)| {
+                let (h, ring_at) = (h.clone(), *ring_at);
+                Box::pin(async move {
+                    let mut scanner = journal::Scanner::new(bs, pool_tag, max_rec);
+                    let mut at = 0u64;
+                    while at < ring_blocks {
+                        let n = step_blocks.min(ring_blocks - at);
+                        scanner.push(&h.volume.read(ring_at + at, n as u32).await?);
+                        at += n;
                     }
-                    Err(e) => {
+                    Ok(scanner.finish())
+                }) as BoxFut<'_, _>
+            })
+            .collect();
+        let results = join_all(reads).await;
+        for ((h, _, member), result) in rings.into_iter().zip(results) {
+            let found = match result {
+                Ok(found) => found,
+                Err(e) => {
+                    if member.is_some() {
+                        tracing::warn!(member = %h.name, error = %e, "journal unreadable on member");
+                    } else {
                         tracing::warn!(device = %h.name, error = %e, "journal device unreadable");
                         jdev_errors.push(format!("{}: {e}", h.name));
-                        ok = false;
-                        break;
                     }
+                    // A member whose ring cannot be read may hold records this
+                    // replay does not see, with sequence numbers it will hand out
+                    // again: a later replay would take such a stale record for the
+                    // new one of the same number. Its ring is zeroed once this
+                    // replay is checkpointed (the member is failed only if that
+                    // fails: one bad sector in the ring is no reason to lose it).
+                    if let Some(i) = member {
+                        unread.push((i, h.clone()));
+                    }
+                    continue;
                 }
-                at += n;
-            }
-            if !ok {
-                // A member whose ring cannot be read may hold records this
-                // replay does not see, with sequence numbers it will hand out
-                // again: a later replay would take such a stale record for the
-                // new one of the same number. Its ring is zeroed once this
-                // replay is checkpointed (the member is failed only if that
-                // fails: one bad sector in the ring is no reason to lose it).
-                if let Some(i) = member {
-                    unread.push((i, h.clone()));
-                }
-                continue;
-            }
-            if !on_member {
+            };
+            if member.is_none() {
                 jdev_read += 1;
             }
-            let max_rec =
-                journal::max_record_blocks(self.layout.member_count(), self.cb, self.bs as usize);
-            for rec in journal::scan(&image, self.bs as usize, self.pool_tag, max_rec) {
+            // (in ring order, as before: a sequence number found twice keeps
+            // the copy of the last ring)
+            for rec in found {
                 if rec.seq > checkpoint {
                     records.insert(rec.seq, rec);
                 }

@@ -1,12 +1,13 @@
-//! The stripe journal's ring size a new parity pool gets: 64 MiB where that is
-//! at most an eighth of the smallest member and the journal devices hold it,
-//! 16 MiB otherwise, and what `PoolConfig::journal_bytes` says when it is set.
+//! The stripe journal's ring size a new parity pool gets: 256 MiB, else 64 MiB,
+//! where that is at most an eighth of the smallest member and the journal
+//! devices hold it, 16 MiB otherwise, and what `PoolConfig::journal_bytes`
+//! says when it is set.
 //! It is written in the superblocks, so assemble keeps it.
 
 use block::{MemVolume, VolumeRef};
 use raid::{
     default_journal_bytes, Member, Pool, PoolConfig, RaidLevel, DEFAULT_JOURNAL_BYTES,
-    LARGE_JOURNAL_BYTES,
+    LARGEST_JOURNAL_BYTES, LARGE_JOURNAL_BYTES,
 };
 use std::sync::Arc;
 
@@ -62,7 +63,12 @@ async fn ring_of(
 #[test]
 fn the_default_ring_is_large_only_where_the_members_and_devices_hold_it() {
     assert_eq!(default_journal_bytes(512 * MIB, &[]), LARGE_JOURNAL_BYTES);
-    assert_eq!(default_journal_bytes(4 << 40, &[]), LARGE_JOURNAL_BYTES);
+    assert_eq!(default_journal_bytes(2047 * MIB, &[]), LARGE_JOURNAL_BYTES);
+    assert_eq!(
+        default_journal_bytes(2048 * MIB, &[]),
+        LARGEST_JOURNAL_BYTES
+    );
+    assert_eq!(default_journal_bytes(4 << 40, &[]), LARGEST_JOURNAL_BYTES);
     assert_eq!(default_journal_bytes(511 * MIB, &[]), DEFAULT_JOURNAL_BYTES);
     assert_eq!(default_journal_bytes(64 * MIB, &[]), DEFAULT_JOURNAL_BYTES);
     // a journal device sized for the small ring keeps working
@@ -74,6 +80,14 @@ fn the_default_ring_is_large_only_where_the_members_and_devices_hold_it() {
         default_journal_bytes(4 << 40, &[64 * MIB, 64 * MIB]),
         LARGE_JOURNAL_BYTES
     );
+    assert_eq!(
+        default_journal_bytes(4 << 40, &[256 * MIB, 255 * MIB]),
+        LARGE_JOURNAL_BYTES
+    );
+    assert_eq!(
+        default_journal_bytes(4 << 40, &[256 * MIB]),
+        LARGEST_JOURNAL_BYTES
+    );
 }
 
 #[tokio::test]
@@ -83,6 +97,13 @@ async fn a_new_pool_gets_the_large_ring_on_large_members_and_keeps_its_ring() {
     assert_eq!(
         ring_of(config(RaidLevel::Raid5), &big, &[]).await,
         (LARGE_JOURNAL_BYTES, LARGE_JOURNAL_BYTES)
+    );
+    // RAID 5 of 3 members of 2 GiB: 256 MiB, read back at assemble (every
+    // ring at once, piece by piece)
+    let bigger = volumes(3, 2048);
+    assert_eq!(
+        ring_of(config(RaidLevel::Raid5), &bigger, &[]).await,
+        (LARGEST_JOURNAL_BYTES, LARGEST_JOURNAL_BYTES)
     );
     // RAID 6 of 5 members of 256 MiB: 16 MiB (64 would be a quarter of them)
     let small = volumes(5, 256);
