@@ -54,7 +54,7 @@ fn claim_exclusive(file: &File, path: &Path) -> Result<File, BlockError> {
                 BlockError::Io(io::Error::new(
                     io::ErrorKind::ResourceBusy,
                     format!(
-                        "{} is in use: mounted, part of md, LVM or device-mapper, opened                          exclusively by another program, or a partition of it (or the disk                          it is a partition of) is; freesan does not write under them",
+                        "{} is in use: mounted, part of md, LVM or device-mapper, opened exclusively by another program, or a partition of it (or the disk it is a partition of) is; freesan does not write under them",
                         path.display()
                     ),
                 ))

@@ -996,6 +996,13 @@ impl Inner {
                 "journal record larger than the ring",
             ));
         }
+        // a record replay would not decode must never be written, let alone
+        // acknowledged (the update fails instead)
+        if entries.len() > journal::MAX_ENTRIES {
+            return Err(BlockError::NotSupported(
+                "journal record with more entries than a record holds",
+            ));
+        }
         let ticket = {
             let mut g = j.group.lock();
             if riding.is_some_and(|(_, d)| d <= g.ride_floor) {

@@ -374,6 +374,19 @@ impl Inner {
                 segs.push(g);
             }
         }
+        // One record per update: a stripe cut into more runs than a record's
+        // entries (small blocks written every other one within the gather
+        // window) is written part by part instead, in order (later parts win
+        // where they overlap, as merged), each part one contiguous update.
+        if segs.len() + self.layout.parity_positions(s).len() > crate::journal::MAX_ENTRIES {
+            for (at, b) in parts {
+                let n = (b.len() / bs).min(total as usize - *at as usize);
+                let part = b.slice(..n * bs);
+                let segs = self.segments(base + at, n as u64);
+                self.write_parity_stripe(s, &segs, &part, fua).await?;
+            }
+            return Ok(());
+        }
         self.write_parity_stripe(s, &segs, &buf, fua).await
     }
 

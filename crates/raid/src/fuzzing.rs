@@ -62,7 +62,7 @@ pub fn journal_ring(ring: &[u8], bs: usize, tag: u64, max_blocks: u64) {
     let whole = journal::scan(ring, bs, tag, max_blocks);
     // assemble's scanner, fed the ring piece by piece, finds the same records
     let piece = bs * (1 + ring.len() % 7);
-    let mut scanner = journal::Scanner::new(bs, tag, max_blocks);
+    let mut scanner = journal::Scanner::new(bs, tag, max_blocks, 0);
     for p in ring[..blocks as usize * bs].chunks(piece) {
         scanner.push(p);
     }

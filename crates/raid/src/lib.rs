@@ -101,9 +101,10 @@ pub const LARGE_JOURNAL_BYTES: u64 = 64 << 20;
 /// --journal-mib N --secs 12`, docs/0002-raid.md, "Ring size"): with NCQ,
 /// RAID 5 of 10 8K random writes at 69-72% of the arithmetic limit with 64
 /// MiB, 76% with 128 and 78% with 256, where no group commit waited for a
-/// checkpoint and no completing record needed its slot. Assemble reads every
-/// member's ring at once, piece by piece (`journal::Scanner`), so the larger
-/// ring does not lengthen a start by reading ten rings one after the other.
+/// checkpoint and no completing record needed its slot. Assemble reads the
+/// members' rings together, piece by piece, keeping only the records above
+/// the checkpoint (`journal::Scanner`), so the larger ring neither lengthens
+/// a start by reading ten rings one after the other nor is held whole.
 pub const LARGEST_JOURNAL_BYTES: u64 = 256 << 20;
 
 /// The ring a new parity pool gets when `PoolConfig::journal_bytes` is not set:

@@ -1571,29 +1571,38 @@ impl Inner {
         }
         let (mut jdev_errors, mut jdev_read) = (Vec::new(), 0usize);
         let mut unread: Vec<(usize, Arc<MemberHandle>)> = Vec::new();
-        // Every ring is read at once, and scanned piece by piece as it is
-        // read (`journal::Scanner`: the same records as a scan of the whole
-        // image): one ring after the other, a start read 10 x 256 MiB from
-        // HDDs in turn, and held each ring whole in memory.
+        // The rings are read together, and scanned piece by piece as they
+        // are read (`journal::Scanner`: the same records as a scan of the
+        // whole image, only those above the checkpoint kept): one ring after
+        // the other, a start read 10 x 256 MiB from HDDs in turn, and held
+        // each ring whole in memory. A scanner holds up to the largest record
+        // and a piece, so as many rings go together as keep that under
+        // `SCAN_BYTES_MAX` (every ring at once for the usual chunks).
+        const SCAN_BYTES_MAX: u64 = 256 << 20;
         let (bs, pool_tag, ring_blocks) = (self.bs as usize, self.pool_tag, j.ring_blocks);
         let max_rec = journal::max_record_blocks(self.layout.member_count(), self.cb, bs);
-        let reads: Vec<BoxFut<'_, BlockResult<Vec<journal::Record>>>> = rings
-            .iter()
-            .map(|(h, ring_at, _)| {
-                let (h, ring_at) = (h.clone(), *ring_at);
-                Box::pin(async move {
-                    let mut scanner = journal::Scanner::new(bs, pool_tag, max_rec);
-                    let mut at = 0u64;
-                    while at < ring_blocks {
-                        let n = step_blocks.min(ring_blocks - at);
-                        scanner.push(&h.volume.read(ring_at + at, n as u32).await?);
-                        at += n;
-                    }
-                    Ok(scanner.finish())
-                }) as BoxFut<'_, _>
-            })
-            .collect();
-        let results = join_all(reads).await;
+        let per_ring = (max_rec + 2 * step_blocks).saturating_mul(self.bs);
+        let together = (SCAN_BYTES_MAX / per_ring.max(1)).max(1) as usize;
+        let mut results = Vec::with_capacity(rings.len());
+        for group in rings.chunks(together) {
+            let reads: Vec<BoxFut<'_, BlockResult<Vec<journal::Record>>>> = group
+                .iter()
+                .map(|(h, ring_at, _)| {
+                    let (h, ring_at) = (h.clone(), *ring_at);
+                    Box::pin(async move {
+                        let mut scanner = journal::Scanner::new(bs, pool_tag, max_rec, checkpoint);
+                        let mut at = 0u64;
+                        while at < ring_blocks {
+                            let n = step_blocks.min(ring_blocks - at);
+                            scanner.push(&h.volume.read(ring_at + at, n as u32).await?);
+                            at += n;
+                        }
+                        Ok(scanner.finish())
+                    }) as BoxFut<'_, _>
+                })
+                .collect();
+            results.extend(join_all(reads).await);
+        }
         for ((h, _, member), result) in rings.into_iter().zip(results) {
             let found = match result {
                 Ok(found) => found,

@@ -158,7 +158,38 @@ impl DirtyBitmap {
             .create(true)
             .truncate(false)
             .open(path)?;
+        let region_bytes_now = region_blocks * block_size_bytes as u64;
+        let shape = shape_path(path);
+        let recorded = recorded_region_bytes(&shape)?;
         let mut bits = vec![0u8; len as usize];
+        if recorded.is_some_and(|was| was != region_bytes_now) {
+            // The whole file as it is, before anything is cut or cleared:
+            // with larger regions there are fewer, and the old bits past
+            // them (writes to the upper part of the volume) count too.
+            let mut old = vec![0u8; file.metadata()?.len() as usize];
+            file.read_exact_at(&mut old, 0)?;
+            if old.iter().any(|&b| b != 0) {
+                tracing::warn!(bitmap = %path.display(), was = recorded.unwrap_or(0), now = region_bytes_now,
+                    "the dirty bitmap's region size changed: every region is marked for resynchronisation");
+                for r in 0..regions {
+                    bits[(r / 8) as usize] |= 1 << (r % 8);
+                }
+                // durable before the new size is recorded (and before the
+                // file is cut): a crash in between marks everything again
+                file.write_all_at(&bits, 0)?;
+                file.sync_all()?;
+            }
+        }
+        if recorded != Some(region_bytes_now) {
+            // (no shape file: a bitmap from before it was recorded is
+            // taken at the size configured now, as it always was)
+            block::durable::replace_file(
+                &shape,
+                serde_json::json!({ "region_bytes": region_bytes_now })
+                    .to_string()
+                    .as_bytes(),
+            )?;
+        }
         let have = file.metadata()?.len().min(len);
         file.read_exact_at(&mut bits[..have as usize], 0)?;
         if file.metadata()?.len() != len {
@@ -167,32 +198,6 @@ impl DirtyBitmap {
         // bits past the last region stay clear
         for r in regions..len * 8 {
             bits[(r / 8) as usize] &= !(1 << (r % 8));
-        }
-        let region_bytes_now = region_blocks * block_size_bytes as u64;
-        let shape = shape_path(path);
-        match recorded_region_bytes(&shape)? {
-            Some(was) if was == region_bytes_now => {}
-            recorded => {
-                if let Some(was) = recorded {
-                    if bits.iter().any(|&b| b != 0) {
-                        tracing::warn!(bitmap = %path.display(), was, now = region_bytes_now,
-                            "the dirty bitmap's region size changed: every region is marked for resynchronisation");
-                        for r in 0..regions {
-                            bits[(r / 8) as usize] |= 1 << (r % 8);
-                        }
-                        file.write_all_at(&bits, 0)?;
-                        file.sync_all()?;
-                    }
-                }
-                // (no shape file: a bitmap from before it was recorded is
-                // taken at the size configured now, as it always was)
-                block::durable::replace_file(
-                    &shape,
-                    serde_json::json!({ "region_bytes": region_bytes_now })
-                        .to_string()
-                        .as_bytes(),
-                )?;
-            }
         }
         Ok(DirtyBitmap {
             file: Arc::new(file),
@@ -599,6 +604,19 @@ mod tests {
             );
             assert_eq!(again.count(), again.regions(), "every region marked");
         }
+        // a write near the end of the volume, whose 64 KiB region lies past
+        // the last 128 KiB region: the only bit set
+        let top = d.path().join("top");
+        let b = DirtyBitmap::open(&top, 100_000, 512, 65536).unwrap();
+        drop(b.begin_write(99_990, 1).await.unwrap());
+        assert_eq!(b.set_regions(), vec![781]);
+        drop(b);
+        let again = DirtyBitmap::open(&top, 100_000, 512, 131072).unwrap();
+        assert!(
+            again.set_regions().contains(&(99_990 / 256)),
+            "the write near the end"
+        );
+        assert_eq!(again.count(), again.regions());
         // a clean bitmap needs no resync under a new size
         let clean = d.path().join("clean");
         drop(DirtyBitmap::open(&clean, 100_000, 512, 65536).unwrap());

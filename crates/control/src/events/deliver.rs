@@ -89,9 +89,9 @@ fn split_server(s: &str) -> Result<(String, u16)> {
 /// The webhook secret in `path`: its content without surrounding white
 /// space, at least [`SECRET_MIN_BYTES`] long.
 pub fn read_secret(path: &Path) -> Result<Vec<u8>> {
-    crate::secrets::check_private(path, "[alerts] webhook_secret_file")?;
-    let text = std::fs::read(path)
-        .with_context(|| format!("[alerts] webhook_secret_file {}", path.display()))?;
+    // checked on the descriptor it is read from
+    let text = block::private::read(path)
+        .map_err(|e| anyhow::anyhow!("[alerts] webhook_secret_file {}: {e}", path.display()))?;
     let secret = text.trim_ascii().to_vec();
     if secret.len() < SECRET_MIN_BYTES {
         bail!(
