@@ -55,7 +55,9 @@
 //! a row's runs; well under 100% means the machine was short of CPU and the
 //! simulated disks fired late, so the row is low for that reason); and where the
 //! time of a partial-stripe write went (pool status `write_path`, gather
-//! timeouts).
+//! timeouts). Last, what a start costs with the pool's ring: the pool is
+//! assembled again after its runs (assemble reads every member's ring to find
+//! the records to replay), against one disk reading one ring's bytes alone.
 
 use block::{Bytes, MemVolume, Volume, VolumeRef};
 use disk::sim::{run_closed_loop, HddModel, HddParams, SimDisk, SplitMix64, SsdParams, Workload};
@@ -182,6 +184,32 @@ fn hdd(member_bytes: u64, ncq: bool) -> Arc<SimDisk> {
         ..HddParams::default()
     };
     Arc::new(SimDisk::hdd(store, params).expect("hdd model"))
+}
+
+/// The members of a pool over `disks`, named as every pool of this bench names
+/// them (assemble finds them by their superblocks, the names are for status).
+fn named(disks: &[VolumeRef]) -> Vec<Member> {
+    disks
+        .iter()
+        .enumerate()
+        .map(|(i, d)| Member::new(format!("hdd{i}"), d.clone()))
+        .collect()
+}
+
+/// How long one fresh simulated disk takes to read `bytes` from its start in
+/// 1 MiB pieces, one at a time (a ring's read at assemble, alone).
+async fn ring_read(member_bytes: u64, ncq: bool, bytes: u64) -> Duration {
+    let d = hdd(member_bytes, ncq);
+    let piece = (1u64 << 20) / BS as u64;
+    let blocks = bytes / BS as u64;
+    let t = Instant::now();
+    let mut at = 0;
+    while at < blocks {
+        let n = piece.min(blocks - at);
+        d.read(at, n as u32).await.expect("read");
+        at += n;
+    }
+    t.elapsed()
 }
 
 /// How deep the members' queues ran during a measured window (from the pool
@@ -378,6 +406,7 @@ async fn main() {
     let mut depths = Vec::new();
     let mut ceilings = Vec::new();
     let mut sims_low = false;
+    let mut starts = Vec::new();
     for &ncq in &a.ncq {
         // one member alone: the disk figure the arithmetic limit is built from
         let mut one = Vec::new();
@@ -426,9 +455,10 @@ async fn main() {
             // the pool as shipped (journal on the members), then the same pool with
             // the journal bypassed; then a pool with its journal on a simulated SSD
             for with_device in [false, true] {
-                let members: Vec<Member> = (0..n)
-                    .map(|i| Member::new(format!("hdd{i}"), hdd(member_bytes, ncq) as VolumeRef))
+                let disks: Vec<VolumeRef> = (0..n)
+                    .map(|_| hdd(member_bytes, ncq) as VolumeRef)
                     .collect();
+                let members = named(&disks);
                 let dev = with_device.then(|| {
                     let ssd_bytes =
                         (a.journal_mib.unwrap_or(raid::LARGEST_JOURNAL_BYTES >> 20) + 16) << 20;
@@ -495,7 +525,27 @@ async fn main() {
                         figures[i].push((iops, qd));
                     }
                 }
+                let ring = pool.status().journal_bytes;
                 pool.shutdown().await.expect("shutdown");
+                drop(pool);
+                if !with_device {
+                    // what a start costs with this ring: assemble reads every
+                    // member's ring (together) to find the records to replay
+                    let t = Instant::now();
+                    let again = Pool::assemble(named(&disks), false)
+                        .await
+                        .expect("assemble");
+                    let took = t.elapsed();
+                    again.shutdown().await.expect("shutdown");
+                    let one = ring_read(member_bytes, ncq, ring).await;
+                    starts.push(format!(
+                        "  NCQ {ncq_s:3} {label:14} rings of {} MiB on {n} members: assemble {:.2} s; one disk reads one ring alone in {:.2} s ({:.1}x)",
+                        ring >> 20,
+                        took.as_secs_f64(),
+                        one.as_secs_f64(),
+                        took.as_secs_f64() / one.as_secs_f64().max(1e-9),
+                    ));
+                }
             }
             for ((p, disk_iops), f) in a.patterns.iter().zip(&one).zip(&figures) {
                 let r = p.read_pct as f64 / 100.0;
@@ -607,6 +657,11 @@ async fn main() {
         for c in ceilings {
             println!("{c}");
         }
+    }
+    println!();
+    println!("start-up: the pool (journal on the members) assembled again after its runs and a clean shutdown, against one simulated disk of the same kind reading a ring's bytes in 1 MiB pieces, one at a time:");
+    for s in starts {
+        println!("{s}");
     }
     println!();
     println!("how deep the members' queues ran (pool status members[].inflight_us, busy_us; one disk at that depth: the HDD model in virtual time):");

@@ -135,39 +135,10 @@ pub fn max_record_blocks(members: usize, cb: u64, bs: usize) -> u64 {
 /// A valid slot image (RAID 5 of 3, 512-byte blocks) for the fuzz target to
 /// edit: random bytes rarely make JSON a superblock, edits of one do.
 pub fn superblock_sample() -> Vec<u8> {
-    use crate::status::MemberState;
     let sb = superblock::Superblock {
-        pool_uuid: "ab".repeat(16),
-        pool_name: "p".into(),
-        level: crate::RaidLevel::Raid5,
-        chunk_bytes: 65536,
-        block_size_bytes: 512,
-        member_count: 3,
-        position: Some(1),
-        member_uuid: "cd".repeat(16),
-        members: (0..3)
-            .map(|i| superblock::MemberRecord {
-                uuid: format!("{i:032x}"),
-                state: MemberState::Active,
-                rebuild_checkpoint_stripes: 0,
-            })
-            .collect(),
         spares: vec!["ef".repeat(16)],
-        generation: 3,
-        events: 9,
-        data_offset_blocks: 4096,
-        stripes: 10,
-        journal_offset_blocks: 2048,
-        journal_blocks: 2048,
-        journal_checkpoint_seq: 0,
-        resync_cursor_stripes: Some(0),
-        clean: false,
-        rebuild_rate_mb_s: 100,
-        intent_region_stripes: 2048,
-        dirty_regions: vec![0, 3],
-        journal_device_uuid: None,
-        journal_device_mirror_uuid: None,
         volume_blocks: Some(2500),
+        ..superblock::sample_superblock()
     };
     superblock::encode(&sb, 512).expect("the sample encodes")
 }

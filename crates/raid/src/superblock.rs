@@ -346,45 +346,48 @@ pub(crate) async fn write(volume: &VolumeRef, sb: &Superblock) -> Result<u64, Bl
     Ok(len)
 }
 
+/// A valid superblock of a three-member RAID 5 (member 1's copy), for the
+/// tests and the fuzz target's samples.
+#[cfg(any(test, feature = "fuzzing"))]
+pub(crate) fn sample_superblock() -> Superblock {
+    Superblock {
+        pool_uuid: "ab".repeat(16),
+        pool_name: "p".into(),
+        level: RaidLevel::Raid5,
+        chunk_bytes: 65536,
+        block_size_bytes: 512,
+        member_count: 3,
+        position: Some(1),
+        member_uuid: "cd".repeat(16),
+        members: (0..3)
+            .map(|i| MemberRecord {
+                uuid: format!("{i:032x}"),
+                state: MemberState::Active,
+                rebuild_checkpoint_stripes: 0,
+            })
+            .collect(),
+        spares: vec![],
+        generation: 3,
+        events: 9,
+        data_offset_blocks: 4096,
+        stripes: 10,
+        journal_offset_blocks: 2048,
+        journal_blocks: 2048,
+        journal_checkpoint_seq: 0,
+        resync_cursor_stripes: Some(0),
+        clean: false,
+        rebuild_rate_mb_s: 100,
+        intent_region_stripes: 2048,
+        dirty_regions: vec![0, 3],
+        journal_device_uuid: None,
+        journal_device_mirror_uuid: None,
+        volume_blocks: None,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn sample() -> Superblock {
-        Superblock {
-            pool_uuid: "ab".repeat(16),
-            pool_name: "p".into(),
-            level: RaidLevel::Raid5,
-            chunk_bytes: 65536,
-            block_size_bytes: 512,
-            member_count: 3,
-            position: Some(1),
-            member_uuid: "cd".repeat(16),
-            members: (0..3)
-                .map(|i| MemberRecord {
-                    uuid: format!("{i:032x}"),
-                    state: MemberState::Active,
-                    rebuild_checkpoint_stripes: 0,
-                })
-                .collect(),
-            spares: vec![],
-            generation: 3,
-            events: 9,
-            data_offset_blocks: 4096,
-            stripes: 10,
-            journal_offset_blocks: 2048,
-            journal_blocks: 2048,
-            journal_checkpoint_seq: 0,
-            resync_cursor_stripes: Some(0),
-            clean: false,
-            rebuild_rate_mb_s: 100,
-            intent_region_stripes: 2048,
-            dirty_regions: vec![0, 3],
-            journal_device_uuid: None,
-            journal_device_mirror_uuid: None,
-            volume_blocks: None,
-        }
-    }
 
     /// A disk is blank only when neither slot reads with the superblock
     /// magic: a damaged superblock or a slot that cannot be read leaves it
@@ -403,7 +406,7 @@ mod tests {
         let noise: Vec<u8> = (0..4096u32).map(|i| (i * 7 + 3) as u8).collect();
         v.write(0, Bytes::from(noise), true).await.unwrap();
         assert_eq!(state(&v).await, SuperblockState::Blank);
-        let sb = sample();
+        let sb = sample_superblock();
         write(&v, &sb).await.unwrap();
         assert_eq!(state(&v).await, SuperblockState::Formatted);
         // the payload damaged, the magic intact
@@ -436,8 +439,8 @@ mod tests {
     /// them). Before, each passed.
     #[test]
     fn fields_no_pool_writes_are_refused() {
-        assert!(sample().validate().is_ok());
-        let mut smallest = sample();
+        assert!(sample_superblock().validate().is_ok());
+        let mut smallest = sample_superblock();
         smallest.journal_blocks = 770;
         assert!(smallest.validate().is_ok(), "a ring of exactly two records");
         type Spoil = fn(&mut Superblock);
@@ -450,7 +453,7 @@ mod tests {
             ("ring", |s| s.journal_blocks = 769),
         ];
         for (what, spoil) in cases {
-            let mut sb = sample();
+            let mut sb = sample_superblock();
             spoil(&mut sb);
             assert!(sb.validate().is_err(), "{what}");
             let img = encode(&sb, 512).unwrap();
@@ -460,7 +463,7 @@ mod tests {
 
     #[test]
     fn roundtrip_and_corruption_is_an_error() {
-        let sb = sample();
+        let sb = sample_superblock();
         let img = encode(&sb, 512).unwrap();
         assert_eq!(decode(&img).unwrap(), sb);
         for i in [0usize, 9, 13, 17, 21, 40, img.len() - 1] {
@@ -491,14 +494,14 @@ mod tests {
     /// wrap (later records would sort below the checkpoint and never replay).
     #[test]
     fn positions_past_the_pool_and_a_wrapping_sequence_are_refused() {
-        assert!(sample().validate().is_ok());
-        let mut sb = sample();
+        assert!(sample_superblock().validate().is_ok());
+        let mut sb = sample_superblock();
         sb.members[0].rebuild_checkpoint_stripes = sb.stripes + 1;
         assert!(sb.validate().unwrap_err().contains("rebuild checkpoint"));
-        let mut sb = sample();
+        let mut sb = sample_superblock();
         sb.resync_cursor_stripes = Some(sb.stripes + 1);
         assert!(sb.validate().is_err());
-        let mut sb = sample();
+        let mut sb = sample_superblock();
         sb.journal_checkpoint_seq = u64::MAX;
         assert!(sb.validate().unwrap_err().contains("journal checkpoint"));
     }
@@ -507,7 +510,7 @@ mod tests {
     fn volume_blocks_must_end_in_the_last_stripe() {
         // raid5 of 3: a stripe holds 2 chunks of 128 blocks; 10 stripes
         let row = 2 * 128;
-        let mut sb = sample();
+        let mut sb = sample_superblock();
         for (v, ok) in [
             (None, true),
             (Some(10 * row), true),
@@ -528,14 +531,14 @@ mod tests {
     #[test]
     fn raid10_layout_is_recorded_and_old_superblocks_read_as_near() {
         // the far layout is its own level name on disk, so it reassembles as far
-        let mut far = sample();
+        let mut far = sample_superblock();
         far.level = RaidLevel::Raid10Far;
         let img = encode(&far, 512).unwrap();
         assert_eq!(decode(&img).unwrap().level, RaidLevel::Raid10Far);
         let json = serde_json::to_string(&far).unwrap();
         assert!(json.contains("\"level\":\"raid10-far\""), "{json}");
         // a superblock written before the far layout existed says "raid10": near
-        let mut near = sample();
+        let mut near = sample_superblock();
         near.level = RaidLevel::Raid10;
         near.member_count = 4;
         near.members.push(near.members[0].clone());

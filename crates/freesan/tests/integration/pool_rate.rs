@@ -17,6 +17,20 @@ fn config(dir: &std::path::Path) -> std::path::PathBuf {
     path
 }
 
+/// A directory with the pool's config, started once (so its members carry
+/// superblocks) and stopped cleanly.
+fn pool_created_once() -> (tempfile::TempDir, std::path::PathBuf) {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = config(dir.path());
+    let mut node = Node::start(
+        &[],
+        &["--config".into(), cfg.display().to_string()],
+        &dir.path().join("serve.log"),
+    );
+    assert!(node.terminate(), "unclean exit");
+    (dir, cfg)
+}
+
 fn rate(api: &str) -> u64 {
     let (ok, out) = freesan(&["pool", "--api", api, "status", "p", "--json"]);
     assert!(ok, "{out}");
@@ -71,14 +85,7 @@ fn rebuild_rate_set_through_the_cli_shows_in_status_and_persists() {
 /// superblocks' level won silently.)
 #[test]
 fn members_carrying_another_level_are_refused_at_start() {
-    let dir = tempfile::tempdir().unwrap();
-    let cfg = config(dir.path());
-    let mut node = Node::start(
-        &[],
-        &["--config".into(), cfg.display().to_string()],
-        &dir.path().join("serve.log"),
-    );
-    assert!(node.terminate(), "unclean exit");
+    let (dir, cfg) = pool_created_once();
     let text = std::fs::read_to_string(&cfg).unwrap();
     std::fs::write(&cfg, text.replace("level = \"raid5\"", "level = \"raid0\"")).unwrap();
     let (ok, out) = serve_expecting_refusal(&cfg);
@@ -96,14 +103,7 @@ fn members_carrying_another_level_are_refused_at_start() {
 /// new superblocks, the journal's acknowledged records dropped.)
 #[test]
 fn members_whose_superblocks_are_damaged_are_not_formatted_again() {
-    let dir = tempfile::tempdir().unwrap();
-    let cfg = config(dir.path());
-    let mut node = Node::start(
-        &[],
-        &["--config".into(), cfg.display().to_string()],
-        &dir.path().join("serve.log"),
-    );
-    assert!(node.terminate(), "unclean exit");
+    let (dir, cfg) = pool_created_once();
     let disks: Vec<_> = (0..3)
         .map(|i| dir.path().join(format!("d{i}.img")))
         .collect();
