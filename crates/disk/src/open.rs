@@ -44,7 +44,12 @@ pub(crate) struct Opened {
 /// would otherwise write each over the other. While the claim is held, the
 /// kernel refuses those to others in turn.
 fn claim_exclusive(file: &File, path: &Path) -> Result<File, BlockError> {
-    let me = format!("/proc/self/fd/{}", file.as_raw_fd());
+    claim_through(Path::new("/proc/self/fd"), file, path)
+}
+
+/// [`claim_exclusive`] through the descriptor directory `fds`.
+fn claim_through(fds: &Path, file: &File, path: &Path) -> Result<File, BlockError> {
+    let me = fds.join(file.as_raw_fd().to_string());
     OpenOptions::new()
         .read(true)
         .custom_flags(libc::O_EXCL)
@@ -56,6 +61,16 @@ fn claim_exclusive(file: &File, path: &Path) -> Result<File, BlockError> {
                     format!(
                         "{} is in use: mounted, part of md, LVM or device-mapper, opened exclusively by another program, or a partition of it (or the disk it is a partition of) is; freesan does not write under them",
                         path.display()
+                    ),
+                ))
+            } else if e.kind() == io::ErrorKind::NotFound {
+                // the descriptor is open, so only a missing /proc explains it
+                BlockError::Io(io::Error::new(
+                    io::ErrorKind::NotFound,
+                    format!(
+                        "cannot claim {} exclusively: {} is missing (is /proc mounted? freesan opens the device again through it with O_EXCL, so that nothing else writes under it)",
+                        path.display(),
+                        fds.display()
                     ),
                 ))
             } else {
@@ -245,4 +260,24 @@ pub(crate) fn open(path: &Path, opts: &FileOptions) -> Result<Opened, BlockError
         mem_align_bytes,
         claim,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Without /proc the claim says what is missing, not a bare "No such file
+    /// or directory".
+    #[test]
+    fn a_claim_without_proc_says_so() {
+        let dir = tempfile::tempdir().unwrap();
+        let f = File::open(dir.path()).unwrap();
+        let gone = dir.path().join("no-proc");
+        let Err(e) = claim_through(&gone, &f, Path::new("/dev/sdz")) else {
+            panic!("a claim through a missing directory succeeded");
+        };
+        let text = e.to_string();
+        assert!(text.contains("is /proc mounted?"), "{text}");
+        assert!(text.contains("/dev/sdz"), "{text}");
+    }
 }
