@@ -1661,13 +1661,20 @@ impl Inner {
         // writes its completing record first): resolved after the whole
         // updates, it would write its older data over theirs.
         let stripe_of = |e: &journal::Entry| e.member_lba / self.cb;
+        // the newest record of every stripe (one pass: the records are in
+        // sequence order)
+        let mut newest: std::collections::HashMap<u64, u64> = std::collections::HashMap::new();
+        for r in records.values() {
+            for e in &r.entries {
+                newest.insert(stripe_of(e), r.seq);
+            }
+        }
         let superseded = |rec: &journal::Record| {
-            let Some(s) = rec.entries.first().map(stripe_of) else {
-                return false;
-            };
-            records
-                .range(rec.seq + 1..)
-                .any(|(_, r)| r.entries.iter().any(|e| stripe_of(e) == s))
+            rec.entries
+                .first()
+                .map(stripe_of)
+                .and_then(|s| newest.get(&s))
+                .is_some_and(|&last| last > rec.seq)
         };
         let mut open = Vec::new();
         for rec in records.values() {
