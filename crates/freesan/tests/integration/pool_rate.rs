@@ -85,7 +85,7 @@ fn rebuild_rate_set_through_the_cli_shows_in_status_and_persists() {
 /// superblocks' level won silently.)
 #[test]
 fn members_carrying_another_level_are_refused_at_start() {
-    let (dir, cfg) = pool_created_once();
+    let (_dir, cfg) = pool_created_once();
     let text = std::fs::read_to_string(&cfg).unwrap();
     std::fs::write(&cfg, text.replace("level = \"raid5\"", "level = \"raid0\"")).unwrap();
     let (ok, out) = serve_expecting_refusal(&cfg);
