@@ -64,7 +64,8 @@ fn claim_through(fds: &Path, file: &File, path: &Path) -> Result<File, BlockErro
                     ),
                 ))
             } else if e.kind() == io::ErrorKind::NotFound {
-                // the descriptor is open, so only a missing /proc explains it
+                // the descriptor is open: /proc is missing (or belongs to another
+                // PID namespace, where /proc/self names nothing)
                 BlockError::Io(io::Error::new(
                     io::ErrorKind::NotFound,
                     format!(
