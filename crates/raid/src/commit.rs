@@ -112,7 +112,8 @@ use tokio::sync::OwnedRwLockWriteGuard;
 /// the next one; a single bigger record goes alone).
 const BATCH_BYTES_MAX: u64 = 2 << 20;
 /// Tries at completing an acknowledged data-first update (its reads and its
-/// completing record) before its record is left live for the next assemble.
+/// completing record) before it is given up (its record completed: see
+/// `complete_data_first`).
 const COMPLETION_TRIES: u32 = 5;
 
 /// Most group commits writing at once (each on its own members).
@@ -761,7 +762,7 @@ impl Inner {
         tokio::spawn(async move {
             if let Err(e) = job.await {
                 tracing::error!(stripe = s, error = %e,
-                    "a data-first update could not be completed in place; its journal record is replayed at the next assemble");
+                    "a data-first update could not be completed in place (the line before says why)");
             }
         });
         Ok(())
@@ -815,7 +816,7 @@ impl Inner {
                     then.area.abandon(then.idx);
                     j.complete(then.seq);
                     tracing::error!(pool = %self.name, stripe = s, error = %e, tries,
-                        "an acknowledged update could not be written in place: LOST (its stripe could not be read; until the next assemble, reads return the older data)");
+                        "an acknowledged update could not be written in place: LOST (its stripe could not be read; reads return the older data, and its journal record is replayed only if the pool stops before a checkpoint passes it and before another write to the stripe)");
                     break Err(e);
                 }
             }

@@ -1799,7 +1799,6 @@ impl Inner {
         self.flush_members().await?;
         let bs = self.bs as usize;
         let k = self.layout.data_chunks();
-        let oldest_open = open.iter().map(|r| r.seq).min().unwrap_or(max_seq + 1);
         let mut checkpoint = checkpoint;
         // ring extents no new record may take: the live records', then also
         // the new records'
@@ -1868,7 +1867,11 @@ impl Inner {
                 bs,
             );
             let len = (bytes.len() / bs) as u64;
-            // the next ring space that holds no record a replay needs
+            // the next ring space that holds no record a replay needs: after
+            // the last one written, else the first from the ring's start (a
+            // large record may have passed over a gap a smaller one fits),
+            // else after a checkpoint
+            let mut from_start = head == 0;
             loop {
                 while let Some(&(a, b)) = keep.iter().find(|&&(a, b)| a < head + len && head < b) {
                     debug_assert!(b > a);
@@ -1877,16 +1880,24 @@ impl Inner {
                 if head + len <= j.ring_blocks {
                     break;
                 }
-                let cp = oldest_open - 1;
+                if !from_start {
+                    from_start = true;
+                    head = 0;
+                    continue;
+                }
+                // `open` is in sequence order, and every open record before
+                // this one is completed in place by now
+                let cp = rec.seq.saturating_sub(1);
                 if cp <= checkpoint {
                     return Err(crate::io::unavailable(format!(
                         "pool {}: no ring space to complete the data-first journal records",
                         self.name
                     )));
                 }
-                // every record before the oldest open one is replayed and
-                // flushed: a checkpoint there frees their space (the new
-                // records written so far stay kept: their sequences are above)
+                // every record before this open one is replayed (the
+                // checkpoint flushes the members first): a checkpoint there
+                // frees their space (the new records written so far stay
+                // kept: their sequences are above)
                 self.checkpoint(cp).await?;
                 checkpoint = cp;
                 keep = live_above(checkpoint);

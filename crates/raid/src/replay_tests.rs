@@ -266,3 +266,106 @@ async fn an_open_data_first_record_written_over_later_is_left_out() {
     );
     assert!(pool.read(p.x, 1).await.unwrap()[..] == p.newest[..]);
 }
+
+/// The records completing open data-first records are placed in the ring's
+/// gaps first-fit, from the start again before giving up: a ring full of
+/// live records, with a small gap at its start and a gap at its end that
+/// just holds the first (large) completing record, takes the second (small)
+/// one in the small gap. (Before, the search went on only from the last
+/// record placed, and with the oldest open record the first above the
+/// checkpoint no checkpoint could free space: the assemble failed for lack
+/// of ring space, with space left.)
+#[tokio::test]
+async fn completing_records_take_a_gap_a_larger_one_passed_over() {
+    let mems: Vec<Arc<MemVolume>> = (0..3)
+        .map(|_| Arc::new(MemVolume::new(BS, MEMBER_BLOCKS)))
+        .collect();
+    let uncut = Arc::new(AtomicI64::new(-1));
+    let mut cfg = PoolConfig::new("gaps", RaidLevel::Raid5);
+    cfg.chunk_bytes = 16 * 1024;
+    cfg.journal_bytes = Some(2 << 20);
+    cfg.rebuild_rate_mb_s = 0;
+    let pool = Pool::create(cfg, members(&mems, &uncut), vec![])
+        .await
+        .expect("create");
+    pool.wait_idle().await;
+    pool.flush().await.unwrap();
+    let inner = pool.inner.clone();
+    let cp = inner.state.lock().journal_checkpoint_seq;
+    let j = inner.journal.as_ref().expect("a parity pool has a journal");
+    let (ring_at, ring, tag) = (j.offset_blocks, j.ring_blocks, inner.pool_tag);
+    let (bs, cb, k) = (BS as usize, inner.cb, inner.layout.data_chunks() as u64);
+    drop(pool);
+    let data_entry = |s: u64, blocks: u32| Entry {
+        position: inner.layout.data_positions(s, 0)[0] as u16,
+        discard: false,
+        member_lba: s * cb,
+        blocks,
+    };
+    let parity_entry = |s: u64, blocks: u32| Entry {
+        position: inner.layout.parity_positions(s)[0] as u16,
+        discard: false,
+        member_lba: s * cb,
+        blocks,
+    };
+    // D1: a whole chunk of stripe 5; D2: one block of stripe 6
+    let (d1, d2) = (data_entry(5, cb as u32), data_entry(6, 1));
+    let c1 = journal::record_blocks(&[d1.clone(), parity_entry(5, cb as u32)], bs);
+    let c2 = journal::record_blocks(&[d2.clone(), parity_entry(6, 1)], bs);
+    assert!(c2 < c1, "the second completing record must be the smaller");
+    let (p1, p2) = (vec![0xd1u8; cb as usize * bs], vec![0xd2u8; bs]);
+    let mut records: Vec<(u64, Vec<u8>)> = Vec::new();
+    // gap A: [0, c2); then D1, D2
+    let mut at = c2;
+    for (seq, e, p) in [(cp + 1, &d1, &p1), (cp + 2, &d2, &p2)] {
+        let rec = journal::encode(seq, tag, LINK_DATA_FIRST, std::slice::from_ref(e), &[p], bs);
+        let len = (rec.len() / bs) as u64;
+        records.push((at, rec));
+        at += len;
+    }
+    // whole records of other stripes up to gap B: [ring - c1, ring)
+    let mut left = ring - c1 - at;
+    let mut sizes = Vec::new();
+    while left > 0 {
+        // records of 2..=5 blocks (a header and 1..=4 blocks), none leaving 1
+        let n = if left == 6 { 3 } else { left.min(cb + 1) };
+        sizes.push(n);
+        left -= n;
+    }
+    let mut fillers = Vec::new();
+    for (i, n) in sizes.into_iter().enumerate() {
+        let s = 10 + i as u64;
+        let e = data_entry(s, (n - 1) as u32);
+        let p = vec![(i % 251) as u8 + 1; (n - 1) as usize * bs];
+        let rec = journal::encode(
+            cp + 3 + i as u64,
+            tag,
+            0,
+            std::slice::from_ref(&e),
+            &[&p],
+            bs,
+        );
+        assert_eq!((rec.len() / bs) as u64, n);
+        records.push((at, rec));
+        fillers.push((s, p));
+        at += n;
+    }
+    assert_eq!(at, ring - c1);
+    for m in &mems[..2] {
+        for (at, rec) in &records {
+            m.write(ring_at + at, Bytes::copy_from_slice(rec), true)
+                .await
+                .unwrap();
+        }
+    }
+    drop(inner);
+    let pool = Pool::assemble(members(&mems, &uncut), false)
+        .await
+        .expect("assemble with ring space left in a gap");
+    assert!(pool.read(5 * k * cb, cb as u32).await.unwrap()[..] == p1[..]);
+    assert!(pool.read(6 * k * cb, 1).await.unwrap()[..] == p2[..]);
+    for (s, p) in &fillers {
+        let blocks = (p.len() / bs) as u32;
+        assert!(pool.read(s * k * cb, blocks).await.unwrap()[..] == p[..]);
+    }
+}
