@@ -903,6 +903,13 @@ async fn resync(
                 Ok(other) => return Err(format!("partner refused resync data: {other:?}")),
                 Err(LinkLost) => return Err("link lost".into()),
             }
+            // The partner wrote the range durably; this copy of it may still
+            // sit in the local volatile cache (writes made alone, or led
+            // during the resync, not flushed yet). Its bits go only once it
+            // is durable here too: a clear that reached the bitmap file first
+            // (any later page write takes it along) and a power loss here
+            // would leave the copies different with no bit to say so.
+            inner.local.flush().await.map_err(|e| e.to_string())?;
             for r in start..start + n {
                 inner.bitmap.clear_region(r);
             }

@@ -430,6 +430,56 @@ async fn a_write_intent_is_cleared_only_once_both_copies_are_flushed() {
     );
 }
 
+/// The resync source clears a copied region's bit only once its own copy of
+/// the region is durable: the partner writes what it is sent durably, but
+/// what was written here alone may still sit in this node's volatile cache,
+/// and a cleared bit in the bitmap file with the data lost to a power cut
+/// would leave the copies different with nothing to say so. (Before, the
+/// bits went as soon as the partner answered, and the source flushed once at
+/// the end of the resync.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_resync_source_clears_a_region_only_once_its_copy_is_flushed() {
+    let d = tempfile::tempdir().unwrap();
+    let m1: VolumeRef = Arc::new(MemVolume::new(512, BLOCKS));
+    let held = Arc::new(block::HoldVolume::new(Arc::new(MemVolume::new(
+        512, BLOCKS,
+    ))));
+    let (n2, addr2) = node2(d.path(), 2, held.clone(), None).await;
+    let n1 = node1(d.path(), 2, m1.clone(), addr2, None).await;
+    both_in_sync(&n1, &n2).await;
+    // node 1 fails; node 2 (preferred) writes alone, with no flush
+    n1.shutdown().await;
+    n2.write(4096, Bytes::from(vec![9u8; 256 << 10]), false)
+        .await
+        .unwrap();
+    assert_eq!(n2.status().role, Role::Solo);
+    assert_eq!(n2.status().dirty_regions, 4);
+    // node 1 returns; node 2's flushes wait at its disk
+    held.flushes.hold();
+    let n1 = node1(d.path(), 2, m1.clone(), addr2, None).await;
+    // flushes before the copy (the cleaner's) go through one by one; the
+    // first to arrive once the partner holds the data is looked at
+    let mut arrived = 0;
+    loop {
+        arrived += 1;
+        assert!(arrived < 100, "no flush came after the copy");
+        held.flushes.arrivals(arrived).await;
+        if holds(m1.as_ref(), 4096, 512, 9).await {
+            break;
+        }
+        held.flushes.release(1);
+    }
+    assert_eq!(
+        n2.status().dirty_regions,
+        4,
+        "the source cleared copied regions before its own copy was flushed"
+    );
+    held.flushes.open();
+    both_in_sync(&n1, &n2).await;
+    assert_eq!(n2.status().dirty_regions, 0);
+    same_contents(&m1, &(held.clone() as VolumeRef)).await;
+}
+
 /// Strangers holding `per_source` connections from each of `sources` loopback
 /// addresses (127.0.0.2 on) to `addr` that never start a handshake, each
 /// opened again as soon as the server closes it; returns the tasks and the
