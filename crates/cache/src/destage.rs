@@ -348,13 +348,16 @@ async fn destage_batch(inner: &Inner, batch: &[(u64, u32)], stripes: bool) -> Bl
     }
     let flushed = inner.backing.flush().await;
     let mut pages = Vec::new();
+    let mut cleaned = Vec::new();
     {
         let mut st = inner.state.lock();
         for &(_, slot, _, dirty) in &snap {
             let again = st.destaging.remove(&slot).unwrap_or(0);
             if flushed.is_ok() && !failed.contains(&slot) {
-                let d = st.dirty.get(slot) & !(dirty & !again);
+                let clean = dirty & !again;
+                let d = st.dirty.get(slot) & !clean;
                 st.set_dirty(slot, d);
+                cleaned.push((slot, clean));
                 pages.push(slot / RECORDS_PER_PAGE as u32);
             }
         }
@@ -365,6 +368,16 @@ async fn destage_batch(inner: &Inner, batch: &[(u64, u32)], stripes: bool) -> Bl
     let persisted = inner.persist_pages(&pages).await;
     {
         let mut st = inner.state.lock();
+        if persisted.is_err() {
+            // the SSDs still say dirty: so does memory again (the backing
+            // copy is durable, so a later destage only writes it again),
+            // or a host write to the block, taken for clean, would go around
+            // the cache and the old record come back at the next start
+            for &(slot, clean) in &cleaned {
+                let d = st.dirty.get(slot) | clean;
+                st.set_dirty(slot, d);
+            }
+        }
         for &(_, slot, _, _) in &snap {
             st.unpin_io(slot);
         }

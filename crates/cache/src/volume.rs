@@ -611,9 +611,13 @@ impl Inner {
                     self.devs[d].write_at(base, data, false).await
                 }
                 .await;
+                // the cursor passes the frame before the frame is let go: a
+                // block given the frame next is written to both halves
+                if copied.is_ok() {
+                    self.devs[d].set_resilver_cursor(slot + 1);
+                }
                 self.state.lock().unpin_io(slot);
                 copied?;
-                self.devs[d].set_resilver_cursor(slot + 1);
                 break;
             }
             if slot % 64 == 63 {
