@@ -45,12 +45,15 @@ struct Planted {
 /// wrapped between them), and an open data-first record `D` (block Y = Z,
 /// never completed), or with the entries `bad` gives it instead (from the
 /// pool's chunk size).
-async fn planted(bad: Option<fn(u64) -> Vec<Entry>>) -> Planted {
+/// A RAID 5 of 3 (16 KiB chunks, a 2 MiB ring) created on fresh memory
+/// members, idle and flushed: the members and the pool's state, the pool
+/// itself dropped (as after a crash) for records to be planted.
+async fn created(name: &str) -> (Vec<Arc<MemVolume>>, Arc<crate::pool::Inner>) {
     let mems: Vec<Arc<MemVolume>> = (0..3)
         .map(|_| Arc::new(MemVolume::new(BS, MEMBER_BLOCKS)))
         .collect();
     let uncut = Arc::new(AtomicI64::new(-1));
-    let mut cfg = PoolConfig::new("replay", RaidLevel::Raid5);
+    let mut cfg = PoolConfig::new(name, RaidLevel::Raid5);
     cfg.chunk_bytes = 16 * 1024;
     cfg.journal_bytes = Some(2 << 20);
     cfg.rebuild_rate_mb_s = 0; // unpaced
@@ -59,12 +62,28 @@ async fn planted(bad: Option<fn(u64) -> Vec<Entry>>) -> Planted {
         .expect("create");
     pool.wait_idle().await;
     pool.flush().await.unwrap();
-    let inner = pool.inner.clone();
+    (mems, pool.inner.clone())
+}
+
+/// Writes `records` (ring offset, bytes) into the rings as a group commit
+/// writes them: on one copy set, `redundancy + 1` members (the first set,
+/// {0, 1}, the one assemble writes its new records to).
+async fn plant<R: AsRef<[u8]>>(mems: &[Arc<MemVolume>], ring_at: u64, records: &[(u64, R)]) {
+    for m in &mems[..2] {
+        for (at, rec) in records {
+            m.write(ring_at + at, Bytes::copy_from_slice(rec.as_ref()), true)
+                .await
+                .unwrap();
+        }
+    }
+}
+
+async fn planted(bad: Option<fn(u64) -> Vec<Entry>>) -> Planted {
+    let (mems, inner) = created("replay").await;
     let cp = inner.state.lock().journal_checkpoint_seq;
     let j = inner.journal.as_ref().expect("a parity pool has a journal");
     let (ring_at, tag, bs, cb) = (j.offset_blocks, inner.pool_tag, BS as usize, inner.cb);
     let k = inner.layout.data_chunks() as u64;
-    drop(pool);
     let block = |b: u8| vec![b; bs];
     let (a, b, z) = (block(0xa1), block(0xb2), block(0x5e));
     let x_pos = inner.layout.data_positions(0, 0)[0] as u16;
@@ -102,16 +121,7 @@ async fn planted(bad: Option<fn(u64) -> Vec<Entry>>) -> Planted {
             journal::encode(cp + 4, tag, LINK_DATA_FIRST, &y_entries, &y_pay, bs),
         ),
     ];
-    // as a group commit writes them: on one copy set, `redundancy + 1`
-    // members (the first set, {0, 1}, the one assemble writes its new
-    // records to)
-    for m in &mems[..2] {
-        for (at, rec) in &records {
-            m.write(ring_at + at, Bytes::copy_from_slice(rec), true)
-                .await
-                .unwrap();
-        }
-    }
+    plant(&mems, ring_at, &records).await;
     drop(inner);
     Planted {
         mems,
@@ -277,25 +287,12 @@ async fn an_open_data_first_record_written_over_later_is_left_out() {
 /// of ring space, with space left.)
 #[tokio::test]
 async fn completing_records_take_a_gap_a_larger_one_passed_over() {
-    let mems: Vec<Arc<MemVolume>> = (0..3)
-        .map(|_| Arc::new(MemVolume::new(BS, MEMBER_BLOCKS)))
-        .collect();
+    let (mems, inner) = created("gaps").await;
     let uncut = Arc::new(AtomicI64::new(-1));
-    let mut cfg = PoolConfig::new("gaps", RaidLevel::Raid5);
-    cfg.chunk_bytes = 16 * 1024;
-    cfg.journal_bytes = Some(2 << 20);
-    cfg.rebuild_rate_mb_s = 0;
-    let pool = Pool::create(cfg, members(&mems, &uncut), vec![])
-        .await
-        .expect("create");
-    pool.wait_idle().await;
-    pool.flush().await.unwrap();
-    let inner = pool.inner.clone();
     let cp = inner.state.lock().journal_checkpoint_seq;
     let j = inner.journal.as_ref().expect("a parity pool has a journal");
     let (ring_at, ring, tag) = (j.offset_blocks, j.ring_blocks, inner.pool_tag);
     let (bs, cb, k) = (BS as usize, inner.cb, inner.layout.data_chunks() as u64);
-    drop(pool);
     let data_entry = |s: u64, blocks: u32| Entry {
         position: inner.layout.data_positions(s, 0)[0] as u16,
         discard: false,
@@ -351,13 +348,7 @@ async fn completing_records_take_a_gap_a_larger_one_passed_over() {
         at += n;
     }
     assert_eq!(at, ring - c1);
-    for m in &mems[..2] {
-        for (at, rec) in &records {
-            m.write(ring_at + at, Bytes::copy_from_slice(rec), true)
-                .await
-                .unwrap();
-        }
-    }
+    plant(&mems, ring_at, &records).await;
     drop(inner);
     let pool = Pool::assemble(members(&mems, &uncut), false)
         .await

@@ -377,6 +377,15 @@ async fn a_grant_left_with_the_target_is_given_back_once_in_sync_even_if_the_wit
     assert_eq!(p.n1.status().role, Role::Solo);
 }
 
+/// Node 1's copy in memory, and node 2's in memory behind a gate.
+fn memory_and_held() -> (VolumeRef, Arc<block::HoldVolume>) {
+    let m1: VolumeRef = Arc::new(MemVolume::new(512, BLOCKS));
+    let held = Arc::new(block::HoldVolume::new(Arc::new(MemVolume::new(
+        512, BLOCKS,
+    ))));
+    (m1, held)
+}
+
 /// The leader's bit for a region is all that says the copies may differ
 /// there: it must not be cleared while a write may still sit in the partner's
 /// volatile cache (a power loss of both nodes would leave the copies
@@ -385,10 +394,7 @@ async fn a_grant_left_with_the_target_is_given_back_once_in_sync_even_if_the_wit
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_write_intent_is_cleared_only_once_both_copies_are_flushed() {
     let d = tempfile::tempdir().unwrap();
-    let m1: VolumeRef = Arc::new(MemVolume::new(512, BLOCKS));
-    let held = Arc::new(block::HoldVolume::new(Arc::new(MemVolume::new(
-        512, BLOCKS,
-    ))));
+    let (m1, held) = memory_and_held();
     let (n2, addr2) = node2(d.path(), 1, held.clone(), None).await;
     let n1 = node1(d.path(), 1, m1, addr2, None).await;
     both_in_sync(&n1, &n2).await;
@@ -440,10 +446,7 @@ async fn a_write_intent_is_cleared_only_once_both_copies_are_flushed() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_resync_source_clears_a_region_only_once_its_copy_is_flushed() {
     let d = tempfile::tempdir().unwrap();
-    let m1: VolumeRef = Arc::new(MemVolume::new(512, BLOCKS));
-    let held = Arc::new(block::HoldVolume::new(Arc::new(MemVolume::new(
-        512, BLOCKS,
-    ))));
+    let (m1, held) = memory_and_held();
     let (n2, addr2) = node2(d.path(), 2, held.clone(), None).await;
     let n1 = node1(d.path(), 2, m1.clone(), addr2, None).await;
     both_in_sync(&n1, &n2).await;
