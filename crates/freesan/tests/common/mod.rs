@@ -287,6 +287,24 @@ pub fn await_event(api: &str, want: impl Fn(&serde_json::Value) -> bool) -> serd
 /// process owns: a port the kernel picked (another test's `:0` listener, or a
 /// connection's source port) could be taken again before the caller binds it,
 /// which failed a CI run ("binding the sync addresses: Address already in use").
+/// The node's log once it holds `what`, waited for (at most 20 s): a node
+/// answers a client and logs why from its own threads, so the line may land
+/// after the client saw the answer.
+pub fn await_log(log: &Path, what: &str) -> String {
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let text = std::fs::read_to_string(log).unwrap_or_default();
+        if text.contains(what) {
+            return text;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the log never said {what:?}: {text}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
 pub fn free_port() -> u16 {
     use std::sync::atomic::{AtomicU32, Ordering};
     static NEXT: AtomicU32 = AtomicU32::new(0);

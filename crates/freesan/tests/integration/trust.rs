@@ -13,7 +13,7 @@
 use crate::common;
 use common::pair::{replica_status, wait_for_replica, LoopbackPair};
 
-use common::{free_port, freesan, IQN};
+use common::{await_log, free_port, freesan, IQN};
 use replica::secure::{ClusterKeys, Member, Purpose};
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
@@ -267,14 +267,7 @@ fn sync_ports_refuse_strangers_replays_and_tampering() {
     // the node drops the connection and then logs why: the line may come
     // after the client saw the close, so it is awaited (CI once read the log
     // between the two)
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while count(&n2.log, "authentication failed") == 0 {
-        assert!(
-            Instant::now() < deadline,
-            "the replay was not refused as such"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    await_log(&n2.log, "authentication failed");
 
     // one bit flipped in flight: the link closes at once (the record does not
     // open), node 1 dials again, and the pair is back in sync
