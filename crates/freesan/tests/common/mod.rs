@@ -282,11 +282,6 @@ pub fn await_event(api: &str, want: impl Fn(&serde_json::Value) -> bool) -> serd
     }
 }
 
-/// A loopback port nobody listens on now (the caller binds it later). Taken
-/// below the kernel's ephemeral range (32768 and up), from a counter this test
-/// process owns: a port the kernel picked (another test's `:0` listener, or a
-/// connection's source port) could be taken again before the caller binds it,
-/// which failed a CI run ("binding the sync addresses: Address already in use").
 /// The node's log once it holds `what`, waited for (at most 20 s): a node
 /// answers a client and logs why from its own threads, so the line may land
 /// after the client saw the answer.
@@ -305,6 +300,11 @@ pub fn await_log(log: &Path, what: &str) -> String {
     }
 }
 
+/// A loopback port nobody listens on now (the caller binds it later). Taken
+/// below the kernel's ephemeral range (32768 and up), from a counter this test
+/// process owns: a port the kernel picked (another test's `:0` listener, or a
+/// connection's source port) could be taken again before the caller binds it,
+/// which failed a CI run ("binding the sync addresses: Address already in use").
 pub fn free_port() -> u16 {
     use std::sync::atomic::{AtomicU32, Ordering};
     static NEXT: AtomicU32 = AtomicU32::new(0);
