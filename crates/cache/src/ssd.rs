@@ -8,8 +8,19 @@
 //! [0, 4K)        superblock copy A      (the two copies alternate by generation,
 //! [4K, 8K)       superblock copy B       so a torn superblock write leaves the other)
 //! [8K, ...)      frame table: 4 KiB pages of 170 records, each page checksummed
+//!                and numbered; a mirrored cache keeps two copies of it (slot 0,
+//!                then slot 1), a striped one a single copy
 //! [data, ...)    frames: one cache block each, 1 MiB aligned
 //! ```
+//!
+//! The table's two slots (write-back): a page write goes to the slot that does
+//! not hold the page's last durable version, with a sequence number one above
+//! it, and the next write of that page waits for it. A write torn by a power
+//! cut (an SSD of 512-byte blocks may keep part of a 4 KiB write; both mirror
+//! halves take it at once, so both may tear) leaves the other slot whole, and
+//! the open takes each page's valid copy of the highest number. With one slot
+//! (a write-back cache made by a version before slots), such a tear on both
+//! halves made the cache refuse to start with its dirty records out of reach.
 //!
 //! A record is 24 bytes: the cache-block number held by the frame (`u64::MAX` when
 //! empty), then a `u64` bitmap of valid 4 KiB sectors and one of dirty sectors.
@@ -33,6 +44,9 @@ pub(crate) const PAGE_BYTES: u64 = 4096;
 pub(crate) const TABLE_OFFSET: u64 = 2 * 4096;
 const RECORD_BYTES: usize = 24;
 const PAGE_HEADER: usize = 8;
+/// Where a page keeps its sequence number: the 8 bytes after its last record
+/// (zero in pages written before slots).
+const PAGE_SEQ: usize = PAGE_BYTES as usize - 8;
 /// Records in one table page.
 pub(crate) const RECORDS_PER_PAGE: usize = (PAGE_BYTES as usize - PAGE_HEADER) / RECORD_BYTES;
 const MAGIC: &[u8; 8] = b"FSNCACH1";
@@ -71,9 +85,17 @@ pub struct Superblock {
     pub clean: bool,
     /// The mirror partner failed after this generation; this copy alone is current.
     pub partner_failed: bool,
+    /// Copies of the table ([`DeviceLayout::slots`]): 0 in superblocks
+    /// written before slots (one copy).
+    pub table_slots: u8,
 }
 
 impl Superblock {
+    /// The table's copies per page on devices this superblock describes.
+    pub(crate) fn slots(&self) -> u32 {
+        u32::from(self.table_slots).clamp(1, 2)
+    }
+
     pub(crate) fn encode(&self) -> Vec<u8> {
         let mut b = vec![0u8; 4096];
         b[0..8].copy_from_slice(MAGIC);
@@ -87,6 +109,7 @@ impl Superblock {
             | u8::from(self.partner_failed) << 2;
         b[28..32].copy_from_slice(&self.block_bytes.to_le_bytes());
         b[32..36].copy_from_slice(&self.frames.to_le_bytes());
+        b[36] = self.table_slots;
         b[40..48].copy_from_slice(&self.backing_bytes.to_le_bytes());
         b[48..64].copy_from_slice(&self.backing_id.to_le_bytes());
         let crc = crc32c::crc32c(&b[..4092]);
@@ -115,6 +138,7 @@ impl Superblock {
             partner_failed: b[27] & 4 != 0,
             block_bytes: u32_at(28),
             frames: u32_at(32),
+            table_slots: b[36],
             backing_bytes: u64_at(40),
             backing_id: u128::from_le_bytes(b[48..64].try_into().unwrap_or([0; 16])),
         })
@@ -145,10 +169,11 @@ impl Record {
     };
 }
 
-/// Encodes one table page from its records (at most [`RECORDS_PER_PAGE`]).
-pub(crate) fn encode_page(page_no: u32, records: &[Record]) -> Vec<u8> {
+/// Encodes one table page, version `seq`, from its records (at most [`RECORDS_PER_PAGE`]).
+pub(crate) fn encode_page(page_no: u32, seq: u64, records: &[Record]) -> Vec<u8> {
     let mut b = vec![0u8; PAGE_BYTES as usize];
     b[0..4].copy_from_slice(&page_no.to_le_bytes());
+    b[PAGE_SEQ..].copy_from_slice(&seq.to_le_bytes());
     for (i, r) in records.iter().enumerate().take(RECORDS_PER_PAGE) {
         let o = PAGE_HEADER + i * RECORD_BYTES;
         b[o..o + 8].copy_from_slice(&r.key.to_le_bytes());
@@ -160,8 +185,9 @@ pub(crate) fn encode_page(page_no: u32, records: &[Record]) -> Vec<u8> {
     b
 }
 
-/// Decodes a table page; `None` if its checksum or number is wrong.
-pub(crate) fn decode_page(page_no: u32, b: &[u8]) -> Option<Vec<Record>> {
+/// Decodes a table page: its version and records; `None` if its checksum or
+/// number is wrong.
+pub(crate) fn decode_page(page_no: u32, b: &[u8]) -> Option<(u64, Vec<Record>)> {
     if b.len() < PAGE_BYTES as usize {
         return None;
     }
@@ -180,7 +206,8 @@ pub(crate) fn decode_page(page_no: u32, b: &[u8]) -> Option<Vec<Record>> {
             dirty: at(o + 16),
         });
     }
-    Some(out)
+    let seq = u64::from_le_bytes(b[PAGE_SEQ..PAGE_BYTES as usize].try_into().ok()?);
+    Some((seq, out))
 }
 
 /// Geometry of one device: how many frames it holds and where they start.
@@ -188,28 +215,33 @@ pub(crate) fn decode_page(page_no: u32, b: &[u8]) -> Option<Vec<Record>> {
 pub(crate) struct DeviceLayout {
     pub local_frames: u32,
     pub table_pages: u32,
+    /// Copies of the table: 2 for a mirrored (write-back) cache, 1 otherwise
+    /// and in caches made before slots.
+    pub slots: u32,
     pub data_offset: u64,
     pub block_bytes: u64,
 }
 
 impl DeviceLayout {
-    /// The layout holding `local_frames` frames of `block_bytes`.
-    pub(crate) fn for_frames(local_frames: u32, block_bytes: u64) -> DeviceLayout {
+    /// The layout holding `local_frames` frames of `block_bytes`, with `slots`
+    /// copies of the table.
+    pub(crate) fn for_frames(local_frames: u32, block_bytes: u64, slots: u32) -> DeviceLayout {
         let table_pages = (local_frames as usize).div_ceil(RECORDS_PER_PAGE) as u32;
-        let table_end = TABLE_OFFSET + table_pages as u64 * PAGE_BYTES;
+        let table_end = TABLE_OFFSET + table_pages as u64 * slots as u64 * PAGE_BYTES;
         DeviceLayout {
             local_frames,
             table_pages,
+            slots,
             data_offset: table_end.div_ceil(DATA_ALIGN) * DATA_ALIGN,
             block_bytes,
         }
     }
 
     /// The most frames of `block_bytes` a device of `device_bytes` holds.
-    pub(crate) fn fitting(device_bytes: u64, block_bytes: u64) -> u32 {
+    pub(crate) fn fitting(device_bytes: u64, block_bytes: u64, slots: u32) -> u32 {
         let mut n = (device_bytes.saturating_sub(TABLE_OFFSET + DATA_ALIGN) / block_bytes)
             .min(u32::MAX as u64 - 1) as u32;
-        while n > 0 && DeviceLayout::for_frames(n, block_bytes).end() > device_bytes {
+        while n > 0 && DeviceLayout::for_frames(n, block_bytes, slots).end() > device_bytes {
             n -= 1;
         }
         n
@@ -224,8 +256,14 @@ impl DeviceLayout {
         self.data_offset + local as u64 * self.block_bytes
     }
 
-    pub(crate) fn page_offset(page: u32) -> u64 {
-        TABLE_OFFSET + page as u64 * PAGE_BYTES
+    /// Where copy `slot` of table page `page` lives.
+    pub(crate) fn page_offset(&self, page: u32, slot: u32) -> u64 {
+        TABLE_OFFSET + (slot as u64 * self.table_pages as u64 + page as u64) * PAGE_BYTES
+    }
+
+    /// The slot a page's version `seq` is written to.
+    pub(crate) fn slot_of(&self, seq: u64) -> u32 {
+        (seq % self.slots as u64) as u32
     }
 }
 
@@ -383,9 +421,38 @@ impl Device {
         self.write_at(off, Bytes::from(sb.encode()), true).await
     }
 
-    pub(crate) async fn read_page(&self, page: u32) -> BlockResult<Bytes> {
-        self.read_at(DeviceLayout::page_offset(page), PAGE_BYTES)
-            .await
+    /// Table page `page` of `layout` on this device: the valid copy of the
+    /// highest version and that version, `None` when no copy is valid. A copy
+    /// that cannot be read counts as not valid while another reads; the error
+    /// when none does.
+    pub(crate) async fn read_page(
+        &self,
+        layout: &DeviceLayout,
+        page: u32,
+    ) -> BlockResult<Option<(u64, Vec<Record>)>> {
+        let mut best: Option<(u64, Vec<Record>)> = None;
+        let mut error = None;
+        let mut read = false;
+        for slot in 0..layout.slots {
+            match self
+                .read_at(layout.page_offset(page, slot), PAGE_BYTES)
+                .await
+            {
+                Ok(raw) => {
+                    read = true;
+                    if let Some((seq, recs)) = decode_page(page, &raw) {
+                        if best.as_ref().is_none_or(|(s, _)| seq > *s) {
+                            best = Some((seq, recs));
+                        }
+                    }
+                }
+                Err(e) => error = Some(e),
+            }
+        }
+        match error {
+            Some(e) if !read => Err(e),
+            _ => Ok(best),
+        }
     }
 }
 
@@ -408,6 +475,7 @@ mod tests {
             backing_id: 0x0123_4567_89ab_cdef_fedc_ba98_7654_3210,
             clean: true,
             partner_failed: false,
+            table_slots: 2,
         };
         let mut b = sb.encode();
         assert_eq!(Superblock::decode(&b), Some(sb));
@@ -424,8 +492,8 @@ mod tests {
                 dirty: i / 2,
             })
             .collect();
-        let mut b = encode_page(9, &recs);
-        assert_eq!(decode_page(9, &b), Some(recs));
+        let mut b = encode_page(9, 41, &recs);
+        assert_eq!(decode_page(9, &b), Some((41, recs)));
         assert_eq!(decode_page(8, &b), None);
         b[100] ^= 4;
         assert_eq!(decode_page(9, &b), None);
@@ -435,11 +503,16 @@ mod tests {
     fn layout_fits_the_device() {
         for bb in [65536u64, 131072, 262144] {
             let dev = 3 * (1 << 30) + 12345;
-            let n = DeviceLayout::fitting(dev, bb);
-            let l = DeviceLayout::for_frames(n, bb);
-            assert!(l.end() <= dev);
-            assert!(DeviceLayout::for_frames(n + 1, bb).end() > dev);
-            assert_eq!(l.data_offset % DATA_ALIGN, 0);
+            for slots in [1, 2] {
+                let n = DeviceLayout::fitting(dev, bb, slots);
+                let l = DeviceLayout::for_frames(n, bb, slots);
+                assert!(l.end() <= dev);
+                assert!(DeviceLayout::for_frames(n + 1, bb, slots).end() > dev);
+                assert_eq!(l.data_offset % DATA_ALIGN, 0);
+                // the last copy of the last page ends before the frames
+                let last = l.page_offset(l.table_pages - 1, slots - 1) + PAGE_BYTES;
+                assert!(last <= l.data_offset);
+            }
         }
     }
 }

@@ -22,8 +22,8 @@ use crate::path::Step;
 use crate::policy::{Access, Policy};
 use crate::seq::SeqDetector;
 use crate::ssd::{
-    decode_page, encode_page, Device, DeviceLayout, Record, Superblock, NO_KEY, RECORDS_PER_PAGE,
-    SECTOR_BYTES, TABLE_OFFSET,
+    encode_page, Device, DeviceLayout, Record, Superblock, NO_KEY, RECORDS_PER_PAGE, SECTOR_BYTES,
+    TABLE_OFFSET,
 };
 use crate::stats::{self, AdvicePoint, CacheStatus, Counters, DeviceStatus, Window};
 use crate::{Advisor, AdvisorConfig};
@@ -172,6 +172,9 @@ struct PageCommit {
     want: u64,
     durable: u64,
     writing: bool,
+    /// The version of the page last written whole to every live device (its
+    /// slot holds it; the next write goes to the other slot).
+    seq: u64,
 }
 
 pub(crate) struct Inner {
@@ -1214,21 +1217,24 @@ impl Inner {
                         None
                     } else {
                         e.writing = true;
-                        Some(e.want)
+                        Some((e.want, e.seq + 1))
                     }
                 };
-                let Some(version) = lead else {
+                let Some((version, seq)) = lead else {
                     notified.await;
                     continue;
                 };
-                let bytes = Bytes::from(self.page_bytes(page));
-                let r = self.write_page_all(page, bytes).await;
+                // into the slot not holding the last durable copy: a write
+                // torn by a power cut leaves that one whole
+                let bytes = Bytes::from(self.page_bytes(page, seq));
+                let r = self.write_page_all(page, seq, bytes).await;
                 {
                     let mut pc = self.pages.lock();
                     let e = pc.entry(page).or_default();
                     e.writing = false;
                     if r.is_ok() {
                         e.durable = e.durable.max(version);
+                        e.seq = seq;
                     }
                 }
                 self.pages_done.notify_waiters();
@@ -1238,17 +1244,17 @@ impl Inner {
         Ok(())
     }
 
-    /// The encoded table page `page` of a mirrored cache, from memory.
-    fn page_bytes(&self, page: u32) -> Vec<u8> {
+    /// The encoded table page `page` of a mirrored cache, from memory, as version `seq`.
+    fn page_bytes(&self, page: u32, seq: u64) -> Vec<u8> {
         let st = self.state.lock();
         let first = page * RECORDS_PER_PAGE as u32;
         let last = (first + RECORDS_PER_PAGE as u32).min(self.layout.local_frames);
         let recs: Vec<Record> = (first..last).map(|slot| st.record(slot)).collect();
-        encode_page(page, &recs)
+        encode_page(page, seq, &recs)
     }
 
-    async fn write_page_all(&self, page: u32, bytes: Bytes) -> BlockResult<()> {
-        let off = DeviceLayout::page_offset(page);
+    async fn write_page_all(&self, page: u32, seq: u64, bytes: Bytes) -> BlockResult<()> {
+        let off = self.layout.page_offset(page, self.layout.slot_of(seq));
         let futs: Vec<BoxFut<'_, BlockResult<()>>> = self
             .devs
             .iter()
@@ -1272,17 +1278,34 @@ impl Inner {
     }
 
     /// Writes every table page of every live device and the superblocks with `clean`.
+    ///
+    /// Every page's version moves on by the table's slots: each slot of each
+    /// page is written once, as one version above the last, the second slot
+    /// only once the first is flushed. Callers keep page writes out meanwhile
+    /// (open, stop, detach, the resilver's end).
     pub(crate) async fn write_full_table(&self, clean: bool) -> BlockResult<()> {
+        let base: Vec<u64> = {
+            let pc = self.pages.lock();
+            (0..self.layout.table_pages)
+                .map(|p| pc.get(&p).map_or(0, |e| e.seq))
+                .collect()
+        };
         let mut failed = None;
         for (d, dev) in self.devs.iter().enumerate() {
             if dev.is_failed() {
                 continue;
             }
-            if let Err(e) = self.write_device_table(d, dev).await {
+            if let Err(e) = self.write_device_table(d, dev, &base).await {
                 dev.fail(&e);
                 tracing::error!(cache = %self.name, device = %dev.name(), error = %e,
                     "writing the cache's table failed; the device is failed");
                 failed = Some(e);
+            }
+        }
+        {
+            let mut pc = self.pages.lock();
+            for (p, b) in base.iter().enumerate() {
+                pc.entry(p as u32).or_default().seq = b + self.layout.slots as u64;
             }
         }
         if let Some(e) = failed {
@@ -1296,10 +1319,12 @@ impl Inner {
         self.write_superblocks(|sb| sb.clean = clean).await
     }
 
-    /// Writes device `d`'s whole table and flushes it.
-    async fn write_device_table(&self, d: usize, dev: &Device) -> BlockResult<()> {
-        {
+    /// Writes device `d`'s whole table, every slot, pages' versions above
+    /// `base`, and flushes it after each slot.
+    async fn write_device_table(&self, d: usize, dev: &Device, base: &[u64]) -> BlockResult<()> {
+        for step in 1..=self.layout.slots as u64 {
             for page in 0..self.layout.table_pages {
+                let seq = base[page as usize] + step;
                 let bytes = {
                     let st = self.state.lock();
                     let first = page * RECORDS_PER_PAGE as u32;
@@ -1314,10 +1339,10 @@ impl Inner {
                             }
                         })
                         .collect();
-                    encode_page(page, &recs)
+                    encode_page(page, seq, &recs)
                 };
-                dev.write_at(DeviceLayout::page_offset(page), Bytes::from(bytes), false)
-                    .await?;
+                let at = self.layout.page_offset(page, self.layout.slot_of(seq));
+                dev.write_at(at, Bytes::from(bytes), false).await?;
             }
             dev.vol().flush().await?;
         }
@@ -1560,33 +1585,27 @@ impl CacheVolume {
             .collect();
         let block_bytes = cfg.block_bytes as u64;
         let min_dev = devs.iter().map(|d| d.size_bytes()).min().unwrap_or(0);
-        let mut local = DeviceLayout::fitting(min_dev, block_bytes);
-        if let Some(limit) = cfg.size_bytes {
-            // (a configured size past 2^32 frames is as many as a device may hold)
-            let want = (limit / block_bytes).min(u32::MAX as u64) as u32;
-            let per_dev = if mirrored {
-                want
-            } else {
-                want.div_ceil(devs.len() as u32)
-            };
-            local = local.min(per_dev);
-        }
-        if local == 0 {
-            return Err(BlockError::Unavailable(format!(
-                "cache {name}: devices too small for one {block_bytes}-byte frame"
-            )));
-        }
-        let layout = DeviceLayout::for_frames(local, block_bytes);
-        let frames = if mirrored {
-            local
-        } else {
-            local.checked_mul(devs.len() as u32).ok_or_else(|| {
-                BlockError::Unavailable(format!(
-                    "cache {name}: {} devices of {local} frames of {block_bytes} bytes pass the 2^32 frames a cache holds: choose a larger block_bytes or a size",
-                    devs.len()
-                ))
-            })?
+        let layout_with = |slots: u32| {
+            let mut local = DeviceLayout::fitting(min_dev, block_bytes, slots);
+            if let Some(limit) = cfg.size_bytes {
+                // (a configured size past 2^32 frames is as many as a device may hold)
+                let want = (limit / block_bytes).min(u32::MAX as u64) as u32;
+                let per_dev = if mirrored {
+                    want
+                } else {
+                    want.div_ceil(devs.len() as u32)
+                };
+                local = local.min(per_dev);
+            }
+            if local == 0 {
+                return Err(BlockError::Unavailable(format!(
+                    "cache {name}: devices too small for one {block_bytes}-byte frame"
+                )));
+            }
+            Ok(DeviceLayout::for_frames(local, block_bytes, slots))
         };
+        // two copies of the table where it holds dirty records (see `ssd`)
+        let mut layout = layout_with(if mirrored { 2 } else { 1 })?;
         let spb = (block_bytes / SECTOR_BYTES) as u32;
 
         // what the devices say
@@ -1628,6 +1647,29 @@ impl CacheVolume {
             )));
         }
         let newest = Inner::whose_table(name, &devs, &sbs, cfg.backing_id).await?;
+        if let Some(old) = newest
+            .as_ref()
+            .filter(|s| mirrored && s.mirrored && s.slots() == 1)
+        {
+            // made before the table had two copies: its frames stay where
+            // they are (two copies of a large table would move them)
+            layout = layout_with(1)?;
+            tracing::warn!(cache = %name, frames = old.frames,
+                "this write-back cache keeps one copy of its table (made by an earlier version): \
+                 a power cut during a table write can tear a page on both SSDs and leave the \
+                 cache unable to start; drain and detach it, then attach it again, to get two");
+        }
+        let local = layout.local_frames;
+        let frames = if mirrored {
+            local
+        } else {
+            local.checked_mul(devs.len() as u32).ok_or_else(|| {
+                BlockError::Unavailable(format!(
+                    "cache {name}: {} devices of {local} frames of {block_bytes} bytes pass the 2^32 frames a cache holds: choose a larger block_bytes or a size",
+                    devs.len()
+                ))
+            })?
+        };
         let advisor = cfg.advisor.then(|| {
             let backing_blocks = geo.size_bytes().div_ceil(block_bytes).max(1);
             let lo = (frames as u64 / 16).max(64);
@@ -1654,6 +1696,7 @@ impl CacheVolume {
             backing_id: cfg.backing_id,
             clean: false,
             partner_failed: false,
+            table_slots: layout.slots as u8,
         };
         let mut out_geo = geo;
         out_geo.thin = false;
@@ -2080,14 +2123,12 @@ impl Inner {
         } else {
             sb.frames.div_ceil(sb.device_count.max(1) as u32)
         };
-        let pages = DeviceLayout::for_frames(local, sb.block_bytes as u64).table_pages;
+        let layout = DeviceLayout::for_frames(local, sb.block_bytes as u64, sb.slots());
         for &d in on {
-            for page in 0..pages {
-                let Ok(raw) = devs[d].read_page(page).await else {
-                    return true;
-                };
-                match decode_page(page, &raw) {
-                    Some(recs) if !recs.iter().any(|r| r.key != NO_KEY && r.dirty != 0) => {}
+            for page in 0..layout.table_pages {
+                match devs[d].read_page(&layout, page).await {
+                    Ok(Some((_, recs)))
+                        if !recs.iter().any(|r| r.key != NO_KEY && r.dirty != 0) => {}
                     _ => return true,
                 }
             }
@@ -2250,31 +2291,35 @@ impl Inner {
             .filter(|&d| !self.devs[d].is_failed() && !stale[d])
             .collect();
         if self.mirrored {
-            // one copy's table is the map, page by page: a page unreadable or
-            // damaged on one mirror is read from the other (the full table
-            // written at open then repairs it); damaged on every one, it may
-            // have held dirty records, and the open is refused rather than
-            // serve the older data of the backing volume
+            // the map is, page by page, the valid copy of the highest
+            // version on any live half: a page torn or unreadable in one slot
+            // or on one half is read from another (the full table written at
+            // open then repairs it); damaged everywhere, it may have held
+            // dirty records, and the open is refused rather than serve the
+            // older data of the backing volume
             for page in 0..self.layout.table_pages {
-                let mut got = None;
+                let mut got: Option<(usize, u64, Vec<Record>)> = None;
                 for &d in &live {
-                    match self.devs[d].read_page(page).await {
-                        Ok(raw) => match decode_page(page, &raw) {
-                            Some(recs) => {
-                                got = Some((d, recs));
-                                break;
+                    match self.devs[d].read_page(&self.layout, page).await {
+                        Ok(Some((seq, recs))) => {
+                            if got.as_ref().is_none_or(|g| seq > g.1) {
+                                got = Some((d, seq, recs));
                             }
-                            None => {
-                                tracing::warn!(cache = %self.name, device = d, page, "table page damaged")
-                            }
-                        },
+                        }
+                        Ok(None) => {
+                            tracing::warn!(cache = %self.name, device = d, page, "table page damaged")
+                        }
                         Err(e) => {
                             tracing::warn!(cache = %self.name, device = d, page, error = %e, "table page unreadable")
                         }
                     }
                 }
                 match got {
-                    Some((d, recs)) => take(d, page, &recs),
+                    Some((d, seq, recs)) => {
+                        // the next write of the page goes to the other slot
+                        self.pages.lock().entry(page).or_default().seq = seq;
+                        take(d, page, &recs)
+                    }
                     // (a clean stop keeps dirty records too: see `load`'s
                     // shape check)
                     None if dirty_possible => {
@@ -2290,8 +2335,7 @@ impl Inner {
         } else {
             for &d in &live {
                 for page in 0..self.layout.table_pages {
-                    let raw = self.devs[d].read_page(page).await?;
-                    let Some(recs) = decode_page(page, &raw) else {
+                    let Some((_, recs)) = self.devs[d].read_page(&self.layout, page).await? else {
                         if old.clean {
                             tracing::warn!(cache = %self.name, page, "table page unreadable");
                         }

@@ -1,9 +1,14 @@
 //! The cache volume against an oracle, across modes, crashes and device failures.
 
-use block::{Bytes, CrashSimVolume, FaultVolume, MemVolume, Volume, VolumeRef};
+use async_trait::async_trait;
+use block::{
+    BlockResult, Bytes, CrashSimVolume, FaultVolume, Geometry, MemVolume, Volume, VolumeRef,
+};
 use cache::{CacheConfig, CacheDevice, CacheMode, CacheVolume};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
+use tokio::sync::Semaphore;
 
 const BACKING_BYTES: u64 = 8 << 20;
 const BLOCK: u32 = 16 * 1024;
@@ -1379,12 +1384,14 @@ async fn a_table_page_damaged_on_one_mirror_is_read_from_the_other() {
     assert!(vol.status().dirty_blocks > 0, "nothing dirty in the cache");
     vol.halt().await;
     drop(vol);
-    // the first table page (4096-byte blocks: the table starts at block 2) of
-    // the first SSD is garbage
-    ssds[0]
-        .write(2, Bytes::from(vec![0x5a; 4096]), false)
-        .await
-        .unwrap();
+    // both copies of the first (and only) table page of the first SSD are
+    // garbage (4096-byte blocks: the table starts at block 2, one page a copy)
+    for copy in [2, 3] {
+        ssds[0]
+            .write(copy, Bytes::from(vec![0x5a; 4096]), false)
+            .await
+            .unwrap();
+    }
     let vol = CacheVolume::open("t", backing.clone(), devices(&ssds), c)
         .await
         .unwrap();
@@ -1405,11 +1412,13 @@ async fn a_cleanly_stopped_cache_whose_table_page_is_lost_refuses_to_start() {
     vol.shutdown().await.unwrap();
     assert!(vol.status().dirty_blocks > 0, "the stop destaged");
     drop(vol);
-    // the first table page is garbage on both SSDs
+    // both copies of the only table page are garbage on both SSDs
     for ssd in &ssds {
-        ssd.write(2, Bytes::from(vec![0x5a; 4096]), false)
-            .await
-            .unwrap();
+        for copy in [2, 3] {
+            ssd.write(copy, Bytes::from(vec![0x5a; 4096]), false)
+                .await
+                .unwrap();
+        }
     }
     let opened = CacheVolume::open("t", backing.clone(), devices(&ssds), c).await;
     assert!(
@@ -1579,4 +1588,197 @@ async fn a_dropped_fill_does_not_land_over_a_later_write() {
         vol.read(0, blocks).await.unwrap() == want,
         "the dropped fill's older copy landed over the acknowledged write"
     );
+}
+
+/// A 512-byte-block SSD on which, once armed, the next FUA write of a table
+/// page (4 KiB between the superblocks and the frames at 1 MiB) that changes
+/// a sector past its first is torn as a power cut tears it: the first sector
+/// (the page's header and checksum) lands, the others keep their old bytes,
+/// and the write never completes. Each tear adds a permit to `tore`.
+struct Tearing {
+    inner: Arc<MemVolume>,
+    armed: AtomicBool,
+    tore: Arc<Semaphore>,
+}
+
+#[async_trait]
+impl Volume for Tearing {
+    fn geometry(&self) -> Geometry {
+        self.inner.geometry()
+    }
+    async fn read(&self, lba: u64, blocks: u32) -> BlockResult<Bytes> {
+        self.inner.read(lba, blocks).await
+    }
+    async fn write(&self, lba: u64, data: Bytes, fua: bool) -> BlockResult<()> {
+        let at = lba * 512;
+        if fua && data.len() == 4096 && (8192..1 << 20).contains(&at) {
+            let old = self.inner.read(lba, 8).await?;
+            if old[512..] != data[512..] && self.armed.swap(false, Ordering::SeqCst) {
+                self.inner.write(lba, data.slice(..512), true).await?;
+                self.tore.add_permits(1);
+                std::future::pending::<()>().await;
+            }
+        }
+        self.inner.write(lba, data, fua).await
+    }
+    async fn flush(&self) -> BlockResult<()> {
+        self.inner.flush().await
+    }
+    async fn discard(&self, lba: u64, blocks: u64) -> BlockResult<()> {
+        self.inner.discard(lba, blocks).await
+    }
+}
+
+/// A power cut tears the table page write of a write-back cache on both
+/// mirror halves at once (SSDs of 512-byte blocks; both halves take the
+/// write together). The page's other copy holds its last durable version:
+/// the cache starts and every acknowledged write reads back. With one copy
+/// per page the cache refused to start ("damaged on every copy"), its dirty
+/// records out of reach.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_table_page_torn_on_both_mirror_halves_leaves_its_other_copy() {
+    let backing: VolumeRef = Arc::new(MemVolume::new(4096, BACKING_BYTES / 4096));
+    let tore = Arc::new(Semaphore::new(0));
+    let mems: Vec<Arc<MemVolume>> = (0..2)
+        .map(|_| Arc::new(MemVolume::new(512, 8 << 10)))
+        .collect();
+    let ssds: Vec<Arc<Tearing>> = mems
+        .iter()
+        .map(|m| {
+            Arc::new(Tearing {
+                inner: m.clone(),
+                armed: AtomicBool::new(false),
+                tore: tore.clone(),
+            })
+        })
+        .collect();
+    let refs: Vec<VolumeRef> = ssds.iter().map(|s| s.clone() as VolumeRef).collect();
+    let mut c = cfg(CacheMode::WriteBack);
+    c.dirty_low_percent = 90;
+    c.dirty_high_percent = 95;
+    c.size_bytes = Some(2 << 20);
+    let oracle = MemVolume::new(4096, BACKING_BYTES / 4096);
+    let vol = Arc::new(
+        CacheVolume::open("t", backing.clone(), devices(&refs), c.clone())
+            .await
+            .unwrap(),
+    );
+    // acknowledged dirty data, one 4K write into each of 40 cache blocks
+    let per_block = BLOCK as u64 / 4096;
+    for i in 0..40u64 {
+        let data = pattern(i + 1, 4096);
+        vol.write(i * per_block, data.clone(), false).await.unwrap();
+        oracle.write(i * per_block, data, false).await.unwrap();
+    }
+    // then writes into further blocks until one's table write tears
+    for s in &ssds {
+        s.armed.store(true, Ordering::SeqCst);
+    }
+    let mut torn = None;
+    for i in 40..100u64 {
+        let (lba, data) = (i * per_block, pattern(i + 1, 4096));
+        let mut w = tokio::spawn({
+            let (vol, data) = (vol.clone(), data.clone());
+            async move { vol.write(lba, data, false).await }
+        });
+        tokio::select! {
+            r = &mut w => {
+                r.unwrap().unwrap();
+                oracle.write(lba, data, false).await.unwrap();
+            }
+            p = tore.acquire_many(2) => {
+                p.unwrap().forget();
+                w.abort();
+                let _ = w.await;
+                torn = Some((lba, data));
+                break;
+            }
+        }
+    }
+    let (torn_lba, torn_data) = torn.expect("no table page write was torn");
+    assert!(vol.status().dirty_blocks >= 40, "the writes were destaged");
+    // the power is gone: no clean stop
+    vol.halt().await;
+    drop(vol);
+    let plain: Vec<VolumeRef> = mems.iter().map(|m| m.clone() as VolumeRef).collect();
+    let vol = CacheVolume::open("t", backing.clone(), devices(&plain), c)
+        .await
+        .expect("the cache refused to start over a page torn on both halves");
+    // the torn write was never acknowledged: either version of its block
+    let got = vol.read(torn_lba, 1).await.unwrap();
+    let old = oracle.read(torn_lba, 1).await.unwrap();
+    assert!(
+        got == old || got == torn_data,
+        "the torn write's block holds neither version"
+    );
+    verify_all(&vol, &oracle).await;
+    assert!(vol.status().dirty_blocks >= 40, "dirty blocks lost");
+}
+
+/// Both superblock copies of `ssd` (4096-byte blocks) rewritten as a version
+/// before table slots wrote them: no slot count (byte 36), checksum redone.
+async fn as_written_before_slots(ssd: &VolumeRef) {
+    for copy in 0..2 {
+        let mut b = ssd.read(copy, 1).await.unwrap().to_vec();
+        assert_eq!(&b[0..8], b"FSNCACH1", "no superblock copy {copy}");
+        b[36] = 0;
+        let crc = crc32c::crc32c(&b[..4092]);
+        b[4092..].copy_from_slice(&crc.to_le_bytes());
+        ssd.write(copy, Bytes::from(b), true).await.unwrap();
+    }
+}
+
+/// A write-back cache made before the table had two copies keeps its one
+/// copy where that version put it (two copies of a large table would move
+/// the frames under its dirty data): it starts with its dirty data, takes
+/// writes and crashes, and never writes where a second copy would go.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cache_made_before_table_slots_keeps_its_one_copy() {
+    let (backing, ssds, c) = write_back_on_two_ssds();
+    let oracle = MemVolume::new(4096, BACKING_BYTES / 4096);
+    let vol = CacheVolume::open("t", backing.clone(), devices(&ssds), c.clone())
+        .await
+        .unwrap();
+    let mut rng = Rng(23);
+    let mut write = async |vol: &CacheVolume| {
+        for _ in 0..40 {
+            let lba = rng.below(BACKING_BYTES / 4096 / 4);
+            let data = pattern(rng.next(), 4096);
+            vol.write(lba, data.clone(), false).await.unwrap();
+            oracle.write(lba, data, false).await.unwrap();
+        }
+    };
+    write(&vol).await;
+    // a clean stop writes the table whole (the one page at block 2; where a
+    // second copy would go, block 3, is then left alone)
+    vol.shutdown().await.unwrap();
+    drop(vol);
+    for ssd in &ssds {
+        as_written_before_slots(ssd).await;
+        ssd.write(3, Bytes::from(vec![0x77; 4096]), true)
+            .await
+            .unwrap();
+    }
+    let vol = CacheVolume::open("t", backing.clone(), devices(&ssds), c.clone())
+        .await
+        .unwrap();
+    assert!(vol.status().dirty_blocks > 0, "the dirty data is gone");
+    write(&vol).await;
+    vol.halt().await;
+    drop(vol);
+    let vol = CacheVolume::open("t", backing.clone(), devices(&ssds), c)
+        .await
+        .unwrap();
+    verify_all(&vol, &oracle).await;
+    for ssd in &ssds {
+        let second = ssd.read(3, 1).await.unwrap();
+        assert!(
+            second.iter().all(|&b| b == 0x77),
+            "a second table copy was written over the frames' side"
+        );
+        for copy in 0..2 {
+            let sb = ssd.read(copy, 1).await.unwrap();
+            assert!(sb[36] <= 1, "the cache took two table copies");
+        }
+    }
 }
