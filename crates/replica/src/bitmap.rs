@@ -418,6 +418,13 @@ impl DirtyBitmap {
         self.set_regions_locked(&s)
     }
 
+    /// Regions kept dirty until a resync copies them ([`Bitmap::pin`]), in order.
+    pub fn pinned_regions(&self) -> Vec<u64> {
+        let mut out: Vec<u64> = self.state.lock().pinned.iter().copied().collect();
+        out.sort_unstable();
+        out
+    }
+
     /// Number of dirty regions.
     pub fn count(&self) -> u64 {
         self.state

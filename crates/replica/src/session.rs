@@ -22,6 +22,9 @@ const BITMAP_CHUNK_BYTES: usize = 256 << 10;
 const RESYNC_COPY_BYTES_MAX: u64 = 1 << 20;
 /// Resync copies in flight at once.
 const RESYNC_IN_FLIGHT_MAX: usize = 4;
+/// Passes copying again the regions that writes failing on one side pinned
+/// during a resync, before the resync gives up (and is tried again).
+const RESYNC_PINNED_PASSES_MAX: usize = 4;
 /// Pause between connection attempts.
 const RECONNECT_PAUSE: Duration = Duration::from_millis(300);
 /// Longest pause between attempts to resync a copy whose disk keeps failing.
@@ -862,15 +865,6 @@ async fn resync(
         .store(regions.len() as u64, Ordering::Relaxed);
     inner.resync_done.store(0, Ordering::Relaxed);
     tracing::info!(volume = %inner.cfg.name, regions = regions.len(), full, peer = ?peer_meta, "resync starts");
-    // runs of adjacent regions, at most RESYNC_COPY_BYTES_MAX each
-    let per_copy = (RESYNC_COPY_BYTES_MAX / bs / rb).max(1);
-    let mut runs: Vec<(u64, u64)> = Vec::new();
-    for r in regions {
-        match runs.last_mut() {
-            Some((s, n)) if *s + *n == r && *n < per_copy => *n += 1,
-            _ => runs.push((r, 1)),
-        }
-    }
     let copy = |start: u64, n: u64| {
         let inner = inner.clone();
         let link = link.clone();
@@ -918,23 +912,72 @@ async fn resync(
             Ok::<(), String>(())
         }
     };
-    let mut set = tokio::task::JoinSet::new();
-    for (s, n) in runs {
-        if set.len() >= RESYNC_IN_FLIGHT_MAX {
-            if let Some(r) = set.join_next().await {
-                r.map_err(|e| e.to_string())??;
+    // runs of adjacent regions, at most RESYNC_COPY_BYTES_MAX each, up to
+    // RESYNC_IN_FLIGHT_MAX at once
+    let copy_all = |regions: Vec<u64>| async {
+        let per_copy = (RESYNC_COPY_BYTES_MAX / bs / rb).max(1);
+        let mut runs: Vec<(u64, u64)> = Vec::new();
+        for r in regions {
+            match runs.last_mut() {
+                Some((s, n)) if *s + *n == r && *n < per_copy => *n += 1,
+                _ => runs.push((r, 1)),
             }
         }
-        set.spawn(copy(s, n));
-    }
-    while let Some(r) = set.join_next().await {
-        r.map_err(|e| e.to_string())??;
-    }
+        let mut set = tokio::task::JoinSet::new();
+        for (s, n) in runs {
+            if set.len() >= RESYNC_IN_FLIGHT_MAX {
+                if let Some(r) = set.join_next().await {
+                    r.map_err(|e| e.to_string())??;
+                }
+            }
+            set.spawn(copy(s, n));
+        }
+        while let Some(r) = set.join_next().await {
+            r.map_err(|e| e.to_string())??;
+        }
+        Ok::<(), String>(())
+    };
+    copy_all(regions).await?;
     inner.local.flush().await.map_err(|e| e.to_string())?;
     let peer = inner.scsi_peer.read().clone();
     if let Some(p) = peer {
         p.before_in_sync().await?;
     }
+    // A write during the resync that failed on one side pinned its regions
+    // (the copies differ there; the write failed): one copied before it
+    // would stay different once in sync, until the next meeting. They are
+    // copied again, and the end is taken with every write held off, so none
+    // can fail on one side between the last look and the in-sync state
+    // (once in sync, such a failure detaches the failing copy). Regions past
+    // the served size (a grow the partner missed) have nothing to copy yet.
+    let mut passes = 0;
+    let _all = loop {
+        let all = inner.locks.lock(0, u64::MAX, LockMode::Exclusive).await;
+        let served_regions = inner.geo().block_count.div_ceil(rb);
+        let again: Vec<u64> = inner
+            .bitmap
+            .pinned_regions()
+            .into_iter()
+            .filter(|&r| r < served_regions)
+            .collect();
+        if again.is_empty() {
+            break all;
+        }
+        drop(all);
+        passes += 1;
+        if passes > RESYNC_PINNED_PASSES_MAX {
+            return Err(format!(
+                "{} regions kept failing on one side during the resync",
+                again.len()
+            ));
+        }
+        tracing::info!(volume = %inner.cfg.name, regions = again.len(),
+            "writes failed on one side during the resync: copying their regions again");
+        inner
+            .resync_total
+            .fetch_add(again.len() as u64, Ordering::Relaxed);
+        copy_all(again).await?;
+    };
     let mut m = *inner.meta.lock();
     if nothing_to_copy
         && !full

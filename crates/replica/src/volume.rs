@@ -703,7 +703,7 @@ impl Inner {
             let lease = || st.link.as_ref().is_some_and(|l| l.lease_valid());
             match st.role {
                 Role::Solo => return Ok(st),
-                Role::Leader if st.peer_resyncing || lease() => return Ok(st),
+                Role::Leader if lease() => return Ok(st),
                 Role::Follower if self.cfg.mode == Mode::ActiveActive && lease() => return Ok(st),
                 Role::Follower if self.cfg.mode == Mode::ActivePassive => {
                     return Err(BlockError::Unavailable(

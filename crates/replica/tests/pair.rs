@@ -1211,3 +1211,147 @@ async fn a_copy_whose_undo_failed_half_way_is_not_the_resync_source() {
     n1.shutdown().await;
     n2.shutdown().await;
 }
+
+/// A relay from a port of its own to `to` for the sync link: what the
+/// connecting node sends arrives `delay_ms` late (a slow path one way).
+async fn slow_relay(to: SocketAddr, delay_ms: Arc<std::sync::atomic::AtomicU64>) -> SocketAddr {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((a, _)) = l.accept().await {
+            let Ok(b) = tokio::net::TcpStream::connect(to).await else {
+                continue;
+            };
+            let (mut ar, mut aw) = a.into_split();
+            let (mut br, mut bw) = b.into_split();
+            tokio::spawn(async move {
+                let _ = tokio::io::copy(&mut br, &mut aw).await;
+            });
+            let (tx, mut rx) =
+                tokio::sync::mpsc::unbounded_channel::<(tokio::time::Instant, Vec<u8>)>();
+            tokio::spawn(async move {
+                while let Some((due, bytes)) = rx.recv().await {
+                    tokio::time::sleep_until(due).await;
+                    if bw.write_all(&bytes).await.is_err() {
+                        return;
+                    }
+                }
+            });
+            let delay = delay_ms.clone();
+            tokio::spawn(async move {
+                let mut buf = vec![0u8; 64 << 10];
+                while let Ok(n @ 1..) = ar.read(&mut buf).await {
+                    let late =
+                        Duration::from_millis(delay.load(std::sync::atomic::Ordering::SeqCst));
+                    if tx
+                        .send((tokio::time::Instant::now() + late, buf[..n].to_vec()))
+                        .is_err()
+                    {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    addr
+}
+
+/// A resync source serves reads only while it holds its lease, as any
+/// leader does: its partner, a target no change has reached yet, is still
+/// consistent, and cut off it may win the witness and go on alone once this
+/// node's lease has run out. Here the partner's answers arrive later than
+/// the lease they would renew, while the link stays open (messages keep
+/// coming, late): reads on the source are refused as NOT READY, its role
+/// unchanged. Before, a resync source served reads without a lease.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_resync_source_without_its_lease_serves_no_reads() {
+    let d = tempfile::tempdir().unwrap();
+    let m1: VolumeRef = Arc::new(MemVolume::new(512, BLOCKS));
+    let held = Arc::new(block::HoldVolume::new(Arc::new(MemVolume::new(
+        512, BLOCKS,
+    ))));
+    let (n2, addr2) = node2(d.path(), 2, held.clone(), None).await;
+    let delay = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let relay = slow_relay(addr2, delay.clone()).await;
+    let n1 = node1(d.path(), 2, m1.clone(), relay, None).await;
+    both_in_sync(&n1, &n2).await;
+    // node 1 fails; node 2 (preferred) writes alone at block 4096
+    n1.shutdown().await;
+    n2.write(4096, Bytes::from(vec![9u8; 4096]), false)
+        .await
+        .unwrap();
+    assert_eq!(n2.status().role, Role::Solo);
+    // node 1 returns; node 2's resync reads of that region wait at its disk
+    // (no copy is sent, so none is left unanswered)
+    held.reads.hold_range(4096, 4096 + 128);
+    let n1 = node1(d.path(), 2, m1.clone(), relay, None).await;
+    held.reads.arrivals(1).await;
+    let s = n2.status();
+    assert_eq!((s.role, s.state), (Role::Leader, "resyncing"), "{s:?}");
+    n2.read(0, 8).await.expect("a read with the lease held");
+    // node 1's answers now arrive a second late: past the lease they renew
+    delay.store(1000, std::sync::atomic::Ordering::SeqCst);
+    let refused = async {
+        loop {
+            if let Err(e) = n2.read(0, 8).await {
+                break e;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    };
+    let e = tokio::time::timeout(WAIT, refused)
+        .await
+        .expect("the resync source kept serving reads without its lease");
+    let s = n2.status();
+    assert_eq!((s.role, s.state), (Role::Leader, "resyncing"), "{e}: {s:?}");
+    // the path heals: the resync ends and both copies agree
+    delay.store(0, std::sync::atomic::Ordering::SeqCst);
+    held.reads.open();
+    both_in_sync(&n1, &n2).await;
+    same_contents(&m1, &(held.clone() as VolumeRef)).await;
+}
+
+/// A write during a resync that fails on the source's copy alone (the
+/// target took it) leaves the copies different in its region, which the
+/// resync copied already: the region is copied again before the copies are
+/// declared in sync. Before, its pinned bit waited for the next meeting
+/// while both nodes served their different copies in sync.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_region_a_failed_write_changed_after_its_resync_copy_is_copied_again() {
+    let d = tempfile::tempdir().unwrap();
+    let m1: VolumeRef = Arc::new(MemVolume::new(512, BLOCKS));
+    let m2: VolumeRef = Arc::new(MemVolume::new(512, BLOCKS));
+    let faulty = Arc::new(block::FaultVolume::new(m2.clone()));
+    let held = Arc::new(block::HoldVolume::new(faulty.clone()));
+    let (n2, addr2) = node2(d.path(), 2, held.clone(), None).await;
+    let n1 = node1(d.path(), 2, m1.clone(), addr2, None).await;
+    both_in_sync(&n1, &n2).await;
+    // node 1 fails; node 2 (preferred) writes alone in two regions (64 KiB:
+    // 128 blocks each), the first and the one at block 4096
+    n1.shutdown().await;
+    for lba in [0, 4096] {
+        n2.write(lba, Bytes::from(vec![9u8; 4096]), false)
+            .await
+            .unwrap();
+    }
+    // node 1 returns; the resync copies the first region and waits at node
+    // 2's disk to read the second
+    held.reads.hold_range(4096, 4096 + 128);
+    let n1 = node1(d.path(), 2, m1.clone(), addr2, None).await;
+    held.reads.arrivals(1).await;
+    assert!(
+        n2.wait_until(|s| s.resync_regions_done >= 1, WAIT).await,
+        "{:?}",
+        n2.status()
+    );
+    // a write into the copied region fails on node 2's disk alone
+    faulty.plan().lock().bad_write_blocks = vec![0..128];
+    let e = n2.write(0, Bytes::from(vec![4u8; 4096]), false).await;
+    assert!(e.is_err(), "a write failing on the source's disk succeeded");
+    assert!(holds(m1.as_ref(), 0, 8, 4).await, "node 1 did not take it");
+    faulty.plan().lock().bad_write_blocks.clear();
+    held.reads.open();
+    both_in_sync(&n1, &n2).await;
+    same_contents(&m1, &m2).await;
+}
