@@ -1346,7 +1346,7 @@ async fn a_region_a_failed_write_changed_after_its_resync_copy_is_copied_again()
         n2.status()
     );
     // a write into the copied region fails on node 2's disk alone
-    faulty.plan().lock().bad_write_blocks = vec![0..128];
+    faulty.plan().lock().bad_write_blocks = std::iter::once(0..128).collect();
     let e = n2.write(0, Bytes::from(vec![4u8; 4096]), false).await;
     assert!(e.is_err(), "a write failing on the source's disk succeeded");
     assert!(holds(m1.as_ref(), 0, 8, 4).await, "node 1 did not take it");
