@@ -709,7 +709,16 @@ impl Pools {
         action: api::CacheAction,
     ) -> Result<serde_json::Value, api::ApiError> {
         let slot = self.cache_slot(name)?;
-        let _op = slot.op.lock().await;
+        // one action at a time, and no waiting for it: a detach holds the lock
+        // for as long as its drain takes, and each change waiting here would
+        // hold one of the API's change slots (a client asking again and
+        // again could fill them all)
+        let Ok(_op) = slot.op.try_lock() else {
+            return Err(api::ApiError::Conflict(format!(
+                "cache {name}: another action on it is still running (a detach destages \
+                 every dirty block first); try again once it has ended"
+            )));
+        };
         match action {
             api::CacheAction::Attach => slot.attach(name).await?,
             api::CacheAction::Detach => slot.detach(name).await?,

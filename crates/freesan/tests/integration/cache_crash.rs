@@ -370,3 +370,74 @@ fn attach_detach_and_ssd_replacement_while_serving_lose_nothing() {
     assert_eq!(st["cached_blocks"], 0, "{st}");
     assert_acknowledged_writes_intact(&node.url(0, 0), &state, "restart after detach");
 }
+
+/// While a detach drains the dirty data of a cache over slow disks, another
+/// action on that cache is answered at once (409, "still running") instead
+/// of waiting for the drain: a waiting change held one of the API's change
+/// slots, so a client asking again and again could fill them all. The
+/// detach itself ends as before.
+#[test]
+fn an_action_on_a_cache_whose_detach_is_draining_is_refused_not_queued() {
+    let dir = tempfile::tempdir().unwrap();
+    // the pool on simulated 7200 rpm disks: the drain takes seconds
+    let mut s = format!(
+        "data_dir = \"{d}/data\"\n[api]\naddress = \"127.0.0.1:0\"\n[[portal]]\naddress = \"127.0.0.1:0\"\n",
+        d = dir.path().display()
+    );
+    for i in 0..4 {
+        s += &format!(
+            "[[disk]]\nname = \"d{i}\"\nsize = \"64M\"\npath = \"{}/d{i}.img\"\nsim = {{ model = \"hdd\" }}\n",
+            dir.path().display()
+        );
+    }
+    for i in 0..2 {
+        s += &format!(
+            "[[disk]]\nname = \"ssd{i}\"\nsize = \"40M\"\npath = \"{}/ssd{i}.img\"\n",
+            dir.path().display()
+        );
+    }
+    s += "[[pool]]\nname = \"p\"\nlevel = \"raid5\"\nchunk = \"16K\"\nmembers = [\"d0\", \"d1\", \"d2\", \"d3\"]\n";
+    s += "[[cache]]\nname = \"c\"\npool = \"p\"\nmode = \"write-back\"\ndevices = [\"ssd0\", \"ssd1\"]\n\
+          size = \"32M\"\nblock_size = \"64K\"\ndirty_low_percent = 90\ndirty_high_percent = 95\n";
+    s += &format!("[[target]]\niqn = \"{IQN}\"\n[[target.lun]]\ncache = \"c\"\n");
+    let cfg = dir.path().join("node.toml");
+    std::fs::write(&cfg, s).unwrap();
+    let node = start_config(dir.path(), &cfg);
+    let api = node.api.clone().expect("no API address in the banner");
+    let state = dir.path().join("verify.state");
+    let mut bench = start_verified_writes(&node.url(0, 0), &state, "8k", 2, 3);
+    let status = bench.wait().unwrap();
+    assert!(status.success(), "the workload failed");
+    let dirty = cache_status(&api)["dirty_blocks"].as_u64().unwrap_or(0);
+    assert!(dirty >= 100, "only {dirty} dirty blocks to drain");
+    let mut detach = std::process::Command::new(env!("CARGO_BIN_EXE_freesan"))
+        .args(["cache", "--api", &api, "detach", "c"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    loop {
+        let st = cache_status(&api);
+        if st["state"].as_str().unwrap_or("").starts_with("draining") {
+            break;
+        }
+        assert!(
+            detach.try_wait().unwrap().is_none() && std::time::Instant::now() < deadline,
+            "the detach never drained: {st}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let (ok, out) = freesan(&["cache", "--api", &api, "fail", "c", "0"]);
+    assert!(!ok, "an action during the drain was carried out: {out}");
+    assert!(
+        out.contains("still running"),
+        "an action during the drain was not refused as such: {out}"
+    );
+    let st = cache_status(&api);
+    assert_eq!(st["devices"][0]["state"], "ok", "{st}");
+    let out = detach.wait_with_output().unwrap();
+    assert!(out.status.success(), "the detach failed: {out:?}");
+    assert_eq!(cache_status(&api)["attached"], false);
+    assert_acknowledged_writes_intact(&node.url(0, 0), &state, "after the detach");
+}
