@@ -18,6 +18,10 @@ use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::Arc;
 
+/// How long a change asked for through the API waits for another one to end
+/// ([`Objects::op_lock`]).
+const OP_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
+
 /// The running configuration and the objects created at run time.
 struct State {
     cfg: Config,
@@ -219,6 +223,23 @@ impl Objects {
 
     /// Creates a disk (a file, by default in `DATA_DIR/disks`, or a simulated
     /// disk); it joins the free disks.
+    /// The lock serialising creations and deletions, for a change the API
+    /// asked for: waited for at most [`OP_WAIT`], since every change waiting
+    /// holds one of the API's change slots (a LUN growing over a pool zeroes
+    /// its new space under it, which can take long); then 409.
+    async fn op_lock(&self) -> Result<tokio::sync::MutexGuard<'_, ()>, ApiError> {
+        tokio::time::timeout(OP_WAIT, self.op.lock())
+            .await
+            .map_err(|_| {
+                ApiError::Conflict(
+                    "another change of disks, pools, LUNs or host groups is still running \
+                     (a LUN growing over a pool zeroes its new space first); try again once \
+                     it has ended"
+                        .into(),
+                )
+            })
+    }
+
     pub async fn create_disk(&self, pools: &Pools, body: Value) -> Result<Value, ApiError> {
         let mut d: DiskConfig = parse(body)?;
         // kept absolute: a relative one would name another file from another
@@ -233,7 +254,7 @@ impl Objects {
             }
             d.path = Some(crate::pools::default_disk_path(&self.data_dir, &d.name));
         }
-        let _op = self.op.lock().await;
+        let _op = self.op_lock().await?;
         let (mut cfg, mut managed) = self.snapshot();
         crate::allowed::check_disk(&crate::allowed::Allowed::new(&cfg), &cfg, &d)?;
         cfg.disks.push(d.clone());
@@ -251,7 +272,7 @@ impl Objects {
         if p.force_assemble {
             return Err(bad("force_assemble is for assembling, not creating"));
         }
-        let _op = self.op.lock().await;
+        let _op = self.op_lock().await?;
         let (mut cfg, mut managed) = self.snapshot();
         cfg.pools.push(p.clone());
         Self::check(&cfg)?;
@@ -275,7 +296,7 @@ impl Objects {
         let LunRequest { target, mut lun } = parse(body)?;
         lun.path = lun.path.map(absolute).transpose()?;
         let scsi_target = self.target(&target)?;
-        let _op = self.op.lock().await;
+        let _op = self.op_lock().await?;
         let (mut cfg, mut managed) = self.snapshot();
         let id = lun.id.unwrap_or_else(|| {
             (0..)
@@ -365,7 +386,7 @@ impl Objects {
     ) -> Result<Value, ApiError> {
         let LunRef { target, lun: id } = parse(body)?;
         let scsi_target = self.target(&target)?;
-        let _op = self.op.lock().await;
+        let _op = self.op_lock().await?;
         let (mut cfg, mut managed) = self.snapshot();
         if !managed.has_lun(&target, id) {
             return Err(if scsi_target.lun_ids().contains(&id) {
@@ -460,7 +481,7 @@ impl Objects {
                      host groups that map it to nobody first"
                 )));
             }
-            let _op = self.op.lock().await;
+            let _op = self.op_lock().await?;
             vol.shrink(blocks).await.map_err(|e| {
                 ApiError::Conflict(format!("LUN {lun} of {target} cannot shrink: {e}"))
             })?;
@@ -469,7 +490,7 @@ impl Objects {
                 json!({ "target": target, "lun": lun, "size_bytes": bytes, "was_bytes": g.size_bytes(), "shrunk": true }),
             );
         }
-        let _op = self.op.lock().await;
+        let _op = self.op_lock().await?;
         let (cfg, _) = self.snapshot();
         crate::allowed::check_growth(&cfg, &target, lun, g.size_bytes(), bytes)?;
         vol.grow(blocks)
@@ -499,7 +520,7 @@ impl Objects {
     pub async fn set_host_group(&self, body: Value) -> Result<Value, ApiError> {
         let HostGroupRequest { target, group } = parse(body)?;
         self.target(&target)?;
-        let _op = self.op.lock().await;
+        let _op = self.op_lock().await?;
         let (mut cfg, mut managed) = self.snapshot();
         let name = group.name.clone();
         let t = cfg
@@ -526,7 +547,7 @@ impl Objects {
     pub async fn delete_host_group(&self, body: Value) -> Result<Value, ApiError> {
         let HostGroupRef { target, name } = parse(body)?;
         self.target(&target)?;
-        let _op = self.op.lock().await;
+        let _op = self.op_lock().await?;
         let (mut cfg, mut managed) = self.snapshot();
         if !managed.has_host_group(&target, &name) {
             let in_file = cfg
@@ -682,7 +703,7 @@ impl Objects {
                 "this node was started without a way to change its targets live".into(),
             ));
         };
-        let _op = self.op.lock().await;
+        let _op = self.op_lock().await?;
         let (mut cfg, mut managed) = self.snapshot();
         let Some(t) = cfg.targets.iter_mut().find(|t| t.iqn == iqn) else {
             return Err(ApiError::NotFound(format!("no target named {iqn}")));
