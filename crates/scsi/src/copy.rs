@@ -427,12 +427,20 @@ pub trait CopyReach: Send + Sync + 'static {
 
 /// The LUs an EXTENDED COPY may name: those of its target its initiator sees,
 /// and those of the node's other targets it may reach ([`CopyReach`]).
-pub(crate) struct CopyLus {
+pub(crate) struct CopyLus<'a> {
     pub own: Vec<Arc<LogicalUnit>>,
     pub foreign: Vec<Arc<LogicalUnit>>,
     /// The other targets reached (whose ROD tokens WRITE USING TOKEN may use).
     pub reached: Vec<Arc<crate::ScsiTarget>>,
+    /// Whether the command's initiator sees an LU now (of another target:
+    /// true), as `own` and `foreign` said at the start: asked again before
+    /// each batch, so that a host group or ACL changed while a copy runs
+    /// stops it.
+    pub sees: &'a Sees<'a>,
 }
+
+/// See [`CopyLus::sees`].
+pub(crate) type Sees<'a> = dyn Fn(&LogicalUnit, bool) -> bool + Sync + 'a;
 
 /// The LU a CSCD names: an LU designator (association 00b) of type NAA equal to an
 /// LU's, among `lus`; true when it is another target's.
@@ -571,6 +579,24 @@ pub(crate) struct Through<'a> {
     pub nexus: &'a ItNexus,
     pub src_foreign: bool,
     pub dst_foreign: bool,
+    /// [`CopyLus::sees`].
+    pub sees: &'a Sees<'a>,
+}
+
+impl Through<'_> {
+    /// [`check_access`] as a command through the nexus would pass it now,
+    /// visibility included.
+    fn check(&self, lu: &LogicalUnit, write: bool) -> Result<(), Fail> {
+        let foreign = if write {
+            self.dst_foreign
+        } else {
+            self.src_foreign
+        };
+        if !(self.sees)(lu, foreign) {
+            return Err(codes::COPY_TARGET_NOT_REACHABLE.into());
+        }
+        check_access(lu, self.nexus, write, foreign)
+    }
 }
 
 /// The chunk engine of every copy: `blocks` blocks from `src` to `dst` at `dst_lba`,
@@ -641,8 +667,8 @@ pub(crate) async fn copy_blocks(
                     if s.sanitize.gate(op::READ_16, true).is_err() {
                         return Err(codes::COPY_TARGET_NOT_REACHABLE.into());
                     }
-                    if let Some(t) = through {
-                        check_access(s, t.nexus, false, t.src_foreign)?;
+                    if let Some(t) = &through {
+                        t.check(s, false)?;
                     }
                     s.volume.read(src_lba + off, n as u32).await.map_err(|e| {
                         tracing::error!(lun = s.lun, error = %e, "copy: reading the source failed");
@@ -660,8 +686,8 @@ pub(crate) async fn copy_blocks(
         if dst.sanitize.gate(op::WRITE_16, true).is_err() {
             return Err(codes::COPY_TARGET_NOT_REACHABLE.into());
         }
-        if let Some(t) = through {
-            check_access(dst, t.nexus, true, t.dst_foreign)?;
+        if let Some(t) = &through {
+            t.check(dst, true)?;
         }
         // The batch's writes run to their end, under the write order, even if
         // the copy is dropped (its command aborted, a PREEMPT AND ABORT): a
@@ -729,7 +755,7 @@ pub(crate) async fn copy_blocks(
 pub(crate) async fn extended_copy(
     copies: &Copies,
     lu: &LogicalUnit,
-    lus: &CopyLus,
+    lus: &CopyLus<'_>,
     nexus: &ItNexus,
     cdb: &Cdb,
     data_out: &[u8],
@@ -779,6 +805,7 @@ pub(crate) async fn extended_copy(
             nexus,
             src_foreign,
             dst_foreign,
+            sees: lus.sees,
         };
         plan.push((src, dst, seg, through));
     }

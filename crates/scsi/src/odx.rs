@@ -635,7 +635,7 @@ pub(crate) async fn populate_token(
 pub(crate) async fn write_using_token(
     copies: &Copies,
     dst: &LogicalUnit,
-    lus: &CopyLus,
+    lus: &CopyLus<'_>,
     nexus: &ItNexus,
     cdb: &Cdb,
     data_out: &[u8],
@@ -671,7 +671,7 @@ pub(crate) async fn write_using_token(
 /// it is another target's.
 fn resolve_token<'a>(
     copies: &'a Copies,
-    lus: &'a CopyLus,
+    lus: &'a CopyLus<'a>,
     token: &[u8; TOKEN_LEN],
 ) -> Result<(Resolved, &'a Tokens, bool), Sense> {
     let unknown = |e: &Sense| *e == codes::TOKEN_UNKNOWN || *e == codes::TOKEN_CORRUPT;
@@ -694,7 +694,7 @@ fn resolve_token<'a>(
 async fn write_token_data(
     copies: &Copies,
     dst: &LogicalUnit,
-    lus: &CopyLus,
+    lus: &CopyLus<'_>,
     nexus: &ItNexus,
     list: &WriteList,
     status: &Status,
@@ -719,6 +719,7 @@ async fn write_token_data(
                     nexus,
                     src_foreign: false,
                     dst_foreign: false,
+                    sees: lus.sees,
                 };
                 copy_blocks(
                     &run,
@@ -823,6 +824,7 @@ async fn write_token_data(
             nexus,
             src_foreign: foreign,
             dst_foreign: false,
+            sees: lus.sees,
         };
         copy_blocks(
             &run,

@@ -622,6 +622,20 @@ impl ScsiTarget {
     }
 
     /// The LUs `nexus` sees (for the copy targets of EXTENDED COPY).
+    /// Whether `lu` is one of this target's LUs and `nexus` sees it now.
+    fn sees(&self, nexus: &ItNexus, lu: &LogicalUnit) -> bool {
+        let here = self
+            .lu(lu.lun)
+            .is_some_and(|l| std::ptr::eq(l.as_ref(), lu));
+        here && (!self.masked.load(Ordering::Acquire)
+            || self
+                .masking
+                .read()
+                .view(nexus)
+                .iter()
+                .any(|&(_, t)| t == lu.lun))
+    }
+
     fn visible_lus(&self, nexus: &ItNexus) -> Vec<Arc<LogicalUnit>> {
         if !self.masked.load(Ordering::Acquire) {
             return self.all_lus();
@@ -796,10 +810,15 @@ impl ScsiTarget {
             op::PR_IN => admin::pr_in(lu, nexus, cdb),
             op::EXTENDED_COPY => {
                 let reached = self.reached_targets(nexus);
+                let sees = |l: &LogicalUnit, foreign: bool| match foreign {
+                    false => self.sees(nexus, l),
+                    true => self.reached_targets(nexus).iter().any(|t| t.sees(nexus, l)),
+                };
                 let lus = copy::CopyLus {
                     own: self.visible_lus(nexus),
                     foreign: reached.iter().flat_map(|t| t.visible_lus(nexus)).collect(),
                     reached,
+                    sees: &sees,
                 };
                 copy::extended_copy(&self.copies, lu, &lus, nexus, cdb, data).await
             }

@@ -2766,3 +2766,43 @@ async fn a_copy_stops_once_its_initiator_is_preempted_on_the_destination() {
         "the copy reached the end"
     );
 }
+
+/// A host group changed while a WRITE USING TOKEN runs stops the copy before
+/// its next batch: its initiator no longer sees the token's LU, so the rest is
+/// not copied (COPY TARGET DEVICE NOT REACHABLE). Before, visibility was
+/// checked at the start only.
+#[tokio::test]
+async fn odx_copy_stops_once_its_initiator_no_longer_sees_the_source() {
+    const BIG: u64 = 8192;
+    let t = Arc::new(target_with(Arc::new(MemVolume::new(BS as u32, BIG))));
+    let held = Arc::new(block::HoldVolume::new(Arc::new(MemVolume::new(
+        BS as u32, BIG,
+    ))));
+    let mut cfg1 = lun_config();
+    cfg1.naa[15] = 0xee;
+    t.add_lun(1, cfg1, held.clone(), None).unwrap();
+    let n = ready_as(&t, "iqn.copier").await;
+    // the start of the third chunk (one chunk is 1 MiB: 2048 blocks)
+    stamp(&t, &n, 0, 4096..4112).await;
+    let token = populate(&t, &n, 0, 1, 0, &[(0, 6144)]).await;
+    // the second chunk's write waits at LUN 1's disk
+    held.writes.hold_range(2048, 4096);
+    let task = {
+        let (t, n) = (t.clone(), n.clone());
+        tokio::spawn(async move { write_using(&t, &n, 1, 2, 0, &token, &[(0, 6144)]).await })
+    };
+    held.writes.arrivals(1).await;
+    // the initiator now sees LUN 1 only
+    t.set_host_groups(vec![HostGroup {
+        name: "copier".into(),
+        initiators: vec!["iqn.copier".into()],
+        chap_users: vec![],
+        luns: vec![(1, 1)],
+    }])
+    .unwrap();
+    held.writes.open();
+    let r = task.await.unwrap();
+    assert_eq!(sense_of(&r), (key::COPY_ABORTED, 0x0d, 0x02), "{r:?}");
+    let third = held.read(4096, 16).await.unwrap();
+    assert!(third.iter().all(|&b| b == 0), "the third chunk was copied");
+}
