@@ -18,10 +18,20 @@
 //! takes the states of the node that kept serving. A node that is deciding or
 //! down (it cannot reach the partner and does not serve) refuses the command
 //! with NOT READY: a change it made alone would be overwritten when it rejoins.
+//!
+//! Who may reach the LUN (the target's initiator ACL and CHAP users, the host
+//! groups that map it) is each node's own configuration. The nodes compare it
+//! ([`ScsiMsg::CompareAccess`], a digest of [`scsi::ScsiTarget::access_lines`])
+//! when they come in sync and whenever it changes on either, and each records
+//! what it found in the replica status (`access_mismatch`), which raises the
+//! `replica_access_differs` event: an initiator kept out on one node only would
+//! reach the LUN through the other node's portals. Nothing is refused on that
+//! ground; which node's rules are meant is the operator's call.
 
 use block::Bytes;
 use replica::{ReplicatedVolume, Role};
 use replica_proto::scsi::{ScsiAnswer, ScsiMsg};
+use sha2::Digest;
 use std::sync::{Arc, OnceLock, Weak};
 
 /// One replicated LUN's PR link to the partner.
@@ -29,6 +39,29 @@ pub struct PrLink {
     lun: u64,
     vol: Arc<ReplicatedVolume>,
     target: OnceLock<Weak<scsi::ScsiTarget>>,
+    /// Itself, for the comparison a change starts in the background.
+    me: Weak<PrLink>,
+    /// One access comparison at a time, each with the rules as they are when
+    /// it starts: the last one's finding stays.
+    comparing: tokio::sync::Mutex<()>,
+}
+
+/// How the partner answered a request.
+enum Asked {
+    Installed,
+    /// It refused (why).
+    Failed(String),
+    /// No answer (link lost, malformed answer).
+    Unanswered(String),
+}
+
+impl Asked {
+    fn into_result(self) -> Result<(), String> {
+        match self {
+            Asked::Installed => Ok(()),
+            Asked::Failed(why) | Asked::Unanswered(why) => Err(why),
+        }
+    }
 }
 
 impl PrLink {
@@ -45,10 +78,12 @@ impl PrLink {
         vol: Arc<ReplicatedVolume>,
         target: &Arc<scsi::ScsiTarget>,
     ) -> Arc<PrLink> {
-        let link = Arc::new(PrLink {
+        let link = Arc::new_cyclic(|me| PrLink {
             lun,
             vol: vol.clone(),
             target: OnceLock::new(),
+            me: me.clone(),
+            comparing: tokio::sync::Mutex::new(()),
         });
         let _ = link.target.set(Arc::downgrade(target));
         vol.set_scsi_peer(link.clone());
@@ -57,6 +92,77 @@ impl PrLink {
 
     fn target(&self) -> Option<Arc<scsi::ScsiTarget>> {
         self.target.get().and_then(|w| w.upgrade())
+    }
+
+    /// Sends `req` to the partner (`who`: how to call it in a message).
+    async fn ask(&self, req: ScsiMsg, who: &str) -> Asked {
+        match self.vol.scsi_request(req.encode()).await {
+            Ok(b) => match ScsiAnswer::decode(b) {
+                Some(ScsiAnswer::Installed) => Asked::Installed,
+                Some(ScsiAnswer::Failed(why)) => Asked::Failed(why),
+                _ => Asked::Unanswered(format!("malformed answer from the {who}")),
+            },
+            Err(e) => Asked::Unanswered(e.to_string()),
+        }
+    }
+
+    /// The digest of who may reach the LUN on this node; None if the target
+    /// or the LUN is gone.
+    fn access_digest(&self) -> Option<Bytes> {
+        let lines = self.target()?.access_lines(self.lun)?;
+        Some(Bytes::from(
+            sha2::Sha256::digest(lines.join("\n").as_bytes()).to_vec(),
+        ))
+    }
+
+    /// What an operator reads when the rules differ.
+    fn mismatch(&self) -> String {
+        format!(
+            "who may reach LUN {} differs between the two nodes (initiator ACL, CHAP \
+             users or host groups): an initiator kept out on one node reaches the LUN \
+             through the other's portals; make them the same on both",
+            self.lun
+        )
+    }
+
+    /// Compares who may reach the LUN with the partner and records the finding
+    /// (nothing when the partner cannot be asked).
+    async fn compare_access(&self) {
+        let _one = self.comparing.lock().await;
+        // (a resync source leads; a follower asks its leader)
+        if !matches!(self.vol.role(), Role::Leader | Role::Follower) {
+            return;
+        }
+        let Some(digest) = self.access_digest() else {
+            return;
+        };
+        let req = ScsiMsg::CompareAccess {
+            lun: self.lun,
+            digest,
+        };
+        match self.ask(req, "partner").await {
+            Asked::Installed => self.record_access(None),
+            Asked::Failed(why) => self.record_access(Some(why)),
+            Asked::Unanswered(why) => {
+                tracing::debug!(lun = self.lun, why, "access rules not compared")
+            }
+        }
+    }
+
+    /// Records a comparison's finding, saying so when it changes.
+    fn record_access(&self, mismatch: Option<String>) {
+        let was = self.vol.status().access_mismatch;
+        match (&was, &mismatch) {
+            (None, Some(why)) => tracing::warn!(lun = self.lun, "{why}"),
+            (Some(_), None) => {
+                tracing::info!(
+                    lun = self.lun,
+                    "who may reach the LUN is the same on both nodes again"
+                )
+            }
+            _ => {}
+        }
+        self.vol.set_access_mismatch(mismatch);
     }
 
     /// NOT READY (the partner cannot be asked): multipath retries elsewhere.
@@ -131,14 +237,7 @@ impl scsi::PrReplication for PrLink {
             return Ok(());
         }
         let req = ScsiMsg::InstallPrState { lun, state };
-        match self.vol.scsi_request(req.encode()).await {
-            Ok(b) => match ScsiAnswer::decode(b) {
-                Some(ScsiAnswer::Installed) => Ok(()),
-                Some(ScsiAnswer::Failed(why)) => Err(why),
-                _ => Err("malformed answer from the partner".into()),
-            },
-            Err(e) => Err(e.to_string()),
-        }
+        self.ask(req, "partner").await.into_result()
     }
 
     async fn forward_set_tpg(
@@ -160,14 +259,7 @@ impl scsi::PrReplication for PrLink {
             relative_port_id: nexus.relative_port_id,
             changes: changes.iter().map(|&(g, s)| (g, s.code())).collect(),
         };
-        Some(match self.vol.scsi_request(req.encode()).await {
-            Ok(b) => match ScsiAnswer::decode(b) {
-                Some(ScsiAnswer::Installed) => Ok(()),
-                Some(ScsiAnswer::Failed(why)) => Err(why),
-                _ => Err("malformed answer from the leader".into()),
-            },
-            Err(e) => Err(e.to_string()),
-        })
+        Some(self.ask(req, "leader").await.into_result())
     }
 
     async fn push_alua_state(
@@ -184,14 +276,14 @@ impl scsi::PrReplication for PrLink {
             origin: origin.map(|n| (n.initiator_port.to_string(), n.relative_port_id)),
             states: states.iter().map(|&(g, s)| (g, s.code())).collect(),
         };
-        match self.vol.scsi_request(req.encode()).await {
-            Ok(b) => match ScsiAnswer::decode(b) {
-                Some(ScsiAnswer::Installed) => Ok(()),
-                Some(ScsiAnswer::Failed(why)) => Err(why),
-                _ => Err("malformed answer from the partner".into()),
-            },
-            Err(e) => Err(e.to_string()),
-        }
+        self.ask(req, "partner").await.into_result()
+    }
+
+    fn access_changed(&self) {
+        let (Some(me), Ok(rt)) = (self.me.upgrade(), tokio::runtime::Handle::try_current()) else {
+            return;
+        };
+        rt.spawn(async move { me.compare_access().await });
     }
 }
 
@@ -327,6 +419,18 @@ impl replica::ScsiPeer for PrLink {
                     ScsiAnswer::Failed("unsupported ALUA state".into())
                 }
             }
+            Some(ScsiMsg::CompareAccess { lun, digest }) => {
+                if lun != self.lun {
+                    ScsiAnswer::Failed("request for another LUN".into())
+                } else if self.access_digest().is_some_and(|mine| mine == digest) {
+                    self.record_access(None);
+                    ScsiAnswer::Installed
+                } else {
+                    let why = self.mismatch();
+                    self.record_access(Some(why.clone()));
+                    ScsiAnswer::Failed(why)
+                }
+            }
             None => {
                 tracing::warn!(lun = self.lun, "malformed SCSI request from the partner");
                 ScsiAnswer::Failed("malformed request".into())
@@ -341,6 +445,9 @@ impl replica::ScsiPeer for PrLink {
         // overwritten on the partner by this older snapshot
         t.push_pr_state(self.lun).await?;
         // the explicit ALUA states likewise, under the LU's ALUA ordering lock
-        t.push_alua_state(self.lun).await
+        t.push_alua_state(self.lun).await?;
+        // who may reach the LUN: compared, not copied (each node's own)
+        self.compare_access().await;
+        Ok(())
     }
 }

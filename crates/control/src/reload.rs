@@ -258,6 +258,7 @@ impl Reloader {
         };
         spec.auth = crate::targets::target_auth(&t);
         spec.allowed_initiators = t.allowed_initiators.clone();
+        spec.scsi.set_admission(crate::targets::admission_lines(&t));
         let closed = self
             .iscsi
             .replace(specs, crate::targets::discovery_auth(&current))
@@ -305,6 +306,7 @@ impl Reloader {
             s.alias = t.alias.clone();
             s.auth = crate::targets::target_auth(t);
             s.allowed_initiators = t.allowed_initiators.clone();
+            s.scsi.set_admission(crate::targets::admission_lines(t));
             if s.auth != spec.auth {
                 report
                     .applied

@@ -45,6 +45,32 @@ pub(crate) fn target_auth(t: &crate::config::TargetConfig) -> iscsi::Auth {
     }
 }
 
+/// Who target `t` admits, one line each, without secrets, for
+/// [`scsi::ScsiTarget::set_admission`]: the nodes of an HA pair compare them.
+pub(crate) fn admission_lines(t: &crate::config::TargetConfig) -> Vec<String> {
+    let mut out = Vec::new();
+    if t.allowed_initiators.is_empty() {
+        out.push("any initiator".to_string());
+    }
+    out.extend(
+        t.allowed_initiators
+            .iter()
+            .map(|i| format!("initiator {i}")),
+    );
+    if let Some(c) = &t.chap {
+        out.push(format!("CHAP user {}", c.user));
+    }
+    if let Some(c) = &t.mutual_chap {
+        out.push(format!("mutual CHAP user {}", c.user));
+    }
+    out.extend(
+        t.chap_initiators
+            .iter()
+            .map(|c| format!("CHAP user {} for initiator {}", c.user, c.initiator)),
+    );
+    out
+}
+
 /// Who must authenticate how for discovery sessions.
 pub(crate) fn discovery_auth(cfg: &Config) -> iscsi::Auth {
     iscsi::Auth {
@@ -150,6 +176,7 @@ pub(crate) fn build_target(
             lun,
         }));
     }
+    scsi_target.set_admission(admission_lines(t));
     for (lun_id, vol) in replicated {
         crate::ha_scsi::PrLink::install(lun_id, vol.clone(), &scsi_target);
         if let Some(c) = cluster {

@@ -162,6 +162,9 @@ fn print_one(r: &Value) {
         Some(w) => println!("  witness {w} ({reach})"),
         None => println!("  witness none (the preferred node survives a split)"),
     }
+    if let Some(why) = r["access_mismatch"].as_str() {
+        println!("  ACCESS DIFFERS: {why}");
+    }
 }
 
 /// `freesan witness` arguments.

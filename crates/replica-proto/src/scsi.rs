@@ -59,7 +59,21 @@ pub enum ScsiMsg {
         /// (target port group, ASYMMETRIC ACCESS STATE code) per group.
         states: Vec<(u16, u8)>,
     },
+    /// Who may reach the LUN on the sender (its target's admission rules and
+    /// the host groups that map it), as a digest: the receiver compares it
+    /// with its own and answers [`ScsiAnswer::Installed`] when they agree,
+    /// [`ScsiAnswer::Failed`] when they differ. An initiator the rules keep out
+    /// on one node only would reach the LUN through the other.
+    CompareAccess {
+        /// The LUN.
+        lun: u64,
+        /// The sender's digest (at most [`ACCESS_DIGEST_MAX`] bytes).
+        digest: Bytes,
+    },
 }
+
+/// Most bytes of a [`ScsiMsg::CompareAccess`] digest.
+pub const ACCESS_DIGEST_MAX: usize = 64;
 
 /// Most (group, state) pairs one ALUA message carries.
 pub const ALUA_GROUPS_MAX: usize = 1024;
@@ -189,6 +203,11 @@ impl ScsiMsg {
                 }
                 put_groups(&mut out, states);
             }
+            ScsiMsg::CompareAccess { lun, digest } => {
+                out.put_u8(5);
+                out.put_u64(*lun);
+                put_bytes(&mut out, &digest[..digest.len().min(ACCESS_DIGEST_MAX)]);
+            }
         }
         out.freeze()
     }
@@ -223,6 +242,10 @@ impl ScsiMsg {
                     _ => return None,
                 },
                 states: r.groups()?,
+            },
+            5 => ScsiMsg::CompareAccess {
+                lun: r.u64()?,
+                digest: r.bytes().filter(|d| d.len() <= ACCESS_DIGEST_MAX)?,
             },
             _ => return None,
         };
@@ -322,6 +345,10 @@ mod tests {
                 origin: None,
                 states: vec![],
             },
+            ScsiMsg::CompareAccess {
+                lun: 4,
+                digest: Bytes::from(vec![9u8; 32]),
+            },
         ];
         for m in msgs {
             assert_eq!(ScsiMsg::decode(m.encode()), Some(m));
@@ -372,6 +399,15 @@ mod tests {
         huge.push(0);
         huge.extend_from_slice(&u16::MAX.to_be_bytes());
         assert_eq!(ScsiMsg::decode(Bytes::from(huge)), None);
+    }
+
+    #[test]
+    fn an_access_digest_past_its_bound_is_refused() {
+        let mut m = vec![5u8];
+        m.extend_from_slice(&7u64.to_be_bytes());
+        m.extend_from_slice(&(ACCESS_DIGEST_MAX as u32 + 1).to_be_bytes());
+        m.extend_from_slice(&[1u8; ACCESS_DIGEST_MAX + 1]);
+        assert_eq!(ScsiMsg::decode(Bytes::from(m)), None);
     }
 
     proptest! {

@@ -214,6 +214,11 @@ pub struct ReplicaStatus {
     /// Heartbeats with the partner over the client-facing networks (its portals),
     /// apart from the sync links: tells a failed sync link from a failed partner.
     pub client_links: Vec<crate::monitor::SyncLinkState>,
+    /// Why who may reach the volume's LUN differs between the two nodes, as the
+    /// SCSI layer last found when it compared them
+    /// ([`ReplicatedVolume::set_access_mismatch`]); None when they agreed or
+    /// were not compared.
+    pub access_mismatch: Option<String>,
 }
 
 /// The SCSI layer's side of the pair's link (persistent reservations): opaque
@@ -294,6 +299,8 @@ pub(crate) struct Inner {
     pub(crate) meeting: tokio::sync::Mutex<()>,
     /// The SCSI layer's handler of the partner's requests.
     pub(crate) scsi_peer: parking_lot::RwLock<Option<Arc<dyn ScsiPeer>>>,
+    /// See [`ReplicaStatus::access_mismatch`].
+    access_mismatch: Mutex<Option<String>>,
     /// Heartbeats on every sync link (node-wide), when running.
     pub(crate) monitor: parking_lot::RwLock<Option<Arc<crate::monitor::SyncLinkMonitor>>>,
     /// Heartbeats over the client-facing networks, if monitored.
@@ -1472,6 +1479,7 @@ impl ReplicatedVolume {
             meta_write: tokio::sync::Mutex::new(()),
             meeting: tokio::sync::Mutex::new(()),
             scsi_peer: parking_lot::RwLock::new(None),
+            access_mismatch: Mutex::new(None),
             monitor: parking_lot::RwLock::new(None),
             client_monitor: parking_lot::RwLock::new(None),
             ports_tx,
@@ -1633,6 +1641,12 @@ impl ReplicatedVolume {
         *self.inner.scsi_peer.write() = Some(peer);
     }
 
+    /// Records what the SCSI layer found when it compared who may reach the
+    /// volume's LUN on both nodes (None: they agree); shown in the status.
+    pub fn set_access_mismatch(&self, why: Option<String>) {
+        *self.inner.access_mismatch.lock() = why;
+    }
+
     /// This node's role now.
     pub fn role(&self) -> Role {
         self.inner.role().role
@@ -1720,6 +1734,7 @@ impl ReplicatedVolume {
                 .read()
                 .as_ref()
                 .map_or_else(Vec::new, |m| m.links()),
+            access_mismatch: i.access_mismatch.lock().clone(),
         }
     }
 }

@@ -98,6 +98,11 @@ pub trait PrReplication: Send + Sync + 'static {
         let _ = (lun, origin, states);
         Ok(())
     }
+
+    /// Who may reach the LU changed on this node ([`crate::ScsiTarget::access_lines`]:
+    /// host groups, admission rules): a replicated LU compares them with the
+    /// partner's. Must not wait. The default does nothing.
+    fn access_changed(&self) {}
 }
 
 /// Aborts running tasks for PREEMPT AND ABORT: the transport knows them.

@@ -43,6 +43,9 @@ pub struct ScsiTarget {
     /// Host groups (LUN masking); consulted only while `masked` is set.
     masking: RwLock<Arc<Masking>>,
     masked: AtomicBool,
+    /// Who the transport admits to the target, as it describes it
+    /// ([`ScsiTarget::set_admission`]), for [`ScsiTarget::access_lines`].
+    admission: RwLock<Vec<String>>,
     /// The transport's hook for PREEMPT AND ABORT.
     task_abort: RwLock<Option<Arc<dyn TaskAbort>>>,
     /// The transport's answer to which other targets a copy may reach.
@@ -202,6 +205,7 @@ impl ScsiTarget {
             copies: copy::Copies::default(),
             masking: RwLock::new(Arc::new(Masking::default())),
             masked: AtomicBool::new(false),
+            admission: RwLock::new(Vec::new()),
             task_abort: RwLock::new(None),
             copy_reach: RwLock::new(None),
             events,
@@ -552,7 +556,71 @@ impl ScsiTarget {
         for lu in self.all_lus() {
             lu.uas.raise_all(codes::REPORTED_LUNS_DATA_CHANGED, None);
         }
+        self.access_changed();
         Ok(())
+    }
+
+    /// Records who the transport admits to the target (its initiator ACL, whether
+    /// it asks for CHAP...), one line each, for [`ScsiTarget::access_lines`]; the
+    /// SCSI layer does not act on them.
+    pub fn set_admission(&self, mut lines: Vec<String>) {
+        lines.sort();
+        {
+            let mut cur = self.admission.write();
+            if *cur == lines {
+                return;
+            }
+            *cur = lines;
+        }
+        self.access_changed();
+    }
+
+    /// Who may reach LUN `lun`, one line each, sorted, in a form that two nodes
+    /// serving it compare ([`PrReplication::access_changed`]): the admission
+    /// rules, then the members of each host group that maps it and the number
+    /// it shows under there (group names do not count), or that no group maps
+    /// it, or that the target has no host groups. None if no such LUN.
+    pub fn access_lines(&self, lun: u64) -> Option<Vec<String>> {
+        self.lu(lun)?;
+        let mut out: Vec<String> = self
+            .admission
+            .read()
+            .iter()
+            .map(|l| format!("admit {l}"))
+            .collect();
+        if !self.masked.load(Ordering::Acquire) {
+            out.push("no host groups".into());
+            return Some(out);
+        }
+        let mut groups: Vec<String> = Vec::new();
+        for g in self.masking.read().groups() {
+            for &(seen, _) in g.luns.iter().filter(|&&(_, t)| t == lun) {
+                let mut initiators = g.initiators.clone();
+                initiators.sort();
+                let mut chap = g.chap_users.clone();
+                chap.sort();
+                groups.push(format!(
+                    "seen as LUN {seen} by initiators [{}] and CHAP users [{}]",
+                    initiators.join(", "),
+                    chap.join(", ")
+                ));
+            }
+        }
+        if groups.is_empty() {
+            groups.push("mapped by no host group".into());
+        }
+        groups.sort();
+        out.extend(groups);
+        Some(out)
+    }
+
+    /// Tells every LU's partner link that who may reach it changed.
+    fn access_changed(&self) {
+        for lu in self.all_lus() {
+            if let Some(r) = lu.pr_replication.read().clone() {
+                r.access_changed();
+            }
+        }
     }
 
     /// The host groups in force.

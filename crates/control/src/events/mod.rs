@@ -94,6 +94,11 @@ pub enum EventKind {
     ResyncDone,
     /// The two copies took writes apart; joining them was refused.
     SplitBrainRefused,
+    /// Who may reach a replicated LUN (initiator ACL, CHAP users, host groups)
+    /// differs between the two nodes.
+    ReplicaAccessDiffers,
+    /// Who may reach a replicated LUN is the same on both nodes again.
+    ReplicaAccessAgrees,
     /// A thin LUN's backing store crossed its soft threshold.
     ThinThresholdReached,
     /// A thin LUN's backing store is full; writes fail.

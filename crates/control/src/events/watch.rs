@@ -177,6 +177,8 @@ struct ReplicaSeen {
     state: &'static str,
     split_brain: bool,
     lost_reported: bool,
+    /// Who may reach the LUN differs between the nodes (why).
+    access_mismatch: Option<String>,
 }
 
 impl State {
@@ -278,15 +280,36 @@ impl State {
                     state: r.state,
                     split_brain: r.reason.contains("split brain"),
                     lost_reported: false,
+                    access_mismatch: r.access_mismatch.clone(),
                 };
-                let Some(old) = self.replicas.get(&r.name).cloned() else {
+                let old = self.replicas.get(&r.name).cloned().unwrap_or(ReplicaSeen {
+                    // first sight: only a mismatch already found is said
+                    access_mismatch: None,
+                    ..now.clone()
+                });
+                let name = &r.name;
+                match (&old.access_mismatch, &now.access_mismatch) {
+                    (None, Some(why)) => out.push(NewEvent::new(
+                        S::Warning,
+                        K::ReplicaAccessDiffers,
+                        name.clone(),
+                        format!("{name}: {why}"),
+                    )),
+                    (Some(_), None) => out.push(NewEvent::new(
+                        S::Info,
+                        K::ReplicaAccessAgrees,
+                        name.clone(),
+                        format!("{name}: who may reach the LUN is the same on both nodes again"),
+                    )),
+                    _ => {}
+                }
+                if !self.replicas.contains_key(name) {
                     self.replicas.insert(r.name.clone(), now);
                     continue;
-                };
+                }
                 let mut seen = now.clone();
                 seen.role = now.role.or(old.role);
                 seen.lost_reported = old.lost_reported;
-                let name = &r.name;
                 if old.connected && !now.connected {
                     out.push(NewEvent::new(
                         S::Critical,

@@ -21,6 +21,7 @@ mod copy_offload_ha;
 mod durability;
 mod events;
 mod ha;
+mod ha_access;
 mod host_groups;
 mod memory_bound;
 mod nbd_exports;
