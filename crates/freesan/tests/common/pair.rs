@@ -94,6 +94,20 @@ key_file = "{keys}/node{k}.key"
             &self.node_dir(k).join(log),
         )
     }
+
+    /// Starts node `k` (1 or 2): one portal and target [`super::IQN`] with one
+    /// replicated 16M LUN, logging to `serve.log`.
+    pub fn start_one_lun(&self, k: usize) -> Node {
+        let cfg = self.head(k, self.sync[2 - k], "")
+            + &format!(
+                "[[target]]\niqn = \"{}\"\n[[target.lun]]\npath = \"{}/lun0.img\"\n\
+                 size = \"16M\"\nreplicated = true\n",
+                super::IQN,
+                self.node_dir(k).display()
+            );
+        let cfg = self.write_config(k, &cfg);
+        self.start_config(k, &cfg, "serve.log")
+    }
 }
 
 /// LUN 0's replica status on `node` (`freesan replica status`).

@@ -23,15 +23,7 @@ impl Pair {
 
     /// Starts node `k` (1 or 2) of the pair: one portal, one replicated 16M LUN.
     fn start(&self, k: usize) -> common::Node {
-        let p = &self.0;
-        let cfg = p.head(k, p.sync[2 - k], "")
-            + &format!(
-                "[[target]]\niqn = \"{IQN}\"\n[[target.lun]]\npath = \"{}/lun0.img\"\n\
-                 size = \"16M\"\nreplicated = true\n",
-                p.node_dir(k).display()
-            );
-        let cfg = p.write_config(k, &cfg);
-        p.start_config(k, &cfg, "serve.log")
+        self.0.start_one_lun(k)
     }
 
     /// Node `k`'s file of explicit ALUA states for LUN 0.

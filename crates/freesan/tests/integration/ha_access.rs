@@ -12,18 +12,6 @@ use serde_json::Value;
 
 const CLUSTER: &str = "access";
 
-/// Starts node `k` (1 or 2) of `p`: one portal, one replicated 16M LUN.
-fn start(p: &LoopbackPair, k: usize) -> common::Node {
-    let cfg = p.head(k, p.sync[2 - k], "")
-        + &format!(
-            "[[target]]\niqn = \"{IQN}\"\n[[target.lun]]\npath = \"{}/lun0.img\"\n\
-             size = \"16M\"\nreplicated = true\n",
-            p.node_dir(k).display()
-        );
-    let cfg = p.write_config(k, &cfg);
-    p.start_config(k, &cfg, "serve.log")
-}
-
 /// `freesan host-group create` on `node`: initiator `who` sees LUN 0.
 fn group(node: &common::Node, who: &str) {
     let api = node.api.as_deref().expect("the node serves its API");
@@ -57,8 +45,8 @@ fn event_kinds(node: &common::Node) -> Vec<String> {
 #[test]
 fn access_rules_that_differ_between_the_nodes_are_reported_on_both() {
     let p = LoopbackPair::new(CLUSTER);
-    let n1 = start(&p, 1);
-    let n2 = start(&p, 2);
+    let n1 = p.start_one_lun(1);
+    let n2 = p.start_one_lun(2);
     for n in [&n1, &n2] {
         wait_for_replica(n, "in sync with the same rules", |s| {
             s["state"] == "in-sync" && s["access_mismatch"].is_null()
@@ -104,7 +92,7 @@ fn access_rules_that_differ_between_the_nodes_are_reported_on_both() {
         "hosts",
     ]);
     assert!(ok, "{out}");
-    let n2 = start(&p, 2);
+    let n2 = p.start_one_lun(2);
     for n in [&n1, &n2] {
         wait_for_replica(n, "the difference found at the meeting", |s| {
             s["state"] == "in-sync" && s["access_mismatch"].is_string()
