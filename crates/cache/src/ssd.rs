@@ -50,6 +50,8 @@ const PAGE_SEQ: usize = PAGE_BYTES as usize - 8;
 /// Records in one table page.
 pub(crate) const RECORDS_PER_PAGE: usize = (PAGE_BYTES as usize - PAGE_HEADER) / RECORD_BYTES;
 const MAGIC: &[u8; 8] = b"FSNCACH1";
+/// The superblock's mode byte flag of a table in two copies.
+const SLOTS_2: u8 = 0x10;
 const DATA_ALIGN: u64 = 1 << 20;
 /// The key of an empty frame in the table.
 pub(crate) const NO_KEY: u64 = u64::MAX;
@@ -85,8 +87,9 @@ pub struct Superblock {
     pub clean: bool,
     /// The mirror partner failed after this generation; this copy alone is current.
     pub partner_failed: bool,
-    /// Copies of the table ([`DeviceLayout::slots`]): 0 in superblocks
-    /// written before slots (one copy).
+    /// Copies of the table ([`DeviceLayout::slots`]): 2, or 0 in superblocks
+    /// written before slots (one copy). Encoded as a flag of the mode byte,
+    /// which a version before slots refuses.
     pub table_slots: u8,
 }
 
@@ -96,12 +99,26 @@ impl Superblock {
         u32::from(self.table_slots).clamp(1, 2)
     }
 
+    /// The layout of each device this superblock describes.
+    pub(crate) fn layout(&self) -> DeviceLayout {
+        let local = if self.mirrored {
+            self.frames
+        } else {
+            self.frames.div_ceil(self.device_count.max(1) as u32)
+        };
+        DeviceLayout::for_frames(local, self.block_bytes as u64, self.slots())
+    }
+
     pub(crate) fn encode(&self) -> Vec<u8> {
         let mut b = vec![0u8; 4096];
         b[0..8].copy_from_slice(MAGIC);
         b[8..16].copy_from_slice(&self.cache_id.to_le_bytes());
         b[16..24].copy_from_slice(&self.generation.to_le_bytes());
-        b[24] = self.mode as u8;
+        // two table copies are marked in the mode byte, where a version
+        // before them finds no mode it knows: it refuses the superblock
+        // (and does not format the device) instead of reading one copy at
+        // the wrong place
+        b[24] = self.mode as u8 | if self.slots() == 2 { SLOTS_2 } else { 0 };
         b[25] = self.device_count;
         b[26] = self.device_index;
         b[27] = u8::from(self.mirrored)
@@ -109,7 +126,6 @@ impl Superblock {
             | u8::from(self.partner_failed) << 2;
         b[28..32].copy_from_slice(&self.block_bytes.to_le_bytes());
         b[32..36].copy_from_slice(&self.frames.to_le_bytes());
-        b[36] = self.table_slots;
         b[40..48].copy_from_slice(&self.backing_bytes.to_le_bytes());
         b[48..64].copy_from_slice(&self.backing_id.to_le_bytes());
         let crc = crc32c::crc32c(&b[..4092]);
@@ -130,7 +146,7 @@ impl Superblock {
         Some(Superblock {
             cache_id: u64_at(8),
             generation: u64_at(16),
-            mode: CacheMode::from_u8(b[24])?,
+            mode: CacheMode::from_u8(b[24] & !SLOTS_2)?,
             device_count: b[25],
             device_index: b[26],
             mirrored: b[27] & 1 != 0,
@@ -138,7 +154,7 @@ impl Superblock {
             partner_failed: b[27] & 4 != 0,
             block_bytes: u32_at(28),
             frames: u32_at(32),
-            table_slots: b[36],
+            table_slots: if b[24] & SLOTS_2 != 0 { 2 } else { 0 },
             backing_bytes: u64_at(40),
             backing_id: u128::from_le_bytes(b[48..64].try_into().unwrap_or([0; 16])),
         })

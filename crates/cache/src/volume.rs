@@ -1651,13 +1651,27 @@ impl CacheVolume {
             .as_ref()
             .filter(|s| mirrored && s.mirrored && s.slots() == 1)
         {
-            // made before the table had two copies: its frames stay where
-            // they are (two copies of a large table would move them)
-            layout = layout_with(1)?;
-            tracing::warn!(cache = %name, frames = old.frames,
-                "this write-back cache keeps one copy of its table (made by an earlier version): \
-                 a power cut during a table write can tear a page on both SSDs and leave the \
-                 cache unable to start; drain and detach it, then attach it again, to get two");
+            // made before the table had two copies
+            let one = layout_with(1)?;
+            let in_place = DeviceLayout::for_frames(one.local_frames, block_bytes, 2);
+            let on: Vec<usize> = (0..devs.len())
+                .filter(|&i| sbs[i].as_ref().is_some_and(|s| s.cache_id == old.cache_id))
+                .collect();
+            if in_place.data_offset == one.data_offset {
+                // the second copy fits before the frames: they stay where they are
+                layout = in_place;
+                tracing::info!(cache = %name, "the cache's table gets a second copy (made by an earlier version with one)");
+            } else if Inner::holds_dirty(&devs, &on, old).await {
+                // two copies would move the frames under the dirty data
+                layout = one;
+                tracing::warn!(cache = %name, frames = old.frames,
+                    "this write-back cache keeps one copy of its table (made by an earlier \
+                     version): a power cut during a table write can tear a page on both SSDs \
+                     and leave the cache unable to start; drain it (detach it), and the next \
+                     attach or start lays it out with two");
+            } else {
+                tracing::info!(cache = %name, "laid out again with two copies of its table (made by an earlier version with one, no dirty data): it starts empty");
+            }
         }
         let local = layout.local_frames;
         let frames = if mirrored {
@@ -2118,12 +2132,7 @@ impl Inner {
     /// dirty record; a page unreadable or damaged counts as one (refuse
     /// rather than guess).
     async fn holds_dirty(devs: &[Device], on: &[usize], sb: &Superblock) -> bool {
-        let local = if sb.mirrored {
-            sb.frames
-        } else {
-            sb.frames.div_ceil(sb.device_count.max(1) as u32)
-        };
-        let layout = DeviceLayout::for_frames(local, sb.block_bytes as u64, sb.slots());
+        let layout = sb.layout();
         for &d in on {
             for page in 0..layout.table_pages {
                 match devs[d].read_page(&layout, page).await {
@@ -2142,6 +2151,9 @@ impl Inner {
             && old.device_count as usize == self.devs.len()
             && old.mirrored == self.mirrored
             && old.frames == self.frames
+            // frames where they were (a cache of one table copy re-laid out
+            // with two moves them)
+            && old.layout().data_offset == self.layout.data_offset
             // a backing volume that grew (the superblocks may not say so yet when a
             // crash cut a grow short) keeps every cached block where it was
             && old.backing_bytes <= self.geo().size_bytes();
@@ -2590,5 +2602,96 @@ impl Inner {
             st.unpin_io(slot);
         }
         r
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use block::MemVolume;
+
+    /// A write-back cache as a version before table slots left it after a
+    /// crash with dirty data, its table too large for a second copy before
+    /// its frames (151 pages: frames at 1 MiB, with two copies at 2 MiB),
+    /// starts with its one copy where it is and serves its dirty block from
+    /// where that version put it. Laid out with two copies it would read the
+    /// frame at 2 MiB (or refuse the start as another shape).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_large_dirty_cache_made_before_table_slots_keeps_its_one_copy() {
+        const FRAMES: u32 = 25_600;
+        let one = DeviceLayout::for_frames(FRAMES, 4096, 1);
+        assert_eq!(one.data_offset, 1 << 20);
+        assert_eq!(
+            DeviceLayout::for_frames(FRAMES, 4096, 2).data_offset,
+            2 << 20
+        );
+        let backing: VolumeRef = Arc::new(MemVolume::new(4096, 1024));
+        let data = Bytes::from(vec![0x3cu8; 4096]);
+        let mut ssds: Vec<VolumeRef> = Vec::new();
+        for i in 0..2u8 {
+            let ssd: VolumeRef = Arc::new(MemVolume::new(4096, 26_000));
+            let sb = Superblock {
+                cache_id: 7,
+                generation: 5,
+                mode: CacheMode::WriteBack,
+                block_bytes: 4096,
+                frames: FRAMES,
+                device_count: 2,
+                device_index: i,
+                mirrored: true,
+                backing_bytes: 4 << 20,
+                backing_id: 0,
+                clean: false,
+                partner_failed: false,
+                table_slots: 0,
+            };
+            ssd.write(1, Bytes::from(sb.encode()), false).await.unwrap();
+            // block 3 of the volume, dirty, in frame 0
+            for page in 0..one.table_pages {
+                let recs: Vec<Record> = if page == 0 {
+                    vec![Record {
+                        key: 3,
+                        valid: 1,
+                        dirty: 1,
+                    }]
+                } else {
+                    vec![Record::EMPTY; RECORDS_PER_PAGE]
+                };
+                let at = one.page_offset(page, 0) / 4096;
+                let b = Bytes::from(encode_page(page, 0, &recs));
+                ssd.write(at, b, false).await.unwrap();
+            }
+            ssd.write(one.data_offset / 4096, data.clone(), false)
+                .await
+                .unwrap();
+            ssds.push(ssd);
+        }
+        let cfg = CacheConfig {
+            mode: CacheMode::WriteBack,
+            block_bytes: 4096,
+            size_bytes: Some(FRAMES as u64 * 4096),
+            dirty_low_percent: 90,
+            dirty_high_percent: 95,
+            ..CacheConfig::default()
+        };
+        let devices = ssds
+            .iter()
+            .enumerate()
+            .map(|(i, v)| CacheDevice {
+                name: format!("ssd{i}"),
+                volume: v.clone(),
+            })
+            .collect();
+        let vol = CacheVolume::open("t", backing.clone(), devices, cfg)
+            .await
+            .expect("the cache did not start");
+        assert_eq!(vol.status().dirty_blocks, 1);
+        assert_eq!(vol.read(3, 1).await.unwrap(), data);
+        vol.halt().await;
+        for ssd in &ssds {
+            let sb = ssd.read(0, 2).await.unwrap();
+            assert_eq!(sb[24] & 0x10, 0, "marked as two copies");
+            assert_eq!(sb[4096 + 24] & 0x10, 0, "marked as two copies");
+        }
     }
 }

@@ -51,6 +51,8 @@ enum Asked {
     Installed,
     /// It refused (why).
     Failed(String),
+    /// Its access rules differ ([`ScsiMsg::CompareAccess`]).
+    Differs,
     /// No answer (link lost, malformed answer).
     Unanswered(String),
 }
@@ -60,9 +62,16 @@ impl Asked {
         match self {
             Asked::Installed => Ok(()),
             Asked::Failed(why) | Asked::Unanswered(why) => Err(why),
+            Asked::Differs => Err("unexpected answer from the partner".into()),
         }
     }
 }
+
+/// How often the access rules are compared again while the nodes are
+/// together: a finding that raced a change on the other node (an answer
+/// computed before that node's change, recorded after its own comparison)
+/// lasts this long at most.
+const ACCESS_RECHECK: std::time::Duration = std::time::Duration::from_secs(60);
 
 impl PrLink {
     /// Connects LUN `lun` of `target` (served from `vol`) to the partner.
@@ -87,6 +96,16 @@ impl PrLink {
         });
         let _ = link.target.set(Arc::downgrade(target));
         vol.set_scsi_peer(link.clone());
+        if let Ok(rt) = tokio::runtime::Handle::try_current() {
+            let me = Arc::downgrade(&link);
+            rt.spawn(async move {
+                loop {
+                    tokio::time::sleep(ACCESS_RECHECK).await;
+                    let Some(link) = me.upgrade() else { return };
+                    link.compare_access().await;
+                }
+            });
+        }
         link
     }
 
@@ -100,6 +119,7 @@ impl PrLink {
             Ok(b) => match ScsiAnswer::decode(b) {
                 Some(ScsiAnswer::Installed) => Asked::Installed,
                 Some(ScsiAnswer::Failed(why)) => Asked::Failed(why),
+                Some(ScsiAnswer::Differs) => Asked::Differs,
                 _ => Asked::Unanswered(format!("malformed answer from the {who}")),
             },
             Err(e) => Asked::Unanswered(e.to_string()),
@@ -142,8 +162,9 @@ impl PrLink {
         };
         match self.ask(req, "partner").await {
             Asked::Installed => self.record_access(None),
-            Asked::Failed(why) => self.record_access(Some(why)),
-            Asked::Unanswered(why) => {
+            Asked::Differs => self.record_access(Some(self.mismatch())),
+            // (a partner of an earlier version does not know the request)
+            Asked::Failed(why) | Asked::Unanswered(why) => {
                 tracing::debug!(lun = self.lun, why, "access rules not compared")
             }
         }
@@ -422,13 +443,18 @@ impl replica::ScsiPeer for PrLink {
             Some(ScsiMsg::CompareAccess { lun, digest }) => {
                 if lun != self.lun {
                     ScsiAnswer::Failed("request for another LUN".into())
-                } else if self.access_digest().is_some_and(|mine| mine == digest) {
-                    self.record_access(None);
-                    ScsiAnswer::Installed
                 } else {
-                    let why = self.mismatch();
-                    self.record_access(Some(why.clone()));
-                    ScsiAnswer::Failed(why)
+                    match self.access_digest() {
+                        Some(mine) if mine == digest => {
+                            self.record_access(None);
+                            ScsiAnswer::Installed
+                        }
+                        Some(_) => {
+                            self.record_access(Some(self.mismatch()));
+                            ScsiAnswer::Differs
+                        }
+                        None => ScsiAnswer::Failed("no such LUN here".into()),
+                    }
                 }
             }
             None => {

@@ -221,8 +221,6 @@ impl Objects {
         Ok(())
     }
 
-    /// Creates a disk (a file, by default in `DATA_DIR/disks`, or a simulated
-    /// disk); it joins the free disks.
     /// The lock serialising creations and deletions, for a change the API
     /// asked for: waited for at most [`OP_WAIT`], since every change waiting
     /// holds one of the API's change slots (a LUN growing over a pool zeroes
@@ -240,6 +238,8 @@ impl Objects {
             })
     }
 
+    /// Creates a disk (a file, by default in `DATA_DIR/disks`, or a simulated
+    /// disk); it joins the free disks.
     pub async fn create_disk(&self, pools: &Pools, body: Value) -> Result<Value, ApiError> {
         let mut d: DiskConfig = parse(body)?;
         // kept absolute: a relative one would name another file from another

@@ -258,11 +258,13 @@ impl Reloader {
         };
         spec.auth = crate::targets::target_auth(&t);
         spec.allowed_initiators = t.allowed_initiators.clone();
-        spec.scsi.set_admission(crate::targets::admission_lines(&t));
+        let scsi = spec.scsi.clone();
         let closed = self
             .iscsi
             .replace(specs, crate::targets::discovery_auth(&current))
             .context("installing the new target table")?;
+        // (once in force: the HA partner compares them)
+        scsi.set_admission(crate::targets::admission_lines(&t));
         tracing::info!(target = %iqn, chap = t.chap.is_some(), allowed_initiators = t.allowed_initiators.len(),
             sessions_closed = closed, "target access changed through the API");
         if let Some(c) = current.targets.iter_mut().find(|c| c.iqn == iqn) {
@@ -285,6 +287,8 @@ impl Reloader {
         let portals = new_portals.clone().unwrap_or_else(|| old_portals.clone());
         let mut specs = Vec::with_capacity(running.len());
         let mut host_groups = Vec::new();
+        // who each running target admits, recorded once the new table is in force
+        let mut admissions = Vec::new();
         // the running targets, in their order; each takes its new auth and ACLs
         for spec in &running {
             let Some(t) = new.targets.iter().find(|t| t.iqn == spec.iqn) else {
@@ -306,7 +310,7 @@ impl Reloader {
             s.alias = t.alias.clone();
             s.auth = crate::targets::target_auth(t);
             s.allowed_initiators = t.allowed_initiators.clone();
-            s.scsi.set_admission(crate::targets::admission_lines(t));
+            admissions.push((s.scsi.clone(), crate::targets::admission_lines(t)));
             if s.auth != spec.auth {
                 report
                     .applied
@@ -407,6 +411,9 @@ impl Reloader {
                 self.undo_built(&built).await;
                 return Err(anyhow::Error::from(e).context("installing the new target table"));
             }
+        }
+        for (scsi, lines) in admissions {
+            scsi.set_admission(lines);
         }
         for (iqn, scsi, groups) in host_groups {
             match scsi.set_host_groups(groups) {

@@ -62,7 +62,8 @@ pub enum ScsiMsg {
     /// Who may reach the LUN on the sender (its target's admission rules and
     /// the host groups that map it), as a digest: the receiver compares it
     /// with its own and answers [`ScsiAnswer::Installed`] when they agree,
-    /// [`ScsiAnswer::Failed`] when they differ. An initiator the rules keep out
+    /// [`ScsiAnswer::Differs`] when they do not ([`ScsiAnswer::Failed`]: it
+    /// could not compare). An initiator the rules keep out
     /// on one node only would reach the LUN through the other.
     CompareAccess {
         /// The LUN.
@@ -96,6 +97,8 @@ pub enum ScsiAnswer {
     Installed,
     /// The request failed.
     Failed(String),
+    /// [`ScsiMsg::CompareAccess`]: the receiver's rules differ.
+    Differs,
 }
 
 fn put_bytes(out: &mut BytesMut, b: &[u8]) {
@@ -282,6 +285,7 @@ impl ScsiAnswer {
                 out.put_u8(3);
                 put_bytes(&mut out, why.as_bytes());
             }
+            ScsiAnswer::Differs => out.put_u8(4),
         }
         out.freeze()
     }
@@ -302,6 +306,7 @@ impl ScsiAnswer {
             },
             2 => ScsiAnswer::Installed,
             3 => ScsiAnswer::Failed(r.string()?),
+            4 => ScsiAnswer::Differs,
             _ => return None,
         };
         r.end()?;
@@ -368,6 +373,7 @@ mod tests {
             },
             ScsiAnswer::Installed,
             ScsiAnswer::Failed("no".into()),
+            ScsiAnswer::Differs,
         ];
         for a in answers {
             assert_eq!(ScsiAnswer::decode(a.encode()), Some(a));

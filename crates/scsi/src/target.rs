@@ -689,7 +689,6 @@ impl ScsiTarget {
         seen
     }
 
-    /// The LUs `nexus` sees (for the copy targets of EXTENDED COPY).
     /// Whether `lu` is one of this target's LUs and `nexus` sees it now.
     fn sees(&self, nexus: &ItNexus, lu: &LogicalUnit) -> bool {
         let here = self
@@ -704,6 +703,7 @@ impl ScsiTarget {
                 .any(|&(_, t)| t == lu.lun))
     }
 
+    /// The LUs `nexus` sees (for the copy targets of EXTENDED COPY).
     fn visible_lus(&self, nexus: &ItNexus) -> Vec<Arc<LogicalUnit>> {
         if !self.masked.load(Ordering::Acquire) {
             return self.all_lus();
