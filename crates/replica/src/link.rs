@@ -6,7 +6,10 @@
 //! timeout. The partner may assume this node has stopped serving once the peer
 //! timeout has passed since it *received* that Ping (which is later than its
 //! sending), so the two views never overlap: a node that goes on alone starts
-//! only after the other's lease has run out.
+//! only after the other's lease has run out. Pings and Pongs have a queue of
+//! their own, which the writer empties before the data queue: a lease does not
+//! lapse behind a full queue of writes or resync copies (a resync source, like
+//! any leader, serves only with its lease).
 
 use crate::secure::{SecureReader, SecureStream, SecureWriter};
 use bytes::{Bytes, BytesMut};
@@ -20,6 +23,8 @@ use tokio::sync::{mpsc, oneshot, watch};
 
 /// Messages queued for the writer at most.
 const OUT_QUEUE_MESSAGES_MAX: usize = 256;
+/// Heartbeat messages queued for the writer at most (sent first).
+const BEATS_QUEUED_MAX: usize = 16;
 /// Requests this node has in flight to the partner at most; the partner
 /// refuses a peer with more than [`HANDLED_IN_FLIGHT_MAX`], which is larger, so
 /// an honest node never reaches it.
@@ -96,6 +101,9 @@ struct Heartbeat {
 /// A live connection to the partner.
 pub(crate) struct Link {
     out: mpsc::Sender<Message>,
+    /// Heartbeats (Ping, Pong), which the writer sends before anything queued
+    /// on `out`: a lease never lapses behind a full data queue.
+    beats: mpsc::Sender<Message>,
     /// Permits for requests in flight to the partner.
     requests: tokio::sync::Semaphore,
     pending: Mutex<Pending>,
@@ -123,10 +131,12 @@ impl Link {
         let peer = framed.stream.peer_addr.to_string();
         let (rd, wr) = (framed.stream.reader, framed.stream.writer);
         let (out_tx, out_rx) = mpsc::channel(OUT_QUEUE_MESSAGES_MAX);
+        let (beats_tx, beats_rx) = mpsc::channel(BEATS_QUEUED_MAX);
         let now = Instant::now();
         let (closed_tx, _) = watch::channel(false);
         let link = Arc::new(Link {
             out: out_tx,
+            beats: beats_tx,
             requests: tokio::sync::Semaphore::new(REQUESTS_IN_FLIGHT_MAX),
             pending: Mutex::new(Pending {
                 waiting: HashMap::new(),
@@ -148,7 +158,7 @@ impl Link {
             peer_timeout,
         });
         tokio::spawn(reader(link.clone(), rd, framed.buf, incoming));
-        tokio::spawn(writer(link.clone(), wr, out_rx));
+        tokio::spawn(writer(link.clone(), wr, out_rx, beats_rx));
         tokio::spawn(heartbeat(link.clone(), heartbeat_interval));
         link
     }
@@ -305,7 +315,11 @@ async fn reader(
             }
             Message::Ping { seq } => {
                 link.hb.lock().last_ping_recv = now;
-                if link.send(Message::Pong { seq }).await.is_err() {
+                // ahead of the data queued for the partner; a full heartbeat
+                // queue drops it (the partner's lease is shortened, no more)
+                if let Err(mpsc::error::TrySendError::Closed(_)) =
+                    link.beats.try_send(Message::Pong { seq })
+                {
                     break "writer gone".into();
                 }
             }
@@ -334,15 +348,25 @@ async fn reader(
     link.close(&why);
 }
 
-async fn writer(link: Arc<Link>, mut wr: SecureWriter, mut rx: mpsc::Receiver<Message>) {
+async fn writer(
+    link: Arc<Link>,
+    mut wr: SecureWriter,
+    mut rx: mpsc::Receiver<Message>,
+    mut beats: mpsc::Receiver<Message>,
+) {
     let mut out = BytesMut::with_capacity(256 << 10);
     loop {
         let first = tokio::select! {
+            biased;
+            m = beats.recv() => m,
             m = rx.recv() => m,
             _ = link.closed() => None,
         };
         let Some(first) = first else { break };
         encode(&first, &mut out);
+        while let Ok(m) = beats.try_recv() {
+            encode(&m, &mut out);
+        }
         while out.len() < (1 << 20) {
             match rx.try_recv() {
                 Ok(m) => encode(&m, &mut out),
@@ -383,7 +407,7 @@ async fn heartbeat(link: Arc<Link>, interval: Duration) {
             seq
         };
         // never wait behind a full queue: a missed ping only shortens the lease
-        if link.out.try_send(Message::Ping { seq }).is_err() && link.out.is_closed() {
+        if link.beats.try_send(Message::Ping { seq }).is_err() && link.beats.is_closed() {
             return;
         }
     }
