@@ -1647,6 +1647,8 @@ impl CacheVolume {
             )));
         }
         let newest = Inner::whose_table(name, &devs, &sbs, cfg.backing_id).await?;
+        // a cache of one table copy laid out again with two (frames moved)
+        let mut relaid = false;
         if let Some(old) = newest
             .as_ref()
             .filter(|s| mirrored && s.mirrored && s.slots() == 1)
@@ -1671,6 +1673,7 @@ impl CacheVolume {
                      attach or start lays it out with two");
             } else {
                 tracing::info!(cache = %name, "laid out again with two copies of its table (made by an earlier version with one, no dirty data): it starts empty");
+                relaid = true;
             }
         }
         let local = layout.local_frames;
@@ -1760,9 +1763,27 @@ impl CacheVolume {
         } else {
             tracing::info!(cache = %name, frames, block_bytes, "formatting new cache devices");
         }
+        if relaid {
+            // the old superblocks go first: a crash before the new ones are
+            // written leaves blank devices (nothing dirty was on them), not
+            // an old superblock over a table laid out anew
+            for d in inner.devs.iter().filter(|d| !d.is_failed()) {
+                if let Err(e) = crate::ssd::wipe_superblocks(&d.vol()).await {
+                    // (its table write below fails it too)
+                    tracing::warn!(cache = %name, device = %d.name(), error = %e,
+                        "clearing an old superblock failed");
+                }
+            }
+        }
         // fresh table on the devices for what is loaded, then "not clean" until a
         // clean shutdown writes the whole table again
         inner.write_full_table(false).await?;
+        if inner.layout.slots == 2 {
+            // both superblock copies (a write goes to the one its generation
+            // picks): a version before table slots refuses a copy marked with
+            // two, and must find no older unmarked one to use instead
+            inner.write_superblocks(|_| {}).await?;
+        }
         let vol = CacheVolume {
             inner: inner.clone(),
             tasks: Mutex::new(Vec::new()),

@@ -101,7 +101,10 @@ impl PrLink {
             rt.spawn(async move {
                 loop {
                     tokio::time::sleep(ACCESS_RECHECK).await;
-                    let Some(link) = me.upgrade() else { return };
+                    // (ends once the LUN or its target is gone)
+                    let Some(link) = me.upgrade().filter(|l| l.access_digest().is_some()) else {
+                        return;
+                    };
                     link.compare_access().await;
                 }
             });

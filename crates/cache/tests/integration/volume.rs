@@ -1774,10 +1774,11 @@ async fn a_cache_made_before_table_slots_gets_a_second_copy_in_place() {
             second.iter().any(|&b| b != 0x77),
             "no second table copy was written"
         );
+        // both copies: a version before slots must find no unmarked one
         let sb = ssd.read(0, 2).await.unwrap();
         assert!(
-            sb[24] & 0x10 != 0 || sb[4096 + 24] & 0x10 != 0,
-            "the superblocks do not say two copies"
+            sb[24] & 0x10 != 0 && sb[4096 + 24] & 0x10 != 0,
+            "the superblock copies do not both say two copies"
         );
     }
     let vol = CacheVolume::open("t", backing.clone(), devices(&ssds), c)
