@@ -52,10 +52,11 @@ pub(crate) fn admission_lines(t: &crate::config::TargetConfig) -> Vec<String> {
     if t.allowed_initiators.is_empty() {
         out.push("any initiator".to_string());
     }
+    // (folded, as the ACL compares them)
     out.extend(
         t.allowed_initiators
             .iter()
-            .map(|i| format!("initiator {i}")),
+            .map(|i| format!("initiator {}", i.to_ascii_lowercase())),
     );
     if let Some(c) = &t.chap {
         out.push(format!("CHAP user {}", c.user));

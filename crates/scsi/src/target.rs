@@ -565,6 +565,7 @@ impl ScsiTarget {
     /// SCSI layer does not act on them.
     pub fn set_admission(&self, mut lines: Vec<String>) {
         lines.sort();
+        lines.dedup();
         {
             let mut cur = self.admission.write();
             if *cur == lines {
@@ -595,10 +596,17 @@ impl ScsiTarget {
         let mut groups: Vec<String> = Vec::new();
         for g in self.masking.read().groups() {
             for &(seen, _) in g.luns.iter().filter(|&&(_, t)| t == lun) {
-                let mut initiators = g.initiators.clone();
+                // as masking matches them: initiator names folded, each once
+                let mut initiators: Vec<String> = g
+                    .initiators
+                    .iter()
+                    .map(|i| i.to_ascii_lowercase())
+                    .collect();
                 initiators.sort();
+                initiators.dedup();
                 let mut chap = g.chap_users.clone();
                 chap.sort();
+                chap.dedup();
                 groups.push(format!(
                     "seen as LUN {seen} by initiators [{}] and CHAP users [{}]",
                     initiators.join(", "),

@@ -2806,3 +2806,44 @@ async fn odx_copy_stops_once_its_initiator_no_longer_sees_the_source() {
     let third = held.read(4096, 16).await.unwrap();
     assert!(third.iter().all(|&b| b == 0), "the third chunk was copied");
 }
+
+/// Two nodes with the same access rules written differently (group names,
+/// order, initiator case, a name twice) describe LUN 0 alike; a group that
+/// maps it under another number, or admits another initiator, does not.
+#[test]
+fn access_lines_depend_on_who_reaches_the_lu_not_on_how_it_is_written() {
+    let (a, _) = target_with_two_luns();
+    let (b, _) = target_with_two_luns();
+    let group = |name: &str, initiators: &[&str], seen: u64| HostGroup {
+        name: name.into(),
+        initiators: initiators.iter().map(|s| s.to_string()).collect(),
+        chap_users: vec![],
+        luns: vec![(seen, 0)],
+    };
+    a.set_admission(vec!["initiator iqn.x".into(), "any CHAP".into()]);
+    b.set_admission(vec!["any CHAP".into(), "initiator iqn.x".into()]);
+    a.set_host_groups(vec![
+        group("one", &["iqn.a", "iqn.b"], 0),
+        group("two", &["iqn.c"], 5),
+    ])
+    .unwrap();
+    b.set_host_groups(vec![
+        group("later", &["iqn.c"], 5),
+        group("first", &["IQN.B", "iqn.a"], 0),
+    ])
+    .unwrap();
+    assert_eq!(a.access_lines(0), b.access_lines(0));
+    b.set_host_groups(vec![
+        group("later", &["iqn.c"], 6),
+        group("first", &["iqn.b", "iqn.a"], 0),
+    ])
+    .unwrap();
+    assert_ne!(a.access_lines(0), b.access_lines(0));
+    b.set_host_groups(vec![
+        group("later", &["iqn.c"], 5),
+        group("first", &["iqn.b", "iqn.a", "iqn.d"], 0),
+    ])
+    .unwrap();
+    assert_ne!(a.access_lines(0), b.access_lines(0));
+    assert_eq!(a.access_lines(9), None);
+}
