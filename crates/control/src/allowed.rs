@@ -8,7 +8,28 @@
 
 use crate::config::{Config, DiskConfig, LunConfig};
 use api::ApiError;
+use std::collections::HashMap;
 use std::path::{Component, Path, PathBuf};
+use std::sync::{Mutex, OnceLock};
+
+/// The paths [`Allowed::check_path`] approved, as given, with where they led
+/// then (every link resolved): opening an API-created disk or LUN must reach
+/// that very file ([`approved`], `disk::FileOptions::resolved`), so a link
+/// swapped between the check and the open is refused, not followed.
+fn approvals() -> &'static Mutex<HashMap<PathBuf, PathBuf>> {
+    static APPROVED: OnceLock<Mutex<HashMap<PathBuf, PathBuf>>> = OnceLock::new();
+    APPROVED.get_or_init(|| Mutex::new(HashMap::new()))
+}
+
+/// Where `p` led when the API's checks approved it; None for paths they never
+/// saw (the configuration file's, whose author is trusted).
+pub(crate) fn approved(p: &Path) -> Option<PathBuf> {
+    approvals()
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .get(p)
+        .cloned()
+}
 
 /// The folders and devices API-created objects may use (resolved, no symlinks).
 #[derive(Debug, Clone)]
@@ -104,6 +125,10 @@ impl Allowed {
             )));
         }
         if self.roots.iter().any(|root| r.starts_with(root)) {
+            approvals()
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .insert(p.to_path_buf(), r.clone());
             return Ok(r);
         }
         Err(refused(format!(

@@ -39,6 +39,8 @@ fn lun_volume(l: &LunConfig, pools: &Pools) -> Result<(VolumeRef, String)> {
         block_size_bytes: l.block_size,
         sync_writes: l.sync_writes,
         read_only: l.read_only,
+        // (created through the API: the file its checks approved)
+        resolved: crate::allowed::approved(path),
         ..disk::FileOptions::default()
     };
     if let Some(parent) = path.parent() {

@@ -80,6 +80,34 @@ fn claim_through(fds: &Path, file: &File, path: &Path) -> Result<File, BlockErro
         })
 }
 
+/// Refuses `file`, opened as `path`, unless it is `want` (as the descriptor
+/// directory `fds` names it: every link resolved).
+fn check_reached(fds: &Path, file: &File, path: &Path, want: &Path) -> Result<(), BlockError> {
+    let me = fds.join(file.as_raw_fd().to_string());
+    let got = std::fs::read_link(&me).map_err(|e| {
+        BlockError::Io(io::Error::new(
+            e.kind(),
+            format!(
+                "cannot tell where {} led: {} unreadable ({e}); refused",
+                path.display(),
+                me.display()
+            ),
+        ))
+    })?;
+    if got != want {
+        return Err(BlockError::Io(io::Error::new(
+            io::ErrorKind::PermissionDenied,
+            format!(
+                "{} led to {} when opened, not to {} as checked (a link changed in between): refused",
+                path.display(),
+                got.display(),
+                want.display()
+            ),
+        )));
+    }
+    Ok(())
+}
+
 fn invalid(msg: String) -> BlockError {
     BlockError::Io(io::Error::new(io::ErrorKind::InvalidInput, msg))
 }
@@ -215,6 +243,10 @@ pub(crate) fn open(path: &Path, opts: &FileOptions) -> Result<Opened, BlockError
         }
     };
 
+    if let Some(want) = &opts.resolved {
+        check_reached(Path::new("/proc/self/fd"), &file, path, want)?;
+    }
+
     let size_bytes = match backing {
         Backing::BlockDevice => sys::blk_size_bytes(file.as_raw_fd())?,
         Backing::File => meta.len(),
@@ -280,5 +312,34 @@ mod tests {
         let text = e.to_string();
         assert!(text.contains("is /proc mounted?"), "{text}");
         assert!(text.contains("/dev/sdz"), "{text}");
+    }
+
+    /// An open that must reach a checked file is refused when its path leads
+    /// elsewhere (a link swapped after the check), and goes ahead when it
+    /// leads there, through links or not.
+    #[test]
+    fn an_open_that_leads_elsewhere_than_checked_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let real = dir.path().canonicalize().unwrap();
+        let (a, b) = (real.join("a.img"), real.join("b.img"));
+        for f in [&a, &b] {
+            std::fs::write(f, vec![0u8; 8192]).unwrap();
+        }
+        let link = real.join("lun.img");
+        std::os::unix::fs::symlink(&a, &link).unwrap();
+        let opts = |want: &Path| FileOptions {
+            resolved: Some(want.to_path_buf()),
+            ..FileOptions::default()
+        };
+        assert!(open(&link, &opts(&a)).is_ok(), "the checked file refused");
+        assert!(open(&a, &opts(&a)).is_ok(), "the checked file refused");
+        // the link now leads to another file than the one checked
+        std::fs::remove_file(&link).unwrap();
+        std::os::unix::fs::symlink(&b, &link).unwrap();
+        let Err(e) = open(&link, &opts(&a)) else {
+            panic!("an open through a swapped link went ahead");
+        };
+        let text = e.to_string();
+        assert!(text.contains("a link changed in between"), "{text}");
     }
 }

@@ -54,6 +54,11 @@ pub struct FileOptions {
     /// RWF_NOWAIT first: page-cache hits complete on the calling thread with no
     /// hand-off to the engine; anything that would block goes to the engine.
     pub nowait_inline: bool,
+    /// Where the path must lead, every symbolic link resolved: what a check
+    /// of the path approved (the API's allowed folders). The open is refused,
+    /// before any I/O, when the descriptor it got is another file (a link
+    /// swapped between the check and the open).
+    pub resolved: Option<std::path::PathBuf>,
 }
 
 impl Default for FileOptions {
@@ -68,6 +73,7 @@ impl Default for FileOptions {
             engine: Engine::Auto,
             queue_depth_max: 256,
             nowait_inline: true,
+            resolved: None,
         }
     }
 }
