@@ -8,28 +8,7 @@
 
 use crate::config::{Config, DiskConfig, LunConfig};
 use api::ApiError;
-use std::collections::HashMap;
 use std::path::{Component, Path, PathBuf};
-use std::sync::{Mutex, OnceLock};
-
-/// The paths [`Allowed::check_path`] approved, as given, with where they led
-/// then (every link resolved): opening an API-created disk or LUN must reach
-/// that very file ([`approved`], `disk::FileOptions::resolved`), so a link
-/// swapped between the check and the open is refused, not followed.
-fn approvals() -> &'static Mutex<HashMap<PathBuf, PathBuf>> {
-    static APPROVED: OnceLock<Mutex<HashMap<PathBuf, PathBuf>>> = OnceLock::new();
-    APPROVED.get_or_init(|| Mutex::new(HashMap::new()))
-}
-
-/// Where `p` led when the API's checks approved it; None for paths they never
-/// saw (the configuration file's, whose author is trusted).
-pub(crate) fn approved(p: &Path) -> Option<PathBuf> {
-    approvals()
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .get(p)
-        .cloned()
-}
 
 /// The folders and devices API-created objects may use (resolved, no symlinks).
 #[derive(Debug, Clone)]
@@ -125,10 +104,6 @@ impl Allowed {
             )));
         }
         if self.roots.iter().any(|root| r.starts_with(root)) {
-            approvals()
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .insert(p.to_path_buf(), r.clone());
             return Ok(r);
         }
         Err(refused(format!(
@@ -165,12 +140,18 @@ fn paths_in_use(cfg: &Config) -> Vec<PathBuf> {
 
 /// Checks a disk about to be created through the API against `cfg` (the
 /// running configuration, without the disk).
-pub(crate) fn check_disk(allowed: &Allowed, cfg: &Config, d: &DiskConfig) -> Result<(), ApiError> {
+/// On success `d.resolved` is where its path leads (the open must reach it).
+pub(crate) fn check_disk(
+    allowed: &Allowed,
+    cfg: &Config,
+    d: &mut DiskConfig,
+) -> Result<(), ApiError> {
     if cfg.disks.iter().any(|o| o.name == d.name) {
         return Ok(()); // the configuration check refuses it by name
     }
     if let Some(p) = &d.path {
         let r = allowed.check_path(p)?;
+        d.resolved = Some(r.clone());
         if paths_in_use(cfg).contains(&r) {
             return Err(refused(format!("{} is already in use", p.display())));
         }
@@ -233,9 +214,15 @@ fn check_new_file_size(p: &Path, size: Option<&str>, thick: bool) -> Result<(), 
 
 /// Checks a LUN about to be created through the API against `cfg` (the
 /// running configuration, without the LUN).
-pub(crate) fn check_lun(allowed: &Allowed, cfg: &Config, l: &LunConfig) -> Result<(), ApiError> {
+/// On success `l.resolved` is where its path leads (the open must reach it).
+pub(crate) fn check_lun(
+    allowed: &Allowed,
+    cfg: &Config,
+    l: &mut LunConfig,
+) -> Result<(), ApiError> {
     if let Some(p) = &l.path {
         let r = allowed.check_path(p)?;
+        l.resolved = Some(r.clone());
         if paths_in_use(cfg).contains(&r) {
             return Err(refused(format!("{} is already in use", p.display())));
         }

@@ -249,6 +249,11 @@ pub struct DiskConfig {
     /// (default `DATA_DIR/disks/NAME.img`).
     #[serde(default)]
     pub path: Option<PathBuf>,
+    /// Where `path` led (links resolved) when the API's allowed-path check
+    /// approved it, for a disk created through the API: its open must reach
+    /// that file (a link swapped in between is refused). Never in a file.
+    #[serde(skip)]
+    pub resolved: Option<PathBuf>,
     /// Size with which a missing file is created (`4G`).
     #[serde(default)]
     pub size: Option<String>,
@@ -746,6 +751,11 @@ pub struct LunConfig {
     /// Backing file or block device (or give `pool`).
     #[serde(default)]
     pub path: Option<PathBuf>,
+    /// Where `path` led (links resolved) when the API's allowed-path check
+    /// approved it, for a LUN created through the API: its open must reach
+    /// that file (a link swapped in between is refused). Never in a file.
+    #[serde(skip)]
+    pub resolved: Option<PathBuf>,
     /// Serve the whole usable space of this `[[pool]]` (instead of `path`).
     #[serde(default)]
     pub pool: Option<String>,
@@ -1612,6 +1622,7 @@ impl LunConfig {
         LunConfig {
             id: None,
             path: Some(path),
+            resolved: None,
             pool: None,
             disk: None,
             cache: None,

@@ -40,7 +40,7 @@ fn lun_volume(l: &LunConfig, pools: &Pools) -> Result<(VolumeRef, String)> {
         sync_writes: l.sync_writes,
         read_only: l.read_only,
         // (created through the API: the file its checks approved)
-        resolved: crate::allowed::approved(path),
+        resolved: l.resolved.clone(),
         ..disk::FileOptions::default()
     };
     if let Some(parent) = path.parent() {

@@ -142,25 +142,37 @@ impl Managed {
         // then, and is checked again at every start: a symlink swapped while
         // the node was down (by a user who may write in an allowed folder)
         // must not lead it to open another file or device.
+        // Where each path leads now is what its open must reach.
         let allowed = crate::allowed::Allowed::new(cfg);
-        let disk_paths = self.disks.iter().filter_map(|d| d.path.as_ref());
-        let lun_paths = self
-            .targets
-            .iter()
-            .flat_map(|t| t.luns.iter())
-            .filter_map(|l| l.path.as_ref());
-        for p in disk_paths.chain(lun_paths) {
-            if let Err(e) = allowed.check_path(p) {
-                bail!(
+        let check = |p: &Option<PathBuf>| -> Result<Option<PathBuf>> {
+            let Some(p) = p else { return Ok(None) };
+            allowed.check_path(p).map(Some).map_err(|e| {
+                anyhow::anyhow!(
                     "{}: {} was created through the API and no longer passes its checks: {e}",
                     Managed::path(&cfg.data_dir).display(),
                     p.display()
-                );
-            }
+                )
+            })
+        };
+        let mut disks = Vec::with_capacity(self.disks.len());
+        for d in &self.disks {
+            let mut d = d.clone();
+            d.resolved = check(&d.path)?;
+            disks.push(d);
         }
-        cfg.disks.extend(self.disks.iter().cloned());
-        cfg.pools.extend(self.pools.iter().cloned());
+        let mut luns = Vec::new();
         for mt in &self.targets {
+            let mut l2 = Vec::with_capacity(mt.luns.len());
+            for l in &mt.luns {
+                let mut l = l.clone();
+                l.resolved = check(&l.path)?;
+                l2.push(l);
+            }
+            luns.push(l2);
+        }
+        cfg.disks.extend(disks);
+        cfg.pools.extend(self.pools.iter().cloned());
+        for (mt, luns) in self.targets.iter().zip(luns) {
             let Some(t) = cfg.targets.iter_mut().find(|t| t.iqn == mt.iqn) else {
                 bail!(
                     "{}: LUNs were created on target {}, which the configuration no longer has",
@@ -168,7 +180,7 @@ impl Managed {
                     mt.iqn
                 );
             };
-            t.luns.extend(mt.luns.iter().cloned());
+            t.luns.extend(luns);
             t.host_groups.extend(mt.host_groups.iter().cloned());
         }
         for pd in &self.pool_disks {
@@ -333,6 +345,7 @@ mod tests {
         m.disks.push(DiskConfig {
             name: "d9".into(),
             path: None,
+            resolved: None,
             size: Some("64M".into()),
             sim: None,
             memory: true,

@@ -256,7 +256,7 @@ impl Objects {
         }
         let _op = self.op_lock().await?;
         let (mut cfg, mut managed) = self.snapshot();
-        crate::allowed::check_disk(&crate::allowed::Allowed::new(&cfg), &cfg, &d)?;
+        crate::allowed::check_disk(&crate::allowed::Allowed::new(&cfg), &cfg, &mut d)?;
         cfg.disks.push(d.clone());
         Self::check(&cfg)?;
         pools.add_disk(&cfg, &d).map_err(conflict)?;
@@ -304,7 +304,7 @@ impl Objects {
                 .unwrap_or(0)
         });
         lun.id = Some(id);
-        crate::allowed::check_lun(&crate::allowed::Allowed::new(&cfg), &cfg, &lun)?;
+        crate::allowed::check_lun(&crate::allowed::Allowed::new(&cfg), &cfg, &mut lun)?;
         if scsi_target.lun_ids().contains(&id) {
             return Err(ApiError::Conflict(format!(
                 "target {target} has a LUN {id} already"

@@ -338,7 +338,7 @@ fn open_disk_file(cfg: &Config, d: &DiskConfig) -> Result<VolumeRef> {
     let opts = disk::FileOptions {
         create_size_bytes: d.size.as_deref().and_then(disk::parse_size),
         // (created through the API: the file its checks approved)
-        resolved: crate::allowed::approved(&path),
+        resolved: d.resolved.clone(),
         ..disk::FileOptions::default()
     };
     let file = disk::FileVolume::open(&path, &opts)

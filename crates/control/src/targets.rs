@@ -64,11 +64,10 @@ pub(crate) fn admission_lines(t: &crate::config::TargetConfig) -> Vec<String> {
     if let Some(c) = &t.mutual_chap {
         out.push(format!("mutual CHAP user {}", c.user));
     }
-    out.extend(
-        t.chap_initiators
-            .iter()
-            .map(|c| format!("CHAP user {} for initiator {}", c.user, c.initiator)),
-    );
+    out.extend(t.chap_initiators.iter().map(|c| {
+        let initiator = c.initiator.to_ascii_lowercase();
+        format!("CHAP user {} for initiator {initiator}", c.user)
+    }));
     out
 }
 

@@ -98,7 +98,7 @@ fn check_reached(fds: &Path, file: &File, path: &Path, want: &Path) -> Result<()
         return Err(BlockError::Io(io::Error::new(
             io::ErrorKind::PermissionDenied,
             format!(
-                "{} led to {} when opened, not to {} as checked (a link changed in between): refused",
+                "{} led to {} when opened, not to {} as approved: it changed after the check (a link or file was replaced): refused",
                 path.display(),
                 got.display(),
                 want.display()
@@ -112,14 +112,23 @@ fn invalid(msg: String) -> BlockError {
     BlockError::Io(io::Error::new(io::ErrorKind::InvalidInput, msg))
 }
 
-/// Creates `path` as a sparse file of `size_bytes`, preallocated when `thick`.
-fn create(path: &Path, size_bytes: u64, thick: bool) -> Result<(), BlockError> {
+/// Creates `path` as a sparse file of `size_bytes`, preallocated when `thick`;
+/// where it lands must be `want` when given (nothing is allocated elsewhere).
+fn create(
+    path: &Path,
+    size_bytes: u64,
+    thick: bool,
+    want: Option<&Path>,
+) -> Result<(), BlockError> {
     let file = match OpenOptions::new().write(true).create_new(true).open(path) {
         Ok(f) => f,
         // Someone created it meanwhile: open what is there.
         Err(e) if e.kind() == io::ErrorKind::AlreadyExists => return Ok(()),
         Err(e) => return Err(e.into()),
     };
+    if let Some(want) = want {
+        check_reached(Path::new("/proc/self/fd"), &file, path, want)?;
+    }
     file.set_len(size_bytes)?;
     if thick && size_bytes > 0 {
         match sys::fallocate(file.as_raw_fd(), 0, 0, size_bytes) {
@@ -192,13 +201,20 @@ pub(crate) fn open(path: &Path, opts: &FileOptions) -> Result<Opened, BlockError
             }
         }
         Err(e) if e.kind() == io::ErrorKind::NotFound => match opts.create_size_bytes {
-            Some(size) if !opts.read_only => create(path, size, opts.thick)?,
+            Some(size) if !opts.read_only => {
+                create(path, size, opts.thick, opts.resolved.as_deref())?
+            }
             _ => return Err(e.into()),
         },
         Err(e) => return Err(e.into()),
     }
 
+    let reached = |f: &File| match &opts.resolved {
+        Some(want) => check_reached(Path::new("/proc/self/fd"), f, path, want),
+        None => Ok(()),
+    };
     let mut file = open_with(path, opts, opts.direct == DirectIo::On)?;
+    reached(&file)?;
     let meta = file.metadata()?;
     let backing = if meta.file_type().is_block_device() {
         Backing::BlockDevice
@@ -233,6 +249,7 @@ pub(crate) fn open(path: &Path, opts: &FileOptions) -> Result<Opened, BlockError
             } else {
                 match open_with(path, opts, true) {
                     Ok(f) => {
+                        reached(&f)?;
                         file = f;
                         true
                     }
@@ -242,10 +259,6 @@ pub(crate) fn open(path: &Path, opts: &FileOptions) -> Result<Opened, BlockError
             }
         }
     };
-
-    if let Some(want) = &opts.resolved {
-        check_reached(Path::new("/proc/self/fd"), &file, path, want)?;
-    }
 
     let size_bytes = match backing {
         Backing::BlockDevice => sys::blk_size_bytes(file.as_raw_fd())?,
@@ -340,6 +353,20 @@ mod tests {
             panic!("an open through a swapped link went ahead");
         };
         let text = e.to_string();
-        assert!(text.contains("a link changed in between"), "{text}");
+        assert!(text.contains("changed after the check"), "{text}");
+        // a file created through a folder link swapped since the check is
+        // refused before it is sized (nothing allocated where it landed)
+        let (x, y) = (real.join("x"), real.join("y"));
+        for d in [&x, &y] {
+            std::fs::create_dir(d).unwrap();
+        }
+        let folder = real.join("folder");
+        std::os::unix::fs::symlink(&x, &folder).unwrap();
+        let new = FileOptions {
+            create_size_bytes: Some(1 << 20),
+            ..opts(&y.join("new.img"))
+        };
+        assert!(open(&folder.join("new.img"), &new).is_err());
+        assert_eq!(std::fs::metadata(x.join("new.img")).unwrap().len(), 0);
     }
 }

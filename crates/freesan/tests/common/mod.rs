@@ -354,13 +354,18 @@ pub fn start_file_lun(dir: &Path, size: &str, log: &str) -> Node {
 }
 
 pub fn config_head(dir: &Path, disks: usize) -> String {
+    config_head_with(dir, disks, "")
+}
+
+/// [`config_head`] with `disk_extra` (lines) in every disk's section.
+pub fn config_head_with(dir: &Path, disks: usize, disk_extra: &str) -> String {
     let mut s = format!(
         "data_dir = \"{d}/data\"\n[api]\naddress = \"127.0.0.1:0\"\n[[portal]]\naddress = \"127.0.0.1:0\"\n",
         d = dir.display()
     );
     for i in 0..disks {
         s += &format!(
-            "[[disk]]\nname = \"d{i}\"\nsize = \"64M\"\npath = \"{}/d{i}.img\"\n",
+            "[[disk]]\nname = \"d{i}\"\nsize = \"64M\"\npath = \"{}/d{i}.img\"\n{disk_extra}",
             dir.display()
         );
     }

@@ -2821,7 +2821,11 @@ fn access_lines_depend_on_who_reaches_the_lu_not_on_how_it_is_written() {
         luns: vec![(seen, 0)],
     };
     a.set_admission(vec!["initiator iqn.x".into(), "any CHAP".into()]);
-    b.set_admission(vec!["any CHAP".into(), "initiator iqn.x".into()]);
+    b.set_admission(vec![
+        "any CHAP".into(),
+        "initiator iqn.x".into(),
+        "initiator iqn.x".into(),
+    ]);
     a.set_host_groups(vec![
         group("one", &["iqn.a", "iqn.b"], 0),
         group("two", &["iqn.c"], 5),
