@@ -207,7 +207,7 @@ impl Objects {
     }
 
     /// The running configuration and the run-time objects (copies).
-    fn snapshot(&self) -> (Config, Managed) {
+    pub(crate) fn snapshot(&self) -> (Config, Managed) {
         let st = self.state.lock();
         (st.cfg.clone(), st.managed.clone())
     }

@@ -278,7 +278,17 @@ impl Reloader {
         new.validate().context("the new configuration")?;
         let mut report = ReloadReport::default();
         let live_portals = self.cluster.is_none();
-        not_applied(current, &new, live_portals, &mut report);
+        // what runs: disks, pools and caches the API created or changed since
+        // the start are the run-time objects' (the new configuration has them
+        // from managed.toml), not a change of the file
+        let mut running_cfg = current.clone();
+        if let Some(o) = self.objects.get() {
+            let (now, _) = o.snapshot();
+            running_cfg.disks = now.disks;
+            running_cfg.pools = now.pools;
+            running_cfg.caches = now.caches;
+        }
+        not_applied(&running_cfg, &new, live_portals, &mut report);
         credentials_changed(&self.credentials, &credential_files(&new), &mut report);
         let running = self.iscsi.targets();
         let old_portals = self.portals.lock().clone();
