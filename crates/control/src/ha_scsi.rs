@@ -175,8 +175,8 @@ impl PrLink {
 
     /// Records a comparison's finding, saying so when it changes.
     fn record_access(&self, mismatch: Option<String>) {
-        let was = self.vol.status().access_mismatch;
-        match (&was, &mismatch) {
+        let now = mismatch.clone();
+        match (self.vol.set_access_mismatch(mismatch), now) {
             (None, Some(why)) => tracing::warn!(lun = self.lun, "{why}"),
             (Some(_), None) => {
                 tracing::info!(
@@ -186,7 +186,6 @@ impl PrLink {
             }
             _ => {}
         }
-        self.vol.set_access_mismatch(mismatch);
     }
 
     /// NOT READY (the partner cannot be asked): multipath retries elsewhere.

@@ -1643,8 +1643,9 @@ impl ReplicatedVolume {
 
     /// Records what the SCSI layer found when it compared who may reach the
     /// volume's LUN on both nodes (None: they agree); shown in the status.
-    pub fn set_access_mismatch(&self, why: Option<String>) {
-        *self.inner.access_mismatch.lock() = why;
+    /// Returns the finding it replaces.
+    pub fn set_access_mismatch(&self, why: Option<String>) -> Option<String> {
+        std::mem::replace(&mut *self.inner.access_mismatch.lock(), why)
     }
 
     /// This node's role now.
