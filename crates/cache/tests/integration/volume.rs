@@ -93,6 +93,17 @@ async fn exercise(vol: &dyn Volume, oracle: &MemVolume, seed: u64, ops: usize) -
     reads
 }
 
+/// `n` 4K writes at random blocks of the first quarter of the volume,
+/// through `vol` and to `oracle`.
+async fn small_writes(vol: &dyn Volume, oracle: &MemVolume, rng: &mut Rng, n: usize) {
+    for _ in 0..n {
+        let lba = rng.below(BACKING_BYTES / 4096 / 4);
+        let data = pattern(rng.next(), 4096);
+        vol.write(lba, data.clone(), false).await.unwrap();
+        oracle.write(lba, data, false).await.unwrap();
+    }
+}
+
 async fn verify_all(vol: &dyn Volume, oracle: &MemVolume) {
     let g = vol.geometry();
     let step = 128u64;
@@ -1374,13 +1385,7 @@ async fn a_table_page_damaged_on_one_mirror_is_read_from_the_other() {
     let vol = CacheVolume::open("t", backing.clone(), devices(&ssds), c.clone())
         .await
         .unwrap();
-    let mut rng = Rng(11);
-    for _ in 0..40 {
-        let lba = rng.below(BACKING_BYTES / 4096 / 4);
-        let data = pattern(rng.next(), 4096);
-        vol.write(lba, data.clone(), false).await.unwrap();
-        oracle.write(lba, data, false).await.unwrap();
-    }
+    small_writes(&vol, &oracle, &mut Rng(11), 40).await;
     assert!(vol.status().dirty_blocks > 0, "nothing dirty in the cache");
     vol.halt().await;
     drop(vol);
@@ -1503,13 +1508,7 @@ async fn a_mirror_half_refusing_writes_at_open_leaves_the_cache_degraded_not_dow
     let vol = CacheVolume::open("t", backing.clone(), devices(&ssds), c.clone())
         .await
         .unwrap();
-    let mut rng = Rng(5);
-    for _ in 0..30 {
-        let lba = rng.below(BACKING_BYTES / 4096 / 4);
-        let data = pattern(rng.next(), 4096);
-        vol.write(lba, data.clone(), false).await.unwrap();
-        oracle.write(lba, data, false).await.unwrap();
-    }
+    small_writes(&vol, &oracle, &mut Rng(5), 30).await;
     assert!(vol.status().dirty_blocks > 0, "nothing dirty in the cache");
     vol.halt().await;
     drop(vol);
@@ -1742,15 +1741,7 @@ async fn a_cache_made_before_table_slots_gets_a_second_copy_in_place() {
         .await
         .unwrap();
     let mut rng = Rng(23);
-    let mut write = async |vol: &CacheVolume| {
-        for _ in 0..40 {
-            let lba = rng.below(BACKING_BYTES / 4096 / 4);
-            let data = pattern(rng.next(), 4096);
-            vol.write(lba, data.clone(), false).await.unwrap();
-            oracle.write(lba, data, false).await.unwrap();
-        }
-    };
-    write(&vol).await;
+    small_writes(&vol, &oracle, &mut rng, 40).await;
     // a clean stop writes the table whole; as an earlier version leaves it,
     // the one page is at block 2 and block 3 is not the table's
     vol.shutdown().await.unwrap();
@@ -1765,7 +1756,7 @@ async fn a_cache_made_before_table_slots_gets_a_second_copy_in_place() {
         .await
         .unwrap();
     assert!(vol.status().dirty_blocks > 0, "the dirty data is gone");
-    write(&vol).await;
+    small_writes(&vol, &oracle, &mut rng, 40).await;
     vol.halt().await;
     drop(vol);
     for ssd in &ssds {

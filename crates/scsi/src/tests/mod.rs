@@ -2285,13 +2285,8 @@ async fn odx_honours_write_protection_reservations_and_masking() {
         0
     );
     // Masking: an initiator that does not see LUN 0 cannot use its token.
-    t.set_host_groups(vec![HostGroup {
-        name: "one".into(),
-        initiators: vec!["iqn.other".into()],
-        chap_users: vec![],
-        luns: vec![(1, 1)],
-    }])
-    .unwrap();
+    t.set_host_groups(vec![initiators_group("one", &["iqn.other"], &[(1, 1)])])
+        .unwrap();
     while t.execute(&other, cmd(1, &[0; 6], &[])).await.status != 0 {}
     let r = write_using(&t, &other, 1, 9, 0, &token, &[(200, 8)]).await;
     assert_eq!(sense_of(&r), (key::COPY_ABORTED, 0x0d, 0x02));
@@ -2793,13 +2788,8 @@ async fn odx_copy_stops_once_its_initiator_no_longer_sees_the_source() {
     };
     held.writes.arrivals(1).await;
     // the initiator now sees LUN 1 only
-    t.set_host_groups(vec![HostGroup {
-        name: "copier".into(),
-        initiators: vec!["iqn.copier".into()],
-        chap_users: vec![],
-        luns: vec![(1, 1)],
-    }])
-    .unwrap();
+    t.set_host_groups(vec![initiators_group("copier", &["iqn.copier"], &[(1, 1)])])
+        .unwrap();
     held.writes.open();
     let r = task.await.unwrap();
     assert_eq!(sense_of(&r), (key::COPY_ABORTED, 0x0d, 0x02), "{r:?}");
@@ -2814,11 +2804,8 @@ async fn odx_copy_stops_once_its_initiator_no_longer_sees_the_source() {
 fn access_lines_depend_on_who_reaches_the_lu_not_on_how_it_is_written() {
     let (a, _) = target_with_two_luns();
     let (b, _) = target_with_two_luns();
-    let group = |name: &str, initiators: &[&str], seen: u64| HostGroup {
-        name: name.into(),
-        initiators: initiators.iter().map(|s| s.to_string()).collect(),
-        chap_users: vec![],
-        luns: vec![(seen, 0)],
+    let group = |name: &str, initiators: &[&str], seen: u64| {
+        initiators_group(name, initiators, &[(seen, 0)])
     };
     a.set_admission(vec!["initiator iqn.x".into(), "any CHAP".into()]);
     b.set_admission(vec![
@@ -2850,4 +2837,14 @@ fn access_lines_depend_on_who_reaches_the_lu_not_on_how_it_is_written() {
     .unwrap();
     assert_ne!(a.access_lines(0), b.access_lines(0));
     assert_eq!(a.access_lines(9), None);
+}
+
+/// A host group of initiator names (no CHAP users) mapping `luns` (seen, LUN).
+fn initiators_group(name: &str, initiators: &[&str], luns: &[(u64, u64)]) -> HostGroup {
+    HostGroup {
+        name: name.into(),
+        initiators: initiators.iter().map(|s| s.to_string()).collect(),
+        chap_users: vec![],
+        luns: luns.to_vec(),
+    }
 }
