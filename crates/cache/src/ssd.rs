@@ -446,29 +446,57 @@ impl Device {
         layout: &DeviceLayout,
         page: u32,
     ) -> BlockResult<Option<(u64, Vec<Record>)>> {
-        let mut best: Option<(u64, Vec<Record>)> = None;
-        let mut error = None;
-        let mut read = false;
+        let mut one = self.read_pages(layout, page, 1).await;
+        one.pop().unwrap_or(Ok(None))
+    }
+
+    /// Table pages `first..first + n` as [`Device::read_page`] gives each,
+    /// with one read per slot (a slot whose read fails is read again page by
+    /// page, so one bad sector costs no more than its page).
+    pub(crate) async fn read_pages(
+        &self,
+        layout: &DeviceLayout,
+        first: u32,
+        n: u32,
+    ) -> Vec<BlockResult<Option<(u64, Vec<Record>)>>> {
+        let n = n as usize;
+        let mut best: Vec<Option<(u64, Vec<Record>)>> = vec![None; n];
+        let mut read = vec![false; n];
+        let mut error: Vec<Option<BlockError>> = (0..n).map(|_| None).collect();
         for slot in 0..layout.slots {
-            match self
-                .read_at(layout.page_offset(page, slot), PAGE_BYTES)
-                .await
-            {
-                Ok(raw) => {
-                    read = true;
-                    if let Some((seq, recs)) = decode_page(page, &raw) {
-                        if best.as_ref().is_none_or(|(s, _)| seq > *s) {
-                            best = Some((seq, recs));
+            let whole = self
+                .read_at(layout.page_offset(first, slot), n as u64 * PAGE_BYTES)
+                .await;
+            for i in 0..n {
+                let page = first + i as u32;
+                let raw = match &whole {
+                    Ok(b) => Ok(b.slice(i * PAGE_BYTES as usize..(i + 1) * PAGE_BYTES as usize)),
+                    Err(_) => {
+                        self.read_at(layout.page_offset(page, slot), PAGE_BYTES)
+                            .await
+                    }
+                };
+                match raw {
+                    Ok(raw) => {
+                        read[i] = true;
+                        if let Some((seq, recs)) = decode_page(page, &raw) {
+                            if best[i].as_ref().is_none_or(|(s, _)| seq > *s) {
+                                best[i] = Some((seq, recs));
+                            }
                         }
                     }
+                    Err(e) => error[i] = Some(e),
                 }
-                Err(e) => error = Some(e),
             }
         }
-        match error {
-            Some(e) if !read => Err(e),
-            _ => Ok(best),
-        }
+        best.into_iter()
+            .zip(read)
+            .zip(error)
+            .map(|((best, read), error)| match error {
+                Some(e) if !read => Err(e),
+                _ => Ok(best),
+            })
+            .collect()
     }
 }
 

@@ -177,6 +177,9 @@ struct PageCommit {
     seq: u64,
 }
 
+/// Table pages read at once when a cache loads its map (1 MiB).
+const TABLE_READ_PAGES: u32 = 256;
+
 pub(crate) struct Inner {
     pub name: String,
     pub backing: VolumeRef,
@@ -2330,10 +2333,20 @@ impl Inner {
             // open then repairs it); damaged everywhere, it may have held
             // dirty records, and the open is refused rather than serve the
             // older data of the backing volume
+            // (read in runs of TABLE_READ_PAGES: a few large reads per copy)
+            let mut chunks = Vec::with_capacity(live.len());
             for page in 0..self.layout.table_pages {
+                let i = (page % TABLE_READ_PAGES) as usize;
+                if i == 0 {
+                    let n = TABLE_READ_PAGES.min(self.layout.table_pages - page);
+                    chunks.clear();
+                    for &d in &live {
+                        chunks.push(self.devs[d].read_pages(&self.layout, page, n).await);
+                    }
+                }
                 let mut got: Option<(usize, u64, Vec<Record>)> = None;
-                for &d in &live {
-                    match self.devs[d].read_page(&self.layout, page).await {
+                for (&d, chunk) in live.iter().zip(chunks.iter_mut()) {
+                    match std::mem::replace(&mut chunk[i], Ok(None)) {
                         Ok(Some((seq, recs))) => {
                             if got.as_ref().is_none_or(|g| seq > g.1) {
                                 got = Some((d, seq, recs));
@@ -2367,8 +2380,15 @@ impl Inner {
             }
         } else {
             for &d in &live {
+                let mut chunk = Vec::new();
                 for page in 0..self.layout.table_pages {
-                    let Some((_, recs)) = self.devs[d].read_page(&self.layout, page).await? else {
+                    let i = (page % TABLE_READ_PAGES) as usize;
+                    if i == 0 {
+                        let n = TABLE_READ_PAGES.min(self.layout.table_pages - page);
+                        chunk = self.devs[d].read_pages(&self.layout, page, n).await;
+                    }
+                    let page_read = std::mem::replace(&mut chunk[i], Ok(None));
+                    let Some((_, recs)) = page_read? else {
                         if old.clean {
                             tracing::warn!(cache = %self.name, page, "table page unreadable");
                         }
@@ -2633,24 +2653,28 @@ mod tests {
 
     /// A write-back cache as a version before table slots left it after a
     /// crash with dirty data, its table too large for a second copy before
-    /// its frames (151 pages: frames at 1 MiB, with two copies at 2 MiB),
-    /// starts with its one copy where it is and serves its dirty block from
-    /// where that version put it. Laid out with two copies it would read the
-    /// frame at 2 MiB (or refuse the start as another shape).
+    /// its frames (283 pages: frames at 2 MiB, with two copies at 3 MiB),
+    /// starts with its one copy where it is and serves its dirty blocks
+    /// (one in the first run of pages the load reads at once, one past it)
+    /// from where that version put them. Laid out with two copies it would
+    /// read the frames at 3 MiB (or refuse the start as another shape).
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_large_dirty_cache_made_before_table_slots_keeps_its_one_copy() {
-        const FRAMES: u32 = 25_600;
+        const FRAMES: u32 = 48_000;
         let one = DeviceLayout::for_frames(FRAMES, 4096, 1);
-        assert_eq!(one.data_offset, 1 << 20);
+        assert!(one.table_pages > TABLE_READ_PAGES);
+        assert_eq!(one.data_offset, 2 << 20);
         assert_eq!(
             DeviceLayout::for_frames(FRAMES, 4096, 2).data_offset,
-            2 << 20
+            3 << 20
         );
+        // block 3 in frame 0 (page 0), block 5 in the first frame of page 270
+        let far = 270 * RECORDS_PER_PAGE as u64;
         let backing: VolumeRef = Arc::new(MemVolume::new(4096, 1024));
         let data = Bytes::from(vec![0x3cu8; 4096]);
         let mut ssds: Vec<VolumeRef> = Vec::new();
         for i in 0..2u8 {
-            let ssd: VolumeRef = Arc::new(MemVolume::new(4096, 26_000));
+            let ssd: VolumeRef = Arc::new(MemVolume::new(4096, 51_000));
             let sb = Superblock {
                 cache_id: 7,
                 generation: 5,
@@ -2667,24 +2691,26 @@ mod tests {
                 table_slots: 0,
             };
             ssd.write(1, Bytes::from(sb.encode()), false).await.unwrap();
-            // block 3 of the volume, dirty, in frame 0
+            let dirty = |key| Record {
+                key,
+                valid: 1,
+                dirty: 1,
+            };
             for page in 0..one.table_pages {
-                let recs: Vec<Record> = if page == 0 {
-                    vec![Record {
-                        key: 3,
-                        valid: 1,
-                        dirty: 1,
-                    }]
-                } else {
-                    vec![Record::EMPTY; RECORDS_PER_PAGE]
+                let recs: Vec<Record> = match page {
+                    0 => vec![dirty(3)],
+                    270 => vec![dirty(5)],
+                    _ => vec![Record::EMPTY; RECORDS_PER_PAGE],
                 };
                 let at = one.page_offset(page, 0) / 4096;
                 let b = Bytes::from(encode_page(page, 0, &recs));
                 ssd.write(at, b, false).await.unwrap();
             }
-            ssd.write(one.data_offset / 4096, data.clone(), false)
-                .await
-                .unwrap();
+            for frame in [0, far] {
+                ssd.write(one.data_offset / 4096 + frame, data.clone(), false)
+                    .await
+                    .unwrap();
+            }
             ssds.push(ssd);
         }
         let cfg = CacheConfig {
@@ -2706,8 +2732,9 @@ mod tests {
         let vol = CacheVolume::open("t", backing.clone(), devices, cfg)
             .await
             .expect("the cache did not start");
-        assert_eq!(vol.status().dirty_blocks, 1);
+        assert_eq!(vol.status().dirty_blocks, 2);
         assert_eq!(vol.read(3, 1).await.unwrap(), data);
+        assert_eq!(vol.read(5, 1).await.unwrap(), data);
         vol.halt().await;
         for ssd in &ssds {
             let sb = ssd.read(0, 2).await.unwrap();
