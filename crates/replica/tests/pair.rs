@@ -1267,10 +1267,7 @@ async fn slow_relay(to: SocketAddr, delay_ms: Arc<std::sync::atomic::AtomicU64>)
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_resync_source_without_its_lease_serves_no_reads() {
     let d = tempfile::tempdir().unwrap();
-    let m1: VolumeRef = Arc::new(MemVolume::new(512, BLOCKS));
-    let held = Arc::new(block::HoldVolume::new(Arc::new(MemVolume::new(
-        512, BLOCKS,
-    ))));
+    let (m1, held) = memory_and_held();
     let (n2, addr2) = node2(d.path(), 2, held.clone(), None).await;
     let delay = Arc::new(std::sync::atomic::AtomicU64::new(0));
     let relay = slow_relay(addr2, delay.clone()).await;
