@@ -278,20 +278,25 @@ async function main() {
 // States a node reaches only after rare faults, drawn from the node's own
 // answers with fields changed by request interception (a rendering check: the
 // states themselves are tested where they arise, crates/raid's
-// a_rebuild_held_by_an_unreadable_sector... and crates/replica's partial
-// copies): a rebuild held by an unreadable sector, and HA copies consistent,
-// not consistent, and changed in part since they were consistent.
+// a_sector_a_rebuild_cannot_recover... and a_rebuild_that_would_lose_more...,
+// and crates/replica's partial copies): a rebuild held at a stripe, blocks a
+// rebuild gave up, and HA copies consistent, not consistent, and changed in
+// part since they were consistent.
 async function rareStates(page, shots) {
   const stall = { stripe: 1234, error: 'unreadable sectors at position(s) [1], member block 5678 (disk d1)', attempts: 9 };
   await page.route('**/api/v1/pools', async (route) => {
     const response = await route.fetch();
     const pools = await response.json();
-    for (const p of pools) if (p.name === 'web') p.rebuild_stalled = stall;
+    for (const p of pools) {
+      if (p.name === 'web') Object.assign(p, { rebuild_stalled: stall, lost_blocks: 3, lost_ranges: [[4096, 2], [9000, 1]] });
+    }
     await route.fulfill({ response, json: pools });
   });
   await go(page, 'storage');
   const text = await until('the stalled rebuild of web', 20, () => page.evaluate(() => document.querySelector('article[data-pool=web] .stalled')?.textContent ?? null));
   check(/stripe 1234/.test(text) && /9 attempts/.test(text) && /disk d1/.test(text), 'the Storage page says where a rebuild is stalled, how often it was tried and why', text);
+  const lost = await page.evaluate(() => document.querySelector('article[data-pool=web] .lost')?.textContent ?? null);
+  check(/3 blocks lost/.test(lost ?? '') && /4096–4097, 9000/.test(lost ?? ''), 'the Storage page says how many blocks a rebuild gave up and where', lost);
   await shot(page, shots, 'storage-rebuild-stalled');
   await axe(page, 'storage with a stalled rebuild');
   await page.unroute('**/api/v1/pools');

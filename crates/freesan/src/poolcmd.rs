@@ -267,6 +267,31 @@ fn print_pool(p: &Value) {
             println!("  {key}: {v}");
         }
     }
+    if let Some(n) = p
+        .get("lost_blocks")
+        .and_then(Value::as_u64)
+        .filter(|&n| n > 0)
+    {
+        let ranges: Vec<String> = p
+            .get("lost_ranges")
+            .and_then(Value::as_array)
+            .map_or(&[][..], |a| a.as_slice())
+            .iter()
+            .map(|r| {
+                let (a, c) = (r[0].as_u64().unwrap_or(0), r[1].as_u64().unwrap_or(0));
+                if c == 1 {
+                    format!("{a}")
+                } else {
+                    format!("{a}-{}", a + c - 1)
+                }
+            })
+            .collect();
+        println!(
+            "  LOST BLOCKS: {n} (unreadable during a rebuild with no redundancy left; reads fail \
+             until written): {}",
+            ranges.join(", ")
+        );
+    }
     if let Some(v) = p.get("rebuild_stalled").filter(|v| !v.is_null()) {
         println!(
             "  REBUILD STALLED at stripe {}: {} ({} attempts; retrying)",

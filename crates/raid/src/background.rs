@@ -194,6 +194,15 @@ impl Inner {
         Some(rebuild_retry_after(attempts))
     }
 
+    /// Failed attempts of the rebuild at stripe `s` so far.
+    fn stall_attempts(&self, s: u64) -> u64 {
+        let st = self.state.lock();
+        st.rebuild_stalled
+            .as_ref()
+            .filter(|x| x.stripe == s)
+            .map_or(0, |x| x.attempts)
+    }
+
     /// Paces one unit of background work (see [`Pacer`]).
     pub(crate) async fn throttle(&self, pacer: &mut Pacer, done_bytes: u64) {
         let step = pacer.last.elapsed();
@@ -448,10 +457,21 @@ impl Inner {
                 .collect();
             let images = match self.stripe_image(s, &want, &view).await {
                 Ok(i) => i,
-                Err(e) => {
+                // tried once more after a back-off, then given up row by
+                // row: what cannot be read is recorded lost (see `lost.rs`)
+                Err(e) if self.stall_attempts(s) == 0 || self.is_failed() => {
                     drop(g);
                     return self.rebuild_stalled_at(s, &e);
                 }
+                Err(e) => match self.salvage_stripe(s, &want, &view).await {
+                    Ok(i) => i,
+                    Err(salvage) => {
+                        drop(g);
+                        tracing::warn!(pool = %self.name, stripe = s, error = %e, %salvage,
+                            "rebuild could not give up the unreadable rows of the stripe");
+                        return self.rebuild_stalled_at(s, &salvage);
+                    }
+                },
             };
             self.state.lock().rebuild_stalled = None;
             let mut images = want.iter().copied().zip(images);

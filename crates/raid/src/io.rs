@@ -283,6 +283,18 @@ impl Inner {
             len,
         ) {
             unreadable.sort_unstable();
+            if !unreadable.is_empty() && !self.is_failed() {
+                // unreadable sectors, not lost members: answered as a disk
+                // answers for its own bad sector (a medium error at the first
+                // block asked for), not as a pool that cannot serve, which
+                // multipath initiators retry on every path for ever
+                tracing::warn!(pool = %self.name, stripe = s, positions = ?unreadable,
+                    member_block = mlba, "rows with more unreadable sectors than redundancy");
+                let d = (0..k).find(|&d| need[d]).unwrap_or(0) as u64;
+                return Err(BlockError::Medium {
+                    lba: (s * k as u64 + d) * self.cb + r0,
+                });
+            }
             return Err(unavailable(format!(
                 "pool {}: stripe {s} has more unreadable members than redundancy \
                  (unreadable sectors at position(s) {unreadable:?}, member block {mlba})",
@@ -950,7 +962,13 @@ impl Volume for Pool {
             return self.inner.read_range(lba, blocks).await;
         }
         let inner = Arc::clone(&self.inner);
-        block::detach::detached(async move { inner.read_range(lba, blocks).await }).await
+        let r = block::detach::detached(async move { inner.read_range(lba, blocks).await }).await;
+        // checked after the read: a rebuild records lost blocks before it
+        // writes their stand-in values, so a read that got those sees the record
+        match self.inner.lost_in(lba, blocks as u64) {
+            Some(lost) => Err(BlockError::Medium { lba: lost }),
+            None => r,
+        }
     }
 
     async fn write(&self, lba: u64, data: Bytes, fua: bool) -> BlockResult<()> {
@@ -991,7 +1009,8 @@ impl Volume for Pool {
                 r?;
             }
             // (a member it skipped must be failed on disk first)
-            inner.failures_durable().await
+            inner.failures_durable().await?;
+            inner.lost_written(lba, blocks).await
         })
         .await
     }
@@ -1035,7 +1054,9 @@ impl Volume for Pool {
             for (s, segs) in by_stripe(inner.segments(lba, blocks)) {
                 inner.discard_stripe(s, &segs).await?;
             }
-            inner.failures_durable().await
+            inner.failures_durable().await?;
+            // the range reads as zeroes now, lost blocks included
+            inner.lost_written(lba, blocks).await
         })
         .await
     }

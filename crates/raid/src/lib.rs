@@ -33,6 +33,7 @@ mod io;
 mod jdev;
 mod journal;
 pub mod layout;
+mod lost;
 mod meter;
 mod order;
 mod pool;

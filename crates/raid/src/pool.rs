@@ -113,6 +113,8 @@ pub(crate) struct State {
     pub intent_seq: u64,
     /// Regions dirty at an unclean assemble, waiting for their parity resync.
     pub resync_regions: BTreeSet<u64>,
+    /// Pool blocks a rebuild could not recover (see `lost.rs`).
+    pub lost: crate::lost::Lost,
 }
 
 impl State {
@@ -494,6 +496,7 @@ impl Pool {
             intent: BTreeMap::new(),
             intent_seq: 0,
             resync_regions: BTreeSet::new(),
+            lost: Default::default(),
         };
         let mut inner = Inner::new(
             &config.name,
@@ -763,6 +766,7 @@ impl Pool {
             intent: BTreeMap::new(),
             intent_seq: 0,
             resync_regions,
+            lost: crate::lost::Lost::from_records(&newest.lost_blocks),
         };
         let mut inner = Inner::new(
             &newest.pool_name,
@@ -1370,6 +1374,7 @@ impl Inner {
             journal_device_uuid: self.journal_devices().first().map(|d| d.h.uuid.clone()),
             journal_device_mirror_uuid: self.journal_devices().get(1).map(|d| d.h.uuid.clone()),
             volume_blocks: self.volume_blocks(),
+            lost_blocks: st.lost.records(),
         }
     }
 
@@ -2036,6 +2041,8 @@ impl Inner {
                 .collect(),
             rebuild: st.rebuild.clone(),
             rebuild_stalled: st.rebuild_stalled.clone(),
+            lost_blocks: st.lost.blocks(),
+            lost_ranges: st.lost.records(),
             resync: st.resync.clone(),
             scrub: st.scrub.clone(),
             last_scrub: st.last_scrub.clone(),

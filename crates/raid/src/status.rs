@@ -160,6 +160,14 @@ pub struct PoolStatus {
     /// Set while the rebuild cannot read a stripe it needs.
     #[serde(default)]
     pub rebuild_stalled: Option<RebuildStall>,
+    /// Pool blocks a rebuild could not recover (an unreadable sector on a
+    /// member it read from, with no redundancy left to stand in): reads of
+    /// them fail with a medium error until they are written again.
+    #[serde(default)]
+    pub lost_blocks: u64,
+    /// Where they are: `[first pool block, count]`, in order.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub lost_ranges: Vec<[u64; 2]>,
     /// Initial resync progress while it runs.
     pub resync: Option<Progress>,
     /// Scrub progress while a scrub runs.

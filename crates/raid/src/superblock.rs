@@ -6,12 +6,17 @@
 //!
 //! ```text
 //! 0   8  magic "FSANRAID"
-//! 8   4  format version (1), little endian
+//! 8   4  format version, little endian: 1, or 2 when the payload lists lost
+//!        blocks (an earlier version, which knows only 1, then refuses the member
+//!        instead of serving the zeroes that stand in for them as data)
 //! 12  4  payload length in bytes
 //! 16  4  crc32c of the payload
 //! 20  4  crc32c of bytes 0..20
 //! 32  .. payload: JSON of `Superblock`
 //! ```
+//!
+//! A superblock that lists lost blocks is written to both slots, one after the
+//! other, so no slot an earlier version could fall back on says nothing of them.
 //!
 //! A reader takes the valid slot with the highest `events`. Nothing read from a disk
 //! is trusted: a bad magic, version, length or checksum, malformed JSON, or values
@@ -28,6 +33,11 @@ pub(crate) const SUPERBLOCK_REGION_BYTES: u64 = 1 << 20;
 pub(crate) const SLOT_BYTES: u64 = 64 * 1024;
 const MAGIC: &[u8; 8] = b"FSANRAID";
 const VERSION: u32 = 1;
+/// The format version of a superblock whose payload lists lost blocks.
+const VERSION_LOST: u32 = 2;
+/// Most ranges of lost blocks a pool records (adjacent ones merge): past it a
+/// rebuild that would lose more is held as before, and says why.
+pub(crate) const LOST_RANGES_MAX: usize = 512;
 const HEADER_BYTES: usize = 32;
 
 /// One position as the superblock records it.
@@ -87,6 +97,12 @@ pub(crate) struct Superblock {
     /// every stripe. The blocks past it in the last stripe are zeroes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub volume_blocks: Option<u64>,
+    /// Pool blocks whose data is lost: `[first, count]` ranges, sorted, apart
+    /// (see `lost.rs`). A rebuild that met an unreadable sector where the
+    /// pool had no redundancy left records them; reads of them fail with a
+    /// medium error until they are written.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub lost_blocks: Vec<[u64; 2]>,
 }
 
 impl Superblock {
@@ -192,6 +208,25 @@ impl Superblock {
                 self.journal_checkpoint_seq
             ));
         }
+        if self.lost_blocks.len() > LOST_RANGES_MAX {
+            return Err(format!("{} lost ranges", self.lost_blocks.len()));
+        }
+        let exposed = self
+            .stripes
+            .checked_mul(cb * layout.data_chunks() as u64)
+            .ok_or("data area overflows")?;
+        let mut past = 0u64;
+        for (i, &[first, count]) in self.lost_blocks.iter().enumerate() {
+            let end = first.checked_add(count).ok_or("lost range overflows")?;
+            // sorted and apart (adjacent ranges are kept merged)
+            if count == 0
+                || end > self.volume_blocks.unwrap_or(exposed).min(exposed)
+                || (i > 0 && first <= past)
+            {
+                return Err(format!("lost range [{first}, {count}]"));
+            }
+            past = end;
+        }
         if let Some(v) = self.volume_blocks {
             // inside the last stripe: the stripes before it are all exposed
             let row = cb * layout.data_chunks() as u64;
@@ -216,7 +251,12 @@ pub(crate) fn encode(sb: &Superblock, block_size: u32) -> Result<Vec<u8>, String
     let len = crate::util::align_up((payload.len() + HEADER_BYTES) as u64, block_size as u64);
     let mut out = vec![0u8; len as usize];
     out[0..8].copy_from_slice(MAGIC);
-    out[8..12].copy_from_slice(&VERSION.to_le_bytes());
+    let version = if sb.lost_blocks.is_empty() {
+        VERSION
+    } else {
+        VERSION_LOST
+    };
+    out[8..12].copy_from_slice(&version.to_le_bytes());
     out[12..16].copy_from_slice(&(payload.len() as u32).to_le_bytes());
     out[16..20].copy_from_slice(&crc32c::crc32c(&payload).to_le_bytes());
     let hcrc = crc32c::crc32c(&out[0..20]);
@@ -239,7 +279,7 @@ pub(crate) fn decode(buf: &[u8]) -> Result<Superblock, String> {
         return Err("header checksum mismatch".into());
     }
     let version = le32(buf, 8).ok_or("short header")?;
-    if version != VERSION {
+    if version != VERSION && version != VERSION_LOST {
         return Err(format!("unsupported version {version}"));
     }
     let len = le32(buf, 12).ok_or("short header")? as usize;
@@ -250,6 +290,12 @@ pub(crate) fn decode(buf: &[u8]) -> Result<Superblock, String> {
         return Err("payload checksum mismatch".into());
     }
     let sb: Superblock = serde_json::from_slice(payload).map_err(|e| e.to_string())?;
+    if (version == VERSION_LOST) == sb.lost_blocks.is_empty() {
+        return Err(format!(
+            "version {version} with {} lost ranges",
+            sb.lost_blocks.len()
+        ));
+    }
     sb.validate()?;
     Ok(sb)
 }
@@ -336,14 +382,25 @@ pub(crate) async fn state(volume: &VolumeRef) -> SuperblockState {
     SuperblockState::Blank
 }
 
-/// Writes `sb` to its slot (`events % 2`) with FUA.
+/// Writes `sb` to its slot (`events % 2`) with FUA; one that lists lost
+/// blocks then to the other slot too (see the module's notes). Returns the
+/// bytes written.
 pub(crate) async fn write(volume: &VolumeRef, sb: &Superblock) -> Result<u64, BlockError> {
     let bs = volume.geometry().block_size_bytes;
-    let image = encode(sb, bs).map_err(|_| BlockError::NotSupported("superblock too large"))?;
-    let len = image.len() as u64;
-    let lba = (sb.events % 2) * (SLOT_BYTES / bs as u64);
-    volume.write(lba, Bytes::from(image), true).await?;
-    Ok(len)
+    let image =
+        Bytes::from(encode(sb, bs).map_err(|_| BlockError::NotSupported("superblock too large"))?);
+    let slot_blocks = SLOT_BYTES / bs as u64;
+    let first = sb.events % 2;
+    volume
+        .write(first * slot_blocks, image.clone(), true)
+        .await?;
+    if sb.lost_blocks.is_empty() {
+        return Ok(image.len() as u64);
+    }
+    volume
+        .write((1 - first) * slot_blocks, image.clone(), true)
+        .await?;
+    Ok(2 * image.len() as u64)
 }
 
 /// A valid superblock of a three-member RAID 5 (member 1's copy), for the
@@ -382,6 +439,7 @@ pub(crate) fn sample_superblock() -> Superblock {
         journal_device_uuid: None,
         journal_device_mirror_uuid: None,
         volume_blocks: None,
+        lost_blocks: vec![],
     }
 }
 
@@ -546,5 +604,58 @@ mod tests {
         assert!(old.contains("\"level\":\"raid10\""));
         let back: Superblock = serde_json::from_str(&old).unwrap();
         assert_eq!(back.level, RaidLevel::Raid10);
+    }
+
+    /// A superblock that lists lost blocks is format version 2, which an
+    /// earlier version refuses (it would serve the stand-in values as data),
+    /// and is written to both slots, so an earlier version finds no version-1
+    /// copy to fall back on. Ranges that overlap, touch, are empty or lie past
+    /// the exposed blocks are refused, as is a version that does not match.
+    #[tokio::test]
+    async fn lost_blocks_make_a_version_2_superblock_in_both_slots() {
+        use block::{MemVolume, VolumeRef};
+        use std::sync::Arc;
+        let mut sb = sample_superblock();
+        let plain = encode(&sb, 512).unwrap();
+        assert_eq!(le32(&plain, 8), Some(1));
+        sb.lost_blocks = vec![[3, 2], [9, 1]];
+        let img = encode(&sb, 512).unwrap();
+        assert_eq!(le32(&img, 8), Some(2));
+        assert_eq!(decode(&img).unwrap(), sb);
+        let v: VolumeRef = Arc::new(MemVolume::new(512, 8192));
+        write(&v, &sb).await.unwrap();
+        let slots = read_slots(&v).await.unwrap();
+        for slot in &slots {
+            let buf = slot.as_ref().unwrap();
+            assert_eq!(le32(buf, 8), Some(2));
+            assert_eq!(decode(buf).unwrap(), sb);
+        }
+        // the header's version must say what the payload holds
+        let mut lying = img.clone();
+        lying[8..12].copy_from_slice(&1u32.to_le_bytes());
+        let hcrc = crc32c::crc32c(&lying[0..20]);
+        lying[20..24].copy_from_slice(&hcrc.to_le_bytes());
+        assert!(decode(&lying).unwrap_err().contains("lost ranges"));
+        // 2 data chunks x 128 blocks x 10 stripes exposed
+        for bad in [
+            vec![[3, 2], [5, 1]],
+            vec![[3, 2], [4, 1]],
+            vec![[9, 1], [3, 2]],
+            vec![[3, 0]],
+            vec![[2559, 2]],
+            vec![[u64::MAX, 2]],
+        ] {
+            sb.lost_blocks = bad.clone();
+            assert!(sb.validate().is_err(), "{bad:?}");
+        }
+        sb.lost_blocks = vec![[2559, 1]];
+        sb.validate().unwrap();
+        sb.lost_blocks = (0..LOST_RANGES_MAX as u64 + 1)
+            .map(|i| [2 * i, 1])
+            .collect();
+        assert!(sb.validate().is_err());
+        sb.lost_blocks.pop();
+        sb.validate().unwrap();
+        assert!(encode(&sb, 512).is_ok(), "a full list fits a slot");
     }
 }

@@ -76,6 +76,9 @@ pub enum EventKind {
     RebuildFinished,
     /// A rebuild cannot read a stripe it needs and retries it.
     RebuildStalled,
+    /// A rebuild met unreadable sectors where no redundancy was left and gave
+    /// up those pool blocks (reads of them fail until they are written).
+    BlocksLost,
     /// A scrub found blocks that disagreed or could not be read.
     ScrubFoundErrors,
     /// An SSD of a cache failed.

@@ -502,6 +502,9 @@ fn pool_events(old: &raid::PoolStatus, new: &raid::PoolStatus, out: &mut Vec<New
             ),
         ));
     }
+    if new.lost_blocks > old.lost_blocks {
+        out.push(blocks_lost(new, new.lost_blocks - old.lost_blocks));
+    }
     if let Some(r) = &new.last_scrub {
         let bad = r.mismatches + r.read_errors + r.unrepairable;
         if old.last_scrub.as_ref() != Some(r) && bad > 0 {
@@ -521,6 +524,34 @@ fn pool_events(old: &raid::PoolStatus, new: &raid::PoolStatus, out: &mut Vec<New
             ));
         }
     }
+}
+
+/// The event for `added` more lost blocks of pool `p` (all of them at start).
+fn blocks_lost(p: &raid::PoolStatus, added: u64) -> NewEvent {
+    let pool = &p.name;
+    let first: Vec<String> = p
+        .lost_ranges
+        .iter()
+        .take(4)
+        .map(|&[a, n]| {
+            if n == 1 {
+                format!("{a}")
+            } else {
+                format!("{a}+{n}")
+            }
+        })
+        .collect();
+    NewEvent::new(
+        S::Critical,
+        K::BlocksLost,
+        pool.clone(),
+        format!(
+            "pool {pool}: {added} more block(s) could not be recovered (unreadable sectors with              no redundancy left); {} lost in all, at pool blocks {}{}; reads of them fail              until they are written again (restore those blocks from a backup)",
+            p.lost_blocks,
+            first.join(", "),
+            if p.lost_ranges.len() > 4 { ", ..." } else { "" }
+        ),
+    )
 }
 
 /// A pool as the first look finds it: what is already wrong (a member failed
@@ -559,6 +590,9 @@ fn standing_pool_events(p: &raid::PoolStatus, out: &mut Vec<NewEvent>) {
             pool.clone(),
             format!("pool {pool} starts with more members lost than it can: I/O fails"),
         ));
+    }
+    if p.lost_blocks > 0 {
+        out.push(blocks_lost(p, p.lost_blocks));
     }
     if let Some(r) = &p.rebuild {
         out.push(NewEvent::new(
@@ -811,6 +845,19 @@ mod tests {
         again.rebuild_stalled.as_mut().unwrap().attempts = 9;
         assert_eq!(kinds(&stalled, &again), vec![]);
         assert_eq!(kinds(&again, &rebuilding), vec![]);
+        // blocks given up: said when more are lost, not when some are written
+        let mut lost = rebuilding.clone();
+        lost.lost_blocks = 2;
+        lost.lost_ranges = vec![[96, 1], [160, 1]];
+        assert_eq!(
+            kinds(&rebuilding, &lost),
+            vec![(K::BlocksLost, S::Critical, "p".into())]
+        );
+        let mut fewer = lost.clone();
+        fewer.lost_blocks = 1;
+        fewer.lost_ranges = vec![[160, 1]];
+        assert_eq!(kinds(&lost, &fewer), vec![]);
+        assert_eq!(kinds(&lost, &lost), vec![]);
     }
 
     #[test]

@@ -275,6 +275,7 @@ impl NodeCollector {
         let mut job_total = Samples::new();
         let mut job_rate = Samples::new();
         let mut found = Samples::new();
+        let mut lost = Samples::new();
         let mut disk_state = Samples::new();
         let mut disk_ops = Samples::new();
         let mut disk_bytes = Samples::new();
@@ -296,6 +297,7 @@ impl NodeCollector {
                 .filter(|m| m["state"].as_str() != Some("active"))
                 .count();
             degraded.push((base.clone(), not_active as f64));
+            lost.push((base.clone(), num(&p["lost_blocks"])));
             for job in ["rebuild", "resync", "scrub"] {
                 let j = &p[job];
                 let l = with(&base, ("job", job));
@@ -387,6 +389,12 @@ impl NodeCollector {
             "freesan_pool_scrub_found_blocks",
             "What the last finished scrub of a pool found, by kind.",
             &found,
+        )?;
+        gauges(
+            e,
+            "freesan_pool_lost_blocks",
+            "Pool blocks a rebuild could not recover (unreadable with no redundancy left); reads of them fail until they are written.",
+            &lost,
         )?;
         gauges(
             e,

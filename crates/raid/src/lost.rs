@@ -1,0 +1,416 @@
+//! Lost blocks: pool blocks whose data a rebuild could not recover.
+//!
+//! A rebuild reads every survivor of a stripe to compute what the member it
+//! rebuilds should hold. Where a survivor has an unreadable sector and the pool
+//! has no redundancy left to stand in for it (RAID 5 or a two-way mirror with one
+//! member being rebuilt, RAID 6 with two), the blocks at that row are gone. The
+//! rebuild used to stop at that stripe for good, retrying it with a back-off:
+//! the pool never became redundant again for the rest of its blocks, for the
+//! sake of a few it could not save.
+//!
+//! Now, as md does with its bad-block log, the rebuild goes on (after one
+//! retry) and records those pool blocks as lost:
+//! - Only the rows that cannot be read are given up (the stripe is read again
+//!   row by row); every other row of the stripe is rebuilt as usual.
+//! - At a lost row, the members that can be read keep what they hold. The
+//!   unknown data chunks are given values that keep the row's parity right
+//!   (zeroes, and for as many as the parity still readable decides, what that
+//!   parity makes them); unknown parity is computed from them. Mirrors get
+//!   zeroes on every copy. The rebuilt member gets its part, and the sector that
+//!   could not be read is written (a disk remaps a bad sector on write). As the
+//!   readable members are not changed, a journal record replayed after a crash
+//!   writes what they already hold.
+//! - The lost pool blocks are recorded in the superblocks (`lost_blocks`,
+//!   written before any of those writes) and shown in the pool's status.
+//! - A read that touches a lost block fails with a medium error at the first
+//!   such block (SCSI: UNRECOVERED READ ERROR with that LBA), as a disk answers
+//!   for a sector it cannot read, never with the stand-in values.
+//! - A write (or a discard that zeroes) over a lost block makes it good again:
+//!   the record is updated in the superblocks before the write is acknowledged.
+//!
+//! At most [`LOST_RANGES_MAX`] ranges are kept (adjacent blocks merge into one);
+//! a rebuild that would need more is held at its stripe as before, and says so.
+
+use crate::layout::Scheme;
+use crate::pool::{Inner, View};
+use crate::superblock::LOST_RANGES_MAX;
+use crate::util::{join_all, BoxFut};
+use block::{BlockError, BlockResult, Bytes};
+use std::collections::BTreeMap;
+
+/// The lost pool blocks, as ranges `first -> end` (exclusive), apart.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) struct Lost {
+    ranges: BTreeMap<u64, u64>,
+}
+
+impl Lost {
+    /// From the superblock's `[first, count]` records (validated there).
+    pub fn from_records(records: &[[u64; 2]]) -> Self {
+        let mut l = Lost::default();
+        for &[first, count] in records {
+            l.ranges.insert(first, first + count);
+        }
+        l
+    }
+
+    /// The superblock's records.
+    pub fn records(&self) -> Vec<[u64; 2]> {
+        self.ranges.iter().map(|(&a, &b)| [a, b - a]).collect()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.ranges.is_empty()
+    }
+
+    /// Blocks recorded lost.
+    pub fn blocks(&self) -> u64 {
+        self.ranges.iter().map(|(a, b)| b - a).sum()
+    }
+
+    /// The first lost block of `[lba, lba + blocks)`.
+    pub fn first_in(&self, lba: u64, blocks: u64) -> Option<u64> {
+        if blocks == 0 {
+            return None;
+        }
+        let end = lba.saturating_add(blocks);
+        // the range starting at or before lba, then any starting inside
+        if let Some((_, &e)) = self.ranges.range(..=lba).next_back() {
+            if e > lba {
+                return Some(lba);
+            }
+        }
+        self.ranges.range(lba..end).next().map(|(&a, _)| a)
+    }
+
+    /// Records `[lba, lba + blocks)` lost, merging with the ranges it touches;
+    /// false (and nothing changed) when that would make more than `max` ranges.
+    pub fn add(&mut self, lba: u64, blocks: u64, max: usize) -> bool {
+        if blocks == 0 {
+            return true;
+        }
+        let (mut a, mut b) = (lba, lba + blocks);
+        let touching: Vec<(u64, u64)> = self
+            .ranges
+            .range(..=b)
+            .rev()
+            .take_while(|(_, &e)| e >= a)
+            .map(|(&s, &e)| (s, e))
+            .collect();
+        if touching.is_empty() && self.ranges.len() >= max {
+            return false;
+        }
+        for (s, e) in touching {
+            self.ranges.remove(&s);
+            a = a.min(s);
+            b = b.max(e);
+        }
+        self.ranges.insert(a, b);
+        true
+    }
+
+    /// Forgets `[lba, lba + blocks)` (written since); true if anything was
+    /// recorded there. Splitting a range may leave one range more than `max`
+    /// allows for adds; that is kept (the data is good, the record only shorter).
+    pub fn remove(&mut self, lba: u64, blocks: u64) -> bool {
+        let end = lba.saturating_add(blocks);
+        let hit: Vec<(u64, u64)> = self
+            .ranges
+            .range(..end)
+            .rev()
+            .take_while(|(_, &e)| e > lba)
+            .map(|(&s, &e)| (s, e))
+            .collect();
+        for &(s, e) in &hit {
+            self.ranges.remove(&s);
+            if s < lba {
+                self.ranges.insert(s, lba);
+            }
+            if e > end {
+                self.ranges.insert(end, e);
+            }
+        }
+        !hit.is_empty()
+    }
+}
+
+/// What a salvage of one row decided.
+struct Row {
+    /// Per grid position in the stripe: the row's new content, where it must be
+    /// written (the rebuilt positions and the unreadable ones).
+    writes: Vec<(usize, Vec<u8>)>,
+    /// Data chunks of the stripe whose block at this row is lost.
+    lost: Vec<usize>,
+}
+
+impl Inner {
+    /// The first lost block of a pool range, if any.
+    pub fn lost_in(&self, lba: u64, blocks: u64) -> Option<u64> {
+        let st = self.state.lock();
+        if st.lost.is_empty() {
+            return None;
+        }
+        st.lost.first_in(lba, blocks)
+    }
+
+    /// `[lba, lba + blocks)` holds what was just written: lost blocks there
+    /// are good again, and the superblocks say so before the caller
+    /// acknowledges the write (a crash must not bring the record back over
+    /// acknowledged data).
+    pub async fn lost_written(&self, lba: u64, blocks: u64) -> BlockResult<()> {
+        let changed = {
+            let mut st = self.state.lock();
+            !st.lost.is_empty() && st.lost.remove(lba, blocks)
+        };
+        if changed {
+            tracing::info!(pool = %self.name, lba, blocks, "lost blocks written again: good");
+            self.persist().await?;
+        }
+        Ok(())
+    }
+
+    /// Pool block of data chunk `d`'s row `row` in stripe `s`, if the pool
+    /// exposes it.
+    fn pool_block(&self, s: u64, d: usize, row: u64) -> Option<u64> {
+        let k = self.layout.data_chunks() as u64;
+        let lba = (s * k + d as u64) * self.cb + row;
+        (lba < self.geometry().block_count).then_some(lba)
+    }
+
+    /// The rebuild could not compute stripe `s` for the positions `want`
+    /// (the caller holds the stripe's write lock): reads it row by row, gives
+    /// up the rows that cannot be decided (see the module's notes), records
+    /// their lost blocks durably, writes the unreadable positions, and returns
+    /// the full-chunk images of `want`. An error (a member failed, or too many
+    /// lost ranges) leaves the stripe as it was.
+    pub(crate) async fn salvage_stripe(
+        &self,
+        s: u64,
+        want: &[usize],
+        view: &View,
+    ) -> BlockResult<Vec<Vec<u8>>> {
+        let bs = self.bs as usize;
+        let mut images = vec![vec![0u8; self.cb as usize * bs]; want.len()];
+        let mut repairs: Vec<(usize, u64, Vec<u8>)> = Vec::new();
+        let mut lost: Vec<(usize, u64)> = Vec::new();
+        for row in 0..self.cb {
+            let r = self.salvage_row(s, row, want, view).await?;
+            for (pos, content) in r.writes {
+                match want.iter().position(|&w| w == pos) {
+                    Some(i) => images[i][row as usize * bs..][..bs].copy_from_slice(&content),
+                    None => repairs.push((pos, row, content)),
+                }
+            }
+            lost.extend(r.lost.into_iter().map(|d| (d, row)));
+        }
+        if !lost.is_empty() {
+            {
+                let mut st = self.state.lock();
+                let mut grown = st.lost.clone();
+                for &(d, row) in &lost {
+                    if let Some(lba) = self.pool_block(s, d, row) {
+                        if !grown.add(lba, 1, LOST_RANGES_MAX) {
+                            return Err(BlockError::Unavailable(format!(
+                                "pool {}: stripe {s} has unreadable blocks beyond the \
+                                 redundancy, and the list of lost blocks is full \
+                                 ({LOST_RANGES_MAX} ranges)",
+                                self.name
+                            )));
+                        }
+                    }
+                }
+                st.lost = grown;
+            }
+            let blocks: Vec<u64> = lost
+                .iter()
+                .filter_map(|&(d, row)| self.pool_block(s, d, row))
+                .collect();
+            tracing::error!(pool = %self.name, stripe = s, ?blocks,
+                "rebuild: unreadable sectors beyond the redundancy; these pool blocks are lost \
+                 (reads of them fail until they are written again)");
+            // recorded before anything is written: a crash in between must
+            // not leave the stand-in values looking like data
+            self.persist().await?;
+        }
+        for (pos, row, content) in repairs {
+            let Some(at) = view.writable(pos) else {
+                continue;
+            };
+            if let Err(e) = self
+                .m_write(at, s * self.cb + row, Bytes::from(content), false)
+                .await
+            {
+                tracing::warn!(pool = %self.name, position = pos, stripe = s, error = %e,
+                    "rebuild: writing an unreadable sector again failed");
+                self.fail_handle(pos, at.h).await;
+            }
+        }
+        Ok(images)
+    }
+
+    /// One block row of stripe `s`: reads every position outside `want` and
+    /// decides what the unknown ones hold.
+    async fn salvage_row(&self, s: u64, row: u64, want: &[usize], view: &View) -> BlockResult<Row> {
+        let mlba = s * self.cb + row;
+        let positions = self.layout.positions();
+        let futs: Vec<BoxFut<'_, Option<Vec<u8>>>> = (0..positions)
+            .map(|pos| -> BoxFut<'_, Option<Vec<u8>>> {
+                Box::pin(async move {
+                    if want.contains(&pos) {
+                        return None;
+                    }
+                    let at = view.readable(pos, s)?;
+                    match self.m_read(at, mlba, 1).await {
+                        Ok(b) => Some(b.to_vec()),
+                        Err(e) => {
+                            self.member_error(pos, at, &e).await;
+                            None
+                        }
+                    }
+                })
+            })
+            .collect();
+        let got: Vec<Option<Vec<u8>>> = join_all(futs).await;
+        if self.is_failed() {
+            return Err(BlockError::Unavailable(format!(
+                "pool {} failed during the rebuild",
+                self.name
+            )));
+        }
+        let bs = self.bs as usize;
+        let k = self.layout.data_chunks();
+        // a position with content to write: unknown now (rebuilt, or unreadable
+        // and still attached)
+        let unknown = |pos: usize| got[pos].is_none();
+        let mut writes = Vec::new();
+        let mut lost = Vec::new();
+        match self.layout.scheme() {
+            Scheme::Striped => return Err(BlockError::NotSupported("raid0 has no redundancy")),
+            Scheme::Mirror => {
+                for d in 0..k {
+                    let copies = self.layout.data_positions(s, d);
+                    if !copies.iter().any(|&p| unknown(p)) {
+                        continue;
+                    }
+                    let good = copies.iter().find_map(|&p| got[p].clone());
+                    if good.is_none() {
+                        lost.push(d);
+                    }
+                    let content = good.unwrap_or_else(|| vec![0u8; bs]);
+                    for &p in copies.iter().filter(|&&p| unknown(p)) {
+                        writes.push((p, content.clone()));
+                    }
+                }
+            }
+            Scheme::Parity { parity_count } => {
+                let pp = self.layout.parity_positions(s);
+                let mut cols: Vec<Option<Vec<u8>>> = (0..k)
+                    .map(|d| got[self.layout.data_positions(s, d)[0]].clone())
+                    .collect();
+                let p = got[pp[0]].clone();
+                let q = pp.get(1).and_then(|&x| got[x].clone());
+                let missing: Vec<usize> = (0..k).filter(|&d| cols[d].is_none()).collect();
+                let readable_parity = p.is_some() as usize + q.is_some() as usize;
+                if missing.len() > readable_parity {
+                    // the first ones get zeroes; the rest, what the readable
+                    // parity makes them (so it stays right)
+                    for &d in &missing[..missing.len() - readable_parity] {
+                        cols[d] = Some(vec![0u8; bs]);
+                    }
+                    lost.extend(missing.iter().copied());
+                }
+                if !crate::gf::reconstruct(&mut cols, p.as_deref(), q.as_deref(), bs) {
+                    return Err(BlockError::Unavailable(format!(
+                        "pool {}: stripe {s} row {row} cannot be decided",
+                        self.name
+                    )));
+                }
+                let cols: Vec<Vec<u8>> = cols.into_iter().map(Option::unwrap_or_default).collect();
+                let refs: Vec<&[u8]> = cols.iter().map(Vec::as_slice).collect();
+                let mut np = vec![0u8; bs];
+                let mut nq = vec![0u8; if parity_count > 1 { bs } else { 0 }];
+                crate::gf::compute_pq(
+                    &refs,
+                    &mut np,
+                    (parity_count > 1).then_some(nq.as_mut_slice()),
+                );
+                for (d, c) in cols.iter().enumerate() {
+                    let pos = self.layout.data_positions(s, d)[0];
+                    if unknown(pos) {
+                        writes.push((pos, c.clone()));
+                    }
+                }
+                if unknown(pp[0]) {
+                    writes.push((pp[0], np));
+                }
+                if let Some(&qp) = pp.get(1) {
+                    if unknown(qp) {
+                        writes.push((qp, nq));
+                    }
+                }
+            }
+        }
+        Ok(Row { writes, lost })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[test]
+    fn lost_ranges_merge_split_and_answer_the_first_block() {
+        let mut l = Lost::default();
+        assert!(l.add(10, 2, 4));
+        assert!(l.add(12, 1, 4)); // adjacent: merges
+        assert_eq!(l.records(), vec![[10, 3]]);
+        assert!(l.add(20, 1, 4));
+        assert_eq!(l.first_in(0, 10), None);
+        assert_eq!(l.first_in(0, 11), Some(10));
+        assert_eq!(l.first_in(11, 100), Some(11));
+        assert_eq!(l.first_in(13, 7), None);
+        assert_eq!(l.first_in(13, 8), Some(20));
+        assert!(l.remove(11, 1));
+        assert_eq!(l.records(), vec![[10, 1], [12, 1], [20, 1]]);
+        assert!(!l.remove(13, 7));
+        assert_eq!(l.blocks(), 3);
+        // full: a new range is refused, one touching an existing one is not
+        assert!(!l.add(30, 1, 3));
+        assert!(l.add(21, 1, 3));
+        assert_eq!(Lost::from_records(&l.records()), l);
+    }
+
+    proptest! {
+        /// The ranges answer as a set of blocks does, whatever the order of
+        /// adds and removes, and stay apart and non-empty.
+        #[test]
+        fn lost_ranges_behave_as_a_set_of_blocks(
+            ops in proptest::collection::vec((any::<bool>(), 0u64..64, 1u64..8), 1..40),
+            probe in (0u64..72, 0u64..16),
+        ) {
+            let mut l = Lost::default();
+            let mut set = std::collections::BTreeSet::new();
+            for (add, lba, n) in ops {
+                if add {
+                    prop_assert!(l.add(lba, n, usize::MAX));
+                    set.extend(lba..lba + n);
+                } else {
+                    let had = (lba..lba + n).any(|b| set.contains(&b));
+                    prop_assert_eq!(l.remove(lba, n), had);
+                    for b in lba..lba + n {
+                        set.remove(&b);
+                    }
+                }
+            }
+            prop_assert_eq!(l.blocks(), set.len() as u64);
+            let (lba, n) = probe;
+            prop_assert_eq!(l.first_in(lba, n), set.range(lba..lba + n).next().copied());
+            let r = l.records();
+            for w in r.windows(2) {
+                prop_assert!(w[0][0] + w[0][1] < w[1][0], "{:?}", r);
+            }
+            prop_assert!(r.iter().all(|x| x[1] > 0));
+        }
+    }
+}
