@@ -194,13 +194,25 @@ impl Inner {
         Some(rebuild_retry_after(attempts))
     }
 
-    /// Failed attempts of the rebuild at stripe `s` so far.
-    fn stall_attempts(&self, s: u64) -> u64 {
-        let st = self.state.lock();
-        st.rebuild_stalled
-            .as_ref()
-            .filter(|x| x.stripe == s)
-            .map_or(0, |x| x.attempts)
+    /// The rebuild could not compute stripe `s`: before it may give up rows
+    /// of it at its next try, every journal record is checkpointed (not under
+    /// the stripe's lock, which records being applied may wait for). A record
+    /// written before a member failed covers that member's chunk; replayed
+    /// after a crash over a row given up, it would put real data beside the
+    /// stand-in values and leave the row's parity wrong. Records written
+    /// since cannot cover an unknown chunk of such a row: the update would
+    /// have had to read it.
+    async fn prepare_salvage(&self, s: u64) {
+        if self.is_failed() {
+            return;
+        }
+        match self.checkpoint_all().await {
+            Ok(()) => self.state.lock().salvage_ready = Some(s),
+            Err(e) => {
+                tracing::warn!(pool = %self.name, stripe = s, error = %e,
+                    "rebuild: checkpoint before giving up unreadable rows failed");
+            }
+        }
     }
 
     /// Paces one unit of background work (see [`Pacer`]).
@@ -459,8 +471,9 @@ impl Inner {
                 Ok(i) => i,
                 // tried once more after a back-off, then given up row by
                 // row: what cannot be read is recorded lost (see `lost.rs`)
-                Err(e) if self.stall_attempts(s) == 0 || self.is_failed() => {
+                Err(e) if self.state.lock().salvage_ready != Some(s) || self.is_failed() => {
                     drop(g);
+                    self.prepare_salvage(s).await;
                     return self.rebuild_stalled_at(s, &e);
                 }
                 Err(e) => match self.salvage_stripe(s, &want, &view).await {

@@ -961,14 +961,15 @@ impl Volume for Pool {
             // nothing to repair: a dropped RAID 0 read leaves nothing behind
             return self.inner.read_range(lba, blocks).await;
         }
-        let inner = Arc::clone(&self.inner);
-        let r = block::detach::detached(async move { inner.read_range(lba, blocks).await }).await;
-        // checked after the read: a rebuild records lost blocks before it
-        // writes their stand-in values, so a read that got those sees the record
-        match self.inner.lost_in(lba, blocks as u64) {
-            Some(lost) => Err(BlockError::Medium { lba: lost }),
-            None => r,
-        }
+        // lost blocks are refused; the record is looked at again after the
+        // read, since a rebuild records lost blocks before it writes their
+        // stand-in values (see `lost.rs`)
+        self.inner
+            .read_checked(lba, blocks as u64, || {
+                let inner = Arc::clone(&self.inner);
+                block::detach::detached(async move { inner.read_range(lba, blocks).await })
+            })
+            .await
     }
 
     async fn write(&self, lba: u64, data: Bytes, fua: bool) -> BlockResult<()> {
@@ -989,7 +990,7 @@ impl Volume for Pool {
         // copies that answer reads differently, or a stripe whose parity no
         // longer matches its data (and a later reconstruction wrong).
         let inner = Arc::clone(inner);
-        block::detach::detached(async move {
+        let r = block::detach::detached(async move {
             let _fg = FgGuard::new(&inner.fg_inflight);
             inner.note_write_arrival();
             let scheme = inner.layout.scheme();
@@ -1012,7 +1013,16 @@ impl Volume for Pool {
             inner.failures_durable().await?;
             inner.lost_written(lba, blocks).await
         })
-        .await
+        .await;
+        // a read-modify-write that met unreadable sectors names a block of
+        // the stripe it read, maybe outside the write: the write's own first
+        // block is the one to name
+        match r {
+            Err(BlockError::Medium { lba: at }) if at < lba || at >= lba + blocks => {
+                Err(BlockError::Medium { lba })
+            }
+            r => r,
+        }
     }
 
     /// Grows the pool while it serves: see [`Pool::grow_to`].

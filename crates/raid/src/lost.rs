@@ -33,10 +33,11 @@
 
 use crate::layout::Scheme;
 use crate::pool::{Inner, View};
-use crate::superblock::LOST_RANGES_MAX;
+use crate::superblock::{LOST_RANGES_KEPT_MAX, LOST_RANGES_MAX};
 use crate::util::{join_all, BoxFut};
 use block::{BlockError, BlockResult, Bytes};
 use std::collections::BTreeMap;
+use std::sync::atomic::Ordering;
 
 /// The lost pool blocks, as ranges `first -> end` (exclusive), apart.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -110,9 +111,13 @@ impl Lost {
     }
 
     /// Forgets `[lba, lba + blocks)` (written since); true if anything was
-    /// recorded there. Splitting a range may leave one range more than `max`
-    /// allows for adds; that is kept (the data is good, the record only shorter).
-    pub fn remove(&mut self, lba: u64, blocks: u64) -> bool {
+    /// recorded there. A range the write falls inside is split in two unless
+    /// that would make more than `max` ranges: it is then kept whole (its
+    /// written blocks stay recorded lost: refused, never served wrong).
+    pub fn remove(&mut self, lba: u64, blocks: u64, max: usize) -> bool {
+        if blocks == 0 {
+            return false;
+        }
         let end = lba.saturating_add(blocks);
         let hit: Vec<(u64, u64)> = self
             .ranges
@@ -121,7 +126,19 @@ impl Lost {
             .take_while(|(_, &e)| e > lba)
             .map(|(&s, &e)| (s, e))
             .collect();
+        let mut changed = false;
         for &(s, e) in &hit {
+            if s < lba && e > end && self.ranges.len() >= max {
+                tracing::warn!(
+                    first = s,
+                    end = e,
+                    lba,
+                    blocks,
+                    "lost-block record full: a write inside a lost range leaves it recorded whole"
+                );
+                continue;
+            }
+            changed = true;
             self.ranges.remove(&s);
             if s < lba {
                 self.ranges.insert(s, lba);
@@ -130,7 +147,7 @@ impl Lost {
                 self.ranges.insert(end, e);
             }
         }
-        !hit.is_empty()
+        changed
     }
 }
 
@@ -146,11 +163,45 @@ struct Row {
 impl Inner {
     /// The first lost block of a pool range, if any.
     pub fn lost_in(&self, lba: u64, blocks: u64) -> Option<u64> {
-        let st = self.state.lock();
-        if st.lost.is_empty() {
+        if !self.lost_any.load(Ordering::SeqCst) {
             return None;
         }
-        st.lost.first_in(lba, blocks)
+        self.state.lock().lost.first_in(lba, blocks)
+    }
+
+    /// Bumps the record's epoch and says whether it holds anything; the
+    /// caller holds the state lock and has just changed `lost`.
+    fn lost_changed(&self, lost: &Lost) {
+        self.lost_any.store(!lost.is_empty(), Ordering::SeqCst);
+        self.lost_epoch.fetch_add(1, Ordering::SeqCst);
+    }
+
+    /// Reads a pool range, or a medium error at its first lost block. A
+    /// record that changes during the read (a rebuild giving up rows, a write
+    /// making blocks good) means the read is done again: it might have got a
+    /// stand-in value whose record was made and cleared meanwhile.
+    pub async fn read_checked<F, Fut>(&self, lba: u64, blocks: u64, read: F) -> BlockResult<Bytes>
+    where
+        F: Fn() -> Fut,
+        Fut: std::future::Future<Output = BlockResult<Bytes>>,
+    {
+        for _ in 0..4 {
+            let epoch = self.lost_epoch.load(Ordering::SeqCst);
+            if let Some(lost) = self.lost_in(lba, blocks) {
+                return Err(BlockError::Medium { lba: lost });
+            }
+            let r = read().await;
+            if let Some(lost) = self.lost_in(lba, blocks) {
+                return Err(BlockError::Medium { lba: lost });
+            }
+            if self.lost_epoch.load(Ordering::SeqCst) == epoch {
+                return r;
+            }
+        }
+        Err(BlockError::Unavailable(format!(
+            "pool {}: the record of lost blocks kept changing during a read; try again",
+            self.name
+        )))
     }
 
     /// `[lba, lba + blocks)` holds what was just written: lost blocks there
@@ -158,9 +209,16 @@ impl Inner {
     /// acknowledges the write (a crash must not bring the record back over
     /// acknowledged data).
     pub async fn lost_written(&self, lba: u64, blocks: u64) -> BlockResult<()> {
+        if !self.lost_any.load(Ordering::SeqCst) {
+            return Ok(());
+        }
         let changed = {
             let mut st = self.state.lock();
-            !st.lost.is_empty() && st.lost.remove(lba, blocks)
+            let changed = st.lost.remove(lba, blocks, LOST_RANGES_KEPT_MAX);
+            if changed {
+                self.lost_changed(&st.lost);
+            }
+            changed
         };
         if changed {
             tracing::info!(pool = %self.name, lba, blocks, "lost blocks written again: good");
@@ -181,8 +239,11 @@ impl Inner {
     /// (the caller holds the stripe's write lock): reads it row by row, gives
     /// up the rows that cannot be decided (see the module's notes), records
     /// their lost blocks durably, writes the unreadable positions, and returns
-    /// the full-chunk images of `want`. An error (a member failed, or too many
-    /// lost ranges) leaves the stripe as it was.
+    /// the full-chunk images of `want`. An error (a member failed, too many
+    /// lost ranges) leaves the stripe's data as it was; a record that failed
+    /// to reach every superblock stays (those rows could not be read anyway).
+    /// The caller has had every journal record checkpointed since the
+    /// stripe's first failed try (see `prepare_salvage`).
     pub(crate) async fn salvage_stripe(
         &self,
         s: u64,
@@ -220,6 +281,9 @@ impl Inner {
                     }
                 }
                 st.lost = grown;
+                self.lost_changed(&st.lost);
+                // one use per checkpoint (see `prepare_salvage`)
+                st.salvage_ready = None;
             }
             let blocks: Vec<u64> = lost
                 .iter()
@@ -371,14 +435,84 @@ mod tests {
         assert_eq!(l.first_in(11, 100), Some(11));
         assert_eq!(l.first_in(13, 7), None);
         assert_eq!(l.first_in(13, 8), Some(20));
-        assert!(l.remove(11, 1));
+        assert!(l.remove(11, 1, 8));
         assert_eq!(l.records(), vec![[10, 1], [12, 1], [20, 1]]);
-        assert!(!l.remove(13, 7));
+        assert!(!l.remove(13, 7, 8));
+        assert!(!l.remove(12, 0, 8));
         assert_eq!(l.blocks(), 3);
         // full: a new range is refused, one touching an existing one is not
         assert!(!l.add(30, 1, 3));
         assert!(l.add(21, 1, 3));
         assert_eq!(Lost::from_records(&l.records()), l);
+    }
+
+    #[test]
+    fn a_write_inside_a_lost_range_splits_it_only_up_to_the_bound() {
+        let mut l = Lost::default();
+        assert!(l.add(0, 10, 8));
+        assert!(l.remove(5, 1, 3));
+        assert!(l.remove(2, 1, 3));
+        assert_eq!(l.records(), vec![[0, 2], [3, 2], [6, 4]]);
+        // a fourth range is one too many: the range stays whole
+        assert!(!l.remove(8, 1, 3));
+        assert_eq!(l.blocks(), 8);
+        // trimming an end needs no new range
+        assert!(l.remove(9, 1, 3));
+        assert_eq!(l.records(), vec![[0, 2], [3, 2], [6, 3]]);
+    }
+
+    /// A read during which the record of lost blocks changes is done again:
+    /// a rebuild may have recorded blocks, written their stand-ins, and a
+    /// write made them good again, all while the read ran, and the read got
+    /// a stand-in. It is answered from the read done after the change.
+    #[tokio::test]
+    async fn a_read_during_which_the_lost_record_changes_is_done_again() {
+        use crate::{Member, Pool, PoolConfig, RaidLevel};
+        use block::{MemVolume, VolumeRef};
+        use std::sync::atomic::AtomicU32;
+        use std::sync::Arc;
+        let members: Vec<Member> = (0..3)
+            .map(|i| {
+                let v = Arc::new(MemVolume::new(4096, 2048)) as VolumeRef;
+                Member::new(format!("m{i}"), v)
+            })
+            .collect();
+        let mut cfg = PoolConfig::new("p", RaidLevel::Raid5);
+        cfg.chunk_bytes = 8192;
+        cfg.journal_bytes = Some(256 * 1024);
+        let pool = Pool::create(cfg, members, vec![]).await.unwrap();
+        let inner = &pool.inner;
+        let calls = AtomicU32::new(0);
+        let got = inner
+            .read_checked(7, 1, || {
+                let n = calls.fetch_add(1, Ordering::SeqCst);
+                async move {
+                    if n == 0 {
+                        // recorded and made good again while this read ran
+                        let mut st = inner.state.lock();
+                        st.lost.add(7, 1, 8);
+                        inner.lost_changed(&st.lost);
+                        st.lost.remove(7, 1, 8);
+                        inner.lost_changed(&st.lost);
+                        return Ok(Bytes::from_static(b"stand-in"));
+                    }
+                    Ok(Bytes::from_static(b"written"))
+                }
+            })
+            .await
+            .unwrap();
+        assert_eq!(&got[..], b"written");
+        assert_eq!(calls.load(Ordering::SeqCst), 2);
+        // recorded lost: refused before any read
+        {
+            let mut st = inner.state.lock();
+            st.lost.add(7, 1, 8);
+            inner.lost_changed(&st.lost);
+        }
+        let r = inner
+            .read_checked(6, 4, || async { Ok(Bytes::from_static(b"never")) })
+            .await;
+        assert!(matches!(r, Err(BlockError::Medium { lba: 7 })), "{r:?}");
     }
 
     proptest! {
@@ -397,7 +531,7 @@ mod tests {
                     set.extend(lba..lba + n);
                 } else {
                     let had = (lba..lba + n).any(|b| set.contains(&b));
-                    prop_assert_eq!(l.remove(lba, n), had);
+                    prop_assert_eq!(l.remove(lba, n, usize::MAX), had);
                     for b in lba..lba + n {
                         set.remove(&b);
                     }

@@ -53,6 +53,9 @@ pub(crate) struct MemberHandle {
     pub head: AtomicU64,
     /// Where its writes are, for keeping whole-stripe streams in order.
     pub order: crate::order::WriteOrder,
+    /// Both superblock slots list lost blocks (written since it joined):
+    /// a superblock listing some then goes to its own slot only.
+    pub lost_both_slots: AtomicBool,
 }
 
 impl MemberHandle {
@@ -70,6 +73,7 @@ impl MemberHandle {
             depth: Default::default(),
             head: AtomicU64::new(u64::MAX),
             order: Default::default(),
+            lost_both_slots: AtomicBool::new(false),
         })
     }
 }
@@ -115,6 +119,9 @@ pub(crate) struct State {
     pub resync_regions: BTreeSet<u64>,
     /// Pool blocks a rebuild could not recover (see `lost.rs`).
     pub lost: crate::lost::Lost,
+    /// The stripe the rebuild may give up rows of: every journal record was
+    /// checkpointed after its first failed try (see `lost.rs`).
+    pub salvage_ready: Option<u64>,
 }
 
 impl State {
@@ -288,6 +295,11 @@ pub(crate) struct Inner {
     /// The journal devices (none, one, or a mirrored pair), when the ring is
     /// there instead of on the members.
     pub journal_devs: Vec<crate::jdev::JournalDev>,
+    /// Some lost blocks are recorded (`State::lost` is not empty): reads
+    /// check the record only then.
+    pub lost_any: AtomicBool,
+    /// Bumped whenever the record of lost blocks changes (see `Pool::read`).
+    pub lost_epoch: AtomicU64,
 }
 
 /// Stripe lock slots (stripe `s` uses slot `s mod STRIPE_LOCKS`). Stripes that
@@ -497,6 +509,7 @@ impl Pool {
             intent_seq: 0,
             resync_regions: BTreeSet::new(),
             lost: Default::default(),
+            salvage_ready: None,
         };
         let mut inner = Inner::new(
             &config.name,
@@ -767,6 +780,7 @@ impl Pool {
             intent_seq: 0,
             resync_regions,
             lost: crate::lost::Lost::from_records(&newest.lost_blocks),
+            salvage_ready: None,
         };
         let mut inner = Inner::new(
             &newest.pool_name,
@@ -1105,6 +1119,7 @@ impl Inner {
             .filter_map(|s| s.member.as_ref())
             .all(|h| h.volume.geometry().thin);
         let block_count = shape.volume_blocks.unwrap_or(shape.stripes * shape.cb * k);
+        let lost_any = !state.lost.is_empty();
         let geometry_base = Geometry {
             block_size_bytes: shape.bs as u32,
             block_count,
@@ -1176,6 +1191,8 @@ impl Inner {
             wp: Default::default(),
             journal_bypass: AtomicBool::new(false),
             journal_devs: Vec::new(),
+            lost_any: AtomicBool::new(lost_any),
+            lost_epoch: AtomicU64::new(0),
         }
     }
 
@@ -1445,7 +1462,12 @@ impl Inner {
                 .iter()
                 .map(|(_, h, sb)| -> BoxFut<'_, BlockResult<u64>> {
                     Box::pin(async move {
-                        let r = superblock::write(&h.volume, sb).await;
+                        let r = superblock::write(
+                            &h.volume,
+                            sb,
+                            h.lost_both_slots.load(Ordering::SeqCst),
+                        )
+                        .await;
                         h.writes.fetch_add(1, Ordering::Relaxed);
                         if let Ok(n) = &r {
                             h.written_bytes.fetch_add(*n, Ordering::Relaxed);
@@ -1456,6 +1478,12 @@ impl Inner {
                 .collect();
             let results = join_all(futs).await;
             let mut any_failed = false;
+            for ((_, h, sb), r) in targets.iter().zip(&results) {
+                if r.is_ok() {
+                    h.lost_both_slots
+                        .store(!sb.lost_blocks.is_empty(), Ordering::SeqCst);
+                }
+            }
             {
                 let mut st = self.state.lock();
                 for ((pos, h, _), r) in targets.iter().zip(&results) {

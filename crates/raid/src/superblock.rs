@@ -35,9 +35,14 @@ const MAGIC: &[u8; 8] = b"FSANRAID";
 const VERSION: u32 = 1;
 /// The format version of a superblock whose payload lists lost blocks.
 const VERSION_LOST: u32 = 2;
-/// Most ranges of lost blocks a pool records (adjacent ones merge): past it a
-/// rebuild that would lose more is held as before, and says why.
+/// Most ranges of lost blocks a rebuild records (adjacent ones merge): past it
+/// a rebuild that would lose more is held as before, and says why.
 pub(crate) const LOST_RANGES_MAX: usize = 512;
+/// Most ranges a superblock may list: writes into the middle of lost ranges
+/// split them, up to this; past it a write keeps the range whole (its blocks
+/// stay recorded lost, never served as stand-ins). About 24 KB of JSON at
+/// most, well inside a slot.
+pub(crate) const LOST_RANGES_KEPT_MAX: usize = 2 * LOST_RANGES_MAX;
 const HEADER_BYTES: usize = 32;
 
 /// One position as the superblock records it.
@@ -208,7 +213,7 @@ impl Superblock {
                 self.journal_checkpoint_seq
             ));
         }
-        if self.lost_blocks.len() > LOST_RANGES_MAX {
+        if self.lost_blocks.len() > LOST_RANGES_KEPT_MAX {
             return Err(format!("{} lost ranges", self.lost_blocks.len()));
         }
         let exposed = self
@@ -383,9 +388,13 @@ pub(crate) async fn state(volume: &VolumeRef) -> SuperblockState {
 }
 
 /// Writes `sb` to its slot (`events % 2`) with FUA; one that lists lost
-/// blocks then to the other slot too (see the module's notes). Returns the
-/// bytes written.
-pub(crate) async fn write(volume: &VolumeRef, sb: &Superblock) -> Result<u64, BlockError> {
+/// blocks then to the other slot too unless `other_has_lost` says that slot
+/// lists some already (see the module's notes). Returns the bytes written.
+pub(crate) async fn write(
+    volume: &VolumeRef,
+    sb: &Superblock,
+    other_has_lost: bool,
+) -> Result<u64, BlockError> {
     let bs = volume.geometry().block_size_bytes;
     let image =
         Bytes::from(encode(sb, bs).map_err(|_| BlockError::NotSupported("superblock too large"))?);
@@ -394,7 +403,7 @@ pub(crate) async fn write(volume: &VolumeRef, sb: &Superblock) -> Result<u64, Bl
     volume
         .write(first * slot_blocks, image.clone(), true)
         .await?;
-    if sb.lost_blocks.is_empty() {
+    if sb.lost_blocks.is_empty() || other_has_lost {
         return Ok(image.len() as u64);
     }
     volume
@@ -465,7 +474,7 @@ mod tests {
         v.write(0, Bytes::from(noise), true).await.unwrap();
         assert_eq!(state(&v).await, SuperblockState::Blank);
         let sb = sample_superblock();
-        write(&v, &sb).await.unwrap();
+        write(&v, &sb, false).await.unwrap();
         assert_eq!(state(&v).await, SuperblockState::Formatted);
         // the payload damaged, the magic intact
         let lba = (sb.events % 2) * (SLOT_BYTES / 512);
@@ -623,7 +632,7 @@ mod tests {
         assert_eq!(le32(&img, 8), Some(2));
         assert_eq!(decode(&img).unwrap(), sb);
         let v: VolumeRef = Arc::new(MemVolume::new(512, 8192));
-        write(&v, &sb).await.unwrap();
+        write(&v, &sb, false).await.unwrap();
         let slots = read_slots(&v).await.unwrap();
         for slot in &slots {
             let buf = slot.as_ref().unwrap();
@@ -650,8 +659,11 @@ mod tests {
         }
         sb.lost_blocks = vec![[2559, 1]];
         sb.validate().unwrap();
-        sb.lost_blocks = (0..LOST_RANGES_MAX as u64 + 1)
-            .map(|i| [2 * i, 1])
+        // the most a superblock may list, with pool block numbers of a
+        // multi-terabyte pool (the longest JSON)
+        sb.stripes = 1 << 34;
+        sb.lost_blocks = (0..LOST_RANGES_KEPT_MAX as u64 + 1)
+            .map(|i| [(1 << 41) + 200_000 * i, 100_000])
             .collect();
         assert!(sb.validate().is_err());
         sb.lost_blocks.pop();
