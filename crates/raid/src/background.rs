@@ -171,7 +171,11 @@ impl Inner {
     fn rebuild_stalled_at(&self, s: u64, e: &BlockError) -> Option<Duration> {
         if self.is_failed() {
             // not a stall: a member failed and took the pool with it
-            self.state.lock().rebuild_stalled = None;
+            {
+                let mut st = self.state.lock();
+                st.rebuild_stalled = None;
+                st.salvage_ready = None;
+            }
             return None;
         }
         let attempts = {
@@ -206,8 +210,10 @@ impl Inner {
         if self.is_failed() {
             return;
         }
+        // a member failing or joining meanwhile makes it moot (its records)
+        let generation = self.state.lock().generation;
         match self.checkpoint_all().await {
-            Ok(()) => self.state.lock().salvage_ready = Some(s),
+            Ok(()) => self.state.lock().salvage_ready = Some((s, generation)),
             Err(e) => {
                 tracing::warn!(pool = %self.name, stripe = s, error = %e,
                     "rebuild: checkpoint before giving up unreadable rows failed");
@@ -441,6 +447,7 @@ impl Inner {
                 {
                     let mut st = self.state.lock();
                     st.rebuild_stalled = None;
+                    st.salvage_ready = None;
                     st.rebuild = Some(progress(started, done, total));
                 }
                 self.persist_progress(&mut last_persist).await;
@@ -471,7 +478,7 @@ impl Inner {
                 Ok(i) => i,
                 // tried once more after a back-off, then given up row by
                 // row: what cannot be read is recorded lost (see `lost.rs`)
-                Err(e) if self.state.lock().salvage_ready != Some(s) || self.is_failed() => {
+                Err(e) if !self.state.lock().may_salvage(s) || self.is_failed() => {
                     drop(g);
                     self.prepare_salvage(s).await;
                     return self.rebuild_stalled_at(s, &e);
@@ -486,7 +493,11 @@ impl Inner {
                     }
                 },
             };
-            self.state.lock().rebuild_stalled = None;
+            {
+                let mut st = self.state.lock();
+                st.rebuild_stalled = None;
+                st.salvage_ready = None;
+            }
             let mut images = want.iter().copied().zip(images);
             for (pos, h) in targets.iter() {
                 // the checkpoint moves only when every area of the member is

@@ -120,7 +120,7 @@ pub(crate) struct Batch {
     /// (first block within the stripe's data, bytes), in arrival order.
     parts: Vec<(u64, Bytes)>,
     fua: bool,
-    waiters: Vec<oneshot::Sender<Result<(), String>>>,
+    waiters: Vec<oneshot::Sender<Result<(), BatchError>>>,
 }
 
 #[derive(Default)]
@@ -328,7 +328,10 @@ impl Inner {
         let inner = self.clone();
         tokio::spawn(async move {
             let r = inner.write_batch(s, &b.parts, b.fua).await;
-            let r = r.map_err(|e| e.to_string());
+            let r = r.map_err(|e| match e {
+                BlockError::Medium { lba } => BatchError::Medium(lba),
+                other => BatchError::Other(other.to_string()),
+            });
             for w in b.waiters {
                 let _ = w.send(r.clone());
             }
@@ -660,10 +663,20 @@ impl Inner {
     }
 }
 
-fn finish(r: Result<Result<(), String>, oneshot::error::RecvError>) -> BlockResult<()> {
+/// How a gathered batch's write failed, for each of its waiters: a medium
+/// error stays one (unreadable sectors its read-modify-write met), as the
+/// same write not gathered answers.
+#[derive(Clone, Debug)]
+enum BatchError {
+    Medium(u64),
+    Other(String),
+}
+
+fn finish(r: Result<Result<(), BatchError>, oneshot::error::RecvError>) -> BlockResult<()> {
     match r {
         Ok(Ok(())) => Ok(()),
-        Ok(Err(e)) => Err(BlockError::Unavailable(e)),
+        Ok(Err(BatchError::Medium(lba))) => Err(BlockError::Medium { lba }),
+        Ok(Err(BatchError::Other(e))) => Err(BlockError::Unavailable(e)),
         Err(_) => Err(BlockError::Unavailable(
             "stripe write abandoned".to_string(),
         )),

@@ -943,6 +943,18 @@ fn by_stripe(segs: Vec<Seg>) -> Vec<(u64, Vec<Seg>)> {
     out
 }
 
+/// A read-modify-write that met unreadable sectors names a block of the
+/// stripe it read, maybe outside the write: the write's own first block is
+/// the one to name.
+fn medium_within(r: BlockResult<()>, lba: u64, blocks: u64) -> BlockResult<()> {
+    match r {
+        Err(BlockError::Medium { lba: at }) if at < lba || at >= lba + blocks => {
+            Err(BlockError::Medium { lba })
+        }
+        r => r,
+    }
+}
+
 #[async_trait]
 impl Volume for Pool {
     fn geometry(&self) -> Geometry {
@@ -1014,15 +1026,7 @@ impl Volume for Pool {
             inner.lost_written(lba, blocks).await
         })
         .await;
-        // a read-modify-write that met unreadable sectors names a block of
-        // the stripe it read, maybe outside the write: the write's own first
-        // block is the one to name
-        match r {
-            Err(BlockError::Medium { lba: at }) if at < lba || at >= lba + blocks => {
-                Err(BlockError::Medium { lba })
-            }
-            r => r,
-        }
+        medium_within(r, lba, blocks)
     }
 
     /// Grows the pool while it serves: see [`Pool::grow_to`].
@@ -1059,7 +1063,7 @@ impl Volume for Pool {
         }
         // as a write: once started, to its end (see `write`)
         let inner = Arc::clone(inner);
-        block::detach::detached(async move {
+        let r = block::detach::detached(async move {
             let _fg = FgGuard::new(&inner.fg_inflight);
             for (s, segs) in by_stripe(inner.segments(lba, blocks)) {
                 inner.discard_stripe(s, &segs).await?;
@@ -1068,6 +1072,7 @@ impl Volume for Pool {
             // the range reads as zeroes now, lost blocks included
             inner.lost_written(lba, blocks).await
         })
-        .await
+        .await;
+        medium_within(r, lba, blocks)
     }
 }

@@ -169,11 +169,15 @@ impl Inner {
         self.state.lock().lost.first_in(lba, blocks)
     }
 
-    /// Bumps the record's epoch and says whether it holds anything; the
-    /// caller holds the state lock and has just changed `lost`.
-    fn lost_changed(&self, lost: &Lost) {
+    /// Says whether the record holds anything, and bumps its epoch when
+    /// blocks were `added` (only a record added during a read can have given
+    /// it a stand-in: one removed follows the write that made the blocks
+    /// good); the caller holds the state lock and has just changed `lost`.
+    fn lost_changed(&self, lost: &Lost, added: bool) {
         self.lost_any.store(!lost.is_empty(), Ordering::SeqCst);
-        self.lost_epoch.fetch_add(1, Ordering::SeqCst);
+        if added {
+            self.lost_epoch.fetch_add(1, Ordering::SeqCst);
+        }
     }
 
     /// Reads a pool range, or a medium error at its first lost block. A
@@ -216,7 +220,7 @@ impl Inner {
             let mut st = self.state.lock();
             let changed = st.lost.remove(lba, blocks, LOST_RANGES_KEPT_MAX);
             if changed {
-                self.lost_changed(&st.lost);
+                self.lost_changed(&st.lost, false);
             }
             changed
         };
@@ -267,6 +271,14 @@ impl Inner {
         if !lost.is_empty() {
             {
                 let mut st = self.state.lock();
+                if !st.may_salvage(s) {
+                    // a member failed or joined during the row reads: its
+                    // records were not checkpointed; tried again
+                    return Err(BlockError::Unavailable(format!(
+                        "pool {}: stripe {s}: the members changed while its rows were read",
+                        self.name
+                    )));
+                }
                 let mut grown = st.lost.clone();
                 for &(d, row) in &lost {
                     if let Some(lba) = self.pool_block(s, d, row) {
@@ -281,7 +293,7 @@ impl Inner {
                     }
                 }
                 st.lost = grown;
-                self.lost_changed(&st.lost);
+                self.lost_changed(&st.lost, true);
                 // one use per checkpoint (see `prepare_salvage`)
                 st.salvage_ready = None;
             }
@@ -491,9 +503,9 @@ mod tests {
                         // recorded and made good again while this read ran
                         let mut st = inner.state.lock();
                         st.lost.add(7, 1, 8);
-                        inner.lost_changed(&st.lost);
+                        inner.lost_changed(&st.lost, true);
                         st.lost.remove(7, 1, 8);
-                        inner.lost_changed(&st.lost);
+                        inner.lost_changed(&st.lost, false);
                         return Ok(Bytes::from_static(b"stand-in"));
                     }
                     Ok(Bytes::from_static(b"written"))
@@ -507,7 +519,7 @@ mod tests {
         {
             let mut st = inner.state.lock();
             st.lost.add(7, 1, 8);
-            inner.lost_changed(&st.lost);
+            inner.lost_changed(&st.lost, true);
         }
         let r = inner
             .read_checked(6, 4, || async { Ok(Bytes::from_static(b"never")) })

@@ -119,9 +119,10 @@ pub(crate) struct State {
     pub resync_regions: BTreeSet<u64>,
     /// Pool blocks a rebuild could not recover (see `lost.rs`).
     pub lost: crate::lost::Lost,
-    /// The stripe the rebuild may give up rows of: every journal record was
-    /// checkpointed after its first failed try (see `lost.rs`).
-    pub salvage_ready: Option<u64>,
+    /// The stripe the rebuild may give up rows of, and the generation then:
+    /// every journal record was checkpointed after its first failed try, and
+    /// no member failed or joined since (see `lost.rs`).
+    pub salvage_ready: Option<(u64, u64)>,
 }
 
 impl State {
@@ -130,6 +131,12 @@ impl State {
     pub(crate) fn rebuild_over(&mut self) {
         self.rebuild = None;
         self.rebuild_stalled = None;
+        self.salvage_ready = None;
+    }
+
+    /// The rebuild may give up rows of stripe `s` now (see `lost.rs`).
+    pub(crate) fn may_salvage(&self, s: u64) -> bool {
+        self.salvage_ready == Some((s, self.generation))
     }
 }
 

@@ -213,6 +213,9 @@ impl Superblock {
                 self.journal_checkpoint_seq
             ));
         }
+        if !self.lost_blocks.is_empty() && self.level == RaidLevel::Raid0 {
+            return Err("lost blocks on a pool with no redundancy".into());
+        }
         if self.lost_blocks.len() > LOST_RANGES_KEPT_MAX {
             return Err(format!("{} lost ranges", self.lost_blocks.len()));
         }

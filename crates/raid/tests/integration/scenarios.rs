@@ -170,6 +170,15 @@ async fn a_degraded_read_that_meets_an_unreadable_sector_is_a_medium_error() {
                     matches!(r, Err(BlockError::Medium { lba: at }) if at == lba),
                     "{level:?} block {lba} (position {pos}): {r:?}"
                 );
+                // a write there cannot read what its parity needs either: a
+                // medium error naming the written block, not another
+                let w = pool.write(lba, pattern(9, 1), false).await;
+                if pos != 0 {
+                    assert!(
+                        matches!(w, Err(BlockError::Medium { lba: at }) if at == lba),
+                        "{level:?} write of block {lba} (position {pos}): {w:?}"
+                    );
+                }
             } else {
                 assert_eq!(r.unwrap(), oracle.read(lba, 1).await.unwrap());
             }
