@@ -20,6 +20,9 @@ pub struct FaultPlan {
     pub tear_next_write_after_blocks: Option<u64>,
     /// Flush fails.
     pub fail_flush: bool,
+    /// A write makes the `bad_read_blocks` it covers readable again, as a disk
+    /// remaps a sector it is written.
+    pub remap_on_write: bool,
 }
 
 /// Forwards to the volume below unless the current [`FaultPlan`] says otherwise.
@@ -103,7 +106,17 @@ impl Volume for FaultVolume {
             }
             return Err(BlockError::WriteFault { lba: lba + keep });
         }
-        self.inner.write(lba, data, fua).await
+        self.inner.write(lba, data, fua).await?;
+        let mut p = self.plan.lock();
+        if p.remap_on_write {
+            let end = lba + blocks;
+            p.bad_read_blocks = std::mem::take(&mut p.bad_read_blocks)
+                .into_iter()
+                .flat_map(|r| [r.start..r.end.min(lba), r.start.max(end)..r.end])
+                .filter(|r| r.start < r.end)
+                .collect();
+        }
+        Ok(())
     }
 
     async fn flush(&self) -> BlockResult<()> {

@@ -165,6 +165,9 @@ fn print_one(r: &Value) {
     if let Some(why) = r["access_mismatch"].as_str() {
         println!("  ACCESS DIFFERS: {why}");
     }
+    if let Some(n) = r["repaired_blocks"].as_u64().filter(|&n| n > 0) {
+        println!("  {n} blocks this copy could not read were repaired from the partner's");
+    }
 }
 
 /// `freesan witness` arguments.

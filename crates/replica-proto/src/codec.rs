@@ -24,6 +24,9 @@
 //! 0x0e  Refused          reason text (str, up to REASON_BYTES_MAX bytes)
 //! 0x10  Ping             seq u64
 //! 0x11  Pong             seq u64
+//! 0x12  Repair           id u64, lba u64, blocks u64
+//! 0x13  ReadCopy         id u64, lba u64, blocks u64
+//! 0x14  CopyData         id u64, data blob
 //! 0x20  WitnessClaim     cluster str, node_id u8, seq u64
 //! 0x21  WitnessRelease   cluster str, node_id u8, seq u64
 //! 0x22  WitnessAnswer    holder u8
@@ -77,6 +80,9 @@ mod kind {
     pub const REFUSED: u16 = 0x0e;
     pub const PING: u16 = 0x10;
     pub const PONG: u16 = 0x11;
+    pub const REPAIR: u16 = 0x12;
+    pub const READ_COPY: u16 = 0x13;
+    pub const COPY_DATA: u16 = 0x14;
     pub const WITNESS_CLAIM: u16 = 0x20;
     pub const WITNESS_RELEASE: u16 = 0x21;
     pub const WITNESS_ANSWER: u16 = 0x22;
@@ -196,6 +202,9 @@ fn is_known_kind(k: u16) -> bool {
             | kind::COPY_END
             | kind::PING
             | kind::PONG
+            | kind::REPAIR
+            | kind::READ_COPY
+            | kind::COPY_DATA
             | kind::WITNESS_CLAIM
             | kind::WITNESS_RELEASE
             | kind::WITNESS_ANSWER
@@ -217,7 +226,9 @@ fn body_size_hint(msg: &Message) -> usize {
         Message::Bitmap { bits, .. } => 12 + bits.len(),
         Message::Apply { op: o, .. } | Message::Forward { op: o, .. } => 8 + op(o),
         Message::ResyncData { data, .. } => 20 + data.len(),
-        Message::ScsiRequest { data, .. } | Message::ScsiReply { data, .. } => 12 + data.len(),
+        Message::ScsiRequest { data, .. }
+        | Message::ScsiReply { data, .. }
+        | Message::CopyData { data, .. } => 12 + data.len(),
         Message::WitnessClaim { cluster, .. } | Message::WitnessRelease { cluster, .. } => {
             13 + cluster.len()
         }
@@ -305,6 +316,23 @@ fn put_body(msg: &Message, out: &mut BytesMut) -> u16 {
             out.put_u64(*id);
             out.put_u64(*copy);
             kind::COPY_END
+        }
+        Message::Repair { id, lba, blocks } => {
+            out.put_u64(*id);
+            out.put_u64(*lba);
+            out.put_u64(*blocks);
+            kind::REPAIR
+        }
+        Message::ReadCopy { id, lba, blocks } => {
+            out.put_u64(*id);
+            out.put_u64(*lba);
+            out.put_u64(*blocks);
+            kind::READ_COPY
+        }
+        Message::CopyData { id, data } => {
+            out.put_u64(*id);
+            put_blob(out, data);
+            kind::COPY_DATA
         }
         Message::Ping { seq } => {
             out.put_u64(*seq);
@@ -607,6 +635,9 @@ fn kind_name(k: u16) -> &'static str {
         kind::COPY_END => "CopyEnd",
         kind::PING => "Ping",
         kind::PONG => "Pong",
+        kind::REPAIR => "Repair",
+        kind::READ_COPY => "ReadCopy",
+        kind::COPY_DATA => "CopyData",
         kind::WITNESS_CLAIM => "WitnessClaim",
         kind::WITNESS_RELEASE => "WitnessRelease",
         kind::WITNESS_ANSWER => "WitnessAnswer",
@@ -678,6 +709,20 @@ fn parse_body(k: u16, body: Bytes) -> Result<Message, ProtoError> {
         kind::COPY_END => Message::CopyEnd {
             id: r.u64()?,
             copy: r.u64()?,
+        },
+        kind::REPAIR => Message::Repair {
+            id: r.u64()?,
+            lba: r.u64()?,
+            blocks: r.u64()?,
+        },
+        kind::READ_COPY => Message::ReadCopy {
+            id: r.u64()?,
+            lba: r.u64()?,
+            blocks: r.u64()?,
+        },
+        kind::COPY_DATA => Message::CopyData {
+            id: r.u64()?,
+            data: r.blob()?,
         },
         kind::PING => Message::Ping { seq: r.u64()? },
         kind::PONG => Message::Pong { seq: r.u64()? },

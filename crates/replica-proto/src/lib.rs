@@ -96,7 +96,15 @@ pub mod hello_flags {
     /// the same generation on both, the sender is the resync source, so that
     /// those copies are undone on both copies.
     pub const UNDO: u32 = 8;
+    /// The sender takes [`Message::Repair`](crate::Message::Repair) and
+    /// [`Message::ReadCopy`](crate::Message::ReadCopy): a node whose own copy
+    /// cannot read some blocks (a lost block of a pool, a bad sector) gets them
+    /// from the partner. Neither is sent to a partner that did not say so.
+    pub const REPAIR: u32 = 16;
 }
+
+/// Most bytes one [`Message::Repair`] or [`Message::ReadCopy`] asks for.
+pub const REPAIR_BYTES_MAX: u64 = 8 << 20;
 
 /// One block operation carried between the nodes.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -318,6 +326,35 @@ pub enum Message {
         id: u64,
         /// The copy, as numbered in its [`Op::CopyWrite`]s.
         copy: u64,
+    },
+    /// Follower to leader: the follower's copy cannot read these blocks; the
+    /// leader writes them to it from its own copy (an [`Message::Apply`]
+    /// ordered as any write of theirs) and answers [`Message::Done`].
+    Repair {
+        /// Request id chosen by the sender.
+        id: u64,
+        /// First block.
+        lba: u64,
+        /// Blocks (at most [`REPAIR_BYTES_MAX`] bytes' worth).
+        blocks: u64,
+    },
+    /// Leader to follower: the leader's copy cannot read these blocks (it
+    /// holds their range, so no write of theirs is in flight); answered with
+    /// [`Message::CopyData`], or [`Message::Done`] with an error.
+    ReadCopy {
+        /// Request id chosen by the sender.
+        id: u64,
+        /// First block.
+        lba: u64,
+        /// Blocks (at most [`REPAIR_BYTES_MAX`] bytes' worth).
+        blocks: u64,
+    },
+    /// The blocks a [`Message::ReadCopy`] with the same `id` asked for.
+    CopyData {
+        /// The request's id.
+        id: u64,
+        /// The blocks.
+        data: Bytes,
     },
     /// Heartbeat request; answered with [`Message::Pong`] carrying the same `seq`.
     Ping {

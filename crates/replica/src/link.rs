@@ -79,6 +79,7 @@ impl Framed {
 enum Answer {
     Op(OpResult),
     Scsi(Bytes),
+    Data(Bytes),
 }
 
 struct Pending {
@@ -181,6 +182,23 @@ impl Link {
     pub async fn request(&self, make: impl FnOnce(u64) -> Message) -> Result<OpResult, LinkLost> {
         match self.exchange(make).await? {
             Answer::Op(r) => Ok(r),
+            Answer::Scsi(_) | Answer::Data(_) => Err(self.violation()),
+        }
+    }
+
+    /// Asks the partner for blocks of its copy ([`Message::ReadCopy`]):
+    /// `Ok(Ok(data))`, or `Ok(Err(result))` with the error it answered.
+    pub async fn read_copy(
+        &self,
+        lba: u64,
+        blocks: u64,
+    ) -> Result<Result<Bytes, OpResult>, LinkLost> {
+        match self
+            .exchange(|id| Message::ReadCopy { id, lba, blocks })
+            .await?
+        {
+            Answer::Data(b) => Ok(Ok(b)),
+            Answer::Op(r) => Ok(Err(r)),
             Answer::Scsi(_) => Err(self.violation()),
         }
     }
@@ -193,7 +211,7 @@ impl Link {
             .await?
         {
             Answer::Scsi(b) => Ok(b),
-            Answer::Op(_) => Err(self.violation()),
+            Answer::Op(_) | Answer::Data(_) => Err(self.violation()),
         }
     }
 
@@ -300,6 +318,11 @@ async fn reader(
             Message::ScsiReply { id, data } => {
                 if let Some(tx) = link.pending.lock().waiting.remove(&id) {
                     let _ = tx.send(Answer::Scsi(data));
+                }
+            }
+            Message::CopyData { id, data } => {
+                if let Some(tx) = link.pending.lock().waiting.remove(&id) {
+                    let _ = tx.send(Answer::Data(data));
                 }
             }
             Message::Detach { reason } => {

@@ -472,6 +472,7 @@ async fn handshake(
     if undo {
         flags |= hello_flags::UNDO;
     }
+    flags |= hello_flags::REPAIR;
     // read after the undo: one that failed marked the copy partial, and such
     // a copy is no source (before, this meeting still judged it as it was,
     // and a copy half put back resynchronised the partner)
@@ -607,6 +608,9 @@ async fn handshake(
     // node is preferred (and so is the choice of who serves alone when they
     // lose each other): each says whether it is, in its hello. Checked after
     // plan(), whose refusals (split brain) say more
+    inner
+        .partner_repairs
+        .store(flags & hello_flags::REPAIR != 0, Ordering::SeqCst);
     let peer_preferred = flags & hello_flags::PREFERRED != 0;
     if peer_preferred != (cfg.preferred_node == node_id) {
         let e = format!(

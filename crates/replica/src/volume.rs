@@ -10,7 +10,7 @@ use crate::secure::ClusterKeys;
 use async_trait::async_trait;
 use block::{BlockError, BlockResult, Bytes, Geometry, LockMode, RangeLocks, Volume, VolumeRef};
 use parking_lot::Mutex;
-use replica_proto::{error_codes, Message, Op, OpResult};
+use replica_proto::{error_codes, Message, Op, OpResult, REPAIR_BYTES_MAX};
 use serde::Serialize;
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -219,6 +219,10 @@ pub struct ReplicaStatus {
     /// ([`ReplicatedVolume::set_access_mismatch`]); None when they agreed or
     /// were not compared.
     pub access_mismatch: Option<String>,
+    /// Blocks this copy could not read (medium errors: a pool's lost blocks,
+    /// bad sectors) that the partner's copy stood in for and repaired, since
+    /// the node started.
+    pub repaired_blocks: u64,
 }
 
 /// The SCSI layer's side of the pair's link (persistent reservations): opaque
@@ -299,6 +303,11 @@ pub(crate) struct Inner {
     pub(crate) meeting: tokio::sync::Mutex<()>,
     /// The SCSI layer's handler of the partner's requests.
     pub(crate) scsi_peer: parking_lot::RwLock<Option<Arc<dyn ScsiPeer>>>,
+    /// The partner said, at the last meeting, that it takes repair requests
+    /// (`hello_flags::REPAIR`).
+    pub(crate) partner_repairs: std::sync::atomic::AtomicBool,
+    /// Blocks this copy could not read and got from the partner's copy.
+    repaired_blocks: AtomicU64,
     /// See [`ReplicaStatus::access_mismatch`].
     access_mismatch: Mutex<Option<String>>,
     /// Heartbeats on every sync link (node-wide), when running.
@@ -1314,6 +1323,18 @@ impl Inner {
                 self.undo.end(copy);
                 (id, OpResult::Ok)
             }
+            Message::Repair { id, lba, blocks } => {
+                (id, self.repair_partner(&link, lba, blocks).await)
+            }
+            Message::ReadCopy { id, lba, blocks } => {
+                match self.read_for_partner(lba, blocks).await {
+                    Ok(data) => {
+                        let _ = link.send(Message::CopyData { id, data }).await;
+                        return;
+                    }
+                    Err(e) => (id, err_of(&e)),
+                }
+            }
             Message::ScsiRequest { id, data } => {
                 let peer = self.scsi_peer.read().clone();
                 let reply = match peer {
@@ -1348,8 +1369,137 @@ impl Inner {
             Message::CopyEnd { .. } => (!same).then_some("a copy's end on a stale link"),
             Message::ApplyForwarded { .. } => (!(same && st.role == Role::Follower))
                 .then_some("a forwarded write while not following"),
+            // (a leader whose partner is a resync target answers with an error)
+            Message::Repair { .. } => {
+                (!(same && st.role == Role::Leader)).then_some("a repair request while not leading")
+            }
+            Message::ReadCopy { .. } => (!(same && st.role == Role::Follower))
+                .then_some("a read of this copy while not following"),
             _ => None,
         }
+    }
+
+    /// Checks the range of a repair or a read of the partner's copy: inside
+    /// the volume, and at most [`REPAIR_BYTES_MAX`] bytes.
+    fn repair_range(&self, lba: u64, blocks: u64) -> BlockResult<()> {
+        let bs = self.geo().block_size_bytes as u64;
+        if blocks == 0 || blocks.saturating_mul(bs) > REPAIR_BYTES_MAX {
+            return Err(BlockError::NotSupported("a repair of more than 8 MiB"));
+        }
+        self.geo().check_range(lba, blocks)
+    }
+
+    /// The follower's copy cannot read `[lba, lba + blocks)`: this leader
+    /// writes the blocks of its own copy to it, holding the range's lock, as
+    /// an [`Message::Apply`] (ordered against every write of the pair, as any
+    /// write of the range is; a failure there detaches the follower's copy,
+    /// as a failed write does).
+    async fn repair_partner(&self, link: &Arc<Link>, lba: u64, blocks: u64) -> OpResult {
+        if let Err(e) = self.repair_range(lba, blocks) {
+            return err_of(&e);
+        }
+        let unavailable = OpResult::Error {
+            code: error_codes::UNAVAILABLE,
+            lba: 0,
+        };
+        let st = self.role();
+        if st.role != Role::Leader || st.peer_resyncing {
+            return unavailable;
+        }
+        let _range = self
+            .locks
+            .lock(lba, lba + blocks, LockMode::Exclusive)
+            .await;
+        let data = match self.local.read(lba, blocks as u32).await {
+            Ok(d) => d,
+            Err(e) => return err_of(&e),
+        };
+        let op = Op::Write {
+            lba,
+            fua: false,
+            data,
+        };
+        match link.request(|id| Message::Apply { id, op }).await {
+            Ok(r) => {
+                if r == OpResult::Ok {
+                    tracing::warn!(volume = %self.cfg.name, lba, blocks,
+                        "the partner's copy could not read these blocks: written to it from this copy");
+                }
+                r
+            }
+            Err(LinkLost) => unavailable,
+        }
+    }
+
+    /// The leader's copy cannot read `[lba, lba + blocks)`: this follower's
+    /// blocks (the leader holds their range: no write of theirs is in flight).
+    async fn read_for_partner(&self, lba: u64, blocks: u64) -> BlockResult<Bytes> {
+        self.repair_range(lba, blocks)?;
+        self.local.read(lba, blocks as u32).await
+    }
+
+    /// This copy could not read `[lba, lba + blocks)` (`e`, a medium error:
+    /// a pool's lost blocks, a disk's bad sector). While the partner is in
+    /// sync and takes repairs, its copy stands in, and this copy is written
+    /// with it (which makes a pool's lost blocks good again): a leader reads
+    /// the partner's blocks holding the range's lock and writes them here; a
+    /// follower asks the leader to write them here, as any write of the pair,
+    /// and reads again. Otherwise, or if that fails, `e`.
+    pub(crate) async fn read_repair(
+        &self,
+        lba: u64,
+        blocks: u32,
+        e: BlockError,
+    ) -> BlockResult<Bytes> {
+        let n = blocks as u64;
+        let st = self.role();
+        let Some(link) = st.link.clone() else {
+            return Err(e);
+        };
+        if st.peer_resyncing
+            || !self.partner_repairs.load(Ordering::SeqCst)
+            || self.repair_range(lba, n).is_err()
+        {
+            return Err(e);
+        }
+        let bs = self.geo().block_size_bytes as u64;
+        let got = match st.role {
+            Role::Leader => {
+                let _range = self.locks.lock(lba, lba + n, LockMode::Exclusive).await;
+                match link.read_copy(lba, n).await {
+                    Ok(Ok(data)) if data.len() as u64 == n * bs => {
+                        if let Err(we) = self.local.write(lba, data.clone(), false).await {
+                            tracing::warn!(volume = %self.cfg.name, lba, error = %we,
+                                "blocks read from the partner's copy could not be written to this one");
+                        }
+                        Ok(data)
+                    }
+                    other => {
+                        tracing::warn!(volume = %self.cfg.name, lba, answer = ?other.map(|r| r.map(|d| d.len())),
+                            "the partner's copy could not stand in for blocks this copy cannot read");
+                        Err(e)
+                    }
+                }
+            }
+            Role::Follower => match link
+                .request(|id| Message::Repair { id, lba, blocks: n })
+                .await
+            {
+                Ok(OpResult::Ok) => self.local.read(lba, blocks).await,
+                other => {
+                    tracing::warn!(volume = %self.cfg.name, lba, answer = ?other.ok(),
+                        "the leader could not repair blocks this copy cannot read");
+                    Err(e)
+                }
+            },
+            _ => Err(e),
+        };
+        if got.is_ok() {
+            self.repaired_blocks.fetch_add(n, Ordering::Relaxed);
+            tracing::warn!(volume = %self.cfg.name, lba, blocks,
+                "blocks this copy could not read were read from the partner's and written here");
+        }
+        got
     }
 
     /// Applies the leader's op; None when this node's copy failed under it and
@@ -1479,6 +1629,8 @@ impl ReplicatedVolume {
             meta_write: tokio::sync::Mutex::new(()),
             meeting: tokio::sync::Mutex::new(()),
             scsi_peer: parking_lot::RwLock::new(None),
+            partner_repairs: std::sync::atomic::AtomicBool::new(false),
+            repaired_blocks: AtomicU64::new(0),
             access_mismatch: Mutex::new(None),
             monitor: parking_lot::RwLock::new(None),
             client_monitor: parking_lot::RwLock::new(None),
@@ -1736,6 +1888,7 @@ impl ReplicatedVolume {
                 .as_ref()
                 .map_or_else(Vec::new, |m| m.links()),
             access_mismatch: i.access_mismatch.lock().clone(),
+            repaired_blocks: i.repaired_blocks.load(Ordering::Relaxed),
         }
     }
 }
@@ -1767,7 +1920,10 @@ impl Volume for ReplicatedVolume {
     async fn read(&self, lba: u64, blocks: u32) -> BlockResult<Bytes> {
         self.inner.geo().check_range(lba, blocks as u64)?;
         self.inner.wait_serving(self.inner.deadline()).await?;
-        self.inner.local.read(lba, blocks).await
+        match self.inner.local.read(lba, blocks).await {
+            Err(e @ BlockError::Medium { .. }) => self.inner.read_repair(lba, blocks, e).await,
+            r => r,
+        }
     }
 
     async fn write(&self, lba: u64, data: Bytes, fua: bool) -> BlockResult<()> {

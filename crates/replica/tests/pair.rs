@@ -1352,3 +1352,62 @@ async fn a_region_a_failed_write_changed_after_its_resync_copy_is_copied_again()
     both_in_sync(&n1, &n2).await;
     same_contents(&m1, &m2).await;
 }
+
+/// Blocks one copy cannot read (a pool's lost blocks, a bad sector: a medium
+/// error) are read from the partner's copy while the two are in sync, and
+/// written to the copy that could not read them: on the leader, which reads
+/// the follower's blocks holding their range, and on a follower, which asks
+/// the leader to write them to it as any write of the pair. The host gets the
+/// data, not the error, and the copy reads on its own again. Before, the read
+/// failed although the partner held the data.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn blocks_a_copy_cannot_read_are_read_from_the_partner_and_repaired() {
+    let d = tempfile::tempdir().unwrap();
+    let m1 = Arc::new(MemVolume::new(512, BLOCKS));
+    let m2 = Arc::new(MemVolume::new(512, BLOCKS));
+    let f1 = Arc::new(block::FaultVolume::new(m1.clone()));
+    let f2 = Arc::new(block::FaultVolume::new(m2.clone()));
+    for f in [&f1, &f2] {
+        f.plan().lock().remap_on_write = true;
+    }
+    let (n2, addr2) = node2(d.path(), 1, f2.clone() as VolumeRef, None).await;
+    let n1 = node1(d.path(), 1, f1.clone() as VolumeRef, addr2, None).await;
+    both_in_sync(&n1, &n2).await;
+    assert_eq!(n1.role(), Role::Leader);
+    assert_eq!(n2.role(), Role::Follower);
+    let data: Vec<u8> = (0..4 * 512u32).map(|i| (i * 7 + 1) as u8).collect();
+    let data = Bytes::from(data);
+    n1.write(100, data.clone(), false).await.unwrap();
+    n2.write(200, data.clone(), false).await.unwrap();
+    // each copy loses one of its blocks: garbage under a sector that cannot
+    // be read
+    for (m, f, lba) in [(&m1, &f1, 101u64), (&m2, &f2, 202)] {
+        m.write(lba, Bytes::from(vec![0xEE; 512]), false)
+            .await
+            .unwrap();
+        f.plan().lock().bad_read_blocks.push(lba..lba + 1);
+    }
+    // the leader's copy: read from the follower's
+    assert_eq!(n1.read(100, 4).await.unwrap(), data);
+    // the follower's copy: written by the leader
+    assert_eq!(n2.read(200, 4).await.unwrap(), data);
+    // both copies hold the data again, and read it on their own
+    for (m, f, lba) in [(&m1, &f1, 100u64), (&m2, &f2, 200)] {
+        assert!(f.plan().lock().bad_read_blocks.is_empty());
+        assert_eq!(m.read(lba, 4).await.unwrap(), data);
+    }
+    assert_eq!(n1.status().repaired_blocks, 4);
+    assert_eq!(n2.status().repaired_blocks, 4);
+    // with the partner gone, an unreadable block is the error it is
+    f1.plan().lock().bad_read_blocks.push(300..301);
+    n2.shutdown().await;
+    let deadline = std::time::Instant::now() + WAIT;
+    while n1.role() != Role::Solo {
+        assert!(std::time::Instant::now() < deadline, "{:?}", n1.status());
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(matches!(
+        n1.read(300, 1).await,
+        Err(block::BlockError::Medium { lba: 300 })
+    ));
+}

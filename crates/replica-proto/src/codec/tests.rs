@@ -116,6 +116,14 @@ fn message() -> impl Strategy<Value = Message> {
         name().prop_map(|reason| Message::Detach { reason }),
         reason().prop_map(|reason| Message::Refused { reason }),
         (any::<u64>(), any::<u64>()).prop_map(|(id, copy)| Message::CopyEnd { id, copy }),
+        (any::<u64>(), any::<u64>(), any::<u64>()).prop_map(|(id, lba, blocks)| Message::Repair {
+            id,
+            lba,
+            blocks
+        }),
+        (any::<u64>(), any::<u64>(), any::<u64>())
+            .prop_map(|(id, lba, blocks)| Message::ReadCopy { id, lba, blocks }),
+        (any::<u64>(), payload(4096)).prop_map(|(id, data)| Message::CopyData { id, data }),
         any::<u64>().prop_map(|seq| Message::Ping { seq }),
         any::<u64>().prop_map(|seq| Message::Pong { seq }),
         (name(), any::<u8>(), any::<u64>()).prop_map(|(cluster, node_id, seq)| {
@@ -190,6 +198,20 @@ fn samples() -> Vec<Message> {
             reason: "r".repeat(crate::REASON_BYTES_MAX),
         },
         Message::CopyEnd { id: 14, copy: 3 },
+        Message::Repair {
+            id: 15,
+            lba: 8,
+            blocks: 2,
+        },
+        Message::ReadCopy {
+            id: 16,
+            lba: u64::MAX,
+            blocks: 1,
+        },
+        Message::CopyData {
+            id: 16,
+            data: Bytes::from_static(b"blocks"),
+        },
         Message::Ping { seq: 1 },
         Message::Pong { seq: u64::MAX },
         Message::WitnessClaim {
