@@ -27,6 +27,7 @@
 //! 0x12  Repair           id u64, lba u64, blocks u64
 //! 0x13  ReadCopy         id u64, lba u64, blocks u64
 //! 0x14  CopyData         id u64, data blob
+//! 0x15  RepairData       id u64, lba u64, data blob
 //! 0x20  WitnessClaim     cluster str, node_id u8, seq u64
 //! 0x21  WitnessRelease   cluster str, node_id u8, seq u64
 //! 0x22  WitnessAnswer    holder u8
@@ -83,6 +84,7 @@ mod kind {
     pub const REPAIR: u16 = 0x12;
     pub const READ_COPY: u16 = 0x13;
     pub const COPY_DATA: u16 = 0x14;
+    pub const REPAIR_DATA: u16 = 0x15;
     pub const WITNESS_CLAIM: u16 = 0x20;
     pub const WITNESS_RELEASE: u16 = 0x21;
     pub const WITNESS_ANSWER: u16 = 0x22;
@@ -205,6 +207,7 @@ fn is_known_kind(k: u16) -> bool {
             | kind::REPAIR
             | kind::READ_COPY
             | kind::COPY_DATA
+            | kind::REPAIR_DATA
             | kind::WITNESS_CLAIM
             | kind::WITNESS_RELEASE
             | kind::WITNESS_ANSWER
@@ -225,7 +228,7 @@ fn body_size_hint(msg: &Message) -> usize {
         Message::Hello { volume, .. } => 41 + volume.len(),
         Message::Bitmap { bits, .. } => 12 + bits.len(),
         Message::Apply { op: o, .. } | Message::Forward { op: o, .. } => 8 + op(o),
-        Message::ResyncData { data, .. } => 20 + data.len(),
+        Message::ResyncData { data, .. } | Message::RepairData { data, .. } => 20 + data.len(),
         Message::ScsiRequest { data, .. }
         | Message::ScsiReply { data, .. }
         | Message::CopyData { data, .. } => 12 + data.len(),
@@ -333,6 +336,12 @@ fn put_body(msg: &Message, out: &mut BytesMut) -> u16 {
             out.put_u64(*id);
             put_blob(out, data);
             kind::COPY_DATA
+        }
+        Message::RepairData { id, lba, data } => {
+            out.put_u64(*id);
+            out.put_u64(*lba);
+            put_blob(out, data);
+            kind::REPAIR_DATA
         }
         Message::Ping { seq } => {
             out.put_u64(*seq);
@@ -638,6 +647,7 @@ fn kind_name(k: u16) -> &'static str {
         kind::REPAIR => "Repair",
         kind::READ_COPY => "ReadCopy",
         kind::COPY_DATA => "CopyData",
+        kind::REPAIR_DATA => "RepairData",
         kind::WITNESS_CLAIM => "WitnessClaim",
         kind::WITNESS_RELEASE => "WitnessRelease",
         kind::WITNESS_ANSWER => "WitnessAnswer",
@@ -722,6 +732,11 @@ fn parse_body(k: u16, body: Bytes) -> Result<Message, ProtoError> {
         },
         kind::COPY_DATA => Message::CopyData {
             id: r.u64()?,
+            data: r.blob()?,
+        },
+        kind::REPAIR_DATA => Message::RepairData {
+            id: r.u64()?,
+            lba: r.u64()?,
             data: r.blob()?,
         },
         kind::PING => Message::Ping { seq: r.u64()? },

@@ -328,8 +328,8 @@ pub enum Message {
         copy: u64,
     },
     /// Follower to leader: the follower's copy cannot read these blocks; the
-    /// leader writes them to it from its own copy (an [`Message::Apply`]
-    /// ordered as any write of theirs) and answers [`Message::Done`].
+    /// leader writes them to it from its own copy ([`Message::RepairData`],
+    /// holding their range as any write of theirs) and answers [`Message::Done`].
     Repair {
         /// Request id chosen by the sender.
         id: u64,
@@ -353,6 +353,18 @@ pub enum Message {
     CopyData {
         /// The request's id.
         id: u64,
+        /// The blocks.
+        data: Bytes,
+    },
+    /// Leader to follower, answering its [`Message::Repair`]: the leader's
+    /// blocks, which the follower's copy already holds logically (only its
+    /// disk could not read them): written there without changing what the
+    /// follower keeps to undo an unfinished copy; answered [`Message::Done`].
+    RepairData {
+        /// Request id chosen by the sender.
+        id: u64,
+        /// First block.
+        lba: u64,
         /// The blocks.
         data: Bytes,
     },

@@ -279,6 +279,11 @@ impl Link {
         let _ = self.closed_tx.send(true);
     }
 
+    /// Whether the link is closed now.
+    pub fn is_closed_now(&self) -> bool {
+        self.pending.lock().closed
+    }
+
     /// Waits until the link is closed.
     pub async fn closed(&self) {
         let mut rx = self.closed_tx.subscribe();

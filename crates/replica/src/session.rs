@@ -754,6 +754,7 @@ async fn session(
                         | Message::ApplyForwarded { .. }
                         | Message::ResyncData { .. }
                         | Message::ResyncDone { .. }
+                        | Message::RepairData { .. }
                 ) {
                     // (no more are in flight than `handled` allows: short only
                     // once the session's end waits for them all, and then
@@ -770,7 +771,10 @@ async fn session(
                 };
                 // counted against the node's buffer budget while applied, never
                 // waiting for it (see ReplicaConfig::buffers)
-                let held = inner.cfg.buffers.charge(payload_bytes(&m));
+                let held = inner
+                    .cfg
+                    .buffers
+                    .charge(payload_bytes(&m, inner.geo().block_size_bytes as u64));
                 let (inner, link) = (inner.clone(), link.clone());
                 tokio::spawn(async move {
                     inner.handle(link, m).await;
@@ -831,7 +835,7 @@ async fn partner_writes_done(
 }
 
 /// Data bytes a message from the partner carries.
-fn payload_bytes(m: &Message) -> u64 {
+fn payload_bytes(m: &Message, bs: u64) -> u64 {
     use replica_proto::Op;
     let op_bytes = |op: &Op| match op {
         Op::Write { data, .. } | Op::CopyWrite { data, .. } => data.len() as u64,
@@ -840,7 +844,13 @@ fn payload_bytes(m: &Message) -> u64 {
     };
     match m {
         Message::Apply { op, .. } | Message::Forward { op, .. } => op_bytes(op),
-        Message::ResyncData { data, .. } | Message::ScsiRequest { data, .. } => data.len() as u64,
+        Message::ResyncData { data, .. }
+        | Message::ScsiRequest { data, .. }
+        | Message::RepairData { data, .. } => data.len() as u64,
+        // what handling them reads (refused past REPAIR_BYTES_MAX)
+        Message::Repair { blocks, .. } | Message::ReadCopy { blocks, .. } => blocks
+            .saturating_mul(bs)
+            .min(replica_proto::REPAIR_BYTES_MAX),
         _ => 0,
     }
 }

@@ -1326,6 +1326,11 @@ impl Inner {
             Message::Repair { id, lba, blocks } => {
                 (id, self.repair_partner(&link, lba, blocks).await)
             }
+            Message::RepairData { id, lba, data } => match self.handle_repair_data(lba, data).await
+            {
+                Some(r) => (id, r),
+                None => return,
+            },
             Message::ReadCopy { id, lba, blocks } => {
                 match self.read_for_partner(lba, blocks).await {
                     Ok(data) => {
@@ -1375,6 +1380,8 @@ impl Inner {
             }
             Message::ReadCopy { .. } => (!(same && st.role == Role::Follower))
                 .then_some("a read of this copy while not following"),
+            Message::RepairData { .. } => (!(same && st.role == Role::Follower))
+                .then_some("a repair of this copy while not following"),
             _ => None,
         }
     }
@@ -1390,10 +1397,9 @@ impl Inner {
     }
 
     /// The follower's copy cannot read `[lba, lba + blocks)`: this leader
-    /// writes the blocks of its own copy to it, holding the range's lock, as
-    /// an [`Message::Apply`] (ordered against every write of the pair, as any
-    /// write of the range is; a failure there detaches the follower's copy,
-    /// as a failed write does).
+    /// writes the blocks of its own copy to it ([`Message::RepairData`]),
+    /// holding the range's lock as any write of the range does (a failure
+    /// there detaches the follower's copy, as a failed write does).
     async fn repair_partner(&self, link: &Arc<Link>, lba: u64, blocks: u64) -> OpResult {
         if let Err(e) = self.repair_range(lba, blocks) {
             return err_of(&e);
@@ -1414,12 +1420,10 @@ impl Inner {
             Ok(d) => d,
             Err(e) => return err_of(&e),
         };
-        let op = Op::Write {
-            lba,
-            fua: false,
-            data,
-        };
-        match link.request(|id| Message::Apply { id, op }).await {
+        match link
+            .request(|id| Message::RepairData { id, lba, data })
+            .await
+        {
             Ok(r) => {
                 if r == OpResult::Ok {
                     tracing::warn!(volume = %self.cfg.name, lba, blocks,
@@ -1428,6 +1432,45 @@ impl Inner {
                 r
             }
             Err(LinkLost) => unavailable,
+        }
+    }
+
+    /// The leader's repair of this follower's copy: `data` is what the copy
+    /// holds logically, so it is written without touching what is kept to
+    /// undo an unfinished copy of the leader's (`write_over` would forget
+    /// those blocks), but inside the undo's gate. None when the copy failed
+    /// under it and was detached.
+    async fn handle_repair_data(&self, lba: u64, data: Bytes) -> Option<OpResult> {
+        let checked = self
+            .geo()
+            .blocks_in(data.len())
+            .and_then(|n| self.repair_range(lba, n));
+        if let Err(e) = checked {
+            return Some(err_of(&e));
+        }
+        let r = {
+            let _g = self.undo.hold().await;
+            self.local.write(lba, data.clone(), false).await
+        };
+        match r {
+            Ok(()) => {
+                self.repaired_blocks.fetch_add(
+                    data.len() as u64 / self.geo().block_size_bytes as u64,
+                    Ordering::Relaxed,
+                );
+                Some(OpResult::Ok)
+            }
+            Err(e) => {
+                let op = Op::Write {
+                    lba,
+                    fua: false,
+                    data,
+                };
+                if self.detach_on(&op, &e).await {
+                    return None;
+                }
+                Some(err_of(&e))
+            }
         }
     }
 
@@ -1446,7 +1489,7 @@ impl Inner {
     /// follower asks the leader to write them here, as any write of the pair,
     /// and reads again. Otherwise, or if that fails, `e`.
     pub(crate) async fn read_repair(
-        &self,
+        self: &Arc<Self>,
         lba: u64,
         blocks: u32,
         e: BlockError,
@@ -1459,33 +1502,31 @@ impl Inner {
         if st.peer_resyncing
             || !self.partner_repairs.load(Ordering::SeqCst)
             || self.repair_range(lba, n).is_err()
+            || self.pinned_within(lba, n)
         {
             return Err(e);
         }
-        let bs = self.geo().block_size_bytes as u64;
-        let got = match st.role {
+        match st.role {
+            // in a task of its own: dropped half way (an aborted command),
+            // the range's lock would go while the write to this copy still
+            // ran, and a newer write of the pair could land under it
             Role::Leader => {
-                let _range = self.locks.lock(lba, lba + n, LockMode::Exclusive).await;
-                match link.read_copy(lba, n).await {
-                    Ok(Ok(data)) if data.len() as u64 == n * bs => {
-                        if let Err(we) = self.local.write(lba, data.clone(), false).await {
-                            tracing::warn!(volume = %self.cfg.name, lba, error = %we,
-                                "blocks read from the partner's copy could not be written to this one");
-                        }
-                        Ok(data)
-                    }
-                    other => {
-                        tracing::warn!(volume = %self.cfg.name, lba, answer = ?other.map(|r| r.map(|d| d.len())),
-                            "the partner's copy could not stand in for blocks this copy cannot read");
-                        Err(e)
-                    }
+                let inner = self.clone();
+                let task = tokio::spawn(async move { inner.repair_here(&link, lba, n).await });
+                match task.await {
+                    Ok(Some(data)) => Ok(data),
+                    _ => Err(e),
                 }
             }
             Role::Follower => match link
                 .request(|id| Message::Repair { id, lba, blocks: n })
                 .await
             {
-                Ok(OpResult::Ok) => self.local.read(lba, blocks).await,
+                Ok(OpResult::Ok) => {
+                    tracing::warn!(volume = %self.cfg.name, lba, blocks,
+                        "blocks this copy could not read were written to it from the leader's");
+                    self.local.read(lba, blocks).await
+                }
                 other => {
                     tracing::warn!(volume = %self.cfg.name, lba, answer = ?other.ok(),
                         "the leader could not repair blocks this copy cannot read");
@@ -1493,13 +1534,63 @@ impl Inner {
                 }
             },
             _ => Err(e),
-        };
-        if got.is_ok() {
-            self.repaired_blocks.fetch_add(n, Ordering::Relaxed);
-            tracing::warn!(volume = %self.cfg.name, lba, blocks,
-                "blocks this copy could not read were read from the partner's and written here");
         }
-        got
+    }
+
+    /// Whether a region of `[lba, lba + blocks)` is pinned: a write failed on
+    /// one side there, and the copies are known to differ.
+    fn pinned_within(&self, lba: u64, blocks: u64) -> bool {
+        let rb = self.bitmap.region_blocks();
+        let (first, end) = (lba / rb, (lba + blocks).div_ceil(rb));
+        self.bitmap
+            .pinned_regions()
+            .iter()
+            .any(|r| (first..end).contains(r))
+    }
+
+    /// The leader's part of [`Inner::read_repair`]: holding the range's lock,
+    /// the follower's blocks, written to this copy while the pair is still
+    /// joined on `link` (inside the undo's gate: after the link's loss, an
+    /// undo of the follower's copies may be putting blocks back). None when
+    /// the follower could not give them or the link went.
+    async fn repair_here(&self, link: &Arc<Link>, lba: u64, n: u64) -> Option<Bytes> {
+        let bs = self.geo().block_size_bytes as u64;
+        let _range = self.locks.lock(lba, lba + n, LockMode::Exclusive).await;
+        let data = match link.read_copy(lba, n).await {
+            Ok(Ok(data)) if data.len() as u64 == n * bs => data,
+            Ok(Ok(data)) => {
+                link.close(&format!(
+                    "the partner answered a read of {n} blocks with {} bytes",
+                    data.len()
+                ));
+                return None;
+            }
+            other => {
+                tracing::warn!(volume = %self.cfg.name, lba, answer = ?other.ok(),
+                    "the partner's copy could not stand in for blocks this copy cannot read");
+                return None;
+            }
+        };
+        let _g = self.undo.hold().await;
+        let st = self.role();
+        let joined = st.role == Role::Leader
+            && st.link.as_ref().is_some_and(|l| Arc::ptr_eq(l, link))
+            && !link.is_closed_now();
+        if !joined {
+            return None;
+        }
+        match self.local.write(lba, data.clone(), false).await {
+            Ok(()) => {
+                self.repaired_blocks.fetch_add(n, Ordering::Relaxed);
+                tracing::warn!(volume = %self.cfg.name, lba, blocks = n,
+                    "blocks this copy could not read were read from the partner's and written here");
+            }
+            Err(we) => {
+                tracing::warn!(volume = %self.cfg.name, lba, error = %we,
+                    "blocks read from the partner's copy could not be written to this one");
+            }
+        }
+        Some(data)
     }
 
     /// Applies the leader's op; None when this node's copy failed under it and

@@ -124,6 +124,8 @@ fn message() -> impl Strategy<Value = Message> {
         (any::<u64>(), any::<u64>(), any::<u64>())
             .prop_map(|(id, lba, blocks)| Message::ReadCopy { id, lba, blocks }),
         (any::<u64>(), payload(4096)).prop_map(|(id, data)| Message::CopyData { id, data }),
+        (any::<u64>(), any::<u64>(), payload(4096))
+            .prop_map(|(id, lba, data)| Message::RepairData { id, lba, data }),
         any::<u64>().prop_map(|seq| Message::Ping { seq }),
         any::<u64>().prop_map(|seq| Message::Pong { seq }),
         (name(), any::<u8>(), any::<u64>()).prop_map(|(cluster, node_id, seq)| {
@@ -211,6 +213,11 @@ fn samples() -> Vec<Message> {
         Message::CopyData {
             id: 16,
             data: Bytes::from_static(b"blocks"),
+        },
+        Message::RepairData {
+            id: 17,
+            lba: 8,
+            data: Bytes::from_static(b"repaired"),
         },
         Message::Ping { seq: 1 },
         Message::Pong { seq: u64::MAX },
