@@ -1305,17 +1305,10 @@ impl Inner {
                         }
                         (id, OpResult::Ok)
                     }
-                    Err(e) => {
-                        let op = Op::Write {
-                            lba,
-                            fua: false,
-                            data,
-                        };
-                        if self.detach_on(&op, &e).await {
-                            return;
-                        }
-                        (id, err_of(&e))
-                    }
+                    Err(e) => match self.write_failed(lba, data, &e).await {
+                        Some(r) => (id, r),
+                        None => return,
+                    },
                 }
             }
             Message::ResyncDone { id, gens } => (id, self.finish_as_target(&link, gens).await),
@@ -1460,18 +1453,23 @@ impl Inner {
                 );
                 Some(OpResult::Ok)
             }
-            Err(e) => {
-                let op = Op::Write {
-                    lba,
-                    fua: false,
-                    data,
-                };
-                if self.detach_on(&op, &e).await {
-                    return None;
-                }
-                Some(err_of(&e))
-            }
+            Err(e) => self.write_failed(lba, data, &e).await,
         }
+    }
+
+    /// The partner's blocks `data` at `lba` could not be written here (`e`):
+    /// the copy is detached if it failed (None: no answer), else the error
+    /// to answer.
+    async fn write_failed(&self, lba: u64, data: Bytes, e: &BlockError) -> Option<OpResult> {
+        let op = Op::Write {
+            lba,
+            fua: false,
+            data,
+        };
+        if self.detach_on(&op, e).await {
+            return None;
+        }
+        Some(err_of(e))
     }
 
     /// The leader's copy cannot read `[lba, lba + blocks)`: this follower's

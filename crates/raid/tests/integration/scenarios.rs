@@ -649,6 +649,28 @@ async fn fill_all(pool: &Pool, oracle: &MemVolume) {
     pool.flush().await.unwrap();
 }
 
+/// A pool of `level` over the first `n` of `total` members of 6 MiB (the
+/// rest are spares to hand it), filled whole with a pattern, and its oracle.
+async fn filled_pool(
+    level: RaidLevel,
+    n: usize,
+    total: usize,
+) -> (Pool, Vec<TestMember>, MemVolume) {
+    let blocks = (2 << 20) / 512 + (4 << 20) / 512;
+    let ms: Vec<TestMember> = (0..total).map(|_| member(blocks)).collect();
+    let pool = Pool::create(
+        config(level),
+        (0..n).map(|i| ms[i].as_member(&format!("m{i}"))).collect(),
+        vec![],
+    )
+    .await
+    .unwrap();
+    pool.wait_idle().await;
+    let oracle = MemVolume::new(BS, pool.geometry().block_count);
+    fill_all(&pool, &oracle).await;
+    (pool, ms, oracle)
+}
+
 /// Waits (bounded) until `done` holds of the pool's status.
 async fn wait_status(pool: &Pool, secs: u64, done: impl Fn(&raid::PoolStatus) -> bool) {
     let deadline = std::time::Instant::now() + Duration::from_secs(secs);
@@ -724,17 +746,7 @@ async fn a_sector_a_rebuild_cannot_recover_is_recorded_lost_and_the_rebuild_fini
         (RaidLevel::Raid6, 4, vec![1, 2]),
     ] {
         let blocks = (2 << 20) / 512 + (4 << 20) / 512;
-        let ms: Vec<TestMember> = (0..n + rebuilt.len()).map(|_| member(blocks)).collect();
-        let pool = Pool::create(
-            config(level),
-            (0..n).map(|i| ms[i].as_member(&format!("m{i}"))).collect(),
-            vec![],
-        )
-        .await
-        .unwrap();
-        pool.wait_idle().await;
-        let oracle = MemVolume::new(BS, pool.geometry().block_count);
-        fill_all(&pool, &oracle).await;
+        let (pool, ms, oracle) = filled_pool(level, n, n + rebuilt.len()).await;
         // member 0 gets a bad sector three quarters into its data area; the
         // others are lost and replaced (held still until all are in)
         let off = pool.data_offset_bytes() / BS as u64;
@@ -826,18 +838,7 @@ async fn no_journal_record_is_replayed_over_a_row_the_rebuild_gave_up() {
 }
 
 async fn replayed_over_a_given_up_row(data_first: bool) {
-    let blocks = (2 << 20) / 512 + (4 << 20) / 512;
-    let ms: Vec<TestMember> = (0..5).map(|_| member(blocks)).collect();
-    let pool = Pool::create(
-        config(RaidLevel::Raid5),
-        (0..4).map(|i| ms[i].as_member(&format!("m{i}"))).collect(),
-        vec![],
-    )
-    .await
-    .unwrap();
-    pool.wait_idle().await;
-    let oracle = MemVolume::new(BS, pool.geometry().block_count);
-    fill_all(&pool, &oracle).await;
+    let (pool, ms, oracle) = filled_pool(RaidLevel::Raid5, 4, 5).await;
     // a clean restart: no write-intent region left to resync after the crash
     pool.shutdown().await.unwrap();
     drop(pool);
@@ -902,18 +903,7 @@ async fn replayed_over_a_given_up_row(data_first: bool) {
 /// status says why; the blocks it recorded stay recorded.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_rebuild_that_would_lose_more_ranges_than_are_kept_is_held_and_says_why() {
-    let blocks = (2 << 20) / 512 + (4 << 20) / 512;
-    let ms: Vec<TestMember> = (0..4).map(|_| member(blocks)).collect();
-    let pool = Pool::create(
-        config(RaidLevel::Raid5),
-        (0..3).map(|i| ms[i].as_member(&format!("m{i}"))).collect(),
-        vec![],
-    )
-    .await
-    .unwrap();
-    pool.wait_idle().await;
-    let oracle = MemVolume::new(BS, pool.geometry().block_count);
-    fill_all(&pool, &oracle).await;
+    let (pool, ms, _oracle) = filled_pool(RaidLevel::Raid5, 3, 4).await;
     // every other block of member 0's data area, from its start, unreadable
     let off = pool.data_offset_bytes() / BS as u64;
     ms[0].plan.lock().bad_read_blocks = (0..2000).map(|i| off + 2 * i..off + 2 * i + 1).collect();
