@@ -219,9 +219,9 @@ pub struct ReplicaStatus {
     /// ([`ReplicatedVolume::set_access_mismatch`]); None when they agreed or
     /// were not compared.
     pub access_mismatch: Option<String>,
-    /// Blocks this copy could not read (medium errors: a pool's lost blocks,
-    /// bad sectors) that the partner's copy stood in for and repaired, since
-    /// the node started.
+    /// Blocks rewritten on this copy from the partner's because a read of
+    /// theirs failed here with a medium error (a pool's lost blocks, bad
+    /// sectors): every block of each such read, since the node started.
     pub repaired_blocks: u64,
 }
 
@@ -411,6 +411,14 @@ fn copy_failed(e: &BlockError) -> bool {
             | BlockError::Io(_)
             | BlockError::Unavailable(_)
     )
+}
+
+/// The answer to a request this node cannot serve now.
+fn unavailable() -> OpResult {
+    OpResult::Error {
+        code: error_codes::UNAVAILABLE,
+        lba: 0,
+    }
 }
 
 fn err_of(e: &BlockError) -> OpResult {
@@ -1325,6 +1333,15 @@ impl Inner {
                 None => return,
             },
             Message::ReadCopy { id, lba, blocks } => {
+                if self.role().role != Role::Follower {
+                    let _ = link
+                        .send(Message::Done {
+                            id,
+                            result: unavailable(),
+                        })
+                        .await;
+                    return;
+                }
                 match self.read_for_partner(lba, blocks).await {
                     Ok(data) => {
                         let _ = link.send(Message::CopyData { id, data }).await;
@@ -1367,14 +1384,12 @@ impl Inner {
             Message::CopyEnd { .. } => (!same).then_some("a copy's end on a stale link"),
             Message::ApplyForwarded { .. } => (!(same && st.role == Role::Follower))
                 .then_some("a forwarded write while not following"),
-            // (a leader whose partner is a resync target answers with an error)
-            Message::Repair { .. } => {
-                (!(same && st.role == Role::Leader)).then_some("a repair request while not leading")
+            // on this link but in another role (a node detaching its copy
+            // is down before its Detach leaves): answered with an error, as a
+            // forwarded write is, so the Detach still reaches the partner
+            Message::Repair { .. } | Message::ReadCopy { .. } | Message::RepairData { .. } => {
+                (!same).then_some("a repair on a stale link")
             }
-            Message::ReadCopy { .. } => (!(same && st.role == Role::Follower))
-                .then_some("a read of this copy while not following"),
-            Message::RepairData { .. } => (!(same && st.role == Role::Follower))
-                .then_some("a repair of this copy while not following"),
             _ => None,
         }
     }
@@ -1384,7 +1399,9 @@ impl Inner {
     fn repair_range(&self, lba: u64, blocks: u64) -> BlockResult<()> {
         let bs = self.geo().block_size_bytes as u64;
         if blocks == 0 || blocks.saturating_mul(bs) > REPAIR_BYTES_MAX {
-            return Err(BlockError::NotSupported("a repair of more than 8 MiB"));
+            return Err(BlockError::NotSupported(
+                "a repair of no block or of more than 8 MiB",
+            ));
         }
         self.geo().check_range(lba, blocks)
     }
@@ -1397,18 +1414,19 @@ impl Inner {
         if let Err(e) = self.repair_range(lba, blocks) {
             return err_of(&e);
         }
-        let unavailable = OpResult::Error {
-            code: error_codes::UNAVAILABLE,
-            lba: 0,
-        };
         let st = self.role();
         if st.role != Role::Leader || st.peer_resyncing {
-            return unavailable;
+            return unavailable();
         }
         let _range = self
             .locks
             .lock(lba, lba + blocks, LockMode::Exclusive)
             .await;
+        // pinned under the lock: a write that failed on one side there left
+        // the copies different, and the follower's may be the newer
+        if self.pinned_within(lba, blocks) {
+            return unavailable();
+        }
         let data = match self.local.read(lba, blocks as u32).await {
             Ok(d) => d,
             Err(e) => return err_of(&e),
@@ -1424,7 +1442,7 @@ impl Inner {
                 }
                 r
             }
-            Err(LinkLost) => unavailable,
+            Err(LinkLost) => unavailable(),
         }
     }
 
@@ -1434,6 +1452,9 @@ impl Inner {
     /// those blocks), but inside the undo's gate. None when the copy failed
     /// under it and was detached.
     async fn handle_repair_data(&self, lba: u64, data: Bytes) -> Option<OpResult> {
+        if self.role().role != Role::Follower {
+            return Some(unavailable());
+        }
         let checked = self
             .geo()
             .blocks_in(data.len())
@@ -1554,6 +1575,11 @@ impl Inner {
     async fn repair_here(&self, link: &Arc<Link>, lba: u64, n: u64) -> Option<Bytes> {
         let bs = self.geo().block_size_bytes as u64;
         let _range = self.locks.lock(lba, lba + n, LockMode::Exclusive).await;
+        // (again under the lock: a write failing on one side may have pinned
+        // a region since the first look)
+        if self.pinned_within(lba, n) {
+            return None;
+        }
         let data = match link.read_copy(lba, n).await {
             Ok(Ok(data)) if data.len() as u64 == n * bs => data,
             Ok(Ok(data)) => {

@@ -547,6 +547,7 @@ impl NodeCollector {
         let mut copies = Samples::new();
         let mut resynced = Samples::new();
         let mut failovers = Samples::new();
+        let mut repaired = Samples::new();
         let mut last_failover = Samples::new();
         let mut role_changed = Samples::new();
         let mut witness = Samples::new();
@@ -581,6 +582,7 @@ impl NodeCollector {
             copies.push((base.clone(), num(&r["partner_copies_open"])));
             resynced.push((base.clone(), num(&r["resynced_bytes"])));
             failovers.push((base.clone(), num(&r["failovers"])));
+            repaired.push((base.clone(), num(&r["repaired_blocks"])));
             if let Some(ms) = r["last_failover_ms"].as_u64() {
                 last_failover.push((base.clone(), ms as f64 / 1e3));
             }
@@ -649,6 +651,12 @@ impl NodeCollector {
             "freesan_replica_failovers",
             "Times this node went on serving a replicated volume alone after serving it with its partner, since start.",
             &failovers,
+        )?;
+        counters(
+            e,
+            "freesan_replica_repaired_blocks",
+            "Blocks of this node's copy that it could not read (medium errors) and rewrote from the partner's copy, since start.",
+            &repaired,
         )?;
         gauges(
             e,
