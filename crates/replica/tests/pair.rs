@@ -1411,3 +1411,52 @@ async fn blocks_a_copy_cannot_read_are_read_from_the_partner_and_repaired() {
         Err(block::BlockError::Medium { lba: 300 })
     ));
 }
+
+/// A repair rewrites what a copy holds logically, so it must not change what
+/// the follower keeps to undo the leader's unfinished offloaded copy: here a
+/// block of copy 7's range, unreadable on the follower, is repaired from the
+/// leader; the leader is then lost, and the follower, going on alone, puts
+/// the whole range back (the repaired block too). As a plain write the
+/// repair made the undo forget that block, which kept the copy's data.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_repair_keeps_what_the_follower_holds_to_undo_an_unfinished_copy() {
+    let d = tempfile::tempdir().unwrap();
+    let waddr = Some(witness(d.path()).await);
+    let m1: VolumeRef = Arc::new(MemVolume::new(512, BLOCKS));
+    let m2 = Arc::new(MemVolume::new(512, BLOCKS));
+    let f2 = Arc::new(block::FaultVolume::new(m2.clone()));
+    f2.plan().lock().remap_on_write = true;
+    let (n2, addr2) = node2(d.path(), 1, f2.clone() as VolumeRef, waddr).await;
+    let n1 = node1(d.path(), 1, m1.clone(), addr2, waddr).await;
+    both_in_sync(&n1, &n2).await;
+    assert_eq!(n1.role(), Role::Leader);
+    n1.write(0, Bytes::from(vec![1u8; 2048 * 512]), false)
+        .await
+        .unwrap();
+    // copy 7 over blocks 0..1024, never ended: node 2 keeps what it overwrote
+    n1.write_copy(7, 0, Bytes::from(vec![2u8; 1024 * 512]), false)
+        .await
+        .unwrap();
+    assert_eq!(n2.status().partner_copies_open, 1);
+    // block 50 of node 2's copy cannot be read: repaired from the leader
+    m2.write(50, Bytes::from(vec![0xEE; 512]), false)
+        .await
+        .unwrap();
+    f2.plan().lock().bad_read_blocks.push(50..51);
+    assert!(
+        holds(&*n2, 50, 1, 2).await,
+        "the copy's data, from the leader"
+    );
+    assert_eq!(n2.status().repaired_blocks, 1);
+    // node 1 is lost: node 2 undoes copy 7 before it serves alone
+    n1.shutdown().await;
+    assert!(
+        n2.wait_until(|s| s.role == Role::Solo, WAIT).await,
+        "{:?}",
+        n2.status()
+    );
+    assert!(
+        holds(&*n2, 0, 1024, 1).await,
+        "copy 7 undone, the repaired block too"
+    );
+}
