@@ -875,3 +875,43 @@ fn describe(l: &LunConfig) -> String {
         String::new()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A change that finds another one holding the lock waits for it at most
+    /// [`OP_WAIT`], then is answered 409 (each change waiting holds one of
+    /// the API's change slots); once the lock is free it goes through. The
+    /// clock is the test runtime's, paused and advanced.
+    #[tokio::test(start_paused = true)]
+    async fn a_change_waits_at_most_ten_seconds_for_another_then_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let text = format!(
+            "data_dir = {:?}\n[[portal]]\naddress = \"127.0.0.1:3260\"\n\
+             [[target]]\niqn = \"iqn.2026-11.org.freesan:t1\"\n\
+             [[target.lun]]\npath = {:?}\nsize = \"1M\"\n",
+            dir.path().display().to_string(),
+            dir.path().join("l.img").display().to_string()
+        );
+        let cfg: Config = toml::from_str(&text).unwrap();
+        let objects = Arc::new(Objects::new(&cfg, HashMap::new()).unwrap());
+        let pools = Arc::new(Pools::open(&cfg).await.unwrap());
+        let body = || json!({ "name": "d0", "size": "1M" });
+        let held = objects.op.lock().await;
+        let started = tokio::time::Instant::now();
+        let waiting = {
+            let (objects, pools) = (objects.clone(), pools.clone());
+            tokio::spawn(async move { objects.create_disk(&pools, body()).await })
+        };
+        let r = tokio::time::timeout(OP_WAIT * 6, waiting)
+            .await
+            .expect("the change waited on")
+            .unwrap();
+        assert!(matches!(r, Err(ApiError::Conflict(_))), "{r:?}");
+        assert_eq!(started.elapsed(), OP_WAIT);
+        drop(held);
+        objects.create_disk(&pools, body()).await.unwrap();
+        assert!(objects.snapshot().0.disks.iter().any(|d| d.name == "d0"));
+    }
+}
