@@ -121,14 +121,14 @@ export const overview = {
         api('/status'), api('/pools'), newestEvents(200), optional('/history?window=300'),
       ]);
       const cap = pools.reduce((a, p) => a + (p.usable_bytes ?? p.capacity_bytes ?? 0), 0);
-      const bad = pools.filter((p) => !/^(ok|optimal)$/i.test(p.state || ''));
+      const bad = pools.filter((p) => !/^(ok|optimal)$/i.test(p.state || '') || p.lost_blocks > 0);
       const alerts = events.filter((e) => e.severity !== 'info').slice(0, 10);
       const badCaches = (status.caches || []).filter((c) => c.state && c.state !== 'ok');
       const health = pools.some((p) => p.state === 'failed') ? 'failed' : bad.length || badCaches.length ? 'degraded' : 'ok';
       const luns = (status.targets || []).reduce((a, t) => a + (t.luns?.length ?? 0), 0) || (status.luns?.length ?? 0);
       set(el, '#ov-cards', html`
 <div class="card"><h2>Health</h2><p class="big" id="ov-health">${stateBadge(health)}</p></div>
-<div class="card"><h2>Pools</h2><p class="big">${pools.length}</p><p>${bad.length ? `${bad.length} not optimal: ${bad.map((p) => `${p.name} ${p.state}`).join(', ')}` : 'all optimal'}</p></div>
+<div class="card"><h2>Pools</h2><p class="big">${pools.length}</p><p>${bad.length ? `${bad.length} need attention: ${bad.map((p) => `${p.name} ${p.state}${p.lost_blocks > 0 ? `, ${p.lost_blocks} blocks lost` : ''}`).join(', ')}` : 'all optimal'}</p></div>
 <div class="card"><h2>Capacity</h2><p class="big">${bytes(cap)}</p><p>usable in pools</p></div>
 <div class="card"><h2>LUNs</h2><p class="big">${luns}</p><p>${(status.portals || []).join(', ')}</p></div>
 <div class="card"><h2>Version</h2><p class="big">${status.version ?? '–'}</p></div>`);

@@ -272,11 +272,13 @@ fn print_pool(p: &Value) {
         .and_then(Value::as_u64)
         .filter(|&n| n > 0)
     {
-        let ranges: Vec<String> = p
+        let all = p
             .get("lost_ranges")
             .and_then(Value::as_array)
-            .map_or(&[][..], |a| a.as_slice())
+            .map_or(&[][..], |a| a.as_slice());
+        let mut ranges: Vec<String> = all
             .iter()
+            .take(8)
             .map(|r| {
                 let (a, c) = (r[0].as_u64().unwrap_or(0), r[1].as_u64().unwrap_or(0));
                 if c == 1 {
@@ -286,6 +288,9 @@ fn print_pool(p: &Value) {
                 }
             })
             .collect();
+        if all.len() > 8 {
+            ranges.push(format!("... ({} ranges in all)", all.len()));
+        }
         println!(
             "  LOST BLOCKS: {n} (unreadable during a rebuild with no redundancy left; reads fail \
              until written): {}",

@@ -61,6 +61,13 @@ fn health(v: &Value) -> String {
                 p["name"].as_str().unwrap_or("?")
             ));
         }
+        // redundant again, but with blocks a rebuild could not recover
+        if let Some(n) = p["lost_blocks"].as_u64().filter(|&n| n > 0) {
+            bad.push(format!(
+                "pool {} has {n} lost blocks",
+                p["name"].as_str().unwrap_or("?")
+            ));
+        }
     }
     for r in v["replicas"].as_array().into_iter().flatten() {
         let state = r["state"].as_str().unwrap_or("?");

@@ -28,8 +28,9 @@
 //! - A write (or a discard that zeroes) over a lost block makes it good again:
 //!   the record is updated in the superblocks before the write is acknowledged.
 //!
-//! At most [`LOST_RANGES_MAX`] ranges are kept (adjacent blocks merge into one);
-//! a rebuild that would need more is held at its stripe as before, and says so.
+//! A rebuild records at most [`LOST_RANGES_MAX`] ranges (adjacent blocks merge
+//! into one); one that would need more is held at its stripe as before, and
+//! says so. Writes inside ranges split them up to [`LOST_RANGES_KEPT_MAX`].
 
 use crate::layout::Scheme;
 use crate::pool::{Inner, View};

@@ -663,7 +663,7 @@ mod tests {
         sb.lost_blocks = vec![[2559, 1]];
         sb.validate().unwrap();
         // the most a superblock may list, with pool block numbers of a
-        // multi-terabyte pool (the longest JSON)
+        // multi-terabyte pool and long ranges
         sb.stripes = 1 << 34;
         sb.lost_blocks = (0..LOST_RANGES_KEPT_MAX as u64 + 1)
             .map(|i| [(1 << 41) + 200_000 * i, 100_000])

@@ -497,13 +497,14 @@ fn pool_events(old: &raid::PoolStatus, new: &raid::PoolStatus, out: &mut Vec<New
             pool.clone(),
             format!(
                 "pool {pool}: the rebuild cannot go past stripe {} ({}); it retries, and the \
-                 pool does not regain its full redundancy until that read succeeds",
+                 pool does not regain its full redundancy until the stripe is read or its \
+                 unreadable rows are given up (recorded as lost blocks)",
                 stall.stripe, stall.error
             ),
         ));
     }
     if new.lost_blocks > old.lost_blocks {
-        out.push(blocks_lost(new, new.lost_blocks - old.lost_blocks));
+        out.push(blocks_lost(new, Some(new.lost_blocks - old.lost_blocks)));
     }
     if let Some(r) = &new.last_scrub {
         let bad = r.mismatches + r.read_errors + r.unrepairable;
@@ -526,9 +527,14 @@ fn pool_events(old: &raid::PoolStatus, new: &raid::PoolStatus, out: &mut Vec<New
     }
 }
 
-/// The event for `added` more lost blocks of pool `p` (all of them at start).
-fn blocks_lost(p: &raid::PoolStatus, added: u64) -> NewEvent {
+/// The event for `added` more lost blocks of pool `p` (None: at start, all
+/// of them).
+fn blocks_lost(p: &raid::PoolStatus, added: Option<u64>) -> NewEvent {
     let pool = &p.name;
+    let what = match added {
+        Some(n) => format!("{n} more block(s)"),
+        None => "some blocks".to_string(),
+    };
     let first: Vec<String> = p
         .lost_ranges
         .iter()
@@ -537,7 +543,7 @@ fn blocks_lost(p: &raid::PoolStatus, added: u64) -> NewEvent {
             if n == 1 {
                 format!("{a}")
             } else {
-                format!("{a}+{n}")
+                format!("{a}-{}", a + n - 1)
             }
         })
         .collect();
@@ -546,7 +552,9 @@ fn blocks_lost(p: &raid::PoolStatus, added: u64) -> NewEvent {
         K::BlocksLost,
         pool.clone(),
         format!(
-            "pool {pool}: {added} more block(s) could not be recovered (unreadable sectors with              no redundancy left); {} lost in all, at pool blocks {}{}; reads of them fail              until they are written again (restore those blocks from a backup)",
+            "pool {pool}: {what} could not be recovered (unreadable sectors with no \
+             redundancy left); {} lost in all, at pool blocks {}{}; reads of them fail \
+             until they are written again (restore those blocks from a backup)",
             p.lost_blocks,
             first.join(", "),
             if p.lost_ranges.len() > 4 { ", ..." } else { "" }
@@ -592,7 +600,7 @@ fn standing_pool_events(p: &raid::PoolStatus, out: &mut Vec<NewEvent>) {
         ));
     }
     if p.lost_blocks > 0 {
-        out.push(blocks_lost(p, p.lost_blocks));
+        out.push(blocks_lost(p, None));
     }
     if let Some(r) = &p.rebuild {
         out.push(NewEvent::new(
@@ -737,6 +745,14 @@ mod tests {
             false,
         );
         assert_eq!(start(&healthy), vec![]);
+        // blocks recorded lost before the start: said once
+        let mut lost_before = healthy.clone();
+        lost_before.lost_blocks = 3;
+        lost_before.lost_ranges = vec![[4096, 2], [9000, 1]];
+        assert_eq!(
+            start(&lost_before),
+            vec![(K::BlocksLost, S::Critical, "p".into())]
+        );
         let degraded = pool(
             "degraded",
             vec![member(0, "d0", "failed"), member(1, "d1", "active")],
@@ -852,6 +868,15 @@ mod tests {
         assert_eq!(
             kinds(&rebuilding, &lost),
             vec![(K::BlocksLost, S::Critical, "p".into())]
+        );
+        let mut said = Vec::new();
+        pool_events(&rebuilding, &lost, &mut said);
+        let said = &said[0].message;
+        assert_eq!(
+            said,
+            "pool p: 2 more block(s) could not be recovered (unreadable sectors with no \
+             redundancy left); 2 lost in all, at pool blocks 96, 160; reads of them fail \
+             until they are written again (restore those blocks from a backup)"
         );
         let mut fewer = lost.clone();
         fewer.lost_blocks = 1;
