@@ -299,6 +299,13 @@ async function rareStates(page, shots) {
   check(/3 blocks lost/.test(lost ?? '') && /4096–4097, 9000/.test(lost ?? ''), 'the Storage page says how many blocks a rebuild gave up and where', lost);
   await shot(page, shots, 'storage-rebuild-stalled');
   await axe(page, 'storage with a stalled rebuild');
+  await go(page, 'overview');
+  const card = await until('the pools card naming the lost blocks', 20, () => page.evaluate(() => {
+    const t = document.querySelector('#ov-cards')?.textContent || '';
+    return /blocks lost/.test(t) ? t : null;
+  }));
+  check(/web [a-z]+, 3 blocks lost/.test(card), 'the Overview counts a pool with lost blocks as needing attention', card);
+  await shot(page, shots, 'overview-lost-blocks');
   await page.unroute('**/api/v1/pools');
 
   const copy = (name, consistent, partial) => ({
