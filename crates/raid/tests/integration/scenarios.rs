@@ -746,16 +746,24 @@ async fn a_sector_a_rebuild_cannot_recover_is_recorded_lost_and_the_rebuild_fini
         (RaidLevel::Raid5, 4, vec![1]),
         (RaidLevel::Raid6, 4, vec![1, 2]),
         (RaidLevel::Raid6, 5, vec![1, 2]),
+        (RaidLevel::Raid10, 4, vec![1]),
+        (RaidLevel::Raid10Far, 3, vec![1]),
     ] {
+        let mirror = matches!(
+            level,
+            RaidLevel::Raid1 | RaidLevel::Raid10 | RaidLevel::Raid10Far
+        );
         let blocks = (2 << 20) / 512 + (4 << 20) / 512;
         let (pool, ms, oracle) = filled_pool(level, n, n + rebuilt.len()).await;
         // a disk remaps a sector it is written: the salvage must write it
         ms[0].plan.lock().remap_on_write = true;
-        // member 0 gets a bad sector three quarters into its data area; the
-        // others are lost and replaced (held still until all are in)
+        // member 0 gets a bad sector a quarter into its data area (in the
+        // first area of a far layout, where the rebuilt member holds the
+        // other copy of its chunk); the others are lost and replaced (held
+        // still until all are in)
         let off = pool.data_offset_bytes() / BS as u64;
         let cb = (CHUNK / BS) as u64;
-        let mrow = (blocks - off) * 3 / 4;
+        let mrow = (blocks - off) / 4;
         ms[0]
             .plan
             .lock()
@@ -772,15 +780,19 @@ async fn a_sector_a_rebuild_cannot_recover_is_recorded_lost_and_the_rebuild_fini
         }
         pool.set_rebuild_rate_mb_s(0).await.unwrap();
         wait_status(&pool, 120, |st| st.state == PoolState::Optimal).await;
-        // the data blocks of the row on the unknown positions
-        let (s, row) = (mrow / cb, mrow % cb);
-        let k = pool.layout().data_chunks();
+        // the data blocks of the row whose every copy (the one chunk of a
+        // parity level) sits on an unknown position: the bad sector's, and
+        // every position of a rebuilt member
+        let l = pool.layout();
+        let k = l.data_chunks();
+        let area_blocks = pool.geometry().block_count / (k as u64 * cb) * cb;
+        let bad_pos = (mrow / area_blocks) as usize * l.member_count();
+        let (s, row) = ((mrow % area_blocks) / cb, mrow % cb);
+        let unknown: Vec<usize> = std::iter::once(bad_pos)
+            .chain(rebuilt.iter().flat_map(|&m| l.positions_of(m)))
+            .collect();
         let mut want: Vec<u64> = (0..k)
-            .filter(|&d| {
-                // (a mirror's copies are all unknown at that row)
-                let pos = pool.layout().data_positions(s, d)[0];
-                level == RaidLevel::Raid1 || pos == 0 || rebuilt.contains(&pos)
-            })
+            .filter(|&d| l.data_positions(s, d).iter().all(|p| unknown.contains(p)))
             .map(|d| (s * k as u64 + d as u64) * cb + row)
             .collect();
         want.sort_unstable();
@@ -800,7 +812,7 @@ async fn a_sector_a_rebuild_cannot_recover_is_recorded_lost_and_the_rebuild_fini
         // row's parity and stand-ins, which must agree
         let witness = (0..k)
             .map(|d| pool.layout().data_positions(s, d)[0])
-            .find(|&pos| pos != 0 && !rebuilt.contains(&pos) && level != RaidLevel::Raid1)
+            .find(|&pos| pos != 0 && !rebuilt.contains(&pos) && !mirror)
             .unwrap_or(0);
         // kept across a restart
         pool.shutdown().await.unwrap();
