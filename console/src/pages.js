@@ -128,7 +128,7 @@ export const overview = {
       const luns = (status.targets || []).reduce((a, t) => a + (t.luns?.length ?? 0), 0) || (status.luns?.length ?? 0);
       set(el, '#ov-cards', html`
 <div class="card"><h2>Health</h2><p class="big" id="ov-health">${stateBadge(health)}</p></div>
-<div class="card"><h2>Pools</h2><p class="big">${pools.length}</p><p>${bad.length ? `${bad.length} need attention: ${bad.map((p) => `${p.name} ${p.state}${p.lost_blocks > 0 ? `, ${p.lost_blocks} blocks lost` : ''}`).join(', ')}` : 'all optimal'}</p></div>
+<div class="card"><h2>Pools</h2><p class="big">${pools.length}</p><p>${bad.length ? `${bad.length} need${bad.length === 1 ? 's' : ''} attention: ${bad.map((p) => `${p.name} ${p.state}${p.lost_blocks > 0 ? `, ${p.lost_blocks} blocks lost` : ''}`).join(', ')}` : 'all optimal'}</p></div>
 <div class="card"><h2>Capacity</h2><p class="big">${bytes(cap)}</p><p>usable in pools</p></div>
 <div class="card"><h2>LUNs</h2><p class="big">${luns}</p><p>${(status.portals || []).join(', ')}</p></div>
 <div class="card"><h2>Version</h2><p class="big">${status.version ?? '–'}</p></div>`);
