@@ -338,9 +338,11 @@ pub enum Message {
         /// Blocks (at most [`REPAIR_BYTES_MAX`] bytes' worth).
         blocks: u64,
     },
-    /// Leader to follower: the leader's copy cannot read these blocks (it
-    /// holds their range, so no write of theirs is in flight); answered with
-    /// [`Message::CopyData`], or [`Message::Done`] with an error.
+    /// The sender's copy cannot read these blocks: the receiver's, answered
+    /// with [`Message::CopyData`], or [`Message::Done`] with an error. From a
+    /// leader (holding their range, so no write of theirs is in flight), to
+    /// repair its copy; from a follower whose disk still cannot read them
+    /// after the leader's [`Message::RepairData`], to serve its read.
     ReadCopy {
         /// Request id chosen by the sender.
         id: u64,

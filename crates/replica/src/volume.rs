@@ -1333,7 +1333,7 @@ impl Inner {
                 None => return,
             },
             Message::ReadCopy { id, lba, blocks } => {
-                if self.role().role != Role::Follower {
+                if !matches!(self.role().role, Role::Follower | Role::Leader) {
                     let _ = link
                         .send(Message::Done {
                             id,
@@ -1493,8 +1493,10 @@ impl Inner {
         Some(err_of(e))
     }
 
-    /// The leader's copy cannot read `[lba, lba + blocks)`: this follower's
-    /// blocks (the leader holds their range: no write of theirs is in flight).
+    /// The partner's copy cannot read `[lba, lba + blocks)`: this copy's
+    /// blocks (a leader asking holds their range: no write of theirs is in
+    /// flight; a follower asking serves a read with them, as any read that
+    /// meets writes in flight).
     async fn read_for_partner(&self, lba: u64, blocks: u64) -> BlockResult<Bytes> {
         self.repair_range(lba, blocks)?;
         self.local.read(lba, blocks as u32).await
@@ -1544,7 +1546,19 @@ impl Inner {
                 Ok(OpResult::Ok) => {
                     tracing::warn!(volume = %self.cfg.name, lba, blocks,
                         "blocks this copy could not read were written to it from the leader's");
-                    self.local.read(lba, blocks).await
+                    match self.local.read(lba, blocks).await {
+                        // a disk that still cannot read what it was written
+                        // (no sector left to remap to): the leader's blocks
+                        // serve this read; the copy stays as it is
+                        Err(again @ BlockError::Medium { .. }) => {
+                            let bs = self.geo().block_size_bytes as u64;
+                            match link.read_copy(lba, n).await {
+                                Ok(Ok(data)) if data.len() as u64 == n * bs => Ok(data),
+                                _ => Err(again),
+                            }
+                        }
+                        r => r,
+                    }
                 }
                 other => {
                     tracing::warn!(volume = %self.cfg.name, lba, answer = ?other.ok(),

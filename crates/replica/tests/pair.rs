@@ -1460,3 +1460,24 @@ async fn a_repair_keeps_what_the_follower_holds_to_undo_an_unfinished_copy() {
         "copy 7 undone, the repaired block too"
     );
 }
+
+/// A follower whose disk still cannot read the blocks the leader wrote to it
+/// (no spare sector left to remap to) serves the read with the leader's
+/// blocks. Before, the read failed after the repair.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_follower_whose_disk_cannot_take_the_repair_reads_the_leaders_blocks() {
+    let d = tempfile::tempdir().unwrap();
+    let m1: VolumeRef = Arc::new(MemVolume::new(512, BLOCKS));
+    let m2 = Arc::new(MemVolume::new(512, BLOCKS));
+    let f2 = Arc::new(block::FaultVolume::new(m2.clone()));
+    let (n2, addr2) = node2(d.path(), 1, f2.clone() as VolumeRef, None).await;
+    let n1 = node1(d.path(), 1, m1.clone(), addr2, None).await;
+    both_in_sync(&n1, &n2).await;
+    assert_eq!(n2.role(), Role::Follower);
+    let data = Bytes::from(vec![7u8; 4 * 512]);
+    n1.write(300, data.clone(), false).await.unwrap();
+    // block 301 stays unreadable on node 2 whatever is written to it
+    f2.plan().lock().bad_read_blocks.push(301..302);
+    assert_eq!(n2.read(300, 4).await.unwrap(), data);
+    assert_eq!(m2.read(300, 4).await.unwrap(), data, "written all the same");
+}
