@@ -269,6 +269,11 @@ impl Inner {
             }
             lost.extend(r.lost.into_iter().map(|d| (d, row)));
         }
+        // (blocks past the exposed end, in a grown pool's last stripe, are none)
+        let blocks: Vec<u64> = lost
+            .iter()
+            .filter_map(|&(d, row)| self.pool_block(s, d, row))
+            .collect();
         if !lost.is_empty() {
             {
                 let mut st = self.state.lock();
@@ -281,16 +286,14 @@ impl Inner {
                     )));
                 }
                 let mut grown = st.lost.clone();
-                for &(d, row) in &lost {
-                    if let Some(lba) = self.pool_block(s, d, row) {
-                        if !grown.add(lba, 1, LOST_RANGES_MAX) {
-                            return Err(BlockError::Unavailable(format!(
-                                "pool {}: stripe {s} has unreadable blocks beyond the \
-                                 redundancy, and the list of lost blocks is full \
-                                 ({LOST_RANGES_MAX} ranges)",
-                                self.name
-                            )));
-                        }
+                for &lba in &blocks {
+                    if !grown.add(lba, 1, LOST_RANGES_MAX) {
+                        return Err(BlockError::Unavailable(format!(
+                            "pool {}: stripe {s} has unreadable blocks beyond the \
+                             redundancy, and the list of lost blocks is full \
+                             ({LOST_RANGES_MAX} ranges)",
+                            self.name
+                        )));
                     }
                 }
                 st.lost = grown;
@@ -298,10 +301,6 @@ impl Inner {
                 // one use per checkpoint (see `prepare_salvage`)
                 st.salvage_ready = None;
             }
-            let blocks: Vec<u64> = lost
-                .iter()
-                .filter_map(|&(d, row)| self.pool_block(s, d, row))
-                .collect();
             tracing::error!(pool = %self.name, stripe = s, ?blocks,
                 "rebuild: unreadable sectors beyond the redundancy; these pool blocks are lost \
                  (reads of them fail until they are written again)");

@@ -1333,15 +1333,6 @@ impl Inner {
                 None => return,
             },
             Message::ReadCopy { id, lba, blocks } => {
-                if !matches!(self.role().role, Role::Follower | Role::Leader) {
-                    let _ = link
-                        .send(Message::Done {
-                            id,
-                            result: unavailable(),
-                        })
-                        .await;
-                    return;
-                }
                 match self.read_for_partner(lba, blocks).await {
                     Ok(data) => {
                         let _ = link.send(Message::CopyData { id, data }).await;
@@ -1498,6 +1489,9 @@ impl Inner {
     /// flight; a follower asking serves a read with them, as any read that
     /// meets writes in flight).
     async fn read_for_partner(&self, lba: u64, blocks: u64) -> BlockResult<Bytes> {
+        if !matches!(self.role().role, Role::Follower | Role::Leader) {
+            return Err(BlockError::Unavailable("not serving in sync".into()));
+        }
         self.repair_range(lba, blocks)?;
         self.local.read(lba, blocks as u32).await
     }
