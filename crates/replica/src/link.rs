@@ -187,17 +187,27 @@ impl Link {
     }
 
     /// Asks the partner for blocks of its copy ([`Message::ReadCopy`]):
-    /// `Ok(Ok(data))`, or `Ok(Err(result))` with the error it answered.
+    /// `Ok(Ok(data))`, or `Ok(Err(result))` with the error it answered. An
+    /// answer that is not `blocks` blocks of `block_bytes` breaks the
+    /// protocol: the link closes.
     pub async fn read_copy(
         &self,
         lba: u64,
         blocks: u64,
+        block_bytes: u64,
     ) -> Result<Result<Bytes, OpResult>, LinkLost> {
         match self
             .exchange(|id| Message::ReadCopy { id, lba, blocks })
             .await?
         {
-            Answer::Data(b) => Ok(Ok(b)),
+            Answer::Data(b) if b.len() as u64 == blocks.saturating_mul(block_bytes) => Ok(Ok(b)),
+            Answer::Data(b) => {
+                self.close(&format!(
+                    "the partner answered a read of {blocks} blocks with {} bytes",
+                    b.len()
+                ));
+                Err(LinkLost)
+            }
             Answer::Op(r) => Ok(Err(r)),
             Answer::Scsi(_) => Err(self.violation()),
         }

@@ -1502,8 +1502,80 @@ impl Inner {
     /// with it (which makes a pool's lost blocks good again): a leader reads
     /// the partner's blocks holding the range's lock and writes them here; a
     /// follower asks the leader to write them here, as any write of the pair,
-    /// and reads again. Otherwise, or if that fails, `e`.
+    /// and reads again. A read of more than one repair's worth
+    /// ([`REPAIR_BYTES_MAX`]) is read again and repaired in pieces; a piece
+    /// the partner cannot give whole either (both copies have unreadable
+    /// blocks there, different ones) is halved until each block is read from
+    /// the copy that can, and the first block neither can read is the error.
+    /// Otherwise, or if that fails, `e`.
     pub(crate) async fn read_repair(
+        self: &Arc<Self>,
+        lba: u64,
+        blocks: u32,
+        e: BlockError,
+    ) -> BlockResult<Bytes> {
+        let st = self.role();
+        if st.link.is_none()
+            || st.peer_resyncing
+            || !self.partner_repairs.load(Ordering::SeqCst)
+            || !matches!(st.role, Role::Leader | Role::Follower)
+        {
+            return Err(e);
+        }
+        let bs = self.geo().block_size_bytes as u64;
+        let piece = (REPAIR_BYTES_MAX / bs).max(1);
+        let end = lba + blocks as u64;
+        let mut out = bytes::BytesMut::zeroed(blocks as usize * bs as usize);
+        // pieces of at most one repair, first ones last (popped first); the
+        // whole read's error stands for its only piece
+        let mut todo: Vec<(u64, u64, Option<BlockError>)> = Vec::new();
+        let mut first = Some(e);
+        let mut at = lba;
+        while at < end {
+            let n = piece.min(end - at);
+            let known = if n == blocks as u64 {
+                first.take()
+            } else {
+                None
+            };
+            todo.push((at, n, known));
+            at += n;
+        }
+        todo.reverse();
+        while let Some((at, n, known)) = todo.pop() {
+            let pe = match known {
+                Some(pe) => pe,
+                None => match self.local.read(at, n as u32).await {
+                    Ok(data) => {
+                        let off = ((at - lba) * bs) as usize;
+                        out[off..off + data.len()].copy_from_slice(&data);
+                        continue;
+                    }
+                    Err(pe @ BlockError::Medium { .. }) => pe,
+                    Err(other) => return Err(other),
+                },
+            };
+            match self.repair_piece(at, n as u32, pe).await {
+                Ok(data) => {
+                    let off = ((at - lba) * bs) as usize;
+                    out[off..off + data.len()].copy_from_slice(&data);
+                }
+                // the partner could not give the whole piece either (its copy
+                // has unreadable blocks of its own there): halves, down to
+                // the block neither copy can read, whose error is the answer
+                Err(pe) if n == 1 => return Err(pe),
+                Err(_) => {
+                    let half = n / 2;
+                    todo.push((at + half, n - half, None));
+                    todo.push((at, half, None));
+                }
+            }
+        }
+        Ok(out.freeze())
+    }
+
+    /// [`Inner::read_repair`] of at most [`REPAIR_BYTES_MAX`] bytes.
+    async fn repair_piece(
         self: &Arc<Self>,
         lba: u64,
         blocks: u32,
@@ -1546,8 +1618,8 @@ impl Inner {
                         // serve this read; the copy stays as it is
                         Err(again @ BlockError::Medium { .. }) => {
                             let bs = self.geo().block_size_bytes as u64;
-                            match link.read_copy(lba, n).await {
-                                Ok(Ok(data)) if data.len() as u64 == n * bs => Ok(data),
+                            match link.read_copy(lba, n, bs).await {
+                                Ok(Ok(data)) => Ok(data),
                                 _ => Err(again),
                             }
                         }
@@ -1588,15 +1660,8 @@ impl Inner {
         if self.pinned_within(lba, n) {
             return None;
         }
-        let data = match link.read_copy(lba, n).await {
-            Ok(Ok(data)) if data.len() as u64 == n * bs => data,
-            Ok(Ok(data)) => {
-                link.close(&format!(
-                    "the partner answered a read of {n} blocks with {} bytes",
-                    data.len()
-                ));
-                return None;
-            }
+        let data = match link.read_copy(lba, n, bs).await {
+            Ok(Ok(data)) => data,
             other => {
                 tracing::warn!(volume = %self.cfg.name, lba, answer = ?other.ok(),
                     "the partner's copy could not stand in for blocks this copy cannot read");

@@ -99,29 +99,32 @@ impl Fake {
         block_count: u64,
         consistent: bool,
     ) -> (Fake, Message) {
-        Fake::start_held(r, w, me, gens, block_count, consistent, async {}).await
+        let flags = if consistent {
+            hello_flags::CONSISTENT
+        } else {
+            0
+        };
+        Fake::start_held(r, w, me, gens, block_count, flags, async {}).await
     }
 
-    /// [`Fake::start_as`], awaiting `hold` once the node has judged its copy
-    /// and sent its half of the handshake, before this side's bitmap ends it.
+    /// [`Fake::start_as`] with the hello's `flags` (but for `PREFERRED`, set
+    /// for node 1, and `REPAIR`, set as a partner of this version does),
+    /// awaiting `hold` once the node has judged its copy and sent its half of
+    /// the handshake, before this side's bitmap ends it.
     async fn start_held(
         mut r: SecureReader,
         mut w: SecureWriter,
         me: u8,
         gens: Generations,
         block_count: u64,
-        consistent: bool,
+        mut flags: u32,
         hold: impl std::future::Future<Output = ()>,
     ) -> (Fake, Message) {
         let mut out = bytes::BytesMut::new();
-        let mut flags = if consistent {
-            hello_flags::CONSISTENT
-        } else {
-            0
-        };
         if me == 1 {
             flags |= hello_flags::PREFERRED;
         }
+        flags |= hello_flags::REPAIR;
         encode(
             &Message::Hello {
                 node_id: me,
@@ -1023,7 +1026,8 @@ async fn a_copy_kept_during_a_handshake_is_judged_once_the_meeting_ends() {
         current: 9,
         synced: 9,
     };
-    let (mut fake, _) = Fake::start_held(r, w, 1, gens, BLOCKS, true, hold).await;
+    let (mut fake, _) =
+        Fake::start_held(r, w, 1, gens, BLOCKS, hello_flags::CONSISTENT, hold).await;
     assert!(
         n2.wait_until(|s| s.role == Role::Target, Duration::from_secs(20))
             .await,
@@ -1118,4 +1122,253 @@ async fn a_first_frame_that_is_not_a_hello_closes_the_connection_and_changes_not
         n2.status()
     );
     n2.shutdown().await;
+}
+
+/// The next answer (`Done` or `CopyData`) the node gives to request `id`,
+/// skipping its other messages; panics if the link closes first.
+async fn answer_to(fake: &mut Fake, id: u64) -> Message {
+    loop {
+        match fake.next().await {
+            Some(m @ Message::Done { id: i, .. }) | Some(m @ Message::CopyData { id: i, .. })
+                if i == id =>
+            {
+                return m
+            }
+            Some(_) => {}
+            None => panic!("the node closed the link instead of answering request {id}"),
+        }
+    }
+}
+
+/// Whether `m` is an error answer.
+fn refused(m: &Message) -> bool {
+    matches!(
+        m,
+        Message::Done {
+            result: OpResult::Error { .. },
+            ..
+        }
+    )
+}
+
+/// Repair frames a leader sends its follower out of role or out of bounds are
+/// answered with an error and change nothing: a repair asked of the follower
+/// (only a leader repairs), blocks for it past the end of the volume or over
+/// 8 MiB, a read of its copy over 8 MiB (which would take its memory). The
+/// link stays (an error, not a closed link: a `Detach` behind it must still
+/// arrive). A read of one block is answered with it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn repair_frames_out_of_role_or_bounds_are_refused_and_write_nothing() {
+    let d = tempfile::tempdir().unwrap();
+    let m2: VolumeRef = Arc::new(MemVolume::new(512, BLOCKS));
+    m2.write(0, Bytes::from(vec![0x11u8; 512]), false)
+        .await
+        .unwrap();
+    m2.write(BLOCKS - 1, Bytes::from(vec![0x22u8; 512]), false)
+        .await
+        .unwrap();
+    let gens = Generations {
+        current: 4,
+        synced: 4,
+    };
+    let (n2, mut fake) = follower_of_a_fake_leader(d.path(), m2.clone(), gens).await;
+    fake.send(Message::Repair {
+        id: 10,
+        lba: 0,
+        blocks: 1,
+    })
+    .await;
+    let a = answer_to(&mut fake, 10).await;
+    assert_eq!(
+        a,
+        Message::Done {
+            id: 10,
+            result: OpResult::Error {
+                code: replica_proto::error_codes::UNAVAILABLE,
+                lba: 0
+            }
+        }
+    );
+    fake.send(Message::RepairData {
+        id: 11,
+        lba: BLOCKS - 1,
+        data: Bytes::from(vec![0xEEu8; 1024]),
+    })
+    .await;
+    assert!(refused(&answer_to(&mut fake, 11).await));
+    fake.send(Message::RepairData {
+        id: 12,
+        lba: 0,
+        data: Bytes::from(vec![0xEEu8; (8 << 20) + 512]),
+    })
+    .await;
+    assert!(refused(&answer_to(&mut fake, 12).await));
+    fake.send(Message::ReadCopy {
+        id: 13,
+        lba: 0,
+        blocks: 1 << 40,
+    })
+    .await;
+    assert!(refused(&answer_to(&mut fake, 13).await));
+    fake.send(Message::ReadCopy {
+        id: 14,
+        lba: 0,
+        blocks: (8 << 20) / 512 + 1,
+    })
+    .await;
+    assert!(refused(&answer_to(&mut fake, 14).await));
+    fake.send(Message::ReadCopy {
+        id: 15,
+        lba: 0,
+        blocks: 1,
+    })
+    .await;
+    assert_eq!(
+        answer_to(&mut fake, 15).await,
+        Message::CopyData {
+            id: 15,
+            data: Bytes::from(vec![0x11u8; 512])
+        }
+    );
+    assert_eq!(m2.read(0, 1).await.unwrap(), vec![0x11u8; 512]);
+    assert_eq!(m2.read(BLOCKS - 1, 1).await.unwrap(), vec![0x22u8; 512]);
+    assert_eq!(n2.role(), Role::Follower);
+    assert_eq!(n2.status().repaired_blocks, 0);
+    n2.shutdown().await;
+}
+
+/// A leader that says it repaired blocks the follower cannot read, without
+/// sending them, then answers the follower's read of its copy with the wrong
+/// number of bytes: the follower's read fails with its own medium error (it
+/// never serves what the leader sent), and the link closes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leader_lying_about_a_repair_never_has_the_follower_serve_wrong_data() {
+    let d = tempfile::tempdir().unwrap();
+    let mem: VolumeRef = Arc::new(MemVolume::new(512, BLOCKS));
+    let faulty = Arc::new(block::FaultVolume::new(mem.clone()));
+    let gens = Generations {
+        current: 6,
+        synced: 6,
+    };
+    let (n2, mut fake) = follower_of_a_fake_leader(d.path(), faulty.clone(), gens).await;
+    faulty.plan().lock().bad_read_blocks.push(1..2);
+    let read = {
+        let n2 = n2.clone();
+        tokio::spawn(async move { n2.read(0, 4).await })
+    };
+    let mut asked = 0;
+    loop {
+        match fake.next().await {
+            Some(Message::Repair { id, lba, blocks }) => {
+                assert!(lba <= 1 && lba + blocks > 1, "{lba} {blocks}");
+                asked += 1;
+                fake.send(Message::Done {
+                    id,
+                    result: OpResult::Ok,
+                })
+                .await;
+            }
+            Some(Message::ReadCopy { id, blocks, .. }) => {
+                fake.send(Message::CopyData {
+                    id,
+                    data: Bytes::from(vec![0xEEu8; (blocks as usize + 1) * 512]),
+                })
+                .await;
+            }
+            Some(_) => {}
+            None => break,
+        }
+    }
+    assert!(asked >= 1);
+    assert!(matches!(
+        read.await.unwrap(),
+        Err(block::BlockError::Medium { lba: 1 })
+    ));
+    n2.shutdown().await;
+}
+
+/// A follower that sends its leader blocks to write as a repair (only a
+/// leader repairs its follower), or asks a repair over 8 MiB, is answered with
+/// an error and the leader's copy is unchanged. When the leader's own copy
+/// cannot read a block, a follower that answers the leader's read with an
+/// error leaves the read failing with the leader's medium error, and one that
+/// answers with the wrong number of bytes has its link closed: in neither
+/// case is anything written to the leader's copy.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_follower_cannot_write_the_leaders_copy_through_a_repair() {
+    let d = tempfile::tempdir().unwrap();
+    let mem: VolumeRef = Arc::new(MemVolume::new(512, BLOCKS));
+    mem.write(0, Bytes::from(vec![0x11u8; 8 * 512]), false)
+        .await
+        .unwrap();
+    let faulty = Arc::new(block::FaultVolume::new(mem.clone()));
+    faulty.plan().lock().remap_on_write = true;
+    let dialed = node1_dialing_a_fake(d.path(), faulty.clone()).await;
+    let n1 = &dialed.n1;
+    let st = dialed.accept().await;
+    let (mut fake, _) = Fake::start(st.reader, st.writer, 2, Generations::default()).await;
+    take_resync(&mut fake, true).await;
+    assert!(
+        n1.wait_until(|s| s.state == "in-sync", Duration::from_secs(20))
+            .await,
+        "{:?}",
+        n1.status()
+    );
+    fake.send(Message::RepairData {
+        id: 1 << 40,
+        lba: 0,
+        data: Bytes::from(vec![0xEEu8; 512]),
+    })
+    .await;
+    assert!(refused(&answer_to(&mut fake, 1 << 40).await));
+    fake.send(Message::Repair {
+        id: (1 << 40) + 1,
+        lba: 0,
+        blocks: 1 << 40,
+    })
+    .await;
+    assert!(refused(&answer_to(&mut fake, (1 << 40) + 1).await));
+    assert_eq!(mem.read(0, 8).await.unwrap(), vec![0x11u8; 8 * 512]);
+    // block 5 of the leader's copy cannot be read
+    faulty.plan().lock().bad_read_blocks.push(5..6);
+    for tampered in [false, true] {
+        let read = n1.read(4, 2);
+        tokio::pin!(read);
+        let r = loop {
+            tokio::select! {
+                r = &mut read => break r,
+                m = fake.next() => match m {
+                    Some(Message::ReadCopy { id, blocks, .. }) if tampered => {
+                        fake.send(Message::CopyData {
+                            id,
+                            data: Bytes::from(vec![0xEEu8; (blocks as usize + 1) * 512]),
+                        })
+                        .await;
+                    }
+                    Some(Message::ReadCopy { id, .. }) => {
+                        fake.send(Message::Done {
+                            id,
+                            result: OpResult::Error {
+                                code: replica_proto::error_codes::MEDIUM,
+                                lba: 5,
+                            },
+                        })
+                        .await;
+                    }
+                    Some(_) => {}
+                    None => break read.await,
+                },
+            }
+        };
+        assert!(
+            matches!(r, Err(block::BlockError::Medium { lba: 5 })),
+            "{r:?}"
+        );
+        assert!(!faulty.plan().lock().bad_read_blocks.is_empty(), "written");
+        assert_eq!(mem.read(4, 2).await.unwrap(), vec![0x11u8; 2 * 512]);
+    }
+    // the tampered answer closed the link
+    while fake.next().await.is_some() {}
+    assert_eq!(n1.status().repaired_blocks, 0);
+    n1.shutdown().await;
 }

@@ -1412,6 +1412,95 @@ async fn blocks_a_copy_cannot_read_are_read_from_the_partner_and_repaired() {
     ));
 }
 
+/// A read larger than one repair (8 MiB) is repaired piece by piece: only the
+/// pieces the copy cannot read are read from (or written by) the partner, and
+/// a piece the partner cannot read whole either is halved until each half
+/// comes from the copy that can read it. Before, such a read failed with the
+/// copy's medium error, as did any read both copies held unreadable blocks in.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_read_larger_than_one_repair_is_repaired_piece_by_piece() {
+    const BIG: u64 = 32768; // 16 MiB
+    const READ: u64 = 24576; // 12 MiB: a piece of 8 MiB and one of 4
+    let d = tempfile::tempdir().unwrap();
+    let m1 = Arc::new(MemVolume::new(512, BIG));
+    let m2 = Arc::new(MemVolume::new(512, BIG));
+    let f1 = Arc::new(block::FaultVolume::new(m1.clone()));
+    let f2 = Arc::new(block::FaultVolume::new(m2.clone()));
+    for f in [&f1, &f2] {
+        f.plan().lock().remap_on_write = true;
+    }
+    let (n2, addr2) = node2(d.path(), 1, f2.clone() as VolumeRef, None).await;
+    let n1 = node1(d.path(), 1, f1.clone() as VolumeRef, addr2, None).await;
+    both_in_sync(&n1, &n2).await;
+    let data: Vec<u8> = (0..READ * 512)
+        .map(|i| (i / 512 * 13 + i % 251) as u8)
+        .collect();
+    let data = Bytes::from(data);
+    for at in (0..READ).step_by(8192) {
+        let part = data.slice(at as usize * 512..(at + 8192) as usize * 512);
+        n1.write(at, part, false).await.unwrap();
+    }
+    // node 1 loses a block in each piece, node 2 one in the second half of
+    // the second piece
+    for (m, f, lba) in [(&m1, &f1, 100u64), (&m1, &f1, 20000), (&m2, &f2, 24000)] {
+        m.write(lba, Bytes::from(vec![0xEE; 512]), false)
+            .await
+            .unwrap();
+        f.plan().lock().bad_read_blocks.push(lba..lba + 1);
+    }
+    assert!(
+        n1.read(0, READ as u32).await.unwrap() == data,
+        "node 1's read"
+    );
+    assert!(
+        n2.read(0, READ as u32).await.unwrap() == data,
+        "node 2's read"
+    );
+    for (m, f) in [(&m1, &f1), (&m2, &f2)] {
+        assert!(f.plan().lock().bad_read_blocks.is_empty());
+        assert!(m.read(0, READ as u32).await.unwrap() == data);
+    }
+    // whole pieces are repaired, and only those that could not be read:
+    // node 1's second piece could not be read whole on node 2 either, so it
+    // was halved, and only the half holding block 20000 came from node 2
+    assert_eq!(n1.status().repaired_blocks, 16384 + 4096);
+    // (node 1's copy was whole again when node 2 asked for its second piece)
+    assert_eq!(n2.status().repaired_blocks, 8192);
+}
+
+/// Both copies hold unreadable blocks in one read, different ones: each block
+/// is read from the copy that can read it. A block neither copy can read is
+/// the read's medium error, at that block. Before, the partner's answer for
+/// the whole range failed, and so did the read.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn blocks_each_copy_cannot_read_in_one_read_come_from_the_other() {
+    let d = tempfile::tempdir().unwrap();
+    let m1 = Arc::new(MemVolume::new(512, BLOCKS));
+    let m2 = Arc::new(MemVolume::new(512, BLOCKS));
+    let f1 = Arc::new(block::FaultVolume::new(m1.clone()));
+    let f2 = Arc::new(block::FaultVolume::new(m2.clone()));
+    let (n2, addr2) = node2(d.path(), 1, f2.clone() as VolumeRef, None).await;
+    let n1 = node1(d.path(), 1, f1.clone() as VolumeRef, addr2, None).await;
+    both_in_sync(&n1, &n2).await;
+    let data: Vec<u8> = (0..8 * 512u32).map(|i| (i * 3 + i / 512) as u8).collect();
+    let data = Bytes::from(data);
+    n1.write(8, data.clone(), false).await.unwrap();
+    // the disks do not remap: what cannot be read stays so
+    f1.plan().lock().bad_read_blocks.push(10..11);
+    f2.plan().lock().bad_read_blocks.push(13..14);
+    assert_eq!(n1.read(8, 8).await.unwrap(), data);
+    assert_eq!(n2.read(8, 8).await.unwrap(), data);
+    // block 14 is lost on both
+    f1.plan().lock().bad_read_blocks.push(14..15);
+    f2.plan().lock().bad_read_blocks.push(14..15);
+    for n in [&n1, &n2] {
+        assert!(matches!(
+            n.read(8, 8).await,
+            Err(block::BlockError::Medium { lba: 14 })
+        ));
+    }
+}
+
 /// A repair rewrites what a copy holds logically, so it must not change what
 /// the follower keeps to undo the leader's unfinished offloaded copy: here a
 /// block of copy 7's range, unreadable on the follower, is repaired from the
