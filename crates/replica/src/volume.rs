@@ -1668,7 +1668,7 @@ impl Inner {
                 return None;
             }
         };
-        let _g = self.undo.hold().await;
+        let gate = self.undo.hold().await;
         let st = self.role();
         let joined = st.role == Role::Leader
             && st.link.as_ref().is_some_and(|l| Arc::ptr_eq(l, link))
@@ -1676,11 +1676,27 @@ impl Inner {
         if !joined {
             return None;
         }
-        match self.local.write(lba, data.clone(), false).await {
+        let written = self.local.write(lba, data.clone(), false).await;
+        drop(gate);
+        match written {
             Ok(()) => {
                 self.repaired_blocks.fetch_add(n, Ordering::Relaxed);
                 tracing::warn!(volume = %self.cfg.name, lba, blocks = n,
                     "blocks this copy could not read were read from the partner's and written here");
+            }
+            // this copy cannot take a write of blocks the partner holds: as
+            // under any write of the pair, the region is pinned and the copy
+            // detached (the partner goes on alone and resyncs it later); the
+            // read is still served with the partner's blocks
+            Err(we) if copy_failed(&we) => {
+                self.bitmap.pin(lba, n);
+                if !self
+                    .detach(format!("{we} at lba {lba}, repairing it"))
+                    .await
+                {
+                    tracing::error!(volume = %self.cfg.name, lba, error = %we,
+                        "blocks read from the partner's copy could not be written to this one, nor the copy detached");
+                }
             }
             Err(we) => {
                 tracing::warn!(volume = %self.cfg.name, lba, error = %we,

@@ -1501,6 +1501,49 @@ async fn blocks_each_copy_cannot_read_in_one_read_come_from_the_other() {
     }
 }
 
+/// A leader whose copy cannot take the repair write either (a write fault
+/// there) serves the read with the follower's blocks, then detaches its copy
+/// as under any failed write of the pair: the follower goes on alone at once
+/// and the region is copied back at the next meeting. Before, the failure was
+/// only logged and the leader went on serving a copy that could neither read
+/// nor write those blocks.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leader_whose_copy_cannot_take_the_repair_detaches_it() {
+    let d = tempfile::tempdir().unwrap();
+    let m1 = Arc::new(MemVolume::new(512, BLOCKS));
+    let m2: VolumeRef = Arc::new(MemVolume::new(512, BLOCKS));
+    let f1 = Arc::new(block::FaultVolume::new(m1.clone()));
+    let (n2, addr2) = node2(d.path(), 1, m2.clone(), None).await;
+    let n1 = node1(d.path(), 1, f1.clone() as VolumeRef, addr2, None).await;
+    both_in_sync(&n1, &n2).await;
+    assert_eq!(n1.role(), Role::Leader);
+    let data = Bytes::from(vec![0x3Cu8; 4 * 512]);
+    n1.write(100, data.clone(), false).await.unwrap();
+    {
+        let p = f1.plan();
+        let mut p = p.lock();
+        p.bad_read_blocks.push(101..102);
+        p.bad_write_blocks.push(101..102);
+    }
+    assert_eq!(n1.read(100, 4).await.unwrap(), data);
+    assert!(
+        n1.wait_until(|s| s.role == Role::Down, WAIT).await,
+        "{:?}",
+        n1.status()
+    );
+    assert!(
+        n1.status().reason.contains("repairing"),
+        "{:?}",
+        n1.status()
+    );
+    assert!(
+        n2.wait_until(|s| s.role == Role::Solo, WAIT).await,
+        "{:?}",
+        n2.status()
+    );
+    assert_eq!(n2.read(100, 4).await.unwrap(), data);
+}
+
 /// A repair rewrites what a copy holds logically, so it must not change what
 /// the follower keeps to undo the leader's unfinished offloaded copy: here a
 /// block of copy 7's range, unreadable on the follower, is repaired from the
