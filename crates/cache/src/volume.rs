@@ -175,6 +175,12 @@ struct PageCommit {
     /// The version of the page last written whole to every live device (its
     /// slot holds it; the next write goes to the other slot).
     seq: u64,
+    /// Devices (bit `d`) whose newest valid copy of the page lies in the slot
+    /// of version `seq + 1`, found at open (a page write that tore on that
+    /// device only, the other slot holding the version before): the next
+    /// full table write numbers their copies one further, so that its first
+    /// step writes the torn slot, never that device's one valid copy.
+    shifted: u8,
 }
 
 /// Table pages read at once when a cache loads its map (1 MiB).
@@ -1287,18 +1293,25 @@ impl Inner {
     /// only once the first is flushed. Callers keep page writes out meanwhile
     /// (open, stop, detach, the resilver's end).
     pub(crate) async fn write_full_table(&self, clean: bool) -> BlockResult<()> {
-        let base: Vec<u64> = {
+        let (base, shifted): (Vec<u64>, Vec<u8>) = {
             let pc = self.pages.lock();
             (0..self.layout.table_pages)
-                .map(|p| pc.get(&p).map_or(0, |e| e.seq))
-                .collect()
+                .map(|p| pc.get(&p).map_or((0, 0), |e| (e.seq, e.shifted)))
+                .unzip()
         };
         let mut failed = None;
         for (d, dev) in self.devs.iter().enumerate() {
             if dev.is_failed() {
                 continue;
             }
-            if let Err(e) = self.write_device_table(d, dev, &base).await {
+            // per page, this device's versions start one further where its
+            // newest valid copy is in the slot the next version goes to
+            let first: Vec<u64> = base
+                .iter()
+                .zip(&shifted)
+                .map(|(b, sh)| b + 1 + u64::from(sh >> d & 1))
+                .collect();
+            if let Err(e) = self.write_device_table(d, dev, &first).await {
                 dev.fail(&e);
                 tracing::error!(cache = %self.name, device = %dev.name(), error = %e,
                     "writing the cache's table failed; the device is failed");
@@ -1306,9 +1319,14 @@ impl Inner {
             }
         }
         {
+            // (the highest version any device got: both slots of every live
+            // device now hold the page as it is, so the next version may go
+            // to either slot of a device whose versions were shifted)
             let mut pc = self.pages.lock();
-            for (p, b) in base.iter().enumerate() {
-                pc.entry(p as u32).or_default().seq = b + self.layout.slots as u64;
+            for (p, (b, sh)) in base.iter().zip(&shifted).enumerate() {
+                let e = pc.entry(p as u32).or_default();
+                e.seq = b + self.layout.slots as u64 + u64::from(*sh != 0);
+                e.shifted = 0;
             }
         }
         if let Some(e) = failed {
@@ -1322,12 +1340,12 @@ impl Inner {
         self.write_superblocks(|sb| sb.clean = clean).await
     }
 
-    /// Writes device `d`'s whole table, every slot, pages' versions above
-    /// `base`, and flushes it after each slot.
-    async fn write_device_table(&self, d: usize, dev: &Device, base: &[u64]) -> BlockResult<()> {
-        for step in 1..=self.layout.slots as u64 {
+    /// Writes device `d`'s whole table, every slot, each page's versions from
+    /// `first` on, and flushes it after each slot.
+    async fn write_device_table(&self, d: usize, dev: &Device, first: &[u64]) -> BlockResult<()> {
+        for step in 0..self.layout.slots as u64 {
             for page in 0..self.layout.table_pages {
-                let seq = base[page as usize] + step;
+                let seq = first[page as usize] + step;
                 let bytes = {
                     let st = self.state.lock();
                     let first = page * RECORDS_PER_PAGE as u32;
@@ -2345,9 +2363,11 @@ impl Inner {
                     }
                 }
                 let mut got: Option<(usize, u64, Vec<Record>)> = None;
+                let mut newest = Vec::with_capacity(live.len());
                 for (&d, chunk) in live.iter().zip(chunks.iter_mut()) {
                     match std::mem::replace(&mut chunk[i], Ok(None)) {
                         Ok(Some((seq, recs))) => {
+                            newest.push((d, seq));
                             if got.as_ref().is_none_or(|g| seq > g.1) {
                                 got = Some((d, seq, recs));
                             }
@@ -2362,8 +2382,21 @@ impl Inner {
                 }
                 match got {
                     Some((d, seq, recs)) => {
-                        // the next write of the page goes to the other slot
-                        self.pages.lock().entry(page).or_default().seq = seq;
+                        // the next write of the page goes to the other slot;
+                        // a device whose newest valid copy is in that slot
+                        // (its write of version `seq` tore) is shifted
+                        let next = self.layout.slot_of(seq + 1);
+                        let shifted = newest
+                            .iter()
+                            .filter(|&&(d, s)| {
+                                self.layout.slots == 2 && d < 8 && self.layout.slot_of(s) == next
+                            })
+                            .fold(0u8, |m, &(d, _)| m | 1 << d);
+                        let mut pc = self.pages.lock();
+                        let e = pc.entry(page).or_default();
+                        e.seq = seq;
+                        e.shifted = shifted;
+                        drop(pc);
                         take(d, page, &recs)
                     }
                     // (a clean stop keeps dirty records too: see `load`'s
