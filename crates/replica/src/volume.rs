@@ -1503,11 +1503,13 @@ impl Inner {
     /// the partner's blocks holding the range's lock and writes them here; a
     /// follower asks the leader to write them here, as any write of the pair,
     /// and reads again. A read of more than one repair's worth
-    /// ([`REPAIR_BYTES_MAX`]) is read again and repaired in pieces; a piece
-    /// the partner cannot give whole either (both copies have unreadable
-    /// blocks there, different ones) is halved until each block is read from
-    /// the copy that can, and the first block neither can read is the error.
-    /// Otherwise, or if that fails, `e`.
+    /// ([`REPAIR_BYTES_MAX`]) is read again and repaired in pieces. A piece
+    /// the partner answers it cannot read either (both copies have
+    /// unreadable blocks there, different ones) is halved, each half read
+    /// here again and repaired if it must be, down to single blocks: the
+    /// read fails at the first block neither copy can read. A repair refused
+    /// for any other reason (the partner gone, a pinned region, a refusal)
+    /// ends the read with this copy's error at once.
     pub(crate) async fn read_repair(
         self: &Arc<Self>,
         lba: u64,
@@ -1524,75 +1526,81 @@ impl Inner {
         }
         let bs = self.geo().block_size_bytes as u64;
         let piece = (REPAIR_BYTES_MAX / bs).max(1);
-        let end = lba + blocks as u64;
-        let mut out = bytes::BytesMut::zeroed(blocks as usize * bs as usize);
-        // pieces of at most one repair, first ones last (popped first); the
-        // whole read's error stands for its only piece
-        let mut todo: Vec<(u64, u64, Option<BlockError>)> = Vec::new();
-        let mut first = Some(e);
-        let mut at = lba;
-        while at < end {
-            let n = piece.min(end - at);
-            let known = if n == blocks as u64 {
-                first.take()
-            } else {
-                None
-            };
-            todo.push((at, n, known));
-            at += n;
-        }
-        todo.reverse();
-        while let Some((at, n, known)) = todo.pop() {
-            let pe = match known {
-                Some(pe) => pe,
-                None => match self.local.read(at, n as u32).await {
-                    Ok(data) => {
-                        let off = ((at - lba) * bs) as usize;
-                        out[off..off + data.len()].copy_from_slice(&data);
-                        continue;
-                    }
-                    Err(pe @ BlockError::Medium { .. }) => pe,
-                    Err(other) => return Err(other),
-                },
-            };
-            match self.repair_piece(at, n as u32, pe).await {
-                Ok(data) => {
-                    let off = ((at - lba) * bs) as usize;
-                    out[off..off + data.len()].copy_from_slice(&data);
-                }
-                // the partner could not give the whole piece either (its copy
-                // has unreadable blocks of its own there): halves, down to
-                // the block neither copy can read, whose error is the answer
-                Err(pe) if n == 1 => return Err(pe),
-                Err(_) => {
-                    let half = n / 2;
-                    todo.push((at + half, n - half, None));
-                    todo.push((at, half, None));
-                }
+        let (n, end) = (blocks as u64, lba + blocks as u64);
+        // what is left to read, first ones last (popped first)
+        let mut todo: Vec<(u64, u64)> = Vec::new();
+        let halves = |todo: &mut Vec<(u64, u64)>, at: u64, n: u64| {
+            let half = n / 2;
+            todo.push((at + half, n - half));
+            todo.push((at, half));
+        };
+        if n <= piece {
+            // one piece: its error is known
+            match self.repair_piece(lba, blocks, e).await {
+                Ok(data) => return Ok(data),
+                Err((_, true)) if n > 1 => halves(&mut todo, lba, n),
+                Err((pe, _)) => return Err(pe),
             }
+        } else {
+            let mut at = lba;
+            while at < end {
+                let k = piece.min(end - at);
+                todo.push((at, k));
+                at += k;
+            }
+            todo.reverse();
+        }
+        let mut out = bytes::BytesMut::with_capacity((n * bs) as usize);
+        while let Some((at, k)) = todo.pop() {
+            // (pieces are taken in order: each goes at the end)
+            debug_assert_eq!(out.len() as u64, (at - lba) * bs);
+            let data = match self.local.read(at, k as u32).await {
+                Ok(data) => data,
+                Err(pe @ BlockError::Medium { .. }) => {
+                    match self.repair_piece(at, k as u32, pe).await {
+                        Ok(data) => data,
+                        Err((_, true)) if k > 1 => {
+                            halves(&mut todo, at, k);
+                            continue;
+                        }
+                        Err((pe, _)) => return Err(pe),
+                    }
+                }
+                Err(other) => return Err(other),
+            };
+            if data.len() as u64 != k * bs {
+                return Err(BlockError::Unavailable(format!(
+                    "a read of {k} blocks at lba {at} returned {} bytes",
+                    data.len()
+                )));
+            }
+            out.extend_from_slice(&data);
         }
         Ok(out.freeze())
     }
 
-    /// [`Inner::read_repair`] of at most [`REPAIR_BYTES_MAX`] bytes.
+    /// [`Inner::read_repair`] of at most [`REPAIR_BYTES_MAX`] bytes: the
+    /// blocks, or `e` (or the error of a read again) and whether the partner
+    /// answered that it cannot read them either.
     async fn repair_piece(
         self: &Arc<Self>,
         lba: u64,
         blocks: u32,
         e: BlockError,
-    ) -> BlockResult<Bytes> {
+    ) -> Result<Bytes, (BlockError, bool)> {
         let n = blocks as u64;
         let st = self.role();
         let Some(link) = st.link.clone() else {
-            return Err(e);
+            return Err((e, false));
         };
         if st.peer_resyncing
             || !self.partner_repairs.load(Ordering::SeqCst)
             || self.repair_range(lba, n).is_err()
             || self.pinned_within(lba, n)
         {
-            return Err(e);
+            return Err((e, false));
         }
+        let cannot_read = |r: &OpResult| matches!(r, OpResult::Error { code, .. } if *code == error_codes::MEDIUM);
         match st.role {
             // in a task of its own: dropped half way (an aborted command),
             // the range's lock would go while the write to this copy still
@@ -1601,8 +1609,9 @@ impl Inner {
                 let inner = self.clone();
                 let task = tokio::spawn(async move { inner.repair_here(&link, lba, n).await });
                 match task.await {
-                    Ok(Some(data)) => Ok(data),
-                    _ => Err(e),
+                    Ok(Ok(data)) => Ok(data),
+                    Ok(Err(partner_cannot)) => Err((e, partner_cannot)),
+                    Err(_) => Err((e, false)),
                 }
             }
             Role::Follower => match link
@@ -1620,19 +1629,21 @@ impl Inner {
                             let bs = self.geo().block_size_bytes as u64;
                             match link.read_copy(lba, n, bs).await {
                                 Ok(Ok(data)) => Ok(data),
-                                _ => Err(again),
+                                Ok(Err(r)) => Err((again, cannot_read(&r))),
+                                Err(LinkLost) => Err((again, false)),
                             }
                         }
-                        r => r,
+                        r => r.map_err(|e| (e, false)),
                     }
                 }
                 other => {
-                    tracing::warn!(volume = %self.cfg.name, lba, answer = ?other.ok(),
+                    tracing::warn!(volume = %self.cfg.name, lba, answer = ?other.as_ref().ok(),
                         "the leader could not repair blocks this copy cannot read");
-                    Err(e)
+                    let partner_cannot = other.as_ref().is_ok_and(cannot_read);
+                    Err((e, partner_cannot))
                 }
             },
-            _ => Err(e),
+            _ => Err((e, false)),
         }
     }
 
@@ -1650,22 +1661,24 @@ impl Inner {
     /// The leader's part of [`Inner::read_repair`]: holding the range's lock,
     /// the follower's blocks, written to this copy while the pair is still
     /// joined on `link` (inside the undo's gate: after the link's loss, an
-    /// undo of the follower's copies may be putting blocks back). None when
-    /// the follower could not give them or the link went.
-    async fn repair_here(&self, link: &Arc<Link>, lba: u64, n: u64) -> Option<Bytes> {
+    /// undo of the follower's copies may be putting blocks back). When they
+    /// cannot be had, whether the follower answered that its copy cannot
+    /// read them either.
+    async fn repair_here(&self, link: &Arc<Link>, lba: u64, n: u64) -> Result<Bytes, bool> {
         let bs = self.geo().block_size_bytes as u64;
         let _range = self.locks.lock(lba, lba + n, LockMode::Exclusive).await;
         // (again under the lock: a write failing on one side may have pinned
         // a region since the first look)
         if self.pinned_within(lba, n) {
-            return None;
+            return Err(false);
         }
         let data = match link.read_copy(lba, n, bs).await {
             Ok(Ok(data)) => data,
             other => {
-                tracing::warn!(volume = %self.cfg.name, lba, answer = ?other.ok(),
+                tracing::warn!(volume = %self.cfg.name, lba, answer = ?other.as_ref().ok(),
                     "the partner's copy could not stand in for blocks this copy cannot read");
-                return None;
+                let cannot = matches!(other, Ok(Err(OpResult::Error { code, .. })) if code == error_codes::MEDIUM);
+                return Err(cannot);
             }
         };
         let gate = self.undo.hold().await;
@@ -1674,7 +1687,7 @@ impl Inner {
             && st.link.as_ref().is_some_and(|l| Arc::ptr_eq(l, link))
             && !link.is_closed_now();
         if !joined {
-            return None;
+            return Err(false);
         }
         let written = self.local.write(lba, data.clone(), false).await;
         drop(gate);
@@ -1703,7 +1716,7 @@ impl Inner {
                     "blocks read from the partner's copy could not be written to this one");
             }
         }
-        Some(data)
+        Ok(data)
     }
 
     /// Applies the leader's op; None when this node's copy failed under it and

@@ -1240,9 +1240,12 @@ async fn repair_frames_out_of_role_or_bounds_are_refused_and_write_nothing() {
 /// A leader that says it repaired blocks the follower cannot read, without
 /// sending them, then answers the follower's read of its copy with the wrong
 /// number of bytes: the follower's read fails with its own medium error (it
-/// never serves what the leader sent), and the link closes.
+/// serves nothing the leader sent) and it closes the link, as the leader does
+/// for such an answer (`Link::read_copy`). Before, it dropped the answer but
+/// kept the link (this test then fails when `Fake::next` waits 20 s for a
+/// close that never comes).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_leader_lying_about_a_repair_never_has_the_follower_serve_wrong_data() {
+async fn a_leader_lying_about_a_repair_serves_nothing_and_loses_the_link() {
     let d = tempfile::tempdir().unwrap();
     let mem: VolumeRef = Arc::new(MemVolume::new(512, BLOCKS));
     let faulty = Arc::new(block::FaultVolume::new(mem.clone()));
@@ -1291,9 +1294,10 @@ async fn a_leader_lying_about_a_repair_never_has_the_follower_serve_wrong_data()
 /// leader repairs its follower), or asks a repair over 8 MiB, is answered with
 /// an error and the leader's copy is unchanged. When the leader's own copy
 /// cannot read a block, a follower that answers the leader's read with an
-/// error leaves the read failing with the leader's medium error, and one that
-/// answers with the wrong number of bytes has its link closed: in neither
-/// case is anything written to the leader's copy.
+/// error leaves the read failing with the leader's medium error (a refusal
+/// after one request; "cannot read either" after the range is halved down to
+/// the block), and one that answers with the wrong number of bytes has its
+/// link closed: in no case is anything written to the leader's copy.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_follower_cannot_write_the_leaders_copy_through_a_repair() {
     let d = tempfile::tempdir().unwrap();
@@ -1331,29 +1335,31 @@ async fn a_follower_cannot_write_the_leaders_copy_through_a_repair() {
     assert_eq!(mem.read(0, 8).await.unwrap(), vec![0x11u8; 8 * 512]);
     // block 5 of the leader's copy cannot be read
     faulty.plan().lock().bad_read_blocks.push(5..6);
-    for tampered in [false, true] {
+    // the follower's answers: it cannot serve now (one request: a refusal
+    // is not halved), it cannot read them either (halved: blocks 4 and 5
+    // are read again here, block 5 asked alone), the wrong length
+    use replica_proto::error_codes::{MEDIUM, UNAVAILABLE};
+    for (answer, asks) in [(Some(UNAVAILABLE), 1), (Some(MEDIUM), 2), (None, 1)] {
         let read = n1.read(4, 2);
         tokio::pin!(read);
+        let mut asked = Vec::new();
         let r = loop {
             tokio::select! {
                 r = &mut read => break r,
                 m = fake.next() => match m {
-                    Some(Message::ReadCopy { id, blocks, .. }) if tampered => {
-                        fake.send(Message::CopyData {
-                            id,
-                            data: Bytes::from(vec![0xEEu8; (blocks as usize + 1) * 512]),
-                        })
-                        .await;
-                    }
-                    Some(Message::ReadCopy { id, .. }) => {
-                        fake.send(Message::Done {
-                            id,
-                            result: OpResult::Error {
-                                code: replica_proto::error_codes::MEDIUM,
-                                lba: 5,
+                    Some(Message::ReadCopy { id, lba, blocks }) => {
+                        asked.push((lba, blocks));
+                        let reply = match answer {
+                            Some(code) => Message::Done {
+                                id,
+                                result: OpResult::Error { code, lba: 5 },
                             },
-                        })
-                        .await;
+                            None => Message::CopyData {
+                                id,
+                                data: Bytes::from(vec![0xEEu8; (blocks as usize + 1) * 512]),
+                            },
+                        };
+                        fake.send(reply).await;
                     }
                     Some(_) => {}
                     None => break read.await,
@@ -1364,6 +1370,11 @@ async fn a_follower_cannot_write_the_leaders_copy_through_a_repair() {
             matches!(r, Err(block::BlockError::Medium { lba: 5 })),
             "{r:?}"
         );
+        assert_eq!(asked.len(), asks, "{answer:?}: {asked:?}");
+        assert_eq!(asked[0], (4, 2));
+        if asks == 2 {
+            assert_eq!(asked[1], (5, 1));
+        }
         assert!(!faulty.plan().lock().bad_read_blocks.is_empty(), "written");
         assert_eq!(mem.read(4, 2).await.unwrap(), vec![0x11u8; 2 * 512]);
     }
