@@ -206,7 +206,7 @@ impl Inner {
     /// stand-in values and leave the row's parity wrong. Records written
     /// since cannot cover an unknown chunk of such a row: the update would
     /// have had to read it.
-    async fn prepare_salvage(&self, s: u64) {
+    pub(crate) async fn prepare_salvage(&self, s: u64) {
         if self.is_failed() {
             return;
         }
@@ -216,7 +216,7 @@ impl Inner {
             Ok(()) => self.state.lock().salvage_ready = Some((s, generation)),
             Err(e) => {
                 tracing::warn!(pool = %self.name, stripe = s, error = %e,
-                    "rebuild: checkpoint before giving up unreadable rows failed");
+                    "checkpoint before giving up unreadable rows failed");
             }
         }
     }

@@ -1008,18 +1008,37 @@ impl Volume for Pool {
             let scheme = inner.layout.scheme();
             let groups = by_stripe(inner.segments(lba, blocks));
             let (inner, data) = (&inner, &data);
-            let futs: Vec<BoxFut<'_, BlockResult<()>>> = groups
-                .iter()
-                .map(|(s, g)| -> BoxFut<'_, BlockResult<()>> {
-                    if scheme == Scheme::Mirror {
-                        Box::pin(inner.write_mirror_stripe(*s, g, data, fua))
-                    } else {
-                        Box::pin(inner.write_parity_group(*s, g, data, fua, lba, blocks))
+            let write_groups = || async {
+                let futs: Vec<BoxFut<'_, BlockResult<()>>> = groups
+                    .iter()
+                    .map(|(s, g)| -> BoxFut<'_, BlockResult<()>> {
+                        if scheme == Scheme::Mirror {
+                            Box::pin(inner.write_mirror_stripe(*s, g, data, fua))
+                        } else {
+                            Box::pin(inner.write_parity_group(*s, g, data, fua, lba, blocks))
+                        }
+                    })
+                    .collect();
+                join_all(futs)
+                    .await
+                    .into_iter()
+                    .collect::<BlockResult<Vec<()>>>()
+            };
+            match write_groups().await {
+                // a read-modify-write met unreadable sectors beyond the
+                // redundancy (a degraded pool's survivor, two in one row):
+                // the rows that cannot be decided are given up as a rebuild
+                // gives them up, and the write is done again (see `lost.rs`)
+                Err(BlockError::Medium { .. }) if scheme != Scheme::Mirror => {
+                    let stripes: Vec<u64> = groups.iter().map(|(s, _)| *s).collect();
+                    if !inner.give_up_rows_for_write(&stripes).await {
+                        return Err(BlockError::Medium { lba });
                     }
-                })
-                .collect();
-            for r in join_all(futs).await {
-                r?;
+                    write_groups().await?;
+                }
+                r => {
+                    r?;
+                }
             }
             // (a member it skipped must be failed on disk first)
             inner.failures_durable().await?;

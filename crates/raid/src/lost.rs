@@ -240,6 +240,36 @@ impl Inner {
         (lba < self.geometry().block_count).then_some(lba)
     }
 
+    /// A write to a parity pool failed with a medium error: its
+    /// read-modify-write met unreadable sectors where a row has no
+    /// redundancy left (a degraded pool with a bad sector on a survivor, two
+    /// bad sectors in one row). Gives up the rows of `stripes` that cannot be
+    /// decided, as a rebuild does ([`Inner::salvage_stripe`]: every journal
+    /// record checkpointed first, the lost blocks recorded, the unreadable
+    /// sectors written with stand-ins that keep the row's parity right), so
+    /// that the write can be done again; rows that can be decided only have
+    /// their unreadable sectors written again. False if a stripe could not
+    /// be given up (the pool failed, its members changed meanwhile, the list
+    /// of lost blocks is full): the write fails as it did.
+    pub(crate) async fn give_up_rows_for_write(&self, stripes: &[u64]) -> bool {
+        for &s in stripes {
+            if self.is_failed() {
+                return false;
+            }
+            self.prepare_salvage(s).await;
+            let _g = self.lock_for(s).write().await;
+            let Ok(view) = self.view() else {
+                return false;
+            };
+            if let Err(e) = self.salvage_stripe(s, &[], &view).await {
+                tracing::warn!(pool = %self.name, stripe = s, error = %e,
+                    "a write could not give up the unreadable rows of the stripe");
+                return false;
+            }
+        }
+        true
+    }
+
     /// The rebuild could not compute stripe `s` for the positions `want`
     /// (the caller holds the stripe's write lock): reads it row by row, gives
     /// up the rows that cannot be decided (see the module's notes), records
@@ -302,7 +332,7 @@ impl Inner {
                 st.salvage_ready = None;
             }
             tracing::error!(pool = %self.name, stripe = s, ?blocks,
-                "rebuild: unreadable sectors beyond the redundancy; these pool blocks are lost \
+                "unreadable sectors beyond the redundancy; these pool blocks are lost \
                  (reads of them fail until they are written again)");
             // recorded before anything is written: a crash in between must
             // not leave the stand-in values looking like data
@@ -317,7 +347,7 @@ impl Inner {
                 .await
             {
                 tracing::warn!(pool = %self.name, position = pos, stripe = s, error = %e,
-                    "rebuild: writing an unreadable sector again failed");
+                    "writing an unreadable sector again failed");
                 self.fail_handle(pos, at.h).await;
             }
         }
