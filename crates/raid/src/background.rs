@@ -207,16 +207,26 @@ impl Inner {
     /// since cannot cover an unknown chunk of such a row: the update would
     /// have had to read it.
     pub(crate) async fn prepare_salvage(&self, s: u64) {
-        if self.is_failed() {
-            return;
+        if let Some(generation) = self.checkpoint_for_salvage().await {
+            self.state.lock().salvage_ready = Some((s, generation));
         }
-        // a member failing or joining meanwhile makes it moot (its records)
+    }
+
+    /// Checkpoints every journal record before rows are given up (see
+    /// [`Inner::prepare_salvage`]): the pool's generation it holds for (a
+    /// member failing or joining meanwhile makes it moot: its records), or
+    /// None if the pool failed or the checkpoint did.
+    pub(crate) async fn checkpoint_for_salvage(&self) -> Option<u64> {
+        if self.is_failed() {
+            return None;
+        }
         let generation = self.state.lock().generation;
         match self.checkpoint_all().await {
-            Ok(()) => self.state.lock().salvage_ready = Some((s, generation)),
+            Ok(()) => Some(generation),
             Err(e) => {
-                tracing::warn!(pool = %self.name, stripe = s, error = %e,
+                tracing::warn!(pool = %self.name, error = %e,
                     "checkpoint before giving up unreadable rows failed");
+                None
             }
         }
     }
@@ -474,6 +484,7 @@ impl Inner {
                 .iter()
                 .flat_map(|(p, _)| self.layout.positions_of(*p))
                 .collect();
+            let generation = self.state.lock().generation;
             let images = match self.stripe_image(s, &want, &view).await {
                 Ok(i) => i,
                 // tried once more after a back-off, then given up row by
@@ -483,8 +494,10 @@ impl Inner {
                     self.prepare_salvage(s).await;
                     return self.rebuild_stalled_at(s, &e);
                 }
-                Err(e) => match self.salvage_stripe(s, &want, &view).await {
-                    Ok(i) => i,
+                // (the checkpoint holds for the generation it was made at,
+                // the current one: `may_salvage` just said so)
+                Err(e) => match self.salvage_stripe(s, &want, &view, generation).await {
+                    Ok(done) => done.images,
                     Err(salvage) => {
                         drop(g);
                         tracing::warn!(pool = %self.name, stripe = s, error = %e, %salvage,

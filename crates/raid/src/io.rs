@@ -1019,24 +1019,33 @@ impl Volume for Pool {
                         }
                     })
                     .collect();
-                join_all(futs)
-                    .await
-                    .into_iter()
-                    .collect::<BlockResult<Vec<()>>>()
+                join_all(futs).await
             };
-            match write_groups().await {
-                // a read-modify-write met unreadable sectors beyond the
-                // redundancy (a degraded pool's survivor, two in one row):
-                // the rows that cannot be decided are given up as a rebuild
-                // gives them up, and the write is done again (see `lost.rs`)
-                Err(BlockError::Medium { .. }) if scheme != Scheme::Mirror => {
-                    let stripes: Vec<u64> = groups.iter().map(|(s, _)| *s).collect();
-                    if !inner.give_up_rows_for_write(&stripes).await {
-                        return Err(BlockError::Medium { lba });
-                    }
-                    write_groups().await?;
+            let results = write_groups().await;
+            // a read-modify-write that met unreadable sectors beyond the
+            // redundancy (a degraded pool's survivor): the rows of those
+            // stripes that cannot be decided are given up as a rebuild gives
+            // them up, and the write is done again (see `lost.rs`)
+            let unreadable: Vec<u64> = groups
+                .iter()
+                .zip(&results)
+                .filter(|(_, r)| matches!(r, Err(BlockError::Medium { .. })))
+                .map(|((s, _), _)| *s)
+                .collect();
+            if scheme != Scheme::Mirror
+                && !unreadable.is_empty()
+                && results
+                    .iter()
+                    .all(|r| matches!(r, Ok(()) | Err(BlockError::Medium { .. })))
+            {
+                if inner.give_up_rows(&unreadable).await.is_none() {
+                    return Err(BlockError::Medium { lba });
                 }
-                r => {
+                for r in write_groups().await {
+                    r?;
+                }
+            } else {
+                for r in results {
                     r?;
                 }
             }
@@ -1085,7 +1094,17 @@ impl Volume for Pool {
         let r = block::detach::detached(async move {
             let _fg = FgGuard::new(&inner.fg_inflight);
             for (s, segs) in by_stripe(inner.segments(lba, blocks)) {
-                inner.discard_stripe(s, &segs).await?;
+                match inner.discard_stripe(s, &segs).await {
+                    // a partial stripe written with zeroes met unreadable
+                    // sectors beyond the redundancy: as a write does
+                    Err(BlockError::Medium { .. })
+                        if inner.layout.scheme() != Scheme::Mirror
+                            && inner.give_up_rows(&[s]).await.is_some() =>
+                    {
+                        inner.discard_stripe(s, &segs).await?
+                    }
+                    r => r?,
+                }
             }
             inner.failures_durable().await?;
             // the range reads as zeroes now, lost blocks included

@@ -152,6 +152,17 @@ impl Lost {
     }
 }
 
+/// What [`Inner::salvage_stripe`] made of a stripe.
+pub(crate) struct Salvaged {
+    /// The full-chunk images of the positions asked for.
+    pub images: Vec<Vec<u8>>,
+    /// Unreadable sectors of other positions written again in rows that
+    /// could be decided.
+    pub repaired: u64,
+    /// Unreadable sectors written with stand-ins in rows given up.
+    pub given_up: u64,
+}
+
 /// What a salvage of one row decided.
 struct Row {
     /// Per grid position in the stripe: the row's new content, where it must be
@@ -240,34 +251,48 @@ impl Inner {
         (lba < self.geometry().block_count).then_some(lba)
     }
 
-    /// A write to a parity pool failed with a medium error: its
-    /// read-modify-write met unreadable sectors where a row has no
-    /// redundancy left (a degraded pool with a bad sector on a survivor, two
-    /// bad sectors in one row). Gives up the rows of `stripes` that cannot be
-    /// decided, as a rebuild does ([`Inner::salvage_stripe`]: every journal
-    /// record checkpointed first, the lost blocks recorded, the unreadable
-    /// sectors written with stand-ins that keep the row's parity right), so
-    /// that the write can be done again; rows that can be decided only have
-    /// their unreadable sectors written again. False if a stripe could not
-    /// be given up (the pool failed, its members changed meanwhile, the list
-    /// of lost blocks is full): the write fails as it did.
-    pub(crate) async fn give_up_rows_for_write(&self, stripes: &[u64]) -> bool {
+    /// Stripes whose rows cannot all be decided: a write (or a discard that
+    /// writes zeroes) to a parity pool whose read-modify-write met unreadable
+    /// sectors where a row has no redundancy left (a degraded pool with a bad
+    /// sector on a survivor; not a data-first update, which holds the
+    /// stripe's lock and its record), or a scrub that met them. Gives up the rows of
+    /// `stripes` that cannot be decided, as a rebuild does
+    /// ([`Inner::salvage_stripe`]: every journal record checkpointed first,
+    /// the lost blocks recorded, the unreadable sectors written with
+    /// stand-ins that keep the row's parity right), so that the write can be
+    /// done again and the next member loss rebuilds the rows' other blocks
+    /// right; rows that can be decided only have their unreadable sectors
+    /// written again. The caller holds no stripe lock (the checkpoint waits
+    /// for journal records in flight, whose writers may wait on one). False
+    /// if a stripe could not be given up (the pool failed, its members
+    /// changed meanwhile, the list of lost blocks is full); else the
+    /// unreadable sectors written again in rows that could be decided, and in
+    /// rows given up.
+    pub(crate) async fn give_up_rows(&self, stripes: &[u64]) -> Option<(u64, u64)> {
+        let (mut repaired, mut given_up) = (0, 0);
         for &s in stripes {
-            if self.is_failed() {
-                return false;
+            if self.is_failed() || self.closed.load(Ordering::SeqCst) {
+                return None;
             }
-            self.prepare_salvage(s).await;
+            // (its own checkpoint: the rebuild's slot is left alone)
+            let checkpointed = self.checkpoint_for_salvage().await?;
             let _g = self.lock_for(s).write().await;
             let Ok(view) = self.view() else {
-                return false;
+                return None;
             };
-            if let Err(e) = self.salvage_stripe(s, &[], &view).await {
-                tracing::warn!(pool = %self.name, stripe = s, error = %e,
-                    "a write could not give up the unreadable rows of the stripe");
-                return false;
+            match self.salvage_stripe(s, &[], &view, checkpointed).await {
+                Ok(done) => {
+                    repaired += done.repaired;
+                    given_up += done.given_up;
+                }
+                Err(e) => {
+                    tracing::warn!(pool = %self.name, stripe = s, error = %e,
+                        "could not give up the unreadable rows of the stripe");
+                    return None;
+                }
             }
         }
-        true
+        Some((repaired, given_up))
     }
 
     /// The rebuild could not compute stripe `s` for the positions `want`
@@ -284,17 +309,20 @@ impl Inner {
         s: u64,
         want: &[usize],
         view: &View,
-    ) -> BlockResult<Vec<Vec<u8>>> {
+        checkpointed: u64,
+    ) -> BlockResult<Salvaged> {
         let bs = self.bs as usize;
         let mut images = vec![vec![0u8; self.cb as usize * bs]; want.len()];
-        let mut repairs: Vec<(usize, u64, Vec<u8>)> = Vec::new();
+        // (position, row, content, whether the row was given up)
+        let mut repairs: Vec<(usize, u64, Vec<u8>, bool)> = Vec::new();
         let mut lost: Vec<(usize, u64)> = Vec::new();
         for row in 0..self.cb {
             let r = self.salvage_row(s, row, want, view).await?;
+            let given_up = !r.lost.is_empty();
             for (pos, content) in r.writes {
                 match want.iter().position(|&w| w == pos) {
                     Some(i) => images[i][row as usize * bs..][..bs].copy_from_slice(&content),
-                    None => repairs.push((pos, row, content)),
+                    None => repairs.push((pos, row, content, given_up)),
                 }
             }
             lost.extend(r.lost.into_iter().map(|d| (d, row)));
@@ -307,7 +335,7 @@ impl Inner {
         if !lost.is_empty() {
             {
                 let mut st = self.state.lock();
-                if !st.may_salvage(s) {
+                if st.generation != checkpointed {
                     // a member failed or joined during the row reads: its
                     // records were not checkpointed; tried again
                     return Err(BlockError::Unavailable(format!(
@@ -328,8 +356,6 @@ impl Inner {
                 }
                 st.lost = grown;
                 self.lost_changed(&st.lost, true);
-                // one use per checkpoint (see `prepare_salvage`)
-                st.salvage_ready = None;
             }
             tracing::error!(pool = %self.name, stripe = s, ?blocks,
                 "unreadable sectors beyond the redundancy; these pool blocks are lost \
@@ -338,20 +364,31 @@ impl Inner {
             // not leave the stand-in values looking like data
             self.persist().await?;
         }
-        for (pos, row, content) in repairs {
+        let (mut repaired, mut given_up) = (0, 0);
+        for (pos, row, content, row_given_up) in repairs {
             let Some(at) = view.writable(pos) else {
                 continue;
             };
-            if let Err(e) = self
-                .m_write(at, s * self.cb + row, Bytes::from(content), false)
+            // (forced: a write acknowledged next may rest on a stand-in, its
+            // parity computed with it, and a journal record does not carry it)
+            match self
+                .m_write(at, s * self.cb + row, Bytes::from(content), true)
                 .await
             {
-                tracing::warn!(pool = %self.name, position = pos, stripe = s, error = %e,
-                    "writing an unreadable sector again failed");
-                self.fail_handle(pos, at.h).await;
+                Ok(()) if row_given_up => given_up += 1,
+                Ok(()) => repaired += 1,
+                Err(e) => {
+                    tracing::warn!(pool = %self.name, position = pos, stripe = s, error = %e,
+                        "writing an unreadable sector again failed");
+                    self.fail_handle(pos, at.h).await;
+                }
             }
         }
-        Ok(images)
+        Ok(Salvaged {
+            images,
+            repaired,
+            given_up,
+        })
     }
 
     /// One block row of stripe `s`: reads every position outside `want` and
@@ -379,7 +416,7 @@ impl Inner {
         let got: Vec<Option<Vec<u8>>> = join_all(futs).await;
         if self.is_failed() {
             return Err(BlockError::Unavailable(format!(
-                "pool {} failed during the rebuild",
+                "pool {} failed while a stripe's rows were read",
                 self.name
             )));
         }

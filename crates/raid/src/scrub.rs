@@ -10,7 +10,10 @@
 //!   bad -> rewrite P; only Q bad -> rewrite Q; both bad and consistent with data
 //!   column z -> correct column z; anything else is counted unrepairable and left.
 //! - a block that cannot be read (medium error) is rebuilt from redundancy and
-//!   rewritten.
+//!   rewritten; rows where unreadable blocks exceed the redundancy are given
+//!   up as a rebuild gives them up (`lost.rs`: the blocks recorded lost,
+//!   stand-ins that keep the row's parity right), counted as read errors
+//!   that could not be repaired.
 //!
 //! Stripes with a missing or rebuilding member, and stripes the initial resync has
 //! not reached, are skipped (counted).
@@ -67,6 +70,7 @@ impl Inner {
                 break;
             }
             self.throttle(&mut pacer, done).await;
+            let mut undecided = false;
             {
                 let _g = self.lock_for(s).write().await;
                 let view = self
@@ -77,11 +81,38 @@ impl Inner {
                 } else {
                     match self.scrub_stripe(s, &view, &mut rep).await {
                         Ok(()) => rep.stripes_checked += 1,
+                        // unreadable sectors the redundancy cannot rebuild
+                        Err(BlockError::Medium { .. }) => undecided = true,
                         Err(e) => {
                             tracing::warn!(pool = %self.name, stripe = s, error = %e, "scrub skipped stripe");
                             rep.stripes_skipped += 1;
                         }
                     }
+                }
+            }
+            if undecided {
+                // given up as a rebuild gives them up (outside the stripe's
+                // lock: see `give_up_rows`), so that the row's parity is right
+                // again and the next member loss rebuilds its other blocks
+                // (not if a member went meanwhile: the scrub skips stripes
+                // without one, a rebuild will decide)
+                let whole = self
+                    .view()
+                    .is_ok_and(|v| (0..n).all(|p| v.readable(p, s).is_some()));
+                let before = self.state.lock().lost.blocks();
+                let done = if whole {
+                    self.give_up_rows(&[s]).await
+                } else {
+                    None
+                };
+                if let Some((repaired, given_up)) = done {
+                    let lost = self.state.lock().lost.blocks().saturating_sub(before);
+                    rep.stripes_checked += 1;
+                    rep.read_errors += repaired + given_up;
+                    rep.repaired += repaired;
+                    rep.unrepairable += lost;
+                } else {
+                    rep.stripes_skipped += 1;
                 }
             }
             done += stripe_bytes;
@@ -131,7 +162,12 @@ impl Inner {
             for &p in &unreadable {
                 v2.slots[p] = None;
             }
-            let imgs = self.stripe_image(s, &unreadable, &v2).await?;
+            // (whole chunks: two members unreadable in different rows fail
+            // here too; the caller then goes row by row, `give_up_rows`)
+            let imgs = self
+                .stripe_image(s, &unreadable, &v2)
+                .await
+                .map_err(|_| BlockError::Medium { lba: s * self.cb })?;
             for (&p, img) in unreadable.iter().zip(imgs) {
                 if let Some(h) = view.writable(p) {
                     self.m_write(h, s * self.cb, Bytes::from(img), false)

@@ -121,7 +121,9 @@ pub struct ScrubReport {
     pub mismatches: u64,
     /// Mismatched or unreadable blocks rewritten.
     pub repaired: u64,
-    /// Mismatches redundancy could not decide (left as they were).
+    /// Mismatches redundancy could not decide (left as they were), and
+    /// unreadable blocks it could not rebuild (given up: the pool's lost
+    /// blocks).
     pub unrepairable: u64,
     /// Unreadable blocks (medium errors) rebuilt from redundancy.
     pub read_errors: u64,

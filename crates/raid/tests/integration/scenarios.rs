@@ -170,6 +170,17 @@ async fn a_degraded_read_that_meets_an_unreadable_sector_is_a_medium_error() {
                     matches!(r, Err(BlockError::Medium { lba: at }) if at == lba),
                     "{level:?} block {lba} (position {pos}): {r:?}"
                 );
+                // a write there cannot read what its parity needs either, and
+                // this disk does not remap what is written: after the row is
+                // given up, its sector still cannot be read, so the write
+                // fails with a medium error naming the written block
+                let w = pool.write(lba, pattern(9, 1), false).await;
+                if pos != 0 {
+                    assert!(
+                        matches!(w, Err(BlockError::Medium { lba: at }) if at == lba),
+                        "{level:?} write of block {lba} (position {pos}): {w:?}"
+                    );
+                }
             } else {
                 assert_eq!(r.unwrap(), oracle.read(lba, 1).await.unwrap());
             }
@@ -285,6 +296,84 @@ async fn a_degraded_write_that_meets_an_unreadable_sector_gives_up_only_that_row
             check_all_but_lost(&pool, &oracle, &lost).await;
         }
         assert_ne!(pool.status().state, PoolState::Failed);
+    }
+}
+
+/// A scrub that meets unreadable sectors beyond the redundancy of a row
+/// (two in one row of a RAID 5, three of a RAID 6, both copies of a mirror
+/// block) gives the row up as a rebuild would: the row's unreadable data
+/// blocks are recorded lost (a medium error each; the report counts them
+/// read errors it could not repair), the sectors are written with stand-ins
+/// that keep the row's parity right, and every other block reads right, also
+/// with one more member gone, which reads through that parity. Two members
+/// unreadable in different rows of one stripe are both repaired (each row
+/// can be rebuilt). Before, the scrub skipped both stripes and left them as
+/// they were: the next member loss would have lost the rows' other blocks
+/// too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_scrub_gives_up_only_the_rows_it_cannot_rebuild() {
+    for (level, n, bad) in [
+        (RaidLevel::Raid5, 4, vec![0, 1]),
+        (RaidLevel::Raid6, 5, vec![0, 1, 2]),
+        (RaidLevel::Raid1, 2, vec![0, 1]),
+    ] {
+        let (pool, ms, oracle) = filled_pool(level, n, n).await;
+        let off = pool.data_offset_bytes() / BS as u64;
+        for &m in &bad {
+            let mut p = ms[m].plan.lock();
+            p.remap_on_write = true;
+            p.bad_read_blocks.push(off + 5..off + 6);
+        }
+        let cb = (CHUNK / BS) as u64;
+        let l = pool.layout();
+        let k = l.data_chunks();
+        let lost: Vec<u64> = (0..k)
+            .filter(|&d| l.data_positions(0, d).iter().all(|p| bad.contains(p)))
+            .map(|d| d as u64 * cb + 5)
+            .collect();
+        assert!(!lost.is_empty(), "{level:?}");
+        let witness = (0..k)
+            .map(|d| l.data_positions(0, d)[0])
+            .find(|&pos| !bad.contains(&pos));
+        // and two members unreadable in different rows of stripe 1: each
+        // row can be rebuilt, though neither chunk can be whole
+        let one = off + cb;
+        ms[bad[0]]
+            .plan
+            .lock()
+            .bad_read_blocks
+            .push(one + 2..one + 3);
+        ms[bad[1]]
+            .plan
+            .lock()
+            .bad_read_blocks
+            .push(one + 7..one + 8);
+        let rep = pool.scrub().await.unwrap().unwrap();
+        assert_eq!(rep.unrepairable, lost.len() as u64, "{level:?}: {rep:?}");
+        assert_eq!(rep.read_errors, bad.len() as u64 + 2, "{level:?}: {rep:?}");
+        assert_eq!(rep.repaired, 2, "{level:?}: {rep:?}");
+        assert_eq!(rep.stripes_skipped, 0, "{level:?}: {rep:?}");
+        let st = pool.status();
+        let listed: Vec<u64> = st.lost_ranges.iter().flat_map(|&[a, c]| a..a + c).collect();
+        assert_eq!(listed, lost, "{level:?}: {st:?}");
+        for &m in &bad {
+            assert!(
+                ms[m].plan.lock().bad_read_blocks.is_empty(),
+                "{level:?}: member {m}'s unreadable sector was not written"
+            );
+        }
+        check_all_but_lost(&pool, &oracle, &lost).await;
+        // a second scrub finds nothing more
+        let rep = pool.scrub().await.unwrap().unwrap();
+        assert_eq!(
+            (rep.mismatches, rep.read_errors, rep.unrepairable),
+            (0, 0, 0),
+            "{level:?}: {rep:?}"
+        );
+        if let Some(w) = witness {
+            pool.fail_member(w).await.unwrap();
+            check_all_but_lost(&pool, &oracle, &lost).await;
+        }
     }
 }
 
