@@ -1362,17 +1362,15 @@ async fn a_region_a_failed_write_changed_after_its_resync_copy_is_copied_again()
 /// failed although the partner held the data.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn blocks_a_copy_cannot_read_are_read_from_the_partner_and_repaired() {
-    let d = tempfile::tempdir().unwrap();
-    let m1 = Arc::new(MemVolume::new(512, BLOCKS));
-    let m2 = Arc::new(MemVolume::new(512, BLOCKS));
-    let f1 = Arc::new(block::FaultVolume::new(m1.clone()));
-    let f2 = Arc::new(block::FaultVolume::new(m2.clone()));
-    for f in [&f1, &f2] {
-        f.plan().lock().remap_on_write = true;
-    }
-    let (n2, addr2) = node2(d.path(), 1, f2.clone() as VolumeRef, None).await;
-    let n1 = node1(d.path(), 1, f1.clone() as VolumeRef, addr2, None).await;
-    both_in_sync(&n1, &n2).await;
+    let Faulty {
+        n1,
+        n2,
+        m1,
+        m2,
+        f1,
+        f2,
+        _d,
+    } = faulty_pair(BLOCKS, true).await;
     assert_eq!(n1.role(), Role::Leader);
     assert_eq!(n2.role(), Role::Follower);
     let data: Vec<u8> = (0..4 * 512u32).map(|i| (i * 7 + 1) as u8).collect();
@@ -1412,6 +1410,41 @@ async fn blocks_a_copy_cannot_read_are_read_from_the_partner_and_repaired() {
     ));
 }
 
+/// A pair in sync over fault layers on memory volumes of `blocks` blocks,
+/// whose disks remap a sector they are written when `remap`.
+struct Faulty {
+    n1: Arc<ReplicatedVolume>,
+    n2: Arc<ReplicatedVolume>,
+    m1: Arc<MemVolume>,
+    m2: Arc<MemVolume>,
+    f1: Arc<block::FaultVolume>,
+    f2: Arc<block::FaultVolume>,
+    _d: tempfile::TempDir,
+}
+
+async fn faulty_pair(blocks: u64, remap: bool) -> Faulty {
+    let d = tempfile::tempdir().unwrap();
+    let m1 = Arc::new(MemVolume::new(512, blocks));
+    let m2 = Arc::new(MemVolume::new(512, blocks));
+    let f1 = Arc::new(block::FaultVolume::new(m1.clone()));
+    let f2 = Arc::new(block::FaultVolume::new(m2.clone()));
+    for f in [&f1, &f2] {
+        f.plan().lock().remap_on_write = remap;
+    }
+    let (n2, addr2) = node2(d.path(), 1, f2.clone() as VolumeRef, None).await;
+    let n1 = node1(d.path(), 1, f1.clone() as VolumeRef, addr2, None).await;
+    both_in_sync(&n1, &n2).await;
+    Faulty {
+        n1,
+        n2,
+        m1,
+        m2,
+        f1,
+        f2,
+        _d: d,
+    }
+}
+
 /// A read larger than one repair (8 MiB) is repaired piece by piece: only the
 /// pieces the copy cannot read are read from (or written by) the partner, and
 /// a piece the partner cannot read whole either is halved until each half
@@ -1421,17 +1454,15 @@ async fn blocks_a_copy_cannot_read_are_read_from_the_partner_and_repaired() {
 async fn a_read_larger_than_one_repair_is_repaired_piece_by_piece() {
     const BIG: u64 = 32768; // 16 MiB
     const READ: u64 = 24576; // 12 MiB: a piece of 8 MiB and one of 4
-    let d = tempfile::tempdir().unwrap();
-    let m1 = Arc::new(MemVolume::new(512, BIG));
-    let m2 = Arc::new(MemVolume::new(512, BIG));
-    let f1 = Arc::new(block::FaultVolume::new(m1.clone()));
-    let f2 = Arc::new(block::FaultVolume::new(m2.clone()));
-    for f in [&f1, &f2] {
-        f.plan().lock().remap_on_write = true;
-    }
-    let (n2, addr2) = node2(d.path(), 1, f2.clone() as VolumeRef, None).await;
-    let n1 = node1(d.path(), 1, f1.clone() as VolumeRef, addr2, None).await;
-    both_in_sync(&n1, &n2).await;
+    let Faulty {
+        n1,
+        n2,
+        m1,
+        m2,
+        f1,
+        f2,
+        _d,
+    } = faulty_pair(BIG, true).await;
     let data: Vec<u8> = (0..READ * 512)
         .map(|i| (i / 512 * 13 + i % 251) as u8)
         .collect();
@@ -1474,14 +1505,9 @@ async fn a_read_larger_than_one_repair_is_repaired_piece_by_piece() {
 /// the whole range failed, and so did the read.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn blocks_each_copy_cannot_read_in_one_read_come_from_the_other() {
-    let d = tempfile::tempdir().unwrap();
-    let m1 = Arc::new(MemVolume::new(512, BLOCKS));
-    let m2 = Arc::new(MemVolume::new(512, BLOCKS));
-    let f1 = Arc::new(block::FaultVolume::new(m1.clone()));
-    let f2 = Arc::new(block::FaultVolume::new(m2.clone()));
-    let (n2, addr2) = node2(d.path(), 1, f2.clone() as VolumeRef, None).await;
-    let n1 = node1(d.path(), 1, f1.clone() as VolumeRef, addr2, None).await;
-    both_in_sync(&n1, &n2).await;
+    let Faulty {
+        n1, n2, f1, f2, _d, ..
+    } = faulty_pair(BLOCKS, false).await;
     let data: Vec<u8> = (0..8 * 512u32).map(|i| (i * 3 + i / 512) as u8).collect();
     let data = Bytes::from(data);
     n1.write(8, data.clone(), false).await.unwrap();

@@ -1630,6 +1630,56 @@ impl Volume for Tearing {
     }
 }
 
+/// The torn write's block (never acknowledged) holds either version.
+async fn either_version(vol: &CacheVolume, oracle: &MemVolume, lba: u64, torn: &Bytes) {
+    let got = vol.read(lba, 1).await.unwrap();
+    let old = oracle.read(lba, 1).await.unwrap();
+    assert!(
+        got == old || got == *torn,
+        "the torn write's block holds neither version"
+    );
+}
+
+/// Acknowledged dirty data (one 4K write into each of 40 cache blocks of
+/// `vol`, also in `oracle`), then `arm`, then writes into further blocks
+/// until `tears` tears are counted in `tore`: the torn write (never
+/// acknowledged, aborted) and its data.
+async fn write_until_torn(
+    vol: &Arc<CacheVolume>,
+    oracle: &MemVolume,
+    tore: &Semaphore,
+    tears: u32,
+    arm: impl FnOnce(),
+) -> (u64, Bytes) {
+    let per_block = BLOCK as u64 / 4096;
+    for i in 0..40u64 {
+        let data = pattern(i + 1, 4096);
+        vol.write(i * per_block, data.clone(), false).await.unwrap();
+        oracle.write(i * per_block, data, false).await.unwrap();
+    }
+    arm();
+    for i in 40..100u64 {
+        let (lba, data) = (i * per_block, pattern(i + 1, 4096));
+        let mut w = tokio::spawn({
+            let (vol, data) = (vol.clone(), data.clone());
+            async move { vol.write(lba, data, false).await }
+        });
+        tokio::select! {
+            r = &mut w => {
+                r.unwrap().unwrap();
+                oracle.write(lba, data, false).await.unwrap();
+            }
+            p = tore.acquire_many(tears) => {
+                p.unwrap().forget();
+                w.abort();
+                let _ = w.await;
+                return (lba, data);
+            }
+        }
+    }
+    panic!("no table page write was torn");
+}
+
 /// A power cut tears the table page write of a write-back cache on both
 /// mirror halves at once (SSDs of 512-byte blocks; both halves take the
 /// write together). The page's other copy holds its last durable version:
@@ -1665,39 +1715,14 @@ async fn a_table_page_torn_on_both_mirror_halves_leaves_its_other_copy() {
             .await
             .unwrap(),
     );
-    // acknowledged dirty data, one 4K write into each of 40 cache blocks
-    let per_block = BLOCK as u64 / 4096;
-    for i in 0..40u64 {
-        let data = pattern(i + 1, 4096);
-        vol.write(i * per_block, data.clone(), false).await.unwrap();
-        oracle.write(i * per_block, data, false).await.unwrap();
-    }
-    // then writes into further blocks until one's table write tears
-    for s in &ssds {
-        s.armed.store(true, Ordering::SeqCst);
-    }
-    let mut torn = None;
-    for i in 40..100u64 {
-        let (lba, data) = (i * per_block, pattern(i + 1, 4096));
-        let mut w = tokio::spawn({
-            let (vol, data) = (vol.clone(), data.clone());
-            async move { vol.write(lba, data, false).await }
-        });
-        tokio::select! {
-            r = &mut w => {
-                r.unwrap().unwrap();
-                oracle.write(lba, data, false).await.unwrap();
-            }
-            p = tore.acquire_many(2) => {
-                p.unwrap().forget();
-                w.abort();
-                let _ = w.await;
-                torn = Some((lba, data));
-                break;
-            }
+    // acknowledged dirty data, then writes until one's table write tears on
+    // both halves
+    let (torn_lba, torn_data) = write_until_torn(&vol, &oracle, &tore, 2, || {
+        for s in &ssds {
+            s.armed.store(true, Ordering::SeqCst);
         }
-    }
-    let (torn_lba, torn_data) = torn.expect("no table page write was torn");
+    })
+    .await;
     assert!(vol.status().dirty_blocks >= 40, "the writes were destaged");
     // the power is gone: no clean stop
     vol.halt().await;
@@ -1707,12 +1732,7 @@ async fn a_table_page_torn_on_both_mirror_halves_leaves_its_other_copy() {
         .await
         .expect("the cache refused to start over a page torn on both halves");
     // the torn write was never acknowledged: either version of its block
-    let got = vol.read(torn_lba, 1).await.unwrap();
-    let old = oracle.read(torn_lba, 1).await.unwrap();
-    assert!(
-        got == old || got == torn_data,
-        "the torn write's block holds neither version"
-    );
+    either_version(&vol, &oracle, torn_lba, &torn_data).await;
     verify_all(&vol, &oracle).await;
     assert!(vol.status().dirty_blocks >= 40, "dirty blocks lost");
 }
@@ -1753,35 +1773,11 @@ async fn a_table_page_torn_on_one_half_is_never_overwritten_at_its_last_copy() {
             .unwrap(),
     );
     let per_block = BLOCK as u64 / 4096;
-    for i in 0..40u64 {
-        let data = pattern(i + 1, 4096);
-        vol.write(i * per_block, data.clone(), false).await.unwrap();
-        oracle.write(i * per_block, data, false).await.unwrap();
-    }
     // the first cut: a page write tears on half 0 only
-    first.armed.store(true, Ordering::SeqCst);
-    let mut torn = None;
-    for i in 40..100u64 {
-        let (lba, data) = (i * per_block, pattern(i + 1, 4096));
-        let mut w = tokio::spawn({
-            let (vol, data) = (vol.clone(), data.clone());
-            async move { vol.write(lba, data, false).await }
-        });
-        tokio::select! {
-            r = &mut w => {
-                r.unwrap().unwrap();
-                oracle.write(lba, data, false).await.unwrap();
-            }
-            p = tore.acquire() => {
-                p.unwrap().forget();
-                w.abort();
-                let _ = w.await;
-                torn = Some((lba, data));
-                break;
-            }
-        }
-    }
-    let (torn_lba, torn_data) = torn.expect("no table page write was torn");
+    let (torn_lba, torn_data) = write_until_torn(&vol, &oracle, &tore, 1, || {
+        first.armed.store(true, Ordering::SeqCst)
+    })
+    .await;
     vol.halt().await;
     drop(vol);
     // the second cut, during the next start's full table write on half 0
@@ -1813,12 +1809,7 @@ async fn a_table_page_torn_on_one_half_is_never_overwritten_at_its_last_copy() {
     let vol = CacheVolume::open("t", backing.clone(), devices(&refs), c)
         .await
         .expect("the half left lost its table page to the start's write");
-    let got = vol.read(torn_lba, 1).await.unwrap();
-    let old = oracle.read(torn_lba, 1).await.unwrap();
-    assert!(
-        got == old || got == torn_data,
-        "the torn write's block holds neither version"
-    );
+    either_version(&vol, &oracle, torn_lba, &torn_data).await;
     // (degraded, the cache destages what it holds: its reads still serve it)
     verify_all(&vol, &oracle).await;
 }

@@ -226,21 +226,13 @@ async fn a_degraded_write_that_meets_an_unreadable_sector_gives_up_only_that_row
         } else {
             vec![0]
         };
-        let off = pool.data_offset_bytes() / BS as u64;
-        for &m in &bad {
-            let mut p = ms[m].plan.lock();
-            p.remap_on_write = true;
-            p.bad_read_blocks.push(off + 5..off + 6);
-        }
+        unreadable_row_5(&pool, &ms, &bad);
         let cb = (CHUNK / BS) as u64;
         let l = pool.layout();
         let k = l.data_chunks();
         let unknown = |pos: usize| bad.contains(&pos) || gone.contains(&pos);
         // the row's data blocks on unknown positions: the first is written
-        let at_unknown: Vec<u64> = (0..k)
-            .filter(|&d| unknown(l.data_positions(0, d)[0]))
-            .map(|d| d as u64 * cb + 5)
-            .collect();
+        let at_unknown = row_5_blocks_on(&pool, &unknown);
         assert!(at_unknown.len() >= 2, "{level:?}");
         // a member holding a readable data block of the row
         let witness = (0..k)
@@ -260,15 +252,7 @@ async fn a_degraded_write_that_meets_an_unreadable_sector_gives_up_only_that_row
             .copied()
             .filter(|&b| b != target)
             .collect();
-        let st = pool.status();
-        let listed: Vec<u64> = st.lost_ranges.iter().flat_map(|&[a, c]| a..a + c).collect();
-        assert_eq!(listed, lost, "{level:?}: {st:?}");
-        for &m in &bad {
-            assert!(
-                ms[m].plan.lock().bad_read_blocks.is_empty(),
-                "{level:?}: member {m}'s unreadable sector was not written"
-            );
-        }
+        lost_listed_and_sectors_written(&pool, &ms, &bad, &lost, level);
         assert_eq!(pool.read(target, 1).await.unwrap(), data);
         check_all_but_lost(&pool, &oracle, &lost).await;
         // kept across a restart
@@ -318,19 +302,11 @@ async fn a_scrub_gives_up_only_the_rows_it_cannot_rebuild() {
         (RaidLevel::Raid1, 2, vec![0, 1]),
     ] {
         let (pool, ms, oracle) = filled_pool(level, n, n).await;
-        let off = pool.data_offset_bytes() / BS as u64;
-        for &m in &bad {
-            let mut p = ms[m].plan.lock();
-            p.remap_on_write = true;
-            p.bad_read_blocks.push(off + 5..off + 6);
-        }
+        let off = unreadable_row_5(&pool, &ms, &bad);
         let cb = (CHUNK / BS) as u64;
         let l = pool.layout();
         let k = l.data_chunks();
-        let lost: Vec<u64> = (0..k)
-            .filter(|&d| l.data_positions(0, d).iter().all(|p| bad.contains(p)))
-            .map(|d| d as u64 * cb + 5)
-            .collect();
+        let lost = row_5_blocks_on(&pool, &|p| bad.contains(&p));
         assert!(!lost.is_empty(), "{level:?}");
         let witness = (0..k)
             .map(|d| l.data_positions(0, d)[0])
@@ -353,15 +329,7 @@ async fn a_scrub_gives_up_only_the_rows_it_cannot_rebuild() {
         assert_eq!(rep.read_errors, bad.len() as u64 + 2, "{level:?}: {rep:?}");
         assert_eq!(rep.repaired, 2, "{level:?}: {rep:?}");
         assert_eq!(rep.stripes_skipped, 0, "{level:?}: {rep:?}");
-        let st = pool.status();
-        let listed: Vec<u64> = st.lost_ranges.iter().flat_map(|&[a, c]| a..a + c).collect();
-        assert_eq!(listed, lost, "{level:?}: {st:?}");
-        for &m in &bad {
-            assert!(
-                ms[m].plan.lock().bad_read_blocks.is_empty(),
-                "{level:?}: member {m}'s unreadable sector was not written"
-            );
-        }
+        lost_listed_and_sectors_written(&pool, &ms, &bad, &lost, level);
         check_all_but_lost(&pool, &oracle, &lost).await;
         // a second scrub finds nothing more
         let rep = pool.scrub().await.unwrap().unwrap();
@@ -374,6 +342,49 @@ async fn a_scrub_gives_up_only_the_rows_it_cannot_rebuild() {
             pool.fail_member(w).await.unwrap();
             check_all_but_lost(&pool, &oracle, &lost).await;
         }
+    }
+}
+
+/// Makes block row 5 of stripe 0 unreadable on members `bad` (disks that
+/// remap a sector they are written); the members' data offset in blocks.
+fn unreadable_row_5(pool: &Pool, ms: &[TestMember], bad: &[usize]) -> u64 {
+    let off = pool.data_offset_bytes() / BS as u64;
+    for &m in bad {
+        let mut p = ms[m].plan.lock();
+        p.remap_on_write = true;
+        p.bad_read_blocks.push(off + 5..off + 6);
+    }
+    off
+}
+
+/// The pool blocks of row 5 of stripe 0 whose every copy lies on a position
+/// `on` says yes to.
+fn row_5_blocks_on(pool: &Pool, on: &dyn Fn(usize) -> bool) -> Vec<u64> {
+    let cb = (CHUNK / BS) as u64;
+    let l = pool.layout();
+    (0..l.data_chunks())
+        .filter(|&d| l.data_positions(0, d).iter().all(|&p| on(p)))
+        .map(|d| d as u64 * cb + 5)
+        .collect()
+}
+
+/// The pool's status lists exactly `lost`, and the unreadable sectors of
+/// members `bad` were written (remapped).
+fn lost_listed_and_sectors_written(
+    pool: &Pool,
+    ms: &[TestMember],
+    bad: &[usize],
+    lost: &[u64],
+    level: RaidLevel,
+) {
+    let st = pool.status();
+    let listed: Vec<u64> = st.lost_ranges.iter().flat_map(|&[a, c]| a..a + c).collect();
+    assert_eq!(listed, lost, "{level:?}: {st:?}");
+    for &m in bad {
+        assert!(
+            ms[m].plan.lock().bad_read_blocks.is_empty(),
+            "{level:?}: member {m}'s unreadable sector was not written"
+        );
     }
 }
 
