@@ -173,7 +173,10 @@ struct PageCommit {
     durable: u64,
     writing: bool,
     /// The version of the page last written whole to every live device (its
-    /// slot holds it; the next write goes to the other slot).
+    /// slot holds it; the next write goes to the other slot). After a full
+    /// table write that shifted a device's versions (`shifted`), the highest
+    /// any device got: both slots of every device then hold the page as it
+    /// is, so the next version may go to either.
     seq: u64,
     /// Devices (bit `d`) whose newest valid copy of the page lies in the slot
     /// of version `seq + 1`, found at open (a page write that tore on that
@@ -1288,9 +1291,10 @@ impl Inner {
 
     /// Writes every table page of every live device and the superblocks with `clean`.
     ///
-    /// Every page's version moves on by the table's slots: each slot of each
-    /// page is written once, as one version above the last, the second slot
-    /// only once the first is flushed. Callers keep page writes out meanwhile
+    /// Every page's version moves on by the table's slots (one more where a
+    /// device's copies are `shifted`): each slot of each page is written
+    /// once, as one version above the last, the second slot only once the
+    /// first is flushed. Callers keep page writes out meanwhile
     /// (open, stop, detach, the resilver's end).
     pub(crate) async fn write_full_table(&self, clean: bool) -> BlockResult<()> {
         let (base, shifted): (Vec<u64>, Vec<u8>) = {
@@ -1309,7 +1313,7 @@ impl Inner {
             let first: Vec<u64> = base
                 .iter()
                 .zip(&shifted)
-                .map(|(b, sh)| b + 1 + u64::from(sh >> d & 1))
+                .map(|(b, sh)| b + 1 + u64::from(d < 8 && sh >> d & 1 != 0))
                 .collect();
             if let Err(e) = self.write_device_table(d, dev, &first).await {
                 dev.fail(&e);

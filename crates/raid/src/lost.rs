@@ -161,6 +161,10 @@ pub(crate) struct Salvaged {
     pub repaired: u64,
     /// Unreadable sectors written with stand-ins in rows given up.
     pub given_up: u64,
+    /// Pool blocks newly recorded lost.
+    pub lost: u64,
+    /// Per member: its sectors written again (repaired or given up).
+    pub by_member: Vec<u64>,
 }
 
 /// What a salvage of one row decided.
@@ -264,12 +268,17 @@ impl Inner {
     /// right; rows that can be decided only have their unreadable sectors
     /// written again. The caller holds no stripe lock (the checkpoint waits
     /// for journal records in flight, whose writers may wait on one). False
-    /// if a stripe could not be given up (the pool failed, its members
-    /// changed meanwhile, the list of lost blocks is full); else the
-    /// unreadable sectors written again in rows that could be decided, and in
-    /// rows given up.
-    pub(crate) async fn give_up_rows(&self, stripes: &[u64]) -> Option<(u64, u64)> {
-        let (mut repaired, mut given_up) = (0, 0);
+    /// None if a stripe could not be given up (the pool failed or is
+    /// closing, its members changed meanwhile, the list of lost blocks is
+    /// full); else what was written again and recorded lost.
+    pub(crate) async fn give_up_rows(&self, stripes: &[u64]) -> Option<Salvaged> {
+        let mut all = Salvaged {
+            images: Vec::new(),
+            repaired: 0,
+            given_up: 0,
+            lost: 0,
+            by_member: vec![0; self.layout.member_count()],
+        };
         for &s in stripes {
             if self.is_failed() || self.closed.load(Ordering::SeqCst) {
                 return None;
@@ -282,8 +291,12 @@ impl Inner {
             };
             match self.salvage_stripe(s, &[], &view, checkpointed).await {
                 Ok(done) => {
-                    repaired += done.repaired;
-                    given_up += done.given_up;
+                    all.repaired += done.repaired;
+                    all.given_up += done.given_up;
+                    all.lost += done.lost;
+                    for (a, b) in all.by_member.iter_mut().zip(done.by_member) {
+                        *a += b;
+                    }
                 }
                 Err(e) => {
                     tracing::warn!(pool = %self.name, stripe = s, error = %e,
@@ -292,7 +305,7 @@ impl Inner {
                 }
             }
         }
-        Some((repaired, given_up))
+        Some(all)
     }
 
     /// The rebuild could not compute stripe `s` for the positions `want`
@@ -332,6 +345,7 @@ impl Inner {
             .iter()
             .filter_map(|&(d, row)| self.pool_block(s, d, row))
             .collect();
+        let mut newly = 0;
         if !lost.is_empty() {
             {
                 let mut st = self.state.lock();
@@ -343,6 +357,7 @@ impl Inner {
                         self.name
                     )));
                 }
+                let before = st.lost.blocks();
                 let mut grown = st.lost.clone();
                 for &lba in &blocks {
                     if !grown.add(lba, 1, LOST_RANGES_MAX) {
@@ -354,17 +369,24 @@ impl Inner {
                         )));
                     }
                 }
-                st.lost = grown;
-                self.lost_changed(&st.lost, true);
+                newly = grown.blocks() - before;
+                if newly > 0 {
+                    st.lost = grown;
+                    self.lost_changed(&st.lost, true);
+                }
             }
             tracing::error!(pool = %self.name, stripe = s, ?blocks,
                 "unreadable sectors beyond the redundancy; these pool blocks are lost \
                  (reads of them fail until they are written again)");
             // recorded before anything is written: a crash in between must
-            // not leave the stand-in values looking like data
-            self.persist().await?;
+            // not leave the stand-in values looking like data (a row given up
+            // before, its sectors unreadable again, adds nothing)
+            if newly > 0 {
+                self.persist().await?;
+            }
         }
         let (mut repaired, mut given_up) = (0, 0);
+        let mut by_member = vec![0u64; self.layout.member_count()];
         for (pos, row, content, row_given_up) in repairs {
             let Some(at) = view.writable(pos) else {
                 continue;
@@ -375,8 +397,14 @@ impl Inner {
                 .m_write(at, s * self.cb + row, Bytes::from(content), true)
                 .await
             {
-                Ok(()) if row_given_up => given_up += 1,
-                Ok(()) => repaired += 1,
+                Ok(()) => {
+                    by_member[self.layout.member_of(pos)] += 1;
+                    if row_given_up {
+                        given_up += 1
+                    } else {
+                        repaired += 1
+                    }
+                }
                 Err(e) => {
                     tracing::warn!(pool = %self.name, position = pos, stripe = s, error = %e,
                         "writing an unreadable sector again failed");
@@ -388,6 +416,8 @@ impl Inner {
             images,
             repaired,
             given_up,
+            lost: newly,
+            by_member,
         })
     }
 

@@ -99,18 +99,19 @@ impl Inner {
                 let whole = self
                     .view()
                     .is_ok_and(|v| (0..n).all(|p| v.readable(p, s).is_some()));
-                let before = self.state.lock().lost.blocks();
-                let done = if whole {
+                let given = if whole {
                     self.give_up_rows(&[s]).await
                 } else {
                     None
                 };
-                if let Some((repaired, given_up)) = done {
-                    let lost = self.state.lock().lost.blocks().saturating_sub(before);
+                if let Some(given) = given {
                     rep.stripes_checked += 1;
-                    rep.read_errors += repaired + given_up;
-                    rep.repaired += repaired;
-                    rep.unrepairable += lost;
+                    rep.read_errors += given.repaired + given.given_up;
+                    rep.repaired += given.repaired;
+                    rep.unrepairable += given.lost;
+                    for (a, b) in rep.bad_blocks_by_position.iter_mut().zip(given.by_member) {
+                        *a += b;
+                    }
                 } else {
                     rep.stripes_skipped += 1;
                 }

@@ -113,7 +113,8 @@ pub struct RebuildStall {
 /// What a scrub found.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
 pub struct ScrubReport {
-    /// Stripes compared.
+    /// Stripes compared, or (unreadable chunks that could not be rebuilt
+    /// whole) read row by row and repaired or given up.
     pub stripes_checked: u64,
     /// Stripes skipped because a member was missing or rebuilding.
     pub stripes_skipped: u64,
@@ -125,7 +126,9 @@ pub struct ScrubReport {
     /// unreadable blocks it could not rebuild (given up: the pool's lost
     /// blocks).
     pub unrepairable: u64,
-    /// Unreadable blocks (medium errors) rebuilt from redundancy.
+    /// Unreadable chunks (medium errors) rebuilt from redundancy; where a
+    /// stripe was taken row by row, unreadable sectors written again
+    /// (rebuilt, or stand-ins in rows given up).
     pub read_errors: u64,
     /// Per position: blocks found bad on that member (RAID 6 location, mirror copy
     /// or parity rewritten).

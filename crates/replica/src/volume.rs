@@ -1426,13 +1426,18 @@ impl Inner {
             .request(|id| Message::RepairData { id, lba, data })
             .await
         {
-            Ok(r) => {
-                if r == OpResult::Ok {
-                    tracing::warn!(volume = %self.cfg.name, lba, blocks,
-                        "the partner's copy could not read these blocks: written to it from this copy");
-                }
-                r
+            Ok(OpResult::Ok) => {
+                tracing::warn!(volume = %self.cfg.name, lba, blocks,
+                    "the partner's copy could not read these blocks: written to it from this copy");
+                OpResult::Ok
             }
+            // the partner could not write them: said as a write fault, so it
+            // is never taken for this copy being unable to read them
+            Ok(OpResult::Error { lba: at, .. }) => OpResult::Error {
+                code: error_codes::WRITE_FAULT,
+                lba: at,
+            },
+            Ok(r) => r,
             Err(LinkLost) => unavailable(),
         }
     }

@@ -329,6 +329,10 @@ async fn a_scrub_gives_up_only_the_rows_it_cannot_rebuild() {
         assert_eq!(rep.read_errors, bad.len() as u64 + 2, "{level:?}: {rep:?}");
         assert_eq!(rep.repaired, 2, "{level:?}: {rep:?}");
         assert_eq!(rep.stripes_skipped, 0, "{level:?}: {rep:?}");
+        for (i, &m) in bad.iter().enumerate() {
+            let want = 1 + u64::from(i < 2);
+            assert_eq!(rep.bad_blocks_by_position[m], want, "{level:?}: {rep:?}");
+        }
         lost_listed_and_sectors_written(&pool, &ms, &bad, &lost, level);
         check_all_but_lost(&pool, &oracle, &lost).await;
         // a second scrub finds nothing more
