@@ -815,6 +815,16 @@ impl Inner {
                 Err(e) => {
                     then.area.abandon(then.idx);
                     j.complete(then.seq);
+                    // unreadable sectors beyond the redundancy: the rows are
+                    // given up around the update, which is written (forced)
+                    // without a completing record (see `complete_given_up`)
+                    if matches!(e, BlockError::Medium { .. }) && !self.is_failed() {
+                        match self.complete_given_up(s, segs, data).await {
+                            Ok((ops, view)) => break self.apply(s, &ops, &view, true, None).await,
+                            Err(e2) => tracing::error!(pool = %self.name, stripe = s, error = %e2,
+                                "the rows of an acknowledged update could not be given up"),
+                        }
+                    }
                     tracing::error!(pool = %self.name, stripe = s, error = %e, tries,
                         "an acknowledged update could not be written in place: LOST (its stripe could not be read; reads return the older data, and its journal record is replayed only if the pool stops before a checkpoint passes it and before another write to the stripe)");
                     break Err(e);

@@ -32,6 +32,7 @@
 //! into one); one that would need more is held at its stripe as before, and
 //! says so. Writes inside ranges split them up to [`LOST_RANGES_KEPT_MAX`].
 
+use crate::io::{MemberOp, OpKind, Seg};
 use crate::layout::Scheme;
 use crate::pool::{Inner, View};
 use crate::superblock::{LOST_RANGES_KEPT_MAX, LOST_RANGES_MAX};
@@ -174,6 +175,9 @@ struct Row {
     writes: Vec<(usize, Vec<u8>)>,
     /// Data chunks of the stripe whose block at this row is lost.
     lost: Vec<usize>,
+    /// Parity levels: every data chunk's block at this row as decided (read,
+    /// reconstructed or a stand-in).
+    data: Vec<Vec<u8>>,
 }
 
 impl Inner {
@@ -421,6 +425,120 @@ impl Inner {
         })
     }
 
+    /// A data-first update (`segs` of `data` in stripe `s`) that was
+    /// acknowledged already and whose completion cannot read what it needs:
+    /// unreadable sectors beyond the redundancy in its rows (the written
+    /// block's own old data and another block of its row, say). The caller
+    /// holds the stripe's lock and the update's record in flight. Its rows
+    /// are given up around it, row by row as a rebuild gives them up, with
+    /// the update laid over them: the member writes to do (the update, the
+    /// stand-ins of the unreadable blocks it does not cover, the rows'
+    /// parity), after the blocks it does not cover whose every copy is
+    /// unknown are recorded lost, durably. No checkpoint is needed, unlike
+    /// [`Inner::give_up_rows`]: every row changed is one the update's
+    /// data-first record covers, so until a checkpoint passes that record a
+    /// crash has assemble complete it again (`resolve_data_first`), which
+    /// recomputes those rows' parity from what they hold after any older
+    /// record's replay. An error leaves everything as it was.
+    pub(crate) async fn complete_given_up(
+        &self,
+        s: u64,
+        segs: &[Seg],
+        data: &Bytes,
+    ) -> BlockResult<(Vec<MemberOp>, View)> {
+        let view = self.view()?;
+        let bs = self.bs as usize;
+        let k = self.layout.data_chunks();
+        let pp = self.layout.parity_positions(s);
+        let r0 = segs.iter().map(|g| g.off).min().unwrap_or(0);
+        let r1 = segs.iter().map(|g| g.off + g.blocks).max().unwrap_or(0);
+        let rb = (r1 - r0) as usize * bs;
+        let mut par = vec![vec![0u8; rb]; pp.len()];
+        let mut ops = Vec::new();
+        let mut lost = Vec::new();
+        for row in r0..r1 {
+            let r = self.salvage_row(s, row, &[], &view).await?;
+            if r.data.len() != k {
+                return Err(BlockError::NotSupported(
+                    "giving up rows of a mirror update",
+                ));
+            }
+            let mut cols = r.data;
+            let covering = |d: usize| {
+                segs.iter()
+                    .find(|g| g.d == d && g.off <= row && row < g.off + g.blocks)
+            };
+            for (d, col) in cols.iter_mut().enumerate() {
+                if let Some(g) = covering(d) {
+                    let at = g.buf_off + (row - g.off) as usize * bs;
+                    col.copy_from_slice(&data[at..at + bs]);
+                }
+            }
+            // stand-ins where the update does not write (parity is redone)
+            for (pos, content) in r.writes {
+                let chunk = (0..k).find(|&d| self.layout.data_positions(s, d)[0] == pos);
+                if chunk.is_some_and(|d| covering(d).is_none()) {
+                    ops.push(MemberOp {
+                        pos,
+                        mlba: s * self.cb + row,
+                        kind: OpKind::Write(Bytes::from(content)),
+                    });
+                }
+            }
+            lost.extend(
+                r.lost
+                    .into_iter()
+                    .filter(|&d| covering(d).is_none())
+                    .filter_map(|d| self.pool_block(s, d, row)),
+            );
+            let refs: Vec<&[u8]> = cols.iter().map(Vec::as_slice).collect();
+            let at = (row - r0) as usize * bs;
+            let (p, q) = par.split_at_mut(1);
+            crate::gf::compute_pq(
+                &refs,
+                &mut p[0][at..at + bs],
+                q.first_mut().map(|q| &mut q[at..at + bs]),
+            );
+        }
+        if !lost.is_empty() {
+            {
+                let mut st = self.state.lock();
+                let mut grown = st.lost.clone();
+                for &lba in &lost {
+                    if !grown.add(lba, 1, LOST_RANGES_MAX) {
+                        return Err(BlockError::Unavailable(format!(
+                            "pool {}: stripe {s}: the list of lost blocks is full \
+                             ({LOST_RANGES_MAX} ranges)",
+                            self.name
+                        )));
+                    }
+                }
+                st.lost = grown;
+                self.lost_changed(&st.lost, true);
+            }
+            tracing::error!(pool = %self.name, stripe = s, blocks = ?lost,
+                "an acknowledged update met unreadable sectors beyond the redundancy; \
+                 its rows are given up around it, these pool blocks are lost \
+                 (reads of them fail until they are written again)");
+            self.persist().await?;
+        }
+        for g in segs {
+            ops.push(MemberOp {
+                pos: self.layout.data_positions(s, g.d)[0],
+                mlba: s * self.cb + g.off,
+                kind: OpKind::Write(data.slice(g.buf_off..g.buf_off + g.blocks as usize * bs)),
+            });
+        }
+        for (&pos, buf) in pp.iter().zip(par) {
+            ops.push(MemberOp {
+                pos,
+                mlba: s * self.cb + r0,
+                kind: OpKind::Write(Bytes::from(buf)),
+            });
+        }
+        Ok((ops, view))
+    }
+
     /// One block row of stripe `s`: reads every position outside `want` and
     /// decides what the unknown ones hold.
     async fn salvage_row(&self, s: u64, row: u64, want: &[usize], view: &View) -> BlockResult<Row> {
@@ -457,6 +575,7 @@ impl Inner {
         let unknown = |pos: usize| got[pos].is_none();
         let mut writes = Vec::new();
         let mut lost = Vec::new();
+        let mut data = Vec::new();
         match self.layout.scheme() {
             Scheme::Striped => return Err(BlockError::NotSupported("raid0 has no redundancy")),
             Scheme::Mirror => {
@@ -521,9 +640,10 @@ impl Inner {
                         writes.push((qp, nq));
                     }
                 }
+                data = cols;
             }
         }
-        Ok(Row { writes, lost })
+        Ok(Row { writes, lost, data })
     }
 }
 

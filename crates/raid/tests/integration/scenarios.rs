@@ -349,6 +349,39 @@ async fn a_scrub_gives_up_only_the_rows_it_cannot_rebuild() {
     }
 }
 
+/// An update acknowledged early (data first: its new data journaled, its
+/// reads and parity done after the acknowledgement) whose completion meets
+/// two unreadable sectors in its row on a healthy RAID 5: the written
+/// block's own old data and another data block, so neither a
+/// read-modify-write nor a reconstruct-write can read what it needs. The
+/// row is given up around the update: the update lands and reads back, the
+/// other unreadable block is recorded lost, the row's parity is right (a
+/// member failed, the rest reads right). Before, the acknowledged update was
+/// dropped ("could not be written in place: LOST") and its block read as a
+/// medium error.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_acknowledged_update_whose_completion_meets_two_bad_sectors_lands() {
+    let (pool, ms, oracle) = filled_pool(RaidLevel::Raid5, 4, 4).await;
+    pool.wait_applied().await;
+    let cb = (CHUNK / BS) as u64;
+    let l = pool.layout();
+    // chunks 0 and 1 of stripe 0 cannot be read at row 5
+    let (p0, p1) = (l.data_positions(0, 0)[0], l.data_positions(0, 1)[0]);
+    let witness = l.data_positions(0, 2)[0];
+    unreadable_row_5(&pool, &ms, &[p0, p1]);
+    let target = 5; // chunk 0, row 5
+    let data = pattern(4242, 1);
+    pool.write(target, data.clone(), false).await.unwrap();
+    oracle.write(target, data.clone(), false).await.unwrap();
+    pool.wait_applied().await;
+    let lost = vec![cb + 5];
+    lost_listed_and_sectors_written(&pool, &ms, &[p0, p1], &lost, RaidLevel::Raid5);
+    assert_eq!(pool.read(target, 1).await.unwrap(), data);
+    check_all_but_lost(&pool, &oracle, &lost).await;
+    pool.fail_member(witness).await.unwrap();
+    check_all_but_lost(&pool, &oracle, &lost).await;
+}
+
 /// Makes block row 5 of stripe 0 unreadable on members `bad` (disks that
 /// remap a sector they are written); the members' data offset in blocks.
 fn unreadable_row_5(pool: &Pool, ms: &[TestMember], bad: &[usize]) -> u64 {
