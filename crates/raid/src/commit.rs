@@ -804,7 +804,16 @@ impl Inner {
                     j.complete(then.seq);
                     tracing::warn!(pool = %self.name, stripe = s,
                         "no copy of the completing journal record could be written; the acknowledged update is written in place without it");
-                    break self.apply(s, &ops, &view, fua, None).await;
+                    // and, as for rows given up below, a checkpoint past it:
+                    // a later write of the stripe would leave its record out
+                    // of assemble's completion while an older record of its
+                    // rows is replayed
+                    let r = self.apply(s, &ops, &view, fua, None).await;
+                    if r.is_ok() {
+                        j.complete(dseq);
+                        break self.checkpoint(dseq).await;
+                    }
+                    break r;
                 }
                 Err(e) if tries < COMPLETION_TRIES && !self.is_failed() => {
                     tries += 1;
@@ -820,7 +829,19 @@ impl Inner {
                     // without a completing record (see `complete_given_up`)
                     if matches!(e, BlockError::Medium { .. }) && !self.is_failed() {
                         match self.complete_given_up(s, segs, data).await {
-                            Ok((ops, view)) => break self.apply(s, &ops, &view, true, None).await,
+                            Ok((ops, view)) => {
+                                // no record holds the rows given up: a
+                                // checkpoint past this update, so that no
+                                // older record is replayed over them (a
+                                // later write of the stripe would leave
+                                // this record out of assemble's completion)
+                                let r = self.apply(s, &ops, &view, true, None).await;
+                                if r.is_ok() {
+                                    j.complete(dseq);
+                                    break self.checkpoint(dseq).await;
+                                }
+                                break r;
+                            }
                             Err(e2) => tracing::error!(pool = %self.name, stripe = s, error = %e2,
                                 "the rows of an acknowledged update could not be given up"),
                         }

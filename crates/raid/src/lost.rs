@@ -434,12 +434,13 @@ impl Inner {
     /// the update laid over them: the member writes to do (the update, the
     /// stand-ins of the unreadable blocks it does not cover, the rows'
     /// parity), after the blocks it does not cover whose every copy is
-    /// unknown are recorded lost, durably. No checkpoint is needed, unlike
-    /// [`Inner::give_up_rows`]: every row changed is one the update's
-    /// data-first record covers, so until a checkpoint passes that record a
-    /// crash has assemble complete it again (`resolve_data_first`), which
-    /// recomputes those rows' parity from what they hold after any older
-    /// record's replay. An error leaves everything as it was.
+    /// unknown are recorded lost, durably. The caller writes them (forced),
+    /// completes the data-first record and takes a checkpoint past it, so
+    /// that no older record of the stripe is replayed over the rows after a
+    /// crash (none can be taken before: it would wait for that record). An
+    /// error leaves the members as they were; a record of lost blocks that
+    /// failed to reach every superblock stays (those blocks could not be
+    /// read anyway).
     pub(crate) async fn complete_given_up(
         &self,
         s: u64,
@@ -501,7 +502,7 @@ impl Inner {
             );
         }
         if !lost.is_empty() {
-            {
+            let grew = {
                 let mut st = self.state.lock();
                 let mut grown = st.lost.clone();
                 for &lba in &lost {
@@ -513,14 +514,20 @@ impl Inner {
                         )));
                     }
                 }
-                st.lost = grown;
-                self.lost_changed(&st.lost, true);
-            }
+                let grew = grown.blocks() > st.lost.blocks();
+                if grew {
+                    st.lost = grown;
+                    self.lost_changed(&st.lost, true);
+                }
+                grew
+            };
             tracing::error!(pool = %self.name, stripe = s, blocks = ?lost,
                 "an acknowledged update met unreadable sectors beyond the redundancy; \
                  its rows are given up around it, these pool blocks are lost \
                  (reads of them fail until they are written again)");
-            self.persist().await?;
+            if grew {
+                self.persist().await?;
+            }
         }
         for g in segs {
             ops.push(MemberOp {
