@@ -744,13 +744,22 @@ impl Inner {
         self.applying.lock().insert(s);
         let me = Arc::clone(&self);
         let job = async move {
-            let r = me
+            let (r, checkpoint) = me
                 .complete_data_first(s, &segs, &data, fua, d.seq, then)
                 .await;
             me.applying.lock().remove(&s);
-            drop(lock);
             drop(budget);
             drop(backlog);
+            // written in place without a completing record: a checkpoint past
+            // its record before another write of the stripe can be journaled
+            // (the stripe's lock is held; the budget and backlog are not: a
+            // record older than this one may be waiting for them, and the
+            // checkpoint waits for it)
+            let r = match (r, checkpoint) {
+                (Ok(()), Some(upto)) => me.checkpoint(upto).await,
+                (r, _) => r,
+            };
+            drop(lock);
             r
         };
         if !d.full {
@@ -770,7 +779,11 @@ impl Inner {
 
     /// The rest of a data-first update whose data record `dseq` is durable:
     /// read, compute the parity, write the completing record into its slot,
-    /// then the members in place.
+    /// then the members in place. With the result, the checkpoint to take
+    /// (past `dseq`) when it was written in place without a completing
+    /// record: nothing else keeps an older record of its rows from being
+    /// replayed over them after a crash (a later write of the stripe makes
+    /// assemble leave `dseq` out).
     async fn complete_data_first(
         self: &Arc<Self>,
         s: u64,
@@ -779,11 +792,12 @@ impl Inner {
         fua: bool,
         dseq: u64,
         then: Then,
-    ) -> BlockResult<()> {
+    ) -> (BlockResult<()>, Option<u64>) {
         let j = self
             .journal
             .as_ref()
             .expect("a data-first update has a journal");
+        let mut checkpoint = None;
         // The update is acknowledged: its data must reach the members. A
         // failed attempt (a read that failed, a group commit whose leader was
         // dropped) is tried again while the pool stands. The record cannot
@@ -804,14 +818,13 @@ impl Inner {
                     j.complete(then.seq);
                     tracing::warn!(pool = %self.name, stripe = s,
                         "no copy of the completing journal record could be written; the acknowledged update is written in place without it");
-                    // and, as for rows given up below, a checkpoint past it:
-                    // a later write of the stripe would leave its record out
-                    // of assemble's completion while an older record of its
-                    // rows is replayed
+                    // and, as for rows given up below, a checkpoint past it
+                    // (the caller's): a later write of the stripe would leave
+                    // its record out of assemble's completion while an older
+                    // record of its rows is replayed
                     let r = self.apply(s, &ops, &view, fua, None).await;
                     if r.is_ok() {
-                        j.complete(dseq);
-                        break self.checkpoint(dseq).await;
+                        checkpoint = Some(dseq);
                     }
                     break r;
                 }
@@ -831,14 +844,10 @@ impl Inner {
                         match self.complete_given_up(s, segs, data).await {
                             Ok((ops, view)) => {
                                 // no record holds the rows given up: a
-                                // checkpoint past this update, so that no
-                                // older record is replayed over them (a
-                                // later write of the stripe would leave
-                                // this record out of assemble's completion)
+                                // checkpoint past this update (the caller's)
                                 let r = self.apply(s, &ops, &view, true, None).await;
                                 if r.is_ok() {
-                                    j.complete(dseq);
-                                    break self.checkpoint(dseq).await;
+                                    checkpoint = Some(dseq);
                                 }
                                 break r;
                             }
@@ -853,7 +862,7 @@ impl Inner {
             }
         };
         j.complete(dseq);
-        r
+        (r, checkpoint)
     }
 
     /// One try at the part of a data-first update before its in-place
