@@ -752,9 +752,9 @@ impl Inner {
             drop(backlog);
             // written in place without a completing record: a checkpoint past
             // its record before another write of the stripe can be journaled
-            // (the stripe's lock is held; the budget and backlog are not: a
-            // record older than this one may be waiting for them, and the
-            // checkpoint waits for it)
+            // (the stripe's lock is held; the apply budget is not: an older
+            // record may be waiting for it, and the checkpoint waits for that
+            // record; the backlog is let go with it, nothing needs it here)
             let r = match (r, checkpoint) {
                 (Ok(()), Some(upto)) => me.checkpoint(upto).await,
                 (r, _) => r,
