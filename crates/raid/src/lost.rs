@@ -349,46 +349,11 @@ impl Inner {
             .iter()
             .filter_map(|&(d, row)| self.pool_block(s, d, row))
             .collect();
-        let mut newly = 0;
-        if !lost.is_empty() {
-            {
-                let mut st = self.state.lock();
-                if st.generation != checkpointed {
-                    // a member failed or joined during the row reads: its
-                    // records were not checkpointed; tried again
-                    return Err(BlockError::Unavailable(format!(
-                        "pool {}: stripe {s}: the members changed while its rows were read",
-                        self.name
-                    )));
-                }
-                let before = st.lost.blocks();
-                let mut grown = st.lost.clone();
-                for &lba in &blocks {
-                    if !grown.add(lba, 1, LOST_RANGES_MAX) {
-                        return Err(BlockError::Unavailable(format!(
-                            "pool {}: stripe {s} has unreadable blocks beyond the \
-                             redundancy, and the list of lost blocks is full \
-                             ({LOST_RANGES_MAX} ranges)",
-                            self.name
-                        )));
-                    }
-                }
-                newly = grown.blocks() - before;
-                if newly > 0 {
-                    st.lost = grown;
-                    self.lost_changed(&st.lost, true);
-                }
-            }
-            tracing::error!(pool = %self.name, stripe = s, ?blocks,
-                "unreadable sectors beyond the redundancy; these pool blocks are lost \
-                 (reads of them fail until they are written again)");
-            // recorded before anything is written: a crash in between must
-            // not leave the stand-in values looking like data (a row given up
-            // before, its sectors unreadable again, adds nothing)
-            if newly > 0 {
-                self.persist().await?;
-            }
-        }
+        let newly = if lost.is_empty() {
+            0
+        } else {
+            self.record_lost(s, &blocks, Some(checkpointed)).await?
+        };
         let (mut repaired, mut given_up) = (0, 0);
         let mut by_member = vec![0u64; self.layout.member_count()];
         for (pos, row, content, row_given_up) in repairs {
@@ -423,6 +388,59 @@ impl Inner {
             lost: newly,
             by_member,
         })
+    }
+
+    /// Records pool blocks `blocks` of stripe `s` lost (rows given up), in
+    /// memory and, before the caller writes any stand-in, in the
+    /// superblocks; the blocks newly recorded (a row given up before adds
+    /// none, and nothing is written then). With `checkpointed`, refused if
+    /// the pool's generation moved past that checkpoint meanwhile (a member
+    /// failed or joined during the row reads: its records were not
+    /// checkpointed). Refused too when the list would pass
+    /// [`LOST_RANGES_MAX`] ranges; nothing changes then.
+    async fn record_lost(
+        &self,
+        s: u64,
+        blocks: &[u64],
+        checkpointed: Option<u64>,
+    ) -> BlockResult<u64> {
+        let newly = {
+            let mut st = self.state.lock();
+            if checkpointed.is_some_and(|g| g != st.generation) {
+                return Err(BlockError::Unavailable(format!(
+                    "pool {}: stripe {s}: the members changed while its rows were read",
+                    self.name
+                )));
+            }
+            if blocks.is_empty() {
+                // (rows past a grown pool's exposed end: nothing to record)
+                return Ok(0);
+            }
+            let mut grown = st.lost.clone();
+            for &lba in blocks {
+                if !grown.add(lba, 1, LOST_RANGES_MAX) {
+                    return Err(BlockError::Unavailable(format!(
+                        "pool {}: stripe {s} has unreadable blocks beyond the \
+                         redundancy, and the list of lost blocks is full \
+                         ({LOST_RANGES_MAX} ranges)",
+                        self.name
+                    )));
+                }
+            }
+            let newly = grown.blocks() - st.lost.blocks();
+            if newly > 0 {
+                st.lost = grown;
+                self.lost_changed(&st.lost, true);
+            }
+            newly
+        };
+        tracing::error!(pool = %self.name, stripe = s, ?blocks,
+            "unreadable sectors beyond the redundancy; these pool blocks are lost \
+             (reads of them fail until they are written again)");
+        if newly > 0 {
+            self.persist().await?;
+        }
+        Ok(newly)
     }
 
     /// A data-first update (`segs` of `data` in stripe `s`) that was
@@ -501,34 +519,7 @@ impl Inner {
                 q.first_mut().map(|q| &mut q[at..at + bs]),
             );
         }
-        if !lost.is_empty() {
-            let grew = {
-                let mut st = self.state.lock();
-                let mut grown = st.lost.clone();
-                for &lba in &lost {
-                    if !grown.add(lba, 1, LOST_RANGES_MAX) {
-                        return Err(BlockError::Unavailable(format!(
-                            "pool {}: stripe {s}: the list of lost blocks is full \
-                             ({LOST_RANGES_MAX} ranges)",
-                            self.name
-                        )));
-                    }
-                }
-                let grew = grown.blocks() > st.lost.blocks();
-                if grew {
-                    st.lost = grown;
-                    self.lost_changed(&st.lost, true);
-                }
-                grew
-            };
-            tracing::error!(pool = %self.name, stripe = s, blocks = ?lost,
-                "an acknowledged update met unreadable sectors beyond the redundancy; \
-                 its rows are given up around it, these pool blocks are lost \
-                 (reads of them fail until they are written again)");
-            if grew {
-                self.persist().await?;
-            }
-        }
+        self.record_lost(s, &lost, None).await?;
         for g in segs {
             ops.push(MemberOp {
                 pos: self.layout.data_positions(s, g.d)[0],

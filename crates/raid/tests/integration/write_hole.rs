@@ -642,15 +642,17 @@ async fn a_rebuild_checkpoint_is_never_recorded_ahead_of_a_flush() {
     assert_eq!(wrong, 0, "blocks served wrong ({served} served)");
 }
 
-/// A write that a degraded RAID 5 could do only by giving up a row
-/// (`lost.rs`: its member 0 cannot read a sector the row needs, member 1 is
-/// gone) rests on the stand-in written over that sector: the written block
-/// lives only in the parity, computed with it. Power cut right after the
-/// write is acknowledged, the block must still read back. With the stand-in
-/// written without FUA (until review found it), the cut lost it, the
-/// remapped sector read its old bytes, and the block came back wrong.
-#[tokio::test]
-async fn a_write_that_gave_up_a_row_survives_a_power_cut() {
+/// A RAID 5 of 4 (`cfg`) over members with volatile caches behind fault
+/// layers: the caches, the fault layers, the pool with stripe 0 written,
+/// flushed and in place, and its oracle.
+async fn raid5_on_crash_sims(
+    cfg: raid::PoolConfig,
+) -> (
+    Vec<Arc<CrashSimVolume>>,
+    Vec<Arc<block::FaultVolume>>,
+    Pool,
+    MemVolume,
+) {
     let sims = crash_sims(4);
     let faults: Vec<Arc<block::FaultVolume>> = sims
         .iter()
@@ -661,9 +663,7 @@ async fn a_write_that_gave_up_a_row_survives_a_power_cut() {
         .enumerate()
         .map(|(i, f)| Member::new(format!("m{i}"), f.clone() as VolumeRef))
         .collect();
-    let pool = Pool::create(config(RaidLevel::Raid5), members, vec![])
-        .await
-        .unwrap();
+    let pool = Pool::create(cfg, members, vec![]).await.unwrap();
     pool.wait_idle().await;
     let oracle = MemVolume::new(BS, pool.geometry().block_count);
     let stripe = pool.geometry().optimal_io_blocks as u64;
@@ -672,15 +672,34 @@ async fn a_write_that_gave_up_a_row_survives_a_power_cut() {
     oracle.write(0, d, false).await.unwrap();
     pool.flush().await.unwrap();
     pool.wait_applied().await;
+    (sims, faults, pool, oracle)
+}
+
+/// Block row 5 of stripe 0 unreadable on members `bad` (disks that remap a
+/// sector they are written).
+fn unreadable_row_5(pool: &Pool, faults: &[Arc<block::FaultVolume>], bad: &[usize]) {
+    let off = pool.data_offset_bytes() / BS as u64;
+    for &m in bad {
+        let plan = faults[m].plan();
+        let mut plan = plan.lock();
+        plan.remap_on_write = true;
+        plan.bad_read_blocks.push(off + 5..off + 6);
+    }
+}
+
+/// A write that a degraded RAID 5 could do only by giving up a row
+/// (`lost.rs`: its member 0 cannot read a sector the row needs, member 1 is
+/// gone) rests on the stand-in written over that sector: the written block
+/// lives only in the parity, computed with it. Power cut right after the
+/// write is acknowledged, the block must still read back. With the stand-in
+/// written without FUA (until review found it), the cut lost it, the
+/// remapped sector read its old bytes, and the block came back wrong.
+#[tokio::test]
+async fn a_write_that_gave_up_a_row_survives_a_power_cut() {
+    let (sims, faults, pool, oracle) = raid5_on_crash_sims(config(RaidLevel::Raid5)).await;
     faults[1].plan().lock().dead = true;
     pool.fail_member(1).await.unwrap();
-    let off = pool.data_offset_bytes() / BS as u64;
-    {
-        let p = faults[0].plan();
-        let mut p = p.lock();
-        p.remap_on_write = true;
-        p.bad_read_blocks.push(off + 5..off + 6);
-    }
+    unreadable_row_5(&pool, &faults, &[0]);
     let cb = (CHUNK / BS) as u64;
     let l = pool.layout();
     let chunk = (0..l.data_chunks())
@@ -716,29 +735,12 @@ async fn a_write_that_gave_up_a_row_survives_a_power_cut() {
 /// (found by review).
 #[tokio::test]
 async fn an_update_given_up_around_survives_a_power_cut_and_the_replay() {
-    let sims = crash_sims(4);
-    let faults: Vec<Arc<block::FaultVolume>> = sims
-        .iter()
-        .map(|s| Arc::new(block::FaultVolume::new(s.clone() as VolumeRef)))
-        .collect();
-    let members: Vec<Member> = faults
-        .iter()
-        .enumerate()
-        .map(|(i, f)| Member::new(format!("m{i}"), f.clone() as VolumeRef))
-        .collect();
     // without the write intent, whose resync after the crash would
     // recompute the row's parity anyway: the journal alone must do
     let mut cfg = config(RaidLevel::Raid5);
     cfg.unsafe_disable_write_intent = true;
-    let pool = Pool::create(cfg, members, vec![]).await.unwrap();
-    pool.wait_idle().await;
-    let oracle = MemVolume::new(BS, pool.geometry().block_count);
+    let (sims, faults, pool, oracle) = raid5_on_crash_sims(cfg).await;
     let stripe = pool.geometry().optimal_io_blocks as u64;
-    let d = pattern(1, stripe);
-    pool.write(0, d.clone(), false).await.unwrap();
-    oracle.write(0, d, false).await.unwrap();
-    pool.flush().await.unwrap();
-    pool.wait_applied().await;
     let cb = (CHUNK / BS) as u64;
     let l = pool.layout();
     let pos = |c: usize| l.data_positions(0, c)[0];
@@ -749,13 +751,7 @@ async fn an_update_given_up_around_survives_a_power_cut_and_the_replay() {
     oracle.write(2 * cb + 5, older, false).await.unwrap();
     pool.wait_applied().await;
     // chunks 0 and 1 cannot be read at row 5; the disks remap
-    let off = pool.data_offset_bytes() / BS as u64;
-    for p in [pos(0), pos(1)] {
-        let plan = faults[p].plan();
-        let mut plan = plan.lock();
-        plan.remap_on_write = true;
-        plan.bad_read_blocks.push(off + 5..off + 6);
-    }
+    unreadable_row_5(&pool, &faults, &[pos(0), pos(1)]);
     let data = pattern(99, 1);
     pool.write(5, data.clone(), false).await.unwrap();
     oracle.write(5, data, false).await.unwrap();
