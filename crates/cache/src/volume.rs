@@ -2357,6 +2357,8 @@ impl Inner {
             // older data of the backing volume
             // (read in runs of TABLE_READ_PAGES: a few large reads per copy)
             let mut chunks = Vec::with_capacity(live.len());
+            // each live device's newest valid version of the page at hand
+            let mut newest: Vec<(usize, u64)> = Vec::with_capacity(live.len());
             for page in 0..self.layout.table_pages {
                 let i = (page % TABLE_READ_PAGES) as usize;
                 if i == 0 {
@@ -2367,7 +2369,7 @@ impl Inner {
                     }
                 }
                 let mut got: Option<(usize, u64, Vec<Record>)> = None;
-                let mut newest = Vec::with_capacity(live.len());
+                newest.clear();
                 for (&d, chunk) in live.iter().zip(chunks.iter_mut()) {
                     match std::mem::replace(&mut chunk[i], Ok(None)) {
                         Ok(Some((seq, recs))) => {
