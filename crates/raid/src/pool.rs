@@ -1827,7 +1827,9 @@ impl Inner {
     /// the oldest open data-first record (everything older is replayed and
     /// flushed), freeing the space of those records. A crash in the middle
     /// finds either the data-first record alone again, or it and its
-    /// completing record. Returns the last sequence number used.
+    /// completing record. A record whose rows hold unreadable sectors beyond
+    /// the redundancy has them given up around it, as the update does
+    /// (`complete_given_up`). Returns the last sequence number used.
     async fn resolve_data_first(
         &self,
         open: &[&journal::Record],
@@ -1894,7 +1896,20 @@ impl Inner {
             let data = Bytes::from(data);
             let r0 = segs.iter().map(|g| g.off).min().unwrap_or(0);
             let r1 = segs.iter().map(|g| g.off + g.blocks).max().unwrap_or(0);
-            let ops = self.rcw(s, &segs, &data, r0, r1, &view).await?;
+            let ops = match self.rcw(s, &segs, &data, r0, r1, &view).await {
+                Ok(ops) => ops,
+                // unreadable sectors beyond the redundancy in its rows (the
+                // update met them before the crash, or meets them now): its
+                // rows are given up around it, as the update does
+                // (`complete_given_up`; the lost blocks recorded before the
+                // completing record holds the stand-ins)
+                Err(BlockError::Medium { .. }) => {
+                    tracing::warn!(pool = %self.name, seq = rec.seq, stripe = s,
+                        "a data-first journal record meets unreadable sectors beyond the redundancy: its rows are given up around it");
+                    self.complete_given_up(s, &segs, &data).await?.0
+                }
+                Err(e) => return Err(e),
+            };
             let (entries, payloads) = self.record_of(&ops);
             seq += 1;
             let pay: Vec<&[u8]> = payloads.iter().map(|b| b.as_ref()).collect();
