@@ -71,7 +71,11 @@
 //! queued are turned away, later ones are not queued), and a batch carrying
 //! completing records never waits for the ring's lock or a checkpoint
 //! (`journal_reserve`: it turns them away instead); a record turned away
-//! (`bounced`) is written into its slot as before. Replay does not care where
+//! (`bounced`) is written into its slot as before. A leader whose own record
+//! is turned away stops leading: it hands the rest of its batch back to the
+//! queue (a checkpoint that took the ring's lock after the leader took its
+//! batch may be waiting for that very record, and `refuse_riding` did not
+//! see it in the queue). Replay does not care where
 //! a record lies: records are taken by sequence number from every copy. Since
 //! a completing record's sequence number is older than the batch it rides, a
 //! ring write is tracked (`Straggler`) by its batch's lowest sequence number,
@@ -107,6 +111,22 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 use tokio::sync::OwnedRwLockWriteGuard;
+
+/// Unit tests: see `Inner::before_reserve`.
+#[cfg(test)]
+pub(crate) type BeforeReserve = Arc<dyn Fn(TakenBatch) -> BoxFut<'static, ()> + Send + Sync>;
+
+/// Unit tests: the batch a leader took, as `Inner::before_reserve` sees it.
+#[cfg(test)]
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct TakenBatch {
+    /// Records in it.
+    pub records: usize,
+    /// Of them, completing records riding it.
+    pub riding: usize,
+    /// Whether the leader's own record is one of those.
+    pub own_riding: bool,
+}
 
 /// Most bytes one group commit writes to each copy (records beyond it wait for
 /// the next one; a single bigger record goes alone).
@@ -247,6 +267,33 @@ pub(crate) struct Pending {
     payloads: Vec<Bytes>,
     blocks: u64,
     kind: RecordKind,
+}
+
+/// The batch a leader (its own record: ticket `own`) takes from the head of
+/// `queue`: as many records as fit `cap` blocks (at least one), up to
+/// `journal::MAX_ENTRIES`. A leader whose own record is a completing record
+/// always carries it: if it lies beyond that, it goes alone. Its task is the
+/// one its data-first record waits for, so it must never lead a batch it
+/// may have to wait for without its own record in it, where `bounce` would
+/// not see it (see `journal_reserve`).
+fn take_batch(queue: &mut Vec<Pending>, own: u64, cap: u64) -> Vec<Pending> {
+    let mut total = 0;
+    let mut n = 0;
+    while n < queue.len()
+        && (n == 0 || total + queue[n].blocks + queue[n].kind.reserve <= cap)
+        && n < journal::MAX_ENTRIES
+    {
+        total += queue[n].blocks + queue[n].kind.reserve;
+        n += 1;
+    }
+    if let Some(i) = queue
+        .iter()
+        .position(|p| p.ticket == own && p.kind.riding.is_some())
+        .filter(|&i| i >= n)
+    {
+        return vec![queue.remove(i)];
+    }
+    queue.drain(..n).collect()
 }
 
 /// The ring space a group commit set aside, after its own records, for the
@@ -409,6 +456,14 @@ pub(crate) struct Group {
     ride_floor: u64,
 }
 
+#[cfg(test)]
+impl Group {
+    /// Records waiting for a leader.
+    pub(crate) fn queued(&self) -> usize {
+        self.queue.len()
+    }
+}
+
 /// Counters behind `status().write_path`.
 #[derive(Default)]
 pub(crate) struct WriteCounters {
@@ -567,6 +622,19 @@ impl Inner {
             let (entries, payloads) = self.record_of(&ops);
             let kib = (payloads.iter().map(|b| b.len()).sum::<usize>() >> 10)
                 .clamp(1, APPLY_BUDGET_KIB as usize) as u32;
+            // The share of the apply budget is taken before the record has
+            // its sequence number, as a data-first update takes it: a
+            // checkpoint waits for every record up to its sequence, and the
+            // budget's holders may be waiting for that checkpoint (data-first
+            // updates in the group commit behind it, review of 2026-12-06).
+            // (None: the budget is never closed; applied in place as below.)
+            let permit = if lock.is_some() && self.early_ack.load(Ordering::Relaxed) {
+                #[cfg(test)]
+                self.budget_wait.notify_waiters();
+                self.apply_budget.clone().acquire_many_owned(kib).await.ok()
+            } else {
+                None
+            };
             let t0 = Instant::now();
             let d = self
                 .journal_append(j, s, entries, payloads, RecordKind::whole())
@@ -577,13 +645,11 @@ impl Inner {
             // Only a record with all its copies may stand in for the in-place
             // writes: with a copy missing, the update is acknowledged only once
             // it is in place too, as before.
-            if d.full && lock.is_some() && self.early_ack.load(Ordering::Relaxed) {
+            // (a permit: the stripe's lock was handed over, early
+            // acknowledgement is on)
+            if let (true, Some(permit)) = (d.full, permit) {
                 let guard = lock;
                 // The record is durable: the update survives a crash from here on.
-                let Ok(permit) = self.apply_budget.clone().acquire_many_owned(kib).await else {
-                    // the budget is never closed; apply in place as below
-                    return self.apply(s, &ops, view, fua, Some(sq)).await;
-                };
                 // the stripe's lock is held until the task ends, so no other
                 // update of `s` can be acknowledged in between
                 self.applying.lock().insert(s);
@@ -1084,16 +1150,7 @@ impl Inner {
                 if let Some(slot) = free {
                     g.busy[slot] = true;
                     let cap = (BATCH_BYTES_MAX / self.bs).min(j.ring_blocks / 2).max(1);
-                    let mut total = 0;
-                    let mut n = 0;
-                    while n < g.queue.len()
-                        && (n == 0 || total + g.queue[n].blocks + g.queue[n].kind.reserve <= cap)
-                        && n < journal::MAX_ENTRIES
-                    {
-                        total += g.queue[n].blocks + g.queue[n].kind.reserve;
-                        n += 1;
-                    }
-                    let b: Vec<Pending> = g.queue.drain(..n).collect();
+                    let b = take_batch(&mut g.queue, ticket, cap);
                     g.batches += 1;
                     Some((b, slot))
                 } else {
@@ -1109,7 +1166,9 @@ impl Inner {
                         seqs: Vec::new(),
                         armed: true,
                     };
-                    let out = self.journal_group_write(j, b, slot, &mut guard.seqs).await;
+                    let out = self
+                        .journal_group_write(j, b, slot, ticket, &mut guard.seqs)
+                        .await;
                     guard.armed = false;
                     {
                         let mut g = j.group.lock();
@@ -1133,18 +1192,34 @@ impl Inner {
         j: &Journal,
         batch: Vec<Pending>,
         slot: usize,
+        own: u64,
         seqs: &mut Vec<u64>,
     ) -> Vec<(u64, Result<Durable, String>)> {
         let fail = |batch: &[Pending], e: String| -> Vec<(u64, Result<Durable, String>)> {
             batch.iter().map(|p| (p.ticket, Err(e.clone()))).collect()
         };
         let mut batch = batch;
-        let (start, rec_seqs, slots) = match self.journal_reserve(j, &mut batch, seqs).await {
+        #[cfg(test)]
+        {
+            let hook = self.before_reserve.lock().clone();
+            if let Some(hook) = hook {
+                hook(TakenBatch {
+                    records: batch.len(),
+                    riding: batch.iter().filter(|p| p.kind.riding.is_some()).count(),
+                    own_riding: batch
+                        .iter()
+                        .any(|p| p.ticket == own && p.kind.riding.is_some()),
+                })
+                .await;
+            }
+        }
+        let (start, rec_seqs, slots) = match self.journal_reserve(j, &mut batch, own, seqs).await {
             Ok(s) => s,
             Err(e) => return fail(&batch, e.to_string()),
         };
         if batch.is_empty() {
-            // every record was a completing record, turned away
+            // every record was a completing record, turned away, or the
+            // leader's own was and it handed the rest back
             return Vec::new();
         }
         let total: u64 = batch.iter().map(|p| p.blocks).sum();
@@ -1509,7 +1584,13 @@ impl Inner {
     /// record riding the batch keeps the sequence number set aside for it
     /// (already in flight), and never waits for a checkpoint or for the ring's
     /// lock (a checkpoint may be waiting for it): when either would be needed
-    /// it is turned away (`bounce`) and the rest goes on. Returns the first
+    /// it is turned away (`bounce`) and the rest goes on. When the leader's
+    /// own record (ticket `own`) is one of those, the leader stops leading:
+    /// it hands the rest of the batch back to the queue (`batch` left empty)
+    /// and writes its record into its slot, since the checkpoint its batch
+    /// would wait for may be waiting for that very record (a checkpoint that
+    /// took the ring's lock after the leader took its batch from the queue,
+    /// so that `refuse_riding` did not see it there). Returns the first
     /// ring block, each record's sequence number and, per record, its
     /// completing record's (sequence, ring block, blocks).
     #[allow(clippy::type_complexity)]
@@ -1517,17 +1598,23 @@ impl Inner {
         self: &Arc<Self>,
         j: &Journal,
         batch: &mut Vec<Pending>,
+        own: u64,
         seqs: &mut Vec<u64>,
     ) -> BlockResult<(u64, Vec<u64>, Vec<Option<(u64, u64, u64)>>)> {
         let riding = |b: &[Pending]| b.iter().any(|p| p.kind.riding.is_some());
+        let none = || Ok((0, Vec::new(), Vec::new()));
         if riding(batch) && !self.journal_devices().is_empty() {
             // (a device's loss checkpoints everything before its batch)
-            self.bounce(j, batch);
+            if self.bounce(j, batch, own) {
+                return none();
+            }
         }
         let mut a = match j.alloc.try_lock() {
             Ok(a) => a,
             Err(_) => {
-                self.bounce(j, batch);
+                if self.bounce(j, batch, own) {
+                    return none();
+                }
                 j.alloc.lock().await
             }
         };
@@ -1543,7 +1630,9 @@ impl Inner {
             }
             let (start, blocking) = a.place(total, j.ring_blocks);
             if blocking.is_some() && riding(batch) {
-                self.bounce(j, batch);
+                if self.bounce(j, batch, own) {
+                    return none();
+                }
                 continue;
             }
             match blocking {
@@ -1609,8 +1698,12 @@ impl Inner {
     }
 
     /// Turns away the completing records riding `batch` (removed from it):
-    /// they go to the slots set aside for them instead.
-    fn bounce(&self, j: &Journal, batch: &mut Vec<Pending>) {
+    /// they go to the slots set aside for them instead. If the leader's own
+    /// record (ticket `own`) is one of them, the rest of the batch goes back
+    /// to the head of the queue, in its order, for another leader (`batch`
+    /// left empty), and true is returned: the leader must not wait for
+    /// anything on the batch's behalf (see `journal_reserve`).
+    fn bounce(&self, j: &Journal, batch: &mut Vec<Pending>, own: u64) -> bool {
         let mut out = Vec::new();
         batch.retain(|p| {
             let ride = p.kind.riding.is_some();
@@ -1620,14 +1713,20 @@ impl Inner {
             !ride
         });
         if out.is_empty() {
-            return;
+            return false;
         }
+        let handed_back = out.contains(&own);
         let mut g = j.group.lock();
         for t in out {
             g.results.insert(t, Ok(Durable::bounced()));
         }
+        if handed_back {
+            let rest = std::mem::take(batch);
+            g.queue.splice(0..0, rest);
+        }
         drop(g);
         j.group_done.notify_waiters();
+        handed_back
     }
 
     /// A checkpoint up to `upto` is about to wait for every record up to
@@ -1657,5 +1756,57 @@ impl Inner {
         }
         drop(g);
         j.group_done.notify_waiters();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pending(ticket: u64, blocks: u64, kind: RecordKind) -> Pending {
+        Pending {
+            ticket,
+            stripe: ticket,
+            entries: Vec::new(),
+            payloads: Vec::new(),
+            blocks,
+            kind,
+        }
+    }
+
+    fn tickets(b: &[Pending]) -> Vec<u64> {
+        b.iter().map(|p| p.ticket).collect()
+    }
+
+    /// A leader whose own completing record lies past what fits one batch
+    /// takes it alone (the deadlock `take_batch` is there for: review of
+    /// 2026-12-06); any other leader takes the head of the queue.
+    #[test]
+    fn a_leader_always_carries_its_own_completing_record() {
+        let queue = || {
+            vec![
+                pending(1, 300, RecordKind::data_first(200)),
+                pending(2, 3, RecordKind::completing(10, 9)),
+                pending(3, 3, RecordKind::whole()),
+            ]
+        };
+        // the first record alone fills the batch
+        let mut q = queue();
+        assert_eq!(tickets(&take_batch(&mut q, 2, 256)), vec![2]);
+        assert_eq!(tickets(&q), vec![1, 3]);
+        let mut q = queue();
+        assert_eq!(tickets(&take_batch(&mut q, 3, 256)), vec![1]);
+        assert_eq!(tickets(&q), vec![2, 3]);
+        let mut q = queue();
+        assert_eq!(tickets(&take_batch(&mut q, 1, 256)), vec![1]);
+        // room for all
+        let mut q = queue();
+        assert_eq!(tickets(&take_batch(&mut q, 2, 1024)), vec![1, 2, 3]);
+        assert!(q.is_empty());
+        let mut q = vec![
+            pending(4, 3, RecordKind::whole()),
+            pending(5, 3, RecordKind::completing(12, 11)),
+        ];
+        assert_eq!(tickets(&take_batch(&mut q, 5, 256)), vec![4, 5]);
     }
 }

@@ -24,6 +24,8 @@
 
 mod background;
 mod commit;
+#[cfg(test)]
+mod commit_tests;
 mod fullstripe;
 #[cfg(any(test, feature = "fuzzing"))]
 pub mod fuzzing;

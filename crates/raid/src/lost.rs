@@ -493,10 +493,12 @@ impl Inner {
                     col.copy_from_slice(&data[at..at + bs]);
                 }
             }
-            // stand-ins where the update does not write (parity is redone)
+            // stand-ins where the update does not write (parity is redone),
+            // on members that are there (assemble journals these writes: a
+            // missing member's would add an entry per row)
             for (pos, content) in r.writes {
                 let chunk = (0..k).find(|&d| self.layout.data_positions(s, d)[0] == pos);
-                if chunk.is_some_and(|d| covering(d).is_none()) {
+                if chunk.is_some_and(|d| covering(d).is_none()) && view.writable(pos).is_some() {
                     ops.push(MemberOp {
                         pos,
                         mlba: s * self.cb + row,
@@ -534,6 +536,7 @@ impl Inner {
                 kind: OpKind::Write(Bytes::from(buf)),
             });
         }
+        ops.retain(|o| view.writable(o.pos).is_some());
         Ok((ops, view))
     }
 

@@ -307,6 +307,15 @@ pub(crate) struct Inner {
     pub lost_any: AtomicBool,
     /// Bumped whenever the record of lost blocks changes (see `Pool::read`).
     pub lost_epoch: AtomicU64,
+    /// Unit tests: run by a group commit's leader after it took its batch and
+    /// before it reserves ring space (with whether the batch carries a
+    /// completing record), to let another task in exactly there.
+    #[cfg(test)]
+    pub before_reserve: Mutex<Option<crate::commit::BeforeReserve>>,
+    /// Unit tests: signalled when a journaled update is about to wait for its
+    /// share of the apply budget.
+    #[cfg(test)]
+    pub budget_wait: tokio::sync::Notify,
 }
 
 /// Stripe lock slots (stripe `s` uses slot `s mod STRIPE_LOCKS`). Stripes that
@@ -1200,6 +1209,10 @@ impl Inner {
             journal_devs: Vec::new(),
             lost_any: AtomicBool::new(lost_any),
             lost_epoch: AtomicU64::new(0),
+            #[cfg(test)]
+            before_reserve: Mutex::new(None),
+            #[cfg(test)]
+            budget_wait: tokio::sync::Notify::new(),
         }
     }
 
@@ -1911,6 +1924,16 @@ impl Inner {
                 Err(e) => return Err(e),
             };
             let (entries, payloads) = self.record_of(&ops);
+            if entries.len() > journal::MAX_ENTRIES {
+                // (stand-ins on more rows than a record holds: a record
+                // replay would not decode must never be written)
+                return Err(crate::io::unavailable(format!(
+                    "pool {}: the record completing data-first record {} would have {} entries",
+                    self.name,
+                    rec.seq,
+                    entries.len()
+                )));
+            }
             seq += 1;
             let pay: Vec<&[u8]> = payloads.iter().map(|b| b.as_ref()).collect();
             let bytes = journal::encode(
