@@ -566,7 +566,9 @@ impl Drop for LeaderGuard<'_> {
             self.j.complete(s);
         }
         let mut g = self.j.group.lock();
-        g.busy[self.slot] = false;
+        if let Some(b) = g.busy.get_mut(self.slot) {
+            *b = false;
+        }
         for &t in &self.tickets {
             g.results
                 .insert(t, Err("journal write abandoned".to_string()));
@@ -1138,7 +1140,9 @@ impl Inner {
                 }
                 let sets = self.journal_sets();
                 if g.busy.len() != sets {
-                    g.busy = vec![false; sets];
+                    // (the sets change when the last journal device goes:
+                    // a leader still writing keeps its set busy)
+                    g.busy.resize(sets, false);
                 }
                 let from = g.batches as usize % sets;
                 // lead only while the own record is still queued (not being
@@ -1172,7 +1176,9 @@ impl Inner {
                     guard.armed = false;
                     {
                         let mut g = j.group.lock();
-                        g.busy[slot] = false;
+                        if let Some(b) = g.busy.get_mut(slot) {
+                            *b = false;
+                        }
                         for (t, r) in out {
                             g.results.insert(t, r);
                         }
@@ -1330,11 +1336,13 @@ impl Inner {
                 if held == 0 {
                     tracing::error!(pool = %self.name, "no journal device left; journaling on the members");
                 }
+                // Not under the ring's lock: this batch's sequence numbers
+                // are in flight, and a checkpoint of everything (a shutdown's,
+                // a salvage's) holds that lock while it waits for them
+                // (review of 2026-12-06). Checkpoints may run side by side,
+                // and this one waits only for records before the batch.
                 let first = seqs.first().copied().unwrap_or(1);
-                let cp = {
-                    let _a = j.alloc.lock().await;
-                    self.checkpoint(first.saturating_sub(1)).await
-                };
+                let cp = self.checkpoint(first.saturating_sub(1)).await;
                 if let Err(e) = cp {
                     for &sq in seqs.iter() {
                         j.complete(sq);

@@ -317,3 +317,116 @@ async fn an_update_waits_for_the_apply_budget_before_its_record_is_numbered() {
     assert!(r.pool.status().write_path.early_acks > 0);
     assert_eq!(r.pool.read(3, 1).await.unwrap(), data);
 }
+
+/// A journal device whose writes wait, once armed, until told to fail them.
+struct DoomedDevice {
+    inner: Arc<MemVolume>,
+    /// 0: writes pass; 1: they wait; 2: they fail.
+    gate: watch::Receiver<u8>,
+    entered: Arc<Notify>,
+}
+
+#[async_trait]
+impl Volume for DoomedDevice {
+    fn geometry(&self) -> Geometry {
+        self.inner.geometry()
+    }
+    async fn read(&self, lba: u64, blocks: u32) -> BlockResult<Bytes> {
+        self.inner.read(lba, blocks).await
+    }
+    async fn write(&self, lba: u64, data: Bytes, fua: bool) -> BlockResult<()> {
+        if *self.gate.borrow() != 0 {
+            self.entered.notify_waiters();
+            let mut g = self.gate.clone();
+            let state = *g
+                .wait_for(|s| *s != 1)
+                .await
+                .map_err(|_| BlockError::Io(std::io::Error::other("gate gone")))?;
+            if state == 2 {
+                return Err(BlockError::Io(std::io::Error::other("device failed")));
+            }
+        }
+        self.inner.write(lba, data, fua).await
+    }
+    async fn flush(&self) -> BlockResult<()> {
+        self.inner.flush().await
+    }
+    async fn discard(&self, lba: u64, blocks: u64) -> BlockResult<()> {
+        self.inner.discard(lba, blocks).await
+    }
+    async fn block_status(&self, lba: u64, blocks: u64) -> BlockResult<Vec<Extent>> {
+        self.inner.block_status(lba, blocks).await
+    }
+}
+
+/// The journal device fails under a batch while a checkpoint of everything
+/// (a shutdown's) holds the ring's lock and waits for that batch: the batch's
+/// checkpoint after the device loss does not take the ring's lock, both end,
+/// the batch goes to the members and its write is acknowledged. Before, the
+/// leader waited for the ring's lock with its batch in flight: neither ended,
+/// and no journaled write of the pool went on.
+#[tokio::test]
+async fn a_journal_device_lost_under_a_batch_does_not_wait_for_a_checkpoint_waiting_for_it() {
+    let members = (0..3)
+        .map(|i| {
+            Member::new(
+                format!("m{i}"),
+                Arc::new(MemVolume::new(BS, 2048)) as VolumeRef,
+            )
+        })
+        .collect();
+    let (gate, rx) = watch::channel(0u8);
+    let entered = Arc::new(Notify::new());
+    let dev = Arc::new(DoomedDevice {
+        inner: Arc::new(MemVolume::new(BS, 1024)),
+        gate: rx,
+        entered: entered.clone(),
+    }) as VolumeRef;
+    let mut cfg = PoolConfig::new("jdev", RaidLevel::Raid5);
+    cfg.chunk_bytes = 16 * 1024;
+    cfg.journal_bytes = Some(2 << 20);
+    let pool =
+        Pool::create_with_journal_device(cfg, members, vec![], Some(Member::new("ssd", dev)))
+            .await
+            .expect("create");
+    pool.wait_idle().await;
+    pool.flush().await.unwrap();
+    let pool = Arc::new(pool);
+    let inner = pool.inner.clone();
+    gate.send_replace(1);
+    let started = entered.notified();
+    let data = pattern(4, 1);
+    let w = tokio::spawn({
+        let (pool, data) = (pool.clone(), data.clone());
+        async move { pool.write(3, data, false).await }
+    });
+    tokio::time::timeout(WAIT, started)
+        .await
+        .expect("the batch reaches the device");
+    let checkpoint = tokio::spawn({
+        let inner = inner.clone();
+        async move { inner.checkpoint_all().await }
+    });
+    let j = inner.journal.as_ref().unwrap();
+    until("the checkpoint holds the ring's lock", || {
+        j.alloc.try_lock().is_err()
+    })
+    .await;
+    gate.send_replace(2);
+    tokio::time::timeout(WAIT, checkpoint)
+        .await
+        .expect("the checkpoint and the device loss waited for each other")
+        .unwrap()
+        .unwrap();
+    tokio::time::timeout(WAIT, w)
+        .await
+        .expect("acknowledged")
+        .unwrap()
+        .unwrap();
+    assert!(pool.status().journal_device.is_some_and(|d| d.failed));
+    assert_eq!(pool.read(3, 1).await.unwrap(), data);
+    // journaled on the members from now on
+    let more = pattern(6, 1);
+    pool.write(70, more.clone(), false).await.unwrap();
+    assert_eq!(pool.read(70, 1).await.unwrap(), more);
+}
