@@ -411,13 +411,35 @@ async fn writer(
                 Err(_) => break,
             }
         }
-        if let Err(e) = wr.write_all(&out).await {
+        // A partner gone silent without closing the connection (its power
+        // lost, a path dropping packets) stops draining it: once the socket's
+        // buffers are full, this write waits until the kernel gives up on the
+        // connection (about 15 minutes). Meanwhile the queue behind it fills,
+        // and the handlers of the partner's requests wait to queue their
+        // answers, so the session's end waits for them and the node decides
+        // nothing. Once the link is closed, a write gets the peer timeout at
+        // most; then the connection is dropped, and with this task the queue:
+        // every send waiting on it fails at once (review of 2026-12-06).
+        let written = {
+            let write = wr.write_all(&out);
+            tokio::pin!(write);
+            tokio::select! {
+                r = &mut write => r,
+                _ = link.closed() => {
+                    match tokio::time::timeout(link.peer_timeout, &mut write).await {
+                        Ok(r) => r,
+                        Err(_) => return,
+                    }
+                }
+            }
+        };
+        if let Err(e) = written {
             link.close(&format!("write: {e}"));
             break;
         }
         out.clear();
     }
-    let _ = wr.shutdown().await;
+    let _ = tokio::time::timeout(link.peer_timeout, wr.shutdown()).await;
 }
 
 async fn heartbeat(link: Arc<Link>, interval: Duration) {

@@ -1639,3 +1639,170 @@ async fn a_follower_whose_disk_cannot_take_the_repair_reads_the_leaders_blocks()
     assert_eq!(n2.read(300, 4).await.unwrap(), data);
     assert_eq!(m2.read(300, 4).await.unwrap(), data, "written all the same");
 }
+
+/// A relay for the sync link that can go silent: frozen, it stops reading
+/// both ways but keeps both connections open (a partner whose power went, a
+/// path dropping every packet), so the nodes' socket buffers fill and
+/// nothing tells them the connection is gone. Its reads from the listening
+/// node go through a small receive buffer, so that node's buffers fill
+/// after a few MiB. `cut` drops the connections it has and lets new ones
+/// flow.
+struct SilentRelay {
+    addr: SocketAddr,
+    frozen: tokio::sync::watch::Sender<bool>,
+    conns: Arc<parking_lot::Mutex<Vec<tokio::task::AbortHandle>>>,
+}
+
+impl SilentRelay {
+    async fn to(to: SocketAddr) -> SilentRelay {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = l.local_addr().unwrap();
+        let (frozen, rx) = tokio::sync::watch::channel(false);
+        let conns: Arc<parking_lot::Mutex<Vec<tokio::task::AbortHandle>>> = Default::default();
+        let held = conns.clone();
+        tokio::spawn(async move {
+            while let Ok((a, _)) = l.accept().await {
+                let s = tokio::net::TcpSocket::new_v4().unwrap();
+                s.set_recv_buffer_size(4096).unwrap();
+                let Ok(b) = s.connect(to).await else {
+                    continue;
+                };
+                let (ar, aw) = a.into_split();
+                let (br, bw) = b.into_split();
+                for (mut r, mut w) in [
+                    (
+                        Box::new(ar) as Box<dyn tokio::io::AsyncRead + Send + Unpin>,
+                        Box::new(bw) as Box<dyn tokio::io::AsyncWrite + Send + Unpin>,
+                    ),
+                    (Box::new(br), Box::new(aw)),
+                ] {
+                    let mut rx = rx.clone();
+                    let t = tokio::spawn(async move {
+                        let mut buf = vec![0u8; 64 << 10];
+                        loop {
+                            if rx.wait_for(|f| !*f).await.is_err() {
+                                return;
+                            }
+                            let Ok(n @ 1..) = r.read(&mut buf).await else {
+                                return;
+                            };
+                            if w.write_all(&buf[..n]).await.is_err() {
+                                return;
+                            }
+                        }
+                    });
+                    held.lock().push(t.abort_handle());
+                }
+            }
+        });
+        SilentRelay {
+            addr,
+            frozen,
+            conns,
+        }
+    }
+
+    fn freeze(&self) {
+        self.frozen.send_replace(true);
+    }
+
+    fn cut(&self) {
+        for t in self.conns.lock().drain(..) {
+            t.abort();
+        }
+        self.frozen.send_replace(false);
+    }
+}
+
+/// The partner goes silent under load without the connection closing (its
+/// power lost): the follower's socket to it is full of forwarded writes,
+/// the queue behind it too, and leader writes it applied wait to queue their
+/// answers. The follower must still decide what to do soon after its peer
+/// timeout (here: stop, not preferred, no witness), not once the kernel
+/// gives up on the connection a quarter of an hour later; the leader goes on
+/// alone, and when the path comes back the copies join again, the same.
+/// Before (review of 2026-12-06), the follower's link writer waited on the
+/// full socket for ever, the answers behind it too, and the session's end
+/// waited for them: the follower stayed a follower, serving nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_partner_silent_under_load_is_given_up_within_the_peer_timeout() {
+    const BIG: u64 = 48 << 10; // 24 MiB of 512-byte blocks
+    let d = tempfile::tempdir().unwrap();
+    let m1: VolumeRef = Arc::new(MemVolume::new(512, BIG));
+    let held = Arc::new(block::HoldVolume::new(Arc::new(MemVolume::new(512, BIG))));
+    let m2 = held.clone() as VolumeRef;
+    let (n2, addr2) = node2(d.path(), 1, m2.clone(), None).await;
+    let relay = SilentRelay::to(addr2).await;
+    let n1 = node1(d.path(), 1, m1.clone(), relay.addr, None).await;
+    both_in_sync(&n1, &n2).await;
+    assert_eq!(
+        (n1.status().role, n2.status().role),
+        (Role::Leader, Role::Follower)
+    );
+    // leader writes reach node 2 and wait at its disk, holding their answers
+    held.writes.hold();
+    let leader_writes: Vec<_> = (0..16u64)
+        .map(|k| {
+            let n1 = n1.clone();
+            tokio::spawn(async move {
+                for i in 0..100u64 {
+                    let lba = (k * 100 + i) * 8 % BIG;
+                    if n1
+                        .write(lba, Bytes::from(vec![k as u8; 4096]), false)
+                        .await
+                        .is_err()
+                    {
+                        return;
+                    }
+                }
+            })
+        })
+        .collect();
+    held.writes.arrivals(1).await;
+    // the path goes silent; node 2's clients go on writing (forwarded: more
+    // than its socket and the queue behind it hold)
+    relay.freeze();
+    let follower_writes: Vec<_> = (0..640u64)
+        .map(|k| {
+            let n2 = n2.clone();
+            tokio::spawn(async move {
+                let _ = n2
+                    .write(
+                        k * 64,
+                        Bytes::from(vec![0xA0 | (k & 15) as u8; 32 << 10]),
+                        false,
+                    )
+                    .await;
+            })
+        })
+        .collect();
+    // node 1 gives the link up and goes on alone (preferred)
+    assert!(
+        n1.wait_until(|s| s.role == Role::Solo, WAIT).await,
+        "{:?}",
+        n1.status()
+    );
+    // node 2's disk answers: the applied writes' answers queue behind the
+    // full socket
+    held.writes.open();
+    assert!(
+        n2.wait_until(|s| s.role == Role::Down, WAIT).await,
+        "node 2 decided nothing: {:?}",
+        n2.status()
+    );
+    for t in leader_writes.into_iter().chain(follower_writes) {
+        tokio::time::timeout(WAIT, t)
+            .await
+            .expect("a write never ended")
+            .unwrap();
+    }
+    // the path comes back: the copies join again, the same
+    relay.cut();
+    both_in_sync(&n1, &n2).await;
+    let x = m1.read(0, BIG as u32).await.unwrap();
+    let y = m2.read(0, BIG as u32).await.unwrap();
+    assert!(x == y, "the copies differ");
+    n1.shutdown().await;
+    n2.shutdown().await;
+}
