@@ -184,7 +184,6 @@ async fn manage(inner: &Arc<Inner>, mut conns: mpsc::Receiver<(Framed, Message)>
                     let detaches = inner.detaches.load(Ordering::Acquire);
                     let (link, writing) = session(inner, f, p, peer_meta, peer_bits).await;
                     partner_writes_done(inner, &writing, &mut conns, &mut conns_open).await;
-                    let failed_again = inner.detaches.load(Ordering::Acquire) != detaches;
                     peer_seen = link.last_ping_recv();
                     // the link in use failed: dial the next sync link first
                     next_peer += 1;
@@ -196,6 +195,17 @@ async fn manage(inner: &Arc<Inner>, mut conns: mpsc::Receiver<(Framed, Message)>
                             format!("lost the partner ({})", link.peer),
                         );
                     }
+                    // and this node's own ordered writes of the session (its
+                    // clients', the partner's forwarded ones, read repairs),
+                    // whose partner part is over with the link, but whose
+                    // local write may still wait at a slow disk: a later
+                    // meeting that makes this copy a resync target writes
+                    // it outside the range locks, and such a write landing
+                    // after the resync's copy of its region would put back
+                    // data the survivor wrote over meanwhile (review of
+                    // 2026-12-06)
+                    drop(inner.locks.lock(0, u64::MAX, LockMode::Exclusive).await);
+                    let failed_again = inner.detaches.load(Ordering::Acquire) != detaches;
                     last_decide = None;
                     if let Some(why) = link.partner_refused() {
                         // refused after this side's handshake: only the
@@ -807,7 +817,9 @@ async fn session(
 /// meanwhile are closed at once, so that it decides without this node instead
 /// of waiting on a handshake. Other requests (a write the partner forwarded to
 /// this leader, SCSI state) go through this node's own ordering and may wait
-/// for its decision: they are not waited for.
+/// for its decision: they are not waited for here. The caller waits for the
+/// writes this node ordered once it is deciding (the range locks: none of
+/// them waits for the decision while it holds its range).
 async fn partner_writes_done(
     inner: &Arc<Inner>,
     writing: &tokio::sync::Semaphore,

@@ -1806,3 +1806,72 @@ async fn a_partner_silent_under_load_is_given_up_within_the_peer_timeout() {
     n1.shutdown().await;
     n2.shutdown().await;
 }
+
+/// A leader's write whose local part waits at a slow disk when the link is
+/// lost (its partner part done), the partner going on alone and writing the
+/// same blocks anew: the node must not meet the partner again, as a resync
+/// target, before that write has ended here, or it lands over the resync's
+/// copy of its region and the node, in sync, serves blocks the survivor
+/// wrote over. Node 1 reaches the witness only through a relay that goes
+/// silent with the sync link, so node 2 gets the grant. Before (review of
+/// 2026-12-06), node 1 rejoined at once and the late write landed after the
+/// copy: in sync, the two copies differed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_write_still_at_the_disk_when_the_link_goes_ends_before_the_node_rejoins() {
+    let d = tempfile::tempdir().unwrap();
+    let waddr = witness(d.path()).await;
+    let wrelay = SilentRelay::to(waddr).await;
+    let held = Arc::new(block::HoldVolume::new(Arc::new(MemVolume::new(
+        512, BLOCKS,
+    ))));
+    let m1 = held.clone() as VolumeRef;
+    let m2: VolumeRef = Arc::new(MemVolume::new(512, BLOCKS));
+    let (n2, addr2) = node2(d.path(), 1, m2.clone(), Some(waddr)).await;
+    let relay = SilentRelay::to(addr2).await;
+    let n1 = node1(d.path(), 1, m1.clone(), relay.addr, Some(wrelay.addr)).await;
+    both_in_sync(&n1, &n2).await;
+    assert_eq!(n1.status().role, Role::Leader);
+    // a write through node 1 reaches node 2; here it waits at the disk
+    held.writes.hold_range(1024, 1032);
+    let w = {
+        let n1 = n1.clone();
+        tokio::spawn(async move { n1.write(1024, Bytes::from(vec![0x11u8; 4096]), false).await })
+    };
+    held.writes.arrivals(1).await;
+    held.writes.hold_range(u64::MAX - 1, u64::MAX);
+    // the paths go silent; node 2 gets the grant and writes the blocks anew
+    relay.freeze();
+    wrelay.freeze();
+    assert!(
+        n2.wait_until(|s| s.role == Role::Solo, WAIT).await,
+        "{:?}",
+        n2.status()
+    );
+    n2.write(1024, Bytes::from(vec![0x22u8; 4096]), false)
+        .await
+        .unwrap();
+    // the paths come back, the write still at node 1's disk
+    relay.cut();
+    wrelay.cut();
+    assert!(
+        !n1.wait_until(in_sync, Duration::from_secs(5)).await,
+        "node 1 rejoined with its own write still in flight: {:?}",
+        n1.status()
+    );
+    held.writes.release(1);
+    let _ = tokio::time::timeout(WAIT, w)
+        .await
+        .expect("the write ended");
+    both_in_sync(&n1, &n2).await;
+    for n in [&n1, &n2] {
+        assert_eq!(
+            n.read(1024, 8).await.unwrap(),
+            Bytes::from(vec![0x22u8; 4096])
+        );
+    }
+    let x = m1.read(0, BLOCKS as u32).await.unwrap();
+    let y = m2.read(0, BLOCKS as u32).await.unwrap();
+    assert!(x == y, "the copies differ");
+    n1.shutdown().await;
+    n2.shutdown().await;
+}
