@@ -1858,7 +1858,7 @@ impl CacheVolume {
             let progress = self.inner.destage_progress.notified();
             tokio::pin!(progress);
             progress.as_mut().enable();
-            if self.inner.state.lock().dirty_frames == 0 {
+            if self.inner.state.lock().dirty_frames == 0 && self.batches_ended().await {
                 return Ok(());
             }
             if self.inner.live_devices() == 0 {
@@ -1868,7 +1868,7 @@ impl CacheVolume {
             }
             self.inner.destage_wake.notify_one();
             progress.await;
-            if self.inner.state.lock().dirty_frames == 0 {
+            if self.inner.state.lock().dirty_frames == 0 && self.batches_ended().await {
                 return Ok(());
             }
             match self.inner.destage_failure.lock().clone() {
@@ -1885,6 +1885,21 @@ impl CacheVolume {
                 }
             }
         }
+    }
+
+    /// Waits until no destage batch is in flight (each holds the backing
+    /// locks of its blocks until its clean records are written), and says
+    /// whether nothing is dirty then. A batch marks its blocks clean in memory
+    /// before it writes those records, so a drain that saw nothing dirty could
+    /// end while the SSDs still said dirty; if that record write fails, the
+    /// blocks are dirty again (review of 2026-12-06).
+    async fn batches_ended(&self) -> bool {
+        let mut all = Vec::with_capacity(self.inner.backing_locks.len());
+        for l in self.inner.backing_locks.iter() {
+            all.push(l.write().await);
+        }
+        drop(all);
+        self.inner.state.lock().dirty_frames == 0
     }
 
     /// Ends a [`CacheVolume::drain`] that is given up (a detach that failed):

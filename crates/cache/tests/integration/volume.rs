@@ -1877,3 +1877,65 @@ async fn a_cache_made_before_table_slots_gets_a_second_copy_in_place() {
         .unwrap();
     verify_all(&vol, &oracle).await;
 }
+
+/// A drain (as a detach runs it) returns only once the clean records of the
+/// last destage batch are on the SSDs: the batch marks its blocks clean in
+/// memory before it writes those records, and a drain that returned then let
+/// the detach move the LUN to the backing volume while the SSDs still said
+/// dirty; a power cut there brought the old dirty record back at the next
+/// start, and its destage wrote the old data over what the host wrote to the
+/// backing volume since (review of 2026-12-06).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_drain_ends_only_once_the_clean_records_are_durable() {
+    let (backing, ssds, c) = write_back_on_two_ssds();
+    let held: Vec<Arc<block::HoldVolume>> = ssds
+        .iter()
+        .map(|s| Arc::new(block::HoldVolume::new(s.clone())))
+        .collect();
+    let hrefs: Vec<VolumeRef> = held.iter().map(|h| h.clone() as VolumeRef).collect();
+    let vol = Arc::new(
+        CacheVolume::open("t", backing.clone(), devices(&hrefs), c)
+            .await
+            .unwrap(),
+    );
+    let data = pattern(5, 64 << 10);
+    vol.write(0, data.clone(), false).await.unwrap();
+    assert!(vol.status().dirty_blocks > 0);
+    // the table's page writes (past the two superblock blocks, before the
+    // frames) wait
+    for h in &held {
+        h.writes.hold_range(2, 256);
+    }
+    // a first drain starts the destage, whose clean records wait
+    let first = tokio::spawn({
+        let vol = vol.clone();
+        async move { vol.drain().await }
+    });
+    tokio::time::timeout(Duration::from_secs(10), held[0].writes.arrivals(1))
+        .await
+        .expect("the destage writes its clean records");
+    assert_eq!(backing.read(0, 16).await.unwrap(), data);
+    assert_eq!(vol.status().dirty_blocks, 0, "clean in memory already");
+    // a drain that starts now (a detach's) must wait for them too
+    let mut drain = tokio::spawn({
+        let vol = vol.clone();
+        async move { vol.drain().await }
+    });
+    assert!(
+        tokio::time::timeout(Duration::from_millis(300), &mut drain)
+            .await
+            .is_err(),
+        "the drain ended before the clean records were durable"
+    );
+    for h in &held {
+        h.writes.open();
+    }
+    for d in [first, drain] {
+        tokio::time::timeout(Duration::from_secs(20), d)
+            .await
+            .expect("the drain ends")
+            .unwrap()
+            .unwrap();
+    }
+    assert_eq!(vol.status().dirty_blocks, 0);
+}
