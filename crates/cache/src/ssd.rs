@@ -400,6 +400,27 @@ impl Device {
         r
     }
 
+    /// [`Device::read_at`] for a copy of the table: a medium error (that
+    /// copy's sector cannot be read) does not fail the device, since the
+    /// page has other copies and the open's full table write writes it
+    /// again; any other error does (review of 2026-12-06: one bad table
+    /// sector failed a half of the mirror at every start).
+    pub(crate) async fn read_table_at(&self, offset: u64, len: u64) -> BlockResult<Bytes> {
+        if self.is_failed() {
+            return Err(BlockError::Unavailable(format!("{} failed", self.name())));
+        }
+        let r = self
+            .vol()
+            .read(offset / self.bs, (len / self.bs) as u32)
+            .await;
+        if let Err(e) = &r {
+            if !matches!(e, BlockError::Medium { .. }) {
+                self.fail(e);
+            }
+        }
+        r
+    }
+
     /// Writes `data` at byte `offset` (on a device being resilvered too).
     pub(crate) async fn write_at(&self, offset: u64, data: Bytes, fua: bool) -> BlockResult<()> {
         if self.is_failed() && self.resilver_cursor().is_none() {
@@ -465,14 +486,14 @@ impl Device {
         let mut error: Vec<Option<BlockError>> = (0..n).map(|_| None).collect();
         for slot in 0..layout.slots {
             let whole = self
-                .read_at(layout.page_offset(first, slot), n as u64 * PAGE_BYTES)
+                .read_table_at(layout.page_offset(first, slot), n as u64 * PAGE_BYTES)
                 .await;
             for i in 0..n {
                 let page = first + i as u32;
                 let raw = match &whole {
                     Ok(b) => Ok(b.slice(i * PAGE_BYTES as usize..(i + 1) * PAGE_BYTES as usize)),
                     Err(_) => {
-                        self.read_at(layout.page_offset(page, slot), PAGE_BYTES)
+                        self.read_table_at(layout.page_offset(page, slot), PAGE_BYTES)
                             .await
                     }
                 };

@@ -1939,3 +1939,55 @@ async fn a_drain_ends_only_once_the_clean_records_are_durable() {
     }
     assert_eq!(vol.status().dirty_blocks, 0);
 }
+
+/// A sector of one table copy that cannot be read at open (a medium error)
+/// costs that copy of that page, not the device: the page is read from its
+/// other slot, both halves of the mirror stay in service, every dirty block
+/// reads back, and the full table write at open writes the sector again.
+/// Before (review of 2026-12-06), the first unreadable table sector failed
+/// the whole device, which then started degraded (and a table larger than
+/// one read's 256 pages could lose pages that had a good copy).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unreadable_table_sector_at_open_costs_its_copy_not_the_device() {
+    let (backing, ssds, c) = write_back_on_two_ssds();
+    let vol = CacheVolume::open("t", backing.clone(), devices(&ssds), c.clone())
+        .await
+        .unwrap();
+    let data = pattern(9, 256 << 10);
+    vol.write(0, data.clone(), false).await.unwrap();
+    assert!(vol.status().dirty_blocks > 0);
+    vol.halt().await;
+    drop(vol);
+    // table page 0, slot 0 (the block after the two superblock copies) of
+    // the first device cannot be read; the disk remaps it when written
+    let faulty = Arc::new(block::FaultVolume::new(ssds[0].clone()));
+    {
+        let plan = faulty.plan();
+        let mut plan = plan.lock();
+        plan.remap_on_write = true;
+        plan.bad_read_blocks.push(2..3);
+    }
+    let devs = devices(&[faulty.clone() as VolumeRef, ssds[1].clone()]);
+    let vol = CacheVolume::open("t", backing.clone(), devs, c)
+        .await
+        .expect("open");
+    let st = vol.status();
+    assert!(
+        st.devices.iter().all(|d| d.state == "ok"),
+        "{:?}",
+        st.devices
+    );
+    assert!(st.dirty_blocks > 0, "{st:?}");
+    assert_eq!(vol.read(0, 64).await.unwrap(), data);
+    assert!(
+        faulty
+            .plan()
+            .lock()
+            .bad_read_blocks
+            .iter()
+            .all(|r| r.is_empty()),
+        "the unreadable sector was not written again"
+    );
+    vol.drain().await.unwrap();
+    assert_eq!(backing.read(0, 64).await.unwrap(), data);
+}
