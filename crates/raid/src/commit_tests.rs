@@ -9,13 +9,12 @@ use crate::commit::{BeforeReserve, TakenBatch};
 use crate::pool::Inner;
 use crate::util::BoxFut;
 use crate::{Member, Pool, PoolConfig, RaidLevel};
-use async_trait::async_trait;
-use block::{BlockError, BlockResult, Bytes, Extent, Geometry, MemVolume, Volume, VolumeRef};
+use block::{Bytes, HoldVolume, MemVolume, Volume, VolumeRef};
 use parking_lot::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
-use tokio::sync::{watch, Notify};
+use tokio::sync::Notify;
 
 const BS: u32 = 4096;
 const WAIT: Duration = Duration::from_secs(20);
@@ -26,38 +25,6 @@ fn pattern(seed: u8, blocks: usize) -> Bytes {
             .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))
             .collect::<Vec<u8>>(),
     )
-}
-
-/// A member whose reads wait while `hold` is set.
-struct ReadGate {
-    inner: Arc<MemVolume>,
-    hold: watch::Receiver<bool>,
-}
-
-#[async_trait]
-impl Volume for ReadGate {
-    fn geometry(&self) -> Geometry {
-        self.inner.geometry()
-    }
-    async fn read(&self, lba: u64, blocks: u32) -> BlockResult<Bytes> {
-        let mut h = self.hold.clone();
-        h.wait_for(|held| !*held)
-            .await
-            .map_err(|_| BlockError::Io(std::io::Error::other("gate gone")))?;
-        self.inner.read(lba, blocks).await
-    }
-    async fn write(&self, lba: u64, data: Bytes, fua: bool) -> BlockResult<()> {
-        self.inner.write(lba, data, fua).await
-    }
-    async fn flush(&self) -> BlockResult<()> {
-        self.inner.flush().await
-    }
-    async fn discard(&self, lba: u64, blocks: u64) -> BlockResult<()> {
-        self.inner.discard(lba, blocks).await
-    }
-    async fn block_status(&self, lba: u64, blocks: u64) -> BlockResult<Vec<Extent>> {
-        self.inner.block_status(lba, blocks).await
-    }
 }
 
 /// What the hook does and saw.
@@ -113,21 +80,34 @@ fn hook(inner: Weak<Inner>, script: Arc<Script>) -> BeforeReserve {
 
 struct Rig {
     pool: Arc<Pool>,
-    hold: watch::Sender<bool>,
+    /// The members (their reads held all at once: `hold`).
+    members: Vec<Arc<HoldVolume>>,
     script: Arc<Script>,
 }
 
-/// A RAID 5 of 3 over gated memory members, idle and flushed, the hook set.
+impl Rig {
+    /// Every member's reads wait (`true`) or go (`false`).
+    fn hold_reads(&self, on: bool) {
+        for m in &self.members {
+            if on {
+                m.reads.hold();
+            } else {
+                m.reads.open();
+            }
+        }
+    }
+}
+
+/// A RAID 5 of 3 over memory members whose reads can be held, idle and
+/// flushed, the hook set.
 async fn rig() -> Rig {
-    let (hold, rx) = watch::channel(false);
-    let members = (0..3)
-        .map(|i| {
-            let v = Arc::new(ReadGate {
-                inner: Arc::new(MemVolume::new(BS, 2048)),
-                hold: rx.clone(),
-            }) as VolumeRef;
-            Member::new(format!("m{i}"), v)
-        })
+    let held: Vec<Arc<HoldVolume>> = (0..3)
+        .map(|_| Arc::new(HoldVolume::new(Arc::new(MemVolume::new(BS, 2048)))))
+        .collect();
+    let members = held
+        .iter()
+        .enumerate()
+        .map(|(i, h)| Member::new(format!("m{i}"), h.clone() as VolumeRef))
         .collect();
     let mut cfg = PoolConfig::new("leader", RaidLevel::Raid5);
     cfg.chunk_bytes = 16 * 1024;
@@ -139,7 +119,7 @@ async fn rig() -> Rig {
     *pool.inner.before_reserve.lock() = Some(hook(Arc::downgrade(&pool.inner), script.clone()));
     Rig {
         pool: Arc::new(pool),
-        hold,
+        members: held,
         script,
     }
 }
@@ -207,7 +187,7 @@ async fn a_leader_that_stops_leading_hands_the_rest_of_its_batch_back() {
     *r.script.fire_at_records.lock() = Some(2);
     let before = r.pool.status().write_path;
     // D: acknowledged, its completion waiting for its reads
-    r.hold.send_replace(true);
+    r.hold_reads(true);
     let d = pattern(7, 1);
     r.pool.write(3, d.clone(), false).await.unwrap();
     // X: its leader holds the copy set
@@ -223,7 +203,7 @@ async fn a_leader_that_stops_leading_hands_the_rest_of_its_batch_back() {
     .await;
     // D's completing record queues behind it, then Y's record
     let j = r.pool.inner.journal.as_ref().unwrap();
-    r.hold.send_replace(false);
+    r.hold_reads(false);
     until("D's completing record queued", || {
         j.group.lock().queued() == 1
     })
@@ -318,47 +298,6 @@ async fn an_update_waits_for_the_apply_budget_before_its_record_is_numbered() {
     assert_eq!(r.pool.read(3, 1).await.unwrap(), data);
 }
 
-/// A journal device whose writes wait, once armed, until told to fail them.
-struct DoomedDevice {
-    inner: Arc<MemVolume>,
-    /// 0: writes pass; 1: they wait; 2: they fail.
-    gate: watch::Receiver<u8>,
-    entered: Arc<Notify>,
-}
-
-#[async_trait]
-impl Volume for DoomedDevice {
-    fn geometry(&self) -> Geometry {
-        self.inner.geometry()
-    }
-    async fn read(&self, lba: u64, blocks: u32) -> BlockResult<Bytes> {
-        self.inner.read(lba, blocks).await
-    }
-    async fn write(&self, lba: u64, data: Bytes, fua: bool) -> BlockResult<()> {
-        if *self.gate.borrow() != 0 {
-            self.entered.notify_waiters();
-            let mut g = self.gate.clone();
-            let state = *g
-                .wait_for(|s| *s != 1)
-                .await
-                .map_err(|_| BlockError::Io(std::io::Error::other("gate gone")))?;
-            if state == 2 {
-                return Err(BlockError::Io(std::io::Error::other("device failed")));
-            }
-        }
-        self.inner.write(lba, data, fua).await
-    }
-    async fn flush(&self) -> BlockResult<()> {
-        self.inner.flush().await
-    }
-    async fn discard(&self, lba: u64, blocks: u64) -> BlockResult<()> {
-        self.inner.discard(lba, blocks).await
-    }
-    async fn block_status(&self, lba: u64, blocks: u64) -> BlockResult<Vec<Extent>> {
-        self.inner.block_status(lba, blocks).await
-    }
-}
-
 /// The journal device fails under a batch while a checkpoint of everything
 /// (a shutdown's) holds the ring's lock and waits for that batch: the batch's
 /// checkpoint after the device loss does not take the ring's lock, both end,
@@ -375,13 +314,13 @@ async fn a_journal_device_lost_under_a_batch_does_not_wait_for_a_checkpoint_wait
             )
         })
         .collect();
-    let (gate, rx) = watch::channel(0u8);
-    let entered = Arc::new(Notify::new());
-    let dev = Arc::new(DoomedDevice {
-        inner: Arc::new(MemVolume::new(BS, 1024)),
-        gate: rx,
-        entered: entered.clone(),
-    }) as VolumeRef;
+    // the device's writes wait at a gate when held; behind it, a fault layer
+    // fails them once the device is dead
+    let faulty = Arc::new(block::FaultVolume::new(
+        Arc::new(MemVolume::new(BS, 1024)) as VolumeRef
+    ));
+    let gate = Arc::new(HoldVolume::new(faulty.clone() as VolumeRef));
+    let dev = gate.clone() as VolumeRef;
     let mut cfg = PoolConfig::new("jdev", RaidLevel::Raid5);
     cfg.chunk_bytes = 16 * 1024;
     cfg.journal_bytes = Some(2 << 20);
@@ -393,14 +332,13 @@ async fn a_journal_device_lost_under_a_batch_does_not_wait_for_a_checkpoint_wait
     pool.flush().await.unwrap();
     let pool = Arc::new(pool);
     let inner = pool.inner.clone();
-    gate.send_replace(1);
-    let started = entered.notified();
+    gate.writes.hold();
     let data = pattern(4, 1);
     let w = tokio::spawn({
         let (pool, data) = (pool.clone(), data.clone());
         async move { pool.write(3, data, false).await }
     });
-    tokio::time::timeout(WAIT, started)
+    tokio::time::timeout(WAIT, gate.writes.arrivals(1))
         .await
         .expect("the batch reaches the device");
     let checkpoint = tokio::spawn({
@@ -412,7 +350,8 @@ async fn a_journal_device_lost_under_a_batch_does_not_wait_for_a_checkpoint_wait
         j.alloc.try_lock().is_err()
     })
     .await;
-    gate.send_replace(2);
+    faulty.plan().lock().dead = true;
+    gate.writes.open();
     tokio::time::timeout(WAIT, checkpoint)
         .await
         .expect("the checkpoint and the device loss waited for each other")
