@@ -385,19 +385,10 @@ impl Device {
         self.vol().geometry().size_bytes()
     }
 
-    /// Reads `len` bytes at byte `offset` (both multiples of the device block).
+    /// Reads `len` bytes at byte `offset` (both multiples of the device block);
+    /// an error fails the device.
     pub(crate) async fn read_at(&self, offset: u64, len: u64) -> BlockResult<Bytes> {
-        if self.is_failed() {
-            return Err(BlockError::Unavailable(format!("{} failed", self.name())));
-        }
-        let r = self
-            .vol()
-            .read(offset / self.bs, (len / self.bs) as u32)
-            .await;
-        if let Err(e) = &r {
-            self.fail(e);
-        }
-        r
+        self.read_failing(offset, len, |_| true).await
     }
 
     /// [`Device::read_at`] for a copy of the table: a medium error (that
@@ -406,6 +397,18 @@ impl Device {
     /// again; any other error does (review of 2026-12-06: one bad table
     /// sector failed a half of the mirror at every start).
     pub(crate) async fn read_table_at(&self, offset: u64, len: u64) -> BlockResult<Bytes> {
+        self.read_failing(offset, len, |e| !matches!(e, BlockError::Medium { .. }))
+            .await
+    }
+
+    /// Reads `len` bytes at byte `offset`; an error for which `fails` holds
+    /// fails the device.
+    async fn read_failing(
+        &self,
+        offset: u64,
+        len: u64,
+        fails: impl Fn(&BlockError) -> bool,
+    ) -> BlockResult<Bytes> {
         if self.is_failed() {
             return Err(BlockError::Unavailable(format!("{} failed", self.name())));
         }
@@ -414,7 +417,7 @@ impl Device {
             .read(offset / self.bs, (len / self.bs) as u32)
             .await;
         if let Err(e) = &r {
-            if !matches!(e, BlockError::Medium { .. }) {
+            if fails(e) {
                 self.fail(e);
             }
         }

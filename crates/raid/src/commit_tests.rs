@@ -134,6 +134,16 @@ async fn until(what: &str, mut done: impl FnMut() -> bool) {
     .unwrap_or_else(|_| panic!("never: {what}"));
 }
 
+/// The task's result, once it ended (at most [`WAIT`]; `what` says what must
+/// end).
+async fn ends<T>(task: tokio::task::JoinHandle<block::BlockResult<T>>, what: &str) -> T {
+    tokio::time::timeout(WAIT, task)
+        .await
+        .unwrap_or_else(|_| panic!("never ended: {what}"))
+        .unwrap()
+        .unwrap()
+}
+
 /// The checkpoint the hook started ends, and the pool is left without the
 /// hook.
 async fn checkpoint_ends(r: &Rig) {
@@ -142,11 +152,7 @@ async fn checkpoint_ends(r: &Rig) {
     })
     .await;
     let task = r.script.checkpoint.lock().take().expect("a checkpoint");
-    tokio::time::timeout(WAIT, task)
-        .await
-        .expect("the checkpoint and the leader waited for each other")
-        .unwrap()
-        .unwrap();
+    ends(task, "the checkpoint and the leader waited for each other").await;
     *r.pool.inner.before_reserve.lock() = None;
     tokio::time::timeout(WAIT, r.pool.wait_applied())
         .await
@@ -217,11 +223,7 @@ async fn a_leader_that_stops_leading_hands_the_rest_of_its_batch_back() {
     r.script.release.notify_one();
     checkpoint_ends(&r).await;
     for w in [wx, wy] {
-        tokio::time::timeout(WAIT, w)
-            .await
-            .expect("acknowledged")
-            .unwrap()
-            .unwrap();
+        ends(w, "acknowledged").await;
     }
     let seen = r.script.seen.lock().clone();
     assert!(
@@ -281,16 +283,12 @@ async fn an_update_waits_for_the_apply_budget_before_its_record_is_numbered() {
             r
         }
     });
-    tokio::time::timeout(WAIT, checkpoint)
-        .await
-        .expect("the checkpoint waited for the update, which waited for the budget")
-        .unwrap()
-        .unwrap();
-    tokio::time::timeout(WAIT, w)
-        .await
-        .expect("acknowledged")
-        .unwrap()
-        .unwrap();
+    ends(
+        checkpoint,
+        "the checkpoint waited for the update, which waited for the budget",
+    )
+    .await;
+    ends(w, "acknowledged").await;
     tokio::time::timeout(WAIT, r.pool.wait_applied())
         .await
         .expect("in place");
@@ -352,16 +350,12 @@ async fn a_journal_device_lost_under_a_batch_does_not_wait_for_a_checkpoint_wait
     .await;
     faulty.plan().lock().dead = true;
     gate.writes.open();
-    tokio::time::timeout(WAIT, checkpoint)
-        .await
-        .expect("the checkpoint and the device loss waited for each other")
-        .unwrap()
-        .unwrap();
-    tokio::time::timeout(WAIT, w)
-        .await
-        .expect("acknowledged")
-        .unwrap()
-        .unwrap();
+    ends(
+        checkpoint,
+        "the checkpoint and the device loss waited for each other",
+    )
+    .await;
+    ends(w, "acknowledged").await;
     assert!(pool.status().journal_device.is_some_and(|d| d.failed));
     assert_eq!(pool.read(3, 1).await.unwrap(), data);
     // journaled on the members from now on
