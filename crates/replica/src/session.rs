@@ -204,7 +204,14 @@ async fn manage(inner: &Arc<Inner>, mut conns: mpsc::Receiver<(Framed, Message)>
                     // after the resync's copy of its region would put back
                     // data the survivor wrote over meanwhile (review of
                     // 2026-12-06)
-                    drop(inner.locks.lock(0, u64::MAX, LockMode::Exclusive).await);
+                    waiting_alone(
+                        inner,
+                        inner.locks.lock(0, u64::MAX, LockMode::Exclusive),
+                        "this node's writes in flight",
+                        &mut conns,
+                        &mut conns_open,
+                    )
+                    .await;
                     let failed_again = inner.detaches.load(Ordering::Acquire) != detaches;
                     last_decide = None;
                     if let Some(why) = link.partner_refused() {
@@ -827,10 +834,31 @@ async fn partner_writes_done(
     conns_open: &mut bool,
 ) {
     let all = writing.acquire_many(crate::link::HANDLED_IN_FLIGHT_MAX as u32);
-    tokio::pin!(all);
+    waiting_alone(
+        inner,
+        all,
+        "the partner's writes in flight",
+        conns,
+        conns_open,
+    )
+    .await;
+}
+
+/// Waits for `done`, closing at once the connections the partner makes
+/// meanwhile (so that it decides without this node instead of waiting on a
+/// handshake, and no handshake is answered late on a socket its partner gave
+/// up), and saying every 5 s that it still waits for `what`.
+async fn waiting_alone<T>(
+    inner: &Arc<Inner>,
+    done: impl std::future::Future<Output = T>,
+    what: &str,
+    conns: &mut mpsc::Receiver<(Framed, Message)>,
+    conns_open: &mut bool,
+) {
+    tokio::pin!(done);
     loop {
         tokio::select! {
-            _ = &mut all => return,
+            _ = &mut done => return,
             c = conns.recv(), if *conns_open => match c {
                 Some((f, _)) => {
                     tracing::info!(volume = %inner.cfg.name, "partner connection closed: the last session's writes are still being applied");
@@ -840,7 +868,7 @@ async fn partner_writes_done(
             },
             _ = tokio::time::sleep(Duration::from_secs(5)) => tracing::warn!(
                 volume = %inner.cfg.name,
-                "waiting for the partner's writes in flight to end before going on"
+                "waiting for {what} to end before going on"
             ),
         }
     }

@@ -823,6 +823,13 @@ async fn an_update_given_up_around_survives_a_power_cut_at_every_step() {
             oracle.write(5, data.clone(), false).await.unwrap();
         }
         pool.wait_applied().await;
+        // the give-up's checkpoint comes after the update is applied, under
+        // the stripe's lock: a write of the stripe (the data it holds, so
+        // whether it lands does not matter) waits for that lock, and so for
+        // the checkpoint's writes, which the cut must be able to reach too
+        let same = oracle.read(2 * cb + 10, 1).await.unwrap();
+        let _ = pool.write(2 * cb + 10, same, false).await;
+        pool.wait_applied().await;
         let left = budget.load(Ordering::SeqCst);
         drop(pool);
         for s in &sims {
