@@ -657,8 +657,13 @@ impl Inner {
         // a half that failed its table write just now (write_full_table goes
         // on with the survivor) leaves the cache degraded
         if self.live_devices() < self.devs.len() {
+            let which = if self.devs[d].is_failed() {
+                "the replaced device"
+            } else {
+                "the surviving device (the replaced one now holds the cache alone)"
+            };
             return Err(BlockError::Unavailable(format!(
-                "cache {}: the replaced device failed while its table was written",
+                "cache {}: {which} failed while the table was written",
                 self.name
             )));
         }
@@ -2011,11 +2016,15 @@ impl CacheVolume {
         tracing::info!(cache = %i.name, index, device = %device.name, "cache device replaced: filling it from its mirror");
         let inner = i.clone();
         let t = tokio::spawn(async move {
-            // an abort (detach, shutdown) leaves the new device failed
+            // an abort (detach, shutdown) leaves the new device failed, if
+            // it was still being filled: once filled and live, the new
+            // device may hold the only current copy (the survivor failing
+            // during the final table write; review of 2026-12-06: it was
+            // failed too, and the cache had no device left)
             struct Abandon<'a>(&'a Device, bool);
             impl Drop for Abandon<'_> {
                 fn drop(&mut self) {
-                    if !self.1 {
+                    if !self.1 && self.0.resilver_cursor().is_some() {
                         self.0.abandon_resilver();
                     }
                 }

@@ -1991,3 +1991,71 @@ async fn an_unreadable_table_sector_at_open_costs_its_copy_not_the_device() {
     vol.drain().await.unwrap();
     assert_eq!(backing.read(0, 64).await.unwrap(), data);
 }
+
+/// The surviving half fails while a finished resilver writes the whole
+/// table: the replaced device, filled and live, holds everything and goes
+/// on alone, and the blocks still read back. Before (review of 2026-12-06),
+/// the end of the fill marked the replaced device failed too, and the cache
+/// had no device left until a restart.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_survivor_lost_at_the_end_of_a_resilver_leaves_the_replaced_device_serving() {
+    let (backing, ssds, c) = write_back_on_two_ssds();
+    let survivor = Arc::new(FaultVolume::new(ssds[0].clone()));
+    let vol = CacheVolume::open(
+        "t",
+        backing.clone(),
+        devices(&[survivor.clone() as VolumeRef, ssds[1].clone()]),
+        c,
+    )
+    .await
+    .unwrap();
+    let data = pattern(3, 128 << 10);
+    vol.write(0, data.clone(), false).await.unwrap();
+    vol.fail_device(1).await.unwrap();
+    // degraded, the cache destages from the survivor; let it finish
+    tokio::time::timeout(Duration::from_secs(20), async {
+        while vol.status().dirty_blocks > 0 {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await
+    .expect("the degraded cache never destaged");
+    // the fill's last flush of the new device waits: then the survivor's
+    // table can no longer be written, just before the final table write
+    let new = Arc::new(block::HoldVolume::new(
+        Arc::new(MemVolume::new(4096, 1 << 10)) as VolumeRef,
+    ));
+    new.flushes.hold();
+    vol.replace_device(
+        1,
+        CacheDevice {
+            name: "new".into(),
+            volume: new.clone(),
+        },
+    )
+    .await
+    .unwrap();
+    tokio::time::timeout(Duration::from_secs(20), new.flushes.arrivals(1))
+        .await
+        .expect("the fill never flushed the new device");
+    survivor.plan().lock().bad_write_blocks.push(2..256);
+    new.flushes.open();
+    tokio::time::timeout(Duration::from_secs(20), async {
+        while vol.status().devices[1].state.starts_with("resilvering") {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await
+    .expect("the fill never ended");
+    let st = vol.status();
+    assert_eq!(
+        (st.devices[0].state.as_str(), st.devices[1].state.as_str()),
+        ("failed", "ok"),
+        "{st:?}"
+    );
+    assert_eq!(vol.read(0, 32).await.unwrap(), data);
+    assert!(
+        vol.status().read_hits > 0,
+        "the blocks were not served from the cache"
+    );
+}
