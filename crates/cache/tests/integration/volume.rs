@@ -49,6 +49,36 @@ fn devices(vols: &[VolumeRef]) -> Vec<CacheDevice> {
         .collect()
 }
 
+/// Replaces cache device `index` of `vol` with `volume`, named `name`.
+async fn replace(vol: &CacheVolume, index: usize, name: &str, volume: VolumeRef) {
+    vol.replace_device(
+        index,
+        CacheDevice {
+            name: name.into(),
+            volume,
+        },
+    )
+    .await
+    .unwrap();
+}
+
+/// Polls `vol`'s status (every 20 ms, at most `secs` seconds) until `done`
+/// holds; `what` says what never happened otherwise.
+async fn status_until(
+    vol: &CacheVolume,
+    secs: u64,
+    what: &str,
+    done: impl Fn(&cache::CacheStatus) -> bool,
+) {
+    tokio::time::timeout(Duration::from_secs(secs), async {
+        while !done(&vol.status()) {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await
+    .unwrap_or_else(|_| panic!("{what}"));
+}
+
 /// Distinct seeds give distinct patterns (`seed | 1` made 2 and 3 alike).
 fn pattern(seed: u64, len: usize) -> Bytes {
     let mut r = Rng(seed.wrapping_mul(2) | 1);
@@ -227,13 +257,10 @@ async fn losing_one_mirror_ssd_loses_nothing_and_goes_write_through() {
     assert_eq!(st.devices[0].state, "failed");
     verify_all(&vol, &oracle).await;
     // the survivor destages everything on its own
-    tokio::time::timeout(Duration::from_secs(30), async {
-        while vol.status().dirty_blocks > 0 {
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+    status_until(&vol, 30, "destage from the survivor", |s| {
+        s.dirty_blocks == 0
     })
-    .await
-    .expect("destage from the survivor");
+    .await;
     verify_all(backing.as_ref(), &oracle).await;
 }
 
@@ -260,13 +287,10 @@ async fn a_failing_backing_volume_keeps_dirty_data_and_reports_it() {
         vol.write(i * 2, data.clone(), false).await.unwrap();
         oracle.write(i * 2, data, false).await.unwrap();
     }
-    tokio::time::timeout(Duration::from_secs(20), async {
-        while vol.status().destage_errors == 0 {
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+    status_until(&vol, 20, "destage errors are reported", |s| {
+        s.destage_errors > 0
     })
-    .await
-    .expect("destage errors are reported");
+    .await;
     let st = vol.status();
     assert!(st.dirty_blocks > 0, "dirty data must stay");
     for i in 0..20u64 {
@@ -828,15 +852,7 @@ async fn a_used_ssd_replacing_a_mirror_half_never_brings_back_its_old_cache() {
     // the fill's frame writes (past the superblocks and the table) wait
     let held = Arc::new(block::HoldVolume::new(used[0].clone()));
     held.writes.hold_range(4, u64::MAX);
-    vol.replace_device(
-        1,
-        CacheDevice {
-            name: "used".into(),
-            volume: held.clone() as VolumeRef,
-        },
-    )
-    .await
-    .unwrap();
+    replace(&vol, 1, "used", held.clone() as VolumeRef).await;
     tokio::time::timeout(Duration::from_secs(10), held.writes.arrivals(1))
         .await
         .expect("the fill never wrote");
@@ -889,22 +905,8 @@ async fn a_replaced_half_found_again_at_the_next_start_is_left_out() {
     assert_eq!(vol.read(4, 1).await.unwrap(), pattern(2, 4096));
     assert_eq!(vol.status().devices[1].state, "failed");
     let new: VolumeRef = Arc::new(MemVolume::new(4096, 1 << 10));
-    vol.replace_device(
-        1,
-        CacheDevice {
-            name: "new".into(),
-            volume: new.clone(),
-        },
-    )
-    .await
-    .unwrap();
-    tokio::time::timeout(Duration::from_secs(20), async {
-        while vol.status().state != "ok" {
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    })
-    .await
-    .expect("the fill never ended");
+    replace(&vol, 1, "new", new.clone() as VolumeRef).await;
+    status_until(&vol, 20, "the fill never ended", |s| s.state == "ok").await;
     vol.halt().await;
     drop(vol); // the crash
     let vol = CacheVolume::open(
@@ -1171,23 +1173,12 @@ async fn a_replaced_mirror_device_is_filled_while_serving_and_the_cache_stays_wa
         .is_err(),
         "the live half was replaced"
     );
-    vol.replace_device(
-        0,
-        CacheDevice {
-            name: "ssd9".into(),
-            volume: new.clone(),
-        },
-    )
-    .await
-    .unwrap();
+    replace(&vol, 0, "ssd9", new.clone() as VolumeRef).await;
     exercise(&vol, &oracle, 23, 1500).await;
-    tokio::time::timeout(Duration::from_secs(30), async {
-        while vol.status().state != "ok" {
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+    status_until(&vol, 30, "the mirror never became complete again", |s| {
+        s.state == "ok"
     })
-    .await
-    .expect("the mirror never became complete again");
+    .await;
     let st = vol.status();
     assert_eq!(st.devices[0].name, "ssd9");
     assert_eq!(st.devices[0].state, "ok");
@@ -1230,15 +1221,7 @@ async fn a_crash_during_the_fill_leaves_the_new_device_untrusted() {
         Duration::from_millis(1),
         Duration::from_millis(20),
     ));
-    vol.replace_device(
-        0,
-        CacheDevice {
-            name: "ssd9".into(),
-            volume: slow,
-        },
-    )
-    .await
-    .unwrap();
+    replace(&vol, 0, "ssd9", slow).await;
     exercise(&vol, &oracle, 33, 200).await;
     let st = vol.status();
     assert!(
@@ -2013,40 +1996,26 @@ async fn a_survivor_lost_at_the_end_of_a_resilver_leaves_the_replaced_device_ser
     vol.write(0, data.clone(), false).await.unwrap();
     vol.fail_device(1).await.unwrap();
     // degraded, the cache destages from the survivor; let it finish
-    tokio::time::timeout(Duration::from_secs(20), async {
-        while vol.status().dirty_blocks > 0 {
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+    status_until(&vol, 20, "the degraded cache never destaged", |s| {
+        s.dirty_blocks == 0
     })
-    .await
-    .expect("the degraded cache never destaged");
+    .await;
     // the fill's last flush of the new device waits: then the survivor's
     // table can no longer be written, just before the final table write
     let new = Arc::new(block::HoldVolume::new(
         Arc::new(MemVolume::new(4096, 1 << 10)) as VolumeRef,
     ));
     new.flushes.hold();
-    vol.replace_device(
-        1,
-        CacheDevice {
-            name: "new".into(),
-            volume: new.clone(),
-        },
-    )
-    .await
-    .unwrap();
+    replace(&vol, 1, "new", new.clone() as VolumeRef).await;
     tokio::time::timeout(Duration::from_secs(20), new.flushes.arrivals(1))
         .await
         .expect("the fill never flushed the new device");
     survivor.plan().lock().bad_write_blocks.push(2..256);
     new.flushes.open();
-    tokio::time::timeout(Duration::from_secs(20), async {
-        while vol.status().devices[1].state.starts_with("resilvering") {
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+    status_until(&vol, 20, "the fill never ended", |s| {
+        !s.devices[1].state.starts_with("resilvering")
     })
-    .await
-    .expect("the fill never ended");
+    .await;
     let st = vol.status();
     assert_eq!(
         (st.devices[0].state.as_str(), st.devices[1].state.as_str()),
