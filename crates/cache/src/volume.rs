@@ -1340,9 +1340,11 @@ impl Inner {
         }
         if let Some(e) = failed {
             self.on_device_failure();
-            // a mirror goes on with its survivor (the superblocks below record
-            // it); a striped cache's table is spread over all its devices
-            if !self.mirrored || self.live_devices() == 0 {
+            // a mirror goes on with its survivor, a striped cache with the
+            // devices left, their failed device's frames forgotten (the
+            // superblocks below, a generation on, say the failed device's
+            // table is stale); none left, the caller serves without the cache
+            if self.live_devices() == 0 {
                 return Err(e);
             }
         }
@@ -1441,6 +1443,12 @@ impl Inner {
             "failed: no cache device left (serving from the backing volume)".to_string()
         } else if self.degraded.load(Ordering::Acquire) {
             "degraded: a mirror device failed, write-through until repaired".to_string()
+        } else if !self.mirrored && self.live_devices() < self.devs.len() {
+            format!(
+                "degraded: {} of {} cache devices failed (their blocks are read from the backing volume)",
+                self.devs.len() - self.live_devices(),
+                self.devs.len()
+            )
         } else if self.drain.load(Ordering::Acquire) {
             "draining: destaging every dirty block".to_string()
         } else {
@@ -1788,7 +1796,7 @@ impl CacheVolume {
         });
         let mut uneven = false;
         if let Some(old) = newest {
-            inner.load(&old, &sbs).await?;
+            inner.load(&old, &sbs, !unknown.is_empty()).await?;
             uneven = mirrored && !old.clean && inner.state.lock().dirty_frames > 0;
         } else {
             tracing::info!(cache = %name, frames, block_bytes, "formatting new cache devices");
@@ -2215,8 +2223,14 @@ impl Inner {
         false
     }
 
-    /// Loads the map an earlier run left on the devices.
-    async fn load(&self, old: &Superblock, sbs: &[Option<Superblock>]) -> BlockResult<()> {
+    /// Loads the map an earlier run left on the devices; `unknown`: a
+    /// device's superblock could not be read or was damaged.
+    async fn load(
+        &self,
+        old: &Superblock,
+        sbs: &[Option<Superblock>],
+        unknown: bool,
+    ) -> BlockResult<()> {
         let same_shape = old.block_bytes as u64 == self.block_bytes
             && old.device_count as usize == self.devs.len()
             && old.mirrored == self.mirrored
@@ -2301,6 +2315,21 @@ impl Inner {
                         .into(),
                     "the backing volume was served without this cache, or the cache was \
                      detached, since its table was written"
+                        .into(),
+                ))
+            } else if unknown && !self.mirrored {
+                // a striped cache's devices fail one by one: one failed in an
+                // earlier run keeps the older superblock and a table of blocks
+                // written around it since; the device that cannot be read now
+                // may be the one whose newer superblock says so (review of
+                // 2026-12-06: the open refused outright, stopping the node's
+                // start, because a dead device failed the table write)
+                Some((
+                    "a cache device's superblock could not be read, and the devices hold \
+                     dirty data; replace the device"
+                        .into(),
+                    "a cache device's superblock could not be read (its table may be newer \
+                     than the others')"
                         .into(),
                 ))
             } else if !same_shape {

@@ -2028,3 +2028,103 @@ async fn a_survivor_lost_at_the_end_of_a_resilver_leaves_the_replaced_device_ser
         "the blocks were not served from the cache"
     );
 }
+
+/// A striped cache (write-through, two SSDs) stopped cleanly.
+async fn striped_on_two_faulty_ssds() -> (VolumeRef, Vec<Arc<FaultVolume>>, CacheVolume) {
+    let backing: VolumeRef = Arc::new(MemVolume::new(4096, BACKING_BYTES / 4096));
+    let ssds: Vec<Arc<FaultVolume>> = (0..2)
+        .map(|_| {
+            Arc::new(FaultVolume::new(
+                Arc::new(MemVolume::new(4096, 1 << 10)) as VolumeRef
+            ))
+        })
+        .collect();
+    let refs: Vec<VolumeRef> = ssds.iter().map(|s| s.clone() as VolumeRef).collect();
+    let vol = CacheVolume::open(
+        "t",
+        backing.clone(),
+        devices(&refs),
+        cfg(CacheMode::WriteThrough),
+    )
+    .await
+    .unwrap();
+    (backing, ssds, vol)
+}
+
+/// Writes and reads `blocks` cache blocks of `seed`'s pattern from block 0.
+async fn fill_blocks(vol: &CacheVolume, seed: u64, blocks: usize) -> Bytes {
+    let data = pattern(seed, blocks * BLOCK as usize);
+    vol.write(0, data.clone(), false).await.unwrap();
+    assert_eq!(vol.read(0, data.len() as u32 / 4096).await.unwrap(), data);
+    data
+}
+
+/// A striped cache with one SSD dead at start opens on the other, its state
+/// saying so, and serves what the volume holds. Before (review of
+/// 2026-12-06), the dead device failed the table write of the open and the
+/// open failed: a read cache's dead SSD stopped the node's start.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_striped_cache_opens_without_its_dead_device() {
+    let (backing, ssds, vol) = striped_on_two_faulty_ssds().await;
+    let data = fill_blocks(&vol, 5, 16).await;
+    assert!(vol.status().cached_blocks > 0);
+    vol.shutdown().await.unwrap();
+    drop(vol);
+    ssds[1].plan().lock().dead = true;
+    let vol = reopen_striped(&backing, &ssds).await;
+    let st = vol.status();
+    assert_eq!(st.devices[0].state, "ok", "{st:?}");
+    assert_eq!(st.devices[1].state, "failed", "{st:?}");
+    assert!(st.state.starts_with("degraded: 1 of 2"), "{}", st.state);
+    assert_eq!(vol.read(0, data.len() as u32 / 4096).await.unwrap(), data);
+    let new = fill_blocks(&vol, 6, 16).await;
+    assert_eq!(backing.read(0, new.len() as u32 / 4096).await.unwrap(), new);
+    // and the device left caches them
+    let hits = vol.status().read_hits;
+    assert_eq!(vol.read(0, new.len() as u32 / 4096).await.unwrap(), new);
+    assert!(vol.status().read_hits > hits, "{:?}", vol.status());
+    vol.shutdown().await.unwrap();
+}
+
+/// Opens the striped cache of [`striped_on_two_faulty_ssds`] again.
+async fn reopen_striped(backing: &VolumeRef, ssds: &[Arc<FaultVolume>]) -> CacheVolume {
+    let refs: Vec<VolumeRef> = ssds.iter().map(|s| s.clone() as VolumeRef).collect();
+    CacheVolume::open(
+        "t",
+        backing.clone(),
+        devices(&refs),
+        cfg(CacheMode::WriteThrough),
+    )
+    .await
+    .expect("the open failed on the dead device")
+}
+
+/// The device that failed in an earlier run is the one left at the next
+/// start. It failed at that run's open, so it still holds the clean table
+/// of the stop before, and the blocks were written around it since: that
+/// table must not be served (the device that could say so is dead); the
+/// cache starts empty on it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_striped_cache_left_with_its_stale_device_starts_empty() {
+    let (backing, ssds, vol) = striped_on_two_faulty_ssds().await;
+    let old = fill_blocks(&vol, 7, 16).await;
+    vol.shutdown().await.unwrap();
+    drop(vol);
+    // the second device takes no write at the next open: failed there
+    ssds[1].plan().lock().bad_write_blocks.push(0..u64::MAX);
+    let vol = reopen_striped(&backing, &ssds).await;
+    assert_eq!(vol.status().devices[1].state, "failed");
+    assert_eq!(vol.read(0, old.len() as u32 / 4096).await.unwrap(), old);
+    // written around the failed device (and to the backing)
+    let new = fill_blocks(&vol, 8, 16).await;
+    vol.shutdown().await.unwrap();
+    drop(vol);
+    ssds[1].plan().lock().bad_write_blocks.clear();
+    ssds[0].plan().lock().dead = true;
+    let vol = reopen_striped(&backing, &ssds).await;
+    let st = vol.status();
+    assert_eq!(st.devices[0].state, "failed", "{st:?}");
+    assert_eq!(st.cached_blocks, 0, "{st:?}");
+    assert_eq!(vol.read(0, new.len() as u32 / 4096).await.unwrap(), new);
+    vol.shutdown().await.unwrap();
+}
