@@ -123,11 +123,18 @@ pub(crate) struct Link {
 impl Link {
     /// Starts the link's reader, writer and heartbeat tasks over a stream that
     /// finished its handshake. Requests from the partner go to `incoming`.
+    /// The first lease counts from `hello_sent`, when this node sent the
+    /// first frame of its handshake: the partner, which counts this node's
+    /// lease from when its own link starts, started it only after it read
+    /// that frame. Counted from this link's start, the lease outlasted what
+    /// the partner waits out by the handshake's last step (review of
+    /// 2026-12-06).
     pub fn start(
         framed: Framed,
         incoming: mpsc::Sender<Message>,
         heartbeat_interval: Duration,
         peer_timeout: Duration,
+        hello_sent: Instant,
     ) -> Arc<Link> {
         let peer = framed.stream.peer_addr.to_string();
         let (rd, wr) = (framed.stream.reader, framed.stream.writer);
@@ -147,8 +154,7 @@ impl Link {
             hb: Mutex::new(Heartbeat {
                 sent: VecDeque::new(),
                 next_seq: 1,
-                // the handshake just proved the partner alive
-                lease_until: now + peer_timeout,
+                lease_until: hello_sent + peer_timeout,
                 last_recv: now,
                 last_ping_recv: now,
             }),

@@ -174,7 +174,7 @@ async fn manage(inner: &Arc<Inner>, mut conns: mpsc::Receiver<(Framed, Message)>
             // the operator's changes of the copy wait for the meeting's end
             let meeting = inner.meeting.lock().await;
             match handshake(inner, f, hello).await {
-                Ok((f, p, peer_meta, peer_bits)) => {
+                Ok((f, p, peer_meta, peer_bits, hello_sent)) => {
                     unjoinable = false;
                     // joined: what the partner's copy was is no longer known
                     // once this session ends (`keep_copy` needs a refusal)
@@ -182,7 +182,8 @@ async fn manage(inner: &Arc<Inner>, mut conns: mpsc::Receiver<(Framed, Message)>
                     // copies under way here fail from now on (see write_copy)
                     inner.meetings.fetch_add(1, Ordering::AcqRel);
                     let detaches = inner.detaches.load(Ordering::Acquire);
-                    let (link, writing) = session(inner, f, p, peer_meta, peer_bits).await;
+                    let (link, writing) =
+                        session(inner, f, p, peer_meta, peer_bits, hello_sent).await;
                     partner_writes_done(inner, &writing, &mut conns, &mut conns_open).await;
                     peer_seen = link.last_ping_recv();
                     // the link in use failed: dial the next sync link first
@@ -420,7 +421,7 @@ fn partner_seen_elsewhere(inner: &Inner) -> String {
     }
 }
 
-type Handshake = (Framed, Plan, Meta, Vec<u8>);
+type Handshake = (Framed, Plan, Meta, Vec<u8>, Instant);
 
 /// Why a handshake did not end in a session.
 #[derive(Debug)]
@@ -497,6 +498,9 @@ async fn handshake(
     if meta.consistent {
         flags |= hello_flags::CONSISTENT;
     }
+    // the partner starts its link (and counts this node's first lease from
+    // there) only after it read this hello: this node counts it from here
+    let hello_sent = Instant::now();
     f.send(&Message::Hello {
         node_id: cfg.node_id,
         volume: cfg.name.clone(),
@@ -638,7 +642,7 @@ async fn handshake(
         );
         return Err(HandshakeError::Unjoinable(refuse(&mut f, e).await));
     }
-    Ok((f, p, peer_meta, peer_bits))
+    Ok((f, p, peer_meta, peer_bits, hello_sent))
 }
 
 /// Tells the partner why this node will not join the copies (best effort:
@@ -705,6 +709,7 @@ async fn session(
     p: Plan,
     peer_meta: Meta,
     peer_bits: Vec<u8>,
+    hello_sent: Instant,
 ) -> (Arc<Link>, Arc<tokio::sync::Semaphore>) {
     // a target records that it is being resynchronised (and what remains to
     // copy) before it handles a single message of the partner
@@ -718,6 +723,7 @@ async fn session(
         tx,
         Duration::from_millis(inner.cfg.heartbeat_interval_ms),
         Duration::from_millis(inner.cfg.peer_timeout_ms),
+        hello_sent,
     );
     tracing::info!(volume = %inner.cfg.name, peer = %link.peer, ?p, "partner connected");
     // the link dies with the session, even when the session is cancelled

@@ -112,42 +112,16 @@ impl Fake {
     /// awaiting `hold` once the node has judged its copy and sent its half of
     /// the handshake, before this side's bitmap ends it.
     async fn start_held(
-        mut r: SecureReader,
-        mut w: SecureWriter,
+        r: SecureReader,
+        w: SecureWriter,
         me: u8,
         gens: Generations,
         block_count: u64,
-        mut flags: u32,
+        flags: u32,
         hold: impl std::future::Future<Output = ()>,
     ) -> (Fake, Message) {
-        let mut out = bytes::BytesMut::new();
-        if me == 1 {
-            flags |= hello_flags::PREFERRED;
-        }
-        flags |= hello_flags::REPAIR;
-        encode(
-            &Message::Hello {
-                node_id: me,
-                volume: "vol".into(),
-                block_size_bytes: 512,
-                block_count,
-                region_bytes: 64 << 10,
-                gens,
-                flags,
-            },
-            &mut out,
-        );
-        w.write_all(&out).await.unwrap();
-        let mut buf = bytes::BytesMut::new();
-        let hello = recv(&mut r, &mut buf).await.expect("the node's hello");
-        while !matches!(
-            recv(&mut r, &mut buf).await.expect("the node's bitmap"),
-            Message::BitmapDone
-        ) {}
-        hold.await;
-        let mut out = bytes::BytesMut::new();
-        encode(&Message::BitmapDone, &mut out);
-        w.write_all(&out).await.unwrap();
+        let (mut r, mut w, mut buf, hello) =
+            handshake_held(r, w, me, gens, block_count, flags, hold).await;
         let (out_tx, mut out_rx) = mpsc::channel::<Message>(64);
         let (in_tx, in_rx) = mpsc::channel(1024);
         let writer = tokio::spawn(async move {
@@ -213,6 +187,48 @@ impl Fake {
             .await
             .expect("the node neither spoke nor closed the link")
     }
+}
+
+/// The fake's half of the handshake, as [`Fake::start_held`] says; returns
+/// the stream (with what was read past the handshake) and the node's hello.
+async fn handshake_held(
+    mut r: SecureReader,
+    mut w: SecureWriter,
+    me: u8,
+    gens: Generations,
+    block_count: u64,
+    mut flags: u32,
+    hold: impl std::future::Future<Output = ()>,
+) -> (SecureReader, SecureWriter, bytes::BytesMut, Message) {
+    let mut out = bytes::BytesMut::new();
+    if me == 1 {
+        flags |= hello_flags::PREFERRED;
+    }
+    flags |= hello_flags::REPAIR;
+    encode(
+        &Message::Hello {
+            node_id: me,
+            volume: "vol".into(),
+            block_size_bytes: 512,
+            block_count,
+            region_bytes: 64 << 10,
+            gens,
+            flags,
+        },
+        &mut out,
+    );
+    w.write_all(&out).await.unwrap();
+    let mut buf = bytes::BytesMut::new();
+    let hello = recv(&mut r, &mut buf).await.expect("the node's hello");
+    while !matches!(
+        recv(&mut r, &mut buf).await.expect("the node's bitmap"),
+        Message::BitmapDone
+    ) {}
+    hold.await;
+    let mut out = bytes::BytesMut::new();
+    encode(&Message::BitmapDone, &mut out);
+    w.write_all(&out).await.unwrap();
+    (r, w, buf, hello)
 }
 
 /// The fake node 2's listener, and the real node 1 (preferred) over `m1`
@@ -1381,5 +1397,48 @@ async fn a_follower_cannot_write_the_leaders_copy_through_a_repair() {
     // the tampered answer closed the link
     while fake.next().await.is_some() {}
     assert_eq!(n1.status().repaired_blocks, 0);
+    n1.shutdown().await;
+}
+
+/// The first lease counts from this node's hello, not from its link's
+/// start: the partner counts it from its own link's start, which comes after
+/// it read that hello, so a lease counted from here outlasted what the
+/// partner waits out before it goes on alone. The fake holds the end of its
+/// handshake for longer than the peer timeout (400 ms), then answers
+/// nothing: node 1 must serve nothing as leader on that link (its lease ran
+/// out before the link began), only once it went on alone. Before (review of
+/// 2026-12-06), a read was served at once, as leader, with the partner
+/// already free to take over.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_first_lease_counts_from_the_hello_not_from_the_links_start() {
+    let d = tempfile::tempdir().unwrap();
+    let dialed = node1_dialing_a_fake(d.path(), Arc::new(MemVolume::new(512, BLOCKS))).await;
+    let st = dialed.accept().await;
+    // no one listens any more: once the link is lost, node 1 decides at once
+    let Dialed { n1, l, .. } = dialed;
+    drop(l);
+    let (_r, _w, _buf, _) = handshake_held(
+        st.reader,
+        st.writer,
+        2,
+        Generations::default(),
+        BLOCKS,
+        hello_flags::CONSISTENT,
+        tokio::time::sleep(Duration::from_millis(1000)),
+    )
+    .await;
+    assert!(
+        n1.wait_until(|s| s.role == Role::Leader, Duration::from_secs(20))
+            .await,
+        "{:?}",
+        n1.status()
+    );
+    n1.read(0, 1).await.expect("the read was never served");
+    let s = n1.status();
+    assert_eq!(
+        s.role,
+        Role::Solo,
+        "served on a lease the partner may think over: {s:?}"
+    );
     n1.shutdown().await;
 }
