@@ -194,6 +194,10 @@ impl nbd::ExportAccess for LunAccess {
     fn visible(&self) -> bool {
         self.target.nbd_visible(self.lun)
     }
+
+    fn write_order(&self) -> Option<std::sync::Arc<tokio::sync::RwLock<()>>> {
+        self.target.lun_write_order(self.lun)
+    }
 }
 
 /// The NBD exports of one LUN: `IQN/lunN`, and `lunN` too for LUNs of the first

@@ -1,7 +1,7 @@
 //! Socket helpers shared by the server and the client: filling a receive buffer to
 //! a bound, and writing a batch of slices with vectored writes.
 
-use bytes::{BufMut, Bytes, BytesMut};
+use bytes::{Buf, BufMut, Bytes, BytesMut};
 use std::io::{self, IoSlice};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
@@ -69,6 +69,22 @@ pub(crate) async fn fill_exact<R: AsyncRead + Unpin>(
     Ok(true)
 }
 
+/// The first `n` bytes of `buf`, taken out of it. One shorter than
+/// [`OWN_BUFFER_BYTES`] is copied: a slice would keep the whole shared
+/// receive buffer (up to [`READ_CHUNK_BYTES`] and more) alive while its
+/// write runs, while the node's buffer budget counts only its length (review
+/// of 2026-12-06: 1-byte writes each kept a 256 KiB buffer); longer ones keep
+/// at most a few times their length.
+fn split_payload(buf: &mut BytesMut, n: usize) -> Bytes {
+    if n < OWN_BUFFER_BYTES {
+        let b = Bytes::copy_from_slice(&buf[..n]);
+        buf.advance(n);
+        b
+    } else {
+        buf.split_to(n).freeze()
+    }
+}
+
 /// Takes the next `n` bytes of the stream: from `buf` when they are all there,
 /// else from `buf` and then `rd`. A payload of [`OWN_BUFFER_BYTES`] or more is
 /// read into a buffer of its own, so that growing the shared receive buffer
@@ -87,11 +103,11 @@ pub(crate) async fn take_payload<R: AsyncRead + Unpin>(
     stall: std::time::Duration,
 ) -> io::Result<Option<Bytes>> {
     if buf.len() >= n {
-        return Ok(Some(buf.split_to(n).freeze()));
+        return Ok(Some(split_payload(buf, n)));
     }
     if n < OWN_BUFFER_BYTES {
         let full = fill_within(rd, buf, n, Some(stall)).await?;
-        return Ok(full.then(|| buf.split_to(n).freeze()));
+        return Ok(full.then(|| split_payload(buf, n)));
     }
     let end = n.saturating_add(ahead_bytes);
     let mut own = BytesMut::with_capacity(end);
@@ -209,6 +225,28 @@ mod tests {
                 .unwrap_err();
             assert_eq!(e.kind(), io::ErrorKind::TimedOut, "{n} bytes");
             drop(a);
+        }
+    }
+
+    /// A small payload does not share the receive buffer's allocation (it
+    /// would keep all of it alive while counted at its own length).
+    #[tokio::test]
+    async fn a_small_payload_is_not_a_slice_of_the_receive_buffer() {
+        let (mut a, mut b) = tokio::io::duplex(1 << 20);
+        a.write_all(&[5u8; 300]).await.unwrap();
+        let mut buf = BytesMut::new();
+        assert!(fill(&mut b, &mut buf, 100).await.unwrap());
+        let (base, cap) = (buf.as_ptr() as usize, buf.capacity());
+        for n in [1, 10, 100] {
+            let got = take_payload(&mut b, &mut buf, n, 0, STALL)
+                .await
+                .unwrap()
+                .unwrap();
+            assert_eq!(&got[..], &vec![5u8; n][..]);
+            assert!(
+                !(base..base + cap).contains(&(got.as_ptr() as usize)),
+                "a {n}-byte payload is a slice of the {cap}-byte receive buffer"
+            );
         }
     }
 

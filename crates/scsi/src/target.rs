@@ -348,6 +348,13 @@ impl ScsiTarget {
         self.lu(lun).map(|l| l.geometry().size_bytes())
     }
 
+    /// The lock ordering LUN `lun`'s changes (shared by writes, exclusive
+    /// for a read-modify-write such as COMPARE AND WRITE): for the node's
+    /// other frontends of the same volume (NBD). None if there is no such LUN.
+    pub fn lun_write_order(&self, lun: u64) -> Option<Arc<tokio::sync::RwLock<()>>> {
+        self.lu(lun).map(|l| l.write_order.clone())
+    }
+
     /// The volume LUN `lun` serves; None if there is no such LUN.
     pub fn lun_volume(&self, lun: u64) -> Option<VolumeRef> {
         self.lu(lun).map(|l| l.volume.clone())

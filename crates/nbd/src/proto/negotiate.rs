@@ -299,7 +299,7 @@ impl<'a> ServerNegotiator<'a> {
                     }
                     input.advance(OPTION_HEADER_BYTES);
                     let data = input.split_to(h.data_len_bytes as usize);
-                    match self.tls_gate(h.option, input, out)? {
+                    match self.tls_gate(&data, h.option, input, out)? {
                         Gate::End(p) => return Ok(p),
                         Gate::Answered => continue,
                         Gate::Pass => {}
@@ -316,6 +316,7 @@ impl<'a> ServerNegotiator<'a> {
     /// STARTTLS and the TLS-required rule, before any option is looked at.
     fn tls_gate(
         &mut self,
+        data: &[u8],
         code: u32,
         input: &BytesMut,
         out: &mut BytesMut,
@@ -326,6 +327,11 @@ impl<'a> ServerNegotiator<'a> {
             opt::STARTTLS if self.tls == TlsPolicy::Off => Ok(Gate::Pass),
             opt::STARTTLS if self.tls_active => {
                 encode_option_reply(code, rep::ERR_INVALID, b"TLS already active", out);
+                Ok(Gate::Answered)
+            }
+            opt::STARTTLS if !data.is_empty() => {
+                // (the spec: STARTTLS carries no data)
+                encode_option_reply(code, rep::ERR_INVALID, b"STARTTLS takes no data", out);
                 Ok(Gate::Answered)
             }
             opt::STARTTLS => {
@@ -818,6 +824,28 @@ mod tests {
             at += OPTION_REPLY_HEADER_BYTES + h.data_len_bytes as usize;
         }
         (p, replies(&out[..at]))
+    }
+
+    /// STARTTLS with data is invalid (the spec: it carries none), not
+    /// acknowledged; TLS is still required after it, and a STARTTLS without
+    /// data then starts it. Before (review of 2026-12-06), the data was
+    /// dropped and TLS started.
+    #[test]
+    fn starttls_with_data_is_invalid() {
+        let ex = exports();
+        let mut n = ServerNegotiator::new(&ex, Some(0), 4096).with_tls(TlsPolicy::Require);
+        let (p, r) = haggle(
+            &mut n,
+            &[
+                BytesMut::from(&1u32.to_be_bytes()[..]),
+                raw_opt(opt::STARTTLS, b"abcd"),
+                raw_opt(opt::LIST, b""),
+                raw_opt(opt::STARTTLS, b""),
+            ],
+        );
+        let types: Vec<u32> = r.iter().map(|x| x.1).collect();
+        assert_eq!(types, vec![rep::ERR_INVALID, rep::ERR_TLS_REQD, rep::ACK]);
+        assert_eq!(p, Ok(Progress::StartTls));
     }
 
     fn base_allocation_reply() -> Vec<u8> {

@@ -479,38 +479,101 @@ async fn write_blocks(
     Ok(())
 }
 
-/// Builds the full-block image of a partial write: edge blocks read from the
-/// volume, `fill` (or zeroes when `None`) copied over the written bytes.
-async fn merge_edges(
+/// The volume's write order on this node (see
+/// [`super::ExportAccess::write_order`]), held shared by a change and
+/// exclusively by a read-modify-write of partial blocks; none without one.
+type Ordered = (
+    Option<tokio::sync::OwnedRwLockReadGuard<()>>,
+    Option<tokio::sync::OwnedRwLockWriteGuard<()>>,
+);
+
+async fn ordered(ex: &ExportState, exclusive: bool) -> Ordered {
+    let Some(order) = ex.access.as_ref().and_then(|a| a.write_order()) else {
+        return (None, None);
+    };
+    if exclusive {
+        (None, Some(order.write_owned().await))
+    } else {
+        (Some(order.read_owned().await), None)
+    }
+}
+
+/// Attempts of [`patch_block`] before it gives up on a block that changes
+/// under every one.
+const PATCH_ATTEMPTS_MAX: usize = 64;
+
+/// Writes `len` bytes at byte `at` of block `lba`: `data`, or zeroes when
+/// None, keeping the rest of the block. The block is read, patched and
+/// written back by COMPARE AND WRITE, so a change another node made in
+/// between (a replicated volume orders such writes across the pair) is read
+/// again instead of undone; the caller excludes this node's other writers
+/// ([`ordered`], exclusive).
+async fn patch_block(
     ex: &ExportState,
-    s: &Span,
-    fill: Option<&[u8]>,
-) -> Result<BytesMut, BlockError> {
-    let span_bytes = (s.blocks() * s.bs) as usize;
-    let bs = s.bs as usize;
-    let mut full = BytesMut::zeroed(span_bytes);
-    let last = s.end_lba - 1;
-    if s.head_bytes != 0 {
-        let b = ex.volume.read(s.first_lba, 1).await?;
-        full[..bs].copy_from_slice(
-            b.get(..bs)
-                .ok_or(BlockError::Misaligned { len_bytes: b.len() })?,
-        );
+    lba: u64,
+    at: usize,
+    data: Option<&[u8]>,
+    len: usize,
+    fua: bool,
+) -> Result<(), BlockError> {
+    for _ in 0..PATCH_ATTEMPTS_MAX {
+        let old = ex.volume.read(lba, 1).await?;
+        let mut new = BytesMut::from(&old[..]);
+        let piece = new.get_mut(at..at + len).ok_or(BlockError::Misaligned {
+            len_bytes: old.len(),
+        })?;
+        match data {
+            Some(d) => piece.copy_from_slice(d),
+            None => piece.fill(0),
+        }
+        if ex
+            .volume
+            .compare_and_write(lba, old, new.freeze(), fua)
+            .await?
+            .is_none()
+        {
+            return Ok(());
+        }
     }
-    if s.partial_tail() && !(last == s.first_lba && s.head_bytes != 0) {
-        let b = ex.volume.read(last, 1).await?;
-        full[span_bytes - bs..].copy_from_slice(
-            b.get(..bs)
-                .ok_or(BlockError::Misaligned { len_bytes: b.len() })?,
-        );
+    Err(BlockError::Unavailable(format!(
+        "block {lba} changed under each of {PATCH_ATTEMPTS_MAX} read-modify-writes"
+    )))
+}
+
+/// Changes `len` bytes at byte `offset`: whole blocks by `whole(lba,
+/// blocks, pos)` (`pos`: where they start in the range), partial ones by
+/// [`patch_block`] with `data` (zeroes when None) from that position.
+async fn change_partial<F, Fut>(
+    ex: &ExportState,
+    g: &Geometry,
+    offset: u64,
+    len: u64,
+    data: Option<&Bytes>,
+    fua: bool,
+    mut whole: F,
+) -> Result<(), BlockError>
+where
+    F: FnMut(u64, u64, usize) -> Fut,
+    Fut: std::future::Future<Output = Result<(), BlockError>>,
+{
+    let bs = g.block_size_bytes.max(1) as u64;
+    let end = offset + len;
+    let mut at = offset;
+    while at < end {
+        let (lba, within) = (at / bs, at % bs);
+        let pos = (at - offset) as usize;
+        if within != 0 || end - at < bs {
+            let n = (bs - within).min(end - at) as usize;
+            let piece = data.map(|d| &d[pos..pos + n]);
+            patch_block(ex, lba, within as usize, piece, n, fua).await?;
+            at += n as u64;
+        } else {
+            let blocks = (end - at) / bs;
+            whole(lba, blocks, pos).await?;
+            at += blocks * bs;
+        }
     }
-    let head = s.head_bytes as usize;
-    let len = (s.end_bytes - s.first_lba * s.bs) as usize - head;
-    match fill {
-        Some(d) => full[head..head + len].copy_from_slice(d),
-        None => full[head..head + len].fill(0),
-    }
-    Ok(full)
+    Ok(())
 }
 
 async fn write(
@@ -526,14 +589,28 @@ async fn write(
             .locks
             .lock(s.first_lba, s.end_lba, LockMode::Shared)
             .await;
+        let _o = ordered(ex, false).await;
         return write_blocks(ex, g, s.first_lba, data, fua).await;
     }
     let _g = ex
         .locks
         .lock(s.first_lba, s.end_lba, LockMode::Exclusive)
         .await;
-    let full = merge_edges(ex, &s, Some(&data)).await?;
-    write_blocks(ex, g, s.first_lba, full.freeze(), fua).await
+    let _o = ordered(ex, true).await;
+    let bs = s.bs as usize;
+    change_partial(
+        ex,
+        g,
+        offset,
+        data.len() as u64,
+        Some(&data),
+        fua,
+        |lba, blocks, pos| {
+            let d = data.slice(pos..pos + blocks as usize * bs);
+            async move { write_blocks(ex, g, lba, d, fua).await }
+        },
+    )
+    .await
 }
 
 /// Discards the whole blocks inside the range; partial edge blocks are left alone
@@ -546,6 +623,7 @@ async fn trim(ex: &ExportState, g: &Geometry, offset: u64, len: u64) -> Result<(
         return Ok(());
     }
     let _g = ex.locks.lock(start, end, LockMode::Shared).await;
+    let _o = ordered(ex, false).await;
     match ex.volume.discard(start, end - start).await {
         Err(BlockError::NotSupported(_)) => Ok(()),
         r => r,
@@ -565,6 +643,7 @@ async fn zeroes(
             .locks
             .lock(s.first_lba, s.end_lba, LockMode::Shared)
             .await;
+        let _o = ordered(ex, false).await;
         return ex
             .volume
             .write_zeroes(s.first_lba, s.blocks(), may_unmap)
@@ -574,38 +653,18 @@ async fn zeroes(
         .locks
         .lock(s.first_lba, s.end_lba, LockMode::Exclusive)
         .await;
-    // Partial head and tail blocks by read-modify-write, whole blocks in between.
-    let mid_start = if s.head_bytes != 0 {
-        s.first_lba + 1
-    } else {
-        s.first_lba
-    };
-    let mid_end = if s.partial_tail() {
-        s.end_lba - 1
-    } else {
-        s.end_lba
-    };
-    if s.head_bytes != 0 {
-        let one = Span::new(
-            g,
-            offset,
-            (s.first_lba * s.bs + s.bs).min(s.end_bytes) - offset,
-        );
-        let b = merge_edges(ex, &one, None).await?;
-        ex.volume.write(one.first_lba, b.freeze(), false).await?;
-    }
-    if s.partial_tail() && (s.head_bytes == 0 || s.end_lba - 1 != s.first_lba) {
-        let from = (s.end_lba - 1) * s.bs;
-        let one = Span::new(g, from, s.end_bytes - from);
-        let b = merge_edges(ex, &one, None).await?;
-        ex.volume.write(one.first_lba, b.freeze(), false).await?;
-    }
-    if mid_end > mid_start {
-        ex.volume
-            .write_zeroes(mid_start, mid_end - mid_start, may_unmap)
-            .await?;
-    }
-    Ok(())
+    let _o = ordered(ex, true).await;
+    // partial head and tail blocks by read-modify-write, whole blocks in between
+    change_partial(
+        ex,
+        g,
+        offset,
+        len,
+        None,
+        false,
+        |lba, blocks, _| async move { ex.volume.write_zeroes(lba, blocks, may_unmap).await },
+    )
+    .await
 }
 
 #[cfg(test)]

@@ -64,6 +64,16 @@ pub trait ExportAccess: Send + Sync {
     fn visible(&self) -> bool {
         true
     }
+
+    /// The lock that orders the volume's changes on this node across its
+    /// frontends (freesan's: the SCSI LU's write order). An NBD change holds
+    /// it shared, and a read-modify-write of partial blocks exclusively, so
+    /// that no write another frontend acknowledged is undone by the write-back
+    /// of a block read before it, and no change lands inside a COMPARE AND
+    /// WRITE. None: NBD is the volume's only writer here.
+    fn write_order(&self) -> Option<Arc<tokio::sync::RwLock<()>>> {
+        None
+    }
 }
 
 impl std::fmt::Debug for NbdExport {

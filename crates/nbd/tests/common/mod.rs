@@ -72,6 +72,11 @@ pub async fn start_volumes(vols: Vec<(VolumeRef, bool)>, limits: NbdLimits) -> R
             access: None,
         })
         .collect();
+    start_exports(exports, limits).await
+}
+
+/// Starts a server over `exports` (the first named `lun0`, the default).
+pub async fn start_exports(exports: Vec<NbdExport>, limits: NbdLimits) -> Running {
     let server = NbdServer::bind(NbdConfig {
         listen: "127.0.0.1:0".parse().unwrap(),
         exports,

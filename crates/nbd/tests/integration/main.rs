@@ -6,6 +6,7 @@ mod common;
 
 mod access;
 mod exports;
+mod ordering;
 mod real_clients;
 mod server_client;
 mod structured;
