@@ -121,8 +121,21 @@ pub(crate) enum ListId {
 
 struct Held {
     initiator_port: Arc<str>,
+    /// With the initiator port, the I_T nexus the copy belongs to: one
+    /// initiator port (an open-iscsi interface gives all its sessions one
+    /// ISID) reaches the target through several target ports, each a nexus
+    /// of its own (review of 2026-12-06: keyed by the initiator port alone,
+    /// one path's logout dropped every path's statuses and unread tokens).
+    relative_port_id: u16,
     list_id: ListId,
     status: Arc<Status>,
+}
+
+impl Held {
+    fn of(&self, nexus: &ItNexus) -> bool {
+        *self.initiator_port == *nexus.initiator_port
+            && self.relative_port_id == nexus.relative_port_id
+    }
 }
 
 /// The copies of one target: the concurrency bound, the held statuses and the ROD
@@ -222,16 +235,14 @@ impl Default for Copies {
 impl Copies {
     /// The nexus is gone: its held statuses go with it.
     pub fn nexus_lost(&self, nexus: &ItNexus) {
-        self.held
-            .lock()
-            .retain(|h| *h.initiator_port != *nexus.initiator_port);
+        self.held.lock().retain(|h| !h.of(nexus));
     }
 
     pub(crate) fn find(&self, nexus: &ItNexus, list_id: ListId) -> Option<Arc<Status>> {
         self.held
             .lock()
             .iter()
-            .find(|h| *h.initiator_port == *nexus.initiator_port && h.list_id == list_id)
+            .find(|h| h.of(nexus) && h.list_id == list_id)
             .map(|h| h.status.clone())
     }
 
@@ -240,7 +251,7 @@ impl Copies {
         let mut held = self.held.lock();
         if let Some(i) = held
             .iter()
-            .position(|h| *h.initiator_port == *nexus.initiator_port && h.list_id == list_id)
+            .position(|h| h.of(nexus) && h.list_id == list_id)
         {
             if held[i].status.state.load(Ordering::Acquire) == IN_PROGRESS {
                 return Err(codes::OPERATION_IN_PROGRESS);
@@ -269,6 +280,7 @@ impl Copies {
         let status = Arc::new(Status::default());
         held.push_back(Held {
             initiator_port: nexus.initiator_port.clone(),
+            relative_port_id: nexus.relative_port_id,
             list_id,
             status: status.clone(),
         });
@@ -505,6 +517,9 @@ pub(crate) fn check_access(
 pub(crate) struct CopyRun {
     id: u64,
     dsts: Mutex<Vec<block::VolumeRef>>,
+    /// The LUs the copy reads or writes (by address) and their reset counts
+    /// when it started (see [`LogicalUnit::resets`]).
+    resets: Mutex<Vec<(usize, u64)>>,
 }
 
 impl CopyRun {
@@ -513,7 +528,35 @@ impl CopyRun {
         CopyRun {
             id: NEXT.fetch_add(1, Ordering::Relaxed),
             dsts: Mutex::new(Vec::new()),
+            resets: Mutex::new(Vec::new()),
         }
+    }
+
+    /// Notes `lu`'s reset count now, unless noted before: the copy stops at
+    /// its next batch once the LU was reset since ([`Self::reset_since`]).
+    /// Called for every LU of a copy before its first block moves.
+    pub(crate) fn watch(&self, lu: &LogicalUnit) {
+        let at = lu as *const LogicalUnit as usize;
+        let mut r = self.resets.lock();
+        if !r.iter().any(|(x, _)| *x == at) {
+            r.push((at, lu.resets.load(Ordering::Acquire)));
+        }
+    }
+
+    /// Whether `lu` was reset since the copy noted it (COPY ABORTED then);
+    /// notes it if it was not.
+    fn reset_since(&self, lu: &LogicalUnit) -> Result<(), Fail> {
+        self.watch(lu);
+        let at = lu as *const LogicalUnit as usize;
+        let now = lu.resets.load(Ordering::Acquire);
+        if self.resets.lock().iter().any(|&(x, n)| x == at && n != now) {
+            tracing::warn!(
+                lun = lu.lun,
+                "copy: stopped by a reset of a logical unit it reads or writes"
+            );
+            return Err(codes::COPY_ABORTED.into());
+        }
+        Ok(())
     }
 
     fn writes_to(&self, v: &block::VolumeRef) {
@@ -599,6 +642,26 @@ impl Through<'_> {
     }
 }
 
+/// Whether `blocks` blocks from `src` fit at `dst_lba` of `dst`: both ranges
+/// inside their LUs (COPY ABORTED otherwise) and the block sizes equal (COPY
+/// TARGET DEVICE NOT REACHABLE otherwise).
+fn segment_fits(src: Source<'_>, dst: &LogicalUnit, dst_lba: u64, blocks: u64) -> Result<(), Fail> {
+    let dg = dst.geometry();
+    if let Source::Lu(s, src_lba) = src {
+        let sg = s.geometry();
+        if sg.block_size_bytes != dg.block_size_bytes {
+            return Err(codes::COPY_TARGET_NOT_REACHABLE.into());
+        }
+        if check_range(&sg, src_lba, blocks).is_err() {
+            return Err(codes::COPY_ABORTED.into());
+        }
+    }
+    if check_range(&dg, dst_lba, blocks).is_err() {
+        return Err(codes::COPY_ABORTED.into());
+    }
+    Ok(())
+}
+
 /// The chunk engine of every copy: `blocks` blocks from `src` to `dst` at `dst_lba`,
 /// chunk by chunk, each chunk written like a WRITE (FUA when the destination's write
 /// cache is off, under its write-ordering lock shared), counting bytes into `status`.
@@ -619,20 +682,11 @@ pub(crate) async fn copy_blocks(
     let bs = dg.block_size_bytes as u64;
     let mut chunk = (CHUNK_BYTES / bs).min(dg.max_io_blocks.max(1) as u64);
     let mut backwards = false;
+    segment_fits(src, dst, dst_lba, blocks)?;
     if let Source::Lu(s, src_lba) = src {
-        let sg = s.geometry();
-        if sg.block_size_bytes != dg.block_size_bytes {
-            return Err(codes::COPY_TARGET_NOT_REACHABLE.into());
-        }
-        if check_range(&sg, src_lba, blocks).is_err() {
-            return Err(codes::COPY_ABORTED.into());
-        }
-        chunk = chunk.min(sg.max_io_blocks.max(1) as u64);
+        chunk = chunk.min(s.geometry().max_io_blocks.max(1) as u64);
         // memmove: a destination that overlaps the source from above is copied backwards.
         backwards = std::ptr::eq(s, dst) && dst_lba > src_lba && dst_lba < src_lba + blocks;
-    }
-    if check_range(&dg, dst_lba, blocks).is_err() {
-        return Err(codes::COPY_ABORTED.into());
     }
     let chunk = chunk.max(1);
     // One zeroed chunk serves every zero write (a Bytes clone shares it).
@@ -667,6 +721,7 @@ pub(crate) async fn copy_blocks(
                     if s.sanitize.gate(op::READ_16, true).is_err() {
                         return Err(codes::COPY_TARGET_NOT_REACHABLE.into());
                     }
+                    run.reset_since(s)?;
                     if let Some(t) = &through {
                         t.check(s, false)?;
                     }
@@ -686,6 +741,8 @@ pub(crate) async fn copy_blocks(
         if dst.sanitize.gate(op::WRITE_16, true).is_err() {
             return Err(codes::COPY_TARGET_NOT_REACHABLE.into());
         }
+        let copying = dst.copy_writes.clone().read_owned().await;
+        run.reset_since(dst)?;
         if let Some(t) = &through {
             t.check(dst, true)?;
         }
@@ -696,7 +753,7 @@ pub(crate) async fn copy_blocks(
         // write (see `block::detach`).
         let (volume, id) = (dst.volume.clone(), run.id);
         let (results, waited) = block::detach::detached(async move {
-            let _order = order;
+            let _order = (order, copying);
             let writes: Vec<block::BoxFut<'static, block::BlockResult<u64>>> = batch
                 .into_iter()
                 .map(
@@ -795,12 +852,24 @@ pub(crate) async fn extended_copy(
     // copy can be recorded whole (crate::copy_resume)
     let mut plan = Vec::with_capacity(list.segments.len());
     let mut own = true;
+    // (from here: a reset of an LU the copy reads or writes stops it)
+    let run = CopyRun::new();
     for seg in &list.segments {
         let (src, src_foreign) = lu_of(seg.src)?;
         let (dst, dst_foreign) = lu_of(seg.dst)?;
+        run.watch(&src);
+        run.watch(&dst);
         check_access(&src, nexus, false, src_foreign)?;
         check_access(&dst, nexus, true, dst_foreign)?;
         own &= !src_foreign && !dst_foreign;
+        // (review of 2026-12-06: a segment past its LU was found only when
+        // its turn came, after the segments before it were written)
+        segment_fits(
+            Source::Lu(&src, seg.src_lba),
+            &dst,
+            seg.dst_lba,
+            u64::from(seg.blocks),
+        )?;
         let through = Through {
             nexus,
             src_foreign,
@@ -828,7 +897,6 @@ pub(crate) async fn extended_copy(
         Some(d) => Some(crate::copy_resume::Recorded::start(d, &pieces, own).await?),
         None => None,
     };
-    let run = CopyRun::new();
     for (src, dst, seg, through) in &plan {
         let none = Status::default();
         let st = status.as_deref().unwrap_or(&none);

@@ -198,6 +198,15 @@ pub(crate) struct LogicalUnit {
     /// its last copy learned: 1 while writes complete at once, more once they
     /// wait.
     pub(crate) copy_batch: std::sync::atomic::AtomicUsize,
+    /// LOGICAL UNIT RESETs (target resets included) and CLEAR TASK SETs of
+    /// the LU so far: a copy running under another LU's command stops at its
+    /// next batch once one of the LUs it reads or writes counts one more
+    /// than when it started ([`crate::copy::CopyRun`]).
+    pub(crate) resets: AtomicU64,
+    /// Held shared by a copy batch's writes here (inside the write order),
+    /// exclusively for a moment by a reset ([`LogicalUnit::copies_stopped`]):
+    /// not the write order itself, which a SANITIZE holds to its end.
+    pub(crate) copy_writes: Arc<tokio::sync::RwLock<()>>,
 }
 
 impl LogicalUnit {
@@ -248,6 +257,8 @@ impl LogicalUnit {
             sanitize,
             intents,
             copy_batch: std::sync::atomic::AtomicUsize::new(1),
+            resets: AtomicU64::new(0),
+            copy_writes: Arc::new(tokio::sync::RwLock::new(())),
         })
     }
 
@@ -331,6 +342,7 @@ impl LogicalUnit {
     /// A LOGICAL UNIT RESET or target reset: SPC-2 reservations, medium removal
     /// prevention and mode parameters return to their defaults; every nexus gets `ua`.
     pub fn reset(&self, ua: Sense) {
+        self.resets.fetch_add(1, Ordering::AcqRel);
         self.pr.reset();
         self.media.lock().prevent.clear();
         self.stopped.store(false, Ordering::Relaxed);
@@ -339,6 +351,16 @@ impl LogicalUnit {
         *self.mode.lock() = defaults;
         self.uas.reset_all(ua);
         self.thin.rearm();
+    }
+
+    /// After a reset of the LU (counted in `resets`): returns once no copy
+    /// batch that began before it still writes here. A batch checks the count
+    /// holding `copy_writes` shared, so once that was held exclusively for a
+    /// moment, every later batch sees the reset and stops (review of
+    /// 2026-12-06: an EXTENDED COPY sent to another LU went on writing this
+    /// one after its reset was answered).
+    pub async fn copies_stopped(&self) {
+        drop(self.copy_writes.write().await);
     }
 
     /// The nexus is gone: its reservations (SPC-2), prevention and UAs are dropped.

@@ -700,6 +700,9 @@ async fn write_token_data(
     status: &Status,
 ) -> Result<(), Fail> {
     check_access(dst, nexus, true, false)?;
+    // (from here: a reset of the destination stops the copy)
+    let run = CopyRun::new();
+    run.watch(dst);
     check_ranges(dst, &list.ranges, 534)?;
     if overlapping(&list.ranges) {
         return Err(param_error(WUT_HEADER_LEN).into());
@@ -713,7 +716,6 @@ async fn write_token_data(
                 .map(|r| (crate::copy_resume::From::Zeros, r.lba, u64::from(r.blocks)))
                 .collect();
             let recorded = crate::copy_resume::Recorded::start(dst, &pieces, true).await?;
-            let run = CopyRun::new();
             for r in &list.ranges {
                 let through = Through {
                     nexus,
@@ -760,6 +762,7 @@ async fn write_token_data(
         }
     };
     check_access(&src, nexus, false, foreign)?;
+    run.watch(&src);
     let available = total_blocks(&ranges);
     if list.offset >= available && total_blocks(&list.ranges) > 0 {
         return Err(param_error(8).into());
@@ -818,7 +821,6 @@ async fn write_token_data(
     // a destination range counts once its last piece is written
     let ended = |k: usize| range_ends.iter().filter(|&&e| e == k).count() as u16;
     status.segments.fetch_add(ended(0), Ordering::Relaxed);
-    let run = CopyRun::new();
     for (i, &(s_lba, lba, n)) in pieces.iter().enumerate() {
         let through = Through {
             nexus,

@@ -1015,6 +1015,7 @@ impl ScsiTarget {
         tracing::info!(lun, initiator = %nexus.initiator_port, "logical unit reset");
         lu.reset(codes::BUS_DEVICE_RESET);
         self.copies.tokens.revoke_lu(&lu);
+        lu.copies_stopped().await;
         true
     }
 
@@ -1026,6 +1027,7 @@ impl ScsiTarget {
         for lu in self.visible_lus(nexus) {
             lu.reset(codes::POWER_ON_RESET);
             self.copies.tokens.revoke_lu(&lu);
+            lu.copies_stopped().await;
         }
     }
 
@@ -1044,8 +1046,10 @@ impl ScsiTarget {
     /// standard asks for on other nexuses (commands are aborted by the transport).
     pub async fn clear_task_set(&self, nexus: &ItNexus, lun: u64) {
         if let Some(lu) = self.target_lun(nexus, lun).and_then(|l| self.lu(l)) {
+            lu.resets.fetch_add(1, Ordering::AcqRel);
             lu.uas
                 .raise_all(codes::COMMANDS_CLEARED_BY_ANOTHER_INITIATOR, Some(nexus));
+            lu.copies_stopped().await;
         }
     }
 

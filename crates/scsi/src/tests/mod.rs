@@ -1437,6 +1437,19 @@ async fn extended_copy_between_luns_and_within_one() {
         let r = run(&t, &n, &copy_status_cdb(7), &[]).await;
         assert_eq!(r.data_in[4], 0x02, "completed with errors");
     }
+    // A segment past its LU fails the copy before any segment is written
+    // (review of 2026-12-06: the segments before it were written first).
+    let before = run(&t, &n, &rw10(0x28, 300, 1), &[]).await.data_in;
+    let p = xcopy_params(
+        9,
+        0,
+        &[naa0],
+        &[(0, 0, 1, 10, 300), (0, 0, 2, 0, BLOCKS - 1)],
+    );
+    let r = run(&t, &n, &xcopy_cdb(p.len()), &p).await;
+    assert_eq!(sense_of(&r).0, key::COPY_ABORTED, "{r:?}");
+    let after = run(&t, &n, &rw10(0x28, 300, 1), &[]).await.data_in;
+    assert_eq!(after, before, "the first segment was written");
     // The destination's write protection and reservations apply to the copy.
     let r = run(&t, &n, &rw10(0x28, 200, 1), &[]).await;
     let before = r.data_in.clone();
@@ -1729,6 +1742,25 @@ async fn odx_target() -> (ScsiTarget, ItNexus) {
     let n = ready(&t, "1", 1).await;
     let _ = t.execute(&n, cmd(1, &[0; 6], &[])).await;
     (t, n)
+}
+
+/// A copy's held status belongs to its I_T nexus: one initiator port
+/// reaching the target through two target ports is two nexuses (open-iscsi
+/// gives one interface's sessions one ISID). Before (review of 2026-12-06),
+/// the other path's logout dropped this path's statuses (its unread token
+/// with them), and a list id in use on one path was "in progress" on the
+/// other.
+#[tokio::test]
+async fn a_copys_status_belongs_to_its_nexus_not_to_its_initiator_port() {
+    let (t, a) = odx_target().await;
+    let b = ready(&t, "1", 2).await;
+    populate(&t, &a, 0, 9, 0, &[(0, 8)]).await;
+    // the other path knows nothing of list 9
+    let r = t.execute(&b, cmd(0, &rrti_cdb(9), &[])).await;
+    assert_eq!(r.status, status::CHECK_CONDITION, "{r:?}");
+    // and its logout leaves this path's status
+    t.nexus_lost(&b);
+    assert_eq!(rrti(&t, &a, 0, 9).await.0, 0x01);
 }
 
 #[tokio::test]
@@ -2760,6 +2792,67 @@ async fn a_copy_stops_once_its_initiator_is_preempted_on_the_destination() {
         tail.data_in.iter().all(|&b| b == 0),
         "the copy reached the end"
     );
+}
+
+/// A LOGICAL UNIT RESET (or CLEAR TASK SET) of the LU an EXTENDED COPY writes,
+/// the copy sent to another LU, stops the copy: once the reset is answered,
+/// none of its writes lands there. Before (review of 2026-12-06), the reset
+/// aborted only the reset LU's own commands, and the copy, a command of LUN
+/// 0, went on writing LUN 1 to its end.
+#[tokio::test]
+async fn a_copy_stops_once_the_lu_it_writes_is_reset() {
+    const BIG: u64 = 16 * 2048; // 16 MiB of 512-byte blocks: several batches
+    for clear in [false, true] {
+        let t = Arc::new(target_with(Arc::new(MemVolume::new(BS as u32, BIG))));
+        let held = Arc::new(block::HoldVolume::new(Arc::new(MemVolume::new(
+            BS as u32, BIG,
+        ))));
+        let mut cfg1 = lun_config();
+        cfg1.naa[15] = 0xee;
+        t.add_lun(1, cfg1.clone(), held.clone(), None).unwrap();
+        let x = ready(&t, "1", 1).await;
+        let _ = t.execute(&x, cmd(1, &[0; 6], &[])).await;
+        let ones = vec![1u8; 2048 * BS];
+        for i in 0..BIG / 2048 {
+            let w = t
+                .execute(&x, cmd(0, &rw16(0x8a, i * 2048, 2048), &ones))
+                .await;
+            assert_eq!(w.status, status::GOOD);
+        }
+        // a copy of LUN 0 onto LUN 1 (a command to LUN 0); its first write waits
+        held.writes.hold();
+        let p = xcopy_params(
+            1,
+            0,
+            &[lun_config().naa, cfg1.naa],
+            &[(0, 1, BIG as u16, 0, 0)],
+        );
+        let copy = {
+            let (t, x) = (t.clone(), x.clone());
+            tokio::spawn(async move { t.execute(&x, cmd(0, &xcopy_cdb(p.len()), &p)).await })
+        };
+        held.writes.arrivals(1).await;
+        let reset = {
+            let (t, x) = (t.clone(), x.clone());
+            tokio::spawn(async move {
+                if clear {
+                    t.clear_task_set(&x, 1).await;
+                } else {
+                    assert!(t.lun_reset(&x, 1).await);
+                }
+            })
+        };
+        held.writes.open();
+        reset.await.unwrap();
+        let r = copy.await.unwrap();
+        assert_ne!(
+            r.status,
+            status::GOOD,
+            "the copy went on writing LUN 1 after its reset (clear task set: {clear})"
+        );
+        let tail = held.read(BIG - 8, 8).await.unwrap();
+        assert!(tail.iter().all(|&b| b == 0), "the copy reached the end");
+    }
 }
 
 /// A host group changed while a WRITE USING TOKEN runs stops the copy before
