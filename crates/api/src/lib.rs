@@ -1086,7 +1086,7 @@ impl ApiServer {
         );
         let relay = async move {
             shutdown.await;
-            let _ = stop_tx.send(true);
+            stop_tx.send_replace(true);
         };
         let (api_result, ()) = tokio::join!(api, relay);
         let console_result = console_task

@@ -111,7 +111,7 @@ pub async fn serve(
             }
         });
     }
-    let _ = stop_tx.send(true);
+    stop_tx.send_replace(true);
     // wait (bounded) for the connections to finish
     let _ = tokio::time::timeout(
         Duration::from_secs(6),

@@ -308,7 +308,7 @@ where
     if let Some(a) = api_addr {
         crate::api_node::forget_local_node(a, &cfg.data_dir);
     }
-    let _ = stop_tx.send(true);
+    stop_tx.send_replace(true);
     if let Some(t) = api_task {
         t.await.context("API task")??;
     }

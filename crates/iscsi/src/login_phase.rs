@@ -116,7 +116,7 @@ pub(crate) struct Registered {
 impl Drop for Registered {
     fn drop(&mut self) {
         self.ctx.registry.remove_session(&self.session);
-        let _ = self.session.ended.send(true);
+        self.session.ended.send_replace(true);
     }
 }
 

@@ -415,7 +415,7 @@ impl Server {
             a.task.abort();
         }
         drop(acc_rx);
-        let _ = self.shutdown_tx.send(true);
+        self.shutdown_tx.send_replace(true);
         let grace =
             Duration::from_millis(self.ctx.limits.drain_timeout_ms) + Duration::from_secs(5);
         if tokio::time::timeout(grace, async { while conns.join_next().await.is_some() {} })

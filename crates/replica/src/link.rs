@@ -115,6 +115,9 @@ pub(crate) struct Link {
     detached: Mutex<Option<String>>,
     /// Set by a [`Message::Refused`] from the partner.
     refused: Mutex<Option<String>>,
+    /// What this node must tell the partner before the link goes, however
+    /// it goes (see [`Link::say_last`]); taken once sent.
+    last_words: Mutex<Option<Message>>,
     /// The partner's address (for status and logs).
     pub peer: String,
     peer_timeout: Duration,
@@ -161,6 +164,7 @@ impl Link {
             closed_tx,
             detached: Mutex::new(None),
             refused: Mutex::new(None),
+            last_words: Mutex::new(None),
             peer,
             peer_timeout,
         });
@@ -264,6 +268,18 @@ impl Link {
         }
     }
 
+    /// Makes `m` the last thing written on the link: queued with
+    /// [`Link::send`] as well, it goes in its turn, and if the link is closed
+    /// first (by this node's other tasks, which may close it at once as they
+    /// see the role this message announces), the writer still writes it
+    /// before it shuts the connection. For [`Message::Detach`], set before the
+    /// role changes: a partner that never read it took the link's end for a
+    /// lost partner, waited out the lease, and without a witness stayed down
+    /// if it was not the preferred node (review of 2026-12-06).
+    pub fn say_last(&self, m: Message) {
+        *self.last_words.lock() = Some(m);
+    }
+
     /// Sends a message that expects no answer (or answers a request).
     pub async fn send(&self, m: Message) -> Result<(), LinkLost> {
         self.out.send(m).await.map_err(|_| LinkLost)
@@ -292,7 +308,7 @@ impl Link {
         };
         drop(waiting);
         tracing::warn!(peer = %self.peer, why, "sync link closed");
-        let _ = self.closed_tx.send(true);
+        self.closed_tx.send_replace(true);
     }
 
     /// Whether the link is closed now.
@@ -407,13 +423,20 @@ async fn writer(
             _ = link.closed() => None,
         };
         let Some(first) = first else { break };
-        encode(&first, &mut out);
+        let queue = |m: &Message, out: &mut BytesMut| {
+            if matches!(m, Message::Detach { .. }) {
+                // (sent in its turn: not again at the end)
+                link.last_words.lock().take();
+            }
+            encode(m, out);
+        };
+        queue(&first, &mut out);
         while let Ok(m) = beats.try_recv() {
             encode(&m, &mut out);
         }
         while out.len() < (1 << 20) {
             match rx.try_recv() {
-                Ok(m) => encode(&m, &mut out),
+                Ok(m) => queue(&m, &mut out),
                 Err(_) => break,
             }
         }
@@ -444,6 +467,12 @@ async fn writer(
             break;
         }
         out.clear();
+    }
+    // closed (not broken): what this node had to say last goes out first
+    let last = link.last_words.lock().take();
+    if let Some(m) = last {
+        encode(&m, &mut out);
+        let _ = tokio::time::timeout(link.peer_timeout, wr.write_all(&out)).await;
     }
     let _ = tokio::time::timeout(link.peer_timeout, wr.shutdown()).await;
 }
@@ -484,4 +513,87 @@ async fn heartbeat(link: Arc<Link>, interval: Duration) {
 /// line.
 pub(crate) fn shown(reason: &str) -> String {
     reason.chars().filter(|c| !c.is_control()).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::secure::{self, ClusterKeys, Member, Purpose};
+    use tokio::net::{TcpListener, TcpStream};
+
+    /// Two ends of an authenticated sync connection (node 1's, node 2's).
+    async fn pair() -> (SecureStream, SecureStream) {
+        let mut keys = ClusterKeys::generate("t").unwrap();
+        let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = l.local_addr().unwrap();
+        let k2 = keys.remove(1);
+        let acc = tokio::spawn(async move {
+            let (s, _) = l.accept().await.unwrap();
+            secure::accept(s, &k2, Purpose::Sync, &[Member::Node1])
+                .await
+                .unwrap()
+        });
+        let s = TcpStream::connect(addr).await.unwrap();
+        let a = secure::connect(s, &keys[0], Member::Node2, Purpose::Sync)
+            .await
+            .unwrap();
+        (a, acc.await.unwrap())
+    }
+
+    /// A link closed before any of its tasks (or the session) waits on it
+    /// reads as closed to whoever waits later. Before (found 2026-12-06), the
+    /// close was sent to no receiver and so not kept: the writer and the
+    /// session waited forever, and a later close (the heartbeat's) returned
+    /// early as already closed, leaving the node's session loop stuck.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_link_closed_at_once_reads_as_closed_to_later_waiters() {
+        let (a, _b) = pair().await;
+        let (tx, _rx) = mpsc::channel(8);
+        let link = Link::start(
+            Framed::new(a),
+            tx,
+            Duration::from_millis(50),
+            Duration::from_secs(2),
+            Instant::now(),
+        );
+        link.close("at once");
+        tokio::time::timeout(Duration::from_secs(10), link.closed())
+            .await
+            .expect("the closed link never read as closed");
+    }
+
+    /// A Detach said last reaches the partner even when another task closes
+    /// the link before it is queued (the detach sets the role first, and a
+    /// message of the partner handled meanwhile closes the link as not
+    /// fitting it). Before (review of 2026-12-06), the writer dropped
+    /// everything at the close, and the partner saw a lost link.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn what_is_said_last_reaches_the_partner_whoever_closes_the_link() {
+        let (a, b) = pair().await;
+        let (tx, _rx) = mpsc::channel(8);
+        let link = Link::start(
+            Framed::new(a),
+            tx,
+            Duration::from_millis(50),
+            Duration::from_secs(2),
+            Instant::now(),
+        );
+        link.say_last(Message::Detach {
+            reason: "disk".into(),
+        });
+        link.close("a message that did not fit the role");
+        let mut f = Framed::new(b);
+        let got = tokio::time::timeout(Duration::from_secs(10), async {
+            loop {
+                match f.recv().await {
+                    Ok(Message::Detach { reason }) => return Some(reason),
+                    Ok(_) => continue,
+                    Err(_) => return None,
+                }
+            }
+        })
+        .await
+        .expect("the link neither said it nor closed");
+        assert_eq!(got.as_deref(), Some("disk"));
+    }
 }

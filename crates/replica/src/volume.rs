@@ -699,6 +699,13 @@ impl Inner {
         if st.role != Role::Down {
             tracing::error!(volume = %self.cfg.name, %why, "local copy failed: detached, the partner serves alone");
         }
+        if let Some(l) = &st.link {
+            // before the role changes: a message of the partner handled
+            // meanwhile may close the link as not fitting the new role
+            l.say_last(Message::Detach {
+                reason: why.clone(),
+            });
+        }
         self.set_role(
             Role::Down,
             None,
