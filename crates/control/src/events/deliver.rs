@@ -299,6 +299,12 @@ pub fn start(cfg: &AlertsConfig, log: &super::log::EventLog, data_dir: &Path) ->
     if !cfg.webhook.is_empty() {
         let client = reqwest::Client::builder()
             .timeout(ATTEMPT_TIMEOUT)
+            // never followed: a redirect would send the signed event (and
+            // the URL, as Referer) wherever the answer points, internal
+            // addresses and plain http included; a 3xx is a failed attempt
+            // (review of 2026-12-06: reqwest follows ten by default)
+            .redirect(reqwest::redirect::Policy::none())
+            .referer(false)
             .user_agent(concat!("freesan/", env!("CARGO_PKG_VERSION")))
             .build()
             .context("[alerts] webhook HTTP client")?;
@@ -613,6 +619,61 @@ mod tests {
         let all = backlog(&log, "t", 0, Severity::Info);
         assert_eq!(all.len(), QUEUE_EVENTS);
         assert_eq!(all[0].seq, 1);
+    }
+
+    /// Reads one HTTP request on a connection of `l` and answers `answer`.
+    async fn answer_one(l: &tokio::net::TcpListener, answer: &str) {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let (mut c, _) = l.accept().await.unwrap();
+        let mut got = Vec::new();
+        let mut buf = [0u8; 4096];
+        while !got.windows(4).any(|w| w == b"\r\n\r\n") {
+            match c.read(&mut buf).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => got.extend_from_slice(&buf[..n]),
+            }
+        }
+        let _ = c.write_all(answer.as_bytes()).await;
+    }
+
+    /// A webhook that answers with a redirect is not followed: the event
+    /// (signed, with the URL as Referer) goes nowhere else, and the answer
+    /// counts as a failed attempt, tried again. Before (review of
+    /// 2026-12-06), reqwest followed it, to internal addresses too.
+    #[tokio::test]
+    async fn a_webhooks_redirect_is_not_followed() {
+        let dir = tempfile::tempdir().unwrap();
+        let log = crate::events::log::EventLog::open(dir.path(), 100).unwrap();
+        let hook = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let elsewhere = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let redirect = format!(
+            "HTTP/1.1 307 Temporary Redirect\r\nLocation: http://{}/internal\r\nContent-Length: 0\r\nConnection: close\r\n\r\n",
+            elsewhere.local_addr().unwrap()
+        );
+        let cfg = AlertsConfig {
+            webhook: vec![format!("http://{}/hook", hook.local_addr().unwrap())],
+            ..AlertsConfig::default()
+        };
+        start(&cfg, &log, dir.path()).unwrap();
+        log.emit(NewEvent::new(
+            Severity::Critical,
+            EventKind::DiskFailed,
+            "d0",
+            "x",
+        ));
+        // the first attempt is redirected; the second comes to the hook again
+        tokio::time::timeout(Duration::from_secs(20), async {
+            answer_one(&hook, &redirect).await;
+            answer_one(&hook, &redirect).await;
+        })
+        .await
+        .expect("the redirect was not taken as a failed attempt");
+        assert!(
+            tokio::time::timeout(Duration::from_millis(100), elsewhere.accept())
+                .await
+                .is_err(),
+            "the event was sent where the redirect pointed"
+        );
     }
 
     /// A destination without a cursor starts at the log's end, and that is
