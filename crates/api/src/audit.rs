@@ -230,15 +230,18 @@ impl AuditLog {
         let len = f.metadata()?.len();
         let start = len.saturating_sub(TAIL_BYTES_MAX);
         f.seek(SeekFrom::Start(start))?;
-        let mut text = String::new();
-        f.take(TAIL_BYTES_MAX).read_to_string(&mut text)?;
-        let mut lines: Vec<&str> = text.lines().collect();
+        // bytes, not text: the window may start inside a character of a
+        // line it drops anyway (review of 2026-12-06: read as a string, the
+        // whole trail failed, answered 500)
+        let mut bytes = Vec::new();
+        f.take(TAIL_BYTES_MAX).read_to_end(&mut bytes)?;
+        let mut lines: Vec<&[u8]> = bytes.split(|&b| b == b'\n').collect();
         if start > 0 && !lines.is_empty() {
             lines.remove(0); // cut in the middle
         }
         let all: Vec<AuditEntry> = lines
             .iter()
-            .filter_map(|l| serde_json::from_str(l).ok())
+            .filter_map(|l| serde_json::from_slice(l).ok())
             .collect();
         let skip = all.len().saturating_sub(limit);
         Ok(all.into_iter().skip(skip).collect())
@@ -289,6 +292,35 @@ mod tests {
         assert_eq!(v["chap"]["user"], "u");
         let v = summarize(br#"["alice","hunter4"]"#);
         assert!(!v.to_string().contains("hunter4"), "{v}");
+    }
+
+    /// The trail is read when its last 4 MiB start inside a multibyte
+    /// character (of a line the window drops). Before (review of
+    /// 2026-12-06), the read failed as invalid UTF-8 and the API answered
+    /// 500 until later entries moved the cut.
+    #[test]
+    fn the_tail_reads_when_its_window_starts_inside_a_character() {
+        let d = tempfile::tempdir().unwrap();
+        let log = AuditLog::with_max(d.path(), 64 << 20);
+        let entry = |who: String| AuditEntry {
+            time_unix_ms: 1,
+            who,
+            token_id: "id".into(),
+            role: "admin".into(),
+            source: "127.0.0.1".into(),
+            method: "POST".into(),
+            path: "/api/v1/pools".into(),
+            body: Value::Null,
+            status: 400,
+        };
+        log.append(&entry("€".repeat(2_000_000))).unwrap();
+        // the window's start moves by one byte per entry: three in a row
+        // put it at each byte of a three-byte character
+        for pad in 0..3 {
+            log.append(&entry("x".repeat(pad))).unwrap();
+            let got = log.tail(5).unwrap_or_else(|e| panic!("padding {pad}: {e}"));
+            assert_eq!(got.last().unwrap().who, "x".repeat(pad));
+        }
     }
 
     #[test]
