@@ -254,7 +254,9 @@ async fn full_feature(
     // in use.
     session.drain(drain).await;
     let itts = session.abort_where(|_| true);
-    session.wait_gone(&itts, drain).await;
+    session
+        .wait_all_gone(&itts, drain, "the connection's end")
+        .await;
     drop(conn);
     let mut writer = writer;
     if tokio::time::timeout(Duration::from_secs(2), &mut writer)
@@ -983,7 +985,7 @@ impl Conn {
             let drain = Duration::from_millis(self.ctx.limits.drain_timeout_ms);
             self.session.drain(drain).await;
             let itts = self.session.abort_where(|_| true);
-            self.session.wait_gone(&itts, drain).await;
+            self.session.wait_all_gone(&itts, drain, "a logout").await;
         }
         let pdu = TargetPdu::LogoutResponse(LogoutResponse {
             response,

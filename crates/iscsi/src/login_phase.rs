@@ -274,14 +274,19 @@ async fn register(
         );
         let mut ended = old.ended.subscribe();
         let _ = old.kill.send_replace(true);
+        // the old session ends once its commands have (a write at a stalled
+        // disk included, `Session::wait_all_gone`): the new one serves
+        // nothing before, or that write could land over its first ones
+        // (review of 2026-12-06: it went on after the drain time; the login
+        // timeout bounds this wait)
         let wait = Duration::from_millis(ctx.limits.drain_timeout_ms) + Duration::from_secs(2);
-        if tokio::time::timeout(wait, ended.wait_for(|e| *e))
+        while tokio::time::timeout(wait, ended.wait_for(|e| *e))
             .await
             .is_err()
         {
             tracing::warn!(
                 old_tsih = old.tsih,
-                "the reinstated session has not ended yet; its nexus's state is ended now"
+                "the reinstated session has not ended yet: its commands are still at the volume"
             );
         }
         // the reinstatement is the old nexus's loss, done before the new

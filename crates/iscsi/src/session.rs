@@ -300,6 +300,24 @@ impl Session {
         tokio::time::timeout(timeout, wait).await.is_ok()
     }
 
+    /// Waits until none of `itts` is running, however long that takes,
+    /// saying every `drain` that it still waits (`what`: for what). For the
+    /// paths that must not go on while an aborted write may still land: a
+    /// connection's end (the session's `ended`, which a reinstatement waits
+    /// for), a logout's answer, PREEMPT AND ABORT's. Before (review of
+    /// 2026-12-06) they went on after `drain` as if the commands had ended,
+    /// and a write a stalled disk finished later could land over what the
+    /// initiator wrote next.
+    pub(crate) async fn wait_all_gone(&self, itts: &[u32], drain: Duration, what: &str) {
+        while !self.wait_gone(itts, drain).await {
+            tracing::warn!(
+                tsih = self.tsih,
+                what,
+                "aborted commands still at the volume: waiting for them before going on"
+            );
+        }
+    }
+
     /// Waits until no command is running (or the timeout passes).
     pub(crate) async fn drain(&self, timeout: Duration) {
         let itts: Vec<u32> = self.running.lock().keys().copied().collect();

@@ -215,8 +215,23 @@ pub(crate) async fn on_tmf(conn: &mut Conn, f: &Frame, t: TaskMgmtRequest, imm: 
             let out = conn.out.clone();
             tokio::spawn(async move {
                 let _waiter = waiter;
+                let mut gone = true;
                 for (s, itts) in &aborted {
-                    s.wait_gone(itts, drain).await;
+                    gone &= s.wait_gone(itts, drain).await;
+                }
+                if !gone {
+                    // not reset, as a LUN reset whose tasks do not end: the
+                    // initiator escalates (review of 2026-12-06: answered
+                    // COMPLETE, with an aborted write still able to land)
+                    tracing::warn!("target reset: aborted tasks did not end within the drain time");
+                    let _ = out
+                        .tx
+                        .send(crate::writer::OutPdu::new(
+                            respond(tmf_response::REJECTED),
+                            Bytes::new(),
+                        ))
+                        .await;
+                    return;
                 }
                 if let (Some(scsi), Some(nexus)) = (&session.scsi, &session.nexus) {
                     scsi.target_reset(nexus).await;
@@ -316,7 +331,7 @@ impl scsi::TaskAbort for PreemptAbort {
             aborted.push((s, itts));
         }
         for (s, itts) in &aborted {
-            s.wait_gone(itts, drain).await;
+            s.wait_all_gone(itts, drain, "PREEMPT AND ABORT").await;
         }
     }
 }

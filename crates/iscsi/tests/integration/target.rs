@@ -1324,3 +1324,58 @@ async fn a_lun_reset_aborts_another_sessions_write_still_waiting_for_data() {
     );
     fx.shutdown().await;
 }
+
+/// A write the volume still holds past the drain time keeps a TARGET RESET
+/// from being answered COMPLETE (it is REJECTED: the initiator escalates) and
+/// keeps a logout unanswered until the write has ended. Before (review of
+/// 2026-12-06), both went on after the drain time as if the write had
+/// ended: answered, the initiator writes the same blocks anew, and the old
+/// write, finished later by the disk, lands over them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reset_or_logout_does_not_go_on_past_an_aborted_write_at_the_volume() {
+    let gated = Arc::new(block::HoldVolume::new(Arc::new(block::MemVolume::new(
+        512, 8192,
+    ))));
+    gated.writes.hold_below(64);
+    let limits = Limits {
+        drain_timeout_ms: 300,
+        ..Limits::default()
+    };
+    let fx = start_with(limits, Some(gated.clone())).await;
+    let mut a = logged_in_ready(fx.addrs[0], 1).await;
+    let cmd = a.command(&[0x2a, 0, 0, 0, 0, 8, 0, 0, 8, 0], false, true, 4096, true);
+    a.send(&cmd, false, &[0x11; 4096]).await;
+    tokio::time::timeout(Duration::from_secs(20), gated.writes.arrivals(1))
+        .await
+        .expect("the write never reached the volume");
+    assert_eq!(
+        task_management(&mut a, 6).await,
+        tmf_response::REJECTED,
+        "a target reset answered with an aborted write still at the volume"
+    );
+    let itt = a.next_itt();
+    let lo = InitiatorPdu::Logout(LogoutRequest {
+        reason: 0,
+        itt,
+        cid: 0,
+        cmd_sn: a.cmd_sn,
+        exp_stat_sn: a.exp_stat_sn,
+    });
+    a.send(&lo, true, &[]).await;
+    let logout = tokio::spawn(async move {
+        let p = a.recv_skip_pings().await.expect("logout response");
+        matches!(p.pdu, TargetPdu::LogoutResponse(l) if l.response == 0 && l.itt == itt)
+    });
+    // given 1.5 s (five drain times), a logout that does not wait has answered
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert!(
+        !logout.is_finished(),
+        "the logout was answered while the write was at the volume"
+    );
+    gated.writes.open();
+    assert!(tokio::time::timeout(Duration::from_secs(20), logout)
+        .await
+        .expect("the logout was never answered")
+        .unwrap());
+    fx.shutdown().await;
+}
