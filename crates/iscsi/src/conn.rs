@@ -520,7 +520,7 @@ impl Conn {
     /// unused, the window would wait for it for good and silently drop every
     /// later command of the session (the initiator's commands would time out
     /// one after another).
-    fn consume_rejected_cmd_sn(&self, hdr: &[u8; BHS_LEN]) {
+    pub(crate) fn consume_rejected_cmd_sn(&self, hdr: &[u8; BHS_LEN]) {
         let op = hdr[0] & 0x3f;
         let carries_cmd_sn = matches!(
             op,
@@ -579,6 +579,9 @@ impl Conn {
             tracing::warn!(peer = %self.peer, "SCSI command in a discovery session");
             self.reject(reject_reason::PROTOCOL_ERROR, &f.raw_header)
                 .await;
+            // (its CmdSN taken: the session's next requests stay in the
+            // window; review of 2026-12-06)
+            self.consume_rejected_cmd_sn(&f.raw_header);
             return Flow::Continue;
         }
         if !self.in_window(imm, c.cmd_sn, true) {

@@ -28,6 +28,7 @@ pub(crate) async fn on_tmf(conn: &mut Conn, f: &Frame, t: TaskMgmtRequest, imm: 
         tracing::warn!(peer = %conn.peer, "task management in a discovery session");
         conn.reject(reject_reason::PROTOCOL_ERROR, &f.raw_header)
             .await;
+        conn.consume_rejected_cmd_sn(&f.raw_header);
         return Flow::Continue;
     }
     if !imm && !conn.session.window.accept(t.cmd_sn, false) {
