@@ -587,6 +587,12 @@ impl Conn {
         if !self.in_window(imm, c.cmd_sn, true) {
             return Flow::Continue;
         }
+        // a reset or PREEMPT AND ABORT of another session from here on
+        // aborts this command if it is a write, however long it then waits
+        // for its data or for the node's buffer budget (review of 2026-12-06:
+        // taken after the budget wait, a write that waited through a reset
+        // ran after the reset was answered)
+        let abort_gen = self.session.write_abort_gen();
         let cdb = match &f.ahs.extended_cdb {
             None => f.header_bytes.slice(32..48),
             Some(ext) => {
@@ -655,7 +661,7 @@ impl Conn {
             else {
                 return self.after_budget_refused(&info);
             };
-            spawn_command(&self.session, &self.out, info, Bytes::new(), permit);
+            spawn_command(&self.session, &self.out, info, Bytes::new(), permit, None);
             return Flow::Continue;
         }
         if c.edtl_bytes > self.ctx.limits.max_transfer_bytes {
@@ -671,7 +677,15 @@ impl Conn {
             let Some(permit) = self.budget_or_answer(&info, data_bytes).await else {
                 return self.after_budget_refused(&info);
             };
-            spawn_command(&self.session, &self.out, info, f.data.clone(), permit);
+            let data = f.data.clone();
+            spawn_command(
+                &self.session,
+                &self.out,
+                info,
+                data,
+                permit,
+                Some(abort_gen),
+            );
             return Flow::Continue;
         }
         let edtl = c.edtl_bytes as usize;
@@ -691,7 +705,7 @@ impl Conn {
         };
         let mut task = match WriteTask::new(info.clone(), &f.data, !c.final_bit, &self.burst) {
             Ok(mut t) => {
-                t.abort_gen = self.session.write_abort_gen();
+                t.abort_gen = abort_gen;
                 t.with_permit(permit)
             }
             Err(e) => {
@@ -822,8 +836,9 @@ impl Conn {
                             }
                             return Flow::Continue;
                         }
+                        let since = Some(t.abort_gen);
                         let (data, permit) = t.into_data();
-                        spawn_command(&self.session, &self.out, info, data, permit);
+                        spawn_command(&self.session, &self.out, info, data, permit, since);
                     }
                 } else if seq_done {
                     let mut tag = self.next_tag;

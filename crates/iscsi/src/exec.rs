@@ -91,6 +91,7 @@ pub(crate) fn spawn_command(
     info: CmdInfo,
     data_out: Bytes,
     permit: BufferPermit,
+    write_since: Option<u64>,
 ) {
     let Some(scsi) = session.scsi.clone() else {
         return;
@@ -147,6 +148,20 @@ pub(crate) fn spawn_command(
             aborted: false,
         },
     );
+    // A write: dropped unexecuted and unanswered if another session's reset
+    // or PREEMPT AND ABORT aborted it since it arrived (`write_since`, the
+    // abort generation then). Looked at once registered: such an abort bumps
+    // the generation before it looks for running tasks, so it either finds
+    // this one (and waits for it) or is seen here.
+    if write_since.is_some_and(|g| session.write_aborted(lun, g)) {
+        tracing::info!(
+            itt,
+            lun,
+            "write aborted by another session before it ran; dropped"
+        );
+        drop(task);
+        return;
+    }
     if block::poll_once(&mut task) {
         return;
     }

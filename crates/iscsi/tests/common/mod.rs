@@ -88,6 +88,15 @@ pub async fn start_with(limits: Limits, lun0: Option<block::VolumeRef>) -> Fixtu
 
 /// Like [`start`], with `open` as the open target's SCSI target.
 pub async fn start_with_scsi(limits: Limits, open: Arc<scsi::ScsiTarget>) -> Fixture {
+    start_with_budget(limits, open, block::BufferBudget::unlimited()).await
+}
+
+/// Like [`start_with_scsi`], with `buffers` as the node's buffer budget.
+pub async fn start_with_budget(
+    limits: Limits,
+    open: Arc<scsi::ScsiTarget>,
+    buffers: block::BufferBudget,
+) -> Fixture {
     let _ = logs();
     let targets = vec![
         TargetSpec {
@@ -132,7 +141,7 @@ pub async fn start_with_scsi(limits: Limits, open: Arc<scsi::ScsiTarget>) -> Fix
         targets,
         discovery_auth: Auth::default(),
         limits,
-        buffers: block::BufferBudget::unlimited(),
+        buffers,
     };
     let server = Server::bind(cfg).await.expect("bind");
     let addrs = server.local_addrs();

@@ -1385,3 +1385,79 @@ async fn a_reset_or_logout_does_not_go_on_past_an_aborted_write_at_the_volume() 
         .unwrap());
     fx.shutdown().await;
 }
+
+/// A write that arrived before another session's LUN RESET, and waited
+/// through it for the node's buffer budget, is aborted by it: never
+/// executed, never answered. Before (review of 2026-12-06), its abort
+/// generation was taken after the wait, so it ran after the reset was
+/// answered, over whatever the resetting host wrote next.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_write_waiting_for_the_buffer_budget_through_a_reset_is_aborted() {
+    let budget = block::BufferBudget::new(8192);
+    let fx = start_with_budget(Limits::default(), scsi_target(OPEN, None), budget.clone()).await;
+    let mut x = logged_in_ready(fx.addrs[0], 1).await;
+    // W takes the whole budget with a write whose data it never sends
+    let mut w = Client::connect_isid(fx.addrs[0], [0x80, 0, 0, 0, 0, 3]).await;
+    let st = w
+        .login_simple(OPEN, &[("InitialR2T", "Yes"), ("ImmediateData", "No")])
+        .await;
+    assert_eq!(st, (0, 0));
+    for _ in 0..4 {
+        if scsi(&mut w, &[0, 0, 0, 0, 0, 0], &[], 0).await.0 == 0 {
+            break;
+        }
+    }
+    let big = w.command(
+        &[0x2a, 0, 0, 0, 0, 100, 0, 0, 16, 0],
+        false,
+        true,
+        8192,
+        true,
+    );
+    w.send(&big, false, &[]).await;
+    match w.recv_skip_pings().await.expect("R2T").pdu {
+        TargetPdu::R2t(_) => {}
+        other => panic!("{other:?}"),
+    }
+    // Y's write of block 9 waits for the budget
+    let mut y = logged_in_ready(fx.addrs[0], 2).await;
+    let cmd = y.command(&[0x2a, 0, 0, 0, 0, 9, 0, 0, 1, 0], false, true, 512, true);
+    y.send(&cmd, false, &[0xdd; 512]).await;
+    tokio::time::timeout(Duration::from_secs(20), async {
+        while budget.status().waits == 0 {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await
+    .expect("Y's write never waited for the budget");
+    // X resets the LU (nothing of Y's runs yet: answered at once)
+    assert_eq!(task_management(&mut x, 5).await, tmf_response::COMPLETE);
+    // W goes: its budget comes back, and Y's write gets it
+    drop(w);
+    // Y's next answer is its TEST UNIT READY's (the reset's unit attention),
+    // not the write's
+    let tur = y.command(&[0, 0, 0, 0, 0, 0], false, false, 0, true);
+    let tur_itt = match tur {
+        InitiatorPdu::ScsiCommand(ref s) => s.itt,
+        _ => unreachable!(),
+    };
+    y.send(&tur, false, &[]).await;
+    match y.recv_skip_pings().await.expect("TUR answer").pdu {
+        TargetPdu::ScsiResponse(s) => assert_eq!(
+            s.itt, tur_itt,
+            "the write that waited through the reset was executed and answered"
+        ),
+        other => panic!("{other:?}"),
+    }
+    let mut data = None;
+    for _ in 0..4 {
+        let (st, d) = scsi(&mut x, &[0x28, 0, 0, 0, 0, 9, 0, 0, 1, 0], &[], 512).await;
+        if st == 0 {
+            data = Some(d);
+            break;
+        }
+    }
+    let data = data.expect("X reads block 9");
+    assert!(data.iter().all(|&b| b == 0), "the aborted write landed");
+    fx.shutdown().await;
+}
