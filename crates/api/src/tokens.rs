@@ -201,14 +201,26 @@ impl Drop for FileLock {
 }
 
 fn read_file(path: &Path) -> Result<TokenFile, TokenError> {
+    parse_file(path, &read_bytes(path)?)
+}
+
+/// The file's bytes; none when it does not exist.
+fn read_bytes(path: &Path) -> Result<Vec<u8>, TokenError> {
     match std::fs::read(path) {
-        Ok(b) => serde_json::from_slice(&b).map_err(|e| TokenError::Corrupt {
-            path: path.to_path_buf(),
-            msg: e.to_string(),
-        }),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(TokenFile::default()),
+        Ok(b) => Ok(b),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Vec::new()),
         Err(e) => Err(io(path)(e)),
     }
+}
+
+fn parse_file(path: &Path, b: &[u8]) -> Result<TokenFile, TokenError> {
+    if b.is_empty() {
+        return Ok(TokenFile::default());
+    }
+    serde_json::from_slice(b).map_err(|e| TokenError::Corrupt {
+        path: path.to_path_buf(),
+        msg: e.to_string(),
+    })
 }
 
 fn write_file(path: &Path, f: &TokenFile) -> Result<(), TokenError> {
@@ -354,7 +366,13 @@ pub struct Caller {
 
 struct Loaded {
     /// (mtime, length) of the file as last read; None when missing.
-    stamp: Option<(SystemTime, u64)>,
+    /// The SHA-256 of the file's bytes when it was read (it is small, read
+    /// at each check): its time and length were compared, and a revoke and
+    /// a create that left a file of the same length within one tick of the
+    /// clock went unseen, the revoked token still valid (review of
+    /// 2026-12-06; the inode is no better: the filesystem hands the freed
+    /// one to the next file renamed in).
+    stamp: Option<[u8; 32]>,
     checked: Instant,
     tokens: Vec<([u8; 32], Caller)>,
 }
@@ -394,13 +412,15 @@ impl TokenStore {
             return;
         }
         l.checked = Instant::now();
-        let stamp = std::fs::metadata(&self.path)
+        let bytes = read_bytes(&self.path);
+        let stamp = bytes
+            .as_ref()
             .ok()
-            .map(|m| (m.modified().unwrap_or(UNIX_EPOCH), m.len()));
+            .map(|b| <[u8; 32]>::from(Sha256::digest(b)));
         if stamp == l.stamp && stamp.is_some() {
             return;
         }
-        match read_file(&self.path) {
+        match bytes.and_then(|b| parse_file(&self.path, &b)) {
             Ok(f) => {
                 l.tokens = f
                     .tokens
@@ -537,6 +557,40 @@ mod tests {
         std::fs::write(token_file(d.path()), &good).unwrap();
         std::thread::sleep(Duration::from_millis(RELOAD_CHECK_MS + 50));
         assert!(store.verify(&tok).is_some(), "the mended file is not read");
+    }
+
+    /// A revoke and a create that leave a file of the same length with the
+    /// same modification time (one tick of a coarse clock) are still seen:
+    /// the file is a new one (renamed over). Before (review of 2026-12-06),
+    /// only the time and length were compared, and the revoked token kept
+    /// working.
+    #[test]
+    fn a_change_within_one_clock_tick_is_seen() {
+        let d = tempfile::tempdir().unwrap();
+        let store = TokenStore::open(d.path());
+        let (rec, old) = create(d.path(), "ops", Role::Admin).unwrap();
+        assert!(store.verify_now(&old).is_some());
+        let path = token_file(d.path());
+        let before = std::fs::metadata(&path).unwrap();
+        revoke(d.path(), &rec.id).unwrap();
+        let (_, new) = create(d.path(), "ops", Role::Admin).unwrap();
+        let after = std::fs::metadata(&path).unwrap();
+        assert_eq!(
+            after.len(),
+            before.len(),
+            "the test needs files of one length"
+        );
+        std::fs::File::options()
+            .write(true)
+            .open(&path)
+            .unwrap()
+            .set_modified(before.modified().unwrap())
+            .unwrap();
+        assert!(
+            store.verify_now(&old).is_none(),
+            "a revoked token still works"
+        );
+        assert!(store.verify_now(&new).is_some());
     }
 
     #[test]
