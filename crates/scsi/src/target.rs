@@ -405,8 +405,13 @@ impl ScsiTarget {
 
     /// Removes logical unit `lun` while the target serves: commands already running
     /// on it finish, new ones get LOGICAL UNIT NOT SUPPORTED, and the other LUs'
-    /// nexuses get REPORTED LUNS DATA HAS CHANGED. Its volume is flushed. Returns
-    /// the volume, or None if there is no such LUN.
+    /// nexuses get REPORTED LUNS DATA HAS CHANGED. Returns once no change of
+    /// its medium is in flight (its commands' writes, copies writing it from
+    /// other LUs' commands, which stop as at a reset) and its volume is
+    /// flushed: before (review of 2026-12-06), a write already running was
+    /// acknowledged after the final flush and after the delete answered, its
+    /// disk by then given back to the free disks. Returns the volume, or None
+    /// if there is no such LUN.
     pub async fn remove_lun(&self, lun: u64) -> Option<VolumeRef> {
         let (gone, others) = {
             let mut luns = self.luns.write();
@@ -420,6 +425,9 @@ impl ScsiTarget {
         for lu in others {
             lu.uas.raise_all(codes::REPORTED_LUNS_DATA_CHANGED, None);
         }
+        gone.resets.fetch_add(1, Ordering::AcqRel);
+        gone.copies_stopped().await;
+        drop(gone.write_order.write().await);
         if let Err(e) = gone.volume.flush().await {
             tracing::error!(lun, error = %e, "flush of a removed LUN failed");
         }

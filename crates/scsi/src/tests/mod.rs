@@ -2794,6 +2794,39 @@ async fn a_copy_stops_once_its_initiator_is_preempted_on_the_destination() {
     );
 }
 
+/// Removing an LU returns only once the writes already running on it have
+/// ended (and then flushes): a write acknowledged after the removal answered
+/// would land on a volume given back (a disk returned to the free ones).
+/// Before (review of 2026-12-06), it flushed and returned at once.
+#[tokio::test]
+async fn removing_an_lu_waits_for_its_writes_in_flight() {
+    let held = Arc::new(block::HoldVolume::new(Arc::new(MemVolume::new(
+        BS as u32, BLOCKS,
+    ))));
+    let t = Arc::new(target_with(held.clone()));
+    let n = ready(&t, "1", 1).await;
+    held.writes.hold();
+    let write = {
+        let (t, n) = (t.clone(), n.clone());
+        tokio::spawn(async move { t.execute(&n, cmd(0, &rw10(0x2a, 5, 1), &[7; BS])).await })
+    };
+    held.writes.arrivals(1).await;
+    let remove = {
+        let t = t.clone();
+        tokio::spawn(async move { t.remove_lun(0).await.is_some() })
+    };
+    // given 300 ms, a removal that does not wait has returned
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    assert!(
+        !remove.is_finished(),
+        "the LU was removed with a write still at its volume"
+    );
+    held.writes.open();
+    assert_eq!(write.await.unwrap().status, status::GOOD);
+    assert!(remove.await.unwrap());
+    assert_eq!(held.read(5, 1).await.unwrap(), vec![7u8; BS]);
+}
+
 /// A LOGICAL UNIT RESET (or CLEAR TASK SET) of the LU an EXTENDED COPY writes,
 /// the copy sent to another LU, stops the copy: once the reset is answered,
 /// none of its writes lands there. Before (review of 2026-12-06), the reset
