@@ -21,6 +21,13 @@ use std::sync::{Arc, OnceLock};
 struct SyncLatch {
     lost: AtomicBool,
     path: PathBuf,
+    /// A descriptor of the same file used for nothing but this: Linux
+    /// reports a writeback error once per open file, so a failure that a
+    /// forced write took as its own (out of space) may have been earlier
+    /// writes' lost writeback, whose one report on the volume's descriptor
+    /// it used up; this one still sees it (review of 2026-12-06: the next
+    /// flush succeeded over the lost data). Buffered volumes only.
+    watch: Option<std::fs::File>,
 }
 
 impl SyncLatch {
@@ -188,6 +195,10 @@ impl FileVolume {
             sync_lost: Arc::new(SyncLatch {
                 lost: AtomicBool::new(false),
                 path: path.to_path_buf(),
+                // (opened with the volume: it sees writeback errors from now)
+                watch: (!opened.direct && !opts.read_only)
+                    .then(|| std::fs::File::open(path).ok())
+                    .flatten(),
             }),
             zeroes: OnceLock::new(),
             counters: Counters::default(),
@@ -261,6 +272,18 @@ impl FileVolume {
             if let Err(f) = &done.res {
                 if !own_failure(f.errno) {
                     latch.set(what, f.errno);
+                } else {
+                    // the op's own, unless the watching descriptor has an
+                    // error to report: then earlier writes were lost too
+                    let l = latch.clone();
+                    let lost = tokio::task::spawn_blocking(move || {
+                        l.watch.as_ref().is_some_and(|w| w.sync_data().is_err())
+                    })
+                    .await
+                    .unwrap_or(true);
+                    if lost {
+                        latch.set(what, f.errno);
+                    }
                 }
             }
             Ok(done)

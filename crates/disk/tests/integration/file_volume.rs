@@ -655,6 +655,30 @@ async fn a_failed_flush_is_not_forgotten_by_the_next_one() {
     }
 }
 
+/// A forced (FUA) write that fails after earlier writes' writeback failed
+/// (the kernel reports that once per open file, here to the forced write's
+/// sync) leaves flushes failing. (The out-of-space case, where the failure
+/// could be taken as the write's own, is checked on a second descriptor of
+/// the file, `SyncLatch::watch`; a loop device over a full file system
+/// reports EIO to the forced write, so this test cannot make that case.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_forced_write_after_a_lost_writeback_leaves_flushes_failing() {
+    for engine in ENGINES {
+        let Some((_under, v, chunk)) = overfilled(engine).await else {
+            return;
+        };
+        // writeback now, without taking the volume's report
+        unsafe { libc::sync() };
+        let forced = v.write(0, chunk.slice(..512), true).await;
+        assert!(forced.is_err(), "{engine:?}: the forced write succeeded");
+        assert!(
+            v.flush().await.is_err(),
+            "{engine:?}: a flush succeeded over a lost writeback ({forced:?})"
+        );
+        drop(v);
+    }
+}
+
 /// The failure of a flush whose caller gave up (an aborted SYNCHRONIZE CACHE)
 /// is remembered all the same: the kernel reported it to that sync alone, so
 /// forgetting it would let the next flush succeed over the lost data.
