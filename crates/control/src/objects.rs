@@ -455,6 +455,11 @@ impl Objects {
         } = parse(body)?;
         let bytes = disk::parse_size(&size)
             .ok_or_else(|| bad(format!("size {size:?}: expected e.g. 4G, 512M, 16GiB")))?;
+        // the checks below (the LUN, its size, whether it is mapped) under
+        // the changes' lock: read before it, a host group mapping the LUN or
+        // its delete could come between them and the resize (review of
+        // 2026-12-06)
+        let _op = self.op_lock().await?;
         let t = self.target(&target)?;
         let vol = t
             .lun_volume(lun)
@@ -481,7 +486,6 @@ impl Objects {
                      host groups that map it to nobody first"
                 )));
             }
-            let _op = self.op_lock().await?;
             vol.shrink(blocks).await.map_err(|e| {
                 ApiError::Conflict(format!("LUN {lun} of {target} cannot shrink: {e}"))
             })?;
@@ -490,7 +494,6 @@ impl Objects {
                 json!({ "target": target, "lun": lun, "size_bytes": bytes, "was_bytes": g.size_bytes(), "shrunk": true }),
             );
         }
-        let _op = self.op_lock().await?;
         let (cfg, _) = self.snapshot();
         crate::allowed::check_growth(&cfg, &target, lun, g.size_bytes(), bytes)?;
         vol.grow(blocks)
