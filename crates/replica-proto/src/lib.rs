@@ -101,6 +101,19 @@ pub mod hello_flags {
     /// cannot read some blocks (a lost block of a pool, a bad sector) gets them
     /// from the partner. Neither is sent to a partner that did not say so.
     pub const REPAIR: u32 = 16;
+    /// The sender says which of the pair's shared settings it runs with:
+    /// [`WITNESS`], [`ACTIVE_PASSIVE`] and, in the bits from
+    /// [`SETTINGS_DIGEST_SHIFT`] up, a digest of whether it has a witness, its
+    /// mode and its peer timeout. Nodes that both say so and differ are not joined: with
+    /// one node preferred and no witness and the other asking a witness, both
+    /// would go on alone when the links fail.
+    pub const SETTINGS: u32 = 32;
+    /// With [`SETTINGS`]: the sender asks a witness when it loses its partner.
+    pub const WITNESS: u32 = 64;
+    /// With [`SETTINGS`]: the sender's pair is active-passive.
+    pub const ACTIVE_PASSIVE: u32 = 128;
+    /// With [`SETTINGS`]: where the 16-bit settings digest starts.
+    pub const SETTINGS_DIGEST_SHIFT: u32 = 16;
 }
 
 /// Most bytes one [`Message::Repair`] or [`Message::ReadCopy`] asks for.

@@ -491,6 +491,7 @@ async fn handshake(
         flags |= hello_flags::UNDO;
     }
     flags |= hello_flags::REPAIR;
+    flags |= settings_flags(cfg);
     // read after the undo: one that failed marked the copy partial, and such
     // a copy is no source (before, this meeting still judged it as it was,
     // and a copy half put back resynchronised the partner)
@@ -632,6 +633,9 @@ async fn handshake(
     inner
         .partner_repairs
         .store(flags & hello_flags::REPAIR != 0, Ordering::SeqCst);
+    if let Some(e) = settings_differ(cfg, flags) {
+        return Err(HandshakeError::Unjoinable(refuse(&mut f, e).await));
+    }
     let peer_preferred = flags & hello_flags::PREFERRED != 0;
     if peer_preferred != (cfg.preferred_node == node_id) {
         let e = format!(
@@ -643,6 +647,63 @@ async fn handshake(
         return Err(HandshakeError::Unjoinable(refuse(&mut f, e).await));
     }
     Ok((f, p, peer_meta, peer_bits, hello_sent))
+}
+
+/// The hello flags that say which shared settings this node runs with
+/// ([`hello_flags::SETTINGS`]).
+fn settings_flags(cfg: &crate::volume::ReplicaConfig) -> u32 {
+    use sha2::Digest;
+    let mut flags = hello_flags::SETTINGS;
+    if cfg.witness.is_some() {
+        flags |= hello_flags::WITNESS;
+    }
+    if cfg.mode == crate::volume::Mode::ActivePassive {
+        flags |= hello_flags::ACTIVE_PASSIVE;
+    }
+    // (not the witness's address: each node may reach it by another; it is
+    // the cluster's witness by its key)
+    let text = format!(
+        "witness={};mode={:?};peer_timeout_ms={}",
+        cfg.witness.is_some(),
+        cfg.mode,
+        cfg.peer_timeout_ms
+    );
+    let d = sha2::Sha256::digest(text.as_bytes());
+    flags | u32::from(u16::from_be_bytes([d[0], d[1]])) << hello_flags::SETTINGS_DIGEST_SHIFT
+}
+
+/// Why this node will not join a partner whose hello `flags` say it runs
+/// with other shared settings: the witness (or none), the mode, the peer
+/// timeout (the witness's address may differ: each node may reach it by
+/// another). Each decides alone from them when the links fail, so with one
+/// preferred and without a witness and the other asking a witness, both went
+/// on alone; with other peer timeouts, a survivor took over before the
+/// loser's lease had ended (review of 2026-12-06). None if they agree, or if
+/// the partner does not say (an earlier version).
+fn settings_differ(cfg: &crate::volume::ReplicaConfig, flags: u32) -> Option<String> {
+    if flags & hello_flags::SETTINGS == 0 {
+        return None;
+    }
+    let mine = settings_flags(cfg);
+    let what = if (flags ^ mine) & hello_flags::WITNESS != 0 {
+        "one node asks a witness when it loses the other, the other does not"
+    } else if (flags ^ mine) & hello_flags::ACTIVE_PASSIVE != 0 {
+        "one node is active-passive, the other active-active"
+    } else if flags >> hello_flags::SETTINGS_DIGEST_SHIFT
+        != mine >> hello_flags::SETTINGS_DIGEST_SHIFT
+    {
+        "the peer timeout differs"
+    } else {
+        return None;
+    };
+    Some(format!(
+        "the nodes' HA settings differ: {what} ([cluster] witness and peer_timeout_ms, and \
+         the LUN's replica_mode, must be the same on both nodes; here: witness {}, {:?}, peer \
+         timeout {} ms)",
+        cfg.witness.map_or("none".to_string(), |w| w.to_string()),
+        cfg.mode,
+        cfg.peer_timeout_ms
+    ))
 }
 
 /// Tells the partner why this node will not join the copies (best effort:
