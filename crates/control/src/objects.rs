@@ -221,6 +221,12 @@ impl Objects {
         Ok(())
     }
 
+    /// The lock serialising creations and deletions, for a reload of the
+    /// configuration: waited for as long as the change holding it runs.
+    pub(crate) async fn hold_changes(&self) -> tokio::sync::MutexGuard<'_, ()> {
+        self.op.lock().await
+    }
+
     /// The lock serialising creations and deletions, for a change the API
     /// asked for: waited for at most [`OP_WAIT`], since every change waiting
     /// holds one of the API's change slots (a LUN growing over a pool zeroes

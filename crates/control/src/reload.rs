@@ -216,6 +216,16 @@ impl Reloader {
     /// changes nothing) when the file cannot be read or is invalid, or when a new
     /// target cannot be built.
     pub async fn reload(&self) -> Result<ReloadReport> {
+        // the API's changes wait meanwhile, and it waits for theirs (taken
+        // before `current`, as those changes take it inside): a LUN created
+        // while a reload added a target over the same pool or file both went
+        // through, two LUNs over one backing, and the create's commit put the
+        // configuration back without the reload's target (review of
+        // 2026-12-06)
+        let _changes = match self.objects.get() {
+            Some(o) => Some(o.hold_changes().await),
+            None => None,
+        };
         let mut current = self.current.lock().await;
         let tell = |l| {
             if let Some(h) = &self.lifecycle {
