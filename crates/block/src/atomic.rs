@@ -481,6 +481,14 @@ impl Inner {
             ));
         }
         self.ready().await?;
+        // every slot may be held by failed writes' kept records, which only
+        // an operation over their blocks used to settle: this write waited
+        // for a slot for ever, even once the fault had cleared (review of
+        // 2026-12-06). With none free and records kept, they are settled
+        // first (or this write fails with what stops them).
+        if self.permits.available_permits() == 0 && self.kept_count.load(Ordering::SeqCst) > 0 {
+            self.clone().settle().await?;
+        }
         let permit = self
             .permits
             .acquire()

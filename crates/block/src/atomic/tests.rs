@@ -399,3 +399,41 @@ async fn a_write_after_a_failed_atomic_write_is_not_undone_by_the_replay() {
     assert_eq!(after.read(12, 2).await.unwrap(), fill(0xbb, 2));
     assert_eq!(after.read(4, 8).await.unwrap(), fill(0xee, 8));
 }
+
+/// Failed atomic writes that keep every slot (their records wait to be
+/// applied) do not stop the next atomic write for good: with no slot free,
+/// it settles the kept records first (and fails while they cannot be
+/// applied). Before (review of 2026-12-06), it waited for a slot for ever,
+/// even once the fault had cleared.
+#[tokio::test]
+async fn atomic_writes_go_on_after_failed_ones_kept_every_slot() {
+    let (d, r) = (mem(), records());
+    let faulty = Arc::new(crate::FaultVolume::new(d.clone()));
+    let plan = faulty.plan();
+    let v = AtomicWrites::new(faulty.clone(), r.clone(), KEY).unwrap();
+    v.recover().await.unwrap();
+    plan.lock().bad_write_blocks = (0..ATOMIC_SLOTS).map(|i| i * 16..i * 16 + 1).collect();
+    for i in 0..ATOMIC_SLOTS {
+        assert!(v.write_atomic(i * 16, fill(0xaa, 1)).await.is_err());
+    }
+    // while they cannot be applied, the next one fails (it does not wait)
+    let next = tokio::time::timeout(
+        std::time::Duration::from_secs(5),
+        v.write_atomic(1000, fill(0xbb, 1)),
+    )
+    .await
+    .expect("an atomic write waited for a slot the failed ones keep");
+    assert!(next.is_err());
+    plan.lock().bad_write_blocks.clear();
+    tokio::time::timeout(
+        std::time::Duration::from_secs(5),
+        v.write_atomic(1000, fill(0xbb, 1)),
+    )
+    .await
+    .expect("an atomic write waited for a slot the failed ones keep")
+    .unwrap();
+    assert_eq!(v.read(1000, 1).await.unwrap(), fill(0xbb, 1));
+    for i in 0..ATOMIC_SLOTS {
+        assert_eq!(v.read(i * 16, 1).await.unwrap(), fill(0xaa, 1));
+    }
+}
