@@ -139,7 +139,18 @@ impl UringEngine {
         // The ring thread gives the permit back when the request completes.
         permit.forget();
         let (tx, rx) = oneshot::channel();
-        shared.queue.lock().push(Request { op, done: tx });
+        {
+            // `dead` is set under this lock (`die`): a request is either
+            // queued before the ring thread takes the queue to fail it, or
+            // sees the engine dead here. Checked only before the lock, one
+            // queued just after `die` took the queue was never answered and
+            // its caller waited for ever (review of 2026-12-06).
+            let mut q = shared.queue.lock();
+            if shared.dead.load(Ordering::Acquire) {
+                return Err(engine_gone());
+            }
+            q.push(Request { op, done: tx });
+        }
         if shared.sleeping.swap(false, Ordering::SeqCst) {
             shared.wake();
         }
@@ -428,9 +439,12 @@ impl RingThread {
     /// The ring is unusable: refuse new work, fail what is queued, and leak what the
     /// kernel may still write into rather than free it.
     fn die(mut self) {
-        self.shared.dead.store(true, Ordering::SeqCst);
+        let queued: Vec<Request> = {
+            let mut q = self.shared.queue.lock();
+            self.shared.dead.store(true, Ordering::SeqCst);
+            std::mem::take(&mut *q)
+        };
         self.shared.permits.close();
-        let queued: Vec<Request> = std::mem::take(&mut *self.shared.queue.lock());
         for req in queued.into_iter().chain(self.incoming.drain(..)) {
             let _ = req.done.send(IoDone {
                 op: req.op,
