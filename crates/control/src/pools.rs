@@ -958,12 +958,16 @@ impl Pools {
             // an attach or detach under way ends first: stopped between its
             // switch of the LUNs to the backing and its emptying, a cache
             // would write a full table the backing no longer matches
-            let _op = tokio::time::timeout(std::time::Duration::from_secs(60), c.op.lock())
-                .await
-                .map_err(|_| {
-                    tracing::warn!(cache = %name, "an attach or detach is still running at shutdown")
-                })
-                .ok();
+            let Ok(_op) =
+                tokio::time::timeout(std::time::Duration::from_secs(60), c.op.lock()).await
+            else {
+                // its table is left as a crash leaves it (not clean): the
+                // clean one written under a running detach was the hazard
+                // above (review of 2026-12-06: it was written all the same)
+                tracing::warn!(cache = %name,
+                    "an attach or detach is still running at shutdown: the cache's table is left unclean");
+                continue;
+            };
             let Some(v) = c.volume() else { continue };
             if let Err(e) = v.shutdown().await {
                 tracing::warn!(cache = %name, error = %e, "cache shutdown");

@@ -309,17 +309,45 @@ where
         crate::api_node::forget_local_node(a, &cfg.data_dir);
     }
     stop_tx.send_replace(true);
+    // every step runs whatever the one before it returned (review of
+    // 2026-12-06: an API or NBD task's error returned at once, skipping the
+    // iSCSI drain and flush, the replicas' and the pools' shutdown: pools
+    // resynchronised and caches started cold at the next start); the first
+    // error is returned at the end
+    let mut first_error: Option<anyhow::Error> = None;
+    let mut note = |r: Result<()>| {
+        if let Err(e) = r {
+            tracing::error!("shutdown: {e:#}");
+            first_error.get_or_insert(e);
+        }
+    };
     if let Some(t) = api_task {
-        t.await.context("API task")??;
+        note(
+            t.await
+                .context("API task")
+                .and_then(|r| r.map_err(anyhow::Error::from)),
+        );
     }
     if let Some(t) = nbd_task {
-        t.await.context("NBD server task")??;
+        note(
+            t.await
+                .context("NBD server task")
+                .and_then(|r| r.map_err(anyhow::Error::from)),
+        );
     }
-    iscsi_task.await.context("iSCSI server task")??;
+    note(
+        iscsi_task
+            .await
+            .context("iSCSI server task")
+            .and_then(|r| r.map_err(anyhow::Error::from)),
+    );
     if let Some(c) = &cluster {
         c.shutdown().await;
     }
     pools.shutdown().await;
+    if let Some(e) = first_error {
+        return Err(e);
+    }
     eprintln!("freesan stopped cleanly");
     Ok(())
 }
