@@ -484,9 +484,10 @@ impl Inner {
         // every slot may be held by failed writes' kept records, which only
         // an operation over their blocks used to settle: this write waited
         // for a slot for ever, even once the fault had cleared (review of
-        // 2026-12-06). With none free and records kept, they are settled
-        // first (or this write fails with what stops them).
-        if self.permits.available_permits() == 0 && self.kept_count.load(Ordering::SeqCst) > 0 {
+        // 2026-12-06). With every slot kept (none in flight that would free
+        // one), they are settled first (or this write fails with what stops
+        // them).
+        if self.kept_count.load(Ordering::SeqCst) >= ATOMIC_SLOTS as usize {
             self.clone().settle().await?;
         }
         let permit = self

@@ -2067,7 +2067,8 @@ impl CacheVolume {
     /// more, as a power loss or a SIGKILL does, and returns once none of them
     /// runs: a task aborted by [`Drop`] may still be inside a poll on another
     /// thread, and on in-memory test volumes one poll can carry several writes.
-    /// For crash tests, which must not let a task outlive the "power".
+    /// For crash tests, which must not let a task outlive the "power", and
+    /// for a shutdown that cannot wait for an attach or detach to end.
     pub async fn halt(&self) {
         for t in self.abort_tasks() {
             let _ = t.await;

@@ -963,9 +963,14 @@ impl Pools {
             else {
                 // its table is left as a crash leaves it (not clean): the
                 // clean one written under a running detach was the hazard
-                // above (review of 2026-12-06: it was written all the same)
+                // above (review of 2026-12-06: it was written all the same);
+                // its background work (destaging) stops all the same, before
+                // the pools below it shut down
                 tracing::warn!(cache = %name,
                     "an attach or detach is still running at shutdown: the cache's table is left unclean");
+                if let Some(v) = c.volume() {
+                    v.halt().await;
+                }
                 continue;
             };
             let Some(v) = c.volume() else { continue };

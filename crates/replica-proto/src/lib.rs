@@ -103,17 +103,20 @@ pub mod hello_flags {
     pub const REPAIR: u32 = 16;
     /// The sender says which of the pair's shared settings it runs with:
     /// [`WITNESS`], [`ACTIVE_PASSIVE`] and, in the bits from
-    /// [`SETTINGS_DIGEST_SHIFT`] up, a digest of whether it has a witness, its
-    /// mode and its peer timeout. Nodes that both say so and differ are not joined: with
-    /// one node preferred and no witness and the other asking a witness, both
-    /// would go on alone when the links fail.
+    /// [`TIMEOUT_SHIFT`] up, its peer timeout in [`TIMEOUT_UNIT_MS`] units
+    /// (rounded up). Nodes that both say so and differ in the first two are
+    /// not joined: with one node preferred and no witness and the other asking
+    /// a witness, both would go on alone when the links fail. Of two peer
+    /// timeouts, a survivor waits out the longer.
     pub const SETTINGS: u32 = 32;
     /// With [`SETTINGS`]: the sender asks a witness when it loses its partner.
     pub const WITNESS: u32 = 64;
     /// With [`SETTINGS`]: the sender's pair is active-passive.
     pub const ACTIVE_PASSIVE: u32 = 128;
-    /// With [`SETTINGS`]: where the 16-bit settings digest starts.
-    pub const SETTINGS_DIGEST_SHIFT: u32 = 16;
+    /// With [`SETTINGS`]: where the 16-bit peer timeout starts.
+    pub const TIMEOUT_SHIFT: u32 = 16;
+    /// The unit of the peer timeout in the hello.
+    pub const TIMEOUT_UNIT_MS: u64 = 100;
 }
 
 /// Most bytes one [`Message::Repair`] or [`Message::ReadCopy`] asks for.

@@ -471,6 +471,8 @@ async fn writer(
     // closed (not broken): what this node had to say last goes out first
     let last = link.last_words.lock().take();
     if let Some(m) = last {
+        // (alone: after a failed write, `out` still holds its batch)
+        out.clear();
         encode(&m, &mut out);
         let _ = tokio::time::timeout(link.peer_timeout, wr.write_all(&out)).await;
     }

@@ -342,7 +342,8 @@ async fn decide(inner: &Arc<Inner>, peer_last_ping: Instant, detached: bool) {
     }
     if !detached {
         // the partner's lease on serving ends at most one timeout after its last ping
-        let lease_end = peer_last_ping + Duration::from_millis(inner.cfg.peer_timeout_ms);
+        // (its own peer timeout, when longer than this node's)
+        let lease_end = peer_last_ping + Duration::from_millis(inner.partner_timeout_ms());
         tokio::time::sleep_until(lease_end.into()).await;
     }
     if !meta.solo() {
@@ -633,8 +634,9 @@ async fn handshake(
     inner
         .partner_repairs
         .store(flags & hello_flags::REPAIR != 0, Ordering::SeqCst);
-    if let Some(e) = settings_differ(cfg, flags) {
-        return Err(HandshakeError::Unjoinable(refuse(&mut f, e).await));
+    match partner_settings(cfg, flags) {
+        Ok(t) => inner.note_partner_timeout(t),
+        Err(e) => return Err(HandshakeError::Unjoinable(refuse(&mut f, e).await)),
     }
     let peer_preferred = flags & hello_flags::PREFERRED != 0;
     if peer_preferred != (cfg.preferred_node == node_id) {
@@ -652,7 +654,6 @@ async fn handshake(
 /// The hello flags that say which shared settings this node runs with
 /// ([`hello_flags::SETTINGS`]).
 fn settings_flags(cfg: &crate::volume::ReplicaConfig) -> u32 {
-    use sha2::Digest;
     let mut flags = hello_flags::SETTINGS;
     if cfg.witness.is_some() {
         flags |= hello_flags::WITNESS;
@@ -660,49 +661,41 @@ fn settings_flags(cfg: &crate::volume::ReplicaConfig) -> u32 {
     if cfg.mode == crate::volume::Mode::ActivePassive {
         flags |= hello_flags::ACTIVE_PASSIVE;
     }
-    // (not the witness's address: each node may reach it by another; it is
-    // the cluster's witness by its key)
-    let text = format!(
-        "witness={};mode={:?};peer_timeout_ms={}",
-        cfg.witness.is_some(),
-        cfg.mode,
-        cfg.peer_timeout_ms
-    );
-    let d = sha2::Sha256::digest(text.as_bytes());
-    flags | u32::from(u16::from_be_bytes([d[0], d[1]])) << hello_flags::SETTINGS_DIGEST_SHIFT
+    // the peer timeout in units rounded up (the partner waits at least it)
+    let units = cfg
+        .peer_timeout_ms
+        .div_ceil(hello_flags::TIMEOUT_UNIT_MS)
+        .min(u64::from(u16::MAX)) as u32;
+    flags | units << hello_flags::TIMEOUT_SHIFT
 }
 
-/// Why this node will not join a partner whose hello `flags` say it runs
-/// with other shared settings: the witness (or none), the mode, the peer
-/// timeout (the witness's address may differ: each node may reach it by
-/// another). Each decides alone from them when the links fail, so with one
-/// preferred and without a witness and the other asking a witness, both went
-/// on alone; with other peer timeouts, a survivor took over before the
-/// loser's lease had ended (review of 2026-12-06). None if they agree, or if
-/// the partner does not say (an earlier version).
-fn settings_differ(cfg: &crate::volume::ReplicaConfig, flags: u32) -> Option<String> {
+/// What a partner's hello `flags` say of the shared settings: Ok(its peer
+/// timeout in ms, when it says) if this node can join it, Err(why) if not.
+/// Each node decides alone from these when the links fail, so with one
+/// preferred and without a witness and the other asking a witness, both
+/// went on alone; one active-passive and the other active-active answer
+/// ALUA differently (review of 2026-12-06: joined all the same). The
+/// witness's address may differ (each node may reach it by another). A
+/// partner's longer peer timeout is no refusal: a survivor waits out the
+/// longer of the two ([`Inner::partner_timeout_ms`]).
+fn partner_settings(cfg: &crate::volume::ReplicaConfig, flags: u32) -> Result<Option<u64>, String> {
     if flags & hello_flags::SETTINGS == 0 {
-        return None;
+        return Ok(None);
     }
     let mine = settings_flags(cfg);
     let what = if (flags ^ mine) & hello_flags::WITNESS != 0 {
         "one node asks a witness when it loses the other, the other does not"
     } else if (flags ^ mine) & hello_flags::ACTIVE_PASSIVE != 0 {
         "one node is active-passive, the other active-active"
-    } else if flags >> hello_flags::SETTINGS_DIGEST_SHIFT
-        != mine >> hello_flags::SETTINGS_DIGEST_SHIFT
-    {
-        "the peer timeout differs"
     } else {
-        return None;
+        let units = u64::from(flags >> hello_flags::TIMEOUT_SHIFT);
+        return Ok(Some(units * hello_flags::TIMEOUT_UNIT_MS));
     };
-    Some(format!(
-        "the nodes' HA settings differ: {what} ([cluster] witness and peer_timeout_ms, and \
-         the LUN's replica_mode, must be the same on both nodes; here: witness {}, {:?}, peer \
-         timeout {} ms)",
+    Err(format!(
+        "the nodes' HA settings differ: {what} ([cluster] witness, and the LUN's \
+         replica_mode, must be the same on both nodes; here: witness {}, {:?})",
         cfg.witness.map_or("none".to_string(), |w| w.to_string()),
         cfg.mode,
-        cfg.peer_timeout_ms
     ))
 }
 

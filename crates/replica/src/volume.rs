@@ -306,6 +306,10 @@ pub(crate) struct Inner {
     /// The partner said, at the last meeting, that it takes repair requests
     /// (`hello_flags::REPAIR`).
     pub(crate) partner_repairs: std::sync::atomic::AtomicBool,
+    /// The partner's peer timeout as its last hello said (ms; 0: not said):
+    /// its lease on serving lasts that long, so a survivor waits out the
+    /// longer of the two ([`Inner::partner_timeout_ms`]).
+    partner_timeout: AtomicU64,
     /// Blocks this copy could not read and got from the partner's copy.
     repaired_blocks: AtomicU64,
     /// See [`ReplicaStatus::access_mismatch`].
@@ -472,6 +476,22 @@ type OpOutcome = BlockResult<Option<usize>>;
 impl Inner {
     pub(crate) fn role(&self) -> RoleState {
         self.role_tx.borrow().clone()
+    }
+
+    /// Notes the partner's peer timeout from its hello (None: it did not say).
+    pub(crate) fn note_partner_timeout(&self, ms: Option<u64>) {
+        if let Some(ms) = ms {
+            self.partner_timeout.store(ms, Ordering::Release);
+        }
+    }
+
+    /// How long the partner's lease on serving may outlast its last ping
+    /// here: the longer of the two nodes' peer timeouts (a partner with a
+    /// longer one, not yet met since this process started, is not known).
+    pub(crate) fn partner_timeout_ms(&self) -> u64 {
+        self.cfg
+            .peer_timeout_ms
+            .max(self.partner_timeout.load(Ordering::Acquire))
     }
 
     pub(crate) fn set_role(
@@ -1859,6 +1879,7 @@ impl ReplicatedVolume {
             meeting: tokio::sync::Mutex::new(()),
             scsi_peer: parking_lot::RwLock::new(None),
             partner_repairs: std::sync::atomic::AtomicBool::new(false),
+            partner_timeout: AtomicU64::new(0),
             repaired_blocks: AtomicU64::new(0),
             access_mismatch: Mutex::new(None),
             monitor: parking_lot::RwLock::new(None),

@@ -1442,3 +1442,51 @@ async fn the_first_lease_counts_from_the_hello_not_from_the_links_start() {
     );
     n1.shutdown().await;
 }
+
+/// A partner whose hello says its peer timeout is longer (2 s, against this
+/// node's 400 ms) keeps its lease on serving that long after its last ping:
+/// once it is lost, node 1 (preferred, no witness) goes on alone only after
+/// the longer timeout. Before (review of 2026-12-06), the nodes had to have
+/// the same timeout and nothing said so: a survivor with a shorter one took
+/// over while the partner still served.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_survivor_waits_out_the_partners_longer_peer_timeout() {
+    let d = tempfile::tempdir().unwrap();
+    let dialed = node1_dialing_a_fake(d.path(), Arc::new(MemVolume::new(512, BLOCKS))).await;
+    let st = dialed.accept().await;
+    let Dialed { n1, l, .. } = dialed;
+    drop(l);
+    let flags =
+        hello_flags::CONSISTENT | hello_flags::SETTINGS | (20 << hello_flags::TIMEOUT_SHIFT); // 20 x 100 ms
+    let (fake, _) = Fake::start_held(
+        st.reader,
+        st.writer,
+        2,
+        Generations::default(),
+        BLOCKS,
+        flags,
+        async {},
+    )
+    .await;
+    assert!(
+        n1.wait_until(|s| s.role == Role::Leader, Duration::from_secs(20))
+            .await,
+        "{:?}",
+        n1.status()
+    );
+    let cut = std::time::Instant::now();
+    fake.close();
+    assert!(
+        n1.wait_until(|s| s.role == Role::Solo, Duration::from_secs(20))
+            .await,
+        "{:?}",
+        n1.status()
+    );
+    // its last ping came at most one interval (50 ms) before the cut
+    let waited = cut.elapsed();
+    assert!(
+        waited >= Duration::from_millis(1900),
+        "went on alone {waited:?} after losing a partner whose lease lasts 2 s"
+    );
+    n1.shutdown().await;
+}

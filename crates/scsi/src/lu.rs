@@ -143,6 +143,10 @@ pub(crate) struct MediaState {
     pub prevent: HashSet<NexusKey>,
 }
 
+/// Longest a reset or an LU's removal waits for the changes of its medium
+/// in flight (see [`LogicalUnit::copies_stopped`]).
+pub(crate) const STOP_WAIT: std::time::Duration = std::time::Duration::from_secs(30);
+
 /// One logical unit of a [`crate::ScsiTarget`].
 pub(crate) struct LogicalUnit {
     /// The LUN number.
@@ -359,8 +363,29 @@ impl LogicalUnit {
     /// moment, every later batch sees the reset and stops (review of
     /// 2026-12-06: an EXTENDED COPY sent to another LU went on writing this
     /// one after its reset was answered).
+    ///
+    /// Bounded by [`STOP_WAIT`]: a batch at a disk that stalls longer is left
+    /// to land (logged), rather than hold the reset's answer, and with it the
+    /// connection's task management, for ever; every later batch stops.
     pub async fn copies_stopped(&self) {
-        drop(self.copy_writes.write().await);
+        if tokio::time::timeout(STOP_WAIT, self.copy_writes.write())
+            .await
+            .is_err()
+        {
+            tracing::warn!(
+                lun = self.lun,
+                "a copy's writes in flight to this logical unit did not end within the wait: \
+                 they may land after the reset is answered (later batches stop)"
+            );
+        }
+    }
+
+    /// Waits (at most [`STOP_WAIT`]) until no change of the medium is in
+    /// flight: the write order held exclusively for a moment.
+    pub async fn changes_stopped(&self) -> bool {
+        tokio::time::timeout(STOP_WAIT, self.write_order.write())
+            .await
+            .is_ok()
     }
 
     /// The nexus is gone: its reservations (SPC-2), prevention and UAs are dropped.

@@ -427,7 +427,13 @@ impl ScsiTarget {
         }
         gone.resets.fetch_add(1, Ordering::AcqRel);
         gone.copies_stopped().await;
-        drop(gone.write_order.write().await);
+        if !gone.changes_stopped().await {
+            tracing::error!(
+                lun,
+                "writes to a removed LUN did not end within the wait: \
+                they may land after the removal (a disk that stalls)"
+            );
+        }
         if let Err(e) = gone.volume.flush().await {
             tracing::error!(lun, error = %e, "flush of a removed LUN failed");
         }
