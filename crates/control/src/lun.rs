@@ -184,6 +184,19 @@ pub(crate) fn open_lun(
 pub(crate) struct LunAccess {
     pub target: std::sync::Arc<scsi::ScsiTarget>,
     pub lun: u64,
+    /// The LU's write order once looked up (every NBD change asks for it;
+    /// the LU outlives its exports).
+    pub order: std::sync::OnceLock<std::sync::Arc<tokio::sync::RwLock<()>>>,
+}
+
+impl LunAccess {
+    pub(crate) fn new(target: std::sync::Arc<scsi::ScsiTarget>, lun: u64) -> LunAccess {
+        LunAccess {
+            target,
+            lun,
+            order: std::sync::OnceLock::new(),
+        }
+    }
 }
 
 impl nbd::ExportAccess for LunAccess {
@@ -196,7 +209,11 @@ impl nbd::ExportAccess for LunAccess {
     }
 
     fn write_order(&self) -> Option<std::sync::Arc<tokio::sync::RwLock<()>>> {
-        self.target.lun_write_order(self.lun)
+        if let Some(o) = self.order.get() {
+            return Some(o.clone());
+        }
+        let o = self.target.lun_write_order(self.lun)?;
+        Some(self.order.get_or_init(|| o).clone())
     }
 }
 

@@ -340,10 +340,10 @@ impl Objects {
             lun.read_only,
         );
         for e in &mut nbd_exports {
-            e.access = Some(Arc::new(crate::lun::LunAccess {
-                target: scsi_target.clone(),
-                lun: id,
-            }));
+            e.access = Some(Arc::new(crate::lun::LunAccess::new(
+                scsi_target.clone(),
+                id,
+            )));
         }
         if let Err(e) = scsi_target.add_lun(id, built.scsi, built.volume, pr) {
             if let (Some(r), Some(c)) = (&built.replicated, cluster) {

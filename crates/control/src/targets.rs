@@ -171,10 +171,10 @@ pub(crate) fn build_target(
         }
     }
     for (e, lun) in exports.iter_mut().zip(export_luns) {
-        e.access = Some(Arc::new(crate::lun::LunAccess {
-            target: scsi_target.clone(),
+        e.access = Some(Arc::new(crate::lun::LunAccess::new(
+            scsi_target.clone(),
             lun,
-        }));
+        )));
     }
     scsi_target.set_admission(admission_lines(t));
     for (lun_id, vol) in replicated {
