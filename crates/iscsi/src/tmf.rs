@@ -22,6 +22,23 @@ mod function {
     pub const TASK_REASSIGN: u8 = 8;
 }
 
+/// Whether every aborted task of `aborted` (per session) ended within `drain`.
+async fn all_gone(aborted: &[(Arc<crate::session::Session>, Vec<u32>)], drain: Duration) -> bool {
+    let mut gone = true;
+    for (s, itts) in aborted {
+        gone &= s.wait_gone(itts, drain).await;
+    }
+    gone
+}
+
+/// Sends the task management response `r` (a refusal) on `out`.
+async fn rejected(out: &crate::exec::ConnOut, r: TargetPdu) {
+    let _ = out
+        .tx
+        .send(crate::writer::OutPdu::new(r, Bytes::new()))
+        .await;
+}
+
 /// Handles one Task Management Function Request.
 pub(crate) async fn on_tmf(conn: &mut Conn, f: &Frame, t: TaskMgmtRequest, imm: bool) -> Flow {
     if conn.discovery {
@@ -131,24 +148,14 @@ pub(crate) async fn on_tmf(conn: &mut Conn, f: &Frame, t: TaskMgmtRequest, imm: 
             let function = t.function;
             tokio::spawn(async move {
                 let _waiter = waiter;
-                let mut gone = true;
-                for (s, itts) in &aborted {
-                    gone &= s.wait_gone(itts, drain).await;
-                }
-                if !gone {
+                if !all_gone(&aborted, drain).await {
                     // not reset: the initiator escalates
                     tracing::warn!(
                         lun,
                         function,
                         "task management: aborted tasks did not end within the drain time"
                     );
-                    let _ = out
-                        .tx
-                        .send(crate::writer::OutPdu::new(
-                            respond(tmf_response::REJECTED),
-                            Bytes::new(),
-                        ))
-                        .await;
+                    rejected(&out, respond(tmf_response::REJECTED)).await;
                     return;
                 }
                 let mut r = tmf_response::COMPLETE;
@@ -216,22 +223,12 @@ pub(crate) async fn on_tmf(conn: &mut Conn, f: &Frame, t: TaskMgmtRequest, imm: 
             let out = conn.out.clone();
             tokio::spawn(async move {
                 let _waiter = waiter;
-                let mut gone = true;
-                for (s, itts) in &aborted {
-                    gone &= s.wait_gone(itts, drain).await;
-                }
-                if !gone {
+                if !all_gone(&aborted, drain).await {
                     // not reset, as a LUN reset whose tasks do not end: the
                     // initiator escalates (review of 2026-12-06: answered
                     // COMPLETE, with an aborted write still able to land)
                     tracing::warn!("target reset: aborted tasks did not end within the drain time");
-                    let _ = out
-                        .tx
-                        .send(crate::writer::OutPdu::new(
-                            respond(tmf_response::REJECTED),
-                            Bytes::new(),
-                        ))
-                        .await;
+                    rejected(&out, respond(tmf_response::REJECTED)).await;
                     return;
                 }
                 if let (Some(scsi), Some(nexus)) = (&session.scsi, &session.nexus) {

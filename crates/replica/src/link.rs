@@ -542,6 +542,19 @@ mod tests {
         (a, acc.await.unwrap())
     }
 
+    /// A link over `a` (heartbeats every 50 ms, peer timeout 2 s), the
+    /// partner's requests dropped.
+    fn started(a: SecureStream) -> Arc<Link> {
+        let (tx, _rx) = mpsc::channel(8);
+        Link::start(
+            Framed::new(a),
+            tx,
+            Duration::from_millis(50),
+            Duration::from_secs(2),
+            Instant::now(),
+        )
+    }
+
     /// A link closed before any of its tasks (or the session) waits on it
     /// reads as closed to whoever waits later. Before (found 2026-12-06), the
     /// close was sent to no receiver and so not kept: the writer and the
@@ -550,14 +563,7 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_link_closed_at_once_reads_as_closed_to_later_waiters() {
         let (a, _b) = pair().await;
-        let (tx, _rx) = mpsc::channel(8);
-        let link = Link::start(
-            Framed::new(a),
-            tx,
-            Duration::from_millis(50),
-            Duration::from_secs(2),
-            Instant::now(),
-        );
+        let link = started(a);
         link.close("at once");
         tokio::time::timeout(Duration::from_secs(10), link.closed())
             .await
@@ -572,14 +578,7 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn what_is_said_last_reaches_the_partner_whoever_closes_the_link() {
         let (a, b) = pair().await;
-        let (tx, _rx) = mpsc::channel(8);
-        let link = Link::start(
-            Framed::new(a),
-            tx,
-            Duration::from_millis(50),
-            Duration::from_secs(2),
-            Instant::now(),
-        );
+        let link = started(a);
         link.say_last(Message::Detach {
             reason: "disk".into(),
         });

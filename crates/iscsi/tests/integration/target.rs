@@ -1300,35 +1300,39 @@ async fn a_lun_reset_aborts_another_sessions_write_still_waiting_for_data() {
     });
     y.send(&d, false, &[0xdd; 512]).await;
     // Y's next answer is its TEST UNIT READY's, not the write's
-    let tur = y.command(&[0, 0, 0, 0, 0, 0], false, false, 0, true);
-    let tur_itt = match tur {
-        InitiatorPdu::ScsiCommand(ref s) => s.itt,
-        _ => unreachable!(),
-    };
-    y.send(&tur, false, &[]).await;
-    match y.recv_skip_pings().await.expect("TUR answer").pdu {
-        TargetPdu::ScsiResponse(s) => {
-            assert_eq!(
-                s.itt, tur_itt,
-                "the aborted write was executed and answered"
-            )
-        }
-        other => panic!("{other:?}"),
-    }
-    let mut data = None;
-    for _ in 0..4 {
-        let (st, d) = scsi(&mut x, &[0x28, 0, 0, 0, 0, 9, 0, 0, 1, 0], &[], 512).await;
-        if st == 0 {
-            data = Some(d);
-            break;
-        }
-    }
+    next_answer_is_a_turs(&mut y, "the aborted write was executed and answered").await;
     assert_eq!(
-        data.expect("read"),
+        read_block_9(&mut x).await,
         vec![0u8; 512],
         "the aborted write landed"
     );
     fx.shutdown().await;
+}
+
+/// Sends a TEST UNIT READY on `c` and checks that the next answer is its
+/// (`why`: what an answer to something else would mean).
+async fn next_answer_is_a_turs(c: &mut Client, why: &str) {
+    let tur = c.command(&[0, 0, 0, 0, 0, 0], false, false, 0, true);
+    let tur_itt = match tur {
+        InitiatorPdu::ScsiCommand(ref s) => s.itt,
+        _ => unreachable!(),
+    };
+    c.send(&tur, false, &[]).await;
+    match c.recv_skip_pings().await.expect("TUR answer").pdu {
+        TargetPdu::ScsiResponse(s) => assert_eq!(s.itt, tur_itt, "{why}"),
+        other => panic!("{other:?}"),
+    }
+}
+
+/// Block 9 of LUN 0 as `c` reads it (past unit attentions).
+async fn read_block_9(c: &mut Client) -> Vec<u8> {
+    for _ in 0..4 {
+        let (st, d) = scsi(c, &[0x28, 0, 0, 0, 0, 9, 0, 0, 1, 0], &[], 512).await;
+        if st == 0 {
+            return d;
+        }
+    }
+    panic!("block 9 never read");
 }
 
 /// A write the volume still holds past the drain time keeps a TARGET RESET
@@ -1436,28 +1440,12 @@ async fn a_write_waiting_for_the_buffer_budget_through_a_reset_is_aborted() {
     drop(w);
     // Y's next answer is its TEST UNIT READY's (the reset's unit attention),
     // not the write's
-    let tur = y.command(&[0, 0, 0, 0, 0, 0], false, false, 0, true);
-    let tur_itt = match tur {
-        InitiatorPdu::ScsiCommand(ref s) => s.itt,
-        _ => unreachable!(),
-    };
-    y.send(&tur, false, &[]).await;
-    match y.recv_skip_pings().await.expect("TUR answer").pdu {
-        TargetPdu::ScsiResponse(s) => assert_eq!(
-            s.itt, tur_itt,
-            "the write that waited through the reset was executed and answered"
-        ),
-        other => panic!("{other:?}"),
-    }
-    let mut data = None;
-    for _ in 0..4 {
-        let (st, d) = scsi(&mut x, &[0x28, 0, 0, 0, 0, 9, 0, 0, 1, 0], &[], 512).await;
-        if st == 0 {
-            data = Some(d);
-            break;
-        }
-    }
-    let data = data.expect("X reads block 9");
+    next_answer_is_a_turs(
+        &mut y,
+        "the write that waited through the reset was executed and answered",
+    )
+    .await;
+    let data = read_block_9(&mut x).await;
     assert!(data.iter().all(|&b| b == 0), "the aborted write landed");
     fx.shutdown().await;
 }
