@@ -85,6 +85,13 @@ async fn fua_and_flush_issue_syncs() {
         sync.write(50, data.clone(), true).await.unwrap();
         assert_eq!(sync.read(50, 8).await.unwrap(), data);
         assert_eq!(sync.stats().fua_writes, 0);
+        // what O_DSYNC does not cover is synced before it is acknowledged
+        // (review of 2026-12-06: a discard or a zeroing was not)
+        let before = sync.stats().flushes;
+        sync.discard(50, 8).await.unwrap();
+        sync.write_zeroes(60, 8, true).await.unwrap();
+        sync.write_zeroes(70, 8, false).await.unwrap();
+        assert_eq!(sync.stats().flushes, before + 3);
     }
 }
 
