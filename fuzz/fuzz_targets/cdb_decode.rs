@@ -50,7 +50,9 @@ fn target() -> ScsiTarget {
 }
 
 fuzz_target!(|data: &[u8]| {
+    // (timers: a reset waits, bounded, for copies writing its LU)
     let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
         .build()
         .expect("runtime");
     let t = target();
