@@ -130,8 +130,16 @@ impl Volume for FaultVolume {
     }
 
     async fn discard(&self, lba: u64, blocks: u64) -> BlockResult<()> {
-        if self.plan.lock().dead {
-            return Err(dead_error());
+        {
+            // (a discard changes the blocks as a write does: review of
+            // 2026-12-06, it went through blocks that refuse writes)
+            let p = self.plan.lock();
+            if p.dead {
+                return Err(dead_error());
+            }
+            if let Some(bad) = overlaps(&p.bad_write_blocks, lba, blocks) {
+                return Err(BlockError::WriteFault { lba: bad });
+            }
         }
         self.inner.discard(lba, blocks).await
     }
@@ -150,6 +158,9 @@ impl Volume for FaultVolume {
     }
 
     async fn block_status(&self, lba: u64, blocks: u64) -> BlockResult<Vec<Extent>> {
+        if self.plan.lock().dead {
+            return Err(dead_error());
+        }
         self.inner.block_status(lba, blocks).await
     }
 }
