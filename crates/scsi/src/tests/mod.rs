@@ -2732,14 +2732,7 @@ fn pr_out_cmd(sa: u8, kind: u8, key: u64, sa_key: u64) -> ([u8; 10], Vec<u8>) {
 /// once, at the start).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_copy_stops_once_its_initiator_is_preempted_on_the_destination() {
-    const BIG: u64 = 16 * 2048; // 16 MiB of 512-byte blocks: several batches
-    let t = Arc::new(target_with(Arc::new(MemVolume::new(BS as u32, BIG))));
-    let held = Arc::new(block::HoldVolume::new(Arc::new(MemVolume::new(
-        BS as u32, BIG,
-    ))));
-    let mut cfg1 = lun_config();
-    cfg1.naa[15] = 0xee;
-    t.add_lun(1, cfg1.clone(), held.clone(), None).unwrap();
+    let (t, held) = copy_target();
     let x = ready(&t, "1", 1).await;
     let mut y = nexus("2", 1);
     y.initiator_name = Arc::from("iqn.fence");
@@ -2763,18 +2756,7 @@ async fn a_copy_stops_once_its_initiator_is_preempted_on_the_destination() {
     assert_eq!(pr(&x, pr_out_cmd(1, 1, 0xaa, 0)).await.status, status::GOOD);
     assert_eq!(pr(&y, pr_out_cmd(0, 0, 0, 0xbb)).await.status, status::GOOD);
     // X copies LUN 0 onto LUN 1 (a command to LUN 0); its first write waits
-    held.writes.hold();
-    let p = xcopy_params(
-        1,
-        0,
-        &[lun_config().naa, cfg1.naa],
-        &[(0, 1, BIG as u16, 0, 0)],
-    );
-    let copy = {
-        let (t, x) = (t.clone(), x.clone());
-        tokio::spawn(async move { t.execute(&x, cmd(0, &xcopy_cdb(p.len()), &p)).await })
-    };
-    held.writes.arrivals(1).await;
+    let copy = copy_held_at_its_first_write(&t, &x, &held).await;
     // Y fences X off LUN 1
     let fence = tokio::spawn(pr(&y, pr_out_cmd(5, 1, 0xbb, 0xaa)));
     held.writes.open();
@@ -2827,6 +2809,49 @@ async fn removing_an_lu_waits_for_its_writes_in_flight() {
     assert_eq!(held.read(5, 1).await.unwrap(), vec![7u8; BS]);
 }
 
+/// Blocks of the copy targets: 16 MiB of 512-byte blocks, several batches.
+const BIG: u64 = 16 * 2048;
+
+/// A target with LUN 0 over memory and LUN 1 (NAA ending 0xee) over a held
+/// memory volume, both [`BIG`] blocks.
+fn copy_target() -> (Arc<ScsiTarget>, Arc<block::HoldVolume>) {
+    let t = Arc::new(target_with(Arc::new(MemVolume::new(BS as u32, BIG))));
+    let held = Arc::new(block::HoldVolume::new(Arc::new(MemVolume::new(
+        BS as u32, BIG,
+    ))));
+    t.add_lun(1, copy_lun1(), held.clone(), None).unwrap();
+    (t, held)
+}
+
+/// LUN 1 of [`copy_target`].
+fn copy_lun1() -> LunConfig {
+    let mut c = lun_config();
+    c.naa[15] = 0xee;
+    c
+}
+
+/// `x` copies LUN 0 onto LUN 1 of [`copy_target`] with EXTENDED COPY (a
+/// command to LUN 0); returns once its first write waits at `held`.
+async fn copy_held_at_its_first_write(
+    t: &Arc<ScsiTarget>,
+    x: &ItNexus,
+    held: &block::HoldVolume,
+) -> tokio::task::JoinHandle<Response> {
+    held.writes.hold();
+    let p = xcopy_params(
+        1,
+        0,
+        &[lun_config().naa, copy_lun1().naa],
+        &[(0, 1, BIG as u16, 0, 0)],
+    );
+    let copy = {
+        let (t, x) = (t.clone(), x.clone());
+        tokio::spawn(async move { t.execute(&x, cmd(0, &xcopy_cdb(p.len()), &p)).await })
+    };
+    held.writes.arrivals(1).await;
+    copy
+}
+
 /// A LOGICAL UNIT RESET (or CLEAR TASK SET) of the LU an EXTENDED COPY writes,
 /// the copy sent to another LU, stops the copy: once the reset is answered,
 /// none of its writes lands there. Before (review of 2026-12-06), the reset
@@ -2834,15 +2859,8 @@ async fn removing_an_lu_waits_for_its_writes_in_flight() {
 /// 0, went on writing LUN 1 to its end.
 #[tokio::test]
 async fn a_copy_stops_once_the_lu_it_writes_is_reset() {
-    const BIG: u64 = 16 * 2048; // 16 MiB of 512-byte blocks: several batches
     for clear in [false, true] {
-        let t = Arc::new(target_with(Arc::new(MemVolume::new(BS as u32, BIG))));
-        let held = Arc::new(block::HoldVolume::new(Arc::new(MemVolume::new(
-            BS as u32, BIG,
-        ))));
-        let mut cfg1 = lun_config();
-        cfg1.naa[15] = 0xee;
-        t.add_lun(1, cfg1.clone(), held.clone(), None).unwrap();
+        let (t, held) = copy_target();
         let x = ready(&t, "1", 1).await;
         let _ = t.execute(&x, cmd(1, &[0; 6], &[])).await;
         let ones = vec![1u8; 2048 * BS];
@@ -2853,18 +2871,7 @@ async fn a_copy_stops_once_the_lu_it_writes_is_reset() {
             assert_eq!(w.status, status::GOOD);
         }
         // a copy of LUN 0 onto LUN 1 (a command to LUN 0); its first write waits
-        held.writes.hold();
-        let p = xcopy_params(
-            1,
-            0,
-            &[lun_config().naa, cfg1.naa],
-            &[(0, 1, BIG as u16, 0, 0)],
-        );
-        let copy = {
-            let (t, x) = (t.clone(), x.clone());
-            tokio::spawn(async move { t.execute(&x, cmd(0, &xcopy_cdb(p.len()), &p)).await })
-        };
-        held.writes.arrivals(1).await;
+        let copy = copy_held_at_its_first_write(&t, &x, &held).await;
         let reset = {
             let (t, x) = (t.clone(), x.clone());
             tokio::spawn(async move {
@@ -2894,14 +2901,7 @@ async fn a_copy_stops_once_the_lu_it_writes_is_reset() {
 /// checked at the start only.
 #[tokio::test]
 async fn odx_copy_stops_once_its_initiator_no_longer_sees_the_source() {
-    const BIG: u64 = 8192;
-    let t = Arc::new(target_with(Arc::new(MemVolume::new(BS as u32, BIG))));
-    let held = Arc::new(block::HoldVolume::new(Arc::new(MemVolume::new(
-        BS as u32, BIG,
-    ))));
-    let mut cfg1 = lun_config();
-    cfg1.naa[15] = 0xee;
-    t.add_lun(1, cfg1, held.clone(), None).unwrap();
+    let (t, held) = copy_target();
     let n = ready_as(&t, "iqn.copier").await;
     // the start of the third chunk (one chunk is 1 MiB: 2048 blocks)
     stamp(&t, &n, 0, 4096..4112).await;
