@@ -3,10 +3,8 @@
 //! replicated volume (COMPARE AND WRITE).
 
 use crate::common::{start_exports, Raw};
-use async_trait::async_trait;
-use block::{BlockResult, Bytes, Geometry, HoldVolume, MemVolume, Volume, VolumeRef};
+use block::{Bytes, HoldVolume, MemVolume, Volume, VolumeRef};
 use nbd::{ExportAccess, NbdExport, NbdLimits};
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::RwLock;
@@ -82,63 +80,34 @@ async fn a_partial_write_holds_the_volumes_write_order_while_it_reads_and_writes
     srv.stop().await;
 }
 
-/// A volume whose blocks the partner node also writes: the first read of
-/// block `lba` is answered with what it held, and the partner's write of that
-/// block lands just after (a replicated volume orders the partner's writes
-/// only against writes made through it, COMPARE AND WRITE included).
-struct PartnerWrites {
-    inner: Arc<MemVolume>,
-    lba: u64,
-    fired: AtomicBool,
-}
-
-#[async_trait]
-impl Volume for PartnerWrites {
-    fn geometry(&self) -> Geometry {
-        self.inner.geometry()
-    }
-
-    async fn read(&self, lba: u64, blocks: u32) -> BlockResult<Bytes> {
-        let b = self.inner.read(lba, blocks).await?;
-        if lba == self.lba && !self.fired.swap(true, Ordering::AcqRel) {
-            self.inner
-                .write(lba, Bytes::from(vec![0x22u8; BS]), false)
-                .await?;
-        }
-        Ok(b)
-    }
-
-    async fn write(&self, lba: u64, data: Bytes, fua: bool) -> BlockResult<()> {
-        self.inner.write(lba, data, fua).await
-    }
-
-    async fn flush(&self) -> BlockResult<()> {
-        self.inner.flush().await
-    }
-
-    async fn discard(&self, lba: u64, blocks: u64) -> BlockResult<()> {
-        self.inner.discard(lba, blocks).await
-    }
-}
-
 /// The partner's write of an edge block lands between the read and the
-/// write-back of an unaligned NBD write (on both its edges): the write-back
-/// is a COMPARE AND WRITE, which finds the block changed and reads it again,
-/// so the partner's bytes around the NBD write survive. Before, the block as
-/// first read was written back over them.
+/// write-back of an unaligned NBD write (on either of its edges): the
+/// write-back is a COMPARE AND WRITE, which reads the block again (the
+/// volume's own comparison), finds it changed, and the write starts over, so
+/// the partner's bytes around the NBD write survive. Before (review of
+/// 2026-12-06), the block as first read was written back over them, with no
+/// second read.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_partial_write_does_not_undo_the_partners_write_of_its_edge_block() {
     for (lba, off, len) in [(5u64, 5 * BS + 100, 10usize), (6, 5 * BS + 100, BS + 50)] {
         let mem = Arc::new(MemVolume::new(BS as u32, 64));
-        let vol = Arc::new(PartnerWrites {
-            inner: mem.clone(),
-            lba,
-            fired: AtomicBool::new(false),
-        });
-        let srv = start_exports(vec![export(vol.clone(), None)], NbdLimits::default()).await;
+        let held = Arc::new(HoldVolume::new(mem.clone() as VolumeRef));
+        held.reads.hold_range(lba, lba + 1);
+        let srv = start_exports(vec![export(held.clone(), None)], NbdLimits::default()).await;
         let mut c = Raw::connect(srv.addr, "lun0").await;
-        assert_eq!(c.write(off as u64, &vec![0x11; len]).await, 0);
-        assert!(vol.fired.load(Ordering::Acquire));
+        let write = tokio::spawn(async move { c.write(off as u64, &vec![0x11; len]).await });
+        let within = |n| tokio::time::timeout(Duration::from_secs(10), held.reads.arrivals(n));
+        within(1).await.expect("the edge block was never read");
+        held.reads.release(1);
+        within(2)
+            .await
+            .expect("the edge block was written back without being compared");
+        // the partner's write, between the read and the write-back
+        mem.write(lba, Bytes::from(vec![0x22u8; BS]), false)
+            .await
+            .unwrap();
+        held.reads.open();
+        assert_eq!(write.await.unwrap(), 0);
         let b = mem.read(lba, 1).await.unwrap();
         let (from, to) = (
             off.saturating_sub(lba as usize * BS).min(BS),
