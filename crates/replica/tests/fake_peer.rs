@@ -904,11 +904,16 @@ async fn take_resync(fake: &mut Fake, answer: bool) -> Generations {
 
 /// Waits (at most 20 s) for node 1 to go on alone (preferred, no witness).
 async fn goes_on_alone(n1: &ReplicatedVolume) {
+    reaches(n1, Role::Solo).await;
+}
+
+/// Waits (at most 20 s) until `n` has `role`.
+async fn reaches(n: &ReplicatedVolume, role: Role) {
     assert!(
-        n1.wait_until(|s| s.role == Role::Solo, Duration::from_secs(20))
+        n.wait_until(|s| s.role == role, Duration::from_secs(20))
             .await,
         "{:?}",
-        n1.status()
+        n.status()
     );
 }
 
@@ -1400,6 +1405,16 @@ async fn a_follower_cannot_write_the_leaders_copy_through_a_repair() {
     n1.shutdown().await;
 }
 
+/// Node 1 (preferred, over a fresh memory copy) and the one connection it
+/// made to the fake node 2, whose listener is then gone: once that link is
+/// lost, node 1 redials in vain and decides at once (a listener left open
+/// takes the dial, and the handshake's timeout holds the decision).
+async fn node1_connected_once(dir: &Path) -> (ReplicatedVolume, replica::secure::SecureStream) {
+    let dialed = node1_dialing_a_fake(dir, Arc::new(MemVolume::new(512, BLOCKS))).await;
+    let st = dialed.accept().await;
+    (dialed.n1, st)
+}
+
 /// The first lease counts from this node's hello, not from its link's
 /// start: the partner counts it from its own link's start, which comes after
 /// it read that hello, so a lease counted from here outlasted what the
@@ -1412,11 +1427,7 @@ async fn a_follower_cannot_write_the_leaders_copy_through_a_repair() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_first_lease_counts_from_the_hello_not_from_the_links_start() {
     let d = tempfile::tempdir().unwrap();
-    let dialed = node1_dialing_a_fake(d.path(), Arc::new(MemVolume::new(512, BLOCKS))).await;
-    let st = dialed.accept().await;
-    // no one listens any more: once the link is lost, node 1 decides at once
-    let Dialed { n1, l, .. } = dialed;
-    drop(l);
+    let (n1, st) = node1_connected_once(d.path()).await;
     let (_r, _w, _buf, _) = handshake_held(
         st.reader,
         st.writer,
@@ -1427,12 +1438,7 @@ async fn the_first_lease_counts_from_the_hello_not_from_the_links_start() {
         tokio::time::sleep(Duration::from_millis(1000)),
     )
     .await;
-    assert!(
-        n1.wait_until(|s| s.role == Role::Leader, Duration::from_secs(20))
-            .await,
-        "{:?}",
-        n1.status()
-    );
+    reaches(&n1, Role::Leader).await;
     n1.read(0, 1).await.expect("the read was never served");
     let s = n1.status();
     assert_eq!(
@@ -1452,10 +1458,7 @@ async fn the_first_lease_counts_from_the_hello_not_from_the_links_start() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_survivor_waits_out_the_partners_longer_peer_timeout() {
     let d = tempfile::tempdir().unwrap();
-    let dialed = node1_dialing_a_fake(d.path(), Arc::new(MemVolume::new(512, BLOCKS))).await;
-    let st = dialed.accept().await;
-    let Dialed { n1, l, .. } = dialed;
-    drop(l);
+    let (n1, st) = node1_connected_once(d.path()).await;
     let flags =
         hello_flags::CONSISTENT | hello_flags::SETTINGS | (20 << hello_flags::TIMEOUT_SHIFT); // 20 x 100 ms
     let (fake, _) = Fake::start_held(
@@ -1468,20 +1471,10 @@ async fn a_survivor_waits_out_the_partners_longer_peer_timeout() {
         async {},
     )
     .await;
-    assert!(
-        n1.wait_until(|s| s.role == Role::Leader, Duration::from_secs(20))
-            .await,
-        "{:?}",
-        n1.status()
-    );
+    reaches(&n1, Role::Leader).await;
     let cut = std::time::Instant::now();
     fake.close();
-    assert!(
-        n1.wait_until(|s| s.role == Role::Solo, Duration::from_secs(20))
-            .await,
-        "{:?}",
-        n1.status()
-    );
+    reaches(&n1, Role::Solo).await;
     // its last ping came at most one interval (50 ms) before the cut
     let waited = cut.elapsed();
     assert!(
