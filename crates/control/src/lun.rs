@@ -15,19 +15,21 @@ use std::path::Path;
 use std::sync::Arc;
 
 /// Opens the volume a LUN serves: its file or block device, or its pool. Returns the
-/// volume and a description of what backs it.
-fn lun_volume(l: &LunConfig, pools: &Pools) -> Result<(VolumeRef, String)> {
+/// volume, a description of what backs it, and the data its saved state
+/// belongs to ([`identity::Owner::key`]: for a cache, the cache's pool or disk).
+fn lun_volume(l: &LunConfig, pools: &Pools) -> Result<(VolumeRef, String, String)> {
     if let Some(name) = &l.pool {
         let vol = pools.lun_pool_volume(name)?;
-        return Ok((vol, format!("pool {name}")));
+        return Ok((vol, format!("pool {name}"), format!("pool {name}")));
     }
     if let Some(name) = &l.cache {
         let vol = pools.cache_volume(name)?;
-        return Ok((vol, format!("cache {name}")));
+        let over = pools.cache_over(name)?;
+        return Ok((vol, format!("cache {name}"), over));
     }
     if let Some(name) = &l.disk {
         let vol = pools.take_disk_volume(name)?;
-        return Ok((vol, format!("disk {name}")));
+        return Ok((vol, format!("disk {name}"), format!("disk {name}")));
     }
     let Some(path) = &l.path else {
         bail!("neither path nor pool given");
@@ -51,7 +53,8 @@ fn lun_volume(l: &LunConfig, pools: &Pools) -> Result<(VolumeRef, String)> {
     }
     let vol = disk::FileVolume::open(path, &opts)
         .with_context(|| format!("opening {}", path.display()))?;
-    Ok((Arc::new(vol), path.display().to_string()))
+    let shown = path.display().to_string();
+    Ok((Arc::new(vol), shown.clone(), shown))
 }
 
 /// READ CAPACITY(16)'s LOGICAL BLOCKS PER PHYSICAL BLOCK EXPONENT for `l`'s
@@ -131,11 +134,18 @@ pub(crate) fn open_lun(
     l: &LunConfig,
     lun_id: u64,
 ) -> Result<BuiltLun> {
-    let (mut volume, mut backing) = lun_volume(l, pools)?;
+    let (mut volume, mut backing, data) = lun_volume(l, pools)?;
+    let owner = identity::Owner {
+        key: &data,
+        shown: &backing,
+    };
     let mut replicated = None;
     let id = match (l.replicated, cluster) {
         (true, Some(c)) => {
             let key = c.volume_name(iqn, lun_id);
+            // the state kept under the LUN's number (its replica's too) is checked
+            // to be this data's before the replica opens it
+            identity::load_or_create_for(data_dir, iqn, lun_id, owner, || identity::derived(&key))?;
             let r = c.replicate(&key, l.replica_mode.as_deref(), volume)?;
             replicated = Some(r.clone());
             volume = r;
@@ -143,7 +153,7 @@ pub(crate) fn open_lun(
             identity::derived(&key)
         }
         (true, None) => bail!("replicated needs a [cluster] section"),
-        _ => identity::load_or_create(data_dir, iqn, lun_id, Path::new(&backing))?,
+        _ => identity::load_or_create(data_dir, iqn, lun_id, owner)?,
     };
     let naa = match &l.naa {
         Some(n) => identity::parse_naa(n)?,
@@ -240,4 +250,40 @@ pub(crate) fn nbd_exports(
             access: None,
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::Config;
+
+    /// Taking a LUN without `id` out of the configuration file renumbers the
+    /// ones after it; the next start used to give the LUN now numbered 0 the
+    /// removed LUN's NAA, reservations and atomic-write records. It is refused
+    /// instead, and served with its own state once given its old number.
+    #[tokio::test]
+    async fn a_lun_renumbered_by_the_file_does_not_take_the_removed_luns_state() {
+        let dir = tempfile::tempdir().unwrap();
+        let text = format!(
+            "data_dir = {:?}\n[[portal]]\naddress = \"127.0.0.1:3260\"\n\
+             [[target]]\niqn = \"iqn.2026-12.org.freesan:t1\"\n\
+             [[target.lun]]\npath = {:?}\nsize = \"1M\"\natomic_writes = true\n\
+             [[target.lun]]\npath = {:?}\nsize = \"1M\"\natomic_writes = true\n",
+            dir.path().display().to_string(),
+            dir.path().join("a.img").display().to_string(),
+            dir.path().join("b.img").display().to_string(),
+        );
+        let cfg: Config = toml::from_str(&text).unwrap();
+        let pools = Pools::open(&cfg).await.unwrap();
+        let t = &cfg.targets[0];
+        let open = |l: usize, n: u64| open_lun(&cfg.data_dir, &pools, None, &t.iqn, &t.luns[l], n);
+        let a = open(0, 0).unwrap().scsi.naa;
+        let b = open(1, 1).unwrap().scsi.naa;
+        assert_ne!(a, b);
+        // a.img's LUN taken out of the file: b.img's is LUN 0
+        let e = format!("{:#}", open(1, 0).err().expect("refused"));
+        assert!(e.contains("`id = 1`"), "{e}");
+        // given `id = 1`, it is served with its own identity
+        assert_eq!(open(1, 1).unwrap().scsi.naa, b);
+    }
 }

@@ -26,6 +26,8 @@ pub struct CacheSlot {
     fronts: Arc<parking_lot::Mutex<Fronts>>,
     /// For that record: the disk's paths, for a cache over a disk.
     disk_paths: Vec<String>,
+    /// What it caches, as a LUN on it directly would name it (`pool NAME`, `disk NAME`).
+    over: String,
 }
 
 impl CacheSlot {
@@ -567,6 +569,9 @@ impl Pools {
                     .disk
                     .as_deref()
                     .map_or_else(Vec::new, |d| disk_paths(cfg, d)),
+                over: (c.pool.as_ref().map(|p| format!("pool {p}")))
+                    .or_else(|| c.disk.as_ref().map(|d| format!("disk {d}")))
+                    .unwrap_or_default(),
             };
             // before anything is served through it
             slot.front_record(&c.name)
@@ -680,6 +685,14 @@ impl Pools {
 
     /// The volume LUNs naming cache `name` serve (the cache while it is
     /// attached, its backing while not).
+    /// What cache `name` caches, as a LUN on it directly would name it.
+    pub fn cache_over(&self, name: &str) -> Result<String> {
+        match self.caches.get(name) {
+            Some(c) => Ok(c.over.clone()),
+            None => bail!("no cache named {name:?} is configured"),
+        }
+    }
+
     pub fn cache_volume(&self, name: &str) -> Result<VolumeRef> {
         match self.caches.get(name) {
             Some(c) => Ok(c.front.clone() as VolumeRef),
