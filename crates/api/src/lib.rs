@@ -279,7 +279,10 @@ pub trait Control: Send + Sync + 'static {
     }
     /// The node's events with a sequence number above `since`, oldest first, at
     /// most `limit`: `{"last_seq": N, "events": [...]}`. When there is none yet,
-    /// waits up to `wait` for one (long poll). None kept by default.
+    /// waits up to `wait` for one (long poll). A `since` past `last_seq` (a
+    /// cursor of an earlier run whose last events never reached the disk, whose
+    /// numbers this run gives again) reads every event of this run. None kept
+    /// by default.
     async fn events(&self, _since: u64, _limit: usize, _wait: std::time::Duration) -> Value {
         json!({ "last_seq": 0, "events": [] })
     }

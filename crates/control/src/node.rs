@@ -278,6 +278,8 @@ impl api::Control for NodeControl {
     ) -> serde_json::Value {
         // subscribed before looking, so that an event recorded in between is seen
         let mut rx = self.events.subscribe();
+        // (a cursor from a run whose last events were lost reads this run's)
+        let since = self.events.cursor(since);
         let mut found = self.events.since(since, limit);
         if found.is_empty() && !wait.is_zero() {
             let deadline = tokio::time::Instant::now() + wait;

@@ -36,6 +36,9 @@ pub struct EventLog {
     events_max: usize,
     state: Mutex<State>,
     tx: tokio::sync::broadcast::Sender<Event>,
+    /// The last sequence number in the file when it was opened: numbers above
+    /// it are this run's.
+    opened_at: u64,
 }
 
 /// Milliseconds since the Unix epoch and the RFC 3339 form of now.
@@ -103,6 +106,7 @@ impl EventLog {
                 file_lines,
             }),
             tx,
+            opened_at: last_seq,
         };
         // a file left over the bound (a smaller bound configured, or a crash
         // before the rewrite) is cut now
@@ -206,6 +210,19 @@ impl EventLog {
             .collect()
     }
 
+    /// Where a reader whose cursor is at `since` reads on from. A cursor past
+    /// the last event can only come from an earlier run whose last events never
+    /// reached the file (the disk failing, or the file removed): this run
+    /// numbered its events again from the file's last, so such a reader kept
+    /// its cursor would miss them. It reads every event of this run instead.
+    pub fn cursor(&self, since: u64) -> u64 {
+        if since >= self.state.lock().next_seq {
+            self.opened_at
+        } else {
+            since
+        }
+    }
+
     /// The sequence number of the last event (0: none yet).
     pub fn last_seq(&self) -> u64 {
         self.state.lock().next_seq - 1
@@ -262,5 +279,36 @@ mod tests {
         assert_eq!(kept.last().unwrap().object, "d24");
         assert_eq!(log.emit(ev(99)).seq, 26);
         assert_eq!(log.since(25, 100).len(), 1);
+    }
+
+    /// Events whose append failed are numbered and told, but the next run
+    /// numbers on from the file's last: a reader whose cursor passed the file's
+    /// end reads this run's events, not only those above its cursor.
+    #[test]
+    fn a_reader_past_the_end_after_lost_appends_reads_the_new_runs_events() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("events.jsonl");
+        let log = EventLog::open(dir.path(), 100).unwrap();
+        for i in 0..3 {
+            log.emit(ev(i));
+        }
+        // the file cannot be appended to: events 4 and 5 are told, not kept
+        std::fs::rename(&file, dir.path().join("kept")).unwrap();
+        std::fs::create_dir(&file).unwrap();
+        assert_eq!(log.emit(ev(3)).seq, 4);
+        assert_eq!(log.emit(ev(4)).seq, 5);
+        let reader = log.last_seq();
+        assert_eq!(log.cursor(reader), 5);
+        drop(log);
+        std::fs::remove_dir(&file).unwrap();
+        std::fs::rename(dir.path().join("kept"), &file).unwrap();
+        let log = EventLog::open(dir.path(), 100).unwrap();
+        assert_eq!(log.emit(ev(5)).seq, 4);
+        let seen = log.since(log.cursor(reader), 100);
+        assert_eq!(seen.len(), 1, "{seen:?}");
+        assert_eq!(seen[0].object, "d5");
+        // a reader within the log reads on from its cursor
+        assert_eq!(log.cursor(3), 3);
+        assert_eq!(log.cursor(4), 4);
     }
 }
