@@ -29,8 +29,9 @@
 //! list, so the initiator learns why) when it has not been used for its inactivity
 //! timeout or lived [`LIFETIME_MAX_S`] (TOKEN EXPIRED), when WRITE USING TOKEN set
 //! DEL_TKN (TOKEN DELETED), when the registry is full and it is the least recently
-//! used of the tokens already written with (TOKEN CANCELLED: a new token takes its
-//! place), and when its source LU is removed, shrinks, or gets a
+//! used of the tokens already written with, or, with none written with, the least
+//! recently used of an initiator holding more than its fair share while the one
+//! asking holds less (TOKEN CANCELLED: a new token takes its place), and when its source LU is removed, shrinks, or gets a
 //! logical unit or target reset (TOKEN REVOKED). I_T nexus loss does not end a
 //! token: tokens are meant to pass between hosts.
 
@@ -457,19 +458,40 @@ impl Tokens {
         // as one token per 64 MiB and need not delete them, so with its 60 s
         // default a copy faster than about 140 MB/s would otherwise run out
         // of tokens and fall back to moving every byte through the host. A
-        // token not yet written with is never reclaimed: its initiator is
-        // about to use it. At its share an initiator reclaims only its own;
-        // with the registry full, the token comes from the initiator that
-        // holds the most among those with one written with.
+        // token not yet written with is reclaimed only from an initiator over
+        // its fair share: its initiator is about to use it. At its share an
+        // initiator reclaims only its own; with the registry full, the token
+        // comes from the initiator that holds the most among those with one
+        // written with.
         let own_share_full = held_by(&reg, owner) >= TOKENS_PER_INITIATOR_MAX;
         if own_share_full || reg.live.len() >= TOKENS_MAX {
-            let victim = reg
-                .live
-                .iter()
-                .enumerate()
-                .filter(|(_, e)| e.written && (!own_share_full || *e.owner == **owner))
-                .min_by_key(|(_, e)| (std::cmp::Reverse(held_by(&reg, &e.owner)), e.last_use))
-                .map(|(i, _)| i);
+            let most_held = |reg: &Registry, pick: &dyn Fn(&Entry) -> bool| {
+                reg.live
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, e)| pick(e))
+                    .min_by_key(|(_, e)| (std::cmp::Reverse(held_by(reg, &e.owner)), e.last_use))
+                    .map(|(i, _)| i)
+            };
+            let mut victim = most_held(&reg, &|e: &Entry| {
+                e.written && (!own_share_full || *e.owner == **owner)
+            });
+            if victim.is_none() && !own_share_full {
+                // Full of tokens not yet written with (initiator names are
+                // only claimed without CHAP: two of them could hold every
+                // token for their inactivity time). An initiator under its
+                // fair share (the registry over the initiators holding
+                // tokens, itself included) takes the least recently used of
+                // one over it.
+                let mut owners: Vec<&str> = reg.live.iter().map(|e| &*e.owner).collect();
+                owners.push(owner);
+                owners.sort_unstable();
+                owners.dedup();
+                let fair = TOKENS_MAX / owners.len();
+                if held_by(&reg, owner) < fair {
+                    victim = most_held(&reg, &|e: &Entry| held_by(&reg, &e.owner) > fair);
+                }
+            }
             match victim {
                 Some(i) => reg.end(i, Ended::Cancelled),
                 None => return Err(codes::INSUFFICIENT_RESOURCES_FOR_ROD_TOKEN),

@@ -2059,18 +2059,17 @@ async fn odx_bounds_are_enforced_and_advertised() {
         let r = run(&t, who, &token_cdb(0x10, 2, p.len()), &p).await;
         assert_eq!(sense_of(&r), (ILLEGAL, 0x55, 0x0d), "past its share");
     }
+    // a third initiator, under its fair share, takes a token of those holding
+    // the most (see the next test), here n's 60 s one (the least recently used)
     let r = run(&t, &third, &token_cdb(0x10, 2, p.len()), &p).await;
-    assert_eq!(
-        sense_of(&r),
-        (ILLEGAL, 0x55, 0x0d),
-        "the target's are all live"
-    );
+    assert_eq!(r.status, 0, "{r:?}");
+    assert_eq!(t.copies().tokens.live(), 128);
     clock.advance(std::time::Duration::from_secs(6));
     assert_eq!(
         run(&t, &n, &token_cdb(0x10, 2, p.len()), &p).await.status,
         0
     );
-    assert_eq!(t.copies().tokens.live(), 2);
+    assert_eq!(t.copies().tokens.live(), 1);
     // VPD 0x8F: the Block Device ROD Token Limits descriptor comes first.
     let r = run(&t, &n, &[0x12, 1, 0x8f, 0x10, 0, 0], &[]).await;
     assert_eq!(r.status, 0);
@@ -2246,6 +2245,59 @@ async fn odx_one_initiator_cannot_take_every_token() {
             .status,
         0
     );
+}
+
+/// Two initiators holding every token, none written with yet, do not starve a
+/// third: under its fair share (a third of the registry) it takes the least
+/// recently used token of the one holding the most, up to that share.
+/// (Before, it was refused for their whole inactivity time.)
+#[tokio::test]
+async fn odx_two_initiators_holding_every_token_unwritten_do_not_starve_a_third() {
+    use crate::odx::{TOKENS_MAX, TOKENS_PER_INITIATOR_MAX};
+    let (t, n) = odx_target().await;
+    let clock = Arc::new(crate::odx::ManualClock::default());
+    t.copies().tokens.set_clock(clock.clone());
+    let (b, c) = (ready_as(&t, "iqn.b").await, ready_as(&t, "iqn.c").await);
+    stamp(&t, &n, 0, 0..8).await;
+    // each token a millisecond younger than the one before
+    async fn one_more(t: &ScsiTarget, who: &ItNexus, clock: &crate::odx::ManualClock) -> Response {
+        clock.advance(std::time::Duration::from_millis(1));
+        let p = populate_params(0, None, &[(0, 1)]);
+        run(t, who, &token_cdb(0x10, 3, p.len()), &p).await
+    }
+    let first_of_n = populate(&t, &n, 0, 1, 0, &[(0, 8)]).await;
+    while t.copies().tokens.live() < TOKENS_PER_INITIATOR_MAX - 1 {
+        assert_eq!(one_more(&t, &n, &clock).await.status, 0);
+    }
+    clock.advance(std::time::Duration::from_millis(1));
+    let last_of_n = populate(&t, &n, 0, 4, 0, &[(0, 8)]).await;
+    clock.advance(std::time::Duration::from_millis(1));
+    let first_of_b = populate(&t, &b, 0, 5, 0, &[(0, 8)]).await;
+    while t.copies().tokens.live() < TOKENS_MAX - 1 {
+        assert_eq!(one_more(&t, &b, &clock).await.status, 0);
+    }
+    clock.advance(std::time::Duration::from_millis(1));
+    let last_of_b = populate(&t, &b, 0, 6, 0, &[(0, 8)]).await;
+    assert_eq!(t.copies().tokens.live(), TOKENS_MAX);
+    // c gets tokens up to its fair share
+    for i in 0..TOKENS_MAX / 3 {
+        let r = one_more(&t, &c, &clock).await;
+        assert_eq!(r.status, 0, "c's token {i}: {r:?}");
+    }
+    assert_eq!(t.copies().tokens.live(), TOKENS_MAX);
+    let r = one_more(&t, &c, &clock).await;
+    assert_eq!(sense_of(&r), (ILLEGAL, 0x55, 0x0d), "c at its fair share");
+    // taken from n and b in turn (the one holding the most, then the least
+    // recently used): n's first, then b's first, ...
+    let r = write_using(&t, &n, 1, 2, 0, &first_of_n, &[(100, 8)]).await;
+    assert_eq!(sense_of(&r), (ILLEGAL, 0x23, 0x08), "n's first token went");
+    let r = write_using(&t, &b, 1, 2, 0, &first_of_b, &[(100, 8)]).await;
+    assert_eq!(sense_of(&r), (ILLEGAL, 0x23, 0x08), "b's first token went");
+    // ... and the ones they made last are still theirs to use
+    for (who, token) in [(&n, &last_of_n), (&b, &last_of_b)] {
+        let r = write_using(&t, who, 1, 2, 0, token, &[(200, 8)]).await;
+        assert_eq!(r.status, 0, "{r:?}");
+    }
 }
 
 #[tokio::test]
