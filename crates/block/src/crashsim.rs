@@ -1,18 +1,22 @@
 //! A volume with a volatile write cache that can "lose power": the way tests prove
 //! that the layers above really flush (or FUA) before they acknowledge.
 
-use crate::{BlockResult, Bytes, Extent, Geometry, MemVolume, Volume};
+use crate::{BlockResult, Bytes, Extent, ExtentState, Geometry, MemVolume, Volume};
 use async_trait::async_trait;
 use parking_lot::Mutex;
 use std::collections::BTreeMap;
 
-/// Writes land in a volatile cache (kept per block) until `flush` or a FUA write
-/// moves them to stable storage; [`CrashSimVolume::crash`] drops the cache, as a
-/// power loss would. Reads see the cache first.
+/// Writes and discards land in a volatile cache (kept per block: the data, or
+/// `None` for a discarded block) until `flush` or a FUA write moves them to
+/// stable storage; [`CrashSimVolume::crash`] drops the cache, as a power loss
+/// would (a discard not yet flushed is lost too: the old data comes back, as
+/// on a disk whose UNMAP sits in its volatile cache). Reads see the cache first.
 pub struct CrashSimVolume {
     stable: MemVolume,
-    cache: Mutex<BTreeMap<u64, Bytes>>,
+    cache: Mutex<BTreeMap<u64, Option<Bytes>>>,
     geometry: Geometry,
+    /// A discarded block's data.
+    zero: Bytes,
 }
 
 impl CrashSimVolume {
@@ -25,6 +29,7 @@ impl CrashSimVolume {
             stable,
             cache: Mutex::new(BTreeMap::new()),
             geometry,
+            zero: Bytes::from(vec![0u8; block_size_bytes as usize]),
         }
     }
 
@@ -33,15 +38,31 @@ impl CrashSimVolume {
         self.cache.lock().clear();
     }
 
-    /// Blocks written but not yet durable.
+    /// Blocks written or discarded but not yet durable.
     pub fn volatile_blocks(&self) -> usize {
         self.cache.lock().len()
     }
 
     async fn destage(&self) -> BlockResult<()> {
         let dirty = std::mem::take(&mut *self.cache.lock());
+        // runs of discarded blocks go down as one discard each
+        let mut discarding: Option<(u64, u64)> = None;
         for (lba, data) in dirty {
-            self.stable.write(lba, data, true).await?;
+            match (data, &mut discarding) {
+                (None, Some((start, n))) if *start + *n == lba => *n += 1,
+                (data, run) => {
+                    if let Some((start, n)) = run.take() {
+                        self.stable.discard(start, n).await?;
+                    }
+                    match data {
+                        Some(d) => self.stable.write(lba, d, true).await?,
+                        None => *run = Some((lba, 1)),
+                    }
+                }
+            }
+        }
+        if let Some((start, n)) = discarding {
+            self.stable.discard(start, n).await?;
         }
         Ok(())
     }
@@ -63,7 +84,7 @@ impl Volume for CrashSimVolume {
         let mut out = base.to_vec();
         for (l, d) in cache.range(lba..lba + blocks as u64) {
             let off = (*l - lba) as usize * bs;
-            out[off..off + bs].copy_from_slice(d);
+            out[off..off + bs].copy_from_slice(d.as_ref().unwrap_or(&self.zero));
         }
         Ok(Bytes::from(out))
     }
@@ -83,7 +104,7 @@ impl Volume for CrashSimVolume {
         }
         let mut cache = self.cache.lock();
         for i in 0..blocks as usize {
-            cache.insert(lba + i as u64, data.slice(i * bs..(i + 1) * bs));
+            cache.insert(lba + i as u64, Some(data.slice(i * bs..(i + 1) * bs)));
         }
         Ok(())
     }
@@ -94,19 +115,40 @@ impl Volume for CrashSimVolume {
 
     async fn discard(&self, lba: u64, blocks: u64) -> BlockResult<()> {
         self.geometry.check_range(lba, blocks)?;
-        // a discard is ordered after earlier cached writes to the range
-        {
-            let mut cache = self.cache.lock();
-            let keys: Vec<u64> = cache.range(lba..lba + blocks).map(|(k, _)| *k).collect();
-            for k in keys {
-                cache.remove(&k);
-            }
+        // volatile like a write, and ordered after earlier cached writes to the range
+        let mut cache = self.cache.lock();
+        for b in lba..lba + blocks {
+            cache.insert(b, None);
         }
-        self.stable.discard(lba, blocks).await
+        Ok(())
     }
 
     async fn block_status(&self, lba: u64, blocks: u64) -> BlockResult<Vec<Extent>> {
-        self.stable.block_status(lba, blocks).await
+        let stable = self.stable.block_status(lba, blocks).await?;
+        let cache = self.cache.lock();
+        let mut out: Vec<Extent> = Vec::new();
+        let mut push = |lba: u64, blocks: u64, state: ExtentState| match out.last_mut() {
+            Some(e) if e.state == state && e.lba + e.blocks == lba => e.blocks += blocks,
+            _ => out.push(Extent { lba, blocks, state }),
+        };
+        for e in stable {
+            let mut at = e.lba;
+            for (b, d) in cache.range(e.lba..e.lba + e.blocks) {
+                if *b > at {
+                    push(at, b - at, e.state);
+                }
+                let state = match d {
+                    Some(_) => ExtentState::Mapped,
+                    None => ExtentState::Deallocated,
+                };
+                push(*b, 1, state);
+                at = b + 1;
+            }
+            if at < e.lba + e.blocks {
+                push(at, e.lba + e.blocks - at, e.state);
+            }
+        }
+        Ok(out)
     }
 }
 
@@ -134,5 +176,46 @@ mod tests {
             "unflushed write survived a crash"
         );
         assert_eq!(v.read(2, 1).await.unwrap()[0], 3, "FUA write lost");
+    }
+
+    /// A discard is volatile like a write: read as zeroes and reported
+    /// deallocated at once, lost at a crash before a flush, kept after one.
+    #[tokio::test]
+    async fn an_unflushed_discard_is_lost_and_a_flushed_one_kept() {
+        let v = CrashSimVolume::new(512, 1024);
+        v.write(0, Bytes::from(vec![7u8; 512 * 4]), true)
+            .await
+            .unwrap();
+        v.discard(1, 2).await.unwrap();
+        assert_eq!(
+            &v.read(0, 4).await.unwrap()[..],
+            &[[7u8; 512], [0; 512], [0; 512], [7; 512]].concat()[..]
+        );
+        let st = v.block_status(0, 4).await.unwrap();
+        assert_eq!(
+            st[1],
+            Extent {
+                lba: 1,
+                blocks: 2,
+                state: ExtentState::Deallocated
+            },
+            "{st:?}"
+        );
+        v.crash();
+        assert_eq!(
+            &v.read(0, 4).await.unwrap()[..],
+            &[7u8; 2048][..],
+            "unflushed discard survived"
+        );
+        v.discard(1, 2).await.unwrap();
+        v.write(2, Bytes::from(vec![9u8; 512]), false)
+            .await
+            .unwrap();
+        v.flush().await.unwrap();
+        v.crash();
+        assert_eq!(
+            &v.read(0, 4).await.unwrap()[..],
+            &[[7u8; 512], [0; 512], [9; 512], [7; 512]].concat()[..]
+        );
     }
 }

@@ -162,3 +162,52 @@ async fn wce_reports_the_cache_and_clearing_it_makes_writes_durable() {
         "write with WCE=0 lost"
     );
 }
+
+/// UNMAP of one block at `lba`.
+async fn unmap(t: &ScsiTarget, lba: u64) -> scsi::Response {
+    let mut p = vec![0u8; 24];
+    p[0..2].copy_from_slice(&22u16.to_be_bytes());
+    p[2..4].copy_from_slice(&16u16.to_be_bytes());
+    p[8..16].copy_from_slice(&lba.to_be_bytes());
+    p[16..20].copy_from_slice(&1u32.to_be_bytes());
+    let mut c = [0u8; 10];
+    c[0] = 0x42;
+    c[7..9].copy_from_slice(&(p.len() as u16).to_be_bytes());
+    exec(t, &c, &p).await
+}
+
+/// An UNMAP is durable as a write is: after SYNCHRONIZE CACHE with the write
+/// cache on, at once with it off (WCE=0 promises nothing is held volatile).
+/// The volume keeps an unflushed discard volatile, as a disk's cache may.
+#[tokio::test]
+async fn an_unmap_is_durable_after_synchronize_cache_and_at_once_with_wce_off() {
+    let vol = Arc::new(CrashSimVolume::new(BS as u32, 1024));
+    let t = target(vol.clone());
+    settle(&t).await;
+    for lba in [40u32, 41] {
+        let r = exec(&t, &write10(lba, 1, true), &[0xee; BS]).await;
+        assert_eq!(r.status, 0);
+    }
+    let r = unmap(&t, 40).await;
+    assert_eq!(r.status, 0, "{:?}", r.sense);
+    let sync10 = [0x35, 0, 0, 0, 0, 0, 0, 0, 0, 0];
+    assert_eq!(exec(&t, &sync10, &[]).await.status, 0);
+    assert_eq!(block_after_crash(&vol, 40).await, 0, "synced UNMAP lost");
+    // the write cache off: the UNMAP itself is durable
+    let r = exec(&t, &[0x1a, 0x08, 0x08, 0, 255, 0], &[]).await;
+    let page = &r.data_in[4..];
+    let mut params = vec![0u8; 4];
+    let mut p = page[..page[1] as usize + 2].to_vec();
+    p[0] &= 0x3f;
+    p[2] &= !0x04;
+    params.extend_from_slice(&p);
+    let sel = [0x15, 0x10, 0, 0, params.len() as u8, 0];
+    assert_eq!(exec(&t, &sel, &params).await.status, 0);
+    let r = unmap(&t, 41).await;
+    assert_eq!(r.status, 0, "{:?}", r.sense);
+    assert_eq!(
+        block_after_crash(&vol, 41).await,
+        0,
+        "UNMAP acknowledged with WCE=0 lost"
+    );
+}
