@@ -85,6 +85,21 @@ async fn settle(t: &ScsiTarget) {
     panic!("TEST UNIT READY never succeeded");
 }
 
+/// MODE SELECT(6) of the caching page as MODE SENSE reports it, WCE cleared.
+async fn write_cache_off(t: &ScsiTarget) {
+    let r = exec(t, &[0x1a, 0x08, 0x08, 0, 255, 0], &[]).await;
+    assert_eq!(r.status, 0);
+    let page = &r.data_in[4..];
+    let mut params = vec![0u8; 4];
+    let mut p = page[..page[1] as usize + 2].to_vec();
+    p[0] &= 0x3f;
+    p[2] &= !0x04;
+    params.extend_from_slice(&p);
+    let sel = [0x15, 0x10, 0, 0, params.len() as u8, 0];
+    let r = exec(t, &sel, &params).await;
+    assert_eq!(r.status, 0, "MODE SELECT WCE=0 refused: {:?}", r.sense);
+}
+
 async fn block_after_crash(vol: &CrashSimVolume, lba: u64) -> u8 {
     vol.crash();
     vol.read(lba, 1).await.unwrap()[0]
@@ -142,15 +157,7 @@ async fn wce_reports_the_cache_and_clearing_it_makes_writes_durable() {
     let page = &r.data_in[4..];
     assert_eq!(page[0] & 0x3f, 0x08);
     assert_eq!(page[2] & 0x04, 0x04, "WCE=0 reported over a volatile cache");
-    // MODE SELECT(6) the same page with WCE cleared
-    let mut params = vec![0u8; 4];
-    let mut p = page[..page[1] as usize + 2].to_vec();
-    p[0] &= 0x3f;
-    p[2] &= !0x04;
-    params.extend_from_slice(&p);
-    let sel = [0x15, 0x10, 0, 0, params.len() as u8, 0];
-    let r = exec(&t, &sel, &params).await;
-    assert_eq!(r.status, 0, "MODE SELECT WCE=0 refused: {:?}", r.sense);
+    write_cache_off(&t).await;
     assert_eq!(t.write_cache_enabled(0), Some(false));
     assert_eq!(
         exec(&t, &write10(30, 1, false), &[0xdd; BS]).await.status,
@@ -194,15 +201,7 @@ async fn an_unmap_is_durable_after_synchronize_cache_and_at_once_with_wce_off() 
     assert_eq!(exec(&t, &sync10, &[]).await.status, 0);
     assert_eq!(block_after_crash(&vol, 40).await, 0, "synced UNMAP lost");
     // the write cache off: the UNMAP itself is durable
-    let r = exec(&t, &[0x1a, 0x08, 0x08, 0, 255, 0], &[]).await;
-    let page = &r.data_in[4..];
-    let mut params = vec![0u8; 4];
-    let mut p = page[..page[1] as usize + 2].to_vec();
-    p[0] &= 0x3f;
-    p[2] &= !0x04;
-    params.extend_from_slice(&p);
-    let sel = [0x15, 0x10, 0, 0, params.len() as u8, 0];
-    assert_eq!(exec(&t, &sel, &params).await.status, 0);
+    write_cache_off(&t).await;
     let r = unmap(&t, 41).await;
     assert_eq!(r.status, 0, "{:?}", r.sense);
     assert_eq!(
