@@ -407,6 +407,12 @@ impl ConnectionSink {
 }
 
 /// Whether `e` says the copy itself failed (the disk below), not the request.
+/// A copy out of space (a thin file on a full file system, a full pool) or
+/// made read-only under the node (a file system remounted read-only after
+/// errors) has failed too: it cannot take the pair's writes, which the other
+/// copy takes. Counted as a request error, the write failed on one copy and
+/// stood on the other, and the two nodes served different data for those
+/// blocks until the next meeting. (md and DRBD fail such a member as well.)
 fn copy_failed(e: &BlockError) -> bool {
     matches!(
         e,
@@ -414,6 +420,8 @@ fn copy_failed(e: &BlockError) -> bool {
             | BlockError::WriteFault { .. }
             | BlockError::Io(_)
             | BlockError::Unavailable(_)
+            | BlockError::NoSpace { .. }
+            | BlockError::ReadOnly
     )
 }
 
@@ -1163,7 +1171,13 @@ impl Inner {
                 tracing::error!(volume = %self.cfg.name, lba, "local write failed, partner's succeeded: region kept dirty");
                 Ok(Err(e))
             }
-            (Err(e), _) => Ok(Err(e)),
+            (Err(e), _) => {
+                // failed here and perhaps there, perhaps half way on either
+                // (a write cut short by the error): the region is copied again
+                // at the next meeting
+                self.bitmap.pin(lba, blocks);
+                Ok(Err(e))
+            }
             (Ok(()), Err(LinkLost)) => {
                 // written here, perhaps not there: the region must be copied at
                 // the next meeting whatever the bitmap's cleaner does before this

@@ -1902,3 +1902,90 @@ async fn a_write_still_at_the_disk_when_the_link_goes_ends_before_the_node_rejoi
     n1.shutdown().await;
     n2.shutdown().await;
 }
+
+/// A copy whose volume has run out of space (a thin file on a full file
+/// system) while `full` is set: writes answer NoSpace.
+struct OutOfSpace {
+    inner: VolumeRef,
+    full: std::sync::atomic::AtomicBool,
+}
+
+#[async_trait::async_trait]
+impl Volume for OutOfSpace {
+    fn geometry(&self) -> block::Geometry {
+        self.inner.geometry()
+    }
+    async fn read(&self, lba: u64, blocks: u32) -> block::BlockResult<Bytes> {
+        self.inner.read(lba, blocks).await
+    }
+    async fn write(&self, lba: u64, data: Bytes, fua: bool) -> block::BlockResult<()> {
+        if self.full.load(std::sync::atomic::Ordering::SeqCst) {
+            return Err(block::BlockError::NoSpace { lba });
+        }
+        self.inner.write(lba, data, fua).await
+    }
+    async fn flush(&self) -> block::BlockResult<()> {
+        self.inner.flush().await
+    }
+    async fn discard(&self, lba: u64, blocks: u64) -> block::BlockResult<()> {
+        self.inner.discard(lba, blocks).await
+    }
+}
+
+/// One copy out of space while the pair is in sync (on the follower, then on
+/// the leader): the write is kept by the other copy and acknowledged, the full
+/// copy is detached and filled in once it has space, and the nodes never serve
+/// different data for the same blocks. (Before, the write failed, the other copy
+/// kept it anyway, and the two nodes served different data for those blocks
+/// until the next meeting.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_copy_out_of_space_is_detached_and_the_write_kept_by_the_other() {
+    for full_on in [2u8, 1] {
+        let d = tempfile::tempdir().unwrap();
+        let m1: VolumeRef = Arc::new(MemVolume::new(512, BLOCKS));
+        let m2: VolumeRef = Arc::new(MemVolume::new(512, BLOCKS));
+        let full = |m: &VolumeRef| {
+            Arc::new(OutOfSpace {
+                inner: m.clone(),
+                full: false.into(),
+            })
+        };
+        let (o1, o2) = (full(&m1), full(&m2));
+        let (n2, addr2) = node2(d.path(), 1, o2.clone() as VolumeRef, None).await;
+        let n1 = node1(d.path(), 1, o1.clone() as VolumeRef, addr2, None).await;
+        both_in_sync(&n1, &n2).await;
+        assert_eq!(n1.role(), Role::Leader);
+        let (o, full_node, kept_by) = match full_on {
+            2 => (&o2, &n2, &n1),
+            _ => (&o1, &n1, &n2),
+        };
+        o.full.store(true, std::sync::atomic::Ordering::SeqCst);
+        // a write through the full node (refused once its copy is detached:
+        // the initiator retries on the other path), then one through the other
+        for (lba, first) in [(0, full_node), (64, kept_by)] {
+            let data = Bytes::from(vec![7u8; 8 * 512]);
+            if let Err(e) = first.write(lba, data.clone(), false).await {
+                assert!(Arc::ptr_eq(first, full_node), "{e}");
+                kept_by
+                    .write(lba, data.clone(), false)
+                    .await
+                    .unwrap_or_else(|e| panic!("node {full_on} full: the write failed: {e}"));
+            }
+            assert_eq!(kept_by.read(lba, 8).await.unwrap(), data);
+        }
+        // whichever node a read goes through, it never sees the old data
+        for node in [&n1, &n2] {
+            for lba in [0, 64] {
+                if let Ok(got) = node.read(lba, 8).await {
+                    assert!(
+                        got.iter().all(|b| *b == 7),
+                        "node {full_on} full: a node serves the old data at {lba}"
+                    );
+                }
+            }
+        }
+        o.full.store(false, std::sync::atomic::Ordering::SeqCst);
+        both_in_sync(&n1, &n2).await;
+        same_contents(&m1, &m2).await;
+    }
+}
