@@ -1812,7 +1812,7 @@ impl Inner {
             };
             let lba = self.data_offset_blocks + e.member_lba;
             let r = if e.discard {
-                h.volume.discard(lba, e.blocks as u64).await
+                crate::io::zero_member(&*h.volume, lba, e.blocks as u64).await
             } else {
                 h.volume.write(lba, Bytes::copy_from_slice(p), false).await
             };

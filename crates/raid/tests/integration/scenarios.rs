@@ -1194,3 +1194,74 @@ async fn a_rebuild_that_would_lose_more_ranges_than_are_kept_is_held_and_says_wh
         "the status names another stripe than the error: {stall:?}"
     );
 }
+
+/// A member that is not thin: a discard is a hint it ignores, as a block
+/// device whose discard does not zero (BLKDISCARD guarantees nothing).
+struct Thick(VolumeRef);
+
+#[async_trait::async_trait]
+impl Volume for Thick {
+    fn geometry(&self) -> block::Geometry {
+        block::Geometry {
+            thin: false,
+            ..self.0.geometry()
+        }
+    }
+    async fn read(&self, lba: u64, blocks: u32) -> block::BlockResult<block::Bytes> {
+        self.0.read(lba, blocks).await
+    }
+    async fn write(&self, lba: u64, data: block::Bytes, fua: bool) -> block::BlockResult<()> {
+        self.0.write(lba, data, fua).await
+    }
+    async fn flush(&self) -> block::BlockResult<()> {
+        self.0.flush().await
+    }
+    async fn discard(&self, lba: u64, blocks: u64) -> block::BlockResult<()> {
+        self.0.geometry().check_range(lba, blocks)
+    }
+}
+
+/// A thin pool (its members' discards read as zeroes) that gets a thick
+/// member as a replacement still reads what it discarded as zeroes, and its
+/// parity still rebuilds every member. (Before, the pool sent the newcomer
+/// discards it ignored: the discarded range read back old data from it, and
+/// its stale chunks made parity rebuild wrong data after a later write.)
+#[tokio::test]
+async fn a_thick_replacement_in_a_thin_pool_keeps_discarded_blocks_zero() {
+    for level in [RaidLevel::Raid5, RaidLevel::Raid1] {
+        let (pool, _ms) = make_pool(level, 3).await;
+        assert!(pool.geometry().thin);
+        let oracle = MemVolume::new(BS, pool.geometry().block_count);
+        fill(&pool, &oracle, 1).await;
+        pool.fail_member(1).await.unwrap();
+        let thick = Arc::new(Thick(Arc::new(MemVolume::new(BS, MEMBER_BLOCKS))));
+        pool.replace_member(1, Member::new("thick", thick as VolumeRef))
+            .await
+            .unwrap();
+        pool.wait_idle().await;
+        let n = pool.geometry().block_count;
+        pool.discard(0, n).await.unwrap();
+        oracle.discard(0, n).await.unwrap();
+        // a block written into every stripe after the discard
+        let stripe = pool.geometry().optimal_io_blocks as u64;
+        for (i, lba) in (0..n).step_by(stripe as usize).enumerate() {
+            let d = pattern(100 + i as u64, 1);
+            pool.write(lba, d.clone(), false).await.unwrap();
+            oracle.write(lba, d, false).await.unwrap();
+        }
+        pool.flush().await.unwrap();
+        check_all(&pool, &oracle).await;
+        // each member lost in turn: what it held is rebuilt from the others
+        for pos in 0..3 {
+            pool.fail_member(pos).await.unwrap();
+            check_all(&pool, &oracle).await;
+            let fresh = Arc::new(MemVolume::new(BS, MEMBER_BLOCKS));
+            pool.replace_member(pos, Member::new(format!("r{pos}"), fresh as VolumeRef))
+                .await
+                .unwrap();
+            pool.wait_idle().await;
+            assert_eq!(pool.status().state, PoolState::Optimal, "{level:?}");
+        }
+        check_all(&pool, &oracle).await;
+    }
+}
