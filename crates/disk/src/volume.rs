@@ -331,7 +331,14 @@ impl FileVolume {
     /// Writes `data` at byte `offset` through the engine.
     async fn write_at(&self, data: Bytes, offset: u64, dsync: bool) -> BlockResult<()> {
         let mut moved = 0;
-        if !dsync && self.nowait_fits(data.len(), &self.nowait_write_unsupported) {
+        // Not with `sync_writes`: on its O_DSYNC descriptor the inline call is
+        // a data sync too, and its failure (taken here as "try the engine")
+        // would use up the kernel's one report of a lost writeback, so that
+        // the engine's retry and every later flush succeeded over lost data.
+        if !dsync
+            && !self.sync_writes
+            && self.nowait_fits(data.len(), &self.nowait_write_unsupported)
+        {
             match sys::pwrite_inline(self.file.as_raw_fd(), &data, offset, !self.memory_backed) {
                 NoWait::Moved(n) if n == data.len() => return Ok(()),
                 NoWait::Moved(n) => moved = n,
