@@ -977,7 +977,7 @@ impl ScsiTarget {
         let lu = self
             .lu(lun)
             .ok_or_else(|| ScsiError::Config(format!("lun {lun} does not exist")))?;
-        let (uas, aborts) = lu.pr.install_state(state)?;
+        let (uas, aborts, unsaved) = lu.pr.install_state(state)?;
         for ua in uas {
             lu.uas
                 .raise_for(&ua.initiator_port, ua.relative_port_id, ua.sense);
@@ -991,7 +991,13 @@ impl ScsiTarget {
             "on the partner",
         )
         .await;
-        Ok(())
+        match unsaved {
+            Some(e) => {
+                tracing::error!(lun, error = %e, "reservation state installed but not persisted");
+                Err(e)
+            }
+            None => Ok(()),
+        }
     }
 
     /// Runs a PERSISTENT RESERVE OUT on this node without offering it to

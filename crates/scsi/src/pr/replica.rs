@@ -39,24 +39,35 @@ impl Reservations {
     /// attentions to establish: the ones listed in `state`, or for a snapshot those
     /// [`state_change_uas`] derives. An identical state changes nothing and raises none.
     /// With them, the I_T nexuses whose tasks a PREEMPT AND ABORT aborts on this node
-    /// too (listed in a state pushed after one).
+    /// too (listed in a state pushed after one). Last, the error of persisting
+    /// it, if that failed: the state is installed all the same (see below).
+    #[allow(clippy::type_complexity)]
     pub(crate) fn install_state(
         &self,
         state: &[u8],
-    ) -> Result<(Vec<PendingUa>, Vec<NexusId>), ScsiError> {
+    ) -> Result<(Vec<PendingUa>, Vec<NexusId>, Option<ScsiError>), ScsiError> {
         let (next, listed, aborts) = persist::decode(state).map_err(ScsiError::PrState)?;
         let mut g = self.inner.lock();
         if g.pr == next {
-            return Ok((Vec::new(), aborts));
+            return Ok((Vec::new(), aborts, None));
         }
         if next.aptpl && self.state_file.is_none() {
             tracing::warn!("installing APTPL reservations on a LUN without a state file");
         }
-        self.persist_transition(&g.pr, &next)
-            .map_err(|source: io::Error| ScsiError::State {
+        // Installed even when it cannot be persisted here: the node that
+        // ordered the change has made it, and a retry of the command finds it
+        // done there and pushes nothing, so refused here the old reservations
+        // would hold on this node's paths (a preempted initiator still writing
+        // through them) until the next change. The failure still reaches the
+        // partner, whose initiator is told (HARDWARE ERROR): the change is not
+        // durable on both nodes.
+        let unsaved = self
+            .persist_transition(&g.pr, &next)
+            .err()
+            .map(|source: io::Error| ScsiError::State {
                 path: self.state_file.clone().unwrap_or_default(),
                 source,
-            })?;
+            });
         let uas = listed.unwrap_or_else(|| state_change_uas(&g.pr, &next));
         tracing::debug!(
             generation = next.generation,
@@ -66,7 +77,7 @@ impl Reservations {
             "persistent reservation state installed"
         );
         g.pr = next;
-        Ok((uas, aborts))
+        Ok((uas, aborts, unsaved))
     }
 }
 

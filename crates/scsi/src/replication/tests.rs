@@ -1103,3 +1103,35 @@ async fn orwrite_is_not_offered_on_a_replicated_lu() {
         status::GOOD
     );
 }
+
+/// A follower that cannot persist a pushed state (APTPL, its state file in a
+/// folder that cannot exist) installs it all the same and says so: the
+/// commands are answered HARDWARE ERROR, but a PREEMPT AND ABORT still fences
+/// the preempted initiator on both nodes. (Before, the follower kept the old
+/// state, the retried PREEMPT found nothing to do and pushed nothing, and the
+/// preempted initiator went on writing through the follower.)
+#[tokio::test]
+async fn a_state_the_follower_cannot_persist_is_installed_there_all_the_same() {
+    let (da, db) = (temp_dir("unsaved-a"), temp_dir("unsaved-b"));
+    let (a, b, _) = pair_with(Some((da.join("lun0.pr.json"), db.join("lun0.pr.json"))));
+    // b's folder becomes a file: nothing can be saved in it
+    std::fs::remove_dir_all(&db).unwrap();
+    std::fs::write(&db, b"").unwrap();
+    let n = ready(&a, "n", 1).await;
+    let m = ready(&b, "m", 3).await;
+    let unsaved = |r: Response| assert_eq!(sense_of(&r), (key::HARDWARE_ERROR, 0x44, 0x00));
+    unsaved(prout(&a, &n, REGISTER, 0, 0, 1, APTPL).await);
+    unsaved(prout(&b, &m, REGISTER, 0, 0, 2, APTPL).await);
+    unsaved(prout(&a, &n, RESERVE, WERO, 1, 0, 0).await);
+    assert_eq!(run(&b, &m, &WRITE10, &[0; 512]).await.status, status::GOOD);
+    unsaved(prout(&a, &n, 0x05, WERO, 1, 2, 0).await);
+    // m's registration is gone on both nodes: its writes through b conflict
+    // (after the unit attention the preemption owes it)
+    let mut r = run(&b, &m, &WRITE10, &[0; 512]).await;
+    if r.status == status::CHECK_CONDITION {
+        assert_eq!(sense_of(&r), (key::UNIT_ATTENTION, 0x2a, 0x05));
+        r = run(&b, &m, &WRITE10, &[0; 512]).await;
+    }
+    assert_eq!(r.status, status::RESERVATION_CONFLICT, "{r:?}");
+    assert_eq!(read_keys(&b, &m).await.1, vec![1]);
+}
