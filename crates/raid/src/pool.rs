@@ -615,9 +615,26 @@ impl Pool {
         // `pool fail`) and missed the writes since: it stays failed and out, and
         // the pool comes up degraded, as it ran before the stop; it rejoins only
         // through a replace or `force` (which rebuilds it).
+        // A member one generation behind that the newest superblock still
+        // names as active or rebuilding missed only that superblock write: a
+        // power cut between the members' writes of a new generation (each
+        // change of members writes one). No write was acknowledged on the
+        // strength of the new generation (a failure is durable before the
+        // writes that skip the member are acknowledged), so it holds all the
+        // others do, and takes the newest record. Before, the pool refused to
+        // assemble (StaleGeneration), and `force` rebuilt every such member
+        // from the start, failing the pool for good.
+        let behind_by_one = |sb: &Superblock| {
+            sb.generation + 1 == newest.generation
+                && newest
+                    .members
+                    .iter()
+                    .any(|r| r.uuid == sb.member_uuid && r.state != MemberState::Failed)
+        };
+        let stale_of = |sb: &Superblock| sb.generation != newest.generation && !behind_by_one(sb);
         if !force {
             found.retain(|(m, sb)| {
-                let stale = sb.generation != newest.generation;
+                let stale = stale_of(sb);
                 let named = newest.members.iter().find(|r| r.uuid == sb.member_uuid);
                 match named {
                     None if stale => {
@@ -637,7 +654,7 @@ impl Pool {
             });
         }
         for (m, sb) in &found {
-            if sb.generation != newest.generation && !force {
+            if stale_of(sb) && !force {
                 return Err(RaidError::StaleGeneration {
                     member: m.name.clone(),
                     generation: sb.generation,
@@ -697,7 +714,14 @@ impl Pool {
         let mut taken = vec![false; n];
         for (m, sb) in found.iter() {
             check_size(&shape, m)?;
-            let stale = sb.generation != newest.generation;
+            let stale = stale_of(sb);
+            if !stale && sb.generation != newest.generation {
+                tracing::warn!(member = %m.name, generation = sb.generation,
+                    newest = newest.generation,
+                    "member missed the last superblock write (a stop during it); taken as current");
+                // written again at the newest generation below
+                changed = true;
+            }
             let pos = newest
                 .members
                 .iter()
