@@ -939,7 +939,7 @@ impl Inner {
         // straight to the backing volume)
         let slots: Vec<Option<u32>> = {
             let mut st = self.state.lock();
-            pieces
+            let slots: Vec<Option<u32>> = pieces
                 .iter()
                 .map(|p| {
                     self.advise(&mut st, p.key, Step::Admit);
@@ -967,7 +967,29 @@ impl Inner {
                         }
                     }
                 })
-                .collect()
+                .collect();
+            // A block whose dirty sectors sat on devices that failed since
+            // this write took the write-back path (both halves going at once):
+            // written to the backing and acknowledged, it would leave their
+            // record standing, and the next start would bring the old data
+            // back over it. It fails as a read of them does; the write-through
+            // path (taken from now on) drops such sectors only once the record
+            // says so.
+            let lost_dirty = pieces.iter().zip(&slots).any(|(p, s)| {
+                s.is_none()
+                    && st.policy.get(p.key).is_some_and(|slot| {
+                        self.frame_lost(slot) && st.dirty.get(slot) & p.mask != 0
+                    })
+            });
+            if lost_dirty {
+                for slot in slots.iter().flatten() {
+                    st.unpin_io(*slot);
+                }
+                return Err(BlockError::Unavailable(
+                    "cache: the newest data of this block was on a lost cache device".into(),
+                ));
+            }
+            slots
         };
         let mut _out = Vec::new();
         if slots.iter().any(|s| s.is_none()) {
@@ -1129,8 +1151,10 @@ impl Inner {
         // the records saying so are durable: reused before, a crash would bring
         // back a "dirty" record over another block's data (as for `dropped`)
         let mut cleaned = Vec::new();
-        // (slot, dirty before) of cleaned frames that now hold the new data
+        // (slot, dirty before) of cleaned frames that now hold the new data,
+        // and of those whose SSD write failed
         let mut cleaned_ok: Vec<(u32, u64)> = Vec::new();
+        let mut cleaned_failed: Vec<(u32, u64)> = Vec::new();
         {
             let mut st = self.state.lock();
             let mut results = results.into_iter();
@@ -1152,6 +1176,8 @@ impl Inner {
                     cleaned.push(slot);
                     if ok {
                         cleaned_ok.push((slot, d));
+                    } else {
+                        cleaned_failed.push((slot, d));
                     }
                 } else {
                     st.unpin_io(slot);
@@ -1172,19 +1198,20 @@ impl Inner {
                 // would acknowledge. Dropped frames still hold their old
                 // data; cleaned ones the new data, on the backing too. A
                 // cleaned frame whose SSD write failed holds neither: it
-                // stays pinned (never reused) until the cache restarts.
+                // stays pinned (never reused) until the cache restarts, its
+                // sectors dirty and not valid, so reads of them fail as lost
+                // and a retried write meets dirty sectors again (review of
+                // 2026-12-06: left clean, the retry went to the backing and
+                // was acknowledged, and at the next start the record brought
+                // the old dirty data back over it).
                 for &(slot, v, d) in &before {
                     st.valid.set(slot, v);
                     st.set_dirty(slot, d);
                 }
-                for &(slot, d) in &cleaned_ok {
+                for &(slot, d) in cleaned_ok.iter().chain(&cleaned_failed) {
                     st.set_dirty(slot, d);
                 }
-                let keep: Vec<u32> = cleaned
-                    .iter()
-                    .copied()
-                    .filter(|s| !cleaned_ok.iter().any(|&(o, _)| o == *s))
-                    .collect();
+                let keep: Vec<u32> = cleaned_failed.iter().map(|&(s, _)| s).collect();
                 for slot in dropped.into_iter().chain(cleaned) {
                     if !keep.contains(&slot) {
                         st.unpin_io(slot);

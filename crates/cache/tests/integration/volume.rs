@@ -2128,3 +2128,58 @@ async fn a_striped_cache_left_with_its_stale_device_starts_empty() {
     assert_eq!(vol.read(0, new.len() as u32 / 4096).await.unwrap(), new);
     vol.shutdown().await.unwrap();
 }
+
+/// A write through a degraded write-back cache (one mirror half failed) over
+/// a dirty block, whose SSD write fails on the other half too (a shared
+/// controller's reset): the write fails, and so does its retry while the
+/// SSDs are gone; at the next start the block reads its last acknowledged
+/// data. (Before, the retry found the block clean in memory, went to the
+/// backing and was acknowledged, and at the next start the record of the old
+/// dirty data brought it back over the acknowledged write.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retried_write_after_both_halves_failed_under_it_is_not_lost_at_the_next_start() {
+    let backing = Arc::new(FaultVolume::new(Arc::new(MemVolume::new(
+        4096,
+        BACKING_BYTES / 4096,
+    ))));
+    // the destage never cleans anything: the block stays dirty
+    backing.plan().lock().fail_flush = true;
+    let faulty: Vec<Arc<FaultVolume>> = (0..2)
+        .map(|_| Arc::new(FaultVolume::new(Arc::new(MemVolume::new(4096, 1 << 10)))))
+        .collect();
+    let ssds: Vec<VolumeRef> = faulty.iter().map(|f| f.clone() as VolumeRef).collect();
+    let mut c = cfg(CacheMode::WriteBack);
+    c.dirty_low_percent = 90;
+    c.dirty_high_percent = 95;
+    let backing_ref = backing.clone() as VolumeRef;
+    let vol = CacheVolume::open("t", backing_ref.clone(), devices(&ssds), c.clone())
+        .await
+        .unwrap();
+    let per_block = (BLOCK / 4096) as u64;
+    let old = pattern(1, BLOCK as usize);
+    vol.write(0, old.clone(), false).await.unwrap();
+    vol.fail_device(0).await.unwrap();
+    faulty[1].plan().lock().dead = true;
+    let new = pattern(2, BLOCK as usize);
+    assert!(vol.write(0, new.clone(), false).await.is_err());
+    let retried = vol.write(0, new.clone(), false).await;
+    vol.halt().await;
+    drop(vol);
+    faulty[1].plan().lock().dead = false;
+    let vol = CacheVolume::open("t", backing_ref, devices(&ssds), c)
+        .await
+        .unwrap();
+    let got = vol.read(0, per_block as u32).await.unwrap();
+    assert!(
+        retried.is_err() || got == new,
+        "an acknowledged write was lost"
+    );
+    assert!(
+        retried.is_err(),
+        "the retry was acknowledged while the SSDs were gone"
+    );
+    assert!(
+        got == old,
+        "the block does not read its last acknowledged data"
+    );
+}
