@@ -123,9 +123,12 @@ impl Sense {
             let mut out = vec![0u8; 18];
             out[0] = 0x70;
             out[2] = self.key & 0xf;
-            if let Some(info) = self.information {
+            // an INFORMATION that does not fit the fixed format's 4 bytes (an
+            // LBA past 2^32 - 1) is left out, VALID clear, as SPC says: cut to
+            // 32 bits it named another block (descriptor format carries it)
+            if let Some(info) = self.information.and_then(|i| u32::try_from(i).ok()) {
                 out[0] |= 0x80;
-                out[3..7].copy_from_slice(&(info as u32).to_be_bytes());
+                out[3..7].copy_from_slice(&info.to_be_bytes());
             }
             out[7] = 10;
             out[12] = self.asc;
@@ -256,6 +259,24 @@ pub mod codes {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// An INFORMATION past 32 bits (an LBA of a volume over 2 TiB at 512-byte
+    /// blocks) is left out of fixed-format sense with VALID clear, not cut to
+    /// another block's number; descriptor format carries it whole.
+    #[test]
+    fn an_information_past_32_bits_is_not_cut_in_fixed_format() {
+        let s = Sense::new(key::MEDIUM_ERROR, 0x11, 0).with_information((1 << 32) + 10);
+        let fixed = s.encode(false);
+        assert_eq!(fixed[0], 0x70, "VALID set");
+        assert_eq!(&fixed[3..7], &[0; 4]);
+        let d = s.encode(true);
+        assert_eq!(&d[12..20], &((1u64 << 32) + 10).to_be_bytes());
+        let small = Sense::new(key::MEDIUM_ERROR, 0x11, 0)
+            .with_information(10)
+            .encode(false);
+        assert_eq!(small[0], 0xf0);
+        assert_eq!(&small[3..7], &10u32.to_be_bytes());
+    }
 
     #[test]
     fn fixed_and_descriptor_layouts() {
