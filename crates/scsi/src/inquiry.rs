@@ -222,7 +222,8 @@ fn block_limits(geo: &Geometry, atomic_blocks: u32) -> Vec<u8> {
     let lim = Limits::of(geo);
     let mut b = vec![0u8; 0x3c];
     // byte 4 of the page = b[0]: WSNZ = 0 (zero length WRITE SAME means "to the end")
-    b[1] = CAW_BLOCKS_MAX as u8;
+    // (a COMPARE AND WRITE moves its blocks in one transfer: no more than that)
+    b[1] = CAW_BLOCKS_MAX.min(lim.transfer_blocks_max) as u8;
     let gran = u16::try_from(lim.transfer_blocks_optimal).unwrap_or(u16::MAX);
     b[2..4].copy_from_slice(&gran.to_be_bytes());
     b[4..8].copy_from_slice(&lim.transfer_blocks_max.to_be_bytes());

@@ -270,6 +270,35 @@ async fn inquiry_standard_and_vpd() {
     assert_eq!(r.data_in[6] & 7, 2);
 }
 
+/// The Block Limits page's MAXIMUM COMPARE AND WRITE LENGTH is what the LU
+/// takes: no more than one transfer of its volume. (Before, 255 was
+/// advertised whatever the volume took, and a COMPARE AND WRITE of 17
+/// blocks on a volume of 16-block transfers was INVALID FIELD IN CDB.)
+#[tokio::test]
+async fn the_compare_and_write_length_advertised_is_the_one_taken() {
+    let vol = Counting {
+        max_io_blocks: 16,
+        ..Counting::new(1024)
+    };
+    let t = target_with(Arc::new(vol));
+    let n = ready(&t, "1", 1).await;
+    let r = run(&t, &n, &[0x12, 1, 0xb0, 0, 255, 0], &[]).await;
+    let most = r.data_in[5] as u32;
+    assert_eq!(most, 16);
+    let caw = |blocks: u32| {
+        let mut c = [0u8; 16];
+        c[0] = 0x89;
+        c[13] = blocks as u8;
+        c
+    };
+    let data = vec![0u8; 2 * most as usize * BS];
+    let r = run(&t, &n, &caw(most), &data).await;
+    assert_eq!(r.status, 0, "the advertised length was refused: {r:?}");
+    let data = vec![0u8; 2 * (most as usize + 1) * BS];
+    let r = run(&t, &n, &caw(most + 1), &data).await;
+    assert_eq!(sense_of(&r).0, key::ILLEGAL_REQUEST);
+}
+
 #[tokio::test]
 async fn read_write_roundtrip_and_errors() {
     let t = target();
@@ -437,6 +466,8 @@ struct Counting {
     yield_once: bool,
     hang_from: u64,
     entered: tokio::sync::Notify,
+    /// The most blocks one transfer may carry (the volume's `max_io_blocks`).
+    max_io_blocks: u32,
 }
 
 impl Counting {
@@ -451,6 +482,7 @@ impl Counting {
             yield_once: false,
             hang_from: u64::MAX,
             entered: tokio::sync::Notify::new(),
+            max_io_blocks: u32::MAX,
         }
     }
 }
@@ -458,9 +490,11 @@ impl Counting {
 #[async_trait]
 impl Volume for Counting {
     fn geometry(&self) -> Geometry {
+        let g = self.inner.geometry();
         Geometry {
             volatile_cache: true,
-            ..self.inner.geometry()
+            max_io_blocks: g.max_io_blocks.min(self.max_io_blocks),
+            ..g
         }
     }
     async fn read(&self, lba: u64, blocks: u32) -> BlockResult<Bytes> {
