@@ -1096,6 +1096,21 @@ impl Inner {
             };
             let (lr, rr) = tokio::join!(self.local.flush(), remote);
             if let Err(e) = lr {
+                // What this copy held since its last flush may be lost (Linux
+                // drops the pages of a failed writeback), while the partner's
+                // is durable: as the partner does with a flush of its own that
+                // fails (`detach_on`), this copy is detached and the partner
+                // goes on alone; it resyncs this one, whose bits since the last
+                // good flush of both are still set. Kept in sync, a later good
+                // flush of both let the cleaner clear them, and the copies
+                // differed with nothing to say so (review of 2026-12-06).
+                if copy_failed(&e)
+                    && matches!(rr, Ok(Some(OpResult::Ok)))
+                    && !st.peer_resyncing
+                    && self.detach(format!("flush failed: {e}")).await
+                {
+                    return Ok(Ok(None));
+                }
                 return Ok(Err(e));
             }
             return match rr? {

@@ -1989,3 +1989,42 @@ async fn a_copy_out_of_space_is_detached_and_the_write_kept_by_the_other() {
         same_contents(&m1, &m2).await;
     }
 }
+
+/// The leader's copy failing a flush the partner's took is detached, as the
+/// follower's is: the partner holds every write and goes on alone, the host's
+/// flush succeeds, and the failed copy is filled in once its disk works.
+/// (Before, the leader answered the error and stayed in sync; on Linux the
+/// failed writeback's pages are dropped, and the next good flush of both let
+/// the cleaner clear the bits of writes this copy then lacked.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leader_whose_flush_fails_is_detached_and_the_partner_goes_on() {
+    let d = tempfile::tempdir().unwrap();
+    let m1: VolumeRef = Arc::new(MemVolume::new(512, BLOCKS));
+    let m2: VolumeRef = Arc::new(MemVolume::new(512, BLOCKS));
+    let f1 = Arc::new(block::FaultVolume::new(m1.clone()));
+    let (n2, addr2) = node2(d.path(), 1, m2.clone(), None).await;
+    let n1 = node1(d.path(), 1, f1.clone() as VolumeRef, addr2, None).await;
+    both_in_sync(&n1, &n2).await;
+    assert_eq!(n1.role(), Role::Leader);
+    let data = Bytes::from(vec![9u8; 8 * 512]);
+    n1.write(0, data.clone(), false).await.unwrap();
+    f1.plan().lock().fail_flush = true;
+    n1.flush()
+        .await
+        .expect("the partner holds the write durably: the flush succeeds");
+    let s1 = n1.status();
+    assert!(
+        matches!(s1.role, Role::Down | Role::Target | Role::Deciding),
+        "the copy whose flush failed still serves: {s1:?}"
+    );
+    assert!(
+        n2.wait_until(|s| matches!(s.role, Role::Solo | Role::Leader) && !in_sync(s), WAIT)
+            .await,
+        "the partner does not go on alone: {:?}",
+        n2.status()
+    );
+    assert_eq!(n2.read(0, 8).await.unwrap(), data);
+    f1.plan().lock().fail_flush = false;
+    both_in_sync(&n1, &n2).await;
+    same_contents(&m1, &m2).await;
+}
