@@ -111,6 +111,8 @@ pub(crate) async fn manager(inner: Arc<Inner>, conns: mpsc::Receiver<(Framed, Me
 async fn manage(inner: &Arc<Inner>, mut conns: mpsc::Receiver<(Framed, Message)>) {
     let timeout = Duration::from_millis(inner.cfg.peer_timeout_ms);
     let mut peer_seen = Instant::now();
+    // when a handshake last failed, perhaps after the partner finished its side
+    let mut half_met: Option<Instant> = None;
     let mut next_peer = 0usize;
     let mut last_decide: Option<Instant> = None;
     let mut conns_open = true;
@@ -252,6 +254,15 @@ async fn manage(inner: &Arc<Inner>, mut conns: mpsc::Receiver<(Framed, Message)>
                 Err(HandshakeError::Failed(e)) => {
                     drop(meeting);
                     tracing::warn!(volume = %inner.cfg.name, "handshake with the partner failed: {e}");
+                    // The partner may have read this node's hello and finished
+                    // its side: its link, and its lease on serving, start from
+                    // its own hello, sent at most now. Deciding from the last
+                    // ping of an older meeting, this node went on alone while
+                    // the partner still served as resync source (review of
+                    // 2026-12-06). (Not `peer_seen`: the decision stays due on
+                    // time, a partner failing every handshake cannot put it off
+                    // for ever; it waits that lease out.)
+                    half_met = Some(Instant::now());
                     tokio::time::sleep(RECONNECT_PAUSE).await;
                     // a partner that accepts connections but cannot complete a
                     // handshake is no partner: the decision below still applies
@@ -277,7 +288,7 @@ async fn manage(inner: &Arc<Inner>, mut conns: mpsc::Receiver<(Framed, Message)>
         };
         if matches!(role, Role::Deciding | Role::Down) && due && !unjoinable {
             let _deciding = inner.meeting.lock().await;
-            decide(inner, peer_seen, false).await;
+            decide(inner, peer_seen.max(half_met.unwrap_or(peer_seen)), false).await;
             last_decide = Some(Instant::now());
         }
     }

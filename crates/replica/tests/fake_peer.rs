@@ -1483,3 +1483,42 @@ async fn a_survivor_waits_out_the_partners_longer_peer_timeout() {
     );
     n1.shutdown().await;
 }
+
+/// A handshake that fails after the partner read this node's hello (its own
+/// hello never arrives here, as when the path fails one way): the partner may
+/// have finished its side and serve, on a lease counted from its hello, sent
+/// at most when the handshake failed. Node 1 (preferred, no witness, peer
+/// timeout 3 s) goes on alone only once that lease is over. Before (review
+/// of 2026-12-06), it decided from the last ping of an older meeting (none
+/// here) and went on alone 0.3 s after the failure.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_handshake_failing_after_the_partner_read_the_hello_waits_out_its_lease() {
+    let d = tempfile::tempdir().unwrap();
+    let k = keys();
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let mut c = cfg(1, d.path(), vec![l.local_addr().unwrap()], k[0].clone());
+    c.peer_timeout_ms = 3000;
+    let (n1, _sink) =
+        ReplicatedVolume::open(c, Arc::new(MemVolume::new(512, BLOCKS)) as VolumeRef).unwrap();
+    // one connection taken, its hello read, nothing answered; no other
+    let st = loop {
+        let (s, _) = l.accept().await.unwrap();
+        if let Ok(st) = replica::secure::accept(s, &k[1], Purpose::Sync, &[Member::Node1]).await {
+            break st;
+        }
+    };
+    drop(l);
+    let (mut r, _w) = (st.reader, st.writer);
+    let mut buf = bytes::BytesMut::new();
+    let first = recv(&mut r, &mut buf).await;
+    assert!(matches!(first, Some(Message::Hello { .. })), "{first:?}");
+    let read_at = std::time::Instant::now();
+    reaches(&n1, Role::Solo).await;
+    // the handshake fails 5 s after the hello; the lease lasts 3 s from then
+    let waited = read_at.elapsed();
+    assert!(
+        waited >= Duration::from_millis(7800),
+        "went on alone {waited:?} after a hello the partner may have answered by serving"
+    );
+    n1.shutdown().await;
+}

@@ -2018,8 +2018,11 @@ async fn a_leader_whose_flush_fails_is_detached_and_the_partner_goes_on() {
         "the copy whose flush failed still serves: {s1:?}"
     );
     assert!(
-        n2.wait_until(|s| matches!(s.role, Role::Solo | Role::Leader) && !in_sync(s), WAIT)
-            .await,
+        n2.wait_until(
+            |s| matches!(s.role, Role::Solo | Role::Leader) && !in_sync(s),
+            WAIT
+        )
+        .await,
         "the partner does not go on alone: {:?}",
         n2.status()
     );
