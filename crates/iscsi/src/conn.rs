@@ -335,7 +335,8 @@ pub(crate) struct Conn {
     pub(crate) tmf_waiters: Arc<tokio::sync::Semaphore>,
 }
 
-/// Most NOP-In echo bytes queued per connection.
+/// Most bytes of answers to requests outside the CmdSN window (NOP-In echoes,
+/// Text responses) queued per connection.
 const ECHO_BYTES_MAX: u64 = 1 << 20;
 /// Most task management functions of one connection waiting at once.
 const TMF_WAITERS_MAX: usize = 16;
@@ -877,8 +878,15 @@ impl Conn {
             itt: n.itt,
             ttt: RESERVED_TAG,
         });
-        // waits (reading nothing) while earlier echoes are still queued: they
-        // go out as the client reads, whatever this reader does
+        self.send_bounded(pdu, data).await
+    }
+
+    /// Queues the answer to a request the CmdSN window may not bound (an
+    /// immediate NOP-Out or Text request), its bytes held against the
+    /// connection's bound on such answers ([`ECHO_BYTES_MAX`]): waits, reading
+    /// nothing, while earlier ones are still queued (they go out as the client
+    /// reads, whatever this reader does).
+    async fn send_bounded(&mut self, pdu: TargetPdu, data: Bytes) -> Flow {
         let mut kill = self.session.kill.subscribe();
         let mut shutdown = self.ctx.shutdown.clone();
         let permit = tokio::select! {
@@ -899,7 +907,7 @@ impl Conn {
         if t.ttt != RESERVED_TAG {
             match self.text_pending.take() {
                 Some(p) if p.ttt == t.ttt && p.itt == t.itt => {
-                    self.send_text_chunk(t.itt, t.lun, p.rest).await;
+                    return self.send_text_chunk(t.itt, t.lun, p.rest).await;
                 }
                 _ => {
                     tracing::warn!(peer = %self.peer, ttt = t.ttt, "Text continuation with an unknown TTT");
@@ -940,8 +948,15 @@ impl Conn {
             }
         };
         let mut answer = Vec::new();
+        let mut listed = false;
         for (k, v) in &pairs {
             if k == "SendTargets" {
+                // once a request: a key is not sent twice (RFC 7143 6.1), and
+                // each repeat made the answer a whole list longer (128 keys
+                // a request, the answers of immediate requests queued unread)
+                if std::mem::replace(&mut listed, true) {
+                    continue;
+                }
                 answer.extend_from_slice(&crate::discovery::send_targets(
                     &self.ctx,
                     v,
@@ -954,14 +969,14 @@ impl Conn {
             }
         }
         self.send_text_chunk(t.itt, t.lun, Bytes::from(answer))
-            .await;
-        Flow::Continue
+            .await
     }
 
-    async fn send_text_chunk(&mut self, itt: u32, lun: u64, all: Bytes) {
+    async fn send_text_chunk(&mut self, itt: u32, lun: u64, all: Bytes) -> Flow {
         let max = self.out.send_segment_bytes_max.max(512) as usize;
         let (now, rest) = if all.len() > max {
-            (all.slice(..max), Some(all.slice(max..)))
+            // (copied: a slice queued would keep the whole answer alive)
+            (Bytes::copy_from_slice(&all[..max]), Some(all.slice(max..)))
         } else {
             (all, None)
         };
@@ -980,7 +995,7 @@ impl Conn {
             itt,
             ttt,
         });
-        self.send(pdu, now).await;
+        self.send_bounded(pdu, now).await
     }
 
     async fn on_logout(&mut self, l: LogoutRequest, imm: bool) -> Flow {

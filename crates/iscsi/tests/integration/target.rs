@@ -137,6 +137,11 @@ async fn discovery_lists_targets_on_both_portals() {
 
 /// A discovery session's SendTargets=`value`: the answer's keys.
 async fn send_targets(c: &mut Client, value: &str) -> Vec<(String, String)> {
+    text_answer(c, &[("SendTargets", value)]).await
+}
+
+/// The answer's keys to a Text request of `pairs` (the answer in one PDU).
+async fn text_answer(c: &mut Client, pairs: &[(&str, &str)]) -> Vec<(String, String)> {
     let itt = c.next_itt();
     let t = InitiatorPdu::Text(TextRequest {
         final_bit: true,
@@ -147,12 +152,27 @@ async fn send_targets(c: &mut Client, value: &str) -> Vec<(String, String)> {
         cmd_sn: c.cmd_sn,
         exp_stat_sn: c.exp_stat_sn,
     });
-    c.send(&t, false, &encode_text(&[("SendTargets", value)]))
-        .await;
+    c.send(&t, false, &encode_text(pairs)).await;
     c.cmd_sn += 1;
     let p = c.recv_skip_pings().await.expect("text response");
     assert!(matches!(p.pdu, TargetPdu::TextResponse(r) if r.final_bit && r.itt == itt));
     parse_text(&p.data).unwrap()
+}
+
+/// A Text request naming SendTargets many times is answered with the list
+/// once. (Before, each of up to 128 repeats added the whole list: with
+/// immediate requests left unread, a connection without credentials held
+/// 128 times the list per request queued.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn send_targets_repeated_in_one_request_is_answered_once() {
+    let fx = start(Limits::default()).await;
+    let mut c = Client::connect(fx.addrs[0]).await;
+    assert_eq!(c.login_discovery_as(INI).await, (0, 0));
+    let pairs = vec![("SendTargets", "All"); 128];
+    let kv = text_answer(&mut c, &pairs).await;
+    let names = kv.iter().filter(|(k, _)| k == "TargetName").count();
+    assert_eq!(names, 2, "{kv:?}");
+    fx.shutdown().await;
 }
 
 /// Names are case-insensitive in discovery too: an initiator sending its name
