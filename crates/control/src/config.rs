@@ -1227,6 +1227,36 @@ impl Config {
                 );
             }
         }
+        // A secret answers in one direction only (RFC 7143 12.1.3), across
+        // the node's targets too: a target whose mutual CHAP secret is an
+        // initiator's secret elsewhere answers a challenge of that other login,
+        // relayed by anyone who may log in to it (found by review, 2026-12-06).
+        let initiator_secrets: Vec<(&str, String)> = self
+            .discovery_chap
+            .iter()
+            .map(|c| (c.secret.as_str(), "discovery_chap".to_string()))
+            .chain(self.targets.iter().flat_map(|t| {
+                t.chap
+                    .iter()
+                    .map(move |c| (c.secret.as_str(), format!("target {}'s chap", t.iqn)))
+                    .chain(t.chap_initiators.iter().map(move |c| {
+                        (
+                            c.secret.as_str(),
+                            format!("target {}'s chap_initiator {}", t.iqn, c.initiator),
+                        )
+                    }))
+            }))
+            .collect();
+        for t in &self.targets {
+            let Some(m) = &t.mutual_chap else { continue };
+            if let Some((_, whose)) = initiator_secrets.iter().find(|(s, _)| *s == m.secret) {
+                bail!(
+                    "target {}: mutual CHAP secret is also {whose} secret: a secret may answer \
+                     in one direction only, or one target's answer logs in to another",
+                    t.iqn
+                );
+            }
+        }
         let mut iqns = std::collections::HashSet::new();
         let mut naas = std::collections::HashSet::new();
         for t in &self.targets {
@@ -1733,6 +1763,42 @@ mod tests {
                 secret: secret.into(),
             });
             assert_eq!(c.validate().is_ok(), ok, "{user:?} {secret:?}");
+        }
+    }
+
+    /// A target's mutual CHAP secret may not be an initiator's secret of any
+    /// target (or discovery's): the target's answer to a relayed challenge
+    /// would log in elsewhere.
+    #[test]
+    fn a_mutual_chap_secret_is_no_initiator_secret_of_another_target() {
+        let mut c = Config::from_quick_flags(&QuickFlags::default());
+        let mut b = c.targets[0].clone();
+        b.iqn = "iqn.2026-12.org.freesan:b".into();
+        for l in &mut b.luns {
+            l.path = l.path.as_ref().map(|p| p.with_extension("b"));
+        }
+        c.targets[0].chap = Some(Chap {
+            user: "alice".into(),
+            secret: "alice-secret-12".into(),
+        });
+        b.chap = Some(Chap {
+            user: "bob".into(),
+            secret: "bob-secret-1234".into(),
+        });
+        b.mutual_chap = Some(Chap {
+            user: "target-b".into(),
+            secret: "target-b-secret".into(),
+        });
+        c.targets.push(b);
+        c.validate().unwrap();
+        for shared in ["alice-secret-12", "discovery-secret"] {
+            c.discovery_chap = Some(Chap {
+                user: "d".into(),
+                secret: "discovery-secret".into(),
+            });
+            c.targets[1].mutual_chap.as_mut().unwrap().secret = shared.into();
+            let e = c.validate().unwrap_err().to_string();
+            assert!(e.contains("mutual CHAP secret is also"), "{shared}: {e}");
         }
     }
 
