@@ -740,6 +740,27 @@ async fn copies_both_discarded_are_joined_once_one_is_kept() {
     assert_eq!(n2.read(100, 1).await.unwrap(), Bytes::from(vec![0u8; 512]));
 }
 
+/// Node 1 (preferred, leading) over memory behind a fault layer, node 2 over
+/// plain memory, in sync; `d` keeps their state.
+async fn leader_over_faults(
+    d: &Path,
+) -> (
+    Arc<ReplicatedVolume>,
+    Arc<ReplicatedVolume>,
+    Arc<block::FaultVolume>,
+    VolumeRef,
+    VolumeRef,
+) {
+    let m1: VolumeRef = Arc::new(MemVolume::new(512, BLOCKS));
+    let m2: VolumeRef = Arc::new(MemVolume::new(512, BLOCKS));
+    let f1 = Arc::new(block::FaultVolume::new(m1.clone()));
+    let (n2, addr2) = node2(d, 1, m2.clone(), None).await;
+    let n1 = node1(d, 1, f1.clone() as VolumeRef, addr2, None).await;
+    both_in_sync(&n1, &n2).await;
+    assert_eq!(n1.role(), Role::Leader);
+    (n1, n2, f1, m1, m2)
+}
+
 /// The leader's (and preferred node's) disk dies under load,
 /// with no witness: its copy is detached, the follower goes on alone at once
 /// (no tie to break: the failed copy is marked inconsistent and never serves),
@@ -749,13 +770,7 @@ async fn copies_both_discarded_are_joined_once_one_is_kept() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_failing_copy_is_detached_and_the_partner_goes_on_without_a_failed_write() {
     let d = tempfile::tempdir().unwrap();
-    let m1: VolumeRef = Arc::new(MemVolume::new(512, BLOCKS));
-    let m2: VolumeRef = Arc::new(MemVolume::new(512, BLOCKS));
-    let f1 = Arc::new(block::FaultVolume::new(m1.clone()));
-    let (n2, addr2) = node2(d.path(), 1, m2.clone(), None).await;
-    let n1 = node1(d.path(), 1, f1.clone() as VolumeRef, addr2, None).await;
-    both_in_sync(&n1, &n2).await;
-    assert_eq!(n1.role(), Role::Leader);
+    let (n1, n2, f1, m1, m2) = leader_over_faults(d.path()).await;
 
     // four writers on disjoint ranges, two starting on each node; a write that
     // fails on one node is retried on the other
@@ -1999,13 +2014,7 @@ async fn a_copy_out_of_space_is_detached_and_the_write_kept_by_the_other() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_leader_whose_flush_fails_is_detached_and_the_partner_goes_on() {
     let d = tempfile::tempdir().unwrap();
-    let m1: VolumeRef = Arc::new(MemVolume::new(512, BLOCKS));
-    let m2: VolumeRef = Arc::new(MemVolume::new(512, BLOCKS));
-    let f1 = Arc::new(block::FaultVolume::new(m1.clone()));
-    let (n2, addr2) = node2(d.path(), 1, m2.clone(), None).await;
-    let n1 = node1(d.path(), 1, f1.clone() as VolumeRef, addr2, None).await;
-    both_in_sync(&n1, &n2).await;
-    assert_eq!(n1.role(), Role::Leader);
+    let (n1, n2, f1, m1, m2) = leader_over_faults(d.path()).await;
     let data = Bytes::from(vec![9u8; 8 * 512]);
     n1.write(0, data.clone(), false).await.unwrap();
     f1.plan().lock().fail_flush = true;

@@ -383,10 +383,15 @@ fn write_back_on_two_ssds() -> (VolumeRef, Vec<VolumeRef>, CacheConfig) {
     let ssds: Vec<VolumeRef> = (0..2)
         .map(|_| Arc::new(MemVolume::new(4096, 1 << 10)) as VolumeRef)
         .collect();
+    (backing, ssds, dirty_kept())
+}
+
+/// A write-back configuration that destages only at 90% dirty.
+fn dirty_kept() -> CacheConfig {
     let mut c = cfg(CacheMode::WriteBack);
     c.dirty_low_percent = 90;
     c.dirty_high_percent = 95;
-    (backing, ssds, c)
+    c
 }
 
 /// [`write_back_on_two_ssds`] with a backing id, opened.
@@ -1430,9 +1435,7 @@ async fn a_discard_whose_flush_fails_never_frees_a_frame_its_record_still_names(
     let ssds: Vec<VolumeRef> = (0..2)
         .map(|_| Arc::new(MemVolume::new(4096, 1 << 10)) as VolumeRef)
         .collect();
-    let mut c = cfg(CacheMode::WriteBack);
-    c.dirty_low_percent = 90;
-    c.dirty_high_percent = 95;
+    let c = dirty_kept();
     let backing_ref = backing.clone() as VolumeRef;
     let vol = CacheVolume::open("t", backing_ref.clone(), devices(&ssds), c.clone())
         .await
@@ -2148,9 +2151,7 @@ async fn a_retried_write_after_both_halves_failed_under_it_is_not_lost_at_the_ne
         .map(|_| Arc::new(FaultVolume::new(Arc::new(MemVolume::new(4096, 1 << 10)))))
         .collect();
     let ssds: Vec<VolumeRef> = faulty.iter().map(|f| f.clone() as VolumeRef).collect();
-    let mut c = cfg(CacheMode::WriteBack);
-    c.dirty_low_percent = 90;
-    c.dirty_high_percent = 95;
+    let c = dirty_kept();
     let backing_ref = backing.clone() as VolumeRef;
     let vol = CacheVolume::open("t", backing_ref.clone(), devices(&ssds), c.clone())
         .await

@@ -37,6 +37,23 @@ fn cut_members(sims: &[Arc<CrashSimVolume>], budget: &Arc<AtomicI64>) -> Vec<Mem
         .collect()
 }
 
+/// A RAID 5 pool of `n` members that lose their volatile caches on `crash()`,
+/// its writes stopped when the shared budget (unarmed: -1) runs out; created
+/// and idle.
+async fn cut_raid5(n: usize) -> (Vec<Arc<CrashSimVolume>>, Arc<AtomicI64>, Pool) {
+    let sims = crash_sims(n);
+    let budget = Arc::new(AtomicI64::new(-1));
+    let pool = Pool::create(
+        config(RaidLevel::Raid5),
+        cut_members(&sims, &budget),
+        vec![],
+    )
+    .await
+    .unwrap();
+    pool.wait_idle().await;
+    (sims, budget, pool)
+}
+
 /// Blocks of `pool` that differ from `oracle`, except blocks of the interrupted
 /// write `torn` that hold its new data (it may land, block by block).
 async fn count_wrong(pool: &Pool, oracle: &MemVolume, torn: Option<&(u64, Bytes)>) -> usize {
@@ -484,16 +501,7 @@ async fn without_the_journal_concurrent_writes_lose_data() {
 
 #[tokio::test]
 async fn concurrent_writes_share_group_commits() {
-    let sims = crash_sims(5);
-    let budget = Arc::new(AtomicI64::new(-1));
-    let pool = Pool::create(
-        config(RaidLevel::Raid5),
-        cut_members(&sims, &budget),
-        vec![],
-    )
-    .await
-    .unwrap();
-    pool.wait_idle().await;
+    let (_sims, _budget, pool) = cut_raid5(5).await;
     let slot = pool.geometry().block_count / 32;
     // 32 two-block writes in flight at once, one per 32nd of the pool
     let writes_at = |at: u64, seed: u64| {
@@ -897,16 +905,7 @@ async fn cut_and_assemble(
 #[tokio::test]
 async fn a_stop_between_the_superblock_writes_of_a_new_generation_loses_nothing() {
     for (landed, force) in [(1, false), (2, false), (1, true)] {
-        let sims = crash_sims(4);
-        let budget = Arc::new(AtomicI64::new(-1));
-        let pool = Pool::create(
-            config(RaidLevel::Raid5),
-            cut_members(&sims, &budget),
-            vec![],
-        )
-        .await
-        .unwrap();
-        pool.wait_idle().await;
+        let (sims, budget, pool) = cut_raid5(4).await;
         let oracle = MemVolume::new(BS, pool.geometry().block_count);
         fill(&pool, &oracle, 3).await;
         pool.flush().await.unwrap();
