@@ -28,9 +28,63 @@ struct SyncLatch {
     /// it used up; this one still sees it (review of 2026-12-06: the next
     /// flush succeeded over the lost data). Buffered volumes only.
     watch: Option<std::fs::File>,
+    /// The data syncs running now, by number (see [`SyncLatch::settle`]).
+    running: parking_lot::Mutex<std::collections::BTreeSet<u64>>,
+    next: AtomicU64,
+    ended: tokio::sync::Notify,
 }
 
 impl SyncLatch {
+    fn new(path: PathBuf, watch: Option<std::fs::File>) -> SyncLatch {
+        SyncLatch {
+            lost: AtomicBool::new(false),
+            path,
+            watch,
+            running: parking_lot::Mutex::new(std::collections::BTreeSet::new()),
+            next: AtomicU64::new(0),
+            ended: tokio::sync::Notify::new(),
+        }
+    }
+
+    fn begin(&self) -> u64 {
+        let id = self.next.fetch_add(1, Ordering::Relaxed);
+        self.running.lock().insert(id);
+        id
+    }
+
+    /// Sync `id` ended (its failure, if any, already set).
+    fn end(&self, id: u64) {
+        self.running.lock().remove(&id);
+        self.ended.notify_waiters();
+    }
+
+    /// After sync `id` succeeded: waits for the syncs running beside it to
+    /// end, then tells whether one failed. Linux reports a writeback error once
+    /// per open file, to whichever sync looks first: a sync that overlapped
+    /// this one may have taken the report of writes this one covers, and ended
+    /// (or not yet) with it while this one returned 0 (review of 2026-12-06:
+    /// of two flushes at once, one succeeded over lost data).
+    async fn settle(&self, id: u64) -> bool {
+        let beside: Vec<u64> = self
+            .running
+            .lock()
+            .iter()
+            .copied()
+            .filter(|&o| o != id)
+            .collect();
+        loop {
+            let ended = self.ended.notified();
+            {
+                let running = self.running.lock();
+                if beside.iter().all(|o| !running.contains(o)) {
+                    break;
+                }
+            }
+            ended.await;
+        }
+        self.lost.load(Ordering::Acquire)
+    }
+
     fn set(&self, op: &'static str, errno: i32) {
         if !self.lost.swap(true, Ordering::AcqRel) {
             tracing::error!(path = %self.path.display(), op, errno,
@@ -192,14 +246,13 @@ impl FileVolume {
             nowait_enabled: opts.nowait_inline,
             memory_backed,
             zero_range_unsupported: AtomicBool::new(false),
-            sync_lost: Arc::new(SyncLatch {
-                lost: AtomicBool::new(false),
-                path: path.to_path_buf(),
+            sync_lost: Arc::new(SyncLatch::new(
+                path.to_path_buf(),
                 // (opened with the volume: it sees writeback errors from now)
-                watch: (!opened.direct && !opts.read_only)
+                (!opened.direct && !opts.read_only)
                     .then(|| std::fs::File::open(path).ok())
                     .flatten(),
-            }),
+            )),
             zeroes: OnceLock::new(),
             counters: Counters::default(),
             _claim: opened.claim,
@@ -267,8 +320,16 @@ impl FileVolume {
         own_failure: fn(i32) -> bool,
     ) -> BlockResult<crate::engine::IoDone> {
         let (engine, latch) = (self.engine.clone(), self.sync_lost.clone());
+        let path = self.path.clone();
         block::detach::detached(async move {
-            let done = engine.run(op).await?;
+            let id = latch.begin();
+            let done = match engine.run(op).await {
+                Ok(d) => d,
+                Err(e) => {
+                    latch.end(id);
+                    return Err(e);
+                }
+            };
             if let Err(f) = &done.res {
                 if !own_failure(f.errno) {
                     latch.set(what, f.errno);
@@ -285,6 +346,13 @@ impl FileVolume {
                         latch.set(what, f.errno);
                     }
                 }
+            }
+            latch.end(id);
+            if done.res.is_ok() && latch.settle(id).await {
+                return Err(BlockError::Io(std::io::Error::other(format!(
+                    "{}: a data sync running beside this one failed; what both covered may be lost",
+                    path.display()
+                ))));
             }
             Ok(done)
         })
@@ -595,10 +663,18 @@ impl Volume for FileVolume {
         self.block_count.store(block_count, Ordering::Release);
         let file = self.file.clone();
         let bytes = block_count * self.bs();
-        tokio::task::spawn_blocking(move || file.set_len(bytes).and_then(|()| file.sync_all()))
-            .await
-            .map_err(|e| BlockError::Io(std::io::Error::other(e)))?
-            .map_err(BlockError::Io)?;
+        let latch = self.sync_lost.clone();
+        tokio::task::spawn_blocking(move || {
+            file.set_len(bytes)?;
+            // a sync of the volume's descriptor: a failure may be earlier
+            // writes' lost writeback, reported once (review of 2026-12-06)
+            file.sync_all().inspect_err(|e| {
+                latch.set("shrink", e.raw_os_error().unwrap_or(libc::EIO));
+            })
+        })
+        .await
+        .map_err(|e| BlockError::Io(std::io::Error::other(e)))?
+        .map_err(BlockError::Io)?;
         tracing::warn!(path = %self.path.display(), from = now, to = block_count, "volume shrunk");
         Ok(())
     }

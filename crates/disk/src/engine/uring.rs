@@ -246,6 +246,12 @@ impl RingThread {
             self.take_incoming();
             self.push_pending();
             if self.shared.shutdown.load(Ordering::SeqCst) && self.in_flight == 0 {
+                if self.wake_armed {
+                    // its eventfd read is still queued: the kernel may write
+                    // into the buffer until the ring is torn down, as in `die`
+                    // (8 bytes kept for good per engine)
+                    std::mem::forget(std::mem::take(&mut self.wake_buf));
+                }
                 return;
             }
             if let Err(e) = self.enter() {

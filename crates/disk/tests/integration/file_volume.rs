@@ -869,3 +869,21 @@ async fn a_block_device_in_use_is_not_opened_for_writing() {
     v.write(1, one.clone(), false).await.unwrap();
     assert_eq!(v.read(1, 1).await.unwrap(), one);
 }
+
+/// Two flushes at once over a lost writeback both fail: Linux reports the
+/// error to whichever sync looks first, and the other returns 0. (Before, the
+/// other flush succeeded over the lost data.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_flushes_at_once_over_a_lost_writeback_both_fail() {
+    for engine in ENGINES {
+        let Some((_under, v, _)) = overfilled(engine).await else {
+            return;
+        };
+        let (a, b) = tokio::join!(v.flush(), v.flush());
+        assert!(
+            a.is_err() && b.is_err(),
+            "{engine:?}: a flush succeeded over a lost writeback ({a:?}, {b:?})"
+        );
+        drop(v);
+    }
+}
