@@ -25,8 +25,14 @@ use super::OPTION_HEADER_BYTES;
 use super::{cflag, hflag, info, rep, ProtoError, BASE_ALLOCATION, GREETING_BYTES};
 use bytes::{Buf, BufMut, BytesMut};
 
-/// Most options one connection may send before it is closed.
+/// Most options one connection may send before it is closed, beyond
+/// [`OPTIONS_PER_EXPORT`] for each export the server has.
 pub const OPTIONS_PER_CONNECTION_MAX: u32 = 256;
+/// Options allowed per export on top of [`OPTIONS_PER_CONNECTION_MAX`]:
+/// `nbdinfo --list` and `qemu-nbd --list` ask NBD_OPT_INFO and
+/// NBD_OPT_LIST_META_CONTEXT for every export on one connection (review of
+/// 2026-12-06: with about 127 exports the fixed 256 cut them off mid-list).
+pub const OPTIONS_PER_EXPORT: u32 = 4;
 /// Replies [`ServerNegotiator::advance`] lets pile up before it asks for them
 /// to be sent ([`Progress::Flush`]).
 pub const REPLIES_PENDING_MAX: usize = 64 * 1024;
@@ -195,6 +201,14 @@ impl<'a> ServerNegotiator<'a> {
         }
     }
 
+    /// Options this connection may send (see [`OPTIONS_PER_EXPORT`]).
+    fn options_max(&self) -> u32 {
+        let per_export = u32::try_from(self.exports.len())
+            .unwrap_or(u32::MAX)
+            .saturating_mul(OPTIONS_PER_EXPORT);
+        OPTIONS_PER_CONNECTION_MAX.saturating_add(per_export)
+    }
+
     /// The same negotiator with TLS policy `tls`.
     pub fn with_tls(mut self, tls: TlsPolicy) -> Self {
         self.tls = tls;
@@ -293,7 +307,7 @@ impl<'a> ServerNegotiator<'a> {
                         return Ok(Progress::NeedInput);
                     }
                     self.options_seen += 1;
-                    if self.options_seen > OPTIONS_PER_CONNECTION_MAX {
+                    if self.options_seen > self.options_max() {
                         self.state = State::Done;
                         return Err(NegotiateError::TooManyOptions);
                     }
@@ -684,6 +698,49 @@ mod tests {
         assert_eq!(&r[1].2[..8], b"\0\0\0\x04lun1");
     }
 
+    /// A client listing every export's details on one connection, as
+    /// `nbdinfo --list` does (INFO and LIST_META_CONTEXT for each), is
+    /// answered to the end on a server of 300 exports. (Before, the 257th
+    /// option closed the connection.)
+    #[test]
+    fn listing_the_details_of_every_export_is_answered_to_the_end() {
+        let names: Vec<String> = (0..300).map(|i| format!("lun{i}")).collect();
+        let ex: Vec<ExportInfo> = names
+            .iter()
+            .map(|n| ExportInfo {
+                name: n.clone(),
+                ..exports()[0].clone()
+            })
+            .collect();
+        let mut n = ServerNegotiator::new(&ex, None, 4096);
+        let mut input = BytesMut::from(&1u32.to_be_bytes()[..]);
+        input.extend_from_slice(&opt_bytes(ClientOption::List));
+        for name in &names {
+            for _ in 0..2 {
+                input.extend_from_slice(&opt_bytes(ClientOption::Info(InfoRequest {
+                    name: name.clone(),
+                    infos: vec![],
+                })));
+            }
+        }
+        input.extend_from_slice(&opt_bytes(ClientOption::Abort));
+        let mut out = BytesMut::new();
+        let mut acks = 0;
+        loop {
+            match n.advance(&mut input, &mut out) {
+                Ok(Progress::Flush) => {
+                    acks += replies(&out).iter().filter(|r| r.1 == rep::ACK).count();
+                    out.clear();
+                }
+                Ok(_) => break,
+                Err(e) => panic!("cut off after {acks} answers: {e}"),
+            }
+        }
+        acks += replies(&out).iter().filter(|r| r.1 == rep::ACK).count();
+        // (LIST, two INFOs an export, ABORT)
+        assert_eq!(acks, 2 + 2 * names.len(), "every option answered once");
+    }
+
     #[test]
     fn options_piled_up_unread_hold_a_bounded_reply() {
         // 2,000 exports: one LIST answer is over 100 KiB
@@ -780,7 +837,7 @@ mod tests {
 
         let mut n = ServerNegotiator::new(&ex, None, 4096);
         let mut input = BytesMut::from(&1u32.to_be_bytes()[..]);
-        for _ in 0..=OPTIONS_PER_CONNECTION_MAX {
+        for _ in 0..=OPTIONS_PER_CONNECTION_MAX + OPTIONS_PER_EXPORT * ex.len() as u32 {
             input.extend_from_slice(&opt_bytes(ClientOption::List));
         }
         assert_eq!(
