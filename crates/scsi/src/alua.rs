@@ -285,6 +285,26 @@ impl Alua {
         self.replace_explicit(states, file)
     }
 
+    /// [`Alua::install_explicit`] for states the partner pushed: applied even
+    /// when they cannot be saved (the error is returned beside whether any
+    /// changed). Refused, the two nodes reported and enforced different
+    /// states, and a retry through the partner, which found nothing left to
+    /// change there, pushed nothing (review of 2026-12-06; as for reservations).
+    pub fn install_explicit_from_partner(
+        &self,
+        states: &[(u16, AluaState)],
+        file: Option<&Path>,
+    ) -> (bool, Option<std::io::Error>) {
+        let _w = self.explicit_write.lock();
+        match self.replace_explicit(states, file) {
+            Ok(changed) => (changed, None),
+            Err(e) => (
+                self.replace_explicit(states, None).unwrap_or(false),
+                Some(e),
+            ),
+        }
+    }
+
     /// [`Alua::install_explicit`] with `explicit_write` held.
     fn replace_explicit(
         &self,
@@ -633,13 +653,13 @@ pub(crate) fn install(
     states: &[(u16, AluaState)],
 ) -> Result<(), ScsiError> {
     let file = lu.config.state_file.as_deref().map(state_path);
-    let changed = lu
+    let (changed, unsaved) = lu
         .alua
-        .install_explicit(states, file.as_deref())
-        .map_err(|source| ScsiError::State {
-            path: file.clone().unwrap_or_default(),
-            source,
-        })?;
+        .install_explicit_from_partner(states, file.as_deref());
+    let unsaved = unsaved.map(|source| ScsiError::State {
+        path: file.clone().unwrap_or_default(),
+        source,
+    });
     if changed {
         tracing::info!(
             lun = lu.lun,
@@ -648,7 +668,13 @@ pub(crate) fn install(
         );
         lu.uas.raise_all(codes::ALUA_STATE_CHANGED, origin);
     }
-    Ok(())
+    match unsaved {
+        Some(e) => {
+            tracing::error!(lun = lu.lun, error = %e, "explicit ALUA states installed but not saved");
+            Err(e)
+        }
+        None => Ok(()),
+    }
 }
 
 /// An I_T nexus that only names an initiator port and a target port (for unit

@@ -1135,3 +1135,25 @@ async fn a_state_the_follower_cannot_persist_is_installed_there_all_the_same() {
     assert_eq!(r.status, status::RESERVATION_CONFLICT, "{r:?}");
     assert_eq!(read_keys(&b, &m).await.1, vec![1]);
 }
+
+/// A follower that cannot save pushed explicit ALUA states (its file a
+/// folder) applies them all the same: the command is answered HARDWARE
+/// ERROR, but both nodes report and enforce the same states. (Before, the
+/// follower kept its old states, and a retry through the leader, which found
+/// nothing left to change, answered GOOD and pushed nothing.)
+#[tokio::test]
+async fn explicit_states_the_follower_cannot_save_are_applied_there_all_the_same() {
+    let (da, db) = (temp_dir("alua-unsaved-a"), temp_dir("alua-unsaved-b"));
+    let (a, b, _) = pair_with(Some((da.join("lun0.pr.json"), db.join("lun0.pr.json"))));
+    std::fs::create_dir(db.join("lun0.alua.json")).unwrap();
+    let na = ready(&a, "a", 1).await;
+    let r = stpg(&a, &na, &[(2, 2)]).await;
+    assert_eq!(sense_of(&r).0, key::HARDWARE_ERROR, "{r:?}");
+    assert_eq!(
+        b.lun_explicit_alua(LUN).unwrap(),
+        a.lun_explicit_alua(LUN).unwrap(),
+        "the nodes report different port states"
+    );
+    let _ = std::fs::remove_dir_all(da);
+    let _ = std::fs::remove_dir_all(db);
+}
