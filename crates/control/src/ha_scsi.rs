@@ -112,6 +112,26 @@ impl PrLink {
         link
     }
 
+    /// Whether a change made here must reach the partner now: yes while this
+    /// node leads it, no while it serves alone. Any other role means the role
+    /// changed under the command (the link lost while it waited for the LU's
+    /// order or its aborts): an error, so the command is not answered GOOD for
+    /// a change on this node only, which the partner, if it goes on alone,
+    /// never had (a fenced initiator writing through it), and overwrites at
+    /// the next meeting (review of 2026-12-06; before, "not attached" was
+    /// taken for "alone").
+    fn must_push(&self) -> Result<bool, String> {
+        if self.vol.partner_attached() {
+            return Ok(true);
+        }
+        match self.vol.role() {
+            Role::Solo => Ok(false),
+            r => Err(format!(
+                "this node no longer orders changes ({r:?}): the change may not reach the partner"
+            )),
+        }
+    }
+
     fn target(&self) -> Option<Arc<scsi::ScsiTarget>> {
         self.target.get().and_then(|w| w.upgrade())
     }
@@ -256,7 +276,7 @@ impl scsi::PrReplication for PrLink {
     }
 
     async fn push_state(&self, lun: u64, state: Bytes) -> Result<(), String> {
-        if !self.vol.partner_attached() {
+        if !self.must_push()? {
             return Ok(());
         }
         let req = ScsiMsg::InstallPrState { lun, state };
@@ -291,7 +311,7 @@ impl scsi::PrReplication for PrLink {
         origin: Option<&scsi::ItNexus>,
         states: &[(u16, scsi::AluaState)],
     ) -> Result<(), String> {
-        if !self.vol.partner_attached() {
+        if !self.must_push()? {
             return Ok(());
         }
         let req = ScsiMsg::InstallAluaState {
