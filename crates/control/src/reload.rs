@@ -377,13 +377,24 @@ impl Reloader {
         // the ones built before its failure took (undo_built)
         let mut added = Vec::new();
         let mut built: Vec<&crate::config::TargetConfig> = Vec::new();
+        // built as the node runs: a changed data_dir or [cluster] takes
+        // effect at the next start only (reported below), so a new target's
+        // state files and its ALUA port groups (this node's id, the partner's
+        // portals) follow the running ones (review of 2026-12-06: built from
+        // the file's, a changed node_id put this node's ports in the
+        // partner's group, its paths unavailable while it served alone)
+        let as_running = Config {
+            data_dir: current.data_dir.clone(),
+            cluster: current.cluster.clone(),
+            ..new.clone()
+        };
         for (ti, t) in new.targets.iter().enumerate() {
             if running.iter().any(|r| r.iqn == t.iqn) {
                 continue;
             }
             built.push(t);
             let made = crate::targets::build_target(
-                &new,
+                &as_running,
                 ti,
                 t,
                 &portals,
