@@ -107,8 +107,19 @@ pub struct Owner<'a> {
 
 impl Owner<'_> {
     fn owns(&self, saved: &Path) -> bool {
-        let saved = saved.to_string_lossy();
-        saved.is_empty() || saved == self.key || saved == self.shown
+        let text = saved.to_string_lossy();
+        if text.is_empty() || text == self.key || text == self.shown {
+            return true;
+        }
+        // the same file or device by another name (a symlink, /dev/disk/by-id,
+        // a relative path)
+        match (
+            std::fs::canonicalize(saved),
+            std::fs::canonicalize(self.key),
+        ) {
+            (Ok(a), Ok(b)) => a == b,
+            _ => false,
+        }
     }
 }
 
@@ -323,6 +334,16 @@ mod tests {
         assert_eq!(
             load_or_create(dir.path(), t, 3, on("disk d")).unwrap().naa,
             old.naa
+        );
+        // the same file by another name
+        let file = dir.path().join("e.img");
+        std::fs::write(&file, b"").unwrap();
+        let link = dir.path().join("e-link.img");
+        std::os::unix::fs::symlink(&file, &link).unwrap();
+        let e = load_or_create(dir.path(), t, 4, on(file.to_str().unwrap())).unwrap();
+        assert_eq!(
+            load_or_create(dir.path(), t, 4, on(link.to_str().unwrap())).unwrap(),
+            e
         );
     }
 

@@ -667,10 +667,14 @@ impl Volume for FileVolume {
         tokio::task::spawn_blocking(move || {
             file.set_len(bytes)?;
             // a sync of the volume's descriptor: a failure may be earlier
-            // writes' lost writeback, reported once (review of 2026-12-06)
-            file.sync_all().inspect_err(|e| {
+            // writes' lost writeback, reported once (review of 2026-12-06),
+            // and a sync beside it waits for it (`SyncLatch::settle`)
+            let id = latch.begin();
+            let r = file.sync_all().inspect_err(|e| {
                 latch.set("shrink", e.raw_os_error().unwrap_or(libc::EIO));
-            })
+            });
+            latch.end(id);
+            r
         })
         .await
         .map_err(|e| BlockError::Io(std::io::Error::other(e)))?

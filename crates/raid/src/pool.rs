@@ -615,23 +615,25 @@ impl Pool {
         // `pool fail`) and missed the writes since: it stays failed and out, and
         // the pool comes up degraded, as it ran before the stop; it rejoins only
         // through a replace or `force` (which rebuilds it).
-        // A member one generation behind that the newest superblock still
-        // names as active or rebuilding missed only that superblock write: a
-        // power cut between the members' writes of a new generation (each
-        // change of members writes one). No write was acknowledged on the
-        // strength of the new generation (a failure is durable before the
-        // writes that skip the member are acknowledged), so it holds all the
-        // others do, and takes the newest record. Before, the pool refused to
-        // assemble (StaleGeneration), and `force` rebuilt every such member
-        // from the start, failing the pool for good.
-        let behind_by_one = |sb: &Superblock| {
-            sb.generation + 1 == newest.generation
-                && newest
+        // A member behind that the newest superblock still names as active
+        // or rebuilding (or as a spare) missed only the last superblock
+        // write: a power cut between the members' writes of a new generation
+        // (each change of members writes one, sometimes two at once: a
+        // failure and the spare that takes its place). No write was
+        // acknowledged on the strength of the new generation (a failure is
+        // durable before the writes that skip the member are acknowledged,
+        // and a member whose superblock write failed is named failed in the
+        // next), so it holds all the others do, and takes the newest record.
+        // Before, the pool refused to assemble (StaleGeneration), and `force`
+        // rebuilt every such member from the start, failing the pool for good.
+        let named_live = |sb: &Superblock| {
+            newest.spares.contains(&sb.member_uuid)
+                || newest
                     .members
                     .iter()
                     .any(|r| r.uuid == sb.member_uuid && r.state != MemberState::Failed)
         };
-        let stale_of = |sb: &Superblock| sb.generation != newest.generation && !behind_by_one(sb);
+        let stale_of = |sb: &Superblock| sb.generation != newest.generation && !named_live(sb);
         if !force {
             found.retain(|(m, sb)| {
                 let stale = stale_of(sb);

@@ -413,6 +413,8 @@ impl ConnectionSink {
 /// copy takes. Counted as a request error, the write failed on one copy and
 /// stood on the other, and the two nodes served different data for those
 /// blocks until the next meeting. (md and DRBD fail such a member as well.)
+/// When both copies run out of space at once, the follower detaches too (it
+/// cannot tell), and is filled in once it has room again.
 fn copy_failed(e: &BlockError) -> bool {
     matches!(
         e,
@@ -1761,8 +1763,9 @@ impl Inner {
             // this copy cannot take a write of blocks the partner holds: as
             // under any write of the pair, the region is pinned and the copy
             // detached (the partner goes on alone and resyncs it later); the
-            // read is still served with the partner's blocks
-            Err(we) if copy_failed(&we) => {
+            // read is still served with the partner's blocks (a copy served
+            // read-only is left alone: it takes no write by design)
+            Err(we) if copy_failed(&we) && !matches!(we, BlockError::ReadOnly) => {
                 self.bitmap.pin(lba, n);
                 if !self
                     .detach(format!("{we} at lba {lba}, repairing it"))

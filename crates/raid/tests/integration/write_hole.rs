@@ -934,3 +934,39 @@ async fn a_stop_between_the_superblock_writes_of_a_new_generation_loses_nothing(
         check_all(&pool, &oracle).await;
     }
 }
+
+/// As above, with a hot spare that takes the failed member's place: the
+/// failure and the spare's arrival make two generations in one superblock
+/// write, and the members it missed are two behind. They are current all
+/// the same, the spare too.
+#[tokio::test]
+async fn a_stop_while_a_spare_takes_a_failed_members_place_loses_nothing() {
+    let sims = crash_sims(5);
+    let budget = Arc::new(AtomicI64::new(-1));
+    let mut members = cut_members(&sims, &budget);
+    let spare = members.pop().unwrap();
+    let pool = Pool::create(config(RaidLevel::Raid5), members, vec![spare])
+        .await
+        .unwrap();
+    pool.wait_idle().await;
+    let oracle = MemVolume::new(BS, pool.geometry().block_count);
+    fill(&pool, &oracle, 4).await;
+    pool.flush().await.unwrap();
+    pool.wait_applied().await;
+    budget.store(1, Ordering::SeqCst);
+    let _ = pool.fail_member(3).await;
+    drop(pool);
+    for s in &sims {
+        s.crash();
+    }
+    let members = sims
+        .iter()
+        .enumerate()
+        .map(|(i, s)| Member::new(format!("m{i}"), s.clone() as VolumeRef))
+        .collect();
+    let pool = Pool::assemble(members, false)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_ne!(pool.status().state, raid::PoolState::Failed);
+    check_all(&pool, &oracle).await;
+}
