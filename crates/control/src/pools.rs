@@ -683,8 +683,6 @@ impl Pools {
         self.free_disks.lock().keys().cloned().collect()
     }
 
-    /// The volume LUNs naming cache `name` serve (the cache while it is
-    /// attached, its backing while not).
     /// What cache `name` caches, as a LUN on it directly would name it.
     pub fn cache_over(&self, name: &str) -> Result<String> {
         match self.caches.get(name) {
@@ -693,6 +691,8 @@ impl Pools {
         }
     }
 
+    /// The volume LUNs naming cache `name` serve (the cache while it is
+    /// attached, its backing while not).
     pub fn cache_volume(&self, name: &str) -> Result<VolumeRef> {
         match self.caches.get(name) {
             Some(c) => Ok(c.front.clone() as VolumeRef),
