@@ -906,32 +906,7 @@ async fn cut_and_assemble(
 async fn a_stop_between_the_superblock_writes_of_a_new_generation_loses_nothing() {
     for (landed, force) in [(1, false), (2, false), (1, true)] {
         let (sims, budget, pool) = cut_raid5(4).await;
-        let oracle = MemVolume::new(BS, pool.geometry().block_count);
-        fill(&pool, &oracle, 3).await;
-        pool.flush().await.unwrap();
-        pool.wait_applied().await;
-        // the new generation reaches `landed` members, then the power goes
-        budget.store(landed, Ordering::SeqCst);
-        let _ = pool.fail_member(3).await;
-        drop(pool);
-        for s in &sims {
-            s.crash();
-        }
-        let members = sims
-            .iter()
-            .enumerate()
-            .map(|(i, s)| Member::new(format!("m{i}"), s.clone() as VolumeRef))
-            .collect();
-        let pool = Pool::assemble(members, force)
-            .await
-            .unwrap_or_else(|e| panic!("{landed} landed, force {force}: {e}"));
-        let st = pool.status();
-        assert_ne!(
-            st.state,
-            raid::PoolState::Failed,
-            "{landed}, {force}: {st:?}"
-        );
-        check_all(&pool, &oracle).await;
+        stopped_while_member_3_fails(sims, budget, pool, landed, force, 3).await;
     }
 }
 
@@ -949,11 +924,26 @@ async fn a_stop_while_a_spare_takes_a_failed_members_place_loses_nothing() {
         .await
         .unwrap();
     pool.wait_idle().await;
+    stopped_while_member_3_fails(sims, budget, pool, 1, false, 4).await;
+}
+
+/// `pool` filled (pattern `seed`) and flushed; member 3 failed with only
+/// `landed` member writes left before the power goes; the members crash and
+/// are assembled (with `force` or not): the pool serves, and every block
+/// reads back.
+async fn stopped_while_member_3_fails(
+    sims: Vec<Arc<CrashSimVolume>>,
+    budget: Arc<AtomicI64>,
+    pool: Pool,
+    landed: i64,
+    force: bool,
+    seed: u64,
+) {
     let oracle = MemVolume::new(BS, pool.geometry().block_count);
-    fill(&pool, &oracle, 4).await;
+    fill(&pool, &oracle, seed).await;
     pool.flush().await.unwrap();
     pool.wait_applied().await;
-    budget.store(1, Ordering::SeqCst);
+    budget.store(landed, Ordering::SeqCst);
     let _ = pool.fail_member(3).await;
     drop(pool);
     for s in &sims {
@@ -964,9 +954,14 @@ async fn a_stop_while_a_spare_takes_a_failed_members_place_loses_nothing() {
         .enumerate()
         .map(|(i, s)| Member::new(format!("m{i}"), s.clone() as VolumeRef))
         .collect();
-    let pool = Pool::assemble(members, false)
+    let pool = Pool::assemble(members, force)
         .await
-        .unwrap_or_else(|e| panic!("{e}"));
-    assert_ne!(pool.status().state, raid::PoolState::Failed);
+        .unwrap_or_else(|e| panic!("{landed} landed, force {force}: {e}"));
+    let st = pool.status();
+    assert_ne!(
+        st.state,
+        raid::PoolState::Failed,
+        "{landed}, {force}: {st:?}"
+    );
     check_all(&pool, &oracle).await;
 }
