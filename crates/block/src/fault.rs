@@ -20,6 +20,8 @@ pub struct FaultPlan {
     pub tear_next_write_after_blocks: Option<u64>,
     /// Flush fails.
     pub fail_flush: bool,
+    /// Writes fail for want of space (a thin file on a full file system).
+    pub full: bool,
     /// A write makes the `bad_read_blocks` it covers readable again, as a disk
     /// remaps a sector it is written.
     pub remap_on_write: bool,
@@ -93,6 +95,9 @@ impl Volume for FaultVolume {
             }
             if let Some(bad) = overlaps(&p.bad_write_blocks, lba, blocks) {
                 return Err(BlockError::WriteFault { lba: bad });
+            }
+            if p.full {
+                return Err(BlockError::NoSpace { lba });
             }
             p.tear_next_write_after_blocks.take()
         };

@@ -1918,35 +1918,6 @@ async fn a_write_still_at_the_disk_when_the_link_goes_ends_before_the_node_rejoi
     n2.shutdown().await;
 }
 
-/// A copy whose volume has run out of space (a thin file on a full file
-/// system) while `full` is set: writes answer NoSpace.
-struct OutOfSpace {
-    inner: VolumeRef,
-    full: std::sync::atomic::AtomicBool,
-}
-
-#[async_trait::async_trait]
-impl Volume for OutOfSpace {
-    fn geometry(&self) -> block::Geometry {
-        self.inner.geometry()
-    }
-    async fn read(&self, lba: u64, blocks: u32) -> block::BlockResult<Bytes> {
-        self.inner.read(lba, blocks).await
-    }
-    async fn write(&self, lba: u64, data: Bytes, fua: bool) -> block::BlockResult<()> {
-        if self.full.load(std::sync::atomic::Ordering::SeqCst) {
-            return Err(block::BlockError::NoSpace { lba });
-        }
-        self.inner.write(lba, data, fua).await
-    }
-    async fn flush(&self) -> block::BlockResult<()> {
-        self.inner.flush().await
-    }
-    async fn discard(&self, lba: u64, blocks: u64) -> block::BlockResult<()> {
-        self.inner.discard(lba, blocks).await
-    }
-}
-
 /// One copy out of space while the pair is in sync (on the follower, then on
 /// the leader): the write is kept by the other copy and acknowledged, the full
 /// copy is detached and filled in once it has space, and the nodes never serve
@@ -1959,12 +1930,7 @@ async fn a_copy_out_of_space_is_detached_and_the_write_kept_by_the_other() {
         let d = tempfile::tempdir().unwrap();
         let m1: VolumeRef = Arc::new(MemVolume::new(512, BLOCKS));
         let m2: VolumeRef = Arc::new(MemVolume::new(512, BLOCKS));
-        let full = |m: &VolumeRef| {
-            Arc::new(OutOfSpace {
-                inner: m.clone(),
-                full: false.into(),
-            })
-        };
+        let full = |m: &VolumeRef| Arc::new(block::FaultVolume::new(m.clone()));
         let (o1, o2) = (full(&m1), full(&m2));
         let (n2, addr2) = node2(d.path(), 1, o2.clone() as VolumeRef, None).await;
         let n1 = node1(d.path(), 1, o1.clone() as VolumeRef, addr2, None).await;
@@ -1974,7 +1940,7 @@ async fn a_copy_out_of_space_is_detached_and_the_write_kept_by_the_other() {
             2 => (&o2, &n2, &n1),
             _ => (&o1, &n1, &n2),
         };
-        o.full.store(true, std::sync::atomic::Ordering::SeqCst);
+        o.plan().lock().full = true;
         // a write through the full node (refused once its copy is detached:
         // the initiator retries on the other path), then one through the other
         for (lba, first) in [(0, full_node), (64, kept_by)] {
@@ -1999,7 +1965,7 @@ async fn a_copy_out_of_space_is_detached_and_the_write_kept_by_the_other() {
                 }
             }
         }
-        o.full.store(false, std::sync::atomic::Ordering::SeqCst);
+        o.plan().lock().full = false;
         both_in_sync(&n1, &n2).await;
         same_contents(&m1, &m2).await;
     }
