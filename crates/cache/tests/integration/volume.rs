@@ -386,6 +386,24 @@ fn write_back_on_two_ssds() -> (VolumeRef, Vec<VolumeRef>, CacheConfig) {
     (backing, ssds, dirty_kept())
 }
 
+/// A write-back cache over `backing` on `ssds` that destages only at 90%
+/// dirty, opened; with its configuration, to open it again.
+async fn open_dirty_kept(backing: &VolumeRef, ssds: &[VolumeRef]) -> (CacheVolume, CacheConfig) {
+    let c = dirty_kept();
+    let vol = CacheVolume::open("t", backing.clone(), devices(ssds), c.clone())
+        .await
+        .unwrap();
+    (vol, c)
+}
+
+/// A memory backing volume behind a fault layer.
+fn faulty_backing() -> Arc<FaultVolume> {
+    Arc::new(FaultVolume::new(Arc::new(MemVolume::new(
+        4096,
+        BACKING_BYTES / 4096,
+    ))))
+}
+
 /// A write-back configuration that destages only at 90% dirty.
 fn dirty_kept() -> CacheConfig {
     let mut c = cfg(CacheMode::WriteBack);
@@ -1427,19 +1445,13 @@ async fn a_cleanly_stopped_cache_whose_table_page_is_lost_refuses_to_start() {
 /// discarded block's dirty data (and would have destaged it there).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_discard_whose_flush_fails_never_frees_a_frame_its_record_still_names() {
-    let backing = Arc::new(FaultVolume::new(Arc::new(MemVolume::new(
-        4096,
-        BACKING_BYTES / 4096,
-    ))));
+    let backing = faulty_backing();
     let plan = backing.plan();
     let ssds: Vec<VolumeRef> = (0..2)
         .map(|_| Arc::new(MemVolume::new(4096, 1 << 10)) as VolumeRef)
         .collect();
-    let c = dirty_kept();
     let backing_ref = backing.clone() as VolumeRef;
-    let vol = CacheVolume::open("t", backing_ref.clone(), devices(&ssds), c.clone())
-        .await
-        .unwrap();
+    let (vol, c) = open_dirty_kept(&backing_ref, &ssds).await;
     let per_block = (BLOCK / 4096) as u64;
     let a = pattern(77, BLOCK as usize);
     vol.write(0, a.clone(), false).await.unwrap();
@@ -2141,21 +2153,15 @@ async fn a_striped_cache_left_with_its_stale_device_starts_empty() {
 /// dirty data brought it back over the acknowledged write.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_retried_write_after_both_halves_failed_under_it_is_not_lost_at_the_next_start() {
-    let backing = Arc::new(FaultVolume::new(Arc::new(MemVolume::new(
-        4096,
-        BACKING_BYTES / 4096,
-    ))));
+    let backing = faulty_backing();
     // the destage never cleans anything: the block stays dirty
     backing.plan().lock().fail_flush = true;
     let faulty: Vec<Arc<FaultVolume>> = (0..2)
         .map(|_| Arc::new(FaultVolume::new(Arc::new(MemVolume::new(4096, 1 << 10)))))
         .collect();
     let ssds: Vec<VolumeRef> = faulty.iter().map(|f| f.clone() as VolumeRef).collect();
-    let c = dirty_kept();
     let backing_ref = backing.clone() as VolumeRef;
-    let vol = CacheVolume::open("t", backing_ref.clone(), devices(&ssds), c.clone())
-        .await
-        .unwrap();
+    let (vol, c) = open_dirty_kept(&backing_ref, &ssds).await;
     let per_block = (BLOCK / 4096) as u64;
     let old = pattern(1, BLOCK as usize);
     vol.write(0, old.clone(), false).await.unwrap();
