@@ -2712,11 +2712,9 @@ impl Inner {
         let _out = i.lock_backing_exclusive(&keys).await;
         i.backing.discard(lba, blocks).await?;
         // drop only sectors the discard covers whole; the rest stays as it was
-        let mut pages = Vec::new();
-        let mut dropped = Vec::new();
-        {
-            let mut st = i.state.lock();
-            for p in &pieces {
+        let masks: Vec<(u64, u64)> = pieces
+            .iter()
+            .filter_map(|p| {
                 let first = p.blk_off.div_ceil(SECTOR_BYTES) as u32;
                 let end = ((p.blk_off + p.len) / SECTOR_BYTES) as u32;
                 let end = if p.blk_off + p.len == i.block_len(p.key) {
@@ -2724,11 +2722,32 @@ impl Inner {
                 } else {
                     end
                 };
-                if end <= first {
-                    continue;
-                }
-                let m = range_mask(first, end - first);
-                if let Some(slot) = st.policy.get(p.key) {
+                (end > first).then(|| (p.key, range_mask(first, end - first)))
+            })
+            .collect();
+        // The backing holds the discard before any dirty sector it covers is
+        // clean in memory: a table page written meanwhile for another block
+        // (group commit) would otherwise record it clean, and a crash before
+        // the backing's flush bring back the backing's older data in place
+        // of the acknowledged dirty data (review of 2026-12-06). The keys'
+        // locks are held, so their dirty state cannot change in between.
+        let covers_dirty = {
+            let st = i.state.lock();
+            masks.iter().any(|&(key, m)| {
+                st.policy
+                    .get(key)
+                    .is_some_and(|slot| st.dirty.get(slot) & m != 0)
+            })
+        };
+        if covers_dirty {
+            i.backing.flush().await?;
+        }
+        let mut pages = Vec::new();
+        let mut dropped = Vec::new();
+        {
+            let mut st = i.state.lock();
+            for &(key, m) in &masks {
+                if let Some(slot) = st.policy.get(key) {
                     let v0 = st.valid.get(slot);
                     st.valid.set(slot, v0 & !m);
                     let d = st.dirty.get(slot);
@@ -2745,11 +2764,7 @@ impl Inner {
         pages.dedup();
         let mut r = Ok(());
         if !pages.is_empty() {
-            // the backing volume must hold the discard before the cache forgets
-            r = i.backing.flush().await;
-            if r.is_ok() {
-                r = i.persist_pages(&pages).await;
-            }
+            r = i.persist_pages(&pages).await;
         }
         let mut st = i.state.lock();
         for (slot, v, d) in dropped {
