@@ -140,24 +140,7 @@ impl Inner {
         self.m_write_abs(at.h, self.data_offset_blocks + at.base + mlba, data, fua)
             .await
     }
-}
 
-/// Makes `blocks` at `lba` of member volume `v` read as zeroes, as the pool's
-/// discard promises: a thin member's discard does that; a thick one's (a block
-/// device's BLKDISCARD, which guarantees nothing) is only a hint, so its blocks
-/// are written with zeroes (unmapped where the device can). A pool is thin
-/// when its members were at its creation, and a thick disk may replace one
-/// later: sent a discard it ignored, it kept old chunks under parity computed
-/// for zeroes, and read them back.
-pub(crate) async fn zero_member(v: &dyn Volume, lba: u64, blocks: u64) -> BlockResult<()> {
-    if v.geometry().thin {
-        v.discard(lba, blocks).await
-    } else {
-        v.write_zeroes(lba, blocks, true).await
-    }
-}
-
-impl Inner {
     pub(crate) async fn m_op(&self, at: At<'_>, op: &MemberOp, fua: bool) -> BlockResult<()> {
         match &op.kind {
             OpKind::Write(b) => self.m_write(at, op.mlba, b.clone(), fua).await,
@@ -165,8 +148,14 @@ impl Inner {
                 let h = at.h;
                 let busy = InFlight::new(&h.inflight, &h.depth);
                 h.writes.fetch_add(1, Ordering::Relaxed);
+                // write_zeroes, not discard: the range must read as zeroes, as
+                // the pool's discard promises, and a member that joined a
+                // thin pool may be thick (a block device, whose BLKDISCARD
+                // guarantees nothing): sent a discard it ignored, it kept old
+                // chunks under parity computed for zeroes (review of
+                // 2026-12-06). On a thin member it unmaps, as discard did.
                 let lba = self.data_offset_blocks + at.base + op.mlba;
-                let r = zero_member(&*h.volume, lba, *blocks).await;
+                let r = h.volume.write_zeroes(lba, *blocks, true).await;
                 busy.finish();
                 if r.is_err() {
                     h.errors.fetch_add(1, Ordering::Relaxed);

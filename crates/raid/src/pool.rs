@@ -1838,7 +1838,8 @@ impl Inner {
             };
             let lba = self.data_offset_blocks + e.member_lba;
             let r = if e.discard {
-                crate::io::zero_member(&*h.volume, lba, e.blocks as u64).await
+                // (reads as zeroes on a thick member too: see `m_op`)
+                h.volume.write_zeroes(lba, e.blocks as u64, true).await
             } else {
                 h.volume.write(lba, Bytes::copy_from_slice(p), false).await
             };
