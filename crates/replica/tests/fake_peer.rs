@@ -240,10 +240,21 @@ struct Dialed {
 }
 
 async fn node1_dialing_a_fake(dir: &Path, m1: VolumeRef) -> Dialed {
+    node1_dialing_a_fake_with(dir, m1, |_| {}).await
+}
+
+/// [`node1_dialing_a_fake`] with node 1's configuration changed by `change`.
+async fn node1_dialing_a_fake_with(
+    dir: &Path,
+    m1: VolumeRef,
+    change: impl FnOnce(&mut ReplicaConfig),
+) -> Dialed {
     let k = keys();
     let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = l.local_addr().unwrap();
-    let (n1, _sink) = ReplicatedVolume::open(cfg(1, dir, vec![addr], k[0].clone()), m1).unwrap();
+    let mut c = cfg(1, dir, vec![addr], k[0].clone());
+    change(&mut c);
+    let (n1, _sink) = ReplicatedVolume::open(c, m1).unwrap();
     Dialed { n1, l, k }
 }
 
@@ -1494,19 +1505,13 @@ async fn a_survivor_waits_out_the_partners_longer_peer_timeout() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_handshake_failing_after_the_partner_read_the_hello_waits_out_its_lease() {
     let d = tempfile::tempdir().unwrap();
-    let k = keys();
-    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let mut c = cfg(1, d.path(), vec![l.local_addr().unwrap()], k[0].clone());
-    c.peer_timeout_ms = 3000;
-    let (n1, _sink) =
-        ReplicatedVolume::open(c, Arc::new(MemVolume::new(512, BLOCKS)) as VolumeRef).unwrap();
+    let dialed = node1_dialing_a_fake_with(d.path(), Arc::new(MemVolume::new(512, BLOCKS)), |c| {
+        c.peer_timeout_ms = 3000
+    })
+    .await;
     // one connection taken, its hello read, nothing answered; no other
-    let st = loop {
-        let (s, _) = l.accept().await.unwrap();
-        if let Ok(st) = replica::secure::accept(s, &k[1], Purpose::Sync, &[Member::Node1]).await {
-            break st;
-        }
-    };
+    let st = dialed.accept().await;
+    let Dialed { n1, l, .. } = dialed;
     drop(l);
     let (mut r, _w) = (st.reader, st.writer);
     let mut buf = bytes::BytesMut::new();
