@@ -8,6 +8,11 @@
 //! the follower before answering, so every node enforces the same reservations.
 //! A resync source hands its state to the partner before the partner serves.
 //!
+//! SPC-2 RESERVE and RELEASE are forwarded and pushed like a PR OUT; an SPC-2
+//! reservation that ended on the follower without a command (its holder's nexus
+//! lost, a reset) is ended on the leader too ([`ScsiMsg::EndSpc2`]), which
+//! installs its new state back before answering.
+//!
 //! The explicit ALUA states (SET TARGET PORT GROUPS) follow the same path: the
 //! leader (or a node alone) applies a SET TARGET PORT GROUPS and installs its
 //! whole explicit state on the partner before answering; a follower, or a node
@@ -208,6 +213,17 @@ impl PrLink {
         }
     }
 
+    /// Sends `req` to the node that orders changes when that is the partner
+    /// (this node follows, or is being resynced by it); None when this node
+    /// orders them; an error when it serves nothing now.
+    async fn to_the_orderer(&self, req: impl FnOnce() -> ScsiMsg) -> Option<Result<(), String>> {
+        match self.vol.role() {
+            Role::Leader | Role::Solo => None,
+            Role::Follower | Role::Target => Some(self.ask(req(), "leader").await.into_result()),
+            Role::Deciding | Role::Down => Some(Err("this node does not serve the LUN now".into())),
+        }
+    }
+
     /// NOT READY (the partner cannot be asked): multipath retries elsewhere.
     fn not_ready(&self, why: &str) -> scsi::Response {
         tracing::warn!(
@@ -289,20 +305,13 @@ impl scsi::PrReplication for PrLink {
         nexus: &scsi::ItNexus,
         changes: &[(u16, scsi::AluaState)],
     ) -> Option<Result<(), String>> {
-        match self.vol.role() {
-            Role::Leader | Role::Solo => return None,
-            Role::Follower | Role::Target => {}
-            Role::Deciding | Role::Down => {
-                return Some(Err("this node does not serve the LUN now".into()))
-            }
-        }
-        let req = ScsiMsg::ForwardSetTpg {
+        let req = || ScsiMsg::ForwardSetTpg {
             lun,
             initiator_port: nexus.initiator_port.to_string(),
             relative_port_id: nexus.relative_port_id,
             changes: changes.iter().map(|&(g, s)| (g, s.code())).collect(),
         };
-        Some(self.ask(req, "leader").await.into_result())
+        self.to_the_orderer(req).await
     }
 
     async fn push_alua_state(
@@ -320,6 +329,18 @@ impl scsi::PrReplication for PrLink {
             states: states.iter().map(|&(g, s)| (g, s.code())).collect(),
         };
         self.ask(req, "partner").await.into_result()
+    }
+
+    async fn forward_spc2_end(
+        &self,
+        lun: u64,
+        holder: Option<&scsi::pr::NexusId>,
+    ) -> Option<Result<(), String>> {
+        let req = || ScsiMsg::EndSpc2 {
+            lun,
+            holder: holder.map(|h| (h.initiator_port.to_string(), h.relative_port_id)),
+        };
+        self.to_the_orderer(req).await
     }
 
     fn access_changed(&self) {
@@ -460,6 +481,20 @@ impl replica::ScsiPeer for PrLink {
                     }
                 } else {
                     ScsiAnswer::Failed("unsupported ALUA state".into())
+                }
+            }
+            Some(ScsiMsg::EndSpc2 { lun, holder }) => {
+                if let Some(no) = self.refusal(lun, Needs::Ordering) {
+                    no
+                } else {
+                    let holder = holder.map(|(port, rel)| scsi::pr::NexusId {
+                        initiator_port: port.into(),
+                        relative_port_id: rel,
+                    });
+                    match t.end_spc2_here(lun, holder.as_ref()).await {
+                        Ok(()) => ScsiAnswer::Installed,
+                        Err(why) => ScsiAnswer::Failed(why),
+                    }
                 }
             }
             Some(ScsiMsg::CompareAccess { lun, digest }) => {

@@ -71,6 +71,17 @@ pub enum ScsiMsg {
         /// The sender's digest (at most [`ACCESS_DIGEST_MAX`] bytes).
         digest: Bytes,
     },
+    /// The LUN's SPC-2 reservation ended on the sender without a command (its
+    /// holder's I_T nexus was lost, or a reset): the node that orders changes
+    /// ends it too if that nexus holds it there, and installs its new state back
+    /// on the sender before answering [`ScsiAnswer::Installed`].
+    EndSpc2 {
+        /// The LUN.
+        lun: u64,
+        /// Initiator port and relative target port id of the holder; None: whoever
+        /// holds it (a reset).
+        holder: Option<(String, u16)>,
+    },
 }
 
 /// Most bytes of a [`ScsiMsg::CompareAccess`] digest.
@@ -117,6 +128,19 @@ fn put_groups(out: &mut BytesMut, g: &[(u16, u8)]) {
     }
 }
 
+/// An optional I_T nexus (initiator port, relative target port id): a flag byte,
+/// then the two.
+fn put_nexus(out: &mut BytesMut, n: Option<&(String, u16)>) {
+    match n {
+        Some((port, rel)) => {
+            out.put_u8(1);
+            put_bytes(out, port.as_bytes());
+            out.put_u16(*rel);
+        }
+        None => out.put_u8(0),
+    }
+}
+
 struct Rd(Bytes);
 
 impl Rd {
@@ -145,6 +169,14 @@ impl Rd {
         let n = self.u16()? as usize;
         (n <= ALUA_GROUPS_MAX && self.0.remaining() >= n * 3).then_some(())?;
         (0..n).map(|_| Some((self.u16()?, self.u8()?))).collect()
+    }
+    /// What [`put_nexus`] wrote: Some(None) for no nexus, None when malformed.
+    fn nexus(&mut self) -> Option<Option<(String, u16)>> {
+        match self.u8()? {
+            0 => Some(None),
+            1 => Some(Some((self.string()?, self.u16()?))),
+            _ => None,
+        }
     }
     fn end(&self) -> Option<()> {
         self.0.is_empty().then_some(())
@@ -196,20 +228,18 @@ impl ScsiMsg {
             } => {
                 out.put_u8(4);
                 out.put_u64(*lun);
-                match origin {
-                    Some((port, rel)) => {
-                        out.put_u8(1);
-                        put_bytes(&mut out, port.as_bytes());
-                        out.put_u16(*rel);
-                    }
-                    None => out.put_u8(0),
-                }
+                put_nexus(&mut out, origin.as_ref());
                 put_groups(&mut out, states);
             }
             ScsiMsg::CompareAccess { lun, digest } => {
                 out.put_u8(5);
                 out.put_u64(*lun);
                 put_bytes(&mut out, &digest[..digest.len().min(ACCESS_DIGEST_MAX)]);
+            }
+            ScsiMsg::EndSpc2 { lun, holder } => {
+                out.put_u8(6);
+                out.put_u64(*lun);
+                put_nexus(&mut out, holder.as_ref());
             }
         }
         out.freeze()
@@ -239,16 +269,16 @@ impl ScsiMsg {
             },
             4 => ScsiMsg::InstallAluaState {
                 lun: r.u64()?,
-                origin: match r.u8()? {
-                    0 => None,
-                    1 => Some((r.string()?, r.u16()?)),
-                    _ => return None,
-                },
+                origin: r.nexus()?,
                 states: r.groups()?,
             },
             5 => ScsiMsg::CompareAccess {
                 lun: r.u64()?,
                 digest: r.bytes().filter(|d| d.len() <= ACCESS_DIGEST_MAX)?,
+            },
+            6 => ScsiMsg::EndSpc2 {
+                lun: r.u64()?,
+                holder: r.nexus()?,
             },
             _ => return None,
         };
@@ -353,6 +383,14 @@ mod tests {
             ScsiMsg::CompareAccess {
                 lun: 4,
                 digest: Bytes::from(vec![9u8; 32]),
+            },
+            ScsiMsg::EndSpc2 {
+                lun: 5,
+                holder: Some(("iqn.a,i,0x1".into(), 0x103)),
+            },
+            ScsiMsg::EndSpc2 {
+                lun: 6,
+                holder: None,
             },
         ];
         for m in msgs {

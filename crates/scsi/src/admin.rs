@@ -128,17 +128,38 @@ fn pr_fail(e: PrError) -> Fail {
 
 /// RESERVE(6/10) and RELEASE(6/10).
 pub(crate) fn reserve_release(lu: &LogicalUnit, nexus: &ItNexus, cdb: &Cdb) -> CmdResult {
-    let ten = matches!(cdb.opcode(), op::RESERVE_10 | op::RELEASE_10);
-    if ten && cdb.b(1) & 0x12 != 0 {
-        // third-party reservations are not supported
-        return Err(cdb.invalid(1, Some(4)).into());
-    }
+    reserve_or_release(cdb)?;
     let r = match cdb.opcode() {
         op::RESERVE_6 | op::RESERVE_10 => lu.pr.reserve(nexus),
         _ => lu.pr.release(nexus),
     };
     r.map_err(pr_fail)?;
     Ok(Done::empty())
+}
+
+/// [`reserve_release`] on an LU an HA partner shares: the whole reservation state
+/// for the partner when the command changed the SPC-2 reservation (see
+/// [`crate::replication`], which orders these calls).
+pub(crate) fn reserve_release_replicated(
+    lu: &LogicalUnit,
+    nexus: &ItNexus,
+    cdb: &Cdb,
+) -> Result<Option<Bytes>, Fail> {
+    let reserve = reserve_or_release(cdb)?;
+    lu.pr
+        .reserve_or_release_replicated(nexus, reserve)
+        .map_err(pr_fail)
+}
+
+/// Whether `cdb` (RESERVE or RELEASE, 6 or 10) reserves; third-party
+/// reservations are refused.
+fn reserve_or_release(cdb: &Cdb) -> Result<bool, Fail> {
+    let ten = matches!(cdb.opcode(), op::RESERVE_10 | op::RELEASE_10);
+    if ten && cdb.b(1) & 0x12 != 0 {
+        // third-party reservations are not supported
+        return Err(cdb.invalid(1, Some(4)).into());
+    }
+    Ok(matches!(cdb.opcode(), op::RESERVE_6 | op::RESERVE_10))
 }
 
 /// PERSISTENT RESERVE IN.

@@ -345,9 +345,10 @@ impl LogicalUnit {
 
     /// A LOGICAL UNIT RESET or target reset: SPC-2 reservations, medium removal
     /// prevention and mode parameters return to their defaults; every nexus gets `ua`.
-    pub fn reset(&self, ua: Sense) {
+    /// True if it ended an SPC-2 reservation.
+    pub fn reset(&self, ua: Sense) -> bool {
         self.resets.fetch_add(1, Ordering::AcqRel);
-        self.pr.reset();
+        let ended = self.pr.reset();
         self.media.lock().prevent.clear();
         self.stopped.store(false, Ordering::Relaxed);
         let defaults = ModePages::defaults(&self.geometry());
@@ -355,6 +356,7 @@ impl LogicalUnit {
         *self.mode.lock() = defaults;
         self.uas.reset_all(ua);
         self.thin.rearm();
+        ended
     }
 
     /// After a reset of the LU (counted in `resets`): returns once no copy
@@ -389,10 +391,12 @@ impl LogicalUnit {
     }
 
     /// The nexus is gone: its reservations (SPC-2), prevention and UAs are dropped.
-    pub fn nexus_lost(&self, nexus: &ItNexus) {
-        self.pr.nexus_lost(nexus);
+    /// True if it held the SPC-2 reservation.
+    pub fn nexus_lost(&self, nexus: &ItNexus) -> bool {
+        let held = self.pr.nexus_lost(nexus);
         self.media.lock().prevent.remove(&key_of(nexus));
         self.uas.forget(nexus);
+        held
     }
 
     /// After a write-type command: counts `bytes` written and, when a sample of

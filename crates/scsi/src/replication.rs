@@ -27,11 +27,24 @@
 //! whole explicit state ([`PrReplication::push_alua_state`]) before answering; the
 //! implicit states stay each node's own (the cluster drives both from the replica).
 //!
-//! Not replicated: SPC-2 RESERVE/RELEASE (each node keeps its own) and the D_SENSE mode
-//! bit (a forwarded command's sense data is in the leader's format).
+//! SPC-2 RESERVE and RELEASE go the same way as a PR OUT (forwarded to the leader,
+//! run there in order with the PR OUTs, the new state pushed before answering), and
+//! the state the nodes exchange names the SPC-2 reservation's holder: a host that
+//! reserved the LU through one node's ports is its only writer through both (before,
+//! each node kept its own, and a second host reserved the LU through the other node
+//! and wrote beside the first). An SPC-2 reservation also ends without a command,
+//! when its holder's I_T nexus is lost or the LU is reset, on the node the nexus or
+//! the reset reached: the node that orders changes then pushes its new state; the
+//! other ends it at once for its own paths and asks the orderer to end it too
+//! ([`PrReplication::forward_spc2_end`]). Not covered: a holder whose nexus went
+//! with its node (the partner failed) keeps the reservation on the survivor until
+//! a reset, as after any path loss the target does not see.
+//!
+//! Not replicated: the D_SENSE mode bit (a forwarded command's sense data is in the
+//! leader's format).
 
 use crate::cdb::Cdb;
-use crate::lu::{CmdResult, Fail, LogicalUnit};
+use crate::lu::{CmdResult, Done, Fail, LogicalUnit};
 use crate::pr::NexusId;
 use crate::sense::codes;
 use crate::{admin, AluaState, ItNexus, Response, TargetPort};
@@ -99,6 +112,22 @@ pub trait PrReplication: Send + Sync + 'static {
         Ok(())
     }
 
+    /// The SPC-2 reservation of `lun` ended on this node without a command: its
+    /// holder's I_T nexus was lost (`holder`) or the LU was reset (None: whoever
+    /// holds it). `None`: this node orders changes (it then pushes its state
+    /// itself). `Some(Ok(()))`: the partner, which orders them, ended the
+    /// reservation if `holder` still held it there and installed its state back
+    /// on this node. `Some(Err(why))`: it could not be asked. The default orders
+    /// everything here.
+    async fn forward_spc2_end(
+        &self,
+        lun: u64,
+        holder: Option<&NexusId>,
+    ) -> Option<Result<(), String>> {
+        let _ = (lun, holder);
+        None
+    }
+
     /// Who may reach the LU changed on this node ([`crate::ScsiTarget::access_lines`]:
     /// host groups, admission rules): a replicated LU compares them with the
     /// partner's. Must not wait. The default does nothing.
@@ -154,13 +183,10 @@ pub(crate) async fn pr_out(
     let pushed = block::detach::detached(async move {
         let _order = order;
         abort_preempted(lun, &victims, aborter.as_ref(), &write_order, "here").await;
-        if let (Some(r), Some(state)) = (&repl, state) {
-            if let Err(e) = r.push_state(lun, state).await {
-                tracing::error!(lun, error = %e, "pushing reservation state to the partner failed");
-                return false;
-            }
+        match &repl {
+            Some(r) => push(r.as_ref(), lun, state).await,
+            None => true,
         }
-        true
     })
     .await;
     if !pushed {
@@ -173,6 +199,109 @@ pub(crate) async fn pr_out(
         ));
     }
     Ok(done)
+}
+
+/// RESERVE(6/10) or RELEASE(6/10) on `lu`: with an HA partner, forwarded to it
+/// when `forward` and it orders changes, otherwise run here in order with the
+/// PR OUTs, the new state pushed before answering (as [`pr_out`]).
+pub(crate) async fn reserve_release(
+    lu: &LogicalUnit,
+    nexus: &ItNexus,
+    cdb: &Cdb,
+    raw_cdb: &Bytes,
+    forward: bool,
+) -> CmdResult {
+    let Some(repl) = lu.pr_replication.read().clone() else {
+        return admin::reserve_release(lu, nexus, cdb);
+    };
+    if forward {
+        if let Some(resp) = repl
+            .forward_out(lu.lun, nexus, raw_cdb, &Bytes::new())
+            .await
+        {
+            return Err(Fail::Forwarded(resp));
+        }
+    }
+    let order = lu.pr_order.clone().lock_owned().await;
+    let state = admin::reserve_release_replicated(lu, nexus, cdb)?;
+    let lun = lu.lun;
+    let pushed = block::detach::detached(async move {
+        let _order = order;
+        push(repl.as_ref(), lun, state).await
+    })
+    .await;
+    if !pushed {
+        return Err(Fail::Check(codes::INTERNAL_TARGET_FAILURE, 0));
+    }
+    Ok(Done::empty())
+}
+
+/// Pushes `state` (if any) to the partner; false (logged) if that failed.
+async fn push(repl: &dyn PrReplication, lun: u64, state: Option<Bytes>) -> bool {
+    let Some(state) = state else {
+        return true;
+    };
+    match repl.push_state(lun, state).await {
+        Ok(()) => true,
+        Err(e) => {
+            tracing::error!(lun, error = %e, "pushing reservation state to the partner failed");
+            false
+        }
+    }
+}
+
+/// The SPC-2 reservation of `lu` ended here without a command (see
+/// [`PrReplication::forward_spc2_end`]): the partner is told, in the background.
+pub(crate) fn spc2_ended(lu: &Arc<LogicalUnit>, holder: Option<NexusId>) {
+    let Some(repl) = lu.pr_replication.read().clone() else {
+        return;
+    };
+    let Ok(rt) = tokio::runtime::Handle::try_current() else {
+        return;
+    };
+    let lu = lu.clone();
+    rt.spawn(async move {
+        let lun = lu.lun;
+        match repl.forward_spc2_end(lun, holder.as_ref()).await {
+            Some(Ok(())) => {}
+            Some(Err(why)) => tracing::warn!(
+                lun,
+                why,
+                "the partner could not be told that an SPC-2 reservation ended"
+            ),
+            None => {
+                let _order = lu.pr_order.lock().await;
+                push(repl.as_ref(), lun, Some(lu.pr.state())).await;
+            }
+        }
+    });
+}
+
+/// On the node that orders changes: ends `lu`'s SPC-2 reservation if `holder`
+/// holds it (None: whoever does), in order with the PR OUTs, and pushes the new
+/// state to the partner before returning.
+pub(crate) async fn end_spc2_here(
+    lu: &LogicalUnit,
+    holder: Option<&NexusId>,
+) -> Result<(), String> {
+    let order = lu.pr_order.clone().lock_owned().await;
+    if !lu.pr.end_spc2(holder) {
+        return Ok(());
+    }
+    let repl = lu.pr_replication.read().clone();
+    let (lun, state) = (lu.lun, lu.pr.state());
+    let pushed = block::detach::detached(async move {
+        let _order = order;
+        match repl {
+            Some(r) => push(r.as_ref(), lun, Some(state)).await,
+            None => true,
+        }
+    })
+    .await;
+    match pushed {
+        true => Ok(()),
+        false => Err("the new state did not reach the partner".into()),
+    }
 }
 
 /// The PREEMPT AND ABORT of the preempted nexuses `victims` on LU `lun`, on

@@ -9,7 +9,7 @@ use crate::alua::{self, Alua};
 use crate::cdb::{op, sa, Cdb};
 use crate::lu::{into_response, CmdResult, Fail, LogicalUnit};
 use crate::masking::{self, HostGroup, Masking};
-use crate::pr::Access;
+use crate::pr::{Access, NexusId};
 use crate::sense::{codes, Sense};
 use crate::stats::{Direction, LuStats};
 use crate::thin::LuEvent;
@@ -902,7 +902,7 @@ impl ScsiTarget {
             op::PREVENT_ALLOW => admin::prevent_allow(lu, nexus, cdb),
             op::READ_DEFECT_DATA_10 | op::READ_DEFECT_DATA_12 => admin::read_defect_data(cdb),
             op::RESERVE_6 | op::RESERVE_10 | op::RELEASE_6 | op::RELEASE_10 => {
-                admin::reserve_release(lu, nexus, cdb)
+                replication::reserve_release(lu, nexus, cdb, &cmd.cdb, true).await
             }
             op::PR_IN => admin::pr_in(lu, nexus, cdb),
             op::EXTENDED_COPY => {
@@ -1021,10 +1021,29 @@ impl ScsiTarget {
                 let ports = self.pr_ports.read().clone();
                 replication::pr_out(&lu, nexus, &c, &cdb, &data, &ports, false, abort).await
             }
+            Ok(c)
+                if matches!(
+                    c.opcode(),
+                    op::RESERVE_6 | op::RESERVE_10 | op::RELEASE_6 | op::RELEASE_10
+                ) =>
+            {
+                replication::reserve_release(&lu, nexus, &c, &cdb, false).await
+            }
             Ok(_) => Err(codes::INVALID_OPCODE.into()),
             Err(s) => Err(s.into()),
         };
         into_response(r, lu.descriptor_sense())
+    }
+
+    /// On the node that orders `lun`'s changes, for the partner (see
+    /// [`PrReplication::forward_spc2_end`]): ends the SPC-2 reservation if
+    /// `holder` holds it (None: whoever does), in order with the PR OUTs, and
+    /// installs the new state on the partner before returning.
+    pub async fn end_spc2_here(&self, lun: u64, holder: Option<&NexusId>) -> Result<(), String> {
+        let lu = self
+            .lu(lun)
+            .ok_or_else(|| format!("lun {lun} does not exist"))?;
+        replication::end_spc2_here(&lu, holder).await
     }
 
     /// LOGICAL UNIT RESET task management function from `nexus`.
@@ -1033,7 +1052,9 @@ impl ScsiTarget {
             return false;
         };
         tracing::info!(lun, initiator = %nexus.initiator_port, "logical unit reset");
-        lu.reset(codes::BUS_DEVICE_RESET);
+        if lu.reset(codes::BUS_DEVICE_RESET) {
+            replication::spc2_ended(&lu, None);
+        }
         self.copies.tokens.revoke_lu(&lu);
         lu.copies_stopped().await;
         true
@@ -1045,7 +1066,9 @@ impl ScsiTarget {
     pub async fn target_reset(&self, nexus: &ItNexus) {
         tracing::info!(initiator = %nexus.initiator_port, "target reset");
         for lu in self.visible_lus(nexus) {
-            lu.reset(codes::POWER_ON_RESET);
+            if lu.reset(codes::POWER_ON_RESET) {
+                replication::spc2_ended(&lu, None);
+            }
             self.copies.tokens.revoke_lu(&lu);
             lu.copies_stopped().await;
         }
@@ -1076,7 +1099,9 @@ impl ScsiTarget {
     /// The I_T nexus is gone (session closed): drops SPC-2 reservations it held.
     pub fn nexus_lost(&self, nexus: &ItNexus) {
         for lu in self.all_lus() {
-            lu.nexus_lost(nexus);
+            if lu.nexus_lost(nexus) {
+                replication::spc2_ended(&lu, Some(NexusId::of(nexus)));
+            }
         }
         self.copies.nexus_lost(nexus);
     }

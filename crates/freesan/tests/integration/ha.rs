@@ -594,24 +594,42 @@ fn persistent_reservations_hold_across_both_nodes() {
         return;
     };
     ha.wait_in_sync();
-    // libiscsi's PR tests with the first initiator on node 1 and the second on
-    // node 2: a reservation taken through one node is enforced through the other
-    let (ok, out) = ha.topo.run(
-        ha.topo.ns_client(),
-        "iscsi-test-cu",
-        [
-            "--dataloss",
-            "--test=SCSI.Pr[io]*",
-            &ha.url(1, 1),
-            &ha.url(2, 1),
-        ],
-    );
-    eprintln!("{out}");
-    let ran = out.lines().filter(|l| l.contains("Test:")).count();
+    // libiscsi's tests with the first initiator on node 1 and the second on
+    // node 2; CUnit's summary counts (tests total, ran, passed, failed,
+    // inactive: the output also logs commands that fail on purpose)
+    let cu = |tests: &str| {
+        let (ok, out) = ha.topo.run(
+            ha.topo.ns_client(),
+            "iscsi-test-cu",
+            ["--dataloss", tests, &ha.url(1, 1), &ha.url(2, 1)],
+        );
+        eprintln!("{out}");
+        let counts: Vec<u32> = (out.lines())
+            .find_map(|l| l.trim().strip_prefix("tests "))
+            .map(|rest| {
+                rest.split_whitespace()
+                    .filter_map(|n| n.parse().ok())
+                    .collect()
+            })
+            .unwrap_or_default();
+        let passed = ok && counts.len() == 5 && counts[2] == counts[1] && counts[3] == 0;
+        (passed, counts.get(1).copied().unwrap_or(0), out)
+    };
+    // a persistent reservation taken through one node is enforced through
+    // the other
+    let (passed, ran, out) = cu("--test=SCSI.Pr[io]*");
     assert!(ran >= 10, "too few PR tests ran ({ran}):\n{out}");
+    assert!(passed, "PR tests failed across the nodes:\n{out}");
+    // SPC-2 RESERVE(6) the same way: taken through node 1, refused to the
+    // second initiator through node 2, and released on both by the holder's
+    // logout, its I_T nexus loss, a LOGICAL UNIT RESET and target resets
+    // sent through node 1
+    let (passed, ran, out) = cu("--test=SCSI.Reserve6*");
+    assert!(ran >= 5, "too few RESERVE(6) tests ran ({ran}):\n{out}");
+    assert!(passed, "RESERVE(6) tests failed across the nodes:\n{out}");
     assert!(
-        ok && !out.contains("FAILED"),
-        "PR tests failed across the nodes:\n{out}"
+        !out.contains("[SKIPPED]"),
+        "RESERVE(6) tests skipped:\n{out}"
     );
 }
 

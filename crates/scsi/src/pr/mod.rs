@@ -88,7 +88,7 @@ pub struct NexusId {
 }
 
 impl NexusId {
-    fn of(nexus: &ItNexus) -> NexusId {
+    pub(crate) fn of(nexus: &ItNexus) -> NexusId {
         NexusId {
             initiator_port: nexus.initiator_port.clone(),
             relative_port_id: nexus.relative_port_id,
@@ -508,7 +508,12 @@ impl Reservations {
                 .filter(|v| !v.is(nexus))
                 .cloned()
                 .collect();
-            Bytes::from(persist::encode(&g.pr, Some(&out.unit_attentions), &aborts))
+            Bytes::from(persist::encode(
+                &g.pr,
+                g.spc2.as_ref(),
+                Some(&out.unit_attentions),
+                &aborts,
+            ))
         });
         tracing::debug!(
             initiator_port = %nexus.initiator_port,
@@ -524,48 +529,69 @@ impl Reservations {
 
     /// RESERVE(6)/RESERVE(10) (SPC-2, with the SPC-4 5.13.3 exceptions: CRH=1).
     pub fn reserve(&self, nexus: &ItNexus) -> Result<(), PrError> {
-        let mut g = self.inner.lock();
-        match spc2_exception(&g.pr, nexus) {
-            Spc2Exception::Good => return Ok(()),
-            Spc2Exception::Conflict => return Err(PrError::Conflict),
-            Spc2Exception::Spc2 => {}
-        }
-        match &g.spc2 {
-            Some(holder) if !holder.is(nexus) => Err(PrError::Conflict),
-            _ => {
-                g.spc2 = Some(NexusId::of(nexus));
-                Ok(())
-            }
-        }
+        self.reserve_or_release(nexus, true).map(|_| ())
     }
 
     /// RELEASE(6)/RELEASE(10) (SPC-2, with the SPC-4 5.13.3 exceptions): a release
     /// from a nexus that holds nothing is a GOOD no-op.
     pub fn release(&self, nexus: &ItNexus) -> Result<(), PrError> {
+        self.reserve_or_release(nexus, false).map(|_| ())
+    }
+
+    /// RESERVE (`reserve`) or RELEASE from `nexus`; Ok(true) when the SPC-2
+    /// reservation changed.
+    pub(crate) fn reserve_or_release(
+        &self,
+        nexus: &ItNexus,
+        reserve: bool,
+    ) -> Result<bool, PrError> {
         let mut g = self.inner.lock();
         match spc2_exception(&g.pr, nexus) {
-            Spc2Exception::Good => return Ok(()),
+            Spc2Exception::Good => return Ok(false),
             Spc2Exception::Conflict => return Err(PrError::Conflict),
             Spc2Exception::Spc2 => {}
         }
-        if g.spc2.as_ref().is_some_and(|h| h.is(nexus)) {
-            g.spc2 = None;
+        let held_by_it = g.spc2.as_ref().map(|h| h.is(nexus));
+        match (reserve, held_by_it) {
+            (true, Some(false)) => Err(PrError::Conflict),
+            (true, Some(true)) => Ok(false),
+            (true, None) => {
+                g.spc2 = Some(NexusId::of(nexus));
+                Ok(true)
+            }
+            (false, Some(true)) => {
+                g.spc2 = None;
+                Ok(true)
+            }
+            (false, _) => Ok(false),
         }
-        Ok(())
     }
 
-    /// The nexus is gone: SPC-2 reservations it held are released.
-    pub fn nexus_lost(&self, nexus: &ItNexus) {
-        let mut g = self.inner.lock();
-        if g.spc2.as_ref().is_some_and(|h| h.is(nexus)) {
-            g.spc2 = None;
-        }
+    /// The nexus is gone: SPC-2 reservations it held are released. True if it
+    /// held one.
+    pub fn nexus_lost(&self, nexus: &ItNexus) -> bool {
+        self.end_spc2(Some(&NexusId::of(nexus)))
     }
 
     /// LOGICAL UNIT RESET / TARGET RESET: SPC-2 reservations are released;
-    /// persistent reservations are kept.
-    pub fn reset(&self) {
-        self.inner.lock().spc2 = None;
+    /// persistent reservations are kept. True if one was held.
+    pub fn reset(&self) -> bool {
+        self.end_spc2(None)
+    }
+
+    /// Ends the SPC-2 reservation if `holder` holds it (None: whoever does).
+    /// True if it ended.
+    pub(crate) fn end_spc2(&self, holder: Option<&NexusId>) -> bool {
+        let mut g = self.inner.lock();
+        let ends = match (&g.spc2, holder) {
+            (None, _) => false,
+            (Some(_), None) => true,
+            (Some(h), Some(who)) => h.same(who),
+        };
+        if ends {
+            g.spc2 = None;
+        }
+        ends
     }
 
     /// Current PRgeneration (for status and metrics).

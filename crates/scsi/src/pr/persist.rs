@@ -35,6 +35,11 @@ struct FileState {
     /// (not the one that sent the command), whose tasks the partner aborts as well.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     abort_tasks_of: Vec<FileNexus>,
+    /// Only in a state for the HA partner: the holder of the SPC-2 reservation
+    /// (RESERVE(6)/(10)), which the nodes keep identical like the rest. Never in
+    /// the state file: SPC-2 reservations do not outlive a power loss.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    spc2_holder: Option<FileNexus>,
 }
 
 /// An I_T nexus named in a pushed state.
@@ -92,6 +97,7 @@ fn to_file(st: &PrState) -> FileState {
         }),
         unit_attentions: None,
         abort_tasks_of: Vec::new(),
+        spc2_holder: None,
     }
 }
 
@@ -147,18 +153,33 @@ fn from_file(f: FileState) -> Result<PrState, String> {
     Ok(st)
 }
 
-/// The state as JSON for the HA partner; `uas` are the unit attentions the PR OUT that
-/// produced it established (None for a snapshot), `aborts` the nexuses whose tasks a
-/// PREEMPT AND ABORT aborts on the partner too.
-pub(super) fn encode(st: &PrState, uas: Option<&[PendingUa]>, aborts: &[NexusId]) -> Vec<u8> {
+fn file_nexus(n: &NexusId) -> FileNexus {
+    FileNexus {
+        initiator_port: n.initiator_port.to_string(),
+        relative_port_id: n.relative_port_id,
+    }
+}
+
+fn nexus_of(n: FileNexus) -> NexusId {
+    NexusId {
+        initiator_port: Arc::from(n.initiator_port),
+        relative_port_id: n.relative_port_id,
+    }
+}
+
+/// The state as JSON for the HA partner, with `spc2` the SPC-2 reservation's
+/// holder; `uas` are the unit attentions the PR OUT that produced it established
+/// (None for a snapshot), `aborts` the nexuses whose tasks a PREEMPT AND ABORT
+/// aborts on the partner too.
+pub(super) fn encode(
+    st: &PrState,
+    spc2: Option<&NexusId>,
+    uas: Option<&[PendingUa]>,
+    aborts: &[NexusId],
+) -> Vec<u8> {
     let mut f = to_file(st);
-    f.abort_tasks_of = aborts
-        .iter()
-        .map(|n| FileNexus {
-            initiator_port: n.initiator_port.to_string(),
-            relative_port_id: n.relative_port_id,
-        })
-        .collect();
+    f.abort_tasks_of = aborts.iter().map(file_nexus).collect();
+    f.spc2_holder = spc2.map(file_nexus);
     f.unit_attentions = uas.map(|uas| {
         uas.iter()
             .map(|u| FileUa {
@@ -173,9 +194,17 @@ pub(super) fn encode(st: &PrState, uas: Option<&[PendingUa]>, aborts: &[NexusId]
     serde_json::to_vec(&f).unwrap_or_default()
 }
 
-/// What [`decode`] returns: the state, the unit attentions listed with it, and the
-/// nexuses whose tasks to abort.
-pub(super) type Decoded = (PrState, Option<Vec<PendingUa>>, Vec<NexusId>);
+/// What [`decode`] returns.
+pub(super) struct Decoded {
+    /// The persistent-reservation state.
+    pub state: PrState,
+    /// The SPC-2 reservation's holder.
+    pub spc2: Option<NexusId>,
+    /// The unit attentions listed with it (None: derive them).
+    pub uas: Option<Vec<PendingUa>>,
+    /// The nexuses whose tasks to abort.
+    pub aborts: Vec<NexusId>,
+}
 
 /// Parses what [`encode`] (or the state file) holds, with the same validation as
 /// loading the state file.
@@ -189,11 +218,12 @@ pub(super) fn decode(bytes: &[u8]) -> Result<Decoded, String> {
     }
     let aborts = std::mem::take(&mut f.abort_tasks_of)
         .into_iter()
-        .map(|n| NexusId {
-            initiator_port: Arc::from(n.initiator_port),
-            relative_port_id: n.relative_port_id,
-        })
+        .map(nexus_of)
         .collect();
+    let spc2 = f.spc2_holder.take().map(nexus_of);
+    if spc2.as_ref().is_some_and(|n| n.initiator_port.is_empty()) {
+        return Err("SPC-2 reservation held by an empty initiator port".into());
+    }
     let uas = f.unit_attentions.take().map(|uas| {
         uas.into_iter()
             .map(|u| PendingUa {
@@ -203,7 +233,12 @@ pub(super) fn decode(bytes: &[u8]) -> Result<Decoded, String> {
             })
             .collect()
     });
-    Ok((from_file(f)?, uas, aborts))
+    Ok(Decoded {
+        state: from_file(f)?,
+        spc2,
+        uas,
+        aborts,
+    })
 }
 
 /// Reads the state file; Ok(None) when there is none.

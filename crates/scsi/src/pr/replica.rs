@@ -1,7 +1,8 @@
-//! Persistent-reservation state exchanged with the HA partner node: snapshots, the
-//! state a PR OUT produced, and installing either one.
+//! Reservation state exchanged with the HA partner node: snapshots, the state a
+//! PR OUT, RESERVE or RELEASE produced, and installing either one.
 //!
-//! Both are the state file's JSON ([`super::persist`]). The state a PR OUT produced
+//! Both are the state file's JSON ([`super::persist`]), with the SPC-2
+//! reservation's holder added (the state file never holds it). The state a PR OUT produced
 //! also lists the unit attentions that command established; the receiving node queues
 //! exactly those (for the I_T nexuses it knows), so a command gets the same unit
 //! attentions whichever node ran it, and the nexus that sent it gets none. A snapshot
@@ -15,10 +16,23 @@ use block::Bytes;
 use std::io;
 
 impl Reservations {
-    /// The persistent-reservation state (registrations, reservation, PRgeneration,
-    /// APTPL) in the state file's JSON format. SPC-2 reservations are not part of it.
+    /// The reservation state (registrations, reservation, PRgeneration, APTPL,
+    /// and the SPC-2 reservation's holder) in the state file's JSON format.
     pub(crate) fn state(&self) -> Bytes {
-        Bytes::from(persist::encode(&self.inner.lock().pr, None, &[]))
+        let g = self.inner.lock();
+        Bytes::from(persist::encode(&g.pr, g.spc2.as_ref(), None, &[]))
+    }
+
+    /// RESERVE (`reserve`) or RELEASE from `nexus` on a replicated LU: Ok(Some(state))
+    /// when it changed the SPC-2 reservation, the whole state for the partner.
+    pub(crate) fn reserve_or_release_replicated(
+        &self,
+        nexus: &ItNexus,
+        reserve: bool,
+    ) -> Result<Option<Bytes>, super::PrError> {
+        Ok(self
+            .reserve_or_release(nexus, reserve)?
+            .then(|| self.state()))
     }
 
     /// [`Reservations::persistent_reserve_out_detailed`], also returning the new state
@@ -46,8 +60,14 @@ impl Reservations {
         &self,
         state: &[u8],
     ) -> Result<(Vec<PendingUa>, Vec<NexusId>, Option<ScsiError>), ScsiError> {
-        let (next, listed, aborts) = persist::decode(state).map_err(ScsiError::PrState)?;
+        let persist::Decoded {
+            state: next,
+            spc2,
+            uas: listed,
+            aborts,
+        } = persist::decode(state).map_err(ScsiError::PrState)?;
         let mut g = self.inner.lock();
+        g.spc2 = spc2;
         if g.pr == next {
             return Ok((Vec::new(), aborts, None));
         }

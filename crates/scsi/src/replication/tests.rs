@@ -11,6 +11,7 @@ use block::MemVolume;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{OnceLock, Weak};
+use std::time::Duration;
 use tokio::sync::Notify;
 
 const IQN: &str = "iqn.2026-11.org.freesan:ha";
@@ -46,6 +47,8 @@ struct Link {
     hold: AtomicBool,
     held: Notify,
     release: Notify,
+    /// Woken (every waiter) after each push, installed or not.
+    pushed: Notify,
 }
 
 impl Link {
@@ -58,11 +61,25 @@ impl Link {
             hold: AtomicBool::new(false),
             held: Notify::new(),
             release: Notify::new(),
+            pushed: Notify::new(),
         })
     }
 
     fn partner(&self) -> Option<Arc<ScsiTarget>> {
         self.partner.get().and_then(Weak::upgrade)
+    }
+
+    /// For a request the leader runs: None on the leader (run it here), else
+    /// the leader (after a yield, as a link would take), or an error if gone.
+    async fn leader_to_ask(&self) -> Option<Result<Arc<ScsiTarget>, String>> {
+        if self.leader {
+            return None;
+        }
+        let Some(partner) = self.partner() else {
+            return Some(Err("the leader is gone".into()));
+        };
+        tokio::task::yield_now().await;
+        Some(Ok(partner))
     }
 }
 
@@ -101,10 +118,23 @@ impl PrReplication for Link {
         for _ in 0..self.pushes.fetch_add(1, Ordering::Relaxed) % 7 {
             tokio::task::yield_now().await;
         }
-        partner
+        let r = partner
             .install_pr_state(lun, &state)
             .await
-            .map_err(|e| e.to_string())
+            .map_err(|e| e.to_string());
+        self.pushed.notify_waiters();
+        r
+    }
+
+    async fn forward_spc2_end(
+        &self,
+        lun: u64,
+        holder: Option<&pr::NexusId>,
+    ) -> Option<Result<(), String>> {
+        match self.leader_to_ask().await? {
+            Ok(partner) => Some(partner.end_spc2_here(lun, holder).await),
+            Err(e) => Some(Err(e)),
+        }
     }
 
     async fn forward_set_tpg(
@@ -113,19 +143,15 @@ impl PrReplication for Link {
         nexus: &ItNexus,
         changes: &[(u16, AluaState)],
     ) -> Option<Result<(), String>> {
-        if self.leader {
-            return None;
-        }
-        let Some(partner) = self.partner() else {
-            return Some(Err("the leader is gone".into()));
-        };
-        tokio::task::yield_now().await;
         let origin = (&*nexus.initiator_port, nexus.relative_port_id);
-        Some(
-            partner
-                .set_target_port_groups_here(lun, origin, changes)
-                .await,
-        )
+        match self.leader_to_ask().await? {
+            Ok(partner) => Some(
+                partner
+                    .set_target_port_groups_here(lun, origin, changes)
+                    .await,
+            ),
+            Err(e) => Some(Err(e)),
+        }
     }
 
     async fn push_alua_state(
@@ -1156,4 +1182,106 @@ async fn explicit_states_the_follower_cannot_save_are_applied_there_all_the_same
     );
     let _ = std::fs::remove_dir_all(da);
     let _ = std::fs::remove_dir_all(db);
+}
+
+const RESERVE6: [u8; 6] = [0x16, 0, 0, 0, 0, 0];
+const RELEASE6: [u8; 6] = [0x17, 0, 0, 0, 0, 0];
+
+/// Runs `cdb` from `n` on `t` and returns its status.
+async fn status_of(t: &ScsiTarget, n: &ItNexus, cdb: &[u8]) -> u8 {
+    let data: &[u8] = if cdb == WRITE10 { &[0; 512] } else { &[] };
+    run(t, n, cdb, data).await.status
+}
+
+/// Waits until `done` holds, woken by `link`'s pushes (bounded: a push that
+/// never comes fails the test rather than hanging it).
+async fn until_pushed(link: &Link, mut done: impl AsyncFnMut() -> bool) {
+    tokio::time::timeout(Duration::from_secs(10), async {
+        loop {
+            let pushed = link.pushed.notified();
+            tokio::pin!(pushed);
+            pushed.as_mut().enable();
+            if done().await {
+                return;
+            }
+            pushed.await;
+        }
+    })
+    .await
+    .expect("the partner's state never caught up");
+}
+
+/// An SPC-2 reservation (RESERVE(6)) taken through one node's port holds on
+/// both nodes: another host, through the other node, can neither write nor
+/// reserve; taken through the follower (forwarded to the leader) the same.
+/// Before, each node kept its own, so a second host reserved the LU through
+/// the other node and both wrote.
+#[tokio::test]
+async fn an_spc2_reservation_taken_through_one_node_holds_on_both() {
+    let (a, b) = pair();
+    let holder = ready(&a, "holder", 1).await;
+    let other = ready(&b, "other", 3).await;
+    let holder_b = ready(&b, "holder", 3).await;
+    assert_eq!(status_of(&a, &holder, &RESERVE6).await, status::GOOD);
+    assert_eq!(a.pr_state(LUN), b.pr_state(LUN));
+    for cdb in [&WRITE10[..], &RESERVE6[..], &READ10[..]] {
+        let s = status_of(&b, &other, cdb).await;
+        assert_eq!(s, status::RESERVATION_CONFLICT, "{cdb:02x?} through B");
+    }
+    // an SPC-2 reservation belongs to one I_T nexus: the holder through B too
+    let s = status_of(&b, &holder_b, &WRITE10).await;
+    assert_eq!(s, status::RESERVATION_CONFLICT);
+    assert_eq!(status_of(&a, &holder, &WRITE10).await, status::GOOD);
+
+    // released through A: free on B
+    assert_eq!(status_of(&a, &holder, &RELEASE6).await, status::GOOD);
+    assert_eq!(status_of(&b, &other, &WRITE10).await, status::GOOD);
+    // taken through B (run on A): A's hosts conflict
+    assert_eq!(status_of(&b, &other, &RESERVE6).await, status::GOOD);
+    assert_eq!(a.pr_state(LUN), b.pr_state(LUN));
+    let s = status_of(&a, &holder, &WRITE10).await;
+    assert_eq!(s, status::RESERVATION_CONFLICT);
+    assert_eq!(status_of(&b, &other, &WRITE10).await, status::GOOD);
+    // a RELEASE from a nexus that holds nothing changes nothing anywhere
+    assert_eq!(status_of(&a, &holder, &RELEASE6).await, status::GOOD);
+    let s = status_of(&a, &holder, &WRITE10).await;
+    assert_eq!(s, status::RESERVATION_CONFLICT);
+    assert_eq!(status_of(&b, &other, &RELEASE6).await, status::GOOD);
+    assert_eq!(status_of(&a, &holder, &WRITE10).await, status::GOOD);
+    assert_eq!(a.pr_state(LUN), b.pr_state(LUN));
+}
+
+/// An SPC-2 reservation ends on both nodes when its holder's I_T nexus is
+/// lost or the LU is reset, whichever node the loss or the reset reached:
+/// the follower asks the leader to end it, the leader pushes its state.
+#[tokio::test]
+async fn an_spc2_reservation_ends_on_both_nodes_with_its_holder_or_a_reset() {
+    let (a, b, la) = pair_with(None);
+    let na = ready(&a, "a", 1).await;
+    let nb = ready(&b, "b", 3).await;
+    let free_on = |t: Arc<ScsiTarget>, n: ItNexus| async move {
+        run(&t, &n, &WRITE10, &[0; 512]).await.status == status::GOOD
+    };
+
+    // the holder's nexus lost on the follower
+    assert_eq!(status_of(&b, &nb, &RESERVE6).await, status::GOOD);
+    assert!(!free_on(a.clone(), na.clone()).await);
+    b.nexus_lost(&nb);
+    until_pushed(&la, async || free_on(a.clone(), na.clone()).await).await;
+    assert_eq!(a.pr_state(LUN), b.pr_state(LUN));
+
+    // the holder's nexus lost on the leader
+    let nb = ready(&b, "b", 3).await;
+    let other = ready(&a, "other", 2).await;
+    assert_eq!(status_of(&a, &na, &RESERVE6).await, status::GOOD);
+    assert!(!free_on(b.clone(), nb.clone()).await);
+    a.nexus_lost(&na);
+    until_pushed(&la, async || free_on(b.clone(), nb.clone()).await).await;
+
+    // a LOGICAL UNIT RESET through the follower ends the leader's holder's too
+    let na = ready(&a, "a", 1).await;
+    assert_eq!(status_of(&a, &na, &RESERVE6).await, status::GOOD);
+    assert!(b.lun_reset(&nb, LUN).await);
+    until_pushed(&la, async || a.pr_state(LUN) == b.pr_state(LUN)).await;
+    assert!(free_on(a.clone(), other).await);
 }
