@@ -1,18 +1,65 @@
 //! The fallback engine: positional pread/pwrite/fdatasync on tokio's blocking
 //! thread pool, at most `queue_depth_max` at once (the way tgt's rdwr backend works).
+//!
+//! Like the io_uring engine's thread, which is joined once nothing it submitted
+//! is in flight, dropping the engine waits for every operation it started,
+//! including those whose callers went away: a write given up by its caller
+//! still lands, and it must land before the volume is closed (and perhaps
+//! opened again, or its file handed to another owner), not over what is
+//! written after (review of 2026-12-06).
 
 use super::{engine_gone, IoDone, Op};
 use crate::sys;
 use block::BlockResult;
 use std::fs::File;
 use std::os::fd::AsRawFd;
-use std::sync::Arc;
+use std::sync::{Arc, Condvar, Mutex};
 use tokio::sync::Semaphore;
 
 /// Runs each operation as one blocking task.
 pub(crate) struct ThreadEngine {
     file: Arc<File>,
     permits: Arc<Semaphore>,
+    running: Arc<Running>,
+    /// Tests: where each blocking task waits before it runs its operation.
+    #[cfg(test)]
+    gate: Option<Arc<tests::Gate>>,
+}
+
+/// How many blocking tasks the engine started are still running.
+#[derive(Default)]
+struct Running {
+    count: Mutex<usize>,
+    none: Condvar,
+}
+
+impl Running {
+    fn start(self: &Arc<Self>) -> RunningGuard {
+        *self.count.lock().unwrap_or_else(|p| p.into_inner()) += 1;
+        RunningGuard(self.clone())
+    }
+}
+
+/// One running task; counted down when dropped (also if the task panics).
+struct RunningGuard(Arc<Running>);
+
+impl Drop for RunningGuard {
+    fn drop(&mut self) {
+        let mut n = self.0.count.lock().unwrap_or_else(|p| p.into_inner());
+        *n -= 1;
+        if *n == 0 {
+            self.0.none.notify_all();
+        }
+    }
+}
+
+impl Drop for ThreadEngine {
+    fn drop(&mut self) {
+        let mut n = self.running.count.lock().unwrap_or_else(|p| p.into_inner());
+        while *n > 0 {
+            n = self.running.none.wait(n).unwrap_or_else(|p| p.into_inner());
+        }
+    }
 }
 
 impl ThreadEngine {
@@ -20,6 +67,9 @@ impl ThreadEngine {
         ThreadEngine {
             file,
             permits: Arc::new(Semaphore::new(queue_depth_max as usize)),
+            running: Arc::default(),
+            #[cfg(test)]
+            gate: None,
         }
     }
 
@@ -31,7 +81,15 @@ impl ThreadEngine {
             .await
             .map_err(|_| engine_gone())?;
         let file = self.file.clone();
+        let running = self.running.start();
+        #[cfg(test)]
+        let gate = self.gate.clone();
         let task = tokio::task::spawn_blocking(move || {
+            let _running = running;
+            #[cfg(test)]
+            if let Some(g) = gate {
+                g.pass();
+            }
             let res = run_blocking(file.as_raw_fd(), &mut op);
             drop(permit);
             IoDone { op, res }
@@ -72,5 +130,103 @@ fn run_blocking(fd: i32, op: &mut Op) -> Result<(), sys::IoFail> {
             res
         }
         Op::Sync => sys::fdatasync(fd),
+    }
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+    use crate::buf::WriteBuf;
+    use block::Bytes;
+    use std::time::Duration;
+
+    /// Holds each task that reaches it until [`Gate::open`].
+    #[derive(Default)]
+    pub(crate) struct Gate {
+        state: Mutex<(usize, bool)>,
+        changed: Condvar,
+    }
+
+    impl Gate {
+        pub(crate) fn pass(&self) {
+            let mut s = self.state.lock().unwrap();
+            s.0 += 1;
+            self.changed.notify_all();
+            while !s.1 {
+                s = self.changed.wait(s).unwrap();
+            }
+        }
+
+        fn arrived(&self, n: usize) {
+            let mut s = self.state.lock().unwrap();
+            while s.0 < n {
+                s = self.changed.wait(s).unwrap();
+            }
+        }
+
+        fn open(&self) {
+            self.state.lock().unwrap().1 = true;
+            self.changed.notify_all();
+        }
+    }
+
+    /// A write whose caller went away still lands, and dropping the engine
+    /// (closing the volume) waits for it: before, the drop returned at once
+    /// and the write landed later, over whatever came after the close.
+    #[test]
+    fn dropping_the_engine_waits_for_a_write_whose_caller_left() {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("disk");
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(&path)
+            .unwrap();
+        file.set_len(8192).unwrap();
+        let gate = Arc::new(Gate::default());
+        let mut engine = ThreadEngine::new(Arc::new(file), 4);
+        engine.gate = Some(gate.clone());
+        let engine = Arc::new(engine);
+
+        let caller = engine.clone();
+        let write = rt.spawn(async move {
+            let buf = WriteBuf::new(Bytes::from(vec![0x5a; 4096]), 1);
+            let op = Op::Write {
+                buf,
+                offset: 4096,
+                done: 0,
+                dsync: false,
+            };
+            caller.run(op).await.map(|_| ())
+        });
+        gate.arrived(1);
+        write.abort();
+        assert!(rt.block_on(write).is_err(), "the caller was not aborted");
+
+        let (closed_tx, closed) = std::sync::mpsc::channel();
+        let closer = std::thread::spawn(move || {
+            drop(engine);
+            closed_tx.send(()).unwrap();
+        });
+        // (a bound on a wait for something that must not happen)
+        let early = closed.recv_timeout(Duration::from_millis(300));
+        gate.open();
+        closer.join().unwrap();
+        assert!(
+            early.is_err(),
+            "the engine was dropped while a write it started was still to land"
+        );
+        let data = std::fs::read(&path).unwrap();
+        assert!(
+            data[4096..].iter().all(|&b| b == 0x5a),
+            "the write did not land"
+        );
     }
 }
