@@ -50,8 +50,10 @@ fn claim_exclusive(file: &File, path: &Path) -> Result<File, BlockError> {
 /// [`claim_exclusive`] through the descriptor directory `fds`.
 fn claim_through(fds: &Path, file: &File, path: &Path) -> Result<File, BlockError> {
     let me = fds.join(file.as_raw_fd().to_string());
+    // (for writing too: the volume's discards go through it)
     OpenOptions::new()
         .read(true)
+        .write(true)
         .custom_flags(libc::O_EXCL)
         .open(&me)
         .map_err(|e| {

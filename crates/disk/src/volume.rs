@@ -189,9 +189,12 @@ pub struct FileVolume {
     sync_lost: Arc<SyncLatch>,
     zeroes: OnceLock<Bytes>,
     counters: Counters,
-    /// The exclusive claim on a block device opened for writing: held, never
-    /// used, released when the volume is dropped.
-    _claim: Option<std::fs::File>,
+    /// The exclusive claim on a block device opened for writing, released
+    /// when the volume is dropped. Discards and write zeroes go through it:
+    /// issued through an open without the claim, they can only invalidate
+    /// the range's cached pages, which the kernel refuses (EBUSY) while one
+    /// is dirty; through the claim it drops them (review of 2026-12-06).
+    claim: Option<Arc<File>>,
 }
 
 impl fmt::Debug for FileVolume {
@@ -255,7 +258,7 @@ impl FileVolume {
             )),
             zeroes: OnceLock::new(),
             counters: Counters::default(),
-            _claim: opened.claim,
+            claim: opened.claim.map(Arc::new),
         })
     }
 
@@ -467,7 +470,25 @@ impl FileVolume {
         T: Send + 'static,
         F: FnOnce(&File) -> T + Send + 'static,
     {
-        let file = self.file.clone();
+        self.blocking_on(self.file.clone(), f).await
+    }
+
+    /// [`Self::blocking`] with the device's exclusive claim (for BLKDISCARD and
+    /// BLKZEROOUT; the volume's file where there is none).
+    async fn blocking_claimed<T, F>(&self, f: F) -> BlockResult<T>
+    where
+        T: Send + 'static,
+        F: FnOnce(&File) -> T + Send + 'static,
+    {
+        let file = self.claim.clone().unwrap_or_else(|| self.file.clone());
+        self.blocking_on(file, f).await
+    }
+
+    async fn blocking_on<T, F>(&self, file: Arc<File>, f: F) -> BlockResult<T>
+    where
+        T: Send + 'static,
+        F: FnOnce(&File) -> T + Send + 'static,
+    {
         tokio::task::spawn_blocking(move || f(&file))
             .await
             .map_err(|_| BlockError::Unavailable("disk blocking task failed".into()))
@@ -771,7 +792,7 @@ impl Volume for FileVolume {
             Backing::BlockDevice => {
                 let (off, len) = (lba * self.bs(), blocks * self.bs());
                 match self
-                    .blocking(move |f| sys::blk_discard(f.as_raw_fd(), off, len))
+                    .blocking_claimed(move |f| sys::blk_discard(f.as_raw_fd(), off, len))
                     .await?
                 {
                     Ok(()) => self.synced_change().await,
@@ -799,7 +820,7 @@ impl Volume for FileVolume {
             Backing::BlockDevice => {
                 let (off, len) = (lba * self.bs(), blocks * self.bs());
                 match self
-                    .blocking(move |f| sys::blk_zeroout(f.as_raw_fd(), off, len))
+                    .blocking_claimed(move |f| sys::blk_zeroout(f.as_raw_fd(), off, len))
                     .await?
                 {
                     Ok(()) => true,
