@@ -633,7 +633,38 @@ impl Pool {
                     .iter()
                     .any(|r| r.uuid == sb.member_uuid && r.state != MemberState::Failed)
         };
-        let stale_of = |sb: &Superblock| sb.generation != newest.generation && !named_live(sb);
+        // With `force`, a pool that failed can come back without a rebuild of
+        // the members whose loss failed it: those the newest superblock names
+        // failed whose own superblock is one generation behind, so that the
+        // change recorded last is their failure. From the moment a failure is
+        // durable the writes that skip the member are acknowledged; but with
+        // these gone the pool was beyond what it survives, and nothing was
+        // acknowledged after (every I/O of a failed pool is refused). So each
+        // holds everything acknowledged on it, as after a transient error (a
+        // cable, a controller, a power loss of the shelf), and is taken back
+        // as it is (md's forced assembly does the same with its freshest
+        // failed members). Members failed earlier missed acknowledged writes
+        // and are rebuilt. Only when taking them back makes the pool survive.
+        let revived: BTreeSet<String> = if force {
+            revivable(
+                &newest,
+                &found,
+                layout_for(newest.level, newest.member_count as usize)?.as_ref(),
+            )
+        } else {
+            BTreeSet::new()
+        };
+        for (m, _) in found
+            .iter()
+            .filter(|(_, sb)| revived.contains(&sb.member_uuid))
+        {
+            tracing::warn!(member = %m.name, "force: member failed by the pool's last change, which failed the pool, taken back as it is (nothing was acknowledged without it)");
+        }
+        let stale_of = |sb: &Superblock| {
+            sb.generation != newest.generation
+                && !named_live(sb)
+                && !revived.contains(&sb.member_uuid)
+        };
         if !force {
             found.retain(|(m, sb)| {
                 let stale = stale_of(sb);
@@ -717,7 +748,7 @@ impl Pool {
         for (m, sb) in found.iter() {
             check_size(&shape, m)?;
             let stale = stale_of(sb);
-            if !stale && sb.generation != newest.generation {
+            if !stale && sb.generation != newest.generation && !revived.contains(&sb.member_uuid) {
                 tracing::warn!(member = %m.name, generation = sb.generation,
                     newest = newest.generation,
                     "member missed the last superblock write (a stop during it); taken as current");
@@ -752,6 +783,9 @@ impl Pool {
                         slot.state = MemberState::Rebuilding;
                         slot.rebuild_cp_stripes = 0;
                         slot.durable_cp_stripes = 0;
+                        changed = true;
+                    } else if revived.contains(&sb.member_uuid) {
+                        slot.state = MemberState::Active;
                         changed = true;
                     }
                 }
@@ -1119,6 +1153,46 @@ impl Pool {
 /// Stripes per write-intent region: 64 MiB of every member.
 fn default_region_stripes(chunk_bytes: u32) -> u64 {
     (crate::fullstripe::REGION_MEMBER_BYTES / chunk_bytes.max(1) as u64).max(1)
+}
+
+/// With `force`: the members `found` whose loss failed the pool at its last
+/// change (see the assembly): named failed by `newest`, their own superblock
+/// one generation behind it; empty unless the pool has failed and taking them
+/// back makes it survive.
+fn revivable(
+    newest: &Superblock,
+    found: &[(Member, Superblock)],
+    layout: &dyn Layout,
+) -> BTreeSet<String> {
+    let missing = |back: &BTreeSet<String>| -> Vec<bool> {
+        newest
+            .members
+            .iter()
+            .map(|r| match r.state {
+                MemberState::Active => false,
+                MemberState::Rebuilding => r.rebuild_checkpoint_stripes < newest.stripes,
+                _ => !back.contains(&r.uuid),
+            })
+            .collect()
+    };
+    if survives(layout, &missing(&BTreeSet::new())) {
+        return BTreeSet::new();
+    }
+    let back: BTreeSet<String> = found
+        .iter()
+        .filter(|(_, sb)| sb.generation.checked_add(1) == Some(newest.generation))
+        .filter(|(_, sb)| {
+            newest
+                .members
+                .iter()
+                .any(|r| r.uuid == sb.member_uuid && r.state == MemberState::Failed)
+        })
+        .map(|(_, sb)| sb.member_uuid.clone())
+        .collect();
+    if back.is_empty() || !survives(layout, &missing(&back)) {
+        return BTreeSet::new();
+    }
+    back
 }
 
 fn check_size(shape: &Shape, m: &Member) -> RaidResult<()> {
