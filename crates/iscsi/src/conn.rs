@@ -271,7 +271,7 @@ async fn full_feature(
     // what the new session has set since
     if let (Some(scsi), Some(nexus)) = (&session.scsi, &session.nexus) {
         if !ctx.registry.has_live_successor(&session) {
-            scsi.nexus_lost(nexus);
+            scsi.nexus_lost(nexus).await;
         }
     }
     // out of the registry, and ended

@@ -292,7 +292,7 @@ async fn register(
         // the reinstatement is the old nexus's loss, done before the new
         // session's first command (the old session's own end leaves it to us)
         if let (Some(scsi), Some(nexus)) = (&old.scsi, &old.nexus) {
-            scsi.nexus_lost(nexus);
+            scsi.nexus_lost(nexus).await;
         }
     }
     Ok(registered)

@@ -138,13 +138,12 @@ pub(crate) fn reserve_release(lu: &LogicalUnit, nexus: &ItNexus, cdb: &Cdb) -> C
 }
 
 /// [`reserve_release`] on an LU an HA partner shares: the whole reservation state
-/// for the partner when the command changed the SPC-2 reservation (see
-/// [`crate::replication`], which orders these calls).
+/// for the partner (see [`crate::replication`], which orders these calls).
 pub(crate) fn reserve_release_replicated(
     lu: &LogicalUnit,
     nexus: &ItNexus,
     cdb: &Cdb,
-) -> Result<Option<Bytes>, Fail> {
+) -> Result<Bytes, Fail> {
     let reserve = reserve_or_release(cdb)?;
     lu.pr
         .reserve_or_release_replicated(nexus, reserve)

@@ -345,10 +345,9 @@ impl LogicalUnit {
 
     /// A LOGICAL UNIT RESET or target reset: SPC-2 reservations, medium removal
     /// prevention and mode parameters return to their defaults; every nexus gets `ua`.
-    /// True if it ended an SPC-2 reservation.
-    pub fn reset(&self, ua: Sense) -> bool {
+    pub fn reset(&self, ua: Sense) {
         self.resets.fetch_add(1, Ordering::AcqRel);
-        let ended = self.pr.reset();
+        self.pr.reset();
         self.media.lock().prevent.clear();
         self.stopped.store(false, Ordering::Relaxed);
         let defaults = ModePages::defaults(&self.geometry());
@@ -356,7 +355,6 @@ impl LogicalUnit {
         *self.mode.lock() = defaults;
         self.uas.reset_all(ua);
         self.thin.rearm();
-        ended
     }
 
     /// After a reset of the LU (counted in `resets`): returns once no copy

@@ -36,7 +36,8 @@
 //! when its holder's I_T nexus is lost or the LU is reset, on the node the nexus or
 //! the reset reached: the node that orders changes then pushes its new state; the
 //! other ends it at once for its own paths and asks the orderer to end it too
-//! ([`PrReplication::forward_spc2_end`]). Not covered: a holder whose nexus went
+//! ([`PrReplication::forward_spc2_end`]), before the reset is answered or a
+//! session reinstating the nexus is let in. Not covered: a holder whose nexus went
 //! with its node (the partner failed) keeps the reservation on the survivor until
 //! a reset, as after any path loss the target does not see.
 //!
@@ -203,7 +204,9 @@ pub(crate) async fn pr_out(
 
 /// RESERVE(6/10) or RELEASE(6/10) on `lu`: with an HA partner, forwarded to it
 /// when `forward` and it orders changes, otherwise run here in order with the
-/// PR OUTs, the new state pushed before answering (as [`pr_out`]).
+/// PR OUTs, the state pushed before answering (as [`pr_out`]), changed or not:
+/// a holder's RESERVE again, which changes nothing, puts right a partner whose
+/// copy missed a push.
 pub(crate) async fn reserve_release(
     lu: &LogicalUnit,
     nexus: &ItNexus,
@@ -227,7 +230,7 @@ pub(crate) async fn reserve_release(
     let lun = lu.lun;
     let pushed = block::detach::detached(async move {
         let _order = order;
-        push(repl.as_ref(), lun, state).await
+        push(repl.as_ref(), lun, Some(state)).await
     })
     .await;
     if !pushed {
@@ -250,17 +253,20 @@ async fn push(repl: &dyn PrReplication, lun: u64, state: Option<Bytes>) -> bool 
     }
 }
 
-/// The SPC-2 reservation of `lu` ended here without a command (see
-/// [`PrReplication::forward_spc2_end`]): the partner is told, in the background.
-pub(crate) fn spc2_ended(lu: &Arc<LogicalUnit>, holder: Option<NexusId>) {
+/// The SPC-2 reservation of `lu` ended here without a command: its holder's
+/// I_T nexus was lost (`holder`), or a reset reached the LU (None; called for
+/// every reset, since the holder may be known to the leader only). Returns
+/// once the partner agrees: a follower has the leader end it there too (see
+/// [`PrReplication::forward_spc2_end`]), which installs its state back; the
+/// node that orders changes pushes its own. Awaited, so that a reset is not
+/// answered, nor a reinstating session let in, before the reservation ended on
+/// both nodes: ended later, it would end one taken since. Runs to its end
+/// even if the caller goes away.
+pub(crate) async fn spc2_end_everywhere(lu: Arc<LogicalUnit>, holder: Option<NexusId>) {
     let Some(repl) = lu.pr_replication.read().clone() else {
         return;
     };
-    let Ok(rt) = tokio::runtime::Handle::try_current() else {
-        return;
-    };
-    let lu = lu.clone();
-    rt.spawn(async move {
+    block::detach::detached(async move {
         let lun = lu.lun;
         match repl.forward_spc2_end(lun, holder.as_ref()).await {
             Some(Ok(())) => {}
@@ -274,20 +280,20 @@ pub(crate) fn spc2_ended(lu: &Arc<LogicalUnit>, holder: Option<NexusId>) {
                 push(repl.as_ref(), lun, Some(lu.pr.state())).await;
             }
         }
-    });
+    })
+    .await
 }
 
 /// On the node that orders changes: ends `lu`'s SPC-2 reservation if `holder`
-/// holds it (None: whoever does), in order with the PR OUTs, and pushes the new
-/// state to the partner before returning.
+/// holds it (None: whoever does), in order with the PR OUTs, and pushes its
+/// state to the partner before returning, changed or not (a partner whose
+/// copy missed a push is put right).
 pub(crate) async fn end_spc2_here(
     lu: &LogicalUnit,
     holder: Option<&NexusId>,
 ) -> Result<(), String> {
     let order = lu.pr_order.clone().lock_owned().await;
-    if !lu.pr.end_spc2(holder) {
-        return Ok(());
-    }
+    lu.pr.end_spc2(holder);
     let repl = lu.pr_replication.read().clone();
     let (lun, state) = (lu.lun, lu.pr.state());
     let pushed = block::detach::detached(async move {

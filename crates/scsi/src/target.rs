@@ -1052,9 +1052,8 @@ impl ScsiTarget {
             return false;
         };
         tracing::info!(lun, initiator = %nexus.initiator_port, "logical unit reset");
-        if lu.reset(codes::BUS_DEVICE_RESET) {
-            replication::spc2_ended(&lu, None);
-        }
+        lu.reset(codes::BUS_DEVICE_RESET);
+        replication::spc2_end_everywhere(lu.clone(), None).await;
         self.copies.tokens.revoke_lu(&lu);
         lu.copies_stopped().await;
         true
@@ -1066,9 +1065,8 @@ impl ScsiTarget {
     pub async fn target_reset(&self, nexus: &ItNexus) {
         tracing::info!(initiator = %nexus.initiator_port, "target reset");
         for lu in self.visible_lus(nexus) {
-            if lu.reset(codes::POWER_ON_RESET) {
-                replication::spc2_ended(&lu, None);
-            }
+            lu.reset(codes::POWER_ON_RESET);
+            replication::spc2_end_everywhere(lu.clone(), None).await;
             self.copies.tokens.revoke_lu(&lu);
             lu.copies_stopped().await;
         }
@@ -1096,14 +1094,18 @@ impl ScsiTarget {
         }
     }
 
-    /// The I_T nexus is gone (session closed): drops SPC-2 reservations it held.
-    pub fn nexus_lost(&self, nexus: &ItNexus) {
-        for lu in self.all_lus() {
-            if lu.nexus_lost(nexus) {
-                replication::spc2_ended(&lu, Some(NexusId::of(nexus)));
-            }
-        }
+    /// The I_T nexus is gone (session closed): drops SPC-2 reservations it held,
+    /// on the HA partner too before returning.
+    pub async fn nexus_lost(&self, nexus: &ItNexus) {
+        let held: Vec<_> = self
+            .all_lus()
+            .into_iter()
+            .filter(|lu| lu.nexus_lost(nexus))
+            .collect();
         self.copies.nexus_lost(nexus);
+        for lu in held {
+            replication::spc2_end_everywhere(lu, Some(NexusId::of(nexus))).await;
+        }
     }
 
     /// Flushes every LUN's volume (clean shutdown).

@@ -594,14 +594,19 @@ fn persistent_reservations_hold_across_both_nodes() {
         return;
     };
     ha.wait_in_sync();
-    // libiscsi's tests with the first initiator on node 1 and the second on
-    // node 2; CUnit's summary counts (tests total, ran, passed, failed,
+    // libiscsi's tests with the first initiator on node `first` and the second
+    // on the other; CUnit's summary counts (tests total, ran, passed, failed,
     // inactive: the output also logs commands that fail on purpose)
-    let cu = |tests: &str| {
+    let cu = |tests: &str, first: u32| {
         let (ok, out) = ha.topo.run(
             ha.topo.ns_client(),
             "iscsi-test-cu",
-            ["--dataloss", tests, &ha.url(1, 1), &ha.url(2, 1)],
+            [
+                "--dataloss",
+                tests,
+                &ha.url(first, 1),
+                &ha.url(3 - first, 1),
+            ],
         );
         eprintln!("{out}");
         let counts: Vec<u32> = (out.lines())
@@ -617,20 +622,26 @@ fn persistent_reservations_hold_across_both_nodes() {
     };
     // a persistent reservation taken through one node is enforced through
     // the other
-    let (passed, ran, out) = cu("--test=SCSI.Pr[io]*");
+    let (passed, ran, out) = cu("--test=SCSI.Pr[io]*", 1);
     assert!(ran >= 10, "too few PR tests ran ({ran}):\n{out}");
     assert!(passed, "PR tests failed across the nodes:\n{out}");
-    // SPC-2 RESERVE(6) the same way: taken through node 1, refused to the
-    // second initiator through node 2, and released on both by the holder's
-    // logout, its I_T nexus loss, a LOGICAL UNIT RESET and target resets
-    // sent through node 1
-    let (passed, ran, out) = cu("--test=SCSI.Reserve6*");
-    assert!(ran >= 5, "too few RESERVE(6) tests ran ({ran}):\n{out}");
-    assert!(passed, "RESERVE(6) tests failed across the nodes:\n{out}");
-    assert!(
-        !out.contains("[SKIPPED]"),
-        "RESERVE(6) tests skipped:\n{out}"
-    );
+    // SPC-2 RESERVE(6) the same way: taken through one node, refused to the
+    // second initiator through the other, and released on both by the
+    // holder's logout, its I_T nexus loss, a LOGICAL UNIT RESET and target
+    // resets; the holder first on node 1 (the leader), then on node 2 (whose
+    // ends of the reservation go to the leader)
+    for first in [1, 2] {
+        let (passed, ran, out) = cu("--test=SCSI.Reserve6*", first);
+        assert!(ran >= 5, "too few RESERVE(6) tests ran ({ran}):\n{out}");
+        assert!(
+            passed,
+            "RESERVE(6) tests failed, holder on node {first}:\n{out}"
+        );
+        assert!(
+            !out.contains("[SKIPPED]"),
+            "RESERVE(6) tests skipped:\n{out}"
+        );
+    }
 }
 
 #[test]

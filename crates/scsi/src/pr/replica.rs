@@ -23,16 +23,15 @@ impl Reservations {
         Bytes::from(persist::encode(&g.pr, g.spc2.as_ref(), None, &[]))
     }
 
-    /// RESERVE (`reserve`) or RELEASE from `nexus` on a replicated LU: Ok(Some(state))
-    /// when it changed the SPC-2 reservation, the whole state for the partner.
+    /// RESERVE (`reserve`) or RELEASE from `nexus` on a replicated LU: the whole
+    /// state for the partner afterwards.
     pub(crate) fn reserve_or_release_replicated(
         &self,
         nexus: &ItNexus,
         reserve: bool,
-    ) -> Result<Option<Bytes>, super::PrError> {
-        Ok(self
-            .reserve_or_release(nexus, reserve)?
-            .then(|| self.state()))
+    ) -> Result<Bytes, super::PrError> {
+        self.reserve_or_release(nexus, reserve)?;
+        Ok(self.state())
     }
 
     /// [`Reservations::persistent_reserve_out_detailed`], also returning the new state

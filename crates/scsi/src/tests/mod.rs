@@ -181,7 +181,7 @@ async fn unit_attention_lifecycle_across_two_nexuses() {
     assert_eq!(sense_of(&r), (key::UNIT_ATTENTION, 0x29, 0x03));
     assert_eq!(r.sense.as_ref().unwrap()[0], 0x70);
     // Nexus loss: the nexus starts over with POWER ON.
-    t.nexus_lost(&a);
+    t.nexus_lost(&a).await;
     let r = run(&t, &a, &[0; 6], &[]).await;
     assert_eq!(sense_of(&r), (key::UNIT_ATTENTION, 0x29, 0x00));
 }
@@ -932,7 +932,7 @@ async fn start_stop_and_prevent_allow() {
     assert_eq!(run(&t, &a, &[0x1e, 0, 0, 0, 1, 0], &[]).await.status, 0);
     let r = run(&t, &b, &[0x1b, 0, 0, 0, 0x02, 0], &[]).await;
     assert_eq!(sense_of(&r), (ILLEGAL, 0x53, 0x02));
-    t.nexus_lost(&a);
+    t.nexus_lost(&a).await;
     assert_eq!(run(&t, &b, &[0x1b, 0, 0, 0, 0x03, 0], &[]).await.status, 0);
 }
 
@@ -1793,7 +1793,7 @@ async fn a_copys_status_belongs_to_its_nexus_not_to_its_initiator_port() {
     let r = t.execute(&b, cmd(0, &rrti_cdb(9), &[])).await;
     assert_eq!(r.status, status::CHECK_CONDITION, "{r:?}");
     // and its logout leaves this path's status
-    t.nexus_lost(&b);
+    t.nexus_lost(&b).await;
     assert_eq!(rrti(&t, &a, 0, 9).await.0, 0x01);
 }
 
