@@ -70,7 +70,7 @@ impl Cluster {
     /// The replicated volume name of LUN `lun` of target `iqn`: the same on both
     /// nodes (it names the volume in the sync handshake and derives the identity).
     pub fn volume_name(&self, iqn: &str, lun: u64) -> String {
-        format!("{}/{iqn}/lun{lun}", self.cfg.name)
+        volume_name(&self.cfg.name, iqn, lun)
     }
 
     /// Replicates `local` as volume `name`. Before [`Cluster::listen`] the partner's
@@ -259,4 +259,10 @@ fn alua(s: PathState) -> scsi::AluaState {
         PathState::Standby => scsi::AluaState::Standby,
         PathState::Unavailable => scsi::AluaState::Unavailable,
     }
+}
+
+/// The replicated volume name of LUN `lun` of target `iqn` in cluster
+/// `cluster` (see [`Cluster::volume_name`]).
+pub fn volume_name(cluster: &str, iqn: &str, lun: u64) -> String {
+    format!("{cluster}/{iqn}/lun{lun}")
 }

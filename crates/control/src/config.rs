@@ -1453,12 +1453,18 @@ impl Config {
                         );
                     }
                 }
-                if l.replicated && self.cluster.is_none() {
-                    bail!(
+                match (&self.cluster, l.replicated) {
+                    (None, true) => bail!(
                         "target {} LUN {}: replicated needs a [cluster] section",
                         t.iqn,
                         id
-                    );
+                    ),
+                    (Some(c), true) => {
+                        let name = crate::cluster::volume_name(&c.name, &t.iqn, id);
+                        replica::check_names(&c.name, &name)
+                            .map_err(|e| anyhow::anyhow!("target {} LUN {}: {e}", t.iqn, id))?;
+                    }
+                    _ => {}
                 }
                 if let Some(m) = &l.replica_mode {
                     if !l.replicated || !matches!(m.as_str(), "active-active" | "active-passive") {
@@ -1739,6 +1745,36 @@ mod tests {
         );
         assert_eq!(parse_lun_flag("/x/a.img"), ("/x/a.img".into(), None));
         assert_eq!(parse_lun_flag("/x/a:b.img"), ("/x/a:b.img".into(), None));
+    }
+
+    /// A replicated LUN whose witness grant name would not fit the cluster
+    /// protocol's 255 bytes is refused: cut short, the grants of several LUNs
+    /// were one, and the first back in sync released it for the others.
+    #[test]
+    fn a_replicated_lun_whose_grant_name_is_too_long_is_refused() {
+        let mut c = Config::from_quick_flags(&QuickFlags::default());
+        c.cluster = Some(
+            toml::from_str(
+                "name = \"pair-with-a-rather-long-name-for-a-cluster\"\nnode_id = 1\n\
+                 sync = [\"127.0.0.1:3261\"]\npeer_sync = [\"127.0.0.2:3261\"]\n\
+                 key_file = \"/k\"\n",
+            )
+            .unwrap(),
+        );
+        c.targets[0].luns[0].replicated = true;
+        c.validate().unwrap();
+        // "CLUSTER:CLUSTER/IQN/lun0" with a 42-byte cluster name: an IQN of
+        // 164 bytes still fits, 165 does not
+        for (len, ok) in [(164usize, true), (165, false)] {
+            let iqn = format!("iqn.2026-12.org.freesan:{}", "x".repeat(len - 24));
+            assert_eq!(iqn.len(), len);
+            c.targets[0].iqn = iqn;
+            let r = c.validate();
+            assert_eq!(r.is_ok(), ok, "{len}: {r:?}");
+            if let Err(e) = r {
+                assert!(format!("{e:#}").contains("witness grant"), "{e:#}");
+            }
+        }
     }
 
     #[test]

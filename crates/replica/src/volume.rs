@@ -53,8 +53,35 @@ impl ReplicaConfig {
     /// their own (a grant per pair would be released by the first volume back in
     /// sync while another still depends on it).
     pub fn witness_key(&self) -> String {
-        format!("{}:{}", self.cluster, self.name)
+        witness_key(&self.cluster, &self.name)
     }
+}
+
+/// The survivor grant of volume `name` of pair `cluster` (see
+/// [`ReplicaConfig::witness_key`]).
+pub fn witness_key(cluster: &str, name: &str) -> String {
+    format!("{cluster}:{name}")
+}
+
+/// Refuses a pair or volume name that does not fit the sync protocol's names
+/// ([`replica_proto::NAME_BYTES_MAX`] bytes): the handshake names the volume,
+/// and the witness request its grant, `cluster:name`. The encoder would cut
+/// them short (review of 2026-12-06): the LUNs of a target with a long name
+/// then shared one grant, and the first back in sync released it while
+/// another still depended on it, so the partner could claim it and serve
+/// that LUN beside this node (two writers).
+pub fn check_names(cluster: &str, name: &str) -> Result<(), String> {
+    let max = replica_proto::NAME_BYTES_MAX;
+    let key = witness_key(cluster, name);
+    if key.len() > max {
+        return Err(format!(
+            "replicated volume {name:?} of cluster {cluster:?}: its witness grant \"{key}\" \
+             is {} bytes, more than the {max} the cluster protocol carries: use a shorter \
+             cluster name or target IQN",
+            key.len()
+        ));
+    }
+    Ok(())
 }
 
 /// Configuration of one node's side of a replicated volume.
@@ -1857,6 +1884,8 @@ impl ReplicatedVolume {
     /// Opens this node's side over its local copy and starts connecting to the
     /// partner. Returns the volume and the sink the listener hands connections to.
     pub fn open(cfg: ReplicaConfig, local: VolumeRef) -> std::io::Result<(Self, ConnectionSink)> {
+        check_names(&cfg.cluster, &cfg.name)
+            .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))?;
         std::fs::create_dir_all(&cfg.state_dir)?;
         let geo = local.geometry();
         let meta_file = MetaFile::new(&cfg.state_dir);
