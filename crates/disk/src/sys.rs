@@ -54,6 +54,23 @@ fn blk_range_ioctl(fd: RawFd, request: libc::c_ulong, offset: u64, len: u64) -> 
     cvt(unsafe { libc::ioctl(fd, request as _, range.as_ptr()) })
 }
 
+/// Whether the block device behind `file` takes discards, as its queue says
+/// (`discard_max_bytes`, a partition's in its disk's queue); None when sysfs
+/// does not tell.
+pub(crate) fn blk_discard_supported(file: &std::fs::File) -> Option<bool> {
+    use std::os::unix::fs::MetadataExt;
+    let rdev = file.metadata().ok()?.rdev();
+    let dev = std::path::PathBuf::from(format!(
+        "/sys/dev/block/{}:{}",
+        libc::major(rdev),
+        libc::minor(rdev)
+    ));
+    let read = |p: std::path::PathBuf| std::fs::read_to_string(p).ok();
+    let text = read(dev.join("queue/discard_max_bytes"))
+        .or_else(|| read(dev.join("../queue/discard_max_bytes")))?;
+    Some(text.trim().parse::<u64>().ok()? > 0)
+}
+
 /// BLKDISCARD over a byte range of a block device.
 pub(crate) fn blk_discard(fd: RawFd, offset: u64, len: u64) -> io::Result<()> {
     blk_range_ioctl(fd, BLKDISCARD, offset, len)

@@ -180,6 +180,9 @@ pub struct FileVolume {
     /// each of them to a kernel worker thread).
     memory_backed: bool,
     zero_range_unsupported: AtomicBool,
+    /// The block device failed a discard as unsupported: discards are hints
+    /// ignored from then on.
+    discard_unsupported: AtomicBool,
     /// A data sync (a flush, or a forced write) failed. Linux reports a
     /// writeback error once per open file and may drop the dirty pages it could
     /// not write, so a later sync would succeed over data already lost: from then
@@ -231,6 +234,8 @@ impl FileVolume {
             "opened disk volume"
         );
         let memory_backed = opened.backing == Backing::File && sys::is_tmpfs(file.as_raw_fd());
+        let discard_unsupported = opened.backing == Backing::BlockDevice
+            && sys::blk_discard_supported(&file) == Some(false);
         Ok(FileVolume {
             file,
             path: path.to_path_buf(),
@@ -249,6 +254,10 @@ impl FileVolume {
             nowait_enabled: opts.nowait_inline,
             memory_backed,
             zero_range_unsupported: AtomicBool::new(false),
+            // (a device that takes none is refused by the kernel before it
+            // touches the cache; one that takes them and fails one has
+            // dropped its cached pages: see discard)
+            discard_unsupported: AtomicBool::new(discard_unsupported),
             sync_lost: Arc::new(SyncLatch::new(
                 path.to_path_buf(),
                 // (opened with the volume: it sees writeback errors from now)
@@ -324,7 +333,11 @@ impl FileVolume {
     ) -> BlockResult<crate::engine::IoDone> {
         let (engine, latch) = (self.engine.clone(), self.sync_lost.clone());
         let path = self.path.clone();
+        // the device stays claimed while the op runs, even past the volume's
+        // drop: no new owner writes under it meanwhile (review of 2026-12-06)
+        let claim = self.claim.clone();
         block::detach::detached(async move {
+            let _claim = claim;
             let id = latch.begin();
             let done = match engine.run(op).await {
                 Ok(d) => d,
@@ -791,13 +804,29 @@ impl Volume for FileVolume {
             }
             Backing::BlockDevice => {
                 let (off, len) = (lba * self.bs(), blocks * self.bs());
+                if self.discard_unsupported.load(Ordering::Relaxed) {
+                    // a hint on a thick volume
+                    return Ok(());
+                }
                 match self
                     .blocking_claimed(move |f| sys::blk_discard(f.as_raw_fd(), off, len))
                     .await?
                 {
                     Ok(()) => self.synced_change().await,
-                    // Discard is a hint on a thick volume.
-                    Err(e) if e.raw_os_error() == Some(libc::EOPNOTSUPP) => Ok(()),
+                    // Discard is a hint on a thick volume. But a device that
+                    // takes the request and fails it (a loop device over a
+                    // file system that cannot punch holes) does so after the
+                    // kernel dropped the range's cached pages, dirty ones too:
+                    // the range would read back older data than was last
+                    // written, so this once it is written with zeroes; later
+                    // discards are not sent (review of 2026-12-06).
+                    Err(e) if e.raw_os_error() == Some(libc::EOPNOTSUPP) => {
+                        if !self.discard_unsupported.swap(true, Ordering::Relaxed) {
+                            tracing::info!(path = %self.path.display(), "the device refuses discards; they are ignored from now on");
+                        }
+                        self.zero_fill(lba, blocks).await?;
+                        self.synced_change().await
+                    }
                     Err(e) => {
                         bump(&self.counters.errors, 1);
                         Err(io_error("discard", lba, e))

@@ -32,6 +32,6 @@ pub use monitor::{
 };
 pub use plan::{plan, Plan};
 pub use volume::{
-    check_names, witness_key, ConnectionSink, Mode, PathState, PortStates, ReplicaConfig, ReplicaStatus, ReplicatedVolume,
-    Role, ScsiPeer,
+    check_names, witness_key, ConnectionSink, Mode, PathState, PortStates, ReplicaConfig,
+    ReplicaStatus, ReplicatedVolume, Role, ScsiPeer,
 };
