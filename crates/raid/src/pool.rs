@@ -1181,6 +1181,20 @@ fn revivable(
     let back: BTreeSet<String> = found
         .iter()
         .filter(|(_, sb)| sb.generation.checked_add(1) == Some(newest.generation))
+        // and whole when it failed: its own superblock names it active (a
+        // member still being rebuilt holds junk past its checkpoint; review
+        // of 2026-12-06: a rebuilding spare failed with the member beside it
+        // was taken back whole)
+        .filter(|(_, sb)| {
+            sb.members.iter().any(|r| {
+                r.uuid == sb.member_uuid
+                    && match r.state {
+                        MemberState::Active => true,
+                        MemberState::Rebuilding => r.rebuild_checkpoint_stripes >= newest.stripes,
+                        _ => false,
+                    }
+            })
+        })
         .filter(|(_, sb)| {
             newest
                 .members

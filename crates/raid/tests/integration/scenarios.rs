@@ -1309,3 +1309,58 @@ async fn force_takes_back_the_member_whose_loss_failed_the_pool() {
     ms[0].plan.lock().dead = true;
     check_all(&pool, &oracle).await;
 }
+
+/// A member still being rebuilt is not taken back whole by force: a RAID 6
+/// pool whose replacement member is half rebuilt loses two more members (and
+/// fails: the replacement cannot stand in yet), then the replacement is
+/// failed too. Its own superblock is one generation behind the newest, as a
+/// member whose loss failed the pool would be, but it holds nothing past its
+/// rebuild checkpoint: taken back as it is, reads of those stripes returned
+/// junk (and the others' rebuild used it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn force_does_not_take_back_a_member_that_was_still_being_rebuilt() {
+    let (pool, ms) = make_pool(RaidLevel::Raid6, 5).await;
+    pool.wait_idle().await;
+    let oracle = MemVolume::new(BS, pool.geometry().block_count);
+    fill(&pool, &oracle, 31).await;
+    pool.flush().await.unwrap();
+    ms[1].plan.lock().dead = true;
+    pool.fail_member(1).await.unwrap();
+    // the replacement's rebuild (stripe by stripe on RAID 6) stops half way:
+    // its writes to the second half of its data area are held
+    let fresh = member(MEMBER_BLOCKS);
+    let held = Arc::new(block::HoldVolume::new(fresh.fault.clone() as VolumeRef));
+    let data_start = pool.data_offset_bytes() / BS as u64;
+    let half = data_start + (MEMBER_BLOCKS - data_start) / 2;
+    held.writes.hold_range(half, MEMBER_BLOCKS);
+    pool.replace_member(1, Member::new("new", held.clone() as VolumeRef))
+        .await
+        .unwrap();
+    held.writes.arrivals(1).await;
+    let _ = pool.fail_member(3).await;
+    let _ = pool.fail_member(4).await;
+    assert_eq!(pool.status().state, PoolState::Failed);
+    let _ = pool.fail_member(1).await;
+    drop(pool);
+    held.writes.open();
+
+    let members = vec![
+        ms[0].as_member("m0"),
+        fresh.as_member("new"),
+        ms[2].as_member("m2"),
+        ms[3].as_member("m3"),
+        ms[4].as_member("m4"),
+    ];
+    let pool = Pool::assemble(members, true).await.unwrap();
+    let st = pool.status();
+    assert_ne!(st.members[1].state, MemberState::Active, "{st:?}");
+    // whatever it serves is right
+    let total = pool.geometry().block_count;
+    for lba in (0..total).step_by(16) {
+        let n = (total - lba).min(16) as u32;
+        if let Ok(b) = pool.read(lba, n).await {
+            let want = oracle.read(lba, n).await.unwrap();
+            assert!(b == want, "wrong data at {lba}");
+        }
+    }
+}
