@@ -36,6 +36,20 @@ const NODE_OWNED: &[&str] = &[
     "replicas",
 ];
 
+/// Whether `name`, at the top of the data directory, is the node's: one of
+/// [`NODE_OWNED`], or one with a suffix after a dot (the node saves a file by
+/// writing `NAME.tmp` and renaming it over `NAME`, and rotates `NAME.1`: a
+/// LUN created on `managed.toml.tmp` became `managed.toml` at the next save,
+/// its contents the host's to read and write; review of 2026-12-06).
+fn node_owned(name: &std::ffi::OsStr) -> bool {
+    let name = name.as_encoded_bytes();
+    NODE_OWNED.iter().any(|n| {
+        let n = n.as_bytes();
+        name.strip_prefix(n)
+            .is_some_and(|rest| rest.is_empty() || rest.starts_with(b"."))
+    })
+}
+
 /// `p` with symlinks resolved as far as it exists, the rest appended; None when
 /// a `..` remains or nothing of it exists.
 pub(crate) fn resolve(p: &Path) -> Option<PathBuf> {
@@ -96,7 +110,7 @@ impl Allowed {
             .as_ref()
             .and_then(|d| r.strip_prefix(d).ok())
             .and_then(|rest| rest.components().next())
-            .is_some_and(|c| NODE_OWNED.iter().any(|n| c.as_os_str() == *n));
+            .is_some_and(|c| node_owned(c.as_os_str()));
         if owned {
             return Err(refused(format!(
                 "{} is one of the node's own files (in its data directory)",
@@ -135,7 +149,30 @@ fn paths_in_use(cfg: &Config) -> Vec<PathBuf> {
         .iter()
         .flat_map(|t| t.luns.iter())
         .filter_map(|l| l.path.clone());
-    disks.chain(luns).filter_map(|p| resolve(&p)).collect()
+    disks
+        .chain(luns)
+        .chain(secret_files(cfg))
+        .filter_map(|p| resolve(&p))
+        .collect()
+}
+
+/// The key, certificate and secret files `cfg` names: never a backing path
+/// (a LUN on the cluster key would hand it to whoever reads the LUN).
+fn secret_files(cfg: &Config) -> Vec<PathBuf> {
+    let mut v: Vec<PathBuf> = Vec::new();
+    v.extend(cfg.alerts.webhook_secret_file.clone());
+    v.extend(cfg.cluster.as_ref().map(|c| c.key_file.clone()));
+    if let Some(a) = &cfg.api {
+        v.extend(a.cert.clone());
+        v.extend(a.key.clone());
+    }
+    if let Some(n) = &cfg.nbd {
+        v.extend(n.tls_cert.clone());
+        v.extend(n.tls_key.clone());
+        v.extend(n.tls_client_ca.clone());
+        v.extend(n.tls_psk_file.clone());
+    }
+    v
 }
 
 /// Checks a disk about to be created through the API against `cfg` (the
@@ -358,6 +395,10 @@ mod tests {
         for own in [
             "audit.log",
             "managed.toml",
+            "managed.toml.tmp",
+            "cache-fronts.toml.tmp",
+            "events.jsonl.tmp",
+            "audit.log.2",
             "cache-fronts.toml",
             "api/tokens.json",
             "targets/t/lun0.pr.json",
@@ -368,5 +409,33 @@ mod tests {
             );
         }
         assert!(a.check_path(&d.path().join("data/disks/d0.img")).is_ok());
+        // names that only begin like the node's are not its
+        assert!(a.check_path(&d.path().join("data/apiary.img")).is_ok());
+        assert!(a.check_path(&d.path().join("data/managed.tomlx")).is_ok());
+    }
+
+    /// The key and secret files the configuration names are in use: a LUN on
+    /// the cluster key (kept in the data directory) would hand it to any host.
+    #[test]
+    fn a_lun_on_a_configured_key_file_is_refused() {
+        let d = tempfile::tempdir().unwrap();
+        let mut cfg = Config::from_quick_flags(&crate::config::QuickFlags::default());
+        cfg.data_dir = d.path().to_path_buf();
+        let key = d.path().join("cluster.key");
+        std::fs::write(&key, "k").unwrap();
+        cfg.cluster = Some(
+            toml::from_str(&format!(
+                "name = \"c\"\nnode_id = 1\nsync = [\"127.0.0.1:3261\"]\n\
+                 peer_sync = [\"127.0.0.2:3261\"]\nkey_file = {:?}\n",
+                key.display().to_string()
+            ))
+            .unwrap(),
+        );
+        let allowed = Allowed::new(&cfg);
+        let mut l = LunConfig::file(key.clone(), Some("1M".into()));
+        let e = check_lun(&allowed, &cfg, &mut l).unwrap_err();
+        assert!(format!("{e:?}").contains("in use"), "{e:?}");
+        let mut l = LunConfig::file(d.path().join("other.img"), Some("1M".into()));
+        check_lun(&allowed, &cfg, &mut l).unwrap();
     }
 }
