@@ -203,7 +203,17 @@ impl Objects {
 
     /// Checks `next` as a whole configuration, as the next start will.
     fn check(next: &Config) -> Result<(), ApiError> {
-        next.validate().map_err(|e| bad(format!("{e:#}")))
+        next.validate().map_err(|e| bad(format!("{e:#}")))?;
+        // What is applied must be recordable in managed.toml: TOML has no
+        // integer at or above 2^63, so such a number, applied first, made the
+        // save fail after the change ran (a host group mapping LUN 2^63 in
+        // force but in no file and no listing; review of 2026-12-06).
+        toml::to_string(next).map_err(|e| {
+            bad(format!(
+                "the change cannot be recorded ({e}): numbers must be below 2^63"
+            ))
+        })?;
+        Ok(())
     }
 
     /// The running configuration and the run-time objects (copies).
@@ -888,6 +898,40 @@ fn describe(l: &LunConfig) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A change whose numbers managed.toml cannot hold (TOML integers end
+    /// below 2^63) is refused before it is applied: applied, its save failed
+    /// and it ran unrecorded.
+    #[test]
+    fn a_change_managed_toml_cannot_record_is_refused_first() {
+        let mut cfg = Config::from_quick_flags(&crate::config::QuickFlags::default());
+        cfg.targets[0]
+            .host_groups
+            .push(crate::config::HostGroupConfig {
+                name: "g".into(),
+                initiators: vec!["iqn.2026-12.org.example:h".into()],
+                chap_users: Vec::new(),
+                luns: vec![crate::config::HostGroupLun {
+                    lun: 0,
+                    seen_as: Some(5),
+                }],
+            });
+        Objects::check(&cfg).unwrap();
+        cfg.targets[0].host_groups[0]
+            .luns
+            .push(crate::config::HostGroupLun {
+                lun: 1 << 63,
+                seen_as: Some(6),
+            });
+        let r = Objects::check(&cfg);
+        assert!(
+            matches!(&r, Err(ApiError::BadRequest(m)) if m.contains("2^63")),
+            "{r:?}"
+        );
+        cfg.targets[0].host_groups[0].luns.pop();
+        cfg.targets[0].luns[0].sanitize_rate_mib_s = u64::MAX;
+        assert!(Objects::check(&cfg).is_err());
+    }
 
     /// A change that finds another one holding the lock waits for it at most
     /// [`OP_WAIT`], then is answered 409 (each change waiting holds one of
