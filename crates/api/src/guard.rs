@@ -76,6 +76,37 @@ pub struct Gate {
     /// Changes running (each on a task of its own, to its end): a stopping
     /// server waits for them (see [`Gate::changes_done`]).
     pub changes: Changes,
+    /// One line a second for refused requests (no token, a bad Host or
+    /// Origin), with the count of those left out: a client reconnecting in a
+    /// loop would otherwise write thousands a second.
+    pub refusals_log: block::admission::LogGate,
+}
+
+impl Gate {
+    /// Appends `e` to the audit log, off the runtime's threads (a write and an
+    /// fsync under the log's lock: on them, a stream of refused requests from
+    /// a read-only token stalled the iSCSI and NBD tasks sharing them; review
+    /// of 2026-12-06).
+    async fn record(self: &Arc<Self>, e: AuditEntry) {
+        let g = self.clone();
+        let r = tokio::task::spawn_blocking(move || g.audit.append(&e)).await;
+        match r {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => tracing::error!("audit log {}: {e}", self.audit.path().display()),
+            Err(e) => tracing::error!("audit log {}: {e}", self.audit.path().display()),
+        }
+    }
+
+    /// A refused request's log line, at most one a second.
+    fn refused_line(&self, what: std::fmt::Arguments<'_>) {
+        if let Some(left_out) = self.refusals_log.allow() {
+            if left_out > 0 {
+                tracing::warn!("API: {what} ({left_out} more refused since the last line)");
+            } else {
+                tracing::warn!("API: {what}");
+            }
+        }
+    }
 }
 
 /// The changes running, counted; once the server stops, new ones are refused.
@@ -282,21 +313,21 @@ pub async fn gate(State(g): State<Arc<Gate>>, req: Request, next: Next) -> Respo
         .map(|p| p.0.to_string())
         .unwrap_or_else(|| "?".into());
     if let Err(r) = g.check_host_origin(&req) {
-        tracing::warn!(
-            "API: refused {} {} from {source}: {}",
+        g.refused_line(format_args!(
+            "refused {} {} from {source}: {}",
             req.method(),
             req.uri().path(),
             r.status()
-        );
+        ));
         return closing(*r);
     }
     let authorization = req.headers().get(header::AUTHORIZATION).cloned();
     let Some(caller) = g.caller(authorization.as_ref(), false) else {
-        tracing::warn!(
-            "API: no valid token on {} {} from {source}",
+        g.refused_line(format_args!(
+            "no valid token on {} {} from {source}",
             req.method(),
             req.uri().path()
-        );
+        ));
         return closing(unauthorized());
     };
     let mut req = req;
@@ -333,6 +364,14 @@ pub async fn gate(State(g): State<Arc<Gate>>, req: Request, next: Next) -> Respo
     // stop half-way, unrecorded in managed.toml and missing from the audit log.
     // (counted from before the task starts: a server stopping now waits;
     // one that has stopped takes no more)
+    // a read-only token's change is refused (and recorded) before it takes a
+    // change slot: a stream of them kept admins out (429)
+    if caller.role != Role::Admin {
+        let r = refuse(StatusCode::FORBIDDEN, "this token is read-only");
+        let entry = audit_entry(&caller, source, method, path, serde_json::Value::Null, &r);
+        g.record(entry).await;
+        return r;
+    }
     let running = match Changes::start(&g) {
         Ok(r) => r,
         Err(Refused::Stopping) => {
@@ -374,15 +413,12 @@ async fn change(
     next: Next,
 ) -> Response {
     let (parts, body) = req.into_parts();
-    let (status, body_summary, response) = if caller.role != Role::Admin {
-        let r = refuse(StatusCode::FORBIDDEN, "this token is read-only");
-        (r.status(), serde_json::Value::Null, r)
-    } else if !is_json(&Request::from_parts(parts.clone(), Body::empty())) {
+    let (body_summary, response) = if !is_json(&Request::from_parts(parts.clone(), Body::empty())) {
         let r = refuse(
             StatusCode::UNSUPPORTED_MEDIA_TYPE,
             "requests that change something need Content-Type: application/json",
         );
-        (r.status(), serde_json::Value::Null, r)
+        (serde_json::Value::Null, r)
     } else {
         let read = tokio::time::timeout(
             Duration::from_millis(g.limits.body_read_timeout_ms),
@@ -392,14 +428,14 @@ async fn change(
         match read {
             Err(_) => {
                 let r = refuse(StatusCode::REQUEST_TIMEOUT, "request body too slow");
-                (r.status(), serde_json::Value::Null, r)
+                (serde_json::Value::Null, r)
             }
             Ok(Err(_)) => {
                 let r = refuse(
                     StatusCode::PAYLOAD_TOO_LARGE,
                     &format!("request body larger than {BODY_BYTES_MAX} bytes"),
                 );
-                (r.status(), serde_json::Value::Null, r)
+                (serde_json::Value::Null, r)
             }
             Ok(Ok(bytes)) => {
                 let summary = summarize(&bytes);
@@ -414,11 +450,25 @@ async fn change(
                         refuse(StatusCode::INTERNAL_SERVER_ERROR, "the request failed")
                     }
                 };
-                (r.status(), summary, r)
+                (summary, r)
             }
         }
     };
-    let entry = AuditEntry {
+    let entry = audit_entry(&caller, source, method, path, body_summary, &response);
+    g.record(entry).await;
+    response
+}
+
+/// The audit log's entry for a changing request and its answer.
+fn audit_entry(
+    caller: &Caller,
+    source: String,
+    method: String,
+    path: String,
+    body: serde_json::Value,
+    answer: &Response,
+) -> AuditEntry {
+    AuditEntry {
         time_unix_ms: now_unix_ms(),
         who: caller.name.clone(),
         token_id: caller.id.clone(),
@@ -426,13 +476,9 @@ async fn change(
         source,
         method,
         path,
-        body: body_summary,
-        status: status.as_u16(),
-    };
-    if let Err(e) = g.audit.append(&entry) {
-        tracing::error!("audit log {}: {e}", g.audit.path().display());
+        body,
+        status: answer.status().as_u16(),
     }
-    response
 }
 
 #[cfg(test)]

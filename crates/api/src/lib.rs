@@ -847,9 +847,10 @@ async fn audit(
 ) -> Result<Json<Value>, ApiError> {
     let Query(q) = q.map_err(|e| ApiError::BadRequest(e.body_text()))?;
     let limit = q.limit.unwrap_or(100).min(1000);
-    let entries = gate
-        .audit
-        .tail(limit)
+    // (file reads: off the runtime's threads, which also run the data path)
+    let entries = tokio::task::spawn_blocking(move || gate.audit.tail(limit))
+        .await
+        .map_err(|e| ApiError::Internal(format!("audit log: {e}")))?
         .map_err(|e| ApiError::Internal(format!("audit log: {e}")))?;
     serde_json::to_value(entries)
         .map(Json)
@@ -991,6 +992,7 @@ impl ApiOptions {
             scheme: if self.tls.is_some() { "https" } else { "http" },
             limits: self.limits,
             changes: guard::Changes::new(self.limits.connections_max),
+            refusals_log: block::admission::LogGate::new(std::time::Duration::from_secs(1)),
         })
     }
 }

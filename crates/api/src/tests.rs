@@ -535,7 +535,8 @@ async fn fail_sent(n: &Node, pool: &str, extra: &str) -> tokio::net::TcpStream {
 }
 
 /// As many changes run as the node takes connections (a change outlives its
-/// client): one more is answered 429 with a Retry-After, and not carried out.
+/// client): one more is answered 429 with a Retry-After, and not carried out;
+/// a read-only token's is still answered 403.
 #[tokio::test]
 async fn a_change_past_the_slots_is_answered_429_and_not_carried_out() {
     let n = Node::start(ApiLimits {
@@ -561,6 +562,10 @@ async fn a_change_past_the_slots_is_answered_429_and_not_carried_out() {
     assert!(out.starts_with("http/1.1 429"), "{out}");
     assert!(out.contains("\r\nretry-after: 1\r\n"), "{out}");
     assert!(n.fake.actions.taken().is_empty(), "the refused change ran");
+    // a read-only token's change takes no slot: refused as read-only, not
+    // as busy (a stream of them kept the admins out)
+    let (code, _) = n.post("/api/v1/pools/tank/fail", &n.reader, body).await;
+    assert_eq!(code, 403);
     // once the two end, changes are taken again
     n.fake.held.0.add_permits(2);
     let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
