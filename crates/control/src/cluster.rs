@@ -151,6 +151,7 @@ impl Cluster {
         let sync: Vec<_> = l.local_addrs();
         l.spawn();
         let monitor = replica::SyncLinkMonitor::start(
+            "sync",
             &sync,
             &self.cfg.peer_sync,
             std::time::Duration::from_millis(self.cfg.heartbeat_interval_ms),
@@ -168,6 +169,7 @@ impl Cluster {
             let interval = std::time::Duration::from_millis(self.cfg.heartbeat_interval_ms);
             let timeout = std::time::Duration::from_millis(self.cfg.peer_timeout_ms);
             match SyncLinkMonitor::start(
+                "client",
                 &portals[..pairs],
                 &self.cfg.peer_portals[..pairs],
                 interval,

@@ -8,9 +8,19 @@
 //! status shows every link's state and round-trip time.
 //!
 //! Datagrams are authenticated (HMAC-SHA256 under a key derived from the
-//! cluster secret) and name their sender; a Ping carries a fresh random nonce
-//! that its Pong must echo, so a spoofed, replayed or reflected datagram never
-//! marks a link up. Answers are rate-limited per socket.
+//! cluster secret, over the datagram and the link it belongs to: which
+//! monitor, sync or client network, and which link of it) and name their
+//! sender; a Ping carries a fresh random nonce that its Pong must echo, so a
+//! spoofed, replayed or reflected datagram never marks a link up, nor one
+//! bounced off another of the partner's sockets. Pings are answered only
+//! when they come from the link's configured peer address and carry a
+//! sequence number above the last one answered (they start from the clock at
+//! each start, so a restarted partner is answered at once; after three peer
+//! timeouts without a fresh Ping, any is taken again, for a partner whose
+//! clock went back): a Ping captured and replayed is not answered and uses
+//! none of the answers' budget (review of 2026-12-06: one replayed Ping at
+//! 200/s used it all, and the partner marked the link down). Answers are
+//! rate-limited per socket.
 
 use hmac::{Hmac, Mac};
 use parking_lot::Mutex;
@@ -39,6 +49,8 @@ const ANSWERS_PER_SECOND_MAX: u32 = 200;
 pub struct HeartbeatAuth {
     key: [u8; 32],
     me: u8,
+    /// The link the datagrams belong to (see [`HeartbeatAuth::for_link`]).
+    link: Vec<u8>,
 }
 
 impl HeartbeatAuth {
@@ -47,6 +59,20 @@ impl HeartbeatAuth {
         HeartbeatAuth {
             key: keys.heartbeat_key(),
             me: keys.me().node_id(),
+            link: Vec::new(),
+        }
+    }
+
+    /// The heartbeats of link `index` of the `purpose` monitor (`"sync"` or
+    /// `"client"`): the tag covers both, so a datagram of one link does not
+    /// verify on another.
+    pub fn for_link(&self, purpose: &str, index: usize) -> HeartbeatAuth {
+        let mut link = purpose.as_bytes().to_vec();
+        link.push(0);
+        link.extend_from_slice(&(index as u64).to_be_bytes());
+        HeartbeatAuth {
+            link,
+            ..self.clone()
         }
     }
 
@@ -55,7 +81,11 @@ impl HeartbeatAuth {
     }
 
     fn mac(&self) -> Hmac<sha2::Sha256> {
-        <Hmac<sha2::Sha256> as Mac>::new_from_slice(&self.key).expect("HMAC takes any key length")
+        let mut m = <Hmac<sha2::Sha256> as Mac>::new_from_slice(&self.key)
+            .expect("HMAC takes any key length");
+        m.update(&(self.link.len() as u64).to_be_bytes());
+        m.update(&self.link);
+        m
     }
 
     /// A signed datagram.
@@ -103,23 +133,28 @@ pub struct SyncLinkState {
 struct Slot {
     local: SocketAddr,
     peer: SocketAddr,
+    /// The datagrams of this link.
+    auth: HeartbeatAuth,
     last_answer: Option<Instant>,
     rtt: Option<Duration>,
     sent: Vec<(u64, [u8; NONCE_BYTES], Instant)>,
+    /// The partner's last Ping answered: its sequence number, and when.
+    last_ping: Option<(u64, Instant)>,
 }
 
 /// Pings the partner on every sync link.
 pub struct SyncLinkMonitor {
     slots: Mutex<Vec<Slot>>,
     peer_timeout: Duration,
-    auth: HeartbeatAuth,
 }
 
 impl SyncLinkMonitor {
     /// Binds a UDP socket on each local sync address (the port of the TCP sync
     /// listener) and pings the partner's address of the same link, link `i` of
-    /// `local` pairing with link `i` of `peer`.
+    /// `local` pairing with link `i` of `peer`. `purpose` names the monitor
+    /// (`"sync"`, `"client"`): the partner's must say the same.
     pub async fn start(
+        purpose: &str,
         local: &[SocketAddr],
         peer: &[SocketAddr],
         interval: Duration,
@@ -128,21 +163,22 @@ impl SyncLinkMonitor {
     ) -> std::io::Result<Arc<SyncLinkMonitor>> {
         let mut sockets = Vec::new();
         let mut slots = Vec::new();
-        for (l, p) in local.iter().zip(peer) {
+        for (i, (l, p)) in local.iter().zip(peer).enumerate() {
             let s = UdpSocket::bind(l).await?;
             slots.push(Slot {
                 local: s.local_addr()?,
                 peer: *p,
+                auth: auth.for_link(purpose, i),
                 last_answer: None,
                 rtt: None,
                 sent: Vec::new(),
+                last_ping: None,
             });
             sockets.push(Arc::new(s));
         }
         let m = Arc::new(SyncLinkMonitor {
             slots: Mutex::new(slots),
             peer_timeout,
-            auth,
         });
         for (i, s) in sockets.into_iter().enumerate() {
             tokio::spawn(answer_and_listen(Arc::downgrade(&m), i, s.clone()));
@@ -180,7 +216,10 @@ async fn ping(
     s: Arc<UdpSocket>,
     interval: Duration,
 ) {
-    let mut seq = 0u64;
+    // from the clock: a restarted node's Pings come after its last ones
+    let mut seq = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_micros() as u64);
     let mut tick = tokio::time::interval(interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
@@ -189,16 +228,15 @@ async fn ping(
         seq += 1;
         let mut nonce = [0u8; NONCE_BYTES];
         rand::RngCore::fill_bytes(&mut rand::thread_rng(), &mut nonce);
-        let peer = {
+        let (peer, out) = {
             let mut slots = m.slots.lock();
             let slot = &mut slots[i];
             slot.sent.push((seq, nonce, Instant::now()));
             if slot.sent.len() > 16 {
                 slot.sent.remove(0);
             }
-            slot.peer
+            (slot.peer, slot.auth.seal(KIND_PING, seq, &nonce))
         };
-        let out = m.auth.seal(KIND_PING, seq, &nonce);
         // an unreachable link is exactly what this measures: errors are expected
         let _ = s.send_to(&out, peer).await;
     }
@@ -214,16 +252,32 @@ async fn answer_and_listen(m: std::sync::Weak<SyncLinkMonitor>, i: usize, s: Arc
             continue;
         };
         let Some(m) = m.upgrade() else { return };
-        match m.auth.open(&buf[..n]) {
+        let auth = m.slots.lock()[i].auth.clone();
+        match auth.open(&buf[..n]) {
             Some((KIND_PING, seq, nonce)) => {
-                if second.elapsed() >= Duration::from_secs(1) {
-                    (second, answered) = (Instant::now(), 0);
-                }
-                answered += 1;
-                if answered > ANSWERS_PER_SECOND_MAX {
-                    continue;
-                }
-                let out = m.auth.seal(KIND_PONG, seq, &nonce);
+                let out = {
+                    let mut slots = m.slots.lock();
+                    let slot = &mut slots[i];
+                    let now = Instant::now();
+                    let fresh = match slot.last_ping {
+                        None => true,
+                        Some((last, at)) => {
+                            seq > last || now.duration_since(at) >= 3 * m.peer_timeout
+                        }
+                    };
+                    if from != slot.peer || !fresh {
+                        continue;
+                    }
+                    if second.elapsed() >= Duration::from_secs(1) {
+                        (second, answered) = (Instant::now(), 0);
+                    }
+                    answered += 1;
+                    if answered > ANSWERS_PER_SECOND_MAX {
+                        continue;
+                    }
+                    slot.last_ping = Some((seq, now));
+                    slot.auth.seal(KIND_PONG, seq, &nonce)
+                };
                 let _ = s.send_to(&out, from).await;
             }
             Some((KIND_PONG, seq, nonce)) => {
@@ -267,6 +321,7 @@ mod tests {
         let dead = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
         let dead_addr = dead.local_addr().unwrap(); // bound, never answers
         let a = SyncLinkMonitor::start(
+            "sync",
             &[
                 "127.0.0.1:0".parse().unwrap(),
                 "127.0.0.1:0".parse().unwrap(),
@@ -281,6 +336,7 @@ mod tests {
         let a_addr: SocketAddr = a.links()[0].local.parse().unwrap();
         drop(b1_held);
         let _b = SyncLinkMonitor::start(
+            "sync",
             &[b1],
             &[a_addr],
             Duration::from_millis(20),
@@ -313,6 +369,7 @@ mod tests {
         let strangers = ClusterKeys::generate("c").unwrap();
         let fake = tokio::net::UdpSocket::bind("127.0.0.1:0").await.unwrap();
         let a = SyncLinkMonitor::start(
+            "sync",
             &["127.0.0.1:0".parse().unwrap()],
             &[fake.local_addr().unwrap()],
             Duration::from_millis(10),
@@ -321,8 +378,8 @@ mod tests {
         )
         .await
         .unwrap();
-        let wrong = HeartbeatAuth::new(&strangers[1]);
-        let right = HeartbeatAuth::new(&keys[1]);
+        let wrong = HeartbeatAuth::new(&strangers[1]).for_link("sync", 0);
+        let right = HeartbeatAuth::new(&keys[1]).for_link("sync", 0);
         // a real pong of an old ping, captured earlier
         let old = right.seal(KIND_PONG, 1, &[9u8; NONCE_BYTES]);
         let mut buf = [0u8; 128];
@@ -368,5 +425,71 @@ mod tests {
             assert!(Instant::now() < deadline, "genuine pong not counted");
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
+    }
+
+    /// The node answers a Ping only from the link's peer address, only for
+    /// that link, and only once: a captured Ping replayed (to use up the
+    /// answers' budget, or to reflect its Pong), one sent from elsewhere and
+    /// one of another link (the client network's, or link 1) get nothing.
+    #[tokio::test]
+    async fn replayed_misrouted_and_foreign_pings_are_not_answered() {
+        let keys = ClusterKeys::generate("c").unwrap();
+        let peer = tokio::net::UdpSocket::bind("127.0.0.1:0").await.unwrap();
+        let elsewhere = tokio::net::UdpSocket::bind("127.0.0.1:0").await.unwrap();
+        let b = SyncLinkMonitor::start(
+            "sync",
+            &["127.0.0.1:0".parse().unwrap()],
+            &[peer.local_addr().unwrap()],
+            Duration::from_millis(50),
+            Duration::from_millis(500),
+            HeartbeatAuth::new(&keys[1]),
+        )
+        .await
+        .unwrap();
+        let b_addr: SocketAddr = b.links()[0].local.parse().unwrap();
+        let a = HeartbeatAuth::new(&keys[0]);
+        let answered = |from, ping| pong_to(from, ping, b_addr);
+        let sync0 = a.for_link("sync", 0);
+        let ping = sync0.seal(KIND_PING, 1000, &[1u8; NONCE_BYTES]);
+        assert!(answered(&peer, ping).await, "a genuine Ping got no answer");
+        assert!(!answered(&peer, ping).await, "a replayed Ping was answered");
+        let later = sync0.seal(KIND_PING, 1001, &[2u8; NONCE_BYTES]);
+        assert!(
+            !answered(&elsewhere, later).await,
+            "a Ping from another address was answered"
+        );
+        for other in [a.for_link("client", 0), a.for_link("sync", 1), a.clone()] {
+            let p = other.seal(KIND_PING, 1002, &[3u8; NONCE_BYTES]);
+            assert!(
+                !answered(&peer, p).await,
+                "another link's Ping was answered"
+            );
+        }
+        assert!(answered(&peer, later).await, "a fresh Ping got no answer");
+    }
+
+    /// Sends `ping` from `from` to `to`; whether its Pong comes within a bound
+    /// (a wait for what must not come is bounded).
+    async fn pong_to(
+        from: &tokio::net::UdpSocket,
+        ping: [u8; DATAGRAM_BYTES],
+        to: SocketAddr,
+    ) -> bool {
+        from.send_to(&ping, to).await.unwrap();
+        let mut buf = [0u8; 128];
+        let end = Instant::now() + Duration::from_millis(300);
+        while let Some(left) = end.checked_duration_since(Instant::now()) {
+            let Ok(Ok((n, _))) = tokio::time::timeout(left, from.recv_from(&mut buf)).await else {
+                return false;
+            };
+            // (the node's own Pings come here too)
+            if n == DATAGRAM_BYTES
+                && buf[4] == KIND_PONG
+                && buf[14..BODY_BYTES] == ping[14..BODY_BYTES]
+            {
+                return true;
+            }
+        }
+        false
     }
 }

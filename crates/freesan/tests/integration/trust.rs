@@ -494,7 +494,7 @@ fn spoofed_heartbeats_never_mark_a_dead_sync_link_up() {
     };
     // forged answers: another cluster's node 2 keys, the node's own Ping
     // reflected, the Ping relabelled as a Pong, a Pong with a random tag
-    let evil = replica::HeartbeatAuth::new(&t.keys("evil", "node2"));
+    let evil = replica::HeartbeatAuth::new(&t.keys("evil", "node2")).for_link("sync", 0);
     let forgeries: Vec<Box<Forge>> = vec![
         Box::new(move |_, seq, nonce| evil.seal(2, seq, &nonce).to_vec()),
         Box::new(|d, _, _| d.to_vec()),
@@ -521,7 +521,7 @@ fn spoofed_heartbeats_never_mark_a_dead_sync_link_up() {
     }
     // the same attacker holding node 2's real key does mark it up: what the
     // node checks is the key, and the status shows it
-    let genuine = replica::HeartbeatAuth::new(&t.keys("keys", "node2"));
+    let genuine = replica::HeartbeatAuth::new(&t.keys("keys", "node2")).for_link("sync", 0);
     answer_pings(&sock, 3, |_, seq, nonce| {
         genuine.seal(2, seq, &nonce).to_vec()
     });
