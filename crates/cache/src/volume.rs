@@ -621,9 +621,20 @@ impl Inner {
                     st.pin_io(slot);
                 }
                 let base = self.layout.frame_offset(slot);
+                // the sectors the frame holds only: a latent error in sectors
+                // it never wrote must not fail the survivor, and with it the
+                // replacement (review of 2026-12-06)
+                let valid = self.state.lock().valid.get(slot);
                 let copied = async {
-                    let data = self.devs[survivor].read_at(base, self.block_bytes).await?;
-                    self.devs[d].write_at(base, data, false).await
+                    for (first, n) in runs(valid) {
+                        let start = first as u64 * SECTOR_BYTES;
+                        let end = ((first + n) as u64 * SECTOR_BYTES).min(self.block_bytes);
+                        let data = self.devs[survivor]
+                            .read_at(base + start, end - start)
+                            .await?;
+                        self.devs[d].write_at(base + start, data, false).await?;
+                    }
+                    Ok::<(), BlockError>(())
                 }
                 .await;
                 // the cursor passes the frame before the frame is let go: a
@@ -842,12 +853,31 @@ impl Inner {
         let blen = self.block_len(p.key);
         let base = p.key * self.block_bytes;
         let backing = self.backing_read(base, blen).await?;
-        let valid = self.state.lock().valid.get(slot);
+        let (valid, dirty) = {
+            let st = self.state.lock();
+            (st.valid.get(slot), st.dirty.get(slot))
+        };
         let mut block = BytesMut::from(&backing[..]);
-        if valid != 0 {
-            // sectors the cache holds are as new as or newer than the backing volume's
-            let cached = self.ssd_read(slot, 0, blen).await?;
-            overlay(&mut block, 0, &cached, 0, valid);
+        // sectors the cache holds are as new as or newer than the backing
+        // volume's: read those only (review of 2026-12-06: the whole frame was
+        // read, and a latent error in sectors never written there failed a
+        // device, the survivor of a degraded mirror among them)
+        for (first, n) in runs(valid) {
+            let start = first as u64 * SECTOR_BYTES;
+            let end = ((first + n) as u64 * SECTOR_BYTES).min(blen);
+            match self.ssd_read(slot, start, end - start).await {
+                Ok(cached) => overlay(&mut block, 0, &cached, start, range_mask(first, n)),
+                Err(e) if dirty != 0 => {
+                    tracing::error!(error = %e, "cache: dirty data unreadable on every cache device");
+                    return Err(e);
+                }
+                // clean: the backing volume's copy is as new (the frame is
+                // left as it is)
+                Err(_) => {
+                    Counters::add(&self.counters.fills, 1);
+                    return Ok(backing.slice(p.blk_off as usize..(p.blk_off + p.len) as usize));
+                }
+            }
         }
         let block = block.freeze();
         Counters::add(&self.counters.fills, 1);

@@ -987,6 +987,45 @@ async fn a_fill_never_rewrites_the_sectors_a_frame_holds() {
     );
 }
 
+/// A fill reads from the SSDs only the sectors the frame holds: a latent
+/// read error in a sector the frame never wrote costs nothing. Before
+/// (review of 2026-12-06) the fill read the whole frame, the error failed
+/// both halves of the mirror one after the other, and the read of a block
+/// with a dirty sector failed.
+#[tokio::test]
+async fn a_fill_reads_only_the_sectors_a_frame_holds() {
+    let backing: VolumeRef = Arc::new(MemVolume::new(4096, BACKING_BYTES / 4096));
+    backing.write(0, pattern(9, 16384), false).await.unwrap();
+    let mems: Vec<Arc<MemVolume>> = (0..2)
+        .map(|_| Arc::new(MemVolume::new(4096, 1 << 10)))
+        .collect();
+    let faulty: Vec<Arc<FaultVolume>> = mems
+        .iter()
+        .map(|m| Arc::new(FaultVolume::new(m.clone() as VolumeRef)))
+        .collect();
+    let refs: Vec<VolumeRef> = faulty.iter().map(|f| f.clone() as VolumeRef).collect();
+    let (_, _, c) = write_back_on_two_ssds();
+    let vol = CacheVolume::open("t", backing.clone(), devices(&refs), c)
+        .await
+        .unwrap();
+    // the first sector of a 16 KiB cache block, dirty
+    vol.write(0, pattern(1, 4096), false).await.unwrap();
+    let at = block_holding(&mems[0], &pattern(1, 4096)).await;
+    // the frame's third sector, never written, cannot be read on either half
+    for f in &faulty {
+        f.plan().lock().bad_read_blocks = std::iter::once(at + 2..at + 3).collect();
+    }
+    let fills = vol.status().fills;
+    assert_eq!(
+        vol.read(1, 3).await.unwrap(),
+        backing.read(1, 3).await.unwrap()
+    );
+    let st = vol.status();
+    assert!(st.fills > fills, "no fill: {st:?}");
+    assert!(st.devices.iter().all(|d| d.state == "ok"), "{st:?}");
+    assert_eq!(vol.read(0, 1).await.unwrap(), pattern(1, 4096));
+}
+
 /// A write-back mirror on two memory SSDs whose halves disagree after a
 /// crash: block 0's first sector, dirty, holds version 1 on the first half
 /// and a newer, unacknowledged version 2 on the second (a write in flight at
