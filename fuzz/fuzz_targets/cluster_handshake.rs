@@ -1,5 +1,6 @@
 //! Arbitrary bytes where the cluster links read a peer's bytes before trusting
-//! it: a Noise first message on a sync or witness listener, the records of an
+//! it: a Noise first message on a sync or witness listener, the listener's
+//! answer read by the dialer, the channel setup record, the records of an
 //! authenticated channel, and a heartbeat datagram. Nothing may panic; nothing
 //! forged may authenticate (the fuzzer holds no keys, so a handshake that
 //! names an allowed member, a record that opens or a datagram that verifies is
@@ -8,7 +9,10 @@
 
 use bytes::BytesMut;
 use libfuzzer_sys::fuzz_target;
-use replica::secure::{respond, test_pair, test_pair_authenticated, ClusterKeys, Member, Purpose};
+use replica::secure::{
+    check_setup, fuzz_initiate, respond, test_pair, test_pair_authenticated, ClusterKeys, Member,
+    Purpose,
+};
 use replica::HeartbeatAuth;
 use std::sync::OnceLock;
 
@@ -30,6 +34,13 @@ fuzz_target!(|data: &[u8]| {
         data,
     ) {
         panic!("a forged first message passed the witness as {who:?}");
+    }
+    // the listener's answer, as node 1 dialing node 2 reads it
+    assert!(!fuzz_initiate(&k[0], data), "a forged answer completed the handshake");
+    // a channel setup record (opened from the channel: checked, never trusted
+    // beyond its mode)
+    for mode in [1u8, 2] {
+        let _ = check_setup(data, mode);
     }
     // records of an established channel, fed in two pieces as a socket would
     let (_, mut opener) = test_pair(k).expect("handshake");

@@ -388,6 +388,51 @@ fn initiate(
     Ok((hs, msg))
 }
 
+/// The dialer's last handshake step: reads the listener's `answer` (bytes
+/// from whatever answered at the partner's or witness's address) and returns
+/// the transport. Pure: the fuzz target drives it with arbitrary bytes (see
+/// [`fuzz_initiate`]).
+fn finish_initiate(
+    mut hs: HandshakeState,
+    answer: &[u8],
+) -> Result<StatelessTransportState, SecureError> {
+    let mut payload = vec![0u8; RECORD_BYTES_MAX];
+    hs.read_message(answer, &mut payload)?;
+    Ok(hs.into_stateless_transport_mode()?)
+}
+
+/// Checks the peer's channel setup record (`theirs`, opened from the Noise
+/// channel) against this side's `mode`: Some(the peer's key) in
+/// authenticated-only mode. Pure: fuzzed.
+pub fn check_setup(theirs: &[u8], mode: u8) -> Result<Option<[u8; 32]>, SecureError> {
+    if theirs.len() != SETUP_BYTES {
+        return Err(SecureError::Frame("channel setup of a bad length"));
+    }
+    if theirs[0] != SETUP_VERSION {
+        return Err(SecureError::Frame("unknown channel setup version"));
+    }
+    if theirs[1] != mode {
+        return Err(SecureError::NotAllowed(
+            "the peer's channel mode differs ([cluster] encrypt must be the same on both nodes)"
+                .into(),
+        ));
+    }
+    if mode != MODE_AUTHENTICATED {
+        return Ok(None);
+    }
+    let mut k = [0u8; 32];
+    k.copy_from_slice(&theirs[2..SETUP_BYTES]);
+    Ok(Some(k))
+}
+
+/// For the fuzz target: node 1 dials node 2's sync listener (`keys` of node
+/// 1) and reads `answer`; true if it would have accepted it.
+pub fn fuzz_initiate(keys: &ClusterKeys, answer: &[u8]) -> bool {
+    initiate(keys, Member::Node2, Purpose::Sync)
+        .and_then(|(hs, _)| finish_initiate(hs, answer))
+        .is_ok()
+}
+
 /// The listener's handshake step over the dialer's first message: who it is
 /// (one of `allowed`), the answer to send, and the transport. Pure: the fuzz
 /// target drives it with arbitrary bytes.
@@ -448,12 +493,10 @@ pub async fn connect(
     let _ = stream.set_nodelay(true);
     let (mut rd, mut wr) = stream.into_split();
     let run = async {
-        let (mut hs, first) = initiate(keys, to, purpose)?;
+        let (hs, first) = initiate(keys, to, purpose)?;
         write_frame(&mut wr, &first).await?;
         let answer = read_frame(&mut rd).await?;
-        let mut payload = vec![0u8; RECORD_BYTES_MAX];
-        hs.read_message(&answer, &mut payload)?;
-        Ok::<_, SecureError>(hs.into_stateless_transport_mode()?)
+        finish_initiate(hs, &answer)
     };
     let ts = tokio::time::timeout(HANDSHAKE_TIMEOUT, run)
         .await
@@ -717,24 +760,11 @@ impl SecureStream {
                 return Err(SecureError::Io(std::io::ErrorKind::UnexpectedEof.into()));
             }
         }
-        if theirs.len() != SETUP_BYTES {
-            return Err(SecureError::Frame("channel setup of a bad length"));
-        }
-        if theirs[0] != SETUP_VERSION {
-            return Err(SecureError::Frame("unknown channel setup version"));
-        }
-        if theirs[1] != mode {
-            return Err(SecureError::NotAllowed(
-                "the peer's channel mode differs ([cluster] encrypt must be the same on both nodes)"
-                    .into(),
-            ));
-        }
-        if mode == MODE_AUTHENTICATED {
+        if let Some(theirs) = check_setup(&theirs, mode)? {
             let mut k = [0u8; 32];
             k.copy_from_slice(&mine[2..]);
             self.writer.sealer.mac = Some(k);
-            k.copy_from_slice(&theirs[2..SETUP_BYTES]);
-            self.reader.opener.mac = Some(k);
+            self.reader.opener.mac = Some(theirs);
         }
         Ok(self)
     }
