@@ -838,13 +838,22 @@ impl Inner {
         let Some((slot, mask)) = dirty else {
             return Ok(data);
         };
-        // sector-aligned span of the piece
+        // the dirty sectors only, each run within the piece's sector-aligned
+        // span (review of 2026-12-06: the whole span was read, and a latent
+        // error in a sector never written there failed the device)
         let s0 = p.blk_off / SECTOR_BYTES * SECTOR_BYTES;
         let s1 =
             ((p.blk_off + p.len).div_ceil(SECTOR_BYTES) * SECTOR_BYTES).min(self.block_len(p.key));
-        let cached = self.ssd_read(slot, s0, s1 - s0).await?;
         let mut out = BytesMut::from(&data[..]);
-        overlay(&mut out, p.blk_off, &cached, s0, mask);
+        for (first, n) in runs(mask) {
+            let start = (first as u64 * SECTOR_BYTES).max(s0);
+            let end = ((first + n) as u64 * SECTOR_BYTES).min(s1);
+            if start >= end {
+                continue;
+            }
+            let cached = self.ssd_read(slot, start, end - start).await?;
+            overlay(&mut out, p.blk_off, &cached, start, range_mask(first, n));
+        }
         Ok(out.freeze())
     }
 
