@@ -337,42 +337,58 @@ impl FileVolume {
         // drop: no new owner writes under it meanwhile (review of 2026-12-06)
         let claim = self.claim.clone();
         block::detach::detached(async move {
-            let _claim = claim;
-            let id = latch.begin();
-            let done = match engine.run(op).await {
-                Ok(d) => d,
-                Err(e) => {
-                    latch.end(id);
-                    return Err(e);
-                }
-            };
-            if let Err(f) = &done.res {
-                if !own_failure(f.errno) {
-                    latch.set(what, f.errno);
-                } else {
-                    // the op's own, unless the watching descriptor has an
-                    // error to report: then earlier writes were lost too
-                    let l = latch.clone();
-                    let lost = tokio::task::spawn_blocking(move || {
-                        l.watch.as_ref().is_some_and(|w| w.sync_data().is_err())
-                    })
-                    .await
-                    .unwrap_or(true);
-                    if lost {
-                        latch.set(what, f.errno);
-                    }
-                }
-            }
-            latch.end(id);
-            if done.res.is_ok() && latch.settle(id).await {
-                return Err(BlockError::Io(std::io::Error::other(format!(
-                    "{}: a data sync running beside this one failed; what both covered may be lost",
-                    path.display()
-                ))));
-            }
-            Ok(done)
+            let done = Self::syncing(&engine, &latch, &path, op, what, own_failure).await;
+            // the engine first: the last reference to it waits, when dropped,
+            // for every write it started, and the claim holds until then
+            drop(engine);
+            drop(claim);
+            done
         })
         .await
+    }
+
+    /// The body of [`Self::run_syncing`].
+    async fn syncing(
+        engine: &IoEngine,
+        latch: &Arc<SyncLatch>,
+        path: &Path,
+        op: Op,
+        what: &'static str,
+        own_failure: fn(i32) -> bool,
+    ) -> BlockResult<crate::engine::IoDone> {
+        let id = latch.begin();
+        let done = match engine.run(op).await {
+            Ok(d) => d,
+            Err(e) => {
+                latch.end(id);
+                return Err(e);
+            }
+        };
+        if let Err(f) = &done.res {
+            if !own_failure(f.errno) {
+                latch.set(what, f.errno);
+            } else {
+                // the op's own, unless the watching descriptor has an
+                // error to report: then earlier writes were lost too
+                let l = latch.clone();
+                let lost = tokio::task::spawn_blocking(move || {
+                    l.watch.as_ref().is_some_and(|w| w.sync_data().is_err())
+                })
+                .await
+                .unwrap_or(true);
+                if lost {
+                    latch.set(what, f.errno);
+                }
+            }
+        }
+        latch.end(id);
+        if done.res.is_ok() && latch.settle(id).await {
+            return Err(BlockError::Io(std::io::Error::other(format!(
+                "{}: a data sync running beside this one failed; what both covered may be lost",
+                path.display()
+            ))));
+        }
+        Ok(done)
     }
 
     /// With `sync_writes` the geometry says there is no volatile cache, but
@@ -820,9 +836,22 @@ impl Volume for FileVolume {
                     // the range would read back older data than was last
                     // written, so this once it is written with zeroes; later
                     // discards are not sent (review of 2026-12-06).
-                    Err(e) if e.raw_os_error() == Some(libc::EOPNOTSUPP) => {
-                        if !self.discard_unsupported.swap(true, Ordering::Relaxed) {
-                            tracing::info!(path = %self.path.display(), "the device refuses discards; they are ignored from now on");
+                    // (any failure after the kernel's early checks comes
+                    // after that drop: the range is written with zeroes then
+                    // too, which a discard allows)
+                    Err(e)
+                        if !matches!(
+                            e.raw_os_error(),
+                            Some(libc::EINVAL | libc::EBADF | libc::EPERM)
+                        ) =>
+                    {
+                        if e.raw_os_error() == Some(libc::EOPNOTSUPP) {
+                            if !self.discard_unsupported.swap(true, Ordering::Relaxed) {
+                                tracing::info!(path = %self.path.display(), "the device refuses discards; they are ignored from now on");
+                            }
+                        } else {
+                            bump(&self.counters.errors, 1);
+                            tracing::warn!(path = %self.path.display(), lba, error = %e, "discard failed; the range is written with zeroes");
                         }
                         self.zero_fill(lba, blocks).await?;
                         self.synced_change().await
@@ -854,6 +883,18 @@ impl Volume for FileVolume {
                 {
                     Ok(()) => true,
                     Err(e) if e.raw_os_error() == Some(libc::EOPNOTSUPP) => false,
+                    // after the kernel dropped the range's cached pages (see
+                    // discard): the zeroes are written by hand
+                    Err(e)
+                        if !matches!(
+                            e.raw_os_error(),
+                            Some(libc::EINVAL | libc::EBADF | libc::EPERM)
+                        ) =>
+                    {
+                        bump(&self.counters.errors, 1);
+                        tracing::warn!(path = %self.path.display(), lba, error = %e, "write zeroes failed; the zeroes are written by hand");
+                        false
+                    }
                     Err(e) => {
                         bump(&self.counters.errors, 1);
                         return Err(io_error("write_zeroes", lba, e));
