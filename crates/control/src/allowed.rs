@@ -37,16 +37,22 @@ const NODE_OWNED: &[&str] = &[
 ];
 
 /// Whether `name`, at the top of the data directory, is the node's: one of
-/// [`NODE_OWNED`], or one with a suffix after a dot (the node saves a file by
-/// writing `NAME.tmp` and renaming it over `NAME`, and rotates `NAME.1`: a
-/// LUN created on `managed.toml.tmp` became `managed.toml` at the next save,
-/// its contents the host's to read and write; review of 2026-12-06).
+/// [`NODE_OWNED`], or one of them with the suffixes the node writes: the
+/// node saves a file by writing `NAME.tmp` and renaming it over `NAME`, and
+/// rotates `NAME.1` (a LUN created on `managed.toml.tmp` became
+/// `managed.toml` at the next save, its contents the host's to read and
+/// write; review of 2026-12-06). Other names that begin the same way
+/// (`nbd.img`) are not the node's.
 fn node_owned(name: &std::ffi::OsStr) -> bool {
     let name = name.as_encoded_bytes();
     NODE_OWNED.iter().any(|n| {
-        let n = n.as_bytes();
-        name.strip_prefix(n)
-            .is_some_and(|rest| rest.is_empty() || rest.starts_with(b"."))
+        name.strip_prefix(n.as_bytes()).is_some_and(|rest| {
+            rest.is_empty()
+                || rest == b".tmp"
+                || rest
+                    .strip_prefix(b".")
+                    .is_some_and(|d| !d.is_empty() && d.iter().all(u8::is_ascii_digit))
+        })
     })
 }
 
@@ -410,8 +416,18 @@ mod tests {
         }
         assert!(a.check_path(&d.path().join("data/disks/d0.img")).is_ok());
         // names that only begin like the node's are not its
-        assert!(a.check_path(&d.path().join("data/apiary.img")).is_ok());
-        assert!(a.check_path(&d.path().join("data/managed.tomlx")).is_ok());
+        for other in [
+            "apiary.img",
+            "managed.tomlx",
+            "nbd.img",
+            "targets.old",
+            "audit.log.x",
+        ] {
+            assert!(
+                a.check_path(&d.path().join("data").join(other)).is_ok(),
+                "{other}"
+            );
+        }
     }
 
     /// The key and secret files the configuration names are in use: a LUN on

@@ -202,13 +202,13 @@ impl Objects {
     }
 
     /// Checks `next` as a whole configuration, as the next start will.
-    fn check(next: &Config) -> Result<(), ApiError> {
+    fn check(next: &Config, managed: &Managed) -> Result<(), ApiError> {
         next.validate().map_err(|e| bad(format!("{e:#}")))?;
         // What is applied must be recordable in managed.toml: TOML has no
         // integer at or above 2^63, so such a number, applied first, made the
         // save fail after the change ran (a host group mapping LUN 2^63 in
         // force but in no file and no listing; review of 2026-12-06).
-        toml::to_string(next).map_err(|e| {
+        toml::to_string(managed).map_err(|e| {
             bad(format!(
                 "the change cannot be recorded ({e}): numbers must be below 2^63"
             ))
@@ -274,9 +274,9 @@ impl Objects {
         let (mut cfg, mut managed) = self.snapshot();
         crate::allowed::check_disk(&crate::allowed::Allowed::new(&cfg), &cfg, &mut d)?;
         cfg.disks.push(d.clone());
-        Self::check(&cfg)?;
-        pools.add_disk(&cfg, &d).map_err(conflict)?;
         managed.disks.push(d.clone());
+        Self::check(&cfg, &managed)?;
+        pools.add_disk(&cfg, &d).map_err(conflict)?;
         self.commit(cfg, managed)?;
         tracing::info!(disk = %d.name, "disk created");
         Ok(json!({ "name": d.name, "free_disks": pools.free_disk_names() }))
@@ -291,9 +291,9 @@ impl Objects {
         let _op = self.op_lock().await?;
         let (mut cfg, mut managed) = self.snapshot();
         cfg.pools.push(p.clone());
-        Self::check(&cfg)?;
-        pools.create_pool(&p).await.map_err(conflict)?;
         managed.pools.push(p.clone());
+        Self::check(&cfg, &managed)?;
+        pools.create_pool(&p).await.map_err(conflict)?;
         self.commit(cfg, managed)?;
         tracing::info!(pool = %p.name, level = %p.level, "pool created");
         pools
@@ -330,7 +330,8 @@ impl Objects {
             Some(t) => t.luns.push(lun.clone()),
             None => return Err(ApiError::NotFound(format!("no target named {target}"))),
         }
-        Self::check(&cfg)?;
+        managed.add_lun(&target, lun.clone());
+        Self::check(&cfg, &managed)?;
         let built = crate::lun::open_lun(&self.data_dir, pools, cluster, &target, &lun, id)
             .map_err(|e| {
                 if let Some(d) = &lun.disk {
@@ -377,7 +378,6 @@ impl Objects {
                 }
             }
         }
-        managed.add_lun(&target, lun);
         self.commit(cfg, managed)?;
         tracing::info!(%target, lun = id, backing = %built.backing, "LUN created");
         Ok(json!({
@@ -554,8 +554,8 @@ impl Objects {
         }
         t.host_groups.retain(|g| g.name != name);
         t.host_groups.push(group.clone());
-        Self::check(&cfg)?;
         managed.set_host_group(&target, group);
+        Self::check(&cfg, &managed)?;
         self.apply_host_groups(&cfg, &target)?;
         self.commit(cfg, managed)?;
         tracing::info!(%target, group = %name, "host group set");
@@ -735,7 +735,7 @@ impl Objects {
             t.allowed_initiators = a.clone();
             managed.set_target_acl(iqn, a.clone());
         }
-        Self::check(&cfg)?;
+        Self::check(&cfg, &managed)?;
         reloader
             .set_target_access(iqn, chap, acl)
             .await
@@ -905,32 +905,38 @@ mod tests {
     #[test]
     fn a_change_managed_toml_cannot_record_is_refused_first() {
         let mut cfg = Config::from_quick_flags(&crate::config::QuickFlags::default());
-        cfg.targets[0]
-            .host_groups
-            .push(crate::config::HostGroupConfig {
-                name: "g".into(),
-                initiators: vec!["iqn.2026-12.org.example:h".into()],
-                chap_users: Vec::new(),
-                luns: vec![crate::config::HostGroupLun {
-                    lun: 0,
-                    seen_as: Some(5),
-                }],
-            });
-        Objects::check(&cfg).unwrap();
-        cfg.targets[0].host_groups[0]
-            .luns
-            .push(crate::config::HostGroupLun {
-                lun: 1 << 63,
-                seen_as: Some(6),
-            });
-        let r = Objects::check(&cfg);
+        let iqn = cfg.targets[0].iqn.clone();
+        let mut group = crate::config::HostGroupConfig {
+            name: "g".into(),
+            initiators: vec!["iqn.2026-12.org.example:h".into()],
+            chap_users: Vec::new(),
+            luns: vec![crate::config::HostGroupLun {
+                lun: 0,
+                seen_as: Some(5),
+            }],
+        };
+        let mut managed = Managed::default();
+        managed.set_host_group(&iqn, group.clone());
+        cfg.targets[0].host_groups.push(group.clone());
+        Objects::check(&cfg, &managed).unwrap();
+        group.luns.push(crate::config::HostGroupLun {
+            lun: 1 << 63,
+            seen_as: Some(6),
+        });
+        managed.set_host_group(&iqn, group.clone());
+        cfg.targets[0].host_groups[0] = group;
+        let r = Objects::check(&cfg, &managed);
         assert!(
             matches!(&r, Err(ApiError::BadRequest(m)) if m.contains("2^63")),
             "{r:?}"
         );
-        cfg.targets[0].host_groups[0].luns.pop();
-        cfg.targets[0].luns[0].sanitize_rate_mib_s = u64::MAX;
-        assert!(Objects::check(&cfg).is_err());
+        // a LUN's sanitize rate, the same
+        cfg.targets[0].host_groups.clear();
+        let mut managed = Managed::default();
+        let mut lun = cfg.targets[0].luns[0].clone();
+        lun.sanitize_rate_mib_s = u64::MAX;
+        managed.add_lun(&iqn, lun);
+        assert!(Objects::check(&cfg, &managed).is_err());
     }
 
     /// A change that finds another one holding the lock waits for it at most
