@@ -1747,33 +1747,42 @@ mod tests {
         assert_eq!(parse_lun_flag("/x/a:b.img"), ("/x/a:b.img".into(), None));
     }
 
-    /// A replicated LUN whose witness grant name would not fit the cluster
-    /// protocol's 255 bytes is refused: cut short, the grants of several LUNs
-    /// were one, and the first back in sync released it for the others.
+    /// A replicated LUN whose volume name would not fit the cluster
+    /// protocol's 255 bytes is refused (cut short, it named no volume of the
+    /// partner's); its witness grant, longer, is a digest (cut short, the
+    /// grants of several LUNs were one).
     #[test]
-    fn a_replicated_lun_whose_grant_name_is_too_long_is_refused() {
+    fn a_replicated_lun_whose_name_is_too_long_is_refused() {
         let mut c = Config::from_quick_flags(&QuickFlags::default());
+        let cluster = "pair-with-a-rather-long-name-for-a-cluster";
         c.cluster = Some(
-            toml::from_str(
-                "name = \"pair-with-a-rather-long-name-for-a-cluster\"\nnode_id = 1\n\
+            toml::from_str(&format!(
+                "name = \"{cluster}\"\nnode_id = 1\n\
                  sync = [\"127.0.0.1:3261\"]\npeer_sync = [\"127.0.0.2:3261\"]\n\
                  key_file = \"/k\"\n",
-            )
+            ))
             .unwrap(),
         );
         c.targets[0].luns[0].replicated = true;
         c.validate().unwrap();
-        // "CLUSTER:CLUSTER/IQN/lun0" with a 42-byte cluster name: an IQN of
-        // 164 bytes still fits, 165 does not
-        for (len, ok) in [(164usize, true), (165, false)] {
+        // "CLUSTER/IQN/lun0" with a 42-byte cluster name: an IQN of 207
+        // bytes still fits, 208 does not
+        for (len, ok) in [(207usize, true), (208, false)] {
             let iqn = format!("iqn.2026-12.org.freesan:{}", "x".repeat(len - 24));
             assert_eq!(iqn.len(), len);
-            c.targets[0].iqn = iqn;
+            c.targets[0].iqn = iqn.clone();
             let r = c.validate();
             assert_eq!(r.is_ok(), ok, "{len}: {r:?}");
             if let Err(e) = r {
-                assert!(format!("{e:#}").contains("witness grant"), "{e:#}");
+                assert!(format!("{e:#}").contains("more than the 255"), "{e:#}");
             }
+            // the grants of two LUNs of a long-named target stay two
+            let name = |lun| crate::cluster::volume_name(cluster, &iqn, lun);
+            let (k0, k1) = (
+                replica::witness_key(cluster, &name(0)),
+                replica::witness_key(cluster, &name(1)),
+            );
+            assert!(k0.len() <= 255 && k1.len() <= 255 && k0 != k1, "{k0} {k1}");
         }
     }
 

@@ -58,27 +58,44 @@ impl ReplicaConfig {
 }
 
 /// The survivor grant of volume `name` of pair `cluster` (see
-/// [`ReplicaConfig::witness_key`]).
+/// [`ReplicaConfig::witness_key`]): `cluster:name`, or, when that is longer
+/// than the protocol's names ([`replica_proto::NAME_BYTES_MAX`] bytes),
+/// `cluster:#` and the SHA-256 of the name in hex. The encoder cut long names
+/// short (review of 2026-12-06): the LUNs of a long-named target then shared
+/// one grant, and the first back in sync released it while another still
+/// depended on it, so the partner could claim it and serve that LUN beside
+/// this node (two writers).
 pub fn witness_key(cluster: &str, name: &str) -> String {
-    format!("{cluster}:{name}")
+    use sha2::Digest;
+    let key = format!("{cluster}:{name}");
+    if key.len() <= replica_proto::NAME_BYTES_MAX {
+        return key;
+    }
+    format!(
+        "{cluster}:#{}",
+        hex::encode(sha2::Sha256::digest(name.as_bytes()))
+    )
 }
 
 /// Refuses a pair or volume name that does not fit the sync protocol's names
-/// ([`replica_proto::NAME_BYTES_MAX`] bytes): the handshake names the volume,
-/// and the witness request its grant, `cluster:name`. The encoder would cut
-/// them short (review of 2026-12-06): the LUNs of a target with a long name
-/// then shared one grant, and the first back in sync released it while
-/// another still depended on it, so the partner could claim it and serve
-/// that LUN beside this node (two writers).
+/// ([`replica_proto::NAME_BYTES_MAX`] bytes): the handshake names the volume
+/// (cut short, it named no volume of the partner's and the LUN never
+/// replicated), and the witness request its grant (see [`witness_key`]).
 pub fn check_names(cluster: &str, name: &str) -> Result<(), String> {
     let max = replica_proto::NAME_BYTES_MAX;
+    if name.len() > max {
+        return Err(format!(
+            "replicated volume \"{name}\" is {} bytes, more than the {max} the cluster \
+             protocol carries: use a shorter cluster name or target IQN",
+            name.len()
+        ));
+    }
     let key = witness_key(cluster, name);
     if key.len() > max {
         return Err(format!(
-            "replicated volume {name:?} of cluster {cluster:?}: its witness grant \"{key}\" \
-             is {} bytes, more than the {max} the cluster protocol carries: use a shorter \
-             cluster name or target IQN",
-            key.len()
+            "cluster name {cluster:?} is too long for its witness grants ({} bytes; at most {})",
+            cluster.len(),
+            max - 66
         ));
     }
     Ok(())
