@@ -55,6 +55,9 @@ const READ_BUF_BYTES: usize = 512 * 1024;
 const LOGIN_READ_BUF_BYTES: usize = 16 * 1024;
 /// Commands beyond the CmdSN window (immediate ones) tolerated per session.
 const IMMEDIATE_EXTRA_TASKS: usize = 16;
+/// Immediate data up to this size is copied out of the connection's read
+/// buffer rather than held as a view of it (see the CDB in `on_command`).
+const IMMEDIATE_COPY_BYTES_MAX: usize = 64 << 10;
 
 /// What to do after a PDU.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -594,8 +597,12 @@ impl Conn {
         // taken after the budget wait, a write that waited through a reset
         // ran after the reset was answered)
         let abort_gen = self.session.write_abort_gen();
+        // copied: a view would hold the whole read buffer for as long as the
+        // command lives (a write waiting for its Data-Out), each such buffer
+        // then replaced by a new one, none of it charged to the node's budget
+        // (review of 2026-12-06)
         let cdb = match &f.ahs.extended_cdb {
-            None => f.header_bytes.slice(32..48),
+            None => Bytes::copy_from_slice(&f.header_bytes[32..48]),
             Some(ext) => {
                 let mut v = BytesMut::with_capacity(16 + ext.len());
                 v.extend_from_slice(&f.header_bytes[32..48]);
@@ -614,6 +621,17 @@ impl Conn {
             bidi_read_len_bytes: f.ahs.bidi_read_len_bytes,
             holds_slot: !imm,
         };
+        // a tag in use first: a TASK SET FULL answered under that tag would
+        // complete the live task for the initiator (review of 2026-12-06)
+        if self.writes.contains_key(&c.itt) || self.session.running.lock().contains_key(&c.itt) {
+            tracing::warn!(peer = %self.peer, itt = c.itt, "initiator task tag already in use");
+            if info.holds_slot {
+                self.session.window.release();
+            }
+            self.reject(reject_reason::TASK_IN_PROGRESS, &f.raw_header)
+                .await;
+            return Flow::Continue;
+        }
         let window = self.ctx.limits.commands_in_flight_per_session_max as usize;
         let tasks = self.session.running.lock().len() + self.writes.len();
         if tasks >= window + IMMEDIATE_EXTRA_TASKS {
@@ -625,15 +643,6 @@ impl Conn {
                 transfer_len_bytes: 0,
             };
             self.respond_now(&info, resp).await;
-            return Flow::Continue;
-        }
-        if self.writes.contains_key(&c.itt) || self.session.running.lock().contains_key(&c.itt) {
-            tracing::warn!(peer = %self.peer, itt = c.itt, "initiator task tag already in use");
-            if info.holds_slot {
-                self.session.window.release();
-            }
-            self.reject(reject_reason::TASK_IN_PROGRESS, &f.raw_header)
-                .await;
             return Flow::Continue;
         }
         let bad_data = (!c.write && !f.data.is_empty())
@@ -678,7 +687,13 @@ impl Conn {
             let Some(permit) = self.budget_or_answer(&info, data_bytes).await else {
                 return self.after_budget_refused(&info);
             };
-            let data = f.data.clone();
+            // small immediate data is copied out of the read buffer, for the
+            // same reason as the CDB; larger data is most of its buffer
+            let data = if f.data.len() <= IMMEDIATE_COPY_BYTES_MAX {
+                Bytes::copy_from_slice(&f.data)
+            } else {
+                f.data.clone()
+            };
             spawn_command(
                 &self.session,
                 &self.out,

@@ -269,9 +269,10 @@ impl Session {
         itts
     }
 
-    /// Aborts the running command `itt`; false if it is not running.
-    pub(crate) fn abort_where_itt(&self, itt: u32) -> bool {
-        match self.running.lock().get_mut(&itt) {
+    /// Aborts the running command `itt` of LUN `lun`; false if no such
+    /// command runs.
+    pub(crate) fn abort_where_itt(&self, itt: u32, lun: u64) -> bool {
+        match self.running.lock().get_mut(&itt).filter(|t| t.lun == lun) {
             Some(t) => {
                 t.abort();
                 true

@@ -65,7 +65,11 @@ pub(crate) async fn on_tmf(conn: &mut Conn, f: &Frame, t: TaskMgmtRequest, imm: 
     tracing::info!(peer = %conn.peer, function = t.function, lun, rtt = t.rtt, "task management");
     match t.function {
         function::ABORT_TASK => {
-            if let Some(w) = conn.writes.remove(&t.rtt) {
+            // the task is the one of this tag on this LUN (SAM: I_T_L_Q); a
+            // tag of another LUN's task does not name it (review of 2026-12-06)
+            let ours =
+                (conn.writes.get(&t.rtt)).is_some_and(|w| lun_from_wire(w.info.lun_raw) == lun);
+            if let Some(w) = ours.then(|| conn.writes.remove(&t.rtt)).flatten() {
                 conn.buffered_bytes -= w.buffered_bytes();
                 if w.info.holds_slot {
                     conn.session.window.release();
@@ -74,7 +78,7 @@ pub(crate) async fn on_tmf(conn: &mut Conn, f: &Frame, t: TaskMgmtRequest, imm: 
                     .await;
                 return Flow::Continue;
             }
-            let running = conn.session.abort_where_itt(t.rtt);
+            let running = conn.session.abort_where_itt(t.rtt, lun);
             if running {
                 let session = conn.session.clone();
                 let out = conn.out.clone();

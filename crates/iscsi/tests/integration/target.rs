@@ -655,6 +655,73 @@ async fn abort_task_of_an_answered_command_finds_no_task() {
     fx.shutdown().await;
 }
 
+/// ABORT TASK names a task by its tag and its LUN: a tag of a task on LUN
+/// 0 sent with LUN 1 finds no task, and the write goes on (before, it was
+/// dropped and the abort answered "Function complete"); with LUN 0 it is
+/// aborted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn abort_task_with_another_luns_number_aborts_nothing() {
+    let fx = start(Limits::default()).await;
+    let mut c = Client::connect(fx.addrs[0]).await;
+    assert_eq!(c.login_simple(OPEN, &[]).await, (0, 0));
+    let tur = c.command(&[0, 0, 0, 0, 0, 0], false, false, 0, true);
+    c.send(&tur, false, &[]).await;
+    c.recv_skip_pings().await.expect("unit attention");
+    let abort = |c: &mut Client, itt: u32, cmd_sn: u32, lun: u64| {
+        let tmf_itt = c.next_itt();
+        let p = InitiatorPdu::TaskMgmt(TaskMgmtRequest {
+            function: 1,
+            lun,
+            itt: tmf_itt,
+            rtt: itt,
+            cmd_sn: c.cmd_sn,
+            exp_stat_sn: c.exp_stat_sn,
+            ref_cmd_sn: cmd_sn,
+            exp_data_sn: 0,
+        });
+        (tmf_itt, p)
+    };
+    for (lun, want) in [(1u64 << 48, tmf_response::NO_TASK), (0, tmf_response::COMPLETE)] {
+        // a write waiting for its data (InitialR2T=Yes): an R2T comes
+        let cmd = c.command(&[0x2a, 0, 0, 0, 0, 0, 0, 0, 8, 0], false, true, 4096, true);
+        let (itt, cmd_sn) = match cmd {
+            InitiatorPdu::ScsiCommand(ref s) => (s.itt, s.cmd_sn),
+            _ => unreachable!(),
+        };
+        c.send(&cmd, false, &[]).await;
+        let r2t = match c.recv_skip_pings().await.expect("r2t").pdu {
+            TargetPdu::R2t(r) => r,
+            other => panic!("{other:?}"),
+        };
+        let (tmf_itt, tmf) = abort(&mut c, itt, cmd_sn, lun);
+        c.send(&tmf, true, &[]).await;
+        match c.recv_skip_pings().await.expect("tmf response").pdu {
+            TargetPdu::TaskMgmtResponse(r) => {
+                assert_eq!((r.itt, r.response), (tmf_itt, want), "LUN field {lun:#x}")
+            }
+            other => panic!("{other:?}"),
+        }
+        if want == tmf_response::NO_TASK {
+            // the write is still there: its data completes it
+            let d = InitiatorPdu::DataOut(DataOut {
+                final_bit: true,
+                lun: 0,
+                itt,
+                ttt: r2t.ttt,
+                exp_stat_sn: c.exp_stat_sn,
+                data_sn: 0,
+                buffer_offset_bytes: 0,
+            });
+            c.send(&d, false, &[3u8; 4096]).await;
+            match c.recv_skip_pings().await.expect("response").pdu {
+                TargetPdu::ScsiResponse(s) => assert_eq!((s.itt, s.status), (itt, 0)),
+                other => panic!("{other:?}"),
+            }
+        }
+    }
+    fx.shutdown().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reinstatement_closes_the_old_session() {
     let fx = start(Limits::default()).await;
