@@ -3,8 +3,9 @@
 //! API routes as the API listener behind the same gate, so the pages call
 //! same-origin `/api/v1/...` with `Authorization: Bearer TOKEN`.
 //!
-//! Every static answer carries a strict Content-Security-Policy (only this
-//! origin's scripts, styles and connections; no inline script; no framing),
+//! Every static answer closes its connection (it needs no token) and carries a
+//! strict Content-Security-Policy (only this origin's scripts, styles and
+//! connections; no inline script; no framing),
 //! `X-Frame-Options: DENY`, `X-Content-Type-Options: nosniff` and no referrer.
 //! Files whose names carry a content hash are cached for a year; `index.html`
 //! is revalidated each time. The gzip copy made at build time is served to
@@ -37,6 +38,11 @@ pub fn router(control: crate::Ctl, gate: Arc<crate::guard::Gate>) -> Router {
 }
 
 fn secure_headers(h: &mut HeaderMap) {
+    // a static answer needs no token, so it does not keep the connection: a
+    // client re-requesting a page every few seconds held one of the
+    // listener's slots for its whole lifetime, ten minutes, without ever
+    // showing a token (review of 2026-12-06)
+    h.insert(header::CONNECTION, HeaderValue::from_static("close"));
     h.insert(
         header::CONTENT_SECURITY_POLICY,
         HeaderValue::from_static(CSP),

@@ -60,6 +60,8 @@ pub async fn serve(
     let tls = tls.map(tokio_rustls::TlsAcceptor::from);
     let total = Arc::new(Semaphore::new(limits.connections_max.max(1)));
     let per_source = block::admission::PerSource::new(limits.connections_per_source_max);
+    // one line a second for refused connections, with a count
+    let refusals = block::admission::LogGate::new(Duration::from_secs(1));
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     tokio::pin!(shutdown);
     loop {
@@ -83,7 +85,9 @@ pub async fn serve(
             },
         };
         let Some(slot) = per_source.take(peer.ip()) else {
-            tracing::warn!("API: too many connections from {}", peer.ip());
+            if let Some(left_out) = refusals.allow() {
+                tracing::warn!(left_out, "API: too many connections from {}", peer.ip());
+            }
             drop(stream);
             continue;
         };

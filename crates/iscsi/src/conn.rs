@@ -106,6 +106,9 @@ pub(crate) async fn serve(
         })) => {
             let initiator = initiator.as_deref().unwrap_or("-");
             let chap_user = chap_name.as_deref().unwrap_or("-");
+            // an authentication failure always (each counts toward its
+            // source's lockout, which bounds them), the rest one line a
+            // second with a count of those left out
             if let Some(f) = auth {
                 tracing::warn!(
                     %peer,
@@ -122,8 +125,8 @@ pub(crate) async fn serve(
                         "too many failed authentications: source locked out"
                     );
                 }
-            } else {
-                tracing::warn!(%peer, initiator, status = format_args!("{st:#06x}"), "login refused");
+            } else if let Some(left_out) = ctx.refusals_log.allow() {
+                tracing::warn!(%peer, initiator, status = format_args!("{st:#06x}"), left_out, "login refused");
             }
             return;
         }
@@ -133,11 +136,15 @@ pub(crate) async fn serve(
             return;
         }
         Ok(Err(e)) => {
-            tracing::warn!(%peer, error = %e, "login aborted");
+            if let Some(left_out) = ctx.refusals_log.allow() {
+                tracing::warn!(%peer, error = %e, left_out, "login aborted");
+            }
             return;
         }
         Err(_) => {
-            tracing::warn!(%peer, "login timed out");
+            if let Some(left_out) = ctx.refusals_log.allow() {
+                tracing::warn!(%peer, left_out, "login timed out");
+            }
             return;
         }
     };

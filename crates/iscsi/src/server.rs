@@ -101,6 +101,10 @@ pub(crate) struct Ctx {
     pub auth_limit: AuthLimiter,
     /// The node's budget of buffered data bytes.
     pub buffers: block::BufferBudget,
+    /// One line a second, with a count of those left out, for logins that
+    /// fail before or during authentication: a peer reconnecting in a loop
+    /// wrote one each (review of 2026-12-06).
+    pub refusals_log: block::admission::LogGate,
 }
 
 /// One session as metrics show it.
@@ -321,6 +325,7 @@ impl Server {
                 ..Listening::default()
             }),
             portal_change: tokio::sync::Mutex::new(()),
+            refusals_log: block::admission::LogGate::new(Duration::from_secs(1)),
             partner_portals: cfg.partner_portals,
             logins: AdmissionBudget::new(
                 cfg.limits.logins_in_progress_per_source_max,

@@ -84,10 +84,14 @@ impl SyncListener {
         };
         let pending =
             block::admission::AdmissionBudget::new(HANDSHAKES_PER_SOURCE_MAX, HANDSHAKES_MAX);
+        // one line a second for refused handshakes, with a count (a stranger
+        // reconnecting in a loop wrote one each; review of 2026-12-06)
+        let refusals = Arc::new(block::admission::LogGate::new(Duration::from_secs(1)));
         for l in self.listeners {
             let sinks = self.sinks.clone();
             let keys = self.keys.clone();
             let pending = pending.clone();
+            let refusals = refusals.clone();
             tokio::spawn(async move {
                 loop {
                     let (stream, from) = match l.accept().await {
@@ -101,6 +105,7 @@ impl SyncListener {
                     let slot = pending.admit(from.ip());
                     let sinks = sinks.clone();
                     let keys = keys.clone();
+                    let refusals = refusals.clone();
                     tokio::spawn(async move {
                         let allowed = [partner];
                         let secure = tokio::select! {
@@ -110,7 +115,9 @@ impl SyncListener {
                         let secure = match secure {
                             Ok(s) => s,
                             Err(e) => {
-                                tracing::warn!(%from, "sync connection refused: {e}");
+                                if let Some(left_out) = refusals.allow() {
+                                    tracing::warn!(%from, left_out, "sync connection refused: {e}");
+                                }
                                 return;
                             }
                         };

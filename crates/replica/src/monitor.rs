@@ -252,7 +252,17 @@ async fn answer_and_listen(m: std::sync::Weak<SyncLinkMonitor>, i: usize, s: Arc
             continue;
         };
         let Some(m) = m.upgrade() else { return };
-        let auth = m.slots.lock()[i].auth.clone();
+        let (auth, peer) = {
+            let slots = m.slots.lock();
+            (slots[i].auth.clone(), slots[i].peer)
+        };
+        // only the partner's address is heard, before any HMAC is computed:
+        // a flood from elsewhere (the client network's heartbeats share the
+        // portals, which every initiator reaches) costs a comparison each
+        // (review of 2026-12-06)
+        if from != peer {
+            continue;
+        }
         match auth.open(&buf[..n]) {
             Some((KIND_PING, seq, nonce)) => {
                 let out = {

@@ -113,6 +113,8 @@ impl WitnessServer {
     pub async fn run(self, stop: impl std::future::Future<Output = ()>) {
         tokio::pin!(stop);
         let open = AdmissionBudget::new(CONNECTIONS_PER_SOURCE_MAX, CONNECTIONS_MAX);
+        // one line a second for connections that fail, with a count
+        let refusals = Arc::new(block::admission::LogGate::new(Duration::from_secs(1)));
         let mut accept_errors = 0u32;
         loop {
             let (stream, from) = tokio::select! {
@@ -133,9 +135,12 @@ impl WitnessServer {
             let grants = self.grants.clone();
             let file = self.state_file.clone();
             let keys = self.keys.clone();
+            let refusals = refusals.clone();
             tokio::spawn(async move {
                 if let Err(e) = serve(stream, &keys, slot, grants, file).await {
-                    tracing::info!(%from, "witness connection: {e}");
+                    if let Some(left_out) = refusals.allow() {
+                        tracing::info!(%from, left_out, "witness connection: {e}");
+                    }
                 }
             });
         }

@@ -681,7 +681,10 @@ async fn abort_task_with_another_luns_number_aborts_nothing() {
         });
         (tmf_itt, p)
     };
-    for (lun, want) in [(1u64 << 48, tmf_response::NO_TASK), (0, tmf_response::COMPLETE)] {
+    for (lun, want) in [
+        (1u64 << 48, tmf_response::NO_TASK),
+        (0, tmf_response::COMPLETE),
+    ] {
         // a write waiting for its data (InitialR2T=Yes): an R2T comes
         let cmd = c.command(&[0x2a, 0, 0, 0, 0, 0, 0, 0, 8, 0], false, true, 4096, true);
         let (itt, cmd_sn) = match cmd {
