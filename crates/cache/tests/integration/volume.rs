@@ -944,13 +944,11 @@ async fn a_replaced_half_found_again_at_the_next_start_is_left_out() {
     assert_eq!(st.devices[1].state, "failed", "{st:?}");
 }
 
-/// A fill of a block whose frame holds a dirty sector writes only the sectors
-/// the frame lacks: the dirty one, acknowledged data whose only copies are on
-/// the SSDs, is never rewritten in place (a power cut in the middle of that
-/// write could tear it). Seen by making every write to its place fail: the
-/// whole-frame write of a fill used to fail there and fail both SSDs.
-#[tokio::test]
-async fn a_fill_never_rewrites_the_sectors_a_frame_holds() {
+/// A write-back mirror on two fault-injecting memory SSDs over a written
+/// backing volume, the first sector of its first 16 KiB cache block written
+/// (dirty); `at`: that sector's block on the SSDs.
+async fn one_dirty_sector_on_faulty_halves() -> (VolumeRef, Vec<Arc<FaultVolume>>, CacheVolume, u64)
+{
     let backing: VolumeRef = Arc::new(MemVolume::new(4096, BACKING_BYTES / 4096));
     backing.write(0, pattern(9, 16384), false).await.unwrap();
     let mems: Vec<Arc<MemVolume>> = (0..2)
@@ -968,10 +966,13 @@ async fn a_fill_never_rewrites_the_sectors_a_frame_holds() {
     // the first sector of a 16 KiB cache block, dirty
     vol.write(0, pattern(1, 4096), false).await.unwrap();
     let at = block_holding(&mems[0], &pattern(1, 4096)).await;
-    for f in &faulty {
-        f.plan().lock().bad_write_blocks = std::iter::once(at..at + 1).collect();
-    }
-    // the rest of the block, read: a fill of the frame
+    (backing, faulty, vol, at)
+}
+
+/// Reads the rest of the block `one_dirty_sector_on_faulty_halves` wrote to
+/// (blocks 1-3): a fill of the frame, which must happen, read the backing's
+/// data and leave every device in service.
+async fn filled_with_every_device_in_service(vol: &CacheVolume, backing: &VolumeRef) {
     let fills = vol.status().fills;
     assert_eq!(
         vol.read(1, 3).await.unwrap(),
@@ -980,6 +981,20 @@ async fn a_fill_never_rewrites_the_sectors_a_frame_holds() {
     let st = vol.status();
     assert!(st.fills > fills, "no fill: {st:?}");
     assert!(st.devices.iter().all(|d| d.state == "ok"), "{st:?}");
+}
+
+/// A fill of a block whose frame holds a dirty sector writes only the sectors
+/// the frame lacks: the dirty one, acknowledged data whose only copies are on
+/// the SSDs, is never rewritten in place (a power cut in the middle of that
+/// write could tear it). Seen by making every write to its place fail: the
+/// whole-frame write of a fill used to fail there and fail both SSDs.
+#[tokio::test]
+async fn a_fill_never_rewrites_the_sectors_a_frame_holds() {
+    let (backing, faulty, vol, at) = one_dirty_sector_on_faulty_halves().await;
+    for f in &faulty {
+        f.plan().lock().bad_write_blocks = std::iter::once(at..at + 1).collect();
+    }
+    filled_with_every_device_in_service(&vol, &backing).await;
     assert_eq!(vol.read(0, 4).await.unwrap()[..4096], pattern(1, 4096)[..]);
     assert_eq!(
         vol.read(1, 3).await.unwrap(),
@@ -994,35 +1009,12 @@ async fn a_fill_never_rewrites_the_sectors_a_frame_holds() {
 /// with a dirty sector failed.
 #[tokio::test]
 async fn a_fill_reads_only_the_sectors_a_frame_holds() {
-    let backing: VolumeRef = Arc::new(MemVolume::new(4096, BACKING_BYTES / 4096));
-    backing.write(0, pattern(9, 16384), false).await.unwrap();
-    let mems: Vec<Arc<MemVolume>> = (0..2)
-        .map(|_| Arc::new(MemVolume::new(4096, 1 << 10)))
-        .collect();
-    let faulty: Vec<Arc<FaultVolume>> = mems
-        .iter()
-        .map(|m| Arc::new(FaultVolume::new(m.clone() as VolumeRef)))
-        .collect();
-    let refs: Vec<VolumeRef> = faulty.iter().map(|f| f.clone() as VolumeRef).collect();
-    let (_, _, c) = write_back_on_two_ssds();
-    let vol = CacheVolume::open("t", backing.clone(), devices(&refs), c)
-        .await
-        .unwrap();
-    // the first sector of a 16 KiB cache block, dirty
-    vol.write(0, pattern(1, 4096), false).await.unwrap();
-    let at = block_holding(&mems[0], &pattern(1, 4096)).await;
+    let (backing, faulty, vol, at) = one_dirty_sector_on_faulty_halves().await;
     // the frame's third sector, never written, cannot be read on either half
     for f in &faulty {
         f.plan().lock().bad_read_blocks = std::iter::once(at + 2..at + 3).collect();
     }
-    let fills = vol.status().fills;
-    assert_eq!(
-        vol.read(1, 3).await.unwrap(),
-        backing.read(1, 3).await.unwrap()
-    );
-    let st = vol.status();
-    assert!(st.fills > fills, "no fill: {st:?}");
-    assert!(st.devices.iter().all(|d| d.state == "ok"), "{st:?}");
+    filled_with_every_device_in_service(&vol, &backing).await;
     assert_eq!(vol.read(0, 1).await.unwrap(), pattern(1, 4096));
 }
 

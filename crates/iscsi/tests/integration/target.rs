@@ -603,6 +603,23 @@ async fn write_with_immediate_data_and_r2t() {
     fx.shutdown().await;
 }
 
+/// An ABORT TASK of the task `itt` (sent with CmdSN `cmd_sn`) through LUN
+/// field `lun`: its own tag and the PDU.
+fn abort_task(c: &mut Client, itt: u32, cmd_sn: u32, lun: u64) -> (u32, InitiatorPdu) {
+    let tmf_itt = c.next_itt();
+    let p = InitiatorPdu::TaskMgmt(TaskMgmtRequest {
+        function: 1,
+        lun,
+        itt: tmf_itt,
+        rtt: itt,
+        cmd_sn: c.cmd_sn,
+        exp_stat_sn: c.exp_stat_sn,
+        ref_cmd_sn: cmd_sn,
+        exp_data_sn: 0,
+    });
+    (tmf_itt, p)
+}
+
 /// ABORT TASK for a command already answered: "Task does not exist" (RFC 7143
 /// 11.5.1: its CmdSN is behind the window), never "Function complete", which
 /// would tell the initiator the write it saw succeed was aborted.
@@ -629,17 +646,7 @@ async fn abort_task_of_an_answered_command_finds_no_task() {
         other => panic!("{other:?}"),
     }
     for immediate in [false, true] {
-        let tmf_itt = c.next_itt();
-        let tmf = InitiatorPdu::TaskMgmt(TaskMgmtRequest {
-            function: 1,
-            lun: 0,
-            itt: tmf_itt,
-            rtt: itt,
-            cmd_sn: c.cmd_sn,
-            exp_stat_sn: c.exp_stat_sn,
-            ref_cmd_sn: cmd_sn,
-            exp_data_sn: 0,
-        });
+        let (tmf_itt, tmf) = abort_task(&mut c, itt, cmd_sn, 0);
         if !immediate {
             c.cmd_sn += 1;
         }
@@ -667,20 +674,6 @@ async fn abort_task_with_another_luns_number_aborts_nothing() {
     let tur = c.command(&[0, 0, 0, 0, 0, 0], false, false, 0, true);
     c.send(&tur, false, &[]).await;
     c.recv_skip_pings().await.expect("unit attention");
-    let abort = |c: &mut Client, itt: u32, cmd_sn: u32, lun: u64| {
-        let tmf_itt = c.next_itt();
-        let p = InitiatorPdu::TaskMgmt(TaskMgmtRequest {
-            function: 1,
-            lun,
-            itt: tmf_itt,
-            rtt: itt,
-            cmd_sn: c.cmd_sn,
-            exp_stat_sn: c.exp_stat_sn,
-            ref_cmd_sn: cmd_sn,
-            exp_data_sn: 0,
-        });
-        (tmf_itt, p)
-    };
     for (lun, want) in [
         (1u64 << 48, tmf_response::NO_TASK),
         (0, tmf_response::COMPLETE),
@@ -696,7 +689,7 @@ async fn abort_task_with_another_luns_number_aborts_nothing() {
             TargetPdu::R2t(r) => r,
             other => panic!("{other:?}"),
         };
-        let (tmf_itt, tmf) = abort(&mut c, itt, cmd_sn, lun);
+        let (tmf_itt, tmf) = abort_task(&mut c, itt, cmd_sn, lun);
         c.send(&tmf, true, &[]).await;
         match c.recv_skip_pings().await.expect("tmf response").pdu {
             TargetPdu::TaskMgmtResponse(r) => {
