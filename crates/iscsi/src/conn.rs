@@ -59,6 +59,16 @@ const IMMEDIATE_EXTRA_TASKS: usize = 16;
 /// buffer rather than held as a view of it (see the CDB in `on_command`).
 const IMMEDIATE_COPY_BYTES_MAX: usize = 64 << 10;
 
+/// The answer to a command the task set (or a buffer budget) has no room for.
+fn task_set_full() -> scsi::Response {
+    scsi::Response {
+        status: scsi::status::TASK_SET_FULL,
+        sense: None,
+        data_in: Bytes::new(),
+        transfer_len_bytes: 0,
+    }
+}
+
 /// What to do after a PDU.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Flow {
@@ -574,6 +584,15 @@ impl Conn {
         }
     }
 
+    /// Rejects the command PDU `raw_header` (never executed) with `reason`,
+    /// giving back the CmdSN window slot it held.
+    async fn reject_command(&mut self, info: &CmdInfo, reason: u8, raw_header: &[u8]) {
+        if info.holds_slot {
+            self.session.window.release();
+        }
+        self.reject(reason, raw_header).await;
+    }
+
     async fn respond_now(&self, info: &CmdInfo, resp: scsi::Response) {
         let window = self.session.window.clone();
         let holds = info.holds_slot;
@@ -632,10 +651,7 @@ impl Conn {
         // complete the live task for the initiator (review of 2026-12-06)
         if self.writes.contains_key(&c.itt) || self.session.running.lock().contains_key(&c.itt) {
             tracing::warn!(peer = %self.peer, itt = c.itt, "initiator task tag already in use");
-            if info.holds_slot {
-                self.session.window.release();
-            }
-            self.reject(reject_reason::TASK_IN_PROGRESS, &f.raw_header)
+            self.reject_command(&info, reject_reason::TASK_IN_PROGRESS, &f.raw_header)
                 .await;
             return Flow::Continue;
         }
@@ -643,13 +659,7 @@ impl Conn {
         let tasks = self.session.running.lock().len() + self.writes.len();
         if tasks >= window + IMMEDIATE_EXTRA_TASKS {
             tracing::warn!(peer = %self.peer, tasks, "task set full");
-            let resp = scsi::Response {
-                status: scsi::status::TASK_SET_FULL,
-                sense: None,
-                data_in: Bytes::new(),
-                transfer_len_bytes: 0,
-            };
-            self.respond_now(&info, resp).await;
+            self.respond_now(&info, task_set_full()).await;
             return Flow::Continue;
         }
         let bad_data = (!c.write && !f.data.is_empty())
@@ -657,10 +667,7 @@ impl Conn {
             || f.data.len() as u64 > c.edtl_bytes as u64;
         if bad_data {
             tracing::warn!(peer = %self.peer, itt = c.itt, "unexpected immediate data");
-            if info.holds_slot {
-                self.session.window.release();
-            }
-            self.reject(reject_reason::PROTOCOL_ERROR, &f.raw_header)
+            self.reject_command(&info, reject_reason::PROTOCOL_ERROR, &f.raw_header)
                 .await;
             return Flow::Continue;
         }
@@ -714,13 +721,7 @@ impl Conn {
         let edtl = c.edtl_bytes as usize;
         if self.buffered_bytes + edtl > self.ctx.limits.data_out_buffered_bytes_max_per_session {
             tracing::warn!(peer = %self.peer, "Data-Out buffer budget exhausted; TASK SET FULL");
-            let resp = scsi::Response {
-                status: scsi::status::TASK_SET_FULL,
-                sense: None,
-                data_in: Bytes::new(),
-                transfer_len_bytes: 0,
-            };
-            self.respond_now(&info, resp).await;
+            self.respond_now(&info, task_set_full()).await;
             return Flow::Continue;
         }
         let Some(permit) = self.budget_or_answer(&info, data_bytes).await else {
@@ -733,10 +734,7 @@ impl Conn {
             }
             Err(e) => {
                 tracing::warn!(peer = %self.peer, itt = c.itt, error = %e, "bad write command");
-                if info.holds_slot {
-                    self.session.window.release();
-                }
-                self.reject(reject_reason::PROTOCOL_ERROR, &f.raw_header)
+                self.reject_command(&info, reject_reason::PROTOCOL_ERROR, &f.raw_header)
                     .await;
                 return Flow::Close;
             }
@@ -768,13 +766,7 @@ impl Conn {
             Budget::Held(p) => Some(p),
             Budget::Busy => {
                 tracing::debug!(peer = %self.peer, itt = info.itt, "node buffer budget exhausted; TASK SET FULL");
-                let resp = scsi::Response {
-                    status: scsi::status::TASK_SET_FULL,
-                    sense: None,
-                    data_in: Bytes::new(),
-                    transfer_len_bytes: 0,
-                };
-                self.respond_now(info, resp).await;
+                self.respond_now(info, task_set_full()).await;
                 None
             }
             Budget::Stop => {
