@@ -245,24 +245,27 @@ async fn ping(
 async fn answer_and_listen(m: std::sync::Weak<SyncLinkMonitor>, i: usize, s: Arc<UdpSocket>) {
     let mut buf = [0u8; DATAGRAM_BYTES_MAX];
     let (mut second, mut answered) = (Instant::now(), 0u32);
+    // the link's peer and key never change once started
+    let Some((auth, peer)) = m.upgrade().map(|m| {
+        let slots = m.slots.lock();
+        (slots[i].auth.clone(), slots[i].peer)
+    }) else {
+        return;
+    };
     loop {
         let Ok((n, from)) = s.recv_from(&mut buf).await else {
             // ICMP errors of unreachable peers surface here; go on listening
             tokio::time::sleep(Duration::from_millis(50)).await;
             continue;
         };
-        let Some(m) = m.upgrade() else { return };
-        let (auth, peer) = {
-            let slots = m.slots.lock();
-            (slots[i].auth.clone(), slots[i].peer)
-        };
-        // only the partner's address is heard, before any HMAC is computed:
-        // a flood from elsewhere (the client network's heartbeats share the
+        // only the partner's address is heard, before any lock or HMAC: a
+        // flood from elsewhere (the client network's heartbeats share the
         // portals, which every initiator reaches) costs a comparison each
         // (review of 2026-12-06)
         if from != peer {
             continue;
         }
+        let Some(m) = m.upgrade() else { return };
         match auth.open(&buf[..n]) {
             Some((KIND_PING, seq, nonce)) => {
                 let out = {
@@ -275,7 +278,7 @@ async fn answer_and_listen(m: std::sync::Weak<SyncLinkMonitor>, i: usize, s: Arc
                             seq > last || now.duration_since(at) >= 3 * m.peer_timeout
                         }
                     };
-                    if from != slot.peer || !fresh {
+                    if !fresh {
                         continue;
                     }
                     if second.elapsed() >= Duration::from_secs(1) {
@@ -293,9 +296,6 @@ async fn answer_and_listen(m: std::sync::Weak<SyncLinkMonitor>, i: usize, s: Arc
             Some((KIND_PONG, seq, nonce)) => {
                 let mut slots = m.slots.lock();
                 let slot = &mut slots[i];
-                if from != slot.peer {
-                    continue;
-                }
                 // only the answer to a ping of ours, by its nonce, counts
                 if let Some(k) = slot
                     .sent

@@ -77,6 +77,9 @@ pub fn witness_key(cluster: &str, name: &str) -> String {
     )
 }
 
+/// Bytes a hashed [`witness_key`] adds to the cluster name: ":#" and 64 hex digits.
+const HASHED_KEY_EXTRA_BYTES: usize = 2 + 64;
+
 /// Refuses a pair or volume name that does not fit the sync protocol's names
 /// ([`replica_proto::NAME_BYTES_MAX`] bytes): the handshake names the volume
 /// (cut short, it named no volume of the partner's and the LUN never
@@ -95,7 +98,7 @@ pub fn check_names(cluster: &str, name: &str) -> Result<(), String> {
         return Err(format!(
             "cluster name {cluster:?} is too long for its witness grants ({} bytes; at most {})",
             cluster.len(),
-            max - 66
+            max - HASHED_KEY_EXTRA_BYTES
         ));
     }
     Ok(())

@@ -128,12 +128,8 @@ fn pr_fail(e: PrError) -> Fail {
 
 /// RESERVE(6/10) and RELEASE(6/10).
 pub(crate) fn reserve_release(lu: &LogicalUnit, nexus: &ItNexus, cdb: &Cdb) -> CmdResult {
-    reserve_or_release(cdb)?;
-    let r = match cdb.opcode() {
-        op::RESERVE_6 | op::RESERVE_10 => lu.pr.reserve(nexus),
-        _ => lu.pr.release(nexus),
-    };
-    r.map_err(pr_fail)?;
+    let reserve = reserves(cdb)?;
+    lu.pr.reserve_or_release(nexus, reserve).map_err(pr_fail)?;
     Ok(Done::empty())
 }
 
@@ -144,15 +140,13 @@ pub(crate) fn reserve_release_replicated(
     nexus: &ItNexus,
     cdb: &Cdb,
 ) -> Result<Bytes, Fail> {
-    let reserve = reserve_or_release(cdb)?;
-    lu.pr
-        .reserve_or_release_replicated(nexus, reserve)
-        .map_err(pr_fail)
+    reserve_release(lu, nexus, cdb)?;
+    Ok(lu.pr.state())
 }
 
 /// Whether `cdb` (RESERVE or RELEASE, 6 or 10) reserves; third-party
 /// reservations are refused.
-fn reserve_or_release(cdb: &Cdb) -> Result<bool, Fail> {
+fn reserves(cdb: &Cdb) -> Result<bool, Fail> {
     let ten = matches!(cdb.opcode(), op::RESERVE_10 | op::RELEASE_10);
     if ten && cdb.b(1) & 0x12 != 0 {
         // third-party reservations are not supported

@@ -276,12 +276,24 @@ pub(crate) async fn spc2_end_everywhere(lu: Arc<LogicalUnit>, holder: Option<Nex
                 "the partner could not be told that an SPC-2 reservation ended"
             ),
             None => {
-                let _order = lu.pr_order.lock().await;
-                push(repl.as_ref(), lun, Some(lu.pr.state())).await;
+                if let Err(e) = push_snapshot(&lu, repl.as_ref()).await {
+                    tracing::error!(lun, error = %e, "pushing reservation state to the partner failed");
+                }
             }
         }
     })
     .await
+}
+
+/// Pushes `lu`'s whole reservation state through `repl`, ordered with its PR
+/// OUTs: none runs between the snapshot and its push, so the partner cannot
+/// install it over a newer state.
+pub(crate) async fn push_snapshot(
+    lu: &LogicalUnit,
+    repl: &dyn PrReplication,
+) -> Result<(), String> {
+    let _order = lu.pr_order.lock().await;
+    repl.push_state(lu.lun, lu.pr.state()).await
 }
 
 /// On the node that orders changes: ends `lu`'s SPC-2 reservation if `holder`

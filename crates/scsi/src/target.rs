@@ -939,8 +939,8 @@ impl ScsiTarget {
         true
     }
 
-    /// `lun`'s persistent-reservation state (registrations, reservation, PRgeneration,
-    /// APTPL) as JSON in the state file's format, for
+    /// `lun`'s reservation state (registrations, reservation, PRgeneration, APTPL,
+    /// and the SPC-2 reservation's holder) as JSON in the state file's format, for
     /// [`ScsiTarget::install_pr_state`] on the partner; None if no such LUN.
     pub fn pr_state(&self, lun: u64) -> Option<Bytes> {
         self.lu(lun).map(|l| l.pr.state())
@@ -958,8 +958,7 @@ impl ScsiTarget {
             .ok_or_else(|| format!("lun {lun} does not exist"))?;
         let repl = lu.pr_replication.read().clone();
         let repl = repl.ok_or_else(|| format!("lun {lun} has no reservation replication"))?;
-        let _order = lu.pr_order.lock().await;
-        repl.push_state(lun, lu.pr.state()).await
+        replication::push_snapshot(&lu, repl.as_ref()).await
     }
 
     /// Replaces `lun`'s persistent-reservation state with `state` (from

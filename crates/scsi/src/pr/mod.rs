@@ -529,42 +529,32 @@ impl Reservations {
 
     /// RESERVE(6)/RESERVE(10) (SPC-2, with the SPC-4 5.13.3 exceptions: CRH=1).
     pub fn reserve(&self, nexus: &ItNexus) -> Result<(), PrError> {
-        self.reserve_or_release(nexus, true).map(|_| ())
+        self.reserve_or_release(nexus, true)
     }
 
     /// RELEASE(6)/RELEASE(10) (SPC-2, with the SPC-4 5.13.3 exceptions): a release
     /// from a nexus that holds nothing is a GOOD no-op.
     pub fn release(&self, nexus: &ItNexus) -> Result<(), PrError> {
-        self.reserve_or_release(nexus, false).map(|_| ())
+        self.reserve_or_release(nexus, false)
     }
 
-    /// RESERVE (`reserve`) or RELEASE from `nexus`; Ok(true) when the SPC-2
-    /// reservation changed.
-    pub(crate) fn reserve_or_release(
-        &self,
-        nexus: &ItNexus,
-        reserve: bool,
-    ) -> Result<bool, PrError> {
+    /// RESERVE (`reserve`) or RELEASE from `nexus`.
+    pub(crate) fn reserve_or_release(&self, nexus: &ItNexus, reserve: bool) -> Result<(), PrError> {
         let mut g = self.inner.lock();
         match spc2_exception(&g.pr, nexus) {
-            Spc2Exception::Good => return Ok(false),
+            Spc2Exception::Good => return Ok(()),
             Spc2Exception::Conflict => return Err(PrError::Conflict),
             Spc2Exception::Spc2 => {}
         }
         let held_by_it = g.spc2.as_ref().map(|h| h.is(nexus));
         match (reserve, held_by_it) {
-            (true, Some(false)) => Err(PrError::Conflict),
-            (true, Some(true)) => Ok(false),
-            (true, None) => {
-                g.spc2 = Some(NexusId::of(nexus));
-                Ok(true)
-            }
-            (false, Some(true)) => {
-                g.spc2 = None;
-                Ok(true)
-            }
-            (false, _) => Ok(false),
+            (true, Some(false)) => return Err(PrError::Conflict),
+            (true, None) => g.spc2 = Some(NexusId::of(nexus)),
+            (false, Some(true)) => g.spc2 = None,
+            // the holder reserving again, a release from a non-holder
+            _ => {}
         }
+        Ok(())
     }
 
     /// The nexus is gone: SPC-2 reservations it held are released. True if it
@@ -574,9 +564,9 @@ impl Reservations {
     }
 
     /// LOGICAL UNIT RESET / TARGET RESET: SPC-2 reservations are released;
-    /// persistent reservations are kept. True if one was held.
-    pub fn reset(&self) -> bool {
-        self.end_spc2(None)
+    /// persistent reservations are kept.
+    pub fn reset(&self) {
+        self.end_spc2(None);
     }
 
     /// Ends the SPC-2 reservation if `holder` holds it (None: whoever does).

@@ -23,17 +23,6 @@ impl Reservations {
         Bytes::from(persist::encode(&g.pr, g.spc2.as_ref(), None, &[]))
     }
 
-    /// RESERVE (`reserve`) or RELEASE from `nexus` on a replicated LU: the whole
-    /// state for the partner afterwards.
-    pub(crate) fn reserve_or_release_replicated(
-        &self,
-        nexus: &ItNexus,
-        reserve: bool,
-    ) -> Result<Bytes, super::PrError> {
-        self.reserve_or_release(nexus, reserve)?;
-        Ok(self.state())
-    }
-
     /// [`Reservations::persistent_reserve_out_detailed`], also returning the new state
     /// for the HA partner when the command changed it (PRgeneration, a registration, the
     /// reservation or APTPL); the state lists the unit attentions the command established.
