@@ -90,10 +90,12 @@ impl Gate {
     async fn record(self: &Arc<Self>, e: AuditEntry) {
         let g = self.clone();
         let r = tokio::task::spawn_blocking(move || g.audit.append(&e)).await;
-        match r {
-            Ok(Ok(())) => {}
-            Ok(Err(e)) => tracing::error!("audit log {}: {e}", self.audit.path().display()),
-            Err(e) => tracing::error!("audit log {}: {e}", self.audit.path().display()),
+        let failed = match r {
+            Ok(r) => r.err(),
+            Err(e) => Some(std::io::Error::other(e)),
+        };
+        if let Some(e) = failed {
+            tracing::error!("audit log {}: {e}", self.audit.path().display());
         }
     }
 

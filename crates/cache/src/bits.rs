@@ -52,6 +52,16 @@ pub(crate) fn range_mask(first: u32, count: u32) -> u64 {
     }
 }
 
+/// The one run from the first set bit of `mask` to its last, as (first, count);
+/// none for an empty mask. One read of a frame's sectors in use spans the
+/// sectors between them too, never those before the first or after the last.
+pub(crate) fn hull(mask: u64) -> Option<(u32, u32)> {
+    (mask != 0).then(|| {
+        let first = mask.trailing_zeros();
+        (first, 64 - mask.leading_zeros() - first)
+    })
+}
+
 /// The runs of set bits of `mask`, lowest first, as (first bit, length).
 pub(crate) fn runs(mask: u64) -> impl Iterator<Item = (u32, u32)> {
     let mut m = mask;
@@ -69,6 +79,14 @@ pub(crate) fn runs(mask: u64) -> impl Iterator<Item = (u32, u32)> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn hull_spans_first_to_last_set_bit() {
+        assert_eq!(hull(0), None);
+        assert_eq!(hull(0b1011_0110), Some((1, 7)));
+        assert_eq!(hull(u64::MAX), Some((0, 64)));
+        assert_eq!(hull(1 << 63), Some((63, 1)));
+    }
 
     #[test]
     fn runs_of_set_bits() {

@@ -16,7 +16,7 @@
 //! Frames in use by an I/O or holding dirty data are pinned in the policy, so the
 //! policy never hands them to another block.
 
-use crate::bits::{range_mask, runs, FrameBits};
+use crate::bits::{hull, range_mask, runs, FrameBits};
 use crate::config::{CacheConfig, CacheMode};
 use crate::path::Step;
 use crate::policy::{Access, Policy};
@@ -394,6 +394,25 @@ impl Inner {
         }
     }
 
+    /// Copies the sectors `mask` names of the frame at byte `base` (a block
+    /// of `len` bytes) from device `src` to device `dst`, run by run.
+    async fn copy_runs(
+        &self,
+        src: usize,
+        dst: usize,
+        base: u64,
+        mask: u64,
+        len: u64,
+    ) -> BlockResult<()> {
+        for (first, n) in runs(mask) {
+            let start = first as u64 * SECTOR_BYTES;
+            let end = ((first + n) as u64 * SECTOR_BYTES).min(len);
+            let data = self.devs[src].read_at(base + start, end - start).await?;
+            self.devs[dst].write_at(base + start, data, false).await?;
+        }
+        Ok(())
+    }
+
     /// Reads `len` bytes at `off` inside frame `slot` from a live copy.
     pub(crate) async fn ssd_read(&self, slot: u32, off: u64, len: u64) -> BlockResult<Bytes> {
         let (devs, base) = self.frame_devices(slot);
@@ -552,19 +571,10 @@ impl Inner {
                 st.pin_io(slot);
                 (m, Pinned(self, slot))
             };
-            let mut ok = true;
-            for (first, n) in runs(mask) {
-                let start = first as u64 * SECTOR_BYTES;
-                let end = ((first + n) as u64 * SECTOR_BYTES).min(self.block_len(key));
-                let copy = match self.devs[src].read_at(base + start, end - start).await {
-                    Ok(data) => self.devs[dst].write_at(base + start, data, false).await,
-                    Err(e) => Err(e),
-                };
-                if copy.is_err() {
-                    ok = false;
-                    break;
-                }
-            }
+            let ok = (self
+                .copy_runs(src, dst, base, mask, self.block_len(key))
+                .await)
+                .is_ok();
             if !ok {
                 // a half failed (marked by read_at or write_at): degraded
                 self.on_device_failure();
@@ -626,15 +636,8 @@ impl Inner {
                 // replacement (review of 2026-12-06)
                 let valid = self.state.lock().valid.get(slot);
                 let copied = async {
-                    for (first, n) in runs(valid) {
-                        let start = first as u64 * SECTOR_BYTES;
-                        let end = ((first + n) as u64 * SECTOR_BYTES).min(self.block_bytes);
-                        let data = self.devs[survivor]
-                            .read_at(base + start, end - start)
-                            .await?;
-                        self.devs[d].write_at(base + start, data, false).await?;
-                    }
-                    Ok::<(), BlockError>(())
+                    self.copy_runs(survivor, d, base, valid, self.block_bytes)
+                        .await
                 }
                 .await;
                 // the cursor passes the frame before the frame is let go: a
@@ -845,14 +848,14 @@ impl Inner {
         let s1 =
             ((p.blk_off + p.len).div_ceil(SECTOR_BYTES) * SECTOR_BYTES).min(self.block_len(p.key));
         let mut out = BytesMut::from(&data[..]);
-        for (first, n) in runs(mask) {
+        // one read, from the first dirty sector to the last
+        if let Some((first, n)) = hull(mask) {
             let start = (first as u64 * SECTOR_BYTES).max(s0);
             let end = ((first + n) as u64 * SECTOR_BYTES).min(s1);
-            if start >= end {
-                continue;
+            if start < end {
+                let cached = self.ssd_read(slot, start, end - start).await?;
+                overlay(&mut out, p.blk_off, &cached, start, mask);
             }
-            let cached = self.ssd_read(slot, start, end - start).await?;
-            overlay(&mut out, p.blk_off, &cached, start, range_mask(first, n));
         }
         Ok(out.freeze())
     }
@@ -868,20 +871,21 @@ impl Inner {
         };
         let mut block = BytesMut::from(&backing[..]);
         // sectors the cache holds are as new as or newer than the backing
-        // volume's: read those only (review of 2026-12-06: the whole frame was
-        // read, and a latent error in sectors never written there failed a
-        // device, the survivor of a degraded mirror among them)
-        for (first, n) in runs(valid) {
+        // volume's: one read from the first of them to the last, never the
+        // sectors past them (review of 2026-12-06: the whole frame was read,
+        // and a latent error in sectors never written there failed a device,
+        // the survivor of a degraded mirror among them)
+        if let Some((first, n)) = hull(valid) {
             let start = first as u64 * SECTOR_BYTES;
             let end = ((first + n) as u64 * SECTOR_BYTES).min(blen);
             match self.ssd_read(slot, start, end - start).await {
-                Ok(cached) => overlay(&mut block, 0, &cached, start, range_mask(first, n)),
+                Ok(cached) => overlay(&mut block, 0, &cached, start, valid),
                 Err(e) if dirty != 0 => {
                     tracing::error!(error = %e, "cache: dirty data unreadable on every cache device");
                     return Err(e);
                 }
-                // clean: the backing volume's copy is as new (the frame is
-                // left as it is)
+                // clean: the backing volume's copy is as new, served as it is
+                // (the read failed the devices that could not serve it)
                 Err(_) => {
                     Counters::add(&self.counters.fills, 1);
                     return Ok(backing.slice(p.blk_off as usize..(p.blk_off + p.len) as usize));

@@ -32,6 +32,9 @@ pub(crate) struct Opened {
     /// The exclusive claim on a block device opened for writing (see
     /// [`claim_exclusive`]), held as long as the volume.
     pub(crate) claim: Option<File>,
+    /// A block device whose queue takes no discards (sysfs
+    /// `discard_max_bytes` 0): none is ever sent.
+    pub(crate) discard_unsupported: bool,
 }
 
 /// Claims the block device behind `file` exclusively, as `mkfs` and `mount`
@@ -300,6 +303,8 @@ pub(crate) fn open(path: &Path, opts: &FileOptions) -> Result<Opened, BlockError
     } else {
         None
     };
+    let discard_unsupported =
+        backing == Backing::BlockDevice && crate::sys::blk_discard_supported(&file) == Some(false);
     Ok(Opened {
         file,
         backing,
@@ -307,6 +312,7 @@ pub(crate) fn open(path: &Path, opts: &FileOptions) -> Result<Opened, BlockError
         direct,
         mem_align_bytes,
         claim,
+        discard_unsupported,
     })
 }
 

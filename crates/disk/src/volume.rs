@@ -212,6 +212,17 @@ impl fmt::Debug for FileVolume {
     }
 }
 
+/// Whether a failed BLKDISCARD or BLKZEROOUT got past the kernel's first
+/// checks (a bad range, a descriptor not open for writing, a read-only
+/// device), after which the kernel has dropped the range's cached pages,
+/// dirty ones too (see `discard`).
+fn after_page_drop(e: &std::io::Error) -> bool {
+    !matches!(
+        e.raw_os_error(),
+        Some(libc::EINVAL | libc::EBADF | libc::EPERM)
+    )
+}
+
 impl FileVolume {
     /// Opens (or, with `create_size_bytes`, creates) the file or block device at
     /// `path` and starts its I/O engine.
@@ -234,8 +245,6 @@ impl FileVolume {
             "opened disk volume"
         );
         let memory_backed = opened.backing == Backing::File && sys::is_tmpfs(file.as_raw_fd());
-        let discard_unsupported = opened.backing == Backing::BlockDevice
-            && sys::blk_discard_supported(&file) == Some(false);
         Ok(FileVolume {
             file,
             path: path.to_path_buf(),
@@ -257,7 +266,7 @@ impl FileVolume {
             // (a device that takes none is refused by the kernel before it
             // touches the cache; one that takes them and fails one has
             // dropped its cached pages: see discard)
-            discard_unsupported: AtomicBool::new(discard_unsupported),
+            discard_unsupported: AtomicBool::new(opened.discard_unsupported),
             sync_lost: Arc::new(SyncLatch::new(
                 path.to_path_buf(),
                 // (opened with the volume: it sees writeback errors from now)
@@ -839,12 +848,7 @@ impl Volume for FileVolume {
                     // (any failure after the kernel's early checks comes
                     // after that drop: the range is written with zeroes then
                     // too, which a discard allows)
-                    Err(e)
-                        if !matches!(
-                            e.raw_os_error(),
-                            Some(libc::EINVAL | libc::EBADF | libc::EPERM)
-                        ) =>
-                    {
+                    Err(e) if after_page_drop(&e) => {
                         if e.raw_os_error() == Some(libc::EOPNOTSUPP) {
                             if !self.discard_unsupported.swap(true, Ordering::Relaxed) {
                                 tracing::info!(path = %self.path.display(), "the device refuses discards; they are ignored from now on");
@@ -885,12 +889,7 @@ impl Volume for FileVolume {
                     Err(e) if e.raw_os_error() == Some(libc::EOPNOTSUPP) => false,
                     // after the kernel dropped the range's cached pages (see
                     // discard): the zeroes are written by hand
-                    Err(e)
-                        if !matches!(
-                            e.raw_os_error(),
-                            Some(libc::EINVAL | libc::EBADF | libc::EPERM)
-                        ) =>
-                    {
+                    Err(e) if after_page_drop(&e) => {
                         bump(&self.counters.errors, 1);
                         tracing::warn!(path = %self.path.display(), lba, error = %e, "write zeroes failed; the zeroes are written by hand");
                         false

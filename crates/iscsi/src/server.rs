@@ -101,9 +101,10 @@ pub(crate) struct Ctx {
     pub auth_limit: AuthLimiter,
     /// The node's budget of buffered data bytes.
     pub buffers: block::BufferBudget,
-    /// One line a second, with a count of those left out, for logins that
-    /// fail before or during authentication: a peer reconnecting in a loop
-    /// wrote one each (review of 2026-12-06).
+    /// One line a second, with a count of those left out, for logins refused
+    /// (other than by a failed authentication, which counts toward its
+    /// source's lockout and is logged every time), aborted or timed out: a
+    /// peer reconnecting in a loop wrote one each (review of 2026-12-06).
     pub refusals_log: block::admission::LogGate,
 }
 

@@ -69,7 +69,12 @@ pub(crate) async fn on_tmf(conn: &mut Conn, f: &Frame, t: TaskMgmtRequest, imm: 
             // tag of another LUN's task does not name it (review of 2026-12-06)
             let ours =
                 (conn.writes.get(&t.rtt)).is_some_and(|w| lun_from_wire(w.info.lun_raw) == lun);
-            if let Some(w) = ours.then(|| conn.writes.remove(&t.rtt)).flatten() {
+            let write = if ours {
+                conn.writes.remove(&t.rtt)
+            } else {
+                None
+            };
+            if let Some(w) = write {
                 conn.buffered_bytes -= w.buffered_bytes();
                 if w.info.holds_slot {
                     conn.session.window.release();
