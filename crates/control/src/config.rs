@@ -824,6 +824,10 @@ fn default_block_size() -> u32 {
     512
 }
 
+/// The largest `sanitize_rate_mib_s` (1 TiB/s: beyond any disk, and far
+/// below the 2^63 a TOML integer ends at).
+pub const SANITIZE_RATE_MIB_S_MAX: u64 = 1 << 20;
+
 fn default_sanitize_rate_mib_s() -> u64 {
     256
 }
@@ -1452,6 +1456,13 @@ impl Config {
                             id
                         );
                     }
+                }
+                if l.sanitize_rate_mib_s > SANITIZE_RATE_MIB_S_MAX {
+                    bail!(
+                        "target {} LUN {}: sanitize_rate_mib_s is at most {SANITIZE_RATE_MIB_S_MAX}",
+                        t.iqn,
+                        id
+                    );
                 }
                 match (&self.cluster, l.replicated) {
                     (None, true) => bail!(

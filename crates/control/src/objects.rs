@@ -901,7 +901,9 @@ mod tests {
 
     /// A change whose numbers managed.toml cannot hold (TOML integers end
     /// below 2^63) is refused before it is applied: applied, its save failed
-    /// and it ran unrecorded.
+    /// and it ran unrecorded. The configuration's own bounds refuse the
+    /// numbers known to reach that far (a host group's target LUN, a sanitize
+    /// rate); serializing the objects before they apply is the backstop.
     #[test]
     fn a_change_managed_toml_cannot_record_is_refused_first() {
         let mut cfg = Config::from_quick_flags(&crate::config::QuickFlags::default());
@@ -927,7 +929,7 @@ mod tests {
         cfg.targets[0].host_groups[0] = group;
         let r = Objects::check(&cfg, &managed);
         assert!(
-            matches!(&r, Err(ApiError::BadRequest(m)) if m.contains("2^63")),
+            matches!(&r, Err(ApiError::BadRequest(m)) if m.contains("flat addressing")),
             "{r:?}"
         );
         // a LUN's sanitize rate, the same
@@ -935,8 +937,13 @@ mod tests {
         let mut managed = Managed::default();
         let mut lun = cfg.targets[0].luns[0].clone();
         lun.sanitize_rate_mib_s = u64::MAX;
-        managed.add_lun(&iqn, lun);
-        assert!(Objects::check(&cfg, &managed).is_err());
+        managed.add_lun(&iqn, lun.clone());
+        cfg.targets[0].luns[0] = lun;
+        let r = Objects::check(&cfg, &managed);
+        assert!(
+            matches!(&r, Err(ApiError::BadRequest(m)) if m.contains("sanitize_rate_mib_s")),
+            "{r:?}"
+        );
     }
 
     /// A change that finds another one holding the lock waits for it at most

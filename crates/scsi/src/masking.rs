@@ -74,10 +74,15 @@ impl Masking {
                     g.name
                 )));
             }
-            if let Some(&(seen, _)) = view.iter().find(|&&(seen, _)| seen >= 0x4000) {
+            // both numbers: a target's LUNs are within flat addressing too
+            if let Some(&(seen, target)) = view
+                .iter()
+                .find(|&&(seen, target)| seen >= 0x4000 || target >= 0x4000)
+            {
                 return Err(ScsiError::Config(format!(
-                    "host group {}: LUN {seen} is beyond flat addressing (16383)",
-                    g.name
+                    "host group {}: LUN {} is beyond flat addressing (16383)",
+                    g.name,
+                    seen.max(target)
                 )));
             }
             let view: View = view.into();
