@@ -534,3 +534,115 @@ impl replica::ScsiPeer for PrLink {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use block::VolumeRef;
+    use replica::ScsiPeer;
+    use replica::{secure::ClusterKeys, Mode, ReplicaConfig};
+
+    /// Node 2 of a pair, not preferred, with no partner reachable and no
+    /// witness: it never orders changes and follows nobody.
+    fn lonely_node2(dir: &std::path::Path) -> (Arc<ReplicatedVolume>, Arc<scsi::ScsiTarget>) {
+        let keys = ClusterKeys::generate("c").unwrap().swap_remove(1);
+        let cfg = ReplicaConfig {
+            name: "c/iqn.2026-12.org.freesan:t/lun0".into(),
+            cluster: "c".into(),
+            node_id: 2,
+            preferred_node: 1,
+            peer_sync: Vec::new(),
+            witness: None,
+            mode: Mode::ActiveActive,
+            region_bytes: 64 << 10,
+            heartbeat_interval_ms: 50,
+            peer_timeout_ms: 400,
+            io_wait_ms: 3000,
+            state_dir: dir.join("replica"),
+            keys: Arc::new(keys),
+            buffers: block::BufferBudget::unlimited(),
+        };
+        let local: VolumeRef = Arc::new(block::MemVolume::new(512, 64));
+        let (vol, _sink) = ReplicatedVolume::open(cfg, local).unwrap();
+        let vol = Arc::new(vol);
+        let lun = scsi::LunConfig {
+            naa: [0x60, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15],
+            serial: "HA0".into(),
+            vendor: "FREESAN".into(),
+            product: "VIRTUAL DISK".into(),
+            revision: "0001".into(),
+            read_only: false,
+            state_file: None,
+            physical_block_exponent: 0,
+            sanitize_rate_bytes_per_s: 0,
+        };
+        let target = Arc::new(
+            scsi::ScsiTarget::new(scsi::TargetConfig::one_port_group(
+                "iqn.2026-12.org.freesan:t",
+                1,
+                vec![(0, lun, vol.clone() as VolumeRef)],
+            ))
+            .unwrap(),
+        );
+        (vol, target)
+    }
+
+    /// What the partner asks through the authenticated link is still checked
+    /// against this node's role and the LUN: a node that does not order
+    /// changes refuses a forwarded RESERVE and an SPC-2 end (`EndSpc2`), a
+    /// node that follows nobody refuses reservation state, and a request
+    /// naming another LUN is refused; none changes the reservations here.
+    #[tokio::test]
+    async fn requests_this_node_may_not_take_are_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let (vol, target) = lonely_node2(dir.path());
+        let link = PrLink::new(0, vol.clone(), &target);
+        let before = target.pr_state(0).unwrap();
+        let state = Bytes::from_static(
+            br#"{"version":1,"generation":0,"aptpl":false,"registrations":[],"reservation":null,"spc2_holder":{"initiator_port":"iqn.2026-12.org.example:h,i,0x000000000001","relative_port_id":1}}"#,
+        );
+        let requests = [
+            ScsiMsg::EndSpc2 {
+                lun: 0,
+                holder: None,
+            },
+            ScsiMsg::ForwardPrOut {
+                lun: 0,
+                initiator_name: "iqn.2026-12.org.example:h".into(),
+                initiator_port: "iqn.2026-12.org.example:h,i,0x000000000001".into(),
+                relative_port_id: 1,
+                cdb: Bytes::from_static(&[0x16, 0, 0, 0, 0, 0]),
+                data: Bytes::new(),
+            },
+            ScsiMsg::InstallPrState {
+                lun: 0,
+                state: state.clone(),
+            },
+            ScsiMsg::EndSpc2 {
+                lun: 7,
+                holder: None,
+            },
+            ScsiMsg::InstallPrState { lun: 7, state },
+        ];
+        for req in requests {
+            assert!(
+                !matches!(
+                    vol.role(),
+                    Role::Leader | Role::Solo | Role::Follower | Role::Target
+                ),
+                "the node took a role: {:?}",
+                vol.role()
+            );
+            let answer = ScsiAnswer::decode(link.handle(req.encode()).await);
+            assert!(
+                matches!(answer, Some(ScsiAnswer::Failed(_))),
+                "{req:?} was taken: {answer:?}"
+            );
+            assert_eq!(
+                target.pr_state(0).unwrap(),
+                before,
+                "{req:?} changed the state"
+            );
+        }
+    }
+}
