@@ -2630,6 +2630,7 @@ impl Volume for CacheVolume {
         block::detach::detached(async move {
             let i = &*inner;
             let _one = i.growing.lock().await;
+            i.serving()?;
             let now = i.block_count.load(Ordering::Acquire);
             if block_count < now {
                 return Err(BlockError::NotSupported("shrinking a volume"));
@@ -2716,10 +2717,27 @@ async fn to_completion<T: Send + 'static>(
 }
 
 impl Inner {
+    /// Refuses a request once the cache has stopped (`shutdown`, `detach`):
+    /// the map written then is what the next start trusts, so a read filling a
+    /// frame, a write or a discard after it would change the cache behind that
+    /// map (a frame recorded for one block holding another's data, dirty data
+    /// never destaged). Checked under the gate, which `stopping` is only set
+    /// under exclusively: a request either ran before the stop or sees it.
+    fn serving(&self) -> BlockResult<()> {
+        match self.stopping.load(Ordering::Acquire) {
+            false => Ok(()),
+            true => Err(BlockError::Unavailable(format!(
+                "cache {} is stopped",
+                self.name
+            ))),
+        }
+    }
+
     async fn read_op(&self, lba: u64, blocks: u32) -> BlockResult<Bytes> {
         let i = self;
         i.geo().check_range(lba, blocks as u64)?;
         let _gate = i.gate.read().await;
+        i.serving()?;
         let _fg = i.fg();
         let off = lba * i.bs;
         let len = blocks as u64 * i.bs;
@@ -2738,6 +2756,7 @@ impl Inner {
             return Ok(());
         }
         let _gate = i.gate.read().await;
+        i.serving()?;
         let _fg = i.fg();
         i.write_bytes(lba * i.bs, data, fua).await
     }
@@ -2746,6 +2765,7 @@ impl Inner {
         let i = self;
         i.geo().check_range(lba, blocks)?;
         let _gate = i.gate.read().await;
+        i.serving()?;
         let _fg = i.fg();
         let off = lba * i.bs;
         let len = blocks * i.bs;

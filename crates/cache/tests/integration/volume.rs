@@ -2221,3 +2221,37 @@ async fn a_retried_write_after_both_halves_failed_under_it_is_not_lost_at_the_ne
         "the block does not read its last acknowledged data"
     );
 }
+
+/// A request that reaches the cache after it stopped is refused: the map the
+/// stop wrote is what the next start trusts. Before (review of 2026-12-06) a
+/// read after `shutdown` filled a frame behind a map already written clean,
+/// and a write-back write after it was acknowledged and never destaged.
+#[tokio::test]
+async fn a_stopped_cache_refuses_requests() {
+    let (backing, ssds, c) = write_back_on_two_ssds();
+    let vol = CacheVolume::open("t", backing.clone(), devices(&ssds), c.clone())
+        .await
+        .unwrap();
+    vol.write(0, pattern(1, 4096), false).await.unwrap();
+    vol.shutdown().await.unwrap();
+    let unavailable = |r: BlockResult<()>| matches!(r, Err(block::BlockError::Unavailable(_)));
+    assert!(unavailable(vol.read(8, 4).await.map(|_| ())), "a read");
+    assert!(
+        unavailable(vol.write(8, pattern(2, 4096), false).await),
+        "a write"
+    );
+    assert!(unavailable(vol.discard(0, 1).await), "a discard");
+    let blocks = vol.geometry().block_count;
+    assert!(unavailable(vol.grow(blocks + 4).await), "a grow");
+    drop(vol);
+    // what the cache acknowledged before its stop is all there is
+    let vol = CacheVolume::open("t", backing.clone(), devices(&ssds), c)
+        .await
+        .unwrap();
+    assert_eq!(vol.read(0, 1).await.unwrap(), pattern(1, 4096));
+    assert_eq!(
+        vol.read(8, 1).await.unwrap(),
+        backing.read(8, 1).await.unwrap()
+    );
+    assert_eq!(vol.status().dirty_bytes, 4096);
+}
