@@ -296,6 +296,9 @@ pub(crate) struct Device {
     resilver: AtomicU32,
     /// The device's logical block size.
     bs: u64,
+    /// Reads of frame data it answered with a medium error (sectors it
+    /// could not read, the device kept in service).
+    media_errors: std::sync::atomic::AtomicU64,
 }
 
 impl Device {
@@ -306,7 +309,18 @@ impl Device {
             failed: AtomicBool::new(false),
             resilver: AtomicU32::new(NOT_RESILVERING),
             bs,
+            media_errors: Default::default(),
         }
+    }
+
+    /// The device's logical block size.
+    pub(crate) fn block_bytes(&self) -> u64 {
+        self.bs
+    }
+
+    /// Frame reads it answered with a medium error since the start.
+    pub(crate) fn media_errors(&self) -> u64 {
+        self.media_errors.load(Ordering::Relaxed)
     }
 
     /// The device's name.
@@ -331,6 +345,8 @@ impl Device {
             return false;
         }
         *self.slot.write() = (name, vol);
+        // the count was the old device's
+        self.media_errors.store(0, Ordering::Relaxed);
         self.resilver.store(0, Ordering::Release);
         true
     }
@@ -389,6 +405,24 @@ impl Device {
     /// an error fails the device.
     pub(crate) async fn read_at(&self, offset: u64, len: u64) -> BlockResult<Bytes> {
         self.read_failing(offset, len, |_| true).await
+    }
+
+    /// [`Device::read_at`] for frame data: a medium error (sectors of this
+    /// device that cannot be read) costs what they held, not the device; it
+    /// is counted and answered, and the caller reads another copy, the
+    /// backing volume or answers the host's read with it. Any other error
+    /// fails the device. A device that failed for every unreadable sector
+    /// took the whole cache out for one latent error, and with it every
+    /// dirty block a single SSD held (review of 2026-12-06).
+    pub(crate) async fn read_frame_at(&self, offset: u64, len: u64) -> BlockResult<Bytes> {
+        let r = self
+            .read_failing(offset, len, |e| !matches!(e, BlockError::Medium { .. }))
+            .await;
+        if let Err(BlockError::Medium { lba }) = &r {
+            self.media_errors.fetch_add(1, Ordering::Relaxed);
+            tracing::warn!(device = %self.name(), lba, "cache device: unreadable sector");
+        }
+        r
     }
 
     /// [`Device::read_at`] for a copy of the table: a medium error (that

@@ -84,6 +84,10 @@ pub struct DeviceStatus {
     pub name: String,
     /// "ok" or "failed".
     pub state: String,
+    /// Reads of cached data it answered with a medium error since the start
+    /// (unreadable sectors: the device stays in service, the data is read
+    /// from the other copy or the backing volume and written again).
+    pub media_errors: u64,
 }
 
 /// One point of the advisor's estimated curve.

@@ -413,27 +413,66 @@ impl Inner {
         Ok(())
     }
 
-    /// Reads `len` bytes at `off` inside frame `slot` from a live copy.
+    /// Reads `len` bytes at `off` inside frame `slot` from a live copy. A copy
+    /// that answers a medium error stays in service: the next copy is read,
+    /// and one that reads is written over the unreadable one (the same bytes,
+    /// so a torn write cannot lose anything; a disk remaps a sector it is
+    /// written), as md's RAID 1 corrects a read error. With no copy left that
+    /// reads, the medium error is the answer (at the SSD's block: see
+    /// [`Inner::host_medium`]).
     pub(crate) async fn ssd_read(&self, slot: u32, off: u64, len: u64) -> BlockResult<Bytes> {
         let (devs, base) = self.frame_devices(slot);
         let mut last = BlockError::Unavailable("no cache device left".into());
+        let mut unreadable = Vec::new();
         // spread mirrored reads over both copies
         let start = slot as usize % devs.len().max(1);
         for i in 0..devs.len() {
-            let d = &self.devs[devs[(start + i) % devs.len()]];
+            let at = devs[(start + i) % devs.len()];
+            let d = &self.devs[at];
             if d.is_failed() {
                 continue;
             }
-            match d.read_at(base + off, len).await {
-                Ok(b) => return Ok(b),
+            match d.read_frame_at(base + off, len).await {
+                Ok(b) => {
+                    for &bad in &unreadable {
+                        let dev: &Device = &self.devs[bad];
+                        match dev.write_at(base + off, b.clone(), false).await {
+                            Ok(()) => {
+                                tracing::info!(device = %dev.name(), slot, "cache device: unreadable sectors written again from the other copy")
+                            }
+                            // the write failed the device
+                            Err(_) => self.on_device_failure(),
+                        }
+                    }
+                    return Ok(b);
+                }
                 Err(e) => {
                     Counters::add(&self.counters.ssd_errors, 1);
-                    self.on_device_failure();
+                    if matches!(e, BlockError::Medium { .. }) {
+                        unreadable.push(at);
+                    } else {
+                        self.on_device_failure();
+                    }
                     last = e;
                 }
             }
         }
         Err(last)
+    }
+
+    /// A medium error [`Inner::ssd_read`] gave for frame `slot`, which holds
+    /// block `key`, at the host's block instead of the SSD's (the sense data
+    /// names it). Any other error as it is.
+    fn host_medium(&self, e: BlockError, key: u64, slot: u32) -> BlockError {
+        let BlockError::Medium { lba } = e else {
+            return e;
+        };
+        let (devs, base) = self.frame_devices(slot);
+        let dbs = devs.first().map_or(1, |&d| self.devs[d].block_bytes());
+        let in_frame = (lba * dbs).saturating_sub(base).min(self.block_bytes - 1);
+        BlockError::Medium {
+            lba: (key * self.block_bytes + in_frame) / self.bs,
+        }
     }
 
     /// Writes into frame `slot` on every live copy; Ok if at least one took it.
@@ -808,11 +847,35 @@ impl Inner {
                     }
                     // the backing volume has the data unless some of it is
                     // dirty here (the frame is pinned: its bits are its own)
-                    Err(e) if self.state.lock().dirty.get(slot) & p.mask != 0 => {
-                        tracing::error!(error = %e, "cache: dirty data unreadable on every cache device");
-                        Err(e)
+                    Err(e) => {
+                        let medium = matches!(e, BlockError::Medium { .. });
+                        let dirty = {
+                            let mut st = self.state.lock();
+                            let dirty = st.dirty.get(slot);
+                            if medium {
+                                // the clean sectors it held are the backing's:
+                                // forgotten, the next read fills them, which
+                                // writes the unreadable one again
+                                let valid = st.valid.get(slot);
+                                st.valid.set(slot, valid & dirty);
+                            }
+                            dirty & p.mask
+                        };
+                        if dirty == 0 {
+                            return self.read_piece_backing(p, None).await;
+                        }
+                        // unreadable dirty sectors are this read's error; the
+                        // error may lie in a clean sector of the span read
+                        let r = match medium {
+                            true => self.read_piece_backing(p, Some((slot, dirty))).await,
+                            false => Err(e),
+                        };
+                        if let Err(e) = &r {
+                            tracing::error!(cache = %self.name, block = p.key, error = %e,
+                                "cache: dirty data unreadable on every cache device");
+                        }
+                        r
                     }
-                    Err(_) => self.read_piece_backing(p, None).await,
                 }
             }
             Plan::Backing(d) => self.read_piece_backing(p, d).await,
@@ -853,7 +916,10 @@ impl Inner {
             let start = (first as u64 * SECTOR_BYTES).max(s0);
             let end = ((first + n) as u64 * SECTOR_BYTES).min(s1);
             if start < end {
-                let cached = self.ssd_read(slot, start, end - start).await?;
+                let cached = self
+                    .ssd_read(slot, start, end - start)
+                    .await
+                    .map_err(|e| self.host_medium(e, p.key, slot))?;
                 overlay(&mut out, p.blk_off, &cached, start, mask);
             }
         }
@@ -865,7 +931,7 @@ impl Inner {
         let blen = self.block_len(p.key);
         let base = p.key * self.block_bytes;
         let backing = self.backing_read(base, blen).await?;
-        let (valid, dirty) = {
+        let (mut valid, dirty) = {
             let st = self.state.lock();
             (st.valid.get(slot), st.dirty.get(slot))
         };
@@ -880,6 +946,34 @@ impl Inner {
             let end = ((first + n) as u64 * SECTOR_BYTES).min(blen);
             match self.ssd_read(slot, start, end - start).await {
                 Ok(cached) => overlay(&mut block, 0, &cached, start, valid),
+                // Unreadable sectors: the clean ones the frame held are the
+                // backing's and are forgotten, so the fill writes them again
+                // (a disk remaps a sector it is written); the dirty ones are
+                // read alone, and if they cannot be, that is this read's error
+                // (the frame keeps them dirty, the device stays in service).
+                Err(BlockError::Medium { .. }) => {
+                    if let Some((first, n)) = hull(dirty) {
+                        let start = first as u64 * SECTOR_BYTES;
+                        let end = ((first + n) as u64 * SECTOR_BYTES).min(blen);
+                        match self.ssd_read(slot, start, end - start).await {
+                            Ok(cached) => overlay(&mut block, 0, &cached, start, dirty),
+                            // this read needs none of them: the backing's
+                            // sectors, and the frame is left as it is
+                            Err(_) if dirty & p.mask == 0 => {
+                                return Ok(
+                                    backing.slice(p.blk_off as usize..(p.blk_off + p.len) as usize)
+                                );
+                            }
+                            Err(e) => {
+                                tracing::error!(cache = %self.name, block = p.key, error = %e,
+                                    "cache: dirty data unreadable on every cache device");
+                                return Err(self.host_medium(e, p.key, slot));
+                            }
+                        }
+                    }
+                    valid = dirty;
+                    self.state.lock().valid.set(slot, valid);
+                }
                 Err(e) if dirty != 0 => {
                     tracing::error!(error = %e, "cache: dirty data unreadable on every cache device");
                     return Err(e);
@@ -1532,6 +1626,7 @@ impl Inner {
             .iter()
             .map(|d| DeviceStatus {
                 name: d.name(),
+                media_errors: d.media_errors(),
                 state: match d.resilver_cursor() {
                     Some(c) => format!(
                         "resilvering {:.0}%",

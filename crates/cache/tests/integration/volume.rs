@@ -2255,3 +2255,117 @@ async fn a_stopped_cache_refuses_requests() {
     );
     assert_eq!(vol.status().dirty_bytes, 4096);
 }
+
+/// Makes block `at` of every SSD in `faulty` unreadable until written.
+fn unreadable_until_written(faulty: &[Arc<FaultVolume>], at: u64) {
+    for f in faulty {
+        let plan = f.plan();
+        let mut p = plan.lock();
+        p.bad_read_blocks = vec![at..at + 1];
+        p.remap_on_write = true;
+    }
+}
+
+fn media_errors(vol: &CacheVolume) -> Vec<u64> {
+    vol.status()
+        .devices
+        .iter()
+        .map(|d| d.media_errors)
+        .collect()
+}
+
+/// An unreadable sector on one half of a write-back mirror costs that sector,
+/// not the half: the data comes from the other half, which is written over
+/// the unreadable copy, and the mirror stays whole. Before (review of
+/// 2026-12-06) the read failed the half and the cache ran degraded,
+/// write-through, for one latent sector error.
+#[tokio::test]
+async fn an_unreadable_sector_on_one_mirror_half_is_read_from_the_other_and_written_again() {
+    let (_backing, faulty, vol, at) = one_dirty_sector_on_faulty_halves().await;
+    // the first frame is read from the first half first
+    unreadable_until_written(&faulty[..1], at);
+    assert_eq!(vol.read(0, 1).await.unwrap(), pattern(1, 4096));
+    let st = vol.status();
+    assert!(st.devices.iter().all(|d| d.state == "ok"), "{st:?}");
+    assert_eq!(media_errors(&vol), vec![1, 0]);
+    assert!(
+        faulty[0].plan().lock().bad_read_blocks.is_empty(),
+        "the unreadable copy was written again"
+    );
+    // the second half alone now fails there: the first half's copy serves
+    unreadable_until_written(&faulty[1..], at);
+    assert_eq!(vol.read(0, 1).await.unwrap(), pattern(1, 4096));
+    assert_eq!(vol.status().mode, "write-back");
+}
+
+/// Dirty data no copy can read is a medium error at the host's block, for
+/// that block only: the devices stay in service, the rest of the cache
+/// serves and takes writes back, and a write over the block makes it
+/// readable again. Before (review of 2026-12-06) the read failed both
+/// halves, and every dirty block of the cache was lost with them.
+#[tokio::test]
+async fn dirty_data_no_copy_can_read_is_a_medium_error_for_that_block_alone() {
+    let (backing, faulty, vol, at) = one_dirty_sector_on_faulty_halves().await;
+    vol.write(40, pattern(5, 4096), false).await.unwrap();
+    unreadable_until_written(&faulty, at);
+    match vol.read(0, 2).await {
+        Err(block::BlockError::Medium { lba }) => {
+            assert_eq!(lba, 0, "the host's block (the SSD's is {at})")
+        }
+        other => panic!("{:?}", other.map(|b| b.len())),
+    }
+    let st = vol.status();
+    assert!(st.devices.iter().all(|d| d.state == "ok"), "{st:?}");
+    assert_eq!(st.mode, "write-back");
+    assert_eq!(vol.read(40, 1).await.unwrap(), pattern(5, 4096));
+    // the block's clean sectors still read (from the backing volume)
+    assert_eq!(
+        vol.read(2, 2).await.unwrap(),
+        backing.read(2, 2).await.unwrap()
+    );
+    vol.write(0, pattern(6, 4096), false).await.unwrap();
+    assert_eq!(vol.read(0, 1).await.unwrap(), pattern(6, 4096));
+    assert_eq!(vol.status().dirty_bytes, 2 * 4096);
+}
+
+/// An unreadable clean sector is read from the backing volume; the frame
+/// forgets the clean sectors it held, and the next read fills them, which
+/// writes the unreadable sector again (a disk remaps a sector it is written).
+#[tokio::test]
+async fn an_unreadable_clean_sector_is_read_from_the_backing_and_filled_again() {
+    let backing: VolumeRef = Arc::new(MemVolume::new(4096, BACKING_BYTES / 4096));
+    backing.write(32, pattern(7, 16384), false).await.unwrap();
+    let mem = Arc::new(MemVolume::new(4096, 1 << 10));
+    let faulty = Arc::new(FaultVolume::new(mem.clone() as VolumeRef));
+    let vol = CacheVolume::open(
+        "t",
+        backing.clone(),
+        devices(&[faulty.clone() as VolumeRef]),
+        cfg(CacheMode::ReadOnly),
+    )
+    .await
+    .unwrap();
+    let want = backing.read(32, 4).await.unwrap();
+    // admitted on a second miss at most: read until it is a hit
+    for _ in 0..3 {
+        assert_eq!(vol.read(32, 4).await.unwrap(), want);
+    }
+    let hits = vol.status().read_hits;
+    assert_eq!(vol.read(32, 4).await.unwrap(), want);
+    assert!(vol.status().read_hits > hits, "cached: {:?}", vol.status());
+    let at = block_holding(&mem, &want[4096..8192]).await;
+    unreadable_until_written(std::slice::from_ref(&faulty), at);
+    assert_eq!(vol.read(32, 4).await.unwrap(), want);
+    assert_eq!(media_errors(&vol), vec![1]);
+    assert_eq!(vol.status().devices[0].state, "ok");
+    // the next read fills the frame again, writing the unreadable sector
+    assert_eq!(vol.read(32, 4).await.unwrap(), want);
+    assert!(
+        faulty.plan().lock().bad_read_blocks.is_empty(),
+        "written again"
+    );
+    let hits = vol.status().read_hits;
+    assert_eq!(vol.read(32, 4).await.unwrap(), want);
+    assert!(vol.status().read_hits > hits);
+    assert_eq!(media_errors(&vol), vec![1]);
+}

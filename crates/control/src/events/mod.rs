@@ -83,6 +83,10 @@ pub enum EventKind {
     ScrubFoundErrors,
     /// An SSD of a cache failed.
     CacheDeviceFailed,
+    /// An SSD of a cache answered reads of cached data with unreadable
+    /// sectors (it stays in service; the data came from another copy or the
+    /// backing volume, or the host's read failed where no copy held it).
+    CacheMediaErrors,
     /// A write-back cache fell back to write-through (no mirror left).
     CacheWriteThrough,
     /// A cache is healthy again (device replaced, resilvered).

@@ -197,26 +197,7 @@ impl State {
         // caches
         for (name, mode, state, devices) in src.pools.cache_health() {
             if let Some((old_state, old_devs)) = self.caches.get(&name) {
-                for (i, d) in devices.iter().enumerate() {
-                    let was = old_devs.get(i).map(|d| d.state.as_str());
-                    if d.state == "failed" && was != Some("failed") {
-                        let wb = mode == cache::CacheMode::WriteBack;
-                        out.push(NewEvent::new(
-                            if wb { S::Critical } else { S::Warning },
-                            K::CacheDeviceFailed,
-                            format!("{name}/{}", d.name),
-                            format!(
-                                "cache {name}: device {i} ({}) failed{}",
-                                d.name,
-                                if wb {
-                                    "; the write-back cache has lost its mirror"
-                                } else {
-                                    ""
-                                }
-                            ),
-                        ));
-                    }
-                }
+                cache_device_events(&name, mode, old_devs, &devices, &mut out);
                 if state.contains("write-through") && !old_state.contains("write-through") {
                     out.push(NewEvent::new(
                         S::Warning,
@@ -690,9 +671,81 @@ fn first_cert_not_after(pem: &[u8]) -> Result<i64, String> {
     Err("no certificate in the file".into())
 }
 
+/// What changed on the devices of cache `name` between two polls: a device
+/// that failed, and one whose count of unreadable sectors grew.
+fn cache_device_events(
+    name: &str,
+    mode: cache::CacheMode,
+    old_devs: &[cache::DeviceStatus],
+    devices: &[cache::DeviceStatus],
+    out: &mut Vec<NewEvent>,
+) {
+    for (i, d) in devices.iter().enumerate() {
+        let seen = old_devs.get(i).map_or(0, |d| d.media_errors);
+        if d.media_errors > seen {
+            out.push(NewEvent::new(
+                S::Warning,
+                K::CacheMediaErrors,
+                format!("{name}/{}", d.name),
+                format!(
+                    "cache {name}: device {i} ({}) could not read {} more sector range(s) of cached data ({} since the start); it stays in service: clean data came from the backing volume, mirrored data from the other half (and was written again), dirty data no copy held failed the host's read; replace the device if the count keeps rising",
+                    d.name,
+                    d.media_errors - seen,
+                    d.media_errors
+                ),
+            ));
+        }
+        let was = old_devs.get(i).map(|d| d.state.as_str());
+        if d.state == "failed" && was != Some("failed") {
+            let wb = mode == cache::CacheMode::WriteBack;
+            out.push(NewEvent::new(
+                if wb { S::Critical } else { S::Warning },
+                K::CacheDeviceFailed,
+                format!("{name}/{}", d.name),
+                format!(
+                    "cache {name}: device {i} ({}) failed{}",
+                    d.name,
+                    if wb {
+                        "; the write-back cache has lost its mirror"
+                    } else {
+                        ""
+                    }
+                ),
+            ));
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
-    use super::{pool_events, standing_pool_events, K, S};
+    use super::{cache_device_events, pool_events, standing_pool_events, K, S};
+
+    #[test]
+    fn a_cache_device_whose_unreadable_sectors_grow_is_reported_each_time() {
+        let dev = |state: &str, media_errors: u64| cache::DeviceStatus {
+            name: "ssd0".into(),
+            state: state.into(),
+            media_errors,
+        };
+        let events = |old: &[cache::DeviceStatus], new: &[cache::DeviceStatus]| {
+            let mut out = Vec::new();
+            cache_device_events("c", cache::CacheMode::WriteBack, old, new, &mut out);
+            out.into_iter()
+                .map(|e| (e.kind, e.severity, e.object))
+                .collect::<Vec<_>>()
+        };
+        let warned = vec![(K::CacheMediaErrors, S::Warning, "c/ssd0".to_string())];
+        assert_eq!(events(&[dev("ok", 0)], &[dev("ok", 0)]), vec![]);
+        assert_eq!(events(&[dev("ok", 0)], &[dev("ok", 2)]), warned);
+        assert_eq!(events(&[dev("ok", 2)], &[dev("ok", 2)]), vec![]);
+        assert_eq!(events(&[dev("ok", 2)], &[dev("ok", 3)]), warned);
+        // a replacement starts its own count: nothing to say
+        assert_eq!(events(&[dev("ok", 3)], &[dev("ok", 0)]), vec![]);
+        assert_eq!(
+            events(&[dev("ok", 0)], &[dev("failed", 0)]),
+            vec![(K::CacheDeviceFailed, S::Critical, "c/ssd0".to_string())]
+        );
+    }
 
     fn member(pos: usize, name: &str, state: &str) -> serde_json::Value {
         serde_json::json!({"position": pos, "name": name, "uuid": "0", "state": state,

@@ -434,6 +434,7 @@ impl NodeCollector {
         let mut frameless = Samples::new();
         let mut stripes = Samples::new();
         let mut errs = Samples::new();
+        let mut media = Samples::new();
         let mut healthy = Samples::new();
         let mut advisor = Samples::new();
         for c in caches {
@@ -460,6 +461,10 @@ impl NodeCollector {
             stripes.push((base.clone(), num(&c["stripe_destages"])));
             errs.push((with(&base, ("kind", "destage")), num(&c["destage_errors"])));
             errs.push((with(&base, ("kind", "backing")), num(&c["backing_errors"])));
+            for d in c["devices"].as_array().into_iter().flatten() {
+                let l = with(&base, ("device", d["name"].as_str().unwrap_or("")));
+                media.push((l, num(&d["media_errors"])));
+            }
             if let Some(b) = c["advisor_bytes_for_90_percent"].as_u64() {
                 advisor.push((base, b as f64));
             }
@@ -529,6 +534,12 @@ impl NodeCollector {
             "freesan_cache_errors",
             "Errors of the backing volume seen by a cache, by kind.",
             &errs,
+        )?;
+        counters(
+            e,
+            "freesan_cache_device_media_errors",
+            "Reads of cached data a cache device answered with a medium error (unreadable sectors; the device stays in service).",
+            &media,
         )?;
         gauges(
             e,
