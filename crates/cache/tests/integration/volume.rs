@@ -2261,7 +2261,7 @@ fn unreadable_until_written(faulty: &[Arc<FaultVolume>], at: u64) {
     for f in faulty {
         let plan = f.plan();
         let mut p = plan.lock();
-        p.bad_read_blocks = vec![at..at + 1];
+        p.bad_read_blocks = std::iter::once(at..at + 1).collect();
         p.remap_on_write = true;
     }
 }
