@@ -343,6 +343,23 @@ impl scsi::PrReplication for PrLink {
         self.to_the_orderer(req).await
     }
 
+    async fn reset_elsewhere(&self, lun: u64, kind: scsi::ResetKind) -> Result<(), String> {
+        // whichever node leads: each raises the unit attention on its own
+        // nexuses. Alone, no partner serves the LU; a partner that does not
+        // answer costs the link's exchange time at most.
+        if !matches!(
+            self.vol.role(),
+            Role::Leader | Role::Follower | Role::Target
+        ) {
+            return Ok(());
+        }
+        let req = ScsiMsg::Reset {
+            lun,
+            kind: kind.code(),
+        };
+        self.ask(req, "partner").await.into_result()
+    }
+
     fn access_changed(&self) {
         let (Some(me), Ok(rt)) = (self.me.upgrade(), tokio::runtime::Handle::try_current()) else {
             return;
@@ -497,6 +514,20 @@ impl replica::ScsiPeer for PrLink {
                     }
                 }
             }
+            Some(ScsiMsg::Reset { lun, kind }) => {
+                // either node may send it, whatever the roles: its initiators
+                // reach the same LU
+                if lun != self.lun {
+                    ScsiAnswer::Failed("request for another LUN".into())
+                } else if let Some(kind) = scsi::ResetKind::from_code(kind) {
+                    match t.reset_from_partner(lun, kind) {
+                        Ok(()) => ScsiAnswer::Installed,
+                        Err(why) => ScsiAnswer::Failed(why),
+                    }
+                } else {
+                    ScsiAnswer::Failed("unknown reset".into())
+                }
+            }
             Some(ScsiMsg::CompareAccess { lun, digest }) => {
                 if lun != self.lun {
                     ScsiAnswer::Failed("request for another LUN".into())
@@ -623,6 +654,10 @@ mod tests {
                 holder: None,
             },
             ScsiMsg::InstallPrState { lun: 7, state },
+            // a reset is taken whatever the roles, but not for another LUN
+            // nor of a kind this version does not know
+            ScsiMsg::Reset { lun: 7, kind: 0 },
+            ScsiMsg::Reset { lun: 0, kind: 9 },
         ];
         for req in requests {
             assert!(

@@ -82,6 +82,17 @@ pub enum ScsiMsg {
         /// holds it (a reset).
         holder: Option<(String, u16)>,
     },
+    /// A reset reached the LUN on the sender (`kind`: 0 a LOGICAL UNIT RESET,
+    /// 1 a target reset): the receiver raises the reset's unit attention on
+    /// its own I_T nexuses of the LUN and answers [`ScsiAnswer::Installed`].
+    /// Sent by either node. A partner of an earlier version answers it
+    /// malformed, and its initiators learn nothing of the reset.
+    Reset {
+        /// The LUN.
+        lun: u64,
+        /// Which reset.
+        kind: u8,
+    },
 }
 
 /// Most bytes of a [`ScsiMsg::CompareAccess`] digest.
@@ -241,6 +252,11 @@ impl ScsiMsg {
                 out.put_u64(*lun);
                 put_nexus(&mut out, holder.as_ref());
             }
+            ScsiMsg::Reset { lun, kind } => {
+                out.put_u8(7);
+                out.put_u64(*lun);
+                out.put_u8(*kind);
+            }
         }
         out.freeze()
     }
@@ -279,6 +295,10 @@ impl ScsiMsg {
             6 => ScsiMsg::EndSpc2 {
                 lun: r.u64()?,
                 holder: r.nexus()?,
+            },
+            7 => ScsiMsg::Reset {
+                lun: r.u64()?,
+                kind: r.u8()?,
             },
             _ => return None,
         };
@@ -392,6 +412,8 @@ mod tests {
                 lun: 6,
                 holder: None,
             },
+            ScsiMsg::Reset { lun: 7, kind: 0 },
+            ScsiMsg::Reset { lun: 8, kind: 1 },
         ];
         for m in msgs {
             assert_eq!(ScsiMsg::decode(m.encode()), Some(m));

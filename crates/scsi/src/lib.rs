@@ -62,7 +62,7 @@ pub use copy::CopyReach;
 pub use copy_resume::copy_records;
 pub use inquiry::{Limits, CAW_BLOCKS_MAX, UNMAP_BLOCKS_MAX, UNMAP_DESCRIPTORS_MAX};
 pub use masking::{check_host_groups, HostGroup};
-pub use replication::{PrReplication, TaskAbort};
+pub use replication::{PrReplication, ResetKind, TaskAbort};
 pub use stats::{Direction, LuStats};
 pub use target::ScsiTarget;
 pub use thin::{LuEvent, CHECK_BYTES as THIN_CHECK_BYTES};

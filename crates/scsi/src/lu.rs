@@ -346,8 +346,16 @@ impl LogicalUnit {
     /// A LOGICAL UNIT RESET or target reset: SPC-2 reservations, medium removal
     /// prevention and mode parameters return to their defaults; every nexus gets `ua`.
     pub fn reset(&self, ua: Sense) {
-        self.resets.fetch_add(1, Ordering::AcqRel);
         self.pr.reset();
+        self.reset_but_reservations(ua);
+    }
+
+    /// [`LogicalUnit::reset`] but for the SPC-2 reservation: for a reset that
+    /// reached the LU through the HA partner, which ends the reservation on
+    /// both nodes in order with the reservation commands (ended here too, it
+    /// could end one taken since).
+    pub(crate) fn reset_but_reservations(&self, ua: Sense) {
+        self.resets.fetch_add(1, Ordering::AcqRel);
         self.media.lock().prevent.clear();
         self.stopped.store(false, Ordering::Relaxed);
         let defaults = ModePages::defaults(&self.geometry());

@@ -129,10 +129,78 @@ pub trait PrReplication: Send + Sync + 'static {
         None
     }
 
+    /// A reset reached `lun` on this node (`kind`): the partner establishes
+    /// the same unit attention on its own I_T nexuses of the LU, whose
+    /// initiators reach the same LU through its ports (SAM: every nexus of
+    /// the LU learns of a reset), and stops its copies into it. Awaited
+    /// before the reset is answered; an error is logged and the reset still
+    /// answered (a partner that cannot be asked now learns nothing). The
+    /// default tells nobody.
+    async fn reset_elsewhere(&self, lun: u64, kind: ResetKind) -> Result<(), String> {
+        let _ = (lun, kind);
+        Ok(())
+    }
+
     /// Who may reach the LU changed on this node ([`crate::ScsiTarget::access_lines`]:
     /// host groups, admission rules): a replicated LU compares them with the
     /// partner's. Must not wait. The default does nothing.
     fn access_changed(&self) {}
+}
+
+/// Which reset reached a LU, for [`PrReplication::reset_elsewhere`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ResetKind {
+    /// LOGICAL UNIT RESET: BUS DEVICE RESET FUNCTION OCCURRED (29h/03h).
+    LogicalUnit,
+    /// TARGET WARM or COLD RESET: POWER ON, RESET, OR BUS DEVICE RESET
+    /// OCCURRED (29h/00h), as this node raises for it.
+    Target,
+}
+
+impl ResetKind {
+    /// The code on the wire between the two nodes.
+    pub fn code(self) -> u8 {
+        match self {
+            ResetKind::LogicalUnit => 0,
+            ResetKind::Target => 1,
+        }
+    }
+
+    /// From [`ResetKind::code`]; None for a code this version does not know.
+    pub fn from_code(c: u8) -> Option<ResetKind> {
+        match c {
+            0 => Some(ResetKind::LogicalUnit),
+            1 => Some(ResetKind::Target),
+            _ => None,
+        }
+    }
+
+    /// The unit attention the reset establishes.
+    pub(crate) fn sense(self) -> crate::sense::Sense {
+        match self {
+            ResetKind::LogicalUnit => crate::sense::codes::BUS_DEVICE_RESET,
+            ResetKind::Target => crate::sense::codes::POWER_ON_RESET,
+        }
+    }
+}
+
+/// Tells the partner that a reset of `kind` reached `lu` here (see
+/// [`PrReplication::reset_elsewhere`]), and returns once it has answered or
+/// could not be asked. Runs to its end even if the caller goes away.
+pub(crate) async fn reset_everywhere(lu: Arc<LogicalUnit>, kind: ResetKind) {
+    let Some(repl) = lu.pr_replication.read().clone() else {
+        return;
+    };
+    block::detach::detached(async move {
+        if let Err(why) = repl.reset_elsewhere(lu.lun, kind).await {
+            tracing::warn!(
+                lun = lu.lun,
+                why,
+                "the partner could not be told of the reset: its initiators get no unit attention for it"
+            );
+        }
+    })
+    .await
 }
 
 /// Aborts running tasks for PREEMPT AND ABORT: the transport knows them.

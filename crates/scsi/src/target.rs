@@ -18,7 +18,7 @@ use crate::{
     AluaState, Command, ItNexus, LunConfig, PortGroup, PrReplication, Response, ScsiError,
     TargetConfig, TargetPort,
 };
-use crate::{CopyReach, TaskAbort};
+use crate::{CopyReach, ResetKind, TaskAbort};
 use block::{Bytes, VolumeRef};
 use parking_lot::RwLock;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -1053,9 +1053,27 @@ impl ScsiTarget {
         tracing::info!(lun, initiator = %nexus.initiator_port, "logical unit reset");
         lu.reset(codes::BUS_DEVICE_RESET);
         replication::spc2_end_everywhere(lu.clone(), None).await;
+        replication::reset_everywhere(lu.clone(), ResetKind::LogicalUnit).await;
         self.copies.tokens.revoke_lu(&lu);
         lu.copies_stopped().await;
         true
+    }
+
+    /// A reset of `kind` reached LUN `lun` through the HA partner: every I_T
+    /// nexus of the LU on this node gets its unit attention, PREVENT and the
+    /// mode parameters return to their defaults, and copies into it stop (the
+    /// SPC-2 reservation is ended by the partner, in order with the
+    /// reservation commands). Copies already writing are not waited for, so
+    /// that the partner's answer does not wait on a disk. This node's tasks
+    /// on the LU are not aborted (not done).
+    pub fn reset_from_partner(&self, lun: u64, kind: ResetKind) -> Result<(), String> {
+        let lu = self
+            .lu(lun)
+            .ok_or_else(|| format!("lun {lun} does not exist"))?;
+        tracing::info!(lun, ?kind, "reset through the HA partner");
+        lu.reset_but_reservations(kind.sense());
+        self.copies.tokens.revoke_lu(&lu);
+        Ok(())
     }
 
     /// TARGET WARM/COLD RESET from `nexus`: every LU it sees (all of them
@@ -1066,6 +1084,7 @@ impl ScsiTarget {
         for lu in self.visible_lus(nexus) {
             lu.reset(codes::POWER_ON_RESET);
             replication::spc2_end_everywhere(lu.clone(), None).await;
+            replication::reset_everywhere(lu.clone(), ResetKind::Target).await;
             self.copies.tokens.revoke_lu(&lu);
             lu.copies_stopped().await;
         }

@@ -642,6 +642,18 @@ fn persistent_reservations_hold_across_both_nodes() {
             "RESERVE(6) tests skipped:\n{out}"
         );
     }
+    // a LOGICAL UNIT RESET through either path (node) raises its unit
+    // attention on both paths: the test resets through each in turn and
+    // looks for it on every path
+    let (passed, ran, out) = cu("--test=SCSI.MultipathIO.Reset", 1);
+    assert!(
+        ran >= 1 && !out.contains("[SKIPPED]"),
+        "the multipath reset test did not run:\n{out}"
+    );
+    assert!(
+        passed,
+        "a reset through one node was not seen through the other:\n{out}"
+    );
 }
 
 #[test]

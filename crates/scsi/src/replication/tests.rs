@@ -131,6 +131,14 @@ impl PrReplication for Link {
         }
     }
 
+    async fn reset_elsewhere(&self, lun: u64, kind: crate::ResetKind) -> Result<(), String> {
+        let Some(partner) = self.partner() else {
+            return Ok(()); // alone
+        };
+        tokio::task::yield_now().await;
+        partner.reset_from_partner(lun, kind)
+    }
+
     async fn forward_set_tpg(
         &self,
         lun: u64,
@@ -1263,6 +1271,8 @@ async fn an_spc2_reservation_ends_on_both_nodes_with_its_holder_or_a_reset() {
     assert_eq!(status_of(&a, &na, &RESERVE6).await, status::GOOD);
     assert!(b.lun_reset(&nb, LUN).await);
     assert_eq!(a.pr_state(LUN), b.pr_state(LUN));
+    // (the reset's unit attention reaches the leader's nexuses too)
+    assert_eq!(ua(&a, &other).await, Some((0x29, 0x03)));
     assert_eq!(status_of(&a, &other, &WRITE10).await, status::GOOD);
 }
 
@@ -1303,4 +1313,38 @@ async fn a_follower_that_missed_an_spc2_push_is_put_right() {
     assert_eq!(a.pr_state(LUN), b.pr_state(LUN));
     let again = ready(&a, "again", 2).await;
     assert_eq!(status_of(&a, &again, &RESERVE6).await, status::GOOD);
+}
+
+/// A reset through either node reaches the initiators of the other: each of
+/// its nexuses of the LU gets the reset's unit attention (an initiator that
+/// reaches the LU through both nodes learns of it on every path), whichever
+/// node leads. Before (review of 2026-12-06) only the nexuses of the node
+/// the reset came through got it.
+#[tokio::test]
+async fn a_reset_through_one_node_raises_its_unit_attention_on_both() {
+    let (a, b) = pair();
+    let na = ready(&a, "a", 1).await;
+    let nb = ready(&b, "b", 3).await;
+    // a LOGICAL UNIT RESET through the follower
+    assert!(b.lun_reset(&nb, LUN).await);
+    assert_eq!(ua(&b, &nb).await, Some((0x29, 0x03)));
+    assert_eq!(
+        ua(&a, &na).await,
+        Some((0x29, 0x03)),
+        "the leader's initiator"
+    );
+    assert_eq!(ua(&a, &na).await, None);
+    // through the leader
+    assert!(a.lun_reset(&na, LUN).await);
+    assert_eq!(ua(&a, &na).await, Some((0x29, 0x03)));
+    assert_eq!(
+        ua(&b, &nb).await,
+        Some((0x29, 0x03)),
+        "the follower's initiator"
+    );
+    // a target reset: its own unit attention on both
+    a.target_reset(&na).await;
+    assert_eq!(ua(&a, &na).await, Some((0x29, 0x00)));
+    assert_eq!(ua(&b, &nb).await, Some((0x29, 0x00)));
+    assert_eq!(ua(&b, &nb).await, None);
 }
