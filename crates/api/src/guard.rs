@@ -32,9 +32,15 @@ pub const BODY_BYTES_MAX: usize = 64 * 1024;
 /// Bounds on connections and requests.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ApiLimits {
-    /// Open connections in total; more wait in the kernel's backlog.
+    /// Connections that made a request with a valid token, in total; the
+    /// request that would pass it is answered 503 and its connection closed.
+    /// As many again may wait for their first such request (in their TLS
+    /// handshake, idle, or answered without a token): a newer one takes the
+    /// place of the oldest of the source holding the most
+    /// (`crate::server::ConnAdmission`).
     pub connections_max: usize,
-    /// Open connections from one source address; more are closed at once.
+    /// The same two bounds per source address (a newer connection not yet
+    /// authenticated takes the place of its own source's oldest).
     pub connections_per_source_max: usize,
     /// Time a client has to send a request's headers (also the idle time of a
     /// kept-alive connection).
@@ -332,6 +338,27 @@ pub async fn gate(State(g): State<Arc<Gate>>, req: Request, next: Next) -> Respo
         ));
         return closing(unauthorized());
     };
+    // the connection is now among the authenticated ones, which are never
+    // taken back for a newer connection (absent when the router is called
+    // without the accept loop, as in some tests)
+    let admitted = req
+        .extensions()
+        .get::<Arc<crate::server::ConnAdmission>>()
+        .is_none_or(|a| a.authenticated());
+    if !admitted {
+        g.refused_line(format_args!(
+            "too many authenticated API connections: {} {} from {source} refused",
+            req.method(),
+            req.uri().path()
+        ));
+        return closing(
+            (
+                StatusCode::SERVICE_UNAVAILABLE,
+                "too many API connections; retry later",
+            )
+                .into_response(),
+        );
+    }
     let mut req = req;
     // handlers may ask who is calling (GET /api/v1/whoami)
     req.extensions_mut().insert(caller.clone());

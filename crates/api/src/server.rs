@@ -1,29 +1,75 @@
-//! The API's accept loop: HTTP/1.1 over TCP with bounded connections (in total
-//! and per source address), a header read timeout that also ends idle kept-alive
-//! connections, and a longest connection lifetime; TLS (rustls) when configured,
-//! its handshake bounded by the header read timeout.
+//! The API's accept loop: HTTP/1.1 over TCP with bounded connections, a header
+//! read timeout that also ends idle kept-alive connections, and a longest
+//! connection lifetime; TLS (rustls) when configured, its handshake bounded by
+//! the header read timeout.
+//!
+//! Two bounds, each in total and per source address: connections that have
+//! not yet made a request with a valid token (in their TLS handshake, idle, or
+//! answered without one) take places in a [`block::admission::AdmissionBudget`],
+//! where a newer one takes the place of an older one; a connection whose
+//! request passes the gate leaves it for a place among the authenticated
+//! connections, which is never taken back ([`ConnAdmission::authenticated`]).
+//! So clients without a token that open connections and hold them cannot keep
+//! the holders of one out.
 
 use crate::guard::{ApiLimits, Peer};
 use axum::Router;
+use block::admission::{AdmissionSlot, PerSource, SourceSlot};
 use hyper_util::rt::{TokioIo, TokioTimer};
 use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::sync::Semaphore;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+
+/// One connection's place: among those not yet authenticated (`slot`, which a
+/// newer connection may take), then, from its first request that passes the
+/// gate, among the authenticated ones (held until it closes).
+pub struct ConnAdmission {
+    slot: AdmissionSlot,
+    authenticated: std::sync::Mutex<Option<(OwnedSemaphorePermit, SourceSlot)>>,
+    total: Arc<Semaphore>,
+    per_source: Arc<PerSource>,
+    peer: std::net::SocketAddr,
+}
+
+impl ConnAdmission {
+    /// Called by the gate for a request with a valid token: moves the
+    /// connection among the authenticated ones if it is not there yet. False
+    /// when their bounds are reached (the request is refused and the
+    /// connection closed).
+    pub fn authenticated(&self) -> bool {
+        let mut held = self.authenticated.lock().unwrap_or_else(|e| e.into_inner());
+        if held.is_some() {
+            return true;
+        }
+        let Ok(permit) = self.total.clone().try_acquire_owned() else {
+            return false;
+        };
+        let Some(slot) = self.per_source.take(self.peer.ip()) else {
+            return false;
+        };
+        *held = Some((permit, slot));
+        self.slot.settle();
+        true
+    }
+}
 
 /// Serves HTTP/1.1 on one connection until it ends, its lifetime is over, or
 /// `stop` asks (then it is given 5 s to finish its request).
 async fn serve_conn<I>(
     io: I,
-    peer: std::net::SocketAddr,
+    admission: Arc<ConnAdmission>,
     router: Router,
     limits: ApiLimits,
     mut stop: tokio::sync::watch::Receiver<bool>,
 ) where
     I: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
 {
+    let peer = admission.peer;
+    let adm = admission.clone();
     let svc = hyper::service::service_fn(move |mut req: hyper::Request<_>| {
         req.extensions_mut().insert(Peer(peer));
+        req.extensions_mut().insert(adm.clone());
         let mut r = router.clone();
         async move {
             use tower_service::Service;
@@ -42,6 +88,8 @@ async fn serve_conn<I>(
     tokio::select! {
         _ = &mut conn => return,
         _ = &mut lifetime => return,
+        // its place went to a newer connection before it authenticated
+        _ = admission.slot.evicted() => return,
         _ = stop.wait_for(|s| *s) => conn.as_mut().graceful_shutdown(),
     }
     let _ = tokio::time::timeout(Duration::from_secs(5), conn).await;
@@ -59,19 +107,14 @@ pub async fn serve(
 ) -> std::io::Result<()> {
     let tls = tls.map(tokio_rustls::TlsAcceptor::from);
     let total = Arc::new(Semaphore::new(limits.connections_max.max(1)));
-    let per_source = block::admission::PerSource::new(limits.connections_per_source_max);
-    // one line a second for refused connections, with a count
-    let refusals = block::admission::LogGate::new(Duration::from_secs(1));
+    let per_source = PerSource::new(limits.connections_per_source_max);
+    let pending = block::admission::AdmissionBudget::new(
+        limits.connections_per_source_max,
+        limits.connections_max,
+    );
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     tokio::pin!(shutdown);
     loop {
-        let permit = tokio::select! {
-            _ = &mut shutdown => break,
-            p = total.clone().acquire_owned() => match p {
-                Ok(p) => p,
-                Err(_) => break,
-            },
-        };
         let (stream, peer) = tokio::select! {
             _ = &mut shutdown => break,
             a = listener.accept() => match a {
@@ -84,30 +127,30 @@ pub async fn serve(
                 }
             },
         };
-        let Some(slot) = per_source.take(peer.ip()) else {
-            if let Some(left_out) = refusals.allow() {
-                tracing::warn!(left_out, "API: too many connections from {}", peer.ip());
-            }
-            drop(stream);
-            continue;
-        };
+        let admission = Arc::new(ConnAdmission {
+            slot: pending.admit(peer.ip()),
+            authenticated: std::sync::Mutex::new(None),
+            total: total.clone(),
+            per_source: per_source.clone(),
+            peer,
+        });
         let _ = stream.set_nodelay(true);
         let router = router.clone();
         let stop = stop_rx.clone();
         let tls = tls.clone();
         tokio::spawn(async move {
-            let _permit = permit;
-            let _slot = slot;
             match tls {
-                None => serve_conn(stream, peer, router, limits, stop).await,
+                None => serve_conn(stream, admission, router, limits, stop).await,
                 Some(acceptor) => {
-                    let handshake = tokio::time::timeout(
-                        Duration::from_millis(limits.header_read_timeout_ms),
-                        acceptor.accept(stream),
-                    )
-                    .await;
+                    let handshake = tokio::select! {
+                        h = tokio::time::timeout(
+                            Duration::from_millis(limits.header_read_timeout_ms),
+                            acceptor.accept(stream),
+                        ) => h,
+                        _ = admission.slot.evicted() => return,
+                    };
                     match handshake {
-                        Ok(Ok(s)) => serve_conn(s, peer, router, limits, stop).await,
+                        Ok(Ok(s)) => serve_conn(s, admission, router, limits, stop).await,
                         Ok(Err(e)) => tracing::debug!("API TLS handshake with {peer}: {e}"),
                         Err(_) => tracing::debug!("API TLS handshake with {peer}: timed out"),
                     }

@@ -693,33 +693,119 @@ async fn a_long_poll_whose_token_is_revoked_while_it_waits_gets_nothing() {
     n.stop().await;
 }
 
+/// One request on a kept-alive connection `s`; its status code (0 when the
+/// connection is closed first).
+async fn on_kept(s: &mut tokio::net::TcpStream, addr: SocketAddr, token: &str) -> u16 {
+    let req = format!(
+        "GET /api/v1/whoami HTTP/1.1\r\nHost: {addr}\r\n{}\r\n\r\n",
+        bearer(token)
+    );
+    if s.write_all(req.as_bytes()).await.is_err() {
+        return 0;
+    }
+    // the headers, then as many body bytes as they announce
+    let mut got = Vec::new();
+    let mut b = [0u8; 1024];
+    let read = async {
+        loop {
+            let text = String::from_utf8_lossy(&got).to_string();
+            if let Some(end) = text.find("\r\n\r\n") {
+                let len: usize = text
+                    .lines()
+                    .find_map(|l| {
+                        l.to_ascii_lowercase()
+                            .strip_prefix("content-length:")
+                            .map(|v| v.trim().parse().unwrap_or(0))
+                    })
+                    .unwrap_or(0);
+                if got.len() >= end + 4 + len {
+                    return text.get(9..12).and_then(|c| c.parse().ok()).unwrap_or(0);
+                }
+            }
+            match s.read(&mut b).await {
+                Ok(0) | Err(_) => return 0,
+                Ok(n) => got.extend_from_slice(&b[..n]),
+            }
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(5), read)
+        .await
+        .unwrap_or(0)
+}
+
+/// Connections without a token take places of their own: a newer one takes
+/// the place of the oldest of its source, so connections opened and left
+/// idle keep no token holder out, and a connection that made a request with
+/// a valid token is never taken back; idle ones are still closed after the
+/// header timeout. Before (review of 2026-12-06) the bounds were first come,
+/// first served: four idle connections from one address kept the admin out.
 #[tokio::test]
-async fn idle_connections_are_bounded_per_source_and_timed_out() {
+async fn idle_connections_give_their_places_and_are_timed_out() {
     let limits = ApiLimits {
         connections_per_source_max: 4,
-        header_read_timeout_ms: 700,
+        header_read_timeout_ms: 3000,
         ..ApiLimits::default()
     };
     let n = Node::start(limits).await;
+    // a token holder's kept-alive connection
+    let mut kept = tokio::net::TcpStream::connect(n.addr).await.unwrap();
+    assert_eq!(on_kept(&mut kept, n.addr, &n.admin).await, 200);
     let mut idle = Vec::new();
     for _ in 0..4 {
         idle.push(tokio::net::TcpStream::connect(n.addr).await.unwrap());
     }
-    tokio::time::sleep(Duration::from_millis(100)).await;
-    // the fifth from the same address is closed without an answer
-    let (code, _) = n.get("/api/v1/status", &n.admin).await;
-    assert_eq!(code, 0, "a fifth connection from one source was served");
-    // the idle ones are closed after the header timeout, and the API serves again
+    // a fifth from the same address is served: the oldest idle one goes
+    assert_eq!(n.get("/api/v1/status", &n.admin).await.0, 200);
     let mut buf = [0u8; 16];
+    let first = tokio::time::timeout(Duration::from_secs(2), idle[0].read(&mut buf)).await;
+    assert!(
+        matches!(first, Ok(Ok(0)) | Ok(Err(_))),
+        "the oldest idle connection stayed open"
+    );
+    // more idle connections take each other's places, never the kept one's
+    for _ in 0..8 {
+        idle.push(tokio::net::TcpStream::connect(n.addr).await.unwrap());
+    }
+    assert_eq!(
+        on_kept(&mut kept, n.addr, &n.admin).await,
+        200,
+        "the authenticated connection was taken back"
+    );
+    // the idle ones are closed after the header timeout
     for s in &mut idle {
-        let r = tokio::time::timeout(Duration::from_secs(5), s.read(&mut buf)).await;
+        let r = tokio::time::timeout(Duration::from_secs(10), s.read(&mut buf)).await;
         assert!(
             matches!(r, Ok(Ok(_)) | Ok(Err(_))),
             "an idle connection stayed open"
         );
     }
-    tokio::time::sleep(Duration::from_millis(100)).await;
-    assert_eq!(n.get("/api/v1/status", &n.admin).await.0, 200);
+    n.stop().await;
+}
+
+/// The authenticated connections have their bound: the request that would
+/// pass it is answered 503 and its connection closed.
+#[tokio::test]
+async fn authenticated_connections_are_bounded() {
+    let limits = ApiLimits {
+        connections_per_source_max: 2,
+        ..ApiLimits::default()
+    };
+    let n = Node::start(limits).await;
+    let mut a = tokio::net::TcpStream::connect(n.addr).await.unwrap();
+    let mut b = tokio::net::TcpStream::connect(n.addr).await.unwrap();
+    assert_eq!(on_kept(&mut a, n.addr, &n.admin).await, 200);
+    assert_eq!(on_kept(&mut b, n.addr, &n.admin).await, 200);
+    assert_eq!(n.get("/api/v1/status", &n.admin).await.0, 503);
+    drop(a);
+    // the server sees the end when it reads it: retry until it has
+    let back = tokio::time::timeout(Duration::from_secs(10), async {
+        while n.get("/api/v1/status", &n.admin).await.0 != 200 {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+    assert!(back.is_ok(), "the place comes back when a connection ends");
+    assert_eq!(on_kept(&mut b, n.addr, &n.admin).await, 200);
     n.stop().await;
 }
 

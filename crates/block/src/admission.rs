@@ -142,6 +142,14 @@ impl AdmissionSlot {
     pub async fn evicted(&self) {
         self.evict.notified().await
     }
+
+    /// Gives the slot back now, while the connection goes on (it has been
+    /// admitted: authenticated, past its handshake), so the budget never takes
+    /// it back: [`AdmissionSlot::evicted`] completes only if that happened
+    /// before. Dropping the slot later gives back nothing more.
+    pub fn settle(&self) {
+        self.budget.release(self.source, self.id);
+    }
 }
 
 impl Drop for AdmissionSlot {
@@ -354,6 +362,28 @@ mod tests {
         assert_eq!(b.in_use(ip("10.0.0.1")), (2, 3));
         drop((a1, a3, other));
         assert_eq!(b.in_use(ip("10.0.0.1")), (0, 0));
+    }
+
+    #[tokio::test]
+    async fn a_settled_slot_is_never_taken_back() {
+        let b = AdmissionBudget::new(1, 10);
+        let settled = b.admit(ip("10.0.0.1"));
+        settled.settle();
+        assert_eq!(b.in_use(ip("10.0.0.1")), (0, 0));
+        // the source's next connection has its place, and the next one takes
+        // that one's, never the settled one's
+        let next = b.admit(ip("10.0.0.1"));
+        let _after = b.admit(ip("10.0.0.1"));
+        tokio::time::timeout(Duration::from_millis(100), next.evicted())
+            .await
+            .expect("the unsettled one went");
+        assert!(
+            tokio::time::timeout(Duration::from_millis(20), settled.evicted())
+                .await
+                .is_err()
+        );
+        drop(settled);
+        assert_eq!(b.in_use(ip("10.0.0.1")), (1, 1));
     }
 
     #[tokio::test]

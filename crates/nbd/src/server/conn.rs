@@ -68,7 +68,15 @@ fn shown(s: &str) -> String {
 }
 
 /// Serves one accepted TCP connection from greeting to close.
-pub(crate) async fn serve(ctx: Arc<Ctx>, sock: TcpStream, peer: SocketAddr) {
+/// `slot`: its place among the connections in their handshake, given back
+/// when the handshake ends; taken back for a newer connection meanwhile, it
+/// closes this one.
+pub(crate) async fn serve(
+    ctx: Arc<Ctx>,
+    sock: TcpStream,
+    peer: SocketAddr,
+    slot: block::admission::AdmissionSlot,
+) {
     if let Err(e) = sock.set_nodelay(true) {
         tracing::warn!(%peer, error = %e, "TCP_NODELAY failed");
     }
@@ -78,7 +86,12 @@ pub(crate) async fn serve(ctx: Arc<Ctx>, sock: TcpStream, peer: SocketAddr) {
     let picked = tokio::select! {
         r = tokio::time::timeout(timeout, handshake(&ctx, sock, &mut buf, peer)) => r,
         _ = shutdown.wait_for(|s| *s) => return,
+        _ = slot.evicted() => {
+            tracing::debug!(%peer, "NBD handshake closed: its place went to a newer connection");
+            return;
+        }
     };
+    drop(slot);
     let (stream, name, export, session) = match picked {
         Ok(Ok(Some(p))) => p,
         Ok(Ok(None)) => return,
@@ -90,6 +103,10 @@ pub(crate) async fn serve(ctx: Arc<Ctx>, sock: TcpStream, peer: SocketAddr) {
             tracing::warn!(%peer, "NBD handshake timed out");
             return;
         }
+    };
+    // counted among the connections served until the end of this function
+    let Some(_served) = ctx.admit_served(peer) else {
+        return;
     };
     match stream {
         Stream::Plain(sock) => {

@@ -21,7 +21,7 @@ mod writer;
 use crate::proto::{tflag, BlockSizes, ExportInfo, STRING_BYTES_MAX};
 pub use access::IpRange;
 use access::LogThrottle;
-use block::admission::PerSource;
+use block::admission::{AdmissionBudget, PerSource};
 use block::VolumeRef;
 use exec::ExportState;
 pub use exec::ExportStats;
@@ -103,10 +103,20 @@ pub struct NbdLimits {
     pub option_bytes_max: usize,
     /// Time allowed from accept to the end of option haggling.
     pub handshake_timeout_ms: u64,
-    /// Connections served at once; more are accepted and closed at once.
+    /// Connections served at once (past their handshake); more are closed
+    /// when their handshake ends.
     pub connections_max: usize,
     /// Connections served at once from one client address.
     pub connections_per_source_max: usize,
+    /// Connections still in their handshake (greeting, option haggling, TLS),
+    /// in all: one more takes the place of one of the source holding the
+    /// most (`block::admission::AdmissionBudget`), so clients that connect
+    /// and stay silent cannot keep others out; served connections are never
+    /// taken back.
+    pub handshakes_max: usize,
+    /// Connections still in their handshake from one client address: one
+    /// more takes the place of that address's oldest.
+    pub handshakes_per_source_max: usize,
     /// Time in-flight requests get to finish when a connection ends (the
     /// connection still counts against the bounds until they have).
     pub drain_timeout_ms: u64,
@@ -125,6 +135,8 @@ impl Default for NbdLimits {
             handshake_timeout_ms: 10_000,
             connections_max: 1024,
             connections_per_source_max: 64,
+            handshakes_max: 128,
+            handshakes_per_source_max: 16,
             drain_timeout_ms: 30_000,
             payload_stall_ms: 30_000,
         }
@@ -220,6 +232,40 @@ pub(crate) struct Ctx {
     /// TLS required with these credentials.
     pub tls: Option<Acceptor>,
     pub shutdown: watch::Receiver<bool>,
+    /// Connections past their handshake, in all and per source.
+    pub served: Arc<Semaphore>,
+    pub served_per_source: Arc<PerSource>,
+    /// Connections closed at the end of their handshake for those bounds.
+    pub served_refusals: LogThrottle,
+}
+
+impl Ctx {
+    /// A place among the connections served for one from `peer` whose
+    /// handshake ended; None (logged, at most once a second) when the bounds
+    /// are reached.
+    pub(crate) fn admit_served(
+        &self,
+        peer: SocketAddr,
+    ) -> Option<(
+        tokio::sync::OwnedSemaphorePermit,
+        block::admission::SourceSlot,
+    )> {
+        let permit = self.served.clone().try_acquire_owned().ok();
+        let slot = self.served_per_source.take(peer.ip());
+        match (permit, slot) {
+            (Some(p), Some(s)) => Some((p, s)),
+            (p, _) => {
+                let why = match p {
+                    None => "too many NBD connections",
+                    Some(_) => "too many NBD connections from this address",
+                };
+                if let Some(held_back) = self.served_refusals.allow() {
+                    tracing::warn!(%peer, why, held_back, "NBD connection closed after its handshake");
+                }
+                None
+            }
+        }
+    }
 }
 
 /// What one handshake sees: the exports at its start.
@@ -458,6 +504,9 @@ impl NbdServer {
             allowed_clients: cfg.allowed_clients.clone(),
             tls: cfg.tls.clone().map(Acceptor::from),
             shutdown,
+            served: Arc::new(Semaphore::new(cfg.limits.connections_max.max(1))),
+            served_per_source: PerSource::new(cfg.limits.connections_per_source_max),
+            served_refusals: LogThrottle::new(Duration::from_secs(1)),
         });
         Ok(NbdServer {
             listener,
@@ -483,8 +532,13 @@ impl NbdServer {
     /// connection finish its in-flight requests (within the drain timeout), closes
     /// them and flushes every export's volume.
     pub async fn run(self, shutdown: impl Future<Output = ()> + Send) -> io::Result<()> {
-        let conns_allowed = Arc::new(Semaphore::new(self.ctx.limits.connections_max.max(1)));
-        let per_source = PerSource::new(self.ctx.limits.connections_per_source_max);
+        // connections in their handshake: a newer one takes the place of an
+        // older one when the bounds are reached (see `NbdLimits`); past it,
+        // `Ctx::admit_served` bounds them
+        let handshakes = AdmissionBudget::new(
+            self.ctx.limits.handshakes_per_source_max,
+            self.ctx.limits.handshakes_max,
+        );
         let refusals = LogThrottle::new(Duration::from_secs(1));
         let mut conns = JoinSet::new();
         tracing::info!(addr = %self.local_addr, exports = ?self.exports().names(),
@@ -495,30 +549,17 @@ impl NbdServer {
                 _ = &mut shutdown => break,
                 acc = self.listener.accept() => match acc {
                     Ok((sock, peer)) => {
-                        let why = if !self.ctx.allowed_clients.iter().any(|r| r.contains(peer.ip())) {
-                            Some("address not in [nbd] allowed_clients")
-                        } else {
-                            None
-                        };
-                        let permit = conns_allowed.clone().try_acquire_owned().ok();
-                        let slot = per_source.take(peer.ip());
-                        let why = why.or(match (&permit, &slot) {
-                            (None, _) => Some("too many NBD connections"),
-                            (_, None) => Some("too many NBD connections from this address"),
-                            _ => None,
-                        });
-                        if let Some(why) = why {
+                        if !self.ctx.allowed_clients.iter().any(|r| r.contains(peer.ip())) {
                             if let Some(held_back) = refusals.allow() {
-                                tracing::warn!(%peer, why, held_back, "NBD connection refused");
+                                tracing::warn!(%peer, why = "address not in [nbd] allowed_clients",
+                                    held_back, "NBD connection refused");
                             }
                             drop(sock);
                             continue;
                         }
+                        let slot = handshakes.admit(peer.ip());
                         let ctx = self.ctx.clone();
-                        conns.spawn(async move {
-                            conn::serve(ctx, sock, peer).await;
-                            drop((permit, slot));
-                        });
+                        conns.spawn(conn::serve(ctx, sock, peer, slot));
                     }
                     Err(e) => {
                         tracing::warn!(error = %e, "NBD accept failed");

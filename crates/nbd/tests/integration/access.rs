@@ -64,8 +64,53 @@ async fn clients_outside_the_allowed_ranges_are_closed_at_accept() {
         .any(|r| r.contains("127.0.0.1".parse().unwrap())));
 }
 
+/// Whether a connection from `source` that goes through a whole handshake
+/// (`NBD_OPT_EXPORT_NAME`) is served: a READ sent after it is answered.
+/// Returns the connection, to hold it open.
+async fn served_from(source: &str, to: SocketAddr) -> (bool, TcpStream) {
+    use tokio::io::AsyncWriteExt;
+    let mut s = connect_from(source, to).await;
+    if !greeted(&mut s).await {
+        return (false, s);
+    }
+    // client flags: fixed newstyle, no zeroes; then the export by name
+    let mut hs = vec![0, 0, 0, 3];
+    hs.extend_from_slice(&0x4948_4156_454F_5054u64.to_be_bytes());
+    hs.extend_from_slice(&1u32.to_be_bytes());
+    hs.extend_from_slice(&4u32.to_be_bytes());
+    hs.extend_from_slice(b"lun0");
+    // a READ of 512 bytes at 0
+    hs.extend_from_slice(&0x2560_9513u32.to_be_bytes());
+    hs.extend_from_slice(&[0, 0, 0, 0]);
+    hs.extend_from_slice(&7u64.to_be_bytes());
+    hs.extend_from_slice(&0u64.to_be_bytes());
+    hs.extend_from_slice(&512u32.to_be_bytes());
+    if s.write_all(&hs).await.is_err() {
+        return (false, s);
+    }
+    // the export's size and flags, then the reply and its data
+    let mut answer = [0u8; 10 + 16 + 512];
+    let ok = matches!(
+        tokio::time::timeout(Duration::from_secs(5), s.read_exact(&mut answer)).await,
+        Ok(Ok(_))
+    ) && answer[10..14] == 0x6744_6698u32.to_be_bytes();
+    (ok, s)
+}
+
+/// True when the server has closed `s` (it reads the end of the stream).
+async fn closed(s: &mut TcpStream) -> bool {
+    let mut b = [0u8; 64];
+    loop {
+        match tokio::time::timeout(Duration::from_secs(5), s.read(&mut b)).await {
+            Ok(Ok(0)) | Ok(Err(_)) => return true,
+            Ok(Ok(_)) => continue,
+            Err(_) => return false,
+        }
+    }
+}
+
 #[tokio::test]
-async fn connections_are_bounded_per_source_and_in_total() {
+async fn served_connections_are_bounded_per_source_and_in_total() {
     let limits = NbdLimits {
         connections_per_source_max: 2,
         connections_max: 3,
@@ -74,25 +119,21 @@ async fn connections_are_bounded_per_source_and_in_total() {
     let addr = serve(&["127.0.0.0/8"], limits).await;
     let mut held = Vec::new();
     for _ in 0..2 {
-        let mut s = connect_from("127.0.0.3", addr).await;
-        assert!(greeted(&mut s).await);
+        let (ok, s) = served_from("127.0.0.3", addr).await;
+        assert!(ok);
         held.push(s);
     }
-    let mut third = connect_from("127.0.0.3", addr).await;
-    assert!(
-        !greeted(&mut third).await,
-        "a third from one source is closed"
-    );
-    let mut other = connect_from("127.0.0.4", addr).await;
-    assert!(greeted(&mut other).await, "another source still gets in");
-    let mut over = connect_from("127.0.0.5", addr).await;
-    assert!(!greeted(&mut over).await, "the total bound holds");
+    let (third, _s) = served_from("127.0.0.3", addr).await;
+    assert!(!third, "a third from one source is closed");
+    let (other, _o) = served_from("127.0.0.4", addr).await;
+    assert!(other, "another source still gets in");
+    let (over, _v) = served_from("127.0.0.5", addr).await;
+    assert!(!over, "the total bound holds");
     drop(held);
     // the server sees the two ends when it reads them: retry until it has
     let back = tokio::time::timeout(Duration::from_secs(20), async {
         loop {
-            let mut again = connect_from("127.0.0.3", addr).await;
-            if greeted(&mut again).await {
+            if served_from("127.0.0.3", addr).await.0 {
                 break;
             }
             tokio::time::sleep(Duration::from_millis(10)).await;
@@ -100,6 +141,66 @@ async fn connections_are_bounded_per_source_and_in_total() {
     })
     .await;
     assert!(back.is_ok(), "slots come back when connections end");
+}
+
+/// Clients that connect and stay silent take the places of handshakes in
+/// progress, never of connections served, and a newer connection takes the
+/// place of one of theirs: an attacker holding every handshake place from a
+/// few addresses keeps no one out. Before (review of 2026-12-06) the
+/// connection bounds were first come, first served, and idle sockets held
+/// open up to the total kept every other client out for the handshake
+/// timeout, again and again.
+#[tokio::test]
+async fn silent_connections_give_their_places_to_newer_ones() {
+    let limits = NbdLimits {
+        handshakes_per_source_max: 2,
+        handshakes_max: 4,
+        ..NbdLimits::default()
+    };
+    let addr = serve(&["127.0.0.0/8"], limits).await;
+    // a served connection first: never taken back
+    let (ok, mut client) = served_from("127.0.0.2", addr).await;
+    assert!(ok);
+    // one source past its share: its oldest silent connection goes
+    let mut first = connect_from("127.0.0.3", addr).await;
+    assert!(greeted(&mut first).await);
+    let mut second = connect_from("127.0.0.3", addr).await;
+    assert!(greeted(&mut second).await);
+    let mut third = connect_from("127.0.0.3", addr).await;
+    assert!(greeted(&mut third).await, "a newer connection gets in");
+    assert!(
+        closed(&mut first).await,
+        "the oldest of the source is closed"
+    );
+    // silent connections from more addresses fill every place, again and again
+    let mut flood = Vec::new();
+    for round in 0..3 {
+        for a in 4..8 {
+            let mut s = connect_from(&format!("127.0.0.{a}"), addr).await;
+            assert!(greeted(&mut s).await, "round {round}, 127.0.0.{a}");
+            flood.push(s);
+        }
+    }
+    // a new client still gets in and is served, and so is the first one
+    let (ok, _new) = served_from("127.0.0.9", addr).await;
+    assert!(
+        ok,
+        "a client is served while silent connections fill the places"
+    );
+    use tokio::io::AsyncWriteExt;
+    let mut read = Vec::new();
+    read.extend_from_slice(&0x2560_9513u32.to_be_bytes());
+    read.extend_from_slice(&[0, 0, 0, 0]);
+    read.extend_from_slice(&8u64.to_be_bytes());
+    read.extend_from_slice(&0u64.to_be_bytes());
+    read.extend_from_slice(&512u32.to_be_bytes());
+    client.write_all(&read).await.unwrap();
+    let mut reply = [0u8; 16 + 512];
+    tokio::time::timeout(Duration::from_secs(5), client.read_exact(&mut reply))
+        .await
+        .expect("the served connection answers")
+        .expect("the served connection is open");
+    assert_eq!(reply[..4], 0x6744_6698u32.to_be_bytes());
 }
 
 #[tokio::test]
