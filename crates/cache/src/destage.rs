@@ -30,7 +30,7 @@ use crate::config::CacheMode;
 use crate::ssd::{RECORDS_PER_PAGE, SECTOR_BYTES};
 use crate::stats::Counters;
 use crate::volume::Inner;
-use block::{join_all, BlockResult, BoxFut, Bytes, BytesMut};
+use block::{join_all, BlockError, BlockResult, BoxFut, Bytes, BytesMut};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -515,7 +515,15 @@ async fn read_op(inner: &Inner, op: &Op) -> BlockResult<Bytes> {
         Some(b) => BytesMut::from(&b[..]),
         None => BytesMut::zeroed(op.len as usize),
     };
-    for (p, &(_, _, len, at)) in parts.into_iter().zip(op.parts.iter()) {
+    for (p, &(slot, _, len, at)) in parts.into_iter().zip(op.parts.iter()) {
+        if let Err(BlockError::Medium { .. }) = &p {
+            // Its clean sectors are the backing's: forgotten, so the next
+            // pass reads only the dirty ones (and writes a stripe's gaps from
+            // the backing). Otherwise one unreadable clean sector failed
+            // this write, and every later one, for good (review of
+            // 2026-12-06). Dirty sectors no copy can read stay dirty.
+            inner.forget_clean(slot);
+        }
         buf[at as usize..(at + len) as usize].copy_from_slice(&p?);
     }
     Ok(buf.freeze())

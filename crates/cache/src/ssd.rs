@@ -401,13 +401,8 @@ impl Device {
         self.vol().geometry().size_bytes()
     }
 
-    /// Reads `len` bytes at byte `offset` (both multiples of the device block);
-    /// an error fails the device.
-    pub(crate) async fn read_at(&self, offset: u64, len: u64) -> BlockResult<Bytes> {
-        self.read_failing(offset, len, |_| true).await
-    }
-
-    /// [`Device::read_at`] for frame data: a medium error (sectors of this
+    /// Reads `len` bytes of frame data at byte `offset` (both multiples of
+    /// the device block). A medium error (sectors of this
     /// device that cannot be read) costs what they held, not the device; it
     /// is counted and answered, and the caller reads another copy, the
     /// backing volume or answers the host's read with it. Any other error
@@ -425,7 +420,7 @@ impl Device {
         r
     }
 
-    /// [`Device::read_at`] for a copy of the table: a medium error (that
+    /// [`Device::read_frame_at`] for a copy of the table: a medium error (that
     /// copy's sector cannot be read) does not fail the device, since the
     /// page has other copies and the open's full table write writes it
     /// again; any other error does (review of 2026-12-06: one bad table

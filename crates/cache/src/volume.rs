@@ -395,7 +395,9 @@ impl Inner {
     }
 
     /// Copies the sectors `mask` names of the frame at byte `base` (a block
-    /// of `len` bytes) from device `src` to device `dst`, run by run.
+    /// of `len` bytes) from device `src` to device `dst`, run by run. A run
+    /// `src` cannot read is a medium error, `src` kept in service (see
+    /// [`Device::read_frame_at`]); any other error fails the device.
     async fn copy_runs(
         &self,
         src: usize,
@@ -407,7 +409,9 @@ impl Inner {
         for (first, n) in runs(mask) {
             let start = first as u64 * SECTOR_BYTES;
             let end = ((first + n) as u64 * SECTOR_BYTES).min(len);
-            let data = self.devs[src].read_at(base + start, end - start).await?;
+            let data = (self.devs[src])
+                .read_frame_at(base + start, end - start)
+                .await?;
             self.devs[dst].write_at(base + start, data, false).await?;
         }
         Ok(())
@@ -424,6 +428,13 @@ impl Inner {
         let (devs, base) = self.frame_devices(slot);
         let mut last = BlockError::Unavailable("no cache device left".into());
         let mut unreadable = Vec::new();
+        // The sectors the frame holds now: only they are written over an
+        // unreadable copy. The span read may cover sectors it does not hold,
+        // which a fill running beside this read (fills share the block's
+        // lock) may be writing; written back from here, their old bytes
+        // would land over the fill's (review of 2026-12-06). Sectors held
+        // cannot change while the caller holds the block's lock.
+        let held = self.state.lock().valid.get(slot);
         // spread mirrored reads over both copies
         let start = slot as usize % devs.len().max(1);
         for i in 0..devs.len() {
@@ -435,14 +446,7 @@ impl Inner {
             match d.read_frame_at(base + off, len).await {
                 Ok(b) => {
                     for &bad in &unreadable {
-                        let dev: &Device = &self.devs[bad];
-                        match dev.write_at(base + off, b.clone(), false).await {
-                            Ok(()) => {
-                                tracing::info!(device = %dev.name(), slot, "cache device: unreadable sectors written again from the other copy")
-                            }
-                            // the write failed the device
-                            Err(_) => self.on_device_failure(),
-                        }
+                        self.write_again(bad, base, off, &b, held).await;
                     }
                     return Ok(b);
                 }
@@ -460,16 +464,55 @@ impl Inner {
         Err(last)
     }
 
+    /// After a medium error in frame `slot`: forgets the clean sectors it
+    /// holds (the backing volume has them; the next fill writes them again,
+    /// which a disk remaps) and returns its dirty ones. Reducing what a frame
+    /// holds to its dirty sectors is safe under a shared lock of its block.
+    pub(crate) fn forget_clean(&self, slot: u32) -> u64 {
+        let mut st = self.state.lock();
+        let dirty = st.dirty.get(slot);
+        let valid = st.valid.get(slot);
+        st.valid.set(slot, valid & dirty);
+        dirty
+    }
+
+    /// Writes `data`, read at `off` of a frame at `base` from another copy,
+    /// over device `dev`'s unreadable copy: the sectors of it that `held`
+    /// names only, run by run. A write that fails fails the device.
+    async fn write_again(&self, dev: usize, base: u64, off: u64, data: &Bytes, held: u64) {
+        let d: &Device = &self.devs[dev];
+        let span = off..off + data.len() as u64;
+        for (first, n) in runs(held) {
+            let start = (first as u64 * SECTOR_BYTES).max(span.start);
+            let end = ((first + n) as u64 * SECTOR_BYTES).min(span.end);
+            if start >= end {
+                continue;
+            }
+            let part = data.slice((start - off) as usize..(end - off) as usize);
+            if d.write_at(base + start, part, false).await.is_err() {
+                // the write failed the device
+                self.on_device_failure();
+                return;
+            }
+        }
+        tracing::info!(device = %d.name(), "cache device: unreadable sectors written again from the other copy");
+    }
+
     /// A medium error [`Inner::ssd_read`] gave for frame `slot`, which holds
     /// block `key`, at the host's block instead of the SSD's (the sense data
-    /// names it). Any other error as it is.
-    fn host_medium(&self, e: BlockError, key: u64, slot: u32) -> BlockError {
+    /// names it), within `span` (byte offset and length in the block: the
+    /// request's piece; an SSD sector larger than the host's block could
+    /// otherwise name one before it). Any other error as it is.
+    fn host_medium(&self, e: BlockError, key: u64, slot: u32, span: (u64, u64)) -> BlockError {
         let BlockError::Medium { lba } = e else {
             return e;
         };
         let (devs, base) = self.frame_devices(slot);
         let dbs = devs.first().map_or(1, |&d| self.devs[d].block_bytes());
-        let in_frame = (lba * dbs).saturating_sub(base).min(self.block_bytes - 1);
+        let (from, len) = span;
+        let in_frame = (lba * dbs)
+            .saturating_sub(base)
+            .clamp(from, from + len.max(1) - 1);
         BlockError::Medium {
             lba: (key * self.block_bytes + in_frame) / self.bs,
         }
@@ -610,12 +653,26 @@ impl Inner {
                 st.pin_io(slot);
                 (m, Pinned(self, slot))
             };
-            let ok = (self
-                .copy_runs(src, dst, base, mask, self.block_len(key))
-                .await)
-                .is_ok();
+            let len = self.block_len(key);
+            let ok = match self.copy_runs(src, dst, base, mask, len).await {
+                // sectors the first half cannot read: the halves agree on
+                // the second half's copy (either version of a write the
+                // crash cut short may stand), rather than the first half
+                // failing for them
+                Err(BlockError::Medium { .. }) => {
+                    match self.copy_runs(dst, src, base, mask, len).await {
+                        Err(BlockError::Medium { .. }) => {
+                            tracing::error!(cache = %self.name, block = key,
+                                "cache: dirty data unreadable on both mirror halves");
+                            true
+                        }
+                        r => r.is_ok(),
+                    }
+                }
+                r => r.is_ok(),
+            };
             if !ok {
-                // a half failed (marked by read_at or write_at): degraded
+                // a half failed (marked by read_frame_at or write_at): degraded
                 self.on_device_failure();
                 let _ = self.record_failure().await;
                 self.uneven.store(false, Ordering::Release);
@@ -674,11 +731,28 @@ impl Inner {
                 // it never wrote must not fail the survivor, and with it the
                 // replacement (review of 2026-12-06)
                 let valid = self.state.lock().valid.get(slot);
-                let copied = async {
-                    self.copy_runs(survivor, d, base, valid, self.block_bytes)
+                let mut copied = self
+                    .copy_runs(survivor, d, base, valid, self.block_bytes)
+                    .await;
+                if let Err(BlockError::Medium { .. }) = copied {
+                    // sectors the survivor cannot read: its clean ones are
+                    // forgotten (the backing has them) and the dirty ones
+                    // copied alone. If those cannot be, the replacement is
+                    // given up and the survivor serves on; before (review of
+                    // 2026-12-06) the survivor failed, and with it every
+                    // dirty block of the cache.
+                    let dirty = self.forget_clean(slot);
+                    copied = self
+                        .copy_runs(survivor, d, base, dirty, self.block_bytes)
                         .await
+                        .map_err(|e| match e {
+                            BlockError::Medium { .. } => BlockError::Unavailable(format!(
+                                "cache {}: dirty data of block {key} cannot be read on the surviving device; rewrite it (or restore it) and replace again",
+                                self.name
+                            )),
+                            e => e,
+                        });
                 }
-                .await;
                 // the cursor passes the frame before the frame is let go: a
                 // block given the frame next is written to both halves
                 if copied.is_ok() {
@@ -849,18 +923,13 @@ impl Inner {
                     // dirty here (the frame is pinned: its bits are its own)
                     Err(e) => {
                         let medium = matches!(e, BlockError::Medium { .. });
-                        let dirty = {
-                            let mut st = self.state.lock();
-                            let dirty = st.dirty.get(slot);
-                            if medium {
-                                // the clean sectors it held are the backing's:
-                                // forgotten, the next read fills them, which
-                                // writes the unreadable one again
-                                let valid = st.valid.get(slot);
-                                st.valid.set(slot, valid & dirty);
-                            }
-                            dirty & p.mask
-                        };
+                        // the clean sectors it held are the backing's:
+                        // forgotten, the next read fills them, which writes
+                        // the unreadable one again
+                        let dirty = match medium {
+                            true => self.forget_clean(slot),
+                            false => self.state.lock().dirty.get(slot),
+                        } & p.mask;
                         if dirty == 0 {
                             return self.read_piece_backing(p, None).await;
                         }
@@ -911,16 +980,31 @@ impl Inner {
         let s1 =
             ((p.blk_off + p.len).div_ceil(SECTOR_BYTES) * SECTOR_BYTES).min(self.block_len(p.key));
         let mut out = BytesMut::from(&data[..]);
+        let host = |e| self.host_medium(e, p.key, slot, (p.blk_off, p.len));
         // one read, from the first dirty sector to the last
         if let Some((first, n)) = hull(mask) {
             let start = (first as u64 * SECTOR_BYTES).max(s0);
             let end = ((first + n) as u64 * SECTOR_BYTES).min(s1);
             if start < end {
-                let cached = self
-                    .ssd_read(slot, start, end - start)
-                    .await
-                    .map_err(|e| self.host_medium(e, p.key, slot))?;
-                overlay(&mut out, p.blk_off, &cached, start, mask);
+                match self.ssd_read(slot, start, end - start).await {
+                    Ok(cached) => overlay(&mut out, p.blk_off, &cached, start, mask),
+                    // then run by run: an unreadable sector between the runs
+                    // is not this read's
+                    Err(BlockError::Medium { .. }) => {
+                        for (first, n) in runs(mask) {
+                            let start = (first as u64 * SECTOR_BYTES).max(s0);
+                            let end = ((first + n) as u64 * SECTOR_BYTES).min(s1);
+                            if start < end {
+                                let cached = self
+                                    .ssd_read(slot, start, end - start)
+                                    .await
+                                    .map_err(host)?;
+                                overlay(&mut out, p.blk_off, &cached, start, mask);
+                            }
+                        }
+                    }
+                    Err(e) => return Err(host(e)),
+                }
             }
         }
         Ok(out.freeze())
@@ -952,27 +1036,27 @@ impl Inner {
                 // read alone, and if they cannot be, that is this read's error
                 // (the frame keeps them dirty, the device stays in service).
                 Err(BlockError::Medium { .. }) => {
+                    valid = self.forget_clean(slot);
                     if let Some((first, n)) = hull(dirty) {
                         let start = first as u64 * SECTOR_BYTES;
                         let end = ((first + n) as u64 * SECTOR_BYTES).min(blen);
                         match self.ssd_read(slot, start, end - start).await {
                             Ok(cached) => overlay(&mut block, 0, &cached, start, dirty),
-                            // this read needs none of them: the backing's
-                            // sectors, and the frame is left as it is
-                            Err(_) if dirty & p.mask == 0 => {
-                                return Ok(
-                                    backing.slice(p.blk_off as usize..(p.blk_off + p.len) as usize)
-                                );
-                            }
-                            Err(e) => {
-                                tracing::error!(cache = %self.name, block = p.key, error = %e,
-                                    "cache: dirty data unreadable on every cache device");
-                                return Err(self.host_medium(e, p.key, slot));
+                            // Not filled: this piece from the backing with
+                            // the dirty sectors it covers read alone (their
+                            // error is this read's only if they are its own)
+                            Err(_) => {
+                                let r = self
+                                    .read_piece_backing(p, Some((slot, dirty & p.mask)))
+                                    .await;
+                                if let Err(e) = &r {
+                                    tracing::error!(cache = %self.name, block = p.key, error = %e,
+                                        "cache: dirty data unreadable on every cache device");
+                                }
+                                return r;
                             }
                         }
                     }
-                    valid = dirty;
-                    self.state.lock().valid.set(slot, valid);
                 }
                 Err(e) if dirty != 0 => {
                     tracing::error!(error = %e, "cache: dirty data unreadable on every cache device");
@@ -1061,7 +1145,14 @@ impl Inner {
                     _ => None,
                 }
             };
-            let r = self.read_piece_backing(p, hit).await;
+            let mut r = self.read_piece_backing(p, hit).await;
+            if let (Err(BlockError::Medium { .. }), Some((slot, _))) = (&r, hit) {
+                // a clean sector it cannot read is the backing's: forgotten
+                // (this write holds the block's lock alone), and the dirty
+                // ones read again alone
+                let dirty = self.forget_clean(slot) & p.mask;
+                r = self.read_piece_backing(p, Some((slot, dirty))).await;
+            }
             if let Some((slot, _)) = hit {
                 self.state.lock().unpin_io(slot);
             }
@@ -2127,7 +2218,15 @@ impl CacheVolume {
             let spb = (i.block_bytes / SECTOR_BYTES) as u32;
             *st = State::empty(&i.cfg, i.frames as usize, spb, advisor);
         }
-        self.inner.write_full_table(true).await
+        let r = self.inner.write_full_table(true).await;
+        if r.is_err() {
+            // The caller puts the LUNs back on the cache (pools.rs): it serves
+            // on, empty, passing requests to the backing (the write fails only
+            // once no cache device is left), rather than refuse them all
+            // (review of 2026-12-06).
+            self.inner.stopping.store(false, Ordering::Release);
+        }
+        r
     }
 
     /// Puts `device` in place of the failed half `index` of a write-back mirror
@@ -2725,6 +2824,8 @@ impl Volume for CacheVolume {
         block::detach::detached(async move {
             let i = &*inner;
             let _one = i.growing.lock().await;
+            // under the gate, as requests: a stop waits for it or is seen
+            let _gate = i.gate.read().await;
             i.serving()?;
             let now = i.block_count.load(Ordering::Acquire);
             if block_count < now {

@@ -2326,6 +2326,45 @@ async fn dirty_data_no_copy_can_read_is_a_medium_error_for_that_block_alone() {
     vol.write(0, pattern(6, 4096), false).await.unwrap();
     assert_eq!(vol.read(0, 1).await.unwrap(), pattern(6, 4096));
     assert_eq!(vol.status().dirty_bytes, 2 * 4096);
+    // the host's block, not the SSD's, inside a frame past the first: block
+    // 6 is the third sector of cache block 1
+    vol.write(6, pattern(8, 4096), false).await.unwrap();
+    let at6 = block_on_volume(&*faulty[0], &pattern(8, 4096)).await;
+    unreadable_until_written(&faulty, at6);
+    match vol.read(4, 4).await {
+        Err(block::BlockError::Medium { lba }) => assert_eq!(lba, 6, "(the SSD's is {at6})"),
+        other => panic!("{:?}", other.map(|b| b.len())),
+    }
+}
+
+/// The block of volume `v` that holds `data`.
+async fn block_on_volume(v: &dyn Volume, data: &[u8]) -> u64 {
+    let image = v.read(0, v.geometry().block_count as u32).await.unwrap();
+    image
+        .chunks(4096)
+        .position(|b| b == data)
+        .expect("the sector is on the SSD") as u64
+}
+
+/// A clean sector the destage cannot read costs nothing: the frame forgets
+/// its clean sectors and the next pass writes the dirty ones alone. Before
+/// (review of 2026-12-06) the whole block's write failed at every pass, and
+/// a drain (a detach) could never finish.
+#[tokio::test]
+async fn the_destage_goes_around_a_clean_sector_it_cannot_read() {
+    let (backing, faulty, vol, at) = one_dirty_sector_on_faulty_halves().await;
+    filled_with_every_device_in_service(&vol, &backing).await;
+    // the frame's third sector, clean, unreadable on both halves
+    for f in &faulty {
+        f.plan().lock().bad_read_blocks = std::iter::once(at + 2..at + 3).collect();
+    }
+    tokio::time::timeout(Duration::from_secs(30), vol.drain())
+        .await
+        .expect("the drain ended")
+        .expect("the drain finished");
+    assert_eq!(vol.status().dirty_bytes, 0);
+    assert_eq!(backing.read(0, 1).await.unwrap(), pattern(1, 4096));
+    assert!(media_errors(&vol).iter().sum::<u64>() > 0);
 }
 
 /// An unreadable clean sector is read from the backing volume; the frame
@@ -2368,4 +2407,85 @@ async fn an_unreadable_clean_sector_is_read_from_the_backing_and_filled_again() 
     assert_eq!(vol.read(32, 4).await.unwrap(), want);
     assert!(vol.status().read_hits > hits);
     assert_eq!(media_errors(&vol), vec![1]);
+}
+
+/// The mirror of `one_dirty_sector_on_faulty_halves` with its first half
+/// dead and failed, and every sector of block 0's frame held (filled).
+async fn survivor_holding_block_0() -> (VolumeRef, Vec<Arc<FaultVolume>>, CacheVolume, u64) {
+    let (backing, faulty, vol, at) = one_dirty_sector_on_faulty_halves().await;
+    filled_with_every_device_in_service(&vol, &backing).await;
+    faulty[0].plan().lock().dead = true;
+    // the first frame is read from the first half first: the read fails it
+    assert_eq!(vol.read(0, 1).await.unwrap(), pattern(1, 4096));
+    assert_eq!(vol.status().devices[0].state, "failed");
+    // (the frame holds its clean sectors again: read from the survivor)
+    assert_eq!(
+        vol.read(1, 3).await.unwrap(),
+        backing.read(1, 3).await.unwrap()
+    );
+    assert_eq!(vol.status().valid_bytes, 16384, "{:?}", vol.status());
+    (backing, faulty, vol, at)
+}
+
+/// A resilver that meets a clean sector the survivor cannot read leaves it
+/// out (the frame forgets it: the backing has it) and completes. Before
+/// (review of 2026-12-06) the survivor failed, and with it every dirty
+/// block of the cache, the replacement not yet live.
+#[tokio::test]
+async fn a_resilver_goes_around_a_clean_sector_the_survivor_cannot_read() {
+    let (backing, faulty, vol, _) = one_dirty_sector_on_faulty_halves().await;
+    // a clean block cached (blocks 4-7: cache block 1)
+    backing.write(4, pattern(11, 16384), false).await.unwrap();
+    let want = backing.read(4, 4).await.unwrap();
+    let hits = vol.status().read_hits;
+    for _ in 0..3 {
+        assert_eq!(vol.read(4, 4).await.unwrap(), want);
+    }
+    assert!(vol.status().read_hits > hits, "not cached");
+    let at = block_on_volume(&*faulty[1], &want[8192..12288]).await;
+    // the first half dies (a write finds it), the survivor cannot read
+    // the clean block's third sector
+    faulty[0].plan().lock().dead = true;
+    vol.write(40, pattern(12, 4096), false).await.unwrap();
+    assert_eq!(vol.status().devices[0].state, "failed");
+    faulty[1].plan().lock().bad_read_blocks = std::iter::once(at..at + 1).collect();
+    replace(&vol, 0, "new", fault_ssd() as VolumeRef).await;
+    status_until(&vol, 30, "the mirror never became whole again", |s| {
+        s.state == "ok"
+    })
+    .await;
+    let st = vol.status();
+    assert!(st.devices.iter().all(|d| d.state == "ok"), "{st:?}");
+    assert_eq!(media_errors(&vol), vec![0, 1], "the sector was met");
+    assert_eq!(vol.read(4, 4).await.unwrap(), want);
+    assert_eq!(vol.read(0, 1).await.unwrap(), pattern(1, 4096));
+}
+
+/// Dirty data the survivor cannot read gives up the replacement, not the
+/// survivor: it serves on (that block's read is a medium error) and a
+/// rewrite of the block lets a later replacement through.
+#[tokio::test]
+async fn a_resilver_that_cannot_read_dirty_data_gives_up_the_replacement_not_the_survivor() {
+    let (_backing, faulty, vol, at) = survivor_holding_block_0().await;
+    faulty[1].plan().lock().bad_read_blocks = std::iter::once(at..at + 1).collect();
+    replace(&vol, 0, "new", fault_ssd() as VolumeRef).await;
+    status_until(&vol, 30, "the replacement was not given up", |s| {
+        s.devices[0].state == "failed"
+    })
+    .await;
+    let st = vol.status();
+    assert_eq!(st.devices[1].state, "ok", "{st:?}");
+    assert!(matches!(
+        vol.read(0, 1).await,
+        Err(block::BlockError::Medium { lba: 0 })
+    ));
+    assert_eq!(vol.read(40, 1).await.unwrap().len(), 4096);
+    faulty[1].plan().lock().remap_on_write = true;
+    vol.write(0, pattern(3, 4096), false).await.unwrap();
+    replace(&vol, 0, "newer", fault_ssd() as VolumeRef).await;
+    status_until(&vol, 30, "the mirror never became whole again", |s| {
+        s.state == "ok"
+    })
+    .await;
+    assert_eq!(vol.read(0, 1).await.unwrap(), pattern(3, 4096));
 }

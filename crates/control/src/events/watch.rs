@@ -19,7 +19,7 @@ use crate::pools::Pools;
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// How often the layers' states are compared.
 const POLL: Duration = Duration::from_secs(1);
@@ -165,6 +165,8 @@ struct State {
     caches: BTreeMap<String, (String, Vec<cache::DeviceStatus>)>,
     /// Caches reported unhealthy and not yet recovered.
     caches_reported: BTreeSet<String>,
+    /// When each cache device's unreadable sectors were last reported.
+    media_reported: BTreeMap<String, Instant>,
     replicas: BTreeMap<String, ReplicaSeen>,
     lockouts: u64,
 }
@@ -197,7 +199,8 @@ impl State {
         // caches
         for (name, mode, state, devices) in src.pools.cache_health() {
             if let Some((old_state, old_devs)) = self.caches.get(&name) {
-                cache_device_events(&name, mode, old_devs, &devices, &mut out);
+                let seen = (&mut self.media_reported, Instant::now());
+                cache_device_events(&name, mode, (old_devs, &devices), seen, &mut out);
                 if state.contains("write-through") && !old_state.contains("write-through") {
                     out.push(NewEvent::new(
                         S::Warning,
@@ -671,26 +674,37 @@ fn first_cert_not_after(pem: &[u8]) -> Result<i64, String> {
     Err("no certificate in the file".into())
 }
 
-/// What changed on the devices of cache `name` between two polls: a device
-/// that failed, and one whose count of unreadable sectors grew.
+/// How often a cache device whose unreadable sectors keep growing is
+/// reported again: a dirty sector no copy can read is met again at every
+/// destage pass, and each would be a new event.
+const MEDIA_REPORT_EVERY: Duration = Duration::from_secs(3600);
+
+/// What changed on the devices of cache `name` between two polls (`old`,
+/// `new`): a device that failed, and one whose count of unreadable sectors
+/// grew (reported again after [`MEDIA_REPORT_EVERY`] at the earliest;
+/// `reported`: when each was last, and the time now).
 fn cache_device_events(
     name: &str,
     mode: cache::CacheMode,
-    old_devs: &[cache::DeviceStatus],
-    devices: &[cache::DeviceStatus],
+    (old_devs, devices): (&[cache::DeviceStatus], &[cache::DeviceStatus]),
+    (reported, now): (&mut BTreeMap<String, Instant>, Instant),
     out: &mut Vec<NewEvent>,
 ) {
     for (i, d) in devices.iter().enumerate() {
         let seen = old_devs.get(i).map_or(0, |d| d.media_errors);
-        if d.media_errors > seen {
+        let object = format!("{name}/{}", d.name);
+        let quiet = reported
+            .get(&object)
+            .is_some_and(|&t| now.saturating_duration_since(t) < MEDIA_REPORT_EVERY);
+        if d.media_errors > seen && !quiet {
+            reported.insert(object.clone(), now);
             out.push(NewEvent::new(
                 S::Warning,
                 K::CacheMediaErrors,
-                format!("{name}/{}", d.name),
+                object,
                 format!(
-                    "cache {name}: device {i} ({}) could not read {} more sector range(s) of cached data ({} since the start); it stays in service: clean data came from the backing volume, mirrored data from the other half (and was written again), dirty data no copy held failed the host's read; replace the device if the count keeps rising",
+                    "cache {name}: device {i} ({}) answered {} read(s) of cached data with unreadable sectors since the start; it stays in service: clean data came from the backing volume, mirrored data from the other half (and was written again), dirty data no copy held failed the host's read and stays dirty; replace the device if the count keeps rising (said again within the hour at most)",
                     d.name,
-                    d.media_errors - seen,
                     d.media_errors
                 ),
             ));
@@ -727,22 +741,29 @@ mod tests {
             state: state.into(),
             media_errors,
         };
-        let events = |old: &[cache::DeviceStatus], new: &[cache::DeviceStatus]| {
+        let t0 = std::time::Instant::now();
+        let mut reported = std::collections::BTreeMap::new();
+        let mut events = |old: &[cache::DeviceStatus], new: &[cache::DeviceStatus], at: u64| {
             let mut out = Vec::new();
-            cache_device_events("c", cache::CacheMode::WriteBack, old, new, &mut out);
+            let now = t0 + std::time::Duration::from_secs(at);
+            let mode = cache::CacheMode::WriteBack;
+            cache_device_events("c", mode, (old, new), (&mut reported, now), &mut out);
             out.into_iter()
                 .map(|e| (e.kind, e.severity, e.object))
                 .collect::<Vec<_>>()
         };
         let warned = vec![(K::CacheMediaErrors, S::Warning, "c/ssd0".to_string())];
-        assert_eq!(events(&[dev("ok", 0)], &[dev("ok", 0)]), vec![]);
-        assert_eq!(events(&[dev("ok", 0)], &[dev("ok", 2)]), warned);
-        assert_eq!(events(&[dev("ok", 2)], &[dev("ok", 2)]), vec![]);
-        assert_eq!(events(&[dev("ok", 2)], &[dev("ok", 3)]), warned);
+        assert_eq!(events(&[dev("ok", 0)], &[dev("ok", 0)], 0), vec![]);
+        assert_eq!(events(&[dev("ok", 0)], &[dev("ok", 2)], 0), warned);
+        assert_eq!(events(&[dev("ok", 2)], &[dev("ok", 2)], 10), vec![]);
+        // growing again within the hour: not said again (a destage meeting
+        // an unreadable dirty sector at every pass would say it every poll)
+        assert_eq!(events(&[dev("ok", 2)], &[dev("ok", 3)], 60), vec![]);
+        assert_eq!(events(&[dev("ok", 3)], &[dev("ok", 4)], 3601), warned);
         // a replacement starts its own count: nothing to say
-        assert_eq!(events(&[dev("ok", 3)], &[dev("ok", 0)]), vec![]);
+        assert_eq!(events(&[dev("ok", 4)], &[dev("ok", 0)], 9000), vec![]);
         assert_eq!(
-            events(&[dev("ok", 0)], &[dev("failed", 0)]),
+            events(&[dev("ok", 0)], &[dev("failed", 0)], 9000),
             vec![(K::CacheDeviceFailed, S::Critical, "c/ssd0".to_string())]
         );
     }
