@@ -1081,13 +1081,21 @@ impl ScsiTarget {
     /// never drops the reservations or tokens of, the LUs of other hosts).
     pub async fn target_reset(&self, nexus: &ItNexus) {
         tracing::info!(initiator = %nexus.initiator_port, "target reset");
-        for lu in self.visible_lus(nexus) {
-            lu.reset(codes::POWER_ON_RESET);
-            replication::spc2_end_everywhere(lu.clone(), None).await;
-            replication::reset_everywhere(lu.clone(), ResetKind::Target).await;
-            self.copies.tokens.revoke_lu(&lu);
-            lu.copies_stopped().await;
-        }
+        // every LU at once: each may wait for the HA partner (up to the
+        // link's exchange time), and one after the other those waits added
+        // up past an initiator's task management timeout
+        let each: Vec<block::BoxFut<'_, ()>> = (self.visible_lus(nexus).into_iter())
+            .map(|lu| {
+                Box::pin(async move {
+                    lu.reset(codes::POWER_ON_RESET);
+                    replication::spc2_end_everywhere(lu.clone(), None).await;
+                    replication::reset_everywhere(lu.clone(), ResetKind::Target).await;
+                    self.copies.tokens.revoke_lu(&lu);
+                    lu.copies_stopped().await;
+                }) as block::BoxFut<'_, ()>
+            })
+            .collect();
+        block::join_all(each).await;
     }
 
     /// Whether host groups decide what each initiator sees: a target reset
