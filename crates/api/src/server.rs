@@ -42,6 +42,11 @@ impl ConnAdmission {
         if held.is_some() {
             return true;
         }
+        // its place may have gone to a newer connection meanwhile: then it
+        // is to close (`serve_conn` sees the eviction), not be served
+        if !self.slot.settle() {
+            return false;
+        }
         let Ok(permit) = self.total.clone().try_acquire_owned() else {
             return false;
         };
@@ -49,7 +54,6 @@ impl ConnAdmission {
             return false;
         };
         *held = Some((permit, slot));
-        self.slot.settle();
         true
     }
 }

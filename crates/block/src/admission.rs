@@ -145,10 +145,11 @@ impl AdmissionSlot {
 
     /// Gives the slot back now, while the connection goes on (it has been
     /// admitted: authenticated, past its handshake), so the budget never takes
-    /// it back: [`AdmissionSlot::evicted`] completes only if that happened
-    /// before. Dropping the slot later gives back nothing more.
-    pub fn settle(&self) {
-        self.budget.release(self.source, self.id);
+    /// it back. False when it already had (the connection is to close:
+    /// [`AdmissionSlot::evicted`] completes). Dropping the slot later gives
+    /// back nothing more.
+    pub fn settle(&self) -> bool {
+        self.budget.release(self.source, self.id)
     }
 }
 
@@ -246,19 +247,22 @@ impl AdmissionBudget {
         }
     }
 
-    fn release(&self, source: IpAddr, id: u64) {
+    /// Gives slot `id` back; false when it was already (taken back by an
+    /// eviction, or given back before).
+    fn release(&self, source: IpAddr, id: u64) -> bool {
         let mut g = self.inner.lock();
         let Some(q) = g.by_source.get_mut(&source) else {
-            return;
+            return false;
         };
         let Some(pos) = q.iter().position(|e| e.id == id) else {
-            return; // Already taken back by an eviction.
+            return false; // Already taken back by an eviction.
         };
         q.remove(pos);
         if q.is_empty() {
             g.by_source.remove(&source);
         }
         g.total -= 1;
+        true
     }
 
     /// Slots in use: (from `source`, in total).
@@ -368,7 +372,7 @@ mod tests {
     async fn a_settled_slot_is_never_taken_back() {
         let b = AdmissionBudget::new(1, 10);
         let settled = b.admit(ip("10.0.0.1"));
-        settled.settle();
+        assert!(settled.settle());
         assert_eq!(b.in_use(ip("10.0.0.1")), (0, 0));
         // the source's next connection has its place, and the next one takes
         // that one's, never the settled one's
@@ -377,6 +381,8 @@ mod tests {
         tokio::time::timeout(Duration::from_millis(100), next.evicted())
             .await
             .expect("the unsettled one went");
+        // taken back before it could settle: it cannot
+        assert!(!next.settle());
         assert!(
             tokio::time::timeout(Duration::from_millis(20), settled.evicted())
                 .await

@@ -544,12 +544,20 @@ async fn a_closed_connection_counts_until_its_requests_finish() {
     held.reads.open();
     let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
     loop {
+        // served: a READ is answered (the volume reads again)
         let mut s = Raw::connect(srv.addr, "lun0").await;
-        let mut b = [0u8; 1];
-        let open = tokio::time::timeout(Duration::from_millis(200), s.sock.read(&mut b))
+        let mut read = Vec::new();
+        read.extend_from_slice(&0x2560_9513u32.to_be_bytes());
+        read.extend_from_slice(&[0, 0, 0, 0]);
+        read.extend_from_slice(&9u64.to_be_bytes());
+        read.extend_from_slice(&0u64.to_be_bytes());
+        read.extend_from_slice(&512u32.to_be_bytes());
+        let _ = s.sock.write_all(&read).await;
+        let mut b = [0u8; 16];
+        let answered = tokio::time::timeout(Duration::from_secs(10), s.sock.read_exact(&mut b))
             .await
-            .is_err();
-        if open {
+            .is_ok_and(|r| r.is_ok());
+        if answered {
             break;
         }
         assert!(tokio::time::Instant::now() < deadline, "never served again");
