@@ -73,6 +73,8 @@ async fn serve_conn<I>(
     let adm = admission.clone();
     let svc = hyper::service::service_fn(move |mut req: hyper::Request<_>| {
         req.extensions_mut().insert(Peer(peer));
+        // a connection that sent a request is taken back after idle ones
+        adm.slot.mark_active();
         req.extensions_mut().insert(adm.clone());
         let mut r = router.clone();
         async move {

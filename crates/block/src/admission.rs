@@ -65,6 +65,13 @@ impl PerSource {
         })
     }
 
+    /// Whether a connection from `ip` would get a place now (no place is
+    /// taken: [`PerSource::take`] decides).
+    pub fn has_room(&self, ip: IpAddr) -> bool {
+        let c = self.counts.lock();
+        c.get(&source_key(ip)).copied().unwrap_or(0) < self.max
+    }
+
     /// A place for a connection from `ip`, or None when its source has `max`.
     pub fn take(self: &Arc<Self>, ip: IpAddr) -> Option<SourceSlot> {
         let source = source_key(ip);

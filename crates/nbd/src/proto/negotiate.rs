@@ -131,6 +131,11 @@ pub enum NegotiateError {
     /// `advance` was called after negotiation ended.
     #[error("negotiation already finished")]
     Finished,
+    /// The server serves as many connections as it may (see
+    /// [`ServerNegotiator::set_busy`]) and the client chose an export with
+    /// `NBD_OPT_EXPORT_NAME` (no error reply is possible).
+    #[error("the server serves as many connections as it may")]
+    Busy,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -156,6 +161,10 @@ pub struct ServerNegotiator<'a> {
     meta_export: Option<usize>,
     /// The export haggling ended with.
     picked: Option<usize>,
+    /// Whether choosing an export is refused now (see [`Self::set_busy`]).
+    busy: bool,
+    /// `NBD_OPT_GO`s refused for it.
+    busy_refusals: u32,
 }
 
 /// What the TLS rule made of an option.
@@ -198,7 +207,23 @@ impl<'a> ServerNegotiator<'a> {
             structured: false,
             meta_export: None,
             picked: None,
+            busy: false,
+            busy_refusals: 0,
         }
+    }
+
+    /// Whether the server serves as many connections as it may now: an
+    /// `NBD_OPT_GO` is then answered `NBD_REP_ERR_POLICY` (the client may try
+    /// again later, on this connection or another), and `NBD_OPT_EXPORT_NAME`
+    /// ends haggling with [`NegotiateError::Busy`]. Set before each
+    /// [`Self::advance`].
+    pub fn set_busy(&mut self, busy: bool) {
+        self.busy = busy;
+    }
+
+    /// `NBD_OPT_GO`s answered `NBD_REP_ERR_POLICY` because the server was busy.
+    pub fn busy_refusals(&self) -> u32 {
+        self.busy_refusals
     }
 
     /// Options this connection may send (see [`OPTIONS_PER_EXPORT`]).
@@ -402,6 +427,10 @@ impl<'a> ServerNegotiator<'a> {
                     self.state = State::Done;
                     return Err(NegotiateError::UnknownExport(name));
                 };
+                if self.busy {
+                    self.state = State::Done;
+                    return Err(NegotiateError::Busy);
+                }
                 let e = &self.exports[i];
                 encode_export_name_reply(e.size_bytes, e.transmission_flags, self.no_zeroes, out);
                 self.picked = Some(i);
@@ -424,6 +453,16 @@ impl<'a> ServerNegotiator<'a> {
             }
             ClientOption::Info(r) => {
                 self.info(code, &r, out);
+                Ok(None)
+            }
+            ClientOption::Go(_) if self.busy => {
+                self.busy_refusals += 1;
+                encode_option_reply(
+                    code,
+                    rep::ERR_POLICY,
+                    b"too many connections; try again later",
+                    out,
+                );
                 Ok(None)
             }
             ClientOption::Go(r) => {
@@ -614,6 +653,48 @@ mod tests {
         assert_eq!(
             n.advance(&mut input, &mut out),
             Err(NegotiateError::Finished)
+        );
+    }
+
+    /// While the server is busy, GO is refused with NBD_REP_ERR_POLICY and
+    /// haggling goes on (a GO once it is not is served); EXPORT_NAME ends it.
+    #[test]
+    fn a_busy_server_refuses_the_choice_of_an_export() {
+        let ex = exports();
+        let go = || {
+            opt_bytes(ClientOption::Go(InfoRequest {
+                name: "lun1".into(),
+                infos: vec![],
+            }))
+        };
+        let mut n = ServerNegotiator::new(&ex, Some(0), 4096);
+        let mut input = BytesMut::from(&3u32.to_be_bytes()[..]);
+        input.extend_from_slice(&go());
+        let mut out = BytesMut::new();
+        n.set_busy(true);
+        assert_eq!(n.advance(&mut input, &mut out), Ok(Progress::NeedInput));
+        assert_eq!(
+            replies(&out),
+            vec![(
+                opt::GO,
+                rep::ERR_POLICY,
+                b"too many connections; try again later".to_vec()
+            )]
+        );
+        assert_eq!(n.busy_refusals(), 1);
+        n.set_busy(false);
+        input.extend_from_slice(&go());
+        assert_eq!(
+            n.advance(&mut input, &mut BytesMut::new()),
+            Ok(Progress::Transmission { export_index: 1 })
+        );
+        let mut n = ServerNegotiator::new(&ex, Some(0), 4096);
+        let mut input = BytesMut::from(&3u32.to_be_bytes()[..]);
+        input.extend_from_slice(&opt_bytes(ClientOption::ExportName("lun0".into())));
+        n.set_busy(true);
+        assert_eq!(
+            n.advance(&mut input, &mut BytesMut::new()),
+            Err(NegotiateError::Busy)
         );
     }
 

@@ -169,7 +169,7 @@ async fn handshake(
         };
         Some((info.name.clone(), state.clone()))
     };
-    match haggle(&mut neg, &mut sock, buf, peer).await? {
+    match haggle(&mut neg, &mut sock, buf, (ctx, peer)).await? {
         Step::Export(i) => {
             let session = neg.session();
             return Ok(pick(i).map(|(n, s)| (Stream::Plain(sock), n, s, session)));
@@ -182,7 +182,10 @@ async fn handshake(
     };
     match acceptor {
         Acceptor::X509(a) => match a.accept(sock).await {
-            Ok(tls) => after_tls(neg, tls, buf, peer, pick, |t| Stream::Tls(Box::new(t))).await,
+            Ok(tls) => {
+                let wrap = |t| Stream::Tls(Box::new(t));
+                after_tls(neg, tls, buf, (ctx, peer), pick, wrap).await
+            }
             Err(e) => {
                 tracing::warn!(%peer, error = %e, "NBD TLS handshake failed");
                 Ok(None)
@@ -190,7 +193,10 @@ async fn handshake(
         },
         #[cfg(feature = "psk")]
         Acceptor::Psk(c) => match accept_psk(c, sock).await {
-            Ok(tls) => after_tls(neg, tls, buf, peer, pick, |t| Stream::Psk(Box::new(t))).await,
+            Ok(tls) => {
+                let wrap = |t| Stream::Psk(Box::new(t));
+                after_tls(neg, tls, buf, (ctx, peer), pick, wrap).await
+            }
             Err(e) => {
                 tracing::warn!(%peer, error = %e,
                     "NBD TLS-PSK handshake failed (unknown identity, wrong key or no PSK offered)");
@@ -205,12 +211,12 @@ async fn after_tls<S: AsyncRead + AsyncWrite + Unpin>(
     mut neg: ServerNegotiator<'_>,
     mut tls: S,
     buf: &mut BytesMut,
-    peer: SocketAddr,
+    (ctx, peer): (&Ctx, SocketAddr),
     pick: impl Fn(usize) -> Option<(String, Arc<ExportState>)>,
     wrap: impl FnOnce(S) -> Stream,
 ) -> std::io::Result<Option<Picked>> {
     neg.tls_started();
-    match haggle(&mut neg, &mut tls, buf, peer).await? {
+    match haggle(&mut neg, &mut tls, buf, (ctx, peer)).await? {
         Step::Export(i) => {
             let session = neg.session();
             Ok(pick(i).map(|(n, s)| (wrap(tls), n, s, session)))
@@ -236,16 +242,24 @@ async fn accept_psk(
 }
 
 /// Feeds the negotiator what `sock` delivers and writes its answers until it
-/// picks an export, asks for TLS or ends.
+/// picks an export, asks for TLS or ends. The choice of an export is refused
+/// while the connections served are at their bounds.
 async fn haggle<S: AsyncRead + AsyncWrite + Unpin>(
     neg: &mut ServerNegotiator<'_>,
     sock: &mut S,
     buf: &mut BytesMut,
-    peer: SocketAddr,
+    (ctx, peer): (&Ctx, SocketAddr),
 ) -> std::io::Result<Step> {
     let mut out = BytesMut::new();
     loop {
+        neg.set_busy(!ctx.served_has_room(peer));
+        let refused = neg.busy_refusals();
         let r = neg.advance(buf, &mut out);
+        if neg.busy_refusals() > refused {
+            if let Some(held_back) = ctx.served_refusals.allow() {
+                tracing::warn!(%peer, held_back, "NBD_OPT_GO refused: too many NBD connections served");
+            }
+        }
         if !out.is_empty() {
             sock.write_all(&out).await?;
             // TLS holds records back until flushed; plain TCP flushes at once.
@@ -263,6 +277,12 @@ async fn haggle<S: AsyncRead + AsyncWrite + Unpin>(
             Ok(Progress::Abort) => return Ok(Step::Close),
             Ok(Progress::StartTls) => return Ok(Step::StartTls),
             Ok(Progress::Transmission { export_index }) => return Ok(Step::Export(export_index)),
+            Err(NegotiateError::Busy) => {
+                if let Some(held_back) = ctx.served_refusals.allow() {
+                    tracing::warn!(%peer, held_back, "NBD_OPT_EXPORT_NAME refused: too many NBD connections served");
+                }
+                return Ok(Step::Close);
+            }
             Err(NegotiateError::UnknownExport(name)) => {
                 tracing::warn!(%peer, export = %shown(&name), "NBD client asked for an unknown export");
                 return Ok(Step::Close);

@@ -240,6 +240,14 @@ pub(crate) struct Ctx {
 }
 
 impl Ctx {
+    /// Whether a connection from `peer` whose handshake ends now would be
+    /// served ([`Ctx::admit_served`] decides, after it): when not, the
+    /// choice of an export is refused (`NBD_REP_ERR_POLICY` to a GO) rather
+    /// than answered and the connection then closed.
+    pub(crate) fn served_has_room(&self, peer: SocketAddr) -> bool {
+        self.served.available_permits() > 0 && self.served_per_source.has_room(peer.ip())
+    }
+
     /// A place among the connections served for one from `peer` whose
     /// handshake ended; None (logged, at most once a second) when the bounds
     /// are reached.

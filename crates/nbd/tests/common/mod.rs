@@ -132,6 +132,14 @@ pub struct Raw {
 impl Raw {
     /// Handshakes with NBD_OPT_EXPORT_NAME (the oldest path) and NO_ZEROES.
     pub async fn connect(addr: SocketAddr, export: &str) -> Raw {
+        Raw::try_connect(addr, export)
+            .await
+            .expect("the server closed the handshake")
+    }
+
+    /// [`Raw::connect`]; None when the server closes the connection before
+    /// it answers the export's name.
+    pub async fn try_connect(addr: SocketAddr, export: &str) -> Option<Raw> {
         let mut sock = TcpStream::connect(addr).await.unwrap();
         sock.set_nodelay(true).unwrap();
         let mut g = [0u8; 18];
@@ -141,15 +149,15 @@ impl Raw {
         sock.write_all(&3u32.to_be_bytes()).await.unwrap();
         let mut b = BytesMut::new();
         encode_option(&ClientOption::ExportName(export.into()), &mut b);
-        sock.write_all(&b).await.unwrap();
+        sock.write_all(&b).await.ok()?;
         let mut r = [0u8; 10];
-        sock.read_exact(&mut r).await.unwrap();
+        sock.read_exact(&mut r).await.ok()?;
         let (size_bytes, flags) = decode_export_name_reply(&r).unwrap();
-        Raw {
+        Some(Raw {
             sock,
             size_bytes,
             flags,
-        }
+        })
     }
 
     /// Sends one request header (and payload).

@@ -97,6 +97,44 @@ async fn served_from(source: &str, to: SocketAddr) -> (bool, TcpStream) {
     (ok, s)
 }
 
+/// The type of the last reply to an `NBD_OPT_GO` for "lun0" from `source`
+/// (0 when the connection closed first).
+async fn go_reply_from(source: &str, to: SocketAddr) -> u32 {
+    use tokio::io::AsyncWriteExt;
+    let mut s = connect_from(source, to).await;
+    if !greeted(&mut s).await {
+        return 0;
+    }
+    let mut hs = vec![0, 0, 0, 3];
+    hs.extend_from_slice(&0x4948_4156_454F_5054u64.to_be_bytes());
+    hs.extend_from_slice(&7u32.to_be_bytes());
+    hs.extend_from_slice(&10u32.to_be_bytes());
+    hs.extend_from_slice(&4u32.to_be_bytes());
+    hs.extend_from_slice(b"lun0");
+    hs.extend_from_slice(&0u16.to_be_bytes());
+    if s.write_all(&hs).await.is_err() {
+        return 0;
+    }
+    // replies until the last one (an ACK or an error)
+    loop {
+        let mut h = [0u8; 20];
+        let got = tokio::time::timeout(Duration::from_secs(5), s.read_exact(&mut h)).await;
+        if !matches!(got, Ok(Ok(_))) {
+            return 0;
+        }
+        let kind = u32::from_be_bytes(h[12..16].try_into().unwrap());
+        let len = u32::from_be_bytes(h[16..20].try_into().unwrap()) as usize;
+        let mut data = vec![0u8; len];
+        if s.read_exact(&mut data).await.is_err() {
+            return 0;
+        }
+        if kind != 3 {
+            // not NBD_REP_INFO
+            return kind;
+        }
+    }
+}
+
 /// True when the server has closed `s` (it reads the end of the stream).
 async fn closed(s: &mut TcpStream) -> bool {
     let mut b = [0u8; 64];
@@ -125,6 +163,13 @@ async fn served_connections_are_bounded_per_source_and_in_total() {
     }
     let (third, _s) = served_from("127.0.0.3", addr).await;
     assert!(!third, "a third from one source is closed");
+    // one that chooses its export with NBD_OPT_GO is told why
+    assert_eq!(
+        go_reply_from("127.0.0.3", addr).await,
+        0x8000_0002,
+        "NBD_REP_ERR_POLICY"
+    );
+    assert_eq!(go_reply_from("127.0.0.6", addr).await, 1, "NBD_REP_ACK");
     let (other, _o) = served_from("127.0.0.4", addr).await;
     assert!(other, "another source still gets in");
     let (over, _v) = served_from("127.0.0.5", addr).await;
