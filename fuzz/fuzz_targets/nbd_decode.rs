@@ -63,6 +63,9 @@ fuzz_target!(|data: &[u8]| {
     let mut out = BytesMut::new();
     'pieces: for piece in rest.chunks(chunk) {
         input.extend_from_slice(piece);
+        // the server at its connection bounds or not, as each piece says
+        // (a refused GO, then one served, an EXPORT_NAME refused)
+        neg.set_busy(piece.first().is_some_and(|b| b & 1 != 0));
         let mut r = neg.advance(&mut input, &mut out);
         while let Ok(Progress::Flush) = r {
             assert!(out.len() >= REPLIES_PENDING_MAX);

@@ -42,17 +42,18 @@ impl ConnAdmission {
         if held.is_some() {
             return true;
         }
-        // its place may have gone to a newer connection meanwhile: then it
-        // is to close (`serve_conn` sees the eviction), not be served
-        if !self.slot.settle() {
-            return false;
-        }
         let Ok(permit) = self.total.clone().try_acquire_owned() else {
             return false;
         };
         let Some(slot) = self.per_source.take(self.peer.ip()) else {
             return false;
         };
+        // its place may have gone to a newer connection meanwhile: then it
+        // is to close (`serve_conn` sees the eviction), not be served; taken
+        // last, so that a refusal above leaves it counted where it was
+        if !self.slot.settle() {
+            return false;
+        }
         *held = Some((permit, slot));
         true
     }

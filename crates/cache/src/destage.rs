@@ -515,15 +515,18 @@ async fn read_op(inner: &Inner, op: &Op) -> BlockResult<Bytes> {
         Some(b) => BytesMut::from(&b[..]),
         None => BytesMut::zeroed(op.len as usize),
     };
-    for (p, &(slot, _, len, at)) in parts.into_iter().zip(op.parts.iter()) {
-        if let Err(BlockError::Medium { .. }) = &p {
-            // Its clean sectors are the backing's: forgotten, so the next
-            // pass reads only the dirty ones (and writes a stripe's gaps from
-            // the backing). Otherwise one unreadable clean sector failed
-            // this write, and every later one, for good (review of
-            // 2026-12-06). Dirty sectors no copy can read stay dirty.
+    // Every frame with unreadable sectors forgets its clean ones (the
+    // backing's), so the next pass reads only the dirty ones (and writes a
+    // stripe's gaps from the backing): otherwise one unreadable clean sector
+    // failed this write, and every later one, for good (review of
+    // 2026-12-06). All of them at once, not one a pass. Dirty sectors no
+    // copy can read stay dirty.
+    for (p, &(slot, ..)) in parts.iter().zip(op.parts.iter()) {
+        if let Err(BlockError::Medium { .. }) = p {
             inner.forget_clean(slot);
         }
+    }
+    for (p, &(_, _, len, at)) in parts.into_iter().zip(op.parts.iter()) {
         buf[at as usize..(at + len) as usize].copy_from_slice(&p?);
     }
     Ok(buf.freeze())

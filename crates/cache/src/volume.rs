@@ -654,23 +654,31 @@ impl Inner {
                 (m, Pinned(self, slot))
             };
             let len = self.block_len(key);
-            let ok = match self.copy_runs(src, dst, base, mask, len).await {
-                // sectors the first half cannot read: the halves agree on
-                // the second half's copy (either version of a write the
-                // crash cut short may stand), rather than the first half
-                // failing for them
-                Err(BlockError::Medium { .. }) => {
-                    match self.copy_runs(dst, src, base, mask, len).await {
-                        Err(BlockError::Medium { .. }) => {
-                            tracing::error!(cache = %self.name, block = key,
-                                "cache: dirty data unreadable on both mirror halves");
-                            true
-                        }
-                        r => r.is_ok(),
+            let mut ok = true;
+            // run by run: sectors the first half cannot read, the halves
+            // agree on the second half's copy (either version of a write the
+            // crash cut short may stand), rather than the first half failing
+            // for them; the runs after them are still copied
+            for (first, n) in runs(mask) {
+                let run = range_mask(first, n);
+                let r = match self.copy_runs(src, dst, base, run, len).await {
+                    Err(BlockError::Medium { .. }) => {
+                        self.copy_runs(dst, src, base, run, len).await
+                    }
+                    r => r,
+                };
+                match r {
+                    Ok(()) => {}
+                    Err(BlockError::Medium { .. }) => {
+                        tracing::error!(cache = %self.name, block = key,
+                            "cache: dirty data unreadable on both mirror halves");
+                    }
+                    Err(_) => {
+                        ok = false;
+                        break;
                     }
                 }
-                r => r.is_ok(),
-            };
+            }
             if !ok {
                 // a half failed (marked by read_frame_at or write_at): degraded
                 self.on_device_failure();

@@ -165,8 +165,9 @@ struct State {
     caches: BTreeMap<String, (String, Vec<cache::DeviceStatus>)>,
     /// Caches reported unhealthy and not yet recovered.
     caches_reported: BTreeSet<String>,
-    /// When each cache device's unreadable sectors were last reported.
-    media_reported: BTreeMap<String, Instant>,
+    /// Each cache device's count of unreadable sectors when last reported,
+    /// and when.
+    media_reported: BTreeMap<String, (u64, Instant)>,
     replicas: BTreeMap<String, ReplicaSeen>,
     lockouts: u64,
 }
@@ -681,23 +682,29 @@ const MEDIA_REPORT_EVERY: Duration = Duration::from_secs(3600);
 
 /// What changed on the devices of cache `name` between two polls (`old`,
 /// `new`): a device that failed, and one whose count of unreadable sectors
-/// grew (reported again after [`MEDIA_REPORT_EVERY`] at the earliest;
-/// `reported`: when each was last, and the time now).
+/// grew past what was last reported (again after [`MEDIA_REPORT_EVERY`] at
+/// the earliest, a growth within it included; `reported`: the count and time
+/// of each device's last report, and the time now).
 fn cache_device_events(
     name: &str,
     mode: cache::CacheMode,
     (old_devs, devices): (&[cache::DeviceStatus], &[cache::DeviceStatus]),
-    (reported, now): (&mut BTreeMap<String, Instant>, Instant),
+    (reported, now): (&mut BTreeMap<String, (u64, Instant)>, Instant),
     out: &mut Vec<NewEvent>,
 ) {
     for (i, d) in devices.iter().enumerate() {
-        let seen = old_devs.get(i).map_or(0, |d| d.media_errors);
         let object = format!("{name}/{}", d.name);
-        let quiet = reported
-            .get(&object)
-            .is_some_and(|&t| now.saturating_duration_since(t) < MEDIA_REPORT_EVERY);
-        if d.media_errors > seen && !quiet {
-            reported.insert(object.clone(), now);
+        let last = reported.get(&object).copied();
+        if last.is_some_and(|(n, _)| d.media_errors < n) {
+            // another device of that name (a replacement): its own count
+            reported.remove(&object);
+        }
+        let (baseline, quiet) = match reported.get(&object) {
+            Some(&(n, t)) => (n, now.saturating_duration_since(t) < MEDIA_REPORT_EVERY),
+            None => (old_devs.get(i).map_or(0, |d| d.media_errors), false),
+        };
+        if d.media_errors > baseline && !quiet {
+            reported.insert(object.clone(), (d.media_errors, now));
             out.push(NewEvent::new(
                 S::Warning,
                 K::CacheMediaErrors,
@@ -759,9 +766,12 @@ mod tests {
         // growing again within the hour: not said again (a destage meeting
         // an unreadable dirty sector at every pass would say it every poll)
         assert_eq!(events(&[dev("ok", 2)], &[dev("ok", 3)], 60), vec![]);
-        assert_eq!(events(&[dev("ok", 3)], &[dev("ok", 4)], 3601), warned);
+        // said after it, though the count stopped growing meanwhile
+        assert_eq!(events(&[dev("ok", 3)], &[dev("ok", 3)], 3601), warned);
+        assert_eq!(events(&[dev("ok", 3)], &[dev("ok", 3)], 9000), vec![]);
         // a replacement starts its own count: nothing to say
-        assert_eq!(events(&[dev("ok", 4)], &[dev("ok", 0)], 9000), vec![]);
+        assert_eq!(events(&[dev("ok", 3)], &[dev("ok", 0)], 9000), vec![]);
+        assert_eq!(events(&[dev("ok", 0)], &[dev("ok", 1)], 9001), warned);
         assert_eq!(
             events(&[dev("ok", 0)], &[dev("failed", 0)], 9000),
             vec![(K::CacheDeviceFailed, S::Critical, "c/ssd0".to_string())]
