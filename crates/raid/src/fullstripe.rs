@@ -490,6 +490,12 @@ impl Inner {
                 self.name
             )));
         }
+        if !fua {
+            // until the members' next flush these chunks and parity may be
+            // in their volatile caches only: see `write_parity_locked`
+            let at = self.flushes_started.load(Ordering::Acquire);
+            self.unflushed_whole.lock().insert(s, at);
+        }
         Ok(())
     }
 

@@ -645,6 +645,17 @@ impl Inner {
     ) -> BlockResult<()> {
         self.partial_writes.fetch_add(1, Ordering::Relaxed);
         self.wp.partial_updates.fetch_add(1, Ordering::Relaxed);
+        // A stripe written whole without FUA may hold its new chunks in the
+        // members' volatile caches only, and whole-stripe writes have no
+        // journal record. This update's record would carry parity computed
+        // from them: after a power cut that lost them, its replay wrote that
+        // parity beside the older chunks on disk, and with a member missing
+        // too, this update's own data rebuilt from it was wrong (review of
+        // 2026-12-06). The members are flushed first (rare: a partial update
+        // right after a whole-stripe write of the same stripe).
+        if self.unflushed_whole.lock().contains_key(&s) {
+            self.flush_members().await?;
+        }
         let lock = match lock {
             Some(g) if self.data_first_ok(s, &view) => {
                 return self.commit_data_first(s, segs, data, fua, g).await;

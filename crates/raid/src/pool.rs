@@ -202,6 +202,10 @@ impl View {
     }
 }
 
+/// The records a scan of one journal ring found above the checkpoint, and
+/// whether sectors of the ring could not be read (read as no record).
+type RingScan = (Vec<journal::Record>, bool);
+
 /// Everything shared by the pool handle, its data path and its background tasks.
 pub(crate) struct Inner {
     pub name: String,
@@ -283,6 +287,12 @@ pub(crate) struct Inner {
     /// [`Pool::set_journal_devices_configured`]).
     pub journal_configured: Mutex<Vec<String>>,
     pub full_writes: AtomicU64,
+    /// Stripes written whole without FUA since the members' last flush, each
+    /// with the flush count then (see [`Inner::flush_members`]): a partial
+    /// update of one flushes first (`write_parity_locked`).
+    pub unflushed_whole: Mutex<std::collections::HashMap<u64, u64>>,
+    /// Member flushes started.
+    pub flushes_started: AtomicU64,
     pub partial_writes: AtomicU64,
     pub gather_timeouts: AtomicU64,
     /// Of those, the gathers that ended because their stream had moved on.
@@ -745,6 +755,8 @@ impl Pool {
         let mut spares = Vec::new();
         let mut changed = false;
         let mut taken = vec![false; n];
+        // positions a stale member takes back (forced): rebuilt from scratch
+        let mut stale_back = Vec::new();
         for (m, sb) in found.iter() {
             check_size(&shape, m)?;
             let stale = stale_of(sb);
@@ -784,6 +796,7 @@ impl Pool {
                         slot.rebuild_cp_stripes = 0;
                         slot.durable_cp_stripes = 0;
                         changed = true;
+                        stale_back.push(p);
                     } else if revived.contains(&sb.member_uuid) {
                         slot.state = MemberState::Active;
                         changed = true;
@@ -882,6 +895,25 @@ impl Pool {
             bs,
         )
         .await?;
+        if !inner.is_failed() {
+            // A stale member taken back holds journal records of its time,
+            // whose sequence numbers were handed out again since it left:
+            // scanned with the others, one could stand for a newer,
+            // acknowledged record of the same number, or lie above the
+            // checkpoint and be replayed over newer data (review of
+            // 2026-12-06). Its ring is zeroed before the replay, as a
+            // replacement's and a spare's are; failing that, it is failed.
+            for p in stale_back {
+                let h = inner.state.lock().slots[p].member.clone();
+                if let Some(h) = h {
+                    if let Err(e) = inner.zero_ring_of(&h.volume).await {
+                        tracing::warn!(member = %h.name, error = %e,
+                            "the journal ring of a stale member taken back could not be zeroed: member failed");
+                        inner.fail_handle(p, &h).await;
+                    }
+                }
+            }
+        }
         if !inner.is_failed() {
             inner.replay_journal().await?;
             inner.pull_spares();
@@ -1311,6 +1343,8 @@ impl Inner {
             journal_whole: AtomicBool::new(false),
             journal_configured: Mutex::new(Vec::new()),
             full_writes: AtomicU64::new(0),
+            unflushed_whole: Mutex::new(Default::default()),
+            flushes_started: AtomicU64::new(0),
             partial_writes: AtomicU64::new(0),
             gather_timeouts: AtomicU64::new(0),
             gather_passed: AtomicU64::new(0),
@@ -1655,6 +1689,9 @@ impl Inner {
 
     /// Flushes every writable member; a member that fails the flush is failed.
     pub async fn flush_members(&self) -> BlockResult<()> {
+        // whole-stripe writes that ended before this flush began are durable
+        // once it has (a failed member is failed below: the others hold them)
+        let started = self.flushes_started.fetch_add(1, Ordering::AcqRel);
         let view = self.view()?;
         let handles = view.member_handles();
         let futs: Vec<BoxFut<'_, BlockResult<()>>> = handles
@@ -1668,6 +1705,7 @@ impl Inner {
                 self.fail_handle(*i, h).await;
             }
         }
+        (self.unflushed_whole.lock()).retain(|_, &mut at| at > started);
         self.view().map(|_| ())
     }
 
@@ -1752,27 +1790,71 @@ impl Inner {
         let together = (SCAN_BYTES_MAX / per_ring.max(1)).max(1) as usize;
         let mut results = Vec::with_capacity(rings.len());
         for group in rings.chunks(together) {
-            let reads: Vec<BoxFut<'_, BlockResult<Vec<journal::Record>>>> = group
+            // (with whether sectors of the ring could not be read)
+            let reads: Vec<BoxFut<'_, BlockResult<RingScan>>> = group
                 .iter()
                 .map(|(h, ring_at, _)| {
                     let (h, ring_at) = (h.clone(), *ring_at);
                     Box::pin(async move {
                         let mut scanner = journal::Scanner::new(bs, pool_tag, max_rec, checkpoint);
                         let mut at = 0u64;
+                        let mut holes = false;
                         while at < ring_blocks {
                             let n = step_blocks.min(ring_blocks - at);
-                            scanner.push(&h.volume.read(ring_at + at, n as u32).await?);
+                            match h.volume.read(ring_at + at, n as u32).await {
+                                Ok(b) => scanner.push(&b),
+                                // A sector that cannot be read costs the
+                                // records on it, not the ring: read again
+                                // block by block, an unreadable one as zeroes
+                                // (no record), so that the records elsewhere
+                                // on it, maybe the only copy left of an
+                                // acknowledged write, are replayed (review
+                                // of 2026-12-06: the whole ring was dropped).
+                                Err(BlockError::Medium { .. }) => {
+                                    let mut piece = Vec::with_capacity(n as usize * bs);
+                                    for k in 0..n {
+                                        match h.volume.read(ring_at + at + k, 1).await {
+                                            Ok(b) => piece.extend_from_slice(&b),
+                                            Err(BlockError::Medium { .. }) => {
+                                                holes = true;
+                                                piece.resize(piece.len() + bs, 0);
+                                            }
+                                            Err(e) => return Err(e),
+                                        }
+                                    }
+                                    scanner.push(&piece);
+                                }
+                                Err(e) => return Err(e),
+                            }
                             at += n;
                         }
-                        Ok(scanner.finish())
+                        Ok((scanner.finish(), holes))
                     }) as BoxFut<'_, _>
                 })
                 .collect();
             results.extend(join_all(reads).await);
         }
         for ((h, _, member), result) in rings.into_iter().zip(results) {
+            // a journal device's ring is the only copy of its records: one
+            // with sectors it cannot read counts as unreadable (below)
+            let result = match result {
+                Ok((_, true)) if member.is_none() => Err(BlockError::Unavailable(
+                    "sectors of its journal ring cannot be read".into(),
+                )),
+                r => r,
+            };
             let found = match result {
-                Ok(found) => found,
+                Ok((found, holes)) => {
+                    if holes {
+                        tracing::warn!(ring = %h.name,
+                            "journal ring partly unreadable: the records elsewhere on it are replayed");
+                        // zeroed after the replay, as an unreadable ring
+                        if let Some(i) = member {
+                            unread.push((i, h.clone()));
+                        }
+                    }
+                    found
+                }
                 Err(e) => {
                     if member.is_some() {
                         tracing::warn!(member = %h.name, error = %e, "journal unreadable on member");
