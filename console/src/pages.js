@@ -432,7 +432,9 @@ ${admin() ? html`<div class="actions"><button class="small secondary" data-act="
           a.querySelector('.advice').textContent = 'The advisor has no curve yet (it needs some traffic).';
         }
         const devs = c.devices || [];
-        put(a.querySelector('.devices'), table(['#', 'Device', 'State', ...(admin() ? ['Actions'] : [])], devs.map((d, j) => [j, d.name, stateBadge(d.state),
+        // reads it answered with unreadable sectors (it stays in service)
+        const unreadable = (d) => (d.media_errors ? html`<span class="badge warn">${d.media_errors}</span>` : '0');
+        put(a.querySelector('.devices'), table(['#', 'Device', 'State', 'Unreadable sectors met', ...(admin() ? ['Actions'] : [])], devs.map((d, j) => [j, d.name, stateBadge(d.state), unreadable(d),
           ...(admin() ? [html`<button class="small danger" data-act="cfail" data-cache="${c.name}" data-device="${j}" data-name="${d.name}">Fail…</button>
 <button class="small secondary" data-act="creplace" data-cache="${c.name}" data-device="${j}" data-name="${d.name}">Replace…</button>`] : [])])));
       });
