@@ -335,7 +335,17 @@ async fn transmission<R, W>(
     let slots = Arc::new(Semaphore::new(slots_max));
     let held = slots.clone();
     let in_flight = move || slots_max.saturating_sub(held.available_permits());
-    let writer = tokio::spawn(run_writer(wr, rx, in_flight));
+    // the writer ends before the reader only when a write fails (the client
+    // stopped taking replies): then the connection ends too. Over TLS the
+    // reader's half keeps the stream open, so without it the connection
+    // would go on running requests whose replies nobody sends (review of
+    // 2026-12-06)
+    let (writer_ended, mut writer_end) = tokio::sync::oneshot::channel::<()>();
+    let writer = tokio::spawn(async move {
+        let r = run_writer(wr, rx, in_flight).await;
+        let _ = writer_ended.send(());
+        r
+    });
     let (exec_tx, exec_rx) = mpsc::unbounded_channel();
     let executor = tokio::spawn(run_executor(exec_rx));
     let conn = Conn {
@@ -354,6 +364,7 @@ async fn transmission<R, W>(
         e = conn.read_loop(&mut rd, &mut buf) => e,
         _ = shutdown.wait_for(|s| *s) => End::Shutdown,
         _ = gone.wait_for(|g| *g) => End::ExportGone,
+        _ = &mut writer_end => End::Io(std::io::Error::other("the replies could not be sent")),
     };
     match &end {
         End::Disconnect | End::Eof | End::Shutdown | End::ExportGone => {

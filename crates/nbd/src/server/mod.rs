@@ -475,6 +475,13 @@ fn check_config(cfg: &NbdConfig) -> io::Result<Table> {
     if l.requests_in_flight_max == 0 || l.request_bytes_max < 4096 {
         return Err(invalid("NBD limits too small".into()));
     }
+    // a structured reply's chunk carries its data and 8 bytes more in a u32
+    if l.request_bytes_max > u32::MAX - 64 {
+        return Err(invalid(format!(
+            "NBD request_bytes_max {} leaves no room for a reply chunk's header",
+            l.request_bytes_max
+        )));
+    }
     if l.in_flight_bytes_max < l.request_bytes_max as usize {
         return Err(invalid(
             "in_flight_bytes_max must be at least request_bytes_max".into(),
