@@ -399,6 +399,14 @@ impl RoleHistory {
     }
 }
 
+/// Whether an op whose local part completed may simply run again (through a
+/// new session with the partner, see `partner_has_it`): writes, zeroing,
+/// discards, flushes and grows land the same the second time. Not a
+/// compare-and-write: its compare would meet its own data.
+fn rerun(op: &Op) -> bool {
+    !matches!(op, Op::CompareAndWrite { .. })
+}
+
 #[cfg(test)]
 mod role_history_tests {
     use super::{Role, RoleHistory};
@@ -907,6 +915,10 @@ impl Inner {
                         let link = st.link.as_ref().expect("leader has a link");
                         // the local part is done: the op stands if this node goes on
                         let next = self.after_link_lost(link, deadline).await?;
+                        if next.role == Role::Leader && rerun(&op) {
+                            continue;
+                        }
+                        let next = self.partner_has_it(next, deadline).await?;
                         return match next.role {
                             Role::Solo | Role::Leader => self.local_outcome_after_loss(&op).await,
                             _ => Err(BlockError::Unavailable(format!(
@@ -922,6 +934,13 @@ impl Inner {
                         Ok(r) => return r,
                         Err(applied) => {
                             let next = self.after_link_lost(&link, deadline).await?;
+                            if next.role == Role::Leader && applied && rerun(&op) {
+                                continue;
+                            }
+                            let next = match applied {
+                                true => self.partner_has_it(next, deadline).await?,
+                                false => next,
+                            };
                             match next.role {
                                 Role::Solo | Role::Leader if applied => {
                                     return self.local_outcome_after_loss(&op).await
@@ -976,6 +995,33 @@ impl Inner {
                     ))),
                 }
             }
+        }
+    }
+
+    /// After a link loss, an op whose local part completed and that the partner
+    /// may not have got: when this node leads a new session with the partner,
+    /// the partner's copy can still count as consistent (a resync target is,
+    /// until a change of the session reaches it) and go on alone without the
+    /// op if this node is lost next; acknowledged then, the op was lost
+    /// (review of 2026-12-06). An op [`rerun`] allows runs again through the
+    /// new session instead; the others wait here until the partner has the
+    /// op's region (the resync ended: it was marked) or this node serves
+    /// alone, within `deadline`.
+    async fn partner_has_it(&self, next: RoleState, deadline: Instant) -> BlockResult<RoleState> {
+        let mut rx = self.role_tx.subscribe();
+        let mut st = next;
+        loop {
+            if !(st.role == Role::Leader && st.peer_resyncing) {
+                return Ok(st);
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                return Err(BlockError::Unavailable(
+                    "the partner is being resynced and may not hold this write yet; retry".into(),
+                ));
+            }
+            let _ = tokio::time::timeout(deadline - now, rx.changed()).await;
+            st = rx.borrow_and_update().clone();
         }
     }
 
