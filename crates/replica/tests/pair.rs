@@ -1729,6 +1729,11 @@ impl SilentRelay {
                             let Ok(n @ 1..) = r.read(&mut buf).await else {
                                 return;
                             };
+                            // what was read as the path went silent stays
+                            // here too (dropped if it is cut)
+                            if rx.wait_for(|f| !*f).await.is_err() {
+                                return;
+                            }
                             if w.write_all(&buf[..n]).await.is_err() {
                                 return;
                             }
@@ -2005,4 +2010,72 @@ async fn a_leader_whose_flush_fails_is_detached_and_the_partner_goes_on() {
     f1.plan().lock().fail_flush = false;
     both_in_sync(&n1, &n2).await;
     same_contents(&m1, &m2).await;
+}
+
+/// A leader's write whose partner part was lost with the link, the nodes
+/// meeting again at once (the leader the resync source, its copy's reads
+/// held so that no resync copy reaches the partner): the write is answered
+/// only once the partner has it, so that when the leader is lost next, the
+/// partner, which with a witness could go on alone from a copy it still
+/// counts as consistent, either stops or serves the write. Before (review of
+/// 2026-12-06) the write was answered at once, and the partner went on
+/// alone without it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_write_answered_across_a_quick_reconnect_is_on_the_partner_first() {
+    let d = tempfile::tempdir().unwrap();
+    let waddr = witness(d.path()).await;
+    let wrelay = SilentRelay::to(waddr).await;
+    let held = Arc::new(block::HoldVolume::new(Arc::new(MemVolume::new(
+        512, BLOCKS,
+    ))));
+    let m1 = held.clone() as VolumeRef;
+    let m2: VolumeRef = Arc::new(MemVolume::new(512, BLOCKS));
+    let (n2, addr2) = node2(d.path(), 1, m2.clone(), Some(waddr)).await;
+    let relay = SilentRelay::to(addr2).await;
+    let n1 = node1(d.path(), 1, m1.clone(), relay.addr, Some(wrelay.addr)).await;
+    both_in_sync(&n1, &n2).await;
+    assert_eq!(n1.status().role, Role::Leader);
+    // the write's partner part goes nowhere; its local part lands
+    relay.freeze();
+    let data = Bytes::from(vec![0x33u8; 4096]);
+    let w = {
+        let (n1, data) = (n1.clone(), data.clone());
+        tokio::spawn(async move { n1.write(1024, data, false).await })
+    };
+    tokio::time::timeout(WAIT, async {
+        while m1.read(1024, 8).await.unwrap() != data {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await
+    .expect("the local part landed");
+    // no resync copy can be read from node 1's disk; the link is cut and
+    // made again at once
+    held.reads.hold();
+    relay.cut();
+    let answered = tokio::time::timeout(WAIT, w)
+        .await
+        .expect("the write ended")
+        .unwrap();
+    // node 1 is lost: node 2 hears from neither it nor, through it, anything
+    relay.freeze();
+    wrelay.freeze();
+    assert!(
+        n2.wait_until(|s| matches!(s.role, Role::Solo | Role::Down), WAIT)
+            .await,
+        "{:?}",
+        n2.status()
+    );
+    if answered.is_ok() && n2.status().role == Role::Solo {
+        assert_eq!(
+            n2.read(1024, 8).await.unwrap(),
+            data,
+            "node 2 went on alone without a write node 1 answered"
+        );
+    }
+    held.reads.open();
+    relay.cut();
+    wrelay.cut();
+    n1.shutdown().await;
+    n2.shutdown().await;
 }
