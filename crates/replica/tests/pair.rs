@@ -1762,6 +1762,42 @@ impl SilentRelay {
     }
 }
 
+/// A pair with a witness, node 1 (preferred) over a disk whose operations
+/// can be held, reaching node 2 and the witness through relays that can go
+/// silent; in sync.
+struct RelayedPair {
+    held: Arc<block::HoldVolume>,
+    m1: VolumeRef,
+    m2: VolumeRef,
+    n1: Arc<ReplicatedVolume>,
+    n2: Arc<ReplicatedVolume>,
+    relay: SilentRelay,
+    wrelay: SilentRelay,
+}
+
+async fn relayed_pair(dir: &Path) -> RelayedPair {
+    let waddr = witness(dir).await;
+    let wrelay = SilentRelay::to(waddr).await;
+    let held = Arc::new(block::HoldVolume::new(Arc::new(MemVolume::new(
+        512, BLOCKS,
+    ))));
+    let m1 = held.clone() as VolumeRef;
+    let m2: VolumeRef = Arc::new(MemVolume::new(512, BLOCKS));
+    let (n2, addr2) = node2(dir, 1, m2.clone(), Some(waddr)).await;
+    let relay = SilentRelay::to(addr2).await;
+    let n1 = node1(dir, 1, m1.clone(), relay.addr, Some(wrelay.addr)).await;
+    both_in_sync(&n1, &n2).await;
+    RelayedPair {
+        held,
+        m1,
+        m2,
+        n1,
+        n2,
+        relay,
+        wrelay,
+    }
+}
+
 /// The partner goes silent under load without the connection closing (its
 /// power lost): the follower's socket to it is full of forwarded writes,
 /// the queue behind it too, and leader writes it applied wait to queue their
@@ -1866,17 +1902,15 @@ async fn a_partner_silent_under_load_is_given_up_within_the_peer_timeout() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_write_still_at_the_disk_when_the_link_goes_ends_before_the_node_rejoins() {
     let d = tempfile::tempdir().unwrap();
-    let waddr = witness(d.path()).await;
-    let wrelay = SilentRelay::to(waddr).await;
-    let held = Arc::new(block::HoldVolume::new(Arc::new(MemVolume::new(
-        512, BLOCKS,
-    ))));
-    let m1 = held.clone() as VolumeRef;
-    let m2: VolumeRef = Arc::new(MemVolume::new(512, BLOCKS));
-    let (n2, addr2) = node2(d.path(), 1, m2.clone(), Some(waddr)).await;
-    let relay = SilentRelay::to(addr2).await;
-    let n1 = node1(d.path(), 1, m1.clone(), relay.addr, Some(wrelay.addr)).await;
-    both_in_sync(&n1, &n2).await;
+    let RelayedPair {
+        held,
+        m1,
+        m2,
+        n1,
+        n2,
+        relay,
+        wrelay,
+    } = relayed_pair(d.path()).await;
     assert_eq!(n1.status().role, Role::Leader);
     // a write through node 1 reaches node 2; here it waits at the disk
     held.writes.hold_range(1024, 1032);
@@ -2023,17 +2057,15 @@ async fn a_leader_whose_flush_fails_is_detached_and_the_partner_goes_on() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_write_answered_across_a_quick_reconnect_is_on_the_partner_first() {
     let d = tempfile::tempdir().unwrap();
-    let waddr = witness(d.path()).await;
-    let wrelay = SilentRelay::to(waddr).await;
-    let held = Arc::new(block::HoldVolume::new(Arc::new(MemVolume::new(
-        512, BLOCKS,
-    ))));
-    let m1 = held.clone() as VolumeRef;
-    let m2: VolumeRef = Arc::new(MemVolume::new(512, BLOCKS));
-    let (n2, addr2) = node2(d.path(), 1, m2.clone(), Some(waddr)).await;
-    let relay = SilentRelay::to(addr2).await;
-    let n1 = node1(d.path(), 1, m1.clone(), relay.addr, Some(wrelay.addr)).await;
-    both_in_sync(&n1, &n2).await;
+    let RelayedPair {
+        held,
+        m1,
+        m2: _,
+        n1,
+        n2,
+        relay,
+        wrelay,
+    } = relayed_pair(d.path()).await;
     assert_eq!(n1.status().role, Role::Leader);
     // the write's partner part goes nowhere; its local part lands
     relay.freeze();

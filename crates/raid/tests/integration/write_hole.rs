@@ -123,11 +123,17 @@ async fn one_cut(
         }
     }
     drop(pool);
-    for s in &sims {
+    // re-assemble with one member missing (the combination that opens the hole)
+    let pool = crashed_without(&sims, budget_writes as usize % n).await;
+    count_wrong(&pool, &oracle, torn.as_ref()).await
+}
+
+/// The power goes (every member loses its volatile cache), and the pool is
+/// assembled again without member `missing` (the others found in reverse).
+async fn crashed_without(sims: &[Arc<CrashSimVolume>], missing: usize) -> Pool {
+    for s in sims {
         s.crash();
     }
-    // re-assemble with one member missing (the combination that opens the hole)
-    let missing = budget_writes as usize % n;
     let members: Vec<Member> = sims
         .iter()
         .enumerate()
@@ -135,8 +141,7 @@ async fn one_cut(
         .rev()
         .map(|(i, s)| Member::new(format!("m{i}"), s.clone() as VolumeRef))
         .collect();
-    let pool = Pool::assemble(members, false).await.expect("assemble");
-    count_wrong(&pool, &oracle, torn.as_ref()).await
+    Pool::assemble(members, false).await.expect("assemble")
 }
 
 #[tokio::test]
@@ -1002,16 +1007,7 @@ async fn a_partial_update_after_an_unflushed_whole_stripe_write_survives_a_cut_a
             pool.wait_applied().await;
             budget.store(0, Ordering::SeqCst);
             drop(pool);
-            for s in &sims {
-                s.crash();
-            }
-            let members: Vec<Member> = sims
-                .iter()
-                .enumerate()
-                .filter(|(i, _)| *i != missing)
-                .map(|(i, s)| Member::new(format!("m{i}"), s.clone() as VolumeRef))
-                .collect();
-            let pool = Pool::assemble(members, false).await.expect("assemble");
+            let pool = crashed_without(&sims, missing).await;
             assert_eq!(
                 pool.read(stripe + 1, 1).await.unwrap(),
                 p,
