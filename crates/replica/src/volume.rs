@@ -301,7 +301,11 @@ pub(crate) struct Inner {
     pub(crate) undo: crate::undo::CopyUndo,
     pub(crate) locks: RangeLocks,
     pub(crate) role_tx: watch::Sender<RoleState>,
-    pub(crate) forwards: Mutex<HashMap<u64, InFlightForward>>,
+    /// Forwarded ops in flight, by link (`forward_key`) and request id: each
+    /// link numbers its requests from 1, and a forward on a closed link can
+    /// end after a new link reused its id (review of 2026-12-06: keyed by the
+    /// id alone, it removed the new link's entry).
+    pub(crate) forwards: Mutex<HashMap<ForwardKey, InFlightForward>>,
     /// Writes started while serving alone: a resync lets them finish before
     /// it takes the set of regions to copy.
     pub(crate) solo_writes: Arc<block::inflight::InFlight>,
@@ -397,6 +401,14 @@ impl RoleHistory {
         }
         self.settled = Some(role);
     }
+}
+
+/// A forwarded op's key: its link (by address: the forward holds the link, so
+/// the address is not reused meanwhile) and its request id on it.
+pub(crate) type ForwardKey = (usize, u64);
+
+fn forward_key(link: &Arc<Link>, id: u64) -> ForwardKey {
+    (Arc::as_ptr(link) as *const () as usize, id)
 }
 
 /// Whether an op whose local part completed may simply run again (through a
@@ -1312,7 +1324,10 @@ impl Inner {
     async fn forward(&self, link: &Arc<Link>, op: &Op) -> Result<OpOutcome, bool> {
         // the entry goes when this ends, even if the caller drops it midway
         // (an aborted command): it holds the write's data
-        struct Unlist<'a>(&'a Mutex<HashMap<u64, InFlightForward>>, Option<u64>);
+        struct Unlist<'a>(
+            &'a Mutex<HashMap<ForwardKey, InFlightForward>>,
+            Option<ForwardKey>,
+        );
         impl Drop for Unlist<'_> {
             fn drop(&mut self) {
                 if let Some(id) = self.1 {
@@ -1321,14 +1336,14 @@ impl Inner {
             }
         }
         let mut listed = Unlist(&self.forwards, None);
-        let mut fid = 0;
+        let mut fid = forward_key(link, 0);
         let flush = matches!(op, Op::Flush).then(|| self.flush_begins());
         let r = link
             .request(|id| {
-                fid = id;
-                listed.1 = Some(id);
+                fid = forward_key(link, id);
+                listed.1 = Some(fid);
                 self.forwards.lock().insert(
-                    id,
+                    fid,
                     InFlightForward {
                         op: op.clone(),
                         applied: false,
@@ -1397,13 +1412,14 @@ impl Inner {
                 None => return,
             },
             Message::ApplyForwarded { id, forward_id } => {
-                let op = self.forwards.lock().get(&forward_id).map(|f| f.op.clone());
+                let key = forward_key(&link, forward_id);
+                let op = self.forwards.lock().get(&key).map(|f| f.op.clone());
                 let r = match op {
                     Some(op) => {
                         let r = self.local_apply(&op, false).await;
                         if r.is_ok() {
                             self.applied_from_partner(&op);
-                            if let Some(f) = self.forwards.lock().get_mut(&forward_id) {
+                            if let Some(f) = self.forwards.lock().get_mut(&key) {
                                 f.applied = true;
                             }
                         }
