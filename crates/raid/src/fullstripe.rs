@@ -100,6 +100,9 @@ pub(crate) struct Region {
     pub written: bool,
 }
 
+/// Stripes written whole without FUA that wait for the members' next flush
+/// (`Inner::unflushed_whole`) before one is flushed for them.
+const UNFLUSHED_WHOLE_MAX: usize = 1 << 16;
 impl Region {
     /// Idle long enough to clear: [`REGION_IDLE`], except that a region marked
     /// ahead of a stream that has not reached it waits [`REGION_IDLE_MAX`] unless
@@ -494,7 +497,16 @@ impl Inner {
             // until the members' next flush these chunks and parity may be
             // in their volatile caches only: see `write_parity_locked`
             let at = self.flushes_started.load(Ordering::Acquire);
-            self.unflushed_whole.lock().insert(s, at);
+            let held = {
+                let mut set = self.unflushed_whole.lock();
+                set.insert(s, at);
+                set.len()
+            };
+            // bounded: a client that never flushes, with the write intent off
+            // (nothing else flushes then), gets a flush every so many
+            if held > UNFLUSHED_WHOLE_MAX {
+                self.flush_members().await?;
+            }
         }
         Ok(())
     }

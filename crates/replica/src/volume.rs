@@ -1020,10 +1020,16 @@ impl Inner {
     /// op's region (the resync ended: it was marked) or this node serves
     /// alone, within `deadline`.
     async fn partner_has_it(&self, next: RoleState, deadline: Instant) -> BlockResult<RoleState> {
+        if !(next.role == Role::Leader && next.peer_resyncing) {
+            return Ok(next);
+        }
+        // from the state now (the resync may have ended since `next`), and
+        // through a decision (the link lost again: this node may go on alone)
         let mut rx = self.role_tx.subscribe();
-        let mut st = next;
+        let mut st = rx.borrow_and_update().clone();
         loop {
-            if !(st.role == Role::Leader && st.peer_resyncing) {
+            let waits = (st.role == Role::Leader && st.peer_resyncing) || st.role == Role::Deciding;
+            if !waits {
                 return Ok(st);
             }
             let now = Instant::now();
