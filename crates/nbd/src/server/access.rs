@@ -1,15 +1,13 @@
-//! Who may connect: client address ranges (CIDR) and per-source connection counts.
+//! Who may connect: client address ranges (CIDR).
 //!
 //! The accept loop checks the peer's address against the allowed ranges before it
-//! sends a single byte, then takes a per-source slot; both refusals close the
-//! socket at once with a log line (at most one a second, with a count of the
-//! ones left out). The per-source table holds one entry per address with a live
-//! connection, so it is bounded by the total connection bound.
+//! sends a single byte; a refusal closes the socket at once with a log line (at
+//! most one a second, with a count of the ones left out:
+//! `block::admission::LogGate`). The connection bounds are in `block::admission`
+//! (see `super::NbdLimits`).
 
-use parking_lot::Mutex;
 use std::net::IpAddr;
 use std::str::FromStr;
-use std::time::{Duration, Instant};
 
 /// An address range: `10.0.0.0/24`, `::1/128`, or a plain address (a host).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -116,40 +114,6 @@ impl FromStr for IpRange {
 impl std::fmt::Display for IpRange {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "{}/{}", self.addr, self.prefix_bits)
-    }
-}
-
-/// Lets a log line through at most once per interval; counts the ones held back.
-#[derive(Debug)]
-pub(crate) struct LogThrottle {
-    state: Mutex<(Option<Instant>, u64)>,
-    interval: Duration,
-}
-
-impl LogThrottle {
-    /// A throttle of one line per `interval`.
-    pub(crate) fn new(interval: Duration) -> Self {
-        LogThrottle {
-            state: Mutex::new((None, 0)),
-            interval,
-        }
-    }
-
-    /// `Some(lines held back since the last one)` when a line may be logged now.
-    pub(crate) fn allow(&self) -> Option<u64> {
-        let mut s = self.state.lock();
-        let now = Instant::now();
-        match s.0 {
-            Some(t) if now.duration_since(t) < self.interval => {
-                s.1 += 1;
-                None
-            }
-            _ => {
-                let held = s.1;
-                *s = (Some(now), 0);
-                Some(held)
-            }
-        }
     }
 }
 

@@ -20,7 +20,6 @@ mod writer;
 
 use crate::proto::{tflag, BlockSizes, ExportInfo, STRING_BYTES_MAX};
 pub use access::IpRange;
-use access::LogThrottle;
 use block::admission::{AdmissionBudget, PerSource};
 use block::VolumeRef;
 use exec::ExportState;
@@ -236,7 +235,7 @@ pub(crate) struct Ctx {
     pub served: Arc<Semaphore>,
     pub served_per_source: Arc<PerSource>,
     /// Connections closed at the end of their handshake for those bounds.
-    pub served_refusals: LogThrottle,
+    pub served_refusals: block::admission::LogGate,
 }
 
 impl Ctx {
@@ -521,7 +520,7 @@ impl NbdServer {
             shutdown,
             served: Arc::new(Semaphore::new(cfg.limits.connections_max.max(1))),
             served_per_source: PerSource::new(cfg.limits.connections_per_source_max),
-            served_refusals: LogThrottle::new(Duration::from_secs(1)),
+            served_refusals: block::admission::LogGate::new(Duration::from_secs(1)),
         });
         Ok(NbdServer {
             listener,
@@ -554,7 +553,7 @@ impl NbdServer {
             self.ctx.limits.handshakes_per_source_max,
             self.ctx.limits.handshakes_max,
         );
-        let refusals = LogThrottle::new(Duration::from_secs(1));
+        let refusals = block::admission::LogGate::new(Duration::from_secs(1));
         let mut conns = JoinSet::new();
         tracing::info!(addr = %self.local_addr, exports = ?self.exports().names(),
             tls_required = self.ctx.tls.is_some(), "NBD server listening");
