@@ -434,7 +434,11 @@ impl Inner {
         // lock) may be writing; written back from here, their old bytes
         // would land over the fill's (review of 2026-12-06). Sectors held
         // cannot change while the caller holds the block's lock.
-        let held = self.state.lock().valid.get(slot);
+        // (one copy: nothing to write again, and no lock on a read hit's path)
+        let held = match devs.len() > 1 {
+            true => self.state.lock().valid.get(slot),
+            false => 0,
+        };
         // spread mirrored reads over both copies
         let start = slot as usize % devs.len().max(1);
         for i in 0..devs.len() {
@@ -997,8 +1001,8 @@ impl Inner {
                 match self.ssd_read(slot, start, end - start).await {
                     Ok(cached) => overlay(&mut out, p.blk_off, &cached, start, mask),
                     // then run by run: an unreadable sector between the runs
-                    // is not this read's
-                    Err(BlockError::Medium { .. }) => {
+                    // is not this read's (one run: the same read again, no)
+                    Err(BlockError::Medium { .. }) if runs(mask).nth(1).is_some() => {
                         for (first, n) in runs(mask) {
                             let start = (first as u64 * SECTOR_BYTES).max(s0);
                             let end = ((first + n) as u64 * SECTOR_BYTES).min(s1);
@@ -1143,24 +1147,21 @@ impl Inner {
         let pieces = self.pieces(off, len);
         let mut out = BytesMut::zeroed(len as usize);
         for p in pieces {
+            // the backing's data with the frame's dirty sectors over it: its
+            // clean ones are the backing's (as for a bypassed read), so they
+            // are not read from the SSDs, where one unreadable would fail the
+            // write
             let hit = {
                 let mut st = self.state.lock();
                 match st.policy.get(p.key) {
-                    Some(slot) if st.valid.get(slot) & p.mask != 0 && !self.frame_lost(slot) => {
+                    Some(slot) if st.dirty.get(slot) & p.mask != 0 && !self.frame_lost(slot) => {
                         st.pin_io(slot);
-                        Some((slot, st.valid.get(slot) & p.mask))
+                        Some((slot, st.dirty.get(slot) & p.mask))
                     }
                     _ => None,
                 }
             };
-            let mut r = self.read_piece_backing(p, hit).await;
-            if let (Err(BlockError::Medium { .. }), Some((slot, _))) = (&r, hit) {
-                // a clean sector it cannot read is the backing's: forgotten
-                // (this write holds the block's lock alone), and the dirty
-                // ones read again alone
-                let dirty = self.forget_clean(slot) & p.mask;
-                r = self.read_piece_backing(p, Some((slot, dirty))).await;
-            }
+            let r = self.read_piece_backing(p, hit).await;
             if let Some((slot, _)) = hit {
                 self.state.lock().unpin_io(slot);
             }
@@ -2090,12 +2091,7 @@ impl CacheVolume {
             inner: inner.clone(),
             tasks: Mutex::new(Vec::new()),
         };
-        vol.tasks
-            .lock()
-            .push(tokio::spawn(crate::destage::run(inner.clone())));
-        vol.tasks
-            .lock()
-            .push(tokio::spawn(crate::destage::tick(inner.clone())));
+        vol.start_tasks();
         if uneven {
             inner.uneven.store(true, Ordering::Release);
             vol.tasks
@@ -2195,6 +2191,13 @@ impl CacheVolume {
     }
 
     /// Stops destaging and the timer (the caller holds the gate exclusively).
+    /// Starts destaging and the counters' timer.
+    fn start_tasks(&self) {
+        let mut tasks = self.tasks.lock();
+        tasks.push(tokio::spawn(crate::destage::run(self.inner.clone())));
+        tasks.push(tokio::spawn(crate::destage::tick(self.inner.clone())));
+    }
+
     async fn stop_tasks(&self) {
         self.inner.stopping.store(true, Ordering::Release);
         self.inner.destage_wake.notify_one();
@@ -2229,10 +2232,11 @@ impl CacheVolume {
         let r = self.inner.write_full_table(true).await;
         if r.is_err() {
             // The caller puts the LUNs back on the cache (pools.rs): it serves
-            // on, empty, passing requests to the backing (the write fails only
-            // once no cache device is left), rather than refuse them all
-            // (review of 2026-12-06).
+            // on, empty, rather than refuse them all, and destages again what
+            // is written to it from now on (review of 2026-12-06: left without
+            // its destage task, write-back data stayed dirty for good)
             self.inner.stopping.store(false, Ordering::Release);
+            self.start_tasks();
         }
         r
     }

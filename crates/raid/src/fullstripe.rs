@@ -103,6 +103,7 @@ pub(crate) struct Region {
 /// Stripes written whole without FUA that wait for the members' next flush
 /// (`Inner::unflushed_whole`) before one is flushed for them.
 const UNFLUSHED_WHOLE_MAX: usize = 1 << 16;
+
 impl Region {
     /// Idle long enough to clear: [`REGION_IDLE`], except that a region marked
     /// ahead of a stream that has not reached it waits [`REGION_IDLE_MAX`] unless
@@ -497,14 +498,15 @@ impl Inner {
             // until the members' next flush these chunks and parity may be
             // in their volatile caches only: see `write_parity_locked`
             let at = self.flushes_started.load(Ordering::Acquire);
-            let held = {
+            let crossed = {
                 let mut set = self.unflushed_whole.lock();
-                set.insert(s, at);
-                set.len()
+                set.insert(s, at).is_none() && set.len() == UNFLUSHED_WHOLE_MAX + 1
             };
             // bounded: a client that never flushes, with the write intent off
-            // (nothing else flushes then), gets a flush every so many
-            if held > UNFLUSHED_WHOLE_MAX {
+            // (nothing else flushes then), gets a flush every so many; only
+            // the write that crosses the bound flushes (the set shrinks when
+            // that flush ends, and the writes meanwhile must not each start one)
+            if crossed {
                 self.flush_members().await?;
             }
         }
