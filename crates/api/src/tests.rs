@@ -796,6 +796,9 @@ async fn authenticated_connections_are_bounded() {
     assert_eq!(on_kept(&mut a, n.addr, &n.admin).await, 200);
     assert_eq!(on_kept(&mut b, n.addr, &n.admin).await, 200);
     assert_eq!(n.get("/api/v1/status", &n.admin).await.0, 503);
+    // without a valid token, the answer is still that: the full bound says
+    // nothing to a caller with no token
+    assert_eq!(n.get("/api/v1/status", "fsn_wrong").await.0, 401);
     drop(a);
     // the server sees the end when it reads it: retry until it has
     let back = tokio::time::timeout(Duration::from_secs(10), async {

@@ -679,5 +679,13 @@ mod tests {
                 "{req:?} changed the state"
             );
         }
+        // a reset of this LUN is taken whatever the roles, and leaves the
+        // reservations to the node that orders them
+        let answer = ScsiAnswer::decode(
+            link.handle(ScsiMsg::Reset { lun: 0, kind: 0 }.encode())
+                .await,
+        );
+        assert!(matches!(answer, Some(ScsiAnswer::Installed)), "{answer:?}");
+        assert_eq!(target.pr_state(0).unwrap(), before);
     }
 }

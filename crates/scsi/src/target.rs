@@ -1051,12 +1051,22 @@ impl ScsiTarget {
             return false;
         };
         tracing::info!(lun, initiator = %nexus.initiator_port, "logical unit reset");
-        lu.reset(codes::BUS_DEVICE_RESET);
-        replication::spc2_end_everywhere(lu.clone(), None).await;
-        replication::reset_everywhere(lu.clone(), ResetKind::LogicalUnit).await;
+        self.reset_lu(lu, ResetKind::LogicalUnit).await;
+        true
+    }
+
+    /// Resets `lu` for a reset of `kind` that came through this node: here,
+    /// then the SPC-2 reservation ended and the partner told, both at once
+    /// (each may wait for the partner); its tokens revoked and its copies
+    /// stopped.
+    async fn reset_lu(&self, lu: Arc<LogicalUnit>, kind: ResetKind) {
+        lu.reset(kind.sense());
+        tokio::join!(
+            replication::spc2_end_everywhere(lu.clone(), None),
+            replication::reset_everywhere(lu.clone(), kind),
+        );
         self.copies.tokens.revoke_lu(&lu);
         lu.copies_stopped().await;
-        true
     }
 
     /// A reset of `kind` reached LUN `lun` through the HA partner: every I_T
@@ -1085,15 +1095,7 @@ impl ScsiTarget {
         // link's exchange time), and one after the other those waits added
         // up past an initiator's task management timeout
         let each: Vec<block::BoxFut<'_, ()>> = (self.visible_lus(nexus).into_iter())
-            .map(|lu| {
-                Box::pin(async move {
-                    lu.reset(codes::POWER_ON_RESET);
-                    replication::spc2_end_everywhere(lu.clone(), None).await;
-                    replication::reset_everywhere(lu.clone(), ResetKind::Target).await;
-                    self.copies.tokens.revoke_lu(&lu);
-                    lu.copies_stopped().await;
-                }) as block::BoxFut<'_, ()>
-            })
+            .map(|lu| Box::pin(self.reset_lu(lu, ResetKind::Target)) as block::BoxFut<'_, ()>)
             .collect();
         block::join_all(each).await;
     }

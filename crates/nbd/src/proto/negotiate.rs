@@ -696,6 +696,19 @@ mod tests {
             n.advance(&mut input, &mut BytesMut::new()),
             Err(NegotiateError::Busy)
         );
+        // busy or not, TLS comes first where it is required
+        let mut n = ServerNegotiator::new(&ex, Some(0), 4096).with_tls(TlsPolicy::Require);
+        n.set_busy(true);
+        let mut input = BytesMut::from(&1u32.to_be_bytes()[..]);
+        input.extend_from_slice(&go());
+        let mut out = BytesMut::new();
+        assert_eq!(n.advance(&mut input, &mut out), Ok(Progress::NeedInput));
+        assert_eq!(replies(&out)[0].1, rep::ERR_TLS_REQD);
+        input.extend_from_slice(&opt_bytes(ClientOption::ExportName("lun0".into())));
+        assert_eq!(
+            n.advance(&mut input, &mut BytesMut::new()),
+            Err(NegotiateError::TlsRequired)
+        );
     }
 
     #[test]
