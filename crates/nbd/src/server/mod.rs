@@ -505,6 +505,11 @@ fn same_object(a: &VolumeRef, b: &VolumeRef) -> bool {
     std::ptr::eq(Arc::as_ptr(a) as *const (), Arc::as_ptr(b) as *const ())
 }
 
+/// How long a stopping server waits, after closing its connections, for the
+/// requests they left running before its final flush of the volumes (on top
+/// of the drain time: `freesan.service` gives the whole stop 2 minutes).
+const STOPPED_REQUESTS_WAIT: Duration = Duration::from_secs(30);
+
 impl NbdServer {
     /// Checks the configuration and binds the listening socket.
     pub async fn bind(cfg: NbdConfig) -> io::Result<NbdServer> {
@@ -544,7 +549,8 @@ impl NbdServer {
 
     /// Serves until `shutdown` completes; then stops accepting, lets every
     /// connection finish its in-flight requests (within the drain timeout), closes
-    /// them and flushes every export's volume.
+    /// them, waits for the requests still running (at most
+    /// [`STOPPED_REQUESTS_WAIT`]) and flushes every export's volume.
     pub async fn run(self, shutdown: impl Future<Output = ()> + Send) -> io::Result<()> {
         // connections in their handshake: a newer one takes the place of an
         // older one when the bounds are reached (see `NbdLimits`); past it,
@@ -602,15 +608,29 @@ impl NbdServer {
             conns.abort_all();
             while conns.join_next().await.is_some() {}
         }
-        let served: Vec<(String, VolumeRef)> = {
+        let served: Vec<(String, Arc<ExportState>)> = {
             let t = self.ctx.table.read();
             t.entries
                 .iter()
-                .map(|e| (e.name.clone(), e.state.volume.clone()))
+                .map(|e| (e.name.clone(), e.state.clone()))
                 .collect()
         };
-        for (name, volume) in served {
-            if let Err(err) = volume.flush().await {
+        // a request whose connection was let go (its task aborted after the
+        // drain time) may still run on a task of its own: the final flush
+        // waits for it, or a write nobody was answered for could land after
+        // it, on a volume its owner then stops (review of 2026-12-06)
+        let deadline = tokio::time::Instant::now() + STOPPED_REQUESTS_WAIT;
+        for (name, state) in &served {
+            if tokio::time::timeout_at(deadline, state.retire())
+                .await
+                .is_err()
+            {
+                tracing::warn!(export = %name,
+                    "NBD requests still running at shutdown: the final flush goes ahead without them");
+            }
+        }
+        for (name, state) in served {
+            if let Err(err) = state.volume.flush().await {
                 tracing::warn!(export = %name, error = %err, "flush at NBD shutdown failed");
             }
         }

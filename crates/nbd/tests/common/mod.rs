@@ -27,6 +27,13 @@ pub struct Running {
 }
 
 impl Running {
+    /// Tells the server to stop, without waiting for it ([`Running::stop`] waits).
+    pub fn begin_stop(&mut self) {
+        if let Some(s) = self.stop.take() {
+            let _ = s.send(());
+        }
+    }
+
     /// Stops the server and waits for `run` to return.
     pub async fn stop(mut self) {
         if let Some(s) = self.stop.take() {

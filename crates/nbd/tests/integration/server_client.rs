@@ -577,6 +577,45 @@ async fn a_closed_connection_counts_until_its_requests_finish() {
     srv.stop().await;
 }
 
+/// A write still running when the server stops (its connection let go at
+/// the drain time) is finished before the server's final flush, which then
+/// makes it durable; before (review of 2026-12-06) the flush went first and
+/// the write landed after it, on a volume its owner was stopping.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_final_flush_waits_for_writes_still_running() {
+    let sim = Arc::new(block::CrashSimVolume::new(512, 8192));
+    let held = Arc::new(block::HoldVolume::new(sim.clone()));
+    held.writes.hold();
+    held.flushes.hold();
+    let limits = NbdLimits {
+        drain_timeout_ms: 200,
+        ..NbdLimits::default()
+    };
+    let mut srv = start_volumes(vec![(held.clone(), false)], limits).await;
+    let mut raw = Raw::connect(srv.addr, "lun0").await;
+    raw.send(Command::Write, 0, 1, 5 * 512, 512, &[7u8; 512])
+        .await;
+    held.writes.arrivals(1).await;
+    srv.begin_stop();
+    // the connection is let go at the drain time, its write still held
+    assert!(raw.closed().await);
+    // no flush while the write runs, past the 5 s the server gives its
+    // connections' tasks before aborting them (the gate counts arrivals,
+    // held or not)
+    let early = tokio::time::timeout(Duration::from_secs(7), held.flushes.arrivals(1)).await;
+    assert!(early.is_err(), "the final flush went out before the write");
+    held.writes.open();
+    held.writes.endings(1).await;
+    held.flushes.open();
+    srv.stop().await;
+    sim.crash();
+    assert_eq!(
+        sim.read(5, 1).await.unwrap(),
+        Bytes::from(vec![7u8; 512]),
+        "the write that ran past the drain is not durable after the shutdown"
+    );
+}
+
 /// What FLUSH and FUA promise reaches the volume's stable storage before the
 /// reply: a write then FLUSH, a FUA write (whole blocks, and one inside a
 /// block: read-modify-write), WRITE_ZEROES and TRIM with FUA; checked by
