@@ -520,7 +520,7 @@ impl replica::ScsiPeer for PrLink {
                 if lun != self.lun {
                     ScsiAnswer::Failed("request for another LUN".into())
                 } else if let Some(kind) = scsi::ResetKind::from_code(kind) {
-                    match t.reset_from_partner(lun, kind) {
+                    match t.reset_from_partner(lun, kind).await {
                         Ok(()) => ScsiAnswer::Installed,
                         Err(why) => ScsiAnswer::Failed(why),
                     }

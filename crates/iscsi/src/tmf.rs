@@ -31,6 +31,32 @@ async fn all_gone(aborted: &[(Arc<crate::session::Session>, Vec<u32>)], drain: D
     gone
 }
 
+/// Aborts the tasks every session of target `target` but `except` has on the
+/// target's LU `lu`, each session's as it numbers the LU (LUN masking gives
+/// each its own numbers); returns the sessions and the tasks aborted.
+fn abort_on_lu(
+    ctx: &crate::server::Ctx,
+    target: usize,
+    lu: u64,
+    except: Option<&Arc<crate::session::Session>>,
+) -> Vec<(Arc<crate::session::Session>, Vec<u32>)> {
+    let mut aborted = Vec::new();
+    for s in ctx.registry.of_target(target) {
+        if except.is_some_and(|e| Arc::ptr_eq(&s, e)) {
+            continue;
+        }
+        let (Some(scsi), Some(nexus)) = (&s.scsi, &s.nexus) else {
+            continue;
+        };
+        if let Some(theirs) = scsi.seen_lun(nexus, lu) {
+            s.abort_pending_writes(Some(theirs));
+            let itts = s.abort_where(|l| l == theirs);
+            aborted.push((s, itts));
+        }
+    }
+    aborted
+}
+
 /// Sends the task management response `r` (a refusal) on `out`.
 async fn rejected(out: &crate::exec::ConnOut, r: TargetPdu) {
     let _ = out
@@ -138,19 +164,7 @@ pub(crate) async fn on_tmf(conn: &mut Conn, f: &Frame, t: TaskMgmtRequest, imm: 
                 _ => None,
             };
             if let (Some(lu), Some(i)) = (lu, conn.session.target) {
-                for s in conn.ctx.registry.of_target(i) {
-                    if Arc::ptr_eq(&s, &conn.session) {
-                        continue;
-                    }
-                    let (Some(scsi), Some(nexus)) = (&s.scsi, &s.nexus) else {
-                        continue;
-                    };
-                    if let Some(theirs) = scsi.seen_lun(nexus, lu) {
-                        s.abort_pending_writes(Some(theirs));
-                        let itts = s.abort_where(|l| l == theirs);
-                        aborted.push((s, itts));
-                    }
-                }
+                aborted.extend(abort_on_lu(&conn.ctx, i, lu, Some(&conn.session)));
             }
             let session = conn.session.clone();
             let out = conn.out.clone();
@@ -299,7 +313,8 @@ fn drop_writes(conn: &mut Conn, pred: impl Fn(u64) -> bool) {
 
 /// PREEMPT AND ABORT's task abort for one target: the sessions of the preempted
 /// I_T nexuses abort their commands on the LU (as each numbers it), and the call
-/// returns once they are gone (bounded by the drain time, like a TMF).
+/// returns once they are gone (bounded by the drain time, like a TMF); and a
+/// reset through the HA partner's: every session's commands on the LU.
 pub(crate) struct PreemptAbort {
     pub ctx: std::sync::Weak<crate::server::Ctx>,
     pub target: usize,
@@ -340,5 +355,22 @@ impl scsi::TaskAbort for PreemptAbort {
         for (s, itts) in &aborted {
             s.wait_all_gone(itts, drain, "PREEMPT AND ABORT").await;
         }
+    }
+
+    async fn abort_lu_tasks(&self, target_lun: u64) -> bool {
+        let Some(ctx) = self.ctx.upgrade() else {
+            return true;
+        };
+        let drain = Duration::from_millis(ctx.limits.drain_timeout_ms);
+        let aborted = abort_on_lu(&ctx, self.target, target_lun, None);
+        let tasks: usize = aborted.iter().map(|(_, itts)| itts.len()).sum();
+        if tasks > 0 {
+            tracing::info!(
+                lun = target_lun,
+                tasks,
+                "tasks aborted by a reset through the HA partner"
+            );
+        }
+        all_gone(&aborted, drain).await
     }
 }

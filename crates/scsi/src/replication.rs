@@ -203,13 +203,19 @@ pub(crate) async fn reset_everywhere(lu: Arc<LogicalUnit>, kind: ResetKind) {
     .await
 }
 
-/// Aborts running tasks for PREEMPT AND ABORT: the transport knows them.
+/// Aborts running tasks for PREEMPT AND ABORT and for a reset that came
+/// through the HA partner: the transport knows them.
 #[async_trait::async_trait]
 pub trait TaskAbort: Send + Sync + 'static {
     /// Aborts every task the I_T nexuses `victims` have on the target's LUN
     /// `target_lun` (each nexus may number it differently: see
     /// [`crate::ScsiTarget::seen_lun`]) and returns once they are gone.
     async fn abort_tasks(&self, target_lun: u64, victims: &[NexusId]);
+
+    /// Aborts every task of every I_T nexus on the target's LUN `target_lun`
+    /// (a LOGICAL UNIT or target reset through the partner); true once they
+    /// are gone, false if some did not end within the transport's drain time.
+    async fn abort_lu_tasks(&self, target_lun: u64) -> bool;
 }
 
 /// PERSISTENT RESERVE OUT on `lu`: forwarded to the partner when `forward` and the

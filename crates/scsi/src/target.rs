@@ -1069,18 +1069,30 @@ impl ScsiTarget {
         lu.copies_stopped().await;
     }
 
-    /// A reset of `kind` reached LUN `lun` through the HA partner: every I_T
-    /// nexus of the LU on this node gets its unit attention, PREVENT and the
-    /// mode parameters return to their defaults, and copies into it stop (the
-    /// SPC-2 reservation is ended by the partner, in order with the
-    /// reservation commands). Copies already writing are not waited for, so
-    /// that the partner's answer does not wait on a disk. This node's tasks
-    /// on the LU are not aborted (not done).
-    pub fn reset_from_partner(&self, lun: u64, kind: ResetKind) -> Result<(), String> {
+    /// A reset of `kind` reached LUN `lun` through the HA partner: this
+    /// node's tasks on the LU are aborted, as the partner aborted its own
+    /// (SAM: a LOGICAL UNIT RESET aborts every task in the LU's task set,
+    /// whichever node they came through), then every I_T nexus of the LU on
+    /// this node gets its unit attention, PREVENT and the mode parameters
+    /// return to their defaults, and copies into it stop (the SPC-2
+    /// reservation is ended by the partner, in order with the reservation
+    /// commands). Copies already writing are not waited for, so that the
+    /// partner's answer does not wait on a disk. An error if some aborted
+    /// task did not end within the drain time (the reset is then not done
+    /// here, and the partner's initiator is told it failed).
+    pub async fn reset_from_partner(&self, lun: u64, kind: ResetKind) -> Result<(), String> {
         let lu = self
             .lu(lun)
             .ok_or_else(|| format!("lun {lun} does not exist"))?;
         tracing::info!(lun, ?kind, "reset through the HA partner");
+        let aborter = self.task_abort.read().clone();
+        if let Some(a) = aborter {
+            if !a.abort_lu_tasks(lun).await {
+                return Err(format!(
+                    "tasks on lun {lun} did not end within the drain time"
+                ));
+            }
+        }
         lu.reset_but_reservations(kind.sense());
         self.copies.tokens.revoke_lu(&lu);
         Ok(())

@@ -1052,6 +1052,56 @@ async fn preempt_and_abort_aborts_the_preempted_nexus_tasks() {
     fx.shutdown().await;
 }
 
+/// A LOGICAL UNIT RESET that came through the HA partner aborts this node's
+/// tasks on the LU and is taken (answered to the partner) only once they are
+/// gone: a write already at the volume is not answered, and ends before the
+/// reset does. Before (2026-12-06), the partner's reset raised its unit
+/// attention here and left the tasks running.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reset_through_the_partner_aborts_the_tasks_on_the_lu() {
+    let gated = Arc::new(block::HoldVolume::new(Arc::new(block::MemVolume::new(
+        512, 8192,
+    ))));
+    gated.writes.hold_below(64);
+    let fx = start_with(Limits::default(), Some(gated.clone())).await;
+    let mut a = logged_in_ready(fx.addrs[0], 1).await;
+    let cmd = a.command(&[0x2a, 0, 0, 0, 0, 8, 0, 0, 8, 0], false, true, 4096, true);
+    a.send(&cmd, false, &[0x33; 4096]).await;
+    tokio::time::timeout(Duration::from_secs(20), gated.writes.arrivals(1))
+        .await
+        .expect("the write never reached the volume");
+    let target = fx.reloader.targets()[0].scsi.clone();
+    let reset = tokio::spawn(async move {
+        target
+            .reset_from_partner(0, scsi::ResetKind::LogicalUnit)
+            .await
+    });
+    aborting(&fx, 1).await;
+    assert!(
+        !reset.is_finished(),
+        "taken while the aborted write was held"
+    );
+    gated.writes.release(1);
+    let taken = tokio::time::timeout(Duration::from_secs(20), reset)
+        .await
+        .expect("the reset never ended")
+        .unwrap();
+    assert_eq!(taken, Ok(()));
+    // no answer for the aborted write: the next is the TEST UNIT READY's,
+    // with the reset's unit attention
+    let tur = a.command(&[0, 0, 0, 0, 0, 0], false, false, 0, true);
+    let tur_itt = match tur {
+        InitiatorPdu::ScsiCommand(ref s) => s.itt,
+        _ => unreachable!(),
+    };
+    a.send(&tur, false, &[]).await;
+    match a.recv_skip_pings().await.expect("TUR answer").pdu {
+        TargetPdu::ScsiResponse(s) => assert_eq!((s.itt, s.status), (tur_itt, 2)),
+        other => panic!("{other:?}"),
+    }
+    fx.shutdown().await;
+}
+
 /// Waits until `n` commands are aborted and still ending, all sessions together.
 async fn aborting(fx: &Fixture, n: usize) {
     for _ in 0..20_000 {

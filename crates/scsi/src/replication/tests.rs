@@ -136,7 +136,7 @@ impl PrReplication for Link {
             return Ok(()); // alone
         };
         tokio::task::yield_now().await;
-        partner.reset_from_partner(lun, kind)
+        partner.reset_from_partner(lun, kind).await
     }
 
     async fn forward_set_tpg(
@@ -858,6 +858,11 @@ impl TaskAbort for AbortLog {
         names.sort();
         self.0.lock().push((target_lun, names));
     }
+
+    async fn abort_lu_tasks(&self, target_lun: u64) -> bool {
+        self.0.lock().push((target_lun, vec!["every nexus".into()]));
+        true
+    }
 }
 
 fn named(n: &ItNexus) -> String {
@@ -1323,10 +1328,20 @@ async fn a_follower_that_missed_an_spc2_push_is_put_right() {
 #[tokio::test]
 async fn a_reset_through_one_node_raises_its_unit_attention_on_both() {
     let (a, b) = pair();
+    let (log_a, log_b) = (Arc::new(AbortLog::default()), Arc::new(AbortLog::default()));
+    a.set_task_abort(log_a.clone());
+    b.set_task_abort(log_b.clone());
     let na = ready(&a, "a", 1).await;
     let nb = ready(&b, "b", 3).await;
     // a LOGICAL UNIT RESET through the follower
     assert!(b.lun_reset(&nb, LUN).await);
+    // the partner aborted its tasks on the LU (the node the reset came
+    // through aborts its own in the transport, before the reset)
+    assert_eq!(
+        *log_a.0.lock(),
+        vec![(LUN, vec!["every nexus".to_string()])]
+    );
+    assert!(log_b.0.lock().is_empty());
     assert_eq!(ua(&b, &nb).await, Some((0x29, 0x03)));
     assert_eq!(
         ua(&a, &na).await,
@@ -1342,9 +1357,37 @@ async fn a_reset_through_one_node_raises_its_unit_attention_on_both() {
         Some((0x29, 0x03)),
         "the follower's initiator"
     );
+    assert_eq!(log_b.0.lock().len(), 1, "the follower aborted its tasks");
     // a target reset: its own unit attention on both
     a.target_reset(&na).await;
     assert_eq!(ua(&a, &na).await, Some((0x29, 0x00)));
     assert_eq!(ua(&b, &nb).await, Some((0x29, 0x00)));
     assert_eq!(ua(&b, &nb).await, None);
+    assert_eq!(log_b.0.lock().len(), 2);
+}
+
+/// Aborts running tasks on the partner like [`AbortLog`], but some never end.
+struct StuckAbort;
+
+#[async_trait]
+impl TaskAbort for StuckAbort {
+    async fn abort_tasks(&self, _: u64, _: &[pr::NexusId]) {}
+
+    async fn abort_lu_tasks(&self, _: u64) -> bool {
+        false
+    }
+}
+
+/// A reset through one node whose partner cannot end its tasks on the LU is
+/// not taken there: the partner's initiators get no unit attention for a
+/// reset whose aborted tasks may still change the medium.
+#[tokio::test]
+async fn a_partner_whose_tasks_do_not_end_takes_no_reset() {
+    let (a, b) = pair();
+    a.set_task_abort(Arc::new(StuckAbort));
+    let na = ready(&a, "a", 1).await;
+    let nb = ready(&b, "b", 3).await;
+    assert!(b.lun_reset(&nb, LUN).await);
+    assert_eq!(ua(&b, &nb).await, Some((0x29, 0x03)));
+    assert_eq!(ua(&a, &na).await, None);
 }
