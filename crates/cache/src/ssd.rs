@@ -299,7 +299,18 @@ pub(crate) struct Device {
     /// Reads of frame data it answered with a medium error (sectors it
     /// could not read, the device kept in service).
     media_errors: std::sync::atomic::AtomicU64,
+    /// The medium errors met lately: when the count was last halved, and
+    /// the count (see [`Device::recent_media_errors`]).
+    recent: parking_lot::Mutex<(std::time::Instant, u32)>,
 }
+
+/// A mirror half is failed once it answers more medium errors than this,
+/// counted as md counts a member's corrected read errors (its default
+/// `max_corrected_read_errors`): halved for every hour that passes. A device
+/// whose unreadable sectors keep growing is wearing out; written again from
+/// the other half, each costs the reads a retry and the half a rewrite, and
+/// the next may be a sector of dirty data the other half cannot read either.
+pub(crate) const MEDIA_ERRORS_MAX: u32 = 20;
 
 impl Device {
     pub(crate) fn new(name: String, vol: VolumeRef) -> Device {
@@ -310,7 +321,31 @@ impl Device {
             resilver: AtomicU32::new(NOT_RESILVERING),
             bs,
             media_errors: Default::default(),
+            recent: parking_lot::Mutex::new((std::time::Instant::now(), 0)),
         }
+    }
+
+    /// The medium errors met lately: each counts one, and the count halves
+    /// for every hour that passes.
+    pub(crate) fn recent_media_errors(&self) -> u32 {
+        self.count_recent(0)
+    }
+
+    /// Halves the recent count for every hour passed, then adds `more`.
+    fn count_recent(&self, more: u32) -> u32 {
+        self.count_recent_at(more, std::time::Instant::now())
+    }
+
+    /// [`Device::count_recent`] at time `now`.
+    fn count_recent_at(&self, more: u32, now: std::time::Instant) -> u32 {
+        let mut g = self.recent.lock();
+        let hours = now.saturating_duration_since(g.0).as_secs() / 3600;
+        if hours > 0 {
+            g.1 = g.1.checked_shr(hours.min(32) as u32).unwrap_or(0);
+            g.0 += std::time::Duration::from_secs(hours * 3600);
+        }
+        g.1 = g.1.saturating_add(more);
+        g.1
     }
 
     /// The device's logical block size.
@@ -345,8 +380,9 @@ impl Device {
             return false;
         }
         *self.slot.write() = (name, vol);
-        // the count was the old device's
+        // the counts were the old device's
         self.media_errors.store(0, Ordering::Relaxed);
+        *self.recent.lock() = (std::time::Instant::now(), 0);
         self.resilver.store(0, Ordering::Release);
         true
     }
@@ -415,6 +451,7 @@ impl Device {
             .await;
         if let Err(BlockError::Medium { lba }) = &r {
             self.media_errors.fetch_add(1, Ordering::Relaxed);
+            self.count_recent(1);
             tracing::warn!(device = %self.name(), lba, "cache device: unreadable sector");
         }
         r
@@ -611,5 +648,25 @@ mod tests {
                 assert!(last <= l.data_offset);
             }
         }
+    }
+
+    /// The recent medium errors halve for every hour that passes (md's rule),
+    /// whole hours only, the part of an hour left carried over.
+    #[test]
+    fn recent_medium_errors_halve_each_hour() {
+        let d = Device::new(
+            "d".into(),
+            std::sync::Arc::new(block::MemVolume::new(512, 8)),
+        );
+        let t0 = std::time::Instant::now();
+        *d.recent.lock() = (t0, 0);
+        let hour = std::time::Duration::from_secs(3600);
+        assert_eq!(d.count_recent_at(40, t0), 40);
+        assert_eq!(d.count_recent_at(0, t0 + hour / 2), 40);
+        assert_eq!(d.count_recent_at(0, t0 + hour + hour / 2), 20);
+        // half an hour later: the second hour since t0 has passed
+        assert_eq!(d.count_recent_at(1, t0 + 2 * hour), 11);
+        assert_eq!(d.count_recent_at(0, t0 + 5 * hour), 1);
+        assert_eq!(d.count_recent_at(0, t0 + 100 * hour), 0);
     }
 }

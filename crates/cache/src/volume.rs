@@ -22,8 +22,8 @@ use crate::path::Step;
 use crate::policy::{Access, Policy};
 use crate::seq::SeqDetector;
 use crate::ssd::{
-    encode_page, Device, DeviceLayout, Record, Superblock, NO_KEY, RECORDS_PER_PAGE, SECTOR_BYTES,
-    TABLE_OFFSET,
+    encode_page, Device, DeviceLayout, Record, Superblock, MEDIA_ERRORS_MAX, NO_KEY,
+    RECORDS_PER_PAGE, SECTOR_BYTES, TABLE_OFFSET,
 };
 use crate::stats::{self, AdvicePoint, CacheStatus, Counters, DeviceStatus, Window};
 use crate::{Advisor, AdvisorConfig};
@@ -456,16 +456,42 @@ impl Inner {
                 }
                 Err(e) => {
                     Counters::add(&self.counters.ssd_errors, 1);
-                    if matches!(e, BlockError::Medium { .. }) {
-                        unreadable.push(at);
-                    } else {
+                    if !matches!(e, BlockError::Medium { .. }) {
                         self.on_device_failure();
+                    } else if !self.fail_if_wearing_out(at) {
+                        unreadable.push(at);
                     }
                     last = e;
                 }
             }
         }
         Err(last)
+    }
+
+    /// After a medium error on device `at`: fails it if it met more than
+    /// [`MEDIA_ERRORS_MAX`] of them lately and it is a half of a whole
+    /// mirror (the other half then holds every frame alone, as after any
+    /// failure: the cache goes write-through and says so, and the half is
+    /// replaced). Never the last copy: a single device, or a survivor, with
+    /// unreadable sectors still serves the rest of its data. True if it
+    /// failed it.
+    fn fail_if_wearing_out(&self, at: usize) -> bool {
+        let d = &self.devs[at];
+        let recent = d.recent_media_errors();
+        if recent <= MEDIA_ERRORS_MAX
+            || !self.mirrored
+            || self.live_devices() < self.devs.len()
+            || self.devs.iter().any(|d| d.resilver_cursor().is_some())
+        {
+            return false;
+        }
+        let why = BlockError::Unavailable(format!(
+            "{recent} unreadable sectors met lately (more than {MEDIA_ERRORS_MAX}, halved each hour): taken out of the mirror"
+        ));
+        if d.fail(&why) {
+            self.on_device_failure();
+        }
+        true
     }
 
     /// After a medium error in frame `slot`: forgets the clean sectors it

@@ -2298,6 +2298,47 @@ async fn an_unreadable_sector_on_one_mirror_half_is_read_from_the_other_and_writ
     assert_eq!(vol.status().mode, "write-back");
 }
 
+/// A mirror half whose unreadable sectors keep coming is taken out once it
+/// has met more than 20 of them lately (md's default for a member's
+/// corrected read errors): the cache goes write-through on the other half,
+/// its data intact, and says so. The survivor, the last copy, is never
+/// failed for them: its unreadable dirty sectors are medium errors for
+/// their block, and it serves the rest.
+#[tokio::test]
+async fn a_mirror_half_that_keeps_answering_medium_errors_is_taken_out() {
+    let (_backing, faulty, vol, at) = one_dirty_sector_on_faulty_halves().await;
+    for met in 1..=21u64 {
+        assert_eq!(
+            vol.status().devices[0].state,
+            "ok",
+            "after {} errors",
+            met - 1
+        );
+        // the first frame is read from the first half first
+        unreadable_until_written(&faulty[..1], at);
+        assert_eq!(vol.read(0, 1).await.unwrap(), pattern(1, 4096));
+        assert_eq!(media_errors(&vol)[0], met);
+    }
+    let st = vol.status();
+    assert_ne!(st.devices[0].state, "ok", "{st:?}");
+    assert_eq!(st.devices[1].state, "ok", "{st:?}");
+    assert!(st.state.starts_with("degraded"), "{st:?}");
+    // the rest of the cache serves from the survivor, whose unreadable
+    // sectors never fail it
+    unreadable_until_written(&faulty[1..], at);
+    faulty[1].plan().lock().remap_on_write = false;
+    for _ in 0..30 {
+        assert!(matches!(
+            vol.read(0, 1).await,
+            Err(block::BlockError::Medium { .. })
+        ));
+    }
+    assert_eq!(vol.status().devices[1].state, "ok");
+    assert!(media_errors(&vol)[1] >= 30, "{:?}", media_errors(&vol));
+    vol.write(8, pattern(3, 4096), false).await.unwrap();
+    assert_eq!(vol.read(8, 1).await.unwrap(), pattern(3, 4096));
+}
+
 /// Dirty data no copy can read is a medium error at the host's block, for
 /// that block only: the devices stay in service, the rest of the cache
 /// serves and takes writes back, and a write over the block makes it
