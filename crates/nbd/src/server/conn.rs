@@ -84,7 +84,7 @@ pub(crate) async fn serve(
     let mut shutdown = ctx.shutdown.clone();
     let timeout = Duration::from_millis(ctx.limits.handshake_timeout_ms);
     let picked = tokio::select! {
-        r = tokio::time::timeout(timeout, handshake(&ctx, sock, &mut buf, peer)) => r,
+        r = tokio::time::timeout(timeout, handshake(&ctx, sock, &mut buf, (peer, &slot))) => r,
         _ = shutdown.wait_for(|s| *s) => return,
         _ = slot.evicted() => {
             tracing::debug!(%peer, "NBD handshake closed: its place went to a newer connection");
@@ -149,7 +149,7 @@ async fn handshake(
     ctx: &Ctx,
     mut sock: TcpStream,
     buf: &mut BytesMut,
-    peer: SocketAddr,
+    (peer, slot): (SocketAddr, &block::admission::AdmissionSlot),
 ) -> std::io::Result<Option<Picked>> {
     let snap = ctx.snapshot();
     let policy = match ctx.tls {
@@ -169,7 +169,7 @@ async fn handshake(
         };
         Some((info.name.clone(), state.clone()))
     };
-    match haggle(&mut neg, &mut sock, buf, (ctx, peer)).await? {
+    match haggle(&mut neg, &mut sock, buf, (ctx, peer, slot)).await? {
         Step::Export(i) => {
             let session = neg.session();
             return Ok(pick(i).map(|(n, s)| (Stream::Plain(sock), n, s, session)));
@@ -184,7 +184,7 @@ async fn handshake(
         Acceptor::X509(a) => match a.accept(sock).await {
             Ok(tls) => {
                 let wrap = |t| Stream::Tls(Box::new(t));
-                after_tls(neg, tls, buf, (ctx, peer), pick, wrap).await
+                after_tls(neg, tls, buf, (ctx, peer, slot), pick, wrap).await
             }
             Err(e) => {
                 tracing::warn!(%peer, error = %e, "NBD TLS handshake failed");
@@ -195,7 +195,7 @@ async fn handshake(
         Acceptor::Psk(c) => match accept_psk(c, sock).await {
             Ok(tls) => {
                 let wrap = |t| Stream::Psk(Box::new(t));
-                after_tls(neg, tls, buf, (ctx, peer), pick, wrap).await
+                after_tls(neg, tls, buf, (ctx, peer, slot), pick, wrap).await
             }
             Err(e) => {
                 tracing::warn!(%peer, error = %e,
@@ -211,12 +211,12 @@ async fn after_tls<S: AsyncRead + AsyncWrite + Unpin>(
     mut neg: ServerNegotiator<'_>,
     mut tls: S,
     buf: &mut BytesMut,
-    (ctx, peer): (&Ctx, SocketAddr),
+    (ctx, peer, slot): (&Ctx, SocketAddr, &block::admission::AdmissionSlot),
     pick: impl Fn(usize) -> Option<(String, Arc<ExportState>)>,
     wrap: impl FnOnce(S) -> Stream,
 ) -> std::io::Result<Option<Picked>> {
     neg.tls_started();
-    match haggle(&mut neg, &mut tls, buf, (ctx, peer)).await? {
+    match haggle(&mut neg, &mut tls, buf, (ctx, peer, slot)).await? {
         Step::Export(i) => {
             let session = neg.session();
             Ok(pick(i).map(|(n, s)| (wrap(tls), n, s, session)))
@@ -243,12 +243,14 @@ async fn accept_psk(
 
 /// Feeds the negotiator what `sock` delivers and writes its answers until it
 /// picks an export, asks for TLS or ends. The choice of an export is refused
-/// while the connections served are at their bounds.
+/// while the connections served are at their bounds. A connection whose
+/// option was answered is no longer idle: when the handshakes' places run
+/// out, silent connections give theirs first (`slot`).
 async fn haggle<S: AsyncRead + AsyncWrite + Unpin>(
     neg: &mut ServerNegotiator<'_>,
     sock: &mut S,
     buf: &mut BytesMut,
-    (ctx, peer): (&Ctx, SocketAddr),
+    (ctx, peer, slot): (&Ctx, SocketAddr, &block::admission::AdmissionSlot),
 ) -> std::io::Result<Step> {
     let mut out = BytesMut::new();
     loop {
@@ -261,6 +263,7 @@ async fn haggle<S: AsyncRead + AsyncWrite + Unpin>(
             }
         }
         if !out.is_empty() {
+            slot.mark_active();
             sock.write_all(&out).await?;
             // TLS holds records back until flushed; plain TCP flushes at once.
             sock.flush().await?;

@@ -249,6 +249,48 @@ async fn silent_connections_give_their_places_to_newer_ones() {
     assert_eq!(reply[..4], 0x6744_6698u32.to_be_bytes());
 }
 
+/// Whether one 20-byte option reply arrives on `s`.
+async fn one_ack(s: &mut TcpStream) -> bool {
+    let mut r = [0u8; 20];
+    tokio::time::timeout(Duration::from_secs(5), s.read_exact(&mut r))
+        .await
+        .is_ok_and(|r| r.is_ok())
+}
+
+/// A connection haggling (an option sent and answered) keeps its place when
+/// a newer one needs a place of its source: the silent one gives its place
+/// first, though it is newer. Before (2026-12-06), the oldest went, busy or
+/// not, so a flood of silent connections cut handshakes in the middle.
+#[tokio::test]
+async fn a_haggling_connection_keeps_its_place_over_a_silent_one() {
+    use tokio::io::AsyncWriteExt;
+    let limits = NbdLimits {
+        handshakes_per_source_max: 2,
+        handshakes_max: 4,
+        ..NbdLimits::default()
+    };
+    let addr = serve(&["127.0.0.0/8"], limits).await;
+    // NBD_OPT_STRUCTURED_REPLY: answered with one 20-byte NBD_REP_ACK
+    let option = |first: bool| {
+        let mut o = if first { vec![0, 0, 0, 3] } else { Vec::new() };
+        o.extend_from_slice(&0x4948_4156_454F_5054u64.to_be_bytes());
+        o.extend_from_slice(&8u32.to_be_bytes());
+        o.extend_from_slice(&0u32.to_be_bytes());
+        o
+    };
+    let mut busy = connect_from("127.0.0.3", addr).await;
+    assert!(greeted(&mut busy).await);
+    busy.write_all(&option(true)).await.unwrap();
+    assert!(one_ack(&mut busy).await);
+    let mut silent = connect_from("127.0.0.3", addr).await;
+    assert!(greeted(&mut silent).await);
+    let mut newer = connect_from("127.0.0.3", addr).await;
+    assert!(greeted(&mut newer).await, "a newer connection gets in");
+    assert!(closed(&mut silent).await, "the silent one gave its place");
+    busy.write_all(&option(false)).await.unwrap();
+    assert!(one_ack(&mut busy).await, "the haggling one was closed");
+}
+
 #[tokio::test]
 async fn a_silent_client_is_closed_after_the_handshake_timeout() {
     let limits = NbdLimits {
