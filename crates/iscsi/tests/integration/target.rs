@@ -951,6 +951,24 @@ async fn logged_in_ready(addr: std::net::SocketAddr, isid: u8) -> Client {
     panic!("TEST UNIT READY never succeeded");
 }
 
+/// Sends a TEST UNIT READY and checks that the next answer on `c` is its
+/// response (none for a command aborted before it); returns its status.
+async fn next_answer_is_a_tur(c: &mut Client) -> u8 {
+    let tur = c.command(&[0, 0, 0, 0, 0, 0], false, false, 0, true);
+    let tur_itt = match tur {
+        InitiatorPdu::ScsiCommand(ref s) => s.itt,
+        _ => unreachable!(),
+    };
+    c.send(&tur, false, &[]).await;
+    match c.recv_skip_pings().await.expect("TUR answer").pdu {
+        TargetPdu::ScsiResponse(s) => {
+            assert_eq!(s.itt, tur_itt, "another command's answer came first");
+            s.status
+        }
+        other => panic!("{other:?}"),
+    }
+}
+
 /// PREEMPT AND ABORT aborts the preempted nexus' commands on the LU before it
 /// answers: a write of the preempted initiator already at the volume is not
 /// answered, and ends before the PREEMPT AND ABORT is answered (it cannot be taken
@@ -1033,16 +1051,7 @@ async fn preempt_and_abort_aborts_the_preempted_nexus_tasks() {
             assert_eq!(st, 2);
         }
         // no answer ever comes for the aborted write: A's next one is its TUR's
-        let tur = a.command(&[0, 0, 0, 0, 0, 0], false, false, 0, true);
-        let tur_itt = match tur {
-            InitiatorPdu::ScsiCommand(ref s) => s.itt,
-            _ => unreachable!(),
-        };
-        a.send(&tur, false, &[]).await;
-        match a.recv_skip_pings().await.expect("TUR answer").pdu {
-            TargetPdu::ScsiResponse(s) => assert_eq!(s.itt, tur_itt),
-            other => panic!("{other:?}"),
-        }
+        next_answer_is_a_tur(&mut a).await;
         for _ in 0..4 {
             if scsi(&mut a, &[0, 0, 0, 0, 0, 0], &[], 0).await.0 == 0 {
                 break;
@@ -1089,16 +1098,7 @@ async fn a_reset_through_the_partner_aborts_the_tasks_on_the_lu() {
     assert_eq!(taken, Ok(()));
     // no answer for the aborted write: the next is the TEST UNIT READY's,
     // with the reset's unit attention
-    let tur = a.command(&[0, 0, 0, 0, 0, 0], false, false, 0, true);
-    let tur_itt = match tur {
-        InitiatorPdu::ScsiCommand(ref s) => s.itt,
-        _ => unreachable!(),
-    };
-    a.send(&tur, false, &[]).await;
-    match a.recv_skip_pings().await.expect("TUR answer").pdu {
-        TargetPdu::ScsiResponse(s) => assert_eq!((s.itt, s.status), (tur_itt, 2)),
-        other => panic!("{other:?}"),
-    }
+    assert_eq!(next_answer_is_a_tur(&mut a).await, 2);
     fx.shutdown().await;
 }
 
