@@ -159,13 +159,11 @@ pub(crate) async fn login<S: AsyncRead + AsyncWrite + Unpin>(
             return Err(ConnError::NotLogin);
         };
         let mut step = if first && req.tsih != 0 {
-            // MaxConnections=1: no connection can join an existing session.
-            let st = if ctx.registry.contains(req.tsih) {
-                status::TOO_MANY_CONNECTIONS
-            } else {
-                status::SESSION_DOES_NOT_EXIST
-            };
-            neg.refuse(&req, st)
+            // MaxConnections=1: no connection can join a session, whichever
+            // its TSIH names. One answer for all: told apart ("session does
+            // not exist" for the others), the answers let a peer that never
+            // authenticated find which sessions are live
+            neg.refuse(&req, status::TOO_MANY_CONNECTIONS)
         } else {
             neg.step(&req, &frame.data)
         };

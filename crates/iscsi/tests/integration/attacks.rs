@@ -562,6 +562,43 @@ async fn a_login_pdu_larger_than_the_login_limit_is_not_read() {
     fx.shutdown().await;
 }
 
+/// A login naming a session (a non-zero TSIH, to add a connection to it) is
+/// answered the same whether that session is live or not: before any
+/// authentication, the answer told a peer which TSIHs were in use ("too many
+/// connections" against "session does not exist").
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_login_naming_a_session_does_not_tell_whether_it_is_live() {
+    let fx = start(Limits::default()).await;
+    let mut good = Client::connect(fx.addrs[0]).await;
+    assert_eq!(good.login_simple(OPEN, &[]).await, (0, 0));
+    let live = fx.sessions.list()[0].tsih;
+    let mut answers = Vec::new();
+    for tsih in [live, live.wrapping_add(1000).max(1)] {
+        let sock = connect_from(ATTACKER, fx.addrs[0]).await.unwrap();
+        let mut evil = Client::from_stream(sock, [0x80, 0, 0, 0, 0, 7]);
+        let InitiatorPdu::Login(mut req) = login_request(evil.isid) else {
+            unreachable!()
+        };
+        req.tsih = tsih;
+        let text = encode_text(&[("InitiatorName", INI), ("TargetName", OPEN)]);
+        evil.send(&InitiatorPdu::Login(req), true, &text).await;
+        let answer = tokio::time::timeout(Duration::from_secs(20), evil.recv())
+            .await
+            .expect("no answer")
+            .expect("closed without an answer");
+        match answer.pdu {
+            TargetPdu::LoginResponse(r) => answers.push((r.status_class, r.status_detail)),
+            other => panic!("{other:?}"),
+        }
+    }
+    assert_eq!(
+        answers[0], answers[1],
+        "a live TSIH told from an unused one"
+    );
+    assert_eq!(answers[0].0, 2, "refused as an initiator error");
+    fx.shutdown().await;
+}
+
 /// A command rejected for a malformed header (an unknown AHS type) takes its
 /// CmdSN: the session goes on. (Before, the window waited for that CmdSN for
 /// good and silently dropped every later command of the session.)
