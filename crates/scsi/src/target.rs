@@ -1078,8 +1078,8 @@ impl ScsiTarget {
     /// reservation is ended by the partner, in order with the reservation
     /// commands). Copies already writing are not waited for, so that the
     /// partner's answer does not wait on a disk. An error if some aborted
-    /// task did not end within the drain time (the reset is then not done
-    /// here, and the partner's initiator is told it failed).
+    /// task did not end within the drain time: the reset is then not done
+    /// here (no unit attention raised), and the partner logs it.
     pub async fn reset_from_partner(&self, lun: u64, kind: ResetKind) -> Result<(), String> {
         let lu = self
             .lu(lun)
