@@ -35,6 +35,10 @@ pub(crate) struct Opened {
     /// A block device whose queue takes no discards (sysfs
     /// `discard_max_bytes` 0): none is ever sent.
     pub(crate) discard_unsupported: bool,
+    /// A block device's logical block size (BLKSSZGET), which BLKDISCARD and
+    /// BLKZEROOUT ranges must be aligned to; the volume's block size
+    /// otherwise (and for files).
+    pub(crate) device_block_bytes: u64,
 }
 
 /// Claims the block device behind `file` exclusively, as `mkfs` and `mount`
@@ -305,6 +309,13 @@ pub(crate) fn open(path: &Path, opts: &FileOptions) -> Result<Opened, BlockError
     };
     let discard_unsupported =
         backing == Backing::BlockDevice && crate::sys::blk_discard_supported(&file) == Some(false);
+    let device_block_bytes = match backing {
+        Backing::BlockDevice => crate::sys::blk_logical_block_bytes(file.as_raw_fd())
+            .map(u64::from)
+            .unwrap_or(bs as u64)
+            .max(bs as u64),
+        Backing::File => bs as u64,
+    };
     Ok(Opened {
         file,
         backing,
@@ -313,6 +324,7 @@ pub(crate) fn open(path: &Path, opts: &FileOptions) -> Result<Opened, BlockError
         mem_align_bytes,
         claim,
         discard_unsupported,
+        device_block_bytes,
     })
 }
 

@@ -198,6 +198,9 @@ pub struct FileVolume {
     /// the range's cached pages, which the kernel refuses (EBUSY) while one
     /// is dirty; through the claim it drops them (review of 2026-12-06).
     claim: Option<Arc<File>>,
+    /// The block device's logical block size: discards and zeroing ioctls
+    /// are sent for the part of a range aligned to it (see `aligned_middle`).
+    device_block_bytes: u64,
 }
 
 impl fmt::Debug for FileVolume {
@@ -212,15 +215,26 @@ impl fmt::Debug for FileVolume {
     }
 }
 
-/// Whether a failed BLKDISCARD or BLKZEROOUT got past the kernel's first
-/// checks (a bad range, a descriptor not open for writing, a read-only
-/// device), after which the kernel has dropped the range's cached pages,
-/// dirty ones too (see `discard`).
+/// Whether a failed BLKDISCARD or BLKZEROOUT may have got past the kernel's
+/// first checks (a descriptor not open for writing, a read-only device),
+/// after which the kernel has dropped the range's cached pages, dirty ones
+/// too (see `discard`). EINVAL counts: the kernel checks 512-byte alignment
+/// before the drop but the device's own block size after it (review of
+/// 2026-12-06: a zeroing of 512-byte blocks on a 4096-byte device failed
+/// with EINVAL after dropping a dirty page, and the range read back older
+/// data than was last written); ranges are aligned before they are sent, so
+/// it is a safeguard.
 fn after_page_drop(e: &std::io::Error) -> bool {
-    !matches!(
-        e.raw_os_error(),
-        Some(libc::EINVAL | libc::EBADF | libc::EPERM)
-    )
+    !matches!(e.raw_os_error(), Some(libc::EBADF | libc::EPERM))
+}
+
+/// The part of the byte range `off..off + len` aligned to `align` (a power
+/// of two), as (offset, length); length 0 when no whole aligned block lies
+/// inside it.
+fn aligned_middle(off: u64, len: u64, align: u64) -> (u64, u64) {
+    let start = off.next_multiple_of(align);
+    let end = (off + len) / align * align;
+    (start, end.saturating_sub(start))
 }
 
 impl FileVolume {
@@ -277,6 +291,7 @@ impl FileVolume {
             zeroes: OnceLock::new(),
             counters: Counters::default(),
             claim: opened.claim.map(Arc::new),
+            device_block_bytes: opened.device_block_bytes,
         })
     }
 
@@ -462,10 +477,14 @@ impl FileVolume {
             done: moved,
             dsync,
         };
-        let done = if (dsync || self.sync_writes) && !self.direct {
+        let done = if dsync || self.sync_writes {
             // a forced write that failed may have failed on the writeback of
-            // earlier writes (the fd's error is reported once); running out of
-            // space is the write's own failure, not a lost sync
+            // earlier writes (the fd's error is reported once) or, direct, on
+            // the device cache flush it carries, which loses the earlier
+            // writes the device had acknowledged as a failed flush does (they
+            // went around the latch until the review of 2026-12-06, and the
+            // next flush succeeded over them); running out of space is the
+            // write's own failure, not a lost sync
             self.run_syncing(op, "write", |e| matches!(e, libc::ENOSPC | libc::EDQUOT))
                 .await?
         } else {
@@ -828,11 +847,15 @@ impl Volume for FileVolume {
                 self.synced_change().await
             }
             Backing::BlockDevice => {
-                let (off, len) = (lba * self.bs(), blocks * self.bs());
-                if self.discard_unsupported.load(Ordering::Relaxed) {
+                // the part the device's blocks cover whole (the rest stays
+                // as it is: a discard is a hint on a thick volume)
+                let (off, len) =
+                    aligned_middle(lba * self.bs(), blocks * self.bs(), self.device_block_bytes);
+                if self.discard_unsupported.load(Ordering::Relaxed) || len == 0 {
                     // a hint on a thick volume
                     return Ok(());
                 }
+                let (lba, blocks) = (off / self.bs(), len / self.bs());
                 match self
                     .blocking_claimed(move |f| sys::blk_discard(f.as_raw_fd(), off, len))
                     .await?
@@ -880,8 +903,23 @@ impl Volume for FileVolume {
             Backing::File if may_unmap => self.punch("write_zeroes", lba, blocks).await?,
             Backing::File => self.zero_range_allocated(lba, blocks).await?,
             Backing::BlockDevice => {
-                let (off, len) = (lba * self.bs(), blocks * self.bs());
-                match self
+                // the ioctl for the part the device's blocks cover whole,
+                // ordinary writes of zeroes for the ends
+                let (off, len) =
+                    aligned_middle(lba * self.bs(), blocks * self.bs(), self.device_block_bytes);
+                let (mid_lba, mid_blocks) = (off / self.bs(), len / self.bs());
+                let head = mid_lba.min(lba + blocks) - lba;
+                let tail_lba = (mid_lba + mid_blocks).max(lba + head);
+                if head > 0 {
+                    self.zero_fill(lba, head).await?;
+                }
+                if lba + blocks > tail_lba {
+                    self.zero_fill(tail_lba, lba + blocks - tail_lba).await?;
+                }
+                if len == 0 {
+                    return self.synced_change().await;
+                }
+                let zeroed = match self
                     .blocking_claimed(move |f| sys::blk_zeroout(f.as_raw_fd(), off, len))
                     .await?
                 {
@@ -891,14 +929,18 @@ impl Volume for FileVolume {
                     // discard): the zeroes are written by hand
                     Err(e) if after_page_drop(&e) => {
                         bump(&self.counters.errors, 1);
-                        tracing::warn!(path = %self.path.display(), lba, error = %e, "write zeroes failed; the zeroes are written by hand");
+                        tracing::warn!(path = %self.path.display(), lba = mid_lba, error = %e, "write zeroes failed; the zeroes are written by hand");
                         false
                     }
                     Err(e) => {
                         bump(&self.counters.errors, 1);
-                        return Err(io_error("write_zeroes", lba, e));
+                        return Err(io_error("write_zeroes", mid_lba, e));
                     }
+                };
+                if !zeroed {
+                    self.zero_fill(mid_lba, mid_blocks).await?;
                 }
+                true
             }
         };
         if !done {
