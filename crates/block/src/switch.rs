@@ -22,6 +22,8 @@ pub struct SwitchVolume {
     /// The block count (it grows: [`Volume::grow`]).
     block_count: AtomicU64,
     current: Arc<RwLock<VolumeRef>>,
+    /// One grow at a time (it holds `current` shared, as requests do).
+    growing: tokio::sync::Mutex<()>,
 }
 
 impl SwitchVolume {
@@ -32,6 +34,7 @@ impl SwitchVolume {
             geometry,
             block_count: AtomicU64::new(geometry.block_count),
             current: Arc::new(RwLock::new(inner)),
+            growing: tokio::sync::Mutex::new(()),
         }
     }
 
@@ -70,8 +73,13 @@ impl Volume for SwitchVolume {
         self.current.try_read().ok()?.provisioning()
     }
     /// Grows the current volume (no switch meanwhile), then reports its size.
+    /// Requests go on while it grows: a grow below can take long (a pool
+    /// zeroes its new stripes first), and holding `current` exclusively
+    /// stopped every read and write of the LUN for all of it (review of
+    /// 2026-12-06); the old blocks do not move.
     async fn grow(&self, block_count: u64) -> BlockResult<()> {
-        let cur = self.current.write().await;
+        let _one = self.growing.lock().await;
+        let cur = self.current.read().await;
         cur.grow(block_count).await?;
         let now = cur.geometry().block_count;
         self.block_count
@@ -193,5 +201,72 @@ mod tests {
         let big: VolumeRef = Arc::new(MemVolume::new(512, 128));
         sw.switch(big).await.unwrap();
         assert!(sw.grow(32).await.is_err(), "no shrinking");
+    }
+
+    /// A volume whose grow waits until `go` lets it end.
+    struct SlowGrow {
+        inner: MemVolume,
+        started: tokio::sync::Notify,
+        go: tokio::sync::Notify,
+    }
+
+    #[async_trait]
+    impl Volume for SlowGrow {
+        fn geometry(&self) -> Geometry {
+            self.inner.geometry()
+        }
+        async fn grow(&self, block_count: u64) -> BlockResult<()> {
+            self.started.notify_one();
+            self.go.notified().await;
+            self.inner.grow(block_count).await
+        }
+        async fn read(&self, lba: u64, blocks: u32) -> BlockResult<Bytes> {
+            self.inner.read(lba, blocks).await
+        }
+        async fn write(&self, lba: u64, data: Bytes, fua: bool) -> BlockResult<()> {
+            self.inner.write(lba, data, fua).await
+        }
+        async fn flush(&self) -> BlockResult<()> {
+            Ok(())
+        }
+        async fn discard(&self, lba: u64, blocks: u64) -> BlockResult<()> {
+            self.inner.discard(lba, blocks).await
+        }
+    }
+
+    /// Reads and writes go on while the volume below grows (a pool zeroing
+    /// its new stripes can take minutes); the new size shows once it has
+    /// grown. Before (review of 2026-12-06) the grow held every request.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn requests_go_on_while_the_volume_below_grows() {
+        let below = Arc::new(SlowGrow {
+            inner: MemVolume::new(512, 64),
+            started: tokio::sync::Notify::new(),
+            go: tokio::sync::Notify::new(),
+        });
+        let sw = Arc::new(SwitchVolume::new(below.clone()));
+        let grow = {
+            let sw = sw.clone();
+            tokio::spawn(async move { sw.grow(128).await })
+        };
+        below.started.notified().await;
+        // (a time bound only to fail instead of hanging)
+        let io = tokio::time::timeout(Duration::from_secs(20), async {
+            sw.write(3, Bytes::from(vec![5u8; 512]), false)
+                .await
+                .unwrap();
+            sw.read(3, 1).await.unwrap()
+        })
+        .await
+        .expect("requests waited for the grow below");
+        assert_eq!(&io[..], &[5u8; 512][..]);
+        assert_eq!(
+            sw.geometry().block_count,
+            64,
+            "grown before the volume below"
+        );
+        below.go.notify_one();
+        grow.await.unwrap().unwrap();
+        assert_eq!(sw.geometry().block_count, 128);
     }
 }
