@@ -1060,12 +1060,15 @@ impl ScsiTarget {
     /// (each may wait for the partner); its tokens revoked and its copies
     /// stopped.
     async fn reset_lu(&self, lu: Arc<LogicalUnit>, kind: ResetKind) {
+        // the tokens first: a WRITE USING TOKEN resolving one while the
+        // partner is told took the reset's count as its baseline, and the
+        // reset never stopped it (review of 2026-12-06)
+        self.copies.tokens.revoke_lu(&lu);
         lu.reset(kind.sense());
         tokio::join!(
             replication::spc2_end_everywhere(lu.clone(), None),
             replication::reset_everywhere(lu.clone(), kind),
         );
-        self.copies.tokens.revoke_lu(&lu);
         lu.copies_stopped().await;
     }
 
@@ -1093,8 +1096,8 @@ impl ScsiTarget {
                 ));
             }
         }
-        lu.reset_but_reservations(kind.sense());
         self.copies.tokens.revoke_lu(&lu);
+        lu.reset_but_reservations(kind.sense());
         Ok(())
     }
 
