@@ -445,6 +445,11 @@ impl Objects {
             format!("lun{id}.alua.json"),
             format!("lun{id}.atomic"),
             format!("lun{id}.sanitize.json"),
+            // a copy's restart records: a LUN made later with this number
+            // would run them onto itself at its first start (found by review
+            // of 2026-12-06)
+            format!("lun{id}.copy.slots"),
+            format!("lun{id}.copy.json"),
         ] {
             let _ = std::fs::remove_file(tdir.join(f));
         }

@@ -215,7 +215,7 @@ fn migrate_json(
     Some(found)
 }
 
-fn hex(naa: &[u8; 16]) -> String {
+pub(crate) fn hex(naa: &[u8; 16]) -> String {
     naa.iter().map(|b| format!("{b:02x}")).collect()
 }
 
@@ -377,6 +377,41 @@ impl Intents {
             if let Err(e) = self.persist(version) {
                 self.removal_failed(&e);
             }
+        }
+    }
+
+    /// The id the next record gets: the records below it were made before now.
+    pub(crate) fn cut(&self) -> u64 {
+        self.st.lock().next_id
+    }
+
+    /// Removes, durably, the records made before `cut` of copies that a
+    /// reset (or the LU's removal) stopped: every one (`src` None: this LU,
+    /// their destination, was reset) or those reading the LU named `src`.
+    /// Those copies stop at their next batch and drop their records then,
+    /// but the reset is answered before: a crash in between ran them again
+    /// at the next start, over what the initiator wrote after the answer
+    /// (review of 2026-12-06). A removal that cannot be written refuses the
+    /// LU as [`Intents::remove`]'s does.
+    pub(crate) async fn retire(self: &Arc<Self>, cut: u64, src: Option<&str>) {
+        let mut removed = 0;
+        let version = self.change(|st| {
+            st.copies.retain(|&id, pieces| {
+                let stopped = id < cut
+                    && src.is_none_or(|n| pieces.iter().any(|p| p.src.as_deref() == Some(n)));
+                removed += usize::from(stopped);
+                !stopped
+            });
+        });
+        if removed == 0 {
+            return;
+        }
+        tracing::info!(
+            records = removed,
+            "copy: the restart records of copies a reset stopped are removed"
+        );
+        if let Err(e) = self.persist_async(version).await {
+            self.removal_failed(&e);
         }
     }
 

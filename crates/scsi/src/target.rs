@@ -426,7 +426,7 @@ impl ScsiTarget {
             lu.uas.raise_all(codes::REPORTED_LUNS_DATA_CHANGED, None);
         }
         gone.resets.fetch_add(1, Ordering::AcqRel);
-        gone.copies_stopped().await;
+        self.stop_copies(&gone, Some(&gone)).await;
         if !gone.changes_stopped().await {
             tracing::error!(
                 lun,
@@ -1064,12 +1064,55 @@ impl ScsiTarget {
         // partner is told took the reset's count as its baseline, and the
         // reset never stopped it (review of 2026-12-06)
         self.copies.tokens.revoke_lu(&lu);
+        let cuts = self.copy_cuts(None);
         lu.reset(kind.sense());
         tokio::join!(
             replication::spc2_end_everywhere(lu.clone(), None),
             replication::reset_everywhere(lu.clone(), kind),
         );
+        self.copies_stopped(&lu, cuts).await;
+    }
+
+    /// The restart records (`copy_resume`) of every LU of the target now, as
+    /// the id each LU's next record gets; `also` beside them (an LU just
+    /// taken out of the list).
+    fn copy_cuts(&self, also: Option<&Arc<LogicalUnit>>) -> Vec<(Arc<LogicalUnit>, u64)> {
+        let mut lus = self.all_lus();
+        lus.extend(also.cloned());
+        lus.into_iter()
+            .map(|l| {
+                let cut = l.intents.cut();
+                (l, cut)
+            })
+            .collect()
+    }
+
+    /// `lu`'s reset count went up (`cuts` taken before): waits for the batch
+    /// its copies have in flight, then removes, durably, the restart records
+    /// of the copies the reset stopped, those made before it that write `lu`
+    /// or read it, before the reset is answered (`copy_resume::Intents::retire`).
+    async fn copies_stopped(&self, lu: &Arc<LogicalUnit>, cuts: Vec<(Arc<LogicalUnit>, u64)>) {
         lu.copies_stopped().await;
+        Self::retire_copies(lu, cuts).await;
+    }
+
+    /// The restart records part of [`Self::copies_stopped`], without waiting
+    /// for the copies' writes in flight.
+    async fn retire_copies(lu: &Arc<LogicalUnit>, cuts: Vec<(Arc<LogicalUnit>, u64)>) {
+        let naa = crate::copy_resume::hex(&lu.config.naa);
+        for (l, cut) in cuts {
+            let src = (!Arc::ptr_eq(&l, lu)).then_some(naa.as_str());
+            l.intents.retire(cut, src).await;
+        }
+    }
+
+    /// [`Self::copies_stopped`] with the cuts taken now (the reset count was
+    /// just raised; a record made in between is retired too, and its copy,
+    /// which the reset may not stop, runs on without one: a crash leaves it
+    /// half done, as an unrecorded copy, for the initiator to retry).
+    async fn stop_copies(&self, lu: &Arc<LogicalUnit>, also: Option<&Arc<LogicalUnit>>) {
+        let cuts = self.copy_cuts(also);
+        self.copies_stopped(lu, cuts).await;
     }
 
     /// A reset of `kind` reached LUN `lun` through the HA partner: this
@@ -1097,7 +1140,9 @@ impl ScsiTarget {
             }
         }
         self.copies.tokens.revoke_lu(&lu);
+        let cuts = self.copy_cuts(None);
         lu.reset_but_reservations(kind.sense());
+        Self::retire_copies(&lu, cuts).await;
         Ok(())
     }
 
@@ -1130,10 +1175,11 @@ impl ScsiTarget {
     /// standard asks for on other nexuses (commands are aborted by the transport).
     pub async fn clear_task_set(&self, nexus: &ItNexus, lun: u64) {
         if let Some(lu) = self.target_lun(nexus, lun).and_then(|l| self.lu(l)) {
+            let cuts = self.copy_cuts(None);
             lu.resets.fetch_add(1, Ordering::AcqRel);
             lu.uas
                 .raise_all(codes::COMMANDS_CLEARED_BY_ANOTHER_INITIATOR, Some(nexus));
-            lu.copies_stopped().await;
+            self.copies_stopped(&lu, cuts).await;
         }
     }
 

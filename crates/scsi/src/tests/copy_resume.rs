@@ -206,3 +206,71 @@ async fn a_copy_that_ends_leaves_no_record_and_a_start_without_one_serves_at_onc
     let n = ready(&t, "01", 1).await;
     assert_eq!(read(&t, &n, 0, 1).await.status, status::GOOD);
 }
+
+/// A reset of a copy's destination or source stops the copy, and its restart
+/// record goes before the reset is answered: a host write acknowledged after
+/// the reset survives a crash, which a record left on file would have run the
+/// copy again over at the next start. Before (review of 2026-12-06) the
+/// record went only when the copy noticed the reset at its next batch.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_copy_stopped_by_a_reset_is_not_run_again_at_the_next_start() {
+    const N: u64 = 8192; // 4 chunks of 1 MiB
+    for reset_lun in [0u64, 1] {
+        let dir = TempDir::new("reset-record");
+        let dst_mem = Arc::new(MemVolume::new(BS as u32, N));
+        let src_mem = Arc::new(MemVolume::new(BS as u32, N));
+        src_mem
+            .write(0, vec![0x51u8; BS * N as usize].into(), false)
+            .await
+            .unwrap();
+        let src_held = Arc::new(block::HoldVolume::new(src_mem.clone()));
+        // the second chunk's read waits: the copy is between two batches
+        src_held.reads.hold_range(2048, 4096);
+        let (t, c1) = two_lus(dir.path(), dst_mem.clone(), src_held.clone());
+        let t = Arc::new(t);
+        let n = ready(&t, "01", 1).await;
+        let r = t.execute(&n, cmd(1, &[0u8; 6], &[])).await;
+        assert_eq!(sense_of(&r), (key::UNIT_ATTENTION, 0x29, 0x00));
+        // LU 1 onto LU 0, sent to LUN 1 (the source)
+        let p = xcopy_params(1, 0, &[c1.naa, lun_config().naa], &[(0, 1, N as u16, 0, 0)]);
+        let copy = {
+            let (t, n) = (t.clone(), n.clone());
+            tokio::spawn(async move { t.execute(&n, cmd(1, &xcopy_cdb(p.len()), &p)).await })
+        };
+        src_held.reads.arrivals(1).await;
+        let pr0 = dir.path().join("lun0.pr.json");
+        assert_eq!(crate::copy_records(&pr0), 1, "recorded while running");
+        assert!(t.lun_reset(&n, reset_lun).await);
+        assert_eq!(
+            crate::copy_records(&pr0),
+            0,
+            "reset of LUN {reset_lun} answered with the stopped copy's record on file"
+        );
+        // the host writes blocks 0..8 after the reset was answered
+        let _ = t.execute(&n, cmd(0, &[0u8; 6], &[])).await; // a UA, if LUN 0
+        let w = t
+            .execute(&n, cmd(0, &rw10(0x2a, 0, 8), &vec![0xabu8; 8 * BS]))
+            .await;
+        assert_eq!(w.status, status::GOOD);
+        // a power loss: a restart finds what is on file now
+        let snap = TempDir::new("reset-record-snap");
+        for f in std::fs::read_dir(dir.path()).unwrap() {
+            let f = f.unwrap();
+            std::fs::copy(f.path(), snap.path().join(f.file_name())).unwrap();
+        }
+        let (t2, _) = two_lus(snap.path(), dst_mem.clone(), src_mem.clone());
+        let n2 = nexus("02", 1);
+        let mut got = read(&t2, &n2, 0, 8).await;
+        if got.status != status::GOOD {
+            // the power-on unit attention
+            got = read(&t2, &n2, 0, 8).await;
+        }
+        assert_eq!(got.status, status::GOOD, "{:?}", sense_of(&got));
+        assert!(
+            got.data_in.iter().all(|&b| b == 0xab),
+            "reset of LUN {reset_lun}: the write acknowledged after it was overwritten by the copy run again"
+        );
+        src_held.reads.open();
+        let _ = copy.await;
+    }
+}
