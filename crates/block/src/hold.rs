@@ -204,6 +204,12 @@ impl Volume for HoldVolume {
     async fn block_status(&self, lba: u64, blocks: u64) -> BlockResult<Vec<Extent>> {
         self.inner.block_status(lba, blocks).await
     }
+    async fn grow(&self, block_count: u64) -> BlockResult<()> {
+        self.inner.grow(block_count).await
+    }
+    async fn shrink(&self, block_count: u64) -> BlockResult<()> {
+        self.inner.shrink(block_count).await
+    }
 }
 
 #[cfg(test)]

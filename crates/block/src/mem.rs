@@ -129,6 +129,19 @@ impl Volume for MemVolume {
         Ok(())
     }
 
+    /// Shrinks; what lay beyond reads as zeroes if it grows again.
+    async fn shrink(&self, block_count: u64) -> BlockResult<()> {
+        let now = self.geometry().block_count;
+        if block_count > now {
+            return Err(crate::BlockError::NotSupported("growing by a shrink"));
+        }
+        self.block_count
+            .store(block_count, std::sync::atomic::Ordering::Release);
+        let bs = self.geometry.block_size_bytes as u64;
+        self.zero_range(block_count * bs, (now - block_count) * bs);
+        Ok(())
+    }
+
     async fn read(&self, lba: u64, blocks: u32) -> BlockResult<Bytes> {
         self.geometry().check_range(lba, blocks as u64)?;
         let bs = self.geometry.block_size_bytes as u64;

@@ -507,7 +507,7 @@ impl Objects {
                      host groups that map it to nobody first"
                 )));
             }
-            vol.shrink(blocks).await.map_err(|e| {
+            t.shrink_lun(lun, blocks).await.map_err(|e| {
                 ApiError::Conflict(format!("LUN {lun} of {target} cannot shrink: {e}"))
             })?;
             tracing::warn!(%target, lun, from = g.size_bytes(), to = bytes, "LUN shrunk (forced)");

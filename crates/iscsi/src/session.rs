@@ -392,10 +392,6 @@ impl Registry {
         v
     }
 
-    pub(crate) fn contains(&self, tsih: u16) -> bool {
-        self.inner.lock().sessions.contains_key(&tsih)
-    }
-
     /// Allocates a TSIH, builds the session with it and registers it. Returns the
     /// new session and the session it reinstates (same key), if any; a session
     /// with the same key but another identity ([`Origin::may_reinstate`]) is kept

@@ -1073,6 +1073,31 @@ impl ScsiTarget {
         self.copies_stopped(&lu, cuts).await;
     }
 
+    /// Shrinks `lun` to `blocks` (forced, for a LUN no host group maps): its
+    /// ROD tokens revoked, its copies stopped (their restart records
+    /// removed), then the volume shrinks with the LU's write order held
+    /// exclusively, so a write or copy batch that passed its range check
+    /// before ends first and none lands past the new end after it (review of
+    /// 2026-12-06: the volume shrank under them, and on a file a write in
+    /// flight extended it again, bringing cut data back at the next start).
+    /// Refused if the writes do not end within the stop wait (a SANITIZE
+    /// holds the write order to its end).
+    pub async fn shrink_lun(&self, lun: u64, blocks: u64) -> Result<(), String> {
+        let lu = self
+            .lu(lun)
+            .ok_or_else(|| format!("lun {lun} does not exist"))?;
+        self.copies.tokens.revoke_lu(&lu);
+        let cuts = self.copy_cuts(None);
+        lu.resets.fetch_add(1, Ordering::AcqRel);
+        self.copies_stopped(&lu, cuts).await;
+        let Ok(_order) =
+            tokio::time::timeout(crate::lu::STOP_WAIT, lu.write_order.clone().write_owned()).await
+        else {
+            return Err("its writes in flight did not end (a SANITIZE running?)".into());
+        };
+        lu.volume.shrink(blocks).await.map_err(|e| e.to_string())
+    }
+
     /// The restart records (`copy_resume`) of every LU of the target now, as
     /// the id each LU's next record gets; `also` beside them (an LU just
     /// taken out of the list).

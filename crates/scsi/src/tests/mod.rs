@@ -975,6 +975,55 @@ async fn capacity_change_raises_ua() {
     assert_eq!(run(&t, &n, &[0; 6], &[]).await.status, 0);
 }
 
+/// A forced shrink waits for the writes in flight: one that passed its range
+/// check before the shrink ends (answered GOOD), then the volume shrinks, and
+/// no write lands past the new end. Before (review of 2026-12-06) the volume
+/// shrank under it (on a file, the write then extended it again).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shrink_waits_for_the_writes_in_flight() {
+    let held = Arc::new(block::HoldVolume::new(Arc::new(MemVolume::new(
+        BS as u32, BLOCKS,
+    ))));
+    held.writes.hold();
+    let t = Arc::new(target_with(held.clone()));
+    let n = ready(&t, "1", 1).await;
+    let last = (BLOCKS - 8) as u32;
+    let write = {
+        let (t, n) = (t.clone(), n.clone());
+        tokio::spawn(async move {
+            let cdb = [
+                0x2a,
+                0,
+                (last >> 24) as u8,
+                (last >> 16) as u8,
+                (last >> 8) as u8,
+                last as u8,
+                0,
+                0,
+                8,
+                0,
+            ];
+            run(&t, &n, &cdb, &vec![7u8; 8 * BS]).await
+        })
+    };
+    held.writes.arrivals(1).await;
+    let shrink = {
+        let t = t.clone();
+        tokio::spawn(async move { t.shrink_lun(0, BLOCKS / 2).await })
+    };
+    held.writes.open();
+    // shrunk first, the write would have met the smaller volume
+    let w = write.await.unwrap();
+    assert_eq!(
+        w.status,
+        0,
+        "shrunk under a write in flight: {:?}",
+        sense_of(&w)
+    );
+    shrink.await.unwrap().unwrap();
+    assert_eq!(held.geometry().block_count, BLOCKS / 2);
+}
+
 #[tokio::test]
 async fn read_only_lun_refuses_writes() {
     let mut cfg = lun_config();
