@@ -196,6 +196,21 @@ impl Link {
         }
     }
 
+    /// [`Link::request`] for a request whose work may take long on a healthy
+    /// partner (a grow: a pool zeroes its new stripes first), waited for up
+    /// to `patience` instead of four peer timeouts. A partner that stops
+    /// answering heartbeats still closes the link at once.
+    pub async fn request_slow(
+        &self,
+        patience: Duration,
+        make: impl FnOnce(u64) -> Message,
+    ) -> Result<OpResult, LinkLost> {
+        match self.exchange_within(patience, make).await? {
+            Answer::Op(r) => Ok(r),
+            Answer::Scsi(_) | Answer::Data(_) => Err(self.violation()),
+        }
+    }
+
     /// Asks the partner for blocks of its copy ([`Message::ReadCopy`]):
     /// `Ok(Ok(data))`, or `Ok(Err(result))` with the error it answered. An
     /// answer that is not `blocks` blocks of `block_bytes` breaks the
@@ -241,6 +256,19 @@ impl Link {
     }
 
     async fn exchange(&self, make: impl FnOnce(u64) -> Message) -> Result<Answer, LinkLost> {
+        self.exchange_within(self.request_patience(), make).await
+    }
+
+    /// How long [`Link::request`] waits for an answer: four peer timeouts.
+    pub fn request_patience(&self) -> Duration {
+        self.peer_timeout * 4
+    }
+
+    async fn exchange_within(
+        &self,
+        patience: Duration,
+        make: impl FnOnce(u64) -> Message,
+    ) -> Result<Answer, LinkLost> {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let (tx, rx) = oneshot::channel();
         let sent_and_answered = async {
@@ -259,7 +287,7 @@ impl Link {
             }
             rx.await.map_err(|_| LinkLost)
         };
-        match tokio::time::timeout(self.peer_timeout * 4, sent_and_answered).await {
+        match tokio::time::timeout(patience, sent_and_answered).await {
             Ok(r) => r,
             Err(_) => {
                 self.close("the partner left a request unanswered too long");

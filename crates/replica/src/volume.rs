@@ -24,6 +24,11 @@ use tokio::sync::{mpsc, watch};
 /// partner, or a decision to go on alone, to end (`Inner::between_meetings`).
 const OPERATOR_WAIT: Duration = Duration::from_secs(15);
 
+/// How long a grow waits for the partner's copy to grow (a pool zeroes its
+/// new stripes first: minutes on disks): a partner that stops answering
+/// heartbeats closes the link long before.
+const GROW_PATIENCE: Duration = Duration::from_secs(3600);
+
 /// What this node saw of the partner's copy at their last handshake since
 /// it started.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -1171,16 +1176,20 @@ impl Inner {
             if let Err(e) = self.grow_local(*block_count).await {
                 return Ok(Err(e));
             }
+            // the partner's grow may take long (a pool zeroes its new
+            // stripes): bounded by GROW_PATIENCE, not the four peer timeouts
+            // of other requests, which broke the pair's link for a healthy
+            // partner's slow grow (review of 2026-12-06)
             let remote = match (link, forwarded) {
                 (Some(l), Some(fid)) => Some(
-                    l.request(|id| Message::ApplyForwarded {
+                    l.request_slow(GROW_PATIENCE, |id| Message::ApplyForwarded {
                         id,
                         forward_id: fid,
                     })
                     .await?,
                 ),
                 (Some(l), None) => Some(
-                    l.request(|id| Message::Apply { id, op: op.clone() })
+                    l.request_slow(GROW_PATIENCE, |id| Message::Apply { id, op: op.clone() })
                         .await?,
                 ),
                 (None, _) => None,
@@ -1344,8 +1353,13 @@ impl Inner {
         let mut listed = Unlist(&self.forwards, None);
         let mut fid = forward_key(link, 0);
         let flush = matches!(op, Op::Flush).then(|| self.flush_begins());
+        // a grow: the leader grows both copies before it answers
+        let patience = match op {
+            Op::Grow { .. } => GROW_PATIENCE,
+            _ => link.request_patience(),
+        };
         let r = link
-            .request(|id| {
+            .request_slow(patience, |id| {
                 fid = forward_key(link, id);
                 listed.1 = Some(fid);
                 self.forwards.lock().insert(

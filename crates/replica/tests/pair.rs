@@ -862,6 +862,57 @@ async fn same_contents_up_to(a: &VolumeRef, b: &VolumeRef, blocks: u64) {
     }
 }
 
+/// A volume whose grow takes `secs` (a pool zeroing its new stripes on
+/// disks).
+struct SlowGrow(MemVolume, u64);
+
+#[async_trait::async_trait]
+impl Volume for SlowGrow {
+    fn geometry(&self) -> block::Geometry {
+        self.0.geometry()
+    }
+    async fn grow(&self, n: u64) -> block::BlockResult<()> {
+        tokio::time::sleep(Duration::from_secs(self.1)).await;
+        self.0.grow(n).await
+    }
+    async fn read(&self, l: u64, b: u32) -> block::BlockResult<Bytes> {
+        self.0.read(l, b).await
+    }
+    async fn write(&self, l: u64, d: Bytes, f: bool) -> block::BlockResult<()> {
+        self.0.write(l, d, f).await
+    }
+    async fn flush(&self) -> block::BlockResult<()> {
+        Ok(())
+    }
+    async fn discard(&self, l: u64, b: u64) -> block::BlockResult<()> {
+        self.0.discard(l, b).await
+    }
+}
+
+/// A grow whose copy on the partner takes longer than a request may wait
+/// (four peer timeouts: 1.6 s here) keeps the pair together: through the
+/// leader (the partner grows in the leader's request) and through the
+/// follower (its forward waits for both copies). Before (review of
+/// 2026-12-06) the link closed as "unanswered too long" and the pair went
+/// degraded, to resync, though the grow reported success.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_slow_grow_on_the_partner_keeps_the_pair_in_sync() {
+    let d = tempfile::tempdir().unwrap();
+    let m1: VolumeRef = Arc::new(SlowGrow(MemVolume::new(512, BLOCKS), 3));
+    let m2: VolumeRef = Arc::new(SlowGrow(MemVolume::new(512, BLOCKS), 3));
+    let (n2, addr2) = node2(d.path(), 2, m2.clone(), None).await;
+    let n1 = node1(d.path(), 2, m1.clone(), addr2, None).await;
+    both_in_sync(&n1, &n2).await;
+    for (through, size) in [(&n2, BLOCKS * 2), (&n1, BLOCKS * 3)] {
+        through.grow(size).await.unwrap();
+        for n in [&n1, &n2] {
+            let st = n.status();
+            assert!(in_sync(&st), "the pair left sync after a grow: {st:?}");
+            assert_eq!(n.geometry().block_count, size);
+        }
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_replicated_volume_grows_on_both_copies_and_a_copy_that_missed_it_catches_up() {
     let d = tempfile::tempdir().unwrap();
