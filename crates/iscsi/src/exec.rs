@@ -126,6 +126,13 @@ pub(crate) fn spawn_command(
             attr: task_attr(info.attr),
         };
         let resp = scsi.execute(nexus, cmd).await;
+        // aborted meanwhile: never answered (TAS=0). An abort does not stop a
+        // poll under way (the first one, here on the connection's task, or one
+        // on another worker as its AbortHandle fires), and that poll may run
+        // the command to its end: the answer is all that can still be held back
+        if guard.session.aborted(guard.itt, guard.serial) {
+            return;
+        }
         if info.read || info.write {
             let us = started.elapsed().as_micros().min(u64::MAX as u128) as u64;
             let bytes = if info.write {

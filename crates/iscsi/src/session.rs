@@ -28,7 +28,8 @@ pub(crate) struct Running {
     pub serial: u64,
     /// None during the command's first poll, on the connection's task (see
     /// `exec::spawn_command`): an abort then sets `aborted`, and the command
-    /// is dropped instead of spawned.
+    /// is dropped instead of spawned (or, if that poll ran it to its end, not
+    /// answered: `Session::aborted`).
     pub abort: Option<AbortHandle>,
     /// Aborted: during its first poll (then dropped instead of spawned), or
     /// since (its entry stays until its medium changes end, `scsi::in_flight`).
@@ -254,6 +255,16 @@ impl Session {
         }
         drop(r);
         self.task_done.notify_waiters();
+    }
+
+    /// Whether the running command `itt` (`serial`) was aborted. Looked at
+    /// before the command is answered: an abort after that finds a command that
+    /// completed first (and still waits for its entry to go, after the answer).
+    pub(crate) fn aborted(&self, itt: u32, serial: u64) -> bool {
+        self.running
+            .lock()
+            .get(&itt)
+            .is_some_and(|e| e.serial == serial && e.aborted)
     }
 
     /// Aborts running commands matching `pred` (on their LUN); returns their tags.
@@ -754,7 +765,8 @@ mod tests {
                 .err(),
             Some(RegisterError::NotSameIdentity(a.source))
         );
-        assert!(!*s.kill.borrow() && reg.contains(s.tsih) && reg.len() == 1);
+        assert!(!*s.kill.borrow() && reg.len() == 1);
+        assert!(reg.snapshot().iter().any(|x| x.tsih == s.tsih));
     }
 
     /// A reinstated session's late end leaves the nexus's state to the session

@@ -1022,6 +1022,11 @@ async fn preempt_and_abort_aborts_the_preempted_nexus_tasks() {
                 let st = pr_out(&mut b, sa, kb, ka).await;
                 (b, st)
             });
+            // the write is aborted before it is let go (released when only
+            // the unit attention was raised, it may end, and be answered,
+            // before the abort reaches it), and no TUR below is sent while the
+            // abort runs (one it catches is never answered)
+            aborting(&fx, 1).await;
             // A's registration is gone once A's commands get the unit attention
             // of the preemption (raised before its tasks are aborted)
             let mut attention = false;
