@@ -2058,9 +2058,15 @@ async fn a_survivor_lost_at_the_end_of_a_resilver_leaves_the_replaced_device_ser
         .expect("the fill never flushed the new device");
     survivor.plan().lock().bad_write_blocks.push(2..256);
     new.flushes.open();
-    status_until(&vol, 20, "the fill never ended", |s| {
-        !s.devices[1].state.starts_with("resilvering")
-    })
+    // the replaced device goes live before the final table write, whose
+    // failure on the survivor comes after: both are awaited (the state
+    // between them was asserted on, a flake under load)
+    status_until(
+        &vol,
+        20,
+        "the fill never ended with the survivor failed",
+        |s| !s.devices[1].state.starts_with("resilvering") && s.devices[0].state == "failed",
+    )
     .await;
     let st = vol.status();
     assert_eq!(
