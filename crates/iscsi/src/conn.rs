@@ -370,7 +370,15 @@ impl Conn {
         let mut kill = self.session.kill.subscribe();
         let mut shutdown = self.ctx.shutdown.clone();
         let interval_ms = self.ctx.limits.nop_in_interval_ms;
-        let period = Duration::from_millis((interval_ms / 2).max(50));
+        let timeout_ms = self.ctx.limits.nop_in_timeout_ms;
+        // the tick pings (interval) and bounds the wait for Data-Out (timeout):
+        // either setting alone runs it (pings off used to turn the Data-Out
+        // bound off too; review of 2026-12-06)
+        let ticking = interval_ms > 0 || timeout_ms > 0;
+        let period = match interval_ms {
+            0 => Duration::from_millis((timeout_ms / 2).max(50)),
+            i => Duration::from_millis((i / 2).max(50)),
+        };
         let mut tick = tokio::time::interval(period);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut last_rx = Instant::now();
@@ -400,7 +408,7 @@ impl Conn {
             }
             let ev = tokio::select! {
                 r = rd.read_buf(&mut buf) => Ev::Read(r),
-                _ = tick.tick(), if interval_ms > 0 => Ev::Tick,
+                _ = tick.tick(), if ticking => Ev::Tick,
                 _ = kill.wait_for(|k| *k) => Ev::Killed,
                 _ = shutdown.wait_for(|s| *s) => Ev::Shutdown,
                 _ = self.out.tx.closed() => Ev::WriterGone,
@@ -443,20 +451,21 @@ impl Conn {
                 return Some(End::DataOutTimeout);
             }
         }
+        let interval_ms = self.ctx.limits.nop_in_interval_ms;
         match self.ping {
-            Some((_, sent)) => {
-                if now.duration_since(sent)
-                    >= Duration::from_millis(self.ctx.limits.nop_in_timeout_ms)
+            // (a timeout of 0 waits for the answer for ever, as documented;
+            // it dropped the connection at the next tick)
+            Some((_, sent)) if timeout_ms > 0 => {
+                if now.duration_since(sent) >= Duration::from_millis(timeout_ms)
                     && now.duration_since(last_rx) >= now.duration_since(sent)
                 {
                     tracing::warn!(peer = %self.peer, "no answer to NOP-In ping; dropping connection");
                     return Some(End::NopTimeout);
                 }
             }
-            None => {
-                if now.duration_since(last_rx)
-                    >= Duration::from_millis(self.ctx.limits.nop_in_interval_ms)
-                {
+            Some(_) => {}
+            None if interval_ms > 0 => {
+                if now.duration_since(last_rx) >= Duration::from_millis(interval_ms) {
                     let ttt = self.tag();
                     self.ping = Some((ttt, now));
                     let pdu = TargetPdu::NopIn(NopIn {
@@ -467,6 +476,7 @@ impl Conn {
                     self.send(pdu, Bytes::new()).await;
                 }
             }
+            None => {}
         }
         None
     }

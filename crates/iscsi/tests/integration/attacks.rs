@@ -391,8 +391,13 @@ async fn a_login_cut_short_after_registering_leaves_no_session() {
 /// A target that waits 600 ms for a write's Data-Out, and an initiator
 /// (with R2Ts, no immediate data) that sent a 1 MiB write: its ITT.
 async fn a_write_waiting_for_data_out() -> (Fixture, Client, u32) {
+    a_write_waiting_for_data_out_pinging_every(100).await
+}
+
+/// [`a_write_waiting_for_data_out`] with pings every `interval_ms` (0: none).
+async fn a_write_waiting_for_data_out_pinging_every(interval_ms: u64) -> (Fixture, Client, u32) {
     let limits = Limits {
-        nop_in_interval_ms: 100,
+        nop_in_interval_ms: interval_ms,
         nop_in_timeout_ms: 600,
         ..Limits::default()
     };
@@ -461,6 +466,28 @@ async fn a_write_whose_data_out_never_comes_does_not_hold_its_budget() {
     let mut good = Client::connect(fx.addrs[0]).await;
     assert_eq!(good.login_simple(OPEN, &[]).await, (0, 0));
     write_read(&mut good, 3, 0x5a).await;
+    fx.shutdown().await;
+}
+
+/// With pings off (`nop_in_interval_ms` 0) a write whose Data-Out never
+/// comes is still bounded by `nop_in_timeout_ms`, as documented. Before
+/// (review of 2026-12-06) the timer that bounds it ran only with pings on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_pings_a_write_whose_data_out_never_comes_is_still_bounded() {
+    let (fx, mut evil, _) = a_write_waiting_for_data_out_pinging_every(0).await;
+    let dropped = tokio::time::timeout(Duration::from_secs(30), async {
+        while let Some(p) = evil.recv().await {
+            match p.pdu {
+                TargetPdu::R2t(_) => {}
+                other => panic!("{other:?}"),
+            }
+        }
+    })
+    .await;
+    assert!(
+        dropped.is_ok(),
+        "the connection stayed although its write's Data-Out never came"
+    );
     fx.shutdown().await;
 }
 

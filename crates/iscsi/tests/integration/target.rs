@@ -753,6 +753,28 @@ async fn target_pings_idle_connections_and_drops_silent_ones() {
     fx.shutdown().await;
 }
 
+/// `nop_in_timeout_ms` 0 waits for a ping's answer for ever (documented as
+/// turning the timeout off): a connection that takes its time answering
+/// stays. Before (review of 2026-12-06) it was dropped at the next tick.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_ping_timeout_of_zero_never_drops_the_connection() {
+    let limits = Limits {
+        nop_in_interval_ms: 100,
+        nop_in_timeout_ms: 0,
+        ..Limits::default()
+    };
+    let fx = start(limits).await;
+    let mut c = Client::connect(fx.addrs[0]).await;
+    assert_eq!(c.login_simple(OPEN, &[]).await, (0, 0));
+    let p = c.recv().await.expect("ping");
+    assert!(matches!(p.pdu, TargetPdu::NopIn(n) if n.ttt != RESERVED_TAG));
+    // unanswered for ten of its intervals (nothing to await for "still
+    // open": a bounded look), then the connection still answers
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert!(c.nop(b"late").await.is_some(), "dropped for a slow answer");
+    fx.shutdown().await;
+}
+
 /// A command whose CmdSN lies outside the window is dropped unanswered (RFC 7143
 /// 3.2.2.1) while the session goes on; a header announcing a huge AHS closes only
 /// that connection.
