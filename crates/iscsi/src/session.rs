@@ -46,13 +46,23 @@ impl Running {
 }
 
 /// Most aborts of pending writes remembered per session.
-const WRITE_ABORT_MARKS_MAX: usize = 256;
+const WRITE_ABORT_LUNS_MAX: usize = 4096;
 
-/// Aborts of a session's writes still collecting Data-Out, by generation.
+/// Aborts of a session's writes still collecting Data-Out, by generation: the
+/// latest abort of each LUN and of every LUN at once. Exact, so that aborts
+/// on one LUN never drop a write on another (review of 2026-12-06: a bounded
+/// list of marks counted a write as aborted once its marks were forgotten, so
+/// 257 LU resets of a shared LU dropped another host's writes on its own,
+/// unanswered).
 #[derive(Default)]
 pub(crate) struct WriteAborts {
     gen: u64,
-    marks: Vec<(Option<u64>, u64)>,
+    /// The generation of the latest abort of every LUN at once.
+    all: u64,
+    /// The generation of the latest abort of each LUN (as this session
+    /// numbers it: one per LU it sees; past [`WRITE_ABORT_LUNS_MAX`], folded
+    /// into `all`).
+    by_lun: HashMap<u64, u64>,
 }
 
 /// What the tasks of one session share.
@@ -213,10 +223,13 @@ impl Session {
         let mut w = self.write_aborts.lock();
         w.gen += 1;
         let gen = w.gen;
-        if w.marks.len() >= WRITE_ABORT_MARKS_MAX {
-            w.marks.remove(0);
+        match lun {
+            Some(l) if w.by_lun.len() < WRITE_ABORT_LUNS_MAX || w.by_lun.contains_key(&l) => {
+                w.by_lun.insert(l, gen);
+            }
+            // every LUN, or (never with LUNs the session sees) too many
+            _ => w.all = gen,
         }
-        w.marks.push((lun, gen));
     }
 
     /// The abort generation a write still collecting Data-Out starts in.
@@ -228,14 +241,8 @@ impl Session {
     /// by [`Session::abort_pending_writes`].
     pub(crate) fn write_aborted(&self, lun: u64, since: u64) -> bool {
         let w = self.write_aborts.lock();
-        if w.gen == since {
-            return false;
-        }
-        // marks forgotten (more than the bound since): counted as aborted
-        w.marks.first().is_none_or(|(_, g)| *g > since + 1)
-            || w.marks
-                .iter()
-                .any(|(l, g)| *g > since && l.is_none_or(|l| l == lun))
+        let latest = w.by_lun.get(&lun).copied().unwrap_or(0).max(w.all);
+        latest > since
     }
 
     /// Order of creation: tells apart sessions that reuse a TSIH.
@@ -811,13 +818,15 @@ mod tests {
         assert!(!s.write_aborted(3, after));
         s.abort_pending_writes(None);
         assert!(s.write_aborted(4, after));
-        // once its marks are forgotten, an old write counts as aborted
+        // however many aborts of another LUN come, a write on this one is
+        // not aborted by them (a bounded list of marks counted it aborted)
         let old = s.write_abort_gen();
-        for _ in 0..WRITE_ABORT_MARKS_MAX + 1 {
+        for _ in 0..10_000 {
             s.abort_pending_writes(Some(9));
         }
-        assert!(s.write_aborted(4, old));
-        assert!(!s.write_aborted(4, s.write_abort_gen()));
+        assert!(!s.write_aborted(4, old));
+        assert!(s.write_aborted(9, old));
+        assert!(!s.write_aborted(9, s.write_abort_gen()));
     }
 
     #[tokio::test]
