@@ -45,6 +45,9 @@ impl Running {
     }
 }
 
+/// A running command: its tag and serial (see [`Session::abort_where`]).
+pub(crate) type TaskId = (u32, u64);
+
 /// Most aborts of pending writes remembered per session.
 const WRITE_ABORT_LUNS_MAX: usize = 4096;
 
@@ -274,34 +277,34 @@ impl Session {
             .is_some_and(|e| e.serial == serial && e.aborted)
     }
 
-    /// Aborts running commands matching `pred` (on their LUN); returns their tags.
-    pub(crate) fn abort_where(&self, pred: impl Fn(u64) -> bool) -> Vec<u32> {
+    /// Aborts running commands matching `pred` (on their LUN); returns them,
+    /// each by its tag and serial (an initiator may give a tag to a new
+    /// command once the old one is answered: a wait for the aborted one must
+    /// not wait for that one; review of 2026-12-06).
+    pub(crate) fn abort_where(&self, pred: impl Fn(u64) -> bool) -> Vec<TaskId> {
         let mut r = self.running.lock();
-        let mut itts = Vec::new();
+        let mut tasks = Vec::new();
         for (itt, t) in r.iter_mut() {
             if pred(t.lun) {
                 t.abort();
-                itts.push(*itt);
+                tasks.push((*itt, t.serial));
             }
         }
-        itts
+        tasks
     }
 
-    /// Aborts the running command `itt` of LUN `lun`; false if no such
+    /// Aborts the running command `itt` of LUN `lun`; None if no such
     /// command runs.
-    pub(crate) fn abort_where_itt(&self, itt: u32, lun: u64) -> bool {
-        match self.running.lock().get_mut(&itt).filter(|t| t.lun == lun) {
-            Some(t) => {
-                t.abort();
-                true
-            }
-            None => false,
-        }
+    pub(crate) fn abort_where_itt(&self, itt: u32, lun: u64) -> Option<TaskId> {
+        let mut r = self.running.lock();
+        let t = r.get_mut(&itt).filter(|t| t.lun == lun)?;
+        t.abort();
+        Some((itt, t.serial))
     }
 
-    /// Waits until none of `itts` is running any more (or the timeout passes).
+    /// Waits until none of `tasks` is running any more (or the timeout passes).
     /// Whether they are gone.
-    pub(crate) async fn wait_gone(&self, itts: &[u32], timeout: Duration) -> bool {
+    pub(crate) async fn wait_gone(&self, tasks: &[TaskId], timeout: Duration) -> bool {
         let wait = async {
             loop {
                 let notified = self.task_done.notified();
@@ -309,7 +312,9 @@ impl Session {
                 notified.as_mut().enable();
                 {
                     let r = self.running.lock();
-                    if itts.iter().all(|i| !r.contains_key(i)) {
+                    let running =
+                        |&(itt, serial): &TaskId| r.get(&itt).is_some_and(|e| e.serial == serial);
+                    if !tasks.iter().any(running) {
                         return;
                     }
                 }
@@ -327,8 +332,8 @@ impl Session {
     /// 2026-12-06) they went on after `drain` as if the commands had ended,
     /// and a write a stalled disk finished later could land over what the
     /// initiator wrote next.
-    pub(crate) async fn wait_all_gone(&self, itts: &[u32], drain: Duration, what: &str) {
-        while !self.wait_gone(itts, drain).await {
+    pub(crate) async fn wait_all_gone(&self, tasks: &[TaskId], drain: Duration, what: &str) {
+        while !self.wait_gone(tasks, drain).await {
             tracing::warn!(
                 tsih = self.tsih,
                 what,
@@ -339,8 +344,10 @@ impl Session {
 
     /// Waits until no command is running (or the timeout passes).
     pub(crate) async fn drain(&self, timeout: Duration) {
-        let itts: Vec<u32> = self.running.lock().keys().copied().collect();
-        self.wait_gone(&itts, timeout).await;
+        let tasks: Vec<TaskId> = (self.running.lock().iter())
+            .map(|(itt, e)| (*itt, e.serial))
+            .collect();
+        self.wait_gone(&tasks, timeout).await;
     }
 }
 
@@ -846,6 +853,28 @@ mod tests {
         assert!(s.running.lock().contains_key(&5));
         s.finish(5, 2);
         assert!(s.running.lock().is_empty());
-        s.wait_gone(&[5], Duration::from_millis(10)).await;
+        s.wait_gone(&[(5, 2)], Duration::from_millis(10)).await;
+    }
+
+    /// An abort waits for the commands it aborted, not for a new command the
+    /// initiator gave the same tag once the old one was answered (RFC 7143
+    /// 3.2.4.3: tags are unique among outstanding tasks only). Before (review
+    /// of 2026-12-06) the wait was by tag, and a LUN reset answered FUNCTION
+    /// REJECTED for a command on another LUN that reused a tag.
+    #[tokio::test]
+    async fn an_abort_waits_for_its_commands_not_for_their_tags_reused() {
+        let s = build(1, None);
+        let entry = |serial| Running {
+            lun: 0,
+            serial,
+            abort: None,
+            aborted: false,
+        };
+        s.running.lock().insert(5, entry(1));
+        let aborted = s.abort_where(|_| true);
+        assert_eq!(aborted, vec![(5, 1)]);
+        s.finish(5, 1);
+        s.running.lock().insert(5, entry(2));
+        assert!(s.wait_gone(&aborted, Duration::from_millis(50)).await);
     }
 }

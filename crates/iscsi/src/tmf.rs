@@ -23,7 +23,10 @@ mod function {
 }
 
 /// Whether every aborted task of `aborted` (per session) ended within `drain`.
-async fn all_gone(aborted: &[(Arc<crate::session::Session>, Vec<u32>)], drain: Duration) -> bool {
+async fn all_gone(
+    aborted: &[(Arc<crate::session::Session>, Vec<crate::session::TaskId>)],
+    drain: Duration,
+) -> bool {
     let mut gone = true;
     for (s, itts) in aborted {
         gone &= s.wait_gone(itts, drain).await;
@@ -39,7 +42,7 @@ fn abort_on_lu(
     target: usize,
     lu: u64,
     except: Option<&Arc<crate::session::Session>>,
-) -> Vec<(Arc<crate::session::Session>, Vec<u32>)> {
+) -> Vec<(Arc<crate::session::Session>, Vec<crate::session::TaskId>)> {
     let mut aborted = Vec::new();
     for s in ctx.registry.of_target(target) {
         if except.is_some_and(|e| Arc::ptr_eq(&s, e)) {
@@ -109,8 +112,7 @@ pub(crate) async fn on_tmf(conn: &mut Conn, f: &Frame, t: TaskMgmtRequest, imm: 
                     .await;
                 return Flow::Continue;
             }
-            let running = conn.session.abort_where_itt(t.rtt, lun);
-            if running {
+            if let Some(task) = conn.session.abort_where_itt(t.rtt, lun) {
                 let session = conn.session.clone();
                 let out = conn.out.clone();
                 tokio::spawn(async move {
@@ -118,7 +120,7 @@ pub(crate) async fn on_tmf(conn: &mut Conn, f: &Frame, t: TaskMgmtRequest, imm: 
                     // a write the task already handed to the volume ends first
                     // (scsi::in_flight): answered earlier, the initiator's next
                     // write to the same blocks could land before it
-                    let r = match session.wait_gone(&[t.rtt], drain).await {
+                    let r = match session.wait_gone(&[task], drain).await {
                         true => tmf_response::COMPLETE,
                         false => {
                             tracing::warn!(
