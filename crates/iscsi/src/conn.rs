@@ -253,6 +253,7 @@ async fn full_feature(
         text: TextAccumulator::new(),
         text_pending: None,
         next_tag: 0,
+        pdu_log: block::admission::LogGate::new(Duration::from_secs(1)),
         ping: None,
         stopping: false,
         echoes: block::BufferBudget::new(ECHO_BYTES_MAX),
@@ -353,7 +354,22 @@ pub(crate) struct Conn {
     /// Task management functions waiting for their tasks to end (each on a
     /// task of its own); more wait in the reader.
     pub(crate) tmf_waiters: Arc<tokio::sync::Semaphore>,
+    /// Lines about single PDUs of the peer's (`pdu_log!`): one a second.
+    pub(crate) pdu_log: block::admission::LogGate,
 }
+
+/// A log line about one PDU of the peer's: at most one a second per
+/// connection, with how many were held back since the last, so that a peer
+/// sending such PDUs at line rate cannot fill the log (review of 2026-12-06:
+/// only the refusals before login were held back).
+macro_rules! pdu_log {
+    ($conn:expr, $level:ident, $($arg:tt)+) => {
+        if let Some(held_back) = $conn.pdu_log.allow() {
+            tracing::$level!(held_back, $($arg)+);
+        }
+    };
+}
+pub(crate) use pdu_log;
 
 /// Most bytes of answers to requests outside the CmdSN window (NOP-In echoes,
 /// Text responses) queued per connection.
@@ -455,28 +471,27 @@ impl Conn {
         match self.ping {
             // (a timeout of 0 waits for the answer for ever, as documented;
             // it dropped the connection at the next tick)
-            Some((_, sent)) if timeout_ms > 0 => {
-                if now.duration_since(sent) >= Duration::from_millis(timeout_ms)
-                    && now.duration_since(last_rx) >= now.duration_since(sent)
-                {
-                    tracing::warn!(peer = %self.peer, "no answer to NOP-In ping; dropping connection");
-                    return Some(End::NopTimeout);
-                }
+            Some((_, sent))
+                if timeout_ms > 0
+                    && now.duration_since(sent) >= Duration::from_millis(timeout_ms)
+                    && now.duration_since(last_rx) >= now.duration_since(sent) =>
+            {
+                tracing::warn!(peer = %self.peer, "no answer to NOP-In ping; dropping connection");
+                return Some(End::NopTimeout);
             }
-            Some(_) => {}
-            None if interval_ms > 0 => {
-                if now.duration_since(last_rx) >= Duration::from_millis(interval_ms) {
-                    let ttt = self.tag();
-                    self.ping = Some((ttt, now));
-                    let pdu = TargetPdu::NopIn(NopIn {
-                        lun: 0,
-                        itt: RESERVED_TAG,
-                        ttt,
-                    });
-                    self.send(pdu, Bytes::new()).await;
-                }
+            None if interval_ms > 0
+                && now.duration_since(last_rx) >= Duration::from_millis(interval_ms) =>
+            {
+                let ttt = self.tag();
+                self.ping = Some((ttt, now));
+                let pdu = TargetPdu::NopIn(NopIn {
+                    lun: 0,
+                    itt: RESERVED_TAG,
+                    ttt,
+                });
+                self.send(pdu, Bytes::new()).await;
             }
-            None => {}
+            _ => {}
         }
         None
     }
@@ -509,12 +524,12 @@ impl Conn {
             return true;
         }
         let (exp, max) = self.session.window.get();
-        tracing::warn!(peer = %self.peer, cmd_sn, exp, max, "CmdSN outside the window; PDU dropped");
+        pdu_log!(self, warn, peer = %self.peer, cmd_sn, exp, max, "CmdSN outside the window; PDU dropped");
         false
     }
 
     async fn frame_error(&mut self, e: FrameError) -> Flow {
-        tracing::warn!(peer = %self.peer, error = %e.error, consumed = e.consumed, "bad PDU");
+        pdu_log!(self, warn, peer = %self.peer, error = %e.error, consumed = e.consumed, "bad PDU");
         let hdr = e.raw_header.unwrap_or([0; BHS_LEN]);
         match e.error {
             ProtoError::HeaderDigest => Flow::Close,
@@ -566,7 +581,7 @@ impl Conn {
         }
         let cmd_sn = u32::from_be_bytes([hdr[24], hdr[25], hdr[26], hdr[27]]);
         if self.session.window.accept(cmd_sn, false) {
-            tracing::info!(peer = %self.peer, cmd_sn, "the rejected PDU's CmdSN is taken");
+            pdu_log!(self, info, peer = %self.peer, cmd_sn, "the rejected PDU's CmdSN is taken");
         }
     }
 
@@ -580,13 +595,13 @@ impl Conn {
             InitiatorPdu::Text(t) => self.on_text(&f, t, imm).await,
             InitiatorPdu::Logout(l) => self.on_logout(l, imm).await,
             InitiatorPdu::Snack(_) => {
-                tracing::warn!(peer = %self.peer, "SNACK at ErrorRecoveryLevel 0");
+                pdu_log!(self, warn, peer = %self.peer, "SNACK at ErrorRecoveryLevel 0");
                 self.reject(reject_reason::PROTOCOL_ERROR, &f.raw_header)
                     .await;
                 Flow::Continue
             }
             InitiatorPdu::Login(_) => {
-                tracing::warn!(peer = %self.peer, "Login PDU in full feature phase");
+                pdu_log!(self, warn, peer = %self.peer, "Login PDU in full feature phase");
                 self.reject(reject_reason::PROTOCOL_ERROR, &f.raw_header)
                     .await;
                 Flow::Close
@@ -616,7 +631,7 @@ impl Conn {
 
     async fn on_command(&mut self, f: &Frame, c: ScsiCommand, imm: bool) -> Flow {
         if self.discovery {
-            tracing::warn!(peer = %self.peer, "SCSI command in a discovery session");
+            pdu_log!(self, warn, peer = %self.peer, "SCSI command in a discovery session");
             self.reject(reject_reason::PROTOCOL_ERROR, &f.raw_header)
                 .await;
             // (its CmdSN taken: the session's next requests stay in the
@@ -660,7 +675,7 @@ impl Conn {
         // a tag in use first: a TASK SET FULL answered under that tag would
         // complete the live task for the initiator (review of 2026-12-06)
         if self.writes.contains_key(&c.itt) || self.session.running.lock().contains_key(&c.itt) {
-            tracing::warn!(peer = %self.peer, itt = c.itt, "initiator task tag already in use");
+            pdu_log!(self, warn, peer = %self.peer, itt = c.itt, "initiator task tag already in use");
             self.reject_command(&info, reject_reason::TASK_IN_PROGRESS, &f.raw_header)
                 .await;
             return Flow::Continue;
@@ -668,7 +683,7 @@ impl Conn {
         let window = self.ctx.limits.commands_in_flight_per_session_max as usize;
         let tasks = self.session.running.lock().len() + self.writes.len();
         if tasks >= window + IMMEDIATE_EXTRA_TASKS {
-            tracing::warn!(peer = %self.peer, tasks, "task set full");
+            pdu_log!(self, warn, peer = %self.peer, tasks, "task set full");
             self.respond_now(&info, task_set_full()).await;
             return Flow::Continue;
         }
@@ -676,7 +691,7 @@ impl Conn {
             || (!self.neg.immediate_data && !f.data.is_empty())
             || f.data.len() as u64 > c.edtl_bytes as u64;
         if bad_data {
-            tracing::warn!(peer = %self.peer, itt = c.itt, "unexpected immediate data");
+            pdu_log!(self, warn, peer = %self.peer, itt = c.itt, "unexpected immediate data");
             self.reject_command(&info, reject_reason::PROTOCOL_ERROR, &f.raw_header)
                 .await;
             return Flow::Continue;
@@ -699,7 +714,7 @@ impl Conn {
             return Flow::Continue;
         }
         if c.edtl_bytes > self.ctx.limits.max_transfer_bytes {
-            tracing::warn!(peer = %self.peer, edtl = c.edtl_bytes, "transfer above max_transfer_bytes");
+            pdu_log!(self, warn, peer = %self.peer, edtl = c.edtl_bytes, "transfer above max_transfer_bytes");
             // ILLEGAL REQUEST / INVALID FIELD IN CDB; stray Data-Out for it is dropped.
             self.respond_now(&info, check_condition(0x05, 0x24, 0x00))
                 .await;
@@ -730,7 +745,7 @@ impl Conn {
         }
         let edtl = c.edtl_bytes as usize;
         if self.buffered_bytes + edtl > self.ctx.limits.data_out_buffered_bytes_max_per_session {
-            tracing::warn!(peer = %self.peer, "Data-Out buffer budget exhausted; TASK SET FULL");
+            pdu_log!(self, warn, peer = %self.peer, "Data-Out buffer budget exhausted; TASK SET FULL");
             self.respond_now(&info, task_set_full()).await;
             return Flow::Continue;
         }
@@ -743,7 +758,7 @@ impl Conn {
                 t.with_permit(permit)
             }
             Err(e) => {
-                tracing::warn!(peer = %self.peer, itt = c.itt, error = %e, "bad write command");
+                pdu_log!(self, warn, peer = %self.peer, itt = c.itt, error = %e, "bad write command");
                 self.reject_command(&info, reject_reason::PROTOCOL_ERROR, &f.raw_header)
                     .await;
                 return Flow::Close;
@@ -820,7 +835,7 @@ impl Conn {
 
     async fn on_data_out(&mut self, f: &Frame, d: DataOut) -> Flow {
         let Some(task) = self.writes.get_mut(&d.itt) else {
-            tracing::warn!(peer = %self.peer, itt = d.itt, "Data-Out for no pending write; dropped");
+            pdu_log!(self, warn, peer = %self.peer, itt = d.itt, "Data-Out for no pending write; dropped");
             return Flow::Continue;
         };
         let accepted = task.accept(&d, &f.data);
@@ -833,7 +848,7 @@ impl Conn {
                 // the initiator's other I/O (and its negotiated parameters) alive: the
                 // PDU is rejected, the command ends with ABORTED COMMAND / DATA PHASE
                 // ERROR and nothing of it is written; later Data-Out for it is dropped.
-                tracing::warn!(peer = %self.peer, itt = d.itt, error = %e, "bad Data-Out; command failed");
+                pdu_log!(self, warn, peer = %self.peer, itt = d.itt, error = %e, "bad Data-Out; command failed");
                 self.reject(reject_reason::PROTOCOL_ERROR, &f.raw_header)
                     .await;
                 if let Some(t) = self.writes.remove(&d.itt) {
@@ -854,7 +869,7 @@ impl Conn {
                             // a reset or PREEMPT AND ABORT from another session
                             // aborted it while its data came: never executed,
                             // never answered
-                            tracing::info!(peer = %self.peer, itt = info.itt, lun,
+                            pdu_log!(self, info, peer = %self.peer, itt = info.itt, lun,
                                 "write aborted while collecting Data-Out; dropped");
                             if info.holds_slot {
                                 self.session.window.release();
@@ -934,7 +949,7 @@ impl Conn {
                     return self.send_text_chunk(t.itt, t.lun, p.rest).await;
                 }
                 _ => {
-                    tracing::warn!(peer = %self.peer, ttt = t.ttt, "Text continuation with an unknown TTT");
+                    pdu_log!(self, warn, peer = %self.peer, ttt = t.ttt, "Text continuation with an unknown TTT");
                     self.reject(reject_reason::INVALID_FIELD, &f.raw_header)
                         .await;
                 }
@@ -944,7 +959,7 @@ impl Conn {
         self.text_pending = None;
         let text = match self.text.push(&f.data, t.cont) {
             Err(e) => {
-                tracing::warn!(peer = %self.peer, error = %e, "text request too large");
+                pdu_log!(self, warn, peer = %self.peer, error = %e, "text request too large");
                 self.reject(reject_reason::PROTOCOL_ERROR, &f.raw_header)
                     .await;
                 return Flow::Continue;
@@ -965,7 +980,7 @@ impl Conn {
         let pairs = match parse_text(&text) {
             Ok(p) => p,
             Err(e) => {
-                tracing::warn!(peer = %self.peer, error = %e, "bad text request");
+                pdu_log!(self, warn, peer = %self.peer, error = %e, "bad text request");
                 self.reject(reject_reason::PROTOCOL_ERROR, &f.raw_header)
                     .await;
                 return Flow::Continue;

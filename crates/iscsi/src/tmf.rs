@@ -1,7 +1,7 @@
 //! Task management functions: aborts and resets, answered once the affected
 //! commands are gone.
 
-use crate::conn::{Conn, Flow};
+use crate::conn::{pdu_log, Conn, Flow};
 use bytes::Bytes;
 use iscsi_proto::frame::Frame;
 use iscsi_proto::pdu::TaskMgmtRequest;
@@ -71,14 +71,14 @@ async fn rejected(out: &crate::exec::ConnOut, r: TargetPdu) {
 /// Handles one Task Management Function Request.
 pub(crate) async fn on_tmf(conn: &mut Conn, f: &Frame, t: TaskMgmtRequest, imm: bool) -> Flow {
     if conn.discovery {
-        tracing::warn!(peer = %conn.peer, "task management in a discovery session");
+        pdu_log!(conn, warn, peer = %conn.peer, "task management in a discovery session");
         conn.reject(reject_reason::PROTOCOL_ERROR, &f.raw_header)
             .await;
         conn.consume_rejected_cmd_sn(&f.raw_header);
         return Flow::Continue;
     }
     if !imm && !conn.session.window.accept(t.cmd_sn, false) {
-        tracing::warn!(peer = %conn.peer, cmd_sn = t.cmd_sn, "TMF outside the CmdSN window; dropped");
+        pdu_log!(conn, warn, peer = %conn.peer, cmd_sn = t.cmd_sn, "TMF outside the CmdSN window; dropped");
         return Flow::Continue;
     }
     // one of the connection's waiter slots, held until answered: a flood of
@@ -91,7 +91,7 @@ pub(crate) async fn on_tmf(conn: &mut Conn, f: &Frame, t: TaskMgmtRequest, imm: 
     let respond =
         move |response: u8| TargetPdu::TaskMgmtResponse(TaskMgmtResponse { response, itt });
     let drain = Duration::from_millis(conn.ctx.limits.drain_timeout_ms);
-    tracing::info!(peer = %conn.peer, function = t.function, lun, rtt = t.rtt, "task management");
+    pdu_log!(conn, info, peer = %conn.peer, function = t.function, lun, rtt = t.rtt, "task management");
     match t.function {
         function::ABORT_TASK => {
             // the task is the one of this tag on this LUN (SAM: I_T_L_Q); a

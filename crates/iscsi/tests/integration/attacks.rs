@@ -626,6 +626,33 @@ async fn a_login_naming_a_session_does_not_tell_whether_it_is_live() {
     fx.shutdown().await;
 }
 
+/// A logged-in peer sending PDUs the target drops with a log line (commands
+/// outside the CmdSN window) at line rate writes one line a second, with the
+/// count held back, not one a PDU (review of 2026-12-06: a peer could fill
+/// the node's log).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flood_of_dropped_pdus_is_not_a_flood_of_log_lines() {
+    let logs = logs();
+    let fx = start(Limits::default()).await;
+    let sock = connect_from(ATTACKER, fx.addrs[0]).await.unwrap();
+    let me = sock.local_addr().unwrap().to_string();
+    let mut c = Client::from_stream(sock, [0x80, 0, 0, 0, 0, 31]);
+    assert_eq!(c.login_simple(OPEN, &[]).await, (0, 0));
+    let saved = c.cmd_sn;
+    c.cmd_sn = saved.wrapping_add(100_000);
+    let bad = c.command(&[0x00; 6], false, false, 0, true);
+    c.cmd_sn = saved;
+    for _ in 0..2000 {
+        c.send(&bad, false, &[]).await;
+    }
+    // in order after them: once answered, every one was read
+    assert!(c.nop(b"after").await.is_some());
+    let lines = logs.lines_with(&["CmdSN outside the window", &me]);
+    assert!(!lines.is_empty(), "none logged");
+    assert!(lines.len() <= 5, "{} lines for 2000 PDUs", lines.len());
+    fx.shutdown().await;
+}
+
 /// A command rejected for a malformed header (an unknown AHS type) takes its
 /// CmdSN: the session goes on. (Before, the window waited for that CmdSN for
 /// good and silently dropped every later command of the session.)
