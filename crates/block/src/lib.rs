@@ -51,7 +51,7 @@ pub use join::{join_all, poll_now, poll_once, BoxFut};
 pub use mem::MemVolume;
 pub use passthru::Passthru;
 pub use rangelock::{LockMode, RangeGuard, RangeLocks};
-pub use stall::{at_min_rate, StallTimeout, PEER_RATE_MIN};
+pub use stall::{RateFloor, StallTimeout, PEER_RATE_MIN};
 pub use switch::SwitchVolume;
 
 use async_trait::async_trait;

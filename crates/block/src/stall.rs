@@ -21,25 +21,54 @@ use tokio::io::AsyncWrite;
 /// buffers of what is queued for it for good (4 MiB: the stall time + 64 s).
 pub const PEER_RATE_MIN: usize = 64 * 1024;
 
-/// Runs `send`, the writing of a batch of `bytes`, within `stall` plus the
-/// time the batch takes at [`PEER_RATE_MIN`]; `TimedOut` past that (`peer`
-/// names who was too slow). `Duration::MAX` sets no bound.
-pub async fn at_min_rate<T>(
+/// The minimum rate a connection's writer holds its peer to, over the
+/// connection's life: each batch may take the stall time plus its size at
+/// [`PEER_RATE_MIN`], less how far behind that rate the peer already is. So a
+/// slow moment is forgiven once the peer catches up, but the stall time is a
+/// one-off allowance, not one per batch: a peer taking each small batch just
+/// within it (a few KiB every 14 s) held the buffers of what was queued for
+/// it for hours (review of 2026-12-06; before, every batch was timed alone).
+pub struct RateFloor {
     stall: Duration,
-    bytes: usize,
-    peer: &str,
-    send: impl Future<Output = io::Result<T>>,
-) -> io::Result<T> {
-    let limit = stall.checked_add(Duration::from_secs((bytes / PEER_RATE_MIN) as u64));
-    let Some(limit) = limit.filter(|_| stall != Duration::MAX) else {
-        return send.await;
-    };
-    match tokio::time::timeout(limit, send).await {
-        Ok(r) => r,
-        Err(_) => Err(io::Error::new(
-            io::ErrorKind::TimedOut,
-            format!("the {peer} took less than {PEER_RATE_MIN} bytes a second of its data"),
-        )),
+    /// How far behind the minimum rate the peer is (0 up to `stall`).
+    behind: Duration,
+}
+
+impl RateFloor {
+    /// A floor with `stall` of allowance; `Duration::MAX` bounds nothing.
+    pub fn new(stall: Duration) -> RateFloor {
+        RateFloor {
+            stall,
+            behind: Duration::ZERO,
+        }
+    }
+
+    /// Runs `send`, the writing of a batch of `bytes`, within the time the
+    /// floor allows it; `TimedOut` past that (`peer` names who was too slow).
+    pub async fn send<T>(
+        &mut self,
+        bytes: usize,
+        peer: &str,
+        send: impl Future<Output = io::Result<T>>,
+    ) -> io::Result<T> {
+        if self.stall == Duration::MAX {
+            return send.await;
+        }
+        let due =
+            Duration::from_micros((bytes as u64).saturating_mul(1_000_000) / PEER_RATE_MIN as u64);
+        let limit = (self.stall + due).saturating_sub(self.behind);
+        let started = tokio::time::Instant::now();
+        match tokio::time::timeout(limit, send).await {
+            Ok(r) => {
+                let took = started.elapsed();
+                self.behind = (self.behind + took).saturating_sub(due).min(self.stall);
+                r
+            }
+            Err(_) => Err(io::Error::new(
+                io::ErrorKind::TimedOut,
+                format!("the {peer} took less than {PEER_RATE_MIN} bytes a second of its data"),
+            )),
+        }
     }
 }
 
@@ -146,12 +175,43 @@ mod tests {
             tokio::time::sleep(Duration::from_secs(secs)).await;
             Ok::<_, io::Error>(())
         };
-        assert!(at_min_rate(stall, bytes, "peer", takes(3)).await.is_ok());
-        let late = at_min_rate(stall, bytes, "peer", takes(5)).await;
-        assert_eq!(late.unwrap_err().kind(), io::ErrorKind::TimedOut);
-        assert!(at_min_rate(Duration::MAX, bytes, "peer", takes(1000))
+        assert!(RateFloor::new(stall)
+            .send(bytes, "peer", takes(3))
             .await
             .is_ok());
+        let late = RateFloor::new(stall).send(bytes, "peer", takes(5)).await;
+        assert_eq!(late.unwrap_err().kind(), io::ErrorKind::TimedOut);
+        assert!(RateFloor::new(Duration::MAX)
+            .send(bytes, "peer", takes(1000))
+            .await
+            .is_ok());
+    }
+
+    /// The stall time is allowed once over a connection's batches, not once
+    /// each: a peer taking every small batch just within it is dropped at its
+    /// second, while one that catches up after a slow moment goes on.
+    #[tokio::test(start_paused = true)]
+    async fn the_stall_time_is_allowed_once_not_per_batch() {
+        let stall = Duration::from_secs(15);
+        let takes = |secs: u64| async move {
+            tokio::time::sleep(Duration::from_secs(secs)).await;
+            Ok::<_, io::Error>(())
+        };
+        let batch = 32 * 1024; // half a second at the minimum rate
+        let mut trickle = RateFloor::new(stall);
+        assert!(trickle.send(batch, "peer", takes(14)).await.is_ok());
+        let second = trickle.send(batch, "peer", takes(14)).await;
+        assert_eq!(second.unwrap_err().kind(), io::ErrorKind::TimedOut);
+        // slow once, then at the rate again: forgiven bit by bit
+        let mut hiccup = RateFloor::new(stall);
+        assert!(hiccup.send(batch, "peer", takes(14)).await.is_ok());
+        for _ in 0..100 {
+            assert!(hiccup
+                .send(4 * PEER_RATE_MIN, "peer", takes(2))
+                .await
+                .is_ok());
+        }
+        assert!(hiccup.send(batch, "peer", takes(14)).await.is_ok());
     }
 
     #[tokio::test(start_paused = true)]

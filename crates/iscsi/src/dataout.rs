@@ -56,6 +56,9 @@ pub(crate) struct WriteTask {
     permit: BufferPermit,
     /// When it was created or last took Data-Out bytes.
     progress: std::time::Instant,
+    /// When it was created: over its whole life its data must come at
+    /// [`block::PEER_RATE_MIN`] at least (see [`WriteTask::waiting_for`]).
+    created: std::time::Instant,
     /// Bytes received since `progress` was last set.
     unmarked_bytes: u32,
     /// The session's write-abort generation when it arrived
@@ -115,6 +118,7 @@ impl WriteTask {
             r2t_sn: 0,
             permit: BufferPermit::empty(),
             progress: std::time::Instant::now(),
+            created: std::time::Instant::now(),
             unmarked_bytes: 0,
             abort_gen: 0,
         })
@@ -134,9 +138,21 @@ impl WriteTask {
         }
     }
 
-    /// How long it has waited for Data-Out since the last bytes came.
+    /// How long it has waited for Data-Out: since the last [`PROGRESS_BYTES_MIN`]
+    /// came, or how far its data is behind [`block::PEER_RATE_MIN`] since it
+    /// was created, whichever is longer. The second bounds a write fed 64 KiB
+    /// just within each wait (at a default wait of 15 s, 4 KiB/s: a 16 MiB
+    /// write held its share of the node's budget for an hour; review of
+    /// 2026-12-06), as the writers' [`block::RateFloor`] bounds reads.
     pub(crate) fn waiting_for(&self, now: std::time::Instant) -> std::time::Duration {
-        now.saturating_duration_since(self.progress)
+        let since_progress = now.saturating_duration_since(self.progress);
+        let earned = std::time::Duration::from_micros(
+            u64::from(self.received_bytes).saturating_mul(1_000_000) / block::PEER_RATE_MIN as u64,
+        );
+        let behind = now
+            .saturating_duration_since(self.created)
+            .saturating_sub(earned);
+        since_progress.max(behind)
     }
 
     /// Keeps `permit` (the node budget taken for this command) with the buffer.

@@ -120,6 +120,7 @@ pub(crate) async fn run_writer<W: tokio::io::AsyncWrite + Unpin>(
 ) -> std::io::Result<()> {
     let mut batch: Vec<OutPdu> = Vec::with_capacity(BATCH_PDUS_MAX);
     let mut enc: Vec<Encoded> = Vec::with_capacity(BATCH_PDUS_MAX);
+    let mut floor = block::RateFloor::new(stall);
     while let Some(first) = rx.recv().await {
         batch.push(first);
         let mut bytes = batch[0].data.len();
@@ -171,13 +172,9 @@ pub(crate) async fn run_writer<W: tokio::io::AsyncWrite + Unpin>(
             .iter()
             .map(|e| e.hdr_len + e.data.len() + e.pad + e.ddig_len)
             .sum();
-        block::at_min_rate(
-            stall,
-            total,
-            "initiator",
-            write_all_vectored(&mut sock, &enc),
-        )
-        .await?;
+        floor
+            .send(total, "initiator", write_all_vectored(&mut sock, &enc))
+            .await?;
         enc.clear();
     }
     sock.flush().await?;

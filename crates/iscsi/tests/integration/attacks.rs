@@ -396,9 +396,18 @@ async fn a_write_waiting_for_data_out() -> (Fixture, Client, u32) {
 
 /// [`a_write_waiting_for_data_out`] with pings every `interval_ms` (0: none).
 async fn a_write_waiting_for_data_out_pinging_every(interval_ms: u64) -> (Fixture, Client, u32) {
+    a_write_waiting_for_data_out_within(interval_ms, 600).await
+}
+
+/// [`a_write_waiting_for_data_out`] with pings every `interval_ms` (0: none),
+/// waiting `timeout_ms` for Data-Out.
+async fn a_write_waiting_for_data_out_within(
+    interval_ms: u64,
+    timeout_ms: u64,
+) -> (Fixture, Client, u32) {
     let limits = Limits {
         nop_in_interval_ms: interval_ms,
-        nop_in_timeout_ms: 600,
+        nop_in_timeout_ms: timeout_ms,
         ..Limits::default()
     };
     let fx = start(limits).await;
@@ -545,6 +554,61 @@ async fn a_write_whose_data_out_trickles_does_not_hold_its_budget() {
     let mut good = Client::connect(fx.addrs[0]).await;
     assert_eq!(good.login_simple(OPEN, &[]).await, (0, 0));
     write_read(&mut good, 3, 0x5a).await;
+    fx.shutdown().await;
+}
+
+/// A write fed 64 KiB just within each Data-Out wait (every 1.8 s, the wait
+/// 2 s: 36 KiB/s) falls behind the minimum rate of 64 KiB/s over its life,
+/// and its connection is dropped once it is a wait behind, after the second
+/// 64 KiB. Before (review of 2026-12-06) each 64 KiB started the wait again,
+/// and at the default wait a 16 MiB write held its budget for an hour.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_write_fed_just_within_each_wait_is_still_held_to_the_minimum_rate() {
+    let (fx, mut evil, itt) = a_write_waiting_for_data_out_within(100, 2000).await;
+    let (mut off, mut sn, mut chunks) = (0u32, 0u32, 0u32);
+    let dropped = tokio::time::timeout(Duration::from_secs(60), async {
+        let mut ttt = None;
+        let mut tick = tokio::time::interval(Duration::from_millis(1800));
+        tick.tick().await;
+        loop {
+            tokio::select! {
+                p = evil.recv() => match p.map(|p| p.pdu) {
+                    None => return,
+                    Some(TargetPdu::NopIn(n)) if n.ttt != iscsi_proto::RESERVED_TAG => {
+                        answer_ping(&mut evil, n.ttt).await
+                    }
+                    Some(TargetPdu::R2t(r)) => { ttt.get_or_insert(r.ttt); }
+                    Some(other) => panic!("{other:?}"),
+                },
+                _ = tick.tick(), if ttt.is_some() && chunks < 4 => {
+                    // 64 KiB in eight PDUs (the first R2T asks for 256 KiB)
+                    for _ in 0..8 {
+                        let d = InitiatorPdu::DataOut(DataOut {
+                            final_bit: false,
+                            lun: 0,
+                            itt,
+                            ttt: ttt.unwrap(),
+                            exp_stat_sn: evil.exp_stat_sn,
+                            data_sn: sn,
+                            buffer_offset_bytes: off,
+                        });
+                        if evil.send_checked(&d, &[7u8; 8192]).await.is_err() {
+                            return;
+                        }
+                        off += 8192;
+                        sn += 1;
+                    }
+                    chunks += 1;
+                }
+            }
+        }
+    })
+    .await;
+    assert!(dropped.is_ok(), "the connection stayed");
+    assert!(
+        chunks <= 3,
+        "{chunks} chunks of 64 KiB taken before the drop: each started the wait again"
+    );
     fx.shutdown().await;
 }
 

@@ -120,6 +120,9 @@ pub(crate) async fn run_writer<W: AsyncWrite + Unpin>(
 ) -> std::io::Result<()> {
     let mut sock = StallTimeout::new(sock, std::time::Duration::from_millis(CLIENT_STALL_MS));
     let mut batch: Vec<Reply> = Vec::with_capacity(BATCH_REPLIES_MAX);
+    // (a batch must also go out at a minimum rate: every byte taken
+    // restarts the stall timer)
+    let mut floor = block::RateFloor::new(std::time::Duration::from_millis(CLIENT_STALL_MS));
     while let Some(first) = rx.recv().await {
         let mut bytes = first.data.len_bytes();
         batch.push(first);
@@ -162,14 +165,9 @@ pub(crate) async fn run_writer<W: AsyncWrite + Unpin>(
             // a batch must also go out at a minimum rate on the whole (every
             // byte taken restarts the stall timer)
             let total: usize = parts.iter().map(|p| p.len()).sum();
-            let stall = std::time::Duration::from_millis(CLIENT_STALL_MS);
-            block::at_min_rate(
-                stall,
-                total,
-                "client",
-                write_all_vectored(&mut sock, &parts),
-            )
-            .await?;
+            floor
+                .send(total, "client", write_all_vectored(&mut sock, &parts))
+                .await?;
         }
         // TLS holds records back until flushed (a no-op on a plain socket).
         sock.flush().await?;
