@@ -443,6 +443,62 @@ async fn answer_ping(c: &mut Client, ttt: u32) {
     let _ = c.send_checked(&ans, &[]).await;
 }
 
+/// Feeds write `itt`'s Data-Out on `c` under the first R2T (answering
+/// pings): every `every` (the first at once, or after `every` when
+/// `wait_first`), one PDU of each length of `lens`, for at most `rounds_max`
+/// rounds; ends when the connection closes or after `within`. Whether it
+/// closed, and the rounds sent.
+async fn feed_data_out(
+    c: &mut Client,
+    itt: u32,
+    (every, wait_first): (Duration, bool),
+    lens: &[usize],
+    rounds_max: u32,
+    within: Duration,
+) -> (bool, u32) {
+    let (mut off, mut sn, mut rounds) = (0u32, 0u32, 0u32);
+    let closed = tokio::time::timeout(within, async {
+        let mut ttt = None;
+        let mut tick = tokio::time::interval(every);
+        if wait_first {
+            tick.tick().await;
+        }
+        loop {
+            tokio::select! {
+                p = c.recv() => match p.map(|p| p.pdu) {
+                    None => return,
+                    Some(TargetPdu::NopIn(n)) if n.ttt != iscsi_proto::RESERVED_TAG => {
+                        answer_ping(c, n.ttt).await
+                    }
+                    Some(TargetPdu::R2t(r)) => { ttt.get_or_insert(r.ttt); }
+                    Some(other) => panic!("{other:?}"),
+                },
+                _ = tick.tick(), if ttt.is_some() && rounds < rounds_max => {
+                    for &len in lens {
+                        let d = InitiatorPdu::DataOut(DataOut {
+                            final_bit: false,
+                            lun: 0,
+                            itt,
+                            ttt: ttt.unwrap(),
+                            exp_stat_sn: c.exp_stat_sn,
+                            data_sn: sn,
+                            buffer_offset_bytes: off,
+                        });
+                        if c.send_checked(&d, &vec![7u8; len]).await.is_err() {
+                            return;
+                        }
+                        off += len as u32;
+                        sn += 1;
+                    }
+                    rounds += 1;
+                }
+            }
+        }
+    })
+    .await;
+    (closed.is_ok(), rounds)
+}
+
 /// A write whose Data-Out never comes took the node's budget for all its bytes
 /// when it arrived: an initiator that answers every ping but sends no data
 /// would hold it for good (a few such sessions starve every other initiator).
@@ -508,47 +564,20 @@ async fn without_pings_a_write_whose_data_out_never_comes_is_still_bounded() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_write_whose_data_out_trickles_does_not_hold_its_budget() {
     let (fx, mut evil, itt) = a_write_waiting_for_data_out().await;
-    let (mut off, mut sn, mut sent) = (0u32, 0u32, 0u32);
-    let dropped = tokio::time::timeout(Duration::from_secs(30), async {
-        let mut ttt = None;
-        let mut tick = tokio::time::interval(Duration::from_millis(150));
-        loop {
-            tokio::select! {
-                p = evil.recv() => match p.map(|p| p.pdu) {
-                    None => return,
-                    Some(TargetPdu::NopIn(n)) if n.ttt != iscsi_proto::RESERVED_TAG => {
-                        answer_ping(&mut evil, n.ttt).await
-                    }
-                    Some(TargetPdu::R2t(r)) => { ttt.get_or_insert(r.ttt); }
-                    Some(other) => panic!("{other:?}"),
-                },
-                _ = tick.tick(), if ttt.is_some() => {
-                    // 512 bytes and an empty PDU, every 150 ms
-                    for len in [512u32, 0] {
-                        let d = InitiatorPdu::DataOut(DataOut {
-                            final_bit: false,
-                            lun: 0,
-                            itt,
-                            ttt: ttt.unwrap(),
-                            exp_stat_sn: evil.exp_stat_sn,
-                            data_sn: sn,
-                            buffer_offset_bytes: off,
-                        });
-                        if evil.send_checked(&d, &vec![7u8; len as usize]).await.is_err() {
-                            return;
-                        }
-                        off += len;
-                        sn += 1;
-                        sent += 1;
-                    }
-                }
-            }
-        }
-    })
+    // 512 bytes and an empty PDU, every 150 ms
+    let every = (Duration::from_millis(150), false);
+    let (dropped, rounds) = feed_data_out(
+        &mut evil,
+        itt,
+        every,
+        &[512, 0],
+        u32::MAX,
+        Duration::from_secs(30),
+    )
     .await;
-    assert!(sent >= 8, "the trickle was sent ({sent} PDUs)");
+    assert!(rounds >= 4, "the trickle was sent ({rounds} rounds)");
     assert!(
-        dropped.is_ok(),
+        dropped,
         "the connection stayed while its write's data trickled in"
     );
     let mut good = Client::connect(fx.addrs[0]).await;
@@ -565,46 +594,18 @@ async fn a_write_whose_data_out_trickles_does_not_hold_its_budget() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_write_fed_just_within_each_wait_is_still_held_to_the_minimum_rate() {
     let (fx, mut evil, itt) = a_write_waiting_for_data_out_within(100, 2000).await;
-    let (mut off, mut sn, mut chunks) = (0u32, 0u32, 0u32);
-    let dropped = tokio::time::timeout(Duration::from_secs(60), async {
-        let mut ttt = None;
-        let mut tick = tokio::time::interval(Duration::from_millis(1800));
-        tick.tick().await;
-        loop {
-            tokio::select! {
-                p = evil.recv() => match p.map(|p| p.pdu) {
-                    None => return,
-                    Some(TargetPdu::NopIn(n)) if n.ttt != iscsi_proto::RESERVED_TAG => {
-                        answer_ping(&mut evil, n.ttt).await
-                    }
-                    Some(TargetPdu::R2t(r)) => { ttt.get_or_insert(r.ttt); }
-                    Some(other) => panic!("{other:?}"),
-                },
-                _ = tick.tick(), if ttt.is_some() && chunks < 4 => {
-                    // 64 KiB in eight PDUs (the first R2T asks for 256 KiB)
-                    for _ in 0..8 {
-                        let d = InitiatorPdu::DataOut(DataOut {
-                            final_bit: false,
-                            lun: 0,
-                            itt,
-                            ttt: ttt.unwrap(),
-                            exp_stat_sn: evil.exp_stat_sn,
-                            data_sn: sn,
-                            buffer_offset_bytes: off,
-                        });
-                        if evil.send_checked(&d, &[7u8; 8192]).await.is_err() {
-                            return;
-                        }
-                        off += 8192;
-                        sn += 1;
-                    }
-                    chunks += 1;
-                }
-            }
-        }
-    })
+    // 64 KiB in eight PDUs every 1.8 s (the first R2T asks for 256 KiB)
+    let every = (Duration::from_millis(1800), true);
+    let (dropped, chunks) = feed_data_out(
+        &mut evil,
+        itt,
+        every,
+        &[8192; 8],
+        4,
+        Duration::from_secs(60),
+    )
     .await;
-    assert!(dropped.is_ok(), "the connection stayed");
+    assert!(dropped, "the connection stayed");
     assert!(
         chunks <= 3,
         "{chunks} chunks of 64 KiB taken before the drop: each started the wait again"
