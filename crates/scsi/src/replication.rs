@@ -241,6 +241,8 @@ pub(crate) async fn pr_out(
         }
     }
     let order = lu.pr_order.clone().lock_owned().await;
+    // the copy records made before a preemption (see below)
+    let cut = lu.intents.cut();
     let (done, state, victims) = admin::pr_out(lu, nexus, cdb, data, ports, repl.is_some())?;
     let victims: Vec<NexusId> = victims
         .into_iter()
@@ -254,10 +256,19 @@ pub(crate) async fn pr_out(
     // its connection lost). Dropped before the push, the partner kept the old
     // reservation (a preempted initiator still writing through its ports),
     // and a retry changes nothing here, so pushes nothing.
-    let (lun, write_order) = (lu.lun, lu.write_order.clone());
+    let (lun, write_order, intents) = (lu.lun, lu.write_order.clone(), lu.intents.clone());
     let pushed = block::detach::detached(async move {
         let _order = order;
         abort_preempted(lun, &victims, aborter.as_ref(), &write_order, "here").await;
+        if !victims.is_empty() {
+            // a preempted initiator's copy onto this LU, sent to another LU
+            // (so no task of this one), stops at its next batch: its restart
+            // record goes now, before the answer, or a crash in between ran
+            // it again at the next start over what was written after the
+            // fence (review of 2026-12-06). Other copies made before lose
+            // theirs too (they run on, as unrecorded copies do).
+            intents.retire(cut, None).await;
+        }
         match &repl {
             Some(r) => push(r.as_ref(), lun, state).await,
             None => true,

@@ -274,3 +274,79 @@ async fn a_copy_stopped_by_a_reset_is_not_run_again_at_the_next_start() {
         let _ = copy.await;
     }
 }
+
+/// A PREEMPT AND ABORT that fences a copy's initiator off the destination
+/// (the copy sent to the source LU, so no task of the destination's) stops the
+/// copy at its next batch; its restart record goes before the preemption is
+/// answered, so a write the new holder makes after it survives a crash.
+/// Before (review of 2026-12-06) the record went only when the copy noticed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_copy_fenced_by_a_preemption_is_not_run_again_at_the_next_start() {
+    const N: u64 = 8192;
+    let dir = TempDir::new("preempt-record");
+    let dst_mem = Arc::new(MemVolume::new(BS as u32, N));
+    let src_mem = Arc::new(MemVolume::new(BS as u32, N));
+    src_mem
+        .write(0, vec![0x51u8; BS * N as usize].into(), false)
+        .await
+        .unwrap();
+    let src_held = Arc::new(block::HoldVolume::new(src_mem.clone()));
+    src_held.reads.hold_range(2048, 4096);
+    let (t, c1) = two_lus(dir.path(), dst_mem.clone(), src_held.clone());
+    let t = Arc::new(t);
+    let x = ready(&t, "01", 1).await;
+    let y = ready(&t, "02", 1).await;
+    for n in [&x, &y] {
+        let _ = t.execute(n, cmd(1, &[0u8; 6], &[])).await;
+    }
+    let pr = |n: &ItNexus, (c, p): ([u8; 10], Vec<u8>)| {
+        let (t, n) = (t.clone(), n.clone());
+        async move { t.execute(&n, cmd(0, &c, &p)).await }
+    };
+    // X holds WRITE EXCLUSIVE on LUN 0, Y is registered there
+    assert_eq!(pr(&x, pr_out_cmd(0, 0, 0, 0xaa)).await.status, status::GOOD);
+    assert_eq!(pr(&x, pr_out_cmd(1, 1, 0xaa, 0)).await.status, status::GOOD);
+    assert_eq!(pr(&y, pr_out_cmd(0, 0, 0, 0xbb)).await.status, status::GOOD);
+    // X copies LUN 1 onto LUN 0, sent to LUN 1
+    let p = xcopy_params(1, 0, &[c1.naa, lun_config().naa], &[(0, 1, N as u16, 0, 0)]);
+    let copy = {
+        let (t, x) = (t.clone(), x.clone());
+        tokio::spawn(async move { t.execute(&x, cmd(1, &xcopy_cdb(p.len()), &p)).await })
+    };
+    src_held.reads.arrivals(1).await;
+    let pr0 = dir.path().join("lun0.pr.json");
+    assert_eq!(crate::copy_records(&pr0), 1, "recorded while running");
+    // Y fences X off LUN 0 (PREEMPT AND ABORT, Y now holds the reservation)
+    assert_eq!(
+        pr(&y, pr_out_cmd(5, 1, 0xbb, 0xaa)).await.status,
+        status::GOOD
+    );
+    assert_eq!(
+        crate::copy_records(&pr0),
+        0,
+        "the preemption was answered with the fenced copy's record on file"
+    );
+    let w = t
+        .execute(&y, cmd(0, &rw10(0x2a, 0, 8), &vec![0xabu8; 8 * BS]))
+        .await;
+    assert_eq!(w.status, status::GOOD, "{:?}", sense_of(&w));
+    // a power loss: a restart finds what is on file now
+    let snap = TempDir::new("preempt-record-snap");
+    for f in std::fs::read_dir(dir.path()).unwrap() {
+        let f = f.unwrap();
+        std::fs::copy(f.path(), snap.path().join(f.file_name())).unwrap();
+    }
+    let (t2, _) = two_lus(snap.path(), dst_mem.clone(), src_mem.clone());
+    let n2 = nexus("03", 1);
+    let mut got = read(&t2, &n2, 0, 8).await;
+    if got.status != status::GOOD {
+        got = read(&t2, &n2, 0, 8).await;
+    }
+    assert_eq!(got.status, status::GOOD, "{:?}", sense_of(&got));
+    assert!(
+        got.data_in.iter().all(|&b| b == 0xab),
+        "the write made after the preemption was overwritten by the copy run again"
+    );
+    src_held.reads.open();
+    let _ = copy.await;
+}
