@@ -207,6 +207,92 @@ async fn a_copy_that_ends_leaves_no_record_and_a_start_without_one_serves_at_onc
     assert_eq!(read(&t, &n, 0, 1).await.status, status::GOOD);
 }
 
+/// Blocks of the copies stopped mid-way below (4 chunks of 1 MiB).
+const STOPPED_N: u64 = 8192;
+
+/// A copy of LU 1 (filled with 0x51) onto LU 0 sent by `x` to LUN 1, its
+/// record on file, waiting for its second chunk's source read (between two
+/// batches); the state files are in `dir`.
+struct StoppedCopy {
+    dir: TempDir,
+    dst: Arc<MemVolume>,
+    src: Arc<MemVolume>,
+    held: Arc<block::HoldVolume>,
+    t: Arc<ScsiTarget>,
+    copy: tokio::task::JoinHandle<Response>,
+}
+
+impl StoppedCopy {
+    /// `ready` nexuses are made before the copy (ISIDs `isids`; the first
+    /// sends it), each past LUN 1's power-on unit attention.
+    async fn start(isids: &[&str]) -> (StoppedCopy, Vec<ItNexus>) {
+        let dir = TempDir::new("stopped-copy");
+        let dst = Arc::new(MemVolume::new(BS as u32, STOPPED_N));
+        let src = Arc::new(MemVolume::new(BS as u32, STOPPED_N));
+        src.write(0, vec![0x51u8; BS * STOPPED_N as usize].into(), false)
+            .await
+            .unwrap();
+        let held = Arc::new(block::HoldVolume::new(src.clone()));
+        held.reads.hold_range(2048, 4096);
+        let (t, c1) = two_lus(dir.path(), dst.clone(), held.clone());
+        let t = Arc::new(t);
+        let mut nexuses = Vec::new();
+        for isid in isids {
+            let n = ready(&t, isid, 1).await;
+            let r = t.execute(&n, cmd(1, &[0u8; 6], &[])).await;
+            assert_eq!(sense_of(&r), (key::UNIT_ATTENTION, 0x29, 0x00));
+            nexuses.push(n);
+        }
+        let p = xcopy_params(
+            1,
+            0,
+            &[c1.naa, lun_config().naa],
+            &[(0, 1, STOPPED_N as u16, 0, 0)],
+        );
+        let copy = {
+            let (t, x) = (t.clone(), nexuses[0].clone());
+            tokio::spawn(async move { t.execute(&x, cmd(1, &xcopy_cdb(p.len()), &p)).await })
+        };
+        held.reads.arrivals(1).await;
+        let c = StoppedCopy {
+            dir,
+            dst,
+            src,
+            held,
+            t,
+            copy,
+        };
+        assert_eq!(c.records(), 1, "recorded while running");
+        (c, nexuses)
+    }
+
+    /// Copy records on file for LU 0.
+    fn records(&self) -> usize {
+        crate::copy_records(&self.dir.path().join("lun0.pr.json"))
+    }
+
+    /// Blocks 0..8 of LU 0 after a power loss now (the state files as they
+    /// are, the volumes kept) and a restart, once it serves.
+    async fn after_a_power_loss(self) -> Response {
+        let snap = TempDir::new("stopped-copy-snap");
+        for f in std::fs::read_dir(self.dir.path()).unwrap() {
+            let f = f.unwrap();
+            std::fs::copy(f.path(), snap.path().join(f.file_name())).unwrap();
+        }
+        let (t2, _) = two_lus(snap.path(), self.dst.clone(), self.src.clone());
+        let n2 = nexus("09", 1);
+        let mut got = read(&t2, &n2, 0, 8).await;
+        if got.status != status::GOOD {
+            // the power-on unit attention
+            got = read(&t2, &n2, 0, 8).await;
+        }
+        assert_eq!(got.status, status::GOOD, "{:?}", sense_of(&got));
+        self.held.reads.open();
+        let _ = self.copy.await;
+        got
+    }
+}
+
 /// A reset of a copy's destination or source stops the copy, and its restart
 /// record goes before the reset is answered: a host write acknowledged after
 /// the reset survives a crash, which a record left on file would have run the
@@ -214,64 +300,26 @@ async fn a_copy_that_ends_leaves_no_record_and_a_start_without_one_serves_at_onc
 /// record went only when the copy noticed the reset at its next batch.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_copy_stopped_by_a_reset_is_not_run_again_at_the_next_start() {
-    const N: u64 = 8192; // 4 chunks of 1 MiB
     for reset_lun in [0u64, 1] {
-        let dir = TempDir::new("reset-record");
-        let dst_mem = Arc::new(MemVolume::new(BS as u32, N));
-        let src_mem = Arc::new(MemVolume::new(BS as u32, N));
-        src_mem
-            .write(0, vec![0x51u8; BS * N as usize].into(), false)
-            .await
-            .unwrap();
-        let src_held = Arc::new(block::HoldVolume::new(src_mem.clone()));
-        // the second chunk's read waits: the copy is between two batches
-        src_held.reads.hold_range(2048, 4096);
-        let (t, c1) = two_lus(dir.path(), dst_mem.clone(), src_held.clone());
-        let t = Arc::new(t);
-        let n = ready(&t, "01", 1).await;
-        let r = t.execute(&n, cmd(1, &[0u8; 6], &[])).await;
-        assert_eq!(sense_of(&r), (key::UNIT_ATTENTION, 0x29, 0x00));
-        // LU 1 onto LU 0, sent to LUN 1 (the source)
-        let p = xcopy_params(1, 0, &[c1.naa, lun_config().naa], &[(0, 1, N as u16, 0, 0)]);
-        let copy = {
-            let (t, n) = (t.clone(), n.clone());
-            tokio::spawn(async move { t.execute(&n, cmd(1, &xcopy_cdb(p.len()), &p)).await })
-        };
-        src_held.reads.arrivals(1).await;
-        let pr0 = dir.path().join("lun0.pr.json");
-        assert_eq!(crate::copy_records(&pr0), 1, "recorded while running");
-        assert!(t.lun_reset(&n, reset_lun).await);
+        let (c, n) = StoppedCopy::start(&["01"]).await;
+        let n = &n[0];
+        assert!(c.t.lun_reset(n, reset_lun).await);
         assert_eq!(
-            crate::copy_records(&pr0),
+            c.records(),
             0,
             "reset of LUN {reset_lun} answered with the stopped copy's record on file"
         );
         // the host writes blocks 0..8 after the reset was answered
-        let _ = t.execute(&n, cmd(0, &[0u8; 6], &[])).await; // a UA, if LUN 0
-        let w = t
-            .execute(&n, cmd(0, &rw10(0x2a, 0, 8), &vec![0xabu8; 8 * BS]))
-            .await;
+        let _ = c.t.execute(n, cmd(0, &[0u8; 6], &[])).await; // a UA, if LUN 0
+        let w =
+            c.t.execute(n, cmd(0, &rw10(0x2a, 0, 8), &vec![0xabu8; 8 * BS]))
+                .await;
         assert_eq!(w.status, status::GOOD);
-        // a power loss: a restart finds what is on file now
-        let snap = TempDir::new("reset-record-snap");
-        for f in std::fs::read_dir(dir.path()).unwrap() {
-            let f = f.unwrap();
-            std::fs::copy(f.path(), snap.path().join(f.file_name())).unwrap();
-        }
-        let (t2, _) = two_lus(snap.path(), dst_mem.clone(), src_mem.clone());
-        let n2 = nexus("02", 1);
-        let mut got = read(&t2, &n2, 0, 8).await;
-        if got.status != status::GOOD {
-            // the power-on unit attention
-            got = read(&t2, &n2, 0, 8).await;
-        }
-        assert_eq!(got.status, status::GOOD, "{:?}", sense_of(&got));
+        let got = c.after_a_power_loss().await;
         assert!(
             got.data_in.iter().all(|&b| b == 0xab),
             "reset of LUN {reset_lun}: the write acknowledged after it was overwritten by the copy run again"
         );
-        src_held.reads.open();
-        let _ = copy.await;
     }
 }
 
@@ -282,71 +330,34 @@ async fn a_copy_stopped_by_a_reset_is_not_run_again_at_the_next_start() {
 /// Before (review of 2026-12-06) the record went only when the copy noticed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_copy_fenced_by_a_preemption_is_not_run_again_at_the_next_start() {
-    const N: u64 = 8192;
-    let dir = TempDir::new("preempt-record");
-    let dst_mem = Arc::new(MemVolume::new(BS as u32, N));
-    let src_mem = Arc::new(MemVolume::new(BS as u32, N));
-    src_mem
-        .write(0, vec![0x51u8; BS * N as usize].into(), false)
-        .await
-        .unwrap();
-    let src_held = Arc::new(block::HoldVolume::new(src_mem.clone()));
-    src_held.reads.hold_range(2048, 4096);
-    let (t, c1) = two_lus(dir.path(), dst_mem.clone(), src_held.clone());
-    let t = Arc::new(t);
-    let x = ready(&t, "01", 1).await;
-    let y = ready(&t, "02", 1).await;
-    for n in [&x, &y] {
-        let _ = t.execute(n, cmd(1, &[0u8; 6], &[])).await;
-    }
-    let pr = |n: &ItNexus, (c, p): ([u8; 10], Vec<u8>)| {
-        let (t, n) = (t.clone(), n.clone());
-        async move { t.execute(&n, cmd(0, &c, &p)).await }
+    let (c, n) = StoppedCopy::start(&["01", "02"]).await;
+    let (x, y) = (&n[0], &n[1]);
+    let pr = |n: &ItNexus, (cdb, p): ([u8; 10], Vec<u8>)| {
+        let (t, n) = (c.t.clone(), n.clone());
+        async move { t.execute(&n, cmd(0, &cdb, &p)).await }
     };
-    // X holds WRITE EXCLUSIVE on LUN 0, Y is registered there
-    assert_eq!(pr(&x, pr_out_cmd(0, 0, 0, 0xaa)).await.status, status::GOOD);
-    assert_eq!(pr(&x, pr_out_cmd(1, 1, 0xaa, 0)).await.status, status::GOOD);
-    assert_eq!(pr(&y, pr_out_cmd(0, 0, 0, 0xbb)).await.status, status::GOOD);
-    // X copies LUN 1 onto LUN 0, sent to LUN 1
-    let p = xcopy_params(1, 0, &[c1.naa, lun_config().naa], &[(0, 1, N as u16, 0, 0)]);
-    let copy = {
-        let (t, x) = (t.clone(), x.clone());
-        tokio::spawn(async move { t.execute(&x, cmd(1, &xcopy_cdb(p.len()), &p)).await })
-    };
-    src_held.reads.arrivals(1).await;
-    let pr0 = dir.path().join("lun0.pr.json");
-    assert_eq!(crate::copy_records(&pr0), 1, "recorded while running");
+    // X holds WRITE EXCLUSIVE on LUN 0, Y is registered there (the copy's
+    // writes, held behind its source read, have not started)
+    assert_eq!(pr(x, pr_out_cmd(0, 0, 0, 0xaa)).await.status, status::GOOD);
+    assert_eq!(pr(x, pr_out_cmd(1, 1, 0xaa, 0)).await.status, status::GOOD);
+    assert_eq!(pr(y, pr_out_cmd(0, 0, 0, 0xbb)).await.status, status::GOOD);
     // Y fences X off LUN 0 (PREEMPT AND ABORT, Y now holds the reservation)
     assert_eq!(
-        pr(&y, pr_out_cmd(5, 1, 0xbb, 0xaa)).await.status,
+        pr(y, pr_out_cmd(5, 1, 0xbb, 0xaa)).await.status,
         status::GOOD
     );
     assert_eq!(
-        crate::copy_records(&pr0),
+        c.records(),
         0,
         "the preemption was answered with the fenced copy's record on file"
     );
-    let w = t
-        .execute(&y, cmd(0, &rw10(0x2a, 0, 8), &vec![0xabu8; 8 * BS]))
-        .await;
+    let w =
+        c.t.execute(y, cmd(0, &rw10(0x2a, 0, 8), &vec![0xabu8; 8 * BS]))
+            .await;
     assert_eq!(w.status, status::GOOD, "{:?}", sense_of(&w));
-    // a power loss: a restart finds what is on file now
-    let snap = TempDir::new("preempt-record-snap");
-    for f in std::fs::read_dir(dir.path()).unwrap() {
-        let f = f.unwrap();
-        std::fs::copy(f.path(), snap.path().join(f.file_name())).unwrap();
-    }
-    let (t2, _) = two_lus(snap.path(), dst_mem.clone(), src_mem.clone());
-    let n2 = nexus("03", 1);
-    let mut got = read(&t2, &n2, 0, 8).await;
-    if got.status != status::GOOD {
-        got = read(&t2, &n2, 0, 8).await;
-    }
-    assert_eq!(got.status, status::GOOD, "{:?}", sense_of(&got));
+    let got = c.after_a_power_loss().await;
     assert!(
         got.data_in.iter().all(|&b| b == 0xab),
         "the write made after the preemption was overwritten by the copy run again"
     );
-    src_held.reads.open();
-    let _ = copy.await;
 }
