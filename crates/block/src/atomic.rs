@@ -606,6 +606,20 @@ impl Volume for AtomicWrites {
         let blocks = (data.len() / i.block_size.max(1) as usize) as u64;
         i.plain(lba, blocks, i.data.write(lba, data, fua)).await
     }
+    fn takes_pipes(&self) -> bool {
+        self.inner.data.takes_pipes()
+    }
+    async fn write_pipe(
+        &self,
+        lba: u64,
+        pipe: &mut crate::PipePayload,
+        fua: bool,
+    ) -> BlockResult<()> {
+        let i = &self.inner;
+        let blocks = (pipe.len() / i.block_size.max(1) as usize) as u64;
+        i.plain(lba, blocks, i.data.write_pipe(lba, pipe, fua))
+            .await
+    }
     async fn flush(&self) -> BlockResult<()> {
         self.inner.ready().await?;
         self.inner.data.flush().await

@@ -34,6 +34,7 @@ pub mod inflight;
 mod join;
 mod mem;
 mod passthru;
+mod pipe;
 pub mod private;
 mod rangelock;
 mod stall;
@@ -50,6 +51,7 @@ pub use hold::{Hold, HoldVolume};
 pub use join::{join_all, poll_now, poll_once, BoxFut};
 pub use mem::MemVolume;
 pub use passthru::Passthru;
+pub use pipe::{readable_bytes, PipePayload, PIPE_CAPACITY_BYTES};
 pub use rangelock::{LockMode, RangeGuard, RangeLocks};
 pub use stall::{RateFloor, StallTimeout, PEER_RATE_MIN};
 pub use switch::SwitchVolume;
@@ -160,6 +162,22 @@ pub trait Volume: Send + Sync + 'static {
     /// Writes `data` (a whole number of blocks) at `lba`. With `fua` the data is
     /// durable when this returns.
     async fn write(&self, lba: u64, data: Bytes, fua: bool) -> BlockResult<()>;
+
+    /// Whether [`Volume::write_pipe`] moves a pipe's bytes into the volume
+    /// without copying them through a buffer (a buffered file in memory does);
+    /// a frontend holds a payload in a pipe only for a volume that does.
+    fn takes_pipes(&self) -> bool {
+        false
+    }
+
+    /// Writes the bytes `pipe` holds (a whole number of blocks) at `lba`, as
+    /// [`Volume::write`] would write them from a buffer; the pipe is empty
+    /// afterwards unless an error stopped it. The default reads them into a
+    /// buffer and writes that.
+    async fn write_pipe(&self, lba: u64, pipe: &mut PipePayload, fua: bool) -> BlockResult<()> {
+        let data = pipe.take_bytes().map_err(BlockError::Io)?;
+        self.write(lba, data, fua).await
+    }
 
     /// Makes every previously acknowledged write durable.
     async fn flush(&self) -> BlockResult<()>;

@@ -12,6 +12,9 @@ pub struct FileStats {
     pub writes: u64,
     /// Writes issued with RWF_DSYNC because the caller asked for FUA.
     pub fua_writes: u64,
+    /// Writes whose bytes were spliced from a pipe into the file (counted
+    /// among `writes` too).
+    pub spliced_writes: u64,
     /// Data syncs (fdatasync / IORING_OP_FSYNC with DATASYNC) issued.
     pub flushes: u64,
     /// Discards issued (hole punches or BLKDISCARD).
@@ -31,6 +34,7 @@ pub(crate) struct Counters {
     pub(crate) reads: AtomicU64,
     pub(crate) writes: AtomicU64,
     pub(crate) fua_writes: AtomicU64,
+    pub(crate) spliced_writes: AtomicU64,
     pub(crate) flushes: AtomicU64,
     pub(crate) discards: AtomicU64,
     pub(crate) write_zeroes: AtomicU64,
@@ -51,6 +55,7 @@ impl Counters {
             reads: get(&self.reads),
             writes: get(&self.writes),
             fua_writes: get(&self.fua_writes),
+            spliced_writes: get(&self.spliced_writes),
             flushes: get(&self.flushes),
             discards: get(&self.discards),
             write_zeroes: get(&self.write_zeroes),

@@ -7,7 +7,7 @@ use crate::options::{Engine, FileOptions};
 use crate::stats::{bump, Counters, FileStats};
 use crate::sys::{self, IoFail, NoWait};
 use async_trait::async_trait;
-use block::{BlockError, BlockResult, Bytes, Extent, ExtentState, Geometry, Volume};
+use block::{BlockError, BlockResult, Bytes, Extent, ExtentState, Geometry, PipePayload, Volume};
 use std::fmt;
 use std::fs::File;
 use std::io;
@@ -819,6 +819,46 @@ impl Volume for FileVolume {
             bump(&self.counters.fua_writes, 1);
         }
         self.write_at(data, lba * self.bs(), dsync).await
+    }
+
+    /// A file in memory (tmpfs), buffered, without O_DSYNC: its writes are
+    /// page copies the async thread makes inline anyway, and `splice` makes
+    /// the one copy from the pipe's pages into the file's.
+    fn takes_pipes(&self) -> bool {
+        self.memory_backed
+            && self.backing == Backing::File
+            && !self.direct
+            && !self.sync_writes
+            && !self.read_only
+            && self.nowait_enabled
+    }
+
+    async fn write_pipe(&self, lba: u64, pipe: &mut PipePayload, fua: bool) -> BlockResult<()> {
+        if fua || !self.takes_pipes() {
+            let data = pipe.take_bytes().map_err(BlockError::Io)?;
+            return self.write(lba, data, fua).await;
+        }
+        self.check_writable()?;
+        let len = pipe.len();
+        let blocks = self.geometry().blocks_in(len)?;
+        self.geometry().check_range(lba, blocks)?;
+        self.check_transfer(blocks)?;
+        if blocks == 0 {
+            return Ok(());
+        }
+        bump(&self.counters.writes, 1);
+        bump(&self.counters.bytes_written, len as u64);
+        bump(&self.counters.spliced_writes, 1);
+        let offset = lba * self.bs();
+        if let Err(e) = pipe.drain_to(self.file.as_raw_fd(), offset) {
+            // what is left goes the ordinary way, which retries through the
+            // engine and reports a failure as every write does
+            tracing::debug!(path = %self.path.display(), lba, error = %e, "splice into the file failed; writing the rest from a buffer");
+            let rest = pipe.take_bytes().map_err(BlockError::Io)?;
+            let at = offset + (len - rest.len()) as u64;
+            return self.write_at(rest, at, false).await;
+        }
+        Ok(())
     }
 
     async fn flush(&self) -> BlockResult<()> {

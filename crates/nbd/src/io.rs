@@ -128,6 +128,74 @@ pub(crate) async fn take_payload<R: AsyncRead + Unpin>(
     Ok(Some(own.freeze()))
 }
 
+/// What [`splice_payload`] ended with.
+pub(crate) enum Spliced {
+    /// The whole payload is in the pipe.
+    Done,
+    /// The stream ended first.
+    Eof,
+    /// The pipe ran out of room (the payload arrived in more, smaller socket
+    /// fragments than it has slots): what it held is back in `buf`, and the
+    /// rest is to be read the ordinary way.
+    Spilled,
+}
+
+/// Moves the next `n` bytes of the stream into `pipe`: those already in
+/// `buf` (fewer than `n`: the caller checks) by a copy, the rest straight
+/// from the socket `sock` by `splice`, without passing through a buffer.
+/// Every wait for the socket fails with `TimedOut` once `stall` passes
+/// without a byte, as [`take_payload`]'s reads do.
+pub(crate) async fn splice_payload(
+    sock: &tokio::net::TcpStream,
+    buf: &mut BytesMut,
+    n: usize,
+    pipe: &mut block::PipePayload,
+    stall: std::time::Duration,
+) -> io::Result<Spliced> {
+    use std::os::fd::AsRawFd;
+    pipe.push(buf)?;
+    buf.clear();
+    let fd = sock.as_raw_fd();
+    while pipe.len() < n {
+        let want = n - pipe.len();
+        match sock.try_io(tokio::io::Interest::READABLE, || pipe.fill_from(fd, want)) {
+            Ok(0) => return Ok(Spliced::Eof),
+            Ok(_) => {}
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                if block::readable_bytes(fd) > 0 {
+                    // Bytes came in since the splice found none, or the pipe
+                    // cannot take them. They are in the socket now, so a
+                    // splice that still moves nothing means the pipe is out
+                    // of room (this one bypasses tokio's readiness, which the
+                    // failed one cleared).
+                    match pipe.fill_from(fd, want) {
+                        Ok(0) => return Ok(Spliced::Eof),
+                        Ok(_) => continue,
+                        Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                            buf.extend_from_slice(&pipe.take_bytes()?);
+                            return Ok(Spliced::Spilled);
+                        }
+                        Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                        Err(e) => return Err(e),
+                    }
+                }
+                match tokio::time::timeout(stall, sock.readable()).await {
+                    Ok(r) => r?,
+                    Err(_) => {
+                        return Err(io::Error::new(
+                            io::ErrorKind::TimedOut,
+                            "no payload bytes for the stall time",
+                        ))
+                    }
+                }
+            }
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(Spliced::Done)
+}
+
 /// One read into `buf`; with a `stall`, failing with `TimedOut` after it
 /// without a byte.
 async fn read_within<R: AsyncRead + Unpin, B: BufMut>(
@@ -193,6 +261,81 @@ pub(crate) async fn write_all_vectored<W: AsyncWrite + Unpin>(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A connected pair of sockets on loopback.
+    async fn pair() -> (tokio::net::TcpStream, tokio::net::TcpStream) {
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let tx = tokio::net::TcpStream::connect(l.local_addr().unwrap())
+            .await
+            .unwrap();
+        let (rx, _) = l.accept().await.unwrap();
+        (tx, rx)
+    }
+
+    /// A payload whose bytes the pipe has no room for while the socket holds
+    /// them is given back: what the pipe held returns to the buffer, in
+    /// order, and the rest stays in the socket for an ordinary read.
+    #[tokio::test]
+    async fn a_pipe_out_of_room_gives_its_payload_back() {
+        let (mut tx, rx) = pair().await;
+        let cap = block::PIPE_CAPACITY_BYTES;
+        let head: Vec<u8> = (0..cap - 100).map(|i| (i % 253) as u8).collect();
+        let tail = vec![7u8; 6000];
+        tx.write_all(&tail).await.unwrap();
+        while block::readable_bytes(std::os::fd::AsRawFd::as_raw_fd(&rx)) < tail.len() {
+            rx.readable().await.unwrap();
+        }
+        let mut buf = BytesMut::from(&head[..]);
+        let mut pipe = block::PipePayload::new().unwrap();
+        let n = head.len() + tail.len();
+        let stall = std::time::Duration::from_secs(10);
+        let r = splice_payload(&rx, &mut buf, n, &mut pipe, stall).await;
+        assert!(matches!(r, Ok(Spliced::Spilled)));
+        assert!(pipe.is_empty());
+        assert_eq!(buf.len(), head.len());
+        assert!(buf[..] == head[..]);
+        let mut rx = rx;
+        let rest = take_payload(&mut rx, &mut buf, n, 0, stall)
+            .await
+            .unwrap()
+            .unwrap();
+        assert!(rest[..head.len()] == head[..] && rest[head.len()..] == tail[..]);
+    }
+
+    /// A payload spliced while its bytes trickle in arrives whole; a stream
+    /// ending in the middle of one says so; a peer silent for the stall time
+    /// fails the read.
+    #[tokio::test]
+    async fn a_payload_is_spliced_as_it_arrives() {
+        let (mut tx, rx) = pair().await;
+        let payload: Vec<u8> = (0..200_000u32).map(|i| (i % 249) as u8).collect();
+        let mut buf = BytesMut::from(&payload[..500]);
+        let sender = {
+            let p = payload.clone();
+            tokio::spawn(async move {
+                for piece in p[500..].chunks(7000) {
+                    tx.write_all(piece).await.unwrap();
+                    tokio::task::yield_now().await;
+                }
+                tx
+            })
+        };
+        let mut pipe = block::PipePayload::new().unwrap();
+        let stall = std::time::Duration::from_secs(10);
+        let r = splice_payload(&rx, &mut buf, payload.len(), &mut pipe, stall).await;
+        assert!(matches!(r, Ok(Spliced::Done)));
+        assert!(buf.is_empty());
+        assert!(pipe.take_bytes().unwrap()[..] == payload[..]);
+
+        let mut tx = sender.await.unwrap();
+        tx.write_all(&payload[..100]).await.unwrap();
+        let short = std::time::Duration::from_millis(50);
+        let r = splice_payload(&rx, &mut buf, 1000, &mut pipe, short).await;
+        assert_eq!(r.err().map(|e| e.kind()), Some(io::ErrorKind::TimedOut));
+        drop(tx);
+        let r = splice_payload(&rx, &mut buf, 1000, &mut pipe, stall).await;
+        assert!(matches!(r, Ok(Spliced::Eof)));
+    }
 
     #[tokio::test]
     async fn vectored_write_survives_short_writes() {

@@ -8,14 +8,15 @@
 use super::exec::{self, ExportState, ReplyData};
 use super::writer::{run_writer, Reply, ReplyHeader};
 use super::{Acceptor, Ctx};
-use crate::io::{fill, fill_exact, take_payload, OWN_BUFFER_BYTES};
+use crate::io::{fill, fill_exact, splice_payload, take_payload, Spliced, OWN_BUFFER_BYTES};
 use crate::proto::{
-    decode_request, errno, Command, NegotiateError, Progress, Request, ServerNegotiator, Session,
-    TlsPolicy, REQUEST_BYTES,
+    cmdflag, decode_request, errno, Command, NegotiateError, Progress, Request, ServerNegotiator,
+    Session, TlsPolicy, REQUEST_BYTES,
 };
 use bytes::{Buf, BytesMut};
 use std::future::Future;
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::task::Poll;
 use std::time::Duration;
@@ -317,7 +318,105 @@ struct Conn {
     payload_stall_ms: u64,
     peer: SocketAddr,
     session: Session,
+    /// Pipes that hold large write payloads between the socket and the file.
+    pipes: Arc<PipePool>,
 }
+
+/// Most pipes one connection holds at a time (each two descriptors and up to
+/// a payload's pages); the writes beyond are read into buffers.
+const PIPES_PER_CONNECTION_MAX: usize = 16;
+
+/// A connection's pipes for large write payloads ([`block::PipePayload`]):
+/// taken by the reader, given back empty when the write is done.
+#[derive(Default)]
+struct PipePool {
+    free: parking_lot::Mutex<Vec<block::PipePayload>>,
+    /// Pipes out of the pool or in it.
+    live: AtomicUsize,
+    /// The system refused a pipe (descriptors or pipe pages ran out): none
+    /// is asked for again on this connection.
+    refused: AtomicBool,
+}
+
+impl PipePool {
+    /// An empty pipe, if one can be had.
+    fn take(self: &Arc<Self>) -> Option<PooledPipe> {
+        if let Some(p) = self.free.lock().pop() {
+            return Some(PooledPipe {
+                pipe: Some(p),
+                pool: self.clone(),
+            });
+        }
+        if self.refused.load(Ordering::Relaxed)
+            || self.live.load(Ordering::Relaxed) >= PIPES_PER_CONNECTION_MAX
+        {
+            return None;
+        }
+        match block::PipePayload::new() {
+            Ok(p) => {
+                self.live.fetch_add(1, Ordering::Relaxed);
+                Some(PooledPipe {
+                    pipe: Some(p),
+                    pool: self.clone(),
+                })
+            }
+            Err(e) => {
+                tracing::info!(error = %e, "no pipe for NBD write payloads; they are read into buffers");
+                self.refused.store(true, Ordering::Relaxed);
+                None
+            }
+        }
+    }
+}
+
+/// A pipe out of its connection's pool; back into it when dropped empty
+/// (closed when it still holds bytes: they are a failed write's).
+struct PooledPipe {
+    pipe: Option<block::PipePayload>,
+    pool: Arc<PipePool>,
+}
+
+impl PooledPipe {
+    fn get(&mut self) -> &mut block::PipePayload {
+        self.pipe
+            .as_mut()
+            .expect("a pooled pipe is there until dropped")
+    }
+}
+
+impl Drop for PooledPipe {
+    fn drop(&mut self) {
+        let Some(p) = self.pipe.take() else { return };
+        if p.is_empty() {
+            self.pool.free.lock().push(p);
+        } else {
+            self.pool.live.fetch_sub(1, Ordering::Relaxed);
+        }
+    }
+}
+
+/// A WRITE's payload: in a buffer, or in a pipe it was spliced into.
+enum Payload {
+    Bytes(block::Bytes),
+    Pipe(PooledPipe),
+}
+
+/// The TCP socket under a connection's reading half, when payloads can be
+/// spliced out of it: a plain connection's; none under TLS (its bytes must be
+/// decrypted first).
+pub(crate) trait SpliceFrom {
+    fn socket(&self) -> Option<&TcpStream> {
+        None
+    }
+}
+
+impl SpliceFrom for tokio::net::tcp::OwnedReadHalf {
+    fn socket(&self) -> Option<&TcpStream> {
+        Some(self.as_ref())
+    }
+}
+
+impl<T> SpliceFrom for tokio::io::ReadHalf<T> {}
 
 async fn transmission<R, W>(
     ctx: Arc<Ctx>,
@@ -327,7 +426,7 @@ async fn transmission<R, W>(
     mut buf: BytesMut,
     peer: SocketAddr,
 ) where
-    R: AsyncRead + Unpin,
+    R: AsyncRead + SpliceFrom + Unpin,
     W: AsyncWrite + Unpin + Send + 'static,
 {
     let limits = &ctx.limits;
@@ -361,6 +460,7 @@ async fn transmission<R, W>(
         payload_stall_ms: limits.payload_stall_ms,
         peer,
         session,
+        pipes: Arc::default(),
     };
     let mut shutdown = ctx.shutdown.clone();
     let end = tokio::select! {
@@ -408,7 +508,32 @@ async fn transmission<R, W>(
 }
 
 impl Conn {
-    async fn read_loop<R: AsyncRead + Unpin>(&self, rd: &mut R, buf: &mut BytesMut) -> End {
+    /// Whether a WRITE's payload of `len` bytes, of which `buffered` are
+    /// read already, is to be spliced into a pipe: a large one not yet read,
+    /// for a volume that takes pipes, whole blocks in one volume write, not
+    /// forced (a FUA write goes the way a buffer goes).
+    fn pipe_wanted(&self, req: &Request, len: usize, buffered: usize) -> bool {
+        if req.command != Command::Write
+            || len < OWN_BUFFER_BYTES
+            || buffered >= len
+            || !block::PipePayload::fits(len)
+            || req.flags & cmdflag::FUA != 0
+            || !self.export.volume.takes_pipes()
+        {
+            return false;
+        }
+        let g = self.export.volume.geometry();
+        let bs = u64::from(g.block_size_bytes.max(1));
+        req.offset_bytes.is_multiple_of(bs)
+            && (len as u64).is_multiple_of(bs)
+            && len as u64 / bs <= u64::from(g.max_io_blocks)
+    }
+
+    async fn read_loop<R: AsyncRead + SpliceFrom + Unpin>(
+        &self,
+        rd: &mut R,
+        buf: &mut BytesMut,
+    ) -> End {
         let mut exact_header = false;
         let stall = Duration::from_millis(self.payload_stall_ms);
         loop {
@@ -487,14 +612,31 @@ impl Conn {
                         Some(h) => Some(h.await),
                         None => None,
                     };
-                    let payload = if payload_len > 0 {
-                        match take_payload(rd, buf, payload_len, REQUEST_BYTES, stall).await {
-                            Ok(Some(p)) => p,
-                            Ok(None) => return End::Io(std::io::ErrorKind::UnexpectedEof.into()),
-                            Err(e) => return End::Io(e),
+                    let mut piped = None;
+                    if self.pipe_wanted(&req, payload_len, buf.len()) {
+                        if let (Some(sock), Some(mut pipe)) = (rd.socket(), self.pipes.take()) {
+                            match splice_payload(sock, buf, payload_len, pipe.get(), stall).await {
+                                Ok(Spliced::Done) => piped = Some(Payload::Pipe(pipe)),
+                                Ok(Spliced::Eof) => {
+                                    return End::Io(std::io::ErrorKind::UnexpectedEof.into())
+                                }
+                                Ok(Spliced::Spilled) => {}
+                                Err(e) => return End::Io(e),
+                            }
                         }
-                    } else {
-                        block::Bytes::new()
+                    }
+                    let payload = match piped {
+                        Some(p) => p,
+                        None if payload_len > 0 => {
+                            match take_payload(rd, buf, payload_len, REQUEST_BYTES, stall).await {
+                                Ok(Some(p)) => Payload::Bytes(p),
+                                Ok(None) => {
+                                    return End::Io(std::io::ErrorKind::UnexpectedEof.into())
+                                }
+                                Err(e) => return End::Io(e),
+                            }
+                        }
+                        None => Payload::Bytes(block::Bytes::new()),
                     };
                     // After a large payload the next header is read alone (if
                     // the payload's own reads did not already take it): a batch
@@ -565,7 +707,7 @@ impl Conn {
     async fn run(
         &self,
         req: Request,
-        (payload, held): (block::Bytes, Option<block::BufferPermit>),
+        (payload, held): (Payload, Option<block::BufferPermit>),
         permits: (OwnedSemaphorePermit, Option<OwnedSemaphorePermit>),
         entered: OwnedSemaphorePermit,
     ) {
@@ -574,8 +716,12 @@ impl Conn {
         let peer = self.peer;
         let session = self.session;
         let task = Box::pin(async move {
-            let done =
-                exec::execute_held(&export, &req, payload, held, session.base_allocation).await;
+            let done = match payload {
+                Payload::Bytes(payload) => {
+                    exec::execute_held(&export, &req, payload, held, session.base_allocation).await
+                }
+                Payload::Pipe(mut pipe) => exec::write_piped(&export, &req, pipe.get(), held).await,
+            };
             export
                 .counters
                 .count(req.command, req.length_bytes, done.is_ok());

@@ -351,6 +351,33 @@ pub(crate) async fn execute_held(
     }
 }
 
+/// Runs a validated WRITE whose payload waits in `pipe` (the reader took it
+/// there only for whole blocks in one volume write; a volume resized since
+/// gets it from a buffer, as any write).
+pub(crate) async fn write_piped(
+    ex: &ExportState,
+    req: &Request,
+    pipe: &mut block::PipePayload,
+    held: Option<BufferPermit>,
+) -> Result<ReplyData, BlockError> {
+    let g = ex.volume.geometry();
+    let fua = req.flags & cmdflag::FUA != 0;
+    let _held = held.unwrap_or_else(|| ex.buffers.charge(pipe.len() as u64));
+    let s = Span::new(&g, req.offset_bytes, pipe.len() as u64);
+    if !s.aligned() || s.blocks() > max_io_blocks(&g) {
+        let data = pipe.take_bytes().map_err(BlockError::Io)?;
+        write(ex, &g, req.offset_bytes, data, fua).await?;
+        return Ok(ReplyData::None);
+    }
+    let _g = ex
+        .locks
+        .lock(s.first_lba, s.end_lba, LockMode::Shared)
+        .await;
+    let _o = ordered(ex, false).await;
+    ex.volume.write_pipe(s.first_lba, pipe, fua).await?;
+    Ok(ReplyData::None)
+}
+
 /// Reads the blocks covering the range and returns views of the wanted bytes.
 async fn read(
     ex: &ExportState,

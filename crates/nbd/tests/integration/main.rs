@@ -7,6 +7,7 @@ mod common;
 mod access;
 mod exports;
 mod ordering;
+mod pipes;
 mod real_clients;
 mod server_client;
 mod structured;
