@@ -143,6 +143,28 @@ impl Drop for Unlocked<'_> {
     }
 }
 
+/// Counts an unlocked plain operation for as long as the bytes of a read
+/// bound for a socket live ([`Volume::read_to_socket`]).
+struct HeldUnlocked(std::sync::Arc<Inner>);
+
+impl Drop for HeldUnlocked {
+    fn drop(&mut self) {
+        drop(Unlocked(&self.0.gate));
+    }
+}
+
+/// A read's bytes with the gate's count they hold.
+struct HeldBytes {
+    data: Bytes,
+    _held: HeldUnlocked,
+}
+
+impl AsRef<[u8]> for HeldBytes {
+    fn as_ref(&self) -> &[u8] {
+        &self.data
+    }
+}
+
 /// Counts a pending atomic write until dropped.
 struct Pending<'a>(&'a Gate);
 
@@ -600,6 +622,23 @@ impl Volume for AtomicWrites {
     async fn read(&self, lba: u64, blocks: u32) -> BlockResult<Bytes> {
         let i = &self.inner;
         i.plain(lba, blocks as u64, i.data.read(lba, blocks)).await
+    }
+    /// The volume below may answer with a view of its pages, read when the
+    /// socket copies them: the read counts as an unlocked plain operation
+    /// until its bytes are dropped (sent), so an atomic write waits for them
+    /// and no view shows part of one. While one is pending, or a kept record
+    /// overlaps, it is an ordinary read (a copy).
+    async fn read_to_socket(&self, lba: u64, blocks: u32) -> BlockResult<Bytes> {
+        let i = &self.inner;
+        i.ready().await?;
+        i.gate.unlocked.fetch_add(1, Ordering::SeqCst);
+        let held = HeldUnlocked(self.inner.clone());
+        if i.gate.pending.load(Ordering::SeqCst) != 0 || i.kept_overlaps(lba, blocks as u64) {
+            drop(held);
+            return self.read(lba, blocks).await;
+        }
+        let data = i.data.read_to_socket(lba, blocks).await?;
+        Ok(Bytes::from_owner(HeldBytes { data, _held: held }))
     }
     async fn write(&self, lba: u64, data: Bytes, fua: bool) -> BlockResult<()> {
         let i = &self.inner;

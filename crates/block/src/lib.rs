@@ -159,6 +159,16 @@ pub trait Volume: Send + Sync + 'static {
     /// Reads `blocks` blocks starting at `lba`.
     async fn read(&self, lba: u64, blocks: u32) -> BlockResult<Bytes>;
 
+    /// Reads `blocks` blocks starting at `lba`, for bytes the caller hands
+    /// only to the kernel (a plain socket's write), never reads itself: a
+    /// volume may answer with a view of its pages instead of a copy (a file
+    /// in memory does), whose bytes are those at the time of the socket's
+    /// copy, and which a file cut short by someone else turns into a failed
+    /// socket write. The default is [`Volume::read`].
+    async fn read_to_socket(&self, lba: u64, blocks: u32) -> BlockResult<Bytes> {
+        self.read(lba, blocks).await
+    }
+
     /// Writes `data` (a whole number of blocks) at `lba`. With `fua` the data is
     /// durable when this returns.
     async fn write(&self, lba: u64, data: Bytes, fua: bool) -> BlockResult<()>;

@@ -20,6 +20,7 @@
 
 mod buf;
 mod engine;
+mod mapping;
 mod open;
 mod options;
 pub mod sim;

@@ -8,6 +8,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 pub struct FileStats {
     /// Read requests issued.
     pub reads: u64,
+    /// Reads answered with a view of the file's pages instead of a copy
+    /// (counted among `reads` too).
+    pub mapped_reads: u64,
     /// Write requests issued (FUA ones included).
     pub writes: u64,
     /// Writes issued with RWF_DSYNC because the caller asked for FUA.
@@ -32,6 +35,7 @@ pub struct FileStats {
 #[derive(Default)]
 pub(crate) struct Counters {
     pub(crate) reads: AtomicU64,
+    pub(crate) mapped_reads: AtomicU64,
     pub(crate) writes: AtomicU64,
     pub(crate) fua_writes: AtomicU64,
     pub(crate) spliced_writes: AtomicU64,
@@ -53,6 +57,7 @@ impl Counters {
         let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
         FileStats {
             reads: get(&self.reads),
+            mapped_reads: get(&self.mapped_reads),
             writes: get(&self.writes),
             fua_writes: get(&self.fua_writes),
             spliced_writes: get(&self.spliced_writes),

@@ -2,6 +2,7 @@
 
 use crate::buf::{AlignedBuf, ReadBuf, WriteBuf};
 use crate::engine::{IoEngine, Op};
+use crate::mapping::Mapping;
 use crate::open::{self, Backing};
 use crate::options::{Engine, FileOptions};
 use crate::stats::{bump, Counters, FileStats};
@@ -150,6 +151,10 @@ fn is_media_errno(errno: i32) -> bool {
     )
 }
 
+/// Reads bound for a socket at least this long are views of a file in memory
+/// (below, a copy costs about what the hole check and the view's upkeep do).
+const MAPPED_READ_BYTES_MIN: u64 = 64 * 1024;
+
 /// A block volume backed by a regular file or a block device.
 ///
 /// Reads, writes and flushes go through the I/O engine (io_uring or threads);
@@ -179,6 +184,11 @@ pub struct FileVolume {
     /// synchronous calls (tmpfs refuses RWF_NOWAIT reads, and io_uring would hand
     /// each of them to a kernel worker thread).
     memory_backed: bool,
+    /// The mapping views of reads bound for a socket come from (a file in
+    /// memory only; made at the first such read, again when the volume
+    /// grew past it), and whether mapping failed (then reads are copied).
+    mapping: parking_lot::Mutex<Option<Arc<Mapping>>>,
+    mapping_failed: AtomicBool,
     zero_range_unsupported: AtomicBool,
     /// The block device failed a discard as unsupported: discards are hints
     /// ignored from then on.
@@ -276,6 +286,8 @@ impl FileVolume {
             nowait_write_unsupported: AtomicBool::new(false),
             nowait_enabled: opts.nowait_inline,
             memory_backed,
+            mapping: parking_lot::Mutex::new(None),
+            mapping_failed: AtomicBool::new(false),
             zero_range_unsupported: AtomicBool::new(false),
             // (a device that takes none is refused by the kernel before it
             // touches the cache; one that takes them and fails one has
@@ -502,6 +514,51 @@ impl FileVolume {
             && len <= NOWAIT_BYTES_MAX
             && self.nowait_enabled
             && !unsupported.load(Ordering::Relaxed)
+    }
+
+    /// `len` bytes at byte `offset` as a view of the file's pages, if the
+    /// file is in memory and every page of the range is there (a view
+    /// faulting on a hole of a tmpfs file would allocate it: the file would
+    /// fill up; a page swapped out is read the ordinary way too).
+    fn mapped_view(&self, offset: u64, len: u64) -> Option<Bytes> {
+        if !self.memory_backed
+            || self.backing != Backing::File
+            || self.direct
+            || self.mapping_failed.load(Ordering::Relaxed)
+        {
+            return None;
+        }
+        let end = offset.checked_add(len)?;
+        let fd = self.file.as_raw_fd();
+        let mut m = self.mapping.lock();
+        let map = match &*m {
+            Some(map) if map.len() as u64 >= end => map.clone(),
+            _ => {
+                let size = self.block_count.load(Ordering::Acquire) * self.bs();
+                let map = usize::try_from(size)
+                    .map_err(std::io::Error::other)
+                    .and_then(|size| Mapping::new(fd, size));
+                match map {
+                    Ok(map) if map.len() as u64 >= end => {
+                        *m = Some(map.clone());
+                        map
+                    }
+                    Ok(_) => return None,
+                    Err(e) => {
+                        tracing::info!(path = %self.path.display(), error = %e, "the file cannot be mapped; reads for sockets are copied");
+                        self.mapping_failed.store(true, Ordering::Relaxed);
+                        return None;
+                    }
+                }
+            }
+        };
+        drop(m);
+        // (mincore, not SEEK_HOLE: on tmpfs that walks on to the next hole,
+        // the end of a full file)
+        if !map.resident(offset as usize, len as usize) {
+            return None;
+        }
+        Some(map.view(offset as usize, len as usize))
     }
 
     /// Writes zeroes over blocks with ordinary writes.
@@ -801,6 +858,23 @@ impl Volume for FileVolume {
                 "disk engine returned a foreign op".into(),
             )),
         }
+    }
+
+    /// A file in memory: a view of its pages (see [`Mapping`]), for reads of
+    /// [`MAPPED_READ_BYTES_MIN`] or more; a copy otherwise.
+    async fn read_to_socket(&self, lba: u64, blocks: u32) -> BlockResult<Bytes> {
+        let len = blocks as u64 * self.bs();
+        if len >= MAPPED_READ_BYTES_MIN {
+            self.geometry().check_range(lba, blocks as u64)?;
+            self.check_transfer(blocks as u64)?;
+            if let Some(view) = self.mapped_view(lba * self.bs(), len) {
+                bump(&self.counters.reads, 1);
+                bump(&self.counters.mapped_reads, 1);
+                bump(&self.counters.bytes_read, len);
+                return Ok(view);
+            }
+        }
+        self.read(lba, blocks).await
     }
 
     async fn write(&self, lba: u64, data: Bytes, fua: bool) -> BlockResult<()> {

@@ -437,3 +437,40 @@ async fn atomic_writes_go_on_after_failed_ones_kept_every_slot() {
         assert_eq!(v.read(i * 16, 1).await.unwrap(), fill(0xaa, 1));
     }
 }
+
+/// The bytes of a read bound for a socket may be a view of the volume's
+/// pages, read when the socket copies them: an atomic write waits until they
+/// are gone (sent), so they never show part of it; with an atomic write
+/// pending, such a read is an ordinary one and does not hold it up.
+#[tokio::test]
+async fn an_atomic_write_waits_for_the_bytes_of_a_read_for_a_socket() {
+    let v = Arc::new(AtomicWrites::new(mem(), records(), KEY).unwrap());
+    v.write(0, fill(1, 8), false).await.unwrap();
+    let held = v.read_to_socket(0, 8).await.unwrap();
+    let writer = {
+        let v = v.clone();
+        tokio::spawn(async move { v.write_atomic(0, fill(2, 8)).await })
+    };
+    while v.inner.gate.pending.load(Ordering::SeqCst) == 0 && !writer.is_finished() {
+        tokio::task::yield_now().await;
+    }
+    assert!(
+        !writer.is_finished(),
+        "the atomic write ran under the bytes of a read"
+    );
+    // the write is pending: a read for a socket now is a copy, taken at once
+    let copy = v.read_to_socket(8, 8).await.unwrap();
+    assert_eq!(copy, fill(0, 8));
+    for _ in 0..100 {
+        tokio::task::yield_now().await;
+    }
+    assert!(
+        !writer.is_finished(),
+        "the atomic write ran under the bytes of a read"
+    );
+    assert_eq!(held, fill(1, 8));
+    drop(held);
+    writer.await.unwrap().unwrap();
+    assert_eq!(v.read(0, 8).await.unwrap(), fill(2, 8));
+    drop(copy);
+}

@@ -1133,3 +1133,54 @@ async fn a_payload_in_a_pipe_is_written_where_asked() {
         }
     }
 }
+
+/// Reads bound for a socket: on a file in memory, a range every page of
+/// which holds data is answered with a view of the file's pages (counted as
+/// such) and its bytes are the blocks'; a range with a hole, a short read and
+/// a read of a disk-backed file are copies; a view never fills a hole (the
+/// file's allocation does not grow); a range past the first mapping, after
+/// the volume grew, is a view too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reads_for_a_socket_are_views_of_a_file_in_memory() {
+    let shm = tempfile::tempdir_in("/dev/shm").unwrap();
+    let disk = tempfile::tempdir().unwrap();
+    for (dir, in_memory) in [(&shm, true), (&disk, false)] {
+        let path = dir.path().join("views");
+        let v = FileVolume::open(&path, &create_opts(Engine::Auto, 4 * MIB)).unwrap();
+        let data = Bytes::from(pattern(0, 512, 512, 5));
+        v.write(0, data.clone(), false).await.unwrap();
+        let mapped = |v: &FileVolume| v.stats().mapped_reads;
+
+        let got = v.read_to_socket(0, 512).await.unwrap();
+        assert_eq!(got, data);
+        assert_eq!(mapped(&v), u64::from(in_memory));
+        // (too short to be worth a view)
+        assert_eq!(
+            v.read_to_socket(8, 8).await.unwrap(),
+            data.slice(4096..8192)
+        );
+        assert_eq!(mapped(&v), u64::from(in_memory));
+        if !in_memory {
+            continue;
+        }
+        // half data, half hole: a copy, zeroes where the hole is, and the
+        // hole stays one
+        let allocated = allocated_bytes(&path);
+        let r = v.read_to_socket(256, 512).await.unwrap();
+        assert_eq!(&r[..128 * 1024], &data[128 * 1024..]);
+        assert!(r[128 * 1024..].iter().all(|b| *b == 0));
+        let r = v.read_to_socket(4096, 1024).await.unwrap();
+        assert!(r.iter().all(|b| *b == 0));
+        assert_eq!(mapped(&v), 1);
+        assert_eq!(allocated_bytes(&path), allocated);
+
+        // past the mapping made at 4 MiB, once the volume grew
+        v.grow(16 * MIB / 512).await.unwrap();
+        let far = Bytes::from(pattern(20_000, 256, 512, 6));
+        v.write(20_000, far.clone(), false).await.unwrap();
+        assert_eq!(v.read_to_socket(20_000, 256).await.unwrap(), far);
+        assert_eq!(mapped(&v), 2);
+        // the view taken before still reads as then (its mapping lives on)
+        assert_eq!(got, data);
+    }
+}

@@ -320,6 +320,10 @@ struct Conn {
     session: Session,
     /// Pipes that hold large write payloads between the socket and the file.
     pipes: Arc<PipePool>,
+    /// Replies go to a plain socket: READ data may be a view of the volume's
+    /// pages, which only the kernel reads ([`block::Volume::read_to_socket`]);
+    /// under TLS it is encrypted in this process.
+    plain: bool,
 }
 
 /// Most pipes one connection holds at a time (each two descriptors and up to
@@ -461,6 +465,7 @@ async fn transmission<R, W>(
         peer,
         session,
         pipes: Arc::default(),
+        plain: rd.socket().is_some(),
     };
     let mut shutdown = ctx.shutdown.clone();
     let end = tokio::select! {
@@ -715,10 +720,12 @@ impl Conn {
         let tx = self.tx.clone();
         let peer = self.peer;
         let session = self.session;
+        let plain = self.plain;
         let task = Box::pin(async move {
             let done = match payload {
                 Payload::Bytes(payload) => {
-                    exec::execute_held(&export, &req, payload, held, session.base_allocation).await
+                    let context = session.base_allocation;
+                    exec::execute_held(&export, &req, payload, (held, context), plain).await
                 }
                 Payload::Pipe(mut pipe) => exec::write_piped(&export, &req, pipe.get(), held).await,
             };

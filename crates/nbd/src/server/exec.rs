@@ -299,19 +299,20 @@ pub(crate) async fn execute(
     req: &Request,
     payload: Bytes,
 ) -> Result<ReplyData, BlockError> {
-    execute_held(ex, req, payload, None, None).await
+    execute_held(ex, req, payload, (None, None), false).await
 }
 
 /// Runs a validated request; `held` is the node budget the WRITE payload took
 /// before it was read (it is charged here when the caller took none);
 /// `context` is the id of `base:allocation` when the client selected it
-/// (BLOCK_STATUS is refused without it).
+/// (BLOCK_STATUS is refused without it); with `to_socket` a READ's data
+/// goes only to a plain socket's write ([`block::Volume::read_to_socket`]).
 pub(crate) async fn execute_held(
     ex: &ExportState,
     req: &Request,
     payload: Bytes,
-    held: Option<BufferPermit>,
-    context: Option<u32>,
+    (held, context): (Option<BufferPermit>, Option<u32>),
+    to_socket: bool,
 ) -> Result<ReplyData, BlockError> {
     let g = ex.volume.geometry();
     let fua = req.flags & cmdflag::FUA != 0;
@@ -326,7 +327,7 @@ pub(crate) async fn execute_held(
             _ => Err(BlockError::NotSupported("block status without a context")),
         },
         _ if len == 0 => Ok(ReplyData::None),
-        Command::Read => read(ex, &g, req.offset_bytes, len).await,
+        Command::Read => read(ex, &g, (req.offset_bytes, len), to_socket).await,
         Command::Write => {
             let _held = held.unwrap_or_else(|| ex.buffers.charge(payload.len() as u64));
             write(ex, &g, req.offset_bytes, payload, fua).await?;
@@ -382,8 +383,8 @@ pub(crate) async fn write_piped(
 async fn read(
     ex: &ExportState,
     g: &Geometry,
-    offset: u64,
-    len: u64,
+    (offset, len): (u64, u64),
+    to_socket: bool,
 ) -> Result<ReplyData, BlockError> {
     let s = Span::new(g, offset, len);
     // every block read stays referenced by the reply until it is written
@@ -393,7 +394,11 @@ async fn read(
     let mut lba = s.first_lba;
     while lba < s.end_lba {
         let n = (s.end_lba - lba).min(step);
-        let data = ex.volume.read(lba, n as u32).await?;
+        let data = if to_socket {
+            ex.volume.read_to_socket(lba, n as u32).await?
+        } else {
+            ex.volume.read(lba, n as u32).await?
+        };
         if data.len() as u64 != n * s.bs {
             return Err(BlockError::Io(std::io::Error::other(
                 "volume returned a short read",
@@ -755,7 +760,7 @@ mod tests {
             let ex = &ex;
             async move {
                 validate(&r, &ex.volume.geometry(), false)?;
-                execute_held(ex, &r, Bytes::new(), None, Some(9))
+                execute_held(ex, &r, Bytes::new(), (None, Some(9)), false)
                     .await
                     .map(|d| status_of(d, 9))
                     .map_err(|e| errno_of(&e, r.command))
@@ -783,7 +788,7 @@ mod tests {
             Ok(vec![(k64 - 100, HZ)])
         );
         let r = req(Command::BlockStatus, 0, 0, 512);
-        let e = execute_held(&ex, &r, Bytes::new(), None, None)
+        let e = execute_held(&ex, &r, Bytes::new(), (None, None), false)
             .await
             .unwrap_err();
         assert_eq!(errno_of(&e, r.command), errno::EINVAL);

@@ -1,7 +1,9 @@
 //! Large WRITE payloads spliced from the socket into a pipe and handed to a
 //! volume that takes pipes (`block::Volume::write_pipe`): which writes go
 //! that way, that their bytes arrive whole and in place however the client
-//! sends them, and that a client stopping mid-payload changes nothing.
+//! sends them, and that a client stopping mid-payload changes nothing. And
+//! READs on a plain connection asked of the volume as reads bound for a
+//! socket (`block::Volume::read_to_socket`).
 
 use crate::common::{pattern, start_volumes, Raw};
 use async_trait::async_trait;
@@ -19,6 +21,7 @@ struct Piped {
     inner: MemVolume,
     piped: AtomicU64,
     piped_bytes: AtomicU64,
+    socket_reads: AtomicU64,
 }
 
 #[async_trait]
@@ -31,6 +34,10 @@ impl Volume for Piped {
     }
     async fn write(&self, lba: u64, data: Bytes, fua: bool) -> BlockResult<()> {
         self.inner.write(lba, data, fua).await
+    }
+    async fn read_to_socket(&self, lba: u64, blocks: u32) -> BlockResult<Bytes> {
+        self.socket_reads.fetch_add(1, Ordering::Relaxed);
+        self.inner.read(lba, blocks).await
     }
     fn takes_pipes(&self) -> bool {
         true
@@ -55,6 +62,7 @@ fn piped_volume() -> Arc<Piped> {
         inner: MemVolume::new(512, 16 << 11), // 16 MiB
         piped: AtomicU64::new(0),
         piped_bytes: AtomicU64::new(0),
+        socket_reads: AtomicU64::new(0),
     })
 }
 
@@ -145,10 +153,13 @@ async fn large_aligned_writes_go_through_a_pipe() {
         (primed * 256 + 256 + 64 + 128 + 8 * 256) << 10
     );
 
+    // (a plain connection: READs are reads bound for its socket)
+    let before = vol.socket_reads.load(Ordering::Relaxed);
     for off in (0..16 << 20).step_by(1 << 20) {
         let got = c.read(off as u64, 1 << 20).await.unwrap();
         assert!(got == oracle[off..off + (1 << 20)], "MiB at {off} differs");
     }
+    assert_eq!(vol.socket_reads.load(Ordering::Relaxed), before + 16);
     srv.stop().await;
 }
 
