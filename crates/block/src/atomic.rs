@@ -42,7 +42,7 @@ use crate::rangelock::{LockMode, RangeGuard, RangeLocks};
 use crate::{BlockError, BlockResult, Bytes, BytesMut, Extent, Geometry, Volume, VolumeRef};
 use async_trait::async_trait;
 use parking_lot::Mutex;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use tokio::sync::{Notify, OnceCell, Semaphore};
 
 /// Most bytes one atomic write may carry (256 blocks of 4 KiB, 2048 of 512 bytes).
@@ -143,20 +143,23 @@ impl Drop for Unlocked<'_> {
     }
 }
 
-/// Counts an unlocked plain operation for as long as the bytes of a read
-/// bound for a socket live ([`Volume::read_to_socket`]).
-struct HeldUnlocked(std::sync::Arc<Inner>);
+/// Counts a read bound for a socket for as long as its bytes live
+/// ([`Volume::read_to_socket`]).
+struct HeldView(std::sync::Arc<Inner>);
 
-impl Drop for HeldUnlocked {
+impl Drop for HeldView {
     fn drop(&mut self) {
-        drop(Unlocked(&self.0.gate));
+        self.0.views.fetch_sub(1, Ordering::SeqCst);
+        if self.0.views_off.load(Ordering::SeqCst) {
+            self.0.views_gone.notify_waiters();
+        }
     }
 }
 
-/// A read's bytes with the gate's count they hold.
+/// A read's bytes with the count they hold.
 struct HeldBytes {
     data: Bytes,
-    _held: HeldUnlocked,
+    _held: HeldView,
 }
 
 impl AsRef<[u8]> for HeldBytes {
@@ -225,6 +228,14 @@ struct Inner {
     /// on every operation).
     kept: Mutex<Vec<Kept>>,
     kept_count: AtomicUsize,
+    /// Reads bound for a socket whose bytes (perhaps views of the pages
+    /// below, read when the socket copies them) are still alive.
+    views: AtomicUsize,
+    /// Set by the first atomic write: from then on reads bound for a socket
+    /// are copies, and the views handed out before are waited for once.
+    views_off: AtomicBool,
+    /// Woken when a view's bytes are dropped once `views_off` is set.
+    views_gone: Notify,
 }
 
 /// What admits an operation through the gate, held while it runs.
@@ -309,6 +320,9 @@ impl AtomicWrites {
                 next_seq: AtomicU64::new(1),
                 kept: Mutex::new(Vec::new()),
                 kept_count: AtomicUsize::new(0),
+                views: AtomicUsize::new(0),
+                views_off: AtomicBool::new(false),
+                views_gone: Notify::new(),
             }),
         })
     }
@@ -354,6 +368,23 @@ impl Inner {
             let k_end = k.lba + k.data.len() as u64 / bs;
             k.lba < end && lba < k_end
         })
+    }
+
+    /// Ends the handing out of views to reads bound for a socket and waits
+    /// for those handed out before to be sent (once per volume: later atomic
+    /// writes find none). A view is read when the socket copies it, so one
+    /// that outlived the start of this write could show part of it.
+    async fn close_views(&self) {
+        self.views_off.store(true, Ordering::SeqCst);
+        loop {
+            let gone = self.views_gone.notified();
+            tokio::pin!(gone);
+            gone.as_mut().enable();
+            if self.views.load(Ordering::SeqCst) == 0 {
+                break;
+            }
+            gone.await;
+        }
     }
 
     /// Waits for the unlocked plain operations still running to end, with
@@ -503,6 +534,7 @@ impl Inner {
             ));
         }
         self.ready().await?;
+        self.close_views().await;
         // every slot may be held by failed writes' kept records, which only
         // an operation over their blocks used to settle: this write waited
         // for a slot for ever, even once the fault had cleared (review of
@@ -624,16 +656,26 @@ impl Volume for AtomicWrites {
         i.plain(lba, blocks as u64, i.data.read(lba, blocks)).await
     }
     /// The volume below may answer with a view of its pages, read when the
-    /// socket copies them: the read counts as an unlocked plain operation
-    /// until its bytes are dropped (sent), so an atomic write waits for them
-    /// and no view shows part of one. While one is pending, or a kept record
-    /// overlaps, it is an ordinary read (a copy).
+    /// socket copies them. Until this volume's first atomic write, such reads
+    /// are passed down and counted until their bytes are dropped (sent); the
+    /// first atomic write turns them off and waits once for those counted
+    /// (`Inner::close_views`), so no view shows part of an atomic write. From
+    /// then on they are ordinary reads (copies, through the gate). They are
+    /// not counted as the gate's plain operations: a client slow to take its
+    /// replies would hold up every atomic write, and through the LU's write
+    /// order every writer; and a settle waiting for the gate to drain would
+    /// wait for views its own caller holds (review of 2026-12-06).
     async fn read_to_socket(&self, lba: u64, blocks: u32) -> BlockResult<Bytes> {
         let i = &self.inner;
         i.ready().await?;
-        i.gate.unlocked.fetch_add(1, Ordering::SeqCst);
-        let held = HeldUnlocked(self.inner.clone());
-        if i.gate.pending.load(Ordering::SeqCst) != 0 || i.kept_overlaps(lba, blocks as u64) {
+        if i.views_off.load(Ordering::SeqCst) {
+            return self.read(lba, blocks).await;
+        }
+        i.views.fetch_add(1, Ordering::SeqCst);
+        let held = HeldView(self.inner.clone());
+        // (seen after the count went up: an atomic write that set it
+        // waits for this one, or this one sees it)
+        if i.views_off.load(Ordering::SeqCst) || i.kept_overlaps(lba, blocks as u64) {
             drop(held);
             return self.read(lba, blocks).await;
         }

@@ -328,7 +328,7 @@ struct Conn {
 
 /// Most pipes one connection holds at a time (each two descriptors and up to
 /// a payload's pages); the writes beyond are read into buffers.
-const PIPES_PER_CONNECTION_MAX: usize = 16;
+const PIPES_PER_CONNECTION_MAX: usize = 8;
 
 /// A connection's pipes for large write payloads ([`block::PipePayload`]):
 /// taken by the reader, given back empty when the write is done.
@@ -519,6 +519,7 @@ impl Conn {
     /// forced (a FUA write goes the way a buffer goes).
     fn pipe_wanted(&self, req: &Request, len: usize, buffered: usize) -> bool {
         if req.command != Command::Write
+            || self.export.read_only
             || len < OWN_BUFFER_BYTES
             || buffered >= len
             || !block::PipePayload::fits(len)
