@@ -1,6 +1,6 @@
 //! The template for a stacking layer: forwards everything to the volume below.
 
-use crate::{BlockResult, Bytes, Extent, Geometry, Volume, VolumeRef};
+use crate::{BlockResult, Bytes, Extent, Geometry, PipePayload, Volume, VolumeRef};
 use async_trait::async_trait;
 
 /// A layer that forwards every operation unchanged; copy it to start a new layer.
@@ -25,6 +25,17 @@ impl Volume for Passthru {
     }
     async fn write(&self, lba: u64, data: Bytes, fua: bool) -> BlockResult<()> {
         self.inner.write(lba, data, fua).await
+    }
+    // (a layer that changes or watches the bytes must not forward these two:
+    // a view is read only by the socket, a pipe's bytes only by the kernel)
+    async fn read_to_socket(&self, lba: u64, blocks: u32) -> BlockResult<Bytes> {
+        self.inner.read_to_socket(lba, blocks).await
+    }
+    fn takes_pipes(&self) -> bool {
+        self.inner.takes_pipes()
+    }
+    async fn write_pipe(&self, lba: u64, pipe: &mut PipePayload, fua: bool) -> BlockResult<()> {
+        self.inner.write_pipe(lba, pipe, fua).await
     }
     async fn flush(&self) -> BlockResult<()> {
         self.inner.flush().await

@@ -516,16 +516,33 @@ impl FileVolume {
             && !unsupported.load(Ordering::Relaxed)
     }
 
+    /// A buffered file on tmpfs: its pages are memory the process may map
+    /// and splice into.
+    fn in_memory_file(&self) -> bool {
+        self.memory_backed && self.backing == Backing::File && !self.direct
+    }
+
+    /// The checks of a write of `len_bytes` at `lba` (writable, whole blocks,
+    /// in range, not too long), and its count; false when it writes nothing.
+    fn admit_write(&self, lba: u64, len_bytes: usize) -> BlockResult<bool> {
+        self.check_writable()?;
+        let blocks = self.geometry().blocks_in(len_bytes)?;
+        self.geometry().check_range(lba, blocks)?;
+        self.check_transfer(blocks)?;
+        if blocks == 0 {
+            return Ok(false);
+        }
+        bump(&self.counters.writes, 1);
+        bump(&self.counters.bytes_written, len_bytes as u64);
+        Ok(true)
+    }
+
     /// `len` bytes at byte `offset` as a view of the file's pages, if the
     /// file is in memory and every page of the range is there (a view
     /// faulting on a hole of a tmpfs file would allocate it: the file would
     /// fill up; a page swapped out is read the ordinary way too).
     fn mapped_view(&self, offset: u64, len: u64) -> Option<Bytes> {
-        if !self.memory_backed
-            || self.backing != Backing::File
-            || self.direct
-            || self.mapping_failed.load(Ordering::Relaxed)
-        {
+        if !self.in_memory_file() || self.mapping_failed.load(Ordering::Relaxed) {
             return None;
         }
         let end = offset.checked_add(len)?;
@@ -878,15 +895,9 @@ impl Volume for FileVolume {
     }
 
     async fn write(&self, lba: u64, data: Bytes, fua: bool) -> BlockResult<()> {
-        self.check_writable()?;
-        let blocks = self.geometry().blocks_in(data.len())?;
-        self.geometry().check_range(lba, blocks)?;
-        self.check_transfer(blocks)?;
-        if blocks == 0 {
+        if !self.admit_write(lba, data.len())? {
             return Ok(());
         }
-        bump(&self.counters.writes, 1);
-        bump(&self.counters.bytes_written, data.len() as u64);
         // With O_DSYNC every write is already durable.
         let dsync = fua && !self.sync_writes;
         if dsync {
@@ -899,12 +910,7 @@ impl Volume for FileVolume {
     /// page copies the async thread makes inline anyway, and `splice` makes
     /// the one copy from the pipe's pages into the file's.
     fn takes_pipes(&self) -> bool {
-        self.memory_backed
-            && self.backing == Backing::File
-            && !self.direct
-            && !self.sync_writes
-            && !self.read_only
-            && self.nowait_enabled
+        self.in_memory_file() && !self.sync_writes && !self.read_only && self.nowait_enabled
     }
 
     async fn write_pipe(&self, lba: u64, pipe: &mut PipePayload, fua: bool) -> BlockResult<()> {
@@ -912,16 +918,10 @@ impl Volume for FileVolume {
             let data = pipe.take_bytes().map_err(BlockError::Io)?;
             return self.write(lba, data, fua).await;
         }
-        self.check_writable()?;
         let len = pipe.len();
-        let blocks = self.geometry().blocks_in(len)?;
-        self.geometry().check_range(lba, blocks)?;
-        self.check_transfer(blocks)?;
-        if blocks == 0 {
+        if !self.admit_write(lba, len)? {
             return Ok(());
         }
-        bump(&self.counters.writes, 1);
-        bump(&self.counters.bytes_written, len as u64);
         bump(&self.counters.spliced_writes, 1);
         let offset = lba * self.bs();
         if let Err(e) = pipe.drain_to(self.file.as_raw_fd(), offset) {

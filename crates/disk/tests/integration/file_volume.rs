@@ -1184,3 +1184,29 @@ async fn reads_for_a_socket_are_views_of_a_file_in_memory() {
         assert_eq!(got, data);
     }
 }
+
+/// A file cut short by someone else under a view: the kernel's copy from
+/// the view (a write of it, as a socket's send makes) fails with EFAULT, and
+/// the process goes on (read in user space it would be a SIGBUS).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_view_of_a_file_cut_short_fails_the_kernels_copy() {
+    use std::io::Write;
+    let shm = tempfile::tempdir_in("/dev/shm").unwrap();
+    let path = shm.path().join("cut");
+    let v = FileVolume::open(&path, &create_opts(Engine::Auto, 4 * MIB)).unwrap();
+    v.write(0, Bytes::from(pattern(0, 512, 512, 7)), false)
+        .await
+        .unwrap();
+    let view = v.read_to_socket(0, 512).await.unwrap();
+    assert_eq!(v.stats().mapped_reads, 1);
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&path)
+        .unwrap()
+        .set_len(0)
+        .unwrap();
+    let mut out = tempfile::tempfile().unwrap();
+    // (the slice is handed to write(2), never read here)
+    let e = out.write(&view).unwrap_err();
+    assert_eq!(e.raw_os_error(), Some(libc::EFAULT));
+}

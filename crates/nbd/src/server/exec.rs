@@ -15,7 +15,7 @@
 use crate::proto::{cmdflag, errno, state, Command, Request};
 use block::VolumeRef;
 use block::{BlockError, BufferBudget, BufferPermit, Bytes, BytesMut, ExtentState, Geometry};
-use block::{LockMode, RangeLocks};
+use block::{LockMode, RangeGuard, RangeLocks};
 use bytes::BufMut;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -370,11 +370,7 @@ pub(crate) async fn write_piped(
         write(ex, &g, req.offset_bytes, data, fua).await?;
         return Ok(ReplyData::None);
     }
-    let _g = ex
-        .locks
-        .lock(s.first_lba, s.end_lba, LockMode::Shared)
-        .await;
-    let _o = ordered(ex, false).await;
+    let _held = shared_change(ex, &s).await;
     ex.volume.write_pipe(s.first_lba, pipe, fua).await?;
     Ok(ReplyData::None)
 }
@@ -519,6 +515,17 @@ type Ordered = (
     Option<tokio::sync::OwnedRwLockWriteGuard<()>>,
 );
 
+/// What a change of whole blocks holds while it runs: its range shared
+/// (partial-block read-modify-writes take theirs exclusively) and the
+/// volume's write order shared.
+async fn shared_change<'a>(ex: &'a ExportState, s: &Span) -> (RangeGuard<'a>, Ordered) {
+    let range = ex
+        .locks
+        .lock(s.first_lba, s.end_lba, LockMode::Shared)
+        .await;
+    (range, ordered(ex, false).await)
+}
+
 async fn ordered(ex: &ExportState, exclusive: bool) -> Ordered {
     let Some(order) = ex.access.as_ref().and_then(|a| a.write_order()) else {
         return (None, None);
@@ -617,11 +624,7 @@ async fn write(
 ) -> Result<(), BlockError> {
     let s = Span::new(g, offset, data.len() as u64);
     if s.aligned() {
-        let _g = ex
-            .locks
-            .lock(s.first_lba, s.end_lba, LockMode::Shared)
-            .await;
-        let _o = ordered(ex, false).await;
+        let _held = shared_change(ex, &s).await;
         return write_blocks(ex, g, s.first_lba, data, fua).await;
     }
     let _g = ex
