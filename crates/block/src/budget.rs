@@ -27,6 +27,17 @@
 //! The semaphore is fair (first come, first served), so a large command is not
 //! starved by small ones. Units are KiB: one acquire covers up to 4 TiB.
 //!
+//! *Sessions.* First come, first served lets one client take the whole budget:
+//! an iSCSI session with 128 reads of 16 MiB queued, read at the minimum rate,
+//! held 2 GiB for hours and every other client waited behind it. So each
+//! session (an iSCSI session, an NBD connection) takes its bytes from a
+//! [`session`](BufferBudget::session) budget of its own, a share of the node's
+//! (`[limits] session_buffer_max`, a quarter of the node's by default), and
+//! then from the node's: a permit holds the same bytes at both levels. A
+//! session at its share waits on its own, holding nothing of the node's beyond
+//! what it already has; the rules above apply at each level (a session's bytes
+//! are released by the same events as the node's).
+//!
 //! Key invariant: bytes held by permits taken with `acquire`/`try_acquire` never
 //! exceed the budget's maximum; `charge`d bytes may go beyond it and then hold
 //! back every waiter until they are returned.
@@ -59,6 +70,13 @@ struct Inner {
     debt_units: AtomicU64,
     waits: AtomicU64,
     refusals: AtomicU64,
+    /// The budget this one is a share of (a session's: the node's).
+    parent: Option<Arc<Inner>>,
+    /// Units of the share a [`BufferBudget::session`] of this budget gets.
+    session_units: u64,
+    /// Acquires of this budget's sessions that waited for their own share
+    /// (not for this budget).
+    session_waits: AtomicU64,
 }
 
 /// What the budget holds now and has held (for status and metrics).
@@ -75,6 +93,10 @@ pub struct BufferStatus {
     pub waits: u64,
     /// Acquires refused at once (the caller answered "busy" instead of waiting).
     pub refusals: u64,
+    /// The most one session may hold (`[limits] session_buffer_max`).
+    pub session_max_bytes: u64,
+    /// Acquires that waited because their session held its whole share.
+    pub session_waits: u64,
 }
 
 /// Bytes of a budget held until dropped.
@@ -106,19 +128,31 @@ impl Default for BufferBudget {
 static NODE: OnceLock<BufferBudget> = OnceLock::new();
 
 impl BufferBudget {
-    /// A budget of `max_bytes` (at least 1 KiB, at most 4 TiB).
+    /// A budget of `max_bytes` (at least 1 KiB, at most 4 TiB) whose sessions
+    /// get the default share ([`default_session_bytes`]).
     pub fn new(max_bytes: u64) -> BufferBudget {
+        BufferBudget::with_session_share(max_bytes, default_session_bytes(max_bytes))
+    }
+
+    /// A budget of `max_bytes` whose [`session`](Self::session)s may hold at
+    /// most `session_bytes` each (at least 1 KiB, at most the whole budget).
+    pub fn with_session_share(max_bytes: u64, session_bytes: u64) -> BufferBudget {
         let max_units = max_bytes.div_ceil(UNIT_BYTES).clamp(1, units_max());
+        let session_units = session_bytes.div_ceil(UNIT_BYTES).clamp(1, max_units);
         BufferBudget {
-            inner: Arc::new(Inner {
-                sem: Semaphore::new(max_units as usize),
-                max_units,
-                held_units: AtomicU64::new(0),
-                high_water_units: AtomicU64::new(0),
-                debt_units: AtomicU64::new(0),
-                waits: AtomicU64::new(0),
-                refusals: AtomicU64::new(0),
-            }),
+            inner: Arc::new(Inner::new(max_units, None, session_units)),
+        }
+    }
+
+    /// A budget for one session (an iSCSI session, an NBD connection): its
+    /// permits take their bytes from this budget's session share first, then
+    /// from this budget, so the session never holds more than its share of
+    /// it. A command larger than the share is clamped to it (it runs alone in
+    /// its session).
+    pub fn session(&self) -> BufferBudget {
+        let units = self.inner.session_units;
+        BufferBudget {
+            inner: Arc::new(Inner::new(units, Some(self.inner.clone()), units)),
         }
     }
 
@@ -159,19 +193,29 @@ impl BufferBudget {
         if units == 0 {
             return BufferPermit::empty();
         }
-        // units <= units_max() <= u32::MAX
+        // units <= units_max() <= u32::MAX, and no more than any level's whole
+        // (a session's share is at most its parent's budget)
         let n = units as u32;
-        match self.inner.sem.try_acquire_many(n) {
-            Ok(p) => p.forget(),
-            Err(_) => {
-                self.inner.waits.fetch_add(1, Ordering::Relaxed);
-                match self.inner.sem.acquire_many(n).await {
-                    Ok(p) => p.forget(),
-                    // never closed; nothing was taken
-                    Err(_) => return BufferPermit::empty(),
+        // each level in turn, this one first; what a cancelled wait had taken
+        // goes back as its permits drop
+        let mut taken = Vec::with_capacity(2);
+        for level in self.inner.levels() {
+            match level.sem.try_acquire_many(n) {
+                Ok(p) => taken.push(p),
+                Err(_) => {
+                    level.waits.fetch_add(1, Ordering::Relaxed);
+                    if let Some(parent) = &level.parent {
+                        parent.session_waits.fetch_add(1, Ordering::Relaxed);
+                    }
+                    match level.sem.acquire_many(n).await {
+                        Ok(p) => taken.push(p),
+                        // never closed; what was taken goes back
+                        Err(_) => return BufferPermit::empty(),
+                    }
                 }
             }
         }
+        taken.into_iter().for_each(|p| p.forget());
         self.held(units)
     }
 
@@ -183,14 +227,21 @@ impl BufferBudget {
         if units == 0 {
             return Some(BufferPermit::empty());
         }
-        let p = self.inner.sem.try_acquire_many(units as u32).ok()?;
-        p.forget();
+        let taken = self
+            .inner
+            .levels()
+            .map(|level| level.sem.try_acquire_many(units as u32).ok())
+            .collect::<Option<Vec<_>>>()?;
+        taken.into_iter().for_each(|p| p.forget());
         Some(self.held(units))
     }
 
     /// Records that a caller answered "busy" instead of waiting for bytes.
+    /// Counted at every level: a session's refusals show in the node's status.
     pub fn count_refusal(&self) {
-        self.inner.refusals.fetch_add(1, Ordering::Relaxed);
+        for level in self.inner.levels() {
+            level.refusals.fetch_add(1, Ordering::Relaxed);
+        }
     }
 
     /// Counts `bytes` at once, without waiting, even beyond the budget (the
@@ -203,20 +254,21 @@ impl BufferBudget {
             return BufferPermit::empty();
         }
         let want = usize::try_from(units).unwrap_or(usize::MAX);
-        let taken = self.inner.sem.forget_permits(want) as u64;
-        if taken < units {
-            self.inner
-                .debt_units
-                .fetch_add(units - taken, Ordering::AcqRel);
+        for level in self.inner.levels() {
+            let taken = level.sem.forget_permits(want) as u64;
+            if taken < units {
+                level.debt_units.fetch_add(units - taken, Ordering::AcqRel);
+            }
         }
         self.held(units)
     }
 
+    /// Counts `units` taken from every level's semaphore as held.
     fn held(&self, units: u64) -> BufferPermit {
-        let now = self.inner.held_units.fetch_add(units, Ordering::AcqRel) + units;
-        self.inner
-            .high_water_units
-            .fetch_max(now, Ordering::Relaxed);
+        for level in self.inner.levels() {
+            let now = level.held_units.fetch_add(units, Ordering::AcqRel) + units;
+            level.high_water_units.fetch_max(now, Ordering::Relaxed);
+        }
         BufferPermit {
             inner: Some(self.inner.clone()),
             units,
@@ -232,6 +284,63 @@ impl BufferBudget {
             high_water_bytes: i.high_water_units.load(Ordering::Relaxed) * UNIT_BYTES,
             waits: i.waits.load(Ordering::Relaxed),
             refusals: i.refusals.load(Ordering::Relaxed),
+            session_max_bytes: i.session_units * UNIT_BYTES,
+            session_waits: i.session_waits.load(Ordering::Relaxed),
+        }
+    }
+}
+
+/// The share of a budget of `max_bytes` one session may hold by default: a
+/// quarter, but at least 16 MiB (a few large commands) and at most all of it.
+pub fn default_session_bytes(max_bytes: u64) -> u64 {
+    (max_bytes / 4).max(16 << 20).min(max_bytes)
+}
+
+impl Inner {
+    fn new(max_units: u64, parent: Option<Arc<Inner>>, session_units: u64) -> Inner {
+        Inner {
+            sem: Semaphore::new(max_units as usize),
+            max_units,
+            held_units: AtomicU64::new(0),
+            high_water_units: AtomicU64::new(0),
+            debt_units: AtomicU64::new(0),
+            waits: AtomicU64::new(0),
+            refusals: AtomicU64::new(0),
+            parent,
+            session_units,
+            session_waits: AtomicU64::new(0),
+        }
+    }
+
+    /// This budget, then the ones it is a share of.
+    fn levels(&self) -> impl Iterator<Item = &Inner> {
+        std::iter::successors(Some(self), |l| l.parent.as_deref())
+    }
+
+    /// Gives `units` held by a permit back to this level: first to a charge's
+    /// debt, the rest to the waiters.
+    fn release(&self, units: u64) {
+        let mut give = units;
+        // a charge that overdrew the budget is paid back before waiters get anything
+        let mut debt = self.debt_units.load(Ordering::Acquire);
+        while debt > 0 && give > 0 {
+            let pay = debt.min(give);
+            match self.debt_units.compare_exchange_weak(
+                debt,
+                debt - pay,
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            ) {
+                Ok(_) => {
+                    give -= pay;
+                    break;
+                }
+                Err(now) => debt = now,
+            }
+        }
+        self.held_units.fetch_sub(units, Ordering::AcqRel);
+        if give > 0 {
+            self.sem.add_permits(give as usize);
         }
     }
 }
@@ -288,28 +397,9 @@ impl BufferPermit {
 impl Drop for BufferPermit {
     fn drop(&mut self) {
         let Some(i) = self.inner.take() else { return };
-        let mut give = self.units;
-        // a charge that overdrew the budget is paid back before waiters get anything
-        let mut debt = i.debt_units.load(Ordering::Acquire);
-        while debt > 0 && give > 0 {
-            let pay = debt.min(give);
-            match i.debt_units.compare_exchange_weak(
-                debt,
-                debt - pay,
-                Ordering::AcqRel,
-                Ordering::Acquire,
-            ) {
-                Ok(_) => {
-                    give -= pay;
-                    break;
-                }
-                Err(now) => debt = now,
-            }
-        }
-        i.held_units.fetch_sub(self.units, Ordering::AcqRel);
-        if give > 0 {
-            i.sem.add_permits(give as usize);
-        }
+        // the session's share first: a waiter of this session may then go on
+        // to the node's, which this release fills next
+        i.levels().for_each(|level| level.release(self.units));
     }
 }
 
@@ -389,5 +479,88 @@ mod tests {
         drop(p);
         assert_eq!(b.status().held_bytes, 0);
         assert!(b.try_acquire(MIB).is_some());
+    }
+
+    #[tokio::test]
+    async fn a_session_holds_at_most_its_share_and_others_go_on() {
+        let node = BufferBudget::with_session_share(8 * MIB, 2 * MIB);
+        let a = node.session();
+        let b = node.session();
+        let a1 = a.acquire(MIB).await;
+        let a2 = a.acquire(MIB).await;
+        assert!(a.try_acquire(1).is_none(), "a holds its whole share");
+        let a_more = a.clone();
+        let waiter = tokio::spawn(async move { a_more.acquire(MIB).await });
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        assert!(!waiter.is_finished(), "a waits for its own share");
+        // the node has 6 MiB free: another session takes its share at once
+        let b1 = b.try_acquire(2 * MIB).expect("b's share is free");
+        let s = node.status();
+        assert_eq!((s.held_bytes, s.session_max_bytes), (4 * MIB, 2 * MIB));
+        assert_eq!((s.waits, s.session_waits), (0, 1));
+        assert_eq!(a.status().held_bytes, 2 * MIB);
+        drop(a1);
+        let a3 = waiter.await.unwrap();
+        assert_eq!(a.status().held_bytes, 2 * MIB);
+        assert_eq!(node.status().held_bytes, 4 * MIB);
+        drop((a2, a3, b1));
+        assert_eq!(node.status().held_bytes, 0);
+        assert_eq!(a.status().held_bytes, 0);
+        assert!(node.try_acquire(8 * MIB).is_some(), "everything came back");
+    }
+
+    #[tokio::test]
+    async fn a_session_waiting_for_the_node_gives_its_share_back_when_cancelled() {
+        let node = BufferBudget::with_session_share(4 * MIB, 4 * MIB);
+        let other = node.acquire(3 * MIB).await;
+        let s = node.session();
+        let s2 = s.clone();
+        let waiter = tokio::spawn(async move { s2.acquire(2 * MIB).await });
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        assert!(!waiter.is_finished(), "the node has 1 MiB free");
+        assert_eq!(node.status().waits, 1);
+        waiter.abort();
+        assert!(waiter.await.unwrap_err().is_cancelled());
+        assert_eq!(s.status().held_bytes, 0);
+        assert!(
+            s.try_acquire(4 * MIB).is_none(),
+            "the node still holds 3 MiB"
+        );
+        drop(other);
+        let all = s.try_acquire(4 * MIB).expect("the share came back whole");
+        assert_eq!(node.status().held_bytes, 4 * MIB);
+        drop(all);
+    }
+
+    #[tokio::test]
+    async fn a_sessions_command_larger_than_its_share_is_clamped_to_it() {
+        let node = BufferBudget::with_session_share(8 * MIB, 2 * MIB);
+        let s = node.session();
+        let big = s.acquire(16 * MIB).await;
+        assert_eq!(big.bytes(), 2 * MIB);
+        let mut c = s.charge(MIB);
+        assert_eq!(
+            (s.status().held_bytes, node.status().held_bytes),
+            (3 * MIB, 3 * MIB)
+        );
+        c.shrink_to(0);
+        assert_eq!(node.status().held_bytes, 2 * MIB);
+        drop(big);
+        assert_eq!((s.status().held_bytes, node.status().held_bytes), (0, 0));
+        // the charge's overdraw of the share was paid back: the share is whole
+        assert!(s.try_acquire(2 * MIB).is_some());
+        assert!(s
+            .try_acquire(2 * MIB + 1)
+            .is_some_and(|p| p.bytes() == 2 * MIB));
+    }
+
+    #[test]
+    fn the_default_share_is_a_quarter_within_bounds() {
+        assert_eq!(default_session_bytes(2 << 30), 512 * MIB);
+        assert_eq!(default_session_bytes(64 * MIB), 16 * MIB);
+        assert_eq!(default_session_bytes(8 * MIB), 8 * MIB);
+        let b = BufferBudget::new(64 * MIB);
+        assert_eq!(b.status().session_max_bytes, 16 * MIB);
+        assert_eq!(b.session().status().max_bytes, 16 * MIB);
     }
 }

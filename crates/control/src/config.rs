@@ -879,6 +879,11 @@ pub struct LimitsConfig {
     /// read from until bytes come back. Default (unset): 1/8 of the RAM, at
     /// least 64 MiB, at most 2 GiB.
     pub buffer_memory_max: Option<String>,
+    /// The most of `buffer_memory_max` one session (an iSCSI session, an NBD
+    /// connection) may hold (a size). A session at it waits on its own; the
+    /// others go on. Default (unset): a quarter of `buffer_memory_max`, at
+    /// least 16 MiB, at most all of it.
+    pub session_buffer_max: Option<String>,
 }
 
 impl Default for LimitsConfig {
@@ -902,6 +907,7 @@ impl Default for LimitsConfig {
             nop_in_interval_ms: d.nop_in_interval_ms,
             nop_in_timeout_ms: d.nop_in_timeout_ms,
             buffer_memory_max: None,
+            session_buffer_max: None,
         }
     }
 }
@@ -936,6 +942,22 @@ impl LimitsConfig {
                 Some(b) if b >= 1 << 20 => Ok(b),
                 Some(_) => bail!("[limits] buffer_memory_max = {s:?}: at least 1M"),
                 None => bail!("[limits] buffer_memory_max = {s:?} is not a size (like 512M or 2G)"),
+            },
+        }
+    }
+
+    /// `session_buffer_max` in bytes (its default when unset), given the
+    /// node's `buffer_memory_max` in bytes.
+    pub fn session_buffer_bytes(&self, node_bytes: u64) -> Result<u64> {
+        match &self.session_buffer_max {
+            None => Ok(block::default_session_bytes(node_bytes)),
+            Some(s) => match disk::parse_size(s) {
+                Some(b) if b >= 1 << 20 && b <= node_bytes => Ok(b),
+                Some(_) => bail!(
+                    "[limits] session_buffer_max = {s:?}: at least 1M and at most \
+                     buffer_memory_max ({node_bytes} bytes)"
+                ),
+                None => bail!("[limits] session_buffer_max = {s:?} is not a size (like 256M)"),
             },
         }
     }
@@ -2309,6 +2331,23 @@ size = "1G"
         assert!(l.buffer_memory_bytes().is_err());
         l.buffer_memory_max = Some("100K".into());
         assert!(l.buffer_memory_bytes().is_err(), "below 1M");
+    }
+
+    #[test]
+    fn session_buffer_max_is_a_share_of_the_node_bound() {
+        let mut l = LimitsConfig::default();
+        assert_eq!(l.session_buffer_bytes(2 << 30).unwrap(), 512 << 20);
+        assert_eq!(l.session_buffer_bytes(64 << 20).unwrap(), 16 << 20);
+        let c: LimitsConfig = toml::from_str("session_buffer_max = \"100M\"").unwrap();
+        assert_eq!(c.session_buffer_bytes(1 << 30).unwrap(), 100 << 20);
+        assert!(
+            c.session_buffer_bytes(64 << 20).is_err(),
+            "above the node's bound"
+        );
+        l.session_buffer_max = Some("512K".into());
+        assert!(l.session_buffer_bytes(1 << 30).is_err(), "below 1M");
+        l.session_buffer_max = Some("some".into());
+        assert!(l.session_buffer_bytes(1 << 30).is_err());
     }
 
     /// A configuration printed with Debug (a log line, an error context)

@@ -148,6 +148,8 @@ impl api::Control for NodeControl {
             "high_water_bytes": b.high_water_bytes,
             "waits": b.waits,
             "refusals": b.refusals,
+            "session_max_bytes": b.session_max_bytes,
+            "session_waits": b.session_waits,
         });
         s
     }

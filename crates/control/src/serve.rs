@@ -97,7 +97,9 @@ where
     // one bound on buffered data for the whole node, in place before any
     // frontend, replica or export takes it (they use BufferBudget::node())
     let buffer_bytes = cfg.limits.buffer_memory_bytes()?;
-    if block::BufferBudget::install_node(block::BufferBudget::new(buffer_bytes)).is_err() {
+    let session_bytes = cfg.limits.session_buffer_bytes(buffer_bytes)?;
+    let budget = block::BufferBudget::with_session_share(buffer_bytes, session_bytes);
+    if block::BufferBudget::install_node(budget).is_err() {
         bail!("the node's buffer budget was set before the node started");
     }
     crate::secrets::check_data_dir(&cfg.data_dir)?;
@@ -249,7 +251,11 @@ where
             eprintln!("  console:        {scheme}://{}/", c?);
         }
     }
-    eprintln!("  buffer memory:  {} at most", human(buffer_bytes));
+    eprintln!(
+        "  buffer memory:  {} at most, {} a session",
+        human(buffer_bytes),
+        human(session_bytes)
+    );
     for l in &opened {
         eprintln!(
             "  LUN {:<3} {}  {} ({})",

@@ -39,12 +39,15 @@ pub fn run(api: SocketAddr, json: bool) -> Result<()> {
     let b = &v["buffer_memory"];
     let n = |k: &str| b[k].as_u64().unwrap_or(0);
     println!(
-        "  buffer memory  {} held of {} (high water {}); {} waits, {} refused",
+        "  buffer memory  {} held of {} (high water {}); {} waits, {} refused; \
+         {} a session ({} waits at it)",
         mib(n("held_bytes")),
         mib(n("max_bytes")),
         mib(n("high_water_bytes")),
         n("waits"),
-        n("refusals")
+        n("refusals"),
+        mib(n("session_max_bytes")),
+        n("session_waits")
     );
     alerts(api);
     Ok(())

@@ -24,6 +24,13 @@
 //! stuck against any bounded server; real initiators read and write at once.
 //! One that stops reading altogether is dropped after `nop_in_timeout_ms` without
 //! progress (`block::StallTimeout` on the writer), which gives its permits back.
+//!
+//! The bytes come from the session's share of the node's budget first
+//! (`Session::buffers`, `[limits] session_buffer_max`), then from the node's,
+//! so one session holds at most its share and a session that reads its answers
+//! slowly holds back only itself. The same reasoning holds at the session's
+//! level: its permits are released by the same two events, and another
+//! connection of the session collecting Data-Out is read by its own reader.
 
 use crate::dataout::{BurstLimits, WriteTask};
 use crate::exec::{check_condition, send_response, spawn_command, CmdInfo, ConnOut};
@@ -781,7 +788,8 @@ impl Conn {
         Flow::Continue
     }
 
-    /// The node budget for `bytes` of a command (see the module notes): waits
+    /// The buffer budget for `bytes` of a command, from the session's share of
+    /// the node's, then the node's (see the module notes): waits
     /// for it, reading nothing meanwhile, unless this connection is collecting
     /// Data-Out for earlier writes (then busy at once). `None` when the command
     /// was answered TASK SET FULL or the connection is ending
@@ -790,7 +798,7 @@ impl Conn {
         match self.budget_for(bytes).await {
             Budget::Held(p) => Some(p),
             Budget::Busy => {
-                tracing::debug!(peer = %self.peer, itt = info.itt, "node buffer budget exhausted; TASK SET FULL");
+                tracing::debug!(peer = %self.peer, itt = info.itt, "buffer budget exhausted (session share or node); TASK SET FULL");
                 self.respond_now(info, task_set_full()).await;
                 None
             }
@@ -813,7 +821,8 @@ impl Conn {
     }
 
     async fn budget_for(&self, bytes: u64) -> Budget {
-        let budget = &self.ctx.buffers;
+        // the session's share of the node's budget, then the node's
+        let budget = &self.session.buffers;
         if let Some(p) = budget.try_acquire(bytes) {
             return Budget::Held(p);
         }

@@ -243,6 +243,7 @@ async fn register(
         .registry
         .register(key.as_ref(), &origin.clone(), |tsih| {
             Session::new(tsih, key.clone(), target, scsi, nexus, window, origin)
+                .with_buffers(&ctx.buffers)
         })
         .map_err(|e| match e {
             RegisterError::Full => status::OUT_OF_RESOURCES,

@@ -77,6 +77,11 @@ pub(crate) struct Session {
     pub scsi: Option<Arc<ScsiTarget>>,
     pub nexus: Option<ItNexus>,
     pub window: Arc<Window>,
+    /// This session's share of the node's budget of buffered bytes
+    /// ([`block::BufferBudget::session`]): its commands' data take their bytes
+    /// from it, so one session never holds more than `[limits]
+    /// session_buffer_max` of the node's buffers.
+    pub buffers: block::BufferBudget,
     pub running: Mutex<HashMap<u32, Running>>,
     pub task_done: Notify,
     write_aborts: Mutex<WriteAborts>,
@@ -205,6 +210,7 @@ impl Session {
             scsi,
             nexus,
             window,
+            buffers: block::BufferBudget::node().session(),
             origin,
             evicted: AtomicBool::new(false),
             created: CREATED.fetch_add(1, Ordering::Relaxed),
@@ -216,6 +222,13 @@ impl Session {
             io: SessionIo::default(),
             write_aborts: Mutex::new(WriteAborts::default()),
         }
+    }
+
+    /// The session with its share taken from `node` (the frontend's budget)
+    /// instead of the process's node budget.
+    pub(crate) fn with_buffers(mut self, node: &block::BufferBudget) -> Self {
+        self.buffers = node.session();
+        self
     }
 
     /// Writes of this session still collecting Data-Out on `lun` (as this

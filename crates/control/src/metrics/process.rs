@@ -99,6 +99,18 @@ pub(super) fn encode(e: &mut DescriptorEncoder) -> Result<(), Error> {
     )?;
     gauges(
         e,
+        "freesan_buffer_memory_session_max_bytes",
+        "The most of the node's buffered data one session may hold ([limits] session_buffer_max).",
+        &[(none(), b.session_max_bytes as f64)],
+    )?;
+    counters(
+        e,
+        "freesan_buffer_memory_session_waits",
+        "Buffer requests that waited because their session held its whole share.",
+        &[(none(), b.session_waits as f64)],
+    )?;
+    gauges(
+        e,
         "freesan_build_info",
         "Always 1; the labels say which freesan this is.",
         &[(labels([("version", env!("CARGO_PKG_VERSION"))]), 1.0)],

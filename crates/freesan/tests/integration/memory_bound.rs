@@ -520,3 +520,70 @@ fn an_initiator_that_stops_reading_is_dropped_and_others_go_on() {
         |_| false,
     );
 }
+
+/// `[limits] session_buffer_max`: clients that queue far more reads than they
+/// take back, and keep their sockets (nothing drops them here), each hold at
+/// most their session's share of the node's budget; the rest stays free, so a
+/// legitimate initiator and NBD client do verified I/O at once, and none of
+/// their requests waits for the node's budget. Without the share the stuck
+/// clients took the whole budget (the bound here is 64 MiB, they ask for
+/// 192) and the legitimate ones waited until their command timeout.
+#[test]
+fn a_session_that_stops_reading_holds_only_its_share() {
+    const SHARE: u64 = 16 * MIB;
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = config(
+        dir.path(),
+        "buffer_memory_max = \"64M\"\nsession_buffer_max = \"16M\"\nnop_in_timeout_ms = 600000",
+    );
+    let node = start_config(dir.path(), &cfg);
+    let pid = node.child.as_ref().unwrap().id();
+    let api = (
+        node.api.clone().expect("api address"),
+        dir.path().join("data"),
+    );
+    let nbd_addr = node.nbd.clone().expect("nbd address");
+    let portal = node.portals[0].clone();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+
+    // two iSCSI sessions and one NBD connection, each asking for 64 MiB of
+    // reads and reading none of it
+    let mut stuck: Vec<RawIscsi> = (0..2u8).map(|i| RawIscsi::login(&portal, 60 + i)).collect();
+    let bs = stuck[0].block_size();
+    for s in stuck.iter_mut() {
+        s.queue_reads(64, bs, 0);
+    }
+    let nbd = nbd_stuck(&nbd_addr, 64);
+    let full = wait_for(
+        &api,
+        pid,
+        "three sessions at their share",
+        |b| n(b, "session_waits") >= 3 && n(b, "held_bytes") == 3 * SHARE,
+        |_| false,
+    );
+    eprintln!("stuck: buffers {full}");
+    assert_eq!(n(&full, "session_max_bytes"), SHARE);
+    assert_eq!(n(&full, "waits"), 0, "nobody waited for the node's budget");
+    assert_eq!(
+        n(&full, "high_water_bytes"),
+        3 * SHARE,
+        "a session held more than its share: {full}"
+    );
+
+    // the others go on while the stuck clients still hold their sockets
+    iscsi_verified_io(&rt, &node.url(0, 0), 7);
+    nbd_verified_io(&rt, &nbd_addr, 8);
+    let after = buffers(&api);
+    assert_eq!(n(&after, "waits"), 0, "legitimate I/O waited: {after}");
+    assert_eq!(n(&after, "held_bytes"), 3 * SHARE, "{after}");
+
+    drop(stuck);
+    drop(nbd);
+    wait_for(
+        &api,
+        pid,
+        "every buffer given back",
+        |b| n(b, "held_bytes") == 0,
+        |_| false,
+    );
+}

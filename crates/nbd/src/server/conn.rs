@@ -314,6 +314,10 @@ struct Conn {
     exec_tx: mpsc::UnboundedSender<Work>,
     slots: Arc<Semaphore>,
     budget: Arc<Semaphore>,
+    /// This connection's share of the node's budget of buffered bytes (a
+    /// session of the export's, `[limits] session_buffer_max`): its READ
+    /// data and WRITE payloads take their bytes from it, then from the node's.
+    buffers: block::BufferBudget,
     request_bytes_max: u32,
     payload_stall_ms: u64,
     peer: SocketAddr,
@@ -454,12 +458,14 @@ async fn transmission<R, W>(
     });
     let (exec_tx, exec_rx) = mpsc::unbounded_channel();
     let executor = tokio::spawn(run_executor(exec_rx));
+    let buffers = export.buffers.session();
     let conn = Conn {
         export,
         tx,
         exec_tx,
         slots,
         budget: Arc::new(Semaphore::new(limits.in_flight_bytes_max)),
+        buffers,
         request_bytes_max: limits.request_bytes_max,
         payload_stall_ms: limits.payload_stall_ms,
         peer,
@@ -602,8 +608,9 @@ impl Conn {
                         None
                     };
                     let payload_len = req.payload_bytes() as usize;
-                    // a WRITE's payload takes the node's budget before it is read
-                    // from the socket: when the node's buffers are full the reader
+                    // a WRITE's payload takes its bytes (the connection's share of the
+                    // node's budget, then the node's) before it is read from the
+                    // socket: when either is used up the reader
                     // waits here and TCP pushes back on the client
                     // WRITE ZEROES carries no payload, but a volume without a
                     // zeroing of its own writes it from a buffer of up to 1 MiB
@@ -612,8 +619,7 @@ impl Conn {
                         Command::WriteZeroes => (req.length_bytes as usize).min(1 << 20),
                         _ => payload_len,
                     };
-                    let held =
-                        (held_bytes > 0).then(|| self.export.buffers.acquire(held_bytes as u64));
+                    let held = (held_bytes > 0).then(|| self.buffers.acquire(held_bytes as u64));
                     let held = match held {
                         Some(h) => Some(h.await),
                         None => None,
@@ -718,6 +724,7 @@ impl Conn {
         entered: OwnedSemaphorePermit,
     ) {
         let export = self.export.clone();
+        let buffers = self.buffers.clone();
         let tx = self.tx.clone();
         let peer = self.peer;
         let session = self.session;
@@ -726,7 +733,8 @@ impl Conn {
             let done = match payload {
                 Payload::Bytes(payload) => {
                     let context = session.base_allocation;
-                    exec::execute_held(&export, &req, payload, (held, context), plain).await
+                    let held = (held, context);
+                    exec::execute_held(&export, &buffers, &req, payload, held, plain).await
                 }
                 Payload::Pipe(mut pipe) => exec::write_piped(&export, &req, pipe.get(), held).await,
             };

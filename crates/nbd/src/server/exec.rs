@@ -10,7 +10,10 @@
 //! connection's slot and bytes, goes on until those run out, then stops reading
 //! the socket). A WRITE's payload takes its permit in the connection's reader,
 //! before it is read from the socket (the reader waits there when the node's
-//! buffers are full), and holds it while it is applied.
+//! buffers are full), and holds it while it is applied. Both take their bytes
+//! from the connection's share of the node's budget first
+//! ([`BufferBudget::session`], `[limits] session_buffer_max`), so one client
+//! never holds more than its share.
 
 use crate::proto::{cmdflag, errno, state, Command, Request};
 use block::VolumeRef;
@@ -299,16 +302,19 @@ pub(crate) async fn execute(
     req: &Request,
     payload: Bytes,
 ) -> Result<ReplyData, BlockError> {
-    execute_held(ex, req, payload, (None, None), false).await
+    execute_held(ex, &ex.buffers, req, payload, (None, None), false).await
 }
 
-/// Runs a validated request; `held` is the node budget the WRITE payload took
+/// Runs a validated request; `buffers` is the connection's share of the
+/// node's budget ([`block::BufferBudget::session`] of the export's), which a
+/// READ takes its bytes from; `held` is what the WRITE payload took of it
 /// before it was read (it is charged here when the caller took none);
 /// `context` is the id of `base:allocation` when the client selected it
 /// (BLOCK_STATUS is refused without it); with `to_socket` a READ's data
 /// goes only to a plain socket's write ([`block::Volume::read_to_socket`]).
 pub(crate) async fn execute_held(
     ex: &ExportState,
+    buffers: &BufferBudget,
     req: &Request,
     payload: Bytes,
     (held, context): (Option<BufferPermit>, Option<u32>),
@@ -327,9 +333,9 @@ pub(crate) async fn execute_held(
             _ => Err(BlockError::NotSupported("block status without a context")),
         },
         _ if len == 0 => Ok(ReplyData::None),
-        Command::Read => read(ex, &g, (req.offset_bytes, len), to_socket).await,
+        Command::Read => read(ex, buffers, &g, (req.offset_bytes, len), to_socket).await,
         Command::Write => {
-            let _held = held.unwrap_or_else(|| ex.buffers.charge(payload.len() as u64));
+            let _held = held.unwrap_or_else(|| buffers.charge(payload.len() as u64));
             write(ex, &g, req.offset_bytes, payload, fua).await?;
             Ok(ReplyData::None)
         }
@@ -378,13 +384,14 @@ pub(crate) async fn write_piped(
 /// Reads the blocks covering the range and returns views of the wanted bytes.
 async fn read(
     ex: &ExportState,
+    buffers: &BufferBudget,
     g: &Geometry,
     (offset, len): (u64, u64),
     to_socket: bool,
 ) -> Result<ReplyData, BlockError> {
     let s = Span::new(g, offset, len);
     // every block read stays referenced by the reply until it is written
-    let permit = ex.buffers.acquire(s.blocks() * s.bs).await;
+    let permit = buffers.acquire(s.blocks() * s.bs).await;
     let step = max_io_blocks(g);
     let mut parts: Vec<Bytes> = Vec::new();
     let mut lba = s.first_lba;
@@ -763,7 +770,7 @@ mod tests {
             let ex = &ex;
             async move {
                 validate(&r, &ex.volume.geometry(), false)?;
-                execute_held(ex, &r, Bytes::new(), (None, Some(9)), false)
+                execute_held(ex, &ex.buffers, &r, Bytes::new(), (None, Some(9)), false)
                     .await
                     .map(|d| status_of(d, 9))
                     .map_err(|e| errno_of(&e, r.command))
@@ -791,7 +798,7 @@ mod tests {
             Ok(vec![(k64 - 100, HZ)])
         );
         let r = req(Command::BlockStatus, 0, 0, 512);
-        let e = execute_held(&ex, &r, Bytes::new(), (None, None), false)
+        let e = execute_held(&ex, &ex.buffers, &r, Bytes::new(), (None, None), false)
             .await
             .unwrap_err();
         assert_eq!(errno_of(&e, r.command), errno::EINVAL);
