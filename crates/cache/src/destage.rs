@@ -36,6 +36,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 const IDLE_AFTER: Duration = Duration::from_millis(100);
+/// The same destage failure is logged again after this long.
+const LOG_AGAIN_AFTER: Duration = Duration::from_secs(60);
 const RUN_MAX_BYTES: u64 = 1 << 20;
 
 /// Samples the counters once a second for the "recent" figures.
@@ -51,6 +53,9 @@ pub(crate) async fn tick(inner: Arc<Inner>) {
 /// The destage loop of one cache (runs until the cache stops).
 pub(crate) async fn run(inner: Arc<Inner>) {
     let mut sweep = Sweep::default();
+    // the last failure logged, and when: the same one is logged again once a
+    // minute (a block no device can read fails every pass over it)
+    let mut logged: Option<(String, Instant)> = None;
     let mut frameless = inner.counters.frameless_writes.load(Ordering::Relaxed);
     loop {
         if inner.stopping.load(Ordering::Acquire) {
@@ -95,7 +100,14 @@ pub(crate) async fn run(inner: Arc<Inner>) {
         inner.destage_progress.notify_waiters();
         if let Err(e) = r {
             Counters::add(&inner.counters.destage_errors, 1);
-            tracing::warn!(cache = %inner.name, "destage failed, dirty data stays in the cache: {e}");
+            let why = e.to_string();
+            let again = logged
+                .as_ref()
+                .is_some_and(|(w, at)| *w == why && at.elapsed() < LOG_AGAIN_AFTER);
+            if !again {
+                tracing::warn!(cache = %inner.name, "destage failed, dirty data stays in the cache: {why}");
+                logged = Some((why, Instant::now()));
+            }
             tokio::time::sleep(Duration::from_secs(1)).await;
             continue;
         }
@@ -275,7 +287,9 @@ async fn destage_batch(inner: &Inner, batch: &[(u64, u32)], stripes: bool) -> Bl
         keys.dedup();
     }
     let locks = inner.lock_shared(&keys).await;
-    // snapshot what is dirty now, and its data, with writers locked out
+    // snapshot what is dirty now, and its data, with writers locked out;
+    // dirty sectors no device could read are left out (and stay dirty)
+    let mut unreadable = 0;
     let snap: Vec<(u64, u32, u64, u64)> = {
         let mut st = inner.state.lock();
         batch
@@ -284,9 +298,15 @@ async fn destage_batch(inner: &Inner, batch: &[(u64, u32)], stripes: bool) -> Bl
                 if st.policy.key_of(slot) != Some(key) || st.dirty.get(slot) == 0 {
                     return None;
                 }
+                let bad = st.unreadable.get(&slot).copied().unwrap_or(0);
+                unreadable += usize::from(bad != 0);
+                let dirty = st.dirty.get(slot) & !bad;
+                if dirty == 0 {
+                    return None;
+                }
                 st.pin_io(slot);
                 st.destaging.insert(slot, 0);
-                Some((key, slot, st.valid.get(slot), st.dirty.get(slot)))
+                Some((key, slot, st.valid.get(slot) & !bad, dirty))
             })
             .collect()
     };
@@ -387,6 +407,12 @@ async fn destage_batch(inner: &Inner, batch: &[(u64, u32)], stripes: bool) -> Bl
     persisted?;
     match first_err {
         Some(e) => Err(e),
+        // the rest went out; these stay dirty until the host writes them
+        None if unreadable > 0 => Err(BlockError::Unavailable(format!(
+            "{unreadable} dirty block(s) hold data no cache device can read \
+             (medium errors); they stay dirty, and reads of them fail, until \
+             the host writes them again"
+        ))),
         None => Ok(()),
     }
 }
@@ -520,10 +546,12 @@ async fn read_op(inner: &Inner, op: &Op) -> BlockResult<Bytes> {
     // stripe's gaps from the backing): otherwise one unreadable clean sector
     // failed this write, and every later one, for good (review of
     // 2026-12-06). All of them at once, not one a pass. Dirty sectors no
-    // copy can read stay dirty.
-    for (p, &(slot, ..)) in parts.iter().zip(op.parts.iter()) {
+    // copy can read are recorded, and the next passes leave them out, so
+    // the rest of the run goes out and they are not read again until the
+    // host writes them (`Inner::unreadable_found`).
+    for (p, &(slot, off, len, _)) in parts.iter().zip(op.parts.iter()) {
         if let Err(BlockError::Medium { .. }) = p {
-            inner.forget_clean(slot);
+            inner.unreadable_found(slot, off, len).await;
         }
     }
     for (p, &(_, _, len, at)) in parts.into_iter().zip(op.parts.iter()) {

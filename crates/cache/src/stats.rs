@@ -124,6 +124,10 @@ pub struct CacheStatus {
     pub dirty_blocks: u64,
     /// Bytes not yet on the backing volume (dirty 4 KiB sectors).
     pub dirty_bytes: u64,
+    /// Of `dirty_bytes`, those the destage found no cache device could read
+    /// (medium errors on every copy): they stay dirty, and reads of them
+    /// fail, until the host writes them again; a drain cannot end meanwhile.
+    pub unreadable_dirty_bytes: u64,
     /// Cache-block accesses by reads served from the cache / not.
     pub read_hits: u64,
     /// See `read_hits`.

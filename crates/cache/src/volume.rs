@@ -88,6 +88,12 @@ pub(crate) struct State {
     /// Frames a destage batch is writing to the backing volume, with the sectors
     /// written again since its snapshot (those stay dirty when it ends).
     pub destaging: HashMap<u32, u64>,
+    /// Per frame, dirty sectors no cache device could read when the destage
+    /// last tried: the destage leaves them dirty and reads
+    /// them no more until the host writes them again (every pass re-read
+    /// them, counting a medium error on each device a second, and their
+    /// neighbours' write failed with them).
+    pub unreadable: HashMap<u32, u64>,
     pub dirty_frames: usize,
     pub dirty_sectors: u64,
     pub advisor: Option<Advisor>,
@@ -102,6 +108,7 @@ impl State {
             dirty: FrameBits::new(frames, spb),
             io_pins: HashMap::new(),
             destaging: HashMap::new(),
+            unreadable: HashMap::new(),
             dirty_frames: 0,
             dirty_sectors: 0,
             advisor,
@@ -143,6 +150,14 @@ impl State {
         let old = self.dirty.get(slot);
         if old == dirty {
             return;
+        }
+        // sectors no longer dirty (destaged, written through, discarded,
+        // dropped) are no longer unreadable dirty data
+        if let Some(u) = self.unreadable.get_mut(&slot) {
+            *u &= dirty;
+            if *u == 0 {
+                self.unreadable.remove(&slot);
+            }
         }
         self.dirty_sectors =
             self.dirty_sectors + dirty.count_ones() as u64 - old.count_ones() as u64;
@@ -498,6 +513,40 @@ impl Inner {
     /// holds (the backing volume has them; the next fill writes them again,
     /// which a disk remaps) and returns its dirty ones. Reducing what a frame
     /// holds to its dirty sectors is safe under a shared lock of its block.
+    /// The destage could not read `len` bytes at `off` of frame `slot` from
+    /// any device (a medium error). If the span held clean sectors, the
+    /// frame forgets them ([`Inner::forget_clean`]): they may be the
+    /// unreadable ones, and the next pass reads the dirty ones alone.
+    /// Otherwise the span is read again a sector at a time, and the dirty
+    /// sectors no device can read are recorded as [`State::unreadable`].
+    /// The caller holds the block's lock.
+    pub(crate) async fn unreadable_found(&self, slot: u32, off: u64, len: u64) {
+        const PIECE: u64 = SECTOR_BYTES;
+        let span = sector_mask(off, len);
+        let (valid, dirty) = {
+            let st = self.state.lock();
+            (st.valid.get(slot), st.dirty.get(slot))
+        };
+        if valid & span & !dirty != 0 {
+            self.forget_clean(slot);
+            return;
+        }
+        let mut bad = 0;
+        let mut at = off;
+        while at < off + len {
+            let n = (PIECE - at % PIECE).min(off + len - at);
+            if let Err(BlockError::Medium { .. }) = self.ssd_read(slot, at, n).await {
+                bad |= sector_mask(at, n);
+            }
+            at += n;
+        }
+        let mut st = self.state.lock();
+        let bad = bad & st.dirty.get(slot);
+        if bad != 0 {
+            *st.unreadable.entry(slot).or_insert(0) |= bad;
+        }
+    }
+
     pub(crate) fn forget_clean(&self, slot: u32) -> u64 {
         let mut st = self.state.lock();
         let dirty = st.dirty.get(slot);
@@ -1303,6 +1352,13 @@ impl Inner {
                     if let Some(again) = st.destaging.get_mut(&slot) {
                         *again |= p.mask;
                     }
+                    // written again: readable, and the destage's to write
+                    if let Some(u) = st.unreadable.get_mut(&slot) {
+                        *u &= !p.mask;
+                        if *u == 0 {
+                            st.unreadable.remove(&slot);
+                        }
+                    }
                     pages.push(slot / RECORDS_PER_PAGE as u32);
                 }
                 st.unpin_io(slot);
@@ -1801,6 +1857,11 @@ impl Inner {
             occupancy_percent: 100.0 * st.policy.len() as f64 / self.frames.max(1) as f64,
             dirty_blocks: st.dirty_frames as u64,
             dirty_bytes: st.dirty_sectors * SECTOR_BYTES,
+            unreadable_dirty_bytes: st
+                .unreadable
+                .values()
+                .map(|m| m.count_ones() as u64 * SECTOR_BYTES)
+                .sum(),
             read_hits: now.read_hits,
             read_misses: now.read_misses,
             write_hits: now.write_hits,
@@ -1834,6 +1895,13 @@ impl Inner {
 
 /// Copies the sectors in `mask` from `src` (which starts at block offset `src_off`)
 /// into `dst` (which starts at block offset `dst_off`), clipped to both buffers.
+/// The sectors a span of `len` bytes at `off` of a block touches.
+fn sector_mask(off: u64, len: u64) -> u64 {
+    let first = off / SECTOR_BYTES;
+    let end = (off + len).div_ceil(SECTOR_BYTES);
+    range_mask(first as u32, (end - first) as u32)
+}
+
 fn overlay(dst: &mut [u8], dst_off: u64, src: &[u8], src_off: u64, mask: u64) {
     let mut m = mask;
     while m != 0 {

@@ -2414,6 +2414,57 @@ async fn the_destage_goes_around_a_clean_sector_it_cannot_read() {
     assert!(media_errors(&vol).iter().sum::<u64>() > 0);
 }
 
+/// Dirty data no cache device can read costs only itself at the destage:
+/// the pass that meets it finds which sectors they are, and the next ones
+/// write every other dirty block of its run and leave those sectors dirty,
+/// reading them no more; a drain says why it cannot end, and ends once the
+/// host has written them again. Before, a wholly dirty block with one such
+/// sector failed the backing write of its whole run (up to 1 MiB of
+/// neighbours) at every pass, and every pass read it again on both halves,
+/// counting medium errors until one half was taken out.
+#[tokio::test]
+async fn the_destage_goes_around_dirty_data_no_copy_can_read() {
+    let (backing, faulty, vol, at) = one_dirty_sector_on_faulty_halves().await;
+    // block 0 wholly dirty, and three neighbours (cache blocks 1-3) with it:
+    // one run of 64 KiB
+    vol.write(1, pattern(2, 3 * 4096), false).await.unwrap();
+    vol.write(4, pattern(3, 12 * 4096), false).await.unwrap();
+    unreadable_until_written(&faulty, at);
+    let err = tokio::time::timeout(Duration::from_secs(60), vol.drain())
+        .await
+        .expect("the drain gave up instead of waiting for good")
+        .expect_err("a drain cannot end with data no device can read");
+    assert!(
+        err.to_string().contains("no cache device can read"),
+        "{err}"
+    );
+    // everything else reached the backing volume; the unreadable sector did not
+    assert_eq!(backing.read(1, 3).await.unwrap(), pattern(2, 3 * 4096));
+    assert_eq!(backing.read(4, 12).await.unwrap(), pattern(3, 12 * 4096));
+    assert_eq!(backing.read(0, 1).await.unwrap(), pattern(9, 16384)[..4096]);
+    let st = vol.status();
+    assert_eq!(
+        (st.dirty_bytes, st.unreadable_dirty_bytes),
+        (4096, 4096),
+        "{st:?}"
+    );
+    assert!(st.devices.iter().all(|d| d.state == "ok"), "{st:?}");
+    // more passes over it read it no more
+    let errors = media_errors(&vol);
+    assert!(errors.iter().all(|&e| e > 0), "{errors:?}");
+    vol.drain().await.expect_err("still unreadable");
+    assert_eq!(media_errors(&vol), errors, "read again");
+    // written again by the host: readable, destaged, and the drain ends
+    vol.write(0, pattern(6, 4096), false).await.unwrap();
+    assert_eq!(vol.status().unreadable_dirty_bytes, 0);
+    tokio::time::timeout(Duration::from_secs(60), vol.drain())
+        .await
+        .expect("the drain ended")
+        .expect("the drain finished");
+    assert_eq!(backing.read(0, 1).await.unwrap(), pattern(6, 4096));
+    assert_eq!(vol.status().dirty_bytes, 0);
+}
+
 /// An unreadable clean sector is read from the backing volume; the frame
 /// forgets the clean sectors it held, and the next read fills them, which
 /// writes the unreadable sector again (a disk remaps a sector it is written).

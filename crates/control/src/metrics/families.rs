@@ -427,6 +427,7 @@ impl NodeCollector {
         let mut hits = Samples::new();
         let mut misses = Samples::new();
         let mut dirty = Samples::new();
+        let mut unreadable = Samples::new();
         let mut capacity = Samples::new();
         let mut occupancy = Samples::new();
         let mut destaged = Samples::new();
@@ -453,6 +454,7 @@ impl NodeCollector {
                 misses.push((l, num(&c[format!("{op}_misses").as_str()])));
             }
             dirty.push((base.clone(), num(&c["dirty_bytes"])));
+            unreadable.push((base.clone(), num(&c["unreadable_dirty_bytes"])));
             capacity.push((base.clone(), num(&c["capacity_bytes"])));
             occupancy.push((base.clone(), num(&c["occupancy_percent"]) / 100.0));
             destaged.push((base.clone(), num(&c["destaged_bytes"])));
@@ -492,6 +494,12 @@ impl NodeCollector {
             "freesan_cache_dirty_bytes",
             "Bytes held in a cache and not yet on its backing volume.",
             &dirty,
+        )?;
+        gauges(
+            e,
+            "freesan_cache_unreadable_dirty_bytes",
+            "Of those, bytes no cache device could read: lost unless written again.",
+            &unreadable,
         )?;
         gauges(
             e,
