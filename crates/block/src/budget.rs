@@ -32,7 +32,8 @@
 //! held 2 GiB for hours and every other client waited behind it. So each
 //! session (an iSCSI session, an NBD connection) takes its bytes from a
 //! [`session`](BufferBudget::session) budget of its own, a share of the node's
-//! (`[limits] session_buffer_max`, a quarter of the node's by default), and
+//! (`[limits] session_buffer_max`, a quarter of the node's by default, at
+//! least [`SESSION_BYTES_MIN`]), and
 //! then from the node's: a permit holds the same bytes at both levels. A
 //! session at its share waits on its own, holding nothing of the node's beyond
 //! what it already has; the rules above apply at each level (a session's bytes
@@ -135,10 +136,14 @@ impl BufferBudget {
     }
 
     /// A budget of `max_bytes` whose [`session`](Self::session)s may hold at
-    /// most `session_bytes` each (at least 1 KiB, at most the whole budget).
+    /// most `session_bytes` each (at least [`SESSION_BYTES_MIN`], at most the
+    /// whole budget).
     pub fn with_session_share(max_bytes: u64, session_bytes: u64) -> BufferBudget {
         let max_units = max_bytes.div_ceil(UNIT_BYTES).clamp(1, units_max());
-        let session_units = session_bytes.div_ceil(UNIT_BYTES).clamp(1, max_units);
+        let session_units = session_bytes
+            .max(SESSION_BYTES_MIN)
+            .div_ceil(UNIT_BYTES)
+            .clamp(1, max_units);
         BufferBudget {
             inner: Arc::new(Inner::new(max_units, None, session_units)),
         }
@@ -290,10 +295,17 @@ impl BufferBudget {
     }
 }
 
+/// The smallest share of a budget a session gets (unless the budget is
+/// smaller): the largest command a frontend takes bytes for at once (an NBD
+/// request of up to 32 MiB, an iSCSI bidirectional command of 16 + 16 MiB).
+/// A command is clamped to its session's share, but its buffer is not: with
+/// a smaller share, commands would hold more memory than they count.
+pub const SESSION_BYTES_MIN: u64 = 32 << 20;
+
 /// The share of a budget of `max_bytes` one session may hold by default: a
-/// quarter, but at least 16 MiB (a few large commands) and at most all of it.
+/// quarter, but at least [`SESSION_BYTES_MIN`] and at most all of it.
 pub fn default_session_bytes(max_bytes: u64) -> u64 {
-    (max_bytes / 4).max(16 << 20).min(max_bytes)
+    (max_bytes / 4).max(SESSION_BYTES_MIN).min(max_bytes)
 }
 
 impl Inner {
@@ -385,8 +397,11 @@ impl BufferPermit {
             std::mem::swap(self, &mut other);
             return;
         }
-        debug_assert!(
-            matches!((&self.inner, &other.inner), (Some(a), Some(b)) if Arc::ptr_eq(a, b))
+        // a permit of another budget (a session's and the node's) would be
+        // given back to the wrong levels
+        assert!(
+            matches!((&self.inner, &other.inner), (Some(a), Some(b)) if Arc::ptr_eq(a, b)),
+            "merged permits of different budgets"
         );
         self.units += other.units;
         other.units = 0;
@@ -483,30 +498,33 @@ mod tests {
 
     #[tokio::test]
     async fn a_session_holds_at_most_its_share_and_others_go_on() {
-        let node = BufferBudget::with_session_share(8 * MIB, 2 * MIB);
+        let node = BufferBudget::with_session_share(128 * MIB, 32 * MIB);
         let a = node.session();
         let b = node.session();
-        let a1 = a.acquire(MIB).await;
-        let a2 = a.acquire(MIB).await;
+        let a1 = a.acquire(16 * MIB).await;
+        let a2 = a.acquire(16 * MIB).await;
         assert!(a.try_acquire(1).is_none(), "a holds its whole share");
         let a_more = a.clone();
-        let waiter = tokio::spawn(async move { a_more.acquire(MIB).await });
+        let waiter = tokio::spawn(async move { a_more.acquire(16 * MIB).await });
         tokio::time::sleep(Duration::from_millis(20)).await;
         assert!(!waiter.is_finished(), "a waits for its own share");
-        // the node has 6 MiB free: another session takes its share at once
-        let b1 = b.try_acquire(2 * MIB).expect("b's share is free");
+        // the node has 96 MiB free: another session takes its share at once
+        let b1 = b.try_acquire(32 * MIB).expect("b's share is free");
         let s = node.status();
-        assert_eq!((s.held_bytes, s.session_max_bytes), (4 * MIB, 2 * MIB));
+        assert_eq!((s.held_bytes, s.session_max_bytes), (64 * MIB, 32 * MIB));
         assert_eq!((s.waits, s.session_waits), (0, 1));
-        assert_eq!(a.status().held_bytes, 2 * MIB);
+        assert_eq!(a.status().held_bytes, 32 * MIB);
         drop(a1);
         let a3 = waiter.await.unwrap();
-        assert_eq!(a.status().held_bytes, 2 * MIB);
-        assert_eq!(node.status().held_bytes, 4 * MIB);
+        assert_eq!(a.status().held_bytes, 32 * MIB);
+        assert_eq!(node.status().held_bytes, 64 * MIB);
         drop((a2, a3, b1));
         assert_eq!(node.status().held_bytes, 0);
         assert_eq!(a.status().held_bytes, 0);
-        assert!(node.try_acquire(8 * MIB).is_some(), "everything came back");
+        assert!(
+            node.try_acquire(128 * MIB).is_some(),
+            "everything came back"
+        );
     }
 
     #[tokio::test]
@@ -534,33 +552,36 @@ mod tests {
 
     #[tokio::test]
     async fn a_sessions_command_larger_than_its_share_is_clamped_to_it() {
-        let node = BufferBudget::with_session_share(8 * MIB, 2 * MIB);
+        let node = BufferBudget::with_session_share(128 * MIB, 32 * MIB);
         let s = node.session();
-        let big = s.acquire(16 * MIB).await;
-        assert_eq!(big.bytes(), 2 * MIB);
+        let big = s.acquire(64 * MIB).await;
+        assert_eq!(big.bytes(), 32 * MIB);
         let mut c = s.charge(MIB);
-        assert_eq!(
-            (s.status().held_bytes, node.status().held_bytes),
-            (3 * MIB, 3 * MIB)
-        );
+        let held = |b: &BufferBudget| b.status().held_bytes;
+        assert_eq!((held(&s), held(&node)), (33 * MIB, 33 * MIB));
         c.shrink_to(0);
-        assert_eq!(node.status().held_bytes, 2 * MIB);
+        assert_eq!(held(&node), 32 * MIB);
         drop(big);
-        assert_eq!((s.status().held_bytes, node.status().held_bytes), (0, 0));
+        assert_eq!((held(&s), held(&node)), (0, 0));
         // the charge's overdraw of the share was paid back: the share is whole
-        assert!(s.try_acquire(2 * MIB).is_some());
+        assert!(s.try_acquire(32 * MIB).is_some());
         assert!(s
-            .try_acquire(2 * MIB + 1)
-            .is_some_and(|p| p.bytes() == 2 * MIB));
+            .try_acquire(32 * MIB + 1)
+            .is_some_and(|p| p.bytes() == 32 * MIB));
+        // a share asked below the least is raised to it
+        let small = BufferBudget::with_session_share(128 * MIB, MIB);
+        assert_eq!(small.status().session_max_bytes, SESSION_BYTES_MIN);
     }
 
     #[test]
     fn the_default_share_is_a_quarter_within_bounds() {
         assert_eq!(default_session_bytes(2 << 30), 512 * MIB);
-        assert_eq!(default_session_bytes(64 * MIB), 16 * MIB);
+        assert_eq!(default_session_bytes(64 * MIB), 32 * MIB);
         assert_eq!(default_session_bytes(8 * MIB), 8 * MIB);
         let b = BufferBudget::new(64 * MIB);
-        assert_eq!(b.status().session_max_bytes, 16 * MIB);
-        assert_eq!(b.session().status().max_bytes, 16 * MIB);
+        assert_eq!(b.status().session_max_bytes, 32 * MIB);
+        assert_eq!(b.session().status().max_bytes, 32 * MIB);
+        let tiny = BufferBudget::new(8 * MIB);
+        assert_eq!(tiny.session().status().max_bytes, 8 * MIB);
     }
 }

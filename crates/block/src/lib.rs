@@ -41,7 +41,9 @@ mod stall;
 mod switch;
 
 pub use atomic::{AtomicWrites, ATOMIC_BYTES_MAX, ATOMIC_SLOTS};
-pub use budget::{default_session_bytes, BufferBudget, BufferPermit, BufferStatus};
+pub use budget::{
+    default_session_bytes, BufferBudget, BufferPermit, BufferStatus, SESSION_BYTES_MIN,
+};
 pub use bytes::{Bytes, BytesMut};
 pub use crashsim::CrashSimVolume;
 pub use delay::DelayVolume;

@@ -882,7 +882,7 @@ pub struct LimitsConfig {
     /// The most of `buffer_memory_max` one session (an iSCSI session, an NBD
     /// connection) may hold (a size). A session at it waits on its own; the
     /// others go on. Default (unset): a quarter of `buffer_memory_max`, at
-    /// least 16 MiB, at most all of it.
+    /// least 32 MiB (the largest command), at most all of it.
     pub session_buffer_max: Option<String>,
 }
 
@@ -952,10 +952,13 @@ impl LimitsConfig {
         match &self.session_buffer_max {
             None => Ok(block::default_session_bytes(node_bytes)),
             Some(s) => match disk::parse_size(s) {
-                Some(b) if b >= 1 << 20 && b <= node_bytes => Ok(b),
+                Some(b) if b >= block::SESSION_BYTES_MIN.min(node_bytes) && b <= node_bytes => {
+                    Ok(b)
+                }
                 Some(_) => bail!(
-                    "[limits] session_buffer_max = {s:?}: at least 1M and at most \
-                     buffer_memory_max ({node_bytes} bytes)"
+                    "[limits] session_buffer_max = {s:?}: at least 32M (the largest \
+                     command; or all of buffer_memory_max when that is less) and at \
+                     most buffer_memory_max ({node_bytes} bytes)"
                 ),
                 None => bail!("[limits] session_buffer_max = {s:?} is not a size (like 256M)"),
             },
@@ -1662,7 +1665,8 @@ impl Config {
         if let Some(n) = &self.nbd {
             n.check()?;
         }
-        self.limits.buffer_memory_bytes()?;
+        let node_bytes = self.limits.buffer_memory_bytes()?;
+        self.limits.session_buffer_bytes(node_bytes)?;
         self.check_single_users()?;
         for p in &self.portals {
             let open = !p.address.ip().is_loopback() && !p.allow_without_chap;
@@ -2337,15 +2341,23 @@ size = "1G"
     fn session_buffer_max_is_a_share_of_the_node_bound() {
         let mut l = LimitsConfig::default();
         assert_eq!(l.session_buffer_bytes(2 << 30).unwrap(), 512 << 20);
-        assert_eq!(l.session_buffer_bytes(64 << 20).unwrap(), 16 << 20);
+        assert_eq!(l.session_buffer_bytes(64 << 20).unwrap(), 32 << 20);
         let c: LimitsConfig = toml::from_str("session_buffer_max = \"100M\"").unwrap();
         assert_eq!(c.session_buffer_bytes(1 << 30).unwrap(), 100 << 20);
         assert!(
             c.session_buffer_bytes(64 << 20).is_err(),
             "above the node's bound"
         );
-        l.session_buffer_max = Some("512K".into());
-        assert!(l.session_buffer_bytes(1 << 30).is_err(), "below 1M");
+        l.session_buffer_max = Some("16M".into());
+        assert!(
+            l.session_buffer_bytes(1 << 30).is_err(),
+            "below the largest command"
+        );
+        assert_eq!(
+            l.session_buffer_bytes(16 << 20).unwrap(),
+            16 << 20,
+            "all of a small node"
+        );
         l.session_buffer_max = Some("some".into());
         assert!(l.session_buffer_bytes(1 << 30).is_err());
     }

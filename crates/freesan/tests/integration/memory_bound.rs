@@ -526,15 +526,15 @@ fn an_initiator_that_stops_reading_is_dropped_and_others_go_on() {
 /// most their session's share of the node's budget; the rest stays free, so a
 /// legitimate initiator and NBD client do verified I/O at once, and none of
 /// their requests waits for the node's budget. Without the share the stuck
-/// clients took the whole budget (the bound here is 64 MiB, they ask for
+/// clients took the whole budget (the bound here is 128 MiB, they ask for
 /// 192) and the legitimate ones waited until their command timeout.
 #[test]
 fn a_session_that_stops_reading_holds_only_its_share() {
-    const SHARE: u64 = 16 * MIB;
+    const SHARE: u64 = 32 * MIB;
     let dir = tempfile::tempdir().unwrap();
     let cfg = config(
         dir.path(),
-        "buffer_memory_max = \"64M\"\nsession_buffer_max = \"16M\"\nnop_in_timeout_ms = 600000",
+        "buffer_memory_max = \"128M\"\nsession_buffer_max = \"32M\"\nnop_in_timeout_ms = 600000",
     );
     let node = start_config(dir.path(), &cfg);
     let pid = node.child.as_ref().unwrap().id();

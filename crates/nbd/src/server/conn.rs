@@ -736,7 +736,9 @@ impl Conn {
                     let held = (held, context);
                     exec::execute_held(&export, &buffers, &req, payload, held, plain).await
                 }
-                Payload::Pipe(mut pipe) => exec::write_piped(&export, &req, pipe.get(), held).await,
+                Payload::Pipe(mut pipe) => {
+                    exec::write_piped(&export, &req, pipe.get(), (held, &buffers)).await
+                }
             };
             export
                 .counters

@@ -365,11 +365,11 @@ pub(crate) async fn write_piped(
     ex: &ExportState,
     req: &Request,
     pipe: &mut block::PipePayload,
-    held: Option<BufferPermit>,
+    (held, buffers): (Option<BufferPermit>, &BufferBudget),
 ) -> Result<ReplyData, BlockError> {
     let g = ex.volume.geometry();
     let fua = req.flags & cmdflag::FUA != 0;
-    let _held = held.unwrap_or_else(|| ex.buffers.charge(pipe.len() as u64));
+    let _held = held.unwrap_or_else(|| buffers.charge(pipe.len() as u64));
     let s = Span::new(&g, req.offset_bytes, pipe.len() as u64);
     if !s.aligned() || s.blocks() > max_io_blocks(&g) {
         let data = pipe.take_bytes().map_err(BlockError::Io)?;
