@@ -96,11 +96,25 @@ pub(crate) async fn run(inner: Arc<Inner>) {
         frameless = now;
         let t0 = Instant::now();
         let r = destage_batch(&inner, &batch, short).await;
-        *inner.destage_failure.lock() = r.as_ref().err().map(|e| e.to_string());
+        // A batch that could only leave out data no device can read made no
+        // progress: a drain is told why (and gives up after a few); one
+        // that wrote the rest did, and is no failure.
+        let stuck = match &r {
+            Ok(b) if b.left_out > 0 && !b.wrote => Some(format!(
+                "{} dirty block(s) hold data no cache device can read (medium errors); \
+                 they stay dirty, and reads of them fail, until the host writes them \
+                 again",
+                b.left_out
+            )),
+            _ => None,
+        };
+        let why = match &r {
+            Err(e) => Some(e.to_string()),
+            Ok(_) => stuck.clone(),
+        };
+        *inner.destage_failure.lock() = why.clone();
         inner.destage_progress.notify_waiters();
-        if let Err(e) = r {
-            Counters::add(&inner.counters.destage_errors, 1);
-            let why = e.to_string();
+        if let Some(why) = why {
             let again = logged
                 .as_ref()
                 .is_some_and(|(w, at)| *w == why && at.elapsed() < LOG_AGAIN_AFTER);
@@ -108,7 +122,13 @@ pub(crate) async fn run(inner: Arc<Inner>) {
                 tracing::warn!(cache = %inner.name, "destage failed, dirty data stays in the cache: {why}");
                 logged = Some((why, Instant::now()));
             }
-            tokio::time::sleep(Duration::from_secs(1)).await;
+            if r.is_err() {
+                Counters::add(&inner.counters.destage_errors, 1);
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            } else {
+                // woken early by a drain, which counts these passes
+                wait(&inner, Duration::from_secs(1)).await;
+            }
             continue;
         }
         if !urgent && inner.fg_inflight.load(Ordering::Acquire) > 0 {
@@ -268,9 +288,18 @@ fn whole_stripes(inner: &Inner, batch: &[(u64, u32)], per: u64) -> Vec<u64> {
         .collect()
 }
 
-async fn destage_batch(inner: &Inner, batch: &[(u64, u32)], stripes: bool) -> BlockResult<()> {
+/// What a batch that did not fail did.
+#[derive(Default)]
+struct Batch {
+    /// Frames whose dirty sectors no device could read, left out.
+    left_out: usize,
+    /// Whether it wrote anything to the backing volume.
+    wrote: bool,
+}
+
+async fn destage_batch(inner: &Inner, batch: &[(u64, u32)], stripes: bool) -> BlockResult<Batch> {
     if batch.is_empty() {
-        return Ok(());
+        return Ok(Batch::default());
     }
     let per = stripe_blocks(inner).filter(|_| stripes);
     let whole = per.map_or(Vec::new(), |per| whole_stripes(inner, batch, per));
@@ -298,7 +327,7 @@ async fn destage_batch(inner: &Inner, batch: &[(u64, u32)], stripes: bool) -> Bl
                 if st.policy.key_of(slot) != Some(key) || st.dirty.get(slot) == 0 {
                     return None;
                 }
-                let bad = st.unreadable.get(&slot).copied().unwrap_or(0);
+                let bad = st.unreadable_now(slot);
                 unreadable += usize::from(bad != 0);
                 let dirty = st.dirty.get(slot) & !bad;
                 if dirty == 0 {
@@ -366,7 +395,11 @@ async fn destage_batch(inner: &Inner, batch: &[(u64, u32)], stripes: bool) -> Bl
             }
         }
     }
-    let flushed = inner.backing.flush().await;
+    // (a batch that only left data out has nothing to make durable)
+    let flushed = match ops.is_empty() {
+        true => Ok(()),
+        false => inner.backing.flush().await,
+    };
     let mut pages = Vec::new();
     let mut cleaned = Vec::new();
     {
@@ -407,13 +440,11 @@ async fn destage_batch(inner: &Inner, batch: &[(u64, u32)], stripes: bool) -> Bl
     persisted?;
     match first_err {
         Some(e) => Err(e),
-        // the rest went out; these stay dirty until the host writes them
-        None if unreadable > 0 => Err(BlockError::Unavailable(format!(
-            "{unreadable} dirty block(s) hold data no cache device can read \
-             (medium errors); they stay dirty, and reads of them fail, until \
-             the host writes them again"
-        ))),
-        None => Ok(()),
+        // the rest went out; those left out stay dirty
+        None => Ok(Batch {
+            left_out: unreadable,
+            wrote: bytes > 0,
+        }),
     }
 }
 

@@ -44,6 +44,10 @@ const LOCK_STRIPES: usize = 4096;
 /// retries a failed batch after 1 s).
 pub(crate) const DRAIN_FAILED_BATCHES_MAX: u32 = 5;
 
+/// Dirty sectors no cache device could read are tried again by the destage
+/// after this long (see [`State::unreadable`]).
+pub(crate) const UNREADABLE_RETRY_AFTER: std::time::Duration = std::time::Duration::from_secs(600);
+
 /// A cache device handed to [`CacheVolume::open`].
 #[derive(Clone)]
 pub struct CacheDevice {
@@ -89,11 +93,12 @@ pub(crate) struct State {
     /// written again since its snapshot (those stay dirty when it ends).
     pub destaging: HashMap<u32, u64>,
     /// Per frame, dirty sectors no cache device could read when the destage
-    /// last tried: the destage leaves them dirty and reads
-    /// them no more until the host writes them again (every pass re-read
+    /// last tried, and when: the destage leaves them dirty and reads them no
+    /// more until the host writes them again, or [`UNREADABLE_RETRY_AFTER`]
+    /// has passed (the error may have been passing). Every pass re-read
     /// them, counting a medium error on each device a second, and their
-    /// neighbours' write failed with them).
-    pub unreadable: HashMap<u32, u64>,
+    /// neighbours' write failed with them.
+    pub unreadable: HashMap<u32, (u64, Instant)>,
     pub dirty_frames: usize,
     pub dirty_sectors: u64,
     pub advisor: Option<Advisor>,
@@ -153,12 +158,7 @@ impl State {
         }
         // sectors no longer dirty (destaged, written through, discarded,
         // dropped) are no longer unreadable dirty data
-        if let Some(u) = self.unreadable.get_mut(&slot) {
-            *u &= dirty;
-            if *u == 0 {
-                self.unreadable.remove(&slot);
-            }
-        }
+        self.readable_again(slot, !dirty);
         self.dirty_sectors =
             self.dirty_sectors + dirty.count_ones() as u64 - old.count_ones() as u64;
         match (old != 0, dirty != 0) {
@@ -168,6 +168,30 @@ impl State {
         }
         self.dirty.set(slot, dirty);
         self.repin(slot);
+    }
+
+    /// Sectors `mask` of frame `slot` are no longer unreadable dirty data.
+    pub(crate) fn readable_again(&mut self, slot: u32, mask: u64) {
+        if let Some((u, _)) = self.unreadable.get_mut(&slot) {
+            *u &= !mask;
+            if *u == 0 {
+                self.unreadable.remove(&slot);
+            }
+        }
+    }
+
+    /// The dirty sectors of frame `slot` the destage leaves out now: those no
+    /// device could read, unless that was [`UNREADABLE_RETRY_AFTER`] ago
+    /// (then they are tried again).
+    pub(crate) fn unreadable_now(&mut self, slot: u32) -> u64 {
+        match self.unreadable.get(&slot) {
+            Some(&(_, since)) if since.elapsed() >= UNREADABLE_RETRY_AFTER => {
+                self.unreadable.remove(&slot);
+                0
+            }
+            Some(&(mask, _)) => mask,
+            None => 0,
+        }
     }
 
     pub(crate) fn record(&self, slot: u32) -> Record {
@@ -509,10 +533,6 @@ impl Inner {
         true
     }
 
-    /// After a medium error in frame `slot`: forgets the clean sectors it
-    /// holds (the backing volume has them; the next fill writes them again,
-    /// which a disk remaps) and returns its dirty ones. Reducing what a frame
-    /// holds to its dirty sectors is safe under a shared lock of its block.
     /// The destage could not read `len` bytes at `off` of frame `slot` from
     /// any device (a medium error). If the span held clean sectors, the
     /// frame forgets them ([`Inner::forget_clean`]): they may be the
@@ -543,10 +563,15 @@ impl Inner {
         let mut st = self.state.lock();
         let bad = bad & st.dirty.get(slot);
         if bad != 0 {
-            *st.unreadable.entry(slot).or_insert(0) |= bad;
+            let e = st.unreadable.entry(slot).or_insert((0, Instant::now()));
+            *e = (e.0 | bad, Instant::now());
         }
     }
 
+    /// After a medium error in frame `slot`: forgets the clean sectors it
+    /// holds (the backing volume has them; the next fill writes them again,
+    /// which a disk remaps) and returns its dirty ones. Reducing what a frame
+    /// holds to its dirty sectors is safe under a shared lock of its block.
     pub(crate) fn forget_clean(&self, slot: u32) -> u64 {
         let mut st = self.state.lock();
         let dirty = st.dirty.get(slot);
@@ -1353,12 +1378,7 @@ impl Inner {
                         *again |= p.mask;
                     }
                     // written again: readable, and the destage's to write
-                    if let Some(u) = st.unreadable.get_mut(&slot) {
-                        *u &= !p.mask;
-                        if *u == 0 {
-                            st.unreadable.remove(&slot);
-                        }
-                    }
+                    st.readable_again(slot, p.mask);
                     pages.push(slot / RECORDS_PER_PAGE as u32);
                 }
                 st.unpin_io(slot);
@@ -1860,7 +1880,7 @@ impl Inner {
             unreadable_dirty_bytes: st
                 .unreadable
                 .values()
-                .map(|m| m.count_ones() as u64 * SECTOR_BYTES)
+                .map(|(m, _)| m.count_ones() as u64 * SECTOR_BYTES)
                 .sum(),
             read_hits: now.read_hits,
             read_misses: now.read_misses,
@@ -1893,8 +1913,6 @@ impl Inner {
     }
 }
 
-/// Copies the sectors in `mask` from `src` (which starts at block offset `src_off`)
-/// into `dst` (which starts at block offset `dst_off`), clipped to both buffers.
 /// The sectors a span of `len` bytes at `off` of a block touches.
 fn sector_mask(off: u64, len: u64) -> u64 {
     let first = off / SECTOR_BYTES;
@@ -1902,6 +1920,8 @@ fn sector_mask(off: u64, len: u64) -> u64 {
     range_mask(first as u32, (end - first) as u32)
 }
 
+/// Copies the sectors in `mask` from `src` (which starts at block offset `src_off`)
+/// into `dst` (which starts at block offset `dst_off`), clipped to both buffers.
 fn overlay(dst: &mut [u8], dst_off: u64, src: &[u8], src_off: u64, mask: u64) {
     let mut m = mask;
     while m != 0 {
