@@ -131,6 +131,10 @@ pub(crate) fn spawn_command(
         // on another worker as its AbortHandle fires), and that poll may run
         // the command to its end: the answer is all that can still be held back
         if guard.session.aborted(guard.itt, guard.serial) {
+            // a unit attention it took was not reported after all
+            if scsi.unanswered(nexus, lun, &info.cdb, &resp) {
+                tracing::debug!(itt, lun, "unit attention of an aborted command kept");
+            }
             return;
         }
         if info.read || info.write {

@@ -98,6 +98,16 @@ fn check_new_lun(luns: &[Arc<LogicalUnit>], lun: u64) -> Result<(), ScsiError> {
     Ok(())
 }
 
+/// The unit attention that sense data (fixed or descriptor format) reports.
+fn unit_attention_of(b: &[u8]) -> Option<Sense> {
+    let (key, asc, ascq) = match b.first()? & 0x7f {
+        0x70 | 0x71 if b.len() >= 14 => (b[2] & 0x0f, b[12], b[13]),
+        0x72 | 0x73 if b.len() >= 4 => (b[1] & 0x0f, b[2], b[3]),
+        _ => return None,
+    };
+    (key == crate::sense::key::UNIT_ATTENTION).then(|| Sense::new(key, asc, ascq))
+}
+
 /// Commands that neither report nor consume a unit attention (SAM-5 5.14).
 fn ua_exempt(opcode: u8) -> bool {
     matches!(opcode, op::INQUIRY | op::REPORT_LUNS | op::REQUEST_SENSE)
@@ -783,6 +793,26 @@ impl ScsiTarget {
         };
         lu.counters.finish(flight, dir, bytes, failed);
         into_response(r, lu.descriptor_sense())
+    }
+
+    /// The transport never answered `resp`, the response of `cdb` to `lun`
+    /// (the command was aborted after it ran): a unit attention it reported
+    /// (CHECK CONDITION, or the data of REQUEST SENSE) was not reported after
+    /// all and is established again, ahead of the others, unless a reset
+    /// superseded it meanwhile. Says whether it was.
+    pub fn unanswered(&self, nexus: &ItNexus, lun: u64, cdb: &[u8], resp: &Response) -> bool {
+        let sense = match (resp.status, cdb.first()) {
+            (crate::status::CHECK_CONDITION, _) => resp.sense.as_deref(),
+            (crate::status::GOOD, Some(&op::REQUEST_SENSE)) => Some(&resp.data_in[..]),
+            _ => None,
+        };
+        let Some(ua) = sense.and_then(unit_attention_of) else {
+            return false;
+        };
+        match self.target_lun(nexus, lun).and_then(|l| self.lu(l)) {
+            Some(lu) => lu.uas.restore(nexus, ua),
+            None => false,
+        }
     }
 
     /// Command counters of every LU, in LUN order (for metrics).

@@ -32,6 +32,11 @@ pub(crate) fn key_of(nexus: &ItNexus) -> NexusKey {
 struct NexusUa {
     pending: AtomicBool,
     queue: Mutex<VecDeque<Sense>>,
+    /// The condition taken last, while the queue had been reset `resets`
+    /// times: it goes back to the front if its command is never answered
+    /// ([`UaTable::restore`]), unless a reset superseded it meanwhile.
+    taken: Mutex<Option<(Sense, u64)>>,
+    resets: std::sync::atomic::AtomicU64,
 }
 
 impl NexusUa {
@@ -53,6 +58,7 @@ impl NexusUa {
     /// Replaces every queued condition with `sense` (a reset supersedes older UAs).
     fn reset_to(&self, sense: Sense) {
         let mut q = self.queue.lock();
+        self.resets.fetch_add(1, Ordering::AcqRel);
         q.clear();
         q.push_back(sense);
         self.pending.store(true, Ordering::Release);
@@ -64,7 +70,29 @@ impl NexusUa {
         if q.is_empty() {
             self.pending.store(false, Ordering::Release);
         }
+        if let Some(s) = s {
+            *self.taken.lock() = Some((s, self.resets.load(Ordering::Acquire)));
+        }
         s
+    }
+
+    /// Puts `sense` back at the front if it is the condition taken last and
+    /// no reset came since; says whether it did.
+    fn restore(&self, sense: Sense) -> bool {
+        let mut q = self.queue.lock();
+        let mut taken = self.taken.lock();
+        if *taken != Some((sense, self.resets.load(Ordering::Acquire))) {
+            return false;
+        }
+        *taken = None;
+        if !q.contains(&sense) {
+            if q.len() >= UA_QUEUE_DEPTH_MAX {
+                q.pop_back();
+            }
+            q.push_front(sense);
+        }
+        self.pending.store(true, Ordering::Release);
+        true
     }
 }
 
@@ -134,6 +162,22 @@ impl UaTable {
     }
 
     /// Forgets `nexus` (it is gone); if it comes back it starts with POWER ON.
+    /// A command that took `sense` (reported it) was never answered (it was
+    /// aborted after it ran): the condition was not reported after all, so
+    /// it goes back to the front of the nexus's queue (SAM-5: a unit
+    /// attention is cleared when reported). Only the condition taken last,
+    /// and not once a reset has superseded it. (What was taken last is not
+    /// forgotten when its command is answered, to keep the answer's path
+    /// free of a lock: a response carrying the same condition without
+    /// having taken it, which only a partner's forwarded answer can, and
+    /// then aborted, would report it once more.)
+    pub fn restore(&self, nexus: &ItNexus, sense: Sense) -> bool {
+        match self.map.read().get(&key_of(nexus)) {
+            Some(e) => e.restore(sense),
+            None => false,
+        }
+    }
+
     pub fn forget(&self, nexus: &ItNexus) {
         self.map.write().remove(&key_of(nexus));
     }

@@ -3109,3 +3109,50 @@ fn initiators_group(name: &str, initiators: &[&str], luns: &[(u64, u64)]) -> Hos
         luns: luns.to_vec(),
     }
 }
+
+/// A command that took a unit attention and was then aborted (never
+/// answered) did not report it: the condition comes back, first, to the
+/// nexus's next command, as a CHECK CONDITION or as REQUEST SENSE data; a
+/// reset in between supersedes it; an answered command's condition is gone.
+#[tokio::test]
+async fn an_unanswered_unit_attention_is_reported_again() {
+    let t = target();
+    let a = nexus("1", 1);
+    let tur = [0u8; 6];
+    let r = run(&t, &a, &tur, &[]).await;
+    assert_eq!(sense_of(&r), (key::UNIT_ATTENTION, 0x29, 0x00));
+    assert!(t.unanswered(&a, 0, &tur, &r), "kept");
+    let r2 = run(&t, &a, &tur, &[]).await;
+    assert_eq!(sense_of(&r2), (key::UNIT_ATTENTION, 0x29, 0x00));
+    // answered this time: gone
+    assert_eq!(run(&t, &a, &tur, &[]).await.status, status::GOOD);
+    // taken by REQUEST SENSE, unanswered: back
+    let b = nexus("2", 1);
+    let rs = [0x03, 0, 0, 0, 18, 0];
+    let r = run(&t, &b, &rs, &[]).await;
+    assert_eq!(
+        (r.status, r.data_in[2] & 0xf),
+        (status::GOOD, key::UNIT_ATTENTION)
+    );
+    assert!(t.unanswered(&b, 0, &rs, &r));
+    assert_eq!(
+        sense_of(&run(&t, &b, &tur, &[]).await),
+        (key::UNIT_ATTENTION, 0x29, 0x00)
+    );
+    assert_eq!(run(&t, &b, &tur, &[]).await.status, status::GOOD);
+    // an answer that reported no unit attention restores nothing
+    let good = run(&t, &b, &tur, &[]).await;
+    assert!(!t.unanswered(&b, 0, &tur, &good));
+    // a reset after the command took it: the reset's condition alone
+    let c = nexus("3", 1);
+    let r = run(&t, &c, &tur, &[]).await;
+    assert_eq!(sense_of(&r), (key::UNIT_ATTENTION, 0x29, 0x00));
+    let d = ready(&t, "4", 1).await;
+    assert!(t.lun_reset(&d, 0).await);
+    assert!(!t.unanswered(&c, 0, &tur, &r), "superseded by the reset");
+    assert_eq!(
+        sense_of(&run(&t, &c, &tur, &[]).await).0,
+        key::UNIT_ATTENTION
+    );
+    assert_eq!(run(&t, &c, &tur, &[]).await.status, status::GOOD);
+}
