@@ -46,6 +46,16 @@ fn config(dir: &Path, limits: &str) -> PathBuf {
     path
 }
 
+/// A node started with [`config`]`(dir, limits)`: the node, its process id,
+/// and its API address with its data directory (for `freesan status`).
+fn started(dir: &Path, limits: &str) -> (Node, u32, (String, PathBuf)) {
+    let cfg = config(dir, limits);
+    let node = start_config(dir, &cfg);
+    let pid = node.child.as_ref().unwrap().id();
+    let api = (node.api.clone().expect("api address"), dir.join("data"));
+    (node, pid, api)
+}
+
 /// A `kB` field of /proc/PID/status, in bytes.
 fn proc_status_bytes(pid: u32, field: &str) -> u64 {
     let s = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("node process gone");
@@ -346,13 +356,7 @@ fn clients_that_stop_reading_cannot_grow_the_node_past_its_bound() {
     let dir = tempfile::tempdir().unwrap();
     // stuck clients are not dropped during the test (nop_in_timeout_ms)
     let limits = format!("buffer_memory_max = \"{bound}\"\nnop_in_timeout_ms = 600000");
-    let cfg = config(dir.path(), &limits);
-    let node = start_config(dir.path(), &cfg);
-    let pid = node.child.as_ref().unwrap().id();
-    let api = (
-        node.api.clone().expect("api address"),
-        dir.path().join("data"),
-    );
+    let (node, pid, api) = started(dir.path(), &limits);
     let nbd_addr = node.nbd.clone().expect("nbd address");
     let portal = node.portals[0].clone();
     let rt = tokio::runtime::Runtime::new().unwrap();
@@ -465,15 +469,9 @@ fn clients_that_stop_reading_cannot_grow_the_node_past_its_bound() {
 #[test]
 fn an_initiator_that_stops_reading_is_dropped_and_others_go_on() {
     let dir = tempfile::tempdir().unwrap();
-    let cfg = config(
+    let (node, pid, api) = started(
         dir.path(),
         "buffer_memory_max = \"16M\"\nnop_in_timeout_ms = 2000",
-    );
-    let node = start_config(dir.path(), &cfg);
-    let pid = node.child.as_ref().unwrap().id();
-    let api = (
-        node.api.clone().expect("api address"),
-        dir.path().join("data"),
     );
     let portal = node.portals[0].clone();
     let rt = tokio::runtime::Runtime::new().unwrap();
@@ -532,15 +530,9 @@ fn an_initiator_that_stops_reading_is_dropped_and_others_go_on() {
 fn a_session_that_stops_reading_holds_only_its_share() {
     const SHARE: u64 = 32 * MIB;
     let dir = tempfile::tempdir().unwrap();
-    let cfg = config(
+    let (node, pid, api) = started(
         dir.path(),
         "buffer_memory_max = \"128M\"\nsession_buffer_max = \"32M\"\nnop_in_timeout_ms = 600000",
-    );
-    let node = start_config(dir.path(), &cfg);
-    let pid = node.child.as_ref().unwrap().id();
-    let api = (
-        node.api.clone().expect("api address"),
-        dir.path().join("data"),
     );
     let nbd_addr = node.nbd.clone().expect("nbd address");
     let portal = node.portals[0].clone();
