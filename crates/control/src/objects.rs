@@ -691,6 +691,7 @@ impl Objects {
                         "connections": 1,
                         "commands_running": x.commands_running,
                         "commands_aborting": x.commands_aborting,
+                        "buffered_bytes": x.buffered_bytes,
                     })
                 })
                 .collect();

@@ -135,6 +135,9 @@ pub struct SessionInfo {
     pub id: u64,
     /// Read and write commands it finished since login.
     pub io: crate::session::SessionIoStats,
+    /// Bytes of the node's buffer budget it holds now (read data waiting for
+    /// the initiator, Data-Out waiting to be applied), at most its share.
+    pub buffered_bytes: u64,
 }
 
 /// Lists the sessions of a [`Server`]; empty once the server is gone.
@@ -187,6 +190,7 @@ impl Sessions {
                     tsih: s.tsih,
                     id: s.created(),
                     io: s.io.snapshot(),
+                    buffered_bytes: s.buffers.status().held_bytes,
                 }
             })
             .collect()

@@ -561,6 +561,19 @@ fn a_session_that_stops_reading_holds_only_its_share() {
         3 * SHARE,
         "a session held more than its share: {full}"
     );
+    // each iSCSI session says what it holds
+    let token = make_token(&api.1, "read-only", "sessions");
+    let auth = format!("Authorization: Bearer {token}");
+    let (code, body) = http(&api.0, "GET", "/api/v1/targets", &[&auth], "");
+    assert_eq!(code, 200, "{body}");
+    let targets: Value = serde_json::from_str(&body).unwrap();
+    let held: Vec<u64> = targets[0]["sessions"]
+        .as_array()
+        .expect("sessions")
+        .iter()
+        .map(|s| s["buffered_bytes"].as_u64().expect("buffered_bytes"))
+        .collect();
+    assert_eq!(held, [SHARE, SHARE], "{targets}");
 
     // the others go on while the stuck clients still hold their sockets
     iscsi_verified_io(&rt, &node.url(0, 0), 7);
