@@ -45,7 +45,10 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
-use tokio::sync::Semaphore;
+use tokio::sync::{Semaphore, SemaphorePermit};
+
+/// Levels of a budget: a session's share and the node's.
+const LEVELS_MAX: usize = 2;
 
 /// Bytes per unit of the budget.
 const UNIT_BYTES: u64 = 1024;
@@ -153,11 +156,13 @@ impl BufferBudget {
     /// permits take their bytes from this budget's session share first, then
     /// from this budget, so the session never holds more than its share of
     /// it. A command larger than the share is clamped to it (it runs alone in
-    /// its session).
+    /// its session). Of a session's budget: another session of the same
+    /// node's (so a budget has at most two levels).
     pub fn session(&self) -> BufferBudget {
-        let units = self.inner.session_units;
+        let node = self.inner.parent.as_ref().unwrap_or(&self.inner);
+        let units = node.session_units;
         BufferBudget {
-            inner: Arc::new(Inner::new(units, Some(self.inner.clone()), units)),
+            inner: Arc::new(Inner::new(units, Some(node.clone()), units)),
         }
     }
 
@@ -202,25 +207,26 @@ impl BufferBudget {
         // (a session's share is at most its parent's budget)
         let n = units as u32;
         // each level in turn, this one first; what a cancelled wait had taken
-        // goes back as its permits drop
-        let mut taken = Vec::with_capacity(2);
-        for level in self.inner.levels() {
-            match level.sem.try_acquire_many(n) {
-                Ok(p) => taken.push(p),
+        // goes back as its permits drop (no allocation: every command of
+        // every frontend comes this way)
+        let mut taken: [Option<SemaphorePermit<'_>>; LEVELS_MAX] = [None, None];
+        for (slot, level) in taken.iter_mut().zip(self.inner.levels()) {
+            *slot = Some(match level.sem.try_acquire_many(n) {
+                Ok(p) => p,
                 Err(_) => {
                     level.waits.fetch_add(1, Ordering::Relaxed);
                     if let Some(parent) = &level.parent {
                         parent.session_waits.fetch_add(1, Ordering::Relaxed);
                     }
                     match level.sem.acquire_many(n).await {
-                        Ok(p) => taken.push(p),
+                        Ok(p) => p,
                         // never closed; what was taken goes back
                         Err(_) => return BufferPermit::empty(),
                     }
                 }
-            }
+            });
         }
-        taken.into_iter().for_each(|p| p.forget());
+        taken.into_iter().flatten().for_each(|p| p.forget());
         self.held(units)
     }
 
@@ -232,12 +238,11 @@ impl BufferBudget {
         if units == 0 {
             return Some(BufferPermit::empty());
         }
-        let taken = self
-            .inner
-            .levels()
-            .map(|level| level.sem.try_acquire_many(units as u32).ok())
-            .collect::<Option<Vec<_>>>()?;
-        taken.into_iter().for_each(|p| p.forget());
+        let mut taken: [Option<SemaphorePermit<'_>>; LEVELS_MAX] = [None, None];
+        for (slot, level) in taken.iter_mut().zip(self.inner.levels()) {
+            *slot = Some(level.sem.try_acquire_many(units as u32).ok()?);
+        }
+        taken.into_iter().flatten().for_each(|p| p.forget());
         Some(self.held(units))
     }
 
@@ -583,5 +588,13 @@ mod tests {
         assert_eq!(b.session().status().max_bytes, 32 * MIB);
         let tiny = BufferBudget::new(8 * MIB);
         assert_eq!(tiny.session().status().max_bytes, 8 * MIB);
+        // a session of a session is another session of the node
+        let sibling = b.session().session();
+        let p = sibling.try_acquire(MIB).unwrap();
+        assert_eq!(
+            (sibling.status().held_bytes, b.status().held_bytes),
+            (MIB, MIB)
+        );
+        drop(p);
     }
 }
