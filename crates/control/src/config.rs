@@ -912,6 +912,25 @@ impl Default for LimitsConfig {
     }
 }
 
+/// A size of `[limits]` (`"512M"`, `"2G"`): `default` when unset, else the
+/// size given, which must lie `within` (`why` says what that is).
+fn size_limit(
+    key: &str,
+    value: &Option<String>,
+    default: u64,
+    within: std::ops::RangeInclusive<u64>,
+    why: &str,
+) -> Result<u64> {
+    let Some(s) = value else {
+        return Ok(default);
+    };
+    match disk::parse_size(s) {
+        Some(b) if within.contains(&b) => Ok(b),
+        Some(_) => bail!("[limits] {key} = {s:?}: {why}"),
+        None => bail!("[limits] {key} = {s:?} is not a size (like 512M or 2G)"),
+    }
+}
+
 /// The default of `[limits] buffer_memory_max`: 1/8 of `ram_bytes`, clamped to
 /// 64 MiB..=2 GiB.
 pub fn default_buffer_memory_bytes(ram_bytes: u64) -> u64 {
@@ -936,33 +955,33 @@ fn ram_bytes() -> u64 {
 impl LimitsConfig {
     /// `buffer_memory_max` in bytes (its default when unset).
     pub fn buffer_memory_bytes(&self) -> Result<u64> {
-        match &self.buffer_memory_max {
-            None => Ok(default_buffer_memory_bytes(ram_bytes())),
-            Some(s) => match disk::parse_size(s) {
-                Some(b) if b >= 1 << 20 => Ok(b),
-                Some(_) => bail!("[limits] buffer_memory_max = {s:?}: at least 1M"),
-                None => bail!("[limits] buffer_memory_max = {s:?} is not a size (like 512M or 2G)"),
-            },
-        }
+        let default = default_buffer_memory_bytes(ram_bytes());
+        let within = 1 << 20..=u64::MAX;
+        size_limit(
+            "buffer_memory_max",
+            &self.buffer_memory_max,
+            default,
+            within,
+            "at least 1M",
+        )
     }
 
     /// `session_buffer_max` in bytes (its default when unset), given the
     /// node's `buffer_memory_max` in bytes.
     pub fn session_buffer_bytes(&self, node_bytes: u64) -> Result<u64> {
-        match &self.session_buffer_max {
-            None => Ok(block::default_session_bytes(node_bytes)),
-            Some(s) => match disk::parse_size(s) {
-                Some(b) if b >= block::SESSION_BYTES_MIN.min(node_bytes) && b <= node_bytes => {
-                    Ok(b)
-                }
-                Some(_) => bail!(
-                    "[limits] session_buffer_max = {s:?}: at least 32M (the largest \
-                     command; or all of buffer_memory_max when that is less) and at \
-                     most buffer_memory_max ({node_bytes} bytes)"
-                ),
-                None => bail!("[limits] session_buffer_max = {s:?} is not a size (like 256M)"),
-            },
-        }
+        let default = block::default_session_bytes(node_bytes);
+        let within = block::SESSION_BYTES_MIN.min(node_bytes)..=node_bytes;
+        let why = format!(
+            "at least 32M (the largest command; or all of buffer_memory_max when that \
+             is less) and at most buffer_memory_max ({node_bytes} bytes)"
+        );
+        size_limit(
+            "session_buffer_max",
+            &self.session_buffer_max,
+            default,
+            within,
+            &why,
+        )
     }
 
     /// The transport's limits with these values applied.

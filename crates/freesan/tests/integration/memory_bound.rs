@@ -214,6 +214,17 @@ impl RawIscsi {
     }
 }
 
+/// Sessions logged in with ISID numbers `isids`, each with 64 reads of
+/// `READ_BYTES` queued that it will never take back.
+fn stuck_sessions(portal: &str, isids: std::ops::Range<u8>) -> Vec<RawIscsi> {
+    let mut stuck: Vec<RawIscsi> = isids.map(|i| RawIscsi::login(portal, i)).collect();
+    let bs = stuck[0].block_size();
+    for s in stuck.iter_mut() {
+        s.queue_reads(64, bs, 0);
+    }
+    stuck
+}
+
 /// An NBD connection to `lun0` that queues `count` reads of `READ_BYTES` and
 /// reads nothing back (fixed newstyle, NBD_OPT_EXPORT_NAME).
 fn nbd_stuck(addr: &str, count: u32) -> TcpStream {
@@ -477,11 +488,7 @@ fn an_initiator_that_stops_reading_is_dropped_and_others_go_on() {
     let rt = tokio::runtime::Runtime::new().unwrap();
 
     // four sessions x 64 reads of 1 MiB, never read, sockets kept open
-    let mut stuck: Vec<RawIscsi> = (0..4u8).map(|i| RawIscsi::login(&portal, 40 + i)).collect();
-    let bs = stuck[0].block_size();
-    for s in stuck.iter_mut() {
-        s.queue_reads(64, bs, 0);
-    }
+    let mut stuck = stuck_sessions(&portal, 40..44);
     wait_for(
         &api,
         pid,
@@ -540,11 +547,7 @@ fn a_session_that_stops_reading_holds_only_its_share() {
 
     // two iSCSI sessions and one NBD connection, each asking for 64 MiB of
     // reads and reading none of it
-    let mut stuck: Vec<RawIscsi> = (0..2u8).map(|i| RawIscsi::login(&portal, 60 + i)).collect();
-    let bs = stuck[0].block_size();
-    for s in stuck.iter_mut() {
-        s.queue_reads(64, bs, 0);
-    }
+    let stuck = stuck_sessions(&portal, 60..62);
     let nbd = nbd_stuck(&nbd_addr, 64);
     let full = wait_for(
         &api,
