@@ -39,16 +39,36 @@
 //! what it already has; the rules above apply at each level (a session's bytes
 //! are released by the same events as the node's).
 //!
+//! *Sources.* A share per session still let one host hold everything: it may
+//! open dozens of sessions (`sessions_per_source_max`) or NBD connections, each
+//! with a share. So the sessions of one source address take their bytes from
+//! that source's share first (`[limits] source_buffer_max`, also a quarter of
+//! the node's by default, at least [`SESSION_BYTES_MIN`]):
+//! [`session_from`](BufferBudget::session_from) makes a session of a source,
+//! and a permit then holds its bytes at three levels: the session's, the
+//! source's and the node's. A source's share lives as long as one of its
+//! sessions does.
+//!
 //! Key invariant: bytes held by permits taken with `acquire`/`try_acquire` never
 //! exceed the budget's maximum; `charge`d bytes may go beyond it and then hold
 //! back every waiter until they are returned.
 
+use std::collections::HashMap;
+use std::net::IpAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock, Weak};
 use tokio::sync::{Semaphore, SemaphorePermit};
 
-/// Levels of a budget: a session's share and the node's.
-const LEVELS_MAX: usize = 2;
+/// Levels of a budget: a session's share, its source's and the node's.
+const LEVELS_MAX: usize = 3;
+
+/// What a level of a budget is the budget of.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Node,
+    Source,
+    Session,
+}
 
 /// Bytes per unit of the budget.
 const UNIT_BYTES: u64 = 1024;
@@ -74,13 +94,22 @@ struct Inner {
     debt_units: AtomicU64,
     waits: AtomicU64,
     refusals: AtomicU64,
-    /// The budget this one is a share of (a session's: the node's).
+    /// The budget this one is a share of (a session's: its source's or the
+    /// node's; a source's: the node's).
     parent: Option<Arc<Inner>>,
-    /// Units of the share a [`BufferBudget::session`] of this budget gets.
+    kind: Kind,
+    /// Units of the share a [`BufferBudget::session`] of this node gets
+    /// (at most `source_units`).
     session_units: u64,
-    /// Acquires of this budget's sessions that waited for their own share
-    /// (not for this budget).
+    /// Units of the share the sessions of one source address get together.
+    source_units: u64,
+    /// Acquires of this node's sessions that waited for their session's own
+    /// share (not for this budget).
     session_waits: AtomicU64,
+    /// Acquires of this node's sessions that waited for their source's share.
+    source_waits: AtomicU64,
+    /// The node's live source shares, by address.
+    sources: Mutex<HashMap<IpAddr, Weak<Inner>>>,
 }
 
 /// What the budget holds now and has held (for status and metrics).
@@ -97,10 +126,16 @@ pub struct BufferStatus {
     pub waits: u64,
     /// Acquires refused at once (the caller answered "busy" instead of waiting).
     pub refusals: u64,
-    /// The most one session may hold (`[limits] session_buffer_max`).
+    /// The most one session may hold (`[limits] session_buffer_max`, at most
+    /// `source_max_bytes`).
     pub session_max_bytes: u64,
     /// Acquires that waited because their session held its whole share.
     pub session_waits: u64,
+    /// The most the sessions of one source address may hold together
+    /// (`[limits] source_buffer_max`).
+    pub source_max_bytes: u64,
+    /// Acquires that waited because their source held its whole share.
+    pub source_waits: u64,
 }
 
 /// Bytes of a budget held until dropped.
@@ -133,37 +168,89 @@ static NODE: OnceLock<BufferBudget> = OnceLock::new();
 
 impl BufferBudget {
     /// A budget of `max_bytes` (at least 1 KiB, at most 4 TiB) whose sessions
-    /// get the default share ([`default_session_bytes`]).
+    /// and sources get the default share ([`default_session_bytes`]).
     pub fn new(max_bytes: u64) -> BufferBudget {
-        BufferBudget::with_session_share(max_bytes, default_session_bytes(max_bytes))
+        let share = default_session_bytes(max_bytes);
+        BufferBudget::with_shares(max_bytes, share, share)
     }
 
     /// A budget of `max_bytes` whose [`session`](Self::session)s may hold at
-    /// most `session_bytes` each (at least [`SESSION_BYTES_MIN`], at most the
-    /// whole budget).
-    pub fn with_session_share(max_bytes: u64, session_bytes: u64) -> BufferBudget {
+    /// most `session_bytes` each, and the sessions of one source address at
+    /// most `source_bytes` together (each at least [`SESSION_BYTES_MIN`], at
+    /// most the whole budget; a session's share at most its source's).
+    pub fn with_shares(max_bytes: u64, session_bytes: u64, source_bytes: u64) -> BufferBudget {
         let max_units = max_bytes.div_ceil(UNIT_BYTES).clamp(1, units_max());
-        let session_units = session_bytes
-            .max(SESSION_BYTES_MIN)
-            .div_ceil(UNIT_BYTES)
-            .clamp(1, max_units);
+        let share = |bytes: u64| {
+            bytes
+                .max(SESSION_BYTES_MIN)
+                .div_ceil(UNIT_BYTES)
+                .clamp(1, max_units)
+        };
+        let source_units = share(source_bytes);
+        let mut node = Inner::new(max_units, None, Kind::Node);
+        node.session_units = share(session_bytes).min(source_units);
+        node.source_units = source_units;
         BufferBudget {
-            inner: Arc::new(Inner::new(max_units, None, session_units)),
+            inner: Arc::new(node),
         }
     }
 
-    /// A budget for one session (an iSCSI session, an NBD connection): its
-    /// permits take their bytes from this budget's session share first, then
-    /// from this budget, so the session never holds more than its share of
-    /// it. A command larger than the share is clamped to it (it runs alone in
-    /// its session). Of a session's budget: another session of the same
-    /// node's (so a budget has at most two levels).
+    /// A budget for one session of no particular source: its permits take
+    /// their bytes from the session's share first, then from the node's, so
+    /// the session never holds more than its share. A command larger than the
+    /// share is clamped to it (it runs alone in its session). Of a session's
+    /// budget: another session of the same node's. Frontends use
+    /// [`session_from`](Self::session_from).
     pub fn session(&self) -> BufferBudget {
-        let node = self.inner.parent.as_ref().unwrap_or(&self.inner);
+        let node = self.inner.root();
         let units = node.session_units;
         BufferBudget {
-            inner: Arc::new(Inner::new(units, Some(node.clone()), units)),
+            inner: Arc::new(Inner::new(units, Some(node.clone()), Kind::Session)),
         }
+    }
+
+    /// A budget for one session (an iSCSI session, an NBD connection) from
+    /// `source`: as [`session`](Self::session), with its bytes also taken
+    /// from the share all sessions from that address hold together, so a
+    /// client's many sessions hold no more than one source's share.
+    pub fn session_from(&self, source: IpAddr) -> BufferBudget {
+        let node = self.inner.root();
+        let source = source.to_canonical();
+        let share = {
+            let mut sources = node.sources.lock().unwrap_or_else(|e| e.into_inner());
+            match sources.get(&source).and_then(Weak::upgrade) {
+                Some(s) => s,
+                None => {
+                    // addresses whose sessions have all ended go when another comes
+                    sources.retain(|_, s| s.strong_count() > 0);
+                    let s = Arc::new(Inner::new(
+                        node.source_units,
+                        Some(node.clone()),
+                        Kind::Source,
+                    ));
+                    sources.insert(source, Arc::downgrade(&s));
+                    s
+                }
+            }
+        };
+        BufferBudget {
+            inner: Arc::new(Inner::new(node.session_units, Some(share), Kind::Session)),
+        }
+    }
+
+    /// Bytes held now by the sessions of each source address that has one.
+    pub fn sources_held(&self) -> Vec<(IpAddr, u64)> {
+        let sources = self.inner.root().sources.lock();
+        let sources = sources.unwrap_or_else(|e| e.into_inner());
+        let mut held: Vec<(IpAddr, u64)> = sources
+            .iter()
+            .filter_map(|(a, s)| {
+                let s = s.upgrade()?;
+                Some((*a, s.held_units.load(Ordering::Acquire) * UNIT_BYTES))
+            })
+            .collect();
+        held.sort();
+        held
     }
 
     /// A budget so large it never holds anything back; it still counts.
@@ -204,20 +291,18 @@ impl BufferBudget {
             return BufferPermit::empty();
         }
         // units <= units_max() <= u32::MAX, and no more than any level's whole
-        // (a session's share is at most its parent's budget)
+        // (a share is at most the budget it is a share of)
         let n = units as u32;
         // each level in turn, this one first; what a cancelled wait had taken
         // goes back as its permits drop (no allocation: every command of
         // every frontend comes this way)
-        let mut taken: [Option<SemaphorePermit<'_>>; LEVELS_MAX] = [None, None];
+        let mut taken: [Option<SemaphorePermit<'_>>; LEVELS_MAX] = [None, None, None];
         for (slot, level) in taken.iter_mut().zip(self.inner.levels()) {
             *slot = Some(match level.sem.try_acquire_many(n) {
                 Ok(p) => p,
                 Err(_) => {
                     level.waits.fetch_add(1, Ordering::Relaxed);
-                    if let Some(parent) = &level.parent {
-                        parent.session_waits.fetch_add(1, Ordering::Relaxed);
-                    }
+                    level.count_share_wait();
                     match level.sem.acquire_many(n).await {
                         Ok(p) => p,
                         // never closed; what was taken goes back
@@ -238,7 +323,7 @@ impl BufferBudget {
         if units == 0 {
             return Some(BufferPermit::empty());
         }
-        let mut taken: [Option<SemaphorePermit<'_>>; LEVELS_MAX] = [None, None];
+        let mut taken: [Option<SemaphorePermit<'_>>; LEVELS_MAX] = [None, None, None];
         for (slot, level) in taken.iter_mut().zip(self.inner.levels()) {
             *slot = Some(level.sem.try_acquire_many(units as u32).ok()?);
         }
@@ -296,6 +381,8 @@ impl BufferBudget {
             refusals: i.refusals.load(Ordering::Relaxed),
             session_max_bytes: i.session_units * UNIT_BYTES,
             session_waits: i.session_waits.load(Ordering::Relaxed),
+            source_max_bytes: i.source_units * UNIT_BYTES,
+            source_waits: i.source_waits.load(Ordering::Relaxed),
         }
     }
 }
@@ -307,14 +394,15 @@ impl BufferBudget {
 /// a smaller share, commands would hold more memory than they count.
 pub const SESSION_BYTES_MIN: u64 = 32 << 20;
 
-/// The share of a budget of `max_bytes` one session may hold by default: a
-/// quarter, but at least [`SESSION_BYTES_MIN`] and at most all of it.
+/// The share of a budget of `max_bytes` one session (or one source's
+/// sessions) may hold by default: a quarter, but at least
+/// [`SESSION_BYTES_MIN`] and at most all of it.
 pub fn default_session_bytes(max_bytes: u64) -> u64 {
     (max_bytes / 4).max(SESSION_BYTES_MIN).min(max_bytes)
 }
 
 impl Inner {
-    fn new(max_units: u64, parent: Option<Arc<Inner>>, session_units: u64) -> Inner {
+    fn new(max_units: u64, parent: Option<Arc<Inner>>, kind: Kind) -> Inner {
         Inner {
             sem: Semaphore::new(max_units as usize),
             max_units,
@@ -324,14 +412,40 @@ impl Inner {
             waits: AtomicU64::new(0),
             refusals: AtomicU64::new(0),
             parent,
-            session_units,
+            kind,
+            session_units: max_units,
+            source_units: max_units,
             session_waits: AtomicU64::new(0),
+            source_waits: AtomicU64::new(0),
+            sources: Mutex::new(HashMap::new()),
         }
     }
 
     /// This budget, then the ones it is a share of.
     fn levels(&self) -> impl Iterator<Item = &Inner> {
         std::iter::successors(Some(self), |l| l.parent.as_deref())
+    }
+
+    /// The node's budget this one is (a share of).
+    fn root(self: &Arc<Inner>) -> &Arc<Inner> {
+        let mut l = self;
+        while let Some(p) = &l.parent {
+            l = p;
+        }
+        l
+    }
+
+    /// Counts, at the node, a wait of this level when it is a share.
+    fn count_share_wait(&self) {
+        let Some(node) = self.levels().last() else {
+            return;
+        };
+        let counter = match self.kind {
+            Kind::Node => return,
+            Kind::Source => &node.source_waits,
+            Kind::Session => &node.session_waits,
+        };
+        counter.fetch_add(1, Ordering::Relaxed);
     }
 
     /// Gives `units` held by a permit back to this level: first to a charge's
@@ -503,7 +617,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_session_holds_at_most_its_share_and_others_go_on() {
-        let node = BufferBudget::with_session_share(128 * MIB, 32 * MIB);
+        let node = BufferBudget::with_shares(128 * MIB, 32 * MIB, 128 * MIB);
         let a = node.session();
         let b = node.session();
         let a1 = a.acquire(16 * MIB).await;
@@ -534,7 +648,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_session_waiting_for_the_node_gives_its_share_back_when_cancelled() {
-        let node = BufferBudget::with_session_share(4 * MIB, 4 * MIB);
+        let node = BufferBudget::with_shares(4 * MIB, 4 * MIB, 4 * MIB);
         let other = node.acquire(3 * MIB).await;
         let s = node.session();
         let s2 = s.clone();
@@ -557,7 +671,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_sessions_command_larger_than_its_share_is_clamped_to_it() {
-        let node = BufferBudget::with_session_share(128 * MIB, 32 * MIB);
+        let node = BufferBudget::with_shares(128 * MIB, 32 * MIB, 128 * MIB);
         let s = node.session();
         let big = s.acquire(64 * MIB).await;
         assert_eq!(big.bytes(), 32 * MIB);
@@ -574,8 +688,52 @@ mod tests {
             .try_acquire(32 * MIB + 1)
             .is_some_and(|p| p.bytes() == 32 * MIB));
         // a share asked below the least is raised to it
-        let small = BufferBudget::with_session_share(128 * MIB, MIB);
+        let small = BufferBudget::with_shares(128 * MIB, MIB, 128 * MIB);
         assert_eq!(small.status().session_max_bytes, SESSION_BYTES_MIN);
+    }
+
+    #[tokio::test]
+    async fn the_sessions_of_one_source_hold_at_most_its_share_together() {
+        let node = BufferBudget::with_shares(256 * MIB, 32 * MIB, 48 * MIB);
+        let here: IpAddr = "127.0.0.2".parse().unwrap();
+        let mapped: IpAddr = "::ffff:127.0.0.2".parse().unwrap();
+        let (a, b) = (node.session_from(here), node.session_from(mapped));
+        let other = node.session_from("127.0.0.3".parse().unwrap());
+        let a1 = a.acquire(32 * MIB).await;
+        assert!(a.try_acquire(1).is_none(), "a holds its session's share");
+        let b1 = b.acquire(16 * MIB).await;
+        // the same address (IPv4 or mapped): 48 MiB held, the source's share
+        assert!(b.try_acquire(1).is_none(), "b's source holds its share");
+        let b_more = b.clone();
+        let waiter = tokio::spawn(async move { b_more.acquire(MIB).await });
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        assert!(!waiter.is_finished(), "b waits for its source's share");
+        // another address goes on
+        let o1 = other.try_acquire(32 * MIB).expect("another source's share");
+        let s = node.status();
+        assert_eq!(s.held_bytes, 80 * MIB);
+        assert_eq!(
+            (s.session_max_bytes, s.source_max_bytes),
+            (32 * MIB, 48 * MIB)
+        );
+        assert_eq!((s.waits, s.session_waits, s.source_waits), (0, 0, 1));
+        assert_eq!(
+            node.sources_held(),
+            [(here, 48 * MIB), ("127.0.0.3".parse().unwrap(), 32 * MIB)]
+        );
+        drop(a1);
+        let b2 = waiter.await.unwrap();
+        assert_eq!(node.status().held_bytes, 49 * MIB);
+        drop((b1, b2, o1));
+        assert_eq!(node.status().held_bytes, 0);
+        // a source's share lives as long as one of its sessions
+        drop((a, b, other));
+        assert!(node.sources_held().is_empty());
+        let again = node.session_from(here);
+        assert!(again.try_acquire(32 * MIB).is_some(), "a new share, whole");
+        // a session's share is at most its source's
+        let small = BufferBudget::with_shares(256 * MIB, 128 * MIB, 64 * MIB);
+        assert_eq!(small.status().session_max_bytes, 64 * MIB);
     }
 
     #[test]

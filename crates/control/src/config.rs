@@ -884,6 +884,11 @@ pub struct LimitsConfig {
     /// others go on. Default (unset): a quarter of `buffer_memory_max`, at
     /// least 32 MiB (the largest command), at most all of it.
     pub session_buffer_max: Option<String>,
+    /// The most of `buffer_memory_max` the sessions of one source address
+    /// hold together (a size, at least `session_buffer_max`). Default (unset):
+    /// a quarter of `buffer_memory_max` or `session_buffer_max` if that is
+    /// more, at least 32 MiB, at most all of it.
+    pub source_buffer_max: Option<String>,
 }
 
 impl Default for LimitsConfig {
@@ -908,6 +913,7 @@ impl Default for LimitsConfig {
             nop_in_timeout_ms: d.nop_in_timeout_ms,
             buffer_memory_max: None,
             session_buffer_max: None,
+            source_buffer_max: None,
         }
     }
 }
@@ -982,6 +988,25 @@ impl LimitsConfig {
             within,
             &why,
         )
+    }
+
+    /// `session_buffer_max` and `source_buffer_max` in bytes (their defaults
+    /// when unset), given the node's `buffer_memory_max` in bytes.
+    pub fn buffer_shares(&self, node_bytes: u64) -> Result<(u64, u64)> {
+        let session = self.session_buffer_bytes(node_bytes)?;
+        let default = block::default_session_bytes(node_bytes).max(session);
+        let why = format!(
+            "at least session_buffer_max ({session} bytes: a session's share is part of \
+             its source's) and at most buffer_memory_max ({node_bytes} bytes)"
+        );
+        let source = size_limit(
+            "source_buffer_max",
+            &self.source_buffer_max,
+            default,
+            session..=node_bytes,
+            &why,
+        )?;
+        Ok((session, source))
     }
 
     /// The transport's limits with these values applied.
@@ -1685,7 +1710,7 @@ impl Config {
             n.check()?;
         }
         let node_bytes = self.limits.buffer_memory_bytes()?;
-        self.limits.session_buffer_bytes(node_bytes)?;
+        self.limits.buffer_shares(node_bytes)?;
         self.check_single_users()?;
         for p in &self.portals {
             let open = !p.address.ip().is_loopback() && !p.allow_without_chap;
@@ -2357,6 +2382,25 @@ size = "1G"
     }
 
     #[test]
+    fn source_buffer_max_holds_its_sessions_shares() {
+        let l = LimitsConfig::default();
+        assert_eq!(l.buffer_shares(2 << 30).unwrap(), (512 << 20, 512 << 20));
+        let c: LimitsConfig = toml::from_str("session_buffer_max = \"1G\"").unwrap();
+        assert_eq!(
+            c.buffer_shares(2 << 30).unwrap(),
+            (1 << 30, 1 << 30),
+            "the default source share holds one session's"
+        );
+        let c: LimitsConfig =
+            toml::from_str("session_buffer_max = \"64M\"\nsource_buffer_max = \"96M\"").unwrap();
+        assert_eq!(c.buffer_shares(1 << 30).unwrap(), (64 << 20, 96 << 20));
+        assert!(c.buffer_shares(80 << 20).is_err(), "above the node's bound");
+        let c: LimitsConfig =
+            toml::from_str("session_buffer_max = \"64M\"\nsource_buffer_max = \"48M\"").unwrap();
+        assert!(c.buffer_shares(1 << 30).is_err(), "below a session's share");
+    }
+
+    #[test]
     fn session_buffer_max_is_a_share_of_the_node_bound() {
         let mut l = LimitsConfig::default();
         assert_eq!(l.session_buffer_bytes(2 << 30).unwrap(), 512 << 20);
@@ -2378,6 +2422,7 @@ size = "1G"
             "all of a small node"
         );
         l.session_buffer_max = Some("some".into());
+        assert!(l.buffer_shares(1 << 30).is_err());
         assert!(l.session_buffer_bytes(1 << 30).is_err());
     }
 

@@ -141,7 +141,13 @@ impl api::Control for NodeControl {
         s["io"] = serde_json::json!({
             "read_bytes": rb, "write_bytes": wb, "read_ops": ro, "write_ops": wo,
         });
-        let b = block::BufferBudget::node().status();
+        let node = block::BufferBudget::node();
+        let b = node.status();
+        let sources: Vec<serde_json::Value> = node
+            .sources_held()
+            .into_iter()
+            .map(|(a, held)| serde_json::json!({"address": a.to_string(), "held_bytes": held}))
+            .collect();
         s["buffer_memory"] = serde_json::json!({
             "max_bytes": b.max_bytes,
             "held_bytes": b.held_bytes,
@@ -150,6 +156,9 @@ impl api::Control for NodeControl {
             "refusals": b.refusals,
             "session_max_bytes": b.session_max_bytes,
             "session_waits": b.session_waits,
+            "source_max_bytes": b.source_max_bytes,
+            "source_waits": b.source_waits,
+            "sources": sources,
         });
         s
     }

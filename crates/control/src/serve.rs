@@ -97,8 +97,8 @@ where
     // one bound on buffered data for the whole node, in place before any
     // frontend, replica or export takes it (they use BufferBudget::node())
     let buffer_bytes = cfg.limits.buffer_memory_bytes()?;
-    let session_bytes = cfg.limits.session_buffer_bytes(buffer_bytes)?;
-    let budget = block::BufferBudget::with_session_share(buffer_bytes, session_bytes);
+    let (session_bytes, source_bytes) = cfg.limits.buffer_shares(buffer_bytes)?;
+    let budget = block::BufferBudget::with_shares(buffer_bytes, session_bytes, source_bytes);
     if block::BufferBudget::install_node(budget).is_err() {
         bail!("the node's buffer budget was set before the node started");
     }

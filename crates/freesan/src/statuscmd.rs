@@ -40,14 +40,16 @@ pub fn run(api: SocketAddr, json: bool) -> Result<()> {
     let n = |k: &str| b[k].as_u64().unwrap_or(0);
     println!(
         "  buffer memory  {} held of {} (high water {}); {} waits, {} refused; \
-         {} a session ({} waits at it)",
+         {} a session ({} waits at it), {} a source address ({} waits at it)",
         mib(n("held_bytes")),
         mib(n("max_bytes")),
         mib(n("high_water_bytes")),
         n("waits"),
         n("refusals"),
         mib(n("session_max_bytes")),
-        n("session_waits")
+        n("session_waits"),
+        mib(n("source_max_bytes")),
+        n("source_waits")
     );
     alerts(api);
     Ok(())

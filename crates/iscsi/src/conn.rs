@@ -26,11 +26,13 @@
 //! progress (`block::StallTimeout` on the writer), which gives its permits back.
 //!
 //! The bytes come from the session's share of the node's budget first
-//! (`Session::buffers`, `[limits] session_buffer_max`), then from the node's,
-//! so one session holds at most its share and a session that reads its answers
-//! slowly holds back only itself. The same reasoning holds at the session's
-//! level: its permits are released by the same two events, and another
-//! connection of the session collecting Data-Out is read by its own reader.
+//! (`Session::buffers`, `[limits] session_buffer_max`), then from its source
+//! address's share (`source_buffer_max`), then from the node's, so one
+//! session holds at most its share, one host at most its own, and a session
+//! that reads its answers slowly holds back only itself and its host. The
+//! same reasoning holds at each share's level: its permits are released by
+//! the same two events, and another connection (or session) collecting
+//! Data-Out is read by its own reader, which never waits.
 
 use crate::dataout::{BurstLimits, WriteTask};
 use crate::exec::{check_condition, send_response, spawn_command, CmdInfo, ConnOut};

@@ -78,9 +78,10 @@ pub(crate) struct Session {
     pub nexus: Option<ItNexus>,
     pub window: Arc<Window>,
     /// This session's share of the node's budget of buffered bytes
-    /// ([`block::BufferBudget::session`]): its commands' data take their bytes
-    /// from it, so one session never holds more than `[limits]
-    /// session_buffer_max` of the node's buffers.
+    /// ([`block::BufferBudget::session_from`] its source address): its
+    /// commands' data take their bytes from it, so one session never holds
+    /// more than `[limits] session_buffer_max` of the node's buffers, nor the
+    /// sessions of one address more than `source_buffer_max`.
     pub buffers: block::BufferBudget,
     pub running: Mutex<HashMap<u32, Running>>,
     pub task_done: Notify,
@@ -210,7 +211,7 @@ impl Session {
             scsi,
             nexus,
             window,
-            buffers: block::BufferBudget::node().session(),
+            buffers: block::BufferBudget::node().session_from(origin.source),
             origin,
             evicted: AtomicBool::new(false),
             created: CREATED.fetch_add(1, Ordering::Relaxed),
@@ -227,7 +228,7 @@ impl Session {
     /// The session with its share taken from `node` (the frontend's budget)
     /// instead of the process's node budget.
     pub(crate) fn with_buffers(mut self, node: &block::BufferBudget) -> Self {
-        self.buffers = node.session();
+        self.buffers = node.session_from(self.origin.source);
         self
     }
 

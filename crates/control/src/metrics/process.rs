@@ -111,6 +111,18 @@ pub(super) fn encode(e: &mut DescriptorEncoder) -> Result<(), Error> {
     )?;
     gauges(
         e,
+        "freesan_buffer_memory_source_max_bytes",
+        "The most of the node's buffered data the sessions of one source address may hold together ([limits] source_buffer_max).",
+        &[(none(), b.source_max_bytes as f64)],
+    )?;
+    counters(
+        e,
+        "freesan_buffer_memory_source_waits",
+        "Buffer requests that waited because their source address held its whole share.",
+        &[(none(), b.source_waits as f64)],
+    )?;
+    gauges(
+        e,
         "freesan_build_info",
         "Always 1; the labels say which freesan this is.",
         &[(labels([("version", env!("CARGO_PKG_VERSION"))]), 1.0)],

@@ -89,6 +89,11 @@ fn n(v: &Value, k: &str) -> u64 {
         .unwrap_or_else(|| panic!("no {k} in buffer status {v}"))
 }
 
+/// Acquires that waited at any level: the node's, a source's, a session's.
+fn all_waits(b: &Value) -> u64 {
+    n(b, "waits") + n(b, "source_waits") + n(b, "session_waits")
+}
+
 fn mib(b: u64) -> f64 {
     b as f64 / MIB as f64
 }
@@ -111,9 +116,10 @@ struct RawIscsi {
 }
 
 impl RawIscsi {
-    /// Logs in to the harness target in one operational-stage step.
-    fn login(addr: &str, n: u8) -> RawIscsi {
-        let mut sock = TcpStream::connect(addr).expect("connect to the portal");
+    /// Logs in to the harness target from `source` in one operational-stage
+    /// step.
+    fn login(source: &str, addr: &str, n: u8) -> RawIscsi {
+        let mut sock = connect_from(source, addr);
         sock.set_nodelay(true).unwrap();
         sock.set_read_timeout(Some(Duration::from_secs(30)))
             .unwrap();
@@ -214,10 +220,27 @@ impl RawIscsi {
     }
 }
 
-/// Sessions logged in with ISID numbers `isids`, each with 64 reads of
-/// `READ_BYTES` queued that it will never take back.
-fn stuck_sessions(portal: &str, isids: std::ops::Range<u8>) -> Vec<RawIscsi> {
-    let mut stuck: Vec<RawIscsi> = isids.map(|i| RawIscsi::login(portal, i)).collect();
+/// A TCP connection to `addr` from the loopback address `source` (the node
+/// keys its per-source bounds by address).
+fn connect_from(source: &str, addr: &str) -> TcpStream {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_io()
+        .build()
+        .unwrap();
+    let s = rt.block_on(async {
+        let s = tokio::net::TcpSocket::new_v4().unwrap();
+        s.bind(format!("{source}:0").parse().unwrap()).unwrap();
+        s.connect(addr.parse().unwrap()).await.expect("connect")
+    });
+    let s = s.into_std().unwrap();
+    s.set_nonblocking(false).unwrap();
+    s
+}
+
+/// Sessions from `source` logged in with ISID numbers `isids`, each with 64
+/// reads of `READ_BYTES` queued that it will never take back.
+fn stuck_sessions(source: &str, portal: &str, isids: std::ops::Range<u8>) -> Vec<RawIscsi> {
+    let mut stuck: Vec<RawIscsi> = isids.map(|i| RawIscsi::login(source, portal, i)).collect();
     let bs = stuck[0].block_size();
     for s in stuck.iter_mut() {
         s.queue_reads(64, bs, 0);
@@ -225,10 +248,10 @@ fn stuck_sessions(portal: &str, isids: std::ops::Range<u8>) -> Vec<RawIscsi> {
     stuck
 }
 
-/// An NBD connection to `lun0` that queues `count` reads of `READ_BYTES` and
-/// reads nothing back (fixed newstyle, NBD_OPT_EXPORT_NAME).
-fn nbd_stuck(addr: &str, count: u32) -> TcpStream {
-    let mut s = nbd_connect(addr);
+/// An NBD connection to `lun0` from `source` that queues `count` reads of
+/// `READ_BYTES` and reads nothing back (fixed newstyle, NBD_OPT_EXPORT_NAME).
+fn nbd_stuck(source: &str, addr: &str, count: u32) -> TcpStream {
+    let mut s = nbd_connect(source, addr);
     let mut wire = Vec::new();
     for i in 0..count as u64 {
         wire.extend_from_slice(&0x2560_9513u32.to_be_bytes());
@@ -245,7 +268,7 @@ fn nbd_stuck(addr: &str, count: u32) -> TcpStream {
 /// An NBD connection to `lun0` sending `count` writes of `READ_BYTES` from a
 /// thread of its own (the node may stop reading them), reading nothing back.
 fn nbd_writer(addr: &str, count: u32) -> TcpStream {
-    let s = nbd_connect(addr);
+    let s = nbd_connect("127.0.0.1", addr);
     let mut w = s.try_clone().unwrap();
     std::thread::spawn(move || {
         for i in 0..count as u64 {
@@ -266,9 +289,10 @@ fn nbd_writer(addr: &str, count: u32) -> TcpStream {
     s
 }
 
-/// The NBD handshake to `lun0` (fixed newstyle, NBD_OPT_EXPORT_NAME).
-fn nbd_connect(addr: &str) -> TcpStream {
-    let mut s = TcpStream::connect(addr).expect("connect to NBD");
+/// The NBD handshake to `lun0` from `source` (fixed newstyle,
+/// NBD_OPT_EXPORT_NAME).
+fn nbd_connect(source: &str, addr: &str) -> TcpStream {
+    let mut s = connect_from(source, addr);
     s.set_nodelay(true).unwrap();
     s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
     let mut greeting = [0u8; 18];
@@ -365,8 +389,13 @@ fn clients_that_stop_reading_cannot_grow_the_node_past_its_bound() {
     let bound = std::env::var("FREESAN_TEST_BUFFER_MEMORY_MAX").unwrap_or_else(|_| "64M".into());
     let configured = disk::parse_size(&bound).expect("a size");
     let dir = tempfile::tempdir().unwrap();
-    // stuck clients are not dropped during the test (nop_in_timeout_ms)
-    let limits = format!("buffer_memory_max = \"{bound}\"\nnop_in_timeout_ms = 600000");
+    // stuck clients are not dropped during the test (nop_in_timeout_ms); they
+    // all come from one address, and each may take the whole bound (the
+    // shares are tested below)
+    let limits = format!(
+        "buffer_memory_max = \"{bound}\"\nsession_buffer_max = \"{bound}\"\n\
+         source_buffer_max = \"{bound}\"\nnop_in_timeout_ms = 600000"
+    );
     let (node, pid, api) = started(dir.path(), &limits);
     let nbd_addr = node.nbd.clone().expect("nbd address");
     let portal = node.portals[0].clone();
@@ -384,7 +413,7 @@ fn clients_that_stop_reading_cannot_grow_the_node_past_its_bound() {
     // 1 MiB: 1.5 GiB asked for, none of it read
     let mut sessions = Vec::new();
     for i in 0..8u8 {
-        sessions.push(RawIscsi::login(&portal, i));
+        sessions.push(RawIscsi::login("127.0.0.1", &portal, i));
     }
     let bs = sessions[0].block_size();
     for (i, s) in sessions.iter_mut().enumerate() {
@@ -392,14 +421,14 @@ fn clients_that_stop_reading_cannot_grow_the_node_past_its_bound() {
     }
     let mut nbds = Vec::new();
     for _ in 0..8 {
-        nbds.push(nbd_stuck(&nbd_addr, 64));
+        nbds.push(nbd_stuck("127.0.0.1", &nbd_addr, 64));
     }
     let limit = base + BOUND_BYTES + SLACK_BYTES;
     let full = wait_for(
         &api,
         pid,
         "the budget full with readers waiting",
-        |b| n(b, "waits") > 0 && n(b, "held_bytes") + MIB >= n(b, "max_bytes"),
+        |b| all_waits(b) > 0 && n(b, "held_bytes") + MIB >= n(b, "max_bytes"),
         |now| now > limit,
     );
     let (now, peak) = (rss(pid), peak_rss(pid));
@@ -425,7 +454,7 @@ fn clients_that_stop_reading_cannot_grow_the_node_past_its_bound() {
     );
     // writers arriving now: their payloads wait for the budget before they are
     // read from the socket (they used to be read and counted beyond the bound)
-    let waits = n(&full, "waits");
+    let waits = all_waits(&full);
     let mut writers = Vec::new();
     for _ in 0..4 {
         writers.push(nbd_writer(&nbd_addr, 16));
@@ -434,7 +463,7 @@ fn clients_that_stop_reading_cannot_grow_the_node_past_its_bound() {
         &api,
         pid,
         "the writers waiting for the budget",
-        |b| n(b, "waits") >= waits + 4,
+        |b| all_waits(b) >= waits + 4,
         |now| now > limit,
     );
     assert_eq!(
@@ -488,12 +517,12 @@ fn an_initiator_that_stops_reading_is_dropped_and_others_go_on() {
     let rt = tokio::runtime::Runtime::new().unwrap();
 
     // four sessions x 64 reads of 1 MiB, never read, sockets kept open
-    let mut stuck = stuck_sessions(&portal, 40..44);
+    let mut stuck = stuck_sessions("127.0.0.1", &portal, 40..44);
     wait_for(
         &api,
         pid,
         "the budget full with readers waiting",
-        |b| n(b, "waits") > 0 && n(b, "held_bytes") + MIB >= n(b, "max_bytes"),
+        |b| all_waits(b) > 0 && n(b, "held_bytes") + MIB >= n(b, "max_bytes"),
         |_| false,
     );
     // a legitimate initiator, while the stuck ones still hold their sockets:
@@ -526,64 +555,111 @@ fn an_initiator_that_stops_reading_is_dropped_and_others_go_on() {
     );
 }
 
-/// `[limits] session_buffer_max`: clients that queue far more reads than they
-/// take back, and keep their sockets (nothing drops them here), each hold at
-/// most their session's share of the node's budget; the rest stays free, so a
-/// legitimate initiator and NBD client do verified I/O at once, and none of
-/// their requests waits for the node's budget. Without the share the stuck
-/// clients took the whole budget (the bound here is 128 MiB, they ask for
-/// 192) and the legitimate ones waited until their command timeout.
+/// `[limits] session_buffer_max` and `source_buffer_max`: clients that queue
+/// far more reads than they take back, and keep their sockets (nothing drops
+/// them here), each hold at most their session's share of the node's budget,
+/// and the sessions of one address (iSCSI or NBD) at most that address's
+/// share together; the rest stays free, so a legitimate initiator and NBD
+/// client do verified I/O at once, and none of their requests waits for the
+/// node's budget. Without the source's share, one host with several sessions
+/// held a share per session.
 #[test]
-fn a_session_that_stops_reading_holds_only_its_share() {
+fn sessions_and_sources_that_stop_reading_hold_only_their_shares() {
     const SHARE: u64 = 32 * MIB;
+    const SOURCE: u64 = 48 * MIB;
     let dir = tempfile::tempdir().unwrap();
     let (node, pid, api) = started(
         dir.path(),
-        "buffer_memory_max = \"128M\"\nsession_buffer_max = \"32M\"\nnop_in_timeout_ms = 600000",
+        "buffer_memory_max = \"192M\"\nsession_buffer_max = \"32M\"\n\
+         source_buffer_max = \"48M\"\nnop_in_timeout_ms = 600000",
     );
     let nbd_addr = node.nbd.clone().expect("nbd address");
     let portal = node.portals[0].clone();
     let rt = tokio::runtime::Runtime::new().unwrap();
 
-    // two iSCSI sessions and one NBD connection, each asking for 64 MiB of
-    // reads and reading none of it
-    let stuck = stuck_sessions(&portal, 60..62);
-    let nbd = nbd_stuck(&nbd_addr, 64);
+    // each client asks for 64 MiB of reads and reads none of it:
+    // 127.0.0.2 an iSCSI session and an NBD connection, 127.0.0.3 two iSCSI
+    // sessions (their address's share binds), 127.0.0.4 one iSCSI session
+    // (its session's share binds)
+    let mut stuck = stuck_sessions("127.0.0.2", &portal, 60..61);
+    let nbd = nbd_stuck("127.0.0.2", &nbd_addr, 64);
+    stuck.extend(stuck_sessions("127.0.0.3", &portal, 61..63));
+    stuck.extend(stuck_sessions("127.0.0.4", &portal, 63..64));
     let full = wait_for(
         &api,
         pid,
-        "three sessions at their share",
-        |b| n(b, "session_waits") >= 3 && n(b, "held_bytes") == 3 * SHARE,
+        "every client at its share",
+        |b| {
+            n(b, "source_waits") >= 2
+                && n(b, "session_waits") >= 1
+                && n(b, "held_bytes") == 2 * SOURCE + SHARE
+        },
         |_| false,
     );
     eprintln!("stuck: buffers {full}");
     assert_eq!(n(&full, "session_max_bytes"), SHARE);
+    assert_eq!(n(&full, "source_max_bytes"), SOURCE);
     assert_eq!(n(&full, "waits"), 0, "nobody waited for the node's budget");
     assert_eq!(
         n(&full, "high_water_bytes"),
-        3 * SHARE,
-        "a session held more than its share: {full}"
+        2 * SOURCE + SHARE,
+        "a client held more than its share: {full}"
     );
-    // each iSCSI session says what it holds
+    let by_source: Vec<(String, u64)> = full["sources"]
+        .as_array()
+        .expect("sources")
+        .iter()
+        .map(|s| {
+            (
+                s["address"].as_str().unwrap().to_string(),
+                n(s, "held_bytes"),
+            )
+        })
+        .filter(|(_, held)| *held > 0)
+        .collect();
+    let want = [
+        ("127.0.0.2", SOURCE),
+        ("127.0.0.3", SOURCE),
+        ("127.0.0.4", SHARE),
+    ];
+    let want: Vec<(String, u64)> = want.iter().map(|(a, b)| (a.to_string(), *b)).collect();
+    assert_eq!(by_source, want, "{full}");
+    // each iSCSI session says what it holds: at most its share, and the two
+    // of 127.0.0.3 the address's share together
     let token = make_token(&api.1, "read-only", "sessions");
     let auth = format!("Authorization: Bearer {token}");
     let (code, body) = http(&api.0, "GET", "/api/v1/targets", &[&auth], "");
     assert_eq!(code, 200, "{body}");
     let targets: Value = serde_json::from_str(&body).unwrap();
-    let held: Vec<u64> = targets[0]["sessions"]
-        .as_array()
-        .expect("sessions")
-        .iter()
-        .map(|s| s["buffered_bytes"].as_u64().expect("buffered_bytes"))
-        .collect();
-    assert_eq!(held, [SHARE, SHARE], "{targets}");
+    let held = |who: &str| -> u64 {
+        let sessions = targets[0]["sessions"].as_array().expect("sessions");
+        let s = sessions
+            .iter()
+            .find(|s| s["initiator"].as_str() == Some(who))
+            .unwrap_or_else(|| panic!("no session of {who}: {targets}"));
+        let b = n(s, "buffered_bytes");
+        assert!(
+            b <= SHARE,
+            "{who} holds more than a session's share: {targets}"
+        );
+        b
+    };
+    let stuck_name = |i: u8| format!("iqn.2026-01.org.test:stuck{i}");
+    assert_eq!(
+        held(&stuck_name(61)) + held(&stuck_name(62)),
+        SOURCE,
+        "{targets}"
+    );
+    assert_eq!(held(&stuck_name(63)), SHARE, "{targets}");
+    // 127.0.0.2's session and NBD connection split 48 MiB, at most 32 each
+    assert!(held(&stuck_name(60)) >= SOURCE - SHARE, "{targets}");
 
     // the others go on while the stuck clients still hold their sockets
     iscsi_verified_io(&rt, &node.url(0, 0), 7);
     nbd_verified_io(&rt, &nbd_addr, 8);
     let after = buffers(&api);
     assert_eq!(n(&after, "waits"), 0, "legitimate I/O waited: {after}");
-    assert_eq!(n(&after, "held_bytes"), 3 * SHARE, "{after}");
+    assert_eq!(n(&after, "held_bytes"), 2 * SOURCE + SHARE, "{after}");
 
     drop(stuck);
     drop(nbd);

@@ -315,8 +315,9 @@ struct Conn {
     slots: Arc<Semaphore>,
     budget: Arc<Semaphore>,
     /// This connection's share of the node's budget of buffered bytes (a
-    /// session of the export's, `[limits] session_buffer_max`): its READ
-    /// data and WRITE payloads take their bytes from it, then from the node's.
+    /// session of the export's from the peer's address, `[limits]
+    /// session_buffer_max` and `source_buffer_max`): its READ data and WRITE
+    /// payloads take their bytes from it, then from the node's.
     buffers: block::BufferBudget,
     request_bytes_max: u32,
     payload_stall_ms: u64,
@@ -458,7 +459,8 @@ async fn transmission<R, W>(
     });
     let (exec_tx, exec_rx) = mpsc::unbounded_channel();
     let executor = tokio::spawn(run_executor(exec_rx));
-    let buffers = export.buffers.session();
+    // a share of the node's buffers for this connection, within its address's
+    let buffers = export.buffers.session_from(peer.ip());
     let conn = Conn {
         export,
         tx,

@@ -12,8 +12,9 @@
 //! before it is read from the socket (the reader waits there when the node's
 //! buffers are full), and holds it while it is applied. Both take their bytes
 //! from the connection's share of the node's budget first
-//! ([`BufferBudget::session`], `[limits] session_buffer_max`), so one client
-//! never holds more than its share.
+//! ([`BufferBudget::session_from`], `[limits] session_buffer_max`), then from
+//! its address's (`source_buffer_max`), so one connection never holds more
+//! than its share, nor one client's connections more than theirs.
 
 use crate::proto::{cmdflag, errno, state, Command, Request};
 use block::VolumeRef;
