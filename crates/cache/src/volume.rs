@@ -69,6 +69,10 @@ enum Plan {
     /// The newest data of some sectors was only in a frame whose device is
     /// lost: an error, never the older data of the backing volume.
     Lost,
+    /// Dirty sectors of the piece no cache device could read (recorded in
+    /// [`State::unreadable`]): a medium error at this host LBA, without
+    /// reading the devices again.
+    Unreadable(u64),
 }
 
 /// The part of a request inside one cache block.
@@ -936,7 +940,19 @@ impl Inner {
                 let step = Step::read(bypass);
                 self.advise(&mut st, p.key, step);
                 let access = step.apply(&mut *st.policy, p.key);
-                let plan = if bypass {
+                // dirty sectors no device could read answer as a disk's
+                // pending sector does, until written or tried again: read
+                // again at every host retry, their medium errors would take a
+                // mirror half out for one lost sector
+                let recorded = match access {
+                    Access::Hit { slot } => st.unreadable_now(slot) & p.mask,
+                    _ => 0,
+                };
+                let plan = if recorded != 0 {
+                    let first = recorded.trailing_zeros() as u64 * SECTOR_BYTES;
+                    let at = p.key * self.block_bytes + first.max(p.blk_off);
+                    Plan::Unreadable(at / self.bs)
+                } else if bypass {
                     match access {
                         // data the cache holds is served from it, stream or not
                         Access::Hit { slot }
@@ -988,6 +1004,7 @@ impl Inner {
                 };
                 match plan {
                     Plan::Ssd(_) => Counters::add(&self.counters.read_hits, 1),
+                    Plan::Unreadable(_) => {}
                     _ => Counters::add(&self.counters.read_misses, 1),
                 }
                 plans.push(plan);
@@ -1009,7 +1026,7 @@ impl Inner {
             for plan in &plans {
                 match *plan {
                     Plan::Ssd(s) | Plan::Fill(s) | Plan::Backing(Some((s, _))) => st.unpin_io(s),
-                    Plan::Backing(None) | Plan::Lost => {}
+                    Plan::Backing(None) | Plan::Lost | Plan::Unreadable(_) => {}
                 }
             }
         }
@@ -1064,6 +1081,11 @@ impl Inner {
                 "cache: the newest data of this block was on a lost cache device".into(),
             )),
             Plan::Fill(slot) => self.fill(p, slot).await,
+            Plan::Unreadable(lba) => {
+                tracing::debug!(cache = %self.name, block = p.key, lba,
+                    "cache: read of dirty data no cache device could read");
+                Err(BlockError::Medium { lba })
+            }
         }
     }
 

@@ -2454,6 +2454,17 @@ async fn the_destage_goes_around_dirty_data_no_copy_can_read() {
     assert!(errors.iter().all(|&e| e > 0), "{errors:?}");
     vol.drain().await.expect_err("still unreadable");
     assert_eq!(media_errors(&vol), errors, "read again");
+    // so do the host's reads: a medium error at the sector, as a disk answers
+    // for a pending sector, and the rest of the block is read as ever
+    for (lba, n) in [(0, 1), (0, 4), (0, 16)] {
+        match vol.read(lba, n).await {
+            Err(block::BlockError::Medium { lba: 0 }) => {}
+            r => panic!("read {lba}+{n}: {r:?}"),
+        }
+    }
+    assert_eq!(vol.read(1, 3).await.unwrap(), pattern(2, 3 * 4096));
+    assert_eq!(media_errors(&vol), errors, "read again by the host");
+    assert!(vol.status().devices.iter().all(|d| d.state == "ok"));
     // written again by the host: readable, destaged, and the drain ends
     vol.write(0, pattern(6, 4096), false).await.unwrap();
     assert_eq!(vol.status().unreadable_dirty_bytes, 0);
