@@ -373,7 +373,7 @@ export const cache = {
         for (const c of charts.values()) c.forEach((x) => x.destroy());
         charts.clear();
         list.innerHTML = caches.length ? caches.map((c, i) => html`<article class="cache" id="ca-${i}">
-<h2>${c.name} ${raw('<span class="st"></span>')}</h2><div class="figures"></div>
+<h2>${c.name} ${raw('<span class="st"></span>')}</h2><div class="figures"></div><div class="warnings"></div>
 <h3>Hit rate over time</h3><div class="chart hits"></div>
 <h3>Dirty data and destage</h3><div class="chart dirty"></div>
 <h3>Advisor: miss ratio by cache size</h3><p class="advice"></p><div class="chart mrc"></div>
@@ -402,6 +402,11 @@ ${admin() ? html`<div class="actions"><button class="small secondary" data-act="
 <span class="fig">write hits <b>${pct(wh)}</b></span><span class="fig">dirty <b>${bytes(c.dirty_bytes)}</b></span>
 <span class="fig">destage <b>${num(c.destage_mb_s, 1)}</b> MB/s</span><span class="fig">occupancy <b>${pct(c.occupancy_percent)}</b></span>
 <span class="fig">mode <b>${c.mode ?? '–'}</b></span><span class="fig">size <b>${bytes(c.capacity_bytes)}</b></span>`);
+        // dirty data the destage found no cache device could read: the only
+        // copy of it is lost unless the host writes it again
+        put(a.querySelector('.warnings'), c.unreadable_dirty_bytes > 0
+          ? html`<p class="alert sev-critical unreadable">${stateBadge('unreadable')} <strong>${bytes(c.unreadable_dirty_bytes)} of dirty data no cache device can read</strong>: written by hosts and not yet on the pool, it is unreadable on every copy. Reads of it fail and it cannot be destaged until a host writes those blocks again (restore them from a backup), so a drain or detach of this cache cannot finish. Replace a device that keeps meeting unreadable sectors.</p>`
+          : '');
         const series = hist?.caches?.[c.name];
         if (series) {
           const [x, ys] = columns(series, ['read_hit_pct', 'write_hit_pct']);

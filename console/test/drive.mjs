@@ -327,6 +327,29 @@ async function rareStates(page, shots) {
   await shot(page, shots, 'ha-copies');
   await axe(page, 'ha with copies not consistent');
   await page.unroute('**/api/v1/replicas');
+
+  // a cache with dirty data no device can read (crates/cache's
+  // the_destage_goes_around_dirty_data_no_copy_can_read), its devices having
+  // met unreadable sectors
+  await page.route('**/api/v1/caches', async (route) => {
+    const response = await route.fetch();
+    const caches = await response.json();
+    for (const c of caches) {
+      c.unreadable_dirty_bytes = 3 * 4096;
+      c.dirty_bytes = Math.max(c.dirty_bytes ?? 0, 3 * 4096);
+      (c.devices || []).forEach((d, i) => { d.media_errors = 7 + i; });
+    }
+    await route.fulfill({ response, json: caches });
+  });
+  await go(page, 'cache');
+  const warned = await until('the unreadable dirty data warning', 20, () => page.evaluate(() => document.querySelector('.cache .unreadable')?.textContent ?? null));
+  check(/12 KiB of dirty data no cache device can read/.test(warned) && /cannot be destaged/.test(warned),
+    'the cache page says how much dirty data no cache device can read, and what it costs', warned);
+  const met = await page.evaluate(() => [...document.querySelectorAll('.cache .devices tbody tr')].map((r) => r.cells[3].textContent.trim()));
+  check(met.length > 0 && met.every((t, i) => t === String(7 + i)), 'the cache page counts the unreadable sectors each device met', met);
+  await shot(page, shots, 'cache-unreadable');
+  await axe(page, 'cache with unreadable dirty data');
+  await page.unroute('**/api/v1/caches');
 }
 
 // First load over a 1 Mbit/s link, shaped by Chromium's network throttling
