@@ -42,8 +42,9 @@
 //! *Sources.* A share per session still let one host hold everything: it may
 //! open dozens of sessions (`sessions_per_source_max`) or NBD connections, each
 //! with a share. So the sessions of one source address take their bytes from
-//! that source's share first (`[limits] source_buffer_max`, also a quarter of
-//! the node's by default, at least [`SESSION_BYTES_MIN`]):
+//! that source's share first (`[limits] source_buffer_max`, a quarter of the
+//! node's by default, and a session's share half of that, each at least
+//! [`SESSION_BYTES_MIN`]):
 //! [`session_from`](BufferBudget::session_from) makes a session of a source,
 //! and a permit then holds its bytes at three levels: the session's, the
 //! source's and the node's. A source's share lives as long as one of its
@@ -168,10 +169,14 @@ static NODE: OnceLock<BufferBudget> = OnceLock::new();
 
 impl BufferBudget {
     /// A budget of `max_bytes` (at least 1 KiB, at most 4 TiB) whose sessions
-    /// and sources get the default share ([`default_session_bytes`]).
+    /// and sources get the default shares ([`default_session_bytes`],
+    /// [`default_source_bytes`]).
     pub fn new(max_bytes: u64) -> BufferBudget {
-        let share = default_session_bytes(max_bytes);
-        BufferBudget::with_shares(max_bytes, share, share)
+        let (session, source) = (
+            default_session_bytes(max_bytes),
+            default_source_bytes(max_bytes),
+        );
+        BufferBudget::with_shares(max_bytes, session, source)
     }
 
     /// A budget of `max_bytes` whose [`session`](Self::session)s may hold at
@@ -394,11 +399,19 @@ impl BufferBudget {
 /// a smaller share, commands would hold more memory than they count.
 pub const SESSION_BYTES_MIN: u64 = 32 << 20;
 
-/// The share of a budget of `max_bytes` one session (or one source's
-/// sessions) may hold by default: a quarter, but at least
+/// The share of a budget of `max_bytes` the sessions of one source address
+/// may hold together by default: a quarter, but at least
 /// [`SESSION_BYTES_MIN`] and at most all of it.
-pub fn default_session_bytes(max_bytes: u64) -> u64 {
+pub fn default_source_bytes(max_bytes: u64) -> u64 {
     (max_bytes / 4).max(SESSION_BYTES_MIN).min(max_bytes)
+}
+
+/// The share one session may hold by default: half of its source's, so one
+/// session that stops reading leaves its host's other sessions room (at
+/// least [`SESSION_BYTES_MIN`], at most the source's share).
+pub fn default_session_bytes(max_bytes: u64) -> u64 {
+    let source = default_source_bytes(max_bytes);
+    (source / 2).max(SESSION_BYTES_MIN).min(source)
 }
 
 impl Inner {
@@ -736,10 +749,63 @@ mod tests {
         assert_eq!(small.status().session_max_bytes, 64 * MIB);
     }
 
+    #[tokio::test]
+    async fn a_session_waiting_for_the_node_gives_its_sources_share_back_when_cancelled() {
+        let node = BufferBudget::with_shares(64 * MIB, 32 * MIB, 48 * MIB);
+        let here: IpAddr = "127.0.0.2".parse().unwrap();
+        let (a, b) = (node.session_from(here), node.session_from(here));
+        let other = node.acquire(40 * MIB).await;
+        let a1 = a.acquire(16 * MIB).await;
+        // b's session and source have room, the node has 8 MiB
+        let b2 = b.clone();
+        let waiter = tokio::spawn(async move { b2.acquire(16 * MIB).await });
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        assert!(!waiter.is_finished());
+        assert_eq!(node.status().waits, 1);
+        waiter.abort();
+        assert!(waiter.await.unwrap_err().is_cancelled());
+        assert_eq!(
+            node.sources_held(),
+            [(here, 16 * MIB)],
+            "b's bytes came back"
+        );
+        drop(other);
+        // the source's share is whole but a's 16: b may take 32 at once
+        let b1 = b.try_acquire(32 * MIB).expect("b's share and its source's");
+        assert!(a.try_acquire(1).is_none(), "the source holds its 48 MiB");
+        drop((a1, b1));
+        assert_eq!(node.status().held_bytes, 0);
+    }
+
+    #[tokio::test]
+    async fn a_charge_overdraws_a_source_and_holds_its_sessions_back_until_repaid() {
+        let node = BufferBudget::with_shares(256 * MIB, 32 * MIB, 48 * MIB);
+        let here: IpAddr = "127.0.0.2".parse().unwrap();
+        let (a, b) = (node.session_from(here), node.session_from(here));
+        let c = a.charge(64 * MIB);
+        assert_eq!(node.sources_held(), [(here, 64 * MIB)]);
+        assert!(b.try_acquire(MIB).is_none(), "the source is overdrawn");
+        assert!(
+            node.session_from("127.0.0.3".parse().unwrap())
+                .try_acquire(32 * MIB)
+                .is_some(),
+            "another source is not"
+        );
+        drop(c);
+        assert_eq!(node.status().held_bytes, 0);
+        let whole = b.try_acquire(32 * MIB).expect("repaid: b's share is free");
+        let rest = a.try_acquire(16 * MIB).expect("and the source's rest");
+        assert!(a.try_acquire(1).is_none(), "but no more than 48 MiB");
+        drop((whole, rest));
+    }
+
     #[test]
-    fn the_default_share_is_a_quarter_within_bounds() {
-        assert_eq!(default_session_bytes(2 << 30), 512 * MIB);
+    fn the_default_shares_are_a_quarter_and_an_eighth_within_bounds() {
+        assert_eq!(default_source_bytes(2 << 30), 512 * MIB);
+        assert_eq!(default_session_bytes(2 << 30), 256 * MIB);
+        assert_eq!(default_source_bytes(64 * MIB), 32 * MIB);
         assert_eq!(default_session_bytes(64 * MIB), 32 * MIB);
+        assert_eq!(default_session_bytes(8 * MIB), 8 * MIB);
         assert_eq!(default_session_bytes(8 * MIB), 8 * MIB);
         let b = BufferBudget::new(64 * MIB);
         assert_eq!(b.status().session_max_bytes, 32 * MIB);

@@ -42,7 +42,8 @@ mod switch;
 
 pub use atomic::{AtomicWrites, ATOMIC_BYTES_MAX, ATOMIC_SLOTS};
 pub use budget::{
-    default_session_bytes, BufferBudget, BufferPermit, BufferStatus, SESSION_BYTES_MIN,
+    default_session_bytes, default_source_bytes, BufferBudget, BufferPermit, BufferStatus,
+    SESSION_BYTES_MIN,
 };
 pub use bytes::{Bytes, BytesMut};
 pub use crashsim::CrashSimVolume;

@@ -881,13 +881,14 @@ pub struct LimitsConfig {
     pub buffer_memory_max: Option<String>,
     /// The most of `buffer_memory_max` one session (an iSCSI session, an NBD
     /// connection) may hold (a size). A session at it waits on its own; the
-    /// others go on. Default (unset): a quarter of `buffer_memory_max`, at
-    /// least 32 MiB (the largest command), at most all of it.
+    /// others go on. Default (unset): an eighth of `buffer_memory_max` (half
+    /// of a source's default share), at least 32 MiB (the largest command),
+    /// at most `source_buffer_max`.
     pub session_buffer_max: Option<String>,
     /// The most of `buffer_memory_max` the sessions of one source address
     /// hold together (a size, at least `session_buffer_max`). Default (unset):
     /// a quarter of `buffer_memory_max` or `session_buffer_max` if that is
-    /// more, at least 32 MiB, at most all of it.
+    /// set larger, at least 32 MiB, at most all of it.
     pub source_buffer_max: Option<String>,
 }
 
@@ -972,41 +973,39 @@ impl LimitsConfig {
         )
     }
 
-    /// `session_buffer_max` in bytes (its default when unset), given the
-    /// node's `buffer_memory_max` in bytes.
-    pub fn session_buffer_bytes(&self, node_bytes: u64) -> Result<u64> {
-        let default = block::default_session_bytes(node_bytes);
+    /// `session_buffer_max` and `source_buffer_max` in bytes, given the
+    /// node's `buffer_memory_max` in bytes. Unset, the source's share is a
+    /// quarter of the node's (or the session's, if that is set larger) and a
+    /// session's half of its source's (no larger than a source's that is
+    /// set smaller), each at least 32 MiB or all of a smaller node.
+    pub fn buffer_shares(&self, node_bytes: u64) -> Result<(u64, u64)> {
         let within = block::SESSION_BYTES_MIN.min(node_bytes)..=node_bytes;
         let why = format!(
             "at least 32M (the largest command; or all of buffer_memory_max when that \
              is less) and at most buffer_memory_max ({node_bytes} bytes)"
         );
-        size_limit(
-            "session_buffer_max",
-            &self.session_buffer_max,
-            default,
-            within,
-            &why,
-        )
-    }
-
-    /// `session_buffer_max` and `source_buffer_max` in bytes (their defaults
-    /// when unset), given the node's `buffer_memory_max` in bytes.
-    pub fn buffer_shares(&self, node_bytes: u64) -> Result<(u64, u64)> {
-        let session = self.session_buffer_bytes(node_bytes)?;
-        let default = block::default_session_bytes(node_bytes).max(session);
-        let why = format!(
-            "at least session_buffer_max ({session} bytes: a session's share is part of \
-             its source's) and at most buffer_memory_max ({node_bytes} bytes)"
-        );
         let source = size_limit(
             "source_buffer_max",
             &self.source_buffer_max,
-            default,
-            session..=node_bytes,
+            block::default_source_bytes(node_bytes),
+            within.clone(),
             &why,
         )?;
-        Ok((session, source))
+        let session = size_limit(
+            "session_buffer_max",
+            &self.session_buffer_max,
+            block::default_session_bytes(node_bytes).min(source),
+            within,
+            &why,
+        )?;
+        match self.source_buffer_max {
+            Some(_) if session > source => bail!(
+                "[limits] session_buffer_max ({session} bytes) is above source_buffer_max \
+                 ({source} bytes): a session's share is part of its source address's"
+            ),
+            Some(_) => Ok((session, source)),
+            None => Ok((session, source.max(session))),
+        }
     }
 
     /// The transport's limits with these values applied.
@@ -2382,52 +2381,52 @@ size = "1G"
     }
 
     #[test]
-    fn source_buffer_max_holds_its_sessions_shares() {
-        let l = LimitsConfig::default();
-        assert_eq!(l.buffer_shares(2 << 30).unwrap(), (512 << 20, 512 << 20));
-        let c: LimitsConfig = toml::from_str("session_buffer_max = \"1G\"").unwrap();
+    fn buffer_shares_are_parts_of_the_node_bound() {
+        let shares = |toml: &str, node: u64| {
+            let c: LimitsConfig = toml::from_str(toml).unwrap();
+            c.buffer_shares(node)
+        };
+        // defaults: a source a quarter, a session half of that, at least 32M
+        assert_eq!(shares("", 2 << 30).unwrap(), (256 << 20, 512 << 20));
+        assert_eq!(shares("", 64 << 20).unwrap(), (32 << 20, 32 << 20));
+        assert_eq!(shares("", 16 << 20).unwrap(), (16 << 20, 16 << 20));
+        // one set: the other's default follows it
+        let session_1g = "session_buffer_max = \"1G\"";
+        assert_eq!(shares(session_1g, 2 << 30).unwrap(), (1 << 30, 1 << 30));
+        let source_128m = "source_buffer_max = \"128M\"";
         assert_eq!(
-            c.buffer_shares(2 << 30).unwrap(),
-            (1 << 30, 1 << 30),
-            "the default source share holds one session's"
-        );
-        let c: LimitsConfig =
-            toml::from_str("session_buffer_max = \"64M\"\nsource_buffer_max = \"96M\"").unwrap();
-        assert_eq!(c.buffer_shares(1 << 30).unwrap(), (64 << 20, 96 << 20));
-        assert!(c.buffer_shares(80 << 20).is_err(), "above the node's bound");
-        let c: LimitsConfig =
-            toml::from_str("session_buffer_max = \"64M\"\nsource_buffer_max = \"48M\"").unwrap();
-        assert!(c.buffer_shares(1 << 30).is_err(), "below a session's share");
-    }
-
-    #[test]
-    fn session_buffer_max_is_a_share_of_the_node_bound() {
-        let mut l = LimitsConfig::default();
-        assert_eq!(l.session_buffer_bytes(2 << 30).unwrap(), 512 << 20);
-        assert_eq!(l.session_buffer_bytes(64 << 20).unwrap(), 32 << 20);
-        let c: LimitsConfig = toml::from_str("session_buffer_max = \"100M\"").unwrap();
-        assert_eq!(c.session_buffer_bytes(1 << 30).unwrap(), 100 << 20);
-        assert!(
-            c.session_buffer_bytes(64 << 20).is_err(),
-            "above the node's bound"
-        );
-        l.session_buffer_max = Some("16M".into());
-        assert!(
-            l.session_buffer_bytes(1 << 30).is_err(),
-            "below the largest command"
+            shares(source_128m, 2 << 30).unwrap(),
+            (128 << 20, 128 << 20)
         );
         assert_eq!(
-            l.session_buffer_bytes(16 << 20).unwrap(),
-            16 << 20,
+            shares(source_128m, 1 << 30).unwrap(),
+            (128 << 20, 128 << 20)
+        );
+        // both set
+        let both = "session_buffer_max = \"64M\"\nsource_buffer_max = \"96M\"";
+        assert_eq!(shares(both, 1 << 30).unwrap(), (64 << 20, 96 << 20));
+        assert!(shares(both, 80 << 20).is_err(), "above the node's bound");
+        let inverted = "session_buffer_max = \"64M\"\nsource_buffer_max = \"48M\"";
+        let e = shares(inverted, 1 << 30).unwrap_err();
+        assert!(e.to_string().contains("part of its source"), "{e}");
+        // bounds of each
+        assert!(shares("session_buffer_max = \"100M\"", 64 << 20).is_err());
+        assert!(
+            shares("session_buffer_max = \"16M\"", 1 << 30).is_err(),
+            "below 32M"
+        );
+        assert!(
+            shares("source_buffer_max = \"16M\"", 1 << 30).is_err(),
+            "below 32M"
+        );
+        assert_eq!(
+            shares("session_buffer_max = \"16M\"", 16 << 20).unwrap(),
+            (16 << 20, 16 << 20),
             "all of a small node"
         );
-        l.session_buffer_max = Some("some".into());
-        assert!(l.buffer_shares(1 << 30).is_err());
-        assert!(l.session_buffer_bytes(1 << 30).is_err());
+        assert!(shares("session_buffer_max = \"some\"", 1 << 30).is_err());
     }
 
-    /// A configuration printed with Debug (a log line, an error context)
-    /// carries no secret: CHAP of every kind and the SMTP password are masked.
     #[test]
     fn debug_output_carries_no_secret() {
         let c: Config = toml::from_str(
