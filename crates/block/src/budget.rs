@@ -220,7 +220,8 @@ impl BufferBudget {
     /// client's many sessions hold no more than one source's share.
     pub fn session_from(&self, source: IpAddr) -> BufferBudget {
         let node = self.inner.root();
-        let source = source.to_canonical();
+        // one key per host, as the per-source bounds of admission have
+        let source = crate::admission::source_key(source);
         let share = {
             let mut sources = node.sources.lock().unwrap_or_else(|e| e.into_inner());
             match sources.get(&source).and_then(Weak::upgrade) {
