@@ -1588,7 +1588,13 @@ async fn a_write_waiting_for_the_buffer_budget_through_a_reset_is_aborted() {
     let cmd = y.command(&[0x2a, 0, 0, 0, 0, 9, 0, 0, 1, 0], false, true, 512, true);
     y.send(&cmd, false, &[0xdd; 512]).await;
     tokio::time::timeout(Duration::from_secs(20), async {
-        while budget.status().waits == 0 {
+        // (W and Y come from one address: Y waits at their source's share,
+        // which is the whole of this small budget)
+        while {
+            let s = budget.status();
+            s.waits + s.source_waits + s.session_waits
+        } == 0
+        {
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
     })
