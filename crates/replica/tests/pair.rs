@@ -2162,3 +2162,120 @@ async fn a_write_answered_across_a_quick_reconnect_is_on_the_partner_first() {
     n1.shutdown().await;
     n2.shutdown().await;
 }
+
+/// A COMPARE AND WRITE through node 1 from `compare` to `data` at `lba`,
+/// whose partner part is held in the silent relay: once its local part has
+/// landed, node 1's disk reads are held (no resync copy can go out) and the
+/// link is cut and made again at once. Returns the op's task and when it
+/// began, once node 1 leads again, resyncing node 2.
+async fn a_compare_and_write_across_a_quick_reconnect(
+    p: &RelayedPair,
+    lba: u64,
+    compare: Bytes,
+    data: Bytes,
+) -> (
+    tokio::task::JoinHandle<block::BlockResult<Option<usize>>>,
+    std::time::Instant,
+) {
+    assert_eq!(p.n1.status().role, Role::Leader);
+    let blocks = data.len() as u64 / 512;
+    p.held.writes.hold_range(lba, lba + blocks);
+    p.relay.freeze();
+    let began = std::time::Instant::now();
+    let caw = {
+        let n1 = p.n1.clone();
+        tokio::spawn(async move { n1.compare_and_write(lba, compare, data, false).await })
+    };
+    // the compare passed and the write reaches the disk: let it land
+    p.held.writes.arrivals(1).await;
+    p.held.writes.open();
+    p.held.writes.endings(1).await;
+    p.held.reads.hold();
+    p.relay.cut();
+    assert!(
+        p.n1.wait_until(|s| s.role == Role::Leader && s.state == "resyncing", WAIT)
+            .await,
+        "node 1 does not lead a resync of node 2: {:?}",
+        p.n1.status()
+    );
+    (caw, began)
+}
+
+/// A COMPARE AND WRITE whose partner part was lost with the link, the nodes
+/// meeting again at once (node 1 the resync source, its disk's reads held so
+/// that no resync copy reaches node 2): it cannot run again through the new
+/// session as a write does (its compare would meet its own data), so it
+/// waits until the resync has ended. When the resync cannot end within the
+/// op's deadline (io_wait_ms) it is answered Unavailable (NOT READY), node 2
+/// still without its data; when it ends in time the op succeeds, once it
+/// has ended and not miscompared by a second run. Both copies hold the op's
+/// data once the resync ends (its region was marked). (Each case on a pair
+/// of its own: a gate once opened stays open.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_compare_and_write_across_a_quick_reconnect_waits_for_the_resync_or_is_not_ready() {
+    const LBA: u64 = 1024;
+    let zeros = Bytes::from(vec![0u8; 4096]);
+    let data = Bytes::from(vec![0x44u8; 4096]);
+
+    // the resync stays held past the op's deadline: NOT READY
+    let d = tempfile::tempdir().unwrap();
+    let p = relayed_pair(d.path()).await;
+    let (caw, began) =
+        a_compare_and_write_across_a_quick_reconnect(&p, LBA, zeros.clone(), data.clone()).await;
+    let answered = tokio::time::timeout(WAIT, caw)
+        .await
+        .expect("the compare and write ended")
+        .unwrap();
+    let waited = began.elapsed();
+    assert!(
+        matches!(answered, Err(block::BlockError::Unavailable(_))),
+        "a compare and write node 2 lacks was answered {answered:?}"
+    );
+    assert!(
+        waited >= Duration::from_millis(2900),
+        "answered after {waited:?}, before the op's deadline"
+    );
+    assert_eq!(p.m2.read(LBA, 8).await.unwrap(), zeros);
+    // the resync copies the op's region, marked
+    p.held.reads.open();
+    both_in_sync(&p.n1, &p.n2).await;
+    for m in [&p.m1, &p.m2] {
+        assert_eq!(m.read(LBA, 8).await.unwrap(), data);
+    }
+    p.n1.shutdown().await;
+    p.n2.shutdown().await;
+
+    // the resync ends within the op's deadline: the op succeeds once it has
+    let d = tempfile::tempdir().unwrap();
+    let p = relayed_pair(d.path()).await;
+    let (mut caw, _) =
+        a_compare_and_write_across_a_quick_reconnect(&p, LBA, zeros.clone(), data.clone()).await;
+    if let Ok(answered) = tokio::time::timeout(Duration::from_millis(500), &mut caw).await {
+        panic!(
+            "a compare and write was answered while node 2 was being resynced \
+             without it: {answered:?}"
+        );
+    }
+    assert_eq!(p.m2.read(LBA, 8).await.unwrap(), zeros);
+    p.held.reads.open();
+    let answered = tokio::time::timeout(WAIT, caw)
+        .await
+        .expect("the compare and write ended")
+        .unwrap();
+    assert!(
+        matches!(answered, Ok(None)),
+        "the compare and write was answered {answered:?} (a miscompare: it ran twice)"
+    );
+    assert_eq!(
+        p.m2.read(LBA, 8).await.unwrap(),
+        data,
+        "the compare and write was answered before node 2 held it"
+    );
+    both_in_sync(&p.n1, &p.n2).await;
+    for n in [&p.n1, &p.n2] {
+        assert_eq!(n.read(LBA, 8).await.unwrap(), data);
+    }
+    same_contents(&p.m1, &p.m2).await;
+    p.n1.shutdown().await;
+    p.n2.shutdown().await;
+}

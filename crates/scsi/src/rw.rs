@@ -116,20 +116,36 @@ fn take_blocks(data_out: &Bytes, len: u32, block_size: u32) -> Bytes {
     data_out.slice(..whole)
 }
 
-/// READ(6/10/12/16).
-pub(crate) async fn read(lu: &LogicalUnit, cdb: &Cdb) -> CmdResult {
+/// READ(6/10/12/16), reading no more whole blocks than cover `want` bytes
+/// (what the initiator can take: its Expected Data Transfer Length).
+///
+/// A CDB asking for more is a residual overflow: the transport sends `want`
+/// bytes and reports the rest as not transferred. The blocks past `want`
+/// were read only to be dropped, and a client could make the node hold the
+/// CDB's length (up to the largest transfer) for every read of its window
+/// while the buffer budget counted what it takes (review of 2026-12-07).
+/// Only what is read can fail: a medium error past `want` is not reported.
+pub(crate) async fn read(lu: &LogicalUnit, cdb: &Cdb, want: u32) -> CmdResult {
     let geo = lu.geometry();
     let rw = decode_rw(cdb);
     check_transfer(cdb, &geo, &rw)?;
     if rw.blocks == 0 {
         return Ok(Done::empty());
     }
-    match lu.volume.read(rw.lba, rw.blocks).await {
-        Ok(data) => Ok(Done::blocks(data)),
-        Err(e) => Err(Fail::Check(
-            lu.io_error(&e),
-            bytes_of(&geo, rw.blocks as u64),
-        )),
+    let len = bytes_of(&geo, rw.blocks as u64);
+    let blocks = rw.blocks.min(want.div_ceil(geo.block_size_bytes));
+    if blocks == 0 {
+        return Ok(Done {
+            data_in: Bytes::new(),
+            transfer_len_bytes: len,
+        });
+    }
+    match lu.volume.read(rw.lba, blocks).await {
+        Ok(data) => Ok(Done {
+            data_in: data,
+            transfer_len_bytes: len,
+        }),
+        Err(e) => Err(Fail::Check(lu.io_error(&e), len)),
     }
 }
 

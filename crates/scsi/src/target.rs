@@ -883,7 +883,9 @@ impl ScsiTarget {
     ) -> CmdResult {
         let data = &cmd.data_out;
         match cdb.opcode() {
-            op::READ_6 | op::READ_10 | op::READ_12 | op::READ_16 => rw::read(lu, cdb).await,
+            op::READ_6 | op::READ_10 | op::READ_12 | op::READ_16 => {
+                rw::read(lu, cdb, cmd.data_in_len_max).await
+            }
             op::WRITE_6 | op::WRITE_10 | op::WRITE_12 | op::WRITE_16 => {
                 rw::write(lu, cdb, data).await
             }

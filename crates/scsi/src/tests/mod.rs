@@ -74,7 +74,8 @@ fn cmd(lun: u64, cdb: &[u8], data: &[u8]) -> Command {
         cdb: Bytes::copy_from_slice(cdb),
         lun,
         data_out: Bytes::copy_from_slice(data),
-        data_in_len_max: 65536,
+        // an initiator that takes all the data a command has
+        data_in_len_max: u32::MAX,
         attr: TaskAttr::Simple,
     }
 }
@@ -297,6 +298,27 @@ async fn the_compare_and_write_length_advertised_is_the_one_taken() {
     let data = vec![0u8; 2 * (most as usize + 1) * BS];
     let r = run(&t, &n, &caw(most + 1), &data).await;
     assert_eq!(sense_of(&r).0, key::ILLEGAL_REQUEST);
+}
+
+/// A READ asking for more than its initiator can take reads only the
+/// blocks that cover what it takes, and says how much the CDB asked for (the
+/// transport reports the rest as a residual overflow).
+#[tokio::test]
+async fn a_read_reads_no_more_than_its_initiator_takes() {
+    let t = target();
+    let n = ready(&t, "1", 1).await;
+    let data: Vec<u8> = (0..16 * BS).map(|i| (i % 251) as u8).collect();
+    let w = run(&t, &n, &rw10(0x2a, 10, 16), &data).await;
+    assert_eq!(w.status, status::GOOD);
+    for (want, blocks) in [(BS + 1, 2), (BS, 1), (0, 0), (64 * BS, 16)] {
+        let mut c = cmd(0, &rw10(0x28, 10, 16), &[]);
+        c.data_in_len_max = want as u32;
+        let r = t.execute(&n, c).await;
+        assert_eq!(r.status, status::GOOD);
+        assert_eq!(r.data_in.len(), blocks * BS, "takes {want}");
+        assert_eq!(&r.data_in[..], &data[..blocks * BS]);
+        assert_eq!(r.transfer_len_bytes as usize, 16 * BS, "asked for");
+    }
 }
 
 #[tokio::test]
