@@ -37,15 +37,6 @@ impl Done {
             transfer_len_bytes: n,
         }
     }
-
-    /// GOOD with block data of a READ-like command.
-    pub fn blocks(data: Bytes) -> Done {
-        let n = data.len() as u32;
-        Done {
-            data_in: data,
-            transfer_len_bytes: n,
-        }
-    }
 }
 
 /// A failed command.
