@@ -876,8 +876,8 @@ pub struct LimitsConfig {
     /// The node's bound on buffered data bytes (`"512M"`, `"2G"`): read data
     /// waiting for slow clients (iSCSI and NBD), iSCSI Data-Out, resync copies
     /// (see docs/security.md "Memory"). A client that would go beyond it is not
-    /// read from until bytes come back. Default (unset): 1/8 of the RAM, at
-    /// least 64 MiB, at most 2 GiB.
+    /// read from until bytes come back. Default (unset): 1/8 of the RAM (or
+    /// of the cgroup's memory limit when less), at least 64 MiB, at most 2 GiB.
     pub buffer_memory_max: Option<String>,
     /// The most of `buffer_memory_max` one session (an iSCSI session, an NBD
     /// connection) may hold (a size). A session at it waits on its own; the
@@ -944,7 +944,11 @@ pub fn default_buffer_memory_bytes(ram_bytes: u64) -> u64 {
     (ram_bytes / 8).clamp(64 << 20, 2 << 30)
 }
 
-/// The machine's RAM in bytes (0 when it cannot be told).
+/// The memory this process may use in bytes: the machine's RAM, or its
+/// cgroup's limit when that is less (a service with `MemoryMax=`, a
+/// container), so the default bound is a share of what the node really has
+/// rather than of a RAM it would be killed long before filling (0 when it
+/// cannot be told).
 fn ram_bytes() -> u64 {
     // SAFETY: sysconf only reads system parameters.
     let (pages, page) = unsafe {
@@ -956,7 +960,50 @@ fn ram_bytes() -> u64 {
     if pages <= 0 || page <= 0 {
         return 0;
     }
-    (pages as u64).saturating_mul(page as u64)
+    let ram = (pages as u64).saturating_mul(page as u64);
+    let cgroups = std::fs::read_to_string("/proc/self/cgroup").unwrap_or_default();
+    match cgroup_memory_limit(&cgroups, Path::new("/sys/fs/cgroup")) {
+        Some(limit) => ram.min(limit),
+        None => ram,
+    }
+}
+
+/// The smallest memory limit on the way from the cgroup hierarchy's root to
+/// this process's cgroup: `memory.max` (cgroup v2) or
+/// `memory.limit_in_bytes` (v1's memory controller, under `root/memory`).
+/// `proc_cgroup` is `/proc/self/cgroup`; `root` where the hierarchies are
+/// mounted. In a container the mount's root is the container's own cgroup,
+/// whose path in `proc_cgroup` may not exist under it: each ancestor is
+/// tried, the mount's root among them. None: no limit.
+fn cgroup_memory_limit(proc_cgroup: &str, root: &Path) -> Option<u64> {
+    let mut least: Option<u64> = None;
+    for line in proc_cgroup.lines() {
+        let mut parts = line.splitn(3, ':');
+        let (Some(_), Some(controllers), Some(path)) = (parts.next(), parts.next(), parts.next())
+        else {
+            continue;
+        };
+        let (dir, file) = if controllers.is_empty() {
+            (root.to_path_buf(), "memory.max")
+        } else if controllers.split(',').any(|c| c == "memory") {
+            (root.join("memory"), "memory.limit_in_bytes")
+        } else {
+            continue;
+        };
+        let mut at = Some(Path::new(path.trim_start_matches('/')));
+        while let Some(p) = at {
+            let limit = std::fs::read_to_string(dir.join(p).join(file))
+                .ok()
+                .and_then(|v| v.trim().parse::<u64>().ok())
+                // v1 says "no limit" with a number near 2^63; v2 with "max"
+                .filter(|&v| v < 1 << 60);
+            if let Some(l) = limit {
+                least = Some(least.map_or(l, |m| m.min(l)));
+            }
+            at = p.parent();
+        }
+    }
+    least
 }
 
 impl LimitsConfig {
@@ -2378,6 +2425,51 @@ size = "1G"
         assert!(l.buffer_memory_bytes().is_err());
         l.buffer_memory_max = Some("100K".into());
         assert!(l.buffer_memory_bytes().is_err(), "below 1M");
+    }
+
+    #[test]
+    fn the_memory_default_heeds_the_cgroup_limit() {
+        let root = tempfile::tempdir().unwrap();
+        let put = |rel: &str, v: &str| {
+            let p = root.path().join(rel);
+            std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+            std::fs::write(p, v).unwrap();
+        };
+        // v2: the smallest on the way down; "max" is none
+        put("system.slice/memory.max", "4294967296\n");
+        put("system.slice/freesan.service/memory.max", "max\n");
+        let v2 = "0::/system.slice/freesan.service\n";
+        assert_eq!(cgroup_memory_limit(v2, root.path()), Some(4 << 30));
+        put("system.slice/freesan.service/memory.max", "1073741824\n");
+        assert_eq!(cgroup_memory_limit(v2, root.path()), Some(1 << 30));
+        // a container: its own cgroup is the mount's root
+        put("memory.max", "536870912\n");
+        let inside = "0::/kubepods/pod1/c1\n";
+        assert_eq!(cgroup_memory_limit(inside, root.path()), Some(512 << 20));
+        // v1's memory controller; its "no limit" is a number near 2^63
+        let v1 = "4:memory:/process_api/x\n3:cpuset:/\n";
+        let v1_root = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(v1_root.path().join("memory/process_api/x")).unwrap();
+        std::fs::write(
+            v1_root
+                .path()
+                .join("memory/process_api/x/memory.limit_in_bytes"),
+            "9223372036854771712\n",
+        )
+        .unwrap();
+        assert_eq!(cgroup_memory_limit(v1, v1_root.path()), None);
+        std::fs::write(
+            v1_root
+                .path()
+                .join("memory/process_api/memory.limit_in_bytes"),
+            "2147483648\n",
+        )
+        .unwrap();
+        assert_eq!(cgroup_memory_limit(v1, v1_root.path()), Some(2 << 30));
+        assert_eq!(cgroup_memory_limit("", root.path()), None);
+        assert_eq!(cgroup_memory_limit("garbage\n", root.path()), None);
+        // and the bound's default follows: an eighth of 1 GiB, at least 64 MiB
+        assert_eq!(default_buffer_memory_bytes(1 << 30), 128 << 20);
     }
 
     #[test]
