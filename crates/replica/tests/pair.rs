@@ -2205,17 +2205,51 @@ async fn a_compare_and_write_across_a_quick_reconnect(
 /// meeting again at once (node 1 the resync source, its disk's reads held so
 /// that no resync copy reaches node 2): it cannot run again through the new
 /// session as a write does (its compare would meet its own data), so it
-/// waits until the resync has ended. When the resync cannot end within the
-/// op's deadline (io_wait_ms) it is answered Unavailable (NOT READY), node 2
-/// still without its data; when it ends in time the op succeeds, once it
-/// has ended and not miscompared by a second run. Both copies hold the op's
-/// data once the resync ends (its region was marked). (Each case on a pair
-/// of its own: a gate once opened stays open.)
+/// waits until the resync has ended. When the resync ends within the op's
+/// deadline (io_wait_ms) the op succeeds then, not miscompared by a second
+/// run, node 2 holding its data; when it cannot, the op is answered
+/// Unavailable (NOT READY), node 2 still without its data, which reaches it
+/// once the resync ends (its region was marked). (Each case on a pair of its
+/// own: a gate once opened stays open.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_compare_and_write_across_a_quick_reconnect_waits_for_the_resync_or_is_not_ready() {
     const LBA: u64 = 1024;
     let zeros = Bytes::from(vec![0u8; 4096]);
     let data = Bytes::from(vec![0x44u8; 4096]);
+
+    // the resync ends within the op's deadline: the op succeeds once it has
+    let d = tempfile::tempdir().unwrap();
+    let p = relayed_pair(d.path()).await;
+    let (mut caw, _) =
+        a_compare_and_write_across_a_quick_reconnect(&p, LBA, zeros.clone(), data.clone()).await;
+    if let Ok(answered) = tokio::time::timeout(Duration::from_millis(500), &mut caw).await {
+        panic!(
+            "a compare and write was answered while node 2 was being resynced \
+             without it: {answered:?}"
+        );
+    }
+    assert_eq!(p.m2.read(LBA, 8).await.unwrap(), zeros);
+    p.held.reads.open();
+    let answered = tokio::time::timeout(WAIT, caw)
+        .await
+        .expect("the compare and write was never answered")
+        .unwrap();
+    assert!(
+        matches!(answered, Ok(None)),
+        "the compare and write was answered {answered:?} (a miscompare: it ran twice)"
+    );
+    assert_eq!(
+        p.m2.read(LBA, 8).await.unwrap(),
+        data,
+        "the compare and write was answered before node 2 held it"
+    );
+    both_in_sync(&p.n1, &p.n2).await;
+    for n in [&p.n1, &p.n2] {
+        assert_eq!(n.read(LBA, 8).await.unwrap(), data);
+    }
+    same_contents(&p.m1, &p.m2).await;
+    p.n1.shutdown().await;
+    p.n2.shutdown().await;
 
     // the resync stays held past the op's deadline: NOT READY
     let d = tempfile::tempdir().unwrap();
@@ -2224,7 +2258,7 @@ async fn a_compare_and_write_across_a_quick_reconnect_waits_for_the_resync_or_is
         a_compare_and_write_across_a_quick_reconnect(&p, LBA, zeros.clone(), data.clone()).await;
     let answered = tokio::time::timeout(WAIT, caw)
         .await
-        .expect("the compare and write ended")
+        .expect("the compare and write was never answered")
         .unwrap();
     let waited = began.elapsed();
     assert!(
@@ -2242,40 +2276,6 @@ async fn a_compare_and_write_across_a_quick_reconnect_waits_for_the_resync_or_is
     for m in [&p.m1, &p.m2] {
         assert_eq!(m.read(LBA, 8).await.unwrap(), data);
     }
-    p.n1.shutdown().await;
-    p.n2.shutdown().await;
-
-    // the resync ends within the op's deadline: the op succeeds once it has
-    let d = tempfile::tempdir().unwrap();
-    let p = relayed_pair(d.path()).await;
-    let (mut caw, _) =
-        a_compare_and_write_across_a_quick_reconnect(&p, LBA, zeros.clone(), data.clone()).await;
-    if let Ok(answered) = tokio::time::timeout(Duration::from_millis(500), &mut caw).await {
-        panic!(
-            "a compare and write was answered while node 2 was being resynced \
-             without it: {answered:?}"
-        );
-    }
-    assert_eq!(p.m2.read(LBA, 8).await.unwrap(), zeros);
-    p.held.reads.open();
-    let answered = tokio::time::timeout(WAIT, caw)
-        .await
-        .expect("the compare and write ended")
-        .unwrap();
-    assert!(
-        matches!(answered, Ok(None)),
-        "the compare and write was answered {answered:?} (a miscompare: it ran twice)"
-    );
-    assert_eq!(
-        p.m2.read(LBA, 8).await.unwrap(),
-        data,
-        "the compare and write was answered before node 2 held it"
-    );
-    both_in_sync(&p.n1, &p.n2).await;
-    for n in [&p.n1, &p.n2] {
-        assert_eq!(n.read(LBA, 8).await.unwrap(), data);
-    }
-    same_contents(&p.m1, &p.m2).await;
     p.n1.shutdown().await;
     p.n2.shutdown().await;
 }
