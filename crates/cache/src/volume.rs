@@ -944,8 +944,10 @@ impl Inner {
                 // pending sector does, until written or tried again: read
                 // again at every host retry, their medium errors would take a
                 // mirror half out for one lost sector
+                // (a record past its retry time stays: the destage, which
+                // reads the sectors again, is the one to drop it)
                 let recorded = match access {
-                    Access::Hit { slot } => st.unreadable_now(slot) & p.mask,
+                    Access::Hit { slot } => st.unreadable.get(&slot).map_or(0, |r| r.0) & p.mask,
                     _ => 0,
                 };
                 let plan = if recorded != 0 {
@@ -1115,6 +1117,15 @@ impl Inner {
             ((p.blk_off + p.len).div_ceil(SECTOR_BYTES) * SECTOR_BYTES).min(self.block_len(p.key));
         let mut out = BytesMut::from(&data[..]);
         let host = |e| self.host_medium(e, p.key, slot, (p.blk_off, p.len));
+        // dirty sectors no device can read are recorded, so the host's
+        // retries are answered from the record rather than reading every
+        // copy again (and counting its medium errors) each time
+        let lost = |start: u64, end: u64, e: BlockError| async move {
+            if matches!(e, BlockError::Medium { .. }) {
+                self.unreadable_found(slot, start, end - start).await;
+            }
+            host(e)
+        };
         // one read, from the first dirty sector to the last
         if let Some((first, n)) = hull(mask) {
             let start = (first as u64 * SECTOR_BYTES).max(s0);
@@ -1129,15 +1140,16 @@ impl Inner {
                             let start = (first as u64 * SECTOR_BYTES).max(s0);
                             let end = ((first + n) as u64 * SECTOR_BYTES).min(s1);
                             if start < end {
-                                let cached = self
-                                    .ssd_read(slot, start, end - start)
-                                    .await
-                                    .map_err(host)?;
-                                overlay(&mut out, p.blk_off, &cached, start, mask);
+                                match self.ssd_read(slot, start, end - start).await {
+                                    Ok(cached) => {
+                                        overlay(&mut out, p.blk_off, &cached, start, mask)
+                                    }
+                                    Err(e) => return Err(lost(start, end, e).await),
+                                }
                             }
                         }
                     }
-                    Err(e) => return Err(host(e)),
+                    Err(e) => return Err(lost(start, end, e).await),
                 }
             }
         }

@@ -2364,6 +2364,16 @@ async fn dirty_data_no_copy_can_read_is_a_medium_error_for_that_block_alone() {
     let st = vol.status();
     assert!(st.devices.iter().all(|d| d.state == "ok"), "{st:?}");
     assert_eq!(st.mode, "write-back");
+    // recorded by that read: the host's retries read no copy again
+    assert_eq!(st.unreadable_dirty_bytes, 4096, "{st:?}");
+    let errors = media_errors(&vol);
+    for _ in 0..3 {
+        assert!(matches!(
+            vol.read(0, 2).await,
+            Err(block::BlockError::Medium { lba: 0 })
+        ));
+    }
+    assert_eq!(media_errors(&vol), errors, "read again");
     assert_eq!(vol.read(40, 1).await.unwrap(), pattern(5, 4096));
     // the block's clean sectors still read (from the backing volume)
     assert_eq!(
