@@ -549,12 +549,23 @@ pub(crate) fn shown(reason: &str) -> String {
 mod tests {
     use super::*;
     use crate::secure::{self, ClusterKeys, Member, Purpose};
-    use tokio::net::{TcpListener, TcpStream};
+    use tokio::net::TcpSocket;
 
     /// Two ends of an authenticated sync connection (node 1's, node 2's).
     async fn pair() -> (SecureStream, SecureStream) {
+        pair_buffered(None).await
+    }
+
+    /// [`pair`], with the kernel's buffers for node 1's sending and node 2's
+    /// receiving fixed at `bytes` if given (not grown as the connection goes).
+    async fn pair_buffered(bytes: Option<u32>) -> (SecureStream, SecureStream) {
         let mut keys = ClusterKeys::generate("t").unwrap();
-        let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let ls = TcpSocket::new_v4().unwrap();
+        if let Some(b) = bytes {
+            ls.set_recv_buffer_size(b).unwrap();
+        }
+        ls.bind("127.0.0.1:0".parse().unwrap()).unwrap();
+        let l = ls.listen(8).unwrap();
         let addr = l.local_addr().unwrap();
         let k2 = keys.remove(1);
         let acc = tokio::spawn(async move {
@@ -563,7 +574,11 @@ mod tests {
                 .await
                 .unwrap()
         });
-        let s = TcpStream::connect(addr).await.unwrap();
+        let cs = TcpSocket::new_v4().unwrap();
+        if let Some(b) = bytes {
+            cs.set_send_buffer_size(b).unwrap();
+        }
+        let s = cs.connect(addr).await.unwrap();
         let a = secure::connect(s, &keys[0], Member::Node2, Purpose::Sync)
             .await
             .unwrap();
@@ -624,5 +639,150 @@ mod tests {
         .await
         .expect("the link neither said it nor closed");
         assert_eq!(got.as_deref(), Some("disk"));
+    }
+
+    /// Heartbeats go out ahead of a full data queue, and renew the lease
+    /// while it stays full. The partner reads nothing (and the socket
+    /// buffers are small), so the writer gets stuck in a write while the
+    /// data queue holds its 256 resync copies; then the partner Pings, and
+    /// this node Pings too. When the partner reads, the Pong and the Ping
+    /// both come before every copy queued before them, and the Pong the
+    /// partner sends back renews the lease from that Ping. With one queue
+    /// for all, the heartbeats were dropped for the full queue, or waited
+    /// behind it if the writer took the data first.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn heartbeats_go_out_ahead_of_a_full_data_queue() {
+        const INTERVAL: Duration = Duration::from_millis(250);
+        const PEER_TIMEOUT: Duration = Duration::from_secs(60);
+        let (a, b) = pair_buffered(Some(64 << 10)).await;
+        let (tx, mut incoming) = mpsc::channel(8);
+        let link = Link::start(Framed::new(a), tx, INTERVAL, PEER_TIMEOUT, Instant::now());
+        let mut f = Framed::new(b);
+        let copy = Bytes::from(vec![0x5a; 32 << 10]);
+        // The partner's request, which the link passes on to `incoming`: seen
+        // there, the link's reader has handled all the partner sent before.
+        async fn handled(f: &mut Framed, incoming: &mut mpsc::Receiver<Message>, id: u64) {
+            let marker = Message::ScsiRequest {
+                id,
+                data: Bytes::new(),
+            };
+            f.send(&marker).await.unwrap();
+            match tokio::time::timeout(Duration::from_secs(10), incoming.recv()).await {
+                Ok(Some(Message::ScsiRequest { id: got, .. })) if got == id => {}
+                other => panic!("the link's reader did not pass on marker {id}: {other:?}"),
+            }
+        }
+
+        // Fill the data queue; the partner Pings; then this node Pings. If
+        // the writer took no copy meanwhile (over a heartbeat interval at
+        // least: the queue is still full, and only this test fills it), it
+        // was stuck writing all along, and both heartbeats were queued behind
+        // the 256 copies, with nothing taken for its next write yet; if it
+        // took some, again.
+        let mut next_copy = 0u64;
+        let mut attempt = 0;
+        let (pong_seq, ping_seq, ping_sent_at) = loop {
+            attempt += 1;
+            assert!(attempt <= 40, "the writer never got stuck");
+            loop {
+                let m = Message::ResyncData {
+                    id: next_copy,
+                    lba: 0,
+                    data: copy.clone(),
+                };
+                match link.out.try_send(m) {
+                    Ok(()) => next_copy += 1,
+                    Err(mpsc::error::TrySendError::Full(_)) => break,
+                    Err(e) => panic!("the data queue closed: {e}"),
+                }
+            }
+            let pong_seq = 1_000_000 + attempt;
+            f.send(&Message::Ping { seq: pong_seq }).await.unwrap();
+            handled(&mut f, &mut incoming, pong_seq).await;
+            // Ping `n` has been queued (or dropped) once the next is numbered
+            let n = link.hb.lock().next_seq;
+            let sent_at = tokio::time::timeout(Duration::from_secs(10), async {
+                loop {
+                    {
+                        let hb = link.hb.lock();
+                        if hb.next_seq > n + 1 {
+                            let sent = hb.sent.iter().find(|(s, _)| *s == n);
+                            break sent.expect("Ping n forgotten").1;
+                        }
+                    }
+                    tokio::time::sleep(INTERVAL / 5).await;
+                }
+            })
+            .await
+            .expect("no Ping made within 10 s");
+            if link.out.capacity() == 0 {
+                break (pong_seq, n, sent_at);
+            }
+        };
+        assert!(
+            link.beats.capacity() > 0,
+            "test setup: the heartbeat queue filled up (too slow a machine for the interval)"
+        );
+        let last_copy = next_copy - 1;
+        let first_queued = next_copy - OUT_QUEUE_MESSAGES_MAX as u64;
+
+        // The partner reads now, and answers this node's Ping. For each
+        // heartbeat: the last copy read before it (None: none).
+        let mut pong_after: Option<Option<u64>> = None;
+        let mut ping_after: Option<Option<u64>> = None;
+        let mut copy_read: Option<u64> = None;
+        tokio::time::timeout(Duration::from_secs(60), async {
+            loop {
+                match f.recv().await.unwrap() {
+                    Message::ResyncData { id, .. } => {
+                        copy_read = Some(id);
+                        if id == last_copy {
+                            break;
+                        }
+                    }
+                    Message::Pong { seq } if seq == pong_seq => pong_after = Some(copy_read),
+                    Message::Ping { seq } if seq == ping_seq => {
+                        ping_after = Some(copy_read);
+                        f.send(&Message::Pong { seq }).await.unwrap();
+                    }
+                    _ => {}
+                }
+            }
+        })
+        .await
+        .expect("the partner did not read the copies within 60 s");
+        let said = |after: Option<Option<u64>>| match after {
+            None => format!("was not read before the last copy, {last_copy}"),
+            Some(None) => "was read before any copy".into(),
+            Some(Some(c)) => format!("was read after copy {c}"),
+        };
+        let ahead = |after: Option<Option<u64>>| match after {
+            Some(Some(c)) => c < first_queued,
+            Some(None) => true,
+            None => false,
+        };
+        let mut late = Vec::new();
+        if !ahead(pong_after) {
+            late.push(format!(
+                "the Pong to the partner's Ping {pong_seq} {}",
+                said(pong_after)
+            ));
+        }
+        if !ahead(ping_after) {
+            late.push(format!("this node's Ping {ping_seq} {}", said(ping_after)));
+        }
+        assert!(
+            late.is_empty(),
+            "copies {first_queued}..={last_copy} were queued before the heartbeats, but {}",
+            late.join("; ")
+        );
+        // the partner's answer to that Ping renews the lease from its sending
+        handled(&mut f, &mut incoming, 1).await;
+        assert_eq!(
+            link.hb.lock().lease_until,
+            ping_sent_at + PEER_TIMEOUT,
+            "the Pong to Ping {ping_seq} did not renew the lease from that Ping's sending"
+        );
+        assert!(link.lease_valid() && !link.is_closed_now());
     }
 }
