@@ -211,6 +211,19 @@ pub struct FileVolume {
     /// The block device's logical block size: discards and zeroing ioctls
     /// are sent for the part of a range aligned to it (see `aligned_middle`).
     device_block_bytes: u64,
+    /// Blocking calls that change the file (discards, zeroing, size
+    /// changes) still running, their callers gone or not: the volume's drop
+    /// waits for them, as the engine's does for its writes.
+    blocking_calls: Arc<crate::engine::Running>,
+    /// Tests: where each blocking task waits before it runs its call.
+    #[cfg(test)]
+    test_gate: Option<Arc<crate::engine::tests_gate::Gate>>,
+}
+
+impl Drop for FileVolume {
+    fn drop(&mut self) {
+        self.blocking_calls.wait_none();
+    }
 }
 
 impl fmt::Debug for FileVolume {
@@ -304,6 +317,9 @@ impl FileVolume {
             counters: Counters::default(),
             claim: opened.claim.map(Arc::new),
             device_block_bytes: opened.device_block_bytes,
+            blocking_calls: Arc::default(),
+            #[cfg(test)]
+            test_gate: None,
         })
     }
 
@@ -620,9 +636,28 @@ impl FileVolume {
         T: Send + 'static,
         F: FnOnce(&File) -> T + Send + 'static,
     {
-        tokio::task::spawn_blocking(move || f(&file))
+        self.spawn_blocking(move || f(&file))
             .await
             .map_err(|_| BlockError::Unavailable("disk blocking task failed".into()))
+    }
+
+    /// A blocking task the volume's drop waits for.
+    fn spawn_blocking<T, F>(&self, f: F) -> tokio::task::JoinHandle<T>
+    where
+        T: Send + 'static,
+        F: FnOnce() -> T + Send + 'static,
+    {
+        let running = self.blocking_calls.start();
+        #[cfg(test)]
+        let gate = self.test_gate.clone();
+        tokio::task::spawn_blocking(move || {
+            let _running = running;
+            #[cfg(test)]
+            if let Some(g) = gate {
+                g.pass();
+            }
+            f()
+        })
     }
 
     /// Punches a hole (file) and reports whether the file system could.
@@ -774,7 +809,7 @@ impl Volume for FileVolume {
             })?;
         let file = self.file.clone();
         let backing = self.backing;
-        tokio::task::spawn_blocking(move || -> std::io::Result<()> {
+        self.spawn_blocking(move || -> std::io::Result<()> {
             match backing {
                 Backing::File => file.set_len(bytes),
                 Backing::BlockDevice => {
@@ -816,7 +851,7 @@ impl Volume for FileVolume {
         let file = self.file.clone();
         let bytes = block_count * self.bs();
         let latch = self.sync_lost.clone();
-        tokio::task::spawn_blocking(move || {
+        self.spawn_blocking(move || {
             file.set_len(bytes)?;
             // a sync of the volume's descriptor: a failure may be earlier
             // writes' lost writeback, reported once (review of 2026-12-06),
@@ -1081,5 +1116,86 @@ impl Volume for FileVolume {
                     .map_err(|e| io_error("block_status", lba, e))
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::engine::tests_gate::Gate;
+    use std::sync::atomic::AtomicBool;
+    use std::time::Duration;
+
+    /// A zeroing whose caller went away still lands before the volume's
+    /// drop returns, and the drop waits without holding up the runtime's
+    /// other tasks: here, on a runtime of one worker, the very task that lets
+    /// the zeroing end. Before, the drop returned at once (the zeroing
+    /// landed later, over whatever came after the close); with the engines'
+    /// wait as it was, it would have stopped that worker for good.
+    #[test]
+    fn dropping_the_volume_waits_for_a_zeroing_whose_caller_left() {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("disk");
+        let opts = FileOptions {
+            create_size_bytes: Some(1 << 20),
+            block_size_bytes: 4096,
+            ..FileOptions::default()
+        };
+        let mut v = FileVolume::open(&path, &opts).unwrap();
+        let gate = Arc::new(Gate::default());
+        v.test_gate = Some(gate.clone());
+        let v = Arc::new(v);
+        let data = Bytes::from(vec![0x5a; 8192]);
+        let w = v.clone();
+        rt.block_on(async move { w.write(1, data, true).await })
+            .unwrap();
+
+        // a punched hole, left by its caller at the blocking call
+        let caller = v.clone();
+        let zeroing = rt.spawn(async move { caller.write_zeroes(1, 2, true).await });
+        gate.arrived(1);
+        zeroing.abort();
+        assert!(rt.block_on(zeroing).is_err(), "the caller was not aborted");
+
+        // the last reference dropped on the runtime's only worker
+        let (started_tx, started) = std::sync::mpsc::channel();
+        let returned = Arc::new(AtomicBool::new(false));
+        let r = returned.clone();
+        let dropping = rt.spawn(async move {
+            started_tx.send(()).unwrap();
+            drop(v);
+            r.store(true, Ordering::SeqCst);
+        });
+        started.recv().unwrap();
+        // spawned once the drop runs on the worker: it runs only if the drop
+        // lets the worker's tasks go elsewhere while it waits
+        let g = gate.clone();
+        let r = returned.clone();
+        let (opened_tx, opened) = std::sync::mpsc::channel();
+        rt.spawn(async move {
+            let early = r.load(Ordering::SeqCst);
+            g.open();
+            opened_tx.send(early).unwrap();
+        });
+        // (a bound on a wait for something that must happen; the runtime's
+        // timers would stop with its worker)
+        let early = opened.recv_timeout(Duration::from_secs(10));
+        gate.open();
+        rt.block_on(dropping).unwrap();
+        let early = early.expect("a task could not run while the volume's drop waited");
+        assert!(
+            !early,
+            "the volume's drop returned while a zeroing it started was still to land"
+        );
+        let image = std::fs::read(&path).unwrap();
+        assert!(
+            image[4096..3 * 4096].iter().all(|&b| b == 0),
+            "the zeroing did not land"
+        );
     }
 }

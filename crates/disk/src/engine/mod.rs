@@ -19,6 +19,65 @@ use std::sync::Arc;
 pub(crate) use threads::ThreadEngine;
 pub(crate) use uring::UringEngine;
 
+/// How many blocking tasks an owner (an engine, a volume) started are still
+/// running: its drop waits for them, so what they change lands before the
+/// file is closed (and perhaps opened again, or handed to another owner),
+/// not over what is written after.
+#[derive(Default)]
+pub(crate) struct Running {
+    count: std::sync::Mutex<usize>,
+    none: std::sync::Condvar,
+}
+
+impl Running {
+    /// Counts one task until the guard is dropped (also if the task panics).
+    pub(crate) fn start(self: &Arc<Self>) -> RunningGuard {
+        *self.count.lock().unwrap_or_else(|p| p.into_inner()) += 1;
+        RunningGuard(self.clone())
+    }
+
+    /// Waits until no task runs ([`wait_beside_the_runtime`]).
+    pub(crate) fn wait_none(&self) {
+        wait_beside_the_runtime(|| {
+            let mut n = self.count.lock().unwrap_or_else(|p| p.into_inner());
+            while *n > 0 {
+                n = self.none.wait(n).unwrap_or_else(|p| p.into_inner());
+            }
+        });
+    }
+}
+
+/// One running task of a [`Running`].
+pub(crate) struct RunningGuard(Arc<Running>);
+
+impl Drop for RunningGuard {
+    fn drop(&mut self) {
+        let mut n = self.0.count.lock().unwrap_or_else(|p| p.into_inner());
+        *n -= 1;
+        if *n == 0 {
+            self.0.none.notify_all();
+        }
+    }
+}
+
+/// Runs `wait` (a wait for the kernel or a thread: an engine's or a volume's
+/// drop) so that it does not hold up other tasks: on a worker of a
+/// multi-threaded tokio runtime, its other tasks move to another worker
+/// while this one waits (`block_in_place`); before, the drop of a volume
+/// whose disk hung stopped the tasks queued on that worker, and on a runtime
+/// of one worker the task that would have ended the wait. Elsewhere (a plain
+/// thread, a blocking task, a current-thread runtime, where nothing can
+/// take the tasks) it just waits.
+pub(crate) fn wait_beside_the_runtime(wait: impl FnOnce()) {
+    use tokio::runtime::{Handle, RuntimeFlavor};
+    match Handle::try_current() {
+        Ok(h) if h.runtime_flavor() == RuntimeFlavor::MultiThread => {
+            tokio::task::block_in_place(wait)
+        }
+        _ => wait(),
+    }
+}
+
 /// One transfer or sync, owning its buffer.
 pub(crate) enum Op {
     /// Fill `buf` from byte `offset`; `done` bytes are already in.
@@ -156,4 +215,39 @@ pub(crate) fn advance(op: &mut Op, res: i32) -> Option<Result<(), IoFail>> {
 
 fn engine_gone() -> BlockError {
     BlockError::Unavailable("disk I/O engine stopped".into())
+}
+
+#[cfg(test)]
+pub(crate) mod tests_gate {
+    use std::sync::{Condvar, Mutex};
+
+    /// Holds each task that reaches it until [`Gate::open`].
+    #[derive(Default)]
+    pub(crate) struct Gate {
+        state: Mutex<(usize, bool)>,
+        changed: Condvar,
+    }
+
+    impl Gate {
+        pub(crate) fn pass(&self) {
+            let mut s = self.state.lock().unwrap();
+            s.0 += 1;
+            self.changed.notify_all();
+            while !s.1 {
+                s = self.changed.wait(s).unwrap();
+            }
+        }
+
+        pub(crate) fn arrived(&self, n: usize) {
+            let mut s = self.state.lock().unwrap();
+            while s.0 < n {
+                s = self.changed.wait(s).unwrap();
+            }
+        }
+
+        pub(crate) fn open(&self) {
+            self.state.lock().unwrap().1 = true;
+            self.changed.notify_all();
+        }
+    }
 }

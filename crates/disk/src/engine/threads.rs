@@ -8,12 +8,12 @@
 //! opened again, or its file handed to another owner), not over what is
 //! written after (review of 2026-12-06).
 
-use super::{engine_gone, IoDone, Op};
+use super::{engine_gone, IoDone, Op, Running};
 use crate::sys;
 use block::BlockResult;
 use std::fs::File;
 use std::os::fd::AsRawFd;
-use std::sync::{Arc, Condvar, Mutex};
+use std::sync::Arc;
 use tokio::sync::Semaphore;
 
 /// Runs each operation as one blocking task.
@@ -23,42 +23,12 @@ pub(crate) struct ThreadEngine {
     running: Arc<Running>,
     /// Tests: where each blocking task waits before it runs its operation.
     #[cfg(test)]
-    gate: Option<Arc<tests::Gate>>,
-}
-
-/// How many blocking tasks the engine started are still running.
-#[derive(Default)]
-struct Running {
-    count: Mutex<usize>,
-    none: Condvar,
-}
-
-impl Running {
-    fn start(self: &Arc<Self>) -> RunningGuard {
-        *self.count.lock().unwrap_or_else(|p| p.into_inner()) += 1;
-        RunningGuard(self.clone())
-    }
-}
-
-/// One running task; counted down when dropped (also if the task panics).
-struct RunningGuard(Arc<Running>);
-
-impl Drop for RunningGuard {
-    fn drop(&mut self) {
-        let mut n = self.0.count.lock().unwrap_or_else(|p| p.into_inner());
-        *n -= 1;
-        if *n == 0 {
-            self.0.none.notify_all();
-        }
-    }
+    gate: Option<Arc<super::tests_gate::Gate>>,
 }
 
 impl Drop for ThreadEngine {
     fn drop(&mut self) {
-        let mut n = self.running.count.lock().unwrap_or_else(|p| p.into_inner());
-        while *n > 0 {
-            n = self.running.none.wait(n).unwrap_or_else(|p| p.into_inner());
-        }
+        self.running.wait_none();
     }
 }
 
@@ -137,38 +107,9 @@ fn run_blocking(fd: i32, op: &mut Op) -> Result<(), sys::IoFail> {
 pub(crate) mod tests {
     use super::*;
     use crate::buf::WriteBuf;
+    use crate::engine::tests_gate::Gate;
     use block::Bytes;
     use std::time::Duration;
-
-    /// Holds each task that reaches it until [`Gate::open`].
-    #[derive(Default)]
-    pub(crate) struct Gate {
-        state: Mutex<(usize, bool)>,
-        changed: Condvar,
-    }
-
-    impl Gate {
-        pub(crate) fn pass(&self) {
-            let mut s = self.state.lock().unwrap();
-            s.0 += 1;
-            self.changed.notify_all();
-            while !s.1 {
-                s = self.changed.wait(s).unwrap();
-            }
-        }
-
-        fn arrived(&self, n: usize) {
-            let mut s = self.state.lock().unwrap();
-            while s.0 < n {
-                s = self.changed.wait(s).unwrap();
-            }
-        }
-
-        fn open(&self) {
-            self.state.lock().unwrap().1 = true;
-            self.changed.notify_all();
-        }
-    }
 
     /// A write whose caller went away still lands, and dropping the engine
     /// (closing the volume) waits for it: before, the drop returned at once

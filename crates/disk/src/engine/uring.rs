@@ -163,7 +163,9 @@ impl Drop for UringEngine {
         self.shared.shutdown.store(true, Ordering::SeqCst);
         self.shared.wake();
         if let Some(t) = self.thread.take() {
-            let _ = t.join();
+            super::wait_beside_the_runtime(|| {
+                let _ = t.join();
+            });
         }
     }
 }
