@@ -70,11 +70,27 @@ impl Drop for RunningGuard {
 /// take the tasks) it just waits.
 pub(crate) fn wait_beside_the_runtime(wait: impl FnOnce()) {
     use tokio::runtime::{Handle, RuntimeFlavor};
-    match Handle::try_current() {
-        Ok(h) if h.runtime_flavor() == RuntimeFlavor::MultiThread => {
-            tokio::task::block_in_place(wait)
-        }
-        _ => wait(),
+    let multi =
+        Handle::try_current().is_ok_and(|h| h.runtime_flavor() == RuntimeFlavor::MultiThread);
+    // (never while a panic unwinds: a second panic would abort)
+    if !multi || std::thread::panicking() {
+        return wait();
+    }
+    // block_in_place refuses, before it runs anything, a thread that is in
+    // the runtime without being one of its workers or its block_on (a
+    // LocalSet's): then the wait is plain, as elsewhere
+    let mut wait = Some(wait);
+    let tried = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        tokio::task::block_in_place(|| {
+            if let Some(w) = wait.take() {
+                w()
+            }
+        })
+    }));
+    match (tried, wait) {
+        (Ok(()), _) => {}
+        (Err(_), Some(w)) => w(),
+        (Err(p), None) => std::panic::resume_unwind(p),
     }
 }
 
