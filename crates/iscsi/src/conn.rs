@@ -680,6 +680,7 @@ impl Conn {
             cdb,
             bidi_read_len_bytes: f.ahs.bidi_read_len_bytes,
             holds_slot: !imm,
+            r2ts_sent: 0,
         };
         // a tag in use first: a TASK SET FULL answered under that tag would
         // complete the live task for the initiator (review of 2026-12-06)

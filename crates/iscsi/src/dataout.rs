@@ -203,6 +203,8 @@ impl WriteTask {
                 desired_len_bytes: len,
             });
             self.r2t_sn = self.r2t_sn.wrapping_add(1);
+            // counted in whatever answers the write (its response, an error)
+            self.info.r2ts_sent = self.r2t_sn;
             self.next_r2t_off += len;
         }
         out
@@ -272,6 +274,7 @@ mod tests {
             cdb: Bytes::new(),
             bidi_read_len_bytes: None,
             holds_slot: true,
+            r2ts_sent: 0,
         }
     }
 

@@ -32,6 +32,9 @@ pub(crate) struct CmdInfo {
     pub bidi_read_len_bytes: Option<u32>,
     /// The command holds a CmdSN window slot (it was not immediate).
     pub holds_slot: bool,
+    /// R2Ts sent for its Data-Out: its SCSI Response's ExpDataSN counts them
+    /// with its Data-In PDUs (RFC 7143 11.4.8).
+    pub r2ts_sent: u32,
 }
 
 fn task_attr(a: u8) -> TaskAttr {
@@ -276,7 +279,7 @@ pub(crate) async fn send_response(
         status: resp.status,
         residual,
         bidi_residual: Residual::None,
-        exp_data_sn: data_sn,
+        exp_data_sn: data_sn.wrapping_add(info.r2ts_sent),
     });
     if let Some(r) = release.take() {
         r();
@@ -315,6 +318,7 @@ mod tests {
             cdb: Bytes::from_static(&[0x28; 10]),
             bidi_read_len_bytes: None,
             holds_slot: true,
+            r2ts_sent: 0,
         }
     }
 

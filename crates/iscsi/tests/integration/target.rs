@@ -561,7 +561,7 @@ async fn write_with_immediate_data_and_r2t() {
     c.send(&cmd, false, &[7u8; 4096]).await;
     let mut got = 4096u32;
     let mut r2ts = 0;
-    loop {
+    let exp_data_sn = loop {
         let p = c.recv_skip_pings().await.expect("r2t or response");
         match p.pdu {
             TargetPdu::R2t(r) => {
@@ -593,13 +593,16 @@ async fn write_with_immediate_data_and_r2t() {
             }
             TargetPdu::ScsiResponse(s) => {
                 assert_eq!(s.itt, itt);
-                break;
+                break s.exp_data_sn;
             }
             other => panic!("{other:?}"),
         }
-    }
+    };
     assert_eq!(got, edtl);
     assert_eq!(r2ts, 3);
+    // the R2Ts and Data-In PDUs the target sent for the command (RFC 7143
+    // 11.4.8): here its three R2Ts
+    assert_eq!(exp_data_sn, 3, "ExpDataSN of the SCSI Response");
     fx.shutdown().await;
 }
 
