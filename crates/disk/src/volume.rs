@@ -1134,11 +1134,7 @@ mod tests {
     /// wait as it was, it would have stopped that worker for good.
     #[test]
     fn dropping_the_volume_waits_for_a_zeroing_whose_caller_left() {
-        let rt = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(1)
-            .enable_all()
-            .build()
-            .unwrap();
+        let rt = crate::engine::tests_gate::one_worker_runtime();
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("disk");
         let opts = FileOptions {

@@ -237,6 +237,16 @@ fn engine_gone() -> BlockError {
 pub(crate) mod tests_gate {
     use std::sync::{Condvar, Mutex};
 
+    /// A multi-threaded runtime of one worker: a task that holds it up holds
+    /// up every other.
+    pub(crate) fn one_worker_runtime() -> tokio::runtime::Runtime {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .unwrap()
+    }
+
     /// Holds each task that reaches it until [`Gate::open`].
     #[derive(Default)]
     pub(crate) struct Gate {

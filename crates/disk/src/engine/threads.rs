@@ -116,11 +116,7 @@ pub(crate) mod tests {
     /// and the write landed later, over whatever came after the close.
     #[test]
     fn dropping_the_engine_waits_for_a_write_whose_caller_left() {
-        let rt = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(1)
-            .enable_all()
-            .build()
-            .unwrap();
+        let rt = crate::engine::tests_gate::one_worker_runtime();
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("disk");
         let file = std::fs::OpenOptions::new()
