@@ -36,8 +36,13 @@ impl Running {
         RunningGuard(self.clone())
     }
 
-    /// Waits until no task runs ([`wait_beside_the_runtime`]).
+    /// Waits until no task runs ([`wait_beside_the_runtime`]; not at all
+    /// when none runs, the common case, which then hands no worker's tasks
+    /// elsewhere).
     pub(crate) fn wait_none(&self) {
+        if *self.count.lock().unwrap_or_else(|p| p.into_inner()) == 0 {
+            return;
+        }
         wait_beside_the_runtime(|| {
             let mut n = self.count.lock().unwrap_or_else(|p| p.into_inner());
             while *n > 0 {
