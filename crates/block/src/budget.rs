@@ -31,7 +31,7 @@
 //! an iSCSI session with 128 reads of 16 MiB queued, read at the minimum rate,
 //! held 2 GiB for hours and every other client waited behind it. So each
 //! session (an iSCSI session, an NBD connection) takes its bytes from a
-//! [`session`](BufferBudget::session) budget of its own, a share of the node's
+//! [`session`](BufferBudget::session_from) budget of its own, a share of the node's
 //! (`[limits] session_buffer_max`, a quarter of the node's by default, at
 //! least [`SESSION_BYTES_MIN`]), and
 //! then from the node's: a permit holds the same bytes at both levels. A
@@ -99,7 +99,7 @@ struct Inner {
     /// node's; a source's: the node's).
     parent: Option<Arc<Inner>>,
     kind: Kind,
-    /// Units of the share a [`BufferBudget::session`] of this node gets
+    /// Units of the share a [`BufferBudget::session_from`] of this node gets
     /// (at most `source_units`).
     session_units: u64,
     /// Units of the share the sessions of one source address get together.
@@ -179,7 +179,7 @@ impl BufferBudget {
         BufferBudget::with_shares(max_bytes, session, source)
     }
 
-    /// A budget of `max_bytes` whose [`session`](Self::session)s may hold at
+    /// A budget of `max_bytes` whose [`session`](Self::session_from)s may hold at
     /// most `session_bytes` each, and the sessions of one source address at
     /// most `source_bytes` together (each at least [`SESSION_BYTES_MIN`], at
     /// most the whole budget; a session's share at most its source's).
@@ -200,24 +200,14 @@ impl BufferBudget {
         }
     }
 
-    /// A budget for one session of no particular source: its permits take
-    /// their bytes from the session's share first, then from the node's, so
-    /// the session never holds more than its share. A command larger than the
-    /// share is clamped to it (it runs alone in its session). Of a session's
-    /// budget: another session of the same node's. Frontends use
-    /// [`session_from`](Self::session_from).
-    pub fn session(&self) -> BufferBudget {
-        let node = self.inner.root();
-        let units = node.session_units;
-        BufferBudget {
-            inner: Arc::new(Inner::new(units, Some(node.clone()), Kind::Session)),
-        }
-    }
-
     /// A budget for one session (an iSCSI session, an NBD connection) from
-    /// `source`: as [`session`](Self::session), with its bytes also taken
-    /// from the share all sessions from that address hold together, so a
-    /// client's many sessions hold no more than one source's share.
+    /// `source`: its permits take their bytes from the session's share
+    /// first, then from the share all sessions from that address hold
+    /// together, then from the node's, so the session never holds more than
+    /// its share, nor a client's many sessions more than one source's. A
+    /// command larger than the share is clamped to it (it runs alone in its
+    /// session). Of a session's budget: another session of the same node's.
+    /// There is no session of no source: every frontend names its peer.
     pub fn session_from(&self, source: IpAddr) -> BufferBudget {
         let node = self.inner.root();
         // one key per host, as the per-source bounds of admission have
@@ -558,6 +548,11 @@ mod tests {
 
     const MIB: u64 = 1 << 20;
 
+    /// A session of `node` from its own loopback address 127.0.0.`n`.
+    fn session(node: &BufferBudget, n: u8) -> BufferBudget {
+        node.session_from(IpAddr::from([127, 0, 0, n]))
+    }
+
     #[tokio::test]
     async fn waits_until_bytes_come_back() {
         let b = BufferBudget::new(4 * MIB);
@@ -632,8 +627,8 @@ mod tests {
     #[tokio::test]
     async fn a_session_holds_at_most_its_share_and_others_go_on() {
         let node = BufferBudget::with_shares(128 * MIB, 32 * MIB, 128 * MIB);
-        let a = node.session();
-        let b = node.session();
+        let a = session(&node, 11);
+        let b = session(&node, 12);
         let a1 = a.acquire(16 * MIB).await;
         let a2 = a.acquire(16 * MIB).await;
         assert!(a.try_acquire(1).is_none(), "a holds its whole share");
@@ -664,7 +659,7 @@ mod tests {
     async fn a_session_waiting_for_the_node_gives_its_share_back_when_cancelled() {
         let node = BufferBudget::with_shares(4 * MIB, 4 * MIB, 4 * MIB);
         let other = node.acquire(3 * MIB).await;
-        let s = node.session();
+        let s = session(&node, 13);
         let s2 = s.clone();
         let waiter = tokio::spawn(async move { s2.acquire(2 * MIB).await });
         tokio::time::sleep(Duration::from_millis(20)).await;
@@ -686,7 +681,7 @@ mod tests {
     #[tokio::test]
     async fn a_sessions_command_larger_than_its_share_is_clamped_to_it() {
         let node = BufferBudget::with_shares(128 * MIB, 32 * MIB, 128 * MIB);
-        let s = node.session();
+        let s = session(&node, 14);
         let big = s.acquire(64 * MIB).await;
         assert_eq!(big.bytes(), 32 * MIB);
         let mut c = s.charge(MIB);
@@ -810,11 +805,11 @@ mod tests {
         assert_eq!(default_session_bytes(8 * MIB), 8 * MIB);
         let b = BufferBudget::new(64 * MIB);
         assert_eq!(b.status().session_max_bytes, 32 * MIB);
-        assert_eq!(b.session().status().max_bytes, 32 * MIB);
+        assert_eq!(session(&b, 15).status().max_bytes, 32 * MIB);
         let tiny = BufferBudget::new(8 * MIB);
-        assert_eq!(tiny.session().status().max_bytes, 8 * MIB);
+        assert_eq!(session(&tiny, 16).status().max_bytes, 8 * MIB);
         // a session of a session is another session of the node
-        let sibling = b.session().session();
+        let sibling = session(&session(&b, 17), 18);
         let p = sibling.try_acquire(MIB).unwrap();
         assert_eq!(
             (sibling.status().held_bytes, b.status().held_bytes),

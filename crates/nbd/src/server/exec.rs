@@ -307,7 +307,7 @@ pub(crate) async fn execute(
 }
 
 /// Runs a validated request; `buffers` is the connection's share of the
-/// node's budget ([`block::BufferBudget::session`] of the export's), which a
+/// node's budget ([`block::BufferBudget::session_from`] of the export's), which a
 /// READ takes its bytes from; `held` is what the WRITE payload took of it
 /// before it was read (it is charged here when the caller took none);
 /// `context` is the id of `base:allocation` when the client selected it
