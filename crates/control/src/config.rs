@@ -962,20 +962,25 @@ fn ram_bytes() -> u64 {
     }
     let ram = (pages as u64).saturating_mul(page as u64);
     let cgroups = std::fs::read_to_string("/proc/self/cgroup").unwrap_or_default();
-    match cgroup_memory_limit(&cgroups, Path::new("/sys/fs/cgroup")) {
+    let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+    match cgroup_memory_limit(&cgroups, &mounts) {
         Some(limit) => ram.min(limit),
         None => ram,
     }
 }
 
-/// The smallest memory limit on the way from the cgroup hierarchy's root to
-/// this process's cgroup: `memory.max` (cgroup v2) or
-/// `memory.limit_in_bytes` (v1's memory controller, under `root/memory`).
-/// `proc_cgroup` is `/proc/self/cgroup`; `root` where the hierarchies are
-/// mounted. In a container the mount's root is the container's own cgroup,
-/// whose path in `proc_cgroup` may not exist under it: each ancestor is
-/// tried, the mount's root among them. None: no limit.
-fn cgroup_memory_limit(proc_cgroup: &str, root: &Path) -> Option<u64> {
+/// The smallest memory limit on the way from the top of each mounted cgroup
+/// hierarchy down to this process's cgroup in it: `memory.max` (cgroup v2)
+/// or `memory.limit_in_bytes` (v1's memory controller). `proc_cgroup` is
+/// `/proc/self/cgroup`, `mountinfo` is `/proc/self/mountinfo`: a mount shows
+/// the hierarchy from its root (a container's mount starts at the
+/// container's own cgroup), so the process's directory is the mount point
+/// joined with its cgroup path less that root, and the walk up stops at the
+/// mount point. Before, the path was joined to `/sys/fs/cgroup` and each
+/// ancestor tried, which inside a nested container could read a cgroup the
+/// process is not in. None: no limit.
+fn cgroup_memory_limit(proc_cgroup: &str, mountinfo: &str) -> Option<u64> {
+    let mounts: Vec<CgroupMount> = mountinfo.lines().filter_map(CgroupMount::parse).collect();
     let mut least: Option<u64> = None;
     for line in proc_cgroup.lines() {
         let mut parts = line.splitn(3, ':');
@@ -983,27 +988,101 @@ fn cgroup_memory_limit(proc_cgroup: &str, root: &Path) -> Option<u64> {
         else {
             continue;
         };
-        let (dir, file) = if controllers.is_empty() {
-            (root.to_path_buf(), "memory.max")
-        } else if controllers.split(',').any(|c| c == "memory") {
-            (root.join("memory"), "memory.limit_in_bytes")
-        } else {
+        let v2 = controllers.is_empty();
+        if !v2 && !controllers.split(',').any(|c| c == "memory") {
             continue;
+        }
+        let file = if v2 {
+            "memory.max"
+        } else {
+            "memory.limit_in_bytes"
         };
-        let mut at = Some(Path::new(path.trim_start_matches('/')));
-        while let Some(p) = at {
-            let limit = std::fs::read_to_string(dir.join(p).join(file))
-                .ok()
-                .and_then(|v| v.trim().parse::<u64>().ok())
-                // v1 says "no limit" with a number near 2^63; v2 with "max"
-                .filter(|&v| v < 1 << 60);
-            if let Some(l) = limit {
-                least = Some(least.map_or(l, |m| m.min(l)));
+        for m in mounts.iter().filter(|m| m.v2 == v2 && (v2 || m.memory)) {
+            let Some(below) = m.below_root(path) else {
+                continue;
+            };
+            let mut at = Some(below.as_path());
+            while let Some(p) = at {
+                let limit = std::fs::read_to_string(m.point.join(p).join(file))
+                    .ok()
+                    .and_then(|v| v.trim().parse::<u64>().ok())
+                    // v1 says "no limit" with a number near 2^63; v2 with "max"
+                    .filter(|&v| v < 1 << 60);
+                if let Some(l) = limit {
+                    least = Some(least.map_or(l, |m| m.min(l)));
+                }
+                at = p.parent();
             }
-            at = p.parent();
         }
     }
     least
+}
+
+/// A cgroup file system's mount, from a line of `/proc/self/mountinfo`.
+struct CgroupMount {
+    /// Where in the hierarchy the mount starts.
+    root: PathBuf,
+    /// Where it is mounted.
+    point: PathBuf,
+    /// cgroup2 (else v1's `cgroup`).
+    v2: bool,
+    /// A v1 mount that holds the memory controller.
+    memory: bool,
+}
+
+impl CgroupMount {
+    fn parse(line: &str) -> Option<Self> {
+        // id parent major:minor root point options [optional...] - type source super
+        let (left, right) = line.split_once(" - ")?;
+        let fields: Vec<&str> = left.split(' ').collect();
+        let (root, point) = (fields.get(3)?, fields.get(4)?);
+        let mut right = right.split(' ');
+        let v2 = match right.next()? {
+            "cgroup2" => true,
+            "cgroup" => false,
+            _ => return None,
+        };
+        let memory = !v2 && right.nth(1)?.split(',').any(|o| o == "memory");
+        Some(Self {
+            root: PathBuf::from(unescape_mountinfo(root)),
+            point: PathBuf::from(unescape_mountinfo(point)),
+            v2,
+            memory,
+        })
+    }
+
+    /// `path` (a cgroup path of `/proc/self/cgroup`) relative to the mount's
+    /// root, if the mount shows it.
+    fn below_root(&self, path: &str) -> Option<PathBuf> {
+        Path::new(path)
+            .strip_prefix(&self.root)
+            .ok()
+            .map(Path::to_path_buf)
+    }
+}
+
+/// mountinfo writes a space, tab, newline and backslash in a path as `\ooo`.
+fn unescape_mountinfo(field: &str) -> String {
+    let b = field.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        let octal = b
+            .get(i + 1..i + 4)
+            .filter(|d| b[i] == b'\\' && d.iter().all(|c| (b'0'..=b'7').contains(c)));
+        match octal {
+            Some(d) => {
+                let v = d.iter().fold(0u32, |v, c| v * 8 + u32::from(c - b'0'));
+                out.push(v as u8);
+                i += 4;
+            }
+            None => {
+                out.push(b[i]);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
 }
 
 impl LimitsConfig {
@@ -2429,45 +2508,69 @@ size = "1G"
 
     #[test]
     fn the_memory_default_heeds_the_cgroup_limit() {
-        let root = tempfile::tempdir().unwrap();
+        let host = tempfile::tempdir().unwrap();
         let put = |rel: &str, v: &str| {
-            let p = root.path().join(rel);
+            let p = host.path().join(rel);
             std::fs::create_dir_all(p.parent().unwrap()).unwrap();
             std::fs::write(p, v).unwrap();
         };
+        let at = |dir: &str| host.path().join(dir).display().to_string();
+        let v2_at = |root: &str, point: &str| {
+            format!("30 23 0:26 {root} {point} rw,nosuid - cgroup2 cgroup2 rw\n")
+        };
         // v2: the smallest on the way down; "max" is none
-        put("system.slice/memory.max", "4294967296\n");
-        put("system.slice/freesan.service/memory.max", "max\n");
+        put("v2/system.slice/memory.max", "4294967296\n");
+        put("v2/system.slice/freesan.service/memory.max", "max\n");
         let v2 = "0::/system.slice/freesan.service\n";
-        assert_eq!(cgroup_memory_limit(v2, root.path()), Some(4 << 30));
-        put("system.slice/freesan.service/memory.max", "1073741824\n");
-        assert_eq!(cgroup_memory_limit(v2, root.path()), Some(1 << 30));
-        // a container: its own cgroup is the mount's root
-        put("memory.max", "536870912\n");
+        let mounts = v2_at("/", &at("v2"));
+        assert_eq!(cgroup_memory_limit(v2, &mounts), Some(4 << 30));
+        put("v2/system.slice/freesan.service/memory.max", "1073741824\n");
+        assert_eq!(cgroup_memory_limit(v2, &mounts), Some(1 << 30));
+        // no mount of the hierarchy, or one of another file system: no limit
+        assert_eq!(cgroup_memory_limit(v2, ""), None);
+        let tmpfs = format!("31 23 0:27 / {} rw - tmpfs tmpfs rw\n", at("v2"));
+        assert_eq!(cgroup_memory_limit(v2, &tmpfs), None);
+        // a container's mount starts at its own cgroup: the process's
+        // directory is the mount point, and the walk stops there, not at a
+        // directory of the host's tree that happens to share a prefix (the
+        // mount below has a kubepods/ of its own with a lower limit)
+        put("c1/memory.max", "536870912\n");
+        put("c1/kubepods/memory.max", "1048576\n");
         let inside = "0::/kubepods/pod1/c1\n";
-        assert_eq!(cgroup_memory_limit(inside, root.path()), Some(512 << 20));
+        let mounts = v2_at("/kubepods/pod1/c1", &at("c1"));
+        assert_eq!(cgroup_memory_limit(inside, &mounts), Some(512 << 20));
+        // a process outside the mount's part of the tree reads nothing there
+        assert_eq!(cgroup_memory_limit("0::/other\n", &mounts), None);
+        // a mount point with a space, escaped as mountinfo writes it
+        put("with space/memory.max", "268435456\n");
+        let escaped = at("with space").replace(' ', "\\040");
+        assert!(escaped.contains("\\040"));
+        assert_eq!(
+            cgroup_memory_limit("0::/\n", &v2_at("/", &escaped)),
+            Some(256 << 20)
+        );
         // v1's memory controller; its "no limit" is a number near 2^63
         let v1 = "4:memory:/process_api/x\n3:cpuset:/\n";
-        let v1_root = tempfile::tempdir().unwrap();
-        std::fs::create_dir_all(v1_root.path().join("memory/process_api/x")).unwrap();
-        std::fs::write(
-            v1_root
-                .path()
-                .join("memory/process_api/x/memory.limit_in_bytes"),
+        let v1_mounts = format!(
+            "35 31 0:32 / {} rw,relatime - cgroup cgroup rw,memory\n\
+             34 31 0:31 / {} rw,relatime - cgroup cgroup rw,cpuset\n",
+            at("v1mem"),
+            at("v1cpuset"),
+        );
+        put(
+            "v1mem/process_api/x/memory.limit_in_bytes",
             "9223372036854771712\n",
-        )
-        .unwrap();
-        assert_eq!(cgroup_memory_limit(v1, v1_root.path()), None);
-        std::fs::write(
-            v1_root
-                .path()
-                .join("memory/process_api/memory.limit_in_bytes"),
-            "2147483648\n",
-        )
-        .unwrap();
-        assert_eq!(cgroup_memory_limit(v1, v1_root.path()), Some(2 << 30));
-        assert_eq!(cgroup_memory_limit("", root.path()), None);
-        assert_eq!(cgroup_memory_limit("garbage\n", root.path()), None);
+        );
+        // (a v1 hierarchy without the memory controller is not read)
+        put("v1cpuset/memory.limit_in_bytes", "1048576\n");
+        assert_eq!(cgroup_memory_limit(v1, &v1_mounts), None);
+        put("v1mem/process_api/memory.limit_in_bytes", "2147483648\n");
+        assert_eq!(cgroup_memory_limit(v1, &v1_mounts), Some(2 << 30));
+        assert_eq!(cgroup_memory_limit("", &v1_mounts), None);
+        assert_eq!(cgroup_memory_limit("garbage\n", &v1_mounts), None);
+        assert_eq!(cgroup_memory_limit(v1, "garbage\n - \n"), None);
+        // this machine's own files parse (whatever they hold)
+        let _ = ram_bytes();
         // and the bound's default follows: an eighth of 1 GiB, at least 64 MiB
         assert_eq!(default_buffer_memory_bytes(1 << 30), 128 << 20);
     }
