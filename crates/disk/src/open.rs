@@ -29,8 +29,8 @@ pub(crate) struct Opened {
     pub(crate) direct: bool,
     /// Memory alignment write buffers need (1 = any).
     pub(crate) mem_align_bytes: usize,
-    /// The exclusive claim on a block device opened for writing (see
-    /// [`claim_exclusive`]), held as long as the volume.
+    /// The exclusive claim on a block device or file opened for writing (see
+    /// [`claim_exclusive`], [`claim_file`]), held as long as the volume.
     pub(crate) claim: Option<File>,
     /// A block device whose queue takes no discards (sysfs
     /// `discard_max_bytes` 0): none is ever sent.
@@ -56,35 +56,126 @@ fn claim_exclusive(file: &File, path: &Path) -> Result<File, BlockError> {
 
 /// [`claim_exclusive`] through the descriptor directory `fds`.
 fn claim_through(fds: &Path, file: &File, path: &Path) -> Result<File, BlockError> {
-    let me = fds.join(file.as_raw_fd().to_string());
     // (for writing too: the volume's discards go through it)
+    let claimed = while_busy(
+        || reopen(fds, file, path, true, libc::O_EXCL),
+        |e| matches!(e, Reopened::Failed(e) if e.raw_os_error() == Some(libc::EBUSY)),
+    );
+    claimed.map_err(|e| match e {
+        Reopened::Failed(e) if e.raw_os_error() == Some(libc::EBUSY) => {
+            BlockError::Io(io::Error::new(
+                io::ErrorKind::ResourceBusy,
+                format!(
+                    "{} is in use: mounted, part of md, LVM or device-mapper, opened exclusively by another program, or a partition of it (or the disk it is a partition of) is; freesan does not write under them",
+                    path.display()
+                ),
+            ))
+        }
+        other => other.into(),
+    })
+}
+
+/// Claims the regular file behind `file`, opened for writing, as the block
+/// devices are claimed: an exclusive `flock` on a descriptor of its own
+/// (opened again through `fds`), so it holds as long as that descriptor,
+/// not as any other. The volume keeps it, and so does every write or sync
+/// that outlives the volume's drop (a forced write or a flush whose caller
+/// gave up): another of freesan's volumes, in this process or another, cannot
+/// open the file for writing until those have landed (review of 2026-12-07:
+/// nothing stopped a new owner of a file writing under an old one's forced
+/// write still in flight, nor two LUs or nodes configured on one file). A
+/// file system that takes no `flock` (some FUSE ones) gets no claim.
+fn claim_file(fds: &Path, file: &File, path: &Path) -> Result<Option<File>, BlockError> {
+    let claim = reopen(fds, file, path, false, 0).map_err(BlockError::from)?;
+    let locked = while_busy(
+        || {
+            // SAFETY: flock on a descriptor this function owns.
+            match unsafe { libc::flock(claim.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } {
+                0 => Ok(()),
+                _ => Err(io::Error::last_os_error()),
+            }
+        },
+        |e| e.raw_os_error() == Some(libc::EWOULDBLOCK),
+    );
+    let e = match locked {
+        Ok(()) => return Ok(Some(claim)),
+        Err(e) => e,
+    };
+    if e.raw_os_error() == Some(libc::EWOULDBLOCK) {
+        return Err(BlockError::Io(io::Error::new(
+            io::ErrorKind::ResourceBusy,
+            format!(
+                "{} is in use: open for writing by another of freesan's volumes (in this node or another process), or writes of one just closed are still landing; freesan does not write one file from two places",
+                path.display()
+            ),
+        )));
+    }
+    tracing::warn!(path = %path.display(), error = %e,
+        "the file system takes no flock: the file is not claimed, so nothing stops a second writer configured on it");
+    Ok(None)
+}
+
+/// Runs `attempt` again while it finds the claim taken (`busy`), for up to a
+/// second. A claim is let go when the last descriptor of its open is closed,
+/// and a child process holds a copy of every descriptor from its fork to its
+/// exec: a claim given back just now can still be held for that moment (seen
+/// in CI: a partition refused right after its disk was closed), and a write
+/// of a volume closed just before may still be landing.
+fn while_busy<T, E>(
+    mut attempt: impl FnMut() -> Result<T, E>,
+    busy: impl Fn(&E) -> bool,
+) -> Result<T, E> {
+    let mut waits = 0;
+    loop {
+        match attempt() {
+            Err(e) if busy(&e) && waits < 50 => {
+                waits += 1;
+                std::thread::sleep(std::time::Duration::from_millis(20));
+            }
+            r => return r,
+        }
+    }
+}
+
+/// Why opening a descriptor again through `/proc/self/fd` failed.
+enum Reopened {
+    /// The descriptor directory is missing.
+    NoProc(BlockError),
+    Failed(io::Error),
+}
+
+impl From<Reopened> for BlockError {
+    fn from(r: Reopened) -> Self {
+        match r {
+            Reopened::NoProc(e) => e,
+            Reopened::Failed(e) => e.into(),
+        }
+    }
+}
+
+/// Opens what `file` is open on again (a description of its own), through
+/// the descriptor directory `fds`.
+fn reopen(fds: &Path, file: &File, path: &Path, write: bool, flags: i32) -> Result<File, Reopened> {
+    let me = fds.join(file.as_raw_fd().to_string());
     OpenOptions::new()
         .read(true)
-        .write(true)
-        .custom_flags(libc::O_EXCL)
+        .write(write)
+        .custom_flags(flags)
         .open(&me)
         .map_err(|e| {
-            if e.raw_os_error() == Some(libc::EBUSY) {
-                BlockError::Io(io::Error::new(
-                    io::ErrorKind::ResourceBusy,
-                    format!(
-                        "{} is in use: mounted, part of md, LVM or device-mapper, opened exclusively by another program, or a partition of it (or the disk it is a partition of) is; freesan does not write under them",
-                        path.display()
-                    ),
-                ))
-            } else if e.kind() == io::ErrorKind::NotFound {
+            if e.kind() == io::ErrorKind::NotFound {
                 // the descriptor is open: /proc is missing (or belongs to another
                 // PID namespace, where /proc/self names nothing)
-                BlockError::Io(io::Error::new(
+                Reopened::NoProc(BlockError::Io(io::Error::new(
                     io::ErrorKind::NotFound,
                     format!(
-                        "cannot claim {} exclusively: {} is missing (is /proc mounted? freesan opens the device again through it with O_EXCL, so that nothing else writes under it)",
+                        "cannot claim {} exclusively: {} is missing (is /proc mounted? freesan opens the device or file again through it, so that nothing else writes under it)",
                         path.display(),
                         fds.display()
                     ),
-                ))
+                )))
             } else {
-                e.into()
+                Reopened::Failed(e)
             }
         })
 }
@@ -302,10 +393,10 @@ pub(crate) fn open(path: &Path, opts: &FileOptions) -> Result<Opened, BlockError
     } else {
         1
     };
-    let claim = if backing == Backing::BlockDevice && !opts.read_only {
-        Some(claim_exclusive(&file, path)?)
-    } else {
-        None
+    let claim = match backing {
+        _ if opts.read_only => None,
+        Backing::BlockDevice => Some(claim_exclusive(&file, path)?),
+        Backing::File => claim_file(Path::new("/proc/self/fd"), &file, path)?,
     };
     let discard_unsupported =
         backing == Backing::BlockDevice && crate::sys::blk_discard_supported(&file) == Some(false);

@@ -202,8 +202,10 @@ pub struct FileVolume {
     sync_lost: Arc<SyncLatch>,
     zeroes: OnceLock<Bytes>,
     counters: Counters,
-    /// The exclusive claim on a block device opened for writing, released
-    /// when the volume is dropped. Discards and write zeroes go through it:
+    /// The exclusive claim on a block device or file opened for writing,
+    /// released when the volume and every sync or forced write that outlived
+    /// it are gone (`open::claim_file`). A device's discards and write
+    /// zeroes go through it:
     /// issued through an open without the claim, they can only invalidate
     /// the range's cached pages, which the kernel refuses (EBUSY) while one
     /// is dirty; through the claim it drops them (review of 2026-12-06).
@@ -385,8 +387,9 @@ impl FileVolume {
     ) -> BlockResult<crate::engine::IoDone> {
         let (engine, latch) = (self.engine.clone(), self.sync_lost.clone());
         let path = self.path.clone();
-        // the device stays claimed while the op runs, even past the volume's
-        // drop: no new owner writes under it meanwhile (review of 2026-12-06)
+        // the device or file stays claimed while the op runs, even past the
+        // volume's drop: no new owner writes under it meanwhile (review of
+        // 2026-12-06; files since 2026-12-07)
         let claim = self.claim.clone();
         block::detach::detached(async move {
             let done = Self::syncing(&engine, &latch, &path, op, what, own_failure).await;
@@ -621,7 +624,8 @@ impl FileVolume {
     }
 
     /// [`Self::blocking`] with the device's exclusive claim (for BLKDISCARD and
-    /// BLKZEROOUT; the volume's file where there is none).
+    /// BLKZEROOUT; the volume's file where there is none). Not for files:
+    /// their claim is open for reading only.
     async fn blocking_claimed<T, F>(&self, f: F) -> BlockResult<T>
     where
         T: Send + 'static,
@@ -1193,5 +1197,73 @@ mod tests {
             image[4096..3 * 4096].iter().all(|&b| b == 0),
             "the zeroing did not land"
         );
+    }
+
+    /// A file opened for writing is claimed, as a block device is: a second
+    /// open of it for writing is refused while the first volume lives, and
+    /// also while a forced write whose caller gave up is still to land after
+    /// that volume was dropped (before, a new owner of the file could write
+    /// under it and the old write land last). Reading it stays open to all.
+    #[test]
+    fn a_file_stays_claimed_until_a_forced_write_whose_caller_left_lands() {
+        let rt = crate::engine::tests_gate::one_worker_runtime();
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("disk");
+        let opts = FileOptions {
+            create_size_bytes: Some(1 << 20),
+            block_size_bytes: 4096,
+            direct: crate::options::DirectIo::Off,
+            engine: Engine::Threads,
+            ..FileOptions::default()
+        };
+        let busy = |what: &str| match FileVolume::open(&path, &opts) {
+            Err(BlockError::Io(e)) if e.kind() == std::io::ErrorKind::ResourceBusy => {
+                assert!(e.to_string().contains("is in use"), "{e}");
+            }
+            Err(e) => panic!("{what}: refused for another reason: {e}"),
+            Ok(_) => panic!("{what}: a second open for writing went ahead"),
+        };
+        let mut v = FileVolume::open(&path, &opts).unwrap();
+        busy("beside a live volume");
+        let read_only = FileOptions {
+            read_only: true,
+            ..opts.clone()
+        };
+        drop(FileVolume::open(&path, &read_only).expect("a read-only open refused"));
+
+        let gate = Arc::new(Gate::default());
+        match Arc::get_mut(&mut v.engine).expect("the engine is shared") {
+            IoEngine::Threads(t) => t.gate = Some(gate.clone()),
+            IoEngine::Uring(_) => panic!("not the thread engine asked for"),
+        }
+        let v = Arc::new(v);
+        let claimed = Arc::downgrade(v.claim.as_ref().expect("the file is not claimed"));
+        // a forced write, left by its caller in the engine
+        let caller = v.clone();
+        let data = Bytes::from(vec![0x5a; 4096]);
+        let write = rt.spawn(async move { caller.write(3, data, true).await });
+        gate.arrived(1);
+        write.abort();
+        assert!(rt.block_on(write).is_err(), "the caller was not aborted");
+        drop(v);
+        busy("while a forced write of the dropped volume is in flight");
+
+        gate.open();
+        // (a bound on a wait for something that must happen: the write's
+        // remainder lets the claim go once it has landed)
+        let until = std::time::Instant::now() + Duration::from_secs(10);
+        while claimed.strong_count() > 0 {
+            assert!(
+                std::time::Instant::now() < until,
+                "the claim was never let go"
+            );
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        let image = std::fs::read(&path).unwrap();
+        assert!(
+            image[3 * 4096..4 * 4096].iter().all(|&b| b == 0x5a),
+            "the forced write did not land"
+        );
+        drop(FileVolume::open(&path, &opts).expect("the file stayed claimed"));
     }
 }

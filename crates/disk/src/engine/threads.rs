@@ -23,7 +23,7 @@ pub(crate) struct ThreadEngine {
     running: Arc<Running>,
     /// Tests: where each blocking task waits before it runs its operation.
     #[cfg(test)]
-    gate: Option<Arc<super::tests_gate::Gate>>,
+    pub(crate) gate: Option<Arc<super::tests_gate::Gate>>,
 }
 
 impl Drop for ThreadEngine {

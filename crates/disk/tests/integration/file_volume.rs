@@ -70,6 +70,8 @@ async fn fua_and_flush_issue_syncs() {
         v.flush().await.unwrap();
         assert_eq!(v.stats().flushes, 2);
         assert_eq!(v.read(3, 8).await.unwrap(), data);
+        // (a file is claimed by one volume at a time)
+        drop(v);
 
         // sync_writes: no volatile cache; FUA is implied by O_DSYNC.
         let sync = FileVolume::open(
