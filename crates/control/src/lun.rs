@@ -261,7 +261,10 @@ mod tests {
     /// ones after it; the next start used to give the LUN now numbered 0 the
     /// removed LUN's NAA, reservations and atomic-write records. It is refused
     /// instead, and served with its own state once given its old number.
-    #[tokio::test]
+    /// (Two workers: each open spawns the recovery of its atomic-write
+    /// records, which holds the LUN's volume, and with it the claim on its
+    /// file, until it has run.)
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_lun_renumbered_by_the_file_does_not_take_the_removed_luns_state() {
         let dir = tempfile::tempdir().unwrap();
         let text = format!(
