@@ -102,7 +102,8 @@ pub(crate) struct State {
     /// has passed (the error may have been passing). Every pass re-read
     /// them, counting a medium error on each device a second, and their
     /// neighbours' write failed with them.
-    pub unreadable: HashMap<u32, (u64, Instant)>,
+    /// (tokio's clock: tests move it past the retry time)
+    pub unreadable: HashMap<u32, (u64, tokio::time::Instant)>,
     pub dirty_frames: usize,
     pub dirty_sectors: u64,
     pub advisor: Option<Advisor>,
@@ -567,8 +568,9 @@ impl Inner {
         let mut st = self.state.lock();
         let bad = bad & st.dirty.get(slot);
         if bad != 0 {
-            let e = st.unreadable.entry(slot).or_insert((0, Instant::now()));
-            *e = (e.0 | bad, Instant::now());
+            let now = tokio::time::Instant::now();
+            let e = st.unreadable.entry(slot).or_insert((0, now));
+            *e = (e.0 | bad, now);
         }
     }
 

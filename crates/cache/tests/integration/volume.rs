@@ -950,6 +950,13 @@ async fn a_replaced_half_found_again_at_the_next_start_is_left_out() {
 async fn one_dirty_sector_on_faulty_halves() -> (VolumeRef, Vec<Arc<FaultVolume>>, CacheVolume, u64)
 {
     let backing: VolumeRef = Arc::new(MemVolume::new(4096, BACKING_BYTES / 4096));
+    one_dirty_sector_on_faulty_halves_over(backing).await
+}
+
+/// [`one_dirty_sector_on_faulty_halves`] in front of `backing`.
+async fn one_dirty_sector_on_faulty_halves_over(
+    backing: VolumeRef,
+) -> (VolumeRef, Vec<Arc<FaultVolume>>, CacheVolume, u64) {
     backing.write(0, pattern(9, 16384), false).await.unwrap();
     let mems: Vec<Arc<MemVolume>> = (0..2)
         .map(|_| Arc::new(MemVolume::new(4096, 1 << 10)))
@@ -2505,6 +2512,66 @@ async fn the_destage_goes_around_dirty_data_no_copy_can_read() {
         .expect("the drain finished");
     assert_eq!(backing.read(0, 1).await.unwrap(), pattern(6, 4096));
     assert_eq!(vol.status().dirty_bytes, 0);
+}
+
+/// A record of dirty sectors no copy could read is tried again once
+/// `UNREADABLE_RETRY_AFTER` (ten minutes) has passed, since the error may have
+/// been passing: when the sectors read again, the destage writes them out and
+/// a drain ends, with no host write needed. Until then the destage leaves
+/// them out and reads them no more, readable or not.
+#[tokio::test]
+async fn dirty_sectors_that_read_again_are_destaged_after_the_retry_time() {
+    let under = Arc::new(FaultVolume::new(Arc::new(MemVolume::new(
+        4096,
+        BACKING_BYTES / 4096,
+    ))));
+    let (backing, faulty, vol, at) = one_dirty_sector_on_faulty_halves_over(under.clone()).await;
+    unreadable_until_written(&faulty, at);
+    vol.drain()
+        .await
+        .expect_err("a drain cannot end with data no device can read");
+    assert_eq!(vol.status().unreadable_dirty_bytes, 4096);
+    let errors = media_errors(&vol);
+    assert!(errors.iter().all(|&e| e > 0), "{errors:?}");
+    // the error passes: the sector reads again on both halves
+    for f in &faulty {
+        f.plan().lock().bad_read_blocks.clear();
+    }
+    // before the retry time the record holds: left out, not read; and a pass
+    // that only leaves data out writes nothing, so it flushes nothing (a
+    // flush would fail here) and is no destage error
+    under.plan().lock().fail_flush = true;
+    let destage_errors = vol.status().destage_errors;
+    let err = vol.drain().await.expect_err("tried again before its time");
+    assert!(
+        err.to_string().contains("no cache device can read"),
+        "{err}"
+    );
+    assert_eq!(
+        vol.status().destage_errors,
+        destage_errors,
+        "a flush was sent"
+    );
+    assert_eq!(vol.status().unreadable_dirty_bytes, 4096);
+    under.plan().lock().fail_flush = false;
+    assert_eq!(backing.read(0, 1).await.unwrap(), pattern(9, 16384)[..4096]);
+    // ten minutes on (tokio's clock, which the record keeps its time by)
+    tokio::time::pause();
+    tokio::time::advance(Duration::from_secs(601)).await;
+    tokio::time::resume();
+    tokio::time::timeout(Duration::from_secs(60), vol.drain())
+        .await
+        .expect("the drain ended")
+        .expect("the drain finished once the sector read again");
+    assert_eq!(backing.read(0, 1).await.unwrap(), pattern(1, 4096));
+    let st = vol.status();
+    assert_eq!(
+        (st.dirty_bytes, st.unreadable_dirty_bytes),
+        (0, 0),
+        "{st:?}"
+    );
+    assert_eq!(media_errors(&vol), errors, "a read failed again");
+    assert!(st.devices.iter().all(|d| d.state == "ok"), "{st:?}");
 }
 
 /// An unreadable clean sector is read from the backing volume; the frame
