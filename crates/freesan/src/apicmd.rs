@@ -179,6 +179,9 @@ struct Credentials {
     token: Option<String>,
     /// The node's certificate to pin; None: plain HTTP.
     pin: Option<PathBuf>,
+    /// Who may have accepted a plain connection on loopback before the token
+    /// goes to it (see [`check_local_listener`]).
+    listeners: Vec<u32>,
 }
 
 static CREDENTIALS: OnceLock<Credentials> = OnceLock::new();
@@ -205,7 +208,58 @@ pub(crate) fn use_credentials(a: &crate::poolcmd::ApiArg) {
     let _ = CREDENTIALS.set(Credentials {
         token: find_token(a),
         pin: find_pin(a),
+        listeners: node_users(a),
     });
+}
+
+/// The users a node this CLI talks to may run as: root, this CLI's own user,
+/// and the owner of each data directory's `api/` folder the token may come
+/// from (the node made it).
+fn node_users(a: &crate::poolcmd::ApiArg) -> Vec<u32> {
+    use std::os::unix::fs::MetadataExt;
+    // SAFETY: geteuid only reads the process's credentials.
+    let mut users = vec![0, unsafe { libc::geteuid() }];
+    for d in data_dirs(a) {
+        if let Ok(m) = std::fs::metadata(d.join("api")) {
+            users.push(m.uid());
+        }
+    }
+    users.sort_unstable();
+    users.dedup();
+    users
+}
+
+/// Before a token goes in clear to an address on loopback (no certificate
+/// pinned): the socket that accepted `s` must belong to a user the node may
+/// run as ([`node_users`]), as `/proc/net/tcp` tells. Any local user can bind
+/// the API's port while the node is down; before, the CLI sent it the token
+/// (an admin's, or the node's `local-cli` one). The accepted socket is the
+/// listener's, so its owner is the listening process's user.
+pub(crate) fn check_local_listener(s: &std::net::TcpStream) -> Result<()> {
+    let allowed = CREDENTIALS
+        .get()
+        .map(|c| c.listeners.clone())
+        .unwrap_or_default();
+    let (me, node) = (s.local_addr()?, s.peer_addr()?);
+    let tables: Vec<String> = ["/proc/net/tcp", "/proc/net/tcp6"]
+        .iter()
+        .filter_map(|t| std::fs::read_to_string(t).ok())
+        .collect();
+    match crate::sockets::owner_of_accepted(&tables, node, me) {
+        Some(uid) if allowed.contains(&uid) => Ok(()),
+        Some(uid) => bail!(
+            "the program that accepted the connection to {node} runs as user {uid}, \
+             not as the node may (users {allowed:?}): the token was not sent. Another \
+             program holds the API's port (is the node down?); with the node's \
+             certificate pinned (--tls-cert, [api] tls = true) the CLI checks the node \
+             itself"
+        ),
+        None => bail!(
+            "cannot tell who accepted the connection to {node} (/proc/net/tcp): the \
+             token was not sent in clear; pin the node's certificate (--tls-cert, \
+             [api] tls = true)"
+        ),
+    }
 }
 
 /// The data directories to look in, in order: `--data-dir`, else the node noted

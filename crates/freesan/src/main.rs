@@ -18,6 +18,7 @@ mod objcmd;
 mod poolcmd;
 mod replicacmd;
 mod service;
+mod sockets;
 mod statuscmd;
 
 use anyhow::{bail, Result};

@@ -154,6 +154,9 @@ pub(crate) fn http(
              DATA_DIR/api/serving-cert.pem) or --data-dir"
         );
     }
+    if tls.is_none() && !auth.is_empty() {
+        crate::apicmd::check_local_listener(&s)?;
+    }
     let raw = match tls {
         None => exchange(&mut s, request.as_bytes())?,
         Some(cfg) => {

@@ -571,3 +571,86 @@ fn the_api_refuses_paths_sizes_names_and_failures_beyond_what_the_node_allows() 
     assert!(body.contains("in use"), "{body}");
     drop(node);
 }
+
+/// A local user who binds the API's port while the node is down gets no
+/// token: before a token goes in clear to loopback, the CLI checks that the
+/// socket that accepted the connection belongs to a user the node may run as
+/// (root, the CLI's own user, the owner of the node's data directory). Here
+/// the impostor listens as `nobody`; the same impostor run as this test's own
+/// user does get the token, so the capture would see one sent.
+#[test]
+fn the_cli_sends_no_token_to_a_port_another_user_holds() {
+    // SAFETY: geteuid only reads the process's credentials.
+    if unsafe { libc::geteuid() } != 0 {
+        eprintln!("skipped: becoming another user takes root");
+        return;
+    }
+    // (the system's: another user may not reach a python under root's home)
+    const PYTHON: &str = "/usr/bin/python3";
+    if !Path::new(PYTHON).exists() {
+        eprintln!("skipped: no {PYTHON}");
+        return;
+    }
+    const SECRET: &str = "not-for-impostors-0123456789";
+    // listens once, prints what it was sent (up to the end of the head)
+    const IMPOSTOR: &str = r#"
+import socket, sys
+s = socket.socket()
+s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind(("127.0.0.1", int(sys.argv[1])))
+s.listen(1)
+print("listening", flush=True)
+s.settimeout(60)
+c, _ = s.accept()
+c.settimeout(10)
+got = b""
+while b"\r\n\r\n" not in got:
+    part = c.recv(65536)
+    if not part:
+        break
+    got += part
+if got:
+    c.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\n[]")
+c.close()
+print(repr(got), flush=True)
+"#;
+    let run = |as_nobody: bool| -> (bool, String, String) {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let mut cmd = if as_nobody {
+            let mut c = std::process::Command::new("setpriv");
+            c.args(["--reuid=65534", "--regid=65534", "--clear-groups", PYTHON]);
+            c
+        } else {
+            std::process::Command::new(PYTHON)
+        };
+        let mut impostor = cmd
+            .args(["-c", IMPOSTOR, &port.to_string()])
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .expect("python3 runs");
+        let mut out = std::io::BufReader::new(impostor.stdout.take().unwrap());
+        let mut line = String::new();
+        std::io::BufRead::read_line(&mut out, &mut line).unwrap();
+        assert_eq!(line.trim(), "listening");
+        let api = format!("127.0.0.1:{port}");
+        let (ok, said) = freesan(&["pool", "status", "--api", &api, "--token", SECRET]);
+        let mut got = String::new();
+        std::io::Read::read_to_string(&mut out, &mut got).unwrap();
+        impostor.wait().unwrap();
+        (ok, said, got)
+    };
+    let (ok, said, got) = run(true);
+    assert!(!ok, "{said}");
+    assert!(
+        said.contains("runs as user 65534") && said.contains("the token was not sent"),
+        "{said}"
+    );
+    assert!(!got.contains(SECRET), "the impostor got the token: {got}");
+    // the capture sees a token that is sent
+    let (_, said, got) = run(false);
+    assert!(got.contains(&format!("Bearer {SECRET}")), "{got} / {said}");
+}
