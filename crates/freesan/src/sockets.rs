@@ -117,7 +117,10 @@ mod tests {
             "   2: 0100007F:9C40 0100007F:2044 01 00000000:00000000 00:00000000 00000000     0        0 13 1",
             "   3: 0100007F:2044 0100007F:9C40 01 00000000:00000000 00:00000000 00000000   65534        0 14 1",
         ]);
-        assert_eq!(owner_of_accepted(std::slice::from_ref(&v4), node, me), Some(65534));
+        assert_eq!(
+            owner_of_accepted(std::slice::from_ref(&v4), node, me),
+            Some(65534)
+        );
         // before the accepted socket exists, its listener
         let early: Vec<&str> = v4.lines().take(3).collect();
         let early = early.join("\n");
