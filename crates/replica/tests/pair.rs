@@ -1446,6 +1446,118 @@ async fn a_region_a_failed_write_changed_after_its_resync_copy_is_copied_again()
     same_contents(&m1, &m2).await;
 }
 
+/// A write that fails on the resync source's disk while its partner, the
+/// resync target, took it: the source's copy is not detached (the target's
+/// unfinished copy can never serve, so no consistent copy would be left).
+/// The write fails, its region stays marked and is copied again before the
+/// copies are declared in sync (it is not one the resync was to copy), and
+/// the source goes on leading the resync and serving; the target still
+/// serves nothing. With the detach of the in-sync case, the write was
+/// acknowledged with only the target's unfinished copy holding it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_write_failing_on_the_source_while_the_partner_is_a_resync_target_fails_and_the_source_goes_on(
+) {
+    let d = tempfile::tempdir().unwrap();
+    let m1: VolumeRef = Arc::new(MemVolume::new(512, BLOCKS));
+    let m2: VolumeRef = Arc::new(MemVolume::new(512, BLOCKS));
+    let faulty = Arc::new(block::FaultVolume::new(m2.clone()));
+    let held = Arc::new(block::HoldVolume::new(faulty.clone()));
+    let (n2, addr2) = node2(d.path(), 2, held.clone(), None).await;
+    let n1 = node1(d.path(), 2, m1.clone(), addr2, None).await;
+    both_in_sync(&n1, &n2).await;
+    // node 1 fails; node 2 (preferred) writes alone in two regions (64 KiB:
+    // 128 blocks each), the first and the one at block 4096
+    n1.shutdown().await;
+    for lba in [0, 4096] {
+        n2.write(lba, Bytes::from(vec![9u8; 4096]), false)
+            .await
+            .unwrap();
+    }
+    // node 1 returns as the resync target; the resync copies the first
+    // region (a change: the target's copy is unfinished from then on) and
+    // waits at node 2's disk to read the second
+    held.reads.hold_range(4096, 4096 + 128);
+    let n1 = node1(d.path(), 2, m1.clone(), addr2, None).await;
+    held.reads.arrivals(1).await;
+    assert!(
+        n2.wait_until(|s| s.resync_regions_done >= 1, WAIT).await,
+        "{:?}",
+        n2.status()
+    );
+    let s1 = n1.status();
+    assert_eq!((s1.role, s1.state), (Role::Target, "resyncing"), "{s1:?}");
+    assert!(
+        !s1.consistent,
+        "the target's copy is not unfinished: {s1:?}"
+    );
+    let s2 = n2.status();
+    assert_eq!((s2.role, s2.state), (Role::Leader, "resyncing"), "{s2:?}");
+    assert_eq!(s2.dirty_regions, 1, "{s2:?}");
+    let changes = s2.role_changes;
+    // a write into a region the resync was not to copy (blocks 2048..2176)
+    // fails on node 2's disk alone: node 1 takes it
+    faulty.plan().lock().bad_write_blocks = std::iter::once(2048..2048 + 128).collect();
+    let r = n2.write(2048, Bytes::from(vec![4u8; 4096]), false).await;
+    assert!(
+        matches!(r, Err(block::BlockError::WriteFault { .. })),
+        "a write failing on the source's disk while the partner is a resync target: {r:?}, {:?}",
+        n2.status()
+    );
+    assert!(
+        holds(m1.as_ref(), 2048, 8, 4).await,
+        "node 1 did not take it"
+    );
+    assert!(holds(m2.as_ref(), 2048, 8, 0).await);
+    // the source is not detached: still consistent, leading the resync and
+    // serving, its role unchanged, the failed write's region marked
+    let s2 = n2.status();
+    assert_eq!((s2.role, s2.state), (Role::Leader, "resyncing"), "{s2:?}");
+    assert!(
+        s2.consistent && !s2.partial,
+        "the source's copy was detached: {s2:?}"
+    );
+    assert_eq!(s2.role_changes, changes, "the source changed roles: {s2:?}");
+    assert_eq!(s2.local_paths, replica::PathState::Active, "{s2:?}");
+    assert_eq!(
+        s2.dirty_regions, 2,
+        "the failed write's region is not marked: {s2:?}"
+    );
+    let data = Bytes::from(vec![6u8; 4096]);
+    n2.write(6000, data.clone(), false)
+        .await
+        .expect("a write to healthy blocks on the source");
+    assert_eq!(n2.read(6000, 8).await.unwrap(), data);
+    assert_eq!(
+        n2.read(4096, 8).await.unwrap(),
+        Bytes::from(vec![9u8; 4096])
+    );
+    // the target still serves nothing
+    let s1 = n1.status();
+    assert_eq!((s1.role, s1.state), (Role::Target, "resyncing"), "{s1:?}");
+    assert!(!s1.consistent, "{s1:?}");
+    assert_eq!(s1.local_paths, replica::PathState::Unavailable, "{s1:?}");
+    assert!(
+        n1.read(2048, 8).await.is_err(),
+        "the resync target serves reads"
+    );
+    // the disk works again and the resync goes on: the failed write's region
+    // is copied again from the source, and both copies agree
+    faulty.plan().lock().bad_write_blocks.clear();
+    held.reads.open();
+    both_in_sync(&n1, &n2).await;
+    assert_eq!(n2.role(), Role::Leader);
+    same_contents(&m1, &m2).await;
+    assert!(
+        holds(m1.as_ref(), 2048, 8, 0).await,
+        "the failed write's region was not copied again"
+    );
+    for m in [&m1, &m2] {
+        assert!(holds(m.as_ref(), 6000, 8, 6).await);
+        assert!(holds(m.as_ref(), 4096, 8, 9).await);
+        assert!(holds(m.as_ref(), 0, 8, 9).await);
+    }
+}
+
 /// Blocks one copy cannot read (a pool's lost blocks, a bad sector: a medium
 /// error) are read from the partner's copy while the two are in sync, and
 /// written to the copy that could not read them: on the leader, which reads
