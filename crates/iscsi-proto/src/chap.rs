@@ -1,15 +1,22 @@
-//! CHAP (RFC 1994) as iSCSI uses it (RFC 7143 section 12.1.3): MD5 (CHAP_A=5) and
-//! SHA-256 (CHAP_A=7, from the IANA CHAP algorithm registry), binary values in hex
-//! (`0x...`) or base64 (`0b...`). The digests are RustCrypto's `md-5` and `sha2`.
+//! CHAP (RFC 1994) as iSCSI uses it (RFC 7143 section 12.1.3): MD5 (CHAP_A=5),
+//! and from the IANA CHAP algorithm registry SHA-1 (6), SHA-256 (7) and
+//! SHA3-256 (8), binary values in hex (`0x...`) or base64 (`0b...`). The
+//! digests are RustCrypto's `md-5`, `sha1`, `sha2` and `sha3`.
 
 use crate::ProtoError;
 use md5::{Digest, Md5};
+use sha1::Sha1;
 use sha2::Sha256;
+use sha3::Sha3_256;
 
 /// CHAP_A value of MD5.
 pub const CHAP_ALGORITHM_MD5: u32 = 5;
+/// CHAP_A value of SHA-1.
+pub const CHAP_ALGORITHM_SHA1: u32 = 6;
 /// CHAP_A value of SHA-256.
 pub const CHAP_ALGORITHM_SHA256: u32 = 7;
+/// CHAP_A value of SHA3-256.
+pub const CHAP_ALGORITHM_SHA3_256: u32 = 8;
 /// Length of the challenges this target sends with MD5.
 pub const CHALLENGE_LEN_BYTES: usize = 16;
 /// Longest challenge accepted from an initiator (RFC 7143 allows 1024 bytes).
@@ -20,8 +27,12 @@ pub const CHALLENGE_LEN_MAX_BYTES: usize = 1024;
 pub enum ChapAlgorithm {
     /// MD5, CHAP_A=5: the RFC 7143 baseline every initiator has.
     Md5,
+    /// SHA-1, CHAP_A=6.
+    Sha1,
     /// SHA-256, CHAP_A=7.
     Sha256,
+    /// SHA3-256, CHAP_A=8 (open-iscsi's first choice).
+    Sha3_256,
 }
 
 impl ChapAlgorithm {
@@ -29,7 +40,9 @@ impl ChapAlgorithm {
     pub fn code(self) -> u32 {
         match self {
             ChapAlgorithm::Md5 => CHAP_ALGORITHM_MD5,
+            ChapAlgorithm::Sha1 => CHAP_ALGORITHM_SHA1,
             ChapAlgorithm::Sha256 => CHAP_ALGORITHM_SHA256,
+            ChapAlgorithm::Sha3_256 => CHAP_ALGORITHM_SHA3_256,
         }
     }
 
@@ -37,31 +50,47 @@ impl ChapAlgorithm {
     pub fn from_code(code: u64) -> Option<ChapAlgorithm> {
         match code {
             5 => Some(ChapAlgorithm::Md5),
+            6 => Some(ChapAlgorithm::Sha1),
             7 => Some(ChapAlgorithm::Sha256),
+            8 => Some(ChapAlgorithm::Sha3_256),
             _ => None,
         }
     }
 
-    /// Picks from an initiator's CHAP_A list (`7,5`): SHA-256 whenever it is
-    /// offered, else MD5; None when neither is. Unknown or malformed entries are
-    /// skipped; at most the first 64 entries are looked at.
+    /// MD5 and SHA-1: what `chap_md5 = false` refuses (a man in the middle
+    /// could strip the stronger ones from an offer).
+    pub fn is_weak(self) -> bool {
+        matches!(self, ChapAlgorithm::Md5 | ChapAlgorithm::Sha1)
+    }
+
+    /// Picks from an initiator's CHAP_A list (`8,7,6,5`) the strongest it
+    /// offers, whatever the order: SHA3-256, SHA-256, SHA-1, then MD5; None
+    /// when it offers none of them. Unknown or malformed entries are skipped;
+    /// at most the first 64 entries are looked at.
     pub fn choose(offer: &str) -> Option<ChapAlgorithm> {
-        let mut best = None;
-        for a in offer.split(',').take(64) {
-            match parse_number(a).ok().and_then(ChapAlgorithm::from_code) {
-                Some(ChapAlgorithm::Sha256) => return Some(ChapAlgorithm::Sha256),
-                Some(ChapAlgorithm::Md5) => best = Some(ChapAlgorithm::Md5),
-                None => {}
-            }
+        offer
+            .split(',')
+            .take(64)
+            .filter_map(|a| parse_number(a).ok().and_then(ChapAlgorithm::from_code))
+            .max_by_key(|a| a.rank())
+    }
+
+    /// The order of preference.
+    fn rank(self) -> u8 {
+        match self {
+            ChapAlgorithm::Md5 => 0,
+            ChapAlgorithm::Sha1 => 1,
+            ChapAlgorithm::Sha256 => 2,
+            ChapAlgorithm::Sha3_256 => 3,
         }
-        best
     }
 
     /// Length of a response (the digest) in bytes.
     pub fn digest_len_bytes(self) -> usize {
         match self {
             ChapAlgorithm::Md5 => 16,
-            ChapAlgorithm::Sha256 => 32,
+            ChapAlgorithm::Sha1 => 20,
+            ChapAlgorithm::Sha256 | ChapAlgorithm::Sha3_256 => 32,
         }
     }
 
@@ -74,15 +103,30 @@ impl ChapAlgorithm {
     pub fn response(self, id: u8, secret: &[u8], challenge: &[u8]) -> Vec<u8> {
         match self {
             ChapAlgorithm::Md5 => response(id, secret, challenge).to_vec(),
-            ChapAlgorithm::Sha256 => {
-                let mut h = Sha256::new();
-                h.update([id]);
-                h.update(secret);
-                h.update(challenge);
-                h.finalize().to_vec()
-            }
+            ChapAlgorithm::Sha1 => digest::<Sha1>(id, secret, challenge),
+            ChapAlgorithm::Sha256 => digest::<Sha256>(id, secret, challenge),
+            ChapAlgorithm::Sha3_256 => digest::<Sha3_256>(id, secret, challenge),
         }
     }
+}
+
+/// H(identifier || secret || challenge) with the digest `D`.
+fn digest<D: Digest>(id: u8, secret: &[u8], challenge: &[u8]) -> Vec<u8> {
+    let mut h = D::new();
+    h.update([id]);
+    h.update(secret);
+    h.update(challenge);
+    h.finalize().to_vec()
+}
+
+impl ChapAlgorithm {
+    /// Every algorithm this target speaks, weakest first.
+    pub const ALL: [ChapAlgorithm; 4] = [
+        ChapAlgorithm::Md5,
+        ChapAlgorithm::Sha1,
+        ChapAlgorithm::Sha256,
+        ChapAlgorithm::Sha3_256,
+    ];
 }
 
 /// The MD5 CHAP response: MD5(identifier || secret || challenge).
@@ -252,9 +296,47 @@ mod tests {
         );
         assert_eq!(ChapAlgorithm::choose("7,5"), Some(ChapAlgorithm::Sha256));
         assert_eq!(ChapAlgorithm::choose("5,7"), Some(ChapAlgorithm::Sha256));
-        assert_eq!(ChapAlgorithm::choose("8,6,5"), Some(ChapAlgorithm::Md5));
         assert_eq!(ChapAlgorithm::choose("0x7"), Some(ChapAlgorithm::Sha256));
-        assert_eq!(ChapAlgorithm::choose("6,x,"), None);
+        assert_eq!(ChapAlgorithm::choose("9,x,"), None);
         assert_eq!(ChapAlgorithm::Sha256.challenge_len_bytes(), 32);
+    }
+
+    /// SHA-1 (6) and SHA3-256 (8), known answers from Python's hashlib; the
+    /// strongest offered is chosen in any order; MD5 and SHA-1 are the weak
+    /// ones.
+    #[test]
+    fn sha1_and_sha3_responses_and_the_order_of_choice() {
+        let hex =
+            |a: ChapAlgorithm, id, secret: &[u8], c: &[u8]| encode_hex(&a.response(id, secret, c));
+        // (of the single byte 0x00)
+        assert_eq!(
+            hex(ChapAlgorithm::Sha1, 0, b"", b""),
+            "0x5ba93c9db0cff93f52b521d7420e43f6eda2784f"
+        );
+        assert_eq!(
+            hex(ChapAlgorithm::Sha3_256, 0, b"", b""),
+            "0x5d53469f20fef4f8eab52b88044ede69c77a6a68a60728609fc4a65ff531e7d0"
+        );
+        // identifier, secret and challenge, in that order
+        assert_eq!(
+            hex(ChapAlgorithm::Sha3_256, 9, b"secret", &[1, 2, 3]),
+            "0x81ac2519032c7362abcda921d5773e45080334edcb0b5ef22d8eeb47e5ad4e4c"
+        );
+        for a in ChapAlgorithm::ALL {
+            assert_eq!(a.response(1, b"s", b"c").len(), a.digest_len_bytes());
+            assert_eq!(ChapAlgorithm::from_code(a.code() as u64), Some(a));
+        }
+        let choose = ChapAlgorithm::choose;
+        assert_eq!(choose("8,7,6,5"), Some(ChapAlgorithm::Sha3_256));
+        assert_eq!(choose("5,6,7,8"), Some(ChapAlgorithm::Sha3_256));
+        assert_eq!(choose("5,7,6"), Some(ChapAlgorithm::Sha256));
+        assert_eq!(choose("6,5"), Some(ChapAlgorithm::Sha1));
+        assert_eq!(choose("5"), Some(ChapAlgorithm::Md5));
+        assert_eq!(choose("0x8"), Some(ChapAlgorithm::Sha3_256));
+        let weak: Vec<_> = ChapAlgorithm::ALL
+            .into_iter()
+            .filter(|a| a.is_weak())
+            .collect();
+        assert_eq!(weak, [ChapAlgorithm::Md5, ChapAlgorithm::Sha1]);
     }
 }

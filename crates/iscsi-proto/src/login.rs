@@ -97,9 +97,9 @@ pub struct TargetAuth {
     /// (the target-wide `chap` is not accepted for it). When this is not empty the
     /// target requires CHAP, and an unlisted initiator needs `chap` to log in.
     pub chap_initiators: Vec<InitiatorChap>,
-    /// Refuse CHAP with MD5 (CHAP_A=5): an initiator must offer SHA-256, so
-    /// that a man in the middle cannot strip it from the offer and record an
-    /// MD5 exchange to guess the secret offline.
+    /// Refuse CHAP with MD5 or SHA-1 (CHAP_A=5, 6): an initiator must offer
+    /// SHA-256 or SHA3-256, so that a man in the middle cannot strip them from
+    /// the offer and record a weaker exchange to guess the secret offline.
     pub refuse_md5: bool,
 }
 
@@ -766,10 +766,10 @@ impl LoginNegotiator {
             if self.auth != Auth::WaitAlgorithm {
                 return Err(status::INITIATOR_ERROR);
             }
-            // SHA-256 whenever offered, else MD5 (RFC 7143 12.1.3) unless
-            // the target refuses it.
-            let Some(alg) = chap::ChapAlgorithm::choose(algs)
-                .filter(|a| !(refuse_md5 && *a == chap::ChapAlgorithm::Md5))
+            // the strongest offered (RFC 7143 12.1.3), unless it is a weak
+            // one (MD5, SHA-1) and the target refuses those
+            let Some(alg) =
+                chap::ChapAlgorithm::choose(algs).filter(|a| !(refuse_md5 && a.is_weak()))
             else {
                 push_pair(out, "CHAP_A", "Reject");
                 return Err(status::AUTH_FAILURE);

@@ -312,7 +312,7 @@ fn chap_login(
     password: &str,
     mutual: Option<(u8, &[u8])>,
 ) -> (LoginStep, Vec<(String, String)>) {
-    chap_login_as(n, INI, SECURE, "6,5", "alice", password, mutual)
+    chap_login_as(n, INI, SECURE, "5", "alice", password, mutual)
 }
 
 /// A CHAP exchange offering the CHAP_A list `offer`; the response is computed
@@ -469,7 +469,7 @@ fn base64_response_and_unsupported_algorithm() {
             ("AuthMethod", "CHAP"),
         ]),
     );
-    let s = n.step(&req(0, 1, false), &encode_text(&[("CHAP_A", "6,8")]));
+    let s = n.step(&req(0, 1, false), &encode_text(&[("CHAP_A", "9,16")]));
     assert_eq!(failed(&s), Some(status::AUTH_FAILURE));
 }
 

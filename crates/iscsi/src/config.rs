@@ -31,7 +31,8 @@ pub struct Auth {
     /// CHAP credentials per initiator name (targets only; ignored for discovery):
     /// a listed initiator must use its own, and a non-empty list makes CHAP required.
     pub per_initiator: Vec<(String, ChapSecret)>,
-    /// Refuse CHAP with MD5: initiators must offer SHA-256 (CHAP_A=7).
+    /// Refuse CHAP with MD5 or SHA-1: initiators must offer SHA-256 or
+    /// SHA3-256 (CHAP_A=7, 8).
     pub refuse_md5: bool,
 }
 

@@ -236,7 +236,10 @@ async fn register(
         chap_user: n.chap_user.clone(),
         chap_per_initiator: n.chap_per_initiator,
         chap_proven: n.chap_proven.clone(),
-        chap_md5: n.chap_algorithm == Some(iscsi_proto::chap::ChapAlgorithm::Md5.code()),
+        chap_weak: n
+            .chap_algorithm
+            .and_then(|a| iscsi_proto::chap::ChapAlgorithm::from_code(a.into()))
+            .is_some_and(iscsi_proto::chap::ChapAlgorithm::is_weak),
         tpgt: n.tpgt,
     };
     let (session, old) = ctx

@@ -239,7 +239,7 @@ impl Ctx {
                 None => true,
                 Some(asked) => {
                     proven == Some(asked)
-                        && !(session.origin.chap_md5 && tables.login_cfg.discovery_refuse_md5)
+                        && !(session.origin.chap_weak && tables.login_cfg.discovery_refuse_md5)
                 }
             };
         }
@@ -248,7 +248,7 @@ impl Ctx {
         };
         tables.login_cfg.targets.get(i).is_some_and(|auth| {
             crate::copy_reach::admits(auth, &nexus.initiator_name, proven)
-                && !(session.origin.chap_md5 && auth.refuse_md5 && auth.chap_required())
+                && !(session.origin.chap_weak && auth.refuse_md5 && auth.chap_required())
         })
     }
 }

@@ -171,8 +171,9 @@ pub(crate) struct Origin {
     /// The CHAP credentials proved (an EXTENDED COPY reaches another target's
     /// LUs only when that target would ask the same of this initiator).
     pub chap_proven: Option<iscsi_proto::login::ChapCredentials>,
-    /// CHAP was done with MD5 (a target that comes to refuse it closes the session).
-    pub chap_md5: bool,
+    /// CHAP was done with a weak digest, MD5 or SHA-1 (a target that comes to
+    /// refuse them closes the session).
+    pub chap_weak: bool,
     /// The TPGT of the portal it logged in through (its sessions close when
     /// that portal is removed).
     pub tpgt: u16,
@@ -595,7 +596,7 @@ mod tests {
             chap_user: None,
             chap_per_initiator: false,
             chap_proven: None,
-            chap_md5: false,
+            chap_weak: false,
             tpgt: 1,
         }
     }

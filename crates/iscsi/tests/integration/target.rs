@@ -365,8 +365,11 @@ async fn a_reload_closes_the_sessions_the_new_access_settings_refuse() {
 /// reload that turns MD5 away closes the sessions that proved with it (not
 /// those that proved with SHA-256). Before, MD5 could not be refused: a man in
 /// the middle could strip SHA-256 from the offer and record an MD5 exchange.
+/// SHA-1 (CHAP_A=6, since 2026-12-07) counts as weak with MD5; SHA3-256 (8)
+/// is taken, and chosen over the others whatever the offer's order.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_target_that_refuses_md5_takes_only_sha256() {
+    use iscsi_proto::chap::ChapAlgorithm;
     let fx = start(Limits::default()).await;
     let mut md5 = Client::connect_isid(fx.addrs[0], [0x80, 0, 0, 0, 10, 1]).await;
     let (st, _) = md5
@@ -378,11 +381,18 @@ async fn a_target_that_refuses_md5_takes_only_sha256() {
         .login_chap_as(INI, SECURE, "7,5", "alice", "alice-secret-12", None)
         .await;
     assert_eq!(st, (0, 0));
+    let mut sha1 = Client::connect_isid(fx.addrs[0], [0x80, 0, 0, 0, 10, 5]).await;
+    let (st, _) = sha1
+        .login_chap_as(INI, SECURE, "5,6", "alice", "alice-secret-12", None)
+        .await;
+    assert_eq!(st, (0, 0));
+    assert_eq!(sha1.chap_algorithm, Some(ChapAlgorithm::Sha1));
 
     let mut specs = fx.reloader.targets();
     specs[1].auth.refuse_md5 = true;
-    assert_eq!(fx.reloader.replace(specs, Auth::default()), Ok(1));
+    assert_eq!(fx.reloader.replace(specs, Auth::default()), Ok(2));
     closes(&mut md5, "a session that proved with MD5").await;
+    closes(&mut sha1, "a session that proved with SHA-1").await;
     assert!(sha.nop(b"sha-256").await.is_some());
 
     // MD5 alone is refused at CHAP_A, before any challenge
@@ -402,15 +412,37 @@ async fn a_target_that_refuses_md5_takes_only_sha256() {
         .await;
     assert_eq!((r.status_class, r.status_detail), (0, 0));
     assert_eq!(get(&kv, "AuthMethod"), Some("CHAP"));
-    let (r, kv) = c.login_step(0, 0, false, &[("CHAP_A", "5")]).await;
+    let (r, kv) = c.login_step(0, 0, false, &[("CHAP_A", "6,5")]).await;
     assert_eq!((r.status_class, r.status_detail), (2, 1));
-    assert!(get(&kv, "CHAP_C").is_none(), "an MD5 challenge was sent");
-    // SHA-256 still logs in
+    assert!(get(&kv, "CHAP_C").is_none(), "a weak challenge was sent");
+    // SHA-256 still logs in, and SHA3-256, chosen first
     let mut again = Client::connect_isid(fx.addrs[0], [0x80, 0, 0, 0, 10, 4]).await;
     let (st, _) = again
         .login_chap_as(INI, SECURE, "5,7", "alice", "alice-secret-12", None)
         .await;
     assert_eq!(st, (0, 0));
+    assert_eq!(again.chap_algorithm, Some(ChapAlgorithm::Sha256));
+    let mut sha3 = Client::connect_isid(fx.addrs[0], [0x80, 0, 0, 0, 10, 6]).await;
+    let mine = [0x5au8; 32];
+    let (st, kv) = sha3
+        .login_chap_as(
+            INI,
+            SECURE,
+            "5,6,8,7",
+            "alice",
+            "alice-secret-12",
+            Some(&mine),
+        )
+        .await;
+    assert_eq!(st, (0, 0));
+    assert_eq!(sha3.chap_algorithm, Some(ChapAlgorithm::Sha3_256));
+    // mutual CHAP answers with it too
+    let r = iscsi_proto::chap::decode_binary(get(&kv, "CHAP_R").unwrap()).unwrap();
+    assert_eq!(
+        r,
+        ChapAlgorithm::Sha3_256.response(77, b"target-secret-12", &mine)
+    );
+    assert!(sha3.nop(b"sha3-256").await.is_some());
     fx.shutdown().await;
 }
 
