@@ -205,21 +205,26 @@ pub(crate) fn tls_to_use() -> Result<Option<std::sync::Arc<api::tls::rustls::Cli
 /// Finds the token and the certificate to pin for the API at `a.api` (see the
 /// module header for the order) and keeps them for [`crate::poolcmd::http`].
 pub(crate) fn use_credentials(a: &crate::poolcmd::ApiArg) {
+    let (token, from) = find_token(a);
+    let mut dirs: Vec<PathBuf> = from.into_iter().collect();
+    dirs.extend(a.data_dir.clone());
     let _ = CREDENTIALS.set(Credentials {
-        token: find_token(a),
+        token,
         pin: find_pin(a),
-        listeners: node_users(a),
+        listeners: node_users(&dirs),
     });
 }
 
 /// The users a node this CLI talks to may run as: root, this CLI's own user,
-/// and the owner of each data directory's `api/` folder the token may come
-/// from (the node made it).
-fn node_users(a: &crate::poolcmd::ApiArg) -> Vec<u32> {
+/// and the owner of the `api/` folder of `dirs`: the data directory the token
+/// was read from and `--data-dir` (the node made them). Not every directory
+/// looked in: `./freesan-data` in a folder another user controls would have
+/// let that user in (review of 2026-12-07).
+fn node_users(dirs: &[PathBuf]) -> Vec<u32> {
     use std::os::unix::fs::MetadataExt;
     // SAFETY: geteuid only reads the process's credentials.
     let mut users = vec![0, unsafe { libc::geteuid() }];
-    for d in data_dirs(a) {
+    for d in dirs {
         if let Ok(m) = std::fs::metadata(d.join("api")) {
             users.push(m.uid());
         }
@@ -293,14 +298,16 @@ fn read_token_file(p: &Path) -> Option<String> {
     (!t.is_empty()).then(|| t.to_string())
 }
 
-fn find_token(a: &crate::poolcmd::ApiArg) -> Option<String> {
+/// The token to send, and the data directory it was read from (None: given
+/// by the command line, a token file or the environment).
+fn find_token(a: &crate::poolcmd::ApiArg) -> (Option<String>, Option<PathBuf>) {
     if let Some(t) = a.token.as_deref().filter(|t| !t.is_empty()) {
-        return Some(t.to_string());
+        return (Some(t.to_string()), None);
     }
     if let Some(f) = &a.token_file {
         // its first line; a file that cannot be read is said so (the hint
         // for a missing token would send the user back to --token-file)
-        return match std::fs::read_to_string(f) {
+        let t = match std::fs::read_to_string(f) {
             Ok(t) => t
                 .lines()
                 .next()
@@ -312,15 +319,17 @@ fn find_token(a: &crate::poolcmd::ApiArg) -> Option<String> {
                 None
             }
         };
+        return (t, None);
     }
     if let Ok(t) = std::env::var("FREESAN_API_TOKEN") {
         if !t.trim().is_empty() {
-            return Some(t.trim().to_string());
+            return (Some(t.trim().to_string()), None);
         }
     }
     data_dirs(a)
-        .iter()
-        .find_map(|d| read_token_file(&api::tokens::cli_token_file(d)))
+        .into_iter()
+        .find_map(|d| read_token_file(&api::tokens::cli_token_file(&d)).map(|t| (Some(t), Some(d))))
+        .unwrap_or((None, None))
 }
 
 /// Says what to do when the node answered 401.

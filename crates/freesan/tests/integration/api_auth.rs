@@ -576,8 +576,10 @@ fn the_api_refuses_paths_sizes_names_and_failures_beyond_what_the_node_allows() 
 /// token: before a token goes in clear to loopback, the CLI checks that the
 /// socket that accepted the connection belongs to a user the node may run as
 /// (root, the CLI's own user, the owner of the node's data directory). Here
-/// the impostor listens as `nobody`; the same impostor run as this test's own
-/// user does get the token, so the capture would see one sent.
+/// the impostor listens as `nobody`, accepting at once or only after a while
+/// (a connection not yet accepted showed as root's on kernels before 6.17);
+/// the same impostor run as this test's own user does get the token, so the
+/// capture would see one sent.
 #[test]
 fn the_cli_sends_no_token_to_a_port_another_user_holds() {
     // SAFETY: geteuid only reads the process's credentials.
@@ -594,12 +596,13 @@ fn the_cli_sends_no_token_to_a_port_another_user_holds() {
     const SECRET: &str = "not-for-impostors-0123456789";
     // listens once, prints what it was sent (up to the end of the head)
     const IMPOSTOR: &str = r#"
-import socket, sys
+import socket, sys, time
 s = socket.socket()
 s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
 s.bind(("127.0.0.1", int(sys.argv[1])))
 s.listen(1)
 print("listening", flush=True)
+time.sleep(float(sys.argv[2]))
 s.settimeout(60)
 c, _ = s.accept()
 c.settimeout(10)
@@ -614,7 +617,7 @@ if got:
 c.close()
 print(repr(got), flush=True)
 "#;
-    let run = |as_nobody: bool| -> (bool, String, String) {
+    let run = |as_nobody: bool, accept_after_s: &str| -> (bool, String, String) {
         let port = std::net::TcpListener::bind("127.0.0.1:0")
             .unwrap()
             .local_addr()
@@ -628,7 +631,7 @@ print(repr(got), flush=True)
             std::process::Command::new(PYTHON)
         };
         let mut impostor = cmd
-            .args(["-c", IMPOSTOR, &port.to_string()])
+            .args(["-c", IMPOSTOR, &port.to_string(), accept_after_s])
             .stdout(std::process::Stdio::piped())
             .spawn()
             .expect("python3 runs");
@@ -643,14 +646,16 @@ print(repr(got), flush=True)
         impostor.wait().unwrap();
         (ok, said, got)
     };
-    let (ok, said, got) = run(true);
-    assert!(!ok, "{said}");
-    assert!(
-        said.contains("runs as user 65534") && said.contains("the token was not sent"),
-        "{said}"
-    );
-    assert!(!got.contains(SECRET), "the impostor got the token: {got}");
+    for accept_after_s in ["0", "1.5"] {
+        let (ok, said, got) = run(true, accept_after_s);
+        assert!(!ok, "{said}");
+        assert!(
+            said.contains("runs as user 65534") && said.contains("the token was not sent"),
+            "accepting after {accept_after_s} s: {said}"
+        );
+        assert!(!got.contains(SECRET), "the impostor got the token: {got}");
+    }
     // the capture sees a token that is sent
-    let (_, said, got) = run(false);
+    let (_, said, got) = run(false, "0");
     assert!(got.contains(&format!("Bearer {SECRET}")), "{got} / {said}");
 }
