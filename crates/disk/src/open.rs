@@ -84,9 +84,21 @@ fn claim_through(fds: &Path, file: &File, path: &Path) -> Result<File, BlockErro
 /// open the file for writing until those have landed (review of 2026-12-07:
 /// nothing stopped a new owner of a file writing under an old one's forced
 /// write still in flight, nor two LUs or nodes configured on one file). A
-/// file system that takes no `flock` (some FUSE ones) gets no claim.
+/// file system that takes no `flock` (some FUSE ones), or a process without
+/// `/proc`, gets no claim and a warning. Opened for writing: NFS emulates
+/// `flock` with a POSIX lock, whose exclusive kind needs a descriptor that
+/// can write (review of 2026-12-07: read-only, the claim silently failed
+/// there, where two nodes on one shared file are most likely).
 fn claim_file(fds: &Path, file: &File, path: &Path) -> Result<Option<File>, BlockError> {
-    let claim = reopen(fds, file, path, false, 0).map_err(BlockError::from)?;
+    let claim = match reopen(fds, file, path, true, 0) {
+        Ok(c) => c,
+        Err(e) => {
+            let e = BlockError::from(e);
+            tracing::warn!(path = %path.display(), error = %e,
+                "the file cannot be claimed: nothing stops a second writer configured on it");
+            return Ok(None);
+        }
+    };
     let locked = while_busy(
         || {
             // SAFETY: flock on a descriptor this function owns.
@@ -111,7 +123,7 @@ fn claim_file(fds: &Path, file: &File, path: &Path) -> Result<Option<File>, Bloc
         )));
     }
     tracing::warn!(path = %path.display(), error = %e,
-        "the file system takes no flock: the file is not claimed, so nothing stops a second writer configured on it");
+        "the file system refused the claim's flock: the file is not claimed, so nothing stops a second writer configured on it");
     Ok(None)
 }
 
@@ -130,7 +142,11 @@ fn while_busy<T, E>(
         match attempt() {
             Err(e) if busy(&e) && waits < 50 => {
                 waits += 1;
-                std::thread::sleep(std::time::Duration::from_millis(20));
+                // (on a runtime worker, its other tasks move elsewhere
+                // meanwhile: one of them may be what holds the claim)
+                crate::engine::wait_beside_the_runtime(|| {
+                    std::thread::sleep(std::time::Duration::from_millis(20))
+                });
             }
             r => return r,
         }
