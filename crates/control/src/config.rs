@@ -1053,11 +1053,14 @@ impl CgroupMount {
 
     /// `path` (a cgroup path of `/proc/self/cgroup`) relative to the mount's
     /// root, if the mount shows it.
+    /// (A process outside its cgroup namespace's root sees `/../x`: not
+    /// below any mount it can read, and never joined to one.)
     fn below_root(&self, path: &str) -> Option<PathBuf> {
-        Path::new(path)
-            .strip_prefix(&self.root)
-            .ok()
-            .map(Path::to_path_buf)
+        let below = Path::new(path).strip_prefix(&self.root).ok()?;
+        below
+            .components()
+            .all(|c| matches!(c, std::path::Component::Normal(_)))
+            .then(|| below.to_path_buf())
     }
 }
 
@@ -2539,8 +2542,11 @@ size = "1G"
         let inside = "0::/kubepods/pod1/c1\n";
         let mounts = v2_at("/kubepods/pod1/c1", &at("c1"));
         assert_eq!(cgroup_memory_limit(inside, &mounts), Some(512 << 20));
-        // a process outside the mount's part of the tree reads nothing there
+        // a process outside the mount's part of the tree reads nothing there,
+        // nor one outside its cgroup namespace's root (`..`)
         assert_eq!(cgroup_memory_limit("0::/other\n", &mounts), None);
+        let above = v2_at("/", &at("c1/kubepods"));
+        assert_eq!(cgroup_memory_limit("0::/../x\n", &above), None);
         // a mount point with a space, escaped as mountinfo writes it
         put("with space/memory.max", "268435456\n");
         let escaped = at("with space").replace(' ', "\\040");
