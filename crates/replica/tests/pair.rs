@@ -1455,8 +1455,7 @@ async fn a_region_a_failed_write_changed_after_its_resync_copy_is_copied_again()
 /// serves nothing. With the detach of the in-sync case, the write was
 /// acknowledged with only the target's unfinished copy holding it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn a_write_failing_on_the_source_while_the_partner_is_a_resync_target_fails_and_the_source_goes_on(
-) {
+async fn a_copy_failing_a_write_is_kept_while_the_partner_is_a_resync_target() {
     let d = tempfile::tempdir().unwrap();
     let m1: VolumeRef = Arc::new(MemVolume::new(512, BLOCKS));
     let m2: VolumeRef = Arc::new(MemVolume::new(512, BLOCKS));
@@ -1509,7 +1508,9 @@ async fn a_write_failing_on_the_source_while_the_partner_is_a_resync_target_fail
     );
     assert!(holds(m2.as_ref(), 2048, 8, 0).await);
     // the source is not detached: still consistent, leading the resync and
-    // serving, its role unchanged, the failed write's region marked
+    // serving, its role unchanged, the failed write's region marked (during
+    // a resync every written region's bit is kept: that this one stays
+    // marked for the resync shows at the end, where it is copied again)
     let s2 = n2.status();
     assert_eq!((s2.role, s2.state), (Role::Leader, "resyncing"), "{s2:?}");
     assert!(
@@ -1527,10 +1528,8 @@ async fn a_write_failing_on_the_source_while_the_partner_is_a_resync_target_fail
         .await
         .expect("a write to healthy blocks on the source");
     assert_eq!(n2.read(6000, 8).await.unwrap(), data);
-    assert_eq!(
-        n2.read(4096, 8).await.unwrap(),
-        Bytes::from(vec![9u8; 4096])
-    );
+    // (reads at block 4096 wait at the held disk)
+    assert_eq!(n2.read(0, 8).await.unwrap(), Bytes::from(vec![9u8; 4096]));
     // the target still serves nothing
     let s1 = n1.status();
     assert_eq!((s1.role, s1.state), (Role::Target, "resyncing"), "{s1:?}");
