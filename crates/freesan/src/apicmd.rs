@@ -205,6 +205,10 @@ pub(crate) fn tls_to_use() -> Result<Option<std::sync::Arc<api::tls::rustls::Cli
 /// Finds the token and the certificate to pin for the API at `a.api` (see the
 /// module header for the order) and keeps them for [`crate::poolcmd::http`].
 pub(crate) fn use_credentials(a: &crate::poolcmd::ApiArg) {
+    if let Some(t) = a.token.as_deref() {
+        // `ps` shows the command line to every user of the host
+        crate::cmdline::hide(t);
+    }
     let (token, from) = find_token(a);
     let mut dirs: Vec<PathBuf> = from.into_iter().collect();
     dirs.extend(a.data_dir.clone());

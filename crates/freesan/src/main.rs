@@ -13,6 +13,7 @@
 mod apicmd;
 mod benchcmd;
 mod cachecmd;
+mod cmdline;
 mod eventscmd;
 mod objcmd;
 mod poolcmd;

@@ -21,7 +21,8 @@ pub struct ApiArg {
     pub api: SocketAddr,
     /// The API token (else --token-file, $FREESAN_API_TOKEN, the node's
     /// DATA_DIR/api/cli-token). Other users of the host see a command line
-    /// (`ps`): prefer --token-file or the environment.
+    /// (`ps`): it is overwritten there once read, but shows until then;
+    /// prefer --token-file or the environment.
     #[arg(long, value_name = "TOKEN", global = true)]
     pub token: Option<String>,
     /// A file holding the API token (its first line), which no command line shows.

@@ -659,3 +659,29 @@ print(repr(got), flush=True)
     let (_, said, got) = run(false, "0");
     assert!(got.contains(&format!("Bearer {SECRET}")), "{got} / {said}");
 }
+
+/// `--token` shows in `ps` to every user of the host: the CLI overwrites it
+/// in its own command line as soon as it has read it, so a look at the
+/// running command (here, while it waits for the API's answer) finds `x`s
+/// where the token was.
+#[test]
+fn a_token_given_on_the_command_line_does_not_stay_in_it() {
+    const SECRET: &str = "seen-by-ps-0123456789abcdef";
+    let api = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = api.local_addr().unwrap().to_string();
+    let mut cli = std::process::Command::new(env!("CARGO_BIN_EXE_freesan"))
+        .args(["pool", "status", "--api", &addr, "--token", SECRET])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    // connected: it has read its arguments, and waits for an answer
+    let (held, _) = api.accept().unwrap();
+    let seen = std::fs::read(format!("/proc/{}/cmdline", cli.id())).unwrap();
+    drop(held);
+    cli.wait().unwrap();
+    let seen = String::from_utf8_lossy(&seen).replace('\0', " ");
+    assert!(!seen.contains(SECRET), "{seen}");
+    assert!(seen.contains(&"x".repeat(SECRET.len())), "{seen}");
+    assert!(seen.contains("pool status --api"), "{seen}");
+}
