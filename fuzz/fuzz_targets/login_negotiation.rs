@@ -26,8 +26,16 @@ fn config() -> Arc<LoginConfig> {
                 }],
                 refuse_md5: true,
             },
+            // every CHAP algorithm taken (MD5 and SHA-1 reach their
+            // challenges here; refused on the target above)
+            TargetAuth {
+                name: "iqn.2026-01.org.freesan:weak".into(),
+                chap: Some(creds("user", "secretsecret")),
+                mutual: Some(creds("target", "targetsecret")),
+                ..TargetAuth::default()
+            },
         ],
-        discovery_chap: None,
+        discovery_chap: Some(creds("disc", "discsecret12")),
         discovery_mutual: None,
         discovery_refuse_md5: false,
         limits: Default::default(),

@@ -31,8 +31,8 @@ pub struct Config {
     /// CHAP for discovery sessions (SendTargets); none by default.
     #[serde(default)]
     pub discovery_chap: Option<Chap>,
-    /// Accept CHAP with MD5 for discovery (`false`: initiators must offer
-    /// SHA-256; see `[[target]] chap_md5`).
+    /// Accept CHAP with MD5 or SHA-1 for discovery (`false`: initiators must
+    /// offer SHA-256 or SHA3-256; see `[[target]] chap_md5`).
     #[serde(default = "default_true")]
     pub discovery_chap_md5: bool,
     /// Session and transfer limits.
@@ -666,9 +666,9 @@ pub struct TargetConfig {
     )]
     pub chap_initiators: Vec<ChapInitiator>,
     /// Accept CHAP with MD5 (CHAP_A=5), the only algorithm many initiators
-    /// have. `false`: an initiator must offer SHA-256, so that a man in the
-    /// middle cannot strip it from the offer and record an MD5 exchange to
-    /// guess the secret offline.
+    /// have, and SHA-1 (6). `false`: an initiator must offer SHA-256 or
+    /// SHA3-256, so that a man in the middle cannot strip them from the offer
+    /// and record a weaker exchange to guess the secret offline.
     #[serde(default = "default_true")]
     pub chap_md5: bool,
     /// Initiator names allowed to log in; empty allows every initiator.

@@ -152,7 +152,7 @@ pub struct LoginStateMachine {
     /// The request last sent (CSG, NSG, T), repeated empty while the target continues.
     last: (u8, u8, bool),
     exp_stat_sn: u32,
-    mutual_challenge: Option<(u8, Vec<u8>)>,
+    mutual_challenge: Option<(u8, Vec<u8>, chap::ChapAlgorithm)>,
     p: LoginParams,
 }
 
@@ -322,7 +322,8 @@ impl LoginStateMachine {
                 Some("CHAP") => {
                     self.phase = Phase::ChapAlgorithm;
                     let mut out = Vec::new();
-                    push_pair(&mut out, "CHAP_A", "5");
+                    // every algorithm the target may know, strongest first
+                    push_pair(&mut out, "CHAP_A", "8,7,6,5");
                     Ok(self.request(stage::SECURITY, stage::OPERATIONAL, false, out))
                 }
                 Some("None") if self.opts.mutual_chap.is_none() => self.security_transit(resp),
@@ -331,10 +332,12 @@ impl LoginStateMachine {
                 None => Err(InitiatorError::Auth("target did not choose an AuthMethod")),
             },
             Phase::ChapAlgorithm => {
-                let a = get("CHAP_A").and_then(|a| chap::parse_number(a).ok());
-                if a != Some(chap::CHAP_ALGORITHM_MD5 as u64) {
-                    return Err(InitiatorError::Auth("target did not pick CHAP MD5"));
-                }
+                let alg = get("CHAP_A")
+                    .and_then(|a| chap::parse_number(a).ok())
+                    .and_then(chap::ChapAlgorithm::from_code)
+                    .ok_or(InitiatorError::Auth(
+                        "target did not pick one of the CHAP algorithms offered",
+                    ))?;
                 let id = get("CHAP_I")
                     .and_then(|i| chap::parse_number(i).ok())
                     .and_then(|i| u8::try_from(i).ok())
@@ -350,12 +353,12 @@ impl LoginStateMachine {
                 let Some((user, secret)) = self.opts.chap.clone() else {
                     return Err(InitiatorError::Auth("CHAP asked without credentials"));
                 };
-                let r = chap::response(id, secret.as_bytes(), &challenge);
+                let r = alg.response(id, secret.as_bytes(), &challenge);
                 let mut out = Vec::new();
                 push_pair(&mut out, "CHAP_N", &user);
                 push_pair(&mut out, "CHAP_R", &chap::encode_hex(&r));
                 if self.opts.mutual_chap.is_some() {
-                    let mut c = vec![0u8; 16];
+                    let mut c = vec![0u8; alg.challenge_len_bytes()];
                     rand::thread_rng().fill_bytes(&mut c);
                     let mut our_id = [0u8; 1];
                     rand::thread_rng().fill_bytes(&mut our_id);
@@ -365,14 +368,14 @@ impl LoginStateMachine {
                     }
                     push_pair(&mut out, "CHAP_I", &our_id[0].to_string());
                     push_pair(&mut out, "CHAP_C", &chap::encode_hex(&c));
-                    self.mutual_challenge = Some((our_id[0], c));
+                    self.mutual_challenge = Some((our_id[0], c, alg));
                 }
                 self.phase = Phase::ChapResponse;
                 Ok(self.request(stage::SECURITY, stage::OPERATIONAL, true, out))
             }
             Phase::ChapResponse => {
                 if let Some((want_user, secret)) = &self.opts.mutual_chap {
-                    let (id, c) = self
+                    let (id, c, alg) = self
                         .mutual_challenge
                         .as_ref()
                         .ok_or(InitiatorError::Auth("no mutual challenge"))?;
@@ -382,7 +385,7 @@ impl LoginStateMachine {
                         .and_then(|r| {
                             chap::decode_binary(r).map_err(|_| InitiatorError::Auth("bad CHAP_R"))
                         })?;
-                    let want = chap::response(*id, secret.as_bytes(), c);
+                    let want = alg.response(*id, secret.as_bytes(), c);
                     if n != want_user || !chap::constant_time_eq(&r, &want) {
                         return Err(InitiatorError::Auth("target failed mutual CHAP"));
                     }

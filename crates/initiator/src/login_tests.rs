@@ -132,6 +132,38 @@ fn chap_one_way_mutual_and_wrong_secret() {
     run(&o, target(false, false, OperationalLimits::default())).unwrap();
 }
 
+/// The initiator offers every CHAP algorithm, strongest first: a target
+/// that refuses the weak ones (MD5, SHA-1: `chap_md5 = false`) takes it,
+/// mutual CHAP included (before, it offered MD5 alone and was refused, so
+/// `freesan bench` could not log in to such a target).
+#[test]
+fn chap_with_a_target_that_refuses_md5() {
+    let cfg = LoginConfig {
+        targets: vec![TargetAuth {
+            name: TGT.into(),
+            alias: None,
+            chap: Some(creds("alice", "alice-secret-12")),
+            mutual: Some(creds("tgt", "target-secret-12")),
+            allowed_initiators: vec![],
+            refuse_md5: true,
+            ..TargetAuth::default()
+        }],
+        discovery_chap: None,
+        discovery_mutual: None,
+        discovery_refuse_md5: false,
+        limits: OperationalLimits::default(),
+    };
+    let mut o = opts();
+    o.chap = Some(("alice".into(), "alice-secret-12".into()));
+    o.mutual_chap = Some(("tgt".into(), "target-secret-12".into()));
+    run(&o, LoginNegotiator::new(Arc::new(cfg.clone()), 3)).unwrap();
+    o.mutual_chap = Some(("tgt".into(), "not-the-secret".into()));
+    assert!(matches!(
+        run(&o, LoginNegotiator::new(Arc::new(cfg), 3)),
+        Err(InitiatorError::Auth(_))
+    ));
+}
+
 fn resp(transit: bool, cont: bool, csg: u8, nsg: u8) -> LoginResponse {
     LoginResponse {
         transit,

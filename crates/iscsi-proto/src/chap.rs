@@ -17,7 +17,8 @@ pub const CHAP_ALGORITHM_SHA1: u32 = 6;
 pub const CHAP_ALGORITHM_SHA256: u32 = 7;
 /// CHAP_A value of SHA3-256.
 pub const CHAP_ALGORITHM_SHA3_256: u32 = 8;
-/// Length of the challenges this target sends with MD5.
+/// Length of an MD5 challenge (each algorithm's challenges are as long as
+/// its digest: [`ChapAlgorithm::challenge_len_bytes`]).
 pub const CHALLENGE_LEN_BYTES: usize = 16;
 /// Longest challenge accepted from an initiator (RFC 7143 allows 1024 bytes).
 pub const CHALLENGE_LEN_MAX_BYTES: usize = 1024;
@@ -31,7 +32,7 @@ pub enum ChapAlgorithm {
     Sha1,
     /// SHA-256, CHAP_A=7.
     Sha256,
-    /// SHA3-256, CHAP_A=8 (open-iscsi's first choice).
+    /// SHA3-256, CHAP_A=8 (first in the list open-iscsi's iscsid.conf suggests).
     Sha3_256,
 }
 
@@ -66,7 +67,11 @@ impl ChapAlgorithm {
     /// Picks from an initiator's CHAP_A list (`8,7,6,5`) the strongest it
     /// offers, whatever the order: SHA3-256, SHA-256, SHA-1, then MD5; None
     /// when it offers none of them. Unknown or malformed entries are skipped;
-    /// at most the first 64 entries are looked at.
+    /// at most the first 64 entries are looked at. RFC 7143 6.2.1 has a
+    /// target answer a list with the first value it supports (LIO does): the
+    /// strongest is chosen instead, on purpose, so that an initiator listing
+    /// MD5 first for the sake of old targets still gets a stronger digest
+    /// here; the answer is always one of the initiator's values.
     pub fn choose(offer: &str) -> Option<ChapAlgorithm> {
         offer
             .split(',')

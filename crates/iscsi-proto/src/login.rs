@@ -203,7 +203,7 @@ pub struct LoginConfig {
     pub discovery_chap: Option<ChapCredentials>,
     /// Mutual CHAP credentials for discovery sessions.
     pub discovery_mutual: Option<ChapCredentials>,
-    /// Refuse CHAP with MD5 for discovery sessions ([`TargetAuth::refuse_md5`]).
+    /// Refuse CHAP with MD5 or SHA-1 for discovery sessions ([`TargetAuth::refuse_md5`]).
     pub discovery_refuse_md5: bool,
     /// Operational limits.
     pub limits: OperationalLimits,
@@ -266,7 +266,7 @@ pub struct Negotiated {
     /// True when those credentials were the initiator's own (a per-initiator
     /// entry), false for the target-wide or discovery credentials shared by many.
     pub chap_per_initiator: bool,
-    /// CHAP_A used (5 MD5, 7 SHA-256), if CHAP was.
+    /// CHAP_A used (5 MD5, 6 SHA-1, 7 SHA-256, 8 SHA3-256), if CHAP was.
     pub chap_algorithm: Option<u32>,
     /// The credentials proved (name and secret), if CHAP was used: what another
     /// target's login would ask of this initiator is compared with them.
@@ -327,7 +327,7 @@ struct AuthCreds<'a> {
     per_initiator: bool,
     /// Mutual CHAP credentials of the target.
     mutual: Option<&'a ChapCredentials>,
-    /// CHAP with MD5 is refused.
+    /// CHAP with MD5 or SHA-1 is refused.
     refuse_md5: bool,
 }
 

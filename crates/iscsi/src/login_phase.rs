@@ -236,10 +236,11 @@ async fn register(
         chap_user: n.chap_user.clone(),
         chap_per_initiator: n.chap_per_initiator,
         chap_proven: n.chap_proven.clone(),
-        chap_weak: n
-            .chap_algorithm
-            .and_then(|a| iscsi_proto::chap::ChapAlgorithm::from_code(a.into()))
-            .is_some_and(iscsi_proto::chap::ChapAlgorithm::is_weak),
+        // (a code it does not know counts as weak: it cannot happen)
+        chap_weak: n.chap_algorithm.is_some_and(|a| {
+            iscsi_proto::chap::ChapAlgorithm::from_code(a.into())
+                .is_none_or(iscsi_proto::chap::ChapAlgorithm::is_weak)
+        }),
         tpgt: n.tpgt,
     };
     let (session, old) = ctx
