@@ -207,7 +207,7 @@ pub(crate) fn tls_to_use() -> Result<Option<std::sync::Arc<api::tls::rustls::Cli
 pub(crate) fn use_credentials(a: &crate::poolcmd::ApiArg) {
     if let Some(t) = a.token.as_deref() {
         // `ps` shows the command line to every user of the host
-        crate::cmdline::hide(t);
+        crate::cmdline::hide_option("--token", t);
     }
     let (token, from) = find_token(a);
     let mut dirs: Vec<PathBuf> = from.into_iter().collect();

@@ -257,6 +257,10 @@ fn chap_of(a_user: &Option<String>, a_secret: &Option<String>) -> Result<Option<
 
 /// Runs `freesan bench`.
 pub async fn run(a: RunArgs) -> Result<()> {
+    if let Some(s) = &a.chap_secret {
+        // `ps` shows the command line to every user of the host
+        crate::cmdline::hide_option("--chap-secret", s);
+    }
     let Some(target) = a.target.clone() else {
         bail!("--target URL is required (iscsi://HOST:PORT/IQN/LUN, nbd://HOST:PORT/EXPORT or file:PATH)");
     };

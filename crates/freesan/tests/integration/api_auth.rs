@@ -663,25 +663,55 @@ print(repr(got), flush=True)
 /// `--token` shows in `ps` to every user of the host: the CLI overwrites it
 /// in its own command line as soon as it has read it, so a look at the
 /// running command (here, while it waits for the API's answer) finds `x`s
-/// where the token was.
+/// where the token was, in both spellings, and the API address, which holds
+/// the same digits, left alone.
 #[test]
 fn a_token_given_on_the_command_line_does_not_stay_in_it() {
-    const SECRET: &str = "seen-by-ps-0123456789abcdef";
     let api = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let addr = api.local_addr().unwrap().to_string();
-    let mut cli = std::process::Command::new(env!("CARGO_BIN_EXE_freesan"))
-        .args(["pool", "status", "--api", &addr, "--token", SECRET])
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
-    // connected: it has read its arguments, and waits for an answer
-    let (held, _) = api.accept().unwrap();
-    let seen = std::fs::read(format!("/proc/{}/cmdline", cli.id())).unwrap();
-    drop(held);
-    cli.wait().unwrap();
-    let seen = String::from_utf8_lossy(&seen).replace('\0', " ");
-    assert!(!seen.contains(SECRET), "{seen}");
-    assert!(seen.contains(&"x".repeat(SECRET.len())), "{seen}");
-    assert!(seen.contains("pool status --api"), "{seen}");
+    let addr = api.local_addr().unwrap();
+    // the port as the token: only the option's value may be hidden
+    let secret = addr.port().to_string();
+    let addr = addr.to_string();
+    api.set_nonblocking(true).unwrap();
+    for spelled in [
+        vec!["--token".to_string(), secret.clone()],
+        vec![format!("--token={secret}")],
+    ] {
+        let mut cli = std::process::Command::new(env!("CARGO_BIN_EXE_freesan"))
+            .args(["pool", "status", "--api", &addr])
+            .args(&spelled)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        // connected: it has read its arguments, and waits for an answer
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        let held = loop {
+            match api.accept() {
+                Ok((c, _)) => break c,
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                    assert!(
+                        cli.try_wait().unwrap().is_none(),
+                        "the CLI ended without connecting"
+                    );
+                    assert!(std::time::Instant::now() < deadline, "no connection");
+                    std::thread::sleep(Duration::from_millis(10));
+                }
+                Err(e) => panic!("{e}"),
+            }
+        };
+        let seen = std::fs::read(format!("/proc/{}/cmdline", cli.id())).unwrap();
+        drop(held);
+        let out = cli.wait_with_output().unwrap();
+        let seen = String::from_utf8_lossy(&seen).replace('\0', " ");
+        let hidden = "x".repeat(secret.len());
+        assert!(seen.contains(&format!("--api {addr}")), "{seen}");
+        assert!(
+            seen.ends_with(&format!("--token {hidden} "))
+                || seen.ends_with(&format!("--token={hidden} ")),
+            "{seen}"
+        );
+        let said = String::from_utf8_lossy(&out.stderr);
+        assert!(!said.contains("could not be hidden"), "{said}");
+    }
 }
