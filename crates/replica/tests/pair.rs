@@ -1402,6 +1402,52 @@ async fn a_resync_source_without_its_lease_serves_no_reads() {
     same_contents(&m1, &(held.clone() as VolumeRef)).await;
 }
 
+/// A pair mid-resync, held there: node 2 (preferred, on a fault layer and a
+/// hold layer over `m2`) wrote alone in two regions (64 KiB: 128 blocks
+/// each), the first and the one at block 4096, while node 1 was down; node 1
+/// came back as the resync target, the resync copied the first region and
+/// waits at node 2's disk to read the second.
+struct HeldResync {
+    n1: Arc<ReplicatedVolume>,
+    n2: Arc<ReplicatedVolume>,
+    m1: VolumeRef,
+    m2: VolumeRef,
+    faulty: Arc<block::FaultVolume>,
+    held: Arc<block::HoldVolume>,
+}
+
+async fn resync_held_at_its_second_region(dir: &Path) -> HeldResync {
+    let m1: VolumeRef = Arc::new(MemVolume::new(512, BLOCKS));
+    let m2: VolumeRef = Arc::new(MemVolume::new(512, BLOCKS));
+    let faulty = Arc::new(block::FaultVolume::new(m2.clone()));
+    let held = Arc::new(block::HoldVolume::new(faulty.clone()));
+    let (n2, addr2) = node2(dir, 2, held.clone(), None).await;
+    let n1 = node1(dir, 2, m1.clone(), addr2, None).await;
+    both_in_sync(&n1, &n2).await;
+    n1.shutdown().await;
+    for lba in [0, 4096] {
+        n2.write(lba, Bytes::from(vec![9u8; 4096]), false)
+            .await
+            .unwrap();
+    }
+    held.reads.hold_range(4096, 4096 + 128);
+    let n1 = node1(dir, 2, m1.clone(), addr2, None).await;
+    held.reads.arrivals(1).await;
+    assert!(
+        n2.wait_until(|s| s.resync_regions_done >= 1, WAIT).await,
+        "{:?}",
+        n2.status()
+    );
+    HeldResync {
+        n1,
+        n2,
+        m1,
+        m2,
+        faulty,
+        held,
+    }
+}
+
 /// A write during a resync that fails on the source's copy alone (the
 /// target took it) leaves the copies different in its region, which the
 /// resync copied already: the region is copied again before the copies are
@@ -1410,31 +1456,14 @@ async fn a_resync_source_without_its_lease_serves_no_reads() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_region_a_failed_write_changed_after_its_resync_copy_is_copied_again() {
     let d = tempfile::tempdir().unwrap();
-    let m1: VolumeRef = Arc::new(MemVolume::new(512, BLOCKS));
-    let m2: VolumeRef = Arc::new(MemVolume::new(512, BLOCKS));
-    let faulty = Arc::new(block::FaultVolume::new(m2.clone()));
-    let held = Arc::new(block::HoldVolume::new(faulty.clone()));
-    let (n2, addr2) = node2(d.path(), 2, held.clone(), None).await;
-    let n1 = node1(d.path(), 2, m1.clone(), addr2, None).await;
-    both_in_sync(&n1, &n2).await;
-    // node 1 fails; node 2 (preferred) writes alone in two regions (64 KiB:
-    // 128 blocks each), the first and the one at block 4096
-    n1.shutdown().await;
-    for lba in [0, 4096] {
-        n2.write(lba, Bytes::from(vec![9u8; 4096]), false)
-            .await
-            .unwrap();
-    }
-    // node 1 returns; the resync copies the first region and waits at node
-    // 2's disk to read the second
-    held.reads.hold_range(4096, 4096 + 128);
-    let n1 = node1(d.path(), 2, m1.clone(), addr2, None).await;
-    held.reads.arrivals(1).await;
-    assert!(
-        n2.wait_until(|s| s.resync_regions_done >= 1, WAIT).await,
-        "{:?}",
-        n2.status()
-    );
+    let HeldResync {
+        n1,
+        n2,
+        m1,
+        m2,
+        faulty,
+        held,
+    } = resync_held_at_its_second_region(d.path()).await;
     // a write into the copied region fails on node 2's disk alone
     faulty.plan().lock().bad_write_blocks = std::iter::once(0..128).collect();
     let e = n2.write(0, Bytes::from(vec![4u8; 4096]), false).await;
@@ -1457,32 +1486,16 @@ async fn a_region_a_failed_write_changed_after_its_resync_copy_is_copied_again()
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_copy_failing_a_write_is_kept_while_the_partner_is_a_resync_target() {
     let d = tempfile::tempdir().unwrap();
-    let m1: VolumeRef = Arc::new(MemVolume::new(512, BLOCKS));
-    let m2: VolumeRef = Arc::new(MemVolume::new(512, BLOCKS));
-    let faulty = Arc::new(block::FaultVolume::new(m2.clone()));
-    let held = Arc::new(block::HoldVolume::new(faulty.clone()));
-    let (n2, addr2) = node2(d.path(), 2, held.clone(), None).await;
-    let n1 = node1(d.path(), 2, m1.clone(), addr2, None).await;
-    both_in_sync(&n1, &n2).await;
-    // node 1 fails; node 2 (preferred) writes alone in two regions (64 KiB:
-    // 128 blocks each), the first and the one at block 4096
-    n1.shutdown().await;
-    for lba in [0, 4096] {
-        n2.write(lba, Bytes::from(vec![9u8; 4096]), false)
-            .await
-            .unwrap();
-    }
-    // node 1 returns as the resync target; the resync copies the first
-    // region (a change: the target's copy is unfinished from then on) and
-    // waits at node 2's disk to read the second
-    held.reads.hold_range(4096, 4096 + 128);
-    let n1 = node1(d.path(), 2, m1.clone(), addr2, None).await;
-    held.reads.arrivals(1).await;
-    assert!(
-        n2.wait_until(|s| s.resync_regions_done >= 1, WAIT).await,
-        "{:?}",
-        n2.status()
-    );
+    // (the first region's copy is a change: the target's copy is unfinished
+    // from then on)
+    let HeldResync {
+        n1,
+        n2,
+        m1,
+        m2,
+        faulty,
+        held,
+    } = resync_held_at_its_second_region(d.path()).await;
     let s1 = n1.status();
     assert_eq!((s1.role, s1.state), (Role::Target, "resyncing"), "{s1:?}");
     assert!(
