@@ -37,6 +37,15 @@ pub enum ChapAlgorithm {
 }
 
 impl ChapAlgorithm {
+    /// Every algorithm this target speaks, weakest first (the order
+    /// [`Self::choose`] prefers them in).
+    pub const ALL: [ChapAlgorithm; 4] = [
+        ChapAlgorithm::Md5,
+        ChapAlgorithm::Sha1,
+        ChapAlgorithm::Sha256,
+        ChapAlgorithm::Sha3_256,
+    ];
+
     /// The CHAP_A number.
     pub fn code(self) -> u32 {
         match self {
@@ -80,14 +89,9 @@ impl ChapAlgorithm {
             .max_by_key(|a| a.rank())
     }
 
-    /// The order of preference.
-    fn rank(self) -> u8 {
-        match self {
-            ChapAlgorithm::Md5 => 0,
-            ChapAlgorithm::Sha1 => 1,
-            ChapAlgorithm::Sha256 => 2,
-            ChapAlgorithm::Sha3_256 => 3,
-        }
+    /// The order of preference: [`Self::ALL`]'s.
+    fn rank(self) -> usize {
+        Self::ALL.iter().position(|&a| a == self).unwrap_or(0)
     }
 
     /// Length of a response (the digest) in bytes.
@@ -107,40 +111,26 @@ impl ChapAlgorithm {
     /// The CHAP response: H(identifier || secret || challenge).
     pub fn response(self, id: u8, secret: &[u8], challenge: &[u8]) -> Vec<u8> {
         match self {
-            ChapAlgorithm::Md5 => response(id, secret, challenge).to_vec(),
-            ChapAlgorithm::Sha1 => digest::<Sha1>(id, secret, challenge),
-            ChapAlgorithm::Sha256 => digest::<Sha256>(id, secret, challenge),
-            ChapAlgorithm::Sha3_256 => digest::<Sha3_256>(id, secret, challenge),
+            ChapAlgorithm::Md5 => digest::<Md5>(id, secret, challenge).to_vec(),
+            ChapAlgorithm::Sha1 => digest::<Sha1>(id, secret, challenge).to_vec(),
+            ChapAlgorithm::Sha256 => digest::<Sha256>(id, secret, challenge).to_vec(),
+            ChapAlgorithm::Sha3_256 => digest::<Sha3_256>(id, secret, challenge).to_vec(),
         }
     }
 }
 
 /// H(identifier || secret || challenge) with the digest `D`.
-fn digest<D: Digest>(id: u8, secret: &[u8], challenge: &[u8]) -> Vec<u8> {
+fn digest<D: Digest>(id: u8, secret: &[u8], challenge: &[u8]) -> md5::digest::Output<D> {
     let mut h = D::new();
     h.update([id]);
     h.update(secret);
     h.update(challenge);
-    h.finalize().to_vec()
-}
-
-impl ChapAlgorithm {
-    /// Every algorithm this target speaks, weakest first.
-    pub const ALL: [ChapAlgorithm; 4] = [
-        ChapAlgorithm::Md5,
-        ChapAlgorithm::Sha1,
-        ChapAlgorithm::Sha256,
-        ChapAlgorithm::Sha3_256,
-    ];
+    h.finalize()
 }
 
 /// The MD5 CHAP response: MD5(identifier || secret || challenge).
 pub fn response(id: u8, secret: &[u8], challenge: &[u8]) -> [u8; 16] {
-    let mut h = Md5::new();
-    h.update([id]);
-    h.update(secret);
-    h.update(challenge);
-    h.finalize().into()
+    digest::<Md5>(id, secret, challenge).into()
 }
 
 /// Compares two byte strings in time independent of where they differ.
