@@ -57,12 +57,11 @@ fn claim_exclusive(file: &File, path: &Path) -> Result<File, BlockError> {
 /// [`claim_exclusive`] through the descriptor directory `fds`.
 fn claim_through(fds: &Path, file: &File, path: &Path) -> Result<File, BlockError> {
     // (for writing too: the volume's discards go through it)
-    let claimed = while_busy(
-        || reopen(fds, file, path, true, libc::O_EXCL),
-        |e| matches!(e, Reopened::Failed(e) if e.raw_os_error() == Some(libc::EBUSY)),
-    );
+    let busy =
+        |e: &BlockError| matches!(e, BlockError::Io(e) if e.raw_os_error() == Some(libc::EBUSY));
+    let claimed = while_busy(|| reopen(fds, file, path, true, libc::O_EXCL), busy);
     claimed.map_err(|e| match e {
-        Reopened::Failed(e) if e.raw_os_error() == Some(libc::EBUSY) => {
+        e if busy(&e) => {
             BlockError::Io(io::Error::new(
                 io::ErrorKind::ResourceBusy,
                 format!(
@@ -71,7 +70,7 @@ fn claim_through(fds: &Path, file: &File, path: &Path) -> Result<File, BlockErro
                 ),
             ))
         }
-        other => other.into(),
+        other => other,
     })
 }
 
@@ -93,7 +92,6 @@ fn claim_file(fds: &Path, file: &File, path: &Path) -> Result<Option<File>, Bloc
     let claim = match reopen(fds, file, path, true, 0) {
         Ok(c) => c,
         Err(e) => {
-            let e = BlockError::from(e);
             tracing::warn!(path = %path.display(), error = %e,
                 "the file cannot be claimed: nothing stops a second writer configured on it");
             return Ok(None);
@@ -153,25 +151,15 @@ fn while_busy<T, E>(
     }
 }
 
-/// Why opening a descriptor again through `/proc/self/fd` failed.
-enum Reopened {
-    /// The descriptor directory is missing.
-    NoProc(BlockError),
-    Failed(io::Error),
-}
-
-impl From<Reopened> for BlockError {
-    fn from(r: Reopened) -> Self {
-        match r {
-            Reopened::NoProc(e) => e,
-            Reopened::Failed(e) => e.into(),
-        }
-    }
-}
-
 /// Opens what `file` is open on again (a description of its own), through
-/// the descriptor directory `fds`.
-fn reopen(fds: &Path, file: &File, path: &Path, write: bool, flags: i32) -> Result<File, Reopened> {
+/// the descriptor directory `fds`; a missing directory is said so.
+fn reopen(
+    fds: &Path,
+    file: &File,
+    path: &Path,
+    write: bool,
+    flags: i32,
+) -> Result<File, BlockError> {
     let me = fds.join(file.as_raw_fd().to_string());
     OpenOptions::new()
         .read(true)
@@ -182,16 +170,16 @@ fn reopen(fds: &Path, file: &File, path: &Path, write: bool, flags: i32) -> Resu
             if e.kind() == io::ErrorKind::NotFound {
                 // the descriptor is open: /proc is missing (or belongs to another
                 // PID namespace, where /proc/self names nothing)
-                Reopened::NoProc(BlockError::Io(io::Error::new(
+                BlockError::Io(io::Error::new(
                     io::ErrorKind::NotFound,
                     format!(
                         "cannot claim {} exclusively: {} is missing (is /proc mounted? freesan opens the device or file again through it, so that nothing else writes under it)",
                         path.display(),
                         fds.display()
                     ),
-                )))
+                ))
             } else {
-                Reopened::Failed(e)
+                e.into()
             }
         })
 }
