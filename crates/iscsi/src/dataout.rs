@@ -51,7 +51,6 @@ pub(crate) struct WriteTask {
     unsolicited: Option<Seq>,
     r2ts: Vec<Seq>,
     next_r2t_off: u32,
-    r2t_sn: u32,
     /// The node budget held for `buf` (and the command's Data-In, if any).
     permit: BufferPermit,
     /// When it was created or last took Data-Out bytes.
@@ -115,7 +114,6 @@ impl WriteTask {
             unsolicited,
             r2ts: Vec::new(),
             next_r2t_off: unsolicited_end,
-            r2t_sn: 0,
             permit: BufferPermit::empty(),
             progress: std::time::Instant::now(),
             created: std::time::Instant::now(),
@@ -198,13 +196,13 @@ impl WriteTask {
                 lun: self.info.lun_raw,
                 itt: self.info.itt,
                 ttt,
-                r2t_sn: self.r2t_sn,
+                // (R2TSNs count from 0: the next is the number sent)
+                r2t_sn: self.info.r2ts_sent,
                 buffer_offset_bytes: self.next_r2t_off,
                 desired_len_bytes: len,
             });
-            self.r2t_sn = self.r2t_sn.wrapping_add(1);
             // counted in whatever answers the write (its response, an error)
-            self.info.r2ts_sent = self.r2t_sn;
+            self.info.r2ts_sent = self.info.r2ts_sent.wrapping_add(1);
             self.next_r2t_off += len;
         }
         out
