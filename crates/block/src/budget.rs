@@ -32,9 +32,9 @@
 //! held 2 GiB for hours and every other client waited behind it. So each
 //! session (an iSCSI session, an NBD connection) takes its bytes from a
 //! [`session`](BufferBudget::session_from) budget of its own, a share of the node's
-//! (`[limits] session_buffer_max`, a quarter of the node's by default, at
-//! least [`SESSION_BYTES_MIN`]), and
-//! then from the node's: a permit holds the same bytes at both levels. A
+//! (`[limits] session_buffer_max`, an eighth of the node's by default: see
+//! *Sources*), and then from the node's: a permit holds the same bytes at
+//! every level. A
 //! session at its share waits on its own, holding nothing of the node's beyond
 //! what it already has; the rules above apply at each level (a session's bytes
 //! are released by the same events as the node's).
