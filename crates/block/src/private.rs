@@ -3,6 +3,12 @@
 //! for group or others, `chmod 600`), and their owner is this process's user
 //! or root: a secret another user can read is no secret, and one another user
 //! can write decides who is trusted.
+//!
+//! One exception, for a node run as a user of its own (the package's
+//! `freesan`): a file root owns may also be read by this process's group
+//! (`root:freesan`, `chmod 640`), as Debian gives a service its keys. The
+//! service can read it and not rewrite it; the group must be this process's
+//! own (its effective group), not root's, and may not write or run it.
 
 use std::fmt;
 use std::io::Read;
@@ -26,7 +32,9 @@ impl fmt::Display for PrivateError {
             PrivateError::Io(e) => write!(f, "{e}"),
             PrivateError::Exposed(mode) => write!(
                 f,
-                "holds secrets and other users may read it (mode {mode:o}): chmod 600 it"
+                "holds secrets and other users may read it (mode {mode:o}): chmod 600 it \
+                 (a node run as a user of its own may also read a file of root's that \
+                 only its own group reads: chmod 640, chgrp to that group)"
             ),
             PrivateError::Foreign(uid) => write!(
                 f,
@@ -39,14 +47,22 @@ impl fmt::Display for PrivateError {
 impl std::error::Error for PrivateError {}
 
 fn judge(meta: &std::fs::Metadata) -> Result<(), PrivateError> {
-    let mode = meta.mode() & 0o777;
-    if mode & 0o077 != 0 {
+    // SAFETY: geteuid and getegid have no preconditions and cannot fail
+    let (uid, gid) = unsafe { (libc::geteuid(), libc::getegid()) };
+    judge_for(meta.mode(), meta.uid(), meta.gid(), uid, gid)
+}
+
+/// The rule for a file of `mode`, `owner` and `group`, read by a process of
+/// user `uid` and effective group `gid`.
+fn judge_for(mode: u32, owner: u32, group: u32, uid: u32, gid: u32) -> Result<(), PrivateError> {
+    let mode = mode & 0o777;
+    // root's file its reader's own group may read (not root's group)
+    let group_read = owner == 0 && gid != 0 && group == gid && mode & 0o070 == 0o040;
+    if mode & 0o007 != 0 || (mode & 0o070 != 0 && !group_read) {
         return Err(PrivateError::Exposed(mode));
     }
-    // SAFETY: geteuid has no preconditions and cannot fail
-    let me = unsafe { libc::geteuid() };
-    if meta.uid() != me && meta.uid() != 0 {
-        return Err(PrivateError::Foreign(meta.uid()));
+    if owner != uid && owner != 0 {
+        return Err(PrivateError::Foreign(owner));
     }
     Ok(())
 }
@@ -105,5 +121,41 @@ mod tests {
             assert!(matches!(read(&f), Err(PrivateError::Foreign(65534))));
             assert!(check(&f).is_err());
         }
+    }
+
+    /// A service run as a user of its own (uid and group 105 here) may read
+    /// root's file its group may read, and nothing looser.
+    #[test]
+    fn roots_file_the_services_group_may_read_is_read() {
+        let service = |mode, owner, group| judge_for(mode, owner, group, 105, 105);
+        service(0o640, 0, 105).expect("root:freesan 640");
+        service(0o600, 105, 105).expect("its own 600");
+        service(0o600, 0, 0).expect("root's 600");
+        for (mode, owner, group) in [
+            (0o660, 0, 105), // the group may write it
+            (0o650, 0, 105), // or run it
+            (0o644, 0, 105), // everybody reads it
+            (0o641, 0, 105),
+            (0o640, 0, 100),   // another group reads it
+            (0o640, 105, 105), // its own, but the group reads it: 600 is the rule
+            (0o640, 7, 105),   // another user's
+        ] {
+            assert!(
+                service(mode, owner, group).is_err(),
+                "{mode:o} {owner}:{group}"
+            );
+        }
+        assert!(matches!(
+            service(0o640, 7, 105),
+            Err(PrivateError::Exposed(0o640))
+        ));
+        assert!(matches!(
+            service(0o600, 7, 105),
+            Err(PrivateError::Foreign(7))
+        ));
+        // a node run as root gets no group exception: root's group is not a
+        // service's own
+        assert!(judge_for(0o640, 0, 0, 0, 0).is_err());
+        assert!(judge_for(0o600, 0, 0, 0, 0).is_ok());
     }
 }

@@ -5,7 +5,9 @@
 //! The token a command sends is, first found: `--token`, `$FREESAN_API_TOKEN`,
 //! `--data-dir DIR` (then `DIR/api/cli-token`), the data directory of the node
 //! serving the API address on this host (each node notes it in a private runtime
-//! folder, see [`control::api_node`]), `./freesan-data/api/cli-token`. When the
+//! folder, see [`control::api_node`]), `./freesan-data/api/cli-token`, then the
+//! package's `/var/lib/freesan/api/cli-token` (the service runs as its own user
+//! with a private /tmp, so its note is not where root's CLI looks). When the
 //! node serves TLS, the CLI trusts only its certificate: `--tls-cert`, else
 //! `api/serving-cert.pem` of the data directory the token came from.
 //!
@@ -18,6 +20,9 @@ use std::sync::OnceLock;
 
 /// The default data directory, as `freesan serve` uses it.
 pub const DEFAULT_DATA_DIR: &str = "./freesan-data";
+
+/// The data directory of the installed service (`packaging/freesan.toml`).
+pub const PACKAGED_DATA_DIR: &str = "/var/lib/freesan";
 
 /// `freesan api` subcommands.
 #[derive(clap::Subcommand, Debug, Clone)]
@@ -121,6 +126,10 @@ pub fn run(cmd: ApiCmd) -> Result<()> {
 }
 
 fn token(cmd: TokenCmd) -> Result<()> {
+    let (TokenCmd::Create { data_dir, .. }
+    | TokenCmd::List { data_dir, .. }
+    | TokenCmd::Revoke { data_dir, .. }) = &cmd;
+    act_as_owner_of(data_dir)?;
     match cmd {
         TokenCmd::Create {
             role,
@@ -174,6 +183,45 @@ fn token(cmd: TokenCmd) -> Result<()> {
     Ok(())
 }
 
+/// Root working on the data directory of a node run as a user of its own
+/// (the package's `freesan`) becomes that user for good before touching it,
+/// so what it writes there is the node's. Before, `freesan api token create`
+/// run by root left a tokens file of root's, mode 0600: the node could no
+/// longer read it and accepted no token at all, its CLI's own included.
+/// Nothing to do for any other user (the node's folder is 0700: only its
+/// owner gets in) or a folder root owns or that does not exist yet.
+fn act_as_owner_of(data_dir: &Path) -> Result<()> {
+    use std::os::unix::fs::MetadataExt;
+    // SAFETY: geteuid only reads the process's credentials.
+    if unsafe { libc::geteuid() } != 0 {
+        return Ok(());
+    }
+    let Ok(m) = std::fs::metadata(data_dir) else {
+        return Ok(());
+    };
+    let (uid, gid) = (m.uid(), m.gid());
+    if uid == 0 {
+        return Ok(());
+    }
+    // groups, then the group, then the user: once the user is changed, none
+    // of them could be. glibc applies each to every thread of the process.
+    // SAFETY: plain system calls on this process's credentials, with no
+    // pointer but a null list of length 0.
+    let failed = unsafe {
+        libc::setgroups(0, std::ptr::null()) != 0
+            || libc::setresgid(gid, gid, gid) != 0
+            || libc::setresuid(uid, uid, uid) != 0
+    };
+    if failed {
+        bail!(
+            "becoming user {uid} (the owner of {}) failed: {}",
+            data_dir.display(),
+            std::io::Error::last_os_error()
+        );
+    }
+    Ok(())
+}
+
 /// What the API commands of this process send and trust (set once in `main`).
 struct Credentials {
     token: Option<String>,
@@ -220,16 +268,32 @@ pub(crate) fn use_credentials(a: &crate::poolcmd::ApiArg) {
 }
 
 /// The users a node this CLI talks to may run as: root, this CLI's own user,
-/// and the owner of the `api/` folder of `dirs`: the data directory the token
-/// was read from and `--data-dir` (the node made them). Not every directory
-/// looked in: `./freesan-data` in a folder another user controls would have
-/// let that user in (review of 2026-12-07).
+/// the owner of the `api/` folder of `dirs` (the data directory the token was
+/// read from and `--data-dir`: the node made them), and the owner of the
+/// package's `/var/lib/freesan`, the user the service runs as (only root can
+/// make or give away a folder in a `/var/lib` only root may write), also when
+/// the token comes from elsewhere or the CLI's user cannot look inside. Not
+/// every directory looked in: `./freesan-data` in a folder another user
+/// controls would have let that user in (review of 2026-12-07).
 fn node_users(dirs: &[PathBuf]) -> Vec<u32> {
-    use std::os::unix::fs::MetadataExt;
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
     // SAFETY: geteuid only reads the process's credentials.
     let mut users = vec![0, unsafe { libc::geteuid() }];
     for d in dirs {
         if let Ok(m) = std::fs::metadata(d.join("api")) {
+            users.push(m.uid());
+        }
+    }
+    let packaged = Path::new(PACKAGED_DATA_DIR);
+    let only_root_writes = |p: &Path| {
+        std::fs::symlink_metadata(p)
+            .is_ok_and(|m| m.is_dir() && m.uid() == 0 && m.permissions().mode() & 0o022 == 0)
+    };
+    if packaged.ancestors().skip(1).all(only_root_writes) {
+        if let Some(m) = std::fs::symlink_metadata(packaged)
+            .ok()
+            .filter(|m| m.is_dir())
+        {
             users.push(m.uid());
         }
     }
@@ -281,6 +345,7 @@ fn data_dirs(a: &crate::poolcmd::ApiArg) -> Vec<PathBuf> {
         .into_iter()
         .collect();
     v.push(PathBuf::from(DEFAULT_DATA_DIR));
+    v.push(PathBuf::from(PACKAGED_DATA_DIR));
     v
 }
 

@@ -1,9 +1,13 @@
 //! The Debian package: `cargo deb` builds it from this build's binary (no second
-//! build), `dpkg -i` installs the binary, the unit and the configuration,
-//! `systemd-analyze verify` accepts the unit, and the installed binary started
-//! with the installed configuration serves its LUN (in a network namespace of
-//! its own, so its default ports 3260 and 8260 collide with nothing). The
-//! package is purged and /var/lib/freesan removed at the end.
+//! build), `dpkg -i` installs the binary, the unit, the configuration and the
+//! user `freesan` (in group disk) the node runs as, `systemd-analyze verify`
+//! accepts the unit, and the installed binary started as that user with the
+//! installed configuration (root's, readable by the group freesan, holding a
+//! secret) serves its LUN (in a network namespace of its own, so its default
+//! ports 3260 and 8260 collide with nothing). Root's CLI finds the node's
+//! token without being told where, and a token root makes is one the node
+//! reads. The package is purged, /var/lib/freesan removed and the user (when
+//! the test made it) deleted at the end.
 //!
 //! Installs on this machine: needs root, dpkg and cargo-deb; skipped otherwise
 //! (a failure under FREESAN_REQUIRE_TOOLS=1).
@@ -17,13 +21,20 @@ use std::process::Command;
 const UNIT: &str = "/usr/lib/systemd/system/freesan.service";
 const CONFIG: &str = "/etc/freesan/freesan.toml";
 
-/// Purges the package and its data directory, also when the test fails.
-struct Purge;
+/// Purges the package and its data directory, also when the test fails, and
+/// deletes the user the package made (a package leaves it, as Debian's do).
+struct Purge {
+    user_was_there: bool,
+}
 
 impl Drop for Purge {
     fn drop(&mut self) {
         let _ = Command::new("dpkg").args(["--purge", "freesan"]).output();
         let _ = std::fs::remove_dir_all("/var/lib/freesan");
+        if !self.user_was_there {
+            let _ = Command::new("userdel").arg("freesan").output();
+            let _ = Command::new("groupdel").arg("freesan").output();
+        }
     }
 }
 
@@ -70,7 +81,9 @@ fn debian_package_installs_and_serves() {
         .filter_map(|e| e.ok().map(|e| e.path()))
         .find(|p| p.extension().is_some_and(|x| x == "deb"))
         .expect("a .deb");
-    let _purge = Purge;
+    let _purge = Purge {
+        user_was_there: run("getent", &["passwd", "freesan"]).0,
+    };
     let (ok, log) = run("dpkg", &["-i", &deb.display().to_string()]);
     assert!(ok, "dpkg -i: {log}");
     for f in ["/usr/bin/freesan", UNIT, CONFIG] {
@@ -80,19 +93,53 @@ fn debian_package_installs_and_serves() {
     assert!(ok && log.trim().is_empty(), "installed files differ: {log}");
     let (ok, log) = run("systemd-analyze", &["verify", UNIT]);
     assert!(ok, "systemd-analyze verify: {log}");
+    let unit = std::fs::read_to_string(UNIT).unwrap();
+    assert!(unit.lines().any(|l| l == "User=freesan"), "{unit}");
 
-    // the installed binary with the installed configuration, in a network
-    // namespace: serves LUN 0, answers status, stops cleanly on SIGTERM
+    // the user, its group disk, and what it owns or may read
+    let (ok, groups) = run("id", &["-nG", "freesan"]);
+    assert!(ok, "no user freesan: {groups}");
+    let groups: Vec<&str> = groups.split_whitespace().collect();
+    assert!(
+        groups.contains(&"freesan") && groups.contains(&"disk"),
+        "{groups:?}"
+    );
+    let (_, owners) = run("stat", &["-c", "%U:%G %a", CONFIG, "/var/lib/freesan"]);
+    assert_eq!(
+        owners.lines().collect::<Vec<_>>(),
+        ["root:freesan 640", "freesan:freesan 700"],
+        "the configuration and the data directory"
+    );
+    // a secret in the configuration: accepted from root's file the node's
+    // group alone may read (refused in any other file but a 0600 one)
+    let config = std::fs::read_to_string(CONFIG).unwrap().replacen(
+        "data_dir =",
+        "discovery_chap = { user = \"disc\", secret = \"discovery-secret-1\" }\ndata_dir =",
+        1,
+    );
+    std::fs::write(CONFIG, config).unwrap();
+
+    // the installed binary with the installed configuration, run as the
+    // unit runs it (user freesan, its groups) in a network namespace: serves
+    // LUN 0, answers root's status (the token found in /var/lib/freesan
+    // without --data-dir), reads the token root makes, stops cleanly on SIGTERM
     let script = format!(
         "set -e\n\
          ip link set lo up\n\
-         /usr/bin/freesan serve --config {CONFIG} --log-format json 2> {d}/serve.log &\n\
+         setpriv --reuid freesan --regid freesan --init-groups --inh-caps=-all \
+           /usr/bin/freesan serve --config {CONFIG} --log-format json 2> {d}/serve.log &\n\
          pid=$!\n\
+         trap 'kill $pid 2>/dev/null || true' EXIT\n\
          for i in $(seq 600); do grep -q 'connect with:' {d}/serve.log && break; kill -0 $pid; sleep 0.05; done\n\
+         echo \"node uid $(stat -c %U /proc/$pid)\"\n\
          iscsi-inq iscsi://127.0.0.1:3260/iqn.2026-11.org.freesan:storage/0\n\
          /usr/bin/freesan bench --target iscsi://127.0.0.1:3260/iqn.2026-11.org.freesan:storage/0 \
            --single-path --rw randwrite --bs 4k --secs 1 --ramp 0 --verify --quiet\n\
-         /usr/bin/freesan status --api 127.0.0.1:8260 --data-dir /var/lib/freesan\n\
+         /usr/bin/freesan status --api 127.0.0.1:8260\n\
+         tok=$(/usr/bin/freesan api token create --role read-only --name by-root --data-dir /var/lib/freesan)\n\
+         echo \"tokens file $(stat -c %U /var/lib/freesan/api/tokens.json)\"\n\
+         FREESAN_API_TOKEN=$tok /usr/bin/freesan status --api 127.0.0.1:8260 | grep -q 'health  '\n\
+         /usr/bin/freesan status --api 127.0.0.1:8260\n\
          kill -TERM $pid\n\
          wait $pid\n",
         d = out.path().display()
@@ -100,6 +147,8 @@ fn debian_package_installs_and_serves() {
     let (ok, log) = run("unshare", &["-n", "bash", "-c", &script]);
     let serve_log = std::fs::read_to_string(out.path().join("serve.log")).unwrap_or_default();
     assert!(ok, "the installed node: {log}\nserve log:\n{serve_log}");
+    assert!(log.contains("node uid freesan"), "{log}");
+    assert!(log.contains("tokens file freesan"), "{log}");
     assert!(log.contains("Vendor") || log.contains("vendor"), "{log}");
     assert!(log.contains("health         ok"), "{log}");
     assert!(serve_log.contains("freesan stopped cleanly"), "{serve_log}");
