@@ -1475,6 +1475,60 @@ async fn a_region_a_failed_write_changed_after_its_resync_copy_is_copied_again()
     same_contents(&m1, &m2).await;
 }
 
+/// A resync target's copy is marked partial (persisted) by the first change
+/// the resync makes to it: from then on it may hold half of the source's
+/// changes, so with the source lost the operator's keep refuses it, whatever
+/// else is true. Before that change it was whole, only not consistent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_resync_targets_first_change_marks_its_copy_partial() {
+    let d = tempfile::tempdir().unwrap();
+    let meta1 = d.path().join("node1/replica.meta.json");
+    let HeldResync {
+        n1,
+        n2,
+        m1,
+        m2,
+        held,
+        ..
+    } = resync_held_at_its_second_region(d.path()).await;
+    let s1 = n1.status();
+    assert_eq!((s1.role, s1.state), (Role::Target, "resyncing"), "{s1:?}");
+    assert!(s1.partial && !s1.consistent, "{s1:?}");
+    // the target stops half way: its meta file says so
+    n1.shutdown().await;
+    let m: serde_json::Value = serde_json::from_slice(&std::fs::read(&meta1).unwrap()).unwrap();
+    assert_eq!(
+        (&m["partial"], &m["consistent"]),
+        (&true.into(), &false.into()),
+        "{m}"
+    );
+    // the source is lost too; node 1 comes back alone: down, and its copy
+    // cannot be kept because the resync changed it
+    held.reads.open();
+    n2.shutdown().await;
+    // (an address where nothing listens)
+    let addr2 = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap();
+    let n1 = node1(d.path(), 2, m1.clone(), addr2, None).await;
+    assert!(
+        n1.wait_until(|s| s.role == Role::Down, WAIT).await,
+        "{:?}",
+        n1.status()
+    );
+    assert!(n1.status().partial, "{:?}", n1.status());
+    let e = n1.keep_copy().await.unwrap_err();
+    assert!(e.contains("changed by a resync"), "{e}");
+    // the source returns: the resync ends and the copies agree
+    n1.shutdown().await;
+    let (n2, addr2) = node2(d.path(), 2, m2.clone(), None).await;
+    let n1 = node1(d.path(), 2, m1.clone(), addr2, None).await;
+    both_in_sync(&n1, &n2).await;
+    assert!(!n1.status().partial, "{:?}", n1.status());
+    same_contents(&m1, &m2).await;
+}
+
 /// A write that fails on the resync source's disk while its partner, the
 /// resync target, took it: the source's copy is not detached (the target's
 /// unfinished copy can never serve, so no consistent copy would be left).
