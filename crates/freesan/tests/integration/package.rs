@@ -3,7 +3,8 @@
 //! user `freesan` (in group disk) the node runs as, `systemd-analyze verify`
 //! accepts the unit, and the installed binary started as that user with the
 //! installed configuration (root's, readable by the group freesan, holding a
-//! secret) serves its LUN (in a network namespace of its own, so its default
+//! secret) serves its LUN and a loop device (root:disk 0660) as a second one
+//! (in a network namespace of its own, so its default
 //! ports 3260 and 8260 collide with nothing). Root's CLI finds the node's
 //! token without being told where, and a token root makes is one the node
 //! reads. The package is purged, /var/lib/freesan removed and the user (when
@@ -38,13 +39,31 @@ impl Drop for Purge {
     }
 }
 
+/// Detaches a loop device and puts back its node's group and mode ("GID MODE").
+struct Detach(String, String);
+
+impl Drop for Detach {
+    fn drop(&mut self) {
+        let _ = Command::new("losetup").args(["-d", &self.0]).output();
+        if let Some((gid, mode)) = self.1.split_once(' ') {
+            let _ = Command::new("chgrp").args([gid, &self.0]).output();
+            let _ = Command::new("chmod").args([mode, &self.0]).output();
+        }
+    }
+}
+
 #[test]
 fn debian_package_installs_and_serves() {
     // SAFETY: geteuid has no preconditions
     let root = unsafe { libc::geteuid() } == 0;
-    if !root || !have("dpkg") || !have("cargo-deb") || !have("systemd-analyze") || !have("unshare")
+    if !root
+        || !have("dpkg")
+        || !have("cargo-deb")
+        || !have("systemd-analyze")
+        || !have("unshare")
+        || !have("losetup")
     {
-        eprintln!("skipping: needs root, dpkg, cargo-deb, systemd-analyze and unshare");
+        eprintln!("skipping: needs root, dpkg, cargo-deb, systemd-analyze, unshare and losetup");
         return;
     }
     assert!(
@@ -112,11 +131,35 @@ fn debian_package_installs_and_serves() {
     );
     // a secret in the configuration: accepted from root's file the node's
     // group alone may read (refused in any other file but a 0600 one)
-    let config = std::fs::read_to_string(CONFIG).unwrap().replacen(
-        "data_dir =",
-        "discovery_chap = { user = \"disc\", secret = \"discovery-secret-1\" }\ndata_dir =",
-        1,
-    );
+    // and a block device (root:disk 0660) as LUN 1: opened through group disk
+    let img = out.path().join("disk.img");
+    std::fs::File::create(&img)
+        .unwrap()
+        .set_len(32 << 20)
+        .unwrap();
+    let (ok, dev) = run("losetup", &["-f", "--show", &img.display().to_string()]);
+    assert!(ok, "losetup: {dev}");
+    let dev = dev.trim().to_string();
+    // as udev gives disks on a Debian host (this machine has no udev: its
+    // loop nodes are root's, 0600); put back at the end
+    let (_, was) = run("stat", &["-c", "%g %a", &dev]);
+    let _detach = Detach(dev.clone(), was.trim().to_string());
+    let (ok, log) = run("chgrp", &["disk", &dev]);
+    assert!(ok, "{log}");
+    let (ok, log) = run("chmod", &["660", &dev]);
+    assert!(ok, "{log}");
+    let config = std::fs::read_to_string(CONFIG)
+        .unwrap()
+        .replacen(
+            "data_dir =",
+            "discovery_chap = { user = \"disc\", secret = \"discovery-secret-1\" }\ndata_dir =",
+            1,
+        )
+        .replacen(
+            "[api]",
+            &format!("[[target.lun]]\npath = \"{}\"\n\n[api]", _detach.0),
+            1,
+        );
     std::fs::write(CONFIG, config).unwrap();
 
     // the installed binary with the installed configuration, run as the
@@ -133,8 +176,10 @@ fn debian_package_installs_and_serves() {
          for i in $(seq 600); do grep -q 'connect with:' {d}/serve.log && break; kill -0 $pid; sleep 0.05; done\n\
          echo \"node uid $(stat -c %U /proc/$pid)\"\n\
          iscsi-inq iscsi://127.0.0.1:3260/iqn.2026-11.org.freesan:storage/0\n\
-         /usr/bin/freesan bench --target iscsi://127.0.0.1:3260/iqn.2026-11.org.freesan:storage/0 \
-           --single-path --rw randwrite --bs 4k --secs 1 --ramp 0 --verify --quiet\n\
+         for lun in 0 1; do\n\
+           /usr/bin/freesan bench --target iscsi://127.0.0.1:3260/iqn.2026-11.org.freesan:storage/$lun \
+             --single-path --rw randwrite --bs 4k --secs 1 --ramp 0 --verify --quiet\n\
+         done\n\
          /usr/bin/freesan status --api 127.0.0.1:8260\n\
          tok=$(/usr/bin/freesan api token create --role read-only --name by-root --data-dir /var/lib/freesan)\n\
          echo \"tokens file $(stat -c %U /var/lib/freesan/api/tokens.json)\"\n\
