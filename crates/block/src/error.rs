@@ -48,9 +48,17 @@ pub enum BlockError {
     /// The volume is not available (failed, detached, fenced by the cluster).
     #[error("volume unavailable: {0}")]
     Unavailable(String),
-    /// An operating system error from the backing file or device.
+    /// An operating system error from the backing file or device. Its text is
+    /// in this one's, so it is not also given as the source: a chain printed
+    /// whole (`{:#}`) said it twice.
     #[error("i/o error: {0}")]
-    Io(#[from] std::io::Error),
+    Io(std::io::Error),
+}
+
+impl From<std::io::Error> for BlockError {
+    fn from(e: std::io::Error) -> BlockError {
+        BlockError::Io(e)
+    }
 }
 
 impl BlockError {

@@ -265,6 +265,29 @@ fn open_with(path: &Path, opts: &FileOptions, direct: bool) -> io::Result<File> 
         .write(!opts.read_only)
         .custom_flags(flags)
         .open(path)
+        .map_err(|e| denied_says_who(e, path))
+}
+
+/// A refusal to open, with the user this process runs as and what to do: a
+/// node run as its own user (the package's `freesan`) opens only what was
+/// given to it.
+fn denied_says_who(e: io::Error, path: &Path) -> io::Error {
+    // SAFETY: geteuid has no preconditions and cannot fail
+    let uid = unsafe { libc::geteuid() };
+    if e.kind() != io::ErrorKind::PermissionDenied || uid == 0 {
+        return e;
+    }
+    let device = std::fs::metadata(path).is_ok_and(|m| m.file_type().is_block_device());
+    let how = if device {
+        "give the device to that user (a udev rule with OWNER=, see the README's \
+         \"Install as a service\")"
+    } else {
+        "give the file to that user (chown)"
+    };
+    io::Error::new(
+        e.kind(),
+        format!("{e}: this node runs as uid {uid}, not root: {how}"),
+    )
 }
 
 /// The direct-I/O alignment (memory, offset) of `file`: statx when the kernel
