@@ -49,15 +49,27 @@ impl std::error::Error for PrivateError {}
 fn judge(meta: &std::fs::Metadata) -> Result<(), PrivateError> {
     // SAFETY: geteuid and getegid have no preconditions and cannot fail
     let (uid, gid) = unsafe { (libc::geteuid(), libc::getegid()) };
-    judge_for(meta.mode(), meta.uid(), meta.gid(), uid, gid)
+    judge_for(meta.mode(), meta.uid(), meta.gid(), uid, gid, |g| {
+        users_own_group(uid, g)
+    })
 }
 
 /// The rule for a file of `mode`, `owner` and `group`, read by a process of
-/// user `uid` and effective group `gid`.
-fn judge_for(mode: u32, owner: u32, group: u32, uid: u32, gid: u32) -> Result<(), PrivateError> {
+/// user `uid` and effective group `gid`; `own_group(g)` tells whether group
+/// `g` is the user's own (asked only when it matters).
+fn judge_for(
+    mode: u32,
+    owner: u32,
+    group: u32,
+    uid: u32,
+    gid: u32,
+    own_group: impl Fn(u32) -> bool,
+) -> Result<(), PrivateError> {
     let mode = mode & 0o777;
-    // root's file its reader's own group may read (not root's group)
-    let group_read = owner == 0 && gid != 0 && group == gid && mode & 0o070 == 0o040;
+    // root's file its reader's own group may read (not root's group, not a
+    // group other users are in)
+    let group_read =
+        mode & 0o070 == 0o040 && owner == 0 && gid != 0 && group == gid && own_group(group);
     if mode & 0o007 != 0 || (mode & 0o070 != 0 && !group_read) {
         return Err(PrivateError::Exposed(mode));
     }
@@ -65,6 +77,49 @@ fn judge_for(mode: u32, owner: u32, group: u32, uid: u32, gid: u32) -> Result<()
         return Err(PrivateError::Foreign(owner));
     }
     Ok(())
+}
+
+/// True when `gid` is user `uid`'s own group: its primary group, of the same
+/// name, naming no other member (a user-private group, as `adduser --system
+/// --group` and sysusers make them). A shared group (`users`) is not: every
+/// member would read the secret.
+fn users_own_group(uid: u32, gid: u32) -> bool {
+    use std::ffi::CStr;
+    let mut buf = vec![0u8; 16 << 10];
+    // SAFETY: getpwuid_r fills `pw` with pointers into `buf`, which outlives
+    // every use of them below; a null result means no entry.
+    let user = unsafe {
+        let mut pw: libc::passwd = std::mem::zeroed();
+        let mut out: *mut libc::passwd = std::ptr::null_mut();
+        if libc::getpwuid_r(uid, &mut pw, buf.as_mut_ptr().cast(), buf.len(), &mut out) != 0
+            || out.is_null()
+            || pw.pw_gid != gid
+        {
+            return false;
+        }
+        CStr::from_ptr(pw.pw_name).to_owned()
+    };
+    let mut buf = vec![0u8; 64 << 10];
+    // SAFETY: as above, for the group entry; gr_mem is a null-terminated array
+    // of C strings in `buf`.
+    unsafe {
+        let mut gr: libc::group = std::mem::zeroed();
+        let mut out: *mut libc::group = std::ptr::null_mut();
+        if libc::getgrgid_r(gid, &mut gr, buf.as_mut_ptr().cast(), buf.len(), &mut out) != 0
+            || out.is_null()
+            || CStr::from_ptr(gr.gr_name) != user.as_c_str()
+        {
+            return false;
+        }
+        let mut m = gr.gr_mem;
+        while !m.is_null() && !(*m).is_null() {
+            if CStr::from_ptr(*m) != user.as_c_str() {
+                return false;
+            }
+            m = m.add(1);
+        }
+    }
+    true
 }
 
 /// Checks the file at `path` (a file read elsewhere, by a library).
@@ -124,10 +179,11 @@ mod tests {
     }
 
     /// A service run as a user of its own (uid and group 105 here) may read
-    /// root's file its group may read, and nothing looser.
+    /// root's file its own group may read, and nothing looser.
     #[test]
     fn roots_file_the_services_group_may_read_is_read() {
-        let service = |mode, owner, group| judge_for(mode, owner, group, 105, 105);
+        let own = |g: u32| g == 105;
+        let service = |mode, owner, group| judge_for(mode, owner, group, 105, 105, own);
         service(0o640, 0, 105).expect("root:freesan 640");
         service(0o600, 105, 105).expect("its own 600");
         service(0o600, 0, 0).expect("root's 600");
@@ -153,9 +209,24 @@ mod tests {
             service(0o600, 7, 105),
             Err(PrivateError::Foreign(7))
         ));
+        // its effective group, but one other users share (`users`)
+        assert!(judge_for(0o640, 0, 100, 105, 100, own).is_err());
         // a node run as root gets no group exception: root's group is not a
         // service's own
-        assert!(judge_for(0o640, 0, 0, 0, 0).is_err());
-        assert!(judge_for(0o600, 0, 0, 0, 0).is_ok());
+        assert!(judge_for(0o640, 0, 0, 0, 0, |_| true).is_err());
+        assert!(judge_for(0o600, 0, 0, 0, 0, |_| true).is_ok());
+    }
+
+    /// What this host's user and group databases say: root's group is root's
+    /// own; `users` (100), when it exists, is nobody's own; a uid without an
+    /// entry has none.
+    #[test]
+    fn a_users_own_group_is_its_private_primary_group() {
+        assert!(users_own_group(0, 0), "root:root");
+        assert!(!users_own_group(0, 100));
+        assert!(!users_own_group(4_000_000_000, 0));
+        // nobody (65534) has nogroup (65534) as its primary group on Debian,
+        // but nogroup is not named after it
+        assert!(!users_own_group(65534, 65534));
     }
 }

@@ -125,11 +125,11 @@ pub fn run(cmd: ApiCmd) -> Result<()> {
     }
 }
 
-fn token(cmd: TokenCmd) -> Result<()> {
+fn token(mut cmd: TokenCmd) -> Result<()> {
     let (TokenCmd::Create { data_dir, .. }
     | TokenCmd::List { data_dir, .. }
-    | TokenCmd::Revoke { data_dir, .. }) = &cmd;
-    act_as_owner_of(data_dir)?;
+    | TokenCmd::Revoke { data_dir, .. }) = &mut cmd;
+    *data_dir = act_as_owner_of(data_dir)?;
     match cmd {
         TokenCmd::Create {
             role,
@@ -190,36 +190,60 @@ fn token(cmd: TokenCmd) -> Result<()> {
 /// longer read it and accepted no token at all, its CLI's own included.
 /// Nothing to do for any other user (the node's folder is 0700: only its
 /// owner gets in) or a folder root owns or that does not exist yet.
-fn act_as_owner_of(data_dir: &Path) -> Result<()> {
+///
+/// Answers the folder's path to use from then on: resolved by root (the
+/// user may not be able to search the current folder), so the folder looked
+/// at is the one used. The user's groups are its own (its passwd entry and
+/// `initgroups`), not the folder's group, which may be root's.
+fn act_as_owner_of(data_dir: &Path) -> Result<PathBuf> {
     use std::os::unix::fs::MetadataExt;
     // SAFETY: geteuid only reads the process's credentials.
     if unsafe { libc::geteuid() } != 0 {
-        return Ok(());
+        return Ok(data_dir.to_path_buf());
     }
-    let Ok(m) = std::fs::metadata(data_dir) else {
-        return Ok(());
+    let Ok(dir) = std::fs::canonicalize(data_dir) else {
+        return Ok(data_dir.to_path_buf());
     };
-    let (uid, gid) = (m.uid(), m.gid());
+    let uid = std::fs::metadata(&dir)
+        .with_context(|| format!("{}", dir.display()))?
+        .uid();
     if uid == 0 {
-        return Ok(());
+        return Ok(dir);
     }
-    // groups, then the group, then the user: once the user is changed, none
-    // of them could be. glibc applies each to every thread of the process.
-    // SAFETY: plain system calls on this process's credentials, with no
-    // pointer but a null list of length 0.
+    let mut buf = vec![0u8; 16 << 10];
+    // SAFETY: getpwuid_r fills `pw` with pointers into `buf`, used only while
+    // `buf` lives; then plain system calls on this process's credentials.
+    // glibc applies each to every thread of the process. Groups, then the
+    // group, then the user: once the user is changed, none could be.
     let failed = unsafe {
-        libc::setgroups(0, std::ptr::null()) != 0
-            || libc::setresgid(gid, gid, gid) != 0
+        let mut pw: libc::passwd = std::mem::zeroed();
+        let mut out: *mut libc::passwd = std::ptr::null_mut();
+        if libc::getpwuid_r(uid, &mut pw, buf.as_mut_ptr().cast(), buf.len(), &mut out) != 0
+            || out.is_null()
+        {
+            bail!(
+                "{} belongs to uid {uid}, which has no user entry: not acting for it",
+                dir.display()
+            );
+        }
+        if pw.pw_gid == 0 {
+            bail!(
+                "{} belongs to uid {uid}, whose group is root's: not acting for it",
+                dir.display()
+            );
+        }
+        libc::initgroups(pw.pw_name, pw.pw_gid) != 0
+            || libc::setresgid(pw.pw_gid, pw.pw_gid, pw.pw_gid) != 0
             || libc::setresuid(uid, uid, uid) != 0
     };
     if failed {
         bail!(
             "becoming user {uid} (the owner of {}) failed: {}",
-            data_dir.display(),
+            dir.display(),
             std::io::Error::last_os_error()
         );
     }
-    Ok(())
+    Ok(dir)
 }
 
 /// What the API commands of this process send and trust (set once in `main`).
@@ -269,10 +293,10 @@ pub(crate) fn use_credentials(a: &crate::poolcmd::ApiArg) {
 
 /// The users a node this CLI talks to may run as: root, this CLI's own user,
 /// the owner of the `api/` folder of `dirs` (the data directory the token was
-/// read from and `--data-dir`: the node made them), and the owner of the
-/// package's `/var/lib/freesan`, the user the service runs as (only root can
-/// make or give away a folder in a `/var/lib` only root may write), also when
-/// the token comes from elsewhere or the CLI's user cannot look inside. Not
+/// read from and `--data-dir`: the node made them), and, for root's CLI, the
+/// owner of the package's `/var/lib/freesan`, the user the service runs as
+/// (only root can make or give away a folder in a `/var/lib` only root may
+/// write), also when the token comes from elsewhere. Not
 /// every directory looked in: `./freesan-data` in a folder another user
 /// controls would have let that user in (review of 2026-12-07).
 fn node_users(dirs: &[PathBuf]) -> Vec<u32> {
@@ -284,12 +308,16 @@ fn node_users(dirs: &[PathBuf]) -> Vec<u32> {
             users.push(m.uid());
         }
     }
+    // (for root's CLI alone: another user's node on the same port while it
+    // is down would be sent that user's token)
+    // SAFETY: as above.
+    let root = unsafe { libc::geteuid() } == 0;
     let packaged = Path::new(PACKAGED_DATA_DIR);
     let only_root_writes = |p: &Path| {
         std::fs::symlink_metadata(p)
             .is_ok_and(|m| m.is_dir() && m.uid() == 0 && m.permissions().mode() & 0o022 == 0)
     };
-    if packaged.ancestors().skip(1).all(only_root_writes) {
+    if root && packaged.ancestors().skip(1).all(only_root_writes) {
         if let Some(m) = std::fs::symlink_metadata(packaged)
             .ok()
             .filter(|m| m.is_dir())

@@ -241,7 +241,9 @@ pub fn cluster(cmd: ClusterCmd) -> Result<()> {
             }
             std::fs::File::open(&out)?.sync_all()?;
             eprintln!(
-                "cluster {name:?}: copy node1.key to node 1, node2.key to node 2 and witness.key to the witness (each mode 0600), then remove the others from each host"
+                "cluster {name:?}: copy node1.key to node 1, node2.key to node 2 and witness.key to the witness \
+                 (each mode 0600 and owned by the user the node or witness runs as, `chown freesan` for the \
+                 package's; or root's with that user's group: chmod 640), then remove the others from each host"
             );
             Ok(())
         }
