@@ -471,5 +471,7 @@ mod tests {
             crate::secrets::check_data_dir(dir.path()).unwrap_err()
         );
         assert!(e.contains("uid 65534"), "{e}");
+        // root is told to run as the folder's user, not to take the folder
+        assert!(e.contains("runuser") && !e.contains("chown"), "{e}");
     }
 }

@@ -40,6 +40,17 @@ pub fn check_data_dir(data_dir: &Path) -> Result<()> {
     if !m.is_dir() {
         anyhow::bail!("the data directory {} is not a folder", data_dir.display());
     }
+    if m.uid() != uid && uid == 0 {
+        // root by hand on a service's folder (the package's freesan): giving
+        // the folder to root would take it from the service
+        anyhow::bail!(
+            "the data directory {} belongs to uid {}, not to root: run this as that user \
+             (`runuser -u USER -- freesan ...`; for the package's service, `systemctl start \
+             freesan`), or use another data directory",
+            data_dir.display(),
+            m.uid()
+        );
+    }
     if m.uid() != uid {
         anyhow::bail!(
             "the data directory {} belongs to uid {}, not to the node's user (uid {uid}): \

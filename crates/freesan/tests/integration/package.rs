@@ -7,8 +7,10 @@
 //! (in a network namespace of its own, so its default
 //! ports 3260 and 8260 collide with nothing). Root's CLI finds the node's
 //! token without being told where, and a token root makes is one the node
-//! reads. The package is purged, /var/lib/freesan removed and the user (when
-//! the test made it) deleted at the end.
+//! reads. A data directory of root's, as a version that ran as root left it,
+//! is given to the user at the install. The package is purged,
+//! /var/lib/freesan removed and the user (when the test made it) deleted at
+//! the end.
 //!
 //! Installs on this machine: needs root, dpkg and cargo-deb; skipped otherwise
 //! (a failure under FREESAN_REQUIRE_TOOLS=1).
@@ -111,8 +113,19 @@ fn debian_package_installs_and_serves() {
     let _purge = Purge {
         user_was_there: run("getent", &["passwd", "freesan"]).0,
     };
+    // what a version that ran as root left: its data directory and a state
+    // file in it, root's (the postinst gives them to the user)
+    std::fs::create_dir("/var/lib/freesan").unwrap();
+    std::fs::create_dir("/var/lib/freesan/targets").unwrap();
+    std::fs::write("/var/lib/freesan/targets/left-by-root", b"x").unwrap();
     let (ok, log) = run("dpkg", &["-i", &deb.display().to_string()]);
     assert!(ok, "dpkg -i: {log}");
+    assert!(log.contains("now runs as user freesan"), "{log}");
+    let (_, owner) = run(
+        "stat",
+        &["-c", "%U", "/var/lib/freesan/targets/left-by-root"],
+    );
+    assert_eq!(owner.trim(), "freesan", "the old version's state file");
     for f in ["/usr/bin/freesan", UNIT, CONFIG] {
         assert!(Path::new(f).exists(), "{f} not installed");
     }
