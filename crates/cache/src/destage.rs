@@ -54,8 +54,9 @@ pub(crate) async fn tick(inner: Arc<Inner>) {
 pub(crate) async fn run(inner: Arc<Inner>) {
     let mut sweep = Sweep::default();
     // the last failure logged, and when: the same one is logged again once a
-    // minute (a block no device can read fails every pass over it)
-    let mut logged: Option<(String, Instant)> = None;
+    // minute (a block no device can read fails every pass over it). Tokio's
+    // clock, so a test can move it on.
+    let mut logged: Option<(String, tokio::time::Instant)> = None;
     let mut frameless = inner.counters.frameless_writes.load(Ordering::Relaxed);
     loop {
         if inner.stopping.load(Ordering::Acquire) {
@@ -120,7 +121,7 @@ pub(crate) async fn run(inner: Arc<Inner>) {
                 .is_some_and(|(w, at)| *w == why && at.elapsed() < LOG_AGAIN_AFTER);
             if !again {
                 tracing::warn!(cache = %inner.name, "destage failed, dirty data stays in the cache: {why}");
-                logged = Some((why, Instant::now()));
+                logged = Some((why, tokio::time::Instant::now()));
             }
             if r.is_err() {
                 Counters::add(&inner.counters.destage_errors, 1);

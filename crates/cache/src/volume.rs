@@ -270,8 +270,9 @@ pub(crate) struct Inner {
     pub destage_failure: Mutex<Option<String>>,
     /// Foreground requests in flight.
     pub fg_inflight: AtomicUsize,
-    /// Last time a foreground request started.
-    pub fg_last: Mutex<Instant>,
+    /// Last time a foreground request started (tokio's clock, so a test can
+    /// move it on).
+    pub fg_last: Mutex<tokio::time::Instant>,
     pub sb: Mutex<Superblock>,
     /// A mirror device failed: write-back runs as write-through until repaired.
     pub degraded: AtomicBool,
@@ -306,7 +307,7 @@ impl Drop for FgGuard<'_> {
 impl Inner {
     fn fg(&self) -> FgGuard<'_> {
         self.fg_inflight.fetch_add(1, Ordering::AcqRel);
-        *self.fg_last.lock() = Instant::now();
+        *self.fg_last.lock() = tokio::time::Instant::now();
         FgGuard(self)
     }
 
@@ -2198,7 +2199,7 @@ impl CacheVolume {
             destage_progress: Notify::new(),
             destage_failure: Mutex::new(None),
             fg_inflight: AtomicUsize::new(0),
-            fg_last: Mutex::new(Instant::now()),
+            fg_last: Mutex::new(tokio::time::Instant::now()),
             sb: Mutex::new(sb),
             degraded: AtomicBool::new(false),
             drain: AtomicBool::new(false),

@@ -2574,6 +2574,71 @@ async fn dirty_sectors_that_read_again_are_destaged_after_the_retry_time() {
     assert!(st.devices.iter().all(|d| d.state == "ok"), "{st:?}");
 }
 
+/// Log lines of this thread's tasks, kept to be read back.
+#[derive(Clone, Default)]
+struct Logs(Arc<std::sync::Mutex<Vec<u8>>>);
+
+impl std::io::Write for Logs {
+    fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(b);
+        Ok(b.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl Logs {
+    fn count(&self, what: &str) -> usize {
+        String::from_utf8_lossy(&self.0.lock().unwrap())
+            .lines()
+            .filter(|l| l.contains(what))
+            .count()
+    }
+}
+
+/// A destage that fails the same way at every pass (once a second: here the
+/// backing refuses the write) says so in the log once a minute, not at every
+/// pass, while every failed pass is counted.
+#[tokio::test]
+async fn a_destage_failing_at_every_pass_is_logged_once_a_minute() {
+    // (the runtime runs its tasks on this thread: they log here)
+    let logs = Logs::default();
+    let w = logs.clone();
+    let _logging = tracing::subscriber::set_default(
+        tracing_subscriber::fmt()
+            .with_ansi(false)
+            .with_writer(move || w.clone())
+            .finish(),
+    );
+    let under = Arc::new(FaultVolume::new(Arc::new(MemVolume::new(
+        4096,
+        BACKING_BYTES / 4096,
+    ))));
+    let (_backing, _faulty, vol, _) = one_dirty_sector_on_faulty_halves_over(under.clone()).await;
+    under.plan().lock().bad_write_blocks = vec![0..BACKING_BYTES / 4096];
+    assert_eq!(vol.status().dirty_bytes, 4096, "destaged already");
+    const FAILED: &str = "destage failed";
+    // (tokio's clock, paused: it moves on whenever every task waits)
+    tokio::time::pause();
+    let errors = vol.status().destage_errors;
+    tokio::time::sleep(Duration::from_secs(30)).await;
+    let passes = vol.status().destage_errors - errors;
+    assert!(passes >= 10, "{passes} failed passes in 30 s");
+    assert_eq!(logs.count(FAILED), 1, "{passes} failed passes");
+    tokio::time::sleep(Duration::from_secs(35)).await;
+    assert_eq!(logs.count(FAILED), 2, "one minute on");
+    // the backing takes writes again: the destage ends, nothing more logged
+    under.plan().lock().bad_write_blocks.clear();
+    tokio::time::timeout(Duration::from_secs(60), vol.drain())
+        .await
+        .expect("the drain ended")
+        .expect("the drain finished");
+    tokio::time::sleep(Duration::from_secs(120)).await;
+    assert_eq!(logs.count(FAILED), 2);
+    assert_eq!(vol.status().dirty_bytes, 0);
+}
+
 /// An unreadable clean sector is read from the backing volume; the frame
 /// forgets the clean sectors it held, and the next read fills them, which
 /// writes the unreadable sector again (a disk remaps a sector it is written).
