@@ -35,7 +35,6 @@ use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::time::Instant;
 use tokio::sync::{Notify, RwLock};
 
 const LOCK_STRIPES: usize = 4096;

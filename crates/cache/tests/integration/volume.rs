@@ -2616,7 +2616,7 @@ async fn a_destage_failing_at_every_pass_is_logged_once_a_minute() {
         BACKING_BYTES / 4096,
     ))));
     let (_backing, _faulty, vol, _) = one_dirty_sector_on_faulty_halves_over(under.clone()).await;
-    under.plan().lock().bad_write_blocks = vec![0..BACKING_BYTES / 4096];
+    under.plan().lock().bad_write_blocks = std::iter::once(0..BACKING_BYTES / 4096).collect();
     assert_eq!(vol.status().dirty_bytes, 4096, "destaged already");
     const FAILED: &str = "destage failed";
     // (tokio's clock, paused: it moves on whenever every task waits)
