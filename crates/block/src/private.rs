@@ -24,6 +24,9 @@ pub enum PrivateError {
     Exposed(u32),
     /// Another user owns it (its uid).
     Foreign(u32),
+    /// Root's, readable by this process's group, which is not its user's own
+    /// (the group's id): other users are in it.
+    SharedGroup(u32),
 }
 
 impl fmt::Display for PrivateError {
@@ -35,6 +38,11 @@ impl fmt::Display for PrivateError {
                 "holds secrets and other users may read it (mode {mode:o}): chmod 600 it \
                  (a node run as a user of its own may also read a file of root's that \
                  only its own group reads: chmod 640, chgrp to that group)"
+            ),
+            PrivateError::SharedGroup(gid) => write!(
+                f,
+                "holds secrets and group {gid} may read it, which other users are in or have as \
+                 their own: give the node's user a group of its own, or chmod 600 it"
             ),
             PrivateError::Foreign(uid) => write!(
                 f,
@@ -68,10 +76,12 @@ fn judge_for(
     let mode = mode & 0o777;
     // root's file its reader's own group may read (not root's group, not a
     // group other users are in)
-    let group_read =
-        mode & 0o070 == 0o040 && owner == 0 && gid != 0 && group == gid && own_group(group);
+    let group_read = mode & 0o070 == 0o040 && owner == 0 && gid != 0 && group == gid;
     if mode & 0o007 != 0 || (mode & 0o070 != 0 && !group_read) {
         return Err(PrivateError::Exposed(mode));
+    }
+    if group_read && !own_group(group) {
+        return Err(PrivateError::SharedGroup(group));
     }
     if owner != uid && owner != 0 {
         return Err(PrivateError::Foreign(owner));
@@ -80,10 +90,31 @@ fn judge_for(
 }
 
 /// True when `gid` is user `uid`'s own group: its primary group, of the same
-/// name, naming no other member (a user-private group, as `adduser --system
-/// --group` and sysusers make them). A shared group (`users`) is not: every
-/// member would read the secret.
+/// name, naming no other member, and no other account of `/etc/passwd` has it
+/// as its primary group (a user-private group, as `adduser --system --group`
+/// and sysusers make them). A shared group (`users`) is not: every member
+/// would read the secret. (Accounts of other name services, LDAP and the
+/// like, are not listed there: one of them with this group as its primary
+/// one is not seen.) Any lookup that fails answers false: refused.
 fn users_own_group(uid: u32, gid: u32) -> bool {
+    users_own_group_in(
+        uid,
+        gid,
+        &std::fs::read_to_string("/etc/passwd").unwrap_or_default(),
+    )
+}
+
+fn users_own_group_in(uid: u32, gid: u32, passwd: &str) -> bool {
+    // another local account whose primary group this is
+    let shared = passwd.lines().any(|l| {
+        let f: Vec<&str> = l.split(':').collect();
+        f.len() >= 4
+            && f[3].parse::<u32>() == Ok(gid)
+            && f[2].parse::<u32>().is_ok_and(|u| u != uid)
+    });
+    if shared {
+        return false;
+    }
     use std::ffi::CStr;
     let mut buf = vec![0u8; 16 << 10];
     // SAFETY: getpwuid_r fills `pw` with pointers into `buf`, which outlives
@@ -210,7 +241,10 @@ mod tests {
             Err(PrivateError::Foreign(7))
         ));
         // its effective group, but one other users share (`users`)
-        assert!(judge_for(0o640, 0, 100, 105, 100, own).is_err());
+        assert!(matches!(
+            judge_for(0o640, 0, 100, 105, 100, own),
+            Err(PrivateError::SharedGroup(100))
+        ));
         // a node run as root gets no group exception: root's group is not a
         // service's own
         assert!(judge_for(0o640, 0, 0, 0, 0, |_| true).is_err());
@@ -225,8 +259,16 @@ mod tests {
         assert!(users_own_group(0, 0), "root:root");
         assert!(!users_own_group(0, 100));
         assert!(!users_own_group(4_000_000_000, 0));
-        // nobody (65534) has nogroup (65534) as its primary group on Debian,
-        // but nogroup is not named after it
-        assert!(!users_own_group(65534, 65534));
+    }
+
+    /// Another local account with the group as its primary one shares it.
+    #[test]
+    fn a_group_another_account_has_as_its_own_is_shared() {
+        let passwd = "root:x:0:0:root:/root:/bin/bash\n\
+                      svc:x:105:105::/var/lib/svc:/usr/sbin/nologin\n";
+        // (the group database is this host's: root's group is root's own)
+        assert!(users_own_group_in(0, 0, passwd));
+        let sharing = format!("{passwd}other:x:1000:0::/home/other:/bin/sh\n");
+        assert!(!users_own_group_in(0, 0, &sharing));
     }
 }

@@ -228,7 +228,7 @@ fn create(
         Ok(f) => f,
         // Someone created it meanwhile: open what is there.
         Err(e) if e.kind() == io::ErrorKind::AlreadyExists => return Ok(()),
-        Err(e) => return Err(e.into()),
+        Err(e) => return Err(denied_says_who(e, path).into()),
     };
     if let Some(want) = want {
         check_reached(Path::new("/proc/self/fd"), &file, path, want)?;
@@ -270,8 +270,19 @@ fn open_with(path: &Path, opts: &FileOptions, direct: bool) -> io::Result<File> 
 
 /// A refusal to open, with the user this process runs as and what to do: a
 /// node run as its own user (the package's `freesan`) opens only what was
-/// given to it.
+/// given to it, and writes only where its unit lets it.
 fn denied_says_who(e: io::Error, path: &Path) -> io::Error {
+    if e.raw_os_error() == Some(libc::EROFS) {
+        // (the packaged unit's ProtectSystem=strict shows every folder but
+        // its data directory read-only)
+        return io::Error::new(
+            e.kind(),
+            format!(
+                "{e}: read-only here; for the packaged service, list its folder in \
+                 ReadWritePaths= (systemctl edit freesan)"
+            ),
+        );
+    }
     // SAFETY: geteuid has no preconditions and cannot fail
     let uid = unsafe { libc::geteuid() };
     if e.kind() != io::ErrorKind::PermissionDenied || uid == 0 {

@@ -208,7 +208,11 @@ fn debian_package_installs_and_serves() {
         d = out.path().display()
     );
     // (bounded: a node that never stops would otherwise hold the test)
-    let (ok, log) = run("timeout", &["300", "unshare", "-n", "bash", "-c", &script]);
+    // (-k: a node that ignores SIGTERM is killed, with the whole group)
+    let (ok, log) = run(
+        "timeout",
+        &["-k", "30", "300", "unshare", "-n", "bash", "-c", &script],
+    );
     let serve_log = std::fs::read_to_string(out.path().join("serve.log")).unwrap_or_default();
     assert!(ok, "the installed node: {log}\nserve log:\n{serve_log}");
     assert!(log.contains("node uid freesan"), "{log}");
