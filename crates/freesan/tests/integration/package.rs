@@ -148,9 +148,7 @@ fn debian_package_installs_and_serves() {
         ["root:freesan 640", "freesan:freesan 700"],
         "the configuration and the data directory"
     );
-    // a secret in the configuration: accepted from root's file the node's
-    // group alone may read (refused in any other file but a 0600 one)
-    // and a block device as LUN 1, given to the user
+    // a block device as LUN 1, given to the user
     let img = out.path().join("disk.img");
     std::fs::File::create(&img)
         .unwrap()
@@ -166,6 +164,8 @@ fn debian_package_installs_and_serves() {
     let _detach = Detach(dev.clone(), was.trim().to_string());
     let (ok, log) = run("chown", &["freesan", &dev]);
     assert!(ok, "{log}");
+    // and a secret in the configuration: accepted from root's file the
+    // node's group alone may read (refused in any other file but a 0600 one)
     let config = std::fs::read_to_string(CONFIG)
         .unwrap()
         .replacen(
@@ -207,8 +207,8 @@ fn debian_package_installs_and_serves() {
          wait $pid\n",
         d = out.path().display()
     );
-    // (bounded: a node that never stops would otherwise hold the test)
-    // (-k: a node that ignores SIGTERM is killed, with the whole group)
+    // (bounded: a node that never stops would otherwise hold the test; -k:
+    // one that ignores SIGTERM is killed, with the whole group)
     let (ok, log) = run(
         "timeout",
         &["-k", "30", "300", "unshare", "-n", "bash", "-c", &script],
