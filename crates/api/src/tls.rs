@@ -52,7 +52,15 @@ pub enum TlsError {
     Generate(String),
     /// rustls refused the certificate and key.
     #[error("TLS: {0}")]
-    Rustls(#[from] rustls::Error),
+    Rustls(rustls::Error),
+}
+
+// (the wrapped error's text is in the variant's own, so it is not also given
+// as the source: an error chain printed whole said it twice)
+impl From<rustls::Error> for TlsError {
+    fn from(e: rustls::Error) -> TlsError {
+        TlsError::Rustls(e)
+    }
 }
 
 fn provider() -> Arc<rustls::crypto::CryptoProvider> {

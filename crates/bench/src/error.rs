@@ -24,13 +24,13 @@ pub enum BenchError {
     StateFormat(&'static str),
     /// The volume failed an operation the benchmark cannot do without.
     #[error("volume error: {0}")]
-    Block(#[from] BlockError),
+    Block(BlockError),
     /// Reading or writing a local file (state, report) failed.
     #[error("i/o error: {0}")]
-    Io(#[from] std::io::Error),
+    Io(std::io::Error),
     /// A JSON document could not be written or parsed.
     #[error("json: {0}")]
-    Json(#[from] serde_json::Error),
+    Json(serde_json::Error),
     /// A CSV document could not be parsed.
     #[error("csv line {line}: {reason}")]
     Csv {
@@ -42,4 +42,24 @@ pub enum BenchError {
     /// A worker task panicked or was cancelled.
     #[error("worker task failed: {0}")]
     Task(String),
+}
+
+// The wrapped errors' texts are in these variants' own, so none is given as
+// the source too: an error chain printed whole (`{:#}`) said each twice.
+impl From<BlockError> for BenchError {
+    fn from(e: BlockError) -> BenchError {
+        BenchError::Block(e)
+    }
+}
+
+impl From<std::io::Error> for BenchError {
+    fn from(e: std::io::Error) -> BenchError {
+        BenchError::Io(e)
+    }
+}
+
+impl From<serde_json::Error> for BenchError {
+    fn from(e: serde_json::Error) -> BenchError {
+        BenchError::Json(e)
+    }
 }

@@ -13,7 +13,7 @@ pub enum InitiatorError {
     Protocol(String),
     /// The codec refused a PDU.
     #[error("malformed PDU: {0}")]
-    Proto(#[from] ProtoError),
+    Proto(ProtoError),
     /// Login ended with a non-zero status class.
     #[error("login failed: status class {class:#04x} detail {detail:#04x}")]
     LoginFailed {
@@ -49,6 +49,14 @@ pub enum InitiatorError {
     /// The target is not in a SendTargets answer or has no usable portal.
     #[error("target not found: {0}")]
     NotFound(String),
+}
+
+// (the wrapped error's text is in the variant's own, so it is not also given
+// as the source: an error chain printed whole said it twice)
+impl From<ProtoError> for InitiatorError {
+    fn from(e: ProtoError) -> InitiatorError {
+        InitiatorError::Proto(e)
+    }
 }
 
 impl From<std::io::Error> for InitiatorError {

@@ -26,7 +26,7 @@ pub(crate) const READ_CHUNK_BYTES: usize = 64 * 1024;
 #[derive(Debug, thiserror::Error)]
 pub(crate) enum ConnError {
     #[error("i/o: {0}")]
-    Io(#[from] std::io::Error),
+    Io(std::io::Error),
     #[error("peer closed the connection")]
     Eof,
     #[error("framing: {0:?}")]
@@ -47,6 +47,14 @@ pub(crate) enum ConnError {
     NotLogin,
     #[error("no Login Request within the first-PDU timeout")]
     FirstPduTimeout,
+}
+
+// (the wrapped error's text is in the variant's own, so it is not also given
+// as the source: an error chain printed whole said it twice)
+impl From<std::io::Error> for ConnError {
+    fn from(e: std::io::Error) -> ConnError {
+        ConnError::Io(e)
+    }
 }
 
 /// Reads one whole PDU (used during login, where nothing else can happen).

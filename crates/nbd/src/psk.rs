@@ -63,7 +63,15 @@ pub enum PskError {
     /// OpenSSL refused the configuration.
     #[cfg(feature = "psk")]
     #[error("OpenSSL: {0}")]
-    Openssl(#[from] openssl::error::ErrorStack),
+    Openssl(openssl::error::ErrorStack),
+}
+
+// (the wrapped error's text is in the variant's own, so it is not also given
+// as the source: an error chain printed whole said it twice)
+impl From<openssl::error::ErrorStack> for PskError {
+    fn from(e: openssl::error::ErrorStack) -> PskError {
+        PskError::Openssl(e)
+    }
 }
 
 /// The identities and keys of one key file. `Debug` shows identities only.

@@ -40,10 +40,10 @@ pub enum TlsError {
     },
     /// Making a certificate failed.
     #[error("making a certificate: {0}")]
-    Generate(#[from] rcgen::Error),
+    Generate(rcgen::Error),
     /// rustls refused the certificates or key.
     #[error("TLS: {0}")]
-    Rustls(#[from] rustls::Error),
+    Rustls(rustls::Error),
     /// The client CA file cannot verify client certificates.
     #[error("client CA {path}: {msg}")]
     ClientCa {
@@ -52,6 +52,20 @@ pub enum TlsError {
         /// What is wrong.
         msg: String,
     },
+}
+
+// (the wrapped error's text is in the variant's own, so it is not also given
+// as the source: an error chain printed whole said it twice)
+impl From<rcgen::Error> for TlsError {
+    fn from(e: rcgen::Error) -> TlsError {
+        TlsError::Generate(e)
+    }
+}
+
+impl From<rustls::Error> for TlsError {
+    fn from(e: rustls::Error) -> TlsError {
+        TlsError::Rustls(e)
+    }
 }
 
 fn provider() -> Arc<rustls::crypto::CryptoProvider> {

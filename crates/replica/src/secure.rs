@@ -69,7 +69,7 @@ const MODE_AUTHENTICATED: u8 = 2;
 pub enum SecureError {
     /// The socket failed.
     #[error("i/o: {0}")]
-    Io(#[from] std::io::Error),
+    Io(std::io::Error),
     /// The peer's handshake or record did not verify (no cluster secret, wrong
     /// keys, tampered, replayed or reordered bytes).
     #[error("authentication failed: {0}")]
@@ -83,6 +83,14 @@ pub enum SecureError {
     /// The key file could not be used.
     #[error("cluster key: {0}")]
     Key(String),
+}
+
+// (the wrapped error's text is in the variant's own, so it is not also given
+// as the source: an error chain printed whole said it twice)
+impl From<std::io::Error> for SecureError {
+    fn from(e: std::io::Error) -> SecureError {
+        SecureError::Io(e)
+    }
 }
 
 impl From<snow::Error> for SecureError {

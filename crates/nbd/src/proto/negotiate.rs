@@ -99,7 +99,7 @@ pub enum NegotiateError {
     BadClientFlags(u32),
     /// A header was malformed (bad `IHAVEOPT` magic).
     #[error("malformed option: {0}")]
-    Proto(#[from] ProtoError),
+    Proto(ProtoError),
     /// An option carried more data than the server accepts.
     #[error("option {option} carries {data_len_bytes} bytes (limit {limit_bytes})")]
     OptionTooLong {
@@ -136,6 +136,14 @@ pub enum NegotiateError {
     /// `NBD_OPT_EXPORT_NAME` (no error reply is possible).
     #[error("the server serves as many connections as it may")]
     Busy,
+}
+
+// (the wrapped error's text is in the variant's own, so it is not also given
+// as the source: an error chain printed whole said it twice)
+impl From<ProtoError> for NegotiateError {
+    fn from(e: ProtoError) -> NegotiateError {
+        NegotiateError::Proto(e)
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
