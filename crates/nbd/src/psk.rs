@@ -68,6 +68,7 @@ pub enum PskError {
 
 // (the wrapped error's text is in the variant's own, so it is not also given
 // as the source: an error chain printed whole said it twice)
+#[cfg(feature = "psk")]
 impl From<openssl::error::ErrorStack> for PskError {
     fn from(e: openssl::error::ErrorStack) -> PskError {
         PskError::Openssl(e)
