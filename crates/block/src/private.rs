@@ -89,6 +89,24 @@ fn judge_for(
     Ok(())
 }
 
+/// User `uid`'s name and primary group, from the user database; None when
+/// it has no entry or the lookup fails.
+pub fn user_entry(uid: u32) -> Option<(std::ffi::CString, u32)> {
+    let mut buf = vec![0u8; 16 << 10];
+    // SAFETY: getpwuid_r fills `pw` with pointers into `buf`, which outlives
+    // every use of them here; a null result means no entry.
+    unsafe {
+        let mut pw: libc::passwd = std::mem::zeroed();
+        let mut out: *mut libc::passwd = std::ptr::null_mut();
+        if libc::getpwuid_r(uid, &mut pw, buf.as_mut_ptr().cast(), buf.len(), &mut out) != 0
+            || out.is_null()
+        {
+            return None;
+        }
+        Some((std::ffi::CStr::from_ptr(pw.pw_name).to_owned(), pw.pw_gid))
+    }
+}
+
 /// True when `gid` is user `uid`'s own group: its primary group, of the same
 /// name, naming no other member, and no other account of `/etc/passwd` has it
 /// as its primary group (a user-private group, as `adduser --system --group`
@@ -116,22 +134,15 @@ fn users_own_group_in(uid: u32, gid: u32, passwd: &str) -> bool {
         return false;
     }
     use std::ffi::CStr;
-    let mut buf = vec![0u8; 16 << 10];
-    // SAFETY: getpwuid_r fills `pw` with pointers into `buf`, which outlives
-    // every use of them below; a null result means no entry.
-    let user = unsafe {
-        let mut pw: libc::passwd = std::mem::zeroed();
-        let mut out: *mut libc::passwd = std::ptr::null_mut();
-        if libc::getpwuid_r(uid, &mut pw, buf.as_mut_ptr().cast(), buf.len(), &mut out) != 0
-            || out.is_null()
-            || pw.pw_gid != gid
-        {
-            return false;
-        }
-        CStr::from_ptr(pw.pw_name).to_owned()
+    let Some((user, primary)) = user_entry(uid) else {
+        return false;
     };
+    if primary != gid {
+        return false;
+    }
     let mut buf = vec![0u8; 64 << 10];
-    // SAFETY: as above, for the group entry; gr_mem is a null-terminated array
+    // SAFETY: getgrgid_r fills `gr` with pointers into `buf`, which outlives
+    // every use of them below; gr_mem is a null-terminated array
     // of C strings in `buf`.
     unsafe {
         let mut gr: libc::group = std::mem::zeroed();

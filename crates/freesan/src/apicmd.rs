@@ -210,30 +210,25 @@ fn act_as_owner_of(data_dir: &Path) -> Result<PathBuf> {
     if uid == 0 {
         return Ok(dir);
     }
-    let mut buf = vec![0u8; 16 << 10];
-    // SAFETY: getpwuid_r fills `pw` with pointers into `buf`, used only while
-    // `buf` lives; then plain system calls on this process's credentials.
-    // glibc applies each to every thread of the process. Groups, then the
-    // group, then the user: once the user is changed, none could be.
+    let Some((name, gid)) = block::private::user_entry(uid) else {
+        bail!(
+            "{} belongs to uid {uid}, which has no user entry: not acting for it",
+            dir.display()
+        );
+    };
+    if gid == 0 {
+        bail!(
+            "{} belongs to uid {uid}, whose group is root's: not acting for it",
+            dir.display()
+        );
+    }
+    // SAFETY: plain system calls on this process's credentials; `name` is a
+    // C string that outlives the call. glibc applies each to every thread of
+    // the process. Groups, then the group, then the user: once the user is
+    // changed, none could be.
     let failed = unsafe {
-        let mut pw: libc::passwd = std::mem::zeroed();
-        let mut out: *mut libc::passwd = std::ptr::null_mut();
-        if libc::getpwuid_r(uid, &mut pw, buf.as_mut_ptr().cast(), buf.len(), &mut out) != 0
-            || out.is_null()
-        {
-            bail!(
-                "{} belongs to uid {uid}, which has no user entry: not acting for it",
-                dir.display()
-            );
-        }
-        if pw.pw_gid == 0 {
-            bail!(
-                "{} belongs to uid {uid}, whose group is root's: not acting for it",
-                dir.display()
-            );
-        }
-        libc::initgroups(pw.pw_name, pw.pw_gid) != 0
-            || libc::setresgid(pw.pw_gid, pw.pw_gid, pw.pw_gid) != 0
+        libc::initgroups(name.as_ptr(), gid) != 0
+            || libc::setresgid(gid, gid, gid) != 0
             || libc::setresuid(uid, uid, uid) != 0
     };
     if failed {
