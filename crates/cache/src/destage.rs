@@ -328,7 +328,8 @@ async fn destage_batch(inner: &Inner, batch: &[(u64, u32)], stripes: bool) -> Bl
                 if st.policy.key_of(slot) != Some(key) || st.dirty.get(slot) == 0 {
                     return None;
                 }
-                let bad = st.unreadable_now(slot);
+                // (and lost ones: the frame holds nothing of them)
+                let bad = st.unreadable_now(slot) | st.lost(slot);
                 unreadable += usize::from(bad != 0);
                 let dirty = st.dirty.get(slot) & !bad;
                 if dirty == 0 {

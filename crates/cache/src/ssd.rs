@@ -52,6 +52,9 @@ pub(crate) const RECORDS_PER_PAGE: usize = (PAGE_BYTES as usize - PAGE_HEADER) /
 const MAGIC: &[u8; 8] = b"FSNCACH1";
 /// The superblock's mode byte flag of a table in two copies.
 const SLOTS_2: u8 = 0x10;
+/// The superblock's mode byte flag of a table that may hold lost sectors
+/// (see [`Superblock::lost_sectors`]).
+const LOST_SECTORS: u8 = 0x20;
 const DATA_ALIGN: u64 = 1 << 20;
 /// The key of an empty frame in the table.
 pub(crate) const NO_KEY: u64 = u64::MAX;
@@ -91,6 +94,13 @@ pub struct Superblock {
     /// written before slots (one copy). Encoded as a flag of the mode byte,
     /// which a version before slots refuses.
     pub table_slots: u8,
+    /// The table may hold lost sectors: dirty and not valid in a record,
+    /// acknowledged data no copy holds any more (a resilver could not read
+    /// it on the survivor). Reads of them are medium errors until the host
+    /// writes them. A flag of the mode byte, which a version before it
+    /// refuses: it would read such a sector as dirty and serve whatever the
+    /// frame holds, or as clean and serve the backing's older data.
+    pub lost_sectors: bool,
 }
 
 impl Superblock {
@@ -118,7 +128,10 @@ impl Superblock {
         // before them finds no mode it knows: it refuses the superblock
         // (and does not format the device) instead of reading one copy at
         // the wrong place
-        b[24] = self.mode as u8 | if self.slots() == 2 { SLOTS_2 } else { 0 };
+        // (so is a table that may hold lost sectors)
+        b[24] = self.mode as u8
+            | if self.slots() == 2 { SLOTS_2 } else { 0 }
+            | if self.lost_sectors { LOST_SECTORS } else { 0 };
         b[25] = self.device_count;
         b[26] = self.device_index;
         b[27] = u8::from(self.mirrored)
@@ -146,7 +159,7 @@ impl Superblock {
         Some(Superblock {
             cache_id: u64_at(8),
             generation: u64_at(16),
-            mode: CacheMode::from_u8(b[24] & !SLOTS_2)?,
+            mode: CacheMode::from_u8(b[24] & !(SLOTS_2 | LOST_SECTORS))?,
             device_count: b[25],
             device_index: b[26],
             mirrored: b[27] & 1 != 0,
@@ -155,6 +168,7 @@ impl Superblock {
             block_bytes: u32_at(28),
             frames: u32_at(32),
             table_slots: if b[24] & SLOTS_2 != 0 { 2 } else { 0 },
+            lost_sectors: b[24] & LOST_SECTORS != 0,
             backing_bytes: u64_at(40),
             backing_id: u128::from_le_bytes(b[48..64].try_into().unwrap_or([0; 16])),
         })
@@ -610,11 +624,22 @@ mod tests {
             clean: true,
             partner_failed: false,
             table_slots: 2,
+            lost_sectors: false,
         };
         let mut b = sb.encode();
-        assert_eq!(Superblock::decode(&b), Some(sb));
+        assert_eq!(Superblock::decode(&b), Some(sb.clone()));
         b[30] ^= 1;
         assert_eq!(Superblock::decode(&b), None);
+        // a table that may hold lost sectors round-trips too, and its mode
+        // byte is one a version before the flag does not know (it clears
+        // only the slots flag): it refuses the superblock
+        let lost = Superblock {
+            lost_sectors: true,
+            ..sb
+        };
+        let b = lost.encode();
+        assert_eq!(Superblock::decode(&b), Some(lost));
+        assert_eq!(CacheMode::from_u8(b[24] & !SLOTS_2), None);
     }
 
     #[test]

@@ -128,6 +128,11 @@ pub struct CacheStatus {
     /// (medium errors on every copy): they stay dirty, and reads of them
     /// fail, until the host writes them again; a drain cannot end meanwhile.
     pub unreadable_dirty_bytes: u64,
+    /// Of `unreadable_dirty_bytes`, those lost for good: a mirror's resilver
+    /// found them unreadable on the survivor, and the mirror became whole
+    /// without them. Recorded in the table (they outlive a restart); reads
+    /// of them fail until the host writes them.
+    pub lost_dirty_bytes: u64,
     /// Cache-block accesses by reads served from the cache / not.
     pub read_hits: u64,
     /// See `read_hits`.

@@ -103,6 +103,10 @@ pub(crate) struct State {
     /// neighbours' write failed with them.
     /// (tokio's clock: tests move it past the retry time)
     pub unreadable: HashMap<u32, (u64, tokio::time::Instant)>,
+    /// Some frame may hold lost sectors ([`State::lost`]): set where they
+    /// are made or loaded, cleared by a count that finds none, so the count
+    /// (a walk over every frame) is made only then.
+    pub lost_possible: bool,
     pub dirty_frames: usize,
     pub dirty_sectors: u64,
     pub advisor: Option<Advisor>,
@@ -118,6 +122,7 @@ impl State {
             io_pins: HashMap::new(),
             destaging: HashMap::new(),
             unreadable: HashMap::new(),
+            lost_possible: false,
             dirty_frames: 0,
             dirty_sectors: 0,
             advisor,
@@ -171,6 +176,8 @@ impl State {
             _ => {}
         }
         self.dirty.set(slot, dirty);
+        // (dirty and not valid: lost, loaded or put back as it stood)
+        self.lost_possible |= dirty & !self.valid.get(slot) != 0;
         self.repin(slot);
     }
 
@@ -196,6 +203,33 @@ impl State {
             Some(&(mask, _)) => mask,
             None => 0,
         }
+    }
+
+    /// The lost sectors of frame `slot`: dirty and not valid, acknowledged
+    /// data no copy holds (a resilver could not read it on the survivor; see
+    /// [`Inner::resilver`]). Never read, filled or destaged: reads of them
+    /// are medium errors until the host writes them. The table records them
+    /// as they are in memory (dirty, not valid), so they outlive a restart.
+    pub(crate) fn lost(&self, slot: u32) -> u64 {
+        self.dirty.get(slot) & !self.valid.get(slot)
+    }
+
+    /// Sectors lost in every frame ([`State::lost`]).
+    pub(crate) fn lost_sectors(&mut self) -> u64 {
+        if !self.lost_possible {
+            return 0;
+        }
+        let n = (0..self.valid.frames())
+            .map(|f| self.lost(f).count_ones() as u64)
+            .sum();
+        self.lost_possible = n != 0;
+        n
+    }
+
+    /// The dirty sectors of frame `slot` reads answer with a medium error
+    /// without reading them: those recorded unreadable and the lost ones.
+    fn unanswerable(&self, slot: u32) -> u64 {
+        self.unreadable.get(&slot).map_or(0, |r| r.0) | self.lost(slot)
     }
 
     pub(crate) fn record(&self, slot: u32) -> Record {
@@ -576,14 +610,15 @@ impl Inner {
 
     /// After a medium error in frame `slot`: forgets the clean sectors it
     /// holds (the backing volume has them; the next fill writes them again,
-    /// which a disk remaps) and returns its dirty ones. Reducing what a frame
+    /// which a disk remaps) and returns the dirty ones it holds. Reducing what a frame
     /// holds to its dirty sectors is safe under a shared lock of its block.
     pub(crate) fn forget_clean(&self, slot: u32) -> u64 {
         let mut st = self.state.lock();
         let dirty = st.dirty.get(slot);
         let valid = st.valid.get(slot);
         st.valid.set(slot, valid & dirty);
-        dirty
+        // (lost sectors are dirty and not held)
+        valid & dirty
     }
 
     /// Writes `data`, read at `off` of a frame at `base` from another copy,
@@ -812,6 +847,57 @@ impl Inner {
         tracing::info!(cache = %self.name, frames = copied, "mirror halves agree on the dirty blocks");
     }
 
+    /// The resilver's copy of the dirty sectors `dirty` of frame `slot`
+    /// (holding block `key`, locked exclusively and pinned by the caller)
+    /// from `survivor` to `d`, which met a medium error: the sectors the
+    /// survivor cannot read, one at a time, become lost ([`State::lost`]:
+    /// durably, in both superblock copies' flag first, then in the frame's
+    /// record) and the others are copied. Reads of lost sectors are medium
+    /// errors until the host writes them, as RAID's lost blocks are, and
+    /// the mirror becomes whole again; nothing is written over them (the
+    /// next host write does, and a disk remaps a sector it is written).
+    async fn copy_around_lost(
+        &self,
+        survivor: usize,
+        d: usize,
+        slot: u32,
+        key: u64,
+        dirty: u64,
+    ) -> BlockResult<()> {
+        let base = self.layout.frame_offset(slot);
+        let len = self.block_bytes;
+        let mut bad = 0u64;
+        for (first, n) in runs(dirty) {
+            for s in first..first + n {
+                let at = s as u64 * SECTOR_BYTES;
+                let part = SECTOR_BYTES.min(len - at);
+                match self.devs[survivor].read_frame_at(base + at, part).await {
+                    Ok(_) => {}
+                    Err(BlockError::Medium { .. }) => bad |= 1 << s,
+                    Err(e) => return Err(e),
+                }
+            }
+        }
+        if bad != 0 {
+            self.allow_lost_sectors().await?;
+            let lost = {
+                let mut st = self.state.lock();
+                let v = st.valid.get(slot);
+                st.valid.set(slot, v & !bad);
+                st.lost_possible = true;
+                st.lost(slot)
+            };
+            self.persist_pages(&[slot / RECORDS_PER_PAGE as u32])
+                .await?;
+            tracing::error!(cache = %self.name, block = key,
+                lost_bytes = bad.count_ones() as u64 * SECTOR_BYTES,
+                frame_lost_bytes = lost.count_ones() as u64 * SECTOR_BYTES,
+                "cache: dirty data the surviving mirror half cannot read is LOST; \
+                 reads of it fail (medium error) until the host writes it again");
+        }
+        self.copy_runs(survivor, d, base, dirty & !bad, len).await
+    }
+
     /// Copies every frame of the survivor onto replaced mirror half `d` (see
     /// [`CacheVolume::replace_device`]), then makes it live and writes its map.
     async fn resilver(&self, d: usize) -> BlockResult<()> {
@@ -855,21 +941,22 @@ impl Inner {
                 if let Err(BlockError::Medium { .. }) = copied {
                     // sectors the survivor cannot read: its clean ones are
                     // forgotten (the backing has them) and the dirty ones
-                    // copied alone. If those cannot be, the replacement is
-                    // given up and the survivor serves on; before (review of
-                    // 2026-12-06) the survivor failed, and with it every
-                    // dirty block of the cache.
+                    // copied alone; dirty ones that cannot be read are
+                    // lost, and the rest copied around them. Before (review
+                    // of 2026-12-06) the survivor failed, and with it every
+                    // dirty block of the cache; then (until 2026-12-07) the
+                    // replacement was given up, the cache left without
+                    // redundancy, write-through, for a few sectors.
                     let dirty = self.forget_clean(slot);
-                    copied = self
+                    copied = match self
                         .copy_runs(survivor, d, base, dirty, self.block_bytes)
                         .await
-                        .map_err(|e| match e {
-                            BlockError::Medium { .. } => BlockError::Unavailable(format!(
-                                "cache {}: dirty data of block {key} cannot be read on the surviving device; rewrite it (or restore it) and replace again",
-                                self.name
-                            )),
-                            e => e,
-                        });
+                    {
+                        Err(BlockError::Medium { .. }) => {
+                            self.copy_around_lost(survivor, d, slot, key, dirty).await
+                        }
+                        r => r,
+                    };
                 }
                 // the cursor passes the frame before the frame is let go: a
                 // block given the frame next is written to both halves
@@ -948,14 +1035,13 @@ impl Inner {
                 // mirror half out for one lost sector
                 // (a record past its retry time stays: the destage, which
                 // reads the sectors again, is the one to drop it)
+                // (and so do lost ones, for good)
                 let recorded = match access {
-                    Access::Hit { slot } => st.unreadable.get(&slot).map_or(0, |r| r.0) & p.mask,
+                    Access::Hit { slot } => st.unanswerable(slot) & p.mask,
                     _ => 0,
                 };
                 let plan = if recorded != 0 {
-                    let first = recorded.trailing_zeros() as u64 * SECTOR_BYTES;
-                    let at = p.key * self.block_bytes + first.max(p.blk_off);
-                    Plan::Unreadable(at / self.bs)
+                    Plan::Unreadable(self.first_of(p, recorded))
                 } else if bypass {
                     match access {
                         // data the cache holds is served from it, stream or not
@@ -1093,6 +1179,12 @@ impl Inner {
         }
     }
 
+    /// The host LBA of the first of the sectors `mask` names within piece `p`.
+    fn first_of(&self, p: &Piece, mask: u64) -> u64 {
+        let first = mask.trailing_zeros() as u64 * SECTOR_BYTES;
+        (p.key * self.block_bytes + first.max(p.blk_off)) / self.bs
+    }
+
     async fn backing_read(&self, off: u64, len: u64) -> BlockResult<Bytes> {
         let r = self
             .backing
@@ -1163,9 +1255,9 @@ impl Inner {
         let blen = self.block_len(p.key);
         let base = p.key * self.block_bytes;
         let backing = self.backing_read(base, blen).await?;
-        let (mut valid, dirty) = {
+        let (mut valid, dirty, lost) = {
             let st = self.state.lock();
-            (st.valid.get(slot), st.dirty.get(slot))
+            (st.valid.get(slot), st.dirty.get(slot), st.lost(slot))
         };
         let mut block = BytesMut::from(&backing[..]);
         // sectors the cache holds are as new as or newer than the backing
@@ -1185,11 +1277,11 @@ impl Inner {
                 // (the frame keeps them dirty, the device stays in service).
                 Err(BlockError::Medium { .. }) => {
                     valid = self.forget_clean(slot);
-                    if let Some((first, n)) = hull(dirty) {
+                    if let Some((first, n)) = hull(dirty & !lost) {
                         let start = first as u64 * SECTOR_BYTES;
                         let end = ((first + n) as u64 * SECTOR_BYTES).min(blen);
                         match self.ssd_read(slot, start, end - start).await {
-                            Ok(cached) => overlay(&mut block, 0, &cached, start, dirty),
+                            Ok(cached) => overlay(&mut block, 0, &cached, start, dirty & !lost),
                             // Not filled: this piece from the backing with
                             // the dirty sectors it covers read alone (their
                             // error is this read's only if they are its own)
@@ -1225,7 +1317,11 @@ impl Inner {
         // never rewritten in place, where a power cut mid-write could tear them
         // (from the length read: a grow meanwhile must not mark sectors valid
         // that were not written)
-        let full = range_mask(0, blen.div_ceil(SECTOR_BYTES) as u32);
+        // Lost sectors are not filled either: the backing's data there is
+        // older than what was acknowledged, and marked valid it would be
+        // served as the newest (they cannot change meanwhile: a write takes
+        // the block's lock exclusively, and the destage leaves them out)
+        let full = range_mask(0, blen.div_ceil(SECTOR_BYTES) as u32) & !lost;
         let mut written = true;
         for (first, n) in runs(full & !valid) {
             let start = first as u64 * SECTOR_BYTES;
@@ -1259,7 +1355,15 @@ impl Inner {
         let keys: Vec<u64> = pieces.iter().map(|p| p.key).collect();
         let _locks = self.lock_exclusive(&keys).await;
         let (off, data) = if s0 != off || s1 != off + data.len() as u64 {
-            let mut wide = self.read_unlocked_plain(s0, s1 - s0).await?;
+            // a medium error meeting the sectors around the write is the
+            // write's, at its own first block
+            let mut wide = self
+                .read_unlocked_plain(s0, s1 - s0)
+                .await
+                .map_err(|e| match e {
+                    BlockError::Medium { .. } => BlockError::Medium { lba: off / self.bs },
+                    e => e,
+                })?;
             let at = (off - s0) as usize;
             wide[at..at + data.len()].copy_from_slice(&data);
             (s0, wide.freeze())
@@ -1289,6 +1393,16 @@ impl Inner {
             // write
             let hit = {
                 let mut st = self.state.lock();
+                // dirty sectors recorded unreadable, or lost: the write's
+                // error, as a read's (their frame may hold anything there)
+                if let Some(slot) = st.policy.get(p.key) {
+                    let recorded = st.unanswerable(slot) & p.mask;
+                    if recorded != 0 {
+                        return Err(BlockError::Medium {
+                            lba: self.first_of(&p, recorded),
+                        });
+                    }
+                }
                 match st.policy.get(p.key) {
                     Some(slot) if st.dirty.get(slot) & p.mask != 0 && !self.frame_lost(slot) => {
                         st.pin_io(slot);
@@ -1750,7 +1864,30 @@ impl Inner {
                 return Err(e);
             }
         }
-        self.write_superblocks(|sb| sb.clean = clean).await
+        // the table just written holds lost sectors or not (callers keep
+        // writes out, and only the resilver, which is one of them, makes
+        // sectors lost): a version before lost sectors may read it again
+        // once it holds none
+        let lost = self.state.lock().lost_sectors() != 0;
+        self.write_superblocks(|sb| {
+            sb.clean = clean;
+            sb.lost_sectors = lost;
+        })
+        .await
+    }
+
+    /// Makes both superblock copies of every live device say the table may
+    /// hold lost sectors, before a record holding one is written: a version
+    /// before them refuses such a superblock, and with one copy alone it
+    /// would take the other, older, and read the table wrongly.
+    async fn allow_lost_sectors(&self) -> BlockResult<()> {
+        if self.sb.lock().lost_sectors {
+            return Ok(());
+        }
+        for _ in 0..2 {
+            self.write_superblocks(|sb| sb.lost_sectors = true).await?;
+        }
+        Ok(())
     }
 
     /// Writes device `d`'s whole table, every slot, each page's versions from
@@ -1880,7 +2017,7 @@ impl Inner {
     pub(crate) fn status(&self) -> CacheStatus {
         let now = self.counters.snapshot();
         let rates = stats::rates(now, self.window.lock().oldest());
-        let st = self.state.lock();
+        let mut st = self.state.lock();
         let map = st.policy.memory_bytes() + st.valid.memory_bytes() + st.dirty.memory_bytes();
         let capacity_bytes = self.frames as u64 * self.block_bytes;
         let (curve, advice, advisor_mem) = match &st.advisor {
@@ -1898,6 +2035,7 @@ impl Inner {
             None => (Vec::new(), None, 0),
         };
         let state = self.state_line();
+        let lost_bytes = st.lost_sectors() * SECTOR_BYTES;
         CacheStatus {
             name: self.name.clone(),
             mode: self.cfg.mode.name().to_string(),
@@ -1915,9 +2053,11 @@ impl Inner {
             dirty_bytes: st.dirty_sectors * SECTOR_BYTES,
             unreadable_dirty_bytes: st
                 .unreadable
-                .values()
-                .map(|(m, _)| m.count_ones() as u64 * SECTOR_BYTES)
-                .sum(),
+                .iter()
+                .map(|(&f, (m, _))| (m & !st.lost(f)).count_ones() as u64 * SECTOR_BYTES)
+                .sum::<u64>()
+                + lost_bytes,
+            lost_dirty_bytes: lost_bytes,
             read_hits: now.read_hits,
             read_misses: now.read_misses,
             write_hits: now.write_hits,
@@ -2167,6 +2307,7 @@ impl CacheVolume {
             clean: false,
             partner_failed: false,
             table_slots: layout.slots as u8,
+            lost_sectors: newest.as_ref().is_some_and(|s| s.lost_sectors),
         };
         let mut out_geo = geo;
         out_geo.thin = false;
@@ -2260,6 +2401,12 @@ impl CacheVolume {
     /// without the counters: cheap enough to poll (no lock of the block map).
     pub fn health(&self) -> (String, Vec<DeviceStatus>) {
         (self.inner.state_line(), self.inner.device_states())
+    }
+
+    /// Bytes of acknowledged data the cache lost ([`CacheStatus::lost_dirty_bytes`]);
+    /// cheap while none is.
+    pub fn lost_dirty_bytes(&self) -> u64 {
+        self.inner.state.lock().lost_sectors() * SECTOR_BYTES
     }
 
     /// The backing volume.
@@ -2800,10 +2947,12 @@ impl Inner {
                     continue;
                 }
                 let slot = self.slot_of_local(d, local);
+                // lost sectors (dirty, not valid: see `State::lost`) stay so
+                let lost = r.dirty & !r.valid;
                 let (valid, dirty) = if old.clean {
                     (r.valid, r.dirty)
                 } else {
-                    (r.dirty, r.dirty)
+                    (r.dirty & !lost, r.dirty)
                 };
                 // a record's key and bitmaps come from the device: a key
                 // past the volume (overflowing included) is dropped, and
@@ -2817,8 +2966,8 @@ impl Inner {
                     continue;
                 }
                 let full = self.full_mask(r.key);
-                let (valid, dirty) = (valid & full, dirty & full & valid);
-                if valid == 0 {
+                let (valid, dirty) = (valid & full, dirty & full & (valid | lost));
+                if valid == 0 && dirty == 0 {
                     continue;
                 }
                 entries.push((slot, r.key));
@@ -3245,6 +3394,7 @@ mod tests {
                 clean: false,
                 partner_failed: false,
                 table_slots: 0,
+                lost_sectors: false,
             };
             ssd.write(1, Bytes::from(sb.encode()), false).await.unwrap();
             let dirty = |key| Record {

@@ -868,16 +868,21 @@ impl Pools {
         pools.iter().map(|p| p.status()).collect()
     }
 
-    /// Every attached cache's name, mode, state line and device states (cheap:
-    /// no counters), for the event watcher.
-    pub fn cache_health(
-        &self,
-    ) -> Vec<(String, cache::CacheMode, String, Vec<cache::DeviceStatus>)> {
+    /// Every attached cache's name, mode, state line, device states and lost
+    /// data (cheap: no counters), for the event watcher.
+    pub fn cache_health(&self) -> Vec<CacheHealth> {
         self.caches
             .iter()
             .filter_map(|(n, c)| {
-                let (state, devices) = c.volume()?.health();
-                Some((n.clone(), c.cfg.mode, state, devices))
+                let v = c.volume()?;
+                let (state, devices) = v.health();
+                Some(CacheHealth {
+                    name: n.clone(),
+                    mode: c.cfg.mode,
+                    state,
+                    devices,
+                    lost_bytes: v.lost_dirty_bytes(),
+                })
             })
             .collect()
     }
@@ -1003,4 +1008,15 @@ impl Pools {
             }
         }
     }
+}
+
+/// What the event watcher looks at in an attached cache ([`Pools::cache_health`]).
+pub struct CacheHealth {
+    pub name: String,
+    pub mode: cache::CacheMode,
+    /// The state line ([`cache::CacheStatus::state`]).
+    pub state: String,
+    pub devices: Vec<cache::DeviceStatus>,
+    /// [`cache::CacheStatus::lost_dirty_bytes`].
+    pub lost_bytes: u64,
 }

@@ -109,6 +109,15 @@ fn print(c: &Value) {
         c["destage_errors"],
         c["backing_errors"],
     );
+    if c["unreadable_dirty_bytes"].as_u64().unwrap_or(0) > 0 {
+        println!(
+            "  UNREADABLE DIRTY DATA: {} no cache device can read, {} of it LOST (a resilver \
+             could not read it on the surviving half); reads of those blocks fail until they \
+             are written again (the node's log names them)",
+            bytes(&c["unreadable_dirty_bytes"]),
+            bytes(&c["lost_dirty_bytes"]),
+        );
+    }
     println!(
         "  sequential bypass: {} reads, {} writes; fills {}",
         c["bypassed_reads"], c["bypassed_writes"], c["fills"]

@@ -55,7 +55,8 @@ pub fn run(api: SocketAddr, json: bool) -> Result<()> {
     Ok(())
 }
 
-/// `ok`, or what is not: pools not optimal, replicas not in sync.
+/// `ok`, or what is not: pools not optimal or with lost blocks, caches not
+/// ok or holding dirty data they cannot read, replicas not in sync.
 fn health(v: &Value) -> String {
     let mut bad = Vec::new();
     for p in v["pools"].as_array().into_iter().flatten() {
@@ -71,6 +72,27 @@ fn health(v: &Value) -> String {
             bad.push(format!(
                 "pool {} has {n} lost blocks",
                 p["name"].as_str().unwrap_or("?")
+            ));
+        }
+    }
+    for c in v["caches"].as_array().into_iter().flatten() {
+        let name = c["name"].as_str().unwrap_or("?");
+        let state = c["state"].as_str().unwrap_or("ok");
+        if c["attached"].as_bool() != Some(false) && state != "ok" && !state.starts_with("draining")
+        {
+            bad.push(format!("cache {name} {state}"));
+        }
+        let n = |k: &str| c[k].as_u64().unwrap_or(0);
+        if n("lost_dirty_bytes") > 0 {
+            bad.push(format!(
+                "cache {name} lost {} bytes of written data",
+                n("lost_dirty_bytes")
+            ));
+        }
+        if n("unreadable_dirty_bytes") > n("lost_dirty_bytes") {
+            bad.push(format!(
+                "cache {name} cannot read {} bytes of dirty data",
+                n("unreadable_dirty_bytes") - n("lost_dirty_bytes")
             ));
         }
     }
@@ -227,4 +249,32 @@ fn mib(bytes: u64) -> String {
 
 fn gib(bytes: u64) -> String {
     format!("{:.1} GiB", bytes as f64 / (1u64 << 30) as f64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::health;
+    use serde_json::json;
+
+    #[test]
+    fn a_cache_that_lost_or_cannot_read_dirty_data_needs_attention() {
+        let with = |c: serde_json::Value| health(&json!({ "caches": [c] }));
+        assert_eq!(
+            with(json!({"name": "c", "state": "ok", "attached": true})),
+            "ok"
+        );
+        assert_eq!(
+            with(json!({"name": "c", "state": "draining: destaging every dirty block"})),
+            "ok"
+        );
+        assert_eq!(
+            with(json!({"name": "c", "state": "ok", "unreadable_dirty_bytes": 8192, "lost_dirty_bytes": 4096})),
+            "ATTENTION: cache c lost 4096 bytes of written data, cache c cannot read 4096 bytes of dirty data"
+        );
+        let degraded = with(json!({"name": "c", "state": "degraded: a mirror device failed"}));
+        assert!(
+            degraded.starts_with("ATTENTION: cache c degraded"),
+            "{degraded}"
+        );
+    }
 }

@@ -2681,24 +2681,6 @@ async fn an_unreadable_clean_sector_is_read_from_the_backing_and_filled_again() 
     assert_eq!(media_errors(&vol), vec![1]);
 }
 
-/// The mirror of `one_dirty_sector_on_faulty_halves` with its first half
-/// dead and failed, and every sector of block 0's frame held (filled).
-async fn survivor_holding_block_0() -> (VolumeRef, Vec<Arc<FaultVolume>>, CacheVolume, u64) {
-    let (backing, faulty, vol, at) = one_dirty_sector_on_faulty_halves().await;
-    filled_with_every_device_in_service(&vol, &backing).await;
-    faulty[0].plan().lock().dead = true;
-    // the first frame is read from the first half first: the read fails it
-    assert_eq!(vol.read(0, 1).await.unwrap(), pattern(1, 4096));
-    assert_eq!(vol.status().devices[0].state, "failed");
-    // (the frame holds its clean sectors again: read from the survivor)
-    assert_eq!(
-        vol.read(1, 3).await.unwrap(),
-        backing.read(1, 3).await.unwrap()
-    );
-    assert_eq!(vol.status().valid_bytes, 16384, "{:?}", vol.status());
-    (backing, faulty, vol, at)
-}
-
 /// A resilver that meets a clean sector the survivor cannot read leaves it
 /// out (the frame forgets it: the backing has it) and completes. Before
 /// (review of 2026-12-06) the survivor failed, and with it every dirty
@@ -2733,31 +2715,114 @@ async fn a_resilver_goes_around_a_clean_sector_the_survivor_cannot_read() {
     assert_eq!(vol.read(0, 1).await.unwrap(), pattern(1, 4096));
 }
 
-/// Dirty data the survivor cannot read gives up the replacement, not the
-/// survivor: it serves on (that block's read is a medium error) and a
-/// rewrite of the block lets a later replacement through.
+/// Whether every superblock copy of `ssd` (4 KiB blocks) says its table may
+/// hold lost sectors (the mode byte's flag 0x20; a copy never written, all
+/// zeroes, says nothing), and whether the newest does.
+async fn lost_sector_flags(ssd: &FaultVolume) -> (bool, bool) {
+    let b = ssd.read(0, 2).await.unwrap();
+    let copy = |i: usize| &b[i * 4096..(i + 1) * 4096];
+    let written = |i: usize| &copy(i)[0..8] == b"FSNCACH1";
+    let flag = |i: usize| copy(i)[24] & 0x20 != 0;
+    let generation = |i: usize| u64::from_le_bytes(copy(i)[16..24].try_into().unwrap());
+    let newest = usize::from(written(1) && generation(1) > generation(0));
+    let every = (0..2).all(|i| !written(i) || flag(i));
+    (every, flag(newest))
+}
+
+/// Dirty data the survivor cannot read does not keep the mirror without
+/// redundancy: the resilver copies around it and records it lost (dirty and
+/// not valid in the table, so a restart keeps it, both superblock copies
+/// flagged first so that a version before lost sectors refuses the table).
+/// Reads of it are medium errors without reading the SSDs, a fill of its
+/// block leaves it alone, a write smaller than its sector fails as a read
+/// does, and a host write of the whole sector makes it good again. Until
+/// 2026-12-07 the replacement was given up and the cache ran write-through,
+/// without redundancy, until the host wrote the block.
 #[tokio::test]
-async fn a_resilver_that_cannot_read_dirty_data_gives_up_the_replacement_not_the_survivor() {
-    let (_backing, faulty, vol, at) = survivor_holding_block_0().await;
+async fn a_resilver_copies_around_dirty_data_the_survivor_cannot_read_which_stays_lost() {
+    // 512-byte host blocks, so a write can be smaller than the cache's sector
+    let backing: VolumeRef = Arc::new(MemVolume::new(512, BACKING_BYTES / 512));
+    let (backing, faulty, vol, at) = one_dirty_sector_on_faulty_halves_over(backing).await;
+    // the survivor cannot read the dirty sector (host blocks 0-7), and the
+    // first half dies (a write elsewhere finds it); the destage from the
+    // survivor that follows cannot write the sector out either
     faulty[1].plan().lock().bad_read_blocks = std::iter::once(at..at + 1).collect();
-    replace(&vol, 0, "new", fault_ssd() as VolumeRef).await;
-    status_until(&vol, 30, "the replacement was not given up", |s| {
-        s.devices[0].state == "failed"
-    })
-    .await;
-    let st = vol.status();
-    assert_eq!(st.devices[1].state, "ok", "{st:?}");
-    assert!(matches!(
-        vol.read(0, 1).await,
-        Err(block::BlockError::Medium { lba: 0 })
-    ));
-    assert_eq!(vol.read(40, 1).await.unwrap().len(), 4096);
-    faulty[1].plan().lock().remap_on_write = true;
-    vol.write(0, pattern(3, 4096), false).await.unwrap();
-    replace(&vol, 0, "newer", fault_ssd() as VolumeRef).await;
+    faulty[0].plan().lock().dead = true;
+    vol.write(320, pattern(12, 4096), false).await.unwrap();
+    assert_eq!(vol.status().devices[0].state, "failed");
+    let new = fault_ssd();
+    replace(&vol, 0, "new", new.clone() as VolumeRef).await;
     status_until(&vol, 30, "the mirror never became whole again", |s| {
         s.state == "ok"
     })
     .await;
-    assert_eq!(vol.read(0, 1).await.unwrap(), pattern(3, 4096));
+    let st = vol.status();
+    assert!(st.devices.iter().all(|d| d.state == "ok"), "{st:?}");
+    assert_eq!(
+        (st.lost_dirty_bytes, st.unreadable_dirty_bytes),
+        (4096, 4096),
+        "{st:?}"
+    );
+    assert_eq!(lost_sector_flags(&new).await, (true, true));
+    assert_eq!(lost_sector_flags(&faulty[1]).await, (true, true));
+    let met = media_errors(&vol);
+    let medium = |r: block::BlockResult<Bytes>| match r {
+        Err(block::BlockError::Medium { lba }) => Some(lba),
+        _ => None,
+    };
+    assert_eq!(medium(vol.read(0, 8).await), Some(0));
+    assert_eq!(medium(vol.read(2, 1).await), Some(2));
+    assert_eq!(media_errors(&vol), met, "the lost sector was read");
+    // a write of part of the sector cannot be merged with what it held
+    assert!(matches!(
+        vol.write(1, pattern(5, 512), false).await,
+        Err(block::BlockError::Medium { lba: 1 })
+    ));
+    assert_eq!(medium(vol.read(0, 1).await), Some(0));
+    // a crash, and the cache opened again: the sector is still lost
+    vol.halt().await;
+    drop(vol);
+    let ssds: Vec<VolumeRef> = vec![new.clone(), faulty[1].clone()];
+    let vol = CacheVolume::open("t", backing.clone(), devices(&ssds), dirty_kept())
+        .await
+        .unwrap();
+    let st = vol.status();
+    assert_eq!(st.lost_dirty_bytes, 4096, "{st:?}");
+    assert_eq!(medium(vol.read(0, 8).await), Some(0));
+    assert_eq!(media_errors(&vol), vec![0, 0], "the lost sector was read");
+    // the rest of the block is filled from the backing, the lost sector not
+    // (the destage's record of unreadable sectors, in memory, is gone)
+    let fills = vol.status().fills;
+    assert_eq!(
+        vol.read(8, 24).await.unwrap(),
+        backing.read(8, 24).await.unwrap()
+    );
+    assert!(vol.status().fills > fills, "no fill");
+    assert_eq!(
+        medium(vol.read(0, 8).await),
+        Some(0),
+        "filled from the backing"
+    );
+    // a drain (as a detach asks) cannot end: the destage leaves it out, and
+    // the backing keeps its older data rather than what the frame holds
+    let e = vol.drain().await.unwrap_err().to_string();
+    assert!(e.contains("no cache device can read"), "{e}");
+    assert_eq!(
+        backing.read(0, 8).await.unwrap(),
+        pattern(9, 16384).slice(0..4096)
+    );
+    assert_eq!(medium(vol.read(0, 8).await), Some(0));
+    // written whole by the host, it is good again; a clean stop then
+    // clears the newest superblock's flag
+    faulty[1].plan().lock().remap_on_write = true;
+    vol.write(0, pattern(3, 4096), false).await.unwrap();
+    assert_eq!(vol.read(0, 8).await.unwrap(), pattern(3, 4096));
+    assert_eq!(vol.status().lost_dirty_bytes, 0);
+    vol.shutdown().await.unwrap();
+    assert!(!lost_sector_flags(&new).await.1, "the flag stays");
+    let vol = CacheVolume::open("t", backing.clone(), devices(&ssds), dirty_kept())
+        .await
+        .unwrap();
+    assert_eq!(vol.read(0, 8).await.unwrap(), pattern(3, 4096));
+    assert_eq!(vol.read(320, 8).await.unwrap(), pattern(12, 4096));
 }

@@ -89,6 +89,9 @@ pub enum EventKind {
     CacheMediaErrors,
     /// A write-back cache fell back to write-through (no mirror left).
     CacheWriteThrough,
+    /// A write-back cache lost acknowledged data: a resilver found it
+    /// unreadable on the surviving half (reads of it fail until written).
+    CacheDataLost,
     /// A cache is healthy again (device replaced, resilvered).
     CacheRecovered,
     /// The HA partner is unreachable; this node serves alone or waits.

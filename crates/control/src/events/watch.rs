@@ -162,7 +162,8 @@ struct State {
     /// Polled at least once (the first poll is the baseline).
     primed: bool,
     pools: BTreeMap<String, raid::PoolStatus>,
-    caches: BTreeMap<String, (String, Vec<cache::DeviceStatus>)>,
+    /// Each cache's state line, devices and lost bytes.
+    caches: BTreeMap<String, (String, Vec<cache::DeviceStatus>, u64)>,
     /// Caches reported unhealthy and not yet recovered.
     caches_reported: BTreeSet<String>,
     /// Each cache device's count of unreadable sectors when last reported,
@@ -198,8 +199,15 @@ impl State {
             self.pools.insert(p.name.clone(), p);
         }
         // caches
-        for (name, mode, state, devices) in src.pools.cache_health() {
-            if let Some((old_state, old_devs)) = self.caches.get(&name) {
+        for c in src.pools.cache_health() {
+            let crate::pools::CacheHealth {
+                name,
+                mode,
+                state,
+                devices,
+                lost_bytes,
+            } = c;
+            if let Some((old_state, old_devs, _)) = self.caches.get(&name) {
                 let seen = (&mut self.media_reported, Instant::now());
                 cache_device_events(&name, mode, (old_devs, &devices), seen, &mut out);
                 if state.contains("write-through") && !old_state.contains("write-through") {
@@ -253,7 +261,9 @@ impl State {
                     self.caches_reported.insert(name.clone());
                 }
             }
-            self.caches.insert(name, (state, devices));
+            let old_lost = self.caches.get(&name).map(|c| c.2);
+            out.extend(cache_data_lost(&name, old_lost, lost_bytes));
+            self.caches.insert(name, (state, devices, lost_bytes));
         }
         // replicated volumes
         if let Some(c) = &src.cluster {
@@ -547,6 +557,29 @@ fn blocks_lost(p: &raid::PoolStatus, added: Option<u64>) -> NewEvent {
     )
 }
 
+/// The event, if any, for cache `name` having lost `lost` bytes of
+/// acknowledged data where the last poll saw `old` (`None`: not seen before,
+/// at start or just attached: said if any is lost). A mirror's resilver
+/// found them unreadable on the survivor (see
+/// `cache::CacheStatus::lost_dirty_bytes`).
+fn cache_data_lost(name: &str, old: Option<u64>, lost: u64) -> Option<NewEvent> {
+    let what = match old {
+        Some(o) if lost > o => format!("lost {} more bytes of written data", lost - o),
+        None if lost > 0 => "holds written data recorded lost".to_string(),
+        _ => return None,
+    };
+    Some(NewEvent::new(
+        S::Critical,
+        K::CacheDataLost,
+        name.to_string(),
+        format!(
+            "cache {name} {what} ({lost} bytes in all): no copy of it could be read when the \
+             mirror was resilvered; reads of those blocks fail (medium error) until they are \
+             written again (restore them from a backup); the log names the blocks"
+        ),
+    ))
+}
+
 /// A pool as the first look finds it: what is already wrong (a member failed
 /// while the node was down, a pool that cannot serve, a rebuild resumed) is said
 /// once, so an operator hears of it even though no transition was seen.
@@ -739,7 +772,29 @@ fn cache_device_events(
 
 #[cfg(test)]
 mod tests {
-    use super::{cache_device_events, pool_events, standing_pool_events, K, S};
+    use super::{cache_data_lost, cache_device_events, pool_events, standing_pool_events, K, S};
+
+    #[test]
+    fn cache_data_lost_is_said_when_it_grows_and_when_first_seen() {
+        let said =
+            |old, new| cache_data_lost("c", old, new).map(|e| (e.kind, e.severity, e.message));
+        assert!(said(None, 0).is_none());
+        assert!(said(Some(4096), 4096).is_none());
+        // written again: less lost, nothing to say
+        assert!(said(Some(8192), 4096).is_none());
+        let (k, s, m) = said(None, 4096).unwrap();
+        assert_eq!((k, s), (K::CacheDataLost, S::Critical));
+        assert!(
+            m.contains("recorded lost") && m.contains("4096 bytes in all"),
+            "{m}"
+        );
+        let (k, _, m) = said(Some(4096), 12288).unwrap();
+        assert_eq!(k, K::CacheDataLost);
+        assert!(
+            m.contains("8192 more") && m.contains("12288 bytes in all"),
+            "{m}"
+        );
+    }
 
     #[test]
     fn a_cache_device_whose_unreadable_sectors_grow_is_reported_each_time() {

@@ -428,6 +428,7 @@ impl NodeCollector {
         let mut misses = Samples::new();
         let mut dirty = Samples::new();
         let mut unreadable = Samples::new();
+        let mut lost = Samples::new();
         let mut capacity = Samples::new();
         let mut occupancy = Samples::new();
         let mut destaged = Samples::new();
@@ -455,6 +456,7 @@ impl NodeCollector {
             }
             dirty.push((base.clone(), num(&c["dirty_bytes"])));
             unreadable.push((base.clone(), num(&c["unreadable_dirty_bytes"])));
+            lost.push((base.clone(), num(&c["lost_dirty_bytes"])));
             capacity.push((base.clone(), num(&c["capacity_bytes"])));
             occupancy.push((base.clone(), num(&c["occupancy_percent"]) / 100.0));
             destaged.push((base.clone(), num(&c["destaged_bytes"])));
@@ -500,6 +502,12 @@ impl NodeCollector {
             "freesan_cache_unreadable_dirty_bytes",
             "Of those, bytes no cache device could read: lost unless written again.",
             &unreadable,
+        )?;
+        gauges(
+            e,
+            "freesan_cache_lost_dirty_bytes",
+            "Of those, bytes lost for good: a mirror's resilver could not read them on the survivor; reads of them fail until they are written.",
+            &lost,
         )?;
         gauges(
             e,
