@@ -1282,6 +1282,14 @@ impl Config {
         Ok(cfg)
     }
 
+    /// The data directory the config file at `path` names (relative to its
+    /// folder), its secrets not checked: for root, which may read any file,
+    /// to learn whose data directory it is before reading the rest as that
+    /// user (`freesan show-config`). Nothing else of the file is used.
+    pub fn data_dir_in(path: &Path) -> Result<PathBuf> {
+        Ok(Config::parse_file(path)?.data_dir)
+    }
+
     /// Reads a TOML file, relative paths made relative to its folder.
     fn parse_file(path: &Path) -> Result<Config> {
         let text = std::fs::read_to_string(path)

@@ -195,7 +195,7 @@ fn token(mut cmd: TokenCmd) -> Result<()> {
 /// user may not be able to search the current folder), so the folder looked
 /// at is the one used. The user's groups are its own (its passwd entry and
 /// `initgroups`), not the folder's group, which may be root's.
-fn act_as_owner_of(data_dir: &Path) -> Result<PathBuf> {
+pub(crate) fn act_as_owner_of(data_dir: &Path) -> Result<PathBuf> {
     use std::os::unix::fs::MetadataExt;
     // SAFETY: geteuid only reads the process's credentials.
     if unsafe { libc::geteuid() } != 0 {

@@ -192,7 +192,31 @@ impl ServeArgs {
     /// The configuration to run: the config file (or the quick flags) plus the
     /// objects created at run time (`DATA_DIR/managed.toml`).
     fn config(&self) -> Result<config::Config> {
+        let cfg = self.config_file()?;
+        self.with_data_dir(cfg)
+    }
+
+    /// [`ServeArgs::config`] for `show-config`: root looking at the data
+    /// directory of the node's own user (the package's `freesan`) becomes
+    /// that user first, as `freesan api token` does, and reads everything
+    /// as the node does, the config file included (the package's is root's,
+    /// readable by the node's group alone, which the rule for files holding
+    /// secrets accepts for that group only). Before, it was refused and told
+    /// to use `runuser`.
+    fn config_as_data_dir_owner(&self) -> Result<config::Config> {
+        let dir = match (&self.data_dir, &self.config) {
+            (Some(d), _) => d.clone(),
+            (None, Some(path)) => config::Config::data_dir_in(path)?,
+            (None, None) => self.config_file()?.data_dir,
+        };
+        let dir = apicmd::act_as_owner_of(&dir)?;
         let mut cfg = self.config_file()?;
+        cfg.data_dir = dir;
+        self.with_data_dir(cfg)
+    }
+
+    /// `cfg` with the objects its data directory says were created at run time.
+    fn with_data_dir(&self, mut cfg: config::Config) -> Result<config::Config> {
         // before reading what the data directory says the node created
         control::secrets::check_data_dir(&cfg.data_dir)?;
         managed::Managed::load(&cfg.data_dir)?.merge_into(&mut cfg)?;
@@ -375,7 +399,7 @@ fn main() {
             apicmd::use_credentials(&api);
             cachecmd::run(api.api, cmd)
         }
-        Command::ShowConfig(args) => args.config().and_then(|cfg| {
+        Command::ShowConfig(args) => args.config_as_data_dir_owner().and_then(|cfg| {
             quiet_broken_pipe();
             cfg.validate()?;
             print!("{}", secrets::masked_toml(&cfg)?);

@@ -179,6 +179,14 @@ fn debian_package_installs_and_serves() {
             1,
         );
     std::fs::write(CONFIG, config).unwrap();
+    // root's show-config reads the service's data directory as its user
+    // (refused before, and told to use runuser), the secret masked
+    let (ok, shown) = run("/usr/bin/freesan", &["show-config", "--config", CONFIG]);
+    assert!(ok, "{shown}");
+    assert!(
+        shown.contains("user = \"disc\"") && !shown.contains("discovery-secret-1"),
+        "{shown}"
+    );
 
     // the installed binary with the installed configuration, run as the
     // unit runs it (user freesan, its groups) in a network namespace: serves
