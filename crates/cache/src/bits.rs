@@ -37,12 +37,6 @@ impl FrameBits {
         *w = (*w & !(m << (bit % 64))) | ((value & m) << (bit % 64));
     }
 
-    /// Frames the bitmap holds room for (at least those it was made for;
-    /// the bits of any beyond them stay zero).
-    pub(crate) fn frames(&self) -> u32 {
-        (self.words.len() as u64 * 64 / self.spb as u64) as u32
-    }
-
     pub(crate) fn memory_bytes(&self) -> usize {
         self.words.capacity() * 8
     }

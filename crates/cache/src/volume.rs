@@ -103,10 +103,11 @@ pub(crate) struct State {
     /// neighbours' write failed with them.
     /// (tokio's clock: tests move it past the retry time)
     pub unreadable: HashMap<u32, (u64, tokio::time::Instant)>,
-    /// Some frame may hold lost sectors ([`State::lost`]): set where they
-    /// are made or loaded, cleared by a count that finds none, so the count
-    /// (a walk over every frame) is made only then.
-    pub lost_possible: bool,
+    /// The frames that may hold lost sectors ([`State::lost`]): added where
+    /// they are made, loaded or put back, dropped by a count that finds none
+    /// in them, so the count never walks every frame (it runs at every
+    /// status, scrape and watcher poll, under this lock).
+    pub lost_frames: std::collections::HashSet<u32>,
     pub dirty_frames: usize,
     pub dirty_sectors: u64,
     pub advisor: Option<Advisor>,
@@ -122,7 +123,7 @@ impl State {
             io_pins: HashMap::new(),
             destaging: HashMap::new(),
             unreadable: HashMap::new(),
-            lost_possible: false,
+            lost_frames: std::collections::HashSet::new(),
             dirty_frames: 0,
             dirty_sectors: 0,
             advisor,
@@ -177,7 +178,9 @@ impl State {
         }
         self.dirty.set(slot, dirty);
         // (dirty and not valid: lost, loaded or put back as it stood)
-        self.lost_possible |= dirty & !self.valid.get(slot) != 0;
+        if dirty & !self.valid.get(slot) != 0 {
+            self.lost_frames.insert(slot);
+        }
         self.repin(slot);
     }
 
@@ -216,14 +219,13 @@ impl State {
 
     /// Sectors lost in every frame ([`State::lost`]).
     pub(crate) fn lost_sectors(&mut self) -> u64 {
-        if !self.lost_possible {
-            return 0;
-        }
-        let n = (0..self.valid.frames())
-            .map(|f| self.lost(f).count_ones() as u64)
-            .sum();
-        self.lost_possible = n != 0;
-        n
+        let (valid, dirty) = (&self.valid, &self.dirty);
+        self.lost_frames
+            .retain(|&f| dirty.get(f) & !valid.get(f) != 0);
+        self.lost_frames
+            .iter()
+            .map(|&f| self.lost(f).count_ones() as u64)
+            .sum()
     }
 
     /// The dirty sectors of frame `slot` reads answer with a medium error
@@ -884,12 +886,14 @@ impl Inner {
                 let mut st = self.state.lock();
                 let v = st.valid.get(slot);
                 st.valid.set(slot, v & !bad);
-                st.lost_possible = true;
+                st.lost_frames.insert(slot);
                 st.lost(slot)
             };
             self.persist_pages(&[slot / RECORDS_PER_PAGE as u32])
                 .await?;
             tracing::error!(cache = %self.name, block = key,
+                host_lba = (key * self.block_bytes
+                    + bad.trailing_zeros() as u64 * SECTOR_BYTES) / self.bs,
                 lost_bytes = bad.count_ones() as u64 * SECTOR_BYTES,
                 frame_lost_bytes = lost.count_ones() as u64 * SECTOR_BYTES,
                 "cache: dirty data the surviving mirror half cannot read is LOST; \
@@ -1354,16 +1358,36 @@ impl Inner {
         let pieces = self.pieces(s0, s1 - s0);
         let keys: Vec<u64> = pieces.iter().map(|p| p.key).collect();
         let _locks = self.lock_exclusive(&keys).await;
-        let (off, data) = if s0 != off || s1 != off + data.len() as u64 {
-            // a medium error meeting the sectors around the write is the
-            // write's, at its own first block
-            let mut wide = self
-                .read_unlocked_plain(s0, s1 - s0)
-                .await
-                .map_err(|e| match e {
-                    BlockError::Medium { .. } => BlockError::Medium { lba: off / self.bs },
-                    e => e,
-                })?;
+        let end = off + data.len() as u64;
+        let (off, data) = if s0 != off || s1 != end {
+            // Only the sectors the write covers in part are read: the one it
+            // starts in, the one it ends in (one read if they are the same).
+            // The whole span was read, so a write covering a lost or
+            // unreadable sector whole, but not starting or ending on a
+            // sector's edge, failed with it, and the sector could never be
+            // written good again by such a host (review of 2026-12-07).
+            let mut wide = BytesMut::zeroed((s1 - s0) as usize);
+            let mut edges = Vec::with_capacity(2);
+            if s0 != off {
+                edges.push(s0);
+            }
+            let last = end / SECTOR_BYTES * SECTOR_BYTES;
+            if s1 != end && edges.last() != Some(&last) {
+                edges.push(last);
+            }
+            for e in edges {
+                let e_end = (e + SECTOR_BYTES).min(s1);
+                // a medium error meeting the sectors around the write is the
+                // write's, at its own first block
+                let b = self
+                    .read_unlocked_plain(e, e_end - e)
+                    .await
+                    .map_err(|err| match err {
+                        BlockError::Medium { .. } => BlockError::Medium { lba: off / self.bs },
+                        err => err,
+                    })?;
+                wide[(e - s0) as usize..(e_end - s0) as usize].copy_from_slice(&b);
+            }
             let at = (off - s0) as usize;
             wide[at..at + data.len()].copy_from_slice(&data);
             (s0, wide.freeze())
@@ -1818,6 +1842,11 @@ impl Inner {
     /// first is flushed. Callers keep page writes out meanwhile
     /// (open, stop, detach, the resilver's end).
     pub(crate) async fn write_full_table(&self, clean: bool) -> BlockResult<()> {
+        // a table holding lost sectors goes only where both superblock
+        // copies already say it may
+        if self.state.lock().lost_sectors() != 0 {
+            self.allow_lost_sectors().await?;
+        }
         let (base, shifted): (Vec<u64>, Vec<u8>) = {
             let pc = self.pages.lock();
             (0..self.layout.table_pages)
@@ -3091,6 +3120,29 @@ impl Inner {
             clean_shutdown = old.clean,
             "cache map loaded"
         );
+        // lost sectors recorded before: named again at every start (the
+        // event and the alert send the operator to the log)
+        let mut lost: Vec<(u64, u64)> = st
+            .lost_frames
+            .iter()
+            .filter_map(|&f| Some((st.policy.key_of(f)?, st.lost(f))))
+            .filter(|&(_, m)| m != 0)
+            .collect();
+        lost.sort_unstable();
+        const NAMED_MAX: usize = 64;
+        for &(key, mask) in lost.iter().take(NAMED_MAX) {
+            let (first, n) = hull(mask).unwrap_or((0, 0));
+            tracing::error!(cache = %self.name, block = key,
+                host_lba = (key * self.block_bytes + first as u64 * SECTOR_BYTES) / self.bs,
+                host_blocks = n as u64 * SECTOR_BYTES / self.bs,
+                lost_bytes = mask.count_ones() as u64 * SECTOR_BYTES,
+                "cache: written data recorded LOST (a resilver could not read it); \
+                 reads of it fail until the host writes it again");
+        }
+        if lost.len() > NAMED_MAX {
+            tracing::error!(cache = %self.name, blocks = lost.len(),
+                "cache: written data recorded LOST in more blocks than named above");
+        }
         if st.dirty_frames > 0 {
             self.destage_wake.notify_one();
         }

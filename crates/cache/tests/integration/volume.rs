@@ -2715,6 +2715,53 @@ async fn a_resilver_goes_around_a_clean_sector_the_survivor_cannot_read() {
     assert_eq!(vol.read(0, 1).await.unwrap(), pattern(1, 4096));
 }
 
+/// A resilver cut short after it made a sector lost (the replacement refuses
+/// the next frame's data) leaves the survivor's record of it durable and
+/// both of the survivor's superblock copies flagged before that record: a
+/// version before lost sectors refuses the table, and a restart still
+/// answers the sector with a medium error.
+#[tokio::test]
+async fn a_resilver_cut_short_after_making_a_sector_lost_leaves_it_recorded() {
+    let backing: VolumeRef = Arc::new(MemVolume::new(512, BACKING_BYTES / 512));
+    let (backing, faulty, vol, at) = one_dirty_sector_on_faulty_halves_over(backing).await;
+    faulty[1].plan().lock().bad_read_blocks = std::iter::once(at..at + 1).collect();
+    faulty[0].plan().lock().dead = true;
+    vol.write(320, pattern(12, 4096), false).await.unwrap();
+    assert_eq!(vol.status().devices[0].state, "failed");
+    // the replacement takes its superblocks (wiped at the replace) and
+    // refuses every other write: the first frame it must be written fails it
+    let new = fault_ssd();
+    new.plan().lock().bad_write_blocks = std::iter::once(2..1 << 10).collect();
+    replace(&vol, 0, "new", new.clone() as VolumeRef).await;
+    status_until(&vol, 30, "the replacement was not given up", |s| {
+        s.devices[0].state == "failed"
+    })
+    .await;
+    let st = vol.status();
+    assert_eq!(
+        st.lost_dirty_bytes, 4096,
+        "block 0's frame not reached first: {st:?}"
+    );
+    assert_eq!(lost_sector_flags(&faulty[1]).await, (true, true));
+    // a crash, and the survivor alone: the record was on it
+    vol.halt().await;
+    drop(vol);
+    let vol = CacheVolume::open(
+        "t",
+        backing.clone(),
+        devices(&[fault_ssd(), faulty[1].clone()]),
+        dirty_kept(),
+    )
+    .await
+    .unwrap();
+    let st = vol.status();
+    assert_eq!(st.lost_dirty_bytes, 4096, "{st:?}");
+    assert!(matches!(
+        vol.read(0, 8).await,
+        Err(block::BlockError::Medium { lba: 0 })
+    ));
+}
+
 /// Whether every superblock copy of `ssd` (4 KiB blocks) says its table may
 /// hold lost sectors (the mode byte's flag 0x20; a copy never written, all
 /// zeroes, says nothing), and whether the newest does.
@@ -2812,17 +2859,30 @@ async fn a_resilver_copies_around_dirty_data_the_survivor_cannot_read_which_stay
         pattern(9, 16384).slice(0..4096)
     );
     assert_eq!(medium(vol.read(0, 8).await), Some(0));
-    // written whole by the host, it is good again; a clean stop then
-    // clears the newest superblock's flag
+    // a clean stop and a new open: still lost
+    vol.shutdown().await.unwrap();
+    drop(vol);
+    let vol = CacheVolume::open("t", backing.clone(), devices(&ssds), dirty_kept())
+        .await
+        .unwrap();
+    assert_eq!(vol.status().lost_dirty_bytes, 4096);
+    assert_eq!(medium(vol.read(0, 8).await), Some(0));
+    assert_eq!(media_errors(&vol), vec![0, 0], "the lost sector was read");
+    // written whole by the host (by a write that ends in the next sector,
+    // which is read around it), it is good again; a clean stop then clears
+    // the newest superblock's flag
     faulty[1].plan().lock().remap_on_write = true;
-    vol.write(0, pattern(3, 4096), false).await.unwrap();
-    assert_eq!(vol.read(0, 8).await.unwrap(), pattern(3, 4096));
-    assert_eq!(vol.status().lost_dirty_bytes, 0);
+    vol.write(0, pattern(3, 4608), false).await.unwrap();
+    assert_eq!(vol.read(0, 9).await.unwrap(), pattern(3, 4608));
+    let st = vol.status();
+    assert_eq!(st.lost_dirty_bytes, 0, "{st:?}");
+    // (both sectors it touched dirty: written back, not through)
+    assert!(st.dirty_bytes >= 8192, "{st:?}");
     vol.shutdown().await.unwrap();
     assert!(!lost_sector_flags(&new).await.1, "the flag stays");
     let vol = CacheVolume::open("t", backing.clone(), devices(&ssds), dirty_kept())
         .await
         .unwrap();
-    assert_eq!(vol.read(0, 8).await.unwrap(), pattern(3, 4096));
+    assert_eq!(vol.read(0, 9).await.unwrap(), pattern(3, 4608));
     assert_eq!(vol.read(320, 8).await.unwrap(), pattern(12, 4096));
 }
