@@ -1216,3 +1216,48 @@ pub(crate) async fn witness_keeper(inner: std::sync::Weak<Inner>) {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::payload_bytes;
+    use replica_proto::{Message, Op, REPAIR_BYTES_MAX};
+
+    /// What a partner's message is charged to the node's buffer budget while
+    /// it is handled: the data it carries, or for a repair or a read of this
+    /// copy, what handling it reads (the blocks asked, at most one repair's
+    /// worth: more is refused unread).
+    #[test]
+    fn a_partners_message_is_charged_what_handling_it_holds() {
+        let data = bytes::Bytes::from(vec![0u8; 4096]);
+        let write = Op::Write {
+            lba: 0,
+            fua: false,
+            data: data.clone(),
+        };
+        assert_eq!(
+            payload_bytes(&Message::Apply { id: 1, op: write }, 512),
+            4096
+        );
+        let repair_data = Message::RepairData {
+            id: 1,
+            lba: 0,
+            data,
+        };
+        assert_eq!(payload_bytes(&repair_data, 512), 4096);
+        for (blocks, charged) in [(8, 4096), (1 << 40, REPAIR_BYTES_MAX)] {
+            let repair = Message::Repair {
+                id: 1,
+                lba: 0,
+                blocks,
+            };
+            let read = Message::ReadCopy {
+                id: 1,
+                lba: 0,
+                blocks,
+            };
+            assert_eq!(payload_bytes(&repair, 512), charged);
+            assert_eq!(payload_bytes(&read, 512), charged);
+        }
+        assert_eq!(payload_bytes(&Message::Ping { seq: 1 }, 512), 0);
+    }
+}

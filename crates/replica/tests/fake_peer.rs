@@ -1416,6 +1416,111 @@ async fn a_follower_cannot_write_the_leaders_copy_through_a_repair() {
     n1.shutdown().await;
 }
 
+/// A pinned region (a write there failed on the follower: the copies are
+/// known to differ, and either may be the newer) is repaired neither way:
+/// the leader's read that cannot read a block there fails with its medium
+/// error without reading the follower's copy, and a follower asking the
+/// leader to repair it there is refused, sent nothing. Before the pinned
+/// check, either would have made the two copies the same with blocks a
+/// resync, not a repair, must decide (this test then sees the leader's
+/// `ReadCopy`, or its `RepairData`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pinned_region_is_repaired_neither_way() {
+    let d = tempfile::tempdir().unwrap();
+    let mem: VolumeRef = Arc::new(MemVolume::new(512, BLOCKS));
+    let faulty = Arc::new(block::FaultVolume::new(mem.clone()));
+    faulty.plan().lock().remap_on_write = true;
+    let dialed = node1_dialing_a_fake(d.path(), faulty.clone()).await;
+    let n1 = &dialed.n1;
+    let st = dialed.accept().await;
+    let (mut fake, _) = Fake::start(st.reader, st.writer, 2, Generations::default()).await;
+    take_resync(&mut fake, true).await;
+    assert!(
+        n1.wait_until(|s| s.state == "in-sync", Duration::from_secs(20))
+            .await,
+        "{:?}",
+        n1.status()
+    );
+    // a write of blocks 4-5 that the follower fails: written here, pinned
+    use replica_proto::error_codes::{UNAVAILABLE, WRITE_FAULT};
+    let write = n1.write(4, Bytes::from(vec![0x33u8; 2 * 512]), false);
+    tokio::pin!(write);
+    let written = loop {
+        tokio::select! {
+            r = &mut write => break r,
+            m = fake.next() => match m {
+                Some(Message::Apply { id, .. }) => {
+                    fake.send(Message::Done {
+                        id,
+                        result: OpResult::Error { code: WRITE_FAULT, lba: 4 },
+                    })
+                    .await
+                }
+                Some(_) => {}
+                None => panic!("the leader closed the link"),
+            },
+        }
+    };
+    assert!(written.is_err(), "{written:?}");
+    assert_eq!(mem.read(4, 2).await.unwrap(), vec![0x33u8; 2 * 512]);
+    // the leader's copy cannot read block 5: its read is not repaired from
+    // the follower's copy (which would be answered if asked)
+    faulty.plan().lock().bad_read_blocks.push(5..6);
+    let read = n1.read(4, 2);
+    tokio::pin!(read);
+    let mut asked = Vec::new();
+    let r = loop {
+        tokio::select! {
+            r = &mut read => break r,
+            m = fake.next() => match m {
+                Some(Message::ReadCopy { id, lba, blocks }) => {
+                    asked.push((lba, blocks));
+                    let data = Bytes::from(vec![0xEEu8; blocks as usize * 512]);
+                    fake.send(Message::CopyData { id, data }).await;
+                }
+                Some(_) => {}
+                None => panic!("the leader closed the link"),
+            },
+        }
+    };
+    assert!(
+        matches!(r, Err(block::BlockError::Medium { lba: 5 })),
+        "{r:?}"
+    );
+    assert!(asked.is_empty(), "the follower's copy was read: {asked:?}");
+    assert!(!faulty.plan().lock().bad_read_blocks.is_empty(), "written");
+    // the follower asks the leader to repair blocks 4-5 of its copy (the
+    // leader's reads again): refused, nothing sent
+    faulty.plan().lock().bad_read_blocks.clear();
+    let id = 1 << 41;
+    fake.send(Message::Repair {
+        id,
+        lba: 4,
+        blocks: 2,
+    })
+    .await;
+    let answer = loop {
+        match fake.next().await {
+            Some(m @ Message::Done { id: i, .. }) if i == id => break m,
+            Some(m @ Message::RepairData { .. }) => panic!("the leader sent a repair: {m:?}"),
+            Some(_) => {}
+            None => panic!("the leader closed the link"),
+        }
+    };
+    assert_eq!(
+        answer,
+        Message::Done {
+            id,
+            result: OpResult::Error {
+                code: UNAVAILABLE,
+                lba: 0
+            }
+        }
+    );
+    assert_eq!(n1.status().repaired_blocks, 0);
+    n1.shutdown().await;
+}
+
 /// Node 1 (preferred, over a fresh memory copy) and the one connection it
 /// made to the fake node 2, whose listener is then gone: once that link is
 /// lost, node 1 redials in vain and decides at once (a listener left open
