@@ -3132,9 +3132,10 @@ impl Inner {
         const NAMED_MAX: usize = 64;
         for &(key, mask) in lost.iter().take(NAMED_MAX) {
             let (first, n) = hull(mask).unwrap_or((0, 0));
+            let lba_at = |sector: u64| (key * self.block_bytes + sector * SECTOR_BYTES) / self.bs;
             tracing::error!(cache = %self.name, block = key,
-                host_lba = (key * self.block_bytes + first as u64 * SECTOR_BYTES) / self.bs,
-                host_blocks = n as u64 * SECTOR_BYTES / self.bs,
+                first_host_lba = lba_at(first as u64),
+                last_host_lba = lba_at((first + n) as u64) - 1,
                 lost_bytes = mask.count_ones() as u64 * SECTOR_BYTES,
                 "cache: written data recorded LOST (a resilver could not read it); \
                  reads of it fail until the host writes it again");

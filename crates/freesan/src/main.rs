@@ -196,23 +196,40 @@ impl ServeArgs {
         self.with_data_dir(cfg)
     }
 
-    /// [`ServeArgs::config`] for `show-config`: root looking at the data
-    /// directory of the node's own user (the package's `freesan`) becomes
-    /// that user first, as `freesan api token` does, and reads everything
-    /// as the node does, the config file included (the package's is root's,
-    /// readable by the node's group alone, which the rule for files holding
-    /// secrets accepts for that group only). Before, it was refused and told
-    /// to use `runuser`.
+    /// [`ServeArgs::config`] for `show-config`: root naming the data
+    /// directory of the node's own user (the package's `freesan`), by
+    /// `--data-dir` or in a config file, becomes that user first, as
+    /// `freesan api token` does, and reads everything as the node does, the
+    /// config file included (the package's is root's, readable by the
+    /// node's group alone, which the rule for files holding secrets accepts
+    /// for that group only). Before, it was refused and told to use
+    /// `runuser`. Any other user, quick flags without `--data-dir` (the
+    /// current folder would choose the user) and a config that is not a
+    /// plain file (a pipe reads once) take the ordinary path.
     fn config_as_data_dir_owner(&self) -> Result<config::Config> {
-        let dir = match (&self.data_dir, &self.config) {
+        // SAFETY: geteuid only reads the process's credentials.
+        if unsafe { libc::geteuid() } != 0 {
+            return self.config();
+        }
+        let mut me = self.clone();
+        let dir = match (&me.data_dir, &me.config) {
             (Some(d), _) => d.clone(),
-            (None, Some(path)) => config::Config::data_dir_in(path)?,
-            (None, None) => self.config_file()?.data_dir,
+            (None, Some(path)) if std::fs::metadata(path).is_ok_and(|m| m.is_file()) => {
+                // (absolute while root: the user may not enter this folder)
+                let path = std::fs::canonicalize(path)
+                    .map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+                let dir = config::Config::data_dir_in(&path)?;
+                me.config = Some(path);
+                dir
+            }
+            _ => return self.config(),
         };
         let dir = apicmd::act_as_owner_of(&dir)?;
-        let mut cfg = self.config_file()?;
+        let mut cfg = me
+            .config_file()
+            .map_err(|e| e.context(format!("read as the owner of {}", dir.display())))?;
         cfg.data_dir = dir;
-        self.with_data_dir(cfg)
+        me.with_data_dir(cfg)
     }
 
     /// `cfg` with the objects its data directory says were created at run time.

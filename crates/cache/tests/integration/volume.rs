@@ -2874,6 +2874,11 @@ async fn a_resilver_copies_around_dirty_data_the_survivor_cannot_read_which_stay
     faulty[1].plan().lock().remap_on_write = true;
     vol.write(0, pattern(3, 4608), false).await.unwrap();
     assert_eq!(vol.read(0, 9).await.unwrap(), pattern(3, 4608));
+    // (the rest of the sector it ends in is what it was)
+    assert_eq!(
+        vol.read(9, 7).await.unwrap(),
+        pattern(9, 16384).slice(4608..8192)
+    );
     let st = vol.status();
     assert_eq!(st.lost_dirty_bytes, 0, "{st:?}");
     // (both sectors it touched dirty: written back, not through)
