@@ -204,7 +204,11 @@ async fn handshake_held(
     if me == 1 {
         flags |= hello_flags::PREFERRED;
     }
-    flags |= hello_flags::REPAIR;
+    if flags & EARLIER_VERSION != 0 {
+        flags &= !EARLIER_VERSION;
+    } else {
+        flags |= hello_flags::REPAIR;
+    }
     encode(
         &Message::Hello {
             node_id: me,
@@ -230,6 +234,11 @@ async fn handshake_held(
     w.write_all(&out).await.unwrap();
     (r, w, buf, hello)
 }
+
+/// A test-only mark in the flags given to [`handshake_held`]: the fake is a
+/// partner of a version before repairs (its hello says nothing of
+/// `hello_flags::REPAIR`). Not a flag of the protocol; never sent.
+const EARLIER_VERSION: u32 = 1 << 31;
 
 /// The fake node 2's listener, and the real node 1 (preferred) over `m1`
 /// dialing it.
@@ -1518,6 +1527,65 @@ async fn a_pinned_region_is_repaired_neither_way() {
         }
     );
     assert_eq!(n1.status().repaired_blocks, 0);
+    n1.shutdown().await;
+}
+
+/// A partner of a version before repairs (its hello without
+/// `hello_flags::REPAIR`) is never sent a repair request it would not know:
+/// the leader's read of a block its copy cannot read fails with its medium
+/// error, as before repairs, and the follower is asked nothing (an unknown
+/// request would be taken for a broken protocol and close the link).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_partner_of_an_earlier_version_is_asked_for_no_repair() {
+    let d = tempfile::tempdir().unwrap();
+    let mem: VolumeRef = Arc::new(MemVolume::new(512, BLOCKS));
+    let faulty = Arc::new(block::FaultVolume::new(mem.clone()));
+    let dialed = node1_dialing_a_fake(d.path(), faulty.clone()).await;
+    let n1 = &dialed.n1;
+    let st = dialed.accept().await;
+    let (mut fake, _) = Fake::start_held(
+        st.reader,
+        st.writer,
+        2,
+        Generations::default(),
+        BLOCKS,
+        hello_flags::CONSISTENT | EARLIER_VERSION,
+        async {},
+    )
+    .await;
+    take_resync(&mut fake, true).await;
+    assert!(
+        n1.wait_until(|s| s.state == "in-sync", Duration::from_secs(20))
+            .await,
+        "{:?}",
+        n1.status()
+    );
+    faulty.plan().lock().bad_read_blocks.push(5..6);
+    let read = n1.read(4, 2);
+    tokio::pin!(read);
+    let mut asked = Vec::new();
+    let r = loop {
+        tokio::select! {
+            r = &mut read => break r,
+            m = fake.next() => match m {
+                Some(m @ (Message::ReadCopy { .. } | Message::Repair { .. })) => {
+                    asked.push(format!("{m:?}"));
+                    if let Message::ReadCopy { id, blocks, .. } = m {
+                        let data = Bytes::from(vec![0xEEu8; blocks as usize * 512]);
+                        fake.send(Message::CopyData { id, data }).await;
+                    }
+                }
+                Some(_) => {}
+                None => panic!("the leader closed the link"),
+            },
+        }
+    };
+    assert!(
+        matches!(r, Err(block::BlockError::Medium { lba: 5 })),
+        "{r:?}"
+    );
+    assert!(asked.is_empty(), "asked of an earlier version: {asked:?}");
+    assert_eq!(n1.status().state, "in-sync");
     n1.shutdown().await;
 }
 
