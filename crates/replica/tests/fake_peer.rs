@@ -1530,6 +1530,48 @@ async fn a_pinned_region_is_repaired_neither_way() {
     n1.shutdown().await;
 }
 
+/// A partner's read of this copy is charged to the node's buffer budget
+/// while it is handled, as much as it reads (here the whole 1 MiB volume in
+/// one `ReadCopy`, against a budget of 64 KiB that the resync before it
+/// never went past): the charge does not wait, so the budget's high water
+/// shows it. Fails without the dispatcher's charge of what a `Repair` or
+/// `ReadCopy` reads.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_partners_read_of_this_copy_is_charged_to_the_buffer_budget() {
+    let d = tempfile::tempdir().unwrap();
+    let budget = block::BufferBudget::new(64 << 10);
+    let dialed = node1_dialing_a_fake_with(d.path(), Arc::new(MemVolume::new(512, BLOCKS)), |c| {
+        c.buffers = budget.clone()
+    })
+    .await;
+    let n1 = &dialed.n1;
+    let st = dialed.accept().await;
+    let (mut fake, _) = Fake::start(st.reader, st.writer, 2, Generations::default()).await;
+    take_resync(&mut fake, true).await;
+    assert!(
+        n1.wait_until(|s| s.state == "in-sync", Duration::from_secs(20))
+            .await,
+        "{:?}",
+        n1.status()
+    );
+    let before = budget.status().high_water_bytes;
+    assert!(before < BLOCKS * 512, "{before}");
+    let id = 1 << 42;
+    fake.send(Message::ReadCopy {
+        id,
+        lba: 0,
+        blocks: BLOCKS,
+    })
+    .await;
+    match answer_to(&mut fake, id).await {
+        Message::CopyData { data, .. } => assert_eq!(data.len() as u64, BLOCKS * 512),
+        m => panic!("{m:?}"),
+    }
+    let after = budget.status();
+    assert!(after.high_water_bytes >= BLOCKS * 512, "{after:?}");
+    n1.shutdown().await;
+}
+
 /// A partner of a version before repairs (its hello without
 /// `hello_flags::REPAIR`) is never sent a repair request it would not know:
 /// the leader's read of a block its copy cannot read fails with its medium
