@@ -1419,7 +1419,8 @@ impl Inner {
                 let mut st = self.state.lock();
                 // dirty sectors recorded unreadable, or lost: the write's
                 // error, as a read's (their frame may hold anything there)
-                if let Some(slot) = st.policy.get(p.key) {
+                let slot = st.policy.get(p.key);
+                if let Some(slot) = slot {
                     let recorded = st.unanswerable(slot) & p.mask;
                     if recorded != 0 {
                         return Err(BlockError::Medium {
@@ -1427,7 +1428,7 @@ impl Inner {
                         });
                     }
                 }
-                match st.policy.get(p.key) {
+                match slot {
                     Some(slot) if st.dirty.get(slot) & p.mask != 0 && !self.frame_lost(slot) => {
                         st.pin_io(slot);
                         Some((slot, st.dirty.get(slot) & p.mask))

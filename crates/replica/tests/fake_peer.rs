@@ -1348,17 +1348,9 @@ async fn a_follower_cannot_write_the_leaders_copy_through_a_repair() {
         .unwrap();
     let faulty = Arc::new(block::FaultVolume::new(mem.clone()));
     faulty.plan().lock().remap_on_write = true;
-    let dialed = node1_dialing_a_fake(d.path(), faulty.clone()).await;
+    let (dialed, mut fake) =
+        leader_in_sync_with_a_fake(d.path(), faulty.clone(), hello_flags::CONSISTENT, |_| {}).await;
     let n1 = &dialed.n1;
-    let st = dialed.accept().await;
-    let (mut fake, _) = Fake::start(st.reader, st.writer, 2, Generations::default()).await;
-    take_resync(&mut fake, true).await;
-    assert!(
-        n1.wait_until(|s| s.state == "in-sync", Duration::from_secs(20))
-            .await,
-        "{:?}",
-        n1.status()
-    );
     fake.send(Message::RepairData {
         id: 1 << 40,
         lba: 0,
@@ -1425,6 +1417,63 @@ async fn a_follower_cannot_write_the_leaders_copy_through_a_repair() {
     n1.shutdown().await;
 }
 
+/// Node 1 (preferred) over `m1`, its configuration changed by `change`, in
+/// sync as the leader of a fake node 2 whose hello carries `flags` (see
+/// [`handshake_held`]; `EARLIER_VERSION` for a partner before repairs).
+async fn leader_in_sync_with_a_fake(
+    dir: &Path,
+    m1: VolumeRef,
+    flags: u32,
+    change: impl FnOnce(&mut ReplicaConfig),
+) -> (Dialed, Fake) {
+    let dialed = node1_dialing_a_fake_with(dir, m1, change).await;
+    let st = dialed.accept().await;
+    let gens = Generations::default();
+    let (mut fake, _) =
+        Fake::start_held(st.reader, st.writer, 2, gens, BLOCKS, flags, async {}).await;
+    take_resync(&mut fake, true).await;
+    assert!(
+        dialed
+            .n1
+            .wait_until(|s| s.state == "in-sync", Duration::from_secs(20))
+            .await,
+        "{:?}",
+        dialed.n1.status()
+    );
+    (dialed, fake)
+}
+
+/// Leader `n1`'s read of `blocks` at `lba`, the fake follower answering any
+/// `ReadCopy` of its copy with 0xEE blocks: the read's result and the
+/// repair requests (`ReadCopy`, `Repair`) it was sent meanwhile.
+async fn read_answering_the_partners_part(
+    n1: &ReplicatedVolume,
+    fake: &mut Fake,
+    lba: u64,
+    blocks: u32,
+) -> (block::BlockResult<Bytes>, Vec<Message>) {
+    let read = n1.read(lba, blocks);
+    tokio::pin!(read);
+    let mut asked = Vec::new();
+    let r = loop {
+        tokio::select! {
+            r = &mut read => break r,
+            m = fake.next() => match m {
+                Some(m @ (Message::ReadCopy { .. } | Message::Repair { .. })) => {
+                    if let Message::ReadCopy { id, blocks, .. } = m {
+                        let data = Bytes::from(vec![0xEEu8; blocks as usize * 512]);
+                        fake.send(Message::CopyData { id, data }).await;
+                    }
+                    asked.push(m);
+                }
+                Some(_) => {}
+                None => panic!("the leader closed the link"),
+            },
+        }
+    };
+    (r, asked)
+}
+
 /// A pinned region (a write there failed on the follower: the copies are
 /// known to differ, and either may be the newer) is repaired neither way:
 /// the leader's read that cannot read a block there fails with its medium
@@ -1439,17 +1488,9 @@ async fn a_pinned_region_is_repaired_neither_way() {
     let mem: VolumeRef = Arc::new(MemVolume::new(512, BLOCKS));
     let faulty = Arc::new(block::FaultVolume::new(mem.clone()));
     faulty.plan().lock().remap_on_write = true;
-    let dialed = node1_dialing_a_fake(d.path(), faulty.clone()).await;
+    let (dialed, mut fake) =
+        leader_in_sync_with_a_fake(d.path(), faulty.clone(), hello_flags::CONSISTENT, |_| {}).await;
     let n1 = &dialed.n1;
-    let st = dialed.accept().await;
-    let (mut fake, _) = Fake::start(st.reader, st.writer, 2, Generations::default()).await;
-    take_resync(&mut fake, true).await;
-    assert!(
-        n1.wait_until(|s| s.state == "in-sync", Duration::from_secs(20))
-            .await,
-        "{:?}",
-        n1.status()
-    );
     // a write of blocks 4-5 that the follower fails: written here, pinned
     use replica_proto::error_codes::{UNAVAILABLE, WRITE_FAULT};
     let write = n1.write(4, Bytes::from(vec![0x33u8; 2 * 512]), false);
@@ -1475,23 +1516,7 @@ async fn a_pinned_region_is_repaired_neither_way() {
     // the leader's copy cannot read block 5: its read is not repaired from
     // the follower's copy (which would be answered if asked)
     faulty.plan().lock().bad_read_blocks.push(5..6);
-    let read = n1.read(4, 2);
-    tokio::pin!(read);
-    let mut asked = Vec::new();
-    let r = loop {
-        tokio::select! {
-            r = &mut read => break r,
-            m = fake.next() => match m {
-                Some(Message::ReadCopy { id, lba, blocks }) => {
-                    asked.push((lba, blocks));
-                    let data = Bytes::from(vec![0xEEu8; blocks as usize * 512]);
-                    fake.send(Message::CopyData { id, data }).await;
-                }
-                Some(_) => {}
-                None => panic!("the leader closed the link"),
-            },
-        }
-    };
+    let (r, asked) = read_answering_the_partners_part(n1, &mut fake, 4, 2).await;
     assert!(
         matches!(r, Err(block::BlockError::Medium { lba: 5 })),
         "{r:?}"
@@ -1540,20 +1565,14 @@ async fn a_pinned_region_is_repaired_neither_way() {
 async fn a_partners_read_of_this_copy_is_charged_to_the_buffer_budget() {
     let d = tempfile::tempdir().unwrap();
     let budget = block::BufferBudget::new(64 << 10);
-    let dialed = node1_dialing_a_fake_with(d.path(), Arc::new(MemVolume::new(512, BLOCKS)), |c| {
-        c.buffers = budget.clone()
-    })
+    let (dialed, mut fake) = leader_in_sync_with_a_fake(
+        d.path(),
+        Arc::new(MemVolume::new(512, BLOCKS)),
+        hello_flags::CONSISTENT,
+        |c| c.buffers = budget.clone(),
+    )
     .await;
     let n1 = &dialed.n1;
-    let st = dialed.accept().await;
-    let (mut fake, _) = Fake::start(st.reader, st.writer, 2, Generations::default()).await;
-    take_resync(&mut fake, true).await;
-    assert!(
-        n1.wait_until(|s| s.state == "in-sync", Duration::from_secs(20))
-            .await,
-        "{:?}",
-        n1.status()
-    );
     let before = budget.status().high_water_bytes;
     assert!(before < BLOCKS * 512, "{before}");
     let id = 1 << 42;
@@ -1582,46 +1601,16 @@ async fn a_partner_of_an_earlier_version_is_asked_for_no_repair() {
     let d = tempfile::tempdir().unwrap();
     let mem: VolumeRef = Arc::new(MemVolume::new(512, BLOCKS));
     let faulty = Arc::new(block::FaultVolume::new(mem.clone()));
-    let dialed = node1_dialing_a_fake(d.path(), faulty.clone()).await;
-    let n1 = &dialed.n1;
-    let st = dialed.accept().await;
-    let (mut fake, _) = Fake::start_held(
-        st.reader,
-        st.writer,
-        2,
-        Generations::default(),
-        BLOCKS,
+    let (dialed, mut fake) = leader_in_sync_with_a_fake(
+        d.path(),
+        faulty.clone(),
         hello_flags::CONSISTENT | EARLIER_VERSION,
-        async {},
+        |_| {},
     )
     .await;
-    take_resync(&mut fake, true).await;
-    assert!(
-        n1.wait_until(|s| s.state == "in-sync", Duration::from_secs(20))
-            .await,
-        "{:?}",
-        n1.status()
-    );
+    let n1 = &dialed.n1;
     faulty.plan().lock().bad_read_blocks.push(5..6);
-    let read = n1.read(4, 2);
-    tokio::pin!(read);
-    let mut asked = Vec::new();
-    let r = loop {
-        tokio::select! {
-            r = &mut read => break r,
-            m = fake.next() => match m {
-                Some(m @ (Message::ReadCopy { .. } | Message::Repair { .. })) => {
-                    asked.push(format!("{m:?}"));
-                    if let Message::ReadCopy { id, blocks, .. } = m {
-                        let data = Bytes::from(vec![0xEEu8; blocks as usize * 512]);
-                        fake.send(Message::CopyData { id, data }).await;
-                    }
-                }
-                Some(_) => {}
-                None => panic!("the leader closed the link"),
-            },
-        }
-    };
+    let (r, asked) = read_answering_the_partners_part(n1, &mut fake, 4, 2).await;
     assert!(
         matches!(r, Err(block::BlockError::Medium { lba: 5 })),
         "{r:?}"

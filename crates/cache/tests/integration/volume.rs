@@ -2715,6 +2715,22 @@ async fn a_resilver_goes_around_a_clean_sector_the_survivor_cannot_read() {
     assert_eq!(vol.read(0, 1).await.unwrap(), pattern(1, 4096));
 }
 
+/// [`one_dirty_sector_on_faulty_halves`] over a volume of 512-byte host
+/// blocks (so a write can be smaller than the cache's sector), the first
+/// half dead and failed (a write of host blocks 320-327 found it), the
+/// survivor unable to read the dirty sector (host blocks 0-7): the destage
+/// from the survivor that follows cannot write it out either.
+async fn a_survivor_that_cannot_read_its_dirty_sector(
+) -> (VolumeRef, Vec<Arc<FaultVolume>>, CacheVolume) {
+    let backing: VolumeRef = Arc::new(MemVolume::new(512, BACKING_BYTES / 512));
+    let (backing, faulty, vol, at) = one_dirty_sector_on_faulty_halves_over(backing).await;
+    faulty[1].plan().lock().bad_read_blocks = std::iter::once(at..at + 1).collect();
+    faulty[0].plan().lock().dead = true;
+    vol.write(320, pattern(12, 4096), false).await.unwrap();
+    assert_eq!(vol.status().devices[0].state, "failed");
+    (backing, faulty, vol)
+}
+
 /// A resilver cut short after it made a sector lost (the replacement refuses
 /// the next frame's data) leaves the survivor's record of it durable and
 /// both of the survivor's superblock copies flagged before that record: a
@@ -2722,12 +2738,7 @@ async fn a_resilver_goes_around_a_clean_sector_the_survivor_cannot_read() {
 /// answers the sector with a medium error.
 #[tokio::test]
 async fn a_resilver_cut_short_after_making_a_sector_lost_leaves_it_recorded() {
-    let backing: VolumeRef = Arc::new(MemVolume::new(512, BACKING_BYTES / 512));
-    let (backing, faulty, vol, at) = one_dirty_sector_on_faulty_halves_over(backing).await;
-    faulty[1].plan().lock().bad_read_blocks = std::iter::once(at..at + 1).collect();
-    faulty[0].plan().lock().dead = true;
-    vol.write(320, pattern(12, 4096), false).await.unwrap();
-    assert_eq!(vol.status().devices[0].state, "failed");
+    let (backing, faulty, vol) = a_survivor_that_cannot_read_its_dirty_sector().await;
     // the replacement takes its superblocks (wiped at the replace) and
     // refuses every other write: the first frame it must be written fails it
     let new = fault_ssd();
@@ -2787,16 +2798,7 @@ async fn lost_sector_flags(ssd: &FaultVolume) -> (bool, bool) {
 /// without redundancy, until the host wrote the block.
 #[tokio::test]
 async fn a_resilver_copies_around_dirty_data_the_survivor_cannot_read_which_stays_lost() {
-    // 512-byte host blocks, so a write can be smaller than the cache's sector
-    let backing: VolumeRef = Arc::new(MemVolume::new(512, BACKING_BYTES / 512));
-    let (backing, faulty, vol, at) = one_dirty_sector_on_faulty_halves_over(backing).await;
-    // the survivor cannot read the dirty sector (host blocks 0-7), and the
-    // first half dies (a write elsewhere finds it); the destage from the
-    // survivor that follows cannot write the sector out either
-    faulty[1].plan().lock().bad_read_blocks = std::iter::once(at..at + 1).collect();
-    faulty[0].plan().lock().dead = true;
-    vol.write(320, pattern(12, 4096), false).await.unwrap();
-    assert_eq!(vol.status().devices[0].state, "failed");
+    let (backing, faulty, vol) = a_survivor_that_cannot_read_its_dirty_sector().await;
     let new = fault_ssd();
     replace(&vol, 0, "new", new.clone() as VolumeRef).await;
     status_until(&vol, 30, "the mirror never became whole again", |s| {
