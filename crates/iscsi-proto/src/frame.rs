@@ -119,6 +119,18 @@ pub fn wire_len(buf: &[u8], limits: &FrameLimits) -> Result<Option<usize>, Frame
     Ok(Some(total))
 }
 
+/// Smallest read attempted into a read buffer.
+pub const READ_CHUNK_BYTES: usize = 64 * 1024;
+
+/// Makes room in `buf` for at least the rest of the PDU being received.
+pub fn reserve_for_next(buf: &mut BytesMut, limits: &FrameLimits) {
+    let need = match wire_len(buf, limits) {
+        Ok(Some(total)) => total.saturating_sub(buf.len()),
+        _ => 0,
+    };
+    buf.reserve(need.max(READ_CHUNK_BYTES));
+}
+
 /// Splits one complete PDU off the front of `buf`. `Ok(None)` means more bytes are
 /// needed (the caller may reserve [`wire_len`] bytes before reading).
 pub fn decode_frame(buf: &mut BytesMut, limits: &FrameLimits) -> Result<Option<Frame>, FrameError> {

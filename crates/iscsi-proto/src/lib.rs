@@ -3,7 +3,9 @@
 //! What it does:
 //! - parses the 48-byte Basic Header Segment of every initiator PDU into a typed
 //!   [`pdu::InitiatorPdu`], with its Additional Header Segments (extended CDB,
-//!   bidirectional read length) and data segment ([`frame`]);
+//!   bidirectional read length) and data segment ([`frame`]), from a read
+//!   buffer that keeps long commands' data in allocations of their own
+//!   ([`recv`]);
 //! - encodes every target PDU (NOP-In, SCSI Response, Data-In, R2T, Task Management
 //!   Response, Login/Text/Logout Response, Reject, Async Message) ([`target`]);
 //! - pads to 4 bytes and computes/checks HeaderDigest and DataDigest CRC32C ([`digest`]);
@@ -27,6 +29,7 @@ pub mod frame;
 pub mod login;
 mod params;
 pub mod pdu;
+pub mod recv;
 pub mod target;
 pub mod text;
 

@@ -36,15 +36,16 @@
 
 use crate::dataout::{BurstLimits, WriteTask};
 use crate::exec::{check_condition, send_response, spawn_command, CmdInfo, ConnOut};
-use crate::login_phase::{login, reserve_for_next, ConnError};
+use crate::login_phase::{login, ConnError};
 use crate::server::Ctx;
 use crate::session::Session;
 use crate::writer::{run_writer, OutPdu};
 use block::{BufferPermit, StallTimeout};
-use bytes::{Bytes, BytesMut};
-use iscsi_proto::frame::{decode_frame, Frame, FrameError, FrameLimits};
+use bytes::{BufMut, Bytes, BytesMut};
+use iscsi_proto::frame::{Frame, FrameError, FrameLimits};
 use iscsi_proto::login::{Negotiated, SessionType};
 use iscsi_proto::pdu::{opcode, DataOut, LogoutRequest, NopOut, ScsiCommand, TextRequest, BHS_LEN};
+use iscsi_proto::recv::{RecvBuf, OWN_BYTES_MIN};
 use iscsi_proto::target::{reject_reason, LogoutResponse, NopIn, Reject, TargetPdu, TextResponse};
 use iscsi_proto::text::{parse_text, push_pair, TextAccumulator};
 use iscsi_proto::{InitiatorPdu, ProtoError, RESERVED_TAG};
@@ -56,17 +57,12 @@ use tokio::io::AsyncReadExt;
 use tokio::net::TcpStream;
 use tokio::sync::mpsc;
 
-/// Size of a connection's read buffer once logged in.
-const READ_BUF_BYTES: usize = 512 * 1024;
 /// ... and during the login (its PDUs carry at most 8 KiB of data; a read
 /// takes up to 64 KiB of room): a peer that has not authenticated makes this
 /// node hold no more than that.
 const LOGIN_READ_BUF_BYTES: usize = 16 * 1024;
 /// Commands beyond the CmdSN window (immediate ones) tolerated per session.
 const IMMEDIATE_EXTRA_TASKS: usize = 16;
-/// Immediate data up to this size is copied out of the connection's read
-/// buffer rather than held as a view of it (see the CDB in `on_command`).
-const IMMEDIATE_COPY_BYTES_MAX: usize = 64 << 10;
 
 /// The answer to a command the task set (or a buffer budget) has no room for.
 fn task_set_full() -> scsi::Response {
@@ -113,10 +109,7 @@ pub(crate) async fn serve(
     };
     drop(slot);
     let (neg, registered) = match res {
-        Ok(Ok(x)) => {
-            buf.reserve(READ_BUF_BYTES);
-            x
-        }
+        Ok(Ok(x)) => x,
         Ok(Err(ConnError::LoginFailed {
             status: st,
             auth,
@@ -387,11 +380,8 @@ const ECHO_BYTES_MAX: u64 = 1 << 20;
 const TMF_WAITERS_MAX: usize = 16;
 
 impl Conn {
-    async fn read_loop(
-        &mut self,
-        mut rd: tokio::net::tcp::OwnedReadHalf,
-        mut buf: BytesMut,
-    ) -> End {
+    async fn read_loop(&mut self, mut rd: tokio::net::tcp::OwnedReadHalf, buf: BytesMut) -> End {
+        let mut recv = RecvBuf::new(buf);
         let mut kill = self.session.kill.subscribe();
         let mut shutdown = self.ctx.shutdown.clone();
         let interval_ms = self.ctx.limits.nop_in_interval_ms;
@@ -409,7 +399,7 @@ impl Conn {
         let mut last_rx = Instant::now();
         loop {
             loop {
-                match decode_frame(&mut buf, &self.frame_limits) {
+                match recv.next_frame(&self.frame_limits) {
                     Ok(Some(frame)) => {
                         if self.handle(frame).await == Flow::Close {
                             return End::Closed;
@@ -423,7 +413,8 @@ impl Conn {
                     }
                 }
             }
-            reserve_for_next(&mut buf, &self.frame_limits);
+            let room = recv.room(&self.frame_limits);
+            let mut target = recv.target().limit(room);
             enum Ev {
                 Read(std::io::Result<usize>),
                 Tick,
@@ -432,7 +423,7 @@ impl Conn {
                 WriterGone,
             }
             let ev = tokio::select! {
-                r = rd.read_buf(&mut buf) => Ev::Read(r),
+                r = rd.read_buf(&mut target) => Ev::Read(r),
                 _ = tick.tick(), if ticking => Ev::Tick,
                 _ = kill.wait_for(|k| *k) => Ev::Killed,
                 _ = shutdown.wait_for(|s| *s) => Ev::Shutdown,
@@ -737,8 +728,9 @@ impl Conn {
                 return self.after_budget_refused(&info);
             };
             // small immediate data is copied out of the read buffer, for the
-            // same reason as the CDB; larger data is most of its buffer
-            let data = if f.data.len() <= IMMEDIATE_COPY_BYTES_MAX {
+            // same reason as the CDB; larger data has a buffer of its own
+            // (iscsi_proto::recv)
+            let data = if f.data.len() <= OWN_BYTES_MIN {
                 Bytes::copy_from_slice(&f.data)
             } else {
                 f.data.clone()
@@ -923,7 +915,9 @@ impl Conn {
             return Flow::Continue;
         }
         let max = self.out.send_segment_bytes_max as usize;
-        let data = f.data.slice(..f.data.len().min(max));
+        // copied: a view would keep the whole read buffer while the echo
+        // waits for the client to read (iscsi_proto::recv)
+        let data = Bytes::copy_from_slice(&f.data[..f.data.len().min(max)]);
         let pdu = TargetPdu::NopIn(NopIn {
             lun: n.lun,
             itt: n.itt,

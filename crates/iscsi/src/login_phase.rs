@@ -7,7 +7,7 @@ use crate::writer::Window;
 use block::admission::AdmissionSlot;
 use bytes::BytesMut;
 use iscsi_proto::digest::pad_len;
-use iscsi_proto::frame::{decode_frame, wire_len, Frame, FrameError, FrameLimits};
+use iscsi_proto::frame::{decode_frame, reserve_for_next, Frame, FrameError, FrameLimits};
 use iscsi_proto::login::{
     status, LoginNegotiator, LoginOutcome, LoginStep, Negotiated, SessionType,
 };
@@ -18,9 +18,6 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
-
-/// Smallest read attempted into the read buffer.
-pub(crate) const READ_CHUNK_BYTES: usize = 64 * 1024;
 
 /// Why a connection stops.
 #[derive(Debug, thiserror::Error)]
@@ -74,15 +71,6 @@ pub(crate) async fn read_frame<R: AsyncRead + Unpin>(
             return Err(ConnError::Eof);
         }
     }
-}
-
-/// Makes room for at least the rest of the PDU being received.
-pub(crate) fn reserve_for_next(buf: &mut BytesMut, limits: &FrameLimits) {
-    let need = match wire_len(buf, limits) {
-        Ok(Some(total)) => total.saturating_sub(buf.len()),
-        _ => 0,
-    };
-    buf.reserve(need.max(READ_CHUNK_BYTES));
 }
 
 async fn send_step<W: AsyncWrite + Unpin>(sock: &mut W, step: &LoginStep) -> std::io::Result<()> {

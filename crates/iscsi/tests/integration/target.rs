@@ -4,6 +4,7 @@ use crate::common;
 
 use common::*;
 use iscsi::{Auth, Limits};
+use iscsi_proto::frame::encode_frame;
 use iscsi_proto::pdu::*;
 use iscsi_proto::target::{reject_reason, tmf_response, TargetPdu};
 use iscsi_proto::text::{encode_text, parse_text};
@@ -559,6 +560,92 @@ async fn malformed_pdus() {
         &good.nop(b"unaffected").await.unwrap().data[..],
         b"unaffected"
     );
+    fx.shutdown().await;
+}
+
+/// Writes whose data all comes as immediate data longer than 64 KiB are read
+/// into buffers of their own (iscsi_proto::recv), back to back in one send, with
+/// digests, among small PDUs; every byte lands where it was written.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn long_immediate_writes_sent_back_to_back_land_whole() {
+    let fx = start(Limits::default()).await;
+    let mut c = Client::connect(fx.addrs[0]).await;
+    let st = c
+        .login_simple(
+            OPEN,
+            &[
+                ("HeaderDigest", "CRC32C"),
+                ("DataDigest", "CRC32C"),
+                ("InitialR2T", "No"),
+                ("ImmediateData", "Yes"),
+                ("MaxBurstLength", "262144"),
+                ("FirstBurstLength", "262144"),
+            ],
+        )
+        .await;
+    assert_eq!(st, (0, 0));
+    assert!(c.hd && c.dd);
+    // the unit attention a new session starts with
+    let mut ready = false;
+    for _ in 0..4 {
+        ready = scsi(&mut c, &[0, 0, 0, 0, 0, 0], &[], 0).await.0 == 0;
+        if ready {
+            break;
+        }
+    }
+    assert!(ready, "TEST UNIT READY never succeeded");
+    let blocks = 400u32; // 200 KiB a write
+    let pattern = |i: u32| -> Vec<u8> {
+        (0..blocks as usize * 512)
+            .map(|b| (b as u32).wrapping_mul(31).wrapping_add(i * 7) as u8)
+            .collect()
+    };
+    let mut wire = Vec::new();
+    let mut itts = Vec::new();
+    for i in 0..8u32 {
+        let lba = i * blocks;
+        let l = lba.to_be_bytes();
+        let n = (blocks as u16).to_be_bytes();
+        let cdb = [0x2a, 0, l[0], l[1], l[2], l[3], 0, n[0], n[1], 0];
+        let cmd = c.command(&cdb, false, true, blocks * 512, true);
+        if let InitiatorPdu::ScsiCommand(s) = &cmd {
+            itts.push(s.itt);
+        }
+        let h = encode_initiator_bhs(&cmd, false, 0, blocks * 512);
+        wire.extend(encode_frame(&h, &[], &pattern(i), true, true));
+        // a small command between some of them (TEST UNIT READY)
+        if i % 3 == 1 {
+            let tur = c.command(&[0, 0, 0, 0, 0, 0], false, false, 0, true);
+            if let InitiatorPdu::ScsiCommand(s) = &tur {
+                itts.push(s.itt);
+            }
+            let h = encode_initiator_bhs(&tur, false, 0, 0);
+            wire.extend(encode_frame(&h, &[], &[], true, true));
+        }
+    }
+    c.send_raw(&wire).await;
+    let mut answered = Vec::new();
+    while answered.len() < itts.len() {
+        let p = c.recv_skip_pings().await.expect("response");
+        match p.pdu {
+            TargetPdu::ScsiResponse(s) => {
+                assert_eq!(s.status, 0, "itt {}", s.itt);
+                answered.push(s.itt);
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+    answered.sort_unstable();
+    itts.sort_unstable();
+    assert_eq!(answered, itts);
+    for i in 0..8u32 {
+        let l = (i * blocks).to_be_bytes();
+        let n = (blocks as u16).to_be_bytes();
+        let cdb = [0x28, 0, l[0], l[1], l[2], l[3], 0, n[0], n[1], 0];
+        let (st, data) = scsi(&mut c, &cdb, &[], blocks * 512).await;
+        assert_eq!(st, 0);
+        assert!(data == pattern(i), "write {i} did not land whole");
+    }
     fx.shutdown().await;
 }
 
