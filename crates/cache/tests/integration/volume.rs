@@ -953,18 +953,25 @@ async fn one_dirty_sector_on_faulty_halves() -> (VolumeRef, Vec<Arc<FaultVolume>
     one_dirty_sector_on_faulty_halves_over(backing).await
 }
 
+/// Two mirror halves of 4 MiB, each behind a fault layer (the halves' stores
+/// too, to look at what each holds).
+fn faulty_halves() -> (Vec<Arc<MemVolume>>, Vec<Arc<FaultVolume>>) {
+    let mems: Vec<Arc<MemVolume>> = (0..2)
+        .map(|_| Arc::new(MemVolume::new(4096, 1 << 10)))
+        .collect();
+    let faulty = mems
+        .iter()
+        .map(|m| Arc::new(FaultVolume::new(m.clone() as VolumeRef)))
+        .collect();
+    (mems, faulty)
+}
+
 /// [`one_dirty_sector_on_faulty_halves`] in front of `backing`.
 async fn one_dirty_sector_on_faulty_halves_over(
     backing: VolumeRef,
 ) -> (VolumeRef, Vec<Arc<FaultVolume>>, CacheVolume, u64) {
     backing.write(0, pattern(9, 16384), false).await.unwrap();
-    let mems: Vec<Arc<MemVolume>> = (0..2)
-        .map(|_| Arc::new(MemVolume::new(4096, 1 << 10)))
-        .collect();
-    let faulty: Vec<Arc<FaultVolume>> = mems
-        .iter()
-        .map(|m| Arc::new(FaultVolume::new(m.clone() as VolumeRef)))
-        .collect();
+    let (mems, faulty) = faulty_halves();
     let refs: Vec<VolumeRef> = faulty.iter().map(|f| f.clone() as VolumeRef).collect();
     let (_, _, c) = write_back_on_two_ssds();
     let vol = CacheVolume::open("t", backing.clone(), devices(&refs), c)
@@ -1261,6 +1268,49 @@ async fn a_replaced_mirror_device_is_filled_while_serving_and_the_cache_stays_wa
     exercise(&vol, &oracle, 25, 500).await;
     verify_all(&vol, &oracle).await;
     assert!(vol.status().read_hits > 0);
+}
+
+/// Writes that meet a resilver under way (to frames it has copied, to frames
+/// it has not reached, to the one it is copying) reach the replacement: once
+/// the resilver ends, the replacement alone serves every block, dirty ones
+/// included, without a restart.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn writes_that_meet_a_resilver_reach_the_replacement() {
+    let Degraded {
+        faulty,
+        oracle,
+        vol,
+        ..
+    } = degraded_write_back_mirror(41).await;
+    // a slow replacement while the host writes: the resilver is certainly
+    // still under way when the writes end
+    let slow = Arc::new(block::DelayVolume::new(
+        Arc::new(MemVolume::new(4096, 1 << 10)),
+        Duration::ZERO,
+        Duration::from_millis(20),
+    ));
+    replace(&vol, 0, "ssd9", slow.clone()).await;
+    exercise(&vol, &oracle, 43, 200).await;
+    let st = vol.status();
+    assert!(
+        st.devices[0].state.starts_with("resilvering"),
+        "the resilver ended before the writes did: they met nothing ({:?})",
+        st.devices[0]
+    );
+    slow.set_delays(Duration::ZERO, Duration::ZERO);
+    status_until(&vol, 30, "the resilver never ended", |s| s.state == "ok").await;
+    // (degraded, the cache wrote through: what it holds is clean, and read
+    // from the frames, not the backing)
+    assert!(vol.status().cached_blocks > 0, "nothing cached to prove it");
+    // the survivor dies: the replacement alone holds the cache
+    faulty[1].plan().lock().dead = true;
+    let hits = vol.status().read_hits;
+    verify_all(&vol, &oracle).await;
+    assert!(
+        vol.status().read_hits > hits,
+        "no read came from the replacement"
+    );
+    exercise(&vol, &oracle, 44, 200).await;
 }
 
 /// A crash while a replaced mirror half is being filled: the half-filled device is
@@ -2309,6 +2359,59 @@ async fn an_unreadable_sector_on_one_mirror_half_is_read_from_the_other_and_writ
     unreadable_until_written(&faulty[1..], at);
     assert_eq!(vol.read(0, 1).await.unwrap(), pattern(1, 4096));
     assert_eq!(vol.status().mode, "write-back");
+}
+
+/// The copy written over one half's unreadable sector (from the other half)
+/// and a host write of the same block do not cross: the write waits for the
+/// read that found the error, and with it for the copy. Crossed, the older
+/// copy lands over the host's new data on that half alone, and the halves
+/// answer the block differently (the other half's loss would then serve the
+/// old data).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_host_write_waits_for_the_copy_written_over_an_unreadable_sector() {
+    let backing: VolumeRef = Arc::new(MemVolume::new(4096, BACKING_BYTES / 4096));
+    let (mems, faulty) = faulty_halves();
+    let gated = Arc::new(block::HoldVolume::new(faulty[0].clone()));
+    let refs: Vec<VolumeRef> = vec![gated.clone(), faulty[1].clone()];
+    let (_, _, c) = write_back_on_two_ssds();
+    let vol = Arc::new(
+        CacheVolume::open("t", backing.clone(), devices(&refs), c)
+            .await
+            .unwrap(),
+    );
+    vol.write(0, pattern(1, 4096), false).await.unwrap();
+    let at = block_holding(&mems[0], &pattern(1, 4096)).await;
+    // the first frame is read from the first half first: it fails there,
+    // reads from the second, and the copy written back to the first is held
+    unreadable_until_written(&faulty[..1], at);
+    gated.writes.hold_range(at, at + 1);
+    let reader = tokio::spawn({
+        let vol = vol.clone();
+        async move { vol.read(0, 1).await }
+    });
+    gated.writes.arrivals(1).await;
+    // later writes pass the gate; the held copy stays held
+    gated.writes.hold_range(0, 0);
+    let mut writer = tokio::spawn({
+        let vol = vol.clone();
+        async move { vol.write(0, pattern(2, 4096), false).await }
+    });
+    // (no event says "waiting for the lock": a bounded wait for what must
+    // not happen; it cannot fail a correct cache)
+    assert!(
+        tokio::time::timeout(Duration::from_millis(300), &mut writer)
+            .await
+            .is_err(),
+        "the host write ended while the copy over the unreadable sector was held"
+    );
+    gated.writes.release(1);
+    assert_eq!(reader.await.unwrap().unwrap(), pattern(1, 4096));
+    writer.await.unwrap().unwrap();
+    // each half alone answers the host's data
+    assert_eq!(mems[0].read(at, 1).await.unwrap(), pattern(2, 4096));
+    faulty[1].plan().lock().dead = true;
+    assert_eq!(vol.read(0, 1).await.unwrap(), pattern(2, 4096));
+    assert!(vol.status().devices[0].state == "ok", "{:?}", vol.status());
 }
 
 /// A mirror half whose unreadable sectors keep coming is taken out once it
