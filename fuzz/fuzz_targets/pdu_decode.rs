@@ -36,25 +36,37 @@ fuzz_target!(|data: &[u8]| {
                 whole.push(Ok((frame.raw_header, frame.data)));
             }
             Ok(None) => break,
-            Err(e) if e.consumed => whole.push(Err(e.error)),
+            Err(e) if e.consumed => whole.push(Err(e)),
             Err(e) => {
-                whole.push(Err(e.error));
+                whole.push(Err(e));
                 break;
             }
         }
     }
-    // read in chunks of 1 to 256 bytes, sizes taken from the input in turn;
-    // commands with more than 16 bytes of data count as long
-    let mut rb = RecvBuf::with_threshold(BytesMut::new(), 16);
-    let (mut pos, mut turn, mut chunked) = (0, 0, Vec::new());
+    // The same bytes through the connection's read buffer: what the login
+    // left over first (up to 1008 bytes, from the flags byte), then reads of
+    // sizes taken from the input in turn (1 to 255 bytes, or as much as room
+    // allows), sometimes after a read that found nothing (`idle`). Commands
+    // with more than 16 bytes of data count as long, and their data must
+    // share its allocation with nothing.
+    const LONG: usize = 16;
+    let leftover = ((flags >> 2) as usize * 16).min(wire.len());
+    let mut rb = RecvBuf::with_threshold(BytesMut::from(&wire[..leftover]), LONG);
+    let (mut pos, mut turn, mut chunked) = (leftover, 0, Vec::new());
     'read: loop {
         loop {
             match rb.next_frame(&limits) {
-                Ok(Some(frame)) => chunked.push(Ok((frame.raw_header, frame.data))),
+                Ok(Some(frame)) => {
+                    let long = frame.raw_header[0] & 0x3f == 0x01 && frame.data.len() > LONG;
+                    let (raw, data) = (frame.raw_header, frame.data);
+                    drop((frame.header_bytes, frame.ahs));
+                    assert!(!long || data.is_unique(), "a long command's data shares its buffer");
+                    chunked.push(Ok((raw, data)));
+                }
                 Ok(None) => break,
-                Err(e) if e.consumed => chunked.push(Err(e.error)),
+                Err(e) if e.consumed => chunked.push(Err(e)),
                 Err(e) => {
-                    chunked.push(Err(e.error));
+                    chunked.push(Err(e));
                     break 'read;
                 }
             }
@@ -62,12 +74,18 @@ fuzz_target!(|data: &[u8]| {
         if pos == wire.len() {
             break;
         }
+        let pick = wire[turn % wire.len()];
+        turn += 1;
+        if pick & 0x40 != 0 {
+            // readable, but the read found nothing
+            rb.room(&limits);
+            rb.idle();
+        }
         let room = rb.room(&limits);
         assert!(room > 0, "no room for a read: it would read as the end");
         let t = rb.target();
         let spare = t.capacity() - t.len();
-        let chunk = 1 + wire[turn % wire.len()] as usize;
-        turn += 1;
+        let chunk = if pick == 0xff { usize::MAX } else { 1 + pick as usize };
         let n = room.min(spare).min(chunk).min(wire.len() - pos);
         assert!(n > 0, "a read buffer with no spare room");
         t.extend_from_slice(&wire[pos..pos + n]);

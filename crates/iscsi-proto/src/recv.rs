@@ -12,17 +12,19 @@
 //! - a longer SCSI Command PDU is read into an allocation of its own, of its
 //!   exact wire length, once its header shows its length: the bytes of it the
 //!   shared buffer already holds are copied over, and the rest is read there;
-//! - after such a PDU the next read goes to a new buffer of the same length,
+//! - after such a PDU the next read that finds bytes waiting (the caller
+//!   waits for the socket to be readable first, and calls [`RecvBuf::idle`]
+//!   when a read finds none) goes to a new buffer of the same length,
 //!   on the guess that a stream of writes of one size goes on: right, the PDU
 //!   lands where it stays, no byte copied and no extra read; wrong (another
 //!   length, another kind of PDU), what was read moves to the shared buffer
 //!   and is decoded from there;
 //! - a long command found whole in the shared buffer (where small PDUs came
-//!   before it in one read) has its data copied out, and the next read takes
-//!   a header alone.
+//!   before it in one read) has its data copied out; if the start of the next
+//!   PDU is there too, the next read takes the rest of its header alone.
 
 use crate::frame::{decode_frame, reserve_for_next, wire_len, Frame, FrameError, FrameLimits};
-use crate::pdu::{opcode, BHS_LEN};
+use crate::pdu::{opcode, raw_data_len_bytes, BHS_LEN};
 use bytes::{Bytes, BytesMut};
 
 /// Size of a connection's shared read buffer once logged in.
@@ -48,11 +50,15 @@ pub struct RecvBuf {
     own_min: usize,
 }
 
-fn long_command(header: &[u8], wire_len: usize, own_min: usize) -> bool {
-    header
-        .first()
-        .is_some_and(|b| b & 0x3f == opcode::SCSI_COMMAND)
-        && wire_len > own_min + BHS_LEN
+/// Whether `buf` starts with the header of a SCSI Command carrying more than
+/// `own_min` bytes of data.
+fn long_command(buf: &[u8], own_min: usize) -> bool {
+    let Some(header) = buf.get(..BHS_LEN) else {
+        return false;
+    };
+    let mut raw = [0u8; BHS_LEN];
+    raw.copy_from_slice(header);
+    raw[0] & 0x3f == opcode::SCSI_COMMAND && raw_data_len_bytes(&raw) as usize > own_min
 }
 
 impl RecvBuf {
@@ -84,7 +90,7 @@ impl RecvBuf {
             }
             self.guess = None;
             let right = matches!(wire_len(&self.buf, limits), Ok(Some(t)) if t == len)
-                && long_command(&self.buf, len, self.own_min);
+                && long_command(&self.buf, self.own_min);
             if !right {
                 // what the wrong guess read is decoded from the shared buffer
                 let mut shared = self.shared.take().expect("a guess parks the shared buffer");
@@ -129,7 +135,7 @@ impl RecvBuf {
             return self.buf.capacity() - self.buf.len();
         }
         if let Ok(Some(total)) = wire_len(&self.buf, limits) {
-            if self.buf.len() < total && long_command(&self.buf, total, self.own_min) {
+            if self.buf.len() < total && long_command(&self.buf, self.own_min) {
                 self.own(total);
                 return total - self.buf.len();
             }
@@ -157,6 +163,16 @@ impl RecvBuf {
         self.copied_bytes += self.buf.len() as u64;
         self.buf.clear();
         self.shared = Some(std::mem::replace(&mut self.buf, own));
+    }
+
+    /// The read [`RecvBuf::room`] made room for found nothing to read: a
+    /// buffer made on a guess and still empty is let go, so that a connection
+    /// waiting for its next PDU holds its shared buffer alone.
+    pub fn idle(&mut self) {
+        if self.guess.is_some() && self.buf.is_empty() {
+            self.guess = None;
+            self.buf = self.shared.take().expect("a guess parks the shared buffer");
+        }
     }
 
     /// The buffer the next read goes to (at most [`RecvBuf::room`] bytes).
@@ -303,11 +319,17 @@ mod tests {
             if pos == wire.len() {
                 break;
             }
+            let want = chunk();
+            if want % 7 == 3 {
+                // readable, but the read found nothing
+                rb.room(limits);
+                rb.idle();
+            }
             let room = rb.room(limits);
             assert!(room > 0, "a read with no room reads as end of stream");
             let t = rb.target();
             let spare = t.capacity() - t.len();
-            let n = room.min(spare).min(chunk()).min(wire.len() - pos).max(1);
+            let n = room.min(spare).min(want).min(wire.len() - pos).max(1);
             let cap = t.capacity();
             t.extend_from_slice(&wire[pos..pos + n]);
             assert_eq!(t.capacity(), cap, "a read never grows the buffer");
@@ -347,7 +369,7 @@ mod tests {
     #[test]
     fn frames_come_out_whole_and_long_commands_hold_only_their_own_bytes() {
         for seed in 1..=24u64 {
-            let mut rng = Rng(seed * 0x9e37_79b9_7f4a_7c15);
+            let mut rng = Rng(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15));
             let digests = seed % 2 == 0;
             let sent: Vec<Sent> = (0..40u32)
                 .map(|i| match rng.below(6) {
@@ -412,6 +434,34 @@ mod tests {
             assert_eq!(&f.data[..], &s.data[..]);
             assert!(f.held_alone);
         }
+    }
+
+    #[test]
+    fn a_connection_waiting_for_its_next_pdu_holds_its_shared_buffer_alone() {
+        let lim = limits(false);
+        let s = command(1, 200_000);
+        let wire = encode_frame(&s.header, &[], &s.data, false, false);
+        let mut rb = RecvBuf::new(BytesMut::from(&wire[..]));
+        // (found whole in the login's leftover: copied out)
+        let f = rb.next_frame(&lim).unwrap().unwrap();
+        assert_eq!(&f.data[..], &s.data[..]);
+        let copied = rb.copied_bytes();
+        // readable: a buffer is made on the guess; the read finds nothing
+        assert_eq!(rb.room(&lim), wire.len());
+        assert_eq!(rb.target().capacity(), wire.len());
+        rb.idle();
+        assert!(rb.shared.is_none() && rb.guess.is_none());
+        assert!(rb.target().capacity() >= SHARED_BYTES);
+        // and the guess is made again when bytes come
+        assert_eq!(rb.room(&lim), wire.len());
+        rb.target().extend_from_slice(&wire);
+        let g = rb.next_frame(&lim).unwrap().unwrap();
+        assert_eq!(&g.data[..], &s.data[..]);
+        assert_eq!(
+            rb.copied_bytes(),
+            copied,
+            "the guess was right: nothing copied"
+        );
     }
 
     #[test]

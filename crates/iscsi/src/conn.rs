@@ -53,7 +53,6 @@ use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use tokio::io::AsyncReadExt;
 use tokio::net::TcpStream;
 use tokio::sync::mpsc;
 
@@ -380,7 +379,7 @@ const ECHO_BYTES_MAX: u64 = 1 << 20;
 const TMF_WAITERS_MAX: usize = 16;
 
 impl Conn {
-    async fn read_loop(&mut self, mut rd: tokio::net::tcp::OwnedReadHalf, buf: BytesMut) -> End {
+    async fn read_loop(&mut self, rd: tokio::net::tcp::OwnedReadHalf, buf: BytesMut) -> End {
         let mut recv = RecvBuf::new(buf);
         let mut kill = self.session.kill.subscribe();
         let mut shutdown = self.ctx.shutdown.clone();
@@ -413,37 +412,46 @@ impl Conn {
                     }
                 }
             }
-            let room = recv.room(&self.frame_limits);
-            let mut target = recv.target().limit(room);
             enum Ev {
-                Read(std::io::Result<usize>),
+                Readable(std::io::Result<()>),
                 Tick,
                 Killed,
                 Shutdown,
                 WriterGone,
             }
+            // readable first, and only then room made: a buffer made for the
+            // next long PDU is not held by a connection waiting for it
             let ev = tokio::select! {
-                r = rd.read_buf(&mut target) => Ev::Read(r),
+                r = rd.readable() => Ev::Readable(r),
                 _ = tick.tick(), if ticking => Ev::Tick,
                 _ = kill.wait_for(|k| *k) => Ev::Killed,
                 _ = shutdown.wait_for(|s| *s) => Ev::Shutdown,
                 _ = self.out.tx.closed() => Ev::WriterGone,
             };
-            match ev {
-                Ev::Read(Ok(0)) => return End::Eof,
-                Ev::Read(Ok(_)) => last_rx = Instant::now(),
-                Ev::Read(Err(e)) => {
-                    tracing::warn!(peer = %self.peer, error = %e, "read failed");
-                    return End::Io;
+            let read = match ev {
+                Ev::Readable(Ok(())) => {
+                    let room = recv.room(&self.frame_limits);
+                    rd.try_read_buf(&mut recv.target().limit(room))
                 }
+                Ev::Readable(Err(e)) => Err(e),
                 Ev::Tick => {
                     if let Some(end) = self.nop_tick(last_rx).await {
                         return end;
                     }
+                    continue;
                 }
                 Ev::Killed => return End::Killed,
                 Ev::Shutdown => return End::Shutdown,
                 Ev::WriterGone => return End::WriterGone,
+            };
+            match read {
+                Ok(0) => return End::Eof,
+                Ok(_) => last_rx = Instant::now(),
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => recv.idle(),
+                Err(e) => {
+                    tracing::warn!(peer = %self.peer, error = %e, "read failed");
+                    return End::Io;
+                }
             }
         }
     }
