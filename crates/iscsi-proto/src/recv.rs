@@ -13,8 +13,9 @@
 //!   exact wire length, once its header shows its length: the bytes of it the
 //!   shared buffer already holds are copied over, and the rest is read there;
 //! - after such a PDU the next read that finds bytes waiting (the caller
-//!   waits for the socket to be readable first, and calls [`RecvBuf::idle`]
-//!   when a read finds none) goes to a new buffer of the same length,
+//!   asks [`RecvBuf::guesses_next`], then waits for the socket to be
+//!   readable, and calls [`RecvBuf::idle`] when a read finds none) goes to a
+//!   new buffer of the same length,
 //!   on the guess that a stream of writes of one size goes on: right, the PDU
 //!   lands where it stays, no byte copied and no extra read; wrong (another
 //!   length, another kind of PDU), what was read moves to the shared buffer
@@ -163,6 +164,12 @@ impl RecvBuf {
         self.copied_bytes += self.buf.len() as u64;
         self.buf.clear();
         self.shared = Some(std::mem::replace(&mut self.buf, own));
+    }
+
+    /// Whether the next [`RecvBuf::room`] makes a buffer on the guess that a
+    /// PDU like the last long one comes next (wait for bytes to read first).
+    pub fn guesses_next(&self) -> bool {
+        self.shared.is_none() && self.last_long > 0 && self.buf.is_empty()
     }
 
     /// The read [`RecvBuf::room`] made room for found nothing to read: a
@@ -447,6 +454,7 @@ mod tests {
         assert_eq!(&f.data[..], &s.data[..]);
         let copied = rb.copied_bytes();
         // readable: a buffer is made on the guess; the read finds nothing
+        assert!(rb.guesses_next());
         assert_eq!(rb.room(&lim), wire.len());
         assert_eq!(rb.target().capacity(), wire.len());
         rb.idle();

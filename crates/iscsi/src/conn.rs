@@ -53,6 +53,7 @@ use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+use tokio::io::AsyncReadExt;
 use tokio::net::TcpStream;
 use tokio::sync::mpsc;
 
@@ -379,7 +380,7 @@ const ECHO_BYTES_MAX: u64 = 1 << 20;
 const TMF_WAITERS_MAX: usize = 16;
 
 impl Conn {
-    async fn read_loop(&mut self, rd: tokio::net::tcp::OwnedReadHalf, buf: BytesMut) -> End {
+    async fn read_loop(&mut self, mut rd: tokio::net::tcp::OwnedReadHalf, buf: BytesMut) -> End {
         let mut recv = RecvBuf::new(buf);
         let mut kill = self.session.kill.subscribe();
         let mut shutdown = self.ctx.shutdown.clone();
@@ -413,45 +414,58 @@ impl Conn {
                 }
             }
             enum Ev {
-                Readable(std::io::Result<()>),
+                Read(std::io::Result<usize>),
                 Tick,
                 Killed,
                 Shutdown,
                 WriterGone,
             }
-            // readable first, and only then room made: a buffer made for the
-            // next long PDU is not held by a connection waiting for it
+            // After a long write the next read goes to a buffer made on a
+            // guess (iscsi_proto::recv): made only once the socket is
+            // readable, and let go if the read finds nothing, so that a
+            // connection waiting for its next PDU does not hold it. Other
+            // reads go straight to the socket (waiting for readiness first
+            // cost 4K reads at 32 in flight about a third of their IOPS).
+            let guessing = recv.guesses_next();
+            let limits = self.frame_limits;
+            let room = if guessing { 0 } else { recv.room(&limits) };
+            let read = async {
+                if !guessing {
+                    return rd.read_buf(&mut recv.target().limit(room)).await;
+                }
+                rd.readable().await?;
+                let room = recv.room(&limits);
+                let r = rd.try_read_buf(&mut recv.target().limit(room));
+                if r.as_ref()
+                    .is_err_and(|e| e.kind() == std::io::ErrorKind::WouldBlock)
+                {
+                    recv.idle();
+                }
+                r
+            };
             let ev = tokio::select! {
-                r = rd.readable() => Ev::Readable(r),
+                r = read => Ev::Read(r),
                 _ = tick.tick(), if ticking => Ev::Tick,
                 _ = kill.wait_for(|k| *k) => Ev::Killed,
                 _ = shutdown.wait_for(|s| *s) => Ev::Shutdown,
                 _ = self.out.tx.closed() => Ev::WriterGone,
             };
-            let read = match ev {
-                Ev::Readable(Ok(())) => {
-                    let room = recv.room(&self.frame_limits);
-                    rd.try_read_buf(&mut recv.target().limit(room))
+            match ev {
+                Ev::Read(Ok(0)) => return End::Eof,
+                Ev::Read(Ok(_)) => last_rx = Instant::now(),
+                Ev::Read(Err(e)) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+                Ev::Read(Err(e)) => {
+                    tracing::warn!(peer = %self.peer, error = %e, "read failed");
+                    return End::Io;
                 }
-                Ev::Readable(Err(e)) => Err(e),
                 Ev::Tick => {
                     if let Some(end) = self.nop_tick(last_rx).await {
                         return end;
                     }
-                    continue;
                 }
                 Ev::Killed => return End::Killed,
                 Ev::Shutdown => return End::Shutdown,
                 Ev::WriterGone => return End::WriterGone,
-            };
-            match read {
-                Ok(0) => return End::Eof,
-                Ok(_) => last_rx = Instant::now(),
-                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => recv.idle(),
-                Err(e) => {
-                    tracing::warn!(peer = %self.peer, error = %e, "read failed");
-                    return End::Io;
-                }
             }
         }
     }
