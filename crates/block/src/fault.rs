@@ -25,6 +25,9 @@ pub struct FaultPlan {
     /// A write makes the `bad_read_blocks` it covers readable again, as a disk
     /// remaps a sector it is written.
     pub remap_on_write: bool,
+    /// The device stopped answering: every operation that starts while this
+    /// is set is taken and never answered (before any other fault applies).
+    pub hung: bool,
 }
 
 /// Forwards to the volume below unless the current [`FaultPlan`] says otherwise.
@@ -59,6 +62,14 @@ impl FaultVolume {
     pub fn plan(&self) -> Arc<Mutex<FaultPlan>> {
         self.plan.clone()
     }
+
+    /// Never returns while the plan says the device is hung.
+    async fn answers(&self) {
+        let hung = self.plan.lock().hung;
+        if hung {
+            std::future::pending::<()>().await;
+        }
+    }
 }
 
 #[async_trait]
@@ -74,6 +85,7 @@ impl Volume for FaultVolume {
     }
 
     async fn read(&self, lba: u64, blocks: u32) -> BlockResult<Bytes> {
+        self.answers().await;
         {
             let p = self.plan.lock();
             if p.dead {
@@ -87,6 +99,7 @@ impl Volume for FaultVolume {
     }
 
     async fn write(&self, lba: u64, data: Bytes, fua: bool) -> BlockResult<()> {
+        self.answers().await;
         let blocks = self.geometry().blocks_in(data.len())?;
         let tear = {
             let mut p = self.plan.lock();
@@ -125,6 +138,7 @@ impl Volume for FaultVolume {
     }
 
     async fn flush(&self) -> BlockResult<()> {
+        self.answers().await;
         {
             let p = self.plan.lock();
             if p.dead || p.fail_flush {
@@ -135,6 +149,7 @@ impl Volume for FaultVolume {
     }
 
     async fn discard(&self, lba: u64, blocks: u64) -> BlockResult<()> {
+        self.answers().await;
         {
             // (a discard changes the blocks as a write does: review of
             // 2026-12-06, it went through blocks that refuse writes)
@@ -150,6 +165,7 @@ impl Volume for FaultVolume {
     }
 
     async fn write_zeroes(&self, lba: u64, blocks: u64, may_unmap: bool) -> BlockResult<()> {
+        self.answers().await;
         {
             let p = self.plan.lock();
             if p.dead {
@@ -163,6 +179,7 @@ impl Volume for FaultVolume {
     }
 
     async fn block_status(&self, lba: u64, blocks: u64) -> BlockResult<Vec<Extent>> {
+        self.answers().await;
         if self.plan.lock().dead {
             return Err(dead_error());
         }

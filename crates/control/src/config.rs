@@ -267,6 +267,24 @@ pub struct DiskConfig {
     /// files, or faulting in fresh pages, costs more CPU than the experiment.
     #[serde(default)]
     pub memory: bool,
+    /// Command timeout in seconds: a read or write with no answer in this
+    /// time (a flush: three times it) fails the disk, so its pool or cache
+    /// goes on without it instead of waiting with it (default 20, below the
+    /// initiators' 30 s; 0: wait as long as the disk does).
+    #[serde(default)]
+    pub io_timeout_secs: Option<u32>,
+}
+
+impl DiskConfig {
+    /// The command timeout (`io_timeout_secs`, default
+    /// [`disk::IO_TIMEOUT_DEFAULT`]); `None` for 0 (no timeout).
+    pub fn io_timeout(&self) -> Option<std::time::Duration> {
+        match self.io_timeout_secs {
+            None => Some(disk::IO_TIMEOUT_DEFAULT),
+            Some(0) => None,
+            Some(s) => Some(std::time::Duration::from_secs(s.into())),
+        }
+    }
 }
 
 /// Largest `[[pool]] journal_mib`: 1 GiB of ring per member.
@@ -1953,6 +1971,18 @@ fn check_object_name(kind: &str, name: &str) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_disks_command_timeout_defaults_to_twenty_seconds_and_zero_turns_it_off() {
+        let disk = |t: &str| -> DiskConfig {
+            toml::from_str(&format!("name = \"d\"\n{t}")).expect("parse")
+        };
+        let secs = std::time::Duration::from_secs;
+        assert_eq!(disk("").io_timeout(), Some(secs(20)));
+        assert_eq!(disk("io_timeout_secs = 45").io_timeout(), Some(secs(45)));
+        assert_eq!(disk("io_timeout_secs = 0").io_timeout(), None);
+        assert!(toml::from_str::<DiskConfig>("name = \"d\"\nio_timeout_secs = -1").is_err());
+    }
 
     #[test]
     fn lun_flag_splits_size_only_when_it_is_one() {

@@ -349,6 +349,7 @@ mod tests {
             size: Some("64M".into()),
             sim: None,
             memory: true,
+            io_timeout_secs: Some(5),
         });
         let mut lun = LunConfig::file(dir.join("x.img"), Some("1M".into()));
         lun.id = Some(7);

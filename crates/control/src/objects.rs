@@ -845,6 +845,8 @@ impl Objects {
                     "role": role,
                     "state": state,
                     "errors": timing.read_errors + timing.write_errors,
+                    "timeouts": timing.timeouts,
+                    "stopped_answering": timing.failed,
                     "reads": timing.reads,
                     "writes": timing.writes,
                     "read_latency_us": (timing.read_latency_us() * 10.0).round() / 10.0,

@@ -293,9 +293,14 @@ fn cache_config(c: &crate::config::CacheConfig) -> Result<cache::CacheConfig> {
     Ok(cc)
 }
 
-/// Opens a configured disk (see [`open_disk_untimed`]) with its reads and writes timed.
+/// Opens a configured disk (see [`open_disk_untimed`]) with its reads and
+/// writes timed, and its command timeout.
 fn open_disk(cfg: &Config, d: &DiskConfig) -> Result<Arc<disk::TimedDisk>> {
-    Ok(Arc::new(disk::TimedDisk::new(open_disk_untimed(cfg, d)?)))
+    let v = open_disk_untimed(cfg, d)?;
+    Ok(Arc::new(match d.io_timeout() {
+        Some(limit) => disk::TimedDisk::with_timeout(v, &d.name, limit),
+        None => disk::TimedDisk::new(v),
+    }))
 }
 
 /// Opens a configured disk: the file or device, or a simulated disk over its data file.

@@ -158,6 +158,9 @@ pub fn disk(api: SocketAddr, cmd: DiskCmd) -> Result<()> {
                         "in use"
                     }
                 );
+                if let Some(why) = d["stopped_answering"].as_str() {
+                    println!("  FAILED: stopped answering ({why})");
+                }
             }
         }
     }

@@ -1313,6 +1313,151 @@ async fn writes_that_meet_a_resilver_reach_the_replacement() {
     exercise(&vol, &oracle, 44, 200).await;
 }
 
+/// The command timeout the node gives every disk (`disk::TimedDisk`), short.
+const HUNG_LIMIT: Duration = Duration::from_millis(200);
+
+/// A replacement behind the command timeout, slowed (20 ms a write) so that
+/// its resilver is under way for a while, with the fault plan that hangs it.
+fn slow_timed_replacement(timed: bool) -> (Arc<FaultVolume>, VolumeRef) {
+    let slow = Arc::new(block::DelayVolume::new(
+        Arc::new(MemVolume::new(4096, 1 << 10)),
+        Duration::ZERO,
+        Duration::from_millis(20),
+    ));
+    let hangs = Arc::new(FaultVolume::new(slow));
+    let v: VolumeRef = if timed {
+        Arc::new(disk::TimedDisk::with_timeout(
+            hangs.clone(),
+            "ssd9",
+            HUNG_LIMIT,
+        ))
+    } else {
+        hangs.clone()
+    };
+    (hangs, v)
+}
+
+/// Whether the replacement's resilver has copied something and goes on.
+fn resilvering_past_the_start(s: &cache::CacheStatus) -> bool {
+    s.devices[0].state.starts_with("resilvering") && s.devices[0].state != "resilvering 0%"
+}
+
+/// A replacement that stops answering in the middle of its resilver, behind
+/// the command timeout: the resilver gives it up at the timeout, the cache
+/// goes on degraded on the survivor (host I/O answers, every block reads
+/// back), and a second replacement then makes the mirror whole.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replacement_that_stops_answering_during_its_resilver_is_given_up() {
+    let Degraded {
+        faulty,
+        oracle,
+        vol,
+        ..
+    } = degraded_write_back_mirror(51).await;
+    let (hangs, timed) = slow_timed_replacement(true);
+    replace(&vol, 0, "ssd9", timed).await;
+    status_until(
+        &vol,
+        30,
+        "the resilver copied nothing",
+        resilvering_past_the_start,
+    )
+    .await;
+    hangs.plan().lock().hung = true;
+    // host I/O meets the hung half (writes to frames the resilver passed go
+    // to both halves; the frame being copied is locked) and must answer
+    tokio::time::timeout(Duration::from_secs(30), async {
+        exercise(&vol, &oracle, 53, 200).await;
+        verify_all(&vol, &oracle).await;
+    })
+    .await
+    .expect("the cache waited with its hung replacement");
+    status_until(&vol, 30, "the hung replacement was not given up", |s| {
+        s.devices[0].state == "failed"
+    })
+    .await;
+    let st = vol.status();
+    assert!(st.state.starts_with("degraded"), "{}", st.state);
+    assert_eq!(st.devices[1].state, "ok");
+    verify_all(&vol, &oracle).await;
+    // a replacement that answers makes the mirror whole again
+    let good: VolumeRef = Arc::new(MemVolume::new(4096, 1 << 10));
+    replace(&vol, 0, "ssd10", good).await;
+    status_until(&vol, 30, "the second resilver never ended", |s| {
+        s.state == "ok"
+    })
+    .await;
+    faulty[1].plan().lock().dead = true;
+    verify_all(&vol, &oracle).await;
+}
+
+/// The control: without the command timeout, a resilver whose replacement
+/// hangs never ends.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_the_command_timeout_a_hung_replacement_holds_its_resilver() {
+    let Degraded { vol, .. } = degraded_write_back_mirror(55).await;
+    let (hangs, untimed) = slow_timed_replacement(false);
+    replace(&vol, 0, "ssd9", untimed).await;
+    status_until(
+        &vol,
+        30,
+        "the resilver copied nothing",
+        resilvering_past_the_start,
+    )
+    .await;
+    hangs.plan().lock().hung = true;
+    // ten timeouts' worth of waiting for what must not happen
+    let gave_up = tokio::time::timeout(HUNG_LIMIT * 10, async {
+        while vol.status().devices[0].state != "failed" {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+    assert!(gave_up.is_err(), "the resilver ended without a timeout");
+    assert!(vol.status().devices[0].state.starts_with("resilvering"));
+    vol.halt().await;
+}
+
+/// A live mirror half that stops answering, behind the command timeout: it is
+/// failed at the timeout, and the cache goes on, degraded, on its partner,
+/// without losing a written block.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_mirror_half_that_stops_answering_is_failed_and_the_cache_goes_on() {
+    let backing: VolumeRef = Arc::new(MemVolume::new(4096, BACKING_BYTES / 4096));
+    let faulty = [fault_ssd(), fault_ssd()];
+    let halves: Vec<VolumeRef> = faulty
+        .iter()
+        .enumerate()
+        .map(|(i, f)| {
+            // (the partner's long: a loaded machine must not fail it too)
+            let limit = if i == 0 { HUNG_LIMIT } else { HUNG_LIMIT * 50 };
+            let name = format!("ssd{i}");
+            Arc::new(disk::TimedDisk::with_timeout(f.clone(), &name, limit)) as VolumeRef
+        })
+        .collect();
+    let oracle = MemVolume::new(4096, BACKING_BYTES / 4096);
+    // dirty data stays (destage only past 90% dirty)
+    let mut c = cfg(CacheMode::WriteBack);
+    c.dirty_low_percent = 90;
+    c.dirty_high_percent = 95;
+    let vol = CacheVolume::open("t", backing, devices(&halves), c)
+        .await
+        .unwrap();
+    exercise(&vol, &oracle, 57, 400).await;
+    assert!(vol.status().dirty_bytes > 0, "nothing dirty to keep");
+    faulty[0].plan().lock().hung = true;
+    tokio::time::timeout(Duration::from_secs(30), async {
+        exercise(&vol, &oracle, 58, 300).await;
+        verify_all(&vol, &oracle).await;
+    })
+    .await
+    .expect("the cache waited with its hung half");
+    let st = vol.status();
+    assert_eq!(st.devices[0].state, "failed", "{st:?}");
+    assert_eq!(st.devices[1].state, "ok", "{st:?}");
+    assert!(st.state.starts_with("degraded"), "{}", st.state);
+}
+
 /// A crash while a replaced mirror half is being filled: the half-filled device is
 /// not trusted at restart (it never got this cache's superblock), so the cache
 /// comes back on the survivor alone and every acknowledged block reads back.

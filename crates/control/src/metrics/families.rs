@@ -234,7 +234,9 @@ impl NodeCollector {
         let mut done = Samples::new();
         let mut failed = Samples::new();
         let mut time = Samples::new();
+        let mut timeouts = Samples::new();
         for (name, t) in disks {
+            timeouts.push((labels([("disk", name.as_str())]), t.timeouts as f64));
             for (dir, n, errs, ns) in [
                 ("read", t.reads, t.read_errors, t.read_latency_sum_ns),
                 ("write", t.writes, t.write_errors, t.write_latency_sum_ns),
@@ -262,6 +264,12 @@ impl NodeCollector {
             "freesan_disk_io_time_seconds",
             "Sum of the latencies of a disk's reads and writes (divide its rate by the rate of freesan_disk_io_completed_total for the mean).",
             &time,
+        )?;
+        counters(
+            e,
+            "freesan_disk_io_timeouts",
+            "Requests a disk did not answer within its command timeout (the first fails the disk).",
+            &timeouts,
         )
     }
 

@@ -8,3 +8,4 @@ mod file_volume;
 mod oracle;
 mod sim_disk;
 mod sim_model;
+mod stops_answering;

@@ -8,6 +8,7 @@ mod aborted;
 mod early_ack;
 mod far;
 mod grow;
+mod hung;
 mod journal_device;
 mod oracle;
 mod ring_size;
