@@ -831,6 +831,11 @@ impl Objects {
                 };
                 let (timing, size_bytes) = pools.disk_timing(&d.name).unzip();
                 let timing = timing.unwrap_or_default();
+                // a disk that stopped answering is failed, whatever holds it
+                let state = match &timing.failed {
+                    Some(_) if state != "retired" => "failed".to_string(),
+                    _ => state,
+                };
                 json!({
                     "name": d.name,
                     "size": d.size,

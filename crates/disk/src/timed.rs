@@ -32,6 +32,7 @@ use std::future::Future;
 use std::io;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::OnceLock;
+use std::task::Poll;
 use std::time::{Duration, Instant};
 
 /// A disk's command timeout when its configuration names none: below the
@@ -162,6 +163,12 @@ impl TimedDisk {
             return io.await;
         };
         let limit = limit * factor;
+        // a request answered at once (a page-cache hit done inline) needs no
+        // timer: polled once first, timed only if it waits
+        let mut io = std::pin::pin!(io);
+        if let Poll::Ready(r) = std::future::poll_fn(|cx| Poll::Ready(io.as_mut().poll(cx))).await {
+            return r;
+        }
         match tokio::time::timeout(limit, io).await {
             Ok(r) => r,
             Err(_) => {

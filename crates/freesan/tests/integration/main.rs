@@ -38,6 +38,7 @@ mod raid_crash;
 mod reload;
 mod resize;
 mod sanitize_crash;
+mod stops_answering;
 mod thin;
 mod trust;
 mod verify_crash;

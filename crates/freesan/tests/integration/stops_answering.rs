@@ -1,0 +1,164 @@
+//! A pool member that stops answering, on a real node: disk `d1` of a RAID 1
+//! pool is a file on an ext4 file system (a loop mount) that is frozen
+//! (`fsfreeze`), so the kernel takes its writes and answers none, as a hung
+//! drive does. With `io_timeout_secs = 1` on that disk, verified random
+//! writes to the LUN go on (each one meeting the hung disk answers once its
+//! request times out), the pool is degraded with `d1` failed, `GET /disks`
+//! and the metrics say the disk stopped answering, and every acknowledged
+//! write reads back. After the thaw the node stops cleanly.
+
+use crate::common;
+use common::*;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+fn ok(cmd: &mut Command) -> bool {
+    cmd.status().is_ok_and(|s| s.success())
+}
+
+/// An ext4 file system on a loop device over a file in `dir`, mounted on
+/// `dir/frz`; unmounted (lazily) when dropped. None where loop mounts are
+/// not allowed.
+struct Mounted(PathBuf);
+
+impl Mounted {
+    fn new(dir: &Path) -> Option<Mounted> {
+        let img = dir.join("fs.img");
+        std::fs::File::create(&img)
+            .unwrap()
+            .set_len(256 << 20)
+            .unwrap();
+        let mnt = dir.join("frz");
+        std::fs::create_dir(&mnt).unwrap();
+        if !ok(Command::new("mkfs.ext4").args(["-q", "-F"]).arg(&img)) {
+            return None;
+        }
+        ok(Command::new("mount")
+            .args(["-o", "loop"])
+            .arg(&img)
+            .arg(&mnt))
+        .then_some(Mounted(mnt))
+    }
+}
+
+impl Drop for Mounted {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg("-l").arg(&self.0).status();
+    }
+}
+
+/// Thaws the frozen file system at its path when dropped: before the node
+/// (whose exit waits for the requests the kernel holds) is killed.
+struct Frozen(PathBuf);
+
+impl Frozen {
+    fn freeze(mnt: &Path) -> Frozen {
+        assert!(
+            ok(Command::new("fsfreeze").arg("-f").arg(mnt)),
+            "fsfreeze -f"
+        );
+        Frozen(mnt.to_path_buf())
+    }
+}
+
+impl Drop for Frozen {
+    fn drop(&mut self) {
+        let _ = Command::new("fsfreeze").arg("-u").arg(&self.0).status();
+    }
+}
+
+#[test]
+fn a_pool_member_that_stops_answering_is_failed_and_the_lun_goes_on() {
+    let dir = tempfile::tempdir().unwrap();
+    let Some(mounted) = Mounted::new(dir.path()) else {
+        assert!(
+            std::env::var("FREESAN_REQUIRE_TOOLS").is_err(),
+            "loop mounts and fsfreeze are required (run the tests as root)"
+        );
+        eprintln!("skipped: no loop mount here (not root?)");
+        return;
+    };
+    let d = dir.path().display();
+    let cfg = format!(
+        "data_dir = \"{d}/data\"\n[api]\naddress = \"127.0.0.1:0\"\n\
+         [[portal]]\naddress = \"127.0.0.1:0\"\n\
+         [[disk]]\nname = \"d0\"\nsize = \"64M\"\npath = \"{d}/d0.img\"\n\
+         [[disk]]\nname = \"d1\"\nsize = \"64M\"\npath = \"{m}/d1.img\"\nio_timeout_secs = 1\n\
+         [[pool]]\nname = \"p\"\nlevel = \"raid1\"\nmembers = [\"d0\", \"d1\"]\n\
+         [[target]]\niqn = \"{IQN}\"\n[[target.lun]]\npool = \"p\"\n",
+        m = mounted.0.display()
+    );
+    let cfg_path = dir.path().join("node.toml");
+    std::fs::write(&cfg_path, cfg).unwrap();
+    let mut node = start_config(dir.path(), &cfg_path);
+    let api = node.api.clone().expect("no API address in the banner");
+    // the initial resync done: both members active
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while pool_status(&api, "p")["state"] != "optimal" {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{}",
+            pool_status(&api, "p")
+        );
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+
+    let frozen = Frozen::freeze(&mounted.0);
+    let state = dir.path().join("verify.json");
+    let bench = start_verified_writes(&node.url(0, 0), &state, "4k", 2, 4);
+    let out = bench.wait_with_output().expect("bench");
+    assert!(out.status.success(), "the writes failed while d1 hung");
+    let p = pool_status(&api, "p");
+    assert_eq!(p["state"], "degraded", "{p}");
+    let d1 = p["members"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|m| m["name"] == "d1")
+        .unwrap_or_else(|| panic!("no d1 in {p}"));
+    assert_eq!(d1["state"], "failed", "{p}");
+    let (code, body) = http(
+        &api,
+        "GET",
+        "/api/v1/disks",
+        &[&format!(
+            "Authorization: Bearer {}",
+            make_token(&dir.path().join("data"), "read-only", "disks")
+        )],
+        "",
+    );
+    assert_eq!(code, 200, "{body}");
+    let disks: serde_json::Value = serde_json::from_str(&body).unwrap();
+    let disk = |n: &str| {
+        disks
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|x| x["name"] == n)
+            .unwrap_or_else(|| panic!("no {n} in {disks}"))
+            .clone()
+    };
+    let (d0, d1) = (disk("d0"), disk("d1"));
+    assert!(d0["stopped_answering"].is_null(), "{d0}");
+    assert_eq!(d0["timeouts"], 0, "{d0}");
+    let why = d1["stopped_answering"]
+        .as_str()
+        .unwrap_or_else(|| panic!("{d1}"));
+    assert!(why.contains("no answer in 1.0 s"), "{d1}");
+    assert!(d1["timeouts"].as_u64().unwrap() >= 1, "{d1}");
+    let (ok_list, list) = cli(&api, &["disk", "list"]);
+    assert!(ok_list && list.contains("stopped answering"), "{list}");
+    let metrics = scrape_metrics(&api, &dir.path().join("data"));
+    assert!(
+        metric_sample(&metrics, "freesan_disk_io_timeouts_total{", "\"d1\"") >= 1.0,
+        "{metrics}"
+    );
+    assert_acknowledged_writes_intact(&node.url(0, 0), &state, "with d1 hung");
+
+    // thawed, the requests the kernel held end and the node stops cleanly
+    drop(frozen);
+    assert!(
+        node.terminate(),
+        "the node did not stop cleanly after the thaw"
+    );
+}
