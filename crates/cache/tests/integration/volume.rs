@@ -1316,9 +1316,11 @@ async fn writes_that_meet_a_resilver_reach_the_replacement() {
 /// The command timeout the node gives every disk (`disk::TimedDisk`), short.
 const HUNG_LIMIT: Duration = Duration::from_millis(200);
 
-/// A replacement behind the command timeout, slowed (20 ms a write) so that
-/// its resilver is under way for a while, with the fault plan that hangs it.
-fn slow_timed_replacement(timed: bool) -> (Arc<FaultVolume>, VolumeRef) {
+/// Puts a replacement in place of `vol`'s failed half 0, behind the command
+/// timeout when `timed`, slowed (20 ms a write) so that its resilver is
+/// under way for a while; once the resilver has copied something, the
+/// replacement stops answering. Its fault plan.
+async fn hang_mid_resilver(vol: &CacheVolume, timed: bool) -> Arc<FaultVolume> {
     let slow = Arc::new(block::DelayVolume::new(
         Arc::new(MemVolume::new(4096, 1 << 10)),
         Duration::ZERO,
@@ -1334,7 +1336,16 @@ fn slow_timed_replacement(timed: bool) -> (Arc<FaultVolume>, VolumeRef) {
     } else {
         hangs.clone()
     };
-    (hangs, v)
+    replace(vol, 0, "ssd9", v).await;
+    status_until(
+        vol,
+        30,
+        "the resilver copied nothing",
+        resilvering_past_the_start,
+    )
+    .await;
+    hangs.plan().lock().hung = true;
+    hangs
 }
 
 /// Whether the replacement's resilver has copied something and goes on.
@@ -1354,16 +1365,7 @@ async fn a_replacement_that_stops_answering_during_its_resilver_is_given_up() {
         vol,
         ..
     } = degraded_write_back_mirror(51).await;
-    let (hangs, timed) = slow_timed_replacement(true);
-    replace(&vol, 0, "ssd9", timed).await;
-    status_until(
-        &vol,
-        30,
-        "the resilver copied nothing",
-        resilvering_past_the_start,
-    )
-    .await;
-    hangs.plan().lock().hung = true;
+    hang_mid_resilver(&vol, true).await;
     // host I/O meets the hung half (writes to frames the resilver passed go
     // to both halves; the frame being copied is locked) and must answer
     tokio::time::timeout(Duration::from_secs(30), async {
@@ -1396,16 +1398,7 @@ async fn a_replacement_that_stops_answering_during_its_resilver_is_given_up() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn without_the_command_timeout_a_hung_replacement_holds_its_resilver() {
     let Degraded { vol, .. } = degraded_write_back_mirror(55).await;
-    let (hangs, untimed) = slow_timed_replacement(false);
-    replace(&vol, 0, "ssd9", untimed).await;
-    status_until(
-        &vol,
-        30,
-        "the resilver copied nothing",
-        resilvering_past_the_start,
-    )
-    .await;
-    hangs.plan().lock().hung = true;
+    hang_mid_resilver(&vol, false).await;
     // ten timeouts' worth of waiting for what must not happen
     let gave_up = tokio::time::timeout(HUNG_LIMIT * 10, async {
         while vol.status().devices[0].state != "failed" {

@@ -131,6 +131,20 @@ pub async fn fill(pool: &Pool, oracle: &MemVolume, seed: u64) {
     }
 }
 
+/// A new pool of `level` over `members`, its initial resync done, filled
+/// with the pattern of `seed` (also written to the returned oracle) and
+/// flushed.
+pub async fn create_filled(level: RaidLevel, members: Vec<Member>, seed: u64) -> (Pool, MemVolume) {
+    let pool = Pool::create(config(level), members, vec![])
+        .await
+        .expect("create");
+    pool.wait_idle().await;
+    let oracle = MemVolume::new(BS, pool.geometry().block_count);
+    fill(&pool, &oracle, seed).await;
+    pool.flush().await.unwrap();
+    (pool, oracle)
+}
+
 /// The test members as pool members named m0, m1, ...
 pub fn members_of(ms: &[TestMember]) -> Vec<Member> {
     ms.iter()

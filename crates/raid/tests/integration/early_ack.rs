@@ -159,13 +159,7 @@ async fn rig_with(level: RaidLevel, n: usize, jitter: bool) -> Rig {
             Member::new(format!("m{i}"), v)
         })
         .collect();
-    let pool = Pool::create(config(level), members, vec![])
-        .await
-        .expect("create");
-    pool.wait_idle().await;
-    let oracle = MemVolume::new(BS, pool.geometry().block_count);
-    fill(&pool, &oracle, 11).await;
-    pool.flush().await.unwrap();
+    let (pool, oracle) = create_filled(level, members, 11).await;
     // and in place (a flush does not wait for that)
     pool.wait_applied().await;
     Rig {

@@ -36,14 +36,7 @@ async fn pool_over(level: RaidLevel, ms: &[TestMember], timed: bool) -> (Pool, M
             Member::new(name, v)
         })
         .collect();
-    let pool = Pool::create(config(level), members, vec![])
-        .await
-        .expect("create");
-    pool.wait_idle().await;
-    let oracle = MemVolume::new(BS, pool.geometry().block_count);
-    fill(&pool, &oracle, 5).await;
-    pool.flush().await.unwrap();
-    (pool, oracle)
+    create_filled(level, members, 5).await
 }
 
 /// Small and large writes over the whole pool, and a flush, while member 1
