@@ -15,6 +15,12 @@
 //! sessions. That is what a hardware RAID controller does with a disk past
 //! its command timeout.
 //!
+//! Time the process itself did not run (stopped, its virtual machine paused,
+//! the machine starving it) is not held against the disk: a stall clock
+//! ([`StallClock`]) moves each deadline by the stall within its wait, or a
+//! node woken after such a stop would time out every request in flight and
+//! fail every disk at once.
+//!
 //! The request that timed out is not cancelled at the device: the I/O
 //! engine keeps its buffer until the kernel answers, so a write may still
 //! land later. Nothing relies on what the disk holds after that: no later
@@ -105,6 +111,97 @@ impl Dir {
     }
 }
 
+/// How long this process did not run: a thread that wakes every [`TICK`]
+/// and finds more than [`STALL_GAP`] gone since its last tick counts the
+/// excess as stalled (the process was stopped by SIGSTOP or a debugger, its
+/// virtual machine paused, the machine starved it). A command timeout that
+/// runs out forgives the stall time that fell within its wait: a node that
+/// wakes after a stop longer than the timeout would otherwise time out every
+/// request in flight, the disks' answers not yet read, and fail every disk,
+/// a whole pool at once (seen on a node stopped for 3 s with a 1 s timeout:
+/// a member failed). A tick that is late right now counts as well, so that
+/// the timers that fire first on waking see the stall before the thread
+/// has run.
+struct StallClock {
+    origin: Instant,
+    /// When the thread last ticked, in nanoseconds since `origin`.
+    last_tick_ns: AtomicU64,
+    /// The stall time counted by the ticks so far, in nanoseconds.
+    stalled_ns: AtomicU64,
+}
+
+/// How often the stall clock's thread wakes.
+const TICK: Duration = Duration::from_millis(50);
+
+/// A tick later than this after the previous one means the process stalled.
+const STALL_GAP: Duration = Duration::from_millis(250);
+
+impl StallClock {
+    /// A clock nothing ticks (a test moves it).
+    fn unticked() -> StallClock {
+        StallClock {
+            origin: Instant::now(),
+            last_tick_ns: AtomicU64::new(0),
+            stalled_ns: AtomicU64::new(0),
+        }
+    }
+
+    /// The process's clock, its thread started by the first call.
+    fn get() -> &'static StallClock {
+        static CLOCK: OnceLock<StallClock> = OnceLock::new();
+        CLOCK.get_or_init(|| {
+            std::thread::Builder::new()
+                .name("freesan-stall-clock".into())
+                .spawn(|| {
+                    let c = StallClock::get();
+                    loop {
+                        std::thread::sleep(TICK);
+                        c.tick();
+                    }
+                })
+                .expect("spawn the stall clock's thread");
+            StallClock::unticked()
+        })
+    }
+
+    fn now_ns(&self) -> u64 {
+        self.origin.elapsed().as_nanos().min(u64::MAX as u128) as u64
+    }
+
+    /// What a gap of `gap_ns` since the last tick counts as stalled.
+    fn excess(gap_ns: u64) -> u64 {
+        if gap_ns > STALL_GAP.as_nanos() as u64 {
+            gap_ns - TICK.as_nanos() as u64
+        } else {
+            0
+        }
+    }
+
+    fn tick(&self) {
+        let now = self.now_ns();
+        let last = self.last_tick_ns.load(Ordering::Acquire);
+        // the stall first, then the tick (see `stalled`)
+        self.stalled_ns
+            .fetch_add(Self::excess(now.saturating_sub(last)), Ordering::AcqRel);
+        self.last_tick_ns.store(now, Ordering::Release);
+    }
+
+    /// The stall time the ticks counted so far.
+    fn counted(&self) -> Duration {
+        Duration::from_nanos(self.stalled_ns.load(Ordering::Acquire))
+    }
+
+    /// The stall time so far, a tick late right now included: never less
+    /// than [`StallClock::counted`] just before or after (the tick time is
+    /// read first, so a tick in between is counted twice, never not at all).
+    fn stalled(&self) -> Duration {
+        let last = self.last_tick_ns.load(Ordering::Acquire);
+        let counted = self.stalled_ns.load(Ordering::Acquire);
+        let overdue = Self::excess(self.now_ns().saturating_sub(last));
+        Duration::from_nanos(counted + overdue)
+    }
+}
+
 /// A disk whose reads and writes are timed (see the module doc).
 pub struct TimedDisk {
     inner: VolumeRef,
@@ -117,6 +214,8 @@ pub struct TimedDisk {
     timeouts: AtomicU64,
     /// Set by the first request that timed out: why the disk is failed.
     failed: OnceLock<String>,
+    /// The process's stall clock (a test's own).
+    stalls: Option<&'static StallClock>,
 }
 
 impl TimedDisk {
@@ -130,6 +229,7 @@ impl TimedDisk {
             name: String::new(),
             timeouts: AtomicU64::new(0),
             failed: OnceLock::new(),
+            stalls: None,
         }
     }
 
@@ -169,25 +269,40 @@ impl TimedDisk {
         if let Poll::Ready(r) = std::future::poll_fn(|cx| Poll::Ready(io.as_mut().poll(cx))).await {
             return r;
         }
-        match tokio::time::timeout(limit, io).await {
-            Ok(r) => r,
-            Err(_) => {
-                self.timeouts.fetch_add(1, Ordering::Relaxed);
-                let why = format!(
-                    "a {what} at lba {lba} had no answer in {:.1} s",
-                    limit.as_secs_f64()
-                );
-                if self.failed.set(why.clone()).is_ok() {
-                    tracing::error!(disk = %self.name, "disk stopped answering ({why}): \
-                        taken as failed, every further request to it fails until the \
-                        node opens it again");
-                }
-                Err(BlockError::Io(io::Error::new(
-                    io::ErrorKind::TimedOut,
-                    format!("disk {}: {why}", self.name),
-                )))
+        // the time this process did not run (stopped, paused, starved) is
+        // not the disk's: the deadline moves by what of it fell in the wait
+        let clock = self.stalls.unwrap_or_else(StallClock::get);
+        let stalled_before = clock.counted();
+        let mut wait = limit;
+        let mut forgiven = Duration::ZERO;
+        loop {
+            if let Ok(r) = tokio::time::timeout(wait, io.as_mut()).await {
+                return r;
             }
+            let owed = clock
+                .stalled()
+                .saturating_sub(stalled_before)
+                .saturating_sub(forgiven);
+            if owed.is_zero() {
+                break;
+            }
+            forgiven += owed;
+            wait = owed;
         }
+        self.timeouts.fetch_add(1, Ordering::Relaxed);
+        let why = format!(
+            "a {what} at lba {lba} had no answer in {:.1} s",
+            limit.as_secs_f64()
+        );
+        if self.failed.set(why.clone()).is_ok() {
+            tracing::error!(disk = %self.name, "disk stopped answering ({why}): \
+                taken as failed, every further request to it fails until the \
+                node opens it again");
+        }
+        Err(BlockError::Io(io::Error::new(
+            io::ErrorKind::TimedOut,
+            format!("disk {}: {why}", self.name),
+        )))
     }
 
     /// The counters so far.
@@ -388,5 +503,71 @@ mod tests {
         let waited = tokio::time::timeout(Duration::from_secs(3600), untimed.read(0, 1)).await;
         assert!(waited.is_err(), "an untimed disk gave up");
         assert_eq!(untimed.timing().timeouts, 0);
+    }
+
+    /// A disk that answers every request after `delay`.
+    struct Slow {
+        mem: block::MemVolume,
+        delay: Duration,
+    }
+
+    #[async_trait]
+    impl Volume for Slow {
+        fn geometry(&self) -> Geometry {
+            self.mem.geometry()
+        }
+        async fn read(&self, lba: u64, blocks: u32) -> BlockResult<Bytes> {
+            tokio::time::sleep(self.delay).await;
+            self.mem.read(lba, blocks).await
+        }
+        async fn write(&self, lba: u64, data: Bytes, fua: bool) -> BlockResult<()> {
+            tokio::time::sleep(self.delay).await;
+            self.mem.write(lba, data, fua).await
+        }
+        async fn flush(&self) -> BlockResult<()> {
+            self.mem.flush().await
+        }
+        async fn discard(&self, lba: u64, blocks: u64) -> BlockResult<()> {
+            self.mem.discard(lba, blocks).await
+        }
+    }
+
+    /// A request answered after one and a half timeouts, while the process
+    /// did not run for a whole timeout of its wait (the stall clock says so),
+    /// is taken: the disk had half a timeout of the process's time. Without
+    /// the stall, the same request fails the disk at the timeout.
+    #[tokio::test(start_paused = true)]
+    async fn the_time_the_process_did_not_run_is_not_held_against_the_disk() {
+        let limit = Duration::from_secs(20);
+        for stalled in [true, false] {
+            let clock: &'static StallClock = Box::leak(Box::new(StallClock::unticked()));
+            let slow = Arc::new(Slow {
+                mem: block::MemVolume::new_thick(512, 8),
+                delay: limit * 3 / 2,
+            });
+            let d = TimedDisk {
+                stalls: Some(clock),
+                ..TimedDisk::with_timeout(slow, "d0", limit)
+            };
+            let stall = async {
+                if stalled {
+                    tokio::time::sleep(limit / 2).await;
+                    clock
+                        .stalled_ns
+                        .fetch_add(limit.as_nanos() as u64, Ordering::AcqRel);
+                }
+            };
+            let t = tokio::time::Instant::now();
+            let (r, ()) = tokio::join!(d.read(1, 1), stall);
+            if stalled {
+                r.unwrap();
+                assert_eq!(t.elapsed(), limit * 3 / 2);
+                assert_eq!(d.timing().timeouts, 0);
+            } else {
+                assert!(r.is_err());
+                assert_eq!(t.elapsed(), limit);
+                assert!(d.timing().failed.is_some());
+            }
+        }
     }
 }

@@ -162,3 +162,46 @@ fn a_pool_member_that_stops_answering_is_failed_and_the_lun_goes_on() {
         "the node did not stop cleanly after the thaw"
     );
 }
+
+/// A node that is itself stopped (SIGSTOP, as a paused virtual machine or a
+/// debugger stops it) for longer than its disks' command timeout, with
+/// requests in flight: on waking, the requests the disks answered meanwhile
+/// are taken, not timed out, and no disk is failed.
+#[test]
+fn a_node_stopped_past_its_disks_timeout_fails_no_disk() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = config_head_with(dir.path(), 2, "io_timeout_secs = 1\n")
+        + "[[pool]]\nname = \"p\"\nlevel = \"raid1\"\nmembers = [\"d0\", \"d1\"]\n"
+        + &format!("[[target]]\niqn = \"{IQN}\"\n[[target.lun]]\npool = \"p\"\n");
+    let cfg_path = dir.path().join("node.toml");
+    std::fs::write(&cfg_path, cfg).unwrap();
+    let node = start_config(dir.path(), &cfg_path);
+    let api = node.api.clone().expect("no API address in the banner");
+    let pid = node.child.as_ref().unwrap().id() as i32;
+    let state = dir.path().join("verify.json");
+    let bench = start_verified_writes(&node.url(0, 0), &state, "4k", 4, 6);
+    // in full swing: requests in flight at the disks when the node stops
+    unsafe { libc::kill(pid, libc::SIGSTOP) };
+    std::thread::sleep(std::time::Duration::from_secs(3));
+    unsafe { libc::kill(pid, libc::SIGCONT) };
+    let out = bench.wait_with_output().expect("bench");
+    assert!(out.status.success(), "the writes failed");
+    let p = pool_status(&api, "p");
+    assert!(
+        p["members"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|m| m["state"] == "active"),
+        "a disk was failed: {p}"
+    );
+    let metrics = scrape_metrics(&api, &dir.path().join("data"));
+    for d in ["\"d0\"", "\"d1\""] {
+        assert_eq!(
+            metric_sample(&metrics, "freesan_disk_io_timeouts_total{", d),
+            0.0,
+            "{metrics}"
+        );
+    }
+    assert_acknowledged_writes_intact(&node.url(0, 0), &state, "after the stop");
+}
