@@ -66,6 +66,9 @@ pub enum EventKind {
     NodeStarted,
     /// A pool member failed (I/O errors, missing, or failed by request).
     DiskFailed,
+    /// A disk did not answer a request within its command timeout and is
+    /// taken as failed (whatever holds it: pool, cache, LUN, nothing).
+    DiskStoppedAnswering,
     /// A pool lost more members than it can and stopped serving.
     PoolFailed,
     /// A hot spare took a failed member's place.

@@ -171,6 +171,8 @@ struct State {
     media_reported: BTreeMap<String, (u64, Instant)>,
     replicas: BTreeMap<String, ReplicaSeen>,
     lockouts: u64,
+    /// Disks said to have stopped answering.
+    disks_stopped: BTreeSet<String>,
 }
 
 #[derive(Clone)]
@@ -197,6 +199,12 @@ impl State {
                 standing_pool_events(&p, &mut out);
             }
             self.pools.insert(p.name.clone(), p);
+        }
+        // disks that stopped answering (failed for good: said once)
+        for (name, t) in src.pools.disk_timings() {
+            if let Some(e) = disk_stopped_answering(&name, &t, &mut self.disks_stopped) {
+                out.push(e);
+            }
         }
         // caches
         for c in src.pools.cache_health() {
@@ -580,6 +588,28 @@ fn cache_data_lost(name: &str, old: Option<u64>, lost: u64) -> Option<NewEvent> 
     ))
 }
 
+/// The event, once per disk, for disk `name` whose timing `t` says it
+/// stopped answering (`said`: the disks already reported).
+fn disk_stopped_answering(
+    name: &str,
+    t: &disk::DiskTiming,
+    said: &mut BTreeSet<String>,
+) -> Option<NewEvent> {
+    let why = t.failed.as_ref()?;
+    if !said.insert(name.to_string()) {
+        return None;
+    }
+    Some(NewEvent::new(
+        S::Critical,
+        K::DiskStoppedAnswering,
+        name.to_string(),
+        format!(
+            "disk {name} stopped answering ({why}): it is taken as failed, every request \
+             to it fails until the node restarts; its pool or cache goes on without it"
+        ),
+    ))
+}
+
 /// A pool as the first look finds it: what is already wrong (a member failed
 /// while the node was down, a pool that cannot serve, a rebuild resumed) is said
 /// once, so an operator hears of it even though no transition was seen.
@@ -772,7 +802,27 @@ fn cache_device_events(
 
 #[cfg(test)]
 mod tests {
-    use super::{cache_data_lost, cache_device_events, pool_events, standing_pool_events, K, S};
+    use super::{
+        cache_data_lost, cache_device_events, disk_stopped_answering, pool_events,
+        standing_pool_events, K, S,
+    };
+
+    #[test]
+    fn a_disk_that_stopped_answering_is_said_once() {
+        let mut said = std::collections::BTreeSet::new();
+        let ok = disk::DiskTiming::default();
+        assert!(disk_stopped_answering("d1", &ok, &mut said).is_none());
+        let hung = disk::DiskTiming {
+            timeouts: 1,
+            failed: Some("a write at lba 8 had no answer in 20.0 s".into()),
+            ..Default::default()
+        };
+        let e = disk_stopped_answering("d1", &hung, &mut said).expect("said");
+        assert_eq!((e.kind, e.severity), (K::DiskStoppedAnswering, S::Critical));
+        assert!(e.message.contains("lba 8"), "{}", e.message);
+        assert!(disk_stopped_answering("d1", &hung, &mut said).is_none());
+        assert!(disk_stopped_answering("d2", &hung, &mut said).is_some());
+    }
 
     #[test]
     fn cache_data_lost_is_said_when_it_grows_and_when_first_seen() {

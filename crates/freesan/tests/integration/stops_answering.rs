@@ -3,9 +3,11 @@
 //! (`fsfreeze`), so the kernel takes its writes and answers none, as a hung
 //! drive does. With `io_timeout_secs = 1` on that disk, verified random
 //! writes to the LUN go on (each one meeting the hung disk answers once its
-//! request times out), the pool is degraded with `d1` failed, `GET /disks`
-//! and the metrics say the disk stopped answering, and every acknowledged
-//! write reads back. After the thaw the node stops cleanly.
+//! request times out), the pool is degraded with `d1` failed, `GET /disks`,
+//! the metrics and a critical event say the disk stopped answering, and
+//! every acknowledged write reads back. After the thaw the node stops
+//! cleanly. And a node that is itself stopped past the timeout fails no
+//! disk.
 
 use crate::common;
 use common::*;
@@ -153,6 +155,9 @@ fn a_pool_member_that_stops_answering_is_failed_and_the_lun_goes_on() {
         metric_sample(&metrics, "freesan_disk_io_timeouts_total{", "\"d1\"") >= 1.0,
         "{metrics}"
     );
+    let ev = await_event(&api, |e| e["kind"] == "disk_stopped_answering");
+    assert_eq!(ev["severity"], "critical", "{ev}");
+    assert!(ev["message"].as_str().unwrap_or("").contains("d1"), "{ev}");
     assert_acknowledged_writes_intact(&node.url(0, 0), &state, "with d1 hung");
 
     // thawed, the requests the kernel held end and the node stops cleanly
