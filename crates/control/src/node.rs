@@ -127,6 +127,16 @@ impl api::Control for NodeControl {
         s["pools"] = serde_json::Value::Array(self.pools.statuses());
         s["caches"] = serde_json::Value::Array(self.pools.cache_statuses());
         s["replicas"] = serde_json::Value::Array(self.replicas());
+        // disks that stopped answering (failed for good, whatever holds them)
+        s["disks_stopped_answering"] = self
+            .pools
+            .disk_timings()
+            .into_iter()
+            .filter_map(|(name, t)| {
+                let why = t.failed?;
+                Some(serde_json::json!({"name": name, "why": why}))
+            })
+            .collect();
         // the node's SCSI traffic since start, summed over every LUN (what
         // `freesan status` turns into rates)
         let (mut rb, mut wb, mut ro, mut wo) = (0u64, 0u64, 0u64, 0u64);

@@ -56,7 +56,8 @@ pub fn run(api: SocketAddr, json: bool) -> Result<()> {
 }
 
 /// `ok`, or what is not: pools not optimal or with lost blocks, caches not
-/// ok or holding dirty data they cannot read, replicas not in sync.
+/// ok or holding dirty data they cannot read, disks that stopped answering,
+/// replicas not in sync.
 fn health(v: &Value) -> String {
     let mut bad = Vec::new();
     for p in v["pools"].as_array().into_iter().flatten() {
@@ -95,6 +96,16 @@ fn health(v: &Value) -> String {
                 n("unreadable_dirty_bytes") - n("lost_dirty_bytes")
             ));
         }
+    }
+    for d in v["disks_stopped_answering"]
+        .as_array()
+        .into_iter()
+        .flatten()
+    {
+        bad.push(format!(
+            "disk {} stopped answering and is failed",
+            d["name"].as_str().unwrap_or("?")
+        ));
     }
     for r in v["replicas"].as_array().into_iter().flatten() {
         let state = r["state"].as_str().unwrap_or("?");
@@ -275,6 +286,15 @@ mod tests {
         assert!(
             degraded.starts_with("ATTENTION: cache c degraded"),
             "{degraded}"
+        );
+    }
+
+    #[test]
+    fn a_disk_that_stopped_answering_needs_attention() {
+        assert_eq!(health(&json!({"disks_stopped_answering": []})), "ok");
+        assert_eq!(
+            health(&json!({"disks_stopped_answering": [{"name": "d1", "why": "x"}]})),
+            "ATTENTION: disk d1 stopped answering and is failed"
         );
     }
 }

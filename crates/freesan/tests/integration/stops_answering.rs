@@ -150,6 +150,11 @@ fn a_pool_member_that_stops_answering_is_failed_and_the_lun_goes_on() {
     assert!(d1["timeouts"].as_u64().unwrap() >= 1, "{d1}");
     let (ok_list, list) = cli(&api, &["disk", "list"]);
     assert!(ok_list && list.contains("stopped answering"), "{list}");
+    let (ok_status, status) = cli(&api, &["status"]);
+    assert!(
+        ok_status && status.contains("disk d1 stopped answering"),
+        "{status}"
+    );
     let metrics = scrape_metrics(&api, &dir.path().join("data"));
     assert!(
         metric_sample(&metrics, "freesan_disk_io_timeouts_total{", "\"d1\"") >= 1.0,
