@@ -850,6 +850,7 @@ impl Objects {
                     "role": role,
                     "state": state,
                     "errors": timing.read_errors + timing.write_errors,
+                    "io_timeout_secs": d.io_timeout().map(|t| t.as_secs()),
                     "timeouts": timing.timeouts,
                     "stopped_answering": timing.failed,
                     "reads": timing.reads,

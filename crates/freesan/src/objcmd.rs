@@ -27,6 +27,10 @@ pub enum DiskCmd {
         /// Simulate a device with the timing of a 7200 rpm HDD or a SATA SSD.
         #[arg(long, value_parser = ["hdd", "ssd"])]
         sim: Option<String>,
+        /// Command timeout in seconds: a request with no answer in it fails
+        /// the disk (default 20; 0: wait as long as the disk does).
+        #[arg(long)]
+        io_timeout_secs: Option<u32>,
     },
     /// Every disk of the node, and whether it is free (in no pool and no LUN).
     List {
@@ -125,8 +129,12 @@ pub fn disk(api: SocketAddr, cmd: DiskCmd) -> Result<()> {
             size,
             path,
             sim,
+            io_timeout_secs,
         } => {
             let mut body = json!({ "name": name });
+            if let Some(t) = io_timeout_secs {
+                body["io_timeout_secs"] = json!(t);
+            }
             if let Some(s) = size {
                 body["size"] = json!(s);
             }

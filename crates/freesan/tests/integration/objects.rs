@@ -63,9 +63,21 @@ fn disks_pools_and_luns_created_at_run_time_serve_and_survive_a_restart() {
     let mut node = start_config(dir.path(), &cfg);
     let api = node.api.clone().expect("no API address in the banner");
 
-    for d in ["d0", "d1", "d2", "d3"] {
+    for d in ["d0", "d1", "d2"] {
         ok(&api, &["disk", "create", d, "--size", "64M"]);
     }
+    ok(
+        &api,
+        &[
+            "disk",
+            "create",
+            "d3",
+            "--size",
+            "64M",
+            "--io-timeout-secs",
+            "7",
+        ],
+    );
     refused(
         &api,
         &["disk", "create", "d0", "--size", "64M"],
@@ -131,6 +143,20 @@ fn disks_pools_and_luns_created_at_run_time_serve_and_survive_a_restart() {
     let out = ok(&api, &["pool", "status", "p"]);
     assert!(out.contains("raid5"), "{out}");
     assert_acknowledged_writes_intact(&node.url(0, 1), &state, "the LUN after a restart");
+    // and each disk with its command timeout
+    let disks: serde_json::Value =
+        serde_json::from_str(&ok(&api, &["disk", "list", "--json"])).expect("disk list JSON");
+    let timeout_of = |n: &str| {
+        disks
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|d| d["name"] == n)
+            .unwrap_or_else(|| panic!("no {n} in {disks}"))["io_timeout_secs"]
+            .clone()
+    };
+    assert_eq!(timeout_of("d3"), 7, "{disks}");
+    assert_eq!(timeout_of("d0"), 20, "{disks}");
 
     let listed = |portal: &str| {
         let (done, out) = run("iscsi-ls", &["-s", &format!("iscsi://{portal}")]);
