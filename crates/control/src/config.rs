@@ -268,7 +268,7 @@ pub struct DiskConfig {
     #[serde(default)]
     pub memory: bool,
     /// Command timeout in seconds: a read or write with no answer in this
-    /// time (a flush: three times it) fails the disk, so its pool or cache
+    /// time (a flush: ten times it) fails the disk, so its pool or cache
     /// goes on without it instead of waiting with it (default 20, below the
     /// initiators' 30 s; 0: wait as long as the disk does).
     #[serde(default)]

@@ -5,9 +5,10 @@
 //!
 //! **A disk that stops answering is failed.** With a command timeout
 //! ([`TimedDisk::with_timeout`]), a read or write that has no answer within
-//! it (a flush: [`FLUSH_TIMEOUT_FACTOR`] times it) fails with a `TimedOut`
-//! i/o error, and from then on every request fails at once: the disk is
-//! taken as failed until the node opens it again. A pool fails such a member
+//! it (a flush: [`FLUSH_TIMEOUT_FACTOR`] times it; a discard or zeroing: it
+//! plus its size at [`ZEROING_BYTES_PER_S`]) fails with a `TimedOut` i/o
+//! error, and from then on every request fails at once, those still waiting
+//! included: the disk is taken as failed until the node opens it again. A pool fails such a member
 //! and a cache such a device, as on any other device error, and go on
 //! without it (degraded), where before every request that touched the disk
 //! waited as long as the disk did, and with it the initiators, whose own
@@ -28,9 +29,10 @@
 //! a pool or cache that failed the disk rebuilds or resilvers whatever it
 //! puts back on it.
 //!
-//! What it does not do: change any request, or time discards and zeroing
-//! (how long they take depends on their size, and says little about the
-//! medium; a failed disk refuses them too).
+//! What it does not do: change any request; take a disk back that answers
+//! again (it is failed until the node opens it again); time a request that
+//! blocks the thread that makes it (an inline page-cache write, tried with
+//! RWF_NOWAIT, that still waits for a frozen file system).
 
 use async_trait::async_trait;
 use block::{BlockError, BlockResult, Bytes, Extent, Geometry, Provisioning, Volume, VolumeRef};
@@ -47,8 +49,14 @@ use std::time::{Duration, Instant};
 pub const IO_TIMEOUT_DEFAULT: Duration = Duration::from_secs(20);
 
 /// A flush may take this many command timeouts: it writes back whatever the
-/// device's (or a buffered file's) cache holds.
-pub const FLUSH_TIMEOUT_FACTOR: u32 = 3;
+/// device's (or a buffered file's page) cache holds, which on an HDD can
+/// take minutes. A disk that stopped answering is usually found by a read
+/// or write first, which ends the flush with it.
+pub const FLUSH_TIMEOUT_FACTOR: u32 = 10;
+
+/// A discard or zeroing may take the command timeout plus its size at this
+/// rate (10 MB/s: an SMR disk zeroing, a thin file punching holes).
+pub const ZEROING_BYTES_PER_S: u64 = 10_000_000;
 
 /// A snapshot of a disk's read and write counters since it was opened.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -214,6 +222,8 @@ pub struct TimedDisk {
     timeouts: AtomicU64,
     /// Set by the first request that timed out: why the disk is failed.
     failed: OnceLock<String>,
+    /// Woken when the disk is failed: the requests still waiting end then.
+    gone: tokio::sync::Notify,
     /// The process's stall clock (a test's own).
     stalls: Option<&'static StallClock>,
 }
@@ -229,6 +239,7 @@ impl TimedDisk {
             name: String::new(),
             timeouts: AtomicU64::new(0),
             failed: OnceLock::new(),
+            gone: tokio::sync::Notify::new(),
             stalls: None,
         }
     }
@@ -243,51 +254,74 @@ impl TimedDisk {
         }
     }
 
-    /// Runs `io` (a `what` at `lba`) within the command timeout times
-    /// `factor` (0: untimed); refuses it at once on a failed disk.
+    /// The error of a request refused because the disk is failed.
+    fn refused(&self, why: &str) -> BlockError {
+        BlockError::Io(io::Error::other(format!(
+            "disk {} is taken as failed: {why}",
+            self.name
+        )))
+    }
+
+    /// The time limit of a discard or zeroing of `blocks`: the command
+    /// timeout plus the time the blocks take at [`ZEROING_BYTES_PER_S`].
+    fn sized_limit(&self, blocks: u64) -> Option<Duration> {
+        let bytes = blocks.saturating_mul(self.inner.geometry().block_size_bytes.into());
+        self.limit
+            .map(|l| l + Duration::from_secs(bytes / ZEROING_BYTES_PER_S))
+    }
+
+    /// Runs `io` (a `what` at `lba`) within `limit` (`None`: no timeout);
+    /// refuses it at once on a failed disk, and ends it when another request
+    /// fails the disk meanwhile.
     async fn bounded<T>(
         &self,
         what: &str,
         lba: u64,
-        factor: u32,
+        limit: Option<Duration>,
         io: impl Future<Output = BlockResult<T>>,
     ) -> BlockResult<T> {
         if let Some(why) = self.failed.get() {
-            return Err(BlockError::Io(io::Error::other(format!(
-                "disk {} is taken as failed: {why}",
-                self.name
-            ))));
+            return Err(self.refused(why));
         }
-        // factor 0: refused when failed, never timed
-        let Some(limit) = self.limit.filter(|_| factor > 0) else {
+        let Some(limit) = limit else {
             return io.await;
         };
-        let limit = limit * factor;
         // a request answered at once (a page-cache hit done inline) needs no
         // timer: polled once first, timed only if it waits
         let mut io = std::pin::pin!(io);
         if let Poll::Ready(r) = std::future::poll_fn(|cx| Poll::Ready(io.as_mut().poll(cx))).await {
             return r;
         }
+        // told when another request fails the disk (registered before the
+        // last look, so no failure falls between the two)
+        let gone = self.gone.notified();
+        let mut gone = std::pin::pin!(gone);
+        gone.as_mut().enable();
+        if let Some(why) = self.failed.get() {
+            return Err(self.refused(why));
+        }
         // the time this process did not run (stopped, paused, starved) is
         // not the disk's: the deadline moves by what of it fell in the wait
         let clock = self.stalls.unwrap_or_else(StallClock::get);
         let stalled_before = clock.counted();
-        let mut wait = limit;
-        let mut forgiven = Duration::ZERO;
+        let start = tokio::time::Instant::now();
+        let mut deadline = start + limit;
         loop {
-            if let Ok(r) = tokio::time::timeout(wait, io.as_mut()).await {
-                return r;
+            tokio::select! {
+                biased;
+                r = io.as_mut() => return r,
+                () = gone.as_mut() => {
+                    let why = self.failed.get().map_or("", String::as_str);
+                    return Err(self.refused(why));
+                }
+                () = tokio::time::sleep_until(deadline) => {}
             }
-            let owed = clock
-                .stalled()
-                .saturating_sub(stalled_before)
-                .saturating_sub(forgiven);
-            if owed.is_zero() {
+            let forgiven = clock.stalled().saturating_sub(stalled_before);
+            let moved = start + limit + forgiven;
+            if moved <= tokio::time::Instant::now() {
                 break;
             }
-            forgiven += owed;
-            wait = owed;
+            deadline = moved;
         }
         self.timeouts.fetch_add(1, Ordering::Relaxed);
         let why = format!(
@@ -298,6 +332,7 @@ impl TimedDisk {
             tracing::error!(disk = %self.name, "disk stopped answering ({why}): \
                 taken as failed, every further request to it fails until the \
                 node opens it again");
+            self.gone.notify_waiters();
         }
         Err(BlockError::Io(io::Error::new(
             io::ErrorKind::TimedOut,
@@ -329,7 +364,7 @@ impl Volume for TimedDisk {
     async fn read(&self, lba: u64, blocks: u32) -> BlockResult<Bytes> {
         let t = Instant::now();
         let r = self
-            .bounded("read", lba, 1, self.inner.read(lba, blocks))
+            .bounded("read", lba, self.limit, self.inner.read(lba, blocks))
             .await;
         self.read.finish(t, r.is_err());
         r
@@ -337,22 +372,24 @@ impl Volume for TimedDisk {
     async fn write(&self, lba: u64, data: Bytes, fua: bool) -> BlockResult<()> {
         let t = Instant::now();
         let r = self
-            .bounded("write", lba, 1, self.inner.write(lba, data, fua))
+            .bounded("write", lba, self.limit, self.inner.write(lba, data, fua))
             .await;
         self.write.finish(t, r.is_err());
         r
     }
     async fn flush(&self) -> BlockResult<()> {
-        self.bounded("flush", 0, FLUSH_TIMEOUT_FACTOR, self.inner.flush())
-            .await
+        let limit = self.limit.map(|l| l * FLUSH_TIMEOUT_FACTOR);
+        self.bounded("flush", 0, limit, self.inner.flush()).await
     }
     async fn discard(&self, lba: u64, blocks: u64) -> BlockResult<()> {
-        self.bounded("discard", lba, 0, self.inner.discard(lba, blocks))
+        let limit = self.sized_limit(blocks);
+        self.bounded("discard", lba, limit, self.inner.discard(lba, blocks))
             .await
     }
     async fn write_zeroes(&self, lba: u64, blocks: u64, may_unmap: bool) -> BlockResult<()> {
         let io = self.inner.write_zeroes(lba, blocks, may_unmap);
-        self.bounded("zeroing", lba, 0, io).await
+        self.bounded("zeroing", lba, self.sized_limit(blocks), io)
+            .await
     }
     async fn compare_and_write(
         &self,
@@ -362,11 +399,11 @@ impl Volume for TimedDisk {
         fua: bool,
     ) -> BlockResult<Option<usize>> {
         let io = self.inner.compare_and_write(lba, compare, data, fua);
-        self.bounded("compare and write", lba, 1, io).await
+        self.bounded("compare and write", lba, self.limit, io).await
     }
     async fn block_status(&self, lba: u64, blocks: u64) -> BlockResult<Vec<Extent>> {
         let io = self.inner.block_status(lba, blocks);
-        self.bounded("block status", lba, 1, io).await
+        self.bounded("block status", lba, self.limit, io).await
     }
     fn provisioning(&self) -> Option<Provisioning> {
         self.inner.provisioning()
@@ -436,6 +473,15 @@ mod tests {
         }
     }
 
+    /// `d` with a stall clock of its own that nothing moves: a late tick of
+    /// the process's clock on a loaded machine must not move a deadline here.
+    fn unticked(d: TimedDisk) -> TimedDisk {
+        TimedDisk {
+            stalls: Some(Box::leak(Box::new(StallClock::unticked()))),
+            ..d
+        }
+    }
+
     fn hangs() -> Arc<Hangs> {
         Arc::new(Hangs {
             mem: block::MemVolume::new_thick(512, 8),
@@ -449,7 +495,7 @@ mod tests {
     async fn a_disk_that_stops_answering_fails_at_the_timeout_and_stays_failed() {
         let limit = Duration::from_secs(20);
         let h = hangs();
-        let d = TimedDisk::with_timeout(h.clone(), "d0", limit);
+        let d = unticked(TimedDisk::with_timeout(h.clone(), "d0", limit));
         // an answering disk is not touched by the timeout
         d.write(1, Bytes::from(vec![7u8; 512]), true).await.unwrap();
         assert_eq!(d.read(1, 1).await.unwrap()[0], 7);
@@ -486,14 +532,14 @@ mod tests {
         assert_eq!(d.timing().timeouts, 1);
     }
 
-    /// A flush may take three command timeouts; a disk without a timeout
-    /// waits as long as the disk does.
+    /// A flush may take [`FLUSH_TIMEOUT_FACTOR`] command timeouts; a disk
+    /// without a timeout waits as long as the disk does.
     #[tokio::test(start_paused = true)]
-    async fn a_flush_gets_three_timeouts_and_an_untimed_disk_waits() {
+    async fn a_flush_gets_its_factor_and_an_untimed_disk_waits() {
         let limit = Duration::from_secs(20);
         let h = hangs();
         h.hang.store(true, Ordering::Relaxed);
-        let d = TimedDisk::with_timeout(h.clone(), "d0", limit);
+        let d = unticked(TimedDisk::with_timeout(h.clone(), "d0", limit));
         let t = tokio::time::Instant::now();
         let e = d.flush().await.unwrap_err();
         assert_eq!(t.elapsed(), limit * FLUSH_TIMEOUT_FACTOR, "{e}");
@@ -503,6 +549,39 @@ mod tests {
         let waited = tokio::time::timeout(Duration::from_secs(3600), untimed.read(0, 1)).await;
         assert!(waited.is_err(), "an untimed disk gave up");
         assert_eq!(untimed.timing().timeouts, 0);
+    }
+
+    /// Requests still waiting when another one fails the disk end with it:
+    /// a flush (allowed ten timeouts) and a discard (allowed the timeout and
+    /// its size's time) waiting on a hung disk fail when a read times out.
+    #[tokio::test(start_paused = true)]
+    async fn requests_waiting_when_the_disk_fails_end_with_it() {
+        let limit = Duration::from_secs(20);
+        let h = hangs();
+        h.hang.store(true, Ordering::Relaxed);
+        let d = unticked(TimedDisk::with_timeout(h.clone(), "d0", limit));
+        let t = tokio::time::Instant::now();
+        let flushed = async {
+            let r = d.flush().await;
+            (r, t.elapsed())
+        };
+        let discarded = async {
+            // 512 GiB: allowed the timeout and 53 s more
+            let r = d.discard(0, 1 << 30).await;
+            (r, t.elapsed())
+        };
+        let read = async {
+            // a little later than the others
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            d.read(1, 1).await
+        };
+        let ((f, tf), (x, tx), r) = tokio::join!(flushed, discarded, read);
+        assert!(r.is_err());
+        for (e, took) in [(f.unwrap_err(), tf), (x.unwrap_err(), tx)] {
+            assert_eq!(took, limit + Duration::from_secs(1), "{e}");
+            assert!(e.to_string().contains("taken as failed"), "{e}");
+        }
+        assert_eq!(d.timing().timeouts, 1);
     }
 
     /// A disk that answers every request after `delay`.

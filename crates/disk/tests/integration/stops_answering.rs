@@ -85,6 +85,15 @@ impl Drop for Freezable {
     }
 }
 
+/// Thaws its file system when dropped.
+struct Thaw<'a>(&'a Freezable);
+
+impl Drop for Thaw<'_> {
+    fn drop(&mut self) {
+        self.0.thaw();
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_write_the_kernel_never_answers_fails_the_disk_at_the_timeout() {
     for engine in ENGINES {
@@ -108,6 +117,9 @@ async fn a_write_the_kernel_never_answers_fails_the_disk_at_the_timeout() {
         d.write(8, new.clone(), true).await.unwrap();
 
         fs.freeze();
+        // thawed before `d` and `file` are dropped, should an assertion
+        // fail: closing the volume waits for the write the kernel holds
+        let _thaw = Thaw(&fs);
         let late = Bytes::from(pattern(16, 8, bs, 6));
         let t = std::time::Instant::now();
         let e = tokio::time::timeout(Duration::from_secs(30), d.write(16, late.clone(), true))
