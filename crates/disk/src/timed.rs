@@ -7,8 +7,9 @@
 //! ([`TimedDisk::with_timeout`]), a read or write that has no answer within
 //! it (a flush: [`FLUSH_TIMEOUT_FACTOR`] times it; a discard or zeroing: it
 //! plus its size at [`ZEROING_BYTES_PER_S`]) fails with a `TimedOut` i/o
-//! error, and from then on every request fails at once, those still waiting
-//! included: the disk is taken as failed until the node opens it again. A pool fails such a member
+//! error, and from then on every request fails at once (a flush or discard
+//! still waiting too; a read or write still waiting at its own deadline):
+//! the disk is taken as failed until the node opens it again. A pool fails such a member
 //! and a cache such a device, as on any other device error, and go on
 //! without it (degraded), where before every request that touched the disk
 //! waited as long as the disk did, and with it the initiators, whose own
@@ -292,13 +293,19 @@ impl TimedDisk {
         if let Poll::Ready(r) = std::future::poll_fn(|cx| Poll::Ready(io.as_mut().poll(cx))).await {
             return r;
         }
-        // told when another request fails the disk (registered before the
-        // last look, so no failure falls between the two)
+        // a request allowed longer than the timeout (a flush, a discard) is
+        // told when another one fails the disk (registered before the last
+        // look, so no failure falls between the two); the others end at
+        // their own deadline, within a timeout of the failure, without
+        // taking the disk's shared waiter list's lock twice each
+        let long = self.limit.is_some_and(|l| limit > l);
         let gone = self.gone.notified();
         let mut gone = std::pin::pin!(gone);
-        gone.as_mut().enable();
-        if let Some(why) = self.failed.get() {
-            return Err(self.refused(why));
+        if long {
+            gone.as_mut().enable();
+            if let Some(why) = self.failed.get() {
+                return Err(self.refused(why));
+            }
         }
         // the time this process did not run (stopped, paused, starved) is
         // not the disk's: the deadline moves by what of it fell in the wait
@@ -310,11 +317,15 @@ impl TimedDisk {
             tokio::select! {
                 biased;
                 r = io.as_mut() => return r,
-                () = gone.as_mut() => {
+                () = gone.as_mut(), if long => {
                     let why = self.failed.get().map_or("", String::as_str);
                     return Err(self.refused(why));
                 }
                 () = tokio::time::sleep_until(deadline) => {}
+            }
+            if let Some(why) = self.failed.get() {
+                // failed meanwhile by another request
+                return Err(self.refused(why));
             }
             let forgiven = clock.stalled().saturating_sub(stalled_before);
             let moved = start + limit + forgiven;
@@ -553,7 +564,8 @@ mod tests {
 
     /// Requests still waiting when another one fails the disk end with it:
     /// a flush (allowed ten timeouts) and a discard (allowed the timeout and
-    /// its size's time) waiting on a hung disk fail when a read times out.
+    /// its size's time) waiting on a hung disk fail when a read times out; a
+    /// write allowed the timeout alone fails at its own deadline.
     #[tokio::test(start_paused = true)]
     async fn requests_waiting_when_the_disk_fails_end_with_it() {
         let limit = Duration::from_secs(20);
@@ -575,8 +587,18 @@ mod tests {
             tokio::time::sleep(Duration::from_secs(1)).await;
             d.read(1, 1).await
         };
-        let ((f, tf), (x, tx), r) = tokio::join!(flushed, discarded, read);
+        let second = async {
+            // sent before the first read fails the disk: it ends at its own
+            // deadline, refused, not counted as a timeout of its own
+            tokio::time::sleep(Duration::from_secs(5)).await;
+            let r = d.write(2, Bytes::from(vec![1u8; 512]), false).await;
+            (r, t.elapsed())
+        };
+        let ((f, tf), (x, tx), r, (w, tw)) = tokio::join!(flushed, discarded, read, second);
         assert!(r.is_err());
+        let e = w.unwrap_err();
+        assert_eq!(tw, limit + Duration::from_secs(5), "{e}");
+        assert!(e.to_string().contains("taken as failed"), "{e}");
         for (e, took) in [(f.unwrap_err(), tf), (x.unwrap_err(), tx)] {
             assert_eq!(took, limit + Duration::from_secs(1), "{e}");
             assert!(e.to_string().contains("taken as failed"), "{e}");
