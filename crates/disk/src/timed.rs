@@ -447,43 +447,6 @@ mod tests {
         assert_eq!(DiskTiming::default().read_latency_us(), 0.0);
     }
 
-    /// A disk that takes every request and answers none once `hang` is set.
-    struct Hangs {
-        mem: block::MemVolume,
-        hang: std::sync::atomic::AtomicBool,
-    }
-
-    impl Hangs {
-        async fn maybe(&self) {
-            if self.hang.load(Ordering::Relaxed) {
-                std::future::pending::<()>().await;
-            }
-        }
-    }
-
-    #[async_trait]
-    impl Volume for Hangs {
-        fn geometry(&self) -> Geometry {
-            self.mem.geometry()
-        }
-        async fn read(&self, lba: u64, blocks: u32) -> BlockResult<Bytes> {
-            self.maybe().await;
-            self.mem.read(lba, blocks).await
-        }
-        async fn write(&self, lba: u64, data: Bytes, fua: bool) -> BlockResult<()> {
-            self.maybe().await;
-            self.mem.write(lba, data, fua).await
-        }
-        async fn flush(&self) -> BlockResult<()> {
-            self.maybe().await;
-            self.mem.flush().await
-        }
-        async fn discard(&self, lba: u64, blocks: u64) -> BlockResult<()> {
-            self.maybe().await;
-            self.mem.discard(lba, blocks).await
-        }
-    }
-
     /// `d` with a stall clock of its own that nothing moves: a late tick of
     /// the process's clock on a loaded machine must not move a deadline here.
     fn unticked(d: TimedDisk) -> TimedDisk {
@@ -493,11 +456,23 @@ mod tests {
         }
     }
 
-    fn hangs() -> Arc<Hangs> {
-        Arc::new(Hangs {
-            mem: block::MemVolume::new_thick(512, 8),
-            hang: false.into(),
-        })
+    /// A disk that takes every request and answers none once its plan says
+    /// `hung`, and the memory under it.
+    struct Hangs {
+        mem: Arc<block::MemVolume>,
+        fault: Arc<block::FaultVolume>,
+    }
+
+    impl Hangs {
+        fn set(&self, hung: bool) {
+            self.fault.plan().lock().hung = hung;
+        }
+    }
+
+    fn hangs() -> Hangs {
+        let mem = Arc::new(block::MemVolume::new_thick(512, 8));
+        let fault = Arc::new(block::FaultVolume::new(mem.clone()));
+        Hangs { mem, fault }
     }
 
     /// A request with no answer fails at the command timeout and fails the
@@ -506,14 +481,14 @@ mod tests {
     async fn a_disk_that_stops_answering_fails_at_the_timeout_and_stays_failed() {
         let limit = Duration::from_secs(20);
         let h = hangs();
-        let d = unticked(TimedDisk::with_timeout(h.clone(), "d0", limit));
+        let d = unticked(TimedDisk::with_timeout(h.fault.clone(), "d0", limit));
         // an answering disk is not touched by the timeout
         d.write(1, Bytes::from(vec![7u8; 512]), true).await.unwrap();
         assert_eq!(d.read(1, 1).await.unwrap()[0], 7);
         d.flush().await.unwrap();
         assert_eq!(d.timing().timeouts, 0);
 
-        h.hang.store(true, Ordering::Relaxed);
+        h.set(true);
         let t = tokio::time::Instant::now();
         let e = d.read(1, 1).await.unwrap_err();
         assert_eq!(t.elapsed(), limit, "the read failed at the timeout");
@@ -526,7 +501,7 @@ mod tests {
         assert!(timing.failed.unwrap().contains("read at lba 1"));
 
         // failed: refused at once, even once the disk answers again
-        h.hang.store(false, Ordering::Relaxed);
+        h.set(false);
         let t = tokio::time::Instant::now();
         for e in [
             d.write(2, Bytes::from(vec![1u8; 512]), false)
@@ -549,14 +524,14 @@ mod tests {
     async fn a_flush_gets_its_factor_and_an_untimed_disk_waits() {
         let limit = Duration::from_secs(20);
         let h = hangs();
-        h.hang.store(true, Ordering::Relaxed);
-        let d = unticked(TimedDisk::with_timeout(h.clone(), "d0", limit));
+        h.set(true);
+        let d = unticked(TimedDisk::with_timeout(h.fault.clone(), "d0", limit));
         let t = tokio::time::Instant::now();
         let e = d.flush().await.unwrap_err();
         assert_eq!(t.elapsed(), limit * FLUSH_TIMEOUT_FACTOR, "{e}");
         assert!(e.to_string().contains("flush"), "{e}");
 
-        let untimed = TimedDisk::new(h.clone());
+        let untimed = TimedDisk::new(h.fault.clone());
         let waited = tokio::time::timeout(Duration::from_secs(3600), untimed.read(0, 1)).await;
         assert!(waited.is_err(), "an untimed disk gave up");
         assert_eq!(untimed.timing().timeouts, 0);
@@ -570,8 +545,8 @@ mod tests {
     async fn requests_waiting_when_the_disk_fails_end_with_it() {
         let limit = Duration::from_secs(20);
         let h = hangs();
-        h.hang.store(true, Ordering::Relaxed);
-        let d = unticked(TimedDisk::with_timeout(h.clone(), "d0", limit));
+        h.set(true);
+        let d = unticked(TimedDisk::with_timeout(h.fault.clone(), "d0", limit));
         let t = tokio::time::Instant::now();
         let flushed = async {
             let r = d.flush().await;
@@ -606,33 +581,6 @@ mod tests {
         assert_eq!(d.timing().timeouts, 1);
     }
 
-    /// A disk that answers every request after `delay`.
-    struct Slow {
-        mem: block::MemVolume,
-        delay: Duration,
-    }
-
-    #[async_trait]
-    impl Volume for Slow {
-        fn geometry(&self) -> Geometry {
-            self.mem.geometry()
-        }
-        async fn read(&self, lba: u64, blocks: u32) -> BlockResult<Bytes> {
-            tokio::time::sleep(self.delay).await;
-            self.mem.read(lba, blocks).await
-        }
-        async fn write(&self, lba: u64, data: Bytes, fua: bool) -> BlockResult<()> {
-            tokio::time::sleep(self.delay).await;
-            self.mem.write(lba, data, fua).await
-        }
-        async fn flush(&self) -> BlockResult<()> {
-            self.mem.flush().await
-        }
-        async fn discard(&self, lba: u64, blocks: u64) -> BlockResult<()> {
-            self.mem.discard(lba, blocks).await
-        }
-    }
-
     /// A request answered after one and a half timeouts, while the process
     /// did not run for a whole timeout of its wait (the stall clock says so),
     /// is taken: the disk had half a timeout of the process's time. Without
@@ -642,10 +590,9 @@ mod tests {
         let limit = Duration::from_secs(20);
         for stalled in [true, false] {
             let clock: &'static StallClock = Box::leak(Box::new(StallClock::unticked()));
-            let slow = Arc::new(Slow {
-                mem: block::MemVolume::new_thick(512, 8),
-                delay: limit * 3 / 2,
-            });
+            let delay = limit * 3 / 2;
+            let mem = Arc::new(block::MemVolume::new_thick(512, 8));
+            let slow = Arc::new(block::DelayVolume::new(mem, delay, delay));
             let d = TimedDisk {
                 stalls: Some(clock),
                 ..TimedDisk::with_timeout(slow, "d0", limit)
