@@ -595,16 +595,32 @@ impl Pool {
             return Err(RaidError::Config("no members".into()));
         }
         let mut found: Vec<(Member, Superblock)> = Vec::new();
+        let mut unreadable = None;
         for m in members {
-            let sb = superblock::read_best(&m.volume).await.map_err(|reason| {
-                RaidError::BadSuperblock {
-                    member: m.name.clone(),
-                    reason,
+            match superblock::read_best(&m.volume).await {
+                Ok(sb) => found.push((m, sb)),
+                // a disk that fails every read, or stopped answering (its
+                // command timeout): left out, as a disk that is not there
+                // is; the pool assembles without it if it can (before, the
+                // whole assemble was refused)
+                Err(superblock::NoSuperblock::Unreadable(reason)) => {
+                    tracing::warn!(member = %m.name, error = %reason,
+                        "a member's superblock cannot be read: assembling without it");
+                    unreadable = Some((m.name, reason));
                 }
-            })?;
-            found.push((m, sb));
+                Err(superblock::NoSuperblock::Invalid(reason)) => {
+                    return Err(RaidError::BadSuperblock {
+                        member: m.name.clone(),
+                        reason,
+                    })
+                }
+            }
         }
-        let pool_uuid = found[0].1.pool_uuid.clone();
+        let Some(first) = found.first() else {
+            let (member, reason) = unreadable.unwrap_or_default();
+            return Err(RaidError::BadSuperblock { member, reason });
+        };
+        let pool_uuid = first.1.pool_uuid.clone();
         if let Some((m, _)) = found.iter().find(|(_, sb)| sb.pool_uuid != pool_uuid) {
             return Err(RaidError::ForeignMember {
                 member: m.name.clone(),

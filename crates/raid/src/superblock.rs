@@ -348,12 +348,23 @@ fn best_of(slots: &[Result<Bytes, String>; 2], bs: u32) -> Result<Superblock, St
     best.ok_or(why)
 }
 
+/// Why a disk gives assembly no superblock.
+pub(crate) enum NoSuperblock {
+    /// Neither slot could be read at all: the disk fails or does not answer.
+    Unreadable(String),
+    /// What it holds is not a valid superblock of a member this size.
+    Invalid(String),
+}
+
 /// Reads both slots and returns the newest valid superblock.
-pub(crate) async fn read_best(volume: &VolumeRef) -> Result<Superblock, String> {
-    let slots = read_slots(volume)
-        .await
-        .ok_or("member smaller than the superblock region")?;
-    best_of(&slots, volume.geometry().block_size_bytes)
+pub(crate) async fn read_best(volume: &VolumeRef) -> Result<Superblock, NoSuperblock> {
+    let slots = read_slots(volume).await.ok_or(NoSuperblock::Invalid(
+        "member smaller than the superblock region".into(),
+    ))?;
+    if let [Err(e), Err(_)] = &slots {
+        return Err(NoSuperblock::Unreadable(e.clone()));
+    }
+    best_of(&slots, volume.geometry().block_size_bytes).map_err(NoSuperblock::Invalid)
 }
 
 /// What the superblock region of a disk holds.

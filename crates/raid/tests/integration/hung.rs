@@ -21,8 +21,13 @@ const LIMIT_OTHERS: Duration = Duration::from_secs(10);
 /// A pool of `level` whose members are `ms`, each behind a command timeout
 /// when `timed`, filled with a pattern (also written to the returned oracle).
 async fn pool_over(level: RaidLevel, ms: &[TestMember], timed: bool) -> (Pool, MemVolume) {
-    let members = ms
-        .iter()
+    create_filled(level, members_over(ms, timed), 5).await
+}
+
+/// `ms` as pool members, each behind a command timeout of its own when
+/// `timed` (member 1's short).
+fn members_over(ms: &[TestMember], timed: bool) -> Vec<Member> {
+    ms.iter()
         .enumerate()
         .map(|(i, m)| {
             let name = format!("m{i}");
@@ -35,8 +40,33 @@ async fn pool_over(level: RaidLevel, ms: &[TestMember], timed: bool) -> (Pool, M
             };
             Member::new(name, v)
         })
+        .collect()
+}
+
+/// A pool assembled (a node starting) while a member hangs: behind the
+/// command timeout the assemble finds that member missing and the pool
+/// serves degraded, every block as it was.
+#[tokio::test]
+async fn an_assemble_that_meets_a_hung_member_goes_on_without_it() {
+    let level = RaidLevel::Raid5;
+    let ms: Vec<TestMember> = (0..members_for(level))
+        .map(|_| member(MEMBER_BLOCKS))
         .collect();
-    create_filled(level, members, 5).await
+    let (pool, oracle) = pool_over(level, &ms, false).await;
+    pool.flush().await.unwrap();
+    drop(pool);
+    ms[1].plan.lock().hung = true;
+    let pool = tokio::time::timeout(
+        Duration::from_secs(30),
+        Pool::assemble(members_over(&ms, true), false),
+    )
+    .await
+    .expect("the assemble waited with its hung member")
+    .expect("assemble");
+    let st = pool.status();
+    assert_eq!(st.state, PoolState::Degraded, "{st:?}");
+    assert_ne!(st.members[1].state, MemberState::Active, "{st:?}");
+    check_all(&pool, &oracle).await;
 }
 
 /// Small and large writes over the whole pool, and a flush, while member 1
