@@ -26,7 +26,9 @@ pub struct FaultPlan {
     /// remaps a sector it is written.
     pub remap_on_write: bool,
     /// The device stopped answering: every operation that starts while this
-    /// is set is taken and never answered (before any other fault applies).
+    /// is set is taken and not answered (before any other fault applies)
+    /// until [`FaultVolume::set_hung`] clears it (a stall that ends); cleared
+    /// here directly, they are never answered.
     pub hung: bool,
 }
 
@@ -34,6 +36,8 @@ pub struct FaultPlan {
 pub struct FaultVolume {
     inner: VolumeRef,
     plan: Arc<Mutex<FaultPlan>>,
+    /// Woken when [`FaultVolume::set_hung`] ends a stall.
+    unhung: tokio::sync::Notify,
 }
 
 fn overlaps(ranges: &[Range<u64>], lba: u64, blocks: u64) -> Option<u64> {
@@ -55,6 +59,7 @@ impl FaultVolume {
         FaultVolume {
             inner,
             plan: Arc::new(Mutex::new(FaultPlan::default())),
+            unhung: tokio::sync::Notify::new(),
         }
     }
 
@@ -63,11 +68,29 @@ impl FaultVolume {
         self.plan.clone()
     }
 
-    /// Never returns while the plan says the device is hung.
+    /// Makes the device stop answering (`true`), or answer again (`false`:
+    /// the operations taken meanwhile go on).
+    pub fn set_hung(&self, hung: bool) {
+        self.plan.lock().hung = hung;
+        if !hung {
+            self.unhung.notify_waiters();
+        }
+    }
+
+    /// Waits while the plan says the device is hung: until [`FaultVolume::set_hung`]
+    /// clears it, or for ever.
     async fn answers(&self) {
-        let hung = self.plan.lock().hung;
-        if hung {
-            std::future::pending::<()>().await;
+        if !self.plan.lock().hung {
+            return;
+        }
+        loop {
+            let woken = self.unhung.notified();
+            let mut woken = std::pin::pin!(woken);
+            woken.as_mut().enable();
+            if !self.plan.lock().hung {
+                return;
+            }
+            woken.await;
         }
     }
 }

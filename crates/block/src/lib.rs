@@ -315,6 +315,14 @@ pub trait Volume: Send + Sync + 'static {
         Err(BlockError::NotSupported("growing this kind of volume"))
     }
 
+    /// Names who to ask before this device gives itself up on a command
+    /// timeout (see [`Keeper`]): the pool or cache it serves, which knows
+    /// whether losing it costs redundancy only or the data. A device without
+    /// a timeout ignores it (the default); a later call replaces the keeper.
+    fn keep_with(&self, keeper: Arc<dyn Keeper>) {
+        let _ = keeper;
+    }
+
     /// Shrinks the volume to `block_count` blocks, cutting off what lies beyond.
     /// Only for a volume nobody addresses beyond that point any more (the caller
     /// makes sure: an unmapped LUN). Refused by volumes that cannot shrink (the
@@ -323,6 +331,47 @@ pub trait Volume: Send + Sync + 'static {
         let _ = block_count;
         Err(BlockError::NotSupported("shrinking this kind of volume"))
     }
+}
+
+/// What a device that stopped answering asks before it gives itself up
+/// (fails every request from then on): whether the volume it serves can do
+/// without it. A pool member that holds the pool's last redundancy, or whose
+/// siblings have stopped answering as well (a stall they share: a controller
+/// resetting, a path failing over), is better waited for: failing it would
+/// fail the pool, or cost redundancy the stall's end would have kept.
+#[async_trait]
+pub trait Keeper: Send + Sync {
+    /// A request to the device has had no answer within its command timeout
+    /// `limit`. True if the device may be given up now; false to wait one
+    /// more `limit` and ask again. May take up to `limit / 2` to find out
+    /// (it may ask the device's siblings); the device's own answer ends the
+    /// question.
+    async fn may_give_up(&self, limit: std::time::Duration) -> bool;
+}
+
+/// True if any of `devices` answers a one-block read within `within`: what
+/// a [`Keeper`] asks a silent device's siblings, to tell a device that
+/// stopped answering alone from a stall they share. Each reads a block of
+/// its own, at random, so that a cache above a device (a disk file's page
+/// cache) is unlikely to answer for it; the reads still out at the end are
+/// dropped.
+pub async fn any_answers(devices: Vec<VolumeRef>, within: std::time::Duration) -> bool {
+    let mut probes = tokio::task::JoinSet::new();
+    for v in devices {
+        probes.spawn(async move {
+            let lba = rand::random::<u64>() % v.geometry().block_count.max(1);
+            v.read(lba, 1).await.is_ok()
+        });
+    }
+    let first = async {
+        while let Some(answered) = probes.join_next().await {
+            if matches!(answered, Ok(true)) {
+                return true;
+            }
+        }
+        false
+    };
+    tokio::time::timeout(within, first).await.unwrap_or(false)
 }
 
 /// Byte offset of the first difference between two buffers over their common

@@ -34,5 +34,7 @@ pub use sim::{
     HddModel, HddParams, SimClock, SimDisk, SimDiskConfig, SimModel, SsdModel, SsdParams,
 };
 pub use stats::FileStats;
-pub use timed::{DiskTiming, TimedDisk, FLUSH_TIMEOUT_FACTOR, IO_TIMEOUT_DEFAULT};
+pub use timed::{
+    DiskTiming, TimedDisk, FLUSH_TIMEOUT_FACTOR, IO_TIMEOUT_DEFAULT, KEEP_TIMEOUT_FACTOR,
+};
 pub use volume::{DiskIoError, FileVolume};

@@ -17,6 +17,15 @@
 //! sessions. That is what a hardware RAID controller does with a disk past
 //! its command timeout.
 //!
+//! **Unless its pool cannot do without it.** Before it gives itself up,
+//! the disk asks its keeper ([`block::Keeper`], set by the pool it serves):
+//! a pool member whose loss would fail the pool (its last redundancy), or
+//! whose siblings have stopped answering too (a stall they share: a
+//! controller resetting, a path failing over), is waited for one more
+//! timeout at a time, up to [`KEEP_TIMEOUT_FACTOR`] timeouts in all; the
+//! stall's end then costs nothing, where failing the members one after the
+//! other would have failed the pool. Past that the disk is taken as dead.
+//!
 //! Time the process itself did not run (stopped, its virtual machine paused,
 //! the machine starving it) is not held against the disk: a stall clock
 //! ([`StallClock`]) moves each deadline by the stall within its wait, or a
@@ -36,13 +45,20 @@
 //! RWF_NOWAIT, that still waits for a frozen file system).
 
 use async_trait::async_trait;
-use block::{BlockError, BlockResult, Bytes, Extent, Geometry, Provisioning, Volume, VolumeRef};
+use block::{
+    BlockError, BlockResult, Bytes, Extent, Geometry, Keeper, Provisioning, Volume, VolumeRef,
+};
 use std::future::Future;
 use std::io;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::OnceLock;
+use std::sync::{Arc, OnceLock};
 use std::task::Poll;
 use std::time::{Duration, Instant};
+
+/// A request a keeper holds on to (see [`block::Keeper`]) is given up after
+/// this many command timeouts all the same, the disk with it: a stall that
+/// long is taken as a disk that died, and the initiators get an answer.
+pub const KEEP_TIMEOUT_FACTOR: u32 = 10;
 
 /// A disk's command timeout when its configuration names none: below the
 /// 30 s after which Linux initiators abort a command and begin resetting,
@@ -78,6 +94,9 @@ pub struct DiskTiming {
     /// Requests that had no answer within the command timeout (counted in
     /// the errors as well; a flush's in none of the others).
     pub timeouts: u64,
+    /// Times a request past its command timeout was waited for one more
+    /// timeout because the disk's keeper (its pool) could not do without it.
+    pub held: u64,
     /// Why the disk is taken as failed (it stopped answering), if it is.
     pub failed: Option<String>,
 }
@@ -221,6 +240,9 @@ pub struct TimedDisk {
     /// The name log lines give the disk.
     name: String,
     timeouts: AtomicU64,
+    held: AtomicU64,
+    /// Who to ask before the disk gives itself up (its pool).
+    keeper: parking_lot::Mutex<Option<Arc<dyn Keeper>>>,
     /// Set by the first request that timed out: why the disk is failed.
     failed: OnceLock<String>,
     /// Woken when the disk is failed: the requests still waiting end then.
@@ -239,6 +261,8 @@ impl TimedDisk {
             limit: None,
             name: String::new(),
             timeouts: AtomicU64::new(0),
+            held: AtomicU64::new(0),
+            keeper: parking_lot::Mutex::new(None),
             failed: OnceLock::new(),
             gone: tokio::sync::Notify::new(),
             stalls: None,
@@ -310,9 +334,10 @@ impl TimedDisk {
         // the time this process did not run (stopped, paused, starved) is
         // not the disk's: the deadline moves by what of it fell in the wait
         let clock = self.stalls.unwrap_or_else(StallClock::get);
-        let stalled_before = clock.counted();
-        let start = tokio::time::Instant::now();
+        let mut stalled_before = clock.counted();
+        let mut start = tokio::time::Instant::now();
         let mut deadline = start + limit;
+        let mut held = 0;
         loop {
             tokio::select! {
                 biased;
@@ -329,15 +354,44 @@ impl TimedDisk {
             }
             let forgiven = clock.stalled().saturating_sub(stalled_before);
             let moved = start + limit + forgiven;
-            if moved <= tokio::time::Instant::now() {
+            if moved > tokio::time::Instant::now() {
+                deadline = moved;
+                continue;
+            }
+            // out of time: the keeper (the pool) may not be able to do
+            // without the disk; the disk's own answer ends the question
+            let keeper = self.keeper.lock().clone();
+            let Some(keeper) = keeper.filter(|_| held + 1 < KEEP_TIMEOUT_FACTOR) else {
+                break;
+            };
+            let give_up = tokio::select! {
+                biased;
+                r = io.as_mut() => return r,
+                () = gone.as_mut(), if long => {
+                    let why = self.failed.get().map_or("", String::as_str);
+                    return Err(self.refused(why));
+                }
+                v = keeper.may_give_up(limit) => v,
+            };
+            if give_up {
                 break;
             }
-            deadline = moved;
+            if let Some(why) = self.failed.get() {
+                return Err(self.refused(why));
+            }
+            held += 1;
+            self.held.fetch_add(1, Ordering::Relaxed);
+            tracing::warn!(disk = %self.name, "a {what} at lba {lba} has had no answer \
+                in {:.1} s; waited for, as its pool cannot do without the disk now",
+                limit.as_secs_f64() * f64::from(held));
+            stalled_before = clock.counted();
+            start = tokio::time::Instant::now();
+            deadline = start + limit;
         }
         self.timeouts.fetch_add(1, Ordering::Relaxed);
         let why = format!(
             "a {what} at lba {lba} had no answer in {:.1} s",
-            limit.as_secs_f64()
+            limit.as_secs_f64() * f64::from(held + 1)
         );
         if self.failed.set(why.clone()).is_ok() {
             tracing::error!(disk = %self.name, "disk stopped answering ({why}): \
@@ -362,6 +416,7 @@ impl TimedDisk {
             read_latency_sum_ns: get(&self.read.latency_sum_ns),
             write_latency_sum_ns: get(&self.write.latency_sum_ns),
             timeouts: get(&self.timeouts),
+            held: get(&self.held),
             failed: self.failed.get().cloned(),
         }
     }
@@ -425,6 +480,9 @@ impl Volume for TimedDisk {
     async fn shrink(&self, block_count: u64) -> BlockResult<()> {
         self.inner.shrink(block_count).await
     }
+    fn keep_with(&self, keeper: Arc<dyn Keeper>) {
+        *self.keeper.lock() = Some(keeper);
+    }
 }
 
 #[cfg(test)]
@@ -465,7 +523,7 @@ mod tests {
 
     impl Hangs {
         fn set(&self, hung: bool) {
-            self.fault.plan().lock().hung = hung;
+            self.fault.set_hung(hung);
         }
     }
 
@@ -473,6 +531,60 @@ mod tests {
         let mem = Arc::new(block::MemVolume::new_thick(512, 8));
         let fault = Arc::new(block::FaultVolume::new(mem.clone()));
         Hangs { mem, fault }
+    }
+
+    /// A keeper that cannot do without its disk: asked at every timeout,
+    /// it says wait.
+    #[derive(Default)]
+    struct Cannot {
+        asked: AtomicU64,
+    }
+
+    #[async_trait]
+    impl Keeper for Cannot {
+        async fn may_give_up(&self, _limit: Duration) -> bool {
+            self.asked.fetch_add(1, Ordering::Relaxed);
+            false
+        }
+    }
+
+    /// A disk its keeper (its pool) cannot do without is waited for past
+    /// the timeout, one timeout at a time: answering again, it is not
+    /// failed; silent for good, it is given up after
+    /// [`KEEP_TIMEOUT_FACTOR`] timeouts all the same.
+    #[tokio::test(start_paused = true)]
+    async fn a_disk_its_keeper_cannot_do_without_is_waited_for_up_to_the_keep_limit() {
+        let limit = Duration::from_secs(20);
+        let h = hangs();
+        let d = unticked(TimedDisk::with_timeout(h.fault.clone(), "d0", limit));
+        let keeper = Arc::new(Cannot::default());
+        d.keep_with(keeper.clone());
+        h.set(true);
+        let answers_again = async {
+            tokio::time::sleep(limit * 7 / 2).await;
+            h.set(false);
+        };
+        let (r, ()) = tokio::join!(d.read(1, 1), answers_again);
+        r.expect("the read answered after three and a half timeouts");
+        let t = d.timing();
+        assert_eq!((t.timeouts, t.held, t.failed), (0, 3, None));
+        assert_eq!(keeper.asked.load(Ordering::Relaxed), 3);
+        d.write(1, Bytes::from(vec![3u8; 512]), false)
+            .await
+            .unwrap();
+
+        h.set(true);
+        let at = tokio::time::Instant::now();
+        let e = d.write(2, Bytes::from(vec![4u8; 512]), false).await;
+        assert_eq!(at.elapsed(), limit * KEEP_TIMEOUT_FACTOR, "{e:?}");
+        let t = d.timing();
+        assert_eq!(
+            (t.timeouts, t.held),
+            (1, 3 + u64::from(KEEP_TIMEOUT_FACTOR) - 1)
+        );
+        assert!(t.failed.unwrap().contains("no answer in 200.0 s"));
+        h.set(false);
+        assert!(d.read(1, 1).await.is_err(), "failed for good");
     }
 
     /// A request with no answer fails at the command timeout and fails the

@@ -34,6 +34,7 @@ mod grow;
 mod io;
 mod jdev;
 mod journal;
+mod keep;
 pub mod layout;
 mod lost;
 mod meter;

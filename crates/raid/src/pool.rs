@@ -551,6 +551,7 @@ impl Pool {
         let pool = Pool {
             inner: Arc::new(inner),
         };
+        pool.inner.keep_members();
         pool.inner
             .persist()
             .await
@@ -940,6 +941,7 @@ impl Pool {
         let pool = Pool {
             inner: Arc::new(inner),
         };
+        pool.inner.keep_members();
         pool.inner
             .persist()
             .await
@@ -1007,6 +1009,7 @@ impl Pool {
             slot.durable_cp_stripes = 0;
             st.generation += 1;
         }
+        self.inner.keep_members();
         self.inner
             .persist()
             .await
@@ -1041,6 +1044,7 @@ impl Pool {
             st.spares.push(MemberHandle::new(member, new_uuid()));
             st.generation += 1;
         }
+        self.inner.keep_members();
         self.inner.pull_spares();
         self.inner
             .persist()
@@ -1426,19 +1430,20 @@ impl Inner {
     /// rebuild has failed; it used to go on, acknowledging writes above the
     /// checkpoint that no read could return).
     pub fn is_failed(&self) -> bool {
-        let missing: Vec<bool> = {
-            let st = self.state.lock();
-            let stripes = self.stripes();
-            st.slots
-                .iter()
-                .map(|s| match s.state {
-                    MemberState::Active => false,
-                    MemberState::Rebuilding => s.rebuild_cp_stripes < stripes,
-                    _ => true,
-                })
-                .collect()
-        };
+        let missing = Self::missing(&self.state.lock(), self.stripes());
         !survives(self.layout.as_ref(), &missing)
+    }
+
+    /// Which positions count as gone (see [`Inner::is_failed`]).
+    pub(crate) fn missing(st: &State, stripes: u64) -> Vec<bool> {
+        st.slots
+            .iter()
+            .map(|s| match s.state {
+                MemberState::Active => false,
+                MemberState::Rebuilding => s.rebuild_cp_stripes < stripes,
+                _ => true,
+            })
+            .collect()
     }
 
     /// A snapshot of which members may be read and written; an error when the pool

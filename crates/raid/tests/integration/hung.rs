@@ -142,3 +142,181 @@ async fn without_the_command_timeout_the_pool_waits_with_a_hung_member() {
     );
     assert_eq!(pool.status().members[1].state, MemberState::Active);
 }
+
+/// A pool of `level` over fresh members, each behind the same short command
+/// timeout, filled with a pattern: the members' fault layers, the timed
+/// disks to watch, the pool and its oracle.
+struct TimedPool {
+    ms: Vec<TestMember>,
+    disks: Vec<Arc<disk::TimedDisk>>,
+    pool: Arc<Pool>,
+    oracle: Arc<MemVolume>,
+}
+
+async fn timed_pool(level: RaidLevel) -> TimedPool {
+    let ms: Vec<TestMember> = (0..members_for(level))
+        .map(|_| member(MEMBER_BLOCKS))
+        .collect();
+    let (members, disks) = all_timed(&ms);
+    let (pool, oracle) = create_filled(level, members, 5).await;
+    TimedPool {
+        ms,
+        disks,
+        pool: Arc::new(pool),
+        oracle: Arc::new(oracle),
+    }
+}
+
+/// `ms` as pool members, each behind the same short command timeout, with
+/// the timed disks to watch.
+fn all_timed(ms: &[TestMember]) -> (Vec<Member>, Vec<Arc<disk::TimedDisk>>) {
+    let disks: Vec<_> = (0..ms.len())
+        .map(|i| {
+            let v = ms[i].fault.clone() as VolumeRef;
+            Arc::new(disk::TimedDisk::with_timeout(v, &format!("m{i}"), LIMIT))
+        })
+        .collect();
+    let members = disks
+        .iter()
+        .enumerate()
+        .map(|(i, d)| Member::new(format!("m{i}"), d.clone() as VolumeRef))
+        .collect();
+    (members, disks)
+}
+
+/// Waits until `what` holds (a counter the disks move), for at most 30 s.
+async fn until(what: &str, holds: impl Fn() -> bool) {
+    let t = std::time::Instant::now();
+    while !holds() {
+        assert!(t.elapsed() < Duration::from_secs(30), "never: {what}");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+/// Writes a pattern over the first `n` blocks from a task of its own, for
+/// the oracle too once it answered.
+fn write_behind(
+    pool: &Arc<Pool>,
+    oracle: &Arc<MemVolume>,
+    seed: u64,
+    n: u64,
+) -> tokio::task::JoinHandle<block::BlockResult<()>> {
+    let (pool, oracle) = (pool.clone(), oracle.clone());
+    tokio::spawn(async move {
+        let d = pattern(seed, n);
+        pool.write(0, d.clone(), false).await?;
+        oracle.write(0, d, false).await
+    })
+}
+
+/// Every member stops answering at once, for several command timeouts (a
+/// controller resetting, the path to every disk failing over): each one's
+/// keeper finds the others silent too and waits, so when the stall ends
+/// the writes in flight answer and the pool is whole. Without the keeper
+/// the members were failed one after the other and the pool with them.
+#[tokio::test]
+async fn a_stall_every_member_shares_is_waited_out() {
+    for level in [RaidLevel::Raid1, RaidLevel::Raid5, RaidLevel::Raid6] {
+        let TimedPool {
+            ms,
+            disks,
+            pool,
+            oracle,
+        } = timed_pool(level).await;
+        for m in &ms {
+            m.fault.set_hung(true);
+        }
+        let stripe = CHUNK as u64 / BS as u64 * 2;
+        let w = write_behind(&pool, &oracle, 77, stripe);
+        // a member with a request out (the journal's copies, say) waited
+        // out a timeout (its keeper asked, the others probed and found
+        // silent); the stall goes on two more
+        until("a member held", || {
+            disks.iter().any(|d| d.timing().held >= 1)
+        })
+        .await;
+        tokio::time::sleep(LIMIT * 2).await;
+        for m in &ms {
+            m.fault.set_hung(false);
+        }
+        let r = w.await.unwrap();
+        let timings: Vec<_> = disks.iter().map(|d| d.timing()).collect();
+        r.unwrap_or_else(|e| {
+            panic!("{level:?}: the write in flight over the stall: {e}: {timings:?}")
+        });
+        let st = pool.status();
+        assert!(
+            st.members.iter().all(|m| m.state == MemberState::Active),
+            "{level:?}: {st:?}"
+        );
+        assert!(
+            !matches!(st.state, PoolState::Degraded | PoolState::Failed),
+            "{level:?}: {st:?}"
+        );
+        for d in &disks {
+            let t = d.timing();
+            assert_eq!((t.timeouts, t.failed), (0, None), "{level:?}");
+        }
+        check_all(pool.as_ref(), oracle.as_ref()).await;
+    }
+}
+
+/// A parity pool that lost a member loses the data with any other one: a
+/// second member that stops answering is waited for, not failed, and the
+/// pool goes on when it answers again. Silent for
+/// `disk::KEEP_TIMEOUT_FACTOR` timeouts, it is taken as dead all the same,
+/// and the write answers (with an error, the pool failed) instead of
+/// waiting for ever.
+#[tokio::test]
+async fn the_last_redundancy_is_waited_for_then_given_up() {
+    let level = RaidLevel::Raid5;
+    let TimedPool {
+        ms,
+        disks,
+        pool,
+        oracle,
+    } = timed_pool(level).await;
+    let stripe = CHUNK as u64 / BS as u64 * (members_for(level) as u64 - 1);
+
+    // member 1 alone stops answering: the others answer, so it is failed
+    ms[1].fault.set_hung(true);
+    write_behind(&pool, &oracle, 81, stripe)
+        .await
+        .unwrap()
+        .expect("write with member 1 hung");
+    let st = pool.status();
+    assert_eq!(st.state, PoolState::Degraded, "{st:?}");
+    assert_eq!(st.members[1].state, MemberState::Failed);
+    assert!(disks[1].timing().failed.is_some());
+
+    // member 2 now holds the last redundancy: waited for, not failed
+    ms[2].fault.set_hung(true);
+    let w = write_behind(&pool, &oracle, 82, stripe);
+    until("member 2 held", || disks[2].timing().held >= 1).await;
+    tokio::time::sleep(LIMIT * 2).await;
+    assert_eq!(pool.status().members[2].state, MemberState::Active);
+    ms[2].fault.set_hung(false);
+    w.await.unwrap().expect("the write over member 2's stall");
+    let st = pool.status();
+    assert_eq!(st.state, PoolState::Degraded, "{st:?}");
+    assert_eq!(st.members[2].state, MemberState::Active);
+    assert_eq!(disks[2].timing().failed, None);
+    check_all(pool.as_ref(), oracle.as_ref()).await;
+
+    // and silent for good: given up after the keep limit, the write answers
+    let held_before = disks[2].timing().held;
+    ms[2].fault.set_hung(true);
+    let w = write_behind(&pool, &oracle, 83, stripe);
+    let r = tokio::time::timeout(Duration::from_secs(30), w)
+        .await
+        .expect("the pool waited for ever on a dead last member")
+        .unwrap();
+    assert!(r.is_err(), "a write with the pool's last redundancy dead");
+    let t = disks[2].timing();
+    assert!(t.failed.is_some(), "{t:?}");
+    assert!(
+        t.held - held_before >= u64::from(disk::KEEP_TIMEOUT_FACTOR - 1),
+        "given up only after the keep limit: {t:?}"
+    );
+    assert_eq!(pool.status().state, PoolState::Failed);
+}
