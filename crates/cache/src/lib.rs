@@ -50,6 +50,7 @@ mod destage;
 #[cfg(feature = "fuzzing")]
 pub mod fuzzing;
 mod hash;
+mod keep;
 pub mod path;
 pub mod policy;
 pub mod replay;

@@ -2408,6 +2408,7 @@ impl CacheVolume {
             // two, and must find no older unmarked one to use instead
             inner.write_superblocks(|_| {}).await?;
         }
+        inner.keep_devices();
         let vol = CacheVolume {
             inner: inner.clone(),
             tasks: Mutex::new(Vec::new()),
@@ -2624,6 +2625,7 @@ impl CacheVolume {
                 i.name, device.name
             )));
         }
+        i.keep_devices();
         tracing::info!(cache = %i.name, index, device = %device.name, "cache device replaced: filling it from its mirror");
         let inner = i.clone();
         let t = tokio::spawn(async move {

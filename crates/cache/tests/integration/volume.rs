@@ -1416,27 +1416,9 @@ async fn without_the_command_timeout_a_hung_replacement_holds_its_resilver() {
 /// without losing a written block.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_mirror_half_that_stops_answering_is_failed_and_the_cache_goes_on() {
-    let backing: VolumeRef = Arc::new(MemVolume::new(4096, BACKING_BYTES / 4096));
-    let faulty = [fault_ssd(), fault_ssd()];
-    let halves: Vec<VolumeRef> = faulty
-        .iter()
-        .enumerate()
-        .map(|(i, f)| {
-            // (the partner's long: a loaded machine must not fail it too)
-            let limit = if i == 0 { HUNG_LIMIT } else { HUNG_LIMIT * 50 };
-            let name = format!("ssd{i}");
-            Arc::new(disk::TimedDisk::with_timeout(f.clone(), &name, limit)) as VolumeRef
-        })
-        .collect();
-    let oracle = MemVolume::new(4096, BACKING_BYTES / 4096);
-    // dirty data stays (destage only past 90% dirty)
-    let mut c = cfg(CacheMode::WriteBack);
-    c.dirty_low_percent = 90;
-    c.dirty_high_percent = 95;
-    let vol = CacheVolume::open("t", backing, devices(&halves), c)
-        .await
-        .unwrap();
-    exercise(&vol, &oracle, 57, 400).await;
+    // (the partner's timeout long: a loaded machine must not fail it too)
+    let (vol, oracle, faulty, _) =
+        timed_mirror_with_dirty_data([HUNG_LIMIT, HUNG_LIMIT * 50], 57).await;
     assert!(vol.status().dirty_bytes > 0, "nothing dirty to keep");
     faulty[0].plan().lock().hung = true;
     tokio::time::timeout(Duration::from_secs(30), async {
@@ -1449,6 +1431,125 @@ async fn a_mirror_half_that_stops_answering_is_failed_and_the_cache_goes_on() {
     assert_eq!(st.devices[0].state, "failed", "{st:?}");
     assert_eq!(st.devices[1].state, "ok", "{st:?}");
     assert!(st.state.starts_with("degraded"), "{}", st.state);
+}
+
+/// Both halves of a write-back mirror, each behind a command timeout
+/// (`limits`), and the cache over them (dirty data stays: destage only past
+/// 90% dirty), worked on and left with dirty blocks (`seed`); its oracle.
+async fn timed_mirror_with_dirty_data(
+    limits: [Duration; 2],
+    seed: u64,
+) -> (
+    CacheVolume,
+    MemVolume,
+    [Arc<FaultVolume>; 2],
+    Vec<Arc<disk::TimedDisk>>,
+) {
+    let backing: VolumeRef = Arc::new(MemVolume::new(4096, BACKING_BYTES / 4096));
+    let faulty = [fault_ssd(), fault_ssd()];
+    let timed: Vec<_> = faulty
+        .iter()
+        .enumerate()
+        .map(|(i, f)| {
+            let v = f.clone() as VolumeRef;
+            Arc::new(disk::TimedDisk::with_timeout(
+                v,
+                &format!("ssd{i}"),
+                limits[i],
+            ))
+        })
+        .collect();
+    let halves: Vec<VolumeRef> = timed.iter().map(|t| t.clone() as VolumeRef).collect();
+    let mut c = cfg(CacheMode::WriteBack);
+    c.dirty_low_percent = 90;
+    c.dirty_high_percent = 95;
+    let vol = CacheVolume::open("t", backing, devices(&halves), c)
+        .await
+        .unwrap();
+    let oracle = MemVolume::new(4096, BACKING_BYTES / 4096);
+    exercise(&vol, &oracle, seed, 400).await;
+    dirty(&vol, &oracle, 40, seed * 10).await;
+    (vol, oracle, faulty, timed)
+}
+
+/// Writes a pattern over 8 blocks at `lba` (to the oracle too), twice (the
+/// admission takes a block at its second miss): dirty in a write-back
+/// cache until the destage finds it (after 100 ms idle).
+async fn dirty(vol: &CacheVolume, oracle: &MemVolume, lba: u64, seed: u64) {
+    for s in [seed, seed + 1] {
+        let d = pattern(s, 8 * 4096);
+        vol.write(lba, d.clone(), false).await.unwrap();
+        oracle.write(lba, d, false).await.unwrap();
+    }
+}
+
+/// Waits until some disk of `disks` has waited out a command timeout for
+/// its keeper (30 s at most), then lets the stall go on `n` - 1 timeouts.
+async fn until_held(disks: &[Arc<disk::TimedDisk>], n: u32) {
+    let t = std::time::Instant::now();
+    while !disks.iter().any(|d| d.timing().held >= 1) {
+        assert!(
+            t.elapsed() < Duration::from_secs(30),
+            "no disk held {n} times: {:?}",
+            disks.iter().map(|d| d.timing()).collect::<Vec<_>>()
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    tokio::time::sleep(HUNG_LIMIT * (n - 1)).await;
+}
+
+/// Both halves of a write-back mirror stop answering at once (one
+/// controller resetting) for several command timeouts, with dirty data on
+/// them: each one's keeper finds its partner silent too and waits, so the
+/// writes in flight answer when the stall ends, and the mirror is whole.
+/// Failed one after the other, the halves took the dirty data with them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stall_both_mirror_halves_share_is_waited_out() {
+    let (vol, oracle, faulty, timed) = timed_mirror_with_dirty_data([HUNG_LIMIT; 2], 61).await;
+    for f in &faulty {
+        f.set_hung(true);
+    }
+    assert!(vol.status().dirty_bytes > 0, "nothing dirty to keep");
+    let stall = async {
+        until_held(&timed, 3).await;
+        for f in &faulty {
+            f.set_hung(false);
+        }
+    };
+    tokio::join!(exercise(&vol, &oracle, 62, 100), stall);
+    verify_all(&vol, &oracle).await;
+    let st = vol.status();
+    assert_eq!(st.state, "ok", "{st:?}");
+    for t in &timed {
+        let t = t.timing();
+        assert_eq!((t.timeouts, t.failed.as_deref()), (0, None), "{t:?}");
+    }
+}
+
+/// The survivor of a write-back mirror holds the only copy of the dirty
+/// data until the destage has written it back: when it stops answering it
+/// is waited for, not failed, and every block reads back once it answers
+/// again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_last_copy_of_dirty_data_is_waited_for() {
+    let (vol, oracle, faulty, timed) = timed_mirror_with_dirty_data([HUNG_LIMIT; 2], 63).await;
+    // half 0 dies and half 1 stalls: the destage (at once, degraded) and
+    // the reads below find the dirty data on half 1 alone
+    faulty[0].plan().lock().dead = true;
+    faulty[1].set_hung(true);
+    assert!(vol.status().dirty_bytes > 0, "nothing dirty left to keep");
+    let stall = async {
+        until_held(&timed[1..], 3).await;
+        assert!(vol.status().dirty_bytes > 0, "nothing dirty left to keep");
+        faulty[1].set_hung(false);
+    };
+    tokio::join!(verify_all(&vol, &oracle), stall);
+    let st = vol.status();
+    assert_eq!(st.devices[0].state, "failed", "{st:?}");
+    assert_eq!(st.devices[1].state, "ok", "{st:?}");
+    let t = timed[1].timing();
+    assert_eq!((t.timeouts, t.failed.as_deref()), (0, None), "{t:?}");
+    verify_all(&vol, &oracle).await;
 }
 
 /// A crash while a replaced mirror half is being filled: the half-filled device is

@@ -1,0 +1,96 @@
+//! What a cache device's disk asks the cache before it gives itself up on a
+//! command timeout ([`block::Keeper`]; the disk side is `disk::TimedDisk`).
+//! The pool's members ask the same of their pool (raid's `keep.rs`).
+//!
+//! A device that stopped answering is failed, as on any device error, when
+//! the cache can do without it:
+//! - a replacement still being filled (its resilver gives it up);
+//! - a device holding no dirty data nobody else holds: its loss costs hits;
+//! - a mirror half whose partner is live and answers a read (at a place of
+//!   its own, within half the timeout).
+//!
+//! It is waited for instead, one more timeout at a time, when it holds
+//! the only copy of dirty data (the last live half of a mirror, or a device
+//! of a cache without one): failing it would lose acknowledged writes that
+//! the stall's end would have kept; and when its mirror partner is silent
+//! too (a stall they share: one controller, one path). The disk gives up
+//! after `disk::KEEP_TIMEOUT_FACTOR` timeouts all the same.
+
+use crate::volume::Inner;
+use async_trait::async_trait;
+use block::Keeper;
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+
+/// The keeper of cache device `index`.
+struct DeviceKeeper {
+    cache: Weak<Inner>,
+    index: usize,
+}
+
+impl Inner {
+    /// Gives every device's disk this cache as its keeper (again: after a
+    /// replacement took a device's place).
+    pub(crate) fn keep_devices(self: &Arc<Self>) {
+        for (index, d) in self.devs.iter().enumerate() {
+            d.vol().keep_with(Arc::new(DeviceKeeper {
+                cache: Arc::downgrade(self),
+                index,
+            }));
+        }
+    }
+
+    /// Whether device `index` holds dirty data (the mirror's or its own).
+    fn device_holds_dirty(&self, index: usize) -> bool {
+        let st = self.state.lock();
+        if st.dirty_frames == 0 {
+            return false;
+        }
+        if self.mirrored {
+            return true;
+        }
+        let n = self.devs.len() as u32;
+        (0..self.frames).any(|slot| (slot % n) as usize == index && st.dirty.get(slot) != 0)
+    }
+}
+
+#[async_trait]
+impl Keeper for DeviceKeeper {
+    async fn may_give_up(&self, limit: Duration) -> bool {
+        let Some(cache) = self.cache.upgrade() else {
+            return true;
+        };
+        let Some(me) = cache.devs.get(self.index) else {
+            return true;
+        };
+        if me.is_failed() || me.resilver_cursor().is_some() {
+            return true;
+        }
+        if !cache.device_holds_dirty(self.index) {
+            return true;
+        }
+        // the live, filled partners holding the same dirty data
+        let partners: Vec<_> = cache
+            .devs
+            .iter()
+            .enumerate()
+            .filter(|&(i, d)| {
+                cache.mirrored && i != self.index && !d.is_failed() && d.resilver_cursor().is_none()
+            })
+            .map(|(_, d)| d.vol())
+            .collect();
+        let name = me.name();
+        drop(cache);
+        if partners.is_empty() {
+            tracing::warn!(device = %name, "cache device has stopped answering, but \
+                holds the only copy of dirty data: waited for, not failed");
+            return false;
+        }
+        let alone = block::any_answers(partners, limit / 2).await;
+        if !alone {
+            tracing::warn!(device = %name, "cache device has stopped answering, and \
+                so has its mirror partner: a stall they share, waited for");
+        }
+        alone
+    }
+}
