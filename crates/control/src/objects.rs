@@ -852,6 +852,7 @@ impl Objects {
                     "errors": timing.read_errors + timing.write_errors,
                     "io_timeout_secs": d.io_timeout().map(|t| t.as_secs()),
                     "timeouts": timing.timeouts,
+                    "timeouts_waited": timing.held,
                     "stopped_answering": timing.failed,
                     "reads": timing.reads,
                     "writes": timing.writes,

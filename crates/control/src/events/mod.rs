@@ -69,6 +69,9 @@ pub enum EventKind {
     /// A disk did not answer a request within its command timeout and is
     /// taken as failed (whatever holds it: pool, cache, LUN, nothing).
     DiskStoppedAnswering,
+    /// A disk had no answer within its command timeout but was waited for,
+    /// its pool or cache unable to do without it (see `disk::TimedDisk`).
+    DiskStalled,
     /// A pool lost more members than it can and stopped serving.
     PoolFailed,
     /// A hot spare took a failed member's place.

@@ -173,6 +173,9 @@ struct State {
     lockouts: u64,
     /// Disks said to have stopped answering.
     disks_stopped: BTreeSet<String>,
+    /// Each disk's count of requests waited for past the timeout when last
+    /// looked at, and whether a stall of it was said and goes on.
+    disks_held: BTreeMap<String, (u64, bool)>,
 }
 
 #[derive(Clone)]
@@ -202,6 +205,9 @@ impl State {
         }
         // disks that stopped answering (failed for good: said once)
         for (name, t) in src.pools.disk_timings() {
+            if let Some(e) = disk_stalled(&name, &t, &mut self.disks_held) {
+                out.push(e);
+            }
             if let Some(e) = disk_stopped_answering(&name, &t, &mut self.disks_stopped) {
                 out.push(e);
             }
@@ -610,6 +616,36 @@ fn disk_stopped_answering(
     ))
 }
 
+/// The event for disk `name` whose timing `t` says a request to it was
+/// waited for past its command timeout since the last look (`seen`: each
+/// disk's count then, and whether its stall was said): said once per stall,
+/// a stall ending at a look that finds no more waiting.
+fn disk_stalled(
+    name: &str,
+    t: &disk::DiskTiming,
+    seen: &mut BTreeMap<String, (u64, bool)>,
+) -> Option<NewEvent> {
+    let (before, said) = seen.get(name).copied().unwrap_or((0, false));
+    let waiting = t.held > before;
+    seen.insert(name.to_string(), (t.held, waiting));
+    if !waiting || said || t.failed.is_some() {
+        return None;
+    }
+    Some(NewEvent::new(
+        S::Critical,
+        K::DiskStalled,
+        name.to_string(),
+        format!(
+            "disk {name} has not answered a request within its command timeout, but is \
+             waited for instead of failed: its pool or cache cannot do without it now (it \
+             holds the last redundancy or the only copy of unwritten data, or every disk \
+             beside it stopped answering too). Requests to it wait until it answers; \
+             silent for {} timeouts, it is failed",
+            disk::KEEP_TIMEOUT_FACTOR
+        ),
+    ))
+}
+
 /// A pool as the first look finds it: what is already wrong (a member failed
 /// while the node was down, a pool that cannot serve, a rebuild resumed) is said
 /// once, so an operator hears of it even though no transition was seen.
@@ -803,9 +839,34 @@ fn cache_device_events(
 #[cfg(test)]
 mod tests {
     use super::{
-        cache_data_lost, cache_device_events, disk_stopped_answering, pool_events,
+        cache_data_lost, cache_device_events, disk_stalled, disk_stopped_answering, pool_events,
         standing_pool_events, K, S,
     };
+
+    #[test]
+    fn a_disk_waited_for_past_its_timeout_is_said_once_a_stall() {
+        let mut seen = std::collections::BTreeMap::new();
+        let held = |n| disk::DiskTiming {
+            held: n,
+            ..Default::default()
+        };
+        assert!(disk_stalled("d1", &held(0), &mut seen).is_none());
+        let e = disk_stalled("d1", &held(1), &mut seen).expect("said");
+        assert_eq!((e.kind, e.severity), (K::DiskStalled, S::Critical));
+        // the same stall goes on: not said again
+        assert!(disk_stalled("d1", &held(3), &mut seen).is_none());
+        // a look with no more waiting ends it; the next one is said
+        assert!(disk_stalled("d1", &held(3), &mut seen).is_none());
+        assert!(disk_stalled("d1", &held(4), &mut seen).is_some());
+        assert!(disk_stalled("d2", &held(1), &mut seen).is_some());
+        // given up: said as stopped answering instead
+        let failed = disk::DiskTiming {
+            held: 9,
+            failed: Some("x".into()),
+            ..Default::default()
+        };
+        assert!(disk_stalled("d3", &failed, &mut seen).is_none());
+    }
 
     #[test]
     fn a_disk_that_stopped_answering_is_said_once() {

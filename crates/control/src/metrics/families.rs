@@ -235,8 +235,10 @@ impl NodeCollector {
         let mut failed = Samples::new();
         let mut time = Samples::new();
         let mut timeouts = Samples::new();
+        let mut waited = Samples::new();
         for (name, t) in disks {
             timeouts.push((labels([("disk", name.as_str())]), t.timeouts as f64));
+            waited.push((labels([("disk", name.as_str())]), t.held as f64));
             for (dir, n, errs, ns) in [
                 ("read", t.reads, t.read_errors, t.read_latency_sum_ns),
                 ("write", t.writes, t.write_errors, t.write_latency_sum_ns),
@@ -270,6 +272,13 @@ impl NodeCollector {
             "freesan_disk_io_timeouts",
             "Requests a disk did not answer within its command timeout (the first fails the disk).",
             &timeouts,
+        )?;
+        counters(
+            e,
+            "freesan_disk_io_timeouts_waited",
+            "Times a request past a disk's command timeout was waited for one more timeout, \
+             its pool or cache unable to do without the disk.",
+            &waited,
         )
     }
 

@@ -5,7 +5,9 @@
 //! writes to the LUN go on (each one meeting the hung disk answers once its
 //! request times out), the pool is degraded with `d1` failed, `GET /disks`,
 //! the metrics and a critical event say the disk stopped answering, and
-//! every acknowledged write reads back. After the thaw the node stops
+//! every acknowledged write reads back. Then `d0`, on a second frozen file
+//! system, holds the pool's last copy: it is waited for past its timeout,
+//! not failed, and the writes answer after its thaw. The node then stops
 //! cleanly. And a node that is itself stopped past the timeout fails no
 //! disk.
 
@@ -19,18 +21,18 @@ fn ok(cmd: &mut Command) -> bool {
 }
 
 /// An ext4 file system on a loop device over a file in `dir`, mounted on
-/// `dir/frz`; unmounted (lazily) when dropped. None where loop mounts are
+/// `dir/name`; unmounted (lazily) when dropped. None where loop mounts are
 /// not allowed.
 struct Mounted(PathBuf);
 
 impl Mounted {
-    fn new(dir: &Path) -> Option<Mounted> {
-        let img = dir.join("fs.img");
+    fn new(dir: &Path, name: &str) -> Option<Mounted> {
+        let img = dir.join(format!("{name}.img"));
         std::fs::File::create(&img)
             .unwrap()
             .set_len(256 << 20)
             .unwrap();
-        let mnt = dir.join("frz");
+        let mnt = dir.join(name);
         std::fs::create_dir(&mnt).unwrap();
         if !ok(Command::new("mkfs.ext4").args(["-q", "-F"]).arg(&img)) {
             return None;
@@ -72,7 +74,10 @@ impl Drop for Frozen {
 #[test]
 fn a_pool_member_that_stops_answering_is_failed_and_the_lun_goes_on() {
     let dir = tempfile::tempdir().unwrap();
-    let Some(mounted) = Mounted::new(dir.path()) else {
+    let (Some(mounted), Some(mounted0)) = (
+        Mounted::new(dir.path(), "frz"),
+        Mounted::new(dir.path(), "frz0"),
+    ) else {
         assert!(
             std::env::var("FREESAN_REQUIRE_TOOLS").is_err(),
             "loop mounts and fsfreeze are required (run the tests as root)"
@@ -84,11 +89,12 @@ fn a_pool_member_that_stops_answering_is_failed_and_the_lun_goes_on() {
     let cfg = format!(
         "data_dir = \"{d}/data\"\n[api]\naddress = \"127.0.0.1:0\"\n\
          [[portal]]\naddress = \"127.0.0.1:0\"\n\
-         [[disk]]\nname = \"d0\"\nsize = \"64M\"\npath = \"{d}/d0.img\"\n\
+         [[disk]]\nname = \"d0\"\nsize = \"64M\"\npath = \"{m0}/d0.img\"\nio_timeout_secs = 2\n\
          [[disk]]\nname = \"d1\"\nsize = \"64M\"\npath = \"{m}/d1.img\"\nio_timeout_secs = 2\n\
          [[pool]]\nname = \"p\"\nlevel = \"raid1\"\nmembers = [\"d0\", \"d1\"]\n\
          [[target]]\niqn = \"{IQN}\"\n[[target.lun]]\npool = \"p\"\n",
-        m = mounted.0.display()
+        m = mounted.0.display(),
+        m0 = mounted0.0.display()
     );
     let cfg_path = dir.path().join("node.toml");
     std::fs::write(&cfg_path, cfg).unwrap();
@@ -119,16 +125,11 @@ fn a_pool_member_that_stops_answering_is_failed_and_the_lun_goes_on() {
         .find(|m| m["name"] == "d1")
         .unwrap_or_else(|| panic!("no d1 in {p}"));
     assert_eq!(d1["state"], "failed", "{p}");
-    let (code, body) = http(
-        &api,
-        "GET",
-        "/api/v1/disks",
-        &[&format!(
-            "Authorization: Bearer {}",
-            make_token(&dir.path().join("data"), "read-only", "disks")
-        )],
-        "",
+    let auth = format!(
+        "Authorization: Bearer {}",
+        make_token(&dir.path().join("data"), "read-only", "disks")
     );
+    let (code, body) = http(&api, "GET", "/api/v1/disks", &[&auth], "");
     assert_eq!(code, 200, "{body}");
     let disks: serde_json::Value = serde_json::from_str(&body).unwrap();
     let disk = |n: &str| {
@@ -164,6 +165,47 @@ fn a_pool_member_that_stops_answering_is_failed_and_the_lun_goes_on() {
     assert_eq!(ev["severity"], "critical", "{ev}");
     assert!(ev["message"].as_str().unwrap_or("").contains("d1"), "{ev}");
     assert_acknowledged_writes_intact(&node.url(0, 0), &state, "with d1 hung");
+
+    // d0 now holds the pool's last copy: when it stops answering too, it is
+    // waited for (said: `timeouts_waited`, the metric, a critical event),
+    // not failed, and the writes answer once it answers again
+    let frozen0 = Frozen::freeze(&mounted0.0);
+    let state0 = dir.path().join("verify0.json");
+    let bench = start_verified_writes(&node.url(0, 0), &state0, "4k", 2, 2);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    loop {
+        let (code, body) = http(&api, "GET", "/api/v1/disks", &[&auth], "");
+        assert_eq!(code, 200, "{body}");
+        let disks: serde_json::Value = serde_json::from_str(&body).unwrap();
+        let d0 = disks
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|x| x["name"] == "d0")
+            .unwrap_or_else(|| panic!("no d0 in {disks}"))
+            .clone();
+        assert!(d0["stopped_answering"].is_null(), "{d0}");
+        if d0["timeouts_waited"].as_u64().unwrap() >= 1 {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "never waited: {d0}");
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    let ev = await_event(&api, |e| e["kind"] == "disk_stalled");
+    assert_eq!(ev["severity"], "critical", "{ev}");
+    assert!(ev["message"].as_str().unwrap_or("").contains("d0"), "{ev}");
+    let (code, metrics) = http(&api, "GET", "/metrics", &[&auth], "");
+    assert_eq!(code, 200, "{metrics}");
+    assert!(
+        metric_sample(&metrics, "freesan_disk_io_timeouts_waited_total{", "\"d0\"") >= 1.0,
+        "{metrics}"
+    );
+    drop(frozen0);
+    let out = bench.wait_with_output().expect("bench");
+    assert!(out.status.success(), "the writes failed while d0 stalled");
+    let p = pool_status(&api, "p");
+    assert_eq!(p["state"], "degraded", "{p}");
+    assert_acknowledged_writes_intact(&node.url(0, 0), &state0, "after d0's stall");
 
     // thawed, the requests the kernel held end and the node stops cleanly
     drop(frozen);
