@@ -27,6 +27,16 @@ function sampleNode(status) {
 const when = (t) => (typeof t === 'string' ? t.replace('T', ' ').replace(/\.\d+Z$|Z$/, ' UTC') : t ?? '–');
 const NA = (what) => html`<p class="empty">${what} not available on this node.</p>`;
 
+// A disk's state badge, with why a failed disk was failed when it stopped
+// answering, and how often a request to it was waited for past its command
+// timeout (its pool or cache could not do without it).
+function diskState(d) {
+  if (!d.state) return '–';
+  const why = d.stopped_answering ? html`<br><span class="muted">stopped answering: ${d.stopped_answering}</span>` : '';
+  const waited = d.timeouts_waited ? html`<br><span class="muted">waited past its timeout ${d.timeouts_waited}×</span>` : '';
+  return html`${stateBadge(d.state)}${why}${waited}`;
+}
+
 // Runs a changing request from a button or form; reports the outcome.
 async function act(label, path, body) {
   try {
@@ -231,7 +241,7 @@ ${admin() ? html`<div class="actions"><button class="small" data-act="scrub" dat
 <button class="small secondary" data-act="rate" data-pool="${p.name}">Set rate</button></div>` : ''}
 </article>`).join('')) : html`<p class="empty">No pools.</p>`);
       set(el, '#st-disks', table(['Disk', 'Model', 'Size', 'State', 'Errors', 'Read µs', 'Write µs', 'Pool', 'Role'], disks.map((d) => [
-        d.name, d.model ?? (d.simulated ? 'simulated' : 'file'), size(d), d.state ? stateBadge(d.state) : '–', d.errors ?? '–',
+        d.name, d.model ?? (d.simulated ? 'simulated' : 'file'), size(d), diskState(d), d.errors ?? '–',
         num(d.read_latency_us), num(d.write_latency_us), d.pool ?? '–', d.role ?? (isFree(d) ? 'free' : 'in use')])));
       const fl = el.querySelector('#st-free');
       const names = free.map((d) => d.name).join(',');

@@ -1,7 +1,8 @@
 // Drives the console in Debian's Chromium (playwright-core, DevTools protocol)
 // against a running freesan node; crates/freesan/tests/console.rs starts the
 // node and runs this. Input: the environment variable FREESAN_CONSOLE_TEST, a
-// JSON object {url, token, ro_token, shots, target, scenario, [urls]}. Prints
+// JSON object {url, token, ro_token, shots, target, scenario, [urls]} (the
+// scenarios `ha` and `page` take more, see them). Prints
 // what it sees and `RESULT {...}` as its last line; exits 1 on the first
 // failed expectation (its message says what was expected and what was seen).
 import { chromium } from 'playwright-core';
@@ -397,8 +398,28 @@ async function ha() {
   await browser.close();
 }
 
+// One page (`page`) until the text of `selector` in it matches `expect` (a
+// regular expression), then a screenshot named `name`: a state another test
+// brought about (tests/stops_answering.rs: a disk that stopped answering).
+async function onePage() {
+  const browser = await launch();
+  const problems = [];
+  const page = await newPage(browser, problems);
+  await signIn(page, cfg.url, cfg.token);
+  await go(page, cfg.page);
+  const want = new RegExp(cfg.expect);
+  const seen = await until(`${cfg.selector} on ${cfg.page} to match ${want}`, 60, async () => {
+    const t = await page.evaluate((sel) => document.querySelector(sel)?.textContent ?? '', cfg.selector);
+    return want.test(t) ? t.match(want)[0] : null;
+  });
+  check(true, `${cfg.page} shows ${JSON.stringify(seen)}`);
+  await shot(page, cfg.shots, cfg.name);
+  check(problems.length === 0, 'no page error and no CSP violation', problems);
+  await browser.close();
+}
+
 try {
-  if (cfg.scenario === 'ha') await ha(); else await main();
+  if (cfg.scenario === 'ha') await ha(); else if (cfg.scenario === 'page') await onePage(); else await main();
   log(`RESULT ${JSON.stringify(result)}`);
 } catch (e) {
   log(`FAILED: ${e.message}`);

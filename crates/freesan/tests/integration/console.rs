@@ -64,7 +64,7 @@ fn dechunk(mut b: &[u8]) -> Vec<u8> {
 }
 
 /// The console address from the node's banner (`console: http://ADDR/`).
-fn console_addr(node: &Node) -> String {
+pub(crate) fn console_addr(node: &Node) -> String {
     let log = std::fs::read_to_string(&node.log).unwrap();
     log.lines()
         .find_map(|l| l.trim().strip_prefix("console:"))

@@ -87,7 +87,7 @@ fn a_pool_member_that_stops_answering_is_failed_and_the_lun_goes_on() {
     };
     let d = dir.path().display();
     let cfg = format!(
-        "data_dir = \"{d}/data\"\n[api]\naddress = \"127.0.0.1:0\"\n\
+        "data_dir = \"{d}/data\"\n[api]\naddress = \"127.0.0.1:0\"\nconsole = \"127.0.0.1:0\"\n\
          [[portal]]\naddress = \"127.0.0.1:0\"\n\
          [[disk]]\nname = \"d0\"\nsize = \"64M\"\npath = \"{m0}/d0.img\"\nio_timeout_secs = 2\n\
          [[disk]]\nname = \"d1\"\nsize = \"64M\"\npath = \"{m}/d1.img\"\nio_timeout_secs = 2\n\
@@ -125,10 +125,8 @@ fn a_pool_member_that_stops_answering_is_failed_and_the_lun_goes_on() {
         .find(|m| m["name"] == "d1")
         .unwrap_or_else(|| panic!("no d1 in {p}"));
     assert_eq!(d1["state"], "failed", "{p}");
-    let auth = format!(
-        "Authorization: Bearer {}",
-        make_token(&dir.path().join("data"), "read-only", "disks")
-    );
+    let token = make_token(&dir.path().join("data"), "read-only", "disks");
+    let auth = format!("Authorization: Bearer {token}");
     let (code, body) = http(&api, "GET", "/api/v1/disks", &[&auth], "");
     assert_eq!(code, 200, "{body}");
     let disks: serde_json::Value = serde_json::from_str(&body).unwrap();
@@ -206,6 +204,23 @@ fn a_pool_member_that_stops_answering_is_failed_and_the_lun_goes_on() {
     let p = pool_status(&api, "p");
     assert_eq!(p["state"], "degraded", "{p}");
     assert_acknowledged_writes_intact(&node.url(0, 0), &state0, "after d0's stall");
+
+    // the console's storage page says both (looked at: a screenshot)
+    if crate::console::tools() {
+        let shots = crate::console::repo().join("target/console-screenshots");
+        let input = serde_json::json!({
+            "scenario": "page",
+            "url": format!("http://{}/", crate::console::console_addr(&node)),
+            "token": token,
+            "page": "storage",
+            "selector": "#st-disks",
+            "expect": "waited past its timeout \\d+×[\\s\\S]*stopped answering: a \\w+ at lba",
+            "shots": shots,
+            "name": "storage-disk-stopped-answering",
+        });
+        let (ok, out) = crate::console::drive_with(std::process::Command::new("node"), &input);
+        assert!(ok, "{out}");
+    }
 
     // thawed, the requests the kernel held end and the node stops cleanly
     drop(frozen);
