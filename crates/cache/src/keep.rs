@@ -22,10 +22,12 @@ use block::Keeper;
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
-/// The keeper of cache device `index`.
+/// The keeper of cache device `index`, while `volume` is that device (a
+/// replaced one's keeper answers nothing for its successor).
 struct DeviceKeeper {
     cache: Weak<Inner>,
     index: usize,
+    volume: Weak<dyn block::Volume>,
 }
 
 impl Inner {
@@ -33,9 +35,11 @@ impl Inner {
     /// replacement took a device's place).
     pub(crate) fn keep_devices(self: &Arc<Self>) {
         for (index, d) in self.devs.iter().enumerate() {
-            d.vol().keep_with(Arc::new(DeviceKeeper {
+            let v = d.vol();
+            v.keep_with(Arc::new(DeviceKeeper {
                 cache: Arc::downgrade(self),
                 index,
+                volume: Arc::downgrade(&v),
             }));
         }
     }
@@ -49,8 +53,10 @@ impl Inner {
         if self.mirrored {
             return true;
         }
-        let n = self.devs.len() as u32;
-        (0..self.frames).any(|slot| (slot % n) as usize == index && st.dirty.get(slot) != 0)
+        let n = self.devs.len();
+        (index..self.frames as usize)
+            .step_by(n)
+            .any(|slot| st.dirty.get(slot as u32) != 0)
     }
 }
 
@@ -63,7 +69,11 @@ impl Keeper for DeviceKeeper {
         let Some(me) = cache.devs.get(self.index) else {
             return true;
         };
-        if me.is_failed() || me.resilver_cursor().is_some() {
+        let same = self
+            .volume
+            .upgrade()
+            .is_some_and(|v| Arc::ptr_eq(&v, &me.vol()));
+        if !same || me.is_failed() || me.resilver_cursor().is_some() {
             return true;
         }
         if !cache.device_holds_dirty(self.index) {

@@ -22,9 +22,10 @@
 //! a pool member whose loss would fail the pool (its last redundancy), or
 //! whose siblings have stopped answering too (a stall they share: a
 //! controller resetting, a path failing over), is waited for one more
-//! timeout at a time, up to [`KEEP_TIMEOUT_FACTOR`] timeouts in all; the
-//! stall's end then costs nothing, where failing the members one after the
-//! other would have failed the pool. Past that the disk is taken as dead.
+//! command timeout at a time, up to [`KEEP_TIMEOUT_FACTOR`] - 1 past the
+//! request's own limit; the stall's end then costs nothing, where failing
+//! the members one after the other would have failed the pool. Past that
+//! the disk is taken as dead.
 //!
 //! Time the process itself did not run (stopped, its virtual machine paused,
 //! the machine starving it) is not held against the disk: a stall clock
@@ -56,8 +57,9 @@ use std::task::Poll;
 use std::time::{Duration, Instant};
 
 /// A request a keeper holds on to (see [`block::Keeper`]) is given up after
-/// this many command timeouts all the same, the disk with it: a stall that
-/// long is taken as a disk that died, and the initiators get an answer.
+/// this many command timeouts less one past its own limit (a read's: this
+/// many in all) all the same, the disk with it: a stall that long is taken
+/// as a disk that died, and the initiators get an answer.
 pub const KEEP_TIMEOUT_FACTOR: u32 = 10;
 
 /// A disk's command timeout when its configuration names none: below the
@@ -97,6 +99,8 @@ pub struct DiskTiming {
     /// Times a request past its command timeout was waited for one more
     /// timeout because the disk's keeper (its pool) could not do without it.
     pub held: u64,
+    /// Requests waiting past their command timeout now (a stall goes on).
+    pub holding: u64,
     /// Why the disk is taken as failed (it stopped answering), if it is.
     pub failed: Option<String>,
 }
@@ -230,6 +234,22 @@ impl StallClock {
     }
 }
 
+/// Counts a request waiting past its timeout while it lives.
+struct Holding<'a>(&'a AtomicU64);
+
+impl<'a> Holding<'a> {
+    fn new(n: &'a AtomicU64) -> Self {
+        n.fetch_add(1, Ordering::Relaxed);
+        Holding(n)
+    }
+}
+
+impl Drop for Holding<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
 /// A disk whose reads and writes are timed (see the module doc).
 pub struct TimedDisk {
     inner: VolumeRef,
@@ -241,6 +261,10 @@ pub struct TimedDisk {
     name: String,
     timeouts: AtomicU64,
     held: AtomicU64,
+    /// Requests waiting past their timeout now.
+    holding: AtomicU64,
+    /// When the keeper last said wait (one request asks at a time).
+    asked: tokio::sync::Mutex<Option<tokio::time::Instant>>,
     /// Who to ask before the disk gives itself up (its pool).
     keeper: parking_lot::Mutex<Option<Arc<dyn Keeper>>>,
     /// Set by the first request that timed out: why the disk is failed.
@@ -262,6 +286,8 @@ impl TimedDisk {
             name: String::new(),
             timeouts: AtomicU64::new(0),
             held: AtomicU64::new(0),
+            holding: AtomicU64::new(0),
+            asked: tokio::sync::Mutex::new(None),
             keeper: parking_lot::Mutex::new(None),
             failed: OnceLock::new(),
             gone: tokio::sync::Notify::new(),
@@ -334,10 +360,14 @@ impl TimedDisk {
         // the time this process did not run (stopped, paused, starved) is
         // not the disk's: the deadline moves by what of it fell in the wait
         let clock = self.stalls.unwrap_or_else(StallClock::get);
-        let mut stalled_before = clock.counted();
-        let mut start = tokio::time::Instant::now();
+        let stalled_before = clock.counted();
+        let start = tokio::time::Instant::now();
         let mut deadline = start + limit;
+        // command timeouts waited for past the limit so far (the keeper's
+        // time inside the next)
+        let base = self.limit.unwrap_or(limit);
         let mut held = 0;
+        let mut holding = None;
         loop {
             tokio::select! {
                 biased;
@@ -353,17 +383,18 @@ impl TimedDisk {
                 return Err(self.refused(why));
             }
             let forgiven = clock.stalled().saturating_sub(stalled_before);
-            let moved = start + limit + forgiven;
+            let moved = start + limit + base * held + forgiven;
             if moved > tokio::time::Instant::now() {
                 deadline = moved;
                 continue;
             }
             // out of time: the keeper (the pool) may not be able to do
-            // without the disk; the disk's own answer ends the question
-            let keeper = self.keeper.lock().clone();
-            let Some(keeper) = keeper.filter(|_| held + 1 < KEEP_TIMEOUT_FACTOR) else {
+            // without the disk; the disk's own answer ends the question. Up
+            // to KEEP_TIMEOUT_FACTOR - 1 more command timeouts, whatever
+            // the request's own limit (a flush's is longer)
+            if held + 1 >= KEEP_TIMEOUT_FACTOR {
                 break;
-            };
+            }
             let give_up = tokio::select! {
                 biased;
                 r = io.as_mut() => return r,
@@ -371,27 +402,23 @@ impl TimedDisk {
                     let why = self.failed.get().map_or("", String::as_str);
                     return Err(self.refused(why));
                 }
-                v = keeper.may_give_up(limit) => v,
+                v = self.ask_keeper(base) => v,
             };
-            if give_up {
-                break;
-            }
             if let Some(why) = self.failed.get() {
                 return Err(self.refused(why));
             }
+            if give_up {
+                break;
+            }
             held += 1;
             self.held.fetch_add(1, Ordering::Relaxed);
-            tracing::warn!(disk = %self.name, "a {what} at lba {lba} has had no answer \
-                in {:.1} s; waited for, as its pool cannot do without the disk now",
-                limit.as_secs_f64() * f64::from(held));
-            stalled_before = clock.counted();
-            start = tokio::time::Instant::now();
-            deadline = start + limit;
+            holding.get_or_insert_with(|| Holding::new(&self.holding));
+            deadline = start + limit + base * held + forgiven;
         }
         self.timeouts.fetch_add(1, Ordering::Relaxed);
         let why = format!(
             "a {what} at lba {lba} had no answer in {:.1} s",
-            limit.as_secs_f64() * f64::from(held + 1)
+            (limit + base * held).as_secs_f64()
         );
         if self.failed.set(why.clone()).is_ok() {
             tracing::error!(disk = %self.name, "disk stopped answering ({why}): \
@@ -403,6 +430,29 @@ impl TimedDisk {
             io::ErrorKind::TimedOut,
             format!("disk {}: {why}", self.name),
         )))
+    }
+
+    /// Whether the disk may be given up now (see [`block::Keeper`]): true
+    /// without a keeper. One request asks at a time; a "wait" answer stands
+    /// for half a timeout for every request that runs out meanwhile, so a
+    /// deep queue on a stalled disk asks (and probes its siblings) once a
+    /// round, not once a request.
+    async fn ask_keeper(&self, limit: Duration) -> bool {
+        let Some(keeper) = self.keeper.lock().clone() else {
+            return true;
+        };
+        let mut last_wait = self.asked.lock().await;
+        if last_wait.is_some_and(|t| t.elapsed() < limit / 2) {
+            return false;
+        }
+        let give_up = keeper.may_give_up(limit).await;
+        if !give_up {
+            *last_wait = Some(tokio::time::Instant::now());
+            tracing::warn!(disk = %self.name, "a request has had no answer within the \
+                command timeout ({:.1} s): waited for, as its pool or cache cannot do \
+                without the disk now", limit.as_secs_f64());
+        }
+        give_up
     }
 
     /// The counters so far.
@@ -417,6 +467,7 @@ impl TimedDisk {
             write_latency_sum_ns: get(&self.write.latency_sum_ns),
             timeouts: get(&self.timeouts),
             held: get(&self.held),
+            holding: get(&self.holding),
             failed: self.failed.get().cloned(),
         }
     }

@@ -15,6 +15,12 @@
 //!   have taken the pool down with them; waited for, the stall's end costs
 //!   nothing.
 //!
+//! A RAID 0 member is always waited for (the only copy of its stripes); a
+//! member of a pool that has failed already is not (nothing is kept). A
+//! member let go counts as gone for the next one to ask, before its failure
+//! is recorded (that waits for the request's batch), so two members stalled
+//! under one write are not both let go beyond the redundancy.
+//!
 //! The disk gives up after `disk::KEEP_TIMEOUT_FACTOR` timeouts all the
 //! same: a disk silent that long is taken as dead.
 
@@ -22,6 +28,7 @@ use crate::pool::{Inner, MemberHandle};
 use crate::MemberState;
 use async_trait::async_trait;
 use block::{Keeper, VolumeRef};
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
@@ -33,9 +40,10 @@ struct MemberKeeper {
 
 /// What losing a member would cost.
 enum Loss {
-    /// It serves at no position (a spare, a member failed already).
+    /// Nothing more: it serves at no position (a spare, a member failed
+    /// already), or the pool cannot serve without it anyway (it has failed).
     Nothing,
-    /// The pool: its last redundancy.
+    /// The pool: its last redundancy (a RAID 0 member: its only copy).
     Pool,
     /// Redundancy only; these other members hold the rest.
     Redundancy(Vec<VolumeRef>),
@@ -55,10 +63,20 @@ impl Inner {
         }
     }
 
-    /// What losing member `h` would cost now.
+    /// What losing member `h` would cost now. Members already let go on a
+    /// timeout count as gone: their failure is recorded only once the
+    /// request that timed out returns (a write batch waits for every copy),
+    /// and two members stalled under one write would each find the other
+    /// still serving and both be let go, beyond the redundancy.
     fn loss_of(&self, h: &Arc<MemberHandle>) -> Loss {
         let st = self.state.lock();
-        let serving = |s: &crate::pool::Slot| s.state != MemberState::Failed;
+        let serving = |s: &crate::pool::Slot| {
+            s.state != MemberState::Failed
+                && !s
+                    .member
+                    .as_ref()
+                    .is_some_and(|m| m.given_up.load(Ordering::Acquire))
+        };
         let Some(pos) = st
             .slots
             .iter()
@@ -67,6 +85,12 @@ impl Inner {
             return Loss::Nothing;
         };
         let mut missing = Inner::missing(&st, self.stripes());
+        for (i, s) in st.slots.iter().enumerate() {
+            missing[i] |= !serving(s);
+        }
+        if !crate::layout::survives(self.layout.as_ref(), &missing) {
+            return Loss::Nothing;
+        }
         missing[pos] = true;
         if !crate::layout::survives(self.layout.as_ref(), &missing) {
             return Loss::Pool;
@@ -79,6 +103,26 @@ impl Inner {
             .filter_map(|(_, s)| s.member.as_ref().map(|m| m.volume.clone()))
             .collect();
         Loss::Redundancy(others)
+    }
+
+    /// Lets member `h` go if the pool still survives without it and every
+    /// member let go before (checked again: others may have been let go
+    /// while its siblings were probed).
+    fn let_go(&self, h: &Arc<MemberHandle>) -> bool {
+        // (under the lock: two members cannot both pass on the other's
+        // place)
+        let st = self.state.lock();
+        let mut missing = Inner::missing(&st, self.stripes());
+        for (i, s) in st.slots.iter().enumerate() {
+            if let Some(m) = &s.member {
+                missing[i] |= Arc::ptr_eq(m, h) || m.given_up.load(Ordering::Acquire);
+            }
+        }
+        if !crate::layout::survives(self.layout.as_ref(), &missing) {
+            return false;
+        }
+        h.given_up.store(true, Ordering::Release);
+        true
     }
 }
 
@@ -97,14 +141,14 @@ impl Keeper for MemberKeeper {
                 false
             }
             Loss::Redundancy(others) => {
-                drop(pool);
                 let alone = block::any_answers(others, limit / 2).await;
                 if !alone {
                     tracing::warn!(member = %h.name,
                         "member has stopped answering, and so have all the \
                          others: a stall they share, waited for");
+                    return false;
                 }
-                alone
+                pool.let_go(&h)
             }
         }
     }

@@ -56,6 +56,9 @@ pub(crate) struct MemberHandle {
     /// Both superblock slots list lost blocks (written since it joined):
     /// a superblock listing some then goes to its own slot only.
     pub lost_both_slots: AtomicBool,
+    /// Its disk was let go on a command timeout (`keep.rs`): the pool fails
+    /// it once its request returns, and counts it gone meanwhile.
+    pub given_up: AtomicBool,
 }
 
 impl MemberHandle {
@@ -74,6 +77,7 @@ impl MemberHandle {
             head: AtomicU64::new(u64::MAX),
             order: Default::default(),
             lost_both_slots: AtomicBool::new(false),
+            given_up: AtomicBool::new(false),
         })
     }
 }
