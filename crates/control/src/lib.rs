@@ -39,6 +39,8 @@ pub mod history;
 mod ha_scsi;
 // LUN identities (NAA designator, serial), kept in the data directory.
 mod identity;
+// Who a disk no pool or cache holds asks before a timeout fails it.
+mod keep;
 // Opening one LUN: its volume, identity, SCSI settings and NBD exports.
 mod lun;
 pub mod managed;

@@ -146,7 +146,13 @@ pub(crate) fn open_lun(
             // the state kept under the LUN's number (its replica's too) is checked
             // to be this data's before the replica opens it
             identity::load_or_create_for(data_dir, iqn, lun_id, owner, || identity::derived(&key))?;
+            let local = volume.clone();
             let r = c.replicate(&key, l.replica_mode.as_deref(), volume)?;
+            // a disk served directly: given up while the partner holds a copy
+            // (a pool's members and a cache's devices have their own keepers)
+            if l.disk.is_some() {
+                local.keep_with(Arc::new(crate::keep::UnderReplica(Arc::downgrade(&r))));
+            }
             replicated = Some(r.clone());
             volume = r;
             backing = format!("{backing}, replicated");

@@ -853,6 +853,7 @@ impl Objects {
                     "io_timeout_secs": d.io_timeout().map(|t| t.as_secs()),
                     "timeouts": timing.timeouts,
                     "timeouts_waited": timing.held,
+                    "waiting_past_timeout": timing.holding,
                     "stopped_answering": timing.failed,
                     "reads": timing.reads,
                     "writes": timing.writes,

@@ -294,13 +294,18 @@ fn cache_config(c: &crate::config::CacheConfig) -> Result<cache::CacheConfig> {
 }
 
 /// Opens a configured disk (see [`open_disk_untimed`]) with its reads and
-/// writes timed, and its command timeout.
+/// writes timed, and its command timeout; waited for past it as the only
+/// copy of its data ([`crate::keep`]).
 fn open_disk(cfg: &Config, d: &DiskConfig) -> Result<Arc<disk::TimedDisk>> {
     let v = open_disk_untimed(cfg, d)?;
-    Ok(Arc::new(match d.io_timeout() {
+    let t = match d.io_timeout() {
         Some(limit) => disk::TimedDisk::with_timeout(v, &d.name, limit),
         None => disk::TimedDisk::new(v),
-    }))
+    };
+    // the only copy of its data until a pool or cache takes it (and gives
+    // it a keeper of its own)
+    block::Volume::keep_with(&t, Arc::new(crate::keep::OnlyCopy));
+    Ok(Arc::new(t))
 }
 
 /// Opens a configured disk: the file or device, or a simulated disk over its data file.

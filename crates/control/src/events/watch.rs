@@ -173,9 +173,9 @@ struct State {
     lockouts: u64,
     /// Disks said to have stopped answering.
     disks_stopped: BTreeSet<String>,
-    /// Each disk's count of requests waited for past the timeout when last
-    /// looked at, and whether a stall of it was said and goes on.
-    disks_held: BTreeMap<String, (u64, bool)>,
+    /// Disks whose stall (requests waiting past their timeout) was said and
+    /// goes on.
+    disks_held: BTreeSet<String>,
 }
 
 #[derive(Clone)]
@@ -616,19 +616,15 @@ fn disk_stopped_answering(
     ))
 }
 
-/// The event for disk `name` whose timing `t` says a request to it was
-/// waited for past its command timeout since the last look (`seen`: each
-/// disk's count then, and whether its stall was said): said once per stall,
-/// a stall ending at a look that finds no more waiting.
-fn disk_stalled(
-    name: &str,
-    t: &disk::DiskTiming,
-    seen: &mut BTreeMap<String, (u64, bool)>,
-) -> Option<NewEvent> {
-    let (before, said) = seen.get(name).copied().unwrap_or((0, false));
-    let waiting = t.held > before;
-    seen.insert(name.to_string(), (t.held, waiting));
-    if !waiting || said || t.failed.is_some() {
+/// The event for disk `name` whose timing `t` says requests to it wait past
+/// their command timeout (`said`: the disks whose stall was said): once a
+/// stall, which ends at a look that finds none waiting.
+fn disk_stalled(name: &str, t: &disk::DiskTiming, said: &mut BTreeSet<String>) -> Option<NewEvent> {
+    if t.holding == 0 || t.failed.is_some() {
+        said.remove(name);
+        return None;
+    }
+    if !said.insert(name.to_string()) {
         return None;
     }
     Some(NewEvent::new(
@@ -637,11 +633,11 @@ fn disk_stalled(
         name.to_string(),
         format!(
             "disk {name} has not answered a request within its command timeout, but is \
-             waited for instead of failed: its pool or cache cannot do without it now (it \
+             waited for instead of failed: what it serves cannot do without it now (it \
              holds the last redundancy or the only copy of unwritten data, or every disk \
              beside it stopped answering too). Requests to it wait until it answers; \
-             silent for {} timeouts, it is failed",
-            disk::KEEP_TIMEOUT_FACTOR
+             silent for {} more timeouts, it is failed",
+            disk::KEEP_TIMEOUT_FACTOR - 1
         ),
     ))
 }
@@ -845,27 +841,29 @@ mod tests {
 
     #[test]
     fn a_disk_waited_for_past_its_timeout_is_said_once_a_stall() {
-        let mut seen = std::collections::BTreeMap::new();
-        let held = |n| disk::DiskTiming {
-            held: n,
+        let mut said = std::collections::BTreeSet::new();
+        let holding = |n| disk::DiskTiming {
+            holding: n,
+            held: 5,
             ..Default::default()
         };
-        assert!(disk_stalled("d1", &held(0), &mut seen).is_none());
-        let e = disk_stalled("d1", &held(1), &mut seen).expect("said");
+        assert!(disk_stalled("d1", &holding(0), &mut said).is_none());
+        let e = disk_stalled("d1", &holding(1), &mut said).expect("said");
         assert_eq!((e.kind, e.severity), (K::DiskStalled, S::Critical));
         // the same stall goes on: not said again
-        assert!(disk_stalled("d1", &held(3), &mut seen).is_none());
-        // a look with no more waiting ends it; the next one is said
-        assert!(disk_stalled("d1", &held(3), &mut seen).is_none());
-        assert!(disk_stalled("d1", &held(4), &mut seen).is_some());
-        assert!(disk_stalled("d2", &held(1), &mut seen).is_some());
+        assert!(disk_stalled("d1", &holding(3), &mut said).is_none());
+        assert!(disk_stalled("d1", &holding(1), &mut said).is_none());
+        // a look with none waiting ends it; the next one is said
+        assert!(disk_stalled("d1", &holding(0), &mut said).is_none());
+        assert!(disk_stalled("d1", &holding(2), &mut said).is_some());
+        assert!(disk_stalled("d2", &holding(1), &mut said).is_some());
         // given up: said as stopped answering instead
         let failed = disk::DiskTiming {
-            held: 9,
+            holding: 1,
             failed: Some("x".into()),
             ..Default::default()
         };
-        assert!(disk_stalled("d3", &failed, &mut seen).is_none());
+        assert!(disk_stalled("d3", &failed, &mut said).is_none());
     }
 
     #[test]

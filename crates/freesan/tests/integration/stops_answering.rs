@@ -170,26 +170,8 @@ fn a_pool_member_that_stops_answering_is_failed_and_the_lun_goes_on() {
     let frozen0 = Frozen::freeze(&mounted0.0);
     let state0 = dir.path().join("verify0.json");
     let bench = start_verified_writes(&node.url(0, 0), &state0, "4k", 2, 2);
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
-    loop {
-        let (code, body) = http(&api, "GET", "/api/v1/disks", &[&auth], "");
-        assert_eq!(code, 200, "{body}");
-        let disks: serde_json::Value = serde_json::from_str(&body).unwrap();
-        let d0 = disks
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|x| x["name"] == "d0")
-            .unwrap_or_else(|| panic!("no d0 in {disks}"))
-            .clone();
-        assert!(d0["stopped_answering"].is_null(), "{d0}");
-        if d0["timeouts_waited"].as_u64().unwrap() >= 1 {
-            break;
-        }
-        assert!(std::time::Instant::now() < deadline, "never waited: {d0}");
-        std::thread::sleep(std::time::Duration::from_millis(100));
-    }
-    let ev = await_event(&api, |e| e["kind"] == "disk_stalled");
+    await_waited_for(&api, &auth, "d0");
+    let ev = await_event(&api, |e| e["kind"] == "disk_stalled" && e["object"] == "d0");
     assert_eq!(ev["severity"], "critical", "{ev}");
     assert!(ev["message"].as_str().unwrap_or("").contains("d0"), "{ev}");
     let (code, metrics) = http(&api, "GET", "/metrics", &[&auth], "");
@@ -228,6 +210,71 @@ fn a_pool_member_that_stops_answering_is_failed_and_the_lun_goes_on() {
         node.terminate(),
         "the node did not stop cleanly after the thaw"
     );
+}
+
+/// Waits (60 s at most) until `GET /disks` says a request to disk `name`
+/// was waited for past its timeout, the disk not failed.
+fn await_waited_for(api: &str, auth: &str, name: &str) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    loop {
+        let (code, body) = http(api, "GET", "/api/v1/disks", &[auth], "");
+        assert_eq!(code, 200, "{body}");
+        let disks: serde_json::Value = serde_json::from_str(&body).unwrap();
+        let d = disks
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|x| x["name"] == name)
+            .unwrap_or_else(|| panic!("no {name} in {disks}"))
+            .clone();
+        assert!(d["stopped_answering"].is_null(), "{d}");
+        if d["timeouts_waited"].as_u64().unwrap() >= 1 {
+            return;
+        }
+        assert!(std::time::Instant::now() < deadline, "never waited: {d}");
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+}
+
+/// A disk a LUN serves directly holds the only copy of its data: when it
+/// stops answering (a file on a frozen ext4), it is waited for past its
+/// command timeout, not failed, and the writes answer after the thaw.
+/// Failed at the timeout, every later request to the LUN failed until the
+/// node restarted.
+#[test]
+fn a_disk_a_lun_serves_directly_is_waited_for() {
+    let dir = tempfile::tempdir().unwrap();
+    let Some(mounted) = Mounted::new(dir.path(), "frz") else {
+        assert!(
+            std::env::var("FREESAN_REQUIRE_TOOLS").is_err(),
+            "loop mounts and fsfreeze are required (run the tests as root)"
+        );
+        eprintln!("skipped: no loop mount here (not root?)");
+        return;
+    };
+    let cfg = format!(
+        "data_dir = \"{d}/data\"\n[api]\naddress = \"127.0.0.1:0\"\n\
+         [[portal]]\naddress = \"127.0.0.1:0\"\n\
+         [[disk]]\nname = \"d0\"\nsize = \"64M\"\npath = \"{m}/d0.img\"\nio_timeout_secs = 2\n\
+         [[target]]\niqn = \"{IQN}\"\n[[target.lun]]\ndisk = \"d0\"\n",
+        d = dir.path().display(),
+        m = mounted.0.display()
+    );
+    let cfg_path = dir.path().join("node.toml");
+    std::fs::write(&cfg_path, cfg).unwrap();
+    let mut node = start_config(dir.path(), &cfg_path);
+    let api = node.api.clone().expect("no API address in the banner");
+    let token = make_token(&dir.path().join("data"), "read-only", "disks");
+    let auth = format!("Authorization: Bearer {token}");
+    let frozen = Frozen::freeze(&mounted.0);
+    let state = dir.path().join("verify.json");
+    let bench = start_verified_writes(&node.url(0, 0), &state, "4k", 2, 2);
+    await_waited_for(&api, &auth, "d0");
+    drop(frozen);
+    let out = bench.wait_with_output().expect("bench");
+    assert!(out.status.success(), "the writes failed while d0 stalled");
+    assert_acknowledged_writes_intact(&node.url(0, 0), &state, "after d0's stall");
+    assert!(node.terminate(), "the node did not stop cleanly");
 }
 
 /// A node that is itself stopped (SIGSTOP, as a paused virtual machine or a
