@@ -294,18 +294,14 @@ fn cache_config(c: &crate::config::CacheConfig) -> Result<cache::CacheConfig> {
 }
 
 /// Opens a configured disk (see [`open_disk_untimed`]) with its reads and
-/// writes timed, and its command timeout; waited for past it as the only
-/// copy of its data ([`crate::keep`]).
+/// writes timed, and its command timeout (no keeper: given up at it, until
+/// what takes it gives it one, [`crate::keep`]).
 fn open_disk(cfg: &Config, d: &DiskConfig) -> Result<Arc<disk::TimedDisk>> {
     let v = open_disk_untimed(cfg, d)?;
-    let t = match d.io_timeout() {
+    Ok(Arc::new(match d.io_timeout() {
         Some(limit) => disk::TimedDisk::with_timeout(v, &d.name, limit),
         None => disk::TimedDisk::new(v),
-    };
-    // the only copy of its data until a pool or cache takes it (and gives
-    // it a keeper of its own)
-    block::Volume::keep_with(&t, Arc::new(crate::keep::OnlyCopy));
-    Ok(Arc::new(t))
+    }))
 }
 
 /// Opens a configured disk: the file or device, or a simulated disk over its data file.
@@ -537,7 +533,11 @@ impl Pools {
                     None => bail!("cache {}: no pool named {p:?}", c.name),
                 },
                 (None, Some(d)) => match disks.remove(d) {
-                    Some(v) => v,
+                    Some(v) => {
+                        // the only copy of what the cache fronts
+                        v.keep_with(Arc::new(crate::keep::OnlyCopy));
+                        v
+                    }
                     None => bail!(
                         "cache {}: disk {d:?} is not configured or already used",
                         c.name
@@ -684,6 +684,7 @@ impl Pools {
     /// deleted or never started).
     pub fn release_lun_disk(&self, name: &str) {
         if let Some(v) = self.lun_disks.lock().remove(name) {
+            v.keep_with(Arc::new(crate::keep::GiveUp));
             self.free_disks.lock().insert(name.to_string(), v);
         }
     }
@@ -859,6 +860,9 @@ impl Pools {
         }
         match free.remove(name) {
             Some(v) => {
+                // the only copy of the LUN's data (a replicated LUN gives
+                // it a keeper of its own)
+                v.keep_with(Arc::new(crate::keep::OnlyCopy));
                 self.lun_disks.lock().insert(name.to_string(), v.clone());
                 Ok(v)
             }

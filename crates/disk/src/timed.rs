@@ -395,10 +395,15 @@ impl TimedDisk {
             if held + 1 >= KEEP_TIMEOUT_FACTOR {
                 break;
             }
+            // (the slow path: every request now ends with the disk's failure)
+            gone.as_mut().enable();
+            if let Some(why) = self.failed.get() {
+                return Err(self.refused(why));
+            }
             let give_up = tokio::select! {
                 biased;
                 r = io.as_mut() => return r,
-                () = gone.as_mut(), if long => {
+                () = gone.as_mut() => {
                     let why = self.failed.get().map_or("", String::as_str);
                     return Err(self.refused(why));
                 }
@@ -442,6 +447,9 @@ impl TimedDisk {
             return true;
         };
         let mut last_wait = self.asked.lock().await;
+        if self.failed.get().is_some() {
+            return true;
+        }
         if last_wait.is_some_and(|t| t.elapsed() < limit / 2) {
             return false;
         }
@@ -533,6 +541,10 @@ impl Volume for TimedDisk {
     }
     fn keep_with(&self, keeper: Arc<dyn Keeper>) {
         *self.keeper.lock() = Some(keeper);
+        // a "wait" of the keeper before stands no more
+        if let Ok(mut asked) = self.asked.try_lock() {
+            *asked = None;
+        }
     }
 }
 

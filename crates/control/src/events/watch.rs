@@ -173,9 +173,9 @@ struct State {
     lockouts: u64,
     /// Disks said to have stopped answering.
     disks_stopped: BTreeSet<String>,
-    /// Disks whose stall (requests waiting past their timeout) was said and
-    /// goes on.
-    disks_held: BTreeSet<String>,
+    /// Each disk's count of requests waited for past their timeout at the
+    /// last look, and whether its stall was said and goes on.
+    disks_held: BTreeMap<String, (u64, bool)>,
 }
 
 #[derive(Clone)]
@@ -617,14 +617,19 @@ fn disk_stopped_answering(
 }
 
 /// The event for disk `name` whose timing `t` says requests to it wait past
-/// their command timeout (`said`: the disks whose stall was said): once a
-/// stall, which ends at a look that finds none waiting.
-fn disk_stalled(name: &str, t: &disk::DiskTiming, said: &mut BTreeSet<String>) -> Option<NewEvent> {
-    if t.holding == 0 || t.failed.is_some() {
-        said.remove(name);
-        return None;
-    }
-    if !said.insert(name.to_string()) {
+/// their command timeout now, or waited since the last look (`seen`: each
+/// disk's count of such waits then, and whether its stall was said): once a
+/// stall, which ends at a look that finds none waiting and no new wait.
+fn disk_stalled(
+    name: &str,
+    t: &disk::DiskTiming,
+    seen: &mut BTreeMap<String, (u64, bool)>,
+) -> Option<NewEvent> {
+    let (before, said) = seen.get(name).copied().unwrap_or((0, false));
+    // (a disk opened again under the name counts from 0)
+    let stalled = t.holding > 0 || t.held != before;
+    seen.insert(name.to_string(), (t.held, stalled));
+    if !stalled || said || t.failed.is_some() {
         return None;
     }
     Some(NewEvent::new(
@@ -841,22 +846,27 @@ mod tests {
 
     #[test]
     fn a_disk_waited_for_past_its_timeout_is_said_once_a_stall() {
-        let mut said = std::collections::BTreeSet::new();
-        let holding = |n| disk::DiskTiming {
-            holding: n,
-            held: 5,
+        let mut said = std::collections::BTreeMap::new();
+        let t = |holding, held| disk::DiskTiming {
+            holding,
+            held,
             ..Default::default()
         };
-        assert!(disk_stalled("d1", &holding(0), &mut said).is_none());
-        let e = disk_stalled("d1", &holding(1), &mut said).expect("said");
+        assert!(disk_stalled("d1", &t(0, 0), &mut said).is_none());
+        let e = disk_stalled("d1", &t(1, 1), &mut said).expect("said");
         assert_eq!((e.kind, e.severity), (K::DiskStalled, S::Critical));
-        // the same stall goes on: not said again
-        assert!(disk_stalled("d1", &holding(3), &mut said).is_none());
-        assert!(disk_stalled("d1", &holding(1), &mut said).is_none());
-        // a look with none waiting ends it; the next one is said
-        assert!(disk_stalled("d1", &holding(0), &mut said).is_none());
-        assert!(disk_stalled("d1", &holding(2), &mut said).is_some());
-        assert!(disk_stalled("d2", &holding(1), &mut said).is_some());
+        // the same stall goes on: not said again, waits counted or not
+        assert!(disk_stalled("d1", &t(3, 4), &mut said).is_none());
+        assert!(disk_stalled("d1", &t(1, 4), &mut said).is_none());
+        // a look with none waiting and no new wait ends it; the next is said
+        assert!(disk_stalled("d1", &t(0, 5), &mut said).is_none());
+        assert!(disk_stalled("d1", &t(0, 5), &mut said).is_none());
+        assert!(disk_stalled("d1", &t(2, 6), &mut said).is_some());
+        // a stall begun and ended between two looks is said too
+        assert!(disk_stalled("d1", &t(0, 6), &mut said).is_none());
+        assert!(disk_stalled("d1", &t(0, 6), &mut said).is_none());
+        assert!(disk_stalled("d1", &t(0, 8), &mut said).is_some());
+        assert!(disk_stalled("d2", &t(1, 1), &mut said).is_some());
         // given up: said as stopped answering instead
         let failed = disk::DiskTiming {
             holding: 1,

@@ -270,10 +270,22 @@ fn a_disk_a_lun_serves_directly_is_waited_for() {
     let state = dir.path().join("verify.json");
     let bench = start_verified_writes(&node.url(0, 0), &state, "4k", 2, 2);
     await_waited_for(&api, &auth, "d0");
+    let ev = await_event(&api, |e| e["kind"] == "disk_stalled" && e["object"] == "d0");
+    assert_eq!(ev["severity"], "critical", "{ev}");
     drop(frozen);
     let out = bench.wait_with_output().expect("bench");
     assert!(out.status.success(), "the writes failed while d0 stalled");
     assert_acknowledged_writes_intact(&node.url(0, 0), &state, "after d0's stall");
+    let (code, body) = http(&api, "GET", "/api/v1/disks", &[&auth], "");
+    assert_eq!(code, 200, "{body}");
+    let disks: serde_json::Value = serde_json::from_str(&body).unwrap();
+    let d0 = &disks[0];
+    assert_eq!(
+        (d0["name"].as_str(), d0["timeouts"].as_u64()),
+        (Some("d0"), Some(0)),
+        "{d0}"
+    );
+    assert!(d0["stopped_answering"].is_null(), "{d0}");
     assert!(node.terminate(), "the node did not stop cleanly");
 }
 
