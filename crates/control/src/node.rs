@@ -127,15 +127,21 @@ impl api::Control for NodeControl {
         s["pools"] = serde_json::Value::Array(self.pools.statuses());
         s["caches"] = serde_json::Value::Array(self.pools.cache_statuses());
         s["replicas"] = serde_json::Value::Array(self.replicas());
-        // disks that stopped answering (failed for good, whatever holds them)
-        s["disks_stopped_answering"] = self
-            .pools
-            .disk_timings()
-            .into_iter()
+        // disks that stopped answering (failed for good, whatever holds them),
+        // and those waited for past their timeout now (what they serve
+        // cannot do without them: its I/O waits with them)
+        let timings = self.pools.disk_timings();
+        s["disks_stopped_answering"] = timings
+            .iter()
             .filter_map(|(name, t)| {
-                let why = t.failed?;
+                let why = t.failed.as_ref()?;
                 Some(serde_json::json!({"name": name, "why": why}))
             })
+            .collect();
+        s["disks_waited_for"] = timings
+            .iter()
+            .filter(|(_, t)| t.holding > 0 && t.failed.is_none())
+            .map(|(name, t)| serde_json::json!({"name": name, "requests": t.holding}))
             .collect();
         // the node's SCSI traffic since start, summed over every LUN (what
         // `freesan status` turns into rates)

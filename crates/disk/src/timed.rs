@@ -372,7 +372,8 @@ impl TimedDisk {
             tokio::select! {
                 biased;
                 r = io.as_mut() => return r,
-                () = gone.as_mut(), if long => {
+                // (registered for every request once it is held)
+                () = gone.as_mut(), if long || held > 0 => {
                     let why = self.failed.get().map_or("", String::as_str);
                     return Err(self.refused(why));
                 }

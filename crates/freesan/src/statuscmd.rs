@@ -107,6 +107,13 @@ fn health(v: &Value) -> String {
             d["name"].as_str().unwrap_or("?")
         ));
     }
+    for d in v["disks_waited_for"].as_array().into_iter().flatten() {
+        bad.push(format!(
+            "disk {} is not answering; {} requests wait for it past its timeout",
+            d["name"].as_str().unwrap_or("?"),
+            d["requests"].as_u64().unwrap_or(0)
+        ));
+    }
     for r in v["replicas"].as_array().into_iter().flatten() {
         let state = r["state"].as_str().unwrap_or("?");
         if state != "in-sync" {
@@ -295,6 +302,15 @@ mod tests {
         assert_eq!(
             health(&json!({"disks_stopped_answering": [{"name": "d1", "why": "x"}]})),
             "ATTENTION: disk d1 stopped answering and is failed"
+        );
+    }
+
+    #[test]
+    fn a_disk_waited_for_past_its_timeout_needs_attention() {
+        assert_eq!(health(&json!({"disks_waited_for": []})), "ok");
+        assert_eq!(
+            health(&json!({"disks_waited_for": [{"name": "d0", "requests": 3}]})),
+            "ATTENTION: disk d0 is not answering; 3 requests wait for it past its timeout"
         );
     }
 }

@@ -272,6 +272,11 @@ fn a_disk_a_lun_serves_directly_is_waited_for() {
     await_waited_for(&api, &auth, "d0");
     let ev = await_event(&api, |e| e["kind"] == "disk_stalled" && e["object"] == "d0");
     assert_eq!(ev["severity"], "critical", "{ev}");
+    let (ok_status, status) = cli(&api, &["status"]);
+    assert!(
+        ok_status && status.contains("disk d0 is not answering"),
+        "{status}"
+    );
     drop(frozen);
     let out = bench.wait_with_output().expect("bench");
     assert!(out.status.success(), "the writes failed while d0 stalled");
