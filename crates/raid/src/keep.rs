@@ -84,10 +84,7 @@ impl Inner {
         else {
             return Loss::Nothing;
         };
-        let mut missing = Inner::missing(&st, self.stripes());
-        for (i, s) in st.slots.iter().enumerate() {
-            missing[i] |= !serving(s);
-        }
+        let mut missing = self.gone(&st);
         if !crate::layout::survives(self.layout.as_ref(), &missing) {
             return Loss::Nothing;
         }
@@ -105,6 +102,19 @@ impl Inner {
         Loss::Redundancy(others)
     }
 
+    /// Which positions count as gone ([`Inner::missing`]), the members let
+    /// go on a timeout as well.
+    fn gone(&self, st: &crate::pool::State) -> Vec<bool> {
+        let mut missing = Inner::missing(st, self.stripes());
+        for (i, s) in st.slots.iter().enumerate() {
+            missing[i] |= s
+                .member
+                .as_ref()
+                .is_some_and(|m| m.given_up.load(Ordering::Acquire));
+        }
+        missing
+    }
+
     /// Lets member `h` go if the pool still survives without it and every
     /// member let go before (checked again: others may have been let go
     /// while its siblings were probed).
@@ -112,11 +122,9 @@ impl Inner {
         // (under the lock: two members cannot both pass on the other's
         // place)
         let st = self.state.lock();
-        let mut missing = Inner::missing(&st, self.stripes());
+        let mut missing = self.gone(&st);
         for (i, s) in st.slots.iter().enumerate() {
-            if let Some(m) = &s.member {
-                missing[i] |= Arc::ptr_eq(m, h) || m.given_up.load(Ordering::Acquire);
-            }
+            missing[i] |= s.member.as_ref().is_some_and(|m| Arc::ptr_eq(m, h));
         }
         if !crate::layout::survives(self.layout.as_ref(), &missing) {
             return false;

@@ -170,10 +170,7 @@ fn a_pool_member_that_stops_answering_is_failed_and_the_lun_goes_on() {
     let frozen0 = Frozen::freeze(&mounted0.0);
     let state0 = dir.path().join("verify0.json");
     let bench = start_verified_writes(&node.url(0, 0), &state0, "4k", 2, 2);
-    await_waited_for(&api, &auth, "d0");
-    let ev = await_event(&api, |e| e["kind"] == "disk_stalled" && e["object"] == "d0");
-    assert_eq!(ev["severity"], "critical", "{ev}");
-    assert!(ev["message"].as_str().unwrap_or("").contains("d0"), "{ev}");
+    await_waited_for_and_said(&api, &auth, "d0");
     let (code, metrics) = http(&api, "GET", "/metrics", &[&auth], "");
     assert_eq!(code, 200, "{metrics}");
     assert!(
@@ -209,6 +206,21 @@ fn a_pool_member_that_stops_answering_is_failed_and_the_lun_goes_on() {
     assert!(
         node.terminate(),
         "the node did not stop cleanly after the thaw"
+    );
+}
+
+/// Waits (60 s at most) until `GET /disks` says a request to disk `name`
+/// was waited for past its timeout, the disk not failed; then that a
+/// critical `disk_stalled` event and `freesan status` say so.
+fn await_waited_for_and_said(api: &str, auth: &str, name: &str) {
+    await_waited_for(api, auth, name);
+    let ev = await_event(api, |e| e["kind"] == "disk_stalled" && e["object"] == name);
+    assert_eq!(ev["severity"], "critical", "{ev}");
+    assert!(ev["message"].as_str().unwrap_or("").contains(name), "{ev}");
+    let (ok_status, status) = cli(api, &["status"]);
+    assert!(
+        ok_status && status.contains(&format!("disk {name} is not answering")),
+        "{status}"
     );
 }
 
@@ -269,14 +281,7 @@ fn a_disk_a_lun_serves_directly_is_waited_for() {
     let frozen = Frozen::freeze(&mounted.0);
     let state = dir.path().join("verify.json");
     let bench = start_verified_writes(&node.url(0, 0), &state, "4k", 2, 2);
-    await_waited_for(&api, &auth, "d0");
-    let ev = await_event(&api, |e| e["kind"] == "disk_stalled" && e["object"] == "d0");
-    assert_eq!(ev["severity"], "critical", "{ev}");
-    let (ok_status, status) = cli(&api, &["status"]);
-    assert!(
-        ok_status && status.contains("disk d0 is not answering"),
-        "{status}"
-    );
+    await_waited_for_and_said(&api, &auth, "d0");
     drop(frozen);
     let out = bench.wait_with_output().expect("bench");
     assert!(out.status.success(), "the writes failed while d0 stalled");
