@@ -30,6 +30,10 @@ pub struct FaultPlan {
     /// until [`FaultVolume::set_hung`] clears it (a stall that ends); cleared
     /// here directly, they are never answered.
     pub hung: bool,
+    /// As `hung`, for the operations that change or flush the device only
+    /// (writes, flushes, discards, zeroing); reads still answer, as on a
+    /// frozen file system under a disk file.
+    pub writes_hung: bool,
 }
 
 /// Forwards to the volume below unless the current [`FaultPlan`] says otherwise.
@@ -77,17 +81,29 @@ impl FaultVolume {
         }
     }
 
-    /// Waits while the plan says the device is hung: until [`FaultVolume::set_hung`]
-    /// clears it, or for ever.
-    async fn answers(&self) {
-        if !self.plan.lock().hung {
+    /// Makes the device stop answering writes, flushes, discards and
+    /// zeroing (`true`), reads still answered, or answer them again
+    /// (`false`: the operations taken meanwhile go on).
+    pub fn set_writes_hung(&self, hung: bool) {
+        self.plan.lock().writes_hung = hung;
+        if !hung {
+            self.unhung.notify_waiters();
+        }
+    }
+
+    /// Waits while the plan says the device is hung (for a `change`: its
+    /// writes too): until [`FaultVolume::set_hung`] or
+    /// [`FaultVolume::set_writes_hung`] clears it, or for ever.
+    async fn answers(&self, change: bool) {
+        let hung = |p: &FaultPlan| p.hung || (change && p.writes_hung);
+        if !hung(&self.plan.lock()) {
             return;
         }
         loop {
             let woken = self.unhung.notified();
             let mut woken = std::pin::pin!(woken);
             woken.as_mut().enable();
-            if !self.plan.lock().hung {
+            if !hung(&self.plan.lock()) {
                 return;
             }
             woken.await;
@@ -108,7 +124,7 @@ impl Volume for FaultVolume {
     }
 
     async fn read(&self, lba: u64, blocks: u32) -> BlockResult<Bytes> {
-        self.answers().await;
+        self.answers(false).await;
         {
             let p = self.plan.lock();
             if p.dead {
@@ -122,7 +138,7 @@ impl Volume for FaultVolume {
     }
 
     async fn write(&self, lba: u64, data: Bytes, fua: bool) -> BlockResult<()> {
-        self.answers().await;
+        self.answers(true).await;
         let blocks = self.geometry().blocks_in(data.len())?;
         let tear = {
             let mut p = self.plan.lock();
@@ -161,7 +177,7 @@ impl Volume for FaultVolume {
     }
 
     async fn flush(&self) -> BlockResult<()> {
-        self.answers().await;
+        self.answers(true).await;
         {
             let p = self.plan.lock();
             if p.dead || p.fail_flush {
@@ -172,7 +188,7 @@ impl Volume for FaultVolume {
     }
 
     async fn discard(&self, lba: u64, blocks: u64) -> BlockResult<()> {
-        self.answers().await;
+        self.answers(true).await;
         {
             // (a discard changes the blocks as a write does: review of
             // 2026-12-06, it went through blocks that refuse writes)
@@ -188,7 +204,7 @@ impl Volume for FaultVolume {
     }
 
     async fn write_zeroes(&self, lba: u64, blocks: u64, may_unmap: bool) -> BlockResult<()> {
-        self.answers().await;
+        self.answers(true).await;
         {
             let p = self.plan.lock();
             if p.dead {
@@ -202,7 +218,7 @@ impl Volume for FaultVolume {
     }
 
     async fn block_status(&self, lba: u64, blocks: u64) -> BlockResult<Vec<Extent>> {
-        self.answers().await;
+        self.answers(false).await;
         if self.plan.lock().dead {
             return Err(dead_error());
         }

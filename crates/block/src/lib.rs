@@ -345,26 +345,42 @@ pub trait Keeper: Send + Sync {
     /// `limit`. True if the device may be given up now; false to wait one
     /// more `limit` and ask again. May take up to `limit / 2` to find out
     /// (it may ask the device's siblings); the device's own answer ends the
-    /// question.
-    async fn may_give_up(&self, limit: std::time::Duration) -> bool;
+    /// question. `unanswered` is the kind of request that had no answer,
+    /// so that siblings are asked the same kind of question: a stall may
+    /// hold writes only (a frozen file system under disk files answers
+    /// reads from its cache), and siblings answering a read say nothing of
+    /// it.
+    async fn may_give_up(&self, limit: std::time::Duration, unanswered: Unanswered) -> bool;
 }
 
-/// True if any of `devices` answers a one-block read within `within`: what
-/// a [`Keeper`] asks a silent device's siblings, to tell a device that
-/// stopped answering alone from a stall they share. Each reads a block of
-/// its own, at random, so that a cache above a device (a disk file's page
-/// cache) is unlikely to answer for it; the reads still out at the end are
-/// dropped.
-pub async fn any_answers(devices: Vec<VolumeRef>, within: std::time::Duration) -> bool {
-    let mut probes = tokio::task::JoinSet::new();
-    for v in devices {
-        probes.spawn(async move {
-            let lba = rand::random::<u64>() % v.geometry().block_count.max(1);
-            v.read(lba, 1).await.is_ok()
-        });
+/// The kind of request a device left unanswered ([`Keeper::may_give_up`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Unanswered {
+    /// A read, or a question that reads (block status).
+    Read,
+    /// A write, or a change like one (discard, zeroing, compare and write).
+    Write,
+    /// A flush: whether writes reach stable storage.
+    Flush,
+}
+
+/// True if any of `probes` (one question to each of a silent device's
+/// siblings) answers true within `within`: what a [`Keeper`] asks to tell a
+/// device that stopped answering alone from a stall they share. The
+/// questions still out at the end are dropped.
+pub async fn any_answers<F>(
+    probes: impl IntoIterator<Item = F>,
+    within: std::time::Duration,
+) -> bool
+where
+    F: std::future::Future<Output = bool> + Send + 'static,
+{
+    let mut out = tokio::task::JoinSet::new();
+    for p in probes {
+        out.spawn(p);
     }
     let first = async {
-        while let Some(answered) = probes.join_next().await {
+        while let Some(answered) = out.join_next().await {
             if matches!(answered, Ok(true)) {
                 return true;
             }
@@ -372,6 +388,14 @@ pub async fn any_answers(devices: Vec<VolumeRef>, within: std::time::Duration) -
         false
     };
     tokio::time::timeout(within, first).await.unwrap_or(false)
+}
+
+/// A one-block read of `device` at a random place: a probe for
+/// [`any_answers`]. Random, so that a cache above the device (a disk
+/// file's page cache) is unlikely to answer for it.
+pub async fn read_probe(device: VolumeRef) -> bool {
+    let lba = rand::random::<u64>() % device.geometry().block_count.max(1);
+    device.read(lba, 1).await.is_ok()
 }
 
 /// Byte offset of the first difference between two buffers over their common

@@ -16,9 +16,10 @@
 //! too (a stall they share: one controller, one path). The disk gives up
 //! after `disk::KEEP_TIMEOUT_FACTOR` timeouts all the same.
 
+use crate::ssd::{DeviceLayout, PAGE_BYTES};
 use crate::volume::Inner;
 use async_trait::async_trait;
-use block::Keeper;
+use block::{Bytes, Keeper, Unanswered, VolumeRef};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
@@ -62,7 +63,7 @@ impl Inner {
 
 #[async_trait]
 impl Keeper for DeviceKeeper {
-    async fn may_give_up(&self, limit: Duration) -> bool {
+    async fn may_give_up(&self, limit: Duration, unanswered: Unanswered) -> bool {
         let Some(cache) = self.cache.upgrade() else {
             return true;
         };
@@ -89,6 +90,7 @@ impl Keeper for DeviceKeeper {
             })
             .map(|(_, d)| d.vol())
             .collect();
+        let layout = cache.layout;
         let name = me.name();
         drop(cache);
         if partners.is_empty() {
@@ -96,11 +98,32 @@ impl Keeper for DeviceKeeper {
                 holds the only copy of dirty data: waited for, not failed");
             return false;
         }
-        let alone = block::any_answers(partners, limit / 2).await;
+        let probes = partners.into_iter().map(|v| probe(v, layout, unanswered));
+        let alone = block::any_answers(probes, limit / 2).await;
         if !alone {
-            tracing::warn!(device = %name, "cache device has stopped answering, and \
-                so has its mirror partner: a stall they share, waited for");
+            tracing::warn!(device = %name, ?unanswered, "cache device has stopped \
+                answering, and so has its mirror partner: a stall they share, waited for");
         }
         alone
+    }
+}
+
+/// One question to the mirror partner of a silent device, of the kind the
+/// device left unanswered: a read at a random place; a write (with FUA for
+/// a flush) of zeroes to a page the layout leaves free, so that a stall
+/// holding writes only (a frozen file system under device files, which
+/// still answers reads) is seen as shared. A device the layout fills to
+/// the page is asked a read.
+async fn probe(partner: VolumeRef, layout: DeviceLayout, unanswered: Unanswered) -> bool {
+    let g = partner.geometry();
+    let free = layout.free_page(g.size_bytes());
+    match (unanswered, free) {
+        (Unanswered::Read, _) | (_, None) => block::read_probe(partner).await,
+        (Unanswered::Write | Unanswered::Flush, Some(at)) => {
+            let zeroes = Bytes::from(vec![0u8; PAGE_BYTES as usize]);
+            let lba = at / u64::from(g.block_size_bytes);
+            let fua = unanswered == Unanswered::Flush;
+            partner.write(lba, zeroes, fua).await.is_ok()
+        }
     }
 }

@@ -13,6 +13,10 @@
 //! [data, ...)    frames: one cache block each, 1 MiB aligned
 //! ```
 //!
+//! The space between the table and the frames, and past the last frame,
+//! holds nothing; a keeper writes zeroes to a page of it to ask whether a
+//! device still takes writes ([`DeviceLayout::free_page`]).
+//!
 //! The table's two slots (write-back): a page write goes to the slot that does
 //! not hold the page's last durable version, with a sequence number one above
 //! it, and the next write of that page waits for it. A write torn by a power
@@ -280,6 +284,18 @@ impl DeviceLayout {
     /// Bytes of the device used.
     pub(crate) fn end(&self) -> u64 {
         self.data_offset + self.local_frames as u64 * self.block_bytes
+    }
+
+    /// A page of a device of `device_bytes` that holds nothing (between the
+    /// table and the frames, or past the last frame), for a keeper's write
+    /// probe (cache's `keep.rs`); `None` when the layout fills the device
+    /// to the page.
+    pub(crate) fn free_page(&self, device_bytes: u64) -> Option<u64> {
+        let table_end = self.page_offset(0, self.slots);
+        if table_end + PAGE_BYTES <= self.data_offset {
+            return Some(self.data_offset - PAGE_BYTES);
+        }
+        (self.end() + PAGE_BYTES <= device_bytes).then_some(self.end())
     }
 
     pub(crate) fn frame_offset(&self, local: u32) -> u64 {
@@ -671,8 +687,21 @@ mod tests {
                 // the last copy of the last page ends before the frames
                 let last = l.page_offset(l.table_pages - 1, slots - 1) + PAGE_BYTES;
                 assert!(last <= l.data_offset);
+                // the keeper's probe page holds nothing: past the table,
+                // before the frames or past the last one, on the device
+                let free = l.free_page(dev).expect("a page left free");
+                let between = last <= free && free + PAGE_BYTES <= l.data_offset;
+                let past = l.end() <= free && free + PAGE_BYTES <= dev;
+                assert!(between || past, "{free} in {l:?}");
             }
         }
+        // a table that ends on the frames' alignment, frames to the page
+        // of the device: no free page
+        let table_pages = ((DATA_ALIGN - TABLE_OFFSET) / PAGE_BYTES) as u32;
+        let l = DeviceLayout::for_frames(table_pages * RECORDS_PER_PAGE as u32, 65536, 1);
+        assert_eq!(l.data_offset, DATA_ALIGN);
+        assert_eq!(l.free_page(l.end()), None);
+        assert_eq!(l.free_page(l.end() + PAGE_BYTES), Some(l.end()));
     }
 
     /// The recent medium errors halve for every hour that passes (md's rule),

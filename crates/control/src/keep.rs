@@ -15,7 +15,7 @@
 //! - [`GiveUp`], a disk a deleted LUN gave back.
 
 use async_trait::async_trait;
-use block::Keeper;
+use block::{Keeper, Unanswered};
 use replica::{ReplicatedVolume, Role};
 use std::sync::Weak;
 use std::time::Duration;
@@ -25,7 +25,7 @@ pub(crate) struct OnlyCopy;
 
 #[async_trait]
 impl Keeper for OnlyCopy {
-    async fn may_give_up(&self, _limit: Duration) -> bool {
+    async fn may_give_up(&self, _limit: Duration, _unanswered: Unanswered) -> bool {
         false
     }
 }
@@ -35,7 +35,7 @@ pub(crate) struct GiveUp;
 
 #[async_trait]
 impl Keeper for GiveUp {
-    async fn may_give_up(&self, _limit: Duration) -> bool {
+    async fn may_give_up(&self, _limit: Duration, _unanswered: Unanswered) -> bool {
         true
     }
 }
@@ -59,7 +59,7 @@ pub(crate) fn replica_can_lose_local(role: Role, state: &str, attached: bool) ->
 
 #[async_trait]
 impl Keeper for UnderReplica {
-    async fn may_give_up(&self, _limit: Duration) -> bool {
+    async fn may_give_up(&self, _limit: Duration, _unanswered: Unanswered) -> bool {
         let Some(r) = self.0.upgrade() else {
             return false;
         };

@@ -47,7 +47,8 @@
 
 use async_trait::async_trait;
 use block::{
-    BlockError, BlockResult, Bytes, Extent, Geometry, Keeper, Provisioning, Volume, VolumeRef,
+    BlockError, BlockResult, Bytes, Extent, Geometry, Keeper, Provisioning, Unanswered, Volume,
+    VolumeRef,
 };
 use std::future::Future;
 use std::io;
@@ -321,12 +322,13 @@ impl TimedDisk {
             .map(|l| l + Duration::from_secs(bytes / ZEROING_BYTES_PER_S))
     }
 
-    /// Runs `io` (a `what` at `lba`) within `limit` (`None`: no timeout);
+    /// Runs `io` (a `what` at `lba`, of kind `unanswered` for the keeper)
+    /// within `limit` (`None`: no timeout);
     /// refuses it at once on a failed disk, and ends it when another request
     /// fails the disk meanwhile.
     async fn bounded<T>(
         &self,
-        what: &str,
+        (what, unanswered): (&str, Unanswered),
         lba: u64,
         limit: Option<Duration>,
         io: impl Future<Output = BlockResult<T>>,
@@ -408,7 +410,7 @@ impl TimedDisk {
                     let why = self.failed.get().map_or("", String::as_str);
                     return Err(self.refused(why));
                 }
-                v = self.ask_keeper(base) => v,
+                v = self.ask_keeper(base, unanswered) => v,
             };
             if let Some(why) = self.failed.get() {
                 return Err(self.refused(why));
@@ -443,7 +445,7 @@ impl TimedDisk {
     /// for half a timeout for every request that runs out meanwhile, so a
     /// deep queue on a stalled disk asks (and probes its siblings) once a
     /// round, not once a request.
-    async fn ask_keeper(&self, limit: Duration) -> bool {
+    async fn ask_keeper(&self, limit: Duration, unanswered: Unanswered) -> bool {
         let Some(keeper) = self.keeper.lock().clone() else {
             return true;
         };
@@ -454,7 +456,7 @@ impl TimedDisk {
         if last_wait.is_some_and(|t| t.elapsed() < limit / 2) {
             return false;
         }
-        let give_up = keeper.may_give_up(limit).await;
+        let give_up = keeper.may_give_up(limit, unanswered).await;
         if !give_up {
             *last_wait = Some(tokio::time::Instant::now());
             tracing::warn!(disk = %self.name, "a request has had no answer within the \
@@ -490,7 +492,12 @@ impl Volume for TimedDisk {
     async fn read(&self, lba: u64, blocks: u32) -> BlockResult<Bytes> {
         let t = Instant::now();
         let r = self
-            .bounded("read", lba, self.limit, self.inner.read(lba, blocks))
+            .bounded(
+                ("read", Unanswered::Read),
+                lba,
+                self.limit,
+                self.inner.read(lba, blocks),
+            )
             .await;
         self.read.finish(t, r.is_err());
         r
@@ -498,24 +505,40 @@ impl Volume for TimedDisk {
     async fn write(&self, lba: u64, data: Bytes, fua: bool) -> BlockResult<()> {
         let t = Instant::now();
         let r = self
-            .bounded("write", lba, self.limit, self.inner.write(lba, data, fua))
+            .bounded(
+                ("write", Unanswered::Write),
+                lba,
+                self.limit,
+                self.inner.write(lba, data, fua),
+            )
             .await;
         self.write.finish(t, r.is_err());
         r
     }
     async fn flush(&self) -> BlockResult<()> {
         let limit = self.limit.map(|l| l * FLUSH_TIMEOUT_FACTOR);
-        self.bounded("flush", 0, limit, self.inner.flush()).await
+        self.bounded(("flush", Unanswered::Flush), 0, limit, self.inner.flush())
+            .await
     }
     async fn discard(&self, lba: u64, blocks: u64) -> BlockResult<()> {
         let limit = self.sized_limit(blocks);
-        self.bounded("discard", lba, limit, self.inner.discard(lba, blocks))
-            .await
+        self.bounded(
+            ("discard", Unanswered::Write),
+            lba,
+            limit,
+            self.inner.discard(lba, blocks),
+        )
+        .await
     }
     async fn write_zeroes(&self, lba: u64, blocks: u64, may_unmap: bool) -> BlockResult<()> {
         let io = self.inner.write_zeroes(lba, blocks, may_unmap);
-        self.bounded("zeroing", lba, self.sized_limit(blocks), io)
-            .await
+        self.bounded(
+            ("zeroing", Unanswered::Write),
+            lba,
+            self.sized_limit(blocks),
+            io,
+        )
+        .await
     }
     async fn compare_and_write(
         &self,
@@ -525,11 +548,18 @@ impl Volume for TimedDisk {
         fua: bool,
     ) -> BlockResult<Option<usize>> {
         let io = self.inner.compare_and_write(lba, compare, data, fua);
-        self.bounded("compare and write", lba, self.limit, io).await
+        self.bounded(
+            ("compare and write", Unanswered::Write),
+            lba,
+            self.limit,
+            io,
+        )
+        .await
     }
     async fn block_status(&self, lba: u64, blocks: u64) -> BlockResult<Vec<Extent>> {
         let io = self.inner.block_status(lba, blocks);
-        self.bounded("block status", lba, self.limit, io).await
+        self.bounded(("block status", Unanswered::Read), lba, self.limit, io)
+            .await
     }
     fn provisioning(&self) -> Option<Provisioning> {
         self.inner.provisioning()
@@ -602,12 +632,15 @@ mod tests {
     #[derive(Default)]
     struct Cannot {
         asked: AtomicU64,
+        /// The kinds of request it was asked about, in order.
+        kinds: parking_lot::Mutex<Vec<Unanswered>>,
     }
 
     #[async_trait]
     impl Keeper for Cannot {
-        async fn may_give_up(&self, _limit: Duration) -> bool {
+        async fn may_give_up(&self, _limit: Duration, unanswered: Unanswered) -> bool {
             self.asked.fetch_add(1, Ordering::Relaxed);
+            self.kinds.lock().push(unanswered);
             false
         }
     }
@@ -633,6 +666,7 @@ mod tests {
         let t = d.timing();
         assert_eq!((t.timeouts, t.held, t.failed), (0, 3, None));
         assert_eq!(keeper.asked.load(Ordering::Relaxed), 3);
+        assert_eq!(*keeper.kinds.lock(), [Unanswered::Read; 3]);
         d.write(1, Bytes::from(vec![3u8; 512]), false)
             .await
             .unwrap();
@@ -647,6 +681,11 @@ mod tests {
             (1, 3 + u64::from(KEEP_TIMEOUT_FACTOR) - 1)
         );
         assert!(t.failed.unwrap().contains("no answer in 200.0 s"));
+        // the keeper is told a write went unanswered, to ask its siblings
+        // a write in turn
+        assert!(keeper.kinds.lock()[3..]
+            .iter()
+            .all(|k| *k == Unanswered::Write));
         h.set(false);
         assert!(d.read(1, 1).await.is_err(), "failed for good");
     }

@@ -27,7 +27,7 @@
 use crate::pool::{Inner, MemberHandle};
 use crate::MemberState;
 use async_trait::async_trait;
-use block::{Keeper, VolumeRef};
+use block::{Bytes, Keeper, Unanswered, VolumeRef};
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Weak};
 use std::time::Duration;
@@ -136,7 +136,7 @@ impl Inner {
 
 #[async_trait]
 impl Keeper for MemberKeeper {
-    async fn may_give_up(&self, limit: Duration) -> bool {
+    async fn may_give_up(&self, limit: Duration, unanswered: Unanswered) -> bool {
         let (Some(pool), Some(h)) = (self.pool.upgrade(), self.member.upgrade()) else {
             return true;
         };
@@ -149,9 +149,10 @@ impl Keeper for MemberKeeper {
                 false
             }
             Loss::Redundancy(others) => {
-                let alone = block::any_answers(others, limit / 2).await;
+                let probes = others.into_iter().map(|v| probe(v, unanswered));
+                let alone = block::any_answers(probes, limit / 2).await;
                 if !alone {
-                    tracing::warn!(member = %h.name,
+                    tracing::warn!(member = %h.name, ?unanswered,
                         "member has stopped answering, and so have all the \
                          others: a stall they share, waited for");
                     return false;
@@ -159,5 +160,21 @@ impl Keeper for MemberKeeper {
                 pool.let_go(&h)
             }
         }
+    }
+}
+
+/// One question to a sibling of a silent member, of the kind the member
+/// left unanswered: a read at a random place; a write (with FUA for a
+/// flush) of zeroes to the member's probe block, in the superblock region
+/// and never read, so that a stall holding writes only (a frozen file
+/// system under disk files, which still answers reads) is seen as shared.
+async fn probe(member: VolumeRef, unanswered: Unanswered) -> bool {
+    let bs = member.geometry().block_size_bytes;
+    let zeroes = || Bytes::from(vec![0u8; bs as usize]);
+    let lba = crate::superblock::probe_lba(bs);
+    match unanswered {
+        Unanswered::Read => block::read_probe(member).await,
+        Unanswered::Write => member.write(lba, zeroes(), false).await.is_ok(),
+        Unanswered::Flush => member.write(lba, zeroes(), true).await.is_ok(),
     }
 }

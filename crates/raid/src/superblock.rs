@@ -15,6 +15,10 @@
 //! 32  .. payload: JSON of `Superblock`
 //! ```
 //!
+//! The rest of the 1 MiB region is left alone, except its last block: the
+//! pool's keeper writes zeroes there to ask whether a member still takes
+//! writes ([`probe_lba`]).
+//!
 //! A superblock that lists lost blocks is written to both slots, one after the
 //! other, so no slot an earlier version could fall back on says nothing of them.
 //!
@@ -31,6 +35,13 @@ use serde::{Deserialize, Serialize};
 pub(crate) const SUPERBLOCK_REGION_BYTES: u64 = 1 << 20;
 /// Bytes of one superblock slot.
 pub(crate) const SLOT_BYTES: u64 = 64 * 1024;
+
+/// The member block a pool's keeper writes to ask whether a member still
+/// takes writes (raid's `keep.rs`): the superblock region's last block,
+/// past both slots, never read.
+pub(crate) fn probe_lba(block_size_bytes: u32) -> u64 {
+    SUPERBLOCK_REGION_BYTES / u64::from(block_size_bytes) - 1
+}
 const MAGIC: &[u8; 8] = b"FSANRAID";
 const VERSION: u32 = 1;
 /// The format version of a superblock whose payload lists lost blocks.

@@ -1505,18 +1505,33 @@ async fn until_held(disks: &[Arc<disk::TimedDisk>], n: u32) {
 /// Failed one after the other, the halves took the dirty data with them.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stall_both_mirror_halves_share_is_waited_out() {
-    let (vol, oracle, faulty, timed) = timed_mirror_with_dirty_data([HUNG_LIMIT; 2], 61).await;
+    shared_stall_is_waited_out(61, FaultVolume::set_hung).await;
+}
+
+/// The same for a stall that holds writes only (a frozen file system under
+/// both device files still answers reads): the keeper asks the partner a
+/// write, not a read, so it sees the stall shared. Asked a read, the
+/// partner answered and the first half to time out was failed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_write_stall_both_mirror_halves_share_is_waited_out() {
+    shared_stall_is_waited_out(71, FaultVolume::set_writes_hung).await;
+}
+
+/// Both halves stall (`stall` set on each, then cleared) for three command
+/// timeouts under a workload: nothing is failed, every block reads back.
+async fn shared_stall_is_waited_out(seed: u64, stall_with: fn(&FaultVolume, bool)) {
+    let (vol, oracle, faulty, timed) = timed_mirror_with_dirty_data([HUNG_LIMIT; 2], seed).await;
     for f in &faulty {
-        f.set_hung(true);
+        stall_with(f, true);
     }
     assert!(vol.status().dirty_bytes > 0, "nothing dirty to keep");
     let stall = async {
         until_held(&timed, 3).await;
         for f in &faulty {
-            f.set_hung(false);
+            stall_with(f, false);
         }
     };
-    tokio::join!(exercise(&vol, &oracle, 62, 100), stall);
+    tokio::join!(exercise(&vol, &oracle, seed + 1, 100), stall);
     verify_all(&vol, &oracle).await;
     let st = vol.status();
     assert_eq!(st.state, "ok", "{st:?}");

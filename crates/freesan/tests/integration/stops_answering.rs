@@ -8,8 +8,10 @@
 //! every acknowledged write reads back. Then `d0`, on a second frozen file
 //! system, holds the pool's last copy: it is waited for past its timeout,
 //! not failed, and the writes answer after its thaw. The node then stops
-//! cleanly. And a node that is itself stopped past the timeout fails no
-//! disk.
+//! cleanly. Both members on one frozen file system (a stall they share,
+//! writes held, reads answered) are both waited for. A disk a LUN serves
+//! directly is waited for. And a node that is itself stopped past the
+//! timeout fails no disk.
 
 use crate::common;
 use common::*;
@@ -100,16 +102,7 @@ fn a_pool_member_that_stops_answering_is_failed_and_the_lun_goes_on() {
     std::fs::write(&cfg_path, cfg).unwrap();
     let mut node = start_config(dir.path(), &cfg_path);
     let api = node.api.clone().expect("no API address in the banner");
-    // the initial resync done: both members active
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
-    while pool_status(&api, "p")["state"] != "optimal" {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "{}",
-            pool_status(&api, "p")
-        );
-        std::thread::sleep(std::time::Duration::from_millis(100));
-    }
+    await_pool_state(&api, "p", "optimal");
 
     let frozen = Frozen::freeze(&mounted.0);
     let state = dir.path().join("verify.json");
@@ -209,6 +202,20 @@ fn a_pool_member_that_stops_answering_is_failed_and_the_lun_goes_on() {
     );
 }
 
+/// Waits (60 s at most) until pool `pool` is in `state` (the initial
+/// resync done: `optimal`).
+fn await_pool_state(api: &str, pool: &str, state: &str) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while pool_status(api, pool)["state"] != state {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{}",
+            pool_status(api, pool)
+        );
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+}
+
 /// Waits (60 s at most) until `GET /disks` says a request to disk `name`
 /// was waited for past its timeout, the disk not failed; then that a
 /// critical `disk_stalled` event and `freesan status` say so.
@@ -246,6 +253,64 @@ fn await_waited_for(api: &str, auth: &str, name: &str) {
         assert!(std::time::Instant::now() < deadline, "never waited: {d}");
         std::thread::sleep(std::time::Duration::from_millis(100));
     }
+}
+
+/// Both members of a RAID 1 pool are files on one ext4 file system that is
+/// frozen (as a network file system failing over, or a snapshot taken under
+/// every disk file, holds them): writes stall on both, while reads still
+/// answer. Each member's keeper asks the other a write, finds it silent
+/// too, and waits; after the thaw the writes answer, both members are
+/// active, and no disk has a timeout. Asked a read (which the frozen file
+/// system answers), the keeper failed the first member to time out.
+#[test]
+fn a_write_stall_every_member_shares_is_waited_out() {
+    let dir = tempfile::tempdir().unwrap();
+    let Some(mounted) = Mounted::new(dir.path(), "frz") else {
+        assert!(
+            std::env::var("FREESAN_REQUIRE_TOOLS").is_err(),
+            "loop mounts and fsfreeze are required (run the tests as root)"
+        );
+        eprintln!("skipped: no loop mount here (not root?)");
+        return;
+    };
+    let cfg = format!(
+        "data_dir = \"{d}/data\"\n[api]\naddress = \"127.0.0.1:0\"\n\
+         [[portal]]\naddress = \"127.0.0.1:0\"\n\
+         [[disk]]\nname = \"d0\"\nsize = \"64M\"\npath = \"{m}/d0.img\"\nio_timeout_secs = 2\n\
+         [[disk]]\nname = \"d1\"\nsize = \"64M\"\npath = \"{m}/d1.img\"\nio_timeout_secs = 2\n\
+         [[pool]]\nname = \"p\"\nlevel = \"raid1\"\nmembers = [\"d0\", \"d1\"]\n\
+         [[target]]\niqn = \"{IQN}\"\n[[target.lun]]\npool = \"p\"\n",
+        d = dir.path().display(),
+        m = mounted.0.display()
+    );
+    let cfg_path = dir.path().join("node.toml");
+    std::fs::write(&cfg_path, cfg).unwrap();
+    let mut node = start_config(dir.path(), &cfg_path);
+    let api = node.api.clone().expect("no API address in the banner");
+    await_pool_state(&api, "p", "optimal");
+    let token = make_token(&dir.path().join("data"), "read-only", "disks");
+    let auth = format!("Authorization: Bearer {token}");
+    let frozen = Frozen::freeze(&mounted.0);
+    let state = dir.path().join("verify.json");
+    let bench = start_verified_writes(&node.url(0, 0), &state, "4k", 2, 2);
+    // both wait (each asked, the other silent to a write) for a timeout
+    // and more before the thaw
+    await_waited_for(&api, &auth, "d0");
+    await_waited_for(&api, &auth, "d1");
+    drop(frozen);
+    let out = bench.wait_with_output().expect("bench");
+    assert!(out.status.success(), "the writes failed over the stall");
+    let p = pool_status(&api, "p");
+    assert_eq!(p["state"], "optimal", "a member was failed: {p}");
+    let (code, body) = http(&api, "GET", "/api/v1/disks", &[&auth], "");
+    assert_eq!(code, 200, "{body}");
+    let disks: serde_json::Value = serde_json::from_str(&body).unwrap();
+    for d in disks.as_array().unwrap() {
+        assert_eq!(d["timeouts"].as_u64(), Some(0), "{d}");
+        assert!(d["stopped_answering"].is_null(), "{d}");
+    }
+    assert_acknowledged_writes_intact(&node.url(0, 0), &state, "after the stall");
+    assert!(node.terminate(), "the node did not stop cleanly");
 }
 
 /// A disk a LUN serves directly holds the only copy of its data: when it

@@ -6,7 +6,7 @@
 
 use crate::common;
 
-use block::{MemVolume, Volume, VolumeRef};
+use block::{FaultVolume, MemVolume, Volume, VolumeRef};
 use common::*;
 use raid::{Member, MemberState, Pool, PoolState, RaidLevel};
 use std::sync::Arc;
@@ -216,6 +216,23 @@ fn write_behind(
 /// the members were failed one after the other and the pool with them.
 #[tokio::test]
 async fn a_stall_every_member_shares_is_waited_out() {
+    shared_stall_is_waited_out(FaultVolume::set_hung).await;
+}
+
+/// The same for a stall that holds writes only (a frozen file system under
+/// every disk file still answers reads): the keeper asks the others a
+/// write (to their probe block), not a read, so it sees the stall shared.
+/// Asked a read, the others answered and the first member to time out was
+/// failed.
+#[tokio::test]
+async fn a_write_stall_every_member_shares_is_waited_out() {
+    shared_stall_is_waited_out(FaultVolume::set_writes_hung).await;
+}
+
+/// Every member of a RAID 1, 5 and 6 stalls (`stall_with` set on each, then
+/// cleared) for three command timeouts under a write: nothing is failed,
+/// every block reads back.
+async fn shared_stall_is_waited_out(stall_with: fn(&FaultVolume, bool)) {
     for level in [RaidLevel::Raid1, RaidLevel::Raid5, RaidLevel::Raid6] {
         let TimedPool {
             ms,
@@ -224,7 +241,7 @@ async fn a_stall_every_member_shares_is_waited_out() {
             oracle,
         } = timed_pool(level, LIMIT).await;
         for m in &ms {
-            m.fault.set_hung(true);
+            stall_with(&m.fault, true);
         }
         let stripe = CHUNK as u64 / BS as u64 * 2;
         let w = write_behind(&pool, &oracle, 77, stripe);
@@ -237,7 +254,7 @@ async fn a_stall_every_member_shares_is_waited_out() {
         .await;
         tokio::time::sleep(LIMIT * 2).await;
         for m in &ms {
-            m.fault.set_hung(false);
+            stall_with(&m.fault, false);
         }
         let r = w.await.unwrap();
         let timings: Vec<_> = disks.iter().map(|d| d.timing()).collect();
