@@ -383,3 +383,60 @@ async fn two_members_stalled_under_one_write_are_not_both_let_go() {
     assert!(failed == [1] || failed == [2], "{st:?}");
     check_all(pool.as_ref(), oracle.as_ref()).await;
 }
+
+/// A journal device (an SSD holding the stripe journal) that stops
+/// answering is given up at its command timeout, keeper or no keeper:
+/// the members hold every acknowledged write once the pool checkpoints,
+/// so the pool hands the journal back to them and goes on, no member
+/// failed. Waited for, every journaled write would have waited with it.
+#[tokio::test]
+async fn a_journal_device_that_stops_answering_is_given_up_to_the_members() {
+    let ms: Vec<TestMember> = (0..4).map(|_| member(MEMBER_BLOCKS)).collect();
+    let ssd = member((1 << 20) / BS as u64);
+    let (members, disks) = all_timed(&ms, LIMIT_OTHERS);
+    let jdisk = Arc::new(disk::TimedDisk::with_timeout(
+        ssd.fault.clone() as VolumeRef,
+        "ssd",
+        LIMIT,
+    ));
+    let pool = Pool::create_with_journal_device(
+        config(RaidLevel::Raid5),
+        members,
+        vec![],
+        Some(Member::new("ssd", jdisk.clone() as VolumeRef)),
+    )
+    .await
+    .unwrap();
+    pool.wait_idle().await;
+    let pool = Arc::new(pool);
+    let oracle = Arc::new(MemVolume::new(BS, pool.geometry().block_count));
+    ssd.fault.set_hung(true);
+    // a partial-stripe write: journaled, on the device
+    let w = write_behind(&pool, &oracle, 91, 3);
+    tokio::time::timeout(LIMIT * 20, w)
+        .await
+        .expect("the write waited with the hung journal device")
+        .unwrap()
+        .expect("the write over the hung journal device");
+    let t = jdisk.timing();
+    assert_eq!((t.timeouts, t.held), (1, 0), "{t:?}");
+    assert!(t.failed.is_some(), "{t:?}");
+    let st = pool.status();
+    assert!(
+        st.journal_device.as_ref().is_some_and(|d| d.failed),
+        "{st:?}"
+    );
+    assert!(
+        st.members.iter().all(|m| m.state == MemberState::Active),
+        "{st:?}"
+    );
+    // journaled on the members from then on
+    let w = write_behind(&pool, &oracle, 92, 5);
+    w.await.unwrap().unwrap();
+    for d in &disks {
+        assert_eq!(d.timing().timeouts, 0);
+    }
+    ssd.fault.set_hung(false);
+    // (the oracle covers what was written; the rest of the pool reads zeroes)
+    check_all(pool.as_ref(), oracle.as_ref()).await;
+}
