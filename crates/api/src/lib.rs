@@ -38,7 +38,10 @@
 //!   production; a writing pattern needs `"overwrite": true`): 202 `{"id": N}`,
 //!   409 while another runs.
 //! - `GET  /disks` — every disk: model, size_bytes, state, errors, read and write
-//!   latency, pool and role (member, spare, free...).
+//!   latency, pool and role (member, spare, free...). `POST /disks/reopen`
+//!   `{"name"}` takes a disk that stopped answering back once the device has
+//!   answered every request sent to it (409 before, or while a LUN, cache,
+//!   spare or journal still has it): it becomes free.
 //! - `GET  /targets` — every target: portals, LUNs, CHAP user (never a secret),
 //!   ACL, sessions. `POST /targets/{name}/chap` `{"user", "secret"}` (or
 //!   `{"user": null}`) and `POST /targets/{name}/acl` `{"initiators": [...]}` —
@@ -259,6 +262,13 @@ pub trait Control: Send + Sync + 'static {
     /// Grows a LUN (`{"target", "lun", "size"}`) while it serves.
     async fn resize_lun(&self, _body: Value) -> Result<Value, ApiError> {
         Err(ApiError::NotFound("this node cannot resize LUNs".into()))
+    }
+    /// Takes a disk that stopped answering back (`{"name"}`), now that it
+    /// answers again: it becomes free.
+    async fn reopen_disk(&self, _body: Value) -> Result<Value, ApiError> {
+        Err(ApiError::NotFound(
+            "this node cannot take disks back".into(),
+        ))
     }
     /// Creates an object described by `body` (the config file's fields as JSON)
     /// while the node runs; answers with its description.
@@ -752,6 +762,14 @@ async fn create_disk(
     c.create(ObjectKind::Disk, body_of(body)?).await.map(Json)
 }
 
+#[utoipa::path(post, path = "/api/v1/disks/reopen", tag = "disks", summary = "Take a disk that stopped answering back, once it answers again ({\"name\"}): it becomes free, for its pool's replace or add-spare", request_body = Value, responses((status = 200, description = "done", body = Value), (status = 400, description = "malformed request", body = ErrorBody), (status = 404, description = "no such object", body = ErrorBody), (status = 409, description = "refused in the current state", body = ErrorBody)))]
+async fn reopen_disk(
+    State(c): State<Ctl>,
+    body: Result<Json<Value>, JsonRejection>,
+) -> Result<Json<Value>, ApiError> {
+    c.reopen_disk(body_of(body)?).await.map(Json)
+}
+
 #[utoipa::path(post, path = "/api/v1/pools", tag = "pools", summary = "Create a RAID pool (the config file's [[pool]] fields as JSON)", request_body = Value, responses((status = 200, description = "done", body = Value), (status = 400, description = "malformed request", body = ErrorBody), (status = 404, description = "no such object", body = ErrorBody), (status = 409, description = "refused in the current state", body = ErrorBody)))]
 async fn create_pool(
     State(c): State<Ctl>,
@@ -923,6 +941,7 @@ fn routes() -> (Router<Ctl>, utoipa::openapi::OpenApi) {
         .routes(routes!(openapi_json))
         .routes(routes!(pools, create_pool))
         .routes(routes!(disks, create_disk))
+        .routes(routes!(reopen_disk))
         .routes(routes!(luns, create_lun))
         .routes(routes!(delete_lun))
         .routes(routes!(resize_lun))

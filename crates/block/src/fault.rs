@@ -116,6 +116,9 @@ impl Volume for FaultVolume {
     fn geometry(&self) -> Geometry {
         self.inner.geometry()
     }
+    fn requests_at_device(&self) -> u64 {
+        self.inner.requests_at_device()
+    }
     fn provisioning(&self) -> Option<crate::Provisioning> {
         self.inner.provisioning()
     }

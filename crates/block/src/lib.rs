@@ -323,6 +323,17 @@ pub trait Volume: Send + Sync + 'static {
         let _ = keeper;
     }
 
+    /// Requests handed to the device (the kernel, a disk) that it has not
+    /// answered yet, their callers waiting or gone: a caller that drops a
+    /// request after that does not take it back from the device, and a
+    /// write among them may still land. A device taken back after it stopped
+    /// answering waits for none left (`disk::TimedDisk::reinstated`). 0 for
+    /// volumes that keep none (memory) or cannot tell; layers over one
+    /// device forward it.
+    fn requests_at_device(&self) -> u64 {
+        0
+    }
+
     /// Shrinks the volume to `block_count` blocks, cutting off what lies beyond.
     /// Only for a volume nobody addresses beyond that point any more (the caller
     /// makes sure: an unmapped LUN). Refused by volumes that cannot shrink (the

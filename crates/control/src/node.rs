@@ -390,6 +390,13 @@ impl api::Control for NodeControl {
         self.objects.resize_lun(body).await
     }
 
+    async fn reopen_disk(
+        &self,
+        body: serde_json::Value,
+    ) -> Result<serde_json::Value, api::ApiError> {
+        self.objects.reopen_disk(&self.pools, body).await
+    }
+
     async fn create(
         &self,
         kind: api::ObjectKind,

@@ -282,6 +282,78 @@ impl Objects {
         Ok(json!({ "name": d.name, "free_disks": pools.free_disk_names() }))
     }
 
+    /// Takes a disk that stopped answering back, now that it answers again
+    /// (`{"name"}`): it joins the free disks, to be given back to its pool
+    /// (`pool replace`, `add-spare`: rebuilt onto) or used otherwise.
+    /// Refused while it has not failed, while the device has not answered
+    /// every request sent to it before, and while something still serves
+    /// from it (a LUN or cache directly, a cache's device not yet replaced,
+    /// a pool's spare or journal device, a pool member the pool has not
+    /// failed).
+    pub async fn reopen_disk(&self, pools: &Pools, body: Value) -> Result<Value, ApiError> {
+        #[derive(serde::Deserialize)]
+        #[serde(deny_unknown_fields)]
+        struct Req {
+            name: String,
+        }
+        let Req { name } = parse(body)?;
+        let _op = self.op_lock().await?;
+        let listed = self.disks(pools).await;
+        let Some(d) = listed.iter().find(|d| d["name"] == name.as_str()) else {
+            return Err(ApiError::NotFound(format!("no disk named {name:?}")));
+        };
+        if d["stopped_answering"].is_null() {
+            return Err(ApiError::Conflict(format!(
+                "disk {name} has not failed: there is nothing to take back"
+            )));
+        }
+        let pool = d["pool"].as_str().unwrap_or("?");
+        let refused = |why: String| Err(ApiError::Conflict(format!("disk {name}: {why}")));
+        match d["role"].as_str().unwrap_or("") {
+            "free" | "retired" => {}
+            "member" => {
+                // the pool must have failed it: until then it counts on it
+                let failed = pools.statuses().iter().any(|p| {
+                    p["name"] == pool
+                        && p["members"]
+                            .as_array()
+                            .into_iter()
+                            .flatten()
+                            .any(|m| m["name"] == name.as_str() && m["state"] == "failed")
+                });
+                if !failed {
+                    return refused(format!(
+                        "pool {pool} has not failed it yet (it fails a member at its next \
+                         request); try again in a moment"
+                    ));
+                }
+            }
+            "cache" => {
+                return refused(
+                    "a cache's device is taken back once the cache no longer has it: \
+                     replace it in the cache first (freesan cache replace)"
+                        .into(),
+                )
+            }
+            "spare" => return refused(format!("a spare of pool {pool} is not taken back")),
+            "journal" => {
+                return refused(format!(
+                    "a journal device of pool {pool} is not taken back while the node runs \
+                     (the pool journals on its members since it failed)"
+                ))
+            }
+            role => {
+                return refused(format!(
+                    "it is served from directly (as a {role}); its requests fail until the \
+                     node restarts"
+                ))
+            }
+        }
+        pools.reinstate_disk(&name).map_err(conflict)?;
+        tracing::warn!(disk = %name, "disk that stopped answering taken back: it is free");
+        Ok(json!({ "name": name, "free_disks": pools.free_disk_names() }))
+    }
+
     /// Creates a pool on free blank disks; usable at once.
     pub async fn create_pool(&self, pools: &Pools, body: Value) -> Result<Value, ApiError> {
         let p: PoolConfig = parse(body)?;
@@ -854,6 +926,7 @@ impl Objects {
                     "timeouts": timing.timeouts,
                     "timeouts_waited": timing.held,
                     "waiting_past_timeout": timing.holding,
+                    "in_flight": timing.in_flight,
                     "stopped_answering": timing.failed,
                     "reads": timing.reads,
                     "writes": timing.writes,

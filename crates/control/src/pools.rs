@@ -689,6 +689,25 @@ impl Pools {
         }
     }
 
+    /// Takes disk `name` back after it stopped answering, now that it
+    /// answers again ([`disk::TimedDisk::reinstated`]): a new disk over the
+    /// same device joins the free disks (a pool's failed member, given back
+    /// with `replace` or `add-spare`, is rebuilt onto it). The failed one
+    /// stays where it was (a pool's failed position), refusing every
+    /// request. The caller checks that nothing serves from the disk.
+    pub fn reinstate_disk(&self, name: &str) -> Result<()> {
+        let mut timed = self.timed.lock();
+        let Some(old) = timed.get(name).cloned() else {
+            bail!("no disk named {name:?} is open");
+        };
+        let new = Arc::new(old.reinstated().map_err(anyhow::Error::msg)?);
+        timed.insert(name.to_string(), new.clone());
+        self.free_disks
+            .lock()
+            .insert(name.to_string(), new as VolumeRef);
+        Ok(())
+    }
+
     /// Names of the disks nothing uses.
     pub fn free_disk_names(&self) -> Vec<String> {
         self.free_disks.lock().keys().cloned().collect()

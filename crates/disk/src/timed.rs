@@ -40,8 +40,12 @@
 //! a pool or cache that failed the disk rebuilds or resilvers whatever it
 //! puts back on it.
 //!
-//! What it does not do: change any request; take a disk back that answers
-//! again (it is failed until the node opens it again); time a request that
+//! A failed disk is taken back on request ([`TimedDisk::reinstated`], the
+//! API's `POST /disks/reopen`), once no request made before waits for it
+//! and the device has answered every one it was handed.
+//!
+//! What it does not do: change any request; take a disk back on its own
+//! when it answers again; time a request that
 //! blocks the thread that makes it (an inline page-cache write, tried with
 //! RWF_NOWAIT, that still waits for a frozen file system).
 
@@ -102,6 +106,10 @@ pub struct DiskTiming {
     pub held: u64,
     /// Requests waiting past their command timeout now (a stall goes on).
     pub holding: u64,
+    /// Requests the device was handed and has not answered, their callers
+    /// still waiting or gone (past a timeout, a request is dropped here but
+    /// stays at the device): see [`block::Volume::requests_at_device`].
+    pub in_flight: u64,
     /// Why the disk is taken as failed (it stopped answering), if it is.
     pub failed: Option<String>,
 }
@@ -251,6 +259,27 @@ impl Drop for Holding<'_> {
     }
 }
 
+/// Counts a timed request while it lives (its caller waiting for it). Made
+/// before the request looks at the disk's state, with a fence that orders
+/// the two as [`TimedDisk::reinstated`] orders its look at the state and
+/// then the count: so a request either sees the disk failed and is refused,
+/// or is seen by the reinstatement, which then waits for it.
+struct Live<'a>(&'a AtomicU64);
+
+impl<'a> Live<'a> {
+    fn new(n: &'a AtomicU64) -> Self {
+        n.fetch_add(1, Ordering::SeqCst);
+        std::sync::atomic::fence(Ordering::SeqCst);
+        Live(n)
+    }
+}
+
+impl Drop for Live<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
 /// A disk whose reads and writes are timed (see the module doc).
 pub struct TimedDisk {
     inner: VolumeRef,
@@ -274,6 +303,8 @@ pub struct TimedDisk {
     gone: tokio::sync::Notify,
     /// The process's stall clock (a test's own).
     stalls: Option<&'static StallClock>,
+    /// Requests inside [`TimedDisk::bounded`] now ([`Live`]).
+    live: AtomicU64,
 }
 
 impl TimedDisk {
@@ -293,6 +324,7 @@ impl TimedDisk {
             failed: OnceLock::new(),
             gone: tokio::sync::Notify::new(),
             stalls: None,
+            live: AtomicU64::new(0),
         }
     }
 
@@ -333,12 +365,15 @@ impl TimedDisk {
         limit: Option<Duration>,
         io: impl Future<Output = BlockResult<T>>,
     ) -> BlockResult<T> {
+        let Some(limit) = limit else {
+            // (a disk without a timeout is never failed)
+            return io.await;
+        };
+        // (counted before the look at the state: see Live)
+        let _live = Live::new(&self.live);
         if let Some(why) = self.failed.get() {
             return Err(self.refused(why));
         }
-        let Some(limit) = limit else {
-            return io.await;
-        };
         // a request answered at once (a page-cache hit done inline) needs no
         // timer: polled once first, timed only if it waits
         let mut io = std::pin::pin!(io);
@@ -466,6 +501,52 @@ impl TimedDisk {
         give_up
     }
 
+    /// This disk, failed when it stopped answering, taken back now that it
+    /// answers again: a new `TimedDisk` over the same device, with the same
+    /// name, timeout and counters (`timeouts`, `held` and the latencies go
+    /// on), not failed and with no keeper (its next role gives it one).
+    /// Refused while the disk has not failed; while a request made before
+    /// still waits for it; and while the device has not answered every
+    /// request it was handed, their callers gone or not
+    /// ([`block::Volume::requests_at_device`]): a write among them could
+    /// land over what is written from now on. This disk stays failed; the
+    /// caller puts the new one in its place.
+    pub fn reinstated(&self) -> Result<TimedDisk, String> {
+        if self.failed.get().is_none() {
+            return Err(format!("disk {} has not failed", self.name));
+        }
+        // the state first, then the requests still waiting (see Live), then
+        // those at the device: a request that stopped waiting was either
+        // handed to the device (counted there until it answers) or not
+        // (never will be)
+        std::sync::atomic::fence(Ordering::SeqCst);
+        let n = self.live.load(Ordering::SeqCst) + self.inner.requests_at_device();
+        if n > 0 {
+            return Err(format!(
+                "disk {}: {n} request(s) sent to it before it failed have no answer \
+                 from the device yet (a write among them could still land); try \
+                 again once the device answers them",
+                self.name
+            ));
+        }
+        let copy = |c: &AtomicU64| AtomicU64::new(c.load(Ordering::Relaxed));
+        let dir = |d: &Dir| Dir {
+            ops: copy(&d.ops),
+            errors: copy(&d.errors),
+            latency_sum_ns: copy(&d.latency_sum_ns),
+        };
+        Ok(TimedDisk {
+            read: dir(&self.read),
+            write: dir(&self.write),
+            limit: self.limit,
+            name: self.name.clone(),
+            timeouts: copy(&self.timeouts),
+            held: copy(&self.held),
+            stalls: self.stalls,
+            ..TimedDisk::new(self.inner.clone())
+        })
+    }
+
     /// The counters so far.
     pub fn timing(&self) -> DiskTiming {
         let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
@@ -479,6 +560,7 @@ impl TimedDisk {
             timeouts: get(&self.timeouts),
             held: get(&self.held),
             holding: get(&self.holding),
+            in_flight: self.inner.requests_at_device(),
             failed: self.failed.get().cloned(),
         }
     }
@@ -569,6 +651,9 @@ impl Volume for TimedDisk {
     }
     async fn shrink(&self, block_count: u64) -> BlockResult<()> {
         self.inner.shrink(block_count).await
+    }
+    fn requests_at_device(&self) -> u64 {
+        self.inner.requests_at_device()
     }
     fn keep_with(&self, keeper: Arc<dyn Keeper>) {
         *self.keeper.lock() = Some(keeper);
@@ -731,6 +816,91 @@ mod tests {
         assert_eq!(t.elapsed(), Duration::ZERO);
         assert_eq!(h.mem.read(2, 1).await.unwrap()[0], 0, "nothing was written");
         assert_eq!(d.timing().timeouts, 1);
+    }
+
+    /// A device that says how many requests it holds (as a file's I/O
+    /// engine does), over a hanging one.
+    struct Holds {
+        inner: Arc<block::FaultVolume>,
+        at_device: AtomicU64,
+    }
+
+    #[async_trait]
+    impl Volume for Holds {
+        fn geometry(&self) -> Geometry {
+            self.inner.geometry()
+        }
+        fn requests_at_device(&self) -> u64 {
+            self.at_device.load(Ordering::SeqCst)
+        }
+        async fn read(&self, lba: u64, blocks: u32) -> BlockResult<Bytes> {
+            self.inner.read(lba, blocks).await
+        }
+        async fn write(&self, lba: u64, data: Bytes, fua: bool) -> BlockResult<()> {
+            self.inner.write(lba, data, fua).await
+        }
+        async fn flush(&self) -> BlockResult<()> {
+            self.inner.flush().await
+        }
+        async fn discard(&self, lba: u64, blocks: u64) -> BlockResult<()> {
+            self.inner.discard(lba, blocks).await
+        }
+    }
+
+    /// A disk failed at its timeout is taken back once it answers again,
+    /// and not before: while a request made before still waits, or the
+    /// device still holds one it was handed (a write that could land over
+    /// what the disk takes from then on).
+    #[tokio::test(start_paused = true)]
+    async fn a_failed_disk_is_taken_back_only_once_the_device_answered_everything() {
+        let limit = Duration::from_secs(20);
+        let h = hangs();
+        let dev = Arc::new(Holds {
+            inner: h.fault.clone(),
+            at_device: AtomicU64::new(0),
+        });
+        let d = Arc::new(unticked(TimedDisk::with_timeout(dev.clone(), "d0", limit)));
+        let e = d.reinstated().err().unwrap();
+        assert!(e.contains("has not failed"), "{e}");
+        d.write(1, Bytes::from(vec![5u8; 512]), false)
+            .await
+            .unwrap();
+        h.set(true);
+        // a flush waits (its limit is longer) while a write fails the disk
+        let flush = tokio::spawn({
+            let d = d.clone();
+            async move { d.flush().await }
+        });
+        tokio::task::yield_now().await;
+        assert!(d
+            .write(2, Bytes::from(vec![6u8; 512]), false)
+            .await
+            .is_err());
+        // the flush still waits (its caller has not had its answer)
+        let e = d.reinstated().err().unwrap();
+        assert!(e.contains("request(s)"), "{e}");
+        // the failure ends it
+        assert!(flush.await.unwrap().is_err());
+        // the device still holds the write (as an engine does once it was
+        // handed one, its caller gone)
+        dev.at_device.store(1, Ordering::SeqCst);
+        let e = d.reinstated().err().unwrap();
+        assert!(e.contains("1 request(s)"), "{e}");
+        assert_eq!(d.timing().in_flight, 1);
+        dev.at_device.store(0, Ordering::SeqCst);
+        h.set(false);
+        let back = d.reinstated().expect("taken back");
+        let t = back.timing();
+        assert_eq!((t.timeouts, t.writes, &t.failed), (1, 2, &None), "{t:?}");
+        back.write(2, Bytes::from(vec![7u8; 512]), false)
+            .await
+            .unwrap();
+        assert_eq!(back.read(2, 1).await.unwrap()[0], 7);
+        assert!(d.read(2, 1).await.is_err(), "the failed one stays failed");
+        // and it times out again as before
+        h.set(true);
+        assert!(back.read(2, 1).await.is_err());
+        assert_eq!(back.timing().timeouts, 2);
     }
 
     /// A flush may take [`FLUSH_TIMEOUT_FACTOR`] command timeouts; a disk

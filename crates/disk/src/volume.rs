@@ -774,6 +774,10 @@ impl FileVolume {
 
 #[async_trait]
 impl Volume for FileVolume {
+    fn requests_at_device(&self) -> u64 {
+        self.engine.at_kernel() + self.blocking_calls.count()
+    }
+
     fn geometry(&self) -> Geometry {
         Geometry {
             block_count: self.block_count.load(Ordering::Acquire),

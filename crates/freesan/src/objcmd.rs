@@ -38,6 +38,14 @@ pub enum DiskCmd {
         #[arg(long)]
         json: bool,
     },
+    /// Take a disk that stopped answering back, once it answers again: it
+    /// becomes free, to be given back to its pool (`freesan pool replace`,
+    /// which rebuilds onto it) or used otherwise. Refused while the device
+    /// has not answered every request sent to it before.
+    Reopen {
+        /// Disk name.
+        name: String,
+    },
 }
 
 /// `freesan lun` subcommands.
@@ -170,6 +178,12 @@ pub fn disk(api: SocketAddr, cmd: DiskCmd) -> Result<()> {
                     println!("  FAILED: stopped answering ({why})");
                 }
             }
+        }
+        DiskCmd::Reopen { name } => {
+            let body = json!({ "name": name });
+            let (code, v) = http(api, "POST", "/api/v1/disks/reopen", Some(&body))?;
+            ok_or_error(code, v)?;
+            println!("disk {name} taken back: it is free");
         }
     }
     Ok(())

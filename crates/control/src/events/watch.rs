@@ -594,14 +594,18 @@ fn cache_data_lost(name: &str, old: Option<u64>, lost: u64) -> Option<NewEvent> 
     ))
 }
 
-/// The event, once per disk, for disk `name` whose timing `t` says it
-/// stopped answering (`said`: the disks already reported).
+/// The event, once per failure, for disk `name` whose timing `t` says it
+/// stopped answering (`said`: the disks reported and not taken back since).
 fn disk_stopped_answering(
     name: &str,
     t: &disk::DiskTiming,
     said: &mut BTreeSet<String>,
 ) -> Option<NewEvent> {
-    let why = t.failed.as_ref()?;
+    let Some(why) = t.failed.as_ref() else {
+        // (taken back: a failure after it is said again)
+        said.remove(name);
+        return None;
+    };
     if !said.insert(name.to_string()) {
         return None;
     }
@@ -611,7 +615,8 @@ fn disk_stopped_answering(
         name.to_string(),
         format!(
             "disk {name} stopped answering ({why}): it is taken as failed, every request \
-             to it fails until the node restarts; its pool or cache goes on without it"
+             to it fails until it is taken back (freesan disk reopen, once it answers \
+             again) or the node restarts; its pool or cache goes on without it"
         ),
     ))
 }
@@ -891,6 +896,9 @@ mod tests {
         assert!(e.message.contains("lba 8"), "{}", e.message);
         assert!(disk_stopped_answering("d1", &hung, &mut said).is_none());
         assert!(disk_stopped_answering("d2", &hung, &mut said).is_some());
+        // taken back (freesan disk reopen), then failed again: said again
+        assert!(disk_stopped_answering("d1", &ok, &mut said).is_none());
+        assert!(disk_stopped_answering("d1", &hung, &mut said).is_some());
     }
 
     #[test]

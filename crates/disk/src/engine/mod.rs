@@ -36,6 +36,11 @@ impl Running {
         RunningGuard(self.clone())
     }
 
+    /// How many run now.
+    pub(crate) fn count(&self) -> u64 {
+        *self.count.lock().unwrap_or_else(|p| p.into_inner()) as u64
+    }
+
     /// Waits until no task runs ([`wait_beside_the_runtime`]; not at all
     /// when none runs, the common case, which then hands no worker's tasks
     /// elsewhere).
@@ -166,6 +171,15 @@ impl IoEngine {
         match self {
             IoEngine::Uring(_) => Engine::IoUring,
             IoEngine::Threads(_) => Engine::Threads,
+        }
+    }
+
+    /// Operations handed to the kernel (queued for it) that it has not
+    /// answered, their callers gone or not.
+    pub(crate) fn at_kernel(&self) -> u64 {
+        match self {
+            IoEngine::Uring(e) => e.at_kernel(),
+            IoEngine::Threads(e) => e.at_kernel(),
         }
     }
 

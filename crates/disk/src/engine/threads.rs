@@ -43,6 +43,12 @@ impl ThreadEngine {
         }
     }
 
+    /// Operations running in blocking tasks (a caller that drops its
+    /// future does not stop its task).
+    pub(crate) fn at_kernel(&self) -> u64 {
+        self.running.count()
+    }
+
     pub(crate) async fn run(&self, mut op: Op) -> BlockResult<IoDone> {
         let permit = self
             .permits

@@ -46,6 +46,8 @@ struct Shared {
     dead: AtomicBool,
     /// One permit per request queued or in flight.
     permits: Semaphore,
+    /// The permits there are.
+    permits_max: usize,
     eventfd: OwnedFd,
     file: Arc<File>,
 }
@@ -92,6 +94,7 @@ impl UringEngine {
             shutdown: AtomicBool::new(false),
             dead: AtomicBool::new(false),
             permits: Semaphore::new(queue_depth_max as usize),
+            permits_max: queue_depth_max as usize,
             eventfd,
             file,
         });
@@ -127,6 +130,13 @@ impl UringEngine {
                 Err(io::Error::other("io_uring thread died during setup"))
             }
         }
+    }
+
+    /// Requests queued for the ring or in flight in it (each holds a
+    /// permit until its completion is reaped, its caller gone or not).
+    pub(crate) fn at_kernel(&self) -> u64 {
+        let s = &*self.shared;
+        s.permits_max.saturating_sub(s.permits.available_permits()) as u64
     }
 
     /// Queues `op` and waits for its completion.

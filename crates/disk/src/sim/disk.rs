@@ -472,6 +472,9 @@ impl Volume for SimDisk {
     fn geometry(&self) -> Geometry {
         self.geometry
     }
+    fn requests_at_device(&self) -> u64 {
+        self.store.requests_at_device()
+    }
 
     async fn read(&self, lba: u64, blocks: u32) -> BlockResult<Bytes> {
         self.geometry.check_range(lba, blocks as u64)?;

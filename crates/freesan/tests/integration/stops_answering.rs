@@ -156,6 +156,13 @@ fn a_pool_member_that_stops_answering_is_failed_and_the_lun_goes_on() {
     assert_eq!(ev["severity"], "critical", "{ev}");
     assert!(ev["message"].as_str().unwrap_or("").contains("d1"), "{ev}");
     assert_acknowledged_writes_intact(&node.url(0, 0), &state, "with d1 hung");
+    // not taken back while the writes it timed out on are still held by the
+    // frozen file system (one could land over a rebuild), nor a disk that
+    // has not failed
+    let (ok_reopen, out) = cli(&api, &["disk", "reopen", "d1"]);
+    assert!(!ok_reopen && out.contains("no answer"), "{out}");
+    let (ok_reopen, out) = cli(&api, &["disk", "reopen", "d0"]);
+    assert!(!ok_reopen && out.contains("has not failed"), "{out}");
 
     // d0 now holds the pool's last copy: when it stops answering too, it is
     // waited for (said: `timeouts_waited`, the metric, a critical event),
@@ -194,12 +201,63 @@ fn a_pool_member_that_stops_answering_is_failed_and_the_lun_goes_on() {
         assert!(ok, "{out}");
     }
 
-    // thawed, the requests the kernel held end and the node stops cleanly
+    // thawed, the requests the kernel held end: d1, answering again, is
+    // taken back and given back to its pool, which rebuilds onto it
     drop(frozen);
+    await_disk(&api, &auth, "d1", |d| d["in_flight"] == 0);
+    let (ok_reopen, out) = cli(&api, &["disk", "reopen", "d1"]);
+    assert!(ok_reopen, "{out}");
+    let d1 = await_disk(&api, &auth, "d1", |d| d["role"] == "free");
+    assert!(d1["stopped_answering"].is_null(), "{d1}");
+    let (ok_replace, out) = cli(&api, &["pool", "replace", "p", "1", "d1"]);
+    assert!(ok_replace, "{out}");
+    await_pool_state(&api, "p", "optimal");
+    let d1 = await_disk(&api, &auth, "d1", |d| d["role"] == "member");
+    assert_eq!(d1["state"], "active", "{d1}");
+    // the rebuilt d1 alone (d0 failed) serves what is written after it
+    // came back. (The writes of the d0 stall are checked above, right after
+    // it; read again seconds later, a write of the first the stall held can
+    // be found undone on d0 on this frozen-ext4-over-loop setup: an open
+    // finding, docs/0002-raid.md "Taking a disk back")
+    let state2 = dir.path().join("verify2.json");
+    let bench = start_verified_writes(&node.url(0, 0), &state2, "4k", 2, 2);
+    let out = bench.wait_with_output().expect("bench");
+    assert!(out.status.success(), "the writes failed after d1's rebuild");
+    let (ok_fail, out) = cli(&api, &["pool", "fail", "p", "0"]);
+    assert!(ok_fail, "{out}");
+    assert_acknowledged_writes_intact(&node.url(0, 0), &state2, "from the rebuilt d1 alone");
     assert!(
         node.terminate(),
         "the node did not stop cleanly after the thaw"
     );
+}
+
+/// Waits (60 s at most) until `GET /disks` shows disk `name` as `holds`
+/// wants; returns it.
+fn await_disk(
+    api: &str,
+    auth: &str,
+    name: &str,
+    holds: impl Fn(&serde_json::Value) -> bool,
+) -> serde_json::Value {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    loop {
+        let (code, body) = http(api, "GET", "/api/v1/disks", &[auth], "");
+        assert_eq!(code, 200, "{body}");
+        let disks: serde_json::Value = serde_json::from_str(&body).unwrap();
+        let d = disks
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|x| x["name"] == name)
+            .unwrap_or_else(|| panic!("no {name} in {disks}"))
+            .clone();
+        if holds(&d) {
+            return d;
+        }
+        assert!(std::time::Instant::now() < deadline, "never: {d}");
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
 }
 
 /// Waits (60 s at most) until pool `pool` is in `state` (the initial
