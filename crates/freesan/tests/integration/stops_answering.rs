@@ -47,6 +47,16 @@ impl Mounted {
     }
 }
 
+/// Says a test is skipped where loop mounts are not allowed (not root),
+/// unless the tools are required (`FREESAN_REQUIRE_TOOLS`, as in CI).
+fn skipped() {
+    assert!(
+        std::env::var("FREESAN_REQUIRE_TOOLS").is_err(),
+        "loop mounts and fsfreeze are required (run the tests as root)"
+    );
+    eprintln!("skipped: no loop mount here (not root?)");
+}
+
 impl Drop for Mounted {
     fn drop(&mut self) {
         let _ = Command::new("umount").arg("-l").arg(&self.0).status();
@@ -80,12 +90,7 @@ fn a_pool_member_that_stops_answering_is_failed_and_the_lun_goes_on() {
         Mounted::new(dir.path(), "frz"),
         Mounted::new(dir.path(), "frz0"),
     ) else {
-        assert!(
-            std::env::var("FREESAN_REQUIRE_TOOLS").is_err(),
-            "loop mounts and fsfreeze are required (run the tests as root)"
-        );
-        eprintln!("skipped: no loop mount here (not root?)");
-        return;
+        return skipped();
     };
     let d = dir.path().display();
     let cfg = format!(
@@ -324,12 +329,7 @@ fn await_waited_for(api: &str, auth: &str, name: &str) {
 fn a_write_stall_every_member_shares_is_waited_out() {
     let dir = tempfile::tempdir().unwrap();
     let Some(mounted) = Mounted::new(dir.path(), "frz") else {
-        assert!(
-            std::env::var("FREESAN_REQUIRE_TOOLS").is_err(),
-            "loop mounts and fsfreeze are required (run the tests as root)"
-        );
-        eprintln!("skipped: no loop mount here (not root?)");
-        return;
+        return skipped();
     };
     let cfg = format!(
         "data_dir = \"{d}/data\"\n[api]\naddress = \"127.0.0.1:0\"\n\
@@ -400,12 +400,7 @@ fn a_cache_backing_disk_is_waited_for() {
 fn the_only_copy_is_waited_for(lun: &str) {
     let dir = tempfile::tempdir().unwrap();
     let Some(mounted) = Mounted::new(dir.path(), "frz") else {
-        assert!(
-            std::env::var("FREESAN_REQUIRE_TOOLS").is_err(),
-            "loop mounts and fsfreeze are required (run the tests as root)"
-        );
-        eprintln!("skipped: no loop mount here (not root?)");
-        return;
+        return skipped();
     };
     let cfg = format!(
         "data_dir = \"{d}/data\"\n[api]\naddress = \"127.0.0.1:0\"\n\
