@@ -401,12 +401,24 @@ where
     tokio::time::timeout(within, first).await.unwrap_or(false)
 }
 
-/// A one-block read of `device` at a random place: a probe for
-/// [`any_answers`]. Random, so that a cache above the device (a disk
-/// file's page cache) is unlikely to answer for it.
-pub async fn read_probe(device: VolumeRef) -> bool {
-    let lba = rand::random::<u64>() % device.geometry().block_count.max(1);
-    device.read(lba, 1).await.is_ok()
+/// A probe for [`any_answers`]: one question to `device`, of the kind a
+/// silent sibling left `unanswered`. A read: one block at a random place,
+/// so that a cache above the device (a disk file's page cache) is unlikely
+/// to answer for it. A write or flush: a block of zeroes written (with FUA
+/// for a flush) at `spare_lba`, a block the device's owner never reads;
+/// without one, a read all the same.
+pub async fn probe(device: VolumeRef, unanswered: Unanswered, spare_lba: Option<u64>) -> bool {
+    match (unanswered, spare_lba) {
+        (Unanswered::Read, _) | (_, None) => {
+            let lba = rand::random::<u64>() % device.geometry().block_count.max(1);
+            device.read(lba, 1).await.is_ok()
+        }
+        (Unanswered::Write | Unanswered::Flush, Some(lba)) => {
+            let zeroes = Bytes::from(vec![0u8; device.geometry().block_size_bytes as usize]);
+            let fua = unanswered == Unanswered::Flush;
+            device.write(lba, zeroes, fua).await.is_ok()
+        }
+    }
 }
 
 /// Byte offset of the first difference between two buffers over their common

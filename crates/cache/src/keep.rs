@@ -16,10 +16,10 @@
 //! too (a stall they share: one controller, one path). The disk gives up
 //! after `disk::KEEP_TIMEOUT_FACTOR` timeouts all the same.
 
-use crate::ssd::{DeviceLayout, PAGE_BYTES};
+use crate::ssd::DeviceLayout;
 use crate::volume::Inner;
 use async_trait::async_trait;
-use block::{Bytes, Keeper, Unanswered, VolumeRef};
+use block::{Keeper, Unanswered, VolumeRef};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
@@ -109,21 +109,14 @@ impl Keeper for DeviceKeeper {
 }
 
 /// One question to the mirror partner of a silent device, of the kind the
-/// device left unanswered: a read at a random place; a write (with FUA for
-/// a flush) of zeroes to a page the layout leaves free, so that a stall
-/// holding writes only (a frozen file system under device files, which
-/// still answers reads) is seen as shared. A device the layout fills to
-/// the page is asked a read.
+/// device left unanswered ([`block::probe`]); a write goes to a page the
+/// layout leaves free, so that a stall holding writes only (a frozen file
+/// system under device files, which still answers reads) is seen as
+/// shared. A device the layout fills to the page is asked a read.
 async fn probe(partner: VolumeRef, layout: DeviceLayout, unanswered: Unanswered) -> bool {
     let g = partner.geometry();
-    let free = layout.free_page(g.size_bytes());
-    match (unanswered, free) {
-        (Unanswered::Read, _) | (_, None) => block::read_probe(partner).await,
-        (Unanswered::Write | Unanswered::Flush, Some(at)) => {
-            let zeroes = Bytes::from(vec![0u8; PAGE_BYTES as usize]);
-            let lba = at / u64::from(g.block_size_bytes);
-            let fua = unanswered == Unanswered::Flush;
-            partner.write(lba, zeroes, fua).await.is_ok()
-        }
-    }
+    let spare = layout
+        .free_page(g.size_bytes())
+        .map(|at| at / u64::from(g.block_size_bytes));
+    block::probe(partner, unanswered, spare).await
 }

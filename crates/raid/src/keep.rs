@@ -27,7 +27,7 @@
 use crate::pool::{Inner, MemberHandle};
 use crate::MemberState;
 use async_trait::async_trait;
-use block::{Bytes, Keeper, Unanswered, VolumeRef};
+use block::{Keeper, Unanswered, VolumeRef};
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Weak};
 use std::time::Duration;
@@ -164,17 +164,11 @@ impl Keeper for MemberKeeper {
 }
 
 /// One question to a sibling of a silent member, of the kind the member
-/// left unanswered: a read at a random place; a write (with FUA for a
-/// flush) of zeroes to the member's probe block, in the superblock region
-/// and never read, so that a stall holding writes only (a frozen file
-/// system under disk files, which still answers reads) is seen as shared.
+/// left unanswered ([`block::probe`]); a write goes to the member's probe
+/// block, in the superblock region and never read, so that a stall holding
+/// writes only (a frozen file system under disk files, which still answers
+/// reads) is seen as shared.
 async fn probe(member: VolumeRef, unanswered: Unanswered) -> bool {
-    let bs = member.geometry().block_size_bytes;
-    let zeroes = || Bytes::from(vec![0u8; bs as usize]);
-    let lba = crate::superblock::probe_lba(bs);
-    match unanswered {
-        Unanswered::Read => block::read_probe(member).await,
-        Unanswered::Write => member.write(lba, zeroes(), false).await.is_ok(),
-        Unanswered::Flush => member.write(lba, zeroes(), true).await.is_ok(),
-    }
+    let lba = crate::superblock::probe_lba(member.geometry().block_size_bytes);
+    block::probe(member, unanswered, Some(lba)).await
 }

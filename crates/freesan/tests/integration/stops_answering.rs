@@ -125,19 +125,7 @@ fn a_pool_member_that_stops_answering_is_failed_and_the_lun_goes_on() {
     assert_eq!(d1["state"], "failed", "{p}");
     let token = make_token(&dir.path().join("data"), "read-only", "disks");
     let auth = format!("Authorization: Bearer {token}");
-    let (code, body) = http(&api, "GET", "/api/v1/disks", &[&auth], "");
-    assert_eq!(code, 200, "{body}");
-    let disks: serde_json::Value = serde_json::from_str(&body).unwrap();
-    let disk = |n: &str| {
-        disks
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|x| x["name"] == n)
-            .unwrap_or_else(|| panic!("no {n} in {disks}"))
-            .clone()
-    };
-    let (d0, d1) = (disk("d0"), disk("d1"));
+    let (d0, d1) = (disk_now(&api, &auth, "d0"), disk_now(&api, &auth, "d1"));
     assert!(d0["stopped_answering"].is_null(), "{d0}");
     assert_eq!(d0["timeouts"], 0, "{d0}");
     let why = d1["stopped_answering"]
@@ -247,16 +235,7 @@ fn await_disk(
 ) -> serde_json::Value {
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
     loop {
-        let (code, body) = http(api, "GET", "/api/v1/disks", &[auth], "");
-        assert_eq!(code, 200, "{body}");
-        let disks: serde_json::Value = serde_json::from_str(&body).unwrap();
-        let d = disks
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|x| x["name"] == name)
-            .unwrap_or_else(|| panic!("no {name} in {disks}"))
-            .clone();
+        let d = disk_now(api, auth, name);
         if holds(&d) {
             return d;
         }
@@ -297,25 +276,24 @@ fn await_waited_for_and_said(api: &str, auth: &str, name: &str) {
 /// Waits (60 s at most) until `GET /disks` says a request to disk `name`
 /// was waited for past its timeout, the disk not failed.
 fn await_waited_for(api: &str, auth: &str, name: &str) {
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
-    loop {
-        let (code, body) = http(api, "GET", "/api/v1/disks", &[auth], "");
-        assert_eq!(code, 200, "{body}");
-        let disks: serde_json::Value = serde_json::from_str(&body).unwrap();
-        let d = disks
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|x| x["name"] == name)
-            .unwrap_or_else(|| panic!("no {name} in {disks}"))
-            .clone();
+    await_disk(api, auth, name, |d| {
         assert!(d["stopped_answering"].is_null(), "{d}");
-        if d["timeouts_waited"].as_u64().unwrap() >= 1 {
-            return;
-        }
-        assert!(std::time::Instant::now() < deadline, "never waited: {d}");
-        std::thread::sleep(std::time::Duration::from_millis(100));
-    }
+        d["timeouts_waited"].as_u64().unwrap() >= 1
+    });
+}
+
+/// Disk `name` as `GET /disks` shows it now.
+fn disk_now(api: &str, auth: &str, name: &str) -> serde_json::Value {
+    let (code, body) = http(api, "GET", "/api/v1/disks", &[auth], "");
+    assert_eq!(code, 200, "{body}");
+    let disks: serde_json::Value = serde_json::from_str(&body).unwrap();
+    disks
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|x| x["name"] == name)
+        .unwrap_or_else(|| panic!("no {name} in {disks}"))
+        .clone()
 }
 
 /// Both members of a RAID 1 pool are files on one ext4 file system that is
@@ -360,10 +338,7 @@ fn a_write_stall_every_member_shares_is_waited_out() {
     assert!(out.status.success(), "the writes failed over the stall");
     let p = pool_status(&api, "p");
     assert_eq!(p["state"], "optimal", "a member was failed: {p}");
-    let (code, body) = http(&api, "GET", "/api/v1/disks", &[&auth], "");
-    assert_eq!(code, 200, "{body}");
-    let disks: serde_json::Value = serde_json::from_str(&body).unwrap();
-    for d in disks.as_array().unwrap() {
+    for d in ["d0", "d1"].map(|n| disk_now(&api, &auth, n)) {
         assert_eq!(d["timeouts"].as_u64(), Some(0), "{d}");
         assert!(d["stopped_answering"].is_null(), "{d}");
     }
@@ -425,15 +400,7 @@ fn the_only_copy_is_waited_for(lun: &str) {
     let out = bench.wait_with_output().expect("bench");
     assert!(out.status.success(), "the writes failed while d0 stalled");
     assert_acknowledged_writes_intact(&node.url(0, 0), &state, "after d0's stall");
-    let (code, body) = http(&api, "GET", "/api/v1/disks", &[&auth], "");
-    assert_eq!(code, 200, "{body}");
-    let disks: serde_json::Value = serde_json::from_str(&body).unwrap();
-    let d0 = disks
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|x| x["name"] == "d0")
-        .unwrap_or_else(|| panic!("no d0 in {disks}"));
+    let d0 = disk_now(&api, &auth, "d0");
     assert_eq!(d0["timeouts"].as_u64(), Some(0), "{d0}");
     assert!(d0["stopped_answering"].is_null(), "{d0}");
     assert!(node.terminate(), "the node did not stop cleanly");
