@@ -1697,6 +1697,13 @@ impl Inner {
                     }
                 }
             }
+            if any_failed {
+                // a member failed here, by a superblock write (a write
+                // intent's, say: the first write a mirror sends a disk
+                // that stopped answering), is failed as anywhere else: a
+                // hot spare takes its place (persisted by the next turn)
+                self.pull_spares();
+            }
             if !any_failed {
                 self.durable_intent_seq
                     .fetch_max(intent_seq, Ordering::SeqCst);

@@ -496,6 +496,43 @@ async fn hot_spare_pulled_in_and_rebuilt() {
     check_all(&pool, &oracle).await;
 }
 
+/// A member whose first failed write is a superblock write (a mirror's
+/// write intent, written before the data: the first write a RAID 1 sends a
+/// disk that stopped answering) is replaced by the hot spare, as one that
+/// fails a data write is. Before, the superblock write failed it and left
+/// the spare unused, the pool degraded (found by the node test that takes a
+/// retired disk back).
+#[tokio::test]
+async fn a_member_failed_by_a_superblock_write_is_replaced_by_the_spare() {
+    for level in [RaidLevel::Raid1, RaidLevel::Raid5, RaidLevel::Raid6] {
+        let ms: Vec<TestMember> = (0..members_for(level))
+            .map(|_| member(MEMBER_BLOCKS))
+            .collect();
+        let spare = member(MEMBER_BLOCKS);
+        let pool = Pool::create(
+            config(level),
+            members_of(&ms),
+            vec![spare.as_member("spare")],
+        )
+        .await
+        .unwrap();
+        pool.wait_idle().await;
+        let oracle = MemVolume::new(BS, pool.geometry().block_count);
+        // every write to member 1's superblock region fails; its data area
+        // still takes writes
+        let sb_blocks = (1 << 20) / BS as u64;
+        ms[1].plan.lock().bad_write_blocks = vec![0..sb_blocks];
+        fill(&pool, &oracle, 41).await;
+        pool.flush().await.unwrap(); // a checkpoint: superblocks written
+        pool.wait_idle().await;
+        let st = pool.status();
+        assert_eq!(st.state, PoolState::Optimal, "{level:?}: {st:?}");
+        assert_eq!(st.members[1].name, "spare", "{level:?}: {st:?}");
+        assert!(st.spares.is_empty(), "{level:?}: {st:?}");
+        check_all(&pool, &oracle).await;
+    }
+}
+
 #[tokio::test]
 async fn a_member_a_spare_replaced_is_left_out_when_assembled_again() {
     let (pool, ms, spare, oracle) = raid5_with_spare(3, 23).await;
