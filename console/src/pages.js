@@ -28,11 +28,13 @@ const when = (t) => (typeof t === 'string' ? t.replace('T', ' ').replace(/\.\d+Z
 const NA = (what) => html`<p class="empty">${what} not available on this node.</p>`;
 
 // A disk's state badge, with why a failed disk was failed when it stopped
-// answering, and how often a request to it was waited for past its command
-// timeout (its pool or cache could not do without it).
+// answering (and how many of its requests the device still holds: it can be
+// taken back once none), and how often a request to it was waited for past
+// its command timeout (its pool or cache could not do without it).
 function diskState(d) {
   if (!d.state) return '–';
-  const why = d.stopped_answering ? html`<br><span class="muted">stopped answering: ${d.stopped_answering}</span>` : '';
+  const held = d.stopped_answering && d.in_flight ? html`<br><span class="muted">${d.in_flight} request${d.in_flight === 1 ? '' : 's'} still at the device: it can be taken back once ${d.in_flight === 1 ? 'it ends' : 'they end'}</span>` : '';
+  const why = d.stopped_answering ? html`<br><span class="muted">stopped answering: ${d.stopped_answering}</span>${held}` : '';
   const waited = d.timeouts_waited ? html`<br><span class="muted">waited past its timeout ${d.timeouts_waited}×</span>` : '';
   return html`${stateBadge(d.state)}${why}${waited}`;
 }
@@ -206,6 +208,13 @@ ${admin() ? html`<section aria-labelledby="st-new-h"><h2 id="st-new-h">Create a 
         await act(`Add spare ${sel.value}`, `/pools/${encodeURIComponent(d.pool)}/spares`, { disk: sel.value });
         tick();
       },
+      // a disk that stopped answering, answering again: back to the free
+      // disks (the node refuses while the device still holds a request, or
+      // while something serves from the disk, and says why)
+      reopen: async (d) => {
+        await act(`Take back ${d.name}`, '/disks/reopen', { name: d.name });
+        tick();
+      },
       rate: async (d) => {
         const inp = el.querySelector(`#st-rate-${CSS.escape(d.pool)}`);
         await act(`Rebuild rate of ${d.pool}`, `/pools/${encodeURIComponent(d.pool)}/rebuild-rate`, { mb_s: Number(inp.value) || 0 });
@@ -240,9 +249,11 @@ ${admin() ? html`<div class="actions"><button class="small" data-act="scrub" dat
 <label for="st-rate-${p.name}">Rebuild MB/s (0 = uncapped)</label><input id="st-rate-${p.name}" type="number" min="0" class="narrow" value="${p.rebuild_rate_mb_s ?? 0}">
 <button class="small secondary" data-act="rate" data-pool="${p.name}">Set rate</button></div>` : ''}
 </article>`).join('')) : html`<p class="empty">No pools.</p>`);
-      set(el, '#st-disks', table(['Disk', 'Model', 'Size', 'State', 'Errors', 'Read µs', 'Write µs', 'Pool', 'Role'], disks.map((d) => [
+      const takeBack = (d) => (d.stopped_answering ? html`<button class="small secondary" data-act="reopen" data-name="${d.name}" aria-label="Take back disk ${d.name}">Take back</button>` : '');
+      set(el, '#st-disks', table(['Disk', 'Model', 'Size', 'State', 'Errors', 'Read µs', 'Write µs', 'Pool', 'Role', ...(admin() ? ['Actions'] : [])], disks.map((d) => [
         d.name, d.model ?? (d.simulated ? 'simulated' : 'file'), size(d), diskState(d), d.errors ?? '–',
-        num(d.read_latency_us), num(d.write_latency_us), d.pool ?? '–', d.role ?? (isFree(d) ? 'free' : 'in use')])));
+        num(d.read_latency_us), num(d.write_latency_us), d.pool ?? '–', d.role ?? (isFree(d) ? 'free' : 'in use'),
+        ...(admin() ? [takeBack(d)] : [])])));
       const fl = el.querySelector('#st-free');
       const names = free.map((d) => d.name).join(',');
       if (fl && names !== freeNames) {

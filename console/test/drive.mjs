@@ -398,22 +398,38 @@ async function ha() {
   await browser.close();
 }
 
+// Waits until the text of `selector` matches the regular expression `re`
+// (60 s at most); returns the match.
+async function shows(page, selector, re, where) {
+  const want = new RegExp(re);
+  const seen = await until(`${selector} on ${where} to match ${want}`, 60, async () => {
+    const t = await page.evaluate((sel) => document.querySelector(sel)?.textContent ?? '', selector);
+    return want.test(t) ? t.match(want)[0] || '(matched)' : null;
+  });
+  check(true, `${where} shows ${JSON.stringify(seen)}`);
+  return seen;
+}
+
 // One page (`page`) until the text of `selector` in it matches `expect` (a
 // regular expression), then a screenshot named `name`: a state another test
 // brought about (tests/stops_answering.rs: a disk that stopped answering).
+// With `click` (a button's selector), the button is then pressed, the
+// notices must match `notice` and, with `after`, `selector` must match it;
+// then a screenshot named `click_name`.
 async function onePage() {
   const browser = await launch();
   const problems = [];
   const page = await newPage(browser, problems);
   await signIn(page, cfg.url, cfg.token);
   await go(page, cfg.page);
-  const want = new RegExp(cfg.expect);
-  const seen = await until(`${cfg.selector} on ${cfg.page} to match ${want}`, 60, async () => {
-    const t = await page.evaluate((sel) => document.querySelector(sel)?.textContent ?? '', cfg.selector);
-    return want.test(t) ? t.match(want)[0] : null;
-  });
-  check(true, `${cfg.page} shows ${JSON.stringify(seen)}`);
+  await shows(page, cfg.selector, cfg.expect, cfg.page);
   await shot(page, cfg.shots, cfg.name);
+  if (cfg.click) {
+    await page.click(cfg.click);
+    await shows(page, '#notices', cfg.notice, `the notices after ${cfg.click}`);
+    if (cfg.after) await shows(page, cfg.selector, cfg.after, `${cfg.page} after ${cfg.click}`);
+    await shot(page, cfg.shots, cfg.click_name);
+  }
   check(problems.length === 0, 'no page error and no CSP violation', problems);
   await browser.close();
 }

@@ -119,7 +119,9 @@ pub(crate) mod tests {
 
     /// A write whose caller went away still lands, and dropping the engine
     /// (closing the volume) waits for it: before, the drop returned at once
-    /// and the write landed later, over whatever came after the close.
+    /// and the write landed later, over whatever came after the close. Until
+    /// it lands it is counted as at the device (`at_kernel`, which a disk's
+    /// take-back waits on), its caller gone.
     #[test]
     fn dropping_the_engine_waits_for_a_write_whose_caller_left() {
         let rt = crate::engine::tests_gate::one_worker_runtime();
@@ -137,6 +139,7 @@ pub(crate) mod tests {
         let mut engine = ThreadEngine::new(Arc::new(file), 4);
         engine.gate = Some(gate.clone());
         let engine = Arc::new(engine);
+        assert_eq!(engine.at_kernel(), 0);
 
         let caller = engine.clone();
         let write = rt.spawn(async move {
@@ -152,6 +155,11 @@ pub(crate) mod tests {
         gate.arrived(1);
         write.abort();
         assert!(rt.block_on(write).is_err(), "the caller was not aborted");
+        assert_eq!(
+            engine.at_kernel(),
+            1,
+            "a write whose caller left is not counted while it runs"
+        );
 
         let (closed_tx, closed) = std::sync::mpsc::channel();
         let closer = std::thread::spawn(move || {

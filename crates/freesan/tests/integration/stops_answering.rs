@@ -7,11 +7,13 @@
 //! the metrics and a critical event say the disk stopped answering, and
 //! every acknowledged write reads back. Then `d0`, on a second frozen file
 //! system, holds the pool's last copy: it is waited for past its timeout,
-//! not failed, and the writes answer after its thaw. The node then stops
-//! cleanly. Both members on one frozen file system (a stall they share,
-//! writes held, reads answered) are both waited for. A disk a LUN serves
-//! directly, or a cache's backing disk, is waited for. And a node that is itself stopped past the
-//! timeout fails no disk.
+//! not failed, and the writes answer after its thaw. d1 is not taken back
+//! while its device holds requests (CLI and console refuse), is taken back
+//! (from the console) once thawed, rebuilt into its pool and serves alone.
+//! The node then stops cleanly. Both members on one frozen file system (a
+//! stall they share, writes held, reads answered) are both waited for. A
+//! disk a LUN serves directly, or a cache's backing disk, is waited for.
+//! And a node that is itself stopped past the timeout fails no disk.
 
 use crate::common;
 use common::*;
@@ -177,29 +179,62 @@ fn a_pool_member_that_stops_answering_is_failed_and_the_lun_goes_on() {
     assert_eq!(p["state"], "degraded", "{p}");
     assert_acknowledged_writes_intact(&node.url(0, 0), &state0, "after d0's stall");
 
-    // the console's storage page says both (looked at: a screenshot)
-    if crate::console::tools() {
+    // the console's storage page says both, and that d1's device still
+    // holds requests; its take-back is refused there too (looked at:
+    // screenshots)
+    let console = crate::console::tools().then(|| {
+        let admin = make_token(&dir.path().join("data"), "admin", "console");
         let shots = crate::console::repo().join("target/console-screenshots");
-        let input = serde_json::json!({
-            "scenario": "page",
-            "url": format!("http://{}/", crate::console::console_addr(&node)),
-            "token": token,
-            "page": "storage",
-            "selector": "#st-disks",
-            "expect": "waited past its timeout \\d+×[\\s\\S]*stopped answering: a \\w+ at lba",
-            "shots": shots,
-            "name": "storage-disk-stopped-answering",
-        });
-        let (ok, out) = crate::console::drive_with(std::process::Command::new("node"), &input);
-        assert!(ok, "{out}");
+        let url = format!("http://{}/", crate::console::console_addr(&node));
+        move |expect: &str, notice: &str, after: &str, names: [&str; 2]| {
+            let input = serde_json::json!({
+                "scenario": "page",
+                "url": url,
+                "token": admin,
+                "page": "storage",
+                "selector": "#st-disks",
+                "expect": expect,
+                "shots": shots,
+                "name": names[0],
+                "click": "button[data-act=reopen][data-name=d1]",
+                "notice": notice,
+                "after": after,
+                "click_name": names[1],
+            });
+            let (ok, out) = crate::console::drive_with(Command::new("node"), &input);
+            assert!(ok, "{out}");
+        }
+    });
+    if let Some(console) = &console {
+        console(
+            "waited past its timeout \\d+×[\\s\\S]*stopped answering: a \\w+ at lba \
+             [\\s\\S]*?\\d+ requests? still at the device",
+            "Take back d1: .*no answer",
+            "stopped answering",
+            [
+                "storage-disk-stopped-answering",
+                "storage-disk-take-back-refused",
+            ],
+        );
     }
 
     // thawed, the requests the kernel held end: d1, answering again, is
-    // taken back and given back to its pool, which rebuilds onto it
+    // taken back (from the console where it can be driven) and given back
+    // to its pool, which rebuilds onto it
     drop(frozen);
     await_disk(&api, &auth, "d1", |d| d["in_flight"] == 0);
-    let (ok_reopen, out) = cli(&api, &["disk", "reopen", "d1"]);
-    assert!(ok_reopen, "{out}");
+    match &console {
+        Some(console) => console(
+            "stopped answering",
+            "Take back d1: done",
+            "^(?![\\s\\S]*stopped answering)",
+            ["storage-disk-answering-again", "storage-disk-taken-back"],
+        ),
+        None => {
+            let (ok_reopen, out) = cli(&api, &["disk", "reopen", "d1"]);
+            assert!(ok_reopen, "{out}");
+        }
+    }
     let d1 = await_disk(&api, &auth, "d1", |d| d["role"] == "free");
     assert!(d1["stopped_answering"].is_null(), "{d1}");
     let (ok_replace, out) = cli(&api, &["pool", "replace", "p", "1", "d1"]);
@@ -447,4 +482,100 @@ fn a_node_stopped_past_its_disks_timeout_fails_no_disk() {
         );
     }
     assert_acknowledged_writes_intact(&node.url(0, 0), &state, "after the stop");
+}
+
+/// A disk that stopped answering is taken back from wherever its failure
+/// left it, once it answers again, and not before. Pool member `d1` and
+/// cache device `ssd1` (a write-back mirror with `ssd0`) are files on one
+/// ext4 that is frozen under verified writes to both LUNs: each is failed
+/// at its timeout (its sibling answered). The pool's spare takes `d1`'s
+/// place, so `d1` is `retired`; `ssd1` is still the cache's, and its
+/// take-back is refused until it is replaced in the cache (`freesan cache
+/// replace`), and then, retired too, refused while its device holds the
+/// frozen writes. Once thawed, both are taken back as free disks, and the
+/// writes to both LUNs read back.
+#[test]
+fn a_retired_disk_and_a_cache_device_are_taken_back_once_they_answer() {
+    let dir = tempfile::tempdir().unwrap();
+    let Some(mounted) = Mounted::new(dir.path(), "frz") else {
+        return skipped();
+    };
+    let (d, m) = (dir.path().display(), mounted.0.display());
+    let disk = |name: &str, at: &dyn std::fmt::Display| {
+        format!(
+            "[[disk]]\nname = \"{name}\"\nsize = \"64M\"\npath = \"{at}/{name}.img\"\n\
+             io_timeout_secs = 2\n"
+        )
+    };
+    let mut cfg = format!(
+        "data_dir = \"{d}/data\"\n[api]\naddress = \"127.0.0.1:0\"\n\
+         [[portal]]\naddress = \"127.0.0.1:0\"\n"
+    );
+    for (name, at) in [
+        ("d0", &d as &dyn std::fmt::Display),
+        ("d1", &m),
+        ("s", &d),
+        ("b", &d),
+        ("ssd0", &d),
+        ("ssd1", &m),
+        ("ssd2", &d),
+    ] {
+        cfg += &disk(name, at);
+    }
+    cfg += "[[pool]]\nname = \"p\"\nlevel = \"raid1\"\nmembers = [\"d0\", \"d1\"]\n\
+            spares = [\"s\"]\n\
+            [[cache]]\nname = \"c\"\ndisk = \"b\"\nmode = \"write-back\"\n\
+            devices = [\"ssd0\", \"ssd1\"]\n";
+    cfg += &format!(
+        "[[target]]\niqn = \"{IQN}\"\n[[target.lun]]\nid = 0\npool = \"p\"\n\
+         [[target.lun]]\nid = 1\ncache = \"c\"\n"
+    );
+    let cfg_path = dir.path().join("node.toml");
+    std::fs::write(&cfg_path, cfg).unwrap();
+    let mut node = start_config(dir.path(), &cfg_path);
+    let api = node.api.clone().expect("no API address in the banner");
+    await_pool_state(&api, "p", "optimal");
+    let token = make_token(&dir.path().join("data"), "read-only", "disks");
+    let auth = format!("Authorization: Bearer {token}");
+
+    let frozen = Frozen::freeze(&mounted.0);
+    let states = [0, 1].map(|lun| dir.path().join(format!("verify{lun}.json")));
+    let benches = [0, 1]
+        .map(|lun| start_verified_writes(&node.url(0, lun), &states[lun as usize], "4k", 2, 3));
+    for (lun, bench) in benches.into_iter().enumerate() {
+        let out = bench.wait_with_output().expect("bench");
+        assert!(out.status.success(), "the writes to LUN {lun} failed");
+    }
+    // d1 failed and its pool's spare took its place: retired
+    await_pool_state(&api, "p", "optimal");
+    let d1 = await_disk(&api, &auth, "d1", |d| d["role"] == "retired");
+    assert!(!d1["stopped_answering"].is_null(), "{d1}");
+    let ssd1 = disk_now(&api, &auth, "ssd1");
+    assert!(!ssd1["stopped_answering"].is_null(), "{ssd1}");
+    assert_eq!(ssd1["role"], "cache", "{ssd1}");
+    // the cache still names ssd1: not taken back until replaced there
+    let (ok_reopen, out) = cli(&api, &["disk", "reopen", "ssd1"]);
+    assert!(!ok_reopen && out.contains("freesan cache replace"), "{out}");
+    let (ok_replace, out) = cli(&api, &["cache", "replace", "c", "1", "ssd2"]);
+    assert!(ok_replace, "{out}");
+    await_disk(&api, &auth, "ssd1", |d| d["role"] == "retired");
+    // retired, each still has its timed-out writes in the frozen kernel
+    for name in ["d1", "ssd1"] {
+        let (ok_reopen, out) = cli(&api, &["disk", "reopen", name]);
+        assert!(!ok_reopen && out.contains("no answer"), "{name}: {out}");
+    }
+
+    drop(frozen);
+    for name in ["d1", "ssd1"] {
+        await_disk(&api, &auth, name, |d| d["in_flight"] == 0);
+        let (ok_reopen, out) = cli(&api, &["disk", "reopen", name]);
+        assert!(ok_reopen, "{name}: {out}");
+        let back = await_disk(&api, &auth, name, |d| d["role"] == "free");
+        assert!(back["stopped_answering"].is_null(), "{back}");
+        assert_eq!(back["state"], "ok", "{back}");
+    }
+    for (lun, state) in states.iter().enumerate() {
+        assert_acknowledged_writes_intact(&node.url(0, lun as u32), state, &format!("LUN {lun}"));
+    }
+    assert!(node.terminate(), "the node did not stop cleanly");
 }
