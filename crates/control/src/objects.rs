@@ -307,47 +307,8 @@ impl Objects {
                 "disk {name} has not failed: there is nothing to take back"
             )));
         }
-        let pool = d["pool"].as_str().unwrap_or("?");
-        let refused = |why: String| Err(ApiError::Conflict(format!("disk {name}: {why}")));
-        match d["role"].as_str().unwrap_or("") {
-            "free" | "retired" => {}
-            "member" => {
-                // the pool must have failed it: until then it counts on it
-                let failed = pools.statuses().iter().any(|p| {
-                    p["name"] == pool
-                        && p["members"]
-                            .as_array()
-                            .into_iter()
-                            .flatten()
-                            .any(|m| m["name"] == name.as_str() && m["state"] == "failed")
-                });
-                if !failed {
-                    return refused(format!(
-                        "pool {pool} has not failed it yet (it fails a member at its next \
-                         request); try again in a moment"
-                    ));
-                }
-            }
-            "cache" => {
-                return refused(
-                    "a cache's device is taken back once the cache no longer has it: \
-                     replace it in the cache first (freesan cache replace)"
-                        .into(),
-                )
-            }
-            "spare" => return refused(format!("a spare of pool {pool} is not taken back")),
-            "journal" => {
-                return refused(format!(
-                    "a journal device of pool {pool} is not taken back while the node runs \
-                     (the pool journals on its members since it failed)"
-                ))
-            }
-            role => {
-                return refused(format!(
-                    "it is served from directly (as a {role}); its requests fail until the \
-                     node restarts"
-                ))
-            }
+        if let Some(why) = take_back_refused(d, &pools.statuses()) {
+            return Err(ApiError::Conflict(format!("disk {name}: {why}")));
         }
         pools.reinstate_disk(&name).map_err(conflict)?;
         tracing::warn!(disk = %name, "disk that stopped answering taken back: it is free");
@@ -939,6 +900,48 @@ impl Objects {
     }
 }
 
+/// Why disk `d` (as [`Objects::disks`] lists it; it stopped answering)
+/// is not taken back for what it is now, given the pools' statuses: only a
+/// free disk, a retired one (a spare or a replacement took its place) or a
+/// member its pool has failed is.
+fn take_back_refused(d: &Value, pools: &[Value]) -> Option<String> {
+    let name = d["name"].as_str().unwrap_or("?");
+    let pool = d["pool"].as_str().unwrap_or("?");
+    Some(match d["role"].as_str().unwrap_or("") {
+        "free" | "retired" => return None,
+        "member" => {
+            // the pool must have failed it: until then it counts on it
+            let failed = pools.iter().any(|p| {
+                p["name"] == pool
+                    && p["members"]
+                        .as_array()
+                        .into_iter()
+                        .flatten()
+                        .any(|m| m["name"] == name && m["state"] == "failed")
+            });
+            if failed {
+                return None;
+            }
+            format!(
+                "pool {pool} has not failed it yet (it fails a member at its next request); \
+                 try again in a moment"
+            )
+        }
+        "cache" => "a cache's device is taken back once the cache no longer has it: replace \
+                    it in the cache first (freesan cache replace)"
+            .into(),
+        "spare" => format!("a spare of pool {pool} is not taken back"),
+        "journal" => format!(
+            "a journal device of pool {pool} is not taken back while the node runs (the \
+             pool journals on its members since it failed)"
+        ),
+        role => format!(
+            "it is served from directly (as a {role}); its requests fail until the node \
+             restarts"
+        ),
+    })
+}
+
 /// What a disk is: a simulated HDD or SSD, memory, a block device's model as
 /// the kernel reports it, or a file.
 fn disk_model(d: &crate::config::DiskConfig) -> String {
@@ -1033,6 +1036,42 @@ mod tests {
             matches!(&r, Err(ApiError::BadRequest(m)) if m.contains("sanitize_rate_mib_s")),
             "{r:?}"
         );
+    }
+
+    /// A disk that stopped answering is taken back only from where nothing
+    /// counts on it: free, retired, or a member its pool has failed; not a
+    /// member its pool has not failed yet, a cache's device, a spare, a
+    /// journal device, a disk a LUN or cache serves from directly. Each
+    /// refusal says what to do.
+    #[test]
+    fn a_disk_is_taken_back_only_where_nothing_counts_on_it() {
+        let disk = |role: &str| json!({ "name": "d1", "pool": "p", "role": role });
+        let pool = |state: &str| {
+            vec![json!({ "name": "p", "members": [
+                { "name": "d0", "state": "active" },
+                { "name": "d1", "state": state },
+            ] })]
+        };
+        for role in ["free", "retired"] {
+            assert_eq!(take_back_refused(&disk(role), &[]), None, "{role}");
+        }
+        assert_eq!(take_back_refused(&disk("member"), &pool("failed")), None);
+        let refused = |role: &str, pools: &[Value]| {
+            take_back_refused(&disk(role), pools).unwrap_or_else(|| panic!("{role} taken back"))
+        };
+        assert!(refused("member", &pool("active")).contains("has not failed it yet"));
+        // failed in another pool of the same member name: not this one
+        let other = vec![json!({ "name": "q", "members": [{ "name": "d1", "state": "failed" }] })];
+        assert!(refused("member", &other).contains("has not failed it yet"));
+        assert!(refused("cache", &[]).contains("freesan cache replace"));
+        assert!(refused("spare", &[]).contains("a spare of pool p"));
+        assert!(refused("journal", &[]).contains("journal device of pool p"));
+        for role in ["lun", "cache-backing"] {
+            assert!(
+                refused(role, &[]).contains("served from directly"),
+                "{role}"
+            );
+        }
     }
 
     /// A change that finds another one holding the lock waits for it at most

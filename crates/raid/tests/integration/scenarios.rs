@@ -521,7 +521,7 @@ async fn a_member_failed_by_a_superblock_write_is_replaced_by_the_spare() {
         // every write to member 1's superblock region fails; its data area
         // still takes writes
         let sb_blocks = (1 << 20) / BS as u64;
-        ms[1].plan.lock().bad_write_blocks = vec![0..sb_blocks];
+        ms[1].plan.lock().bad_write_blocks.push(0..sb_blocks);
         fill(&pool, &oracle, 41).await;
         pool.flush().await.unwrap(); // a checkpoint: superblocks written
         pool.wait_idle().await;
