@@ -11,6 +11,8 @@
 //!   copies are identical once the link is back.
 //! - Overlapping writes from two initiators, one through each node, over several
 //!   runs: identical copies after every run.
+//! - The leader's disk stops answering (a frozen file system): given up at its
+//!   timeout, its copy detached, the partner serving alone without an error.
 
 use crate::common;
 
@@ -28,11 +30,16 @@ const API: &str = "127.0.0.1:9100";
 /// The web console's listener in each node's namespace.
 const CONSOLE: &str = "127.0.0.1:9101";
 const LUN_SIZE: &str = "256M";
+/// The LUN's size when it is a `[[disk]]` on a small file system.
+const DISK_LUN_SIZE: &str = "64M";
 
 struct Ha {
     topo: Topology,
     dir: tempfile::TempDir,
     mode: String,
+    /// Where each node's LUN lives when it is a `[[disk]]` (`d0.img` in
+    /// each directory, with a 2 s command timeout) rather than a file.
+    disk_dirs: Option<[PathBuf; 2]>,
     nodes: [Option<Child>; 2],
     _witness: Child,
 }
@@ -51,6 +58,15 @@ impl Ha {
     }
 
     fn start_opts(prefix: &str, mode: &str, sync_links: u32) -> Option<Ha> {
+        Ha::start_full(prefix, mode, sync_links, None)
+    }
+
+    fn start_full(
+        prefix: &str,
+        mode: &str,
+        sync_links: u32,
+        disk_dirs: Option<[PathBuf; 2]>,
+    ) -> Option<Ha> {
         if !available() {
             return None;
         }
@@ -88,6 +104,7 @@ impl Ha {
             topo,
             dir,
             mode: mode.to_string(),
+            disk_dirs,
             nodes: [None, None],
             _witness: witness,
         };
@@ -127,15 +144,26 @@ peer_sync = [{ps}]
 peer_portals = ["{q1}:{PORT}", "{q2}:{PORT}"]
 witness = "{w}:{WITNESS_PORT}"
 key_file = "{keys}/node{k}.key"
-[[target]]
+{disk}[[target]]
 iqn = "{IQN}"
 [[target.lun]]
-path = "{d}/lun0.img"
-size = "{LUN_SIZE}"
+{backing}
 replicated = true
 replica_mode = "{mode}"
 "#,
             mode = self.mode,
+            disk = match &self.disk_dirs {
+                Some(dirs) => format!(
+                    "[[disk]]\nname = \"d0\"\npath = \"{}/d0.img\"\nsize = \"{DISK_LUN_SIZE}\"\n\
+                     io_timeout_secs = 2\n",
+                    dirs[(k - 1) as usize].display()
+                ),
+                None => String::new(),
+            },
+            backing = match &self.disk_dirs {
+                Some(_) => "disk = \"d0\"".to_string(),
+                None => format!("path = \"{}/lun0.img\"\nsize = \"{LUN_SIZE}\"", d.display()),
+            },
             d = d.display(),
             p1 = t.client_portal_addr(k, 1),
             p2 = t.client_portal_addr(k, 2),
@@ -342,6 +370,124 @@ fn leader_killed_under_verified_writes_loses_nothing_and_resyncs_incrementally()
 #[test]
 fn follower_killed_under_verified_writes_loses_nothing_and_resyncs_incrementally() {
     kill_under_verified_writes("haf", 2);
+}
+
+/// The leader's disk stops answering: its LUN is a `[[disk]]` (2 s command
+/// timeout) on an ext4 that is frozen under verified writes. The partner
+/// holds a complete copy, so the disk is given up at its timeout rather
+/// than waited for (`keep::UnderReplica`), the local copy is detached, and
+/// the partner serves alone: no error reaches the workload. Thawed and
+/// restarted, the node gets its copy back from the partner: the copies are
+/// identical and every acknowledged write reads back through both nodes.
+/// Waited for instead (the keeper saying wait), the writes stalled for ten
+/// timeouts while the partner held a copy.
+#[test]
+fn a_leaders_disk_that_stops_answering_is_detached_and_the_partner_serves() {
+    let disks = tempfile::tempdir().unwrap();
+    let Some(mounted) = crate::stops_answering::Mounted::new(disks.path(), "frz") else {
+        return crate::stops_answering::skipped();
+    };
+    let other = disks.path().join("n2");
+    std::fs::create_dir(&other).unwrap();
+    let dirs = [mounted.0.clone(), other];
+    let Some(mut ha) = Ha::start_full("had", "active-active", 1, Some(dirs.clone())) else {
+        return;
+    };
+    ha.wait_in_sync();
+    assert_eq!(ha.status(1).unwrap()["role"], "leader");
+    let state = ha.dir.path().join("verify.state");
+    let report = ha.dir.path().join("bench.json");
+    let mut bench = ha
+        .topo
+        .command(ha.topo.ns_client(), bin())
+        .args([
+            "bench",
+            "--target",
+            &ha.url(1, 1),
+            "--bs",
+            "4k",
+            "--rw",
+            "randwrite",
+        ])
+        .args([
+            "--threads",
+            "2",
+            "--qd",
+            "8",
+            "--secs",
+            "10",
+            "--ramp",
+            "0",
+            "--size",
+            "48M",
+        ])
+        .args(["--verify", "--quiet", "--verify-state"])
+        .arg(&state)
+        .arg("--json")
+        .arg(&report)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::fs::File::create(ha.dir.path().join("bench.log")).unwrap())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !state.exists() {
+        assert!(
+            Instant::now() < deadline,
+            "bench wrote no verification state"
+        );
+        assert!(bench.try_wait().unwrap().is_none(), "bench exited early");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let frozen = crate::stops_answering::Frozen::freeze(&mounted.0);
+    let down = ha.wait(1, 30, "its copy detached", |s| s["role"] == "down");
+    let why = down["reason"].as_str().unwrap_or_default();
+    assert!(
+        why.contains("local copy failed") && why.contains("no answer in 2.0 s"),
+        "{down}"
+    );
+    ha.wait(2, 10, "serving alone", |s| s["role"] == "solo");
+    // given up at its first timeout, not waited for past it
+    let (ok, out) = ha.topo.run(
+        ha.topo.ns_node(1),
+        bin(),
+        ["disk", "--api", API, "list", "--json"],
+    );
+    assert!(ok, "{out}");
+    let disks: Value = serde_json::from_str(&out).unwrap();
+    let d0 = &disks[0];
+    assert_eq!(d0["name"], "d0", "{disks}");
+    assert!(!d0["stopped_answering"].is_null(), "{d0}");
+    assert_eq!(d0["timeouts_waited"], 0, "{d0}");
+    let st = bench.wait().unwrap();
+    let log = std::fs::read_to_string(ha.dir.path().join("bench.log")).unwrap_or_default();
+    assert!(st.success(), "the workload saw an error:\n{log}");
+    eprintln!(
+        "longest I/O over the disk's stall: {:.0} ms",
+        max_latency_us(&report) / 1000.0
+    );
+    // thawed (its timed-out writes end) and restarted: the partner repairs
+    // the detached copy
+    drop(frozen);
+    ha.kill9(1);
+    ha.start_node(1);
+    ha.wait_in_sync();
+    let sums = dirs.map(|d| {
+        let (ok, out) = common::run("sha256sum", &[d.join("d0.img").to_str().unwrap()]);
+        assert!(ok, "{out}");
+        out.split_whitespace().next().unwrap().to_string()
+    });
+    assert_eq!(sums[0], sums[1], "the copies differ after the resync");
+    for k in 1..=2 {
+        let (ok, out) = ha.bench(&[
+            "check",
+            "--target",
+            &ha.url(k, 1),
+            "--single-path",
+            "--verify-state",
+            state.to_str().unwrap(),
+        ]);
+        assert!(ok, "check through node {k}: {out}");
+    }
 }
 
 fn kill_under_verified_writes(prefix: &str, victim: u32) {

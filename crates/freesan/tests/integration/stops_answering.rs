@@ -27,10 +27,10 @@ fn ok(cmd: &mut Command) -> bool {
 /// An ext4 file system on a loop device over a file in `dir`, mounted on
 /// `dir/name`; unmounted (lazily) when dropped. None where loop mounts are
 /// not allowed.
-struct Mounted(PathBuf);
+pub(crate) struct Mounted(pub(crate) PathBuf);
 
 impl Mounted {
-    fn new(dir: &Path, name: &str) -> Option<Mounted> {
+    pub(crate) fn new(dir: &Path, name: &str) -> Option<Mounted> {
         let img = dir.join(format!("{name}.img"));
         std::fs::File::create(&img)
             .unwrap()
@@ -51,7 +51,7 @@ impl Mounted {
 
 /// Says a test is skipped where loop mounts are not allowed (not root),
 /// unless the tools are required (`FREESAN_REQUIRE_TOOLS`, as in CI).
-fn skipped() {
+pub(crate) fn skipped() {
     assert!(
         std::env::var("FREESAN_REQUIRE_TOOLS").is_err(),
         "loop mounts and fsfreeze are required (run the tests as root)"
@@ -67,10 +67,10 @@ impl Drop for Mounted {
 
 /// Thaws the frozen file system at its path when dropped: before the node
 /// (whose exit waits for the requests the kernel holds) is killed.
-struct Frozen(PathBuf);
+pub(crate) struct Frozen(PathBuf);
 
 impl Frozen {
-    fn freeze(mnt: &Path) -> Frozen {
+    pub(crate) fn freeze(mnt: &Path) -> Frozen {
         assert!(
             ok(Command::new("fsfreeze").arg("-f").arg(mnt)),
             "fsfreeze -f"
