@@ -105,10 +105,7 @@ fn a_pool_member_that_stops_answering_is_failed_and_the_lun_goes_on() {
         m = mounted.0.display(),
         m0 = mounted0.0.display()
     );
-    let cfg_path = dir.path().join("node.toml");
-    std::fs::write(&cfg_path, cfg).unwrap();
-    let mut node = start_config(dir.path(), &cfg_path);
-    let api = node.api.clone().expect("no API address in the banner");
+    let (mut node, api, auth) = serve(dir.path(), &cfg);
     await_pool_state(&api, "p", "optimal");
 
     let frozen = Frozen::freeze(&mounted.0);
@@ -125,8 +122,6 @@ fn a_pool_member_that_stops_answering_is_failed_and_the_lun_goes_on() {
         .find(|m| m["name"] == "d1")
         .unwrap_or_else(|| panic!("no d1 in {p}"));
     assert_eq!(d1["state"], "failed", "{p}");
-    let token = make_token(&dir.path().join("data"), "read-only", "disks");
-    let auth = format!("Authorization: Bearer {token}");
     let (d0, d1) = (disk_now(&api, &auth, "d0"), disk_now(&api, &auth, "d1"));
     assert!(d0["stopped_answering"].is_null(), "{d0}");
     assert_eq!(d0["timeouts"], 0, "{d0}");
@@ -260,6 +255,17 @@ fn a_pool_member_that_stops_answering_is_failed_and_the_lun_goes_on() {
     );
 }
 
+/// Starts a node on `cfg` (written to `dir/node.toml`); returns it with its
+/// API address and the Authorization header of a read-only token.
+fn serve(dir: &Path, cfg: &str) -> (Node, String, String) {
+    let cfg_path = dir.join("node.toml");
+    std::fs::write(&cfg_path, cfg).unwrap();
+    let node = start_config(dir, &cfg_path);
+    let api = node.api.clone().expect("no API address in the banner");
+    let token = make_token(&dir.join("data"), "read-only", "disks");
+    (node, api, format!("Authorization: Bearer {token}"))
+}
+
 /// Waits (60 s at most) until `GET /disks` shows disk `name` as `holds`
 /// wants; returns it.
 fn await_disk(
@@ -354,13 +360,8 @@ fn a_write_stall_every_member_shares_is_waited_out() {
         d = dir.path().display(),
         m = mounted.0.display()
     );
-    let cfg_path = dir.path().join("node.toml");
-    std::fs::write(&cfg_path, cfg).unwrap();
-    let mut node = start_config(dir.path(), &cfg_path);
-    let api = node.api.clone().expect("no API address in the banner");
+    let (mut node, api, auth) = serve(dir.path(), &cfg);
     await_pool_state(&api, "p", "optimal");
-    let token = make_token(&dir.path().join("data"), "read-only", "disks");
-    let auth = format!("Authorization: Bearer {token}");
     let frozen = Frozen::freeze(&mounted.0);
     let state = dir.path().join("verify.json");
     let bench = start_verified_writes(&node.url(0, 0), &state, "4k", 2, 2);
@@ -421,12 +422,7 @@ fn the_only_copy_is_waited_for(lun: &str) {
         m = mounted.0.display(),
         lun = lun.replace("DIR", &dir.path().display().to_string())
     );
-    let cfg_path = dir.path().join("node.toml");
-    std::fs::write(&cfg_path, cfg).unwrap();
-    let mut node = start_config(dir.path(), &cfg_path);
-    let api = node.api.clone().expect("no API address in the banner");
-    let token = make_token(&dir.path().join("data"), "read-only", "disks");
-    let auth = format!("Authorization: Bearer {token}");
+    let (mut node, api, auth) = serve(dir.path(), &cfg);
     let frozen = Frozen::freeze(&mounted.0);
     let state = dir.path().join("verify.json");
     let bench = start_verified_writes(&node.url(0, 0), &state, "4k", 2, 2);
@@ -451,10 +447,7 @@ fn a_node_stopped_past_its_disks_timeout_fails_no_disk() {
     let cfg = config_head_with(dir.path(), 2, "io_timeout_secs = 2\n")
         + "[[pool]]\nname = \"p\"\nlevel = \"raid1\"\nmembers = [\"d0\", \"d1\"]\n"
         + &format!("[[target]]\niqn = \"{IQN}\"\n[[target.lun]]\npool = \"p\"\n");
-    let cfg_path = dir.path().join("node.toml");
-    std::fs::write(&cfg_path, cfg).unwrap();
-    let node = start_config(dir.path(), &cfg_path);
-    let api = node.api.clone().expect("no API address in the banner");
+    let (node, api, _) = serve(dir.path(), &cfg);
     let pid = node.child.as_ref().unwrap().id() as i32;
     let state = dir.path().join("verify.json");
     let bench = start_verified_writes(&node.url(0, 0), &state, "4k", 4, 6);
@@ -530,13 +523,8 @@ fn a_retired_disk_and_a_cache_device_are_taken_back_once_they_answer() {
         "[[target]]\niqn = \"{IQN}\"\n[[target.lun]]\nid = 0\npool = \"p\"\n\
          [[target.lun]]\nid = 1\ncache = \"c\"\n"
     );
-    let cfg_path = dir.path().join("node.toml");
-    std::fs::write(&cfg_path, cfg).unwrap();
-    let mut node = start_config(dir.path(), &cfg_path);
-    let api = node.api.clone().expect("no API address in the banner");
+    let (mut node, api, auth) = serve(dir.path(), &cfg);
     await_pool_state(&api, "p", "optimal");
-    let token = make_token(&dir.path().join("data"), "read-only", "disks");
-    let auth = format!("Authorization: Bearer {token}");
 
     let frozen = Frozen::freeze(&mounted.0);
     let states = [0, 1].map(|lun| dir.path().join(format!("verify{lun}.json")));
