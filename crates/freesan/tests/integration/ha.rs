@@ -316,20 +316,20 @@ replica_mode = "{mode}"
         self.bench(&args)
     }
 
-    /// Starts verified 4K random writes through node 1, multipath (2 threads
-    /// x 8 in flight, for `secs` over the LUN's first `size`), and waits
-    /// until they are under way (their verification state saved): the bench,
-    /// its state file and its JSON report.
-    fn start_verified_writes(&self, secs: &str, size: &str) -> (Child, PathBuf, PathBuf) {
+    /// Starts verified writes through node `k`, multipath, shaped by
+    /// `workload` (`freesan bench` options, space-separated: block size,
+    /// threads, time...),
+    /// and waits until they are under way (their verification state saved):
+    /// the bench, its state file and its JSON report.
+    fn start_verified_writes(&self, k: u32, workload: &str) -> (Child, PathBuf, PathBuf) {
         let state = self.dir.path().join("verify.state");
         let report = self.dir.path().join("bench.json");
-        let url = self.url(1, 1);
         let mut bench = self
             .topo
             .command(self.topo.ns_client(), bin())
-            .args(["bench", "--target", &url, "--bs", "4k", "--rw", "randwrite"])
-            .args(["--threads", "2", "--qd", "8", "--secs", secs, "--ramp", "0"])
-            .args(["--size", size, "--verify", "--quiet", "--verify-state"])
+            .args(["bench", "--target", &self.url(k, 1)])
+            .args(workload.split_whitespace())
+            .args(["--ramp", "0", "--verify", "--quiet", "--verify-state"])
             .arg(&state)
             .arg("--json")
             .arg(&report)
@@ -428,7 +428,10 @@ fn a_leaders_disk_that_stops_answering_is_detached_and_the_partner_serves() {
     };
     ha.wait_in_sync();
     assert_eq!(ha.status(1).unwrap()["role"], "leader");
-    let (mut bench, state, report) = ha.start_verified_writes("10", "48M");
+    let (mut bench, state, report) = ha.start_verified_writes(
+        1,
+        "--bs 4k --rw randwrite --threads 2 --qd 8 --secs 10 --size 48M",
+    );
     let frozen = crate::stops_answering::Frozen::freeze(&mounted.0);
     let down = ha.wait(1, 30, "its copy detached", |s| s["role"] == "down");
     let why = down["reason"].as_str().unwrap_or_default();
@@ -488,7 +491,10 @@ fn kill_under_verified_writes(prefix: &str, victim: u32) {
     };
     ha.wait_in_sync();
     assert_eq!(ha.status(1).unwrap()["role"], "leader");
-    let (mut bench, state, report) = ha.start_verified_writes("14", "64M");
+    let (mut bench, state, report) = ha.start_verified_writes(
+        1,
+        "--bs 4k --rw randwrite --threads 2 --qd 8 --secs 14 --size 64M",
+    );
     // writes flow through all four paths; then the victim dies
     std::thread::sleep(Duration::from_secs(4));
     ha.kill9(victim);
@@ -924,28 +930,8 @@ fn a_replicated_lun_created_at_run_time_syncs_and_serves_through_both_nodes() {
 fn a_replicated_lun_grows_on_both_nodes_while_verified_writes_run() {
     let Some(ha) = Ha::start("hag") else { return };
     ha.wait_in_sync();
-    let state = ha.dir.path().join("verify.state");
-    let mut bench = ha
-        .topo
-        .command(ha.topo.ns_client(), bin())
-        .args(["bench", "--target", &ha.url(2, 1), "--bs", "16k"])
-        .args(["--rw", "randwrite", "--threads", "2", "--qd", "4"])
-        .args(["--secs", "4", "--ramp", "0", "--verify", "--quiet"])
-        .arg("--verify-state")
-        .arg(&state)
-        .stdout(std::process::Stdio::null())
-        .stderr(std::fs::File::create(ha.dir.path().join("bench.log")).unwrap())
-        .spawn()
-        .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while !state.exists() {
-        assert!(
-            Instant::now() < deadline,
-            "bench wrote no verification state"
-        );
-        assert!(bench.try_wait().unwrap().is_none(), "bench exited early");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    let workload = "--bs 16k --rw randwrite --threads 2 --qd 4 --secs 4";
+    let (mut bench, state, _) = ha.start_verified_writes(2, workload);
     // grown through node 1's API while the writes run through every path
     let (ok, out) = ha.topo.run(
         ha.topo.ns_node(1),
