@@ -349,6 +349,22 @@ replica_mode = "{mode}"
         (bench, state, report)
     }
 
+    /// Every write acknowledged to the verified run whose state is `state`
+    /// reads back through node 1 and through node 2.
+    fn check_through_both(&self, state: &Path) {
+        for k in 1..=2 {
+            let (ok, out) = self.bench(&[
+                "check",
+                "--target",
+                &self.url(k, 1),
+                "--single-path",
+                "--verify-state",
+                state.to_str().unwrap(),
+            ]);
+            assert!(ok, "check through node {k}: {out}");
+        }
+    }
+
     /// Runs `freesan bench ARGS` in the client namespace; (success, output).
     fn bench(&self, args: &[&str]) -> (bool, String) {
         let mut all = vec!["bench"];
@@ -471,17 +487,7 @@ fn a_leaders_disk_that_stops_answering_is_detached_and_the_partner_serves() {
         out.split_whitespace().next().unwrap().to_string()
     });
     assert_eq!(sums[0], sums[1], "the copies differ after the resync");
-    for k in 1..=2 {
-        let (ok, out) = ha.bench(&[
-            "check",
-            "--target",
-            &ha.url(k, 1),
-            "--single-path",
-            "--verify-state",
-            state.to_str().unwrap(),
-        ]);
-        assert!(ok, "check through node {k}: {out}");
-    }
+    ha.check_through_both(&state);
 }
 
 fn kill_under_verified_writes(prefix: &str, victim: u32) {
@@ -532,17 +538,7 @@ fn kill_under_verified_writes(prefix: &str, victim: u32) {
     let [a, b] = ha.checksums();
     assert_eq!(a, b, "the copies differ after the resync");
     // every acknowledged write reads back, through either node
-    for k in 1..=2 {
-        let (ok, out) = ha.bench(&[
-            "check",
-            "--target",
-            &ha.url(k, 1),
-            "--single-path",
-            "--verify-state",
-            state.to_str().unwrap(),
-        ]);
-        assert!(ok, "check through node {k}: {out}");
-    }
+    ha.check_through_both(&state);
 }
 
 /// The web console of each node, in a real Chromium run in that node's
@@ -956,20 +952,7 @@ fn a_replicated_lun_grows_on_both_nodes_while_verified_writes_run() {
         let file = std::fs::metadata(ha.node_dir(k).join("lun0.img")).unwrap();
         assert_eq!(file.len(), grown, "node {k}'s copy");
     }
-    let check = |k: u32, st: &Path| {
-        let (ok, out) = ha.bench(&[
-            "check",
-            "--target",
-            &ha.url(k, 1),
-            "--single-path",
-            "--verify-state",
-            st.to_str().unwrap(),
-        ]);
-        assert!(ok, "check through node {k}: {out}");
-    };
-    for k in 1..=2 {
-        check(k, &state);
-    }
+    ha.check_through_both(&state);
     // a verified run over the whole grown LUN through node 2, new space included
     let state2 = ha.dir.path().join("verify2.state");
     let (ok, out) = ha.bench(&[
@@ -993,8 +976,8 @@ fn a_replicated_lun_grows_on_both_nodes_while_verified_writes_run() {
         state2.to_str().unwrap(),
     ]);
     assert!(ok, "{out}");
+    ha.check_through_both(&state2);
     for k in 1..=2 {
-        check(k, &state2);
         let tail = &std::fs::read(ha.node_dir(k).join("lun0.img")).unwrap()[256 << 20..];
         assert!(
             tail.iter().any(|&b| b != 0),
