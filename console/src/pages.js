@@ -212,7 +212,14 @@ ${admin() ? html`<section aria-labelledby="st-new-h"><h2 id="st-new-h">Create a 
       // disks (the node refuses while the device still holds a request, or
       // while something serves from the disk, and says why)
       reopen: async (d) => {
-        await act(`Take back ${d.name}`, '/disks/reopen', { name: d.name });
+        try {
+          const r = await api('/disks/reopen', { method: 'POST', body: { name: d.name } });
+          const at = r.failed_in;
+          const back = at ? ` · give it back to pool ${at.pool} with Replace… at position ${at.position} (rebuilt onto it)` : '';
+          notice(`Take back ${d.name}: done${back}`, 'ok');
+        } catch (e) {
+          notice(`Take back ${d.name}: ${e.message}`, 'error');
+        }
         tick();
       },
       rate: async (d) => {

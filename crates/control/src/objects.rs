@@ -307,12 +307,25 @@ impl Objects {
                 "disk {name} has not failed: there is nothing to take back"
             )));
         }
-        if let Some(why) = take_back_refused(d, &pools.statuses()) {
+        let statuses = pools.statuses();
+        if let Some(why) = take_back_refused(d, &statuses) {
             return Err(ApiError::Conflict(format!("disk {name}: {why}")));
         }
+        // the failed position it leaves, for the way back into its pool
+        let failed_in = statuses.iter().find_map(|p| {
+            let m = p["members"]
+                .as_array()?
+                .iter()
+                .find(|m| m["name"] == name.as_str() && m["state"] == "failed")?;
+            Some(json!({ "pool": p["name"], "position": m["position"] }))
+        });
         pools.reinstate_disk(&name).map_err(conflict)?;
         tracing::warn!(disk = %name, "disk that stopped answering taken back: it is free");
-        Ok(json!({ "name": name, "free_disks": pools.free_disk_names() }))
+        Ok(json!({
+            "name": name,
+            "free_disks": pools.free_disk_names(),
+            "failed_in": failed_in,
+        }))
     }
 
     /// Creates a pool on free blank disks; usable at once.

@@ -182,8 +182,15 @@ pub fn disk(api: SocketAddr, cmd: DiskCmd) -> Result<()> {
         DiskCmd::Reopen { name } => {
             let body = json!({ "name": name });
             let (code, v) = http(api, "POST", "/api/v1/disks/reopen", Some(&body))?;
-            ok_or_error(code, v)?;
+            let v = ok_or_error(code, v)?;
             println!("disk {name} taken back: it is free");
+            let at = &v["failed_in"];
+            if let (Some(pool), Some(pos)) = (at["pool"].as_str(), at["position"].as_u64()) {
+                println!(
+                    "give it back to pool {pool}, which rebuilds onto it: \
+                     freesan pool replace {pool} {pos} {name}"
+                );
+            }
         }
     }
     Ok(())

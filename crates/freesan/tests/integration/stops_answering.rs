@@ -221,13 +221,16 @@ fn a_pool_member_that_stops_answering_is_failed_and_the_lun_goes_on() {
     match &console {
         Some(console) => console(
             "stopped answering",
-            "Take back d1: done",
+            "Take back d1: done · give it back to pool p with Replace… at position 1",
             "^(?![\\s\\S]*stopped answering)",
             ["storage-disk-answering-again", "storage-disk-taken-back"],
         ),
         None => {
             let (ok_reopen, out) = cli(&api, &["disk", "reopen", "d1"]);
-            assert!(ok_reopen, "{out}");
+            assert!(
+                ok_reopen && out.contains("freesan pool replace p 1 d1"),
+                "{out}"
+            );
         }
     }
     let d1 = await_disk(&api, &auth, "d1", |d| d["role"] == "free");
@@ -557,7 +560,11 @@ fn a_retired_disk_and_a_cache_device_are_taken_back_once_they_answer() {
     for name in ["d1", "ssd1"] {
         await_disk(&api, &auth, name, |d| d["in_flight"] == 0);
         let (ok_reopen, out) = cli(&api, &["disk", "reopen", name]);
-        assert!(ok_reopen, "{name}: {out}");
+        // (no position of a pool waits for either: no way back to name)
+        assert!(
+            ok_reopen && out.contains("taken back") && !out.contains("pool replace"),
+            "{name}: {out}"
+        );
         let back = await_disk(&api, &auth, name, |d| d["role"] == "free");
         assert!(back["stopped_answering"].is_null(), "{back}");
         assert_eq!(back["state"], "ok", "{back}");
