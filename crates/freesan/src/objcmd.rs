@@ -176,6 +176,18 @@ pub fn disk(api: SocketAddr, cmd: DiskCmd) -> Result<()> {
                 );
                 if let Some(why) = d["stopped_answering"].as_str() {
                     println!("  FAILED: stopped answering ({why})");
+                    match d["in_flight"].as_u64() {
+                        Some(0) => println!(
+                            "  its device holds no request: take it back with \
+                             freesan disk reopen {}",
+                            d["name"].as_str().unwrap_or("?")
+                        ),
+                        Some(n) => println!(
+                            "  {n} request(s) still at the device: it can be taken back \
+                             once they end"
+                        ),
+                        None => {}
+                    }
                 }
             }
         }

@@ -131,7 +131,12 @@ fn a_pool_member_that_stops_answering_is_failed_and_the_lun_goes_on() {
     assert!(why.contains("no answer in 2.0 s"), "{d1}");
     assert!(d1["timeouts"].as_u64().unwrap() >= 1, "{d1}");
     let (ok_list, list) = cli(&api, &["disk", "list"]);
-    assert!(ok_list && list.contains("stopped answering"), "{list}");
+    assert!(
+        ok_list
+            && list.contains("stopped answering")
+            && list.contains("still at the device: it can be taken back once they end"),
+        "{list}"
+    );
     let (ok_status, status) = cli(&api, &["status"]);
     assert!(
         ok_status && status.contains("disk d1 stopped answering"),
@@ -218,6 +223,11 @@ fn a_pool_member_that_stops_answering_is_failed_and_the_lun_goes_on() {
     // to its pool, which rebuilds onto it
     drop(frozen);
     await_disk(&api, &auth, "d1", |d| d["in_flight"] == 0);
+    let (ok_list, list) = cli(&api, &["disk", "list"]);
+    assert!(
+        ok_list && list.contains("take it back with freesan disk reopen d1"),
+        "{list}"
+    );
     match &console {
         Some(console) => console(
             "stopped answering",
