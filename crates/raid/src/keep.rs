@@ -23,6 +23,13 @@
 //!
 //! The disk gives up after `disk::KEEP_TIMEOUT_FACTOR` timeouts all the
 //! same: a disk silent that long is taken as dead.
+//!
+//! While a pool is being assembled (a node starting), before there is a pool
+//! to judge a loss, each candidate member gets an [`AssemblyKeeper`]: only
+//! the shared-stall rule applies. A member whose siblings answer is given
+//! up, and the assemble goes on without it, as before; one whose siblings
+//! are silent too is waited for. Before it, a stall every member shared at
+//! start-up failed them one after the other, and the pool came up failed.
 
 use crate::pool::{Inner, MemberHandle};
 use crate::MemberState;
@@ -160,6 +167,52 @@ impl Keeper for MemberKeeper {
                 pool.let_go(&h)
             }
         }
+    }
+}
+
+/// The keeper of a candidate member while its pool is assembled (see the
+/// module's header); [`Inner::keep_members`] replaces it once the pool is.
+/// It holds the other candidates weakly: a failed assemble leaves no
+/// cycle of disks keeping each other open.
+struct AssemblyKeeper {
+    name: String,
+    others: Vec<Weak<dyn block::Volume>>,
+}
+
+#[async_trait]
+impl Keeper for AssemblyKeeper {
+    async fn may_give_up(&self, limit: Duration, unanswered: Unanswered) -> bool {
+        let others: Vec<VolumeRef> = self.others.iter().filter_map(Weak::upgrade).collect();
+        if others.is_empty() {
+            return true;
+        }
+        let probes = others.into_iter().map(|v| probe(v, unanswered));
+        let alone = block::any_answers(probes, limit / 2).await;
+        if !alone {
+            tracing::warn!(member = %self.name, ?unanswered,
+                "member has stopped answering while its pool is assembled, and so \
+                 have all the others: a stall they share, waited for");
+        }
+        alone
+    }
+}
+
+/// Gives each of `members`, the candidates of a pool about to be assembled,
+/// an [`AssemblyKeeper`]. (Writes are asked of the others only after the
+/// superblocks named them this pool's: the probe block is the superblock
+/// region's.)
+pub(crate) fn keep_while_assembling(members: &[crate::Member]) {
+    for (i, m) in members.iter().enumerate() {
+        let others = members
+            .iter()
+            .enumerate()
+            .filter(|&(j, _)| j != i)
+            .map(|(_, o)| Arc::downgrade(&o.volume))
+            .collect();
+        m.volume.keep_with(Arc::new(AssemblyKeeper {
+            name: m.name.clone(),
+            others,
+        }));
     }
 }
 

@@ -599,6 +599,9 @@ impl Pool {
         if members.is_empty() {
             return Err(RaidError::Config("no members".into()));
         }
+        // a stall every candidate shares (a node starting under it) is
+        // waited out, not failed member by member
+        crate::keep::keep_while_assembling(&members);
         let mut found: Vec<(Member, Superblock)> = Vec::new();
         let mut unreadable = None;
         for m in members {

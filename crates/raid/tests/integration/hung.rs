@@ -69,6 +69,58 @@ async fn an_assemble_that_meets_a_hung_member_goes_on_without_it() {
     check_all(&pool, &oracle).await;
 }
 
+/// A pool assembled (a node starting) while every member is stalled (an
+/// HBA resetting, the file system under every disk file frozen) for three
+/// command timeouts: each member's keeper finds the others silent too and
+/// waits, so the assemble goes on once the stall ends and the pool is
+/// whole. Before, each member was given up at its timeout while the pool
+/// was assembled, and it came up failed.
+#[tokio::test]
+async fn an_assemble_that_meets_a_stall_every_member_shares_waits_it_out() {
+    let level = RaidLevel::Raid5;
+    let ms: Vec<TestMember> = (0..members_for(level))
+        .map(|_| member(MEMBER_BLOCKS))
+        .collect();
+    let (pool, oracle) = pool_over(level, &ms, false).await;
+    pool.flush().await.unwrap();
+    drop(pool);
+    for m in &ms {
+        m.fault.set_hung(true);
+    }
+    let (members, disks) = all_timed(&ms, LIMIT);
+    let assemble = tokio::spawn(Pool::assemble(members, false));
+    until("a member held", || {
+        disks.iter().any(|d| d.timing().held >= 1)
+    })
+    .await;
+    tokio::time::sleep(LIMIT * 2).await;
+    for m in &ms {
+        m.fault.set_hung(false);
+    }
+    let pool = tokio::time::timeout(Duration::from_secs(30), assemble)
+        .await
+        .expect("the assemble never ended")
+        .unwrap()
+        .unwrap_or_else(|e| {
+            let timings: Vec<_> = disks.iter().map(|d| d.timing()).collect();
+            panic!("assemble: {e}: {timings:?}")
+        });
+    let st = pool.status();
+    assert!(
+        st.members.iter().all(|m| m.state == MemberState::Active),
+        "{st:?}"
+    );
+    assert!(
+        !matches!(st.state, PoolState::Degraded | PoolState::Failed),
+        "{st:?}"
+    );
+    for d in &disks {
+        let t = d.timing();
+        assert_eq!((t.timeouts, t.failed), (0, None));
+    }
+    check_all(&pool, &oracle).await;
+}
+
 /// Small and large writes over the whole pool, and a flush, while member 1
 /// is hung: every one must answer, and the pool's data must read back whole.
 #[tokio::test]
