@@ -15,6 +15,13 @@
 //! the stall's end would have kept; and when its mirror partner is silent
 //! too (a stall they share: one controller, one path). The disk gives up
 //! after `disk::KEEP_TIMEOUT_FACTOR` timeouts all the same.
+//!
+//! While the cache opens (a node starting), before it knows what each
+//! device holds, each device gets an [`OpeningKeeper`]: waited for while
+//! every other device is silent to a read too (a stall they share), given
+//! up when one answers (the open goes on without it, as before). Before
+//! it, a stall both halves of a write-back mirror shared at start-up
+//! failed them both, their dirty data with them.
 
 use crate::ssd::DeviceLayout;
 use crate::volume::Inner;
@@ -29,6 +36,52 @@ struct DeviceKeeper {
     cache: Weak<Inner>,
     index: usize,
     volume: Weak<dyn block::Volume>,
+}
+
+/// The keeper of a device while its cache opens (see the module's header);
+/// [`Inner::keep_devices`] replaces it once the cache is open. It asks the
+/// others a read whatever went unanswered: where a write may go on a
+/// device is known only once its header is read. It holds them weakly.
+struct OpeningKeeper {
+    name: String,
+    others: Vec<Weak<dyn block::Volume>>,
+}
+
+#[async_trait]
+impl Keeper for OpeningKeeper {
+    async fn may_give_up(&self, limit: Duration, _unanswered: Unanswered) -> bool {
+        let others: Vec<VolumeRef> = self.others.iter().filter_map(Weak::upgrade).collect();
+        if others.is_empty() {
+            return true;
+        }
+        let probes = others
+            .into_iter()
+            .map(|v| block::probe(v, Unanswered::Read, None));
+        let alone = block::any_answers(probes, limit / 2).await;
+        if !alone {
+            tracing::warn!(device = %self.name,
+                "cache device has stopped answering while the cache opens, and so have \
+                 the others: a stall they share, waited for");
+        }
+        alone
+    }
+}
+
+/// Gives each of `devices`, about to be opened as a cache, an
+/// [`OpeningKeeper`].
+pub(crate) fn keep_while_opening(devices: &[crate::volume::CacheDevice]) {
+    for (i, d) in devices.iter().enumerate() {
+        let others = devices
+            .iter()
+            .enumerate()
+            .filter(|&(j, _)| j != i)
+            .map(|(_, o)| Arc::downgrade(&o.volume))
+            .collect();
+        d.volume.keep_with(Arc::new(OpeningKeeper {
+            name: d.name.clone(),
+            others,
+        }));
+    }
 }
 
 impl Inner {

@@ -2183,6 +2183,9 @@ impl CacheVolume {
         fresh: bool,
     ) -> BlockResult<CacheVolume> {
         cfg.validate().map_err(BlockError::Unavailable)?;
+        // a stall every device shares (a node starting under it) is waited
+        // out, not failed device by device
+        crate::keep::keep_while_opening(&devices);
         let geo = backing.geometry();
         let bs = geo.block_size_bytes as u64;
         if !SECTOR_BYTES.is_multiple_of(bs) || !geo.size_bytes().is_multiple_of(SECTOR_BYTES) {

@@ -1,11 +1,11 @@
 //! Who a disk asks before it gives itself up on a command timeout
 //! ([`block::Keeper`], `disk::TimedDisk`), when no pool or cache holds it.
 //! A pool (raid `keep.rs`) or a cache (cache `keep.rs`) gives its members
-//! and devices keepers of its own once they serve it; a pool's candidates
-//! get one while it is assembled too (waited for only in a stall they all
-//! share). A disk the node opens has none otherwise (it is given up at its
-//! timeout: a cache's open goes on without a hung disk, a journal device is
-//! given up to the members), until it takes one of these roles:
+//! and devices keepers of its own once they serve it, and while the pool
+//! is assembled or the cache opened too (waited for then only in a stall
+//! they all share). A disk the node opens has none otherwise (it is given
+//! up at its timeout: a journal device is given up to the members), until
+//! it takes one of these roles:
 //! - [`OnlyCopy`]: a disk a LUN serves directly, or a cache's backing disk,
 //!   holds the only copy of its data, so failing it fails every request for
 //!   good where waiting loses nothing if it answers again: it is waited for,

@@ -1446,6 +1446,20 @@ async fn timed_mirror_with_dirty_data(
     Vec<Arc<disk::TimedDisk>>,
 ) {
     let backing: VolumeRef = Arc::new(MemVolume::new(4096, BACKING_BYTES / 4096));
+    timed_mirror_over(backing, limits, seed).await
+}
+
+/// [`timed_mirror_with_dirty_data`] over `backing`.
+async fn timed_mirror_over(
+    backing: VolumeRef,
+    limits: [Duration; 2],
+    seed: u64,
+) -> (
+    CacheVolume,
+    MemVolume,
+    [Arc<FaultVolume>; 2],
+    Vec<Arc<disk::TimedDisk>>,
+) {
     let faulty = [fault_ssd(), fault_ssd()];
     let timed: Vec<_> = faulty
         .iter()
@@ -1460,16 +1474,67 @@ async fn timed_mirror_with_dirty_data(
         })
         .collect();
     let halves: Vec<VolumeRef> = timed.iter().map(|t| t.clone() as VolumeRef).collect();
-    let mut c = cfg(CacheMode::WriteBack);
-    c.dirty_low_percent = 90;
-    c.dirty_high_percent = 95;
-    let vol = CacheVolume::open("t", backing, devices(&halves), c)
+    let vol = CacheVolume::open("t", backing, devices(&halves), mostly_dirty())
         .await
         .unwrap();
     let oracle = MemVolume::new(4096, BACKING_BYTES / 4096);
     exercise(&vol, &oracle, seed, 400).await;
     dirty(&vol, &oracle, 40, seed * 10).await;
     (vol, oracle, faulty, timed)
+}
+
+/// A write-back cache's settings that keep dirty data (destage only past
+/// 90% dirty).
+fn mostly_dirty() -> CacheConfig {
+    let mut c = cfg(CacheMode::WriteBack);
+    c.dirty_low_percent = 90;
+    c.dirty_high_percent = 95;
+    c
+}
+
+/// The node stops (no shutdown) with dirty data on both halves of a
+/// write-back mirror, and starts again while both halves are stalled (one
+/// controller resetting) for three command timeouts: each one's keeper
+/// finds the other silent too and waits, so the open goes on once they
+/// answer, with the dirty data. Before, each half was given up at its
+/// timeout while the cache opened.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_open_that_meets_a_stall_both_halves_share_waits_it_out() {
+    let backing: VolumeRef = Arc::new(MemVolume::new(4096, BACKING_BYTES / 4096));
+    let (vol, oracle, faulty, timed) =
+        timed_mirror_over(backing.clone(), [HUNG_LIMIT; 2], 65).await;
+    assert!(vol.status().dirty_bytes > 0, "nothing dirty to keep");
+    vol.halt().await;
+    drop(vol);
+    for f in &faulty {
+        f.set_hung(true);
+    }
+    let halves: Vec<VolumeRef> = timed.iter().map(|t| t.clone() as VolumeRef).collect();
+    let open = tokio::spawn(CacheVolume::open(
+        "t",
+        backing,
+        devices(&halves),
+        mostly_dirty(),
+    ));
+    until_held(&timed, 3).await;
+    for f in &faulty {
+        f.set_hung(false);
+    }
+    let vol = tokio::time::timeout(Duration::from_secs(30), open)
+        .await
+        .expect("the open never ended")
+        .unwrap()
+        .unwrap_or_else(|e| {
+            let t: Vec<_> = timed.iter().map(|t| t.timing()).collect();
+            panic!("open: {e}: {t:?}")
+        });
+    let st = vol.status();
+    assert_eq!(st.state, "ok", "{st:?}");
+    for t in &timed {
+        let t = t.timing();
+        assert_eq!((t.timeouts, t.failed.as_deref()), (0, None), "{t:?}");
+    }
+    verify_all(&vol, &oracle).await;
 }
 
 /// Writes a pattern over 8 blocks at `lba` (to the oracle too), twice (the
