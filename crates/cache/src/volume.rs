@@ -2244,8 +2244,16 @@ impl CacheVolume {
         // devices that may hold a table no valid superblock describes: one
         // that cannot be read, one whose superblock is damaged
         let mut unknown = Vec::new();
-        for d in &devs {
-            let sb = match d.read_superblock().await {
+        // read together: a stall they share is waited out once, not once
+        // per device in turn
+        type Read = BlockResult<(Option<Superblock>, bool)>;
+        let reads: Vec<BoxFut<'_, Read>> = devs
+            .iter()
+            .map(|d| -> BoxFut<'_, Read> { Box::pin(d.read_superblock()) })
+            .collect();
+        let read = join_all(reads).await;
+        for (d, sb) in devs.iter().zip(read) {
+            let sb = match sb {
                 Ok((sb, damaged)) => {
                     if damaged && sb.is_none() {
                         unknown.push(format!("{}: damaged superblock", d.name()));

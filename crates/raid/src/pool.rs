@@ -604,8 +604,15 @@ impl Pool {
         crate::keep::keep_while_assembling(&members);
         let mut found: Vec<(Member, Superblock)> = Vec::new();
         let mut unreadable = None;
-        for m in members {
-            match superblock::read_best(&m.volume).await {
+        // read together: a stall they share is waited out once, not once
+        // per member in turn
+        let reads: Vec<BoxFut<'_, Result<Superblock, superblock::NoSuperblock>>> = members
+            .iter()
+            .map(|m| -> BoxFut<'_, _> { Box::pin(superblock::read_best(&m.volume)) })
+            .collect();
+        let read = join_all(reads).await;
+        for (m, sb) in members.into_iter().zip(read) {
+            match sb {
                 Ok(sb) => found.push((m, sb)),
                 // a disk that fails every read, or stopped answering (its
                 // command timeout): left out, as a disk that is not there
