@@ -30,6 +30,8 @@
 //! up, and the assemble goes on without it, as before; one whose siblings
 //! are silent too is waited for. Before it, a stall every member shared at
 //! start-up failed them one after the other, and the pool came up failed.
+//! A sibling is asked a write only once its superblock named it this
+//! pool's (the probe block lies in the superblock region); a read before.
 
 use crate::pool::{Inner, MemberHandle};
 use crate::MemberState;
@@ -177,6 +179,10 @@ impl Keeper for MemberKeeper {
 struct AssemblyKeeper {
     name: String,
     others: Vec<Weak<dyn block::Volume>>,
+    /// Whether the others may be asked a write: only once their
+    /// superblocks named them this pool's (the probe block is in the
+    /// superblock region); a read before.
+    writes: bool,
 }
 
 #[async_trait]
@@ -186,7 +192,12 @@ impl Keeper for AssemblyKeeper {
         if others.is_empty() {
             return true;
         }
-        let probes = others.into_iter().map(|v| probe(v, unanswered));
+        let ask = if self.writes {
+            unanswered
+        } else {
+            Unanswered::Read
+        };
+        let probes = others.into_iter().map(|v| probe(v, ask));
         let alone = block::any_answers(probes, limit / 2).await;
         if !alone {
             tracing::warn!(member = %self.name, ?unanswered,
@@ -197,11 +208,10 @@ impl Keeper for AssemblyKeeper {
     }
 }
 
-/// Gives each of `members`, the candidates of a pool about to be assembled,
-/// an [`AssemblyKeeper`]. (Writes are asked of the others only after the
-/// superblocks named them this pool's: the probe block is the superblock
-/// region's.)
-pub(crate) fn keep_while_assembling(members: &[crate::Member]) {
+/// Gives each of `members`, the candidates of a pool being assembled, an
+/// [`AssemblyKeeper`] that asks the others `writes` or reads only (see
+/// [`AssemblyKeeper::writes`]).
+pub(crate) fn keep_while_assembling(members: &[&crate::Member], writes: bool) {
     for (i, m) in members.iter().enumerate() {
         let others = members
             .iter()
@@ -212,6 +222,7 @@ pub(crate) fn keep_while_assembling(members: &[crate::Member]) {
         m.volume.keep_with(Arc::new(AssemblyKeeper {
             name: m.name.clone(),
             others,
+            writes,
         }));
     }
 }

@@ -601,7 +601,7 @@ impl Pool {
         }
         // a stall every candidate shares (a node starting under it) is
         // waited out, not failed member by member
-        crate::keep::keep_while_assembling(&members);
+        crate::keep::keep_while_assembling(&members.iter().collect::<Vec<_>>(), false);
         let mut found: Vec<(Member, Superblock)> = Vec::new();
         let mut unreadable = None;
         // read together: a stall they share is waited out once, not once
@@ -642,6 +642,9 @@ impl Pool {
                 pool_uuid,
             });
         }
+        // named this pool's: now they may be asked a write (to their probe
+        // block) when one of them leaves a write unanswered
+        crate::keep::keep_while_assembling(&found.iter().map(|(m, _)| m).collect::<Vec<_>>(), true);
         let newest = found
             .iter()
             .map(|(_, sb)| sb)

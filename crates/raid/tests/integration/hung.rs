@@ -77,15 +77,39 @@ async fn an_assemble_that_meets_a_hung_member_goes_on_without_it() {
 /// was assembled, and it came up failed.
 #[tokio::test]
 async fn an_assemble_that_meets_a_stall_every_member_shares_waits_it_out() {
+    assemble_stall_is_waited_out(FaultVolume::set_hung).await;
+}
+
+/// The same for a stall that holds writes only (a frozen file system under
+/// every disk file), met by the journal's replay: the pool stopped with
+/// small writes journaled, so the assemble writes them in place before the
+/// pool's own keepers are given. The members, named this pool's by their
+/// superblocks by then, are asked a write (to their probe block): asked a
+/// read, they answered and the first to time out was failed.
+#[tokio::test]
+async fn an_assemble_that_meets_a_write_stall_every_member_shares_waits_it_out() {
+    assemble_stall_is_waited_out(FaultVolume::set_writes_hung).await;
+}
+
+/// A RAID 5 left with small writes journaled is assembled while every
+/// member stalls (`stall_with`) for three command timeouts: nothing is
+/// failed, every block reads back.
+async fn assemble_stall_is_waited_out(stall_with: fn(&FaultVolume, bool)) {
     let level = RaidLevel::Raid5;
     let ms: Vec<TestMember> = (0..members_for(level))
         .map(|_| member(MEMBER_BLOCKS))
         .collect();
     let (pool, oracle) = pool_over(level, &ms, false).await;
-    pool.flush().await.unwrap();
+    // small writes (read-modify-write, journaled), and no flush: a stop
+    for w in 0..16u64 {
+        let d = pattern(900 + w, 1 + w % 5);
+        let lba = w * 53 % (pool.geometry().block_count - 8);
+        pool.write(lba, d.clone(), false).await.unwrap();
+        oracle.write(lba, d, false).await.unwrap();
+    }
     drop(pool);
     for m in &ms {
-        m.fault.set_hung(true);
+        stall_with(&m.fault, true);
     }
     let (members, disks) = all_timed(&ms, LIMIT);
     let assemble = tokio::spawn(Pool::assemble(members, false));
@@ -95,7 +119,7 @@ async fn an_assemble_that_meets_a_stall_every_member_shares_waits_it_out() {
     .await;
     tokio::time::sleep(LIMIT * 2).await;
     for m in &ms {
-        m.fault.set_hung(false);
+        stall_with(&m.fault, false);
     }
     let pool = tokio::time::timeout(Duration::from_secs(30), assemble)
         .await
