@@ -1433,33 +1433,25 @@ async fn a_mirror_half_that_stops_answering_is_failed_and_the_cache_goes_on() {
     assert!(st.state.starts_with("degraded"), "{}", st.state);
 }
 
-/// Both halves of a write-back mirror, each behind a command timeout
-/// (`limits`), and the cache over them (dirty data stays: destage only past
-/// 90% dirty), worked on and left with dirty blocks (`seed`); its oracle.
-async fn timed_mirror_with_dirty_data(
-    limits: [Duration; 2],
-    seed: u64,
-) -> (
+/// A write-back cache over two timed halves: the cache, its oracle, the
+/// halves' fault plans and their timed disks.
+type TimedMirror = (
     CacheVolume,
     MemVolume,
     [Arc<FaultVolume>; 2],
     Vec<Arc<disk::TimedDisk>>,
-) {
+);
+
+/// Both halves of a write-back mirror, each behind a command timeout
+/// (`limits`), and the cache over them (dirty data stays: destage only past
+/// 90% dirty), worked on and left with dirty blocks (`seed`); its oracle.
+async fn timed_mirror_with_dirty_data(limits: [Duration; 2], seed: u64) -> TimedMirror {
     let backing: VolumeRef = Arc::new(MemVolume::new(4096, BACKING_BYTES / 4096));
     timed_mirror_over(backing, limits, seed).await
 }
 
 /// [`timed_mirror_with_dirty_data`] over `backing`.
-async fn timed_mirror_over(
-    backing: VolumeRef,
-    limits: [Duration; 2],
-    seed: u64,
-) -> (
-    CacheVolume,
-    MemVolume,
-    [Arc<FaultVolume>; 2],
-    Vec<Arc<disk::TimedDisk>>,
-) {
+async fn timed_mirror_over(backing: VolumeRef, limits: [Duration; 2], seed: u64) -> TimedMirror {
     let faulty = [fault_ssd(), fault_ssd()];
     let timed: Vec<_> = faulty
         .iter()

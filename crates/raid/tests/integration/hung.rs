@@ -113,14 +113,7 @@ async fn assemble_stall_is_waited_out(stall_with: fn(&FaultVolume, bool)) {
     }
     let (members, disks) = all_timed(&ms, LIMIT);
     let assemble = tokio::spawn(Pool::assemble(members, false));
-    until("a member held", || {
-        disks.iter().any(|d| d.timing().held >= 1)
-    })
-    .await;
-    tokio::time::sleep(LIMIT * 2).await;
-    for m in &ms {
-        stall_with(&m.fault, false);
-    }
+    stall_ends_after_three_timeouts(&ms, &disks, stall_with).await;
     let pool = tokio::time::timeout(Duration::from_secs(30), assemble)
         .await
         .expect("the assemble never ended")
@@ -129,20 +122,50 @@ async fn assemble_stall_is_waited_out(stall_with: fn(&FaultVolume, bool)) {
             let timings: Vec<_> = disks.iter().map(|d| d.timing()).collect();
             panic!("assemble: {e}: {timings:?}")
         });
+    nothing_was_failed("the assemble", &pool, &disks, &oracle).await;
+}
+
+/// Waits until some member waited out a command timeout for its keeper,
+/// lets the stall go on two more, then ends it (`stall_with` cleared on
+/// every member).
+async fn stall_ends_after_three_timeouts(
+    ms: &[TestMember],
+    disks: &[Arc<disk::TimedDisk>],
+    stall_with: fn(&FaultVolume, bool),
+) {
+    until("a member held", || {
+        disks.iter().any(|d| d.timing().held >= 1)
+    })
+    .await;
+    tokio::time::sleep(LIMIT * 2).await;
+    for m in ms {
+        stall_with(&m.fault, false);
+    }
+}
+
+/// After a stall (`what`): every member active, the pool neither degraded
+/// nor failed, no disk timed out or failed, every block as the oracle has
+/// it.
+async fn nothing_was_failed(
+    what: &str,
+    pool: &Pool,
+    disks: &[Arc<disk::TimedDisk>],
+    oracle: &MemVolume,
+) {
     let st = pool.status();
     assert!(
         st.members.iter().all(|m| m.state == MemberState::Active),
-        "{st:?}"
+        "{what}: {st:?}"
     );
     assert!(
         !matches!(st.state, PoolState::Degraded | PoolState::Failed),
-        "{st:?}"
+        "{what}: {st:?}"
     );
-    for d in &disks {
+    for d in disks {
         let t = d.timing();
-        assert_eq!((t.timeouts, t.failed), (0, None));
+        assert_eq!((t.timeouts, t.failed), (0, None), "{what}");
     }
-    check_all(&pool, &oracle).await;
+    check_all(pool, oracle).await;
 }
 
 /// Small and large writes over the whole pool, and a flush, while member 1
@@ -324,33 +347,13 @@ async fn shared_stall_is_waited_out(stall_with: fn(&FaultVolume, bool)) {
         // a member with a request out (the journal's copies, say) waited
         // out a timeout (its keeper asked, the others probed and found
         // silent); the stall goes on two more
-        until("a member held", || {
-            disks.iter().any(|d| d.timing().held >= 1)
-        })
-        .await;
-        tokio::time::sleep(LIMIT * 2).await;
-        for m in &ms {
-            stall_with(&m.fault, false);
-        }
+        stall_ends_after_three_timeouts(&ms, &disks, stall_with).await;
         let r = w.await.unwrap();
         let timings: Vec<_> = disks.iter().map(|d| d.timing()).collect();
         r.unwrap_or_else(|e| {
             panic!("{level:?}: the write in flight over the stall: {e}: {timings:?}")
         });
-        let st = pool.status();
-        assert!(
-            st.members.iter().all(|m| m.state == MemberState::Active),
-            "{level:?}: {st:?}"
-        );
-        assert!(
-            !matches!(st.state, PoolState::Degraded | PoolState::Failed),
-            "{level:?}: {st:?}"
-        );
-        for d in &disks {
-            let t = d.timing();
-            assert_eq!((t.timeouts, t.failed), (0, None), "{level:?}");
-        }
-        check_all(pool.as_ref(), oracle.as_ref()).await;
+        nothing_was_failed(&format!("{level:?}"), &pool, &disks, &oracle).await;
     }
 }
 
